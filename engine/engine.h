@@ -1,0 +1,100 @@
+/* engine.h — the batch-first inference engine (DESIGN.md §5).
+ *
+ * One md_engine holds one loaded model on one set of devices and runs many sequences
+ * together: md_engine_submit() adds a sequence, md_engine_step() runs one iteration over
+ * every live sequence (chunked prefill mixed with decode) and reports new tokens and
+ * finished sequences. Single-threaded API: one caller thread drives an engine (the
+ * engine uses its own worker threads inside step()). Nothing here knows about Redis.
+ *
+ * Ownership: the engine owns its model, KV cache and sequences; md_engine_step() fills a
+ * caller-provided md_step_result whose arrays stay valid until the next step() call. */
+#ifndef MEDLEY_ENGINE_ENGINE_H
+#define MEDLEY_ENGINE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef struct md_engine md_engine;
+
+typedef struct {
+    const char *model_path;  /* GGUF file (resolved through the registry by the caller) */
+    const char *device;      /* "cpu" (default when NULL), "cuda:0", ... */
+    int n_threads;           /* CPU threads; 0 = number of cores */
+    int max_seqs;            /* most live sequences at once (0 = 64) */
+    int max_batch_tokens;    /* tokens per step over all sequences (0 = 512) */
+    size_t kv_budget_bytes;  /* KV cache memory budget (0 = a default that fits) */
+    int kv_block_tokens;     /* tokens per KV block (0 = 16) */
+    int n_ctx;               /* per-sequence context limit (0 = the model's) */
+} md_engine_config;
+
+typedef struct {
+    float temperature;       /* 0 = greedy */
+    float top_p;             /* 1 = off */
+    int top_k;               /* 0 = off */
+    float min_p;             /* 0 = off */
+    float repetition_penalty;/* 1 = off */
+    float presence_penalty;  /* 0 = off */
+    float frequency_penalty; /* 0 = off */
+    uint64_t seed;           /* same seed + same prompt = same tokens, whatever the batch */
+    int max_tokens;          /* generated tokens limit */
+    const char *const *stop; /* stop strings (NULL-terminated list or NULL); copied */
+    int logprobs;            /* report the chosen tokens' logprobs */
+    int ignore_eos;
+} md_sampling;
+
+void md_sampling_default(md_sampling *s);
+
+typedef enum {
+    MD_FINISH_NONE = 0, MD_FINISH_STOP,   /* EOS or a stop string */
+    MD_FINISH_LENGTH,                     /* max_tokens or context limit */
+    MD_FINISH_ERROR,                      /* see md_seq_error() */
+    MD_FINISH_CANCELLED,
+} md_finish;
+
+typedef struct {
+    uint64_t seq_id;         /* as returned by md_engine_submit */
+    int32_t token;           /* newly generated token */
+    float logprob;           /* when requested */
+} md_step_token;
+
+typedef struct {
+    const md_step_token *tokens; /* tokens generated this step */
+    int n_tokens;
+    const uint64_t *finished;    /* sequences that finished this step */
+    int n_finished;
+    int n_live;                  /* sequences still running or waiting */
+} md_step_result;
+
+int md_engine_open(const md_engine_config *cfg, md_engine **out, md_err *e);
+void md_engine_close(md_engine *eng);
+
+/* Model facts the caller needs to validate requests. */
+int md_engine_n_ctx(const md_engine *eng);
+int md_engine_n_vocab(const md_engine *eng);
+struct tok_tokenizer *md_engine_tokenizer(md_engine *eng); /* owned by the engine */
+
+/* Queue a sequence of prompt tokens (copied). Returns 0 and its id in *seq_id, or an error
+ * (e.g. MD_ERANGE when the prompt + max_tokens exceed the context). */
+int md_engine_submit(md_engine *eng, const int32_t *prompt, int n_prompt, const md_sampling *s,
+                     uint64_t *seq_id, md_err *e);
+/* Cancel a live sequence; it is reported finished (CANCELLED) at the next step. */
+void md_engine_cancel(md_engine *eng, uint64_t seq_id);
+/* Run one iteration. Returns 0, or an error that failed every live sequence (device lost). */
+int md_engine_step(md_engine *eng, md_step_result *res, md_err *e);
+
+/* Finished sequences stay readable until md_engine_release(). */
+md_finish md_seq_finish(const md_engine *eng, uint64_t seq_id);
+int md_seq_tokens(const md_engine *eng, uint64_t seq_id, const int32_t **toks, int *n);
+/* Generated text (stop string cut off, valid UTF-8). Owned by the engine. */
+const char *md_seq_text(const md_engine *eng, uint64_t seq_id);
+const char *md_seq_error(const md_engine *eng, uint64_t seq_id);
+typedef struct {
+    int prompt_tokens, completion_tokens, cached_prompt_tokens;
+    double queue_ms, prefill_ms, decode_ms;
+} md_seq_stats;
+void md_seq_get_stats(const md_engine *eng, uint64_t seq_id, md_seq_stats *st);
+void md_engine_release(md_engine *eng, uint64_t seq_id);
+
+#endif
