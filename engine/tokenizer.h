@@ -1,0 +1,71 @@
+/* tokenizer.h — tokenizers read from a GGUF vocabulary: byte-level BPE (gpt2, llama-bpe,
+ * qwen2, smollm pre-tokenizers through PCRE2) and SentencePiece (llama/TinyLlama, byte
+ * fallback); special and added tokens; streaming-safe decoding; chat templates.
+ *
+ * Ownership: tok_load copies what it needs out of the gguf_file (the file may be closed
+ * afterwards); tok_free releases it. A tok_tokenizer is read-only after load, so threads
+ * may share it; tok_stream holds per-sequence decoding state. */
+#ifndef MEDLEY_ENGINE_TOKENIZER_H
+#define MEDLEY_ENGINE_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "engine/gguf.h"
+
+typedef struct tok_tokenizer tok_tokenizer;
+
+int tok_load(const gguf_file *f, tok_tokenizer **out, md_err *e);
+void tok_free(tok_tokenizer *t);
+
+int tok_n_vocab(const tok_tokenizer *t);
+int32_t tok_bos(const tok_tokenizer *t);  /* -1 if none */
+int32_t tok_eos(const tok_tokenizer *t);
+/* End-of-generation: EOS, EOT, <|im_end|> and the like. */
+int tok_is_eog(const tok_tokenizer *t, int32_t id);
+/* Whether the model wants BOS prepended (tokenizer.ggml.add_bos_token). */
+int tok_add_bos(const tok_tokenizer *t);
+
+/* Encode len bytes of text. add_bos: prepend BOS when the model uses one. parse_special:
+ * recognise special/control tokens written in the text ("<|im_start|>"). *ids is
+ * malloc'd (caller frees). Invalid UTF-8 is handled as llama.cpp does or refused with
+ * MD_EINVAL naming the byte offset; never a crash. */
+int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos,
+               int parse_special, int32_t **ids, int *n_ids, md_err *e);
+
+/* The bytes a token stands for (byte-level mapping and SentencePiece ▁ undone); may be an
+ * incomplete UTF-8 sequence. Control tokens give their text only when render_special. */
+const char *tok_piece(const tok_tokenizer *t, int32_t id, int render_special, size_t *len);
+/* The token's vocabulary string as stored (for `medley tokenize` pieces). */
+const char *tok_token_text(const tok_tokenizer *t, int32_t id);
+
+/* Streaming decode: push ids, get back only complete UTF-8 characters; bytes of a
+ * character split over tokens are held until it completes. */
+typedef struct {
+    char pending[8];
+    int n_pending;
+} tok_stream;
+void tok_stream_init(tok_stream *s);
+/* Appends the newly complete text to out (capacity cap, NUL-terminated) and returns the
+ * number of bytes appended. */
+size_t tok_stream_push(const tok_tokenizer *t, tok_stream *s, int32_t id, char *out, size_t cap);
+
+/* Chat templates: chosen from the template text stored in the GGUF
+ * (tokenizer.chat_template). */
+typedef enum {
+    TOK_TMPL_NONE = 0, TOK_TMPL_CHATML, TOK_TMPL_LLAMA3, TOK_TMPL_LLAMA2, TOK_TMPL_MISTRAL,
+} tok_template;
+typedef struct {
+    const char *role;    /* "system", "user", "assistant" */
+    const char *content;
+} tok_chat_msg;
+/* Template of the model; TOK_TMPL_NONE if it has none or it is not recognised. */
+tok_template tok_chat_template(const tok_tokenizer *t);
+/* Render messages into a prompt (malloc'd, caller frees). add_generation_prompt appends
+ * the assistant header. MD_EUNSUPP names the unknown template unless the caller uses raw
+ * prompts instead. */
+int tok_chat_apply(const tok_tokenizer *t, const tok_chat_msg *msgs, int n_msgs,
+                   int add_generation_prompt, char **out, md_err *e);
+
+#endif
