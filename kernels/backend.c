@@ -1,0 +1,111 @@
+/* backend.c — opening a backend by device name, cross-backend copies, RoPE frequency tables
+ * and element-type sizes shared by every backend. */
+#include "kernels/backend.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int parse_index(const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < 0 || v > 4096)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int md_backend_open(const char *device, int n_threads, md_backend **out, md_err *e) {
+    *out = NULL;
+    if (!device || !*device || !strcmp(device, "cpu"))
+        return md_backend_cpu_open(n_threads, out, e);
+    if (!strncmp(device, "cpu:", 4)) {
+        int n;
+        if (parse_index(device + 4, &n) || n == 0)
+            return md_errf(e, MD_EINVAL, "device \"%s\": expected cpu:N with N threads >= 1",
+                           device);
+        return md_backend_cpu_open(n, out, e);
+    }
+    if (!strcmp(device, "cuda") || !strncmp(device, "cuda:", 5)) {
+        int ord = 0;
+        if (device[4] == ':' && parse_index(device + 5, &ord))
+            return md_errf(e, MD_EINVAL, "device \"%s\": expected cuda:K with K a GPU ordinal",
+                           device);
+#ifdef MEDLEY_HAVE_CUDA
+        return md_backend_cuda_open(ord, out, e);
+#else
+        return md_errf(e, MD_EUNSUPP, "device \"%s\": medley was built without CUDA", device);
+#endif
+    }
+    return md_errf(e, MD_EINVAL, "unknown device \"%s\" (expected cpu, cpu:N or cuda:K)", device);
+}
+
+void md_backend_free(md_backend *be) {
+    if (be)
+        be->ops->free(be);
+}
+
+int md_backend_copy(md_backend *src_be, const md_buf *src, size_t src_off, md_backend *dst_be,
+                    md_buf *dst, size_t dst_off, size_t n, void *staging, md_err *e) {
+    int rc = src_be->ops->buf_download(src_be, src, src_off, staging, n, e);
+    if (rc)
+        return rc;
+    return dst_be->ops->buf_upload(dst_be, dst, dst_off, staging, n, e);
+}
+
+void md_rope_inv_freq(const md_rope_cfg *c, int rot_dims, float *inv_freq) {
+    double scale = c->linear_scale > 0 ? c->linear_scale : 1.0;
+    for (int i = 0; i < rot_dims / 2; i++) {
+        double f = pow((double)c->theta, -2.0 * i / rot_dims) / scale;
+        if (c->llama3_factor > 0) {
+            double low_wl = c->llama3_orig_ctx / c->llama3_low_freq_factor;
+            double high_wl = c->llama3_orig_ctx / c->llama3_high_freq_factor;
+            double wl = 2.0 * M_PI / f;
+            if (wl > low_wl) {
+                f /= c->llama3_factor;
+            } else if (wl >= high_wl) {
+                double smooth = (c->llama3_orig_ctx / wl - c->llama3_low_freq_factor) /
+                                (c->llama3_high_freq_factor - c->llama3_low_freq_factor);
+                f = (1 - smooth) * f / c->llama3_factor + smooth * f;
+            }
+        }
+        inv_freq[i] = (float)f;
+    }
+}
+
+int md_type_block(int type) {
+    switch (type) {
+    case MD_TYPE_F32:
+    case MD_TYPE_F16:
+    case MD_TYPE_BF16: return 1;
+    case MD_TYPE_Q4_0:
+    case MD_TYPE_Q4_1:
+    case MD_TYPE_Q8_0: return 32;
+    case MD_TYPE_Q4_K:
+    case MD_TYPE_Q6_K: return 256;
+    default: return 0;
+    }
+}
+
+static size_t type_block_bytes(int type) {
+    switch (type) {
+    case MD_TYPE_F32: return 4;
+    case MD_TYPE_F16:
+    case MD_TYPE_BF16: return 2;
+    case MD_TYPE_Q4_0: return 18;
+    case MD_TYPE_Q4_1: return 20;
+    case MD_TYPE_Q8_0: return 34;
+    case MD_TYPE_Q4_K: return 144;
+    case MD_TYPE_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+size_t md_type_row_bytes(int type, int64_t n) {
+    int bs = md_type_block(type);
+    if (bs == 0 || n < 0 || n % bs)
+        return 0;
+    return (size_t)(n / bs) * type_block_bytes(type);
+}

@@ -1,0 +1,196 @@
+/* backend.h — the only door to a device (DESIGN.md §5): a table of function pointers that
+ * the engine calls for every operation of a forward pass, in the style of ggml's backends.
+ * The CPU backend (kernels/cpu/backend_cpu.c) is always built and is the reference; the CUDA
+ * backend (kernels/cuda/) implements the same table.
+ *
+ * Memory model.
+ *  - A md_buf is an opaque handle to device memory owned by one backend. The engine never
+ *    dereferences it: data moves only through buf_upload / buf_download (or buf_wrap for
+ *    read-only weights, which the CPU backend aliases without a copy and a GPU backend
+ *    copies to the device). Every op takes buffers of its own backend only.
+ *  - Activations are F32, row-major: a buffer "x [T, C]" holds T rows (one per token of the
+ *    step) of C floats. Weights are md_tensor views (a buffer + byte offset + ggml type +
+ *    shape) of quantized or float data, laid out as in GGUF: ne0 = row length (inputs),
+ *    ne1 = number of rows (outputs).
+ *  - The KV cache of one layer is two buffers (K and V) of n_blocks * block_tokens slots;
+ *    a slot holds n_kv_heads * head_dim elements of the cache type (F32 or F16). Which slot
+ *    a token's K/V live in is decided by the engine (block tables, prefix sharing,
+ *    preemption); the backend just reads and writes slots.
+ *  - Per-step metadata (token ids, positions, slots, block tables, which rows need logits)
+ *    is host memory handed to batch_prepare() once per step; a device backend uploads it
+ *    there, and the ops that follow in the same step use it. Ops are asynchronous with
+ *    respect to the host on devices that queue work; buf_download and sync wait.
+ *
+ * Multi-device: a model runs as stages, each a contiguous range of layers on one backend
+ * (possibly of different device types). Each stage has its own md_backend, KV buffers and
+ * batch_prepare() call; the hidden state [T, C] crosses a stage boundary through
+ * md_backend_copy() (host staging, or a peer copy when both sides can do it). Tensor
+ * parallel groups sit behind one md_backend (the CUDA backend over NCCL), so the engine sees
+ * one device per stage either way.
+ *
+ * Errors: ops that can fail return 0 or a negative MD_E* code and fill e. The compute ops
+ * assume the shapes were validated at model load (the engine checks every tensor's shape and
+ * type once) and return MD_EUNSUPP for a weight type the backend cannot multiply.
+ *
+ * Ownership: md_backend_open() gives a backend the caller frees with md_backend_free();
+ * buffers are freed with buf_free before the backend. */
+#ifndef MEDLEY_KERNELS_BACKEND_H
+#define MEDLEY_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef struct md_backend md_backend;
+typedef struct md_buf md_buf;
+
+/* Element types, numbered as ggml's enum ggml_type (the GGUF tensor types). */
+enum {
+    MD_TYPE_F32 = 0,
+    MD_TYPE_F16 = 1,
+    MD_TYPE_Q4_0 = 2,
+    MD_TYPE_Q4_1 = 3,
+    MD_TYPE_Q8_0 = 8,
+    MD_TYPE_Q4_K = 12,
+    MD_TYPE_Q6_K = 14,
+    MD_TYPE_BF16 = 30,
+};
+
+/* A weight: rows of ne0 elements of `type`, ne1 rows, starting `offset` bytes into buf.
+ * Row r starts at offset + r * row_bytes. */
+typedef struct {
+    md_buf *buf;
+    size_t offset;
+    int type;
+    int64_t ne0, ne1;
+    size_t row_bytes;
+} md_tensor;
+
+/* One step's layout, host memory, valid until the next batch_prepare().
+ * T tokens from n_seqs sequences; token t belongs to sequence tok_seq[t] at position
+ * tok_pos[t] and its K/V go to cache slot slot[t] (= block * block_tokens + pos %
+ * block_tokens). Sequence s attends to its positions [0, seq_len[s]) whose blocks are
+ * block_table[s * max_blocks .. + ceil(seq_len[s] / block_tokens)); a token at position p
+ * attends causally to positions <= p. Tokens of one sequence are contiguous and in
+ * position order. logit_rows[0..n_logits) are the tokens whose logits the step needs. */
+typedef struct {
+    int n_tokens;
+    int n_seqs;
+    const int32_t *tokens;      /* [T] token ids */
+    const int32_t *tok_seq;     /* [T] index into the per-sequence arrays */
+    const int32_t *tok_pos;     /* [T] */
+    const int32_t *slot;        /* [T] */
+    const int32_t *seq_len;     /* [n_seqs] K/V length after this step's writes */
+    const int32_t *block_table; /* [n_seqs * max_blocks] */
+    int max_blocks;
+    int block_tokens;
+    const int32_t *logit_rows; /* [n_logits] */
+    int n_logits;
+} md_batch;
+
+/* Sizes fixed at engine open, so the step loop never allocates. */
+typedef struct {
+    int max_tokens; /* most tokens in one step */
+    int max_seqs;   /* most sequences in one step */
+    int max_cols;   /* longest matmul row (input width) */
+    int max_ctx;    /* longest sequence (positions) */
+    int max_blocks; /* block table width */
+    int n_heads;    /* query heads, for attention scratch */
+} md_reserve;
+
+typedef struct md_backend_ops {
+    const char *name; /* "cpu", "cuda" */
+
+    void (*free)(md_backend *be);
+    /* Device description for logs and heartbeats ("cpu: 16 threads, avx512_vnni"). */
+    const char *(*describe)(md_backend *be);
+
+    int (*buf_alloc)(md_backend *be, size_t bytes, md_buf **out, md_err *e);
+    /* Read-only device copy of host data (the CPU backend aliases it: host must outlive the
+     * buffer). Used for weights, which stay mmap'd on CPU. */
+    int (*buf_wrap)(md_backend *be, const void *host, size_t bytes, md_buf **out, md_err *e);
+    void (*buf_free)(md_backend *be, md_buf *b);
+    int (*buf_upload)(md_backend *be, md_buf *dst, size_t off, const void *src, size_t n,
+                      md_err *e);
+    int (*buf_download)(md_backend *be, const md_buf *src, size_t off, void *dst, size_t n,
+                        md_err *e);
+    /* Set n bytes at off to zero. */
+    int (*buf_zero)(md_backend *be, md_buf *b, size_t off, size_t n, md_err *e);
+
+    int (*reserve)(md_backend *be, const md_reserve *r, md_err *e);
+    int (*batch_prepare)(md_backend *be, const md_batch *b, md_err *e);
+
+    /* out [T, w->ne0] = rows tokens[t] of w (any weight type), using the prepared batch. */
+    int (*embed)(md_backend *be, const md_tensor *w, md_buf *out, md_err *e);
+    /* y [T, w->ne1] = x [T, w->ne0] · wᵀ. Any T from 1 to max_tokens. */
+    int (*matmul)(md_backend *be, const md_tensor *w, const md_buf *x, md_buf *y, int T, md_err *e);
+    /* y [T, n] += bias [n] (F32 tensor). */
+    int (*add_bias)(md_backend *be, md_buf *y, const md_tensor *bias, int T, md_err *e);
+    /* out [T, C] = x / rms(x) * w  (w F32 [C]); out may equal x. */
+    int (*rmsnorm)(md_backend *be, const md_buf *x, const md_tensor *w, md_buf *out, int T, int C,
+                   float eps, md_err *e);
+    /* Rotate x [T, n_heads, head_dim] in place at the prepared positions. inv_freq
+     * [rot_dims / 2] F32 (md_rope_inv_freq) holds theta_i per pair, scaling applied; neox
+     * pairs (i, i + rot_dims/2), otherwise (2i, 2i+1). Dimensions >= rot_dims are kept. */
+    int (*rope)(md_backend *be, md_buf *x, int n_heads, int head_dim, int rot_dims,
+                const md_buf *inv_freq, int neox, md_err *e);
+    /* Store k, v [T, kv_dim] into the prepared slots of k_cache / v_cache. */
+    int (*kv_write)(md_backend *be, const md_buf *k, const md_buf *v, md_buf *k_cache,
+                    md_buf *v_cache, int kv_dim, int cache_type, md_err *e);
+    /* out [T, n_heads * head_dim] = softmax(q kᵀ * scale) v over each token's sequence,
+     * causal, GQA (query head h reads kv head h / (n_heads / n_kv_heads)). */
+    int (*attention)(md_backend *be, const md_buf *q, const md_buf *k_cache, const md_buf *v_cache,
+                     md_buf *out, int n_heads, int n_kv_heads, int head_dim, int cache_type,
+                     float scale, md_err *e);
+    /* out [n] = silu(gate) * up; out may equal gate. */
+    int (*swiglu)(md_backend *be, const md_buf *gate, const md_buf *up, md_buf *out, int64_t n,
+                  md_err *e);
+    /* x [n] += y [n]. */
+    int (*add)(md_backend *be, md_buf *x, const md_buf *y, int64_t n, md_err *e);
+    /* out [n_logits, C] = rows logit_rows of x [T, C]. */
+    int (*gather_rows)(md_backend *be, const md_buf *x, md_buf *out, int C, md_err *e);
+    /* Wait for queued work. */
+    int (*sync)(md_backend *be, md_err *e);
+} md_backend_ops;
+
+/* Every backend struct starts with its ops table. */
+struct md_backend {
+    const md_backend_ops *ops;
+};
+
+/* Open "cpu", "cpu:N" (N threads) or "cuda:K". n_threads applies to the CPU backend (0 =
+ * every core). "cuda:K" on a build without CUDA fails with MD_EUNSUPP "built without CUDA". */
+int md_backend_open(const char *device, int n_threads, md_backend **out, md_err *e);
+void md_backend_free(md_backend *be);
+
+int md_backend_cpu_open(int n_threads, md_backend **out, md_err *e);
+#ifdef MEDLEY_HAVE_CUDA
+int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e);
+#endif
+
+/* Copy n bytes between buffers of possibly different backends (stage boundaries); through
+ * host memory in `staging` (n bytes) when the backends differ. */
+int md_backend_copy(md_backend *src_be, const md_buf *src, size_t src_off, md_backend *dst_be,
+                    md_buf *dst, size_t dst_off, size_t n, void *staging, md_err *e);
+
+/* RoPE frequencies. Llama 3 scaling (factor > 0) follows Meta's reference: wavelengths above
+ * orig_ctx / low_freq_factor are divided by factor, below orig_ctx / high_freq_factor kept,
+ * interpolated in between. linear_scale (1 = none) divides every frequency. */
+typedef struct {
+    float theta;
+    float linear_scale;
+    float llama3_factor; /* 0 = off */
+    float llama3_low_freq_factor;
+    float llama3_high_freq_factor;
+    int llama3_orig_ctx;
+} md_rope_cfg;
+/* inv_freq [rot_dims / 2]. */
+void md_rope_inv_freq(const md_rope_cfg *c, int rot_dims, float *inv_freq);
+
+/* Bytes of one row of n elements of type (n a multiple of the block size); 0 if unknown. */
+size_t md_type_row_bytes(int type, int64_t n);
+/* Elements per block (1 for float types); 0 if unknown. */
+int md_type_block(int type);
+
+#endif
