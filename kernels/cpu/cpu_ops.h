@@ -1,0 +1,86 @@
+/* cpu_ops.h — the CPU backend's math: a thread pool, quantized matrix products with SIMD
+ * runtime dispatch (AVX-512 VNNI, AVX2, portable scalar), and the vector ops of a
+ * llama-family forward pass.
+ *
+ * Weight types are numbered as ggml's enum ggml_type (the same numbers as GGML_* in
+ * engine/gguf.h; this library does not link the engine): F32 0, F16 1, Q4_0 2, Q4_1 3,
+ * Q8_0 8, Q4_K 12, Q6_K 14, BF16 30. Weights stay in their GGUF block layout (they may
+ * point into a read-only mmap); nothing here writes to them or keeps a pointer to them.
+ *
+ * Hot-path contract: cpu_matmul and the vector ops never allocate, lock or log. The
+ * caller allocates cpu_matmul's scratch once (cpu_matmul_scratch_size) and owns it.
+ * The pool is the only object here that owns resources (its threads): create once,
+ * destroy once. */
+#ifndef MEDLEY_KERNELS_CPU_OPS_H
+#define MEDLEY_KERNELS_CPU_OPS_H
+
+#include <stddef.h>
+
+/* ---- thread pool ---- */
+typedef struct cpu_pool cpu_pool;
+/* n_threads: 0 = number of online cores. Workers spin briefly after each job, then sleep
+ * on a futex. Returns NULL on failure (out of memory / threads). */
+cpu_pool *cpu_pool_create(int n_threads);
+void cpu_pool_destroy(cpu_pool *p); /* NULL is a no-op */
+int cpu_pool_size(const cpu_pool *p);
+/* Run fn(ctx, ith, nth) on every thread (the caller is thread 0); returns when all are
+ * done. p may be NULL: then fn(ctx, 0, 1) runs on the caller. Not reentrant: one
+ * cpu_pool_run at a time per pool, and fn must not call cpu_pool_run on the same pool. */
+void cpu_pool_run(cpu_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+
+/* ---- SIMD dispatch ---- */
+enum { CPU_SIMD_SCALAR = 0, CPU_SIMD_AVX2 = 1, CPU_SIMD_AVX512VNNI = 2 };
+/* Name of the level in use: "avx512vnni", "avx2" or "scalar". */
+const char *cpu_simd_name(void);
+int cpu_simd_level(void);
+/* Best level this CPU supports (AVX2 needs avx2+fma+f16c; AVX512VNNI needs
+ * avx512f/bw/vl/vnni). */
+int cpu_simd_detect(void);
+/* Force a level (tests, benchmarks). Returns 0, or -1 (and changes nothing) when the CPU
+ * lacks it. Not thread-safe against running kernels: call between matmuls. */
+int cpu_simd_set(int level);
+
+/* ---- matrix products ---- */
+enum {
+    CPU_T_F32 = 0, CPU_T_F16 = 1, CPU_T_Q4_0 = 2, CPU_T_Q4_1 = 3, CPU_T_Q8_0 = 8,
+    CPU_T_Q4_K = 12, CPU_T_Q6_K = 14, CPU_T_BF16 = 30,
+};
+/* 1 when wtype is one of the types above. */
+int cpu_type_supported(int wtype);
+/* Elements per block (1, 32 or 256) and bytes per row of `cols` elements; 0 for unknown
+ * types. */
+int cpu_type_block(int wtype);
+size_t cpu_row_size(int wtype, int cols);
+/* 0 when cpu_matmul can take (wtype, cols): known type, cols > 0 and a multiple of the
+ * block size; else -1. Check once at model load; cpu_matmul itself does not check. */
+int cpu_matmul_check(int wtype, int cols);
+
+/* y[n][rows] = x[n][cols] · W^T: W is `rows` rows of `cols` elements of type wtype (row r
+ * starts at (char*)W + r*cpu_row_size(wtype, cols)); x and y are row-major float, y must
+ * not alias x. Quantized weights take activations quantized per block into scratch
+ * (int8 blocks of 32 with a float scale for Q4_0/Q4_1/Q8_0, blocks of 256 with 16-element
+ * sums for Q4_K/Q6_K), then integer dot products. scratch holds
+ * cpu_matmul_scratch_size(wtype, cols, n) bytes, 64-byte aligned (may be 0 bytes: then
+ * NULL is fine). Threads of p split the rows (p may be NULL). */
+size_t cpu_matmul_scratch_size(int wtype, int cols, int n);
+void cpu_matmul(cpu_pool *p, int wtype, const void *W, int rows, int cols, const float *x, int n,
+                float *y, void *scratch);
+/* Scalar reference: dequantize each row, dot with unquantized x in double; for tests and
+ * benchmarks (slow; allocates one row of floats). */
+void cpu_matmul_ref(int wtype, const void *W, int rows, int cols, const float *x, int n,
+                    float *y);
+/* Dequantize one row of `cols` elements (embedding lookup). */
+void cpu_dequant_row(int wtype, const void *row, float *out, int cols);
+
+/* ---- vector ops (SIMD, single-threaded; the caller parallelises over rows/tokens) ---- */
+/* out = x / sqrt(mean(x^2) + eps) * w; out may alias x. */
+void cpu_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+/* out = silu(gate) * up, silu(g) = g / (1 + e^-g); out may alias gate or up. */
+void cpu_swiglu(float *out, const float *gate, const float *up, int n);
+void cpu_add(float *out, const float *a, const float *b, int n); /* may alias */
+float cpu_dot_f32(const float *a, const float *b, int n);
+void cpu_axpy(float *y, float a, const float *x, int n); /* y += a*x */
+void cpu_scale(float *x, float a, int n);                /* x *= a */
+void cpu_softmax(float *x, int n);                       /* in place, max-subtracted */
+
+#endif

@@ -1,0 +1,396 @@
+/* matmul.c — y = x · W^T for GGUF weight types: SIMD level dispatch, activation
+ * quantization into caller scratch, the threaded tile driver, and the scalar reference
+ * (dequantize + double dot) the tests and benchmarks compare against.
+ *
+ * Work split: the product is cut into (row chunk, activation chunk) items that threads
+ * take from an atomic counter, so a thread slowed by another process does not hold the
+ * others up. Inside an item, tiles of KR weight rows × KC activation rows: each weight
+ * block is unpacked once per tile and used KC times, which is what makes batched and
+ * prompt throughput higher than n separate vector products. */
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/quant_blocks.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* ---- SIMD level ---- */
+
+static int g_level = -1;
+static kernel_table g_tab;
+
+int cpu_simd_detect(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+        return CPU_SIMD_AVX512VNNI;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return CPU_SIMD_AVX2;
+#endif
+    return CPU_SIMD_SCALAR;
+}
+
+/* Merge the level's table over the lower levels' (a level may leave a type to the one
+ * below it). */
+static void build_table(int level) {
+    const kernel_table *chain[3] = {&cpu_kernels_scalar, &cpu_kernels_avx2, &cpu_kernels_avx512};
+    kernel_table t = cpu_kernels_scalar;
+    for (int l = 1; l <= level; l++) {
+        const kernel_table *k = chain[l];
+#define TAKE(f)                                                                                    \
+    if (k->f)                                                                                      \
+    t.f = k->f
+        TAKE(f32);
+        TAKE(f16);
+        TAKE(bf16);
+        TAKE(q4_0);
+        TAKE(q4_1);
+        TAKE(q8_0);
+        TAKE(q4_k);
+        TAKE(q6_k);
+        TAKE(quant32);
+        TAKE(quantk);
+#undef TAKE
+    }
+    g_tab = t;
+}
+
+__attribute__((constructor)) static void simd_init(void) {
+    if (g_level < 0) {
+        g_level = cpu_simd_detect();
+        build_table(g_level);
+    }
+}
+
+int cpu_simd_level(void) {
+    if (g_level < 0)
+        simd_init();
+    return g_level;
+}
+
+const char *cpu_simd_name(void) {
+    switch (cpu_simd_level()) {
+    case CPU_SIMD_AVX512VNNI: return "avx512vnni";
+    case CPU_SIMD_AVX2: return "avx2";
+    default: return "scalar";
+    }
+}
+
+int cpu_simd_set(int level) {
+    if (level < CPU_SIMD_SCALAR || level > cpu_simd_detect())
+        return -1;
+    g_level = level;
+    build_table(level);
+    return 0;
+}
+
+/* ---- types ---- */
+
+int cpu_type_supported(int t) {
+    switch (t) {
+    case CPU_T_F32:
+    case CPU_T_F16:
+    case CPU_T_BF16:
+    case CPU_T_Q4_0:
+    case CPU_T_Q4_1:
+    case CPU_T_Q8_0:
+    case CPU_T_Q4_K:
+    case CPU_T_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+int cpu_type_block(int t) {
+    switch (t) {
+    case CPU_T_F32:
+    case CPU_T_F16:
+    case CPU_T_BF16: return 1;
+    case CPU_T_Q4_0:
+    case CPU_T_Q4_1:
+    case CPU_T_Q8_0: return QK32;
+    case CPU_T_Q4_K:
+    case CPU_T_Q6_K: return QK_K;
+    default: return 0;
+    }
+}
+
+static size_t type_bytes(int t) {
+    switch (t) {
+    case CPU_T_F32: return 4;
+    case CPU_T_F16:
+    case CPU_T_BF16: return 2;
+    case CPU_T_Q4_0: return sizeof(blk_q4_0);
+    case CPU_T_Q4_1: return sizeof(blk_q4_1);
+    case CPU_T_Q8_0: return sizeof(blk_q8_0);
+    case CPU_T_Q4_K: return sizeof(blk_q4_k);
+    case CPU_T_Q6_K: return sizeof(blk_q6_k);
+    default: return 0;
+    }
+}
+
+size_t cpu_row_size(int t, int cols) {
+    int bs = cpu_type_block(t);
+    if (bs == 0 || cols < 0)
+        return 0;
+    return (size_t)(cols / bs) * type_bytes(t);
+}
+
+int cpu_matmul_check(int t, int cols) {
+    int bs = cpu_type_block(t);
+    return bs > 0 && cols > 0 && cols % bs == 0 ? 0 : -1;
+}
+
+/* ---- activation scratch ---- */
+
+static size_t round64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+static int is_k(int t) { return t == CPU_T_Q4_K || t == CPU_T_Q6_K; }
+static int is_float(int t) { return t == CPU_T_F32 || t == CPU_T_F16 || t == CPU_T_BF16; }
+
+/* Bytes of one quantized activation row, and where its parts start. */
+static size_t act_row_bytes(int t, int cols) {
+    if (is_k(t))
+        return round64((size_t)cols + (size_t)(cols / QK_K) * 4 + (size_t)(cols / 16) * 2);
+    return round64((size_t)cols + (size_t)(cols / QK32) * 8);
+}
+
+static act_row act_at(const uint8_t *scratch, int t, int cols, int i) {
+    const uint8_t *base = scratch + (size_t)i * act_row_bytes(t, cols);
+    act_row a;
+    a.q = (const int8_t *)base;
+    if (is_k(t)) {
+        a.d = (const float *)(base + cols);
+        a.s = NULL;
+        a.bsum = (const int16_t *)(base + cols + (size_t)(cols / QK_K) * 4);
+    } else {
+        a.d = (const float *)(base + cols);
+        a.s = a.d + cols / QK32;
+        a.bsum = NULL;
+    }
+    return a;
+}
+
+size_t cpu_matmul_scratch_size(int t, int cols, int n) {
+    if (!cpu_type_supported(t) || is_float(t) || cols <= 0 || n <= 0)
+        return 0;
+    return (size_t)n * act_row_bytes(t, cols);
+}
+
+/* ---- driver ---- */
+
+typedef struct {
+    tile_fn fn;
+    int wtype, rows, cols, n, nb;
+    const uint8_t *W;
+    size_t wstride;
+    const float *x;
+    float *y;
+    uint8_t *scratch;
+    int row_chunk, act_chunk, n_row_chunks, n_items;
+    atomic_int next;
+} mm_job;
+
+static void quantize_rows(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    int per = (j->n + nth - 1) / nth, i0 = ith * per, i1 = i0 + per < j->n ? i0 + per : j->n;
+    for (int i = i0; i < i1; i++) {
+        act_row a = act_at(j->scratch, j->wtype, j->cols, i);
+        const float *xr = j->x + (size_t)i * j->cols;
+        if (is_k(j->wtype))
+            g_tab.quantk(xr, j->cols, (int8_t *)a.q, (float *)a.d, (int16_t *)a.bsum);
+        else
+            g_tab.quant32(xr, j->cols, (int8_t *)a.q, (float *)a.d, (float *)a.s);
+    }
+}
+
+static void mm_worker(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    act_row acts[KC];
+    const float *xf[KC];
+    int quant = !is_float(j->wtype);
+    for (;;) {
+        int item = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (item >= j->n_items)
+            return;
+        int r0 = (item % j->n_row_chunks) * j->row_chunk;
+        int c0 = (item / j->n_row_chunks) * j->act_chunk;
+        int r1 = r0 + j->row_chunk < j->rows ? r0 + j->row_chunk : j->rows;
+        int c1 = c0 + j->act_chunk < j->n ? c0 + j->act_chunk : j->n;
+        for (int r = r0; r < r1; r += KR) {
+            int nr = r1 - r < KR ? r1 - r : KR;
+            const uint8_t *w = j->W + (size_t)r * j->wstride;
+            for (int c = c0; c < c1; c += KC) {
+                int nc = c1 - c < KC ? c1 - c : KC;
+                for (int k = 0; k < nc; k++) {
+                    if (quant)
+                        acts[k] = act_at(j->scratch, j->wtype, j->cols, c + k);
+                    else
+                        xf[k] = j->x + (size_t)(c + k) * j->cols;
+                }
+                j->fn(j->nb, w, j->wstride, nr, acts, xf, nc, j->y + (size_t)c * j->rows + r,
+                      (size_t)j->rows);
+            }
+        }
+    }
+}
+
+static tile_fn pick(int t) {
+    switch (t) {
+    case CPU_T_F32: return g_tab.f32;
+    case CPU_T_F16: return g_tab.f16;
+    case CPU_T_BF16: return g_tab.bf16;
+    case CPU_T_Q4_0: return g_tab.q4_0;
+    case CPU_T_Q4_1: return g_tab.q4_1;
+    case CPU_T_Q8_0: return g_tab.q8_0;
+    case CPU_T_Q4_K: return g_tab.q4_k;
+    case CPU_T_Q6_K: return g_tab.q6_k;
+    default: return NULL;
+    }
+}
+
+void cpu_matmul(cpu_pool *p, int wtype, const void *W, int rows, int cols, const float *x, int n,
+                float *y, void *scratch) {
+    if (rows <= 0 || n <= 0 || cpu_matmul_check(wtype, cols) != 0)
+        return;
+    cpu_simd_level();
+    mm_job j = {
+        .fn = pick(wtype),
+        .wtype = wtype,
+        .rows = rows,
+        .cols = cols,
+        .n = n,
+        .nb = is_float(wtype) ? cols : cols / cpu_type_block(wtype),
+        .W = W,
+        .wstride = cpu_row_size(wtype, cols),
+        .x = x,
+        .y = y,
+        .scratch = scratch,
+    };
+    int nth = cpu_pool_size(p);
+    if (!is_float(wtype)) {
+        /* Quantizing a few rows costs less than waking the pool. */
+        if (nth > 1 && (size_t)n * cols >= 32768)
+            cpu_pool_run(p, quantize_rows, &j);
+        else
+            quantize_rows(&j, 0, 1);
+    }
+    /* Activation chunks of 64 rows keep a chunk's quantized x in L2 while the weight tiles
+     * stream past it; row chunks give each thread ~8 items to balance with. */
+    j.act_chunk = n < 64 ? n : 64;
+    int n_act_chunks = (n + j.act_chunk - 1) / j.act_chunk;
+    int want = nth * 8 / n_act_chunks + 1;
+    int rc = (rows + want - 1) / want;
+    rc = (rc + KR - 1) / KR * KR;
+    if (rc < 16)
+        rc = 16;
+    j.row_chunk = rc;
+    j.n_row_chunks = (rows + rc - 1) / rc;
+    j.n_items = j.n_row_chunks * n_act_chunks;
+    atomic_init(&j.next, 0);
+    if (nth > 1 && j.n_items > 1 && (double)rows * cols * n >= 65536.0)
+        cpu_pool_run(p, mm_worker, &j);
+    else
+        mm_worker(&j, 0, 1);
+}
+
+/* ---- reference ---- */
+
+void cpu_dequant_row(int t, const void *row, float *out, int cols) {
+    const uint8_t *src = row;
+    switch (t) {
+    case CPU_T_F32:
+        for (int i = 0; i < cols; i++)
+            memcpy(&out[i], src + 4 * (size_t)i, 4);
+        return;
+    case CPU_T_F16:
+    case CPU_T_BF16:
+        for (int i = 0; i < cols; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * (size_t)i, 2);
+            out[i] = t == CPU_T_F16 ? cpu_fp16_to_fp32(h) : cpu_bf16_to_fp32(h);
+        }
+        return;
+    case CPU_T_Q4_0:
+        for (int b = 0; b < cols / QK32; b++) {
+            const blk_q4_0 *k = (const blk_q4_0 *)src + b;
+            float d = cpu_fp16_to_fp32(k->d);
+            for (int j = 0; j < 16; j++) {
+                out[b * 32 + j] = d * ((k->qs[j] & 15) - 8);
+                out[b * 32 + j + 16] = d * ((k->qs[j] >> 4) - 8);
+            }
+        }
+        return;
+    case CPU_T_Q4_1:
+        for (int b = 0; b < cols / QK32; b++) {
+            const blk_q4_1 *k = (const blk_q4_1 *)src + b;
+            float d = cpu_fp16_to_fp32(k->d), m = cpu_fp16_to_fp32(k->m);
+            for (int j = 0; j < 16; j++) {
+                out[b * 32 + j] = d * (k->qs[j] & 15) + m;
+                out[b * 32 + j + 16] = d * (k->qs[j] >> 4) + m;
+            }
+        }
+        return;
+    case CPU_T_Q8_0:
+        for (int b = 0; b < cols / QK32; b++) {
+            const blk_q8_0 *k = (const blk_q8_0 *)src + b;
+            float d = cpu_fp16_to_fp32(k->d);
+            for (int j = 0; j < 32; j++)
+                out[b * 32 + j] = d * k->qs[j];
+        }
+        return;
+    case CPU_T_Q4_K:
+        for (int b = 0; b < cols / QK_K; b++) {
+            const blk_q4_k *k = (const blk_q4_k *)src + b;
+            float d = cpu_fp16_to_fp32(k->d), dmin = cpu_fp16_to_fp32(k->dmin);
+            for (int s = 0; s < 8; s++) {
+                int sc, mn;
+                q4k_scale_min(k->scales, s, &sc, &mn);
+                const uint8_t *qs = k->qs + (s / 2) * 32;
+                for (int l = 0; l < 32; l++)
+                    out[b * QK_K + s * 32 + l] =
+                        d * sc * ((qs[l] >> ((s & 1) * 4)) & 15) - dmin * mn;
+            }
+        }
+        return;
+    case CPU_T_Q6_K:
+        for (int b = 0; b < cols / QK_K; b++) {
+            const blk_q6_k *k = (const blk_q6_k *)src + b;
+            float d = cpu_fp16_to_fp32(k->d);
+            for (int e = 0; e < QK_K; e++) {
+                int h = e / 128, gg = (e % 128) / 32, l = e % 32;
+                int lo = (k->ql[64 * h + (gg & 1) * 32 + l] >> ((gg >> 1) * 4)) & 15;
+                int hi = (k->qh[32 * h + l] >> (2 * gg)) & 3;
+                out[b * QK_K + e] = d * k->scales[e / 16] * ((lo | (hi << 4)) - 32);
+            }
+        }
+        return;
+    default:
+        for (int i = 0; i < cols; i++)
+            out[i] = NAN;
+    }
+}
+
+void cpu_matmul_ref(int t, const void *W, int rows, int cols, const float *x, int n, float *y) {
+    if (rows <= 0 || n <= 0 || cpu_matmul_check(t, cols) != 0)
+        return;
+    float *wr = malloc((size_t)cols * sizeof *wr);
+    if (!wr) {
+        for (size_t i = 0; i < (size_t)rows * n; i++)
+            y[i] = NAN;
+        return;
+    }
+    size_t rs = cpu_row_size(t, cols);
+    for (int r = 0; r < rows; r++) {
+        cpu_dequant_row(t, (const uint8_t *)W + (size_t)r * rs, wr, cols);
+        for (int c = 0; c < n; c++) {
+            double s = 0;
+            for (int i = 0; i < cols; i++)
+                s += (double)wr[i] * x[(size_t)c * cols + i];
+            y[(size_t)c * rows + r] = (float)s;
+        }
+    }
+    free(wr);
+}

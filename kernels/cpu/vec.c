@@ -1,0 +1,236 @@
+/* vec.c — the forward pass's vector ops (rmsnorm, swiglu, add, dot, axpy, scale, softmax):
+ * a portable scalar version of each and an AVX2+FMA version chosen at run time by
+ * cpu_simd_level(). Single-threaded, no allocation. The AVX2 exp is a degree-6 polynomial
+ * on a range-reduced argument (relative error < 2e-7 on [-87, 88]). */
+#include "kernels/cpu/cpu_ops.h"
+
+#include <math.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#endif
+
+/* ---- scalar ---- */
+
+static void rmsnorm_scalar(float *out, const float *x, const float *w, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++)
+        out[i] = x[i] * r * w[i];
+}
+
+static void swiglu_scalar(float *out, const float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++)
+        out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static float dot_scalar(const float *a, const float *b, int n) {
+    float s = 0;
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static void softmax_scalar(float *x, int n) {
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        s += x[i];
+    }
+    float r = (float)(1.0 / s);
+    for (int i = 0; i < n; i++)
+        x[i] *= r;
+}
+
+#ifdef HAVE_X86
+/* ---- AVX2 + FMA ---- */
+#define AVX2 __attribute__((target("avx2,fma")))
+
+AVX2 static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x for x in [-87.3, 88.7] (inputs are clamped there). */
+AVX2 static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n: n in [-126, 128]; split in two factors so n = 128 and n = -126 stay exact */
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i h = _mm256_srai_epi32(ni, 1);
+    __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
+    __m256 f2 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+
+AVX2 static void rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    double ss = hsum8(acc);
+    for (; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    __m256 rv = _mm256_set1_ps(r);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i,
+                         _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), rv), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++)
+        out[i] = x[i] * r * w[i];
+}
+
+AVX2 static void swiglu_avx2(float *out, const float *g, const float *u, int n) {
+    int i = 0;
+    __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++)
+        out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+AVX2 static float dot_avx2(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+AVX2 static void axpy_avx2(float *y, float a, const float *x, int n) {
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+AVX2 static void softmax_avx2(float *x, int n) {
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float m = _mm_cvtss_f32(m4);
+    for (; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    mv = _mm256_set1_ps(m);
+    __m256 sv = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        _mm256_storeu_ps(x + i, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    double s = hsum8(sv);
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        s += x[i];
+    }
+    float r = (float)(1.0 / s);
+    __m256 rv = _mm256_set1_ps(r);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), rv));
+    for (; i < n; i++)
+        x[i] *= r;
+}
+#define USE_AVX2 (cpu_simd_level() >= CPU_SIMD_AVX2)
+#else
+#define USE_AVX2 0
+#endif
+
+void cpu_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+#ifdef HAVE_X86
+    if (USE_AVX2) {
+        rmsnorm_avx2(out, x, w, n, eps);
+        return;
+    }
+#endif
+    rmsnorm_scalar(out, x, w, n, eps);
+}
+
+void cpu_swiglu(float *out, const float *gate, const float *up, int n) {
+#ifdef HAVE_X86
+    if (USE_AVX2) {
+        swiglu_avx2(out, gate, up, n);
+        return;
+    }
+#endif
+    swiglu_scalar(out, gate, up, n);
+}
+
+/* Element-wise ops the compiler vectorises well at the baseline level. */
+void cpu_add(float *out, const float *a, const float *b, int n) {
+    for (int i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+void cpu_scale(float *x, float a, int n) {
+    for (int i = 0; i < n; i++)
+        x[i] *= a;
+}
+
+float cpu_dot_f32(const float *a, const float *b, int n) {
+#ifdef HAVE_X86
+    if (USE_AVX2)
+        return dot_avx2(a, b, n);
+#endif
+    return dot_scalar(a, b, n);
+}
+
+void cpu_axpy(float *y, float a, const float *x, int n) {
+#ifdef HAVE_X86
+    if (USE_AVX2) {
+        axpy_avx2(y, a, x, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+void cpu_softmax(float *x, int n) {
+    if (n <= 0)
+        return;
+#ifdef HAVE_X86
+    if (USE_AVX2) {
+        softmax_avx2(x, n);
+        return;
+    }
+#endif
+    softmax_scalar(x, n);
+}
