@@ -51,6 +51,10 @@ void gguf_close(gguf_file *f);
 uint32_t gguf_version(const gguf_file *f);
 size_t gguf_alignment(const gguf_file *f);
 size_t gguf_file_size(const gguf_file *f);
+/* Byte offset of the tensor data section (tensor offsets are relative to it). */
+size_t gguf_data_offset(const gguf_file *f);
+/* Name of a metadata value type ("uint32", "string", ...); "unknown" if out of range. */
+const char *gguf_vtype_name(int t);
 
 /* Metadata. Key lookup returns index or -1. */
 int64_t gguf_n_kv(const gguf_file *f);
