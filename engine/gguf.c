@@ -59,7 +59,9 @@ typedef struct {
     md_err *e;
 } rd;
 
-static size_t rd_left(const rd *r) { return r->size - r->pos; }
+static size_t rd_left(const rd *r) {
+    return r->size - r->pos;
+}
 
 static int rd_need(rd *r, uint64_t n, const char *what) {
     if (n > rd_left(r))
@@ -117,9 +119,9 @@ static size_t vtype_size(uint32_t t) {
 }
 
 static const char *vtype_name(uint32_t t) {
-    static const char *names[] = {"uint8",  "int8",   "uint16", "int16",  "uint32",
+    static const char *names[] = {"uint8",  "int8",    "uint16", "int16",  "uint32",
                                   "int32",  "float32", "bool",   "string", "array",
-                                  "uint64", "int64",  "float64"};
+                                  "uint64", "int64",   "float64"};
     return t < sizeof names / sizeof names[0] ? names[t] : "unknown";
 }
 
@@ -258,13 +260,14 @@ static int parse_kv(gguf_file *f, rd *r, int64_t i) {
     if (rd_str(r, &ks, &klen, "a metadata key"))
         return md_errctx(r->e, "metadata entry %lld: ", (long long)i);
     if (klen == 0 || klen > GGUF_MAX_KEY)
-        return md_errf(r->e, MD_EFORMAT, "metadata entry %lld at offset %zu: key length %llu "
-                       "is outside 1..%d", (long long)i, at, (unsigned long long)klen,
-                       GGUF_MAX_KEY);
+        return md_errf(r->e, MD_EFORMAT,
+                       "metadata entry %lld at offset %zu: key length %llu "
+                       "is outside 1..%d",
+                       (long long)i, at, (unsigned long long)klen, GGUF_MAX_KEY);
     if (memchr(ks, 0, klen))
         return md_errf(r->e, MD_EFORMAT,
-                       "metadata entry %lld at offset %zu: key contains a NUL byte",
-                       (long long)i, at);
+                       "metadata entry %lld at offset %zu: key contains a NUL byte", (long long)i,
+                       at);
     kv->key = dup_name(ks, klen);
     if (!kv->key)
         return md_errf(r->e, MD_ENOMEM, "out of memory copying a metadata key");
@@ -272,8 +275,8 @@ static int parse_kv(gguf_file *f, rd *r, int64_t i) {
     if (rd_u32(r, &t, "a value type"))
         return md_errctx(r->e, "key '%s': ", kv->key);
     if (t > GGUF_T_FLOAT64)
-        return md_errf(r->e, MD_EFORMAT, "key '%s': unknown value type %u at offset %zu",
-                       kv->key, t, r->pos - 4);
+        return md_errf(r->e, MD_EFORMAT, "key '%s': unknown value type %u at offset %zu", kv->key,
+                       t, r->pos - 4);
     kv->type = (gguf_vtype)t;
     if (t == GGUF_T_STRING) {
         size_t sat = r->pos;
@@ -321,12 +324,12 @@ static int parse_tensor(gguf_file *f, rd *r, int64_t i) {
         return md_errctx(r->e, "tensor %lld: ", (long long)i);
     if (nlen == 0 || nlen > GGUF_MAX_NAME)
         return md_errf(r->e, MD_EFORMAT,
-                       "tensor %lld at offset %zu: name length %llu is outside 1..%d",
-                       (long long)i, at, (unsigned long long)nlen, GGUF_MAX_NAME);
+                       "tensor %lld at offset %zu: name length %llu is outside 1..%d", (long long)i,
+                       at, (unsigned long long)nlen, GGUF_MAX_NAME);
     t->name = dup_name(ns, nlen);
     if (!t->name)
-        return md_errf(r->e, MD_EFORMAT,
-                       "tensor %lld at offset %zu: name contains a NUL byte", (long long)i, at);
+        return md_errf(r->e, MD_EFORMAT, "tensor %lld at offset %zu: name contains a NUL byte",
+                       (long long)i, at);
     uint32_t nd;
     if (rd_u32(r, &nd, "a dimension count"))
         return md_errctx(r->e, "tensor '%s': ", t->name);
@@ -390,8 +393,9 @@ static int gguf_parse(gguf_file *f, md_err *e) {
     if (v == 0x03000000 || v == 0x02000000)
         return md_errf(e, MD_EUNSUPP, "big-endian GGUF files are not supported");
     if (v == 1)
-        return md_errf(e, MD_EUNSUPP, "GGUF version 1 (32-bit counts) is not supported; "
-                                      "convert it to version 3");
+        return md_errf(e, MD_EUNSUPP,
+                       "GGUF version 1 (32-bit counts) is not supported; "
+                       "convert it to version 3");
     if (v != 2 && v != 3)
         return md_errf(e, MD_EFORMAT, "unknown GGUF version %u (expected 2 or 3)", v);
     f->version = v;
@@ -461,8 +465,10 @@ static int gguf_parse(gguf_file *f, md_err *e) {
         gguf_tensor *t = &f->tensors[i];
         uint64_t off = (uint64_t)(uintptr_t)t->data;
         if (off % f->alignment)
-            return md_errf(e, MD_EFORMAT, "tensor '%s': offset %llu is not a multiple of the "
-                           "alignment %zu", t->name, (unsigned long long)off, f->alignment);
+            return md_errf(e, MD_EFORMAT,
+                           "tensor '%s': offset %llu is not a multiple of the "
+                           "alignment %zu",
+                           t->name, (unsigned long long)off, f->alignment);
         if (off > data_size || t->n_bytes > data_size - off)
             return md_errf(e, MD_EFORMAT,
                            "tensor '%s': its %zu bytes at data offset %llu end past the end of "
@@ -569,14 +575,26 @@ int gguf_open(const char *path, gguf_file **out, md_err *e) {
     return 0;
 }
 
-void gguf_close(gguf_file *f) { gguf_free(f); }
+void gguf_close(gguf_file *f) {
+    gguf_free(f);
+}
 
-uint32_t gguf_version(const gguf_file *f) { return f->version; }
-size_t gguf_alignment(const gguf_file *f) { return f->alignment; }
-size_t gguf_file_size(const gguf_file *f) { return f->size; }
-size_t gguf_data_offset(const gguf_file *f) { return f->data_offset; }
+uint32_t gguf_version(const gguf_file *f) {
+    return f->version;
+}
+size_t gguf_alignment(const gguf_file *f) {
+    return f->alignment;
+}
+size_t gguf_file_size(const gguf_file *f) {
+    return f->size;
+}
+size_t gguf_data_offset(const gguf_file *f) {
+    return f->data_offset;
+}
 
-int64_t gguf_n_kv(const gguf_file *f) { return f->n_kv; }
+int64_t gguf_n_kv(const gguf_file *f) {
+    return f->n_kv;
+}
 
 int64_t gguf_find_key(const gguf_file *f, const char *key) {
     int64_t lo = 0, hi = f->n_kv - 1;
@@ -601,7 +619,9 @@ gguf_vtype gguf_kv_type(const gguf_file *f, int64_t i) {
     return i >= 0 && i < f->n_kv ? f->kv[i].type : (gguf_vtype)-1;
 }
 
-const char *gguf_vtype_name(int t) { return t >= 0 ? vtype_name((uint32_t)t) : "unknown"; }
+const char *gguf_vtype_name(int t) {
+    return t >= 0 ? vtype_name((uint32_t)t) : "unknown";
+}
 
 static int find_kv(const gguf_file *f, const char *key, const gguf_kv **kv, md_err *e) {
     int64_t i = gguf_find_key(f, key);
@@ -620,10 +640,26 @@ static int kv_int(const gguf_kv *kv, int *neg, uint64_t *mag) {
     switch (kv->type) {
     case GGUF_T_UINT8: u = p[0]; break;
     case GGUF_T_INT8: s = (int8_t)p[0], is_signed = 1; break;
-    case GGUF_T_UINT16: { uint16_t x; memcpy(&x, p, 2); u = x; } break;
-    case GGUF_T_INT16: { int16_t x; memcpy(&x, p, 2); s = x, is_signed = 1; } break;
-    case GGUF_T_UINT32: { uint32_t x; memcpy(&x, p, 4); u = x; } break;
-    case GGUF_T_INT32: { int32_t x; memcpy(&x, p, 4); s = x, is_signed = 1; } break;
+    case GGUF_T_UINT16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        u = x;
+    } break;
+    case GGUF_T_INT16: {
+        int16_t x;
+        memcpy(&x, p, 2);
+        s = x, is_signed = 1;
+    } break;
+    case GGUF_T_UINT32: {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        u = x;
+    } break;
+    case GGUF_T_INT32: {
+        int32_t x;
+        memcpy(&x, p, 4);
+        s = x, is_signed = 1;
+    } break;
     case GGUF_T_UINT64: memcpy(&u, p, 8); break;
     case GGUF_T_INT64: memcpy(&s, p, 8), is_signed = 1; break;
     default: return 0;
@@ -742,8 +778,8 @@ int gguf_arr_str(const gguf_file *f, const char *key, uint64_t i, const char **s
     if (rc)
         return rc;
     if (kv->elem_type != GGUF_T_STRING)
-        return md_errf(e, MD_EFORMAT, "metadata key '%s' is an array of %s, expected strings",
-                       key, vtype_name(kv->elem_type));
+        return md_errf(e, MD_EFORMAT, "metadata key '%s' is an array of %s, expected strings", key,
+                       vtype_name(kv->elem_type));
     if (i >= kv->n)
         return md_errf(e, MD_ERANGE, "metadata key '%s': index %llu past its %llu elements", key,
                        (unsigned long long)i, (unsigned long long)kv->n);
@@ -760,13 +796,15 @@ int gguf_arr_data(const gguf_file *f, const char *key, const void **data, md_err
     if (rc)
         return rc;
     if (!vtype_size(kv->elem_type))
-        return md_errf(e, MD_EFORMAT, "metadata key '%s' is an array of %s, expected numbers",
-                       key, vtype_name(kv->elem_type));
+        return md_errf(e, MD_EFORMAT, "metadata key '%s' is an array of %s, expected numbers", key,
+                       vtype_name(kv->elem_type));
     *data = kv->val;
     return 0;
 }
 
-int64_t gguf_n_tensors(const gguf_file *f) { return f->n_tensors; }
+int64_t gguf_n_tensors(const gguf_file *f) {
+    return f->n_tensors;
+}
 
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, int64_t i) {
     return i >= 0 && i < f->n_tensors ? &f->tensors[i] : NULL;

@@ -18,28 +18,43 @@
 
 /* Metadata value types, numbered as in the GGUF spec. */
 typedef enum {
-    GGUF_T_UINT8 = 0, GGUF_T_INT8 = 1, GGUF_T_UINT16 = 2, GGUF_T_INT16 = 3,
-    GGUF_T_UINT32 = 4, GGUF_T_INT32 = 5, GGUF_T_FLOAT32 = 6, GGUF_T_BOOL = 7,
-    GGUF_T_STRING = 8, GGUF_T_ARRAY = 9, GGUF_T_UINT64 = 10, GGUF_T_INT64 = 11,
+    GGUF_T_UINT8 = 0,
+    GGUF_T_INT8 = 1,
+    GGUF_T_UINT16 = 2,
+    GGUF_T_INT16 = 3,
+    GGUF_T_UINT32 = 4,
+    GGUF_T_INT32 = 5,
+    GGUF_T_FLOAT32 = 6,
+    GGUF_T_BOOL = 7,
+    GGUF_T_STRING = 8,
+    GGUF_T_ARRAY = 9,
+    GGUF_T_UINT64 = 10,
+    GGUF_T_INT64 = 11,
     GGUF_T_FLOAT64 = 12,
 } gguf_vtype;
 
 /* Tensor element types, numbered as ggml's enum ggml_type. */
 typedef enum {
-    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8,
-    GGML_Q4_K = 12, GGML_Q6_K = 14, GGML_BF16 = 30,
+    GGML_F32 = 0,
+    GGML_F16 = 1,
+    GGML_Q4_0 = 2,
+    GGML_Q4_1 = 3,
+    GGML_Q8_0 = 8,
+    GGML_Q4_K = 12,
+    GGML_Q6_K = 14,
+    GGML_BF16 = 30,
 } ggml_type;
 
 typedef struct gguf_file gguf_file;
 
 typedef struct {
-    const char *name;   /* NUL-terminated copy owned by gguf_file */
-    int type;           /* ggml_type */
-    int n_dims;         /* 1..4 */
-    int64_t ne[4];      /* elements per dim, ne[0] innermost (row length); unused dims = 1 */
+    const char *name; /* NUL-terminated copy owned by gguf_file */
+    int type;         /* ggml_type */
+    int n_dims;       /* 1..4 */
+    int64_t ne[4];    /* elements per dim, ne[0] innermost (row length); unused dims = 1 */
     int64_t n_elements;
     size_t n_bytes;
-    const void *data;   /* into the mapping, aligned to the file's alignment */
+    const void *data; /* into the mapping, aligned to the file's alignment */
 } gguf_tensor;
 
 /* Open and fully validate path. On success *out owns the mapping. */

@@ -166,8 +166,12 @@ static void small_model_tensor_directory(void **st) {
     free(b.buf);
 }
 
-static void put_u64(gb *b, size_t at, uint64_t v) { memcpy(b->buf + at, &v, 8); }
-static void put_u32(gb *b, size_t at, uint32_t v) { memcpy(b->buf + at, &v, 4); }
+static void put_u64(gb *b, size_t at, uint64_t v) {
+    memcpy(b->buf + at, &v, 8);
+}
+static void put_u32(gb *b, size_t at, uint32_t v) {
+    memcpy(b->buf + at, &v, 4);
+}
 
 static void hostile_headers_are_rejected_with_a_reason(void **st) {
     gb_marks m;
@@ -287,8 +291,8 @@ static void fp16_round_trips_every_half(void **st) {
     assert_true(md_fp16_to_fp32(0x3c00) == 1.0f);
     assert_true(md_fp16_to_fp32(0xc000) == -2.0f);
     assert_true(md_fp16_to_fp32(0x0001) == 5.9604644775390625e-8f);
-    assert_int_equal(md_fp32_to_fp16(65520.0f), 0x7c00);   /* rounds to inf */
-    assert_int_equal(md_fp32_to_fp16(65519.0f), 0x7bff);   /* max half */
+    assert_int_equal(md_fp32_to_fp16(65520.0f), 0x7c00);           /* rounds to inf */
+    assert_int_equal(md_fp32_to_fp16(65519.0f), 0x7bff);           /* max half */
     assert_int_equal(md_fp32_to_fp16(1.0f + 1.0f / 2048), 0x3c00); /* tie to even */
     assert_int_equal(md_fp32_to_fp16(1.0f + 3.0f / 2048), 0x3c02);
     assert_int_equal(md_fp32_to_fp16(2.9802322387695312e-8f), 0x0000); /* half of min: even */
@@ -341,8 +345,8 @@ static void quantize_round_trip_within_half_a_step(void **st) {
                                           : (mx - mn) / 15 * 0.51f + amax / 512;
             for (int j = b; j < b + 32; j++)
                 if (fabsf(x[j] - y[j]) > tol)
-                    fail_msg("%s element %d: %g -> %g (tolerance %g)", ggml_type_name(ty), j,
-                             x[j], y[j], tol);
+                    fail_msg("%s element %d: %g -> %g (tolerance %g)", ggml_type_name(ty), j, x[j],
+                             y[j], tol);
         }
     }
     assert_int_equal(ggml_quantize(GGML_Q4_K, x, q, N, &e), MD_EUNSUPP);

@@ -32,10 +32,18 @@ static inline void gb_put(gb *b, const void *p, size_t n) {
     memcpy(b->buf + b->len, p, n);
     b->len += n;
 }
-static inline void gb_u8(gb *b, uint8_t v) { gb_put(b, &v, 1); }
-static inline void gb_u32(gb *b, uint32_t v) { gb_put(b, &v, 4); }
-static inline void gb_u64(gb *b, uint64_t v) { gb_put(b, &v, 8); }
-static inline void gb_f32(gb *b, float v) { gb_put(b, &v, 4); }
+static inline void gb_u8(gb *b, uint8_t v) {
+    gb_put(b, &v, 1);
+}
+static inline void gb_u32(gb *b, uint32_t v) {
+    gb_put(b, &v, 4);
+}
+static inline void gb_u64(gb *b, uint64_t v) {
+    gb_put(b, &v, 8);
+}
+static inline void gb_f32(gb *b, float v) {
+    gb_put(b, &v, 4);
+}
 static inline void gb_str(gb *b, const char *s) {
     gb_u64(b, strlen(s));
     gb_put(b, s, strlen(s));
@@ -47,14 +55,14 @@ static inline void gb_pad(gb *b, size_t align) {
 
 /* Offsets of interesting fields in the file gb_small_model() writes. */
 typedef struct {
-    size_t n_tensors, n_kv;      /* header counts */
-    size_t kv[32];               /* start of each key/value (the key's length) */
-    size_t kv_type[32];          /* each value's type field */
+    size_t n_tensors, n_kv; /* header counts */
+    size_t kv[32];          /* start of each key/value (the key's length) */
+    size_t kv_type[32];     /* each value's type field */
     int nkv;
-    size_t tensor[16];           /* start of each tensor entry (its name length) */
+    size_t tensor[16]; /* start of each tensor entry (its name length) */
     size_t tensor_ndims[16], tensor_dims[16], tensor_type[16], tensor_off[16];
     int nt;
-    size_t data;                 /* start of the data section */
+    size_t data; /* start of the data section */
 } gb_marks;
 
 #define GB_ALIGN 32
@@ -72,8 +80,8 @@ static const struct {
     int type;
     int64_t ne0, ne1;
 } gb_tensors[] = {
-    {"t.f32", GGML_F32, 8, 2},     {"t.f16", GGML_F16, 16, 1},   {"t.bf16", GGML_BF16, 4, 4},
-    {"t.q8_0", GGML_Q8_0, 64, 1},  {"t.q4_0", GGML_Q4_0, 32, 2}, {"t.q4_1", GGML_Q4_1, 32, 1},
+    {"t.f32", GGML_F32, 8, 2},     {"t.f16", GGML_F16, 16, 1},    {"t.bf16", GGML_BF16, 4, 4},
+    {"t.q8_0", GGML_Q8_0, 64, 1},  {"t.q4_0", GGML_Q4_0, 32, 2},  {"t.q4_1", GGML_Q4_1, 32, 1},
     {"t.q4_k", GGML_Q4_K, 256, 1}, {"t.q6_k", GGML_Q6_K, 256, 1},
 };
 #define GB_NT ((int)(sizeof gb_tensors / sizeof gb_tensors[0]))
