@@ -3,3 +3,5 @@
 set(MEDLEY_GGUF_SRCS ${CMAKE_SOURCE_DIR}/engine/gguf.c ${CMAKE_SOURCE_DIR}/engine/quant.c)
 medley_test(test_gguf SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_gguf.c ${MEDLEY_GGUF_SRCS}
             LABELS unit)
+medley_test(test_gguf_dequant SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_gguf_dequant.c
+            ${MEDLEY_GGUF_SRCS} LABELS unit)
