@@ -5,3 +5,5 @@ medley_test(test_gguf SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_gguf.c ${MED
             LABELS unit)
 medley_test(test_gguf_dequant SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_gguf_dequant.c
             ${MEDLEY_GGUF_SRCS} LABELS unit)
+medley_test(test_gguf_fuzz SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/test_gguf_fuzz.c
+            ${MEDLEY_GGUF_SRCS} LABELS fuzz)
