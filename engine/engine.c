@@ -1,0 +1,688 @@
+/* engine.c — the continuous-batching loop (DESIGN.md §5): sequences wait, are admitted,
+ * run in chunks that mix prefill and decode in one forward pass per step, share prompt-prefix
+ * KV blocks, are preempted (blocks released, recomputed later) when the KV budget runs out,
+ * and finish on EOS, a stop string, max_tokens or the context limit.
+ *
+ * A sequence is its token list (prompt + generated) and how many of those have K/V in the
+ * cache (n_computed). Each step gives every running sequence the next chunk of its uncomputed
+ * tokens (one token when decoding); when a chunk reaches the end of the list, the step's
+ * logits at that row pick the next token. Prefill and decode are therefore one code path, and
+ * a preempted sequence resumes by recomputing its list: its sampler state (random stream,
+ * penalties) is kept, so it produces exactly the tokens it would have produced.
+ *
+ * Scheduling order is admission order: older sequences get budget and blocks first; when
+ * blocks run out, the newest running sequence is preempted (vLLM's recompute policy). */
+#define _GNU_SOURCE /* memmem */
+#include "engine/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "engine/gguf.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+
+enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
+
+typedef struct {
+    uint64_t id;
+    int state;
+    md_sampling s;
+    char **stop; /* owned copies */
+    int n_stop;
+    size_t max_stop_len;
+    int32_t *toks; /* [cap] prompt then generated */
+    int n_toks, cap, n_prompt;
+    int n_computed;  /* tokens with K/V in the cache */
+    int32_t *blocks; /* [max_blocks] block table */
+    int n_blocks;
+    uint64_t *bhash; /* [max_blocks] prefix hash of each published block */
+    int n_published; /* leading blocks in the prefix index */
+    smp_rng rng;
+    tok_stream ts;
+    char *text;
+    size_t text_len, text_cap;
+    md_finish finish;
+    int cancel;
+    int released; /* freed at the next step once finished */
+    int chunk;    /* tokens scheduled this step */
+    int cached_prompt;
+    int preemptions;
+    uint64_t t_submit, t_admit, t_first, t_done;
+    char err[512];
+} seq;
+
+struct md_engine {
+    md_engine_config cfg;
+    gguf_file *gf;
+    tok_tokenizer *tok;
+    md_backend *be;
+    md_model *m;
+    kv_cache *kv;
+    md_kv_bufs kvb;
+    md_fwd fwd;
+    smp_scratch *sc;
+    int n_vocab, n_ctx, bs, max_blocks, max_seqs, max_batch;
+    uint64_t next_id;
+    seq **all; /* every unreleased sequence */
+    int n_all, cap_all;
+    seq **running; /* [max_seqs] admission order */
+    int n_running;
+    seq **waiting; /* FIFO, preempted ones go to the front */
+    int n_waiting, cap_waiting;
+    /* step scratch, sized at open */
+    int32_t *b_tokens, *b_seq, *b_pos, *b_slot, *b_seq_len, *b_table, *b_logit_rows;
+    seq **b_seqs;
+    float *logits; /* [max_seqs, n_vocab] */
+    md_step_token *out_toks;
+    uint64_t *finished;
+    int cap_finished;
+    char *piece; /* tok_stream_push output */
+};
+
+static seq *find_seq(const md_engine *eng, uint64_t id) {
+    for (int i = 0; i < eng->n_all; i++)
+        if (eng->all[i]->id == id)
+            return eng->all[i];
+    return NULL;
+}
+
+static void seq_free(seq *q) {
+    if (!q)
+        return;
+    for (int i = 0; i < q->n_stop; i++)
+        free(q->stop[i]);
+    free(q->stop);
+    free(q->toks);
+    free(q->blocks);
+    free(q->bhash);
+    free(q->text);
+    free(q);
+}
+
+int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
+    *out = NULL;
+    md_engine *eng = calloc(1, sizeof *eng);
+    if (!eng)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    eng->cfg = *cfg_in;
+    md_engine_config *cfg = &eng->cfg;
+    int rc;
+    if (!cfg->model_path) {
+        rc = md_errf(e, MD_EINVAL, "engine: no model path");
+        goto fail;
+    }
+    if (cfg->n_threads < 0 || cfg->max_seqs < 0 || cfg->max_batch_tokens < 0 ||
+        cfg->kv_block_tokens < 0 || cfg->n_ctx < 0) {
+        rc = md_errf(e, MD_EINVAL, "engine: negative size in the configuration");
+        goto fail;
+    }
+    if ((rc = gguf_open(cfg->model_path, &eng->gf, e)) || (rc = tok_load(eng->gf, &eng->tok, e)) ||
+        (rc = md_backend_open(cfg->device, cfg->n_threads, &eng->be, e)) ||
+        (rc = md_model_load(eng->gf, eng->be, &eng->m, e))) {
+        md_errctx(e, "loading %s: ", cfg->model_path);
+        goto fail;
+    }
+    const md_hparams *hp = &eng->m->hp;
+    eng->n_vocab = hp->n_vocab;
+    if (tok_n_vocab(eng->tok) > eng->n_vocab) {
+        rc = md_errf(e, MD_EFORMAT, "%s: tokenizer has %d tokens, the output head %d",
+                     cfg->model_path, tok_n_vocab(eng->tok), eng->n_vocab);
+        goto fail;
+    }
+    eng->n_ctx = cfg->n_ctx ? cfg->n_ctx : hp->n_ctx_train;
+    if (eng->n_ctx > hp->n_ctx_train)
+        eng->n_ctx = hp->n_ctx_train;
+    eng->bs = cfg->kv_block_tokens ? cfg->kv_block_tokens : 16;
+    eng->max_seqs = cfg->max_seqs ? cfg->max_seqs : 64;
+    eng->max_batch = cfg->max_batch_tokens ? cfg->max_batch_tokens : 512;
+    if (eng->max_batch < eng->max_seqs)
+        eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
+    eng->max_blocks = (eng->n_ctx + eng->bs - 1) / eng->bs;
+    size_t per_tok = md_kv_bytes_per_token(hp);
+    size_t budget = cfg->kv_budget_bytes;
+    if (budget == 0) {
+        size_t all = per_tok * (size_t)eng->n_ctx * eng->max_seqs;
+        budget = all < (size_t)1 << 30 ? all : (size_t)1 << 30;
+    }
+    size_t n_blocks = budget / (per_tok * eng->bs);
+    if (n_blocks < 1 || n_blocks > (1u << 26)) {
+        rc = md_errf(e, MD_ERANGE,
+                     "KV budget of %zu bytes holds %zu blocks of %d tokens (%zu bytes each)",
+                     budget, n_blocks, eng->bs, per_tok * eng->bs);
+        goto fail;
+    }
+    md_reserve r = {.max_tokens = eng->max_batch,
+                    .max_seqs = eng->max_seqs,
+                    .max_cols = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd,
+                    .max_ctx = eng->n_ctx,
+                    .max_blocks = eng->max_blocks,
+                    .n_heads = hp->n_head};
+    if (hp->n_head * hp->head_dim > r.max_cols)
+        r.max_cols = hp->n_head * hp->head_dim;
+    if ((rc = kv_create((int)n_blocks, eng->bs, &eng->kv, e)) ||
+        (rc = md_kv_bufs_alloc(eng->m, (int)n_blocks * eng->bs, &eng->kvb, e)) ||
+        (rc = md_fwd_alloc(eng->m, eng->max_batch, eng->max_seqs, &eng->fwd, e)) ||
+        (rc = eng->be->ops->reserve(eng->be, &r, e)))
+        goto fail;
+    size_t T = (size_t)eng->max_batch, S = (size_t)eng->max_seqs;
+    eng->sc = smp_scratch_new(eng->n_vocab);
+    eng->running = calloc(S, sizeof *eng->running);
+    eng->b_tokens = malloc(T * sizeof(int32_t));
+    eng->b_seq = malloc(T * sizeof(int32_t));
+    eng->b_pos = malloc(T * sizeof(int32_t));
+    eng->b_slot = malloc(T * sizeof(int32_t));
+    eng->b_seq_len = malloc(S * sizeof(int32_t));
+    eng->b_table = malloc(S * eng->max_blocks * sizeof(int32_t));
+    eng->b_logit_rows = malloc(S * sizeof(int32_t));
+    eng->b_seqs = malloc(S * sizeof(seq *));
+    eng->logits = malloc(S * eng->n_vocab * sizeof(float));
+    eng->out_toks = malloc(S * sizeof(md_step_token));
+    eng->piece = malloc(1024);
+    if (!eng->sc || !eng->running || !eng->b_tokens || !eng->b_seq || !eng->b_pos || !eng->b_slot ||
+        !eng->b_seq_len || !eng->b_table || !eng->b_logit_rows || !eng->b_seqs || !eng->logits ||
+        !eng->out_toks || !eng->piece) {
+        rc = md_errf(e, MD_ENOMEM, "engine: out of memory for step buffers");
+        goto fail;
+    }
+    MD_INFO("engine",
+            "%s: %s, %d layers, width %d, context %d; KV %zu blocks x %d tokens (%.0f MiB); "
+            "%d seqs, %d tokens per step; %s",
+            cfg->model_path, hp->arch, hp->n_layer, hp->n_embd, eng->n_ctx, n_blocks, eng->bs,
+            (double)(n_blocks * eng->bs * per_tok) / (1 << 20), eng->max_seqs, eng->max_batch,
+            eng->be->ops->describe(eng->be));
+    *out = eng;
+    return 0;
+fail:
+    md_engine_close(eng);
+    return rc;
+}
+
+void md_engine_close(md_engine *eng) {
+    if (!eng)
+        return;
+    for (int i = 0; i < eng->n_all; i++)
+        seq_free(eng->all[i]);
+    free(eng->all);
+    free(eng->running);
+    free(eng->waiting);
+    if (eng->m) {
+        md_fwd_free(eng->m, &eng->fwd);
+        md_kv_bufs_free(eng->m, &eng->kvb);
+        md_model_free(eng->m);
+    }
+    md_backend_free(eng->be);
+    kv_free(eng->kv);
+    tok_free(eng->tok);
+    gguf_close(eng->gf);
+    smp_scratch_free(eng->sc);
+    free(eng->b_tokens);
+    free(eng->b_seq);
+    free(eng->b_pos);
+    free(eng->b_slot);
+    free(eng->b_seq_len);
+    free(eng->b_table);
+    free(eng->b_logit_rows);
+    free(eng->b_seqs);
+    free(eng->logits);
+    free(eng->out_toks);
+    free(eng->finished);
+    free(eng->piece);
+    free(eng);
+}
+
+int md_engine_n_ctx(const md_engine *eng) {
+    return eng->n_ctx;
+}
+int md_engine_n_vocab(const md_engine *eng) {
+    return eng->n_vocab;
+}
+struct tok_tokenizer *md_engine_tokenizer(md_engine *eng) {
+    return eng->tok;
+}
+
+/* Longest generation a request may ask for (max_tokens 0 means up to the context). */
+static int gen_limit(const md_engine *eng, const md_sampling *s, int n_prompt) {
+    return s->max_tokens ? s->max_tokens : eng->n_ctx - n_prompt;
+}
+
+int md_engine_submit(md_engine *eng, const int32_t *prompt, int n_prompt, const md_sampling *s,
+                     uint64_t *seq_id, md_err *e) {
+    int rc = smp_validate(s, e);
+    if (rc)
+        return rc;
+    if (n_prompt < 1)
+        return md_errf(e, MD_EINVAL, "empty prompt");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= eng->n_vocab)
+            return md_errf(e, MD_EINVAL, "prompt token %d at index %d outside the vocabulary of %d",
+                           (int)prompt[i], i, eng->n_vocab);
+    if (n_prompt >= eng->n_ctx || (long)n_prompt + s->max_tokens > eng->n_ctx)
+        return md_errf(e, MD_ERANGE,
+                       "prompt of %d tokens + max_tokens %d exceed the context of %d tokens",
+                       n_prompt, s->max_tokens, eng->n_ctx);
+    int total = n_prompt + gen_limit(eng, s, n_prompt);
+    int need_blocks = (total + eng->bs - 1) / eng->bs;
+    if (need_blocks > kv_n_blocks(eng->kv))
+        return md_errf(e, MD_ERANGE,
+                       "prompt of %d tokens + max_tokens %d need %d KV blocks; the KV budget "
+                       "holds %d",
+                       n_prompt, s->max_tokens, need_blocks, kv_n_blocks(eng->kv));
+    if (eng->n_all == eng->cap_all) {
+        int cap = eng->cap_all ? eng->cap_all * 2 : 64;
+        seq **a = realloc(eng->all, (size_t)cap * sizeof *a);
+        uint64_t *f = realloc(eng->finished, (size_t)cap * sizeof *f);
+        if (a)
+            eng->all = a;
+        if (f)
+            eng->finished = f;
+        if (!a || !f)
+            return md_errf(e, MD_ENOMEM, "out of memory");
+        eng->cap_all = eng->cap_finished = cap;
+    }
+    if (eng->n_waiting == eng->cap_waiting) {
+        int cap = eng->cap_waiting ? eng->cap_waiting * 2 : 64;
+        seq **w = realloc(eng->waiting, (size_t)cap * sizeof *w);
+        if (!w)
+            return md_errf(e, MD_ENOMEM, "out of memory");
+        eng->waiting = w;
+        eng->cap_waiting = cap;
+    }
+    seq *q = calloc(1, sizeof *q);
+    if (!q)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    q->s = *s;
+    q->s.stop = NULL;
+    q->cap = total;
+    q->toks = malloc((size_t)q->cap * sizeof *q->toks);
+    q->blocks = malloc((size_t)eng->max_blocks * sizeof *q->blocks);
+    q->bhash = malloc((size_t)eng->max_blocks * sizeof *q->bhash);
+    q->text_cap = 256;
+    q->text = malloc(q->text_cap);
+    int n_stop = 0;
+    while (s->stop && s->stop[n_stop])
+        n_stop++;
+    q->stop = calloc((size_t)n_stop + 1, sizeof *q->stop);
+    if (!q->toks || !q->blocks || !q->bhash || !q->text || !q->stop) {
+        seq_free(q);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < n_stop; i++) {
+        if (!s->stop[i][0])
+            continue;
+        q->stop[q->n_stop] = strdup(s->stop[i]);
+        if (!q->stop[q->n_stop]) {
+            seq_free(q);
+            return md_errf(e, MD_ENOMEM, "out of memory");
+        }
+        size_t l = strlen(s->stop[i]);
+        if (l > q->max_stop_len)
+            q->max_stop_len = l;
+        q->n_stop++;
+    }
+    memcpy(q->toks, prompt, (size_t)n_prompt * sizeof *prompt);
+    q->n_toks = q->n_prompt = n_prompt;
+    q->text[0] = 0;
+    smp_rng_seed(&q->rng, s->seed);
+    tok_stream_init(&q->ts);
+    q->id = ++eng->next_id;
+    q->state = SEQ_WAITING;
+    q->t_submit = md_mono_ns();
+    eng->all[eng->n_all++] = q;
+    eng->waiting[eng->n_waiting++] = q;
+    *seq_id = q->id;
+    return 0;
+}
+
+void md_engine_cancel(md_engine *eng, uint64_t seq_id) {
+    seq *q = find_seq(eng, seq_id);
+    if (q && q->state != SEQ_DONE)
+        q->cancel = 1;
+}
+
+/* Release a sequence's blocks (published ones stay in the prefix index as cached). */
+static void drop_blocks(md_engine *eng, seq *q) {
+    for (int i = 0; i < q->n_blocks; i++)
+        kv_unref(eng->kv, q->blocks[i]);
+    q->n_blocks = 0;
+    q->n_published = 0;
+    q->n_computed = 0;
+}
+
+static void remove_running(md_engine *eng, int i) {
+    memmove(eng->running + i, eng->running + i + 1,
+            (size_t)(eng->n_running - i - 1) * sizeof *eng->running);
+    eng->n_running--;
+}
+
+static void finish(md_engine *eng, seq *q, md_finish why, int *n_fin) {
+    drop_blocks(eng, q);
+    q->state = SEQ_DONE;
+    q->finish = why;
+    q->t_done = md_mono_ns();
+    eng->finished[(*n_fin)++] = q->id;
+}
+
+/* Preempt running[i]: its blocks go back, it waits at the front of the queue and recomputes
+ * its tokens when readmitted. */
+static void preempt(md_engine *eng, int i) {
+    seq *q = eng->running[i];
+    drop_blocks(eng, q);
+    q->state = SEQ_WAITING;
+    q->preemptions++;
+    remove_running(eng, i);
+    memmove(eng->waiting + 1, eng->waiting, (size_t)eng->n_waiting * sizeof *eng->waiting);
+    eng->waiting[0] = q;
+    eng->n_waiting++;
+}
+
+/* Blocks q needs so that positions [0, upto) have a slot. */
+static int blocks_needed(const md_engine *eng, const seq *q, int upto) {
+    int want = (upto + eng->bs - 1) / eng->bs;
+    return want > q->n_blocks ? want - q->n_blocks : 0;
+}
+
+static void grow_blocks(md_engine *eng, seq *q, int upto) {
+    int n = blocks_needed(eng, q, upto);
+    for (int i = 0; i < n; i++)
+        q->blocks[q->n_blocks++] = kv_alloc(eng->kv);
+}
+
+/* Share the longest run of indexed full blocks matching q's tokens, leaving at least the last
+ * token to compute (its logits are needed). Returns the number of tokens now cached. */
+static int match_prefix(md_engine *eng, seq *q) {
+    uint64_t parent = 0;
+    int full = (q->n_toks - 1) / eng->bs;
+    for (int j = 0; j < full; j++) {
+        int32_t b = kv_lookup(eng->kv, parent, q->toks + (size_t)j * eng->bs);
+        if (b < 0)
+            break;
+        kv_ref(eng->kv, b);
+        parent = kv_hash(parent, q->toks + (size_t)j * eng->bs, eng->bs);
+        q->blocks[q->n_blocks] = b;
+        q->bhash[q->n_blocks] = parent;
+        q->n_blocks++;
+    }
+    q->n_published = q->n_blocks;
+    q->n_computed = q->n_blocks * eng->bs;
+    return q->n_computed;
+}
+
+/* Index the blocks that this step's chunk fills (their K/V are written in this step's forward
+ * pass, before any later reader's attention in the same or a later step). */
+static void publish(md_engine *eng, seq *q, int upto) {
+    int full = upto / eng->bs;
+    while (q->n_published < full) {
+        int j = q->n_published;
+        uint64_t parent = j ? q->bhash[j - 1] : 0;
+        q->bhash[j] = kv_publish(eng->kv, q->blocks[j], parent, q->toks + (size_t)j * eng->bs);
+        q->n_published++;
+    }
+}
+
+/* Pick this step's chunks. Returns the number of tokens scheduled. */
+static int schedule(md_engine *eng) {
+    int T = 0;
+    for (int i = 0; i < eng->n_running && T < eng->max_batch;) {
+        seq *q = eng->running[i];
+        int chunk = q->n_toks - q->n_computed;
+        if (chunk > eng->max_batch - T)
+            chunk = eng->max_batch - T;
+        int need = blocks_needed(eng, q, q->n_computed + chunk);
+        while (need > kv_n_available(eng->kv) && eng->n_running - 1 > i)
+            preempt(eng, eng->n_running - 1);
+        if (need > kv_n_available(eng->kv)) {
+            preempt(eng, i);
+            break;
+        }
+        grow_blocks(eng, q, q->n_computed + chunk);
+        q->chunk = chunk;
+        T += chunk;
+        i++;
+    }
+    while (eng->n_waiting > 0 && eng->n_running < eng->max_seqs && T < eng->max_batch) {
+        seq *q = eng->waiting[0];
+        match_prefix(eng, q);
+        int chunk = q->n_toks - q->n_computed;
+        if (chunk > eng->max_batch - T)
+            chunk = eng->max_batch - T;
+        if (blocks_needed(eng, q, q->n_computed + chunk) > kv_n_available(eng->kv)) {
+            drop_blocks(eng, q);
+            break;
+        }
+        if (q->t_admit == 0)
+            q->t_admit = md_mono_ns();
+        if (q->preemptions == 0)
+            q->cached_prompt = q->n_computed;
+        grow_blocks(eng, q, q->n_computed + chunk);
+        memmove(eng->waiting, eng->waiting + 1, (size_t)(eng->n_waiting - 1) * sizeof(seq *));
+        eng->n_waiting--;
+        q->state = SEQ_RUNNING;
+        q->chunk = chunk;
+        eng->running[eng->n_running++] = q;
+        T += chunk;
+    }
+    return T;
+}
+
+/* Append the text of token id to q and apply the stop strings. Returns 1 when a stop string
+ * ended the sequence (the text is cut before it). */
+static int append_text(md_engine *eng, seq *q, int32_t id) {
+    size_t n = tok_stream_push(eng->tok, &q->ts, id, eng->piece, 1024);
+    if (n == 0)
+        return 0;
+    if (q->text_len + n + 1 > q->text_cap) {
+        size_t cap = (q->text_len + n + 1) * 2;
+        char *t = realloc(q->text, cap);
+        if (!t)
+            return 0;
+        q->text = t;
+        q->text_cap = cap;
+    }
+    size_t old = q->text_len;
+    memcpy(q->text + old, eng->piece, n);
+    q->text_len += n;
+    q->text[q->text_len] = 0;
+    for (int i = 0; i < q->n_stop; i++) {
+        size_t l = strlen(q->stop[i]);
+        size_t from = old >= l - 1 ? old - (l - 1) : 0;
+        char *hit = memmem(q->text + from, q->text_len - from, q->stop[i], l);
+        if (hit) {
+            q->text_len = (size_t)(hit - q->text);
+            q->text[q->text_len] = 0;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
+    memset(res, 0, sizeof *res);
+    int n_fin = 0;
+    for (int i = 0; i < eng->n_all;) {
+        seq *q = eng->all[i];
+        if (q->released && q->state == SEQ_DONE) {
+            seq_free(q);
+            eng->all[i] = eng->all[--eng->n_all];
+        } else {
+            i++;
+        }
+    }
+    /* cancellations */
+    for (int i = 0; i < eng->n_running;) {
+        seq *q = eng->running[i];
+        if (q->cancel) {
+            remove_running(eng, i);
+            finish(eng, q, MD_FINISH_CANCELLED, &n_fin);
+        } else {
+            i++;
+        }
+    }
+    for (int i = 0; i < eng->n_waiting;) {
+        seq *q = eng->waiting[i];
+        if (q->cancel) {
+            memmove(eng->waiting + i, eng->waiting + i + 1,
+                    (size_t)(eng->n_waiting - i - 1) * sizeof(seq *));
+            eng->n_waiting--;
+            finish(eng, q, MD_FINISH_CANCELLED, &n_fin);
+        } else {
+            i++;
+        }
+    }
+    for (int i = 0; i < eng->n_running; i++)
+        eng->running[i]->chunk = 0;
+    int T = schedule(eng);
+    res->finished = eng->finished;
+    if (T == 0) {
+        res->n_finished = n_fin;
+        res->n_live = eng->n_running + eng->n_waiting;
+        return 0;
+    }
+    /* lay out the batch: running sequences with a chunk, in order */
+    int t = 0, ns = 0, nl = 0;
+    for (int i = 0; i < eng->n_running; i++) {
+        seq *q = eng->running[i];
+        if (q->chunk == 0)
+            continue;
+        for (int j = 0; j < q->chunk; j++, t++) {
+            int pos = q->n_computed + j;
+            eng->b_tokens[t] = q->toks[pos];
+            eng->b_seq[t] = ns;
+            eng->b_pos[t] = pos;
+            eng->b_slot[t] = q->blocks[pos / eng->bs] * eng->bs + pos % eng->bs;
+        }
+        eng->b_seq_len[ns] = q->n_computed + q->chunk;
+        memcpy(eng->b_table + (size_t)ns * eng->max_blocks, q->blocks,
+               (size_t)q->n_blocks * sizeof(int32_t));
+        if (q->n_computed + q->chunk == q->n_toks)
+            eng->b_logit_rows[nl++] = t - 1;
+        publish(eng, q, q->n_computed + q->chunk);
+        eng->b_seqs[ns++] = q;
+    }
+    md_batch b = {.n_tokens = T,
+                  .n_seqs = ns,
+                  .tokens = eng->b_tokens,
+                  .tok_seq = eng->b_seq,
+                  .tok_pos = eng->b_pos,
+                  .slot = eng->b_slot,
+                  .seq_len = eng->b_seq_len,
+                  .block_table = eng->b_table,
+                  .max_blocks = eng->max_blocks,
+                  .block_tokens = eng->bs,
+                  .logit_rows = eng->b_logit_rows,
+                  .n_logits = nl};
+    int rc = md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b, eng->logits, e);
+    if (rc) {
+        /* the device failed: every running sequence fails with the reason, and blocks
+         * indexed this step may hold nothing valid */
+        while (eng->n_running > 0) {
+            seq *q = eng->running[0];
+            snprintf(q->err, sizeof q->err, "%s", e->msg);
+            remove_running(eng, 0);
+            finish(eng, q, MD_FINISH_ERROR, &n_fin);
+        }
+        kv_clear_index(eng->kv);
+        res->n_finished = n_fin;
+        res->n_live = eng->n_waiting;
+        return rc;
+    }
+    uint64_t now = md_mono_ns();
+    int n_out = 0, li = 0;
+    for (int s = 0; s < ns; s++) {
+        seq *q = eng->b_seqs[s];
+        q->n_computed += q->chunk;
+        if (q->n_computed < q->n_toks)
+            continue;
+        float *lg = eng->logits + (size_t)li++ * eng->n_vocab;
+        float lp = 0;
+        int32_t id =
+            smp_sample(&q->s, lg, eng->n_vocab, q->toks, q->n_prompt, q->toks + q->n_prompt,
+                       q->n_toks - q->n_prompt, &q->rng, eng->sc, &lp);
+        q->toks[q->n_toks++] = id;
+        if (q->t_first == 0)
+            q->t_first = now;
+        eng->out_toks[n_out++] = (md_step_token){q->id, id, lp};
+        int n_gen = q->n_toks - q->n_prompt;
+        md_finish why = MD_FINISH_NONE;
+        if (!q->s.ignore_eos && tok_is_eog(eng->tok, id))
+            why = MD_FINISH_STOP;
+        else if (append_text(eng, q, id))
+            why = MD_FINISH_STOP;
+        else if (n_gen >= gen_limit(eng, &q->s, q->n_prompt) || q->n_toks >= eng->n_ctx)
+            why = MD_FINISH_LENGTH;
+        if (why != MD_FINISH_NONE) {
+            for (int i = 0; i < eng->n_running; i++)
+                if (eng->running[i] == q) {
+                    remove_running(eng, i);
+                    break;
+                }
+            finish(eng, q, why, &n_fin);
+        }
+    }
+    res->tokens = eng->out_toks;
+    res->n_tokens = n_out;
+    res->n_finished = n_fin;
+    res->n_live = eng->n_running + eng->n_waiting;
+    return 0;
+}
+
+md_finish md_seq_finish(const md_engine *eng, uint64_t seq_id) {
+    seq *q = find_seq(eng, seq_id);
+    return q ? q->finish : MD_FINISH_NONE;
+}
+
+int md_seq_tokens(const md_engine *eng, uint64_t seq_id, const int32_t **toks, int *n) {
+    seq *q = find_seq(eng, seq_id);
+    if (!q)
+        return MD_ENOTFOUND;
+    *toks = q->toks + q->n_prompt;
+    *n = q->n_toks - q->n_prompt;
+    return 0;
+}
+
+const char *md_seq_text(const md_engine *eng, uint64_t seq_id) {
+    seq *q = find_seq(eng, seq_id);
+    return q ? q->text : NULL;
+}
+
+const char *md_seq_error(const md_engine *eng, uint64_t seq_id) {
+    seq *q = find_seq(eng, seq_id);
+    return q && q->err[0] ? q->err : NULL;
+}
+
+void md_seq_get_stats(const md_engine *eng, uint64_t seq_id, md_seq_stats *st) {
+    memset(st, 0, sizeof *st);
+    seq *q = find_seq(eng, seq_id);
+    if (!q)
+        return;
+    st->prompt_tokens = q->n_prompt;
+    st->completion_tokens = q->n_toks - q->n_prompt;
+    st->cached_prompt_tokens = q->cached_prompt;
+    uint64_t now = md_mono_ns();
+    uint64_t admit = q->t_admit ? q->t_admit : now;
+    uint64_t first = q->t_first ? q->t_first : (q->t_admit ? now : admit);
+    uint64_t done = q->t_done ? q->t_done : now;
+    st->queue_ms = (double)(admit - q->t_submit) / 1e6;
+    st->prefill_ms = (double)(first - admit) / 1e6;
+    st->decode_ms = q->t_first ? (double)(done - first) / 1e6 : 0;
+}
+
+void md_engine_release(md_engine *eng, uint64_t seq_id) {
+    for (int i = 0; i < eng->n_all; i++) {
+        seq *q = eng->all[i];
+        if (q->id != seq_id)
+            continue;
+        if (q->state != SEQ_DONE) {
+            q->cancel = 1; /* still live: cancelled now, freed once reported finished */
+            q->released = 1;
+            return;
+        }
+        seq_free(q);
+        eng->all[i] = eng->all[--eng->n_all];
+        return;
+    }
+}

@@ -1,0 +1,376 @@
+/* model.c — llama-family hyperparameters and weights from GGUF, and the batched forward pass
+ * (one step of T tokens from any number of sequences over the paged KV cache). */
+#include "engine/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BE(m) ((m)->be)
+#define CALL(m, op, ...) BE(m)->ops->op(BE(m), __VA_ARGS__)
+
+static int get_int(const gguf_file *gf, const char *arch, const char *key, int required,
+                   int64_t *out, md_err *e) {
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    int rc = gguf_get_i64(gf, k, out, e);
+    if (rc == MD_ENOTFOUND && !required) {
+        md_err_clear(e);
+        return 0;
+    }
+    if (rc == MD_ENOTFOUND)
+        return md_errf(e, MD_EFORMAT, "model metadata lacks %s", k);
+    return rc;
+}
+
+static int get_f32(const gguf_file *gf, const char *arch, const char *key, float *out, md_err *e) {
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    int rc = gguf_get_f32(gf, k, out, e);
+    if (rc == MD_ENOTFOUND) {
+        md_err_clear(e);
+        return 0;
+    }
+    return rc;
+}
+
+int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e) {
+    memset(hp, 0, sizeof *hp);
+    const char *a;
+    size_t alen;
+    int rc = gguf_get_str(gf, "general.architecture", &a, &alen, e);
+    if (rc)
+        return rc;
+    if (alen >= sizeof hp->arch)
+        return md_errf(e, MD_EUNSUPP, "architecture name too long");
+    memcpy(hp->arch, a, alen);
+    hp->arch[alen] = 0;
+    if (strcmp(hp->arch, "llama") && strcmp(hp->arch, "mistral") && strcmp(hp->arch, "qwen2"))
+        return md_errf(e, MD_EUNSUPP,
+                       "architecture \"%s\" is not supported (llama, mistral, qwen2 are)",
+                       hp->arch);
+    int64_t n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_ctx = 0;
+    int64_t key_len = 0, rot = 0, vocab = 0;
+    if ((rc = get_int(gf, hp->arch, "block_count", 1, &n_layer, e)) ||
+        (rc = get_int(gf, hp->arch, "embedding_length", 1, &n_embd, e)) ||
+        (rc = get_int(gf, hp->arch, "attention.head_count", 1, &n_head, e)) ||
+        (rc = get_int(gf, hp->arch, "feed_forward_length", 1, &n_ff, e)) ||
+        (rc = get_int(gf, hp->arch, "context_length", 1, &n_ctx, e)) ||
+        (rc = get_int(gf, hp->arch, "attention.head_count_kv", 0, &n_head_kv, e)) ||
+        (rc = get_int(gf, hp->arch, "attention.key_length", 0, &key_len, e)) ||
+        (rc = get_int(gf, hp->arch, "rope.dimension_count", 0, &rot, e)) ||
+        (rc = get_int(gf, hp->arch, "vocab_size", 0, &vocab, e)))
+        return rc;
+    if (n_head_kv == 0)
+        n_head_kv = n_head;
+    if (n_layer < 1 || n_layer > 1024 || n_embd < 1 || n_embd > 65536 || n_head < 1 ||
+        n_head > 1024 || n_head_kv < 1 || n_head % n_head_kv || n_ff < 1 || n_ff > 1 << 20 ||
+        n_ctx < 1 || n_ctx > 1 << 24)
+        return md_errf(e, MD_EFORMAT,
+                       "implausible hyperparameters: %lld layers, width %lld, %lld/%lld heads, "
+                       "ffn %lld, context %lld",
+                       (long long)n_layer, (long long)n_embd, (long long)n_head,
+                       (long long)n_head_kv, (long long)n_ff, (long long)n_ctx);
+    hp->head_dim = key_len ? (int)key_len : (int)(n_embd / n_head);
+    if (hp->head_dim < 2 || hp->head_dim > 1024 || hp->head_dim % 2 ||
+        (!key_len && n_embd % n_head))
+        return md_errf(e, MD_EFORMAT, "head dimension %d is not usable", hp->head_dim);
+    hp->n_layer = (int)n_layer;
+    hp->n_embd = (int)n_embd;
+    hp->n_head = (int)n_head;
+    hp->n_head_kv = (int)n_head_kv;
+    hp->n_ff = (int)n_ff;
+    hp->n_ctx_train = (int)n_ctx;
+    hp->n_vocab = (int)vocab;
+    hp->rot_dims = rot ? (int)rot : hp->head_dim;
+    if (hp->rot_dims < 2 || hp->rot_dims > hp->head_dim || hp->rot_dims % 2)
+        return md_errf(e, MD_EFORMAT, "rope.dimension_count %d does not fit head dimension %d",
+                       hp->rot_dims, hp->head_dim);
+    hp->rope_neox = !strcmp(hp->arch, "qwen2");
+    hp->rope.theta = 10000.0f;
+    hp->rope.linear_scale = 1.0f;
+    hp->eps = 1e-5f;
+    if ((rc = get_f32(gf, hp->arch, "rope.freq_base", &hp->rope.theta, e)) ||
+        (rc = get_f32(gf, hp->arch, "attention.layer_norm_rms_epsilon", &hp->eps, e)))
+        return rc;
+    char k[128];
+    snprintf(k, sizeof k, "%s.rope.scaling.type", hp->arch);
+    const char *st;
+    size_t stlen;
+    if (gguf_get_str(gf, k, &st, &stlen, NULL) == 0 && stlen == 6 && !memcmp(st, "linear", 6)) {
+        float f = 1.0f;
+        if ((rc = get_f32(gf, hp->arch, "rope.scaling.factor", &f, e)))
+            return rc;
+        if (!(f > 0) || f > 1e4f)
+            return md_errf(e, MD_EFORMAT, "rope.scaling.factor %g is not usable", f);
+        hp->rope.linear_scale = f;
+    }
+    if (!(hp->rope.theta > 1.0f) || !(hp->eps > 0) || hp->eps > 1.0f)
+        return md_errf(e, MD_EFORMAT, "rope.freq_base %g or rms epsilon %g is not usable",
+                       hp->rope.theta, hp->eps);
+    return 0;
+}
+
+/* Bind tensor `name`, checking type and shape (ne1 = 1 for vectors). */
+static int bind(md_model *m, const gguf_file *gf, const char *name, int64_t ne0, int64_t ne1,
+                int optional, int float_only, md_tensor *t, md_err *e) {
+    memset(t, 0, sizeof *t);
+    const gguf_tensor *g = gguf_find_tensor(gf, name);
+    if (!g) {
+        if (optional)
+            return 0;
+        return md_errf(e, MD_EFORMAT, "model lacks tensor %s", name);
+    }
+    if (g->ne[0] != ne0 || g->ne[1] != ne1 || g->ne[2] != 1 || g->ne[3] != 1)
+        return md_errf(e, MD_EFORMAT,
+                       "tensor %s has shape [%lld, %lld, %lld, %lld], expected "
+                       "[%lld, %lld]",
+                       name, (long long)g->ne[0], (long long)g->ne[1], (long long)g->ne[2],
+                       (long long)g->ne[3], (long long)ne0, (long long)ne1);
+    size_t rb = md_type_row_bytes(g->type, ne0);
+    if (rb == 0 || (float_only && g->type != MD_TYPE_F32))
+        return md_errf(e, MD_EUNSUPP, "tensor %s has type %s (%d), not supported here", name,
+                       ggml_type_name(g->type) ? ggml_type_name(g->type) : "unknown", g->type);
+    if (rb * (size_t)ne1 != g->n_bytes)
+        return md_errf(e, MD_EFORMAT, "tensor %s holds %zu bytes, expected %zu", name, g->n_bytes,
+                       rb * (size_t)ne1);
+    md_buf *b;
+    int rc = CALL(m, buf_wrap, g->data, g->n_bytes, &b, e);
+    if (rc)
+        return rc;
+    m->bufs[m->n_bufs++] = b;
+    t->buf = b;
+    t->type = g->type;
+    t->ne0 = ne0;
+    t->ne1 = ne1;
+    t->row_bytes = rb;
+    return 0;
+}
+
+int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e) {
+    *out = NULL;
+    md_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    m->be = be;
+    int rc = md_hparams_read(gf, &m->hp, e);
+    if (rc)
+        goto fail;
+    md_hparams *hp = &m->hp;
+    const gguf_tensor *te = gguf_find_tensor(gf, "token_embd.weight");
+    if (!te) {
+        rc = md_errf(e, MD_EFORMAT, "model lacks tensor token_embd.weight");
+        goto fail;
+    }
+    if (hp->n_vocab == 0)
+        hp->n_vocab = (int)te->ne[1];
+    if (te->ne[1] != hp->n_vocab || hp->n_vocab < 1) {
+        rc = md_errf(e, MD_EFORMAT, "token_embd.weight has %lld rows, vocabulary is %d",
+                     (long long)te->ne[1], hp->n_vocab);
+        goto fail;
+    }
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    m->bufs = calloc((size_t)hp->n_layer * 12 + 8, sizeof *m->bufs);
+    if (!m->layers || !m->bufs) {
+        rc = md_errf(e, MD_ENOMEM, "out of memory");
+        goto fail;
+    }
+    int C = hp->n_embd, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
+    if ((rc = bind(m, gf, "token_embd.weight", C, hp->n_vocab, 0, 0, &m->tok_embd, e)) ||
+        (rc = bind(m, gf, "output_norm.weight", C, 1, 0, 1, &m->out_norm, e)) ||
+        (rc = bind(m, gf, "output.weight", C, hp->n_vocab, 1, 0, &m->output, e)))
+        goto fail;
+    if (!m->output.buf)
+        m->output = m->tok_embd;
+    for (int l = 0; l < hp->n_layer; l++) {
+        md_layer *L = &m->layers[l];
+        char n[96];
+#define B(field, suffix, ne0, ne1, opt, flt)                                                       \
+    snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                                 \
+    if ((rc = bind(m, gf, n, ne0, ne1, opt, flt, &L->field, e)))                                   \
+        goto fail;
+        B(attn_norm, "attn_norm.weight", C, 1, 0, 1)
+        B(wq, "attn_q.weight", C, qd, 0, 0)
+        B(wk, "attn_k.weight", C, kvd, 0, 0)
+        B(wv, "attn_v.weight", C, kvd, 0, 0)
+        B(wo, "attn_output.weight", qd, C, 0, 0)
+        B(ffn_norm, "ffn_norm.weight", C, 1, 0, 1)
+        B(w_gate, "ffn_gate.weight", C, hp->n_ff, 0, 0)
+        B(w_up, "ffn_up.weight", C, hp->n_ff, 0, 0)
+        B(w_down, "ffn_down.weight", hp->n_ff, C, 0, 0)
+        B(bq, "attn_q.bias", qd, 1, 1, 1)
+        B(bk, "attn_k.bias", kvd, 1, 1, 1)
+        B(bv, "attn_v.bias", kvd, 1, 1, 1)
+#undef B
+    }
+    /* RoPE table; Llama 3.1 GGUFs carry per-pair frequency divisors in rope_freqs.weight. */
+    int half = hp->rot_dims / 2;
+    float inv[512];
+    md_rope_inv_freq(&hp->rope, hp->rot_dims, inv);
+    const gguf_tensor *rf = gguf_find_tensor(gf, "rope_freqs.weight");
+    if (rf) {
+        if (rf->type != MD_TYPE_F32 || rf->n_elements != half) {
+            rc = md_errf(e, MD_EFORMAT, "rope_freqs.weight must be F32 [%d]", half);
+            goto fail;
+        }
+        for (int i = 0; i < half; i++) {
+            float d;
+            memcpy(&d, (const char *)rf->data + 4 * i, 4);
+            if (!(d > 0)) {
+                rc = md_errf(e, MD_EFORMAT, "rope_freqs.weight[%d] = %g is not positive", i, d);
+                goto fail;
+            }
+            inv[i] /= d;
+        }
+    }
+    if ((rc = CALL(m, buf_alloc, (size_t)half * sizeof(float), &m->inv_freq, e)) ||
+        (rc = CALL(m, buf_upload, m->inv_freq, 0, inv, (size_t)half * sizeof(float), e)))
+        goto fail;
+    *out = m;
+    return 0;
+fail:
+    md_model_free(m);
+    return rc;
+}
+
+void md_model_free(md_model *m) {
+    if (!m)
+        return;
+    for (int i = 0; i < m->n_bufs; i++)
+        CALL(m, buf_free, m->bufs[i]);
+    if (m->inv_freq)
+        CALL(m, buf_free, m->inv_freq);
+    free(m->bufs);
+    free(m->layers);
+    free(m);
+}
+
+size_t md_kv_bytes_per_token(const md_hparams *hp) {
+    return (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * hp->head_dim * sizeof(float);
+}
+
+int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e) {
+    memset(kv, 0, sizeof *kv);
+    int L = m->hp.n_layer;
+    kv->k = calloc((size_t)L, sizeof *kv->k);
+    kv->v = calloc((size_t)L, sizeof *kv->v);
+    kv->n_slots = n_slots;
+    kv->type = MD_TYPE_F32;
+    if (!kv->k || !kv->v) {
+        md_kv_bufs_free(m, kv);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    size_t bytes = (size_t)n_slots * m->hp.n_head_kv * m->hp.head_dim * sizeof(float);
+    for (int l = 0; l < L; l++) {
+        int rc;
+        if ((rc = CALL(m, buf_alloc, bytes, &kv->k[l], e)) ||
+            (rc = CALL(m, buf_alloc, bytes, &kv->v[l], e))) {
+            md_kv_bufs_free(m, kv);
+            return md_errctx(e, "KV cache of %d slots", n_slots);
+        }
+    }
+    return 0;
+}
+
+void md_kv_bufs_free(md_model *m, md_kv_bufs *kv) {
+    for (int l = 0; kv->k && l < m->hp.n_layer; l++)
+        if (kv->k[l])
+            CALL(m, buf_free, kv->k[l]);
+    for (int l = 0; kv->v && l < m->hp.n_layer; l++)
+        if (kv->v[l])
+            CALL(m, buf_free, kv->v[l]);
+    free(kv->k);
+    free(kv->v);
+    memset(kv, 0, sizeof *kv);
+}
+
+int md_fwd_alloc(md_model *m, int max_tokens, int max_logits, md_fwd *f, md_err *e) {
+    memset(f, 0, sizeof *f);
+    const md_hparams *hp = &m->hp;
+    size_t T = (size_t)max_tokens, fl = sizeof(float);
+    size_t qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t C = (size_t)hp->n_embd;
+    struct {
+        md_buf **b;
+        size_t n;
+    } want[] = {
+        {&f->x, T * C},           {&f->xb, T * (C > qd ? C : qd)},
+        {&f->q, T * qd},          {&f->k, T * kvd},
+        {&f->v, T * kvd},         {&f->att, T * qd},
+        {&f->hb, T * hp->n_ff},   {&f->hb2, T * hp->n_ff},
+        {&f->xl, max_logits * C}, {&f->logits, (size_t)max_logits * hp->n_vocab},
+    };
+    f->max_tokens = max_tokens;
+    f->max_logits = max_logits;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        int rc = CALL(m, buf_alloc, want[i].n * fl, want[i].b, e);
+        if (rc) {
+            md_fwd_free(m, f);
+            return md_errctx(e, "activation buffers for %d tokens", max_tokens);
+        }
+    }
+    return 0;
+}
+
+void md_fwd_free(md_model *m, md_fwd *f) {
+    md_buf *all[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->xl, f->logits};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i])
+            CALL(m, buf_free, all[i]);
+    memset(f, 0, sizeof *f);
+}
+
+int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, float *logits,
+                     md_err *e) {
+    const md_hparams *hp = &m->hp;
+    int T = b->n_tokens, C = hp->n_embd, F = hp->n_ff;
+    int kvd = hp->n_head_kv * hp->head_dim;
+    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    int rc;
+    if (T > f->max_tokens || b->n_logits > f->max_logits)
+        return md_errf(e, MD_ERANGE, "step of %d tokens / %d logits exceeds buffers of %d / %d", T,
+                       b->n_logits, f->max_tokens, f->max_logits);
+    if ((rc = CALL(m, batch_prepare, b, e)) || (rc = CALL(m, embed, &m->tok_embd, f->x, e)))
+        return rc;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const md_layer *L = &m->layers[l];
+        /* attention block: x [T, C] += wo · attn(rope(wq·n(x)), rope(wk·n(x)), wv·n(x)) */
+        if ((rc = CALL(m, rmsnorm, f->x, &L->attn_norm, f->xb, T, C, hp->eps, e)) ||
+            (rc = CALL(m, matmul, &L->wq, f->xb, f->q, T, e)) ||
+            (rc = CALL(m, matmul, &L->wk, f->xb, f->k, T, e)) ||
+            (rc = CALL(m, matmul, &L->wv, f->xb, f->v, T, e)))
+            return rc;
+        if (L->bq.buf && ((rc = CALL(m, add_bias, f->q, &L->bq, T, e)) ||
+                          (rc = CALL(m, add_bias, f->k, &L->bk, T, e)) ||
+                          (rc = CALL(m, add_bias, f->v, &L->bv, T, e))))
+            return rc;
+        if ((rc = CALL(m, rope, f->q, hp->n_head, hp->head_dim, hp->rot_dims, m->inv_freq,
+                       hp->rope_neox, e)) ||
+            (rc = CALL(m, rope, f->k, hp->n_head_kv, hp->head_dim, hp->rot_dims, m->inv_freq,
+                       hp->rope_neox, e)) ||
+            (rc = CALL(m, kv_write, f->k, f->v, kv->k[l], kv->v[l], kvd, kv->type, e)) ||
+            (rc = CALL(m, attention, f->q, kv->k[l], kv->v[l], f->att, hp->n_head, hp->n_head_kv,
+                       hp->head_dim, kv->type, scale, e)) ||
+            (rc = CALL(m, matmul, &L->wo, f->att, f->xb, T, e)) ||
+            (rc = CALL(m, add, f->x, f->xb, (int64_t)T * C, e)))
+            return rc;
+        /* feed-forward block: x += w_down · (silu(w_gate·n(x)) * (w_up·n(x))) */
+        if ((rc = CALL(m, rmsnorm, f->x, &L->ffn_norm, f->xb, T, C, hp->eps, e)) ||
+            (rc = CALL(m, matmul, &L->w_gate, f->xb, f->hb, T, e)) ||
+            (rc = CALL(m, matmul, &L->w_up, f->xb, f->hb2, T, e)) ||
+            (rc = CALL(m, swiglu, f->hb, f->hb2, f->hb, (int64_t)T * F, e)) ||
+            (rc = CALL(m, matmul, &L->w_down, f->hb, f->xb, T, e)) ||
+            (rc = CALL(m, add, f->x, f->xb, (int64_t)T * C, e)))
+            return rc;
+    }
+    if (b->n_logits == 0)
+        return CALL(m, sync, e);
+    /* head only on the rows that need logits: xl [n_logits, C] -> logits [n_logits, V] */
+    if ((rc = CALL(m, gather_rows, f->x, f->xl, C, e)) ||
+        (rc = CALL(m, rmsnorm, f->xl, &m->out_norm, f->xl, b->n_logits, C, hp->eps, e)) ||
+        (rc = CALL(m, matmul, &m->output, f->xl, f->logits, b->n_logits, e)))
+        return rc;
+    return CALL(m, buf_download, f->logits, 0, logits,
+                (size_t)b->n_logits * hp->n_vocab * sizeof(float), e);
+}

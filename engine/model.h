@@ -1,0 +1,84 @@
+/* model.h — a llama-family model (Llama 2/3, Mistral, Qwen2, SmolLM, TinyLlama) read from a
+ * GGUF file onto one backend, and its forward pass over one engine step.
+ *
+ * The forward pass is batch-first: a step of T tokens from many sequences makes one matmul
+ * per weight with n = T (DESIGN.md §5), attention reads each sequence's paged KV cache.
+ *
+ * Ownership: md_model_load() takes a reference to the open gguf_file (the caller keeps it
+ * open until md_model_free(): weights are aliased from its mapping on CPU) and to the
+ * backend (the caller frees it after the model). md_fwd holds the activation buffers of
+ * one engine (sized once; the step loop does not allocate). */
+#ifndef MEDLEY_ENGINE_MODEL_H
+#define MEDLEY_ENGINE_MODEL_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+#include "engine/gguf.h"
+#include "kernels/backend.h"
+
+typedef struct {
+    char arch[32]; /* "llama", "qwen2", ... */
+    int n_layer;
+    int n_embd; /* C */
+    int n_head;
+    int n_head_kv;
+    int head_dim;
+    int n_ff;
+    int n_vocab;
+    int n_ctx_train;
+    int rot_dims;  /* rotated dimensions per head (== head_dim for this family) */
+    int rope_neox; /* 1: pairs (i, i + d/2) (Qwen2); 0: adjacent pairs (Llama GGUF) */
+    md_rope_cfg rope;
+    float eps;
+} md_hparams;
+
+typedef struct {
+    md_tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+    md_tensor bq, bk, bv; /* Qwen2 QKV biases; buf NULL when absent */
+} md_layer;
+
+typedef struct md_model {
+    md_hparams hp;
+    md_backend *be;
+    md_tensor tok_embd, out_norm, output; /* output aliases tok_embd when tied */
+    md_layer *layers;
+    md_buf **bufs; /* wrapped weight buffers */
+    int n_bufs;
+    md_buf *inv_freq; /* [rot_dims / 2] */
+} md_model;
+
+/* Read hyperparameters and bind every weight, checking names, shapes and types; a missing
+ * or malformed tensor is MD_EFORMAT naming it. */
+int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e);
+void md_model_free(md_model *m);
+/* Fill hp from the file's metadata only (no tensors). */
+int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e);
+
+/* KV cache of one layer: K and V of n_slots slots of kv_dim = n_head_kv * head_dim. */
+typedef struct {
+    md_buf **k, **v; /* [n_layer] */
+    int n_slots;
+    int type; /* MD_TYPE_F32 */
+} md_kv_bufs;
+
+int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e);
+void md_kv_bufs_free(md_model *m, md_kv_bufs *kv);
+/* Bytes one token's K and V take over all layers. */
+size_t md_kv_bytes_per_token(const md_hparams *hp);
+
+/* Activation buffers for steps of up to max_tokens tokens and max_logits logit rows. */
+typedef struct {
+    int max_tokens, max_logits;
+    md_buf *x, *xb, *q, *k, *v, *att, *hb, *hb2, *xl, *logits;
+} md_fwd;
+
+int md_fwd_alloc(md_model *m, int max_tokens, int max_logits, md_fwd *f, md_err *e);
+void md_fwd_free(md_model *m, md_fwd *f);
+
+/* Run the step described by b (already checked by the engine: positions, slots, blocks)
+ * and copy the logits of b->logit_rows into logits [n_logits, n_vocab] (host). */
+int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, float *logits,
+                     md_err *e);
+
+#endif

@@ -1,0 +1,268 @@
+/* sampler.c — penalties, temperature, top_k / top_p / min_p filtering and the draw. Full
+ * sorts are avoided: candidates are first cut by a probability threshold that provably keeps
+ * the whole top_p nucleus (and the top_k set), then only they are sorted. */
+#define _GNU_SOURCE /* qsort_r */
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct smp_scratch {
+    int n_vocab;
+    int32_t *idx;   /* candidate token ids */
+    float *prob;    /* [n_vocab] probabilities */
+    int32_t *count; /* [n_vocab] output-token counts, kept all-zero between calls */
+};
+
+static uint64_t splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void smp_rng_seed(smp_rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
+
+/* xoshiro256** */
+uint64_t smp_rng_next(smp_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return res;
+}
+
+double smp_rng_uniform(smp_rng *r) {
+    return (double)(smp_rng_next(r) >> 11) * 0x1.0p-53;
+}
+
+smp_scratch *smp_scratch_new(int n_vocab) {
+    smp_scratch *sc = calloc(1, sizeof *sc);
+    if (!sc)
+        return NULL;
+    sc->n_vocab = n_vocab;
+    sc->idx = malloc((size_t)n_vocab * sizeof *sc->idx);
+    sc->prob = malloc((size_t)n_vocab * sizeof *sc->prob);
+    sc->count = calloc((size_t)n_vocab, sizeof *sc->count);
+    if (!sc->idx || !sc->prob || !sc->count) {
+        smp_scratch_free(sc);
+        return NULL;
+    }
+    return sc;
+}
+
+void smp_scratch_free(smp_scratch *sc) {
+    if (!sc)
+        return;
+    free(sc->idx);
+    free(sc->prob);
+    free(sc->count);
+    free(sc);
+}
+
+/* Declared in engine.h; lives here so the sampler links on its own. */
+void md_sampling_default(md_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->temperature = 0;
+    s->top_p = 1;
+    s->repetition_penalty = 1;
+    s->max_tokens = 256;
+}
+
+int smp_validate(const md_sampling *s, md_err *e) {
+    if (!(s->temperature >= 0 && s->temperature <= 100))
+        return md_errf(e, MD_EINVAL, "temperature %g must be in [0, 100]", s->temperature);
+    if (!(s->top_p > 0 && s->top_p <= 1))
+        return md_errf(e, MD_EINVAL, "top_p %g must be in (0, 1]", s->top_p);
+    if (s->top_k < 0)
+        return md_errf(e, MD_EINVAL, "top_k %d must be >= 0", s->top_k);
+    if (!(s->min_p >= 0 && s->min_p <= 1))
+        return md_errf(e, MD_EINVAL, "min_p %g must be in [0, 1]", s->min_p);
+    if (!(s->repetition_penalty > 0 && s->repetition_penalty <= 100))
+        return md_errf(e, MD_EINVAL, "repetition_penalty %g must be in (0, 100]",
+                       s->repetition_penalty);
+    if (!(s->presence_penalty >= -2 && s->presence_penalty <= 2))
+        return md_errf(e, MD_EINVAL, "presence_penalty %g must be in [-2, 2]", s->presence_penalty);
+    if (!(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
+        return md_errf(e, MD_EINVAL, "frequency_penalty %g must be in [-2, 2]",
+                       s->frequency_penalty);
+    if (s->max_tokens < 0)
+        return md_errf(e, MD_EINVAL, "max_tokens %d must be >= 0", s->max_tokens);
+    return 0;
+}
+
+static void apply_penalties(const md_sampling *s, float *logits, int n, const int32_t *prompt,
+                            int n_prompt, const int32_t *out, int n_out, smp_scratch *sc) {
+    if (s->repetition_penalty != 1.0f) {
+        /* count marks tokens already penalised so each is penalised once */
+        for (int pass = 0; pass < 2; pass++) {
+            const int32_t *t = pass ? out : prompt;
+            int nt = pass ? n_out : n_prompt;
+            for (int i = 0; i < nt; i++) {
+                int32_t id = t[i];
+                if (id < 0 || id >= n || sc->count[id])
+                    continue;
+                sc->count[id] = 1;
+                logits[id] = logits[id] > 0 ? logits[id] / s->repetition_penalty
+                                            : logits[id] * s->repetition_penalty;
+            }
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            const int32_t *t = pass ? out : prompt;
+            int nt = pass ? n_out : n_prompt;
+            for (int i = 0; i < nt; i++)
+                if (t[i] >= 0 && t[i] < n)
+                    sc->count[t[i]] = 0;
+        }
+    }
+    if (s->presence_penalty != 0.0f || s->frequency_penalty != 0.0f) {
+        for (int i = 0; i < n_out; i++)
+            if (out[i] >= 0 && out[i] < n)
+                sc->count[out[i]]++;
+        for (int i = 0; i < n_out; i++) {
+            int32_t id = out[i];
+            if (id < 0 || id >= n || sc->count[id] == 0)
+                continue;
+            logits[id] -= s->presence_penalty + s->frequency_penalty * (float)sc->count[id];
+            sc->count[id] = 0;
+        }
+    }
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static int by_prob_desc(const void *a, const void *b, void *ctx) {
+    const float *prob = ctx;
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    float pi = prob[i], pj = prob[j];
+    if (pi != pj)
+        return pi > pj ? -1 : 1;
+    return i < j ? -1 : i > j;
+}
+
+/* Candidates: the tokens with p >= t, lowering t until they provably contain what the
+ * filters keep: the top k (when k < n: any set of >= k of the most likely tokens does),
+ * else the top_p nucleus (a most-likely set whose mass reaches top_p does), else every token
+ * above min_p * p_max. Only the candidates are sorted. */
+static int32_t sample_filtered(const md_sampling *s, const float *p, int n, int k, double want,
+                               smp_rng *rng, smp_scratch *sc) {
+    float pmax = p[argmax(p, n)];
+    int nc = 0;
+    for (double t = 1e-3;; t *= 1e-2) {
+        if (t < 1e-12)
+            t = 0;
+        if (k == n && want >= 1 && t > s->min_p * pmax)
+            continue;
+        nc = 0;
+        double mass = 0;
+        for (int i = 0; i < n; i++)
+            if (p[i] >= t) {
+                sc->idx[nc++] = i;
+                mass += p[i];
+            }
+        if (t == 0 || (k < n ? nc >= k : want < 1 ? mass >= want : 1))
+            break;
+    }
+    qsort_r(sc->idx, (size_t)nc, sizeof *sc->idx, by_prob_desc, (void *)p);
+    if (nc > k)
+        nc = k;
+    if (want < 1) {
+        double c = 0;
+        int j = 0;
+        while (j < nc) {
+            c += p[sc->idx[j++]];
+            if (c >= want)
+                break;
+        }
+        nc = j;
+    }
+    if (s->min_p > 0) {
+        float floor_p = s->min_p * p[sc->idx[0]];
+        int j = 1;
+        while (j < nc && p[sc->idx[j]] >= floor_p)
+            j++;
+        nc = j;
+    }
+    double total = 0;
+    for (int j = 0; j < nc; j++)
+        total += p[sc->idx[j]];
+    double u = smp_rng_uniform(rng) * total, acc = 0;
+    for (int j = 0; j < nc; j++) {
+        acc += p[sc->idx[j]];
+        if (u < acc)
+            return sc->idx[j];
+    }
+    return sc->idx[nc - 1];
+}
+
+int32_t smp_sample(const md_sampling *s, float *logits, int n, const int32_t *prompt, int n_prompt,
+                   const int32_t *out, int n_out, smp_rng *rng, smp_scratch *sc, float *logprob) {
+    int need_lp = logprob && s->logprobs;
+    /* raw logprobs need the unmodified logits: keep a copy of the max and sum first */
+    float raw_mx = -INFINITY;
+    double raw_sum = 0;
+    if (need_lp) {
+        for (int i = 0; i < n; i++)
+            if (logits[i] > raw_mx)
+                raw_mx = logits[i];
+        for (int i = 0; i < n; i++)
+            raw_sum += exp((double)logits[i] - raw_mx);
+        memcpy(sc->prob, logits, (size_t)n * sizeof(float));
+    }
+    apply_penalties(s, logits, n, prompt, n_prompt, out, n_out, sc);
+    int32_t tok;
+    if (s->temperature <= 0) {
+        tok = argmax(logits, n);
+    } else {
+        float mx = logits[argmax(logits, n)];
+        float inv_t = 1.0f / s->temperature;
+        double sum = 0;
+        float *p = need_lp ? logits : sc->prob; /* probabilities, in place when prob holds raw */
+        for (int i = 0; i < n; i++) {
+            p[i] = expf((logits[i] - mx) * inv_t);
+            sum += p[i];
+        }
+        for (int i = 0; i < n; i++)
+            p[i] = (float)(p[i] / sum);
+        int k = s->top_k > 0 && s->top_k < n ? s->top_k : n;
+        double want = s->top_p < 1 ? s->top_p : 1.0;
+        int filtered = k < n || want < 1 || s->min_p > 0;
+        if (!filtered) {
+            double u = smp_rng_uniform(rng), acc = 0;
+            tok = n - 1;
+            for (int i = 0; i < n; i++) {
+                acc += p[i];
+                if (u < acc) {
+                    tok = i;
+                    break;
+                }
+            }
+        } else {
+            tok = sample_filtered(s, p, n, k, want, rng, sc);
+        }
+    }
+    if (need_lp) {
+        *logprob = (float)((double)sc->prob[tok] - raw_mx - log(raw_sum));
+    } else if (logprob) {
+        *logprob = 0;
+    }
+    return tok;
+}

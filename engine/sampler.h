@@ -1,0 +1,51 @@
+/* sampler.h — choosing the next token from a sequence's logits: penalties (repetition,
+ * presence, frequency), temperature, top_k, top_p, min_p, then a draw from the sequence's
+ * own random stream, or the argmax when temperature is 0.
+ *
+ * Determinism: the random stream belongs to the sequence (seeded from md_sampling.seed),
+ * so the same request gives the same tokens whatever else shares its batch.
+ *
+ * Conventions (as llama.cpp / Hugging Face / OpenAI define them):
+ *  - repetition_penalty r: over every token in the prompt and the output, a positive logit
+ *    is divided by r, a negative one multiplied by r;
+ *  - presence p / frequency f (OpenAI): over output tokens only, logit -= p + f * count;
+ *  - top_k, then top_p (smallest set of most likely tokens whose mass reaches top_p), then
+ *    min_p (drop tokens below min_p times the most likely one's probability), applied to the
+ *    distribution after temperature;
+ *  - logprob: log-softmax of the raw logits (before penalties and temperature) at the chosen
+ *    token, the model's own probability of it.
+ *
+ * Ownership: smp_scratch holds the per-vocabulary work arrays, made once per engine
+ * (smp_scratch_new / smp_scratch_free); smp_sample never allocates. */
+#ifndef MEDLEY_ENGINE_SAMPLER_H
+#define MEDLEY_ENGINE_SAMPLER_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+#include "engine/engine.h"
+
+typedef struct {
+    uint64_t s[4];
+} smp_rng;
+
+void smp_rng_seed(smp_rng *r, uint64_t seed);
+uint64_t smp_rng_next(smp_rng *r);
+/* Uniform in [0, 1). */
+double smp_rng_uniform(smp_rng *r);
+
+typedef struct smp_scratch smp_scratch;
+smp_scratch *smp_scratch_new(int n_vocab);
+void smp_scratch_free(smp_scratch *sc);
+
+/* Check a request's sampling parameters (ranges, NaN); MD_EINVAL names the field. */
+int smp_validate(const md_sampling *s, md_err *e);
+
+/* Pick the next token. logits [n_vocab] is modified (penalties, temperature). prompt and
+ * out are the sequence's tokens so far; logprob (may be NULL) receives the chosen token's
+ * raw log-probability. */
+int32_t smp_sample(const md_sampling *s, float *logits, int n_vocab, const int32_t *prompt,
+                   int n_prompt, const int32_t *out, int n_out, smp_rng *rng, smp_scratch *sc,
+                   float *logprob);
+
+#endif

@@ -1,0 +1,403 @@
+/* backend_cpu.c — the CPU implementation of backend.h: buffers are host memory, weights are
+ * aliased where they lie (the GGUF mmap), the math is cpu_ops.h (thread pool, SIMD matmul,
+ * vector ops). Attention over the paged KV cache, RoPE, embedding lookup and KV writes live
+ * here. Every op is synchronous; scratch is sized once by reserve(), so no op allocates.
+ *
+ * Determinism: each output element is computed by the same code in the same summation order
+ * whatever the number of tokens in the step or which thread runs it, so a sequence gives the
+ * same logits alone or batched (the engine's seeded-sampling guarantee rests on this). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_ops.h"
+
+struct md_buf {
+    void *p;
+    size_t n;
+    int owned;
+};
+
+typedef struct {
+    md_backend base;
+    cpu_pool *pool;
+    int n_threads;
+    md_reserve r;
+    void *mm_scratch; /* cpu_matmul's activation blocks */
+    size_t mm_scratch_n;
+    float *att_scratch; /* [n_threads, max_ctx] attention scores */
+    md_batch b;
+    char desc[128];
+} cpu_backend;
+
+static cpu_backend *cb(md_backend *be) {
+    return (cpu_backend *)be;
+}
+
+static void cpu_free(md_backend *be) {
+    cpu_backend *c = cb(be);
+    cpu_pool_destroy(c->pool);
+    free(c->mm_scratch);
+    free(c->att_scratch);
+    free(c);
+}
+
+static const char *cpu_describe(md_backend *be) {
+    cpu_backend *c = cb(be);
+    snprintf(c->desc, sizeof c->desc, "cpu: %d threads, %s", c->n_threads, cpu_simd_name());
+    return c->desc;
+}
+
+static int cpu_buf_alloc(md_backend *be, size_t bytes, md_buf **out, md_err *e) {
+    md_buf *b = calloc(1, sizeof *b);
+    void *p = NULL;
+    if (!b || posix_memalign(&p, 64, bytes ? bytes : 64)) {
+        free(b);
+        return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
+    }
+    b->p = p;
+    b->n = bytes;
+    b->owned = 1;
+    *out = b;
+    return 0;
+}
+
+static int cpu_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf **out, md_err *e) {
+    md_buf *b = calloc(1, sizeof *b);
+    if (!b)
+        return md_errf(e, MD_ENOMEM, "cpu backend: out of memory");
+    b->p = (void *)host; /* read-only by contract: no op writes to a wrapped buffer */
+    b->n = bytes;
+    *out = b;
+    return 0;
+}
+
+static void cpu_buf_free(md_backend *be, md_buf *b) {
+    if (!b)
+        return;
+    if (b->owned)
+        free(b->p);
+    free(b);
+}
+
+static int range_ok(const md_buf *b, size_t off, size_t n, md_err *e) {
+    if (off > b->n || n > b->n - off)
+        return md_errf(e, MD_ERANGE,
+                       "cpu backend: %zu bytes at offset %zu outside a %zu-byte buffer", n, off,
+                       b->n);
+    return 0;
+}
+
+static int cpu_buf_upload(md_backend *be, md_buf *dst, size_t off, const void *src, size_t n,
+                          md_err *e) {
+    if (range_ok(dst, off, n, e))
+        return e->code;
+    memcpy((char *)dst->p + off, src, n);
+    return 0;
+}
+
+static int cpu_buf_download(md_backend *be, const md_buf *src, size_t off, void *dst, size_t n,
+                            md_err *e) {
+    if (range_ok(src, off, n, e))
+        return e->code;
+    memcpy(dst, (const char *)src->p + off, n);
+    return 0;
+}
+
+static int cpu_buf_zero(md_backend *be, md_buf *b, size_t off, size_t n, md_err *e) {
+    if (range_ok(b, off, n, e))
+        return e->code;
+    memset((char *)b->p + off, 0, n);
+    return 0;
+}
+
+static const int weight_types[] = {CPU_T_F32,  CPU_T_F16,  CPU_T_Q4_0, CPU_T_Q4_1,
+                                   CPU_T_Q8_0, CPU_T_Q4_K, CPU_T_Q6_K, CPU_T_BF16};
+
+static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
+    cpu_backend *c = cb(be);
+    int cols = (r->max_cols + 255) / 256 * 256;
+    size_t need = 0;
+    for (size_t i = 0; i < sizeof weight_types / sizeof weight_types[0]; i++) {
+        size_t s = cpu_matmul_scratch_size(weight_types[i], cols, r->max_tokens);
+        if (s > need)
+            need = s;
+    }
+    void *mm = NULL;
+    if (need && posix_memalign(&mm, 64, need))
+        return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate %zu bytes of matmul scratch",
+                       need);
+    float *att =
+        malloc((size_t)c->n_threads * (size_t)(r->max_ctx > 0 ? r->max_ctx : 1) * sizeof(float));
+    if (!att) {
+        free(mm);
+        return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate attention scratch");
+    }
+    free(c->mm_scratch);
+    free(c->att_scratch);
+    c->mm_scratch = mm;
+    c->mm_scratch_n = need;
+    c->att_scratch = att;
+    c->r = *r;
+    return 0;
+}
+
+static int cpu_batch_prepare(md_backend *be, const md_batch *b, md_err *e) {
+    cpu_backend *c = cb(be);
+    if (b->n_tokens < 1 || b->n_tokens > c->r.max_tokens || b->n_seqs > c->r.max_seqs ||
+        b->max_blocks > c->r.max_blocks)
+        return md_errf(e, MD_ERANGE,
+                       "cpu backend: step of %d tokens / %d sequences exceeds the reserved "
+                       "%d / %d",
+                       b->n_tokens, b->n_seqs, c->r.max_tokens, c->r.max_seqs);
+    c->b = *b;
+    return 0;
+}
+
+static const void *tensor_row(const md_tensor *w, int64_t r) {
+    return (const char *)w->buf->p + w->offset + (size_t)r * w->row_bytes;
+}
+
+static int cpu_embed(md_backend *be, const md_tensor *w, md_buf *out, md_err *e) {
+    cpu_backend *c = cb(be);
+    float *o = out->p;
+    for (int t = 0; t < c->b.n_tokens; t++) {
+        int32_t id = c->b.tokens[t];
+        if (id < 0 || id >= w->ne1)
+            return md_errf(e, MD_ERANGE, "token id %d outside the vocabulary of %lld", (int)id,
+                           (long long)w->ne1);
+        cpu_dequant_row(w->type, tensor_row(w, id), o + (size_t)t * w->ne0, (int)w->ne0);
+    }
+    return 0;
+}
+
+static int cpu_matmul_op(md_backend *be, const md_tensor *w, const md_buf *x, md_buf *y, int T,
+                         md_err *e) {
+    cpu_backend *c = cb(be);
+    if (cpu_matmul_scratch_size(w->type, (int)w->ne0, T) > c->mm_scratch_n)
+        return md_errf(e, MD_ERANGE, "cpu backend: matmul of %d x %lld exceeds reserved scratch", T,
+                       (long long)w->ne0);
+    cpu_matmul(c->pool, w->type, tensor_row(w, 0), (int)w->ne1, (int)w->ne0, x->p, T, y->p,
+               c->mm_scratch);
+    return 0;
+}
+
+static int cpu_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, md_err *e) {
+    float *o = y->p;
+    const float *bv = tensor_row(bias, 0);
+    int n = (int)bias->ne0;
+    for (int t = 0; t < T; t++)
+        cpu_add(o + (size_t)t * n, o + (size_t)t * n, bv, n);
+    return 0;
+}
+
+typedef struct {
+    const float *x;
+    const float *w;
+    float *out;
+    int T, C;
+    float eps;
+} rms_job;
+
+static void rms_run(void *ctx, int ith, int nth) {
+    rms_job *j = ctx;
+    for (int t = ith; t < j->T; t += nth)
+        cpu_rmsnorm(j->out + (size_t)t * j->C, j->x + (size_t)t * j->C, j->w, j->C, j->eps);
+}
+
+static int cpu_rmsnorm_op(md_backend *be, const md_buf *x, const md_tensor *w, md_buf *out, int T,
+                          int C, float eps, md_err *e) {
+    cpu_backend *c = cb(be);
+    rms_job j = {x->p, tensor_row(w, 0), out->p, T, C, eps};
+    cpu_pool_run(T >= 8 ? c->pool : NULL, rms_run, &j);
+    return 0;
+}
+
+static int cpu_rope(md_backend *be, md_buf *x, int n_heads, int head_dim, int rot_dims,
+                    const md_buf *inv_freq, int neox, md_err *e) {
+    cpu_backend *c = cb(be);
+    const float *f = inv_freq->p;
+    float *xs = x->p;
+    int half = rot_dims / 2;
+    for (int t = 0; t < c->b.n_tokens; t++) {
+        float pos = (float)c->b.tok_pos[t];
+        for (int i = 0; i < half; i++) {
+            float th = pos * f[i];
+            float cs = cosf(th), sn = sinf(th);
+            for (int h = 0; h < n_heads; h++) {
+                float *v = xs + ((size_t)t * n_heads + h) * head_dim;
+                int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                float x0 = v[a], x1 = v[b];
+                v[a] = x0 * cs - x1 * sn;
+                v[b] = x0 * sn + x1 * cs;
+            }
+        }
+    }
+    return 0;
+}
+
+static int cpu_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf *k_cache,
+                        md_buf *v_cache, int kv_dim, int cache_type, md_err *e) {
+    cpu_backend *c = cb(be);
+    if (cache_type != MD_TYPE_F32)
+        return md_errf(e, MD_EUNSUPP, "cpu backend: KV cache type %d not supported (F32 only)",
+                       cache_type);
+    size_t row = (size_t)kv_dim * sizeof(float);
+    for (int t = 0; t < c->b.n_tokens; t++) {
+        size_t s = (size_t)c->b.slot[t];
+        if ((s + 1) * row > k_cache->n || (s + 1) * row > v_cache->n)
+            return md_errf(e, MD_ERANGE, "cpu backend: KV slot %zu outside the cache", s);
+        memcpy((char *)k_cache->p + s * row, (const char *)k->p + (size_t)t * row, row);
+        memcpy((char *)v_cache->p + s * row, (const char *)v->p + (size_t)t * row, row);
+    }
+    return 0;
+}
+
+typedef struct {
+    cpu_backend *c;
+    const float *q, *kc, *vc;
+    float *out;
+    int n_heads, n_kv_heads, head_dim;
+    float scale;
+} att_job;
+
+/* One (token, head) pair per work item: scores over the sequence's positions 0..pos in order
+ * (fixed summation order: results do not depend on the split). */
+static void att_run(void *ctx, int ith, int nth) {
+    att_job *j = ctx;
+    const md_batch *b = &j->c->b;
+    int hd = j->head_dim, kv_dim = j->n_kv_heads * hd, group = j->n_heads / j->n_kv_heads;
+    float *sc = j->c->att_scratch + (size_t)ith * j->c->r.max_ctx;
+    int64_t items = (int64_t)b->n_tokens * j->n_heads;
+    int64_t per = (items + nth - 1) / nth, lo = per * ith, hi = lo + per < items ? lo + per : items;
+    for (int64_t it = lo; it < hi; it++) {
+        int t = (int)(it / j->n_heads), h = (int)(it % j->n_heads), kvh = h / group;
+        int s = b->tok_seq[t], npos = b->tok_pos[t] + 1;
+        const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
+        const float *q = j->q + ((size_t)t * j->n_heads + h) * hd;
+        float *o = j->out + ((size_t)t * j->n_heads + h) * hd;
+        float mx = -INFINITY;
+        for (int p = 0; p < npos; p++) {
+            size_t slot = (size_t)bt[p / b->block_tokens] * b->block_tokens + p % b->block_tokens;
+            float v = cpu_dot_f32(q, j->kc + slot * kv_dim + (size_t)kvh * hd, hd) * j->scale;
+            sc[p] = v;
+            if (v > mx)
+                mx = v;
+        }
+        float sum = 0;
+        for (int p = 0; p < npos; p++) {
+            sc[p] = expf(sc[p] - mx);
+            sum += sc[p];
+        }
+        memset(o, 0, (size_t)hd * sizeof(float));
+        float inv = 1.0f / sum;
+        for (int p = 0; p < npos; p++) {
+            size_t slot = (size_t)bt[p / b->block_tokens] * b->block_tokens + p % b->block_tokens;
+            cpu_axpy(o, sc[p] * inv, j->vc + slot * kv_dim + (size_t)kvh * hd, hd);
+        }
+    }
+}
+
+static int cpu_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
+                         const md_buf *v_cache, md_buf *out, int n_heads, int n_kv_heads,
+                         int head_dim, int cache_type, float scale, md_err *e) {
+    cpu_backend *c = cb(be);
+    if (cache_type != MD_TYPE_F32)
+        return md_errf(e, MD_EUNSUPP, "cpu backend: KV cache type %d not supported (F32 only)",
+                       cache_type);
+    for (int t = 0; t < c->b.n_tokens; t++)
+        if (c->b.tok_pos[t] >= c->r.max_ctx)
+            return md_errf(e, MD_ERANGE, "cpu backend: position %d beyond the reserved context %d",
+                           c->b.tok_pos[t], c->r.max_ctx);
+    att_job j = {c, q->p, k_cache->p, v_cache->p, out->p, n_heads, n_kv_heads, head_dim, scale};
+    cpu_pool_run(c->pool, att_run, &j);
+    return 0;
+}
+
+typedef struct {
+    const float *a, *b;
+    float *out;
+    int64_t n;
+    int op; /* 0 swiglu, 1 add */
+} ew_job;
+
+static void ew_run(void *ctx, int ith, int nth) {
+    ew_job *j = ctx;
+    int64_t per = (j->n + nth - 1) / nth, lo = per * ith, hi = lo + per < j->n ? lo + per : j->n;
+    if (lo >= hi)
+        return;
+    if (j->op == 0)
+        cpu_swiglu(j->out + lo, j->a + lo, j->b + lo, (int)(hi - lo));
+    else
+        cpu_add(j->out + lo, j->a + lo, j->b + lo, (int)(hi - lo));
+}
+
+static int cpu_swiglu_op(md_backend *be, const md_buf *gate, const md_buf *up, md_buf *out,
+                         int64_t n, md_err *e) {
+    ew_job j = {gate->p, up->p, out->p, n, 0};
+    cpu_pool_run(n >= 16384 ? cb(be)->pool : NULL, ew_run, &j);
+    return 0;
+}
+
+static int cpu_add_op(md_backend *be, md_buf *x, const md_buf *y, int64_t n, md_err *e) {
+    ew_job j = {x->p, y->p, x->p, n, 1};
+    cpu_pool_run(n >= 65536 ? cb(be)->pool : NULL, ew_run, &j);
+    return 0;
+}
+
+static int cpu_gather_rows(md_backend *be, const md_buf *x, md_buf *out, int C, md_err *e) {
+    cpu_backend *c = cb(be);
+    for (int i = 0; i < c->b.n_logits; i++)
+        memmove((float *)out->p + (size_t)i * C,
+                (const float *)x->p + (size_t)c->b.logit_rows[i] * C, (size_t)C * sizeof(float));
+    return 0;
+}
+
+static int cpu_sync(md_backend *be, md_err *e) {
+    return 0;
+}
+
+static const md_backend_ops cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .describe = cpu_describe,
+    .buf_alloc = cpu_buf_alloc,
+    .buf_wrap = cpu_buf_wrap,
+    .buf_free = cpu_buf_free,
+    .buf_upload = cpu_buf_upload,
+    .buf_download = cpu_buf_download,
+    .buf_zero = cpu_buf_zero,
+    .reserve = cpu_reserve,
+    .batch_prepare = cpu_batch_prepare,
+    .embed = cpu_embed,
+    .matmul = cpu_matmul_op,
+    .add_bias = cpu_add_bias,
+    .rmsnorm = cpu_rmsnorm_op,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu_op,
+    .add = cpu_add_op,
+    .gather_rows = cpu_gather_rows,
+    .sync = cpu_sync,
+};
+
+int md_backend_cpu_open(int n_threads, md_backend **out, md_err *e) {
+    *out = NULL;
+    if (n_threads < 0)
+        return md_errf(e, MD_EINVAL, "cpu backend: %d threads requested", n_threads);
+    cpu_backend *c = calloc(1, sizeof *c);
+    if (!c)
+        return md_errf(e, MD_ENOMEM, "cpu backend: out of memory");
+    c->base.ops = &cpu_ops;
+    c->pool = cpu_pool_create(n_threads);
+    if (!c->pool) {
+        free(c);
+        return md_errf(e, MD_ENOMEM, "cpu backend: cannot start %d threads", n_threads);
+    }
+    c->n_threads = cpu_pool_size(c->pool);
+    *out = &c->base;
+    return 0;
+}

@@ -1,0 +1,198 @@
+/* test_engine_logits.c — the forward pass against llama.cpp: logits of fixture prompts
+ * (tests/fixtures/engine/logits.json, made by make_engine_fixtures.py) within a stated
+ * tolerance, and the same logits whether a prompt runs in one step or in chunks. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "kernels/backend.h"
+#include "e2e/test_engine_util.h"
+
+/* llama.cpp quantizes activations to 8 bits before its Q4_1/Q8_0 dot products, as our CPU
+ * backend does, but rounds and sums in another order, and keeps its KV cache in F16 where
+ * ours is F32: logits agree to this absolute tolerance (measured max error is printed). */
+#define LOGIT_TOL 0.25
+
+typedef struct {
+    gguf_file *gf;
+    md_backend *be;
+    md_model *m;
+    md_kv_bufs kv;
+    md_fwd fwd;
+} rig;
+
+static int rig_open(rig *r, int max_tokens) {
+    md_err e = {0};
+    const char *path = test_model_path();
+    if (!path)
+        return -1;
+    if (gguf_open(path, &r->gf, &e) || md_backend_open("cpu", 2, &r->be, &e) ||
+        md_model_load(r->gf, r->be, &r->m, &e))
+        fail_msg("%s", e.msg);
+    md_reserve res = {.max_tokens = max_tokens,
+                      .max_seqs = 4,
+                      .max_cols = r->m->hp.n_ff,
+                      .max_ctx = 1024,
+                      .max_blocks = 64,
+                      .n_heads = r->m->hp.n_head};
+    if (md_kv_bufs_alloc(r->m, 1024, &r->kv, &e) ||
+        md_fwd_alloc(r->m, max_tokens, 8, &r->fwd, &e) || r->be->ops->reserve(r->be, &res, &e))
+        fail_msg("%s", e.msg);
+    return 0;
+}
+
+static void rig_close(rig *r) {
+    md_fwd_free(r->m, &r->fwd);
+    md_kv_bufs_free(r->m, &r->kv);
+    md_model_free(r->m);
+    md_backend_free(r->be);
+    gguf_close(r->gf);
+}
+
+/* Run ids[0..n) of one sequence in chunks of `chunk` tokens (blocks 0..63 of 16 tokens in
+ * order); logits of the positions in want[] (within the last chunk that holds each one)
+ * go to out [n_want, V]. */
+static void run_prompt(rig *r, const int32_t *ids, int n, int chunk, const int *want, int n_want,
+                       float *out) {
+    static int32_t table[64], pos[1024], seqi[1024], slot[1024];
+    for (int i = 0; i < 64; i++)
+        table[i] = 63 - i; /* blocks out of order: the block table must be honoured */
+    int V = r->m->hp.n_vocab;
+    float *lg = malloc((size_t)8 * V * sizeof(float));
+    for (int start = 0; start < n; start += chunk) {
+        int T = n - start < chunk ? n - start : chunk;
+        int32_t rows[8], which[8], nl = 0;
+        for (int t = 0; t < T; t++) {
+            int p = start + t;
+            pos[t] = p;
+            seqi[t] = 0;
+            slot[t] = table[p / 16] * 16 + p % 16;
+            for (int w = 0; w < n_want; w++)
+                if (want[w] == p) {
+                    rows[nl] = t;
+                    which[nl++] = w;
+                }
+        }
+        int32_t seq_len = start + T;
+        md_batch b = {.n_tokens = T,
+                      .n_seqs = 1,
+                      .tokens = ids + start,
+                      .tok_seq = seqi,
+                      .tok_pos = pos,
+                      .slot = slot,
+                      .seq_len = &seq_len,
+                      .block_table = table,
+                      .max_blocks = 64,
+                      .block_tokens = 16,
+                      .logit_rows = rows,
+                      .n_logits = nl};
+        md_err e = {0};
+        if (md_model_forward(r->m, &r->fwd, &r->kv, &b, lg, &e))
+            fail_msg("forward: %s", e.msg);
+        for (int i = 0; i < nl; i++)
+            memcpy(out + (size_t)which[i] * V, lg + (size_t)i * V, (size_t)V * sizeof(float));
+    }
+    free(lg);
+}
+
+static void test_logits_match_llama_cpp(void **state) {
+    rig r = {0};
+    if (rig_open(&r, 512))
+        skip();
+    json_t *fx = test_fixture("logits.json");
+    assert_non_null(fx);
+    int V = r.m->hp.n_vocab;
+    double max_err = 0, max_mean_err = 0;
+    int n_checked = 0;
+    json_t *p;
+    size_t pi;
+    json_array_foreach(json_object_get(fx, "prompts"), pi, p) {
+        int n;
+        int32_t *ids = test_ids(json_object_get(p, "tokens"), &n);
+        json_t *rows = json_object_get(p, "rows");
+        int nw = (int)json_array_size(rows), want[8];
+        for (int w = 0; w < nw; w++)
+            want[w] = (int)json_integer_value(json_object_get(json_array_get(rows, w), "pos"));
+        float *lg = malloc((size_t)nw * V * sizeof(float));
+        run_prompt(&r, ids, n, 512, want, nw, lg);
+        for (int w = 0; w < nw; w++) {
+            json_t *row = json_array_get(rows, w);
+            const float *l = lg + (size_t)w * V;
+            json_t *ti = json_object_get(row, "top_ids"), *tv = json_object_get(row, "top_values");
+            for (size_t k = 0; k < json_array_size(ti); k++) {
+                int id = (int)json_integer_value(json_array_get(ti, k));
+                double err = fabs(l[id] - json_real_value(json_array_get(tv, k)));
+                if (err > max_err)
+                    max_err = err;
+                n_checked++;
+            }
+            double mean = 0;
+            for (int i = 0; i < V; i++)
+                mean += l[i];
+            mean /= V;
+            double me = fabs(mean - json_real_value(json_object_get(row, "mean")));
+            if (me > max_mean_err)
+                max_mean_err = me;
+            int am = 0;
+            for (int i = 1; i < V; i++)
+                if (l[i] > l[am])
+                    am = i;
+            int ref_am = (int)json_integer_value(json_object_get(row, "argmax"));
+            double gap =
+                json_real_value(json_array_get(tv, 0)) - json_real_value(json_array_get(tv, 1));
+            if (am != ref_am && gap > 2 * LOGIT_TOL)
+                fail_msg("prompt %zu pos %d: argmax %d, llama.cpp %d (gap %.3f)", pi, want[w], am,
+                         ref_am, gap);
+        }
+        free(lg);
+        free(ids);
+    }
+    printf("logits vs llama.cpp: %d top-50 values, max |error| %.4f (tolerance %.2f); "
+           "max error of the vocabulary mean %.4f\n",
+           n_checked, max_err, LOGIT_TOL, max_mean_err);
+    assert_true(n_checked >= 5 * 50);
+    assert_true(max_err <= LOGIT_TOL);
+    assert_true(max_mean_err <= LOGIT_TOL);
+    json_decref(fx);
+    rig_close(&r);
+}
+
+/* Chunked prefill gives bit-identical logits to a one-step prefill: every kernel sums in an
+ * order that does not depend on how many tokens share the step. */
+static void test_chunked_prefill_is_bit_identical(void **state) {
+    rig r = {0};
+    if (rig_open(&r, 512))
+        skip();
+    json_t *fx = test_fixture("logits.json");
+    assert_non_null(fx);
+    int n, V = r.m->hp.n_vocab;
+    int32_t *ids =
+        test_ids(json_object_get(json_array_get(json_object_get(fx, "prompts"), 4), "tokens"), &n);
+    int want[2] = {n / 2, n - 1};
+    float *a = malloc((size_t)2 * V * sizeof(float)), *b = malloc((size_t)2 * V * sizeof(float));
+    run_prompt(&r, ids, n, 512, want, 2, a);
+    run_prompt(&r, ids, n, 7, want, 2, b);
+    assert_memory_equal(a, b, (size_t)2 * V * sizeof(float));
+    run_prompt(&r, ids, n, 1, want, 2, b);
+    assert_memory_equal(a, b, (size_t)2 * V * sizeof(float));
+    free(a);
+    free(b);
+    free(ids);
+    json_decref(fx);
+    rig_close(&r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_logits_match_llama_cpp),
+        cmocka_unit_test(test_chunked_prefill_is_bit_identical),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

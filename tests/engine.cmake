@@ -1,0 +1,10 @@
+# Engine tests: sampler and KV-cache block accounting (unit, also under ASan+UBSan), and the
+# forward pass / batching loop on SmolLM2-135M against llama.cpp fixtures (e2e; skipped when
+# the model is not fetched).
+set(ENGINE_TEST_LIBS medley_engine PkgConfig::JANSSON)
+medley_test(test_sampler SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sampler.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS unit)
+medley_test(test_kvcache SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_kvcache.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS unit)
+medley_test(test_engine_logits SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_logits.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS e2e)

@@ -1,0 +1,272 @@
+/* test_sampler.c — the sampler's filters, penalties, seeded determinism and the statistics of
+ * its draws, on hand-made logits. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/sampler.h"
+
+#define V 8
+
+static md_sampling base(void) {
+    md_sampling s;
+    md_sampling_default(&s);
+    return s;
+}
+
+/* logits whose softmax is probs (any positive probs summing to 1) */
+static void from_probs(const double *probs, float *l) {
+    for (int i = 0; i < V; i++)
+        l[i] = probs[i] > 0 ? (float)log(probs[i]) : -1e30f;
+}
+
+static int32_t draw(const md_sampling *s, const float *logits, smp_rng *r, smp_scratch *sc) {
+    float l[V];
+    memcpy(l, logits, sizeof l);
+    return smp_sample(s, l, V, NULL, 0, NULL, 0, r, sc, NULL);
+}
+
+static void test_greedy_takes_argmax_lowest_index_on_ties(void **state) {
+    smp_scratch *sc = smp_scratch_new(V);
+    smp_rng r;
+    smp_rng_seed(&r, 1);
+    md_sampling s = base();
+    float l[V] = {0, 3, 1, 3, -2, 0, 0, 0};
+    assert_int_equal(draw(&s, l, &r, sc), 1);
+    smp_scratch_free(sc);
+}
+
+static void test_same_seed_same_draws_other_seed_other_draws(void **state) {
+    smp_scratch *sc = smp_scratch_new(V);
+    double p[V] = {.2, .2, .1, .1, .1, .1, .1, .1};
+    float l[V];
+    from_probs(p, l);
+    md_sampling s = base();
+    s.temperature = 1;
+    int32_t a[64], b[64], c[64];
+    smp_rng r1, r2, r3;
+    smp_rng_seed(&r1, 42);
+    smp_rng_seed(&r2, 42);
+    smp_rng_seed(&r3, 43);
+    for (int i = 0; i < 64; i++) {
+        a[i] = draw(&s, l, &r1, sc);
+        b[i] = draw(&s, l, &r2, sc);
+        c[i] = draw(&s, l, &r3, sc);
+    }
+    assert_memory_equal(a, b, sizeof a);
+    assert_memory_not_equal(a, c, sizeof a);
+    smp_scratch_free(sc);
+}
+
+/* Counts of n draws; the frequencies must match the expected distribution. */
+static void freq(const md_sampling *s, const float *l, int n, double *f) {
+    smp_scratch *sc = smp_scratch_new(V);
+    smp_rng r;
+    smp_rng_seed(&r, 7);
+    memset(f, 0, V * sizeof *f);
+    for (int i = 0; i < n; i++)
+        f[draw(s, l, &r, sc)] += 1.0 / n;
+    smp_scratch_free(sc);
+}
+
+static void test_temperature_one_draws_the_softmax(void **state) {
+    double p[V] = {.4, .25, .15, .1, .05, .03, .015, .005}, f[V];
+    float l[V];
+    from_probs(p, l);
+    md_sampling s = base();
+    s.temperature = 1;
+    freq(&s, l, 40000, f);
+    for (int i = 0; i < V; i++)
+        assert_true(fabs(f[i] - p[i]) < 0.01);
+}
+
+static void test_temperature_sharpens(void **state) {
+    double p[V] = {.4, .25, .15, .1, .05, .03, .015, .005}, f[V];
+    float l[V];
+    from_probs(p, l);
+    md_sampling s = base();
+    s.temperature = 0.5f; /* p^2 renormalised */
+    freq(&s, l, 40000, f);
+    double z = 0;
+    for (int i = 0; i < V; i++)
+        z += p[i] * p[i];
+    for (int i = 0; i < V; i++)
+        assert_true(fabs(f[i] - p[i] * p[i] / z) < 0.01);
+}
+
+static void test_top_k_keeps_k_most_likely(void **state) {
+    double p[V] = {.1, .3, .05, .2, .15, .1, .05, .05}, f[V];
+    float l[V];
+    from_probs(p, l);
+    md_sampling s = base();
+    s.temperature = 1;
+    s.top_k = 3; /* tokens 1, 3, 4 renormalised over .65 */
+    freq(&s, l, 30000, f);
+    assert_true(fabs(f[1] - .3 / .65) < 0.015);
+    assert_true(fabs(f[3] - .2 / .65) < 0.015);
+    assert_true(fabs(f[4] - .15 / .65) < 0.015);
+    assert_true(f[0] + f[2] + f[5] + f[6] + f[7] == 0);
+    s.top_k = 1;
+    freq(&s, l, 1000, f);
+    assert_true(fabs(f[1] - 1.0) < 1e-9);
+}
+
+static void test_top_p_keeps_the_nucleus(void **state) {
+    double p[V] = {.5, .3, .15, .05, 0, 0, 0, 0}, f[V];
+    float l[V];
+    from_probs(p, l);
+    md_sampling s = base();
+    s.temperature = 1;
+    s.top_p = 0.7f; /* {0, 1}: .5 < .7 <= .8 */
+    freq(&s, l, 30000, f);
+    assert_true(fabs(f[0] - .5 / .8) < 0.015);
+    assert_true(f[2] + f[3] == 0);
+    s.top_p = 0.85f; /* {0, 1, 2} */
+    freq(&s, l, 30000, f);
+    assert_true(f[2] > 0.1 && f[3] == 0);
+}
+
+static void test_min_p_drops_tokens_below_fraction_of_best(void **state) {
+    double p[V] = {.4, .25, .15, .1, .05, .03, .015, .005}, f[V];
+    float l[V];
+    from_probs(p, l);
+    md_sampling s = base();
+    s.temperature = 1;
+    s.min_p = 0.3f; /* keep p >= .12: tokens 0, 1, 2 */
+    freq(&s, l, 30000, f);
+    assert_true(fabs(f[0] - .4 / .8) < 0.015);
+    assert_true(f[2] > 0.1);
+    assert_true(f[3] + f[4] + f[5] + f[6] + f[7] == 0);
+}
+
+/* Wide vocabulary: the candidate threshold must still find the exact nucleus when the mass
+ * is spread thin over thousands of tokens. */
+static void test_top_p_on_flat_large_vocabulary(void **state) {
+    enum { N = 20000 };
+    static float l[N];
+    for (int i = 0; i < N; i++)
+        l[i] = 0;
+    l[5] = 2; /* p5 = e^2 / (e^2 + N - 1) ~ 0.00037 */
+    smp_scratch *sc = smp_scratch_new(N);
+    smp_rng r;
+    smp_rng_seed(&r, 3);
+    md_sampling s = base();
+    s.temperature = 1;
+    s.top_p = 0.5f;
+    int seen_other = 0;
+    for (int i = 0; i < 200; i++) {
+        static float w[N];
+        memcpy(w, l, sizeof w);
+        int32_t t = smp_sample(&s, w, N, NULL, 0, NULL, 0, &r, sc, NULL);
+        assert_true(t >= 0 && t < N);
+        seen_other += t != 5;
+    }
+    assert_true(seen_other > 150);
+    smp_scratch_free(sc);
+}
+
+static void test_repetition_penalty_divides_positive_multiplies_negative(void **state) {
+    smp_scratch *sc = smp_scratch_new(V);
+    smp_rng r;
+    smp_rng_seed(&r, 1);
+    md_sampling s = base();
+    s.repetition_penalty = 2;
+    float l[V] = {2, 1.9f, -1, -1, -1, -1, -1, -1};
+    int32_t prompt[3] = {0, 0, 2};
+    assert_int_equal(smp_sample(&s, l, V, prompt, 3, NULL, 0, &r, sc, NULL), 1);
+    assert_true(l[0] == 1.0f);  /* divided once, not once per occurrence */
+    assert_true(l[2] == -2.0f); /* negative: multiplied */
+    assert_true(l[3] == -1.0f);
+    /* the scratch counters are reset: a call without history leaves logits alone */
+    float m[V] = {2, 1.9f, 0, 0, 0, 0, 0, 0};
+    assert_int_equal(smp_sample(&s, m, V, NULL, 0, NULL, 0, &r, sc, NULL), 0);
+    smp_scratch_free(sc);
+}
+
+static void test_presence_and_frequency_penalties_on_output_only(void **state) {
+    smp_scratch *sc = smp_scratch_new(V);
+    smp_rng r;
+    smp_rng_seed(&r, 1);
+    md_sampling s = base();
+    s.presence_penalty = 0.5f;
+    s.frequency_penalty = 0.25f;
+    float l[V] = {3, 2, 1, 0, 0, 0, 0, 0};
+    int32_t prompt[1] = {1}, out[3] = {0, 0, 2};
+    smp_sample(&s, l, V, prompt, 1, out, 3, &r, sc, NULL);
+    assert_true(fabsf(l[0] - (3 - 0.5f - 0.5f)) < 1e-6f);
+    assert_true(l[1] == 2.0f); /* prompt tokens are not penalised */
+    assert_true(fabsf(l[2] - (1 - 0.5f - 0.25f)) < 1e-6f);
+    smp_scratch_free(sc);
+}
+
+static void test_logprob_is_raw_log_softmax(void **state) {
+    smp_scratch *sc = smp_scratch_new(V);
+    smp_rng r;
+    smp_rng_seed(&r, 1);
+    md_sampling s = base();
+    s.logprobs = 1;
+    s.repetition_penalty = 3;
+    double p[V] = {.4, .25, .15, .1, .05, .03, .015, .005};
+    float l[V];
+    from_probs(p, l);
+    float lp;
+    int32_t prompt[1] = {0};
+    int32_t t = smp_sample(&s, l, V, prompt, 1, NULL, 0, &r, sc, &lp);
+    assert_int_equal(t, 1); /* penalty moved the argmax */
+    assert_true(fabs(lp - log(.25)) < 1e-5);
+    s.temperature = 0.7f;
+    from_probs(p, l);
+    t = smp_sample(&s, l, V, NULL, 0, NULL, 0, &r, sc, &lp);
+    assert_true(fabs(lp - log(p[t])) < 1e-5);
+    smp_scratch_free(sc);
+}
+
+static void test_validate_rejects_bad_parameters(void **state) {
+    md_err e = {0};
+    md_sampling s = base();
+    assert_int_equal(smp_validate(&s, &e), 0);
+    s.temperature = NAN;
+    assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "temperature"));
+    s = base();
+    s.top_p = 0;
+    assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
+    s = base();
+    s.top_k = -1;
+    assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
+    s = base();
+    s.min_p = 1.5f;
+    assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
+    s = base();
+    s.repetition_penalty = 0;
+    assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
+    s = base();
+    s.frequency_penalty = 3;
+    assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
+    s = base();
+    s.max_tokens = -5;
+    assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_takes_argmax_lowest_index_on_ties),
+        cmocka_unit_test(test_same_seed_same_draws_other_seed_other_draws),
+        cmocka_unit_test(test_temperature_one_draws_the_softmax),
+        cmocka_unit_test(test_temperature_sharpens),
+        cmocka_unit_test(test_top_k_keeps_k_most_likely),
+        cmocka_unit_test(test_top_p_keeps_the_nucleus),
+        cmocka_unit_test(test_min_p_drops_tokens_below_fraction_of_best),
+        cmocka_unit_test(test_top_p_on_flat_large_vocabulary),
+        cmocka_unit_test(test_repetition_penalty_divides_positive_multiplies_negative),
+        cmocka_unit_test(test_presence_and_frequency_penalties_on_output_only),
+        cmocka_unit_test(test_logprob_is_raw_log_softmax),
+        cmocka_unit_test(test_validate_rejects_bad_parameters),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
