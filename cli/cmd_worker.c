@@ -1,9 +1,161 @@
-/* cmd_worker.c — `medley worker`: not built yet (placeholder until its issue lands). */
+/* cmd_worker.c — `medley worker`: serve models from their Redis streams (worker/worker.h).
+ * JSON-line logs by default (a daemon's logs go to a collector); SIGTERM/SIGINT stop it
+ * gracefully: it stops reading, finishes or hands back what it runs, and exits 0. */
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli/commands.h"
+#include "common/log.h"
+#include "worker/worker.h"
+
+static volatile sig_atomic_t g_stop = 0;
+static void on_signal(int sig) {
+    g_stop = 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: medley worker [--model M]... [options]\n"
+            "\n"
+            "Serve models from Redis: read requests of the named models, run them, write the\n"
+            "output lines. Stops gracefully on SIGTERM or Ctrl-C.\n"
+            "\n"
+            "  --model M              model to serve (repeatable): 'echo' or a registered model\n"
+            "  --redis URL            redis://[user:pass@]host:port/db or unix:///path\n"
+            "                         (default $MEDLEY_REDIS, else redis://127.0.0.1:6379/0)\n"
+            "  --prefix P             key prefix (default medley:)\n"
+            "  --id NAME              consumer name (default host-pid-random)\n"
+            "  --max-seqs N           concurrent requests per model (echo 256, engine 64)\n"
+            "  --device D             engine device: cpu, cuda:0 (default cpu)\n"
+            "  --threads N            engine CPU threads (default all cores)\n"
+            "  --echo-delay-ms MS     echo model: delay per answer ($MEDLEY_ECHO_DELAY_MS)\n"
+            "  --echo-ctx N           echo model: context length in bytes (default 8192)\n"
+            "  --visibility-ms MS     take over entries idle this long (default 60000)\n"
+            "  --max-attempts N       deliveries before the DLQ (default 3)\n"
+            "  --block-ms MS          XREADGROUP BLOCK when idle (default 1000)\n"
+            "  --heartbeat-ms MS      heartbeat period (default 5000)\n"
+            "  --grace-ms MS          on SIGTERM, time to finish running requests (default 30000)\n"
+            "  --max-line-bytes N     largest input line accepted (default 1048576)\n"
+            "  --usd-per-hour X       cost of this worker's devices, for each line's cost share\n"
+            "  --connect-timeout-ms MS, --command-timeout-ms MS   Redis timeouts (2000, 10000)\n"
+            "  --log-text             human-readable logs instead of JSON lines\n");
+}
+
+/* Integer flag value in [lo, hi]; exits through the caller's usage error on bad input. */
+static int int_arg(const char *flag, const char *v, long lo, long hi, long *out) {
+    char *end;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || *end || x < lo || x > hi) {
+        fprintf(stderr, "medley worker: %s needs an integer in %ld..%ld\n", flag, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
 
 int cmd_worker(int argc, char **argv) {
-    fprintf(stderr, "medley worker: not built yet\n");
-    return 1;
+    wk_config cfg;
+    wk_config_default(&cfg);
+    int log_json = 1;
+    const char *env_delay = getenv("MEDLEY_ECHO_DELAY_MS");
+    if (env_delay && *env_delay)
+        cfg.runner.echo_delay_ms = atoi(env_delay);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long x = 0;
+        int used = 1; /* consumes v */
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--log-text")) {
+            log_json = 0;
+            used = 0;
+        } else if (!v) {
+            fprintf(stderr, "medley worker: %s needs a value (or is unknown)\n", a);
+            usage(stderr);
+            return 2;
+        } else if (!strcmp(a, "--model") || !strcmp(a, "-m")) {
+            if (cfg.n_models == WK_MAX_MODELS) {
+                fprintf(stderr, "medley worker: at most %d models\n", WK_MAX_MODELS);
+                return 2;
+            }
+            cfg.models[cfg.n_models++] = v;
+        } else if (!strcmp(a, "--redis")) {
+            cfg.redis_url = v;
+        } else if (!strcmp(a, "--prefix")) {
+            cfg.prefix = v;
+        } else if (!strcmp(a, "--id")) {
+            cfg.id = v;
+        } else if (!strcmp(a, "--device")) {
+            cfg.runner.device = v;
+        } else if (!strcmp(a, "--usd-per-hour")) {
+            char *end;
+            cfg.usd_per_hour = strtod(v, &end);
+            if (*end || cfg.usd_per_hour < 0) {
+                fprintf(stderr, "medley worker: --usd-per-hour needs a number >= 0\n");
+                return 2;
+            }
+        } else {
+            static const struct {
+                const char *flag;
+                long lo, hi;
+            } ints[] = {{"--max-seqs", 1, 65536},
+                        {"--threads", 0, 4096},
+                        {"--echo-delay-ms", 0, 3600000},
+                        {"--echo-ctx", 1, 1 << 30},
+                        {"--visibility-ms", 100, 86400000},
+                        {"--max-attempts", 1, 1000},
+                        {"--block-ms", 1, 60000},
+                        {"--heartbeat-ms", 100, 3600000},
+                        {"--grace-ms", 0, 86400000},
+                        {"--max-line-bytes", 1024, 1 << 30},
+                        {"--connect-timeout-ms", 1, 600000},
+                        {"--command-timeout-ms", 0, 3600000}};
+            int k = -1;
+            for (size_t j = 0; j < sizeof ints / sizeof *ints; j++)
+                if (!strcmp(a, ints[j].flag))
+                    k = (int)j;
+            if (k < 0) {
+                fprintf(stderr, "medley worker: unknown option %s\n", a);
+                usage(stderr);
+                return 2;
+            }
+            if (int_arg(a, v, ints[k].lo, ints[k].hi, &x))
+                return 2;
+            switch (k) {
+            case 0: cfg.runner.max_seqs = (int)x; break;
+            case 1: cfg.runner.n_threads = (int)x; break;
+            case 2: cfg.runner.echo_delay_ms = (int)x; break;
+            case 3: cfg.runner.echo_ctx = (int)x; break;
+            case 4: cfg.visibility_ms = (int)x; break;
+            case 5: cfg.max_attempts = (int)x; break;
+            case 6: cfg.block_ms = (int)x; break;
+            case 7: cfg.heartbeat_ms = (int)x; break;
+            case 8: cfg.grace_ms = (int)x; break;
+            case 9: cfg.limits.max_line_bytes = (size_t)x; break;
+            case 10: cfg.connect_timeout_ms = (int)x; break;
+            case 11: cfg.command_timeout_ms = (int)x; break;
+            }
+        }
+        i += used;
+    }
+    if (cfg.n_models == 0) {
+        fprintf(stderr, "medley worker: give at least one --model (e.g. --model echo)\n");
+        return 2;
+    }
+    md_log_set_json(log_json);
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    md_err e = {0};
+    if (wk_run(&cfg, &g_stop, &e)) {
+        MD_ERROR("worker", "%s", e.msg);
+        return 1;
+    }
+    return 0;
 }

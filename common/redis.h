@@ -1,0 +1,65 @@
+/* redis.h — Redis connections for every medley process: URL parsing, ACL AUTH, SELECT,
+ * connect and command timeouts, and reconnection with exponential backoff.
+ *
+ * URLs: redis://[user:pass@]host[:port][/db], redis://:pass@host (password only, the
+ * `default` user), unix:///path/to/redis.sock[?db=N&user=U&password=P]. User and password
+ * may be percent-encoded. The default URL is $MEDLEY_REDIS, else redis://127.0.0.1:6379/0.
+ *
+ * A md_redis wraps one hiredis context. Commands go through md_redis_cmd()/_argv() (one
+ * round trip) or through md_redis_ctx() with redisAppendCommand*()+redisGetReply() for
+ * pipelines. When a reply is NULL the connection is gone: md_redis_reconnect() dials again
+ * with backoff (50 ms doubling to 2 s) until it succeeds, the wait budget runs out or *stop
+ * becomes non-zero. Callers own replies (freeReplyObject) and the md_redis (md_redis_close).
+ * Not thread-safe: one thread per md_redis. */
+#ifndef MEDLEY_COMMON_REDIS_H
+#define MEDLEY_COMMON_REDIS_H
+
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <stddef.h>
+
+#include "common/err.h"
+
+typedef struct {
+    char host[256];      /* empty for a unix socket */
+    int port;            /* 6379 unless given */
+    char unix_path[512]; /* empty for TCP */
+    char user[128];      /* empty: AUTH with the password only (the `default` user) */
+    char pass[256];      /* empty: no AUTH */
+    int db;              /* SELECT db when non-zero */
+    int connect_timeout_ms;
+    int command_timeout_ms; /* socket read/write timeout; 0 = none */
+} md_redis_url;
+
+/* Parse url into *out (timeouts set to 2000 / 10000 ms). MD_EINVAL names what is wrong. */
+int md_redis_url_parse(const char *url, md_redis_url *out, md_err *e);
+/* $MEDLEY_REDIS when set and non-empty, else "redis://127.0.0.1:6379/0". */
+const char *md_redis_default_url(void);
+/* The URL without its password, for logs ("redis://user:***@host:6379/0"). */
+void md_redis_url_describe(const md_redis_url *u, char *out, size_t outsz);
+
+typedef struct md_redis md_redis;
+
+/* Connect, AUTH, SELECT. On failure *out is NULL and e says which step failed. */
+int md_redis_open(const md_redis_url *u, md_redis **out, md_err *e);
+void md_redis_close(md_redis *r);
+/* The live hiredis context (never NULL after a successful open; replaced by reconnect). */
+redisContext *md_redis_ctx(md_redis *r);
+/* Drop the current connection and dial again with backoff. max_wait_ms < 0 waits forever
+ * (until *stop). Returns 0 when connected, MD_ECANCEL when stopped, MD_EREDIS on timeout. */
+int md_redis_reconnect(md_redis *r, int max_wait_ms, volatile sig_atomic_t *stop, md_err *e);
+/* Number of successful (re)connections so far; callers redo per-connection setup (SCRIPT
+ * LOAD, consumer groups) when it changes. */
+unsigned md_redis_generation(const md_redis *r);
+
+/* One command, printf-style as redisCommand. Returns the reply (caller frees), or NULL
+ * with MD_EREDIS in e when the connection failed (reconnect, then retry). An error reply
+ * is returned as a reply of type REDIS_REPLY_ERROR; callers check. */
+redisReply *md_redis_cmd(md_redis *r, md_err *e, const char *fmt, ...);
+redisReply *md_redis_cmd_argv(md_redis *r, int argc, const char **argv, const size_t *lens,
+                              md_err *e);
+/* Collect one pipelined reply (after redisAppendCommand*). NULL + MD_EREDIS when the
+ * connection failed. */
+redisReply *md_redis_get_reply(md_redis *r, md_err *e);
+
+#endif

@@ -1,0 +1,198 @@
+/* test_validate.c — worker/validate.c: every kind of bad input line gets the right OpenAI
+ * error code and names its field; good lines come out with their parameters. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/validate.h"
+
+static wk_limits lim;
+
+/* Validate s; return 0/-1 and leave req/ve for the caller (who frees req). */
+static int check(const char *s, wk_request *req, wk_verr *ve, char *buf) {
+    return wk_validate(s, strlen(s), &lim, req, buf, ve);
+}
+
+static void expect_error(const char *line, const char *code, const char *param) {
+    wk_request req;
+    wk_verr ve;
+    char buf[WK_CUSTOM_ID_MAX];
+    int rc = check(line, &req, &ve, buf);
+    if (rc != -1 || strcmp(ve.code, code) || (param && strcmp(ve.param, param)))
+        fail_msg("line %s: got rc %d code '%s' param '%s' (%s); expected code '%s' param '%s'",
+                 line, rc, ve.code, ve.param, ve.message, code, param ? param : "(any)");
+    assert_true(ve.message[0] != 0);
+    assert_int_equal(ve.status, 400);
+    wk_request_free(&req);
+}
+
+#define CHAT(body)                                                                                 \
+    "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":" body "}"
+
+static void good_chat_line_is_parsed(void **st) {
+    wk_request req;
+    wk_verr ve;
+    char buf[WK_CUSTOM_ID_MAX];
+    const char *l = CHAT("{\"model\":\"echo\",\"messages\":[{\"role\":\"system\",\"content\":\"be "
+                         "brief\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
+                         "\"hel\"},{\"type\":\"text\",\"text\":\"lo\"}]}],\"max_tokens\":12,"
+                         "\"temperature\":0.5,\"top_p\":0.9,\"seed\":7,\"stop\":[\"x\",\"y\"]}");
+    assert_int_equal(check(l, &req, &ve, buf), 0);
+    assert_string_equal(req.custom_id, "a");
+    assert_int_equal(req.chat, 1);
+    assert_string_equal(req.model, "echo");
+    assert_int_equal(req.n_msgs, 2);
+    assert_string_equal(req.msgs[1].content, "hello");
+    assert_string_equal(wk_request_prompt_text(&req), "hello");
+    assert_int_equal(req.max_tokens, 12);
+    assert_true(req.temperature == 0.5 && req.top_p == 0.9);
+    assert_int_equal(req.has_seed, 1);
+    assert_int_equal(req.seed, 7);
+    assert_int_equal(req.n_stop, 2);
+    assert_null(req.stop[2]);
+    wk_request_free(&req);
+}
+
+static void good_completion_line_is_parsed(void **st) {
+    wk_request req;
+    wk_verr ve;
+    char buf[WK_CUSTOM_ID_MAX];
+    const char *l = "{\"custom_id\":\"c1\",\"method\":\"POST\",\"url\":\"/v1/completions\","
+                    "\"body\":{\"prompt\":[\"once upon\"],\"stop\":\"\\n\"}}";
+    assert_int_equal(check(l, &req, &ve, buf), 0);
+    assert_int_equal(req.chat, 0);
+    assert_null(req.model);
+    assert_string_equal(req.prompt, "once upon");
+    assert_int_equal(req.max_tokens, lim.max_tokens_default);
+    assert_int_equal(req.n_stop, 1);
+    wk_request_free(&req);
+}
+
+static void bad_json_and_shapes_are_named(void **st) {
+    expect_error("not json", "invalid_json", NULL);
+    expect_error("{\"custom_id\":\"a\"", "invalid_json", NULL);
+    expect_error("[1,2]", "invalid_type", NULL);
+    expect_error("{\"method\":\"POST\"}", "missing_required_parameter", "custom_id");
+    expect_error("{\"custom_id\":5}", "invalid_value", "custom_id");
+    expect_error("{\"custom_id\":\"\"}", "invalid_value", "custom_id");
+    expect_error("{\"custom_id\":\"a\",\"url\":\"/v1/completions\"}", "missing_required_parameter",
+                 "method");
+    expect_error("{\"custom_id\":\"a\",\"method\":\"GET\",\"url\":\"/v1/completions\"}",
+                 "invalid_value", "method");
+    expect_error("{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/embeddings\",\"body\":{}}",
+                 "invalid_url", "url");
+    expect_error("{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/completions\"}",
+                 "missing_required_parameter", "body");
+    expect_error("{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/completions\","
+                 "\"body\":[]}",
+                 "invalid_type", "body");
+}
+
+static void bad_body_fields_are_named(void **st) {
+    expect_error(CHAT("{}"), "missing_required_parameter", "body.messages");
+    expect_error(CHAT("{\"messages\":[]}"), "invalid_type", "body.messages");
+    expect_error(CHAT("{\"messages\":\"hi\"}"), "invalid_type", "body.messages");
+    expect_error(CHAT("{\"messages\":[3]}"), "invalid_type", "body.messages[0]");
+    expect_error(CHAT("{\"messages\":[{\"content\":\"x\"}]}"), "missing_required_parameter",
+                 "body.messages[0]");
+    expect_error(CHAT("{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}"), "invalid_value",
+                 "body.messages[0]");
+    expect_error(CHAT("{\"messages\":[{\"role\":\"user\"}]}"), "missing_required_parameter",
+                 "body.messages[0]");
+    expect_error(CHAT("{\"messages\":[{\"role\":\"user\",\"content\":7}]}"), "invalid_type",
+                 "body.messages[0].content");
+    expect_error(
+        CHAT("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}"),
+        "unsupported_value", "body.messages[0].content");
+    expect_error(CHAT("{\"model\":3,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}"),
+                 "invalid_type", "body.model");
+#define M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+    expect_error(CHAT("{" M ",\"max_tokens\":0}"), "invalid_value", "body.max_tokens");
+    expect_error(CHAT("{" M ",\"max_tokens\":1e9}"), "invalid_type", "body.max_tokens");
+    expect_error(CHAT("{" M ",\"max_tokens\":\"5\"}"), "invalid_type", "body.max_tokens");
+    expect_error(CHAT("{" M ",\"max_completion_tokens\":99999999}"), "invalid_value",
+                 "body.max_completion_tokens");
+    expect_error(CHAT("{" M ",\"temperature\":2.5}"), "invalid_value", "body.temperature");
+    expect_error(CHAT("{" M ",\"temperature\":\"hot\"}"), "invalid_type", "body.temperature");
+    expect_error(CHAT("{" M ",\"top_p\":0}"), "invalid_value", "body.top_p");
+    expect_error(CHAT("{" M ",\"seed\":1.5}"), "invalid_type", "body.seed");
+    expect_error(CHAT("{" M ",\"stop\":5}"), "invalid_type", "body.stop");
+    expect_error(CHAT("{" M ",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}"), "invalid_value",
+                 "body.stop");
+    expect_error(CHAT("{" M ",\"stop\":[\"a\",1]}"), "invalid_type", "body.stop");
+    expect_error(CHAT("{" M ",\"n\":2}"), "unsupported_value", "body.n");
+    expect_error(CHAT("{" M ",\"stream\":true}"), "unsupported_value", "body.stream");
+    expect_error("{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/completions\","
+                 "\"body\":{\"prompt\":{\"x\":1}}}",
+                 "invalid_type", "body.prompt");
+#undef M
+}
+
+static void oversize_line_is_refused_with_its_custom_id(void **st) {
+    size_t n = lim.max_line_bytes + 100;
+    char *big = malloc(n + 1);
+    int k = snprintf(big, n, "{\"custom_id\": \"big-1\",\"x\":\"");
+    memset(big + k, 'a', n - (size_t)k);
+    big[n] = 0;
+    wk_request req;
+    wk_verr ve;
+    char buf[WK_CUSTOM_ID_MAX];
+    assert_int_equal(wk_validate(big, n, &lim, &req, buf, &ve), -1);
+    assert_string_equal(ve.code, "line_too_large");
+    assert_non_null(req.custom_id);
+    assert_string_equal(req.custom_id, "big-1");
+    wk_request_free(&req);
+    free(big);
+}
+
+static void custom_id_survives_a_later_error(void **st) {
+    wk_request req;
+    wk_verr ve;
+    char buf[WK_CUSTOM_ID_MAX];
+    assert_int_equal(check(CHAT("{\"messages\":5}"), &req, &ve, buf), -1);
+    assert_string_equal(req.custom_id, "a");
+    wk_request_free(&req);
+}
+
+static void random_bytes_never_crash(void **st) {
+    /* Mutations of a good line: every result is a clean accept or a named error. */
+    const char *good =
+        CHAT("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stop\":[\"z\"]}");
+    size_t n = strlen(good);
+    char *buf = malloc(n + 1);
+    unsigned seed = 12345;
+    for (int it = 0; it < 20000; it++) {
+        memcpy(buf, good, n + 1);
+        int flips = 1 + it % 4;
+        for (int f = 0; f < flips; f++) {
+            seed = seed * 1103515245u + 12345u;
+            buf[(seed >> 8) % n] = (char)(seed >> 20);
+        }
+        size_t len = (seed >> 3) % 4 == 0 ? (seed >> 5) % n : n;
+        wk_request req;
+        wk_verr ve;
+        char cid[WK_CUSTOM_ID_MAX];
+        int rc = wk_validate(buf, len, &lim, &req, cid, &ve);
+        assert_true(rc == 0 || (rc == -1 && ve.code[0] && ve.message[0]));
+        wk_request_free(&req);
+    }
+    free(buf);
+}
+
+int main(void) {
+    wk_limits_default(&lim);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(good_chat_line_is_parsed),
+        cmocka_unit_test(good_completion_line_is_parsed),
+        cmocka_unit_test(bad_json_and_shapes_are_named),
+        cmocka_unit_test(bad_body_fields_are_named),
+        cmocka_unit_test(oversize_line_is_refused_with_its_custom_id),
+        cmocka_unit_test(custom_id_survives_a_later_error),
+        cmocka_unit_test(random_bytes_never_crash),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,276 @@
+/* client.c — see client.h. */
+#include "worker/client.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+int q_parse_duration(const char *s, long long *seconds, md_err *e) {
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || end == s || errno || v < 0)
+        return md_errf(e, MD_EINVAL, "'%s' is not a duration (e.g. 90s, 15m, 24h, 7d)", s ? s : "");
+    double mul = 1;
+    if (!strcmp(end, "") || !strcmp(end, "s"))
+        mul = 1;
+    else if (!strcmp(end, "m"))
+        mul = 60;
+    else if (!strcmp(end, "h"))
+        mul = 3600;
+    else if (!strcmp(end, "d"))
+        mul = 86400;
+    else
+        return md_errf(e, MD_EINVAL, "'%s': unknown unit '%s' (s, m, h, d)", s, end);
+    if (v * mul > 1e10)
+        return md_errf(e, MD_EINVAL, "'%s' is too long a duration", s);
+    *seconds = (long long)(v * mul);
+    return 0;
+}
+
+static int blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isspace((unsigned char)s[i]))
+            return 0;
+    return 1;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* First pass: count lines, check custom_id uniqueness, find the model and endpoint. */
+static int scan_file(FILE *f, const char *path, char *model, size_t msz, char *endpoint, size_t esz,
+                     long long *n_lines, md_err *e) {
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    long long n = 0, lineno = 0;
+    size_t nids = 0, capids = 0;
+    char **idsv = NULL;
+    int rc = 0;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        if (blank(line, (size_t)len))
+            continue;
+        n++;
+        json_t *j = json_loadb(line, (size_t)len, 0, NULL);
+        const char *cid = json_string_value(json_object_get(j, "custom_id"));
+        if (n == 1 || !model[0] || !endpoint[0]) {
+            json_t *body = json_object_get(j, "body");
+            const char *m = json_string_value(json_object_get(body, "model"));
+            const char *u = json_string_value(json_object_get(j, "url"));
+            if (m && !model[0])
+                snprintf(model, msz, "%s", m);
+            if (u && !endpoint[0])
+                snprintf(endpoint, esz, "%s", u);
+        }
+        if (cid) {
+            if (nids == capids) {
+                capids = capids ? capids * 2 : 1024;
+                char **nv = realloc(idsv, capids * sizeof *nv);
+                if (!nv) {
+                    json_decref(j);
+                    rc = md_errf(e, MD_ENOMEM, "out of memory reading %s", path);
+                    break;
+                }
+                idsv = nv;
+            }
+            idsv[nids] = strdup(cid);
+            if (!idsv[nids]) {
+                json_decref(j);
+                rc = md_errf(e, MD_ENOMEM, "out of memory reading %s", path);
+                break;
+            }
+            nids++;
+        }
+        json_decref(j);
+    }
+    if (!rc && ferror(f))
+        rc = md_errf(e, MD_EIO, "reading %s: %s", path, strerror(errno));
+    if (!rc && nids > 1) {
+        qsort(idsv, nids, sizeof *idsv, cmp_str);
+        for (size_t i = 1; i < nids; i++)
+            if (!strcmp(idsv[i - 1], idsv[i])) {
+                rc = md_errf(e, MD_EINVAL,
+                             "%s: custom_id '%.100s' appears more than once; custom_ids must be "
+                             "unique within a batch",
+                             path, idsv[i]);
+                break;
+            }
+    }
+    for (size_t i = 0; i < nids; i++)
+        free(idsv[i]);
+    free(idsv);
+    free(line);
+    if (!rc && n == 0)
+        rc = md_errf(e, MD_EINVAL, "%s has no request lines", path);
+    *n_lines = n;
+    return rc;
+}
+
+int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID_MAX],
+                  long long *n_lines, md_err *e) {
+    const char *prefix = o->prefix ? o->prefix : "medley:";
+    int rc = q_prefix_check(prefix, e);
+    if (rc)
+        return rc;
+    FILE *f = fopen(o->path, "rb");
+    if (!f)
+        return md_errf(e, MD_EIO, "cannot open %s: %s", o->path, strerror(errno));
+    char model[128] = "", endpoint[64] = "";
+    if (o->model)
+        snprintf(model, sizeof model, "%s", o->model);
+    long long expect = 0;
+    if ((rc = scan_file(f, o->path, model, sizeof model, endpoint, sizeof endpoint, &expect, e))) {
+        fclose(f);
+        return rc;
+    }
+    if (!model[0]) {
+        fclose(f);
+        return md_errf(e, MD_EINVAL, "%s: no --model given and the first line has no body.model",
+                       o->path);
+    }
+    for (const char *p = model; *p; p++)
+        if (*p == '{' || *p == '}' || isspace((unsigned char)*p)) {
+            fclose(f);
+            return md_errf(e, MD_EINVAL, "model name '%s' may not hold braces or spaces", model);
+        }
+    if (o->batch_id)
+        snprintf(batch_out, Q_BATCH_ID_MAX, "%s", o->batch_id);
+    else
+        q_new_batch_id(batch_out, Q_BATCH_ID_MAX);
+    if ((rc = q_batch_id_check(batch_out, e))) {
+        fclose(f);
+        return rc;
+    }
+    char qkey[Q_KEY_MAX];
+    q_key_queue(qkey, prefix, model);
+    redisReply *rep = md_redis_cmd(r, e, "XGROUP CREATE %s %s 0 MKSTREAM", qkey, Q_GROUP);
+    if (!rep) {
+        fclose(f);
+        return MD_EREDIS;
+    }
+    if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "BUSYGROUP", 9)) {
+        rc = md_errf(e, MD_EREDIS, "XGROUP CREATE %s: %s", qkey, rep->str);
+        freeReplyObject(rep);
+        fclose(f);
+        return rc;
+    }
+    freeReplyObject(rep);
+    q_batch_spec spec = {.prefix = prefix,
+                         .batch = batch_out,
+                         .model = model,
+                         .endpoint = endpoint[0] ? endpoint : "/v1/chat/completions",
+                         .input_file = o->path,
+                         .window_s = o->window_s,
+                         .priority = o->priority};
+    if ((rc = q_batch_create(r, &spec, e))) {
+        fclose(f);
+        return rc;
+    }
+    q_submitter *s = NULL;
+    if ((rc = q_submitter_open(r, prefix, batch_out, model, &s, e))) {
+        fclose(f);
+        return rc;
+    }
+    rewind(f);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    long long total = 0;
+    while (!rc && (len = getline(&line, &cap, f)) >= 0) {
+        if (blank(line, (size_t)len))
+            continue;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            len--;
+        rc = q_submit_line(s, line, (size_t)len, e);
+    }
+    free(line);
+    if (!rc)
+        rc = q_submitter_flush(s, &total, e);
+    q_submitter_free(s);
+    fclose(f);
+    if (!rc && total != expect)
+        rc = md_errf(e, MD_EIO, "%s changed while it was being submitted (%lld lines, then %lld)",
+                     o->path, expect, total);
+    if (rc) {
+        md_err e2 = {0};
+        char reason[600];
+        snprintf(reason, sizeof reason, "submission failed: %s", e->msg);
+        /* best effort: the connection may be the reason */
+        q_batch_fail(r, prefix, batch_out, reason, &e2);
+        return rc;
+    }
+    *n_lines = total;
+    return q_batch_seal(r, prefix, batch_out, total, e);
+}
+
+int q_results_write(md_redis *r, const char *prefix, const char *batch, FILE *out, FILE *err,
+                    long long *n_out, long long *n_err, md_err *e) {
+    char key[Q_KEY_MAX], start[64] = "-";
+    q_key_out(key, prefix, batch);
+    *n_out = *n_err = 0;
+    for (;;) {
+        redisReply *rep = md_redis_cmd(r, e, "XRANGE %s %s + COUNT 2000", key, start);
+        if (!rep)
+            return MD_EREDIS;
+        if (rep->type != REDIS_REPLY_ARRAY) {
+            int rc = md_errf(e, MD_EREDIS, "XRANGE %s: %s", key,
+                             rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+            freeReplyObject(rep);
+            return rc;
+        }
+        size_t n = rep->elements;
+        for (size_t i = 0; i < n; i++) {
+            redisReply *en = rep->element[i];
+            if (en->type != REDIS_REPLY_ARRAY || en->elements < 2)
+                continue;
+            redisReply *fl = en->element[1];
+            const char *line = NULL, *ok = "1";
+            size_t llen = 0;
+            for (size_t k = 0; fl->type == REDIS_REPLY_ARRAY && k + 1 < fl->elements; k += 2) {
+                if (!strcmp(fl->element[k]->str, "line")) {
+                    line = fl->element[k + 1]->str;
+                    llen = fl->element[k + 1]->len;
+                } else if (!strcmp(fl->element[k]->str, "ok")) {
+                    ok = fl->element[k + 1]->str;
+                }
+            }
+            if (!line)
+                continue;
+            int good = !strcmp(ok, "1");
+            FILE *dst = good || !err ? out : err;
+            if (fwrite(line, 1, llen, dst) != llen || fputc('\n', dst) == EOF) {
+                freeReplyObject(rep);
+                return md_errf(e, MD_EIO, "writing results: %s", strerror(errno));
+            }
+            if (good)
+                (*n_out)++;
+            else
+                (*n_err)++;
+        }
+        if (n > 0)
+            snprintf(start, sizeof start, "(%s", rep->element[n - 1]->element[0]->str);
+        freeReplyObject(rep);
+        if (n < 2000)
+            break;
+    }
+    return 0;
+}
+
+json_t *q_batch_json(const q_batch_info *b) {
+    json_t *j =
+        json_pack("{s:s, s:s, s:s, s:s, s:{s:I, s:I, s:I}, s:I, s:I, s:I, s:I, s:i}", "id", b->id,
+                  "status", b->status, "model", b->model, "endpoint", b->endpoint, "request_counts",
+                  "total", (json_int_t)b->total, "completed", (json_int_t)b->completed, "failed",
+                  (json_int_t)b->failed, "created_at", (json_int_t)b->created_at, "started_at",
+                  (json_int_t)b->started_at, "finished_at", (json_int_t)b->finished_at, "deadline",
+                  (json_int_t)b->deadline, "priority", b->priority);
+    if (j && b->errors[0])
+        json_object_set_new(j, "errors", json_string(b->errors));
+    return j;
+}

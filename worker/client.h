@@ -1,0 +1,40 @@
+/* client.h — the client side of the queue protocol, shared by `medley submit/status/results`
+ * and `medley run`: submit a JSONL file as a batch (pipelined), read a batch's output
+ * stream into files, describe a batch as JSON (schemas/batch-meta.schema.json). */
+#ifndef MEDLEY_WORKER_CLIENT_H
+#define MEDLEY_WORKER_CLIENT_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "common/redis.h"
+#include "worker/queue.h"
+
+typedef struct {
+    const char *prefix;   /* default "medley:" */
+    const char *path;     /* JSONL input file */
+    const char *model;    /* queue model; NULL: the first line's body.model */
+    const char *batch_id; /* NULL: a new random id */
+    long long window_s;   /* completion window (deadline); 0 = none */
+    int priority;
+} q_submit_opts;
+
+/* Check the file (every custom_id unique; lines may otherwise be malformed: workers answer
+ * those with error lines), create the batch, queue every non-blank line, seal the batch.
+ * The id goes to batch_out and the line count to *n_lines. If queuing fails half-way the
+ * batch is marked failed. */
+int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID_MAX],
+                  long long *n_lines, md_err *e);
+
+/* Write the batch's output lines in completion order: successful ones to out, failed ones
+ * to err (or to out too when err is NULL). Counts go to *n_out / *n_err. */
+int q_results_write(md_redis *r, const char *prefix, const char *batch, FILE *out, FILE *err,
+                    long long *n_out, long long *n_err, md_err *e);
+
+/* The batch meta as a JSON document (caller owns the reference). */
+json_t *q_batch_json(const q_batch_info *b);
+
+/* Parse a duration such as "90", "30s", "15m", "24h", "7d" into seconds (MD_EINVAL). */
+int q_parse_duration(const char *s, long long *seconds, md_err *e);
+
+#endif

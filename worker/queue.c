@@ -1,0 +1,359 @@
+/* queue.c — see queue.h: keys, the Lua scripts of the batch lifecycle, submission. */
+#include "worker/queue.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+void q_key_queue(char *out, const char *p, const char *m) {
+    snprintf(out, Q_KEY_MAX, "%sq:{%s}", p, m);
+}
+void q_key_meta(char *out, const char *p, const char *b) {
+    snprintf(out, Q_KEY_MAX, "%s{%s}:meta", p, b);
+}
+void q_key_out(char *out, const char *p, const char *b) {
+    snprintf(out, Q_KEY_MAX, "%s{%s}:out", p, b);
+}
+void q_key_done(char *out, const char *p, const char *b) {
+    snprintf(out, Q_KEY_MAX, "%s{%s}:done", p, b);
+}
+void q_key_dlq(char *out, const char *p, const char *m) {
+    snprintf(out, Q_KEY_MAX, "%sdlq:{%s}", p, m);
+}
+void q_key_worker(char *out, const char *p, const char *w) {
+    snprintf(out, Q_KEY_MAX, "%sworker:{%s}", p, w);
+}
+void q_key_batches(char *out, const char *p) {
+    snprintf(out, Q_KEY_MAX, "%sbatches", p);
+}
+void q_key_events(char *out, const char *p) {
+    snprintf(out, Q_KEY_MAX, "%sevents", p);
+}
+
+int q_prefix_check(const char *prefix, md_err *e) {
+    size_t n = strlen(prefix);
+    if (n > 64)
+        return md_errf(e, MD_EINVAL, "key prefix '%s' is longer than 64 bytes", prefix);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)prefix[i];
+        if (!isgraph(c) || c == '{' || c == '}')
+            return md_errf(e, MD_EINVAL,
+                           "key prefix '%s' may hold only printable characters without spaces "
+                           "or braces",
+                           prefix);
+    }
+    return 0;
+}
+
+void q_new_batch_id(char *out, size_t outsz) {
+    char hex[25];
+    md_random_hex(hex, sizeof hex, 24);
+    snprintf(out, outsz, "batch_%s", hex);
+}
+
+int q_batch_id_check(const char *id, md_err *e) {
+    size_t n = strlen(id);
+    if (n == 0 || n >= Q_BATCH_ID_MAX)
+        return md_errf(e, MD_EINVAL, "batch id '%s' must be 1..%d characters", id,
+                       Q_BATCH_ID_MAX - 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)id[i];
+        if (!isalnum(c) && c != '_' && c != '-' && c != '.')
+            return md_errf(e, MD_EINVAL, "batch id '%s' may hold only [A-Za-z0-9_.-]", id);
+    }
+    return 0;
+}
+
+/* finish(st, m, now, channel, batch): the terminal state of a batch whose every line is
+ * answered. Shared by the completion and seal scripts. */
+#define Q_LUA_FINISH                                                                               \
+    "local function finish(meta, st, deadline, now, channel, batch)\n"                             \
+    "  local final = 'completed'\n"                                                                \
+    "  if st == 'cancelling' then final = 'cancelled'\n"                                           \
+    "  elseif tonumber(deadline) and tonumber(deadline) > 0 and tonumber(now) > "                  \
+    "tonumber(deadline) then final = 'expired' end\n"                                              \
+    "  redis.call('HSET', meta, 'status', final, 'finished_at', now)\n"                            \
+    "  redis.call('PUBLISH', channel, cjson.encode({type='batch', batch=batch, "                   \
+    "status=final}))\n"                                                                            \
+    "  return final\n"                                                                             \
+    "end\n"
+
+/* KEYS: meta done out. ARGV: custom_id ok(1|0) line now_ms events_channel batch. */
+const char q_complete_lua[] = Q_LUA_FINISH
+    "if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end\n"
+    "if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end\n"
+    "redis.call('XADD', KEYS[3], '*', 'custom_id', ARGV[1], 'ok', ARGV[2], 'line', ARGV[3])\n"
+    "if ARGV[2] == '1' then redis.call('HINCRBY', KEYS[1], 'completed', 1)\n"
+    "else redis.call('HINCRBY', KEYS[1], 'failed', 1) end\n"
+    "local m = redis.call('HMGET', KEYS[1], 'status', 'total', 'completed', 'failed', "
+    "'started_at', 'deadline')\n"
+    "if not m[5] or m[5] == '' or m[5] == '0' then redis.call('HSET', KEYS[1], 'started_at', "
+    "ARGV[4]) end\n"
+    "if (m[1] == 'in_progress' or m[1] == 'cancelling') and (tonumber(m[3]) or 0) + "
+    "(tonumber(m[4]) or 0) >= (tonumber(m[2]) or 0) then\n"
+    "  finish(KEYS[1], m[1], m[6], ARGV[4], ARGV[5], ARGV[6])\n"
+    "end\n"
+    "return 1\n";
+
+/* KEYS: meta. ARGV: total now_ms events_channel batch. */
+const char q_seal_lua[] = Q_LUA_FINISH
+    "local m = redis.call('HMGET', KEYS[1], 'status', 'completed', 'failed', 'deadline')\n"
+    "if not m[1] then return redis.error_reply('NOBATCH no such batch') end\n"
+    "if m[1] ~= 'validating' and m[1] ~= 'cancelling' then\n"
+    "  return redis.error_reply('BADSTATE batch is ' .. m[1]) end\n"
+    "local st = m[1]\n"
+    "if st == 'validating' then st = 'in_progress' end\n"
+    "redis.call('HSET', KEYS[1], 'total', ARGV[1], 'status', st)\n"
+    "if (tonumber(m[2]) or 0) + (tonumber(m[3]) or 0) >= tonumber(ARGV[1]) then\n"
+    "  return finish(KEYS[1], st, m[4], ARGV[2], ARGV[3], ARGV[4])\n"
+    "end\n"
+    "redis.call('PUBLISH', ARGV[3], cjson.encode({type='batch', batch=ARGV[4], status=st}))\n"
+    "return st\n";
+
+/* KEYS: meta. ARGV: now_ms events_channel batch. */
+const char q_cancel_lua[] = Q_LUA_FINISH
+    "local m = redis.call('HMGET', KEYS[1], 'status', 'total', 'completed', 'failed', "
+    "'deadline')\n"
+    "if not m[1] then return redis.error_reply('NOBATCH no such batch') end\n"
+    "local st = m[1]\n"
+    "if st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'expired' then\n"
+    "  return redis.error_reply('BADSTATE batch is already ' .. st) end\n"
+    "if st == 'cancelling' then return st end\n"
+    "redis.call('HSET', KEYS[1], 'status', 'cancelling')\n"
+    "if st == 'in_progress' and (tonumber(m[3]) or 0) + (tonumber(m[4]) or 0) >= "
+    "(tonumber(m[2]) or 0) then\n"
+    "  return finish(KEYS[1], 'cancelling', m[5], ARGV[1], ARGV[2], ARGV[3])\n"
+    "end\n"
+    "redis.call('PUBLISH', ARGV[2], cjson.encode({type='batch', batch=ARGV[3], "
+    "status='cancelling'}))\n"
+    "return 'cancelling'\n";
+
+int q_script_load(md_redis *r, const char *script, char out[41], md_err *e) {
+    redisReply *rep = md_redis_cmd(r, e, "SCRIPT LOAD %s", script);
+    if (!rep)
+        return MD_EREDIS;
+    int rc = 0;
+    if (rep->type != REDIS_REPLY_STRING || rep->len != 40)
+        rc = md_errf(e, MD_EREDIS, "SCRIPT LOAD failed: %s",
+                     rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+    else
+        memcpy(out, rep->str, 41);
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int reply_ok(redisReply *rep, const char *what, md_err *e) {
+    if (!rep)
+        return MD_EREDIS;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        int rc = md_errf(e, MD_EREDIS, "%s: %s", what, rep->str);
+        freeReplyObject(rep);
+        return rc;
+    }
+    freeReplyObject(rep);
+    return 0;
+}
+
+int q_batch_create(md_redis *r, const q_batch_spec *s, md_err *e) {
+    char meta[Q_KEY_MAX], idx[Q_KEY_MAX];
+    q_key_meta(meta, s->prefix, s->batch);
+    q_key_batches(idx, s->prefix);
+    long long now = md_wall_ms();
+    long long deadline = s->window_s > 0 ? now + s->window_s * 1000 : 0;
+    redisReply *rep = md_redis_cmd(r, e, "EXISTS %s", meta);
+    if (!rep)
+        return MD_EREDIS;
+    int exists = rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+    freeReplyObject(rep);
+    if (exists)
+        return md_errf(e, MD_EINVAL, "batch %s already exists", s->batch);
+    rep = md_redis_cmd(r, e,
+                       "HSET %s status validating model %s endpoint %s total 0 completed 0 "
+                       "failed 0 created_at %lld started_at 0 finished_at 0 deadline %lld "
+                       "priority %d input_file %s",
+                       meta, s->model, s->endpoint ? s->endpoint : "", now, deadline, s->priority,
+                       s->input_file ? s->input_file : "");
+    int rc = reply_ok(rep, "creating the batch", e);
+    if (rc)
+        return rc;
+    return reply_ok(md_redis_cmd(r, e, "ZADD %s %lld %s", idx, now, s->batch), "indexing the batch",
+                    e);
+}
+
+struct q_submitter {
+    md_redis *r;
+    char key[Q_KEY_MAX];
+    char batch[Q_BATCH_ID_MAX];
+    int pending;     /* appended, replies not read yet */
+    long long total; /* confirmed queued */
+};
+
+int q_submitter_open(md_redis *r, const char *prefix, const char *batch, const char *model,
+                     q_submitter **out, md_err *e) {
+    q_submitter *s = calloc(1, sizeof *s);
+    if (!s)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    s->r = r;
+    q_key_queue(s->key, prefix, model);
+    snprintf(s->batch, sizeof s->batch, "%s", batch);
+    *out = s;
+    return 0;
+}
+
+int q_submitter_flush(q_submitter *s, long long *n_total, md_err *e) {
+    int rc = 0;
+    for (; s->pending > 0; s->pending--) {
+        redisReply *rep = md_redis_get_reply(s->r, e);
+        if (!rep) {
+            s->pending = 0;
+            return MD_EREDIS;
+        }
+        if (rep->type == REDIS_REPLY_ERROR && !rc)
+            rc = md_errf(e, MD_EREDIS, "XADD to %s failed: %s", s->key, rep->str);
+        else if (rep->type != REDIS_REPLY_ERROR)
+            s->total++;
+        freeReplyObject(rep);
+    }
+    if (n_total)
+        *n_total = s->total;
+    return rc;
+}
+
+int q_submit_line(q_submitter *s, const char *line, size_t len, md_err *e) {
+    const char *argv[] = {"XADD", s->key, "*", "batch", s->batch, "line", line};
+    size_t lens[] = {4, strlen(s->key), 1, 5, strlen(s->batch), 4, len};
+    if (redisAppendCommandArgv(md_redis_ctx(s->r), 7, argv, lens) != REDIS_OK)
+        return md_errf(e, MD_ENOMEM, "cannot buffer a Redis command");
+    /* 1000 commands per round trip: the pipeline stays a few MB at most and a 100k-line
+     * file takes ~100 round trips. */
+    if (++s->pending >= 1000)
+        return q_submitter_flush(s, NULL, e);
+    return 0;
+}
+
+void q_submitter_free(q_submitter *s) {
+    free(s);
+}
+
+static int eval_status(md_redis *r, const char *script, const char *meta, int nargs,
+                       const char **args, char *status_out, size_t status_sz, const char *what,
+                       md_err *e) {
+    const char *argv[10];
+    size_t lens[10];
+    argv[0] = "EVAL";
+    argv[1] = script;
+    argv[2] = "1";
+    argv[3] = meta;
+    for (int i = 0; i < nargs; i++)
+        argv[4 + i] = args[i];
+    for (int i = 0; i < 4 + nargs; i++)
+        lens[i] = strlen(argv[i]);
+    redisReply *rep = md_redis_cmd_argv(r, 4 + nargs, argv, lens, e);
+    if (!rep)
+        return MD_EREDIS;
+    int rc = 0;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        if (!strncmp(rep->str, "NOBATCH", 7))
+            rc = md_errf(e, MD_ENOTFOUND, "%s: no such batch", what);
+        else
+            rc = md_errf(e, MD_EINVAL, "%s: %s", what,
+                         !strncmp(rep->str, "BADSTATE ", 9) ? rep->str + 9 : rep->str);
+    } else if (status_out && rep->type == REDIS_REPLY_STRING) {
+        snprintf(status_out, status_sz, "%s", rep->str);
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+int q_batch_seal(md_redis *r, const char *prefix, const char *batch, long long total, md_err *e) {
+    char meta[Q_KEY_MAX], ev[Q_KEY_MAX], tot[32], now[32];
+    q_key_meta(meta, prefix, batch);
+    q_key_events(ev, prefix);
+    snprintf(tot, sizeof tot, "%lld", total);
+    snprintf(now, sizeof now, "%lld", (long long)md_wall_ms());
+    const char *args[] = {tot, now, ev, batch};
+    return eval_status(r, q_seal_lua, meta, 4, args, NULL, 0, "sealing the batch", e);
+}
+
+int q_batch_cancel(md_redis *r, const char *prefix, const char *batch, char *status_out,
+                   size_t status_sz, md_err *e) {
+    char meta[Q_KEY_MAX], ev[Q_KEY_MAX], now[32];
+    q_key_meta(meta, prefix, batch);
+    q_key_events(ev, prefix);
+    snprintf(now, sizeof now, "%lld", (long long)md_wall_ms());
+    const char *args[] = {now, ev, batch};
+    char what[128];
+    snprintf(what, sizeof what, "cancelling %s", batch);
+    return eval_status(r, q_cancel_lua, meta, 3, args, status_out, status_sz, what, e);
+}
+
+int q_batch_fail(md_redis *r, const char *prefix, const char *batch, const char *reason,
+                 md_err *e) {
+    char meta[Q_KEY_MAX], ev[Q_KEY_MAX];
+    q_key_meta(meta, prefix, batch);
+    q_key_events(ev, prefix);
+    int rc = reply_ok(md_redis_cmd(r, e, "HSET %s status failed errors %s finished_at %lld", meta,
+                                   reason, (long long)md_wall_ms()),
+                      "marking the batch failed", e);
+    if (rc)
+        return rc;
+    char msg[256];
+    snprintf(msg, sizeof msg, "{\"type\":\"batch\",\"batch\":\"%s\",\"status\":\"failed\"}", batch);
+    return reply_ok(md_redis_cmd(r, e, "PUBLISH %s %s", ev, msg), "publishing", e);
+}
+
+int q_status_terminal(const char *s) {
+    return !strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled") ||
+           !strcmp(s, "expired");
+}
+
+int q_batch_get(md_redis *r, const char *prefix, const char *batch, q_batch_info *out, md_err *e) {
+    memset(out, 0, sizeof *out);
+    char meta[Q_KEY_MAX];
+    q_key_meta(meta, prefix, batch);
+    redisReply *rep = md_redis_cmd(r, e, "HGETALL %s", meta);
+    if (!rep)
+        return MD_EREDIS;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements == 0) {
+        int rc = rep->type == REDIS_REPLY_ERROR
+                     ? md_errf(e, MD_EREDIS, "HGETALL %s: %s", meta, rep->str)
+                     : md_errf(e, MD_ENOTFOUND, "no batch %s", batch);
+        freeReplyObject(rep);
+        return rc;
+    }
+    snprintf(out->id, sizeof out->id, "%s", batch);
+    for (size_t i = 0; i + 1 < rep->elements; i += 2) {
+        const char *k = rep->element[i]->str, *v = rep->element[i + 1]->str;
+        if (!k || !v)
+            continue;
+        if (!strcmp(k, "status"))
+            snprintf(out->status, sizeof out->status, "%s", v);
+        else if (!strcmp(k, "model"))
+            snprintf(out->model, sizeof out->model, "%s", v);
+        else if (!strcmp(k, "endpoint"))
+            snprintf(out->endpoint, sizeof out->endpoint, "%s", v);
+        else if (!strcmp(k, "errors"))
+            snprintf(out->errors, sizeof out->errors, "%s", v);
+        else if (!strcmp(k, "total"))
+            out->total = atoll(v);
+        else if (!strcmp(k, "completed"))
+            out->completed = atoll(v);
+        else if (!strcmp(k, "failed"))
+            out->failed = atoll(v);
+        else if (!strcmp(k, "created_at"))
+            out->created_at = atoll(v);
+        else if (!strcmp(k, "started_at"))
+            out->started_at = atoll(v);
+        else if (!strcmp(k, "finished_at"))
+            out->finished_at = atoll(v);
+        else if (!strcmp(k, "deadline"))
+            out->deadline = atoll(v);
+        else if (!strcmp(k, "priority"))
+            out->priority = atoi(v);
+    }
+    freeReplyObject(rep);
+    return 0;
+}

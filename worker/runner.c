@@ -1,0 +1,62 @@
+/* runner.c — see runner.h: picks the runner kind for a model and forwards calls. */
+#include "worker/runner.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/runner_impl.h"
+
+struct wk_runner {
+    const wk_runner_ops *ops;
+    void *self;
+};
+
+int wk_runner_open(const char *model, const wk_runner_opts *o, wk_runner **out, md_err *e) {
+    *out = NULL;
+    wk_runner *r = calloc(1, sizeof *r);
+    if (!r)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    int rc;
+    if (!strcmp(model, "echo")) {
+        r->ops = &wk_echo_ops;
+        rc = wk_echo_open(o, &r->self, e);
+    } else {
+        r->ops = &wk_engine_ops;
+        rc = wk_engine_open(model, o, &r->self, e);
+    }
+    if (rc) {
+        free(r);
+        return md_errctx(e, "serving model '%s': ", model);
+    }
+    *out = r;
+    return 0;
+}
+
+void wk_runner_close(wk_runner *r) {
+    if (!r)
+        return;
+    r->ops->close(r->self);
+    free(r);
+}
+
+const char *wk_runner_kind(const wk_runner *r) {
+    return r->ops->kind;
+}
+const char *wk_runner_device(const wk_runner *r) {
+    return r->ops->device(r->self);
+}
+int wk_runner_capacity(const wk_runner *r) {
+    return r->ops->capacity(r->self);
+}
+int wk_runner_live(const wk_runner *r) {
+    return r->ops->live(r->self);
+}
+int wk_runner_n_ctx(const wk_runner *r) {
+    return r->ops->n_ctx(r->self);
+}
+int wk_runner_start(wk_runner *r, const wk_request *req, void *tag, md_err *e) {
+    return r->ops->start(r->self, req, tag, e);
+}
+int wk_runner_poll(wk_runner *r, int wait_ms, wk_done_fn done, void *ctx, md_err *e) {
+    return r->ops->poll(r->self, wait_ms, done, ctx, e);
+}

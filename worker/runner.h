@@ -1,0 +1,54 @@
+/* runner.h — a model runner: what the worker drives for one served model. Two kinds:
+ *   echo    answers with the prompt (the last user message, or the completion prompt) after
+ *           a configurable delay; one "token" is one byte. Queue behaviour is tested and
+ *           benchmarked with it apart from inference.
+ *   engine  chat template -> tokens -> md_engine_submit -> step loop -> text and usage.
+ *
+ * The worker calls start() for each request it reads (as many as capacity() allows) and
+ * poll() in its loop; poll() reports every finished request through the done callback,
+ * whose wk_result is valid only during the call. Tags are the worker's; runners hand them
+ * back untouched. One thread drives a runner. */
+#ifndef MEDLEY_WORKER_RUNNER_H
+#define MEDLEY_WORKER_RUNNER_H
+
+#include "common/err.h"
+#include "worker/validate.h"
+
+typedef struct {
+    const char *text;          /* generated text (valid UTF-8) */
+    const char *finish_reason; /* "stop" | "length" */
+    int prompt_tokens, completion_tokens;
+    double prefill_ms, decode_ms;
+    const char *error; /* non-NULL: the request failed inside the runner */
+} wk_result;
+
+typedef void (*wk_done_fn)(void *ctx, void *tag, const wk_result *res);
+
+typedef struct {
+    int echo_delay_ms;  /* echo: delay before each answer (MEDLEY_ECHO_DELAY_MS) */
+    int echo_ctx;       /* echo: context length in bytes (default 8192) */
+    int max_seqs;       /* concurrent requests (0: echo 256, engine 64) */
+    const char *device; /* engine: "cpu", "cuda:0", ... (NULL = cpu) */
+    int n_threads;      /* engine: CPU threads (0 = all cores) */
+} wk_runner_opts;
+
+typedef struct wk_runner wk_runner;
+
+/* Open the runner for a model name: "echo" or a registered model (engine). Fails clearly
+ * when the model cannot be served (unknown, not fetched, or no engine in this build). */
+int wk_runner_open(const char *model, const wk_runner_opts *o, wk_runner **out, md_err *e);
+void wk_runner_close(wk_runner *r);
+
+const char *wk_runner_kind(const wk_runner *r);   /* "echo" | "engine" */
+const char *wk_runner_device(const wk_runner *r); /* device type for output lines: "cpu", ... */
+int wk_runner_capacity(const wk_runner *r);
+int wk_runner_live(const wk_runner *r);
+int wk_runner_n_ctx(const wk_runner *r);
+/* Start a request. MD_ERANGE (message for the client in e) when the prompt plus max_tokens
+ * does not fit the context; other errors are the runner's. */
+int wk_runner_start(wk_runner *r, const wk_request *req, void *tag, md_err *e);
+/* Make progress; blocks at most wait_ms when nothing is ready. Returns 0 or an error that
+ * failed every live request (each already reported through done with res->error). */
+int wk_runner_poll(wk_runner *r, int wait_ms, wk_done_fn done, void *ctx, md_err *e);
+
+#endif

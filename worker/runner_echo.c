@@ -1,0 +1,167 @@
+/* runner_echo.c — the `echo` model: answers each request with its prompt text (the last
+ * user message for chat, the prompt for completions), cut to max_tokens bytes and at the
+ * first stop string, after echo_delay_ms. One token is one byte; the context is echo_ctx
+ * bytes. It exercises everything the worker does except inference. */
+#define _GNU_SOURCE /* memmem */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/util.h"
+#include "worker/runner_impl.h"
+
+typedef struct {
+    int used;
+    void *tag;
+    char *text; /* malloc'd answer */
+    const char *finish;
+    int prompt_tokens, completion_tokens;
+    uint64_t start_ns, due_ns;
+} echo_item;
+
+typedef struct {
+    int cap, live, delay_ms, n_ctx;
+    echo_item *items; /* (cap) */
+} echo_runner;
+
+int wk_echo_open(const wk_runner_opts *o, void **self, md_err *e) {
+    echo_runner *r = calloc(1, sizeof *r);
+    if (!r)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    r->cap = o->max_seqs > 0 ? o->max_seqs : 256;
+    r->delay_ms = o->echo_delay_ms > 0 ? o->echo_delay_ms : 0;
+    r->n_ctx = o->echo_ctx > 0 ? o->echo_ctx : 8192;
+    r->items = calloc((size_t)r->cap, sizeof *r->items);
+    if (!r->items) {
+        free(r);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    *self = r;
+    return 0;
+}
+
+static void echo_close(void *self) {
+    echo_runner *r = self;
+    for (int i = 0; i < r->cap; i++)
+        free(r->items[i].text);
+    free(r->items);
+    free(r);
+}
+
+static int echo_capacity(void *self) {
+    return ((echo_runner *)self)->cap;
+}
+static int echo_live(void *self) {
+    return ((echo_runner *)self)->live;
+}
+static int echo_n_ctx(void *self) {
+    return ((echo_runner *)self)->n_ctx;
+}
+static const char *echo_device(void *self) {
+    return "cpu";
+}
+
+/* Length of the longest prefix of s[0..n) that ends on a UTF-8 character boundary. */
+static size_t utf8_cut(const char *s, size_t n) {
+    size_t i = n;
+    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80)
+        i--;
+    return i;
+}
+
+static int echo_start(void *self, const wk_request *req, void *tag, md_err *e) {
+    echo_runner *r = self;
+    if (r->live >= r->cap)
+        return md_errf(e, MD_ENOMEM, "echo runner is full (%d requests)", r->cap);
+    size_t prompt = 0;
+    if (req->chat)
+        for (int i = 0; i < req->n_msgs; i++)
+            prompt += strlen(req->msgs[i].content);
+    else
+        prompt = strlen(req->prompt);
+    if (prompt + (size_t)req->max_tokens > (size_t)r->n_ctx)
+        return md_errf(e, MD_ERANGE,
+                       "This model's maximum context length is %d tokens. However, you requested "
+                       "%zu tokens (%zu in the messages, %d in the completion).",
+                       r->n_ctx, prompt + (size_t)req->max_tokens, prompt, req->max_tokens);
+    const char *src = wk_request_prompt_text(req);
+    size_t n = strlen(src);
+    const char *finish = "stop";
+    if (n > (size_t)req->max_tokens) {
+        n = utf8_cut(src, (size_t)req->max_tokens);
+        finish = "length";
+    }
+    for (int i = 0; i < req->n_stop; i++) {
+        const char *hit = memmem(src, n, req->stop[i], strlen(req->stop[i]));
+        if (hit) {
+            n = (size_t)(hit - src);
+            finish = "stop";
+        }
+    }
+    echo_item *it = NULL;
+    for (int i = 0; i < r->cap && !it; i++)
+        if (!r->items[i].used)
+            it = &r->items[i];
+    char *text = malloc(n + 1);
+    if (!text)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    memcpy(text, src, n);
+    text[n] = 0;
+    it->used = 1;
+    it->tag = tag;
+    it->text = text;
+    it->finish = finish;
+    it->prompt_tokens = (int)prompt;
+    it->completion_tokens = (int)n;
+    it->start_ns = md_mono_ns();
+    it->due_ns = it->start_ns + (uint64_t)r->delay_ms * 1000000ull;
+    r->live++;
+    return 0;
+}
+
+static int echo_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err *e) {
+    echo_runner *r = self;
+    if (r->live == 0)
+        return 0;
+    uint64_t now = md_mono_ns(), next = UINT64_MAX;
+    for (int i = 0; i < r->cap; i++)
+        if (r->items[i].used && r->items[i].due_ns < next)
+            next = r->items[i].due_ns;
+    if (next > now && wait_ms > 0) {
+        uint64_t wait = next - now;
+        if (wait > (uint64_t)wait_ms * 1000000ull)
+            wait = (uint64_t)wait_ms * 1000000ull;
+        struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
+        nanosleep(&ts, NULL);
+        now = md_mono_ns();
+    }
+    for (int i = 0; i < r->cap; i++) {
+        echo_item *it = &r->items[i];
+        if (!it->used || it->due_ns > now)
+            continue;
+        wk_result res = {.text = it->text,
+                         .finish_reason = it->finish,
+                         .prompt_tokens = it->prompt_tokens,
+                         .completion_tokens = it->completion_tokens,
+                         .prefill_ms = 0,
+                         .decode_ms = (double)(now - it->start_ns) / 1e6};
+        void *tag = it->tag;
+        it->used = 0;
+        r->live--;
+        done(ctx, tag, &res);
+        free(it->text);
+        it->text = NULL;
+    }
+    return 0;
+}
+
+const wk_runner_ops wk_echo_ops = {
+    .kind = "echo",
+    .capacity = echo_capacity,
+    .live = echo_live,
+    .n_ctx = echo_n_ctx,
+    .device = echo_device,
+    .start = echo_start,
+    .poll = echo_poll,
+    .close = echo_close,
+};

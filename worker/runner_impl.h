@@ -1,0 +1,24 @@
+/* runner_impl.h — the table behind a wk_runner (runner.h); private to worker/. */
+#ifndef MEDLEY_WORKER_RUNNER_IMPL_H
+#define MEDLEY_WORKER_RUNNER_IMPL_H
+
+#include "worker/runner.h"
+
+typedef struct {
+    const char *kind;
+    int (*capacity)(void *self);
+    int (*live)(void *self);
+    int (*n_ctx)(void *self);
+    const char *(*device)(void *self);
+    int (*start)(void *self, const wk_request *req, void *tag, md_err *e);
+    int (*poll)(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err *e);
+    void (*close)(void *self);
+} wk_runner_ops;
+
+int wk_echo_open(const wk_runner_opts *o, void **self, md_err *e);
+extern const wk_runner_ops wk_echo_ops;
+/* Engine runner: MD_EUNSUPP when this build has no inference engine. */
+int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_err *e);
+extern const wk_runner_ops wk_engine_ops;
+
+#endif

@@ -1,0 +1,332 @@
+/* validate.c — see validate.h. Every rejection names the field and what was expected, in
+ * the words of OpenAI's API errors, so a client can fix its line without reading code. */
+#include "worker/validate.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void wk_limits_default(wk_limits *l) {
+    l->max_line_bytes = 1u << 20;
+    l->max_tokens_default = 256;
+    l->max_tokens_limit = 32768;
+}
+
+static int fail(wk_verr *ve, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(wk_verr *ve, const char *code, const char *param, const char *fmt, ...) {
+    snprintf(ve->code, sizeof ve->code, "%s", code);
+    snprintf(ve->param, sizeof ve->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ve->message, sizeof ve->message, fmt, ap);
+    va_end(ap);
+    ve->status = 400;
+    return -1;
+}
+
+/* custom_id of a line too large to parse: the first "custom_id": "<plain string>" within
+ * the first 64 KiB. Strings with escapes are not guessed at. */
+static const char *scan_custom_id(const char *line, size_t len, char *buf) {
+    size_t lim = len < 65536 ? len : 65536;
+    static const char key[] = "\"custom_id\"";
+    for (size_t i = 0; i + sizeof key - 1 < lim; i++) {
+        if (memcmp(line + i, key, sizeof key - 1))
+            continue;
+        size_t j = i + sizeof key - 1;
+        while (j < lim && (line[j] == ' ' || line[j] == '\t'))
+            j++;
+        if (j >= lim || line[j++] != ':')
+            return NULL;
+        while (j < lim && (line[j] == ' ' || line[j] == '\t'))
+            j++;
+        if (j >= lim || line[j++] != '"')
+            return NULL;
+        size_t k = j;
+        while (k < lim && line[k] != '"' && line[k] != '\\' && (unsigned char)line[k] >= 0x20)
+            k++;
+        if (k >= lim || line[k] != '"' || k == j || k - j >= WK_CUSTOM_ID_MAX)
+            return NULL;
+        memcpy(buf, line + j, k - j);
+        buf[k - j] = 0;
+        return buf;
+    }
+    return NULL;
+}
+
+static const char *type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* Content of a message: a string, or an array of {"type":"text","text":...} parts joined
+ * into req->text at *used. */
+static int message_content(wk_request *req, json_t *content, int idx, size_t *used, size_t cap,
+                           const char **out, wk_verr *ve) {
+    char param[64];
+    snprintf(param, sizeof param, "body.messages[%d].content", idx);
+    if (json_is_string(content)) {
+        *out = json_string_value(content);
+        return 0;
+    }
+    if (!json_is_array(content))
+        return fail(ve, "invalid_type", param,
+                    "%s must be a string or an array of text parts, "
+                    "not %s",
+                    param, type_name(content));
+    char *dst = req->text + *used;
+    size_t n = 0;
+    size_t i;
+    json_t *part;
+    json_array_foreach(content, i, part) {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !type)
+            return fail(ve, "invalid_type", param, "%s[%zu] must be an object with a \"type\"",
+                        param, i);
+        if (strcmp(type, "text"))
+            return fail(ve, "unsupported_value", param,
+                        "%s[%zu] has type \"%s\"; only \"text\" parts are supported", param, i,
+                        type);
+        if (!json_is_string(text))
+            return fail(ve, "invalid_type", param, "%s[%zu].text must be a string", param, i);
+        size_t tl = json_string_length(text);
+        if (*used + n + tl + 1 > cap)
+            return fail(ve, "invalid_value", param, "%s is too large", param);
+        memcpy(dst + n, json_string_value(text), tl);
+        n += tl;
+    }
+    dst[n] = 0;
+    *used += n + 1;
+    *out = dst;
+    return 0;
+}
+
+static int get_number(json_t *body, const char *key, double lo, double hi, int lo_open, double *out,
+                      wk_verr *ve) {
+    json_t *v = json_object_get(body, key);
+    if (!v || json_is_null(v))
+        return 0;
+    char param[64];
+    snprintf(param, sizeof param, "body.%s", key);
+    if (!json_is_number(v))
+        return fail(ve, "invalid_type", param, "%s must be a number, not %s", param, type_name(v));
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi || (lo_open && x <= lo))
+        return fail(ve, "invalid_value", param, "%s is %g; expected a number in %s%g, %g]", param,
+                    x, lo_open ? "(" : "[", lo, hi);
+    *out = x;
+    return 0;
+}
+
+int wk_validate(const char *line, size_t len, const wk_limits *lim, wk_request *req,
+                char custom_id_buf[WK_CUSTOM_ID_MAX], wk_verr *ve) {
+    memset(req, 0, sizeof *req);
+    memset(ve, 0, sizeof *ve);
+    if (len > lim->max_line_bytes) {
+        req->custom_id = scan_custom_id(line, len, custom_id_buf);
+        return fail(ve, "line_too_large", NULL,
+                    "the input line is %zu bytes; this worker accepts lines of at most %zu bytes",
+                    len, lim->max_line_bytes);
+    }
+    json_error_t jerr;
+    req->root = json_loadb(line, len, 0, &jerr);
+    if (!req->root)
+        return fail(ve, "invalid_json", NULL, "the input line is not valid JSON: %s (column %d)",
+                    jerr.text, jerr.column);
+    json_t *root = req->root;
+    if (!json_is_object(root))
+        return fail(ve, "invalid_type", NULL, "the input line must be a JSON object, not %s",
+                    type_name(root));
+    json_t *cid = json_object_get(root, "custom_id");
+    if (json_is_string(cid) && json_string_length(cid) > 0 &&
+        json_string_length(cid) < WK_CUSTOM_ID_MAX &&
+        strlen(json_string_value(cid)) == json_string_length(cid))
+        req->custom_id = json_string_value(cid);
+    if (!cid)
+        return fail(ve, "missing_required_parameter", "custom_id",
+                    "the line has no custom_id (a string unique within the batch)");
+    if (!req->custom_id)
+        return fail(ve, "invalid_value", "custom_id",
+                    "custom_id must be a non-empty string of at most %d bytes without NUL, not %s",
+                    WK_CUSTOM_ID_MAX - 1, type_name(cid));
+
+    json_t *method = json_object_get(root, "method");
+    if (!method)
+        return fail(ve, "missing_required_parameter", "method",
+                    "the line has no method (\"POST\")");
+    if (!json_is_string(method) || strcmp(json_string_value(method), "POST"))
+        return fail(ve, "invalid_value", "method", "method must be \"POST\"");
+    json_t *url = json_object_get(root, "url");
+    if (!url)
+        return fail(ve, "missing_required_parameter", "url",
+                    "the line has no url (\"/v1/chat/completions\" or \"/v1/completions\")");
+    req->url = json_string_value(url);
+    if (req->url && !strcmp(req->url, "/v1/chat/completions"))
+        req->chat = 1;
+    else if (req->url && !strcmp(req->url, "/v1/completions"))
+        req->chat = 0;
+    else
+        return fail(ve, "invalid_url", "url",
+                    "url must be \"/v1/chat/completions\" or \"/v1/completions\"");
+    json_t *body = json_object_get(root, "body");
+    if (!body)
+        return fail(ve, "missing_required_parameter", "body", "the line has no body");
+    if (!json_is_object(body))
+        return fail(ve, "invalid_type", "body", "body must be an object, not %s", type_name(body));
+
+    json_t *model = json_object_get(body, "model");
+    if (model && !json_is_string(model))
+        return fail(ve, "invalid_type", "body.model", "body.model must be a string, not %s",
+                    type_name(model));
+    req->model = json_string_value(model);
+
+    if (req->chat) {
+        json_t *msgs = json_object_get(body, "messages");
+        if (!msgs)
+            return fail(ve, "missing_required_parameter", "body.messages",
+                        "a chat completion needs body.messages");
+        if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+            return fail(ve, "invalid_type", "body.messages",
+                        "body.messages must be a non-empty array of {role, content}");
+        if (json_array_size(msgs) > WK_MAX_MSGS)
+            return fail(ve, "invalid_value", "body.messages",
+                        "body.messages has %zu messages; at most %d are accepted",
+                        json_array_size(msgs), WK_MAX_MSGS);
+        size_t cap = len + 2 * WK_MAX_MSGS, used = 0;
+        req->text = malloc(cap);
+        if (!req->text)
+            return fail(ve, "server_error", NULL, "out of memory");
+        size_t i;
+        json_t *m;
+        json_array_foreach(msgs, i, m) {
+            char param[64];
+            snprintf(param, sizeof param, "body.messages[%zu]", i);
+            if (!json_is_object(m))
+                return fail(ve, "invalid_type", param, "%s must be an object, not %s", param,
+                            type_name(m));
+            const char *role = json_string_value(json_object_get(m, "role"));
+            if (!role)
+                return fail(ve, "missing_required_parameter", param,
+                            "%s.role must be a string (system, user or assistant)", param);
+            if (!strcmp(role, "developer"))
+                role = "system";
+            if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant"))
+                return fail(ve, "invalid_value", param,
+                            "%s.role is \"%s\"; expected system, developer, user or assistant",
+                            param, role);
+            json_t *content = json_object_get(m, "content");
+            if (!content)
+                return fail(ve, "missing_required_parameter", param, "%s has no content", param);
+            req->msgs[i].role = role;
+            if (message_content(req, content, (int)i, &used, cap, &req->msgs[i].content, ve))
+                return -1;
+        }
+        req->n_msgs = (int)json_array_size(msgs);
+    } else {
+        json_t *prompt = json_object_get(body, "prompt");
+        if (!prompt)
+            return fail(ve, "missing_required_parameter", "body.prompt",
+                        "a completion needs body.prompt");
+        if (json_is_array(prompt) && json_array_size(prompt) == 1 &&
+            json_is_string(json_array_get(prompt, 0)))
+            prompt = json_array_get(prompt, 0);
+        if (!json_is_string(prompt))
+            return fail(ve, "invalid_type", "body.prompt",
+                        "body.prompt must be a string (or an array of one string), not %s",
+                        type_name(prompt));
+        req->prompt = json_string_value(prompt);
+    }
+
+    json_t *mt = json_object_get(body, "max_completion_tokens");
+    const char *mtname = "body.max_completion_tokens";
+    if (!mt || json_is_null(mt)) {
+        mt = json_object_get(body, "max_tokens");
+        mtname = "body.max_tokens";
+    }
+    req->max_tokens = lim->max_tokens_default;
+    if (mt && !json_is_null(mt)) {
+        if (!json_is_integer(mt))
+            return fail(ve, "invalid_type", mtname, "%s must be an integer, not %s", mtname,
+                        type_name(mt));
+        json_int_t v = json_integer_value(mt);
+        if (v < 1 || v > lim->max_tokens_limit)
+            return fail(ve, "invalid_value", mtname, "%s is %lld; expected 1..%d", mtname,
+                        (long long)v, lim->max_tokens_limit);
+        req->max_tokens = (int)v;
+    }
+    req->temperature = 1.0;
+    req->top_p = 1.0;
+    if (get_number(body, "temperature", 0, 2, 0, &req->temperature, ve) ||
+        get_number(body, "top_p", 0, 1, 1, &req->top_p, ve))
+        return -1;
+    json_t *seed = json_object_get(body, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed))
+            return fail(ve, "invalid_type", "body.seed", "body.seed must be an integer, not %s",
+                        type_name(seed));
+        req->seed = json_integer_value(seed);
+        req->has_seed = 1;
+    }
+    json_t *stop = json_object_get(body, "stop");
+    if (stop && !json_is_null(stop)) {
+        if (json_is_string(stop)) {
+            req->stop[req->n_stop++] = json_string_value(stop);
+        } else if (json_is_array(stop)) {
+            if (json_array_size(stop) > WK_MAX_STOP)
+                return fail(ve, "invalid_value", "body.stop",
+                            "body.stop has %zu sequences; at most %d are allowed",
+                            json_array_size(stop), WK_MAX_STOP);
+            size_t i;
+            json_t *s;
+            json_array_foreach(stop, i, s) {
+                if (!json_is_string(s))
+                    return fail(ve, "invalid_type", "body.stop",
+                                "body.stop[%zu] must be a string, not %s", i, type_name(s));
+                req->stop[req->n_stop++] = json_string_value(s);
+            }
+        } else {
+            return fail(ve, "invalid_type", "body.stop",
+                        "body.stop must be a string or an array of strings, not %s",
+                        type_name(stop));
+        }
+        for (int i = 0; i < req->n_stop; i++)
+            if (!req->stop[i][0])
+                return fail(ve, "invalid_value", "body.stop", "body.stop holds an empty string");
+    }
+    req->stop[req->n_stop] = NULL;
+    json_t *n = json_object_get(body, "n");
+    if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1))
+        return fail(ve, "unsupported_value", "body.n", "only n = 1 is supported");
+    json_t *stream = json_object_get(body, "stream");
+    if (stream && json_is_true(stream))
+        return fail(ve, "unsupported_value", "body.stream",
+                    "streaming is not available in a batch; remove body.stream");
+    return 0;
+}
+
+void wk_request_free(wk_request *req) {
+    json_decref(req->root);
+    free(req->text);
+    req->root = NULL;
+    req->text = NULL;
+}
+
+const char *wk_request_prompt_text(const wk_request *req) {
+    if (!req->chat)
+        return req->prompt;
+    for (int i = req->n_msgs - 1; i >= 0; i--)
+        if (!strcmp(req->msgs[i].role, "user"))
+            return req->msgs[i].content;
+    return req->msgs[req->n_msgs - 1].content;
+}

@@ -1,0 +1,1005 @@
+/* worker.c — see worker.h. One thread: a loop that polls the runners, writes finished answers
+ * (completion script, then XACK), does the periodic work (lease renewal, takeover, heartbeat)
+ * and reads as many new entries as the runners have free slots, blocking only when idle.
+ *
+ * Invariant that makes results effectively-once: an entry is XACKed only after the
+ * completion script has returned for it (1 = written, 0 = already answered, -1 = batch gone).
+ * Whatever breaks in between (worker crash, Redis restart, lost reply) leaves the entry
+ * pending, so it is redelivered, and the script ignores the second answer. */
+#include "worker/worker.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/redis.h"
+#include "common/util.h"
+#include "worker/queue.h"
+
+#define ENTRY_ID_MAX 48
+#define BATCH_CACHE 64
+#define BATCH_CACHE_NS 500000000ull /* re-read a batch's status every 0.5 s */
+
+typedef struct {
+    int used;
+    int m; /* model index */
+    char id[ENTRY_ID_MAX];
+    char batch[Q_BATCH_ID_MAX];
+    char custom_id[WK_CUSTOM_ID_MAX];
+    int chat;
+    long long attempt;
+    double queue_ms;
+    double share_s; /* this job's share of the worker's busy seconds */
+} job;
+
+typedef struct {
+    int m;
+    int scripted; /* the completion script returned; only the XACK is left */
+    char id[ENTRY_ID_MAX];
+    char batch[Q_BATCH_ID_MAX];
+    char member[WK_CUSTOM_ID_MAX + ENTRY_ID_MAX]; /* {B}:done member */
+    int ok;
+    char *line; /* output line (malloc'd) */
+} answer;
+
+typedef struct {
+    char id[Q_BATCH_ID_MAX];
+    char status[24];
+    long long deadline;
+    int exists;
+    uint64_t at_ns;
+} batch_ent;
+
+typedef struct {
+    const wk_config *cfg;
+    volatile sig_atomic_t *stop;
+    md_redis *r;
+    int broken;   /* the connection failed; reconnect before the next command */
+    unsigned gen; /* connection generation the scripts and groups were set up for */
+    char prefix[80], me[160], host[128], events[Q_KEY_MAX], wkey[Q_KEY_MAX];
+    char sha[41];
+    int n_models;
+    wk_runner *runners[WK_MAX_MODELS];
+    char qkey[WK_MAX_MODELS][Q_KEY_MAX];
+    char cursor[WK_MAX_MODELS][ENTRY_ID_MAX];
+    job *jobs; /* (n_jobs) one slot per runner capacity unit */
+    int n_jobs, live;
+    answer *ans;
+    int n_ans, cap_ans;
+    batch_ent cache[BATCH_CACHE];
+    long long n_ok, n_failed, n_tokens, tokens_at_hb;
+    int64_t started_ms;
+    uint64_t last_tick, last_hb, last_lease, last_claim;
+} wk;
+
+void wk_config_default(wk_config *c) {
+    memset(c, 0, sizeof *c);
+    c->prefix = "medley:";
+    wk_limits_default(&c->limits);
+    c->visibility_ms = 60000;
+    c->max_attempts = 3;
+    c->block_ms = 1000;
+    c->heartbeat_ms = 5000;
+    c->grace_ms = 30000;
+    c->connect_timeout_ms = 2000;
+    c->command_timeout_ms = 10000;
+}
+
+/* ---- answers ---------------------------------------------------------------------------- */
+
+static answer *new_answer(wk *w) {
+    if (w->n_ans == w->cap_ans) {
+        int nc = w->cap_ans ? w->cap_ans * 2 : 256;
+        answer *na = realloc(w->ans, (size_t)nc * sizeof *na);
+        if (!na)
+            return NULL;
+        w->ans = na;
+        w->cap_ans = nc;
+    }
+    answer *a = &w->ans[w->n_ans++];
+    memset(a, 0, sizeof *a);
+    return a;
+}
+
+static json_t *medley_obj(wk *w, int m, double queue_ms, double prefill_ms, double decode_ms,
+                          double share_s, long long attempt) {
+    double cost = w->cfg->usd_per_hour * share_s / 3600.0;
+    return json_pack("{s:s, s:[s], s:f, s:f, s:f, s:f, s:I}", "worker", w->me, "device_types",
+                     m >= 0 ? wk_runner_device(w->runners[m]) : "none", "queue_ms", queue_ms,
+                     "prefill_ms", prefill_ms, "decode_ms", decode_ms, "cost_usd", cost, "attempt",
+                     (json_int_t)attempt);
+}
+
+/* Queue an answer whose document is doc (stolen). */
+static void push_answer(wk *w, int m, const char *entry_id, const char *batch,
+                        const char *custom_id, int ok, json_t *doc) {
+    char *line = json_dumps(doc, JSON_COMPACT);
+    json_decref(doc);
+    answer *a = line ? new_answer(w) : NULL;
+    if (!a) {
+        /* Out of memory: leave the entry pending; it is taken over after the visibility
+         * timeout. Nothing is lost, only delayed. */
+        MD_ERROR("worker", "out of memory answering entry %s; it will be redelivered", entry_id);
+        free(line);
+        return;
+    }
+    a->m = m;
+    snprintf(a->id, sizeof a->id, "%s", entry_id);
+    snprintf(a->batch, sizeof a->batch, "%s", batch);
+    if (custom_id)
+        snprintf(a->member, sizeof a->member, "%s", custom_id);
+    else
+        snprintf(a->member, sizeof a->member, "#%s", entry_id);
+    a->ok = ok;
+    a->line = line;
+    if (ok)
+        w->n_ok++;
+    else
+        w->n_failed++;
+}
+
+static json_t *cid_json(const char *custom_id) {
+    return custom_id ? json_string(custom_id) : json_null();
+}
+
+static void ids(char *out, const char *prefix) {
+    char hex[25];
+    md_random_hex(hex, sizeof hex, 24);
+    snprintf(out, 48, "%s%s", prefix, hex);
+}
+
+/* A request the API refused (400): response.body.error, as OpenAI's Batch output has it. */
+static void answer_invalid(wk *w, int m, const char *entry_id, const char *batch,
+                           const char *custom_id, const wk_verr *ve, double queue_ms,
+                           long long attempt) {
+    char id[48], rid[48];
+    ids(id, "batch_req_");
+    ids(rid, "req_");
+    json_t *err =
+        json_pack("{s:s, s:s, s:o, s:s}", "message", ve->message, "type", "invalid_request_error",
+                  "param", ve->param[0] ? json_string(ve->param) : json_null(), "code", ve->code);
+    json_t *doc = json_pack("{s:s, s:o, s:{s:i, s:s, s:{s:o}}, s:n, s:o}", "id", id, "custom_id",
+                            cid_json(custom_id), "response", "status_code", ve->status,
+                            "request_id", rid, "body", "error", err, "error", "medley",
+                            medley_obj(w, m, queue_ms, 0, 0, 0, attempt));
+    push_answer(w, m, entry_id, batch, custom_id, 0, doc);
+}
+
+/* A request that never reached a model (cancelled, expired, dead-lettered, server error):
+ * response null, error {code, message}. */
+static void answer_error(wk *w, int m, const char *entry_id, const char *batch,
+                         const char *custom_id, const char *code, const char *message,
+                         double queue_ms, long long attempt) {
+    char id[48];
+    ids(id, "batch_req_");
+    json_t *doc = json_pack("{s:s, s:o, s:n, s:{s:s, s:s}, s:o}", "id", id, "custom_id",
+                            cid_json(custom_id), "response", "error", "code", code, "message",
+                            message, "medley", medley_obj(w, m, queue_ms, 0, 0, 0, attempt));
+    push_answer(w, m, entry_id, batch, custom_id, 0, doc);
+}
+
+static void on_done(void *ctx, void *tag, const wk_result *res) {
+    wk *w = ctx;
+    job *j = tag;
+    if (res->error) {
+        answer_error(w, j->m, j->id, j->batch, j->custom_id, "server_error", res->error,
+                     j->queue_ms, j->attempt);
+    } else {
+        char id[48], rid[48], cid[48];
+        ids(id, "batch_req_");
+        ids(rid, "req_");
+        ids(cid, j->chat ? "chatcmpl-" : "cmpl-");
+        const char *model = w->cfg->models[j->m];
+        json_t *choice = j->chat ? json_pack("{s:i, s:{s:s, s:s}, s:s, s:n}", "index", 0, "message",
+                                             "role", "assistant", "content", res->text,
+                                             "finish_reason", res->finish_reason, "logprobs")
+                                 : json_pack("{s:i, s:s, s:s, s:n}", "index", 0, "text", res->text,
+                                             "finish_reason", res->finish_reason, "logprobs");
+        json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:{s:i, s:i, s:i}}", "id", cid,
+                                 "object", j->chat ? "chat.completion" : "text_completion",
+                                 "created", (json_int_t)(md_wall_ms() / 1000), "model", model,
+                                 "choices", choice, "usage", "prompt_tokens", res->prompt_tokens,
+                                 "completion_tokens", res->completion_tokens, "total_tokens",
+                                 res->prompt_tokens + res->completion_tokens);
+        json_t *doc = json_pack("{s:s, s:s, s:{s:i, s:s, s:o}, s:n, s:o}", "id", id, "custom_id",
+                                j->custom_id, "response", "status_code", 200, "request_id", rid,
+                                "body", body, "error", "medley",
+                                medley_obj(w, j->m, j->queue_ms, res->prefill_ms, res->decode_ms,
+                                           j->share_s, j->attempt));
+        w->n_tokens += res->completion_tokens;
+        push_answer(w, j->m, j->id, j->batch, j->custom_id, 1, doc);
+    }
+    j->used = 0;
+    w->live--;
+}
+
+/* ---- Redis setup ------------------------------------------------------------------------ */
+
+static int setup_conn(wk *w, md_err *e) {
+    int rc = q_script_load(w->r, q_complete_lua, w->sha, e);
+    if (rc)
+        return rc;
+    for (int m = 0; m < w->n_models; m++) {
+        /* From id 0, so entries submitted before any worker existed are delivered. */
+        redisReply *rep =
+            md_redis_cmd(w->r, e, "XGROUP CREATE %s %s 0 MKSTREAM", w->qkey[m], Q_GROUP);
+        if (!rep)
+            return MD_EREDIS;
+        if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "BUSYGROUP", 9)) {
+            rc = md_errf(e, MD_EREDIS, "XGROUP CREATE %s: %s", w->qkey[m], rep->str);
+            freeReplyObject(rep);
+            return rc;
+        }
+        freeReplyObject(rep);
+    }
+    w->gen = md_redis_generation(w->r);
+    return 0;
+}
+
+/* Reconnect (forever, until stop) and set up again. */
+static int heal(wk *w, int until_stop) {
+    md_err e = {0};
+    for (;;) {
+        if (md_redis_reconnect(w->r, -1, until_stop ? w->stop : NULL, &e))
+            return -1;
+        if (setup_conn(w, &e) == 0) {
+            w->broken = 0;
+            for (int m = 0; m < w->n_models; m++)
+                snprintf(w->cursor[m], ENTRY_ID_MAX, "0-0");
+            return 0;
+        }
+        MD_WARN("worker", "after reconnecting: %s", e.msg);
+    }
+}
+
+/* ---- writing answers -------------------------------------------------------------------- */
+
+/* Run the completion script for every unscripted answer, then XACK every scripted one.
+ * On a lost connection the answers stay queued for the next try (the script is idempotent). */
+static void flush(wk *w) {
+    if (!w->n_ans || w->broken)
+        return;
+    redisContext *c = md_redis_ctx(w->r);
+    char now[32];
+    snprintf(now, sizeof now, "%lld", (long long)md_wall_ms());
+    int sent = 0;
+    for (int i = 0; i < w->n_ans; i++) {
+        answer *a = &w->ans[i];
+        if (a->scripted)
+            continue;
+        char meta[Q_KEY_MAX], done[Q_KEY_MAX], out[Q_KEY_MAX];
+        q_key_meta(meta, w->prefix, a->batch);
+        q_key_done(done, w->prefix, a->batch);
+        q_key_out(out, w->prefix, a->batch);
+        const char *argv[] = {"EVALSHA",         w->sha,  "3", meta,      done,    out, a->member,
+                              a->ok ? "1" : "0", a->line, now, w->events, a->batch};
+        size_t lens[12];
+        for (int k = 0; k < 12; k++)
+            lens[k] = strlen(argv[k]);
+        redisAppendCommandArgv(c, 12, argv, lens);
+        sent++;
+    }
+    int noscript = 0;
+    md_err e = {0};
+    for (int i = 0; i < w->n_ans && sent > 0; i++) {
+        answer *a = &w->ans[i];
+        if (a->scripted)
+            continue;
+        sent--;
+        redisReply *rep = md_redis_get_reply(w->r, &e);
+        if (!rep) {
+            w->broken = 1;
+            return;
+        }
+        if (rep->type == REDIS_REPLY_INTEGER) {
+            a->scripted = 1;
+            if (rep->integer < 0)
+                MD_WARN("worker", "batch %s no longer exists; dropping entry %s", a->batch, a->id);
+        } else if (rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "NOSCRIPT", 8)) {
+            noscript = 1;
+        } else {
+            MD_ERROR("worker", "completion script for %s: %s", a->id,
+                     rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+        }
+        freeReplyObject(rep);
+    }
+    if (noscript && q_script_load(w->r, q_complete_lua, w->sha, &e)) {
+        w->broken = e.code == MD_EREDIS;
+        return;
+    }
+    /* XACK, one command per model. */
+    int acks = 0;
+    for (int m = 0; m < w->n_models; m++) {
+        int n = 0;
+        for (int i = 0; i < w->n_ans; i++)
+            n += w->ans[i].scripted && w->ans[i].m == m;
+        if (!n)
+            continue;
+        const char **argv = malloc((size_t)(n + 3) * sizeof *argv);
+        size_t *lens = malloc((size_t)(n + 3) * sizeof *lens);
+        if (!argv || !lens) {
+            free(argv);
+            free(lens);
+            return;
+        }
+        argv[0] = "XACK";
+        argv[1] = w->qkey[m];
+        argv[2] = Q_GROUP;
+        int k = 3;
+        for (int i = 0; i < w->n_ans; i++)
+            if (w->ans[i].scripted && w->ans[i].m == m)
+                argv[k++] = w->ans[i].id;
+        for (int i = 0; i < k; i++)
+            lens[i] = strlen(argv[i]);
+        redisAppendCommandArgv(c, k, argv, lens);
+        free(argv);
+        free(lens);
+        acks++;
+    }
+    for (int i = 0; i < acks; i++) {
+        redisReply *rep = md_redis_get_reply(w->r, &e);
+        if (!rep) {
+            w->broken = 1;
+            return; /* the scripted answers are XACKed after the reconnect */
+        }
+        freeReplyObject(rep);
+    }
+    int k = 0;
+    for (int i = 0; i < w->n_ans; i++) {
+        if (w->ans[i].scripted)
+            free(w->ans[i].line);
+        else
+            w->ans[k++] = w->ans[i];
+    }
+    w->n_ans = k;
+}
+
+/* ---- batches ---------------------------------------------------------------------------- */
+
+/* The batch's status and deadline, cached for half a second. NULL on a Redis failure. */
+static batch_ent *batch_state(wk *w, const char *batch) {
+    uint64_t now = md_mono_ns();
+    batch_ent *slot = NULL, *oldest = &w->cache[0];
+    for (int i = 0; i < BATCH_CACHE; i++) {
+        batch_ent *b = &w->cache[i];
+        if (b->id[0] && !strcmp(b->id, batch)) {
+            slot = b;
+            break;
+        }
+        if (b->at_ns < oldest->at_ns)
+            oldest = b;
+    }
+    if (slot && now - slot->at_ns < BATCH_CACHE_NS)
+        return slot;
+    if (!slot)
+        slot = oldest;
+    char meta[Q_KEY_MAX];
+    q_key_meta(meta, w->prefix, batch);
+    md_err e = {0};
+    redisReply *rep = md_redis_cmd(w->r, &e, "HMGET %s status deadline", meta);
+    if (!rep) {
+        w->broken = 1;
+        return NULL;
+    }
+    memset(slot, 0, sizeof *slot);
+    snprintf(slot->id, sizeof slot->id, "%s", batch);
+    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 && rep->element[0]->str) {
+        slot->exists = 1;
+        snprintf(slot->status, sizeof slot->status, "%s", rep->element[0]->str);
+        slot->deadline = rep->element[1]->str ? atoll(rep->element[1]->str) : 0;
+    }
+    slot->at_ns = now;
+    freeReplyObject(rep);
+    return slot;
+}
+
+/* ---- taking entries --------------------------------------------------------------------- */
+
+static int free_slots(wk *w, int m) {
+    return wk_runner_capacity(w->runners[m]) - wk_runner_live(w->runners[m]);
+}
+
+static int running(wk *w, int m, const char *id) {
+    for (int i = 0; i < w->n_jobs; i++)
+        if (w->jobs[i].used && w->jobs[i].m == m && !strcmp(w->jobs[i].id, id))
+            return 1;
+    return 0;
+}
+
+static const char *field(redisReply *fields, const char *name, size_t *len) {
+    if (!fields || fields->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    for (size_t i = 0; i + 1 < fields->elements; i += 2)
+        if (fields->element[i]->str && !strcmp(fields->element[i]->str, name)) {
+            *len = fields->element[i + 1]->len;
+            return fields->element[i + 1]->str;
+        }
+    return NULL;
+}
+
+/* Milliseconds the entry waited: now minus the time part of its id. */
+static double waited_ms(const char *id) {
+    long long t = atoll(id);
+    double d = (double)(md_wall_ms() - t);
+    return d > 0 ? d : 0;
+}
+
+static void ack_only(wk *w, int m, const char *id) {
+    md_err e = {0};
+    redisReply *rep = md_redis_cmd(w->r, &e, "XACK %s %s %s", w->qkey[m], Q_GROUP, id);
+    if (!rep)
+        w->broken = 1;
+    else
+        freeReplyObject(rep);
+}
+
+/* One entry: answer it at once (bad input, cancelled/expired batch) or start it. */
+static void take(wk *w, int m, const char *id, redisReply *fields, long long attempt) {
+    size_t blen = 0, llen = 0;
+    const char *batch = field(fields, "batch", &blen);
+    const char *line = field(fields, "line", &llen);
+    md_err e = {0};
+    if (!batch || !line || q_batch_id_check(batch, &e)) {
+        /* Not a medley entry: no batch to answer to. Keep it in the DLQ for a human. */
+        char dlq[Q_KEY_MAX];
+        q_key_dlq(dlq, w->prefix, w->cfg->models[m]);
+        redisReply *rep = md_redis_cmd(w->r, &e, "XADD %s * id %s reason %s worker %s", dlq, id,
+                                       "entry has no valid batch or line field", w->me);
+        if (!rep) {
+            w->broken = 1;
+            return;
+        }
+        freeReplyObject(rep);
+        MD_WARN("worker", "entry %s of %s has no valid batch/line field; moved to the DLQ", id,
+                w->qkey[m]);
+        ack_only(w, m, id);
+        return;
+    }
+    batch_ent *b = batch_state(w, batch);
+    if (!b)
+        return; /* Redis lost: the entry stays pending and is redelivered */
+    double qms = waited_ms(id);
+    char cidbuf[WK_CUSTOM_ID_MAX];
+    wk_request req;
+    wk_verr ve;
+    int bad = wk_validate(line, llen, &w->cfg->limits, &req, cidbuf, &ve);
+    const char *cid = req.custom_id;
+    if (!b->exists) {
+        MD_WARN("worker", "entry %s names batch %s, which does not exist; dropped", id, batch);
+        ack_only(w, m, id);
+    } else if (!strcmp(b->status, "cancelling") || !strcmp(b->status, "cancelled")) {
+        answer_error(w, m, id, batch, cid, "batch_cancelled", "the batch was cancelled", qms,
+                     attempt);
+    } else if (!strcmp(b->status, "failed")) {
+        answer_error(w, m, id, batch, cid, "batch_failed",
+                     "the batch failed before this request "
+                     "was run",
+                     qms, attempt);
+    } else if (b->deadline > 0 && md_wall_ms() > b->deadline) {
+        answer_error(w, m, id, batch, cid, "batch_expired",
+                     "the batch's completion window ended before this request was run", qms,
+                     attempt);
+    } else if (bad) {
+        answer_invalid(w, m, id, batch, cid, &ve, qms, attempt);
+    } else if (req.model && strcmp(req.model, w->cfg->models[m])) {
+        snprintf(ve.code, sizeof ve.code, "model_not_found");
+        snprintf(ve.param, sizeof ve.param, "body.model");
+        snprintf(ve.message, sizeof ve.message,
+                 "The model '%s' does not exist or is not this batch's model ('%s').", req.model,
+                 w->cfg->models[m]);
+        ve.status = 404;
+        answer_invalid(w, m, id, batch, cid, &ve, qms, attempt);
+    } else {
+        job *j = NULL;
+        for (int i = 0; i < w->n_jobs && !j; i++)
+            if (!w->jobs[i].used)
+                j = &w->jobs[i];
+        memset(j, 0, sizeof *j);
+        j->m = m;
+        snprintf(j->id, sizeof j->id, "%s", id);
+        snprintf(j->batch, sizeof j->batch, "%s", batch);
+        snprintf(j->custom_id, sizeof j->custom_id, "%s", cid);
+        j->chat = req.chat;
+        j->attempt = attempt;
+        j->queue_ms = qms;
+        int rc = wk_runner_start(w->runners[m], &req, j, &e);
+        if (rc == 0) {
+            j->used = 1;
+            w->live++;
+        } else if (rc == MD_ERANGE) {
+            snprintf(ve.code, sizeof ve.code, "context_length_exceeded");
+            snprintf(ve.param, sizeof ve.param, "%s", req.chat ? "messages" : "prompt");
+            snprintf(ve.message, sizeof ve.message, "%s", e.msg);
+            ve.status = 400;
+            answer_invalid(w, m, id, batch, cid, &ve, qms, attempt);
+        } else {
+            answer_error(w, m, id, batch, cid, "server_error", e.msg, qms, attempt);
+        }
+    }
+    wk_request_free(&req);
+}
+
+/* Delivery counts of entries (XPENDING id id 1 each, pipelined); 0 when unknown. */
+static int delivery_counts(wk *w, int m, redisReply *entries, long long *counts) {
+    redisContext *c = md_redis_ctx(w->r);
+    int n = 0;
+    for (size_t i = 0; i < entries->elements; i++) {
+        redisReply *en = entries->element[i];
+        if (en->type != REDIS_REPLY_ARRAY || en->elements < 1 || !en->element[0]->str)
+            continue;
+        redisAppendCommand(c, "XPENDING %s %s %s %s 1", w->qkey[m], Q_GROUP, en->element[0]->str,
+                           en->element[0]->str);
+        n++;
+    }
+    md_err e = {0};
+    int k = 0;
+    for (size_t i = 0; i < entries->elements; i++) {
+        redisReply *en = entries->element[i];
+        counts[i] = 0;
+        if (en->type != REDIS_REPLY_ARRAY || en->elements < 1 || !en->element[0]->str)
+            continue;
+        redisReply *rep = md_redis_get_reply(w->r, &e);
+        k++;
+        if (!rep) {
+            w->broken = 1;
+            return -1;
+        }
+        if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 1 &&
+            rep->element[0]->type == REDIS_REPLY_ARRAY && rep->element[0]->elements == 4)
+            counts[i] = rep->element[0]->element[3]->integer;
+        freeReplyObject(rep);
+    }
+    return k == n ? 0 : -1;
+}
+
+/* Entries of one stream (an array of [id, fields]); claimed ones check max_attempts. */
+static void take_all(wk *w, int m, redisReply *entries, int claimed) {
+    if (!entries || entries->type != REDIS_REPLY_ARRAY || entries->elements == 0)
+        return;
+    long long *counts = NULL;
+    if (claimed) {
+        counts = calloc(entries->elements, sizeof *counts);
+        if (!counts || delivery_counts(w, m, entries, counts)) {
+            free(counts);
+            return; /* left pending; taken over again later */
+        }
+    }
+    for (size_t i = 0; i < entries->elements && !w->broken; i++) {
+        redisReply *en = entries->element[i];
+        if (en->type != REDIS_REPLY_ARRAY || en->elements < 2 || !en->element[0]->str)
+            continue;
+        const char *id = en->element[0]->str;
+        redisReply *fields = en->element[1];
+        if (claimed && running(w, m, id))
+            continue; /* our own lease lapsed; we are still running it */
+        long long attempt = claimed ? (counts[i] > 0 ? counts[i] : 2) : 1;
+        if (fields->type != REDIS_REPLY_ARRAY) {
+            ack_only(w, m, id); /* deleted from the stream (XDEL/XTRIM): nothing to answer */
+            continue;
+        }
+        if (claimed && attempt > w->cfg->max_attempts) {
+            size_t blen = 0, llen = 0;
+            const char *batch = field(fields, "batch", &blen);
+            const char *line = field(fields, "line", &llen);
+            char dlq[Q_KEY_MAX], reason[160];
+            q_key_dlq(dlq, w->prefix, w->cfg->models[m]);
+            snprintf(reason, sizeof reason,
+                     "delivered %lld times without an answer (max_attempts %d)", attempt,
+                     w->cfg->max_attempts);
+            md_err e = {0};
+            const char *argv[] = {"XADD",
+                                  dlq,
+                                  "*",
+                                  "id",
+                                  id,
+                                  "batch",
+                                  batch ? batch : "",
+                                  "line",
+                                  line ? line : "",
+                                  "reason",
+                                  reason,
+                                  "worker",
+                                  w->me};
+            size_t lens[13];
+            for (int k = 0; k < 13; k++)
+                lens[k] = strlen(argv[k]);
+            if (line)
+                lens[8] = llen;
+            redisReply *rep = md_redis_cmd_argv(w->r, 13, argv, lens, &e);
+            if (!rep) {
+                w->broken = 1;
+                break;
+            }
+            freeReplyObject(rep);
+            MD_WARN("worker", "entry %s: %s; moved to %s", id, reason, dlq);
+            char cidbuf[WK_CUSTOM_ID_MAX];
+            wk_request req;
+            wk_verr ve;
+            wk_validate(line ? line : "", line ? llen : 0, &w->cfg->limits, &req, cidbuf, &ve);
+            if (batch && !q_batch_id_check(batch, &e))
+                answer_error(w, m, id, batch, req.custom_id, "max_attempts_exceeded", reason,
+                             waited_ms(id), attempt);
+            else
+                ack_only(w, m, id);
+            wk_request_free(&req);
+            continue;
+        }
+        take(w, m, id, fields, attempt);
+    }
+    free(counts);
+}
+
+/* XREADGROUP for every model with free slots. Returns the number of entries read. */
+static int read_new(wk *w, int block_ms) {
+    const char *argv[8 + 2 * WK_MAX_MODELS];
+    int which[WK_MAX_MODELS], n = 0, count = 0;
+    for (int m = 0; m < w->n_models; m++) {
+        int f = free_slots(w, m);
+        if (f <= 0)
+            continue;
+        which[n++] = m;
+        count = count == 0 || f < count ? f : count;
+    }
+    if (!n)
+        return 0;
+    char cnt[16], blk[16];
+    snprintf(cnt, sizeof cnt, "%d", count);
+    snprintf(blk, sizeof blk, "%d", block_ms);
+    int k = 0;
+    argv[k++] = "XREADGROUP";
+    argv[k++] = "GROUP";
+    argv[k++] = Q_GROUP;
+    argv[k++] = w->me;
+    argv[k++] = "COUNT";
+    argv[k++] = cnt;
+    if (block_ms > 0) {
+        argv[k++] = "BLOCK";
+        argv[k++] = blk;
+    }
+    argv[k++] = "STREAMS";
+    for (int i = 0; i < n; i++)
+        argv[k++] = w->qkey[which[i]];
+    for (int i = 0; i < n; i++)
+        argv[k++] = ">";
+    size_t lens[8 + 2 * WK_MAX_MODELS];
+    for (int i = 0; i < k; i++)
+        lens[i] = strlen(argv[i]);
+    md_err e = {0};
+    redisReply *rep = md_redis_cmd_argv(w->r, k, argv, lens, &e);
+    if (!rep) {
+        w->broken = 1;
+        return 0;
+    }
+    int got = 0;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        MD_WARN("worker", "XREADGROUP: %s", rep->str);
+        if (!strncmp(rep->str, "NOGROUP", 7))
+            w->gen = 0; /* the stream or group vanished: set it up again */
+    } else if (rep->type == REDIS_REPLY_ARRAY) {
+        for (size_t s = 0; s < rep->elements; s++) {
+            redisReply *st = rep->element[s];
+            if (st->type != REDIS_REPLY_ARRAY || st->elements != 2)
+                continue;
+            int m = -1;
+            for (int i = 0; i < w->n_models; i++)
+                if (!strcmp(w->qkey[i], st->element[0]->str))
+                    m = i;
+            if (m < 0)
+                continue;
+            got += (int)st->element[1]->elements;
+            take_all(w, m, st->element[1], 0);
+        }
+    }
+    freeReplyObject(rep);
+    return got;
+}
+
+/* XAUTOCLAIM entries idle past the visibility timeout (a crashed or stuck worker's). */
+static void take_over(wk *w) {
+    md_err e = {0};
+    for (int m = 0; m < w->n_models && !w->broken; m++) {
+        int f = free_slots(w, m);
+        if (f <= 0)
+            continue;
+        redisReply *rep = md_redis_cmd(w->r, &e, "XAUTOCLAIM %s %s %s %d %s COUNT %d", w->qkey[m],
+                                       Q_GROUP, w->me, w->cfg->visibility_ms, w->cursor[m], f);
+        if (!rep) {
+            w->broken = 1;
+            return;
+        }
+        if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 2) {
+            if (rep->element[0]->str)
+                snprintf(w->cursor[m], ENTRY_ID_MAX, "%s", rep->element[0]->str);
+            redisReply *entries = rep->element[1];
+            if (entries->elements)
+                MD_INFO("worker", "took over %zu entries of %s idle past %d ms", entries->elements,
+                        w->qkey[m], w->cfg->visibility_ms);
+            take_all(w, m, entries, 1);
+            /* Redis 7 lists entries deleted from the stream: ack them away. */
+            if (rep->elements >= 3 && rep->element[2]->type == REDIS_REPLY_ARRAY)
+                for (size_t i = 0; i < rep->element[2]->elements && !w->broken; i++)
+                    ack_only(w, m, rep->element[2]->element[i]->str);
+        } else if (rep->type == REDIS_REPLY_ERROR) {
+            MD_WARN("worker", "XAUTOCLAIM %s: %s", w->qkey[m], rep->str);
+        }
+        freeReplyObject(rep);
+    }
+}
+
+/* XCLAIM our running entries to ourselves (JUSTID: no delivery count bump), resetting their
+ * idle time so nobody takes them over. idle_ms > 0 instead marks them idle that long: the
+ * hand-back on stop, so another worker takes them over at once. */
+static void renew(wk *w, long long idle_ms) {
+    redisContext *c = md_redis_ctx(w->r);
+    int sent = 0;
+    for (int m = 0; m < w->n_models; m++) {
+        int n = 0;
+        for (int i = 0; i < w->n_jobs; i++)
+            n += w->jobs[i].used && w->jobs[i].m == m;
+        if (!n)
+            continue;
+        const char **argv = malloc((size_t)(n + 8) * sizeof *argv);
+        size_t *lens = malloc((size_t)(n + 8) * sizeof *lens);
+        if (!argv || !lens) {
+            free(argv);
+            free(lens);
+            return;
+        }
+        char idle[32];
+        snprintf(idle, sizeof idle, "%lld", idle_ms);
+        int k = 0;
+        argv[k++] = "XCLAIM";
+        argv[k++] = w->qkey[m];
+        argv[k++] = Q_GROUP;
+        argv[k++] = w->me;
+        argv[k++] = "0";
+        for (int i = 0; i < w->n_jobs; i++)
+            if (w->jobs[i].used && w->jobs[i].m == m)
+                argv[k++] = w->jobs[i].id;
+        if (idle_ms > 0) {
+            argv[k++] = "IDLE";
+            argv[k++] = idle;
+        }
+        argv[k++] = "JUSTID";
+        for (int i = 0; i < k; i++)
+            lens[i] = strlen(argv[i]);
+        redisAppendCommandArgv(c, k, argv, lens);
+        free(argv);
+        free(lens);
+        sent++;
+    }
+    md_err e = {0};
+    for (int i = 0; i < sent; i++) {
+        redisReply *rep = md_redis_get_reply(w->r, &e);
+        if (!rep) {
+            w->broken = 1;
+            return;
+        }
+        freeReplyObject(rep);
+    }
+}
+
+static void heartbeat(wk *w, const char *state, double dt_s) {
+    json_t *models = json_array(), *devices = json_array();
+    for (int m = 0; m < w->n_models; m++)
+        json_array_append_new(models, json_pack("{s:s, s:s, s:i, s:i}", "model", w->cfg->models[m],
+                                                "runner", wk_runner_kind(w->runners[m]), "capacity",
+                                                wk_runner_capacity(w->runners[m]), "live",
+                                                wk_runner_live(w->runners[m])));
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
+    double tps = dt_s > 0 ? (double)(w->n_tokens - w->tokens_at_hb) / dt_s : 0;
+    w->tokens_at_hb = w->n_tokens;
+    json_array_append_new(devices, json_pack("{s:s, s:I, s:f}", "type",
+                                             w->n_models ? wk_runner_device(w->runners[0]) : "cpu",
+                                             "memory_bytes",
+                                             (json_int_t)(pages > 0 && psz > 0 ? pages * psz : 0),
+                                             "tokens_per_s", tps));
+    json_t *doc = json_pack(
+        "{s:s, s:s, s:I, s:s, s:o, s:o, s:I, s:I, s:I, s:I, s:i, s:f, s:f}", "worker", w->me,
+        "host", w->host, "pid", (json_int_t)getpid(), "state", state, "models", models, "devices",
+        devices, "started_at", (json_int_t)w->started_ms, "last_seen", (json_int_t)md_wall_ms(),
+        "completed", (json_int_t)w->n_ok, "failed", (json_int_t)w->n_failed, "in_flight", w->live,
+        "tokens_per_s", tps, "usd_per_hour", w->cfg->usd_per_hour);
+    char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    if (!s)
+        return;
+    md_err e = {0};
+    redisReply *rep = md_redis_cmd(w->r, &e, "HSET %s json %s state %s last_seen %lld", w->wkey, s,
+                                   state, (long long)md_wall_ms());
+    free(s);
+    if (!rep) {
+        w->broken = 1;
+        return;
+    }
+    freeReplyObject(rep);
+    rep = md_redis_cmd(w->r, &e, "PEXPIRE %s %d", w->wkey, 3 * w->cfg->heartbeat_ms);
+    if (!rep)
+        w->broken = 1;
+    else
+        freeReplyObject(rep);
+}
+
+/* ---- the loop --------------------------------------------------------------------------- */
+
+static void poll_all(wk *w, int wait_ms) {
+    md_err e = {0};
+    for (int m = 0; m < w->n_models; m++)
+        if (wk_runner_live(w->runners[m]) > 0 &&
+            wk_runner_poll(w->runners[m], w->n_models == 1 ? wait_ms : 0, on_done, w, &e))
+            MD_ERROR("worker", "model %s: %s", w->cfg->models[m], e.msg);
+}
+
+/* Spread the wall time since the last tick over the running jobs (the cost share). */
+static void tick(wk *w) {
+    uint64_t now = md_mono_ns();
+    double dt = (double)(now - w->last_tick) / 1e9;
+    w->last_tick = now;
+    if (w->live <= 0)
+        return;
+    double each = dt / w->live;
+    for (int i = 0; i < w->n_jobs; i++)
+        if (w->jobs[i].used)
+            w->jobs[i].share_s += each;
+}
+
+static void periodic(wk *w, int stopping) {
+    uint64_t now = md_mono_ns();
+    uint64_t vis = (uint64_t)w->cfg->visibility_ms * 1000000ull;
+    if (w->live > 0 && now - w->last_lease > vis / 3) {
+        renew(w, 0);
+        w->last_lease = now;
+    }
+    if (!w->broken && now - w->last_hb > (uint64_t)w->cfg->heartbeat_ms * 1000000ull) {
+        heartbeat(w, stopping ? "draining" : "running", (double)(now - w->last_hb) / 1e9);
+        w->last_hb = now;
+    }
+    uint64_t claim_every = vis / 2 < 5000000000ull ? vis / 2 : 5000000000ull;
+    if (!stopping && !w->broken && now - w->last_claim > claim_every) {
+        take_over(w);
+        w->last_claim = md_mono_ns();
+    }
+}
+
+static int open_all(wk *w, const wk_config *cfg, md_err *e) {
+    int total = 0;
+    for (int m = 0; m < cfg->n_models; m++) {
+        int rc = wk_runner_open(cfg->models[m], &cfg->runner, &w->runners[m], e);
+        if (rc)
+            return rc;
+        w->n_models = m + 1;
+        q_key_queue(w->qkey[m], w->prefix, cfg->models[m]);
+        snprintf(w->cursor[m], ENTRY_ID_MAX, "0-0");
+        total += wk_runner_capacity(w->runners[m]);
+    }
+    w->jobs = calloc((size_t)total, sizeof *w->jobs);
+    if (!w->jobs)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    w->n_jobs = total;
+    return 0;
+}
+
+static void close_all(wk *w) {
+    for (int m = 0; m < w->n_models; m++)
+        wk_runner_close(w->runners[m]);
+    for (int i = 0; i < w->n_ans; i++)
+        free(w->ans[i].line);
+    free(w->ans);
+    free(w->jobs);
+    md_redis_close(w->r);
+}
+
+int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
+    if (cfg->n_models <= 0)
+        return md_errf(e, MD_EINVAL, "no model to serve (give --model NAME, e.g. --model echo)");
+    if (cfg->visibility_ms < 100 || cfg->max_attempts < 1 || cfg->heartbeat_ms < 100)
+        return md_errf(e, MD_EINVAL,
+                       "visibility must be >= 100 ms, max_attempts >= 1 and the "
+                       "heartbeat >= 100 ms");
+    wk w = {0};
+    w.cfg = cfg;
+    w.stop = stop;
+    snprintf(w.prefix, sizeof w.prefix, "%s", cfg->prefix ? cfg->prefix : "medley:");
+    int rc = q_prefix_check(w.prefix, e);
+    if (rc)
+        return rc;
+    gethostname(w.host, sizeof w.host - 1);
+    if (cfg->id && *cfg->id) {
+        snprintf(w.me, sizeof w.me, "%s", cfg->id);
+    } else {
+        char hex[9];
+        md_random_hex(hex, sizeof hex, 8);
+        snprintf(w.me, sizeof w.me, "%s-%d-%s", w.host, (int)getpid(), hex);
+    }
+    q_key_events(w.events, w.prefix);
+    q_key_worker(w.wkey, w.prefix, w.me);
+    w.started_ms = md_wall_ms();
+
+    if ((rc = open_all(&w, cfg, e))) {
+        close_all(&w);
+        return rc;
+    }
+    md_redis_url u;
+    if ((rc =
+             md_redis_url_parse(cfg->redis_url ? cfg->redis_url : md_redis_default_url(), &u, e))) {
+        close_all(&w);
+        return rc;
+    }
+    if (cfg->connect_timeout_ms > 0)
+        u.connect_timeout_ms = cfg->connect_timeout_ms;
+    if (cfg->command_timeout_ms > 0)
+        u.command_timeout_ms = cfg->command_timeout_ms;
+    if (u.command_timeout_ms > 0 && u.command_timeout_ms <= cfg->block_ms + 1000)
+        u.command_timeout_ms = cfg->block_ms + 1000; /* a BLOCKed read must not time out */
+    if ((rc = md_redis_open(&u, &w.r, e)) || (rc = setup_conn(&w, e))) {
+        close_all(&w);
+        return rc;
+    }
+    char where[700];
+    md_redis_url_describe(&u, where, sizeof where);
+    MD_INFO("worker", "worker %s serving %d model(s) from %s (first: %s, %s runner, %d slots)",
+            w.me, w.n_models, where, cfg->models[0], wk_runner_kind(w.runners[0]),
+            wk_runner_capacity(w.runners[0]));
+
+    uint64_t t = md_mono_ns();
+    w.last_tick = t;
+    w.last_lease = t;
+    w.last_claim = 0; /* take over at once: a restarted worker finds its predecessors' work */
+    w.last_hb = 0;
+    uint64_t stop_at = 0;
+    int idle_reads = 0;
+    for (;;) {
+        if (w.broken || w.gen != md_redis_generation(w.r)) {
+            if (w.broken)
+                MD_WARN("worker", "lost Redis; reconnecting (%d answers held)", w.n_ans);
+            if (heal(&w, 1))
+                break; /* stopped while Redis is away: unacked entries are redelivered */
+        }
+        int stopping = *stop != 0;
+        if (stopping && !stop_at) {
+            stop_at = md_mono_ns();
+            MD_INFO("worker", "stopping: finishing %d running request(s), grace %d ms", w.live,
+                    cfg->grace_ms);
+        }
+        tick(&w);
+        poll_all(&w, idle_reads > 0 ? 5 : 0);
+        flush(&w);
+        if (w.broken)
+            continue;
+        periodic(&w, stopping);
+        if (w.broken)
+            continue;
+        if (stopping) {
+            if (w.live == 0 && w.n_ans == 0)
+                break;
+            if (md_mono_ns() - stop_at > (uint64_t)cfg->grace_ms * 1000000ull) {
+                MD_WARN("worker", "grace period over: handing back %d running request(s)", w.live);
+                renew(&w, (long long)cfg->visibility_ms + 1000);
+                flush(&w);
+                break;
+            }
+            if (w.live > 0)
+                poll_all(&w, 10);
+            continue;
+        }
+        int block = (w.live == 0 && w.n_ans == 0) ? cfg->block_ms : 0;
+        int got = read_new(&w, block);
+        idle_reads = got == 0 ? idle_reads + 1 : 0;
+    }
+    if (!w.broken) {
+        md_err e2 = {0};
+        redisReply *rep = md_redis_cmd(w.r, &e2, "DEL %s", w.wkey);
+        if (rep)
+            freeReplyObject(rep);
+    }
+    MD_INFO("worker",
+            "worker %s stopped: %lld completed, %lld failed, %d answer(s) not written "
+            "(they will be redelivered)",
+            w.me, w.n_ok, w.n_failed, w.n_ans);
+    close_all(&w);
+    return 0;
+}

@@ -1,0 +1,44 @@
+/* worker.h — the medley worker daemon (DESIGN.md §2-3, docs/protocol.md): reads requests of
+ * the models it serves from their Redis streams (consumer group `workers`), validates them,
+ * runs them through a runner (echo or engine), writes each output line with the completion
+ * script and only then XACKs; renews leases on what it runs, takes over entries idle past
+ * the visibility timeout, moves entries past max_attempts to the DLQ, answers cancelled and
+ * expired batches, heartbeats, reconnects with backoff without losing a result, and on stop
+ * finishes (or hands back) what it runs and exits.
+ *
+ * wk_run() blocks until *stop is set (SIGTERM) or a fatal error; the caller owns cfg. */
+#ifndef MEDLEY_WORKER_WORKER_H
+#define MEDLEY_WORKER_WORKER_H
+
+#include <signal.h>
+
+#include "common/err.h"
+#include "worker/runner.h"
+#include "worker/validate.h"
+
+#define WK_MAX_MODELS 16
+
+typedef struct {
+    const char *redis_url; /* NULL: md_redis_default_url() */
+    const char *prefix;    /* key prefix, default "medley:" */
+    const char *id;        /* consumer name; NULL: <host>-<pid>-<random> */
+    const char *models[WK_MAX_MODELS];
+    int n_models;
+    wk_runner_opts runner;
+    wk_limits limits;
+    int visibility_ms; /* entries idle longer are taken over (default 60000) */
+    int max_attempts;  /* deliveries before the DLQ (default 3) */
+    int block_ms;      /* XREADGROUP BLOCK when idle (default 1000) */
+    int heartbeat_ms;  /* heartbeat period; the key lives 3 periods (default 5000) */
+    int grace_ms;      /* on stop: time to finish running requests (default 30000) */
+    int connect_timeout_ms, command_timeout_ms;
+    double usd_per_hour; /* cost of this worker's devices, for the cost share */
+} wk_config;
+
+void wk_config_default(wk_config *c);
+
+/* Serve until *stop. Returns 0 after a clean stop, or an error (startup failure: Redis
+ * unreachable, a model that cannot be served). */
+int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e);
+
+#endif
