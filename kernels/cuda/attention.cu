@@ -1,0 +1,340 @@
+/* attention.cu — attention over the paged KV cache.
+ *
+ * Cache: K and V of one layer are [n_slots][n_kv_heads][head_dim] in f32, f16 or bf16; a
+ * sequence's token at position p lives in slot block_table[row][p / bt] * bt + p % bt.
+ *
+ * Decode (one query per sequence) is bound by reading K/V, so it is split over the KV
+ * range (flash-decoding): block (entry, kv head, split) streams its keys once for all the
+ * query heads that share that kv head (GQA), keeping an online softmax per query head;
+ * a second kernel merges the splits. Prefill tiles queries (up to 16 of one sequence) and
+ * keys (K/V tiles staged in shared memory as f32), with the online softmax of
+ * FlashAttention; causal masking by position. Head dims 64, 128 and 256. */
+#include "kernels/cuda/cuda_internal.h"
+
+#define DEC_WARPS 4
+#define MAX_GQA 8
+
+template <int CT> __device__ __forceinline__ float ld_kv(const void *p, int64_t i) {
+    if (CT == CUDA_F32) return ((const float *)p)[i];
+    if (CT == CUDA_BF16) return cuda_bf16_to_f(((const uint16_t *)p)[i]);
+    return cuda_f16_to_f(((const uint16_t *)p)[i]);
+}
+
+__device__ __forceinline__ int64_t kv_slot(const int32_t *bt_row, int p, int block_tokens) {
+    return (int64_t)bt_row[p / block_tokens] * block_tokens + p % block_tokens;
+}
+
+__global__ void k_kv_write(void *kc, void *vc, cuda_dtype ct, const float *k, const float *v,
+                           const int32_t *slots, int n_tokens, int kv_dim) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n_tokens * kv_dim) return;
+    int t = (int)(i / kv_dim), d = (int)(i % kv_dim);
+    int64_t o = (int64_t)slots[t] * kv_dim + d;
+    cuda_store(kc, ct, o, k[i]);
+    cuda_store(vc, ct, o, v[i]);
+}
+
+static int kv_check(const cuda_kv_layer *kv, md_err *e) {
+    if (kv->n_kv_heads <= 0 || kv->block_tokens <= 0 ||
+        (kv->head_dim != 64 && kv->head_dim != 128 && kv->head_dim != 256))
+        return md_errf(e, MD_EUNSUPP, "CUDA attention: head_dim %d with %d kv heads is not "
+                       "supported (64, 128, 256)", kv->head_dim, kv->n_kv_heads);
+    if (kv->dtype != CUDA_F32 && kv->dtype != CUDA_F16 && kv->dtype != CUDA_BF16)
+        return md_errf(e, MD_EUNSUPP, "CUDA attention: cache type %d", (int)kv->dtype);
+    return 0;
+}
+
+int cuda_kv_write(cuda_ctx *c, void *k_cache, void *v_cache, cuda_dtype dtype, int kv_dim,
+                  const float *k, const float *v, const int32_t *slots, int n_tokens, md_err *e) {
+    CUDA_GUARD(c, e);
+    if (dtype != CUDA_F32 && dtype != CUDA_F16 && dtype != CUDA_BF16)
+        return md_errf(e, MD_EUNSUPP, "CUDA kv_write: cache type %d", (int)dtype);
+    if (n_tokens < 0 || kv_dim <= 0)
+        return md_errf(e, MD_EINVAL, "CUDA kv_write: bad shape [%d, %d]", n_tokens, kv_dim);
+    int64_t n = (int64_t)n_tokens * kv_dim;
+    if (n == 0) return 0;
+    k_kv_write<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(k_cache, v_cache, dtype, k, v, slots,
+                                                            n_tokens, kv_dim);
+    return CUDA_LAUNCHED(c, "kv_write", e);
+}
+
+/* ---- decode --------------------------------------------------------------------------- */
+
+/* Per (entry, head, split) partial: m, l, then acc[head_dim]. */
+size_t cuda_attn_decode_work_bytes(int n, int n_heads, int head_dim, int n_splits) {
+    return (size_t)n * n_heads * n_splits * (2 + head_dim) * sizeof(float);
+}
+
+/* D = head_dim / 32 dims per lane. */
+template <int CT, int D>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    k_attn_dec(const void *kc, const void *vc, int n_kv_heads, int block_tokens, const float *q,
+               const int32_t *dec, const int32_t *block_table, int max_blocks, int n_heads,
+               float scale, int n_splits, float *work) {
+    const int HD = D * 32;
+    int entry = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int G = n_heads / n_kv_heads;
+    int qrow = dec[entry * 3], btrow = dec[entry * 3 + 1], L = dec[entry * 3 + 2];
+    int chunk = (L + n_splits - 1) / n_splits;
+    int k0 = split * chunk, k1 = min(L, k0 + chunk);
+    const int32_t *bt = block_table + (int64_t)btrow * max_blocks;
+
+    float qv[MAX_GQA][D], acc[MAX_GQA][D], m[MAX_GQA], l[MAX_GQA];
+#pragma unroll
+    for (int g = 0; g < MAX_GQA; g++) {
+        m[g] = -FLT_MAX;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            acc[g][d] = 0.0f;
+            qv[g][d] = g < G ? q[((int64_t)qrow * n_heads + kvh * G + g) * HD + lane * D + d] * scale
+                             : 0.0f;
+        }
+    }
+    for (int p = k0 + warp; p < k1; p += DEC_WARPS) {
+        int64_t base = (kv_slot(bt, p, block_tokens) * n_kv_heads + kvh) * HD + lane * D;
+        float kk[D], vv[D];
+#pragma unroll
+        for (int d = 0; d < D; d++) kk[d] = ld_kv<CT>(kc, base + d);
+#pragma unroll
+        for (int d = 0; d < D; d++) vv[d] = ld_kv<CT>(vc, base + d);
+#pragma unroll
+        for (int g = 0; g < MAX_GQA; g++) {
+            if (g >= G) break;
+            float s = 0.0f;
+#pragma unroll
+            for (int d = 0; d < D; d++) s += qv[g][d] * kk[d];
+            s = cuda_warp_sum(s);
+            float mn = fmaxf(m[g], s), corr = __expf(m[g] - mn), pw = __expf(s - mn);
+            l[g] = l[g] * corr + pw;
+#pragma unroll
+            for (int d = 0; d < D; d++) acc[g][d] = acc[g][d] * corr + pw * vv[d];
+            m[g] = mn;
+        }
+    }
+    /* Merge the warps of this block through shared memory, one query head at a time. */
+    __shared__ float sm[DEC_WARPS], sl[DEC_WARPS], sacc[DEC_WARPS][HD];
+#pragma unroll
+    for (int g = 0; g < MAX_GQA; g++) {
+        if (g >= G) break;
+        if (lane == 0) {
+            sm[warp] = m[g];
+            sl[warp] = l[g];
+        }
+#pragma unroll
+        for (int d = 0; d < D; d++) sacc[warp][lane * D + d] = acc[g][d];
+        __syncthreads();
+        float mx = -FLT_MAX;
+        for (int w = 0; w < DEC_WARPS; w++) mx = fmaxf(mx, sm[w]);
+        float *out = work + (((int64_t)entry * n_heads + kvh * G + g) * n_splits + split) * (2 + HD);
+        for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < DEC_WARPS; w++)
+                if (sl[w] > 0.0f) a += sacc[w][d] * __expf(sm[w] - mx);
+            out[2 + d] = a;
+        }
+        if (threadIdx.x == 0) {
+            float ls = 0.0f;
+            for (int w = 0; w < DEC_WARPS; w++)
+                if (sl[w] > 0.0f) ls += sl[w] * __expf(sm[w] - mx);
+            out[0] = mx;
+            out[1] = ls;
+        }
+        __syncthreads();
+    }
+}
+
+/* Block per (entry, head): merge the splits' partials into out. */
+__global__ void k_attn_dec_merge(const float *work, const int32_t *dec, int n_heads, int head_dim,
+                                 int n_splits, float *out) {
+    int entry = blockIdx.x, h = blockIdx.y;
+    const float *w = work + ((int64_t)entry * n_heads + h) * n_splits * (2 + head_dim);
+    float mx = -FLT_MAX, ls = 0.0f;
+    for (int s = 0; s < n_splits; s++)
+        if (w[s * (2 + head_dim) + 1] > 0.0f) mx = fmaxf(mx, w[s * (2 + head_dim)]);
+    for (int s = 0; s < n_splits; s++) {
+        const float *ws = w + s * (2 + head_dim);
+        if (ws[1] > 0.0f) ls += ws[1] * __expf(ws[0] - mx);
+    }
+    float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
+    float *o = out + ((int64_t)dec[entry * 3] * n_heads + h) * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            const float *ws = w + s * (2 + head_dim);
+            if (ws[1] > 0.0f) a += ws[2 + d] * __expf(ws[0] - mx);
+        }
+        o[d] = a * inv;
+    }
+}
+
+template <int CT>
+static void launch_dec(cudaStream_t st, const cuda_kv_layer *kv, dim3 grid, const float *q,
+                       const int32_t *dec, const int32_t *bt, int max_blocks, int n_heads,
+                       float scale, int n_splits, float *work) {
+    switch (kv->head_dim) {
+    case 64:
+        k_attn_dec<CT, 2><<<grid, DEC_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
+            kv->block_tokens, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
+        break;
+    case 128:
+        k_attn_dec<CT, 4><<<grid, DEC_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
+            kv->block_tokens, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
+        break;
+    default:
+        k_attn_dec<CT, 8><<<grid, DEC_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
+            kv->block_tokens, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
+        break;
+    }
+}
+
+int cuda_attn_decode(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, const int32_t *dec,
+                     int n, const int32_t *block_table, int max_blocks, int n_heads, float scale,
+                     int n_splits, void *work, float *out, md_err *e) {
+    CUDA_GUARD(c, e);
+    int rc = kv_check(kv, e);
+    if (rc) return rc;
+    if (n_heads % kv->n_kv_heads || n_heads / kv->n_kv_heads > MAX_GQA)
+        return md_errf(e, MD_EUNSUPP, "CUDA attention: %d query heads over %d kv heads (at most "
+                       "%d query heads per kv head)", n_heads, kv->n_kv_heads, MAX_GQA);
+    if (n_splits < 1 || n_splits > 1024)
+        return md_errf(e, MD_EINVAL, "CUDA attention: %d splits", n_splits);
+    if (n <= 0) return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA attention: negative count");
+    dim3 grid(n, kv->n_kv_heads, n_splits);
+    float *w = (float *)work;
+    if (kv->dtype == CUDA_F32)
+        launch_dec<CUDA_F32>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale, n_splits, w);
+    else if (kv->dtype == CUDA_F16)
+        launch_dec<CUDA_F16>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale, n_splits, w);
+    else
+        launch_dec<CUDA_BF16>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale, n_splits, w);
+    k_attn_dec_merge<<<dim3(n, n_heads), 128, 0, c->stream>>>(w, dec, n_heads, kv->head_dim,
+                                                               n_splits, out);
+    return CUDA_LAUNCHED(c, "attention (decode)", e);
+}
+
+/* ---- prefill -------------------------------------------------------------------------- */
+
+#define PF_WARPS 4
+
+/* Block per (tile, query head). Warp w owns queries w, w + 4, ... of the tile; K/V tiles of
+ * TK keys are staged in shared memory as f32 (K rows padded by one to avoid bank conflicts);
+ * lane j scores key j of the tile, then the warp updates its queries' online softmax and
+ * lane-owned output dims. */
+template <int CT, int D>
+__global__ void __launch_bounds__(PF_WARPS * 32)
+    k_attn_pf(const void *kc, const void *vc, int n_kv_heads, int block_tokens, const float *q,
+              const int32_t *tiles, const int32_t *block_table, int max_blocks, int n_heads,
+              float scale, float *out) {
+    constexpr int HD = D * 32, TK = D == 8 ? 8 : 32, TQ = CUDA_ATTN_TILE_Q;
+    __shared__ float sq[TQ][HD], sk[TK][HD + 1], sv[TK][HD];
+    int tile = blockIdx.x, h = blockIdx.y, kvh = h / (n_heads / n_kv_heads);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int btrow = tiles[tile * 4], t0 = tiles[tile * 4 + 1], nq = tiles[tile * 4 + 2],
+        p0 = tiles[tile * 4 + 3];
+    const int32_t *bt = block_table + (int64_t)btrow * max_blocks;
+    for (int i = threadIdx.x; i < TQ * HD; i += blockDim.x) {
+        int r = i / HD, d = i % HD;
+        sq[r][d] = r < nq ? q[((int64_t)(t0 + r) * n_heads + h) * HD + d] * scale : 0.0f;
+    }
+    constexpr int QW = TQ / PF_WARPS; /* queries per warp */
+    float m[QW], l[QW], acc[QW][D];
+#pragma unroll
+    for (int i = 0; i < QW; i++) {
+        m[i] = -FLT_MAX;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < D; d++) acc[i][d] = 0.0f;
+    }
+    int kend = p0 + nq; /* keys 0 .. p0 + nq - 1 */
+    for (int kt = 0; kt < kend; kt += TK) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < TK * HD; i += blockDim.x) {
+            int r = i / HD, d = i % HD, p = kt + r;
+            float kx = 0.0f, vx = 0.0f;
+            if (p < kend) {
+                int64_t o = (kv_slot(bt, p, block_tokens) * n_kv_heads + kvh) * HD + d;
+                kx = ld_kv<CT>(kc, o);
+                vx = ld_kv<CT>(vc, o);
+            }
+            sk[r][d] = kx;
+            sv[r][d] = vx;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < QW; i++) {
+            int qi = warp + i * PF_WARPS;
+            if (qi >= nq) break;
+            int qpos = p0 + qi;
+            float s = -FLT_MAX;
+            if (lane < TK && kt + lane <= qpos) {
+                s = 0.0f;
+#pragma unroll 8
+                for (int d = 0; d < HD; d++) s += sq[qi][d] * sk[lane][d];
+            }
+            float mx = fmaxf(m[i], cuda_warp_max(s));
+            float pw = s == -FLT_MAX ? 0.0f : __expf(s - mx);
+            float corr = __expf(m[i] - mx);
+            l[i] = l[i] * corr + cuda_warp_sum(pw);
+            m[i] = mx;
+#pragma unroll
+            for (int d = 0; d < D; d++) acc[i][d] *= corr;
+            for (int j = 0; j < TK; j++) {
+                float pj = __shfl_sync(0xffffffffu, pw, j);
+                if (pj == 0.0f) continue;
+#pragma unroll
+                for (int d = 0; d < D; d++) acc[i][d] += pj * sv[j][lane * D + d];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < QW; i++) {
+        int qi = warp + i * PF_WARPS;
+        if (qi >= nq) break;
+        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        float *o = out + ((int64_t)(t0 + qi) * n_heads + h) * HD + lane * D;
+#pragma unroll
+        for (int d = 0; d < D; d++) o[d] = acc[i][d] * inv;
+    }
+}
+
+template <int CT>
+static void launch_pf(cudaStream_t st, const cuda_kv_layer *kv, dim3 grid, const float *q,
+                      const int32_t *tiles, const int32_t *bt, int max_blocks, int n_heads,
+                      float scale, float *out) {
+    switch (kv->head_dim) {
+    case 64:
+        k_attn_pf<CT, 2><<<grid, PF_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
+            kv->block_tokens, q, tiles, bt, max_blocks, n_heads, scale, out);
+        break;
+    case 128:
+        k_attn_pf<CT, 4><<<grid, PF_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
+            kv->block_tokens, q, tiles, bt, max_blocks, n_heads, scale, out);
+        break;
+    default:
+        k_attn_pf<CT, 8><<<grid, PF_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
+            kv->block_tokens, q, tiles, bt, max_blocks, n_heads, scale, out);
+        break;
+    }
+}
+
+int cuda_attn_prefill(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, const int32_t *tiles,
+                      int n_tiles, const int32_t *block_table, int max_blocks, int n_heads,
+                      float scale, float *out, md_err *e) {
+    CUDA_GUARD(c, e);
+    int rc = kv_check(kv, e);
+    if (rc) return rc;
+    if (n_heads % kv->n_kv_heads)
+        return md_errf(e, MD_EUNSUPP, "CUDA attention: %d query heads over %d kv heads",
+                       n_heads, kv->n_kv_heads);
+    if (n_tiles <= 0) return n_tiles == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA attention: negative count");
+    dim3 grid(n_tiles, n_heads);
+    if (kv->dtype == CUDA_F32)
+        launch_pf<CUDA_F32>(c->stream, kv, grid, q, tiles, block_table, max_blocks, n_heads, scale, out);
+    else if (kv->dtype == CUDA_F16)
+        launch_pf<CUDA_F16>(c->stream, kv, grid, q, tiles, block_table, max_blocks, n_heads, scale, out);
+    else
+        launch_pf<CUDA_BF16>(c->stream, kv, grid, q, tiles, block_table, max_blocks, n_heads, scale, out);
+    return CUDA_LAUNCHED(c, "attention (prefill)", e);
+}

@@ -1,0 +1,523 @@
+/* backend_cuda.c — the CUDA implementation of kernels/backend.h on top of cuda_ops.h.
+ *
+ * Buffers are device memory from the ctx's pool. Weights (buf_wrap) are copied to the
+ * device once, as they are in the file: F16/BF16 stay 16-bit, quantized types stay
+ * quantized and are decoded inside the GEMV kernels (decode) or expanded to BF16 scratch
+ * for cuBLAS (prefill), so a Q4 model needs Q4 memory. Activations are F32.
+ *
+ * batch_prepare() copies the step's metadata to the device in one transfer (from pinned
+ * staging) and sorts the tokens for attention on the host: a sequence contributing one
+ * token is a decode entry (split-KV kernel), longer runs become tiles of up to
+ * CUDA_ATTN_TILE_Q queries (tiled prefill kernel). Every index the device will follow
+ * (token ids, slots, block ids) is checked on the host first, so a bad batch is an error,
+ * not a wild read. A CUDA error is sticky: every later op of this backend returns it.
+ *
+ * Ownership: md_backend_cuda_open gives a backend freed by md_backend_free (which frees the
+ * pool and with it every buffer still live). */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/cuda_ops.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define DEC_MAX_SPLITS 32
+
+struct md_buf {
+    void *p;
+    size_t n;
+};
+
+typedef struct {
+    md_backend base;
+    cuda_ctx *c;
+    md_reserve r;
+    int reserved;
+    /* Step metadata: one device arena and its pinned host staging, same layout. */
+    int32_t *d_meta, *h_meta;
+    size_t meta_n;           /* int32 elements */
+    cudaEvent_t meta_copied; /* staging may be rewritten once this fired */
+    int32_t *d_tokens, *d_pos, *d_slot, *d_bt, *d_logit_rows, *d_dec, *d_tiles;
+    int32_t *h_tokens, *h_pos, *h_slot, *h_bt, *h_logit_rows, *h_dec, *h_tiles;
+    int n_tokens, n_seqs, max_blocks, block_tokens, n_logits, n_dec, n_tiles;
+    int max_dec_len;         /* longest KV length among decode entries */
+    int64_t max_block_id;    /* largest block id any token of the step reads */
+    void *att_work;
+    size_t att_work_n;
+    int n_sm;
+    char desc[384];
+} cuda_backend;
+
+static cuda_backend *cbe(md_backend *be) {
+    return (cuda_backend *)be;
+}
+
+static cuda_dtype cache_dtype(int t) {
+    return t == MD_TYPE_F16 ? CUDA_F16 : t == MD_TYPE_BF16 ? CUDA_BF16 : CUDA_F32;
+}
+
+static int cache_type_ok(int t, md_err *e) {
+    if (t != MD_TYPE_F32 && t != MD_TYPE_F16 && t != MD_TYPE_BF16)
+        return md_errf(e, MD_EUNSUPP, "cuda backend: KV cache type %d not supported (F32, F16, BF16)",
+                       t);
+    return 0;
+}
+
+static size_t cache_elem(int t) {
+    return t == MD_TYPE_F32 ? 4 : 2;
+}
+
+static void be_free(md_backend *be) {
+    cuda_backend *b = cbe(be);
+    if (b->c) cuda_sync(b->c, NULL);
+    if (b->h_meta) cudaFreeHost(b->h_meta);
+    if (b->meta_copied) cudaEventDestroy(b->meta_copied);
+    cuda_ctx_close(b->c); /* frees the pool: d_meta, att_work and any live buffer */
+    free(b);
+}
+
+static const char *be_describe(md_backend *be) {
+    cuda_backend *b = cbe(be);
+    cuda_device_info in;
+    md_err e;
+    if (cuda_device_query(cuda_ctx_ordinal(b->c), &in, &e))
+        snprintf(b->desc, sizeof b->desc, "cuda:%d: %s", cuda_ctx_ordinal(b->c), e.msg);
+    else
+        snprintf(b->desc, sizeof b->desc, "cuda:%d: %s, sm_%d%d, %d SMs, %.1f GiB (%.1f free)",
+                 in.ordinal, in.name, in.cc_major, in.cc_minor, in.n_sm, in.total_bytes / GIB,
+                 in.free_bytes / GIB);
+    return b->desc;
+}
+
+static int be_buf_alloc(md_backend *be, size_t bytes, md_buf **out, md_err *e) {
+    cuda_backend *b = cbe(be);
+    md_buf *m = calloc(1, sizeof *m);
+    if (!m) return md_errf(e, MD_ENOMEM, "cuda backend: out of host memory");
+    int rc = cuda_pool_alloc(b->c, bytes, &m->p, e);
+    if (rc) {
+        free(m);
+        return rc;
+    }
+    m->n = bytes;
+    *out = m;
+    return 0;
+}
+
+static int be_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf **out, md_err *e) {
+    cuda_backend *b = cbe(be);
+    int rc = cuda_check_fits(b->c, bytes, "model weights", e);
+    if (rc) return rc;
+    if ((rc = be_buf_alloc(be, bytes, out, e))) return rc;
+    if ((rc = cuda_upload(b->c, (*out)->p, host, bytes, e))) {
+        cuda_pool_free(b->c, (*out)->p);
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+static void be_buf_free(md_backend *be, md_buf *m) {
+    if (!m) return;
+    cuda_pool_free(cbe(be)->c, m->p);
+    free(m);
+}
+
+static int range_ok(const md_buf *m, size_t off, size_t n, md_err *e) {
+    if (off > m->n || n > m->n - off)
+        return md_errf(e, MD_ERANGE, "cuda backend: %zu bytes at offset %zu outside a %zu-byte "
+                       "buffer", n, off, m->n);
+    return 0;
+}
+
+static int be_buf_upload(md_backend *be, md_buf *dst, size_t off, const void *src, size_t n,
+                         md_err *e) {
+    int rc = range_ok(dst, off, n, e);
+    return rc ? rc : cuda_upload(cbe(be)->c, (char *)dst->p + off, src, n, e);
+}
+
+static int be_buf_download(md_backend *be, const md_buf *src, size_t off, void *dst, size_t n,
+                           md_err *e) {
+    int rc = range_ok(src, off, n, e);
+    return rc ? rc : cuda_download(cbe(be)->c, dst, (const char *)src->p + off, n, e);
+}
+
+static int be_buf_zero(md_backend *be, md_buf *m, size_t off, size_t n, md_err *e) {
+    int rc = range_ok(m, off, n, e);
+    return rc ? rc : cuda_memset0(cbe(be)->c, (char *)m->p + off, n, e);
+}
+
+/* Metadata arena layout (int32): tokens, pos, slot, logit rows [T each], dec [3T],
+ * tiles [4 (T + S)], block table [S * max_blocks]. */
+static void meta_layout(int32_t *base, const md_reserve *r, int32_t **tok, int32_t **pos,
+                        int32_t **slot, int32_t **lr, int32_t **dec, int32_t **tiles,
+                        int32_t **bt) {
+    size_t T = (size_t)r->max_tokens, S = (size_t)r->max_seqs;
+    *tok = base;
+    *pos = base + T;
+    *slot = base + 2 * T;
+    *lr = base + 3 * T;
+    *dec = base + 4 * T;
+    *tiles = base + 7 * T;
+    *bt = base + 7 * T + 4 * (T + S);
+}
+
+static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
+    cuda_backend *b = cbe(be);
+    if (r->max_tokens < 1 || r->max_seqs < 1 || r->max_blocks < 1 || r->n_heads < 1)
+        return md_errf(e, MD_EINVAL, "cuda backend: reserve of %d tokens, %d sequences, %d "
+                       "blocks, %d heads", r->max_tokens, r->max_seqs, r->max_blocks, r->n_heads);
+    size_t n = 7 * (size_t)r->max_tokens + 4 * ((size_t)r->max_tokens + r->max_seqs) +
+               (size_t)r->max_seqs * r->max_blocks;
+    int32_t *h = NULL, *d = NULL;
+    cudaError_t err = cudaMallocHost((void **)&h, n * sizeof(int32_t));
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return md_errf(e, MD_ENOMEM, "cuda backend: cannot pin %zu bytes of host memory for "
+                       "step metadata: %s", n * sizeof(int32_t), cudaGetErrorString(err));
+    }
+    int rc = cuda_pool_alloc(b->c, n * sizeof(int32_t), (void **)&d, e);
+    if (rc) {
+        cudaFreeHost(h);
+        return rc;
+    }
+    if (b->h_meta) {
+        cuda_sync(b->c, NULL);
+        cudaFreeHost(b->h_meta);
+    }
+    cuda_pool_free(b->c, b->d_meta);
+    b->h_meta = h;
+    b->d_meta = d;
+    b->meta_n = n;
+    b->r = *r;
+    meta_layout(d, r, &b->d_tokens, &b->d_pos, &b->d_slot, &b->d_logit_rows, &b->d_dec,
+                &b->d_tiles, &b->d_bt);
+    meta_layout(h, r, &b->h_tokens, &b->h_pos, &b->h_slot, &b->h_logit_rows, &b->h_dec,
+                &b->h_tiles, &b->h_bt);
+    b->reserved = 1;
+    return 0;
+}
+
+static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
+    cuda_backend *b = cbe(be);
+    if (!b->reserved) return md_errf(e, MD_EINVAL, "cuda backend: batch_prepare before reserve");
+    int T = bt->n_tokens, S = bt->n_seqs;
+    if (T < 1 || T > b->r.max_tokens || S < 1 || S > b->r.max_seqs || bt->max_blocks < 1 ||
+        bt->max_blocks > b->r.max_blocks || bt->block_tokens < 1 || bt->n_logits < 0 ||
+        bt->n_logits > T)
+        return md_errf(e, MD_ERANGE, "cuda backend: step of %d tokens / %d sequences / %d blocks "
+                       "per sequence / %d logits exceeds the reserved %d / %d / %d", T, S,
+                       bt->max_blocks, bt->n_logits, b->r.max_tokens, b->r.max_seqs,
+                       b->r.max_blocks);
+    md_err ce;
+    if (cudaEventSynchronize(b->meta_copied) != cudaSuccess) {
+        cudaGetLastError();
+        if (cuda_ctx_failed(b->c, &ce)) {
+            if (e) *e = ce;
+            return ce.code;
+        }
+    }
+    int64_t max_block = -1;
+    int n_dec = 0, n_tiles = 0, max_dec = 0;
+    for (int t = 0; t < T;) {
+        int s = bt->tok_seq[t];
+        if (s < 0 || s >= S)
+            return md_errf(e, MD_ERANGE, "cuda backend: token %d belongs to sequence %d of %d", t,
+                           s, S);
+        int run = 1;
+        while (t + run < T && bt->tok_seq[t + run] == s) run++;
+        for (int i = t; i < t + run; i++) {
+            int p = bt->tok_pos[i];
+            if (p < 0 || p >= bt->max_blocks * bt->block_tokens || bt->slot[i] < 0 ||
+                (i > t && p != bt->tok_pos[i - 1] + 1))
+                return md_errf(e, MD_ERANGE, "cuda backend: token %d at position %d (slot %d) "
+                               "does not fit %d blocks of %d tokens in order", i, p, bt->slot[i],
+                               bt->max_blocks, bt->block_tokens);
+        }
+        int last = bt->tok_pos[t + run - 1];
+        for (int k = 0; k <= last / bt->block_tokens; k++) {
+            int32_t id = bt->block_table[(size_t)s * bt->max_blocks + k];
+            if (id < 0)
+                return md_errf(e, MD_ERANGE, "cuda backend: sequence %d has no block %d for "
+                               "position %d", s, k, last);
+            if (id > max_block) max_block = id;
+        }
+        if (run == 1) {
+            int32_t *d = b->h_dec + 3 * n_dec++;
+            d[0] = t;
+            d[1] = s;
+            d[2] = bt->tok_pos[t] + 1;
+            if (d[2] > max_dec) max_dec = d[2];
+        } else {
+            for (int i = 0; i < run; i += CUDA_ATTN_TILE_Q) {
+                int32_t *ti = b->h_tiles + 4 * n_tiles++;
+                ti[0] = s;
+                ti[1] = t + i;
+                ti[2] = run - i < CUDA_ATTN_TILE_Q ? run - i : CUDA_ATTN_TILE_Q;
+                ti[3] = bt->tok_pos[t + i];
+            }
+        }
+        t += run;
+    }
+    for (int i = 0; i < bt->n_logits; i++)
+        if (bt->logit_rows[i] < 0 || bt->logit_rows[i] >= T)
+            return md_errf(e, MD_ERANGE, "cuda backend: logit row %d outside the step's %d tokens",
+                           bt->logit_rows[i], T);
+    memcpy(b->h_tokens, bt->tokens, (size_t)T * 4);
+    memcpy(b->h_pos, bt->tok_pos, (size_t)T * 4);
+    memcpy(b->h_slot, bt->slot, (size_t)T * 4);
+    memcpy(b->h_logit_rows, bt->logit_rows, (size_t)bt->n_logits * 4);
+    /* The device block table keeps the reserved width; rows are copied at that stride. */
+    for (int s = 0; s < S; s++)
+        memcpy(b->h_bt + (size_t)s * b->r.max_blocks, bt->block_table + (size_t)s * bt->max_blocks,
+               (size_t)bt->max_blocks * 4);
+    int rc = cuda_upload(b->c, b->d_meta, b->h_meta,
+                         (size_t)(b->h_bt - b->h_meta + (int64_t)S * b->r.max_blocks) * 4, e);
+    if (rc) return rc;
+    cudaEventRecord(b->meta_copied, cuda_ctx_stream(b->c));
+    b->n_tokens = T;
+    b->n_seqs = S;
+    b->max_blocks = bt->max_blocks;
+    b->block_tokens = bt->block_tokens;
+    b->n_logits = bt->n_logits;
+    b->n_dec = n_dec;
+    b->n_tiles = n_tiles;
+    b->max_dec_len = max_dec;
+    b->max_block_id = max_block;
+    return cuda_check(b->c, "step metadata", e);
+}
+
+static int tensor_ok(const md_tensor *w, md_err *e) {
+    size_t rb = md_type_row_bytes(w->type, w->ne0);
+    if (rb == 0 || rb != w->row_bytes || w->ne1 < 1 ||
+        w->offset > w->buf->n || (size_t)w->ne1 * rb > w->buf->n - w->offset)
+        return md_errf(e, MD_ERANGE, "cuda backend: tensor of type %d [%lld, %lld] does not lie "
+                       "inside its %zu-byte buffer", w->type, (long long)w->ne0,
+                       (long long)w->ne1, w->buf->n);
+    return 0;
+}
+
+static const void *tensor_ptr(const md_tensor *w) {
+    return (const char *)w->buf->p + w->offset;
+}
+
+static int be_embed(md_backend *be, const md_tensor *w, md_buf *out, md_err *e) {
+    cuda_backend *b = cbe(be);
+    int rc = tensor_ok(w, e);
+    if (rc) return rc;
+    for (int t = 0; t < b->n_tokens; t++)
+        if (b->h_tokens[t] < 0 || b->h_tokens[t] >= w->ne1)
+            return md_errf(e, MD_ERANGE, "token id %d outside the vocabulary of %lld",
+                           (int)b->h_tokens[t], (long long)w->ne1);
+    if ((size_t)b->n_tokens * w->ne0 * 4 > out->n)
+        return md_errf(e, MD_ERANGE, "cuda backend: embedding output buffer too small");
+    return cuda_get_rows(b->c, tensor_ptr(w), w->type, w->ne1, (int)w->ne0, b->d_tokens,
+                         b->n_tokens, (float *)out->p, NULL, e);
+}
+
+static int be_matmul(md_backend *be, const md_tensor *w, const md_buf *x, md_buf *y, int T,
+                     md_err *e) {
+    int rc = tensor_ok(w, e);
+    if (rc) return rc;
+    if ((size_t)T * w->ne0 * 4 > x->n || (size_t)T * w->ne1 * 4 > y->n)
+        return md_errf(e, MD_ERANGE, "cuda backend: matmul of %d x [%lld -> %lld] overruns its "
+                       "buffers", T, (long long)w->ne0, (long long)w->ne1);
+    return cuda_matmul(cbe(be)->c, tensor_ptr(w), w->type, w->row_bytes, (const float *)x->p,
+                       (float *)y->p, T, (int)w->ne1, (int)w->ne0, 0.0f, 0, e);
+}
+
+static int be_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, md_err *e) {
+    int rc = tensor_ok(bias, e);
+    if (rc) return rc;
+    if (bias->type != MD_TYPE_F32)
+        return md_errf(e, MD_EUNSUPP, "cuda backend: bias of type %d (F32 only)", bias->type);
+    return cuda_add_bias(cbe(be)->c, (float *)y->p, (const float *)tensor_ptr(bias), T,
+                         (int)bias->ne0, e);
+}
+
+static int be_rmsnorm(md_backend *be, const md_buf *x, const md_tensor *w, md_buf *out, int T,
+                      int C, float eps, md_err *e) {
+    if (w->type != MD_TYPE_F32 || w->ne0 != C)
+        return md_errf(e, MD_EUNSUPP, "cuda backend: rmsnorm weight must be F32 [%d]", C);
+    return cuda_rmsnorm(cbe(be)->c, (const float *)x->p, (const float *)tensor_ptr(w), eps, T, C,
+                        out->p, CUDA_F32, e);
+}
+
+static int be_rope(md_backend *be, md_buf *x, int n_heads, int head_dim, int rot_dims,
+                   const md_buf *inv_freq, int neox, md_err *e) {
+    cuda_backend *b = cbe(be);
+    return cuda_rope(b->c, (float *)x->p, b->d_pos, b->n_tokens, n_heads, head_dim, rot_dims,
+                     (const float *)inv_freq->p, neox, e);
+}
+
+static int be_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf *k_cache,
+                       md_buf *v_cache, int kv_dim, int cache_type, md_err *e) {
+    cuda_backend *b = cbe(be);
+    int rc = cache_type_ok(cache_type, e);
+    if (rc) return rc;
+    size_t row = (size_t)kv_dim * cache_elem(cache_type);
+    for (int t = 0; t < b->n_tokens; t++) {
+        size_t s = (size_t)b->h_slot[t];
+        if ((s + 1) * row > k_cache->n || (s + 1) * row > v_cache->n)
+            return md_errf(e, MD_ERANGE, "cuda backend: KV slot %zu outside the cache", s);
+    }
+    return cuda_kv_write(b->c, k_cache->p, v_cache->p, cache_dtype(cache_type), kv_dim,
+                         (const float *)k->p, (const float *)v->p, b->d_slot, b->n_tokens, e);
+}
+
+/* Splits for decode: enough blocks to fill the SMs twice, at least 64 keys per split. */
+static int dec_splits(const cuda_backend *b, int n_kv_heads) {
+    int blocks = b->n_dec * n_kv_heads;
+    int want = (2 * b->n_sm + blocks - 1) / (blocks > 0 ? blocks : 1);
+    int by_len = (b->max_dec_len + 63) / 64;
+    if (want > by_len) want = by_len;
+    if (want > DEC_MAX_SPLITS) want = DEC_MAX_SPLITS;
+    return want < 1 ? 1 : want;
+}
+
+static int be_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
+                        const md_buf *v_cache, md_buf *out, int n_heads, int n_kv_heads,
+                        int head_dim, int cache_type, float scale, md_err *e) {
+    cuda_backend *b = cbe(be);
+    int rc = cache_type_ok(cache_type, e);
+    if (rc) return rc;
+    if (n_kv_heads < 1 || n_heads % n_kv_heads)
+        return md_errf(e, MD_EINVAL, "cuda backend: %d heads over %d kv heads", n_heads, n_kv_heads);
+    size_t slot_bytes = (size_t)n_kv_heads * head_dim * cache_elem(cache_type);
+    size_t n_slots = k_cache->n / slot_bytes;
+    if ((size_t)(b->max_block_id + 1) * b->block_tokens > n_slots || v_cache->n < k_cache->n)
+        return md_errf(e, MD_ERANGE, "cuda backend: block %lld of %d tokens lies outside a cache "
+                       "of %zu slots", (long long)b->max_block_id, b->block_tokens, n_slots);
+    cuda_kv_layer kv = {k_cache->p, v_cache->p, cache_dtype(cache_type), n_kv_heads, head_dim,
+                        b->block_tokens};
+    if (b->n_dec) {
+        int splits = dec_splits(b, n_kv_heads);
+        size_t need = cuda_attn_decode_work_bytes(b->n_dec, n_heads, head_dim, splits);
+        if (need > b->att_work_n) {
+            /* Grows to its high-water mark during the first steps, then never again. */
+            void *p = NULL;
+            size_t want = cuda_attn_decode_work_bytes(b->r.max_seqs, n_heads, head_dim, splits);
+            if (want < need) want = need;
+            if ((rc = cuda_pool_alloc(b->c, want, &p, e))) return rc;
+            cuda_pool_free(b->c, b->att_work);
+            b->att_work = p;
+            b->att_work_n = want;
+        }
+        if ((rc = cuda_attn_decode(b->c, &kv, (const float *)q->p, b->d_dec, b->n_dec, b->d_bt,
+                                   b->r.max_blocks, n_heads, scale, splits, b->att_work,
+                                   (float *)out->p, e)))
+            return rc;
+    }
+    if (b->n_tiles)
+        return cuda_attn_prefill(b->c, &kv, (const float *)q->p, b->d_tiles, b->n_tiles, b->d_bt,
+                                 b->r.max_blocks, n_heads, scale, (float *)out->p, e);
+    return 0;
+}
+
+static int be_swiglu(md_backend *be, const md_buf *gate, const md_buf *up, md_buf *out,
+                     int64_t n, md_err *e) {
+    return cuda_swiglu(cbe(be)->c, (const float *)gate->p, (const float *)up->p, out->p, CUDA_F32,
+                       n, e);
+}
+
+static int be_add(md_backend *be, md_buf *x, const md_buf *y, int64_t n, md_err *e) {
+    return cuda_add(cbe(be)->c, (float *)x->p, (const float *)y->p, n, e);
+}
+
+static int be_gather_rows(md_backend *be, const md_buf *x, md_buf *out, int C, md_err *e) {
+    cuda_backend *b = cbe(be);
+    if ((size_t)b->n_logits * C * 4 > out->n)
+        return md_errf(e, MD_ERANGE, "cuda backend: %d logit rows of %d overrun the output",
+                       b->n_logits, C);
+    return cuda_gather_rows(b->c, (const float *)x->p, b->d_logit_rows, b->n_logits, C,
+                            (float *)out->p, e);
+}
+
+static int be_sync(md_backend *be, md_err *e) {
+    return cuda_sync(cbe(be)->c, e);
+}
+
+static const md_backend_ops cuda_backend_ops = {
+    .name = "cuda",
+    .free = be_free,
+    .describe = be_describe,
+    .buf_alloc = be_buf_alloc,
+    .buf_wrap = be_buf_wrap,
+    .buf_free = be_buf_free,
+    .buf_upload = be_buf_upload,
+    .buf_download = be_buf_download,
+    .buf_zero = be_buf_zero,
+    .reserve = be_reserve,
+    .batch_prepare = be_batch_prepare,
+    .embed = be_embed,
+    .matmul = be_matmul,
+    .add_bias = be_add_bias,
+    .rmsnorm = be_rmsnorm,
+    .rope = be_rope,
+    .kv_write = be_kv_write,
+    .attention = be_attention,
+    .swiglu = be_swiglu,
+    .add = be_add,
+    .gather_rows = be_gather_rows,
+    .sync = be_sync,
+};
+
+int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e) {
+    *out = NULL;
+    cuda_backend *b = calloc(1, sizeof *b);
+    if (!b) return md_errf(e, MD_ENOMEM, "cuda backend: out of host memory");
+    b->base.ops = &cuda_backend_ops;
+    int rc = cuda_ctx_open(ordinal, &b->c, e);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    cuda_device_info in;
+    if ((rc = cuda_device_query(ordinal, &in, e))) {
+        be_free(&b->base);
+        return rc;
+    }
+    b->n_sm = in.n_sm;
+    if (cudaEventCreateWithFlags(&b->meta_copied, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        be_free(&b->base);
+        return md_errf(e, MD_EDEVICE, "cuda:%d: cannot create an event", ordinal);
+    }
+    *out = &b->base;
+    return 0;
+}
+
+/* ---- backend_cuda.h ---------------------------------------------------------------- */
+
+int md_cuda_device_count(char *why, size_t whysz) {
+    return cuda_device_count(why, whysz);
+}
+
+int md_cuda_device_get(int ordinal, md_cuda_device *out, md_err *e) {
+    cuda_device_info in;
+    int rc = cuda_device_query(ordinal, &in, e);
+    if (rc) return rc;
+    memset(out, 0, sizeof *out);
+    memcpy(out->name, in.name, sizeof out->name);
+    out->ordinal = in.ordinal;
+    out->cc_major = in.cc_major;
+    out->cc_minor = in.cc_minor;
+    out->n_sm = in.n_sm;
+    out->total_bytes = in.total_bytes;
+    out->free_bytes = in.free_bytes;
+    out->hbm_gbps = in.hbm_gbps;
+    return 0;
+}
+
+int md_cuda_check_fits(int ordinal, size_t need, const char *what, md_err *e) {
+    cuda_device_info in;
+    int rc = cuda_device_query(ordinal, &in, e);
+    if (rc) return rc;
+    if (need > in.free_bytes)
+        return md_errf(e, MD_ENOMEM, "%s does not fit on cuda:%d (%s): needs %.2f GiB, %.2f GiB "
+                       "free of %.2f GiB", what, ordinal, in.name, need / GIB,
+                       in.free_bytes / GIB, in.total_bytes / GIB);
+    return 0;
+}

@@ -1,0 +1,197 @@
+/* cuda_ops.h — the CUDA backend's own kernels and their host launchers (internal to
+ * kernels/cuda; the rest of medley reaches a GPU only through kernels/backend.h).
+ *
+ * A cuda_ctx is one device: its stream, cuBLAS handle, a device memory pool (cudaMalloc
+ * slabs; never managed memory) and a sticky error. Every launcher enqueues work on the
+ * ctx's stream and returns at once: 0, MD_EINVAL for bad shapes (checked on the host before
+ * anything is launched) or MD_EDEVICE with the CUDA error's sentence. After the first
+ * device error the ctx refuses all further work with that same error, so a failed step
+ * can never be followed by a silently wrong one.
+ *
+ * Data layout (row-major, innermost last):
+ *   activations  float  x[n_tokens][dim]                  (residual stream in FP32)
+ *   weights      any GGUF type, w[n_out][k]                 (ggml row = one output)
+ *   KV cache     f32/f16/bf16 k[n_slots][n_kv_heads][head_dim], v likewise;
+ *                slot = block * block_tokens + offset
+ *   block table  int32  bt[n_seqs][max_blocks]              (physical block ids)
+ * Pointers passed to launchers are device pointers unless named host_*.
+ *
+ * Ownership: the caller owns ctx (cuda_ctx_close frees the pool and everything in it);
+ * buffers from cuda_pool_alloc belong to the pool until cuda_pool_free. */
+#ifndef MEDLEY_KERNELS_CUDA_OPS_H
+#define MEDLEY_KERNELS_CUDA_OPS_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cuda_ctx cuda_ctx;
+
+/* Element types of device buffers the launchers accept. */
+typedef enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 } cuda_dtype;
+
+typedef struct {
+    char name[256];
+    int ordinal;
+    int cc_major, cc_minor;
+    int n_sm;
+    size_t total_bytes, free_bytes;
+    double hbm_gbps; /* peak, from memory clock x bus width (0 when the driver hides it) */
+} cuda_device_info;
+
+/* How many CUDA devices this process can use. Never fails: with no driver or no device
+ * it returns 0 and, when why is not NULL, writes the driver's reason into why. */
+int cuda_device_count(char *why, size_t whysz);
+int cuda_device_query(int ordinal, cuda_device_info *info, md_err *e);
+
+/* Open device `ordinal`: MD_EDEVICE with a sentence naming the device count when it does
+ * not exist. */
+int cuda_ctx_open(int ordinal, cuda_ctx **out, md_err *e);
+void cuda_ctx_close(cuda_ctx *c);
+cudaStream_t cuda_ctx_stream(cuda_ctx *c);
+int cuda_ctx_ordinal(const cuda_ctx *c);
+/* Wait for the stream and report any error it hit (sticky, see above). */
+int cuda_sync(cuda_ctx *c, md_err *e);
+/* Check for a launch error after enqueuing kernels; `what` names the operation. */
+int cuda_check(cuda_ctx *c, const char *what, md_err *e);
+/* The sticky error, or 0. */
+int cuda_ctx_failed(const cuda_ctx *c, md_err *e);
+
+/* Device memory pool: 256-byte aligned blocks carved out of cudaMalloc'd slabs. */
+int cuda_pool_alloc(cuda_ctx *c, size_t bytes, void **out, md_err *e);
+void cuda_pool_free(cuda_ctx *c, void *p);
+/* Bytes held by live allocations / by slabs (for memory reports). */
+size_t cuda_pool_used(const cuda_ctx *c);
+size_t cuda_pool_reserved(const cuda_ctx *c);
+/* Refuse before loading: MD_ENOMEM with "needs X GiB, Y GiB free of Z GiB" when need
+ * (plus the pool's spare room) exceeds what the device has free. */
+int cuda_check_fits(cuda_ctx *c, size_t need_bytes, const char *what, md_err *e);
+
+int cuda_upload(cuda_ctx *c, void *dst, const void *host_src, size_t bytes, md_err *e);
+int cuda_download(cuda_ctx *c, void *host_dst, const void *src, size_t bytes, md_err *e);
+int cuda_memset0(cuda_ctx *c, void *dst, size_t bytes, md_err *e);
+
+/* ---- GGUF dequantization (on device) ------------------------------------------------ */
+
+/* Dequantize n elements of ggml type `gtype` (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K;
+ * numbered as engine/gguf.h) at src (raw blocks on the device) into dst of type `out`.
+ * n must be a multiple of the type's block size. */
+int cuda_dequantize(cuda_ctx *c, int gtype, const void *src, void *dst, cuda_dtype out, int64_t n,
+                    md_err *e);
+/* Bytes of n elements of gtype (0 when the type is unsupported or n is not a multiple). */
+size_t cuda_ggml_bytes(int gtype, int64_t n);
+
+/* ---- elementwise and normalisation ------------------------------------------------- */
+
+/* out[r] = x[r] / rms(x[r]) * w, rms = sqrt(mean(x^2) + eps). x f32 [rows][dim], w f32 [dim],
+ * out f32 or bf16 [rows][dim] (may alias x when f32). */
+int cuda_rmsnorm(cuda_ctx *c, const float *x, const float *w, float eps, int rows, int dim,
+                 void *out, cuda_dtype out_type, md_err *e);
+/* Rotary embedding in place on x f32 [n_tokens][n_heads][head_dim], rotating the first
+ * rot_dim dims of each head by pos[t] * inv_freq[i] (inv_freq f32 [rot_dim/2], scaling
+ * already applied). neox=0: pairs (2i, 2i+1); neox=1: pairs (i, i + rot_dim/2). */
+int cuda_rope(cuda_ctx *c, float *x, const int32_t *pos, int n_tokens, int n_heads, int head_dim,
+              int rot_dim, const float *inv_freq, int neox, md_err *e);
+/* out[i] = silu(gate[i]) * up[i], n elements; out f32 or bf16 (may alias gate when f32). */
+int cuda_swiglu(cuda_ctx *c, const float *gate, const float *up, void *out, cuda_dtype out_type,
+                int64_t n, md_err *e);
+/* y += x, n floats. */
+int cuda_add(cuda_ctx *c, float *y, const float *x, int64_t n, md_err *e);
+/* y[r][i] += bias[i], y f32 [rows][cols]. */
+int cuda_add_bias(cuda_ctx *c, float *y, const float *bias, int rows, int cols, md_err *e);
+/* Convert n floats to bf16 / f16 / f32 at dst. */
+int cuda_convert(cuda_ctx *c, const float *x, void *dst, cuda_dtype out_type, int64_t n,
+                 md_err *e);
+/* out[t] = row ids[t] of table as f32: table holds n_rows rows of dim elements of ggml type
+ * gtype (any type cuda_dequantize takes; dim a multiple of 32 and of the block size). Ids
+ * outside [0, n_rows) give rows of zeros and set *bad_id (device int, may be NULL) to 1. */
+int cuda_get_rows(cuda_ctx *c, const void *table, int gtype, int64_t n_rows, int dim,
+                  const int32_t *ids, int n, float *out, int *bad_id, md_err *e);
+/* out[r] = x[rows[r]], x f32 [*][cols], out f32 [n_rows][cols]. */
+int cuda_gather_rows(cuda_ctx *c, const float *x, const int32_t *rows, int n_rows, int cols,
+                     float *out, md_err *e);
+
+/* ---- GEMM -------------------------------------------------------------------------- */
+
+/* y[m][n] = x[m][k] . w[n][k]^T (+ beta * y), FP32 accumulation, x and y f32. w holds n rows
+ * of row_bytes bytes of ggml type wtype (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
+ * m <= CUDA_GEMV_MAX_M (and not force_cublas): own GEMV kernels reading w once (quantized
+ * weights decoded in registers). Otherwise cuBLAS GemmEx: x converted to bf16 (f16 for F16
+ * weights), quantized w expanded to bf16 in scratch first; F32 weights use SGEMM. */
+#define CUDA_GEMV_MAX_M 8
+int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const float *x, float *y,
+                int m, int n, int k, float beta, int force_cublas, md_err *e);
+
+/* ---- paged KV cache and attention ------------------------------------------------ */
+
+typedef struct {
+    void *k, *v;        /* [n_slots][n_kv_heads][head_dim] of dtype */
+    cuda_dtype dtype;   /* F32, F16 or BF16 */
+    int n_kv_heads;
+    int head_dim;       /* a multiple of 32, at most 256 */
+    int block_tokens;
+} cuda_kv_layer;
+
+/* Write k, v f32 [n_tokens][kv_dim] into k_cache / v_cache (dtype) at slots[t]. */
+int cuda_kv_write(cuda_ctx *c, void *k_cache, void *v_cache, cuda_dtype dtype, int kv_dim,
+                  const float *k, const float *v, const int32_t *slots, int n_tokens, md_err *e);
+
+/* Decode attention, one query token per entry: dec int32 [n][3] = {query row, block-table
+ * row, kv length}. q f32 [*][n_heads][head_dim], out likewise (same rows). The entry attends
+ * to its sequence's first kv-length cached tokens (read on the device, so a captured graph
+ * stays valid as sequences grow). The KV range is split into n_splits chunks processed in
+ * parallel and merged (flash-decoding); work is cuda_attn_decode_work_bytes() of scratch. */
+size_t cuda_attn_decode_work_bytes(int n, int n_heads, int head_dim, int n_splits);
+int cuda_attn_decode(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, const int32_t *dec,
+                     int n, const int32_t *block_table, int max_blocks, int n_heads, float scale,
+                     int n_splits, void *work, float *out, md_err *e);
+
+/* Prefill attention, tiled FlashAttention-style (online softmax over K/V tiles in shared
+ * memory): q f32 [n_tokens][n_heads][head_dim]; a tile is up to CUDA_ATTN_TILE_Q consecutive
+ * query tokens of one sequence: tiles int32 [n_tiles][4] = {block-table row, first token
+ * row, tokens in tile, position of the first token}. Query at position p sees cached
+ * positions 0..p (causal); those must be written first. */
+#define CUDA_ATTN_TILE_Q 16
+int cuda_attn_prefill(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, const int32_t *tiles,
+                      int n_tiles, const int32_t *block_table, int max_blocks, int n_heads,
+                      float scale, float *out, md_err *e);
+
+/* ---- sampling ---------------------------------------------------------------------- */
+
+typedef struct {
+    float temperature; /* <= 0: greedy */
+    int top_k;         /* 0 = off */
+    float top_p;       /* >= 1 = off */
+    float min_p;       /* 0 = off */
+    float u;           /* uniform draw in [0, 1) from the caller's seeded RNG */
+} cuda_sample_params;
+
+/* Greedy: out[r] = argmax logits[r][:] (lowest index on ties). */
+int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *out, md_err *e);
+/* One token per row under params[r] (device array): temperature softmax, then top-k, top-p
+ * and min-p as thresholds on the probabilities, then the inverse-CDF draw at u over the
+ * kept tokens in index order. logprob[r] (may be NULL) = log of the chosen token's
+ * probability under the temperature softmax before filtering. */
+int cuda_sample(cuda_ctx *c, const float *logits, int rows, int vocab,
+                const cuda_sample_params *params, int32_t *out, float *logprob, md_err *e);
+
+/* ---- CUDA graphs ------------------------------------------------------------------ */
+
+typedef struct cuda_graph cuda_graph;
+/* Everything enqueued on the ctx stream between begin and end is recorded, not run. */
+int cuda_graph_begin(cuda_ctx *c, md_err *e);
+int cuda_graph_end(cuda_ctx *c, cuda_graph **out, md_err *e);
+int cuda_graph_launch(cuda_ctx *c, cuda_graph *g, md_err *e);
+void cuda_graph_free(cuda_graph *g);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

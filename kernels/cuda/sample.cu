@@ -1,0 +1,202 @@
+/* sample.cu — choosing the next token on the device, one block per row of logits.
+ *
+ * Greedy is an argmax (lowest index on ties). Otherwise, with s_i = (logit_i - max) / T:
+ * top-k, top-p and min-p become thresholds on s found by bisection over block-wide counts
+ * and sums (no sort, no scratch memory), and the token is the inverse-CDF draw at the
+ * caller's uniform u over the kept tokens in index order (a block-wide prefix scan). The
+ * caller's RNG supplies u, so a seed gives the same tokens on every backend. */
+#include "kernels/cuda/cuda_internal.h"
+
+#define SAMPLE_THREADS 1024
+#define BISECT_STEPS 40
+
+/* Block argmax: value and lowest index among maxima. */
+__device__ void block_argmax(float v, int i, float *shv, int *shi, float *outv, int *outi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (ov > v || (ov == v && oi < i)) {
+            v = ov;
+            i = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) {
+        shv[wid] = v;
+        shi[wid] = i;
+    }
+    __syncthreads();
+    if (wid == 0) {
+        v = lane < nw ? shv[lane] : -FLT_MAX;
+        i = lane < nw ? shi[lane] : INT_MAX;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, v, o);
+            int oi = __shfl_xor_sync(0xffffffffu, i, o);
+            if (ov > v || (ov == v && oi < i)) {
+                v = ov;
+                i = oi;
+            }
+        }
+        if (lane == 0) {
+            shv[0] = v;
+            shi[0] = i;
+        }
+    }
+    __syncthreads();
+    *outv = shv[0];
+    *outi = shi[0];
+}
+
+__global__ void k_argmax(const float *logits, int vocab, int32_t *out) {
+    __shared__ float shv[32];
+    __shared__ int shi[32];
+    const float *l = logits + (int64_t)blockIdx.x * vocab;
+    float bv = -FLT_MAX;
+    int bi = INT_MAX;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+        if (l[i] > bv) { /* strided ascending: the first maximum seen has the lowest index */
+            bv = l[i];
+            bi = i;
+        }
+    float v;
+    int idx;
+    block_argmax(bv, bi, shv, shi, &v, &idx);
+    if (threadIdx.x == 0) out[blockIdx.x] = idx == INT_MAX ? 0 : idx;
+}
+
+int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *out, md_err *e) {
+    CUDA_GUARD(c, e);
+    if (rows < 0 || vocab <= 0) return md_errf(e, MD_EINVAL, "CUDA argmax: bad shape [%d, %d]", rows, vocab);
+    if (rows == 0) return 0;
+    k_argmax<<<rows, SAMPLE_THREADS, 0, c->stream>>>(logits, vocab, out);
+    return CUDA_LAUNCHED(c, "argmax", e);
+}
+
+/* Count and sum of exp(s) over tokens with s >= thr. */
+__device__ void kept(const float *l, int vocab, float mx, float invt, float thr, float *sh,
+                     float *count, float *mass) {
+    float cn = 0.0f, ms = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float s = (l[i] - mx) * invt;
+        if (s >= thr) {
+            cn += 1.0f;
+            ms += __expf(s);
+        }
+    }
+    *count = cuda_block_sum(cn, sh);
+    *mass = cuda_block_sum(ms, sh);
+}
+
+__global__ void k_sample(const float *logits, int vocab, const cuda_sample_params *params,
+                         int32_t *out, float *logprob) {
+    __shared__ float sh[32], shv[32];
+    __shared__ int shi[32];
+    __shared__ float carry;
+    __shared__ int found;
+    const float *l = logits + (int64_t)blockIdx.x * vocab;
+    cuda_sample_params P = params[blockIdx.x];
+
+    float bv = -FLT_MAX, mn = FLT_MAX;
+    int bi = INT_MAX;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        if (l[i] > bv) {
+            bv = l[i];
+            bi = i;
+        }
+        mn = fminf(mn, l[i]);
+    }
+    float mx;
+    int amax;
+    block_argmax(bv, bi, shv, shi, &mx, &amax);
+    float lmin = -cuda_block_max(-mn, sh);
+    float invt = P.temperature > 0.0f ? 1.0f / P.temperature : 1.0f;
+    float z, dummy;
+    kept(l, vocab, mx, invt, -FLT_MAX, sh, &dummy, &z);
+    if (P.temperature <= 0.0f) {
+        if (threadIdx.x == 0) {
+            out[blockIdx.x] = amax;
+            if (logprob) logprob[blockIdx.x] = -logf(z);
+        }
+        return;
+    }
+    float smin = (lmin - mx) * invt; /* every s lies in [smin, 0] */
+    float thr = smin;
+    if (P.top_k > 0 && P.top_k < vocab) { /* largest thr with count(s >= thr) >= k */
+        float lo = smin, hi = 0.0f, cn, ms;
+        for (int it = 0; it < BISECT_STEPS; it++) {
+            float mid = 0.5f * (lo + hi);
+            kept(l, vocab, mx, invt, mid, sh, &cn, &ms);
+            if (cn >= (float)P.top_k) lo = mid; else hi = mid;
+        }
+        thr = lo;
+    }
+    if (P.top_p > 0.0f && P.top_p < 1.0f) { /* largest thr' >= thr keeping top_p of the mass */
+        float cn, total;
+        kept(l, vocab, mx, invt, thr, sh, &cn, &total);
+        float lo = thr, hi = 0.0f, ms;
+        for (int it = 0; it < BISECT_STEPS; it++) {
+            float mid = 0.5f * (lo + hi);
+            kept(l, vocab, mx, invt, mid, sh, &cn, &ms);
+            if (ms >= P.top_p * total) lo = mid; else hi = mid;
+        }
+        thr = lo;
+    }
+    if (P.min_p > 0.0f && P.min_p <= 1.0f) thr = fmaxf(thr, logf(P.min_p));
+    float cn, mass;
+    kept(l, vocab, mx, invt, thr, sh, &cn, &mass);
+    float target = fminf(fmaxf(P.u, 0.0f), 0.99999994f) * mass;
+    /* Inverse CDF: first kept index whose running sum exceeds target, chunk by chunk. */
+    if (threadIdx.x == 0) {
+        carry = 0.0f;
+        found = INT_MAX;
+    }
+    int last_kept = -1;
+    for (int base = 0; base < vocab; base += blockDim.x) {
+        int i = base + threadIdx.x;
+        float s = i < vocab ? (l[i] - mx) * invt : -FLT_MAX;
+        float p = (i < vocab && s >= thr) ? __expf(s) : 0.0f;
+        if (p > 0.0f) last_kept = i;
+        /* inclusive scan: warps, then warp totals */
+        float x = p;
+        int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+        for (int o = 1; o < 32; o <<= 1) {
+            float y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        __syncthreads();
+        if (lane == 31) sh[wid] = x;
+        __syncthreads();
+        if (wid == 0) {
+            float w = sh[lane];
+            for (int o = 1; o < 32; o <<= 1) {
+                float y = __shfl_up_sync(0xffffffffu, w, o);
+                if (lane >= o) w += y;
+            }
+            sh[lane] = w;
+        }
+        __syncthreads();
+        float incl = carry + x + (wid > 0 ? sh[wid - 1] : 0.0f);
+        if (p > 0.0f && incl > target) atomicMin(&found, i);
+        __syncthreads();
+        if (threadIdx.x == blockDim.x - 1) carry = incl;
+        __syncthreads();
+        if (found != INT_MAX) break;
+    }
+    /* Rounding can leave target unreached: fall back to the last kept token. */
+    int lk = (int)cuda_block_max((float)last_kept, sh);
+    if (threadIdx.x == 0) {
+        int tok = found != INT_MAX ? found : (lk >= 0 ? lk : amax);
+        out[blockIdx.x] = tok;
+        if (logprob) logprob[blockIdx.x] = (l[tok] - mx) * invt - logf(z);
+    }
+}
+
+int cuda_sample(cuda_ctx *c, const float *logits, int rows, int vocab,
+                const cuda_sample_params *params, int32_t *out, float *logprob, md_err *e) {
+    CUDA_GUARD(c, e);
+    if (rows < 0 || vocab <= 0) return md_errf(e, MD_EINVAL, "CUDA sample: bad shape [%d, %d]", rows, vocab);
+    if (rows == 0) return 0;
+    k_sample<<<rows, SAMPLE_THREADS, 0, c->stream>>>(logits, vocab, params, out, logprob);
+    return CUDA_LAUNCHED(c, "sample", e);
+}
