@@ -380,6 +380,20 @@ static int parse_tensor(gguf_file *f, rd *r, int64_t i) {
     return 0;
 }
 
+/* Grow a zeroed table to the next capacity (doubling, at most max entries). */
+static int grow(void **arr, int64_t *cap, int64_t max, size_t elsz, md_err *e) {
+    int64_t ncap = *cap ? *cap * 2 : 64;
+    if (ncap > max)
+        ncap = max;
+    void *p = realloc(*arr, (size_t)ncap * elsz);
+    if (!p)
+        return md_errf(e, MD_ENOMEM, "out of memory for %lld table entries", (long long)ncap);
+    memset((char *)p + (size_t)*cap * elsz, 0, (size_t)(ncap - *cap) * elsz);
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
 /* e is never NULL here (the public entry points substitute a local one). */
 static int gguf_parse(gguf_file *f, md_err *e) {
     rd r = {f->base, f->size, 0, e};
@@ -412,16 +426,15 @@ static int gguf_parse(gguf_file *f, md_err *e) {
         return md_errf(e, MD_EFORMAT,
                        "header claims %llu tensors but the file has room for at most %zu",
                        (unsigned long long)nt, rd_left(&r) / 32);
-    f->n_kv = (int64_t)nkv;
-    f->n_tensors = (int64_t)nt;
-    f->kv = calloc(nkv ? nkv : 1, sizeof *f->kv);
-    f->tensors = calloc(nt ? nt : 1, sizeof *f->tensors);
-    if (!f->kv || !f->tensors)
-        return md_errf(e, MD_ENOMEM, "out of memory for %llu metadata entries and %llu tensors",
-                       (unsigned long long)nkv, (unsigned long long)nt);
-    for (int64_t i = 0; i < f->n_kv; i++)
+    /* tables grow as entries actually parse, so a lying count costs no memory */
+    int64_t cap = 0;
+    for (int64_t i = 0; i < (int64_t)nkv; i++) {
+        if (i == cap && grow((void **)&f->kv, &cap, (int64_t)nkv, sizeof *f->kv, e))
+            return MD_ENOMEM;
+        f->n_kv = i + 1;
         if ((rc = parse_kv(f, &r, i)) != 0)
             return rc;
+    }
     if (sort_index(&f->kv_sorted, f->n_kv, f, cmp_kv_fn, e))
         return MD_ENOMEM;
     for (int64_t i = 1; i < f->n_kv; i++)
@@ -443,9 +456,19 @@ static int gguf_parse(gguf_file *f, md_err *e) {
         f->alignment = a;
     }
 
-    for (int64_t i = 0; i < f->n_tensors; i++)
+    if (nt > rd_left(&r) / 32)
+        return md_errf(e, MD_EFORMAT,
+                       "header claims %llu tensors but after the metadata the file has room for "
+                       "at most %zu",
+                       (unsigned long long)nt, rd_left(&r) / 32);
+    cap = 0;
+    for (int64_t i = 0; i < (int64_t)nt; i++) {
+        if (i == cap && grow((void **)&f->tensors, &cap, (int64_t)nt, sizeof *f->tensors, e))
+            return MD_ENOMEM;
+        f->n_tensors = i + 1;
         if ((rc = parse_tensor(f, &r, i)) != 0)
             return rc;
+    }
     if (sort_index(&f->t_sorted, f->n_tensors, f, cmp_t_name, e))
         return MD_ENOMEM;
     for (int64_t i = 1; i < f->n_tensors; i++)

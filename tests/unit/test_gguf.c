@@ -255,7 +255,8 @@ static void hostile_headers_are_rejected_with_a_reason(void **st) {
     RESET();
     expect_reject(&c, c.len - 1, MD_EFORMAT, "end past the end of the file");
     expect_reject(&c, m.data - 1, MD_EFORMAT, "");
-    expect_reject(&c, m.tensor[3] + 5, MD_EFORMAT, "tensor 3");
+    expect_reject(&c, m.tensor[3] + 5, MD_EFORMAT, "header claims 8 tensors but after the");
+    expect_reject(&c, m.tensor_dims[7] + 4, MD_EFORMAT, "tensor 't.q6_k': truncated");
 #undef RESET
     free(c.buf);
     free(b.buf);
