@@ -1,0 +1,242 @@
+/* cand.c — candidate replicas per model: same-type groups with TP in {1,2,4,8}, and
+ * two-stage pipelines over two GPU types with the layer split from a dynamic program that
+ * minimises the slowest stage under each stage's memory (HexGen-style uneven splits).
+ * Pruned so that the MILP stays small: large TP degrees only where they serve a class the
+ * smaller ones cannot, and only the best few mixed pipelines per model. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scheduler/sched.h"
+
+#define MIXED_KEEP 4 /* mixed-type pipelines kept per model */
+#define DP_MAX_LAYERS 1024
+
+/* The DP's stage cost: one decode step of a reference micro-batch. */
+static double stage_cost(const sched_model *m, const sched_gpu_type *g, int tp, int layers,
+                         int first, int last, const sched_perf_params *pp) {
+    return sched_perf_decode_step(m, g, tp, layers, first, last, 16, 1024, pp);
+}
+
+int sched_layer_split(const sched_model *m, const sched_catalog *cat, sched_stage *st, int n,
+                      double min_kv_tokens, const sched_perf_params *pp, md_err *e) {
+    int L = m->layers;
+    if (n < 1 || n > SCHED_MAX_STAGES || L > DP_MAX_LAYERS || L < n)
+        return md_errf(e, MD_EINVAL, "layer split: %d stages for %d layers is not supported", n, L);
+    /* f[s][j]: the least possible slowest-stage cost when stages 0..s hold layers [0, j). */
+    static double f[SCHED_MAX_STAGES][DP_MAX_LAYERS + 1];
+    static short arg[SCHED_MAX_STAGES][DP_MAX_LAYERS + 1];
+    for (int s = 0; s < n; s++) {
+        const sched_gpu_type *g = &cat->gpus[st[s].type];
+        for (int j = 0; j <= L; j++) {
+            f[s][j] = INFINITY;
+            arg[s][j] = -1;
+            if (j < s + 1 || (s == n - 1 && j != L))
+                continue;
+            for (int i = (s == 0 ? 0 : s); i < j; i++) {
+                if (s == 0 && i != 0)
+                    break;
+                double prev = s == 0 ? 0 : f[s - 1][i];
+                if (!isfinite(prev))
+                    continue;
+                sched_stage t = st[s];
+                t.layer_lo = i;
+                t.layer_hi = j;
+                if (sched_stage_fits(m, g, &t, min_kv_tokens, pp, NULL))
+                    continue;
+                double c = fmax(prev, stage_cost(m, g, t.tp, j - i, i == 0, j == L, pp));
+                if (c < f[s][j]) {
+                    f[s][j] = c;
+                    arg[s][j] = (short)i;
+                }
+            }
+        }
+    }
+    if (!isfinite(f[n - 1][L])) {
+        double mem = 0;
+        for (int s = 0; s < n; s++)
+            mem += st[s].tp * cat->gpus[st[s].type].memory_gb * pp->mem_util;
+        return md_errf(e, MD_ERANGE,
+                       "%s (%.1f GB of weights) has no layer split over these %d stages "
+                       "(%.1f GB usable) that leaves KV room for %.0f tokens per stage",
+                       m->name, sched_model_params(m) * m->bytes_per_weight / 1e9, n, mem,
+                       min_kv_tokens);
+    }
+    int j = L;
+    for (int s = n - 1; s >= 0; s--) {
+        int i = arg[s][j];
+        st[s].layer_lo = i;
+        st[s].layer_hi = j;
+        j = i;
+    }
+    return 0;
+}
+
+static int push(sched_cands *cs, const sched_cand *c) {
+    if (cs->n == cs->cap) {
+        int cap = cs->cap ? cs->cap * 2 : 64;
+        sched_cand *n = realloc(cs->c, (size_t)cap * sizeof *n);
+        if (!n)
+            return MD_ENOMEM;
+        cs->c = n;
+        cs->cap = cap;
+    }
+    cs->c[cs->n++] = *c;
+    return 0;
+}
+
+/* Fill perf and serves for every class of the model; returns how many classes it serves. */
+static int evaluate(sched_cand *c, const sched_demand *d, const sched_fleet *f,
+                    const sched_catalog *cat, const sched_profiles *prof,
+                    const sched_perf_params *pp) {
+    const sched_profile *pr = NULL;
+    if (c->nstages == 1)
+        pr = sched_profile_find(prof, d->model.name, cat->gpus[c->stages[0].type].name,
+                                c->stages[0].tp);
+    int served = 0;
+    c->best_tokens_per_usd = 0;
+    for (int k = 0; k < d->nclasses; k++) {
+        const sched_class *cl = &d->classes[k];
+        c->serves[k] = 0;
+        if (sched_perf_replica(&d->model, cat, c->stages, c->nstages, f->link_gbps, cl->input_mean,
+                               cl->output_mean, pp, pr, &c->perf[k], NULL))
+            continue;
+        if (c->perf[k].kv_tokens < cl->max_tokens || !(c->perf[k].tokens_per_s > 0))
+            continue;
+        c->serves[k] = 1;
+        served++;
+        double tpu = c->usd_per_hour > 0 ? c->perf[k].tokens_per_s * 3600 / c->usd_per_hour
+                                         : c->perf[k].tokens_per_s * 3600 / 1e-9;
+        if (tpu > c->best_tokens_per_usd)
+            c->best_tokens_per_usd = tpu;
+    }
+    return served;
+}
+
+static double max_class_tokens(const sched_demand *d, int smallest) {
+    double v = smallest ? INFINITY : 0;
+    for (int k = 0; k < d->nclasses; k++)
+        v = smallest ? fmin(v, d->classes[k].max_tokens) : fmax(v, d->classes[k].max_tokens);
+    return v;
+}
+
+static int cmp_tpu(const void *a, const void *b) {
+    double x = ((const sched_cand *)a)->best_tokens_per_usd;
+    double y = ((const sched_cand *)b)->best_tokens_per_usd;
+    return (x < y) - (x > y);
+}
+
+static int build_model(sched_cands *cs, int mi, const sched_demand *d, const sched_fleet *f,
+                       const sched_catalog *cat, const sched_profiles *prof,
+                       const sched_perf_params *pp) {
+    static const int tps[] = {1, 2, 4, 8};
+    double need_kv = max_class_tokens(d, 1);
+    /* Same-type groups. */
+    for (int p = 0; p < f->n; p++) {
+        const sched_pool *pl = &f->pools[p];
+        int served_mask_before = 0, min_fit = 0;
+        for (int ti = 0; ti < 4; ti++) {
+            int tp = tps[ti];
+            if (tp > pl->count || tp > pl->gpus_per_host || d->model.heads % tp ||
+                d->model.kv_heads % tp)
+                continue;
+            sched_cand c;
+            memset(&c, 0, sizeof c);
+            c.model = mi;
+            c.nstages = 1;
+            c.stages[0] = (sched_stage){pl->type, p, tp, 0, d->model.layers};
+            c.gpus = tp;
+            c.usd_per_hour = tp * pl->usd_per_hour;
+            if (!evaluate(&c, d, f, cat, prof, pp))
+                continue;
+            int mask = 0;
+            for (int k = 0; k < d->nclasses; k++)
+                mask |= c.serves[k] << k;
+            if (!min_fit)
+                min_fit = tp;
+            /* Larger groups only when they serve more classes or are at most 2x the
+             * smallest group that fits. */
+            if (tp > 2 * min_fit && (mask & ~served_mask_before) == 0)
+                continue;
+            served_mask_before |= mask;
+            snprintf(c.label, sizeof c.label, "%dx%s%s", tp, cat->gpus[pl->type].name,
+                     tp > 1 ? " TP" : "");
+            if (push(cs, &c))
+                return MD_ENOMEM;
+        }
+    }
+    /* Two-stage pipelines over two pools of different types: the Pareto-minimal TP pairs
+     * whose memory holds the model, layers split by the DP. */
+    int first_mixed = cs->n;
+    double wbytes = sched_model_params(&d->model) * d->model.bytes_per_weight;
+    for (int a = 0; a < f->n; a++)
+        for (int b = 0; b < f->n; b++) {
+            const sched_pool *pa = &f->pools[a], *pb = &f->pools[b];
+            if (a == b || pa->type == pb->type)
+                continue;
+            const sched_gpu_type *ga = &cat->gpus[pa->type], *gb = &cat->gpus[pb->type];
+            /* Faster memory first (it also holds the embedding); each pair once. */
+            if (ga->hbm_gbps < gb->hbm_gbps || (ga->hbm_gbps == gb->hbm_gbps && a > b))
+                continue;
+            int fits[4][4] = {{0}};
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++) {
+                    int ta = tps[i], tb = tps[j];
+                    if (ta > pa->count || ta > pa->gpus_per_host || tb > pb->count ||
+                        tb > pb->gpus_per_host || d->model.heads % ta || d->model.heads % tb ||
+                        d->model.kv_heads % ta || d->model.kv_heads % tb)
+                        continue;
+                    double mem = (ta * (ga->memory_gb * pp->mem_util - pp->reserve_gb) +
+                                  tb * (gb->memory_gb * pp->mem_util - pp->reserve_gb)) *
+                                 1e9;
+                    if (mem < wbytes * 1.05)
+                        continue;
+                    if ((i && fits[i - 1][j]) || (j && fits[i][j - 1]))
+                        continue; /* not minimal */
+                    sched_cand c;
+                    memset(&c, 0, sizeof c);
+                    c.model = mi;
+                    c.nstages = 2;
+                    c.stages[0] = (sched_stage){pa->type, a, ta, 0, 0};
+                    c.stages[1] = (sched_stage){pb->type, b, tb, 0, 0};
+                    if (sched_layer_split(&d->model, cat, c.stages, 2, need_kv, pp, NULL))
+                        continue;
+                    fits[i][j] = 1;
+                    c.gpus = ta + tb;
+                    c.usd_per_hour = ta * pa->usd_per_hour + tb * pb->usd_per_hour;
+                    if (!evaluate(&c, d, f, cat, prof, pp))
+                        continue;
+                    snprintf(c.label, sizeof c.label, "%dx%s[%d,%d)+%dx%s[%d,%d) PP", ta, ga->name,
+                             c.stages[0].layer_lo, c.stages[0].layer_hi, tb, gb->name,
+                             c.stages[1].layer_lo, c.stages[1].layer_hi);
+                    if (push(cs, &c))
+                        return MD_ENOMEM;
+                }
+        }
+    int nmixed = cs->n - first_mixed;
+    if (nmixed > MIXED_KEEP) {
+        qsort(cs->c + first_mixed, (size_t)nmixed, sizeof *cs->c, cmp_tpu);
+        cs->n = first_mixed + MIXED_KEEP;
+    }
+    return 0;
+}
+
+int sched_cands_build(sched_cands *cs, const sched_workload *w, const sched_fleet *f,
+                      const sched_catalog *cat, const sched_profiles *prof,
+                      const sched_perf_params *pp, md_err *e) {
+    memset(cs, 0, sizeof *cs);
+    for (int m = 0; m < w->n; m++) {
+        int before = cs->n;
+        if (build_model(cs, m, &w->models[m], f, cat, prof, pp)) {
+            sched_cands_free(cs);
+            return md_errf(e, MD_ENOMEM, "out of memory building candidates");
+        }
+        (void)before;
+    }
+    return 0;
+}
+
+void sched_cands_free(sched_cands *cs) {
+    free(cs->c);
+    memset(cs, 0, sizeof *cs);
+}

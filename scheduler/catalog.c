@@ -1,0 +1,316 @@
+/* catalog.c — the GPU catalog (scheduler/catalog/gpus.json, compiled in) and fleet files:
+ * pools of GPUs of one type with their price, or the types that may be rented. */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/util.h"
+#include "scheduler/sched.h"
+
+extern const unsigned char sched_catalog_json[];
+
+static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e) {
+    const char *name = NULL;
+    double v;
+    long long iv;
+    memset(t, 0, sizeof *t);
+    if (md_json_get_str(g, "name", 1, &name, where, e))
+        return e->code;
+    if (strlen(name) >= SCHED_NAME)
+        return md_errf(e, MD_EINVAL, "%s.name '%s' is longer than %d characters", where, name,
+                       SCHED_NAME - 1);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    struct {
+        const char *k;
+        double *dst;
+        int required;
+    } nums[] = {{"memory_gb", &t->memory_gb, 1},     {"hbm_gbps", &t->hbm_gbps, 1},
+                {"bf16_tflops", &t->bf16_tflops, 1}, {"int8_tops", &t->int8_tops, 0},
+                {"nvlink_gbps", &t->nvlink_gbps, 0}, {"usd_per_hour", &t->usd_per_hour, 1}};
+    for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
+        v = 0;
+        if (md_json_get_num(g, nums[i].k, nums[i].required, &v, where, e))
+            return e->code;
+        if (v < 0 || (nums[i].required && v <= 0 && strcmp(nums[i].k, "usd_per_hour")))
+            return md_errf(e, MD_EINVAL, "%s.%s must be positive, got %g", where, nums[i].k, v);
+        *nums[i].dst = v;
+    }
+    iv = 4;
+    if (md_json_get_int(g, "pcie_gen", 0, &iv, where, e))
+        return e->code;
+    t->pcie_gen = (int)iv;
+    iv = 16;
+    if (md_json_get_int(g, "pcie_lanes", 0, &iv, where, e))
+        return e->code;
+    t->pcie_lanes = (int)iv;
+    if (t->pcie_gen < 1 || t->pcie_gen > 7 || t->pcie_lanes < 1 || t->pcie_lanes > 32)
+        return md_errf(e, MD_EINVAL, "%s: pcie_gen %d / pcie_lanes %d out of range", where,
+                       t->pcie_gen, t->pcie_lanes);
+    return 0;
+}
+
+static int add_gpu(sched_catalog *c, json_t *g, const char *where, md_err *e) {
+    sched_gpu_type t;
+    if (parse_gpu(g, &t, where, e))
+        return e->code;
+    int at = sched_catalog_find(c, t.name);
+    if (at < 0) {
+        sched_gpu_type *n = realloc(c->gpus, (size_t)(c->n + 1) * sizeof *n);
+        if (!n)
+            return md_errf(e, MD_ENOMEM, "out of memory growing the GPU catalog");
+        c->gpus = n;
+        at = c->n++;
+    }
+    c->gpus[at] = t;
+    json_t *al = json_object_get(g, "aliases");
+    size_t i;
+    json_t *a;
+    json_array_foreach(al, i, a) {
+        if (json_is_string(a))
+            json_object_set_new(c->aliases, json_string_value(a), json_string(t.name));
+    }
+    return 0;
+}
+
+int sched_catalog_from_json(sched_catalog *c, json_t *doc, const char *where, md_err *e) {
+    memset(c, 0, sizeof *c);
+    c->aliases = json_object();
+    json_t *gpus = json_object_get(doc, "gpus");
+    if (!json_is_array(gpus) || json_array_size(gpus) == 0)
+        return md_errf(e, MD_EFORMAT, "%s: \"gpus\" must be a non-empty array", where);
+    size_t i;
+    json_t *g;
+    json_array_foreach(gpus, i, g) {
+        char w[128];
+        snprintf(w, sizeof w, "%s gpus[%zu]", where, i);
+        if (add_gpu(c, g, w, e)) {
+            sched_catalog_free(c);
+            return e->code;
+        }
+    }
+    return 0;
+}
+
+int sched_catalog_load(sched_catalog *c, const char *path, md_err *e) {
+    json_t *doc;
+    const char *env = getenv("MEDLEY_SCHED_CATALOG");
+    if (!path && env && *env)
+        path = env;
+    if (path) {
+        doc = md_json_load(path, e);
+        if (!doc)
+            return e->code;
+    } else {
+        json_error_t je;
+        doc = json_loads((const char *)sched_catalog_json, 0, &je);
+        if (!doc)
+            return md_errf(e, MD_EFORMAT, "built-in GPU catalog: %s (line %d)", je.text, je.line);
+    }
+    int rc = sched_catalog_from_json(c, doc, path ? path : "built-in GPU catalog", e);
+    json_decref(doc);
+    return rc;
+}
+
+void sched_catalog_free(sched_catalog *c) {
+    free(c->gpus);
+    json_decref(c->aliases);
+    memset(c, 0, sizeof *c);
+}
+
+int sched_catalog_find(const sched_catalog *c, const char *name) {
+    if (!name)
+        return -1;
+    for (int i = 0; i < c->n; i++)
+        if (!strcasecmp(c->gpus[i].name, name))
+            return i;
+    const char *k;
+    json_t *v;
+    json_object_foreach(c->aliases, k, v) {
+        if (!strcasecmp(k, name))
+            for (int i = 0; i < c->n; i++)
+                if (!strcmp(c->gpus[i].name, json_string_value(v)))
+                    return i;
+    }
+    return -1;
+}
+
+double sched_gpu_link_gbps(const sched_gpu_type *g) {
+    if (g->nvlink_gbps > 0)
+        return g->nvlink_gbps / 2; /* datasheets quote both directions */
+    /* PCIe per lane per direction: gen3 ~0.985 GB/s, doubling each generation. */
+    double lane = 0.985;
+    for (int i = 3; i < g->pcie_gen; i++)
+        lane *= 2;
+    for (int i = g->pcie_gen; i < 3; i++)
+        lane /= 2;
+    return lane * g->pcie_lanes;
+}
+
+static void known_types(const sched_catalog *c, char *buf, size_t n) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < c->n && at + 1 < n; i++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%s", i ? ", " : "", c->gpus[i].name);
+}
+
+int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_err *e) {
+    memset(f, 0, sizeof *f);
+    f->link_gbps = 12.5;
+    if (!json_is_object(doc))
+        return md_errf(e, MD_EFORMAT, "fleet: the document must be a JSON object");
+    const char *name = "fleet";
+    if (md_json_get_str(doc, "name", 0, &name, "fleet", e))
+        return e->code;
+    snprintf(f->name, sizeof f->name, "%s", name);
+    if (md_json_get_num(doc, "inter_host_gbps", 0, &f->link_gbps, "fleet", e))
+        return e->code;
+    if (f->link_gbps <= 0)
+        return md_errf(e, MD_EINVAL, "fleet.inter_host_gbps must be positive");
+    size_t i;
+    json_t *g;
+    json_array_foreach(json_object_get(doc, "gpu_types"), i, g) {
+        char w[64];
+        snprintf(w, sizeof w, "fleet.gpu_types[%zu]", i);
+        if (add_gpu(cat, g, w, e))
+            return e->code;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_object_get(doc, "prices"), k, v) {
+        int t = sched_catalog_find(cat, k);
+        if (t < 0 || !json_is_number(v) || json_number_value(v) < 0) {
+            char known[1024];
+            known_types(cat, known, sizeof known);
+            return md_errf(e, MD_EINVAL, "fleet.prices.%s: %s (known GPU types: %s)", k,
+                           t < 0 ? "unknown GPU type" : "price must be a number >= 0", known);
+        }
+        cat->gpus[t].usd_per_hour = json_number_value(v);
+    }
+    json_t *rent = json_object_get(doc, "rent");
+    json_t *pools = json_object_get(doc, "pools");
+    if (rent && pools)
+        return md_errf(e, MD_EINVAL,
+                       "fleet: give either \"pools\" (a fixed fleet) or \"rent\" "
+                       "(GPU types to rent), not both");
+    if (rent) {
+        f->rent = 1;
+        long long maxn = 64;
+        if (md_json_get_int(rent, "max_per_type", 0, &maxn, "fleet.rent", e))
+            return e->code;
+        if (maxn < 1 || maxn > 100000)
+            return md_errf(e, MD_EINVAL, "fleet.rent.max_per_type must be in [1, 100000], got %lld",
+                           maxn);
+        json_t *types = json_object_get(rent, "types");
+        int all = !types;
+        int n = all ? cat->n : (int)json_array_size(types);
+        if (n == 0)
+            return md_errf(e, MD_EINVAL, "fleet.rent.types is empty");
+        f->pools = calloc((size_t)n, sizeof *f->pools);
+        if (!f->pools)
+            return md_errf(e, MD_ENOMEM, "out of memory");
+        for (int j = 0; j < n; j++) {
+            int t = j;
+            if (!all) {
+                const char *tn = json_string_value(json_array_get(types, (size_t)j));
+                t = sched_catalog_find(cat, tn);
+                if (t < 0) {
+                    char known[1024];
+                    known_types(cat, known, sizeof known);
+                    sched_fleet_free(f);
+                    return md_errf(e, MD_ENOTFOUND,
+                                   "fleet.rent.types[%d]: unknown GPU type '%s' (known: %s)", j,
+                                   tn ? tn : "(not a string)", known);
+                }
+            }
+            sched_pool *p = &f->pools[f->n++];
+            snprintf(p->name, sizeof p->name, "%s", cat->gpus[t].name);
+            p->type = t;
+            p->count = (int)maxn;
+            p->gpus_per_host = 8;
+            p->usd_per_hour = cat->gpus[t].usd_per_hour;
+        }
+        return 0;
+    }
+    if (!json_is_array(pools) || json_array_size(pools) == 0)
+        return md_errf(e, MD_EFORMAT,
+                       "fleet: \"pools\" must be a non-empty array of {type, count} (or give "
+                       "\"rent\")");
+    f->pools = calloc(json_array_size(pools), sizeof *f->pools);
+    if (!f->pools)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    json_array_foreach(pools, i, g) {
+        char w[64];
+        snprintf(w, sizeof w, "fleet.pools[%zu]", i);
+        const char *tn = NULL, *pn = NULL;
+        long long count = 0, per = 8;
+        if (md_json_get_str(g, "type", 1, &tn, w, e) ||
+            md_json_get_int(g, "count", 1, &count, w, e) ||
+            md_json_get_int(g, "gpus_per_host", 0, &per, w, e) ||
+            md_json_get_str(g, "name", 0, &pn, w, e))
+            goto fail;
+        int t = sched_catalog_find(cat, tn);
+        if (t < 0) {
+            char known[1024];
+            known_types(cat, known, sizeof known);
+            md_errf(e, MD_ENOTFOUND,
+                    "%s.type: unknown GPU type '%s' (known: %s; a fleet may add types under "
+                    "\"gpu_types\")",
+                    w, tn, known);
+            goto fail;
+        }
+        if (count < 1 || count > 1000000 || per < 1 || per > 64) {
+            md_errf(e, MD_EINVAL,
+                    "%s: count must be in [1, 1e6] and gpus_per_host in [1, 64] (got %lld, %lld)",
+                    w, count, per);
+            goto fail;
+        }
+        sched_pool *p = &f->pools[f->n];
+        p->type = t;
+        p->count = (int)count;
+        p->gpus_per_host = (int)per;
+        p->usd_per_hour = cat->gpus[t].usd_per_hour;
+        if (md_json_get_num(g, "usd_per_hour", 0, &p->usd_per_hour, w, e))
+            goto fail;
+        if (p->usd_per_hour < 0) {
+            md_errf(e, MD_EINVAL, "%s.usd_per_hour must be >= 0", w);
+            goto fail;
+        }
+        if (pn)
+            snprintf(p->name, sizeof p->name, "%s", pn);
+        else
+            snprintf(p->name, sizeof p->name, "%s-%zu", cat->gpus[t].name, i);
+        for (int j = 0; j < f->n; j++)
+            if (!strcmp(f->pools[j].name, p->name)) {
+                md_errf(e, MD_EINVAL, "%s.name '%s' is used twice", w, p->name);
+                goto fail;
+            }
+        f->n++;
+    }
+    return 0;
+fail:
+    sched_fleet_free(f);
+    return e->code;
+}
+
+int sched_fleet_load(sched_fleet *f, const char *path, sched_catalog *cat, md_err *e) {
+    json_t *doc = md_json_load(path, e);
+    if (!doc)
+        return e->code;
+    int rc = sched_fleet_from_json(f, doc, cat, e);
+    json_decref(doc);
+    if (rc)
+        md_errctx(e, "%s: ", path);
+    return rc;
+}
+
+void sched_fleet_free(sched_fleet *f) {
+    free(f->pools);
+    memset(f, 0, sizeof *f);
+}
+
+int sched_fleet_gpus(const sched_fleet *f) {
+    int n = 0;
+    for (int i = 0; i < f->n; i++)
+        n += f->pools[i].count;
+    return n;
+}

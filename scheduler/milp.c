@@ -1,0 +1,683 @@
+/* milp.c — placement on GLPK (docs/scheduler.md §4). Integer replicas n_c per candidate,
+ * continuous y_ck (replica-equivalents of c spent on request class k), X_m (requests/s
+ * served of model m, in its class mix):
+ *
+ *   sum_k y_ck <= n_c                      a replica's time is shared among its classes
+ *   sum_c rps_ck y_ck >= share_mk X_m      each class served in the model's mix
+ *   sum_c gpus_cp n_c <= count_p           GPUs per pool (and per TP size, host packing)
+ *
+ * (a) fixed fleet: first the most demand-capped throughput (floors F_m), then Dinkelbach
+ *     iterations on max T - q C, T = sum prio_m tok_m X_m, C = sum usd_c n_c, which end at
+ *     the largest T / C (tokens per dollar) that keeps the floors.
+ * (b) rent: X_m >= demand_m, minimise sum usd_c n_c dur_m (each model's GPUs rented until
+ *     its deadline, or for the horizon when it only has an arrival rate). */
+#include <glpk.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "scheduler/sched.h"
+
+void sched_opts_defaults(sched_opts *o) {
+    o->only_type = -1;
+    o->iterations = 12;
+    o->time_limit_s = 10;
+}
+
+typedef struct lp {
+    glp_prob *P;
+    int *col_n; /* per candidate: column of n_c (0 when excluded) */
+    int (*col_y)[SCHED_MAX_CLASSES];
+    int *col_x; /* per model */
+    int *ia, *ja;
+    double *ar;
+    int nz, cap;
+} lp;
+
+static int nz_add(lp *L, int r, int c, double v) {
+    if (L->nz + 1 >= L->cap) {
+        int cap = L->cap ? L->cap * 2 : 1024;
+        int *ia = realloc(L->ia, (size_t)cap * sizeof *ia);
+        if (ia)
+            L->ia = ia;
+        int *ja = realloc(L->ja, (size_t)cap * sizeof *ja);
+        if (ja)
+            L->ja = ja;
+        double *ar = realloc(L->ar, (size_t)cap * sizeof *ar);
+        if (ar)
+            L->ar = ar;
+        if (!ia || !ja || !ar)
+            return MD_ENOMEM;
+        L->cap = cap;
+    }
+    L->nz++;
+    L->ia[L->nz] = r;
+    L->ja[L->nz] = c;
+    L->ar[L->nz] = v;
+    return 0;
+}
+
+static void lp_free(lp *L) {
+    if (L->P)
+        glp_delete_prob(L->P);
+    free(L->col_n);
+    free(L->col_y);
+    free(L->col_x);
+    free(L->ia);
+    free(L->ja);
+    free(L->ar);
+    memset(L, 0, sizeof *L);
+}
+
+static int cand_allowed(const sched_cand *c, const sched_opts *o) {
+    if (o->only_type < 0)
+        return 1;
+    for (int s = 0; s < c->nstages; s++)
+        if (c->stages[s].type != o->only_type)
+            return 0;
+    return 1;
+}
+
+/* Pool capacity for groups of at least t GPUs, given hosts of gpus_per_host. */
+static int pool_cap_for(const sched_pool *p, int t) {
+    int full = p->count / p->gpus_per_host, rest = p->count % p->gpus_per_host;
+    return full * (p->gpus_per_host / t * t) + rest / t * t;
+}
+
+static int lp_build(lp *L, const sched_workload *w, const sched_fleet *f, const sched_cands *cs,
+                    const sched_opts *o, int min_one_replica) {
+    memset(L, 0, sizeof *L);
+    L->P = glp_create_prob();
+    L->col_n = calloc((size_t)cs->n + 1, sizeof *L->col_n);
+    L->col_y = calloc((size_t)cs->n + 1, sizeof *L->col_y);
+    L->col_x = calloc((size_t)w->n + 1, sizeof *L->col_x);
+    if (!L->col_n || !L->col_y || !L->col_x)
+        return MD_ENOMEM;
+    glp_prob *P = L->P;
+    int col = 0;
+    for (int m = 0; m < w->n; m++) {
+        col = glp_add_cols(P, 1);
+        L->col_x[m] = col;
+        glp_set_col_bnds(P, col, GLP_LO, 0, 0);
+    }
+    for (int c = 0; c < cs->n; c++) {
+        const sched_cand *k = &cs->c[c];
+        if (!cand_allowed(k, o))
+            continue;
+        int ub = 1 << 30;
+        for (int s = 0; s < k->nstages; s++) {
+            int per = f->pools[k->stages[s].pool].count / k->stages[s].tp;
+            if (per < ub)
+                ub = per;
+        }
+        if (ub < 1)
+            continue;
+        col = glp_add_cols(P, 1);
+        L->col_n[c] = col;
+        glp_set_col_kind(P, col, GLP_IV);
+        glp_set_col_bnds(P, col, GLP_DB, 0, ub);
+        for (int j = 0; j < w->models[k->model].nclasses; j++)
+            if (k->serves[j]) {
+                col = glp_add_cols(P, 1);
+                L->col_y[c][j] = col;
+                glp_set_col_bnds(P, col, GLP_LO, 0, 0);
+            }
+    }
+    /* sum_k y_ck - n_c <= 0 */
+    for (int c = 0; c < cs->n; c++) {
+        if (!L->col_n[c])
+            continue;
+        int r = glp_add_rows(P, 1);
+        glp_set_row_bnds(P, r, GLP_UP, 0, 0);
+        if (nz_add(L, r, L->col_n[c], -1))
+            return MD_ENOMEM;
+        for (int j = 0; j < SCHED_MAX_CLASSES; j++)
+            if (L->col_y[c][j] && nz_add(L, r, L->col_y[c][j], 1))
+                return MD_ENOMEM;
+    }
+    /* sum_c rps_ck y_ck - share_mk X_m >= 0 */
+    for (int m = 0; m < w->n; m++)
+        for (int j = 0; j < w->models[m].nclasses; j++) {
+            int r = glp_add_rows(P, 1);
+            glp_set_row_bnds(P, r, GLP_LO, 0, 0);
+            if (nz_add(L, r, L->col_x[m], -w->models[m].classes[j].share))
+                return MD_ENOMEM;
+            for (int c = 0; c < cs->n; c++)
+                if (cs->c[c].model == m && L->col_y[c][j] &&
+                    nz_add(L, r, L->col_y[c][j], cs->c[c].perf[j].requests_per_s))
+                    return MD_ENOMEM;
+        }
+    /* GPUs per pool, and per pool for groups of >= t GPUs (host packing). */
+    static const int sizes[] = {1, 2, 4, 8};
+    for (int p = 0; p < f->n; p++)
+        for (int si = 0; si < 4; si++) {
+            int t = sizes[si], any = 0;
+            for (int c = 0; c < cs->n && !any; c++)
+                for (int s = 0; L->col_n[c] && s < cs->c[c].nstages; s++)
+                    any |= cs->c[c].stages[s].pool == p && cs->c[c].stages[s].tp >= t;
+            if (!any || (t > 1 && f->rent))
+                continue;
+            int r = glp_add_rows(P, 1);
+            glp_set_row_bnds(P, r, GLP_UP, 0,
+                             t == 1 ? f->pools[p].count : pool_cap_for(&f->pools[p], t));
+            for (int c = 0; c < cs->n; c++) {
+                if (!L->col_n[c])
+                    continue;
+                int g = 0;
+                for (int s = 0; s < cs->c[c].nstages; s++)
+                    if (cs->c[c].stages[s].pool == p && cs->c[c].stages[s].tp >= t)
+                        g += cs->c[c].stages[s].tp;
+                if (g && nz_add(L, r, L->col_n[c], g))
+                    return MD_ENOMEM;
+            }
+        }
+    /* Every model gets a replica (fixed fleet, when asked). */
+    if (min_one_replica)
+        for (int m = 0; m < w->n; m++) {
+            int r = 0;
+            for (int c = 0; c < cs->n; c++)
+                if (cs->c[c].model == m && L->col_n[c]) {
+                    if (!r) {
+                        r = glp_add_rows(P, 1);
+                        glp_set_row_bnds(P, r, GLP_LO, 1, 0);
+                    }
+                    if (nz_add(L, r, L->col_n[c], 1))
+                        return MD_ENOMEM;
+                }
+        }
+    glp_load_matrix(P, L->nz, L->ia, L->ja, L->ar);
+    return 0;
+}
+
+/* Solve the MILP as it stands; 0 when an integer solution was found. */
+static int lp_solve(lp *L, const sched_opts *o) {
+    glp_iocp parm;
+    glp_init_iocp(&parm);
+    parm.presolve = GLP_ON;
+    parm.msg_lev = GLP_MSG_OFF;
+    parm.tm_lim = (int)(o->time_limit_s * 1000);
+    parm.mip_gap = 1e-7;
+    int rc = glp_intopt(L->P, &parm);
+    if (rc && rc != GLP_ETMLIM)
+        return -1;
+    int st = glp_mip_status(L->P);
+    return (st == GLP_OPT || st == GLP_FEAS) ? 0 : -1;
+}
+
+static double model_tok(const sched_workload *w, int m) {
+    return sched_demand_tokens_per_request(&w->models[m]);
+}
+
+static void set_objective(lp *L, const sched_workload *w, const sched_cands *cs, double q,
+                          int phase1) {
+    for (int m = 0; m < w->n; m++) {
+        const sched_demand *d = &w->models[m];
+        double coef = d->priority * model_tok(w, m);
+        if (phase1 && sched_demand_tokens_per_s(d) <= 0)
+            coef = 0;
+        glp_set_obj_coef(L->P, L->col_x[m], coef);
+    }
+    for (int c = 0; c < cs->n; c++)
+        if (L->col_n[c])
+            glp_set_obj_coef(L->P, L->col_n[c], phase1 ? 0 : -q * cs->c[c].usd_per_hour);
+}
+
+static void totals(const lp *L, const sched_workload *w, const sched_cands *cs, double *T,
+                   double *C) {
+    *T = 0;
+    *C = 0;
+    for (int m = 0; m < w->n; m++)
+        *T += w->models[m].priority * model_tok(w, m) * glp_mip_col_val(L->P, L->col_x[m]);
+    for (int c = 0; c < cs->n; c++)
+        if (L->col_n[c])
+            *C += cs->c[c].usd_per_hour * glp_mip_col_val(L->P, L->col_n[c]);
+}
+
+/* Assign GPU ids to n replicas of candidate c: groups of tp inside one host, first fit. */
+typedef struct alloc {
+    int *used; /* per pool: count entries, 1 = taken */
+    int *base; /* offset of each pool in used */
+} alloc;
+
+static int take_group(alloc *A, const sched_pool *p, int pool, int tp, char (*ids)[SCHED_NAME]) {
+    int *u = A->used + A->base[pool];
+    for (int h = 0; h * p->gpus_per_host < p->count; h++) {
+        int lo = h * p->gpus_per_host, hi = lo + p->gpus_per_host;
+        if (hi > p->count)
+            hi = p->count;
+        for (int s = lo; s + tp <= hi; s += tp) {
+            int free_ = 1;
+            for (int i = s; i < s + tp && free_; i++)
+                free_ = !u[i];
+            if (!free_)
+                continue;
+            for (int i = 0; i < tp; i++) {
+                u[s + i] = 1;
+                snprintf(ids[i], SCHED_NAME, "%s/%d", p->name, s + i);
+            }
+            return 0;
+        }
+    }
+    return -1;
+}
+
+typedef struct order_item {
+    int cand, maxtp;
+} order_item;
+
+static int cmp_order(const void *a, const void *b) {
+    return ((const order_item *)b)->maxtp - ((const order_item *)a)->maxtp;
+}
+
+/* Instantiate counts[c] replicas of each candidate with shares y[c][k] (replica-
+ * equivalents); GPUs not taken become idle. */
+static int materialise(sched_plan *p, const sched_fleet *f, const sched_workload *w,
+                       const sched_cands *cs, const double *counts, double (*y)[SCHED_MAX_CLASSES],
+                       md_err *e) {
+    int total = 0;
+    for (int c = 0; c < cs->n; c++)
+        total += (int)llround(counts[c]);
+    alloc A = {0};
+    A.base = calloc((size_t)f->n + 1, sizeof *A.base);
+    for (int i = 0; i < f->n; i++)
+        A.base[i + 1] = A.base[i] + f->pools[i].count;
+    A.used = calloc((size_t)A.base[f->n] + 1, sizeof *A.used);
+    p->r = calloc((size_t)total + 1, sizeof *p->r);
+    order_item *ord = calloc((size_t)cs->n + 1, sizeof *ord);
+    if (!A.base || !A.used || !p->r || !ord) {
+        free(A.base);
+        free(A.used);
+        free(ord);
+        return md_errf(e, MD_ENOMEM, "out of memory placing %d replicas", total);
+    }
+    for (int c = 0; c < cs->n; c++) {
+        ord[c].cand = c;
+        for (int s = 0; s < cs->c[c].nstages; s++)
+            if (cs->c[c].stages[s].tp > ord[c].maxtp)
+                ord[c].maxtp = cs->c[c].stages[s].tp;
+    }
+    qsort(ord, (size_t)cs->n, sizeof *ord, cmp_order);
+    int rc = 0;
+    for (int oi = 0; oi < cs->n && !rc; oi++) {
+        int c = ord[oi].cand;
+        int n = (int)llround(counts[c]);
+        const sched_cand *k = &cs->c[c];
+        for (int i = 0; i < n; i++) {
+            sched_replica *r = &p->r[p->n];
+            r->cand = c;
+            r->gpu_ids = calloc((size_t)k->gpus, sizeof *r->gpu_ids);
+            if (!r->gpu_ids) {
+                rc = md_errf(e, MD_ENOMEM, "out of memory");
+                break;
+            }
+            int at = 0, ok = 1;
+            for (int s = 0; s < k->nstages && ok; s++) {
+                const sched_stage *st = &k->stages[s];
+                ok = !take_group(&A, &f->pools[st->pool], st->pool, st->tp, r->gpu_ids + at);
+                at += st->tp;
+            }
+            if (!ok) {
+                /* Host fragmentation the MILP's packing rows did not rule out: skip it. */
+                free(r->gpu_ids);
+                r->gpu_ids = NULL;
+                json_array_append_new(p->notes,
+                                      json_sprintf("a replica of %s (%s) could not be packed "
+                                                   "into hosts and was dropped",
+                                                   w->models[k->model].model.name, k->label));
+                continue;
+            }
+            double tot = 0;
+            for (int j = 0; j < SCHED_MAX_CLASSES; j++)
+                tot += y[c][j];
+            for (int j = 0; j < SCHED_MAX_CLASSES; j++)
+                r->share[j] = tot > 0 ? y[c][j] / tot : 0;
+            p->n++;
+        }
+    }
+    /* Rented types have no idle GPUs: what is not rented does not exist. */
+    for (int q = 0; q < f->n && !rc && !f->rent; q++)
+        for (int i = 0; i < f->pools[q].count; i++)
+            if (!A.used[A.base[q] + i]) {
+                char(*n)[SCHED_NAME] = realloc(p->idle, (size_t)(p->nidle + 1) * sizeof *n);
+                if (!n) {
+                    rc = md_errf(e, MD_ENOMEM, "out of memory");
+                    break;
+                }
+                p->idle = n;
+                snprintf(p->idle[p->nidle++], SCHED_NAME, "%s/%d", f->pools[q].name, i);
+            }
+    free(A.base);
+    free(A.used);
+    free(ord);
+    return rc;
+}
+
+/* Explain why a model has no candidate: its weights against the largest group. */
+static void note_too_large(sched_plan *p, const sched_demand *d, const sched_fleet *f,
+                           const sched_catalog *cat, const sched_perf_params *pp) {
+    double wgb = sched_model_params(&d->model) * d->model.bytes_per_weight / 1e9;
+    double best = 0;
+    const char *bn = "";
+    int bg = 0;
+    for (int i = 0; i < f->n; i++) {
+        int g = f->pools[i].count < f->pools[i].gpus_per_host ? f->pools[i].count
+                                                              : f->pools[i].gpus_per_host;
+        if (g > 8)
+            g = 8;
+        double mem = g * (cat->gpus[f->pools[i].type].memory_gb * pp->mem_util - pp->reserve_gb);
+        if (mem > best) {
+            best = mem;
+            bn = cat->gpus[f->pools[i].type].name;
+            bg = g;
+        }
+    }
+    double maxt = 0;
+    for (int k = 0; k < d->nclasses; k++)
+        if (d->classes[k].max_tokens > maxt)
+            maxt = d->classes[k].max_tokens;
+    json_array_append_new(
+        p->notes,
+        json_sprintf("%s cannot be placed: it needs %.1f GB of weights plus KV for %.0f tokens "
+                     "(%.2f GB); the largest group in this fleet is %dx%s with %.1f GB usable "
+                     "(and no two-type pipeline holds it)",
+                     d->model.name, wgb, maxt,
+                     maxt * d->model.layers * sched_model_kv_bytes_per_token_layer(&d->model) / 1e9,
+                     bg, bn, best));
+}
+
+int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                     const sched_catalog *cat, const sched_cands *cs, const sched_opts *o,
+                     md_err *e) {
+    uint64_t t0 = md_mono_ns();
+    memset(p, 0, sizeof *p);
+    p->objective = f->rent ? 1 : 0;
+    p->notes = json_array();
+    p->ncands = cs->n;
+    p->nmodels = w->n;
+    p->models = calloc((size_t)w->n + 1, sizeof *p->models);
+    if (!p->models)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    sched_perf_params pp;
+    sched_perf_defaults(&pp);
+    glp_term_out(GLP_OFF);
+    int placeable = 0;
+    int *has = calloc((size_t)w->n + 1, sizeof *has);
+    for (int c = 0; c < cs->n; c++)
+        if (cand_allowed(&cs->c[c], o))
+            has[cs->c[c].model] = 1;
+    for (int m = 0; m < w->n; m++) {
+        p->models[m].demand_tps = sched_demand_tokens_per_s(&w->models[m]);
+        if (!has[m])
+            note_too_large(p, &w->models[m], f, cat, &pp);
+        placeable += has[m];
+    }
+    if (!placeable) {
+        free(has);
+        const char *first = json_string_value(json_array_get(p->notes, 0));
+        int rc = md_errf(e, MD_ERANGE, "nothing can be planned: %s", first ? first : "no GPUs");
+        sched_plan_free(p);
+        return rc;
+    }
+    lp L;
+    int min_one = !f->rent;
+    int rc = lp_build(&L, w, f, cs, o, min_one);
+    if (rc) {
+        free(has);
+        lp_free(&L);
+        sched_plan_free(p);
+        return md_errf(e, MD_ENOMEM, "out of memory building the MILP");
+    }
+    /* Phase 1: the most demand we can serve (capped by each model's demand). */
+    for (int m = 0; m < w->n; m++) {
+        double d = p->models[m].demand_tps / model_tok(w, m);
+        if (d > 0)
+            glp_set_col_bnds(L.P, L.col_x[m], GLP_DB, 0, d);
+    }
+    glp_set_obj_dir(L.P, GLP_MAX);
+    set_objective(&L, w, cs, 0, 1);
+    if (lp_solve(&L, o)) {
+        if (min_one) {
+            /* Not enough GPUs for a replica of every model: drop that requirement. */
+            lp_free(&L);
+            json_array_append_new(p->notes, json_string("the fleet cannot hold one replica of "
+                                                        "every model at once; some models get "
+                                                        "none"));
+            min_one = 0;
+            if (lp_build(&L, w, f, cs, o, 0) == 0) {
+                for (int m = 0; m < w->n; m++) {
+                    double d = p->models[m].demand_tps / model_tok(w, m);
+                    if (d > 0)
+                        glp_set_col_bnds(L.P, L.col_x[m], GLP_DB, 0, d);
+                }
+                glp_set_obj_dir(L.P, GLP_MAX);
+                set_objective(&L, w, cs, 0, 1);
+                rc = lp_solve(&L, o);
+            }
+        } else {
+            rc = -1;
+        }
+        if (rc) {
+            free(has);
+            lp_free(&L);
+            sched_plan_free(p);
+            return md_errf(e, MD_ERANGE, "the placement MILP has no solution for this fleet");
+        }
+    }
+    for (int m = 0; m < w->n; m++) {
+        double x = glp_mip_col_val(L.P, L.col_x[m]);
+        p->models[m].best_tps = x * model_tok(w, m);
+        double d = p->models[m].demand_tps;
+        if (d > 0 && x * model_tok(w, m) < d * (1 - 1e-6) && has[m]) {
+            const sched_demand *dm = &w->models[m];
+            double need_s = dm->deadline_s > 0 ? dm->deadline_s : w->horizon_s;
+            char tail[96] = "";
+            if (dm->deadline_s > 0 && x > 0)
+                snprintf(tail, sizeof tail, " (the backlog would take %.0f s)", dm->requests / x);
+            json_array_append_new(
+                p->notes,
+                json_sprintf(
+                    "%s: %s needs %.0f tokens/s (%.0f requests x %.0f tokens in %.0f "
+                    "s%s); the most this %s gives is %.0f tokens/s%s",
+                    dm->model.name, dm->deadline_s > 0 ? "the deadline" : "the arrival rate", d,
+                    dm->requests, model_tok(w, m), need_s, dm->rate_rps > 0 ? " plus arrivals" : "",
+                    f->rent ? "rental limit (max_per_type)" : "fleet", x * model_tok(w, m), tail));
+        }
+    }
+    if (f->rent) {
+        /* (b): serve the most achievable demand at least cost. */
+        for (int m = 0; m < w->n; m++) {
+            double x = glp_mip_col_val(L.P, L.col_x[m]);
+            double d = p->models[m].demand_tps / model_tok(w, m);
+            if (d <= 0) {
+                json_array_append_new(p->notes,
+                                      json_sprintf("%s has neither a deadline nor an arrival rate; "
+                                                   "renting needs one of them, so it gets no GPUs",
+                                                   w->models[m].model.name));
+                glp_set_col_bnds(L.P, L.col_x[m], GLP_FX, 0, 0);
+            } else {
+                glp_set_col_bnds(L.P, L.col_x[m], GLP_DB, fmin(x, d) * (1 - 1e-9), d);
+            }
+            glp_set_obj_coef(L.P, L.col_x[m], 0);
+        }
+        glp_set_obj_dir(L.P, GLP_MIN);
+        for (int c = 0; c < cs->n; c++)
+            if (L.col_n[c]) {
+                const sched_demand *d = &w->models[cs->c[c].model];
+                double dur = d->deadline_s > 0 ? d->deadline_s : w->horizon_s;
+                glp_set_obj_coef(L.P, L.col_n[c], cs->c[c].usd_per_hour * dur / 3600);
+            }
+        if (lp_solve(&L, o)) {
+            free(has);
+            lp_free(&L);
+            sched_plan_free(p);
+            return md_errf(e, MD_ERANGE, "the rental MILP has no solution");
+        }
+    } else {
+        /* (a): floors from phase 1, then Dinkelbach on T / C. */
+        for (int m = 0; m < w->n; m++) {
+            double x = glp_mip_col_val(L.P, L.col_x[m]);
+            double d = p->models[m].demand_tps / model_tok(w, m);
+            if (d > 0)
+                glp_set_col_bnds(L.P, L.col_x[m], GLP_DB, x * (1 - 1e-9), d);
+        }
+        double T, C;
+        totals(&L, w, cs, &T, &C);
+        if (C <= 0) {
+            /* Free GPUs: the cost is zero whatever we do, so maximise throughput. */
+            set_objective(&L, w, cs, 0, 0);
+            lp_solve(&L, o);
+        } else {
+            double q = T / C;
+            if (q <= 0) {
+                /* Only uncapped models: start from their best candidate's ratio. */
+                for (int c = 0; c < cs->n; c++)
+                    if (L.col_n[c])
+                        q = fmax(q, cs->c[c].best_tokens_per_usd / 3600 * 0.5);
+            }
+            for (int it = 0; it < o->iterations; it++) {
+                set_objective(&L, w, cs, q, 0);
+                if (lp_solve(&L, o))
+                    break;
+                totals(&L, w, cs, &T, &C);
+                double gap = glp_mip_obj_val(L.P);
+                if (C <= 0)
+                    break;
+                double nq = T / C;
+                if (gap <= 1e-9 * (T + 1) || fabs(nq - q) <= 1e-12 * nq) {
+                    q = nq;
+                    break;
+                }
+                q = nq;
+            }
+            /* Re-solve at the final q so the column values are those of the best ratio. */
+            set_objective(&L, w, cs, q, 0);
+            lp_solve(&L, o);
+        }
+    }
+    /* Extract. */
+    double *counts = calloc((size_t)cs->n + 1, sizeof *counts);
+    double(*y)[SCHED_MAX_CLASSES] = calloc((size_t)cs->n + 1, sizeof *y);
+    if (!counts || !y) {
+        free(has);
+        free(counts);
+        free(y);
+        lp_free(&L);
+        sched_plan_free(p);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    for (int c = 0; c < cs->n; c++) {
+        if (!L.col_n[c])
+            continue;
+        counts[c] = floor(glp_mip_col_val(L.P, L.col_n[c]) + 0.5);
+        for (int j = 0; j < SCHED_MAX_CLASSES; j++)
+            if (L.col_y[c][j])
+                y[c][j] = fmax(0, glp_mip_col_val(L.P, L.col_y[c][j]));
+    }
+    for (int m = 0; m < w->n; m++) {
+        p->models[m].served_tps = glp_mip_col_val(L.P, L.col_x[m]) * model_tok(w, m);
+        p->models[m].deadline_met = p->models[m].demand_tps <= 0 ||
+                                    p->models[m].served_tps >= p->models[m].demand_tps * (1 - 1e-6);
+        p->tokens_per_s += p->models[m].served_tps;
+    }
+    rc = materialise(p, f, w, cs, counts, y, e);
+    for (int i = 0; i < p->n; i++)
+        p->usd_per_hour += cs->c[p->r[i].cand].usd_per_hour;
+    free(counts);
+    free(y);
+    free(has);
+    lp_free(&L);
+    if (rc) {
+        sched_plan_free(p);
+        return rc;
+    }
+    p->solve_s = (md_mono_ns() - t0) / 1e9;
+    return 0;
+}
+
+void sched_plan_free(sched_plan *p) {
+    for (int i = 0; i < p->n; i++)
+        free(p->r[i].gpu_ids);
+    free(p->r);
+    free(p->models);
+    free(p->idle);
+    json_decref(p->notes);
+    memset(p, 0, sizeof *p);
+}
+
+int sched_plan_proportional(sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                            const sched_catalog *cat, const sched_cands *cs, md_err *e) {
+    memset(p, 0, sizeof *p);
+    p->notes = json_array();
+    p->nmodels = w->n;
+    p->ncands = cs->n;
+    p->models = calloc((size_t)w->n + 1, sizeof *p->models);
+    double *counts = calloc((size_t)cs->n + 1, sizeof *counts);
+    double(*y)[SCHED_MAX_CLASSES] = calloc((size_t)cs->n + 1, sizeof *y);
+    double *weight = calloc((size_t)w->n + 1, sizeof *weight);
+    if (!p->models || !counts || !y || !weight) {
+        free(counts);
+        free(y);
+        free(weight);
+        sched_plan_free(p);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    double wsum = 0;
+    for (int m = 0; m < w->n; m++) {
+        const sched_demand *d = &w->models[m];
+        weight[m] = (d->requests + d->rate_rps * w->horizon_s) * sched_demand_tokens_per_request(d);
+        wsum += weight[m];
+        p->models[m].demand_tps = sched_demand_tokens_per_s(d);
+    }
+    /* Per pool: each model that has a single-type candidate there gets GPUs in proportion to
+     * its demand, as replicas of its smallest such candidate; requests go to any replica
+     * that can hold them, in the model's class mix. */
+    for (int q = 0; q < f->n; q++) {
+        int best[1024];
+        double ws = 0;
+        for (int m = 0; m < w->n && m < 1024; m++) {
+            best[m] = -1;
+            for (int c = 0; c < cs->n; c++)
+                if (cs->c[c].model == m && cs->c[c].nstages == 1 && cs->c[c].stages[0].pool == q &&
+                    (best[m] < 0 || cs->c[c].gpus < cs->c[best[m]].gpus))
+                    best[m] = c;
+            if (best[m] >= 0)
+                ws += weight[m];
+        }
+        int left = f->pools[q].count;
+        for (int m = 0; m < w->n && m < 1024 && ws > 0; m++) {
+            if (best[m] < 0)
+                continue;
+            int g = (int)floor(f->pools[q].count * weight[m] / ws);
+            int n = g / cs->c[best[m]].gpus;
+            if (n * cs->c[best[m]].gpus > left)
+                n = left / cs->c[best[m]].gpus;
+            counts[best[m]] += n;
+            left -= n * cs->c[best[m]].gpus;
+        }
+        /* Remainders to whoever fits, in order. */
+        for (int m = 0; m < w->n && m < 1024 && ws > 0; m++)
+            while (best[m] >= 0 && left >= cs->c[best[m]].gpus) {
+                counts[best[m]] += 1;
+                left -= cs->c[best[m]].gpus;
+                if (w->n > 1)
+                    break;
+            }
+    }
+    for (int c = 0; c < cs->n; c++) {
+        const sched_demand *d = &w->models[cs->c[c].model];
+        for (int k = 0; k < d->nclasses; k++)
+            if (cs->c[c].serves[k])
+                y[c][k] = d->classes[k].share;
+    }
+    (void)cat;
+    int rc = materialise(p, f, w, cs, counts, y, e);
+    for (int i = 0; i < p->n; i++)
+        p->usd_per_hour += cs->c[p->r[i].cand].usd_per_hour;
+    free(counts);
+    free(y);
+    free(weight);
+    if (rc)
+        sched_plan_free(p);
+    return rc;
+}

@@ -1,0 +1,339 @@
+/* perf.c — the performance model (docs/scheduler.md §2): per stage, prefill is
+ * compute-bound and decode reads the weights plus the batch's KV once per step; the KV
+ * capacity left after weights bounds the batch; TP adds two all-reduces per layer over the
+ * group's link; PP splits the batch into one micro-batch per stage and adds the activation
+ * transfer between stages. Measured profiles (schemas/profile.schema.json) replace the
+ * roofline for the (model, device, tp) they were measured on. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/util.h"
+#include "scheduler/sched.h"
+
+void sched_perf_defaults(sched_perf_params *p) {
+    p->bw_eff = 0.75;
+    p->compute_eff = 0.55;
+    p->mem_util = 0.90;
+    p->reserve_gb = 1.5;
+    p->link_eff = 0.7;
+    p->link_latency_s = 10e-6;
+    p->max_batch = 256;
+}
+
+/* Parameters a stage holds and runs per token: its blocks, the embedding table on the first
+ * stage (only looked up), the lm_head on the last (a copy of the embedding when tied). */
+static double stage_params_run(const sched_model *m, int layers, int last) {
+    double head = m->tied_embeddings ? sched_model_embed_params(m) : sched_model_head_params(m);
+    return layers * sched_model_layer_params(m) + (last ? head + m->hidden : 0);
+}
+
+static double stage_weight_bytes(const sched_model *m, int layers, int first, int last) {
+    return (stage_params_run(m, layers, last) + (first ? sched_model_embed_params(m) : 0)) *
+           m->bytes_per_weight;
+}
+
+/* Two ring all-reduces per layer (after attention and after the MLP) of `tokens` rows. */
+static double tp_comm(const sched_model *m, const sched_gpu_type *g, int tp, int layers,
+                      double tokens, const sched_perf_params *pp) {
+    if (tp <= 1)
+        return 0;
+    double bytes = tokens * m->hidden * 2.0; /* fp16 activations */
+    double link = sched_gpu_link_gbps(g) * 1e9 * pp->link_eff;
+    double lat = g->nvlink_gbps > 0 ? pp->link_latency_s : 2.5 * pp->link_latency_s;
+    return 2.0 * layers * (lat * 2 * (tp - 1) + 2.0 * (tp - 1) / tp * bytes / link);
+}
+
+double sched_perf_decode_step(const sched_model *m, const sched_gpu_type *g, int tp, int layers,
+                              int first, int last, int batch, double ctx,
+                              const sched_perf_params *pp) {
+    double kv = sched_model_kv_bytes_per_token_layer(m);
+    double prm = stage_params_run(m, layers, last);
+    double bytes = (prm * m->bytes_per_weight + (double)batch * ctx * layers * kv) / tp;
+    double flops = (2.0 * batch * prm + 4.0 * batch * ctx * layers * m->hidden) / tp;
+    double t_mem = bytes / (g->hbm_gbps * 1e9 * pp->bw_eff);
+    double t_cmp = flops / (g->bf16_tflops * 1e12 * pp->compute_eff);
+    (void)first;
+    return fmax(t_mem, t_cmp) + tp_comm(m, g, tp, layers, batch, pp);
+}
+
+double sched_perf_prefill(const sched_model *m, const sched_gpu_type *g, int tp, int layers,
+                          int first, int last, double prompt, const sched_perf_params *pp) {
+    double prm_layers = layers * sched_model_layer_params(m);
+    double head = stage_params_run(m, 0, last);
+    /* Causal attention: QK^T and AV over half the square on average. */
+    double flops =
+        (2.0 * prompt * prm_layers + 2.0 * head + 2.0 * prompt * prompt * m->hidden * layers) / tp;
+    double bytes = stage_weight_bytes(m, layers, 0, last) / tp;
+    double t_cmp = flops / (g->bf16_tflops * 1e12 * pp->compute_eff);
+    double t_mem = bytes / (g->hbm_gbps * 1e9 * pp->bw_eff);
+    (void)first;
+    return fmax(t_cmp, t_mem) + tp_comm(m, g, tp, layers, prompt, pp);
+}
+
+/* KV tokens the stage can hold after its weights and reserve (negative when weights alone
+ * do not fit). */
+static double stage_kv_tokens(const sched_model *m, const sched_gpu_type *g, const sched_stage *s,
+                              const sched_perf_params *pp) {
+    int layers = s->layer_hi - s->layer_lo;
+    double usable = s->tp * (g->memory_gb * 1e9 * pp->mem_util - pp->reserve_gb * 1e9);
+    double w = stage_weight_bytes(m, layers, s->layer_lo == 0, s->layer_hi == m->layers);
+    double free_b = usable - w;
+    if (layers == 0)
+        return free_b >= 0 ? INFINITY : -1;
+    return free_b / (layers * sched_model_kv_bytes_per_token_layer(m));
+}
+
+int sched_stage_fits(const sched_model *m, const sched_gpu_type *g, const sched_stage *s,
+                     double min_kv_tokens, const sched_perf_params *pp, md_err *e) {
+    double kv = stage_kv_tokens(m, g, s, pp);
+    if (kv >= min_kv_tokens)
+        return 0;
+    int layers = s->layer_hi - s->layer_lo;
+    double w = stage_weight_bytes(m, layers, s->layer_lo == 0, s->layer_hi == m->layers);
+    double need = w + min_kv_tokens * layers * sched_model_kv_bytes_per_token_layer(m) +
+                  s->tp * pp->reserve_gb * 1e9;
+    return md_errf(e, MD_ERANGE,
+                   "%s layers [%d,%d) on %dx%s need %.1f GB (weights %.1f GB + KV for %.0f "
+                   "tokens + reserve) but %d x %.0f GB x %.2f usable = %.1f GB",
+                   m->name, s->layer_lo, s->layer_hi, s->tp, g->name, need / 1e9, w / 1e9,
+                   min_kv_tokens, s->tp, g->memory_gb, pp->mem_util,
+                   s->tp * g->memory_gb * pp->mem_util);
+}
+
+static const sched_profile_bucket *find_bucket(const sched_profile *p, double in, double out) {
+    for (int i = 0; i < p->nbuckets; i++) {
+        const sched_profile_bucket *b = &p->buckets[i];
+        if (in >= b->in_lo && in < b->in_hi && out >= b->out_lo && out < b->out_hi)
+            return b;
+    }
+    return NULL;
+}
+
+/* Decode tokens/s at batch b from the per-batch table (linear between measured sizes,
+ * flat beyond the largest). 0 when there is no table. */
+static double profile_decode_tps(const sched_profile *p, int b) {
+    if (p->nbatches == 0)
+        return 0;
+    const double *bs = p->batch_decode_tps[0], *tps = p->batch_decode_tps[1];
+    if (b <= bs[0])
+        return tps[0] * b / bs[0];
+    for (int i = 1; i < p->nbatches; i++)
+        if (b <= bs[i])
+            return tps[i - 1] + (tps[i] - tps[i - 1]) * (b - bs[i - 1]) / (bs[i] - bs[i - 1]);
+    return tps[p->nbatches - 1];
+}
+
+int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sched_stage *st,
+                       int nstages, double inter_host_gbps, double in, double out,
+                       const sched_perf_params *pp, const sched_profile *prof, sched_perf *r,
+                       md_err *e) {
+    memset(r, 0, sizeof *r);
+    double kv = INFINITY;
+    for (int s = 0; s < nstages; s++) {
+        const sched_gpu_type *g = &cat->gpus[st[s].type];
+        if (sched_stage_fits(m, g, &st[s], 0, pp, e))
+            return e->code;
+        kv = fmin(kv, stage_kv_tokens(m, g, &st[s], pp));
+    }
+    r->kv_tokens = kv;
+    /* A sequence holds its prompt and, on average, half its output while it decodes. */
+    double occupancy = in + out / 2;
+    double ctx = in + out / 2;
+    double b = floor(kv / occupancy);
+    if (b > pp->max_batch)
+        b = pp->max_batch;
+    if (b < 1)
+        return md_errf(e, MD_ERANGE,
+                       "%s on this group holds %.0f KV tokens, less than one request of %.0f "
+                       "prompt + %.0f output tokens",
+                       m->name, kv, in, out);
+    r->batch = (int)b;
+    r->bound = "kv";
+    if (prof) {
+        const sched_profile_bucket *bk = find_bucket(prof, in, out);
+        if (bk && bk->rps > 0) {
+            r->requests_per_s = bk->rps;
+            r->tokens_per_s = bk->rps * (in + out);
+            r->bound = "profile";
+            r->decode_step_s = r->batch / (bk->rps * out);
+            return 0;
+        }
+        double dtps = profile_decode_tps(prof, r->batch);
+        if (dtps > 0) {
+            r->decode_step_s = r->batch / dtps;
+            r->prefill_s = prof->prefill_tps > 0 ? in / prof->prefill_tps : 0;
+            r->requests_per_s = 1.0 / (r->prefill_s + out * r->decode_step_s / r->batch);
+            r->tokens_per_s = r->requests_per_s * (in + out);
+            r->bound = "profile";
+            return 0;
+        }
+    }
+    /* Per request, each stage spends its share of prefill plus `out` decode steps shared
+     * by the batch; with one micro-batch per stage a step of the micro-batch (b / S
+     * sequences) runs on every stage in turn, so the slowest stage sets the rate. */
+    double mb = fmax(1.0, b / nstages);
+    double worst = 0, pre_total = 0, step_total = 0;
+    int compute_bound = 0;
+    for (int s = 0; s < nstages; s++) {
+        const sched_gpu_type *g = &cat->gpus[st[s].type];
+        int layers = st[s].layer_hi - st[s].layer_lo;
+        int first = st[s].layer_lo == 0, last = st[s].layer_hi == m->layers;
+        double pre = sched_perf_prefill(m, g, st[s].tp, layers, first, last, in, pp);
+        double step = sched_perf_decode_step(m, g, st[s].tp, layers, first, last, (int)mb, ctx, pp);
+        if (nstages > 1 && s + 1 < nstages) {
+            double xfer_b = mb * m->hidden * 2.0, link = inter_host_gbps * 1e9 * pp->link_eff;
+            step += 2.5 * pp->link_latency_s + xfer_b / link;
+            pre += in * m->hidden * 2.0 / link;
+        }
+        double per_req = pre + out * step / mb;
+        if (per_req > worst) {
+            worst = per_req;
+            double prm = stage_params_run(m, layers, last);
+            double kvb = sched_model_kv_bytes_per_token_layer(m);
+            double t_mem = (prm * m->bytes_per_weight + mb * ctx * layers * kvb) /
+                           (g->hbm_gbps * 1e9 * pp->bw_eff);
+            double t_cmp = (2.0 * mb * prm + 4.0 * mb * ctx * layers * m->hidden) /
+                           (g->bf16_tflops * 1e12 * pp->compute_eff);
+            compute_bound = t_cmp > t_mem;
+        }
+        pre_total += pre;
+        step_total += step;
+    }
+    r->prefill_s = pre_total;
+    r->decode_step_s = step_total;
+    r->requests_per_s = 1.0 / worst;
+    r->tokens_per_s = r->requests_per_s * (in + out);
+    if (b < pp->max_batch)
+        r->bound = "kv";
+    else
+        r->bound = compute_bound ? "compute" : "memory";
+    return 0;
+}
+
+/* ---- profiles ---- */
+
+static int parse_profile(sched_profile *p, json_t *doc, const char *where, md_err *e) {
+    const char *dev = NULL, *model = NULL;
+    long long tp = 1, count = 1;
+    memset(p, 0, sizeof *p);
+    if (md_json_get_str(doc, "device_type", 1, &dev, where, e) ||
+        md_json_get_str(doc, "model", 1, &model, where, e) ||
+        md_json_get_int(doc, "tp", 0, &tp, where, e) ||
+        md_json_get_int(doc, "device_count", 0, &count, where, e))
+        return e->code;
+    long long v = 0;
+    if (md_json_get_int(doc, "version", 1, &v, where, e))
+        return e->code;
+    if (v != 1)
+        return md_errf(e, MD_EFORMAT, "%s.version is %lld; this build reads version 1", where, v);
+    snprintf(p->device, sizeof p->device, "%s", dev);
+    snprintf(p->model, sizeof p->model, "%s", model);
+    p->tp = (int)(tp > count ? tp : count);
+    if (p->tp < 1 || p->tp > 64)
+        return md_errf(e, MD_EINVAL, "%s.tp must be in [1, 64]", where);
+    json_t *bk = json_object_get(doc, "buckets"), *bs = json_object_get(doc, "batches");
+    if (!json_is_array(bk) && !json_is_array(bs))
+        return md_errf(e, MD_EFORMAT, "%s: a profile needs \"buckets\" or \"batches\"", where);
+    if (json_is_array(bk) && json_array_size(bk)) {
+        p->buckets = calloc(json_array_size(bk), sizeof *p->buckets);
+        if (!p->buckets)
+            return md_errf(e, MD_ENOMEM, "out of memory");
+        size_t i;
+        json_t *b;
+        json_array_foreach(bk, i, b) {
+            char w[96];
+            snprintf(w, sizeof w, "%s.buckets[%zu]", where, i);
+            sched_profile_bucket *x = &p->buckets[i];
+            long long a = 0, bb = 0, c = 0, d = 0;
+            double otps = 0;
+            if (md_json_get_int(b, "input_lo", 1, &a, w, e) ||
+                md_json_get_int(b, "input_hi", 1, &bb, w, e) ||
+                md_json_get_int(b, "output_lo", 1, &c, w, e) ||
+                md_json_get_int(b, "output_hi", 1, &d, w, e) ||
+                md_json_get_num(b, "max_requests_per_s", 0, &x->rps, w, e) ||
+                md_json_get_num(b, "max_output_tokens_per_s", 0, &otps, w, e))
+                return e->code;
+            if (a < 0 || bb <= a || c < 0 || d <= c || a > 1e9 || bb > 1e9 || c > 1e9 || d > 1e9)
+                return md_errf(e, MD_EINVAL, "%s: bounds must satisfy 0 <= lo < hi", w);
+            x->in_lo = (int)a, x->in_hi = (int)bb, x->out_lo = (int)c, x->out_hi = (int)d;
+            x->in_mean = (a + bb) / 2.0;
+            x->out_mean = (c + d) / 2.0;
+            if (md_json_get_num(b, "input_mean", 0, &x->in_mean, w, e) ||
+                md_json_get_num(b, "output_mean", 0, &x->out_mean, w, e))
+                return e->code;
+            if (x->rps <= 0 && otps > 0 && x->out_mean > 0)
+                x->rps = otps / x->out_mean;
+            if (!(x->rps > 0))
+                return md_errf(e, MD_EINVAL,
+                               "%s: give max_requests_per_s or max_output_tokens_per_s > 0", w);
+            p->nbuckets++;
+        }
+    }
+    if (json_is_array(bs)) {
+        size_t i;
+        json_t *b;
+        json_array_foreach(bs, i, b) {
+            char w[96];
+            snprintf(w, sizeof w, "%s.batches[%zu]", where, i);
+            long long n = 0;
+            double tps = 0, pre = 0;
+            if (md_json_get_int(b, "batch", 1, &n, w, e) ||
+                md_json_get_num(b, "decode_tokens_per_s", 0, &tps, w, e) ||
+                md_json_get_num(b, "prefill_tokens_per_s", 0, &pre, w, e))
+                return e->code;
+            if (pre > p->prefill_tps)
+                p->prefill_tps = pre;
+            if (tps <= 0 || n < 1 || p->nbatches >= 16)
+                continue;
+            if (p->nbatches && n <= p->batch_decode_tps[0][p->nbatches - 1])
+                return md_errf(e, MD_EINVAL, "%s: batch sizes must increase", w);
+            p->batch_decode_tps[0][p->nbatches] = (double)n;
+            p->batch_decode_tps[1][p->nbatches] = tps;
+            p->nbatches++;
+        }
+    }
+    return 0;
+}
+
+int sched_profile_from_json(sched_profiles *ps, json_t *doc, const char *where, md_err *e) {
+    sched_profile p;
+    if (parse_profile(&p, doc, where, e)) {
+        free(p.buckets);
+        return e->code;
+    }
+    sched_profile *n = realloc(ps->p, (size_t)(ps->n + 1) * sizeof *n);
+    if (!n) {
+        free(p.buckets);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    ps->p = n;
+    ps->p[ps->n++] = p;
+    return 0;
+}
+
+int sched_profile_load(sched_profiles *ps, const char *path, md_err *e) {
+    json_t *doc = md_json_load(path, e);
+    if (!doc)
+        return e->code;
+    int rc = sched_profile_from_json(ps, doc, path, e);
+    json_decref(doc);
+    return rc;
+}
+
+void sched_profiles_free(sched_profiles *ps) {
+    for (int i = 0; i < ps->n; i++)
+        free(ps->p[i].buckets);
+    free(ps->p);
+    memset(ps, 0, sizeof *ps);
+}
+
+const sched_profile *sched_profile_find(const sched_profiles *ps, const char *model,
+                                        const char *device, int tp) {
+    for (int i = 0; ps && i < ps->n; i++)
+        if (!strcasecmp(ps->p[i].model, model) && !strcasecmp(ps->p[i].device, device) &&
+            ps->p[i].tp == tp)
+            return &ps->p[i];
+    return NULL;
+}

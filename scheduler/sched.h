@@ -1,0 +1,326 @@
+/* sched.h — medley's heterogeneity-aware scheduler: GPU catalog, model cards, the
+ * performance model, candidate replicas (TP groups and mixed-type PP stages with a DP layer
+ * split), the placement MILP on GLPK, plans (JSON, validity check, table, SVG chart) and a
+ * discrete-event fleet simulator. docs/scheduler.md gives the equations.
+ *
+ * Ownership: every *_load / *_build / sched_plan_* function fills a caller-provided struct
+ * whose arrays it malloc's; the matching *_free releases them (safe on a zeroed struct).
+ * Units are in the names: _gb (1e9 bytes), _gbps (1e9 bytes/s), _tflops (1e12 FLOP/s),
+ * _s (seconds), usd. Nothing here talks to Redis except sched_daemon_run (daemon.c). */
+#ifndef MEDLEY_SCHEDULER_SCHED_H
+#define MEDLEY_SCHEDULER_SCHED_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "common/err.h"
+
+#define SCHED_NAME 48
+#define SCHED_MAX_STAGES 4
+#define SCHED_MAX_CLASSES 8
+
+/* ---- GPU catalog (catalog.c) ---- */
+typedef struct sched_gpu_type {
+    char name[SCHED_NAME];
+    double memory_gb, hbm_gbps, bf16_tflops, int8_tops;
+    double nvlink_gbps; /* per-GPU NVLink bandwidth, 0 when there is none */
+    int pcie_gen, pcie_lanes;
+    double usd_per_hour;
+} sched_gpu_type;
+
+typedef struct sched_catalog {
+    sched_gpu_type *gpus;
+    int n;
+    json_t *aliases; /* object: alias -> canonical name (owned) */
+} sched_catalog;
+
+/* Load the catalog JSON at path (schemas/gpu_catalog.schema.json); NULL path means the
+ * built-in scheduler/catalog/gpus.json (MEDLEY_SCHED_CATALOG overrides it). */
+int sched_catalog_load(sched_catalog *c, const char *path, md_err *e);
+int sched_catalog_from_json(sched_catalog *c, json_t *doc, const char *where, md_err *e);
+void sched_catalog_free(sched_catalog *c);
+/* Index of a GPU type by name or alias (case-insensitive), or -1. */
+int sched_catalog_find(const sched_catalog *c, const char *name);
+/* One GPU's inter-GPU bandwidth for collectives inside a host: NVLink if any, else PCIe. */
+double sched_gpu_link_gbps(const sched_gpu_type *g);
+
+/* ---- Model cards (model.c) ---- */
+typedef struct sched_model {
+    char name[SCHED_NAME];
+    int layers, hidden, heads, kv_heads, ffn, vocab;
+    int tied_embeddings;
+    double bytes_per_weight; /* 2.0 BF16, 1.0625 Q8_0, 0.5625 Q4_0, 0.625 Q4_1 ... */
+    double kv_bytes;         /* bytes per KV element (2 for an fp16 cache) */
+    int max_context;
+} sched_model;
+
+/* Built-in shapes for planning without a file (llama-3-8b, llama-3-70b, mistral-7b,
+ * qwen2-7b, qwen2-72b, smollm2-135m). Returns 0 or MD_ENOTFOUND listing the known names. */
+int sched_model_builtin(const char *name, sched_model *m, md_err *e);
+/* A model card JSON (schemas/model_card.schema.json). */
+int sched_model_from_json(json_t *card, sched_model *m, const char *where, md_err *e);
+json_t *sched_model_to_json(const sched_model *m);
+double sched_model_params(const sched_model *m);       /* all weights */
+double sched_model_layer_params(const sched_model *m); /* one transformer block */
+double sched_model_embed_params(const sched_model *m); /* token embedding table */
+double sched_model_head_params(const sched_model *m);  /* lm_head (0 when tied) */
+double sched_model_kv_bytes_per_token_layer(const sched_model *m);
+/* Bytes of a name for bytes_per_weight ("BF16", "Q4_1", ...), or 0 if unknown. */
+double sched_quant_bytes(const char *quant);
+
+/* ---- Fleet (catalog.c) ---- */
+typedef struct sched_pool {
+    char name[SCHED_NAME]; /* GPU ids are "<name>/<k>", k in [0, count) */
+    int type;              /* index into the catalog */
+    int count;
+    int gpus_per_host;   /* a TP group stays inside one host */
+    double usd_per_hour; /* per GPU */
+} sched_pool;
+
+typedef struct sched_fleet {
+    char name[SCHED_NAME];
+    sched_pool *pools;
+    int n;
+    int rent;         /* 1: the pools are what may be rented (objective b) */
+    double link_gbps; /* between hosts (PP activations across hosts), default 12.5 */
+} sched_fleet;
+
+/* Fleet JSON (schemas/fleet.schema.json): pools of GPUs, price overrides, extra GPU types
+ * (added to cat), or {"rent": {"types": [...], "max_per_type": N}}. */
+int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_err *e);
+int sched_fleet_load(sched_fleet *f, const char *path, sched_catalog *cat, md_err *e);
+void sched_fleet_free(sched_fleet *f);
+int sched_fleet_gpus(const sched_fleet *f);
+
+/* ---- Workload (workload.c) ---- */
+typedef struct sched_class {
+    char name[SCHED_NAME];
+    double input_mean, output_mean; /* tokens per request */
+    int max_tokens;                 /* class bound on prompt + max output tokens */
+    double share;                   /* fraction of the model's requests, sums to 1 */
+} sched_class;
+
+typedef struct sched_demand {
+    sched_model model;
+    double priority;   /* weight of this model's tokens in objective (a), default 1 */
+    double requests;   /* backlog size (requests) */
+    double rate_rps;   /* arrivals per second (0: backlog only) */
+    double deadline_s; /* 0: none */
+    sched_class classes[SCHED_MAX_CLASSES];
+    int nclasses;
+} sched_demand;
+
+typedef struct sched_workload {
+    sched_demand *models;
+    int n;
+    double horizon_s; /* arrivals: how long they last (default 3600) */
+    unsigned seed;
+} sched_workload;
+
+/* Workload JSON (schemas/workload.schema.json). Models are built-in names or inline cards
+ * or GGUF paths ("model_file"). */
+int sched_workload_from_json(sched_workload *w, json_t *doc, md_err *e);
+int sched_workload_load(sched_workload *w, const char *path, md_err *e);
+void sched_workload_free(sched_workload *w);
+/* Mean tokens (prompt + output) per request of a demand. */
+double sched_demand_tokens_per_request(const sched_demand *d);
+/* Tokens/s the model must sustain to meet its deadline (backlog) plus its arrivals; 0 when
+ * there is no deadline and no arrival rate. */
+double sched_demand_tokens_per_s(const sched_demand *d);
+
+/* ---- Performance model (perf.c) ---- */
+typedef struct sched_stage {
+    int type;               /* catalog index */
+    int pool;               /* fleet pool index (-1 when planning from the catalog) */
+    int tp;                 /* GPUs in the group */
+    int layer_lo, layer_hi; /* [lo, hi) */
+} sched_stage;
+
+typedef struct sched_perf_params {
+    double bw_eff;         /* fraction of peak memory bandwidth reached by decode (0.75) */
+    double compute_eff;    /* fraction of peak tensor FLOP/s reached by prefill (0.55) */
+    double mem_util;       /* fraction of device memory for weights + KV (0.90) */
+    double reserve_gb;     /* per GPU: activations, CUDA context, workspace (1.5) */
+    double link_eff;       /* achieved fraction of link bandwidth (0.7) */
+    double link_latency_s; /* per collective / transfer (10e-6 NVLink, 25e-6 PCIe) */
+    int max_batch;         /* engine's cap on concurrent sequences (256) */
+} sched_perf_params;
+
+void sched_perf_defaults(sched_perf_params *p);
+
+/* One replica's predicted behaviour on one request class. */
+typedef struct sched_perf {
+    int batch;             /* concurrent sequences (KV- and cap-bound) */
+    double kv_tokens;      /* KV capacity of the replica, tokens */
+    double prefill_s;      /* one request's prefill */
+    double decode_step_s;  /* one decode iteration over `batch` sequences */
+    double requests_per_s; /* sustained */
+    double tokens_per_s;   /* (input + output) tokens per second */
+    const char *bound;     /* "memory", "compute", "kv", "profile" */
+} sched_perf;
+
+/* Measured profile (schemas/profile.schema.json). */
+typedef struct sched_profile_bucket {
+    int in_lo, in_hi, out_lo, out_hi;
+    double in_mean, out_mean, rps;
+} sched_profile_bucket;
+
+typedef struct sched_profile {
+    char device[SCHED_NAME], model[SCHED_NAME];
+    int tp;
+    sched_profile_bucket *buckets;
+    int nbuckets;
+    double batch_decode_tps[2][16]; /* [0]=batch size, [1]=decode tok/s (per-batch table) */
+    int nbatches;
+    double prefill_tps;
+} sched_profile;
+
+typedef struct sched_profiles {
+    sched_profile *p;
+    int n;
+} sched_profiles;
+
+int sched_profile_from_json(sched_profiles *ps, json_t *doc, const char *where, md_err *e);
+int sched_profile_load(sched_profiles *ps, const char *path, md_err *e);
+void sched_profiles_free(sched_profiles *ps);
+/* Profile for (model, device type, tp), or NULL. */
+const sched_profile *sched_profile_find(const sched_profiles *ps, const char *model,
+                                        const char *device, int tp);
+
+/* Memory check for a stage: 0 when weights + reserve + KV for min_kv_tokens fit, else
+ * MD_ERANGE with the numbers in e. */
+int sched_stage_fits(const sched_model *m, const sched_gpu_type *g, const sched_stage *s,
+                     double min_kv_tokens, const sched_perf_params *pp, md_err *e);
+/* Predict a replica (stages cover layers [0, L) in order) on requests of mean prompt
+ * `in` and output `out` tokens. prof may be NULL. Returns 0 or MD_ERANGE (does not fit). */
+int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sched_stage *st,
+                       int nstages, double inter_host_gbps, double in, double out,
+                       const sched_perf_params *pp, const sched_profile *prof, sched_perf *out_p,
+                       md_err *e);
+/* Roofline pieces, exposed for tests: seconds on a TP group of `tp` GPUs of type g. */
+double sched_perf_decode_step(const sched_model *m, const sched_gpu_type *g, int tp, int layers,
+                              int first, int last, int batch, double ctx,
+                              const sched_perf_params *pp);
+double sched_perf_prefill(const sched_model *m, const sched_gpu_type *g, int tp, int layers,
+                          int first, int last, double prompt, const sched_perf_params *pp);
+
+/* ---- Candidates (cand.c) ---- */
+typedef struct sched_cand {
+    int model; /* index into the workload */
+    sched_stage stages[SCHED_MAX_STAGES];
+    int nstages;
+    int gpus;                           /* total */
+    double usd_per_hour;                /* all its GPUs */
+    sched_perf perf[SCHED_MAX_CLASSES]; /* per class of its model */
+    int serves[SCHED_MAX_CLASSES];      /* 1 when the class fits (KV for its max tokens) */
+    double best_tokens_per_usd;
+    char label[96]; /* "2xL4 TP2" or "A100-80GB-SXM[0,20)+L4x2[20,32)" */
+} sched_cand;
+
+typedef struct sched_cands {
+    sched_cand *c;
+    int n, cap;
+} sched_cands;
+
+/* Candidates for every model of w over the fleet's pools (or the catalog types when
+ * f->rent). Pruned: dominated candidates and all but the best few mixed PP ones dropped. */
+int sched_cands_build(sched_cands *cs, const sched_workload *w, const sched_fleet *f,
+                      const sched_catalog *cat, const sched_profiles *prof,
+                      const sched_perf_params *pp, md_err *e);
+void sched_cands_free(sched_cands *cs);
+/* The DP layer split: sets layer_lo/hi of st[0..n) to minimise the slowest stage's decode
+ * time under each stage's memory. Returns 0 or MD_ERANGE when no split fits. */
+int sched_layer_split(const sched_model *m, const sched_catalog *cat, sched_stage *st, int n,
+                      double min_kv_tokens, const sched_perf_params *pp, md_err *e);
+
+/* ---- Placement (milp.c) and plans (plan.c) ---- */
+typedef struct sched_replica {
+    int cand;
+    char (*gpu_ids)[SCHED_NAME];     /* cands.c[cand].gpus entries */
+    double share[SCHED_MAX_CLASSES]; /* fraction of its time on each class */
+} sched_replica;
+
+typedef struct sched_model_result {
+    double demand_tps, served_tps, best_tps; /* best_tps: most achievable for the model */
+    int deadline_met;
+} sched_model_result;
+
+typedef struct sched_plan {
+    long long version;
+    int objective; /* 0 max tokens per USD (fixed fleet), 1 least cost to deadlines (rent) */
+    sched_replica *r;
+    int n;
+    sched_model_result *models; /* per workload model */
+    int nmodels;
+    char (*idle)[SCHED_NAME];
+    int nidle;
+    double tokens_per_s, usd_per_hour;
+    double solve_s;
+    int ncands;
+    json_t *notes; /* array of strings: infeasibilities with their numbers */
+} sched_plan;
+
+typedef struct sched_opts {
+    int only_type;       /* -1 all; else restrict to one catalog type (homogeneous plan) */
+    int iterations;      /* Dinkelbach iterations cap (default 12) */
+    double time_limit_s; /* per MILP solve (default 10) */
+} sched_opts;
+
+void sched_opts_defaults(sched_opts *o);
+/* Solve: objective (a) on a fixed fleet or (b) when f->rent. Impossible demands are not an
+ * error: they go to plan->notes with the numbers; returns an error only when nothing can be
+ * planned at all (every model too large, no GPUs), with the explanation in e. */
+int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                     const sched_catalog *cat, const sched_cands *cs, const sched_opts *o,
+                     md_err *e);
+void sched_plan_free(sched_plan *p);
+json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                           const sched_catalog *cat, const sched_cands *cs);
+/* Checks: no GPU used twice or unknown, each stage fits memory, layer splits cover each
+ * layer once, TP groups inside one host. 0 or MD_EINVAL with the first violation. */
+int sched_plan_validate(const sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                        const sched_catalog *cat, const sched_cands *cs,
+                        const sched_perf_params *pp, md_err *e);
+void sched_plan_print_table(FILE *out, const sched_plan *p, const sched_workload *w,
+                            const sched_catalog *cat, const sched_cands *cs);
+int sched_plan_svg(const char *path, const sched_plan *p, const sched_workload *w,
+                   const sched_cands *cs, md_err *e);
+
+/* A plan where each model gets GPUs in proportion to its demand, every GPU in use, and
+ * requests spread over replicas regardless of size (the naive baseline). */
+int sched_plan_proportional(sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                            const sched_catalog *cat, const sched_cands *cs, md_err *e);
+
+/* ---- Simulator (sim.c) ---- */
+typedef struct sched_sim_failure {
+    char gpu[SCHED_NAME];
+    double at_s;
+} sched_sim_failure;
+
+typedef struct sched_sim_result {
+    double makespan_s, tokens, usd, tokens_per_s, usd_per_mtok, tokens_per_usd;
+    long long requests_done, requests_total, requests_unserved, retried;
+} sched_sim_result;
+
+/* Run w's backlog (and arrivals) through plan p. GPUs are billed from 0 until their
+ * replica has no work left (or fails). */
+int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                   const sched_catalog *cat, const sched_cands *cs, const sched_perf_params *pp,
+                   const sched_sim_failure *fails, int nfails, sched_sim_result *r, md_err *e);
+
+/* ---- Daemon (daemon.c) ---- */
+typedef struct sched_daemon_opts {
+    const char *redis_url;
+    const char *prefix;   /* "medley:" */
+    const char *workload; /* optional workload file for deadlines/priorities */
+    double interval_s;    /* re-plan check period (5) */
+    double lease_ms;      /* leadership lease (15000) */
+    double reload_s;      /* cost of reloading a model on a GPU, seconds of its time (60) */
+    double min_gain;      /* hysteresis: relative gain needed to re-plan (0.1) */
+    int once;             /* plan one time and exit (tests) */
+} sched_daemon_opts;
+
+int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat, volatile int *stop,
+                     md_err *e);
+
+#endif

@@ -1,0 +1,376 @@
+/* sim.c — discrete-event fleet simulator. Requests (a backlog at t=0 and/or Poisson
+ * arrivals) wait in one queue per (model, size class), as the Redis streams do; each replica
+ * of the plan pulls from the classes the plan routes to it (the one furthest below its
+ * routing share first) and, when those are empty, from any class it can hold. A replica runs
+ * continuous batching: each iteration admits what fits its KV (a request reserves prompt +
+ * output), prefills the newcomers and advances every running sequence by one token, taking
+ * the time the performance model gives for that batch and context. A failed GPU kills its
+ * replica; its running requests go back to the front of their queues. A replica is billed
+ * from 0 until it has no work left and none can arrive, or until it fails. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "scheduler/sched.h"
+
+typedef struct req {
+    double arrive;
+    float in, out;
+    short model, cls;
+} req;
+
+typedef struct queue {
+    int *ids, n, head;  /* arrival order */
+    int *retry, nretry; /* handed back by failed replicas, served first */
+} queue;
+
+typedef struct run {
+    int id;
+    float left; /* output tokens still to generate */
+} run;
+
+typedef struct rep {
+    const sched_cand *c;
+    const sched_replica *r;
+    const sched_demand *d;
+    run *running;
+    int nrun, cap_batch;
+    double kv_cap, kv_used, ctx_sum;
+    double served[SCHED_MAX_CLASSES];
+    double end;
+    int dead, done;
+} rep;
+
+static unsigned long long rng_next(unsigned long long *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static double rng_unit(unsigned long long *s) {
+    return (rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Heap of (time, replica) for the next iteration of each live replica. */
+typedef struct ev {
+    double t;
+    int r;
+} ev;
+
+static void heap_push(ev *h, int *n, ev x) {
+    int i = (*n)++;
+    while (i > 0) {
+        int p = (i - 1) / 2;
+        if (h[p].t <= x.t)
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = x;
+}
+
+static ev heap_pop(ev *h, int *n) {
+    ev top = h[0], x = h[--(*n)];
+    int i = 0;
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        double mt = x.t;
+        if (l < *n && h[l].t < mt)
+            m = l, mt = h[l].t;
+        if (r < *n && h[r].t < mt)
+            m = r;
+        if (m == i)
+            break;
+        h[i] = h[m];
+        i = m;
+    }
+    if (*n)
+        h[i] = x;
+    return top;
+}
+
+/* Time of one decode iteration of b sequences at mean context ctx on candidate c. */
+static double step_time(const sched_cand *c, const sched_model *m, const sched_catalog *cat,
+                        double inter_gbps, int b, double ctx, int cls,
+                        const sched_perf_params *pp) {
+    if (!strcmp(c->perf[cls].bound, "profile"))
+        return c->perf[cls].decode_step_s * fmax(1.0, (double)b / c->perf[cls].batch);
+    int S = c->nstages;
+    int mb = (b + S - 1) / S;
+    double tick = 0;
+    for (int s = 0; s < S; s++) {
+        const sched_stage *st = &c->stages[s];
+        double t =
+            sched_perf_decode_step(m, &cat->gpus[st->type], st->tp, st->layer_hi - st->layer_lo,
+                                   st->layer_lo == 0, st->layer_hi == m->layers, mb, ctx, pp);
+        if (S > 1 && s + 1 < S)
+            t +=
+                2.5 * pp->link_latency_s + mb * m->hidden * 2.0 / (inter_gbps * 1e9 * pp->link_eff);
+        tick = fmax(tick, t);
+    }
+    return S * tick;
+}
+
+static double prefill_time(const sched_cand *c, const sched_model *m, const sched_catalog *cat,
+                           double inter_gbps, double in, int cls, const sched_perf_params *pp) {
+    if (!strcmp(c->perf[cls].bound, "profile"))
+        return 0;
+    double t = 0;
+    for (int s = 0; s < c->nstages; s++) {
+        const sched_stage *st = &c->stages[s];
+        t += sched_perf_prefill(m, &cat->gpus[st->type], st->tp, st->layer_hi - st->layer_lo,
+                                st->layer_lo == 0, st->layer_hi == m->layers, in, pp);
+        if (s + 1 < c->nstages)
+            t += in * m->hidden * 2.0 / (inter_gbps * 1e9 * pp->link_eff);
+    }
+    return t;
+}
+
+/* Queue of (model m, class k) has a request that arrived by `now`: its id, else -1. */
+static int q_peek(queue *q, const req *R, double now) {
+    if (q->nretry)
+        return q->retry[q->nretry - 1];
+    if (q->head < q->n && R[q->ids[q->head]].arrive <= now)
+        return q->ids[q->head];
+    return -1;
+}
+
+static void q_pop(queue *q) {
+    if (q->nretry)
+        q->nretry--;
+    else
+        q->head++;
+}
+
+int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                   const sched_catalog *cat, const sched_cands *cs, const sched_perf_params *pp,
+                   const sched_sim_failure *fails, int nfails, sched_sim_result *res, md_err *e) {
+    memset(res, 0, sizeof *res);
+    /* Requests. */
+    unsigned long long seed = 0x9E3779B97F4A7C15ull ^ (w->seed * 0x2545F4914F6CDD1Dull);
+    long long total = 0;
+    for (int m = 0; m < w->n; m++)
+        total += (long long)w->models[m].requests +
+                 (long long)ceil(w->models[m].rate_rps * w->horizon_s * 1.2 + 16);
+    if (total > 50000000)
+        return md_errf(e, MD_ERANGE, "simulation of %lld requests is over the 5e7 limit", total);
+    req *R = malloc((size_t)(total + 1) * sizeof *R);
+    queue *Q = calloc((size_t)w->n * SCHED_MAX_CLASSES, sizeof *Q);
+    rep *P = calloc((size_t)p->n + 1, sizeof *P);
+    ev *H = malloc(((size_t)p->n + 1) * sizeof *H);
+    if (!R || !Q || !P || !H) {
+        free(R), free(Q), free(P), free(H);
+        return md_errf(e, MD_ENOMEM, "out of memory for %lld simulated requests", total);
+    }
+    int nr = 0;
+    for (int m = 0; m < w->n; m++) {
+        const sched_demand *d = &w->models[m];
+        double t = 0;
+        long long backlog = (long long)d->requests;
+        for (long long i = 0;; i++) {
+            double at = 0;
+            if (i >= backlog) {
+                if (d->rate_rps <= 0)
+                    break;
+                t += -log(1 - rng_unit(&seed)) / d->rate_rps;
+                if (t > w->horizon_s)
+                    break;
+                at = t;
+            }
+            double u = rng_unit(&seed), acc = 0;
+            int k = 0;
+            for (k = 0; k < d->nclasses - 1; k++) {
+                acc += d->classes[k].share;
+                if (u < acc)
+                    break;
+            }
+            const sched_class *cl = &d->classes[k];
+            /* Lengths uniform in [0.5, 1.5] x the class mean, within the class bound. */
+            double in = fmax(1, round(cl->input_mean * (0.5 + rng_unit(&seed))));
+            double out = fmax(1, round(cl->output_mean * (0.5 + rng_unit(&seed))));
+            if (in + out > cl->max_tokens)
+                in = fmax(1, cl->max_tokens - out);
+            if (nr >= total)
+                break;
+            R[nr] = (req){at, (float)in, (float)out, (short)m, (short)k};
+            queue *q = &Q[m * SCHED_MAX_CLASSES + k];
+            if (q->n % 1024 == 0) {
+                int *n = realloc(q->ids, (size_t)(q->n + 1024) * sizeof *n);
+                if (!n)
+                    goto oom;
+                q->ids = n;
+            }
+            q->ids[q->n++] = nr++;
+        }
+    }
+    res->requests_total = nr;
+    /* Replicas. */
+    for (int i = 0; i < p->n; i++) {
+        rep *x = &P[i];
+        x->r = &p->r[i];
+        x->c = &cs->c[x->r->cand];
+        x->d = &w->models[x->c->model];
+        x->kv_cap = 0;
+        for (int k = 0; k < x->d->nclasses; k++)
+            if (x->c->serves[k])
+                x->kv_cap = x->c->perf[k].kv_tokens;
+        x->cap_batch = pp->max_batch;
+        x->running = malloc((size_t)x->cap_batch * sizeof *x->running);
+        if (!x->running)
+            goto oom;
+        H[i] = (ev){0, i};
+    }
+    int nh = p->n; /* every replica starts at t=0: already a heap */
+    /* Failures, in time order, mapped to replicas. */
+    int *fail_rep = malloc(((size_t)nfails + 1) * sizeof *fail_rep);
+    if (!fail_rep)
+        goto oom;
+    for (int i = 1; i < nfails; i++)
+        if (fails[i].at_s < fails[i - 1].at_s) {
+            free(fail_rep);
+            for (int r = 0; r < p->n; r++)
+                free(P[r].running);
+            for (int k = 0; k < w->n * SCHED_MAX_CLASSES; k++)
+                free(Q[k].ids);
+            free(R), free(Q), free(P), free(H);
+            return md_errf(e, MD_EINVAL, "failures must be given in time order");
+        }
+    for (int i = 0; i < nfails; i++) {
+        fail_rep[i] = -1;
+        for (int r = 0; r < p->n && fail_rep[i] < 0; r++)
+            for (int g = 0; g < P[r].c->gpus; g++)
+                if (!strcmp(p->r[r].gpu_ids[g], fails[i].gpu))
+                    fail_rep[i] = r;
+    }
+    int nextfail = 0;
+    double now = 0;
+    while (nh > 0) {
+        ev x = heap_pop(H, &nh);
+        now = x.t;
+        for (; nextfail < nfails && fails[nextfail].at_s <= now; nextfail++) {
+            int r = fail_rep[nextfail];
+            if (r < 0 || P[r].dead)
+                continue;
+            rep *y = &P[r];
+            y->dead = 1;
+            y->end = fails[nextfail].at_s;
+            for (int j = 0; j < y->nrun; j++) {
+                const req *q0 = &R[y->running[j].id];
+                queue *q = &Q[q0->model * SCHED_MAX_CLASSES + q0->cls];
+                int *n = realloc(q->retry, (size_t)(q->nretry + 1) * sizeof *n);
+                if (!n)
+                    goto oom;
+                q->retry = n;
+                q->retry[q->nretry++] = y->running[j].id;
+                res->retried++;
+            }
+            y->nrun = 0;
+        }
+        rep *y = &P[x.r];
+        if (y->dead)
+            continue;
+        const sched_model *m = &y->d->model;
+        int mi = y->c->model;
+        /* Admit. */
+        double pre = 0;
+        int cls_any = 0;
+        for (;;) {
+            if (y->nrun >= y->cap_batch)
+                break;
+            int best = -1, id = -1;
+            double bestv = INFINITY;
+            for (int pass = 0; pass < 2 && best < 0; pass++)
+                for (int k = 0; k < y->d->nclasses; k++) {
+                    if (!y->c->serves[k] || (pass == 0 && y->r->share[k] <= 0))
+                        continue;
+                    int cand = q_peek(&Q[mi * SCHED_MAX_CLASSES + k], R, now);
+                    if (cand < 0)
+                        continue;
+                    double v = pass == 0 ? y->served[k] / y->r->share[k] : 0;
+                    if (v < bestv) {
+                        bestv = v, best = k, id = cand;
+                    }
+                }
+            if (best < 0)
+                break;
+            double need = R[id].in + R[id].out;
+            if (y->kv_used + need > y->kv_cap)
+                break;
+            q_pop(&Q[mi * SCHED_MAX_CLASSES + best]);
+            y->served[best] += 1;
+            y->kv_used += need;
+            y->ctx_sum += R[id].in;
+            y->running[y->nrun++] = (run){id, R[id].out};
+            pre += prefill_time(y->c, m, cat, f->link_gbps, R[id].in, best, pp);
+            cls_any = best;
+        }
+        if (y->nrun == 0) {
+            /* Nothing to run now: sleep until the next arrival it may take, or finish. */
+            double next = INFINITY;
+            for (int k = 0; k < y->d->nclasses; k++) {
+                queue *q = &Q[mi * SCHED_MAX_CLASSES + k];
+                if (y->c->serves[k] && q->head < q->n)
+                    next = fmin(next, R[q->ids[q->head]].arrive);
+            }
+            if (isfinite(next) && next > now) {
+                heap_push(H, &nh, (ev){next, x.r});
+            } else if (!isfinite(next)) {
+                y->done = 1;
+                y->end = now;
+            } else {
+                /* A request is waiting but does not fit an empty replica: unservable here. */
+                y->done = 1;
+                y->end = now;
+            }
+            continue;
+        }
+        double ctx = y->ctx_sum / y->nrun;
+        double dt = pre + step_time(y->c, m, cat, f->link_gbps, y->nrun, ctx, cls_any, pp);
+        now += dt;
+        /* Advance every running sequence by one token. */
+        for (int j = 0; j < y->nrun;) {
+            run *u = &y->running[j];
+            u->left -= 1;
+            y->ctx_sum += 1;
+            if (u->left <= 0) {
+                const req *q0 = &R[u->id];
+                res->tokens += q0->in + q0->out;
+                res->requests_done++;
+                y->kv_used -= q0->in + q0->out;
+                y->ctx_sum -= q0->in + q0->out;
+                if (now > res->makespan_s)
+                    res->makespan_s = now;
+                y->running[j] = y->running[--y->nrun];
+            } else {
+                j++;
+            }
+        }
+        heap_push(H, &nh, (ev){now, x.r});
+    }
+    for (int i = 0; i < p->n; i++) {
+        res->usd += P[i].c->usd_per_hour * P[i].end / 3600;
+        free(P[i].running);
+    }
+    res->requests_unserved = res->requests_total - res->requests_done;
+    res->tokens_per_s = res->makespan_s > 0 ? res->tokens / res->makespan_s : 0;
+    res->usd_per_mtok = res->tokens > 0 ? res->usd / res->tokens * 1e6 : 0;
+    res->tokens_per_usd = res->usd > 0 ? res->tokens / res->usd : 0;
+    for (int i = 0; i < w->n * SCHED_MAX_CLASSES; i++) {
+        free(Q[i].ids);
+        free(Q[i].retry);
+    }
+    free(fail_rep);
+    free(R), free(Q), free(P), free(H);
+    return 0;
+oom:
+    for (int i = 0; i < p->n; i++)
+        free(P[i].running);
+    for (int i = 0; i < w->n * SCHED_MAX_CLASSES; i++) {
+        free(Q[i].ids);
+        free(Q[i].retry);
+    }
+    free(R), free(Q), free(P), free(H);
+    return md_errf(e, MD_ENOMEM, "out of memory in the simulator");
+}
