@@ -5,3 +5,15 @@ medley_test(test_validate SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_validate
             LIBS medley_worker LABELS unit)
 medley_test(test_queue_redis_url SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_redis_url.c
             LIBS medley_worker LABELS unit)
+
+# Integration: plain python3 scripts (redis-py, jsonschema from scripts/requirements-test.txt).
+if(MEDLEY_REDIS_SERVER AND MEDLEY_PYTHON)
+  foreach(t queue_crash queue_redis_restart queue_malformed queue_lifecycle)
+    add_test(NAME ${t} COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/${t}.py)
+    set_tests_properties(${t} PROPERTIES LABELS integration TIMEOUT 300
+                         ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>;MEDLEY_REDIS_SERVER=${MEDLEY_REDIS_SERVER}")
+  endforeach()
+endif()
+add_test(NAME queue_schema_examples
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/queue_schema_examples.py)
+set_tests_properties(queue_schema_examples PROPERTIES LABELS unit)

@@ -1,0 +1,174 @@
+"""queue_lifecycle.py — the batch lifecycle beyond the happy path: cancel (remaining requests
+answered batch_cancelled, status cancelled), deadline (batch_expired, status expired), the
+DLQ after max_attempts, ACL/password AUTH (and a clear failure with a wrong password),
+`medley batches`, `results --errors`, and `medley run` with its private redis-server."""
+import glob
+import json
+import os
+import subprocess
+import time
+
+from harness import *
+
+
+def test_cancel(srv):
+    ids = ["c%04d" % i for i in range(2000)]
+    b = submit(srv, write_lines(srv.dir, "c.jsonl", [chat_line(c, c) for c in ids]))
+    w = Worker(srv, args=["--echo-delay-ms", "50", "--max-seqs", "8"], name="cancel")
+    try:
+        time.sleep(1.0)
+        p = medley("cancel", b, "--redis", srv.url)
+        if "cancelling" not in p.stdout:
+            fail("cancel said: %s" % p.stdout)
+        m = wait_batch(srv, b, timeout=60)
+        lines = results(srv, b)
+        exactly_once(lines, ids)
+        cancelled = [l for l in lines if l["error"] and l["error"]["code"] == "batch_cancelled"]
+        if m["status"] != "cancelled" or not cancelled or len(cancelled) == len(ids):
+            fail("cancel: status %s, %d cancelled of %d" % (m["status"], len(cancelled), len(ids)))
+        if int(m["failed"]) != len(cancelled):
+            fail("cancelled lines must count as failed: %s" % m)
+        p = medley("cancel", b, "--redis", srv.url, check=False)
+        if p.returncode != 1 or "already cancelled" not in p.stderr:
+            fail("cancelling a finished batch should fail clearly: %s" % p.stderr)
+        print("cancel ok: %d done, %d cancelled" % (len(ids) - len(cancelled), len(cancelled)))
+    finally:
+        w.stop()
+
+
+def test_expired(srv):
+    ids = ["e%d" % i for i in range(30)]
+    b = submit(srv, write_lines(srv.dir, "e.jsonl", [chat_line(c, c) for c in ids]),
+               "--completion-window", "1s")
+    time.sleep(1.3)
+    w = Worker(srv, name="expired")
+    try:
+        m = wait_batch(srv, b, timeout=30)
+        lines = results(srv, b)
+        exactly_once(lines, ids)
+        if m["status"] != "expired" or any(l["error"]["code"] != "batch_expired" for l in lines):
+            fail("expired: %s" % m)
+        print("expired ok")
+    finally:
+        w.stop()
+
+
+def test_dlq(srv):
+    r = srv.client()
+    b = submit(srv, write_lines(srv.dir, "d.jsonl", [chat_line("poison", "p")]))
+    # A consumer takes the entry and dies without answering (delivery 1).
+    got = r.xreadgroup("workers", "ghost", {"medley:q:{echo}": ">"}, count=1)
+    if not got:
+        fail("ghost read nothing")
+    w = Worker(srv, args=["--max-attempts", "1", "--visibility-ms", "300"], name="dlq")
+    try:
+        m = wait_batch(srv, b, timeout=30)
+        lines = results(srv, b)
+        if len(lines) != 1 or lines[0]["error"]["code"] != "max_attempts_exceeded":
+            fail("dlq answer: %s" % lines)
+        dl = r.xrange("medley:dlq:{echo}")
+        if len(dl) != 1 or dl[0][1]["batch"] != b or "max_attempts" not in dl[0][1]["reason"]:
+            fail("dlq stream: %s" % dl)
+        if json.loads(dl[0][1]["line"])["custom_id"] != "poison":
+            fail("the DLQ must keep the input line")
+        if int(m["failed"]) != 1:
+            fail("dlq meta: %s" % m)
+        print("dlq ok")
+    finally:
+        w.stop()
+
+
+def test_batches_and_errors_file(srv):
+    p = medley("batches", "--redis", srv.url, "--json")
+    docs = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
+    if len(docs) < 3:
+        fail("batches listed %d" % len(docs))
+    validate_all(schema_validator("batch-meta"), docs, "batches --json")
+    b = submit(srv, write_lines(srv.dir, "x.jsonl", [chat_line("ok1", "a"), "nonsense",
+                                                      chat_line("bad", "b", max_tokens=0)]))
+    w = Worker(srv, name="errs")
+    try:
+        wait_batch(srv, b, timeout=30)
+    finally:
+        w.stop()
+    o, e = os.path.join(srv.dir, "o.jsonl"), os.path.join(srv.dir, "e.jsonl")
+    medley("results", b, "--redis", srv.url, "-o", o, "--errors", e)
+    if len(open(o).readlines()) != 1 or len(open(e).readlines()) != 2:
+        fail("results --errors split wrong")
+    dup = write_lines(srv.dir, "dup.jsonl", [chat_line("same", "a"), chat_line("same", "b")])
+    p = medley("submit", dup, "--redis", srv.url, check=False)
+    if p.returncode == 0 or "more than once" not in p.stderr:
+        fail("duplicate custom_ids must be refused: %s" % p.stderr)
+    print("batches/results --errors ok")
+
+
+def test_auth():
+    srv = RedisServer(password="s3cr%t")
+    try:
+        url = "redis://:s3cr%%25t@127.0.0.1:%d/0" % srv.port
+        path = write_lines(srv.dir, "a.jsonl", [chat_line("a%d" % i, "x") for i in range(10)])
+        b = medley("submit", path, "--redis", url).stdout.strip()
+        cmd = [MEDLEY, "worker", "--redis", "redis://:wrong@127.0.0.1:%d/0" % srv.port,
+               "--model", "echo"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        if p.returncode != 1 or "AUTH" not in p.stderr:
+            fail("a wrong password must fail clearly: rc %d %s" % (p.returncode, p.stderr))
+        w = subprocess.Popen([MEDLEY, "worker", "--redis", url, "--model", "echo"],
+                             stderr=subprocess.DEVNULL)
+        try:
+            srv.password = "s3cr%t"
+            m = wait_batch(srv, b, timeout=30)
+            if m["status"] != "completed":
+                fail("auth batch: %s" % m)
+        finally:
+            w.terminate()
+            w.wait()
+        # An ACL user with a password, as redis://user:pass@host/db.
+        srv.client().execute_command("ACL", "SETUSER", "medleyw", "on", ">pw-2", "~*", "&*",
+                                     "+@all")
+        url = "redis://medleyw:pw-2@127.0.0.1:%d/0" % srv.port
+        path = write_lines(srv.dir, "acl.jsonl", [chat_line("acl%d" % i, "x") for i in range(5)])
+        b = medley("submit", path, "--redis", url).stdout.strip()
+        w = subprocess.Popen([MEDLEY, "worker", "--redis", url, "--model", "echo"],
+                             stderr=subprocess.DEVNULL)
+        try:
+            if wait_batch(srv, b, timeout=30)["status"] != "completed":
+                fail("ACL user batch did not complete")
+        finally:
+            w.terminate()
+            w.wait()
+        print("auth ok (password and ACL user)")
+    finally:
+        srv.stop()
+
+
+def test_run(tmp):
+    ids = ["run-%d" % i for i in range(300)]
+    path = write_lines(tmp, "run.jsonl", [chat_line(c, "say %s" % c) for c in ids])
+    out = os.path.join(tmp, "run.out.jsonl")
+    env = dict(os.environ, TMPDIR=tmp)
+    p = subprocess.run([MEDLEY, "run", path, "-o", out], capture_output=True, text=True,
+                       timeout=60, env=env)
+    if p.returncode != 0:
+        fail("medley run: %s" % p.stderr)
+    lines = [json.loads(l) for l in open(out)]
+    exactly_once(lines, ids)
+    if glob.glob(os.path.join(tmp, "medley-run-*")):
+        fail("medley run left its temp dir behind")
+    print("run ok: %s" % p.stderr.strip().splitlines()[-1])
+
+
+def main():
+    srv = RedisServer()
+    try:
+        test_cancel(srv)
+        test_expired(srv)
+        test_dlq(srv)
+        test_batches_and_errors_file(srv)
+        test_run(srv.dir)
+    finally:
+        srv.stop()
+    test_auth()
+
+
+main()
