@@ -292,6 +292,14 @@ static void fp16_round_trips_every_half(void **st) {
     assert_true(md_fp16_to_fp32(0x3c00) == 1.0f);
     assert_true(md_fp16_to_fp32(0xc000) == -2.0f);
     assert_true(md_fp16_to_fp32(0x0001) == 5.9604644775390625e-8f);
+    assert_true(md_fp16_to_fp32(0x03ff) == 1023 * 5.9604644775390625e-8f); /* largest subnormal */
+    assert_true(md_fp16_to_fp32(0x0400) == 6.103515625e-5f);               /* smallest normal */
+    assert_true(md_fp16_to_fp32(0x7bff) == 65504.0f);
+    assert_true(md_fp16_to_fp32(0x7c00) == INFINITY);
+    assert_true(md_fp16_to_fp32(0xfc00) == -INFINITY);
+    assert_true(isnan(md_fp16_to_fp32(0x7e00)));
+    assert_true(signbit(md_fp16_to_fp32(0x8000)) && md_fp16_to_fp32(0x8000) == 0.0f);
+    assert_true(md_fp16_to_fp32(0x8001) == -5.9604644775390625e-8f);
     assert_int_equal(md_fp32_to_fp16(65520.0f), 0x7c00);           /* rounds to inf */
     assert_int_equal(md_fp32_to_fp16(65519.0f), 0x7bff);           /* max half */
     assert_int_equal(md_fp32_to_fp16(1.0f + 1.0f / 2048), 0x3c00); /* tie to even */
