@@ -9,3 +9,10 @@ medley_test(test_gguf_fuzz SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/test_gguf_fu
             ${MEDLEY_GGUF_SRCS} LABELS fuzz)
 medley_test(test_registry SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_registry.c
             ${CMAKE_SOURCE_DIR}/engine/registry.c LABELS unit)
+# libFuzzer target: clang only, not a ctest (run it by hand, see tests/fuzz/fuzz_gguf.c).
+if(CMAKE_C_COMPILER_ID MATCHES "Clang")
+  add_executable(fuzz_gguf ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_gguf.c ${MEDLEY_GGUF_SRCS})
+  target_compile_options(fuzz_gguf PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_options(fuzz_gguf PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_gguf PRIVATE medley_common m)
+endif()
