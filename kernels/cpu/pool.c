@@ -81,7 +81,7 @@ static void *worker_main(void *argp) {
     cpu_pool *p = a->p;
     int ith = a->ith;
     free(a);
-    int seen = atomic_load(&p->gen);
+    int seen = 0; /* gen at creation: a job published before this thread ran is not missed */
     for (;;) {
         wait_change(&p->gen, seen, &p->sleepers);
         seen = atomic_load_explicit(&p->gen, memory_order_acquire);

@@ -59,8 +59,9 @@ AVX2 static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* e^x for x in [-87.3, 88.7] (inputs are clamped there). */
+/* e^x; 0 below -87.3 (as expf underflows), clamped at 88.7. */
 AVX2 static inline __m256 exp8(__m256 x) {
+    __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -79,7 +80,7 @@ AVX2 static inline __m256 exp8(__m256 x) {
     __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
     __m256 f2 = _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+    return _mm256_andnot_ps(underflow, _mm256_mul_ps(_mm256_mul_ps(p, f1), f2));
 }
 
 AVX2 static void rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps) {

@@ -1,0 +1,466 @@
+/* test_cpu_kernels.c — kernels/cpu: block layouts against llama.cpp's reference
+ * dequantization (fixture made by the gguf Python package), every SIMD level's matmul
+ * against the scalar reference for every weight type, odd shapes and n = 1..70, thread
+ * counts, vector ops against double-precision formulas, and the pool's synchronisation.
+ *
+ * Tolerances (stated, not tuned to pass):
+ *  - quantized types vs cpu_matmul_ref (unquantized x, double): activation rounding adds
+ *    at most |w_i|·d_i/2 per element (d_i = amax of x's block / 127), so
+ *    |y - ref| <= 0.5·Σ|w_i|·d_i + 1e-5·Σ|w_i·x_i| + 1e-6;
+ *  - same quantized x, SIMD level vs scalar level: float reassociation only,
+ *    |y - y_scalar| <= 2e-5·Σ|w_i·x_i| + 1e-6 (Σ over the row; scales are the same);
+ *  - float weight types vs ref: 1e-5·Σ|w_i·x_i| + 1e-6. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/gguf.h"
+#include "kernels/cpu/cpu_ops.h"
+
+/* The kernels number types as ggml does; so does the engine. */
+_Static_assert((int)CPU_T_F32 == (int)GGML_F32 && (int)CPU_T_F16 == (int)GGML_F16 &&
+                   (int)CPU_T_Q4_0 == (int)GGML_Q4_0 && (int)CPU_T_Q4_1 == (int)GGML_Q4_1 &&
+                   (int)CPU_T_Q8_0 == (int)GGML_Q8_0 && (int)CPU_T_Q4_K == (int)GGML_Q4_K &&
+                   (int)CPU_T_Q6_K == (int)GGML_Q6_K && (int)CPU_T_BF16 == (int)GGML_BF16,
+               "cpu_ops.h type numbers match engine/gguf.h");
+
+static const int TYPES[] = {CPU_T_F32,  CPU_T_F16,  CPU_T_BF16, CPU_T_Q4_0,
+                            CPU_T_Q4_1, CPU_T_Q8_0, CPU_T_Q4_K, CPU_T_Q6_K};
+#define N_TYPES (int)(sizeof TYPES / sizeof TYPES[0])
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float frnd(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; } /* [-1,1) */
+
+/* A positive or negative half in [2^-8, 2^-4): exponent 7..10, random mantissa. */
+static uint16_t rnd_half_scale(void) {
+    return (uint16_t)(((rnd() & 1) << 15) | ((7 + rnd() % 4) << 10) | (rnd() & 0x3ff));
+}
+
+static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* Fill a rows×cols matrix of type t with random but valid data. */
+static void *rand_matrix(int t, int rows, int cols) {
+    size_t rs = cpu_row_size(t, cols), total = rs * (size_t)rows;
+    uint8_t *w = malloc(total);
+    assert_non_null(w);
+    for (size_t i = 0; i < total; i++)
+        w[i] = (uint8_t)rnd();
+    int bs = cpu_type_block(t);
+    size_t bb = bs == 1 ? 0 : rs / (size_t)(cols / bs);
+    for (size_t off = 0; off < total;) {
+        switch (t) {
+        case CPU_T_F32: {
+            float f = frnd();
+            memcpy(w + off, &f, 4);
+            off += 4;
+            break;
+        }
+        case CPU_T_F16: put16(w + off, (uint16_t)((rnd() & 0x8000) | ((12 + rnd() % 4) << 10) | (rnd() & 0x3ff))); off += 2; break;
+        case CPU_T_BF16: {
+            float f = frnd();
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            put16(w + off, (uint16_t)(u >> 16));
+            off += 2;
+            break;
+        }
+        case CPU_T_Q4_0:
+        case CPU_T_Q8_0: put16(w + off, rnd_half_scale()); off += bb; break;
+        case CPU_T_Q4_1:
+        case CPU_T_Q4_K:
+            put16(w + off, rnd_half_scale());
+            put16(w + off + 2, rnd_half_scale());
+            off += bb;
+            break;
+        case CPU_T_Q6_K: put16(w + off + 208, rnd_half_scale()); off += bb; break;
+        default: fail();
+        }
+    }
+    return w;
+}
+
+static float *rand_x(int n, int cols) {
+    float *x = malloc(sizeof(float) * (size_t)n * cols);
+    assert_non_null(x);
+    for (int i = 0; i < n * cols; i++)
+        x[i] = frnd() * (1 + (i % 7 == 0) * 3.0f); /* uneven magnitudes within a block */
+    return x;
+}
+
+/* Per output: sum |w_i x_i| and the activation-rounding bound 0.5 Σ|w_i| d_i. */
+static void bounds(int t, const void *W, int rows, int cols, const float *x, int n, double *mag,
+                   double *qerr) {
+    int qb = t == CPU_T_Q4_K || t == CPU_T_Q6_K ? 256 : 32;
+    int quant = cpu_type_block(t) > 1;
+    float *wr = malloc(sizeof(float) * cols);
+    for (int r = 0; r < rows; r++) {
+        cpu_dequant_row(t, (const uint8_t *)W + (size_t)r * cpu_row_size(t, cols), wr, cols);
+        for (int c = 0; c < n; c++) {
+            const float *xr = x + (size_t)c * cols;
+            double m = 0, q = 0;
+            for (int b = 0; b < cols; b += qb) {
+                double amax = 0, sw = 0;
+                for (int i = b; i < b + qb && i < cols; i++) {
+                    amax = fmax(amax, fabs(xr[i]));
+                    sw += fabs(wr[i]);
+                    m += fabs((double)wr[i] * xr[i]);
+                }
+                q += quant ? 0.5 * sw * amax / 127.0 : 0;
+            }
+            mag[(size_t)c * rows + r] = m;
+            qerr[(size_t)c * rows + r] = q;
+        }
+    }
+    free(wr);
+}
+
+static int levels[3], n_levels;
+
+static int setup(void **state) {
+    n_levels = 0;
+    for (int l = CPU_SIMD_SCALAR; l <= cpu_simd_detect(); l++)
+        levels[n_levels++] = l;
+    return 0;
+}
+
+static int teardown(void **state) {
+    cpu_simd_set(cpu_simd_detect());
+    return 0;
+}
+
+/* One shape: every level against ref and against the scalar level. */
+static void check_shape(cpu_pool *pool, int t, int rows, int cols, int n) {
+    void *W = rand_matrix(t, rows, cols);
+    float *x = rand_x(n, cols);
+    size_t ny = (size_t)rows * n;
+    float *ref = malloc(ny * 4), *ys = malloc(ny * 4), *y = malloc(ny * 4);
+    double *mag = malloc(ny * 8), *qerr = malloc(ny * 8);
+    size_t ss = cpu_matmul_scratch_size(t, cols, n);
+    void *scratch = ss ? aligned_alloc(64, (ss + 63) / 64 * 64) : NULL;
+    assert_true(ref && ys && y && mag && qerr && (ss == 0 || scratch));
+    cpu_matmul_ref(t, W, rows, cols, x, n, ref);
+    bounds(t, W, rows, cols, x, n, mag, qerr);
+    assert_int_equal(cpu_simd_set(CPU_SIMD_SCALAR), 0);
+    cpu_matmul(NULL, t, W, rows, cols, x, n, ys, scratch);
+    for (int li = 0; li < n_levels; li++) {
+        assert_int_equal(cpu_simd_set(levels[li]), 0);
+        for (size_t i = 0; i < ny; i++)
+            y[i] = NAN;
+        cpu_matmul(li == 0 ? NULL : pool, t, W, rows, cols, x, n, y, scratch);
+        for (size_t i = 0; i < ny; i++) {
+            double tol_ref = qerr[i] + 1e-5 * mag[i] + 1e-6;
+            double tol_lvl = 2e-5 * mag[i] + 1e-6;
+            if (!(fabs(y[i] - ref[i]) <= tol_ref) || !(fabs(y[i] - ys[i]) <= tol_lvl)) {
+                print_error("type %d level %s rows %d cols %d n %d: y[%zu] = %.7g, ref %.7g "
+                            "(tol %.3g), scalar %.7g (tol %.3g)\n",
+                            t, cpu_simd_name(), rows, cols, n, i, y[i], ref[i], tol_ref, ys[i],
+                            tol_lvl);
+                fail();
+            }
+        }
+    }
+    free(W);
+    free(x);
+    free(ref);
+    free(ys);
+    free(y);
+    free(mag);
+    free(qerr);
+    free(scratch);
+}
+
+static void test_matmul_every_type_level_and_odd_shape(void **state) {
+    cpu_pool *pool = cpu_pool_create(3);
+    assert_non_null(pool);
+    static const int rows_list[] = {1, 3, 5, 17, 67};
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int t = TYPES[ti], bs = cpu_type_block(t);
+        int cols_list[] = {bs == 256 ? 256 : 32, bs == 256 ? 768 : 96, bs == 256 ? 1280 : 576,
+                           bs == 1 ? 13 : 3 * bs};
+        for (int ri = 0; ri < 5; ri++)
+            for (int ci = 0; ci < 4; ci++)
+                check_shape(pool, t, rows_list[ri], cols_list[ci], 1 + (ri * 4 + ci) % 6);
+    }
+    cpu_pool_destroy(pool);
+}
+
+static void test_matmul_batch_sizes_1_to_70(void **state) {
+    cpu_pool *pool = cpu_pool_create(2);
+    assert_non_null(pool);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int t = TYPES[ti], cols = cpu_type_block(t) == 256 ? 512 : 64;
+        for (int n = 1; n <= 70; n++)
+            check_shape(pool, t, 9, cols, n);
+    }
+    cpu_pool_destroy(pool);
+}
+
+/* The SmolLM2 shapes (Q4_1 layers, Q8_0 output head) at a prompt-sized batch. */
+static void test_matmul_model_shapes_large_batch(void **state) {
+    cpu_pool *pool = cpu_pool_create(2);
+    assert_non_null(pool);
+    check_shape(pool, CPU_T_Q4_1, 1536, 576, 37);
+    check_shape(pool, CPU_T_Q4_1, 576, 1536, 70);
+    check_shape(pool, CPU_T_Q8_0, 1000, 576, 3);
+    cpu_pool_destroy(pool);
+}
+
+/* Threads split rows, and results do not depend on how many threads there are. */
+static void test_matmul_same_result_for_any_thread_count(void **state) {
+    int t = CPU_T_Q4_1, rows = 203, cols = 192, n = 11;
+    void *W = rand_matrix(t, rows, cols);
+    float *x = rand_x(n, cols);
+    size_t ss = cpu_matmul_scratch_size(t, cols, n);
+    void *scratch = aligned_alloc(64, (ss + 63) / 64 * 64);
+    float *y1 = malloc(sizeof(float) * rows * n), *y2 = malloc(sizeof(float) * rows * n);
+    cpu_matmul(NULL, t, W, rows, cols, x, n, y1, scratch);
+    for (int nt = 2; nt <= 5; nt++) {
+        cpu_pool *pool = cpu_pool_create(nt);
+        assert_non_null(pool);
+        assert_int_equal(cpu_pool_size(pool), nt);
+        for (int rep = 0; rep < 20; rep++) {
+            memset(y2, 0, sizeof(float) * rows * n);
+            cpu_matmul(pool, t, W, rows, cols, x, n, y2, scratch);
+            assert_memory_equal(y1, y2, sizeof(float) * rows * n);
+        }
+        cpu_pool_destroy(pool);
+    }
+    free(W);
+    free(x);
+    free(scratch);
+    free(y1);
+    free(y2);
+}
+
+/* Layouts: medley's dequantization equals the gguf package's on random blocks. */
+static void test_dequant_matches_gguf_reference(void **state) {
+    FILE *f = fopen(MEDLEY_FIXTURES "/kernels/blocks.bin", "rb");
+    assert_non_null(f);
+    int seen = 0;
+    int32_t hdr[3];
+    while (fread(hdr, 4, 3, f) == 3) {
+        int t = hdr[0], ne = hdr[1], nb = hdr[2];
+        assert_true(cpu_type_supported(t));
+        assert_int_equal(cpu_row_size(t, ne), (size_t)nb);
+        uint8_t *raw = malloc(nb);
+        float *want = malloc(sizeof(float) * ne), *got = malloc(sizeof(float) * ne);
+        assert_int_equal(fread(raw, 1, nb, f), (size_t)nb);
+        assert_int_equal(fread(want, 4, ne, f), (size_t)ne);
+        cpu_dequant_row(t, raw, got, ne);
+        for (int i = 0; i < ne; i++) {
+            if (fabsf(got[i] - want[i]) > 1e-6f * fabsf(want[i]) + 1e-12f) {
+                print_error("type %d element %d: %g, gguf says %g\n", t, i, got[i], want[i]);
+                fail();
+            }
+        }
+        free(raw);
+        free(want);
+        free(got);
+        seen++;
+    }
+    fclose(f);
+    assert_int_equal(seen, 7);
+}
+
+static void test_matmul_check_rejects_bad_shapes(void **state) {
+    assert_int_equal(cpu_matmul_check(CPU_T_Q4_1, 576), 0);
+    assert_int_equal(cpu_matmul_check(CPU_T_Q4_1, 570), -1);
+    assert_int_equal(cpu_matmul_check(CPU_T_Q4_K, 576), -1);
+    assert_int_equal(cpu_matmul_check(CPU_T_F32, 7), 0);
+    assert_int_equal(cpu_matmul_check(CPU_T_F32, 0), -1);
+    assert_int_equal(cpu_matmul_check(7 /* Q5_1: not supported */, 64), -1);
+    assert_int_equal(cpu_matmul_check(-1, 64), -1);
+    assert_int_equal(cpu_row_size(99, 64), 0);
+    assert_int_equal(cpu_row_size(CPU_T_Q6_K, 512), 420);
+    assert_int_equal(cpu_matmul_scratch_size(CPU_T_F16, 64, 3), 0);
+    assert_true(cpu_matmul_scratch_size(CPU_T_Q4_0, 64, 3) >= 3 * (64 + 2 * 8));
+}
+
+static void test_simd_set_refuses_unsupported_level(void **state) {
+    assert_int_equal(cpu_simd_set(-1), -1);
+    assert_int_equal(cpu_simd_set(CPU_SIMD_AVX512VNNI + 1), -1);
+    assert_int_equal(cpu_simd_set(CPU_SIMD_SCALAR), 0);
+    assert_string_equal(cpu_simd_name(), "scalar");
+    assert_int_equal(cpu_simd_set(cpu_simd_detect()), 0);
+    assert_int_equal(cpu_simd_level(), cpu_simd_detect());
+}
+
+/* ---- vector ops ---- */
+
+static void check_close(const float *got, const double *want, int n, double rel, const char *what) {
+    for (int i = 0; i < n; i++) {
+        if (!(fabs(got[i] - want[i]) <= rel * fabs(want[i]) + 1e-7)) {
+            print_error("%s (%s) [%d]: %.9g, want %.9g\n", what, cpu_simd_name(), i, got[i],
+                        want[i]);
+            fail();
+        }
+    }
+}
+
+static void test_vector_ops_match_double_formulas(void **state) {
+    enum { MAXN = 1031 };
+    static float a[MAXN], b[MAXN], w[MAXN], out[MAXN];
+    static double want[MAXN];
+    static const int sizes[] = {1, 7, 8, 9, 576, 1031};
+    for (int li = 0; li < n_levels; li++) {
+        assert_int_equal(cpu_simd_set(levels[li]), 0);
+        for (int si = 0; si < 6; si++) {
+            int n = sizes[si];
+            for (int i = 0; i < n; i++) {
+                a[i] = frnd() * 12; /* silu/exp over a wide range */
+                b[i] = frnd();
+                w[i] = frnd() + 1;
+            }
+            double ss = 0, dot = 0, mx = -INFINITY, se = 0;
+            for (int i = 0; i < n; i++) {
+                ss += (double)a[i] * a[i];
+                dot += (double)a[i] * b[i];
+                mx = fmax(mx, a[i]);
+            }
+            for (int i = 0; i < n; i++)
+                want[i] = a[i] / sqrt(ss / n + 1e-5) * w[i];
+            cpu_rmsnorm(out, a, w, n, 1e-5f);
+            check_close(out, want, n, 1e-5, "rmsnorm");
+            for (int i = 0; i < n; i++)
+                want[i] = a[i] / (1 + exp(-(double)a[i])) * b[i];
+            cpu_swiglu(out, a, b, n);
+            check_close(out, want, n, 1e-5, "swiglu");
+            for (int i = 0; i < n; i++)
+                want[i] = (double)a[i] + b[i];
+            cpu_add(out, a, b, n);
+            check_close(out, want, n, 1e-6, "add");
+            double gotdot = cpu_dot_f32(a, b, n);
+            double sabs = 0;
+            for (int i = 0; i < n; i++)
+                sabs += fabs((double)a[i] * b[i]);
+            assert_true(fabs(gotdot - dot) <= 1e-6 * sabs + 1e-6);
+            memcpy(out, b, sizeof(float) * n);
+            cpu_axpy(out, 0.75f, a, n);
+            for (int i = 0; i < n; i++)
+                want[i] = b[i] + 0.75 * a[i];
+            check_close(out, want, n, 1e-6, "axpy");
+            memcpy(out, a, sizeof(float) * n);
+            cpu_scale(out, -0.5f, n);
+            for (int i = 0; i < n; i++)
+                want[i] = -0.5 * a[i];
+            check_close(out, want, n, 1e-7, "scale");
+            for (int i = 0; i < n; i++)
+                se += exp(a[i] - mx);
+            for (int i = 0; i < n; i++)
+                want[i] = exp(a[i] - mx) / se;
+            memcpy(out, a, sizeof(float) * n);
+            cpu_softmax(out, n);
+            check_close(out, want, n, 1e-5, "softmax");
+        }
+    }
+}
+
+static void test_softmax_handles_extremes(void **state) {
+    for (int li = 0; li < n_levels; li++) {
+        assert_int_equal(cpu_simd_set(levels[li]), 0);
+        float x[10] = {-INFINITY, 0, -1e30f, 1e30f, 88, -88, -200, 3, 3, -INFINITY};
+        cpu_softmax(x, 10);
+        double s = 0;
+        for (int i = 0; i < 10; i++) {
+            assert_true(isfinite(x[i]) && x[i] >= 0);
+            s += x[i];
+        }
+        assert_true(fabs(s - 1) < 1e-6);
+        assert_true(x[3] > 0.999f);
+        float g[9] = {-100, -90, -20, 0, 20, 90, 100, 1e-30f, -1e-30f}, u[9], o[9];
+        for (int i = 0; i < 9; i++)
+            u[i] = 1;
+        cpu_swiglu(o, g, u, 9);
+        for (int i = 0; i < 9; i++) {
+            double want = g[i] / (1 + exp(-(double)g[i]));
+            assert_true(isfinite(o[i]) && fabs(o[i] - want) <= 1e-5 * fabs(want) + 1e-30);
+        }
+    }
+}
+
+/* ---- pool ---- */
+
+typedef struct {
+    atomic_int calls;
+    atomic_int per_thread[8];
+    int nth_seen;
+} pool_ctx;
+
+static void count_fn(void *vctx, int ith, int nth) {
+    pool_ctx *c = vctx;
+    atomic_fetch_add(&c->calls, 1);
+    atomic_fetch_add(&c->per_thread[ith], 1);
+    c->nth_seen = nth;
+}
+
+static void test_pool_runs_each_thread_once_per_job(void **state) {
+    for (int nt = 1; nt <= 4; nt++) {
+        cpu_pool *p = cpu_pool_create(nt);
+        assert_non_null(p);
+        pool_ctx c = {0};
+        for (int job = 0; job < 5000; job++) {
+            cpu_pool_run(p, count_fn, &c);
+            /* every thread finished this job before run returned */
+            assert_int_equal(atomic_load(&c.calls), (job + 1) * nt);
+        }
+        for (int i = 0; i < nt; i++)
+            assert_int_equal(atomic_load(&c.per_thread[i]), 5000);
+        assert_int_equal(c.nth_seen, nt);
+        cpu_pool_destroy(p);
+    }
+    pool_ctx c = {0};
+    cpu_pool_run(NULL, count_fn, &c);
+    assert_int_equal(atomic_load(&c.calls), 1);
+    assert_int_equal(cpu_pool_size(NULL), 1);
+    cpu_pool_destroy(NULL);
+}
+
+/* Workers that went to sleep (idle past the spin window) wake for the next job. */
+static void test_pool_wakes_sleeping_workers(void **state) {
+    cpu_pool *p = cpu_pool_create(3);
+    assert_non_null(p);
+    pool_ctx c = {0};
+    for (int job = 0; job < 4; job++) {
+        struct timespec ts = {0, 3000000}; /* 3 ms > spin window */
+        nanosleep(&ts, NULL);
+        cpu_pool_run(p, count_fn, &c);
+        assert_int_equal(atomic_load(&c.calls), (job + 1) * 3);
+    }
+    cpu_pool_destroy(p);
+    p = cpu_pool_create(0);
+    assert_non_null(p);
+    assert_true(cpu_pool_size(p) >= 1);
+    cpu_pool_destroy(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dequant_matches_gguf_reference),
+        cmocka_unit_test(test_matmul_check_rejects_bad_shapes),
+        cmocka_unit_test(test_simd_set_refuses_unsupported_level),
+        cmocka_unit_test(test_matmul_every_type_level_and_odd_shape),
+        cmocka_unit_test(test_matmul_batch_sizes_1_to_70),
+        cmocka_unit_test(test_matmul_model_shapes_large_batch),
+        cmocka_unit_test(test_matmul_same_result_for_any_thread_count),
+        cmocka_unit_test(test_vector_ops_match_double_formulas),
+        cmocka_unit_test(test_softmax_handles_extremes),
+        cmocka_unit_test(test_pool_runs_each_thread_once_per_job),
+        cmocka_unit_test(test_pool_wakes_sleeping_workers),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
