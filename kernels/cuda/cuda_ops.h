@@ -25,11 +25,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/err.h"
-
 #ifdef __cplusplus
-extern "C" {
+extern "C" { /* common/err.h has no C++ guards of its own: its functions are C */
 #endif
+
+#include "common/err.h"
 
 typedef struct cuda_ctx cuda_ctx;
 

@@ -1,0 +1,17 @@
+# CUDA backend tests (kernels/cuda). Built only when nvcc is found. The gpu-labelled tests
+# exit 77 (ctest SKIP, with the reason printed) where no CUDA device is usable, and run on
+# a GPU host (tests/gpu/run-device-check.sh runs them with the GPU benchmark).
+# test_cuda_device_select runs everywhere: "cuda:0" without a GPU must be a clear refusal.
+if(MEDLEY_HAVE_CUDA)
+  medley_test(test_cuda_device_select
+              SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_device_select.c
+              LIBS medley_kernels LABELS unit)
+  medley_test(test_cuda_kernels SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_kernels.c
+              LIBS medley_cuda medley_engine LABELS gpu)
+  medley_test(test_cuda_backend SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_backend.c
+              LIBS medley_kernels medley_engine LABELS gpu)
+  medley_test(test_cuda_e2e SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_e2e.c
+              LIBS medley_engine medley_kernels PkgConfig::JANSSON LABELS gpu e2e)
+  set_tests_properties(test_cuda_kernels test_cuda_backend test_cuda_e2e
+                       PROPERTIES SKIP_RETURN_CODE 77)
+endif()

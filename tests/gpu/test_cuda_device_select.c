@@ -1,0 +1,65 @@
+/* test_cuda_device_select.c — choosing a CUDA device, on any host. Without a GPU (or
+ * without a driver), "cuda:0" is refused with a sentence that says there is no usable CUDA
+ * device and why, never a crash; with GPUs, an ordinal past the last one is refused naming
+ * how many there are, and a model larger than the free memory is refused before loading
+ * with both numbers. Runs in the unit suite. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
+
+static void test_cuda_device_selection(void **state) {
+    char why[256] = "";
+    int n = md_cuda_device_count(why, sizeof why);
+    md_backend *be = NULL;
+    md_err e = {0};
+    if (n == 0) {
+        assert_true(strlen(why) > 0);
+        assert_int_equal(md_backend_open("cuda:0", 0, &be, &e), MD_EDEVICE);
+        assert_null(be);
+        assert_non_null(strstr(e.msg, "no CUDA device"));
+        printf("no GPU here: %s\n", e.msg);
+        md_cuda_device dev;
+        assert_int_equal(md_cuda_device_get(0, &dev, &e), MD_EDEVICE);
+        assert_int_equal(md_cuda_check_fits(0, 1, "a model", &e), MD_EDEVICE);
+        return;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "cuda:%d", n);
+    assert_int_equal(md_backend_open(name, 0, &be, &e), MD_EDEVICE);
+    assert_null(be);
+    char count[64];
+    snprintf(count, sizeof count, "%d CUDA device", n);
+    assert_non_null(strstr(e.msg, count));
+    printf("%s refused: %s\n", name, e.msg);
+    md_cuda_device dev;
+    assert_int_equal(md_cuda_device_get(0, &dev, &e), 0);
+    assert_true(dev.total_bytes > 0 && dev.free_bytes <= dev.total_bytes);
+    printf("cuda:0 = %s, sm_%d%d, %d SMs, %zu bytes, peak %.0f GB/s\n", dev.name, dev.cc_major,
+           dev.cc_minor, dev.n_sm, dev.total_bytes, dev.hbm_gbps);
+    assert_int_equal(md_cuda_check_fits(0, dev.total_bytes * 2, "a huge model", &e), MD_ENOMEM);
+    assert_non_null(strstr(e.msg, "needs"));
+    assert_non_null(strstr(e.msg, "free of"));
+    printf("refused: %s\n", e.msg);
+    assert_int_equal(md_cuda_check_fits(0, 1 << 20, "a small model", &e), 0);
+    assert_int_equal(md_backend_open("cuda:0", 0, &be, &e), 0);
+    assert_non_null(strstr(be->ops->describe(be), dev.name));
+    /* weights larger than the device: refused by buf_wrap with the numbers, nothing read */
+    md_buf *b = NULL;
+    static const char host[1];
+    assert_int_equal(be->ops->buf_wrap(be, host, dev.total_bytes * 2, &b, &e), MD_ENOMEM);
+    assert_null(b);
+    printf("refused: %s\n", e.msg);
+    md_backend_free(be);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_cuda_device_selection)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

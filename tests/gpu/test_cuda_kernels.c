@@ -1,0 +1,377 @@
+/* test_cuda_kernels.c — each CUDA kernel against a reference computed on the host:
+ * dequantization against the gguf Python package's output (tests/fixtures/gguf), GEMV and
+ * cuBLAS GEMM paths for every weight type against a double-precision product of the
+ * reference-dequantized weights, sampling against exact host arithmetic, CUDA graph replay
+ * against direct launches, the memory pool, and the sticky device error.
+ *
+ * Needs a CUDA device: without one it prints why and exits 77 (ctest SKIP). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "engine/gguf.h"
+#include "gpu/gpu_test_util.h"
+#include "kernels/cuda/cuda_ops.h"
+
+static cuda_ctx *C;
+
+static void *dev(size_t n) {
+    void *p = NULL;
+    md_err e = {0};
+    if (cuda_pool_alloc(C, n, &p, &e)) fail_msg("%s", e.msg);
+    return p;
+}
+static void put(void *d, const void *h, size_t n) {
+    md_err e = {0};
+    if (cuda_upload(C, d, h, n, &e)) fail_msg("%s", e.msg);
+}
+static void get(void *h, const void *d, size_t n) {
+    md_err e = {0};
+    if (cuda_download(C, h, d, n, &e)) fail_msg("%s", e.msg);
+}
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        md_err e_ = {0};                                                                           \
+        if ((call) != 0) fail_msg("%s: %s", #call, e_.msg);                                         \
+    } while (0)
+#define E (&e_)
+
+typedef struct {
+    int type;
+    uint32_t n;
+    const uint8_t *raw;
+    const float *ref;
+    char *buf;
+} fixture;
+
+/* Same file format as test_gguf_dequant.c: "MDQF", type, n, has_src, [src], raw, ref. */
+static void load_fixture(const char *name, fixture *fx) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/gguf/dequant_%s.bin", MEDLEY_FIXTURES, name);
+    size_t len;
+    md_err e = {0};
+    if (md_read_file(path, 0, &fx->buf, &len, &e)) fail_msg("%s", e.msg);
+    uint32_t hdr[3];
+    memcpy(hdr, fx->buf + 4, 12);
+    fx->type = (int)hdr[0];
+    fx->n = hdr[1];
+    size_t off = 16 + (hdr[2] ? (size_t)fx->n * 4 : 0);
+    fx->raw = (const uint8_t *)fx->buf + off;
+    off += ggml_row_size(fx->type, fx->n);
+    fx->ref = (const float *)(fx->buf + off);
+    assert_int_equal(off + (size_t)fx->n * 4, len);
+}
+
+static const char *TYPES[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"};
+
+/* Dequantize to f32 on the device: equal to the gguf package within float rounding (a few
+ * ulps: the device may fuse a multiply-add the reference rounds twice). To bf16: within
+ * bf16 rounding of the reference. */
+static void test_dequant_matches_gguf_package(void **state) {
+    for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {
+        fixture fx;
+        load_fixture(TYPES[t], &fx);
+        size_t rb = ggml_row_size(fx.type, fx.n);
+        assert_int_equal(cuda_ggml_bytes(fx.type, fx.n), rb);
+        void *src = dev(rb);
+        float *d32 = dev(fx.n * 4);
+        uint16_t *d16 = dev(fx.n * 2);
+        put(src, fx.raw, rb);
+        OK(cuda_dequantize(C, fx.type, src, d32, CUDA_F32, fx.n, E));
+        OK(cuda_dequantize(C, fx.type, src, d16, CUDA_BF16, fx.n, E));
+        float *y = malloc(fx.n * 4);
+        uint16_t *yb = malloc(fx.n * 2);
+        get(y, d32, fx.n * 4);
+        get(yb, d16, fx.n * 2);
+        for (uint32_t i = 0; i < fx.n; i++) {
+            float want = fx.ref[i];
+            if (!(fabsf(y[i] - want) <= 1e-6f * fabsf(want) + 1e-12f))
+                fail_msg("%s element %u: device %.9g, gguf package %.9g", TYPES[t], i, y[i], want);
+            float b = md_bf16_to_fp32(yb[i]);
+            if (!(fabsf(b - want) <= 4e-3f * fabsf(want) + 1e-30f))
+                fail_msg("%s element %u as bf16: %.9g vs %.9g", TYPES[t], i, b, want);
+        }
+        printf("dequant %-5s %u elements: f32 and bf16 match the gguf package\n", TYPES[t], fx.n);
+        cuda_pool_free(C, src);
+        cuda_pool_free(C, d32);
+        cuda_pool_free(C, d16);
+        free(y);
+        free(yb);
+        free(fx.buf);
+    }
+}
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+/* y = x . W^T for weights of every type, through the GEMV kernels (m <= 8) and cuBLAS
+ * (m > 8 or forced). Reference: double-precision product of the host-dequantized weights.
+ * Tolerance, relative to rms(y): 1e-4 for the FP32 GEMV path (the same products summed in
+ * another order); 2e-2 for cuBLAS, whose inputs are rounded to bf16/f16 (8 significant
+ * bits: ~2^-9 per product, growing as sqrt(k) like y itself). */
+static void test_matmul_every_type_and_path(void **state) {
+    const int types[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0,
+                         GGML_Q4_K, GGML_Q6_K};
+    const int n = 72, k = 512, ms[] = {1, 3, 8, 9, 40};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        int type = types[ti];
+        float *wf = malloc((size_t)n * k * 4), *wd = malloc((size_t)n * k * 4);
+        size_t rb = ggml_row_size(type, k);
+        uint8_t *wq = malloc(rb * n);
+        md_err e = {0};
+        for (int i = 0; i < n * k; i++) wf[i] = frand();
+        if (type == GGML_Q4_K || type == GGML_Q6_K) {
+            /* No quantizer for K types here: random blocks with a sane scale are valid data. */
+            for (size_t i = 0; i < rb * n; i++) wq[i] = (uint8_t)(frand() * 127 + 128);
+            size_t bb = type == GGML_Q4_K ? 144 : 210;
+            for (size_t b = 0; b < rb * n / bb; b++) {
+                uint16_t d = md_fp32_to_fp16(0.01f + 0.001f * (float)(b % 7));
+                uint8_t *p = wq + b * bb + (type == GGML_Q4_K ? 0 : 208);
+                memcpy(p, &d, 2);
+                if (type == GGML_Q4_K) memcpy(p + 2, &d, 2);
+            }
+        } else if (ggml_quantize(type, wf, wq, (int64_t)n * k, &e)) {
+            fail_msg("%s", e.msg);
+        }
+        if (ggml_dequantize(type, wq, wd, (int64_t)n * k, &e)) fail_msg("%s", e.msg);
+        void *dw = dev(rb * n);
+        put(dw, wq, rb * n);
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+            int m = ms[mi];
+            float *x = malloc((size_t)m * k * 4), *y = malloc((size_t)m * n * 4);
+            double *ref = malloc((size_t)m * n * sizeof(double)), ss = 0;
+            for (int i = 0; i < m * k; i++) x[i] = frand();
+            for (int r = 0; r < m; r++)
+                for (int j = 0; j < n; j++) {
+                    double s = 0;
+                    for (int i = 0; i < k; i++) s += (double)x[r * k + i] * wd[(size_t)j * k + i];
+                    ref[r * n + j] = s;
+                    ss += s * s;
+                }
+            double rms = sqrt(ss / (m * n));
+            float *dx = dev((size_t)m * k * 4), *dy = dev((size_t)m * n * 4);
+            put(dx, x, (size_t)m * k * 4);
+            for (int force = 0; force < 2; force++) {
+                if (force && m > CUDA_GEMV_MAX_M) continue;
+                OK(cuda_matmul(C, dw, type, rb, dx, dy, m, n, k, 0.0f, force, E));
+                get(y, dy, (size_t)m * n * 4);
+                int gemv = m <= CUDA_GEMV_MAX_M && !force;
+                double tol = (gemv || type == GGML_F32 ? 1e-4 : 2e-2) * rms, worst = 0;
+                for (int i = 0; i < m * n; i++) {
+                    double err = fabs(y[i] - ref[i]);
+                    if (!(err <= tol))
+                        fail_msg("%s m=%d %s: y[%d] = %.6g, reference %.6g (tolerance %.3g)",
+                                 ggml_type_name(type), m, gemv ? "gemv" : "cublas", i, y[i], ref[i],
+                                 tol);
+                    if (err > worst) worst = err;
+                }
+                printf("matmul %-5s m=%-2d %-6s max error %.2e of rms %.2e\n", ggml_type_name(type),
+                       m, gemv ? "gemv" : "cublas", worst, rms);
+            }
+            cuda_pool_free(C, dx);
+            cuda_pool_free(C, dy);
+            free(x);
+            free(y);
+            free(ref);
+        }
+        cuda_pool_free(C, dw);
+        free(wf);
+        free(wd);
+        free(wq);
+    }
+}
+
+static void host_probs(const float *l, int V, float temp, double *p) {
+    double mx = -INFINITY, z = 0;
+    for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    for (int i = 0; i < V; i++) z += p[i] = exp((l[i] - mx) / temp);
+    for (int i = 0; i < V; i++) p[i] /= z;
+}
+
+/* Inverse-CDF sampling is deterministic in u: over the grid u_j = (j + 0.5) / N each token
+ * is drawn N * p_i times, +-1. Checked plain, with top-k, with top-p and with min-p, where
+ * p is the host's renormalised distribution over the kept tokens. */
+static void test_sampling_distribution_and_filters(void **state) {
+    enum { V = 1000, N = 2000 };
+    float *l = malloc(V * 4);
+    for (int i = 0; i < V; i++) l[i] = 3.0f * frand();
+    l[17] = l[523] = 9.0f; /* a tie at the top: argmax must say 17 */
+    float *dl = dev(V * 4);
+    put(dl, l, V * 4);
+    int32_t *dtok = dev(N * 4), tok[N];
+    float *dlp = dev(N * 4), lp[N];
+    OK(cuda_argmax(C, dl, 1, V, dtok, E));
+    get(tok, dtok, 4);
+    assert_int_equal(tok[0], 17);
+
+    struct {
+        float temp, top_p, min_p;
+        int top_k;
+    } cases[] = {{1.0f, 1.0f, 0.0f, 0}, {0.7f, 1.0f, 0.0f, 5}, {1.3f, 0.5f, 0.0f, 0},
+                 {1.0f, 1.0f, 0.05f, 0}};
+    double *p = malloc(V * sizeof(double));
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        /* N rows of the same logits, one u each */
+        float *dl_n = dev((size_t)N * V * 4);
+        for (int r = 0; r < N; r++) put(dl_n + (size_t)r * V, l, V * 4);
+        cuda_sample_params *prm = malloc(N * sizeof *prm);
+        for (int r = 0; r < N; r++)
+            prm[r] = (cuda_sample_params){cases[c].temp, cases[c].top_k, cases[c].top_p,
+                                          cases[c].min_p, (r + 0.5f) / N};
+        cuda_sample_params *dp = dev(N * sizeof *prm);
+        put(dp, prm, N * sizeof *prm);
+        OK(cuda_sample(C, dl_n, N, V, dp, dtok, dlp, E));
+        get(tok, dtok, N * 4);
+        get(lp, dlp, N * 4);
+        host_probs(l, V, cases[c].temp, p);
+        /* host filter: keep top-k, then smallest prefix (by probability) reaching top_p,
+         * then p >= min_p * pmax */
+        int *order = malloc(V * sizeof(int)), keep[V];
+        for (int i = 0; i < V; i++) order[i] = i;
+        for (int i = 0; i < V; i++) /* selection sort by p descending: V is small */
+            for (int j = i + 1; j < V; j++)
+                if (p[order[j]] > p[order[i]]) {
+                    int t = order[i];
+                    order[i] = order[j];
+                    order[j] = t;
+                }
+        int nk = cases[c].top_k > 0 ? cases[c].top_k : V;
+        double cum = 0, mass_k = 0;
+        for (int i = 0; i < nk; i++) mass_k += p[order[i]];
+        int np = 0;
+        for (int i = 0; i < nk; i++) {
+            np++;
+            cum += p[order[i]];
+            if (cases[c].top_p < 1.0f && cum >= cases[c].top_p * mass_k) break;
+        }
+        memset(keep, 0, sizeof keep);
+        double kept = 0, pmax = p[order[0]];
+        for (int i = 0; i < np; i++)
+            if (p[order[i]] >= cases[c].min_p * pmax) {
+                keep[order[i]] = 1;
+                kept += p[order[i]];
+            }
+        int *count = calloc(V, sizeof(int));
+        for (int r = 0; r < N; r++) {
+            assert_true(tok[r] >= 0 && tok[r] < V);
+            if (!keep[tok[r]])
+                fail_msg("case %zu: token %d (p %.4g) drawn but filtered out", c, tok[r], p[tok[r]]);
+            count[tok[r]]++;
+            double want_lp = log(p[tok[r]]);
+            if (fabs(lp[r] - want_lp) > 1e-3)
+                fail_msg("case %zu: logprob %.6f, host %.6f", c, lp[r], want_lp);
+        }
+        for (int i = 0; i < V; i++) {
+            double want = keep[i] ? N * p[i] / kept : 0;
+            if (fabs(count[i] - want) > 1.5)
+                fail_msg("case %zu: token %d drawn %d times, expected %.2f", c, i, count[i], want);
+        }
+        printf("sampling case %zu: %d tokens kept, draws match the distribution\n", c, np);
+        free(count);
+        free(order);
+        free(prm);
+        cuda_pool_free(C, dp);
+        cuda_pool_free(C, dl_n);
+    }
+    /* greedy through cuda_sample (temperature 0) */
+    cuda_sample_params g = {0.0f, 0, 1.0f, 0.0f, 0.9f};
+    cuda_sample_params *dg = dev(sizeof g);
+    put(dg, &g, sizeof g);
+    OK(cuda_sample(C, dl, 1, V, dg, dtok, NULL, E));
+    get(tok, dtok, 4);
+    assert_int_equal(tok[0], 17);
+    free(p);
+    free(l);
+}
+
+/* A captured rmsnorm + add replays to the same bytes as direct launches, and follows new
+ * input data written between replays (pointers are fixed, contents are not). */
+static void test_graph_replay_equals_direct(void **state) {
+    enum { R = 4, D = 1024 };
+    float x[R * D], w[D], y0[R * D], y1[R * D];
+    for (int i = 0; i < R * D; i++) x[i] = frand();
+    for (int i = 0; i < D; i++) w[i] = 1.0f + 0.1f * frand();
+    float *dx = dev(sizeof x), *dw = dev(sizeof w), *dy = dev(sizeof x);
+    put(dw, w, sizeof w);
+    put(dx, x, sizeof x);
+    OK(cuda_rmsnorm(C, dx, dw, 1e-5f, R, D, dy, CUDA_F32, E));
+    OK(cuda_add(C, dy, dx, R * D, E));
+    get(y0, dy, sizeof y0);
+    cuda_graph *g = NULL;
+    OK(cuda_graph_begin(C, E));
+    OK(cuda_rmsnorm(C, dx, dw, 1e-5f, R, D, dy, CUDA_F32, E));
+    OK(cuda_add(C, dy, dx, R * D, E));
+    OK(cuda_graph_end(C, &g, E));
+    OK(cuda_memset0(C, dy, sizeof x, E));
+    OK(cuda_graph_launch(C, g, E));
+    get(y1, dy, sizeof y1);
+    assert_memory_equal(y0, y1, sizeof y0);
+    for (int i = 0; i < R * D; i++) x[i] *= 2.0f;
+    put(dx, x, sizeof x);
+    OK(cuda_graph_launch(C, g, E));
+    get(y1, dy, sizeof y1);
+    for (int i = 0; i < R * D; i++) assert_true(fabsf(y1[i] - (y0[i] + x[i] / 2)) < 1e-4f);
+    cuda_graph_free(g);
+}
+
+static void test_pool_reuses_freed_blocks(void **state) {
+    void *a = dev(1000), *b = dev(5000), *c = dev(1000);
+    size_t used = cuda_pool_used(C), reserved = cuda_pool_reserved(C);
+    cuda_pool_free(C, b);
+    assert_true(cuda_pool_used(C) < used);
+    void *b2 = dev(4096); /* fits the hole b left */
+    assert_ptr_equal(b, b2);
+    assert_int_equal(cuda_pool_reserved(C), reserved);
+    assert_int_equal((uintptr_t)a % 256, 0);
+    assert_int_equal((uintptr_t)c % 256, 0);
+    cuda_pool_free(C, a);
+    cuda_pool_free(C, b2);
+    cuda_pool_free(C, c);
+}
+
+/* A failed CUDA call becomes an MD_EDEVICE sentence, and every later call on that context
+ * returns the same error instead of running on a poisoned device. Runs last: it kills C. */
+static void test_device_error_is_sticky(void **state) {
+    md_err e = {0};
+    char h[64];
+    int rc = cuda_download(C, h, (void *)(uintptr_t)0x10, sizeof h, &e);
+    assert_int_equal(rc, MD_EDEVICE);
+    assert_non_null(strstr(e.msg, "device-to-host copy failed"));
+    md_err e2 = {0};
+    assert_int_equal(cuda_add(C, NULL, NULL, 16, &e2), MD_EDEVICE);
+    assert_string_equal(e.msg, e2.msg);
+    printf("sticky error: %s\n", e.msg);
+}
+
+int main(void) {
+    int skip = gpu_test_skip_without_device();
+    if (skip) return skip;
+    md_err e = {0};
+    if (cuda_ctx_open(0, &C, &e)) {
+        fprintf(stderr, "cuda_ctx_open: %s\n", e.msg);
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dequant_matches_gguf_package),
+        cmocka_unit_test(test_matmul_every_type_and_path),
+        cmocka_unit_test(test_sampling_distribution_and_filters),
+        cmocka_unit_test(test_graph_replay_equals_direct),
+        cmocka_unit_test(test_pool_reuses_freed_blocks),
+        cmocka_unit_test(test_device_error_is_sticky),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    cuda_ctx_close(C);
+    return rc;
+}
