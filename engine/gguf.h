@@ -4,7 +4,9 @@
  * every metadata key/value (all value types, nested arrays), the tensor directory,
  * alignment, and that every tensor's bytes lie inside the file. After a successful
  * open, no accessor can read out of bounds. Truncated, corrupted or hostile files give
- * MD_EFORMAT with a sentence naming the problem (which key/tensor, which offset).
+ * MD_EFORMAT with a sentence naming the problem (which key/tensor, which offset);
+ * version 1 and big-endian files give MD_EUNSUPP. The rules are listed in docs/models.md.
+ * Nothing changes after open: accessors may be called from any number of threads.
  *
  * Ownership: gguf_file owns the mapping; every pointer handed out (strings, arrays,
  * tensor data) points into it and lives until gguf_close(). */
@@ -54,7 +56,8 @@ typedef struct {
     int64_t ne[4];    /* elements per dim, ne[0] innermost (row length); unused dims = 1 */
     int64_t n_elements;
     size_t n_bytes;
-    const void *data; /* into the mapping, aligned to the file's alignment */
+    const void *data; /* into the mapping; its file offset is a multiple of the alignment
+                         (so the pointer is aligned too for gguf_open's page-aligned map) */
 } gguf_tensor;
 
 /* Open and fully validate path. On success *out owns the mapping. */
