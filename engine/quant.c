@@ -272,18 +272,36 @@ int ggml_dequantize(int type, const void *src, float *dst, int64_t n, md_err *e)
 }
 
 /* Q8_0: d = max|x| / 127, q = round(x / d). */
-static void quant_q8_0(const float *x, uint8_t *b) {
+static void quant_q8_0(const float *restrict x, uint8_t *restrict b) {
     float amax = 0;
-    for (int j = 0; j < 32; j++)
-        amax = fmaxf(amax, fabsf(x[j]));
+    for (int j = 0; j < 32; j++) {
+        float a = fabsf(x[j]);
+        amax = a > amax ? a : amax; /* comparisons, not fmaxf: no libm call, NaN ignored */
+    }
     float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
     wr_f16(b, d);
-    for (int j = 0; j < 32; j++)
-        b[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+    int8_t q[32];
+    for (int j = 0; j < 32; j++) {
+        /* roundf (half away from zero) without a libm call: |v| <= ~127, so truncation
+         * is floor and v - t is exact */
+        float v = x[j] * id, a = fabsf(v);
+        a = a < 127.0f ? a : 127.0f; /* NaN -> 127: no undefined cast */
+        int t = (int)a;
+        t += a - (float)t >= 0.5f;
+        q[j] = (int8_t)(v < 0 ? -t : t);
+    }
+    memcpy(b + 2, q, 32);
+}
+
+/* A 4-bit code from v: truncation after clamping to [0, 15] in float, so inf/NaN (NaN -> 0)
+ * never reach an undefined float->int cast. */
+static int clamp15(float v) {
+    v = v > 0.0f ? v : 0.0f;
+    return (int)(v < 15.0f ? v : 15.0f);
 }
 
 /* Q4_0: the value of largest magnitude maps to -8, d = that value / -8. */
-static void quant_q4_0(const float *x, uint8_t *b) {
+static void quant_q4_0(const float *restrict x, uint8_t *restrict b) {
     float amax = 0, max = 0;
     for (int j = 0; j < 32; j++)
         if (fabsf(x[j]) > amax) {
@@ -293,27 +311,23 @@ static void quant_q4_0(const float *x, uint8_t *b) {
     float d = max / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
     wr_f16(b, d);
     for (int j = 0; j < 16; j++) {
-        int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + 16] * id + 8.5f);
-        q0 = q0 > 15 ? 15 : q0 < 0 ? 0 : q0;
-        q1 = q1 > 15 ? 15 : q1 < 0 ? 0 : q1;
+        int q0 = clamp15(x[j] * id + 8.5f), q1 = clamp15(x[j + 16] * id + 8.5f);
         b[2 + j] = (uint8_t)(q0 | (q1 << 4));
     }
 }
 
 /* Q4_1: min m, d = (max - min) / 15, q = round((x - m) / d). */
-static void quant_q4_1(const float *x, uint8_t *b) {
+static void quant_q4_1(const float *restrict x, uint8_t *restrict b) {
     float mn = x[0], mx = x[0];
     for (int j = 1; j < 32; j++) {
-        mn = fminf(mn, x[j]);
-        mx = fmaxf(mx, x[j]);
+        mn = x[j] < mn ? x[j] : mn;
+        mx = x[j] > mx ? x[j] : mx;
     }
     float d = (mx - mn) / 15.0f, id = d != 0 ? 1.0f / d : 0.0f;
     wr_f16(b, d);
     wr_f16(b + 2, mn);
     for (int j = 0; j < 16; j++) {
-        int q0 = (int)((x[j] - mn) * id + 0.5f), q1 = (int)((x[j + 16] - mn) * id + 0.5f);
-        q0 = q0 > 15 ? 15 : q0 < 0 ? 0 : q0;
-        q1 = q1 > 15 ? 15 : q1 < 0 ? 0 : q1;
+        int q0 = clamp15((x[j] - mn) * id + 0.5f), q1 = clamp15((x[j + 16] - mn) * id + 0.5f);
         b[4 + j] = (uint8_t)(q0 | (q1 << 4));
     }
 }

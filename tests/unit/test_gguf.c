@@ -358,6 +358,17 @@ static void quantize_round_trip_within_half_a_step(void **st) {
                              y[j], tol);
         }
     }
+    /* non-finite input: defined codes, no crash (and no undefined float->int cast) */
+    x[3] = NAN;
+    x[40] = INFINITY;
+    x[70] = -INFINITY;
+    for (size_t t = 3; t < sizeof types / sizeof types[0]; t++) {
+        assert_int_equal(ggml_quantize(types[t], x, q, N, &e), 0);
+        assert_int_equal(ggml_dequantize(types[t], q, y, N, &e), 0);
+        for (int j = 96; j < N; j++) /* blocks without a non-finite value are unaffected */
+            if (fabsf(x[j] - y[j]) > 0.3f)
+                fail_msg("%s element %d: %g -> %g", ggml_type_name(types[t]), j, x[j], y[j]);
+    }
     assert_int_equal(ggml_quantize(GGML_Q4_K, x, q, N, &e), MD_EUNSUPP);
     assert_int_equal(ggml_quantize(GGML_Q8_0, x, q, 33, &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "multiple"));
