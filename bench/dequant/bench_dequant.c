@@ -30,7 +30,8 @@ static uint64_t xr(void) {
     return rs;
 }
 static float normal(void) {
-    double u = ((double)(xr() >> 11) + 1) / 9007199254740993.0, v = (double)(xr() >> 11) / 9007199254740992.0;
+    double u = ((double)(xr() >> 11) + 1) / 9007199254740993.0,
+           v = (double)(xr() >> 11) / 9007199254740992.0;
     return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v)) * 0.05f;
 }
 
