@@ -4,3 +4,7 @@
 set(TOK_TEST_LIBS medley_engine PkgConfig::JANSSON)
 medley_test(test_tok_smollm SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_smollm.c
             LIBS ${TOK_TEST_LIBS} LABELS e2e)
+medley_test(test_tok_synth SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_synth.c
+            LIBS ${TOK_TEST_LIBS} LABELS unit)
+medley_test(test_chat SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_chat.c
+            LIBS ${TOK_TEST_LIBS} LABELS unit)
