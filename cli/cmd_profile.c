@@ -1,9 +1,326 @@
-/* cmd_profile.c — `medley profile`: not built yet (placeholder until its issue lands). */
+/* cmd_profile.c — `medley profile`: measure a model's prefill and decode throughput on one
+ * device over batch sizes and context lengths, and write a profile in the scheduler's
+ * format (schemas/profile.schema.json, "batches" form, method "measured").
+ *
+ *   medley profile -m MODEL [--device cpu|cpu:N|cuda:K] [--batches 1,8,32]
+ *                  [--contexts 128,512] [--gen 32] [-o profile.json] [options]
+ *
+ * For every (context c, batch b) it submits b sequences of c synthetic prompt tokens that
+ * each generate --gen tokens (greedy, EOS ignored) to one engine and runs steps until they
+ * finish. The prefill phase lasts until every sequence has its first token; the rest is the
+ * decode phase. prefill_tokens_per_s = b*c / prefill time; decode_tokens_per_s = tokens
+ * generated in the decode phase / its time; decode_step_ms = that time / its steps;
+ * context = c + gen/2, the mean KV length during decode. One warm-up run precedes the
+ * measurements. The same code runs on CPU and CUDA: it goes through the engine exactly as
+ * jobs do. */
+#include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
+#include "common/util.h"
+#include "engine/engine.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "engine/registry.h"
+#ifdef MEDLEY_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
+
+#define MAX_POINTS 16
+
+typedef struct {
+    const char *model, *device, *out, *model_name, *device_type;
+    int batches[MAX_POINTS], n_batches;
+    int contexts[MAX_POINTS], n_contexts;
+    int gen, n_threads, batch_tokens;
+    long kv_mb;
+} prof_opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: medley profile -m MODEL [options]\n"
+            "  -m, --model NAME|PATH   registered model name or GGUF path\n"
+            "      --device D          cpu (default), cpu:N, cuda:K\n"
+            "      --batches LIST      concurrent sequences, comma-separated (default 1,4,16)\n"
+            "      --contexts LIST     prompt tokens per sequence (default 128,512)\n"
+            "      --gen N             tokens generated per sequence (default 32, >= 2)\n"
+            "  -o, --output FILE       profile JSON (default stdout)\n"
+            "      --model-name NAME   model name in the profile (default: the registry name or "
+            "file name)\n"
+            "      --device-type TYPE  GPU type as in the GPU catalog (default: from the device "
+            "name; CPU on cpu)\n"
+            "      --batch-tokens N    tokens per engine step (default 2048)\n"
+            "      --kv-mb N           KV cache budget (default: what the largest point needs)\n"
+            "  -t, --threads N         CPU threads (default: every core)\n");
+}
+
+/* "1,4,16" -> ints in [1, max]. */
+static int parse_list(const char *s, int *out, int *n, int max, const char *what) {
+    *n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > max || *n == MAX_POINTS || (*end && *end != ',')) {
+            fprintf(stderr, "medley profile: --%s wants up to %d comma-separated integers in "
+                    "1..%d, got \"%s\"\n", what, MAX_POINTS, max, s);
+            return -1;
+        }
+        out[(*n)++] = (int)v;
+        s = *end ? end + 1 : end;
+    }
+    return *n ? 0 : -1;
+}
+
+static int parse_args(int argc, char **argv, prof_opts *o) {
+    enum { O_DEVICE = 256, O_BATCHES, O_CONTEXTS, O_GEN, O_NAME, O_TYPE, O_BT, O_KV };
+    static const struct option lo[] = {
+        {"model", required_argument, 0, 'm'},    {"device", required_argument, 0, O_DEVICE},
+        {"batches", required_argument, 0, O_BATCHES},
+        {"contexts", required_argument, 0, O_CONTEXTS},
+        {"gen", required_argument, 0, O_GEN},    {"output", required_argument, 0, 'o'},
+        {"model-name", required_argument, 0, O_NAME},
+        {"device-type", required_argument, 0, O_TYPE},
+        {"batch-tokens", required_argument, 0, O_BT},
+        {"kv-mb", required_argument, 0, O_KV},   {"threads", required_argument, 0, 't'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+    memset(o, 0, sizeof *o);
+    o->device = "cpu";
+    o->gen = 32;
+    o->batch_tokens = 2048;
+    o->batches[0] = 1, o->batches[1] = 4, o->batches[2] = 16, o->n_batches = 3;
+    o->contexts[0] = 128, o->contexts[1] = 512, o->n_contexts = 2;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:o:t:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'o': o->out = optarg; break;
+        case 't': o->n_threads = atoi(optarg); break;
+        case O_DEVICE: o->device = optarg; break;
+        case O_BATCHES:
+            if (parse_list(optarg, o->batches, &o->n_batches, 4096, "batches")) return 2;
+            break;
+        case O_CONTEXTS:
+            if (parse_list(optarg, o->contexts, &o->n_contexts, 1 << 20, "contexts")) return 2;
+            break;
+        case O_GEN: o->gen = atoi(optarg); break;
+        case O_NAME: o->model_name = optarg; break;
+        case O_TYPE: o->device_type = optarg; break;
+        case O_BT: o->batch_tokens = atoi(optarg); break;
+        case O_KV: o->kv_mb = atol(optarg); break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!o->model || optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+    if (o->gen < 2 || o->gen > 1 << 16 || o->batch_tokens < 1 || o->n_threads < 0 ||
+        o->kv_mb < 0) {
+        fprintf(stderr, "medley profile: --gen must be >= 2; --batch-tokens, --threads, --kv-mb "
+                "positive\n");
+        return 2;
+    }
+    return 0;
+}
+
+typedef struct {
+    double prefill_tps, decode_tps, decode_step_ms;
+} point;
+
+/* One measurement: b sequences of c prompt tokens, gen tokens each. */
+static int measure(md_engine *eng, int b, int c, int gen, point *pt, md_err *e) {
+    int vocab = md_engine_n_vocab(eng);
+    int32_t *prompt = malloc((size_t)c * sizeof *prompt);
+    uint64_t *ids = malloc((size_t)b * sizeof *ids);
+    char *started = calloc((size_t)b, 1);
+    if (!prompt || !ids || !started) {
+        free(prompt);
+        free(ids);
+        free(started);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    md_sampling s;
+    md_sampling_default(&s);
+    s.temperature = 0;
+    s.max_tokens = gen;
+    s.ignore_eos = 1;
+    int rc = 0, n_sub = 0;
+    uint64_t rng = 0x243F6A8885A308D3ull;
+    for (int i = 0; i < b && !rc; i++) {
+        /* distinct prompts, so no prefix is shared: ids from the middle of the vocabulary */
+        for (int t = 0; t < c; t++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            prompt[t] = (int32_t)(vocab / 8 + (rng >> 33) % (uint64_t)(vocab / 2));
+        }
+        rc = md_engine_submit(eng, prompt, c, &s, &ids[i], e);
+        n_sub += !rc;
+    }
+    uint64_t t0 = md_mono_ns(), t_prefill = 0;
+    int n_started = 0;
+    long dec_tokens = 0, dec_steps = 0;
+    md_step_result res;
+    while (!rc) {
+        if ((rc = md_engine_step(eng, &res, e))) break;
+        int in_decode = t_prefill != 0;
+        for (int i = 0; i < res.n_tokens; i++) {
+            int k = 0;
+            while (k < b && ids[k] != res.tokens[i].seq_id) k++;
+            if (k < b && !started[k]) {
+                started[k] = 1;
+                n_started++;
+            } else if (in_decode) {
+                dec_tokens++;
+            }
+        }
+        if (in_decode) dec_steps++;
+        if (!in_decode && n_started == b) t_prefill = md_mono_ns();
+        if (res.n_live == 0) break;
+    }
+    uint64_t t1 = md_mono_ns();
+    for (int i = 0; i < n_sub; i++) md_engine_release(eng, ids[i]);
+    if (!rc) {
+        double tp = (t_prefill - t0) / 1e9, td = (t1 - t_prefill) / 1e9;
+        pt->prefill_tps = (double)b * c / tp;
+        pt->decode_tps = dec_steps ? dec_tokens / td : 0;
+        pt->decode_step_ms = dec_steps ? td * 1e3 / dec_steps : 0;
+    }
+    free(prompt);
+    free(ids);
+    free(started);
+    return rc;
+}
+
+/* "NVIDIA H200" -> "H200"; spaces become '-'. */
+static void device_type(const prof_opts *o, char *out, size_t n) {
+    if (o->device_type) {
+        snprintf(out, n, "%s", o->device_type);
+        return;
+    }
+    snprintf(out, n, "CPU");
+#ifdef MEDLEY_HAVE_CUDA
+    if (!strncmp(o->device, "cuda", 4)) {
+        md_cuda_device d;
+        md_err e = {0};
+        int ord = o->device[4] == ':' ? atoi(o->device + 5) : 0;
+        if (md_cuda_device_get(ord, &d, &e) == 0) {
+            const char *nm = strncmp(d.name, "NVIDIA ", 7) ? d.name : d.name + 7;
+            snprintf(out, n, "%s", nm);
+            for (char *p = out; *p; p++)
+                if (*p == ' ') *p = '-';
+        }
+    }
+#endif
+}
 
 int cmd_profile(int argc, char **argv) {
-    fprintf(stderr, "medley profile: not built yet\n");
-    return 1;
+    prof_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc;
+    char path[4096];
+    md_err e = {0};
+    if (md_model_resolve(o.model, 1, path, sizeof path, &e)) {
+        fprintf(stderr, "medley profile: %s\n", e.msg);
+        return 1;
+    }
+    /* Size the engine for the largest point: KV for every sequence at full length. */
+    gguf_file *gf = NULL;
+    md_hparams hp;
+    if (gguf_open(path, &gf, &e) || md_hparams_read(gf, &hp, &e)) {
+        fprintf(stderr, "medley profile: %s\n", e.msg);
+        gguf_close(gf);
+        return 1;
+    }
+    const gguf_tensor *wq = gguf_find_tensor(gf, "blk.0.attn_q.weight");
+    char quant[16];
+    snprintf(quant, sizeof quant, "%s", wq && ggml_type_name(wq->type) ? ggml_type_name(wq->type) : "unknown");
+    gguf_close(gf);
+    int max_b = 1, max_c = 1;
+    for (int i = 0; i < o.n_batches; i++) max_b = o.batches[i] > max_b ? o.batches[i] : max_b;
+    for (int i = 0; i < o.n_contexts; i++) max_c = o.contexts[i] > max_c ? o.contexts[i] : max_c;
+    int n_ctx = max_c + o.gen + 16;
+    if (hp.n_ctx_train > 0 && n_ctx > hp.n_ctx_train) {
+        fprintf(stderr, "medley profile: context %d + %d generated exceeds the model's %d\n", max_c,
+                o.gen, hp.n_ctx_train);
+        return 2;
+    }
+    size_t kv = o.kv_mb ? (size_t)o.kv_mb << 20
+                        : (size_t)max_b * (n_ctx + 16) * md_kv_bytes_per_token(&hp) * 5 / 4;
+    md_engine_config cfg = {.model_path = path, .device = o.device, .n_threads = o.n_threads,
+                            .max_seqs = max_b, .max_batch_tokens = o.batch_tokens,
+                            .kv_budget_bytes = kv, .n_ctx = n_ctx};
+    md_engine *eng = NULL;
+    uint64_t t_open = md_mono_ns();
+    if (md_engine_open(&cfg, &eng, &e)) {
+        fprintf(stderr, "medley profile: %s\n", e.msg);
+        return 1;
+    }
+    fprintf(stderr, "medley profile: %s on %s loaded in %.1f s\n", o.model, o.device,
+            (md_mono_ns() - t_open) / 1e9);
+    point warm;
+    if (measure(eng, 1, o.contexts[0], 2, &warm, &e)) {
+        fprintf(stderr, "medley profile: warm-up: %s\n", e.msg);
+        md_engine_close(eng);
+        return 1;
+    }
+    json_t *batches = json_array();
+    for (int ci = 0; ci < o.n_contexts; ci++)
+        for (int bi = 0; bi < o.n_batches; bi++) {
+            point pt;
+            int b = o.batches[bi], c = o.contexts[ci];
+            if (measure(eng, b, c, o.gen, &pt, &e)) {
+                fprintf(stderr, "medley profile: batch %d, context %d: %s\n", b, c, e.msg);
+                json_decref(batches);
+                md_engine_close(eng);
+                return 1;
+            }
+            fprintf(stderr, "  batch %4d  context %6d: prefill %10.1f tok/s, decode %9.1f tok/s "
+                    "(%.2f ms/step)\n", b, c, pt.prefill_tps, pt.decode_tps, pt.decode_step_ms);
+            json_array_append_new(
+                batches, json_pack("{s:i, s:i, s:f, s:f, s:f}", "batch", b, "context",
+                                   c + o.gen / 2, "prefill_tokens_per_s", pt.prefill_tps,
+                                   "decode_tokens_per_s", pt.decode_tps, "decode_step_ms",
+                                   pt.decode_step_ms));
+        }
+    md_engine_close(eng);
+
+    char dtype[256], host[256] = "", date[64];
+    device_type(&o, dtype, sizeof dtype);
+    gethostname(host, sizeof host - 1);
+    time_t now = time(NULL);
+    struct tm tmv;
+    gmtime_r(&now, &tmv);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    const char *name = o.model_name;
+    if (!name) {
+        const char *slash = strrchr(o.model, '/');
+        name = md_registry_find(o.model) ? o.model : slash ? slash + 1 : o.model;
+    }
+    char tool[64];
+    snprintf(tool, sizeof tool, "medley profile 0.1 (%s)", strncmp(o.device, "cuda", 4) ? "cpu" : "cuda");
+    json_t *doc = json_pack("{s:i, s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:o}",
+                            "version", 1, "kind", "medley.profile", "device_type", dtype,
+                            "device_count", 1, "tp", 1, "model", name, "quant", quant, "date",
+                            date, "method", "measured", "tool", tool, "host", host,
+                            "max_context", n_ctx, "batches", batches);
+    int out_rc = 0;
+    if (o.out) {
+        if (json_dump_file(doc, o.out, JSON_INDENT(2)) != 0) {
+            fprintf(stderr, "medley profile: cannot write %s\n", o.out);
+            out_rc = 1;
+        } else {
+            fprintf(stderr, "medley profile: wrote %s\n", o.out);
+        }
+    } else {
+        json_dumpf(doc, stdout, JSON_INDENT(2));
+        fputc('\n', stdout);
+    }
+    json_decref(doc);
+    return out_rc;
 }

@@ -15,3 +15,11 @@ if(MEDLEY_HAVE_CUDA)
   set_tests_properties(test_cuda_kernels test_cuda_backend test_cuda_e2e
                        PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+
+# `medley profile` on the CPU backend writes a document that validates against
+# schemas/profile.schema.json (needs the e2e model; skips without it).
+if(MEDLEY_PYTHON)
+  add_test(NAME test_profile_cpu COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/gpu/check_profile.py)
+  set_tests_properties(test_profile_cpu PROPERTIES LABELS e2e SKIP_RETURN_CODE 77
+                       ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
+endif()

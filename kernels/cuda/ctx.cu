@@ -101,7 +101,7 @@ int cuda_device_count(char *why, size_t whysz) {
 int cuda_device_query(int ordinal, cuda_device_info *info, md_err *e) {
     char why[256] = "";
     int n = cuda_device_count(why, sizeof why);
-    if (n == 0) return md_errf(e, MD_EDEVICE, "no CUDA device is usable (%s)", why);
+    if (n == 0) return md_errf(e, MD_EDEVICE, "no CUDA device is usable (%s); use --device cpu", why);
     if (ordinal < 0 || ordinal >= n)
         return md_errf(e, MD_EDEVICE, "cuda:%d does not exist: this host has %d CUDA device%s "
                        "(cuda:0..cuda:%d)", ordinal, n, n == 1 ? "" : "s", n - 1);

@@ -77,6 +77,11 @@ int cuda_upload(cuda_ctx *c, void *dst, const void *host_src, size_t bytes, md_e
 int cuda_download(cuda_ctx *c, void *host_dst, const void *src, size_t bytes, md_err *e);
 int cuda_memset0(cuda_ctx *c, void *dst, size_t bytes, md_err *e);
 
+/* Fill n elements of dst (dtype) with uniform values in [-scale, scale) from a hash of
+ * (seed, index): synthetic weights for benchmarks and tests, no host transfer. */
+int cuda_fill_random(cuda_ctx *c, void *dst, cuda_dtype dtype, int64_t n, float scale,
+                     uint64_t seed, md_err *e);
+
 /* ---- GGUF dequantization (on device) ------------------------------------------------ */
 
 /* Dequantize n elements of ggml type `gtype` (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K;

@@ -164,3 +164,25 @@ int cuda_gather_rows(cuda_ctx *c, const float *x, const int32_t *rows, int n_row
     k_gather<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(x, rows, cols, out, n);
     return CUDA_LAUNCHED(c, "gather_rows", e);
 }
+
+__global__ void k_fill_random(void *dst, cuda_dtype t, int64_t n, float scale, uint64_t seed) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = seed + (uint64_t)i * 0x9E3779B97F4A7C15ull; /* splitmix64 */
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float u = (float)(z >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+        cuda_store(dst, t, i, (2.0f * u - 1.0f) * scale);
+    }
+}
+
+int cuda_fill_random(cuda_ctx *c, void *dst, cuda_dtype dtype, int64_t n, float scale,
+                     uint64_t seed, md_err *e) {
+    CUDA_GUARD(c, e);
+    if (n <= 0) return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA fill_random: negative size");
+    int64_t blocks = (n + 255) / 256;
+    k_fill_random<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, c->stream>>>(
+        dst, dtype, n, scale, seed);
+    return CUDA_LAUNCHED(c, "fill_random", e);
+}
