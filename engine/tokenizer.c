@@ -550,9 +550,13 @@ int tok_load(const gguf_file *f, tok_tokenizer **out, md_err *e) {
                     snprintf(t->pre_name, sizeof t->pre_name, "%s", k_pre_names[i].name);
                     known = 1;
                 }
-            if (!known)
-                MD_WARN("tokenizer", "pre-tokenizer '%.*s' is not known; using 'default'",
-                        (int)(len > 64 ? 64 : len), s);
+            if (!known) { /* as llama.cpp: a wrong split is worse than no model */
+                rc = md_errf(e, MD_EUNSUPP,
+                             "tokenizer.ggml.pre '%.*s' is not a supported pre-tokenizer (gpt-2, "
+                             "llama-bpe, qwen2, smollm, starcoder, default and their aliases)",
+                             (int)(len > 64 ? 64 : len), s);
+                goto fail;
+            }
         }
         t->ignore_merges = t->pre == TOK_PRE_LLAMA3;
         if (t->pre == TOK_PRE_LLAMA3)

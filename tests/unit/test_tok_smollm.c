@@ -97,6 +97,151 @@ static int same_ids(const int32_t *a, int na, json_t *want, int idx, const char 
     return ok;
 }
 
+/* ---- other tokenizer families, checked against llama.cpp too (make_variants.py) ---- */
+
+typedef struct {
+    uint8_t *p;
+    size_t n, cap;
+    uint64_t n_kv;
+} gw;
+
+static void put(gw *g, const void *d, size_t n) {
+    if (g->n + n > g->cap) {
+        g->cap = (g->n + n) * 2 + 4096;
+        g->p = realloc(g->p, g->cap);
+    }
+    memcpy(g->p + g->n, d, n);
+    g->n += n;
+}
+static void put_u32(gw *g, uint32_t v) {
+    put(g, &v, 4);
+}
+static void put_u64(gw *g, uint64_t v) {
+    put(g, &v, 8);
+}
+static void put_str(gw *g, const char *s, size_t n) {
+    put_u64(g, n);
+    put(g, s, n);
+}
+static void put_key(gw *g, const char *k, uint32_t type) {
+    put_str(g, k, strlen(k));
+    put_u32(g, type);
+    g->n_kv++;
+}
+
+/* The tensor-less GGUF make_variants.py writes: SmolLM2's vocabulary with another pre. */
+static gw relabel(gguf_file *m, const char *pre) {
+    gw g = {0};
+    put(&g, "GGUF", 4);
+    put_u32(&g, 3);
+    put_u64(&g, 0);
+    put_u64(&g, 0);
+    put_key(&g, "general.architecture", GGUF_T_STRING);
+    put_str(&g, "llama", 5);
+    put_key(&g, "tokenizer.ggml.model", GGUF_T_STRING);
+    put_str(&g, "gpt2", 4);
+    put_key(&g, "tokenizer.ggml.pre", GGUF_T_STRING);
+    put_str(&g, pre, strlen(pre));
+    const char *arrays[] = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"};
+    for (int a = 0; a < 2; a++) {
+        gguf_vtype et;
+        uint64_t n;
+        md_err e;
+        assert_int_equal(gguf_get_arr(m, arrays[a], &et, &n, &e), 0);
+        put_key(&g, arrays[a], GGUF_T_ARRAY);
+        put_u32(&g, GGUF_T_STRING);
+        put_u64(&g, n);
+        for (uint64_t i = 0; i < n; i++) {
+            const char *s;
+            size_t l;
+            assert_int_equal(gguf_arr_str(m, arrays[a], i, &s, &l, &e), 0);
+            put_str(&g, s, l);
+        }
+    }
+    gguf_vtype et;
+    uint64_t n;
+    const void *types;
+    md_err e;
+    assert_int_equal(gguf_get_arr(m, "tokenizer.ggml.token_type", &et, &n, &e), 0);
+    assert_int_equal(gguf_arr_data(m, "tokenizer.ggml.token_type", &types, &e), 0);
+    put_key(&g, "tokenizer.ggml.token_type", GGUF_T_ARRAY);
+    put_u32(&g, GGUF_T_INT32);
+    put_u64(&g, n);
+    put(&g, types, n * 4);
+    put_key(&g, "tokenizer.ggml.bos_token_id", GGUF_T_UINT32);
+    put_u32(&g, 1);
+    put_key(&g, "tokenizer.ggml.eos_token_id", GGUF_T_UINT32);
+    put_u32(&g, 2);
+    put_key(&g, "tokenizer.ggml.add_bos_token", GGUF_T_BOOL);
+    put(&g, "", 1);
+    memcpy(g.p + 16, &g.n_kv, 8);
+    while (g.n % 32)
+        put(&g, "", 1);
+    return g;
+}
+
+static int corpus_against(tok_tokenizer *t, json_t *cases, json_t *want, const char *name) {
+    int bad = 0;
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        size_t n;
+        unsigned char *b = case_bytes(json_array_get(cases, i), &n);
+        int32_t *ids;
+        int nids;
+        md_err e = {0};
+        assert_int_equal(tok_encode(t, (char *)b, n, 1, 1, &ids, &nids, &e), 0);
+        bad += !same_ids(ids, nids, json_array_get(want, i), (int)i, name);
+        free(ids);
+        free(b);
+    }
+    return bad;
+}
+
+/* gpt-2, llama-bpe (Llama 3), qwen2 and default pre-tokenizers on SmolLM2's vocabulary, and
+ * a small SentencePiece vocabulary (spm_tiny.gguf), all against llama.cpp's ids. */
+static void other_families_match_llama_cpp_exactly(void **st) {
+    NEED_MODEL();
+    char path[4096];
+    json_error_t je;
+    snprintf(path, sizeof path, "%s/tokenizer/smollm2_corpus.json", MEDLEY_FIXTURES);
+    json_t *doc = json_load_file(path, JSON_ALLOW_NUL, &je);
+    snprintf(path, sizeof path, "%s/tokenizer/variants_corpus.json", MEDLEY_FIXTURES);
+    json_t *var = json_load_file(path, 0, &je);
+    assert_non_null(doc);
+    assert_non_null(var);
+    json_t *cases = json_object_get(doc, "cases");
+    assert_int_equal(json_integer_value(json_object_get(var, "cases")), json_array_size(cases));
+    gguf_file *m;
+    md_err e = {0};
+    assert_int_equal(gguf_open(model_path(), &m, &e), 0);
+    const char *pres[] = {"gpt-2", "llama-bpe", "qwen2", "default"};
+    int bad = 0;
+    for (int k = 0; k < 4; k++) {
+        gw g = relabel(m, pres[k]);
+        gguf_file *f;
+        tok_tokenizer *t;
+        assert_int_equal(gguf_open_mem(g.p, g.n, &f, &e), 0);
+        assert_int_equal(tok_load(f, &t, &e), 0);
+        gguf_close(f);
+        assert_string_equal(tok_pre_name(t), pres[k]);
+        bad += corpus_against(t, cases, json_object_get(var, pres[k]), pres[k]);
+        tok_free(t);
+        free(g.p);
+    }
+    gguf_close(m);
+    snprintf(path, sizeof path, "%s/tokenizer/spm_tiny.gguf", MEDLEY_FIXTURES);
+    gguf_file *f;
+    tok_tokenizer *t;
+    assert_int_equal(gguf_open(path, &f, &e), 0);
+    assert_int_equal(tok_load(f, &t, &e), 0);
+    gguf_close(f);
+    assert_string_equal(tok_model_name(t), "llama");
+    bad += corpus_against(t, cases, json_object_get(var, "spm_tiny"), "spm_tiny");
+    tok_free(t);
+    json_decref(doc);
+    json_decref(var);
+    assert_int_equal(bad, 0);
+}
+
 static void corpus_matches_llama_cpp_exactly(void **st) {
     NEED_MODEL();
     char path[4096];
@@ -250,6 +395,7 @@ static void smollm2_chat_template_is_chatml_with_its_default_system_turn(void **
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(corpus_matches_llama_cpp_exactly),
+        cmocka_unit_test(other_families_match_llama_cpp_exactly),
         cmocka_unit_test(decode_and_stream_round_trip_valid_text),
         cmocka_unit_test(stream_holds_a_character_split_over_tokens),
         cmocka_unit_test(invalid_utf8_past_u10ffff_is_refused_with_its_offset),

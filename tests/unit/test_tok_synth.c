@@ -361,8 +361,8 @@ static void spm_falls_back_to_byte_tokens_even_for_invalid_utf8(void **st) {
 
 static void gpt2_splits_contractions_words_numbers_and_space_runs(void **st) {
     vocab v;
-    tok_tokenizer *t = bpe(&v, "gpt2", 0);
-    assert_string_equal(tok_pre_name(t), "gpt2");
+    tok_tokenizer *t = bpe(&v, "gpt-2", 0);
+    assert_string_equal(tok_pre_name(t), "gpt-2");
     EXPECT(t, &v, "12345", 0, 0, "123", "45");   /* \p{N}+ is one word */
     EXPECT(t, &v, "it'S", 0, 0, "it", "'", "S"); /* 'S is no contraction for gpt2 */
     EXPECT(t, &v, "(hello", 0, 0, "(", "hello");
@@ -397,7 +397,7 @@ static void llama3_groups_three_digits_and_ignores_merges_for_whole_tokens(void 
     EXPECT(t, &v, " \n\n", 0, 0, G NL NL); /* \s*[\r\n]+ */
     EXPECT(t, &v, "xyz", 0, 0, "xyz");     /* a whole-word token wins without merges */
     tok_free(t);
-    t = bpe(&v, "gpt2", 1);
+    t = bpe(&v, "gpt-2", 1);
     EXPECT(t, &v, "xyz", 0, 0, "x", "y", "z");
     tok_free(t);
 }
@@ -413,7 +413,7 @@ static void default_pre_tokenizer_splits_punctuation_first(void **st) {
 
 static void bpe_merges_through_strings_that_are_not_tokens(void **st) {
     vocab v;
-    tok_tokenizer *t = bpe(&v, "gpt2", 0);
+    tok_tokenizer *t = bpe(&v, "gpt-2", 0);
     /* "a b" makes "ab" (not a token), "ab c" makes "abc" (a token) */
     EXPECT(t, &v, "abc", 0, 0, "abc");
     /* "ab" alone is not a token: its single bytes stand in */
@@ -423,7 +423,7 @@ static void bpe_merges_through_strings_that_are_not_tokens(void **st) {
 
 static void bpe_special_and_user_defined_tokens(void **st) {
     vocab v;
-    tok_tokenizer *t = bpe(&v, "gpt2", 0);
+    tok_tokenizer *t = bpe(&v, "gpt-2", 0);
     EXPECT(t, &v, "<|im_start|>hello<|im_end|>", 0, 1, "<|im_start|>", "hello", "<|im_end|>");
     /* without parse_special the control tokens are text, user-defined ones still match */
     EXPECT(t, &v, "x<tool>y", 0, 0, "x", "<tool>", "y");
@@ -436,7 +436,7 @@ static void bpe_special_and_user_defined_tokens(void **st) {
 
 static void bpe_invalid_utf8_becomes_replacement_characters(void **st) {
     vocab v;
-    tok_tokenizer *t = bpe(&v, "gpt2", 0);
+    tok_tokenizer *t = bpe(&v, "gpt-2", 0);
     /* U+FFFD is EF BF BD: three alphabet characters, no merges */
     char ef[4], bf[4], bd[4];
     alpha(0xEF, ef);
@@ -487,6 +487,16 @@ static void loader_refuses_bad_vocabularies_with_a_sentence(void **st) {
     kv_strs(&g, "tokenizer.ggml.tokens", toks, 2);
     assert_int_equal(load(&g, &t, &e), MD_EFORMAT);
     assert_non_null(strstr(e.msg, "merges"));
+    free(g.p);
+
+    const char *merges[] = {"a b"};
+    g = gw_begin();
+    kv_str(&g, "tokenizer.ggml.model", "gpt2");
+    kv_str(&g, "tokenizer.ggml.pre", "klingon");
+    kv_strs(&g, "tokenizer.ggml.tokens", toks, 2);
+    kv_strs(&g, "tokenizer.ggml.merges", merges, 1);
+    assert_int_equal(load(&g, &t, &e), MD_EUNSUPP); /* llama.cpp refuses it too */
+    assert_non_null(strstr(e.msg, "klingon"));
     free(g.p);
 
     g = gw_begin();
