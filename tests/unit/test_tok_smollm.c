@@ -36,7 +36,8 @@ static tok_tokenizer *g_tok;
 static int setup(void **st) {
     const char *p = model_path();
     if (!p) {
-        fprintf(stderr, "test_tok_smollm: %s not fetched (scripts/fetch-model.sh); skipping\n",
+        fprintf(stderr,
+                "test_tok_smollm: %s not fetched (scripts/fetch-model.sh); skipping its tests\n",
                 MODEL_FILE);
         return 0;
     }
@@ -196,18 +197,22 @@ static int corpus_against(tok_tokenizer *t, json_t *cases, json_t *want, const c
     return bad;
 }
 
-/* gpt-2, llama-bpe (Llama 3), qwen2 and default pre-tokenizers on SmolLM2's vocabulary, and
- * a small SentencePiece vocabulary (spm_tiny.gguf), all against llama.cpp's ids. */
-static void other_families_match_llama_cpp_exactly(void **st) {
-    NEED_MODEL();
+static json_t *load_json(const char *name, size_t flags) {
     char path[4096];
     json_error_t je;
-    snprintf(path, sizeof path, "%s/tokenizer/smollm2_corpus.json", MEDLEY_FIXTURES);
-    json_t *doc = json_load_file(path, JSON_ALLOW_NUL, &je);
-    snprintf(path, sizeof path, "%s/tokenizer/variants_corpus.json", MEDLEY_FIXTURES);
-    json_t *var = json_load_file(path, 0, &je);
-    assert_non_null(doc);
-    assert_non_null(var);
+    snprintf(path, sizeof path, "%s/tokenizer/%s", MEDLEY_FIXTURES, name);
+    json_t *j = json_load_file(path, flags, &je);
+    if (!j)
+        fail_msg("fixture %s: %s (line %d)", path, je.text, je.line);
+    return j;
+}
+
+/* gpt-2, llama-bpe (Llama 3), qwen2 and default pre-tokenizers on SmolLM2's vocabulary,
+ * against llama.cpp's ids. */
+static void other_bpe_pre_tokenizers_match_llama_cpp_exactly(void **st) {
+    NEED_MODEL();
+    json_t *doc = load_json("smollm2_corpus.json", JSON_ALLOW_NUL);
+    json_t *var = load_json("variants_corpus.json", 0);
     json_t *cases = json_object_get(doc, "cases");
     assert_int_equal(json_integer_value(json_object_get(var, "cases")), json_array_size(cases));
     gguf_file *m;
@@ -228,14 +233,26 @@ static void other_families_match_llama_cpp_exactly(void **st) {
         free(g.p);
     }
     gguf_close(m);
+    json_decref(doc);
+    json_decref(var);
+    assert_int_equal(bad, 0);
+}
+
+/* A small SentencePiece vocabulary (spm_tiny.gguf, no model needed) against llama.cpp. */
+static void sentencepiece_matches_llama_cpp_exactly(void **st) {
+    json_t *doc = load_json("smollm2_corpus.json", JSON_ALLOW_NUL);
+    json_t *var = load_json("variants_corpus.json", 0);
+    char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer/spm_tiny.gguf", MEDLEY_FIXTURES);
     gguf_file *f;
     tok_tokenizer *t;
+    md_err e = {0};
     assert_int_equal(gguf_open(path, &f, &e), 0);
     assert_int_equal(tok_load(f, &t, &e), 0);
     gguf_close(f);
     assert_string_equal(tok_model_name(t), "llama");
-    bad += corpus_against(t, cases, json_object_get(var, "spm_tiny"), "spm_tiny");
+    int bad = corpus_against(t, json_object_get(doc, "cases"), json_object_get(var, "spm_tiny"),
+                             "spm_tiny");
     tok_free(t);
     json_decref(doc);
     json_decref(var);
@@ -395,7 +412,8 @@ static void smollm2_chat_template_is_chatml_with_its_default_system_turn(void **
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(corpus_matches_llama_cpp_exactly),
-        cmocka_unit_test(other_families_match_llama_cpp_exactly),
+        cmocka_unit_test(other_bpe_pre_tokenizers_match_llama_cpp_exactly),
+        cmocka_unit_test(sentencepiece_matches_llama_cpp_exactly),
         cmocka_unit_test(decode_and_stream_round_trip_valid_text),
         cmocka_unit_test(stream_holds_a_character_split_over_tokens),
         cmocka_unit_test(invalid_utf8_past_u10ffff_is_refused_with_its_offset),
