@@ -20,7 +20,7 @@ static void usage(FILE *f) {
         "and print one line per token: ID, a tab, and the token's vocabulary string.\n"
         "\n"
         "  -m, --model MODEL   model name (see `medley models list`) or GGUF file\n"
-        "  -                   read stdin: each line is one input (its \\n removed)\n"
+        "  -                   read stdin: each line is one input (its \\n or \\r\\n removed)\n"
         "      --whole         with -, all of stdin is a single input\n"
         "      --json          one JSON object per input and line:\n"
         "                      {\"ids\": [...], \"pieces\": [...]}\n"
@@ -184,6 +184,8 @@ int cmd_tokenize(int argc, char **argv) {
         ssize_t n;
         while ((n = getline(&line, &cap, stdin)) >= 0) {
             if (n > 0 && line[n - 1] == '\n')
+                n--;
+            if (n > 0 && line[n - 1] == '\r') /* CRLF files: the line, not its ending */
                 n--;
             if ((rc = print_one(t, line, (size_t)n, bos, special, mode)))
                 break;

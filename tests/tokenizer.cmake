@@ -8,3 +8,4 @@ medley_test(test_tok_synth SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_syn
             LIBS ${TOK_TEST_LIBS} LABELS unit)
 medley_test(test_chat SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_chat.c
             LIBS ${TOK_TEST_LIBS} LABELS unit)
+medley_test(test_tok_cli SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_cli.c LABELS e2e)
