@@ -17,3 +17,11 @@ endif()
 add_test(NAME queue_schema_examples
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/queue_schema_examples.py)
 set_tests_properties(queue_schema_examples PROPERTIES LABELS unit)
+
+# e2e: medley run with the real engine on SmolLM2 (skipped, code 77, when the model is absent).
+if(MEDLEY_REDIS_SERVER AND MEDLEY_PYTHON)
+  add_test(NAME queue_run_smollm2
+           COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/queue_run_smollm2.py)
+  set_tests_properties(queue_run_smollm2 PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>;MEDLEY_REDIS_SERVER=${MEDLEY_REDIS_SERVER}")
+endif()
