@@ -2,3 +2,9 @@
 # against the gguf package's dequantization, the thread pool.
 medley_test(test_cpu_kernels SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_cpu_kernels.c
             LIBS medley_kernels LABELS unit)
+
+# bench/kernels: matmul GFLOP/s per type and n, every SIMD level against scalar (not a test;
+# built here because the top-level build has no bench/ directory of its own).
+add_executable(bench_kernels ${CMAKE_SOURCE_DIR}/bench/kernels/bench_matmul.c)
+target_link_libraries(bench_kernels PRIVATE medley_kernels)
+set_target_properties(bench_kernels PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})

@@ -1,5 +1,244 @@
-/* matmul_avx512.c — AVX-512 (F, BW, VL, VNNI) tile kernels. */
+/* matmul_avx512.c — AVX-512 VNNI tile kernels for the 32-element block types (Q4_0, Q4_1,
+ * Q8_0: the types of llama.cpp's common GGUF files) and float weights; K-quants use the
+ * AVX2 kernels (the dispatcher falls back per type).
+ *
+ * Two blocks per 512-bit register: int32 lanes 0..7 hold block b's partial dot, lanes 8..15
+ * block b+1's, so the scale vector is (dw_b·dx_b ×8, dw_b+1·dx_b+1 ×8). _mm512_dpbusd_epi32
+ * multiplies u8 weights by s8 activations and sums groups of 4 into int32 in one
+ * instruction. Tiles are 4 weight rows × 4 activation rows (16 accumulators of 32
+ * registers). Q8_0 weights are made unsigned by adding 128 (xor 0x80); the -128·Σx term,
+ * like Q4_0's -8·Σx and Q4_1's min·Σx, is folded in per block from s = dx·Σqx. */
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/quant_blocks.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define INL __attribute__((always_inline)) inline
+
+TGT static INL float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+TGT static INL __m512 pair(float lo, float hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(lo)),
+                                               _mm256_castps_pd(_mm256_set1_ps(hi)), 1));
+}
+
+/* Nibbles of blocks b and b+1 (qs1 NULL: a zero block) as 64 u8 in element order. */
+TGT static INL __m512i unpack2_q4(const uint8_t *qs0, const uint8_t *qs1) {
+    __m128i v1 = qs1 ? _mm_loadu_si128((const __m128i *)qs1) : _mm_setzero_si128();
+    __m256i v = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qs0)), v1, 1);
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+    z = _mm512_and_si512(z, _mm512_set1_epi8(15));
+    /* [lo_b, lo_b1, hi_b, hi_b1] -> [lo_b, hi_b, lo_b1, hi_b1] */
+    return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+TGT static INL __m512i load2_q8(const int8_t *q0, const int8_t *q1) {
+    __m256i hi = q1 ? _mm256_loadu_si256((const __m256i *)q1) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q0)),
+                              hi, 1);
+}
+
+TGT static INL float hsum16(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+enum { K_Q4_0, K_Q4_1, K_Q8_0 };
+
+/* One R×C tile over all blocks. Per block and (r, c), with dot = Σ qw·qx and s = dx·Σqx:
+ *   Q4_0: dw·(dx·dot - 8·s)   Q8_0 (qw+128): dw·(dx·dot - 128·s)   Q4_1: dw·dx·dot + m·s
+ * Each of the 8 lanes of a block holds a partial dot, so the s terms enter per lane divided
+ * by 8 (exact: a power of two). */
+TGT static INL void blk32_main(int nb, const uint8_t *w, size_t ws, int kind, const int R,
+                               const act_row *a, const int C, float *y, size_t ldy) {
+    const size_t bsz = kind == K_Q4_0 ? sizeof(blk_q4_0)
+                       : kind == K_Q4_1 ? sizeof(blk_q4_1)
+                                        : sizeof(blk_q8_0);
+    const int qoff = kind == K_Q4_1 ? 4 : 2;
+    const float sk = kind == K_Q4_0 ? -1.0f : kind == K_Q8_0 ? -16.0f : 0.125f;
+    __m512 acc[4][4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b += 2) {
+        int two = b + 1 < nb;
+        __m512i xq[4];
+        __m512 dxv[4], sv[4];
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            xq[c] = load2_q8(a[c].q + b * QK32, two ? a[c].q + (b + 1) * QK32 : NULL);
+            dxv[c] = pair(a[c].d[b], two ? a[c].d[b + 1] : 0.0f);
+            sv[c] = pair(sk * a[c].s[b], two ? sk * a[c].s[b + 1] : 0.0f);
+        }
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b0 = w + r * ws + (size_t)b * bsz, *b1 = b0 + bsz;
+            uint16_t h0, h1 = 0, m0 = 0, m1 = 0;
+            memcpy(&h0, b0, 2);
+            if (two)
+                memcpy(&h1, b1, 2);
+            __m512 dwv = pair(h2f(h0), h2f(h1)), mwv = dwv;
+            if (kind == K_Q4_1) {
+                memcpy(&m0, b0 + 2, 2);
+                if (two)
+                    memcpy(&m1, b1 + 2, 2);
+                mwv = pair(h2f(m0), h2f(m1));
+            }
+            __m512i wq;
+            if (kind == K_Q8_0)
+                wq = _mm512_xor_si512(load2_q8((const int8_t *)(b0 + qoff),
+                                               two ? (const int8_t *)(b1 + qoff) : NULL),
+                                      _mm512_set1_epi8((char)0x80));
+            else
+                wq = unpack2_q4(b0 + qoff, two ? b1 + qoff : NULL);
+            #pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq[c]));
+                if (kind == K_Q4_1) {
+                    acc[r][c] = _mm512_fmadd_ps(p, _mm512_mul_ps(dwv, dxv[c]), acc[r][c]);
+                    acc[r][c] = _mm512_fmadd_ps(mwv, sv[c], acc[r][c]);
+                } else {
+                    acc[r][c] = _mm512_fmadd_ps(_mm512_fmadd_ps(p, dxv[c], sv[c]), dwv, acc[r][c]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            y[c * ldy + r] = hsum16(acc[r][c]);
+}
+
+/* Float weights: 16 elements per step, R×C tile. */
+enum { WF32, WF16, WBF16 };
+TGT static INL __m512 load16w(const uint8_t *p, int kind) {
+    if (kind == WF32)
+        return _mm512_loadu_ps((const float *)p);
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (kind == WF16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+TGT static INL __m512 load16w_tail(const uint8_t *p, int kind, int n) {
+    __mmask16 m = (__mmask16)((1u << n) - 1);
+    if (kind == WF32)
+        return _mm512_maskz_loadu_ps(m, (const float *)p);
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if (kind == WF16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+TGT static INL void fw_main(int cols, const uint8_t *w, size_t ws, int kind, const int R,
+                            const float *const *xf, const int C, float *y, size_t ldy) {
+    const int esz = kind == WF32 ? 4 : 2;
+    __m512 acc[4][4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= cols; i += 16) {
+        __m512 xv[4];
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            xv[c] = _mm512_loadu_ps(xf[c] + i);
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 wv = load16w(w + r * ws + (size_t)i * esz, kind);
+            #pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm512_fmadd_ps(wv, xv[c], acc[r][c]);
+        }
+    }
+    if (i < cols) {
+        int n = cols - i;
+        __mmask16 m = (__mmask16)((1u << n) - 1);
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 wv = load16w_tail(w + r * ws + (size_t)i * esz, kind, n);
+            #pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xf[c] + i), acc[r][c]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            y[c * ldy + r] = hsum16(acc[r][c]);
+}
+
+/* Instantiate every (R, C) in 1..4 × 1..4 with constants: accumulators stay in registers. */
+#define DISPATCH16(CALL)                                                                           \
+    switch ((nr - 1) * 4 + (nc - 1)) {                                                             \
+    case 0: CALL(1, 1); break;                                                                     \
+    case 1: CALL(1, 2); break;                                                                     \
+    case 2: CALL(1, 3); break;                                                                     \
+    case 3: CALL(1, 4); break;                                                                     \
+    case 4: CALL(2, 1); break;                                                                     \
+    case 5: CALL(2, 2); break;                                                                     \
+    case 6: CALL(2, 3); break;                                                                     \
+    case 7: CALL(2, 4); break;                                                                     \
+    case 8: CALL(3, 1); break;                                                                     \
+    case 9: CALL(3, 2); break;                                                                     \
+    case 10: CALL(3, 3); break;                                                                    \
+    case 11: CALL(3, 4); break;                                                                    \
+    case 12: CALL(4, 1); break;                                                                    \
+    case 13: CALL(4, 2); break;                                                                    \
+    case 14: CALL(4, 3); break;                                                                    \
+    default: CALL(4, 4); break;                                                                    \
+    }
+
+TGT static void tile_q4_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                          const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) blk32_main(nb, w, ws, K_Q4_0, R, a, C, y, ldy)
+    DISPATCH16(CALL)
+#undef CALL
+}
+
+TGT static void tile_q4_1(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                          const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) blk32_main(nb, w, ws, K_Q4_1, R, a, C, y, ldy)
+    DISPATCH16(CALL)
+#undef CALL
+}
+
+TGT static void tile_q8_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                          const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) blk32_main(nb, w, ws, K_Q8_0, R, a, C, y, ldy)
+    DISPATCH16(CALL)
+#undef CALL
+}
+
+TGT static void tile_f32(int cols, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                         const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) fw_main(cols, w, ws, WF32, R, xf, C, y, ldy)
+    DISPATCH16(CALL)
+#undef CALL
+}
+
+TGT static void tile_f16(int cols, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                         const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) fw_main(cols, w, ws, WF16, R, xf, C, y, ldy)
+    DISPATCH16(CALL)
+#undef CALL
+}
+
+TGT static void tile_bf16(int cols, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                          const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) fw_main(cols, w, ws, WBF16, R, xf, C, y, ldy)
+    DISPATCH16(CALL)
+#undef CALL
+}
+
+const kernel_table cpu_kernels_avx512 = {
+    .f32 = tile_f32, .f16 = tile_f16, .bf16 = tile_bf16,
+    .q4_0 = tile_q4_0, .q4_1 = tile_q4_1, .q8_0 = tile_q8_0,
+};
+#else
 const kernel_table cpu_kernels_avx512 = {0};
+#endif
