@@ -23,3 +23,10 @@ if(MEDLEY_PYTHON)
   set_tests_properties(test_profile_cpu PROPERTIES LABELS e2e SKIP_RETURN_CODE 77
                        ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
 endif()
+
+# The GPU benchmark (bench/gpu): built with the rest so CI compiles it; run by
+# tests/gpu/run-device-check.sh on a GPU host.
+if(MEDLEY_HAVE_CUDA)
+  add_executable(medley_gpu_bench ${CMAKE_SOURCE_DIR}/bench/gpu/bench_llama8b.c)
+  target_link_libraries(medley_gpu_bench PRIVATE medley_cuda medley_common m)
+endif()

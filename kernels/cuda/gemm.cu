@@ -23,6 +23,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     float acc[CUDA_GEMV_MAX_M];
 #pragma unroll
     for (int t = 0; t < CUDA_GEMV_MAX_M; t++) acc[t] = 0.0f;
+#pragma unroll 4
     for (int i = lane; i < k / 8; i += 32) {
         uint4 pk = __ldg(wr + i);
         const uint16_t *h = (const uint16_t *)&pk;

@@ -4,6 +4,7 @@
 #define MEDLEY_TESTS_GPU_UTIL_H
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "kernels/cuda/backend_cuda.h"
 
@@ -15,6 +16,13 @@ static inline int gpu_test_skip_without_device(void) {
     if (md_cuda_device_count(why, sizeof why) > 0) return 0;
     printf("SKIP: no CUDA device (%s)\n", why);
     return GPU_TEST_SKIP;
+}
+
+/* tests/fixtures: $MEDLEY_FIXTURES_DIR when set (binaries built on one machine and run on a
+ * GPU host from another checkout), else the path compiled in. */
+static inline const char *gpu_fixtures_dir(void) {
+    const char *d = getenv("MEDLEY_FIXTURES_DIR");
+    return d && *d ? d : MEDLEY_FIXTURES;
 }
 
 #endif

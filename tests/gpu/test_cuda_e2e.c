@@ -38,6 +38,15 @@ typedef struct {
 static gguf_file *GF;
 static rig CPU, GPU;
 
+static json_t *fixture(const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/engine/%s", gpu_fixtures_dir(), name);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j) printf("fixture %s: %s (line %d)\n", path, je.text, je.line);
+    return j;
+}
+
 static void rig_open(rig *r, const char *device) {
     md_err e = {0};
     if (md_backend_open(device, 2, &r->be, &e) || md_model_load(GF, r->be, &r->m, &e))
@@ -82,8 +91,8 @@ static int argmax(const float *l, int n) {
 }
 
 static void test_logits_cuda_vs_cpu_and_llama_cpp(void **state) {
-    json_t *fx = test_fixture("logits.json");
-    if (!fx) skip();
+    json_t *fx = fixture("logits.json");
+    assert_non_null(fx);
     int V = CPU.m->hp.n_vocab;
     float *lc = malloc((size_t)V * 4), *lg = malloc((size_t)V * 4);
     double worst_cpu = 0, worst_ref = 0;
@@ -136,8 +145,8 @@ static void greedy(rig *r, const int32_t *prompt, int n, int32_t *out) {
 }
 
 static void test_greedy_cuda_equals_cpu(void **state) {
-    json_t *fx = test_fixture("greedy.json");
-    if (!fx) skip();
+    json_t *fx = fixture("greedy.json");
+    assert_non_null(fx);
     json_t *prompts = json_object_get(fx, "prompts");
     assert_true(json_array_size(prompts) >= N_GREEDY_PROMPTS);
     int equal = 0;
@@ -165,6 +174,14 @@ int main(void) {
     const char *path = test_model_path();
     if (!path) {
         printf("SKIP: %s not found (scripts/fetch-model.sh fetches it)\n", TEST_MODEL_FILE);
+        return GPU_TEST_SKIP;
+    }
+    json_t *f1 = fixture("logits.json"), *f2 = fixture("greedy.json");
+    int have = f1 && f2;
+    json_decref(f1);
+    json_decref(f2);
+    if (!have) {
+        printf("SKIP: engine fixtures missing (tests/fixtures/engine/make_engine_fixtures.py)\n");
         return GPU_TEST_SKIP;
     }
     md_err e = {0};

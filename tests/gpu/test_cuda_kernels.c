@@ -54,7 +54,7 @@ typedef struct {
 /* Same file format as test_gguf_dequant.c: "MDQF", type, n, has_src, [src], raw, ref. */
 static void load_fixture(const char *name, fixture *fx) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/gguf/dequant_%s.bin", MEDLEY_FIXTURES, name);
+    snprintf(path, sizeof path, "%s/gguf/dequant_%s.bin", gpu_fixtures_dir(), name);
     size_t len;
     md_err e = {0};
     if (md_read_file(path, 0, &fx->buf, &len, &e)) fail_msg("%s", e.msg);

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# pack-device-check.sh — prepare, on a build machine, what run-device-check.sh needs on a GPU
+# host that lacks medley's build dependencies (jansson, hiredis, cmocka, glpk, pcre2): the
+# GPU test binaries, the benchmark and `medley` in .devcheck/bin, the shared libraries they
+# need that a CUDA image does not ship in .devcheck/lib (libcudart/libcublas come from the
+# host's CUDA 13), built for sm_90 only (H100/H200) to stay small, and, with --model, the
+# SmolLM2 test model split into .devmodel1/ .devmodel2/ .devmodel3/ (the device tool sends
+# at most 64 MiB per call and keeps ignored files between calls while the machine is warm:
+# send .devmodel1 and .devmodel2 in a first short call, then .devcheck and .devmodel3 with
+# the check itself; run-device-check.sh joins the parts and prints their sha256).
+#
+#   bash tests/gpu/pack-device-check.sh [BUILD_DIR (default build-dpack)] [--model]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+B=${1:-build-dpack}
+[ "${1:-}" = "--model" ] && B=build-dpack
+cmake -S . -B "$B" -DMEDLEY_WERROR=ON -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >/dev/null
+cmake --build "$B" -j2 --target test_cuda_device_select test_cuda_kernels test_cuda_backend \
+    test_cuda_e2e medley_gpu_bench medley
+rm -rf .devcheck
+mkdir -p .devcheck/bin .devcheck/lib
+cp "$B"/tests/test_cuda_* "$B"/tests/medley_gpu_bench "$B"/cli/medley .devcheck/bin/
+strip --strip-debug .devcheck/bin/*
+for f in .devcheck/bin/*; do ldd "$f"; done | awk '/=>/ {print $3}' | sort -u |
+    grep -v -E 'libc\.so|libm\.so|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcudart|libcublas' |
+    xargs -r -I{} cp -L {} .devcheck/lib/
+echo "$(git rev-parse --short HEAD) $(date -u +%Y-%m-%dT%H:%M:%SZ)" >.devcheck/BUILT
+grep -qx '/.devcheck/' .git/info/exclude 2>/dev/null || echo '/.devcheck/' >>.git/info/exclude
+grep -qx '/.devmodel*/' .git/info/exclude 2>/dev/null || echo '/.devmodel*/' >>.git/info/exclude
+if [[ " $* " == *" --model "* ]]; then
+    m=${MEDLEY_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/medley/models}/SmolLM2-135M-Instruct.Q4_1.gguf
+    rm -rf .devmodel1 .devmodel2 .devmodel3
+    mkdir -p .devmodel1 .devmodel2 .devmodel3
+    split -n 3 -a 2 "$m" .devmodel1/part-
+    mv .devmodel1/part-ab .devmodel2/
+    mv .devmodel1/part-ac .devmodel3/
+fi
+du -sh .devcheck .devmodel* 2>/dev/null

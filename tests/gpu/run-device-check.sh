@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# run-device-check.sh — the CUDA backend's whole check on a GPU host, in one go (< 6 min on
+# an H200): build (or use binaries packed by pack-device-check.sh), run the GPU tests, write
+# a profile with `medley profile --device cuda:0`, run the GPU benchmark and its peer
+# (PyTorch + transformers `generate`, same model shape, same GPU, same run), and write every
+# log and result to $OUT (default ./devcheck-out): summary.md says what passed and the
+# figures against the issue's targets.
+#
+#   bash tests/gpu/run-device-check.sh
+#
+# Environment:
+#   OUT                  results folder (the device tool collects it)
+#   MEDLEY_DEVCHECK_DIR  prebuilt folder from tests/gpu/pack-device-check.sh (default
+#                        .devcheck when it exists): bin/ and lib/ are used instead of building,
+#                        for GPU hosts without medley's Debian build dependencies
+#   MEDLEY_MODELS        folder holding SmolLM2-135M-Instruct.Q4_1.gguf for the e2e test and
+#                        the profile; otherwise assembled from .devmodel*/part-* if present
+#   BENCH_LAYERS         layers of the synthetic Llama-3-8B (default 32)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/devcheck-out}
+mkdir -p "$OUT"
+SUMMARY=$OUT/summary.md
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+T0=$(date +%s)
+
+note "# medley CUDA device check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.memory --format=csv \
+    >"$OUT/device.txt" 2>&1 || true
+note "device: $(tail -n +2 "$OUT/device.txt" | head -1)"
+
+# ---- binaries ------------------------------------------------------------------------
+PRE=${MEDLEY_DEVCHECK_DIR:-}
+[ -z "$PRE" ] && [ -d .devcheck/bin ] && PRE=.devcheck
+if [ -n "$PRE" ]; then
+    BIN=$ROOT/$PRE/bin
+    export LD_LIBRARY_PATH="$ROOT/$PRE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    note "binaries: prebuilt in $PRE ($(cat "$PRE/BUILT" 2>/dev/null))"
+else
+    BIN=$ROOT/build-gpu/bin
+    mkdir -p "$BIN"
+    gen=""
+    command -v ninja >/dev/null && gen="-G Ninja"
+    if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDLEY_WERROR=ON \
+        -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >"$OUT/build.log" 2>&1 &&
+        cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_kernels \
+            test_cuda_backend test_cuda_e2e medley_gpu_bench medley >>"$OUT/build.log" 2>&1; then
+        cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/cli/medley "$BIN/"
+        note "build: ok (sm_90, warnings as errors)"
+    else
+        note "build: FAILED (see build.log; on hosts without jansson/hiredis/cmocka/glpk/pcre2"
+        note "dev packages, run tests/gpu/pack-device-check.sh where they are and carry .devcheck)"
+        tail -20 "$OUT/build.log"
+        exit 1
+    fi
+fi
+export MEDLEY_FIXTURES_DIR=$ROOT/tests/fixtures
+
+# ---- the test model -------------------------------------------------------------------
+MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
+if [ -z "${MEDLEY_MODELS:-}" ] && ls .devmodel*/part-* >/dev/null 2>&1; then
+    export MEDLEY_MODELS=/tmp/medley-models
+    mkdir -p "$MEDLEY_MODELS"
+    cat $(ls .devmodel*/part-* | sort -t/ -k2) >"$MEDLEY_MODELS/$MODEL_FILE"
+fi
+if [ -n "${MEDLEY_MODELS:-}" ] && [ -r "$MEDLEY_MODELS/$MODEL_FILE" ]; then
+    note "model: $MEDLEY_MODELS/$MODEL_FILE ($(sha256sum "$MEDLEY_MODELS/$MODEL_FILE" | cut -c1-16)...)"
+else
+    note "model: $MODEL_FILE not available: e2e test and profile will skip"
+fi
+
+# ---- tests ----------------------------------------------------------------------------
+fails=0
+for t in test_cuda_device_select test_cuda_kernels test_cuda_backend test_cuda_e2e; do
+    timeout 240 "$BIN/$t" >"$OUT/$t.log" 2>&1
+    rc=$?
+    case $rc in
+    0) note "test $t: PASSED" ;;
+    77) note "test $t: SKIPPED ($(grep -m1 SKIP "$OUT/$t.log"))" ;;
+    *) note "test $t: FAILED (exit $rc, see $t.log)"; fails=$((fails + 1)); tail -30 "$OUT/$t.log" ;;
+    esac
+done
+grep -h -E "^(matmul|dequant|sampling|sticky|attention|rope|embed|logits:|greedy)" \
+    "$OUT"/test_cuda_*.log >"$OUT/test-figures.txt" 2>/dev/null || true
+
+# ---- profile --------------------------------------------------------------------------
+if [ -n "${MEDLEY_MODELS:-}" ] && [ -r "$MEDLEY_MODELS/$MODEL_FILE" ]; then
+    if timeout 120 "$BIN/medley" profile -m "$MEDLEY_MODELS/$MODEL_FILE" --device cuda:0 \
+        --model-name smollm2-135m --batches 1,8,64 --contexts 128,512 --gen 32 \
+        -o "$OUT/profile-smollm2-h200.json" >"$OUT/profile.log" 2>&1; then
+        note "profile: written (profile-smollm2-h200.json)"
+    else
+        note "profile: FAILED (see profile.log)"
+        fails=$((fails + 1))
+    fi
+fi
+
+# ---- benchmark: medley vs PyTorch + transformers --------------------------------------
+L=${BENCH_LAYERS:-32}
+timeout 200 "$BIN/medley_gpu_bench" --layers "$L" --prompt 128 --gen 128 --batch 256 \
+    --out "$OUT/bench-medley.json" >"$OUT/bench-medley.log" 2>&1 ||
+    { note "bench medley: FAILED (see bench-medley.log)"; fails=$((fails + 1)); }
+PYTHONUNBUFFERED=1 timeout 240 python3 bench/gpu/hf_generate.py --layers "$L" --prompt 128 \
+    --gen 128 --batch 256 --out "$OUT/bench-hf.json" >"$OUT/bench-hf.log" 2>&1 ||
+    note "bench hf: FAILED or skipped (see bench-hf.log)"
+python3 bench/gpu/compare.py "$OUT/bench-medley.json" "$OUT/bench-hf.json" | tee -a "$SUMMARY"
+
+note "total: $(($(date +%s) - T0)) s, $fails failure(s)"
+exit $((fails > 0))
