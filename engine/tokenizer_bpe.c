@@ -87,7 +87,43 @@ typedef struct {
     uint32_t len_l, len_r;
 } bigram;
 
+struct tok_wc_slot {
+    uint64_t hash; /* 0: empty */
+    uint32_t key_off, ids_off;
+    uint16_t key_len, n_ids;
+};
+
+#define WC_SLOTS (1u << 16) /* per call; cleared when half full */
+#define WC_MAX_WORD 48      /* longer words are rare and not worth caching */
+#define WC_MIN_TEXT 2048    /* shorter fragments do not repeat enough to pay */
+
+static uint64_t wc_hash(const uint8_t *p, size_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ n, v;
+    while (n >= 8) {
+        memcpy(&v, p, 8);
+        h = (h ^ v) * 0xff51afd7ed558ccdULL;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    v = 0;
+    memcpy(&v, p, n);
+    h = (h ^ v) * 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 29;
+    return h | 1;
+}
+
+static void wc_clear(tok_scratch *s) {
+    memset(s->wc, 0, (size_t)(s->wc_mask + 1) * sizeof *s->wc);
+    s->wc_used = 0;
+    s->wc_keys_len = 0;
+    s->wc_ids_len = 0;
+}
+
 void tok_scratch_free(tok_scratch *s) {
+    free(s->wc);
+    free(s->wc_keys);
+    free(s->wc_ids);
     free(s->norm);
     free(s->view);
     if (s->md)
@@ -332,8 +368,52 @@ static int push_bytes(const tok_tokenizer *t, const uint8_t *w, size_t n, tok_ou
     return 0;
 }
 
+static int bpe_word_uncached(const tok_tokenizer *t, tok_scratch *sc, const uint8_t *w, size_t n,
+                             tok_out *out, md_err *e);
+
+/* BPE of one word through the per-call cache when it is on. */
 static int bpe_word(const tok_tokenizer *t, tok_scratch *sc, const uint8_t *w, size_t n,
                     tok_out *out, md_err *e) {
+    if (!sc->wc_on || n > WC_MAX_WORD || n < 2)
+        return bpe_word_uncached(t, sc, w, n, out, e);
+    uint64_t h = wc_hash(w, n);
+    uint32_t i = (uint32_t)h & sc->wc_mask;
+    for (;; i = (i + 1) & sc->wc_mask) {
+        struct tok_wc_slot *sl = &sc->wc[i];
+        if (!sl->hash)
+            break;
+        if (sl->hash == h && sl->key_len == n && !memcmp(sc->wc_keys + sl->key_off, w, n)) {
+            for (uint32_t k = 0; k < sl->n_ids; k++)
+                if (tok_out_push(out, sc->wc_ids[sl->ids_off + k]))
+                    return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
+            return 0;
+        }
+    }
+    size_t before = out->n;
+    int rc = bpe_word_uncached(t, sc, w, n, out, e);
+    size_t n_ids = out->n - before;
+    if (rc || n_ids > UINT16_MAX)
+        return rc;
+    if (sc->wc_used >= (sc->wc_mask + 1) / 2) {
+        wc_clear(sc);
+        for (i = (uint32_t)h & sc->wc_mask; sc->wc[i].hash; i = (i + 1) & sc->wc_mask)
+            ;
+    }
+    if (grow((void **)&sc->wc_keys, &sc->wc_keys_cap, sc->wc_keys_len + n, 1) ||
+        grow((void **)&sc->wc_ids, &sc->wc_ids_cap, sc->wc_ids_len + n_ids, sizeof(int32_t)))
+        return 0; /* no room to remember it: the ids are out already */
+    memcpy(sc->wc_keys + sc->wc_keys_len, w, n);
+    memcpy(sc->wc_ids + sc->wc_ids_len, out->ids + before, n_ids * sizeof(int32_t));
+    sc->wc[i] = (struct tok_wc_slot){h, (uint32_t)sc->wc_keys_len, (uint32_t)sc->wc_ids_len,
+                                     (uint16_t)n, (uint16_t)n_ids};
+    sc->wc_keys_len += n;
+    sc->wc_ids_len += n_ids;
+    sc->wc_used++;
+    return 0;
+}
+
+static int bpe_word_uncached(const tok_tokenizer *t, tok_scratch *sc, const uint8_t *w, size_t n,
+                             tok_out *out, md_err *e) {
     if (n == 0)
         return 0;
     if (t->ignore_merges) {
@@ -466,6 +546,11 @@ int tok_bpe_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, si
     }
     if (!sc->md && !(sc->md = pcre2_match_data_create(1, NULL)))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
+    if (n >= WC_MIN_TEXT && !sc->wc) {
+        sc->wc = calloc(WC_SLOTS, sizeof *sc->wc);
+        sc->wc_mask = WC_SLOTS - 1;
+    }
+    sc->wc_on = sc->wc != NULL;
     split_ctx c = {t, sc, view, norm, out, e};
     return split(&c, 0, 0, n);
 }

@@ -103,6 +103,15 @@ typedef struct {
     size_t heap_cap;
     char *enc; /* byte-level encoded word (ignore_merges lookup) */
     size_t enc_cap;
+    /* Word cache for long texts (words repeat): word bytes -> its ids. Lives for one
+     * tok_encode call, so no lock is needed; cleared when half full. */
+    struct tok_wc_slot *wc;
+    uint32_t wc_mask, wc_used;
+    int wc_on;
+    char *wc_keys;
+    size_t wc_keys_len, wc_keys_cap;
+    int32_t *wc_ids;
+    size_t wc_ids_len, wc_ids_cap;
 } tok_scratch;
 void tok_scratch_free(tok_scratch *s);
 

@@ -656,6 +656,39 @@ static void chat_templates_are_recognised_from_their_text(void **st) {
     assert_null(p);
 }
 
+/* Long texts go through a per-call word cache: the ids must be those of the uncached path
+ * (short texts), unit by unit. 20000 distinct numbers also force the cache to be cleared. */
+static void long_texts_give_the_same_ids_as_short_ones(void **st) {
+    vocab v;
+    tok_tokenizer *t = bpe(&v, "smollm", 0);
+    size_t cap = 2 * 1000 * 1000, len = 0;
+    char *text = malloc(cap);
+    int32_t *want = malloc(cap * sizeof *want);
+    size_t nw = 0;
+    md_err e = {0};
+    for (int i = 0; i < 40000; i++) {
+        char unit[64];
+        int n = snprintf(unit, sizeof unit, " hello abc!! w%d", i % 20000 + (i / 20000) * 7);
+        int32_t *ids;
+        int k;
+        assert_int_equal(tok_encode(t, unit, (size_t)n, 0, 0, &ids, &k, &e), 0);
+        memcpy(want + nw, ids, (size_t)k * sizeof *ids);
+        nw += (size_t)k;
+        free(ids);
+        memcpy(text + len, unit, (size_t)n);
+        len += (size_t)n;
+    }
+    int32_t *ids;
+    int k;
+    assert_int_equal(tok_encode(t, text, len, 0, 0, &ids, &k, &e), 0);
+    assert_int_equal((size_t)k, nw);
+    assert_memory_equal(ids, want, nw * sizeof *ids);
+    free(ids);
+    free(want);
+    free(text);
+    tok_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(spm_merges_by_score_and_prefixes_a_space),
@@ -670,6 +703,7 @@ int main(void) {
         cmocka_unit_test(loader_refuses_bad_vocabularies_with_a_sentence),
         cmocka_unit_test(random_bytes_and_ids_never_crash_and_decode_to_valid_utf8),
         cmocka_unit_test(chat_templates_are_recognised_from_their_text),
+        cmocka_unit_test(long_texts_give_the_same_ids_as_short_ones),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
