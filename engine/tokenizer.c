@@ -537,7 +537,6 @@ int tok_load(const gguf_file *f, tok_tokenizer **out, md_err *e) {
     t->eot = t->eom = -1;
     if ((rc = load_vocab(t, f, e)))
         goto fail;
-    t->n_real = t->n_str;
 
     if (t->kind == TOK_KIND_BPE) {
         snprintf(t->pre_name, sizeof t->pre_name, "default");
@@ -947,24 +946,24 @@ size_t tok_stream_push(const tok_tokenizer *t, tok_stream *s, int32_t id, char *
         out[0] = '\0';
     if (!cap)
         return 0;
-    /* the held bytes plus as much of the piece as is needed to finish them */
-    uint8_t tmp[16];
+    /* the held bytes plus the start of the piece: enough to finish or refute them */
     size_t pos = 0;
-    while (s->n_pending > 0) {
-        size_t take = plen - pos < 8 ? plen - pos : 8;
-        memcpy(tmp, s->pending, (size_t)s->n_pending);
-        memcpy(tmp + s->n_pending, p + pos, take);
-        size_t n = (size_t)s->n_pending + take;
+    if (s->n_pending > 0) {
+        uint8_t tmp[16];
+        size_t held = (size_t)s->n_pending, take = plen < 8 ? plen : 8, n = held + take;
+        memcpy(tmp, s->pending, held);
+        memcpy(tmp + held, p, take);
         size_t used = emit_valid(tmp, n, 0, out, cap, &w);
-        if (used < (size_t)s->n_pending) {
-            /* still incomplete: everything is held (it fit in tmp) */
-            memcpy(s->pending, tmp, n);
-            s->n_pending = (int)n;
+        s->n_pending = 0;
+        if (used < held) {
+            /* a character that began in the held bytes is still incomplete at the end of
+             * tmp: then tmp is at most 5 bytes and holds the whole piece; keep the rest */
+            memcpy(s->pending, tmp + used, n - used);
+            s->n_pending = (int)(n - used);
             out[w] = '\0';
             return w;
         }
-        pos += used - (size_t)s->n_pending;
-        s->n_pending = 0;
+        pos = used - held;
     }
     size_t used = emit_valid((const uint8_t *)p + pos, plen - pos, 0, out, cap, &w);
     size_t rest = plen - pos - used;

@@ -38,7 +38,6 @@ struct tok_tokenizer {
     char pre_name[32];
     tok_pre pre;
     int n_vocab; /* ids [0, n_vocab) are tokens */
-    int n_real;  /* strings loaded from the vocabulary (== n_vocab) */
 
     /* String table: ids [0, n_vocab) are the tokens, ids past it are merge parts that are
      * not tokens (so BPE can merge through them exactly as llama.cpp's string pairs do). */

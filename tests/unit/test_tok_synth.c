@@ -689,6 +689,35 @@ static void long_texts_give_the_same_ids_as_short_ones(void **st) {
     tok_free(t);
 }
 
+/* SentencePiece byte tokens spell characters a byte at a time: the stream holds them until
+ * the character is whole, and a character cut short becomes U+FFFD, each byte emitted once. */
+static void stream_assembles_byte_tokens_and_replaces_broken_characters(void **st) {
+    vocab v;
+    tok_tokenizer *t = spm(&v, NULL);
+    char out[64];
+    tok_stream s;
+    tok_stream_init(&s);
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0xE2>"), out, sizeof out), 0);
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0x82>"), out, sizeof out), 0);
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0xAC>"), out, sizeof out), 3);
+    assert_string_equal(out, "\xe2\x82\xac");
+    /* F0 9F then "A": the 4-byte character never completes */
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0xF0>"), out, sizeof out), 0);
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0x9F>"), out, sizeof out), 0);
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0x41>"), out, sizeof out), 7);
+    assert_string_equal(out, "\xef\xbf\xbd\xef\xbf\xbd"
+                             "A");
+    /* a held start followed by a normal piece */
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0xC3>"), out, sizeof out), 0);
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, SP "hello"), out, sizeof out), 9);
+    assert_string_equal(out, "\xef\xbf\xbd hello");
+    /* control tokens add nothing, and too small a buffer cuts at a character */
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "</s>"), out, sizeof out), 0);
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, SP "hello"), out, 4), 3);
+    assert_string_equal(out, " he");
+    tok_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(spm_merges_by_score_and_prefixes_a_space),
@@ -704,6 +733,7 @@ int main(void) {
         cmocka_unit_test(random_bytes_and_ids_never_crash_and_decode_to_valid_utf8),
         cmocka_unit_test(chat_templates_are_recognised_from_their_text),
         cmocka_unit_test(long_texts_give_the_same_ids_as_short_ones),
+        cmocka_unit_test(stream_assembles_byte_tokens_and_replaces_broken_characters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
