@@ -498,6 +498,11 @@ static void take(wk *w, int m, const char *id, redisReply *fields, long long att
         for (int i = 0; i < w->n_jobs && !j; i++)
             if (!w->jobs[i].used)
                 j = &w->jobs[i];
+        if (!j) { /* cannot happen (reads never exceed free slots); left pending if it does */
+            MD_ERROR("worker", "no free slot for entry %s; it will be taken over later", id);
+            wk_request_free(&req);
+            return;
+        }
         memset(j, 0, sizeof *j);
         j->m = m;
         snprintf(j->id, sizeof j->id, "%s", id);

@@ -109,13 +109,17 @@ class Worker:
         return self.proc.wait(timeout)
 
     def stop(self):
+        """SIGTERM; a worker we stop must exit 0 (graceful stop, no leak reports)."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(30)
+                rc = self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                fail("worker did not stop within 30 s of SIGTERM:\n" + self.logs()[-2000:])
+            if rc != 0:
+                fail("worker exited %d after SIGTERM:\n%s" % (rc, self.logs()[-3000:]))
         self.log.close()
 
     def logs(self):
