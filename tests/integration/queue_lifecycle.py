@@ -5,6 +5,7 @@ DLQ after max_attempts, ACL/password AUTH (and a clear failure with a wrong pass
 import glob
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -158,9 +159,69 @@ def test_run(tmp):
     print("run ok: %s" % p.stderr.strip().splitlines()[-1])
 
 
+def test_handback(srv):
+    """SIGTERM with a short grace: running requests are handed back (marked idle) and another
+    worker takes them over at once, although the visibility timeout is a minute."""
+    ids = ["h%d" % i for i in range(8)]
+    b = submit(srv, write_lines(srv.dir, "h.jsonl", [chat_line(c, c) for c in ids]))
+    slow = Worker(srv, args=["--echo-delay-ms", "60000", "--grace-ms", "300"], name="slow")
+    time.sleep(1.0)
+    t = time.time()
+    slow.stop()  # exits 0 after handing back its 8 running requests
+    fast = Worker(srv, args=["--visibility-ms", "60000"], name="fast")
+    try:
+        m = wait_batch(srv, b, timeout=20)
+        lines = results(srv, b)
+        exactly_once(lines, ids)
+        if m["status"] != "completed" or time.time() - t > 15:
+            fail("hand-back: %s after %.1fs" % (m, time.time() - t))
+        if "handing back 8" not in slow.logs():
+            fail("the slow worker did not hand back its requests:\n" + slow.logs()[-1500:])
+        print("hand-back ok: taken over in %.1fs" % (time.time() - t))
+    finally:
+        fast.stop()
+
+
+def test_unservable_model(srv):
+    p = subprocess.run([MEDLEY, "worker", "--redis", srv.url, "--model", "no-such-model"],
+                       capture_output=True, text=True, timeout=30)
+    if p.returncode != 1 or "no-such-model" not in p.stderr:
+        fail("a worker for an unknown model must fail at startup: rc %d %s" % (p.returncode,
+                                                                               p.stderr))
+    print("unservable model ok: %s" % p.stderr.strip().splitlines()[-1][:160])
+
+
+def test_run_interrupted(tmp):
+    """Ctrl-C during `medley run`: exit 130, the answers so far written, its redis-server and
+    temp dir gone."""
+    ids = ["int-%d" % i for i in range(400)]
+    path = write_lines(tmp, "int.jsonl", [chat_line(c, c) for c in ids])
+    out = os.path.join(tmp, "int.out.jsonl")
+    env = dict(os.environ, TMPDIR=tmp)
+    p = subprocess.Popen([MEDLEY, "run", path, "-o", out, "--echo-delay-ms", "100",
+                          "--max-seqs", "20"], stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(2.0)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    if p.returncode != 130:
+        fail("interrupted run exited %d: %s" % (p.returncode, err))
+    n = len(open(out).readlines())
+    if not 0 < n < len(ids):
+        fail("interrupted run wrote %d lines" % n)
+    if glob.glob(os.path.join(tmp, "medley-run-*")):
+        fail("interrupted run left its temp dir")
+    ps = subprocess.run(["pgrep", "-f", os.path.join(tmp, "medley-run-")], capture_output=True)
+    if ps.returncode == 0:
+        fail("interrupted run left redis-server running")
+    print("interrupted run ok: %d answers written" % n)
+
+
 def main():
     srv = RedisServer()
     try:
+        test_handback(srv)
+        test_unservable_model(srv)
+        test_run_interrupted(srv.dir)
         test_cancel(srv)
         test_expired(srv)
         test_dlq(srv)
