@@ -735,6 +735,43 @@ static void take_over(wk *w) {
     }
 }
 
+/* Entries still pending for our own consumer name: a worker restarted with the same --id
+ * after a crash resumes them at once instead of waiting out the visibility timeout. */
+static void take_own(wk *w) {
+    md_err e = {0};
+    for (int m = 0; m < w->n_models && !w->broken; m++) {
+        char start[ENTRY_ID_MAX] = "0";
+        for (;;) {
+            int f = free_slots(w, m);
+            if (f <= 0)
+                break;
+            redisReply *rep =
+                md_redis_cmd(w->r, &e, "XREADGROUP GROUP %s %s COUNT %d STREAMS %s %s", Q_GROUP,
+                             w->me, f, w->qkey[m], start);
+            if (!rep) {
+                w->broken = 1;
+                return;
+            }
+            redisReply *entries = NULL;
+            if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 1 &&
+                rep->element[0]->type == REDIS_REPLY_ARRAY && rep->element[0]->elements == 2)
+                entries = rep->element[0]->element[1];
+            size_t n = entries && entries->type == REDIS_REPLY_ARRAY ? entries->elements : 0;
+            if (n) {
+                MD_INFO("worker", "resuming %zu entries of %s left pending by a previous %s", n,
+                        w->qkey[m], w->me);
+                redisReply *last = entries->element[n - 1];
+                if (last->type == REDIS_REPLY_ARRAY && last->elements >= 1 && last->element[0]->str)
+                    snprintf(start, sizeof start, "%s", last->element[0]->str);
+                take_all(w, m, entries, 1);
+            }
+            freeReplyObject(rep);
+            if (!n)
+                break;
+        }
+    }
+}
+
 /* XCLAIM our running entries to ourselves (JUSTID: no delivery count bump), resetting their
  * idle time so nobody takes them over. idle_ms > 0 instead marks them idle that long: the
  * hand-back on stop, so another worker takes them over at once. */
@@ -950,6 +987,7 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
             w.me, w.n_models, where, cfg->models[0], wk_runner_kind(w.runners[0]),
             wk_runner_capacity(w.runners[0]));
 
+    take_own(&w);
     uint64_t t = md_mono_ns();
     w.last_tick = t;
     w.last_lease = t;

@@ -182,6 +182,27 @@ def test_handback(srv):
         fast.stop()
 
 
+def test_resume_same_id(srv):
+    """A worker SIGKILLed and restarted with the same --id resumes its pending entries at
+    once, without waiting out the (one minute) visibility timeout."""
+    ids = ["s%d" % i for i in range(6)]
+    b = submit(srv, write_lines(srv.dir, "s.jsonl", [chat_line(c, c) for c in ids]))
+    w1 = Worker(srv, args=["--id", "stable-1", "--echo-delay-ms", "60000"], name="s1")
+    time.sleep(1.0)
+    w1.signal(signal.SIGKILL)
+    w1.wait()
+    t = time.time()
+    w2 = Worker(srv, args=["--id", "stable-1", "--visibility-ms", "60000"], name="s2")
+    try:
+        m = wait_batch(srv, b, timeout=20)
+        exactly_once(results(srv, b), ids)
+        if m["status"] != "completed" or "resuming 6 entries" not in w2.logs():
+            fail("resume: %s\n%s" % (m, w2.logs()[-1500:]))
+        print("resume with the same id ok: %.1fs" % (time.time() - t))
+    finally:
+        w2.stop()
+
+
 def test_unservable_model(srv):
     p = subprocess.run([MEDLEY, "worker", "--redis", srv.url, "--model", "no-such-model"],
                        capture_output=True, text=True, timeout=30)
@@ -220,6 +241,7 @@ def main():
     srv = RedisServer()
     try:
         test_handback(srv)
+        test_resume_same_id(srv)
         test_unservable_model(srv)
         test_run_interrupted(srv.dir)
         test_cancel(srv)
