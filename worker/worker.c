@@ -240,7 +240,10 @@ static int setup_conn(wk *w, md_err *e) {
     return 0;
 }
 
-/* Reconnect (forever, until stop) and set up again. */
+static void take_own(wk *w);
+
+/* Reconnect (forever, until stop) and set up again; then resume what is pending for us (a
+ * read whose reply was lost with the connection left entries we never saw). */
 static int heal(wk *w, int until_stop) {
     md_err e = {0};
     for (;;) {
@@ -250,6 +253,8 @@ static int heal(wk *w, int until_stop) {
             w->broken = 0;
             for (int m = 0; m < w->n_models; m++)
                 snprintf(w->cursor[m], ENTRY_ID_MAX, "0-0");
+            if (!*w->stop)
+                take_own(w);
             return 0;
         }
         MD_WARN("worker", "after reconnecting: %s", e.msg);
@@ -403,9 +408,13 @@ static int free_slots(wk *w, int m) {
     return wk_runner_capacity(w->runners[m]) - wk_runner_live(w->runners[m]);
 }
 
+/* The entry is ours already: running, or answered and waiting to be written/XACKed. */
 static int running(wk *w, int m, const char *id) {
     for (int i = 0; i < w->n_jobs; i++)
         if (w->jobs[i].used && w->jobs[i].m == m && !strcmp(w->jobs[i].id, id))
+            return 1;
+    for (int i = 0; i < w->n_ans; i++)
+        if (w->ans[i].m == m && !strcmp(w->ans[i].id, id))
             return 1;
     return 0;
 }
@@ -580,7 +589,7 @@ static void take_all(wk *w, int m, redisReply *entries, int claimed) {
         const char *id = en->element[0]->str;
         redisReply *fields = en->element[1];
         if (claimed && running(w, m, id))
-            continue; /* our own lease lapsed; we are still running it */
+            continue; /* ours already (a lapsed lease, or a resume after reconnecting) */
         long long attempt = claimed ? (counts[i] > 0 ? counts[i] : 2) : 1;
         if (fields->type != REDIS_REPLY_ARRAY) {
             ack_only(w, m, id); /* deleted from the stream (XDEL/XTRIM): nothing to answer */
