@@ -118,12 +118,13 @@ static void build(bench *b, int max_seqs, int max_ctx) {
     for (int l = 0; l < s.n_layer; l++) {
         layer *L = &b->L[l];
         uint64_t sd = 1000 + 10 * (uint64_t)l;
-        L->wq = weight(b, s.C, s.C, sd);
-        L->wk = weight(b, kvd, s.C, sd + 1);
-        L->wv = weight(b, kvd, s.C, sd + 2);
+        /* q|k|v and gate|up rows are contiguous, so one GEMV reads them at batch 1 */
+        L->wq = weight(b, s.C + 2 * kvd, s.C, sd);
+        L->wk = L->wq + (size_t)s.C * s.C;
+        L->wv = L->wk + (size_t)kvd * s.C;
         L->wo = weight(b, s.C, s.C, sd + 3);
-        L->wg = weight(b, s.ff, s.C, sd + 4);
-        L->wu = weight(b, s.ff, s.C, sd + 5);
+        L->wg = weight(b, 2 * s.ff, s.C, sd + 4);
+        L->wu = L->wg + (size_t)s.ff * s.C;
         L->wd = weight(b, s.C, s.ff, sd + 6);
         L->attn_norm = ones(b, s.C);
         L->ffn_norm = ones(b, s.C);
@@ -143,11 +144,11 @@ static void build(bench *b, int max_seqs, int max_ctx) {
     b->max_logits = max_seqs;
     b->x = dalloc(b, (size_t)T * s.C * 4);
     b->xb = dalloc(b, (size_t)T * s.C * 4);
-    b->q = dalloc(b, (size_t)T * s.C * 4);
+    b->q = dalloc(b, (size_t)T * (s.C + 2 * kvd) * 4); /* q|k|v at T = 1 */
     b->k = dalloc(b, (size_t)T * kvd * 4);
     b->v = dalloc(b, (size_t)T * kvd * 4);
     b->att = dalloc(b, (size_t)T * s.C * 4);
-    b->g = dalloc(b, (size_t)T * s.ff * 4);
+    b->g = dalloc(b, (size_t)T * s.ff * 4 + (size_t)s.ff * 4); /* + room for g|u at T = 1 */
     b->u = dalloc(b, (size_t)T * s.ff * 4);
     b->xl = dalloc(b, (size_t)max_seqs * s.C * 4);
     b->logits = dalloc(b, (size_t)max_seqs * s.vocab * 4);
@@ -179,29 +180,42 @@ static void forward(bench *b, const step_meta *hm, const int32_t *tokens, int32_
     for (int l = 0; l < s.n_layer; l++) {
         layer *L = &b->L[l];
         size_t rc = (size_t)s.C * 2, rf = (size_t)s.ff * 2;
+        float *q = b->q, *k = b->k, *v = b->v, *g = b->g, *u = b->u;
         TRY(cuda_rmsnorm(c, b->x, L->attn_norm, 1e-5f, T, s.C, b->xb, CUDA_F32, &e));
-        TRY(cuda_matmul(c, L->wq, BF16_TYPE, rc, b->xb, b->q, T, s.C, s.C, 0, 0, &e));
-        TRY(cuda_matmul(c, L->wk, BF16_TYPE, rc, b->xb, b->k, T, kvd, s.C, 0, 0, &e));
-        TRY(cuda_matmul(c, L->wv, BF16_TYPE, rc, b->xb, b->v, T, kvd, s.C, 0, 0, &e));
-        TRY(cuda_rope(c, b->q, d.pos, T, s.n_head, s.hd, s.hd, b->inv_freq, 0, &e));
-        TRY(cuda_rope(c, b->k, d.pos, T, s.n_kv, s.hd, s.hd, b->inv_freq, 0, &e));
-        TRY(cuda_kv_write(c, L->kc, L->vc, CUDA_F16, kvd, b->k, b->v, d.slot, T, &e));
+        if (T == 1) {
+            /* one token: q|k|v in one GEMV into q|k|v laid end to end, roped in one launch */
+            k = q + s.C;
+            v = k + kvd;
+            TRY(cuda_matmul(c, L->wq, BF16_TYPE, rc, b->xb, q, 1, s.C + 2 * kvd, s.C, 0, 0, &e));
+            TRY(cuda_rope(c, q, d.pos, 1, s.n_head + s.n_kv, s.hd, s.hd, b->inv_freq, 0, &e));
+        } else {
+            TRY(cuda_matmul(c, L->wq, BF16_TYPE, rc, b->xb, q, T, s.C, s.C, 0, 0, &e));
+            TRY(cuda_matmul(c, L->wk, BF16_TYPE, rc, b->xb, k, T, kvd, s.C, 0, 0, &e));
+            TRY(cuda_matmul(c, L->wv, BF16_TYPE, rc, b->xb, v, T, kvd, s.C, 0, 0, &e));
+            TRY(cuda_rope(c, q, d.pos, T, s.n_head, s.hd, s.hd, b->inv_freq, 0, &e));
+            TRY(cuda_rope(c, k, d.pos, T, s.n_kv, s.hd, s.hd, b->inv_freq, 0, &e));
+        }
+        TRY(cuda_kv_write(c, L->kc, L->vc, CUDA_F16, kvd, k, v, d.slot, T, &e));
         kv.k = L->kc;
         kv.v = L->vc;
         if (hm->n_dec)
-            TRY(cuda_attn_decode(c, &kv, b->q, d.dec, hm->n_dec, b->d_bt, b->max_blocks, s.n_head,
+            TRY(cuda_attn_decode(c, &kv, q, d.dec, hm->n_dec, b->d_bt, b->max_blocks, s.n_head,
                                  scale, b->n_splits, b->att_work, b->att, &e));
         if (hm->n_tiles)
-            TRY(cuda_attn_prefill(c, &kv, b->q, d.tiles, hm->n_tiles, b->d_bt, b->max_blocks,
+            TRY(cuda_attn_prefill(c, &kv, q, d.tiles, hm->n_tiles, b->d_bt, b->max_blocks,
                                   s.n_head, scale, b->att, &e));
-        TRY(cuda_matmul(c, L->wo, BF16_TYPE, rc, b->att, b->xb, T, s.C, s.C, 0, 0, &e));
-        TRY(cuda_add(c, b->x, b->xb, (int64_t)T * s.C, &e));
+        /* residual adds ride on the GEMMs: x = 1 * x + W . a */
+        TRY(cuda_matmul(c, L->wo, BF16_TYPE, rc, b->att, b->x, T, s.C, s.C, 1.0f, 0, &e));
         TRY(cuda_rmsnorm(c, b->x, L->ffn_norm, 1e-5f, T, s.C, b->xb, CUDA_F32, &e));
-        TRY(cuda_matmul(c, L->wg, BF16_TYPE, rc, b->xb, b->g, T, s.ff, s.C, 0, 0, &e));
-        TRY(cuda_matmul(c, L->wu, BF16_TYPE, rc, b->xb, b->u, T, s.ff, s.C, 0, 0, &e));
-        TRY(cuda_swiglu(c, b->g, b->u, b->g, CUDA_F32, (int64_t)T * s.ff, &e));
-        TRY(cuda_matmul(c, L->wd, BF16_TYPE, rf, b->g, b->xb, T, s.C, s.ff, 0, 0, &e));
-        TRY(cuda_add(c, b->x, b->xb, (int64_t)T * s.C, &e));
+        if (T == 1) {
+            u = g + s.ff;
+            TRY(cuda_matmul(c, L->wg, BF16_TYPE, rc, b->xb, g, 1, 2 * s.ff, s.C, 0, 0, &e));
+        } else {
+            TRY(cuda_matmul(c, L->wg, BF16_TYPE, rc, b->xb, g, T, s.ff, s.C, 0, 0, &e));
+            TRY(cuda_matmul(c, L->wu, BF16_TYPE, rc, b->xb, u, T, s.ff, s.C, 0, 0, &e));
+        }
+        TRY(cuda_swiglu(c, g, u, g, CUDA_F32, (int64_t)T * s.ff, &e));
+        TRY(cuda_matmul(c, L->wd, BF16_TYPE, rf, g, b->x, T, s.C, s.ff, 1.0f, 0, &e));
     }
     TRY(cuda_gather_rows(c, b->x, d.rows, hm->n_logits, s.C, b->xl, &e));
     TRY(cuda_rmsnorm(c, b->xl, b->out_norm, 1e-5f, hm->n_logits, s.C, b->xl, CUDA_F32, &e));

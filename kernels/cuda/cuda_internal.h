@@ -34,10 +34,12 @@ struct cuda_ctx {
 /* Record a CUDA error as the ctx's sticky error and return MD_EDEVICE. */
 int cuda_fail(cuda_ctx *c, cudaError_t err, const char *what, md_err *e);
 int cuda_fail_blas(cuda_ctx *c, cublasStatus_t st, const char *what, md_err *e);
-/* Return the sticky error (copied into e) when the ctx already failed. */
+/* Return the sticky error (copied into e) when the ctx already failed; otherwise make the
+ * ctx's device current (cheap when it already is), so several devices can share a thread. */
 #define CUDA_GUARD(c, e)                                                                        \
     do {                                                                                        \
         if ((c)->failed.code) return cuda_ctx_failed((c), (e));                                 \
+        if (!(c)->capturing) cudaSetDevice((c)->ordinal);                                       \
     } while (0)
 /* After a launch: report a launch error as the sticky device error. */
 #define CUDA_LAUNCHED(c, what, e) cuda_check((c), (what), (e))

@@ -2,7 +2,7 @@
 # pack-device-check.sh — prepare, on a build machine, what run-device-check.sh needs on a GPU
 # host that lacks medley's build dependencies (jansson, hiredis, cmocka, glpk, pcre2): the
 # GPU test binaries, the benchmark and `medley` in .devcheck/bin, the shared libraries they
-# need that a CUDA image does not ship in .devcheck/lib (libcudart/libcublas come from the
+# need that a CUDA image may lack in .devcheck/lib (with libcudart; libcublas, 100+ MB, comes from the
 # host's CUDA 13), built for sm_90 only (H100/H200) to stay small, and, with --model, the
 # SmolLM2 test model split into .devmodel1/ .devmodel2/ .devmodel3/ (the device tool sends
 # at most 64 MiB per call and keeps ignored files between calls while the machine is warm:
@@ -22,7 +22,7 @@ mkdir -p .devcheck/bin .devcheck/lib
 cp "$B"/tests/test_cuda_* "$B"/tests/medley_gpu_bench "$B"/cli/medley .devcheck/bin/
 strip --strip-debug .devcheck/bin/*
 for f in .devcheck/bin/*; do ldd "$f"; done | awk '/=>/ {print $3}' | sort -u |
-    grep -v -E 'libc\.so|libm\.so|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcudart|libcublas' |
+    grep -v -E 'libc\.so|libm\.so|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcublas' |
     xargs -r -I{} cp -L {} .devcheck/lib/
 echo "$(git rev-parse --short HEAD) $(date -u +%Y-%m-%dT%H:%M:%SZ)" >.devcheck/BUILT
 grep -qx '/.devcheck/' .git/info/exclude 2>/dev/null || echo '/.devcheck/' >>.git/info/exclude

@@ -95,9 +95,8 @@ static void make_step(void) {
     for (int p = 20; p <= 24; p++, t++) tok_seq[t] = 2, tok_pos[t] = p;
     assert_int_equal(t, T);
     seq_len[0] = 37, seq_len[1] = 51, seq_len[2] = 25;
-    /* scrambled, disjoint block ids */
-    for (int s = 0; s < S; s++)
-        for (int k = 0; k < MAXB; k++) table[s * MAXB + k] = (k * 7 + s * 21 + 5) % NB;
+    /* scrambled, disjoint block ids (5 is coprime with NB = 64) */
+    for (int i = 0; i < S * MAXB; i++) table[i] = (i * 5 + 3) % NB;
     for (int i = 0; i < T; i++) {
         int s = tok_seq[i], p = tok_pos[i];
         slot[i] = table[s * MAXB + p / BT] * BT + p % BT;
