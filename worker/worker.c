@@ -316,7 +316,8 @@ static void flush(wk *w) {
         w->broken = e.code == MD_EREDIS;
         return;
     }
-    /* XACK, one command per model. */
+    /* XACK, then XDEL (an answered entry is never read again; deleting it keeps the queue
+     * stream as small as the backlog), one command each per model. */
     int acks = 0;
     for (int m = 0; m < w->n_models; m++) {
         int n = 0;
@@ -341,9 +342,14 @@ static void flush(wk *w) {
         for (int i = 0; i < k; i++)
             lens[i] = strlen(argv[i]);
         redisAppendCommandArgv(c, k, argv, lens);
+        argv[1] = "XDEL"; /* XDEL key id... reuses the id list */
+        argv[2] = w->qkey[m];
+        lens[1] = 4;
+        lens[2] = strlen(w->qkey[m]);
+        redisAppendCommandArgv(c, k - 1, argv + 1, lens + 1);
         free(argv);
         free(lens);
-        acks++;
+        acks += 2;
     }
     for (int i = 0; i < acks; i++) {
         redisReply *rep = md_redis_get_reply(w->r, &e);
@@ -1038,7 +1044,11 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
                 poll_all(&w, 10);
             continue;
         }
-        int block = (w.live == 0 && w.n_ans == 0) ? cfg->block_ms : 0;
+        /* A blocked read must not outlast half a heartbeat period, or the heartbeat key (3
+         * periods) could expire while an idle worker waits. */
+        int block_max =
+            cfg->block_ms < cfg->heartbeat_ms / 2 ? cfg->block_ms : cfg->heartbeat_ms / 2;
+        int block = (w.live == 0 && w.n_ans == 0) ? block_max : 0;
         int got = read_new(&w, block);
         idle_reads = got == 0 ? idle_reads + 1 : 0;
     }
