@@ -49,6 +49,9 @@ def main():
         pend = srv.client().xpending("medley:q:{echo}", "workers")
         if pend["pending"] != 0:
             fail("%d entries still pending" % pend["pending"])
+        left = srv.client().xlen("medley:q:{echo}")
+        if left != 0:
+            fail("%d answered entries were not deleted from the queue stream" % left)
         print("ok: %d lines, exactly once; %d taken over from the killed worker" % (
             len(lines), len(retried)))
     finally:
