@@ -20,7 +20,8 @@ typedef struct {
 } common_args;
 
 /* Split argv into --redis/--prefix, known flags (handled by on_flag) and positionals.
- * on_flag returns 1 if it consumed the value, 0 if the flag takes none, -1 if unknown. */
+ * on_flag returns 1 if it consumed the value, 0 if the flag takes none, -1 if unknown, -2
+ * if the value is bad (it said why). */
 typedef int (*flag_fn)(void *ctx, const char *flag, const char *value);
 
 static int parse(const char *cmd, int argc, char **argv, common_args *c, flag_fn on_flag,
@@ -44,6 +45,8 @@ static int parse(const char *cmd, int argc, char **argv, common_args *c, flag_fn
             i++;
         } else {
             int r = on_flag ? on_flag(ctx, a, v) : -1;
+            if (r == -2)
+                return -1; /* a bad value, already reported */
             if (r < 0) {
                 fprintf(stderr, "medley %s: unknown option %s (see medley %s --help)\n", cmd, a,
                         cmd);
@@ -99,7 +102,7 @@ static int submit_flag(void *ctx, const char *f, const char *v) {
     } else if (!strcmp(f, "--completion-window")) {
         if (v && q_parse_duration(v, &s->o.window_s, &e)) {
             fprintf(stderr, "medley submit: --completion-window: %s\n", e.msg);
-            return -1;
+            return -2;
         }
     } else if (!strcmp(f, "--priority")) {
         s->o.priority = v ? atoi(v) : 0;
@@ -396,7 +399,7 @@ static int batches_flag(void *ctx, const char *f, const char *v) {
         s->limit = v ? atol(v) : 0;
         if (s->limit < 1) {
             fprintf(stderr, "medley batches: --limit needs a number >= 1\n");
-            return -1;
+            return -2;
         }
         return 1;
     }
