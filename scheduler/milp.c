@@ -33,6 +33,7 @@ typedef struct lp {
     int *ia, *ja;
     double *ar;
     int nz, cap;
+    int timed_out; /* a solve stopped at the time limit: feasible, maybe not optimal */
 } lp;
 
 static int nz_add(lp *L, int r, int c, double v) {
@@ -85,8 +86,11 @@ static int pool_cap_for(const sched_pool *p, int t) {
     return full * (p->gpus_per_host / t * t) + rest / t * t;
 }
 
+/* The whole problem (only_model < 0), or one model's part without the GPU rows: with the
+ * GPUs left out the problem separates by model, and when the union of the per-model
+ * optima fits the GPUs it is optimal for the whole (docs/scheduler.md §4). */
 static int lp_build(lp *L, const sched_workload *w, const sched_fleet *f, const sched_cands *cs,
-                    const sched_opts *o, int min_one_replica) {
+                    const sched_opts *o, int min_one_replica, int only_model) {
     memset(L, 0, sizeof *L);
     L->P = glp_create_prob();
     L->col_n = calloc((size_t)cs->n + 1, sizeof *L->col_n);
@@ -97,13 +101,15 @@ static int lp_build(lp *L, const sched_workload *w, const sched_fleet *f, const 
     glp_prob *P = L->P;
     int col = 0;
     for (int m = 0; m < w->n; m++) {
+        if (only_model >= 0 && m != only_model)
+            continue;
         col = glp_add_cols(P, 1);
         L->col_x[m] = col;
         glp_set_col_bnds(P, col, GLP_LO, 0, 0);
     }
     for (int c = 0; c < cs->n; c++) {
         const sched_cand *k = &cs->c[c];
-        if (!cand_allowed(k, o))
+        if (!cand_allowed(k, o) || (only_model >= 0 && k->model != only_model))
             continue;
         int ub = 1 << 30;
         for (int s = 0; s < k->nstages; s++) {
@@ -138,7 +144,7 @@ static int lp_build(lp *L, const sched_workload *w, const sched_fleet *f, const 
     }
     /* sum_c rps_ck y_ck - share_mk X_m >= 0 */
     for (int m = 0; m < w->n; m++)
-        for (int j = 0; j < w->models[m].nclasses; j++) {
+        for (int j = 0; j < w->models[m].nclasses && L->col_x[m]; j++) {
             int r = glp_add_rows(P, 1);
             glp_set_row_bnds(P, r, GLP_LO, 0, 0);
             if (nz_add(L, r, L->col_x[m], -w->models[m].classes[j].share))
@@ -150,7 +156,7 @@ static int lp_build(lp *L, const sched_workload *w, const sched_fleet *f, const 
         }
     /* GPUs per pool, and per pool for groups of >= t GPUs (host packing). */
     static const int sizes[] = {1, 2, 4, 8};
-    for (int p = 0; p < f->n; p++)
+    for (int p = 0; p < f->n && only_model < 0; p++)
         for (int si = 0; si < 4; si++) {
             int t = sizes[si], any = 0;
             for (int c = 0; c < cs->n && !any; c++)
@@ -175,6 +181,8 @@ static int lp_build(lp *L, const sched_workload *w, const sched_fleet *f, const 
     /* Every model gets a replica (fixed fleet, when asked). */
     if (min_one_replica)
         for (int m = 0; m < w->n; m++) {
+            if (!L->col_x[m])
+                continue;
             int r = 0;
             for (int c = 0; c < cs->n; c++)
                 if (cs->c[c].model == m && L->col_n[c]) {
@@ -198,9 +206,12 @@ static int lp_solve(lp *L, const sched_opts *o) {
     parm.msg_lev = GLP_MSG_OFF;
     parm.tm_lim = (int)(o->time_limit_s * 1000);
     parm.mip_gap = 1e-7;
+    parm.mir_cuts = GLP_ON;
     int rc = glp_intopt(L->P, &parm);
     if (rc && rc != GLP_ETMLIM)
         return -1;
+    if (rc == GLP_ETMLIM)
+        L->timed_out = 1;
     int st = glp_mip_status(L->P);
     return (st == GLP_OPT || st == GLP_FEAS) ? 0 : -1;
 }
@@ -214,6 +225,8 @@ static void set_objective(lp *L, const sched_workload *w, const sched_cands *cs,
     for (int m = 0; m < w->n; m++) {
         const sched_demand *d = &w->models[m];
         double coef = d->priority * model_tok(w, m);
+        if (!L->col_x[m])
+            continue;
         if (phase1 && sched_demand_tokens_per_s(d) <= 0)
             coef = 0;
         glp_set_obj_coef(L->P, L->col_x[m], coef);
@@ -228,7 +241,8 @@ static void totals(const lp *L, const sched_workload *w, const sched_cands *cs, 
     *T = 0;
     *C = 0;
     for (int m = 0; m < w->n; m++)
-        *T += w->models[m].priority * model_tok(w, m) * glp_mip_col_val(L->P, L->col_x[m]);
+        if (L->col_x[m])
+            *T += w->models[m].priority * model_tok(w, m) * glp_mip_col_val(L->P, L->col_x[m]);
     for (int c = 0; c < cs->n; c++)
         if (L->col_n[c])
             *C += cs->c[c].usd_per_hour * glp_mip_col_val(L->P, L->col_n[c]);
@@ -386,6 +400,86 @@ static void note_too_large(sched_plan *p, const sched_demand *d, const sched_fle
                      bg, bn, best));
 }
 
+/* Does the union of the solutions in ls fit the fleet's GPUs (per pool, and per TP size
+ * for host packing)? */
+static int fits_gpus(lp **ls, int nl, const sched_fleet *f, const sched_cands *cs) {
+    static const int sizes[] = {1, 2, 4, 8};
+    for (int p = 0; p < f->n; p++)
+        for (int si = 0; si < (f->rent ? 1 : 4); si++) {
+            int t = sizes[si];
+            double used = 0;
+            for (int i = 0; i < nl; i++)
+                for (int c = 0; c < cs->n; c++) {
+                    if (!ls[i]->col_n[c])
+                        continue;
+                    double n = floor(glp_mip_col_val(ls[i]->P, ls[i]->col_n[c]) + 0.5);
+                    for (int s = 0; s < cs->c[c].nstages; s++)
+                        if (cs->c[c].stages[s].pool == p && cs->c[c].stages[s].tp >= t)
+                            used += n * cs->c[c].stages[s].tp;
+                }
+            int cap = t == 1 ? f->pools[p].count : pool_cap_for(&f->pools[p], t);
+            if (used > cap + 1e-9)
+                return 0;
+        }
+    return 1;
+}
+
+/* Phase 2 over one or several (per-model) problems: (b) least rental cost; (a) Dinkelbach
+ * on T / C: solve max T - qC, set q = T / C, until T - qC is 0. The problems share q, so
+ * per-model parts add up to the whole. Returns 0, or -1 when a part has no solution. */
+static int phase2(lp **ls, int nl, const sched_workload *w, const sched_fleet *f,
+                  const sched_cands *cs, const sched_opts *o, const double *lo, const double *hi) {
+    for (int i = 0; i < nl; i++)
+        for (int m = 0; m < w->n; m++)
+            if (ls[i]->col_x[m]) {
+                if (hi[m] <= 0)
+                    glp_set_col_bnds(ls[i]->P, ls[i]->col_x[m], GLP_FX, 0, 0);
+                else if (isfinite(hi[m]))
+                    glp_set_col_bnds(ls[i]->P, ls[i]->col_x[m], GLP_DB, fmin(lo[m], hi[m]), hi[m]);
+                else
+                    glp_set_col_bnds(ls[i]->P, ls[i]->col_x[m], GLP_LO, lo[m], 0);
+            }
+    if (f->rent) {
+        for (int i = 0; i < nl; i++) {
+            glp_set_obj_dir(ls[i]->P, GLP_MIN);
+            for (int m = 0; m < w->n; m++)
+                if (ls[i]->col_x[m])
+                    glp_set_obj_coef(ls[i]->P, ls[i]->col_x[m], 0);
+            for (int c = 0; c < cs->n; c++)
+                if (ls[i]->col_n[c]) {
+                    const sched_demand *d = &w->models[cs->c[c].model];
+                    double dur = d->deadline_s > 0 ? d->deadline_s : w->horizon_s;
+                    glp_set_obj_coef(ls[i]->P, ls[i]->col_n[c], cs->c[c].usd_per_hour * dur / 3600);
+                }
+            if (lp_solve(ls[i], o))
+                return -1;
+        }
+        return 0;
+    }
+    double q = 0;
+    for (int it = 0; it <= o->iterations; it++) {
+        double T = 0, C = 0, obj = 0;
+        for (int i = 0; i < nl; i++) {
+            glp_set_obj_dir(ls[i]->P, GLP_MAX);
+            set_objective(ls[i], w, cs, q, 0);
+            if (lp_solve(ls[i], o))
+                return -1;
+            double Ti, Ci;
+            totals(ls[i], w, cs, &Ti, &Ci);
+            T += Ti;
+            C += Ci;
+            obj += glp_mip_obj_val(ls[i]->P);
+        }
+        if (C <= 0)
+            return 0; /* free GPUs: nothing to trade against, throughput is maximal */
+        double nq = T / C;
+        if (obj <= 1e-9 * (T + 1) || fabs(nq - q) <= 1e-12 * nq)
+            return 0;
+        q = nq;
+    }
+    return 0;
+}
+
 int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *f,
                      const sched_catalog *cat, const sched_cands *cs, const sched_opts *o,
                      md_err *e) {
@@ -421,7 +515,7 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
     }
     lp L;
     int min_one = !f->rent;
-    int rc = lp_build(&L, w, f, cs, o, min_one);
+    int rc = lp_build(&L, w, f, cs, o, min_one, -1);
     if (rc) {
         free(has);
         lp_free(&L);
@@ -444,7 +538,7 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
                                                         "every model at once; some models get "
                                                         "none"));
             min_one = 0;
-            if (lp_build(&L, w, f, cs, o, 0) == 0) {
+            if (lp_build(&L, w, f, cs, o, 0, -1) == 0) {
                 for (int m = 0; m < w->n; m++) {
                     double d = p->models[m].demand_tps / model_tok(w, m);
                     if (d > 0)
@@ -484,98 +578,74 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
                     f->rent ? "rental limit (max_per_type)" : "fleet", x * model_tok(w, m), tail));
         }
     }
-    if (f->rent) {
-        /* (b): serve the most achievable demand at least cost. */
-        for (int m = 0; m < w->n; m++) {
-            double x = glp_mip_col_val(L.P, L.col_x[m]);
-            double d = p->models[m].demand_tps / model_tok(w, m);
-            if (d <= 0) {
-                json_array_append_new(p->notes,
-                                      json_sprintf("%s has neither a deadline nor an arrival rate; "
-                                                   "renting needs one of them, so it gets no GPUs",
-                                                   w->models[m].model.name));
-                glp_set_col_bnds(L.P, L.col_x[m], GLP_FX, 0, 0);
-            } else {
-                glp_set_col_bnds(L.P, L.col_x[m], GLP_DB, fmin(x, d) * (1 - 1e-9), d);
-            }
-            glp_set_obj_coef(L.P, L.col_x[m], 0);
-        }
-        glp_set_obj_dir(L.P, GLP_MIN);
-        for (int c = 0; c < cs->n; c++)
-            if (L.col_n[c]) {
-                const sched_demand *d = &w->models[cs->c[c].model];
-                double dur = d->deadline_s > 0 ? d->deadline_s : w->horizon_s;
-                glp_set_obj_coef(L.P, L.col_n[c], cs->c[c].usd_per_hour * dur / 3600);
-            }
-        if (lp_solve(&L, o)) {
-            free(has);
-            lp_free(&L);
-            sched_plan_free(p);
-            return md_errf(e, MD_ERANGE, "the rental MILP has no solution");
-        }
-    } else {
-        /* (a): floors from phase 1, then Dinkelbach on T / C. */
-        for (int m = 0; m < w->n; m++) {
-            double x = glp_mip_col_val(L.P, L.col_x[m]);
-            double d = p->models[m].demand_tps / model_tok(w, m);
-            if (d > 0)
-                glp_set_col_bnds(L.P, L.col_x[m], GLP_DB, x * (1 - 1e-9), d);
-        }
-        double T, C;
-        totals(&L, w, cs, &T, &C);
-        if (C <= 0) {
-            /* Free GPUs: the cost is zero whatever we do, so maximise throughput. */
-            set_objective(&L, w, cs, 0, 0);
-            lp_solve(&L, o);
-        } else {
-            double q = T / C;
-            if (q <= 0) {
-                /* Only uncapped models: start from their best candidate's ratio. */
-                for (int c = 0; c < cs->n; c++)
-                    if (L.col_n[c])
-                        q = fmax(q, cs->c[c].best_tokens_per_usd / 3600 * 0.5);
-            }
-            for (int it = 0; it < o->iterations; it++) {
-                set_objective(&L, w, cs, q, 0);
-                if (lp_solve(&L, o))
-                    break;
-                totals(&L, w, cs, &T, &C);
-                double gap = glp_mip_obj_val(L.P);
-                if (C <= 0)
-                    break;
-                double nq = T / C;
-                if (gap <= 1e-9 * (T + 1) || fabs(nq - q) <= 1e-12 * nq) {
-                    q = nq;
-                    break;
-                }
-                q = nq;
-            }
-            /* Re-solve at the final q so the column values are those of the best ratio. */
-            set_objective(&L, w, cs, q, 0);
-            lp_solve(&L, o);
-        }
-    }
-    /* Extract. */
+    /* Bounds on X for phase 2: (b) at least the achievable part of the demand; (a) the
+     * phase-1 floor for capped models, free for the others. */
+    double *lo = calloc((size_t)w->n + 1, sizeof *lo), *hi = calloc((size_t)w->n + 1, sizeof *hi);
+    lp *sub = calloc((size_t)w->n + 1, sizeof *sub);
+    lp **ls = calloc((size_t)w->n + 1, sizeof *ls);
     double *counts = calloc((size_t)cs->n + 1, sizeof *counts);
     double(*y)[SCHED_MAX_CLASSES] = calloc((size_t)cs->n + 1, sizeof *y);
-    if (!counts || !y) {
-        free(has);
-        free(counts);
-        free(y);
-        lp_free(&L);
-        sched_plan_free(p);
-        return md_errf(e, MD_ENOMEM, "out of memory");
-    }
-    for (int c = 0; c < cs->n; c++) {
-        if (!L.col_n[c])
-            continue;
-        counts[c] = floor(glp_mip_col_val(L.P, L.col_n[c]) + 0.5);
-        for (int j = 0; j < SCHED_MAX_CLASSES; j++)
-            if (L.col_y[c][j])
-                y[c][j] = fmax(0, glp_mip_col_val(L.P, L.col_y[c][j]));
+    if (!lo || !hi || !sub || !ls || !counts || !y) {
+        rc = md_errf(e, MD_ENOMEM, "out of memory");
+        goto done;
     }
     for (int m = 0; m < w->n; m++) {
-        p->models[m].served_tps = glp_mip_col_val(L.P, L.col_x[m]) * model_tok(w, m);
+        double x = glp_mip_col_val(L.P, L.col_x[m]);
+        double d = p->models[m].demand_tps / model_tok(w, m);
+        lo[m] = 0;
+        hi[m] = d > 0 ? d : INFINITY;
+        if (d > 0)
+            lo[m] = fmin(x, d) * (1 - 1e-9);
+        if (f->rent && d <= 0) {
+            json_array_append_new(p->notes,
+                                  json_sprintf("%s has neither a deadline nor an arrival rate; "
+                                               "renting needs one of them, so it gets no GPUs",
+                                               w->models[m].model.name));
+            hi[m] = 0;
+        }
+    }
+    /* Phase 2 by model (no GPU rows); if the union does not fit the GPUs, the whole MILP. */
+    int nl = 0;
+    for (int m = 0; m < w->n; m++) {
+        if (!has[m])
+            continue;
+        if (lp_build(&sub[m], w, f, cs, o, min_one, m)) {
+            rc = md_errf(e, MD_ENOMEM, "out of memory building the MILP");
+            goto done;
+        }
+        ls[nl++] = &sub[m];
+    }
+    rc = phase2(ls, nl, w, f, cs, o, lo, hi);
+    int whole = rc != 0 || !fits_gpus(ls, nl, f, cs);
+    if (whole) {
+        ls[0] = &L;
+        nl = 1;
+        rc = phase2(ls, nl, w, f, cs, o, lo, hi);
+        if (rc) {
+            rc = md_errf(e, MD_ERANGE, "the placement MILP has no solution for this fleet");
+            goto done;
+        }
+    }
+    for (int i = 0; i < nl; i++) {
+        lp *Li = ls[i];
+        for (int c = 0; c < cs->n; c++) {
+            if (!Li->col_n[c])
+                continue;
+            counts[c] = floor(glp_mip_col_val(Li->P, Li->col_n[c]) + 0.5);
+            for (int j = 0; j < SCHED_MAX_CLASSES; j++)
+                if (Li->col_y[c][j])
+                    y[c][j] = fmax(0, glp_mip_col_val(Li->P, Li->col_y[c][j]));
+        }
+        for (int m = 0; m < w->n; m++)
+            if (Li->col_x[m])
+                p->models[m].served_tps = glp_mip_col_val(Li->P, Li->col_x[m]) * model_tok(w, m);
+    }
+    if (ls[0]->timed_out)
+        json_array_append_new(p->notes,
+                              json_sprintf("the MILP stopped at its time limit (%.0f s per solve): "
+                                           "the plan is valid but may not be optimal",
+                                           o->time_limit_s));
+    for (int m = 0; m < w->n; m++) {
         p->models[m].deadline_met = p->models[m].demand_tps <= 0 ||
                                     p->models[m].served_tps >= p->models[m].demand_tps * (1 - 1e-6);
         p->tokens_per_s += p->models[m].served_tps;
@@ -583,6 +653,13 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
     rc = materialise(p, f, w, cs, counts, y, e);
     for (int i = 0; i < p->n; i++)
         p->usd_per_hour += cs->c[p->r[i].cand].usd_per_hour;
+done:
+    for (int m = 0; sub && m < w->n; m++)
+        lp_free(&sub[m]);
+    free(sub);
+    free(ls);
+    free(lo);
+    free(hi);
     free(counts);
     free(y);
     free(has);

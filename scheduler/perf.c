@@ -133,8 +133,9 @@ int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sch
     double kv = INFINITY;
     for (int s = 0; s < nstages; s++) {
         const sched_gpu_type *g = &cat->gpus[st[s].type];
-        if (sched_stage_fits(m, g, &st[s], 0, pp, e))
-            return e->code;
+        int rc = sched_stage_fits(m, g, &st[s], 0, pp, e);
+        if (rc)
+            return rc;
         kv = fmin(kv, stage_kv_tokens(m, g, &st[s], pp));
     }
     r->kv_tokens = kv;
