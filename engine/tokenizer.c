@@ -445,11 +445,11 @@ static int load_merges(tok_tokenizer *t, const gguf_file *f, md_err *e) {
     uint32_t slots = 1024;
     while (slots < n * 2)
         slots *= 2;
-    t->merge_key = malloc((size_t)slots * sizeof *t->merge_key);
-    t->merge_val = malloc((size_t)slots * sizeof *t->merge_val);
-    if (!t->merge_key || !t->merge_val)
+    t->merges = malloc((size_t)slots * sizeof *t->merges);
+    if (!t->merges)
         return md_errf(e, MD_ENOMEM, "out of memory reading merges");
-    memset(t->merge_key, 0xff, (size_t)slots * sizeof *t->merge_key);
+    for (uint32_t i = 0; i < slots; i++)
+        t->merges[i].key = UINT64_MAX;
     t->merge_mask = slots - 1;
     for (uint64_t i = 0; i < n; i++) {
         const char *s;
@@ -476,13 +476,11 @@ static int load_merges(tok_tokenizer *t, const gguf_file *f, md_err *e) {
             return md_errf(e, MD_ENOMEM, "out of memory reading merges");
         uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
         uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & t->merge_mask;
-        while (t->merge_key[h] != UINT64_MAX && t->merge_key[h] != key)
+        while (t->merges[h].key != UINT64_MAX && t->merges[h].key != key)
             h = (h + 1) & t->merge_mask;
-        if (t->merge_key[h] == key)
+        if (t->merges[h].key == key)
             continue; /* first rank wins (llama.cpp's emplace) */
-        t->merge_key[h] = key;
-        t->merge_val[h].rank = (int32_t)i;
-        t->merge_val[h].id = m;
+        t->merges[h] = (struct tok_merge){key, (int32_t)i, m};
     }
     md_err_clear(e);
     return 0;
@@ -689,8 +687,8 @@ void tok_free(tok_tokenizer *t) {
     free(t->scores);
     free(t->attr);
     free(t->is_eog);
-    free(t->merge_key);
-    free(t->merge_val);
+    free(t->merges);
+    free(t->pair0);
     free(t->special);
     free(t->piece_arena);
     free(t->piece_off);

@@ -28,6 +28,8 @@
 #define NS "[^" WSC "]"
 #define OTHER "[^" WSC "\\p{L}\\p{N}]"
 
+static int merge_find(const tok_tokenizer *t, int32_t l, int32_t r);
+
 static const char k_re_gpt2[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?" OTHER "+|" S "+(?!" NS ")|" S "+";
 static const char k_re_llama3[] =
@@ -42,6 +44,17 @@ static const char k_re_digits[] = "\\p{N}+";
 static const char k_re_three[] = "[0-9][0-9][0-9]";
 
 int tok_bpe_init(tok_tokenizer *t, md_err *e) {
+    t->pair0 = malloc(65536 * sizeof *t->pair0);
+    if (!t->pair0)
+        return md_errf(e, MD_ENOMEM, "out of memory building the BPE pair table");
+    for (int a = 0; a < 256; a++)
+        for (int b = 0; b < 256; b++) {
+            int h = t->byte_sym[a] < 0 || t->byte_sym[b] < 0
+                        ? -1
+                        : merge_find(t, t->byte_sym[a], t->byte_sym[b]);
+            t->pair0[a << 8 | b] = h < 0 ? (struct tok_pair0){-1, -1}
+                                         : (struct tok_pair0){t->merges[h].rank, t->merges[h].id};
+        }
     const char *res[TOK_MAX_RE];
     int n = 0;
     switch (t->pre) {
@@ -83,7 +96,7 @@ void tok_bpe_free(tok_tokenizer *t) {
 }
 
 typedef struct {
-    int32_t rank, left, right;
+    int32_t rank, left, right, id; /* id: the merged symbol's string id */
     uint32_t len_l, len_r;
 } bigram;
 
@@ -297,7 +310,7 @@ static int merge_find(const tok_tokenizer *t, int32_t l, int32_t r) {
     uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
     uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & t->merge_mask;
     for (;;) {
-        uint64_t k = t->merge_key[h];
+        uint64_t k = t->merges[h].key;
         if (k == key)
             return (int)h;
         if (k == UINT64_MAX)
@@ -347,7 +360,7 @@ static void try_pair(const tok_tokenizer *t, tok_scratch *sc, size_t *hn, int32_
     int h = merge_find(t, sc->sym_id[l], sc->sym_id[r]);
     if (h < 0)
         return;
-    bigram b = {t->merge_val[h].rank, l, r, sc->sym_len[l], sc->sym_len[r]};
+    bigram b = {t->merges[h].rank, l, r, t->merges[h].id, sc->sym_len[l], sc->sym_len[r]};
     heap_push(sc->heap, hn, b);
 }
 
@@ -448,16 +461,18 @@ static int bpe_word_uncached(const tok_tokenizer *t, tok_scratch *sc, const uint
         sc->sym_next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
     }
     size_t hn = 0;
-    for (size_t i = 1; i < n; i++)
-        try_pair(t, sc, &hn, (int32_t)i - 1, (int32_t)i);
+    for (size_t i = 1; i < n; i++) {
+        struct tok_pair0 p = t->pair0[w[i - 1] << 8 | w[i]];
+        if (p.rank >= 0)
+            heap_push(sc->heap, &hn, (bigram){p.rank, (int32_t)i - 1, (int32_t)i, p.id, 1, 1});
+    }
     while (hn > 0) {
         bigram b = heap_pop(sc->heap, &hn);
         uint32_t ll = sc->sym_len[b.left], rl = sc->sym_len[b.right];
         /* stale: one side was merged since this pair was queued */
         if (ll == 0 || rl == 0 || ll != b.len_l || rl != b.len_r)
             continue;
-        int h = merge_find(t, sc->sym_id[b.left], sc->sym_id[b.right]);
-        sc->sym_id[b.left] = t->merge_val[h].id;
+        sc->sym_id[b.left] = b.id;
         sc->sym_len[b.left] = ll + rl;
         sc->sym_len[b.right] = 0;
         int32_t nx = sc->sym_next[b.right];

@@ -54,12 +54,18 @@ struct tok_tokenizer {
     int32_t bos, eos, eot, eom, unk;
     int add_bos, add_eos, add_space_prefix, ignore_merges;
 
-    /* BPE merges: (left id, right id) -> (rank, merged id); key UINT64_MAX = empty. */
-    uint64_t *merge_key;
-    struct {
+    /* BPE merges: (left id, right id) -> (rank, merged id), open addressing with key and
+     * value side by side (one cache line per probe); key UINT64_MAX = empty. */
+    struct tok_merge {
+        uint64_t key;
         int32_t rank, id;
-    } * merge_val;
+    } * merges;
     uint32_t merge_mask;
+    /* The merge of two raw bytes' alphabet characters, for the first pairs of every word
+     * (most lookups): index (a << 8 | b); rank -1 when there is none. 512 KiB. */
+    struct tok_pair0 {
+        int32_t rank, id;
+    } * pair0;
     uint16_t cpt_of_byte[256];    /* byte-level alphabet */
     int32_t byte_sym[256];        /* string id of the alphabet character of each byte, or -1 */
     int32_t single_byte_tok[256]; /* token whose text is that one byte (llama.cpp's fallback) */

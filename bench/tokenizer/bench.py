@@ -11,8 +11,9 @@ What it does: writes the deterministic corpus (make_corpus.py, >= 10 MB mixed te
 missing, compiles bench_tok.c against BUILD's static libraries, then for each mode
   whole  the file as one text (one tokenize call)
   lines  each line as its own text (a batch of ~100k small prompts)
-measures the best of --repeats runs of both tokenizers (plain text: no BOS, no special-token
-parsing). llama.cpp is called through llama_tokenize() with a buffer large enough for one
+measures the best of --repeats runs of both tokenizers in CPU seconds of their own process
+(so other jobs on a shared machine do not skew the ratio; both are single-threaded), plain
+text: no BOS, no special-token parsing. llama.cpp is called through llama_tokenize() with a buffer large enough for one
 pass (Llama.tokenize() would tokenize long texts twice). Finally it checks that medley and
 llama.cpp give the same ids on the whole text, and prints MB/s (10^6 bytes/s) and the ratio.
 """
@@ -65,14 +66,14 @@ def time_llama(tok, data, mode, repeats):
     units = [data] if mode == "whole" else data.splitlines(keepends=True)
     best, ntok, ids = 1e30, 0, None
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         ntok = 0
         for u in units:
             buf, n = tok(u)
             ntok += n
             if mode == "whole" and ids is None:
                 ids = buf[:n]
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return {"impl": "llama.cpp", "mode": mode, "bytes": len(data), "tokens": ntok,
             "seconds": round(best, 4), "mb_per_s": round(len(data) / best / 1e6, 2)}, ids
 
@@ -108,8 +109,8 @@ def main():
                              min(len(mine), len(ref_ids)))
                 print("MISMATCH on the whole text at token %d: medley %s llama.cpp %s" %
                       (first, mine[first:first + 8], list(ref_ids[first:first + 8])))
-        print("%-6s medley %8.2f MB/s (%d tokens, %.3f s)   llama.cpp %8.2f MB/s (%d tokens, "
-              "%.3f s)   ratio %.2fx" % (mode, med["mb_per_s"], med["tokens"], med["seconds"],
+        print("%-6s medley %8.2f MB/s (%d tokens, %.3f cpu-s)   llama.cpp %8.2f MB/s (%d tokens, "
+              "%.3f cpu-s)   ratio %.2fx" % (mode, med["mb_per_s"], med["tokens"], med["seconds"],
                                           ref["mb_per_s"], ref["tokens"], ref["seconds"],
                                           med["mb_per_s"] / ref["mb_per_s"]))
     print("whole-text ids identical to llama.cpp: %s" % ("yes" if agree else "NO"))
