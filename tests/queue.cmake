@@ -8,7 +8,8 @@ medley_test(test_queue_redis_url SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_q
 
 # Integration: plain python3 scripts (redis-py, jsonschema from scripts/requirements-test.txt).
 if(MEDLEY_REDIS_SERVER AND MEDLEY_PYTHON)
-  foreach(t queue_crash queue_redis_restart queue_malformed queue_lifecycle protocol_client)
+  foreach(t queue_crash queue_redis_restart queue_malformed queue_lifecycle protocol_client
+          protocol_worker)
     add_test(NAME ${t} COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/${t}.py)
     set_tests_properties(${t} PROPERTIES LABELS integration TIMEOUT 300
                          ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>;MEDLEY_REDIS_SERVER=${MEDLEY_REDIS_SERVER}")
