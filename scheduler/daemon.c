@@ -110,7 +110,7 @@ static json_t *scan_keys(redisContext *c, const char *pattern) {
  * `state` "draining"/"stopping" removes the worker from the plan. Fills `workers` with
  * the worker ids seen (for change detection). */
 static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_catalog *cat,
-                                     json_t *workers) {
+                                     json_t *workers, json_t *warned) {
     char pat[256];
     snprintf(pat, sizeof pat, "%sworker:*", prefix);
     json_t *keys = scan_keys(c, pat);
@@ -149,7 +149,13 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
             if (!t)
                 continue;
             if (sched_catalog_find(cat, t) < 0) {
-                MD_WARN(LOGC, "worker %s: GPU type '%s' is not in the catalog; ignored", wid, t);
+                char k2[256];
+                snprintf(k2, sizeof k2, "%s/%s", wid, t);
+                if (!json_object_get(warned, k2)) {
+                    MD_WARN(LOGC, "worker %s: GPU type '%s' is not in the catalog; ignored", wid,
+                            t);
+                    json_object_set_new(warned, k2, json_true());
+                }
                 continue;
             }
             json_object_set_new(counts, t,
@@ -295,7 +301,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
     char id[40], key[256];
     md_random_hex(id, sizeof id, 16);
     snprintf(key, sizeof key, "%sscheduler:lease", o->prefix);
-    json_t *last_workers = NULL;
+    json_t *last_workers = NULL, *warned = json_object();
     double last_ratio = 0;
     int rc = 0, rounds = 0;
     MD_INFO(LOGC, "scheduler %s starting (prefix %s)", id, o->prefix);
@@ -329,7 +335,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
         }
         memcpy(cat.gpus, cat0->gpus, (size_t)cat0->n * sizeof *cat.gpus);
         json_t *workers = json_array();
-        json_t *pools = fleet_from_heartbeats(c, o->prefix, &cat, workers);
+        json_t *pools = fleet_from_heartbeats(c, o->prefix, &cat, workers, warned);
         json_t *bl = pools ? backlogs(c, o->prefix) : NULL;
         int changed = !last_workers || !json_equal(workers, last_workers);
         const char *reason = !last_workers ? "start" : changed ? "fleet changed" : "backlog";
@@ -430,6 +436,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
         freeReplyObject(r);
     }
     json_decref(last_workers);
+    json_decref(warned);
     json_decref(file);
     if (c)
         redisFree(c);

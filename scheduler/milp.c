@@ -473,9 +473,43 @@ static int phase2(lp **ls, int nl, const sched_workload *w, const sched_fleet *f
         if (C <= 0)
             return 0; /* free GPUs: nothing to trade against, throughput is maximal */
         double nq = T / C;
-        if (obj <= 1e-9 * (T + 1) || fabs(nq - q) <= 1e-12 * nq)
-            return 0;
+        if (obj <= 1e-9 * (T + 1) || fabs(nq - q) <= 1e-12 * nq || it == o->iterations)
+            break;
         q = nq;
+    }
+    /* Ties in T / C (n replicas of the best candidate are as good as one) go to the most
+     * throughput: keep each part's T - qC at its optimum and maximise T. */
+    for (int i = 0; i < nl; i++) {
+        lp *L = ls[i];
+        double v = glp_mip_obj_val(L->P);
+        int r = glp_add_rows(L->P, 1);
+        int nz = 0;
+        int *ia = calloc((size_t)cs->n + (size_t)w->n + 2, sizeof *ia);
+        double *ar = calloc((size_t)cs->n + (size_t)w->n + 2, sizeof *ar);
+        if (!ia || !ar) {
+            free(ia);
+            free(ar);
+            return 0;
+        }
+        for (int m = 0; m < w->n; m++)
+            if (L->col_x[m])
+                ia[++nz] = L->col_x[m], ar[nz] = w->models[m].priority * model_tok(w, m);
+        for (int c = 0; c < cs->n; c++)
+            if (L->col_n[c])
+                ia[++nz] = L->col_n[c], ar[nz] = -q * cs->c[c].usd_per_hour;
+        glp_set_mat_row(L->P, r, nz, ia, ar);
+        free(ia);
+        free(ar);
+        glp_set_row_bnds(L->P, r, GLP_LO, v - 1e-9 * (fabs(v) + 1), 0);
+        set_objective(L, w, cs, 0, 0);
+        if (lp_solve(L, o)) {
+            /* Numerically infeasible: drop the tie-break and restore the optimum. */
+            int rows[2] = {0, r};
+            glp_del_rows(L->P, 1, rows);
+            set_objective(L, w, cs, q, 0);
+            if (lp_solve(L, o))
+                return -1;
+        }
     }
     return 0;
 }

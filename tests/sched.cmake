@@ -3,3 +3,9 @@ medley_test(test_sched_perf SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_
             LIBS medley_sched LABELS unit)
 medley_test(test_sched_milp SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_milp.c
             LIBS medley_sched LABELS unit)
+medley_test(test_sched_sim SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_sim.c
+            LIBS medley_sched LABELS unit)
+if(MEDLEY_REDIS_SERVER)
+  medley_test(test_sched_daemon SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_sched_daemon.c
+              LIBS medley_sched Threads::Threads LABELS integration)
+endif()

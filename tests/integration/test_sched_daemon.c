@@ -1,0 +1,230 @@
+/* test_sched_daemon.c — `medley scheduler` against a real redis-server started on a free
+ * port: the plan is built from heartbeats and stream backlogs, published with a version
+ * and an event; one scheduler holds the lease; a vanished worker triggers a re-plan at
+ * once, while an unchanged fleet does not re-plan (hysteresis). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <arpa/inet.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "scheduler/sched.h"
+
+static pid_t server;
+static int port;
+static char url[64];
+static redisContext *rc;
+
+static int free_port(void) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &len)) {
+        close(s);
+        return -1;
+    }
+    int p = ntohs(a.sin_port);
+    close(s);
+    return p;
+}
+
+static int setup(void **st) {
+    port = free_port();
+    if (port <= 0)
+        return -1;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    server = fork();
+    if (server == 0) {
+        execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--loglevel", "warning", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 100; i++) {
+        usleep(50000);
+        rc = redisConnect("127.0.0.1", port);
+        if (rc && !rc->err)
+            break;
+        if (rc)
+            redisFree(rc);
+        rc = NULL;
+    }
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
+    return rc ? 0 : -1;
+}
+
+static int teardown(void **st) {
+    if (rc)
+        redisFree(rc);
+    if (server > 0) {
+        kill(server, SIGTERM);
+        waitpid(server, NULL, 0);
+    }
+    return 0;
+}
+
+static void cmd(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(rc, fmt, ap);
+    va_end(ap);
+    assert_non_null(r);
+    assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+}
+
+static long long plan_version(char **json) {
+    redisReply *r = redisCommand(rc, "GET medley:plan");
+    long long v = -1;
+    if (r && r->type == REDIS_REPLY_STRING) {
+        json_t *doc = json_loads(r->str, 0, NULL);
+        v = json_integer_value(json_object_get(doc, "version"));
+        if (json)
+            *json = strdup(r->str);
+        json_decref(doc);
+    }
+    freeReplyObject(r);
+    return v;
+}
+
+static void seed_fleet(void) {
+    cmd("FLUSHALL");
+    cmd("HSET medley:worker:w1 host h1 state running devices %s",
+        "[{\"type\":\"L4\"},{\"type\":\"L4\"}]");
+    cmd("HSET medley:worker:w2 host h2 state running devices %s", "[\"A100-80GB-SXM\"]");
+    cmd("HSET medley:worker:w3 host h3 state running devices %s", "[{\"type\":\"NoSuchGPU\"}]");
+    cmd("XGROUP CREATE medley:q:llama-3-8b workers $ MKSTREAM");
+    for (int i = 0; i < 40; i++)
+        cmd("XADD medley:q:llama-3-8b * batch b1 line %s", "{\"custom_id\":\"x\"}");
+}
+
+static void once_publishes_a_plan_and_an_event(void **st) {
+    seed_fleet();
+    redisContext *sub = redisConnect("127.0.0.1", port);
+    assert_non_null(sub);
+    redisReply *r = redisCommand(sub, "SUBSCRIBE medley:events");
+    freeReplyObject(r);
+    sched_catalog cat;
+    md_err e = {0};
+    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
+    sched_daemon_opts o = {url, "medley:", NULL, 0.1, 5000, 60, 0.1, 1};
+    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    char *js = NULL;
+    assert_int_equal(plan_version(&js), 1);
+    json_t *doc = json_loads(js, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(doc, "kind")), "medley.plan");
+    json_t *reps = json_object_get(doc, "replicas");
+    assert_true(json_array_size(reps) >= 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(reps, 0), "model")),
+                        "llama-3-8b");
+    /* GPU ids name the workers that hold them; the unknown type is left out. */
+    assert_non_null(strstr(js, "\"w"));
+    assert_null(strstr(js, "w3/"));
+    json_decref(doc);
+    free(js);
+    struct timeval tv = {2, 0};
+    redisSetTimeout(sub, tv);
+    assert_int_equal(redisGetReply(sub, (void **)&r), REDIS_OK);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_string_equal(r->element[0]->str, "message");
+    json_t *ev = json_loads(r->element[2]->str, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(ev, "type")), "plan");
+    assert_int_equal(json_integer_value(json_object_get(ev, "version")), 1);
+    json_decref(ev);
+    freeReplyObject(r);
+    redisFree(sub);
+    /* The lease was handed back. */
+    r = redisCommand(rc, "EXISTS medley:scheduler:lease");
+    assert_int_equal(r->integer, 0);
+    freeReplyObject(r);
+    sched_catalog_free(&cat);
+}
+
+static void lease_keeps_a_second_scheduler_out(void **st) {
+    seed_fleet();
+    cmd("SET medley:scheduler:lease someone-else PX 10000");
+    sched_catalog cat;
+    md_err e = {0};
+    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
+    sched_daemon_opts o = {url, "medley:", NULL, 0.1, 5000, 60, 0.1, 1};
+    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), MD_EREDIS);
+    assert_non_null(strstr(e.msg, "lease"));
+    assert_int_equal(plan_version(NULL), -1);
+    redisReply *r = redisCommand(rc, "GET medley:scheduler:lease");
+    assert_string_equal(r->str, "someone-else");
+    freeReplyObject(r);
+    sched_catalog_free(&cat);
+}
+
+typedef struct run_arg {
+    sched_daemon_opts o;
+    sched_catalog *cat;
+    volatile int stop;
+    int rc;
+} run_arg;
+
+static void *run_daemon(void *p) {
+    run_arg *a = p;
+    md_err e = {0};
+    a->rc = sched_daemon_run(&a->o, a->cat, &a->stop, &e);
+    return NULL;
+}
+
+static long long wait_version(long long want, double timeout_s) {
+    long long v = -1;
+    for (double t = 0; t < timeout_s; t += 0.05) {
+        v = plan_version(NULL);
+        if (v >= want)
+            break;
+        usleep(50000);
+    }
+    return v;
+}
+
+static void vanished_worker_replans_at_once_and_steady_fleet_does_not(void **st) {
+    seed_fleet();
+    sched_catalog cat;
+    md_err e = {0};
+    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
+    run_arg a = {{url, "medley:", NULL, 0.1, 5000, 60, 0.1, 0}, &cat, 0, -99};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, run_daemon, &a), 0);
+    assert_int_equal(wait_version(1, 10), 1);
+    /* Steady fleet and backlog: several rounds, no new plan. */
+    usleep(600000);
+    assert_int_equal(plan_version(NULL), 1);
+    /* Worker w2 (the A100) stops heartbeating: its key expires. */
+    cmd("DEL medley:worker:w2");
+    assert_int_equal(wait_version(2, 10), 2);
+    char *js = NULL;
+    plan_version(&js);
+    assert_null(strstr(js, "w2/"));
+    assert_non_null(strstr(js, "fleet changed"));
+    free(js);
+    a.stop = 1;
+    pthread_join(th, NULL);
+    assert_int_equal(a.rc, 0);
+    sched_catalog_free(&cat);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(once_publishes_a_plan_and_an_event),
+        cmocka_unit_test(lease_keeps_a_second_scheduler_out),
+        cmocka_unit_test(vanished_worker_replans_at_once_and_steady_fleet_does_not),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
