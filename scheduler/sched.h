@@ -34,7 +34,7 @@ typedef struct sched_catalog {
     json_t *aliases; /* object: alias -> canonical name (owned) */
 } sched_catalog;
 
-/* Load the catalog JSON at path (schemas/gpu_catalog.schema.json); NULL path means the
+/* Load the catalog JSON at path (schemas/gpu-catalog.schema.json); NULL path means the
  * built-in scheduler/catalog/gpus.json (MEDLEY_SCHED_CATALOG overrides it). */
 int sched_catalog_load(sched_catalog *c, const char *path, md_err *e);
 int sched_catalog_from_json(sched_catalog *c, json_t *doc, const char *where, md_err *e);
@@ -57,7 +57,7 @@ typedef struct sched_model {
 /* Built-in shapes for planning without a file (llama-3-8b, llama-3-70b, mistral-7b,
  * qwen2-7b, qwen2-72b, smollm2-135m). Returns 0 or MD_ENOTFOUND listing the known names. */
 int sched_model_builtin(const char *name, sched_model *m, md_err *e);
-/* A model card JSON (schemas/model_card.schema.json). */
+/* A model card JSON (schemas/model-card.schema.json). */
 int sched_model_from_json(json_t *card, sched_model *m, const char *where, md_err *e);
 json_t *sched_model_to_json(const sched_model *m);
 double sched_model_params(const sched_model *m);       /* all weights */

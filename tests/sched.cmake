@@ -9,3 +9,9 @@ if(MEDLEY_REDIS_SERVER)
   medley_test(test_sched_daemon SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_sched_daemon.c
               LIBS medley_sched Threads::Threads LABELS integration)
 endif()
+if(MEDLEY_PYTHON)
+  add_test(NAME test_sched_schemas
+           COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_sched_schemas.py)
+  set_tests_properties(test_sched_schemas PROPERTIES LABELS unit
+                       ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
+endif()
