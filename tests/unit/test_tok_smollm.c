@@ -409,6 +409,33 @@ static void smollm2_chat_template_is_chatml_with_its_default_system_turn(void **
     free(p);
 }
 
+/* SmolLM2's template as Jinja2 renders it (make_chat_fixture.py): 16 conversations. */
+static void chat_template_matches_jinja(void **st) {
+    NEED_MODEL();
+    json_t *doc = load_json("chat_smollm2.json", 0);
+    json_t *cases = json_object_get(doc, "cases");
+    assert_true(json_array_size(cases) >= 16);
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        json_t *c = json_array_get(cases, i), *ms = json_object_get(c, "messages");
+        tok_chat_msg m[8];
+        size_t n = json_array_size(ms);
+        assert_true(n <= 8);
+        for (size_t k = 0; k < n; k++) {
+            m[k].role = json_string_value(json_object_get(json_array_get(ms, k), "role"));
+            m[k].content = json_string_value(json_object_get(json_array_get(ms, k), "content"));
+        }
+        char *p;
+        md_err e = {0};
+        assert_int_equal(tok_chat_apply(g_tok, m, (int)n,
+                                        json_is_true(json_object_get(c, "add_generation_prompt")),
+                                        &p, &e),
+                         0);
+        assert_string_equal(p, json_string_value(json_object_get(c, "prompt")));
+        free(p);
+    }
+    json_decref(doc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(corpus_matches_llama_cpp_exactly),
@@ -419,6 +446,7 @@ int main(void) {
         cmocka_unit_test(invalid_utf8_past_u10ffff_is_refused_with_its_offset),
         cmocka_unit_test(eog_and_special_ids_follow_the_vocabulary),
         cmocka_unit_test(smollm2_chat_template_is_chatml_with_its_default_system_turn),
+        cmocka_unit_test(chat_template_matches_jinja),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
