@@ -1,9 +1,587 @@
-/* cmd_generate.c — `medley generate`: not built yet (placeholder until its issue lands). */
+/* cmd_generate.c — `medley generate`: run prompts through the engine on this machine.
+ *
+ *   medley generate -m MODEL (-p PROMPT | --chat MSG [--system SYS]) [options]
+ *       streams the completion to stdout; with --json prints one object instead:
+ *       {"tokens": [...], "text": "...", "prompt_tokens": N, "finish_reason": "...",
+ *        "timings": {...}}
+ *   medley generate -m MODEL --batch FILE.jsonl [-o OUT.jsonl] [options]
+ *       runs every line through one engine (continuous batching), writes one result line per
+ *       request and reports throughput and latency on stderr.
+ *
+ * MODEL is a registry name or a path (md_model_resolve with allow_path). */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli/commands.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "engine/engine.h"
+#include "engine/registry.h"
+#include "engine/tokenizer.h"
+
+#define MAX_STOP 8
+
+typedef struct {
+    const char *model, *prompt, *chat, *system, *batch, *out, *device;
+    int json, n_threads, max_seqs, batch_tokens, n_ctx, kv_mb;
+    md_sampling s;
+    const char *stop[MAX_STOP + 1];
+    int n_stop;
+} gen_opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: medley generate -m MODEL (-p PROMPT | --chat MSG | --batch FILE.jsonl) "
+            "[options]\n"
+            "  -m, --model NAME|PATH   registered model name or GGUF path\n"
+            "  -p, --prompt TEXT       raw prompt (special tokens such as <|im_start|> parsed)\n"
+            "      --chat MSG          user message, rendered with the model's chat template\n"
+            "      --system TEXT       system message for --chat\n"
+            "      --batch FILE        JSONL: {\"prompt\": ...} or {\"messages\": [...]}, "
+            "optional\n"
+            "                          max_tokens, temperature, top_p, top_k, min_p, seed, stop,\n"
+            "                          custom_id; OpenAI Batch lines ({\"body\": {...}}) too\n"
+            "  -o, --output FILE       --batch results (default stdout)\n"
+            "  -n, --max-tokens N      tokens to generate (default 256; 0 = up to the context)\n"
+            "      --temp T            temperature (default 0 = greedy)\n"
+            "      --top-p P --top-k K --min-p P\n"
+            "      --repeat-penalty R --presence-penalty P --frequency-penalty F\n"
+            "      --seed S            random seed (default 0)\n"
+            "      --stop STR          stop string (repeatable, up to %d)\n"
+            "      --ignore-eos        keep generating after end-of-generation tokens\n"
+            "      --json              one JSON object instead of streamed text\n"
+            "  -t, --threads N         CPU threads (default: every core)\n"
+            "      --device D          cpu (default), cpu:N, cuda:K\n"
+            "      --ctx N             context limit per sequence (default: the model's)\n"
+            "      --max-seqs N        sequences per step (default 64)\n"
+            "      --batch-tokens N    tokens per step (default 512)\n"
+            "      --kv-mb N           KV cache budget in MiB (default: min(needed, 1024))\n",
+            MAX_STOP);
+}
+
+static int parse_int(const char *s, const char *what, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "medley generate: %s must be an integer in [%ld, %ld], got \"%s\"\n", what,
+                lo, hi, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_float(const char *s, const char *what, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end) {
+        fprintf(stderr, "medley generate: %s must be a number, got \"%s\"\n", what, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, gen_opts *o) {
+    enum {
+        O_CHAT = 256,
+        O_SYSTEM,
+        O_BATCH,
+        O_TEMP,
+        O_TOPP,
+        O_TOPK,
+        O_MINP,
+        O_REP,
+        O_PRES,
+        O_FREQ,
+        O_SEED,
+        O_STOP,
+        O_IGNORE_EOS,
+        O_JSON,
+        O_DEVICE,
+        O_CTX,
+        O_MAXSEQS,
+        O_BTOK,
+        O_KVMB,
+        O_LOGPROBS,
+    };
+    static const struct option lo[] = {
+        {"model", required_argument, 0, 'm'},
+        {"prompt", required_argument, 0, 'p'},
+        {"chat", required_argument, 0, O_CHAT},
+        {"system", required_argument, 0, O_SYSTEM},
+        {"batch", required_argument, 0, O_BATCH},
+        {"output", required_argument, 0, 'o'},
+        {"max-tokens", required_argument, 0, 'n'},
+        {"temp", required_argument, 0, O_TEMP},
+        {"temperature", required_argument, 0, O_TEMP},
+        {"top-p", required_argument, 0, O_TOPP},
+        {"top-k", required_argument, 0, O_TOPK},
+        {"min-p", required_argument, 0, O_MINP},
+        {"repeat-penalty", required_argument, 0, O_REP},
+        {"presence-penalty", required_argument, 0, O_PRES},
+        {"frequency-penalty", required_argument, 0, O_FREQ},
+        {"seed", required_argument, 0, O_SEED},
+        {"stop", required_argument, 0, O_STOP},
+        {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+        {"logprobs", no_argument, 0, O_LOGPROBS},
+        {"json", no_argument, 0, O_JSON},
+        {"threads", required_argument, 0, 't'},
+        {"device", required_argument, 0, O_DEVICE},
+        {"ctx", required_argument, 0, O_CTX},
+        {"max-seqs", required_argument, 0, O_MAXSEQS},
+        {"batch-tokens", required_argument, 0, O_BTOK},
+        {"kv-mb", required_argument, 0, O_KVMB},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    md_sampling_default(&o->s);
+    optind = 1;
+    int c, rc = 0;
+    while ((c = getopt_long(argc, argv, "m:p:o:n:t:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'p': o->prompt = optarg; break;
+        case O_CHAT: o->chat = optarg; break;
+        case O_SYSTEM: o->system = optarg; break;
+        case O_BATCH: o->batch = optarg; break;
+        case 'o': o->out = optarg; break;
+        case 'n': rc = parse_int(optarg, "--max-tokens", 0, INT_MAX, &o->s.max_tokens); break;
+        case O_TEMP: rc = parse_float(optarg, "--temp", &o->s.temperature); break;
+        case O_TOPP: rc = parse_float(optarg, "--top-p", &o->s.top_p); break;
+        case O_TOPK: rc = parse_int(optarg, "--top-k", 0, INT_MAX, &o->s.top_k); break;
+        case O_MINP: rc = parse_float(optarg, "--min-p", &o->s.min_p); break;
+        case O_REP: rc = parse_float(optarg, "--repeat-penalty", &o->s.repetition_penalty); break;
+        case O_PRES: rc = parse_float(optarg, "--presence-penalty", &o->s.presence_penalty); break;
+        case O_FREQ:
+            rc = parse_float(optarg, "--frequency-penalty", &o->s.frequency_penalty);
+            break;
+        case O_SEED: {
+            char *end;
+            errno = 0;
+            o->s.seed = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end) {
+                fprintf(stderr, "medley generate: --seed must be an unsigned integer\n");
+                rc = -1;
+            }
+            break;
+        }
+        case O_STOP:
+            if (o->n_stop == MAX_STOP) {
+                fprintf(stderr, "medley generate: at most %d --stop strings\n", MAX_STOP);
+                rc = -1;
+            } else {
+                o->stop[o->n_stop++] = optarg;
+            }
+            break;
+        case O_IGNORE_EOS: o->s.ignore_eos = 1; break;
+        case O_LOGPROBS: o->s.logprobs = 1; break;
+        case O_JSON: o->json = 1; break;
+        case 't': rc = parse_int(optarg, "--threads", 1, 1024, &o->n_threads); break;
+        case O_DEVICE: o->device = optarg; break;
+        case O_CTX: rc = parse_int(optarg, "--ctx", 1, 1 << 24, &o->n_ctx); break;
+        case O_MAXSEQS: rc = parse_int(optarg, "--max-seqs", 1, 4096, &o->max_seqs); break;
+        case O_BTOK: rc = parse_int(optarg, "--batch-tokens", 1, 1 << 16, &o->batch_tokens); break;
+        case O_KVMB: rc = parse_int(optarg, "--kv-mb", 1, 1 << 24, &o->kv_mb); break;
+        case 'h': usage(stdout); return 1;
+        default: usage(stderr); return -1;
+        }
+        if (rc)
+            return -1;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "medley generate: unexpected argument \"%s\"\n", argv[optind]);
+        return -1;
+    }
+    if (!o->model) {
+        fprintf(stderr, "medley generate: -m MODEL is required\n");
+        usage(stderr);
+        return -1;
+    }
+    if (!!o->prompt + !!o->chat + !!o->batch != 1) {
+        fprintf(stderr, "medley generate: give exactly one of -p, --chat, --batch\n");
+        return -1;
+    }
+    if (o->n_stop)
+        o->s.stop = o->stop;
+    md_err e = {0};
+    if (md_sampling_validate(&o->s, &e)) {
+        fprintf(stderr, "medley generate: %s\n", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *finish_name(md_finish f) {
+    switch (f) {
+    case MD_FINISH_STOP: return "stop";
+    case MD_FINISH_LENGTH: return "length";
+    case MD_FINISH_ERROR: return "error";
+    case MD_FINISH_CANCELLED: return "cancelled";
+    default: return "none";
+    }
+}
+
+/* Tokenize a raw prompt or render chat messages (a JSON array of {role, content}, or one user
+ * message with an optional system one). *ids is malloc'd. */
+static int encode(tok_tokenizer *tok, const char *prompt, json_t *messages, const char *user,
+                  const char *system, int32_t **ids, int *n, md_err *e) {
+    char *text = NULL;
+    int rc;
+    if (prompt) {
+        return tok_encode(tok, prompt, strlen(prompt), tok_add_bos(tok), 1, ids, n, e);
+    }
+    tok_chat_msg msgs[64];
+    int nm = 0;
+    if (messages) {
+        if (!json_is_array(messages) || json_array_size(messages) == 0 ||
+            json_array_size(messages) > 64)
+            return md_errf(e, MD_EINVAL, "messages must be an array of 1 to 64 objects");
+        for (size_t i = 0; i < json_array_size(messages); i++) {
+            json_t *m = json_array_get(messages, i);
+            const char *role = NULL, *content = NULL;
+            if ((rc = md_json_get_str(m, "role", 1, &role, "messages[]", e)) ||
+                (rc = md_json_get_str(m, "content", 1, &content, "messages[]", e)))
+                return rc;
+            msgs[nm++] = (tok_chat_msg){role, content};
+        }
+    } else {
+        if (system)
+            msgs[nm++] = (tok_chat_msg){"system", system};
+        msgs[nm++] = (tok_chat_msg){"user", user};
+    }
+    if ((rc = tok_chat_apply(tok, msgs, nm, 1, &text, e)))
+        return rc;
+    rc = tok_encode(tok, text, strlen(text), tok_add_bos(tok), 1, ids, n, e);
+    free(text);
+    return rc;
+}
+
+static int open_engine(const gen_opts *o, md_engine **eng) {
+    char path[4096];
+    md_err e = {0};
+    if (md_model_resolve(o->model, 1, path, sizeof path, &e)) {
+        fprintf(stderr, "medley generate: %s\n", e.msg);
+        return 1;
+    }
+    md_engine_config cfg = {.model_path = path,
+                            .device = o->device,
+                            .n_threads = o->n_threads,
+                            .max_seqs = o->max_seqs,
+                            .max_batch_tokens = o->batch_tokens,
+                            .kv_budget_bytes = (size_t)o->kv_mb << 20,
+                            .n_ctx = o->n_ctx};
+    if (md_engine_open(&cfg, eng, &e)) {
+        fprintf(stderr, "medley generate: %s\n", e.msg);
+        return 1;
+    }
+    return 0;
+}
+
+static int run_single(const gen_opts *o, md_engine *eng) {
+    md_err e = {0};
+    int32_t *ids = NULL;
+    int n = 0;
+    tok_tokenizer *tok = md_engine_tokenizer(eng);
+    if (encode(tok, o->prompt, NULL, o->chat, o->system, &ids, &n, &e)) {
+        fprintf(stderr, "medley generate: %s\n", e.msg);
+        return 1;
+    }
+    uint64_t id;
+    uint64_t t0 = md_mono_ns();
+    if (md_engine_submit(eng, ids, n, &o->s, &id, &e)) {
+        fprintf(stderr, "medley generate: %s\n", e.msg);
+        free(ids);
+        return 1;
+    }
+    free(ids);
+    /* stream the text, holding back what could still become a stop string */
+    size_t hold = 0, printed = 0;
+    for (int i = 0; i < o->n_stop; i++)
+        if (strlen(o->stop[i]) > hold)
+            hold = strlen(o->stop[i]);
+    hold = hold ? hold - 1 : 0;
+    int done = 0;
+    while (!done) {
+        md_step_result r;
+        if (md_engine_step(eng, &r, &e)) {
+            fprintf(stderr, "medley generate: %s\n", e.msg);
+            return 1;
+        }
+        for (int i = 0; i < r.n_finished; i++)
+            done |= r.finished[i] == id;
+        if (!o->json) {
+            const char *text = md_seq_text(eng, id);
+            size_t len = strlen(text);
+            size_t upto = done ? len : (len > hold ? len - hold : 0);
+            if (upto > printed) {
+                fwrite(text + printed, 1, upto - printed, stdout);
+                fflush(stdout);
+                printed = upto;
+            }
+        }
+    }
+    double wall_ms = (double)(md_mono_ns() - t0) / 1e6;
+    md_seq_stats st;
+    md_seq_get_stats(eng, id, &st);
+    const int32_t *toks;
+    int nt;
+    md_seq_tokens(eng, id, &toks, &nt);
+    md_finish fin = md_seq_finish(eng, id);
+    if (fin == MD_FINISH_ERROR) {
+        fprintf(stderr, "medley generate: %s\n", md_seq_error(eng, id));
+        return 1;
+    }
+    double decode_tps = st.decode_ms > 0 ? (st.completion_tokens - 1) / (st.decode_ms / 1e3) : 0;
+    double prompt_tps = st.prefill_ms > 0 ? st.prompt_tokens / (st.prefill_ms / 1e3) : 0;
+    if (o->json) {
+        json_t *arr = json_array();
+        for (int i = 0; i < nt; i++)
+            json_array_append_new(arr, json_integer(toks[i]));
+        json_t *obj =
+            json_pack("{s:o, s:s, s:i, s:i, s:s, s:{s:f, s:f, s:f, s:f, s:f}}", "tokens", arr,
+                      "text", md_seq_text(eng, id), "prompt_tokens", st.prompt_tokens,
+                      "completion_tokens", nt, "finish_reason", finish_name(fin), "timings",
+                      "prompt_ms", st.prefill_ms, "decode_ms", st.decode_ms, "total_ms", wall_ms,
+                      "prompt_tokens_per_s", prompt_tps, "decode_tokens_per_s", decode_tps);
+        char *s = json_dumps(obj, JSON_COMPACT);
+        printf("%s\n", s);
+        free(s);
+        json_decref(obj);
+    } else {
+        printf("\n");
+        fprintf(stderr,
+                "[%d prompt tokens in %.1f ms (%.1f tok/s); %d generated in %.1f ms (%.1f "
+                "tok/s); finish: %s]\n",
+                st.prompt_tokens, st.prefill_ms, prompt_tps, nt, st.decode_ms, decode_tps,
+                finish_name(fin));
+    }
+    md_engine_release(eng, id);
+    return 0;
+}
+
+typedef struct {
+    uint64_t seq;
+    char *custom_id;
+    int line;
+    double latency_ms;
+} batch_req;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One request line: sampling from the line (falling back to the command line's), prompt
+ * tokens. Errors name the line. */
+static int batch_line(const gen_opts *o, tok_tokenizer *tok, json_t *line, md_sampling *s,
+                      char ***stops, int32_t **ids, int *n, md_err *e) {
+    json_t *body = json_object_get(line, "body");
+    if (!body)
+        body = line;
+    if (!json_is_object(body))
+        return md_errf(e, MD_EINVAL, "expected a JSON object");
+    *s = o->s;
+    double d;
+    long long v;
+    int rc;
+    d = s->temperature;
+    if ((rc = md_json_get_num(body, "temperature", 0, &d, "request", e)))
+        return rc;
+    s->temperature = (float)d;
+    d = s->top_p;
+    if ((rc = md_json_get_num(body, "top_p", 0, &d, "request", e)))
+        return rc;
+    s->top_p = (float)d;
+    d = s->min_p;
+    if ((rc = md_json_get_num(body, "min_p", 0, &d, "request", e)))
+        return rc;
+    s->min_p = (float)d;
+    d = s->presence_penalty;
+    if ((rc = md_json_get_num(body, "presence_penalty", 0, &d, "request", e)))
+        return rc;
+    s->presence_penalty = (float)d;
+    d = s->frequency_penalty;
+    if ((rc = md_json_get_num(body, "frequency_penalty", 0, &d, "request", e)))
+        return rc;
+    s->frequency_penalty = (float)d;
+    v = s->top_k;
+    if ((rc = md_json_get_int(body, "top_k", 0, &v, "request", e)))
+        return rc;
+    s->top_k = v < 0 || v > INT_MAX ? -1 : (int)v;
+    v = s->max_tokens;
+    if ((rc = md_json_get_int(body, "max_tokens", 0, &v, "request", e)))
+        return rc;
+    s->max_tokens = v < 0 || v > INT_MAX ? -1 : (int)v;
+    v = (long long)s->seed;
+    if ((rc = md_json_get_int(body, "seed", 0, &v, "request", e)))
+        return rc;
+    s->seed = (uint64_t)v;
+    json_t *stop = json_object_get(body, "stop");
+    if (stop && !json_is_null(stop)) {
+        size_t ns = json_is_string(stop) ? 1 : json_is_array(stop) ? json_array_size(stop) : 0;
+        if (ns == 0 || ns > MAX_STOP)
+            return md_errf(e, MD_EINVAL, "stop must be a string or 1 to %d strings", MAX_STOP);
+        *stops = calloc(ns + 1, sizeof **stops);
+        for (size_t i = 0; i < ns; i++) {
+            json_t *x = json_is_string(stop) ? stop : json_array_get(stop, i);
+            if (!json_is_string(x))
+                return md_errf(e, MD_EINVAL, "stop[%zu] is not a string", i);
+            (*stops)[i] = (char *)json_string_value(x);
+        }
+        s->stop = (const char *const *)*stops;
+    }
+    if ((rc = md_sampling_validate(s, e)))
+        return rc;
+    json_t *prompt = json_object_get(body, "prompt"), *msgs = json_object_get(body, "messages");
+    if (!!prompt == !!msgs)
+        return md_errf(e, MD_EINVAL, "give exactly one of prompt and messages");
+    if (prompt && !json_is_string(prompt))
+        return md_errf(e, MD_EINVAL, "prompt must be a string");
+    return encode(tok, prompt ? json_string_value(prompt) : NULL, msgs, NULL, NULL, ids, n, e);
+}
+
+static int run_batch(const gen_opts *o, md_engine *eng) {
+    FILE *in = fopen(o->batch, "r");
+    if (!in) {
+        fprintf(stderr, "medley generate: cannot open %s: %s\n", o->batch, strerror(errno));
+        return 1;
+    }
+    FILE *out = o->out ? fopen(o->out, "w") : stdout;
+    if (!out) {
+        fprintf(stderr, "medley generate: cannot write %s: %s\n", o->out, strerror(errno));
+        fclose(in);
+        return 1;
+    }
+    tok_tokenizer *tok = md_engine_tokenizer(eng);
+    batch_req *reqs = NULL;
+    int n_req = 0, cap = 0, n_bad = 0, status = 0;
+    long prompt_tokens = 0, gen_tokens = 0;
+    char *linebuf = NULL;
+    size_t lcap = 0;
+    int lineno = 0;
+    uint64_t t0 = md_mono_ns();
+    /* submit everything (the engine queues what it cannot admit yet) */
+    while (getline(&linebuf, &lcap, in) > 0) {
+        lineno++;
+        if (strspn(linebuf, " \t\r\n") == strlen(linebuf))
+            continue;
+        md_err e = {0};
+        json_error_t je;
+        json_t *line = json_loads(linebuf, 0, &je);
+        md_sampling s;
+        char **stops = NULL;
+        int32_t *ids = NULL;
+        int n = 0;
+        uint64_t id = 0;
+        int rc = line ? batch_line(o, tok, line, &s, &stops, &ids, &n, &e)
+                      : md_errf(&e, MD_EINVAL, "invalid JSON: %s", je.text);
+        if (!rc)
+            rc = md_engine_submit(eng, ids, n, &s, &id, &e);
+        free(ids);
+        free(stops);
+        const char *cid = NULL;
+        if (line)
+            md_json_get_str(line, "custom_id", 0, &cid, "request", NULL);
+        if (rc) {
+            json_t *err = json_pack("{s:i, s:s?, s:{s:s}}", "line", lineno, "custom_id", cid,
+                                    "error", "message", e.msg);
+            char *js = json_dumps(err, JSON_COMPACT);
+            fprintf(out, "%s\n", js);
+            free(js);
+            json_decref(err);
+            n_bad++;
+        } else {
+            if (n_req == cap) {
+                cap = cap ? cap * 2 : 64;
+                batch_req *r2 = realloc(reqs, (size_t)cap * sizeof *reqs);
+                if (!r2) {
+                    fprintf(stderr, "medley generate: out of memory\n");
+                    exit(1);
+                }
+                reqs = r2;
+            }
+            reqs[n_req++] = (batch_req){id, cid ? strdup(cid) : NULL, lineno, 0};
+            prompt_tokens += n;
+        }
+        json_decref(line);
+    }
+    free(linebuf);
+    fclose(in);
+    int remaining = n_req;
+    while (remaining > 0) {
+        md_step_result r;
+        md_err e = {0};
+        int rc = md_engine_step(eng, &r, &e);
+        for (int i = 0; i < r.n_finished; i++) {
+            int k = 0;
+            while (k < n_req && reqs[k].seq != r.finished[i])
+                k++;
+            if (k == n_req)
+                continue;
+            batch_req *q = &reqs[k];
+            md_seq_stats st;
+            md_seq_get_stats(eng, q->seq, &st);
+            q->latency_ms = st.queue_ms + st.prefill_ms + st.decode_ms;
+            gen_tokens += st.completion_tokens;
+            md_finish fin = md_seq_finish(eng, q->seq);
+            json_t *res =
+                json_pack("{s:i, s:s?, s:s, s:i, s:i, s:i, s:s, s:f}", "line", q->line, "custom_id",
+                          q->custom_id, "text", md_seq_text(eng, q->seq), "prompt_tokens",
+                          st.prompt_tokens, "completion_tokens", st.completion_tokens,
+                          "cached_prompt_tokens", st.cached_prompt_tokens, "finish_reason",
+                          finish_name(fin), "latency_ms", q->latency_ms);
+            if (fin == MD_FINISH_ERROR)
+                json_object_set_new(res, "error", json_string(md_seq_error(eng, q->seq)));
+            char *js = json_dumps(res, JSON_COMPACT);
+            fprintf(out, "%s\n", js);
+            free(js);
+            json_decref(res);
+            md_engine_release(eng, q->seq);
+            remaining--;
+        }
+        if (rc) {
+            fprintf(stderr, "medley generate: %s\n", e.msg);
+            status = 1;
+            break;
+        }
+    }
+    double wall = (double)(md_mono_ns() - t0) / 1e9;
+    double *lat = malloc((size_t)(n_req ? n_req : 1) * sizeof *lat);
+    for (int i = 0; i < n_req; i++)
+        lat[i] = reqs[i].latency_ms;
+    qsort(lat, (size_t)n_req, sizeof *lat, cmp_double);
+    fprintf(stderr,
+            "medley generate: %d requests (%d rejected), %ld prompt + %ld generated tokens in "
+            "%.2f s: %.1f generated tok/s, %.1f total tok/s; latency p50 %.0f ms, p95 %.0f ms\n",
+            n_req, n_bad, prompt_tokens, gen_tokens, wall, gen_tokens / wall,
+            (prompt_tokens + gen_tokens) / wall, n_req ? lat[n_req / 2] : 0,
+            n_req ? lat[(int)(n_req * 0.95) < n_req ? (int)(n_req * 0.95) : n_req - 1] : 0);
+    free(lat);
+    for (int i = 0; i < n_req; i++)
+        free(reqs[i].custom_id);
+    free(reqs);
+    if (out != stdout)
+        fclose(out);
+    return status || n_bad ? 1 : 0;
+}
 
 int cmd_generate(int argc, char **argv) {
-    fprintf(stderr, "medley generate: not built yet\n");
-    return 1;
+    gen_opts o = {0};
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc > 0 ? 0 : 2;
+    md_engine *eng;
+    if (open_engine(&o, &eng))
+        return 1;
+    rc = o.batch ? run_batch(&o, eng) : run_single(&o, eng);
+    md_engine_close(eng);
+    return rc;
 }

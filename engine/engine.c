@@ -82,6 +82,7 @@ struct md_engine {
     uint64_t *finished;
     int cap_finished;
     char *piece; /* tok_stream_push output */
+    md_engine_stats st;
 };
 
 static seq *find_seq(const md_engine *eng, uint64_t id) {
@@ -374,6 +375,7 @@ static void preempt(md_engine *eng, int i) {
     drop_blocks(eng, q);
     q->state = SEQ_WAITING;
     q->preemptions++;
+    eng->st.preemptions++;
     remove_running(eng, i);
     memmove(eng->waiting + 1, eng->waiting, (size_t)eng->n_waiting * sizeof *eng->waiting);
     eng->waiting[0] = q;
@@ -409,6 +411,7 @@ static int match_prefix(md_engine *eng, seq *q) {
     }
     q->n_published = q->n_blocks;
     q->n_computed = q->n_blocks * eng->bs;
+    eng->st.prefix_hit_tokens += q->n_computed;
     return q->n_computed;
 }
 
@@ -440,6 +443,7 @@ static int schedule(md_engine *eng) {
             break;
         }
         grow_blocks(eng, q, q->n_computed + chunk);
+        publish(eng, q, q->n_computed + chunk);
         q->chunk = chunk;
         T += chunk;
         i++;
@@ -451,6 +455,7 @@ static int schedule(md_engine *eng) {
         if (chunk > eng->max_batch - T)
             chunk = eng->max_batch - T;
         if (blocks_needed(eng, q, q->n_computed + chunk) > kv_n_available(eng->kv)) {
+            eng->st.prefix_hit_tokens -= q->n_computed;
             drop_blocks(eng, q);
             break;
         }
@@ -459,6 +464,7 @@ static int schedule(md_engine *eng) {
         if (q->preemptions == 0)
             q->cached_prompt = q->n_computed;
         grow_blocks(eng, q, q->n_computed + chunk);
+        publish(eng, q, q->n_computed + chunk);
         memmove(eng->waiting, eng->waiting + 1, (size_t)(eng->n_waiting - 1) * sizeof(seq *));
         eng->n_waiting--;
         q->state = SEQ_RUNNING;
@@ -560,7 +566,6 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
                (size_t)q->n_blocks * sizeof(int32_t));
         if (q->n_computed + q->chunk == q->n_toks)
             eng->b_logit_rows[nl++] = t - 1;
-        publish(eng, q, q->n_computed + q->chunk);
         eng->b_seqs[ns++] = q;
     }
     md_batch b = {.n_tokens = T,
@@ -575,6 +580,8 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
                   .block_tokens = eng->bs,
                   .logit_rows = eng->b_logit_rows,
                   .n_logits = nl};
+    eng->st.steps++;
+    eng->st.tokens += T;
     int rc = md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b, eng->logits, e);
     if (rc) {
         /* the device failed: every running sequence fails with the reason, and blocks
@@ -685,4 +692,12 @@ void md_engine_release(md_engine *eng, uint64_t seq_id) {
         eng->all[i] = eng->all[--eng->n_all];
         return;
     }
+}
+
+void md_engine_get_stats(const md_engine *eng, md_engine_stats *st) {
+    *st = eng->st;
+    st->kv_blocks = kv_n_blocks(eng->kv);
+    st->kv_block_tokens = eng->bs;
+    st->kv_blocks_free = kv_n_available(eng->kv);
+    st->kv_bytes = (size_t)st->kv_blocks * eng->bs * md_kv_bytes_per_token(&eng->m->hp);
 }

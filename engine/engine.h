@@ -19,52 +19,55 @@
 typedef struct md_engine md_engine;
 
 typedef struct {
-    const char *model_path;  /* GGUF file (resolved through the registry by the caller) */
-    const char *device;      /* "cpu" (default when NULL), "cuda:0", ... */
-    int n_threads;           /* CPU threads; 0 = number of cores */
-    int max_seqs;            /* most live sequences at once (0 = 64) */
-    int max_batch_tokens;    /* tokens per step over all sequences (0 = 512) */
-    size_t kv_budget_bytes;  /* KV cache memory budget (0 = a default that fits) */
-    int kv_block_tokens;     /* tokens per KV block (0 = 16) */
-    int n_ctx;               /* per-sequence context limit (0 = the model's) */
+    const char *model_path; /* GGUF file (resolved through the registry by the caller) */
+    const char *device;     /* "cpu" (default when NULL), "cuda:0", ... */
+    int n_threads;          /* CPU threads; 0 = number of cores */
+    int max_seqs;           /* most live sequences at once (0 = 64) */
+    int max_batch_tokens;   /* tokens per step over all sequences (0 = 512) */
+    size_t kv_budget_bytes; /* KV cache memory budget (0 = a default that fits) */
+    int kv_block_tokens;    /* tokens per KV block (0 = 16) */
+    int n_ctx;              /* per-sequence context limit (0 = the model's) */
 } md_engine_config;
 
 typedef struct {
-    float temperature;       /* 0 = greedy */
-    float top_p;             /* 1 = off */
-    int top_k;               /* 0 = off */
-    float min_p;             /* 0 = off */
-    float repetition_penalty;/* 1 = off */
-    float presence_penalty;  /* 0 = off */
-    float frequency_penalty; /* 0 = off */
-    uint64_t seed;           /* same seed + same prompt = same tokens, whatever the batch */
-    int max_tokens;          /* generated tokens limit */
-    const char *const *stop; /* stop strings (NULL-terminated list or NULL); copied */
-    int logprobs;            /* report the chosen tokens' logprobs */
+    float temperature;        /* 0 = greedy */
+    float top_p;              /* 1 = off */
+    int top_k;                /* 0 = off */
+    float min_p;              /* 0 = off */
+    float repetition_penalty; /* 1 = off */
+    float presence_penalty;   /* 0 = off */
+    float frequency_penalty;  /* 0 = off */
+    uint64_t seed;            /* same seed + same prompt = same tokens, whatever the batch */
+    int max_tokens;           /* generated tokens limit */
+    const char *const *stop;  /* stop strings (NULL-terminated list or NULL); copied */
+    int logprobs;             /* report the chosen tokens' logprobs */
     int ignore_eos;
 } md_sampling;
 
 void md_sampling_default(md_sampling *s);
+/* Check ranges (temperature [0, 100], top_p (0, 1], ...); MD_EINVAL names the field. */
+int md_sampling_validate(const md_sampling *s, md_err *e);
 
 typedef enum {
-    MD_FINISH_NONE = 0, MD_FINISH_STOP,   /* EOS or a stop string */
-    MD_FINISH_LENGTH,                     /* max_tokens or context limit */
-    MD_FINISH_ERROR,                      /* see md_seq_error() */
+    MD_FINISH_NONE = 0,
+    MD_FINISH_STOP,   /* EOS or a stop string */
+    MD_FINISH_LENGTH, /* max_tokens or context limit */
+    MD_FINISH_ERROR,  /* see md_seq_error() */
     MD_FINISH_CANCELLED,
 } md_finish;
 
 typedef struct {
-    uint64_t seq_id;         /* as returned by md_engine_submit */
-    int32_t token;           /* newly generated token */
-    float logprob;           /* when requested */
+    uint64_t seq_id; /* as returned by md_engine_submit */
+    int32_t token;   /* newly generated token */
+    float logprob;   /* when requested */
 } md_step_token;
 
 typedef struct {
     const md_step_token *tokens; /* tokens generated this step */
     int n_tokens;
-    const uint64_t *finished;    /* sequences that finished this step */
+    const uint64_t *finished; /* sequences that finished this step */
     int n_finished;
-    int n_live;                  /* sequences still running or waiting */
+    int n_live; /* sequences still running or waiting */
 } md_step_result;
 
 int md_engine_open(const md_engine_config *cfg, md_engine **out, md_err *e);
@@ -96,5 +99,16 @@ typedef struct {
 } md_seq_stats;
 void md_seq_get_stats(const md_engine *eng, uint64_t seq_id, md_seq_stats *st);
 void md_engine_release(md_engine *eng, uint64_t seq_id);
+
+/* Counters since open, for logs, benchmarks and tests. */
+typedef struct {
+    long steps;             /* forward passes run */
+    long tokens;            /* tokens through the forward pass (prefill + decode) */
+    long preemptions;       /* sequences sent back to wait, their K/V dropped */
+    long prefix_hit_tokens; /* prompt tokens whose K/V were shared instead of computed */
+    int kv_blocks, kv_block_tokens, kv_blocks_free;
+    size_t kv_bytes; /* KV cache memory */
+} md_engine_stats;
+void md_engine_get_stats(const md_engine *eng, md_engine_stats *st);
 
 #endif

@@ -81,6 +81,8 @@ void md_sampling_default(md_sampling *s) {
     s->max_tokens = 256;
 }
 
+int md_sampling_validate(const md_sampling *s, md_err *e) { return smp_validate(s, e); }
+
 int smp_validate(const md_sampling *s, md_err *e) {
     if (!(s->temperature >= 0 && s->temperature <= 100))
         return md_errf(e, MD_EINVAL, "temperature %g must be in [0, 100]", s->temperature);

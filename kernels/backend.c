@@ -21,6 +21,8 @@ int md_backend_open(const char *device, int n_threads, md_backend **out, md_err 
     *out = NULL;
     if (!device || !*device || !strcmp(device, "cpu"))
         return md_backend_cpu_open(n_threads, out, e);
+    if (!strcmp(device, "cpu-exact"))
+        return md_backend_cpu_exact_open(n_threads, out, e);
     if (!strncmp(device, "cpu:", 4)) {
         int n;
         if (parse_index(device + 4, &n) || n == 0)
@@ -39,7 +41,8 @@ int md_backend_open(const char *device, int n_threads, md_backend **out, md_err 
         return md_errf(e, MD_EUNSUPP, "device \"%s\": medley was built without CUDA", device);
 #endif
     }
-    return md_errf(e, MD_EINVAL, "unknown device \"%s\" (expected cpu, cpu:N or cuda:K)", device);
+    return md_errf(e, MD_EINVAL, "unknown device \"%s\" (expected cpu, cpu:N, cpu-exact or cuda:K)",
+                   device);
 }
 
 void md_backend_free(md_backend *be) {

@@ -159,12 +159,16 @@ struct md_backend {
     const md_backend_ops *ops;
 };
 
-/* Open "cpu", "cpu:N" (N threads) or "cuda:K". n_threads applies to the CPU backend (0 =
- * every core). "cuda:K" on a build without CUDA fails with MD_EUNSUPP "built without CUDA". */
+/* Open "cpu", "cpu:N" (N threads), "cpu-exact" or "cuda:K". n_threads applies to the CPU backend (0
+ * = every core). "cuda:K" on a build without CUDA fails with MD_EUNSUPP "built without CUDA". */
 int md_backend_open(const char *device, int n_threads, md_backend **out, md_err *e);
 void md_backend_free(md_backend *be);
 
 int md_backend_cpu_open(int n_threads, md_backend **out, md_err *e);
+/* "cpu-exact": the CPU backend with quantized weights dequantized and multiplied in double
+ * precision, activations unquantized (slow, single-threaded matmul, allocates per call): the
+ * reference the fast kernels and other backends are checked against. */
+int md_backend_cpu_exact_open(int n_threads, md_backend **out, md_err *e);
 #ifdef MEDLEY_HAVE_CUDA
 int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e);
 #endif

@@ -8,3 +8,5 @@ medley_test(test_kvcache SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_kvcache.c
             LIBS ${ENGINE_TEST_LIBS} LABELS unit)
 medley_test(test_engine_logits SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_logits.c
             LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
+medley_test(test_engine_batch SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_batch.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS e2e)

@@ -24,6 +24,7 @@ typedef struct {
     md_backend base;
     cpu_pool *pool;
     int n_threads;
+    int exact; /* matmul by dequantized weights in double precision (cpu_matmul_ref) */
     md_reserve r;
     void *mm_scratch; /* cpu_matmul's activation blocks */
     size_t mm_scratch_n;
@@ -46,7 +47,8 @@ static void cpu_free(md_backend *be) {
 
 static const char *cpu_describe(md_backend *be) {
     cpu_backend *c = cb(be);
-    snprintf(c->desc, sizeof c->desc, "cpu: %d threads, %s", c->n_threads, cpu_simd_name());
+    snprintf(c->desc, sizeof c->desc, "cpu: %d threads, %s", c->n_threads,
+             c->exact ? "exact reference matmul" : cpu_simd_name());
     return c->desc;
 }
 
@@ -176,6 +178,10 @@ static int cpu_embed(md_backend *be, const md_tensor *w, md_buf *out, md_err *e)
 static int cpu_matmul_op(md_backend *be, const md_tensor *w, const md_buf *x, md_buf *y, int T,
                          md_err *e) {
     cpu_backend *c = cb(be);
+    if (c->exact) {
+        cpu_matmul_ref(w->type, tensor_row(w, 0), (int)w->ne1, (int)w->ne0, x->p, T, y->p);
+        return 0;
+    }
     if (cpu_matmul_scratch_size(w->type, (int)w->ne0, T) > c->mm_scratch_n)
         return md_errf(e, MD_ERANGE, "cpu backend: matmul of %d x %lld exceeds reserved scratch", T,
                        (long long)w->ne0);
@@ -383,6 +389,13 @@ static const md_backend_ops cpu_ops = {
     .gather_rows = cpu_gather_rows,
     .sync = cpu_sync,
 };
+
+int md_backend_cpu_exact_open(int n_threads, md_backend **out, md_err *e) {
+    int rc = md_backend_cpu_open(n_threads, out, e);
+    if (rc == 0)
+        cb(*out)->exact = 1;
+    return rc;
+}
 
 int md_backend_cpu_open(int n_threads, md_backend **out, md_err *e) {
     *out = NULL;
