@@ -274,6 +274,15 @@ int cmd_run(int argc, char **argv) {
         }
         model = mbuf;
     }
+    /* Open the outputs first: a bad path should fail before any work, not after. */
+    FILE *fo = strcmp(out, "-") ? fopen(out, "w") : stdout;
+    FILE *fe = errp ? fopen(errp, "w") : NULL;
+    if (!fo || (errp && !fe)) {
+        fprintf(stderr, "medley run: cannot write %s: %s\n", !fo ? out : errp, strerror(errno));
+        if (fo && fo != stdout)
+            fclose(fo);
+        return 1;
+    }
 
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
@@ -357,20 +366,14 @@ int cmd_run(int argc, char **argv) {
     if (tty)
         fputc('\n', stderr);
 
-    FILE *fo = strcmp(out, "-") ? fopen(out, "w") : stdout;
-    FILE *fe = errp ? fopen(errp, "w") : NULL;
-    if (!fo || (errp && !fe)) {
-        fprintf(stderr, "medley run: cannot write %s: %s\n", !fo ? out : errp, strerror(errno));
-        if (fo && fo != stdout)
-            fclose(fo);
-        goto done;
-    }
     long long n_ok = 0, n_err = 0;
     int rc = q_results_write(r, prefix, batch, fo, fe, &n_ok, &n_err, &e);
     if (fo != stdout && fclose(fo) && !rc)
         rc = md_errf(&e, MD_EIO, "closing %s: %s", out, strerror(errno));
+    fo = NULL;
     if (fe && fclose(fe) && !rc)
         rc = md_errf(&e, MD_EIO, "closing %s: %s", errp, strerror(errno));
+    fe = NULL;
     if (rc) {
         fprintf(stderr, "medley run: %s\n", e.msg);
         goto done;
@@ -382,6 +385,10 @@ int cmd_run(int argc, char **argv) {
     status = g_interrupted ? 130 : 0;
 
 done:
+    if (fo && fo != stdout)
+        fclose(fo);
+    if (fe)
+        fclose(fe);
     g_worker_stop = 1;
     if (worker_started)
         pthread_join(th, NULL);
