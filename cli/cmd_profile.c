@@ -42,21 +42,20 @@ typedef struct {
 } prof_opts;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: medley profile -m MODEL [options]\n"
-            "  -m, --model NAME|PATH   registered model name or GGUF path\n"
-            "      --device D          cpu (default), cpu:N, cuda:K\n"
-            "      --batches LIST      concurrent sequences, comma-separated (default 1,4,16)\n"
-            "      --contexts LIST     prompt tokens per sequence (default 128,512)\n"
-            "      --gen N             tokens generated per sequence (default 32, >= 2)\n"
-            "  -o, --output FILE       profile JSON (default stdout)\n"
-            "      --model-name NAME   model name in the profile (default: the registry name or "
-            "file name)\n"
-            "      --device-type TYPE  GPU type as in the GPU catalog (default: from the device "
-            "name; CPU on cpu)\n"
-            "      --batch-tokens N    tokens per engine step (default 2048)\n"
-            "      --kv-mb N           KV cache budget (default: what the largest point needs)\n"
-            "  -t, --threads N         CPU threads (default: every core)\n");
+    fprintf(f, "usage: medley profile -m MODEL [options]\n"
+               "  -m, --model NAME|PATH   registered model name or GGUF path\n"
+               "      --device D          cpu (default), cpu:N, cuda:K\n"
+               "      --batches LIST      concurrent sequences, comma-separated (default 1,4,16)\n"
+               "      --contexts LIST     prompt tokens per sequence (default 128,512)\n"
+               "      --gen N             tokens generated per sequence (default 32, >= 2)\n"
+               "  -o, --output FILE       profile JSON (default stdout)\n"
+               "      --model-name NAME   model name in the profile (default: the registry name or "
+               "file name)\n"
+               "      --device-type TYPE  GPU type as in the GPU catalog (default: from the device "
+               "name; CPU on cpu)\n"
+               "      --batch-tokens N    tokens per engine step (default 2048)\n"
+               "      --kv-mb N           KV cache budget (default: what the largest point needs)\n"
+               "  -t, --threads N         CPU threads (default: every core)\n");
 }
 
 /* "1,4,16" -> ints in [1, max]. */
@@ -66,8 +65,10 @@ static int parse_list(const char *s, int *out, int *n, int max, const char *what
         char *end;
         long v = strtol(s, &end, 10);
         if (end == s || v < 1 || v > max || *n == MAX_POINTS || (*end && *end != ',')) {
-            fprintf(stderr, "medley profile: --%s wants up to %d comma-separated integers in "
-                    "1..%d, got \"%s\"\n", what, MAX_POINTS, max, s);
+            fprintf(stderr,
+                    "medley profile: --%s wants up to %d comma-separated integers in "
+                    "1..%d, got \"%s\"\n",
+                    what, MAX_POINTS, max, s);
             return -1;
         }
         out[(*n)++] = (int)v;
@@ -78,16 +79,19 @@ static int parse_list(const char *s, int *out, int *n, int max, const char *what
 
 static int parse_args(int argc, char **argv, prof_opts *o) {
     enum { O_DEVICE = 256, O_BATCHES, O_CONTEXTS, O_GEN, O_NAME, O_TYPE, O_BT, O_KV };
-    static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'},    {"device", required_argument, 0, O_DEVICE},
-        {"batches", required_argument, 0, O_BATCHES},
-        {"contexts", required_argument, 0, O_CONTEXTS},
-        {"gen", required_argument, 0, O_GEN},    {"output", required_argument, 0, 'o'},
-        {"model-name", required_argument, 0, O_NAME},
-        {"device-type", required_argument, 0, O_TYPE},
-        {"batch-tokens", required_argument, 0, O_BT},
-        {"kv-mb", required_argument, 0, O_KV},   {"threads", required_argument, 0, 't'},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+    static const struct option lo[] = {{"model", required_argument, 0, 'm'},
+                                       {"device", required_argument, 0, O_DEVICE},
+                                       {"batches", required_argument, 0, O_BATCHES},
+                                       {"contexts", required_argument, 0, O_CONTEXTS},
+                                       {"gen", required_argument, 0, O_GEN},
+                                       {"output", required_argument, 0, 'o'},
+                                       {"model-name", required_argument, 0, O_NAME},
+                                       {"device-type", required_argument, 0, O_TYPE},
+                                       {"batch-tokens", required_argument, 0, O_BT},
+                                       {"kv-mb", required_argument, 0, O_KV},
+                                       {"threads", required_argument, 0, 't'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->device = "cpu";
     o->gen = 32;
@@ -103,10 +107,12 @@ static int parse_args(int argc, char **argv, prof_opts *o) {
         case 't': o->n_threads = atoi(optarg); break;
         case O_DEVICE: o->device = optarg; break;
         case O_BATCHES:
-            if (parse_list(optarg, o->batches, &o->n_batches, 4096, "batches")) return 2;
+            if (parse_list(optarg, o->batches, &o->n_batches, 4096, "batches"))
+                return 2;
             break;
         case O_CONTEXTS:
-            if (parse_list(optarg, o->contexts, &o->n_contexts, 1 << 20, "contexts")) return 2;
+            if (parse_list(optarg, o->contexts, &o->n_contexts, 1 << 20, "contexts"))
+                return 2;
             break;
         case O_GEN: o->gen = atoi(optarg); break;
         case O_NAME: o->model_name = optarg; break;
@@ -121,10 +127,9 @@ static int parse_args(int argc, char **argv, prof_opts *o) {
         usage(stderr);
         return 2;
     }
-    if (o->gen < 2 || o->gen > 1 << 16 || o->batch_tokens < 1 || o->n_threads < 0 ||
-        o->kv_mb < 0) {
+    if (o->gen < 2 || o->gen > 1 << 16 || o->batch_tokens < 1 || o->n_threads < 0 || o->kv_mb < 0) {
         fprintf(stderr, "medley profile: --gen must be >= 2; --batch-tokens, --threads, --kv-mb "
-                "positive\n");
+                        "positive\n");
         return 2;
     }
     return 0;
@@ -167,11 +172,13 @@ static int measure(md_engine *eng, int b, int c, int gen, point *pt, md_err *e) 
     long dec_tokens = 0, dec_steps = 0;
     md_step_result res;
     while (!rc) {
-        if ((rc = md_engine_step(eng, &res, e))) break;
+        if ((rc = md_engine_step(eng, &res, e)))
+            break;
         int in_decode = t_prefill != 0;
         for (int i = 0; i < res.n_tokens; i++) {
             int k = 0;
-            while (k < b && ids[k] != res.tokens[i].seq_id) k++;
+            while (k < b && ids[k] != res.tokens[i].seq_id)
+                k++;
             if (k < b && !started[k]) {
                 started[k] = 1;
                 n_started++;
@@ -179,12 +186,16 @@ static int measure(md_engine *eng, int b, int c, int gen, point *pt, md_err *e) 
                 dec_tokens++;
             }
         }
-        if (in_decode) dec_steps++;
-        if (!in_decode && n_started == b) t_prefill = md_mono_ns();
-        if (res.n_live == 0) break;
+        if (in_decode)
+            dec_steps++;
+        if (!in_decode && n_started == b)
+            t_prefill = md_mono_ns();
+        if (res.n_live == 0)
+            break;
     }
     uint64_t t1 = md_mono_ns();
-    for (int i = 0; i < n_sub; i++) md_engine_release(eng, ids[i]);
+    for (int i = 0; i < n_sub; i++)
+        md_engine_release(eng, ids[i]);
     if (!rc) {
         double tp = (t_prefill - t0) / 1e9, td = (t1 - t_prefill) / 1e9;
         pt->prefill_tps = (double)b * c / tp;
@@ -213,7 +224,8 @@ static void device_type(const prof_opts *o, char *out, size_t n) {
             const char *nm = strncmp(d.name, "NVIDIA ", 7) ? d.name : d.name + 7;
             snprintf(out, n, "%s", nm);
             for (char *p = out; *p; p++)
-                if (*p == ' ') *p = '-';
+                if (*p == ' ')
+                    *p = '-';
         }
     }
 #endif
@@ -222,7 +234,8 @@ static void device_type(const prof_opts *o, char *out, size_t n) {
 int cmd_profile(int argc, char **argv) {
     prof_opts o;
     int rc = parse_args(argc, argv, &o);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     char path[4096];
     md_err e = {0};
     if (md_model_resolve(o.model, 1, path, sizeof path, &e)) {
@@ -239,11 +252,14 @@ int cmd_profile(int argc, char **argv) {
     }
     const gguf_tensor *wq = gguf_find_tensor(gf, "blk.0.attn_q.weight");
     char quant[16];
-    snprintf(quant, sizeof quant, "%s", wq && ggml_type_name(wq->type) ? ggml_type_name(wq->type) : "unknown");
+    snprintf(quant, sizeof quant, "%s",
+             wq && ggml_type_name(wq->type) ? ggml_type_name(wq->type) : "unknown");
     gguf_close(gf);
     int max_b = 1, max_c = 1;
-    for (int i = 0; i < o.n_batches; i++) max_b = o.batches[i] > max_b ? o.batches[i] : max_b;
-    for (int i = 0; i < o.n_contexts; i++) max_c = o.contexts[i] > max_c ? o.contexts[i] : max_c;
+    for (int i = 0; i < o.n_batches; i++)
+        max_b = o.batches[i] > max_b ? o.batches[i] : max_b;
+    for (int i = 0; i < o.n_contexts; i++)
+        max_c = o.contexts[i] > max_c ? o.contexts[i] : max_c;
     int n_ctx = max_c + o.gen + 16;
     if (hp.n_ctx_train > 0 && n_ctx > hp.n_ctx_train) {
         fprintf(stderr, "medley profile: context %d + %d generated exceeds the model's %d\n", max_c,
@@ -252,9 +268,13 @@ int cmd_profile(int argc, char **argv) {
     }
     size_t kv = o.kv_mb ? (size_t)o.kv_mb << 20
                         : (size_t)max_b * (n_ctx + 16) * md_kv_bytes_per_token(&hp) * 5 / 4;
-    md_engine_config cfg = {.model_path = path, .device = o.device, .n_threads = o.n_threads,
-                            .max_seqs = max_b, .max_batch_tokens = o.batch_tokens,
-                            .kv_budget_bytes = kv, .n_ctx = n_ctx};
+    md_engine_config cfg = {.model_path = path,
+                            .device = o.device,
+                            .n_threads = o.n_threads,
+                            .max_seqs = max_b,
+                            .max_batch_tokens = o.batch_tokens,
+                            .kv_budget_bytes = kv,
+                            .n_ctx = n_ctx};
     md_engine *eng = NULL;
     uint64_t t_open = md_mono_ns();
     if (md_engine_open(&cfg, &eng, &e)) {
@@ -280,13 +300,15 @@ int cmd_profile(int argc, char **argv) {
                 md_engine_close(eng);
                 return 1;
             }
-            fprintf(stderr, "  batch %4d  context %6d: prefill %10.1f tok/s, decode %9.1f tok/s "
-                    "(%.2f ms/step)\n", b, c, pt.prefill_tps, pt.decode_tps, pt.decode_step_ms);
-            json_array_append_new(
-                batches, json_pack("{s:i, s:i, s:f, s:f, s:f}", "batch", b, "context",
-                                   c + o.gen / 2, "prefill_tokens_per_s", pt.prefill_tps,
-                                   "decode_tokens_per_s", pt.decode_tps, "decode_step_ms",
-                                   pt.decode_step_ms));
+            fprintf(stderr,
+                    "  batch %4d  context %6d: prefill %10.1f tok/s, decode %9.1f tok/s "
+                    "(%.2f ms/step)\n",
+                    b, c, pt.prefill_tps, pt.decode_tps, pt.decode_step_ms);
+            json_array_append_new(batches,
+                                  json_pack("{s:i, s:i, s:f, s:f, s:f}", "batch", b, "context",
+                                            c + o.gen / 2, "prefill_tokens_per_s", pt.prefill_tps,
+                                            "decode_tokens_per_s", pt.decode_tps, "decode_step_ms",
+                                            pt.decode_step_ms));
         }
     md_engine_close(eng);
 
@@ -303,12 +325,13 @@ int cmd_profile(int argc, char **argv) {
         name = md_registry_find(o.model) ? o.model : slash ? slash + 1 : o.model;
     }
     char tool[64];
-    snprintf(tool, sizeof tool, "medley profile 0.1 (%s)", strncmp(o.device, "cuda", 4) ? "cpu" : "cuda");
-    json_t *doc = json_pack("{s:i, s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:o}",
-                            "version", 1, "kind", "medley.profile", "device_type", dtype,
-                            "device_count", 1, "tp", 1, "model", name, "quant", quant, "date",
-                            date, "method", "measured", "tool", tool, "host", host,
-                            "max_context", n_ctx, "batches", batches);
+    snprintf(tool, sizeof tool, "medley profile 0.1 (%s)",
+             strncmp(o.device, "cuda", 4) ? "cpu" : "cuda");
+    json_t *doc =
+        json_pack("{s:i, s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:o}", "version", 1,
+                  "kind", "medley.profile", "device_type", dtype, "device_count", 1, "tp", 1,
+                  "model", name, "quant", quant, "date", date, "method", "measured", "tool", tool,
+                  "host", host, "max_context", n_ctx, "batches", batches);
     int out_rc = 0;
     if (o.out) {
         if (json_dump_file(doc, o.out, JSON_INDENT(2)) != 0) {

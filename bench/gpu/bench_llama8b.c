@@ -50,9 +50,9 @@ typedef struct {
     float *x, *xb, *q, *k, *v, *att, *g, *u, *xl, *logits;
     void *att_work;
     int n_splits;
-    int32_t *d_next;   /* [max_seqs] next token of each sequence (argmax output) */
-    int32_t *d_bt;     /* [max_seqs][max_blocks] */
-    int32_t *d_meta;   /* step metadata, see step_meta */
+    int32_t *d_next; /* [max_seqs] next token of each sequence (argmax output) */
+    int32_t *d_bt;   /* [max_seqs][max_blocks] */
+    int32_t *d_meta; /* step metadata, see step_meta */
     size_t weight_bytes;
 } bench;
 
@@ -101,7 +101,8 @@ static uint16_t *weight(bench *b, int64_t rows, int64_t cols, uint64_t seed) {
 
 static float *ones(bench *b, int n) {
     float *h = malloc((size_t)n * 4), *d = dalloc(b, (size_t)n * 4);
-    for (int i = 0; i < n; i++) h[i] = 1.0f;
+    for (int i = 0; i < n; i++)
+        h[i] = 1.0f;
     TRY(cuda_upload(b->c, d, h, (size_t)n * 4, &e));
     TRY(cuda_sync(b->c, &e));
     free(h);
@@ -137,7 +138,8 @@ static void build(bench *b, int max_seqs, int max_ctx) {
     b->weight_bytes = lm; /* the embedding is read one row per token, not per step */
     b->out_norm = ones(b, s.C);
     float inv[256];
-    for (int i = 0; i < s.hd / 2; i++) inv[i] = (float)pow(500000.0, -2.0 * i / s.hd);
+    for (int i = 0; i < s.hd / 2; i++)
+        inv[i] = (float)pow(500000.0, -2.0 * i / s.hd);
     b->inv_freq = dalloc(b, sizeof inv);
     TRY(cuda_upload(b->c, b->inv_freq, inv, sizeof inv, &e));
     int T = b->max_t = CHUNK > max_seqs ? CHUNK : max_seqs;
@@ -159,7 +161,8 @@ static void build(bench *b, int max_seqs, int max_ctx) {
     b->d_meta = dalloc(b, meta_ints(T, max_seqs) * 4);
     /* sequence i owns blocks [i * max_blocks, (i + 1) * max_blocks) */
     int32_t *bt = malloc((size_t)max_seqs * b->max_blocks * 4);
-    for (int i = 0; i < max_seqs * b->max_blocks; i++) bt[i] = i;
+    for (int i = 0; i < max_seqs * b->max_blocks; i++)
+        bt[i] = i;
     TRY(cuda_upload(b->c, b->d_bt, bt, (size_t)max_seqs * b->max_blocks * 4, &e));
     TRY(cuda_sync(b->c, &e));
     free(bt);
@@ -202,8 +205,8 @@ static void forward(bench *b, const step_meta *hm, const int32_t *tokens, int32_
             TRY(cuda_attn_decode(c, &kv, q, d.dec, hm->n_dec, b->d_bt, b->max_blocks, s.n_head,
                                  scale, b->n_splits, b->att_work, b->att, &e));
         if (hm->n_tiles)
-            TRY(cuda_attn_prefill(c, &kv, q, d.tiles, hm->n_tiles, b->d_bt, b->max_blocks,
-                                  s.n_head, scale, b->att, &e));
+            TRY(cuda_attn_prefill(c, &kv, q, d.tiles, hm->n_tiles, b->d_bt, b->max_blocks, s.n_head,
+                                  scale, b->att, &e));
         /* residual adds ride on the GEMMs: x = 1 * x + W . a */
         TRY(cuda_matmul(c, L->wo, BF16_TYPE, rc, b->att, b->x, T, s.C, s.C, 1.0f, 0, &e));
         TRY(cuda_rmsnorm(c, b->x, L->ffn_norm, 1e-5f, T, s.C, b->xb, CUDA_F32, &e));
@@ -303,7 +306,8 @@ static double decode(bench *b, int B, int P, int G, int use_graph) {
         exit(1);
     }
     step_meta m0;
-    for (int st = 0; st < G; st++) meta_decode(b, h + per * st, B, P, st, &m0);
+    for (int st = 0; st < G; st++)
+        meta_decode(b, h + per * st, B, P, st, &m0);
     meta_decode(b, h, B, P, 0, &m0);
     cuda_graph *g = NULL;
     if (use_graph) {
@@ -334,20 +338,27 @@ int main(int argc, char **argv) {
     int P = 128, G = 128, B = 256;
     const char *out = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--layers") && i + 1 < argc) s.n_layer = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) P = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--gen") && i + 1 < argc) G = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        if (!strcmp(argv[i], "--layers") && i + 1 < argc)
+            s.n_layer = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--prompt") && i + 1 < argc)
+            P = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--gen") && i + 1 < argc)
+            G = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+            B = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            out = argv[++i];
         else {
             fprintf(stderr, "usage: medley_gpu_bench [--layers N] [--prompt P] [--gen G] "
-                    "[--batch B] [--out FILE]\n");
+                            "[--batch B] [--out FILE]\n");
             return 2;
         }
     }
     if (s.n_layer < 1 || P < 1 || P > CHUNK || G < 2 || B < 1 || B > 4096) {
-        fprintf(stderr, "medley_gpu_bench: need layers >= 1, 1 <= prompt <= %d, gen >= 2, "
-                "1 <= batch <= 4096\n", CHUNK);
+        fprintf(stderr,
+                "medley_gpu_bench: need layers >= 1, 1 <= prompt <= %d, gen >= 2, "
+                "1 <= batch <= 4096\n",
+                CHUNK);
         return 2;
     }
     char why[256];
@@ -362,8 +373,10 @@ int main(int argc, char **argv) {
     uint64_t t_build = md_mono_ns();
     build(&b, B, P + G);
     TRY(cuda_sync(b.c, &e));
-    fprintf(stderr, "built %d layers: %.2f GB of weights read per step, %.2f GiB on the device, "
-            "in %.1f s\n", s.n_layer, b.weight_bytes / 1e9, cuda_pool_reserved(b.c) / 1073741824.0,
+    fprintf(stderr,
+            "built %d layers: %.2f GB of weights read per step, %.2f GiB on the device, "
+            "in %.1f s\n",
+            s.n_layer, b.weight_bytes / 1e9, cuda_pool_reserved(b.c) / 1073741824.0,
             (md_mono_ns() - t_build) / 1e9);
     size_t hn = meta_ints(b.max_t, B);
     int32_t *h = malloc(hn * 4);
@@ -375,17 +388,19 @@ int main(int argc, char **argv) {
     double t_plain = decode(&b, 1, P, G, 0);
     double ms_tok = t_graph * 1e3 / G;
     double frac = b.weight_bytes / (t_graph / G) / (HBM_TBPS * 1e12);
-    fprintf(stderr, "batch 1: %.3f ms/token with a CUDA graph (%.3f without): %.0f GB/s of "
-            "weights = %.1f%% of %.1f TB/s\n", ms_tok, t_plain * 1e3 / G,
-            b.weight_bytes / (t_graph / G) / 1e9, 100 * frac, HBM_TBPS);
+    fprintf(stderr,
+            "batch 1: %.3f ms/token with a CUDA graph (%.3f without): %.0f GB/s of "
+            "weights = %.1f%% of %.1f TB/s\n",
+            ms_tok, t_plain * 1e3 / G, b.weight_bytes / (t_graph / G) / 1e9, 100 * frac, HBM_TBPS);
 
     /* batch B */
     double tp = prefill(&b, h, B, P);
     double td = decode(&b, B, P, G, 1);
     double tps = (double)B * G / (tp + td);
-    fprintf(stderr, "batch %d: prefill %d x %d tokens %.2f s, %d decode steps %.2f s (%.2f ms/step): "
-            "%.0f generated tokens/s overall, %.0f in decode\n", B, B, P, tp, G, td, td * 1e3 / G,
-            tps, (double)B * G / td);
+    fprintf(stderr,
+            "batch %d: prefill %d x %d tokens %.2f s, %d decode steps %.2f s (%.2f ms/step): "
+            "%.0f generated tokens/s overall, %.0f in decode\n",
+            B, B, P, tp, G, td, td * 1e3 / G, tps, (double)B * G / td);
 
     char date[64];
     time_t now = time(NULL);

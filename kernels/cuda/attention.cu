@@ -15,8 +15,10 @@
 #define MAX_GQA 8
 
 template <int CT> __device__ __forceinline__ float ld_kv(const void *p, int64_t i) {
-    if (CT == CUDA_F32) return ((const float *)p)[i];
-    if (CT == CUDA_BF16) return cuda_bf16_to_f(((const uint16_t *)p)[i]);
+    if (CT == CUDA_F32)
+        return ((const float *)p)[i];
+    if (CT == CUDA_BF16)
+        return cuda_bf16_to_f(((const uint16_t *)p)[i]);
     return cuda_f16_to_f(((const uint16_t *)p)[i]);
 }
 
@@ -27,7 +29,8 @@ __device__ __forceinline__ int64_t kv_slot(const int32_t *bt_row, int p, int blo
 __global__ void k_kv_write(void *kc, void *vc, cuda_dtype ct, const float *k, const float *v,
                            const int32_t *slots, int n_tokens, int kv_dim) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)n_tokens * kv_dim) return;
+    if (i >= (int64_t)n_tokens * kv_dim)
+        return;
     int t = (int)(i / kv_dim), d = (int)(i % kv_dim);
     int64_t o = (int64_t)slots[t] * kv_dim + d;
     cuda_store(kc, ct, o, k[i]);
@@ -37,8 +40,10 @@ __global__ void k_kv_write(void *kc, void *vc, cuda_dtype ct, const float *k, co
 static int kv_check(const cuda_kv_layer *kv, md_err *e) {
     if (kv->n_kv_heads <= 0 || kv->block_tokens <= 0 ||
         (kv->head_dim != 64 && kv->head_dim != 128 && kv->head_dim != 256))
-        return md_errf(e, MD_EUNSUPP, "CUDA attention: head_dim %d with %d kv heads is not "
-                       "supported (64, 128, 256)", kv->head_dim, kv->n_kv_heads);
+        return md_errf(e, MD_EUNSUPP,
+                       "CUDA attention: head_dim %d with %d kv heads is not "
+                       "supported (64, 128, 256)",
+                       kv->head_dim, kv->n_kv_heads);
     if (kv->dtype != CUDA_F32 && kv->dtype != CUDA_F16 && kv->dtype != CUDA_BF16)
         return md_errf(e, MD_EUNSUPP, "CUDA attention: cache type %d", (int)kv->dtype);
     return 0;
@@ -52,9 +57,10 @@ int cuda_kv_write(cuda_ctx *c, void *k_cache, void *v_cache, cuda_dtype dtype, i
     if (n_tokens < 0 || kv_dim <= 0)
         return md_errf(e, MD_EINVAL, "CUDA kv_write: bad shape [%d, %d]", n_tokens, kv_dim);
     int64_t n = (int64_t)n_tokens * kv_dim;
-    if (n == 0) return 0;
+    if (n == 0)
+        return 0;
     k_kv_write<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(k_cache, v_cache, dtype, k, v, slots,
-                                                            n_tokens, kv_dim);
+                                                           n_tokens, kv_dim);
     return CUDA_LAUNCHED(c, "kv_write", e);
 }
 
@@ -88,28 +94,34 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 #pragma unroll
         for (int d = 0; d < D; d++) {
             acc[g][d] = 0.0f;
-            qv[g][d] = g < G ? q[((int64_t)qrow * n_heads + kvh * G + g) * HD + lane * D + d] * scale
-                             : 0.0f;
+            qv[g][d] = g < G
+                           ? q[((int64_t)qrow * n_heads + kvh * G + g) * HD + lane * D + d] * scale
+                           : 0.0f;
         }
     }
     for (int p = k0 + warp; p < k1; p += DEC_WARPS) {
         int64_t base = (kv_slot(bt, p, block_tokens) * n_kv_heads + kvh) * HD + lane * D;
         float kk[D], vv[D];
 #pragma unroll
-        for (int d = 0; d < D; d++) kk[d] = ld_kv<CT>(kc, base + d);
+        for (int d = 0; d < D; d++)
+            kk[d] = ld_kv<CT>(kc, base + d);
 #pragma unroll
-        for (int d = 0; d < D; d++) vv[d] = ld_kv<CT>(vc, base + d);
+        for (int d = 0; d < D; d++)
+            vv[d] = ld_kv<CT>(vc, base + d);
 #pragma unroll
         for (int g = 0; g < MAX_GQA; g++) {
-            if (g >= G) break;
+            if (g >= G)
+                break;
             float s = 0.0f;
 #pragma unroll
-            for (int d = 0; d < D; d++) s += qv[g][d] * kk[d];
+            for (int d = 0; d < D; d++)
+                s += qv[g][d] * kk[d];
             s = cuda_warp_sum(s);
             float mn = fmaxf(m[g], s), corr = __expf(m[g] - mn), pw = __expf(s - mn);
             l[g] = l[g] * corr + pw;
 #pragma unroll
-            for (int d = 0; d < D; d++) acc[g][d] = acc[g][d] * corr + pw * vv[d];
+            for (int d = 0; d < D; d++)
+                acc[g][d] = acc[g][d] * corr + pw * vv[d];
             m[g] = mn;
         }
     }
@@ -117,27 +129,33 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     __shared__ float sm[DEC_WARPS], sl[DEC_WARPS], sacc[DEC_WARPS][HD];
 #pragma unroll
     for (int g = 0; g < MAX_GQA; g++) {
-        if (g >= G) break;
+        if (g >= G)
+            break;
         if (lane == 0) {
             sm[warp] = m[g];
             sl[warp] = l[g];
         }
 #pragma unroll
-        for (int d = 0; d < D; d++) sacc[warp][lane * D + d] = acc[g][d];
+        for (int d = 0; d < D; d++)
+            sacc[warp][lane * D + d] = acc[g][d];
         __syncthreads();
         float mx = -FLT_MAX;
-        for (int w = 0; w < DEC_WARPS; w++) mx = fmaxf(mx, sm[w]);
-        float *out = work + (((int64_t)entry * n_heads + kvh * G + g) * n_splits + split) * (2 + HD);
+        for (int w = 0; w < DEC_WARPS; w++)
+            mx = fmaxf(mx, sm[w]);
+        float *out =
+            work + (((int64_t)entry * n_heads + kvh * G + g) * n_splits + split) * (2 + HD);
         for (int d = threadIdx.x; d < HD; d += blockDim.x) {
             float a = 0.0f;
             for (int w = 0; w < DEC_WARPS; w++)
-                if (sl[w] > 0.0f) a += sacc[w][d] * __expf(sm[w] - mx);
+                if (sl[w] > 0.0f)
+                    a += sacc[w][d] * __expf(sm[w] - mx);
             out[2 + d] = a;
         }
         if (threadIdx.x == 0) {
             float ls = 0.0f;
             for (int w = 0; w < DEC_WARPS; w++)
-                if (sl[w] > 0.0f) ls += sl[w] * __expf(sm[w] - mx);
+                if (sl[w] > 0.0f)
+                    ls += sl[w] * __expf(sm[w] - mx);
             out[0] = mx;
             out[1] = ls;
         }
@@ -152,10 +170,12 @@ __global__ void k_attn_dec_merge(const float *work, const int32_t *dec, int n_he
     const float *w = work + ((int64_t)entry * n_heads + h) * n_splits * (2 + head_dim);
     float mx = -FLT_MAX, ls = 0.0f;
     for (int s = 0; s < n_splits; s++)
-        if (w[s * (2 + head_dim) + 1] > 0.0f) mx = fmaxf(mx, w[s * (2 + head_dim)]);
+        if (w[s * (2 + head_dim) + 1] > 0.0f)
+            mx = fmaxf(mx, w[s * (2 + head_dim)]);
     for (int s = 0; s < n_splits; s++) {
         const float *ws = w + s * (2 + head_dim);
-        if (ws[1] > 0.0f) ls += ws[1] * __expf(ws[0] - mx);
+        if (ws[1] > 0.0f)
+            ls += ws[1] * __expf(ws[0] - mx);
     }
     float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
     float *o = out + ((int64_t)dec[entry * 3] * n_heads + h) * head_dim;
@@ -163,7 +183,8 @@ __global__ void k_attn_dec_merge(const float *work, const int32_t *dec, int n_he
         float a = 0.0f;
         for (int s = 0; s < n_splits; s++) {
             const float *ws = w + s * (2 + head_dim);
-            if (ws[1] > 0.0f) a += ws[2 + d] * __expf(ws[0] - mx);
+            if (ws[1] > 0.0f)
+                a += ws[2 + d] * __expf(ws[0] - mx);
         }
         o[d] = a * inv;
     }
@@ -176,15 +197,18 @@ static void launch_dec(cudaStream_t st, const cuda_kv_layer *kv, dim3 grid, cons
     switch (kv->head_dim) {
     case 64:
         k_attn_dec<CT, 2><<<grid, DEC_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
-            kv->block_tokens, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
+                                                           kv->block_tokens, q, dec, bt, max_blocks,
+                                                           n_heads, scale, n_splits, work);
         break;
     case 128:
         k_attn_dec<CT, 4><<<grid, DEC_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
-            kv->block_tokens, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
+                                                           kv->block_tokens, q, dec, bt, max_blocks,
+                                                           n_heads, scale, n_splits, work);
         break;
     default:
         k_attn_dec<CT, 8><<<grid, DEC_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
-            kv->block_tokens, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
+                                                           kv->block_tokens, q, dec, bt, max_blocks,
+                                                           n_heads, scale, n_splits, work);
         break;
     }
 }
@@ -194,23 +218,30 @@ int cuda_attn_decode(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, const
                      int n_splits, void *work, float *out, md_err *e) {
     CUDA_GUARD(c, e);
     int rc = kv_check(kv, e);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     if (n_heads % kv->n_kv_heads || n_heads / kv->n_kv_heads > MAX_GQA)
-        return md_errf(e, MD_EUNSUPP, "CUDA attention: %d query heads over %d kv heads (at most "
-                       "%d query heads per kv head)", n_heads, kv->n_kv_heads, MAX_GQA);
+        return md_errf(e, MD_EUNSUPP,
+                       "CUDA attention: %d query heads over %d kv heads (at most "
+                       "%d query heads per kv head)",
+                       n_heads, kv->n_kv_heads, MAX_GQA);
     if (n_splits < 1 || n_splits > 1024)
         return md_errf(e, MD_EINVAL, "CUDA attention: %d splits", n_splits);
-    if (n <= 0) return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA attention: negative count");
+    if (n <= 0)
+        return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA attention: negative count");
     dim3 grid(n, kv->n_kv_heads, n_splits);
     float *w = (float *)work;
     if (kv->dtype == CUDA_F32)
-        launch_dec<CUDA_F32>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale, n_splits, w);
+        launch_dec<CUDA_F32>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale,
+                             n_splits, w);
     else if (kv->dtype == CUDA_F16)
-        launch_dec<CUDA_F16>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale, n_splits, w);
+        launch_dec<CUDA_F16>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale,
+                             n_splits, w);
     else
-        launch_dec<CUDA_BF16>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale, n_splits, w);
+        launch_dec<CUDA_BF16>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale,
+                              n_splits, w);
     k_attn_dec_merge<<<dim3(n, n_heads), 128, 0, c->stream>>>(w, dec, n_heads, kv->head_dim,
-                                                               n_splits, out);
+                                                              n_splits, out);
     return CUDA_LAUNCHED(c, "attention (decode)", e);
 }
 
@@ -245,7 +276,8 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
         m[i] = -FLT_MAX;
         l[i] = 0.0f;
 #pragma unroll
-        for (int d = 0; d < D; d++) acc[i][d] = 0.0f;
+        for (int d = 0; d < D; d++)
+            acc[i][d] = 0.0f;
     }
     int kend = p0 + nq; /* keys 0 .. p0 + nq - 1 */
     for (int kt = 0; kt < kend; kt += TK) {
@@ -265,13 +297,15 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < QW; i++) {
             int qi = warp + i * PF_WARPS;
-            if (qi >= nq) break;
+            if (qi >= nq)
+                break;
             int qpos = p0 + qi;
             float s = -FLT_MAX;
             if (lane < TK && kt + lane <= qpos) {
                 s = 0.0f;
 #pragma unroll 8
-                for (int d = 0; d < HD; d++) s += sq[qi][d] * sk[lane][d];
+                for (int d = 0; d < HD; d++)
+                    s += sq[qi][d] * sk[lane][d];
             }
             float mx = fmaxf(m[i], cuda_warp_max(s));
             float pw = s == -FLT_MAX ? 0.0f : __expf(s - mx);
@@ -279,23 +313,28 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
             l[i] = l[i] * corr + cuda_warp_sum(pw);
             m[i] = mx;
 #pragma unroll
-            for (int d = 0; d < D; d++) acc[i][d] *= corr;
+            for (int d = 0; d < D; d++)
+                acc[i][d] *= corr;
             for (int j = 0; j < TK; j++) {
                 float pj = __shfl_sync(0xffffffffu, pw, j);
-                if (pj == 0.0f) continue;
+                if (pj == 0.0f)
+                    continue;
 #pragma unroll
-                for (int d = 0; d < D; d++) acc[i][d] += pj * sv[j][lane * D + d];
+                for (int d = 0; d < D; d++)
+                    acc[i][d] += pj * sv[j][lane * D + d];
             }
         }
     }
 #pragma unroll
     for (int i = 0; i < QW; i++) {
         int qi = warp + i * PF_WARPS;
-        if (qi >= nq) break;
+        if (qi >= nq)
+            break;
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         float *o = out + ((int64_t)(t0 + qi) * n_heads + h) * HD + lane * D;
 #pragma unroll
-        for (int d = 0; d < D; d++) o[d] = acc[i][d] * inv;
+        for (int d = 0; d < D; d++)
+            o[d] = acc[i][d] * inv;
     }
 }
 
@@ -306,15 +345,18 @@ static void launch_pf(cudaStream_t st, const cuda_kv_layer *kv, dim3 grid, const
     switch (kv->head_dim) {
     case 64:
         k_attn_pf<CT, 2><<<grid, PF_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
-            kv->block_tokens, q, tiles, bt, max_blocks, n_heads, scale, out);
+                                                         kv->block_tokens, q, tiles, bt, max_blocks,
+                                                         n_heads, scale, out);
         break;
     case 128:
         k_attn_pf<CT, 4><<<grid, PF_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
-            kv->block_tokens, q, tiles, bt, max_blocks, n_heads, scale, out);
+                                                         kv->block_tokens, q, tiles, bt, max_blocks,
+                                                         n_heads, scale, out);
         break;
     default:
         k_attn_pf<CT, 8><<<grid, PF_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
-            kv->block_tokens, q, tiles, bt, max_blocks, n_heads, scale, out);
+                                                         kv->block_tokens, q, tiles, bt, max_blocks,
+                                                         n_heads, scale, out);
         break;
     }
 }
@@ -324,17 +366,22 @@ int cuda_attn_prefill(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, cons
                       float scale, float *out, md_err *e) {
     CUDA_GUARD(c, e);
     int rc = kv_check(kv, e);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     if (n_heads % kv->n_kv_heads)
-        return md_errf(e, MD_EUNSUPP, "CUDA attention: %d query heads over %d kv heads",
-                       n_heads, kv->n_kv_heads);
-    if (n_tiles <= 0) return n_tiles == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA attention: negative count");
+        return md_errf(e, MD_EUNSUPP, "CUDA attention: %d query heads over %d kv heads", n_heads,
+                       kv->n_kv_heads);
+    if (n_tiles <= 0)
+        return n_tiles == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA attention: negative count");
     dim3 grid(n_tiles, n_heads);
     if (kv->dtype == CUDA_F32)
-        launch_pf<CUDA_F32>(c->stream, kv, grid, q, tiles, block_table, max_blocks, n_heads, scale, out);
+        launch_pf<CUDA_F32>(c->stream, kv, grid, q, tiles, block_table, max_blocks, n_heads, scale,
+                            out);
     else if (kv->dtype == CUDA_F16)
-        launch_pf<CUDA_F16>(c->stream, kv, grid, q, tiles, block_table, max_blocks, n_heads, scale, out);
+        launch_pf<CUDA_F16>(c->stream, kv, grid, q, tiles, block_table, max_blocks, n_heads, scale,
+                            out);
     else
-        launch_pf<CUDA_BF16>(c->stream, kv, grid, q, tiles, block_table, max_blocks, n_heads, scale, out);
+        launch_pf<CUDA_BF16>(c->stream, kv, grid, q, tiles, block_table, max_blocks, n_heads, scale,
+                             out);
     return CUDA_LAUNCHED(c, "attention (prefill)", e);
 }

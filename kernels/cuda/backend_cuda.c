@@ -43,8 +43,8 @@ typedef struct {
     int32_t *d_tokens, *d_pos, *d_slot, *d_bt, *d_logit_rows, *d_dec, *d_tiles;
     int32_t *h_tokens, *h_pos, *h_slot, *h_bt, *h_logit_rows, *h_dec, *h_tiles;
     int n_tokens, n_seqs, max_blocks, block_tokens, n_logits, n_dec, n_tiles;
-    int max_dec_len;         /* longest KV length among decode entries */
-    int64_t max_block_id;    /* largest block id any token of the step reads */
+    int max_dec_len;      /* longest KV length among decode entries */
+    int64_t max_block_id; /* largest block id any token of the step reads */
     void *att_work;
     size_t att_work_n;
     int n_sm;
@@ -61,8 +61,8 @@ static cuda_dtype cache_dtype(int t) {
 
 static int cache_type_ok(int t, md_err *e) {
     if (t != MD_TYPE_F32 && t != MD_TYPE_F16 && t != MD_TYPE_BF16)
-        return md_errf(e, MD_EUNSUPP, "cuda backend: KV cache type %d not supported (F32, F16, BF16)",
-                       t);
+        return md_errf(e, MD_EUNSUPP,
+                       "cuda backend: KV cache type %d not supported (F32, F16, BF16)", t);
     return 0;
 }
 
@@ -72,9 +72,12 @@ static size_t cache_elem(int t) {
 
 static void be_free(md_backend *be) {
     cuda_backend *b = cbe(be);
-    if (b->c) cuda_sync(b->c, NULL);
-    if (b->h_meta) cudaFreeHost(b->h_meta);
-    if (b->meta_copied) cudaEventDestroy(b->meta_copied);
+    if (b->c)
+        cuda_sync(b->c, NULL);
+    if (b->h_meta)
+        cudaFreeHost(b->h_meta);
+    if (b->meta_copied)
+        cudaEventDestroy(b->meta_copied);
     cuda_ctx_close(b->c); /* frees the pool: d_meta, att_work and any live buffer */
     free(b);
 }
@@ -95,7 +98,8 @@ static const char *be_describe(md_backend *be) {
 static int be_buf_alloc(md_backend *be, size_t bytes, md_buf **out, md_err *e) {
     cuda_backend *b = cbe(be);
     md_buf *m = calloc(1, sizeof *m);
-    if (!m) return md_errf(e, MD_ENOMEM, "cuda backend: out of host memory");
+    if (!m)
+        return md_errf(e, MD_ENOMEM, "cuda backend: out of host memory");
     int rc = cuda_pool_alloc(b->c, bytes, &m->p, e);
     if (rc) {
         free(m);
@@ -109,8 +113,10 @@ static int be_buf_alloc(md_backend *be, size_t bytes, md_buf **out, md_err *e) {
 static int be_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf **out, md_err *e) {
     cuda_backend *b = cbe(be);
     int rc = cuda_check_fits(b->c, bytes, "model weights", e);
-    if (rc) return rc;
-    if ((rc = be_buf_alloc(be, bytes, out, e))) return rc;
+    if (rc)
+        return rc;
+    if ((rc = be_buf_alloc(be, bytes, out, e)))
+        return rc;
     if ((rc = cuda_upload(b->c, (*out)->p, host, bytes, e))) {
         cuda_pool_free(b->c, (*out)->p);
         free(*out);
@@ -120,15 +126,18 @@ static int be_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf **
 }
 
 static void be_buf_free(md_backend *be, md_buf *m) {
-    if (!m) return;
+    if (!m)
+        return;
     cuda_pool_free(cbe(be)->c, m->p);
     free(m);
 }
 
 static int range_ok(const md_buf *m, size_t off, size_t n, md_err *e) {
     if (off > m->n || n > m->n - off)
-        return md_errf(e, MD_ERANGE, "cuda backend: %zu bytes at offset %zu outside a %zu-byte "
-                       "buffer", n, off, m->n);
+        return md_errf(e, MD_ERANGE,
+                       "cuda backend: %zu bytes at offset %zu outside a %zu-byte "
+                       "buffer",
+                       n, off, m->n);
     return 0;
 }
 
@@ -167,16 +176,20 @@ static void meta_layout(int32_t *base, const md_reserve *r, int32_t **tok, int32
 static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     cuda_backend *b = cbe(be);
     if (r->max_tokens < 1 || r->max_seqs < 1 || r->max_blocks < 1 || r->n_heads < 1)
-        return md_errf(e, MD_EINVAL, "cuda backend: reserve of %d tokens, %d sequences, %d "
-                       "blocks, %d heads", r->max_tokens, r->max_seqs, r->max_blocks, r->n_heads);
+        return md_errf(e, MD_EINVAL,
+                       "cuda backend: reserve of %d tokens, %d sequences, %d "
+                       "blocks, %d heads",
+                       r->max_tokens, r->max_seqs, r->max_blocks, r->n_heads);
     size_t n = 7 * (size_t)r->max_tokens + 4 * ((size_t)r->max_tokens + r->max_seqs) +
                (size_t)r->max_seqs * r->max_blocks;
     int32_t *h = NULL, *d = NULL;
     cudaError_t err = cudaMallocHost((void **)&h, n * sizeof(int32_t));
     if (err != cudaSuccess) {
         cudaGetLastError();
-        return md_errf(e, MD_ENOMEM, "cuda backend: cannot pin %zu bytes of host memory for "
-                       "step metadata: %s", n * sizeof(int32_t), cudaGetErrorString(err));
+        return md_errf(e, MD_ENOMEM,
+                       "cuda backend: cannot pin %zu bytes of host memory for "
+                       "step metadata: %s",
+                       n * sizeof(int32_t), cudaGetErrorString(err));
     }
     int rc = cuda_pool_alloc(b->c, n * sizeof(int32_t), (void **)&d, e);
     if (rc) {
@@ -192,30 +205,33 @@ static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     b->d_meta = d;
     b->meta_n = n;
     b->r = *r;
-    meta_layout(d, r, &b->d_tokens, &b->d_pos, &b->d_slot, &b->d_logit_rows, &b->d_dec,
-                &b->d_tiles, &b->d_bt);
-    meta_layout(h, r, &b->h_tokens, &b->h_pos, &b->h_slot, &b->h_logit_rows, &b->h_dec,
-                &b->h_tiles, &b->h_bt);
+    meta_layout(d, r, &b->d_tokens, &b->d_pos, &b->d_slot, &b->d_logit_rows, &b->d_dec, &b->d_tiles,
+                &b->d_bt);
+    meta_layout(h, r, &b->h_tokens, &b->h_pos, &b->h_slot, &b->h_logit_rows, &b->h_dec, &b->h_tiles,
+                &b->h_bt);
     b->reserved = 1;
     return 0;
 }
 
 static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
     cuda_backend *b = cbe(be);
-    if (!b->reserved) return md_errf(e, MD_EINVAL, "cuda backend: batch_prepare before reserve");
+    if (!b->reserved)
+        return md_errf(e, MD_EINVAL, "cuda backend: batch_prepare before reserve");
     int T = bt->n_tokens, S = bt->n_seqs;
     if (T < 1 || T > b->r.max_tokens || S < 1 || S > b->r.max_seqs || bt->max_blocks < 1 ||
         bt->max_blocks > b->r.max_blocks || bt->block_tokens < 1 || bt->n_logits < 0 ||
         bt->n_logits > T)
-        return md_errf(e, MD_ERANGE, "cuda backend: step of %d tokens / %d sequences / %d blocks "
-                       "per sequence / %d logits exceeds the reserved %d / %d / %d", T, S,
-                       bt->max_blocks, bt->n_logits, b->r.max_tokens, b->r.max_seqs,
+        return md_errf(e, MD_ERANGE,
+                       "cuda backend: step of %d tokens / %d sequences / %d blocks "
+                       "per sequence / %d logits exceeds the reserved %d / %d / %d",
+                       T, S, bt->max_blocks, bt->n_logits, b->r.max_tokens, b->r.max_seqs,
                        b->r.max_blocks);
     md_err ce;
     if (cudaEventSynchronize(b->meta_copied) != cudaSuccess) {
         cudaGetLastError();
         if (cuda_ctx_failed(b->c, &ce)) {
-            if (e) *e = ce;
+            if (e)
+                *e = ce;
             return ce.code;
         }
     }
@@ -227,29 +243,35 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
             return md_errf(e, MD_ERANGE, "cuda backend: token %d belongs to sequence %d of %d", t,
                            s, S);
         int run = 1;
-        while (t + run < T && bt->tok_seq[t + run] == s) run++;
+        while (t + run < T && bt->tok_seq[t + run] == s)
+            run++;
         for (int i = t; i < t + run; i++) {
             int p = bt->tok_pos[i];
             if (p < 0 || p >= bt->max_blocks * bt->block_tokens || bt->slot[i] < 0 ||
                 (i > t && p != bt->tok_pos[i - 1] + 1))
-                return md_errf(e, MD_ERANGE, "cuda backend: token %d at position %d (slot %d) "
-                               "does not fit %d blocks of %d tokens in order", i, p, bt->slot[i],
-                               bt->max_blocks, bt->block_tokens);
+                return md_errf(e, MD_ERANGE,
+                               "cuda backend: token %d at position %d (slot %d) "
+                               "does not fit %d blocks of %d tokens in order",
+                               i, p, bt->slot[i], bt->max_blocks, bt->block_tokens);
         }
         int last = bt->tok_pos[t + run - 1];
         for (int k = 0; k <= last / bt->block_tokens; k++) {
             int32_t id = bt->block_table[(size_t)s * bt->max_blocks + k];
             if (id < 0)
-                return md_errf(e, MD_ERANGE, "cuda backend: sequence %d has no block %d for "
-                               "position %d", s, k, last);
-            if (id > max_block) max_block = id;
+                return md_errf(e, MD_ERANGE,
+                               "cuda backend: sequence %d has no block %d for "
+                               "position %d",
+                               s, k, last);
+            if (id > max_block)
+                max_block = id;
         }
         if (run == 1) {
             int32_t *d = b->h_dec + 3 * n_dec++;
             d[0] = t;
             d[1] = s;
             d[2] = bt->tok_pos[t] + 1;
-            if (d[2] > max_dec) max_dec = d[2];
+            if (d[2] > max_dec)
+                max_dec = d[2];
         } else {
             for (int i = 0; i < run; i += CUDA_ATTN_TILE_Q) {
                 int32_t *ti = b->h_tiles + 4 * n_tiles++;
@@ -275,7 +297,8 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
                (size_t)bt->max_blocks * 4);
     int rc = cuda_upload(b->c, b->d_meta, b->h_meta,
                          (size_t)(b->h_bt - b->h_meta + (int64_t)S * b->r.max_blocks) * 4, e);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     cudaEventRecord(b->meta_copied, cuda_ctx_stream(b->c));
     b->n_tokens = T;
     b->n_seqs = S;
@@ -291,11 +314,12 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
 
 static int tensor_ok(const md_tensor *w, md_err *e) {
     size_t rb = md_type_row_bytes(w->type, w->ne0);
-    if (rb == 0 || rb != w->row_bytes || w->ne1 < 1 ||
-        w->offset > w->buf->n || (size_t)w->ne1 * rb > w->buf->n - w->offset)
-        return md_errf(e, MD_ERANGE, "cuda backend: tensor of type %d [%lld, %lld] does not lie "
-                       "inside its %zu-byte buffer", w->type, (long long)w->ne0,
-                       (long long)w->ne1, w->buf->n);
+    if (rb == 0 || rb != w->row_bytes || w->ne1 < 1 || w->offset > w->buf->n ||
+        (size_t)w->ne1 * rb > w->buf->n - w->offset)
+        return md_errf(e, MD_ERANGE,
+                       "cuda backend: tensor of type %d [%lld, %lld] does not lie "
+                       "inside its %zu-byte buffer",
+                       w->type, (long long)w->ne0, (long long)w->ne1, w->buf->n);
     return 0;
 }
 
@@ -306,7 +330,8 @@ static const void *tensor_ptr(const md_tensor *w) {
 static int be_embed(md_backend *be, const md_tensor *w, md_buf *out, md_err *e) {
     cuda_backend *b = cbe(be);
     int rc = tensor_ok(w, e);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     for (int t = 0; t < b->n_tokens; t++)
         if (b->h_tokens[t] < 0 || b->h_tokens[t] >= w->ne1)
             return md_errf(e, MD_ERANGE, "token id %d outside the vocabulary of %lld",
@@ -320,17 +345,21 @@ static int be_embed(md_backend *be, const md_tensor *w, md_buf *out, md_err *e) 
 static int be_matmul(md_backend *be, const md_tensor *w, const md_buf *x, md_buf *y, int T,
                      md_err *e) {
     int rc = tensor_ok(w, e);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     if ((size_t)T * w->ne0 * 4 > x->n || (size_t)T * w->ne1 * 4 > y->n)
-        return md_errf(e, MD_ERANGE, "cuda backend: matmul of %d x [%lld -> %lld] overruns its "
-                       "buffers", T, (long long)w->ne0, (long long)w->ne1);
+        return md_errf(e, MD_ERANGE,
+                       "cuda backend: matmul of %d x [%lld -> %lld] overruns its "
+                       "buffers",
+                       T, (long long)w->ne0, (long long)w->ne1);
     return cuda_matmul(cbe(be)->c, tensor_ptr(w), w->type, w->row_bytes, (const float *)x->p,
                        (float *)y->p, T, (int)w->ne1, (int)w->ne0, 0.0f, 0, e);
 }
 
 static int be_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, md_err *e) {
     int rc = tensor_ok(bias, e);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     if (bias->type != MD_TYPE_F32)
         return md_errf(e, MD_EUNSUPP, "cuda backend: bias of type %d (F32 only)", bias->type);
     return cuda_add_bias(cbe(be)->c, (float *)y->p, (const float *)tensor_ptr(bias), T,
@@ -356,7 +385,8 @@ static int be_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf 
                        md_buf *v_cache, int kv_dim, int cache_type, md_err *e) {
     cuda_backend *b = cbe(be);
     int rc = cache_type_ok(cache_type, e);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     size_t row = (size_t)kv_dim * cache_elem(cache_type);
     for (int t = 0; t < b->n_tokens; t++) {
         size_t s = (size_t)b->h_slot[t];
@@ -372,8 +402,10 @@ static int dec_splits(const cuda_backend *b, int n_kv_heads) {
     int blocks = b->n_dec * n_kv_heads;
     int want = (2 * b->n_sm + blocks - 1) / (blocks > 0 ? blocks : 1);
     int by_len = (b->max_dec_len + 63) / 64;
-    if (want > by_len) want = by_len;
-    if (want > DEC_MAX_SPLITS) want = DEC_MAX_SPLITS;
+    if (want > by_len)
+        want = by_len;
+    if (want > DEC_MAX_SPLITS)
+        want = DEC_MAX_SPLITS;
     return want < 1 ? 1 : want;
 }
 
@@ -382,16 +414,20 @@ static int be_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
                         int head_dim, int cache_type, float scale, md_err *e) {
     cuda_backend *b = cbe(be);
     int rc = cache_type_ok(cache_type, e);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     if (n_kv_heads < 1 || n_heads % n_kv_heads)
-        return md_errf(e, MD_EINVAL, "cuda backend: %d heads over %d kv heads", n_heads, n_kv_heads);
+        return md_errf(e, MD_EINVAL, "cuda backend: %d heads over %d kv heads", n_heads,
+                       n_kv_heads);
     size_t slot_bytes = (size_t)n_kv_heads * head_dim * cache_elem(cache_type);
     size_t n_slots = k_cache->n / slot_bytes;
     if ((size_t)(b->max_block_id + 1) * b->block_tokens > n_slots || v_cache->n < k_cache->n)
-        return md_errf(e, MD_ERANGE, "cuda backend: block %lld of %d tokens lies outside a cache "
-                       "of %zu slots", (long long)b->max_block_id, b->block_tokens, n_slots);
-    cuda_kv_layer kv = {k_cache->p, v_cache->p, cache_dtype(cache_type), n_kv_heads, head_dim,
-                        b->block_tokens};
+        return md_errf(e, MD_ERANGE,
+                       "cuda backend: block %lld of %d tokens lies outside a cache "
+                       "of %zu slots",
+                       (long long)b->max_block_id, b->block_tokens, n_slots);
+    cuda_kv_layer kv = {k_cache->p, v_cache->p, cache_dtype(cache_type),
+                        n_kv_heads, head_dim,   b->block_tokens};
     if (b->n_dec) {
         int splits = dec_splits(b, n_kv_heads);
         size_t need = cuda_attn_decode_work_bytes(b->n_dec, n_heads, head_dim, splits);
@@ -399,8 +435,10 @@ static int be_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
             /* Grows to its high-water mark during the first steps, then never again. */
             void *p = NULL;
             size_t want = cuda_attn_decode_work_bytes(b->r.max_seqs, n_heads, head_dim, splits);
-            if (want < need) want = need;
-            if ((rc = cuda_pool_alloc(b->c, want, &p, e))) return rc;
+            if (want < need)
+                want = need;
+            if ((rc = cuda_pool_alloc(b->c, want, &p, e)))
+                return rc;
             cuda_pool_free(b->c, b->att_work);
             b->att_work = p;
             b->att_work_n = want;
@@ -416,8 +454,8 @@ static int be_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
     return 0;
 }
 
-static int be_swiglu(md_backend *be, const md_buf *gate, const md_buf *up, md_buf *out,
-                     int64_t n, md_err *e) {
+static int be_swiglu(md_backend *be, const md_buf *gate, const md_buf *up, md_buf *out, int64_t n,
+                     md_err *e) {
     return cuda_swiglu(cbe(be)->c, (const float *)gate->p, (const float *)up->p, out->p, CUDA_F32,
                        n, e);
 }
@@ -467,7 +505,8 @@ static const md_backend_ops cuda_backend_ops = {
 int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e) {
     *out = NULL;
     cuda_backend *b = calloc(1, sizeof *b);
-    if (!b) return md_errf(e, MD_ENOMEM, "cuda backend: out of host memory");
+    if (!b)
+        return md_errf(e, MD_ENOMEM, "cuda backend: out of host memory");
     b->base.ops = &cuda_backend_ops;
     int rc = cuda_ctx_open(ordinal, &b->c, e);
     if (rc) {
@@ -498,7 +537,8 @@ int md_cuda_device_count(char *why, size_t whysz) {
 int md_cuda_device_get(int ordinal, md_cuda_device *out, md_err *e) {
     cuda_device_info in;
     int rc = cuda_device_query(ordinal, &in, e);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     memset(out, 0, sizeof *out);
     memcpy(out->name, in.name, sizeof out->name);
     out->ordinal = in.ordinal;
@@ -514,10 +554,13 @@ int md_cuda_device_get(int ordinal, md_cuda_device *out, md_err *e) {
 int md_cuda_check_fits(int ordinal, size_t need, const char *what, md_err *e) {
     cuda_device_info in;
     int rc = cuda_device_query(ordinal, &in, e);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     if (need > in.free_bytes)
-        return md_errf(e, MD_ENOMEM, "%s does not fit on cuda:%d (%s): needs %.2f GiB, %.2f GiB "
-                       "free of %.2f GiB", what, ordinal, in.name, need / GIB,
-                       in.free_bytes / GIB, in.total_bytes / GIB);
+        return md_errf(e, MD_ENOMEM,
+                       "%s does not fit on cuda:%d (%s): needs %.2f GiB, %.2f GiB "
+                       "free of %.2f GiB",
+                       what, ordinal, in.name, need / GIB, in.free_bytes / GIB,
+                       in.total_bytes / GIB);
     return 0;
 }

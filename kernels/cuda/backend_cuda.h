@@ -10,12 +10,12 @@
 #include "common/err.h"
 
 typedef struct {
-    char name[256];   /* "NVIDIA H200" */
+    char name[256]; /* "NVIDIA H200" */
     int ordinal;
     int cc_major, cc_minor;
     int n_sm;
     size_t total_bytes, free_bytes;
-    double hbm_gbps;  /* peak from the memory clock and bus width; 0 if unknown */
+    double hbm_gbps; /* peak from the memory clock and bus width; 0 if unknown */
 } md_cuda_device;
 
 /* Usable CUDA devices; 0 with the driver's reason in why (may be NULL) when none. */

@@ -38,7 +38,8 @@ int cuda_fail(cuda_ctx *c, cudaError_t err, const char *what, md_err *e) {
         md_errf(&c->failed, MD_EDEVICE, "CUDA device %d: %s failed: %s (%s)", c->ordinal, what,
                 cudaGetErrorString(err), cudaGetErrorName(err));
     if (c) {
-        if (e) *e = c->failed;
+        if (e)
+            *e = c->failed;
         return MD_EDEVICE;
     }
     return md_errf(e, MD_EDEVICE, "CUDA: %s failed: %s", what, cudaGetErrorString(err));
@@ -61,28 +62,34 @@ int cuda_fail_blas(cuda_ctx *c, cublasStatus_t st, const char *what, md_err *e) 
     if (!c->failed.code)
         md_errf(&c->failed, MD_EDEVICE, "CUDA device %d: cuBLAS %s failed: %s (status %d)",
                 c->ordinal, what, blas_name(st), (int)st);
-    if (e) *e = c->failed;
+    if (e)
+        *e = c->failed;
     return MD_EDEVICE;
 }
 
 int cuda_ctx_failed(const cuda_ctx *c, md_err *e) {
-    if (!c->failed.code) return 0;
-    if (e) *e = c->failed;
+    if (!c->failed.code)
+        return 0;
+    if (e)
+        *e = c->failed;
     return c->failed.code;
 }
 
 int cuda_check(cuda_ctx *c, const char *what, md_err *e) {
     CUDA_GUARD(c, e);
     cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return cuda_fail(c, err, what, e);
+    if (err != cudaSuccess)
+        return cuda_fail(c, err, what, e);
     return 0;
 }
 
 int cuda_sync(cuda_ctx *c, md_err *e) {
     CUDA_GUARD(c, e);
     cudaError_t err = cudaStreamSynchronize(c->stream);
-    if (err == cudaSuccess) err = cudaGetLastError();
-    if (err != cudaSuccess) return cuda_fail(c, err, "stream synchronize", e);
+    if (err == cudaSuccess)
+        err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return cuda_fail(c, err, "stream synchronize", e);
     return 0;
 }
 
@@ -90,24 +97,30 @@ int cuda_device_count(char *why, size_t whysz) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
-        if (why) snprintf(why, whysz, "%s", cudaGetErrorString(err));
+        if (why)
+            snprintf(why, whysz, "%s", cudaGetErrorString(err));
         cudaGetLastError(); /* not sticky: clear it so later calls start clean */
         return 0;
     }
-    if (n == 0 && why) snprintf(why, whysz, "the driver reports no CUDA device");
+    if (n == 0 && why)
+        snprintf(why, whysz, "the driver reports no CUDA device");
     return n;
 }
 
 int cuda_device_query(int ordinal, cuda_device_info *info, md_err *e) {
     char why[256] = "";
     int n = cuda_device_count(why, sizeof why);
-    if (n == 0) return md_errf(e, MD_EDEVICE, "no CUDA device is usable (%s); use --device cpu", why);
+    if (n == 0)
+        return md_errf(e, MD_EDEVICE, "no CUDA device is usable (%s); use --device cpu", why);
     if (ordinal < 0 || ordinal >= n)
-        return md_errf(e, MD_EDEVICE, "cuda:%d does not exist: this host has %d CUDA device%s "
-                       "(cuda:0..cuda:%d)", ordinal, n, n == 1 ? "" : "s", n - 1);
+        return md_errf(e, MD_EDEVICE,
+                       "cuda:%d does not exist: this host has %d CUDA device%s "
+                       "(cuda:0..cuda:%d)",
+                       ordinal, n, n == 1 ? "" : "s", n - 1);
     cudaDeviceProp p;
     cudaError_t err = cudaGetDeviceProperties(&p, ordinal);
-    if (err != cudaSuccess) return cuda_fail(NULL, err, "cudaGetDeviceProperties", e);
+    if (err != cudaSuccess)
+        return cuda_fail(NULL, err, "cudaGetDeviceProperties", e);
     memset(info, 0, sizeof *info);
     snprintf(info->name, sizeof info->name, "%s", p.name);
     info->ordinal = ordinal;
@@ -124,7 +137,8 @@ int cuda_device_query(int ordinal, cuda_device_info *info, md_err *e) {
     cudaGetDevice(&prev);
     if (cudaSetDevice(ordinal) == cudaSuccess) {
         size_t fr = 0, tot = 0;
-        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) info->free_bytes = fr;
+        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess)
+            info->free_bytes = fr;
         cudaSetDevice(prev);
     }
     cudaGetLastError();
@@ -134,19 +148,23 @@ int cuda_device_query(int ordinal, cuda_device_info *info, md_err *e) {
 int cuda_ctx_open(int ordinal, cuda_ctx **out, md_err *e) {
     cuda_device_info info;
     int rc = cuda_device_query(ordinal, &info, e);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
-    if (!c) return md_errf(e, MD_ENOMEM, "out of host memory opening cuda:%d", ordinal);
+    if (!c)
+        return md_errf(e, MD_ENOMEM, "out of host memory opening cuda:%d", ordinal);
     c->ordinal = ordinal;
     cudaError_t err = cudaSetDevice(ordinal);
-    if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (err == cudaSuccess)
+        err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) {
         rc = cuda_fail(c, err, "creating the stream", e);
         free(c);
         return rc;
     }
     cublasStatus_t st = cublasCreate(&c->cublas);
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetStream(c->cublas, c->stream);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasSetStream(c->cublas, c->stream);
     /* A fixed workspace: cuBLAS may not allocate during graph capture. */
     c->cublas_ws_bytes = 32u << 20;
     if (st == CUBLAS_STATUS_SUCCESS) {
@@ -168,11 +186,15 @@ int cuda_ctx_open(int ordinal, cuda_ctx **out, md_err *e) {
 }
 
 void cuda_ctx_close(cuda_ctx *c) {
-    if (!c) return;
+    if (!c)
+        return;
     cudaSetDevice(c->ordinal);
-    if (c->stream) cudaStreamSynchronize(c->stream);
-    if (c->cublas) cublasDestroy(c->cublas);
-    if (c->cublas_ws) cudaFree(c->cublas_ws);
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    if (c->cublas)
+        cublasDestroy(c->cublas);
+    if (c->cublas_ws)
+        cudaFree(c->cublas_ws);
     for (cuda_slab *s = c->slabs, *ns; s; s = ns) {
         ns = s->next;
         for (cuda_seg *g = s->segs, *ng; g; g = ng) {
@@ -182,23 +204,34 @@ void cuda_ctx_close(cuda_ctx *c) {
         cudaFree(s->base);
         free(s);
     }
-    if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
     cudaGetLastError();
     free(c);
 }
 
-cudaStream_t cuda_ctx_stream(cuda_ctx *c) { return c->stream; }
-int cuda_ctx_ordinal(const cuda_ctx *c) { return c->ordinal; }
-size_t cuda_pool_used(const cuda_ctx *c) { return c->used; }
-size_t cuda_pool_reserved(const cuda_ctx *c) { return c->reserved; }
+cudaStream_t cuda_ctx_stream(cuda_ctx *c) {
+    return c->stream;
+}
+int cuda_ctx_ordinal(const cuda_ctx *c) {
+    return c->ordinal;
+}
+size_t cuda_pool_used(const cuda_ctx *c) {
+    return c->used;
+}
+size_t cuda_pool_reserved(const cuda_ctx *c) {
+    return c->reserved;
+}
 
 /* First fit inside one slab; splits the segment found. */
 static void *slab_take(cuda_slab *s, size_t size) {
     for (cuda_seg *g = s->segs; g; g = g->next) {
-        if (!g->free || g->size < size) continue;
+        if (!g->free || g->size < size)
+            continue;
         if (g->size > size) {
             cuda_seg *rest = (cuda_seg *)malloc(sizeof *rest);
-            if (!rest) return NULL;
+            if (!rest)
+                return NULL;
             rest->off = g->off + size;
             rest->size = g->size - size;
             rest->free = 1;
@@ -218,7 +251,8 @@ int cuda_pool_alloc(cuda_ctx *c, size_t bytes, void **out, md_err *e) {
         return md_errf(e, MD_EINVAL, "cuda:%d: allocation while capturing a CUDA graph",
                        c->ordinal);
     size_t size = (bytes + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
-    if (size == 0) size = POOL_ALIGN;
+    if (size == 0)
+        size = POOL_ALIGN;
     for (cuda_slab *s = c->slabs; s; s = s->next) {
         void *p = slab_take(s, size);
         if (p) {
@@ -258,19 +292,23 @@ int cuda_pool_alloc(cuda_ctx *c, size_t bytes, void **out, md_err *e) {
     c->slabs = s;
     c->reserved += slab_size;
     *out = slab_take(s, size);
-    if (!*out) return md_errf(e, MD_ENOMEM, "out of host memory for the device pool");
+    if (!*out)
+        return md_errf(e, MD_ENOMEM, "out of host memory for the device pool");
     c->used += size;
     return 0;
 }
 
 void cuda_pool_free(cuda_ctx *c, void *p) {
-    if (!c || !p) return;
+    if (!c || !p)
+        return;
     for (cuda_slab *s = c->slabs; s; s = s->next) {
-        if ((char *)p < s->base || (char *)p >= s->base + s->size) continue;
+        if ((char *)p < s->base || (char *)p >= s->base + s->size)
+            continue;
         size_t off = (size_t)((char *)p - s->base);
         cuda_seg *prev = NULL;
         for (cuda_seg *g = s->segs; g; prev = g, g = g->next) {
-            if (g->off != off || g->free) continue;
+            if (g->off != off || g->free)
+                continue;
             g->free = 1;
             c->used -= g->size;
             cuda_seg *n = g->next;
@@ -294,7 +332,8 @@ int cuda_scratch(cuda_ctx *c, int which, size_t bytes, void **out, md_err *e) {
     if (c->scratch_bytes[which] < bytes) {
         void *p = NULL;
         int rc = cuda_pool_alloc(c, bytes, &p, e);
-        if (rc) return rc;
+        if (rc)
+            return rc;
         cuda_pool_free(c, c->scratch[which]);
         c->scratch[which] = p;
         c->scratch_bytes[which] = bytes;
@@ -308,7 +347,8 @@ int cuda_check_fits(cuda_ctx *c, size_t need, const char *what, md_err *e) {
     cudaSetDevice(c->ordinal);
     size_t fr = 0, tot = 0;
     cudaError_t err = cudaMemGetInfo(&fr, &tot);
-    if (err != cudaSuccess) return cuda_fail(c, err, "cudaMemGetInfo", e);
+    if (err != cudaSuccess)
+        return cuda_fail(c, err, "cudaMemGetInfo", e);
     size_t spare = c->reserved - c->used; /* upper bound: fragmentation may waste some */
     if (need > fr + spare)
         return md_errf(e, MD_ENOMEM,
@@ -320,29 +360,34 @@ int cuda_check_fits(cuda_ctx *c, size_t need, const char *what, md_err *e) {
 int cuda_upload(cuda_ctx *c, void *dst, const void *src, size_t bytes, md_err *e) {
     CUDA_GUARD(c, e);
     cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
-    if (err != cudaSuccess) return cuda_fail(c, err, "host-to-device copy", e);
+    if (err != cudaSuccess)
+        return cuda_fail(c, err, "host-to-device copy", e);
     return 0;
 }
 
 int cuda_download(cuda_ctx *c, void *dst, const void *src, size_t bytes, md_err *e) {
     CUDA_GUARD(c, e);
     cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(c->stream);
-    if (err != cudaSuccess) return cuda_fail(c, err, "device-to-host copy", e);
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(c->stream);
+    if (err != cudaSuccess)
+        return cuda_fail(c, err, "device-to-host copy", e);
     return 0;
 }
 
 int cuda_memset0(cuda_ctx *c, void *dst, size_t bytes, md_err *e) {
     CUDA_GUARD(c, e);
     cudaError_t err = cudaMemsetAsync(dst, 0, bytes, c->stream);
-    if (err != cudaSuccess) return cuda_fail(c, err, "memset", e);
+    if (err != cudaSuccess)
+        return cuda_fail(c, err, "memset", e);
     return 0;
 }
 
 int cuda_graph_begin(cuda_ctx *c, md_err *e) {
     CUDA_GUARD(c, e);
     cudaError_t err = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
-    if (err != cudaSuccess) return cuda_fail(c, err, "begin graph capture", e);
+    if (err != cudaSuccess)
+        return cuda_fail(c, err, "begin graph capture", e);
     c->capturing = 1;
     return 0;
 }
@@ -352,7 +397,8 @@ int cuda_graph_end(cuda_ctx *c, cuda_graph **out, md_err *e) {
     c->capturing = 0;
     cudaError_t err = cudaStreamEndCapture(c->stream, &g);
     CUDA_GUARD(c, e); /* a launcher failed inside the capture */
-    if (err != cudaSuccess) return cuda_fail(c, err, "end graph capture", e);
+    if (err != cudaSuccess)
+        return cuda_fail(c, err, "end graph capture", e);
     cuda_graph *cg = (cuda_graph *)calloc(1, sizeof *cg);
     if (!cg) {
         cudaGraphDestroy(g);
@@ -372,12 +418,14 @@ int cuda_graph_end(cuda_ctx *c, cuda_graph **out, md_err *e) {
 int cuda_graph_launch(cuda_ctx *c, cuda_graph *g, md_err *e) {
     CUDA_GUARD(c, e);
     cudaError_t err = cudaGraphLaunch(g->exec, c->stream);
-    if (err != cudaSuccess) return cuda_fail(c, err, "graph launch", e);
+    if (err != cudaSuccess)
+        return cuda_fail(c, err, "graph launch", e);
     return 0;
 }
 
 void cuda_graph_free(cuda_graph *g) {
-    if (!g) return;
+    if (!g)
+        return;
     cudaGraphExecDestroy(g->exec);
     cudaGraphDestroy(g->graph);
     free(g);

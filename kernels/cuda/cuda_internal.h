@@ -19,16 +19,16 @@ struct cuda_ctx {
     int ordinal;
     cudaStream_t stream;
     cublasHandle_t cublas;
-    void *cublas_ws;      /* cuBLAS workspace (device), fixed so graph capture stays legal */
+    void *cublas_ws; /* cuBLAS workspace (device), fixed so graph capture stays legal */
     size_t cublas_ws_bytes;
-    cuda_slab *slabs;     /* memory pool, see ctx.cu */
+    cuda_slab *slabs; /* memory pool, see ctx.cu */
     size_t used, reserved;
     int capturing;
     /* Scratch that grows on demand (never during graph capture): GEMM inputs converted to
      * bf16/f16, and a dequantized weight for quantized GEMMs with many tokens. */
     void *scratch[2];
     size_t scratch_bytes[2];
-    md_err failed;        /* sticky: code != 0 once a device error happened */
+    md_err failed; /* sticky: code != 0 once a device error happened */
 };
 
 /* Record a CUDA error as the ctx's sticky error and return MD_EDEVICE. */
@@ -36,10 +36,12 @@ int cuda_fail(cuda_ctx *c, cudaError_t err, const char *what, md_err *e);
 int cuda_fail_blas(cuda_ctx *c, cublasStatus_t st, const char *what, md_err *e);
 /* Return the sticky error (copied into e) when the ctx already failed; otherwise make the
  * ctx's device current (cheap when it already is), so several devices can share a thread. */
-#define CUDA_GUARD(c, e)                                                                        \
-    do {                                                                                        \
-        if ((c)->failed.code) return cuda_ctx_failed((c), (e));                                 \
-        if (!(c)->capturing) cudaSetDevice((c)->ordinal);                                       \
+#define CUDA_GUARD(c, e)                                                                           \
+    do {                                                                                           \
+        if ((c)->failed.code)                                                                      \
+            return cuda_ctx_failed((c), (e));                                                      \
+        if (!(c)->capturing)                                                                       \
+            cudaSetDevice((c)->ordinal);                                                           \
     } while (0)
 /* After a launch: report a launch error as the sticky device error. */
 #define CUDA_LAUNCHED(c, what, e) cuda_check((c), (what), (e))
@@ -48,7 +50,9 @@ enum { CUDA_SCRATCH_X = 0, CUDA_SCRATCH_W = 1 };
 /* Scratch slot `which` with at least `bytes` bytes. */
 int cuda_scratch(cuda_ctx *c, int which, size_t bytes, void **out, md_err *e);
 
-static inline unsigned cuda_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+static inline unsigned cuda_blocks(int64_t n, int per) {
+    return (unsigned)((n + per - 1) / per);
+}
 
 __device__ __forceinline__ float cuda_bf16_to_f(uint16_t h) {
     return __uint_as_float(((unsigned)h) << 16);
@@ -72,17 +76,21 @@ __device__ __forceinline__ void cuda_store(void *dst, cuda_dtype t, int64_t i, f
         ((uint16_t *)dst)[i] = cuda_f_to_f16(f);
 }
 __device__ __forceinline__ float cuda_load(const void *src, cuda_dtype t, int64_t i) {
-    if (t == CUDA_F32) return ((const float *)src)[i];
-    if (t == CUDA_BF16) return cuda_bf16_to_f(((const uint16_t *)src)[i]);
+    if (t == CUDA_F32)
+        return ((const float *)src)[i];
+    if (t == CUDA_BF16)
+        return cuda_bf16_to_f(((const uint16_t *)src)[i]);
     return cuda_f16_to_f(((const uint16_t *)src)[i]);
 }
 
 __device__ __forceinline__ float cuda_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 __device__ __forceinline__ float cuda_warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 /* Block-wide sum / max; every thread gets the result. sh: 32 floats of shared memory.
@@ -91,7 +99,8 @@ __device__ __forceinline__ float cuda_block_sum(float v, float *sh) {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = cuda_warp_sum(v);
     __syncthreads();
-    if (lane == 0) sh[wid] = v;
+    if (lane == 0)
+        sh[wid] = v;
     __syncthreads();
     v = lane < nw ? sh[lane] : 0.0f;
     return cuda_warp_sum(v);
@@ -100,7 +109,8 @@ __device__ __forceinline__ float cuda_block_max(float v, float *sh) {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = cuda_warp_max(v);
     __syncthreads();
-    if (lane == 0) sh[wid] = v;
+    if (lane == 0)
+        sh[wid] = v;
     __syncthreads();
     v = lane < nw ? sh[lane] : -FLT_MAX;
     return cuda_warp_max(v);

@@ -111,8 +111,7 @@ int cuda_add(cuda_ctx *c, float *y, const float *x, int64_t n, md_err *e);
 /* y[r][i] += bias[i], y f32 [rows][cols]. */
 int cuda_add_bias(cuda_ctx *c, float *y, const float *bias, int rows, int cols, md_err *e);
 /* Convert n floats to bf16 / f16 / f32 at dst. */
-int cuda_convert(cuda_ctx *c, const float *x, void *dst, cuda_dtype out_type, int64_t n,
-                 md_err *e);
+int cuda_convert(cuda_ctx *c, const float *x, void *dst, cuda_dtype out_type, int64_t n, md_err *e);
 /* out[t] = row ids[t] of table as f32: table holds n_rows rows of dim elements of ggml type
  * gtype (any type cuda_dequantize takes; dim a multiple of 32 and of the block size). Ids
  * outside [0, n_rows) give rows of zeros and set *bad_id (device int, may be NULL) to 1. */
@@ -136,10 +135,10 @@ int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const f
 /* ---- paged KV cache and attention ------------------------------------------------ */
 
 typedef struct {
-    void *k, *v;        /* [n_slots][n_kv_heads][head_dim] of dtype */
-    cuda_dtype dtype;   /* F32, F16 or BF16 */
+    void *k, *v;      /* [n_slots][n_kv_heads][head_dim] of dtype */
+    cuda_dtype dtype; /* F32, F16 or BF16 */
     int n_kv_heads;
-    int head_dim;       /* a multiple of 32, at most 256 */
+    int head_dim; /* a multiple of 32, at most 256 */
     int block_tokens;
 } cuda_kv_layer;
 

@@ -10,18 +10,22 @@ __global__ void k_rmsnorm(const float *x, const float *w, float eps, int dim, vo
     __shared__ float sh[32];
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        ss += xr[i] * xr[i];
     ss = cuda_block_sum(ss, sh);
     float inv = rsqrtf(ss / dim + eps);
     int64_t o = (int64_t)blockIdx.x * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) cuda_store(out, ot, o + i, xr[i] * inv * w[i]);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        cuda_store(out, ot, o + i, xr[i] * inv * w[i]);
 }
 
 int cuda_rmsnorm(cuda_ctx *c, const float *x, const float *w, float eps, int rows, int dim,
                  void *out, cuda_dtype out_type, md_err *e) {
     CUDA_GUARD(c, e);
-    if (rows < 0 || dim <= 0) return md_errf(e, MD_EINVAL, "CUDA rmsnorm: bad shape [%d, %d]", rows, dim);
-    if (rows == 0) return 0;
+    if (rows < 0 || dim <= 0)
+        return md_errf(e, MD_EINVAL, "CUDA rmsnorm: bad shape [%d, %d]", rows, dim);
+    if (rows == 0)
+        return 0;
     int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
     k_rmsnorm<<<rows, threads, 0, c->stream>>>(x, w, eps, dim, out, out_type);
     return CUDA_LAUNCHED(c, "rmsnorm", e);
@@ -32,7 +36,8 @@ __global__ void k_rope(float *x, const int32_t *pos, int n_tokens, int n_heads, 
                        int rot_dim, const float *inv_freq, int neox) {
     int half = rot_dim / 2;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)n_tokens * n_heads * half) return;
+    if (i >= (int64_t)n_tokens * n_heads * half)
+        return;
     int p = (int)(i % half);
     int64_t th = i / half; /* token * n_heads + head */
     int t = (int)(th / n_heads);
@@ -52,15 +57,17 @@ int cuda_rope(cuda_ctx *c, float *x, const int32_t *pos, int n_tokens, int n_hea
         return md_errf(e, MD_EINVAL, "CUDA rope: bad shape (heads %d, head_dim %d, rot_dims %d)",
                        n_heads, head_dim, rot_dim);
     int64_t n = (int64_t)n_tokens * n_heads * (rot_dim / 2);
-    if (n == 0) return 0;
-    k_rope<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(x, pos, n_tokens, n_heads, head_dim,
-                                                        rot_dim, inv_freq, neox);
+    if (n == 0)
+        return 0;
+    k_rope<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(x, pos, n_tokens, n_heads, head_dim, rot_dim,
+                                                       inv_freq, neox);
     return CUDA_LAUNCHED(c, "rope", e);
 }
 
 __global__ void k_swiglu(const float *gate, const float *up, void *out, cuda_dtype ot, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    if (i >= n)
+        return;
     float g = gate[i];
     cuda_store(out, ot, i, g / (1.0f + __expf(-g)) * up[i]);
 }
@@ -68,45 +75,54 @@ __global__ void k_swiglu(const float *gate, const float *up, void *out, cuda_dty
 int cuda_swiglu(cuda_ctx *c, const float *gate, const float *up, void *out, cuda_dtype out_type,
                 int64_t n, md_err *e) {
     CUDA_GUARD(c, e);
-    if (n <= 0) return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA swiglu: negative size");
+    if (n <= 0)
+        return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA swiglu: negative size");
     k_swiglu<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(gate, up, out, out_type, n);
     return CUDA_LAUNCHED(c, "swiglu", e);
 }
 
 __global__ void k_add(float *y, const float *x, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] += x[i];
+    if (i < n)
+        y[i] += x[i];
 }
 
 int cuda_add(cuda_ctx *c, float *y, const float *x, int64_t n, md_err *e) {
     CUDA_GUARD(c, e);
-    if (n <= 0) return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA add: negative size");
+    if (n <= 0)
+        return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA add: negative size");
     k_add<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(y, x, n);
     return CUDA_LAUNCHED(c, "add", e);
 }
 
 __global__ void k_add_bias(float *y, const float *bias, int64_t n, int cols) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] += bias[i % cols];
+    if (i < n)
+        y[i] += bias[i % cols];
 }
 
 int cuda_add_bias(cuda_ctx *c, float *y, const float *bias, int rows, int cols, md_err *e) {
     CUDA_GUARD(c, e);
     int64_t n = (int64_t)rows * cols;
-    if (rows < 0 || cols <= 0) return md_errf(e, MD_EINVAL, "CUDA add_bias: bad shape [%d, %d]", rows, cols);
-    if (n == 0) return 0;
+    if (rows < 0 || cols <= 0)
+        return md_errf(e, MD_EINVAL, "CUDA add_bias: bad shape [%d, %d]", rows, cols);
+    if (n == 0)
+        return 0;
     k_add_bias<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(y, bias, n, cols);
     return CUDA_LAUNCHED(c, "add_bias", e);
 }
 
 __global__ void k_convert(const float *x, void *dst, cuda_dtype ot, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) cuda_store(dst, ot, i, x[i]);
+    if (i < n)
+        cuda_store(dst, ot, i, x[i]);
 }
 
-int cuda_convert(cuda_ctx *c, const float *x, void *dst, cuda_dtype out_type, int64_t n, md_err *e) {
+int cuda_convert(cuda_ctx *c, const float *x, void *dst, cuda_dtype out_type, int64_t n,
+                 md_err *e) {
     CUDA_GUARD(c, e);
-    if (n <= 0) return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA convert: negative size");
+    if (n <= 0)
+        return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA convert: negative size");
     k_convert<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(x, dst, out_type, n);
     return CUDA_LAUNCHED(c, "convert", e);
 }
@@ -117,29 +133,35 @@ __global__ void k_get_rows(const uint8_t *table, size_t row_bytes, int64_t n_row
                            const int32_t *ids, int n, float *out, int *bad) {
     int groups = dim / 32;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)n * groups) return;
+    if (i >= (int64_t)n * groups)
+        return;
     int t = (int)(i / groups), g = (int)(i % groups);
     int32_t id = ids[t];
     float *o = out + (int64_t)t * dim + g * 32;
     if (id < 0 || id >= n_rows) {
-        for (int j = 0; j < 32; j++) o[j] = 0.0f;
-        if (bad) *bad = 1;
+        for (int j = 0; j < 32; j++)
+            o[j] = 0.0f;
+        if (bad)
+            *bad = 1;
         return;
     }
     float v[32];
     dq32<T>(table + (size_t)id * row_bytes, g, v);
-    for (int j = 0; j < 32; j++) o[j] = v[j];
+    for (int j = 0; j < 32; j++)
+        o[j] = v[j];
 }
 
 int cuda_get_rows(cuda_ctx *c, const void *table, int gtype, int64_t n_rows, int dim,
                   const int32_t *ids, int n, float *out, int *bad_id, md_err *e) {
     CUDA_GUARD(c, e);
     int b = qt_block_elems(gtype);
-    if (b == 0) return md_errf(e, MD_EUNSUPP, "CUDA get_rows: ggml type %d is not supported", gtype);
+    if (b == 0)
+        return md_errf(e, MD_EUNSUPP, "CUDA get_rows: ggml type %d is not supported", gtype);
     if (dim <= 0 || dim % b || dim % 32)
         return md_errf(e, MD_EINVAL, "CUDA get_rows: row length %d is not a multiple of %d", dim,
                        b > 32 ? b : 32);
-    if (n <= 0) return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA get_rows: negative count");
+    if (n <= 0)
+        return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA get_rows: negative count");
     int64_t work = (int64_t)n * (dim / 32);
     size_t rb = qt_row_bytes(gtype, dim);
     const uint8_t *tb = (const uint8_t *)table;
@@ -150,7 +172,8 @@ int cuda_get_rows(cuda_ctx *c, const void *table, int gtype, int64_t n_rows, int
 
 __global__ void k_gather(const float *x, const int32_t *rows, int cols, float *out, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    if (i >= n)
+        return;
     int64_t r = i / cols;
     out[i] = x[(int64_t)rows[r] * cols + i % cols];
 }
@@ -159,8 +182,10 @@ int cuda_gather_rows(cuda_ctx *c, const float *x, const int32_t *rows, int n_row
                      float *out, md_err *e) {
     CUDA_GUARD(c, e);
     int64_t n = (int64_t)n_rows * cols;
-    if (n_rows < 0 || cols <= 0) return md_errf(e, MD_EINVAL, "CUDA gather_rows: bad shape");
-    if (n == 0) return 0;
+    if (n_rows < 0 || cols <= 0)
+        return md_errf(e, MD_EINVAL, "CUDA gather_rows: bad shape");
+    if (n == 0)
+        return 0;
     k_gather<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(x, rows, cols, out, n);
     return CUDA_LAUNCHED(c, "gather_rows", e);
 }
@@ -180,9 +205,10 @@ __global__ void k_fill_random(void *dst, cuda_dtype t, int64_t n, float scale, u
 int cuda_fill_random(cuda_ctx *c, void *dst, cuda_dtype dtype, int64_t n, float scale,
                      uint64_t seed, md_err *e) {
     CUDA_GUARD(c, e);
-    if (n <= 0) return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA fill_random: negative size");
+    if (n <= 0)
+        return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA fill_random: negative size");
     int64_t blocks = (n + 255) / 256;
-    k_fill_random<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, c->stream>>>(
-        dst, dtype, n, scale, seed);
+    k_fill_random<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, c->stream>>>(dst, dtype, n,
+                                                                                      scale, seed);
     return CUDA_LAUNCHED(c, "fill_random", e);
 }

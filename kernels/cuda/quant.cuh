@@ -10,8 +10,16 @@
 
 #include "kernels/cuda/cuda_internal.h"
 
-enum { QT_F32 = 0, QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8, QT_Q4_K = 12,
-       QT_Q6_K = 14, QT_BF16 = 30 };
+enum {
+    QT_F32 = 0,
+    QT_F16 = 1,
+    QT_Q4_0 = 2,
+    QT_Q4_1 = 3,
+    QT_Q8_0 = 8,
+    QT_Q4_K = 12,
+    QT_Q6_K = 14,
+    QT_BF16 = 30
+};
 
 __device__ __forceinline__ float qt_f16(const uint8_t *p) {
     return cuda_f16_to_f((uint16_t)(p[0] | (p[1] << 8)));
@@ -21,15 +29,18 @@ template <int T> __device__ __forceinline__ void dq32(const uint8_t *row, int64_
 
 template <> __device__ __forceinline__ void dq32<QT_F32>(const uint8_t *row, int64_t g, float *o) {
     const float *s = (const float *)row + g * 32;
-    for (int j = 0; j < 32; j++) o[j] = s[j];
+    for (int j = 0; j < 32; j++)
+        o[j] = s[j];
 }
 template <> __device__ __forceinline__ void dq32<QT_F16>(const uint8_t *row, int64_t g, float *o) {
     const uint16_t *s = (const uint16_t *)row + g * 32;
-    for (int j = 0; j < 32; j++) o[j] = cuda_f16_to_f(s[j]);
+    for (int j = 0; j < 32; j++)
+        o[j] = cuda_f16_to_f(s[j]);
 }
 template <> __device__ __forceinline__ void dq32<QT_BF16>(const uint8_t *row, int64_t g, float *o) {
     const uint16_t *s = (const uint16_t *)row + g * 32;
-    for (int j = 0; j < 32; j++) o[j] = cuda_bf16_to_f(s[j]);
+    for (int j = 0; j < 32; j++)
+        o[j] = cuda_bf16_to_f(s[j]);
 }
 /* Q4_0: f16 d; u8 qs[16]; x = (q - 8) d; low nibbles are elements 0..15, high 16..31. */
 template <> __device__ __forceinline__ void dq32<QT_Q4_0>(const uint8_t *row, int64_t g, float *o) {
@@ -53,7 +64,8 @@ template <> __device__ __forceinline__ void dq32<QT_Q4_1>(const uint8_t *row, in
 template <> __device__ __forceinline__ void dq32<QT_Q8_0>(const uint8_t *row, int64_t g, float *o) {
     const uint8_t *p = row + g * 34;
     float d = qt_f16(p);
-    for (int j = 0; j < 32; j++) o[j] = (int8_t)p[2 + j] * d;
+    for (int j = 0; j < 32; j++)
+        o[j] = (int8_t)p[2 + j] * d;
 }
 /* Q4_K (256 per block): f16 d, dmin; u8 scales[12] packing eight 6-bit (scale, min) pairs;
  * u8 qs[128]. Sub-block j uses the low (j even) or high (j odd) nibbles of qs[32 (j/2)..]. */
@@ -72,7 +84,8 @@ template <> __device__ __forceinline__ void dq32<QT_Q4_K>(const uint8_t *row, in
     }
     float d1 = d * s, m1 = dmin * m;
     int shift = (j & 1) * 4;
-    for (int l = 0; l < 32; l++) o[l] = d1 * ((qs[l] >> shift) & 0xF) - m1;
+    for (int l = 0; l < 32; l++)
+        o[l] = d1 * ((qs[l] >> shift) & 0xF) - m1;
 }
 /* Q6_K (256 per block): u8 ql[128], qh[64]; i8 scales[16]; f16 d. Two halves of 128; group
  * q (0..3) of a half takes its low 4 bits from nibble q/2 of ql[l + 32 (q&1)] and its high
@@ -93,16 +106,22 @@ template <> __device__ __forceinline__ void dq32<QT_Q6_K>(const uint8_t *row, in
 /* Bytes per 32-element group's block and elements per block, host side. */
 static inline int qt_block_elems(int t) {
     switch (t) {
-    case QT_F32: case QT_F16: case QT_BF16: return 32; /* grouped by 32 for dq32 */
-    case QT_Q4_0: case QT_Q4_1: case QT_Q8_0: return 32;
-    case QT_Q4_K: case QT_Q6_K: return 256;
+    case QT_F32:
+    case QT_F16:
+    case QT_BF16: return 32; /* grouped by 32 for dq32 */
+    case QT_Q4_0:
+    case QT_Q4_1:
+    case QT_Q8_0: return 32;
+    case QT_Q4_K:
+    case QT_Q6_K: return 256;
     default: return 0;
     }
 }
 static inline size_t qt_row_bytes(int t, int64_t n) {
     switch (t) {
     case QT_F32: return (size_t)n * 4;
-    case QT_F16: case QT_BF16: return (size_t)n * 2;
+    case QT_F16:
+    case QT_BF16: return (size_t)n * 2;
     case QT_Q4_0: return (size_t)(n / 32) * 18;
     case QT_Q4_1: return (size_t)(n / 32) * 20;
     case QT_Q8_0: return (size_t)(n / 32) * 34;
@@ -113,19 +132,43 @@ static inline size_t qt_row_bytes(int t, int64_t n) {
 }
 
 /* Call F.template operator()<TYPE>() for a runtime type; returns 0, or -1 if unsupported. */
-#define QT_DISPATCH(t, ...)                                                                     \
-    do {                                                                                        \
-        switch (t) {                                                                            \
-        case QT_F32: { constexpr int QT = QT_F32; __VA_ARGS__; } break;                         \
-        case QT_F16: { constexpr int QT = QT_F16; __VA_ARGS__; } break;                         \
-        case QT_BF16: { constexpr int QT = QT_BF16; __VA_ARGS__; } break;                       \
-        case QT_Q4_0: { constexpr int QT = QT_Q4_0; __VA_ARGS__; } break;                       \
-        case QT_Q4_1: { constexpr int QT = QT_Q4_1; __VA_ARGS__; } break;                       \
-        case QT_Q8_0: { constexpr int QT = QT_Q8_0; __VA_ARGS__; } break;                       \
-        case QT_Q4_K: { constexpr int QT = QT_Q4_K; __VA_ARGS__; } break;                       \
-        case QT_Q6_K: { constexpr int QT = QT_Q6_K; __VA_ARGS__; } break;                       \
-        default: break;                                                                         \
-        }                                                                                       \
+#define QT_DISPATCH(t, ...)                                                                        \
+    do {                                                                                           \
+        switch (t) {                                                                               \
+        case QT_F32: {                                                                             \
+            constexpr int QT = QT_F32;                                                             \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case QT_F16: {                                                                             \
+            constexpr int QT = QT_F16;                                                             \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case QT_BF16: {                                                                            \
+            constexpr int QT = QT_BF16;                                                            \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case QT_Q4_0: {                                                                            \
+            constexpr int QT = QT_Q4_0;                                                            \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case QT_Q4_1: {                                                                            \
+            constexpr int QT = QT_Q4_1;                                                            \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case QT_Q8_0: {                                                                            \
+            constexpr int QT = QT_Q8_0;                                                            \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case QT_Q4_K: {                                                                            \
+            constexpr int QT = QT_Q4_K;                                                            \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case QT_Q6_K: {                                                                            \
+            constexpr int QT = QT_Q6_K;                                                            \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        default: break;                                                                            \
+        }                                                                                          \
     } while (0)
 
 #endif

@@ -62,13 +62,16 @@ __global__ void k_argmax(const float *logits, int vocab, int32_t *out) {
     float v;
     int idx;
     block_argmax(bv, bi, shv, shi, &v, &idx);
-    if (threadIdx.x == 0) out[blockIdx.x] = idx == INT_MAX ? 0 : idx;
+    if (threadIdx.x == 0)
+        out[blockIdx.x] = idx == INT_MAX ? 0 : idx;
 }
 
 int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *out, md_err *e) {
     CUDA_GUARD(c, e);
-    if (rows < 0 || vocab <= 0) return md_errf(e, MD_EINVAL, "CUDA argmax: bad shape [%d, %d]", rows, vocab);
-    if (rows == 0) return 0;
+    if (rows < 0 || vocab <= 0)
+        return md_errf(e, MD_EINVAL, "CUDA argmax: bad shape [%d, %d]", rows, vocab);
+    if (rows == 0)
+        return 0;
     k_argmax<<<rows, SAMPLE_THREADS, 0, c->stream>>>(logits, vocab, out);
     return CUDA_LAUNCHED(c, "argmax", e);
 }
@@ -116,7 +119,8 @@ __global__ void k_sample(const float *logits, int vocab, const cuda_sample_param
     if (P.temperature <= 0.0f) {
         if (threadIdx.x == 0) {
             out[blockIdx.x] = amax;
-            if (logprob) logprob[blockIdx.x] = -logf(z);
+            if (logprob)
+                logprob[blockIdx.x] = -logf(z);
         }
         return;
     }
@@ -127,7 +131,10 @@ __global__ void k_sample(const float *logits, int vocab, const cuda_sample_param
         for (int it = 0; it < BISECT_STEPS; it++) {
             float mid = 0.5f * (lo + hi);
             kept(l, vocab, mx, invt, mid, sh, &cn, &ms);
-            if (cn >= (float)P.top_k) lo = mid; else hi = mid;
+            if (cn >= (float)P.top_k)
+                lo = mid;
+            else
+                hi = mid;
         }
         thr = lo;
     }
@@ -138,11 +145,15 @@ __global__ void k_sample(const float *logits, int vocab, const cuda_sample_param
         for (int it = 0; it < BISECT_STEPS; it++) {
             float mid = 0.5f * (lo + hi);
             kept(l, vocab, mx, invt, mid, sh, &cn, &ms);
-            if (ms >= P.top_p * total) lo = mid; else hi = mid;
+            if (ms >= P.top_p * total)
+                lo = mid;
+            else
+                hi = mid;
         }
         thr = lo;
     }
-    if (P.min_p > 0.0f && P.min_p <= 1.0f) thr = fmaxf(thr, logf(P.min_p));
+    if (P.min_p > 0.0f && P.min_p <= 1.0f)
+        thr = fmaxf(thr, logf(P.min_p));
     float cn, mass;
     kept(l, vocab, mx, invt, thr, sh, &cn, &mass);
     float target = fminf(fmaxf(P.u, 0.0f), 0.99999994f) * mass;
@@ -156,47 +167,57 @@ __global__ void k_sample(const float *logits, int vocab, const cuda_sample_param
         int i = base + threadIdx.x;
         float s = i < vocab ? (l[i] - mx) * invt : -FLT_MAX;
         float p = (i < vocab && s >= thr) ? __expf(s) : 0.0f;
-        if (p > 0.0f) last_kept = i;
+        if (p > 0.0f)
+            last_kept = i;
         /* inclusive scan: warps, then warp totals */
         float x = p;
         int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
         for (int o = 1; o < 32; o <<= 1) {
             float y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
+            if (lane >= o)
+                x += y;
         }
         __syncthreads();
-        if (lane == 31) sh[wid] = x;
+        if (lane == 31)
+            sh[wid] = x;
         __syncthreads();
         if (wid == 0) {
             float w = sh[lane];
             for (int o = 1; o < 32; o <<= 1) {
                 float y = __shfl_up_sync(0xffffffffu, w, o);
-                if (lane >= o) w += y;
+                if (lane >= o)
+                    w += y;
             }
             sh[lane] = w;
         }
         __syncthreads();
         float incl = carry + x + (wid > 0 ? sh[wid - 1] : 0.0f);
-        if (p > 0.0f && incl > target) atomicMin(&found, i);
+        if (p > 0.0f && incl > target)
+            atomicMin(&found, i);
         __syncthreads();
-        if (threadIdx.x == blockDim.x - 1) carry = incl;
+        if (threadIdx.x == blockDim.x - 1)
+            carry = incl;
         __syncthreads();
-        if (found != INT_MAX) break;
+        if (found != INT_MAX)
+            break;
     }
     /* Rounding can leave target unreached: fall back to the last kept token. */
     int lk = (int)cuda_block_max((float)last_kept, sh);
     if (threadIdx.x == 0) {
         int tok = found != INT_MAX ? found : (lk >= 0 ? lk : amax);
         out[blockIdx.x] = tok;
-        if (logprob) logprob[blockIdx.x] = (l[tok] - mx) * invt - logf(z);
+        if (logprob)
+            logprob[blockIdx.x] = (l[tok] - mx) * invt - logf(z);
     }
 }
 
 int cuda_sample(cuda_ctx *c, const float *logits, int rows, int vocab,
                 const cuda_sample_params *params, int32_t *out, float *logprob, md_err *e) {
     CUDA_GUARD(c, e);
-    if (rows < 0 || vocab <= 0) return md_errf(e, MD_EINVAL, "CUDA sample: bad shape [%d, %d]", rows, vocab);
-    if (rows == 0) return 0;
+    if (rows < 0 || vocab <= 0)
+        return md_errf(e, MD_EINVAL, "CUDA sample: bad shape [%d, %d]", rows, vocab);
+    if (rows == 0)
+        return 0;
     k_sample<<<rows, SAMPLE_THREADS, 0, c->stream>>>(logits, vocab, params, out, logprob);
     return CUDA_LAUNCHED(c, "sample", e);
 }

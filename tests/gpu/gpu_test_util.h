@@ -13,7 +13,8 @@
 /* 0 when a device is there, else prints why and returns GPU_TEST_SKIP. */
 static inline int gpu_test_skip_without_device(void) {
     char why[256] = "";
-    if (md_cuda_device_count(why, sizeof why) > 0) return 0;
+    if (md_cuda_device_count(why, sizeof why) > 0)
+        return 0;
     printf("SKIP: no CUDA device (%s)\n", why);
     return GPU_TEST_SKIP;
 }

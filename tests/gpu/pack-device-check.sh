@@ -4,10 +4,10 @@
 # GPU test binaries, the benchmark and `medley` in .devcheck/bin, the shared libraries they
 # need that a CUDA image may lack in .devcheck/lib (with libcudart; libcublas, 100+ MB, comes from the
 # host's CUDA 13), built for sm_90 only (H100/H200) to stay small, and, with --model, the
-# SmolLM2 test model split into .devmodel1/ .devmodel2/ .devmodel3/ (the device tool sends
-# at most 64 MiB per call and keeps ignored files between calls while the machine is warm:
-# send .devmodel1 and .devmodel2 in a first short call, then .devcheck and .devmodel3 with
-# the check itself; run-device-check.sh joins the parts and prints their sha256).
+# SmolLM2 test model split into .devmodel1/ .. .devmodel5/ (~20 MB each: the device tool
+# sends at most 64 MiB per call and keeps ignored files between calls while the machine is
+# warm, so send .devmodel1+2, then .devmodel3+4 in short calls, then .devcheck + .devmodel5
+# with the check itself; run-device-check.sh joins the parts and prints their sha256).
 #
 #   bash tests/gpu/pack-device-check.sh [BUILD_DIR (default build-dpack)] [--model]
 set -euo pipefail
@@ -29,10 +29,13 @@ grep -qx '/.devcheck/' .git/info/exclude 2>/dev/null || echo '/.devcheck/' >>.gi
 grep -qx '/.devmodel*/' .git/info/exclude 2>/dev/null || echo '/.devmodel*/' >>.git/info/exclude
 if [[ " $* " == *" --model "* ]]; then
     m=${MEDLEY_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/medley/models}/SmolLM2-135M-Instruct.Q4_1.gguf
-    rm -rf .devmodel1 .devmodel2 .devmodel3
-    mkdir -p .devmodel1 .devmodel2 .devmodel3
-    split -n 3 -a 2 "$m" .devmodel1/part-
-    mv .devmodel1/part-ab .devmodel2/
-    mv .devmodel1/part-ac .devmodel3/
+    rm -rf .devmodel*
+    split -n 5 -a 2 "$m" /tmp/devmodel-part-
+    i=1
+    for p in /tmp/devmodel-part-*; do
+        mkdir -p .devmodel$i
+        mv "$p" .devmodel$i/part-$(basename "$p" | sed 's/devmodel-part-//')
+        i=$((i + 1))
+    done
 fi
 du -sh .devcheck .devmodel* 2>/dev/null

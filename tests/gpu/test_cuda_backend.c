@@ -24,8 +24,19 @@
 #include "gpu/gpu_test_util.h"
 #include "kernels/backend.h"
 
-enum { T = 43, S = 3, NB = 64, BT = 16, MAXB = 16, NH = 8, NKV = 2, HD = 64, CD = 256, FF = 512,
-       VOCAB = 300 };
+enum {
+    T = 43,
+    S = 3,
+    NB = 64,
+    BT = 16,
+    MAXB = 16,
+    NH = 8,
+    NKV = 2,
+    HD = 64,
+    CD = 256,
+    FF = 512,
+    VOCAB = 300
+};
 
 static md_backend *cpu, *gpu;
 static int32_t tokens[T], tok_seq[T], tok_pos[T], slot[T], seq_len[S], table[S * MAXB],
@@ -39,20 +50,23 @@ static float frand(void) {
     return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 static void fill(float *x, size_t n, float scale) {
-    for (size_t i = 0; i < n; i++) x[i] = scale * frand();
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * frand();
 }
 
 #define CHK(call)                                                                                  \
     do {                                                                                           \
         md_err e_ = {0};                                                                           \
-        if ((call) != 0) fail_msg("%s: %s", #call, e_.msg);                                        \
+        if ((call) != 0)                                                                           \
+            fail_msg("%s: %s", #call, e_.msg);                                                     \
     } while (0)
 #define E (&e_)
 
 static md_buf *mk(md_backend *be, const void *h, size_t n) {
     md_buf *b;
     CHK(be->ops->buf_alloc(be, n, &b, E));
-    if (h) CHK(be->ops->buf_upload(be, b, 0, h, n, E));
+    if (h)
+        CHK(be->ops->buf_upload(be, b, 0, h, n, E));
     return b;
 }
 static void dl(md_backend *be, md_buf *b, void *h, size_t n) {
@@ -74,13 +88,15 @@ static void compare(pair p, size_t n_floats, double rel, const char *what) {
     dl(cpu, p.c, a, n_floats * 4);
     dl(gpu, p.g, b, n_floats * 4);
     double ss = 0, worst = 0;
-    for (size_t i = 0; i < n_floats; i++) ss += (double)a[i] * a[i];
+    for (size_t i = 0; i < n_floats; i++)
+        ss += (double)a[i] * a[i];
     double rms = sqrt(ss / n_floats), tol = rel * (rms > 0 ? rms : 1);
     for (size_t i = 0; i < n_floats; i++) {
         double err = fabs((double)a[i] - b[i]);
         if (!(err <= tol))
             fail_msg("%s[%zu]: cpu %.7g, cuda %.7g (tolerance %.3g)", what, i, a[i], b[i], tol);
-        if (err > worst) worst = err;
+        if (err > worst)
+            worst = err;
     }
     printf("%-28s max |cpu - cuda| %.2e (rms %.2e)\n", what, worst, rms);
     free(a);
@@ -90,24 +106,40 @@ static void compare(pair p, size_t n_floats, double rel, const char *what) {
 static void make_step(void) {
     /* seq 0: positions 0..36; seq 1: position 50; seq 2: positions 20..24 */
     int t = 0;
-    for (int p = 0; p <= 36; p++, t++) tok_seq[t] = 0, tok_pos[t] = p;
+    for (int p = 0; p <= 36; p++, t++)
+        tok_seq[t] = 0, tok_pos[t] = p;
     tok_seq[t] = 1, tok_pos[t++] = 50;
-    for (int p = 20; p <= 24; p++, t++) tok_seq[t] = 2, tok_pos[t] = p;
+    for (int p = 20; p <= 24; p++, t++)
+        tok_seq[t] = 2, tok_pos[t] = p;
     assert_int_equal(t, T);
     seq_len[0] = 37, seq_len[1] = 51, seq_len[2] = 25;
     /* scrambled, disjoint block ids (5 is coprime with NB = 64) */
-    for (int i = 0; i < S * MAXB; i++) table[i] = (i * 5 + 3) % NB;
+    for (int i = 0; i < S * MAXB; i++)
+        table[i] = (i * 5 + 3) % NB;
     for (int i = 0; i < T; i++) {
         int s = tok_seq[i], p = tok_pos[i];
         slot[i] = table[s * MAXB + p / BT] * BT + p % BT;
         tokens[i] = (i * 37 + 11) % VOCAB;
     }
     logit_rows[0] = 36, logit_rows[1] = 37, logit_rows[2] = 42;
-    md_batch b = {.n_tokens = T, .n_seqs = S, .tokens = tokens, .tok_seq = tok_seq,
-                  .tok_pos = tok_pos, .slot = slot, .seq_len = seq_len, .block_table = table,
-                  .max_blocks = MAXB, .block_tokens = BT, .logit_rows = logit_rows, .n_logits = S};
-    md_reserve r = {.max_tokens = 64, .max_seqs = 4, .max_cols = FF, .max_ctx = MAXB * BT,
-                    .max_blocks = MAXB, .n_heads = NH};
+    md_batch b = {.n_tokens = T,
+                  .n_seqs = S,
+                  .tokens = tokens,
+                  .tok_seq = tok_seq,
+                  .tok_pos = tok_pos,
+                  .slot = slot,
+                  .seq_len = seq_len,
+                  .block_table = table,
+                  .max_blocks = MAXB,
+                  .block_tokens = BT,
+                  .logit_rows = logit_rows,
+                  .n_logits = S};
+    md_reserve r = {.max_tokens = 64,
+                    .max_seqs = 4,
+                    .max_cols = FF,
+                    .max_ctx = MAXB * BT,
+                    .max_blocks = MAXB,
+                    .n_heads = NH};
     CHK(cpu->ops->reserve(cpu, &r, E));
     CHK(gpu->ops->reserve(gpu, &r, E));
     CHK(cpu->ops->batch_prepare(cpu, &b, E));
@@ -133,7 +165,8 @@ static void test_matmul_embed_norm_elementwise(void **state) {
         size_t rb = ggml_row_size(ty, CD);
         void *wq = malloc(rb * FF);
         md_err e = {0};
-        if (ggml_quantize(ty, wf, wq, (int64_t)FF * CD, &e)) fail_msg("%s", e.msg);
+        if (ggml_quantize(ty, wf, wq, (int64_t)FF * CD, &e))
+            fail_msg("%s", e.msg);
         md_buf *kc, *kg;
         md_tensor wc = wrap(cpu, wq, ty, CD, FF, &kc), wg = wrap(gpu, wq, ty, CD, FF, &kg);
         int quant = ty != GGML_F32 && ty != GGML_F16 && ty != GGML_BF16;
@@ -243,7 +276,8 @@ static void run_attention(int gpu_cache_type, double tol, const char *what) {
     compare(pk, (size_t)T * kvd, 1e-5, "rope normal, half dims");
     /* keep the roped k exactly representable in f16 too */
     dl(cpu, pk.c, k, (size_t)T * kvd * 4);
-    for (size_t i = 0; i < (size_t)T * kvd; i++) k[i] = md_fp16_to_fp32(md_fp32_to_fp16(k[i]));
+    for (size_t i = 0; i < (size_t)T * kvd; i++)
+        k[i] = md_fp16_to_fp32(md_fp32_to_fp16(k[i]));
     CHK(cpu->ops->buf_upload(cpu, pk.c, 0, k, (size_t)T * kvd * 4, E));
     CHK(gpu->ops->buf_upload(gpu, pk.g, 0, k, (size_t)T * kvd * 4, E));
     int ct = gpu_cache_type == 0 ? MD_TYPE_F32 : MD_TYPE_F16;
@@ -284,9 +318,18 @@ static void test_bad_batches_are_refused(void **state) {
     int32_t bad_seq[T];
     memcpy(bad_seq, tok_seq, sizeof bad_seq);
     bad_seq[3] = 7;
-    md_batch b = {.n_tokens = T, .n_seqs = S, .tokens = tokens, .tok_seq = bad_seq,
-                  .tok_pos = tok_pos, .slot = slot, .seq_len = seq_len, .block_table = table,
-                  .max_blocks = MAXB, .block_tokens = BT, .logit_rows = logit_rows, .n_logits = S};
+    md_batch b = {.n_tokens = T,
+                  .n_seqs = S,
+                  .tokens = tokens,
+                  .tok_seq = bad_seq,
+                  .tok_pos = tok_pos,
+                  .slot = slot,
+                  .seq_len = seq_len,
+                  .block_table = table,
+                  .max_blocks = MAXB,
+                  .block_tokens = BT,
+                  .logit_rows = logit_rows,
+                  .n_logits = S};
     assert_int_equal(gpu->ops->batch_prepare(gpu, &b, &e), MD_ERANGE);
     printf("refused: %s\n", e.msg);
     int32_t bad_table[S * MAXB];
@@ -317,7 +360,8 @@ static void test_bad_batches_are_refused(void **state) {
 
 int main(void) {
     int skip = gpu_test_skip_without_device();
-    if (skip) return skip;
+    if (skip)
+        return skip;
     md_err e = {0};
     if (md_backend_open("cpu:2", 0, &cpu, &e) || md_backend_open("cuda:0", 0, &gpu, &e)) {
         fprintf(stderr, "open: %s\n", e.msg);

@@ -43,7 +43,8 @@ static json_t *fixture(const char *name) {
     snprintf(path, sizeof path, "%s/engine/%s", gpu_fixtures_dir(), name);
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
-    if (!j) printf("fixture %s: %s (line %d)\n", path, je.text, je.line);
+    if (!j)
+        printf("fixture %s: %s (line %d)\n", path, je.text, je.line);
     return j;
 }
 
@@ -51,10 +52,14 @@ static void rig_open(rig *r, const char *device) {
     md_err e = {0};
     if (md_backend_open(device, 2, &r->be, &e) || md_model_load(GF, r->be, &r->m, &e))
         fail_msg("%s: %s", device, e.msg);
-    md_reserve res = {.max_tokens = MAX_TOKENS, .max_seqs = 1, .max_cols = r->m->hp.n_ff,
-                      .max_ctx = 1024, .max_blocks = 64, .n_heads = r->m->hp.n_head};
-    if (md_kv_bufs_alloc(r->m, 1024, &r->kv, &e) || md_fwd_alloc(r->m, MAX_TOKENS, 1, &r->fwd, &e) ||
-        r->be->ops->reserve(r->be, &res, &e))
+    md_reserve res = {.max_tokens = MAX_TOKENS,
+                      .max_seqs = 1,
+                      .max_cols = r->m->hp.n_ff,
+                      .max_ctx = 1024,
+                      .max_blocks = 64,
+                      .n_heads = r->m->hp.n_head};
+    if (md_kv_bufs_alloc(r->m, 1024, &r->kv, &e) ||
+        md_fwd_alloc(r->m, MAX_TOKENS, 1, &r->fwd, &e) || r->be->ops->reserve(r->be, &res, &e))
         fail_msg("%s: %s", device, e.msg);
 }
 
@@ -68,16 +73,26 @@ static void rig_close(rig *r) {
 /* Positions [start, start + T) of one sequence in one step; logits of the last token. */
 static void step(rig *r, const int32_t *ids, int start, int T, float *logits) {
     static int32_t table[64], pos[MAX_TOKENS], seqi[MAX_TOKENS], slot[MAX_TOKENS];
-    for (int i = 0; i < 64; i++) table[i] = (i * 13 + 7) % 64; /* scrambled block order */
+    for (int i = 0; i < 64; i++)
+        table[i] = (i * 13 + 7) % 64; /* scrambled block order */
     for (int t = 0; t < T; t++) {
         pos[t] = start + t;
         seqi[t] = 0;
         slot[t] = table[pos[t] / 16] * 16 + pos[t] % 16;
     }
     int32_t seq_len = start + T, row = T - 1;
-    md_batch b = {.n_tokens = T, .n_seqs = 1, .tokens = ids, .tok_seq = seqi, .tok_pos = pos,
-                  .slot = slot, .seq_len = &seq_len, .block_table = table, .max_blocks = 64,
-                  .block_tokens = 16, .logit_rows = &row, .n_logits = 1};
+    md_batch b = {.n_tokens = T,
+                  .n_seqs = 1,
+                  .tokens = ids,
+                  .tok_seq = seqi,
+                  .tok_pos = pos,
+                  .slot = slot,
+                  .seq_len = &seq_len,
+                  .block_table = table,
+                  .max_blocks = 64,
+                  .block_tokens = 16,
+                  .logit_rows = &row,
+                  .n_logits = 1};
     md_err e = {0};
     if (md_model_forward(r->m, &r->fwd, &r->kv, &b, logits, &e))
         fail_msg("%s forward: %s", r->be->ops->name, e.msg);
@@ -86,7 +101,8 @@ static void step(rig *r, const int32_t *ids, int start, int T, float *logits) {
 static int argmax(const float *l, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)
-        if (l[i] > l[best]) best = i;
+        if (l[i] > l[best])
+            best = i;
     return best;
 }
 
@@ -109,7 +125,8 @@ static void test_logits_cuda_vs_cpu_and_llama_cpp(void **state) {
             step(&GPU, ids, 0, pos + 1, lg);
             for (int i = 0; i < V; i++) {
                 double d = fabs(lc[i] - lg[i]);
-                if (d > worst_cpu) worst_cpu = d;
+                if (d > worst_cpu)
+                    worst_cpu = d;
                 if (!(d <= CUDA_LOGIT_TOL))
                     fail_msg("prompt %zu pos %d token %d: cuda %.4f, cpu %.4f", pi, pos, i, lg[i],
                              lc[i]);
@@ -118,7 +135,8 @@ static void test_logits_cuda_vs_cpu_and_llama_cpp(void **state) {
             for (size_t k = 0; k < json_array_size(ti); k++) {
                 int id = (int)json_integer_value(json_array_get(ti, k));
                 double d = fabs(lg[id] - json_real_value(json_array_get(tv, k)));
-                if (d > worst_ref) worst_ref = d;
+                if (d > worst_ref)
+                    worst_ref = d;
                 if (!(d <= CUDA_LOGIT_TOL))
                     fail_msg("prompt %zu pos %d token %d: cuda %.4f, llama.cpp %.4f", pi, pos, id,
                              lg[id], json_real_value(json_array_get(tv, k)));
@@ -139,7 +157,8 @@ static void greedy(rig *r, const int32_t *prompt, int n, int32_t *out) {
     step(r, prompt, 0, n, l);
     for (int i = 0; i < N_GREEDY_TOKENS; i++) {
         out[i] = argmax(l, V);
-        if (i + 1 < N_GREEDY_TOKENS) step(r, &out[i], n + i, 1, l);
+        if (i + 1 < N_GREEDY_TOKENS)
+            step(r, &out[i], n + i, 1, l);
     }
     free(l);
 }
@@ -157,10 +176,12 @@ static void test_greedy_cuda_equals_cpu(void **state) {
         greedy(&CPU, ids, n, oc);
         greedy(&GPU, ids, n, og);
         int same = !memcmp(oc, og, sizeof oc), first = 0;
-        while (first < N_GREEDY_TOKENS && oc[first] == og[first]) first++;
+        while (first < N_GREEDY_TOKENS && oc[first] == og[first])
+            first++;
         equal += same;
         printf("prompt %2d (%3d tokens): %s", pi, n, same ? "equal\n" : "differs at token ");
-        if (!same) printf("%d\n", first);
+        if (!same)
+            printf("%d\n", first);
         free(ids);
     }
     printf("greedy continuations equal on %d of %d prompts (need 18)\n", equal, N_GREEDY_PROMPTS);
@@ -170,7 +191,8 @@ static void test_greedy_cuda_equals_cpu(void **state) {
 
 int main(void) {
     int skip = gpu_test_skip_without_device();
-    if (skip) return skip;
+    if (skip)
+        return skip;
     const char *path = test_model_path();
     if (!path) {
         printf("SKIP: %s not found (scripts/fetch-model.sh fetches it)\n", TEST_MODEL_FILE);

@@ -25,21 +25,25 @@ static cuda_ctx *C;
 static void *dev(size_t n) {
     void *p = NULL;
     md_err e = {0};
-    if (cuda_pool_alloc(C, n, &p, &e)) fail_msg("%s", e.msg);
+    if (cuda_pool_alloc(C, n, &p, &e))
+        fail_msg("%s", e.msg);
     return p;
 }
 static void put(void *d, const void *h, size_t n) {
     md_err e = {0};
-    if (cuda_upload(C, d, h, n, &e)) fail_msg("%s", e.msg);
+    if (cuda_upload(C, d, h, n, &e))
+        fail_msg("%s", e.msg);
 }
 static void get(void *h, const void *d, size_t n) {
     md_err e = {0};
-    if (cuda_download(C, h, d, n, &e)) fail_msg("%s", e.msg);
+    if (cuda_download(C, h, d, n, &e))
+        fail_msg("%s", e.msg);
 }
 #define OK(call)                                                                                   \
     do {                                                                                           \
         md_err e_ = {0};                                                                           \
-        if ((call) != 0) fail_msg("%s: %s", #call, e_.msg);                                         \
+        if ((call) != 0)                                                                           \
+            fail_msg("%s: %s", #call, e_.msg);                                                     \
     } while (0)
 #define E (&e_)
 
@@ -57,7 +61,8 @@ static void load_fixture(const char *name, fixture *fx) {
     snprintf(path, sizeof path, "%s/gguf/dequant_%s.bin", gpu_fixtures_dir(), name);
     size_t len;
     md_err e = {0};
-    if (md_read_file(path, 0, &fx->buf, &len, &e)) fail_msg("%s", e.msg);
+    if (md_read_file(path, 0, &fx->buf, &len, &e))
+        fail_msg("%s", e.msg);
     uint32_t hdr[3];
     memcpy(hdr, fx->buf + 4, 12);
     fx->type = (int)hdr[0];
@@ -122,8 +127,8 @@ static float frand(void) { /* uniform in [-1, 1) */
  * another order); 2e-2 for cuBLAS, whose inputs are rounded to bf16/f16 (8 significant
  * bits: ~2^-9 per product, growing as sqrt(k) like y itself). */
 static void test_matmul_every_type_and_path(void **state) {
-    const int types[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0,
-                         GGML_Q4_K, GGML_Q6_K};
+    const int types[] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q4_0,
+                         GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K};
     const int n = 72, k = 512, ms[] = {1, 3, 8, 9, 40};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         int type = types[ti];
@@ -131,32 +136,38 @@ static void test_matmul_every_type_and_path(void **state) {
         size_t rb = ggml_row_size(type, k);
         uint8_t *wq = malloc(rb * n);
         md_err e = {0};
-        for (int i = 0; i < n * k; i++) wf[i] = frand();
+        for (int i = 0; i < n * k; i++)
+            wf[i] = frand();
         if (type == GGML_Q4_K || type == GGML_Q6_K) {
             /* No quantizer for K types here: random blocks with a sane scale are valid data. */
-            for (size_t i = 0; i < rb * n; i++) wq[i] = (uint8_t)(frand() * 127 + 128);
+            for (size_t i = 0; i < rb * n; i++)
+                wq[i] = (uint8_t)(frand() * 127 + 128);
             size_t bb = type == GGML_Q4_K ? 144 : 210;
             for (size_t b = 0; b < rb * n / bb; b++) {
                 uint16_t d = md_fp32_to_fp16(0.01f + 0.001f * (float)(b % 7));
                 uint8_t *p = wq + b * bb + (type == GGML_Q4_K ? 0 : 208);
                 memcpy(p, &d, 2);
-                if (type == GGML_Q4_K) memcpy(p + 2, &d, 2);
+                if (type == GGML_Q4_K)
+                    memcpy(p + 2, &d, 2);
             }
         } else if (ggml_quantize(type, wf, wq, (int64_t)n * k, &e)) {
             fail_msg("%s", e.msg);
         }
-        if (ggml_dequantize(type, wq, wd, (int64_t)n * k, &e)) fail_msg("%s", e.msg);
+        if (ggml_dequantize(type, wq, wd, (int64_t)n * k, &e))
+            fail_msg("%s", e.msg);
         void *dw = dev(rb * n);
         put(dw, wq, rb * n);
         for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
             int m = ms[mi];
             float *x = malloc((size_t)m * k * 4), *y = malloc((size_t)m * n * 4);
             double *ref = malloc((size_t)m * n * sizeof(double)), ss = 0;
-            for (int i = 0; i < m * k; i++) x[i] = frand();
+            for (int i = 0; i < m * k; i++)
+                x[i] = frand();
             for (int r = 0; r < m; r++)
                 for (int j = 0; j < n; j++) {
                     double s = 0;
-                    for (int i = 0; i < k; i++) s += (double)x[r * k + i] * wd[(size_t)j * k + i];
+                    for (int i = 0; i < k; i++)
+                        s += (double)x[r * k + i] * wd[(size_t)j * k + i];
                     ref[r * n + j] = s;
                     ss += s * s;
                 }
@@ -164,7 +175,8 @@ static void test_matmul_every_type_and_path(void **state) {
             float *dx = dev((size_t)m * k * 4), *dy = dev((size_t)m * n * 4);
             put(dx, x, (size_t)m * k * 4);
             for (int force = 0; force < 2; force++) {
-                if (force && m > CUDA_GEMV_MAX_M) continue;
+                if (force && m > CUDA_GEMV_MAX_M)
+                    continue;
                 OK(cuda_matmul(C, dw, type, rb, dx, dy, m, n, k, 0.0f, force, E));
                 get(y, dy, (size_t)m * n * 4);
                 int gemv = m <= CUDA_GEMV_MAX_M && !force;
@@ -175,7 +187,8 @@ static void test_matmul_every_type_and_path(void **state) {
                         fail_msg("%s m=%d %s: y[%d] = %.6g, reference %.6g (tolerance %.3g)",
                                  ggml_type_name(type), m, gemv ? "gemv" : "cublas", i, y[i], ref[i],
                                  tol);
-                    if (err > worst) worst = err;
+                    if (err > worst)
+                        worst = err;
                 }
                 printf("matmul %-5s m=%-2d %-6s max error %.2e of rms %.2e\n", ggml_type_name(type),
                        m, gemv ? "gemv" : "cublas", worst, rms);
@@ -195,9 +208,12 @@ static void test_matmul_every_type_and_path(void **state) {
 
 static void host_probs(const float *l, int V, float temp, double *p) {
     double mx = -INFINITY, z = 0;
-    for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
-    for (int i = 0; i < V; i++) z += p[i] = exp((l[i] - mx) / temp);
-    for (int i = 0; i < V; i++) p[i] /= z;
+    for (int i = 0; i < V; i++)
+        mx = l[i] > mx ? l[i] : mx;
+    for (int i = 0; i < V; i++)
+        z += p[i] = exp((l[i] - mx) / temp);
+    for (int i = 0; i < V; i++)
+        p[i] /= z;
 }
 
 /* Inverse-CDF sampling is deterministic in u: over the grid u_j = (j + 0.5) / N each token
@@ -206,7 +222,8 @@ static void host_probs(const float *l, int V, float temp, double *p) {
 static void test_sampling_distribution_and_filters(void **state) {
     enum { V = 1000, N = 2000 };
     float *l = malloc(V * 4);
-    for (int i = 0; i < V; i++) l[i] = 3.0f * frand();
+    for (int i = 0; i < V; i++)
+        l[i] = 3.0f * frand();
     l[17] = l[523] = 9.0f; /* a tie at the top: argmax must say 17 */
     float *dl = dev(V * 4);
     put(dl, l, V * 4);
@@ -219,13 +236,16 @@ static void test_sampling_distribution_and_filters(void **state) {
     struct {
         float temp, top_p, min_p;
         int top_k;
-    } cases[] = {{1.0f, 1.0f, 0.0f, 0}, {0.7f, 1.0f, 0.0f, 5}, {1.3f, 0.5f, 0.0f, 0},
+    } cases[] = {{1.0f, 1.0f, 0.0f, 0},
+                 {0.7f, 1.0f, 0.0f, 5},
+                 {1.3f, 0.5f, 0.0f, 0},
                  {1.0f, 1.0f, 0.05f, 0}};
     double *p = malloc(V * sizeof(double));
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         /* N rows of the same logits, one u each */
         float *dl_n = dev((size_t)N * V * 4);
-        for (int r = 0; r < N; r++) put(dl_n + (size_t)r * V, l, V * 4);
+        for (int r = 0; r < N; r++)
+            put(dl_n + (size_t)r * V, l, V * 4);
         cuda_sample_params *prm = malloc(N * sizeof *prm);
         for (int r = 0; r < N; r++)
             prm[r] = (cuda_sample_params){cases[c].temp, cases[c].top_k, cases[c].top_p,
@@ -239,7 +259,8 @@ static void test_sampling_distribution_and_filters(void **state) {
         /* host filter: keep top-k, then smallest prefix (by probability) reaching top_p,
          * then p >= min_p * pmax */
         int *order = malloc(V * sizeof(int)), keep[V];
-        for (int i = 0; i < V; i++) order[i] = i;
+        for (int i = 0; i < V; i++)
+            order[i] = i;
         for (int i = 0; i < V; i++) /* selection sort by p descending: V is small */
             for (int j = i + 1; j < V; j++)
                 if (p[order[j]] > p[order[i]]) {
@@ -249,12 +270,14 @@ static void test_sampling_distribution_and_filters(void **state) {
                 }
         int nk = cases[c].top_k > 0 ? cases[c].top_k : V;
         double cum = 0, mass_k = 0;
-        for (int i = 0; i < nk; i++) mass_k += p[order[i]];
+        for (int i = 0; i < nk; i++)
+            mass_k += p[order[i]];
         int np = 0;
         for (int i = 0; i < nk; i++) {
             np++;
             cum += p[order[i]];
-            if (cases[c].top_p < 1.0f && cum >= cases[c].top_p * mass_k) break;
+            if (cases[c].top_p < 1.0f && cum >= cases[c].top_p * mass_k)
+                break;
         }
         memset(keep, 0, sizeof keep);
         double kept = 0, pmax = p[order[0]];
@@ -267,7 +290,8 @@ static void test_sampling_distribution_and_filters(void **state) {
         for (int r = 0; r < N; r++) {
             assert_true(tok[r] >= 0 && tok[r] < V);
             if (!keep[tok[r]])
-                fail_msg("case %zu: token %d (p %.4g) drawn but filtered out", c, tok[r], p[tok[r]]);
+                fail_msg("case %zu: token %d (p %.4g) drawn but filtered out", c, tok[r],
+                         p[tok[r]]);
             count[tok[r]]++;
             double want_lp = log(p[tok[r]]);
             if (fabs(lp[r] - want_lp) > 1e-3)
@@ -301,8 +325,10 @@ static void test_sampling_distribution_and_filters(void **state) {
 static void test_graph_replay_equals_direct(void **state) {
     enum { R = 4, D = 1024 };
     float x[R * D], w[D], y0[R * D], y1[R * D];
-    for (int i = 0; i < R * D; i++) x[i] = frand();
-    for (int i = 0; i < D; i++) w[i] = 1.0f + 0.1f * frand();
+    for (int i = 0; i < R * D; i++)
+        x[i] = frand();
+    for (int i = 0; i < D; i++)
+        w[i] = 1.0f + 0.1f * frand();
     float *dx = dev(sizeof x), *dw = dev(sizeof w), *dy = dev(sizeof x);
     put(dw, w, sizeof w);
     put(dx, x, sizeof x);
@@ -318,11 +344,13 @@ static void test_graph_replay_equals_direct(void **state) {
     OK(cuda_graph_launch(C, g, E));
     get(y1, dy, sizeof y1);
     assert_memory_equal(y0, y1, sizeof y0);
-    for (int i = 0; i < R * D; i++) x[i] *= 2.0f;
+    for (int i = 0; i < R * D; i++)
+        x[i] *= 2.0f;
     put(dx, x, sizeof x);
     OK(cuda_graph_launch(C, g, E));
     get(y1, dy, sizeof y1);
-    for (int i = 0; i < R * D; i++) assert_true(fabsf(y1[i] - (y0[i] + x[i] / 2)) < 1e-4f);
+    for (int i = 0; i < R * D; i++)
+        assert_true(fabsf(y1[i] - (y0[i] + x[i] / 2)) < 1e-4f);
     cuda_graph_free(g);
 }
 
@@ -357,7 +385,8 @@ static void test_device_error_is_sticky(void **state) {
 
 int main(void) {
     int skip = gpu_test_skip_without_device();
-    if (skip) return skip;
+    if (skip)
+        return skip;
     md_err e = {0};
     if (cuda_ctx_open(0, &C, &e)) {
         fprintf(stderr, "cuda_ctx_open: %s\n", e.msg);
