@@ -13,9 +13,10 @@ missing, compiles bench_tok.c against BUILD's static libraries, then for each mo
   lines  each line as its own text (a batch of ~100k small prompts)
 measures the best of --repeats runs of both tokenizers in CPU seconds of their own process
 (so other jobs on a shared machine do not skew the ratio; both are single-threaded), plain
-text: no BOS, no special-token parsing. llama.cpp is called through llama_tokenize() with a buffer large enough for one
-pass (Llama.tokenize() would tokenize long texts twice). Finally it checks that medley and
-llama.cpp give the same ids on the whole text, and prints MB/s (10^6 bytes/s) and the ratio.
+text: no BOS, no special-token parsing. llama.cpp is called through llama_tokenize() with a
+buffer large enough for one pass (Llama.tokenize() would tokenize long texts twice). Finally
+it checks that medley and llama.cpp give the same ids on the whole text and the same piece
+for every token (decoding), and prints MB/s (10^6 bytes per CPU second) and the ratio.
 """
 import argparse
 import ctypes
@@ -78,6 +79,24 @@ def time_llama(tok, data, mode, repeats):
             "seconds": round(best, 4), "mb_per_s": round(len(data) / best / 1e6, 2)}, ids
 
 
+def check_pieces(exe, model, tok):
+    """Every token's piece (token_to_piece with special=True) against llama.cpp's."""
+    import llama_cpp
+    vocab = tok.__defaults__[0]._model.vocab
+    mine = subprocess.run([exe, model, "--pieces"], check=True, capture_output=True,
+                          text=True).stdout.split("\n")
+    n = llama_cpp.llama_vocab_n_tokens(vocab)
+    buf = ctypes.create_string_buffer(1 << 16)
+    bad = []
+    for i in range(n):
+        k = llama_cpp.llama_token_to_piece(vocab, i, buf, len(buf), 0, True)
+        if buf.raw[:k].hex() != mine[i]:
+            bad.append(i)
+    print("pieces identical to llama.cpp: %s (%d tokens, %d differ%s)" %
+          ("yes" if not bad else "NO", n, len(bad), (": " + str(bad[:10])) if bad else ""))
+    return not bad
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -114,7 +133,8 @@ def main():
                                           ref["mb_per_s"], ref["tokens"], ref["seconds"],
                                           med["mb_per_s"] / ref["mb_per_s"]))
     print("whole-text ids identical to llama.cpp: %s" % ("yes" if agree else "NO"))
-    return 0 if agree else 1
+    same_pieces = check_pieces(exe, a.model, tok)
+    return 0 if agree and same_pieces else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 /* bench_tok.c — medley's tokenizer throughput on a text file, for bench/tokenizer/bench.py.
  *
  *   bench_tok MODEL.gguf TEXT_FILE MODE REPEATS [IDS_OUT]
+ *   bench_tok MODEL.gguf --pieces      every token's piece (render_special), hex, one a line
  *
  * MODE "whole": the file is one text; "lines": each line (with its \n) is one text, as a
  * batch of many prompts. Prints one JSON line: bytes, tokens, best CPU seconds of this process
@@ -22,7 +23,29 @@ static double cpu_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+static int dump_pieces(const char *model) {
+    md_err e = {0};
+    gguf_file *f;
+    tok_tokenizer *t;
+    if (gguf_open(model, &f, &e) || tok_load(f, &t, &e)) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
+    gguf_close(f);
+    for (int i = 0; i < tok_n_vocab(t); i++) {
+        size_t n;
+        const char *p = tok_piece(t, i, 1, &n);
+        for (size_t k = 0; k < n; k++)
+            printf("%02x", (unsigned char)p[k]);
+        putchar('\n');
+    }
+    tok_free(t);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[2], "--pieces"))
+        return dump_pieces(argv[1]);
     if (argc < 5) {
         fprintf(stderr, "usage: %s MODEL TEXT whole|lines REPEATS [IDS_OUT]\n", argv[0]);
         return 2;
