@@ -8,11 +8,18 @@
  * For every (context c, batch b) it submits b sequences of c synthetic prompt tokens that
  * each generate --gen tokens (greedy, EOS ignored) to one engine and runs steps until they
  * finish. The prefill phase lasts until every sequence has its first token; the rest is the
- * decode phase. prefill_tokens_per_s = b*c / prefill time; decode_tokens_per_s = tokens
- * generated in the decode phase / its time; decode_step_ms = that time / its steps;
- * context = c + gen/2, the mean KV length during decode. One warm-up run precedes the
- * measurements. The same code runs on CPU and CUDA: it goes through the engine exactly as
- * jobs do. */
+ * decode phase. One warm-up run precedes the measurements. The same code runs on CPU and
+ * CUDA: it goes through the engine exactly as jobs do.
+ *
+ * The document holds both forms the scheduler reads:
+ *  - "batches": the batch sweep at the first (smallest) context: prefill_tokens_per_s =
+ *    b*c / prefill time, decode_tokens_per_s = tokens generated in the decode phase / its
+ *    time, decode_step_ms = that time / its steps, context = c + gen/2 (the mean KV length
+ *    while decoding). Batch sizes increase, as the scheduler requires.
+ *  - "buckets": one per context, input lengths split halfway between the contexts asked
+ *    for, output lengths [0, 2*gen): max_output_tokens_per_s is the best over the batch
+ *    sizes of b*gen / (b*c / prefill rate + gen * decode step time), i.e. what a stream of
+ *    such requests sustains with prefill included; "batch" is the b that gave it. */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -77,6 +84,20 @@ static int parse_list(const char *s, int *out, int *n, int max, const char *what
     return *n ? 0 : -1;
 }
 
+static void sort_unique(int *v, int *n) {
+    for (int i = 1; i < *n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            int t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    int m = 0;
+    for (int i = 0; i < *n; i++)
+        if (m == 0 || v[i] != v[m - 1])
+            v[m++] = v[i];
+    *n = m;
+}
+
 static int parse_args(int argc, char **argv, prof_opts *o) {
     enum { O_DEVICE = 256, O_BATCHES, O_CONTEXTS, O_GEN, O_NAME, O_TYPE, O_BT, O_KV };
     static const struct option lo[] = {{"model", required_argument, 0, 'm'},
@@ -123,6 +144,8 @@ static int parse_args(int argc, char **argv, prof_opts *o) {
         default: usage(stderr); return 2;
         }
     }
+    sort_unique(o->batches, &o->n_batches);
+    sort_unique(o->contexts, &o->n_contexts);
     if (!o->model || optind < argc) {
         usage(stderr);
         return 2;
@@ -289,27 +312,53 @@ int cmd_profile(int argc, char **argv) {
         md_engine_close(eng);
         return 1;
     }
-    json_t *batches = json_array();
+    static point pts[MAX_POINTS][MAX_POINTS];
     for (int ci = 0; ci < o.n_contexts; ci++)
         for (int bi = 0; bi < o.n_batches; bi++) {
-            point pt;
+            point *pt = &pts[ci][bi];
             int b = o.batches[bi], c = o.contexts[ci];
-            if (measure(eng, b, c, o.gen, &pt, &e)) {
+            if (measure(eng, b, c, o.gen, pt, &e)) {
                 fprintf(stderr, "medley profile: batch %d, context %d: %s\n", b, c, e.msg);
-                json_decref(batches);
                 md_engine_close(eng);
                 return 1;
             }
             fprintf(stderr,
                     "  batch %4d  context %6d: prefill %10.1f tok/s, decode %9.1f tok/s "
                     "(%.2f ms/step)\n",
-                    b, c, pt.prefill_tps, pt.decode_tps, pt.decode_step_ms);
-            json_array_append_new(batches,
-                                  json_pack("{s:i, s:i, s:f, s:f, s:f}", "batch", b, "context",
-                                            c + o.gen / 2, "prefill_tokens_per_s", pt.prefill_tps,
-                                            "decode_tokens_per_s", pt.decode_tps, "decode_step_ms",
-                                            pt.decode_step_ms));
+                    b, c, pt->prefill_tps, pt->decode_tps, pt->decode_step_ms);
         }
+    json_t *batches = json_array(), *buckets = json_array();
+    for (int bi = 0; bi < o.n_batches; bi++) {
+        const point *pt = &pts[0][bi];
+        json_array_append_new(
+            batches,
+            json_pack("{s:i, s:i, s:f, s:f, s:f}", "batch", o.batches[bi], "context",
+                      o.contexts[0] + o.gen / 2, "prefill_tokens_per_s", pt->prefill_tps,
+                      "decode_tokens_per_s", pt->decode_tps, "decode_step_ms", pt->decode_step_ms));
+    }
+    for (int ci = 0; ci < o.n_contexts; ci++) {
+        int c = o.contexts[ci], best_b = 0;
+        double best = 0, best_total = 0;
+        for (int bi = 0; bi < o.n_batches; bi++) {
+            const point *pt = &pts[ci][bi];
+            int b = o.batches[bi];
+            double t = (double)b * c / pt->prefill_tps + o.gen * pt->decode_step_ms / 1e3;
+            if (t > 0 && b * (double)o.gen / t > best) {
+                best = b * (double)o.gen / t;
+                best_total = b * (double)(c + o.gen) / t;
+                best_b = b;
+            }
+        }
+        if (best_b == 0)
+            continue;
+        int lo = ci == 0 ? 0 : (o.contexts[ci - 1] + c) / 2;
+        int hi = ci + 1 < o.n_contexts ? (c + o.contexts[ci + 1]) / 2 : 2 * c;
+        json_array_append_new(
+            buckets, json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:i}", "input_lo", lo,
+                               "input_hi", hi, "output_lo", 0, "output_hi", 2 * o.gen, "input_mean",
+                               (double)c, "output_mean", (double)o.gen, "max_output_tokens_per_s",
+                               best, "max_total_tokens_per_s", best_total, "batch", best_b));
+    }
     md_engine_close(eng);
 
     char dtype[256], host[256] = "", date[64];
@@ -327,11 +376,11 @@ int cmd_profile(int argc, char **argv) {
     char tool[64];
     snprintf(tool, sizeof tool, "medley profile 0.1 (%s)",
              strncmp(o.device, "cuda", 4) ? "cpu" : "cuda");
-    json_t *doc =
-        json_pack("{s:i, s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:o}", "version", 1,
-                  "kind", "medley.profile", "device_type", dtype, "device_count", 1, "tp", 1,
-                  "model", name, "quant", quant, "date", date, "method", "measured", "tool", tool,
-                  "host", host, "max_context", n_ctx, "batches", batches);
+    json_t *doc = json_pack(
+        "{s:i, s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:o}", "version", 1,
+        "kind", "medley.profile", "device_type", dtype, "device_count", 1, "tp", 1, "model", name,
+        "quant", quant, "date", date, "method", "measured", "tool", tool, "host", host,
+        "max_context", n_ctx, "batches", batches, "buckets", buckets);
     int out_rc = 0;
     if (o.out) {
         if (json_dump_file(doc, o.out, JSON_INDENT(2)) != 0) {
