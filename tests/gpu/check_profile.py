@@ -17,7 +17,10 @@ import subprocess
 import sys
 import tempfile
 
-import jsonschema
+try:
+    import jsonschema
+except ImportError:  # CI installs it (scripts/requirements-test.txt); a bare GPU image may not
+    jsonschema = None
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,7 +57,11 @@ def main():
             return 1
         doc = json.load(open(out))
     schema = json.load(open(os.path.join(ROOT, "schemas", "profile.schema.json")))
-    jsonschema.validate(doc, schema, format_checker=jsonschema.FormatChecker())
+    if jsonschema:
+        jsonschema.validate(doc, schema, format_checker=jsonschema.FormatChecker())
+    else:
+        print("jsonschema is not installed: schema validation skipped, field checks only")
+        assert set(schema["required"]) <= set(doc) and set(doc) <= set(schema["properties"])
     assert doc["method"] == "measured" and doc["model"] == "smollm2-135m", doc
     assert doc["quant"] == "Q4_1", doc["quant"]
     assert doc["device_type"] == "H200" if device == "cpu" else doc["device_type"] != "CPU"

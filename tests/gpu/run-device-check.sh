@@ -95,6 +95,13 @@ if [ -n "${MEDLEY_MODELS:-}" ] && [ -r "$MEDLEY_MODELS/$MODEL_FILE" ]; then
         note "profile: FAILED (see profile.log)"
         fails=$((fails + 1))
     fi
+    MEDLEY_PROFILE_DEVICE=cuda:0 MEDLEY_BIN=$BIN/medley timeout 120 \
+        python3 tests/gpu/check_profile.py >"$OUT/check_profile.log" 2>&1
+    rc=$?
+    case $rc in
+    0) note "profile read by medley plan: $(grep -m1 '^plan' "$OUT/check_profile.log")" ;;
+    *) note "profile check: FAILED (exit $rc, see check_profile.log)"; fails=$((fails + 1)) ;;
+    esac
 fi
 
 # ---- benchmark: medley vs PyTorch + transformers --------------------------------------
