@@ -16,6 +16,9 @@
 
 typedef struct tok_tokenizer tok_tokenizer;
 
+/* MD_EFORMAT when a tokenizer key is missing or malformed (naming it), MD_EUNSUPP for a
+ * tokenizer.ggml.model or tokenizer.ggml.pre medley does not implement (see
+ * docs/tokenizer.md), MD_ENOMEM. */
 int tok_load(const gguf_file *f, tok_tokenizer **out, md_err *e);
 void tok_free(tok_tokenizer *t);
 

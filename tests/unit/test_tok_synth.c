@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -718,6 +719,56 @@ static void stream_assembles_byte_tokens_and_replaces_broken_characters(void **s
     tok_free(t);
 }
 
+/* One tokenizer, four threads encoding at once: each gets what it gets alone. */
+typedef struct {
+    tok_tokenizer *t;
+    const char *text;
+    int32_t *ids;
+    int n, rc;
+} job;
+
+static void *encode_job(void *arg) {
+    job *j = arg;
+    md_err e = {0};
+    for (int r = 0; r < 50 && !j->rc; r++) {
+        free(j->ids);
+        j->rc = tok_encode(j->t, j->text, strlen(j->text), 1, 1, &j->ids, &j->n, &e);
+    }
+    return NULL;
+}
+
+static void threads_share_one_tokenizer(void **st) {
+    vocab v;
+    tok_tokenizer *t = bpe(&v, "llama-bpe", 1);
+    static char texts[4][8192];
+    for (int k = 0; k < 4; k++) {
+        size_t w = 0;
+        for (int i = 0; w + 64 < sizeof texts[k]; i++)
+            w += (size_t)snprintf(texts[k] + w, sizeof texts[k] - w, "%s%d (hello) it'S !!!\n",
+                                  k % 2 ? "<|im_start|>" : " xyz ", i * (k + 1));
+    }
+    job jobs[4];
+    pthread_t th[4];
+    for (int k = 0; k < 4; k++) {
+        jobs[k] = (job){t, texts[k], NULL, 0, 0};
+        assert_int_equal(pthread_create(&th[k], NULL, encode_job, &jobs[k]), 0);
+    }
+    for (int k = 0; k < 4; k++)
+        pthread_join(th[k], NULL);
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(jobs[k].rc, 0);
+        int32_t *ids;
+        int n;
+        md_err e = {0};
+        assert_int_equal(tok_encode(t, texts[k], strlen(texts[k]), 1, 1, &ids, &n, &e), 0);
+        assert_int_equal(n, jobs[k].n);
+        assert_memory_equal(ids, jobs[k].ids, (size_t)n * sizeof *ids);
+        free(ids);
+        free(jobs[k].ids);
+    }
+    tok_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(spm_merges_by_score_and_prefixes_a_space),
@@ -734,6 +785,7 @@ int main(void) {
         cmocka_unit_test(chat_templates_are_recognised_from_their_text),
         cmocka_unit_test(long_texts_give_the_same_ids_as_short_ones),
         cmocka_unit_test(stream_assembles_byte_tokens_and_replaces_broken_characters),
+        cmocka_unit_test(threads_share_one_tokenizer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
