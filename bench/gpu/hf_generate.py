@@ -10,6 +10,7 @@ Needs torch with CUDA and transformers (the H200 image has them; elsewhere:
 `pip install torch transformers`). Prints one JSON object: batch-1 ms per token (decode
 steps only, from the difference between two generate lengths) and batch-N generated tokens
 per second over the whole generate call (prefill included), as medley's bench reports them.
+min_new_tokens = max_new_tokens, so every sequence generates exactly --gen tokens.
 """
 import argparse
 import json
@@ -39,7 +40,7 @@ def main():
                       num_hidden_layers=a.layers, num_attention_heads=32, num_key_value_heads=8,
                       max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
                       tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                      pad_token_id=0, torch_dtype="bfloat16")
+                      pad_token_id=0)
     torch.manual_seed(0)
     t0 = time.time()
     torch.set_default_dtype(torch.bfloat16)
@@ -59,8 +60,7 @@ def main():
         t = time.time()
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=gen,
-                                 min_new_tokens=gen, do_sample=False, pad_token_id=0,
-                                 eos_token_id=None)
+                                 min_new_tokens=gen, do_sample=False, pad_token_id=0)
         torch.cuda.synchronize()
         assert out.shape == (batch, prompt + gen), out.shape
         return time.time() - t
