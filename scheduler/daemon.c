@@ -369,7 +369,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
                 MD_WARN(LOGC, "no plan this round: %s", pe.msg[0] ? pe.msg : "no known models");
             } else {
                 double ratio =
-                    p.usd_per_hour > 0 ? p.tokens_per_s / p.usd_per_hour : p.tokens_per_s;
+                    p.busy_usd_per_hour > 0 ? p.tokens_per_s / p.busy_usd_per_hour : p.tokens_per_s;
                 double backlog_tok = 0;
                 for (int m = 0; m < w.n; m++)
                     backlog_tok +=

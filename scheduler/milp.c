@@ -220,6 +220,26 @@ static double model_tok(const sched_workload *w, int m) {
     return sched_demand_tokens_per_request(&w->models[m]);
 }
 
+/* Cost of a candidate's replicas. Serving (a model with an arrival rate): replicas are on
+ * all the time, cost usd x n. Batch (a backlog): a replica is switched off when its work is
+ * done, so it costs usd x its busy replica-time sum_k y_ck, plus eps x usd x n so that
+ * replicas with no work are not placed (docs/scheduler.md §4). */
+#define BUSY_EPS 1e-6
+
+static int provisioned(const sched_workload *w, const sched_cand *c) {
+    return w->models[c->model].rate_rps > 0;
+}
+
+static double cost_n(const sched_workload *w, const sched_cand *c) {
+    return provisioned(w, c) ? c->usd_per_hour : BUSY_EPS * c->usd_per_hour;
+}
+
+static double cost_y(const sched_workload *w, const sched_cand *c) {
+    return provisioned(w, c) ? 0 : c->usd_per_hour;
+}
+
+/* Objective coefficients: phase 1 the demand-capped throughput; else T - q C scaled by
+ * `scale` on the cost side (q = 0 and scale = -1: least cost, used for renting). */
 static void set_objective(lp *L, const sched_workload *w, const sched_cands *cs, double q,
                           int phase1) {
     for (int m = 0; m < w->n; m++) {
@@ -231,9 +251,22 @@ static void set_objective(lp *L, const sched_workload *w, const sched_cands *cs,
             coef = 0;
         glp_set_obj_coef(L->P, L->col_x[m], coef);
     }
-    for (int c = 0; c < cs->n; c++)
-        if (L->col_n[c])
-            glp_set_obj_coef(L->P, L->col_n[c], phase1 ? 0 : -q * cs->c[c].usd_per_hour);
+    for (int c = 0; c < cs->n; c++) {
+        if (!L->col_n[c])
+            continue;
+        glp_set_obj_coef(L->P, L->col_n[c], phase1 ? 0 : -q * cost_n(w, &cs->c[c]));
+        for (int j = 0; j < SCHED_MAX_CLASSES; j++)
+            if (L->col_y[c][j])
+                glp_set_obj_coef(L->P, L->col_y[c][j], phase1 ? 0 : -q * cost_y(w, &cs->c[c]));
+    }
+}
+
+static double cand_cost(const lp *L, const sched_workload *w, const sched_cand *k, int c) {
+    double v = cost_n(w, k) * glp_mip_col_val(L->P, L->col_n[c]);
+    for (int j = 0; j < SCHED_MAX_CLASSES; j++)
+        if (L->col_y[c][j])
+            v += cost_y(w, k) * glp_mip_col_val(L->P, L->col_y[c][j]);
+    return v;
 }
 
 static void totals(const lp *L, const sched_workload *w, const sched_cands *cs, double *T,
@@ -245,7 +278,7 @@ static void totals(const lp *L, const sched_workload *w, const sched_cands *cs, 
             *T += w->models[m].priority * model_tok(w, m) * glp_mip_col_val(L->P, L->col_x[m]);
     for (int c = 0; c < cs->n; c++)
         if (L->col_n[c])
-            *C += cs->c[c].usd_per_hour * glp_mip_col_val(L->P, L->col_n[c]);
+            *C += cand_cost(L, w, &cs->c[c], c);
 }
 
 /* Assign GPU ids to n replicas of candidate c: groups of tp inside one host, first fit. */
@@ -346,6 +379,7 @@ static int materialise(sched_plan *p, const sched_fleet *f, const sched_workload
                 tot += y[c][j];
             for (int j = 0; j < SCHED_MAX_CLASSES; j++)
                 r->share[j] = tot > 0 ? y[c][j] / tot : 0;
+            r->busy = w->models[k->model].rate_rps > 0 ? 1 : fmin(1, tot / n);
             p->n++;
         }
     }
@@ -448,8 +482,12 @@ static int phase2(lp **ls, int nl, const sched_workload *w, const sched_fleet *f
             for (int c = 0; c < cs->n; c++)
                 if (ls[i]->col_n[c]) {
                     const sched_demand *d = &w->models[cs->c[c].model];
-                    double dur = d->deadline_s > 0 ? d->deadline_s : w->horizon_s;
-                    glp_set_obj_coef(ls[i]->P, ls[i]->col_n[c], cs->c[c].usd_per_hour * dur / 3600);
+                    double dur = d->finish_s / 3600;
+                    glp_set_obj_coef(ls[i]->P, ls[i]->col_n[c], cost_n(w, &cs->c[c]) * dur);
+                    for (int j = 0; j < SCHED_MAX_CLASSES; j++)
+                        if (ls[i]->col_y[c][j])
+                            glp_set_obj_coef(ls[i]->P, ls[i]->col_y[c][j],
+                                             cost_y(w, &cs->c[c]) * dur);
                 }
             if (lp_solve(ls[i], o))
                 return -1;
@@ -484,8 +522,9 @@ static int phase2(lp **ls, int nl, const sched_workload *w, const sched_fleet *f
         double v = glp_mip_obj_val(L->P);
         int r = glp_add_rows(L->P, 1);
         int nz = 0;
-        int *ia = calloc((size_t)cs->n + (size_t)w->n + 2, sizeof *ia);
-        double *ar = calloc((size_t)cs->n + (size_t)w->n + 2, sizeof *ar);
+        size_t cap = (size_t)cs->n * (SCHED_MAX_CLASSES + 1) + (size_t)w->n + 2;
+        int *ia = calloc(cap, sizeof *ia);
+        double *ar = calloc(cap, sizeof *ar);
         if (!ia || !ar) {
             free(ia);
             free(ar);
@@ -494,9 +533,14 @@ static int phase2(lp **ls, int nl, const sched_workload *w, const sched_fleet *f
         for (int m = 0; m < w->n; m++)
             if (L->col_x[m])
                 ia[++nz] = L->col_x[m], ar[nz] = w->models[m].priority * model_tok(w, m);
-        for (int c = 0; c < cs->n; c++)
-            if (L->col_n[c])
-                ia[++nz] = L->col_n[c], ar[nz] = -q * cs->c[c].usd_per_hour;
+        for (int c = 0; c < cs->n; c++) {
+            if (!L->col_n[c])
+                continue;
+            ia[++nz] = L->col_n[c], ar[nz] = -q * cost_n(w, &cs->c[c]);
+            for (int j = 0; j < SCHED_MAX_CLASSES; j++)
+                if (L->col_y[c][j] && cost_y(w, &cs->c[c]) > 0)
+                    ia[++nz] = L->col_y[c][j], ar[nz] = -q * cost_y(w, &cs->c[c]);
+        }
         glp_set_mat_row(L->P, r, nz, ia, ar);
         free(ia);
         free(ar);
@@ -598,18 +642,22 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
         double d = p->models[m].demand_tps;
         if (d > 0 && x * model_tok(w, m) < d * (1 - 1e-6) && has[m]) {
             const sched_demand *dm = &w->models[m];
-            double need_s = dm->deadline_s > 0 ? dm->deadline_s : w->horizon_s;
+            double need_s = dm->finish_s;
             char tail[96] = "";
-            if (dm->deadline_s > 0 && x > 0)
+            if (dm->requests > 0 && x > 0)
                 snprintf(tail, sizeof tail, " (the backlog would take %.0f s)", dm->requests / x);
             json_array_append_new(
                 p->notes,
-                json_sprintf(
-                    "%s: %s needs %.0f tokens/s (%.0f requests x %.0f tokens in %.0f "
-                    "s%s); the most this %s gives is %.0f tokens/s%s",
-                    dm->model.name, dm->deadline_s > 0 ? "the deadline" : "the arrival rate", d,
-                    dm->requests, model_tok(w, m), need_s, dm->rate_rps > 0 ? " plus arrivals" : "",
-                    f->rent ? "rental limit (max_per_type)" : "fleet", x * model_tok(w, m), tail));
+                json_sprintf("%s: %s needs %.0f tokens/s (%.0f requests x %.0f tokens in %.0f "
+                             "s%s); the most this %s gives is %.0f tokens/s%s",
+                             dm->model.name,
+                             dm->deadline_s > 0 ? "the deadline"
+                             : dm->requests > 0 ? "finishing within the horizon (no deadline given)"
+                                                : "the arrival rate",
+                             d, dm->requests, model_tok(w, m), need_s,
+                             dm->rate_rps > 0 ? " plus arrivals" : "",
+                             f->rent ? "rental limit (max_per_type)" : "fleet", x * model_tok(w, m),
+                             tail));
         }
     }
     /* Bounds on X for phase 2: (b) at least the achievable part of the demand; (a) the
@@ -685,8 +733,10 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
         p->tokens_per_s += p->models[m].served_tps;
     }
     rc = materialise(p, f, w, cs, counts, y, e);
-    for (int i = 0; i < p->n; i++)
+    for (int i = 0; i < p->n; i++) {
         p->usd_per_hour += cs->c[p->r[i].cand].usd_per_hour;
+        p->busy_usd_per_hour += cs->c[p->r[i].cand].usd_per_hour * p->r[i].busy;
+    }
 done:
     for (int m = 0; sub && m < w->n; m++)
         lp_free(&sub[m]);
@@ -783,8 +833,10 @@ int sched_plan_proportional(sched_plan *p, const sched_workload *w, const sched_
     }
     (void)cat;
     int rc = materialise(p, f, w, cs, counts, y, e);
-    for (int i = 0; i < p->n; i++)
+    for (int i = 0; i < p->n; i++) {
         p->usd_per_hour += cs->c[p->r[i].cand].usd_per_hour;
+        p->busy_usd_per_hour += cs->c[p->r[i].cand].usd_per_hour * p->r[i].busy;
+    }
     free(counts);
     free(y);
     free(weight);

@@ -18,7 +18,13 @@ static double replica_tps(const sched_replica *r, const sched_cand *c, int nclas
     for (int k = 0; k < nclasses; k++)
         if (c->serves[k])
             t += r->share[k] * c->perf[k].tokens_per_s;
-    return t;
+    return t * r->busy;
+}
+
+/* $/M tokens of a replica while it works. */
+static double replica_usd_per_mtok(const sched_replica *r, const sched_cand *c, int nclasses) {
+    double tps = replica_tps(r, c, nclasses);
+    return tps > 0 ? c->usd_per_hour * r->busy / (tps * 3600) * 1e6 : 0;
 }
 
 json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const sched_fleet *f,
@@ -76,12 +82,13 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
         double tps = replica_tps(r, c, d->nclasses);
         char id[32];
         snprintf(id, sizeof id, "r%d", i);
-        json_array_append_new(
-            reps, json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:f, s:f, s:f}", "id", id, "model",
-                            d->model.name, "candidate", c->label, "stages", stages, "classes",
-                            served, "routing", routing, "per_class", perf, "predicted_tokens_per_s",
-                            tps, "usd_per_hour", c->usd_per_hour, "usd_per_mtok",
-                            tps > 0 ? c->usd_per_hour / (tps * 3600) * 1e6 : 0.0));
+        json_array_append_new(reps,
+                              json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:f, s:f, s:f, s:f}",
+                                        "id", id, "model", d->model.name, "candidate", c->label,
+                                        "stages", stages, "classes", served, "routing", routing,
+                                        "per_class", perf, "predicted_tokens_per_s", tps, "busy",
+                                        r->busy, "usd_per_hour", c->usd_per_hour, "usd_per_mtok",
+                                        replica_usd_per_mtok(r, c, d->nclasses)));
     }
     json_object_set_new(doc, "replicas", reps);
     json_t *models = json_array();
@@ -99,11 +106,13 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
     json_object_set_new(doc, "idle_gpus", idle);
     json_object_set_new(
         doc, "totals",
-        json_pack("{s:f, s:f, s:f, s:f, s:i, s:i, s:f}", "tokens_per_s", p->tokens_per_s,
-                  "usd_per_hour", p->usd_per_hour, "usd_per_mtok",
-                  p->tokens_per_s > 0 ? p->usd_per_hour / (p->tokens_per_s * 3600) * 1e6 : 0.0,
-                  "tokens_per_usd", tokens_per_usd(p->tokens_per_s, p->usd_per_hour), "gpus_used",
-                  sched_fleet_gpus(f) - p->nidle, "candidates", p->ncands, "solve_s", p->solve_s));
+        json_pack("{s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:f}", "tokens_per_s", p->tokens_per_s,
+                  "usd_per_hour", p->usd_per_hour, "busy_usd_per_hour", p->busy_usd_per_hour,
+                  "usd_per_mtok",
+                  p->tokens_per_s > 0 ? p->busy_usd_per_hour / (p->tokens_per_s * 3600) * 1e6 : 0.0,
+                  "tokens_per_usd", tokens_per_usd(p->tokens_per_s, p->busy_usd_per_hour),
+                  "gpus_used", sched_fleet_gpus(f) - p->nidle, "candidates", p->ncands, "solve_s",
+                  p->solve_s));
     json_object_set(doc, "notes", p->notes ? p->notes : json_array());
     return doc;
 }
@@ -175,8 +184,8 @@ int sched_plan_validate(const sched_plan *p, const sched_workload *w, const sche
 
 void sched_plan_print_table(FILE *out, const sched_plan *p, const sched_workload *w,
                             const sched_catalog *cat, const sched_cands *cs) {
-    fprintf(out, "%-5s %-14s %-36s %-22s %-22s %10s %9s\n", "rep", "model", "GPUs", "layers",
-            "classes", "tok/s", "$/Mtok");
+    fprintf(out, "%-5s %-14s %-36s %-22s %-22s %10s %9s %6s\n", "rep", "model", "GPUs", "layers",
+            "classes", "tok/s", "$/Mtok", "busy");
     for (int i = 0; i < p->n; i++) {
         const sched_replica *r = &p->r[i];
         const sched_cand *c = &cs->c[r->cand];
@@ -200,8 +209,9 @@ void sched_plan_print_table(FILE *out, const sched_plan *p, const sched_workload
                                        "%s%s:%.0f%%", k2 ? "," : "", d->classes[k].name,
                                        100 * r->share[k]);
         double tps = replica_tps(r, c, d->nclasses);
-        fprintf(out, "r%-4d %-14s %-36s %-22s %-22s %10.0f %9.3f\n", i, d->model.name, gpus, layers,
-                cls[0] ? cls : "-", tps, tps > 0 ? c->usd_per_hour / (tps * 3600) * 1e6 : 0.0);
+        fprintf(out, "r%-4d %-14s %-36s %-22s %-22s %10.0f %9.3f %5.0f%%\n", i, d->model.name, gpus,
+                layers, cls[0] ? cls : "-", tps, replica_usd_per_mtok(r, c, d->nclasses),
+                100 * r->busy);
     }
     fprintf(out, "\n%-14s %14s %14s %14s %s\n", "model", "demand tok/s", "plan tok/s", "best tok/s",
             "deadline");
@@ -211,13 +221,13 @@ void sched_plan_print_table(FILE *out, const sched_plan *p, const sched_workload
                 p->models[m].demand_tps <= 0 ? "-"
                 : p->models[m].deadline_met  ? "met"
                                              : "MISSED");
-    fprintf(
-        out,
-        "\ntotal: %.0f tok/s, $%.2f/h, $%.4f/M tokens, %.0f tokens/$; %d replicas, %d idle GPUs; "
-        "%d candidates, solved in %.3f s\n",
-        p->tokens_per_s, p->usd_per_hour,
-        p->tokens_per_s > 0 ? p->usd_per_hour / (p->tokens_per_s * 3600) * 1e6 : 0.0,
-        tokens_per_usd(p->tokens_per_s, p->usd_per_hour), p->n, p->nidle, p->ncands, p->solve_s);
+    fprintf(out,
+            "\ntotal: %.0f tok/s, $%.2f/h with every replica on ($%.2f/h while working), $%.4f/M "
+            "tokens, %.0f tokens/$; %d replicas, %d idle GPUs; %d candidates, solved in %.3f s\n",
+            p->tokens_per_s, p->usd_per_hour, p->busy_usd_per_hour,
+            p->tokens_per_s > 0 ? p->busy_usd_per_hour / (p->tokens_per_s * 3600) * 1e6 : 0.0,
+            tokens_per_usd(p->tokens_per_s, p->busy_usd_per_hour), p->n, p->nidle, p->ncands,
+            p->solve_s);
     if (p->nidle) {
         fprintf(out, "idle:");
         for (int i = 0; i < p->nidle && i < 32; i++)
@@ -236,7 +246,7 @@ int sched_plan_svg(const char *path, const sched_plan *p, const sched_workload *
         return md_errf(e, MD_EIO, "cannot write %s", path);
     /* One bar per candidate (its best class's tokens per dollar) and one for the plan. */
     int n = cs->n + 1;
-    double maxv = tokens_per_usd(p->tokens_per_s, p->usd_per_hour);
+    double maxv = tokens_per_usd(p->tokens_per_s, p->busy_usd_per_hour);
     for (int c = 0; c < cs->n; c++)
         maxv = fmax(maxv, cs->c[c].best_tokens_per_usd);
     if (maxv <= 0)
@@ -258,7 +268,7 @@ int sched_plan_svg(const char *path, const sched_plan *p, const sched_workload *
             snprintf(label, sizeof label, "%s: %s", w->models[cs->c[i].model].model.name,
                      cs->c[i].label);
         } else {
-            v = tokens_per_usd(p->tokens_per_s, p->usd_per_hour);
+            v = tokens_per_usd(p->tokens_per_s, p->busy_usd_per_hour);
             snprintf(label, sizeof label, "plan (%d replicas)", p->n);
             color = "#d0743c";
         }

@@ -106,6 +106,7 @@ typedef struct sched_demand {
     double requests;   /* backlog size (requests) */
     double rate_rps;   /* arrivals per second (0: backlog only) */
     double deadline_s; /* 0: none */
+    double finish_s;   /* planned finish: the deadline, else the workload horizon */
     sched_class classes[SCHED_MAX_CLASSES];
     int nclasses;
 } sched_demand;
@@ -113,7 +114,8 @@ typedef struct sched_demand {
 typedef struct sched_workload {
     sched_demand *models;
     int n;
-    double horizon_s; /* arrivals: how long they last (default 3600) */
+    double horizon_s; /* arrivals last this long; backlogs without a deadline are planned to
+                         finish within it (default 3600) */
     unsigned seed;
 } sched_workload;
 
@@ -124,8 +126,8 @@ int sched_workload_load(sched_workload *w, const char *path, md_err *e);
 void sched_workload_free(sched_workload *w);
 /* Mean tokens (prompt + output) per request of a demand. */
 double sched_demand_tokens_per_request(const sched_demand *d);
-/* Tokens/s the model must sustain to meet its deadline (backlog) plus its arrivals; 0 when
- * there is no deadline and no arrival rate. */
+/* Tokens/s the model must sustain to finish its backlog by finish_s (its deadline, or the
+ * workload's horizon when it has none) plus its arrivals. */
 double sched_demand_tokens_per_s(const sched_demand *d);
 
 /* ---- Performance model (perf.c) ---- */
@@ -237,7 +239,8 @@ int sched_layer_split(const sched_model *m, const sched_catalog *cat, sched_stag
 typedef struct sched_replica {
     int cand;
     char (*gpu_ids)[SCHED_NAME];     /* cands.c[cand].gpus entries */
-    double share[SCHED_MAX_CLASSES]; /* fraction of its time on each class */
+    double share[SCHED_MAX_CLASSES]; /* fraction of its work time on each class */
+    double busy; /* fraction of the time it works (batch replicas are off when done) */
 } sched_replica;
 
 typedef struct sched_model_result {
@@ -254,7 +257,8 @@ typedef struct sched_plan {
     int nmodels;
     char (*idle)[SCHED_NAME];
     int nidle;
-    double tokens_per_s, usd_per_hour;
+    double tokens_per_s, usd_per_hour; /* all replicas on */
+    double busy_usd_per_hour;          /* replicas billed while they work */
     double solve_s;
     int ncands;
     json_t *notes; /* array of strings: infeasibilities with their numbers */

@@ -1,7 +1,7 @@
 /* sim.c — discrete-event fleet simulator. Requests (a backlog at t=0 and/or Poisson
  * arrivals) wait in one queue per (model, size class), as the Redis streams do; each replica
  * of the plan pulls from the classes the plan routes to it (the one furthest below its
- * routing share first) and, when those are empty, from any class it can hold. A replica runs
+ * routing share first), as a worker reads only its replica's class streams. A replica runs
  * continuous batching: each iteration admits what fits its KV (a request reserves prompt +
  * output), prefills the newcomers and advances every running sequence by one token, taking
  * the time the performance model gives for that batch and context. A failed GPU kills its
@@ -281,18 +281,17 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
                 break;
             int best = -1, id = -1;
             double bestv = INFINITY;
-            for (int pass = 0; pass < 2 && best < 0; pass++)
-                for (int k = 0; k < y->d->nclasses; k++) {
-                    if (!y->c->serves[k] || (pass == 0 && y->r->share[k] <= 0))
-                        continue;
-                    int cand = q_peek(&Q[mi * SCHED_MAX_CLASSES + k], R, now);
-                    if (cand < 0)
-                        continue;
-                    double v = pass == 0 ? y->served[k] / y->r->share[k] : 0;
-                    if (v < bestv) {
-                        bestv = v, best = k, id = cand;
-                    }
+            for (int k = 0; k < y->d->nclasses; k++) {
+                if (!y->c->serves[k] || y->r->share[k] <= 0)
+                    continue;
+                int cand = q_peek(&Q[mi * SCHED_MAX_CLASSES + k], R, now);
+                if (cand < 0)
+                    continue;
+                double v = y->served[k] / y->r->share[k];
+                if (v < bestv) {
+                    bestv = v, best = k, id = cand;
                 }
+            }
             if (best < 0)
                 break;
             double need = R[id].in + R[id].out;
@@ -311,7 +310,7 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
             double next = INFINITY;
             for (int k = 0; k < y->d->nclasses; k++) {
                 queue *q = &Q[mi * SCHED_MAX_CLASSES + k];
-                if (y->c->serves[k] && q->head < q->n)
+                if (y->c->serves[k] && y->r->share[k] > 0 && q->head < q->n)
                     next = fmin(next, R[q->ids[q->head]].arrive);
             }
             if (isfinite(next) && next > now) {

@@ -142,6 +142,8 @@ int sched_workload_from_json(sched_workload *w, json_t *doc, md_err *e) {
             sched_workload_free(w);
             return e->code;
         }
+        w->models[i].finish_s =
+            w->models[i].deadline_s > 0 ? w->models[i].deadline_s : w->horizon_s;
         for (size_t k = 0; k < i; k++)
             if (!strcmp(w->models[k].model.name, w->models[i].model.name)) {
                 md_errf(e, MD_EINVAL, "%s: model '%s' is listed twice", where,
@@ -179,7 +181,7 @@ double sched_demand_tokens_per_request(const sched_demand *d) {
 
 double sched_demand_tokens_per_s(const sched_demand *d) {
     double rps = d->rate_rps;
-    if (d->deadline_s > 0)
-        rps += d->requests / d->deadline_s;
+    if (d->finish_s > 0)
+        rps += d->requests / d->finish_s;
     return rps * sched_demand_tokens_per_request(d);
 }

@@ -15,3 +15,7 @@ if(MEDLEY_PYTHON)
   set_tests_properties(test_sched_schemas PROPERTIES LABELS unit
                        ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
 endif()
+# Benchmark (not a test): build-dir/tests/bench_sched [bench/scheduler/scenarios.json]
+add_executable(bench_sched ${CMAKE_SOURCE_DIR}/bench/scheduler/bench_sched.c)
+target_link_libraries(bench_sched PRIVATE medley_sched medley_common m)
+target_compile_definitions(bench_sched PRIVATE MEDLEY_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

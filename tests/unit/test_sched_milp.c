@@ -114,44 +114,65 @@ static double max_rate(const world *x, int m, const int *n) {
     return best;
 }
 
+/* Least busy cost ($/h) of serving D requests/s of a one-class batch model with counts n:
+ * the cheapest requests first (fractional), plus eps x usd for every placed replica. */
+static double batch_cost(const world *x, int m, const int *n, double D) {
+    double need = D, cost = 0;
+    int used[256] = {0};
+    for (;;) {
+        int best = -1;
+        for (int c = 0; c < x->cs.n; c++)
+            if (x->cs.c[c].model == m && n[c] && !used[c] && x->cs.c[c].serves[0] &&
+                (best < 0 || x->cs.c[c].usd_per_hour / x->cs.c[c].perf[0].requests_per_s <
+                                 x->cs.c[best].usd_per_hour / x->cs.c[best].perf[0].requests_per_s))
+                best = c;
+        if (best < 0 || need <= 0)
+            break;
+        used[best] = 1;
+        double cap = n[best] * x->cs.c[best].perf[0].requests_per_s;
+        double take = fmin(cap, need);
+        cost += x->cs.c[best].usd_per_hour * take / x->cs.c[best].perf[0].requests_per_s;
+        need -= take;
+    }
+    for (int c = 0; c < x->cs.n; c++)
+        if (x->cs.c[c].model == m)
+            cost += 1e-6 * x->cs.c[c].usd_per_hour * n[c];
+    return cost;
+}
+
+/* Same objective as the MILP: every model served at its demand (the tests keep it
+ * achievable); (a) the most tokens per dollar, (b) the least rental cost. Serving models
+ * (arrival rates) pay for every replica; batch models for their replicas' busy time. */
 static void evaluate(ex *s) {
     world *x = s->x;
     s->leaves++;
     double T = 0, C = 0;
-    for (int c = 0; c < x->cs.n; c++)
-        C += s->n[c] * x->cs.c[c].usd_per_hour;
     for (int m = 0; m < x->w.n; m++) {
         const sched_demand *d = &x->w.models[m];
         double X = max_rate(x, m, s->n);
         double D = sched_demand_tokens_per_s(d) / sched_demand_tokens_per_request(d);
-        if (x->f.rent) {
-            if (X < D * (1 - 1e-9))
-                return;
-            double dur = d->deadline_s > 0 ? d->deadline_s : x->w.horizon_s;
-            (void)dur;
-            continue;
-        }
+        if (X < D * (1 - 1e-9))
+            return;
         int reps = 0;
         for (int c = 0; c < x->cs.n; c++)
             reps += x->cs.c[c].model == m ? s->n[c] : 0;
-        if (!reps)
+        if (!reps && !x->f.rent)
             return;
-        if (D > 0) {
-            if (X < D * (1 - 1e-9))
-                return;
-            X = D;
+        double cm = 0;
+        if (d->rate_rps > 0) {
+            for (int c = 0; c < x->cs.n; c++)
+                if (x->cs.c[c].model == m)
+                    cm += s->n[c] * x->cs.c[c].usd_per_hour;
+        } else {
+            assert_int_equal(d->nclasses, 1);
+            cm = batch_cost(x, m, s->n, D);
         }
-        T += d->priority * sched_demand_tokens_per_request(d) * X;
+        C += cm * (x->f.rent ? d->finish_s / 3600 : 1);
+        T += d->priority * sched_demand_tokens_per_request(d) * D;
     }
     if (x->f.rent) {
-        double cost = 0;
-        for (int c = 0; c < x->cs.n; c++) {
-            const sched_demand *d = &x->w.models[x->cs.c[c].model];
-            double dur = d->deadline_s > 0 ? d->deadline_s : x->w.horizon_s;
-            cost += s->n[c] * x->cs.c[c].usd_per_hour * dur / 3600;
-        }
-        if (cost < s->best)
-            s->best = cost;
+        if (C < s->best)
+            s->best = C;
     } else if (C > 0 && T / C > s->best) {
         s->best = T / C;
     }
@@ -193,13 +214,20 @@ static double exhaustive(world *x, long long *leaves) {
 }
 
 static double plan_value(const world *x, const sched_plan *p) {
-    if (!x->f.rent)
-        return p->tokens_per_s / p->usd_per_hour;
+    if (!x->f.rent) {
+        /* The MILP's cost: busy time, plus eps x usd for each placed batch replica. */
+        double c = p->busy_usd_per_hour;
+        for (int i = 0; i < p->n; i++)
+            if (x->w.models[x->cs.c[p->r[i].cand].model].rate_rps <= 0)
+                c += 1e-6 * x->cs.c[p->r[i].cand].usd_per_hour;
+        return p->tokens_per_s / c;
+    }
     double cost = 0;
     for (int i = 0; i < p->n; i++) {
         const sched_cand *c = &x->cs.c[p->r[i].cand];
         const sched_demand *d = &x->w.models[c->model];
-        cost += c->usd_per_hour * (d->deadline_s > 0 ? d->deadline_s : x->w.horizon_s) / 3600;
+        double busy = d->rate_rps > 0 ? 1 : p->r[i].busy + 1e-6;
+        cost += c->usd_per_hour * busy * d->finish_s / 3600;
     }
     return cost;
 }
@@ -225,7 +253,7 @@ static void check_against_exhaustive(const char *fleet, const char *workload) {
     world_free(&x);
 }
 
-static void milp_equals_exhaustive_three_models_twelve_gpus(void **st) {
+static void milp_equals_exhaustive_batch_three_models_twelve_gpus(void **st) {
     check_against_exhaustive(
         "{\"name\":\"t\",\"pools\":[{\"name\":\"a\",\"type\":\"A100-80GB-SXM\",\"count\":4,"
         "\"gpus_per_host\":4},{\"name\":\"l\",\"type\":\"L4\",\"count\":4,\"gpus_per_host\":4},"
@@ -236,29 +264,38 @@ static void milp_equals_exhaustive_three_models_twelve_gpus(void **st) {
         "\"output_mean\":100}]}");
 }
 
-static void milp_equals_exhaustive_two_classes_with_deadline(void **st) {
+static void milp_equals_exhaustive_serving_two_classes(void **st) {
     check_against_exhaustive(
         "{\"name\":\"t\",\"pools\":[{\"name\":\"a\",\"type\":\"A100-40GB\",\"count\":4,"
         "\"gpus_per_host\":4},{\"name\":\"s\",\"type\":\"L40S\",\"count\":4,\"gpus_per_host\":4},"
         "{\"name\":\"l\",\"type\":\"L4\",\"count\":4,\"gpus_per_host\":4}]}",
-        "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":20000,\"deadline_s\":3600,"
+        "{\"models\":[{\"model\":\"llama-3-8b\",\"rate_rps\":5.5,"
         "\"classes\":[{\"name\":\"s\",\"input_mean\":200,\"output_mean\":100,\"max_tokens\":1024,"
         "\"share\":0.6},{\"name\":\"l\",\"input_mean\":4000,\"output_mean\":400,"
-        "\"max_tokens\":8192,\"share\":0.4}]},{\"model\":\"mistral-7b\",\"requests\":3000,"
+        "\"max_tokens\":8192,\"share\":0.4}]},{\"model\":\"mistral-7b\",\"rate_rps\":0.8,"
         "\"classes\":[{\"name\":\"s\",\"input_mean\":300,\"output_mean\":100,\"share\":1},"
         "{\"name\":\"l\",\"input_mean\":6000,\"output_mean\":300,\"max_tokens\":16384,"
         "\"share\":1}]}]}");
 }
 
-static void milp_equals_exhaustive_rent_to_deadline(void **st) {
+static void milp_equals_exhaustive_rent_for_serving(void **st) {
     check_against_exhaustive(
         "{\"name\":\"r\",\"rent\":{\"types\":[\"A100-80GB-SXM\",\"L4\",\"L40S\"],"
         "\"max_per_type\":4}}",
-        "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":60000,\"deadline_s\":3600,"
+        "{\"models\":[{\"model\":\"llama-3-8b\",\"rate_rps\":16,"
         "\"classes\":[{\"name\":\"s\",\"input_mean\":200,\"output_mean\":100,\"max_tokens\":1024,"
         "\"share\":0.7},{\"name\":\"l\",\"input_mean\":3000,\"output_mean\":300,"
-        "\"max_tokens\":8192,\"share\":0.3}]},{\"model\":\"qwen2-7b\",\"requests\":20000,"
-        "\"deadline_s\":7200,\"input_mean\":500,\"output_mean\":200}]}");
+        "\"max_tokens\":8192,\"share\":0.3}]},{\"model\":\"qwen2-7b\",\"rate_rps\":3,"
+        "\"input_mean\":500,\"output_mean\":200}]}");
+}
+
+static void milp_equals_exhaustive_rent_batch_to_deadline(void **st) {
+    check_against_exhaustive(
+        "{\"name\":\"r\",\"rent\":{\"types\":[\"A100-80GB-SXM\",\"L4\",\"L40S\"],"
+        "\"max_per_type\":4}}",
+        "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":60000,\"deadline_s\":1800,"
+        "\"input_mean\":300,\"output_mean\":150},{\"model\":\"qwen2-7b\",\"requests\":20000,"
+        "\"deadline_s\":3600,\"input_mean\":2000,\"output_mean\":200}]}");
 }
 
 /* ---- Melange ---- */
@@ -582,9 +619,10 @@ static void thousand_gpus_ten_models_plan_quickly(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(milp_equals_exhaustive_three_models_twelve_gpus),
-        cmocka_unit_test(milp_equals_exhaustive_two_classes_with_deadline),
-        cmocka_unit_test(milp_equals_exhaustive_rent_to_deadline),
+        cmocka_unit_test(milp_equals_exhaustive_batch_three_models_twelve_gpus),
+        cmocka_unit_test(milp_equals_exhaustive_serving_two_classes),
+        cmocka_unit_test(milp_equals_exhaustive_rent_for_serving),
+        cmocka_unit_test(milp_equals_exhaustive_rent_batch_to_deadline),
         cmocka_unit_test(plan_costs_no_more_than_melange),
         cmocka_unit_test(model_too_large_for_every_group_is_explained),
         cmocka_unit_test(impossible_deadline_reports_need_and_best),
