@@ -6,6 +6,8 @@ if(MEDLEY_HAVE_CUDA)
   medley_test(test_cuda_device_select
               SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_device_select.c
               LIBS medley_kernels LABELS unit)
+  medley_test(test_cuda_step_plan SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_step_plan.c
+              LIBS medley_cuda LABELS unit)
   medley_test(test_cuda_kernels SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_kernels.c
               LIBS medley_cuda medley_engine LABELS gpu)
   medley_test(test_cuda_backend SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_backend.c

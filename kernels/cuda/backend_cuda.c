@@ -22,8 +22,10 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/step_plan.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
+_Static_assert(CUDA_PLAN_TILE_Q == CUDA_ATTN_TILE_Q, "step_plan.h and cuda_ops.h tile sizes");
 #define DEC_MAX_SPLITS 32
 
 struct md_buf {
@@ -235,58 +237,10 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
             return ce.code;
         }
     }
-    int64_t max_block = -1;
-    int n_dec = 0, n_tiles = 0, max_dec = 0;
-    for (int t = 0; t < T;) {
-        int s = bt->tok_seq[t];
-        if (s < 0 || s >= S)
-            return md_errf(e, MD_ERANGE, "cuda backend: token %d belongs to sequence %d of %d", t,
-                           s, S);
-        int run = 1;
-        while (t + run < T && bt->tok_seq[t + run] == s)
-            run++;
-        for (int i = t; i < t + run; i++) {
-            int p = bt->tok_pos[i];
-            if (p < 0 || p >= bt->max_blocks * bt->block_tokens || bt->slot[i] < 0 ||
-                (i > t && p != bt->tok_pos[i - 1] + 1))
-                return md_errf(e, MD_ERANGE,
-                               "cuda backend: token %d at position %d (slot %d) "
-                               "does not fit %d blocks of %d tokens in order",
-                               i, p, bt->slot[i], bt->max_blocks, bt->block_tokens);
-        }
-        int last = bt->tok_pos[t + run - 1];
-        for (int k = 0; k <= last / bt->block_tokens; k++) {
-            int32_t id = bt->block_table[(size_t)s * bt->max_blocks + k];
-            if (id < 0)
-                return md_errf(e, MD_ERANGE,
-                               "cuda backend: sequence %d has no block %d for "
-                               "position %d",
-                               s, k, last);
-            if (id > max_block)
-                max_block = id;
-        }
-        if (run == 1) {
-            int32_t *d = b->h_dec + 3 * n_dec++;
-            d[0] = t;
-            d[1] = s;
-            d[2] = bt->tok_pos[t] + 1;
-            if (d[2] > max_dec)
-                max_dec = d[2];
-        } else {
-            for (int i = 0; i < run; i += CUDA_ATTN_TILE_Q) {
-                int32_t *ti = b->h_tiles + 4 * n_tiles++;
-                ti[0] = s;
-                ti[1] = t + i;
-                ti[2] = run - i < CUDA_ATTN_TILE_Q ? run - i : CUDA_ATTN_TILE_Q;
-                ti[3] = bt->tok_pos[t + i];
-            }
-        }
-        t += run;
-    }
-    for (int i = 0; i < bt->n_logits; i++)
-        if (bt->logit_rows[i] < 0 || bt->logit_rows[i] >= T)
-            return md_errf(e, MD_ERANGE, "cuda backend: logit row %d outside the step's %d tokens",
-                           bt->logit_rows[i], T);
+    cuda_step_plan plan;
+    int rc = cuda_plan_step(bt, b->h_dec, b->h_tiles, &plan, e);
+    if (rc)
+        return rc;
     memcpy(b->h_tokens, bt->tokens, (size_t)T * 4);
     memcpy(b->h_pos, bt->tok_pos, (size_t)T * 4);
     memcpy(b->h_slot, bt->slot, (size_t)T * 4);
@@ -295,8 +249,8 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
     for (int s = 0; s < S; s++)
         memcpy(b->h_bt + (size_t)s * b->r.max_blocks, bt->block_table + (size_t)s * bt->max_blocks,
                (size_t)bt->max_blocks * 4);
-    int rc = cuda_upload(b->c, b->d_meta, b->h_meta,
-                         (size_t)(b->h_bt - b->h_meta + (int64_t)S * b->r.max_blocks) * 4, e);
+    rc = cuda_upload(b->c, b->d_meta, b->h_meta,
+                     (size_t)(b->h_bt - b->h_meta + (int64_t)S * b->r.max_blocks) * 4, e);
     if (rc)
         return rc;
     cudaEventRecord(b->meta_copied, cuda_ctx_stream(b->c));
@@ -305,10 +259,10 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
     b->max_blocks = bt->max_blocks;
     b->block_tokens = bt->block_tokens;
     b->n_logits = bt->n_logits;
-    b->n_dec = n_dec;
-    b->n_tiles = n_tiles;
-    b->max_dec_len = max_dec;
-    b->max_block_id = max_block;
+    b->n_dec = plan.n_dec;
+    b->n_tiles = plan.n_tiles;
+    b->max_dec_len = plan.max_dec_len;
+    b->max_block_id = plan.max_block;
     return cuda_check(b->c, "step metadata", e);
 }
 

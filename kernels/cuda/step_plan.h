@@ -1,0 +1,33 @@
+/* step_plan.h — the host half of a CUDA step: check a md_batch and sort its tokens for the
+ * attention kernels. Pure C, no CUDA calls, so it is tested on machines without a GPU.
+ *
+ * A sequence contributing one token is a decode entry {token row, block-table row, kv
+ * length = position + 1} (split-KV kernel); a longer run of one sequence's tokens becomes
+ * tiles {block-table row, first token row, tokens (<= CUDA_ATTN_TILE_Q), first position}
+ * (tiled prefill kernel). Every index the device will follow is checked here first. */
+#ifndef MEDLEY_KERNELS_CUDA_STEP_PLAN_H
+#define MEDLEY_KERNELS_CUDA_STEP_PLAN_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+#include "kernels/backend.h"
+
+#define CUDA_PLAN_TILE_Q 16 /* == CUDA_ATTN_TILE_Q */
+
+typedef struct {
+    int n_dec, n_tiles;
+    int max_dec_len;   /* longest kv length among decode entries (0 when none) */
+    int64_t max_block; /* largest block id any token reads (-1 when none) */
+} cuda_step_plan;
+
+/* Tiles a step of T tokens over S sequences can need: dec holds 3*T ints, tiles 4 * this. */
+static inline int cuda_plan_max_tiles(int T, int S) {
+    return T / CUDA_PLAN_TILE_Q + S;
+}
+
+/* Fill dec and tiles from b; MD_ERANGE naming the token, position, block or row that is
+ * out of range or out of order. */
+int cuda_plan_step(const md_batch *b, int32_t *dec, int32_t *tiles, cuda_step_plan *out, md_err *e);
+
+#endif
