@@ -45,7 +45,7 @@ else
     command -v ninja >/dev/null && gen="-G Ninja"
     if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDLEY_WERROR=ON \
         -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >"$OUT/build.log" 2>&1 &&
-        cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_kernels \
+        cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_step_plan test_cuda_kernels \
             test_cuda_backend test_cuda_e2e medley_gpu_bench medley >>"$OUT/build.log" 2>&1; then
         cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/cli/medley "$BIN/"
         note "build: ok (sm_90, warnings as errors)"
@@ -73,7 +73,7 @@ fi
 
 # ---- tests ----------------------------------------------------------------------------
 fails=0
-for t in test_cuda_device_select test_cuda_kernels test_cuda_backend test_cuda_e2e; do
+for t in test_cuda_device_select test_cuda_step_plan test_cuda_kernels test_cuda_backend test_cuda_e2e; do
     timeout 240 "$BIN/$t" >"$OUT/$t.log" 2>&1
     rc=$?
     case $rc in
