@@ -10,8 +10,11 @@
  *      a piece's end is the end of the subject, so look-aheads stop there as in llama.cpp.
  *   3. BPE on each word: bytes mapped to the byte-level alphabet, then the lowest-rank merge
  *      (leftmost on ties) applied until none is left, with a binary heap of candidate pairs;
- *      a final symbol that is not a token falls back to its single-byte tokens.
- * All buffers live in a per-call tok_scratch; words allocate nothing. */
+ *      a final symbol that is not a token falls back to its single-byte tokens. The first
+ *      pairs of a word come from a 256x256 byte-pair table, later ones from the merge hash.
+ * All buffers live in a per-call tok_scratch (grown, never per word). Fragments of 2 KiB
+ * and more also cache each word's ids for the rest of the call: text repeats its words, and
+ * the cache is private to the call, so threads sharing the tokenizer need no lock. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
