@@ -49,7 +49,8 @@ typedef struct {
     int max_t, max_logits, max_seqs, max_blocks;
     float *x, *xb, *q, *k, *v, *att, *g, *u, *xl, *logits;
     void *att_work;
-    int n_splits;
+    int n_splits; /* decode attention splits, set per batch size before capture */
+    int n_sm;
     int32_t *d_next; /* [max_seqs] next token of each sequence (argmax output) */
     int32_t *d_bt;   /* [max_seqs][max_blocks] */
     int32_t *d_meta; /* step metadata, see step_meta */
@@ -300,6 +301,15 @@ static double prefill(bench *b, int32_t *h, int B, int P) {
  * metadata copy. Metadata of every step is prepared in pinned memory first. Seconds. */
 static double decode(bench *b, int B, int P, int G, int use_graph) {
     size_t per = meta_ints(B, b->max_seqs);
+    /* as the backend chooses: fill the SMs twice, at least 64 keys per split */
+    int blocks = B * b->s.n_kv, by_len = (P + G + 63) / 64;
+    b->n_splits = (2 * b->n_sm + blocks - 1) / blocks;
+    if (b->n_splits > by_len)
+        b->n_splits = by_len;
+    if (b->n_splits > 8)
+        b->n_splits = 8;
+    if (b->n_splits < 1)
+        b->n_splits = 1;
     int32_t *h = NULL;
     if (cudaMallocHost((void **)&h, per * G * 4) != cudaSuccess) {
         fprintf(stderr, "medley_gpu_bench: cannot pin %zu bytes\n", per * G * 4);
@@ -368,7 +378,7 @@ int main(int argc, char **argv) {
     }
     cuda_device_info info;
     TRY(cuda_device_query(0, &info, &e));
-    bench b = {.s = s};
+    bench b = {.s = s, .n_sm = info.n_sm};
     TRY(cuda_ctx_open(0, &b.c, &e));
     uint64_t t_build = md_mono_ns();
     build(&b, B, P + G);
