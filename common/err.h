@@ -9,6 +9,14 @@
 
 #include <stdarg.h>
 
+#ifdef __cplusplus
+extern "C" {
+#ifdef __cplusplus
+}
+#endif
+
+#endif
+
 enum {
     MD_OK = 0,
     MD_EINVAL = -1,   /* bad argument or malformed input */
@@ -37,5 +45,9 @@ int md_errctx(md_err *e, const char *fmt, ...) __attribute__((format(printf, 2, 
 void md_err_clear(md_err *e);
 /* Short name of a code ("format", "io", ...). */
 const char *md_strerror(int code);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
