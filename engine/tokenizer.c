@@ -170,23 +170,25 @@ static size_t utf8_put(char *out, uint32_t c) {
     return 4;
 }
 
-/* Strict decode of one UTF-8 character at s[0..n): returns its length (1..4) and sets *cp,
- * or 0 when the bytes there are not a valid shortest-form character (or it is incomplete:
- * then *incomplete is set). */
-static int utf8_strict(const uint8_t *s, size_t n, uint32_t *cp, int *incomplete) {
+/* Strict decode of one UTF-8 character at s[0..n): returns its length (1..4) and sets *cp.
+ * Returns 0 when the bytes there are not a valid shortest-form character: *incomplete is set
+ * when they are a valid start cut by the end of the buffer, else *bad is the length of the
+ * maximal invalid subpart (what one U+FFFD replaces, as Unicode recommends). */
+static int utf8_strict(const uint8_t *s, size_t n, uint32_t *cp, int *incomplete, int *bad) {
     *incomplete = 0;
+    *bad = 1;
     uint8_t b = s[0];
     int need;
-    uint32_t c, min;
+    uint32_t c;
     if (b < 0x80) {
         *cp = b;
         return 1;
     } else if (b >= 0xC2 && b <= 0xDF) {
-        need = 1, c = b & 0x1F, min = 0x80;
+        need = 1, c = b & 0x1F;
     } else if (b >= 0xE0 && b <= 0xEF) {
-        need = 2, c = b & 0x0F, min = 0x800;
+        need = 2, c = b & 0x0F;
     } else if (b >= 0xF0 && b <= 0xF4) {
-        need = 3, c = b & 0x07, min = 0x10000;
+        need = 3, c = b & 0x07;
     } else {
         return 0;
     }
@@ -195,17 +197,24 @@ static int utf8_strict(const uint8_t *s, size_t n, uint32_t *cp, int *incomplete
             *incomplete = 1;
             return 0;
         }
-        if ((s[i] & 0xC0) != 0x80)
+        /* the second byte's range excludes overlong forms, surrogates and > U+10FFFF */
+        uint8_t lo = 0x80, hi = 0xBF;
+        if (i == 1) {
+            if (b == 0xE0)
+                lo = 0xA0;
+            else if (b == 0xED)
+                hi = 0x9F;
+            else if (b == 0xF0)
+                lo = 0x90;
+            else if (b == 0xF4)
+                hi = 0x8F;
+        }
+        if (s[i] < lo || s[i] > hi) {
+            *bad = i;
             return 0;
+        }
         c = (c << 6) | (s[i] & 0x3F);
-        /* reject early what can never complete validly */
-        if (i == 1 && need == 2 && ((b == 0xE0 && s[1] < 0xA0) || (b == 0xED && s[1] >= 0xA0)))
-            return 0;
-        if (i == 1 && need == 3 && ((b == 0xF0 && s[1] < 0x90) || (b == 0xF4 && s[1] >= 0x90)))
-            return 0;
     }
-    if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF))
-        return 0;
     *cp = c;
     return need + 1;
 }
@@ -315,7 +324,7 @@ static int build_pieces(tok_tokenizer *t) {
             size_t i = 0;
             while (i < n) {
                 uint32_t c;
-                int inc, l = utf8_strict((const uint8_t *)s + i, n - i, &c, &inc);
+                int inc, bad, l = utf8_strict((const uint8_t *)s + i, n - i, &c, &inc, &bad);
                 if (l > 0 && c < 324 && byte_of_cpt[c] >= 0) {
                     out[m++] = (char)byte_of_cpt[c];
                     i += (size_t)l;
@@ -916,17 +925,17 @@ static size_t emit_valid(const uint8_t *buf, size_t n, int final, char *out, siz
     size_t i = 0;
     while (i < n) {
         uint32_t c;
-        int inc, l = utf8_strict(buf + i, n - i, &c, &inc);
+        int inc, bad, l = utf8_strict(buf + i, n - i, &c, &inc, &bad);
         if (l == 0 && inc && !final)
             break; /* wait for the rest of the character */
         const char *src = (const char *)buf + i;
         size_t k = (size_t)l, adv = (size_t)l;
         if (l == 0) {
-            /* one U+FFFD per maximal invalid prefix: a truncated character at the very end
-             * is one replacement, a stray byte another */
+            /* one U+FFFD per maximal invalid subpart (a truncated character at the very
+             * end is one) */
             src = "\xef\xbf\xbd";
             k = 3;
-            adv = inc ? n - i : 1;
+            adv = inc ? n - i : (size_t)bad;
         }
         if (*w + k + 1 > cap)
             return n; /* no room: drop the rest (documented) */

@@ -702,12 +702,17 @@ static void stream_assembles_byte_tokens_and_replaces_broken_characters(void **s
     assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0x82>"), out, sizeof out), 0);
     assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0xAC>"), out, sizeof out), 3);
     assert_string_equal(out, "\xe2\x82\xac");
-    /* F0 9F then "A": the 4-byte character never completes */
+    /* F0 9F then "A": the 4-byte character never completes; one U+FFFD for both bytes */
     assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0xF0>"), out, sizeof out), 0);
     assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0x9F>"), out, sizeof out), 0);
-    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0x41>"), out, sizeof out), 7);
-    assert_string_equal(out, "\xef\xbf\xbd\xef\xbf\xbd"
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0x41>"), out, sizeof out), 4);
+    assert_string_equal(out, "\xef\xbf\xbd"
                              "A");
+    /* a stray continuation byte and a surrogate's start are one U+FFFD each */
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0x80>"), out, sizeof out), 3);
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0xED>"), out, sizeof out), 0);
+    assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0xA0>"), out, sizeof out), 6);
+    assert_string_equal(out, "\xef\xbf\xbd\xef\xbf\xbd");
     /* a held start followed by a normal piece */
     assert_int_equal(tok_stream_push(t, &s, vid(&v, "<0xC3>"), out, sizeof out), 0);
     assert_int_equal(tok_stream_push(t, &s, vid(&v, SP "hello"), out, sizeof out), 9);
