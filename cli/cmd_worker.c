@@ -29,6 +29,8 @@ static void usage(FILE *f) {
             "  --id NAME              consumer name (default host-pid-random)\n"
             "  --max-seqs N           concurrent requests per model (echo 256, engine 64)\n"
             "  --device D             engine device: cpu, cuda:0 (default cpu)\n"
+            "  --device-type T        device type for heartbeats and output lines, as the GPU\n"
+            "                         catalog names it (H200, L4; default cpu or cuda)\n"
             "  --threads N            engine CPU threads (default all cores)\n"
             "  --echo-delay-ms MS     echo model: delay per answer ($MEDLEY_ECHO_DELAY_MS)\n"
             "  --echo-ctx N           echo model: context length in bytes (default 8192)\n"
@@ -90,6 +92,8 @@ int cmd_worker(int argc, char **argv) {
             cfg.id = v;
         } else if (!strcmp(a, "--device")) {
             cfg.runner.device = v;
+        } else if (!strcmp(a, "--device-type")) {
+            cfg.device_type = v;
         } else if (!strcmp(a, "--usd-per-hour")) {
             char *end;
             cfg.usd_per_hour = strtod(v, &end);

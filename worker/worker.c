@@ -105,13 +105,18 @@ static answer *new_answer(wk *w) {
     return a;
 }
 
+static const char *dev_type(wk *w, int m) {
+    if (w->cfg->device_type && *w->cfg->device_type)
+        return w->cfg->device_type;
+    return m >= 0 && m < w->n_models ? wk_runner_device(w->runners[m]) : "cpu";
+}
+
 static json_t *medley_obj(wk *w, int m, double queue_ms, double prefill_ms, double decode_ms,
                           double share_s, long long attempt) {
     double cost = w->cfg->usd_per_hour * share_s / 3600.0;
     return json_pack("{s:s, s:[s], s:f, s:f, s:f, s:f, s:I}", "worker", w->me, "device_types",
-                     m >= 0 ? wk_runner_device(w->runners[m]) : "none", "queue_ms", queue_ms,
-                     "prefill_ms", prefill_ms, "decode_ms", decode_ms, "cost_usd", cost, "attempt",
-                     (json_int_t)attempt);
+                     dev_type(w, m), "queue_ms", queue_ms, "prefill_ms", prefill_ms, "decode_ms",
+                     decode_ms, "cost_usd", cost, "attempt", (json_int_t)attempt);
 }
 
 /* Queue an answer whose document is doc (stolen). */
@@ -855,25 +860,30 @@ static void heartbeat(wk *w, const char *state, double dt_s) {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
     double tps = dt_s > 0 ? (double)(w->n_tokens - w->tokens_at_hb) / dt_s : 0;
     w->tokens_at_hb = w->n_tokens;
-    json_array_append_new(devices, json_pack("{s:s, s:I, s:f}", "type",
-                                             w->n_models ? wk_runner_device(w->runners[0]) : "cpu",
-                                             "memory_bytes",
-                                             (json_int_t)(pages > 0 && psz > 0 ? pages * psz : 0),
-                                             "tokens_per_s", tps));
+    json_array_append_new(devices,
+                          json_pack("{s:s, s:I, s:f}", "type", dev_type(w, 0), "memory_bytes",
+                                    (json_int_t)(pages > 0 && psz > 0 ? pages * psz : 0),
+                                    "tokens_per_s", tps));
     json_t *doc = json_pack(
         "{s:s, s:s, s:I, s:s, s:o, s:o, s:I, s:I, s:I, s:I, s:i, s:f, s:f}", "worker", w->me,
         "host", w->host, "pid", (json_int_t)getpid(), "state", state, "models", models, "devices",
         devices, "started_at", (json_int_t)w->started_ms, "last_seen", (json_int_t)md_wall_ms(),
         "completed", (json_int_t)w->n_ok, "failed", (json_int_t)w->n_failed, "in_flight", w->live,
         "tokens_per_s", tps, "usd_per_hour", w->cfg->usd_per_hour);
+    /* `devices` and `state` also as fields of their own: the scheduler reads those two. */
     char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    char *ds = doc ? json_dumps(json_object_get(doc, "devices"), JSON_COMPACT) : NULL;
     json_decref(doc);
-    if (!s)
+    if (!s || !ds) {
+        free(s);
+        free(ds);
         return;
+    }
     md_err e = {0};
-    redisReply *rep = md_redis_cmd(w->r, &e, "HSET %s json %s state %s last_seen %lld", w->wkey, s,
-                                   state, (long long)md_wall_ms());
+    redisReply *rep = md_redis_cmd(w->r, &e, "HSET %s json %s devices %s state %s last_seen %lld",
+                                   w->wkey, s, ds, state, (long long)md_wall_ms());
     free(s);
+    free(ds);
     if (!rep) {
         w->broken = 1;
         return;

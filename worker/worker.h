@@ -33,6 +33,9 @@ typedef struct {
     int grace_ms;      /* on stop: time to finish running requests (default 30000) */
     int connect_timeout_ms, command_timeout_ms;
     double usd_per_hour; /* cost of this worker's devices, for the cost share */
+    /* Device type in heartbeats and output lines, as the scheduler's GPU catalog names it
+     * ("H200", "L4"); NULL: the runner's ("cpu", "cuda"). */
+    const char *device_type;
 } wk_config;
 
 void wk_config_default(wk_config *c);

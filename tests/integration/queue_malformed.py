@@ -32,7 +32,8 @@ def main():
         lines = good[:10] + [v[0] for v in cases.values()] + good[10:]
         path = write_lines(srv.dir, "in.jsonl", lines)
         batch = submit(srv, path, "--model", "echo")
-        w = Worker(srv, args=["--heartbeat-ms", "300", "--id", "w-malformed"], name="w")
+        w = Worker(srv, args=["--heartbeat-ms", "300", "--id", "w-malformed", "--device-type",
+                              "L4"], name="w")
         m = wait_batch(srv, batch, timeout=60)
         out = results(srv, batch)
         by_id = {l["custom_id"]: l for l in out if l["custom_id"] is not None}
@@ -68,6 +69,13 @@ def main():
         if not hb:
             fail("no heartbeat")
         validate_all(schema_validator("worker-heartbeat"), [json.loads(hb)], "heartbeat")
+        # the scheduler reads `devices` and `state` as fields of their own
+        devs = json.loads(srv.client().hget("medley:worker:{w-malformed}", "devices"))
+        if [d["type"] for d in devs] != ["L4"] or \
+                srv.client().hget("medley:worker:{w-malformed}", "state") != "running":
+            fail("heartbeat fields devices/state: %s" % devs)
+        if any(l["medley"]["device_types"] != ["L4"] for l in out):
+            fail("--device-type not in the output lines")
         # still serving
         p2 = write_lines(srv.dir, "in2.jsonl", [chat_line("again-%d" % i, "x") for i in range(50)])
         b2 = submit(srv, p2)
