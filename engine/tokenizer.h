@@ -64,7 +64,8 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, int n_ids, int render
 
 /* Streaming decode: push ids, get back only complete UTF-8 characters; bytes of a
  * character split over tokens are held until it completes. Bytes that can never start or
- * continue a character come out as U+FFFD, so the output is always valid UTF-8. Control
+ * continue a character come out as U+FFFD (one per maximal invalid subpart), so the output
+ * is always valid UTF-8. Control
  * tokens (EOS, <|im_end|>) add nothing. out needs tok_max_piece_len(t) + 16 bytes to be
  * sure nothing is cut; with less, output stops at the last character that fits and the
  * rest of that push is dropped. */
