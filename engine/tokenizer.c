@@ -625,20 +625,22 @@ int tok_load(const gguf_file *f, tok_tokenizer **out, md_err *e) {
     for (int i = 0; i < 3; i++)
         if ((rc = opt_id(f, fim_keys[i], &fim[i], t->n_vocab, e)))
             goto fail;
+    /* found by text (not by key): llama.cpp also makes them control tokens */
+    int32_t by_text[4] = {-1, -1, -1, -1};
     if (fim[0] < 0)
-        fim[0] = find_any(t, k_fim_pad_texts, NELEM(k_fim_pad_texts));
+        fim[0] = by_text[0] = find_any(t, k_fim_pad_texts, NELEM(k_fim_pad_texts));
     if (fim[1] < 0)
-        fim[1] = find_any(t, k_fim_rep_texts, NELEM(k_fim_rep_texts));
+        fim[1] = by_text[1] = find_any(t, k_fim_rep_texts, NELEM(k_fim_rep_texts));
     if (fim[2] < 0)
-        fim[2] = find_any(t, k_fim_sep_texts, NELEM(k_fim_sep_texts));
+        fim[2] = by_text[2] = find_any(t, k_fim_sep_texts, NELEM(k_fim_sep_texts));
     if (t->eot < 0)
-        t->eot = find_any(t, k_eot_texts, NELEM(k_eot_texts));
+        t->eot = by_text[3] = find_any(t, k_eot_texts, NELEM(k_eot_texts));
+    for (int i = 0; i < 4; i++)
+        if (by_text[i] >= 0 && !(t->attr[by_text[i]] & TOK_A_CONTROL))
+            t->attr[by_text[i]] = TOK_A_CONTROL;
     for (int i = 0; i < 3; i++)
-        if (fim[i] >= 0) {
+        if (fim[i] >= 0)
             t->is_eog[fim[i]] = 1;
-            t->attr[fim[i]] |= TOK_A_CONTROL;
-            t->attr[fim[i]] &= (uint8_t)~TOK_A_NORMAL;
-        }
     for (int i = 0; i < NELEM(k_eog_texts); i++) {
         int32_t id = tok_str_lookup(t, k_eog_texts[i], strlen(k_eog_texts[i]));
         if (id >= 0 && id < t->n_vocab) {
