@@ -5,6 +5,7 @@
  * <prefix>plan:version) with an event on <prefix>events. It re-plans at once when a worker
  * disappears or appears, and otherwise only when the predicted gain in tokens per dollar
  * pays for reloading models (hysteresis; docs/scheduler.md §6). */
+#include <glpk.h>
 #include <hiredis/hiredis.h>
 #include <math.h>
 #include <stdlib.h>
@@ -441,5 +442,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
     if (c)
         redisFree(c);
     (void)rounds;
+    /* GLPK keeps a per-thread environment; free it as the daemon's thread ends. */
+    glp_free_env();
     return rc;
 }
