@@ -1,6 +1,9 @@
-# Tokenizer tests: synthetic GGUF vocabularies for every tokenizer family and chat templates
-# (unit, also under ASan+UBSan), and SmolLM2's real vocabulary against llama.cpp's ids on the
-# fixture corpus in tests/fixtures/tokenizer/ (e2e: needs the model; skipped without it).
+# Tokenizer tests. unit (also under ASan+UBSan): test_tok_synth (synthetic GGUF vocabularies
+# for every tokenizer family, streaming, threads) and test_chat (template rendering). e2e
+# (need SmolLM2; their model-free parts still run without it): test_tok_smollm (llama.cpp's
+# ids on the fixture corpus in tests/fixtures/tokenizer/ for SmolLM2, four relabelled BPE
+# pre-tokenizers and a SentencePiece vocabulary; Jinja2's chat prompts) and test_tok_cli
+# (`medley tokenize`).
 set(TOK_TEST_LIBS medley_engine PkgConfig::JANSSON Threads::Threads)
 medley_test(test_tok_smollm SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_smollm.c
             LIBS ${TOK_TEST_LIBS} LABELS e2e)
