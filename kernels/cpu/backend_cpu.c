@@ -277,8 +277,8 @@ static void att_run(void *ctx, int ith, int nth) {
     int hd = j->head_dim, kv_dim = j->n_kv_heads * hd, group = j->n_heads / j->n_kv_heads;
     float *sc = j->c->att_scratch + (size_t)ith * j->c->r.max_ctx;
     int64_t items = (int64_t)b->n_tokens * j->n_heads;
-    int64_t per = (items + nth - 1) / nth, lo = per * ith, hi = lo + per < items ? lo + per : items;
-    for (int64_t it = lo; it < hi; it++) {
+    /* interleaved: later positions cost more, so contiguous ranges would be unbalanced */
+    for (int64_t it = ith; it < items; it += nth) {
         int t = (int)(it / j->n_heads), h = (int)(it % j->n_heads), kvh = h / group;
         int s = b->tok_seq[t], npos = b->tok_pos[t] + 1;
         const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
