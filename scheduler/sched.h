@@ -59,6 +59,10 @@ typedef struct sched_model {
 int sched_model_builtin(const char *name, sched_model *m, md_err *e);
 /* A model card JSON (schemas/model-card.schema.json). */
 int sched_model_from_json(json_t *card, sched_model *m, const char *where, md_err *e);
+/* A card from a GGUF file (model_gguf.c): shape keys under general.architecture, the
+ * vocabulary from token_embd, tied when there is no output.weight, bytes per weight from the
+ * tensors' sizes. name NULL: general.name. */
+int sched_model_from_gguf(const char *path, const char *name, sched_model *m, md_err *e);
 json_t *sched_model_to_json(const sched_model *m);
 double sched_model_params(const sched_model *m);       /* all weights */
 double sched_model_layer_params(const sched_model *m); /* one transformer block */

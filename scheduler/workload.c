@@ -40,9 +40,15 @@ static int parse_class(json_t *c, sched_class *k, const char *where, md_err *e) 
 static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e) {
     memset(d, 0, sizeof *d);
     json_t *model = json_object_get(j, "model");
+    json_t *file = json_object_get(j, "model_file");
     char w[128];
     snprintf(w, sizeof w, "%s.model", where);
-    if (json_is_string(model)) {
+    if (json_is_string(file)) {
+        if (sched_model_from_gguf(json_string_value(file), json_string_value(model), &d->model, e))
+            return md_errctx(e, "%s.model_file: ", where);
+    } else if (file) {
+        return md_errf(e, MD_EINVAL, "%s.model_file must be a path to a GGUF file", where);
+    } else if (json_is_string(model)) {
         if (sched_model_builtin(json_string_value(model), &d->model, e))
             return md_errctx(e, "%s: ", w);
     } else if (json_is_object(model)) {

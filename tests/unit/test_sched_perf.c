@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "scheduler/sched.h"
@@ -270,6 +272,51 @@ static void layer_split_dp_matches_brute_force(void **st) {
     assert_non_null(strstr(e.msg, "GB of weights"));
 }
 
+/* The card read from the e2e model file matches SmolLM2-135M's published config. */
+static void model_card_from_gguf_file(void **st) {
+    char path[4096];
+    const char *dir = getenv("MEDLEY_MODELS");
+    if (dir && *dir)
+        snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
+    else if (getenv("XDG_CACHE_HOME") && *getenv("XDG_CACHE_HOME"))
+        snprintf(path, sizeof path, "%s/medley/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                 getenv("XDG_CACHE_HOME"));
+    else
+        snprintf(path, sizeof path, "%s/.cache/medley/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                 getenv("HOME") ? getenv("HOME") : "");
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        print_message("skipped: %s not present (scripts/fetch-model.sh)\n", path);
+        skip();
+    }
+    fclose(f);
+    sched_model m, ref;
+    md_err e = {0};
+    assert_int_equal(sched_model_from_gguf(path, "smollm2", &m, &e), 0);
+    assert_int_equal(sched_model_builtin("smollm2-135m", &ref, NULL), 0);
+    assert_string_equal(m.name, "smollm2");
+    assert_int_equal(m.layers, ref.layers);
+    assert_int_equal(m.hidden, ref.hidden);
+    assert_int_equal(m.heads, ref.heads);
+    assert_int_equal(m.kv_heads, ref.kv_heads);
+    assert_int_equal(m.ffn, ref.ffn);
+    assert_int_equal(m.vocab, ref.vocab);
+    assert_int_equal(m.tied_embeddings, 1);
+    /* Q4_1 blocks are 0.625 B/weight; norms in F32 and any higher-precision tensors push the
+     * file's average a little above. */
+    assert_true(m.bytes_per_weight > 0.6 && m.bytes_per_weight < 1.2);
+    print_message("SmolLM2 GGUF: %.1fM parameters, %.3f bytes/weight\n",
+                  sched_model_params(&m) / 1e6, m.bytes_per_weight);
+}
+
+static void model_card_from_a_file_that_is_not_gguf(void **st) {
+    sched_model m;
+    md_err e = {0};
+    assert_true(
+        sched_model_from_gguf(MEDLEY_SOURCE_DIR "/scheduler/catalog/gpus.json", NULL, &m, &e) < 0);
+    assert_non_null(strstr(e.msg, "gpus.json"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(catalog_has_the_required_types_with_aliases),
@@ -281,6 +328,8 @@ int main(void) {
         cmocka_unit_test(kv_capacity_bounds_the_batch),
         cmocka_unit_test(profile_replaces_roofline),
         cmocka_unit_test(layer_split_dp_matches_brute_force),
+        cmocka_unit_test(model_card_from_gguf_file),
+        cmocka_unit_test(model_card_from_a_file_that_is_not_gguf),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
