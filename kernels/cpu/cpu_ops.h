@@ -15,6 +15,7 @@
 #define MEDLEY_KERNELS_CPU_OPS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* ---- thread pool ---- */
 typedef struct cpu_pool cpu_pool;
@@ -23,9 +24,12 @@ typedef struct cpu_pool cpu_pool;
 cpu_pool *cpu_pool_create(int n_threads);
 void cpu_pool_destroy(cpu_pool *p); /* NULL is a no-op */
 int cpu_pool_size(const cpu_pool *p);
-/* Run fn(ctx, ith, nth) on every thread (the caller is thread 0); returns when all are
- * done. p may be NULL: then fn(ctx, 0, 1) runs on the caller. Not reentrant: one
- * cpu_pool_run at a time per pool, and fn must not call cpu_pool_run on the same pool. */
+/* Run fn(ctx, ith, nth) for ith = 0..nth-1 (nth = cpu_pool_size), each index exactly once,
+ * in parallel over the pool's threads and the caller; returns when all are done. An index
+ * is not tied to a thread: the caller runs the tasks of workers that have not started yet
+ * (so a descheduled thread does not stall the job), but no two tasks of one job share an
+ * index, so per-ith scratch is safe. p may be NULL: then fn(ctx, 0, 1) runs on the caller.
+ * Not reentrant: one cpu_pool_run at a time per pool; fn must not call it on the same pool. */
 void cpu_pool_run(cpu_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
 
 /* ---- SIMD dispatch ---- */
@@ -82,5 +86,14 @@ float cpu_dot_f32(const float *a, const float *b, int n);
 void cpu_axpy(float *y, float a, const float *x, int n); /* y += a*x */
 void cpu_scale(float *x, float a, int n);                /* x *= a */
 void cpu_softmax(float *x, int n);                       /* in place, max-subtracted */
+/* One query head's attention over its sequence's cached positions 0..npos-1:
+ *   out[hd] = Σ_p softmax_p(scale · q·k_p) · v_p
+ * K and V rows live in a paged cache: position p is in slot
+ * block_table[p / block_tokens] * block_tokens + p % block_tokens, and its row for this
+ * head starts at k + slot*row_stride (resp. v + ...), in floats (so pass k already offset
+ * by the KV head). scratch holds npos floats (the caller's, per thread). */
+void cpu_attention_paged(float *out, const float *q, const float *k, const float *v,
+                         size_t row_stride, const int32_t *block_table, int block_tokens,
+                         int npos, int hd, float scale, float *scratch);
 
 #endif

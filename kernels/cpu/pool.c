@@ -1,15 +1,22 @@
 /* pool.c — the CPU backend's thread pool: n-1 worker threads plus the caller.
  *
- * A job is published by bumping a generation counter; workers spin on it for a short
- * while after each job (a decode step issues hundreds of small jobs, so waking a sleeping
- * thread each time would cost more than the work), then sleep on a futex. Completion is a
- * countdown the caller spins on, then futex-waits on. No mutex and no allocation per job. */
+ * A job is n tasks, fn(ctx, i, n) for i = 0..n-1. Threads claim task indices from one
+ * 64-bit word (job generation << 32 | next index) with compare-and-swap, so a task runs
+ * exactly once, on whichever thread claims it first; the caller claims too. A worker that
+ * the OS has descheduled therefore never holds a job up: the caller runs its task, and
+ * only tasks already running are waited for (a decode step is hundreds of small jobs, and
+ * this machine class is often oversubscribed).
+ *
+ * Idle workers spin on the word for a short while (waking a sleeping thread costs more
+ * than a small job), yielding now and then, then sleep on a futex. Completion is a count
+ * the caller spins on, then futex-waits on. No mutex and no allocation per job. */
 #define _GNU_SOURCE
 #include "kernels/cpu/cpu_ops.h"
 
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,16 +39,16 @@ struct cpu_pool {
     pthread_t *threads;
     void (*fn)(void *ctx, int ith, int nth);
     void *ctx;
-    _Alignas(64) atomic_int gen;      /* bumped once per job (futex word) */
-    _Alignas(64) atomic_int pending;  /* workers still running the current job (futex word) */
-    atomic_int sleepers;              /* workers inside futex_wait on gen */
-    atomic_int caller_waits;          /* the caller sleeps on pending */
+    _Alignas(64) _Atomic uint64_t state; /* generation << 32 | next task index */
+    _Alignas(64) atomic_int gen_word;    /* low 32 bits of the generation (futex word) */
+    atomic_int sleepers;                 /* workers inside futex_wait on gen_word */
+    _Alignas(64) atomic_int done;        /* tasks of the current job finished (futex word) */
+    atomic_int caller_waits;             /* the caller sleeps on done */
     atomic_int stop;
 };
 
 typedef struct {
     cpu_pool *p;
-    int ith;
 } worker_arg;
 
 static long futex(atomic_int *addr, int op, int val) {
@@ -54,43 +61,57 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Wait until *word != seen: spin for SPIN_NS, then sleep. `sleepers` counts sleepers so
- * the writer knows whether to issue a wake syscall. */
-static void wait_change(atomic_int *word, int seen, atomic_int *sleepers) {
-    uint64_t t0 = 0;
-    for (unsigned i = 1;; i++) {
-        if (atomic_load_explicit(word, memory_order_acquire) != seen)
+/* Claim and run tasks of generation gen until none is left. */
+static void run_tasks(cpu_pool *p, uint32_t gen) {
+    uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
+    for (;;) {
+        if ((uint32_t)(s >> 32) != gen || (int)(uint32_t)s >= p->n)
             return;
-        cpu_relax();
-        if ((i & 255) == 0) {
-            uint64_t t = now_ns();
-            if (t0 == 0)
-                t0 = t;
-            else if (t - t0 > SPIN_NS)
-                break;
-        }
+        if (!atomic_compare_exchange_weak_explicit(&p->state, &s, s + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        /* Claimed task (uint32)s of job gen: the job cannot end before this task does, so
+         * fn and ctx are still the job's. */
+        p->fn(p->ctx, (int)(uint32_t)s, p->n);
+        /* seq_cst: pairs with the caller's store to caller_waits then load of done */
+        if (atomic_fetch_add(&p->done, 1) + 1 == p->n && atomic_load(&p->caller_waits))
+            futex(&p->done, FUTEX_WAKE_PRIVATE, 1);
+        s = atomic_load_explicit(&p->state, memory_order_acquire);
     }
-    atomic_fetch_add(sleepers, 1);
-    while (atomic_load(word) == seen)
-        futex(word, FUTEX_WAIT_PRIVATE, seen);
-    atomic_fetch_sub(sleepers, 1);
 }
 
 static void *worker_main(void *argp) {
-    worker_arg *a = argp;
-    cpu_pool *p = a->p;
-    int ith = a->ith;
-    free(a);
-    int seen = 0; /* gen at creation: a job published before this thread ran is not missed */
+    cpu_pool *p = ((worker_arg *)argp)->p;
+    free(argp);
+    uint32_t seen = 0; /* generation at creation: a job published before we ran is not missed */
     for (;;) {
-        wait_change(&p->gen, seen, &p->sleepers);
-        seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+        uint64_t t0 = 0;
+        uint32_t g;
+        for (unsigned i = 1;; i++) {
+            g = (uint32_t)(atomic_load_explicit(&p->state, memory_order_acquire) >> 32);
+            if (g != seen)
+                break;
+            cpu_relax();
+            if ((i & 255) == 0) {
+                uint64_t t = now_ns();
+                if (t0 == 0)
+                    t0 = t;
+                else if (t - t0 > SPIN_NS)
+                    break;
+                sched_yield(); /* let a descheduled thread of ours run */
+            }
+        }
+        if (g == seen) {
+            atomic_fetch_add(&p->sleepers, 1);
+            while ((uint32_t)atomic_load(&p->gen_word) == seen)
+                futex(&p->gen_word, FUTEX_WAIT_PRIVATE, (int)seen);
+            atomic_fetch_sub(&p->sleepers, 1);
+            g = (uint32_t)(atomic_load_explicit(&p->state, memory_order_acquire) >> 32);
+        }
         if (atomic_load(&p->stop))
             return NULL;
-        p->fn(p->ctx, ith, p->n);
-        /* seq_cst pairs with the caller's store to caller_waits then load of pending */
-        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_waits))
-            futex(&p->pending, FUTEX_WAKE_PRIVATE, 1);
+        seen = g;
+        run_tasks(p, g);
     }
 }
 
@@ -112,10 +133,8 @@ cpu_pool *cpu_pool_create(int n_threads) {
     }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *a = malloc(sizeof *a);
-        if (a) {
+        if (a)
             a->p = p;
-            a->ith = i;
-        }
         if (!a || pthread_create(&p->threads[i], NULL, worker_main, a) != 0) {
             free(a);
             p->n = i; /* destroy joins the i-1 threads started so far */
@@ -126,12 +145,21 @@ cpu_pool *cpu_pool_create(int n_threads) {
     return p;
 }
 
+/* Publish a new generation with task index start (n = nothing to claim). */
+static uint32_t publish(cpu_pool *p, uint32_t start) {
+    uint32_t g = (uint32_t)(atomic_load(&p->state) >> 32) + 1;
+    atomic_store(&p->state, ((uint64_t)g << 32) | start);
+    atomic_store(&p->gen_word, (int)g); /* seq_cst: orders with the sleepers load below */
+    if (atomic_load(&p->sleepers) > 0)
+        futex(&p->gen_word, FUTEX_WAKE_PRIVATE, INT_MAX);
+    return g;
+}
+
 void cpu_pool_destroy(cpu_pool *p) {
     if (!p)
         return;
     atomic_store(&p->stop, 1);
-    atomic_fetch_add(&p->gen, 1);
-    futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+    publish(p, (uint32_t)p->n);
     for (int i = 1; i < p->n; i++)
         pthread_join(p->threads[i], NULL);
     free(p->threads);
@@ -147,30 +175,27 @@ void cpu_pool_run(cpu_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ct
     }
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store(&p->pending, p->n - 1);
-    atomic_fetch_add(&p->gen, 1); /* seq_cst: orders with the sleepers load below */
-    if (atomic_load(&p->sleepers) > 0)
-        futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
-    fn(ctx, 0, p->n);
-    int left = atomic_load_explicit(&p->pending, memory_order_acquire);
-    if (left == 0)
+    atomic_store(&p->done, 0);
+    run_tasks(p, publish(p, 0));
+    if (atomic_load_explicit(&p->done, memory_order_acquire) == p->n)
         return;
     uint64_t t0 = 0;
-    for (unsigned i = 1; left != 0; i++) {
+    for (unsigned i = 1;; i++) {
         cpu_relax();
-        left = atomic_load_explicit(&p->pending, memory_order_acquire);
+        if (atomic_load_explicit(&p->done, memory_order_acquire) == p->n)
+            return;
         if ((i & 255) == 0) {
             uint64_t t = now_ns();
             if (t0 == 0)
                 t0 = t;
             else if (t - t0 > SPIN_NS)
                 break;
+            sched_yield();
         }
     }
-    if (left == 0)
-        return;
     atomic_store(&p->caller_waits, 1);
-    while ((left = atomic_load(&p->pending)) != 0)
-        futex(&p->pending, FUTEX_WAIT_PRIVATE, left);
+    int d;
+    while ((d = atomic_load(&p->done)) != p->n)
+        futex(&p->done, FUTEX_WAIT_PRIVATE, d);
     atomic_store(&p->caller_waits, 0);
 }

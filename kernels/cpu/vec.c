@@ -1,10 +1,12 @@
-/* vec.c — the forward pass's vector ops (rmsnorm, swiglu, add, dot, axpy, scale, softmax):
+/* vec.c — the forward pass's vector ops (rmsnorm, swiglu, add, dot, axpy, scale, softmax,
+ * one query head's attention over a paged KV cache):
  * a portable scalar version of each and an AVX2+FMA version chosen at run time by
  * cpu_simd_level(). Single-threaded, no allocation. The AVX2 exp is a degree-6 polynomial
  * on a range-reduced argument (relative error < 2e-7 on [-87, 88]). */
 #include "kernels/cpu/cpu_ops.h"
 
 #include <math.h>
+#include <stdint.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -46,6 +48,26 @@ static void softmax_scalar(float *x, int n) {
     float r = (float)(1.0 / s);
     for (int i = 0; i < n; i++)
         x[i] *= r;
+}
+
+/* Row of position p in a paged cache. */
+static inline size_t paged_slot(const int32_t *bt, int block_tokens, int p) {
+    return (size_t)bt[p / block_tokens] * (size_t)block_tokens + (size_t)(p % block_tokens);
+}
+
+static void attention_scalar(float *out, const float *q, const float *k, const float *v,
+                             size_t stride, const int32_t *bt, int block_tokens, int npos, int hd,
+                             float scale, float *sc) {
+    for (int p = 0; p < npos; p++)
+        sc[p] = dot_scalar(q, k + paged_slot(bt, block_tokens, p) * stride, hd) * scale;
+    softmax_scalar(sc, npos);
+    for (int i = 0; i < hd; i++)
+        out[i] = 0;
+    for (int p = 0; p < npos; p++) {
+        const float *vr = v + paged_slot(bt, block_tokens, p) * stride;
+        for (int i = 0; i < hd; i++)
+            out[i] += sc[p] * vr[i];
+    }
 }
 
 #ifdef HAVE_X86
@@ -169,6 +191,39 @@ AVX2 static void softmax_avx2(float *x, int n) {
     for (; i < n; i++)
         x[i] *= r;
 }
+/* hd a multiple of 8. Scores then softmax in scratch, then the weighted sum of V rows with
+ * 64 output floats held in registers per pass. */
+AVX2 static void attention_avx2(float *out, const float *q, const float *k, const float *v,
+                                size_t stride, const int32_t *bt, int block_tokens, int npos,
+                                int hd, float scale, float *sc) {
+    for (int p = 0; p < npos; p++) {
+        const float *kr = k + paged_slot(bt, block_tokens, p) * stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 16 <= hd; i += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kr + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(kr + i + 8), a1);
+        }
+        if (i < hd)
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kr + i), a0);
+        sc[p] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+    }
+    softmax_avx2(sc, npos);
+    for (int c0 = 0; c0 < hd; c0 += 64) {
+        int nv = (hd - c0 < 64 ? hd - c0 : 64) / 8;
+        __m256 acc[8];
+        for (int r = 0; r < 8; r++)
+            acc[r] = _mm256_setzero_ps();
+        for (int p = 0; p < npos; p++) {
+            const float *vr = v + paged_slot(bt, block_tokens, p) * stride + c0;
+            __m256 w = _mm256_set1_ps(sc[p]);
+            for (int r = 0; r < nv; r++)
+                acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * r), acc[r]);
+        }
+        for (int r = 0; r < nv; r++)
+            _mm256_storeu_ps(out + c0 + 8 * r, acc[r]);
+    }
+}
 #define USE_AVX2 (cpu_simd_level() >= CPU_SIMD_AVX2)
 #else
 #define USE_AVX2 0
@@ -234,4 +289,23 @@ void cpu_softmax(float *x, int n) {
     }
 #endif
     softmax_scalar(x, n);
+}
+
+void cpu_attention_paged(float *out, const float *q, const float *k, const float *v,
+                         size_t row_stride, const int32_t *block_table, int block_tokens,
+                         int npos, int hd, float scale, float *scratch) {
+    if (npos <= 0 || hd <= 0) {
+        for (int i = 0; i < hd; i++)
+            out[i] = 0;
+        return;
+    }
+#ifdef HAVE_X86
+    if (USE_AVX2 && hd % 8 == 0) {
+        attention_avx2(out, q, k, v, row_stride, block_table, block_tokens, npos, hd, scale,
+                       scratch);
+        return;
+    }
+#endif
+    attention_scalar(out, q, k, v, row_stride, block_table, block_tokens, npos, hd, scale,
+                     scratch);
 }

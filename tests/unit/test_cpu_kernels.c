@@ -393,6 +393,65 @@ static void test_softmax_handles_extremes(void **state) {
     }
 }
 
+
+/* Paged attention: blocks out of order in the cache, against a double-precision formula. */
+static void test_attention_paged_matches_double_formula(void **state) {
+    enum { BT = 16, NBLK = 12, MAXPOS = NBLK * BT };
+    static const int hds[] = {64, 128, 12, 8};
+    static const int nposs[] = {1, 5, 16, 17, 100, MAXPOS};
+    for (int li = 0; li < n_levels; li++) {
+        assert_int_equal(cpu_simd_set(levels[li]), 0);
+        for (int hi = 0; hi < 4; hi++) {
+            int hd = hds[hi], kvh = 2, stride = 3 * hd; /* 3 KV heads per row, use head 2 */
+            float *k = malloc(sizeof(float) * (size_t)MAXPOS * stride);
+            float *v = malloc(sizeof(float) * (size_t)MAXPOS * stride);
+            float q[128], out[128], sc[MAXPOS];
+            double want[128], w[MAXPOS];
+            int32_t bt[NBLK];
+            for (int b = 0; b < NBLK; b++)
+                bt[b] = (b * 5 + 3) % NBLK; /* a permutation: blocks scattered */
+            for (int i = 0; i < MAXPOS * stride; i++) {
+                k[i] = frnd();
+                v[i] = frnd();
+            }
+            for (int i = 0; i < hd; i++)
+                q[i] = frnd() * 2;
+            for (int ni = 0; ni < 6; ni++) {
+                int npos = nposs[ni];
+                double mx = -INFINITY, sum = 0;
+                for (int p = 0; p < npos; p++) {
+                    size_t slot = (size_t)bt[p / BT] * BT + p % BT;
+                    double d = 0;
+                    for (int i = 0; i < hd; i++)
+                        d += (double)q[i] * k[slot * stride + kvh * hd + i];
+                    w[p] = d * 0.125;
+                    mx = fmax(mx, w[p]);
+                }
+                for (int p = 0; p < npos; p++)
+                    sum += (w[p] = exp(w[p] - mx));
+                for (int i = 0; i < hd; i++) {
+                    want[i] = 0;
+                    for (int p = 0; p < npos; p++) {
+                        size_t slot = (size_t)bt[p / BT] * BT + p % BT;
+                        want[i] += w[p] / sum * v[slot * stride + kvh * hd + i];
+                    }
+                }
+                cpu_attention_paged(out, q, k + kvh * hd, v + kvh * hd, (size_t)stride, bt, BT,
+                                    npos, hd, 0.125f, sc);
+                for (int i = 0; i < hd; i++) {
+                    if (!(fabs(out[i] - want[i]) <= 1e-5)) {
+                        print_error("attention (%s) hd %d npos %d [%d]: %.7g want %.7g\n",
+                                    cpu_simd_name(), hd, npos, i, out[i], want[i]);
+                        fail();
+                    }
+                }
+            }
+            free(k);
+            free(v);
+        }
+    }
+}
+
 /* ---- pool ---- */
 
 typedef struct {
@@ -459,6 +518,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_same_result_for_any_thread_count),
         cmocka_unit_test(test_vector_ops_match_double_formulas),
         cmocka_unit_test(test_softmax_handles_extremes),
+        cmocka_unit_test(test_attention_paged_matches_double_formula),
         cmocka_unit_test(test_pool_runs_each_thread_once_per_job),
         cmocka_unit_test(test_pool_wakes_sleeping_workers),
     };
