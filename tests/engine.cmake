@@ -10,3 +10,6 @@ medley_test(test_engine_logits SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engi
             LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
 medley_test(test_engine_batch SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_batch.c
             LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
+# tiny synthetic models from tests/fixtures/engine: no real model needed, runs with the unit tests
+medley_test(test_engine_archs SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_archs.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS unit)

@@ -16,9 +16,10 @@
 
 /* Where our greedy choice differs from llama.cpp's, llama.cpp's own top-2 logit gap must be
  * below this. Both quantize activations to 8 bits, rounding differently: our logits and
- * llama.cpp's differ by up to ~1.1 (test_engine_logits prints the measured maximum), so a
- * gap under that is a tie either implementation may break its own way. */
-#define NEAR_TIE 1.2
+ * llama.cpp's differ by up to ~1.5 (test_engine_logits prints the measured maximum), so a
+ * gap under that is a tie either implementation may break its own way. (Measured: the
+ * largest gap at a divergence is ~0.4.) */
+#define NEAR_TIE 1.5
 
 static md_engine *open_engine(size_t kv_bytes, int max_seqs, int batch_tokens) {
     const char *path = test_model_path();

@@ -1,0 +1,152 @@
+/* test_engine_archs.c — architecture variants SmolLM2 does not cover, on tiny synthetic GGUFs
+ * (tests/fixtures/engine/make_tiny_models.py) against a float64 numpy forward pass:
+ * Qwen2 (NeoX RoPE, QKV biases, separate output head, linear RoPE scaling; F32/F16/BF16/
+ * Q8_0/Q4_0/Q4_1 weights) and Llama 3.1-style (rope_freqs divisors, multi-query attention, tied
+ * head; Q4_K/Q6_K/Q8_0 weights). Also that a model file whose tensors do not fit the metadata
+ * is refused with a reason. No real model needed: runs with the unit tests. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "kernels/backend.h"
+#include "e2e/test_engine_util.h"
+
+/* cpu-exact: float32 accumulation of exact products vs float64 (logits of magnitude ~1-5). */
+#define EXACT_TOL 2e-3
+/* cpu: activations quantized to 8 bits per block; relative to the logits' spread. */
+#define FAST_REL_TOL 0.05
+
+static void check_model(const char *file, const char *device, double tol, int relative) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/engine/%s", MEDLEY_FIXTURES, file);
+    json_t *fx = test_fixture("tiny_logits.json");
+    assert_non_null(fx);
+    json_t *ref = json_object_get(json_object_get(fx, "models"), file);
+    assert_non_null(ref);
+    gguf_file *gf;
+    md_backend *be;
+    md_model *m;
+    md_err e = {0};
+    if (gguf_open(path, &gf, &e) || md_backend_open(device, 2, &be, &e) ||
+        md_model_load(gf, be, &m, &e))
+        fail_msg("%s: %s", file, e.msg);
+    int n, V = m->hp.n_vocab;
+    int32_t *toks = test_ids(json_object_get(ref, "tokens"), &n);
+    json_t *pos = json_object_get(ref, "positions"), *lref = json_object_get(ref, "logits");
+    int nl = (int)json_array_size(pos);
+    md_kv_bufs kv;
+    md_fwd f;
+    md_reserve res = {.max_tokens = n,
+                      .max_seqs = 1,
+                      .max_cols = 512,
+                      .max_ctx = 64,
+                      .max_blocks = 8,
+                      .n_heads = m->hp.n_head};
+    if (md_kv_bufs_alloc(m, 64, &kv, &e) || md_fwd_alloc(m, n, nl, &f, &e) ||
+        be->ops->reserve(be, &res, &e))
+        fail_msg("%s", e.msg);
+    int32_t tpos[64], tseq[64], slot[64], table[8] = {3, 1, 2, 0, 4, 5, 6, 7}, rows[16];
+    for (int t = 0; t < n; t++) {
+        tpos[t] = t;
+        tseq[t] = 0;
+        slot[t] = table[t / 8] * 8 + t % 8;
+    }
+    for (int i = 0; i < nl; i++)
+        rows[i] = (int32_t)json_integer_value(json_array_get(pos, i));
+    int32_t seq_len = n;
+    md_batch b = {.n_tokens = n,
+                  .n_seqs = 1,
+                  .tokens = toks,
+                  .tok_seq = tseq,
+                  .tok_pos = tpos,
+                  .slot = slot,
+                  .seq_len = &seq_len,
+                  .block_table = table,
+                  .max_blocks = 8,
+                  .block_tokens = 8,
+                  .logit_rows = rows,
+                  .n_logits = nl};
+    float *lg = malloc((size_t)nl * V * sizeof(float));
+    if (md_model_forward(m, &f, &kv, &b, lg, &e))
+        fail_msg("forward: %s", e.msg);
+    double max_err = 0, lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < nl; i++)
+        for (int v = 0; v < V; v++) {
+            double r = json_real_value(json_array_get(json_array_get(lref, i), v));
+            double d = fabs(lg[(size_t)i * V + v] - r);
+            if (d > max_err)
+                max_err = d;
+            lo = r < lo ? r : lo;
+            hi = r > hi ? r : hi;
+        }
+    double limit = relative ? tol * (hi - lo) : tol;
+    printf("%s on %s: max |logit error| %.2e over %d x %d logits (limit %.2e, logits in [%.2f, "
+           "%.2f])\n",
+           file, device, max_err, nl, V, limit, lo, hi);
+    assert_true(max_err <= limit);
+    free(lg);
+    free(toks);
+    md_fwd_free(m, &f);
+    md_kv_bufs_free(m, &kv);
+    md_model_free(m);
+    md_backend_free(be);
+    gguf_close(gf);
+    json_decref(fx);
+}
+
+static void test_qwen2_neox_bias_untied_exact(void **state) {
+    check_model("tiny-qwen2.gguf", "cpu-exact", EXACT_TOL, 0);
+}
+static void test_qwen2_fast_kernels(void **state) {
+    check_model("tiny-qwen2.gguf", "cpu", FAST_REL_TOL, 1);
+}
+static void test_llama3_rope_freqs_mqa_kquants_exact(void **state) {
+    check_model("tiny-llama3.gguf", "cpu-exact", EXACT_TOL, 0);
+}
+static void test_llama3_fast_kernels(void **state) {
+    check_model("tiny-llama3.gguf", "cpu", FAST_REL_TOL, 1);
+}
+
+/* A file that is valid GGUF but not a usable model is refused, naming the tensor; devices
+ * that do not exist are refused by name. */
+static void test_unusable_model_refused_with_reason(void **state) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/engine/tiny-bad-shape.gguf", MEDLEY_FIXTURES);
+    gguf_file *gf;
+    md_backend *be;
+    md_model *m = NULL;
+    md_err e = {0};
+    assert_int_equal(gguf_open(path, &gf, &e), 0);
+    assert_int_equal(md_backend_open("cpu", 1, &be, &e), 0);
+    assert_int_equal(md_model_load(gf, be, &m, &e), MD_EFORMAT);
+    assert_null(m);
+    assert_non_null(strstr(e.msg, "blk.0.attn_k.weight"));
+    md_backend *other;
+    assert_int_not_equal(md_backend_open("tpu:0", 1, &other, &e), 0);
+    assert_non_null(strstr(e.msg, "unknown device"));
+#ifndef MEDLEY_HAVE_CUDA
+    assert_int_equal(md_backend_open("cuda:0", 1, &other, &e), MD_EUNSUPP);
+    assert_non_null(strstr(e.msg, "without CUDA"));
+#endif
+    md_backend_free(be);
+    gguf_close(gf);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen2_neox_bias_untied_exact),
+        cmocka_unit_test(test_qwen2_fast_kernels),
+        cmocka_unit_test(test_llama3_rope_freqs_mqa_kquants_exact),
+        cmocka_unit_test(test_llama3_fast_kernels),
+        cmocka_unit_test(test_unusable_model_refused_with_reason),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
