@@ -269,8 +269,8 @@ typedef struct {
     float scale;
 } att_job;
 
-/* One (token, head) pair per work item: scores over the sequence's positions 0..pos in order
- * (fixed summation order: results do not depend on the split). */
+/* One (token, head) pair per work item, over the sequence's positions 0..pos in order (fixed
+ * summation order: results do not depend on the split or the batch). */
 static void att_run(void *ctx, int ith, int nth) {
     att_job *j = ctx;
     const md_batch *b = &j->c->b;
@@ -282,27 +282,10 @@ static void att_run(void *ctx, int ith, int nth) {
         int t = (int)(it / j->n_heads), h = (int)(it % j->n_heads), kvh = h / group;
         int s = b->tok_seq[t], npos = b->tok_pos[t] + 1;
         const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
-        const float *q = j->q + ((size_t)t * j->n_heads + h) * hd;
-        float *o = j->out + ((size_t)t * j->n_heads + h) * hd;
-        float mx = -INFINITY;
-        for (int p = 0; p < npos; p++) {
-            size_t slot = (size_t)bt[p / b->block_tokens] * b->block_tokens + p % b->block_tokens;
-            float v = cpu_dot_f32(q, j->kc + slot * kv_dim + (size_t)kvh * hd, hd) * j->scale;
-            sc[p] = v;
-            if (v > mx)
-                mx = v;
-        }
-        float sum = 0;
-        for (int p = 0; p < npos; p++) {
-            sc[p] = expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        memset(o, 0, (size_t)hd * sizeof(float));
-        float inv = 1.0f / sum;
-        for (int p = 0; p < npos; p++) {
-            size_t slot = (size_t)bt[p / b->block_tokens] * b->block_tokens + p % b->block_tokens;
-            cpu_axpy(o, sc[p] * inv, j->vc + slot * kv_dim + (size_t)kvh * hd, hd);
-        }
+        cpu_attention_paged(j->out + ((size_t)t * j->n_heads + h) * hd,
+                            j->q + ((size_t)t * j->n_heads + h) * hd, j->kc + (size_t)kvh * hd,
+                            j->vc + (size_t)kvh * hd, (size_t)kv_dim, bt, b->block_tokens, npos, hd,
+                            j->scale, sc);
     }
 }
 
