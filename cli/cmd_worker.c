@@ -1,6 +1,7 @@
 /* cmd_worker.c — `medley worker`: serve models from their Redis streams (worker/worker.h).
  * JSON-line logs by default (a daemon's logs go to a collector); SIGTERM/SIGINT stop it
- * gracefully: it stops reading, finishes or hands back what it runs, and exits 0. */
+ * gracefully: it stops reading, finishes or hands back what it runs, and exits 0. Without
+ * --model it follows the scheduler's plan (--follow-plan). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,11 +19,17 @@ static void on_signal(int sig) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: medley worker [--model M]... [options]\n"
+            "       medley worker [--follow-plan] [options]\n"
             "\n"
             "Serve models from Redis: read requests of the named models, run them, write the\n"
-            "output lines. Stops gracefully on SIGTERM or Ctrl-C.\n"
+            "output lines. Without --model the worker follows the scheduler's plan: it serves\n"
+            "the replicas whose stages name its device \"<id>/0\" and switches when the plan\n"
+            "changes. Stops gracefully on SIGTERM or Ctrl-C.\n"
             "\n"
             "  --model M              model to serve (repeatable): 'echo' or a registered model\n"
+            "  --follow-plan          serve what the plan (<prefix>plan) gives this worker (the\n"
+            "                         default without --model); give --id so plans can name it\n"
+            "  --plan-check-ms MS     how often to look at <prefix>plan:version (default 1000)\n"
             "  --redis URL            redis://[user:pass@]host:port/db or unix:///path\n"
             "                         (default $MEDLEY_REDIS, else redis://127.0.0.1:6379/0)\n"
             "  --prefix P             key prefix (default medley:)\n"
@@ -74,6 +81,9 @@ int cmd_worker(int argc, char **argv) {
         } else if (!strcmp(a, "--log-text")) {
             log_json = 0;
             used = 0;
+        } else if (!strcmp(a, "--follow-plan")) {
+            cfg.follow_plan = 1;
+            used = 0;
         } else if (!v) {
             fprintf(stderr, "medley worker: %s needs a value (or is unknown)\n", a);
             usage(stderr);
@@ -116,7 +126,8 @@ int cmd_worker(int argc, char **argv) {
                         {"--grace-ms", 0, 86400000},
                         {"--max-line-bytes", 1024, 1 << 30},
                         {"--connect-timeout-ms", 1, 600000},
-                        {"--command-timeout-ms", 0, 3600000}};
+                        {"--command-timeout-ms", 0, 3600000},
+                        {"--plan-check-ms", 10, 3600000}};
             int k = -1;
             for (size_t j = 0; j < sizeof ints / sizeof *ints; j++)
                 if (!strcmp(a, ints[j].flag))
@@ -141,14 +152,17 @@ int cmd_worker(int argc, char **argv) {
             case 9: cfg.limits.max_line_bytes = (size_t)x; break;
             case 10: cfg.connect_timeout_ms = (int)x; break;
             case 11: cfg.command_timeout_ms = (int)x; break;
+            case 12: cfg.plan_check_ms = (int)x; break;
             }
         }
         i += used;
     }
-    if (cfg.n_models == 0) {
-        fprintf(stderr, "medley worker: give at least one --model (e.g. --model echo)\n");
+    if (cfg.n_models > 0 && cfg.follow_plan) {
+        fprintf(stderr, "medley worker: --model and --follow-plan exclude each other\n");
         return 2;
     }
+    if (cfg.n_models == 0)
+        cfg.follow_plan = 1;
     md_log_set_json(log_json);
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;

@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/util.h"
+#include "worker/plan.h"
+#include "worker/validate.h"
 
 int q_parse_duration(const char *s, long long *seconds, md_err *e) {
     char *end;
@@ -147,20 +150,42 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
         fclose(f);
         return rc;
     }
-    char qkey[Q_KEY_MAX];
-    q_key_queue(qkey, prefix, model);
-    redisReply *rep = md_redis_cmd(r, e, "XGROUP CREATE %s %s 0 MKSTREAM", qkey, Q_GROUP);
-    if (!rep) {
+    /* The plan's classes for the model decide the streams; no plan (or no classes): q:{M}. */
+    json_t *plan = NULL;
+    q_class cls[Q_CLASS_MAX];
+    int ncls = 0;
+    md_err pe = {0};
+    if ((rc = q_plan_get(r, prefix, &plan, &pe)) == MD_EREDIS) {
         fclose(f);
-        return MD_EREDIS;
-    }
-    if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "BUSYGROUP", 9)) {
-        rc = md_errf(e, MD_EREDIS, "XGROUP CREATE %s: %s", qkey, rep->str);
-        freeReplyObject(rep);
-        fclose(f);
+        *e = pe;
         return rc;
     }
-    freeReplyObject(rep);
+    if (rc || (plan && (ncls = q_plan_classes(plan, model, cls, &pe)) < 0)) {
+        MD_WARN("submit", "ignoring the plan (%s); requests go to the model's plain stream",
+                pe.msg);
+        ncls = 0;
+    }
+    long long plan_version = plan ? q_plan_version(plan) : -1;
+    json_decref(plan);
+    char qkey[Q_KEY_MAX], ckey[Q_CLASS_MAX][Q_KEY_MAX];
+    q_key_queue(qkey, prefix, model);
+    for (int k = 0; k < ncls; k++)
+        q_key_class(ckey[k], prefix, model, cls[k].name);
+    for (int k = -1; k < ncls; k++) {
+        const char *key = k < 0 ? qkey : ckey[k];
+        redisReply *rep = md_redis_cmd(r, e, "XGROUP CREATE %s %s 0 MKSTREAM", key, Q_GROUP);
+        if (!rep) {
+            fclose(f);
+            return MD_EREDIS;
+        }
+        if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "BUSYGROUP", 9)) {
+            rc = md_errf(e, MD_EREDIS, "XGROUP CREATE %s: %s", key, rep->str);
+            freeReplyObject(rep);
+            fclose(f);
+            return rc;
+        }
+        freeReplyObject(rep);
+    }
     q_batch_spec spec = {.prefix = prefix,
                          .batch = batch_out,
                          .model = model,
@@ -181,13 +206,26 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
-    long long total = 0;
+    long long total = 0, routed[Q_CLASS_MAX] = {0};
+    wk_limits lim;
+    wk_limits_default(&lim);
     while (!rc && (len = getline(&line, &cap, f)) >= 0) {
         if (blank(line, (size_t)len))
             continue;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             len--;
-        rc = q_submit_line(s, line, (size_t)len, e);
+        if (ncls == 0) {
+            rc = q_submit_line(s, line, (size_t)len, e);
+            continue;
+        }
+        /* A line that is not JSON is estimated at the default size: the worker answers it
+         * with an error line from whichever class stream it is in. */
+        json_t *doc = json_loadb(line, (size_t)len, 0, NULL);
+        long long est = q_estimate_tokens(json_object_get(doc, "body"), lim.max_tokens_default);
+        json_decref(doc);
+        const q_class *c = q_class_pick(cls, ncls, est);
+        routed[c - cls]++;
+        rc = q_submit_line_to(s, ckey[c - cls], line, (size_t)len, e);
     }
     free(line);
     if (!rc)
@@ -205,6 +243,22 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
         q_batch_fail(r, prefix, batch_out, reason, &e2);
         return rc;
     }
+    /* Which plan routed the batch, and how many lines each class stream got. */
+    json_t *rt = json_object();
+    for (int k = 0; k < ncls; k++)
+        json_object_set_new(rt, cls[k].name, json_integer(routed[k]));
+    char *rts = json_dumps(rt, JSON_COMPACT);
+    json_decref(rt);
+    char meta[Q_KEY_MAX];
+    q_key_meta(meta, prefix, batch_out);
+    redisReply *rep =
+        rts ? md_redis_cmd(r, e, "HSET %s plan_version %lld routing %s", meta, plan_version, rts)
+            : NULL;
+    int dumped = rts != NULL;
+    free(rts);
+    if (!rep)
+        return dumped ? MD_EREDIS : md_errf(e, MD_ENOMEM, "out of memory");
+    freeReplyObject(rep);
     *n_lines = total;
     return q_batch_seal(r, prefix, batch_out, total, e);
 }

@@ -20,6 +20,9 @@ void q_key_out(char *out, const char *p, const char *b) {
 void q_key_done(char *out, const char *p, const char *b) {
     snprintf(out, Q_KEY_MAX, "%s{%s}:done", p, b);
 }
+void q_key_class(char *out, const char *p, const char *m, const char *cls) {
+    snprintf(out, Q_KEY_MAX, "%sq:{%s}:%s", p, m, cls);
+}
 void q_key_dlq(char *out, const char *p, const char *m) {
     snprintf(out, Q_KEY_MAX, "%sdlq:{%s}", p, m);
 }
@@ -212,7 +215,7 @@ int q_submitter_flush(q_submitter *s, long long *n_total, md_err *e) {
             return MD_EREDIS;
         }
         if (rep->type == REDIS_REPLY_ERROR && !rc)
-            rc = md_errf(e, MD_EREDIS, "XADD to %s failed: %s", s->key, rep->str);
+            rc = md_errf(e, MD_EREDIS, "XADD of batch %s failed: %s", s->batch, rep->str);
         else if (rep->type != REDIS_REPLY_ERROR)
             s->total++;
         freeReplyObject(rep);
@@ -223,8 +226,12 @@ int q_submitter_flush(q_submitter *s, long long *n_total, md_err *e) {
 }
 
 int q_submit_line(q_submitter *s, const char *line, size_t len, md_err *e) {
-    const char *argv[] = {"XADD", s->key, "*", "batch", s->batch, "line", line};
-    size_t lens[] = {4, strlen(s->key), 1, 5, strlen(s->batch), 4, len};
+    return q_submit_line_to(s, s->key, line, len, e);
+}
+
+int q_submit_line_to(q_submitter *s, const char *key, const char *line, size_t len, md_err *e) {
+    const char *argv[] = {"XADD", key, "*", "batch", s->batch, "line", line};
+    size_t lens[] = {4, strlen(key), 1, 5, strlen(s->batch), 4, len};
     if (redisAppendCommandArgv(md_redis_ctx(s->r), 7, argv, lens) != REDIS_OK)
         return md_errf(e, MD_ENOMEM, "cannot buffer a Redis command");
     /* 1000 commands per round trip: the pipeline stays a few MB at most and a 100k-line

@@ -4,11 +4,14 @@
  *
  * Keys (prefix P, default "medley:"; model M; batch B):
  *   P q:{M}        stream, group `workers`; entry fields batch=B, line=<input JSON line>
+ *   P q:{M}:<C>    the same for request-size class C when the plan defines classes
  *   P {B}:meta     hash: status model endpoint total completed failed created_at started_at
- *                  finished_at deadline priority input_file errors
+ *                  finished_at deadline priority input_file errors plan_version routing
  *   P {B}:out      stream; entry fields custom_id, ok (1|0), line=<output JSON line>
  *   P {B}:done     set of custom_ids already answered
- *   P dlq:{M}      stream: entries that failed max_attempts times (batch, line, id, reason)
+ *   P dlq:{M}      stream: entries that failed max_attempts times (batch, line, id, reason,
+ *                  stream), from q:{M} and every class stream of M
+ *   P plan         the scheduler's plan (worker/plan.h); P plan:version its version
  *   P worker:{W}   hash with a TTL: the worker heartbeat (schemas/worker-heartbeat)
  *   P batches      sorted set: batch ids by created_at (ms)
  *   P events       pub/sub channel: {"type":"batch","batch":B,"status":S}
@@ -29,6 +32,8 @@
 
 /* Key builders: write the key into out (Q_KEY_MAX). */
 void q_key_queue(char *out, const char *prefix, const char *model);
+/* P q:{M}:<class>: the stream of one request-size class of a plan (worker/plan.h). */
+void q_key_class(char *out, const char *prefix, const char *model, const char *cls);
 void q_key_meta(char *out, const char *prefix, const char *batch);
 void q_key_out(char *out, const char *prefix, const char *batch);
 void q_key_done(char *out, const char *prefix, const char *batch);
@@ -76,6 +81,8 @@ typedef struct q_submitter q_submitter;
 int q_submitter_open(md_redis *r, const char *prefix, const char *batch, const char *model,
                      q_submitter **out, md_err *e);
 int q_submit_line(q_submitter *s, const char *line, size_t len, md_err *e);
+/* The same into another stream (a class stream P q:{M}:<class>). */
+int q_submit_line_to(q_submitter *s, const char *key, const char *line, size_t len, md_err *e);
 /* Flush what is buffered; returns the number of lines queued so far in *n_total. */
 int q_submitter_flush(q_submitter *s, long long *n_total, md_err *e);
 void q_submitter_free(q_submitter *s);

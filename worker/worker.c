@@ -18,15 +18,20 @@
 #include "common/log.h"
 #include "common/redis.h"
 #include "common/util.h"
+#include "worker/plan.h"
 #include "worker/queue.h"
 
 #define ENTRY_ID_MAX 48
 #define BATCH_CACHE 64
 #define BATCH_CACHE_NS 500000000ull /* re-read a batch's status every 0.5 s */
 
+/* Each job and answer names its stream (index into wk.st); a stream names its model slot.
+ * Slots of both are freed only when nothing refers to them, so indices stay valid. */
+#define MAX_STREAMS (WK_MAX_MODELS * (1 + Q_CLASS_MAX))
+
 typedef struct {
     int used;
-    int m; /* model index */
+    int s; /* stream index */
     char id[ENTRY_ID_MAX];
     char batch[Q_BATCH_ID_MAX];
     char custom_id[WK_CUSTOM_ID_MAX];
@@ -37,7 +42,7 @@ typedef struct {
 } job;
 
 typedef struct {
-    int m;
+    int s;        /* stream index */
     int scripted; /* the completion script returned; only the XACK is left */
     char id[ENTRY_ID_MAX];
     char batch[Q_BATCH_ID_MAX];
@@ -54,6 +59,28 @@ typedef struct {
     uint64_t at_ns;
 } batch_ent;
 
+enum { SLOT_FREE = 0, SLOT_ON, SLOT_DRAIN };
+
+/* A stream read by this worker: reading (SLOT_ON) or draining (SLOT_DRAIN: no new reads;
+ * leases renewed and answers XACKed until its running entries are done). */
+typedef struct {
+    int state;
+    int m; /* model slot */
+    char key[Q_KEY_MAX];
+    char cursor[ENTRY_ID_MAX]; /* XAUTOCLAIM cursor */
+} stream;
+
+/* A served model: its runner and one job slot per unit of runner capacity. Draining: the
+ * plan moved it away; it finishes what runs, then closes. */
+typedef struct {
+    int state;
+    char name[Q_MODEL_NAME];
+    char replicas[256]; /* plan replica ids ("" when served from the command line) */
+    wk_runner *runner;
+    job *jobs; /* (n_jobs) */
+    int n_jobs;
+} model;
+
 typedef struct {
     const wk_config *cfg;
     volatile sig_atomic_t *stop;
@@ -62,12 +89,13 @@ typedef struct {
     unsigned gen; /* connection generation the scripts and groups were set up for */
     char prefix[80], me[160], host[128], events[Q_KEY_MAX], wkey[Q_KEY_MAX];
     char sha[41];
-    int n_models;
-    wk_runner *runners[WK_MAX_MODELS];
-    char qkey[WK_MAX_MODELS][Q_KEY_MAX];
-    char cursor[WK_MAX_MODELS][ENTRY_ID_MAX];
-    job *jobs; /* (n_jobs) one slot per runner capacity unit */
-    int n_jobs, live;
+    model mod[WK_MAX_MODELS];
+    stream st[MAX_STREAMS];
+    int live;
+    /* --follow-plan: the version of the plan applied (-1: none yet) and the last value seen
+     * in P plan:version (-2: never looked). */
+    long long plan_applied, plan_seen;
+    uint64_t last_plan;
     answer *ans;
     int n_ans, cap_ans;
     batch_ent cache[BATCH_CACHE];
@@ -87,6 +115,7 @@ void wk_config_default(wk_config *c) {
     c->grace_ms = 30000;
     c->connect_timeout_ms = 2000;
     c->command_timeout_ms = 10000;
+    c->plan_check_ms = 1000;
 }
 
 /* ---- answers ---------------------------------------------------------------------------- */
@@ -105,10 +134,22 @@ static answer *new_answer(wk *w) {
     return a;
 }
 
+/* The device type of heartbeats and output lines: --device-type, else the runner's, else
+ * what --device says ("cpu" or "cuda"). */
 static const char *dev_type(wk *w, int m) {
     if (w->cfg->device_type && *w->cfg->device_type)
         return w->cfg->device_type;
-    return m >= 0 && m < w->n_models ? wk_runner_device(w->runners[m]) : "cpu";
+    if (m >= 0 && m < WK_MAX_MODELS && w->mod[m].runner)
+        return wk_runner_device(w->mod[m].runner);
+    for (int k = 0; k < WK_MAX_MODELS; k++)
+        if (w->mod[k].runner)
+            return wk_runner_device(w->mod[k].runner);
+    const char *d = w->cfg->runner.device;
+    return d && !strncmp(d, "cuda", 4) ? "cuda" : "cpu";
+}
+
+static int stream_model(wk *w, int s) {
+    return w->st[s].m;
 }
 
 static json_t *medley_obj(wk *w, int m, double queue_ms, double prefill_ms, double decode_ms,
@@ -120,7 +161,7 @@ static json_t *medley_obj(wk *w, int m, double queue_ms, double prefill_ms, doub
 }
 
 /* Queue an answer whose document is doc (stolen). */
-static void push_answer(wk *w, int m, const char *entry_id, const char *batch,
+static void push_answer(wk *w, int s, const char *entry_id, const char *batch,
                         const char *custom_id, int ok, json_t *doc) {
     char *line = json_dumps(doc, JSON_COMPACT);
     json_decref(doc);
@@ -132,7 +173,7 @@ static void push_answer(wk *w, int m, const char *entry_id, const char *batch,
         free(line);
         return;
     }
-    a->m = m;
+    a->s = s;
     snprintf(a->id, sizeof a->id, "%s", entry_id);
     snprintf(a->batch, sizeof a->batch, "%s", batch);
     if (custom_id)
@@ -158,7 +199,7 @@ static void ids(char *out, const char *prefix) {
 }
 
 /* A request the API refused (400): response.body.error, as OpenAI's Batch output has it. */
-static void answer_invalid(wk *w, int m, const char *entry_id, const char *batch,
+static void answer_invalid(wk *w, int s, const char *entry_id, const char *batch,
                            const char *custom_id, const wk_verr *ve, double queue_ms,
                            long long attempt) {
     char id[48], rid[48];
@@ -170,35 +211,37 @@ static void answer_invalid(wk *w, int m, const char *entry_id, const char *batch
     json_t *doc = json_pack("{s:s, s:o, s:{s:i, s:s, s:{s:o}}, s:n, s:o}", "id", id, "custom_id",
                             cid_json(custom_id), "response", "status_code", ve->status,
                             "request_id", rid, "body", "error", err, "error", "medley",
-                            medley_obj(w, m, queue_ms, 0, 0, 0, attempt));
-    push_answer(w, m, entry_id, batch, custom_id, 0, doc);
+                            medley_obj(w, stream_model(w, s), queue_ms, 0, 0, 0, attempt));
+    push_answer(w, s, entry_id, batch, custom_id, 0, doc);
 }
 
 /* A request that never reached a model (cancelled, expired, dead-lettered, server error):
  * response null, error {code, message}. */
-static void answer_error(wk *w, int m, const char *entry_id, const char *batch,
+static void answer_error(wk *w, int s, const char *entry_id, const char *batch,
                          const char *custom_id, const char *code, const char *message,
                          double queue_ms, long long attempt) {
     char id[48];
     ids(id, "batch_req_");
-    json_t *doc = json_pack("{s:s, s:o, s:n, s:{s:s, s:s}, s:o}", "id", id, "custom_id",
-                            cid_json(custom_id), "response", "error", "code", code, "message",
-                            message, "medley", medley_obj(w, m, queue_ms, 0, 0, 0, attempt));
-    push_answer(w, m, entry_id, batch, custom_id, 0, doc);
+    json_t *doc =
+        json_pack("{s:s, s:o, s:n, s:{s:s, s:s}, s:o}", "id", id, "custom_id", cid_json(custom_id),
+                  "response", "error", "code", code, "message", message, "medley",
+                  medley_obj(w, stream_model(w, s), queue_ms, 0, 0, 0, attempt));
+    push_answer(w, s, entry_id, batch, custom_id, 0, doc);
 }
 
 static void on_done(void *ctx, void *tag, const wk_result *res) {
     wk *w = ctx;
     job *j = tag;
     if (res->error) {
-        answer_error(w, j->m, j->id, j->batch, j->custom_id, "server_error", res->error,
+        answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error", res->error,
                      j->queue_ms, j->attempt);
     } else {
         char id[48], rid[48], cid[48];
         ids(id, "batch_req_");
         ids(rid, "req_");
         ids(cid, j->chat ? "chatcmpl-" : "cmpl-");
-        const char *model = w->cfg->models[j->m];
+        int m = stream_model(w, j->s);
+        const char *model = w->mod[m].name;
         json_t *choice = j->chat ? json_pack("{s:i, s:{s:s, s:s}, s:s, s:n}", "index", 0, "message",
                                              "role", "assistant", "content", res->text,
                                              "finish_reason", res->finish_reason, "logprobs")
@@ -210,13 +253,12 @@ static void on_done(void *ctx, void *tag, const wk_result *res) {
                                  "choices", choice, "usage", "prompt_tokens", res->prompt_tokens,
                                  "completion_tokens", res->completion_tokens, "total_tokens",
                                  res->prompt_tokens + res->completion_tokens);
-        json_t *doc = json_pack("{s:s, s:s, s:{s:i, s:s, s:o}, s:n, s:o}", "id", id, "custom_id",
-                                j->custom_id, "response", "status_code", 200, "request_id", rid,
-                                "body", body, "error", "medley",
-                                medley_obj(w, j->m, j->queue_ms, res->prefill_ms, res->decode_ms,
-                                           j->share_s, j->attempt));
+        json_t *doc = json_pack(
+            "{s:s, s:s, s:{s:i, s:s, s:o}, s:n, s:o}", "id", id, "custom_id", j->custom_id,
+            "response", "status_code", 200, "request_id", rid, "body", body, "error", "medley",
+            medley_obj(w, m, j->queue_ms, res->prefill_ms, res->decode_ms, j->share_s, j->attempt));
         w->n_tokens += res->completion_tokens;
-        push_answer(w, j->m, j->id, j->batch, j->custom_id, 1, doc);
+        push_answer(w, j->s, j->id, j->batch, j->custom_id, 1, doc);
     }
     j->used = 0;
     w->live--;
@@ -224,23 +266,25 @@ static void on_done(void *ctx, void *tag, const wk_result *res) {
 
 /* ---- Redis setup ------------------------------------------------------------------------ */
 
+/* XGROUP CREATE from id 0, so entries submitted before any worker existed are delivered. */
+static int create_group(wk *w, const char *key, md_err *e) {
+    redisReply *rep = md_redis_cmd(w->r, e, "XGROUP CREATE %s %s 0 MKSTREAM", key, Q_GROUP);
+    if (!rep)
+        return MD_EREDIS;
+    int rc = 0;
+    if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "BUSYGROUP", 9))
+        rc = md_errf(e, MD_EREDIS, "XGROUP CREATE %s: %s", key, rep->str);
+    freeReplyObject(rep);
+    return rc;
+}
+
 static int setup_conn(wk *w, md_err *e) {
     int rc = q_script_load(w->r, q_complete_lua, w->sha, e);
     if (rc)
         return rc;
-    for (int m = 0; m < w->n_models; m++) {
-        /* From id 0, so entries submitted before any worker existed are delivered. */
-        redisReply *rep =
-            md_redis_cmd(w->r, e, "XGROUP CREATE %s %s 0 MKSTREAM", w->qkey[m], Q_GROUP);
-        if (!rep)
-            return MD_EREDIS;
-        if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "BUSYGROUP", 9)) {
-            rc = md_errf(e, MD_EREDIS, "XGROUP CREATE %s: %s", w->qkey[m], rep->str);
-            freeReplyObject(rep);
+    for (int s = 0; s < MAX_STREAMS; s++)
+        if (w->st[s].state != SLOT_FREE && (rc = create_group(w, w->st[s].key, e)))
             return rc;
-        }
-        freeReplyObject(rep);
-    }
     w->gen = md_redis_generation(w->r);
     return 0;
 }
@@ -256,8 +300,8 @@ static int heal(wk *w, int until_stop) {
             return -1;
         if (setup_conn(w, &e) == 0) {
             w->broken = 0;
-            for (int m = 0; m < w->n_models; m++)
-                snprintf(w->cursor[m], ENTRY_ID_MAX, "0-0");
+            for (int s = 0; s < MAX_STREAMS; s++)
+                snprintf(w->st[s].cursor, ENTRY_ID_MAX, "0-0");
             /* Run the script again for answers not yet XACKed: a Redis that restarted with
              * `appendfsync everysec` may have lost the script's writes of the last second.
              * Harmless when they survived (the script returns 0). */
@@ -327,12 +371,12 @@ static void flush(wk *w) {
         return;
     }
     /* XACK, then XDEL (an answered entry is never read again; deleting it keeps the queue
-     * stream as small as the backlog), one command each per model. */
+     * stream as small as the backlog), one command each per stream. */
     int acks = 0;
-    for (int m = 0; m < w->n_models; m++) {
+    for (int m = 0; m < MAX_STREAMS; m++) {
         int n = 0;
         for (int i = 0; i < w->n_ans; i++)
-            n += w->ans[i].scripted && w->ans[i].m == m;
+            n += w->ans[i].scripted && w->ans[i].s == m;
         if (!n)
             continue;
         const char **argv = malloc((size_t)(n + 3) * sizeof *argv);
@@ -343,19 +387,19 @@ static void flush(wk *w) {
             return;
         }
         argv[0] = "XACK";
-        argv[1] = w->qkey[m];
+        argv[1] = w->st[m].key;
         argv[2] = Q_GROUP;
         int k = 3;
         for (int i = 0; i < w->n_ans; i++)
-            if (w->ans[i].scripted && w->ans[i].m == m)
+            if (w->ans[i].scripted && w->ans[i].s == m)
                 argv[k++] = w->ans[i].id;
         for (int i = 0; i < k; i++)
             lens[i] = strlen(argv[i]);
         redisAppendCommandArgv(c, k, argv, lens);
         argv[1] = "XDEL"; /* XDEL key id... reuses the id list */
-        argv[2] = w->qkey[m];
+        argv[2] = w->st[m].key;
         lens[1] = 4;
-        lens[2] = strlen(w->qkey[m]);
+        lens[2] = strlen(w->st[m].key);
         redisAppendCommandArgv(c, k - 1, argv + 1, lens + 1);
         free(argv);
         free(lens);
@@ -420,17 +464,22 @@ static batch_ent *batch_state(wk *w, const char *batch) {
 
 /* ---- taking entries --------------------------------------------------------------------- */
 
-static int free_slots(wk *w, int m) {
-    return wk_runner_capacity(w->runners[m]) - wk_runner_live(w->runners[m]);
+/* Free runner slots of a stream's model; 0 unless the stream is being read. */
+static int free_slots(wk *w, int s) {
+    if (w->st[s].state != SLOT_ON)
+        return 0;
+    wk_runner *r = w->mod[w->st[s].m].runner;
+    return wk_runner_capacity(r) - wk_runner_live(r);
 }
 
 /* The entry is ours already: running, or answered and waiting to be written/XACKed. */
-static int running(wk *w, int m, const char *id) {
-    for (int i = 0; i < w->n_jobs; i++)
-        if (w->jobs[i].used && w->jobs[i].m == m && !strcmp(w->jobs[i].id, id))
+static int running(wk *w, int s, const char *id) {
+    model *md = &w->mod[w->st[s].m];
+    for (int i = 0; i < md->n_jobs; i++)
+        if (md->jobs[i].used && md->jobs[i].s == s && !strcmp(md->jobs[i].id, id))
             return 1;
     for (int i = 0; i < w->n_ans; i++)
-        if (w->ans[i].m == m && !strcmp(w->ans[i].id, id))
+        if (w->ans[i].s == s && !strcmp(w->ans[i].id, id))
             return 1;
     return 0;
 }
@@ -453,9 +502,9 @@ static double waited_ms(const char *id) {
     return d > 0 ? d : 0;
 }
 
-static void ack_only(wk *w, int m, const char *id) {
+static void ack_only(wk *w, int s, const char *id) {
     md_err e = {0};
-    redisReply *rep = md_redis_cmd(w->r, &e, "XACK %s %s %s", w->qkey[m], Q_GROUP, id);
+    redisReply *rep = md_redis_cmd(w->r, &e, "XACK %s %s %s", w->st[s].key, Q_GROUP, id);
     if (!rep)
         w->broken = 1;
     else
@@ -463,7 +512,9 @@ static void ack_only(wk *w, int m, const char *id) {
 }
 
 /* One entry: answer it at once (bad input, cancelled/expired batch) or start it. */
-static void take(wk *w, int m, const char *id, redisReply *fields, long long attempt) {
+static void take(wk *w, int s, const char *id, redisReply *fields, long long attempt) {
+    int m = stream_model(w, s);
+    model *md = &w->mod[m];
     size_t blen = 0, llen = 0;
     const char *batch = field(fields, "batch", &blen);
     const char *line = field(fields, "line", &llen);
@@ -471,17 +522,18 @@ static void take(wk *w, int m, const char *id, redisReply *fields, long long att
     if (!batch || !line || q_batch_id_check(batch, &e)) {
         /* Not a medley entry: no batch to answer to. Keep it in the DLQ for a human. */
         char dlq[Q_KEY_MAX];
-        q_key_dlq(dlq, w->prefix, w->cfg->models[m]);
-        redisReply *rep = md_redis_cmd(w->r, &e, "XADD %s * id %s reason %s worker %s", dlq, id,
-                                       "entry has no valid batch or line field", w->me);
+        q_key_dlq(dlq, w->prefix, md->name);
+        redisReply *rep =
+            md_redis_cmd(w->r, &e, "XADD %s * id %s reason %s worker %s stream %s", dlq, id,
+                         "entry has no valid batch or line field", w->me, w->st[s].key);
         if (!rep) {
             w->broken = 1;
             return;
         }
         freeReplyObject(rep);
         MD_WARN("worker", "entry %s of %s has no valid batch/line field; moved to the DLQ", id,
-                w->qkey[m]);
-        ack_only(w, m, id);
+                w->st[s].key);
+        ack_only(w, s, id);
         return;
     }
     batch_ent *b = batch_state(w, batch);
@@ -495,48 +547,48 @@ static void take(wk *w, int m, const char *id, redisReply *fields, long long att
     const char *cid = req.custom_id;
     if (!b->exists) {
         MD_WARN("worker", "entry %s names batch %s, which does not exist; dropped", id, batch);
-        ack_only(w, m, id);
+        ack_only(w, s, id);
     } else if (!strcmp(b->status, "cancelling") || !strcmp(b->status, "cancelled")) {
-        answer_error(w, m, id, batch, cid, "batch_cancelled", "the batch was cancelled", qms,
+        answer_error(w, s, id, batch, cid, "batch_cancelled", "the batch was cancelled", qms,
                      attempt);
     } else if (!strcmp(b->status, "failed")) {
-        answer_error(w, m, id, batch, cid, "batch_failed",
+        answer_error(w, s, id, batch, cid, "batch_failed",
                      "the batch failed before this request "
                      "was run",
                      qms, attempt);
     } else if (b->deadline > 0 && md_wall_ms() > b->deadline) {
-        answer_error(w, m, id, batch, cid, "batch_expired",
+        answer_error(w, s, id, batch, cid, "batch_expired",
                      "the batch's completion window ended before this request was run", qms,
                      attempt);
     } else if (bad) {
-        answer_invalid(w, m, id, batch, cid, &ve, qms, attempt);
-    } else if (req.model && strcmp(req.model, w->cfg->models[m])) {
+        answer_invalid(w, s, id, batch, cid, &ve, qms, attempt);
+    } else if (req.model && strcmp(req.model, md->name)) {
         snprintf(ve.code, sizeof ve.code, "model_not_found");
         snprintf(ve.param, sizeof ve.param, "body.model");
         snprintf(ve.message, sizeof ve.message,
                  "The model '%s' does not exist or is not this batch's model ('%s').", req.model,
-                 w->cfg->models[m]);
+                 md->name);
         ve.status = 404;
-        answer_invalid(w, m, id, batch, cid, &ve, qms, attempt);
+        answer_invalid(w, s, id, batch, cid, &ve, qms, attempt);
     } else {
         job *j = NULL;
-        for (int i = 0; i < w->n_jobs && !j; i++)
-            if (!w->jobs[i].used)
-                j = &w->jobs[i];
+        for (int i = 0; i < md->n_jobs && !j; i++)
+            if (!md->jobs[i].used)
+                j = &md->jobs[i];
         if (!j) { /* cannot happen (reads never exceed free slots); left pending if it does */
             MD_ERROR("worker", "no free slot for entry %s; it will be taken over later", id);
             wk_request_free(&req);
             return;
         }
         memset(j, 0, sizeof *j);
-        j->m = m;
+        j->s = s;
         snprintf(j->id, sizeof j->id, "%s", id);
         snprintf(j->batch, sizeof j->batch, "%s", batch);
         snprintf(j->custom_id, sizeof j->custom_id, "%s", cid);
         j->chat = req.chat;
         j->attempt = attempt;
         j->queue_ms = qms;
-        int rc = wk_runner_start(w->runners[m], &req, j, &e);
+        int rc = wk_runner_start(md->runner, &req, j, &e);
         if (rc == 0) {
             j->used = 1;
             w->live++;
@@ -545,23 +597,23 @@ static void take(wk *w, int m, const char *id, redisReply *fields, long long att
             snprintf(ve.param, sizeof ve.param, "%s", req.chat ? "messages" : "prompt");
             snprintf(ve.message, sizeof ve.message, "%s", e.msg);
             ve.status = 400;
-            answer_invalid(w, m, id, batch, cid, &ve, qms, attempt);
+            answer_invalid(w, s, id, batch, cid, &ve, qms, attempt);
         } else {
-            answer_error(w, m, id, batch, cid, "server_error", e.msg, qms, attempt);
+            answer_error(w, s, id, batch, cid, "server_error", e.msg, qms, attempt);
         }
     }
     wk_request_free(&req);
 }
 
 /* Delivery counts of entries (XPENDING id id 1 each, pipelined); 0 when unknown. */
-static int delivery_counts(wk *w, int m, redisReply *entries, long long *counts) {
+static int delivery_counts(wk *w, int s, redisReply *entries, long long *counts) {
     redisContext *c = md_redis_ctx(w->r);
     int n = 0;
     for (size_t i = 0; i < entries->elements; i++) {
         redisReply *en = entries->element[i];
         if (en->type != REDIS_REPLY_ARRAY || en->elements < 1 || !en->element[0]->str)
             continue;
-        redisAppendCommand(c, "XPENDING %s %s %s %s 1", w->qkey[m], Q_GROUP, en->element[0]->str,
+        redisAppendCommand(c, "XPENDING %s %s %s %s 1", w->st[s].key, Q_GROUP, en->element[0]->str,
                            en->element[0]->str);
         n++;
     }
@@ -587,13 +639,13 @@ static int delivery_counts(wk *w, int m, redisReply *entries, long long *counts)
 }
 
 /* Entries of one stream (an array of [id, fields]); claimed ones check max_attempts. */
-static void take_all(wk *w, int m, redisReply *entries, int claimed) {
+static void take_all(wk *w, int s, redisReply *entries, int claimed) {
     if (!entries || entries->type != REDIS_REPLY_ARRAY || entries->elements == 0)
         return;
     long long *counts = NULL;
     if (claimed) {
         counts = calloc(entries->elements, sizeof *counts);
-        if (!counts || delivery_counts(w, m, entries, counts)) {
+        if (!counts || delivery_counts(w, s, entries, counts)) {
             free(counts);
             return; /* left pending; taken over again later */
         }
@@ -604,11 +656,11 @@ static void take_all(wk *w, int m, redisReply *entries, int claimed) {
             continue;
         const char *id = en->element[0]->str;
         redisReply *fields = en->element[1];
-        if (claimed && running(w, m, id))
+        if (claimed && running(w, s, id))
             continue; /* ours already (a lapsed lease, or a resume after reconnecting) */
         long long attempt = claimed ? (counts[i] > 0 ? counts[i] : 2) : 1;
         if (fields->type != REDIS_REPLY_ARRAY) {
-            ack_only(w, m, id); /* deleted from the stream (XDEL/XTRIM): nothing to answer */
+            ack_only(w, s, id); /* deleted from the stream (XDEL/XTRIM): nothing to answer */
             continue;
         }
         if (claimed && attempt > w->cfg->max_attempts) {
@@ -616,7 +668,7 @@ static void take_all(wk *w, int m, redisReply *entries, int claimed) {
             const char *batch = field(fields, "batch", &blen);
             const char *line = field(fields, "line", &llen);
             char dlq[Q_KEY_MAX], reason[160];
-            q_key_dlq(dlq, w->prefix, w->cfg->models[m]);
+            q_key_dlq(dlq, w->prefix, w->mod[stream_model(w, s)].name);
             snprintf(reason, sizeof reason,
                      "delivered %lld times without an answer (max_attempts %d)", attempt,
                      w->cfg->max_attempts);
@@ -633,13 +685,15 @@ static void take_all(wk *w, int m, redisReply *entries, int claimed) {
                                   "reason",
                                   reason,
                                   "worker",
-                                  w->me};
-            size_t lens[13];
-            for (int k = 0; k < 13; k++)
+                                  w->me,
+                                  "stream",
+                                  w->st[s].key};
+            size_t lens[15];
+            for (int k = 0; k < 15; k++)
                 lens[k] = strlen(argv[k]);
             if (line)
                 lens[8] = llen;
-            redisReply *rep = md_redis_cmd_argv(w->r, 13, argv, lens, &e);
+            redisReply *rep = md_redis_cmd_argv(w->r, 15, argv, lens, &e);
             if (!rep) {
                 w->broken = 1;
                 break;
@@ -651,31 +705,60 @@ static void take_all(wk *w, int m, redisReply *entries, int claimed) {
             wk_verr ve;
             wk_validate(line ? line : "", line ? llen : 0, &w->cfg->limits, &req, cidbuf, &ve);
             if (batch && !q_batch_id_check(batch, &e))
-                answer_error(w, m, id, batch, req.custom_id, "max_attempts_exceeded", reason,
+                answer_error(w, s, id, batch, req.custom_id, "max_attempts_exceeded", reason,
                              waited_ms(id), attempt);
             else
-                ack_only(w, m, id);
+                ack_only(w, s, id);
             wk_request_free(&req);
             continue;
         }
-        take(w, m, id, fields, attempt);
+        take(w, s, id, fields, attempt);
     }
     free(counts);
 }
 
-/* XREADGROUP for every model with free slots. Returns the number of entries read. */
+/* XREADGROUP over every stream being read whose model has free slots. A model's free slots
+ * are shared out over its streams (one COUNT applies to every stream of the command, so it
+ * is the smallest share), so a read never returns more entries than the runners take. */
 static int read_new(wk *w, int block_ms) {
-    const char *argv[8 + 2 * WK_MAX_MODELS];
-    int which[WK_MAX_MODELS], n = 0, count = 0;
-    for (int m = 0; m < w->n_models; m++) {
-        int f = free_slots(w, m);
-        if (f <= 0)
+    const char *argv[8 + 2 * MAX_STREAMS];
+    int which[MAX_STREAMS], n = 0, count = 0;
+    for (int m = 0; m < WK_MAX_MODELS; m++) {
+        if (w->mod[m].state != SLOT_ON)
             continue;
-        which[n++] = m;
-        count = count == 0 || f < count ? f : count;
+        int k = 0, first = -1;
+        for (int s = 0; s < MAX_STREAMS; s++)
+            if (w->st[s].state == SLOT_ON && w->st[s].m == m) {
+                k++;
+                if (first < 0)
+                    first = s;
+            }
+        if (!k)
+            continue;
+        int f = free_slots(w, first);
+        int share = f / k;
+        if (share <= 0) {
+            /* Fewer free slots than streams: read one stream, rotating by the clock. */
+            if (f <= 0)
+                continue;
+            int pick = (int)((md_mono_ns() / 1000000u) % (uint64_t)k);
+            for (int s = 0; s < MAX_STREAMS; s++)
+                if (w->st[s].state == SLOT_ON && w->st[s].m == m && pick-- == 0)
+                    which[n++] = s;
+            share = 1;
+        } else {
+            for (int s = 0; s < MAX_STREAMS; s++)
+                if (w->st[s].state == SLOT_ON && w->st[s].m == m)
+                    which[n++] = s;
+        }
+        count = count == 0 || share < count ? share : count;
     }
-    if (!n)
+    if (!n) {
+        /* Nothing to read (no model, or every slot busy): wait as a blocked read would. */
+        for (int t = 0; t < block_ms && !*w->stop; t += 20)
+            usleep(20000);
         return 0;
+    }
     char cnt[16], blk[16];
     snprintf(cnt, sizeof cnt, "%d", count);
     snprintf(blk, sizeof blk, "%d", block_ms);
@@ -692,10 +775,10 @@ static int read_new(wk *w, int block_ms) {
     }
     argv[k++] = "STREAMS";
     for (int i = 0; i < n; i++)
-        argv[k++] = w->qkey[which[i]];
+        argv[k++] = w->st[which[i]].key;
     for (int i = 0; i < n; i++)
         argv[k++] = ">";
-    size_t lens[8 + 2 * WK_MAX_MODELS];
+    size_t lens[8 + 2 * MAX_STREAMS];
     for (int i = 0; i < k; i++)
         lens[i] = strlen(argv[i]);
     md_err e = {0};
@@ -710,51 +793,52 @@ static int read_new(wk *w, int block_ms) {
         if (!strncmp(rep->str, "NOGROUP", 7))
             w->gen = 0; /* the stream or group vanished: set it up again */
     } else if (rep->type == REDIS_REPLY_ARRAY) {
-        for (size_t s = 0; s < rep->elements; s++) {
-            redisReply *st = rep->element[s];
+        for (size_t i = 0; i < rep->elements; i++) {
+            redisReply *st = rep->element[i];
             if (st->type != REDIS_REPLY_ARRAY || st->elements != 2)
                 continue;
-            int m = -1;
-            for (int i = 0; i < w->n_models; i++)
-                if (!strcmp(w->qkey[i], st->element[0]->str))
-                    m = i;
-            if (m < 0)
+            int s = -1;
+            for (int j = 0; j < n && s < 0; j++)
+                if (!strcmp(w->st[which[j]].key, st->element[0]->str))
+                    s = which[j];
+            if (s < 0)
                 continue;
             got += (int)st->element[1]->elements;
-            take_all(w, m, st->element[1], 0);
+            take_all(w, s, st->element[1], 0);
         }
     }
     freeReplyObject(rep);
     return got;
 }
 
-/* XAUTOCLAIM entries idle past the visibility timeout (a crashed or stuck worker's). */
+/* XAUTOCLAIM entries idle past the visibility timeout (a crashed or stuck worker's), on every
+ * stream being read: the plain and the class streams alike. */
 static void take_over(wk *w) {
     md_err e = {0};
-    for (int m = 0; m < w->n_models && !w->broken; m++) {
-        int f = free_slots(w, m);
+    for (int s = 0; s < MAX_STREAMS && !w->broken; s++) {
+        int f = free_slots(w, s);
         if (f <= 0)
             continue;
-        redisReply *rep = md_redis_cmd(w->r, &e, "XAUTOCLAIM %s %s %s %d %s COUNT %d", w->qkey[m],
-                                       Q_GROUP, w->me, w->cfg->visibility_ms, w->cursor[m], f);
+        redisReply *rep = md_redis_cmd(w->r, &e, "XAUTOCLAIM %s %s %s %d %s COUNT %d", w->st[s].key,
+                                       Q_GROUP, w->me, w->cfg->visibility_ms, w->st[s].cursor, f);
         if (!rep) {
             w->broken = 1;
             return;
         }
         if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 2) {
             if (rep->element[0]->str)
-                snprintf(w->cursor[m], ENTRY_ID_MAX, "%s", rep->element[0]->str);
+                snprintf(w->st[s].cursor, ENTRY_ID_MAX, "%s", rep->element[0]->str);
             redisReply *entries = rep->element[1];
             if (entries->elements)
                 MD_INFO("worker", "took over %zu entries of %s idle past %d ms", entries->elements,
-                        w->qkey[m], w->cfg->visibility_ms);
-            take_all(w, m, entries, 1);
+                        w->st[s].key, w->cfg->visibility_ms);
+            take_all(w, s, entries, 1);
             /* Redis 7 lists entries deleted from the stream: ack them away. */
             if (rep->elements >= 3 && rep->element[2]->type == REDIS_REPLY_ARRAY)
                 for (size_t i = 0; i < rep->element[2]->elements && !w->broken; i++)
-                    ack_only(w, m, rep->element[2]->element[i]->str);
+                    ack_only(w, s, rep->element[2]->element[i]->str);
         } else if (rep->type == REDIS_REPLY_ERROR) {
-            MD_WARN("worker", "XAUTOCLAIM %s: %s", w->qkey[m], rep->str);
+            MD_WARN("worker", "XAUTOCLAIM %s: %s", w->st[s].key, rep->str);
         }
         freeReplyObject(rep);
     }
@@ -764,15 +848,15 @@ static void take_over(wk *w) {
  * after a crash resumes them at once instead of waiting out the visibility timeout. */
 static void take_own(wk *w) {
     md_err e = {0};
-    for (int m = 0; m < w->n_models && !w->broken; m++) {
+    for (int s = 0; s < MAX_STREAMS && !w->broken; s++) {
         char start[ENTRY_ID_MAX] = "0";
         for (;;) {
-            int f = free_slots(w, m);
+            int f = free_slots(w, s);
             if (f <= 0)
                 break;
             redisReply *rep =
                 md_redis_cmd(w->r, &e, "XREADGROUP GROUP %s %s COUNT %d STREAMS %s %s", Q_GROUP,
-                             w->me, f, w->qkey[m], start);
+                             w->me, f, w->st[s].key, start);
             if (!rep) {
                 w->broken = 1;
                 return;
@@ -784,11 +868,11 @@ static void take_own(wk *w) {
             size_t n = entries && entries->type == REDIS_REPLY_ARRAY ? entries->elements : 0;
             if (n) {
                 MD_INFO("worker", "resuming %zu entries of %s left pending by a previous %s", n,
-                        w->qkey[m], w->me);
+                        w->st[s].key, w->me);
                 redisReply *last = entries->element[n - 1];
                 if (last->type == REDIS_REPLY_ARRAY && last->elements >= 1 && last->element[0]->str)
                     snprintf(start, sizeof start, "%s", last->element[0]->str);
-                take_all(w, m, entries, 1);
+                take_all(w, s, entries, 1);
             }
             freeReplyObject(rep);
             if (!n)
@@ -798,15 +882,18 @@ static void take_own(wk *w) {
 }
 
 /* XCLAIM our running entries to ourselves (JUSTID: no delivery count bump), resetting their
- * idle time so nobody takes them over. idle_ms > 0 instead marks them idle that long: the
- * hand-back on stop, so another worker takes them over at once. */
+ * idle time so nobody takes them over; draining streams included. idle_ms > 0 instead marks
+ * them idle that long: the hand-back on stop, so another worker takes them over at once. */
 static void renew(wk *w, long long idle_ms) {
     redisContext *c = md_redis_ctx(w->r);
     int sent = 0;
-    for (int m = 0; m < w->n_models; m++) {
+    for (int s = 0; s < MAX_STREAMS; s++) {
+        if (w->st[s].state == SLOT_FREE)
+            continue;
+        model *md = &w->mod[w->st[s].m];
         int n = 0;
-        for (int i = 0; i < w->n_jobs; i++)
-            n += w->jobs[i].used && w->jobs[i].m == m;
+        for (int i = 0; i < md->n_jobs; i++)
+            n += md->jobs[i].used && md->jobs[i].s == s;
         if (!n)
             continue;
         const char **argv = malloc((size_t)(n + 8) * sizeof *argv);
@@ -820,13 +907,13 @@ static void renew(wk *w, long long idle_ms) {
         snprintf(idle, sizeof idle, "%lld", idle_ms);
         int k = 0;
         argv[k++] = "XCLAIM";
-        argv[k++] = w->qkey[m];
+        argv[k++] = w->st[s].key;
         argv[k++] = Q_GROUP;
         argv[k++] = w->me;
         argv[k++] = "0";
-        for (int i = 0; i < w->n_jobs; i++)
-            if (w->jobs[i].used && w->jobs[i].m == m)
-                argv[k++] = w->jobs[i].id;
+        for (int i = 0; i < md->n_jobs; i++)
+            if (md->jobs[i].used && md->jobs[i].s == s)
+                argv[k++] = md->jobs[i].id;
         if (idle_ms > 0) {
             argv[k++] = "IDLE";
             argv[k++] = idle;
@@ -852,16 +939,25 @@ static void renew(wk *w, long long idle_ms) {
 
 static void heartbeat(wk *w, const char *state, double dt_s) {
     json_t *models = json_array(), *devices = json_array();
-    for (int m = 0; m < w->n_models; m++)
-        json_array_append_new(models, json_pack("{s:s, s:s, s:i, s:i}", "model", w->cfg->models[m],
-                                                "runner", wk_runner_kind(w->runners[m]), "capacity",
-                                                wk_runner_capacity(w->runners[m]), "live",
-                                                wk_runner_live(w->runners[m])));
+    char replicas[1024] = "";
+    size_t used = 0;
+    for (int m = 0; m < WK_MAX_MODELS; m++) {
+        model *md = &w->mod[m];
+        if (md->state == SLOT_FREE)
+            continue;
+        json_array_append_new(models, json_pack("{s:s, s:s, s:i, s:i}", "model", md->name, "runner",
+                                                wk_runner_kind(md->runner), "capacity",
+                                                wk_runner_capacity(md->runner), "live",
+                                                wk_runner_live(md->runner)));
+        if (md->state == SLOT_ON && md->replicas[0] && used < sizeof replicas)
+            used += (size_t)snprintf(replicas + used, sizeof replicas - used, "%s%s",
+                                     used ? "," : "", md->replicas);
+    }
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
     double tps = dt_s > 0 ? (double)(w->n_tokens - w->tokens_at_hb) / dt_s : 0;
     w->tokens_at_hb = w->n_tokens;
     json_array_append_new(devices,
-                          json_pack("{s:s, s:I, s:f}", "type", dev_type(w, 0), "memory_bytes",
+                          json_pack("{s:s, s:I, s:f}", "type", dev_type(w, -1), "memory_bytes",
                                     (json_int_t)(pages > 0 && psz > 0 ? pages * psz : 0),
                                     "tokens_per_s", tps));
     json_t *doc = json_pack(
@@ -870,7 +966,8 @@ static void heartbeat(wk *w, const char *state, double dt_s) {
         devices, "started_at", (json_int_t)w->started_ms, "last_seen", (json_int_t)md_wall_ms(),
         "completed", (json_int_t)w->n_ok, "failed", (json_int_t)w->n_failed, "in_flight", w->live,
         "tokens_per_s", tps, "usd_per_hour", w->cfg->usd_per_hour);
-    /* `devices` and `state` also as fields of their own: the scheduler reads those two. */
+    /* `devices` and `state` also as fields of their own: the scheduler reads those two.
+     * `plan_version` and `replicas`: what this worker follows (--follow-plan). */
     char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
     char *ds = doc ? json_dumps(json_object_get(doc, "devices"), JSON_COMPACT) : NULL;
     json_decref(doc);
@@ -880,8 +977,10 @@ static void heartbeat(wk *w, const char *state, double dt_s) {
         return;
     }
     md_err e = {0};
-    redisReply *rep = md_redis_cmd(w->r, &e, "HSET %s json %s devices %s state %s last_seen %lld",
-                                   w->wkey, s, ds, state, (long long)md_wall_ms());
+    redisReply *rep = md_redis_cmd(
+        w->r, &e,
+        "HSET %s json %s devices %s state %s last_seen %lld plan_version %lld replicas %s", w->wkey,
+        s, ds, state, (long long)md_wall_ms(), w->plan_applied, replicas);
     free(s);
     free(ds);
     if (!rep) {
@@ -896,14 +995,211 @@ static void heartbeat(wk *w, const char *state, double dt_s) {
         freeReplyObject(rep);
 }
 
+/* ---- models and streams ----------------------------------------------------------------- */
+
+static int find_model(wk *w, const char *name) {
+    for (int m = 0; m < WK_MAX_MODELS; m++)
+        if (w->mod[m].state != SLOT_FREE && !strcmp(w->mod[m].name, name))
+            return m;
+    return -1;
+}
+
+/* Open a model's runner and job slots in a free model slot. Returns the slot or an error. */
+static int add_model(wk *w, const char *name, md_err *e) {
+    int m = -1;
+    for (int k = 0; k < WK_MAX_MODELS && m < 0; k++)
+        if (w->mod[k].state == SLOT_FREE)
+            m = k;
+    if (m < 0)
+        return md_errf(e, MD_EINVAL, "at most %d models at a time", WK_MAX_MODELS);
+    model *md = &w->mod[m];
+    memset(md, 0, sizeof *md);
+    int rc = wk_runner_open(name, &w->cfg->runner, &md->runner, e);
+    if (rc)
+        return rc;
+    md->n_jobs = wk_runner_capacity(md->runner);
+    md->jobs = calloc((size_t)md->n_jobs, sizeof *md->jobs);
+    if (!md->jobs) {
+        wk_runner_close(md->runner);
+        md->runner = NULL;
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    snprintf(md->name, sizeof md->name, "%s", name);
+    md->state = SLOT_ON;
+    return m;
+}
+
+/* Start reading a stream of model m (again, when it was draining). */
+static int add_stream(wk *w, int m, const char *key, md_err *e) {
+    int s = -1;
+    for (int k = 0; k < MAX_STREAMS; k++)
+        if (w->st[k].state != SLOT_FREE && w->st[k].m == m && !strcmp(w->st[k].key, key)) {
+            w->st[k].state = SLOT_ON;
+            return 0;
+        }
+    for (int k = 0; k < MAX_STREAMS && s < 0; k++)
+        if (w->st[k].state == SLOT_FREE)
+            s = k;
+    if (s < 0)
+        return md_errf(e, MD_EINVAL, "more than %d streams", MAX_STREAMS);
+    int rc = w->r ? create_group(w, key, e) : 0;
+    if (rc)
+        return rc;
+    w->st[s].state = SLOT_ON;
+    w->st[s].m = m;
+    snprintf(w->st[s].key, sizeof w->st[s].key, "%s", key);
+    snprintf(w->st[s].cursor, ENTRY_ID_MAX, "0-0");
+    return 0;
+}
+
+/* Free what draining left behind: streams with no running entry and no unwritten answer,
+ * then models with no stream left. */
+static void reap(wk *w) {
+    for (int s = 0; s < MAX_STREAMS; s++) {
+        if (w->st[s].state != SLOT_DRAIN)
+            continue;
+        model *md = &w->mod[w->st[s].m];
+        int busy = 0;
+        for (int i = 0; i < md->n_jobs && !busy; i++)
+            busy = md->jobs[i].used && md->jobs[i].s == s;
+        for (int i = 0; i < w->n_ans && !busy; i++)
+            busy = w->ans[i].s == s;
+        if (!busy)
+            w->st[s].state = SLOT_FREE;
+    }
+    for (int m = 0; m < WK_MAX_MODELS; m++) {
+        model *md = &w->mod[m];
+        if (md->state != SLOT_DRAIN)
+            continue;
+        int streams = 0;
+        for (int s = 0; s < MAX_STREAMS; s++)
+            streams += w->st[s].state != SLOT_FREE && w->st[s].m == m;
+        if (streams)
+            continue;
+        MD_INFO("worker", "model %s drained and closed", md->name);
+        wk_runner_close(md->runner);
+        free(md->jobs);
+        memset(md, 0, sizeof *md);
+    }
+}
+
+/* Serve what the plan gives this worker: models no longer named drain (their running
+ * requests finish and are written; nothing new is read), new ones are opened, and each
+ * served model reads P q:{M} plus the class streams of its replicas. */
+static void apply_plan(wk *w, const json_t *plan) {
+    q_assign as[Q_ASSIGN_MAX];
+    md_err e = {0};
+    int n = plan ? q_plan_assignment(plan, w->me, as, &e) : 0;
+    long long version = plan ? q_plan_version(plan) : -1;
+    if (n < 0) {
+        MD_ERROR("worker", "plan v%lld: %s; keeping what is served", version, e.msg);
+        w->plan_applied = version;
+        return;
+    }
+    for (int m = 0; m < WK_MAX_MODELS; m++) {
+        model *md = &w->mod[m];
+        if (md->state == SLOT_FREE)
+            continue;
+        int keep = 0;
+        for (int a = 0; a < n; a++)
+            keep |= !strcmp(as[a].model, md->name);
+        if (!keep && md->state == SLOT_ON) {
+            MD_INFO("worker", "plan v%lld moves %s away: finishing %d running request(s)", version,
+                    md->name, wk_runner_live(md->runner));
+            md->state = SLOT_DRAIN;
+        }
+        for (int s = 0; s < MAX_STREAMS; s++)
+            if (w->st[s].state != SLOT_FREE && w->st[s].m == m)
+                w->st[s].state = SLOT_DRAIN; /* re-enabled below when still wanted */
+    }
+    for (int a = 0; a < n; a++) {
+        int m = find_model(w, as[a].model);
+        if (m < 0) {
+            MD_INFO("worker", "plan v%lld: loading %s (replicas %s)", version, as[a].model,
+                    as[a].replicas);
+            if ((m = add_model(w, as[a].model, &e)) < 0) {
+                MD_ERROR("worker", "plan v%lld: cannot serve %s: %s", version, as[a].model, e.msg);
+                continue;
+            }
+        }
+        model *md = &w->mod[m];
+        md->state = SLOT_ON;
+        snprintf(md->replicas, sizeof md->replicas, "%s", as[a].replicas);
+        char key[Q_KEY_MAX];
+        q_key_queue(key, w->prefix, md->name);
+        int rc = add_stream(w, m, key, &e);
+        for (int c = 0; c < as[a].n_classes && !rc; c++) {
+            q_key_class(key, w->prefix, md->name, as[a].classes[c]);
+            rc = add_stream(w, m, key, &e);
+        }
+        if (rc) {
+            MD_ERROR("worker", "plan v%lld: %s: %s", version, md->name, e.msg);
+            if (e.code == MD_EREDIS)
+                w->broken = 1;
+        }
+    }
+    w->plan_applied = version;
+    int served = 0;
+    for (int m = 0; m < WK_MAX_MODELS; m++)
+        served += w->mod[m].state == SLOT_ON;
+    MD_INFO("worker", "following plan v%lld: %d model(s) here", version, served);
+    reap(w);
+    take_own(w);
+}
+
+/* --follow-plan: look at P plan:version; when it differs from what was applied, read the plan
+ * and apply it. A plan:version ahead of the plan document (the scheduler bumps it first) is
+ * looked at again next time. */
+static void check_plan(wk *w) {
+    char vkey[Q_KEY_MAX];
+    snprintf(vkey, sizeof vkey, "%splan:version", w->prefix);
+    md_err e = {0};
+    redisReply *rep = md_redis_cmd(w->r, &e, "GET %s", vkey);
+    if (!rep) {
+        w->broken = 1;
+        return;
+    }
+    long long seen = rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : -1;
+    freeReplyObject(rep);
+    if (seen == w->plan_seen)
+        return;
+    json_t *plan = NULL;
+    int rc = q_plan_get(w->r, w->prefix, &plan, &e);
+    if (rc == MD_EREDIS) {
+        w->broken = 1;
+        return;
+    }
+    if (rc) {
+        MD_ERROR("worker", "%s; keeping what is served", e.msg);
+        w->plan_seen = seen;
+        return;
+    }
+    long long v = plan ? q_plan_version(plan) : -1;
+    if (v != w->plan_applied)
+        apply_plan(w, plan);
+    if (v >= seen)
+        w->plan_seen = seen;
+    json_decref(plan);
+}
+
 /* ---- the loop --------------------------------------------------------------------------- */
+
+static int n_served(wk *w) {
+    int n = 0;
+    for (int m = 0; m < WK_MAX_MODELS; m++)
+        n += w->mod[m].state != SLOT_FREE;
+    return n;
+}
 
 static void poll_all(wk *w, int wait_ms) {
     md_err e = {0};
-    for (int m = 0; m < w->n_models; m++)
-        if (wk_runner_live(w->runners[m]) > 0 &&
-            wk_runner_poll(w->runners[m], w->n_models == 1 ? wait_ms : 0, on_done, w, &e))
-            MD_ERROR("worker", "model %s: %s", w->cfg->models[m], e.msg);
+    int one = n_served(w) == 1;
+    for (int m = 0; m < WK_MAX_MODELS; m++) {
+        model *md = &w->mod[m];
+        if (md->state != SLOT_FREE && wk_runner_live(md->runner) > 0 &&
+            wk_runner_poll(md->runner, one ? wait_ms : 0, on_done, w, &e))
+            MD_ERROR("worker", "model %s: %s", md->name, e.msg);
+    }
 }
 
 /* Spread the wall time since the last tick over the running jobs (the cost share). */
@@ -914,9 +1210,10 @@ static void tick(wk *w) {
     if (w->live <= 0)
         return;
     double each = dt / w->live;
-    for (int i = 0; i < w->n_jobs; i++)
-        if (w->jobs[i].used)
-            w->jobs[i].share_s += each;
+    for (int m = 0; m < WK_MAX_MODELS; m++)
+        for (int i = 0; i < w->mod[m].n_jobs; i++)
+            if (w->mod[m].jobs[i].used)
+                w->mod[m].jobs[i].share_s += each;
 }
 
 static void periodic(wk *w, int stopping) {
@@ -926,6 +1223,13 @@ static void periodic(wk *w, int stopping) {
         renew(w, 0);
         w->last_lease = now;
     }
+    if (!stopping && !w->broken && w->cfg->follow_plan &&
+        now - w->last_plan > (uint64_t)w->cfg->plan_check_ms * 1000000ull) {
+        check_plan(w);
+        w->last_plan = md_mono_ns();
+    }
+    if (!w->broken)
+        reap(w);
     if (!w->broken && now - w->last_hb > (uint64_t)w->cfg->heartbeat_ms * 1000000ull) {
         heartbeat(w, stopping ? "draining" : "running", (double)(now - w->last_hb) / 1e9);
         w->last_hb = now;
@@ -937,44 +1241,52 @@ static void periodic(wk *w, int stopping) {
     }
 }
 
+/* The models of the command line, each read from P q:{M}. */
 static int open_all(wk *w, const wk_config *cfg, md_err *e) {
-    int total = 0;
-    for (int m = 0; m < cfg->n_models; m++) {
-        int rc = wk_runner_open(cfg->models[m], &cfg->runner, &w->runners[m], e);
+    for (int i = 0; i < cfg->n_models; i++) {
+        int m = add_model(w, cfg->models[i], e);
+        if (m < 0)
+            return m;
+        char key[Q_KEY_MAX];
+        q_key_queue(key, w->prefix, cfg->models[i]);
+        int rc = add_stream(w, m, key, e);
         if (rc)
             return rc;
-        w->n_models = m + 1;
-        q_key_queue(w->qkey[m], w->prefix, cfg->models[m]);
-        snprintf(w->cursor[m], ENTRY_ID_MAX, "0-0");
-        total += wk_runner_capacity(w->runners[m]);
     }
-    w->jobs = calloc((size_t)total, sizeof *w->jobs);
-    if (!w->jobs)
-        return md_errf(e, MD_ENOMEM, "out of memory");
-    w->n_jobs = total;
     return 0;
 }
 
 static void close_all(wk *w) {
-    for (int m = 0; m < w->n_models; m++)
-        wk_runner_close(w->runners[m]);
+    for (int m = 0; m < WK_MAX_MODELS; m++) {
+        if (w->mod[m].runner)
+            wk_runner_close(w->mod[m].runner);
+        free(w->mod[m].jobs);
+    }
     for (int i = 0; i < w->n_ans; i++)
         free(w->ans[i].line);
     free(w->ans);
-    free(w->jobs);
     md_redis_close(w->r);
 }
 
 int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
-    if (cfg->n_models <= 0)
-        return md_errf(e, MD_EINVAL, "no model to serve (give --model NAME, e.g. --model echo)");
-    if (cfg->visibility_ms < 100 || cfg->max_attempts < 1 || cfg->heartbeat_ms < 100)
+    if (cfg->n_models <= 0 && !cfg->follow_plan)
         return md_errf(e, MD_EINVAL,
-                       "visibility must be >= 100 ms, max_attempts >= 1 and the "
-                       "heartbeat >= 100 ms");
+                       "no model to serve (give --model NAME, e.g. --model echo, or "
+                       "--follow-plan)");
+    if (cfg->n_models > 0 && cfg->follow_plan)
+        return md_errf(e, MD_EINVAL,
+                       "--model and --follow-plan exclude each other: a worker serves either "
+                       "the models it is given or those the plan gives it");
+    if (cfg->visibility_ms < 100 || cfg->max_attempts < 1 || cfg->heartbeat_ms < 100 ||
+        (cfg->follow_plan && cfg->plan_check_ms < 10))
+        return md_errf(e, MD_EINVAL,
+                       "visibility must be >= 100 ms, max_attempts >= 1, the heartbeat >= 100 ms "
+                       "and the plan check >= 10 ms");
     wk w = {0};
     w.cfg = cfg;
     w.stop = stop;
+    w.plan_applied = -1;
+    w.plan_seen = -2;
     snprintf(w.prefix, sizeof w.prefix, "%s", cfg->prefix ? cfg->prefix : "medley:");
     int rc = q_prefix_check(w.prefix, e);
     if (rc)
@@ -1013,9 +1325,13 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     }
     char where[700];
     md_redis_url_describe(&u, where, sizeof where);
-    MD_INFO("worker", "worker %s serving %d model(s) from %s (first: %s, %s runner, %d slots)",
-            w.me, w.n_models, where, cfg->models[0], wk_runner_kind(w.runners[0]),
-            wk_runner_capacity(w.runners[0]));
+    if (cfg->follow_plan)
+        MD_INFO("worker", "worker %s following the plan at %splan from %s (device %s/0, type %s)",
+                w.me, w.prefix, where, w.me, dev_type(&w, -1));
+    else
+        MD_INFO("worker", "worker %s serving %d model(s) from %s (first: %s, %s runner, %d slots)",
+                w.me, cfg->n_models, where, w.mod[0].name, wk_runner_kind(w.mod[0].runner),
+                wk_runner_capacity(w.mod[0].runner));
 
     take_own(&w);
     uint64_t t = md_mono_ns();
@@ -1023,6 +1339,7 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     w.last_lease = t;
     w.last_claim = 0; /* take over at once: a restarted worker finds its predecessors' work */
     w.last_hb = 0;
+    w.last_plan = 0;
     uint64_t stop_at = 0;
     int idle_reads = 0;
     for (;;) {
@@ -1059,10 +1376,12 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
                 poll_all(&w, 10);
             continue;
         }
-        /* A blocked read must not outlast half a heartbeat period, or the heartbeat key (3
-         * periods) could expire while an idle worker waits. */
+        /* A blocked read must not outlast half a heartbeat period (the heartbeat key lives 3
+         * periods) nor the plan check period while following a plan. */
         int block_max =
             cfg->block_ms < cfg->heartbeat_ms / 2 ? cfg->block_ms : cfg->heartbeat_ms / 2;
+        if (cfg->follow_plan && cfg->plan_check_ms < block_max)
+            block_max = cfg->plan_check_ms;
         int block = (w.live == 0 && w.n_ans == 0) ? block_max : 0;
         int got = read_new(&w, block);
         idle_reads = got == 0 ? idle_reads + 1 : 0;

@@ -4,7 +4,9 @@
  * script and only then XACKs; renews leases on what it runs, takes over entries idle past
  * the visibility timeout, moves entries past max_attempts to the DLQ, answers cancelled and
  * expired batches, heartbeats, reconnects with backoff without losing a result, and on stop
- * finishes (or hands back) what it runs and exits.
+ * finishes (or hands back) what it runs and exits. With follow_plan it serves what the
+ * scheduler's plan gives it and switches when the plan changes: models moved away finish
+ * what they run (written and XACKed, nothing handed over half-done), new ones are loaded.
  *
  * wk_run() blocks until *stop is set (SIGTERM) or a fatal error; the caller owns cfg. */
 #ifndef MEDLEY_WORKER_WORKER_H
@@ -36,6 +38,12 @@ typedef struct {
     /* Device type in heartbeats and output lines, as the scheduler's GPU catalog names it
      * ("H200", "L4"); NULL: the runner's ("cpu", "cuda"). */
     const char *device_type;
+    /* Serve what the scheduler's plan (P plan) gives this worker instead of `models`: the
+     * replicas whose stages name its device "<id>/0" (worker/plan.h), each model read from
+     * P q:{M} and the class streams P q:{M}:<class> of its replicas. The plan is looked at
+     * every plan_check_ms (default 1000) through P plan:version. */
+    int follow_plan;
+    int plan_check_ms;
 } wk_config;
 
 void wk_config_default(wk_config *c);
