@@ -23,7 +23,7 @@ static void usage(FILE *f) {
             "\n"
             "Serve models from Redis: read requests of the named models, run them, write the\n"
             "output lines. Without --model the worker follows the scheduler's plan: it serves\n"
-            "the replicas whose stages name its device \"<id>/0\" and switches when the plan\n"
+            "the replicas whose stages name its device \"{<id>}/0\" and switches when the plan\n"
             "changes. Stops gracefully on SIGTERM or Ctrl-C.\n"
             "\n"
             "  --model M              model to serve (repeatable): 'echo' or a registered model\n"

@@ -7,6 +7,8 @@ medley_test(test_validate SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_validate
             LIBS medley_worker LABELS unit)
 medley_test(test_queue_redis_url SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_redis_url.c
             LIBS medley_worker LABELS unit)
+medley_test(test_queue_plan SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_plan.c
+            LIBS medley_worker LABELS unit)
 
 if(NOT MEDLEY_PYTHON)
   message(WARNING "python3 not found: the queue's integration tests are not registered")
@@ -18,8 +20,11 @@ if(MEDLEY_REDIS_SERVER)
 endif()
 
 # Integration: plain python3 scripts (redis-py, jsonschema from scripts/requirements-test.txt).
+# plan_follow: class routing and --follow-plan on hand-written plans (a model moved between
+# workers mid-batch, reclaim and DLQ on class streams); plan_scheduler: the same with plans
+# from the real `medley scheduler`.
 foreach(t queue_crash queue_redis_restart queue_malformed queue_lifecycle protocol_client
-        protocol_worker)
+        protocol_worker plan_follow plan_scheduler)
   add_test(NAME ${t} COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/${t}.py)
   set_tests_properties(${t} PROPERTIES LABELS integration TIMEOUT 300
                        ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")

@@ -153,9 +153,17 @@ const q_class *q_class_pick(const q_class *c, int n, long long tokens) {
 
 int q_gpu_of_worker(const char *gpu, const char *worker) {
     size_t n = strlen(worker);
-    if (n == 0 || strncmp(gpu, worker, n))
+    if (n == 0)
         return 0;
-    const char *rest = gpu + n;
+    /* The scheduler names pools after the heartbeat key's tail, hash tag included:
+     * "{W}/<i>"; a plan written by hand may say "W/<i>". */
+    const char *rest = NULL;
+    if (gpu[0] == '{' && !strncmp(gpu + 1, worker, n) && gpu[n + 1] == '}')
+        rest = gpu + n + 2;
+    else if (!strncmp(gpu, worker, n))
+        rest = gpu + n;
+    else
+        return 0;
     if (*rest == '#') { /* "<W>#<type>/<i>" */
         rest = strrchr(rest, '/');
         if (!rest)
@@ -234,6 +242,38 @@ int q_plan_assignment(const json_t *plan, const char *worker, q_assign out[Q_ASS
                 return md_errf(e, MD_EINVAL, "plan: model %s has more than %d classes", model,
                                Q_CLASS_MAX);
             snprintf(a->classes[a->n_classes++], Q_CLASS_NAME, "%s", name);
+        }
+    }
+    /* A class of the model that no replica of the plan lists (a replica planned with no
+     * share of any class lists none) would strand its stream: every worker of the model
+     * reads it. */
+    for (int k = 0; k < n; k++) {
+        q_class cls[Q_CLASS_MAX];
+        int nc = q_plan_classes(plan, out[k].model, cls, e);
+        if (nc < 0)
+            return nc;
+        for (int c = 0; c < nc; c++) {
+            int listed = 0;
+            json_array_foreach(reps, i, rep) {
+                const char *model = json_string_value(json_object_get(rep, "model"));
+                size_t j;
+                json_t *x;
+                if (strcmp(model, out[k].model))
+                    continue;
+                json_array_foreach(json_object_get(rep, "classes"), j, x) {
+                    const char *xs = json_string_value(x);
+                    listed |= xs && !strcmp(xs, cls[c].name);
+                }
+            }
+            int have = 0;
+            for (int h = 0; h < out[k].n_classes; h++)
+                have |= !strcmp(out[k].classes[h], cls[c].name);
+            if (!listed && !have) {
+                if (out[k].n_classes == Q_CLASS_MAX)
+                    return md_errf(e, MD_EINVAL, "plan: model %s has more than %d classes",
+                                   out[k].model, Q_CLASS_MAX);
+                snprintf(out[k].classes[out[k].n_classes++], Q_CLASS_NAME, "%s", cls[c].name);
+            }
         }
     }
     return n;

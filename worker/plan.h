@@ -7,10 +7,12 @@
  * class of its model whose max_tokens bounds its estimated size (q_estimate_tokens), the
  * largest class when none does.
  *
- * Device names: the scheduler names a heartbeat's GPUs "<W>/<i>" (one device type) or
- * "<W>#<type>/<i>" (several types) where W is the worker id (scheduler/daemon.c builds one
- * fleet pool per worker and GPU type; scheduler/milp.c numbers GPUs inside a pool). A
- * worker serves every replica that has one of its devices in any stage.
+ * Device names: the scheduler names a heartbeat's GPUs "{W}/<i>" (one device type) or
+ * "{W}#<type>/<i>" (several types): scheduler/daemon.c names one fleet pool per worker and
+ * GPU type after the tail of the heartbeat key P worker:{W} (hash tag included), and
+ * scheduler/milp.c numbers GPUs inside a pool. "W/<i>" (no braces) is accepted too. A
+ * worker serves every replica that has one of its devices in any stage, and reads the
+ * class streams those replicas list plus any class of the model no replica lists.
  *
  * Documents are the caller's (jansson references); nothing here keeps a pointer into them. */
 #ifndef MEDLEY_WORKER_PLAN_H
@@ -60,7 +62,8 @@ typedef struct {
     char replicas[256]; /* replica ids, comma-separated, for heartbeats and logs */
 } q_assign;
 
-/* 1 when the plan's GPU id names one of worker's devices ("<W>/<i>" or "<W>#<type>/<i>"). */
+/* 1 when the plan's GPU id names one of worker's devices: "{W}/<i>", "{W}#<type>/<i>", or
+ * the same without braces. */
 int q_gpu_of_worker(const char *gpu, const char *worker);
 
 /* The models (with their classes) of the replicas that name this worker's devices, at most

@@ -1326,7 +1326,7 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     char where[700];
     md_redis_url_describe(&u, where, sizeof where);
     if (cfg->follow_plan)
-        MD_INFO("worker", "worker %s following the plan at %splan from %s (device %s/0, type %s)",
+        MD_INFO("worker", "worker %s following the plan at %splan from %s (device {%s}/0, type %s)",
                 w.me, w.prefix, where, w.me, dev_type(&w, -1));
     else
         MD_INFO("worker", "worker %s serving %d model(s) from %s (first: %s, %s runner, %d slots)",

@@ -1,0 +1,128 @@
+/* test_queue_plan.c — worker/plan.c: request-size estimates, class picking, the scheduler's
+ * device names, a worker's assignment from a plan, and clear errors for malformed plans. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/plan.h"
+
+static json_t *parse(const char *s) {
+    json_t *j = json_loads(s, 0, NULL);
+    assert_non_null(j);
+    return j;
+}
+
+static void estimate_is_quarter_bytes_plus_max_tokens(void **st) {
+    json_t *chat = parse("{\"messages\": [{\"role\": \"system\", \"content\": \"abcd\"},"
+                         "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": "
+                         "\"efghi\"}]}], \"max_tokens\": 10}");
+    assert_int_equal(q_estimate_tokens(chat, 256), 3 + 10); /* ceil(9 / 4) + 10 */
+    json_t *comp = parse("{\"prompt\": \"12345678\", \"max_completion_tokens\": 7}");
+    assert_int_equal(q_estimate_tokens(comp, 256), 2 + 7);
+    json_t *bare = parse("{\"messages\": []}");
+    assert_int_equal(q_estimate_tokens(bare, 256), 256);
+    assert_int_equal(q_estimate_tokens(NULL, 100), 100); /* not JSON: the default */
+    json_decref(chat);
+    json_decref(comp);
+    json_decref(bare);
+}
+
+static void classes_sorted_and_picked_smallest_that_fits(void **st) {
+    json_t *plan = parse("{\"version\": 3, \"classes\": ["
+                         "{\"model\": \"m\", \"name\": \"long\", \"max_tokens\": 4096},"
+                         "{\"model\": \"other\", \"name\": \"x\", \"max_tokens\": 1},"
+                         "{\"model\": \"m\", \"name\": \"short\", \"max_tokens\": 300}]}");
+    q_class c[Q_CLASS_MAX];
+    md_err e = {0};
+    assert_int_equal(q_plan_version(plan), 3);
+    assert_int_equal(q_plan_classes(plan, "m", c, &e), 2);
+    assert_string_equal(c[0].name, "short");
+    assert_string_equal(q_class_pick(c, 2, 1)->name, "short");
+    assert_string_equal(q_class_pick(c, 2, 300)->name, "short");
+    assert_string_equal(q_class_pick(c, 2, 301)->name, "long");
+    assert_string_equal(q_class_pick(c, 2, 100000)->name, "long"); /* largest otherwise */
+    assert_int_equal(q_plan_classes(plan, "none", c, &e), 0);
+    json_decref(plan);
+}
+
+static void malformed_classes_are_clear_errors(void **st) {
+    const char *bad[] = {
+        "{\"classes\": {}}",
+        "{\"classes\": [{\"model\": \"m\", \"name\": \"a b\", \"max_tokens\": 5}]}",
+        "{\"classes\": [{\"model\": \"m\", \"name\": \"a\", \"max_tokens\": 0}]}",
+        "{\"classes\": [{\"model\": \"m\", \"name\": \"a\", \"max_tokens\": 5},"
+        "{\"model\": \"m\", \"name\": \"a\", \"max_tokens\": 9}]}",
+        "{\"classes\": [{\"model\": \"m\", \"name\": \"{x}\", \"max_tokens\": 5}]}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        json_t *p = parse(bad[i]);
+        q_class c[Q_CLASS_MAX];
+        md_err e = {0};
+        assert_int_equal(q_plan_classes(p, "m", c, &e), MD_EINVAL);
+        assert_true(strlen(e.msg) > 0);
+        json_decref(p);
+    }
+}
+
+static void device_names_as_the_scheduler_writes_them(void **st) {
+    assert_true(q_gpu_of_worker("{w1}/0", "w1"));
+    assert_true(q_gpu_of_worker("{w1}#L4/3", "w1"));
+    assert_true(q_gpu_of_worker("w1/0", "w1"));
+    assert_true(q_gpu_of_worker("w1#H200/12", "w1"));
+    assert_false(q_gpu_of_worker("{w10}/0", "w1"));
+    assert_false(q_gpu_of_worker("w10/0", "w1"));
+    assert_false(q_gpu_of_worker("{w1}/", "w1"));
+    assert_false(q_gpu_of_worker("{w1}/x", "w1"));
+    assert_false(q_gpu_of_worker("{w1}", "w1"));
+    assert_false(q_gpu_of_worker("l4/0", ""));
+}
+
+static void assignment_unions_replicas_and_adds_unlisted_classes(void **st) {
+    json_t *plan = parse(
+        "{\"version\": 1, \"classes\": ["
+        "{\"model\": \"m\", \"name\": \"s\", \"max_tokens\": 100},"
+        "{\"model\": \"m\", \"name\": \"l\", \"max_tokens\": 1000},"
+        "{\"model\": \"m\", \"name\": \"orphan\", \"max_tokens\": 5000}],"
+        "\"replicas\": ["
+        "{\"id\": \"r0\", \"model\": \"m\", \"classes\": [\"s\"],"
+        " \"stages\": [{\"gpus\": [\"{a}/0\"]}]},"
+        "{\"id\": \"r1\", \"model\": \"m\", \"classes\": [\"l\"],"
+        " \"stages\": [{\"gpus\": [\"{b}/0\"]}, {\"gpus\": [\"{a}#L4/1\"]}]},"
+        "{\"id\": \"r2\", \"model\": \"n\", \"classes\": [], \"stages\": [{\"gpus\": [\"{c}/0\"]}]}"
+        "]}");
+    q_assign a[Q_ASSIGN_MAX];
+    md_err e = {0};
+    assert_int_equal(q_plan_assignment(plan, "a", a, &e), 1);
+    assert_string_equal(a[0].model, "m");
+    assert_string_equal(a[0].replicas, "r0,r1");
+    assert_int_equal(a[0].n_classes, 3);
+    assert_string_equal(a[0].classes[0], "s");
+    assert_string_equal(a[0].classes[1], "l");
+    assert_string_equal(a[0].classes[2], "orphan");
+    assert_int_equal(q_plan_assignment(plan, "c", a, &e), 1);
+    assert_string_equal(a[0].model, "n");
+    assert_int_equal(a[0].n_classes, 0);
+    assert_int_equal(q_plan_assignment(plan, "nobody", a, &e), 0);
+    json_decref(plan);
+    json_t *bad = parse("{\"replicas\": [{\"id\": \"r0\", \"stages\": []}]}");
+    assert_int_equal(q_plan_assignment(bad, "a", a, &e), MD_EINVAL);
+    json_decref(bad);
+    bad = parse("{\"replicas\": [{\"model\": \"m\", \"classes\": [7], \"stages\": [{\"gpus\": "
+                "[\"a/0\"]}]}]}");
+    assert_int_equal(q_plan_assignment(bad, "a", a, &e), MD_EINVAL);
+    json_decref(bad);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(estimate_is_quarter_bytes_plus_max_tokens),
+        cmocka_unit_test(classes_sorted_and_picked_smallest_that_fits),
+        cmocka_unit_test(malformed_classes_are_clear_errors),
+        cmocka_unit_test(device_names_as_the_scheduler_writes_them),
+        cmocka_unit_test(assignment_unions_replicas_and_adds_unlisted_classes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
