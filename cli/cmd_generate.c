@@ -415,11 +415,15 @@ static int batch_line(const gen_opts *o, tok_tokenizer *tok, json_t *line, md_sa
     v = s->top_k;
     if ((rc = md_json_get_int(body, "top_k", 0, &v, "request", e)))
         return rc;
-    s->top_k = v < 0 || v > INT_MAX ? -1 : (int)v;
+    if (v < 0 || v > INT_MAX)
+        return md_errf(e, MD_EINVAL, "top_k %lld must be in [0, %d]", v, INT_MAX);
+    s->top_k = (int)v;
     v = s->max_tokens;
     if ((rc = md_json_get_int(body, "max_tokens", 0, &v, "request", e)))
         return rc;
-    s->max_tokens = v < 0 || v > INT_MAX ? -1 : (int)v;
+    if (v < 0 || v > INT_MAX)
+        return md_errf(e, MD_EINVAL, "max_tokens %lld must be in [0, %d]", v, INT_MAX);
+    s->max_tokens = (int)v;
     v = (long long)s->seed;
     if ((rc = md_json_get_int(body, "seed", 0, &v, "request", e)))
         return rc;

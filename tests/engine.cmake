@@ -13,3 +13,5 @@ medley_test(test_engine_batch SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engin
 # tiny synthetic models from tests/fixtures/engine: no real model needed, runs with the unit tests
 medley_test(test_engine_archs SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_archs.c
             LIBS ${ENGINE_TEST_LIBS} LABELS unit)
+medley_test(test_engine_cli SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_cli.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS e2e)

@@ -1,0 +1,119 @@
+/* test_engine_cli.c — `medley generate` as a user runs it: streamed text, the --json object,
+ * a --batch file with good and bad lines, and usage errors. Uses $MEDLEY_BIN (set by ctest). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "e2e/test_engine_util.h"
+
+static char out[1 << 16];
+
+/* Run a shell command, capture stdout into out; returns the exit status. */
+static int run(const char *cmd) {
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static const char *bin(void) {
+    const char *b = getenv("MEDLEY_BIN");
+    return b && *b ? b : NULL;
+}
+
+static void test_json_output_has_tokens_text_and_timings(void **state) {
+    const char *model = test_model_path();
+    if (!model || !bin())
+        skip();
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s generate -m %s -p 'The capital of France is' -n 8 --ignore-eos -t 2 --json "
+             "2>/dev/null",
+             bin(), model);
+    assert_int_equal(run(cmd), 0);
+    json_error_t je;
+    json_t *j = json_loads(out, 0, &je);
+    assert_non_null(j);
+    assert_int_equal(json_array_size(json_object_get(j, "tokens")), 8);
+    assert_int_equal(json_integer_value(json_object_get(j, "prompt_tokens")), 5);
+    assert_true(strlen(json_string_value(json_object_get(j, "text"))) > 0);
+    assert_string_equal(json_string_value(json_object_get(j, "finish_reason")), "length");
+    json_t *t = json_object_get(j, "timings");
+    assert_true(json_real_value(json_object_get(t, "decode_tokens_per_s")) > 0);
+    assert_true(json_real_value(json_object_get(t, "prompt_tokens_per_s")) > 0);
+    /* streamed text is the same text (greedy) */
+    char text[4096];
+    snprintf(text, sizeof text, "%s", json_string_value(json_object_get(j, "text")));
+    snprintf(cmd, sizeof cmd,
+             "%s generate -m %s -p 'The capital of France is' -n 8 --ignore-eos -t 2 2>/dev/null",
+             bin(), model);
+    assert_int_equal(run(cmd), 0);
+    assert_int_equal(strncmp(out, text, strlen(text)), 0);
+    json_decref(j);
+}
+
+static void test_batch_file_answers_every_line(void **state) {
+    const char *model = test_model_path();
+    if (!model || !bin())
+        skip();
+    char in[] = "/tmp/medley-test-batch-XXXXXX";
+    int fd = mkstemp(in);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "{\"custom_id\": \"a\", \"prompt\": \"Once upon a time\", \"max_tokens\": 6}\n");
+    fprintf(f, "not json\n\n");
+    fprintf(f, "{\"custom_id\": \"b\", \"body\": {\"messages\": [{\"role\": \"user\", \"content\": "
+               "\"Hi\"}], \"max_tokens\": 4, \"temperature\": 0.7, \"seed\": 3}}\n");
+    fprintf(f, "{\"custom_id\": \"c\", \"prompt\": \"x\", \"temperature\": -1}\n");
+    fclose(f);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --batch %s -t 2 2>/dev/null", bin(), model, in);
+    assert_int_equal(run(cmd), 1); /* some lines were rejected */
+    unlink(in);
+    int ok = 0, bad = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *j = json_loads(line, 0, NULL);
+        assert_non_null(j);
+        if (json_object_get(j, "error")) {
+            bad++;
+            assert_non_null(json_object_get(json_object_get(j, "error"), "message"));
+        } else {
+            ok++;
+            assert_true(json_integer_value(json_object_get(j, "completion_tokens")) > 0);
+        }
+        json_decref(j);
+    }
+    assert_int_equal(ok, 2);
+    assert_int_equal(bad, 2);
+}
+
+static void test_usage_errors_exit_2(void **state) {
+    if (!bin())
+        skip();
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s generate -p hi 2>/dev/null", bin());
+    assert_int_equal(run(cmd), 2); /* no model */
+    snprintf(cmd, sizeof cmd, "%s generate -m x -p hi --temp abc 2>/dev/null", bin());
+    assert_int_equal(run(cmd), 2);
+    snprintf(cmd, sizeof cmd, "%s generate -m x -p hi --top-p 3 2>/dev/null", bin());
+    assert_int_equal(run(cmd), 2);
+    snprintf(cmd, sizeof cmd, "%s generate -m /nonexistent/model.gguf -p hi 2>/dev/null", bin());
+    assert_int_equal(run(cmd), 1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_output_has_tokens_text_and_timings),
+        cmocka_unit_test(test_batch_file_answers_every_line),
+        cmocka_unit_test(test_usage_errors_exit_2),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
