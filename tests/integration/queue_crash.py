@@ -23,7 +23,18 @@ def main():
         args = ["--echo-delay-ms", "25", "--max-seqs", "16", "--visibility-ms", "1500",
                 "--heartbeat-ms", "500"]
         workers = [Worker(srv, args=args + ["--id", "w%d" % i], name="w%d" % i) for i in range(3)]
-        time.sleep(1.5)
+        # Kill w0 only once it holds entries in flight (on a loaded machine a worker can take
+        # seconds to start), so the takeover below is certain to have something to take.
+        c = srv.client()
+        t_wait = time.time() + 60
+        while time.time() < t_wait:
+            held = c.xpending_range("medley:q:{echo}", "workers", min="-", max="+", count=1,
+                                    consumername="w0")
+            if held and int(meta(srv, batch).get("completed", 0)) > 0:
+                break
+            time.sleep(0.05)
+        else:
+            fail("worker w0 never held an entry")
         done = int(meta(srv, batch).get("completed", 0))
         if done >= N:
             fail("batch finished before the kill; the test would prove nothing")
