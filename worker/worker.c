@@ -1139,6 +1139,7 @@ static void apply_plan(wk *w, const json_t *plan) {
         }
     }
     w->plan_applied = version;
+    w->last_hb = 0; /* show the switch in the heartbeat at once */
     int served = 0;
     for (int m = 0; m < WK_MAX_MODELS; m++)
         served += w->mod[m].state == SLOT_ON;

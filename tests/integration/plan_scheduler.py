@@ -81,9 +81,18 @@ def main():
         if not by <= planned:
             fail("answered by %s, but the plan names only %s" % (sorted(by), sorted(planned)))
         for w in ("wA", "wB"):
-            hb = r.hgetall("medley:worker:{%s}" % w)
+            deadline = time.time() + 5
+            hb = {}
+            while time.time() < deadline:
+                hb = r.hgetall("medley:worker:{%s}" % w)
+                if hb.get("plan_version") == str(doc["version"]):
+                    break
+                time.sleep(0.05)
             if hb.get("plan_version") != str(doc["version"]):
                 fail("%s does not report plan v%d: %s" % (w, doc["version"], hb))
+            if w in planned and not hb.get("replicas") or w not in planned and hb.get("replicas"):
+                fail("%s reports replicas '%s' under plan v%d" % (w, hb.get("replicas"),
+                                                                  doc["version"]))
         print("ok: %d + %d lines exactly once, answered by %s" % (len(out1), len(out2),
                                                                  sorted(by)))
     finally:
