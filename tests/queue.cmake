@@ -20,11 +20,11 @@ if(MEDLEY_REDIS_SERVER)
 endif()
 
 # Integration: plain python3 scripts (redis-py, jsonschema from scripts/requirements-test.txt).
-# plan_follow: class routing and --follow-plan on hand-written plans (a model moved between
-# workers mid-batch, reclaim and DLQ on class streams); plan_scheduler: the same with plans
-# from the real `medley scheduler`.
+# plan_routing: `medley submit` picks class streams as docs/protocol.md says; plan_follow:
+# --follow-plan on hand-written plans (a model moved between workers mid-batch, reclaim and
+# DLQ on class streams); plan_scheduler: the same with plans from the real `medley scheduler`.
 foreach(t queue_crash queue_redis_restart queue_malformed queue_lifecycle protocol_client
-        protocol_worker plan_follow plan_scheduler)
+        protocol_worker plan_routing plan_follow plan_scheduler)
   add_test(NAME ${t} COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/${t}.py)
   set_tests_properties(${t} PROPERTIES LABELS integration TIMEOUT 300
                        ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
