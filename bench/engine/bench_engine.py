@@ -241,6 +241,7 @@ def main():
             best_m, best_p = None, None
             for _ in range(args.reps):
                 m, m_rss = medley_case(case, args, prompts, tmp)
+                print(f"  {case}: medley {m}, peak {m_rss:.0f} MiB", flush=True)
                 out, _, p_rss = run([sys.executable, os.path.abspath(__file__), "--peer-child",
                                      case, "--model", args.model, "--threads", str(args.threads)])
                 p = json.loads(out.strip().splitlines()[-1])
@@ -248,8 +249,7 @@ def main():
                     best_m = (m, m_rss)
                 if best_p is None or p["tokens_per_s"] > best_p[0]["tokens_per_s"]:
                     best_p = (p, p_rss)
-                print(f"  {case}: medley {m['tokens_per_s']:.1f} tok/s ({m_rss:.0f} MiB), "
-                      f"llama.cpp {p['tokens_per_s']:.1f} tok/s ({p_rss:.0f} MiB)", flush=True)
+                print(f"  {case}: llama.cpp {p}, peak {p_rss:.0f} MiB", flush=True)
             rows.append((case, best_m, best_p))
     print(f"{'case':8} {'medley tok/s':>13} {'llama.cpp tok/s':>16} {'ratio':>7} {'target':>7} "
           f"{'medley MiB':>11} {'llama MiB':>10}")
