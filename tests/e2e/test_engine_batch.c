@@ -280,6 +280,67 @@ static void test_bad_requests_refused_with_reason(void **state) {
     md_engine_close(eng);
 }
 
+/* Random submits, cancels and releases against a tiny KV budget (constant preemption and
+ * prefix-cache eviction): every sequence ends, none errors, and every block comes back. */
+static void test_random_traffic_under_tiny_budget_keeps_invariants(void **state) {
+    size_t per_token = 30 * 2 * 192 * sizeof(float);
+    md_engine *eng = open_engine(12 * 16 * per_token, 6, 48);
+    if (!eng)
+        skip();
+    uint64_t live[256];
+    int n_live = 0, submitted = 0, ended = 0;
+    unsigned rnd = 12345;
+#define RND() (rnd = rnd * 1103515245u + 12345u, (rnd >> 8) & 0xffff)
+    int32_t prefix[32];
+    for (int i = 0; i < 32; i++)
+        prefix[i] = 100 + i; /* shared prefix: two full blocks */
+    for (int it = 0; it < 400 && (submitted < 60 || n_live > 0); it++) {
+        if (submitted < 60 && RND() % 3 == 0) {
+            int32_t toks[80];
+            int n = 5 + RND() % 60;
+            for (int i = 0; i < n; i++)
+                toks[i] = i < 32 && (submitted % 2) ? prefix[i] : (int32_t)(RND() % 49000);
+            md_sampling s;
+            md_sampling_default(&s);
+            s.max_tokens = 1 + RND() % 24;
+            s.temperature = (RND() % 2) ? 0.8f : 0;
+            s.seed = RND();
+            s.ignore_eos = RND() % 2;
+            md_err e = {0};
+            uint64_t id;
+            assert_int_equal(md_engine_submit(eng, toks, n, &s, &id, &e), 0);
+            live[n_live++] = id;
+            submitted++;
+        }
+        if (n_live > 0 && RND() % 10 == 0)
+            md_engine_cancel(eng, live[RND() % n_live]);
+        md_step_result r;
+        md_err e = {0};
+        assert_int_equal(md_engine_step(eng, &r, &e), 0);
+        for (int k = 0; k < r.n_finished; k++) {
+            md_finish f = md_seq_finish(eng, r.finished[k]);
+            assert_true(f == MD_FINISH_STOP || f == MD_FINISH_LENGTH || f == MD_FINISH_CANCELLED);
+            for (int i = 0; i < n_live; i++)
+                if (live[i] == r.finished[k]) {
+                    live[i] = live[--n_live];
+                    break;
+                }
+            md_engine_release(eng, r.finished[k]);
+            ended++;
+        }
+    }
+#undef RND
+    md_engine_stats st;
+    md_engine_get_stats(eng, &st);
+    printf("random traffic: %d sequences, %ld steps, %ld preemptions, %ld prefix tokens shared\n",
+           submitted, st.steps, st.preemptions, st.prefix_hit_tokens);
+    assert_int_equal(ended, submitted);
+    assert_int_equal(n_live, 0);
+    assert_int_equal(st.kv_blocks_free, st.kv_blocks);
+    assert_true(st.preemptions > 0);
+    md_engine_close(eng);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_matches_llama_cpp),
@@ -287,6 +348,7 @@ int main(void) {
         cmocka_unit_test(test_kv_budget_smaller_than_batch_completes_by_preemption),
         cmocka_unit_test(test_stop_string_cuts_text),
         cmocka_unit_test(test_bad_requests_refused_with_reason),
+        cmocka_unit_test(test_random_traffic_under_tiny_budget_keeps_invariants),
     };
     if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER='*greedy*' */
         cmocka_set_test_filter(getenv("TEST_FILTER"));
