@@ -23,6 +23,7 @@
 #include "engine/engine.h"
 #include "engine/registry.h"
 #include "engine/tokenizer.h"
+#include "kernels/backend.h"
 
 #define MAX_STOP 8
 
@@ -56,7 +57,8 @@ static void usage(FILE *f) {
             "      --ignore-eos        keep generating after end-of-generation tokens\n"
             "      --json              one JSON object instead of streamed text\n"
             "  -t, --threads N         CPU threads (default: every core)\n"
-            "      --device D          cpu (default), cpu:N, cuda:K\n"
+            "      --device D          auto (default; cuda:0 if a GPU is usable, else cpu),\n"
+            "                          cpu, cpu:N, cpu-exact, cuda:K\n"
             "      --ctx N             context limit per sequence (default: the model's)\n"
             "      --max-seqs N        sequences per step (default 64)\n"
             "      --batch-tokens N    tokens per step (default 512)\n"
@@ -271,8 +273,13 @@ static int open_engine(const gen_opts *o, md_engine **eng) {
         fprintf(stderr, "medley generate: %s\n", e.msg);
         return 1;
     }
+    char device[32];
+    if (md_backend_resolve(o->device ? o->device : "auto", device, sizeof device, &e)) {
+        fprintf(stderr, "medley generate: %s\n", e.msg);
+        return 1;
+    }
     md_engine_config cfg = {.model_path = path,
-                            .device = o->device,
+                            .device = device,
                             .n_threads = o->n_threads,
                             .max_seqs = o->max_seqs,
                             .max_batch_tokens = o->batch_tokens,

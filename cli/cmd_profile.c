@@ -2,7 +2,7 @@
  * device over batch sizes and context lengths, and write a profile in the scheduler's
  * format (schemas/profile.schema.json, "batches" form, method "measured").
  *
- *   medley profile -m MODEL [--device cpu|cpu:N|cuda:K] [--batches 1,8,32]
+ *   medley profile -m MODEL [--device auto|cpu|cpu:N|cuda:K] [--batches 1,8,32]
  *                  [--contexts 128,512] [--gen 32] [-o profile.json] [options]
  *
  * For every (context c, batch b) it submits b sequences of c synthetic prompt tokens that
@@ -51,7 +51,8 @@ typedef struct {
 static void usage(FILE *f) {
     fprintf(f, "usage: medley profile -m MODEL [options]\n"
                "  -m, --model NAME|PATH   registered model name or GGUF path\n"
-               "      --device D          cpu (default), cpu:N, cuda:K\n"
+               "      --device D          auto (default; cuda:0 if a GPU is usable, else cpu),\n"
+               "                          cpu, cpu:N, cuda:K\n"
                "      --batches LIST      concurrent sequences, comma-separated (default 1,4,16)\n"
                "      --contexts LIST     prompt tokens per sequence (default 128,512)\n"
                "      --gen N             tokens generated per sequence (default 32, >= 2)\n"
@@ -114,7 +115,7 @@ static int parse_args(int argc, char **argv, prof_opts *o) {
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
-    o->device = "cpu";
+    o->device = "auto";
     o->gen = 32;
     o->batch_tokens = 2048;
     o->batches[0] = 1, o->batches[1] = 4, o->batches[2] = 16, o->n_batches = 3;
@@ -259,12 +260,14 @@ int cmd_profile(int argc, char **argv) {
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc;
-    char path[4096];
+    char path[4096], device[32];
     md_err e = {0};
-    if (md_model_resolve(o.model, 1, path, sizeof path, &e)) {
+    if (md_model_resolve(o.model, 1, path, sizeof path, &e) ||
+        md_backend_resolve(o.device, device, sizeof device, &e)) {
         fprintf(stderr, "medley profile: %s\n", e.msg);
         return 1;
     }
+    o.device = device;
     /* Size the engine for the largest point: KV for every sequence at full length. */
     gguf_file *gf = NULL;
     md_hparams hp;

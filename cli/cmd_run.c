@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/redis.h"
 #include "common/util.h"
+#include "kernels/backend.h"
 #include "worker/client.h"
 #include "worker/worker.h"
 
@@ -149,7 +150,8 @@ static void usage(FILE *f) {
             "  --redis URL          use this Redis instead of a private one\n"
             "  --prefix P           key prefix (default medley:)\n"
             "  --max-seqs N         concurrent requests (echo 256, engine 64)\n"
-            "  --device D           engine device: cpu, cuda:0 (default cpu)\n"
+            "  --device D           engine device: auto (default: cuda:0 when a GPU is usable,\n"
+            "                       else cpu), cpu, cpu:N, cuda:K\n"
             "  --threads N          engine CPU threads (default all cores)\n"
             "  --echo-delay-ms MS   echo model: delay per answer\n"
             "  --usd-per-hour X     device cost, for each line's cost share\n"
@@ -274,6 +276,16 @@ int cmd_run(int argc, char **argv) {
         }
         model = mbuf;
     }
+    /* The device: "auto" (the default) picks cuda:0 or cpu and says why; a named GPU that is
+     * not usable fails here, before any work. */
+    char device[32] = "cpu";
+    if (strcmp(model, "echo") &&
+        md_backend_resolve(wt.cfg.runner.device ? wt.cfg.runner.device : "auto", device,
+                           sizeof device, &e)) {
+        fprintf(stderr, "medley run: %s\n", e.msg);
+        return 1;
+    }
+    wt.cfg.runner.device = device;
     /* Open the outputs first: a bad path should fail before any work, not after. */
     FILE *fo = strcmp(out, "-") ? fopen(out, "w") : stdout;
     FILE *fe = errp ? fopen(errp, "w") : NULL;

@@ -9,9 +9,19 @@
 
 #include "cli/commands.h"
 #include "common/log.h"
+#include "kernels/backend.h"
 #include "worker/worker.h"
 
 static volatile sig_atomic_t g_stop = 0;
+static char g_device[32]; /* the resolved --device, referenced by the worker's config */
+
+/* Entries in a comma-separated list. */
+static int count_list(const char *v) {
+    int n = 1;
+    for (; *v; v++)
+        n += *v == ',';
+    return n;
+}
 static void on_signal(int sig) {
     g_stop = 1;
 }
@@ -35,7 +45,10 @@ static void usage(FILE *f) {
             "  --prefix P             key prefix (default medley:)\n"
             "  --id NAME              consumer name (default host-pid-random)\n"
             "  --max-seqs N           concurrent requests per model (echo 256, engine 64)\n"
-            "  --device D             engine device: cpu, cuda:0 (default cpu)\n"
+            "  --device D             engine device: auto (default: cuda:0 when a GPU is\n"
+            "                         usable, else cpu), cpu, cpu:N, cuda:K\n"
+            "  --devices D,D...       devices this worker serves; one engine per device, and\n"
+            "                         for now a worker serves exactly one (start one per GPU)\n"
             "  --device-type T        device type for heartbeats and output lines, as the GPU\n"
             "                         catalog names it (H200, L4; default cpu or cuda)\n"
             "  --threads N            engine CPU threads (default all cores)\n"
@@ -100,7 +113,15 @@ int cmd_worker(int argc, char **argv) {
             cfg.prefix = v;
         } else if (!strcmp(a, "--id")) {
             cfg.id = v;
-        } else if (!strcmp(a, "--device")) {
+        } else if (!strcmp(a, "--device") || !strcmp(a, "--devices")) {
+            if (strchr(v, ',')) {
+                fprintf(stderr,
+                        "medley worker: %s %s names %d devices, but a worker runs one engine on "
+                        "one device for now: start one worker per device (--device cuda:0, "
+                        "--device cuda:1, ...)\n",
+                        a, v, count_list(v));
+                return 2;
+            }
             cfg.runner.device = v;
         } else if (!strcmp(a, "--device-type")) {
             cfg.device_type = v;
@@ -164,6 +185,21 @@ int cmd_worker(int argc, char **argv) {
     if (cfg.n_models == 0)
         cfg.follow_plan = 1;
     md_log_set_json(log_json);
+    /* The device, before any Redis work: "auto" (the default) picks cuda:0 or cpu and says
+     * why; a named GPU that is not usable is an error here. Workers serving only the echo
+     * model have no device. */
+    int echo_only = cfg.n_models > 0;
+    for (int m = 0; m < cfg.n_models; m++)
+        if (strcmp(cfg.models[m], "echo"))
+            echo_only = 0;
+    md_err de = {0};
+    if (!echo_only && md_backend_resolve(cfg.runner.device ? cfg.runner.device : "auto", g_device,
+                                         sizeof g_device, &de)) {
+        MD_ERROR("worker", "%s", de.msg);
+        return 1;
+    }
+    if (!echo_only)
+        cfg.runner.device = g_device;
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);

@@ -49,6 +49,7 @@ typedef struct {
     md_finish finish;
     int cancel;
     int released; /* freed at the next step once finished */
+    int text_cut; /* a stop string ended the text */
     int chunk;    /* tokens scheduled this step */
     int cached_prompt;
     int preemptions;
@@ -122,9 +123,51 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
         rc = md_errf(e, MD_EINVAL, "engine: negative size in the configuration");
         goto fail;
     }
+    md_hparams hpf; /* from the metadata: sizes are known before any weight is loaded */
     if ((rc = gguf_open(cfg->model_path, &eng->gf, e)) || (rc = tok_load(eng->gf, &eng->tok, e)) ||
-        (rc = md_backend_open(cfg->device, cfg->n_threads, &eng->be, e)) ||
-        (rc = md_model_load(eng->gf, eng->be, &eng->m, e))) {
+        (rc = md_hparams_read(eng->gf, &hpf, e))) {
+        md_errctx(e, "loading %s: ", cfg->model_path);
+        goto fail;
+    }
+    eng->n_ctx = cfg->n_ctx ? cfg->n_ctx : hpf.n_ctx_train;
+    if (eng->n_ctx > hpf.n_ctx_train)
+        eng->n_ctx = hpf.n_ctx_train;
+    eng->bs = cfg->kv_block_tokens ? cfg->kv_block_tokens : 16;
+    eng->max_seqs = cfg->max_seqs ? cfg->max_seqs : 64;
+    eng->max_batch = cfg->max_batch_tokens ? cfg->max_batch_tokens : 512;
+    if (eng->max_batch < eng->max_seqs)
+        eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
+    eng->max_blocks = (eng->n_ctx + eng->bs - 1) / eng->bs;
+    size_t per_tok = md_kv_bytes_per_token(&hpf);
+    size_t budget = cfg->kv_budget_bytes;
+    if (budget == 0) {
+        size_t all = per_tok * (size_t)eng->n_ctx * eng->max_seqs;
+        budget = all < (size_t)1 << 30 ? all : (size_t)1 << 30;
+    }
+    size_t n_blocks = budget / (per_tok * eng->bs);
+    /* Refuse a model that does not fit the device before loading it, with the numbers. */
+    size_t weights = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++)
+        weights += gguf_tensor_at(eng->gf, i)->n_bytes;
+    size_t kv_bytes = n_blocks * eng->bs * per_tok;
+    if ((rc = md_backend_open(cfg->device, cfg->n_threads, &eng->be, e))) {
+        md_errctx(e, "loading %s: ", cfg->model_path);
+        goto fail;
+    }
+    if (eng->be->ops->check_fits) {
+        char what[1024];
+        snprintf(what, sizeof what, "%s (weights %.2f GiB + KV cache %.2f GiB)", cfg->model_path,
+                 weights / 1073741824.0, kv_bytes / 1073741824.0);
+        if ((rc = eng->be->ops->check_fits(eng->be, weights + kv_bytes, what, e)))
+            goto fail;
+    }
+    if (n_blocks < 1 || n_blocks > (1u << 26)) {
+        rc = md_errf(e, MD_ERANGE,
+                     "KV budget of %zu bytes holds %zu blocks of %d tokens (%zu bytes each)",
+                     budget, n_blocks, eng->bs, per_tok * eng->bs);
+        goto fail;
+    }
+    if ((rc = md_model_load(eng->gf, eng->be, &eng->m, e))) {
         md_errctx(e, "loading %s: ", cfg->model_path);
         goto fail;
     }
@@ -133,28 +176,6 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     if (tok_n_vocab(eng->tok) > eng->n_vocab) {
         rc = md_errf(e, MD_EFORMAT, "%s: tokenizer has %d tokens, the output head %d",
                      cfg->model_path, tok_n_vocab(eng->tok), eng->n_vocab);
-        goto fail;
-    }
-    eng->n_ctx = cfg->n_ctx ? cfg->n_ctx : hp->n_ctx_train;
-    if (eng->n_ctx > hp->n_ctx_train)
-        eng->n_ctx = hp->n_ctx_train;
-    eng->bs = cfg->kv_block_tokens ? cfg->kv_block_tokens : 16;
-    eng->max_seqs = cfg->max_seqs ? cfg->max_seqs : 64;
-    eng->max_batch = cfg->max_batch_tokens ? cfg->max_batch_tokens : 512;
-    if (eng->max_batch < eng->max_seqs)
-        eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
-    eng->max_blocks = (eng->n_ctx + eng->bs - 1) / eng->bs;
-    size_t per_tok = md_kv_bytes_per_token(hp);
-    size_t budget = cfg->kv_budget_bytes;
-    if (budget == 0) {
-        size_t all = per_tok * (size_t)eng->n_ctx * eng->max_seqs;
-        budget = all < (size_t)1 << 30 ? all : (size_t)1 << 30;
-    }
-    size_t n_blocks = budget / (per_tok * eng->bs);
-    if (n_blocks < 1 || n_blocks > (1u << 26)) {
-        rc = md_errf(e, MD_ERANGE,
-                     "KV budget of %zu bytes holds %zu blocks of %d tokens (%zu bytes each)",
-                     budget, n_blocks, eng->bs, per_tok * eng->bs);
         goto fail;
     }
     md_reserve r = {.max_tokens = eng->max_batch,
@@ -360,7 +381,11 @@ static void remove_running(md_engine *eng, int i) {
     eng->n_running--;
 }
 
+static void flush_text(md_engine *eng, seq *q);
+
 static void finish(md_engine *eng, seq *q, md_finish why, int *n_fin) {
+    if (!q->text_cut)
+        flush_text(eng, q);
     drop_blocks(eng, q);
     q->state = SEQ_DONE;
     q->finish = why;
@@ -475,24 +500,40 @@ static int schedule(md_engine *eng) {
     return T;
 }
 
+/* Append the n bytes in eng->piece to q's text. Returns 0, or -1 out of memory (the piece is
+ * dropped: the text stays valid UTF-8). */
+static int text_add(md_engine *eng, seq *q, size_t n) {
+    if (q->text_len + n + 1 > q->text_cap) {
+        size_t cap = (q->text_len + n + 1) * 2;
+        char *t = realloc(q->text, cap);
+        if (!t)
+            return -1;
+        q->text = t;
+        q->text_cap = cap;
+    }
+    memcpy(q->text + q->text_len, eng->piece, n);
+    q->text_len += n;
+    q->text[q->text_len] = 0;
+    return 0;
+}
+
+/* The sequence ended: bytes of an unfinished UTF-8 character still held by the streaming
+ * decoder come out as U+FFFD rather than vanish (the text then says something was cut). */
+static void flush_text(md_engine *eng, seq *q) {
+    size_t n = tok_stream_flush(&q->ts, eng->piece, 1024);
+    if (n)
+        text_add(eng, q, n);
+}
+
 /* Append the text of token id to q and apply the stop strings. Returns 1 when a stop string
  * ended the sequence (the text is cut before it). */
 static int append_text(md_engine *eng, seq *q, int32_t id) {
     size_t n = tok_stream_push(eng->tok, &q->ts, id, eng->piece, 1024);
     if (n == 0)
         return 0;
-    if (q->text_len + n + 1 > q->text_cap) {
-        size_t cap = (q->text_len + n + 1) * 2;
-        char *t = realloc(q->text, cap);
-        if (!t)
-            return 0;
-        q->text = t;
-        q->text_cap = cap;
-    }
     size_t old = q->text_len;
-    memcpy(q->text + old, eng->piece, n);
-    q->text_len += n;
-    q->text[q->text_len] = 0;
+    if (text_add(eng, q, n))
+        return 0;
     for (int i = 0; i < q->n_stop; i++) {
         size_t l = strlen(q->stop[i]);
         size_t from = old >= l - 1 ? old - (l - 1) : 0;
@@ -500,6 +541,7 @@ static int append_text(md_engine *eng, seq *q, int32_t id) {
         if (hit) {
             q->text_len = (size_t)(hit - q->text);
             q->text[q->text_len] = 0;
+            q->text_cut = 1; /* what the decoder still holds came after the stop string */
             return 1;
         }
     }

@@ -7,6 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
+#ifdef MEDLEY_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
+
 static int parse_index(const char *s, int *out) {
     char *end;
     errno = 0;
@@ -17,8 +22,54 @@ static int parse_index(const char *s, int *out) {
     return 0;
 }
 
+int md_backend_resolve(const char *device, char *out, size_t n, md_err *e) {
+    if (!device || !*device)
+        device = "cpu";
+    if (!strcmp(device, "auto")) {
+        const char *pick = "cpu";
+#ifdef MEDLEY_HAVE_CUDA
+        char why[256] = "";
+        md_cuda_device d;
+        md_err de = {0};
+        if (md_cuda_device_count(why, sizeof why) > 0 && md_cuda_device_get(0, &d, &de) == 0) {
+            pick = "cuda:0";
+            MD_INFO("device", "auto: cuda:0 (%s, %.1f GiB, %.1f GiB free): a CUDA device is usable",
+                    d.name, d.total_bytes / 1073741824.0, d.free_bytes / 1073741824.0);
+        } else {
+            MD_INFO("device", "auto: cpu: no CUDA device is usable (%s)", why[0] ? why : de.msg);
+        }
+#else
+        MD_INFO("device", "auto: cpu: medley was built without CUDA");
+#endif
+        device = pick;
+    } else if (!strcmp(device, "cuda") || !strncmp(device, "cuda:", 5)) {
+        int ord = 0;
+        if (device[4] == ':' && parse_index(device + 5, &ord))
+            return md_errf(e, MD_EINVAL, "device \"%s\": expected cuda:K with K a GPU ordinal",
+                           device);
+#ifdef MEDLEY_HAVE_CUDA
+        md_cuda_device d;
+        if (md_cuda_device_get(ord, &d, e))
+            return md_errctx(e, "device \"%s\": ", device);
+#else
+        return md_errf(e, MD_EUNSUPP, "device \"%s\": medley was built without CUDA", device);
+#endif
+    }
+    if (strlen(device) >= n)
+        return md_errf(e, MD_ERANGE, "device name \"%s\" is too long", device);
+    memcpy(out, device, strlen(device) + 1);
+    return 0;
+}
+
 int md_backend_open(const char *device, int n_threads, md_backend **out, md_err *e) {
     *out = NULL;
+    if (device && !strcmp(device, "auto")) {
+        char name[32];
+        int rc = md_backend_resolve(device, name, sizeof name, e);
+        if (rc)
+            return rc;
+        return md_backend_open(name, n_threads, out, e);
+    }
     if (!device || !*device || !strcmp(device, "cpu"))
         return md_backend_cpu_open(n_threads, out, e);
     if (!strcmp(device, "cpu-exact"))
@@ -41,7 +92,8 @@ int md_backend_open(const char *device, int n_threads, md_backend **out, md_err 
         return md_errf(e, MD_EUNSUPP, "device \"%s\": medley was built without CUDA", device);
 #endif
     }
-    return md_errf(e, MD_EINVAL, "unknown device \"%s\" (expected cpu, cpu:N, cpu-exact or cuda:K)",
+    return md_errf(e, MD_EINVAL,
+                   "unknown device \"%s\" (expected auto, cpu, cpu:N, cpu-exact or cuda:K)",
                    device);
 }
 

@@ -152,6 +152,13 @@ typedef struct md_backend_ops {
     int (*gather_rows)(md_backend *be, const md_buf *x, md_buf *out, int C, md_err *e);
     /* Wait for queued work. */
     int (*sync)(md_backend *be, md_err *e);
+
+    /* Optional ops (NULL when the backend does not have them). */
+
+    /* Refuse before loading: 0 when need_bytes (weights + KV cache, as the engine sizes
+     * them) fit the device, else MD_ENOMEM with a sentence giving what, the bytes needed
+     * and the device's free and total memory. */
+    int (*check_fits)(md_backend *be, size_t need_bytes, const char *what, md_err *e);
 } md_backend_ops;
 
 /* Every backend struct starts with its ops table. */
@@ -159,9 +166,20 @@ struct md_backend {
     const md_backend_ops *ops;
 };
 
-/* Open "cpu", "cpu:N" (N threads), "cpu-exact" or "cuda:K". n_threads applies to the CPU backend (0
- * = every core). "cuda:K" on a build without CUDA fails with MD_EUNSUPP "built without CUDA". */
+/* Open "cpu", "cpu:N" (N threads), "cpu-exact", "cuda:K" or "auto" (md_backend_resolve).
+ * n_threads applies to the CPU backend (0 = every core). "cuda:K" on a build without CUDA
+ * fails with MD_EUNSUPP "built without CUDA". */
 int md_backend_open(const char *device, int n_threads, md_backend **out, md_err *e);
+
+/* Turn a device name into the one to open, before anything is loaded:
+ *  - "auto": "cuda:0" when the CUDA backend is built and a device is usable, otherwise
+ *    "cpu" (not an error); logs one info line saying which device was chosen and why
+ *    (the CUDA driver's sentence when there is no GPU).
+ *  - "cuda:K" / "cuda": checked now, so a missing GPU is a clear error (MD_EUNSUPP when
+ *    built without CUDA, MD_EDEVICE "no CUDA device is usable ..." otherwise).
+ *  - NULL or "" is "cpu"; other names are copied unchanged (md_backend_open checks them).
+ * Writes the name to out (n bytes). */
+int md_backend_resolve(const char *device, char *out, size_t n, md_err *e);
 void md_backend_free(md_backend *be);
 
 int md_backend_cpu_open(int n_threads, md_backend **out, md_err *e);

@@ -169,21 +169,17 @@ static int engine_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_e
     if (r->live == 0)
         return 0;
     md_step_result res;
+    /* A failed step (device lost) fails the sequences that were running, reported finished
+     * with MD_FINISH_ERROR and the reason, like any other finished sequence; the waiting ones
+     * are untouched and run at a later step. */
     int rc = md_engine_step(r->eng, &res, e);
-    if (rc) {
-        /* the step failed every live sequence: answer each with the engine's error */
-        for (int i = 0; i < r->cap; i++)
-            if (r->items[i].used)
-                report(r, &r->items[i], e->msg, done, ctx);
-        return rc;
-    }
     for (int k = 0; k < res.n_finished; k++)
         for (int i = 0; i < r->cap; i++)
             if (r->items[i].used && r->items[i].seq == res.finished[k]) {
                 report(r, &r->items[i], NULL, done, ctx);
                 break;
             }
-    return 0;
+    return rc;
 }
 
 const wk_runner_ops wk_engine_ops = {

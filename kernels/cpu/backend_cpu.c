@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -348,6 +349,25 @@ static int cpu_sync(md_backend *be, md_err *e) {
     return 0;
 }
 
+/* The host's physical memory bounds what a model can use: weights are mmap'd (paged in from
+ * the file) and the KV cache is allocated, so more than the RAM there is would thrash or be
+ * killed. Memory available right now is reported but not enforced: the page cache counts
+ * as used and is given back on demand. */
+static int cpu_check_fits(md_backend *be, size_t need, const char *what, md_err *e) {
+    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
+    long psz = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || psz <= 0)
+        return 0; /* unknown: nothing to check against */
+    double gib = 1024.0 * 1024.0 * 1024.0;
+    size_t total = (size_t)pages * (size_t)psz;
+    if (need > total)
+        return md_errf(e, MD_ENOMEM,
+                       "%s does not fit on cpu: needs %.2f GiB, this host has %.2f GiB of RAM "
+                       "(%.2f GiB available now)",
+                       what, need / gib, total / gib, avail > 0 ? (double)avail * psz / gib : 0.0);
+    return 0;
+}
+
 static const md_backend_ops cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
@@ -371,6 +391,7 @@ static const md_backend_ops cpu_ops = {
     .add = cpu_add_op,
     .gather_rows = cpu_gather_rows,
     .sync = cpu_sync,
+    .check_fits = cpu_check_fits,
 };
 
 int md_backend_cpu_exact_open(int n_threads, md_backend **out, md_err *e) {

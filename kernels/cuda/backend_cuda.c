@@ -431,6 +431,11 @@ static int be_sync(md_backend *be, md_err *e) {
     return cuda_sync(cbe(be)->c, e);
 }
 
+/* Free device memory plus what this backend's pool holds unused (cuda_check_fits). */
+static int be_check_fits(md_backend *be, size_t need, const char *what, md_err *e) {
+    return cuda_check_fits(cbe(be)->c, need, what, e);
+}
+
 static const md_backend_ops cuda_backend_ops = {
     .name = "cuda",
     .free = be_free,
@@ -454,6 +459,7 @@ static const md_backend_ops cuda_backend_ops = {
     .add = be_add,
     .gather_rows = be_gather_rows,
     .sync = be_sync,
+    .check_fits = be_check_fits,
 };
 
 int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e) {

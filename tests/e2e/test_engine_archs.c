@@ -3,7 +3,8 @@
  * Qwen2 (NeoX RoPE, QKV biases, separate output head, linear RoPE scaling; F32/F16/BF16/
  * Q8_0/Q4_0/Q4_1 weights) and Llama 3.1-style (rope_freqs divisors, multi-query attention, tied
  * head; Q4_K/Q6_K/Q8_0 weights). Also that a model file whose tensors do not fit the metadata
- * is refused with a reason. No real model needed: runs with the unit tests. */
+ * is refused with a reason, device selection ("auto") without a GPU, and the CPU backend's
+ * fit check. No real model needed: runs with the unit tests. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +18,9 @@
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "kernels/backend.h"
+#ifdef MEDLEY_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
 #include "e2e/test_engine_util.h"
 
 /* cpu-exact: float32 accumulation of exact products vs float64 (logits of magnitude ~1-5). */
@@ -140,6 +144,50 @@ static void test_unusable_model_refused_with_reason(void **state) {
     gguf_close(gf);
 }
 
+/* "auto" is cuda:0 only when a GPU is usable, else cpu (not an error); a named GPU that is
+ * not usable is an error with the reason; other names pass through. */
+static void test_auto_device_picks_cpu_without_gpu(void **state) {
+    char dev[32];
+    md_err e = {0};
+    int gpus = 0;
+#ifdef MEDLEY_HAVE_CUDA
+    gpus = md_cuda_device_count(NULL, 0);
+#endif
+    assert_int_equal(md_backend_resolve("auto", dev, sizeof dev, &e), 0);
+    assert_string_equal(dev, gpus > 0 ? "cuda:0" : "cpu");
+    assert_int_equal(md_backend_resolve(NULL, dev, sizeof dev, &e), 0);
+    assert_string_equal(dev, "cpu");
+    assert_int_equal(md_backend_resolve("cpu:3", dev, sizeof dev, &e), 0);
+    assert_string_equal(dev, "cpu:3");
+    assert_int_equal(md_backend_resolve("cuda:x", dev, sizeof dev, &e), MD_EINVAL);
+    if (gpus == 0) {
+        int rc = md_backend_resolve("cuda:0", dev, sizeof dev, &e);
+#ifdef MEDLEY_HAVE_CUDA
+        assert_int_equal(rc, MD_EDEVICE);
+        assert_non_null(strstr(e.msg, "no CUDA device is usable"));
+#else
+        assert_int_equal(rc, MD_EUNSUPP);
+        assert_non_null(strstr(e.msg, "built without CUDA"));
+#endif
+    }
+    md_backend *be;
+    assert_int_equal(md_backend_open("auto", 1, &be, &e), 0);
+    assert_string_equal(be->ops->name, gpus > 0 ? "cuda" : "cpu");
+    md_backend_free(be);
+}
+
+/* The CPU backend's fit check: more than the host's RAM is refused with the numbers. */
+static void test_cpu_check_fits_refuses_more_than_ram(void **state) {
+    md_backend *be;
+    md_err e = {0};
+    assert_int_equal(md_backend_open("cpu", 1, &be, &e), 0);
+    assert_non_null(be->ops->check_fits);
+    assert_int_equal(be->ops->check_fits(be, (size_t)1 << 20, "a small model", &e), 0);
+    assert_int_equal(be->ops->check_fits(be, (size_t)1 << 60, "a huge model", &e), MD_ENOMEM);
+    assert_non_null(strstr(e.msg, "a huge model does not fit on cpu: needs 1073741824.00 GiB"));
+    md_backend_free(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen2_neox_bias_untied_exact),
@@ -147,6 +195,8 @@ int main(void) {
         cmocka_unit_test(test_llama3_rope_freqs_mqa_kquants_exact),
         cmocka_unit_test(test_llama3_fast_kernels),
         cmocka_unit_test(test_unusable_model_refused_with_reason),
+        cmocka_unit_test(test_auto_device_picks_cpu_without_gpu),
+        cmocka_unit_test(test_cpu_check_fits_refuses_more_than_ram),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

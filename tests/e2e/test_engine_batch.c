@@ -1,7 +1,8 @@
 /* test_engine_batch.c — the engine on SmolLM2-135M: greedy continuations against llama.cpp's
  * (tests/fixtures/engine/greedy.json), seeded sampling identical alone and batched, a KV
  * budget too small for the batch completing through preemption with the same tokens, prefix
- * sharing, stop strings, and bad requests refused with a reason. */
+ * sharing, stop strings, text cut inside a UTF-8 character, bad requests refused with a
+ * reason, and a model + KV budget too big for the device refused before loading. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
+#include "engine/tokenizer.h"
 #include "e2e/test_engine_util.h"
 
 /* Where our greedy choice differs from llama.cpp's, llama.cpp's own top-2 logit gap must be
@@ -341,6 +343,74 @@ static void test_random_traffic_under_tiny_budget_keeps_invariants(void **state)
     md_engine_close(eng);
 }
 
+/* A sequence that ends inside a UTF-8 character (SmolLM2 writes 🌍 as three tokens) ends its
+ * text with U+FFFD instead of silently dropping the held bytes: each length's text equals the
+ * tokenizer's whole-sequence decode of the same tokens, and at least one length ends mid
+ * character. */
+static void test_text_ending_mid_character_gets_replacement_char(void **state) {
+    md_engine *eng = open_engine(0, 8, 256);
+    if (!eng)
+        skip();
+    tok_tokenizer *tok = md_engine_tokenizer(eng);
+    md_err e = {0};
+    tok_chat_msg msg = {"user", "Write three emoji and a Chinese greeting."};
+    char *prompt;
+    int32_t *ids;
+    int n;
+    assert_int_equal(tok_chat_apply(tok, &msg, 1, 1, &prompt, &e), 0);
+    assert_int_equal(tok_encode(tok, prompt, strlen(prompt), tok_add_bos(tok), 1, &ids, &n, &e), 0);
+    free(prompt);
+    enum { N = 8 };
+    uint64_t id[N];
+    md_sampling s;
+    md_sampling_default(&s);
+    s.ignore_eos = 1;
+    for (int k = 0; k < N; k++) {
+        s.max_tokens = k + 1;
+        assert_int_equal(md_engine_submit(eng, ids, n, &s, &id[k], &e), 0);
+    }
+    drain(eng);
+    int cut = 0;
+    for (int k = 0; k < N; k++) {
+        const int32_t *gen;
+        int ng;
+        assert_int_equal(md_seq_tokens(eng, id[k], &gen, &ng), 0);
+        assert_int_equal(ng, k + 1);
+        char *want;
+        size_t wl;
+        assert_int_equal(tok_decode(tok, gen, ng, 0, &want, &wl, &e), 0);
+        assert_string_equal(md_seq_text(eng, id[k]), want);
+        if (wl >= 3 && !memcmp(want + wl - 3, "\xEF\xBF\xBD", 3))
+            cut++;
+        free(want);
+    }
+    printf("%d of %d lengths end inside a character, their text ends with U+FFFD\n", cut, N);
+    assert_true(cut > 0);
+    free(ids);
+    md_engine_close(eng);
+}
+
+/* Weights + a KV budget larger than the host's memory are refused before any weight is
+ * loaded, with the numbers (the CPU backend's check_fits; a GPU checks its free memory). */
+static void test_model_too_big_for_device_refused_before_loading(void **state) {
+    const char *path = test_model_path();
+    if (!path)
+        skip();
+    md_engine_config cfg = {.model_path = path,
+                            .device = "cpu",
+                            .n_threads = 2,
+                            .kv_budget_bytes = (size_t)1 << 50, /* 1 PiB */
+                            .n_ctx = 512};
+    md_engine *eng = NULL;
+    md_err e = {0};
+    assert_int_equal(md_engine_open(&cfg, &eng, &e), MD_ENOMEM);
+    assert_null(eng);
+    printf("refused: %s\n", e.msg);
+    assert_non_null(strstr(e.msg, "does not fit on cpu"));
+    assert_non_null(strstr(e.msg, "KV cache 1048576.00 GiB"));
+    assert_non_null(strstr(e.msg, "GiB of RAM"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_matches_llama_cpp),
@@ -349,6 +419,8 @@ int main(void) {
         cmocka_unit_test(test_stop_string_cuts_text),
         cmocka_unit_test(test_bad_requests_refused_with_reason),
         cmocka_unit_test(test_random_traffic_under_tiny_budget_keeps_invariants),
+        cmocka_unit_test(test_text_ending_mid_character_gets_replacement_char),
+        cmocka_unit_test(test_model_too_big_for_device_refused_before_loading),
     };
     if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER='*greedy*' */
         cmocka_set_test_filter(getenv("TEST_FILTER"));

@@ -1,5 +1,6 @@
 /* test_engine_cli.c — `medley generate` as a user runs it: streamed text, the --json object,
- * a --batch file with good and bad lines, and usage errors. Uses $MEDLEY_BIN (set by ctest). */
+ * a --batch file with good and bad lines, usage errors, and device selection without a GPU.
+ * Uses $MEDLEY_BIN (set by ctest). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,9 @@
 #include <cmocka.h>
 
 #include "e2e/test_engine_util.h"
+#ifdef MEDLEY_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
 
 static char out[1 << 16];
 
@@ -109,11 +113,48 @@ static void test_usage_errors_exit_2(void **state) {
     assert_int_equal(run(cmd), 1);
 }
 
+/* No GPU: the default device (auto) runs on the CPU and says why in one info line; a named
+ * GPU is a clear error (exit 1) for generate, worker and run alike; a worker refuses a list of
+ * several devices rather than serving only the first. */
+static void test_device_auto_without_gpu_runs_on_cpu(void **state) {
+    const char *model = test_model_path();
+    if (!model || !bin())
+        skip();
+    char cmd[8192];
+#ifdef MEDLEY_HAVE_CUDA
+    if (md_cuda_device_count(NULL, 0) > 0)
+        skip(); /* a GPU is here: auto is cuda:0 (tests/gpu) */
+#endif
+    snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'Hello' -n 2 -t 2 2>&1 >/dev/null", bin(),
+             model);
+    assert_int_equal(run(cmd), 0);
+    assert_non_null(strstr(out, "auto: cpu: "));
+    snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'Hello' -n 2 --device cuda:0 2>&1", bin(),
+             model);
+    assert_int_equal(run(cmd), 1);
+    assert_true(strstr(out, "built without CUDA") || strstr(out, "no CUDA device is usable"));
+    /* the worker checks its device before touching Redis (none listens on port 1) */
+    snprintf(cmd, sizeof cmd,
+             "%s worker --model smollm2 --device cuda:0 --redis redis://127.0.0.1:1/0 "
+             "--log-text 2>&1",
+             bin());
+    assert_int_equal(run(cmd), 1);
+    assert_true(strstr(out, "built without CUDA") || strstr(out, "no CUDA device is usable"));
+    snprintf(cmd, sizeof cmd,
+             "%s worker --model smollm2 --devices cuda:0,cuda:1 --redis redis://127.0.0.1:1/0 "
+             "2>&1",
+             bin());
+    assert_int_equal(run(cmd), 2);
+    assert_non_null(strstr(out, "names 2 devices"));
+    assert_non_null(strstr(out, "one worker per device"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_output_has_tokens_text_and_timings),
         cmocka_unit_test(test_batch_file_answers_every_line),
         cmocka_unit_test(test_usage_errors_exit_2),
+        cmocka_unit_test(test_device_auto_without_gpu_runs_on_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
