@@ -78,7 +78,8 @@ struct md_engine {
     /* step scratch, sized at open */
     int32_t *b_tokens, *b_seq, *b_pos, *b_slot, *b_seq_len, *b_table, *b_logit_rows;
     seq **b_seqs;
-    float *logits; /* [max_seqs, n_vocab] */
+    float *logits;     /* [max_seqs, n_vocab] */
+    int32_t *b_argmax; /* [max_seqs] device greedy picks */
     md_step_token *out_toks;
     uint64_t *finished;
     int cap_finished;
@@ -203,11 +204,12 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     eng->b_logit_rows = malloc(S * sizeof(int32_t));
     eng->b_seqs = malloc(S * sizeof(seq *));
     eng->logits = malloc(S * eng->n_vocab * sizeof(float));
+    eng->b_argmax = malloc(S * sizeof(int32_t));
     eng->out_toks = malloc(S * sizeof(md_step_token));
     eng->piece = malloc(1024);
     if (!eng->sc || !eng->running || !eng->b_tokens || !eng->b_seq || !eng->b_pos || !eng->b_slot ||
         !eng->b_seq_len || !eng->b_table || !eng->b_logit_rows || !eng->b_seqs || !eng->logits ||
-        !eng->out_toks || !eng->piece) {
+        !eng->b_argmax || !eng->out_toks || !eng->piece) {
         rc = md_errf(e, MD_ENOMEM, "engine: out of memory for step buffers");
         goto fail;
     }
@@ -251,6 +253,7 @@ void md_engine_close(md_engine *eng) {
     free(eng->b_logit_rows);
     free(eng->b_seqs);
     free(eng->logits);
+    free(eng->b_argmax);
     free(eng->out_toks);
     free(eng->finished);
     free(eng->piece);
@@ -548,6 +551,43 @@ static int append_text(md_engine *eng, seq *q, int32_t id) {
     return 0;
 }
 
+/* Greedy with nothing that reads the logits but the argmax: the device's pick is the
+ * sampler's (same lowest-index tie rule). */
+static int greedy_plain(const md_sampling *s) {
+    return s->temperature <= 0 && s->repetition_penalty == 1.0f && s->presence_penalty == 0 &&
+           s->frequency_penalty == 0 && !s->logprobs;
+}
+
+/* After a forward pass that left the logits on the device: argmax of every logit row into
+ * b_argmax, and the full rows of the sequences that sample otherwise into eng->logits. */
+static int fetch_logits(md_engine *eng, int ns, md_err *e) {
+    md_backend *be = eng->be;
+    size_t row = (size_t)eng->n_vocab * sizeof(float);
+    int nl = 0, plain = 0;
+    for (int s = 0; s < ns; s++) {
+        seq *q = eng->b_seqs[s];
+        if (q->n_computed + q->chunk == q->n_toks)
+            plain += greedy_plain(&q->s), nl++;
+    }
+    int rc = 0;
+    if (plain > 0)
+        rc = be->ops->argmax(be, eng->fwd.logits, nl, eng->n_vocab, eng->b_argmax, e);
+    if (plain == nl || rc)
+        return rc;
+    if (plain == 0) /* one transfer for the whole block */
+        return be->ops->buf_download(be, eng->fwd.logits, 0, eng->logits, (size_t)nl * row, e);
+    for (int s = 0, li = 0; s < ns && rc == 0; s++) {
+        seq *q = eng->b_seqs[s];
+        if (q->n_computed + q->chunk != q->n_toks)
+            continue;
+        if (!greedy_plain(&q->s))
+            rc = be->ops->buf_download(be, eng->fwd.logits, (size_t)li * row,
+                                       eng->logits + (size_t)li * eng->n_vocab, row, e);
+        li++;
+    }
+    return rc;
+}
+
 int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
     memset(res, 0, sizeof *res);
     int n_fin = 0;
@@ -624,7 +664,12 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
                   .n_logits = nl};
     eng->st.steps++;
     eng->st.tokens += T;
-    int rc = md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b, eng->logits, e);
+    /* A backend with a device argmax keeps the logits there: greedy rows come back as ids,
+     * only the rows a sampler needs are downloaded. */
+    int dev_argmax = eng->be->ops->argmax != NULL;
+    int rc = md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b, dev_argmax ? NULL : eng->logits, e);
+    if (rc == 0 && dev_argmax)
+        rc = fetch_logits(eng, ns, e);
     if (rc) {
         /* the device failed: every running sequence fails with the reason, and blocks
          * indexed this step may hold nothing valid */
@@ -646,11 +691,15 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         q->n_computed += q->chunk;
         if (q->n_computed < q->n_toks)
             continue;
-        float *lg = eng->logits + (size_t)li++ * eng->n_vocab;
+        float *lg = eng->logits + (size_t)li * eng->n_vocab;
         float lp = 0;
-        int32_t id =
-            smp_sample(&q->s, lg, eng->n_vocab, q->toks, q->n_prompt, q->toks + q->n_prompt,
-                       q->n_toks - q->n_prompt, &q->rng, eng->sc, &lp);
+        int32_t id;
+        if (dev_argmax && greedy_plain(&q->s))
+            id = eng->b_argmax[li];
+        else
+            id = smp_sample(&q->s, lg, eng->n_vocab, q->toks, q->n_prompt, q->toks + q->n_prompt,
+                            q->n_toks - q->n_prompt, &q->rng, eng->sc, &lp);
+        li++;
         q->toks[q->n_toks++] = id;
         if (q->t_first == 0)
             q->t_first = now;

@@ -371,6 +371,8 @@ int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, 
         (rc = CALL(m, rmsnorm, f->xl, &m->out_norm, f->xl, b->n_logits, C, hp->eps, e)) ||
         (rc = CALL(m, matmul, &m->output, f->xl, f->logits, b->n_logits, e)))
         return rc;
+    if (!logits)
+        return 0; /* the caller reads f->logits itself (device argmax, a subset of rows) */
     return CALL(m, buf_download, f->logits, 0, logits,
                 (size_t)b->n_logits * hp->n_vocab * sizeof(float), e);
 }

@@ -77,7 +77,8 @@ int md_fwd_alloc(md_model *m, int max_tokens, int max_logits, md_fwd *f, md_err 
 void md_fwd_free(md_model *m, md_fwd *f);
 
 /* Run the step described by b (already checked by the engine: positions, slots, blocks)
- * and copy the logits of b->logit_rows into logits [n_logits, n_vocab] (host). */
+ * and copy the logits of b->logit_rows into logits [n_logits, n_vocab] (host); with logits
+ * NULL they stay in f->logits [n_logits, n_vocab] on the device. */
 int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, float *logits,
                      md_err *e);
 

@@ -159,6 +159,10 @@ typedef struct md_backend_ops {
      * them) fit the device, else MD_ENOMEM with a sentence giving what, the bytes needed
      * and the device's free and total memory. */
     int (*check_fits)(md_backend *be, size_t need_bytes, const char *what, md_err *e);
+    /* Greedy sampling on the device: out [rows] (host) = index of the largest of each row of
+     * x [rows, n] (the lowest index on ties, as the engine's sampler), so a step of greedy
+     * sequences downloads rows ids instead of rows x n logits. Waits for the result. */
+    int (*argmax)(md_backend *be, const md_buf *x, int rows, int n, int32_t *out, md_err *e);
 } md_backend_ops;
 
 /* Every backend struct starts with its ops table. */

@@ -368,6 +368,21 @@ static int cpu_check_fits(md_backend *be, size_t need, const char *what, md_err 
     return 0;
 }
 
+static int cpu_argmax(md_backend *be, const md_buf *x, int rows, int n, int32_t *out, md_err *e) {
+    if (rows < 0 || n < 1 || (size_t)rows * n * sizeof(float) > x->n)
+        return md_errf(e, MD_ERANGE, "cpu backend: argmax over [%d, %d] outside a %zu-byte buffer",
+                       rows, n, x->n);
+    for (int r = 0; r < rows; r++) {
+        const float *l = (const float *)x->p + (size_t)r * n;
+        int32_t best = 0;
+        for (int i = 1; i < n; i++)
+            if (l[i] > l[best])
+                best = i;
+        out[r] = best;
+    }
+    return 0;
+}
+
 static const md_backend_ops cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
@@ -392,6 +407,7 @@ static const md_backend_ops cpu_ops = {
     .gather_rows = cpu_gather_rows,
     .sync = cpu_sync,
     .check_fits = cpu_check_fits,
+    .argmax = cpu_argmax,
 };
 
 int md_backend_cpu_exact_open(int n_threads, md_backend **out, md_err *e) {

@@ -49,6 +49,7 @@ typedef struct {
     int64_t max_block_id; /* largest block id any token of the step reads */
     void *att_work;
     size_t att_work_n;
+    int32_t *d_argmax; /* [max_seqs] greedy picks */
     int n_sm;
     char desc[384];
 } cuda_backend;
@@ -193,7 +194,11 @@ static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
                        "step metadata: %s",
                        n * sizeof(int32_t), cudaGetErrorString(err));
     }
+    int32_t *am = NULL;
     int rc = cuda_pool_alloc(b->c, n * sizeof(int32_t), (void **)&d, e);
+    if (rc == 0 &&
+        (rc = cuda_pool_alloc(b->c, (size_t)r->max_seqs * sizeof(int32_t), (void **)&am, e)))
+        cuda_pool_free(b->c, d);
     if (rc) {
         cudaFreeHost(h);
         return rc;
@@ -203,6 +208,8 @@ static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
         cudaFreeHost(b->h_meta);
     }
     cuda_pool_free(b->c, b->d_meta);
+    cuda_pool_free(b->c, b->d_argmax);
+    b->d_argmax = am;
     b->h_meta = h;
     b->d_meta = d;
     b->meta_n = n;
@@ -436,6 +443,20 @@ static int be_check_fits(md_backend *be, size_t need, const char *what, md_err *
     return cuda_check_fits(cbe(be)->c, need, what, e);
 }
 
+/* Greedy picks of rows logit rows on the device; only rows int32 come back. */
+static int be_argmax(md_backend *be, const md_buf *x, int rows, int n, int32_t *out, md_err *e) {
+    cuda_backend *b = cbe(be);
+    if (!b->reserved || rows < 0 || rows > b->r.max_seqs || n < 1)
+        return md_errf(e, MD_EINVAL, "cuda backend: argmax of %d rows (reserved for %d)", rows,
+                       b->reserved ? b->r.max_seqs : 0);
+    int rc = range_ok(x, 0, (size_t)rows * n * sizeof(float), e);
+    if (rc || rows == 0)
+        return rc;
+    if ((rc = cuda_argmax(b->c, x->p, rows, n, b->d_argmax, e)))
+        return rc;
+    return cuda_download(b->c, out, b->d_argmax, (size_t)rows * sizeof(int32_t), e);
+}
+
 static const md_backend_ops cuda_backend_ops = {
     .name = "cuda",
     .free = be_free,
@@ -460,6 +481,7 @@ static const md_backend_ops cuda_backend_ops = {
     .gather_rows = be_gather_rows,
     .sync = be_sync,
     .check_fits = be_check_fits,
+    .argmax = be_argmax,
 };
 
 int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e) {

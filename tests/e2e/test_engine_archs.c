@@ -4,7 +4,7 @@
  * Q8_0/Q4_0/Q4_1 weights) and Llama 3.1-style (rope_freqs divisors, multi-query attention, tied
  * head; Q4_K/Q6_K/Q8_0 weights). Also that a model file whose tensors do not fit the metadata
  * is refused with a reason, device selection ("auto") without a GPU, and the CPU backend's
- * fit check. No real model needed: runs with the unit tests. */
+ * fit check and argmax op. No real model needed: runs with the unit tests. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -188,6 +188,27 @@ static void test_cpu_check_fits_refuses_more_than_ram(void **state) {
     md_backend_free(be);
 }
 
+/* The argmax op (device greedy sampling): the largest of each row, lowest index on ties as
+ * the host sampler; a shape past the buffer is refused. */
+static void test_argmax_op_picks_lowest_index_of_max(void **state) {
+    md_backend *be;
+    md_buf *x;
+    md_err e = {0};
+    assert_int_equal(md_backend_open("cpu", 1, &be, &e), 0);
+    assert_non_null(be->ops->argmax);
+    float rows[3][5] = {{0, 2, 7, 7, -1}, {-3, -2, -9, -2, -5}, {1, 1, 1, 1, 1}};
+    assert_int_equal(be->ops->buf_alloc(be, sizeof rows, &x, &e), 0);
+    assert_int_equal(be->ops->buf_upload(be, x, 0, rows, sizeof rows, &e), 0);
+    int32_t out[3] = {-1, -1, -1};
+    assert_int_equal(be->ops->argmax(be, x, 3, 5, out, &e), 0);
+    assert_int_equal(out[0], 2);
+    assert_int_equal(out[1], 1);
+    assert_int_equal(out[2], 0);
+    assert_int_equal(be->ops->argmax(be, x, 4, 5, out, &e), MD_ERANGE);
+    be->ops->buf_free(be, x);
+    md_backend_free(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen2_neox_bias_untied_exact),
@@ -197,6 +218,7 @@ int main(void) {
         cmocka_unit_test(test_unusable_model_refused_with_reason),
         cmocka_unit_test(test_auto_device_picks_cpu_without_gpu),
         cmocka_unit_test(test_cpu_check_fits_refuses_more_than_ram),
+        cmocka_unit_test(test_argmax_op_picks_lowest_index_of_max),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

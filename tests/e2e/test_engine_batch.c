@@ -141,6 +141,8 @@ static void sampling_for(int i, md_sampling *s) {
     s->min_p = i % 4 == 1 ? 0.05f : 0;
     s->repetition_penalty = i % 5 == 2 ? 1.1f : 1.0f;
     s->seed = 1000 + (uint64_t)i;
+    if (i % 4 == 3) /* greedy among sampled rows: 3 plain (device argmax), 7 with a penalty */
+        s->temperature = 0;
     s->max_tokens = 24;
     s->ignore_eos = 1;
 }
