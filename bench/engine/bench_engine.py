@@ -209,12 +209,14 @@ def run(cmd):
 
 
 def make_prompts():
+    """Texts of exactly the case's token counts for SmolLM2's tokenizer (every filler word is
+    one token; checked by both engines' reported counts)."""
     return {
         "decode": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-        "prefill": words(7, 430),
-        "system": "You are a careful assistant. Answer in plain words. Context: " + words(1, 40)
+        "prefill": words(7, N_PREFILL),
+        "system": "You are a careful assistant. Answer in plain words. Context: " + words(1, 50)
                   + "\n",
-        "users": [f"Request {i}: " + words(100 + i, 150) for i in range(N_REQ)],
+        "users": [f"Request {i:02d}: " + words(100 + i, N_USER - 5) for i in range(N_REQ)],
     }
 
 
