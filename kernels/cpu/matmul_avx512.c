@@ -56,6 +56,8 @@ TGT static INL void blk32_main(int nb, const uint8_t *w, size_t ws, int kind, co
                                         : sizeof(blk_q8_0);
     const int qoff = kind == K_Q4_1 ? 4 : 2;
     const float sk = kind == K_Q4_0 ? -1.0f : kind == K_Q8_0 ? -16.0f : 0.125f;
+    const __m512i sel_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    const __m512i sel_m = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
     __m512 acc[4][4];
     #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -75,17 +77,17 @@ TGT static INL void blk32_main(int nb, const uint8_t *w, size_t ws, int kind, co
         #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *b0 = w + r * ws + (size_t)b * bsz, *b1 = b0 + bsz;
-            uint16_t h0, h1 = 0, m0 = 0, m1 = 0;
-            memcpy(&h0, b0, 2);
+            /* first 4 bytes of both blocks: d and (Q4_1) m as halves; for Q4_0/Q8_0 the
+             * second half is quant bytes, converted but never selected */
+            uint32_t dm0, dm1 = 0;
+            memcpy(&dm0, b0, 4);
             if (two)
-                memcpy(&h1, b1, 2);
-            __m512 dwv = pair(h2f(h0), h2f(h1)), mwv = dwv;
-            if (kind == K_Q4_1) {
-                memcpy(&m0, b0 + 2, 2);
-                if (two)
-                    memcpy(&m1, b1 + 2, 2);
-                mwv = pair(h2f(m0), h2f(m1));
-            }
+                memcpy(&dm1, b1, 4);
+            __m512 f = _mm512_castps128_ps512(
+                _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)dm1, (int)dm0))); /* d0 m0 d1 m1 */
+            __m512 dwv = _mm512_permutexvar_ps(sel_d, f), mwv = dwv;
+            if (kind == K_Q4_1)
+                mwv = _mm512_permutexvar_ps(sel_m, f);
             __m512i wq;
             if (kind == K_Q8_0)
                 wq = _mm512_xor_si512(load2_q8((const int8_t *)(b0 + qoff),
