@@ -565,7 +565,7 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
         }
     }
     double wall = (double)(md_mono_ns() - t0) / 1e9;
-    double *lat = malloc((size_t)(n_req ? n_req : 1) * sizeof *lat);
+    double *lat = malloc((n_req > 0 ? (size_t)n_req : 1) * sizeof *lat);
     for (int i = 0; i < n_req; i++)
         lat[i] = reqs[i].latency_ms;
     qsort(lat, (size_t)n_req, sizeof *lat, cmp_double);
