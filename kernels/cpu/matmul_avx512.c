@@ -45,6 +45,52 @@ TGT static INL float hsum16(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 enum { K_Q4_0, K_Q4_1, K_Q8_0 };
 
+/* Blocks b and b+1 (two = 1) or block b alone (two = 0) into the R×C accumulators. */
+TGT static INL void blk32_pair(const uint8_t *w, size_t ws, size_t bsz, int qoff, int kind,
+                               float sk, __m512i sel_d, __m512i sel_m, int b, const int two,
+                               const int R, const act_row *a, const int C, __m512 acc[4][4]) {
+    __m512i xq[4];
+    __m512 dxv[4], sv[4];
+    #pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        xq[c] = load2_q8(a[c].q + b * QK32, two ? a[c].q + (b + 1) * QK32 : NULL);
+        dxv[c] = pair(a[c].d[b], two ? a[c].d[b + 1] : 0.0f);
+        sv[c] = pair(sk * a[c].s[b], two ? sk * a[c].s[b + 1] : 0.0f);
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        const uint8_t *b0 = w + r * ws + (size_t)b * bsz, *b1 = b0 + bsz;
+        /* first 4 bytes of both blocks: d and (Q4_1) m as halves; for Q4_0/Q8_0 the
+         * second half is quant bytes, converted but never selected */
+        uint32_t dm0, dm1 = 0;
+        memcpy(&dm0, b0, 4);
+        if (two)
+            memcpy(&dm1, b1, 4);
+        __m512 f = _mm512_castps128_ps512(
+            _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)dm1, (int)dm0))); /* d0 m0 d1 m1 */
+        __m512 dwv = _mm512_permutexvar_ps(sel_d, f), mwv = dwv;
+        if (kind == K_Q4_1)
+            mwv = _mm512_permutexvar_ps(sel_m, f);
+        __m512i wq;
+        if (kind == K_Q8_0)
+            wq = _mm512_xor_si512(load2_q8((const int8_t *)(b0 + qoff),
+                                           two ? (const int8_t *)(b1 + qoff) : NULL),
+                                  _mm512_set1_epi8((char)0x80));
+        else
+            wq = unpack2_q4(b0 + qoff, two ? b1 + qoff : NULL);
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq[c]));
+            if (kind == K_Q4_1) {
+                acc[r][c] = _mm512_fmadd_ps(p, _mm512_mul_ps(dwv, dxv[c]), acc[r][c]);
+                acc[r][c] = _mm512_fmadd_ps(mwv, sv[c], acc[r][c]);
+            } else {
+                acc[r][c] = _mm512_fmadd_ps(_mm512_fmadd_ps(p, dxv[c], sv[c]), dwv, acc[r][c]);
+            }
+        }
+    }
+}
+
 /* One R×C tile over all blocks. Per block and (r, c), with dot = Σ qw·qx and s = dx·Σqx:
  *   Q4_0: dw·(dx·dot - 8·s)   Q8_0 (qw+128): dw·(dx·dot - 128·s)   Q4_1: dw·dx·dot + m·s
  * Each of the 8 lanes of a block holds a partial dot, so the s terms enter per lane divided
@@ -64,49 +110,12 @@ TGT static INL void blk32_main(int nb, const uint8_t *w, size_t ws, int kind, co
         #pragma GCC unroll 4
         for (int c = 0; c < C; c++)
             acc[r][c] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b += 2) {
-        int two = b + 1 < nb;
-        __m512i xq[4];
-        __m512 dxv[4], sv[4];
-        #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) {
-            xq[c] = load2_q8(a[c].q + b * QK32, two ? a[c].q + (b + 1) * QK32 : NULL);
-            dxv[c] = pair(a[c].d[b], two ? a[c].d[b + 1] : 0.0f);
-            sv[c] = pair(sk * a[c].s[b], two ? sk * a[c].s[b + 1] : 0.0f);
-        }
-        #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const uint8_t *b0 = w + r * ws + (size_t)b * bsz, *b1 = b0 + bsz;
-            /* first 4 bytes of both blocks: d and (Q4_1) m as halves; for Q4_0/Q8_0 the
-             * second half is quant bytes, converted but never selected */
-            uint32_t dm0, dm1 = 0;
-            memcpy(&dm0, b0, 4);
-            if (two)
-                memcpy(&dm1, b1, 4);
-            __m512 f = _mm512_castps128_ps512(
-                _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)dm1, (int)dm0))); /* d0 m0 d1 m1 */
-            __m512 dwv = _mm512_permutexvar_ps(sel_d, f), mwv = dwv;
-            if (kind == K_Q4_1)
-                mwv = _mm512_permutexvar_ps(sel_m, f);
-            __m512i wq;
-            if (kind == K_Q8_0)
-                wq = _mm512_xor_si512(load2_q8((const int8_t *)(b0 + qoff),
-                                               two ? (const int8_t *)(b1 + qoff) : NULL),
-                                      _mm512_set1_epi8((char)0x80));
-            else
-                wq = unpack2_q4(b0 + qoff, two ? b1 + qoff : NULL);
-            #pragma GCC unroll 4
-            for (int c = 0; c < C; c++) {
-                __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq[c]));
-                if (kind == K_Q4_1) {
-                    acc[r][c] = _mm512_fmadd_ps(p, _mm512_mul_ps(dwv, dxv[c]), acc[r][c]);
-                    acc[r][c] = _mm512_fmadd_ps(mwv, sv[c], acc[r][c]);
-                } else {
-                    acc[r][c] = _mm512_fmadd_ps(_mm512_fmadd_ps(p, dxv[c], sv[c]), dwv, acc[r][c]);
-                }
-            }
-        }
-    }
+    /* pairs, then a lone last block: `two` is a constant in each inlined copy */
+    int b = 0;
+    for (; b + 1 < nb; b += 2)
+        blk32_pair(w, ws, bsz, qoff, kind, sk, sel_d, sel_m, b, 1, R, a, C, acc);
+    if (b < nb)
+        blk32_pair(w, ws, bsz, qoff, kind, sk, sel_d, sel_m, b, 0, R, a, C, acc);
     #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
         #pragma GCC unroll 4
