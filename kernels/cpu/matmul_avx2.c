@@ -38,8 +38,9 @@ TGT static INL __m256i dot_u8s8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-/* Decode (one activation row) is memory-bound and the hardware prefetcher alone leaves the
- * loads waiting on DRAM: fetch the block n bytes ahead (every cache line of it). */
+/* Few activation rows (decode, small batches) are memory-bound and the hardware prefetcher
+ * alone leaves the loads waiting on DRAM: fetch the block `ahead` bytes on (every cache line
+ * of it). */
 TGT static INL void prefetch_block(const void *blk, size_t bsz, size_t ahead) {
     const char *p = (const char *)blk + ahead;
     for (size_t o = 0; o < bsz; o += 64)
@@ -71,8 +72,7 @@ TGT static INL void q4_main(int nb, const uint8_t *w, size_t ws, int q41, const 
         #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + r * ws + (size_t)b * bsz;
-            if (C == 1)
-                _mm_prefetch((const char *)blk + (size_t)3 * R * ws, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + (size_t)3 * R * ws, _MM_HINT_T0);
             uint16_t dh, mh;
             memcpy(&dh, blk, 2);
             __m256 dw = _mm256_set1_ps(h2f(dh));
@@ -117,8 +117,7 @@ TGT static INL void q8_main(int nb, const uint8_t *w, size_t ws, const int R, co
         #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const blk_q8_0 *blk = (const blk_q8_0 *)(w + r * ws) + b;
-            if (C == 1)
-                _mm_prefetch((const char *)blk + (size_t)3 * R * ws, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + (size_t)3 * R * ws, _MM_HINT_T0);
             float dw = h2f(blk->d);
             __m256i wq = _mm256_loadu_si256((const __m256i *)blk->qs);
             __m256i wa = _mm256_sign_epi8(wq, wq);
@@ -150,8 +149,7 @@ TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int R, c
         #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const blk_q4_k *blk = (const blk_q4_k *)(w + r * ws) + b;
-            if (C == 1)
-                prefetch_block(blk, sizeof *blk, (size_t)3 * R * ws);
+            prefetch_block(blk, sizeof *blk, (size_t)3 * R * ws);
             int sc[8], mn[8];
             for (int j = 0; j < 8; j++)
                 q4k_scale_min(blk->scales, j, &sc[j], &mn[j]);
@@ -213,8 +211,7 @@ TGT static INL void q6k_main(int nb, const uint8_t *w, size_t ws, const int R, c
         #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const blk_q6_k *blk = (const blk_q6_k *)(w + r * ws) + b;
-            if (C == 1)
-                prefetch_block(blk, sizeof *blk, (size_t)3 * R * ws);
+            prefetch_block(blk, sizeof *blk, (size_t)3 * R * ws);
             __m256i isum[2];
             #pragma GCC unroll 4
             for (int c = 0; c < C; c++)

@@ -60,10 +60,10 @@ TGT static INL void blk32_pair(const uint8_t *w, size_t ws, size_t bsz, int qoff
     #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         const uint8_t *b0 = w + r * ws + (size_t)b * bsz, *b1 = b0 + bsz;
-        /* One activation row (decode) is memory-bound: fetch the same block three tiles
-         * ahead, since the hardware prefetcher alone left the loads waiting on DRAM. */
-        if (C == 1)
-            _mm_prefetch((const char *)b0 + (size_t)3 * R * ws, _MM_HINT_T0);
+        /* Few activation rows (decode, small batches) are memory-bound: fetch the same
+         * block three tiles ahead, since the hardware prefetcher alone left the loads
+         * waiting on DRAM (with 16-64 rows it measured no slower). */
+        _mm_prefetch((const char *)b0 + (size_t)3 * R * ws, _MM_HINT_T0);
         /* first 4 bytes of both blocks: d and (Q4_1) m as halves; for Q4_0/Q8_0 the
          * second half is quant bytes, converted but never selected */
         uint32_t dm0, dm1 = 0;
