@@ -43,6 +43,35 @@ static int inputs_load(inputs *in, const char *catalog, const char *fleet, const
     return sched_cands_build(&in->cs, &in->w, &in->fleet, &in->cat, &in->prof, &in->pp, e);
 }
 
+/* Load the inputs and solve the plan (or the proportional baseline) for `medley plan` and
+ * `medley simulate`. Returns 0 with *in and *p filled (caller frees both), or the exit status
+ * after printing the error as "medley CMD: ..." (nothing left to free). */
+static int load_and_plan(const char *cmd, inputs *in, sched_plan *p, const char *catalog,
+                         const char *fleet, const char *workload, char **profiles, int nprof,
+                         const char *only, int prop) {
+    md_err e = {0};
+    if (inputs_load(in, catalog, fleet, workload, profiles, nprof, &e)) {
+        fprintf(stderr, "medley %s: %s\n", cmd, e.msg);
+        inputs_free(in);
+        return 1;
+    }
+    sched_opts o;
+    sched_opts_defaults(&o);
+    if (only && (o.only_type = sched_catalog_find(&in->cat, only)) < 0) {
+        fprintf(stderr, "medley %s: --only-type: unknown GPU type '%s'\n", cmd, only);
+        inputs_free(in);
+        return 2;
+    }
+    int rc = prop ? sched_plan_proportional(p, &in->w, &in->fleet, &in->cat, &in->cs, &e)
+                  : sched_plan_solve(p, &in->w, &in->fleet, &in->cat, &in->cs, &o, &e);
+    if (rc) {
+        fprintf(stderr, "medley %s: %s\n", cmd, e.msg);
+        inputs_free(in);
+        return 1;
+    }
+    return 0;
+}
+
 static void plan_usage(FILE *f) {
     fprintf(
         f,
@@ -100,26 +129,10 @@ int cmd_plan(int argc, char **argv) {
     }
     md_err e = {0};
     inputs in;
-    if (inputs_load(&in, catalog, fleet, workload, profiles, nprof, &e)) {
-        fprintf(stderr, "medley plan: %s\n", e.msg);
-        inputs_free(&in);
-        return 1;
-    }
-    sched_opts o;
-    sched_opts_defaults(&o);
-    if (only && (o.only_type = sched_catalog_find(&in.cat, only)) < 0) {
-        fprintf(stderr, "medley plan: --only-type: unknown GPU type '%s'\n", only);
-        inputs_free(&in);
-        return 2;
-    }
     sched_plan p;
-    int rc = prop ? sched_plan_proportional(&p, &in.w, &in.fleet, &in.cat, &in.cs, &e)
-                  : sched_plan_solve(&p, &in.w, &in.fleet, &in.cat, &in.cs, &o, &e);
-    if (rc) {
-        fprintf(stderr, "medley plan: %s\n", e.msg);
-        inputs_free(&in);
-        return 1;
-    }
+    int rc = load_and_plan("plan", &in, &p, catalog, fleet, workload, profiles, nprof, only, prop);
+    if (rc)
+        return rc;
     if (sched_plan_validate(&p, &in.w, &in.fleet, &in.cat, &in.cs, &in.pp, &e)) {
         fprintf(stderr, "medley plan: internal error, the plan is invalid: %s\n", e.msg);
         rc = 1;
@@ -216,26 +229,10 @@ int cmd_simulate(int argc, char **argv) {
     qsort(fails, (size_t)nfail, sizeof *fails, cmp_fail);
     md_err e = {0};
     inputs in;
-    if (inputs_load(&in, catalog, fleet, workload, profiles, nprof, &e)) {
-        fprintf(stderr, "medley simulate: %s\n", e.msg);
-        inputs_free(&in);
-        return 1;
-    }
-    sched_opts o;
-    sched_opts_defaults(&o);
-    if (only && (o.only_type = sched_catalog_find(&in.cat, only)) < 0) {
-        fprintf(stderr, "medley simulate: --only-type: unknown GPU type '%s'\n", only);
-        inputs_free(&in);
-        return 2;
-    }
     sched_plan p;
-    int rc = prop ? sched_plan_proportional(&p, &in.w, &in.fleet, &in.cat, &in.cs, &e)
-                  : sched_plan_solve(&p, &in.w, &in.fleet, &in.cat, &in.cs, &o, &e);
-    if (rc) {
-        fprintf(stderr, "medley simulate: %s\n", e.msg);
-        inputs_free(&in);
-        return 1;
-    }
+    int rc = load_and_plan("simulate", &in, &p, catalog, fleet, workload, profiles, nprof, only, prop);
+    if (rc)
+        return rc;
     sched_sim_result r;
     if (sched_simulate(&p, &in.w, &in.fleet, &in.cat, &in.cs, &in.pp, fails, nfail, &r, &e)) {
         fprintf(stderr, "medley simulate: %s\n", e.msg);
