@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,8 +62,47 @@ int md_backend_resolve(const char *device, char *out, size_t n, md_err *e) {
     return 0;
 }
 
+#define MAX_EXTRA 8
+static struct {
+    char prefix[32];
+    md_backend_open_fn open;
+} g_extra[MAX_EXTRA];
+static int g_n_extra;
+
+static int builtin_name(const char *p) {
+    static const char *const names[] = {"auto", "cpu", "cpu-exact", "cuda"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(p, names[i]))
+            return 1;
+    return 0;
+}
+
+int md_backend_register(const char *prefix, md_backend_open_fn open, md_err *e) {
+    if (!prefix || !*prefix || strlen(prefix) >= sizeof g_extra[0].prefix || strchr(prefix, ':') ||
+        !open)
+        return md_errf(e, MD_EINVAL, "backend registration: bad device prefix \"%s\"",
+                       prefix ? prefix : "(null)");
+    if (builtin_name(prefix))
+        return md_errf(e, MD_EINVAL, "backend registration: \"%s\" is a built-in device", prefix);
+    for (int i = 0; i < g_n_extra; i++)
+        if (!strcmp(g_extra[i].prefix, prefix)) {
+            g_extra[i].open = open;
+            return 0;
+        }
+    if (g_n_extra == MAX_EXTRA)
+        return md_errf(e, MD_ERANGE, "backend registration: at most %d extra devices", MAX_EXTRA);
+    snprintf(g_extra[g_n_extra].prefix, sizeof g_extra[0].prefix, "%s", prefix);
+    g_extra[g_n_extra++].open = open;
+    return 0;
+}
+
 int md_backend_open(const char *device, int n_threads, md_backend **out, md_err *e) {
     *out = NULL;
+    for (int i = 0; device && i < g_n_extra; i++) {
+        size_t n = strlen(g_extra[i].prefix);
+        if (!strncmp(device, g_extra[i].prefix, n) && (device[n] == 0 || device[n] == ':'))
+            return g_extra[i].open(device, n_threads, out, e);
+    }
     if (device && !strcmp(device, "auto")) {
         char name[32];
         int rc = md_backend_resolve(device, name, sizeof name, e);

@@ -163,7 +163,22 @@ typedef struct md_backend_ops {
      * x [rows, n] (the lowest index on ties, as the engine's sampler), so a step of greedy
      * sequences downloads rows ids instead of rows x n logits. Waits for the result. */
     int (*argmax)(md_backend *be, const md_buf *x, int rows, int n, int32_t *out, md_err *e);
+
+    /* Step recording (CUDA graphs). The engine brackets the ops of one forward pass, after
+     * batch_prepare and before anything is downloaded, with step_begin / step_end. Between
+     * them the backend may record instead of run (and launch the recording at step_end),
+     * or replay an earlier recording of a step of the same shape at step_end (the ops then
+     * check their arguments and queue nothing). So every op argument between the two must
+     * depend only on the step's shape as the backend keys it, never on per-step values
+     * other than the metadata batch_prepare uploaded. step_end(failed) gets the first error
+     * of the pass (0 when none) and returns 0 when the pass's work is queued,
+     * MD_STEP_RERUN when the recording was dropped and the engine must issue the same ops
+     * again (they then run directly), or an error. */
+    int (*step_begin)(md_backend *be, md_err *e);
+    int (*step_end)(md_backend *be, int failed, md_err *e);
 } md_backend_ops;
+
+#define MD_STEP_RERUN 1
 
 /* Every backend struct starts with its ops table. */
 struct md_backend {
@@ -185,6 +200,13 @@ int md_backend_open(const char *device, int n_threads, md_backend **out, md_err 
  * Writes the name to out (n bytes). */
 int md_backend_resolve(const char *device, char *out, size_t n, md_err *e);
 void md_backend_free(md_backend *be);
+
+/* Make md_backend_open accept another device name: `prefix` exactly, or `prefix:<rest>`
+ * (open gets the whole name). For backends that live outside kernels/ (the tests' fault
+ * injection and graph-recording wrappers). Names of the built-in devices cannot be taken;
+ * at most 8 registrations; not thread-safe (register before opening anything). */
+typedef int (*md_backend_open_fn)(const char *device, int n_threads, md_backend **out, md_err *e);
+int md_backend_register(const char *prefix, md_backend_open_fn open, md_err *e);
 
 int md_backend_cpu_open(int n_threads, md_backend **out, md_err *e);
 /* "cpu-exact": the CPU backend with quantized weights dequantized and multiplied in double
