@@ -321,17 +321,52 @@ void md_fwd_free(md_model *m, md_fwd *f) {
     memset(f, 0, sizeof *f);
 }
 
+static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, md_err *e);
+
 int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, float *logits,
                      md_err *e) {
+    const md_hparams *hp = &m->hp;
+    int T = b->n_tokens, rc;
+    if (T > f->max_tokens || b->n_logits > f->max_logits)
+        return md_errf(e, MD_ERANGE, "step of %d tokens / %d logits exceeds buffers of %d / %d", T,
+                       b->n_logits, f->max_tokens, f->max_logits);
+    if ((rc = CALL(m, batch_prepare, b, e)))
+        return rc;
+    const md_backend_ops *ops = BE(m)->ops;
+    int record = ops->step_begin && ops->step_end;
+    if (record && (rc = ops->step_begin(BE(m), e)))
+        return rc;
+    rc = forward_ops(m, f, kv, b, e);
+    if (record) {
+        md_err se = {0};
+        int end = ops->step_end(BE(m), rc, &se);
+        if (end == MD_STEP_RERUN) /* the recording was dropped: issue the ops again */
+            rc = forward_ops(m, f, kv, b, e);
+        else if (end < 0 && rc == 0) {
+            if (e)
+                *e = se;
+            rc = end;
+        }
+    }
+    if (rc)
+        return rc;
+    if (b->n_logits == 0)
+        return CALL(m, sync, e);
+    if (!logits)
+        return 0; /* the caller reads f->logits itself (device argmax, a subset of rows) */
+    return CALL(m, buf_download, f->logits, 0, logits,
+                (size_t)b->n_logits * hp->n_vocab * sizeof(float), e);
+}
+
+/* The device work of one forward pass: embedding, layers, and the head on the rows that need
+ * logits. Between step_begin and step_end: arguments depend on the step's shape only. */
+static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, md_err *e) {
     const md_hparams *hp = &m->hp;
     int T = b->n_tokens, C = hp->n_embd, F = hp->n_ff;
     int kvd = hp->n_head_kv * hp->head_dim;
     float scale = 1.0f / sqrtf((float)hp->head_dim);
     int rc;
-    if (T > f->max_tokens || b->n_logits > f->max_logits)
-        return md_errf(e, MD_ERANGE, "step of %d tokens / %d logits exceeds buffers of %d / %d", T,
-                       b->n_logits, f->max_tokens, f->max_logits);
-    if ((rc = CALL(m, batch_prepare, b, e)) || (rc = CALL(m, embed, &m->tok_embd, f->x, e)))
+    if ((rc = CALL(m, embed, &m->tok_embd, f->x, e)))
         return rc;
     for (int l = 0; l < hp->n_layer; l++) {
         const md_layer *L = &m->layers[l];
@@ -365,14 +400,11 @@ int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, 
             return rc;
     }
     if (b->n_logits == 0)
-        return CALL(m, sync, e);
+        return 0;
     /* head only on the rows that need logits: xl [n_logits, C] -> logits [n_logits, V] */
     if ((rc = CALL(m, gather_rows, f->x, f->xl, C, e)) ||
         (rc = CALL(m, rmsnorm, f->xl, &m->out_norm, f->xl, b->n_logits, C, hp->eps, e)) ||
         (rc = CALL(m, matmul, &m->output, f->xl, f->logits, b->n_logits, e)))
         return rc;
-    if (!logits)
-        return 0; /* the caller reads f->logits itself (device argmax, a subset of rows) */
-    return CALL(m, buf_download, f->logits, 0, logits,
-                (size_t)b->n_logits * hp->n_vocab * sizeof(float), e);
+    return 0;
 }

@@ -15,3 +15,8 @@ medley_test(test_engine_archs SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engin
             LIBS ${ENGINE_TEST_LIBS} LABELS unit)
 medley_test(test_engine_cli SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_cli.c
             LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
+# step recording (backend.h step_begin/step_end, CUDA graphs) imitated on the CPU by
+# tests/unit/graph_backend.c: tiny fixture model always, SmolLM2 when fetched
+medley_test(test_engine_graph SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_engine_graph.c
+            ${CMAKE_CURRENT_SOURCE_DIR}/unit/graph_backend.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS unit)
