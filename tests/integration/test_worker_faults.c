@@ -1,0 +1,363 @@
+/* test_worker_faults.c — a worker whose device dies in the middle of a batch (a sticky
+ * device error from tests/unit/fault_backend.h, kernels/cuda's imitated), against a real
+ * redis-server started on a free port, with the real engine on SmolLM2-135M (skipped, code
+ * 77, when the model is not fetched). Workers run in-process (wk_run in threads, the fault
+ * device registered first) and are stopped with their stop flags; a hard deadline (alarm)
+ * fails the test instead of letting it hang.
+ *
+ *   answered  (default): the dead worker does not hang or crash; the batch completes once a
+ *             healthy worker serves it too; every request is answered exactly once; every
+ *             error line says what the device said; both workers stop on request.
+ *   lossless  (argument "lossless"): nothing is lost to the dead device: every request ends
+ *             with a successful answer from the healthy worker, none in the DLQ. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/redis.h"
+#include "common/util.h"
+#include "e2e/test_engine_util.h"
+#include "unit/fault_backend.h"
+#include "worker/client.h"
+#include "worker/worker.h"
+
+#define N_REQ 8
+#define MODEL "smollm2-135m"
+#define CUDA_SENTENCE "an illegal memory access was encountered (cudaErrorIllegalAddress)"
+/* The dead worker's device: fine for two steps, then a kernel fails and every later op
+ * returns that error (kernels/cuda keeps its first error). */
+#define DEAD_DEVICE "faulty:op=matmul,step=3,after=4,sticky=1"
+#define DEADLINE_S 240
+
+static pid_t server;
+static char url[64];
+static redisContext *rc;
+
+static int free_port(void) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &len)) {
+        close(s);
+        return -1;
+    }
+    int p = ntohs(a.sin_port);
+    close(s);
+    return p;
+}
+
+static void on_deadline(int sig) {
+    (void)sig;
+    static const char msg[] = "test_worker_faults: hard deadline passed: something hangs\n";
+    if (write(2, msg, sizeof msg - 1) < 0)
+        _exit(3);
+    if (server > 0)
+        kill(server, SIGKILL);
+    _exit(3);
+}
+
+static int setup(void **st) {
+    md_err e = {0};
+    if (fault_backend_register(&e)) {
+        fprintf(stderr, "%s\n", e.msg);
+        return -1;
+    }
+    signal(SIGALRM, on_deadline);
+    alarm(DEADLINE_S);
+    const char *bin = getenv("MEDLEY_REDIS_SERVER");
+    int port = free_port();
+    if (port <= 0)
+        return -1;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    server = fork();
+    if (server == 0) {
+        execlp(bin && *bin ? bin : "redis-server", "redis-server", "--port", ps, "--bind",
+               "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning",
+               (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 100 && !rc; i++) {
+        usleep(50000);
+        rc = redisConnect("127.0.0.1", port);
+        if (rc && rc->err) {
+            redisFree(rc);
+            rc = NULL;
+        }
+    }
+    if (!rc) {
+        fprintf(stderr, "redis-server (%s) did not start\n", bin ? bin : "redis-server");
+        return -1;
+    }
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
+    return 0;
+}
+
+static int teardown(void **st) {
+    if (rc)
+        redisFree(rc);
+    if (server > 0) {
+        kill(server, SIGTERM);
+        waitpid(server, NULL, 0);
+    }
+    return 0;
+}
+
+static long long cmd_int(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(rc, fmt, ap);
+    va_end(ap);
+    if (!r)
+        fail_msg("redis: %s", rc->errstr);
+    long long v = r->type == REDIS_REPLY_INTEGER  ? r->integer
+                  : r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10)
+                                                  : 0;
+    freeReplyObject(r);
+    return v;
+}
+
+static void meta_str(const char *batch, const char *field, char *out, size_t n) {
+    redisReply *r = redisCommand(rc, "HGET medley:{%s}:meta %s", batch, field);
+    snprintf(out, n, "%s", r && r->type == REDIS_REPLY_STRING ? r->str : "");
+    if (r)
+        freeReplyObject(r);
+}
+
+/* ---- workers in threads ---------------------------------------------------------------- */
+
+typedef struct {
+    pthread_t th;
+    wk_config cfg;
+    volatile sig_atomic_t stop;
+    int rc;
+    int done; /* set by the thread when wk_run returned */
+    md_err e;
+} worker_th;
+
+static void *worker_main(void *arg) {
+    worker_th *w = arg;
+    w->rc = wk_run(&w->cfg, &w->stop, &w->e);
+    __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void worker_start(worker_th *w, const char *id, const char *device) {
+    memset(w, 0, sizeof *w);
+    wk_config_default(&w->cfg);
+    w->cfg.redis_url = url;
+    w->cfg.id = id;
+    w->cfg.models[0] = MODEL;
+    w->cfg.n_models = 1;
+    w->cfg.runner.device = device;
+    w->cfg.runner.n_threads = 1;
+    w->cfg.runner.max_seqs = 3;
+    w->cfg.visibility_ms = 2000; /* entries left by a dead worker are taken over quickly */
+    w->cfg.block_ms = 100;
+    w->cfg.heartbeat_ms = 500;
+    w->cfg.grace_ms = 5000;
+    if (pthread_create(&w->th, NULL, worker_main, w))
+        fail_msg("pthread_create failed");
+}
+
+/* Stop a worker and wait for it (at most its grace period and a margin): no hang. */
+static void worker_stop(worker_th *w, const char *name) {
+    w->stop = 1;
+    uint64_t t0 = md_mono_ns();
+    while (!__atomic_load_n(&w->done, __ATOMIC_ACQUIRE)) {
+        if (md_mono_ns() - t0 > (uint64_t)(w->cfg.grace_ms + 10000) * 1000000ull)
+            fail_msg("worker %s did not stop within %d ms of its stop flag", name,
+                     w->cfg.grace_ms + 10000);
+        usleep(20000);
+    }
+    pthread_join(w->th, NULL);
+    printf("worker %s stopped in %.0f ms (rc %d%s%s)\n", name, (double)(md_mono_ns() - t0) / 1e6,
+           w->rc, w->rc ? ": " : "", w->rc ? w->e.msg : "");
+}
+
+/* ---- the batch --------------------------------------------------------------------------- */
+
+static void submit_batch(char batch[Q_BATCH_ID_MAX]) {
+    char path[] = "/tmp/medley-faults-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    for (int i = 0; i < N_REQ; i++)
+        fprintf(f,
+                "{\"custom_id\": \"r%d\", \"method\": \"POST\", \"url\": "
+                "\"/v1/chat/completions\", \"body\": {\"model\": \"%s\", \"messages\": "
+                "[{\"role\": \"user\", \"content\": \"Name %d colours of the rainbow.\"}], "
+                "\"max_tokens\": 12, \"temperature\": 0}}\n",
+                i, MODEL, i + 2);
+    fclose(f);
+    md_redis_url u;
+    md_redis *r;
+    md_err e = {0};
+    if (md_redis_url_parse(url, &u, &e) || md_redis_open(&u, &r, &e))
+        fail_msg("redis: %s", e.msg);
+    q_submit_opts o = {.prefix = "medley:", .path = path, .model = MODEL};
+    long long n = 0;
+    if (q_submit_file(r, &o, batch, &n, &e))
+        fail_msg("submit: %s", e.msg);
+    assert_int_equal(n, N_REQ);
+    md_redis_close(r);
+    unlink(path);
+}
+
+/* Wait until the batch's status is `status` (or the deadline passes). */
+static int wait_status(const char *batch, const char *status, int ms) {
+    char st[32];
+    for (int t = 0; t < ms; t += 50) {
+        meta_str(batch, "status", st, sizeof st);
+        if (!strcmp(st, status))
+            return 1;
+        usleep(50000);
+    }
+    return 0;
+}
+
+typedef struct {
+    int lines, ok, failed, device_errors, unique;
+    char seen[N_REQ];
+} outcome;
+
+/* Read the batch's output stream: one answer per custom_id, and what the failed ones say. */
+static void read_outcome(const char *batch, outcome *o) {
+    memset(o, 0, sizeof *o);
+    redisReply *r = redisCommand(rc, "XRANGE medley:{%s}:out - +", batch);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    for (size_t i = 0; i < r->elements; i++) {
+        redisReply *fields = r->element[i]->element[1];
+        const char *line = NULL, *okf = NULL;
+        for (size_t k = 0; k + 1 < fields->elements; k += 2) {
+            if (!strcmp(fields->element[k]->str, "line"))
+                line = fields->element[k + 1]->str;
+            if (!strcmp(fields->element[k]->str, "ok"))
+                okf = fields->element[k + 1]->str;
+        }
+        assert_non_null(line);
+        json_error_t je;
+        json_t *doc = json_loads(line, 0, &je);
+        assert_non_null(doc);
+        const char *cid = json_string_value(json_object_get(doc, "custom_id"));
+        assert_non_null(cid);
+        int k = atoi(cid + 1);
+        assert_true(k >= 0 && k < N_REQ);
+        if (!o->seen[k])
+            o->unique++;
+        o->seen[k]++;
+        o->lines++;
+        if (okf && !strcmp(okf, "1")) {
+            o->ok++;
+        } else {
+            o->failed++;
+            const char *msg =
+                json_string_value(json_object_get(json_object_get(doc, "error"), "message"));
+            printf("  %s failed: %s (attempt %lld)\n", cid, msg ? msg : "(no message)",
+                   (long long)json_integer_value(
+                       json_object_get(json_object_get(doc, "medley"), "attempt")));
+            /* an error line names the device's own failure, not a vague "stopped" */
+            if (msg && strstr(msg, CUDA_SENTENCE))
+                o->device_errors++;
+        }
+        json_decref(doc);
+    }
+    freeReplyObject(r);
+}
+
+/* The dead worker runs alone until its device has failed, then a healthy one joins; the
+ * batch must complete. Returns what the batch's output stream holds. */
+static void run_scenario(outcome *o, long long *dlq) {
+    char batch[Q_BATCH_ID_MAX];
+    submit_batch(batch);
+    worker_th dead, healthy;
+    worker_start(&dead, "dead-gpu", DEAD_DEVICE);
+    /* until the fault has fired (the fault backend counts what it injected) */
+    fault_backend_stats fs = {0};
+    for (int t = 0; t < 60000 && fs.injected == 0; t += 20) {
+        usleep(20000);
+        fault_backend_get_stats(&fs);
+    }
+    assert_int_equal(fs.injected, 1);
+    usleep(300000); /* let the dead worker do whatever it does next */
+    worker_start(&healthy, "healthy-cpu", "cpu");
+    int completed = wait_status(batch, "completed", 120000);
+    char c[32], f[32], total[32];
+    meta_str(batch, "completed", c, sizeof c);
+    meta_str(batch, "failed", f, sizeof f);
+    meta_str(batch, "total", total, sizeof total);
+    printf("batch %s: %s; total %s, completed %s, failed %s\n", batch,
+           completed ? "completed" : "NOT completed in 120 s", total, c, f);
+    worker_stop(&dead, "dead-gpu");
+    worker_stop(&healthy, "healthy-cpu");
+    fault_backend_get_stats(&fs);
+    printf("dead device: %ld steps, %ld ops refused after the fault\n", fs.steps, fs.refused);
+    assert_true(completed);
+    read_outcome(batch, o);
+    *dlq = cmd_int("XLEN medley:dlq:{%s}", MODEL);
+    printf("answers: %d lines, %d ok, %d failed (%d with the device's sentence); DLQ %lld\n",
+           o->lines, o->ok, o->failed, o->device_errors, *dlq);
+    assert_int_equal(atoi(c) + atoi(f), N_REQ);
+    assert_int_equal(atoi(f), o->failed);
+}
+
+static void test_dead_device_mid_batch_every_request_answered_once(void **state) {
+    if (!test_model_path())
+        skip();
+    outcome o;
+    long long dlq;
+    run_scenario(&o, &dlq);
+    assert_int_equal(o.unique, N_REQ);
+    assert_int_equal(o.lines, N_REQ);
+    /* a request failed by the device says so, in the device's words */
+    assert_int_equal(o.device_errors, o.failed - (int)dlq);
+}
+
+static void test_dead_device_loses_nothing(void **state) {
+    if (!test_model_path())
+        skip();
+    outcome o;
+    long long dlq;
+    run_scenario(&o, &dlq);
+    assert_int_equal(o.unique, N_REQ);
+    assert_int_equal(o.failed, 0);
+    assert_int_equal(o.ok, N_REQ);
+    assert_int_equal(dlq, 0);
+}
+
+int main(int argc, char **argv) {
+    if (!test_model_path()) {
+        printf("SKIP: %s is not fetched (scripts/fetch-model.sh)\n", TEST_MODEL_FILE);
+        return 77;
+    }
+    const struct CMUnitTest answered[] = {
+        cmocka_unit_test(test_dead_device_mid_batch_every_request_answered_once),
+    };
+    const struct CMUnitTest lossless[] = {
+        cmocka_unit_test(test_dead_device_loses_nothing),
+    };
+    if (argc > 1 && !strcmp(argv[1], "lossless"))
+        return cmocka_run_group_tests(lossless, setup, teardown);
+    return cmocka_run_group_tests(answered, setup, teardown);
+}

@@ -1,0 +1,51 @@
+/* fault_backend.h — a test-only device that injects device failures: it wraps the CPU backend
+ * (md_backend_cpu_open), forwards every op to it, and makes one chosen op call fail the way
+ * kernels/cuda does (MD_EDEVICE, "CUDA device 0: matmul failed: an illegal memory access was
+ * encountered (cudaErrorIllegalAddress)"), or succeed with NaN written into its output (a
+ * silent-wrong-answer probe). With sticky=1 every later op of the same backend returns that
+ * first error, as kernels/cuda's context keeps its first device error (cuda_internal.h
+ * `failed`); without it the failure is transient and the next op works.
+ *
+ * Device names, registered under the prefix "faulty" (fault_backend_register):
+ *   faulty:op=OP[,after=N][,step=S][,sticky=0|1][,kind=error|nan][,threads=K]
+ *     OP      a backend op: buf_alloc, buf_wrap, buf_upload, buf_download, buf_zero, reserve,
+ *             batch_prepare, embed, matmul, add_bias, rmsnorm, rope, kv_write, attention,
+ *             swiglu, add, gather_rows, sync, argmax; or "none" (a plain pass-through)
+ *     after   the N-th call of OP fails (1-based, default 1), counted from open, or from the
+ *             start of step S when step is given
+ *     step    S >= 1: count only the calls of OP made during the S-th forward pass (the S-th
+ *             batch_prepare since open and the ops up to the next one); not with
+ *             op=batch_prepare, whose calls are the steps (use after=S)
+ *     sticky  1: the failure is permanent for this backend (every later op fails with it)
+ *     kind    error (default): MD_EDEVICE; nan: the op succeeds and its output is all NaN
+ *             (ops with a float output: embed, matmul, add_bias, rmsnorm, rope, attention,
+ *             swiglu, add, gather_rows)
+ *     threads CPU threads of the wrapped backend (default: the n_threads given to open)
+ * A bad spec is refused at open with MD_EINVAL naming the part it could not read.
+ *
+ * Ownership: the wrapped CPU backend belongs to the fault backend and is freed with it;
+ * buffers are the CPU backend's own (handed through unchanged). fault_backend_stats reads the
+ * counters of the most recently opened fault backend (tests open one engine at a time). */
+#ifndef MEDLEY_TESTS_FAULT_BACKEND_H
+#define MEDLEY_TESTS_FAULT_BACKEND_H
+
+#include "kernels/backend.h"
+
+/* md_backend_register("faulty", ...). Returns 0 or the registration's error. */
+int fault_backend_register(md_err *e);
+
+/* Open a fault backend from a "faulty:..." device name (the md_backend_open_fn). */
+int fault_backend_open(const char *device, int n_threads, md_backend **out, md_err *e);
+
+typedef struct {
+    int opened;     /* fault backends opened since the process started */
+    int freed;      /* and freed */
+    long steps;     /* batch_prepare calls of the last one opened */
+    long injected;  /* faults injected (the failing call itself, or NaN outputs) */
+    long refused;   /* ops refused afterwards because of a sticky failure */
+    long live_bufs; /* buffers allocated or wrapped and not yet freed */
+} fault_backend_stats;
+
+void fault_backend_get_stats(fault_backend_stats *st);
+
+#endif

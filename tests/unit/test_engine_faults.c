@@ -1,0 +1,401 @@
+/* test_engine_faults.c — a device error in the middle of a batch (tests/unit/fault_backend.h,
+ * an imitation of kernels/cuda's errors over the CPU backend) on SmolLM2-135M: the step that
+ * hits it returns the error; the sequences it was running (decoding and prefilling) finish
+ * with MD_FINISH_ERROR and the device's sentence; the waiting ones are untouched and, after a
+ * transient fault, complete with the tokens a healthy device gives; after a sticky fault every
+ * later step fails at once and the loop ends; every KV block comes back; a failure while
+ * loading the model is a clear error that frees everything; NaN outputs never become tokens
+ * silently. Skipped when the model is not fetched (scripts/fetch-model.sh). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/util.h"
+#include "e2e/test_engine_util.h"
+#include "engine/engine.h"
+#include "unit/fault_backend.h"
+
+#define N_SEQS 6
+#define MAX_SEQS 3 /* so N_SEQS - MAX_SEQS sequences wait */
+#define MAX_TOKENS 8
+/* With 24 tokens per step, step 3 runs sequence 0 decoding, 1 prefilling (its second chunk)
+ * and 2 admitted by that step, while 3..5 wait (the test checks this mix before the fault). */
+#define BATCH_TOKENS 24
+#define FAULT_STEP 3
+#define CUDA_SENTENCE "an illegal memory access was encountered (cudaErrorIllegalAddress)"
+
+static int32_t *g_prompt[N_SEQS];
+static int g_n_prompt[N_SEQS];
+static int32_t g_ref[N_SEQS][MAX_TOKENS]; /* greedy tokens on the healthy CPU backend */
+
+static md_engine *open_on(const char *device, md_err *e) {
+    md_engine_config cfg = {.model_path = test_model_path(),
+                            .device = device,
+                            .n_threads = 2,
+                            .max_seqs = MAX_SEQS,
+                            .max_batch_tokens = BATCH_TOKENS,
+                            .n_ctx = 256};
+    md_engine *eng = NULL;
+    if (md_engine_open(&cfg, &eng, e))
+        return NULL;
+    return eng;
+}
+
+static void sampling(int i, md_sampling *s) {
+    md_sampling_default(s);
+    s->max_tokens = MAX_TOKENS;
+    s->ignore_eos = 1;
+    if (i % 3 == 0) { /* a sampled row among greedy ones: its logits are downloaded */
+        s->temperature = 0.8f;
+        s->top_p = 0.9f;
+        s->seed = 77 + (uint64_t)i;
+    }
+}
+
+static void submit_all(md_engine *eng, uint64_t *ids) {
+    for (int i = 0; i < N_SEQS; i++) {
+        md_sampling s;
+        sampling(i, &s);
+        md_err e = {0};
+        if (md_engine_submit(eng, g_prompt[i], g_n_prompt[i], &s, &ids[i], &e))
+            fail_msg("submit %d: %s", i, e.msg);
+    }
+}
+
+static int group_setup(void **state) {
+    md_err e = {0};
+    if (fault_backend_register(&e)) {
+        fprintf(stderr, "register: %s\n", e.msg);
+        return -1;
+    }
+    if (!test_model_path())
+        return 0; /* each test skips */
+    json_t *fx = test_fixture("greedy.json");
+    if (!fx)
+        return -1;
+    json_t *prompts = json_object_get(fx, "prompts");
+    for (int i = 0; i < N_SEQS; i++)
+        g_prompt[i] =
+            test_ids(json_object_get(json_array_get(prompts, (size_t)i), "tokens"), &g_n_prompt[i]);
+    json_decref(fx);
+    /* the reference: the same requests on the plain CPU backend */
+    md_engine *eng = open_on("cpu", &e);
+    if (!eng) {
+        fprintf(stderr, "engine open: %s\n", e.msg);
+        return -1;
+    }
+    uint64_t ids[N_SEQS];
+    submit_all(eng, ids);
+    md_step_result r;
+    for (int guard = 0; guard < 1000; guard++) {
+        if (md_engine_step(eng, &r, &e)) {
+            fprintf(stderr, "reference step: %s\n", e.msg);
+            return -1;
+        }
+        if (r.n_live == 0)
+            break;
+    }
+    for (int i = 0; i < N_SEQS; i++) {
+        const int32_t *t;
+        int n;
+        if (md_seq_tokens(eng, ids[i], &t, &n) || n != MAX_TOKENS)
+            return -1;
+        memcpy(g_ref[i], t, sizeof g_ref[i]);
+    }
+    md_engine_close(eng);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    for (int i = 0; i < N_SEQS; i++)
+        free(g_prompt[i]);
+    return 0;
+}
+
+enum { ST_WAITING, ST_PREFILLING, ST_DECODING, ST_FINISHED };
+static const char *const state_name[] = {"waiting", "prefilling", "decoding", "finished"};
+
+/* Where a sequence stands between steps: not yet admitted (its prefill time is exactly 0
+ * until the engine admits it), admitted without a token, generating, or finished. */
+static int state_of(md_engine *eng, uint64_t id) {
+    if (md_seq_finish(eng, id) != MD_FINISH_NONE)
+        return ST_FINISHED;
+    md_seq_stats st;
+    md_seq_get_stats(eng, id, &st);
+    if (st.completion_tokens > 0)
+        return ST_DECODING;
+    return st.prefill_ms > 0 ? ST_PREFILLING : ST_WAITING;
+}
+
+/* Run steps 1 .. FAULT_STEP - 1 (healthy), then step FAULT_STEP, which must fail with the
+ * device error. before[] gets every sequence's state just before the failing step. */
+static void run_to_fault(md_engine *eng, const uint64_t *ids, int *before, md_step_result *r) {
+    md_err e = {0};
+    for (int s = 1; s < FAULT_STEP; s++)
+        if (md_engine_step(eng, r, &e))
+            fail_msg("step %d before the fault failed: %s", s, e.msg);
+    for (int i = 0; i < N_SEQS; i++)
+        before[i] = state_of(eng, ids[i]);
+    md_err_clear(&e);
+    int rc = md_engine_step(eng, r, &e);
+    assert_int_equal(rc, MD_EDEVICE);
+    assert_non_null(strstr(e.msg, CUDA_SENTENCE));
+}
+
+/* After the failed step: every sequence it ran (decoding, prefilling, or admitted by that
+ * step) finished with MD_FINISH_ERROR and the device sentence, and was reported finished;
+ * the ones still waiting are untouched. Returns the number still waiting. */
+static int check_failed_step(md_engine *eng, const uint64_t *ids, const int *before,
+                             const md_step_result *r) {
+    int n_decoding = 0, n_prefilling = 0, n_failed = 0, n_waiting = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        n_decoding += before[i] == ST_DECODING;
+        n_prefilling += before[i] == ST_PREFILLING;
+        md_finish f = md_seq_finish(eng, ids[i]);
+        if (before[i] == ST_DECODING || before[i] == ST_PREFILLING)
+            assert_int_equal(f, MD_FINISH_ERROR);
+        if (f == MD_FINISH_ERROR) {
+            const char *why = md_seq_error(eng, ids[i]);
+            assert_non_null(why);
+            assert_non_null(strstr(why, CUDA_SENTENCE));
+            int reported = 0;
+            for (int k = 0; k < r->n_finished; k++)
+                reported |= r->finished[k] == ids[i];
+            assert_true(reported);
+            n_failed++;
+        } else {
+            /* still waiting: not admitted, no tokens, no error */
+            assert_int_equal(f, MD_FINISH_NONE);
+            assert_int_equal(before[i], ST_WAITING);
+            assert_int_equal(state_of(eng, ids[i]), ST_WAITING);
+            assert_null(md_seq_error(eng, ids[i]));
+            n_waiting++;
+        }
+    }
+    /* the fault hit the mix the test is about */
+    assert_true(n_decoding >= 1);
+    assert_true(n_prefilling >= 1);
+    assert_true(n_waiting >= 1);
+    assert_int_equal(n_failed, r->n_finished);
+    assert_int_equal(r->n_live, n_waiting);
+    return n_waiting;
+}
+
+static void assert_all_blocks_free(md_engine *eng, const uint64_t *ids) {
+    for (int i = 0; i < N_SEQS; i++)
+        md_engine_release(eng, ids[i]);
+    md_step_result r;
+    md_err e = {0};
+    md_engine_step(eng, &r, &e); /* frees released sequences */
+    md_engine_stats st;
+    md_engine_get_stats(eng, &st);
+    assert_int_equal(st.kv_blocks_free, st.kv_blocks);
+}
+
+static void transient(const char *device) {
+    if (!test_model_path())
+        skip();
+    md_err e = {0};
+    md_engine *eng = open_on(device, &e);
+    if (!eng)
+        fail_msg("open %s: %s", device, e.msg);
+    uint64_t ids[N_SEQS];
+    int before[N_SEQS];
+    md_step_result r;
+    submit_all(eng, ids);
+    run_to_fault(eng, ids, before, &r);
+    check_failed_step(eng, ids, before, &r);
+    /* the device works again: the waiting sequences run to the end, as on a healthy device */
+    int guard = 0;
+    do {
+        if (md_engine_step(eng, &r, &e))
+            fail_msg("step after a transient fault: %s", e.msg);
+    } while (r.n_live > 0 && ++guard < 200);
+    assert_int_equal(r.n_live, 0);
+    for (int i = 0; i < N_SEQS; i++) {
+        if (md_seq_finish(eng, ids[i]) == MD_FINISH_ERROR)
+            continue;
+        assert_int_equal(md_seq_finish(eng, ids[i]), MD_FINISH_LENGTH);
+        const int32_t *t;
+        int n;
+        assert_int_equal(md_seq_tokens(eng, ids[i], &t, &n), 0);
+        assert_int_equal(n, MAX_TOKENS);
+        assert_memory_equal(t, g_ref[i], sizeof g_ref[i]);
+    }
+    assert_all_blocks_free(eng, ids);
+    md_engine_close(eng);
+}
+
+/* A kernel fails in the middle of a layer's matmuls. */
+static void test_transient_matmul_fault_fails_the_step_and_spares_the_waiting(void **state) {
+    transient("faulty:op=matmul,step=3,after=5");
+}
+
+/* The forward pass went through but the greedy picks could not be read back. */
+static void test_transient_argmax_fault_fails_the_step_and_spares_the_waiting(void **state) {
+    transient("faulty:op=argmax,step=3,after=1");
+}
+
+/* The sampled rows' logits could not be downloaded. */
+static void test_transient_download_fault_fails_the_step_and_spares_the_waiting(void **state) {
+    transient("faulty:op=buf_download,step=3,after=1");
+}
+
+static void test_sticky_fault_fails_every_later_step_fast(void **state) {
+    if (!test_model_path())
+        skip();
+    md_err e = {0};
+    md_engine *eng = open_on("faulty:op=attention,step=3,after=7,sticky=1", &e);
+    if (!eng)
+        fail_msg("open: %s", e.msg);
+    uint64_t ids[N_SEQS];
+    int before[N_SEQS];
+    md_step_result r;
+    submit_all(eng, ids);
+    run_to_fault(eng, ids, before, &r);
+    int waiting = check_failed_step(eng, ids, before, &r);
+    /* every later step admits what waits and fails it at once, with the same first error:
+     * the loop ends (no hang, no spinning), in at most one step per waiting sequence */
+    uint64_t t0 = md_mono_ns();
+    int steps = 0;
+    while (r.n_live > 0) {
+        assert_true(steps < waiting);
+        md_err_clear(&e);
+        assert_int_equal(md_engine_step(eng, &r, &e), MD_EDEVICE);
+        assert_non_null(strstr(e.msg, "attention failed: " CUDA_SENTENCE));
+        assert_true(r.n_finished >= 1);
+        assert_int_equal(r.n_tokens, 0);
+        steps++;
+    }
+    double ms = (double)(md_mono_ns() - t0) / 1e6;
+    for (int i = 0; i < N_SEQS; i++) {
+        assert_int_equal(md_seq_finish(eng, ids[i]), MD_FINISH_ERROR);
+        assert_non_null(strstr(md_seq_error(eng, ids[i]), CUDA_SENTENCE));
+    }
+    fault_backend_stats fs;
+    fault_backend_get_stats(&fs);
+    assert_int_equal(fs.injected, 1);
+    assert_true(fs.refused >= steps); /* the later steps were refused by the sticky error */
+    printf("sticky fault: %d later steps failed the %d waiting sequences in %.1f ms\n", steps,
+           waiting, ms);
+    assert_true(ms < 5000); /* refused before any work: no forward pass ran */
+    /* an empty engine on a dead device: a step does nothing and says nothing is live */
+    assert_int_equal(md_engine_step(eng, &r, &e), 0);
+    assert_int_equal(r.n_live, 0);
+    /* a new request on the dead device fails at its first step, it does not hang */
+    uint64_t late;
+    md_sampling s;
+    sampling(0, &s);
+    assert_int_equal(md_engine_submit(eng, g_prompt[0], g_n_prompt[0], &s, &late, &e), 0);
+    assert_int_equal(md_engine_step(eng, &r, &e), MD_EDEVICE);
+    assert_int_equal(md_seq_finish(eng, late), MD_FINISH_ERROR);
+    md_engine_release(eng, late);
+    assert_all_blocks_free(eng, ids);
+    md_engine_close(eng);
+    fault_backend_get_stats(&fs);
+    assert_int_equal(fs.live_bufs, 0);
+}
+
+/* A device that fails while the model loads: the open fails with the device's sentence and
+ * gives back every buffer it had (ASan checks the host side). */
+static void test_fault_while_loading_is_a_clear_error_and_frees_everything(void **state) {
+    if (!test_model_path())
+        skip();
+    static const char *const devices[] = {
+        "faulty:op=buf_wrap,after=1",   /* the first weight */
+        "faulty:op=buf_wrap,after=150", /* a weight of a middle layer */
+        "faulty:op=buf_upload,after=1", /* the RoPE table */
+        "faulty:op=buf_alloc,after=3",  /* the KV cache */
+        "faulty:op=buf_alloc,after=70", /* an activation buffer */
+        "faulty:op=reserve,after=1",    /* step scratch */
+    };
+    for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++) {
+        fault_backend_stats before, after;
+        fault_backend_get_stats(&before);
+        md_err e = {0};
+        md_engine *eng = open_on(devices[i], &e);
+        if (eng)
+            fail_msg("%s: the engine opened on a failing device", devices[i]);
+        assert_int_equal(e.code, MD_EDEVICE);
+        assert_non_null(strstr(e.msg, CUDA_SENTENCE));
+        fault_backend_get_stats(&after);
+        assert_int_equal(after.opened, before.opened + 1);
+        assert_int_equal(after.freed, before.freed + 1);
+        assert_int_equal(after.injected, 1);
+        assert_int_equal(after.live_bufs, 0);
+        printf("%s -> %s\n", devices[i], e.msg);
+    }
+    /* a bad fault spec is refused with a reason, not taken for a healthy device */
+    md_err e = {0};
+    assert_null(open_on("faulty:op=frobnicate", &e));
+    assert_int_equal(e.code, MD_EINVAL);
+    assert_non_null(strstr(e.msg, "frobnicate"));
+}
+
+/* NaN outputs (a kernel that silently computes garbage): whatever the engine does with the
+ * step, no sequence of it may finish as a success with tokens picked from NaN logits. */
+static void test_nan_logits_are_not_turned_into_tokens_silently(void **state) {
+    if (!test_model_path())
+        skip();
+    md_err e = {0};
+    md_engine *eng = open_on("faulty:op=matmul,step=3,after=1,kind=nan", &e);
+    if (!eng)
+        fail_msg("open: %s", e.msg);
+    uint64_t ids[N_SEQS];
+    md_step_result r;
+    submit_all(eng, ids);
+    int before[N_SEQS];
+    for (int s = 1; s < FAULT_STEP; s++)
+        if (md_engine_step(eng, &r, &e))
+            fail_msg("step %d: %s", s, e.msg);
+    for (int i = 0; i < N_SEQS; i++)
+        before[i] = state_of(eng, ids[i]);
+    int rc = md_engine_step(eng, &r, &e);
+    int guard = 0;
+    while (r.n_live > 0 && guard++ < 200)
+        md_engine_step(eng, &r, &e);
+    assert_int_equal(r.n_live, 0);
+    fault_backend_stats fs;
+    fault_backend_get_stats(&fs);
+    assert_int_equal(fs.injected, 1);
+    int silent = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        md_finish f = md_seq_finish(eng, ids[i]);
+        const int32_t *t;
+        int n;
+        md_seq_tokens(eng, ids[i], &t, &n);
+        int same = n == MAX_TOKENS && !memcmp(t, g_ref[i], sizeof g_ref[i]);
+        printf("NaN step %d (rc %d): seq %d (%s) finished %d, %d tokens, %s the healthy run\n",
+               FAULT_STEP, rc, i, state_name[before[i]], f, n, same ? "same as" : "DIFFERENT from");
+        if (f != MD_FINISH_ERROR && !same)
+            silent++;
+    }
+    assert_int_equal(silent, 0);
+    assert_all_blocks_free(eng, ids);
+    md_engine_close(eng);
+}
+
+int main(int argc, char **argv) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_transient_matmul_fault_fails_the_step_and_spares_the_waiting),
+        cmocka_unit_test(test_transient_argmax_fault_fails_the_step_and_spares_the_waiting),
+        cmocka_unit_test(test_transient_download_fault_fails_the_step_and_spares_the_waiting),
+        cmocka_unit_test(test_sticky_fault_fails_every_later_step_fast),
+        cmocka_unit_test(test_fault_while_loading_is_a_clear_error_and_frees_everything),
+    };
+    /* "nan": the NaN probe alone (tests/faults.cmake keeps it disabled until the engine
+     * refuses non-finite logits) */
+    const struct CMUnitTest nan[] = {
+        cmocka_unit_test(test_nan_logits_are_not_turned_into_tokens_silently),
+    };
+    if (getenv("TEST_FILTER"))
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
+    if (argc > 1 && !strcmp(argv[1], "nan"))
+        return cmocka_run_group_tests(nan, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
