@@ -8,13 +8,17 @@ if(MEDLEY_HAVE_CUDA)
               LIBS medley_kernels LABELS unit)
   medley_test(test_cuda_step_plan SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_step_plan.c
               LIBS medley_cuda LABELS unit)
+  medley_test(test_cuda_graph_cache SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_graph_cache.c
+              LIBS medley_cuda LABELS unit)
   medley_test(test_cuda_kernels SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_kernels.c
               LIBS medley_cuda medley_engine LABELS gpu)
   medley_test(test_cuda_backend SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_backend.c
               LIBS medley_kernels medley_engine LABELS gpu)
   medley_test(test_cuda_e2e SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_e2e.c
               LIBS medley_engine medley_kernels PkgConfig::JANSSON LABELS gpu e2e)
-  set_tests_properties(test_cuda_kernels test_cuda_backend test_cuda_e2e
+  medley_test(test_cuda_graphs SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_graphs.c
+              LIBS medley_engine medley_kernels LABELS gpu e2e)
+  set_tests_properties(test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs
                        PROPERTIES SKIP_RETURN_CODE 77)
 endif()
 

@@ -12,6 +12,14 @@
  * (token ids, slots, block ids) is checked on the host first, so a bad batch is an error,
  * not a wild read. A CUDA error is sticky: every later op of this backend returns it.
  *
+ * Decode steps run as CUDA graphs (backend.h step_begin/step_end): a step whose every
+ * sequence contributes one token is keyed by (tokens, sequences, logit rows, attention
+ * split bucket) — everything its launches take from the host; the metadata they read is
+ * uploaded by batch_prepare to fixed addresses. A key's second step is captured and
+ * launched, later ones replay it: the ops check their arguments and queue nothing, and
+ * step_end launches the graph. A failed capture (an allocation it needed, say) is dropped
+ * and the step runs directly (MD_STEP_RERUN). MEDLEY_CUDA_GRAPHS=0 turns graphs off.
+ *
  * Ownership: md_backend_cuda_open gives a backend freed by md_backend_free (which frees the
  * pool and with it every buffer still live). */
 #include <cuda_runtime_api.h>
@@ -19,9 +27,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/graph_cache.h"
 #include "kernels/cuda/step_plan.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -51,6 +61,14 @@ typedef struct {
     size_t att_work_n;
     int32_t *d_argmax; /* [max_seqs] greedy picks */
     int n_sm;
+    /* decode-step graphs */
+    int graphs_on;           /* MEDLEY_CUDA_GRAPHS != "0" */
+    int graphable;           /* this step may be a graph (set by batch_prepare) */
+    cuda_gc_key key;         /* its key */
+    int dec_len_bucket;      /* cuda_gc_len_bucket(max_dec_len): the split count's input */
+    enum { ST_IDLE, ST_EAGER, ST_RECORD, ST_REPLAY } st;
+    void *replay_graph;      /* the graph step_end launches in ST_REPLAY */
+    cuda_graph_cache gc;
     char desc[384];
 } cuda_backend;
 
@@ -73,10 +91,28 @@ static size_t cache_elem(int t) {
     return t == MD_TYPE_F32 ? 4 : 2;
 }
 
+static md_cuda_graph_totals g_totals; /* md_cuda_graph_get_totals; one engine thread each */
+
+void md_cuda_graph_get_totals(md_cuda_graph_totals *out) {
+    *out = g_totals;
+}
+
+static void free_graph(void *g) {
+    cuda_graph_free((cuda_graph *)g);
+}
+
 static void be_free(md_backend *be) {
     cuda_backend *b = cbe(be);
+    if (b->c && b->st == ST_RECORD)
+        cuda_graph_abort(b->c);
     if (b->c)
         cuda_sync(b->c, NULL);
+    if (b->gc.recorded)
+        MD_INFO("cuda", "cuda:%d: decode steps as CUDA graphs: %ld recorded, %ld replayed, %ld "
+                "evicted, %ld dropped after scratch moved",
+                b->c ? cuda_ctx_ordinal(b->c) : -1, b->gc.recorded, b->gc.replayed, b->gc.evicted,
+                b->gc.dropped);
+    cuda_gc_clear(&b->gc);
     if (b->h_meta)
         cudaFreeHost(b->h_meta);
     if (b->meta_copied)
@@ -135,6 +171,13 @@ static void be_buf_free(md_backend *be, md_buf *m) {
     free(m);
 }
 
+/* Operations that wait for the device or move data may not sit inside a recorded step. */
+static int outside_step(cuda_backend *b, const char *what, md_err *e) {
+    if (b->st == ST_RECORD || b->st == ST_REPLAY)
+        return md_errf(e, MD_EINVAL, "cuda backend: %s inside a recorded step", what);
+    return 0;
+}
+
 static int range_ok(const md_buf *m, size_t off, size_t n, md_err *e) {
     if (off > m->n || n > m->n - off)
         return md_errf(e, MD_ERANGE,
@@ -146,18 +189,24 @@ static int range_ok(const md_buf *m, size_t off, size_t n, md_err *e) {
 
 static int be_buf_upload(md_backend *be, md_buf *dst, size_t off, const void *src, size_t n,
                          md_err *e) {
-    int rc = range_ok(dst, off, n, e);
+    int rc = outside_step(cbe(be), "buf_upload", e);
+    if (!rc)
+        rc = range_ok(dst, off, n, e);
     return rc ? rc : cuda_upload(cbe(be)->c, (char *)dst->p + off, src, n, e);
 }
 
 static int be_buf_download(md_backend *be, const md_buf *src, size_t off, void *dst, size_t n,
                            md_err *e) {
-    int rc = range_ok(src, off, n, e);
+    int rc = outside_step(cbe(be), "buf_download", e);
+    if (!rc)
+        rc = range_ok(src, off, n, e);
     return rc ? rc : cuda_download(cbe(be)->c, dst, (const char *)src->p + off, n, e);
 }
 
 static int be_buf_zero(md_backend *be, md_buf *m, size_t off, size_t n, md_err *e) {
-    int rc = range_ok(m, off, n, e);
+    int rc = outside_step(cbe(be), "buf_zero", e);
+    if (!rc)
+        rc = range_ok(m, off, n, e);
     return rc ? rc : cuda_memset0(cbe(be)->c, (char *)m->p + off, n, e);
 }
 
@@ -235,6 +284,8 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
                        "per sequence / %d logits exceeds the reserved %d / %d / %d",
                        T, S, bt->max_blocks, bt->n_logits, b->r.max_tokens, b->r.max_seqs,
                        b->r.max_blocks);
+    if (b->st == ST_RECORD || b->st == ST_REPLAY)
+        return md_errf(e, MD_EINVAL, "cuda backend: batch_prepare inside a recorded step");
     md_err ce;
     if (cudaEventSynchronize(b->meta_copied) != cudaSuccess) {
         cudaGetLastError();
@@ -269,9 +320,19 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
     b->n_dec = plan.n_dec;
     b->n_tiles = plan.n_tiles;
     b->max_dec_len = plan.max_dec_len;
+    b->dec_len_bucket = cuda_gc_len_bucket(plan.max_dec_len);
     b->max_block_id = plan.max_block;
+    b->graphable = b->graphs_on && plan.n_tiles == 0 && plan.n_dec == T;
+    memset(&b->key, 0, sizeof b->key);
+    b->key.k[0] = T;
+    b->key.k[1] = S;
+    b->key.k[2] = bt->n_logits;
+    b->key.k[3] = b->dec_len_bucket;
     return cuda_check(b->c, "step metadata", e);
 }
+
+/* In a replayed step the ops check their arguments and queue nothing: the graph does. */
+#define REPLAYING(be) (cbe(be)->st == ST_REPLAY)
 
 static int tensor_ok(const md_tensor *w, md_err *e) {
     size_t rb = md_type_row_bytes(w->type, w->ne0);
@@ -299,6 +360,8 @@ static int be_embed(md_backend *be, const md_tensor *w, md_buf *out, md_err *e) 
                            (int)b->h_tokens[t], (long long)w->ne1);
     if ((size_t)b->n_tokens * w->ne0 * 4 > out->n)
         return md_errf(e, MD_ERANGE, "cuda backend: embedding output buffer too small");
+    if (REPLAYING(be))
+        return 0;
     return cuda_get_rows(b->c, tensor_ptr(w), w->type, w->ne1, (int)w->ne0, b->d_tokens,
                          b->n_tokens, (float *)out->p, NULL, e);
 }
@@ -313,6 +376,8 @@ static int be_matmul(md_backend *be, const md_tensor *w, const md_buf *x, md_buf
                        "cuda backend: matmul of %d x [%lld -> %lld] overruns its "
                        "buffers",
                        T, (long long)w->ne0, (long long)w->ne1);
+    if (REPLAYING(be))
+        return 0;
     return cuda_matmul(cbe(be)->c, tensor_ptr(w), w->type, w->row_bytes, (const float *)x->p,
                        (float *)y->p, T, (int)w->ne1, (int)w->ne0, 0.0f, 0, e);
 }
@@ -323,6 +388,8 @@ static int be_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, 
         return rc;
     if (bias->type != MD_TYPE_F32)
         return md_errf(e, MD_EUNSUPP, "cuda backend: bias of type %d (F32 only)", bias->type);
+    if (REPLAYING(be))
+        return 0;
     return cuda_add_bias(cbe(be)->c, (float *)y->p, (const float *)tensor_ptr(bias), T,
                          (int)bias->ne0, e);
 }
@@ -331,6 +398,8 @@ static int be_rmsnorm(md_backend *be, const md_buf *x, const md_tensor *w, md_bu
                       int C, float eps, md_err *e) {
     if (w->type != MD_TYPE_F32 || w->ne0 != C)
         return md_errf(e, MD_EUNSUPP, "cuda backend: rmsnorm weight must be F32 [%d]", C);
+    if (REPLAYING(be))
+        return 0;
     return cuda_rmsnorm(cbe(be)->c, (const float *)x->p, (const float *)tensor_ptr(w), eps, T, C,
                         out->p, CUDA_F32, e);
 }
@@ -338,6 +407,8 @@ static int be_rmsnorm(md_backend *be, const md_buf *x, const md_tensor *w, md_bu
 static int be_rope(md_backend *be, md_buf *x, int n_heads, int head_dim, int rot_dims,
                    const md_buf *inv_freq, int neox, md_err *e) {
     cuda_backend *b = cbe(be);
+    if (REPLAYING(be))
+        return 0;
     return cuda_rope(b->c, (float *)x->p, b->d_pos, b->n_tokens, n_heads, head_dim, rot_dims,
                      (const float *)inv_freq->p, neox, e);
 }
@@ -354,6 +425,8 @@ static int be_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf 
         if ((s + 1) * row > k_cache->n || (s + 1) * row > v_cache->n)
             return md_errf(e, MD_ERANGE, "cuda backend: KV slot %zu outside the cache", s);
     }
+    if (REPLAYING(be))
+        return 0;
     return cuda_kv_write(b->c, k_cache->p, v_cache->p, cache_dtype(cache_type), kv_dim,
                          (const float *)k->p, (const float *)v->p, b->d_slot, b->n_tokens, e);
 }
@@ -362,7 +435,7 @@ static int be_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf 
 static int dec_splits(const cuda_backend *b, int n_kv_heads) {
     int blocks = b->n_dec * n_kv_heads;
     int want = (2 * b->n_sm + blocks - 1) / (blocks > 0 ? blocks : 1);
-    int by_len = (b->max_dec_len + 63) / 64;
+    int by_len = (b->dec_len_bucket + 63) / 64; /* a step's split count depends on its key */
     if (want > by_len)
         want = by_len;
     if (want > DEC_MAX_SPLITS)
@@ -389,6 +462,8 @@ static int be_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
                        (long long)b->max_block_id, b->block_tokens, n_slots);
     cuda_kv_layer kv = {k_cache->p, v_cache->p, cache_dtype(cache_type),
                         n_kv_heads, head_dim,   b->block_tokens};
+    if (REPLAYING(be))
+        return 0;
     if (b->n_dec) {
         int splits = dec_splits(b, n_kv_heads);
         size_t need = cuda_attn_decode_work_bytes(b->n_dec, n_heads, head_dim, splits);
@@ -403,6 +478,7 @@ static int be_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
             cuda_pool_free(b->c, b->att_work);
             b->att_work = p;
             b->att_work_n = want;
+            cuda_ctx_scratch_moved(b->c); /* graphs reading the old one are stale */
         }
         if ((rc = cuda_attn_decode(b->c, &kv, (const float *)q->p, b->d_dec, b->n_dec, b->d_bt,
                                    b->r.max_blocks, n_heads, scale, splits, b->att_work,
@@ -417,11 +493,15 @@ static int be_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
 
 static int be_swiglu(md_backend *be, const md_buf *gate, const md_buf *up, md_buf *out, int64_t n,
                      md_err *e) {
+    if (REPLAYING(be))
+        return 0;
     return cuda_swiglu(cbe(be)->c, (const float *)gate->p, (const float *)up->p, out->p, CUDA_F32,
                        n, e);
 }
 
 static int be_add(md_backend *be, md_buf *x, const md_buf *y, int64_t n, md_err *e) {
+    if (REPLAYING(be))
+        return 0;
     return cuda_add(cbe(be)->c, (float *)x->p, (const float *)y->p, n, e);
 }
 
@@ -430,11 +510,16 @@ static int be_gather_rows(md_backend *be, const md_buf *x, md_buf *out, int C, m
     if ((size_t)b->n_logits * C * 4 > out->n)
         return md_errf(e, MD_ERANGE, "cuda backend: %d logit rows of %d overrun the output",
                        b->n_logits, C);
+    if (REPLAYING(be))
+        return 0;
     return cuda_gather_rows(b->c, (const float *)x->p, b->d_logit_rows, b->n_logits, C,
                             (float *)out->p, e);
 }
 
 static int be_sync(md_backend *be, md_err *e) {
+    int rc = outside_step(cbe(be), "sync", e);
+    if (rc)
+        return rc;
     return cuda_sync(cbe(be)->c, e);
 }
 
@@ -446,6 +531,8 @@ static int be_check_fits(md_backend *be, size_t need, const char *what, md_err *
 /* Greedy picks of rows logit rows on the device; only rows int32 come back. */
 static int be_argmax(md_backend *be, const md_buf *x, int rows, int n, int32_t *out, md_err *e) {
     cuda_backend *b = cbe(be);
+    if (outside_step(b, "argmax", e))
+        return MD_EINVAL;
     if (!b->reserved || rows < 0 || rows > b->r.max_seqs || n < 1)
         return md_errf(e, MD_EINVAL, "cuda backend: argmax of %d rows (reserved for %d)", rows,
                        b->reserved ? b->r.max_seqs : 0);
@@ -455,6 +542,69 @@ static int be_argmax(md_backend *be, const md_buf *x, int rows, int n, int32_t *
     if ((rc = cuda_argmax(b->c, x->p, rows, n, b->d_argmax, e)))
         return rc;
     return cuda_download(b->c, out, b->d_argmax, (size_t)rows * sizeof(int32_t), e);
+}
+
+static int be_step_begin(md_backend *be, md_err *e) {
+    cuda_backend *b = cbe(be);
+    if (b->st != ST_IDLE)
+        return md_errf(e, MD_EINVAL, "cuda backend: step_begin inside a step");
+    b->st = ST_EAGER;
+    if (!b->graphable)
+        return 0;
+    cuda_gc_sync_gen(&b->gc, cuda_ctx_scratch_gen(b->c));
+    switch (cuda_gc_lookup(&b->gc, &b->key, &b->replay_graph)) {
+    case CUDA_GC_REPLAY: b->st = ST_REPLAY; g_totals.replayed++; return 0;
+    case CUDA_GC_EAGER: return 0;
+    case CUDA_GC_RECORD: break;
+    }
+    int rc = cuda_graph_begin(b->c, e);
+    if (rc) {
+        b->st = ST_IDLE;
+        return rc;
+    }
+    b->st = ST_RECORD;
+    return 0;
+}
+
+static int be_step_end(md_backend *be, int failed, md_err *e) {
+    cuda_backend *b = cbe(be);
+    int st = b->st;
+    b->st = ST_IDLE;
+    if (st == ST_EAGER)
+        return 0;
+    if (st == ST_REPLAY) {
+        void *g = b->replay_graph;
+        b->replay_graph = NULL;
+        if (failed) /* an op refused its arguments: nothing was queued */
+            return failed;
+        return cuda_graph_launch(b->c, (cuda_graph *)g, e);
+    }
+    if (st != ST_RECORD)
+        return md_errf(e, MD_EINVAL, "cuda backend: step_end without step_begin");
+    if (failed) {
+        cuda_graph_abort(b->c);
+        md_err ce;
+        if (cuda_ctx_failed(b->c, &ce)) { /* the device itself failed */
+            if (e)
+                *e = ce;
+            return ce.code;
+        }
+        cuda_gc_failed(&b->gc, &b->key);
+        g_totals.reruns++;
+        return MD_STEP_RERUN;
+    }
+    cuda_graph *g = NULL;
+    int rc = cuda_graph_end(b->c, &g, e);
+    if (rc == CUDA_ECAPTURE) {
+        cuda_gc_failed(&b->gc, &b->key);
+        g_totals.reruns++;
+        return MD_STEP_RERUN;
+    }
+    if (rc)
+        return rc;
+    cuda_gc_store(&b->gc, &b->key, g);
+    g_totals.recorded++;
+    return cuda_graph_launch(b->c, g, e);
 }
 
 static const md_backend_ops cuda_backend_ops = {
@@ -482,6 +632,8 @@ static const md_backend_ops cuda_backend_ops = {
     .sync = be_sync,
     .check_fits = be_check_fits,
     .argmax = be_argmax,
+    .step_begin = be_step_begin,
+    .step_end = be_step_end,
 };
 
 int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e) {
@@ -501,6 +653,9 @@ int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e) {
         return rc;
     }
     b->n_sm = in.n_sm;
+    const char *gv = getenv("MEDLEY_CUDA_GRAPHS");
+    b->graphs_on = !(gv && !strcmp(gv, "0"));
+    cuda_gc_init(&b->gc, free_graph);
     if (cudaEventCreateWithFlags(&b->meta_copied, cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
         be_free(&b->base);

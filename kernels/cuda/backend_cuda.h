@@ -26,4 +26,11 @@ int md_cuda_device_get(int ordinal, md_cuda_device *out, md_err *e);
  * when need_bytes exceed the device's free memory. */
 int md_cuda_check_fits(int ordinal, size_t need_bytes, const char *what, md_err *e);
 
+/* Decode-step CUDA graphs of every CUDA backend of this process since it started:
+ * recorded (captured), replayed, failed captures re-run directly. For logs and tests. */
+typedef struct {
+    long recorded, replayed, reruns;
+} md_cuda_graph_totals;
+void md_cuda_graph_get_totals(md_cuda_graph_totals *out);
+
 #endif

@@ -33,7 +33,21 @@ struct cuda_graph {
     cudaGraphExec_t exec;
 };
 
+/* Inside a capture nothing runs, so a failure there is the capture's (an operation graphs
+ * do not allow, a launch refused): it is kept apart from the sticky error, the capture is
+ * dropped and the step runs directly, where a real device fault shows again. */
+static int capture_fail(cuda_ctx *c, const char *what, const char *why, md_err *e) {
+    if (!c->capture_failed.code)
+        md_errf(&c->capture_failed, MD_EDEVICE, "CUDA device %d: %s failed while recording a graph: %s",
+                c->ordinal, what, why);
+    if (e)
+        *e = c->capture_failed;
+    return MD_EDEVICE;
+}
+
 int cuda_fail(cuda_ctx *c, cudaError_t err, const char *what, md_err *e) {
+    if (c && c->capturing)
+        return capture_fail(c, what, cudaGetErrorString(err), e);
     if (c && !c->failed.code)
         md_errf(&c->failed, MD_EDEVICE, "CUDA device %d: %s failed: %s (%s)", c->ordinal, what,
                 cudaGetErrorString(err), cudaGetErrorName(err));
@@ -59,6 +73,8 @@ static const char *blas_name(cublasStatus_t st) {
 }
 
 int cuda_fail_blas(cuda_ctx *c, cublasStatus_t st, const char *what, md_err *e) {
+    if (c->capturing)
+        return capture_fail(c, what, blas_name(st), e);
     if (!c->failed.code)
         md_errf(&c->failed, MD_EDEVICE, "CUDA device %d: cuBLAS %s failed: %s (status %d)",
                 c->ordinal, what, blas_name(st), (int)st);
@@ -337,6 +353,7 @@ int cuda_scratch(cuda_ctx *c, int which, size_t bytes, void **out, md_err *e) {
         cuda_pool_free(c, c->scratch[which]);
         c->scratch[which] = p;
         c->scratch_bytes[which] = bytes;
+        c->scratch_gen++;
     }
     *out = c->scratch[which];
     return 0;
@@ -383,22 +400,57 @@ int cuda_memset0(cuda_ctx *c, void *dst, size_t bytes, md_err *e) {
     return 0;
 }
 
+unsigned cuda_ctx_scratch_gen(const cuda_ctx *c) {
+    return c->scratch_gen;
+}
+void cuda_ctx_scratch_moved(cuda_ctx *c) {
+    c->scratch_gen++;
+}
+
 int cuda_graph_begin(cuda_ctx *c, md_err *e) {
     CUDA_GUARD(c, e);
+    cudaSetDevice(c->ordinal);
     cudaError_t err = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
     if (err != cudaSuccess)
         return cuda_fail(c, err, "begin graph capture", e);
     c->capturing = 1;
+    memset(&c->capture_failed, 0, sizeof c->capture_failed);
     return 0;
+}
+
+void cuda_graph_abort(cuda_ctx *c) {
+    if (!c->capturing)
+        return;
+    cudaGraph_t g = NULL;
+    c->capturing = 0;
+    if (cudaStreamEndCapture(c->stream, &g) == cudaSuccess && g)
+        cudaGraphDestroy(g);
+    cudaGetLastError(); /* the capture's own error, if any, is not the device's */
 }
 
 int cuda_graph_end(cuda_ctx *c, cuda_graph **out, md_err *e) {
     cudaGraph_t g = NULL;
+    *out = NULL;
+    if (!c->capturing)
+        return md_errf(e, MD_EINVAL, "cuda:%d: no graph capture to end", c->ordinal);
     c->capturing = 0;
     cudaError_t err = cudaStreamEndCapture(c->stream, &g);
-    CUDA_GUARD(c, e); /* a launcher failed inside the capture */
-    if (err != cudaSuccess)
-        return cuda_fail(c, err, "end graph capture", e);
+    if (c->failed.code || c->capture_failed.code || err != cudaSuccess) {
+        /* a launcher failed inside the capture, or the capture itself was invalidated */
+        if (g)
+            cudaGraphDestroy(g);
+        cudaGetLastError();
+        if (c->failed.code)
+            return cuda_ctx_failed(c, e);
+        if (c->capture_failed.code) {
+            if (e)
+                *e = c->capture_failed;
+        } else {
+            md_errf(e, MD_EDEVICE, "CUDA device %d: graph capture failed: %s", c->ordinal,
+                    cudaGetErrorString(err));
+        }
+        return CUDA_ECAPTURE;
+    }
     cuda_graph *cg = (cuda_graph *)calloc(1, sizeof *cg);
     if (!cg) {
         cudaGraphDestroy(g);
@@ -409,7 +461,10 @@ int cuda_graph_end(cuda_ctx *c, cuda_graph **out, md_err *e) {
     if (err != cudaSuccess) {
         cudaGraphDestroy(g);
         free(cg);
-        return cuda_fail(c, err, "graph instantiate", e);
+        cudaGetLastError();
+        md_errf(e, MD_EDEVICE, "CUDA device %d: graph instantiate failed: %s", c->ordinal,
+                cudaGetErrorString(err));
+        return CUDA_ECAPTURE;
     }
     *out = cg;
     return 0;

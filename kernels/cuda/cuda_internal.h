@@ -25,10 +25,13 @@ struct cuda_ctx {
     size_t used, reserved;
     int capturing;
     /* Scratch that grows on demand (never during graph capture): GEMM inputs converted to
-     * bf16/f16, and a dequantized weight for quantized GEMMs with many tokens. */
+     * bf16/f16, and a dequantized weight for quantized GEMMs with many tokens. scratch_gen
+     * counts every move of a buffer recorded graphs may read (cuda_ctx_scratch_moved). */
     void *scratch[2];
     size_t scratch_bytes[2];
-    md_err failed; /* sticky: code != 0 once a device error happened */
+    unsigned scratch_gen;
+    md_err failed;         /* sticky: code != 0 once a device error happened */
+    md_err capture_failed; /* a failure while capturing: the capture is dropped, not the ctx */
 };
 
 /* Record a CUDA error as the ctx's sticky error and return MD_EDEVICE. */

@@ -188,9 +188,18 @@ int cuda_sample(cuda_ctx *c, const float *logits, int rows, int vocab,
 /* ---- CUDA graphs ------------------------------------------------------------------ */
 
 typedef struct cuda_graph cuda_graph;
-/* Everything enqueued on the ctx stream between begin and end is recorded, not run. */
+/* Everything enqueued on the ctx stream between begin and end is recorded, not run. A
+ * failure inside the capture is the capture's, not the device's: cuda_graph_end then
+ * returns CUDA_ECAPTURE (nothing recorded, the ctx still usable: run the work directly), or the
+ * sticky error when the device itself failed. cuda_graph_abort drops a capture. */
+#define CUDA_ECAPTURE (-100)
 int cuda_graph_begin(cuda_ctx *c, md_err *e);
 int cuda_graph_end(cuda_ctx *c, cuda_graph **out, md_err *e);
+void cuda_graph_abort(cuda_ctx *c);
+/* Counts moves of scratch buffers kernels read (graphs recorded before a move are stale);
+ * cuda_ctx_scratch_moved is for scratch owned outside the ctx (the backend's attention work). */
+unsigned cuda_ctx_scratch_gen(const cuda_ctx *c);
+void cuda_ctx_scratch_moved(cuda_ctx *c);
 int cuda_graph_launch(cuda_ctx *c, cuda_graph *g, md_err *e);
 void cuda_graph_free(cuda_graph *g);
 
