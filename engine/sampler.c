@@ -183,6 +183,11 @@ static int32_t sample_filtered(const md_sampling *s, const float *p, int n, int 
         if (t == 0 || (k < n ? nc >= k : want < 1 ? mass >= want : 1))
             break;
     }
+    /* No probability is a number (NaN or infinite logits, e.g. from a failing kernel): there
+     * is nothing to draw from. Stay inside the arrays and return a valid id; the engine is the
+     * one that can refuse such logits. */
+    if (nc == 0)
+        return argmax(p, n);
     qsort_r(sc->idx, (size_t)nc, sizeof *sc->idx, by_prob_desc, (void *)p);
     if (nc > k)
         nc = k;

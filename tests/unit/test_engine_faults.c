@@ -18,6 +18,7 @@
 #include "common/util.h"
 #include "e2e/test_engine_util.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "unit/fault_backend.h"
 
 #define N_SEQS 6
@@ -370,14 +371,51 @@ static void test_nan_logits_are_not_turned_into_tokens_silently(void **state) {
         int n;
         md_seq_tokens(eng, ids[i], &t, &n);
         int same = n == MAX_TOKENS && !memcmp(t, g_ref[i], sizeof g_ref[i]);
-        printf("NaN step %d (rc %d): seq %d (%s) finished %d, %d tokens, %s the healthy run\n",
-               FAULT_STEP, rc, i, state_name[before[i]], f, n, same ? "same as" : "DIFFERENT from");
+        printf("NaN step %d (rc %d): seq %d (%s) finished %d, %d tokens (first %d, last %d), %s "
+               "the healthy run\n",
+               FAULT_STEP, rc, i, state_name[before[i]], f, n, n ? t[0] : -1, n ? t[n - 1] : -1,
+               same ? "same as" : "DIFFERENT from");
         if (f != MD_FINISH_ERROR && !same)
             silent++;
     }
     assert_int_equal(silent, 0);
     assert_all_blocks_free(eng, ids);
     md_engine_close(eng);
+}
+
+/* The sampler given logits that are not numbers (NaN rows from a faulty kernel, or all -inf)
+ * still returns a token id inside the vocabulary for every sampling mode, without reading
+ * outside its arrays (ASan). Which token it is means nothing: the engine has to refuse such
+ * logits itself (test_engine_faults_nan). No model needed. */
+static void test_sampler_stays_in_bounds_on_non_finite_logits(void **state) {
+    enum { N = 1000 };
+    smp_scratch *sc = smp_scratch_new(N);
+    assert_non_null(sc);
+    float *lg = malloc(N * sizeof *lg);
+    const float fill[] = {NAN, -INFINITY, INFINITY};
+    int32_t prev[4] = {5, 6, 7, 8};
+    for (size_t f = 0; f < sizeof fill / sizeof fill[0]; f++) {
+        for (int mode = 0; mode < 6; mode++) {
+            md_sampling s;
+            md_sampling_default(&s);
+            s.temperature = mode == 0 ? 0 : 0.7f;
+            s.top_p = mode == 2 || mode == 5 ? 0.9f : 1.0f;
+            s.top_k = mode == 3 || mode == 5 ? 40 : 0;
+            s.min_p = mode == 4 || mode == 5 ? 0.05f : 0;
+            s.repetition_penalty = mode == 5 ? 1.1f : 1.0f;
+            smp_rng rng;
+            smp_rng_seed(&rng, 42);
+            for (int i = 0; i < N; i++)
+                lg[i] = fill[f];
+            float lp = 0;
+            int32_t t = smp_sample(&s, lg, N, prev, 2, prev + 2, 2, &rng, sc, &lp);
+            if (t < 0 || t >= N)
+                fail_msg("logits all %g, sampling mode %d: token %d outside [0, %d)",
+                         (double)fill[f], mode, t, N);
+        }
+    }
+    free(lg);
+    smp_scratch_free(sc);
 }
 
 int main(int argc, char **argv) {
@@ -387,6 +425,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_transient_download_fault_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_sticky_fault_fails_every_later_step_fast),
         cmocka_unit_test(test_fault_while_loading_is_a_clear_error_and_frees_everything),
+        cmocka_unit_test(test_sampler_stays_in_bounds_on_non_finite_logits),
     };
     /* "nan": the NaN probe alone (tests/faults.cmake keeps it disabled until the engine
      * refuses non-finite logits) */
