@@ -1,29 +1,38 @@
 /* cmd_worker.c — `medley worker`: serve models from their Redis streams (worker/worker.h).
  * JSON-line logs by default (a daemon's logs go to a collector); SIGTERM/SIGINT stop it
  * gracefully: it stops reading, finishes or hands back what it runs, and exits 0. Without
- * --model it follows the scheduler's plan (--follow-plan). */
+ * --model it follows the scheduler's plan (--follow-plan). With --devices D0,...,Dn-1 (n > 1)
+ * it supervises n one-device workers <id>.0 ... <id>.n-1, each this same command run with
+ * --device Di (worker/supervise.h). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "kernels/backend.h"
+#include "worker/supervise.h"
 #include "worker/worker.h"
 
 static volatile sig_atomic_t g_stop = 0;
 static char g_device[32]; /* the resolved --device, referenced by the worker's config */
+static char g_devs[SV_MAX_CHILDREN][SV_DEVICE_MAX]; /* the --devices list */
 
-/* Entries in a comma-separated list. */
-static int count_list(const char *v) {
-    int n = 1;
-    for (; *v; v++)
-        n += *v == ',';
-    return n;
-}
 static void on_signal(int sig) {
+    (void)sig;
     g_stop = 1;
+}
+
+static void on_stop_signals(void) {
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal; /* no SA_RESTART: the supervisor's poll must wake up */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
 }
 
 static void usage(FILE *f) {
@@ -43,12 +52,15 @@ static void usage(FILE *f) {
             "  --redis URL            redis://[user:pass@]host:port/db or unix:///path\n"
             "                         (default $MEDLEY_REDIS, else redis://127.0.0.1:6379/0)\n"
             "  --prefix P             key prefix (default medley:)\n"
-            "  --id NAME              consumer name (default host-pid-random)\n"
+            "  --id NAME              consumer name (default host-pid-random; with --devices\n"
+            "                         the children are NAME.0, NAME.1, ...)\n"
             "  --max-seqs N           concurrent requests per model (echo 256, engine 64)\n"
             "  --device D             engine device: auto (default: cuda:0 when a GPU is\n"
             "                         usable, else cpu), cpu, cpu:N, cuda:K\n"
-            "  --devices D,D...       devices this worker serves; one engine per device, and\n"
-            "                         for now a worker serves exactly one (start one per GPU)\n"
+            "  --devices D,D...       one worker per device, supervised by this process: child\n"
+            "                         i runs on Di as worker <id>.i (its own heartbeat, plan\n"
+            "                         device \"{<id>.i}/0\"), restarted if it dies; every\n"
+            "                         device is checked first; one entry is --device\n"
             "  --device-type T        device type for heartbeats and output lines, as the GPU\n"
             "                         catalog names it (H200, L4; default cpu or cuda)\n"
             "  --threads N            engine CPU threads (default all cores)\n"
@@ -61,6 +73,7 @@ static void usage(FILE *f) {
             "  --grace-ms MS          on SIGTERM, time to finish running requests (default 30000)\n"
             "  --max-line-bytes N     largest input line accepted (default 1048576)\n"
             "  --usd-per-hour X       cost of this worker's devices, for each line's cost share\n"
+            "                         (with --devices, split evenly between the children)\n"
             "  --connect-timeout-ms MS, --command-timeout-ms MS   Redis timeouts (2000, 10000)\n"
             "  --log-text             human-readable logs instead of JSON lines\n");
 }
@@ -77,10 +90,84 @@ static int int_arg(const char *flag, const char *v, long lo, long hi, long *out)
     return 0;
 }
 
-int cmd_worker(int argc, char **argv) {
+/* `--devices` with n > 1 entries (in g_devs): check every device, then run n children, each
+ * this command's argv without the flags marked in skip (--devices, --id, --usd-per-hour) plus
+ * --device Di --id <id>.i [--usd-per-hour X/n]. Returns the exit status. */
+static int run_devices(int argc, char **argv, const unsigned char *skip, const wk_config *cfg,
+                       int n, int log_json) {
+    md_err e = {0};
+    if (sv_devices_check(g_devs, n, &e)) {
+        MD_ERROR("worker", "%s; nothing started", e.msg);
+        return 1;
+    }
+    char id[160];
+    if (cfg->id && *cfg->id) {
+        snprintf(id, sizeof id, "%s", cfg->id);
+    } else { /* the worker's default id, made once here so the children share its stem */
+        char host[128] = "", hex[9];
+        gethostname(host, sizeof host - 1);
+        md_random_hex(hex, sizeof hex, 8);
+        snprintf(id, sizeof id, "%s-%d-%s", host, (int)getpid(), hex);
+    }
+    static char names[SV_MAX_CHILDREN][176];
+    char usd[40];
+    snprintf(usd, sizeof usd, "%.17g", cfg->usd_per_hour / n);
+    int per = argc + 10; /* "medley", argv minus skipped, 6 added, NULL */
+    char **av = calloc((size_t)n * (size_t)per, sizeof *av);
+    if (!av) {
+        MD_ERROR("worker", "out of memory");
+        return 1;
+    }
+    sv_child kids[SV_MAX_CHILDREN];
+    for (int i = 0; i < n; i++) {
+        char **a = av + (size_t)i * (size_t)per;
+        int k = 0;
+        snprintf(names[i], sizeof names[i], "%s.%d", id, i);
+        a[k++] = "medley";
+        for (int j = 0; j < argc; j++) /* argv[0] is "worker" */
+            if (!skip[j])
+                a[k++] = argv[j];
+        a[k++] = "--device";
+        a[k++] = g_devs[i];
+        a[k++] = "--id";
+        a[k++] = names[i];
+        if (cfg->usd_per_hour > 0) {
+            a[k++] = "--usd-per-hour";
+            a[k++] = usd;
+        }
+        a[k] = NULL;
+        kids[i] = (sv_child){.name = names[i], .what = g_devs[i], .argv = a};
+    }
+    sv_config sc;
+    sv_config_default(&sc);
+    sc.children = kids;
+    sc.n = n;
+    sc.json = log_json;
+    if (access(sc.exe, X_OK)) {
+        MD_ERROR("worker", "--devices: cannot run %s to start the per-device workers", sc.exe);
+        free(av);
+        return 1;
+    }
+    on_stop_signals();
+    MD_INFO("worker", "supervising %d workers %s.0..%s.%d (devices %s ... %s)", n, id, id, n - 1,
+            g_devs[0], g_devs[n - 1]);
+    int rc = sv_run(&sc, &g_stop, &e);
+    free(av);
+    if (rc) {
+        MD_ERROR("worker", "%s", e.msg);
+        return 1;
+    }
+    MD_INFO("worker", "every per-device worker stopped cleanly");
+    return 0;
+}
+
+/* cmd_worker's body; skip (argc entries, zeroed) marks the argv entries that children
+ * started for --devices do not get. */
+static int worker_main(int argc, char **argv, unsigned char *skip) {
     wk_config cfg;
     wk_config_default(&cfg);
     int log_json = 1;
+    const char *device = NULL, *devices = NULL;
     const char *env_delay = getenv("MEDLEY_ECHO_DELAY_MS");
     if (env_delay && *env_delay)
         cfg.runner.echo_delay_ms = atoi(env_delay);
@@ -113,25 +200,29 @@ int cmd_worker(int argc, char **argv) {
             cfg.prefix = v;
         } else if (!strcmp(a, "--id")) {
             cfg.id = v;
-        } else if (!strcmp(a, "--device") || !strcmp(a, "--devices")) {
+            skip[i] = skip[i + 1] = 1;
+        } else if (!strcmp(a, "--device")) {
             if (strchr(v, ',')) {
                 fprintf(stderr,
-                        "medley worker: %s %s names %d devices, but a worker runs one engine on "
-                        "one device for now: start one worker per device (--device cuda:0, "
-                        "--device cuda:1, ...)\n",
-                        a, v, count_list(v));
+                        "medley worker: --device %s: --device names one device; give "
+                        "several with --devices D,D,...\n",
+                        v);
                 return 2;
             }
-            cfg.runner.device = v;
+            device = v;
+        } else if (!strcmp(a, "--devices")) {
+            devices = v;
+            skip[i] = skip[i + 1] = 1;
         } else if (!strcmp(a, "--device-type")) {
             cfg.device_type = v;
         } else if (!strcmp(a, "--usd-per-hour")) {
             char *end;
             cfg.usd_per_hour = strtod(v, &end);
-            if (*end || cfg.usd_per_hour < 0) {
+            if (*end || !(cfg.usd_per_hour >= 0)) {
                 fprintf(stderr, "medley worker: --usd-per-hour needs a number >= 0\n");
                 return 2;
             }
+            skip[i] = skip[i + 1] = 1;
         } else {
             static const struct {
                 const char *flag;
@@ -182,9 +273,26 @@ int cmd_worker(int argc, char **argv) {
         fprintf(stderr, "medley worker: --model and --follow-plan exclude each other\n");
         return 2;
     }
+    if (device && devices) {
+        fprintf(stderr, "medley worker: --device and --devices exclude each other (--devices D "
+                        "with one entry is --device D)\n");
+        return 2;
+    }
+    md_log_set_json(log_json);
+    if (devices) {
+        md_err se = {0};
+        int n = sv_devices_split(devices, g_devs, SV_MAX_CHILDREN, &se);
+        if (n < 0) {
+            fprintf(stderr, "medley worker: %s\n", se.msg);
+            return 2;
+        }
+        if (n > 1)
+            return run_devices(argc, argv, skip, &cfg, n, log_json);
+        device = g_devs[0];
+    }
+    cfg.runner.device = device;
     if (cfg.n_models == 0)
         cfg.follow_plan = 1;
-    md_log_set_json(log_json);
     /* The device, before any Redis work: "auto" (the default) picks cuda:0 or cpu and says
      * why; a named GPU that is not usable is an error here. Workers serving only the echo
      * model have no device. */
@@ -200,16 +308,22 @@ int cmd_worker(int argc, char **argv) {
     }
     if (!echo_only)
         cfg.runner.device = g_device;
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    on_stop_signals();
     md_err e = {0};
     if (wk_run(&cfg, &g_stop, &e)) {
         MD_ERROR("worker", "%s", e.msg);
         return 1;
     }
     return 0;
+}
+
+int cmd_worker(int argc, char **argv) {
+    unsigned char *skip = calloc((size_t)argc + 1, 1);
+    if (!skip) {
+        fprintf(stderr, "medley worker: out of memory\n");
+        return 1;
+    }
+    int rc = worker_main(argc, argv, skip);
+    free(skip);
+    return rc;
 }

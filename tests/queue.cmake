@@ -40,3 +40,17 @@ add_test(NAME queue_run_smollm2
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/queue_run_smollm2.py)
 set_tests_properties(queue_run_smollm2 PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77
                      ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
+
+# medley worker --devices: one supervisor, one child worker per device (worker/supervise.h).
+# worker_devices: bad device lists, 2,000 echo requests over two children with one SIGKILLed
+# and restarted, SIGTERM stop, give-up on children that cannot start (~20 s);
+# worker_devices_smollm2: 8 short requests on the real engine over two CPU children.
+add_test(NAME worker_devices
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_devices.py)
+set_tests_properties(worker_devices PROPERTIES LABELS integration TIMEOUT 300
+                     ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
+add_test(NAME worker_devices_smollm2
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_devices.py
+                 --engine)
+set_tests_properties(worker_devices_smollm2 PROPERTIES LABELS e2e TIMEOUT 600
+                     SKIP_RETURN_CODE 77 ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
