@@ -30,13 +30,17 @@ enum {
     OP_GATHER_ROWS,
     OP_SYNC,
     OP_ARGMAX,
+    OP_STEP_BEGIN,
+    OP_STEP_END,
     OP_COUNT
 };
 
-static const char *const op_names[OP_COUNT] = {
-    "buf_alloc", "buf_wrap", "buf_upload",  "buf_download", "buf_zero", "reserve",  "batch_prepare",
-    "embed",     "matmul",   "add_bias",    "rmsnorm",      "rope",     "kv_write", "attention",
-    "swiglu",    "add",      "gather_rows", "sync",         "argmax"};
+static const char *const op_names[] = {
+    "buf_alloc",     "buf_wrap",   "buf_upload", "buf_download", "buf_zero",    "reserve",
+    "batch_prepare", "embed",      "matmul",     "add_bias",     "rmsnorm",     "rope",
+    "kv_write",      "attention",  "swiglu",     "add",          "gather_rows", "sync",
+    "argmax",        "step_begin", "step_end"};
+_Static_assert(sizeof op_names / sizeof op_names[0] == OP_COUNT, "one name per op");
 
 typedef struct {
     md_backend base;
@@ -45,6 +49,7 @@ typedef struct {
     long after;     /* the after-th call of op fails */
     long step;      /* 0: count from open; S: count within the S-th forward pass */
     int sticky, nan;
+    int record; /* offer step_begin / step_end */
     long calls; /* calls of op counted so far */
     long steps; /* batch_prepare calls so far */
     int tripped;
@@ -281,6 +286,18 @@ static int f_argmax(md_backend *be, const md_buf *x, int rows, int n, int32_t *o
     FWD(be, OP_ARGMAX, argmax, x, rows, n, out, e);
 }
 
+/* record=1: the engine brackets each forward pass with these (as for kernels/cuda's graphs);
+ * the ops still run directly, so only the bracketing and its error path are exercised. A
+ * failing step_end is a recorded pass whose launch failed. */
+static int f_step_begin(md_backend *be, md_err *e) {
+    return gate(fb(be), OP_STEP_BEGIN, NULL, e);
+}
+
+static int f_step_end(md_backend *be, int failed, md_err *e) {
+    (void)failed;
+    return gate(fb(be), OP_STEP_END, NULL, e);
+}
+
 static const md_backend_ops fault_ops = {
     .name = "faulty",
     .free = f_free,
@@ -306,6 +323,35 @@ static const md_backend_ops fault_ops = {
     .sync = f_sync,
     .check_fits = f_check_fits,
     .argmax = f_argmax,
+};
+
+static const md_backend_ops fault_rec_ops = {
+    .name = "faulty",
+    .free = f_free,
+    .describe = f_describe,
+    .buf_alloc = f_buf_alloc,
+    .buf_wrap = f_buf_wrap,
+    .buf_free = f_buf_free,
+    .buf_upload = f_buf_upload,
+    .buf_download = f_buf_download,
+    .buf_zero = f_buf_zero,
+    .reserve = f_reserve,
+    .batch_prepare = f_batch_prepare,
+    .embed = f_embed,
+    .matmul = f_matmul,
+    .add_bias = f_add_bias,
+    .rmsnorm = f_rmsnorm,
+    .rope = f_rope,
+    .kv_write = f_kv_write,
+    .attention = f_attention,
+    .swiglu = f_swiglu,
+    .add = f_add,
+    .gather_rows = f_gather_rows,
+    .sync = f_sync,
+    .check_fits = f_check_fits,
+    .argmax = f_argmax,
+    .step_begin = f_step_begin,
+    .step_end = f_step_end,
 };
 
 static int parse_long(const char *s, size_t n, long lo, long *out) {
@@ -361,6 +407,9 @@ static int parse_spec(fault_be *f, const char *device, long *threads, md_err *e)
         } else if (kn == 4 && !memcmp(p, "kind", 4)) {
             ok = (vn == 5 && !memcmp(v, "error", 5)) || (vn == 3 && !memcmp(v, "nan", 3));
             f->nan = vn == 3;
+        } else if (kn == 6 && !memcmp(p, "record", 6)) {
+            ok = parse_long(v, vn, 0, &num) == 0 && num <= 1;
+            f->record = (int)num;
         } else if (kn == 7 && !memcmp(p, "threads", 7)) {
             ok = parse_long(v, vn, 1, threads) == 0;
         } else {
@@ -378,7 +427,7 @@ static int parse_spec(fault_be *f, const char *device, long *threads, md_err *e)
     if (f->nan && (f->op == OP_BUF_ALLOC || f->op == OP_BUF_WRAP || f->op == OP_BUF_UPLOAD ||
                    f->op == OP_BUF_DOWNLOAD || f->op == OP_BUF_ZERO || f->op == OP_RESERVE ||
                    f->op == OP_BATCH_PREPARE || f->op == OP_KV_WRITE || f->op == OP_SYNC ||
-                   f->op == OP_ARGMAX))
+                   f->op == OP_ARGMAX || f->op == OP_STEP_BEGIN || f->op == OP_STEP_END))
         return md_errf(e, MD_EINVAL, "device \"%s\": kind=nan needs an op with a float output",
                        device);
     return 0;
@@ -397,7 +446,13 @@ int fault_backend_open(const char *device, int n_threads, md_backend **out, md_e
         free(f);
         return rc;
     }
-    f->base.ops = &fault_ops;
+    if ((f->op == OP_STEP_BEGIN || f->op == OP_STEP_END) && !f->record) {
+        md_backend_free(f->in);
+        free(f);
+        return md_errf(e, MD_EINVAL, "device \"%s\": op=step_begin/step_end needs record=1",
+                       device);
+    }
+    f->base.ops = f->record ? &fault_rec_ops : &fault_ops;
     snprintf(f->desc, sizeof f->desc, "%s over %s", device, f->in->ops->describe(f->in));
     __atomic_fetch_add(&g_stats.opened, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&g_stats.steps, 0, __ATOMIC_RELAXED);

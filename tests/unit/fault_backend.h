@@ -10,7 +10,8 @@
  *   faulty:op=OP[,after=N][,step=S][,sticky=0|1][,kind=error|nan][,threads=K]
  *     OP      a backend op: buf_alloc, buf_wrap, buf_upload, buf_download, buf_zero, reserve,
  *             batch_prepare, embed, matmul, add_bias, rmsnorm, rope, kv_write, attention,
- *             swiglu, add, gather_rows, sync, argmax; or "none" (a plain pass-through)
+ *             swiglu, add, gather_rows, sync, argmax, step_begin, step_end (with record=1);
+ *             or "none" (a plain pass-through)
  *     after   the N-th call of OP fails (1-based, default 1), counted from open, or from the
  *             start of step S when step is given
  *     step    S >= 1: count only the calls of OP made during the S-th forward pass (the S-th
@@ -20,6 +21,9 @@
  *     kind    error (default): MD_EDEVICE; nan: the op succeeds and its output is all NaN
  *             (ops with a float output: embed, matmul, add_bias, rmsnorm, rope, attention,
  *             swiglu, add, gather_rows)
+ *     record  1: the backend has step_begin / step_end (as kernels/cuda for CUDA graphs), which
+ *             run nothing themselves: the ops still run directly, so the engine's bracketing
+ *             and its error path are what is exercised (default 0: none, as the CPU backend)
  *     threads CPU threads of the wrapped backend (default: the n_threads given to open)
  * A bad spec is refused at open with MD_EINVAL naming the part it could not read.
  *

@@ -247,6 +247,13 @@ static void test_transient_download_fault_fails_the_step_and_spares_the_waiting(
     transient("faulty:op=buf_download,step=3,after=1");
 }
 
+/* A backend that records passes (kernels/cuda's graphs): the launch of step 3's recording
+ * fails, or the recording cannot even begin. */
+static void test_transient_graph_launch_fault_fails_the_step_and_spares_the_waiting(void **state) {
+    transient("faulty:op=step_end,step=3,after=1,record=1");
+    transient("faulty:op=step_begin,step=3,after=1,record=1");
+}
+
 static void test_sticky_fault_fails_every_later_step_fast(void **state) {
     if (!test_model_path())
         skip();
@@ -333,9 +340,20 @@ static void test_fault_while_loading_is_a_clear_error_and_frees_everything(void 
     }
     /* a bad fault spec is refused with a reason, not taken for a healthy device */
     md_err e = {0};
-    assert_null(open_on("faulty:op=frobnicate", &e));
-    assert_int_equal(e.code, MD_EINVAL);
-    assert_non_null(strstr(e.msg, "frobnicate"));
+    static const char *const bad[] = {"faulty:op=frobnicate",
+                                      "faulty:op=matmul,after=0",
+                                      "faulty:op=matmul,kind=nan,sticky=2",
+                                      "faulty:op=add,x=1",
+                                      "faulty:op=step_end",
+                                      "faulty:op=sync,kind=nan",
+                                      "faulty"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        md_err_clear(&e);
+        assert_null(open_on(bad[i], &e));
+        assert_int_equal(e.code, MD_EINVAL);
+        assert_non_null(strstr(e.msg, bad[i]));
+        printf("%s -> %s\n", bad[i], e.msg);
+    }
 }
 
 /* NaN outputs (a kernel that silently computes garbage): whatever the engine does with the
@@ -423,6 +441,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_transient_matmul_fault_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_transient_argmax_fault_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_transient_download_fault_fails_the_step_and_spares_the_waiting),
+        cmocka_unit_test(test_transient_graph_launch_fault_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_sticky_fault_fails_every_later_step_fast),
         cmocka_unit_test(test_fault_while_loading_is_a_clear_error_and_frees_everything),
         cmocka_unit_test(test_sampler_stays_in_bounds_on_non_finite_logits),
