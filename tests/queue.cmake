@@ -9,6 +9,9 @@ medley_test(test_queue_redis_url SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_q
             LIBS medley_worker LABELS unit)
 medley_test(test_queue_plan SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_plan.c
             LIBS medley_worker LABELS unit)
+# worker/supervise.c (medley worker --devices) with /bin/sh children and short backoffs.
+medley_test(test_supervise SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_supervise.c
+            LIBS medley_worker LABELS unit)
 
 if(NOT MEDLEY_PYTHON)
   message(WARNING "python3 not found: the queue's integration tests are not registered")
