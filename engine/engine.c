@@ -24,6 +24,7 @@
 #include "engine/kvcache.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "engine/synth.h"
 #include "engine/tokenizer.h"
 
 enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
@@ -60,6 +61,8 @@ typedef struct {
 struct md_engine {
     md_engine_config cfg;
     gguf_file *gf;
+    void *synth; /* a synthetic model's GGUF image (synth.h), or NULL */
+    size_t synth_len;
     tok_tokenizer *tok;
     md_backend *be;
     md_model *m;
@@ -125,7 +128,13 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
         goto fail;
     }
     md_hparams hpf; /* from the metadata: sizes are known before any weight is loaded */
-    if ((rc = gguf_open(cfg->model_path, &eng->gf, e)) || (rc = tok_load(eng->gf, &eng->tok, e)) ||
+    if (md_synth_is(cfg->model_path)) { /* shapes of a real model, random weights (synth.h) */
+        if ((rc = md_synth_build(cfg->model_path, &eng->synth, &eng->synth_len, e)) == 0)
+            rc = gguf_open_mem(eng->synth, eng->synth_len, &eng->gf, e);
+    } else {
+        rc = gguf_open(cfg->model_path, &eng->gf, e);
+    }
+    if (rc || (rc = tok_load(eng->gf, &eng->tok, e)) ||
         (rc = md_hparams_read(eng->gf, &hpf, e))) {
         md_errctx(e, "loading %s: ", cfg->model_path);
         goto fail;
@@ -243,6 +252,7 @@ void md_engine_close(md_engine *eng) {
     kv_free(eng->kv);
     tok_free(eng->tok);
     gguf_close(eng->gf);
+    md_synth_free(eng->synth, eng->synth_len);
     smp_scratch_free(eng->sc);
     free(eng->b_tokens);
     free(eng->b_seq);

@@ -4,6 +4,7 @@
  * model here with its source, the path of the file inside the source archive and its
  * sha256 (docs/models.md says how to verify an entry). */
 #include "engine/registry.h"
+#include "engine/synth.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +72,12 @@ int md_model_resolve(const char *name_or_path, int allow_path, char *path, size_
                      md_err *e) {
     if (!name_or_path || !*name_or_path)
         return md_errf(e, MD_EINVAL, "no model named");
+    if (md_synth_is(name_or_path)) { /* built in memory by the engine (synth.h) */
+        int n = snprintf(path, pathsz, "%s", name_or_path);
+        if (n < 0 || (size_t)n >= pathsz)
+            return md_errf(e, MD_ERANGE, "model name is longer than %zu bytes", pathsz);
+        return 0;
+    }
     const md_model_info *mi = md_registry_find(name_or_path);
     if (mi) {
         char dir[4096];
@@ -99,6 +106,9 @@ int md_model_resolve(const char *name_or_path, int allow_path, char *path, size_
     if (allow_path && strchr(name_or_path, '/'))
         return md_errf(e, MD_ENOTFOUND, "model file %s does not exist or is not a regular file",
                        name_or_path);
-    return md_errf(e, MD_ENOTFOUND, "unknown model '%s' (known models: %s%s)", name_or_path, known,
-                   allow_path ? "; or give the path of a GGUF file" : "");
+    return md_errf(e, MD_ENOTFOUND,
+                   "unknown model '%s' (known models: %s%s; or synthetic:<shape>[:<type>], shapes "
+                   "%s)",
+                   name_or_path, known, allow_path ? "; or give the path of a GGUF file" : "",
+                   md_synth_shapes());
 }

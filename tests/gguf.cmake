@@ -8,7 +8,7 @@ medley_test(test_gguf_dequant SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_gguf
 medley_test(test_gguf_fuzz SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/test_gguf_fuzz.c
             ${MEDLEY_GGUF_SRCS} LABELS fuzz)
 medley_test(test_registry SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_registry.c
-            ${CMAKE_SOURCE_DIR}/engine/registry.c LABELS unit)
+            LIBS medley_engine LABELS unit)
 # libFuzzer target: clang only, not a ctest (run it by hand, see tests/fuzz/fuzz_gguf.c).
 if(CMAKE_C_COMPILER_ID MATCHES "Clang")
   add_executable(fuzz_gguf ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_gguf.c ${MEDLEY_GGUF_SRCS})
