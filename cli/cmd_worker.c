@@ -95,6 +95,15 @@ static int int_arg(const char *flag, const char *v, long lo, long hi, long *out)
  * --device Di --id <id>.i [--usd-per-hour X/n]. Returns the exit status. */
 static int run_devices(int argc, char **argv, const unsigned char *skip, const wk_config *cfg,
                        int n, int log_json) {
+    /* the worker keeps 159 bytes of its id: longer ones would make the children's <id>.<i>
+     * names collide */
+    if (cfg->id && strlen(cfg->id) > 150) {
+        fprintf(stderr,
+                "medley worker: --id is %zu bytes; with --devices at most 150 (the children are "
+                "<id>.<i>)\n",
+                strlen(cfg->id));
+        return 2;
+    }
     md_err e = {0};
     if (sv_devices_check(g_devs, n, &e)) {
         MD_ERROR("worker", "%s; nothing started", e.msg);
@@ -149,8 +158,12 @@ static int run_devices(int argc, char **argv, const unsigned char *skip, const w
         return 1;
     }
     on_stop_signals();
-    MD_INFO("worker", "supervising %d workers %s.0..%s.%d (devices %s ... %s)", n, id, id, n - 1,
-            g_devs[0], g_devs[n - 1]);
+    char list[SV_MAX_CHILDREN * (SV_DEVICE_MAX + 1)];
+    size_t used = 0;
+    for (int i = 0; i < n; i++)
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? "," : "", g_devs[i]);
+    MD_INFO("worker", "supervising %d workers %s.0..%s.%d, one per device (%s)", n, id, id, n - 1,
+            list);
     int rc = sv_run(&sc, &g_stop, &e);
     free(av);
     if (rc) {

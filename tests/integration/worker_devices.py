@@ -75,6 +75,8 @@ def bad_input(srv):
         (["--devices", "", "--model", "echo", "--id", "B"], 2, r"at least one device"),
         (["--device", "cpu", "--devices", "cpu,cpu", "--model", "echo", "--id", "B"], 2,
          r"--device and --devices exclude each other"),
+        (["--devices", "cpu:1,cpu:1", "--model", "echo", "--id", "x" * 151], 2,
+         r"--id is 151 bytes; with --devices at most 150"),
     ]
     for argv, code, msg in cases:
         p = subprocess.run(worker_cmd(srv, *argv), capture_output=True, text=True, timeout=30)
