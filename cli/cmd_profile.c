@@ -34,6 +34,7 @@
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "engine/registry.h"
+#include "engine/synth.h"
 #ifdef MEDLEY_HAVE_CUDA
 #include "kernels/cuda/backend_cuda.h"
 #endif
@@ -271,9 +272,15 @@ int cmd_profile(int argc, char **argv) {
     /* Size the engine for the largest point: KV for every sequence at full length. */
     gguf_file *gf = NULL;
     md_hparams hp;
-    if (gguf_open(path, &gf, &e) || md_hparams_read(gf, &hp, &e)) {
+    void *synth = NULL; /* a synthetic model's metadata (engine/synth.h) */
+    size_t synth_len = 0;
+    if ((md_synth_is(path) ? (md_synth_build(path, 0, &synth, &synth_len, &e) ||
+                              gguf_open_mem(synth, synth_len, &gf, &e))
+                           : gguf_open(path, &gf, &e)) ||
+        md_hparams_read(gf, &hp, &e)) {
         fprintf(stderr, "medley profile: %s\n", e.msg);
         gguf_close(gf);
+        md_synth_free(synth, synth_len);
         return 1;
     }
     const gguf_tensor *wq = gguf_find_tensor(gf, "blk.0.attn_q.weight");
@@ -281,6 +288,7 @@ int cmd_profile(int argc, char **argv) {
     snprintf(quant, sizeof quant, "%s",
              wq && ggml_type_name(wq->type) ? ggml_type_name(wq->type) : "unknown");
     gguf_close(gf);
+    md_synth_free(synth, synth_len);
     int max_b = 1, max_c = 1;
     for (int i = 0; i < o.n_batches; i++)
         max_b = o.batches[i] > max_b ? o.batches[i] : max_b;

@@ -129,7 +129,7 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     }
     md_hparams hpf; /* from the metadata: sizes are known before any weight is loaded */
     if (md_synth_is(cfg->model_path)) { /* shapes of a real model, random weights (synth.h) */
-        if ((rc = md_synth_build(cfg->model_path, &eng->synth, &eng->synth_len, e)) == 0)
+        if ((rc = md_synth_build(cfg->model_path, 1, &eng->synth, &eng->synth_len, e)) == 0)
             rc = gguf_open_mem(eng->synth, eng->synth_len, &eng->gf, e);
     } else {
         rc = gguf_open(cfg->model_path, &eng->gf, e);

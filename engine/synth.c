@@ -421,7 +421,7 @@ int md_synth_size(const char *spec, size_t *weight_bytes, int64_t *n_params, md_
     return 0;
 }
 
-int md_synth_build(const char *spec, void **image, size_t *len, md_err *e) {
+int md_synth_build(const char *spec, int weights, void **image, size_t *len, md_err *e) {
     *image = NULL;
     *len = 0;
     if (!md_synth_is(spec))
@@ -490,7 +490,7 @@ int md_synth_build(const char *spec, void **image, size_t *len, md_err *e) {
     free(w.p);
     for (int i = 0; i < n; i++)
         t[i].off += head; /* fill_all addresses the whole image */
-    rc = fill_all(img, t, n, e);
+    rc = weights ? fill_all(img, t, n, e) : 0; /* untouched pages cost no memory */
     free(t);
     if (rc) {
         munmap(img, total);

@@ -29,8 +29,9 @@ int md_synth_is(const char *name);
 /* The shape names, comma-separated, for help texts and errors. */
 const char *md_synth_shapes(void);
 /* Build the GGUF image of spec ("synthetic:..."); MD_ENOTFOUND for an unknown shape or type,
- * MD_ENOMEM when the host cannot hold it. */
-int md_synth_build(const char *spec, void **image, size_t *len, md_err *e);
+ * MD_ENOMEM when the host cannot hold it. weights = 0 leaves the tensor data unwritten
+ * (zero pages, no memory used): enough to read the metadata. */
+int md_synth_build(const char *spec, int weights, void **image, size_t *len, md_err *e);
 void md_synth_free(void *image, size_t len);
 /* Without building: the bytes of every tensor and the parameter count of spec. */
 int md_synth_size(const char *spec, size_t *weight_bytes, int64_t *n_params, md_err *e);

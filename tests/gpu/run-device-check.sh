@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run-device-check.sh — the CUDA backend's whole check on a GPU host, in one go (< 6 min on
 # an H200): build (or use binaries packed by pack-device-check.sh), run the GPU tests, write
-# a profile with `medley profile --device cuda:0`, run the GPU benchmark and its peer
+# a profile with `medley profile --device cuda:0`, run the GPU benchmark (the kernels alone,
+# and the whole engine on a synthetic Llama-3-8B, with and without CUDA graphs) and its peer
 # (PyTorch + transformers `generate`, same model shape, same GPU, same run), and write every
 # log and result to $OUT (default ./devcheck-out): summary.md says what passed and the
 # figures against the issue's targets.
@@ -45,8 +46,8 @@ else
     command -v ninja >/dev/null && gen="-G Ninja"
     if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDLEY_WERROR=ON \
         -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >"$OUT/build.log" 2>&1 &&
-        cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_step_plan test_cuda_kernels \
-            test_cuda_backend test_cuda_e2e medley_gpu_bench medley >>"$OUT/build.log" 2>&1; then
+        cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache \
+            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley >>"$OUT/build.log" 2>&1; then
         cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/cli/medley "$BIN/"
         note "build: ok (sm_90, warnings as errors)"
     else
@@ -73,7 +74,8 @@ fi
 
 # ---- tests ----------------------------------------------------------------------------
 fails=0
-for t in test_cuda_device_select test_cuda_step_plan test_cuda_kernels test_cuda_backend test_cuda_e2e; do
+for t in test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_kernels \
+    test_cuda_backend test_cuda_e2e test_cuda_graphs; do
     timeout 240 "$BIN/$t" >"$OUT/$t.log" 2>&1
     rc=$?
     case $rc in
@@ -82,7 +84,7 @@ for t in test_cuda_device_select test_cuda_step_plan test_cuda_kernels test_cuda
     *) note "test $t: FAILED (exit $rc, see $t.log)"; fails=$((fails + 1)); tail -30 "$OUT/$t.log" ;;
     esac
 done
-grep -h -E "^(matmul|dequant|sampling|sticky|attention|rope|embed|logits:|greedy)" \
+grep -h -E "^(matmul|dequant|sampling|sticky|attention|rope|embed|logits:|greedy|[0-9]+ prompts through)" \
     "$OUT"/test_cuda_*.log >"$OUT/test-figures.txt" 2>/dev/null || true
 
 # ---- profile --------------------------------------------------------------------------
@@ -114,10 +116,25 @@ case $rc in
 77) note "bench medley: SKIPPED ($(head -1 "$OUT/bench-medley.log"))" ;;
 *) note "bench medley: FAILED (exit $rc, see bench-medley.log)"; fails=$((fails + 1)) ;;
 esac
+# the same figures through the whole engine: a synthetic Llama-3-8B-shaped BF16 model
+# (engine/synth.h: real shapes, random weights, built in host memory), profiled with and
+# without decode-step CUDA graphs
+if [ "$L" = 32 ]; then
+    timeout 150 "$BIN/medley" profile -m synthetic:llama-3-8b --device cuda:0 --batches 1,256 \
+        --contexts 128 --gen 128 -o "$OUT/engine-llama8b.json" >"$OUT/engine-llama8b.log" 2>&1 &&
+        note "engine profile synthetic:llama-3-8b: ran" ||
+        { note "engine profile synthetic:llama-3-8b: FAILED (see engine-llama8b.log)"; fails=$((fails + 1)); }
+    MEDLEY_CUDA_GRAPHS=0 timeout 90 "$BIN/medley" profile -m synthetic:llama-3-8b --device cuda:0 \
+        --batches 1 --contexts 128 --gen 64 -o "$OUT/engine-llama8b-nograph.json" \
+        >"$OUT/engine-llama8b-nograph.log" 2>&1 ||
+        note "engine profile without graphs: FAILED (see engine-llama8b-nograph.log)"
+fi
 PYTHONUNBUFFERED=1 timeout 240 python3 bench/gpu/hf_generate.py --layers "$L" --prompt 128 \
     --gen 128 --batch 256 --out "$OUT/bench-hf.json" >"$OUT/bench-hf.log" 2>&1 ||
     note "bench hf: FAILED or skipped (see bench-hf.log)"
-python3 bench/gpu/compare.py "$OUT/bench-medley.json" "$OUT/bench-hf.json" | tee -a "$SUMMARY"
+python3 bench/gpu/compare.py "$OUT/bench-medley.json" "$OUT/bench-hf.json" \
+    --engine "$OUT/engine-llama8b.json" --engine-nograph "$OUT/engine-llama8b-nograph.json" |
+    tee -a "$SUMMARY"
 
 note "total: $(($(date +%s) - T0)) s, $fails failure(s)"
 exit $((fails > 0))

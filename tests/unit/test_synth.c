@@ -47,7 +47,7 @@ static void test_image_is_valid_gguf_with_the_shape(void **state) {
     void *img;
     size_t len;
     md_err e = {0};
-    assert_int_equal(md_synth_build("synthetic:smollm2-135m", &img, &len, &e), 0);
+    assert_int_equal(md_synth_build("synthetic:smollm2-135m", 1, &img, &len, &e), 0);
     gguf_file *gf;
     if (gguf_open_mem(img, len, &gf, &e))
         fail_msg("%s", e.msg);
@@ -81,7 +81,7 @@ static void test_image_is_valid_gguf_with_the_shape(void **state) {
     /* the same name gives the same bytes */
     void *img2;
     size_t len2;
-    assert_int_equal(md_synth_build("synthetic:smollm2-135m", &img2, &len2, &e), 0);
+    assert_int_equal(md_synth_build("synthetic:smollm2-135m", 1, &img2, &len2, &e), 0);
     assert_int_equal(len, len2);
     assert_memory_equal(img, img2, len);
     md_synth_free(img2, len2);
@@ -124,12 +124,12 @@ static void test_bad_names_refused(void **state) {
     void *img;
     size_t len;
     md_err e = {0};
-    assert_int_equal(md_synth_build("synthetic:gpt-5", &img, &len, &e), MD_ENOTFOUND);
+    assert_int_equal(md_synth_build("synthetic:gpt-5", 1, &img, &len, &e), MD_ENOTFOUND);
     assert_non_null(strstr(e.msg, "llama-3-8b"));
-    assert_int_equal(md_synth_build("synthetic:tiny:q5_k", &img, &len, &e), MD_ENOTFOUND);
+    assert_int_equal(md_synth_build("synthetic:tiny:q5_k", 1, &img, &len, &e), MD_ENOTFOUND);
     assert_non_null(strstr(e.msg, "q4_0"));
-    assert_int_equal(md_synth_build("tiny", &img, &len, &e), MD_EINVAL);
-    assert_int_equal(md_synth_build("synthetic:", &img, &len, &e), MD_ENOTFOUND);
+    assert_int_equal(md_synth_build("tiny", 1, &img, &len, &e), MD_EINVAL);
+    assert_int_equal(md_synth_build("synthetic:", 1, &img, &len, &e), MD_ENOTFOUND);
     assert_null(img);
 }
 
