@@ -9,7 +9,10 @@
  *             healthy worker serves it too; every request is answered exactly once; every
  *             error line says what the device said; both workers stop on request.
  *   lossless  (argument "lossless"): nothing is lost to the dead device: every request ends
- *             with a successful answer from the healthy worker, none in the DLQ. */
+ *             with a successful answer from the healthy worker (those the dead one was running
+ *             on a later delivery), none in the DLQ. Registered DISABLED (tests/faults.cmake):
+ *             today the dead worker answers every request it reads with server_error and the
+ *             device's sentence, so it fails the whole batch within milliseconds. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -238,6 +241,7 @@ static int wait_status(const char *batch, const char *status, int ms) {
 
 typedef struct {
     int lines, ok, failed, device_errors, unique;
+    int retried; /* successful answers on a second or later delivery */
     char seen[N_REQ];
 } outcome;
 
@@ -268,15 +272,16 @@ static void read_outcome(const char *batch, outcome *o) {
             o->unique++;
         o->seen[k]++;
         o->lines++;
+        long long attempt = (long long)json_integer_value(
+            json_object_get(json_object_get(doc, "medley"), "attempt"));
         if (okf && !strcmp(okf, "1")) {
             o->ok++;
+            o->retried += attempt >= 2;
         } else {
             o->failed++;
             const char *msg =
                 json_string_value(json_object_get(json_object_get(doc, "error"), "message"));
-            printf("  %s failed: %s (attempt %lld)\n", cid, msg ? msg : "(no message)",
-                   (long long)json_integer_value(
-                       json_object_get(json_object_get(doc, "medley"), "attempt")));
+            printf("  %s failed: %s (attempt %lld)\n", cid, msg ? msg : "(no message)", attempt);
             /* an error line names the device's own failure, not a vague "stopped" */
             if (msg && strstr(msg, CUDA_SENTENCE))
                 o->device_errors++;
@@ -316,8 +321,9 @@ static void run_scenario(outcome *o, long long *dlq) {
     assert_true(completed);
     read_outcome(batch, o);
     *dlq = cmd_int("XLEN medley:dlq:{%s}", MODEL);
-    printf("answers: %d lines, %d ok, %d failed (%d with the device's sentence); DLQ %lld\n",
-           o->lines, o->ok, o->failed, o->device_errors, *dlq);
+    printf("answers: %d lines, %d ok (%d on a later delivery), %d failed (%d with the device's "
+           "sentence); DLQ %lld\n",
+           o->lines, o->ok, o->retried, o->failed, o->device_errors, *dlq);
     assert_int_equal(atoi(c) + atoi(f), N_REQ);
     assert_int_equal(atoi(f), o->failed);
 }
@@ -344,6 +350,8 @@ static void test_dead_device_loses_nothing(void **state) {
     assert_int_equal(o.failed, 0);
     assert_int_equal(o.ok, N_REQ);
     assert_int_equal(dlq, 0);
+    /* the requests the dead device was running were retried, not just never taken */
+    assert_true(o.retried >= 1);
 }
 
 int main(int argc, char **argv) {
