@@ -97,9 +97,9 @@ def echo_batch(srv):
     ids = ["req-%04d" % i for i in range(n)]
     path = write_lines(srv.dir, "in.jsonl", [chat_line(c, "text %s" % c) for c in ids])
     batch = submit(srv, path, "--model", "echo")
-    # 8 slots x 25 ms per answer: ~320 answers/s per child, so the batch lasts ~3 s and the
+    # 8 slots x 40 ms per answer: ~200 answers/s per child, so the batch lasts ~5 s and the
     # kill lands mid-run; a short visibility timeout keeps any takeover quick
-    w = Worker(srv, args=["--devices", "cpu:1,cpu:1", "--id", "W", "--echo-delay-ms", "25",
+    w = Worker(srv, args=["--devices", "cpu:1,cpu:1", "--id", "W", "--echo-delay-ms", "40",
                           "--max-seqs", "8", "--heartbeat-ms", "300", "--visibility-ms", "1500",
                           "--usd-per-hour", "2"], name="W")
     try:
