@@ -247,6 +247,20 @@ static void test_transient_download_fault_fails_the_step_and_spares_the_waiting(
     transient("faulty:op=buf_download,step=3,after=1");
 }
 
+/* Whichever op of the pass fails (the first, the last, one in the middle of a layer, the
+ * upload of the step's layout), the outcome is the same. */
+static void test_transient_fault_in_any_op_fails_the_step_and_spares_the_waiting(void **state) {
+    static const char *const devices[] = {
+        "faulty:op=batch_prepare,after=3",    "faulty:op=embed,step=3,after=1",
+        "faulty:op=rmsnorm,step=3,after=20",  "faulty:op=rope,step=3,after=31",
+        "faulty:op=kv_write,step=3,after=30", "faulty:op=swiglu,step=3,after=2",
+        "faulty:op=add,step=3,after=59",      "faulty:op=gather_rows,step=3,after=1",
+        "faulty:op=matmul,step=3,after=211", /* the output head: 30 layers x 7 + 1 */
+    };
+    for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
+        transient(devices[i]);
+}
+
 /* A backend that records passes (kernels/cuda's graphs): the launch of step 3's recording
  * fails, or the recording cannot even begin. */
 static void test_transient_graph_launch_fault_fails_the_step_and_spares_the_waiting(void **state) {
@@ -441,6 +455,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_transient_matmul_fault_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_transient_argmax_fault_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_transient_download_fault_fails_the_step_and_spares_the_waiting),
+        cmocka_unit_test(test_transient_fault_in_any_op_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_transient_graph_launch_fault_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_sticky_fault_fails_every_later_step_fast),
         cmocka_unit_test(test_fault_while_loading_is_a_clear_error_and_frees_everything),
