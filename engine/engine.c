@@ -568,6 +568,14 @@ static int greedy_plain(const md_sampling *s) {
            s->frequency_penalty == 0 && !s->logprobs;
 }
 
+/* Every logit a number (no NaN, no infinity)? */
+static int logits_finite(const float *lg, int n) {
+    float acc = 0;
+    for (int i = 0; i < n; i++)
+        acc += lg[i] * 0.0f; /* NaN for NaN or infinite entries, else 0 */
+    return acc == 0.0f;
+}
+
 /* After a forward pass that left the logits on the device: argmax of every logit row into
  * b_argmax, and the full rows of the sequences that sample otherwise into eng->logits. */
 static int fetch_logits(md_engine *eng, int ns, md_err *e) {
@@ -695,7 +703,7 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         return rc;
     }
     uint64_t now = md_mono_ns();
-    int n_out = 0, li = 0;
+    int n_out = 0, li = 0, poisoned = 0;
     for (int s = 0; s < ns; s++) {
         seq *q = eng->b_seqs[s];
         q->n_computed += q->chunk;
@@ -703,13 +711,29 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
             continue;
         float *lg = eng->logits + (size_t)li * eng->n_vocab;
         float lp = 0;
-        int32_t id;
+        int32_t id = -1;
         if (dev_argmax && greedy_plain(&q->s))
-            id = eng->b_argmax[li];
-        else
+            id = eng->b_argmax[li]; /* -1: the row holds a NaN */
+        else if (logits_finite(lg, eng->n_vocab))
             id = smp_sample(&q->s, lg, eng->n_vocab, q->toks, q->n_prompt, q->toks + q->n_prompt,
                             q->n_toks - q->n_prompt, &q->rng, eng->sc, &lp);
         li++;
+        if (id < 0) {
+            /* a silent device fault (or broken weights): no token can be chosen, and this
+             * sequence's K/V hold garbage; shared prefix blocks may too */
+            snprintf(q->err, sizeof q->err,
+                     "the model produced logits that are not numbers (NaN or infinite) at "
+                     "position %d: the device or the weights are faulty",
+                     q->n_toks);
+            for (int i = 0; i < eng->n_running; i++)
+                if (eng->running[i] == q) {
+                    remove_running(eng, i);
+                    break;
+                }
+            finish(eng, q, MD_FINISH_ERROR, &n_fin);
+            poisoned = 1;
+            continue;
+        }
         q->toks[q->n_toks++] = id;
         if (q->t_first == 0)
             q->t_first = now;
@@ -731,6 +755,8 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
             finish(eng, q, why, &n_fin);
         }
     }
+    if (poisoned)
+        kv_clear_index(eng->kv);
     res->tokens = eng->out_toks;
     res->n_tokens = n_out;
     res->n_finished = n_fin;

@@ -267,7 +267,7 @@ int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e) {
         if ((rc = CALL(m, buf_alloc, bytes, &kv->k[l], e)) ||
             (rc = CALL(m, buf_alloc, bytes, &kv->v[l], e))) {
             md_kv_bufs_free(m, kv);
-            return md_errctx(e, "KV cache of %d slots", n_slots);
+            return md_errctx(e, "KV cache of %d slots: ", n_slots);
         }
     }
     return 0;
@@ -307,7 +307,7 @@ int md_fwd_alloc(md_model *m, int max_tokens, int max_logits, md_fwd *f, md_err 
         int rc = CALL(m, buf_alloc, want[i].n * fl, want[i].b, e);
         if (rc) {
             md_fwd_free(m, f);
-            return md_errctx(e, "activation buffers for %d tokens", max_tokens);
+            return md_errctx(e, "activation buffers for %d tokens: ", max_tokens);
         }
     }
     return 0;

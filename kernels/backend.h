@@ -161,7 +161,8 @@ typedef struct md_backend_ops {
     int (*check_fits)(md_backend *be, size_t need_bytes, const char *what, md_err *e);
     /* Greedy sampling on the device: out [rows] (host) = index of the largest of each row of
      * x [rows, n] (the lowest index on ties, as the engine's sampler), so a step of greedy
-     * sequences downloads rows ids instead of rows x n logits. Waits for the result. */
+     * sequences downloads rows ids instead of rows x n logits; -1 for a row holding a NaN
+     * (a faulty device: the engine fails that sequence). Waits for the result. */
     int (*argmax)(md_backend *be, const md_buf *x, int rows, int n, int32_t *out, md_err *e);
 
     /* Step recording (CUDA graphs). The engine brackets the ops of one forward pass, after

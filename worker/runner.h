@@ -20,6 +20,9 @@ typedef struct {
     int prompt_tokens, completion_tokens;
     double prefill_ms, decode_ms;
     const char *error; /* non-NULL: the request failed inside the runner */
+    /* Not the request's failure but its device's (a failed engine step: a GPU error). The
+     * worker hands the entry back for another worker instead of answering it. */
+    int device_lost;
 } wk_result;
 
 typedef void (*wk_done_fn)(void *ctx, void *tag, const wk_result *res);

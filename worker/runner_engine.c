@@ -141,7 +141,7 @@ static int engine_start(void *self, const wk_request *req, void *tag, md_err *e)
     return 0;
 }
 
-static void report(engine_runner *r, eng_item *it, const char *error, wk_done_fn done, void *ctx) {
+static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn done, void *ctx) {
     md_seq_stats st = {0};
     md_seq_get_stats(r->eng, it->seq, &st);
     md_finish f = md_seq_finish(r->eng, it->seq);
@@ -152,8 +152,8 @@ static void report(engine_runner *r, eng_item *it, const char *error, wk_done_fn
                      .completion_tokens = st.completion_tokens,
                      .prefill_ms = st.prefill_ms,
                      .decode_ms = st.decode_ms,
-                     .error = error};
-    if (!error && (f == MD_FINISH_ERROR || f == MD_FINISH_CANCELLED)) {
+                     .device_lost = step_failed && f == MD_FINISH_ERROR};
+    if (f == MD_FINISH_ERROR || f == MD_FINISH_CANCELLED) {
         const char *why = md_seq_error(r->eng, it->seq);
         res.error = why && *why ? why : "the engine stopped this sequence";
     }
@@ -169,14 +169,14 @@ static int engine_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_e
     if (r->live == 0)
         return 0;
     md_step_result res;
-    /* A failed step (device lost) fails the sequences that were running, reported finished
-     * with MD_FINISH_ERROR and the reason, like any other finished sequence; the waiting ones
-     * are untouched and run at a later step. */
+    /* A failed step (device lost) fails the sequences that were running: they are reported
+     * finished with the reason and device_lost set (the worker hands them back, they are not
+     * the requests' fault); the waiting ones are untouched and run at a later step. */
     int rc = md_engine_step(r->eng, &res, e);
     for (int k = 0; k < res.n_finished; k++)
         for (int i = 0; i < r->cap; i++)
             if (r->items[i].used && r->items[i].seq == res.finished[k]) {
-                report(r, &r->items[i], NULL, done, ctx);
+                report(r, &r->items[i], rc != 0, done, ctx);
                 break;
             }
     return rc;

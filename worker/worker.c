@@ -39,6 +39,7 @@ typedef struct {
     long long attempt;
     double queue_ms;
     double share_s; /* this job's share of the worker's busy seconds */
+    int handback;   /* its device failed: hand the entry back instead of answering it */
 } job;
 
 typedef struct {
@@ -102,6 +103,8 @@ typedef struct {
     long long n_ok, n_failed, n_tokens, tokens_at_hb;
     int64_t started_ms;
     uint64_t last_tick, last_hb, last_lease, last_claim;
+    int device_failed; /* a runner's device failed: hand back, stop, exit with dev_err */
+    md_err dev_err;
 } wk;
 
 void wk_config_default(wk_config *c) {
@@ -232,6 +235,10 @@ static void answer_error(wk *w, int s, const char *entry_id, const char *batch,
 static void on_done(void *ctx, void *tag, const wk_result *res) {
     wk *w = ctx;
     job *j = tag;
+    if (res->device_lost) {
+        j->handback = 1; /* stays used until hand_back() gives the entry to others */
+        return;
+    }
     if (res->error) {
         answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error", res->error,
                      j->queue_ms, j->attempt);
@@ -884,7 +891,7 @@ static void take_own(wk *w) {
 /* XCLAIM our running entries to ourselves (JUSTID: no delivery count bump), resetting their
  * idle time so nobody takes them over; draining streams included. idle_ms > 0 instead marks
  * them idle that long: the hand-back on stop, so another worker takes them over at once. */
-static void renew(wk *w, long long idle_ms) {
+static void renew(wk *w, long long idle_ms, int handback_only) {
     redisContext *c = md_redis_ctx(w->r);
     int sent = 0;
     for (int s = 0; s < MAX_STREAMS; s++) {
@@ -893,7 +900,7 @@ static void renew(wk *w, long long idle_ms) {
         model *md = &w->mod[w->st[s].m];
         int n = 0;
         for (int i = 0; i < md->n_jobs; i++)
-            n += md->jobs[i].used && md->jobs[i].s == s;
+            n += md->jobs[i].used && md->jobs[i].s == s && (!handback_only || md->jobs[i].handback);
         if (!n)
             continue;
         const char **argv = malloc((size_t)(n + 8) * sizeof *argv);
@@ -912,7 +919,7 @@ static void renew(wk *w, long long idle_ms) {
         argv[k++] = w->me;
         argv[k++] = "0";
         for (int i = 0; i < md->n_jobs; i++)
-            if (md->jobs[i].used && md->jobs[i].s == s)
+            if (md->jobs[i].used && md->jobs[i].s == s && (!handback_only || md->jobs[i].handback))
                 argv[k++] = md->jobs[i].id;
         if (idle_ms > 0) {
             argv[k++] = "IDLE";
@@ -1192,15 +1199,45 @@ static int n_served(wk *w) {
     return n;
 }
 
+/* Requests whose device failed go back to the stream marked idle past the visibility
+ * timeout (as on stop), so another worker takes them over at once; the takeover counts a
+ * delivery, so a request that breaks every device it runs on ends in the DLQ. */
+static void hand_back(wk *w) {
+    int n = 0;
+    for (int m = 0; m < WK_MAX_MODELS; m++)
+        for (int i = 0; i < w->mod[m].n_jobs; i++)
+            n += w->mod[m].jobs[i].used && w->mod[m].jobs[i].handback;
+    if (!n)
+        return;
+    if (!w->broken)
+        renew(w, (long long)w->cfg->visibility_ms + 1000, 1);
+    for (int m = 0; m < WK_MAX_MODELS; m++)
+        for (int i = 0; i < w->mod[m].n_jobs; i++) {
+            job *j = &w->mod[m].jobs[i];
+            if (j->used && j->handback) {
+                j->used = 0;
+                j->handback = 0;
+                w->live--;
+            }
+        }
+    MD_WARN("worker", "handed back %d request(s) of a failed device to other workers", n);
+}
+
 static void poll_all(wk *w, int wait_ms) {
     md_err e = {0};
     int one = n_served(w) == 1;
     for (int m = 0; m < WK_MAX_MODELS; m++) {
         model *md = &w->mod[m];
         if (md->state != SLOT_FREE && wk_runner_live(md->runner) > 0 &&
-            wk_runner_poll(md->runner, one ? wait_ms : 0, on_done, w, &e))
+            wk_runner_poll(md->runner, one ? wait_ms : 0, on_done, w, &e)) {
             MD_ERROR("worker", "model %s: %s", md->name, e.msg);
+            if (!w->device_failed) {
+                w->device_failed = 1;
+                md_errf(&w->dev_err, e.code ? e.code : MD_EDEVICE, "model %s: %s", md->name, e.msg);
+            }
+        }
     }
+    hand_back(w);
 }
 
 /* Spread the wall time since the last tick over the running jobs (the cost share). */
@@ -1221,7 +1258,7 @@ static void periodic(wk *w, int stopping) {
     uint64_t now = md_mono_ns();
     uint64_t vis = (uint64_t)w->cfg->visibility_ms * 1000000ull;
     if (w->live > 0 && now - w->last_lease > vis / 3) {
-        renew(w, 0);
+        renew(w, 0, 0);
         w->last_lease = now;
     }
     if (!stopping && !w->broken && w->cfg->follow_plan &&
@@ -1350,11 +1387,11 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
             if (heal(&w, 1))
                 break; /* stopped while Redis is away: unacked entries are redelivered */
         }
-        int stopping = *stop != 0;
+        int stopping = *stop != 0 || w.device_failed;
         if (stopping && !stop_at) {
             stop_at = md_mono_ns();
-            MD_INFO("worker", "stopping: finishing %d running request(s), grace %d ms", w.live,
-                    cfg->grace_ms);
+            MD_INFO("worker", "stopping%s: finishing %d running request(s), grace %d ms",
+                    w.device_failed ? " (a device failed)" : "", w.live, cfg->grace_ms);
         }
         tick(&w);
         poll_all(&w, idle_reads > 0 ? 5 : 0);
@@ -1364,12 +1401,14 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
         periodic(&w, stopping);
         if (w.broken)
             continue;
+        if (w.device_failed && !stopping)
+            continue; /* read nothing more: the next turn stops */
         if (stopping) {
             if (w.live == 0 && w.n_ans == 0)
                 break;
             if (md_mono_ns() - stop_at > (uint64_t)cfg->grace_ms * 1000000ull) {
                 MD_WARN("worker", "grace period over: handing back %d running request(s)", w.live);
-                renew(&w, (long long)cfg->visibility_ms + 1000);
+                renew(&w, (long long)cfg->visibility_ms + 1000, 0);
                 flush(&w);
                 break;
             }
@@ -1398,5 +1437,9 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
             "(they will be redelivered)",
             w.me, w.n_ok, w.n_failed, w.n_ans);
     close_all(&w);
+    if (w.device_failed)
+        return md_errf(e, w.dev_err.code,
+                       "%s (the requests it was running were handed back to other workers)",
+                       w.dev_err.msg);
     return 0;
 }

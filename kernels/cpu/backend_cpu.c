@@ -375,10 +375,13 @@ static int cpu_argmax(md_backend *be, const md_buf *x, int rows, int n, int32_t 
     for (int r = 0; r < rows; r++) {
         const float *l = (const float *)x->p + (size_t)r * n;
         int32_t best = 0;
-        for (int i = 1; i < n; i++)
+        int nan = l[0] != l[0];
+        for (int i = 1; i < n; i++) {
+            nan |= l[i] != l[i];
             if (l[i] > l[best])
                 best = i;
-        out[r] = best;
+        }
+        out[r] = nan ? -1 : best;
     }
     return 0;
 }

@@ -53,17 +53,23 @@ __global__ void k_argmax(const float *logits, int vocab, int32_t *out) {
     __shared__ int shi[32];
     const float *l = logits + (int64_t)blockIdx.x * vocab;
     float bv = -FLT_MAX;
-    int bi = INT_MAX;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        if (l[i] > bv) { /* strided ascending: the first maximum seen has the lowest index */
-            bv = l[i];
+    int bi = INT_MAX, nan = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float x = l[i];
+        nan |= x != x;
+        if (x > bv) { /* strided ascending: the first maximum seen has the lowest index */
+            bv = x;
             bi = i;
         }
+    }
+    nan = __syncthreads_or(nan);
     float v;
     int idx;
     block_argmax(bv, bi, shv, shi, &v, &idx);
+    /* -1: the row holds a NaN (a faulty device or weights), as the CPU backend's argmax; the
+     * engine fails such a sequence instead of emitting a token */
     if (threadIdx.x == 0)
-        out[blockIdx.x] = idx == INT_MAX ? 0 : idx;
+        out[blockIdx.x] = nan ? -1 : idx == INT_MAX ? 0 : idx;
 }
 
 int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *out, md_err *e) {
