@@ -301,7 +301,7 @@ int cmd_profile(int argc, char **argv) {
         return 2;
     }
     size_t kv = o.kv_mb ? (size_t)o.kv_mb << 20
-                        : (size_t)max_b * (n_ctx + 16) * md_kv_bytes_per_token(&hp) * 5 / 4;
+                        : (size_t)max_b * (n_ctx + 16) * md_kv_bytes_per_token(&hp, MD_TYPE_F32) * 5 / 4;
     md_engine_config cfg = {.model_path = path,
                             .device = o.device,
                             .n_threads = o.n_threads,

@@ -148,22 +148,35 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     if (eng->max_batch < eng->max_seqs)
         eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
     eng->max_blocks = (eng->n_ctx + eng->bs - 1) / eng->bs;
-    size_t per_tok = md_kv_bytes_per_token(&hpf);
-    size_t budget = cfg->kv_budget_bytes;
-    if (budget == 0) {
-        size_t all = per_tok * (size_t)eng->n_ctx * eng->max_seqs;
-        budget = all < (size_t)1 << 30 ? all : (size_t)1 << 30;
-    }
-    size_t n_blocks = budget / (per_tok * eng->bs);
-    /* Refuse a model that does not fit the device before loading it, with the numbers. */
-    size_t weights = 0;
-    for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++)
-        weights += gguf_tensor_at(eng->gf, i)->n_bytes;
-    size_t kv_bytes = n_blocks * eng->bs * per_tok;
     if ((rc = md_backend_open(cfg->device, cfg->n_threads, &eng->be, e))) {
         md_errctx(e, "loading %s: ", cfg->model_path);
         goto fail;
     }
+    /* the KV cache's element type is the backend's (F32 on the CPU, F16 on CUDA) */
+    size_t per_tok = md_kv_bytes_per_token(&hpf, eng->be->ops->kv_cache_type);
+    size_t budget = cfg->kv_budget_bytes;
+    size_t weights = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++)
+        weights += gguf_tensor_at(eng->gf, i)->n_bytes;
+    if (budget == 0) {
+        /* Enough for every sequence at full length, capped at 1 GiB on the host; on a device
+         * that reports its memory, up to 90% of what the weights leave, less 1 GiB for
+         * activations and GEMM scratch (as vLLM's gpu_memory_utilization). */
+        size_t all = per_tok * (size_t)eng->n_ctx * eng->max_seqs, cap = (size_t)1 << 30;
+        size_t avail = 0, total = 0;
+        md_err me = {0};
+        if (eng->be->ops->mem_info && eng->be->ops->mem_info(eng->be, &avail, &total, &me) == 0 &&
+            avail > weights) {
+            size_t dev = (size_t)((avail - weights) * 0.9);
+            dev = dev > cap ? dev - cap : 0;
+            if (dev > cap)
+                cap = dev;
+        }
+        budget = all < cap ? all : cap;
+    }
+    size_t n_blocks = budget / (per_tok * eng->bs);
+    /* Refuse a model that does not fit the device before loading it, with the numbers. */
+    size_t kv_bytes = n_blocks * eng->bs * per_tok;
     if (eng->be->ops->check_fits) {
         char what[1024];
         snprintf(what, sizeof what, "%s (weights %.2f GiB + KV cache %.2f GiB)", cfg->model_path,
@@ -826,5 +839,5 @@ void md_engine_get_stats(const md_engine *eng, md_engine_stats *st) {
     st->kv_blocks = kv_n_blocks(eng->kv);
     st->kv_block_tokens = eng->bs;
     st->kv_blocks_free = kv_n_available(eng->kv);
-    st->kv_bytes = (size_t)st->kv_blocks * eng->bs * md_kv_bytes_per_token(&eng->m->hp);
+    st->kv_bytes = (size_t)st->kv_blocks * eng->bs * md_kv_bytes_per_token(&eng->m->hp, eng->kvb.type);
 }

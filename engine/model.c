@@ -246,8 +246,9 @@ void md_model_free(md_model *m) {
     free(m);
 }
 
-size_t md_kv_bytes_per_token(const md_hparams *hp) {
-    return (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * hp->head_dim * sizeof(float);
+size_t md_kv_bytes_per_token(const md_hparams *hp, int kv_type) {
+    size_t el = kv_type == MD_TYPE_F16 || kv_type == MD_TYPE_BF16 ? 2 : 4;
+    return (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * hp->head_dim * el;
 }
 
 int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e) {
@@ -256,12 +257,13 @@ int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e) {
     kv->k = calloc((size_t)L, sizeof *kv->k);
     kv->v = calloc((size_t)L, sizeof *kv->v);
     kv->n_slots = n_slots;
-    kv->type = MD_TYPE_F32;
+    kv->type = BE(m)->ops->kv_cache_type; /* 0 = MD_TYPE_F32 */
     if (!kv->k || !kv->v) {
         md_kv_bufs_free(m, kv);
         return md_errf(e, MD_ENOMEM, "out of memory");
     }
-    size_t bytes = (size_t)n_slots * m->hp.n_head_kv * m->hp.head_dim * sizeof(float);
+    size_t el = kv->type == MD_TYPE_F16 || kv->type == MD_TYPE_BF16 ? 2 : 4;
+    size_t bytes = (size_t)n_slots * m->hp.n_head_kv * m->hp.head_dim * el;
     for (int l = 0; l < L; l++) {
         int rc;
         if ((rc = CALL(m, buf_alloc, bytes, &kv->k[l], e)) ||

@@ -59,13 +59,13 @@ int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e);
 typedef struct {
     md_buf **k, **v; /* [n_layer] */
     int n_slots;
-    int type; /* MD_TYPE_F32 */
+    int type; /* the backend's kv_cache_type: MD_TYPE_F32, F16 or BF16 */
 } md_kv_bufs;
 
 int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e);
 void md_kv_bufs_free(md_model *m, md_kv_bufs *kv);
-/* Bytes one token's K and V take over all layers. */
-size_t md_kv_bytes_per_token(const md_hparams *hp);
+/* Bytes one token's K and V take over all layers, in a cache of element type kv_type. */
+size_t md_kv_bytes_per_token(const md_hparams *hp, int kv_type);
 
 /* Activation buffers for steps of up to max_tokens tokens and max_logits logit rows. */
 typedef struct {

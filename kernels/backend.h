@@ -101,6 +101,9 @@ typedef struct {
 
 typedef struct md_backend_ops {
     const char *name; /* "cpu", "cuda" */
+    /* Element type of the KV cache the engine allocates on this backend: MD_TYPE_F32 (0,
+     * the CPU reference), MD_TYPE_F16 or MD_TYPE_BF16. */
+    int kv_cache_type;
 
     void (*free)(md_backend *be);
     /* Device description for logs and heartbeats ("cpu: 16 threads, avx512_vnni"). */
@@ -159,6 +162,9 @@ typedef struct md_backend_ops {
      * them) fit the device, else MD_ENOMEM with a sentence giving what, the bytes needed
      * and the device's free and total memory. */
     int (*check_fits)(md_backend *be, size_t need_bytes, const char *what, md_err *e);
+    /* Device memory medley could still take (free + what its pool holds unused) and the
+     * device's total: the engine sizes its default KV cache from it. */
+    int (*mem_info)(md_backend *be, size_t *avail_bytes, size_t *total_bytes, md_err *e);
     /* Greedy sampling on the device: out [rows] (host) = index of the largest of each row of
      * x [rows, n] (the lowest index on ties, as the engine's sampler), so a step of greedy
      * sequences downloads rows ids instead of rows x n logits; -1 for a row holding a NaN

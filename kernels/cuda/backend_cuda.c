@@ -528,6 +528,10 @@ static int be_check_fits(md_backend *be, size_t need, const char *what, md_err *
     return cuda_check_fits(cbe(be)->c, need, what, e);
 }
 
+static int be_mem_info(md_backend *be, size_t *avail, size_t *total, md_err *e) {
+    return cuda_mem_info(cbe(be)->c, avail, total, e);
+}
+
 /* Greedy picks of rows logit rows on the device; only rows int32 come back. */
 static int be_argmax(md_backend *be, const md_buf *x, int rows, int n, int32_t *out, md_err *e) {
     cuda_backend *b = cbe(be);
@@ -609,6 +613,7 @@ static int be_step_end(md_backend *be, int failed, md_err *e) {
 
 static const md_backend_ops cuda_backend_ops = {
     .name = "cuda",
+    .kv_cache_type = MD_TYPE_F16, /* half the memory and attention traffic of F32 */
     .free = be_free,
     .describe = be_describe,
     .buf_alloc = be_buf_alloc,
@@ -631,6 +636,7 @@ static const md_backend_ops cuda_backend_ops = {
     .gather_rows = be_gather_rows,
     .sync = be_sync,
     .check_fits = be_check_fits,
+    .mem_info = be_mem_info,
     .argmax = be_argmax,
     .step_begin = be_step_begin,
     .step_end = be_step_end,

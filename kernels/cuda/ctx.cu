@@ -359,6 +359,18 @@ int cuda_scratch(cuda_ctx *c, int which, size_t bytes, void **out, md_err *e) {
     return 0;
 }
 
+int cuda_mem_info(cuda_ctx *c, size_t *avail, size_t *total, md_err *e) {
+    CUDA_GUARD(c, e);
+    cudaSetDevice(c->ordinal);
+    size_t fr = 0, tot = 0;
+    cudaError_t err = cudaMemGetInfo(&fr, &tot);
+    if (err != cudaSuccess)
+        return cuda_fail(c, err, "cudaMemGetInfo", e);
+    *avail = fr + (c->reserved - c->used);
+    *total = tot;
+    return 0;
+}
+
 int cuda_check_fits(cuda_ctx *c, size_t need, const char *what, md_err *e) {
     CUDA_GUARD(c, e);
     cudaSetDevice(c->ordinal);

@@ -72,6 +72,8 @@ size_t cuda_pool_reserved(const cuda_ctx *c);
 /* Refuse before loading: MD_ENOMEM with "needs X GiB, Y GiB free of Z GiB" when need
  * (plus the pool's spare room) exceeds what the device has free. */
 int cuda_check_fits(cuda_ctx *c, size_t need_bytes, const char *what, md_err *e);
+/* Free device memory plus what the pool holds unused; the device's total. */
+int cuda_mem_info(cuda_ctx *c, size_t *avail, size_t *total, md_err *e);
 
 int cuda_upload(cuda_ctx *c, void *dst, const void *host_src, size_t bytes, md_err *e);
 int cuda_download(cuda_ctx *c, void *host_dst, const void *src, size_t bytes, md_err *e);
