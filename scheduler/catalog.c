@@ -1,5 +1,7 @@
 /* catalog.c — the GPU catalog (scheduler/catalog/gpus.json, compiled in) and fleet files:
  * pools of GPUs of one type with their price, or the types that may be rented. */
+#include <ctype.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -115,6 +117,70 @@ void sched_catalog_free(sched_catalog *c) {
     free(c->gpus);
     json_decref(c->aliases);
     memset(c, 0, sizeof *c);
+}
+
+/* Upper case, vendor words dropped, runs of spaces/underscores as one '-'. */
+static void norm_device(const char *in, char *out, size_t n) {
+    static const char *const drop[] = {"NVIDIA ", "Tesla ", "GeForce ", "Quadro "};
+    for (int again = 1; again;) {
+        again = 0;
+        for (size_t i = 0; i < sizeof drop / sizeof *drop; i++)
+            if (!strncasecmp(in, drop[i], strlen(drop[i]))) {
+                in += strlen(drop[i]);
+                again = 1;
+            }
+    }
+    size_t k = 0;
+    for (; *in && k + 1 < n; in++) {
+        char ch = *in == ' ' || *in == '_' ? '-' : (char)toupper((unsigned char)*in);
+        if (ch == '-' && (k == 0 || out[k - 1] == '-'))
+            continue;
+        out[k++] = ch;
+    }
+    while (k > 0 && out[k - 1] == '-')
+        k--;
+    out[k] = 0;
+}
+
+/* word (of '-'-separated words) occurs in s as whole words */
+static int has_words(const char *s, const char *word) {
+    size_t n = strlen(word);
+    for (const char *p = s; (p = strstr(p, word)); p++)
+        if ((p == s || p[-1] == '-') && (p[n] == 0 || p[n] == '-'))
+            return 1;
+    return 0;
+}
+
+int sched_catalog_match_device(const sched_catalog *c, const char *device_name, double memory_gb) {
+    if (!device_name || !*device_name)
+        return -1;
+    char nm[256];
+    norm_device(device_name, nm, sizeof nm);
+    int at = sched_catalog_find(c, nm);
+    if (at >= 0)
+        return at;
+    int pcie = has_words(nm, "PCIE"), best = -1;
+    double best_score = 1e300;
+    for (int i = 0; i < c->n; i++) {
+        /* the model: the type's name up to its first '-', two words for RTX-<number> */
+        char model[SCHED_NAME];
+        norm_device(c->gpus[i].name, model, sizeof model);
+        char *dash = strchr(model, '-');
+        if (dash && !strncmp(model, "RTX-", 4))
+            dash = strchr(dash + 1, '-');
+        if (dash)
+            *dash = 0;
+        if (!has_words(nm, model))
+            continue;
+        double score = memory_gb > 0 ? fabs(c->gpus[i].memory_gb - memory_gb) : 0;
+        if (pcie != (strstr(c->gpus[i].name, "PCIe") != NULL))
+            score += 1000; /* the form factor first, then memory */
+        if (score < best_score) {
+            best_score = score;
+            best = i;
+        }
+    }
+    return best;
 }
 
 int sched_catalog_find(const sched_catalog *c, const char *name) {

@@ -107,7 +107,9 @@ static json_t *scan_keys(redisContext *c, const char *pattern) {
 }
 
 /* The fleet as the heartbeats describe it: one pool per (worker, GPU type). Heartbeat
- * field `devices`: a JSON array of {"type": "L4", ...} objects or of type names; field
+ * field `devices`: a JSON array of {"type": "L4", ...} objects or of type names (a type the
+ * catalog does not know is looked up by the object's driver "name" and "memory_bytes",
+ * sched_catalog_match_device); field
  * `state` "draining"/"stopping" removes the worker from the plan. Fills `workers` with
  * the worker ids seen (for change detection). */
 static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_catalog *cat,
@@ -149,6 +151,14 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
                                               : json_string_value(json_object_get(d, "type"));
             if (!t)
                 continue;
+            if (sched_catalog_find(cat, t) < 0 && json_is_object(d)) {
+                /* a worker not told its catalog type: recognise the driver's GPU name */
+                int k = sched_catalog_match_device(
+                    cat, json_string_value(json_object_get(d, "name")),
+                    (double)json_integer_value(json_object_get(d, "memory_bytes")) / 1073741824.0);
+                if (k >= 0)
+                    t = cat->gpus[k].name;
+            }
             if (sched_catalog_find(cat, t) < 0) {
                 char k2[256];
                 snprintf(k2, sizeof k2, "%s/%s", wid, t);

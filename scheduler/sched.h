@@ -41,6 +41,12 @@ int sched_catalog_from_json(sched_catalog *c, json_t *doc, const char *where, md
 void sched_catalog_free(sched_catalog *c);
 /* Index of a GPU type by name or alias (case-insensitive), or -1. */
 int sched_catalog_find(const sched_catalog *c, const char *name);
+/* The catalog type of a GPU as its driver names it ("NVIDIA H100 80GB HBM3", "NVIDIA
+ * A100-SXM4-40GB", "NVIDIA GeForce RTX 4090", "Tesla T4") with memory_gb its total memory
+ * (0 = unknown): vendor words dropped, then a name or alias, else the types whose model
+ * (H100, A100, L4, RTX-4090, ...) is a word of the name: the form factor first ("PCIe" in
+ * the name or not), then the closest memory (GiB). Index, or -1 when nothing matches. */
+int sched_catalog_match_device(const sched_catalog *c, const char *device_name, double memory_gb);
 /* One GPU's inter-GPU bandwidth for collectives inside a host: NVLink if any, else PCIe. */
 double sched_gpu_link_gbps(const sched_gpu_type *g);
 

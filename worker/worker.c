@@ -7,6 +7,9 @@
  * Whatever breaks in between (worker crash, Redis restart, lost reply) leaves the entry
  * pending, so it is redelivered, and the script ignores the second answer. */
 #include "worker/worker.h"
+#ifdef MEDLEY_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
 
 #include <jansson.h>
 #include <stdio.h>
@@ -103,6 +106,8 @@ typedef struct {
     long long n_ok, n_failed, n_tokens, tokens_at_hb;
     int64_t started_ms;
     uint64_t last_tick, last_hb, last_lease, last_claim;
+    char gpu_name[256]; /* the CUDA device's name as its driver reports it, or "" */
+    size_t gpu_bytes;   /* and its memory */
     int device_failed; /* a runner's device failed: hand back, stop, exit with dev_err */
     md_err dev_err;
 } wk;
@@ -963,10 +968,14 @@ static void heartbeat(wk *w, const char *state, double dt_s) {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
     double tps = dt_s > 0 ? (double)(w->n_tokens - w->tokens_at_hb) / dt_s : 0;
     w->tokens_at_hb = w->n_tokens;
-    json_array_append_new(devices,
-                          json_pack("{s:s, s:I, s:f}", "type", dev_type(w, -1), "memory_bytes",
-                                    (json_int_t)(pages > 0 && psz > 0 ? pages * psz : 0),
-                                    "tokens_per_s", tps));
+    json_t *dev = json_pack("{s:s, s:I, s:f}", "type", dev_type(w, -1), "memory_bytes",
+                            w->gpu_name[0]           ? (json_int_t)w->gpu_bytes
+                            : pages > 0 && psz > 0 ? (json_int_t)pages * psz
+                                                   : 0,
+                            "tokens_per_s", tps);
+    if (dev && w->gpu_name[0]) /* the scheduler recognises the type by the driver's name */
+        json_object_set_new(dev, "name", json_string(w->gpu_name));
+    json_array_append_new(devices, dev);
     json_t *doc = json_pack(
         "{s:s, s:s, s:I, s:s, s:o, s:o, s:I, s:I, s:I, s:I, s:i, s:f, s:f}", "worker", w->me,
         "host", w->host, "pid", (json_int_t)getpid(), "state", state, "models", models, "devices",
@@ -1340,6 +1349,17 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     q_key_events(w.events, w.prefix);
     q_key_worker(w.wkey, w.prefix, w.me);
     w.started_ms = md_wall_ms();
+#ifdef MEDLEY_HAVE_CUDA
+    const char *dv = cfg->runner.device;
+    if (dv && !strncmp(dv, "cuda", 4)) {
+        md_cuda_device cd;
+        md_err ce = {0};
+        if (md_cuda_device_get(dv[4] == ':' ? atoi(dv + 5) : 0, &cd, &ce) == 0) {
+            snprintf(w.gpu_name, sizeof w.gpu_name, "%s", cd.name);
+            w.gpu_bytes = cd.total_bytes;
+        }
+    }
+#endif
 
     if ((rc = open_all(&w, cfg, e))) {
         close_all(&w);

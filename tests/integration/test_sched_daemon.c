@@ -106,6 +106,10 @@ static void seed_fleet(void) {
         "[{\"type\":\"L4\"},{\"type\":\"L4\"}]");
     cmd("HSET medley:worker:w2 host h2 state running devices %s", "[\"A100-80GB-SXM\"]");
     cmd("HSET medley:worker:w3 host h3 state running devices %s", "[{\"type\":\"NoSuchGPU\"}]");
+    /* a worker not told its catalog type: recognised by the driver's name and memory */
+    cmd("HSET medley:worker:w4 host h4 state running devices %s",
+        "[{\"type\":\"cuda\",\"name\":\"NVIDIA H100 80GB HBM3\",\"memory_bytes\":85520809984,"
+        "\"tokens_per_s\":0}]");
     cmd("XGROUP CREATE medley:q:llama-3-8b workers $ MKSTREAM");
     for (int i = 0; i < 40; i++)
         cmd("XADD medley:q:llama-3-8b * batch b1 line %s", "{\"custom_id\":\"x\"}");
@@ -133,6 +137,9 @@ static void once_publishes_a_plan_and_an_event(void **st) {
     /* GPU ids name the workers that hold them; the unknown type is left out. */
     assert_non_null(strstr(js, "\"w"));
     assert_null(strstr(js, "w3/"));
+    /* w4 (type "cuda", "NVIDIA H100 80GB HBM3") is in the fleet as an H100-SXM */
+    assert_non_null(strstr(js, "\"w4/0\""));
+    assert_non_null(strstr(js, "H100-SXM"));
     json_decref(doc);
     free(js);
     struct timeval tv = {2, 0};

@@ -46,6 +46,38 @@ static void catalog_has_the_required_types_with_aliases(void **st) {
     assert_true(fabs(sched_gpu_link_gbps(gpu("H100-SXM")) - 450) < 1e-9);
 }
 
+/* Device names as the CUDA driver reports them (nvidia-smi / cudaGetDeviceProperties) with
+ * their memory in GiB, to the catalog type the scheduler plans with. */
+static void device_names_match_catalog_types(void **st) {
+    struct {
+        const char *name;
+        double gib;
+        const char *want;
+    } t[] = {{"NVIDIA H200", 140.4, "H200"},
+             {"NVIDIA H100 80GB HBM3", 79.6, "H100-SXM"},
+             {"NVIDIA H100 PCIe", 79.6, "H100-PCIe"},
+             {"NVIDIA A100-SXM4-80GB", 79.2, "A100-80GB-SXM"},
+             {"NVIDIA A100-SXM4-40GB", 39.4, "A100-40GB"},
+             {"NVIDIA L4", 22.5, "L4"},
+             {"NVIDIA L40S", 44.5, "L40S"},
+             {"NVIDIA A10G", 22.1, "A10G"},
+             {"Tesla T4", 14.7, "T4"},
+             {"NVIDIA GeForce RTX 4090", 23.6, "RTX-4090"},
+             {"NVIDIA GeForce RTX 3090", 23.7, "RTX-3090"},
+             {"NVIDIA RTX 6000 Ada Generation", 47.5, "RTX-6000-Ada"},
+             {"h200", 0, "H200"}};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        int k = sched_catalog_match_device(&cat, t[i].name, t[i].gib);
+        if (k < 0 || strcmp(cat.gpus[k].name, t[i].want))
+            fail_msg("%s (%.1f GiB): got %s, want %s", t[i].name, t[i].gib,
+                     k < 0 ? "nothing" : cat.gpus[k].name, t[i].want);
+    }
+    assert_int_equal(sched_catalog_match_device(&cat, "NVIDIA B200", 179), -1);
+    assert_int_equal(sched_catalog_match_device(&cat, "AMD Instinct MI300X", 192), -1);
+    assert_int_equal(sched_catalog_match_device(&cat, "NVIDIA L40", 44.5), -1); /* not L4, not L40S */
+    assert_int_equal(sched_catalog_match_device(&cat, "", 0), -1);
+}
+
 static void model_cards_match_published_parameter_counts(void **st) {
     /* Published sizes: Llama-3-8B 8.03B, Llama-3-70B 70.6B, Mistral-7B 7.24B, Qwen2-7B
      * 7.62B, Qwen2-72B 72.7B, Llama-2-7B 6.74B (model cards on Hugging Face). */
@@ -320,6 +352,7 @@ static void model_card_from_a_file_that_is_not_gguf(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(catalog_has_the_required_types_with_aliases),
+        cmocka_unit_test(device_names_match_catalog_types),
         cmocka_unit_test(model_cards_match_published_parameter_counts),
         cmocka_unit_test(model_card_json_validates_shapes),
         cmocka_unit_test(decode_step_matches_hand_roofline),
