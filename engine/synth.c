@@ -26,12 +26,13 @@ typedef struct {
     int tied, qkv_bias;
 } shape;
 
-/* Shapes as published in each model's config.json. */
+/* Shapes as published in each model's config.json (the same as scheduler/model.c's built-in
+ * cards, which the scheduler plans with). */
 static const shape shapes[] = {
     {"llama-3-8b", "llama", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f, 0, 0},
     {"llama-3-70b", "llama", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0f, 0, 0},
     {"llama-3.2-1b", "llama", 16, 2048, 32, 8, 8192, 128256, 131072, 500000.0f, 1, 0},
-    {"mistral-7b", "llama", 32, 4096, 32, 8, 14336, 32768, 32768, 1000000.0f, 0, 0},
+    {"mistral-7b", "llama", 32, 4096, 32, 8, 14336, 32000, 32768, 10000.0f, 0, 0}, /* v0.1 */
     {"qwen2-7b", "qwen2", 28, 3584, 28, 4, 18944, 152064, 32768, 1000000.0f, 0, 1},
     {"smollm2-135m", "llama", 30, 576, 9, 3, 1536, 49152, 8192, 100000.0f, 1, 0},
     {"tiny", "llama", 2, 128, 4, 2, 256, 512, 512, 10000.0f, 0, 0},
