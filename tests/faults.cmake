@@ -29,3 +29,8 @@ set_tests_properties(test_worker_faults PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 
 add_test(NAME test_worker_faults_lossless COMMAND test_worker_faults lossless)
 set_tests_properties(test_worker_faults_lossless PROPERTIES LABELS integration TIMEOUT 300
                      SKIP_RETURN_CODE 77 ENVIRONMENT "${FAULTS_TEST_ENV}")
+# A request the device failed on its last delivery (max_attempts 1) is answered with the
+# device's sentence instead of going to the DLQ without it.
+add_test(NAME test_worker_faults_lastattempt COMMAND test_worker_faults lastattempt)
+set_tests_properties(test_worker_faults_lastattempt PROPERTIES LABELS integration TIMEOUT 300
+                     SKIP_RETURN_CODE 77 ENVIRONMENT "${FAULTS_TEST_ENV}")

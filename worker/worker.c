@@ -240,11 +240,19 @@ static void answer_error(wk *w, int s, const char *entry_id, const char *batch,
 static void on_done(void *ctx, void *tag, const wk_result *res) {
     wk *w = ctx;
     job *j = tag;
-    if (res->device_lost) {
+    if (res->device_lost && j->attempt < w->cfg->max_attempts) {
         j->handback = 1; /* stays used until hand_back() gives the entry to others */
         return;
     }
-    if (res->error) {
+    if (res->device_lost) {
+        /* its last delivery: answered with the device's failure, not left to the DLQ with
+         * only "delivered N times" */
+        char msg[1200];
+        snprintf(msg, sizeof msg, "the device failed on the last of %d attempts: %s",
+                 w->cfg->max_attempts, res->error ? res->error : "device error");
+        answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error", msg, j->queue_ms,
+                     j->attempt);
+    } else if (res->error) {
         answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error", res->error,
                      j->queue_ms, j->attempt);
     } else {

@@ -10,9 +10,10 @@
  *             error line says what the device said; both workers stop on request.
  *   lossless  (argument "lossless"): nothing is lost to the dead device: every request ends
  *             with a successful answer from the healthy worker (those the dead one was running
- *             on a later delivery), none in the DLQ. Registered DISABLED (tests/faults.cmake):
- *             today the dead worker answers every request it reads with server_error and the
- *             device's sentence, so it fails the whole batch within milliseconds. */
+ *             on a later delivery), none in the DLQ (the dead worker hands them back).
+ *   lastattempt (argument "lastattempt"): with max_attempts 1 a request the device failed on
+ *             its last delivery is answered with the device's sentence, not handed back to
+ *             end in the DLQ without it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -165,6 +166,8 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+static int g_max_attempts = 3;
+
 static void worker_start(worker_th *w, const char *id, const char *device) {
     memset(w, 0, sizeof *w);
     wk_config_default(&w->cfg);
@@ -179,6 +182,7 @@ static void worker_start(worker_th *w, const char *id, const char *device) {
     w->cfg.block_ms = 100;
     w->cfg.heartbeat_ms = 500;
     w->cfg.grace_ms = 5000;
+    w->cfg.max_attempts = g_max_attempts;
     if (pthread_create(&w->th, NULL, worker_main, w))
         fail_msg("pthread_create failed");
 }
@@ -354,6 +358,21 @@ static void test_dead_device_loses_nothing(void **state) {
     assert_true(o.retried >= 1);
 }
 
+static void test_dead_device_last_attempt_answered_with_its_error(void **state) {
+    if (!test_model_path())
+        skip();
+    g_max_attempts = 1;
+    outcome o;
+    long long dlq;
+    run_scenario(&o, &dlq);
+    g_max_attempts = 3;
+    assert_int_equal(o.unique, N_REQ);
+    assert_int_equal(dlq, 0);
+    /* the requests in the failed step: answered, in the device's words */
+    assert_true(o.failed >= 1);
+    assert_int_equal(o.device_errors, o.failed);
+}
+
 int main(int argc, char **argv) {
     if (!test_model_path()) {
         printf("SKIP: %s is not fetched (scripts/fetch-model.sh)\n", TEST_MODEL_FILE);
@@ -365,6 +384,11 @@ int main(int argc, char **argv) {
     const struct CMUnitTest lossless[] = {
         cmocka_unit_test(test_dead_device_loses_nothing),
     };
+    const struct CMUnitTest lastattempt[] = {
+        cmocka_unit_test(test_dead_device_last_attempt_answered_with_its_error),
+    };
+    if (argc > 1 && !strcmp(argv[1], "lastattempt"))
+        return cmocka_run_group_tests(lastattempt, setup, teardown);
     if (argc > 1 && !strcmp(argv[1], "lossless"))
         return cmocka_run_group_tests(lossless, setup, teardown);
     return cmocka_run_group_tests(answered, setup, teardown);
