@@ -109,6 +109,7 @@ typedef struct {
     char gpu_name[256]; /* the CUDA device's name as its driver reports it, or "" */
     size_t gpu_bytes;   /* and its memory */
     int device_failed; /* a runner's device failed: hand back, stop, exit with dev_err */
+    long n_handed_back;
     md_err dev_err;
 } wk;
 
@@ -1237,6 +1238,7 @@ static void hand_back(wk *w) {
                 w->live--;
             }
         }
+    w->n_handed_back += n;
     MD_WARN("worker", "handed back %d request(s) of a failed device to other workers", n);
 }
 
@@ -1466,8 +1468,7 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
             w.me, w.n_ok, w.n_failed, w.n_ans);
     close_all(&w);
     if (w.device_failed)
-        return md_errf(e, w.dev_err.code,
-                       "%s (the requests it was running were handed back to other workers)",
-                       w.dev_err.msg);
+        return md_errf(e, w.dev_err.code, "%s (%ld request(s) it was running handed back to other "
+                       "workers)", w.dev_err.msg, w.n_handed_back);
     return 0;
 }
