@@ -1,0 +1,291 @@
+/* test_cuda_host.c — the CUDA backend's host logic without a GPU: the real backend_cuda.c (decode
+ * steps as CUDA graphs, kernels/cuda/graph_cache.c, step_plan.c) under the real engine, over
+ * tests/unit/fake_cuda.c, which records every kernel launch instead of running it.
+ *
+ * The same workload (prompts of 3 to 170 tokens through fewer slots than prompts, different
+ * max_tokens, greedy and seeded rows) runs with MEDLEY_CUDA_GRAPHS=0 and =1. What the device
+ * would execute — each launch with its arguments, pointers as (allocation, offset), taken from
+ * the stream when the launch runs, i.e. a replayed graph's frozen arguments at its launch — must
+ * be identical launch by launch: a replay launches exactly what a direct step would have. Also:
+ * graphs were recorded and replayed, in every attention split bucket (64, 128, 256 positions)
+ * and on the cuBLAS path (more than 8 sequences); scratch growing inside a capture fails that
+ * capture, the step re-runs directly, the graphs are dropped and recorded again; captures the
+ * driver refuses (injected) re-run with the same launches and tokens and never fail the device;
+ * no launch touches memory outside its buffers or freed by then. Tiny fixture model always,
+ * SmolLM2 when it is fetched. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "e2e/test_engine_util.h"
+#include "engine/engine.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
+#include "unit/fake_cuda.h"
+
+/* In kernels/backend.h only under MEDLEY_HAVE_CUDA; this binary has its own copy of
+ * backend_cuda.c whatever the build. */
+int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e);
+
+#define GEN 40
+
+static int open_fakecuda(const char *device, int n_threads, md_backend **out, md_err *e) {
+    return md_backend_cuda_open(0, out, e);
+}
+
+/* Prompt i and its token count. The first ten stay under 64 positions: decode graphs of the
+ * first split bucket are recorded while they run. Then three pass 128 positions and finish
+ * soon (the attention partials grow for 4 splits, so every graph recorded so far is dropped),
+ * and three decode from under 128 to past it with the same batch shape: bucket 128 is
+ * recorded, then bucket 256 comes without any growth, so only the key tells the two apart.
+ * The last four are short again: shapes of the first bucket come back after the growths. */
+#define NP 20
+static const int prompt_len[NP] = {5,   12,  3,   30, 9,   20,  4, 14, 18, 7,
+                                   140, 170, 130, 60, 100, 110, 6, 10, 8,  11};
+static const int gen_len[NP] = {40, 34, 28, 22, 40, 34, 28, 22, 40, 34,
+                                10, 12, 8,  40, 40, 40, 40, 40, 40, 40};
+
+static int make_prompt(int i, int vocab, int32_t *out) {
+    int n = prompt_len[i];
+    for (int k = 0; k < n; k++)
+        out[k] = (int32_t)((1 + i * 131 + k * 17) % (vocab - 1)) + 1;
+    return n;
+}
+
+static void sampling_for(int i, md_sampling *s) {
+    md_sampling_default(s);
+    s->max_tokens = gen_len[i];
+    s->ignore_eos = 1;
+    if (i % 3 == 1) { /* seeded rows: their logits are downloaded, the rest use device argmax */
+        s->temperature = 0.8f;
+        s->top_k = 40;
+        s->seed = 77 + (uint64_t)i;
+    }
+}
+
+typedef struct {
+    fake_launch *l; /* the stream, copied */
+    size_t n;
+    int32_t tok[NP][GEN];
+    fake_cuda_stats st;
+    md_cuda_graph_totals tot;                                  /* this run's share */
+    long log_recorded, log_replayed, log_evicted, log_dropped; /* be_free's line; -1: none */
+    long steps;
+} run_out;
+
+static void run_free(run_out *o) {
+    free(o->l);
+    memset(o, 0, sizeof *o);
+}
+
+/* Close the engine, keeping what the backend logs as it closes (echoed to stderr). */
+static void close_and_read_log(md_engine *eng, run_out *o) {
+    o->log_recorded = o->log_replayed = o->log_evicted = o->log_dropped = -1;
+    fflush(stderr);
+    FILE *tf = tmpfile();
+    int saved = dup(2);
+    assert_non_null(tf);
+    assert_true(saved >= 0);
+    dup2(fileno(tf), 2);
+    md_engine_close(eng);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tf);
+    char line[1024];
+    while (fgets(line, sizeof line, tf)) {
+        fputs(line, stderr);
+        const char *p = strstr(line, "decode steps as CUDA graphs: ");
+        if (p)
+            sscanf(p, "decode steps as CUDA graphs: %ld recorded, %ld replayed, %ld evicted, %ld",
+                   &o->log_recorded, &o->log_replayed, &o->log_evicted, &o->log_dropped);
+    }
+    fclose(tf);
+}
+
+static void run(const char *model, const char *graphs, int fail_every, run_out *o) {
+    memset(o, 0, sizeof *o);
+    setenv("MEDLEY_CUDA_GRAPHS", graphs, 1); /* read when the backend opens */
+    fake_cuda_reset();
+    fake_cuda_fail_capture_end(fail_every);
+    md_cuda_graph_totals t0, t1;
+    md_cuda_graph_get_totals(&t0);
+    md_engine_config cfg = {.model_path = model,
+                            .device = "fakecuda",
+                            .max_seqs = 10, /* 16 prompts through 10 slots; > 8: cuBLAS path */
+                            .max_batch_tokens = 64,
+                            .n_ctx = 256};
+    md_engine *eng;
+    md_err e = {0};
+    if (md_engine_open(&cfg, &eng, &e))
+        fail_msg("engine open on fakecuda: %s", e.msg);
+    int vocab = md_engine_n_vocab(eng);
+    uint64_t ids[NP];
+    for (int i = 0; i < NP; i++) {
+        int32_t p[256];
+        int n = make_prompt(i, vocab, p);
+        md_sampling s;
+        sampling_for(i, &s);
+        if (md_engine_submit(eng, p, n, &s, &ids[i], &e))
+            fail_msg("submit: %s", e.msg);
+    }
+    for (;; o->steps++) {
+        assert_true(o->steps < 10000);
+        md_step_result r;
+        if (md_engine_step(eng, &r, &e))
+            fail_msg("step %ld (MEDLEY_CUDA_GRAPHS=%s): %s", o->steps, graphs, e.msg);
+        if (r.n_live == 0)
+            break;
+    }
+    for (int i = 0; i < NP; i++) {
+        const int32_t *t;
+        int n;
+        md_sampling s;
+        sampling_for(i, &s);
+        if (md_seq_finish(eng, ids[i]) != MD_FINISH_LENGTH)
+            fail_msg("prompt %d did not finish by length: %s", i, md_seq_error(eng, ids[i]));
+        assert_int_equal(md_seq_tokens(eng, ids[i], &t, &n), 0);
+        assert_int_equal(n, s.max_tokens);
+        memcpy(o->tok[i], t, (size_t)n * sizeof *t);
+    }
+    close_and_read_log(eng, o);
+    md_cuda_graph_get_totals(&t1);
+    o->tot.recorded = t1.recorded - t0.recorded;
+    o->tot.replayed = t1.replayed - t0.replayed;
+    o->tot.reruns = t1.reruns - t0.reruns;
+    fake_cuda_get_stats(&o->st);
+    const fake_launch *l = fake_cuda_stream(&o->n);
+    o->l = malloc((o->n ? o->n : 1) * sizeof *l);
+    assert_non_null(o->l);
+    memcpy(o->l, l, o->n * sizeof *l);
+    fake_cuda_reset();
+    printf("  MEDLEY_CUDA_GRAPHS=%s%s: %ld steps, %zu launches; graphs %ld recorded, %ld "
+           "replayed, %ld re-run; captures %ld (%ld failed, %ld injected, %ld aborted), %ld "
+           "allocations refused while capturing, %ld scratch moves, %ld graphs freed mid-run, "
+           "%ld captures after that; log: %ld dropped after scratch moved; %ld violations%s%s\n",
+           graphs, fail_every ? " + refused captures" : "", o->steps, o->n, o->tot.recorded,
+           o->tot.replayed, o->tot.reruns, o->st.captures, o->st.captures_failed,
+           o->st.captures_injected, o->st.captures_aborted, o->st.allocs_refused,
+           o->st.scratch_moves, o->st.graphs_freed_running, o->st.captures_after_drop,
+           o->log_dropped, o->st.violations, o->st.violations ? ": " : "", o->st.first_violation);
+    assert_int_equal(o->st.violations, 0);
+}
+
+/* The two runs' effective launches must be equal one by one; on a difference, print it with
+ * the launches before it. */
+static void same_launches(const run_out *direct, const run_out *graphed) {
+    size_t n = direct->n < graphed->n ? direct->n : graphed->n;
+    for (size_t i = 0; i < n; i++) {
+        if (fake_cuda_launch_eq(&direct->l[i], &graphed->l[i]))
+            continue;
+        char a[1024], b[1024];
+        for (size_t k = i >= 3 ? i - 3 : 0; k < i; k++) {
+            fake_cuda_format(&direct->l[k], a, sizeof a);
+            printf("  launch %zu (both): %s\n", k, a);
+        }
+        fake_cuda_format(&direct->l[i], a, sizeof a);
+        fake_cuda_format(&graphed->l[i], b, sizeof b);
+        fail_msg("launch %zu differs:\n  direct:   %s\n  graphed:  %s", i, a, b);
+    }
+    if (direct->n != graphed->n)
+        fail_msg("%zu launches run directly, %zu with graphs", direct->n, graphed->n);
+    for (int i = 0; i < NP; i++)
+        assert_memory_equal(direct->tok[i], graphed->tok[i], sizeof direct->tok[i]);
+}
+
+/* Distinct values of argument `arg` of `fn` among launches that came from graphs. */
+static int distinct_from_graphs(const run_out *o, const char *fn, const char *arg, int64_t *vals,
+                                int max) {
+    int nv = 0;
+    for (size_t i = 0; i < o->n; i++) {
+        const fake_launch *l = &o->l[i];
+        if (!l->from_graph || strcmp(fake_cuda_fn_name(l->fn), fn))
+            continue;
+        int64_t v = fake_cuda_arg(l, arg);
+        int k = 0;
+        while (k < nv && vals[k] != v)
+            k++;
+        if (k == nv && nv < max)
+            vals[nv++] = v;
+    }
+    return nv;
+}
+
+static void check_model(const char *model) {
+    printf("%s\n", strrchr(model, '/') + 1);
+    run_out direct, graphed, refused;
+    run(model, "0", 0, &direct);
+    run(model, "1", 0, &graphed);
+    run(model, "1", 2, &refused); /* every second capture refused by the "driver" */
+
+    assert_int_equal(direct.tot.recorded + direct.tot.replayed + direct.st.captures, 0);
+    same_launches(&direct, &graphed);
+    same_launches(&direct, &refused);
+
+    /* graphs were recorded, replayed, and every launch of the graph path is accounted for */
+    assert_true(graphed.tot.recorded > 0);
+    assert_true(graphed.tot.replayed > graphed.tot.recorded);
+    assert_int_equal(graphed.st.graph_launches, graphed.tot.recorded + graphed.tot.replayed);
+    assert_int_equal(graphed.log_recorded, graphed.tot.recorded);
+    assert_int_equal(graphed.log_replayed, graphed.tot.replayed);
+
+    /* replays covered every attention split bucket and the cuBLAS path */
+    int64_t v[16];
+    int n_split = distinct_from_graphs(&graphed, "cuda_attn_decode", "n_splits", v, 16);
+    printf("  split counts replayed from graphs:");
+    for (int i = 0; i < n_split; i++)
+        printf(" %lld", (long long)v[i]);
+    printf("\n");
+    assert_true(n_split >= 3);
+    assert_true(distinct_from_graphs(&graphed, "cublasGemmEx", "m", v, 16) >= 1);
+
+    /* attention partials grew for a new split count after graphs were recorded: the graphs
+     * reading the old buffer were dropped and their keys recorded again */
+    assert_true(graphed.st.graphs_freed_running > 0);
+    assert_true(graphed.log_dropped > 0);
+    assert_true(graphed.st.captures_after_drop > 0);
+
+    /* refused captures re-ran directly and the device kept working (every sequence finished
+     * by length in run(); later captures still recorded) */
+    assert_true(refused.st.captures_injected > 0);
+    assert_true(refused.tot.reruns >= refused.st.captures_injected);
+    assert_true(refused.tot.recorded > 0);
+    assert_true(refused.tot.replayed > 0);
+
+    run_free(&direct);
+    run_free(&graphed);
+    run_free(&refused);
+}
+
+static void test_tiny_graphs_launch_what_direct_steps_do(void **state) {
+    static char path[4096];
+    snprintf(path, sizeof path, "%s/engine/tiny-llama3.gguf", MEDLEY_FIXTURES);
+    check_model(path);
+}
+
+static void test_smollm2_graphs_launch_what_direct_steps_do(void **state) {
+    const char *m = test_model_path();
+    if (!m)
+        skip();
+    check_model(m);
+}
+
+int main(void) {
+    md_err e = {0};
+    if (md_backend_register("fakecuda", open_fakecuda, &e)) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiny_graphs_launch_what_direct_steps_do),
+        cmocka_unit_test(test_smollm2_graphs_launch_what_direct_steps_do),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
