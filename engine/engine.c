@@ -82,7 +82,9 @@ struct md_engine {
     int32_t *b_tokens, *b_seq, *b_pos, *b_slot, *b_seq_len, *b_table, *b_logit_rows;
     seq **b_seqs;
     float *logits;     /* [max_seqs, n_vocab] */
-    int32_t *b_argmax; /* [max_seqs] device greedy picks */
+    int32_t *b_argmax;           /* [max_seqs] device greedy picks */
+    int32_t *b_sampled;          /* [max_seqs] device draws (backend sample op) */
+    md_sample_params *b_sparams; /* [max_seqs] their parameters */
     md_step_token *out_toks;
     uint64_t *finished;
     int cap_finished;
@@ -227,11 +229,13 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     eng->b_seqs = malloc(S * sizeof(seq *));
     eng->logits = malloc(S * eng->n_vocab * sizeof(float));
     eng->b_argmax = malloc(S * sizeof(int32_t));
+    eng->b_sampled = malloc(S * sizeof(int32_t));
+    eng->b_sparams = malloc(S * sizeof(md_sample_params));
     eng->out_toks = malloc(S * sizeof(md_step_token));
     eng->piece = malloc(1024);
     if (!eng->sc || !eng->running || !eng->b_tokens || !eng->b_seq || !eng->b_pos || !eng->b_slot ||
         !eng->b_seq_len || !eng->b_table || !eng->b_logit_rows || !eng->b_seqs || !eng->logits ||
-        !eng->b_argmax || !eng->out_toks || !eng->piece) {
+        !eng->b_argmax || !eng->b_sampled || !eng->b_sparams || !eng->out_toks || !eng->piece) {
         rc = md_errf(e, MD_ENOMEM, "engine: out of memory for step buffers");
         goto fail;
     }
@@ -277,6 +281,8 @@ void md_engine_close(md_engine *eng) {
     free(eng->b_seqs);
     free(eng->logits);
     free(eng->b_argmax);
+    free(eng->b_sampled);
+    free(eng->b_sparams);
     free(eng->out_toks);
     free(eng->finished);
     free(eng->piece);
@@ -581,6 +587,13 @@ static int greedy_plain(const md_sampling *s) {
            s->frequency_penalty == 0 && !s->logprobs;
 }
 
+/* A draw with nothing else that reads the logits: the backend's sample op can make it
+ * (engine/sampler.h smp_draw semantics, u from the sequence's own stream). */
+static int sample_plain(const md_backend *be, const md_sampling *s) {
+    return be->ops->sample && s->temperature > 0 && s->repetition_penalty == 1.0f &&
+           s->presence_penalty == 0 && s->frequency_penalty == 0 && !s->logprobs;
+}
+
 /* Every logit a number (no NaN, no infinity)? */
 static int logits_finite(const float *lg, int n) {
     float acc = 0;
@@ -590,28 +603,41 @@ static int logits_finite(const float *lg, int n) {
 }
 
 /* After a forward pass that left the logits on the device: argmax of every logit row into
- * b_argmax, and the full rows of the sequences that sample otherwise into eng->logits. */
+ * b_argmax (greedy sequences), the backend's draw into b_sampled (sampled ones, when it has
+ * a sample op), and the full rows of the others into eng->logits. */
 static int fetch_logits(md_engine *eng, int ns, md_err *e) {
     md_backend *be = eng->be;
     size_t row = (size_t)eng->n_vocab * sizeof(float);
-    int nl = 0, plain = 0;
+    int nl = 0, plain = 0, drawn = 0;
     for (int s = 0; s < ns; s++) {
         seq *q = eng->b_seqs[s];
-        if (q->n_computed + q->chunk == q->n_toks)
-            plain += greedy_plain(&q->s), nl++;
+        if (q->n_computed + q->chunk != q->n_toks)
+            continue;
+        md_sample_params *p = &eng->b_sparams[nl++];
+        memset(p, 0, sizeof *p); /* temperature 0: an argmax the engine does not read */
+        if (greedy_plain(&q->s)) {
+            plain++;
+        } else if (sample_plain(be, &q->s)) {
+            drawn++;
+            *p = (md_sample_params){q->s.temperature, q->s.top_k, q->s.top_p, q->s.min_p,
+                                    (float)smp_rng_uniform(&q->rng)};
+        }
     }
     int rc = 0;
     if (plain > 0)
         rc = be->ops->argmax(be, eng->fwd.logits, nl, eng->n_vocab, eng->b_argmax, e);
-    if (plain == nl || rc)
+    if (drawn > 0 && rc == 0)
+        rc = be->ops->sample(be, eng->fwd.logits, nl, eng->n_vocab, eng->b_sparams, eng->b_sampled,
+                             e);
+    if (plain + drawn == nl || rc)
         return rc;
-    if (plain == 0) /* one transfer for the whole block */
+    if (plain + drawn == 0) /* one transfer for the whole block */
         return be->ops->buf_download(be, eng->fwd.logits, 0, eng->logits, (size_t)nl * row, e);
     for (int s = 0, li = 0; s < ns && rc == 0; s++) {
         seq *q = eng->b_seqs[s];
         if (q->n_computed + q->chunk != q->n_toks)
             continue;
-        if (!greedy_plain(&q->s))
+        if (!greedy_plain(&q->s) && !sample_plain(be, &q->s))
             rc = be->ops->buf_download(be, eng->fwd.logits, (size_t)li * row,
                                        eng->logits + (size_t)li * eng->n_vocab, row, e);
         li++;
@@ -727,6 +753,8 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         int32_t id = -1;
         if (dev_argmax && greedy_plain(&q->s))
             id = eng->b_argmax[li]; /* -1: the row holds a NaN */
+        else if (dev_argmax && sample_plain(eng->be, &q->s))
+            id = eng->b_sampled[li]; /* drawn on the device at this sequence's u; -1: NaN */
         else if (logits_finite(lg, eng->n_vocab))
             id = smp_sample(&q->s, lg, eng->n_vocab, q->toks, q->n_prompt, q->toks + q->n_prompt,
                             q->n_toks - q->n_prompt, &q->rng, eng->sc, &lp);

@@ -151,6 +151,11 @@ static int32_t argmax(const float *x, int n) {
     return best;
 }
 
+static int by_index(const void *a, const void *b) {
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    return i < j ? -1 : i > j;
+}
+
 static int by_prob_desc(const void *a, const void *b, void *ctx) {
     const float *prob = ctx;
     int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
@@ -164,14 +169,14 @@ static int by_prob_desc(const void *a, const void *b, void *ctx) {
  * filters keep: the top k (when k < n: any set of >= k of the most likely tokens does),
  * else the top_p nucleus (a most-likely set whose mass reaches top_p does), else every token
  * above min_p * p_max. Only the candidates are sorted. */
-static int32_t sample_filtered(const md_sampling *s, const float *p, int n, int k, double want,
-                               smp_rng *rng, smp_scratch *sc) {
+static int32_t sample_filtered(float min_p, const float *p, int n, int k, double want, double u,
+                               smp_scratch *sc) {
     float pmax = p[argmax(p, n)];
     int nc = 0;
     for (double t = 1e-3;; t *= 1e-2) {
         if (t < 1e-12)
             t = 0;
-        if (k == n && want >= 1 && t > s->min_p * pmax)
+        if (k == n && want >= 1 && t > min_p * pmax)
             continue;
         nc = 0;
         double mass = 0;
@@ -201,23 +206,58 @@ static int32_t sample_filtered(const md_sampling *s, const float *p, int n, int 
         }
         nc = j;
     }
-    if (s->min_p > 0) {
-        float floor_p = s->min_p * p[sc->idx[0]];
+    if (min_p > 0) {
+        float floor_p = min_p * p[sc->idx[0]];
         int j = 1;
         while (j < nc && p[sc->idx[j]] >= floor_p)
             j++;
         nc = j;
     }
+    /* the draw walks the kept tokens in index order, as the device samplers do, so one u
+     * picks the same token on every backend */
+    qsort(sc->idx, (size_t)nc, sizeof *sc->idx, by_index);
     double total = 0;
     for (int j = 0; j < nc; j++)
         total += p[sc->idx[j]];
-    double u = smp_rng_uniform(rng) * total, acc = 0;
+    double target = u * total, acc = 0;
     for (int j = 0; j < nc; j++) {
         acc += p[sc->idx[j]];
-        if (u < acc)
+        if (target < acc)
             return sc->idx[j];
     }
     return sc->idx[nc - 1];
+}
+
+/* Temperature softmax of logits into p, then the (filtered) draw at u. */
+static int32_t draw(float temperature, int top_k, float top_p, float min_p, double u,
+                    const float *logits, float *p, int n, smp_scratch *sc) {
+    float mx = logits[argmax(logits, n)];
+    float inv_t = 1.0f / temperature;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        p[i] = expf((logits[i] - mx) * inv_t);
+        sum += p[i];
+    }
+    for (int i = 0; i < n; i++)
+        p[i] = (float)(p[i] / sum);
+    int k = top_k > 0 && top_k < n ? top_k : n;
+    double want = top_p < 1 ? top_p : 1.0;
+    if (k < n || want < 1 || min_p > 0)
+        return sample_filtered(min_p, p, n, k, want, u, sc);
+    double acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += p[i];
+        if (u < acc)
+            return i;
+    }
+    return n - 1;
+}
+
+int32_t smp_draw(float temperature, int top_k, float top_p, float min_p, double u,
+                 const float *logits, int n, smp_scratch *sc) {
+    if (temperature <= 0)
+        return argmax(logits, n);
+    return draw(temperature, top_k, top_p, min_p, u, logits, sc->prob, n, sc);
 }
 
 int32_t smp_sample(const md_sampling *s, float *logits, int n, const int32_t *prompt, int n_prompt,
@@ -239,32 +279,9 @@ int32_t smp_sample(const md_sampling *s, float *logits, int n, const int32_t *pr
     if (s->temperature <= 0) {
         tok = argmax(logits, n);
     } else {
-        float mx = logits[argmax(logits, n)];
-        float inv_t = 1.0f / s->temperature;
-        double sum = 0;
         float *p = need_lp ? logits : sc->prob; /* probabilities, in place when prob holds raw */
-        for (int i = 0; i < n; i++) {
-            p[i] = expf((logits[i] - mx) * inv_t);
-            sum += p[i];
-        }
-        for (int i = 0; i < n; i++)
-            p[i] = (float)(p[i] / sum);
-        int k = s->top_k > 0 && s->top_k < n ? s->top_k : n;
-        double want = s->top_p < 1 ? s->top_p : 1.0;
-        int filtered = k < n || want < 1 || s->min_p > 0;
-        if (!filtered) {
-            double u = smp_rng_uniform(rng), acc = 0;
-            tok = n - 1;
-            for (int i = 0; i < n; i++) {
-                acc += p[i];
-                if (u < acc) {
-                    tok = i;
-                    break;
-                }
-            }
-        } else {
-            tok = sample_filtered(s, p, n, k, want, rng, sc);
-        }
+        tok = draw(s->temperature, s->top_k, s->top_p, s->min_p, smp_rng_uniform(rng), logits, p,
+                   n, sc);
     }
     if (need_lp) {
         *logprob = (float)((double)sc->prob[tok] - raw_mx - log(raw_sum));

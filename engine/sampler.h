@@ -48,4 +48,12 @@ int32_t smp_sample(const md_sampling *s, float *logits, int n_vocab, const int32
                    int n_prompt, const int32_t *out, int n_out, smp_rng *rng, smp_scratch *sc,
                    float *logprob);
 
+/* The draw alone, at a given uniform u in [0, 1): temperature softmax, top_k, top_p, min_p,
+ * then the inverse-CDF walk over the kept tokens in index order — what backend.h's sample
+ * op computes on a device, and what smp_sample does after penalties with u from the
+ * sequence's stream (one u per token). Greedy (argmax) when temperature <= 0. logits are not
+ * modified. */
+int32_t smp_draw(float temperature, int top_k, float top_p, float min_p, double u,
+                 const float *logits, int n_vocab, smp_scratch *sc);
+
 #endif

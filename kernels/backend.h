@@ -99,6 +99,17 @@ typedef struct {
     int n_heads;    /* query heads, for attention scratch */
 } md_reserve;
 
+/* One row's draw for the optional sample op: the engine's sampler semantics (engine/sampler.h
+ * smp_draw) — temperature softmax, top_k (0 = off), top_p (1 = off), min_p (0 = off), then the
+ * inverse-CDF walk over the kept tokens in index order at u in [0, 1). */
+typedef struct {
+    float temperature;
+    int top_k;
+    float top_p;
+    float min_p;
+    float u;
+} md_sample_params;
+
 typedef struct md_backend_ops {
     const char *name; /* "cpu", "cuda" */
     /* Element type of the KV cache the engine allocates on this backend: MD_TYPE_F32 (0,
@@ -170,6 +181,11 @@ typedef struct md_backend_ops {
      * sequences downloads rows ids instead of rows x n logits; -1 for a row holding a NaN
      * (a faulty device: the engine fails that sequence). Waits for the result. */
     int (*argmax)(md_backend *be, const md_buf *x, int rows, int n, int32_t *out, md_err *e);
+    /* Sampling on the device: out [rows] (host) = the draw of each row of x [rows, n] under
+     * p[r] (host, rows entries), so sampled sequences download one id instead of a row of
+     * logits; -1 for a row holding a NaN. Waits for the result. */
+    int (*sample)(md_backend *be, const md_buf *x, int rows, int n, const md_sample_params *p,
+                  int32_t *out, md_err *e);
 
     /* Step recording (CUDA graphs). The engine brackets the ops of one forward pass, after
      * batch_prepare and before anything is downloaded, with step_begin / step_end. Between

@@ -59,7 +59,8 @@ typedef struct {
     int64_t max_block_id; /* largest block id any token of the step reads */
     void *att_work;
     size_t att_work_n;
-    int32_t *d_argmax; /* [max_seqs] greedy picks */
+    int32_t *d_argmax; /* [max_seqs] greedy picks and sampled tokens */
+    cuda_sample_params *d_sparams, *h_sparams; /* [max_seqs] sample op parameters */
     int n_sm;
     /* decode-step graphs */
     int graphs_on;           /* MEDLEY_CUDA_GRAPHS != "0" */
@@ -115,6 +116,8 @@ static void be_free(md_backend *be) {
     cuda_gc_clear(&b->gc);
     if (b->h_meta)
         cudaFreeHost(b->h_meta);
+    if (b->h_sparams)
+        cudaFreeHost(b->h_sparams);
     if (b->meta_copied)
         cudaEventDestroy(b->meta_copied);
     cuda_ctx_close(b->c); /* frees the pool: d_meta, att_work and any live buffer */
@@ -244,10 +247,24 @@ static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
                        n * sizeof(int32_t), cudaGetErrorString(err));
     }
     int32_t *am = NULL;
+    cuda_sample_params *sp = NULL, *hsp = NULL;
+    size_t sp_bytes = (size_t)r->max_seqs * sizeof(cuda_sample_params);
     int rc = cuda_pool_alloc(b->c, n * sizeof(int32_t), (void **)&d, e);
     if (rc == 0 &&
         (rc = cuda_pool_alloc(b->c, (size_t)r->max_seqs * sizeof(int32_t), (void **)&am, e)))
         cuda_pool_free(b->c, d);
+    if (rc == 0 && (rc = cuda_pool_alloc(b->c, sp_bytes, (void **)&sp, e))) {
+        cuda_pool_free(b->c, d);
+        cuda_pool_free(b->c, am);
+    }
+    if (rc == 0 && cudaMallocHost((void **)&hsp, sp_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        cuda_pool_free(b->c, d);
+        cuda_pool_free(b->c, am);
+        cuda_pool_free(b->c, sp);
+        rc = md_errf(e, MD_ENOMEM, "cuda backend: cannot pin %zu bytes for sampling parameters",
+                     sp_bytes);
+    }
     if (rc) {
         cudaFreeHost(h);
         return rc;
@@ -258,7 +275,12 @@ static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     }
     cuda_pool_free(b->c, b->d_meta);
     cuda_pool_free(b->c, b->d_argmax);
+    cuda_pool_free(b->c, b->d_sparams);
+    if (b->h_sparams)
+        cudaFreeHost(b->h_sparams);
     b->d_argmax = am;
+    b->d_sparams = sp;
+    b->h_sparams = hsp;
     b->h_meta = h;
     b->d_meta = d;
     b->meta_n = n;
@@ -611,6 +633,28 @@ static int be_step_end(md_backend *be, int failed, md_err *e) {
     return cuda_graph_launch(b->c, g, e);
 }
 
+/* Sampled sequences: one id per row comes back, not the row of logits. */
+static int be_sample(md_backend *be, const md_buf *x, int rows, int n, const md_sample_params *p,
+                     int32_t *out, md_err *e) {
+    cuda_backend *b = cbe(be);
+    if (outside_step(b, "sample", e))
+        return MD_EINVAL;
+    if (!b->reserved || rows < 0 || rows > b->r.max_seqs || n < 1)
+        return md_errf(e, MD_EINVAL, "cuda backend: sample of %d rows (reserved for %d)", rows,
+                       b->reserved ? b->r.max_seqs : 0);
+    int rc = range_ok(x, 0, (size_t)rows * n * sizeof(float), e);
+    if (rc || rows == 0)
+        return rc;
+    for (int r = 0; r < rows; r++) /* staging is free: the last call waited for its result */
+        b->h_sparams[r] = (cuda_sample_params){p[r].temperature, p[r].top_k, p[r].top_p,
+                                               p[r].min_p, p[r].u};
+    if ((rc = cuda_upload(b->c, b->d_sparams, b->h_sparams,
+                          (size_t)rows * sizeof(cuda_sample_params), e)) ||
+        (rc = cuda_sample(b->c, (const float *)x->p, rows, n, b->d_sparams, b->d_argmax, NULL, e)))
+        return rc;
+    return cuda_download(b->c, out, b->d_argmax, (size_t)rows * sizeof(int32_t), e);
+}
+
 static const md_backend_ops cuda_backend_ops = {
     .name = "cuda",
     .kv_cache_type = MD_TYPE_F16, /* half the memory and attention traffic of F32 */
@@ -638,6 +682,7 @@ static const md_backend_ops cuda_backend_ops = {
     .check_fits = be_check_fits,
     .mem_info = be_mem_info,
     .argmax = be_argmax,
+    .sample = be_sample,
     .step_begin = be_step_begin,
     .step_end = be_step_end,
 };

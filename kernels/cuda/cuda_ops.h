@@ -182,8 +182,8 @@ typedef struct {
 int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *out, md_err *e);
 /* One token per row under params[r] (device array): temperature softmax, then top-k, top-p
  * and min-p as thresholds on the probabilities, then the inverse-CDF draw at u over the
- * kept tokens in index order. logprob[r] (may be NULL) = log of the chosen token's
- * probability under the temperature softmax before filtering. */
+ * kept tokens in index order; -1 for a row holding a NaN. logprob[r] (may be NULL) = log of
+ * the chosen token's probability under the temperature softmax before filtering. */
 int cuda_sample(cuda_ctx *c, const float *logits, int rows, int vocab,
                 const cuda_sample_params *params, int32_t *out, float *logprob, md_err *e);
 

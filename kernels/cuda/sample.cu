@@ -107,13 +107,22 @@ __global__ void k_sample(const float *logits, int vocab, const cuda_sample_param
     cuda_sample_params P = params[blockIdx.x];
 
     float bv = -FLT_MAX, mn = FLT_MAX;
-    int bi = INT_MAX;
+    int bi = INT_MAX, nan = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        nan |= l[i] != l[i];
         if (l[i] > bv) {
             bv = l[i];
             bi = i;
         }
         mn = fminf(mn, l[i]);
+    }
+    if (__syncthreads_or(nan)) { /* a faulty device or weights: the engine fails the row */
+        if (threadIdx.x == 0) {
+            out[blockIdx.x] = -1;
+            if (logprob)
+                logprob[blockIdx.x] = 0.0f;
+        }
+        return;
     }
     float mx;
     int amax;

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/sampler.h"
+
 enum {
     OP_EMBED,
     OP_MATMUL,
@@ -43,6 +45,7 @@ typedef struct {
 
 typedef struct {
     md_backend base;
+    md_backend_ops ops; /* gb_ops, plus sample with ":sample" */
     md_backend *in;
     int all;       /* record prefill steps too */
     int fail_at;   /* make the fail_at-th recording fail (0 = never) */
@@ -356,6 +359,36 @@ static const md_backend_ops gb_ops = {
     .step_end = gb_step_end,
 };
 
+/* ":sample": the backend draws sampled rows itself, with the engine's own draw (smp_draw),
+ * as a device would; the logits never leave the "device" for those rows. */
+static int gb_sample(md_backend *be, const md_buf *x, int rows, int n, const md_sample_params *p,
+                     int32_t *out, md_err *e) {
+    int rc = in_step(G(be), e, "sample");
+    if (rc)
+        return rc;
+    float *l = malloc((size_t)rows * n * sizeof *l);
+    smp_scratch *sc = smp_scratch_new(n);
+    if (!l || !sc) {
+        free(l);
+        smp_scratch_free(sc);
+        return md_errf(e, MD_ENOMEM, "cpu-graph: out of memory");
+    }
+    rc = IN(be)->ops->buf_download(IN(be), x, 0, l, (size_t)rows * n * sizeof *l, e);
+    for (int r = 0; rc == 0 && r < rows; r++) {
+        const float *row = l + (size_t)r * n;
+        int nan = 0;
+        for (int i = 0; i < n; i++)
+            nan |= row[i] != row[i];
+        out[r] = nan ? -1
+                     : smp_draw(p[r].temperature, p[r].top_k, p[r].top_p, p[r].min_p, p[r].u, row,
+                                n, sc);
+        g_stats.sampled_rows += p[r].temperature > 0;
+    }
+    free(l);
+    smp_scratch_free(sc);
+    return rc;
+}
+
 static int gb_open(const char *device, int n_threads, md_backend **out, md_err *e) {
     gb *g = calloc(1, sizeof *g);
     if (!g)
@@ -363,6 +396,8 @@ static int gb_open(const char *device, int n_threads, md_backend **out, md_err *
     for (const char *p = strchr(device, ':'); p; p = strchr(p + 1, ':')) {
         if (!strncmp(p + 1, "all", 3))
             g->all = 1;
+        else if (!strncmp(p + 1, "sample", 6))
+            g->ops.sample = gb_sample;
         else if (!strncmp(p + 1, "fail=", 5))
             g->fail_at = atoi(p + 6);
         else {
@@ -375,7 +410,11 @@ static int gb_open(const char *device, int n_threads, md_backend **out, md_err *
         free(g);
         return rc;
     }
-    g->base.ops = &gb_ops;
+    g->ops.name = gb_ops.name; /* keep a ":sample" set above */
+    md_backend_ops keep = g->ops;
+    g->ops = gb_ops;
+    g->ops.sample = keep.sample;
+    g->base.ops = &g->ops;
     *out = &g->base;
     return 0;
 }

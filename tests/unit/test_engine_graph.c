@@ -3,7 +3,9 @@
  * a batch run with recording and replay gives exactly the tokens of the plain CPU backend;
  * every replayed step issues the same ops with the same arguments as its recording (no
  * argument that changes between steps of one shape, no download inside a step); a recording
- * that fails halfway is redone directly (MD_STEP_RERUN) with the same tokens. Runs on the
+ * that fails halfway is redone directly (MD_STEP_RERUN) with the same tokens; with the
+ * backend's sample op (":sample"), sampled sequences are drawn by the backend at their own u
+ * and the tokens are still the host sampler's, token for token. Runs on the
  * tiny synthetic Llama 3 model (fixtures, always) and on SmolLM2 when it is fetched. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -99,14 +101,16 @@ static void check_device(const char *model, const char *device, int want_reruns)
     graph_backend_stats st;
     graph_backend_get_stats(&st);
     printf("%s on %s: %ld steps run directly, %ld recorded, %ld replayed, %ld re-run after a "
-           "failed recording, %ld contract violations%s%s\n",
+           "failed recording, %ld rows drawn by the backend, %ld contract violations%s%s\n",
            strrchr(model, '/') + 1, device, st.eager_steps, st.recorded, st.replayed, st.reruns,
-           st.violations, st.violations ? ": " : "", st.first_violation);
+           st.sampled_rows, st.violations, st.violations ? ": " : "", st.first_violation);
     assert_int_equal(st.violations, 0);
     assert_true(st.recorded > 0);
     assert_true(st.replayed > st.recorded); /* recordings are reused, not redone each step */
     if (want_reruns)
         assert_true(st.reruns >= 1);
+    if (strstr(device, "sample"))
+        assert_true(st.sampled_rows > 0); /* the sampled sequences were drawn by the op */
     for (int i = 0; i < NP; i++)
         assert_memory_equal(plain[i], graphed[i], sizeof plain[i]);
 }
@@ -123,6 +127,9 @@ static void test_tiny_decode_graphs(void **state) {
 static void test_tiny_every_step_recorded(void **state) {
     check_device(tiny_model(), "cpu-graph:all", 0);
 }
+static void test_tiny_device_sampling(void **state) {
+    check_device(tiny_model(), "cpu-graph:sample", 0);
+}
 static void test_tiny_failed_recording_reruns(void **state) {
     check_device(tiny_model(), "cpu-graph:fail=2", 1);
 }
@@ -132,6 +139,7 @@ static void test_smollm2_decode_graphs(void **state) {
         skip();
     check_device(m, "cpu-graph", 0);
     check_device(m, "cpu-graph:all:fail=1", 1);
+    check_device(m, "cpu-graph:sample", 0);
 }
 
 int main(void) {
@@ -144,6 +152,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_decode_graphs),
         cmocka_unit_test(test_tiny_every_step_recorded),
         cmocka_unit_test(test_tiny_failed_recording_reruns),
+        cmocka_unit_test(test_tiny_device_sampling),
         cmocka_unit_test(test_smollm2_decode_graphs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
