@@ -48,7 +48,7 @@ static int open_fakecuda(const char *device, int n_threads, md_backend **out, md
  * The last four are short again: shapes of the first bucket come back after the growths. */
 #define NP 20
 static const int prompt_len[NP] = {5,   12,  3,   30, 9,   20,  4, 14, 18, 7,
-                                   140, 170, 130, 60, 100, 110, 6, 10, 8,  11};
+                                   140, 185, 130, 60, 100, 110, 6, 10, 8,  11};
 static const int gen_len[NP] = {40, 34, 28, 22, 40, 34, 28, 22, 40, 34,
                                 10, 12, 8,  40, 40, 40, 40, 40, 40, 40};
 
@@ -277,6 +277,195 @@ static void test_smollm2_graphs_launch_what_direct_steps_do(void **state) {
     check_model(m);
 }
 
+/* ---- the backend driven op by op ----------------------------------------------------
+ * Steps of one decode token per sequence over a 1-KV-head F16 cache, attention only: the
+ * cases the engine's workload cannot produce on demand. */
+
+enum { D_SEQS = 4, D_HEADS = 4, D_HD = 64, D_BT = 16, D_MAXB = 16, D_SLOTS = D_BT * D_MAXB };
+
+typedef struct {
+    md_backend *be;
+    md_buf *q, *out, *kc, *vc;
+    int32_t tokens[D_SEQS], seq[D_SEQS], pos[D_SEQS], slot[D_SEQS], len[D_SEQS],
+        table[D_SEQS * D_MAXB], rows[D_SEQS];
+} direct;
+
+static void direct_open(direct *d, const char *graphs) {
+    memset(d, 0, sizeof *d);
+    setenv("MEDLEY_CUDA_GRAPHS", graphs, 1);
+    fake_cuda_reset();
+    md_err e = {0};
+    if (md_backend_open("fakecuda", 0, &d->be, &e))
+        fail_msg("open: %s", e.msg);
+    md_reserve r = {.max_tokens = D_SEQS,
+                    .max_seqs = D_SEQS,
+                    .max_cols = D_HEADS * D_HD,
+                    .max_ctx = D_SLOTS,
+                    .max_blocks = D_MAXB,
+                    .n_heads = D_HEADS};
+    const md_backend_ops *o = d->be->ops;
+    size_t act = (size_t)D_SEQS * D_HEADS * D_HD * 4, cache = (size_t)D_SLOTS * D_HD * 2;
+    if (o->reserve(d->be, &r, &e) || o->buf_alloc(d->be, act, &d->q, &e) ||
+        o->buf_alloc(d->be, act, &d->out, &e) || o->buf_alloc(d->be, cache, &d->kc, &e) ||
+        o->buf_alloc(d->be, cache, &d->vc, &e))
+        fail_msg("setup: %s", e.msg);
+}
+
+static void direct_close(direct *d) {
+    const md_backend_ops *o = d->be->ops;
+    md_buf *all[] = {d->q, d->out, d->kc, d->vc};
+    for (int i = 0; i < 4; i++)
+        o->buf_free(d->be, all[i]);
+    md_backend_free(d->be);
+    fake_cuda_reset();
+}
+
+/* One step: n sequences decoding at position p each (sequence s in blocks s*4..); attention
+ * runs when `attend`, again directly when the backend asks for a re-run. Returns step_end's
+ * answer. */
+static int direct_step(direct *d, int n, int p, int attend) {
+    const md_backend_ops *o = d->be->ops;
+    for (int s = 0; s < n; s++) {
+        d->tokens[s] = 1;
+        d->seq[s] = s;
+        d->pos[s] = p;
+        d->len[s] = p + 1;
+        d->rows[s] = s;
+        for (int k = 0; k < D_MAXB; k++)
+            d->table[s * D_MAXB + k] = (s * 4 + k) % D_MAXB;
+        d->slot[s] = d->table[s * D_MAXB + p / D_BT] * D_BT + p % D_BT;
+    }
+    md_batch b = {.n_tokens = n,
+                  .n_seqs = n,
+                  .tokens = d->tokens,
+                  .tok_seq = d->seq,
+                  .tok_pos = d->pos,
+                  .slot = d->slot,
+                  .seq_len = d->len,
+                  .block_table = d->table,
+                  .max_blocks = D_MAXB,
+                  .block_tokens = D_BT,
+                  .logit_rows = d->rows,
+                  .n_logits = n};
+    md_err e = {0};
+    if (o->batch_prepare(d->be, &b, &e) || o->step_begin(d->be, &e))
+        fail_msg("step at %d: %s", p, e.msg);
+    int rc = 0;
+    if (attend)
+        rc = o->attention(d->be, d->q, d->kc, d->vc, d->out, D_HEADS, 1, D_HD, MD_TYPE_F16, 0.125f,
+                          &e);
+    md_err se = {0};
+    int end = o->step_end(d->be, rc, &se);
+    if (end == MD_STEP_RERUN && attend &&
+        o->attention(d->be, d->q, d->kc, d->vc, d->out, D_HEADS, 1, D_HD, MD_TYPE_F16, 0.125f, &e))
+        fail_msg("re-run at %d: %s", p, e.msg);
+    if (end < 0)
+        fail_msg("step_end at %d: %s", p, se.msg);
+    return end;
+}
+
+/* The attention launches of the stream, in order. */
+static int attention_launches(const fake_launch **out, int max) {
+    size_t n;
+    const fake_launch *l = fake_cuda_stream(&n);
+    int k = 0;
+    for (size_t i = 0; i < n && k < max; i++)
+        if (!strcmp(fake_cuda_fn_name(l[i].fn), "cuda_attn_decode"))
+            out[k++] = &l[i];
+    return k;
+}
+
+/* A capture whose attention needs more partials than ever before (its key's first step ran no
+ * attention): the allocation is refused inside the capture, the step re-runs directly (the
+ * device not failed), the partials grow, and the key is recorded at its next step and replayed
+ * with the new buffer. */
+static void test_scratch_growth_inside_capture_reruns(void **state) {
+    direct d;
+    direct_open(&d, "1");
+    md_cuda_graph_totals t0, t1;
+    md_cuda_graph_get_totals(&t0);
+    assert_int_equal(direct_step(&d, 2, 20, 0), 0);             /* first sighting: direct */
+    assert_int_equal(direct_step(&d, 2, 21, 1), MD_STEP_RERUN); /* capture refused the growth */
+    assert_int_equal(direct_step(&d, 2, 22, 1), 0);             /* recorded */
+    assert_int_equal(direct_step(&d, 2, 23, 1), 0);             /* replayed */
+    md_cuda_graph_get_totals(&t1);
+    fake_cuda_stats st;
+    fake_cuda_get_stats(&st);
+    assert_int_equal(st.violations, 0);
+    assert_int_equal(st.allocs_refused, 1);
+    assert_int_equal(t1.reruns - t0.reruns, 1);
+    assert_int_equal(t1.recorded - t0.recorded, 1);
+    assert_int_equal(t1.replayed - t0.replayed, 1);
+    const fake_launch *a[8];
+    assert_int_equal(attention_launches(a, 8), 3); /* re-run, recorded, replayed */
+    assert_false(a[0]->from_graph);
+    assert_true(a[1]->from_graph && a[2]->from_graph);
+    assert_int_equal(a[0]->n_args, a[1]->n_args); /* same arguments (other positions) */
+    assert_memory_equal(a[0]->a, a[1]->a, sizeof a[0]->a);
+    assert_int_equal(fake_cuda_arg(a[2], "work"), fake_cuda_arg(a[0], "work"));
+    direct_close(&d);
+}
+
+/* Partials grow in a step of another key (a longer context: more splits, as many sequences
+ * as reserved) after a graph was recorded: that graph must not be replayed with the freed buffer;
+ * its key records again. */
+static void test_graphs_dropped_when_partials_move(void **state) {
+    direct d;
+    direct_open(&d, "1");
+    assert_int_equal(direct_step(&d, D_SEQS, 20, 1), 0);  /* bucket 64, direct */
+    assert_int_equal(direct_step(&d, D_SEQS, 21, 1), 0);  /* recorded */
+    assert_int_equal(direct_step(&d, D_SEQS, 22, 1), 0);  /* replayed */
+    assert_int_equal(direct_step(&d, D_SEQS, 100, 1), 0); /* bucket 128: 2 splits, partials grow */
+    assert_int_equal(direct_step(&d, D_SEQS, 23, 1), 0);  /* bucket 64 again */
+    fake_cuda_stats st;
+    fake_cuda_get_stats(&st);
+    assert_int_equal(st.violations, 0);
+    const fake_launch *a[8];
+    int na = attention_launches(a, 8);
+    assert_true(st.graphs_freed_running >= 1);
+    assert_int_equal(na, 5);
+    assert_int_equal(fake_cuda_arg(a[3], "n_splits"), 2);
+    assert_true(fake_cuda_arg(a[3], "work") != fake_cuda_arg(a[0], "work"));
+    /* the last bucket-64 step uses the grown buffer, whatever path it took */
+    assert_int_equal(fake_cuda_arg(a[4], "work"), fake_cuda_arg(a[3], "work"));
+    assert_int_equal(fake_cuda_arg(a[4], "n_splits"), 1);
+    direct_close(&d);
+}
+
+/* Decode steps growing one position at a time through every split bucket, graphs on and
+ * off: the same launches (a graph recorded at 131 positions and replayed at 200 must split
+ * the keys as a direct step at 200 does). */
+static void test_replays_match_direct_steps_at_every_length(void **state) {
+    fake_launch *l[2];
+    size_t n[2];
+    for (int on = 0; on < 2; on++) {
+        direct d;
+        direct_open(&d, on ? "1" : "0");
+        for (int p = 20; p < 240; p += 3)
+            assert_int_equal(direct_step(&d, D_SEQS, p, 1), 0);
+        fake_cuda_stats st;
+        fake_cuda_get_stats(&st);
+        assert_int_equal(st.violations, 0);
+        const fake_launch *s = fake_cuda_stream(&n[on]);
+        l[on] = malloc(n[on] * sizeof *s);
+        assert_non_null(l[on]);
+        memcpy(l[on], s, n[on] * sizeof *s);
+        if (on)
+            assert_true(st.graph_launches > 50);
+        direct_close(&d);
+    }
+    assert_int_equal(n[0], n[1]);
+    for (size_t i = 0; i < n[0]; i++)
+        if (!fake_cuda_launch_eq(&l[0][i], &l[1][i])) {
+            char a[1024], b[1024];
+            fake_cuda_format(&l[0][i], a, sizeof a);
+            fake_cuda_format(&l[1][i], b, sizeof b);
+            fail_msg("launch %zu differs:\n  direct:   %s\n  graphed:  %s", i, a, b);
+        }
+    free(l[0]);
+    free(l[1]);
+}
+
 int main(void) {
     md_err e = {0};
     if (md_backend_register("fakecuda", open_fakecuda, &e)) {
@@ -286,6 +475,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_graphs_launch_what_direct_steps_do),
         cmocka_unit_test(test_smollm2_graphs_launch_what_direct_steps_do),
+        cmocka_unit_test(test_scratch_growth_inside_capture_reruns),
+        cmocka_unit_test(test_graphs_dropped_when_partials_move),
+        cmocka_unit_test(test_replays_match_direct_steps_at_every_length),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
