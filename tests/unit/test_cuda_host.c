@@ -2,17 +2,21 @@
  * steps as CUDA graphs, kernels/cuda/graph_cache.c, step_plan.c) under the real engine, over
  * tests/unit/fake_cuda.c, which records every kernel launch instead of running it.
  *
- * The same workload (prompts of 3 to 170 tokens through fewer slots than prompts, different
- * max_tokens, greedy and seeded rows) runs with MEDLEY_CUDA_GRAPHS=0 and =1. What the device
- * would execute — each launch with its arguments, pointers as (allocation, offset), taken from
- * the stream when the launch runs, i.e. a replayed graph's frozen arguments at its launch — must
- * be identical launch by launch: a replay launches exactly what a direct step would have. Also:
- * graphs were recorded and replayed, in every attention split bucket (64, 128, 256 positions)
- * and on the cuBLAS path (more than 8 sequences); scratch growing inside a capture fails that
- * capture, the step re-runs directly, the graphs are dropped and recorded again; captures the
- * driver refuses (injected) re-run with the same launches and tokens and never fail the device;
- * no launch touches memory outside its buffers or freed by then. Tiny fixture model always,
- * SmolLM2 when it is fetched. */
+ * The same workload (20 prompts of 3 to 185 tokens through 10 slots, different max_tokens,
+ * greedy and seeded rows) runs with MEDLEY_CUDA_GRAPHS=0 and =1. What the device would execute
+ * — each launch with its arguments, pointers as (allocation, offset), and the step metadata it
+ * follows, taken when the launch runs, i.e. a replayed graph's frozen arguments at its launch —
+ * must be identical launch by launch: a replay launches exactly what a direct step would have.
+ * Also: graphs were recorded and replayed in every attention split bucket (64, 128, 256
+ * positions) and on the cuBLAS path (more than 8 sequences); when the attention partials grow
+ * the graphs are dropped and recorded again; captures the driver refuses (injected) re-run with
+ * the same launches and tokens and never fail the device; no launch touches memory outside its
+ * buffers or freed by then. Tiny fixture model always, SmolLM2 when it is fetched.
+ *
+ * Driven op by op (what the engine cannot produce on demand): scratch growing inside a capture
+ * fails only that capture, the step re-runs directly and the key records at its next step; a
+ * graph is never replayed after the partials moved; replays equal direct steps at every length
+ * from 20 to 240 positions. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -63,7 +67,7 @@ static void sampling_for(int i, md_sampling *s) {
     md_sampling_default(s);
     s->max_tokens = gen_len[i];
     s->ignore_eos = 1;
-    if (i % 3 == 1) { /* seeded rows: their logits are downloaded, the rest use device argmax */
+    if (i % 3 == 1) { /* seeded rows next to greedy ones (device argmax) */
         s->temperature = 0.8f;
         s->top_k = 40;
         s->seed = 77 + (uint64_t)i;
@@ -119,7 +123,7 @@ static void run(const char *model, const char *graphs, int fail_every, run_out *
     md_cuda_graph_get_totals(&t0);
     md_engine_config cfg = {.model_path = model,
                             .device = "fakecuda",
-                            .max_seqs = 10, /* 16 prompts through 10 slots; > 8: cuBLAS path */
+                            .max_seqs = 10, /* 20 prompts through 10 slots; > 8: cuBLAS path */
                             .max_batch_tokens = 64,
                             .n_ctx = 256};
     md_engine *eng;
