@@ -249,24 +249,20 @@ static char *denorm(int64_t v, size_t *room) {
 
 /* ---- launch records ------------------------------------------------------------- */
 
-typedef struct {
-    fake_launch l; /* being filled by a launcher */
-} rec;
-
-static void rec_init(rec *r, int fn) {
+static void rec_init(fake_launch *r, int fn) {
     memset(r, 0, sizeof *r);
-    r->l.fn = fn;
+    r->fn = fn;
 }
-static void arg_i(rec *r, int64_t v) {
-    r->l.a[r->l.n_args++] = v;
+static void arg_i(fake_launch *r, int64_t v) {
+    r->a[r->n_args++] = v;
 }
-static void arg_f(rec *r, float f) {
+static void arg_f(fake_launch *r, float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    r->l.a[r->l.n_args++] = u;
+    r->a[r->n_args++] = u;
 }
-static void arg_p(rec *r, const void *p, size_t bytes, const char *what) {
-    r->l.a[r->l.n_args++] = norm_ptr(p, bytes, fake_cuda_fn_name(r->l.fn), what);
+static void arg_p(fake_launch *r, const void *p, size_t bytes, const char *what) {
+    r->a[r->n_args++] = norm_ptr(p, bytes, fake_cuda_fn_name(r->fn), what);
 }
 
 static size_t dtype_bytes(int t) {
@@ -440,13 +436,13 @@ static int graph_push(cuda_graph *gr, const fake_launch *l) {
 }
 
 /* A launch enqueued on the ctx stream: runs now, or joins the graph being captured. */
-static int enqueue(cuda_ctx *c, rec *r, md_err *e) {
+static int enqueue(cuda_ctx *c, fake_launch *r, md_err *e) {
     if (c->capturing) {
-        if (graph_push(c->cap, &r->l))
+        if (graph_push(c->cap, r))
             return md_errf(e, MD_ENOMEM, "fake CUDA: out of host memory for a graph");
         return 0;
     }
-    stream_push(&r->l, 0);
+    stream_push(r, 0);
     return 0;
 }
 
@@ -675,21 +671,21 @@ int cuda_upload(cuda_ctx *c, void *dst, const void *src, size_t bytes, md_err *e
     GUARD(c, e);
     if (c->capturing)
         return capture_fail(c, "host-to-device copy", e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_UPLOAD);
     arg_p(&r, dst, bytes, "dst");
     arg_i(&r, (int64_t)bytes);
     uint64_t h = hash_bytes(src, bytes);
     int pinned = is_pinned(src, bytes);
     arg_i(&r, pinned ? 0 : (int64_t)h); /* staging: the kernels' reads are compared instead */
-    if (r.l.a[0] > 0 && bytes)
+    if (r.a[0] > 0 && bytes)
         memcpy(dst, src, bytes);
     if (pinned) {
         if (g.n_pending == (int)(sizeof g.pending / sizeof g.pending[0]))
             copies_done((size_t)-1);
         g.pending[g.n_pending++] = (pending_copy){src, bytes, h, g.n + 1};
     }
-    stream_push(&r.l, 0);
+    stream_push(&r, 0);
     return 0;
 }
 
@@ -706,11 +702,11 @@ int cuda_download(cuda_ctx *c, void *host_dst, const void *src, size_t bytes, md
 
 int cuda_memset0(cuda_ctx *c, void *dst, size_t bytes, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_MEMSET0);
     arg_p(&r, dst, bytes, "dst");
     arg_i(&r, (int64_t)bytes);
-    if (!c->capturing && r.l.a[0] > 0 && bytes)
+    if (!c->capturing && r.a[0] > 0 && bytes)
         memset(dst, 0, bytes);
     return enqueue(c, &r, e);
 }
@@ -718,7 +714,7 @@ int cuda_memset0(cuda_ctx *c, void *dst, size_t bytes, md_err *e) {
 int cuda_fill_random(cuda_ctx *c, void *dst, cuda_dtype dtype, int64_t n, float scale,
                      uint64_t seed, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_FILL_RANDOM);
     arg_p(&r, dst, (size_t)n * dtype_bytes(dtype), "dst");
     arg_i(&r, dtype);
@@ -762,7 +758,7 @@ int cuda_dequantize(cuda_ctx *c, int gtype, const void *src, void *dst, cuda_dty
     if (in == 0)
         return md_errf(e, MD_EINVAL, "fake CUDA: dequantize %lld elements of type %d", (long long)n,
                        gtype);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_DEQUANT);
     arg_i(&r, gtype);
     arg_p(&r, src, in, "src");
@@ -779,7 +775,7 @@ size_t cuda_ggml_bytes(int gtype, int64_t n) {
 int cuda_rmsnorm(cuda_ctx *c, const float *x, const float *w, float eps, int rows, int dim,
                  void *out, cuda_dtype out_type, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_RMSNORM);
     arg_p(&r, x, (size_t)rows * dim * 4, "x");
     arg_p(&r, w, (size_t)dim * 4, "w");
@@ -794,7 +790,7 @@ int cuda_rmsnorm(cuda_ctx *c, const float *x, const float *w, float eps, int row
 int cuda_rope(cuda_ctx *c, float *x, const int32_t *pos, int n_tokens, int n_heads, int head_dim,
               int rot_dim, const float *inv_freq, int neox, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_ROPE);
     arg_p(&r, x, (size_t)n_tokens * n_heads * head_dim * 4, "x");
     arg_p(&r, pos, (size_t)n_tokens * 4, "pos");
@@ -810,7 +806,7 @@ int cuda_rope(cuda_ctx *c, float *x, const int32_t *pos, int n_tokens, int n_hea
 int cuda_swiglu(cuda_ctx *c, const float *gate, const float *up, void *out, cuda_dtype out_type,
                 int64_t n, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_SWIGLU);
     arg_p(&r, gate, (size_t)n * 4, "gate");
     arg_p(&r, up, (size_t)n * 4, "up");
@@ -822,7 +818,7 @@ int cuda_swiglu(cuda_ctx *c, const float *gate, const float *up, void *out, cuda
 
 int cuda_add(cuda_ctx *c, float *y, const float *x, int64_t n, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_ADD);
     arg_p(&r, y, (size_t)n * 4, "y");
     arg_p(&r, x, (size_t)n * 4, "x");
@@ -832,7 +828,7 @@ int cuda_add(cuda_ctx *c, float *y, const float *x, int64_t n, md_err *e) {
 
 int cuda_add_bias(cuda_ctx *c, float *y, const float *bias, int rows, int cols, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_ADD_BIAS);
     arg_p(&r, y, (size_t)rows * cols * 4, "y");
     arg_p(&r, bias, (size_t)cols * 4, "bias");
@@ -844,7 +840,7 @@ int cuda_add_bias(cuda_ctx *c, float *y, const float *bias, int rows, int cols, 
 int cuda_convert(cuda_ctx *c, const float *x, void *dst, cuda_dtype out_type, int64_t n,
                  md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_CONVERT);
     arg_p(&r, x, (size_t)n * 4, "x");
     arg_p(&r, dst, (size_t)n * dtype_bytes(out_type), "dst");
@@ -856,7 +852,7 @@ int cuda_convert(cuda_ctx *c, const float *x, void *dst, cuda_dtype out_type, in
 int cuda_get_rows(cuda_ctx *c, const void *table, int gtype, int64_t n_rows, int dim,
                   const int32_t *ids, int n, float *out, int *bad_id, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_GET_ROWS);
     arg_p(&r, table, (size_t)n_rows * md_type_row_bytes(gtype, dim), "table");
     arg_i(&r, gtype);
@@ -872,7 +868,7 @@ int cuda_get_rows(cuda_ctx *c, const void *table, int gtype, int64_t n_rows, int
 int cuda_gather_rows(cuda_ctx *c, const float *x, const int32_t *rows, int n_rows, int cols,
                      float *out, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_GATHER);
     arg_p(&r, x, (size_t)cols * 4, "x");
     arg_p(&r, rows, (size_t)n_rows * 4, "rows");
@@ -895,7 +891,7 @@ int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const f
                        row_bytes, k, wtype);
     if (m == 0)
         return 0;
-    rec r;
+    fake_launch r;
     if (m <= CUDA_GEMV_MAX_M && !force_cublas) {
         rec_init(&r, F_GEMV);
         arg_p(&r, w, (size_t)n * row_bytes, "w");
@@ -948,7 +944,7 @@ int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const f
 int cuda_kv_write(cuda_ctx *c, void *k_cache, void *v_cache, cuda_dtype dtype, int kv_dim,
                   const float *k, const float *v, const int32_t *slots, int n_tokens, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_KV_WRITE);
     arg_p(&r, k_cache, 0, "k_cache");
     arg_p(&r, v_cache, 0, "v_cache");
@@ -965,7 +961,7 @@ size_t cuda_attn_decode_work_bytes(int n, int n_heads, int head_dim, int n_split
     return (size_t)n * n_heads * n_splits * (2 + head_dim) * sizeof(float); /* as attention.cu */
 }
 
-static void kv_args(rec *r, const cuda_kv_layer *kv) {
+static void kv_args(fake_launch *r, const cuda_kv_layer *kv) {
     arg_p(r, kv->k, 0, "k_cache");
     arg_p(r, kv->v, 0, "v_cache");
     arg_i(r, kv->dtype);
@@ -981,7 +977,7 @@ int cuda_attn_decode(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, const
     if (n_splits < 1 || n_heads % kv->n_kv_heads)
         return md_errf(e, MD_EINVAL, "CUDA attention: %d splits, %d heads over %d", n_splits,
                        n_heads, kv->n_kv_heads);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_ATTN_DECODE);
     kv_args(&r, kv);
     arg_p(&r, q, 0, "q");
@@ -1001,7 +997,7 @@ int cuda_attn_prefill(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, cons
                       int n_tiles, const int32_t *block_table, int max_blocks, int n_heads,
                       float scale, float *out, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_ATTN_PREFILL);
     kv_args(&r, kv);
     arg_p(&r, q, 0, "q");
@@ -1017,7 +1013,7 @@ int cuda_attn_prefill(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, cons
 
 int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *out, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_ARGMAX);
     arg_p(&r, logits, (size_t)rows * vocab * 4, "logits");
     arg_i(&r, rows);
@@ -1029,7 +1025,7 @@ int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *
 int cuda_sample(cuda_ctx *c, const float *logits, int rows, int vocab,
                 const cuda_sample_params *params, int32_t *out, float *logprob, md_err *e) {
     GUARD(c, e);
-    rec r;
+    fake_launch r;
     rec_init(&r, F_SAMPLE);
     arg_p(&r, logits, (size_t)rows * vocab * 4, "logits");
     arg_i(&r, rows);
