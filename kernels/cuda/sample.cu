@@ -127,6 +127,14 @@ __global__ void k_sample(const float *logits, int vocab, const cuda_sample_param
     float mx;
     int amax;
     block_argmax(bv, bi, shv, shi, &mx, &amax);
+    if (amax == INT_MAX) { /* every logit is -inf: no token to pick, and INT_MAX is no index */
+        if (threadIdx.x == 0) {
+            out[blockIdx.x] = -1;
+            if (logprob)
+                logprob[blockIdx.x] = 0.0f;
+        }
+        return;
+    }
     float lmin = -cuda_block_max(-mn, sh);
     float invt = P.temperature > 0.0f ? 1.0f / P.temperature : 1.0f;
     float z, dummy;
