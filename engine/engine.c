@@ -224,7 +224,7 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     eng->b_pos = malloc(T * sizeof(int32_t));
     eng->b_slot = malloc(T * sizeof(int32_t));
     eng->b_seq_len = malloc(S * sizeof(int32_t));
-    eng->b_table = malloc(S * eng->max_blocks * sizeof(int32_t));
+    eng->b_table = calloc(S * eng->max_blocks, sizeof(int32_t)); /* uploaded whole: no stale bytes */
     eng->b_logit_rows = malloc(S * sizeof(int32_t));
     eng->b_seqs = malloc(S * sizeof(seq *));
     eng->logits = malloc(S * eng->n_vocab * sizeof(float));

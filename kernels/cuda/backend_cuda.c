@@ -290,6 +290,7 @@ static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     meta_layout(h, r, &b->h_tokens, &b->h_pos, &b->h_slot, &b->h_logit_rows, &b->h_dec, &b->h_tiles,
                 &b->h_bt);
     b->reserved = 1;
+    cuda_ctx_scratch_moved(b->c); /* graphs recorded before read the old metadata arena */
     return 0;
 }
 
