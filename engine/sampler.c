@@ -197,11 +197,15 @@ static int32_t sample_filtered(float min_p, const float *p, int n, int k, double
     if (nc > k)
         nc = k;
     if (want < 1) {
-        double c = 0;
+        /* top_p of the mass top_k left (Hugging Face, llama.cpp and vLLM renormalise after
+         * top_k; so does cuda_sample) */
+        double mass = 0, c = 0;
+        for (int j = 0; j < nc; j++)
+            mass += p[sc->idx[j]];
         int j = 0;
         while (j < nc) {
             c += p[sc->idx[j++]];
-            if (c >= want)
+            if (c >= want * mass)
                 break;
         }
         nc = j;

@@ -9,7 +9,8 @@
  *  - repetition_penalty r: over every token in the prompt and the output, a positive logit
  *    is divided by r, a negative one multiplied by r;
  *  - presence p / frequency f (OpenAI): over output tokens only, logit -= p + f * count;
- *  - top_k, then top_p (smallest set of most likely tokens whose mass reaches top_p), then
+ *  - top_k, then top_p (smallest set of most likely tokens whose mass reaches top_p of what
+ *    top_k kept, renormalised as Hugging Face, llama.cpp and vLLM do), then
  *    min_p (drop tokens below min_p times the most likely one's probability), applied to the
  *    distribution after temperature;
  *  - logprob: log-softmax of the raw logits (before penalties and temperature) at the chosen

@@ -253,6 +253,24 @@ static void test_validate_rejects_bad_parameters(void **state) {
     assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
 }
 
+/* top_p applies to the mass top_k kept (renormalised, as HF / llama.cpp / vLLM and the CUDA
+ * sampler do): p = .4 .3 .2 .1, top_k 2 keeps .4 + .3; top_p 0.5 of that (.35) is reached by
+ * the first token alone, so every u draws token 0 (of the whole mass, 0.5 would keep two). And
+ * the draw walks kept tokens in index order: with top_k 3, u just under .4/.9 is token 0, just
+ * over is token 1. */
+static void test_top_p_after_top_k_and_index_order_draw(void **state) {
+    float l[4] = {logf(0.4f), logf(0.3f), logf(0.2f), logf(0.1f)};
+    smp_scratch *sc = smp_scratch_new(4);
+    for (double u = 0.0; u < 1.0; u += 0.05)
+        assert_int_equal(smp_draw(1.0f, 2, 0.5f, 0.0f, u, l, 4, sc), 0);
+    assert_int_equal(smp_draw(1.0f, 2, 1.0f, 0.0f, 0.99, l, 4, sc), 1);
+    assert_int_equal(smp_draw(1.0f, 3, 1.0f, 0.0f, 0.4 / 0.9 - 1e-4, l, 4, sc), 0);
+    assert_int_equal(smp_draw(1.0f, 3, 1.0f, 0.0f, 0.4 / 0.9 + 1e-4, l, 4, sc), 1);
+    assert_int_equal(smp_draw(1.0f, 3, 1.0f, 0.0f, 0.999, l, 4, sc), 2);
+    assert_int_equal(smp_draw(0.0f, 3, 1.0f, 0.0f, 0.999, l, 4, sc), 0); /* greedy */
+    smp_scratch_free(sc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_takes_argmax_lowest_index_on_ties),
@@ -267,6 +285,7 @@ int main(void) {
         cmocka_unit_test(test_presence_and_frequency_penalties_on_output_only),
         cmocka_unit_test(test_logprob_is_raw_log_softmax),
         cmocka_unit_test(test_validate_rejects_bad_parameters),
+        cmocka_unit_test(test_top_p_after_top_k_and_index_order_draw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
