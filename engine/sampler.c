@@ -199,9 +199,12 @@ static int32_t sample_filtered(float min_p, const float *p, int n, int k, double
     if (want < 1) {
         /* top_p of the mass top_k left (Hugging Face, llama.cpp and vLLM renormalise after
          * top_k; so does cuda_sample) */
-        double mass = 0, c = 0;
-        for (int j = 0; j < nc; j++)
-            mass += p[sc->idx[j]];
+        double mass = 1, c = 0; /* the candidates are a subset of the vocabulary... */
+        if (k < n) {           /* ...but with top_k they are exactly the k kept */
+            mass = 0;
+            for (int j = 0; j < nc; j++)
+                mass += p[sc->idx[j]];
+        }
         int j = 0;
         while (j < nc) {
             c += p[sc->idx[j++]];

@@ -1,0 +1,3 @@
+#pragma once
+typedef void *cublasHandle_t;
+typedef int cublasStatus_t;

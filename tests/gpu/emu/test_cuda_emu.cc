@@ -1,0 +1,445 @@
+/* test_cuda_emu.cc — kernels/cuda's arithmetic checked without a GPU: the .cu files, with
+ * their host launchers stripped (strip.py, at build time), compile as host C++ against
+ * fake/cuda_runtime.h, whose emulator runs one std::thread per CUDA thread (__syncthreads
+ * and warp shuffles on barriers, blocks one after another). Compared with the CPU backend
+ * (attention over paged f32/f16 caches at head_dim 64/128/256 and GQA 8/2, 8/1, 6/3, 9/3
+ * with 1..64 splits; RMSNorm; RoPE normal and NeoX, partial), with engine/quant.c and the
+ * gguf package's fixtures (dequantization of every type, GEMV at 1/3/8 tokens), with a
+ * reference of cuBLAS's definition (GemmEx argument order), and with the host sampler
+ * (argmax ties and NaN, every filter, the same token for the same u). What it cannot see:
+ * real scheduling, memory-model races beyond barriers, cuBLAS itself, speed.
+ * Written by a desk-check of the CUDA backend before its first GPU run (2026-12-02).
+ *
+ *   build/tests/test_cuda_emu [dequant|gemv|elementwise|attention|rope|sample|samplehost] */
+#include "gen/dequant.cc"
+#include "gen/gemm.cc"
+#include "gen/elementwise.cc"
+#include "gen/attention.cc"
+#include "gen/sample.cc"
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+extern "C" {
+#include "engine/gguf.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/step_plan.h"
+#include "common/util.h"
+#include "engine/sampler.h"
+}
+
+static int fails = 0;
+#define CHECK(c, ...) do { if (!(c)) { fails++; printf("FAIL: " __VA_ARGS__); printf("\n"); } } while (0)
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float frand() {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+/* ---- dequant against the gguf package fixtures ---- */
+static void test_dequant() {
+    const char *names[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"};
+    for (auto nm : names) {
+        std::string path = std::string(MEDLEY_FIXTURES "/gguf/dequant_") + nm + ".bin";
+        char *buf; size_t len; md_err e = {};
+        if (md_read_file(path.c_str(), 0, &buf, &len, &e)) { printf("%s\n", e.msg); fails++; continue; }
+        uint32_t hdr[3]; memcpy(hdr, buf + 4, 12);
+        int type = hdr[0]; uint32_t n = hdr[1];
+        size_t off = 16 + (hdr[2] ? (size_t)n * 4 : 0);
+        const uint8_t *raw = (const uint8_t *)buf + off;
+        off += ggml_row_size(type, n);
+        const float *ref = (const float *)(buf + off);
+        std::vector<float> y(n);
+        int64_t ng = n / 32;
+        QT_DISPATCH(type, emu_launch(dim3(cuda_blocks(ng, 128)), dim3(128), [&] { k_dequant<QT>(raw, y.data(), CUDA_F32, ng); }));
+        int bad = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if (!(fabsf(y[i] - ref[i]) <= 1e-6f * fabsf(ref[i]) + 1e-12f)) bad++;
+        CHECK(bad == 0, "dequant %s: %d of %u differ", nm, bad, n);
+        /* get_rows over the same data viewed as rows of 256 */
+        int dim = 256; int64_t rows = n / dim;
+        if (rows >= 2) {
+            int32_t ids[3] = {1, 0, (int32_t)rows - 1};
+            std::vector<float> o(3 * dim);
+            size_t rb = qt_row_bytes(type, dim);
+            QT_DISPATCH(type, emu_launch(dim3(cuda_blocks(3 * dim / 32, 128)), dim3(128), [&] {
+                k_get_rows<QT>(raw, rb, rows, dim, ids, 3, o.data(), nullptr); }));
+            int bad2 = 0;
+            for (int t = 0; t < 3; t++) for (int j = 0; j < dim; j++)
+                if (o[t * dim + j] != y[(size_t)ids[t] * dim + j]) bad2++;
+            CHECK(bad2 == 0, "get_rows %s: %d differ", nm, bad2);
+        }
+        printf("dequant %-5s n=%u: %s\n", nm, n, bad ? "MISMATCH" : "matches gguf package");
+        free(buf);
+    }
+}
+
+/* ---- GEMV every type vs double reference ---- */
+static void test_gemv() {
+    const int types[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K};
+    const int n = 12, k = 512;
+    for (int type : types) {
+        std::vector<float> wf((size_t)n * k), wd((size_t)n * k);
+        size_t rb = ggml_row_size(type, k);
+        std::vector<uint8_t> wq(rb * n + 16);
+        md_err e = {};
+        for (auto &v : wf) v = frand();
+        if (type == GGML_Q4_K || type == GGML_Q6_K) {
+            for (auto &b : wq) b = (uint8_t)(frand() * 127 + 128);
+            size_t bb = type == GGML_Q4_K ? 144 : 210;
+            for (size_t b = 0; b < rb * n / bb; b++) {
+                uint16_t d = md_fp32_to_fp16(0.01f + 0.001f * (float)(b % 7));
+                uint8_t *p = wq.data() + b * bb + (type == GGML_Q4_K ? 0 : 208);
+                memcpy(p, &d, 2);
+                if (type == GGML_Q4_K) memcpy(p + 2, &d, 2);
+            }
+        } else if (ggml_quantize(type, wf.data(), wq.data(), (int64_t)n * k, &e)) { printf("%s\n", e.msg); fails++; continue; }
+        ggml_dequantize(type, wq.data(), wd.data(), (int64_t)n * k, &e);
+        for (int m : {1, 3, 8}) {
+            std::vector<float> x((size_t)m * k), y((size_t)m * n, 7.0f);
+            for (auto &v : x) v = frand();
+            /* 16-byte aligned copies, as the pool gives */
+            float *xa = (float *)aligned_alloc(64, x.size() * 4); memcpy(xa, x.data(), x.size() * 4);
+            uint8_t *wa = (uint8_t *)aligned_alloc(64, (rb * n + 63) / 64 * 64); memcpy(wa, wq.data(), rb * n);
+            for (int path = 0; path < 2; path++) {
+                if (path == 1 && type != GGML_F16 && type != GGML_BF16) continue;
+                std::fill(y.begin(), y.end(), 7.0f);
+                unsigned grid = cuda_blocks(n, GEMV_WARPS);
+                if (path == 1 && type == GGML_BF16)
+                    emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv16<true>((const uint16_t *)wa, xa, y.data(), m, n, k, 0.0f); });
+                else if (path == 1)
+                    emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv16<false>((const uint16_t *)wa, xa, y.data(), m, n, k, 0.0f); });
+                else
+                    QT_DISPATCH(type, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv_q<QT>(wa, rb, xa, y.data(), m, n, k, 0.0f); }));
+                double ss = 0, worst = 0;
+                std::vector<double> ref((size_t)m * n);
+                for (int r = 0; r < m; r++) for (int j = 0; j < n; j++) {
+                    double s = 0;
+                    for (int i = 0; i < k; i++) s += (double)x[r * k + i] * wd[(size_t)j * k + i];
+                    ref[r * n + j] = s; ss += s * s;
+                }
+                double rms = sqrt(ss / (m * n));
+                for (int i = 0; i < m * n; i++) worst = std::max(worst, fabs(y[i] - ref[i]));
+                CHECK(worst <= 1e-4 * rms, "gemv %s m=%d path %d: worst %.3g rms %.3g", ggml_type_name(type), m, path, worst, rms);
+            }
+            free(xa); free(wa);
+        }
+        printf("gemv %-5s m=1,3,8: checked\n", ggml_type_name(type));
+    }
+}
+
+/* ---- attention against the CPU backend on test_cuda_backend's mixed step ---- */
+enum { T = 43, S = 3, NB = 64, BT = 16, MAXB = 16, NH = 8, NKV = 2, HD = 64 };
+static void test_attention(md_backend *cpu, int f16, int hd, int nh, int nkv) {
+    static int32_t tokens[T], tok_seq[T], tok_pos[T], slot[T], seq_len[S], table[S * MAXB], lrows[S];
+    int t = 0;
+    for (int p = 0; p <= 36; p++, t++) tok_seq[t] = 0, tok_pos[t] = p;
+    tok_seq[t] = 1, tok_pos[t++] = 50;
+    for (int p = 20; p <= 24; p++, t++) tok_seq[t] = 2, tok_pos[t] = p;
+    seq_len[0] = 37, seq_len[1] = 51, seq_len[2] = 25;
+    for (int i = 0; i < S * MAXB; i++) table[i] = (i * 5 + 3) % NB;
+    for (int i = 0; i < T; i++) {
+        slot[i] = table[tok_seq[i] * MAXB + tok_pos[i] / BT] * BT + tok_pos[i] % BT;
+        tokens[i] = i;
+    }
+    lrows[0] = 36, lrows[1] = 37, lrows[2] = 42;
+    md_batch b = {T, S, tokens, tok_seq, tok_pos, slot, seq_len, table, MAXB, BT, lrows, S};
+    md_reserve r = {64, 4, 512, MAXB * BT, MAXB, nh};
+    md_err e = {};
+    if (cpu->ops->reserve(cpu, &r, &e) || cpu->ops->batch_prepare(cpu, &b, &e)) { printf("%s\n", e.msg); fails++; return; }
+    size_t kvd = (size_t)nkv * hd, n_slots = (size_t)NB * BT;
+    std::vector<float> kc(n_slots * kvd), vc(n_slots * kvd), q((size_t)T * nh * hd), k((size_t)T * kvd), v((size_t)T * kvd);
+    auto rnd16 = [&](float f) { return f16 ? md_fp16_to_fp32(md_fp32_to_fp16(f)) : f; };
+    for (auto &x : kc) x = rnd16(frand());
+    for (auto &x : vc) x = rnd16(frand());
+    for (auto &x : q) x = frand();
+    for (auto &x : k) x = rnd16(frand());
+    for (auto &x : v) x = rnd16(frand());
+    /* CPU reference */
+    md_buf *bq, *bkc, *bvc, *bk, *bv, *bo;
+    auto mk = [&](const void *h, size_t n, md_buf **o) { cpu->ops->buf_alloc(cpu, n, o, &e); if (h) cpu->ops->buf_upload(cpu, *o, 0, h, n, &e); };
+    mk(q.data(), q.size() * 4, &bq); mk(kc.data(), kc.size() * 4, &bkc); mk(vc.data(), vc.size() * 4, &bvc);
+    mk(k.data(), k.size() * 4, &bk); mk(v.data(), v.size() * 4, &bv); mk(nullptr, q.size() * 4, &bo);
+    float scale = 1.0f / sqrtf((float)hd);
+    if (cpu->ops->kv_write(cpu, bk, bv, bkc, bvc, (int)kvd, MD_TYPE_F32, &e) ||
+        cpu->ops->attention(cpu, bq, bkc, bvc, bo, nh, nkv, hd, MD_TYPE_F32, scale, &e)) { printf("%s\n", e.msg); fails++; return; }
+    std::vector<float> ref(q.size());
+    cpu->ops->buf_download(cpu, bo, 0, ref.data(), ref.size() * 4, &e);
+    for (md_buf *m : {bq, bkc, bvc, bk, bv, bo}) cpu->ops->buf_free(cpu, m);
+    /* emulated device: cache in f32 or f16 */
+    cuda_dtype ct = f16 ? CUDA_F16 : CUDA_F32;
+    size_t es = f16 ? 2 : 4;
+    std::vector<uint8_t> dk(n_slots * kvd * es), dv(n_slots * kvd * es);
+    for (size_t i = 0; i < n_slots * kvd; i++) {
+        if (f16) { ((uint16_t *)dk.data())[i] = md_fp32_to_fp16(kc[i]); ((uint16_t *)dv.data())[i] = md_fp32_to_fp16(vc[i]); }
+        else { ((float *)dk.data())[i] = kc[i]; ((float *)dv.data())[i] = vc[i]; }
+    }
+    std::vector<int32_t> dec(3 * T), tiles(4 * cuda_plan_max_tiles(T, S)), dbt(S * 32, -7);
+    for (int s = 0; s < S; s++) memcpy(&dbt[s * 32], &table[s * MAXB], MAXB * 4); /* device stride = reserved width 32 */
+    cuda_step_plan plan;
+    if (cuda_plan_step(&b, dec.data(), tiles.data(), &plan, &e)) { printf("%s\n", e.msg); fails++; return; }
+    int n = T * (int)kvd;
+    emu_launch(dim3(cuda_blocks(n, 256)), dim3(256), [&] { k_kv_write(dk.data(), dv.data(), ct, k.data(), v.data(), slot, T, (int)kvd); });
+    for (int splits : {1, 3, 8, 64}) {
+        std::vector<float> out(q.size(), 12345.0f), work(cuda_attn_decode_work_bytes(plan.n_dec, nh, hd, splits) / 4);
+        dim3 grid(plan.n_dec, nkv, splits);
+        auto dec_k = [&](auto CTc, auto Dc) {
+            constexpr int CT = decltype(CTc)::value, D = decltype(Dc)::value;
+            emu_launch(grid, dim3(DEC_WARPS * 32), [&] { k_attn_dec<CT, D>(dk.data(), dv.data(), nkv, BT, q.data(), dec.data(), dbt.data(), 32, nh, scale, splits, work.data()); });
+            emu_launch(dim3(plan.n_dec, nh), dim3(128), [&] { k_attn_dec_merge(work.data(), dec.data(), nh, hd, splits, out.data()); });
+            emu_launch(dim3(plan.n_tiles, nh), dim3(PF_WARPS * 32), [&] { k_attn_pf<CT, D>(dk.data(), dv.data(), nkv, BT, q.data(), tiles.data(), dbt.data(), 32, nh, scale, out.data()); });
+        };
+        using F32c = std::integral_constant<int, CUDA_F32>; using F16c = std::integral_constant<int, CUDA_F16>;
+        if (hd == 64) { if (f16) dec_k(F16c{}, std::integral_constant<int, 2>{}); else dec_k(F32c{}, std::integral_constant<int, 2>{}); }
+        else if (hd == 128) { if (f16) dec_k(F16c{}, std::integral_constant<int, 4>{}); else dec_k(F32c{}, std::integral_constant<int, 4>{}); }
+        else { if (f16) dec_k(F16c{}, std::integral_constant<int, 8>{}); else dec_k(F32c{}, std::integral_constant<int, 8>{}); }
+        double ss = 0, worst = 0; size_t wi = 0;
+        for (float x : ref) ss += (double)x * x;
+        double rms = sqrt(ss / ref.size());
+        for (size_t i = 0; i < ref.size(); i++) { double d = fabs(out[i] - ref[i]); if (!(d <= worst)) { worst = d; wi = i; } }
+        CHECK(worst <= 1e-5 * rms, "attention %s hd=%d heads %d/%d splits %d: worst %.3g at %zu (cpu %.6g emu %.6g) rms %.3g",
+              f16 ? "f16" : "f32", hd, nh, nkv, splits, worst, wi, ref[wi], out[wi], rms);
+        printf("attention %s hd=%d heads %d/%d splits %d: worst %.2e, rms %.2e\n", f16 ? "f16" : "f32", hd, nh, nkv, splits, worst, rms);
+    }
+}
+
+/* ---- rmsnorm, rope, swiglu vs the CPU backend ---- */
+static void test_elementwise(md_backend *cpu) {
+    md_err e = {};
+    const int R = 5, Dm = 576;
+    std::vector<float> x(R * Dm), w(Dm), y(R * Dm), ref(R * Dm);
+    for (auto &a : x) a = frand() * 3; for (auto &a : w) a = frand();
+    md_buf *bx, *bw, *by;
+    cpu->ops->buf_alloc(cpu, x.size() * 4, &bx, &e); cpu->ops->buf_upload(cpu, bx, 0, x.data(), x.size() * 4, &e);
+    cpu->ops->buf_alloc(cpu, w.size() * 4, &bw, &e); cpu->ops->buf_upload(cpu, bw, 0, w.data(), w.size() * 4, &e);
+    cpu->ops->buf_alloc(cpu, x.size() * 4, &by, &e);
+    md_tensor tw = {bw, 0, MD_TYPE_F32, Dm, 1, (size_t)Dm * 4};
+    cpu->ops->rmsnorm(cpu, bx, &tw, by, R, Dm, 1e-5f, &e);
+    cpu->ops->buf_download(cpu, by, 0, ref.data(), ref.size() * 4, &e);
+    emu_launch(dim3(R), dim3(256), [&] { k_rmsnorm(x.data(), w.data(), 1e-5f, Dm, y.data(), CUDA_F32); });
+    double worst = 0; for (int i = 0; i < R * Dm; i++) worst = std::max(worst, (double)fabsf(y[i] - ref[i]));
+    CHECK(worst < 1e-5, "rmsnorm worst %.3g", worst);
+    printf("rmsnorm: worst %.2e\n", worst);
+    cpu->ops->buf_free(cpu, bx); cpu->ops->buf_free(cpu, bw); cpu->ops->buf_free(cpu, by);
+}
+
+static void test_rope(md_backend *cpu) {
+    md_err e = {};
+    /* the CPU backend's rope reads positions from its prepared batch: reuse the last one
+     * (test_attention's: 43 tokens at positions 0..36, 50, 20..24) */
+    int32_t pos[T]; int t = 0;
+    for (int p = 0; p <= 36; p++) pos[t++] = p; pos[t++] = 50; for (int p = 20; p <= 24; p++) pos[t++] = p;
+    const int nh = 3, hd = 64;
+    float inv[32]; md_rope_cfg rc = {10000.0f, 1.0f, 0, 0, 0, 0};
+    for (int neox = 0; neox < 2; neox++) for (int rot : {64, 32}) {
+        md_rope_inv_freq(&rc, rot, inv);
+        std::vector<float> x((size_t)T * nh * hd), y;
+        for (auto &a : x) a = frand();
+        y = x;
+        md_buf *bx, *bi;
+        cpu->ops->buf_alloc(cpu, x.size() * 4, &bx, &e); cpu->ops->buf_upload(cpu, bx, 0, x.data(), x.size() * 4, &e);
+        cpu->ops->buf_alloc(cpu, sizeof inv, &bi, &e); cpu->ops->buf_upload(cpu, bi, 0, inv, sizeof inv, &e);
+        cpu->ops->rope(cpu, bx, nh, hd, rot, bi, neox, &e);
+        std::vector<float> ref(x.size());
+        cpu->ops->buf_download(cpu, bx, 0, ref.data(), ref.size() * 4, &e);
+        int64_t n = (int64_t)T * nh * (rot / 2);
+        emu_launch(dim3(cuda_blocks(n, 256)), dim3(256), [&] { k_rope(y.data(), pos, T, nh, hd, rot, inv, neox); });
+        double worst = 0; for (size_t i = 0; i < x.size(); i++) worst = std::max(worst, (double)fabsf(y[i] - ref[i]));
+        CHECK(worst < 1e-5, "rope neox %d rot %d worst %.3g", neox, rot, worst);
+        printf("rope neox=%d rot=%d: worst %.2e\n", neox, rot, worst);
+        cpu->ops->buf_free(cpu, bx); cpu->ops->buf_free(cpu, bi);
+    }
+}
+
+/* ---- argmax and inverse-CDF sampling against host arithmetic ---- */
+static void test_sample() {
+    const int V = 3000;
+    std::vector<float> l(V);
+    for (auto &a : l) a = 3.0f * frand();
+    l[1500] = l[2900] = 9.0f;
+    int32_t out[4] = {-5, -5, -5, -5};
+    emu_launch(dim3(1), dim3(SAMPLE_THREADS), [&] { k_argmax(l.data(), V, out); });
+    CHECK(out[0] == 1500, "argmax %d, want 1500", out[0]);
+    l[7] = NAN;
+    emu_launch(dim3(1), dim3(SAMPLE_THREADS), [&] { k_argmax(l.data(), V, out); });
+    CHECK(out[0] == -1, "argmax with NaN %d, want -1", out[0]);
+    l[7] = 0.0f;
+    {   /* a row with no finite logit: -1, never INT_MAX (an index far outside the row) */
+        std::vector<float> ninf(V, -INFINITY);
+        cuda_sample_params pz[2] = {{0.8f, 0, 1.0f, 0.0f, 0.5f}, {0.0f, 0, 1.0f, 0.0f, 0.5f}};
+        std::vector<float> two(2 * V, -INFINITY);
+        emu_launch(dim3(2), dim3(SAMPLE_THREADS), [&] { k_sample(two.data(), V, pz, out, nullptr); });
+        CHECK(out[0] == -1 && out[1] == -1, "sample of an all -inf row: %d %d, want -1 -1", out[0], out[1]);
+        printf("sample, all -inf rows: %d %d\n", out[0], out[1]);
+    }
+    /* plain temperature sampling at u: host inverse CDF in index order */
+    float us[3] = {0.05f, 0.5f, 0.97f};
+    cuda_sample_params P[3];
+    for (int i = 0; i < 3; i++) P[i] = {0.8f, 0, 1.0f, 0.0f, us[i]};
+    std::vector<float> rows(3 * V);
+    for (int i = 0; i < 3; i++) memcpy(&rows[i * V], l.data(), V * 4);
+    float lp[3];
+    emu_launch(dim3(3), dim3(SAMPLE_THREADS), [&] { k_sample(rows.data(), V, P, out, lp); });
+    double mx = 9.0, z = 0;
+    for (int i = 0; i < V; i++) z += exp((l[i] - mx) / 0.8);
+    for (int r = 0; r < 3; r++) {
+        double c = 0; int want = -1;
+        for (int i = 0; i < V; i++) { c += exp((l[i] - mx) / 0.8) / z; if (c > us[r]) { want = i; break; } }
+        CHECK(out[r] == want, "sample u=%.2f: %d, host %d", us[r], out[r], want);
+        double wl = (l[want] - mx) / 0.8 - log(z);
+        CHECK(fabs(lp[r] - wl) < 1e-3, "logprob %.5f host %.5f", lp[r], wl);
+        printf("sample u=%.2f: token %d (host %d)\n", us[r], out[r], want);
+    }
+}
+
+
+/* top-k, top-p, min-p: the kept set and the draw against exact host arithmetic */
+static void test_sample_filters() {
+    const int V = 1000;
+    std::vector<float> l(V);
+    for (auto &a : l) a = 3.0f * frand();
+    l[17] = l[523] = 9.0f;
+    struct { float temp, top_p, min_p; int top_k; } cases[] = {{0.7f, 1.0f, 0.0f, 5}, {1.3f, 0.5f, 0.0f, 0}, {1.0f, 1.0f, 0.05f, 0}, {1.0f, 0.9f, 0.0f, 40}};
+    const float us[] = {0.01f, 0.33f, 0.61f, 0.995f};
+    for (auto &c : cases) {
+        std::vector<double> p(V);
+        double mx = 9.0, z = 0;
+        for (int i = 0; i < V; i++) z += p[i] = exp((l[i] - mx) / c.temp);
+        for (auto &x : p) x /= z;
+        std::vector<int> order(V);
+        for (int i = 0; i < V; i++) order[i] = i;
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+        int nk = c.top_k > 0 ? c.top_k : V;
+        double mass_k = 0, cum = 0;
+        for (int i = 0; i < nk; i++) mass_k += p[order[i]];
+        int np = 0;
+        for (int i = 0; i < nk; i++) { np++; cum += p[order[i]]; if (c.top_p < 1.0f && cum >= c.top_p * mass_k) break; }
+        std::vector<int> keep(V, 0);
+        double kept = 0;
+        for (int i = 0; i < np; i++) if (p[order[i]] >= c.min_p * p[order[0]]) { keep[order[i]] = 1; kept += p[order[i]]; }
+        const int R = 4;
+        cuda_sample_params P[R];
+        for (int r = 0; r < R; r++) P[r] = {c.temp, c.top_k, c.top_p, c.min_p, us[r]};
+        std::vector<float> rows(R * V);
+        for (int r = 0; r < R; r++) memcpy(&rows[r * V], l.data(), V * 4);
+        int32_t out[R]; float lp[R];
+        emu_launch(dim3(R), dim3(SAMPLE_THREADS), [&] { k_sample(rows.data(), V, P, out, lp); });
+        for (int r = 0; r < R; r++) {
+            double t = us[r] * kept, acc = 0; int want = -1;
+            for (int i = 0; i < V; i++) if (keep[i]) { acc += p[i]; if (acc > t) { want = i; break; } }
+            CHECK(out[r] >= 0 && out[r] < V && keep[out[r]], "sample k=%d p=%.2f minp=%.2f u=%.3f: token %d not kept", c.top_k, c.top_p, c.min_p, us[r], out[r]);
+            CHECK(out[r] == want, "sample k=%d p=%.2f minp=%.2f u=%.3f: token %d, host %d", c.top_k, c.top_p, c.min_p, us[r], out[r], want);
+            CHECK(fabs(lp[r] - log(p[out[r] >= 0 ? out[r] : 0])) < 1e-3, "logprob %.5f", lp[r]);
+        }
+        printf("sample top_k=%d top_p=%.2f min_p=%.2f: %d kept, draws %d %d %d %d\n", c.top_k, c.top_p, c.min_p, np, out[0], out[1], out[2], out[3]);
+    }
+}
+
+/* cuBLAS's column-major GEMM as its documentation defines it: C = alpha op(A) op(B) + beta C,
+ * op(A) m x k, op(B) k x n, C m x n; element (i, j) of a matrix with leading dimension ld is
+ * at i + j * ld. Called with exactly gemm_cublas's arguments to check their order. */
+enum { OP_N = 0, OP_T = 1 };
+static void ref_gemm(int opA, int opB, int M, int N, int K, float alpha, const float *A, int lda,
+                     const float *B, int ldb, float beta, float *C, int ldc) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int l = 0; l < K; l++) {
+                double a = opA == OP_N ? A[i + (size_t)l * lda] : A[l + (size_t)i * lda];
+                double b = opB == OP_N ? B[l + (size_t)j * ldb] : B[j + (size_t)l * ldb];
+                s += a * b;
+            }
+            C[i + (size_t)j * ldc] = (float)(alpha * s + (beta == 0 ? 0 : beta * C[i + (size_t)j * ldc]));
+        }
+}
+static void test_cublas_args() {
+    const int m = 11, n = 24, k = 256;
+    std::vector<float> wf((size_t)n * k), x((size_t)m * k), y((size_t)m * n, 3.0f), wd((size_t)n * k);
+    for (auto &v : wf) v = frand();
+    for (auto &v : x) v = frand();
+    size_t rb = ggml_row_size(GGML_Q4_0, k);
+    std::vector<uint8_t> wq(rb * n);
+    md_err e = {};
+    ggml_quantize(GGML_Q4_0, wf.data(), wq.data(), (int64_t)n * k, &e);
+    ggml_dequantize(GGML_Q4_0, wq.data(), wd.data(), (int64_t)n * k, &e);
+    /* cuda_matmul's quantized path: x -> bf16 scratch, W -> bf16 scratch, then GemmEx(T, N, n, m, k, W, k, X, k, Y, n) */
+    std::vector<uint16_t> xs((size_t)m * k), ws((size_t)n * k);
+    int64_t nx = (int64_t)m * k, ng = (int64_t)n * k / 32;
+    emu_launch(dim3(cuda_blocks(nx, 256)), dim3(256), [&] { k_convert(x.data(), xs.data(), CUDA_BF16, nx); });
+    emu_launch(dim3(cuda_blocks(ng, 128)), dim3(128), [&] { k_dequant<QT_Q4_0>(wq.data(), ws.data(), CUDA_BF16, ng); });
+    std::vector<float> xf(xs.size()), wbf(ws.size());
+    for (size_t i = 0; i < xs.size(); i++) xf[i] = md_bf16_to_fp32(xs[i]);
+    for (size_t i = 0; i < ws.size(); i++) wbf[i] = md_bf16_to_fp32(ws[i]);
+    ref_gemm(OP_T, OP_N, n, m, k, 1.0f, wbf.data(), k, xf.data(), k, 0.0f, y.data(), n);
+    double ss = 0, worst = 0;
+    for (int r = 0; r < m; r++) for (int j = 0; j < n; j++) {
+        double s = 0;
+        for (int i = 0; i < k; i++) s += (double)x[r * k + i] * wd[(size_t)j * k + i];
+        ss += s * s; worst = std::max(worst, fabs(y[r * n + j] - s));
+    }
+    double rms = sqrt(ss / (m * n));
+    CHECK(worst <= 2e-2 * rms, "cuBLAS argument order: worst %.3g of rms %.3g", worst, rms);
+    /* and the F32 Sgemm call: same order, f32 operands */
+    ref_gemm(OP_T, OP_N, n, m, k, 1.0f, wd.data(), k, x.data(), k, 0.0f, y.data(), n);
+    double w2 = 0;
+    for (int r = 0; r < m; r++) for (int j = 0; j < n; j++) {
+        double s = 0;
+        for (int i = 0; i < k; i++) s += (double)x[r * k + i] * wd[(size_t)j * k + i];
+        w2 = std::max(w2, fabs(y[r * n + j] - s));
+    }
+    CHECK(w2 <= 1e-5 * rms, "Sgemm argument order: worst %.3g", w2);
+    printf("cuBLAS GemmEx/Sgemm arguments as gemm.cu passes them: y = x W^T (bf16 worst %.2e, f32 worst %.2e, rms %.2e)\n", worst, w2, rms);
+}
+
+/* The device draw against the engine's host draw (smp_draw), same logits and u: the
+ * engine's claim is that one u picks the same token on either backend. */
+static void test_sample_vs_host() {
+    const int V = 600;
+    std::vector<float> l(V);
+    for (auto &a : l) a = 2.5f * frand();
+    struct { float temp, top_p, min_p; int top_k; } cases[] = {
+        {1.0f, 0.5f, 0.0f, 5}, {0.8f, 0.9f, 0.0f, 20}, {1.0f, 0.7f, 0.0f, 0}, {1.2f, 1.0f, 0.1f, 0}, {1.0f, 1.0f, 0.0f, 8}};
+    smp_scratch *sc = smp_scratch_new(V);
+    const int R = 8;
+    for (auto &c : cases) {
+        cuda_sample_params P[R];
+        for (int r = 0; r < R; r++) P[r] = {c.temp, c.top_k, c.top_p, c.min_p, (r + 0.5f) / R};
+        std::vector<float> rows(R * V);
+        for (int r = 0; r < R; r++) memcpy(&rows[r * V], l.data(), V * 4);
+        int32_t out[R];
+        emu_launch(dim3(R), dim3(SAMPLE_THREADS), [&] { k_sample(rows.data(), V, P, out, nullptr); });
+        int diff = 0;
+        printf("device vs smp_draw, T=%.1f top_k=%d top_p=%.2f min_p=%.2f:", c.temp, c.top_k, c.top_p, c.min_p);
+        for (int r = 0; r < R; r++) {
+            int h = smp_draw(c.temp, c.top_k, c.top_p, c.min_p, (double)P[r].u, l.data(), V, sc);
+            printf(" %d/%d", out[r], h);
+            diff += out[r] != h;
+        }
+        printf("%s\n", diff ? "  <- DIFFERENT" : "");
+        CHECK(diff == 0, "device and host draws differ on %d of %d u's (top_k %d, top_p %.2f)", diff, R, c.top_k, c.top_p);
+    }
+    smp_scratch_free(sc);
+}
+
+int main(int argc, char **argv) {
+    md_backend *cpu;
+    md_err e = {};
+    if (md_backend_cpu_open(2, &cpu, &e)) { printf("%s\n", e.msg); return 1; }
+    std::string only = argc > 1 ? argv[1] : "";
+    if (only.empty() || only == "dequant") test_dequant();
+    if (only.empty() || only == "gemv") { test_gemv(); test_cublas_args(); }
+    if (only.empty() || only == "elementwise") test_elementwise(cpu);
+    if (only.empty() || only == "attention") {
+        test_attention(cpu, 0, 64, NH, NKV);
+        test_attention(cpu, 1, 64, NH, NKV);
+        test_attention(cpu, 1, 128, 8, 1);
+        test_attention(cpu, 0, 256, 6, 3);
+        test_attention(cpu, 1, 64, 9, 3);
+    }
+    if (only.empty() || only == "rope") { test_attention(cpu, 0, 64, NH, NKV); test_rope(cpu); }
+    if (only.empty() || only == "samplehost") test_sample_vs_host();
+    if (only.empty() || only == "sample") { test_sample(); test_sample_filters(); }
+    md_backend_free(cpu);
+    printf("%s: %d failure(s)\n", fails ? "FAILED" : "ok", fails);
+    return fails != 0;
+}
