@@ -272,16 +272,16 @@ static void test_top_p_after_top_k_and_index_order_draw(void **state) {
     /* top_p alone is of the whole mass, even where the sampler only looks at the likely
      * candidates: .3 .3 .2 and 997 tokens sharing .2 (each below the first candidate
      * threshold): top_p .7 keeps the first three, so u = .99 draws token 2 */
-    enum { V = 1000 };
-    static float lv[V];
+    enum { NV = 1000 };
+    static float lv[NV];
     lv[0] = logf(0.3f);
     lv[1] = logf(0.3f);
     lv[2] = logf(0.2f);
-    for (int i = 3; i < V; i++)
-        lv[i] = logf(0.2f / (V - 3));
-    sc = smp_scratch_new(V);
-    assert_int_equal(smp_draw(1.0f, 0, 0.7f, 0.0f, 0.99, lv, V, sc), 2);
-    assert_int_equal(smp_draw(1.0f, 0, 0.7f, 0.0f, 0.5, lv, V, sc), 1);
+    for (int i = 3; i < NV; i++)
+        lv[i] = logf(0.2f / (NV - 3));
+    sc = smp_scratch_new(NV);
+    assert_int_equal(smp_draw(1.0f, 0, 0.7f, 0.0f, 0.99, lv, NV, sc), 2);
+    assert_int_equal(smp_draw(1.0f, 0, 0.7f, 0.0f, 0.5, lv, NV, sc), 1);
     smp_scratch_free(sc);
 }
 
