@@ -380,7 +380,14 @@ int cmd_profile(int argc, char **argv) {
     gmtime_r(&now, &tmv);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
     const char *name = o.model_name;
-    if (!name) {
+    char shape[128];
+    if (!name && md_synth_is(o.model)) { /* "synthetic:llama-3-8b:q4_0" profiles llama-3-8b */
+        snprintf(shape, sizeof shape, "%s", o.model + strlen(MD_SYNTH_PREFIX));
+        char *colon = strchr(shape, ':');
+        if (colon)
+            *colon = 0;
+        name = shape;
+    } else if (!name) {
         const char *slash = strrchr(o.model, '/');
         name = md_registry_find(o.model) ? o.model : slash ? slash + 1 : o.model;
     }
