@@ -30,6 +30,7 @@
 typedef struct {
     const char *model, *prompt, *chat, *system, *batch, *out, *device;
     int json, n_threads, max_seqs, batch_tokens, n_ctx, kv_mb;
+    const char *kv_type;
     md_sampling s;
     const char *stop[MAX_STOP + 1];
     int n_stop;
@@ -60,6 +61,8 @@ static void usage(FILE *f) {
             "      --device D          auto (default; cuda:0 if a GPU is usable, else cpu),\n"
             "                          cpu, cpu:N, cpu-exact, cuda:K\n"
             "      --ctx N             context limit per sequence (default: the model's)\n"
+            "      --kv-type T         KV cache f16 (default on cpu and cuda) or f32 (the\n"
+            "                          reference precision; twice the memory)\n"
             "      --max-seqs N        sequences per step (default 64)\n"
             "      --batch-tokens N    tokens per step (default 512)\n"
             "      --kv-mb N           KV cache budget in MiB (default: min(needed, 1024))\n",
@@ -112,6 +115,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         O_MAXSEQS,
         O_BTOK,
         O_KVMB,
+        O_KVTYPE,
         O_LOGPROBS,
     };
     static const struct option lo[] = {
@@ -141,6 +145,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         {"max-seqs", required_argument, 0, O_MAXSEQS},
         {"batch-tokens", required_argument, 0, O_BTOK},
         {"kv-mb", required_argument, 0, O_KVMB},
+        {"kv-type", required_argument, 0, O_KVTYPE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -192,6 +197,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         case O_MAXSEQS: rc = parse_int(optarg, "--max-seqs", 1, 4096, &o->max_seqs); break;
         case O_BTOK: rc = parse_int(optarg, "--batch-tokens", 1, 1 << 16, &o->batch_tokens); break;
         case O_KVMB: rc = parse_int(optarg, "--kv-mb", 1, 1 << 24, &o->kv_mb); break;
+        case O_KVTYPE: o->kv_type = optarg; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return -1;
         }
@@ -284,6 +290,7 @@ static int open_engine(const gen_opts *o, md_engine **eng) {
                             .max_seqs = o->max_seqs,
                             .max_batch_tokens = o->batch_tokens,
                             .kv_budget_bytes = (size_t)o->kv_mb << 20,
+                            .kv_type = o->kv_type,
                             .n_ctx = o->n_ctx};
     if (md_engine_open(&cfg, eng, &e)) {
         fprintf(stderr, "medley generate: %s\n", e.msg);

@@ -64,6 +64,7 @@ static void usage(FILE *f) {
             "  --device-type T        device type for heartbeats and output lines, as the GPU\n"
             "                         catalog names it (H200, L4; default cpu or cuda)\n"
             "  --threads N            engine CPU threads (default all cores)\n"
+            "  --kv-type T            engine KV cache: f16 (default) or f32\n"
             "  --echo-delay-ms MS     echo model: delay per answer ($MEDLEY_ECHO_DELAY_MS)\n"
             "  --echo-ctx N           echo model: context length in bytes (default 8192)\n"
             "  --visibility-ms MS     take over entries idle this long (default 60000)\n"
@@ -226,6 +227,8 @@ static int worker_main(int argc, char **argv, unsigned char *skip) {
         } else if (!strcmp(a, "--devices")) {
             devices = v;
             skip[i] = skip[i + 1] = 1;
+        } else if (!strcmp(a, "--kv-type")) {
+            cfg.runner.kv_type = v;
         } else if (!strcmp(a, "--device-type")) {
             cfg.device_type = v;
         } else if (!strcmp(a, "--usd-per-hour")) {

@@ -61,6 +61,7 @@ typedef struct {
 struct md_engine {
     md_engine_config cfg;
     gguf_file *gf;
+    int kv_type; /* KV cache element type (MD_TYPE_*) */
     void *synth; /* a synthetic model's GGUF image (synth.h), or NULL */
     size_t synth_len;
     tok_tokenizer *tok;
@@ -154,8 +155,15 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
         md_errctx(e, "loading %s: ", cfg->model_path);
         goto fail;
     }
-    /* the KV cache's element type is the backend's (F32 on the CPU, F16 on CUDA) */
-    size_t per_tok = md_kv_bytes_per_token(&hpf, eng->be->ops->kv_cache_type);
+    /* the KV cache's element type: the configuration's, else the backend's */
+    if (cfg->kv_type && strcmp(cfg->kv_type, "f16") && strcmp(cfg->kv_type, "f32")) {
+        rc = md_errf(e, MD_EINVAL, "KV cache type \"%s\": expected f16 or f32", cfg->kv_type);
+        goto fail;
+    }
+    eng->kv_type = !cfg->kv_type                ? eng->be->ops->kv_cache_type
+                   : !strcmp(cfg->kv_type, "f16") ? MD_TYPE_F16
+                                                  : MD_TYPE_F32;
+    size_t per_tok = md_kv_bytes_per_token(&hpf, eng->kv_type);
     size_t budget = cfg->kv_budget_bytes;
     size_t weights = 0;
     for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++)
@@ -212,7 +220,7 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     if (hp->n_head * hp->head_dim > r.max_cols)
         r.max_cols = hp->n_head * hp->head_dim;
     if ((rc = kv_create((int)n_blocks, eng->bs, &eng->kv, e)) ||
-        (rc = md_kv_bufs_alloc(eng->m, (int)n_blocks * eng->bs, &eng->kvb, e)) ||
+        (rc = md_kv_bufs_alloc_type(eng->m, (int)n_blocks * eng->bs, eng->kv_type, &eng->kvb, e)) ||
         (rc = md_fwd_alloc(eng->m, eng->max_batch, eng->max_seqs, &eng->fwd, e)) ||
         (rc = eng->be->ops->reserve(eng->be, &r, e)))
         goto fail;
@@ -240,10 +248,12 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
         goto fail;
     }
     MD_INFO("engine",
-            "%s: %s, %d layers, width %d, context %d; KV %zu blocks x %d tokens (%.0f MiB); "
+            "%s: %s, %d layers, width %d, context %d; KV %zu blocks x %d tokens (%.0f MiB, %s); "
             "%d seqs, %d tokens per step; %s",
             cfg->model_path, hp->arch, hp->n_layer, hp->n_embd, eng->n_ctx, n_blocks, eng->bs,
-            (double)(n_blocks * eng->bs * per_tok) / (1 << 20), eng->max_seqs, eng->max_batch,
+            (double)(n_blocks * eng->bs * per_tok) / (1 << 20),
+            eng->kv_type == MD_TYPE_F16 ? "f16" : eng->kv_type == MD_TYPE_BF16 ? "bf16" : "f32",
+            eng->max_seqs, eng->max_batch,
             eng->be->ops->describe(eng->be));
     *out = eng;
     return 0;

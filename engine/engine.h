@@ -27,6 +27,8 @@ typedef struct {
     size_t kv_budget_bytes; /* KV cache memory budget (0 = a default that fits) */
     int kv_block_tokens;    /* tokens per KV block (0 = 16) */
     int n_ctx;              /* per-sequence context limit (0 = the model's) */
+    const char *kv_type;    /* KV cache element type: "f16", "f32" (NULL = the backend's: F16
+                               on cpu and cuda, F32 on cpu-exact) */
 } md_engine_config;
 
 typedef struct {

@@ -63,6 +63,8 @@ typedef struct {
 } md_kv_bufs;
 
 int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e);
+/* Same, with the element type (MD_TYPE_F32 / F16 / BF16; 0 = the backend's kv_cache_type). */
+int md_kv_bufs_alloc_type(md_model *m, int n_slots, int type, md_kv_bufs *kv, md_err *e);
 void md_kv_bufs_free(md_model *m, md_kv_bufs *kv);
 /* Bytes one token's K and V take over all layers, in a cache of element type kv_type. */
 size_t md_kv_bytes_per_token(const md_hparams *hp, int kv_type);

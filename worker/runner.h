@@ -33,6 +33,7 @@ typedef struct {
     int max_seqs;       /* concurrent requests (0: echo 256, engine 64) */
     const char *device; /* engine: "cpu", "cuda:0", ... (NULL = cpu) */
     int n_threads;      /* engine: CPU threads (0 = all cores) */
+    const char *kv_type; /* engine: KV cache "f16" / "f32" (NULL = the backend's) */
 } wk_runner_opts;
 
 typedef struct wk_runner wk_runner;

@@ -7,6 +7,7 @@
  * whatever the number of tokens in the step or which thread runs it, so a sequence gives the
  * same logits alone or batched (the engine's seeded-sampling guarantee rests on this). */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,26 +249,35 @@ static int cpu_rope(md_backend *be, md_buf *x, int n_heads, int head_dim, int ro
 static int cpu_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf *k_cache,
                         md_buf *v_cache, int kv_dim, int cache_type, md_err *e) {
     cpu_backend *c = cb(be);
-    if (cache_type != MD_TYPE_F32)
-        return md_errf(e, MD_EUNSUPP, "cpu backend: KV cache type %d not supported (F32 only)",
+    if (cache_type != MD_TYPE_F32 && cache_type != MD_TYPE_F16)
+        return md_errf(e, MD_EUNSUPP, "cpu backend: KV cache type %d not supported (F32, F16)",
                        cache_type);
-    size_t row = (size_t)kv_dim * sizeof(float);
+    size_t el = cache_type == MD_TYPE_F16 ? 2 : 4, row = (size_t)kv_dim * el;
     for (int t = 0; t < c->b.n_tokens; t++) {
         size_t s = (size_t)c->b.slot[t];
         if ((s + 1) * row > k_cache->n || (s + 1) * row > v_cache->n)
             return md_errf(e, MD_ERANGE, "cpu backend: KV slot %zu outside the cache", s);
-        memcpy((char *)k_cache->p + s * row, (const char *)k->p + (size_t)t * row, row);
-        memcpy((char *)v_cache->p + s * row, (const char *)v->p + (size_t)t * row, row);
+        const float *kt = (const float *)k->p + (size_t)t * kv_dim,
+                    *vt = (const float *)v->p + (size_t)t * kv_dim;
+        if (cache_type == MD_TYPE_F16) {
+            cpu_f32_to_f16_row((uint16_t *)((char *)k_cache->p + s * row), kt, kv_dim);
+            cpu_f32_to_f16_row((uint16_t *)((char *)v_cache->p + s * row), vt, kv_dim);
+        } else {
+            memcpy((char *)k_cache->p + s * row, kt, row);
+            memcpy((char *)v_cache->p + s * row, vt, row);
+        }
     }
     return 0;
 }
 
 typedef struct {
     cpu_backend *c;
-    const float *q, *kc, *vc;
+    const float *q;
+    const void *kc, *vc; /* float or uint16_t (f16) rows */
     float *out;
     int n_heads, n_kv_heads, head_dim;
     float scale;
+    int f16;
 } att_job;
 
 /* One (token, head) pair per work item, over the sequence's positions 0..pos in order (fixed
@@ -283,10 +293,16 @@ static void att_run(void *ctx, int ith, int nth) {
         int t = (int)(it / j->n_heads), h = (int)(it % j->n_heads), kvh = h / group;
         int s = b->tok_seq[t], npos = b->tok_pos[t] + 1;
         const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
-        cpu_attention_paged(j->out + ((size_t)t * j->n_heads + h) * hd,
-                            j->q + ((size_t)t * j->n_heads + h) * hd, j->kc + (size_t)kvh * hd,
-                            j->vc + (size_t)kvh * hd, (size_t)kv_dim, bt, b->block_tokens, npos, hd,
-                            j->scale, sc);
+        float *o = j->out + ((size_t)t * j->n_heads + h) * hd;
+        const float *q = j->q + ((size_t)t * j->n_heads + h) * hd;
+        if (j->f16)
+            cpu_attention_paged_f16(o, q, (const uint16_t *)j->kc + (size_t)kvh * hd,
+                                    (const uint16_t *)j->vc + (size_t)kvh * hd, (size_t)kv_dim, bt,
+                                    b->block_tokens, npos, hd, j->scale, sc);
+        else
+            cpu_attention_paged(o, q, (const float *)j->kc + (size_t)kvh * hd,
+                                (const float *)j->vc + (size_t)kvh * hd, (size_t)kv_dim, bt,
+                                b->block_tokens, npos, hd, j->scale, sc);
     }
 }
 
@@ -294,14 +310,15 @@ static int cpu_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
                          const md_buf *v_cache, md_buf *out, int n_heads, int n_kv_heads,
                          int head_dim, int cache_type, float scale, md_err *e) {
     cpu_backend *c = cb(be);
-    if (cache_type != MD_TYPE_F32)
-        return md_errf(e, MD_EUNSUPP, "cpu backend: KV cache type %d not supported (F32 only)",
+    if (cache_type != MD_TYPE_F32 && cache_type != MD_TYPE_F16)
+        return md_errf(e, MD_EUNSUPP, "cpu backend: KV cache type %d not supported (F32, F16)",
                        cache_type);
     for (int t = 0; t < c->b.n_tokens; t++)
         if (c->b.tok_pos[t] >= c->r.max_ctx)
             return md_errf(e, MD_ERANGE, "cpu backend: position %d beyond the reserved context %d",
                            c->b.tok_pos[t], c->r.max_ctx);
-    att_job j = {c, q->p, k_cache->p, v_cache->p, out->p, n_heads, n_kv_heads, head_dim, scale};
+    att_job j = {c,        q->p,       k_cache->p, v_cache->p, out->p, n_heads,
+                 n_kv_heads, head_dim, scale,      cache_type == MD_TYPE_F16};
     cpu_pool_run(c->pool, att_run, &j);
     return 0;
 }
@@ -388,6 +405,7 @@ static int cpu_argmax(md_backend *be, const md_buf *x, int rows, int n, int32_t 
 
 static const md_backend_ops cpu_ops = {
     .name = "cpu",
+    .kv_cache_type = MD_TYPE_F16, /* as llama.cpp: half the memory of F32 */
     .free = cpu_free,
     .describe = cpu_describe,
     .buf_alloc = cpu_buf_alloc,
@@ -413,10 +431,21 @@ static const md_backend_ops cpu_ops = {
     .argmax = cpu_argmax,
 };
 
+/* cpu-exact: the same ops, with an F32 KV cache (the reference precision). */
+static md_backend_ops cpu_exact_ops;
+static pthread_once_t cpu_exact_once = PTHREAD_ONCE_INIT;
+static void cpu_exact_ops_init(void) {
+    cpu_exact_ops = cpu_ops;
+    cpu_exact_ops.kv_cache_type = MD_TYPE_F32;
+}
+
 int md_backend_cpu_exact_open(int n_threads, md_backend **out, md_err *e) {
     int rc = md_backend_cpu_open(n_threads, out, e);
-    if (rc == 0)
+    if (rc == 0) {
         cb(*out)->exact = 1;
+        pthread_once(&cpu_exact_once, cpu_exact_ops_init);
+        (*out)->ops = &cpu_exact_ops;
+    }
     return rc;
 }
 

@@ -96,4 +96,13 @@ void cpu_attention_paged(float *out, const float *q, const float *k, const float
                          size_t row_stride, const int32_t *block_table, int block_tokens,
                          int npos, int hd, float scale, float *scratch);
 
+/* kv_f16.c — the F16 KV cache: float -> half with round-to-nearest-even (F16C where the
+ * CPU has it, the same rounding in C otherwise), and cpu_attention_paged over F16 K/V rows
+ * (row_stride in halves), F32 arithmetic. */
+uint16_t cpu_fp32_to_fp16(float f);
+void cpu_f32_to_f16_row(uint16_t *dst, const float *src, int n);
+void cpu_attention_paged_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v,
+                             size_t row_stride, const int32_t *block_table, int block_tokens,
+                             int npos, int hd, float scale, float *scratch);
+
 #endif

@@ -201,7 +201,7 @@ static void test_kv_budget_smaller_than_batch_completes_by_preemption(void **sta
     run_set(big, toks, n, 0, np, want);
     md_engine_close(big);
     /* 16 blocks of 16 tokens: about 3 of the ~60-token sequences fit at once */
-    size_t per_token = 30 * 2 * 192 * sizeof(float);
+    size_t per_token = 30 * 2 * 192 * sizeof(uint16_t); /* the CPU backend's F16 cache */
     md_engine *small = open_engine(16 * 16 * per_token, 16, 256);
     run_set(small, toks, n, 0, np, got);
     md_engine_stats st;
@@ -287,7 +287,7 @@ static void test_bad_requests_refused_with_reason(void **state) {
 /* Random submits, cancels and releases against a tiny KV budget (constant preemption and
  * prefix-cache eviction): every sequence ends, none errors, and every block comes back. */
 static void test_random_traffic_under_tiny_budget_keeps_invariants(void **state) {
-    size_t per_token = 30 * 2 * 192 * sizeof(float);
+    size_t per_token = 30 * 2 * 192 * sizeof(uint16_t); /* the CPU backend's F16 cache */
     md_engine *eng = open_engine(12 * 16 * per_token, 6, 48);
     if (!eng)
         skip();

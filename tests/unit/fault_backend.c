@@ -300,6 +300,7 @@ static int f_step_end(md_backend *be, int failed, md_err *e) {
 
 static const md_backend_ops fault_ops = {
     .name = "faulty",
+    .kv_cache_type = MD_TYPE_F16, /* the wrapped CPU backend's (checked at open) */
     .free = f_free,
     .describe = f_describe,
     .buf_alloc = f_buf_alloc,
@@ -327,6 +328,7 @@ static const md_backend_ops fault_ops = {
 
 static const md_backend_ops fault_rec_ops = {
     .name = "faulty",
+    .kv_cache_type = MD_TYPE_F16,
     .free = f_free,
     .describe = f_describe,
     .buf_alloc = f_buf_alloc,
@@ -453,6 +455,11 @@ int fault_backend_open(const char *device, int n_threads, md_backend **out, md_e
                        device);
     }
     f->base.ops = f->record ? &fault_rec_ops : &fault_ops;
+    if (f->base.ops->kv_cache_type != f->in->ops->kv_cache_type) {
+        md_backend_free(f->in);
+        free(f);
+        return md_errf(e, MD_EINVAL, "fault backend: KV cache type differs from the CPU backend's");
+    }
     snprintf(f->desc, sizeof f->desc, "%s over %s", device, f->in->ops->describe(f->in));
     __atomic_fetch_add(&g_stats.opened, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&g_stats.steps, 0, __ATOMIC_RELAXED);

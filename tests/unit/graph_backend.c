@@ -414,6 +414,7 @@ static int gb_open(const char *device, int n_threads, md_backend **out, md_err *
     md_backend_ops keep = g->ops;
     g->ops = gb_ops;
     g->ops.sample = keep.sample;
+    g->ops.kv_cache_type = g->in->ops->kv_cache_type; /* the wrapped backend's cache */
     g->base.ops = &g->ops;
     *out = &g->base;
     return 0;

@@ -25,6 +25,7 @@
 
 #include "engine/gguf.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/quant_blocks.h"
 
 /* The kernels number types as ggml does; so does the engine. */
 _Static_assert((int)CPU_T_F32 == (int)GGML_F32 && (int)CPU_T_F16 == (int)GGML_F16 &&
@@ -452,6 +453,77 @@ static void test_attention_paged_matches_double_formula(void **state) {
     }
 }
 
+/* The F16 cache: conversion rounds to nearest even (F16C and C agree), and attention over F16
+ * rows equals the double formula over the rounded values. */
+static void test_attention_paged_f16_matches_double_formula(void **state) {
+    enum { BT = 16, NBLK = 12, MAXPOS = NBLK * BT };
+    static const int hds[] = {64, 128, 12, 8};
+    static const int nposs[] = {1, 5, 16, 17, 100, MAXPOS};
+    for (int li = 0; li < n_levels; li++) {
+        assert_int_equal(cpu_simd_set(levels[li]), 0);
+        /* rounding: halfway cases, subnormals, overflow, against the scalar rule */
+        static const float edge[] = {1.0f, 1.00048828125f, 1.000732421875f, 65504.0f, 65520.0f,
+                                     1e-7f, 6e-8f, 3e-8f, -2.5f, 0.0f, -0.0f, 1e30f};
+        uint16_t h[12];
+        cpu_f32_to_f16_row(h, edge, 12);
+        for (int i = 0; i < 12; i++)
+            assert_int_equal(h[i], cpu_fp32_to_fp16(edge[i]));
+        assert_int_equal(cpu_fp32_to_fp16(1.00048828125f), 0x3c00); /* tie to even: down */
+        assert_int_equal(cpu_fp32_to_fp16(1.000732421875f), 0x3c01);
+        assert_int_equal(cpu_fp32_to_fp16(65520.0f), 0x7c00);      /* rounds to inf */
+        for (int hi = 0; hi < 4; hi++) {
+            int hd = hds[hi], kvh = 2, stride = 3 * hd;
+            uint16_t *k = malloc(2 * (size_t)MAXPOS * stride), *v = malloc(2 * (size_t)MAXPOS * stride);
+            float *tmp = malloc(sizeof(float) * (size_t)MAXPOS * stride);
+            float q[128], out[128], sc[MAXPOS];
+            double want[128], w[MAXPOS];
+            int32_t bt[NBLK];
+            for (int b = 0; b < NBLK; b++)
+                bt[b] = (b * 5 + 3) % NBLK;
+            for (int i = 0; i < MAXPOS * stride; i++)
+                tmp[i] = frnd();
+            cpu_f32_to_f16_row(k, tmp, MAXPOS * stride);
+            for (int i = 0; i < MAXPOS * stride; i++)
+                tmp[i] = frnd();
+            cpu_f32_to_f16_row(v, tmp, MAXPOS * stride);
+            for (int i = 0; i < hd; i++)
+                q[i] = frnd() * 2;
+            for (int ni = 0; ni < 6; ni++) {
+                int npos = nposs[ni];
+                double mx = -INFINITY, sum = 0;
+                for (int p = 0; p < npos; p++) {
+                    size_t slot = (size_t)bt[p / BT] * BT + p % BT;
+                    double d = 0;
+                    for (int i = 0; i < hd; i++)
+                        d += (double)q[i] * cpu_fp16_to_fp32(k[slot * stride + kvh * hd + i]);
+                    w[p] = d * 0.125;
+                    mx = fmax(mx, w[p]);
+                }
+                for (int p = 0; p < npos; p++)
+                    sum += (w[p] = exp(w[p] - mx));
+                for (int i = 0; i < hd; i++) {
+                    want[i] = 0;
+                    for (int p = 0; p < npos; p++) {
+                        size_t slot = (size_t)bt[p / BT] * BT + p % BT;
+                        want[i] += w[p] / sum * cpu_fp16_to_fp32(v[slot * stride + kvh * hd + i]);
+                    }
+                }
+                cpu_attention_paged_f16(out, q, k + kvh * hd, v + kvh * hd, (size_t)stride, bt, BT,
+                                        npos, hd, 0.125f, sc);
+                for (int i = 0; i < hd; i++)
+                    if (!(fabs(out[i] - want[i]) <= 1e-5)) {
+                        print_error("attention f16 (%s) hd %d npos %d [%d]: %.7g want %.7g\n",
+                                    cpu_simd_name(), hd, npos, i, out[i], want[i]);
+                        fail();
+                    }
+            }
+            free(k);
+            free(v);
+            free(tmp);
+        }
+    }
+}
+
 /* ---- pool ---- */
 
 typedef struct {
@@ -519,6 +591,7 @@ int main(void) {
         cmocka_unit_test(test_vector_ops_match_double_formulas),
         cmocka_unit_test(test_softmax_handles_extremes),
         cmocka_unit_test(test_attention_paged_matches_double_formula),
+        cmocka_unit_test(test_attention_paged_f16_matches_double_formula),
         cmocka_unit_test(test_pool_runs_each_thread_once_per_job),
         cmocka_unit_test(test_pool_wakes_sleeping_workers),
     };

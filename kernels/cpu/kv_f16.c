@@ -1,0 +1,178 @@
+/* kv_f16.c — the KV cache in half precision on the CPU (half the memory and half the bytes
+ * attention reads per position): rows converted from F32 with round-to-nearest-even, and one
+ * query head's attention over F16 K/V rows in the paged cache — the same arithmetic in the
+ * same order as cpu_attention_paged over the converted values (F32 accumulation), scalar and
+ * AVX2+F16C, chosen by cpu_simd_level(). Single-threaded, no allocation. */
+#include "kernels/cpu/cpu_ops.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cpu/quant_blocks.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#endif
+
+uint16_t cpu_fp32_to_fp16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, man = x & 0x7fffff;
+    if (exp == 0xff) /* inf, or a quiet NaN keeping the top payload bits */
+        return (uint16_t)(sign | 0x7c00 | (man ? 0x200 | (man >> 13) : 0));
+    int e = (int)exp - 127 + 15;
+    if (e >= 0x1f)
+        return (uint16_t)(sign | 0x7c00); /* overflow: inf */
+    if (e <= 0) {                         /* subnormal half, or zero */
+        if (e < -10)
+            return (uint16_t)sign;
+        man |= 0x800000;
+        int shift = 14 - e;
+        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (h & 1)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
+        h++; /* a carry into the exponent is the correct rounding up (to inf at the top) */
+    return (uint16_t)h;
+}
+
+static inline size_t slot_of(const int32_t *bt, int block_tokens, int p) {
+    return (size_t)bt[p / block_tokens] * (size_t)block_tokens + (size_t)(p % block_tokens);
+}
+
+static void to_f16_scalar(uint16_t *dst, const float *src, int n) {
+    for (int i = 0; i < n; i++)
+        dst[i] = cpu_fp32_to_fp16(src[i]);
+}
+
+static void attention_f16_scalar(float *out, const float *q, const uint16_t *k, const uint16_t *v,
+                                 size_t stride, const int32_t *bt, int block_tokens, int npos,
+                                 int hd, float scale, float *sc) {
+    float m = -INFINITY;
+    for (int p = 0; p < npos; p++) {
+        const uint16_t *kr = k + slot_of(bt, block_tokens, p) * stride;
+        float s = 0;
+        for (int i = 0; i < hd; i++)
+            s += q[i] * cpu_fp16_to_fp32(kr[i]);
+        sc[p] = s * scale;
+        m = sc[p] > m ? sc[p] : m;
+    }
+    double sum = 0;
+    for (int p = 0; p < npos; p++) {
+        sc[p] = expf(sc[p] - m);
+        sum += sc[p];
+    }
+    float r = (float)(1.0 / sum);
+    for (int p = 0; p < npos; p++)
+        sc[p] *= r;
+    for (int i = 0; i < hd; i++)
+        out[i] = 0;
+    for (int p = 0; p < npos; p++) {
+        const uint16_t *vr = v + slot_of(bt, block_tokens, p) * stride;
+        for (int i = 0; i < hd; i++)
+            out[i] += sc[p] * cpu_fp16_to_fp32(vr[i]);
+    }
+}
+
+#ifdef HAVE_X86
+#define F16C __attribute__((target("avx2,fma,f16c")))
+
+F16C static inline __m256 ld8(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+F16C static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+F16C static void to_f16_avx2(uint16_t *dst, const float *src, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        dst[i] = cpu_fp32_to_fp16(src[i]);
+}
+
+/* hd % 8 == 0. Scores and the softmax in scalar order (exact expf), K/V rows through F16C. */
+F16C static void attention_f16_avx2(float *out, const float *q, const uint16_t *k,
+                                    const uint16_t *v, size_t stride, const int32_t *bt,
+                                    int block_tokens, int npos, int hd, float scale, float *sc) {
+    float m = -INFINITY;
+    for (int p = 0; p < npos; p++) {
+        const uint16_t *kr = k + slot_of(bt, block_tokens, p) * stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 16 <= hd; i += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), ld8(kr + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), ld8(kr + i + 8), a1);
+        }
+        if (i < hd)
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), ld8(kr + i), a0);
+        sc[p] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+        m = sc[p] > m ? sc[p] : m;
+    }
+    double sum = 0;
+    for (int p = 0; p < npos; p++) {
+        sc[p] = expf(sc[p] - m);
+        sum += sc[p];
+    }
+    float r = (float)(1.0 / sum);
+    for (int p = 0; p < npos; p++)
+        sc[p] *= r;
+    for (int c0 = 0; c0 < hd; c0 += 64) {
+        int nv = (hd - c0 < 64 ? hd - c0 : 64) / 8;
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++)
+            acc[j] = _mm256_setzero_ps();
+        for (int p = 0; p < npos; p++) {
+            const uint16_t *vr = v + slot_of(bt, block_tokens, p) * stride + c0;
+            __m256 w = _mm256_set1_ps(sc[p]);
+            for (int j = 0; j < nv; j++)
+                acc[j] = _mm256_fmadd_ps(w, ld8(vr + 8 * j), acc[j]);
+        }
+        for (int j = 0; j < nv; j++)
+            _mm256_storeu_ps(out + c0 + 8 * j, acc[j]);
+    }
+}
+#define USE_F16C (cpu_simd_level() >= CPU_SIMD_AVX2)
+#else
+#define USE_F16C 0
+#endif
+
+void cpu_f32_to_f16_row(uint16_t *dst, const float *src, int n) {
+#ifdef HAVE_X86
+    if (USE_F16C) {
+        to_f16_avx2(dst, src, n);
+        return;
+    }
+#endif
+    to_f16_scalar(dst, src, n);
+}
+
+void cpu_attention_paged_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v,
+                             size_t row_stride, const int32_t *block_table, int block_tokens,
+                             int npos, int hd, float scale, float *scratch) {
+    if (npos <= 0 || hd <= 0) {
+        for (int i = 0; i < hd; i++)
+            out[i] = 0;
+        return;
+    }
+#ifdef HAVE_X86
+    if (USE_F16C && hd % 8 == 0) {
+        attention_f16_avx2(out, q, k, v, row_stride, block_table, block_tokens, npos, hd, scale,
+                           scratch);
+        return;
+    }
+#endif
+    attention_f16_scalar(out, q, k, v, row_stride, block_table, block_tokens, npos, hd, scale,
+                         scratch);
+}
