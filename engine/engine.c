@@ -165,20 +165,26 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
                                                   : MD_TYPE_F32;
     size_t per_tok = md_kv_bytes_per_token(&hpf, eng->kv_type);
     size_t budget = cfg->kv_budget_bytes;
-    size_t weights = 0;
-    for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++)
-        weights += gguf_tensor_at(eng->gf, i)->n_bytes;
+    size_t weights = 0, widest_q = 0; /* bytes of the largest quantized matrix as BF16 */
+    for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++) {
+        const gguf_tensor *t = gguf_tensor_at(eng->gf, i);
+        weights += t->n_bytes;
+        if (t->type != GGML_F32 && t->type != GGML_F16 && t->type != GGML_BF16 &&
+            (size_t)t->n_elements * 2 > widest_q)
+            widest_q = (size_t)t->n_elements * 2;
+    }
     if (budget == 0) {
         /* Enough for every sequence at full length, capped at 1 GiB on the host; on a device
          * that reports its memory, up to 90% of what the weights leave, less 1 GiB for
-         * activations and GEMM scratch (as vLLM's gpu_memory_utilization). */
+         * activations and less the GEMM scratch a quantized matrix expands into for steps of
+         * many tokens (as vLLM's gpu_memory_utilization). */
         size_t all = per_tok * (size_t)eng->n_ctx * eng->max_seqs, cap = (size_t)1 << 30;
         size_t avail = 0, total = 0;
         md_err me = {0};
         if (eng->be->ops->mem_info && eng->be->ops->mem_info(eng->be, &avail, &total, &me) == 0 &&
             avail > weights) {
-            size_t dev = (size_t)((avail - weights) * 0.9);
-            dev = dev > cap ? dev - cap : 0;
+            size_t dev = (size_t)((avail - weights) * 0.9), keep = cap + widest_q;
+            dev = dev > keep ? dev - keep : 0;
             if (dev > cap)
                 cap = dev;
         }
