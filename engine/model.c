@@ -247,8 +247,7 @@ void md_model_free(md_model *m) {
 }
 
 size_t md_kv_bytes_per_token(const md_hparams *hp, int kv_type) {
-    size_t el = kv_type == MD_TYPE_F16 || kv_type == MD_TYPE_BF16 ? 2 : 4;
-    return (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * hp->head_dim * el;
+    return (size_t)hp->n_layer * 2 * md_type_row_bytes(kv_type, (int64_t)hp->n_head_kv * hp->head_dim);
 }
 
 int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e) {
@@ -266,8 +265,7 @@ int md_kv_bufs_alloc_type(md_model *m, int n_slots, int type, md_kv_bufs *kv, md
         md_kv_bufs_free(m, kv);
         return md_errf(e, MD_ENOMEM, "out of memory");
     }
-    size_t el = kv->type == MD_TYPE_F16 || kv->type == MD_TYPE_BF16 ? 2 : 4;
-    size_t bytes = (size_t)n_slots * m->hp.n_head_kv * m->hp.head_dim * el;
+    size_t bytes = (size_t)n_slots * md_type_row_bytes(kv->type, (int64_t)m->hp.n_head_kv * m->hp.head_dim);
     for (int l = 0; l < L; l++) {
         int rc;
         if ((rc = CALL(m, buf_alloc, bytes, &kv->k[l], e)) ||

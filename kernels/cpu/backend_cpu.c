@@ -252,7 +252,7 @@ static int cpu_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf
     if (cache_type != MD_TYPE_F32 && cache_type != MD_TYPE_F16)
         return md_errf(e, MD_EUNSUPP, "cpu backend: KV cache type %d not supported (F32, F16)",
                        cache_type);
-    size_t el = cache_type == MD_TYPE_F16 ? 2 : 4, row = (size_t)kv_dim * el;
+    size_t row = md_type_row_bytes(cache_type, kv_dim);
     for (int t = 0; t < c->b.n_tokens; t++) {
         size_t s = (size_t)c->b.slot[t];
         if ((s + 1) * row > k_cache->n || (s + 1) * row > v_cache->n)

@@ -44,6 +44,7 @@ _Static_assert(sizeof op_names / sizeof op_names[0] == OP_COUNT, "one name per o
 
 typedef struct {
     md_backend base;
+    md_backend_ops ops; /* fault_ops, plus the step ops with record=1 */
     md_backend *in; /* the CPU backend doing the work (owned) */
     int op;         /* OP_* to fail, OP_NONE for none */
     long after;     /* the after-th call of op fails */
@@ -298,9 +299,10 @@ static int f_step_end(md_backend *be, int failed, md_err *e) {
     return gate(fb(be), OP_STEP_END, NULL, e);
 }
 
+/* With record=1 an instance's copy adds step_begin/step_end; kv_cache_type is the wrapped
+ * CPU backend's. */
 static const md_backend_ops fault_ops = {
     .name = "faulty",
-    .kv_cache_type = MD_TYPE_F16, /* the wrapped CPU backend's (checked at open) */
     .free = f_free,
     .describe = f_describe,
     .buf_alloc = f_buf_alloc,
@@ -326,35 +328,6 @@ static const md_backend_ops fault_ops = {
     .argmax = f_argmax,
 };
 
-static const md_backend_ops fault_rec_ops = {
-    .name = "faulty",
-    .kv_cache_type = MD_TYPE_F16,
-    .free = f_free,
-    .describe = f_describe,
-    .buf_alloc = f_buf_alloc,
-    .buf_wrap = f_buf_wrap,
-    .buf_free = f_buf_free,
-    .buf_upload = f_buf_upload,
-    .buf_download = f_buf_download,
-    .buf_zero = f_buf_zero,
-    .reserve = f_reserve,
-    .batch_prepare = f_batch_prepare,
-    .embed = f_embed,
-    .matmul = f_matmul,
-    .add_bias = f_add_bias,
-    .rmsnorm = f_rmsnorm,
-    .rope = f_rope,
-    .kv_write = f_kv_write,
-    .attention = f_attention,
-    .swiglu = f_swiglu,
-    .add = f_add,
-    .gather_rows = f_gather_rows,
-    .sync = f_sync,
-    .check_fits = f_check_fits,
-    .argmax = f_argmax,
-    .step_begin = f_step_begin,
-    .step_end = f_step_end,
-};
 
 static int parse_long(const char *s, size_t n, long lo, long *out) {
     char buf[32];
@@ -454,12 +427,13 @@ int fault_backend_open(const char *device, int n_threads, md_backend **out, md_e
         return md_errf(e, MD_EINVAL, "device \"%s\": op=step_begin/step_end needs record=1",
                        device);
     }
-    f->base.ops = f->record ? &fault_rec_ops : &fault_ops;
-    if (f->base.ops->kv_cache_type != f->in->ops->kv_cache_type) {
-        md_backend_free(f->in);
-        free(f);
-        return md_errf(e, MD_EINVAL, "fault backend: KV cache type differs from the CPU backend's");
+    f->ops = fault_ops;
+    f->ops.kv_cache_type = f->in->ops->kv_cache_type;
+    if (f->record) {
+        f->ops.step_begin = f_step_begin;
+        f->ops.step_end = f_step_end;
     }
+    f->base.ops = &f->ops;
     snprintf(f->desc, sizeof f->desc, "%s over %s", device, f->in->ops->describe(f->in));
     __atomic_fetch_add(&g_stats.opened, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&g_stats.steps, 0, __ATOMIC_RELAXED);

@@ -393,6 +393,7 @@ static int gb_open(const char *device, int n_threads, md_backend **out, md_err *
     gb *g = calloc(1, sizeof *g);
     if (!g)
         return md_errf(e, MD_ENOMEM, "cpu-graph: out of memory");
+    g->ops = gb_ops;
     for (const char *p = strchr(device, ':'); p; p = strchr(p + 1, ':')) {
         if (!strncmp(p + 1, "all", 3))
             g->all = 1;
@@ -410,10 +411,6 @@ static int gb_open(const char *device, int n_threads, md_backend **out, md_err *
         free(g);
         return rc;
     }
-    g->ops.name = gb_ops.name; /* keep a ":sample" set above */
-    md_backend_ops keep = g->ops;
-    g->ops = gb_ops;
-    g->ops.sample = keep.sample;
     g->ops.kv_cache_type = g->in->ops->kv_cache_type; /* the wrapped backend's cache */
     g->base.ops = &g->ops;
     *out = &g->base;
