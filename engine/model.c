@@ -154,6 +154,8 @@ int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e
     if (!m)
         return md_errf(e, MD_ENOMEM, "out of memory");
     m->be = be;
+    const char *fz = getenv("MEDLEY_FUSED_MATMUL");
+    m->fused = !(fz && !strcmp(fz, "0"));
     int rc = md_hparams_read(gf, &m->hp, e);
     if (rc)
         goto fail;
@@ -362,6 +364,16 @@ int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, 
                 (size_t)b->n_logits * hp->n_vocab * sizeof(float), e);
 }
 
+/* x [T, C] += in · wᵀ: fused into the product when the backend has matmul_n, else through
+ * tmp and an add. */
+static int residual(md_model *m, int fused, const md_tensor *w, md_buf *in, md_buf *tmp,
+                    md_buf *x, int T, md_err *e) {
+    if (fused)
+        return BE(m)->ops->matmul_n(BE(m), 1, &w, in, &x, T, MD_MM_ACC, e);
+    int rc = CALL(m, matmul, w, in, tmp, T, e);
+    return rc ? rc : CALL(m, add, x, tmp, (int64_t)T * w->ne1, e);
+}
+
 /* The device work of one forward pass: embedding, layers, and the head on the rows that need
  * logits. Between step_begin and step_end: arguments depend on the step's shape only. */
 static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, md_err *e) {
@@ -372,13 +384,21 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
     int rc;
     if ((rc = CALL(m, embed, &m->tok_embd, f->x, e)))
         return rc;
+    const md_backend_ops *O = BE(m)->ops;
+    int fused = O->matmul_n && m->fused;
     for (int l = 0; l < hp->n_layer; l++) {
         const md_layer *L = &m->layers[l];
         /* attention block: x [T, C] += wo · attn(rope(wq·n(x)), rope(wk·n(x)), wv·n(x)) */
-        if ((rc = CALL(m, rmsnorm, f->x, &L->attn_norm, f->xb, T, C, hp->eps, e)) ||
-            (rc = CALL(m, matmul, &L->wq, f->xb, f->q, T, e)) ||
-            (rc = CALL(m, matmul, &L->wk, f->xb, f->k, T, e)) ||
-            (rc = CALL(m, matmul, &L->wv, f->xb, f->v, T, e)))
+        if ((rc = CALL(m, rmsnorm, f->x, &L->attn_norm, f->xb, T, C, hp->eps, e)))
+            return rc;
+        if (fused) {
+            const md_tensor *w[3] = {&L->wq, &L->wk, &L->wv};
+            md_buf *y[3] = {f->q, f->k, f->v};
+            rc = O->matmul_n(BE(m), 3, w, f->xb, y, T, MD_MM_SET, e);
+        } else if (!(rc = CALL(m, matmul, &L->wq, f->xb, f->q, T, e)) &&
+                   !(rc = CALL(m, matmul, &L->wk, f->xb, f->k, T, e)))
+            rc = CALL(m, matmul, &L->wv, f->xb, f->v, T, e);
+        if (rc)
             return rc;
         if (L->bq.buf && ((rc = CALL(m, add_bias, f->q, &L->bq, T, e)) ||
                           (rc = CALL(m, add_bias, f->k, &L->bk, T, e)) ||
@@ -391,16 +411,19 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
             (rc = CALL(m, kv_write, f->k, f->v, kv->k[l], kv->v[l], kvd, kv->type, e)) ||
             (rc = CALL(m, attention, f->q, kv->k[l], kv->v[l], f->att, hp->n_head, hp->n_head_kv,
                        hp->head_dim, kv->type, scale, e)) ||
-            (rc = CALL(m, matmul, &L->wo, f->att, f->xb, T, e)) ||
-            (rc = CALL(m, add, f->x, f->xb, (int64_t)T * C, e)))
+            (rc = residual(m, fused, &L->wo, f->att, f->xb, f->x, T, e)))
             return rc;
         /* feed-forward block: x += w_down · (silu(w_gate·n(x)) * (w_up·n(x))) */
-        if ((rc = CALL(m, rmsnorm, f->x, &L->ffn_norm, f->xb, T, C, hp->eps, e)) ||
-            (rc = CALL(m, matmul, &L->w_gate, f->xb, f->hb, T, e)) ||
-            (rc = CALL(m, matmul, &L->w_up, f->xb, f->hb2, T, e)) ||
-            (rc = CALL(m, swiglu, f->hb, f->hb2, f->hb, (int64_t)T * F, e)) ||
-            (rc = CALL(m, matmul, &L->w_down, f->hb, f->xb, T, e)) ||
-            (rc = CALL(m, add, f->x, f->xb, (int64_t)T * C, e)))
+        if ((rc = CALL(m, rmsnorm, f->x, &L->ffn_norm, f->xb, T, C, hp->eps, e)))
+            return rc;
+        if (fused) {
+            const md_tensor *w[2] = {&L->w_gate, &L->w_up};
+            md_buf *y[2] = {f->hb, f->hb2};
+            rc = O->matmul_n(BE(m), 2, w, f->xb, y, T, MD_MM_SWIGLU, e);
+        } else if (!(rc = CALL(m, matmul, &L->w_gate, f->xb, f->hb, T, e)) &&
+                   !(rc = CALL(m, matmul, &L->w_up, f->xb, f->hb2, T, e)))
+            rc = CALL(m, swiglu, f->hb, f->hb2, f->hb, (int64_t)T * F, e);
+        if (rc || (rc = residual(m, fused, &L->w_down, f->hb, f->xb, f->x, T, e)))
             return rc;
     }
     if (b->n_logits == 0)

@@ -46,6 +46,9 @@ typedef struct md_model {
     md_buf **bufs; /* wrapped weight buffers */
     int n_bufs;
     md_buf *inv_freq; /* [rot_dims / 2] */
+    /* Use the backend's fused matmul_n (Q/K/V in one product, residual adds and SwiGLU
+     * folded in) when it has one: 1 unless MEDLEY_FUSED_MATMUL=0 at load (A/B checks). */
+    int fused;
 } md_model;
 
 /* Read hyperparameters and bind every weight, checking names, shapes and types; a missing

@@ -187,6 +187,20 @@ typedef struct md_backend_ops {
     int (*sample)(md_backend *be, const md_buf *x, int rows, int n, const md_sample_params *p,
                   int32_t *out, md_err *e);
 
+    /* Fused products of one input x [T, K] with n <= MD_MM_MAX weights w[i] [ne1_i, K] (any
+     * weight types, mixed allowed), so a backend can read x once and launch once for Q/K/V
+     * or gate/up, and fold the residual add or SwiGLU into the product (the engine falls
+     * back to matmul / add / swiglu when this is NULL). mode:
+     *  MD_MM_SET    y[i] [T, ne1_i] = x · w[i]ᵀ
+     *  MD_MM_ACC    y[i] [T, ne1_i] += x · w[i]ᵀ (the residual add; y[i] is not x)
+     *  MD_MM_SWIGLU n == 2, w[0] (gate) and w[1] (up) of one shape [F, K]:
+     *               y[0] [T, F] = silu(x · w[0]ᵀ) * (x · w[1]ᵀ); y[1] [T, F] is scratch the
+     *               backend may overwrite (the unfused fallback's up buffer).
+     * The result must equal the unfused ops' (matmul then add / swiglu) to rounding of the
+     * same arithmetic; the CPU backend's is bit-identical. */
+    int (*matmul_n)(md_backend *be, int n, const md_tensor *const *w, const md_buf *x,
+                    md_buf *const *y, int T, int mode, md_err *e);
+
     /* Step recording (CUDA graphs). The engine brackets the ops of one forward pass, after
      * batch_prepare and before anything is downloaded, with step_begin / step_end. Between
      * them the backend may record instead of run (and launch the recording at step_end),
@@ -202,6 +216,10 @@ typedef struct md_backend_ops {
 } md_backend_ops;
 
 #define MD_STEP_RERUN 1
+
+/* matmul_n modes and its most weights per call. */
+enum { MD_MM_SET = 0, MD_MM_ACC = 1, MD_MM_SWIGLU = 2 };
+#define MD_MM_MAX 4
 
 /* Every backend struct starts with its ops table. */
 struct md_backend {

@@ -192,6 +192,39 @@ static int cpu_matmul_op(md_backend *be, const md_tensor *w, const md_buf *x, md
     return 0;
 }
 
+static int cpu_matmul_n_op(md_backend *be, int n, const md_tensor *const *w, const md_buf *x,
+                           md_buf *const *y, int T, int mode, md_err *e) {
+    cpu_backend *c = cb(be);
+    if (n < 1 || n > MD_MM_MAX || (mode != MD_MM_SET && mode != MD_MM_ACC && mode != MD_MM_SWIGLU))
+        return md_errf(e, MD_EINVAL, "cpu backend: matmul_n of %d weights in mode %d", n, mode);
+    if (mode == MD_MM_SWIGLU && (n != 2 || w[1]->ne1 != w[0]->ne1))
+        return md_errf(e, MD_EINVAL, "cpu backend: SwiGLU product needs 2 weights of one shape");
+    int cols = (int)w[0]->ne0;
+    if ((size_t)T * cols * sizeof(float) > x->n)
+        return md_errf(e, MD_ERANGE, "cpu backend: matmul_n input of %d x %d overruns its buffer",
+                       T, cols);
+    cpu_mm_seg seg[MD_MM_MAX];
+    for (int i = 0; i < n; i++) {
+        if (w[i]->ne0 != cols)
+            return md_errf(e, MD_EINVAL, "cpu backend: matmul_n weights of %lld and %d columns",
+                           (long long)w[i]->ne0, cols);
+        if ((size_t)T * w[i]->ne1 * sizeof(float) > y[i]->n || y[i] == x)
+            return md_errf(e, MD_ERANGE,
+                           "cpu backend: matmul_n output %d of %d x %lld overruns its buffer "
+                           "or aliases the input",
+                           i, T, (long long)w[i]->ne1);
+        if (cpu_matmul_scratch_size(w[i]->type, cols, T) > c->mm_scratch_n)
+            return md_errf(e, MD_ERANGE,
+                           "cpu backend: matmul of %d x %d exceeds reserved scratch", T, cols);
+        seg[i] = (cpu_mm_seg){w[i]->type, tensor_row(w[i], 0), (int)w[i]->ne1, y[i]->p};
+    }
+    _Static_assert((int)MD_MM_SET == (int)CPU_MM_SET && (int)MD_MM_ACC == (int)CPU_MM_ACC &&
+                       (int)MD_MM_SWIGLU == (int)CPU_MM_SWIGLU && MD_MM_MAX == CPU_MM_MAX,
+                   "backend.h and cpu_ops.h number the matmul_n modes alike");
+    cpu_matmul_n(c->pool, seg, n, cols, x->p, T, mode, c->mm_scratch);
+    return 0;
+}
+
 static int cpu_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, md_err *e) {
     float *o = y->p;
     const float *bv = tensor_row(bias, 0);
@@ -418,6 +451,7 @@ static const md_backend_ops cpu_ops = {
     .batch_prepare = cpu_batch_prepare,
     .embed = cpu_embed,
     .matmul = cpu_matmul_op,
+    .matmul_n = cpu_matmul_n_op,
     .add_bias = cpu_add_bias,
     .rmsnorm = cpu_rmsnorm_op,
     .rope = cpu_rope,
@@ -437,6 +471,7 @@ static pthread_once_t cpu_exact_once = PTHREAD_ONCE_INIT;
 static void cpu_exact_ops_init(void) {
     cpu_exact_ops = cpu_ops;
     cpu_exact_ops.kv_cache_type = MD_TYPE_F32;
+    cpu_exact_ops.matmul_n = NULL; /* the engine falls back to the exact matmul */
 }
 
 int md_backend_cpu_exact_open(int n_threads, md_backend **out, md_err *e) {

@@ -69,6 +69,26 @@ int cpu_matmul_check(int wtype, int cols);
 size_t cpu_matmul_scratch_size(int wtype, int cols, int n);
 void cpu_matmul(cpu_pool *p, int wtype, const void *W, int rows, int cols, const float *x, int n,
                 float *y, void *scratch);
+/* Products of one x with several weights, for fused Q/K/V, gate/up and residual adds: one
+ * activation quantization and one pool job for all of them. Each weight is rows x cols of
+ * wtype with its own output y [n][rows] (no aliasing with x or each other). mode:
+ *   CPU_MM_SET     y = x · W^T (as cpu_matmul, bit for bit)
+ *   CPU_MM_ACC     y += x · W^T (bit for bit cpu_matmul then cpu_add)
+ *   CPU_MM_SWIGLU  n_w == 2 of equal rows: w[0].y = silu(x · W0^T) * (x · W1^T) through
+ *                  cpu_swiglu; w[1].y receives x · W1^T (scratch).
+ * Weights of different activation classes (float / 32-block / K types) run one after the
+ * other, sharing scratch. Bad arguments (n_w outside 1..CPU_MM_MAX, unsupported types)
+ * are a no-op: the backend checks them. */
+enum { CPU_MM_SET = 0, CPU_MM_ACC = 1, CPU_MM_SWIGLU = 2 };
+#define CPU_MM_MAX 4
+typedef struct {
+    int wtype;
+    const void *W;
+    int rows;
+    float *y;
+} cpu_mm_seg;
+void cpu_matmul_n(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const float *x, int n,
+                  int mode, void *scratch);
 /* Scalar reference: dequantize each row, dot with unquantized x in double; for tests and
  * benchmarks (slow; allocates one row of floats). */
 void cpu_matmul_ref(int wtype, const void *W, int rows, int cols, const float *x, int n,

@@ -181,13 +181,21 @@ size_t cpu_matmul_scratch_size(int t, int cols, int n) {
 
 /* ---- driver ---- */
 
+/* One weight of a product: its tile kernel, rows and output. Its row chunks are items
+ * [chunk0, chunk0 + n_chunks) of each activation chunk. */
 typedef struct {
     tile_fn fn;
-    int wtype, rows, cols, n, nb;
     const uint8_t *W;
     size_t wstride;
-    const float *x;
+    int rows, nb, chunk0, n_chunks;
     float *y;
+} mm_seg;
+
+typedef struct {
+    mm_seg seg[CPU_MM_MAX];
+    int n_seg, mode;
+    int wtype, cols, n; /* wtype: any weight type of the job's activation class */
+    const float *x;
     uint8_t *scratch;
     int row_chunk, act_chunk, n_row_chunks, n_items;
     atomic_int next;
@@ -206,34 +214,64 @@ static void quantize_rows(void *ctx, int ith, int nth) {
     }
 }
 
-static void mm_worker(void *ctx, int ith, int nth) {
-    mm_job *j = ctx;
+/* Rows [r0, r1) of segment sg against activations [c0, c1). SET writes y; ACC adds a tile
+ * computed aside (y += t, the same sum as a separate add); SWIGLU (segment 0 is the gate,
+ * 1 the up projection of the same rows) writes both products, then silu(g) * u into
+ * segment 0's y over the whole row range with the vector routine the unfused op uses. */
+static void mm_range(const mm_job *j, const mm_seg *sg, int r0, int r1, int c0, int c1) {
     act_row acts[KC];
     const float *xf[KC];
     int quant = !is_float(j->wtype);
+    float tmp[KC * KR];
+    for (int r = r0; r < r1; r += KR) {
+        int nr = r1 - r < KR ? r1 - r : KR;
+        for (int c = c0; c < c1; c += KC) {
+            int nc = c1 - c < KC ? c1 - c : KC;
+            for (int k = 0; k < nc; k++) {
+                if (quant)
+                    acts[k] = act_at(j->scratch, j->wtype, j->cols, c + k);
+                else
+                    xf[k] = j->x + (size_t)(c + k) * j->cols;
+            }
+            for (int s = 0; s < (j->mode == CPU_MM_SWIGLU ? 2 : 1); s++) {
+                const mm_seg *g = sg + s;
+                const uint8_t *w = g->W + (size_t)r * g->wstride;
+                float *y = g->y + (size_t)c * g->rows + r;
+                if (j->mode != CPU_MM_ACC) {
+                    g->fn(g->nb, w, g->wstride, nr, acts, xf, nc, y, (size_t)g->rows);
+                    continue;
+                }
+                g->fn(g->nb, w, g->wstride, nr, acts, xf, nc, tmp, KR);
+                for (int k = 0; k < nc; k++)
+                    for (int i = 0; i < nr; i++)
+                        y[(size_t)k * g->rows + i] += tmp[k * KR + i];
+            }
+        }
+    }
+    if (j->mode == CPU_MM_SWIGLU)
+        for (int c = c0; c < c1; c++) {
+            float *g = sg[0].y + (size_t)c * sg[0].rows, *u = sg[1].y + (size_t)c * sg[1].rows;
+            cpu_swiglu(g + r0, g + r0, u + r0, r1 - r0);
+        }
+}
+
+static void mm_worker(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    (void)ith;
+    (void)nth;
     for (;;) {
         int item = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (item >= j->n_items)
             return;
-        int r0 = (item % j->n_row_chunks) * j->row_chunk;
-        int c0 = (item / j->n_row_chunks) * j->act_chunk;
-        int r1 = r0 + j->row_chunk < j->rows ? r0 + j->row_chunk : j->rows;
-        int c1 = c0 + j->act_chunk < j->n ? c0 + j->act_chunk : j->n;
-        for (int r = r0; r < r1; r += KR) {
-            int nr = r1 - r < KR ? r1 - r : KR;
-            const uint8_t *w = j->W + (size_t)r * j->wstride;
-            for (int c = c0; c < c1; c += KC) {
-                int nc = c1 - c < KC ? c1 - c : KC;
-                for (int k = 0; k < nc; k++) {
-                    if (quant)
-                        acts[k] = act_at(j->scratch, j->wtype, j->cols, c + k);
-                    else
-                        xf[k] = j->x + (size_t)(c + k) * j->cols;
-                }
-                j->fn(j->nb, w, j->wstride, nr, acts, xf, nc, j->y + (size_t)c * j->rows + r,
-                      (size_t)j->rows);
-            }
-        }
+        int chunk = item % j->n_row_chunks, ac = item / j->n_row_chunks;
+        int s = 0;
+        while (chunk >= j->seg[s].chunk0 + j->seg[s].n_chunks)
+            s++;
+        const mm_seg *sg = &j->seg[s];
+        int r0 = (chunk - sg->chunk0) * j->row_chunk;
+        int r1 = r0 + j->row_chunk < sg->rows ? r0 + j->row_chunk : sg->rows;
+        int c0 = ac * j->act_chunk, c1 = c0 + j->act_chunk < j->n ? c0 + j->act_chunk : j->n;
+        mm_range(j, sg, r0, r1, c0, c1);
     }
 }
 
@@ -251,26 +289,34 @@ static tile_fn pick(int t) {
     }
 }
 
-void cpu_matmul(cpu_pool *p, int wtype, const void *W, int rows, int cols, const float *x, int n,
-                float *y, void *scratch) {
-    if (rows <= 0 || n <= 0 || cpu_matmul_check(wtype, cols) != 0)
-        return;
+/* Weights whose activations share one scratch layout: float, 32-block or K. */
+static int act_class(int t) { return is_float(t) ? 0 : is_k(t) ? 2 : 1; }
+
+/* One threaded product over segments of one activation class. */
+static void mm_run(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const float *x, int n,
+                   int mode, void *scratch) {
     cpu_simd_level();
-    mm_job j = {
-        .fn = pick(wtype),
-        .wtype = wtype,
-        .rows = rows,
-        .cols = cols,
-        .n = n,
-        .nb = is_float(wtype) ? cols : cols / cpu_type_block(wtype),
-        .W = W,
-        .wstride = cpu_row_size(wtype, cols),
-        .x = x,
-        .y = y,
-        .scratch = scratch,
-    };
+    mm_job j = {.n_seg = n_w, .mode = mode, .wtype = w[0].wtype, .cols = cols, .n = n,
+                .x = x, .scratch = scratch};
+    /* SWIGLU walks the gate's row chunks and computes the up rows beside them. */
+    int n_walk = mode == CPU_MM_SWIGLU ? 1 : n_w;
+    double work = 0;
+    int total_rows = 0;
+    for (int i = 0; i < n_w; i++) {
+        j.seg[i] = (mm_seg){
+            .fn = pick(w[i].wtype),
+            .W = w[i].W,
+            .wstride = cpu_row_size(w[i].wtype, cols),
+            .rows = w[i].rows,
+            .nb = is_float(w[i].wtype) ? cols : cols / cpu_type_block(w[i].wtype),
+            .y = w[i].y,
+        };
+        work += (double)w[i].rows * cols * n;
+    }
+    for (int i = 0; i < n_walk; i++)
+        total_rows += w[i].rows;
     int nth = cpu_pool_size(p);
-    if (!is_float(wtype)) {
+    if (!is_float(j.wtype)) {
         /* Quantizing a few rows costs less than waking the pool. */
         if (nth > 1 && (size_t)n * cols >= 32768)
             cpu_pool_run(p, quantize_rows, &j);
@@ -282,22 +328,67 @@ void cpu_matmul(cpu_pool *p, int wtype, const void *W, int rows, int cols, const
      * (memory-bound: the weights stream from DRAM once) gets two large contiguous ranges per
      * thread instead: long sequential streams, fewer claims (SmolLM2 decode at 2 threads,
      * with the AVX-512 prefetch: 138 -> 160 tok/s against 8 per thread; 1 per thread stalls
-     * whenever another process takes a core). */
+     * whenever another process takes a core). Several weights share the chunk size, sized
+     * on their rows together. */
     j.act_chunk = n < 64 ? n : 64;
     int n_act_chunks = (n + j.act_chunk - 1) / j.act_chunk;
     int want = n <= 4 ? nth * 2 : nth * 8 / n_act_chunks + 1;
-    int rc = (rows + want - 1) / want;
+    int rc = (total_rows + want - 1) / want;
     rc = (rc + KR - 1) / KR * KR;
     if (rc < 16)
         rc = 16;
     j.row_chunk = rc;
-    j.n_row_chunks = (rows + rc - 1) / rc;
+    j.n_row_chunks = 0;
+    for (int i = 0; i < n_walk; i++) {
+        j.seg[i].chunk0 = j.n_row_chunks;
+        j.seg[i].n_chunks = (j.seg[i].rows + rc - 1) / rc;
+        j.n_row_chunks += j.seg[i].n_chunks;
+    }
     j.n_items = j.n_row_chunks * n_act_chunks;
     atomic_init(&j.next, 0);
-    if (nth > 1 && j.n_items > 1 && (double)rows * cols * n >= 65536.0)
+    if (nth > 1 && j.n_items > 1 && work >= 65536.0)
         cpu_pool_run(p, mm_worker, &j);
     else
         mm_worker(&j, 0, 1);
+}
+
+static int seg_ok(const cpu_mm_seg *w, int cols) {
+    return w->rows > 0 && cpu_matmul_check(w->wtype, cols) == 0;
+}
+
+void cpu_matmul(cpu_pool *p, int wtype, const void *W, int rows, int cols, const float *x, int n,
+                float *y, void *scratch) {
+    cpu_mm_seg s = {wtype, W, rows, y};
+    if (n <= 0 || !seg_ok(&s, cols))
+        return;
+    mm_run(p, &s, 1, cols, x, n, CPU_MM_SET, scratch);
+}
+
+void cpu_matmul_n(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const float *x, int n,
+                  int mode, void *scratch) {
+    if (n <= 0 || n_w < 1 || n_w > CPU_MM_MAX || (mode == CPU_MM_SWIGLU && n_w != 2))
+        return;
+    int same = 1;
+    for (int i = 0; i < n_w; i++) {
+        if (!seg_ok(&w[i], cols))
+            return;
+        same &= act_class(w[i].wtype) == act_class(w[0].wtype);
+    }
+    if (mode == CPU_MM_SWIGLU && w[1].rows != w[0].rows)
+        return;
+    if (same) {
+        mm_run(p, w, n_w, cols, x, n, mode, scratch);
+        return;
+    }
+    /* Activation classes differ (a Q6_K beside Q4_0 weights): one product per weight, each
+     * quantizing x its own way into the one scratch. */
+    for (int i = 0; i < n_w; i++)
+        mm_run(p, &w[i], 1, cols, x, n, mode == CPU_MM_ACC ? CPU_MM_ACC : CPU_MM_SET, scratch);
+    if (mode == CPU_MM_SWIGLU)
+        for (int c = 0; c < n; c++) {
+            float *g = w[0].y + (size_t)c * w[0].rows;
+            cpu_swiglu(g, g, w[1].y + (size_t)c * w[1].rows, w[0].rows);
+        }
 }
 
 /* ---- reference ---- */

@@ -6,6 +6,7 @@
 #include "kernels/cpu/cpu_ops.h"
 
 #include <math.h>
+#include <string.h>
 #include <stdint.h>
 
 #if defined(__x86_64__)
@@ -124,17 +125,25 @@ AVX2 static void rmsnorm_avx2(float *out, const float *x, const float *w, int n,
         out[i] = x[i] * r * w[i];
 }
 
+AVX2 static __m256 swiglu8(__m256 gv, __m256 uv) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), uv);
+}
+
+/* The tail goes through the same vector formula, so an element's value does not depend on
+ * where a span starts (the fused gate/up product applies this to row ranges, the unfused op
+ * to thread ranges; both must agree bit for bit). */
 AVX2 static void swiglu_avx2(float *out, const float *g, const float *u, int n) {
     int i = 0;
-    __m256 one = _mm256_set1_ps(1.0f);
-    for (; i + 8 <= n; i += 8) {
-        __m256 gv = _mm256_loadu_ps(g + i);
-        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, swiglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        float gb[8] = {0}, ub[8] = {0}, ob[8];
+        memcpy(gb, g + i, (size_t)(n - i) * sizeof(float));
+        memcpy(ub, u + i, (size_t)(n - i) * sizeof(float));
+        _mm256_storeu_ps(ob, swiglu8(_mm256_loadu_ps(gb), _mm256_loadu_ps(ub)));
+        memcpy(out + i, ob, (size_t)(n - i) * sizeof(float));
     }
-    for (; i < n; i++)
-        out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 AVX2 static float dot_avx2(const float *a, const float *b, int n) {

@@ -32,6 +32,7 @@ enum {
     OP_ARGMAX,
     OP_STEP_BEGIN,
     OP_STEP_END,
+    OP_MATMUL_N,
     OP_COUNT
 };
 
@@ -39,7 +40,7 @@ static const char *const op_names[] = {
     "buf_alloc",     "buf_wrap",   "buf_upload", "buf_download", "buf_zero",    "reserve",
     "batch_prepare", "embed",      "matmul",     "add_bias",     "rmsnorm",     "rope",
     "kv_write",      "attention",  "swiglu",     "add",          "gather_rows", "sync",
-    "argmax",        "step_begin", "step_end"};
+    "argmax",        "step_begin", "step_end",   "matmul_n"};
 _Static_assert(sizeof op_names / sizeof op_names[0] == OP_COUNT, "one name per op");
 
 typedef struct {
@@ -51,6 +52,7 @@ typedef struct {
     long step;      /* 0: count from open; S: count within the S-th forward pass */
     int sticky, nan;
     int record; /* offer step_begin / step_end */
+    int fused;  /* offer matmul_n */
     long calls; /* calls of op counted so far */
     long steps; /* batch_prepare calls so far */
     int tripped;
@@ -232,6 +234,11 @@ static int f_matmul(md_backend *be, const md_tensor *w, const md_buf *x, md_buf 
     FWD_OUT(be, OP_MATMUL, matmul, y, (size_t)T * w->ne1, w, x, y, T, e);
 }
 
+static int f_matmul_n(md_backend *be, int n, const md_tensor *const *w, const md_buf *x,
+                      md_buf *const *y, int T, int mode, md_err *e) {
+    FWD_OUT(be, OP_MATMUL_N, matmul_n, y[0], (size_t)T * w[0]->ne1, n, w, x, y, T, mode, e);
+}
+
 static int f_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, md_err *e) {
     FWD_OUT(be, OP_ADD_BIAS, add_bias, y, (size_t)T * bias->ne0, y, bias, T, e);
 }
@@ -299,7 +306,7 @@ static int f_step_end(md_backend *be, int failed, md_err *e) {
     return gate(fb(be), OP_STEP_END, NULL, e);
 }
 
-/* With record=1 an instance's copy adds step_begin/step_end; kv_cache_type is the wrapped
+/* With record=1 an instance's copy adds step_begin/step_end, with fused=1 matmul_n; kv_cache_type is the wrapped
  * CPU backend's. */
 static const md_backend_ops fault_ops = {
     .name = "faulty",
@@ -385,6 +392,9 @@ static int parse_spec(fault_be *f, const char *device, long *threads, md_err *e)
         } else if (kn == 6 && !memcmp(p, "record", 6)) {
             ok = parse_long(v, vn, 0, &num) == 0 && num <= 1;
             f->record = (int)num;
+        } else if (kn == 5 && !memcmp(p, "fused", 5)) {
+            ok = parse_long(v, vn, 0, &num) == 0 && num <= 1;
+            f->fused = (int)num;
         } else if (kn == 7 && !memcmp(p, "threads", 7)) {
             ok = parse_long(v, vn, 1, threads) == 0;
         } else {
@@ -427,12 +437,19 @@ int fault_backend_open(const char *device, int n_threads, md_backend **out, md_e
         return md_errf(e, MD_EINVAL, "device \"%s\": op=step_begin/step_end needs record=1",
                        device);
     }
+    if (f->op == OP_MATMUL_N && !f->fused) {
+        md_backend_free(f->in);
+        free(f);
+        return md_errf(e, MD_EINVAL, "device \"%s\": op=matmul_n needs fused=1", device);
+    }
     f->ops = fault_ops;
     f->ops.kv_cache_type = f->in->ops->kv_cache_type;
     if (f->record) {
         f->ops.step_begin = f_step_begin;
         f->ops.step_end = f_step_end;
     }
+    if (f->fused)
+        f->ops.matmul_n = f_matmul_n;
     f->base.ops = &f->ops;
     snprintf(f->desc, sizeof f->desc, "%s over %s", device, f->in->ops->describe(f->in));
     __atomic_fetch_add(&g_stats.opened, 1, __ATOMIC_RELAXED);

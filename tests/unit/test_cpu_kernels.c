@@ -248,6 +248,114 @@ static void test_matmul_same_result_for_any_thread_count(void **state) {
     free(y2);
 }
 
+/* cpu_matmul_n against the unfused ops, bit for bit: SET is cpu_matmul per weight, ACC is
+ * cpu_matmul then cpu_add, SWIGLU is two cpu_matmul then cpu_swiglu over each whole row. For
+ * one activation class (Q/K/V of one type, a Q4_K/Q6_K mix) and mixed classes (the
+ * one-product-per-weight fallback), decode and prompt batch sizes (n > 64: several
+ * activation chunks), 1 and 3 threads, at every SIMD level. */
+static void check_matmul_n(cpu_pool *pool, const int *types, const int *rows, int n_w, int cols,
+                           int n, int mode) {
+    void *W[CPU_MM_MAX];
+    float *y[CPU_MM_MAX], *want[CPU_MM_MAX];
+    cpu_mm_seg seg[CPU_MM_MAX];
+    float *x = rand_x(n, cols);
+    size_t ss = 64;
+    for (int i = 0; i < n_w; i++) {
+        size_t s = cpu_matmul_scratch_size(types[i], cols, n);
+        ss = s > ss ? s : ss;
+    }
+    void *scratch = aligned_alloc(64, (ss + 63) / 64 * 64);
+    float *tmp = malloc(sizeof(float) * (size_t)n * 4096);
+    for (int i = 0; i < n_w; i++) {
+        W[i] = rand_matrix(types[i], rows[i], cols);
+        y[i] = malloc(sizeof(float) * (size_t)n * rows[i]);
+        want[i] = malloc(sizeof(float) * (size_t)n * rows[i]);
+        for (size_t k = 0; k < (size_t)n * rows[i]; k++)
+            y[i][k] = want[i][k] = frnd(); /* the residual ACC adds to */
+        seg[i] = (cpu_mm_seg){types[i], W[i], rows[i], y[i]};
+    }
+    for (int i = 0; i < n_w; i++) {
+        size_t len = (size_t)n * rows[i];
+        if (mode == CPU_MM_ACC) {
+            cpu_matmul(pool, types[i], W[i], rows[i], cols, x, n, tmp, scratch);
+            cpu_add(want[i], want[i], tmp, (int)len);
+        } else
+            cpu_matmul(pool, types[i], W[i], rows[i], cols, x, n, want[i], scratch);
+    }
+    if (mode == CPU_MM_SWIGLU)
+        for (int c = 0; c < n; c++)
+            cpu_swiglu(want[0] + (size_t)c * rows[0], want[0] + (size_t)c * rows[0],
+                       want[1] + (size_t)c * rows[1], rows[0]);
+    cpu_matmul_n(pool, seg, n_w, cols, x, n, mode, scratch);
+    for (int i = 0; i < (mode == CPU_MM_SWIGLU ? 1 : n_w); i++) {
+        if (memcmp(y[i], want[i], sizeof(float) * (size_t)n * rows[i]))
+            fail_msg("matmul_n mode %d weight %d (type %d, %d x %d) n %d differs from the "
+                     "unfused ops",
+                     mode, i, types[i], rows[i], cols, n);
+    }
+    for (int i = 0; i < n_w; i++) {
+        free(W[i]);
+        free(y[i]);
+        free(want[i]);
+    }
+    free(x);
+    free(tmp);
+    free(scratch);
+}
+
+static void test_matmul_n_equals_unfused_ops(void **state) {
+    static const struct {
+        int n_w, mode, types[3], rows[3], cols;
+    } cases[] = {
+        {3, CPU_MM_SET, {CPU_T_Q4_1, CPU_T_Q4_1, CPU_T_Q4_1}, {96, 32, 32}, 96}, /* Q/K/V */
+        {3, CPU_MM_SET, {CPU_T_Q4_K, CPU_T_Q4_K, CPU_T_Q6_K}, {64, 20, 20}, 256},
+        {3, CPU_MM_SET, {CPU_T_Q8_0, CPU_T_BF16, CPU_T_Q6_K}, {40, 8, 8}, 256},   /* mixed */
+        {2, CPU_MM_SET, {CPU_T_F16, CPU_T_BF16}, {33, 7}, 64},
+        {1, CPU_MM_ACC, {CPU_T_Q4_0}, {70}, 160},                                /* wo */
+        {1, CPU_MM_ACC, {CPU_T_F32}, {13}, 32},
+        {2, CPU_MM_ACC, {CPU_T_Q4_K, CPU_T_Q8_0}, {24, 16}, 256},
+        {2, CPU_MM_SWIGLU, {CPU_T_Q4_1, CPU_T_Q4_1}, {150, 150}, 64},            /* gate/up */
+        {2, CPU_MM_SWIGLU, {CPU_T_BF16, CPU_T_BF16}, {37, 37}, 32},
+        {2, CPU_MM_SWIGLU, {CPU_T_Q4_K, CPU_T_Q8_0}, {45, 45}, 256},             /* mixed */
+    };
+    static const int ns[] = {1, 3, 8, 70};
+    int n_levels = cpu_simd_detect() + 1;
+    for (int th = 1; th <= 3; th += 2) {
+        cpu_pool *pool = th > 1 ? cpu_pool_create(th) : NULL;
+        for (int lv = 0; lv < n_levels; lv++) {
+            assert_int_equal(cpu_simd_set(lv), 0);
+            for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+                for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                    check_matmul_n(pool, cases[k].types, cases[k].rows, cases[k].n_w,
+                                   cases[k].cols, ns[ni], cases[k].mode);
+        }
+        cpu_pool_destroy(pool);
+    }
+    cpu_simd_set(cpu_simd_detect());
+}
+
+/* cpu_swiglu gives each element the same value wherever a span starts (the fused gate/up
+ * product applies it to row ranges, the unfused op to thread ranges). */
+static void test_swiglu_independent_of_span(void **state) {
+    int n = 61;
+    float g[61], u[61], whole[61], part[61];
+    for (int i = 0; i < n; i++) {
+        g[i] = 8.0f * frnd();
+        u[i] = frnd();
+    }
+    int n_levels = cpu_simd_detect() + 1;
+    for (int lv = 0; lv < n_levels; lv++) {
+        assert_int_equal(cpu_simd_set(lv), 0);
+        cpu_swiglu(whole, g, u, n);
+        for (int cut = 1; cut < n; cut += 3) {
+            cpu_swiglu(part, g, u, cut);
+            cpu_swiglu(part + cut, g + cut, u + cut, n - cut);
+            assert_memory_equal(part, whole, sizeof whole);
+        }
+    }
+    cpu_simd_set(cpu_simd_detect());
+}
+
 /* Layouts: medley's dequantization equals the gguf package's on random blocks. */
 static void test_dequant_matches_gguf_reference(void **state) {
     FILE *f = fopen(MEDLEY_FIXTURES "/kernels/blocks.bin", "rb");
@@ -588,6 +696,8 @@ int main(void) {
         cmocka_unit_test(test_matmul_batch_sizes_1_to_70),
         cmocka_unit_test(test_matmul_model_shapes_large_batch),
         cmocka_unit_test(test_matmul_same_result_for_any_thread_count),
+        cmocka_unit_test(test_matmul_n_equals_unfused_ops),
+        cmocka_unit_test(test_swiglu_independent_of_span),
         cmocka_unit_test(test_vector_ops_match_double_formulas),
         cmocka_unit_test(test_softmax_handles_extremes),
         cmocka_unit_test(test_attention_paged_matches_double_formula),

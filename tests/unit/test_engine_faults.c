@@ -256,6 +256,11 @@ static void test_transient_fault_in_any_op_fails_the_step_and_spares_the_waiting
         "faulty:op=kv_write,step=3,after=30", "faulty:op=swiglu,step=3,after=2",
         "faulty:op=add,step=3,after=59",      "faulty:op=gather_rows,step=3,after=1",
         "faulty:op=matmul,step=3,after=211", /* the output head: 30 layers x 7 + 1 */
+        /* a backend with the fused products (4 per layer: Q/K/V, wo+x, gate/up, down+x) */
+        "faulty:op=matmul_n,step=3,after=1,fused=1",
+        "faulty:op=matmul_n,step=3,after=63,fused=1",
+        "faulty:op=matmul_n,step=3,after=120,fused=1",
+        "faulty:op=matmul,step=3,after=1,fused=1", /* then the head is the only matmul */
     };
     for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
         transient(devices[i]);
@@ -359,6 +364,7 @@ static void test_fault_while_loading_is_a_clear_error_and_frees_everything(void 
                                       "faulty:op=matmul,kind=nan,sticky=2",
                                       "faulty:op=add,x=1",
                                       "faulty:op=step_end",
+                                      "faulty:op=matmul_n",
                                       "faulty:op=sync,kind=nan",
                                       "faulty"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
