@@ -404,12 +404,16 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
                           (rc = CALL(m, add_bias, f->k, &L->bk, T, e)) ||
                           (rc = CALL(m, add_bias, f->v, &L->bv, T, e))))
             return rc;
-        if ((rc = CALL(m, rope, f->q, hp->n_head, hp->head_dim, hp->rot_dims, m->inv_freq,
-                       hp->rope_neox, e)) ||
-            (rc = CALL(m, rope, f->k, hp->n_head_kv, hp->head_dim, hp->rot_dims, m->inv_freq,
-                       hp->rope_neox, e)) ||
-            (rc = CALL(m, kv_write, f->k, f->v, kv->k[l], kv->v[l], kvd, kv->type, e)) ||
-            (rc = CALL(m, attention, f->q, kv->k[l], kv->v[l], f->att, hp->n_head, hp->n_head_kv,
+        if (fused && O->rope_kv)
+            rc = O->rope_kv(BE(m), f->q, f->k, f->v, kv->k[l], kv->v[l], hp->n_head,
+                            hp->n_head_kv, hp->head_dim, hp->rot_dims, m->inv_freq,
+                            hp->rope_neox, kv->type, e);
+        else if (!(rc = CALL(m, rope, f->q, hp->n_head, hp->head_dim, hp->rot_dims, m->inv_freq,
+                             hp->rope_neox, e)) &&
+                 !(rc = CALL(m, rope, f->k, hp->n_head_kv, hp->head_dim, hp->rot_dims,
+                             m->inv_freq, hp->rope_neox, e)))
+            rc = CALL(m, kv_write, f->k, f->v, kv->k[l], kv->v[l], kvd, kv->type, e);
+        if (rc || (rc = CALL(m, attention, f->q, kv->k[l], kv->v[l], f->att, hp->n_head, hp->n_head_kv,
                        hp->head_dim, kv->type, scale, e)) ||
             (rc = residual(m, fused, &L->wo, f->att, f->xb, f->x, T, e)))
             return rc;

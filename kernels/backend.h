@@ -201,6 +201,15 @@ typedef struct md_backend_ops {
     int (*matmul_n)(md_backend *be, int n, const md_tensor *const *w, const md_buf *x,
                     md_buf *const *y, int T, int mode, md_err *e);
 
+    /* rope(q), rope(k) and kv_write(k, v) of one layer in one op (optional; the engine falls
+     * back to the three): q [T, n_heads, head_dim] is rotated in place, k [T, n_kv_heads,
+     * head_dim] is rotated into the cache (k itself may be left rotated or not: the engine
+     * does not read it again) and v is stored beside it. Arguments as for rope and kv_write,
+     * kv_dim = n_kv_heads * head_dim; results equal theirs bit for bit. */
+    int (*rope_kv)(md_backend *be, md_buf *q, md_buf *k, const md_buf *v, md_buf *k_cache,
+                   md_buf *v_cache, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
+                   const md_buf *inv_freq, int neox, int cache_type, md_err *e);
+
     /* Step recording (CUDA graphs). The engine brackets the ops of one forward pass, after
      * batch_prepare and before anything is downloaded, with step_begin / step_end. Between
      * them the backend may record instead of run (and launch the recording at step_end),

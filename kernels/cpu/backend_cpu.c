@@ -256,49 +256,103 @@ static int cpu_rmsnorm_op(md_backend *be, const md_buf *x, const md_tensor *w, m
     return 0;
 }
 
+/* Rotate the n_heads heads of one token's row v by the angles whose cosines and sines are
+ * cs / sn (half of them). */
+static void rope_row(float *v, int n_heads, int head_dim, int half, int neox, const float *cs,
+                     const float *sn) {
+    for (int h = 0; h < n_heads; h++, v += head_dim)
+        for (int i = 0; i < half; i++) {
+            int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * cs[i] - x1 * sn[i];
+            v[b] = x0 * sn[i] + x1 * cs[i];
+        }
+}
+
+#define ROPE_MAX_HALF 512
+
+static void rope_angles(float pos, const float *inv_freq, int half, float *cs, float *sn) {
+    for (int i = 0; i < half; i++) {
+        float th = pos * inv_freq[i];
+        cs[i] = cosf(th);
+        sn[i] = sinf(th);
+    }
+}
+
+static int rope_check(int head_dim, int rot_dims, md_err *e) {
+    if (rot_dims < 2 || rot_dims > head_dim || rot_dims % 2 || rot_dims / 2 > ROPE_MAX_HALF)
+        return md_errf(e, MD_EINVAL, "cpu backend: RoPE over %d of %d dimensions", rot_dims,
+                       head_dim);
+    return 0;
+}
+
 static int cpu_rope(md_backend *be, md_buf *x, int n_heads, int head_dim, int rot_dims,
                     const md_buf *inv_freq, int neox, md_err *e) {
     cpu_backend *c = cb(be);
-    const float *f = inv_freq->p;
-    float *xs = x->p;
-    int half = rot_dims / 2;
+    int half = rot_dims / 2, rc = rope_check(head_dim, rot_dims, e);
+    if (rc)
+        return rc;
+    float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     for (int t = 0; t < c->b.n_tokens; t++) {
-        float pos = (float)c->b.tok_pos[t];
-        for (int i = 0; i < half; i++) {
-            float th = pos * f[i];
-            float cs = cosf(th), sn = sinf(th);
-            for (int h = 0; h < n_heads; h++) {
-                float *v = xs + ((size_t)t * n_heads + h) * head_dim;
-                int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-                float x0 = v[a], x1 = v[b];
-                v[a] = x0 * cs - x1 * sn;
-                v[b] = x0 * sn + x1 * cs;
-            }
-        }
+        rope_angles((float)c->b.tok_pos[t], inv_freq->p, half, cs, sn);
+        rope_row((float *)x->p + (size_t)t * n_heads * head_dim, n_heads, head_dim, half, neox,
+                 cs, sn);
     }
+    return 0;
+}
+
+/* Token t's k and v rows into its cache slot. */
+static int kv_store(cpu_backend *c, int t, const float *kt, const float *vt, md_buf *k_cache,
+                    md_buf *v_cache, int kv_dim, int cache_type, md_err *e) {
+    size_t row = md_type_row_bytes(cache_type, kv_dim), s = (size_t)c->b.slot[t];
+    if ((s + 1) * row > k_cache->n || (s + 1) * row > v_cache->n)
+        return md_errf(e, MD_ERANGE, "cpu backend: KV slot %zu outside the cache", s);
+    if (cache_type == MD_TYPE_F16) {
+        cpu_f32_to_f16_row((uint16_t *)((char *)k_cache->p + s * row), kt, kv_dim);
+        cpu_f32_to_f16_row((uint16_t *)((char *)v_cache->p + s * row), vt, kv_dim);
+    } else {
+        memcpy((char *)k_cache->p + s * row, kt, row);
+        memcpy((char *)v_cache->p + s * row, vt, row);
+    }
+    return 0;
+}
+
+static int kv_type_check(int cache_type, md_err *e) {
+    if (cache_type != MD_TYPE_F32 && cache_type != MD_TYPE_F16)
+        return md_errf(e, MD_EUNSUPP, "cpu backend: KV cache type %d not supported (F32, F16)",
+                       cache_type);
     return 0;
 }
 
 static int cpu_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf *k_cache,
                         md_buf *v_cache, int kv_dim, int cache_type, md_err *e) {
     cpu_backend *c = cb(be);
-    if (cache_type != MD_TYPE_F32 && cache_type != MD_TYPE_F16)
-        return md_errf(e, MD_EUNSUPP, "cpu backend: KV cache type %d not supported (F32, F16)",
-                       cache_type);
-    size_t row = md_type_row_bytes(cache_type, kv_dim);
+    int rc = kv_type_check(cache_type, e);
+    for (int t = 0; rc == 0 && t < c->b.n_tokens; t++)
+        rc = kv_store(c, t, (const float *)k->p + (size_t)t * kv_dim,
+                      (const float *)v->p + (size_t)t * kv_dim, k_cache, v_cache, kv_dim,
+                      cache_type, e);
+    return rc;
+}
+
+/* One pass per token: the angles once for q and k, k rotated in place then stored. */
+static int cpu_rope_kv(md_backend *be, md_buf *q, md_buf *k, const md_buf *v, md_buf *k_cache,
+                       md_buf *v_cache, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
+                       const md_buf *inv_freq, int neox, int cache_type, md_err *e) {
+    cpu_backend *c = cb(be);
+    int half = rot_dims / 2, kv_dim = n_kv_heads * head_dim, rc;
+    if ((rc = rope_check(head_dim, rot_dims, e)) || (rc = kv_type_check(cache_type, e)))
+        return rc;
+    float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     for (int t = 0; t < c->b.n_tokens; t++) {
-        size_t s = (size_t)c->b.slot[t];
-        if ((s + 1) * row > k_cache->n || (s + 1) * row > v_cache->n)
-            return md_errf(e, MD_ERANGE, "cpu backend: KV slot %zu outside the cache", s);
-        const float *kt = (const float *)k->p + (size_t)t * kv_dim,
-                    *vt = (const float *)v->p + (size_t)t * kv_dim;
-        if (cache_type == MD_TYPE_F16) {
-            cpu_f32_to_f16_row((uint16_t *)((char *)k_cache->p + s * row), kt, kv_dim);
-            cpu_f32_to_f16_row((uint16_t *)((char *)v_cache->p + s * row), vt, kv_dim);
-        } else {
-            memcpy((char *)k_cache->p + s * row, kt, row);
-            memcpy((char *)v_cache->p + s * row, vt, row);
-        }
+        float *kt = (float *)k->p + (size_t)t * kv_dim;
+        rope_angles((float)c->b.tok_pos[t], inv_freq->p, half, cs, sn);
+        rope_row((float *)q->p + (size_t)t * n_heads * head_dim, n_heads, head_dim, half, neox,
+                 cs, sn);
+        rope_row(kt, n_kv_heads, head_dim, half, neox, cs, sn);
+        if ((rc = kv_store(c, t, kt, (const float *)v->p + (size_t)t * kv_dim, k_cache, v_cache,
+                           kv_dim, cache_type, e)))
+            return rc;
     }
     return 0;
 }
@@ -456,6 +510,7 @@ static const md_backend_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm_op,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
+    .rope_kv = cpu_rope_kv,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu_op,
     .add = cpu_add_op,

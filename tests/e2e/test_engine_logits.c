@@ -245,11 +245,46 @@ static void test_chunked_prefill_is_bit_identical(void **state) {
     rig_close(&r);
 }
 
+/* The fused products and RoPE + KV stores (backend ops matmul_n, rope_kv) give the unfused
+ * ops' logits bit for bit, in prefill and in 1-token decode-sized steps. */
+static void test_fused_ops_are_bit_identical_to_unfused(void **state) {
+    rig r = {0}, u = {0};
+    if (rig_open(&r, "cpu", 512))
+        skip();
+    assert_non_null(r.m->be->ops->matmul_n);
+    assert_non_null(r.m->be->ops->rope_kv);
+    assert_int_equal(r.m->fused, 1);
+    setenv("MEDLEY_FUSED_MATMUL", "0", 1);
+    int rc = rig_open(&u, "cpu", 512);
+    unsetenv("MEDLEY_FUSED_MATMUL");
+    assert_int_equal(rc, 0);
+    assert_int_equal(u.m->fused, 0);
+    json_t *fx = test_fixture("logits.json");
+    assert_non_null(fx);
+    int n, V = r.m->hp.n_vocab;
+    int32_t *ids =
+        test_ids(json_object_get(json_array_get(json_object_get(fx, "prompts"), 4), "tokens"), &n);
+    int want[2] = {n / 2, n - 1};
+    float *a = malloc((size_t)2 * V * sizeof(float)), *b = malloc((size_t)2 * V * sizeof(float));
+    for (int chunk = 1; chunk <= 512; chunk += 511) {
+        run_prompt(&r, ids, n, chunk, want, 2, a);
+        run_prompt(&u, ids, n, chunk, want, 2, b);
+        assert_memory_equal(a, b, (size_t)2 * V * sizeof(float));
+    }
+    free(a);
+    free(b);
+    free(ids);
+    json_decref(fx);
+    rig_close(&r);
+    rig_close(&u);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_pass_exact_with_reference_matmul),
         cmocka_unit_test(test_fast_kernels_match_references),
         cmocka_unit_test(test_chunked_prefill_is_bit_identical),
+        cmocka_unit_test(test_fused_ops_are_bit_identical_to_unfused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,7 @@ enum {
     OP_STEP_BEGIN,
     OP_STEP_END,
     OP_MATMUL_N,
+    OP_ROPE_KV,
     OP_COUNT
 };
 
@@ -40,7 +41,8 @@ static const char *const op_names[] = {
     "buf_alloc",     "buf_wrap",   "buf_upload", "buf_download", "buf_zero",    "reserve",
     "batch_prepare", "embed",      "matmul",     "add_bias",     "rmsnorm",     "rope",
     "kv_write",      "attention",  "swiglu",     "add",          "gather_rows", "sync",
-    "argmax",        "step_begin", "step_end",   "matmul_n"};
+    "argmax",        "step_begin", "step_end",   "matmul_n",
+    "rope_kv"};
 _Static_assert(sizeof op_names / sizeof op_names[0] == OP_COUNT, "one name per op");
 
 typedef struct {
@@ -239,6 +241,14 @@ static int f_matmul_n(md_backend *be, int n, const md_tensor *const *w, const md
     FWD_OUT(be, OP_MATMUL_N, matmul_n, y[0], (size_t)T * w[0]->ne1, n, w, x, y, T, mode, e);
 }
 
+static int f_rope_kv(md_backend *be, md_buf *q, md_buf *k, const md_buf *v, md_buf *k_cache,
+                     md_buf *v_cache, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
+                     const md_buf *inv_freq, int neox, int cache_type, md_err *e) {
+    FWD_OUT(be, OP_ROPE_KV, rope_kv, q, (size_t)fb(be)->n_tokens * n_heads * head_dim, q, k, v,
+            k_cache, v_cache, n_heads, n_kv_heads, head_dim, rot_dims, inv_freq, neox,
+            cache_type, e);
+}
+
 static int f_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, md_err *e) {
     FWD_OUT(be, OP_ADD_BIAS, add_bias, y, (size_t)T * bias->ne0, y, bias, T, e);
 }
@@ -306,7 +316,8 @@ static int f_step_end(md_backend *be, int failed, md_err *e) {
     return gate(fb(be), OP_STEP_END, NULL, e);
 }
 
-/* With record=1 an instance's copy adds step_begin/step_end, with fused=1 matmul_n; kv_cache_type is the wrapped
+/* With record=1 an instance's copy adds step_begin/step_end, with fused=1 matmul_n and
+ * rope_kv; kv_cache_type is the wrapped
  * CPU backend's. */
 static const md_backend_ops fault_ops = {
     .name = "faulty",
@@ -437,10 +448,11 @@ int fault_backend_open(const char *device, int n_threads, md_backend **out, md_e
         return md_errf(e, MD_EINVAL, "device \"%s\": op=step_begin/step_end needs record=1",
                        device);
     }
-    if (f->op == OP_MATMUL_N && !f->fused) {
+    if ((f->op == OP_MATMUL_N || f->op == OP_ROPE_KV) && !f->fused) {
         md_backend_free(f->in);
         free(f);
-        return md_errf(e, MD_EINVAL, "device \"%s\": op=matmul_n needs fused=1", device);
+        return md_errf(e, MD_EINVAL, "device \"%s\": op=matmul_n/rope_kv needs fused=1",
+                       device);
     }
     f->ops = fault_ops;
     f->ops.kv_cache_type = f->in->ops->kv_cache_type;
@@ -448,8 +460,10 @@ int fault_backend_open(const char *device, int n_threads, md_backend **out, md_e
         f->ops.step_begin = f_step_begin;
         f->ops.step_end = f_step_end;
     }
-    if (f->fused)
+    if (f->fused) {
         f->ops.matmul_n = f_matmul_n;
+        f->ops.rope_kv = f_rope_kv;
+    }
     f->base.ops = &f->ops;
     snprintf(f->desc, sizeof f->desc, "%s over %s", device, f->in->ops->describe(f->in));
     __atomic_fetch_add(&g_stats.opened, 1, __ATOMIC_RELAXED);

@@ -12,7 +12,7 @@
  *     OP      a backend op: buf_alloc, buf_wrap, buf_upload, buf_download, buf_zero, reserve,
  *             batch_prepare, embed, matmul, add_bias, rmsnorm, rope, kv_write, attention,
  *             swiglu, add, gather_rows, sync, argmax, step_begin, step_end (with record=1),
- *             matmul_n (with fused=1);
+ *             matmul_n, rope_kv (with fused=1);
  *             or "none" (a plain pass-through)
  *     after   the N-th call of OP fails (1-based, default 1), counted from open, or from the
  *             start of step S when step is given
@@ -22,13 +22,14 @@
  *     sticky  1: the failure is permanent for this backend (every later op fails with it)
  *     kind    error (default): MD_EDEVICE; nan: the op succeeds and its output is all NaN
  *             (ops with a float output: embed, matmul, add_bias, rmsnorm, rope, attention,
- *             swiglu, add, gather_rows, matmul_n: its first output)
+ *             swiglu, add, gather_rows, matmul_n: its first output, rope_kv: q)
  *     record  1: the backend has step_begin / step_end (as kernels/cuda for CUDA graphs), which
  *             run nothing themselves: the ops still run directly, so the engine's bracketing
  *             and its error path are what is exercised (default 0: none, as the CPU backend)
- *     fused   1: the backend has matmul_n (as kernels/cpu and kernels/cuda), so the engine runs
- *             Q/K/V, gate/up+SwiGLU and the residual products through it (default 0: the
- *             unfused matmul / add / swiglu sequence)
+ *     fused   1: the backend has matmul_n and rope_kv (as kernels/cpu and kernels/cuda), so
+ *             the engine runs Q/K/V, gate/up+SwiGLU, the residual products and RoPE + KV
+ *             stores through them (default 0: the unfused matmul / add / swiglu / rope /
+ *             kv_write sequence)
  *     threads CPU threads of the wrapped backend (default: the n_threads given to open)
  * A bad spec is refused at open with MD_EINVAL naming the part it could not read.
  *

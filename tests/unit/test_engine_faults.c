@@ -261,6 +261,7 @@ static void test_transient_fault_in_any_op_fails_the_step_and_spares_the_waiting
         "faulty:op=matmul_n,step=3,after=63,fused=1",
         "faulty:op=matmul_n,step=3,after=120,fused=1",
         "faulty:op=matmul,step=3,after=1,fused=1", /* then the head is the only matmul */
+        "faulty:op=rope_kv,step=3,after=17,fused=1",
     };
     for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
         transient(devices[i]);
