@@ -220,17 +220,24 @@ static void test_fast_kernels_match_references(void **state) {
     compare_logits("cpu", 5, F64_TOL, LLAMA_TOL);
 }
 
+/* The fixture's fifth (longest) prompt's token ids; the caller frees them. */
+static int32_t *long_prompt(int *n) {
+    json_t *fx = test_fixture("logits.json");
+    assert_non_null(fx);
+    int32_t *ids =
+        test_ids(json_object_get(json_array_get(json_object_get(fx, "prompts"), 4), "tokens"), n);
+    json_decref(fx);
+    return ids;
+}
+
 /* Chunked prefill gives bit-identical logits to a one-step prefill: every kernel sums in an
  * order that does not depend on how many tokens share the step. */
 static void test_chunked_prefill_is_bit_identical(void **state) {
     rig r = {0};
     if (rig_open(&r, "cpu", 512))
         skip();
-    json_t *fx = test_fixture("logits.json");
-    assert_non_null(fx);
     int n, V = r.m->hp.n_vocab;
-    int32_t *ids =
-        test_ids(json_object_get(json_array_get(json_object_get(fx, "prompts"), 4), "tokens"), &n);
+    int32_t *ids = long_prompt(&n);
     int want[2] = {n / 2, n - 1};
     float *a = malloc((size_t)2 * V * sizeof(float)), *b = malloc((size_t)2 * V * sizeof(float));
     run_prompt(&r, ids, n, 512, want, 2, a);
@@ -241,7 +248,6 @@ static void test_chunked_prefill_is_bit_identical(void **state) {
     free(a);
     free(b);
     free(ids);
-    json_decref(fx);
     rig_close(&r);
 }
 
@@ -259,11 +265,8 @@ static void test_fused_ops_are_bit_identical_to_unfused(void **state) {
     unsetenv("MEDLEY_FUSED_MATMUL");
     assert_int_equal(rc, 0);
     assert_int_equal(u.m->fused, 0);
-    json_t *fx = test_fixture("logits.json");
-    assert_non_null(fx);
     int n, V = r.m->hp.n_vocab;
-    int32_t *ids =
-        test_ids(json_object_get(json_array_get(json_object_get(fx, "prompts"), 4), "tokens"), &n);
+    int32_t *ids = long_prompt(&n);
     int want[2] = {n / 2, n - 1};
     float *a = malloc((size_t)2 * V * sizeof(float)), *b = malloc((size_t)2 * V * sizeof(float));
     for (int chunk = 1; chunk <= 512; chunk += 511) {
@@ -274,7 +277,6 @@ static void test_fused_ops_are_bit_identical_to_unfused(void **state) {
     free(a);
     free(b);
     free(ids);
-    json_decref(fx);
     rig_close(&r);
     rig_close(&u);
 }
