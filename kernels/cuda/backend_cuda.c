@@ -59,16 +59,16 @@ typedef struct {
     int64_t max_block_id; /* largest block id any token of the step reads */
     void *att_work;
     size_t att_work_n;
-    int32_t *d_argmax; /* [max_seqs] greedy picks and sampled tokens */
+    int32_t *d_argmax;                         /* [max_seqs] greedy picks and sampled tokens */
     cuda_sample_params *d_sparams, *h_sparams; /* [max_seqs] sample op parameters */
     int n_sm;
     /* decode-step graphs */
-    int graphs_on;           /* MEDLEY_CUDA_GRAPHS != "0" */
-    int graphable;           /* this step may be a graph (set by batch_prepare) */
-    cuda_gc_key key;         /* its key */
-    int dec_len_bucket;      /* cuda_gc_len_bucket(max_dec_len): the split count's input */
+    int graphs_on;      /* MEDLEY_CUDA_GRAPHS != "0" */
+    int graphable;      /* this step may be a graph (set by batch_prepare) */
+    cuda_gc_key key;    /* its key */
+    int dec_len_bucket; /* cuda_gc_len_bucket(max_dec_len): the split count's input */
     enum { ST_IDLE, ST_EAGER, ST_RECORD, ST_REPLAY } st;
-    void *replay_graph;      /* the graph step_end launches in ST_REPLAY */
+    void *replay_graph; /* the graph step_end launches in ST_REPLAY */
     cuda_graph_cache gc;
     char desc[384];
 } cuda_backend;
@@ -109,7 +109,8 @@ static void be_free(md_backend *be) {
     if (b->c)
         cuda_sync(b->c, NULL);
     if (b->gc.recorded)
-        MD_INFO("cuda", "cuda:%d: decode steps as CUDA graphs: %ld recorded, %ld replayed, %ld "
+        MD_INFO("cuda",
+                "cuda:%d: decode steps as CUDA graphs: %ld recorded, %ld replayed, %ld "
                 "evicted, %ld dropped after scratch moved",
                 b->c ? cuda_ctx_ordinal(b->c) : -1, b->gc.recorded, b->gc.replayed, b->gc.evicted,
                 b->gc.dropped);
@@ -405,6 +406,55 @@ static int be_matmul(md_backend *be, const md_tensor *w, const md_buf *x, md_buf
                        (float *)y->p, T, (int)w->ne1, (int)w->ne0, 0.0f, 0, e);
 }
 
+_Static_assert((int)CUDA_MM_SET == (int)MD_MM_SET && (int)CUDA_MM_ACC == (int)MD_MM_ACC &&
+                   (int)CUDA_MM_SWIGLU == (int)MD_MM_SWIGLU && CUDA_MM_MAX >= MD_MM_MAX,
+               "backend.h and cuda_ops.h matmul_n modes");
+
+/* Q/K/V, gate/up with SwiGLU, wo / w_down added into the residual: one call, one GEMV
+ * launch per weight type when decoding (cuda_matmul_n). */
+static int be_matmul_n(md_backend *be, int n, const md_tensor *const *w, const md_buf *x,
+                       md_buf *const *y, int T, int mode, md_err *e) {
+    if (n < 1 || n > MD_MM_MAX)
+        return md_errf(e, MD_EINVAL, "cuda backend: matmul_n of %d weights (1 to %d)", n,
+                       MD_MM_MAX);
+    if (mode != MD_MM_SET && mode != MD_MM_ACC && mode != MD_MM_SWIGLU)
+        return md_errf(e, MD_EINVAL, "cuda backend: matmul_n mode %d", mode);
+    if (mode == MD_MM_SWIGLU && (n != 2 || w[0]->ne1 != w[1]->ne1))
+        return md_errf(e, MD_EINVAL,
+                       "cuda backend: matmul_n SwiGLU needs a gate and an up weight of one "
+                       "shape (%d weights)",
+                       n);
+    cuda_mm_w cw[MD_MM_MAX];
+    for (int i = 0; i < n; i++) {
+        int rc = tensor_ok(w[i], e);
+        if (rc)
+            return rc;
+        if (w[i]->ne0 != w[0]->ne0)
+            return md_errf(e, MD_EINVAL,
+                           "cuda backend: matmul_n weights of %lld and %lld inputs share one x",
+                           (long long)w[0]->ne0, (long long)w[i]->ne0);
+        if (T < 0 || (size_t)T * w[i]->ne0 * 4 > x->n || (size_t)T * w[i]->ne1 * 4 > y[i]->n)
+            return md_errf(e, MD_ERANGE,
+                           "cuda backend: matmul_n of %d x [%lld -> %lld] overruns its "
+                           "buffers",
+                           T, (long long)w[i]->ne0, (long long)w[i]->ne1);
+        /* a kernel reads x and other rows of y while a warp writes y[i] */
+        for (int j = 0; j < i; j++)
+            if (y[j] == y[i])
+                return md_errf(e, MD_EINVAL,
+                               "cuda backend: matmul_n outputs %d and %d are one "
+                               "buffer",
+                               j, i);
+        if (y[i] == x)
+            return md_errf(e, MD_EINVAL, "cuda backend: matmul_n output %d is its input", i);
+        cw[i] = (cuda_mm_w){tensor_ptr(w[i]), w[i]->type, w[i]->row_bytes, (int)w[i]->ne1,
+                            (float *)y[i]->p};
+    }
+    if (REPLAYING(be))
+        return 0;
+    return cuda_matmul_n(cbe(be)->c, cw, n, (const float *)x->p, T, (int)w[0]->ne0, mode, 0, e);
+}
+
 static int be_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, md_err *e) {
     int rc = tensor_ok(bias, e);
     if (rc)
@@ -580,7 +630,10 @@ static int be_step_begin(md_backend *be, md_err *e) {
         return 0;
     cuda_gc_sync_gen(&b->gc, cuda_ctx_scratch_gen(b->c));
     switch (cuda_gc_lookup(&b->gc, &b->key, &b->replay_graph)) {
-    case CUDA_GC_REPLAY: b->st = ST_REPLAY; g_totals.replayed++; return 0;
+    case CUDA_GC_REPLAY:
+        b->st = ST_REPLAY;
+        g_totals.replayed++;
+        return 0;
     case CUDA_GC_EAGER: return 0;
     case CUDA_GC_RECORD: break;
     }
@@ -647,8 +700,8 @@ static int be_sample(md_backend *be, const md_buf *x, int rows, int n, const md_
     if (rc || rows == 0)
         return rc;
     for (int r = 0; r < rows; r++) /* staging is free: the last call waited for its result */
-        b->h_sparams[r] = (cuda_sample_params){p[r].temperature, p[r].top_k, p[r].top_p,
-                                               p[r].min_p, p[r].u};
+        b->h_sparams[r] =
+            (cuda_sample_params){p[r].temperature, p[r].top_k, p[r].top_p, p[r].min_p, p[r].u};
     if ((rc = cuda_upload(b->c, b->d_sparams, b->h_sparams,
                           (size_t)rows * sizeof(cuda_sample_params), e)) ||
         (rc = cuda_sample(b->c, (const float *)x->p, rows, n, b->d_sparams, b->d_argmax, NULL, e)))
@@ -684,6 +737,7 @@ static const md_backend_ops cuda_backend_ops = {
     .mem_info = be_mem_info,
     .argmax = be_argmax,
     .sample = be_sample,
+    .matmul_n = be_matmul_n,
     .step_begin = be_step_begin,
     .step_end = be_step_end,
 };

@@ -134,6 +134,32 @@ int cuda_gather_rows(cuda_ctx *c, const float *x, const int32_t *rows, int n_row
 int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const float *x, float *y,
                 int m, int n, int k, float beta, int force_cublas, md_err *e);
 
+/* Several products of one x [m][k] (the fused op behind backend.h matmul_n): weight i is
+ * w[i].n rows of row_bytes bytes of ggml type wtype, its output y[i] f32 [m][w[i].n]. mode:
+ *  CUDA_MM_SET     y[i] = x . w[i]^T
+ *  CUDA_MM_ACC     y[i] += x . w[i]^T (beta 1: the residual add; no y[i] may overlap x)
+ *  CUDA_MM_SWIGLU  n_w == 2, gate w[0] and up w[1] of one row count:
+ *                  y[0] = silu(x . w[0]^T) * (x . w[1]^T); y[1] is scratch it may overwrite.
+ * GEMV path (m <= CUDA_GEMV_MAX_M, not force_cublas): weights of one type are one launch
+ * over their concatenated rows (weights of different types: one launch per type); SwiGLU
+ * with gate and up of one type is one launch whose warps compute a gate row and the
+ * matching up row and write silu(g) * u (different types: two GEMVs and cuda_swiglu).
+ * cuBLAS path: x converted to BF16 / F16 once per call for all weights needing that type,
+ * GemmEx with beta 1 for ACC, SwiGLU as two GEMMs then cuda_swiglu. Results equal
+ * cuda_matmul followed by cuda_add / cuda_swiglu to float rounding (on the GEMV path,
+ * bit for bit). */
+#define CUDA_MM_MAX 4
+enum { CUDA_MM_SET = 0, CUDA_MM_ACC = 1, CUDA_MM_SWIGLU = 2 };
+typedef struct {
+    const void *w; /* device */
+    int wtype;
+    size_t row_bytes;
+    int n;    /* rows (outputs) */
+    float *y; /* device, [m][n] */
+} cuda_mm_w;
+int cuda_matmul_n(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int m, int k, int mode,
+                  int force_cublas, md_err *e);
+
 /* ---- paged KV cache and attention ------------------------------------------------ */
 
 typedef struct {

@@ -1,8 +1,9 @@
 /* test_cuda_kernels.c — each CUDA kernel against a reference computed on the host:
  * dequantization against the gguf Python package's output (tests/fixtures/gguf), GEMV and
  * cuBLAS GEMM paths for every weight type against a double-precision product of the
- * reference-dequantized weights, sampling against exact host arithmetic, CUDA graph replay
- * against direct launches, the memory pool, and the sticky device error.
+ * reference-dequantized weights, the fused cuda_matmul_n against the unfused launches, sampling
+ * against exact host arithmetic, CUDA graph replay against direct launches, the memory pool, and
+ * the sticky device error.
  *
  * Needs a CUDA device: without one it prints why and exits 77 (ctest SKIP). */
 #include <setjmp.h>
@@ -206,6 +207,132 @@ static void test_matmul_every_type_and_path(void **state) {
     }
 }
 
+/* Random weights of a type, uploaded: n rows of k. */
+static void *random_weight(int type, int n, int k) {
+    size_t rb = ggml_row_size(type, k);
+    float *wf = malloc((size_t)n * k * 4);
+    uint8_t *wq = malloc(rb * n);
+    md_err e = {0};
+    for (int i = 0; i < n * k; i++)
+        wf[i] = frand();
+    if (type == GGML_Q4_K || type == GGML_Q6_K) { /* random blocks with a sane scale */
+        for (size_t i = 0; i < rb * n; i++)
+            wq[i] = (uint8_t)(frand() * 127 + 128);
+        size_t bb = type == GGML_Q4_K ? 144 : 210;
+        for (size_t b = 0; b < rb * n / bb; b++) {
+            uint16_t d = md_fp32_to_fp16(0.01f + 0.001f * (float)(b % 7));
+            uint8_t *p = wq + b * bb + (type == GGML_Q4_K ? 0 : 208);
+            memcpy(p, &d, 2);
+            if (type == GGML_Q4_K)
+                memcpy(p + 2, &d, 2);
+        }
+    } else if (ggml_quantize(type, wf, wq, (int64_t)n * k, &e)) {
+        fail_msg("%s", e.msg);
+    }
+    void *dw = dev(rb * n);
+    put(dw, wq, rb * n);
+    free(wf);
+    free(wq);
+    return dw;
+}
+
+/* cuda_matmul_n against the unfused launches on the device: cuda_matmul of each weight, then
+ * cuda_add (ACC) or cuda_swiglu (SWIGLU). SET on the GEMV path runs the same rows, so it must
+ * be equal bit for bit; the rest within 1e-6 of rms on the GEMV path (equal too unless the
+ * compiler contracted the fused epilogue differently; the count of differing values is
+ * printed) and 1e-5 on cuBLAS (beta 1 may pick another GEMM algorithm than beta 0). Q/K/V-shaped
+ * segments (Llama-3-8B's 4096/1024/1024 scaled down), types alone and mixed, m on both
+ * paths. */
+static void test_matmul_n_equals_unfused_ops(void **state) {
+    const int k = 512, F = 352;
+    const int rows[3] = {256, 64, 64};
+    const int sets[][3] = {{GGML_BF16, GGML_BF16, GGML_BF16},
+                           {GGML_Q4_K, GGML_Q4_K, GGML_Q4_K},
+                           {GGML_Q4_K, GGML_Q4_K, GGML_Q6_K},
+                           {GGML_Q8_0, GGML_F16, GGML_Q4_0}};
+    const int ms[] = {1, 5, 8, 40};
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        cuda_mm_w w[3], g[2];
+        for (int i = 0; i < 3; i++)
+            w[i] = (cuda_mm_w){random_weight(sets[si][i], rows[i], k), sets[si][i],
+                               ggml_row_size(sets[si][i], k), rows[i], NULL};
+        for (int i = 0; i < 2; i++) /* gate of the first type, up of the last */
+            g[i] = (cuda_mm_w){random_weight(sets[si][2 * i], F, k), sets[si][2 * i],
+                               ggml_row_size(sets[si][2 * i], k), F, NULL};
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+            int m = ms[mi], maxn = F;
+            float *x = malloc((size_t)m * k * 4), *init = malloc((size_t)m * maxn * 4);
+            float *a = malloc((size_t)m * maxn * 4), *b = malloc((size_t)m * maxn * 4);
+            for (int i = 0; i < m * k; i++)
+                x[i] = frand();
+            for (int i = 0; i < m * maxn; i++)
+                init[i] = 4.0f * frand();
+            float *dx = dev((size_t)m * k * 4), *tmp = dev((size_t)m * maxn * 4);
+            float *yf[3], *yu[3];
+            put(dx, x, (size_t)m * k * 4);
+            for (int i = 0; i < 3; i++) {
+                yf[i] = dev((size_t)m * maxn * 4);
+                yu[i] = dev((size_t)m * maxn * 4);
+            }
+            for (int mode = CUDA_MM_SET; mode <= CUDA_MM_SWIGLU; mode++) {
+                int nw = mode == CUDA_MM_SWIGLU ? 2 : 3;
+                cuda_mm_w cw[3];
+                for (int i = 0; i < nw; i++) {
+                    cw[i] = mode == CUDA_MM_SWIGLU ? g[i] : w[i];
+                    put(yf[i], init, (size_t)m * cw[i].n * 4);
+                    put(yu[i], init, (size_t)m * cw[i].n * 4);
+                    cw[i].y = yf[i];
+                }
+                OK(cuda_matmul_n(C, cw, nw, dx, m, k, mode, 0, E));
+                for (int i = 0; i < nw; i++) {
+                    float *dst = mode == CUDA_MM_ACC ? tmp : yu[i];
+                    OK(cuda_matmul(C, cw[i].w, cw[i].wtype, cw[i].row_bytes, dx, dst, m, cw[i].n, k,
+                                   0.0f, 0, E));
+                    if (mode == CUDA_MM_ACC)
+                        OK(cuda_add(C, yu[i], tmp, (int64_t)m * cw[i].n, E));
+                }
+                if (mode == CUDA_MM_SWIGLU)
+                    OK(cuda_swiglu(C, yu[0], yu[1], yu[0], CUDA_F32, (int64_t)m * F, E));
+                double ss = 0, worst = 0;
+                long differ = 0, cnt = 0;
+                for (int i = 0; i < (mode == CUDA_MM_SWIGLU ? 1 : nw); i++) {
+                    get(a, yf[i], (size_t)m * cw[i].n * 4);
+                    get(b, yu[i], (size_t)m * cw[i].n * 4);
+                    for (int j = 0; j < m * cw[i].n; j++, cnt++) {
+                        ss += (double)b[j] * b[j];
+                        worst = fmax(worst, fabs((double)a[j] - b[j]));
+                        differ += memcmp(&a[j], &b[j], 4) != 0;
+                    }
+                }
+                double rms = sqrt(ss / cnt);
+                const char *mn[] = {"SET", "ACC", "SWIGLU"};
+                printf("matmul_n %-6s [%s,%s,%s] m=%-2d: %ld of %ld differ from unfused, worst "
+                       "%.2e of rms %.2e\n",
+                       mn[mode], ggml_type_name(cw[0].wtype), ggml_type_name(cw[1].wtype),
+                       nw > 2 ? ggml_type_name(cw[2].wtype) : "-", m, differ, cnt, worst, rms);
+                if (mode == CUDA_MM_SET && m <= CUDA_GEMV_MAX_M)
+                    assert_int_equal(differ, 0);
+                if (!(worst <= (m <= CUDA_GEMV_MAX_M ? 1e-6 : 1e-5) * rms))
+                    fail_msg("matmul_n mode %d m=%d: worst %.3g of rms %.3g", mode, m, worst, rms);
+            }
+            for (int i = 0; i < 3; i++) {
+                cuda_pool_free(C, yf[i]);
+                cuda_pool_free(C, yu[i]);
+            }
+            cuda_pool_free(C, dx);
+            cuda_pool_free(C, tmp);
+            free(x);
+            free(init);
+            free(a);
+            free(b);
+        }
+        for (int i = 0; i < 3; i++)
+            cuda_pool_free(C, (void *)w[i].w);
+        for (int i = 0; i < 2; i++)
+            cuda_pool_free(C, (void *)g[i].w);
+    }
+}
+
 static void host_probs(const float *l, int V, float temp, double *p) {
     double mx = -INFINITY, z = 0;
     for (int i = 0; i < V; i++)
@@ -395,6 +522,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dequant_matches_gguf_package),
         cmocka_unit_test(test_matmul_every_type_and_path),
+        cmocka_unit_test(test_matmul_n_equals_unfused_ops),
         cmocka_unit_test(test_sampling_distribution_and_filters),
         cmocka_unit_test(test_graph_replay_equals_direct),
         cmocka_unit_test(test_pool_reuses_freed_blocks),

@@ -1,7 +1,9 @@
 /* fake_cuda.c — kernels/cuda's device layer imitated on the host, launches recorded (see
  * fake_cuda.h). The host logic that decides launch arguments is ctx.cu's and gemm.cu's as of
- * this writing: allocations refused while capturing, GEMV for m <= CUDA_GEMV_MAX_M, otherwise
- * x converted into scratch X and quantized weights expanded into scratch W before cuBLAS. */
+ * this writing: allocations refused while capturing, GEMV for m <= CUDA_GEMV_MAX_M (for
+ * cuda_matmul_n one launch per weight type, or the gate/up SwiGLU launch), otherwise x
+ * converted into scratch X (once per 16-bit type) and quantized weights expanded into
+ * scratch W before cuBLAS. */
 #include "unit/fake_cuda.h"
 
 #include <cuda_runtime_api.h>
@@ -32,6 +34,8 @@ enum {
     F_GET_ROWS,
     F_GATHER,
     F_GEMV,
+    F_GEMV_N,
+    F_GEMV_SWIGLU,
     F_SGEMM,
     F_GEMM,
     F_KV_WRITE,
@@ -57,6 +61,9 @@ static const char *const fn_spec[F_N] = {
     [F_GET_ROWS] = "cuda_get_rows table:p gtype:i n_rows:i dim:i ids:p n:i out:p bad_id:p",
     [F_GATHER] = "cuda_gather_rows x:p rows:p n_rows:i cols:i out:p",
     [F_GEMV] = "gemv w:p wtype:i row_bytes:i x:p y:p m:i n:i k:i beta:f",
+    /* one record per weight of a fused launch: seg of n_seg */
+    [F_GEMV_N] = "gemv_n w:p wtype:i row_bytes:i x:p y:p m:i n:i k:i beta:f seg:i n_seg:i",
+    [F_GEMV_SWIGLU] = "gemv_swiglu w_gate:p w_up:p wtype:i row_bytes:i x:p y:p m:i n:i k:i",
     [F_SGEMM] = "cublasSgemm w:p x:p y:p m:i n:i k:i beta:f",
     [F_GEMM] = "cublasGemmEx w:p x:p x_type:i y:p m:i n:i k:i beta:f",
     [F_KV_WRITE] = "cuda_kv_write k_cache:p v_cache:p dtype:i kv_dim:i k:p v:p slots:p n_tokens:i",
@@ -939,6 +946,128 @@ int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const f
     arg_i(&r, k);
     arg_f(&r, beta);
     return enqueue(c, &r, e);
+}
+
+/* gemm.cu's cuda_matmul_n: on the GEMV path one launch per weight type (a record per weight
+ * in it) or one gate/up launch; on the cuBLAS path x converted once per 16-bit type. */
+int cuda_matmul_n(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int m, int k, int mode,
+                  int force_cublas, md_err *e) {
+    GUARD(c, e);
+    if (n_w < 1 || n_w > CUDA_MM_MAX ||
+        (mode != CUDA_MM_SET && mode != CUDA_MM_ACC && mode != CUDA_MM_SWIGLU) ||
+        (mode == CUDA_MM_SWIGLU && (n_w != 2 || w[0].n != w[1].n)))
+        return md_errf(e, MD_EINVAL, "CUDA matmul: %d weights, mode %d", n_w, mode);
+    for (int i = 0; i < n_w; i++) {
+        int blk = md_type_block(w[i].wtype);
+        if (blk == 0)
+            return md_errf(e, MD_EUNSUPP, "CUDA matmul: weight type %d is not supported",
+                           w[i].wtype);
+        if (m < 0 || w[i].n <= 0 || k <= 0 || k % blk ||
+            w[i].row_bytes != md_type_row_bytes(w[i].wtype, k))
+            return md_errf(e, MD_EINVAL, "CUDA matmul: bad shape m %d, n %d, k %d", m, w[i].n, k);
+    }
+    if (m == 0)
+        return 0;
+    int swiglu = mode == CUDA_MM_SWIGLU;
+    float beta = mode == CUDA_MM_ACC ? 1.0f : 0.0f;
+    fake_launch r;
+    int rc;
+    if (m <= CUDA_GEMV_MAX_M && !force_cublas) {
+        if (swiglu && w[0].wtype == w[1].wtype) {
+            rec_init(&r, F_GEMV_SWIGLU);
+            arg_p(&r, w[0].w, (size_t)w[0].n * w[0].row_bytes, "w_gate");
+            arg_p(&r, w[1].w, (size_t)w[1].n * w[1].row_bytes, "w_up");
+            arg_i(&r, w[0].wtype);
+            arg_i(&r, (int64_t)w[0].row_bytes);
+            arg_p(&r, x, (size_t)m * k * 4, "x");
+            arg_p(&r, w[0].y, (size_t)m * w[0].n * 4, "y");
+            arg_i(&r, m);
+            arg_i(&r, w[0].n);
+            arg_i(&r, k);
+            return enqueue(c, &r, e);
+        }
+        int taken[CUDA_MM_MAX] = {0};
+        for (int i = 0; i < n_w; i++) {
+            if (taken[i])
+                continue;
+            int grp[CUDA_MM_MAX], ng = 0;
+            for (int j = i; j < (swiglu ? i + 1 : n_w); j++)
+                if (!taken[j] && w[j].wtype == w[i].wtype)
+                    taken[j] = 1, grp[ng++] = j;
+            for (int s = 0; s < ng; s++) {
+                const cuda_mm_w *wj = &w[grp[s]];
+                rec_init(&r, F_GEMV_N);
+                arg_p(&r, wj->w, (size_t)wj->n * wj->row_bytes, "w");
+                arg_i(&r, wj->wtype);
+                arg_i(&r, (int64_t)wj->row_bytes);
+                arg_p(&r, x, (size_t)m * k * 4, "x");
+                arg_p(&r, wj->y, (size_t)m * wj->n * 4, "y");
+                arg_i(&r, m);
+                arg_i(&r, wj->n);
+                arg_i(&r, k);
+                arg_f(&r, swiglu ? 0.0f : beta);
+                arg_i(&r, s);
+                arg_i(&r, ng);
+                if ((rc = enqueue(c, &r, e)))
+                    return rc;
+            }
+        }
+        return swiglu ? cuda_swiglu(c, w[0].y, w[1].y, w[0].y, CUDA_F32, (int64_t)m * w[0].n, e)
+                      : 0;
+    }
+    float b = swiglu ? 0.0f : beta;
+    int64_t wrows = 0;
+    for (int i = 0; i < n_w; i++)
+        if (w[i].wtype != MD_TYPE_F32 && w[i].wtype != MD_TYPE_F16 && w[i].wtype != MD_TYPE_BF16 &&
+            w[i].n > wrows)
+            wrows = w[i].n;
+    void *ws = NULL;
+    if (wrows && (rc = scratch(c, 1, (size_t)wrows * k * 2, &ws, e)))
+        return rc;
+    for (int i = 0; i < n_w; i++) {
+        if (w[i].wtype != MD_TYPE_F32)
+            continue;
+        rec_init(&r, F_SGEMM);
+        arg_p(&r, w[i].w, (size_t)w[i].n * w[i].row_bytes, "w");
+        arg_p(&r, x, (size_t)m * k * 4, "x");
+        arg_p(&r, w[i].y, (size_t)m * w[i].n * 4, "y");
+        arg_i(&r, m);
+        arg_i(&r, w[i].n);
+        arg_i(&r, k);
+        arg_f(&r, b);
+        if ((rc = enqueue(c, &r, e)))
+            return rc;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        cuda_dtype xt = pass == 0 ? CUDA_BF16 : CUDA_F16;
+        void *xs = NULL;
+        for (int i = 0; i < n_w; i++) {
+            if (w[i].wtype == MD_TYPE_F32 || (w[i].wtype == MD_TYPE_F16) != (xt == CUDA_F16))
+                continue;
+            if (!xs && ((rc = scratch(c, 0, (size_t)m * k * 2, &xs, e)) ||
+                        (rc = cuda_convert(c, x, xs, xt, (int64_t)m * k, e))))
+                return rc;
+            const void *wm = w[i].w;
+            if (w[i].wtype != MD_TYPE_F16 && w[i].wtype != MD_TYPE_BF16) {
+                if ((rc = cuda_dequantize(c, w[i].wtype, w[i].w, ws, CUDA_BF16, (int64_t)w[i].n * k,
+                                          e)))
+                    return rc;
+                wm = ws;
+            }
+            rec_init(&r, F_GEMM);
+            arg_p(&r, wm, (size_t)w[i].n * k * 2, "w");
+            arg_p(&r, xs, (size_t)m * k * 2, "x");
+            arg_i(&r, xt);
+            arg_p(&r, w[i].y, (size_t)m * w[i].n * 4, "y");
+            arg_i(&r, m);
+            arg_i(&r, w[i].n);
+            arg_i(&r, k);
+            arg_f(&r, b);
+            if ((rc = enqueue(c, &r, e)))
+                return rc;
+        }
+    }
+    return swiglu ? cuda_swiglu(c, w[0].y, w[1].y, w[0].y, CUDA_F32, (int64_t)m * w[0].n, e) : 0;
 }
 
 int cuda_kv_write(cuda_ctx *c, void *k_cache, void *v_cache, cuda_dtype dtype, int kv_dim,

@@ -10,8 +10,13 @@
  * real scheduling, memory-model races beyond barriers, cuBLAS itself, speed.
  * Written by a desk-check of the CUDA backend before its first GPU run (2026-12-02).
  *
- *   build/tests/test_cuda_emu [dequant|gemv|elementwise|attention|rope|sample|samplehost] */
+ *   build/tests/test_cuda_emu [dequant|gemv|matmul_n|elementwise|attention|rope|sample|samplehost] */
 #include "gen/dequant.cc"
+/* gemm.cu launches its GEMV kernels through GEMV_LAUNCH (stripped with its <<<>>>): here they
+ * run on the emulator, counted, so the host code choosing them runs as written. */
+static int emu_gemv_launches;
+#define GEMV_LAUNCH(kernel, grid, stream, ...)                                                     \
+    (emu_gemv_launches++, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { kernel(__VA_ARGS__); }))
 #include "gen/gemm.cc"
 #include "gen/elementwise.cc"
 #include "gen/attention.cc"
@@ -105,12 +110,8 @@ static void test_gemv() {
                 if (path == 1 && type != GGML_F16 && type != GGML_BF16) continue;
                 std::fill(y.begin(), y.end(), 7.0f);
                 unsigned grid = cuda_blocks(n, GEMV_WARPS);
-                if (path == 1 && type == GGML_BF16)
-                    emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv16<true>((const uint16_t *)wa, xa, y.data(), m, n, k, 0.0f); });
-                else if (path == 1)
-                    emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv16<false>((const uint16_t *)wa, xa, y.data(), m, n, k, 0.0f); });
-                else
-                    QT_DISPATCH(type, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv_q<QT>(wa, rb, xa, y.data(), m, n, k, 0.0f); }));
+                gemv_segs sg = {{wa}, {y.data()}, {n, n, n, n}, {path}, 1}; /* cuda_matmul's one segment */
+                QT_DISPATCH(type, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv_n<QT>(sg, rb, xa, m, k, 0.0f); }));
                 double ss = 0, worst = 0;
                 std::vector<double> ref((size_t)m * n);
                 for (int r = 0; r < m; r++) for (int j = 0; j < n; j++) {
@@ -391,6 +392,251 @@ static void test_cublas_args() {
     printf("cuBLAS GemmEx/Sgemm arguments as gemm.cu passes them: y = x W^T (bf16 worst %.2e, f32 worst %.2e, rms %.2e)\n", worst, w2, rms);
 }
 
+/* ---- cuda_matmul_n: gemm.cu's host code (mm_run) on emulated launchers ---- */
+
+/* The launchers mm_run calls, as ctx.cu / elementwise.cu / dequant.cu run them, minus the
+ * device: kernels on the emulator, scratch from the host heap, calls counted. Kernels
+ * without barriers or shuffles run their threads one after another on this thread
+ * (emu_serial), which costs no thread creation. */
+static void emu_serial(dim3 grid, dim3 block, const std::function<void()> &f) {
+    gridDim = grid, blockDim = block;
+    for (unsigned b = 0; b < grid.x; b++)
+        for (unsigned t = 0; t < block.x; t++) {
+            blockIdx = dim3(b), threadIdx = dim3(t);
+            f();
+        }
+}
+static int emu_converts, emu_dequants, emu_swiglus, emu_blas;
+extern "C" int cuda_check(cuda_ctx *, const char *, md_err *) { return 0; }
+int cuda_scratch(cuda_ctx *c, int which, size_t bytes, void **out, md_err *) {
+    if (c->scratch_bytes[which] < bytes) {
+        free(c->scratch[which]);
+        c->scratch[which] = aligned_alloc(256, (bytes + 255) / 256 * 256);
+        c->scratch_bytes[which] = bytes;
+        c->scratch_gen++;
+    }
+    *out = c->scratch[which];
+    return 0;
+}
+extern "C" int cuda_convert(cuda_ctx *, const float *x, void *dst, cuda_dtype t, int64_t n, md_err *) {
+    emu_converts++;
+    emu_serial(dim3(cuda_blocks(n, 256)), dim3(256), [&] { k_convert(x, dst, t, n); });
+    return 0;
+}
+extern "C" int cuda_dequantize(cuda_ctx *, int gtype, const void *src, void *dst, cuda_dtype t, int64_t n, md_err *) {
+    emu_dequants++;
+    int64_t ng = n / 32;
+    const uint8_t *s = (const uint8_t *)src;
+    QT_DISPATCH(gtype, emu_serial(dim3(cuda_blocks(ng, 128)), dim3(128), [&] { k_dequant<QT>(s, dst, t, ng); }));
+    return 0;
+}
+extern "C" int cuda_swiglu(cuda_ctx *, const float *g, const float *u, void *out, cuda_dtype t, int64_t n, md_err *) {
+    emu_swiglus++;
+    emu_serial(dim3(cuda_blocks(n, 256)), dim3(256), [&] { k_swiglu(g, u, out, t, n); });
+    return 0;
+}
+/* cuBLAS by its definition, with gemm.cu's blas_gemm arguments (see test_cublas_args). */
+static int blas_gemm(cuda_ctx *, const void *w, cuda_dtype t, const void *x, float *y, int m, int n, int k, float beta, md_err *) {
+    emu_blas++;
+    auto wide = [&](const void *p, size_t cnt) {
+        std::vector<float> f(cnt);
+        for (size_t i = 0; i < cnt; i++)
+            f[i] = t == CUDA_F32 ? ((const float *)p)[i] : t == CUDA_BF16 ? md_bf16_to_fp32(((const uint16_t *)p)[i]) : md_fp16_to_fp32(((const uint16_t *)p)[i]);
+        return f;
+    };
+    std::vector<float> wf = wide(w, (size_t)n * k), xf = wide(x, (size_t)m * k);
+    ref_gemm(OP_T, OP_N, n, m, k, 1.0f, wf.data(), k, xf.data(), k, beta, y, n);
+    return 0;
+}
+
+struct emu_w {
+    int type, n;
+    size_t rb;
+    uint8_t *q;            /* 64-byte aligned, as the pool gives */
+    std::vector<float> d;  /* engine/quant.c's dequantization */
+};
+static emu_w *make_w(int type, int n, int k) {
+    emu_w *w = new emu_w{type, n, ggml_row_size(type, k), nullptr, {}};
+    size_t bytes = w->rb * n;
+    w->q = (uint8_t *)aligned_alloc(64, (bytes + 16 + 63) / 64 * 64);
+    std::vector<float> f((size_t)n * k);
+    for (auto &v : f) v = frand();
+    md_err e = {};
+    if (type == GGML_Q4_K || type == GGML_Q6_K) { /* random blocks with sane scales */
+        for (size_t i = 0; i < bytes; i++) w->q[i] = (uint8_t)(frand() * 127 + 128);
+        size_t bb = type == GGML_Q4_K ? 144 : 210;
+        for (size_t b = 0; b < bytes / bb; b++) {
+            uint16_t d = md_fp32_to_fp16(0.01f + 0.001f * (float)(b % 7));
+            uint8_t *p = w->q + b * bb + (type == GGML_Q4_K ? 0 : 208);
+            memcpy(p, &d, 2);
+            if (type == GGML_Q4_K) memcpy(p + 2, &d, 2);
+        }
+    } else if (ggml_quantize(type, f.data(), w->q, (int64_t)n * k, &e)) { printf("%s\n", e.msg); fails++; }
+    w->d.resize((size_t)n * k);
+    ggml_dequantize(type, w->q, w->d.data(), (int64_t)n * k, &e);
+    return w;
+}
+
+/* One fused call against the unfused launches on the same emulated device (cuda_matmul of
+ * each weight, then k_add / k_swiglu: bit for bit, except ACC on cuBLAS, whose beta rounds
+ * once where the add rounds twice) and against a double product of the weights as
+ * engine/quant.c dequantizes them (1e-4 of rms on the GEMV path; 2e-2 on cuBLAS, whose
+ * operands are BF16). want_launches: GEMV launches the fused call must make (-1: cuBLAS
+ * path), want_converts: activation conversions. woff: byte offset of weight 0 (2 makes a
+ * 16-bit weight unaligned for 16-byte loads). */
+static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_launches, int want_converts, int woff = 0) {
+    const char *mode_name[] = {"SET", "ACC", "SWIGLU"};
+    int nw = (int)W.size();
+    float *x = (float *)aligned_alloc(64, ((size_t)m * k * 4 + 63) / 64 * 64);
+    for (int i = 0; i < m * k; i++) x[i] = frand();
+    std::vector<std::vector<float>> init(nw), yf(nw), yu(nw), tmp(nw);
+    cuda_ctx ctx = {};
+    md_err e = {};
+    cuda_mm_w cw[CUDA_MM_MAX];
+    std::vector<uint8_t *> moved;
+    for (int i = 0; i < nw; i++) {
+        init[i].resize((size_t)m * W[i]->n);
+        for (auto &v : init[i]) v = 4.0f * frand();
+        yf[i] = init[i];
+        const void *wp = W[i]->q;
+        if (i == 0 && woff) { /* the same rows at an offset */
+            uint8_t *p = (uint8_t *)aligned_alloc(64, (W[i]->rb * W[i]->n + woff + 63) / 64 * 64);
+            memcpy(p + woff, W[i]->q, W[i]->rb * W[i]->n);
+            moved.push_back(p);
+            wp = p + woff;
+        }
+        cw[i] = {wp, W[i]->type, W[i]->rb, W[i]->n, yf[i].data()};
+    }
+    emu_gemv_launches = emu_converts = emu_swiglus = emu_blas = 0;
+    int rc = mm_run(&ctx, cw, nw, x, m, k, mode, mode == CUDA_MM_ACC ? 1.0f : 0.0f, 0, &e);
+    CHECK(rc == 0, "matmul_n: %s", e.msg);
+    int launches = emu_gemv_launches, converts = emu_converts, swiglus = emu_swiglus, blas = emu_blas;
+    /* unfused: one cuda_matmul per weight into tmp, then the add or swiglu kernel */
+    for (int i = 0; i < nw; i++) {
+        tmp[i].assign((size_t)m * W[i]->n, 0.0f);
+        cuda_mm_w one = cw[i];
+        one.y = tmp[i].data();
+        CHECK(mm_run(&ctx, &one, 1, x, m, k, CUDA_MM_SET, 0.0f, 0, &e) == 0, "matmul: %s", e.msg);
+        int64_t n = (int64_t)m * W[i]->n;
+        if (mode == CUDA_MM_SET) yu[i] = tmp[i];
+        if (mode == CUDA_MM_ACC) {
+            yu[i] = init[i];
+            emu_serial(dim3(cuda_blocks(n, 256)), dim3(256), [&] { k_add(yu[i].data(), tmp[i].data(), n); });
+        }
+    }
+    if (mode == CUDA_MM_SWIGLU) {
+        int64_t n = (int64_t)m * W[0]->n;
+        yu[0].resize(n);
+        emu_serial(dim3(cuda_blocks(n, 256)), dim3(256), [&] { k_swiglu(tmp[0].data(), tmp[1].data(), yu[0].data(), CUDA_F32, n); });
+    }
+    int gemv = m <= CUDA_GEMV_MAX_M, n_out = mode == CUDA_MM_SWIGLU ? 1 : nw;
+    double ss = 0, worst = 0, worst_u = 0;
+    size_t cnt = 0, diff = 0;
+    for (int i = 0; i < n_out; i++)
+        for (int t = 0; t < m; t++)
+            for (int j = 0; j < W[i]->n; j++) {
+                auto dot = [&](const emu_w *w) {
+                    double s = 0;
+                    for (int l = 0; l < k; l++) s += (double)x[t * k + l] * w->d[(size_t)j * k + l];
+                    return s;
+                };
+                double r = dot(W[i]);
+                if (mode == CUDA_MM_ACC) r += init[i][(size_t)t * W[i]->n + j];
+                if (mode == CUDA_MM_SWIGLU) r = r / (1.0 + exp(-r)) * dot(W[1]);
+                size_t at = (size_t)t * W[i]->n + j;
+                ss += r * r, cnt++;
+                worst = std::max(worst, fabs(yf[i][at] - r));
+                worst_u = std::max(worst_u, (double)fabsf(yf[i][at] - yu[i][at]));
+                diff += memcmp(&yf[i][at], &yu[i][at], 4) != 0;
+            }
+    double rms = sqrt(ss / cnt);
+    char types[64] = "";
+    for (int i = 0; i < nw; i++) snprintf(types + strlen(types), sizeof types - strlen(types), "%s%s", i ? "," : "", ggml_type_name(W[i]->type));
+    char what[160];
+    snprintf(what, sizeof what, "matmul_n %s n=%d [%s]%s m=%d", mode_name[mode], nw, types, woff ? " unaligned" : "", m);
+    CHECK(worst <= (gemv ? 1e-4 : 2e-2) * rms, "%s: worst %.3g of rms %.3g against the double product", what, worst, rms);
+    if (gemv || mode != CUDA_MM_ACC) /* GEMV: each row's sum as cuda_matmul makes it */
+        CHECK(diff == 0, "%s: %zu of %zu outputs differ from the unfused ops (worst %.3g)", what, diff, cnt, worst_u);
+    else
+        CHECK(worst_u <= 1e-6 * rms, "%s: worst %.3g from the unfused ops, rms %.3g", what, worst_u, rms);
+    if (want_launches >= 0)
+        CHECK(launches == want_launches, "%s: %d GEMV launches, want %d", what, launches, want_launches);
+    else
+        CHECK(launches == 0, "%s: %d GEMV launches on the cuBLAS path", what, launches);
+    CHECK(converts == want_converts, "%s: x converted %d times, want %d", what, converts, want_converts);
+    int fused_swiglu = mode == CUDA_MM_SWIGLU && gemv && W[0]->type == W[1]->type;
+    CHECK(swiglus == (mode == CUDA_MM_SWIGLU && !fused_swiglu), "%s: %d swiglu launches", what, swiglus);
+    printf("%s: %d launch(es), %d conversion(s); worst %.2e vs double, %.2e vs unfused (%zu bits differ), rms %.2e\n",
+           what, gemv ? launches : blas, converts, worst, worst_u, diff, rms);
+    free(x);
+    for (auto *p : moved) free(p);
+    free(ctx.scratch[0]);
+    free(ctx.scratch[1]);
+}
+
+static void test_matmul_n() {
+    const int k = 256;
+    /* Q/K/V-like row counts 5 + 3 + 2: blocks of 4 warps straddle segments */
+    for (int type : {GGML_BF16, GGML_Q4_0, GGML_Q4_K}) {
+        emu_w *w[3] = {make_w(type, 5, k), make_w(type, 3, k), make_w(type, 2, k)};
+        emu_w *up = make_w(type, 5, k);
+        auto set = [&](int n) { return std::vector<emu_w *>(w, w + n); };
+        for (int n = 1; n <= 3; n++) {
+            check_mm_n(set(n), CUDA_MM_SET, 1, k, 1, 0);
+            check_mm_n(set(n), CUDA_MM_ACC, 1, k, 1, 0);
+        }
+        check_mm_n({w[0], up}, CUDA_MM_SWIGLU, 1, k, 1, 0);
+        for (int m : {3, 8}) {
+            check_mm_n(set(m == 3 ? 3 : 2), CUDA_MM_SET, m, k, 1, 0);
+            check_mm_n(set(3), CUDA_MM_ACC, m, k, 1, 0);
+            check_mm_n({w[0], up}, CUDA_MM_SWIGLU, m, k, 1, 0);
+        }
+        /* above CUDA_GEMV_MAX_M: cuBLAS, x converted once for all weights */
+        check_mm_n(set(3), CUDA_MM_SET, 9, k, -1, 1);
+        check_mm_n(set(2), CUDA_MM_ACC, 9, k, -1, 1);
+        check_mm_n({w[0], up}, CUDA_MM_SWIGLU, 9, k, -1, 1);
+        if (type == GGML_BF16) { /* a weight off 16-byte alignment: its rows on the dq32 loop */
+            check_mm_n(set(3), CUDA_MM_SET, 3, k, 1, 0, 2);
+            check_mm_n({w[0], up}, CUDA_MM_SWIGLU, 3, k, 1, 0, 2);
+        }
+        for (auto *p : {w[0], w[1], w[2], up}) { free(p->q); delete p; }
+    }
+    /* mixed types (a Q4_K_M file's Q6_K attn_v and ffn_down): one GEMV launch per type,
+     * gate/up of two types unfused; cuBLAS converts x once per activation type */
+    emu_w *q = make_w(GGML_Q4_K, 5, k), *kk = make_w(GGML_Q4_K, 3, k), *v = make_w(GGML_Q6_K, 2, k);
+    emu_w *g = make_w(GGML_Q4_K, 5, k), *u = make_w(GGML_Q6_K, 5, k);
+    emu_w *h = make_w(GGML_F16, 3, k), *b = make_w(GGML_BF16, 2, k), *f = make_w(GGML_F32, 3, k);
+    for (int m : {1, 8}) {
+        check_mm_n({q, kk, v}, CUDA_MM_SET, m, k, 2, 0);
+        check_mm_n({v, q, kk}, CUDA_MM_ACC, m, k, 2, 0);
+        check_mm_n({g, u}, CUDA_MM_SWIGLU, m, k, 2, 0);
+        check_mm_n({h, q, b, f}, CUDA_MM_SET, m, k, 4, 0);
+    }
+    check_mm_n({q, kk, v}, CUDA_MM_SET, 9, k, -1, 1);
+    check_mm_n({g, u}, CUDA_MM_SWIGLU, 9, k, -1, 1);
+    check_mm_n({h, q, b, f}, CUDA_MM_ACC, 9, k, -1, 2);
+    for (auto *p : {q, kk, v, g, u, h, b, f}) { free(p->q); delete p; }
+    /* bad arguments are refused before anything runs */
+    cuda_ctx ctx = {};
+    md_err e = {};
+    emu_w *a = make_w(GGML_Q4_0, 4, k), *c = make_w(GGML_Q4_0, 5, k);
+    std::vector<float> x(k), y(8);
+    cuda_mm_w cw[5];
+    for (int i = 0; i < 5; i++) cw[i] = {a->q, a->type, a->rb, a->n, y.data()};
+    cw[1] = {c->q, c->type, c->rb, c->n, y.data()};
+    emu_gemv_launches = 0;
+    CHECK(mm_run(&ctx, cw, 5, x.data(), 1, k, CUDA_MM_SET, 0.0f, 0, &e) == MD_EINVAL, "5 weights accepted");
+    CHECK(mm_run(&ctx, cw, 2, x.data(), 1, k, CUDA_MM_SWIGLU, 0.0f, 0, &e) == MD_EINVAL, "SwiGLU of 4 and 5 rows accepted");
+    CHECK(mm_run(&ctx, cw, 1, x.data(), 1, k, 7, 0.0f, 0, &e) == MD_EINVAL, "mode 7 accepted");
+    cw[0].row_bytes++;
+    CHECK(mm_run(&ctx, cw, 2, x.data(), 1, k, CUDA_MM_SET, 0.0f, 0, &e) == MD_EINVAL, "wrong row size accepted");
+    cw[0].row_bytes--, cw[0].wtype = 99;
+    CHECK(mm_run(&ctx, cw, 2, x.data(), 1, k, CUDA_MM_SET, 0.0f, 0, &e) == MD_EUNSUPP, "type 99 accepted");
+    CHECK(emu_gemv_launches == 0, "a refused call launched %d kernels", emu_gemv_launches);
+    printf("matmul_n bad arguments refused: %s\n", e.msg);
+    for (auto *p : {a, c}) { free(p->q); delete p; }
+}
+
 /* The device draw against the engine's host draw (smp_draw), same logits and u: the
  * engine's claim is that one u picks the same token on either backend. */
 static void test_sample_vs_host() {
@@ -430,6 +676,7 @@ int main(int argc, char **argv) {
     std::string only = argc > 1 ? argv[1] : "";
     if (only.empty() || only == "dequant") test_dequant();
     if (only.empty() || only == "gemv") { test_gemv(); test_cublas_args(); }
+    if (only.empty() || only == "matmul_n") test_matmul_n();
     if (only.empty() || only == "elementwise") test_elementwise(cpu);
     if (only.empty() || only == "attention") {
         test_attention(cpu, 0, 64, NH, NKV);
