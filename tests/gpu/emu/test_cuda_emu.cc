@@ -5,7 +5,8 @@
  * (attention over paged f32/f16 caches at head_dim 64/128/256 and GQA 8/2, 8/1, 6/3, 9/3
  * with 1..64 splits; RMSNorm; RoPE normal and NeoX, partial), with engine/quant.c and the
  * gguf package's fixtures (dequantization of every type, GEMV at 1/3/8 tokens), with a
- * reference of cuBLAS's definition (GemmEx argument order), and with the host sampler
+ * reference of cuBLAS's definition (GemmEx argument order), the fused cuda_matmul_n (gemm.cu's
+ * own host code on emulated launchers) with the unfused ops, and with the host sampler
  * (argmax ties and NaN, every filter, the same token for the same u). What it cannot see:
  * real scheduling, memory-model races beyond barriers, cuBLAS itself, speed.
  * Written by a desk-check of the CUDA backend before its first GPU run (2026-12-02).
@@ -338,7 +339,7 @@ static void test_sample_filters() {
 
 /* cuBLAS's column-major GEMM as its documentation defines it: C = alpha op(A) op(B) + beta C,
  * op(A) m x k, op(B) k x n, C m x n; element (i, j) of a matrix with leading dimension ld is
- * at i + j * ld. Called with exactly gemm_cublas's arguments to check their order. */
+ * at i + j * ld. Called with exactly blas_gemm's arguments to check their order. */
 enum { OP_N = 0, OP_T = 1 };
 static void ref_gemm(int opA, int opB, int M, int N, int K, float alpha, const float *A, int lda,
                      const float *B, int ldb, float beta, float *C, int ldc) {
