@@ -31,6 +31,7 @@ typedef struct {
     const char *model, *prompt, *chat, *system, *batch, *out, *device;
     int json, n_threads, max_seqs, batch_tokens, n_ctx, kv_mb;
     const char *kv_type;
+    const char *bf16_weights;
     md_sampling s;
     const char *stop[MAX_STOP + 1];
     int n_stop;
@@ -63,6 +64,9 @@ static void usage(FILE *f) {
             "      --ctx N             context limit per sequence (default: the model's)\n"
             "      --kv-type T         KV cache f16 (default on cpu and cuda) or f32 (the\n"
             "                          reference precision; twice the memory)\n"
+            "      --bf16-weights M    GPU: also keep quantized weights as BF16 for batched\n"
+            "                          steps: auto (default: when weights and copies take\n"
+            "                          at most half the free memory), on, off\n"
             "      --max-seqs N        sequences per step (default 64)\n"
             "      --batch-tokens N    tokens per step (default 512)\n"
             "      --kv-mb N           KV cache budget in MiB (default: min(needed, 1024))\n",
@@ -116,6 +120,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         O_BTOK,
         O_KVMB,
         O_KVTYPE,
+        O_BF16W,
         O_LOGPROBS,
     };
     static const struct option lo[] = {
@@ -146,6 +151,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         {"batch-tokens", required_argument, 0, O_BTOK},
         {"kv-mb", required_argument, 0, O_KVMB},
         {"kv-type", required_argument, 0, O_KVTYPE},
+        {"bf16-weights", required_argument, 0, O_BF16W},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -198,6 +204,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         case O_BTOK: rc = parse_int(optarg, "--batch-tokens", 1, 1 << 16, &o->batch_tokens); break;
         case O_KVMB: rc = parse_int(optarg, "--kv-mb", 1, 1 << 24, &o->kv_mb); break;
         case O_KVTYPE: o->kv_type = optarg; break;
+        case O_BF16W: o->bf16_weights = optarg; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return -1;
         }
@@ -291,6 +298,7 @@ static int open_engine(const gen_opts *o, md_engine **eng) {
                             .max_batch_tokens = o->batch_tokens,
                             .kv_budget_bytes = (size_t)o->kv_mb << 20,
                             .kv_type = o->kv_type,
+                            .bf16_weights = o->bf16_weights,
                             .n_ctx = o->n_ctx};
     if (md_engine_open(&cfg, eng, &e)) {
         fprintf(stderr, "medley generate: %s\n", e.msg);

@@ -42,7 +42,7 @@
 #define MAX_POINTS 16
 
 typedef struct {
-    const char *model, *device, *out, *model_name, *device_type;
+    const char *model, *device, *out, *model_name, *device_type, *bf16_weights;
     int batches[MAX_POINTS], n_batches;
     int contexts[MAX_POINTS], n_contexts;
     int gen, n_threads, batch_tokens;
@@ -64,6 +64,8 @@ static void usage(FILE *f) {
                "name; CPU on cpu)\n"
                "      --batch-tokens N    tokens per engine step (default 2048)\n"
                "      --kv-mb N           KV cache budget (default: what the largest point needs)\n"
+               "      --bf16-weights M    GPU: BF16 copies of quantized weights for batched steps:\n"
+               "                          auto (default), on, off (as the worker will run)\n"
                "  -t, --threads N         CPU threads (default: every core)\n");
 }
 
@@ -101,7 +103,7 @@ static void sort_unique(int *v, int *n) {
 }
 
 static int parse_args(int argc, char **argv, prof_opts *o) {
-    enum { O_DEVICE = 256, O_BATCHES, O_CONTEXTS, O_GEN, O_NAME, O_TYPE, O_BT, O_KV };
+    enum { O_DEVICE = 256, O_BATCHES, O_CONTEXTS, O_GEN, O_NAME, O_TYPE, O_BT, O_KV, O_BF16W };
     static const struct option lo[] = {{"model", required_argument, 0, 'm'},
                                        {"device", required_argument, 0, O_DEVICE},
                                        {"batches", required_argument, 0, O_BATCHES},
@@ -112,6 +114,7 @@ static int parse_args(int argc, char **argv, prof_opts *o) {
                                        {"device-type", required_argument, 0, O_TYPE},
                                        {"batch-tokens", required_argument, 0, O_BT},
                                        {"kv-mb", required_argument, 0, O_KV},
+                                       {"bf16-weights", required_argument, 0, O_BF16W},
                                        {"threads", required_argument, 0, 't'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
@@ -129,6 +132,7 @@ static int parse_args(int argc, char **argv, prof_opts *o) {
         case 'o': o->out = optarg; break;
         case 't': o->n_threads = atoi(optarg); break;
         case O_DEVICE: o->device = optarg; break;
+        case O_BF16W: o->bf16_weights = optarg; break;
         case O_BATCHES:
             if (parse_list(optarg, o->batches, &o->n_batches, 4096, "batches"))
                 return 2;
@@ -308,7 +312,8 @@ int cmd_profile(int argc, char **argv) {
                             .max_seqs = max_b,
                             .max_batch_tokens = o.batch_tokens,
                             .kv_budget_bytes = kv,
-                            .n_ctx = n_ctx};
+                            .n_ctx = n_ctx,
+                            .bf16_weights = o.bf16_weights};
     md_engine *eng = NULL;
     uint64_t t_open = md_mono_ns();
     if (md_engine_open(&cfg, &eng, &e)) {

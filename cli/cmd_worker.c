@@ -65,6 +65,8 @@ static void usage(FILE *f) {
             "                         catalog names it (H200, L4; default cpu or cuda)\n"
             "  --threads N            engine CPU threads (default all cores)\n"
             "  --kv-type T            engine KV cache: f16 (default) or f32\n"
+            "  --bf16-weights M       GPU: BF16 copies of quantized weights for batched\n"
+            "                         steps: auto (default), on, off\n"
             "  --echo-delay-ms MS     echo model: delay per answer ($MEDLEY_ECHO_DELAY_MS)\n"
             "  --echo-ctx N           echo model: context length in bytes (default 8192)\n"
             "  --visibility-ms MS     take over entries idle this long (default 60000)\n"
@@ -229,6 +231,8 @@ static int worker_main(int argc, char **argv, unsigned char *skip) {
             skip[i] = skip[i + 1] = 1;
         } else if (!strcmp(a, "--kv-type")) {
             cfg.runner.kv_type = v;
+        } else if (!strcmp(a, "--bf16-weights")) {
+            cfg.runner.bf16_weights = v;
         } else if (!strcmp(a, "--device-type")) {
             cfg.device_type = v;
         } else if (!strcmp(a, "--usd-per-hour")) {

@@ -62,6 +62,7 @@ struct md_engine {
     md_engine_config cfg;
     gguf_file *gf;
     int kv_type; /* KV cache element type (MD_TYPE_*) */
+    int shadows; /* BF16 copies of the quantized weights requested (want_shadows) */
     void *synth; /* a synthetic model's GGUF image (synth.h), or NULL */
     size_t synth_len;
     tok_tokenizer *tok;
@@ -111,6 +112,62 @@ static void seq_free(seq *q) {
     free(q->bhash);
     free(q->text);
     free(q);
+}
+
+/* Whether to keep BF16 copies of the quantized weights (backend.h weight_shadow): "on",
+ * "off", or "auto" (NULL): on a backend that has the op and reports its memory, when the
+ * weights and the copies take at most half of what is free before loading, so batched
+ * steps multiply by BF16 matrices instead of expanding each quantized one at every step
+ * while the KV cache keeps most of the device. */
+static int want_shadows(md_engine *eng, const char *mode, int have_mem, size_t avail,
+                        size_t weights, size_t shadows, md_err *e) {
+    eng->shadows = 0;
+    if (mode && strcmp(mode, "auto") && strcmp(mode, "on") && strcmp(mode, "off"))
+        return md_errf(e, MD_EINVAL, "BF16 weight copies \"%s\": expected auto, on or off",
+                       mode);
+    if (!eng->be->ops->weight_shadow || shadows == 0 || (mode && !strcmp(mode, "off")))
+        return 0;
+    if (mode && !strcmp(mode, "on"))
+        eng->shadows = 1;
+    else
+        eng->shadows = have_mem && weights + shadows <= avail / 2;
+    return 0;
+}
+
+/* The BF16 copy of one matrix; *full set when the device ran out (a warning, not an error:
+ * the copies made so far stay, the rest multiply from their quantized form). */
+static int shadow_one(md_engine *eng, const md_tensor *w, size_t *made, int *full, md_err *e) {
+    int rc = eng->be->ops->weight_shadow(eng->be, w, e);
+    if (rc == MD_ENOMEM) {
+        MD_WARN("engine", "BF16 weight copies stop after %.1f MiB: %s", *made / 1048576.0, e->msg);
+        md_err_clear(e);
+        *full = 1;
+        return 0;
+    }
+    if (rc == 0 && w->type != MD_TYPE_F32 && w->type != MD_TYPE_F16 && w->type != MD_TYPE_BF16)
+        *made += (size_t)w->ne0 * w->ne1 * 2;
+    return rc;
+}
+
+/* The BF16 copies of every matrix a product reads: the layers' seven and the output head. */
+static int make_shadows(md_engine *eng, md_err *e) {
+    md_model *m = eng->m;
+    size_t made = 0;
+    int full = 0, rc = 0;
+    for (int l = 0; l < m->hp.n_layer && !full && rc == 0; l++) {
+        const md_layer *L = &m->layers[l];
+        const md_tensor *w[7] = {&L->wq, &L->wk,     &L->wv,  &L->wo,
+                                 &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7 && !full && rc == 0; i++)
+            rc = shadow_one(eng, w[i], &made, &full, e);
+    }
+    if (!full && rc == 0)
+        rc = shadow_one(eng, &m->output, &made, &full, e);
+    if (rc)
+        return md_errctx(e, "BF16 weight copies: ");
+    MD_INFO("engine", "BF16 copies of the quantized weights for batched steps: %.1f MiB",
+            made / 1048576.0);
+    return 0;
 }
 
 int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
@@ -166,24 +223,34 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     size_t per_tok = md_kv_bytes_per_token(&hpf, eng->kv_type);
     size_t budget = cfg->kv_budget_bytes;
     size_t weights = 0, widest_q = 0; /* bytes of the largest quantized matrix as BF16 */
+    size_t shadows = 0;               /* bytes of BF16 copies of the quantized matrices */
+    int tied = gguf_find_tensor(eng->gf, "output.weight") == NULL;
     for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++) {
         const gguf_tensor *t = gguf_tensor_at(eng->gf, i);
         weights += t->n_bytes;
-        if (t->type != GGML_F32 && t->type != GGML_F16 && t->type != GGML_BF16 &&
-            (size_t)t->n_elements * 2 > widest_q)
+        if (t->type == GGML_F32 || t->type == GGML_F16 || t->type == GGML_BF16)
+            continue;
+        if ((size_t)t->n_elements * 2 > widest_q)
             widest_q = (size_t)t->n_elements * 2;
+        if (tied || strcmp(t->name, "token_embd.weight")) /* a matrix some product reads */
+            shadows += (size_t)t->n_elements * 2;
     }
+    size_t avail = 0, total = 0;
+    md_err me = {0};
+    int have_mem = eng->be->ops->mem_info &&
+                   eng->be->ops->mem_info(eng->be, &avail, &total, &me) == 0;
+    if ((rc = want_shadows(eng, cfg->bf16_weights, have_mem, avail, weights, shadows, e)))
+        goto fail;
+    if (!eng->shadows)
+        shadows = 0;
     if (budget == 0) {
         /* Enough for every sequence at full length, capped at 1 GiB on the host; on a device
-         * that reports its memory, up to 90% of what the weights leave, less 1 GiB for
-         * activations and less the GEMM scratch a quantized matrix expands into for steps of
-         * many tokens (as vLLM's gpu_memory_utilization). */
+         * that reports its memory, up to 90% of what the weights (and their BF16 copies)
+         * leave, less 1 GiB for activations and less the GEMM scratch a quantized matrix
+         * expands into for steps of many tokens (as vLLM's gpu_memory_utilization). */
         size_t all = per_tok * (size_t)eng->n_ctx * eng->max_seqs, cap = (size_t)1 << 30;
-        size_t avail = 0, total = 0;
-        md_err me = {0};
-        if (eng->be->ops->mem_info && eng->be->ops->mem_info(eng->be, &avail, &total, &me) == 0 &&
-            avail > weights) {
-            size_t dev = (size_t)((avail - weights) * 0.9), keep = cap + widest_q;
+        if (have_mem && avail > weights + shadows) {
+            size_t dev = (size_t)((avail - weights - shadows) * 0.9), keep = cap + widest_q;
             dev = dev > keep ? dev - keep : 0;
             if (dev > cap)
                 cap = dev;
@@ -195,9 +262,12 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     size_t kv_bytes = n_blocks * eng->bs * per_tok;
     if (eng->be->ops->check_fits) {
         char what[1024];
-        snprintf(what, sizeof what, "%s (weights %.2f GiB + KV cache %.2f GiB)", cfg->model_path,
-                 weights / 1073741824.0, kv_bytes / 1073741824.0);
-        if ((rc = eng->be->ops->check_fits(eng->be, weights + kv_bytes, what, e)))
+        char sh[64] = "";
+        if (shadows)
+            snprintf(sh, sizeof sh, " + BF16 copies %.2f GiB", shadows / 1073741824.0);
+        snprintf(what, sizeof what, "%s (weights %.2f GiB%s + KV cache %.2f GiB)",
+                 cfg->model_path, weights / 1073741824.0, sh, kv_bytes / 1073741824.0);
+        if ((rc = eng->be->ops->check_fits(eng->be, weights + shadows + kv_bytes, what, e)))
             goto fail;
     }
     if (n_blocks < 1 || n_blocks > (1u << 26)) {
@@ -210,6 +280,8 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
         md_errctx(e, "loading %s: ", cfg->model_path);
         goto fail;
     }
+    if (eng->shadows && (rc = make_shadows(eng, e)))
+        goto fail;
     const md_hparams *hp = &eng->m->hp;
     eng->n_vocab = hp->n_vocab;
     if (tok_n_vocab(eng->tok) > eng->n_vocab) {

@@ -29,6 +29,10 @@ typedef struct {
     int n_ctx;              /* per-sequence context limit (0 = the model's) */
     const char *kv_type;    /* KV cache element type: "f16", "f32" (NULL = the backend's: F16
                                on cpu and cuda, F32 on cpu-exact) */
+    const char *bf16_weights; /* quantized weights also kept as BF16 for batched steps, on a
+                                 backend that offers it (weight_shadow): "on", "off", or
+                                 "auto" (NULL): when weights and copies take at most half the
+                                 device memory free before loading */
 } md_engine_config;
 
 typedef struct {

@@ -210,6 +210,14 @@ typedef struct md_backend_ops {
                    md_buf *v_cache, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
                    const md_buf *inv_freq, int neox, int cache_type, md_err *e);
 
+    /* Keep a BF16 copy of quantized weight w on the device beside it (optional): matmul and
+     * matmul_n then multiply products of more rows than the backend's weight-only vector
+     * kernels serve by the copy, instead of expanding w into scratch at every such product.
+     * Costs ne0 * ne1 * 2 bytes; MD_ENOMEM, with nothing changed, when the device lacks them.
+     * 0 and nothing done for F32/F16/BF16 weights. A copy lives until the buffer holding w is
+     * freed (buf_free drops the copies of the tensors inside it). */
+    int (*weight_shadow)(md_backend *be, const md_tensor *w, md_err *e);
+
     /* Step recording (CUDA graphs). The engine brackets the ops of one forward pass, after
      * batch_prepare and before anything is downloaded, with step_begin / step_end. Between
      * them the backend may record instead of run (and launch the recording at step_end),

@@ -34,6 +34,7 @@ typedef struct {
     const char *device; /* engine: "cpu", "cuda:0", ... (NULL = cpu) */
     int n_threads;      /* engine: CPU threads (0 = all cores) */
     const char *kv_type; /* engine: KV cache "f16" / "f32" (NULL = the backend's) */
+    const char *bf16_weights; /* engine: BF16 weight copies "auto" (NULL) / "on" / "off" */
 } wk_runner_opts;
 
 typedef struct wk_runner wk_runner;

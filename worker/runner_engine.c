@@ -41,6 +41,7 @@ int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_e
     cfg.device = o->device;
     cfg.n_threads = o->n_threads;
     cfg.kv_type = o->kv_type;
+    cfg.bf16_weights = o->bf16_weights;
     cfg.max_seqs = r->cap;
     if ((rc = md_engine_open(&cfg, &r->eng, e))) {
         free(r);

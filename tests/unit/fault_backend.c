@@ -34,6 +34,7 @@ enum {
     OP_STEP_END,
     OP_MATMUL_N,
     OP_ROPE_KV,
+    OP_WEIGHT_SHADOW,
     OP_COUNT
 };
 
@@ -42,7 +43,7 @@ static const char *const op_names[] = {
     "batch_prepare", "embed",      "matmul",     "add_bias",     "rmsnorm",     "rope",
     "kv_write",      "attention",  "swiglu",     "add",          "gather_rows", "sync",
     "argmax",        "step_begin", "step_end",   "matmul_n",
-    "rope_kv"};
+    "rope_kv",       "weight_shadow"};
 _Static_assert(sizeof op_names / sizeof op_names[0] == OP_COUNT, "one name per op");
 
 typedef struct {
@@ -54,7 +55,9 @@ typedef struct {
     long step;      /* 0: count from open; S: count within the S-th forward pass */
     int sticky, nan;
     int record; /* offer step_begin / step_end */
-    int fused;  /* offer matmul_n */
+    int fused;  /* offer matmul_n and rope_kv */
+    int shadow; /* offer weight_shadow (counted; the CPU multiplies as before) */
+    int oom;    /* kind=oom: the failure is MD_ENOMEM, as cudaErrorMemoryAllocation */
     long calls; /* calls of op counted so far */
     long steps; /* batch_prepare calls so far */
     int tripped;
@@ -78,6 +81,8 @@ void fault_backend_get_stats(fault_backend_stats *st) {
     st->injected = __atomic_load_n(&g_stats.injected, __ATOMIC_RELAXED);
     st->refused = __atomic_load_n(&g_stats.refused, __ATOMIC_RELAXED);
     st->live_bufs = __atomic_load_n(&g_stats.live_bufs, __ATOMIC_RELAXED);
+    st->shadows = __atomic_load_n(&g_stats.shadows, __ATOMIC_RELAXED);
+    st->shadow_bytes = __atomic_load_n(&g_stats.shadow_bytes, __ATOMIC_RELAXED);
 }
 
 static fault_be *fb(md_backend *be) {
@@ -117,13 +122,17 @@ static int gate(fault_be *f, int op, int *nan_out, md_err *e) {
     }
     md_err mine;
     md_err *t = e ? e : &mine;
-    md_errf(t, MD_EDEVICE,
-            "CUDA device 0: %s failed: an illegal memory access was encountered "
-            "(cudaErrorIllegalAddress)",
-            op_names[op]);
+    if (f->oom)
+        md_errf(t, MD_ENOMEM, "CUDA device 0: %s failed: out of memory (cudaErrorMemoryAllocation)",
+                op_names[op]);
+    else
+        md_errf(t, MD_EDEVICE,
+                "CUDA device 0: %s failed: an illegal memory access was encountered "
+                "(cudaErrorIllegalAddress)",
+                op_names[op]);
     if (f->sticky)
         f->failed = *t;
-    return MD_EDEVICE;
+    return t->code;
 }
 
 /* Overwrite n floats of b with NaN (through the wrapped backend's upload). */
@@ -249,6 +258,17 @@ static int f_rope_kv(md_backend *be, md_buf *q, md_buf *k, const md_buf *v, md_b
             cache_type, e);
 }
 
+/* Counts the copies the engine asks for; the wrapped CPU backend has no use for them. */
+static int f_weight_shadow(md_backend *be, const md_tensor *w, md_err *e) {
+    int rc = gate(fb(be), OP_WEIGHT_SHADOW, NULL, e);
+    if (rc)
+        return rc;
+    stat_add(&g_stats.shadows, 1);
+    if (w->type != MD_TYPE_F32 && w->type != MD_TYPE_F16 && w->type != MD_TYPE_BF16)
+        stat_add(&g_stats.shadow_bytes, (long)(w->ne0 * w->ne1 * 2));
+    return 0;
+}
+
 static int f_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, md_err *e) {
     FWD_OUT(be, OP_ADD_BIAS, add_bias, y, (size_t)T * bias->ne0, y, bias, T, e);
 }
@@ -317,7 +337,7 @@ static int f_step_end(md_backend *be, int failed, md_err *e) {
 }
 
 /* With record=1 an instance's copy adds step_begin/step_end, with fused=1 matmul_n and
- * rope_kv; kv_cache_type is the wrapped
+ * rope_kv, with shadow=1 weight_shadow; kv_cache_type is the wrapped
  * CPU backend's. */
 static const md_backend_ops fault_ops = {
     .name = "faulty",
@@ -398,11 +418,16 @@ static int parse_spec(fault_be *f, const char *device, long *threads, md_err *e)
             ok = parse_long(v, vn, 0, &num) == 0 && num <= 1;
             f->sticky = (int)num;
         } else if (kn == 4 && !memcmp(p, "kind", 4)) {
-            ok = (vn == 5 && !memcmp(v, "error", 5)) || (vn == 3 && !memcmp(v, "nan", 3));
-            f->nan = vn == 3;
+            ok = (vn == 5 && !memcmp(v, "error", 5)) || (vn == 3 && !memcmp(v, "nan", 3)) ||
+                 (vn == 3 && !memcmp(v, "oom", 3));
+            f->nan = vn == 3 && !memcmp(v, "nan", 3);
+            f->oom = vn == 3 && !memcmp(v, "oom", 3);
         } else if (kn == 6 && !memcmp(p, "record", 6)) {
             ok = parse_long(v, vn, 0, &num) == 0 && num <= 1;
             f->record = (int)num;
+        } else if (kn == 6 && !memcmp(p, "shadow", 6)) {
+            ok = parse_long(v, vn, 0, &num) == 0 && num <= 1;
+            f->shadow = (int)num;
         } else if (kn == 5 && !memcmp(p, "fused", 5)) {
             ok = parse_long(v, vn, 0, &num) == 0 && num <= 1;
             f->fused = (int)num;
@@ -423,7 +448,8 @@ static int parse_spec(fault_be *f, const char *device, long *threads, md_err *e)
     if (f->nan && (f->op == OP_BUF_ALLOC || f->op == OP_BUF_WRAP || f->op == OP_BUF_UPLOAD ||
                    f->op == OP_BUF_DOWNLOAD || f->op == OP_BUF_ZERO || f->op == OP_RESERVE ||
                    f->op == OP_BATCH_PREPARE || f->op == OP_KV_WRITE || f->op == OP_SYNC ||
-                   f->op == OP_ARGMAX || f->op == OP_STEP_BEGIN || f->op == OP_STEP_END))
+                   f->op == OP_ARGMAX || f->op == OP_STEP_BEGIN || f->op == OP_STEP_END ||
+                   f->op == OP_WEIGHT_SHADOW))
         return md_errf(e, MD_EINVAL, "device \"%s\": kind=nan needs an op with a float output",
                        device);
     return 0;
@@ -448,6 +474,11 @@ int fault_backend_open(const char *device, int n_threads, md_backend **out, md_e
         return md_errf(e, MD_EINVAL, "device \"%s\": op=step_begin/step_end needs record=1",
                        device);
     }
+    if (f->op == OP_WEIGHT_SHADOW && !f->shadow) {
+        md_backend_free(f->in);
+        free(f);
+        return md_errf(e, MD_EINVAL, "device \"%s\": op=weight_shadow needs shadow=1", device);
+    }
     if ((f->op == OP_MATMUL_N || f->op == OP_ROPE_KV) && !f->fused) {
         md_backend_free(f->in);
         free(f);
@@ -464,6 +495,8 @@ int fault_backend_open(const char *device, int n_threads, md_backend **out, md_e
         f->ops.matmul_n = f_matmul_n;
         f->ops.rope_kv = f_rope_kv;
     }
+    if (f->shadow)
+        f->ops.weight_shadow = f_weight_shadow;
     f->base.ops = &f->ops;
     snprintf(f->desc, sizeof f->desc, "%s over %s", device, f->in->ops->describe(f->in));
     __atomic_fetch_add(&g_stats.opened, 1, __ATOMIC_RELAXED);
@@ -471,6 +504,8 @@ int fault_backend_open(const char *device, int n_threads, md_backend **out, md_e
     __atomic_store_n(&g_stats.injected, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&g_stats.refused, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&g_stats.live_bufs, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_stats.shadows, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_stats.shadow_bytes, 0, __ATOMIC_RELAXED);
     *out = &f->base;
     return 0;
 }

@@ -7,12 +7,12 @@
  * `failed`); without it the failure is transient and the next op works.
  *
  * Device names, registered under the prefix "faulty" (fault_backend_register):
- *   faulty:op=OP[,after=N][,step=S][,sticky=0|1][,kind=error|nan][,record=0|1][,fused=0|1]
- *          [,threads=K]
+ *   faulty:op=OP[,after=N][,step=S][,sticky=0|1][,kind=error|nan|oom][,record=0|1]
+ *          [,fused=0|1][,shadow=0|1][,threads=K]
  *     OP      a backend op: buf_alloc, buf_wrap, buf_upload, buf_download, buf_zero, reserve,
  *             batch_prepare, embed, matmul, add_bias, rmsnorm, rope, kv_write, attention,
  *             swiglu, add, gather_rows, sync, argmax, step_begin, step_end (with record=1),
- *             matmul_n, rope_kv (with fused=1);
+ *             matmul_n, rope_kv (with fused=1), weight_shadow (with shadow=1);
  *             or "none" (a plain pass-through)
  *     after   the N-th call of OP fails (1-based, default 1), counted from open, or from the
  *             start of step S when step is given
@@ -20,7 +20,8 @@
  *             batch_prepare since open and the ops up to the next one); not with
  *             op=batch_prepare, whose calls are the steps (use after=S)
  *     sticky  1: the failure is permanent for this backend (every later op fails with it)
- *     kind    error (default): MD_EDEVICE; nan: the op succeeds and its output is all NaN
+ *     kind    error (default): MD_EDEVICE; oom: MD_ENOMEM "out of memory
+ *             (cudaErrorMemoryAllocation)"; nan: the op succeeds and its output is all NaN
  *             (ops with a float output: embed, matmul, add_bias, rmsnorm, rope, attention,
  *             swiglu, add, gather_rows, matmul_n: its first output, rope_kv: q)
  *     record  1: the backend has step_begin / step_end (as kernels/cuda for CUDA graphs), which
@@ -30,6 +31,9 @@
  *             the engine runs Q/K/V, gate/up+SwiGLU, the residual products and RoPE + KV
  *             stores through them (default 0: the unfused matmul / add / swiglu / rope /
  *             kv_write sequence)
+ *     shadow  1: the backend has weight_shadow, which counts the copies asked for (stats) and
+ *             changes nothing else: the engine's policy and its out-of-memory path are what
+ *             is exercised
  *     threads CPU threads of the wrapped backend (default: the n_threads given to open)
  * A bad spec is refused at open with MD_EINVAL naming the part it could not read.
  *
@@ -54,6 +58,8 @@ typedef struct {
     long injected;  /* faults injected (the failing call itself, or NaN outputs) */
     long refused;   /* ops refused afterwards because of a sticky failure */
     long live_bufs; /* buffers allocated or wrapped and not yet freed */
+    long shadows;      /* weight_shadow calls that succeeded (shadow=1) */
+    long shadow_bytes; /* the BF16 bytes those copies of quantized weights would take */
 } fault_backend_stats;
 
 void fault_backend_get_stats(fault_backend_stats *st);

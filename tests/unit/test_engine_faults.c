@@ -34,17 +34,22 @@ static int32_t *g_prompt[N_SEQS];
 static int g_n_prompt[N_SEQS];
 static int32_t g_ref[N_SEQS][MAX_TOKENS]; /* greedy tokens on the healthy CPU backend */
 
-static md_engine *open_on(const char *device, md_err *e) {
+static md_engine *open_with(const char *device, const char *bf16_weights, md_err *e) {
     md_engine_config cfg = {.model_path = test_model_path(),
                             .device = device,
                             .n_threads = 2,
                             .max_seqs = MAX_SEQS,
                             .max_batch_tokens = BATCH_TOKENS,
-                            .n_ctx = 256};
+                            .n_ctx = 256,
+                            .bf16_weights = bf16_weights};
     md_engine *eng = NULL;
     if (md_engine_open(&cfg, &eng, e))
         return NULL;
     return eng;
+}
+
+static md_engine *open_on(const char *device, md_err *e) {
+    return open_with(device, NULL, e);
 }
 
 static void sampling(int i, md_sampling *s) {
@@ -457,6 +462,75 @@ static void test_sampler_stays_in_bounds_on_non_finite_logits(void **state) {
     smp_scratch_free(sc);
 }
 
+/* Run every sequence to the end on a healthy engine; they give the reference tokens. */
+static void run_all_match_ref(md_engine *eng) {
+    uint64_t ids[N_SEQS];
+    md_step_result r;
+    md_err e = {0};
+    submit_all(eng, ids);
+    int guard = 0;
+    do {
+        if (md_engine_step(eng, &r, &e))
+            fail_msg("step: %s", e.msg);
+    } while (r.n_live > 0 && ++guard < 200);
+    for (int i = 0; i < N_SEQS; i++) {
+        const int32_t *t;
+        int n;
+        assert_int_equal(md_seq_finish(eng, ids[i]), MD_FINISH_LENGTH);
+        assert_int_equal(md_seq_tokens(eng, ids[i], &t, &n), 0);
+        assert_int_equal(n, MAX_TOKENS);
+        assert_memory_equal(t, g_ref[i], sizeof g_ref[i]);
+    }
+}
+
+/* BF16 copies of the quantized weights (backend.h weight_shadow): the engine asks for one
+ * per matrix a product reads (SmolLM2: 30 layers x 7 + the tied output head) when told to,
+ * none when told not to or when "auto" cannot see the device's memory; a device that runs
+ * out of memory part-way keeps what it made and the engine serves as before; any other
+ * failure is a clear error at open. */
+static void test_bf16_weight_copies_policy_and_out_of_memory(void **state) {
+    if (!test_model_path())
+        skip();
+    md_err e = {0};
+    fault_backend_stats st;
+    static const struct {
+        const char *device, *mode;
+        long calls;
+    } cases[] = {
+        {"faulty:op=none,shadow=1", "on", 211},
+        {"faulty:op=none,shadow=1", "off", 0},
+        {"faulty:op=none,shadow=1", NULL, 0}, /* auto, and the backend has no mem_info */
+        {"faulty:op=none,shadow=1", "auto", 0},
+        {"faulty:op=weight_shadow,after=5,kind=oom,shadow=1", "on", 4},
+        {"faulty:op=weight_shadow,after=211,kind=oom,shadow=1", "on", 210},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        md_engine *eng = open_with(cases[i].device, cases[i].mode, &e);
+        if (!eng)
+            fail_msg("%s (%s): %s", cases[i].device, cases[i].mode, e.msg);
+        fault_backend_get_stats(&st);
+        if (st.shadows != cases[i].calls)
+            fail_msg("%s (%s): %ld copies, expected %ld", cases[i].device, cases[i].mode,
+                     st.shadows, cases[i].calls);
+        if (cases[i].calls == 211) /* every quantized matrix, as BF16 */
+            assert_true(st.shadow_bytes > 200L << 20 && st.shadow_bytes < 300L << 20);
+        if (cases[i].calls) /* the copies change nothing the engine computes */
+            run_all_match_ref(eng);
+        md_engine_close(eng);
+    }
+    md_err_clear(&e);
+    assert_null(open_with("faulty:op=weight_shadow,after=3,shadow=1", "on", &e));
+    assert_int_equal(e.code, MD_EDEVICE);
+    assert_non_null(strstr(e.msg, "BF16 weight copies"));
+    assert_non_null(strstr(e.msg, CUDA_SENTENCE));
+    fault_backend_get_stats(&st);
+    assert_int_equal(st.live_bufs, 0);
+    md_err_clear(&e);
+    assert_null(open_with("faulty:op=none", "sometimes", &e));
+    assert_int_equal(e.code, MD_EINVAL);
+    printf("bad mode -> %s\n", e.msg);
+}
+
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transient_matmul_fault_fails_the_step_and_spares_the_waiting),
@@ -466,6 +540,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_transient_graph_launch_fault_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_sticky_fault_fails_every_later_step_fast),
         cmocka_unit_test(test_fault_while_loading_is_a_clear_error_and_frees_everything),
+        cmocka_unit_test(test_bf16_weight_copies_policy_and_out_of_memory),
         cmocka_unit_test(test_sampler_stays_in_bounds_on_non_finite_logits),
     };
     /* "nan": the NaN probe alone (tests/faults.cmake keeps it disabled until the engine
