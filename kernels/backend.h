@@ -193,11 +193,11 @@ typedef struct md_backend_ops {
      * back to matmul / add / swiglu when this is NULL). mode:
      *  MD_MM_SET    y[i] [T, ne1_i] = x · w[i]ᵀ
      *  MD_MM_ACC    y[i] [T, ne1_i] += x · w[i]ᵀ (the residual add; y[i] is not x)
-     *  MD_MM_SWIGLU n == 2, w[0] (gate) and w[1] (up) of one shape [F, K]:
+     *  MD_MM_SWIGLU n == 2, w[0] (gate) and w[1] (up) of one shape [F, K] (types may differ):
      *               y[0] [T, F] = silu(x · w[0]ᵀ) * (x · w[1]ᵀ); y[1] [T, F] is scratch the
      *               backend may overwrite (the unfused fallback's up buffer).
-     * The result must equal the unfused ops' (matmul then add / swiglu) to rounding of the
-     * same arithmetic; the CPU backend's is bit-identical. */
+     * No y[i] may be x or another y[j]. The result must equal the unfused ops' (matmul then
+     * add / swiglu) to rounding of the same arithmetic; the CPU backend's is bit-identical. */
     int (*matmul_n)(md_backend *be, int n, const md_tensor *const *w, const md_buf *x,
                     md_buf *const *y, int T, int mode, md_err *e);
 

@@ -208,10 +208,13 @@ static int cpu_matmul_n_op(md_backend *be, int n, const md_tensor *const *w, con
         if (w[i]->ne0 != cols)
             return md_errf(e, MD_EINVAL, "cpu backend: matmul_n weights of %lld and %d columns",
                            (long long)w[i]->ne0, cols);
-        if ((size_t)T * w[i]->ne1 * sizeof(float) > y[i]->n || y[i] == x)
+        int alias = y[i] == x;
+        for (int j = 0; j < i; j++)
+            alias |= y[j] == y[i];
+        if ((size_t)T * w[i]->ne1 * sizeof(float) > y[i]->n || alias)
             return md_errf(e, MD_ERANGE,
                            "cpu backend: matmul_n output %d of %d x %lld overruns its buffer "
-                           "or aliases the input",
+                           "or aliases the input or another output",
                            i, T, (long long)w[i]->ne1);
         if (cpu_matmul_scratch_size(w[i]->type, cols, T) > c->mm_scratch_n)
             return md_errf(e, MD_ERANGE,
