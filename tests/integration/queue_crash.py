@@ -22,19 +22,28 @@ def main():
         # the signals land mid-run; a short visibility timeout makes the takeover quick.
         args = ["--echo-delay-ms", "25", "--max-seqs", "16", "--visibility-ms", "1500",
                 "--heartbeat-ms", "500"]
-        workers = [Worker(srv, args=args + ["--id", "w%d" % i], name="w%d" % i) for i in range(3)]
-        # Kill w0 only once it holds entries in flight (on a loaded machine a worker can take
-        # seconds to start), so the takeover below is certain to have something to take.
+        # w0 starts alone and the others only once it holds entries in flight (on a loaded
+        # machine a worker can take seconds to start: started together, the other two could
+        # finish the batch before w0 took anything), so the takeover below is certain to have
+        # something to take.
+        workers = [Worker(srv, args=args + ["--id", "w0"], name="w0")]
         c = srv.client()
-        t_wait = time.time() + 60
-        while time.time() < t_wait:
-            held = c.xpending_range("medley:q:{echo}", "workers", min="-", max="+", count=1,
-                                    consumername="w0")
-            if held and int(meta(srv, batch).get("completed", 0)) > 0:
-                break
-            time.sleep(0.05)
-        else:
+
+        def holds(name, timeout):
+            t_wait = time.time() + timeout
+            while time.time() < t_wait:
+                held = c.xpending_range("medley:q:{echo}", "workers", min="-", max="+", count=1,
+                                        consumername=name)
+                if held and int(meta(srv, batch).get("completed", 0)) > 0:
+                    return True
+                time.sleep(0.05)
+            return False
+
+        if not holds("w0", 60):
             fail("worker w0 never held an entry")
+        workers += [Worker(srv, args=args + ["--id", "w%d" % i], name="w%d" % i) for i in (1, 2)]
+        if not holds("w1", 60):
+            fail("worker w1 never held an entry")
         done = int(meta(srv, batch).get("completed", 0))
         if done >= N:
             fail("batch finished before the kill; the test would prove nothing")
