@@ -1,5 +1,8 @@
 /* attention.cu — attention over the paged KV cache.
  *
+ * Writes: k_kv_write stores rotated k and v rows into their slots; k_rope_kv rotates q and
+ * k and stores k and v in one launch (the rotation is k_rope's, cuda_rope_pair).
+ *
  * Cache: K and V of one layer are [n_slots][n_kv_heads][head_dim] in f32, f16 or bf16; a
  * sequence's token at position p lives in slot block_table[row][p / bt] * bt + p % bt.
  *
@@ -62,6 +65,66 @@ int cuda_kv_write(cuda_ctx *c, void *k_cache, void *v_cache, cuda_dtype dtype, i
     k_kv_write<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(k_cache, v_cache, dtype, k, v, slots,
                                                            n_tokens, kv_dim);
     return CUDA_LAUNCHED(c, "kv_write", e);
+}
+
+/* RoPE of q and k and the KV store of one layer in one launch (backend.h rope_kv): one
+ * thread per (token, head, pair of head_dim / 2), heads being the n_heads query heads then
+ * the n_kv_heads key heads. A query thread rotates its pair in place (threads past
+ * rot_dim / 2 have nothing to do). A key thread owns two dims of its head: a rotated pair
+ * (pairs as k_rope's) or, past rot_dim / 2, dims rot_dim + 2j and + 1 passed through; it
+ * stores them into the cache slot, and the value elements of the same two dims beside them,
+ * so every dim of k and v reaches the cache once. k itself is not written. */
+__global__ void k_rope_kv(float *q, const float *k, const float *v, void *kc, void *vc,
+                          cuda_dtype ct, const int32_t *pos, const int32_t *slots, int n_tokens,
+                          int n_heads, int n_kv_heads, int head_dim, int rot_dim,
+                          const float *inv_freq, int neox) {
+    int pairs = head_dim / 2, half = rot_dim / 2, nh = n_heads + n_kv_heads;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n_tokens * nh * pairs)
+        return;
+    int p = (int)(i % pairs);
+    int64_t th = i / pairs;
+    int h = (int)(th % nh), t = (int)(th / nh);
+    int a = p < half ? (neox ? p : 2 * p) : rot_dim + 2 * (p - half);
+    int b = p < half ? (neox ? p + half : 2 * p + 1) : a + 1;
+    if (h < n_heads) {
+        if (p < half) {
+            float *x = q + ((int64_t)t * n_heads + h) * head_dim;
+            cuda_rope_pair(x[a], x[b], pos[t], inv_freq[p], &x[a], &x[b]);
+        }
+        return;
+    }
+    int kv_dim = n_kv_heads * head_dim, hk = (h - n_heads) * head_dim;
+    const float *kr = k + (int64_t)t * kv_dim + hk, *vr = v + (int64_t)t * kv_dim + hk;
+    int64_t o = (int64_t)slots[t] * kv_dim + hk;
+    float k0 = kr[a], k1 = kr[b];
+    if (p < half)
+        cuda_rope_pair(k0, k1, pos[t], inv_freq[p], &k0, &k1);
+    cuda_store(kc, ct, o + a, k0);
+    cuda_store(kc, ct, o + b, k1);
+    cuda_store(vc, ct, o + a, vr[a]);
+    cuda_store(vc, ct, o + b, vr[b]);
+}
+
+int cuda_rope_kv(cuda_ctx *c, float *q, const float *k, const float *v, void *k_cache,
+                 void *v_cache, cuda_dtype dtype, const int32_t *pos, const int32_t *slots,
+                 int n_tokens, int n_heads, int n_kv_heads, int head_dim, int rot_dim,
+                 const float *inv_freq, int neox, md_err *e) {
+    CUDA_GUARD(c, e);
+    if (dtype != CUDA_F32 && dtype != CUDA_F16 && dtype != CUDA_BF16)
+        return md_errf(e, MD_EUNSUPP, "CUDA rope_kv: cache type %d", (int)dtype);
+    if (n_tokens < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 ||
+        rot_dim <= 0 || rot_dim % 2 || rot_dim > head_dim)
+        return md_errf(e, MD_EINVAL,
+                       "CUDA rope_kv: bad shape (heads %d, kv heads %d, head_dim %d, rot_dims %d)",
+                       n_heads, n_kv_heads, head_dim, rot_dim);
+    int64_t n = (int64_t)n_tokens * (n_heads + n_kv_heads) * (head_dim / 2);
+    if (n == 0)
+        return 0;
+    k_rope_kv<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(q, k, v, k_cache, v_cache, dtype, pos,
+                                                          slots, n_tokens, n_heads, n_kv_heads,
+                                                          head_dim, rot_dim, inv_freq, neox);
+    return CUDA_LAUNCHED(c, "rope_kv", e);
 }
 
 /* ---- decode --------------------------------------------------------------------------- */

@@ -2,8 +2,11 @@
  *
  * Buffers are device memory from the ctx's pool. Weights (buf_wrap) are copied to the
  * device once, as they are in the file: F16/BF16 stay 16-bit, quantized types stay
- * quantized and are decoded inside the GEMV kernels (decode) or expanded to BF16 scratch
- * for cuBLAS (prefill), so a Q4 model needs Q4 memory. Activations are F32.
+ * quantized and are decoded inside the GEMV kernels (decode) or, for cuBLAS (prefill, big
+ * batches), read from their BF16 copy when the engine asked for one (weight_shadow: a table
+ * from the weight's device address to the copy, emptied by buf_free of the weight's buffer)
+ * and otherwise expanded to BF16 scratch, so a Q4 model needs Q4 memory unless it is given
+ * the copies. Activations are F32.
  *
  * batch_prepare() copies the step's metadata to the device in one transfer (from pinned
  * staging) and sorts the tokens for attention on the host: a sequence contributing one
@@ -43,6 +46,14 @@ struct md_buf {
     size_t n;
 };
 
+/* The BF16 copy of one quantized weight (weight_shadow), found by the weight's device address. */
+typedef struct {
+    const void *w; /* tensor_ptr of the weight */
+    int type;      /* and what was expanded from there (a lookup must match both) */
+    int64_t n;     /* elements, ne0 * ne1 */
+    void *bf16;    /* pool memory, [ne1][ne0] BF16 */
+} shadow;
+
 typedef struct {
     md_backend base;
     cuda_ctx *c;
@@ -70,6 +81,8 @@ typedef struct {
     enum { ST_IDLE, ST_EAGER, ST_RECORD, ST_REPLAY } st;
     void *replay_graph; /* the graph step_end launches in ST_REPLAY */
     cuda_graph_cache gc;
+    shadow *sh; /* sorted by w; n_sh used of cap_sh */
+    size_t n_sh, cap_sh;
     char desc[384];
 } cuda_backend;
 
@@ -115,6 +128,7 @@ static void be_free(md_backend *be) {
                 b->c ? cuda_ctx_ordinal(b->c) : -1, b->gc.recorded, b->gc.replayed, b->gc.evicted,
                 b->gc.dropped);
     cuda_gc_clear(&b->gc);
+    free(b->sh); /* the copies themselves go with the pool */
     if (b->h_meta)
         cudaFreeHost(b->h_meta);
     if (b->h_sparams)
@@ -168,10 +182,43 @@ static int be_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf **
     return rc;
 }
 
+/* Index of the first shadow whose weight address is >= p. */
+static size_t shadow_at(const cuda_backend *b, const void *p) {
+    size_t lo = 0, hi = b->n_sh;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if ((const char *)b->sh[mid].w < (const char *)p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The BF16 copy of weight w, or NULL. */
+static const void *shadow_of(const cuda_backend *b, const md_tensor *w) {
+    const void *p = (const char *)w->buf->p + w->offset;
+    size_t i = shadow_at(b, p);
+    if (i < b->n_sh && b->sh[i].w == p && b->sh[i].type == w->type && b->sh[i].n == w->ne0 * w->ne1)
+        return b->sh[i].bf16;
+    return NULL;
+}
+
+/* Freeing a buffer drops the copies of the weights inside it, so a later buffer at the same
+ * address never multiplies by a stale copy; graphs recorded with them are dropped too. */
 static void be_buf_free(md_backend *be, md_buf *m) {
     if (!m)
         return;
-    cuda_pool_free(cbe(be)->c, m->p);
+    cuda_backend *b = cbe(be);
+    size_t lo = shadow_at(b, m->p), hi = lo;
+    while (hi < b->n_sh && (const char *)b->sh[hi].w < (const char *)m->p + m->n)
+        cuda_pool_free(b->c, b->sh[hi++].bf16);
+    if (hi > lo) {
+        memmove(b->sh + lo, b->sh + hi, (b->n_sh - hi) * sizeof *b->sh);
+        b->n_sh -= hi - lo;
+        cuda_ctx_scratch_moved(b->c);
+    }
+    cuda_pool_free(b->c, m->p);
     free(m);
 }
 
@@ -402,8 +449,10 @@ static int be_matmul(md_backend *be, const md_tensor *w, const md_buf *x, md_buf
                        T, (long long)w->ne0, (long long)w->ne1);
     if (REPLAYING(be))
         return 0;
-    return cuda_matmul(cbe(be)->c, tensor_ptr(w), w->type, w->row_bytes, (const float *)x->p,
-                       (float *)y->p, T, (int)w->ne1, (int)w->ne0, 0.0f, 0, e);
+    cuda_mm_w one = {tensor_ptr(w), w->type,       w->row_bytes,
+                     (int)w->ne1,   (float *)y->p, shadow_of(cbe(be), w)};
+    return cuda_matmul_n(cbe(be)->c, &one, 1, (const float *)x->p, T, (int)w->ne0, CUDA_MM_SET, 0,
+                         e);
 }
 
 _Static_assert((int)CUDA_MM_SET == (int)MD_MM_SET && (int)CUDA_MM_ACC == (int)MD_MM_ACC &&
@@ -447,12 +496,57 @@ static int be_matmul_n(md_backend *be, int n, const md_tensor *const *w, const m
                                j, i);
         if (y[i] == x)
             return md_errf(e, MD_EINVAL, "cuda backend: matmul_n output %d is its input", i);
-        cw[i] = (cuda_mm_w){tensor_ptr(w[i]), w[i]->type, w[i]->row_bytes, (int)w[i]->ne1,
-                            (float *)y[i]->p};
+        cw[i] = (cuda_mm_w){tensor_ptr(w[i]), w[i]->type,       w[i]->row_bytes,
+                            (int)w[i]->ne1,   (float *)y[i]->p, shadow_of(cbe(be), w[i])};
     }
     if (REPLAYING(be))
         return 0;
     return cuda_matmul_n(cbe(be)->c, cw, n, (const float *)x->p, T, (int)w[0]->ne0, mode, 0, e);
+}
+
+/* A BF16 copy of quantized weight w, made once at load (never inside a step: the allocation
+ * would break a capture) and used by the cuBLAS path of matmul / matmul_n. */
+static int be_weight_shadow(md_backend *be, const md_tensor *w, md_err *e) {
+    cuda_backend *b = cbe(be);
+    int rc = tensor_ok(w, e);
+    if (rc || (rc = outside_step(b, "weight_shadow", e)))
+        return rc;
+    if (w->type == MD_TYPE_F32 || w->type == MD_TYPE_F16 || w->type == MD_TYPE_BF16)
+        return 0;
+    int64_t n = w->ne0 * w->ne1;
+    if (cuda_ggml_bytes(w->type, n) == 0)
+        return md_errf(e, MD_EUNSUPP, "cuda backend: no BF16 copy of a weight of type %d", w->type);
+    const void *src = tensor_ptr(w);
+    size_t at = shadow_at(b, src);
+    if (shadow_of(b, w))
+        return 0;
+    if (at < b->n_sh && b->sh[at].w == src)
+        return md_errf(e, MD_EINVAL,
+                       "cuda backend: a BF16 copy of another weight at this address exists");
+    if (b->n_sh == b->cap_sh) {
+        size_t cap = b->cap_sh ? 2 * b->cap_sh : 64;
+        shadow *ns = realloc(b->sh, cap * sizeof *ns);
+        if (!ns)
+            return md_errf(e, MD_ENOMEM, "cuda backend: out of host memory");
+        b->sh = ns;
+        b->cap_sh = cap;
+    }
+    size_t bytes = (size_t)n * 2;
+    void *p = NULL;
+    if ((rc = cuda_pool_alloc(b->c, bytes, &p, e))) {
+        md_errctx(e, "BF16 copy of a [%lld, %lld] weight (%zu bytes): ", (long long)w->ne0,
+                  (long long)w->ne1, bytes);
+        return rc;
+    }
+    if ((rc = cuda_dequantize(b->c, w->type, src, p, CUDA_BF16, n, e))) {
+        cuda_pool_free(b->c, p);
+        return rc;
+    }
+    memmove(b->sh + at + 1, b->sh + at, (b->n_sh - at) * sizeof *b->sh);
+    b->sh[at] = (shadow){src, w->type, n, p};
+    b->n_sh++;
+    cuda_ctx_scratch_moved(b->c); /* graphs recorded before expand w into scratch: re-record */
+    return 0;
 }
 
 static int be_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, md_err *e) {
@@ -486,9 +580,10 @@ static int be_rope(md_backend *be, md_buf *x, int n_heads, int head_dim, int rot
                      (const float *)inv_freq->p, neox, e);
 }
 
-static int be_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf *k_cache,
-                       md_buf *v_cache, int kv_dim, int cache_type, md_err *e) {
-    cuda_backend *b = cbe(be);
+/* The cache type is one the kernels store, and every slot of the step lies inside both
+ * caches of rows of kv_dim elements (the kernels follow the slots without checking). */
+static int slots_ok(const cuda_backend *b, const md_buf *k_cache, const md_buf *v_cache, int kv_dim,
+                    int cache_type, md_err *e) {
     int rc = cache_type_ok(cache_type, e);
     if (rc)
         return rc;
@@ -498,10 +593,49 @@ static int be_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf 
         if ((s + 1) * row > k_cache->n || (s + 1) * row > v_cache->n)
             return md_errf(e, MD_ERANGE, "cuda backend: KV slot %zu outside the cache", s);
     }
+    return 0;
+}
+
+static int be_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf *k_cache,
+                       md_buf *v_cache, int kv_dim, int cache_type, md_err *e) {
+    cuda_backend *b = cbe(be);
+    int rc = slots_ok(b, k_cache, v_cache, kv_dim, cache_type, e);
+    if (rc)
+        return rc;
     if (REPLAYING(be))
         return 0;
     return cuda_kv_write(b->c, k_cache->p, v_cache->p, cache_dtype(cache_type), kv_dim,
                          (const float *)k->p, (const float *)v->p, b->d_slot, b->n_tokens, e);
+}
+
+/* rope(q), rope(k), kv_write(k, v) as one launch (cuda_rope_kv): k goes rotated straight into
+ * the cache and is left unrotated in its buffer, as backend.h allows. */
+static int be_rope_kv(md_backend *be, md_buf *q, md_buf *k, const md_buf *v, md_buf *k_cache,
+                      md_buf *v_cache, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
+                      const md_buf *inv_freq, int neox, int cache_type, md_err *e) {
+    cuda_backend *b = cbe(be);
+    if (n_heads < 1 || n_kv_heads < 1 || head_dim < 2 || head_dim % 2 || rot_dims < 2 ||
+        rot_dims % 2 || rot_dims > head_dim)
+        return md_errf(e, MD_EINVAL,
+                       "cuda backend: rope_kv of %d heads / %d kv heads of %d dims, %d rotated",
+                       n_heads, n_kv_heads, head_dim, rot_dims);
+    int kv_dim = n_kv_heads * head_dim;
+    size_t T = (size_t)b->n_tokens;
+    if (T * n_heads * head_dim * 4 > q->n || T * kv_dim * 4 > k->n || T * kv_dim * 4 > v->n ||
+        (size_t)rot_dims / 2 * 4 > inv_freq->n)
+        return md_errf(e, MD_ERANGE,
+                       "cuda backend: rope_kv of %zu tokens [%d + %d heads of %d] overruns its "
+                       "buffers",
+                       T, n_heads, n_kv_heads, head_dim);
+    int rc = slots_ok(b, k_cache, v_cache, kv_dim, cache_type, e);
+    if (rc)
+        return rc;
+    if (REPLAYING(be))
+        return 0;
+    return cuda_rope_kv(b->c, (float *)q->p, (const float *)k->p, (const float *)v->p, k_cache->p,
+                        v_cache->p, cache_dtype(cache_type), b->d_pos, b->d_slot, b->n_tokens,
+                        n_heads, n_kv_heads, head_dim, rot_dims, (const float *)inv_freq->p, neox,
+                        e);
 }
 
 /* Splits for decode: enough blocks to fill the SMs twice, at least 64 keys per split. */
@@ -728,6 +862,7 @@ static const md_backend_ops cuda_backend_ops = {
     .rmsnorm = be_rmsnorm,
     .rope = be_rope,
     .kv_write = be_kv_write,
+    .rope_kv = be_rope_kv,
     .attention = be_attention,
     .swiglu = be_swiglu,
     .add = be_add,
@@ -738,6 +873,7 @@ static const md_backend_ops cuda_backend_ops = {
     .argmax = be_argmax,
     .sample = be_sample,
     .matmul_n = be_matmul_n,
+    .weight_shadow = be_weight_shadow,
     .step_begin = be_step_begin,
     .step_end = be_step_end,
 };

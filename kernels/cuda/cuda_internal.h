@@ -86,6 +86,17 @@ __device__ __forceinline__ float cuda_load(const void *src, cuda_dtype t, int64_
     return cuda_f16_to_f(((const uint16_t *)src)[i]);
 }
 
+/* One RoPE pair (x0, x1) rotated by pos * theta into (*r0, *r1). k_rope and k_rope_kv both
+ * call it, so a rotated value has the same bits in either kernel: one sincosf argument and
+ * one expression for nvcc to contract. r0 / r1 may point at x0's / x1's storage. */
+__device__ __forceinline__ void cuda_rope_pair(float x0, float x1, int32_t pos, float theta,
+                                               float *r0, float *r1) {
+    float s, co;
+    sincosf((float)pos * theta, &s, &co);
+    *r0 = x0 * co - x1 * s;
+    *r1 = x0 * s + x1 * co;
+}
+
 __device__ __forceinline__ float cuda_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);

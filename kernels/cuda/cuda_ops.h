@@ -145,7 +145,8 @@ int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const f
  * with gate and up of one type is one launch whose warps compute a gate row and the
  * matching up row and write silu(g) * u (different types: two GEMVs and cuda_swiglu).
  * cuBLAS path: x converted to BF16 / F16 once per call for all weights needing that type,
- * GemmEx with beta 1 for ACC, SwiGLU as two GEMMs then cuda_swiglu. Results equal
+ * quantized weights read from w[i].bf16 when set (else expanded into scratch), GemmEx with
+ * beta 1 for ACC, SwiGLU as two GEMMs then cuda_swiglu. Results equal
  * cuda_matmul followed by cuda_add / cuda_swiglu to float rounding (on the GEMV path,
  * bit for bit). */
 #define CUDA_MM_MAX 4
@@ -156,6 +157,10 @@ typedef struct {
     size_t row_bytes;
     int n;    /* rows (outputs) */
     float *y; /* device, [m][n] */
+    /* device: a BF16 copy of a quantized w ([n][k], as cuda_dequantize makes it) for the
+     * cuBLAS path instead of expanding w into scratch; NULL when there is none. The GEMV
+     * path reads w (fewer bytes). Ignored for F32/F16/BF16 weights. */
+    const void *bf16;
 } cuda_mm_w;
 int cuda_matmul_n(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int m, int k, int mode,
                   int force_cublas, md_err *e);
@@ -173,6 +178,15 @@ typedef struct {
 /* Write k, v f32 [n_tokens][kv_dim] into k_cache / v_cache (dtype) at slots[t]. */
 int cuda_kv_write(cuda_ctx *c, void *k_cache, void *v_cache, cuda_dtype dtype, int kv_dim,
                   const float *k, const float *v, const int32_t *slots, int n_tokens, md_err *e);
+
+/* rope then kv_write of one layer in one launch: q f32 [n_tokens][n_heads][head_dim] rotated
+ * in place as cuda_rope does; k f32 [n_tokens][kv_dim] (kv_dim = n_kv_heads * head_dim)
+ * rotated the same way straight into k_cache at slots[t] (k itself is left unrotated), v
+ * stored into v_cache beside it. Bit for bit cuda_rope on q and on k, then cuda_kv_write. */
+int cuda_rope_kv(cuda_ctx *c, float *q, const float *k, const float *v, void *k_cache,
+                 void *v_cache, cuda_dtype dtype, const int32_t *pos, const int32_t *slots,
+                 int n_tokens, int n_heads, int n_kv_heads, int head_dim, int rot_dim,
+                 const float *inv_freq, int neox, md_err *e);
 
 /* Decode attention, one query token per entry: dec int32 [n][3] = {query row, block-table
  * row, kv length}. q f32 [*][n_heads][head_dim], out likewise (same rows). The entry attends

@@ -42,12 +42,8 @@ __global__ void k_rope(float *x, const int32_t *pos, int n_tokens, int n_heads, 
     int64_t th = i / half; /* token * n_heads + head */
     int t = (int)(th / n_heads);
     float *h = x + th * head_dim;
-    float s, co;
-    sincosf((float)pos[t] * inv_freq[p], &s, &co);
     int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
-    float x0 = h[a], x1 = h[b];
-    h[a] = x0 * co - x1 * s;
-    h[b] = x0 * s + x1 * co;
+    cuda_rope_pair(h[a], h[b], pos[t], inv_freq[p], &h[a], &h[b]);
 }
 
 int cuda_rope(cuda_ctx *c, float *x, const int32_t *pos, int n_tokens, int n_heads, int head_dim,

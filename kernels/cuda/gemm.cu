@@ -10,8 +10,9 @@
  * table passed by value); the residual add is the epilogue's beta, and gate/up rows are
  * computed by the same warp, which writes silu(gate) * up. Prefill and large batches use
  * cuBLAS GemmEx: x is converted to the weight's 16-bit type (once per type for several
- * weights), quantized weights are first expanded to BF16 in scratch, and the product
- * accumulates in FP32.
+ * weights), a quantized weight is multiplied by its BF16 copy when the caller keeps one
+ * (cuda_mm_w.bf16, backend.h weight_shadow) and otherwise first expanded to BF16 in scratch,
+ * and the product accumulates in FP32.
  *
  * Kernels are launched through GEMV_LAUNCH and cuBLAS is called only from blas_gemm, so the
  * host code around them also runs on the CPU emulator (tests/gpu/emu), which supplies both. */
@@ -274,15 +275,17 @@ static int mm_gemv(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int
 }
 
 /* cuBLAS path: x converted to BF16 once for all weights but F16 ones, to F16 once for
- * those; quantized weights expanded to BF16 scratch one after another (stream order keeps
- * each GEMM's scratch until it is done); F32 weights on SGEMM. SwiGLU: gate into y[0], up
+ * those; quantized weights read from their BF16 copy when they have one, else expanded to
+ * BF16 scratch one after another (stream order keeps each GEMM's scratch until it is done);
+ * F32 weights on SGEMM. SwiGLU: gate into y[0], up
  * into y[1], then the swiglu kernel, as the unfused ops. */
 static int mm_blas(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int m, int k,
                    float beta, int swiglu, md_err *e) {
     float b = swiglu ? 0.0f : beta;
     int64_t wrows = 0; /* largest weight to expand */
     for (int i = 0; i < n_w; i++)
-        if (w[i].wtype != QT_F32 && w[i].wtype != QT_F16 && w[i].wtype != QT_BF16 && w[i].n > wrows)
+        if (w[i].wtype != QT_F32 && w[i].wtype != QT_F16 && w[i].wtype != QT_BF16 && !w[i].bf16 &&
+            w[i].n > wrows)
             wrows = w[i].n;
     void *ws = NULL;
     int rc = 0;
@@ -303,10 +306,13 @@ static int mm_blas(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int
                 return rc;
             const void *wm = w[i].w;
             if (w[i].wtype != QT_F16 && w[i].wtype != QT_BF16) {
-                if ((rc = cuda_dequantize(c, w[i].wtype, w[i].w, ws, CUDA_BF16, (int64_t)w[i].n * k,
-                                          e)))
+                if (w[i].bf16)
+                    wm = w[i].bf16;
+                else if ((rc = cuda_dequantize(c, w[i].wtype, w[i].w, ws, CUDA_BF16,
+                                               (int64_t)w[i].n * k, e)))
                     return rc;
-                wm = ws;
+                else
+                    wm = ws;
             }
             if ((rc = blas_gemm(c, wm, xt, xs, w[i].y, m, w[i].n, k, b, e)))
                 return rc;
@@ -332,7 +338,7 @@ static int mm_run(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int 
 int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const float *x, float *y,
                 int m, int n, int k, float beta, int force_cublas, md_err *e) {
     CUDA_GUARD(c, e);
-    cuda_mm_w one = {w, wtype, row_bytes, n, y};
+    cuda_mm_w one = {w, wtype, row_bytes, n, y, NULL};
     return mm_run(c, &one, 1, x, m, k, CUDA_MM_SET, beta, force_cublas, e);
 }
 

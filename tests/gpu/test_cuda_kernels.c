@@ -1,7 +1,9 @@
 /* test_cuda_kernels.c — each CUDA kernel against a reference computed on the host:
  * dequantization against the gguf Python package's output (tests/fixtures/gguf), GEMV and
  * cuBLAS GEMM paths for every weight type against a double-precision product of the
- * reference-dequantized weights, the fused cuda_matmul_n against the unfused launches, sampling
+ * reference-dequantized weights, the fused cuda_matmul_n against the unfused launches, products
+ * on a quantized weight's BF16 copy against expanding it, the fused rope_kv against rope +
+ * rope + kv_write, sampling
  * against exact host arithmetic, CUDA graph replay against direct launches, the memory pool, and
  * the sticky device error.
  *
@@ -254,11 +256,19 @@ static void test_matmul_n_equals_unfused_ops(void **state) {
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
         cuda_mm_w w[3], g[2];
         for (int i = 0; i < 3; i++)
-            w[i] = (cuda_mm_w){random_weight(sets[si][i], rows[i], k), sets[si][i],
-                               ggml_row_size(sets[si][i], k), rows[i], NULL};
+            w[i] = (cuda_mm_w){random_weight(sets[si][i], rows[i], k),
+                               sets[si][i],
+                               ggml_row_size(sets[si][i], k),
+                               rows[i],
+                               NULL,
+                               NULL};
         for (int i = 0; i < 2; i++) /* gate of the first type, up of the last */
-            g[i] = (cuda_mm_w){random_weight(sets[si][2 * i], F, k), sets[si][2 * i],
-                               ggml_row_size(sets[si][2 * i], k), F, NULL};
+            g[i] = (cuda_mm_w){random_weight(sets[si][2 * i], F, k),
+                               sets[si][2 * i],
+                               ggml_row_size(sets[si][2 * i], k),
+                               F,
+                               NULL,
+                               NULL};
         for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
             int m = ms[mi], maxn = F;
             float *x = malloc((size_t)m * k * 4), *init = malloc((size_t)m * maxn * 4);
@@ -510,6 +520,145 @@ static void test_device_error_is_sticky(void **state) {
     printf("sticky error: %s\n", e.msg);
 }
 
+/* A quantized weight's BF16 copy (cuda_dequantize into BF16, as backend weight_shadow makes
+ * it) on the cuBLAS path, m = 64: the same product as expanding the weight into scratch at
+ * every call (bit for bit expected: the same GemmEx on the same BF16 values; printed and held
+ * to 1e-6 of rms in case cuBLAS picks another algorithm for another address), and the time of
+ * both (Llama-3-8B's w_gate shape, 14336 x 4096, Q4_K). */
+static void test_matmul_bf16_copy_equals_expansion(void **state) {
+    const int n = 14336, k = 4096, m = 64, reps = 20;
+    const int types[] = {GGML_Q4_K, GGML_Q6_K, GGML_Q4_0};
+    for (int ti = 0; ti < 3; ti++) {
+        int type = types[ti];
+        int nn = ti == 0 ? n : 1024; /* the full shape for the timing, small for the others */
+        void *w = random_weight(type, nn, k);
+        void *copy = dev((size_t)nn * k * 2);
+        OK(cuda_dequantize(C, type, w, copy, CUDA_BF16, (int64_t)nn * k, E));
+        float *x = malloc((size_t)m * k * 4), *a = malloc((size_t)m * nn * 4),
+              *b = malloc((size_t)m * nn * 4);
+        for (int i = 0; i < m * k; i++)
+            x[i] = frand();
+        float *dx = dev((size_t)m * k * 4), *ya = dev((size_t)m * nn * 4),
+              *yb = dev((size_t)m * nn * 4);
+        put(dx, x, (size_t)m * k * 4);
+        cuda_mm_w wa = {w, type, ggml_row_size(type, k), nn, ya, NULL};
+        cuda_mm_w wb = {w, type, ggml_row_size(type, k), nn, yb, copy};
+        double t[2];
+        for (int v = 0; v < 2; v++) {
+            OK(cuda_matmul_n(C, v ? &wb : &wa, 1, dx, m, k, CUDA_MM_SET, 0, E)); /* warm */
+            OK(cuda_sync(C, E));
+            uint64_t t0 = md_mono_ns();
+            for (int r = 0; r < reps; r++)
+                OK(cuda_matmul_n(C, v ? &wb : &wa, 1, dx, m, k, CUDA_MM_SET, 0, E));
+            OK(cuda_sync(C, E));
+            t[v] = (md_mono_ns() - t0) / 1e6 / reps;
+        }
+        get(a, ya, (size_t)m * nn * 4);
+        get(b, yb, (size_t)m * nn * 4);
+        double ss = 0, worst = 0;
+        long differ = 0;
+        for (long i = 0; i < (long)m * nn; i++) {
+            ss += (double)a[i] * a[i];
+            worst = fmax(worst, fabs((double)a[i] - b[i]));
+            differ += memcmp(&a[i], &b[i], 4) != 0;
+        }
+        double rms = sqrt(ss / ((double)m * nn));
+        printf("matmul %s [%d x %d] m=%d: expanded each call %.3f ms, BF16 copy %.3f ms (%.2fx); "
+               "%ld of %ld differ, worst %.2e of rms %.2e\n",
+               ggml_type_name(type), nn, k, m, t[0], t[1], t[0] / t[1], differ, (long)m * nn, worst,
+               rms);
+        if (!(worst <= 1e-6 * rms))
+            fail_msg("BF16 copy of %s: worst %.3g of rms %.3g", ggml_type_name(type), worst, rms);
+        cuda_pool_free(C, w);
+        cuda_pool_free(C, copy);
+        cuda_pool_free(C, dx);
+        cuda_pool_free(C, ya);
+        cuda_pool_free(C, yb);
+        free(x);
+        free(a);
+        free(b);
+    }
+}
+
+/* cuda_rope_kv against cuda_rope on q, cuda_rope on k and cuda_kv_write, bit for bit (q and
+ * every byte of both caches): caches f32/f16/bf16, neox and not, Llama-3-8B's heads (32/8 of
+ * 128, full rotary) and a partial-rotary GQA shape (8/2 of 64, 32 rotated); positions up to
+ * 8k, slots scattered. */
+static void test_rope_kv_equals_rope_then_kv_write(void **state) {
+    enum { T = 37, NSLOT = 512 };
+    const struct { int hd, nh, nkv, rot; } shapes[] = {{128, 32, 8, 128}, {64, 8, 2, 32}};
+    int32_t pos[T], slots[T];
+    for (int t = 0; t < T; t++) {
+        pos[t] = (t * 977) % 8192;
+        slots[t] = (t * 131 + 7) % NSLOT;
+    }
+    int32_t *dpos = dev(sizeof pos), *dslot = dev(sizeof slots);
+    put(dpos, pos, sizeof pos);
+    put(dslot, slots, sizeof slots);
+    for (int si = 0; si < 2; si++) {
+        int hd = shapes[si].hd, nh = shapes[si].nh, nkv = shapes[si].nkv, rot = shapes[si].rot;
+        int kvd = nkv * hd;
+        float inv[64];
+        for (int i = 0; i < rot / 2; i++)
+            inv[i] = powf(500000.0f, -2.0f * i / rot);
+        size_t qn = (size_t)T * nh * hd, kn = (size_t)T * kvd;
+        float *q = malloc(qn * 4), *k = malloc(kn * 4), *v = malloc(kn * 4);
+        for (size_t i = 0; i < qn; i++)
+            q[i] = 4 * frand();
+        for (size_t i = 0; i < kn; i++)
+            k[i] = 4 * frand(), v[i] = frand();
+        float *dinv = dev(sizeof inv), *qa = dev(qn * 4), *qb = dev(qn * 4), *ka = dev(kn * 4),
+              *kb = dev(kn * 4), *dv = dev(kn * 4);
+        put(dinv, inv, sizeof inv);
+        put(dv, v, kn * 4);
+        size_t cb = (size_t)NSLOT * kvd * 4;
+        void *kca = dev(cb), *vca = dev(cb), *kcb = dev(cb), *vcb = dev(cb);
+        uint8_t *ha = malloc(cb), *hb = malloc(cb);
+        for (int ct = CUDA_F32; ct <= CUDA_BF16; ct++)
+            for (int neox = 0; neox < 2; neox++) {
+                put(qa, q, qn * 4);
+                put(qb, q, qn * 4);
+                put(ka, k, kn * 4);
+                put(kb, k, kn * 4);
+                void *cs[] = {kca, vca, kcb, vcb};
+                for (int i = 0; i < 4; i++)
+                    OK(cuda_memset0(C, cs[i], cb, E));
+                OK(cuda_rope(C, qa, dpos, T, nh, hd, rot, dinv, neox, E));
+                OK(cuda_rope(C, ka, dpos, T, nkv, hd, rot, dinv, neox, E));
+                OK(cuda_kv_write(C, kca, vca, (cuda_dtype)ct, kvd, ka, dv, dslot, T, E));
+                OK(cuda_rope_kv(C, qb, kb, dv, kcb, vcb, (cuda_dtype)ct, dpos, dslot, T, nh, nkv,
+                                hd, rot, dinv, neox, E));
+                get(ha, qa, qn * 4);
+                get(hb, qb, qn * 4);
+                assert_memory_equal(ha, hb, qn * 4);
+                get(ha, kca, cb);
+                get(hb, kcb, cb);
+                assert_memory_equal(ha, hb, cb);
+                get(ha, vca, cb);
+                get(hb, vcb, cb);
+                assert_memory_equal(ha, hb, cb);
+                get(hb, kb, kn * 4); /* k is left as it was */
+                assert_memory_equal(hb, k, kn * 4);
+                printf("rope_kv %s heads %d/%d of %d, %d rotated, neox %d: bit-equal to rope + "
+                       "rope + kv_write\n",
+                       ct == CUDA_F32   ? "f32"
+                       : ct == CUDA_F16 ? "f16"
+                                        : "bf16",
+                       nh, nkv, hd, rot, neox);
+            }
+        void *all[] = {dinv, qa, qb, ka, kb, dv, kca, vca, kcb, vcb};
+        for (int i = 0; i < 10; i++)
+            cuda_pool_free(C, all[i]);
+        free(q);
+        free(k);
+        free(v);
+        free(ha);
+        free(hb);
+    }
+    cuda_pool_free(C, dpos);
+    cuda_pool_free(C, dslot);
+}
+
 int main(void) {
     int skip = gpu_test_skip_without_device();
     if (skip)
@@ -523,6 +672,8 @@ int main(void) {
         cmocka_unit_test(test_dequant_matches_gguf_package),
         cmocka_unit_test(test_matmul_every_type_and_path),
         cmocka_unit_test(test_matmul_n_equals_unfused_ops),
+        cmocka_unit_test(test_matmul_bf16_copy_equals_expansion),
+        cmocka_unit_test(test_rope_kv_equals_rope_then_kv_write),
         cmocka_unit_test(test_sampling_distribution_and_filters),
         cmocka_unit_test(test_graph_replay_equals_direct),
         cmocka_unit_test(test_pool_reuses_freed_blocks),

@@ -2,8 +2,8 @@
  * fake_cuda.h). The host logic that decides launch arguments is ctx.cu's and gemm.cu's as of
  * this writing: allocations refused while capturing, GEMV for m <= CUDA_GEMV_MAX_M (for
  * cuda_matmul_n one launch per weight type, or the gate/up SwiGLU launch), otherwise x
- * converted into scratch X (once per 16-bit type) and quantized weights expanded into
- * scratch W before cuBLAS. */
+ * converted into scratch X (once per 16-bit type) and quantized weights read from their BF16
+ * copy (cuda_mm_w.bf16) or expanded into scratch W before cuBLAS. */
 #include "unit/fake_cuda.h"
 
 #include <cuda_runtime_api.h>
@@ -16,7 +16,7 @@
 #include "kernels/cuda/cuda_ops.h"
 
 #define GIB ((size_t)1 << 30)
-#define FAKE_TOTAL (80 * GIB) /* what the fake device reports */
+#define FAKE_TOTAL (80 * GIB) /* what the fake device reports unless fake_cuda_set_total */
 #define FAKE_SMS 132
 #define PTR_SHIFT 40
 
@@ -43,6 +43,7 @@ enum {
     F_ATTN_PREFILL,
     F_ARGMAX,
     F_SAMPLE,
+    F_ROPE_KV,
     F_N
 };
 
@@ -75,6 +76,8 @@ static const char *const fn_spec[F_N] = {
                        "n_heads:i scale:f out:p",
     [F_ARGMAX] = "cuda_argmax logits:p rows:i vocab:i out:p",
     [F_SAMPLE] = "cuda_sample logits:p rows:i vocab:i params:p out:p logprob:p",
+    [F_ROPE_KV] = "cuda_rope_kv q:p k:p v:p k_cache:p v_cache:p dtype:i pos:p slots:p n_tokens:i "
+                  "n_heads:i n_kv_heads:i head_dim:i rot_dim:i inv_freq:p neox:i",
 };
 
 struct cuda_ctx {
@@ -127,9 +130,17 @@ static struct {
     long steps; /* cudaEventRecord calls */
     long ends;  /* cuda_graph_end calls */
     int fail_every;
+    size_t total;          /* device memory; 0: FAKE_TOTAL */
     long frees_unlaunched; /* graphs freed since the last graph launch */
     fake_cuda_stats st;
 } g = {.next_id = 1};
+
+static size_t dev_total(void) {
+    return g.total ? g.total : FAKE_TOTAL;
+}
+static size_t dev_free(void) {
+    return dev_total() > g.used ? dev_total() - g.used : 0;
+}
 
 static void violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void violation(const char *fmt, ...) {
@@ -292,6 +303,7 @@ static uint64_t metadata_read(const fake_launch *l) {
     case F_GET_ROWS: return mix_ints(7, l->a[4], l->a[5]);
     case F_ROPE: return mix_ints(11, l->a[1], l->a[2]);
     case F_KV_WRITE: return mix_ints(13, l->a[6], l->a[7]);
+    case F_ROPE_KV: return mix_ints(mix_ints(29, l->a[6], l->a[8]), l->a[7], l->a[8]);
     case F_GATHER: return mix_ints(17, l->a[1], l->a[2]);
     case F_SAMPLE:
         return mix_ints(23, l->a[3], l->a[1] * (int64_t)(sizeof(cuda_sample_params) / 4));
@@ -326,19 +338,22 @@ static void execute(fake_launch *l) {
     size_t room = 0;
     l->reads = metadata_read(l);
     switch (l->fn) {
-    case F_KV_WRITE: {
+    case F_KV_WRITE:
+    case F_ROPE_KV: {
+        /* argument positions of the caches, dtype, kv_dim (or its factors), slots, tokens */
+        int kw = l->fn == F_KV_WRITE;
         size_t rk = 0, rv = 0, rs = 0;
-        char *kc = denorm(l->a[0], &rk), *vc = denorm(l->a[1], &rv);
-        int32_t *slots = (int32_t *)denorm(l->a[6], &rs);
-        size_t row = (size_t)l->a[3] * dtype_bytes((int)l->a[2]);
-        int64_t n = l->a[7];
+        char *kc = denorm(l->a[kw ? 0 : 3], &rk), *vc = denorm(l->a[kw ? 1 : 4], &rv);
+        int32_t *slots = (int32_t *)denorm(l->a[kw ? 6 : 7], &rs);
+        int64_t kv_dim = kw ? l->a[3] : l->a[10] * l->a[11];
+        size_t row = (size_t)kv_dim * dtype_bytes((int)l->a[kw ? 2 : 5]);
+        int64_t n = l->a[kw ? 7 : 8];
         if (!kc || !vc || !slots || rs < (size_t)n * 4)
             break;
         for (int64_t t = 0; t < n; t++)
             if (slots[t] < 0 || ((size_t)slots[t] + 1) * row > (rk < rv ? rk : rv))
-                violation("cuda_kv_write (step %ld): token %lld goes to slot %d outside the "
-                          "cache",
-                          g.steps, (long long)t, slots[t]);
+                violation("%s (step %ld): token %lld goes to slot %d outside the cache",
+                          fake_cuda_fn_name(l->fn), g.steps, (long long)t, slots[t]);
         break;
     }
     case F_ATTN_DECODE: {
@@ -571,8 +586,8 @@ int cuda_device_query(int ordinal, cuda_device_info *info, md_err *e) {
     snprintf(info->name, sizeof info->name, "fake CUDA device");
     info->cc_major = 9;
     info->n_sm = FAKE_SMS;
-    info->total_bytes = FAKE_TOTAL;
-    info->free_bytes = FAKE_TOTAL - g.used;
+    info->total_bytes = dev_total();
+    info->free_bytes = dev_free();
     return 0;
 }
 
@@ -599,6 +614,10 @@ void cuda_ctx_close(cuda_ctx *c) {
         return;
     copies_done((size_t)-1);
     graph_free(c->cap);
+    g.st.live_at_close = (long)g.n_allocs;
+    g.st.live_bytes_at_close = g.used;
+    for (size_t i = 0; i < g.n_allocs && i < 32; i++)
+        g.st.live_ids_at_close[i] = g.allocs[i].id;
     while (g.n_allocs) /* the pool goes with the ctx */
         fake_free(g.allocs[g.n_allocs - 1].base);
     free(c);
@@ -640,8 +659,9 @@ int cuda_pool_alloc(cuda_ctx *c, size_t bytes, void **out, md_err *e) {
         return md_errf(e, MD_EINVAL, "cuda:%d: allocation while capturing a CUDA graph",
                        c->ordinal);
     }
-    if (bytes > FAKE_TOTAL - g.used)
-        return md_errf(e, MD_ENOMEM, "fake CUDA: cannot allocate %zu bytes", bytes);
+    if (bytes > dev_free())
+        return md_errf(e, MD_ENOMEM, "fake CUDA: cannot allocate %zu bytes (%zu free of %zu)",
+                       bytes, dev_free(), dev_total());
     if (!(*out = fake_alloc(bytes)))
         return md_errf(e, MD_ENOMEM, "fake CUDA: out of host memory for %zu bytes", bytes);
     return 0;
@@ -662,15 +682,15 @@ size_t cuda_pool_reserved(const cuda_ctx *c) {
 
 int cuda_check_fits(cuda_ctx *c, size_t need, const char *what, md_err *e) {
     GUARD(c, e);
-    if (need > FAKE_TOTAL - g.used)
+    if (need > dev_free())
         return md_errf(e, MD_ENOMEM, "%s does not fit on the fake CUDA device", what);
     return 0;
 }
 
 int cuda_mem_info(cuda_ctx *c, size_t *avail, size_t *total, md_err *e) {
     GUARD(c, e);
-    *avail = FAKE_TOTAL - g.used;
-    *total = FAKE_TOTAL;
+    *avail = dev_free();
+    *total = dev_total();
     return 0;
 }
 
@@ -1019,7 +1039,7 @@ int cuda_matmul_n(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int 
     int64_t wrows = 0;
     for (int i = 0; i < n_w; i++)
         if (w[i].wtype != MD_TYPE_F32 && w[i].wtype != MD_TYPE_F16 && w[i].wtype != MD_TYPE_BF16 &&
-            w[i].n > wrows)
+            !w[i].bf16 && w[i].n > wrows)
             wrows = w[i].n;
     void *ws = NULL;
     if (wrows && (rc = scratch(c, 1, (size_t)wrows * k * 2, &ws, e)))
@@ -1049,10 +1069,13 @@ int cuda_matmul_n(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int 
                 return rc;
             const void *wm = w[i].w;
             if (w[i].wtype != MD_TYPE_F16 && w[i].wtype != MD_TYPE_BF16) {
-                if ((rc = cuda_dequantize(c, w[i].wtype, w[i].w, ws, CUDA_BF16, (int64_t)w[i].n * k,
-                                          e)))
+                if (w[i].bf16) /* the caller's BF16 copy */
+                    wm = w[i].bf16;
+                else if ((rc = cuda_dequantize(c, w[i].wtype, w[i].w, ws, CUDA_BF16,
+                                               (int64_t)w[i].n * k, e)))
                     return rc;
-                wm = ws;
+                else
+                    wm = ws;
             }
             rec_init(&r, F_GEMM);
             arg_p(&r, wm, (size_t)w[i].n * k * 2, "w");
@@ -1083,6 +1106,35 @@ int cuda_kv_write(cuda_ctx *c, void *k_cache, void *v_cache, cuda_dtype dtype, i
     arg_p(&r, v, (size_t)n_tokens * kv_dim * 4, "v");
     arg_p(&r, slots, (size_t)n_tokens * 4, "slots");
     arg_i(&r, n_tokens);
+    return enqueue(c, &r, e);
+}
+
+int cuda_rope_kv(cuda_ctx *c, float *q, const float *k, const float *v, void *k_cache,
+                 void *v_cache, cuda_dtype dtype, const int32_t *pos, const int32_t *slots,
+                 int n_tokens, int n_heads, int n_kv_heads, int head_dim, int rot_dim,
+                 const float *inv_freq, int neox, md_err *e) {
+    GUARD(c, e);
+    if (n_tokens < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 ||
+        rot_dim <= 0 || rot_dim % 2 || rot_dim > head_dim)
+        return md_errf(e, MD_EINVAL, "CUDA rope_kv: bad shape");
+    size_t kv = (size_t)n_tokens * n_kv_heads * head_dim * 4;
+    fake_launch r;
+    rec_init(&r, F_ROPE_KV);
+    arg_p(&r, q, (size_t)n_tokens * n_heads * head_dim * 4, "q");
+    arg_p(&r, k, kv, "k");
+    arg_p(&r, v, kv, "v");
+    arg_p(&r, k_cache, 0, "k_cache");
+    arg_p(&r, v_cache, 0, "v_cache");
+    arg_i(&r, dtype);
+    arg_p(&r, pos, (size_t)n_tokens * 4, "pos");
+    arg_p(&r, slots, (size_t)n_tokens * 4, "slots");
+    arg_i(&r, n_tokens);
+    arg_i(&r, n_heads);
+    arg_i(&r, n_kv_heads);
+    arg_i(&r, head_dim);
+    arg_i(&r, rot_dim);
+    arg_p(&r, inv_freq, (size_t)rot_dim / 2 * 4, "inv_freq");
+    arg_i(&r, neox);
     return enqueue(c, &r, e);
 }
 
@@ -1250,6 +1302,7 @@ void fake_cuda_reset(void) {
     g.next_id = 1;
     g.steps = g.ends = 0;
     g.fail_every = 0;
+    g.total = 0;
     g.frees_unlaunched = 0;
     g.n_pending = 0;
     memset(&g.st, 0, sizeof g.st);
@@ -1257,6 +1310,16 @@ void fake_cuda_reset(void) {
 
 void fake_cuda_fail_capture_end(int every) {
     g.fail_every = every;
+}
+
+void fake_cuda_set_total(size_t bytes) {
+    g.total = bytes;
+}
+
+long fake_cuda_live(size_t *bytes) {
+    if (bytes)
+        *bytes = g.used;
+    return (long)g.n_allocs;
 }
 
 const fake_launch *fake_cuda_stream(size_t *n) {

@@ -58,6 +58,11 @@ typedef struct {
     long scratch_moves;        /* GEMM scratch growths + cuda_ctx_scratch_moved */
     long violations;
     char first_violation[512];
+    /* allocations (and their bytes) still live when cuda_ctx_close freed the pool: what the
+     * backend and its user left to the pool rather than freeing */
+    long live_at_close;
+    size_t live_bytes_at_close;
+    int64_t live_ids_at_close[32]; /* their allocation ids (the first 32) */
 } fake_cuda_stats;
 
 /* Forget the stream, the statistics and the options; allocation ids restart at 1. */
@@ -65,6 +70,11 @@ void fake_cuda_reset(void);
 /* Make every `every`-th cuda_graph_end answer CUDA_ECAPTURE, as a capture the driver refused
  * (0 = never). */
 void fake_cuda_fail_capture_end(int every);
+/* Make the device hold `bytes` in all (0: 80 GiB), so allocations past it fail as cudaMalloc's
+ * would. */
+void fake_cuda_set_total(size_t bytes);
+/* Live allocations now, and their bytes (bytes may be NULL). */
+long fake_cuda_live(size_t *bytes);
 const fake_launch *fake_cuda_stream(size_t *n);
 void fake_cuda_get_stats(fake_cuda_stats *out);
 /* Same function, arguments and metadata read (origin and step not compared). */

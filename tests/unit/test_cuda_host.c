@@ -114,7 +114,9 @@ static void close_and_read_log(md_engine *eng, run_out *o) {
     fclose(tf);
 }
 
-static void run(const char *model, const char *graphs, int fail_every, run_out *o) {
+/* bf16: the engine's --bf16-weights (NULL: auto, which the fake's 80 GiB always grants). */
+static void run(const char *model, const char *graphs, int fail_every, const char *bf16,
+                run_out *o) {
     memset(o, 0, sizeof *o);
     setenv("MEDLEY_CUDA_GRAPHS", graphs, 1); /* read when the backend opens */
     fake_cuda_reset();
@@ -125,7 +127,8 @@ static void run(const char *model, const char *graphs, int fail_every, run_out *
                             .device = "fakecuda",
                             .max_seqs = 10, /* 20 prompts through 10 slots; > 8: cuBLAS path */
                             .max_batch_tokens = 64,
-                            .n_ctx = 256};
+                            .n_ctx = 256,
+                            .bf16_weights = bf16};
     md_engine *eng;
     md_err e = {0};
     if (md_engine_open(&cfg, &eng, &e))
@@ -222,12 +225,21 @@ static int distinct_from_graphs(const run_out *o, const char *fn, const char *ar
     return nv;
 }
 
+/* Launches of fn in o; from_step > 0 counts only those of steps >= from_step (step 0 is the
+ * load, before the first batch_prepare). */
+static long count_fn(const run_out *o, const char *fn, long from_step) {
+    long n = 0;
+    for (size_t i = 0; i < o->n; i++)
+        n += o->l[i].step >= from_step && !strcmp(fake_cuda_fn_name(o->l[i].fn), fn);
+    return n;
+}
+
 static void check_model(const char *model) {
     printf("%s\n", strrchr(model, '/') + 1);
     run_out direct, graphed, refused;
-    run(model, "0", 0, &direct);
-    run(model, "1", 0, &graphed);
-    run(model, "1", 2, &refused); /* every second capture refused by the "driver" */
+    run(model, "0", 0, NULL, &direct);
+    run(model, "1", 0, NULL, &graphed);
+    run(model, "1", 2, NULL, &refused); /* every second capture refused by the "driver" */
 
     assert_int_equal(direct.tot.recorded + direct.tot.replayed + direct.st.captures, 0);
     same_launches(&direct, &graphed);
@@ -249,6 +261,11 @@ static void check_model(const char *model) {
     printf("\n");
     assert_true(n_split >= 3);
     assert_true(distinct_from_graphs(&graphed, "cublasGemmEx", "m", v, 16) >= 1);
+
+    /* each layer's RoPE and KV store ran as one rope_kv launch, in graphs too */
+    assert_true(count_fn(&direct, "cuda_rope_kv", 0) > 0);
+    assert_int_equal(count_fn(&direct, "cuda_rope", 0) + count_fn(&direct, "cuda_kv_write", 0), 0);
+    assert_true(distinct_from_graphs(&graphed, "cuda_rope_kv", "n_tokens", v, 16) >= 1);
 
     /* attention partials grew for a new split count after graphs were recorded: the graphs
      * reading the old buffer were dropped and their keys recorded again */
@@ -279,6 +296,81 @@ static void test_smollm2_graphs_launch_what_direct_steps_do(void **state) {
     if (!m)
         skip();
     check_model(m);
+}
+
+/* --bf16-weights on against off: at load one BF16 expansion per quantized matrix into memory
+ * of its own; then no step expands a weight again, and every cuBLAS product (steps of more
+ * than 8 tokens) reads one of those copies; the same launches otherwise (by count) and the
+ * same tokens; closing the engine frees every copy (none is left for the pool to free). */
+static void check_shadows(const char *model) {
+    printf("%s, BF16 weight copies\n", strrchr(model, '/') + 1);
+    run_out off, on;
+    run(model, "1", 0, "off", &off);
+    run(model, "1", 0, "on", &on);
+    long dq_load = count_fn(&on, "cuda_dequantize", 0) - count_fn(&on, "cuda_dequantize", 1);
+    printf("  copies made at load: %ld; expansions in steps: %ld with copies, %ld without; "
+           "GemmEx %ld / %ld; left to the pool at close: %ld allocations, %zu bytes (%ld, %zu "
+           "without copies)\n",
+           dq_load, count_fn(&on, "cuda_dequantize", 1), count_fn(&off, "cuda_dequantize", 1),
+           count_fn(&on, "cublasGemmEx", 1), count_fn(&off, "cublasGemmEx", 1), on.st.live_at_close,
+           on.st.live_bytes_at_close, off.st.live_at_close, off.st.live_bytes_at_close);
+    assert_int_equal(count_fn(&off, "cuda_dequantize", 0), count_fn(&off, "cuda_dequantize", 1));
+    assert_true(dq_load > 0);
+    assert_int_equal(count_fn(&on, "cuda_dequantize", 1), 0);
+    assert_true(count_fn(&off, "cuda_dequantize", 1) > 0);
+    /* every GemmEx of a step reads a copy made at load (out BF16 into an allocation of its own) */
+    int64_t *copy = calloc((size_t)dq_load, sizeof *copy);
+    assert_non_null(copy);
+    long nc = 0, gemms = 0;
+    for (size_t i = 0; i < on.n && on.l[i].step == 0; i++)
+        if (!strcmp(fake_cuda_fn_name(on.l[i].fn), "cuda_dequantize") && nc < dq_load &&
+            fake_cuda_arg(&on.l[i], "out") == 2)
+            copy[nc++] = fake_cuda_arg(&on.l[i], "dst");
+    assert_int_equal(nc, dq_load);
+    for (size_t i = 0; i < on.n; i++) {
+        const fake_launch *l = &on.l[i];
+        if (l->step < 1 || strcmp(fake_cuda_fn_name(l->fn), "cublasGemmEx"))
+            continue;
+        int64_t w = fake_cuda_arg(l, "w");
+        long k = 0;
+        while (k < nc && copy[k] != w)
+            k++;
+        if (k == nc)
+            fail_msg("GemmEx at step %ld reads allocation #%lld, not a BF16 copy", l->step,
+                     (long long)(w >> 40));
+        gemms++;
+    }
+    assert_true(gemms > 0);
+    assert_int_equal(gemms, count_fn(&off, "cublasGemmEx", 1));
+    assert_int_equal(count_fn(&on, "cuda_rope_kv", 1), count_fn(&off, "cuda_rope_kv", 1));
+    assert_int_equal(count_fn(&on, "gemv_n", 1), count_fn(&off, "gemv_n", 1));
+    assert_int_equal(on.steps, off.steps);
+    for (int i = 0; i < NP; i++)
+        assert_memory_equal(on.tok[i], off.tok[i], sizeof on.tok[i]);
+    /* the engine freed its buffers before the backend: the copies went with the weights' */
+    assert_true(on.st.live_at_close <= 32);
+    for (long i = 0; i < on.st.live_at_close; i++)
+        for (long k = 0; k < nc; k++)
+            if (on.st.live_ids_at_close[i] == copy[k] >> 40)
+                fail_msg("BF16 copy #%lld still live when the backend closed",
+                         (long long)on.st.live_ids_at_close[i]);
+    assert_true(on.st.live_at_close <= off.st.live_at_close); /* no scratch W with copies */
+    free(copy);
+    run_free(&off);
+    run_free(&on);
+}
+
+static void test_tiny_bf16_copies_replace_expansions(void **state) {
+    static char path[4096];
+    snprintf(path, sizeof path, "%s/engine/tiny-llama3.gguf", MEDLEY_FIXTURES);
+    check_shadows(path);
+}
+
+static void test_smollm2_bf16_copies_replace_expansions(void **state) {
+    const char *m = test_model_path();
+    if (!m)
+        skip();
+    check_shadows(m);
 }
 
 /* ---- the backend driven op by op ----------------------------------------------------
@@ -470,6 +562,151 @@ static void test_replays_match_direct_steps_at_every_length(void **state) {
     free(l[1]);
 }
 
+/* Launches of fn in the fake's stream now. */
+static long stream_count(const char *fn) {
+    size_t n;
+    const fake_launch *l = fake_cuda_stream(&n);
+    long k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += !strcmp(fake_cuda_fn_name(l[i].fn), fn);
+    return k;
+}
+
+/* The last launch of fn in the stream, or NULL. */
+static const fake_launch *stream_last(const char *fn) {
+    size_t n;
+    const fake_launch *l = fake_cuda_stream(&n);
+    while (n-- > 0)
+        if (!strcmp(fake_cuda_fn_name(l[n].fn), fn))
+            return &l[n];
+    return NULL;
+}
+
+/* weight_shadow on its own: out of memory refused with the bytes and nothing changed; a
+ * copy made once (a second call and F32 weights: nothing done); products of more than 8 rows
+ * read it, of 8 or fewer the quantized weight; freeing the weight's buffer frees the copy, and
+ * a weight wrapped afterwards (glibc tends to hand back the same address) is expanded into
+ * scratch again, never multiplied by the stale copy. */
+static void test_weight_shadow_made_used_and_dropped(void **state) {
+    setenv("MEDLEY_CUDA_GRAPHS", "0", 1);
+    fake_cuda_reset();
+    md_backend *be;
+    md_err e = {0};
+    if (md_backend_open("fakecuda", 0, &be, &e))
+        fail_msg("open: %s", e.msg);
+    const md_backend_ops *o = be->ops;
+    enum { K = 64, N = 16, M = 9 };
+    size_t rb = md_type_row_bytes(MD_TYPE_Q8_0, K);
+    static uint8_t host[N * 68];
+    float f32[N * K] = {0};
+    md_buf *wb, *fb, *x, *y;
+    if (o->buf_wrap(be, host, N * rb, &wb, &e) || o->buf_wrap(be, f32, sizeof f32, &fb, &e) ||
+        o->buf_alloc(be, (size_t)M * K * 4, &x, &e) || o->buf_alloc(be, (size_t)M * N * 4, &y, &e))
+        fail_msg("setup: %s", e.msg);
+    md_tensor w = {wb, 0, MD_TYPE_Q8_0, K, N, rb}, wf = {fb, 0, MD_TYPE_F32, K, N, K * 4};
+    size_t used;
+    long live = fake_cuda_live(&used);
+
+    fake_cuda_set_total(used + 1000); /* the copy needs N * K * 2 = 2048 bytes */
+    assert_int_equal(o->weight_shadow(be, &w, &e), MD_ENOMEM);
+    printf("  refused: %s\n", e.msg);
+    assert_non_null(strstr(e.msg, "2048 bytes"));
+    assert_int_equal(fake_cuda_live(NULL), live);
+    fake_cuda_set_total(0);
+
+    assert_int_equal(o->weight_shadow(be, &wf, &e), 0);
+    assert_int_equal(fake_cuda_live(NULL), live);
+    assert_int_equal(o->weight_shadow(be, &w, &e), 0);
+    assert_int_equal(o->weight_shadow(be, &w, &e), 0);
+    assert_int_equal(fake_cuda_live(NULL), live + 1);
+    assert_int_equal(stream_count("cuda_dequantize"), 1);
+    int64_t copy = fake_cuda_arg(stream_last("cuda_dequantize"), "dst");
+    assert_int_equal(fake_cuda_arg(stream_last("cuda_dequantize"), "out"), 2);
+
+    assert_int_equal(o->matmul(be, &w, x, y, M, &e), 0);
+    assert_int_equal(stream_count("cuda_dequantize"), 1);
+    assert_int_equal(fake_cuda_arg(stream_last("cublasGemmEx"), "w"), copy);
+    assert_int_equal(o->matmul(be, &w, x, y, 1, &e), 0);
+    assert_int_equal(fake_cuda_arg(stream_last("gemv_n"), "wtype"), MD_TYPE_Q8_0);
+    assert_true(fake_cuda_arg(stream_last("gemv_n"), "w") != copy);
+
+    void *old = *(void **)wb; /* md_buf's device pointer (its first member) */
+    long live_before = fake_cuda_live(NULL);
+    o->buf_free(be, wb);
+    assert_int_equal(fake_cuda_live(NULL), live_before - 2); /* the weight and its copy */
+    if (o->buf_wrap(be, host, N * rb, &wb, &e))
+        fail_msg("wrap: %s", e.msg);
+    printf("  a weight wrapped after the free %s the old address\n",
+           *(void **)wb == old ? "reuses" : "does not reuse");
+    w.buf = wb;
+    assert_int_equal(o->matmul(be, &w, x, y, M, &e), 0);
+    assert_int_equal(stream_count("cuda_dequantize"), 2); /* expanded into scratch */
+    assert_true(fake_cuda_arg(stream_last("cublasGemmEx"), "w") != copy);
+    assert_true(fake_cuda_arg(stream_last("cublasGemmEx"), "w") ==
+                fake_cuda_arg(stream_last("cuda_dequantize"), "dst"));
+
+    md_buf *all[] = {wb, fb, x, y};
+    for (int i = 0; i < 4; i++)
+        o->buf_free(be, all[i]);
+    fake_cuda_stats st;
+    fake_cuda_get_stats(&st);
+    assert_int_equal(st.violations, 0);
+    md_backend_free(be);
+    fake_cuda_reset();
+}
+
+/* rope_kv checks what rope and kv_write check before it launches anything: a slot outside
+ * the cache, an odd rotary width, buffers too small; a good call is one launch with the
+ * step's positions and slots. */
+static void test_rope_kv_refuses_bad_arguments(void **state) {
+    direct d;
+    direct_open(&d, "0");
+    const md_backend_ops *o = d.be->ops;
+    md_err e = {0};
+    md_buf *k, *v, *inv;
+    float theta[D_HD / 2];
+    for (int i = 0; i < D_HD / 2; i++)
+        theta[i] = 1.0f / (float)(i + 1);
+    if (o->buf_alloc(d.be, (size_t)D_SEQS * D_HD * 4, &k, &e) ||
+        o->buf_alloc(d.be, (size_t)D_SEQS * D_HD * 4, &v, &e) ||
+        o->buf_alloc(d.be, sizeof theta, &inv, &e) ||
+        o->buf_upload(d.be, inv, 0, theta, sizeof theta, &e))
+        fail_msg("setup: %s", e.msg);
+    direct_step(&d, D_SEQS, 20, 0);
+    long before = stream_count("cuda_rope_kv");
+    assert_int_equal(o->rope_kv(d.be, d.q, k, v, d.kc, d.vc, D_HEADS, 1, D_HD, D_HD - 1, inv, 0,
+                                MD_TYPE_F16, &e),
+                     MD_EINVAL);
+    assert_int_equal(
+        o->rope_kv(d.be, d.q, k, v, d.kc, d.vc, D_HEADS, 2, D_HD, D_HD, inv, 0, MD_TYPE_F16, &e),
+        MD_ERANGE); /* k, v hold one kv head per token */
+    assert_int_equal(
+        o->rope_kv(d.be, d.q, k, v, d.kc, d.vc, D_HEADS, 1, D_HD, D_HD, inv, 0, 99, &e),
+        MD_EUNSUPP);
+    /* an F32 cache of the same bytes holds half the slots: the step's last slots fall out */
+    assert_int_equal(
+        o->rope_kv(d.be, d.q, k, v, d.kc, d.vc, D_HEADS, 1, D_HD, D_HD, inv, 0, MD_TYPE_F32, &e),
+        MD_ERANGE);
+    printf("  refused: %s\n", e.msg);
+    assert_int_equal(stream_count("cuda_rope_kv"), before);
+    assert_int_equal(o->rope_kv(d.be, d.q, k, v, d.kc, d.vc, D_HEADS, 1, D_HD, D_HD / 2, inv, 1,
+                                MD_TYPE_F16, &e),
+                     0);
+    const fake_launch *l = stream_last("cuda_rope_kv");
+    assert_non_null(l);
+    assert_int_equal(fake_cuda_arg(l, "n_tokens"), D_SEQS);
+    assert_int_equal(fake_cuda_arg(l, "rot_dim"), D_HD / 2);
+    assert_int_equal(fake_cuda_arg(l, "neox"), 1);
+    assert_int_equal(fake_cuda_arg(l, "n_kv_heads"), 1);
+    o->buf_free(d.be, k);
+    o->buf_free(d.be, v);
+    o->buf_free(d.be, inv);
+    fake_cuda_stats st;
+    fake_cuda_get_stats(&st);
+    assert_int_equal(st.violations, 0);
+    direct_close(&d);
+}
+
 int main(void) {
     md_err e = {0};
     if (md_backend_register("fakecuda", open_fakecuda, &e)) {
@@ -479,9 +716,13 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_graphs_launch_what_direct_steps_do),
         cmocka_unit_test(test_smollm2_graphs_launch_what_direct_steps_do),
+        cmocka_unit_test(test_tiny_bf16_copies_replace_expansions),
+        cmocka_unit_test(test_smollm2_bf16_copies_replace_expansions),
         cmocka_unit_test(test_scratch_growth_inside_capture_reruns),
         cmocka_unit_test(test_graphs_dropped_when_partials_move),
         cmocka_unit_test(test_replays_match_direct_steps_at_every_length),
+        cmocka_unit_test(test_weight_shadow_made_used_and_dropped),
+        cmocka_unit_test(test_rope_kv_refuses_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,9 +6,11 @@
  * with 1..64 splits; RMSNorm; RoPE normal and NeoX, partial), with engine/quant.c and the
  * gguf package's fixtures (dequantization of every type, GEMV at 1/3/8 tokens), with a
  * reference of cuBLAS's definition (GemmEx argument order), the fused cuda_matmul_n (gemm.cu's
- * own host code on emulated launchers) with the unfused ops, and with the host sampler
- * (argmax ties and NaN, every filter, the same token for the same u). What it cannot see:
- * real scheduling, memory-model races beyond barriers, cuBLAS itself, speed.
+ * own host code on emulated launchers) with the unfused ops and with BF16 weight copies, and
+ * with the host sampler (argmax ties and NaN, every filter, the same token for the same u);
+ * the fused rope_kv kernel bit for bit against k_rope + k_kv_write, and against the CPU
+ * backend's rope_kv. What it cannot see: real scheduling, memory-model races beyond
+ * barriers, cuBLAS itself, speed.
  * Written by a desk-check of the CUDA backend before its first GPU run (2026-12-02).
  *
  *   build/tests/test_cuda_emu [dequant|gemv|matmul_n|elementwise|attention|rope|sample|samplehost] */
@@ -638,8 +640,134 @@ static void test_matmul_n() {
     for (auto *p : {a, c}) { free(p->q); delete p; }
 }
 
+/* BF16 weight copies (cuda_mm_w.bf16, backend.h weight_shadow) on gemm.cu's host code: on
+ * the cuBLAS path a quantized weight with a copy (made by k_dequant, as the backend makes it)
+ * is not expanded again and the result equals the expanding call bit for bit; the GEMV path
+ * and 16-bit / F32 weights ignore the copy (given garbage here, so reading it would show). */
+static void test_matmul_bf16_copies() {
+    const int k = 256;
+    emu_w *q = make_w(GGML_Q4_K, 5, k), *v = make_w(GGML_Q6_K, 3, k), *o = make_w(GGML_Q4_0, 4, k);
+    emu_w *h = make_w(GGML_F16, 3, k), *b = make_w(GGML_BF16, 2, k);
+    std::vector<emu_w *> W = {q, v, o, h, b};
+    std::vector<std::vector<uint16_t>> copy(W.size());
+    for (size_t i = 0; i < W.size(); i++) {
+        copy[i].assign((size_t)W[i]->n * k, 0x7fc1); /* NaN: must never be read */
+        if (W[i]->type == GGML_F16 || W[i]->type == GGML_BF16) continue;
+        int64_t ng = (int64_t)W[i]->n * k / 32;
+        const uint8_t *src = W[i]->q;
+        void *dst = copy[i].data();
+        QT_DISPATCH(W[i]->type, emu_serial(dim3(cuda_blocks(ng, 128)), dim3(128), [&] { k_dequant<QT>(src, dst, CUDA_BF16, ng); }));
+    }
+    int worst_bits = 0;
+    for (int mode : {CUDA_MM_SET, CUDA_MM_ACC})
+        for (int m : {1, 8, 9, 40}) {
+            float *x = (float *)aligned_alloc(64, ((size_t)m * k * 4 + 63) / 64 * 64);
+            for (int i = 0; i < m * k; i++) x[i] = frand();
+            std::vector<std::vector<float>> ya(W.size()), yb(W.size());
+            cuda_mm_w a[CUDA_MM_MAX], c[CUDA_MM_MAX];
+            /* two calls of up to 4 weights: Q4_K, Q6_K, Q4_0, F16 then BF16 alone */
+            for (int part = 0; part < 2; part++) {
+                int first = part ? 4 : 0, nw = part ? 1 : 4;
+                for (int i = 0; i < nw; i++) {
+                    const emu_w *w = W[first + i];
+                    ya[first + i].assign((size_t)m * w->n, 1.5f);
+                    yb[first + i] = ya[first + i];
+                    a[i] = {w->q, w->type, w->rb, w->n, ya[first + i].data(), nullptr};
+                    c[i] = {w->q, w->type, w->rb, w->n, yb[first + i].data(), copy[first + i].data()};
+                }
+                cuda_ctx ctx = {};
+                md_err e = {};
+                float beta = mode == CUDA_MM_ACC ? 1.0f : 0.0f;
+                emu_dequants = emu_gemv_launches = 0;
+                CHECK(mm_run(&ctx, a, nw, x, m, k, mode, beta, 0, &e) == 0, "matmul: %s", e.msg);
+                int dq_a = emu_dequants, la = emu_gemv_launches;
+                emu_dequants = emu_gemv_launches = 0;
+                CHECK(mm_run(&ctx, c, nw, x, m, k, mode, beta, 0, &e) == 0, "matmul with copies: %s", e.msg);
+                int expand = m > CUDA_GEMV_MAX_M && part == 0;
+                CHECK(dq_a == (expand ? 3 : 0) && emu_dequants == 0, "m=%d: %d expansions without copies, %d with", m, dq_a, emu_dequants);
+                CHECK(emu_gemv_launches == la, "m=%d: %d GEMV launches with copies, %d without", m, emu_gemv_launches, la);
+                free(ctx.scratch[0]);
+                free(ctx.scratch[1]);
+            }
+            for (size_t i = 0; i < W.size(); i++) {
+                int bits = 0;
+                for (size_t j = 0; j < ya[i].size(); j++) bits += memcmp(&ya[i][j], &yb[i][j], 4) != 0;
+                worst_bits = std::max(worst_bits, bits);
+                CHECK(bits == 0, "%s m=%d mode %d: %d outputs differ with the BF16 copy", ggml_type_name(W[i]->type), m, mode, bits);
+            }
+            free(x);
+        }
+    printf("matmul with BF16 weight copies (Q4_K, Q6_K, Q4_0 + F16, BF16; SET/ACC; m=1,8,9,40): no expansion on cuBLAS, "
+           "GEMV reads the quantized weight, %d outputs differ from the expanding path\n", worst_bits);
+    for (auto *p : W) { free(p->q); delete p; }
+}
+
 /* The device draw against the engine's host draw (smp_draw), same logits and u: the
  * engine's claim is that one u picks the same token on either backend. */
+/* ---- rope_kv: k_rope_kv against k_rope (q, k) + k_kv_write on the emulator, bit for bit
+ * (q, every byte of both caches), and against the CPU backend's rope_kv (f32 cache). Caches
+ * f32/f16/bf16, neox and not, full and partial rotary, head_dim 64 (GQA 8/2) and 128 (4/1);
+ * tokens scattered over slots. Kernels without barriers: run serially (fast). ---- */
+static void test_rope_kv(md_backend *cpu) {
+    enum { RT = 43, NSLOT = 64 };
+    int32_t pos[RT], slots[RT], tokens[RT], seq[RT], table[4] = {0, 1, 2, 3}, len[1] = {64}, lr[1] = {RT - 1};
+    for (int t = 0; t < RT; t++) pos[t] = t < 37 ? t : 13 + t, slots[t] = (t * 37 + 5) % NSLOT, tokens[t] = 1, seq[t] = 0;
+    md_batch b = {RT, 1, tokens, seq, pos, slots, len, table, 4, 16, lr, 1};
+    struct { int hd, nh, nkv, rot; } shapes[] = {{64, 8, 2, 64}, {64, 8, 2, 32}, {128, 4, 1, 128}, {128, 4, 1, 64}};
+    md_rope_cfg rc = {10000.0f, 1.0f, 0, 0, 0, 0};
+    int cases = 0;
+    for (auto sh : shapes) for (int neox = 0; neox < 2; neox++) for (cuda_dtype ct : {CUDA_F32, CUDA_F16, CUDA_BF16}) {
+        int hd = sh.hd, nh = sh.nh, nkv = sh.nkv, rot = sh.rot, kvd = nkv * hd;
+        float inv[64];
+        md_rope_inv_freq(&rc, rot, inv);
+        std::vector<float> q((size_t)RT * nh * hd), k((size_t)RT * kvd), v((size_t)RT * kvd);
+        for (auto &a : q) a = frand() * 4; for (auto &a : k) a = frand() * 4; for (auto &a : v) a = frand();
+        size_t cb = (size_t)NSLOT * kvd * (ct == CUDA_F32 ? 4 : 2);
+        std::vector<uint8_t> kc1(cb, 0xA5), vc1(cb, 0x5A), kc2(cb, 0xA5), vc2(cb, 0x5A);
+        /* reference launches: rope q, rope k, store */
+        std::vector<float> q1 = q, k1 = k, q2 = q, k2 = k;
+        emu_serial(dim3(cuda_blocks((int64_t)RT * nh * (rot / 2), 256)), dim3(256), [&] { k_rope(q1.data(), pos, RT, nh, hd, rot, inv, neox); });
+        emu_serial(dim3(cuda_blocks((int64_t)RT * nkv * (rot / 2), 256)), dim3(256), [&] { k_rope(k1.data(), pos, RT, nkv, hd, rot, inv, neox); });
+        emu_serial(dim3(cuda_blocks((int64_t)RT * kvd, 256)), dim3(256), [&] { k_kv_write(kc1.data(), vc1.data(), ct, k1.data(), v.data(), slots, RT, kvd); });
+        /* the fused launch */
+        emu_serial(dim3(cuda_blocks((int64_t)RT * (nh + nkv) * (hd / 2), 256)), dim3(256), [&] {
+            k_rope_kv(q2.data(), k2.data(), v.data(), kc2.data(), vc2.data(), ct, pos, slots, RT, nh, nkv, hd, rot, inv, neox); });
+        const char *tn = ct == CUDA_F32 ? "f32" : ct == CUDA_F16 ? "f16" : "bf16";
+        CHECK(!memcmp(q1.data(), q2.data(), q1.size() * 4), "rope_kv %s hd=%d rot=%d neox=%d: q differs from k_rope's", tn, hd, rot, neox);
+        CHECK(kc1 == kc2, "rope_kv %s hd=%d rot=%d neox=%d: k cache differs from k_rope + k_kv_write", tn, hd, rot, neox);
+        CHECK(vc1 == vc2, "rope_kv %s hd=%d rot=%d neox=%d: v cache differs from k_kv_write's", tn, hd, rot, neox);
+        CHECK(!memcmp(k.data(), k2.data(), k.size() * 4), "rope_kv wrote k");
+        double worst = 0;
+        if (ct == CUDA_F32) { /* the CPU backend's rope_kv (its own sin/cos: to 1e-5) */
+            md_err e = {};
+            md_reserve r = {64, 4, 512, 64, 4, nh};
+            md_buf *bq, *bk, *bv, *bkc, *bvc, *bi;
+            auto mk = [&](const void *h, size_t n, md_buf **o) { cpu->ops->buf_alloc(cpu, n, o, &e); if (h) cpu->ops->buf_upload(cpu, *o, 0, h, n, &e); };
+            if (cpu->ops->reserve(cpu, &r, &e) || cpu->ops->batch_prepare(cpu, &b, &e)) { printf("%s\n", e.msg); fails++; continue; }
+            mk(q.data(), q.size() * 4, &bq); mk(k.data(), k.size() * 4, &bk); mk(v.data(), v.size() * 4, &bv);
+            mk(nullptr, cb, &bkc); mk(nullptr, cb, &bvc); mk(inv, sizeof inv, &bi);
+            if (cpu->ops->rope_kv(cpu, bq, bk, bv, bkc, bvc, nh, nkv, hd, rot, bi, neox, MD_TYPE_F32, &e)) { printf("%s\n", e.msg); fails++; continue; }
+            std::vector<float> rq(q.size()), rk((size_t)NSLOT * kvd), rv(rk.size());
+            cpu->ops->buf_download(cpu, bq, 0, rq.data(), rq.size() * 4, &e);
+            cpu->ops->buf_download(cpu, bkc, 0, rk.data(), cb, &e);
+            cpu->ops->buf_download(cpu, bvc, 0, rv.data(), cb, &e);
+            const float *dk = (const float *)kc2.data(), *dv = (const float *)vc2.data();
+            for (size_t i = 0; i < rq.size(); i++) worst = std::max(worst, (double)fabsf(rq[i] - q2[i]));
+            for (int t = 0; t < RT; t++) for (int d = 0; d < kvd; d++) {
+                size_t o = (size_t)slots[t] * kvd + d;
+                worst = std::max(worst, (double)fabsf(rk[o] - dk[o]));
+                CHECK(rv[o] == dv[o], "rope_kv f32: v at slot %d dim %d differs from the CPU backend's", slots[t], d);
+            }
+            CHECK(worst < 1e-5, "rope_kv f32 hd=%d rot=%d neox=%d: worst %.3g vs the CPU backend", hd, rot, neox, worst);
+            for (md_buf *m : {bq, bk, bv, bkc, bvc, bi}) cpu->ops->buf_free(cpu, m);
+        }
+        cases++;
+        if (ct == CUDA_F32)
+            printf("rope_kv hd=%d heads %d/%d rot=%d neox=%d: f32/f16/bf16 caches bit-equal to k_rope + k_kv_write; vs CPU worst %.2e\n", hd, nh, nkv, rot, neox, worst);
+    }
+    printf("rope_kv: %d cases\n", cases);
+}
+
 static void test_sample_vs_host() {
     const int V = 600;
     std::vector<float> l(V);
@@ -677,7 +805,10 @@ int main(int argc, char **argv) {
     std::string only = argc > 1 ? argv[1] : "";
     if (only.empty() || only == "dequant") test_dequant();
     if (only.empty() || only == "gemv") { test_gemv(); test_cublas_args(); }
-    if (only.empty() || only == "matmul_n") test_matmul_n();
+    if (only.empty() || only == "matmul_n") {
+        test_matmul_n();
+        test_matmul_bf16_copies();
+    }
     if (only.empty() || only == "elementwise") test_elementwise(cpu);
     if (only.empty() || only == "attention") {
         test_attention(cpu, 0, 64, NH, NKV);
@@ -688,8 +819,10 @@ int main(int argc, char **argv) {
     }
     if (only == "rope") /* the attention section above already made the setup */
         test_attention(cpu, 0, 64, NH, NKV);
-    if (only.empty() || only == "rope")
+    if (only.empty() || only == "rope") {
         test_rope(cpu);
+        test_rope_kv(cpu);
+    }
     if (only.empty() || only == "samplehost") test_sample_vs_host();
     if (only.empty() || only == "sample") { test_sample(); test_sample_filters(); }
     md_backend_free(cpu);
