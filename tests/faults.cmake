@@ -6,11 +6,17 @@ medley_test(test_engine_faults
             SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_engine_faults.c
                     ${CMAKE_CURRENT_SOURCE_DIR}/unit/fault_backend.c
             LIBS medley_engine PkgConfig::JANSSON LABELS unit)
-set_tests_properties(test_engine_faults PROPERTIES TIMEOUT 300)
+set_tests_properties(test_engine_faults PROPERTIES TIMEOUT 600)
+# A fault in each op of the unfused pass, and in the fused products / rope_kv / recorded
+# passes: separate entries, so the three run in parallel (each loads SmolLM2 per case).
+add_test(NAME test_engine_faults_anyop COMMAND test_engine_faults anyop)
+add_test(NAME test_engine_faults_fused COMMAND test_engine_faults fused)
+set_tests_properties(test_engine_faults_anyop test_engine_faults_fused PROPERTIES
+                     LABELS unit TIMEOUT 600)
 # NaN outputs of a kernel never become tokens of a successful answer: the engine fails the
 # sequences whose logits are not numbers (device argmax answers -1 for a NaN row).
 add_test(NAME test_engine_faults_nan COMMAND test_engine_faults nan)
-set_tests_properties(test_engine_faults_nan PROPERTIES LABELS unit TIMEOUT 300
+set_tests_properties(test_engine_faults_nan PROPERTIES LABELS unit TIMEOUT 600
                      ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
 
 medley_test(test_worker_faults

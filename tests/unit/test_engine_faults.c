@@ -261,7 +261,16 @@ static void test_transient_fault_in_any_op_fails_the_step_and_spares_the_waiting
         "faulty:op=kv_write,step=3,after=30", "faulty:op=swiglu,step=3,after=2",
         "faulty:op=add,step=3,after=59",      "faulty:op=gather_rows,step=3,after=1",
         "faulty:op=matmul,step=3,after=211", /* the output head: 30 layers x 7 + 1 */
-        /* a backend with the fused products (4 per layer: Q/K/V, wo+x, gate/up, down+x) */
+    };
+    for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
+        transient(devices[i]);
+}
+
+/* The same on a backend with the fused products (4 per layer: Q/K/V, wo+x, gate/up,
+ * down+x) and RoPE with the KV store in one op. */
+static void test_transient_fault_in_any_fused_op_fails_the_step_and_spares_the_waiting(
+    void **state) {
+    static const char *const devices[] = {
         "faulty:op=matmul_n,step=3,after=1,fused=1",
         "faulty:op=matmul_n,step=3,after=63,fused=1",
         "faulty:op=matmul_n,step=3,after=120,fused=1",
@@ -532,25 +541,44 @@ static void test_bf16_weight_copies_policy_and_out_of_memory(void **state) {
 }
 
 int main(int argc, char **argv) {
+    /* Three groups, each its own ctest entry (tests/faults.cmake) so that they run in
+     * parallel and each stays well inside its timeout under ASan: every transient() loads
+     * SmolLM2 and runs six requests. */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transient_matmul_fault_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_transient_argmax_fault_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_transient_download_fault_fails_the_step_and_spares_the_waiting),
-        cmocka_unit_test(test_transient_fault_in_any_op_fails_the_step_and_spares_the_waiting),
-        cmocka_unit_test(test_transient_graph_launch_fault_fails_the_step_and_spares_the_waiting),
         cmocka_unit_test(test_sticky_fault_fails_every_later_step_fast),
         cmocka_unit_test(test_fault_while_loading_is_a_clear_error_and_frees_everything),
         cmocka_unit_test(test_bf16_weight_copies_policy_and_out_of_memory),
         cmocka_unit_test(test_sampler_stays_in_bounds_on_non_finite_logits),
     };
-    /* "nan": the NaN probe alone (tests/faults.cmake keeps it disabled until the engine
-     * refuses non-finite logits) */
+    /* "anyop": a fault in each op of the unfused pass */
+    const struct CMUnitTest anyop[] = {
+        cmocka_unit_test(test_transient_fault_in_any_op_fails_the_step_and_spares_the_waiting),
+    };
+    /* "fused": the fused products, rope_kv and recorded (graph) passes */
+    const struct CMUnitTest fused[] = {
+        cmocka_unit_test(
+            test_transient_fault_in_any_fused_op_fails_the_step_and_spares_the_waiting),
+        cmocka_unit_test(test_transient_graph_launch_fault_fails_the_step_and_spares_the_waiting),
+    };
+    /* "nan": the NaN probe alone */
     const struct CMUnitTest nan[] = {
         cmocka_unit_test(test_nan_logits_are_not_turned_into_tokens_silently),
     };
     if (getenv("TEST_FILTER"))
         cmocka_set_test_filter(getenv("TEST_FILTER"));
-    if (argc > 1 && !strcmp(argv[1], "nan"))
+    const char *group = argc > 1 ? argv[1] : "";
+    if (!strcmp(group, "nan"))
         return cmocka_run_group_tests(nan, group_setup, group_teardown);
+    if (!strcmp(group, "anyop"))
+        return cmocka_run_group_tests(anyop, group_setup, group_teardown);
+    if (!strcmp(group, "fused"))
+        return cmocka_run_group_tests(fused, group_setup, group_teardown);
+    if (*group) {
+        fprintf(stderr, "test_engine_faults: unknown group '%s' (nan, anyop, fused)\n", group);
+        return 2;
+    }
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
