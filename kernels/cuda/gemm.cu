@@ -4,8 +4,10 @@
  *
  * Decode (m <= CUDA_GEMV_MAX_M) is bound by reading the weights once, so it runs on own
  * GEMV kernels: one warp per output row, all m tokens at once; BF16/F16 weights are read
- * with 16-byte vector loads, quantized weights are decoded in registers (weight-only
- * kernels, so a quantized model stays quantized in device memory). Several weights of one
+ * with 16-byte vector loads against FP32 x; quantized weights stay quantized in device
+ * memory and multiply x quantized to int8 (blocks of 32 with a float scale, as the CPU
+ * backend quantizes activations): lanes share each weight block (coalesced loads of weight
+ * and x), products in int32 by __dp4a, one float scale per block and token. Several weights of one
  * type are one launch over their concatenated rows (a warp finds its weight in a segment
  * table passed by value); the residual add is the epilogue's beta, and gate/up rows are
  * computed by the same warp, which writes silu(gate) * up. Prefill and large batches use
@@ -24,14 +26,199 @@
 #define GEMV_WARPS 4
 #define GEMV_LAUNCH(kernel, grid, stream, ...)                                                     \
     kernel<<<(grid), GEMV_WARPS * 32, 0, (stream)>>>(__VA_ARGS__)
+#define QX_WARPS 8
+#define QX_LAUNCH(grid, stream, ...) k_quant_x<<<(grid), QX_WARPS * 32, 0, (stream)>>>(__VA_ARGS__)
+
+/* ---- x quantized for the quantized weights' GEMV ----
+ * x [m][k] (k % 32 == 0) as int8 q [m][k] followed by float d [m][k / 32]: per block of 32,
+ * d = amax / 127 and q = round-to-nearest-even(x * 127 / amax), the CPU backend's
+ * cpu_quant_q8_32. A block holding a NaN or an infinity gets d = NaN, so the products it
+ * enters come out NaN (the engine fails a sequence whose logits are not numbers) instead
+ * of the value vanishing into int8. */
+static size_t qx_bytes(int m, int k) {
+    return (size_t)m * k + (size_t)m * (k / 32) * sizeof(float);
+}
+
+/* One warp per block of 32, lane i element i. */
+__global__ void __launch_bounds__(QX_WARPS * 32)
+    k_quant_x(const float *__restrict__ x, int8_t *__restrict__ q, float *__restrict__ d,
+              int64_t n_blocks) {
+    int64_t b = (int64_t)blockIdx.x * QX_WARPS + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (b >= n_blocks) /* whole warps: b is the same for a warp's lanes */
+        return;
+    float v = x[b * 32 + lane], a = fabsf(v);
+    if (!(a <= FLT_MAX))
+        a = __uint_as_float(0x7f800000u); /* NaN and inf: +inf, so the block sees it */
+    a = cuda_warp_max(a);
+    int qv = 0;
+    if (a <= FLT_MAX) {
+        float id = a > 0.0f ? 127.0f / a : 0.0f;
+        qv = __float2int_rn(v * id);
+    }
+    q[b * 32 + lane] = (int8_t)qv;
+    if (lane == 0)
+        d[b] = a <= FLT_MAX ? a / 127.0f : __uint_as_float(0x7fc00000u);
+}
+
+/* 4 bytes at p, 4-byte aligned / 2-byte aligned, little-endian. */
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) {
+    return __ldg((const uint32_t *)p);
+}
+__device__ __forceinline__ uint32_t ld_u16x2(const uint8_t *p) {
+    const uint16_t *h = (const uint16_t *)p;
+    return (uint32_t)__ldg(h) | (uint32_t)__ldg(h + 1) << 16;
+}
+__device__ __forceinline__ int ld_x4(const int8_t *p) {
+    return __ldg((const int *)p);
+}
+#define QX_ONES 0x01010101 /* __dp4a(QX_ONES, x, 0): the sum of x's four int8 */
+
+/* This lane's share of the dot products of one quantized weight row wr with the m rows of
+ * x (as k_quant_x left them: xq [m][k], xd [m][k / 32]), added to acc[t]. The warp walks the
+ * row's blocks together so that its loads of weight and x are contiguous:
+ * Q4_0/Q4_1/Q8_0: 4 lanes per block of 32, 8 blocks per pass; lane s of a block takes its
+ * bytes [4s, 4s + 4) of nibbles (elements 4s.. and 16 + 4s..) or [8s, 8s + 8) of int8;
+ * Q4_K: one 256-block per pass, lane l takes nibble bytes [4l, 4l + 4): positions
+ * 4 (l % 8).. of sub-blocks 2 (l / 8) (low nibbles) and 2 (l / 8) + 1 (high);
+ * Q6_K: one 256-block per pass, lane l takes positions 4 (l % 8).. of groups a and a + 2
+ * (a = (l / 8) % 2) of half l / 16, which share their ql and qh bytes.
+ * Weight rows must start 4-byte aligned (mm_check): Q4_1 and Q4_K fields are then 4-byte
+ * aligned, Q4_0, Q8_0 and Q6_K ones 2-byte aligned. */
+template <int T>
+__device__ __forceinline__ void gemv_row_q8(const uint8_t *__restrict__ wr,
+                                            const int8_t *__restrict__ xq,
+                                            const float *__restrict__ xd, int m, int k, int lane,
+                                            float *acc) {
+    const int nb = k / 32;
+    if constexpr (T == QT_Q4_0 || T == QT_Q4_1 || T == QT_Q8_0) {
+        const int s = lane & 3;
+        for (int b = lane >> 2; b < nb; b += 8) {
+            float dw, mw = 0.0f;
+            int w0, w1;
+            if constexpr (T == QT_Q4_0) {
+                const uint8_t *p = wr + (size_t)b * 18;
+                dw = cuda_f16_to_f(__ldg((const uint16_t *)p));
+                uint32_t v = ld_u16x2(p + 2 + 4 * s);
+                w0 = (int)(v & 0x0F0F0F0Fu);
+                w1 = (int)((v >> 4) & 0x0F0F0F0Fu);
+            } else if constexpr (T == QT_Q4_1) {
+                const uint8_t *p = wr + (size_t)b * 20;
+                uint32_t h = ld_u32(p), v = ld_u32(p + 4 + 4 * s);
+                dw = cuda_f16_to_f((uint16_t)(h & 0xFFFFu));
+                mw = cuda_f16_to_f((uint16_t)(h >> 16));
+                w0 = (int)(v & 0x0F0F0F0Fu);
+                w1 = (int)((v >> 4) & 0x0F0F0F0Fu);
+            } else {
+                const uint8_t *p = wr + (size_t)b * 34;
+                dw = cuda_f16_to_f(__ldg((const uint16_t *)p));
+                w0 = (int)ld_u16x2(p + 2 + 8 * s);
+                w1 = (int)ld_u16x2(p + 6 + 8 * s);
+            }
+#pragma unroll
+            for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
+                if (t >= m)
+                    break;
+                const int8_t *xb = xq + (int64_t)t * k + 32 * b;
+                float dx = __ldg(xd + (int64_t)t * nb + b);
+                int x0, x1;
+                if constexpr (T == QT_Q8_0) {
+                    x0 = ld_x4(xb + 8 * s);
+                    x1 = ld_x4(xb + 8 * s + 4);
+                } else {
+                    x0 = ld_x4(xb + 4 * s);
+                    x1 = ld_x4(xb + 16 + 4 * s);
+                }
+                int dot = __dp4a(w0, x0, __dp4a(w1, x1, 0));
+                if constexpr (T == QT_Q8_0) {
+                    acc[t] += dw * dx * (float)dot;
+                } else {
+                    int sx = __dp4a(QX_ONES, x0, __dp4a(QX_ONES, x1, 0));
+                    if constexpr (T == QT_Q4_0)
+                        acc[t] += dw * dx * (float)(dot - 8 * sx);
+                    else
+                        acc[t] += dx * (dw * (float)dot + mw * (float)sx);
+                }
+            }
+        }
+    } else if constexpr (T == QT_Q4_K) {
+        const int pr = lane >> 3, pos = 4 * (lane & 7), j0 = 2 * pr;
+        for (int sb = 0; sb < k / 256; sb++) {
+            const uint8_t *p = wr + (size_t)sb * 144;
+            uint32_t h = ld_u32(p), v = ld_u32(p + 16 + 32 * pr + pos);
+            float d = cuda_f16_to_f((uint16_t)(h & 0xFFFFu));
+            float dmin = cuda_f16_to_f((uint16_t)(h >> 16));
+            int s0, m0, s1, m1;
+            qt_q4k_scale_min(p + 4, j0, &s0, &m0);
+            qt_q4k_scale_min(p + 4, j0 + 1, &s1, &m1);
+            float c0 = d * s0, n0 = dmin * m0, c1 = d * s1, n1 = dmin * m1;
+            int w0 = (int)(v & 0x0F0F0F0Fu), w1 = (int)((v >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+            for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
+                if (t >= m)
+                    break;
+                const int8_t *xb = xq + (int64_t)t * k + 256 * sb + 32 * j0 + pos;
+                const float *db = xd + (int64_t)t * nb + 8 * sb + j0;
+                int x0 = ld_x4(xb), x1 = ld_x4(xb + 32);
+                int dot0 = __dp4a(w0, x0, 0), dot1 = __dp4a(w1, x1, 0);
+                int sx0 = __dp4a(QX_ONES, x0, 0), sx1 = __dp4a(QX_ONES, x1, 0);
+                acc[t] += __ldg(db) * (c0 * (float)dot0 - n0 * (float)sx0) +
+                          __ldg(db + 1) * (c1 * (float)dot1 - n1 * (float)sx1);
+            }
+        }
+    } else if constexpr (T == QT_Q6_K) {
+        const int half = lane >> 4, a = (lane >> 3) & 1, pos = 4 * (lane & 7);
+        for (int sb = 0; sb < k / 256; sb++) {
+            const uint8_t *p = wr + (size_t)sb * 210;
+            uint32_t ql = ld_u16x2(p + 64 * half + 32 * a + pos);
+            uint32_t qh = ld_u16x2(p + 128 + 32 * half + pos);
+            int v0 = (int)((ql & 0x0F0F0F0Fu) | (((qh >> (2 * a)) & 0x03030303u) << 4));
+            int v1 = (int)(((ql >> 4) & 0x0F0F0F0Fu) | (((qh >> (2 * a + 4)) & 0x03030303u) << 4));
+            const int8_t *sc = (const int8_t *)(p + 192) + 8 * half + pos / 16;
+            float d = cuda_f16_to_f(__ldg((const uint16_t *)(p + 208)));
+            float c0 = d * __ldg(sc + 2 * a), c1 = d * __ldg(sc + 2 * (a + 2));
+#pragma unroll
+            for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
+                if (t >= m)
+                    break;
+                const int8_t *xb = xq + (int64_t)t * k + 256 * sb + 128 * half + 32 * a + pos;
+                const float *db = xd + (int64_t)t * nb + 8 * sb + 4 * half + a;
+                int x0 = ld_x4(xb), x1 = ld_x4(xb + 64);
+                int dot0 = __dp4a(v0, x0, 0) - 32 * __dp4a(QX_ONES, x0, 0);
+                int dot1 = __dp4a(v1, x1, 0) - 32 * __dp4a(QX_ONES, x1, 0);
+                acc[t] += __ldg(db) * c0 * (float)dot0 + __ldg(db + 2) * c1 * (float)dot1;
+            }
+        }
+    }
+}
+
+template <int T>
+__device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
+                                           const float *__restrict__ x, int m, int k, int v16,
+                                           int lane, float *acc);
 
 /* This lane's share of the dot products of one weight row wr (k elements of type T) with
- * the m rows of x, added to acc[t]. v16 (F16/BF16 only): 8 elements per 16-byte load, wr
- * and x 16-byte aligned and k % 8 == 0; otherwise 32-element groups decoded by dq32. */
+ * the m rows of x, added to acc[t]. Quantized T: gemv_row_q8 over x quantized (xq, xd).
+ * v16 (F16/BF16 only): 8 elements per 16-byte load, wr and x 16-byte aligned and
+ * k % 8 == 0; otherwise 32-element groups decoded by dq32. */
 template <int T>
 __device__ __forceinline__ void gemv_row(const uint8_t *__restrict__ wr,
-                                         const float *__restrict__ x, int m, int k, int v16,
+                                         const float *__restrict__ x,
+                                         const int8_t *__restrict__ xq,
+                                         const float *__restrict__ xd, int m, int k, int v16,
                                          int lane, float *acc) {
+    if constexpr (T != QT_F32 && T != QT_F16 && T != QT_BF16) {
+        gemv_row_q8<T>(wr, xq, xd, m, k, lane, acc);
+    } else {
+        gemv_row_f<T>(wr, x, m, k, v16, lane, acc);
+    }
+}
+
+/* The float path of gemv_row (F32, F16, BF16 weights; FP32 x). */
+template <int T>
+__device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
+                                           const float *__restrict__ x, int m, int k, int v16,
+                                           int lane, float *acc) {
     if constexpr (T == QT_BF16 || T == QT_F16) {
         if (v16) {
             const uint4 *w4 = (const uint4 *)wr;
@@ -89,7 +276,8 @@ typedef struct {
 /* y[s] = x . w[s]^T + beta * y[s] for every segment; one warp per row of the concatenation. */
 template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_n(gemv_segs sg, size_t row_bytes, const float *__restrict__ x, int m, int k,
+    k_gemv_n(gemv_segs sg, size_t row_bytes, const float *__restrict__ x,
+             const int8_t *__restrict__ xq, const float *__restrict__ xd, int m, int k,
              float beta) {
     int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= sg.end[CUDA_MM_MAX - 1])
@@ -112,7 +300,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
     for (int t = 0; t < CUDA_GEMV_MAX_M; t++)
         acc[t] = 0.0f;
-    gemv_row<T>(w + (size_t)row * row_bytes, x, m, k, v16, lane, acc);
+    gemv_row<T>(w + (size_t)row * row_bytes, x, xq, xd, m, k, v16, lane, acc);
 #pragma unroll
     for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
         if (t >= m)
@@ -131,7 +319,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_swiglu(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes,
-                  const float *__restrict__ x, float *__restrict__ y, int m, int n, int k,
+                  const float *__restrict__ x, const int8_t *__restrict__ xq,
+                  const float *__restrict__ xd, float *__restrict__ y, int m, int n, int k,
                   int v16_g, int v16_u) {
     int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n)
@@ -140,8 +329,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
     for (int t = 0; t < CUDA_GEMV_MAX_M; t++)
         ag[t] = au[t] = 0.0f;
-    gemv_row<T>(wg + (size_t)row * row_bytes, x, m, k, v16_g, lane, ag);
-    gemv_row<T>(wu + (size_t)row * row_bytes, x, m, k, v16_u, lane, au);
+    gemv_row<T>(wg + (size_t)row * row_bytes, x, xq, xd, m, k, v16_g, lane, ag);
+    gemv_row<T>(wu + (size_t)row * row_bytes, x, xq, xd, m, k, v16_u, lane, au);
 #pragma unroll
     for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
         if (t >= m)
@@ -207,6 +396,10 @@ static int mm_check(const cuda_mm_w *w, int n_w, int m, int k, int mode, md_err 
                            "CUDA matmul: rows of %zu bytes, expected %zu for %d "
                            "elements of type %d",
                            w[i].row_bytes, qt_row_bytes(w[i].wtype, k), k, w[i].wtype);
+        if (qt_is_quant(w[i].wtype) && ((uintptr_t)w[i].w % 4) != 0)
+            return md_errf(e, MD_EINVAL,
+                           "CUDA matmul: quantized weight %d at %p is not 4-byte aligned", i,
+                           w[i].w);
         rows += w[i].n;
     }
     if (rows > INT_MAX)
@@ -244,6 +437,24 @@ static void gemv_group(const cuda_mm_w *w, int n_w, int first, const float *x, i
  * epilogue when gate and up share a type (else their two GEMVs and the swiglu kernel). */
 static int mm_gemv(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int m, int k,
                    float beta, int swiglu, md_err *e) {
+    /* x quantized once for all quantized weights of the call (scratch sized for the
+     * largest GEMV with this k, so decode steps of any width reuse it) */
+    const int8_t *xq = NULL;
+    const float *xd = NULL;
+    for (int i = 0; i < n_w && !xq; i++) {
+        if (!qt_is_quant(w[i].wtype))
+            continue;
+        void *qs = NULL;
+        int rc = cuda_scratch(c, CUDA_SCRATCH_X, qx_bytes(CUDA_GEMV_MAX_M, k), &qs, e);
+        if (rc)
+            return rc;
+        xq = (const int8_t *)qs;
+        xd = (const float *)((const int8_t *)qs + (size_t)m * k);
+        int64_t nb = (int64_t)m * (k / 32);
+        QX_LAUNCH(cuda_blocks(nb, QX_WARPS), c->stream, x, (int8_t *)qs, (float *)xd, nb);
+        if ((rc = CUDA_LAUNCHED(c, "quant_x", e)))
+            return rc;
+    }
     if (swiglu && w[0].wtype == w[1].wtype) {
         int vg = gemv_v16(&w[0], x, k), vu = gemv_v16(&w[1], x, k);
         const uint8_t *wg = (const uint8_t *)w[0].w, *wu = (const uint8_t *)w[1].w;
@@ -251,7 +462,8 @@ static int mm_gemv(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int
         int n = w[0].n;
         float *y = w[0].y;
         QT_DISPATCH(w[0].wtype, GEMV_LAUNCH(k_gemv_swiglu<QT>, cuda_blocks(n, GEMV_WARPS),
-                                            c->stream, wg, wu, rb, x, y, m, n, k, vg, vu));
+                                            c->stream, wg, wu, rb, x, xq, xd, y, m, n, k, vg,
+                                            vu));
         return CUDA_LAUNCHED(c, "gemv_swiglu", e);
     }
     int taken[CUDA_MM_MAX] = {0};
@@ -264,7 +476,7 @@ static int mm_gemv(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int
         float b = swiglu ? 0.0f : beta;
         QT_DISPATCH(w[i].wtype,
                     GEMV_LAUNCH(k_gemv_n<QT>, cuda_blocks(sg.end[CUDA_MM_MAX - 1], GEMV_WARPS),
-                                c->stream, sg, rb, x, m, k, b));
+                                c->stream, sg, rb, x, xq, xd, m, k, b));
         int rc = CUDA_LAUNCHED(c, "gemv", e);
         if (rc)
             return rc;

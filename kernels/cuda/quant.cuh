@@ -67,21 +67,25 @@ template <> __device__ __forceinline__ void dq32<QT_Q8_0>(const uint8_t *row, in
     for (int j = 0; j < 32; j++)
         o[j] = (int8_t)p[2 + j] * d;
 }
+/* Q4_K's 6-bit scale and min of sub-block j (0..7) from the block's scales[12]. */
+__device__ __forceinline__ void qt_q4k_scale_min(const uint8_t *sc, int j, int *s, int *m) {
+    if (j < 4) {
+        *s = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+    } else {
+        *s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
 /* Q4_K (256 per block): f16 d, dmin; u8 scales[12] packing eight 6-bit (scale, min) pairs;
  * u8 qs[128]. Sub-block j uses the low (j even) or high (j odd) nibbles of qs[32 (j/2)..]. */
 template <> __device__ __forceinline__ void dq32<QT_Q4_K>(const uint8_t *row, int64_t g, float *o) {
     const uint8_t *p = row + (g / 8) * 144;
     int j = (int)(g % 8);
     float d = qt_f16(p), dmin = qt_f16(p + 2);
-    const uint8_t *sc = p + 4, *qs = p + 16 + 32 * (j / 2);
+    const uint8_t *qs = p + 16 + 32 * (j / 2);
     int s, m;
-    if (j < 4) {
-        s = sc[j] & 63;
-        m = sc[j + 4] & 63;
-    } else {
-        s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
-        m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    }
+    qt_q4k_scale_min(p + 4, j, &s, &m);
     float d1 = d * s, m1 = dmin * m;
     int shift = (j & 1) * 4;
     for (int l = 0; l < 32; l++)
@@ -102,6 +106,8 @@ template <> __device__ __forceinline__ void dq32<QT_Q6_K>(const uint8_t *row, in
         o[l] = d * sc[l / 16] * (v - 32);
     }
 }
+
+static inline int qt_is_quant(int t) { return t != QT_F32 && t != QT_F16 && t != QT_BF16; }
 
 /* Bytes per 32-element group's block and elements per block, host side. */
 static inline int qt_block_elems(int t) {

@@ -2,9 +2,9 @@
  * against llama.cpp, on the engine's fixture prompts (tests/fixtures/engine):
  *  - logits: at the fixture positions of logits.json, |cuda - cpu| <= CUDA_LOGIT_TOL and the
  *    top-50 values within the same bound of llama.cpp's (the CPU backend's own bound vs
- *    llama.cpp is 0.25; the CUDA side runs prefill GEMMs with bf16 inputs and decode GEMVs
- *    with FP32 activations where the CPU quantizes activations to 8 bits, so the two
- *    backends may differ by about as much as each differs from llama.cpp);
+ *    llama.cpp is 0.25; the CUDA side runs prefill GEMMs with bf16 inputs where the CPU
+ *    quantizes activations to 8 bits, so the two backends may differ by about as much as
+ *    each differs from llama.cpp; decode GEMVs quantize activations as the CPU does);
  *  - greedy: 20 prompts of greedy.json, prompt in one step (tiled prefill, cuBLAS) then
  *    one token per step (split-KV decode, GEMV); the 32-token continuations of CUDA and
  *    CPU must be equal on at least 18 of the 20.

@@ -124,9 +124,26 @@ static float frand(void) { /* uniform in [-1, 1) */
     return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
+/* x as the GEMV of quantized weights sees it (gemm.cu's k_quant_x, the CPU backend's
+ * activation quantization): per block of 32, d = amax / 127, q = rint(x * 127 / amax),
+ * x' = q d. */
+static void x_seen_q8(const float *x, int n, float *xs) {
+    for (int b = 0; b < n / 32; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(xb[i]));
+        float id = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+        for (int i = 0; i < 32; i++)
+            xs[32 * b + i] = (float)lrintf(xb[i] * id) * d;
+    }
+}
+
 /* y = x . W^T for weights of every type, through the GEMV kernels (m <= 8) and cuBLAS
- * (m > 8 or forced). Reference: double-precision product of the host-dequantized weights.
- * Tolerance, relative to rms(y): 1e-4 for the FP32 GEMV path (the same products summed in
+ * (m > 8 or forced). Reference: double-precision product of the host-dequantized weights
+ * with x, or on the GEMV path of a quantized weight with x quantized to int8 as the kernel
+ * quantizes it (so the check sees the kernel's arithmetic, not the quantization's error).
+ * Tolerance, relative to rms(y): 1e-4 for the GEMV path (the same products summed in
  * another order); 2e-2 for cuBLAS, whose inputs are rounded to bf16/f16 (8 significant
  * bits: ~2^-9 per product, growing as sqrt(k) like y itself). */
 static void test_matmul_every_type_and_path(void **state) {
@@ -163,26 +180,31 @@ static void test_matmul_every_type_and_path(void **state) {
         for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
             int m = ms[mi];
             float *x = malloc((size_t)m * k * 4), *y = malloc((size_t)m * n * 4);
+            float *xs = malloc((size_t)m * k * 4);
             double *ref = malloc((size_t)m * n * sizeof(double)), ss = 0;
             for (int i = 0; i < m * k; i++)
                 x[i] = frand();
-            for (int r = 0; r < m; r++)
-                for (int j = 0; j < n; j++) {
-                    double s = 0;
-                    for (int i = 0; i < k; i++)
-                        s += (double)x[r * k + i] * wd[(size_t)j * k + i];
-                    ref[r * n + j] = s;
-                    ss += s * s;
-                }
-            double rms = sqrt(ss / (m * n));
+            x_seen_q8(x, m * k, xs);
             float *dx = dev((size_t)m * k * 4), *dy = dev((size_t)m * n * 4);
             put(dx, x, (size_t)m * k * 4);
             for (int force = 0; force < 2; force++) {
                 if (force && m > CUDA_GEMV_MAX_M)
                     continue;
+                int gemv = m <= CUDA_GEMV_MAX_M && !force;
+                int quant = type != GGML_F32 && type != GGML_F16 && type != GGML_BF16;
+                const float *xr = gemv && quant ? xs : x;
+                ss = 0;
+                for (int r = 0; r < m; r++)
+                    for (int j = 0; j < n; j++) {
+                        double s = 0;
+                        for (int i = 0; i < k; i++)
+                            s += (double)xr[r * k + i] * wd[(size_t)j * k + i];
+                        ref[r * n + j] = s;
+                        ss += s * s;
+                    }
+                double rms = sqrt(ss / (m * n));
                 OK(cuda_matmul(C, dw, type, rb, dx, dy, m, n, k, 0.0f, force, E));
                 get(y, dy, (size_t)m * n * 4);
-                int gemv = m <= CUDA_GEMV_MAX_M && !force;
                 double tol = (gemv || type == GGML_F32 ? 1e-4 : 2e-2) * rms, worst = 0;
                 for (int i = 0; i < m * n; i++) {
                     double err = fabs(y[i] - ref[i]);
@@ -199,6 +221,7 @@ static void test_matmul_every_type_and_path(void **state) {
             cuda_pool_free(C, dx);
             cuda_pool_free(C, dy);
             free(x);
+            free(xs);
             free(y);
             free(ref);
         }

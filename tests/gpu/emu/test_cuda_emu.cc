@@ -20,6 +20,9 @@
 static int emu_gemv_launches;
 #define GEMV_LAUNCH(kernel, grid, stream, ...)                                                     \
     (emu_gemv_launches++, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { kernel(__VA_ARGS__); }))
+static int emu_qx_launches;
+#define QX_LAUNCH(grid, stream, ...)                                                               \
+    (emu_qx_launches++, emu_launch(dim3(grid), dim3(QX_WARPS * 32), [&] { k_quant_x(__VA_ARGS__); }))
 #include "gen/gemm.cc"
 #include "gen/elementwise.cc"
 #include "gen/attention.cc"
@@ -33,6 +36,8 @@ extern "C" {
 #include "kernels/cuda/step_plan.h"
 #include "common/util.h"
 #include "engine/sampler.h"
+/* kernels/cpu/matmul_scalar.c: the CPU backend's activation quantization (the reference) */
+void cpu_quant_q8_32_scalar(const float *x, int cols, int8_t *q, float *d, float *s);
 }
 
 static int fails = 0;
@@ -82,6 +87,54 @@ static void test_dequant() {
     }
 }
 
+/* ---- x quantized for the quantized GEMV: k_quant_x against the CPU backend's ---- */
+static bool is_quant(int type) { return type != GGML_F32 && type != GGML_F16 && type != GGML_BF16; }
+
+/* k_quant_x on the emulator: x [m][k] into q [m][k] + d [m][k/32] (one buffer, as gemm.cu). */
+static void quant_x(const float *x, int m, int k, std::vector<uint8_t> &buf) {
+    buf.assign(qx_bytes(m, k) + 64, 0);
+    int8_t *q = (int8_t *)buf.data();
+    float *d = (float *)(buf.data() + (size_t)m * k);
+    int64_t nb = (int64_t)m * (k / 32);
+    emu_launch(dim3(cuda_blocks(nb, QX_WARPS)), dim3(QX_WARPS * 32), [&] { k_quant_x(x, q, d, nb); });
+}
+/* x as the quantized GEMV sees it: q * d per element */
+static std::vector<float> x_seen(const float *x, int m, int k) {
+    std::vector<uint8_t> buf;
+    quant_x(x, m, k, buf);
+    const int8_t *q = (const int8_t *)buf.data();
+    const float *d = (const float *)(buf.data() + (size_t)m * k);
+    std::vector<float> xs((size_t)m * k);
+    for (size_t i = 0; i < xs.size(); i++) xs[i] = q[i] * d[i / 32];
+    return xs;
+}
+
+static void test_quant_x() {
+    const int m = 3, k = 256, nb = m * k / 32;
+    std::vector<float> x((size_t)m * k);
+    for (auto &v : x) v = 3.0f * frand();
+    for (int i = 0; i < 32; i++) x[32 + i] = 0.0f;            /* block 1: zeros */
+    x[70] = 0.5f, x[71] = -0.5f;                               /* ties at amax/254 steps */
+    std::vector<uint8_t> buf;
+    quant_x(x.data(), m, k, buf);
+    const int8_t *q = (const int8_t *)buf.data();
+    const float *d = (const float *)(buf.data() + (size_t)m * k);
+    std::vector<int8_t> cq((size_t)m * k);
+    std::vector<float> cd(nb), cs(nb);
+    for (int r = 0; r < m; r++)
+        cpu_quant_q8_32_scalar(x.data() + (size_t)r * k, k, cq.data() + (size_t)r * k, cd.data() + r * (k / 32), cs.data() + r * (k / 32));
+    CHECK(memcmp(q, cq.data(), cq.size()) == 0, "quant_x: int8 differ from cpu_quant_q8_32");
+    CHECK(memcmp(d, cd.data(), cd.size() * 4) == 0, "quant_x: scales differ from cpu_quant_q8_32");
+    CHECK(d[1] == 0.0f, "quant_x: a zero block has scale %g", d[1]);
+    /* a NaN or an infinity: the block's scale is NaN (products come out NaN), others intact */
+    x[5] = NAN;
+    x[100] = INFINITY;
+    quant_x(x.data(), m, k, buf);
+    d = (const float *)(buf.data() + (size_t)m * k);
+    CHECK(std::isnan(d[0]) && std::isnan(d[3]) && d[2] == cd[2], "quant_x: non-finite blocks %g %g, block 2 %g (want %g)", d[0], d[3], d[2], cd[2]);
+    printf("quant_x: int8 and scales equal cpu_quant_q8_32's bit for bit; NaN/inf blocks get a NaN scale\n");
+}
+
 /* ---- GEMV every type vs double reference ---- */
 static void test_gemv() {
     const int types[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K};
@@ -109,17 +162,23 @@ static void test_gemv() {
             /* 16-byte aligned copies, as the pool gives */
             float *xa = (float *)aligned_alloc(64, x.size() * 4); memcpy(xa, x.data(), x.size() * 4);
             uint8_t *wa = (uint8_t *)aligned_alloc(64, (rb * n + 63) / 64 * 64); memcpy(wa, wq.data(), rb * n);
+            /* quantized weights multiply x quantized by k_quant_x: the reference takes that x */
+            std::vector<uint8_t> qx;
+            quant_x(xa, m, k, qx);
+            const int8_t *xq = (const int8_t *)qx.data();
+            const float *xd = (const float *)(qx.data() + (size_t)m * k);
+            std::vector<float> xr = is_quant(type) ? x_seen(xa, m, k) : x;
             for (int path = 0; path < 2; path++) {
                 if (path == 1 && type != GGML_F16 && type != GGML_BF16) continue;
                 std::fill(y.begin(), y.end(), 7.0f);
                 unsigned grid = cuda_blocks(n, GEMV_WARPS);
                 gemv_segs sg = {{wa}, {y.data()}, {n, n, n, n}, {path}, 1}; /* cuda_matmul's one segment */
-                QT_DISPATCH(type, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv_n<QT>(sg, rb, xa, m, k, 0.0f); }));
+                QT_DISPATCH(type, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv_n<QT>(sg, rb, xa, xq, xd, m, k, 0.0f); }));
                 double ss = 0, worst = 0;
                 std::vector<double> ref((size_t)m * n);
                 for (int r = 0; r < m; r++) for (int j = 0; j < n; j++) {
                     double s = 0;
-                    for (int i = 0; i < k; i++) s += (double)x[r * k + i] * wd[(size_t)j * k + i];
+                    for (int i = 0; i < k; i++) s += (double)xr[r * k + i] * wd[(size_t)j * k + i];
                     ref[r * n + j] = s; ss += s * s;
                 }
                 double rms = sqrt(ss / (m * n));
@@ -510,10 +569,11 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
         }
         cw[i] = {wp, W[i]->type, W[i]->rb, W[i]->n, yf[i].data()};
     }
-    emu_gemv_launches = emu_converts = emu_swiglus = emu_blas = 0;
+    emu_gemv_launches = emu_converts = emu_swiglus = emu_blas = emu_qx_launches = 0;
     int rc = mm_run(&ctx, cw, nw, x, m, k, mode, mode == CUDA_MM_ACC ? 1.0f : 0.0f, 0, &e);
     CHECK(rc == 0, "matmul_n: %s", e.msg);
     int launches = emu_gemv_launches, converts = emu_converts, swiglus = emu_swiglus, blas = emu_blas;
+    int qx_launches = emu_qx_launches;
     /* unfused: one cuda_matmul per weight into tmp, then the add or swiglu kernel */
     for (int i = 0; i < nw; i++) {
         tmp[i].assign((size_t)m * W[i]->n, 0.0f);
@@ -533,14 +593,20 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
         emu_serial(dim3(cuda_blocks(n, 256)), dim3(256), [&] { k_swiglu(tmp[0].data(), tmp[1].data(), yu[0].data(), CUDA_F32, n); });
     }
     int gemv = m <= CUDA_GEMV_MAX_M, n_out = mode == CUDA_MM_SWIGLU ? 1 : nw;
+    /* on the GEMV path quantized weights see x quantized (k_quant_x, once per call) */
+    std::vector<float> xs = x_seen(x, m, k);
+    int any_quant = 0;
+    for (int i = 0; i < nw; i++) any_quant |= is_quant(W[i]->type);
+    CHECK(qx_launches == (gemv && any_quant), "x quantized %d times", qx_launches);
     double ss = 0, worst = 0, worst_u = 0;
     size_t cnt = 0, diff = 0;
     for (int i = 0; i < n_out; i++)
         for (int t = 0; t < m; t++)
             for (int j = 0; j < W[i]->n; j++) {
                 auto dot = [&](const emu_w *w) {
+                    const float *xr = gemv && is_quant(w->type) ? xs.data() : x;
                     double s = 0;
-                    for (int l = 0; l < k; l++) s += (double)x[t * k + l] * w->d[(size_t)j * k + l];
+                    for (int l = 0; l < k; l++) s += (double)xr[t * k + l] * w->d[(size_t)j * k + l];
                     return s;
                 };
                 double r = dot(W[i]);
@@ -575,6 +641,28 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
     for (auto *p : moved) free(p);
     free(ctx.scratch[0]);
     free(ctx.scratch[1]);
+}
+
+/* A NaN in x reaches every output of a quantized GEMV instead of vanishing in int8 (the
+ * engine fails a sequence whose logits are not numbers); the other token's rows are intact. */
+static void test_gemv_nan() {
+    const int k = 256, m = 2;
+    for (int type : {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K}) {
+        emu_w *w = make_w(type, 6, k);
+        float *x = (float *)aligned_alloc(64, (size_t)m * k * 4);
+        for (int i = 0; i < m * k; i++) x[i] = frand();
+        x[k + 77] = NAN; /* token 1 */
+        std::vector<float> y((size_t)m * w->n, 0.0f);
+        cuda_ctx ctx = {};
+        md_err e = {};
+        cuda_mm_w one = {w->q, w->type, w->rb, w->n, y.data(), nullptr};
+        CHECK(mm_run(&ctx, &one, 1, x, m, k, CUDA_MM_SET, 0.0f, 0, &e) == 0, "matmul: %s", e.msg);
+        int nan0 = 0, nan1 = 0;
+        for (int j = 0; j < w->n; j++) nan0 += std::isnan(y[j]), nan1 += std::isnan(y[w->n + j]);
+        CHECK(nan0 == 0 && nan1 == w->n, "%s: NaN in token 1: %d NaN outputs in token 0, %d of %d in token 1", ggml_type_name(type), nan0, nan1, w->n);
+        free(x); free(ctx.scratch[0]); free(ctx.scratch[1]); free(w->q); delete w;
+    }
+    printf("gemv of quantized weights: a NaN in x makes its token's outputs NaN, the other token's are numbers\n");
 }
 
 static void test_matmul_n() {
@@ -637,6 +725,10 @@ static void test_matmul_n() {
     CHECK(mm_run(&ctx, cw, 2, x.data(), 1, k, CUDA_MM_SET, 0.0f, 0, &e) == MD_EUNSUPP, "type 99 accepted");
     CHECK(emu_gemv_launches == 0, "a refused call launched %d kernels", emu_gemv_launches);
     printf("matmul_n bad arguments refused: %s\n", e.msg);
+    cw[0].wtype = a->type, cw[0].w = a->q + 2;
+    CHECK(mm_run(&ctx, cw, 2, x.data(), 1, k, CUDA_MM_SET, 0.0f, 0, &e) == MD_EINVAL, "a quantized weight off 4-byte alignment accepted");
+    CHECK(emu_gemv_launches == 0, "a refused call launched %d kernels", emu_gemv_launches);
+    printf("matmul_n unaligned quantized weight refused: %s\n", e.msg);
     for (auto *p : {a, c}) { free(p->q); delete p; }
 }
 
@@ -804,7 +896,7 @@ int main(int argc, char **argv) {
     if (md_backend_cpu_open(2, &cpu, &e)) { printf("%s\n", e.msg); return 1; }
     std::string only = argc > 1 ? argv[1] : "";
     if (only.empty() || only == "dequant") test_dequant();
-    if (only.empty() || only == "gemv") { test_gemv(); test_cublas_args(); }
+    if (only.empty() || only == "gemv") { test_quant_x(); test_gemv(); test_gemv_nan(); test_cublas_args(); }
     if (only.empty() || only == "matmul_n") {
         test_matmul_n();
         test_matmul_bf16_copies();

@@ -41,6 +41,13 @@ static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 using std::min;
 using std::max;
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+/* round to nearest even (the default rounding mode, as lrintf) */
+static inline int __float2int_rn(float f) { return (int)lrintf(f); }
+/* four signed 8-bit products of a and b summed into c */
+static inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
 typedef uint16_t __half;
 typedef uint16_t __nv_bfloat16;
 extern "C" float md_fp16_to_fp32(uint16_t h);
