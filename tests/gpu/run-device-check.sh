@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run-device-check.sh — the CUDA backend's whole check on a GPU host, in one go (< 6 min on
 # an H200): build (or use binaries packed by pack-device-check.sh), run the GPU tests, write
-# a profile with `medley profile --device cuda:0`, run the GPU benchmark (the kernels alone,
+# a profile with `medley profile --device cuda:0`, time the GEMV of every weight type
+# against cuBLAS (bench_gemv.c), run the GPU benchmark (the kernels alone,
 # and the whole engine on a synthetic Llama-3-8B, with and without CUDA graphs) and its peer
 # (PyTorch + transformers `generate`, same model shape, same GPU, same run), and write every
 # log and result to $OUT (default ./devcheck-out): summary.md says what passed and the
@@ -47,8 +48,8 @@ else
     if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDLEY_WERROR=ON \
         -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >"$OUT/build.log" 2>&1 &&
         cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache \
-            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley >>"$OUT/build.log" 2>&1; then
-        cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/cli/medley "$BIN/"
+            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley_gemv_bench medley >>"$OUT/build.log" 2>&1; then
+        cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/tests/medley_gemv_bench build-gpu/cli/medley "$BIN/"
         note "build: ok (sm_90, warnings as errors)"
     else
         note "build: FAILED (see build.log; on hosts without jansson/hiredis/cmocka/glpk/pcre2"
@@ -105,6 +106,16 @@ if [ -n "${MEDLEY_MODELS:-}" ] && [ -r "$MEDLEY_MODELS/$MODEL_FILE" ]; then
     *) note "profile check: FAILED (exit $rc, see check_profile.log)"; fails=$((fails + 1)) ;;
     esac
 fi
+
+# ---- GEMV of every weight type vs cuBLAS on the same product (bench/gpu/bench_gemv.c) ---
+timeout 90 "$BIN/medley_gemv_bench" --out "$OUT/bench-gemv.json" >"$OUT/bench-gemv.log" 2>&1
+rc=$?
+case $rc in
+0) note "bench gemv (14336 x 4096; type m gemv-us GB/s of-HBM cublas-us gemv/cublas):"
+   grep -E '^(BF16|F16|Q[0-9])' "$OUT/bench-gemv.log" | sed 's/^/    /' | tee -a "$SUMMARY" ;;
+77) note "bench gemv: SKIPPED ($(head -1 "$OUT/bench-gemv.log"))" ;;
+*) note "bench gemv: FAILED (exit $rc, see bench-gemv.log)"; fails=$((fails + 1)) ;;
+esac
 
 # ---- benchmark: medley vs PyTorch + transformers --------------------------------------
 L=${BENCH_LAYERS:-32}

@@ -1,0 +1,194 @@
+/* bench_gemv.c — the decode GEMV of every weight type on one GPU: the weight bandwidth it
+ * reaches (weight bytes / time, and the fraction of the device's peak HBM bandwidth) and,
+ * in the same run, cuBLAS on the same product (BF16 weights: GemmEx directly; quantized
+ * weights: GemmEx on a BF16 copy, what `--bf16-weights on` gives), so the figures say where
+ * the GEMV path (m <= CUDA_GEMV_MAX_M) stops paying and what the quantized kernels reach.
+ *
+ *   medley_gemv_bench [--n ROWS] [--k COLS] [--out FILE.json]
+ *
+ * Shape: Llama-3-8B's gate/up (14336 x 4096) by default. Eight distinct weights are used
+ * in turn so the product streams from HBM, not from the 50 MB L2. Each figure is one CUDA
+ * graph of 64 products (x quantization included for quantized weights), replayed 5 times,
+ * after a warm-up. Prints one JSON object (and writes it to --out). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/util.h"
+#include "kernels/cuda/cuda_ops.h"
+
+#define N_COPIES 8
+#define PER_GRAPH 64
+#define REPLAYS 5
+
+static md_err e;
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        if ((call) != 0) {                                                                         \
+            fprintf(stderr, "medley_gemv_bench: %s: %s\n", #call, e.msg);                          \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+typedef struct {
+    const char *name;
+    int gtype;
+    int block, bytes;  /* elements and bytes per block */
+    int d_off, d2_off; /* f16 scale fields to make sane (-1: none) */
+} wtype;
+
+static const wtype TYPES[] = {
+    {"BF16", 30, 1, 2, -1, -1},    {"F16", 1, 1, 2, -1, -1},     {"Q8_0", 8, 32, 34, 0, -1},
+    {"Q4_0", 2, 32, 18, 0, -1},    {"Q4_1", 3, 32, 20, 0, 2},    {"Q4_K", 12, 256, 144, 0, 2},
+    {"Q6_K", 14, 256, 210, 208, -1},
+};
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint8_t rbyte(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint8_t)(rng >> 24);
+}
+
+/* Random blocks of type t with sane scales (BF16/F16: small random values). */
+static void fill_host(const wtype *t, uint8_t *h, size_t bytes) {
+    for (size_t i = 0; i < bytes; i++)
+        h[i] = rbyte();
+    if (t->block == 1) {
+        uint16_t *v = (uint16_t *)h;
+        for (size_t i = 0; i < bytes / 2; i++) /* |x| < 2^-3 or so, never inf/nan */
+            v[i] = (uint16_t)((v[i] & 0x81FF) | (t->gtype == 30 ? 0x3C00 : 0x2C00));
+        return;
+    }
+    for (size_t b = 0; b < bytes / t->bytes; b++) {
+        uint16_t d = 0x2000 | (rbyte() & 0xFF); /* f16 about 0.008 */
+        memcpy(h + b * t->bytes + t->d_off, &d, 2);
+        if (t->d2_off >= 0)
+            memcpy(h + b * t->bytes + t->d2_off, &d, 2);
+    }
+}
+
+/* Seconds per product: PER_GRAPH products in one graph, replayed REPLAYS times. */
+static double time_products(cuda_ctx *c, cuda_mm_w *w, const float *x, int m, int k, int force) {
+    for (int i = 0; i < N_COPIES; i++) /* warm-up: scratch sized, cuBLAS initialised */
+        TRY(cuda_matmul_n(c, &w[i], 1, x, m, k, CUDA_MM_SET, force, &e));
+    TRY(cuda_sync(c, &e));
+    cuda_graph *g = NULL;
+    TRY(cuda_graph_begin(c, &e));
+    for (int i = 0; i < PER_GRAPH; i++)
+        TRY(cuda_matmul_n(c, &w[i % N_COPIES], 1, x, m, k, CUDA_MM_SET, force, &e));
+    TRY(cuda_graph_end(c, &g, &e));
+    TRY(cuda_graph_launch(c, g, &e));
+    TRY(cuda_sync(c, &e));
+    uint64_t t0 = md_mono_ns();
+    for (int r = 0; r < REPLAYS; r++)
+        TRY(cuda_graph_launch(c, g, &e));
+    TRY(cuda_sync(c, &e));
+    double t = (md_mono_ns() - t0) / 1e9 / (REPLAYS * PER_GRAPH);
+    cuda_graph_free(g);
+    return t;
+}
+
+int main(int argc, char **argv) {
+    int n = 14336, k = 4096;
+    const char *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--n") && i + 1 < argc)
+            n = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--k") && i + 1 < argc)
+            k = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            out = argv[++i];
+        else {
+            fprintf(stderr, "usage: medley_gemv_bench [--n ROWS] [--k COLS] [--out FILE]\n");
+            return 2;
+        }
+    }
+    if (n < 1 || k < 256 || k % 256) {
+        fprintf(stderr, "medley_gemv_bench: need n >= 1 and k a multiple of 256\n");
+        return 2;
+    }
+    char why[256];
+    if (cuda_device_count(why, sizeof why) == 0) {
+        printf("SKIP: no CUDA device (%s)\n", why);
+        return 77;
+    }
+    cuda_device_info info;
+    TRY(cuda_device_query(0, &info, &e));
+    double peak = info.hbm_gbps > 0 ? info.hbm_gbps : 4800.0;
+    cuda_ctx *c;
+    TRY(cuda_ctx_open(0, &c, &e));
+    const int ms[] = {1, 2, 4, 8};
+    const int n_m = sizeof ms / sizeof ms[0], n_t = sizeof TYPES / sizeof TYPES[0];
+    float *x, *y[N_COPIES];
+    TRY(cuda_pool_alloc(c, (size_t)8 * k * 4, (void **)&x, &e));
+    TRY(cuda_fill_random(c, x, CUDA_F32, (int64_t)8 * k, 1.0f, 5, &e));
+    for (int i = 0; i < N_COPIES; i++)
+        TRY(cuda_pool_alloc(c, (size_t)8 * n * 4, (void **)&y[i], &e));
+    static char json[16384];
+    size_t jl = 0;
+    jl += snprintf(json + jl, sizeof json - jl,
+                   "{\"bench\": \"medley_gemv_bench\", \"device\": \"%s\", \"n\": %d, \"k\": %d, "
+                   "\"peak_gbps\": %.0f, \"rows\": [",
+                   info.name, n, k, peak);
+    fprintf(stderr, "%-5s %2s %10s %9s %7s %12s %8s\n", "type", "m", "gemv us", "GB/s", "of HBM",
+            "cublas us", "gemv/cb");
+    for (int ti = 0; ti < n_t; ti++) {
+        const wtype *t = &TYPES[ti];
+        size_t rb = (size_t)k / t->block * t->bytes, bytes = rb * n;
+        uint8_t *h = malloc(bytes);
+        cuda_mm_w w[N_COPIES];
+        void *copies[N_COPIES] = {0};
+        fill_host(t, h, bytes); /* the same bytes at N_COPIES addresses: L2 cannot hold them */
+        for (int i = 0; i < N_COPIES; i++) {
+            void *d;
+            TRY(cuda_pool_alloc(c, bytes, &d, &e));
+            TRY(cuda_upload(c, d, h, bytes, &e));
+            w[i] = (cuda_mm_w){d, t->gtype, rb, n, y[i], NULL};
+            if (t->block > 1) { /* the BF16 copy cuBLAS multiplies by */
+                TRY(cuda_pool_alloc(c, (size_t)n * k * 2, &copies[i], &e));
+                TRY(cuda_dequantize(c, t->gtype, d, copies[i], CUDA_BF16, (int64_t)n * k, &e));
+                w[i].bf16 = copies[i];
+            }
+        }
+        free(h);
+        TRY(cuda_sync(c, &e));
+        for (int mi = 0; mi < n_m; mi++) {
+            int m = ms[mi];
+            double tg = time_products(c, w, x, m, k, 0), tb = time_products(c, w, x, m, k, 1);
+            double gbps = bytes / tg / 1e9;
+            fprintf(stderr, "%-5s %2d %10.2f %9.0f %6.1f%% %12.2f %8.2f\n", t->name, m, tg * 1e6,
+                    gbps, 100 * gbps / peak, tb * 1e6, tg / tb);
+            jl += snprintf(json + jl, sizeof json - jl,
+                           "%s{\"type\": \"%s\", \"m\": %d, \"weight_bytes\": %zu, "
+                           "\"gemv_us\": %.3f, \"gemv_gbps\": %.1f, \"hbm_fraction\": %.4f, "
+                           "\"cublas_us\": %.3f, \"gemv_over_cublas\": %.3f}",
+                           ti || mi ? ", " : "", t->name, m, bytes, tg * 1e6, gbps, gbps / peak,
+                           tb * 1e6, tg / tb);
+        }
+        for (int i = 0; i < N_COPIES; i++) {
+            cuda_pool_free(c, (void *)w[i].w);
+            if (copies[i])
+                cuda_pool_free(c, copies[i]);
+        }
+    }
+    char date[64];
+    time_t now = time(NULL);
+    struct tm tmv;
+    gmtime_r(&now, &tmv);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    jl += snprintf(json + jl, sizeof json - jl, "], \"date\": \"%s\"}", date);
+    printf("%s\n", json);
+    if (out) {
+        FILE *f = fopen(out, "w");
+        if (!f || fprintf(f, "%s\n", json) < 0 || fclose(f)) {
+            fprintf(stderr, "medley_gemv_bench: cannot write %s\n", out);
+            return 1;
+        }
+    }
+    cuda_ctx_close(c);
+    return 0;
+}
