@@ -134,8 +134,10 @@ size_t cuda_attn_decode_work_bytes(int n, int n_heads, int head_dim, int n_split
     return (size_t)n * n_heads * n_splits * (2 + head_dim) * sizeof(float);
 }
 
-/* D = head_dim / 32 dims per lane. */
-template <int CT, int D>
+/* D = head_dim / 32 dims per lane; GM >= G = n_heads / n_kv_heads query heads per kv head,
+ * the register arrays' size (launch_dec picks the smallest of 1, 2, 4, 8 that holds G, so a
+ * Llama-3-8B group of 4 keeps 4 heads in registers, not MAX_GQA). */
+template <int CT, int D, int GM>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     k_attn_dec(const void *kc, const void *vc, int n_kv_heads, int block_tokens, const float *q,
                const int32_t *dec, const int32_t *block_table, int max_blocks, int n_heads,
@@ -149,9 +151,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     int k0 = split * chunk, k1 = min(L, k0 + chunk);
     const int32_t *bt = block_table + (int64_t)btrow * max_blocks;
 
-    float qv[MAX_GQA][D], acc[MAX_GQA][D], m[MAX_GQA], l[MAX_GQA];
+    float qv[GM][D], acc[GM][D], m[GM], l[GM];
 #pragma unroll
-    for (int g = 0; g < MAX_GQA; g++) {
+    for (int g = 0; g < GM; g++) {
         m[g] = -FLT_MAX;
         l[g] = 0.0f;
 #pragma unroll
@@ -172,7 +174,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         for (int d = 0; d < D; d++)
             vv[d] = ld_kv<CT>(vc, base + d);
 #pragma unroll
-        for (int g = 0; g < MAX_GQA; g++) {
+        for (int g = 0; g < GM; g++) {
             if (g >= G)
                 break;
             float s = 0.0f;
@@ -191,7 +193,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     /* Merge the warps of this block through shared memory, one query head at a time. */
     __shared__ float sm[DEC_WARPS], sl[DEC_WARPS], sacc[DEC_WARPS][HD];
 #pragma unroll
-    for (int g = 0; g < MAX_GQA; g++) {
+    for (int g = 0; g < GM; g++) {
         if (g >= G)
             break;
         if (lane == 0) {
@@ -253,25 +255,50 @@ __global__ void k_attn_dec_merge(const float *work, const int32_t *dec, int n_he
     }
 }
 
+/* The register arrays' size for G query heads per kv head: 1, 2, 4 or MAX_GQA. */
+static inline int dec_gm(int G) {
+    return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : MAX_GQA;
+}
+/* The kernel for head_dim D * 32 holding dec_gm(G) query heads per kv head. */
+template <int CT, int D>
+static void launch_dec_d(cudaStream_t st, const cuda_kv_layer *kv, dim3 grid, const float *q,
+                         const int32_t *dec, const int32_t *bt, int mb, int nh, float scale,
+                         int ns, float *work) {
+    const void *k = kv->k, *v = kv->v;
+    int nkv = kv->n_kv_heads, btk = kv->block_tokens;
+    switch (dec_gm(nh / nkv)) {
+    case 1:
+        k_attn_dec<CT, D, 1><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh,
+                                                              scale, ns, work);
+        break;
+    case 2:
+        k_attn_dec<CT, D, 2><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh,
+                                                              scale, ns, work);
+        break;
+    case 4:
+        k_attn_dec<CT, D, 4><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh,
+                                                              scale, ns, work);
+        break;
+    default:
+        k_attn_dec<CT, D, MAX_GQA><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb,
+                                                                    nh, scale, ns, work);
+        break;
+    }
+}
+
 template <int CT>
 static void launch_dec(cudaStream_t st, const cuda_kv_layer *kv, dim3 grid, const float *q,
                        const int32_t *dec, const int32_t *bt, int max_blocks, int n_heads,
                        float scale, int n_splits, float *work) {
     switch (kv->head_dim) {
     case 64:
-        k_attn_dec<CT, 2><<<grid, DEC_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
-                                                           kv->block_tokens, q, dec, bt, max_blocks,
-                                                           n_heads, scale, n_splits, work);
+        launch_dec_d<CT, 2>(st, kv, grid, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
         break;
     case 128:
-        k_attn_dec<CT, 4><<<grid, DEC_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
-                                                           kv->block_tokens, q, dec, bt, max_blocks,
-                                                           n_heads, scale, n_splits, work);
+        launch_dec_d<CT, 4>(st, kv, grid, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
         break;
     default:
-        k_attn_dec<CT, 8><<<grid, DEC_WARPS * 32, 0, st>>>(kv->k, kv->v, kv->n_kv_heads,
-                                                           kv->block_tokens, q, dec, bt, max_blocks,
-                                                           n_heads, scale, n_splits, work);
+        launch_dec_d<CT, 8>(st, kv, grid, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
         break;
     }
 }

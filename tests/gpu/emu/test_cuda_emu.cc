@@ -246,10 +246,24 @@ static void test_attention(md_backend *cpu, int f16, int hd, int nh, int nkv) {
     for (int splits : {1, 3, 8, 64}) {
         std::vector<float> out(q.size(), 12345.0f), work(cuda_attn_decode_work_bytes(plan.n_dec, nh, hd, splits) / 4);
         dim3 grid(plan.n_dec, nkv, splits);
+        int bits_wide = 0;
         auto dec_k = [&](auto CTc, auto Dc) {
             constexpr int CT = decltype(CTc)::value, D = decltype(Dc)::value;
-            emu_launch(grid, dim3(DEC_WARPS * 32), [&] { k_attn_dec<CT, D>(dk.data(), dv.data(), nkv, BT, q.data(), dec.data(), dbt.data(), 32, nh, scale, splits, work.data()); });
-            emu_launch(dim3(plan.n_dec, nh), dim3(128), [&] { k_attn_dec_merge(work.data(), dec.data(), nh, hd, splits, out.data()); });
+            /* the kernel launch_dec picks (GM = dec_gm(G)), then the one with MAX_GQA heads
+             * in registers: the same bits */
+            auto dec_gm_k = [&](auto GMc, float *o) {
+                constexpr int GM = decltype(GMc)::value;
+                emu_launch(grid, dim3(DEC_WARPS * 32), [&] { k_attn_dec<CT, D, GM>(dk.data(), dv.data(), nkv, BT, q.data(), dec.data(), dbt.data(), 32, nh, scale, splits, work.data()); });
+                emu_launch(dim3(plan.n_dec, nh), dim3(128), [&] { k_attn_dec_merge(work.data(), dec.data(), nh, hd, splits, o); });
+            };
+            int gm = dec_gm(nh / nkv);
+            if (gm == 1) dec_gm_k(std::integral_constant<int, 1>{}, out.data());
+            else if (gm == 2) dec_gm_k(std::integral_constant<int, 2>{}, out.data());
+            else if (gm == 4) dec_gm_k(std::integral_constant<int, 4>{}, out.data());
+            else dec_gm_k(std::integral_constant<int, MAX_GQA>{}, out.data());
+            std::vector<float> wide(out.size(), 12345.0f);
+            dec_gm_k(std::integral_constant<int, MAX_GQA>{}, wide.data());
+            for (size_t i = 0; i < out.size(); i++) bits_wide += memcmp(&out[i], &wide[i], 4) != 0;
             emu_launch(dim3(plan.n_tiles, nh), dim3(PF_WARPS * 32), [&] { k_attn_pf<CT, D>(dk.data(), dv.data(), nkv, BT, q.data(), tiles.data(), dbt.data(), 32, nh, scale, out.data()); });
         };
         using F32c = std::integral_constant<int, CUDA_F32>; using F16c = std::integral_constant<int, CUDA_F16>;
@@ -262,6 +276,8 @@ static void test_attention(md_backend *cpu, int f16, int hd, int nh, int nkv) {
         for (size_t i = 0; i < ref.size(); i++) { double d = fabs(out[i] - ref[i]); if (!(d <= worst)) { worst = d; wi = i; } }
         CHECK(worst <= 1e-5 * rms, "attention %s hd=%d heads %d/%d splits %d: worst %.3g at %zu (cpu %.6g emu %.6g) rms %.3g",
               f16 ? "f16" : "f32", hd, nh, nkv, splits, worst, wi, ref[wi], out[wi], rms);
+        CHECK(bits_wide == 0, "attention %s hd=%d heads %d/%d splits %d: %d outputs differ between %d and %d heads in registers",
+              f16 ? "f16" : "f32", hd, nh, nkv, splits, bits_wide, dec_gm(nh / nkv), MAX_GQA);
         printf("attention %s hd=%d heads %d/%d splits %d: worst %.2e, rms %.2e\n", f16 ? "f16" : "f32", hd, nh, nkv, splits, worst, rms);
     }
 }
