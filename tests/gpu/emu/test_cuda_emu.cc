@@ -616,6 +616,7 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
     CHECK(qx_launches == (gemv && any_quant), "x quantized %d times", qx_launches);
     double ss = 0, worst = 0, worst_u = 0;
     size_t cnt = 0, diff = 0;
+    std::vector<double> gs, us, errs; /* SwiGLU: gate, up and the error of each output */
     for (int i = 0; i < n_out; i++)
         for (int t = 0; t < m; t++)
             for (int j = 0; j < W[i]->n; j++) {
@@ -627,8 +628,13 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
                 };
                 double r = dot(W[i]);
                 if (mode == CUDA_MM_ACC) r += init[i][(size_t)t * W[i]->n + j];
-                if (mode == CUDA_MM_SWIGLU) r = r / (1.0 + exp(-r)) * dot(W[1]);
+                if (mode == CUDA_MM_SWIGLU) {
+                    double u = dot(W[1]);
+                    gs.push_back(r), us.push_back(u);
+                    r = r / (1.0 + exp(-r)) * u;
+                }
                 size_t at = (size_t)t * W[i]->n + j;
+                if (mode == CUDA_MM_SWIGLU) errs.push_back(fabs(yf[i][at] - r));
                 ss += r * r, cnt++;
                 worst = std::max(worst, fabs(yf[i][at] - r));
                 worst_u = std::max(worst_u, (double)fabsf(yf[i][at] - yu[i][at]));
@@ -639,7 +645,18 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
     for (int i = 0; i < nw; i++) snprintf(types + strlen(types), sizeof types - strlen(types), "%s%s", i ? "," : "", ggml_type_name(W[i]->type));
     char what[160];
     snprintf(what, sizeof what, "matmul_n %s n=%d [%s]%s m=%d", mode_name[mode], nw, types, woff ? " unaligned" : "", m);
-    CHECK(worst <= (gemv ? 1e-4 : 2e-2) * rms, "%s: worst %.3g of rms %.3g against the double product", what, worst, rms);
+    if (mode == CUDA_MM_SWIGLU && !gemv) {
+        /* cuBLAS: gate and up each off by up to 2e-2 of their own rms (BF16 inputs), so
+         * silu(g) * u is off by up to 2e-2 (1.1 |u| rms(g) + |g| rms(u)) (silu' <= 1.1):
+         * the product's large elements carry errors above 2e-2 of its rms */
+        double sg = 0, su = 0;
+        for (size_t i = 0; i < gs.size(); i++) sg += gs[i] * gs[i], su += us[i] * us[i];
+        double rg = sqrt(sg / gs.size()), ru = sqrt(su / us.size()), over = 0;
+        for (size_t i = 0; i < errs.size(); i++)
+            over = std::max(over, errs[i] / (2e-2 * (1.1 * fabs(us[i]) * rg + fabs(gs[i]) * ru)));
+        CHECK(over <= 1.0, "%s: worst %.3g of rms %.3g against the double product, %.2fx the bound", what, worst, rms, over);
+    } else
+        CHECK(worst <= (gemv ? 1e-4 : 2e-2) * rms, "%s: worst %.3g of rms %.3g against the double product", what, worst, rms);
     if (gemv || mode != CUDA_MM_ACC) /* GEMV: each row's sum as cuda_matmul makes it */
         CHECK(diff == 0, "%s: %zu of %zu outputs differ from the unfused ops (worst %.3g)", what, diff, cnt, worst_u);
     else
