@@ -74,6 +74,9 @@ static void usage(FILE *f) {
             "  --block-ms MS          XREADGROUP BLOCK when idle (default 1000)\n"
             "  --heartbeat-ms MS      heartbeat period (default 5000)\n"
             "  --grace-ms MS          on SIGTERM, time to finish running requests (default 30000)\n"
+            "  --step-timeout-ms MS   a device step running longer means a hung device: hand back\n"
+            "                         every request held and exit 1 for a restart (default:\n"
+            "                         120000 on a CUDA device, none on the CPU; 0: none)\n"
             "  --max-line-bytes N     largest input line accepted (default 1048576)\n"
             "  --usd-per-hour X       cost of this worker's devices, for each line's cost share\n"
             "                         (with --devices, split evenly between the children)\n"
@@ -259,7 +262,8 @@ static int worker_main(int argc, char **argv, unsigned char *skip) {
                         {"--max-line-bytes", 1024, 1 << 30},
                         {"--connect-timeout-ms", 1, 600000},
                         {"--command-timeout-ms", 0, 3600000},
-                        {"--plan-check-ms", 10, 3600000}};
+                        {"--plan-check-ms", 10, 3600000},
+                        {"--step-timeout-ms", 0, 86400000}};
             int k = -1;
             for (size_t j = 0; j < sizeof ints / sizeof *ints; j++)
                 if (!strcmp(a, ints[j].flag))
@@ -285,6 +289,7 @@ static int worker_main(int argc, char **argv, unsigned char *skip) {
             case 10: cfg.connect_timeout_ms = (int)x; break;
             case 11: cfg.command_timeout_ms = (int)x; break;
             case 12: cfg.plan_check_ms = (int)x; break;
+            case 13: cfg.step_timeout_ms = (int)x; break;
             }
         }
         i += used;

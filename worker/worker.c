@@ -23,6 +23,7 @@
 #include "common/util.h"
 #include "worker/plan.h"
 #include "worker/queue.h"
+#include "worker/watchdog.h"
 
 #define ENTRY_ID_MAX 48
 #define BATCH_CACHE 64
@@ -111,6 +112,9 @@ typedef struct {
     int device_failed; /* a runner's device failed: hand back, stop, exit with dev_err */
     long n_handed_back;
     md_err dev_err;
+    wk_watchdog *wd;              /* NULL without a step limit */
+    int step_limit_ms;            /* the watchdog's limit (0: none) */
+    unsigned streams_gen, wd_gen; /* stream set changes / the one the watchdog was told */
 } wk;
 
 void wk_config_default(wk_config *c) {
@@ -121,6 +125,8 @@ void wk_config_default(wk_config *c) {
     c->max_attempts = 3;
     c->block_ms = 1000;
     c->heartbeat_ms = 5000;
+    c->step_timeout_ms = -1;
+    c->step_timeout_exit = 1;
     c->grace_ms = 30000;
     c->connect_timeout_ms = 2000;
     c->command_timeout_ms = 10000;
@@ -241,6 +247,8 @@ static void answer_error(wk *w, int s, const char *entry_id, const char *batch,
 static void on_done(void *ctx, void *tag, const wk_result *res) {
     wk *w = ctx;
     job *j = tag;
+    if (!j->used)
+        return; /* dropped after the watchdog handed it back (a step that outran its limit) */
     if (res->device_lost && j->attempt < w->cfg->max_attempts) {
         j->handback = 1; /* stays used until hand_back() gives the entry to others */
         return;
@@ -1072,6 +1080,7 @@ static int add_stream(wk *w, int m, const char *key, md_err *e) {
         return rc;
     w->st[s].state = SLOT_ON;
     w->st[s].m = m;
+    w->streams_gen++;
     snprintf(w->st[s].key, sizeof w->st[s].key, "%s", key);
     snprintf(w->st[s].cursor, ENTRY_ID_MAX, "0-0");
     return 0;
@@ -1089,8 +1098,10 @@ static void reap(wk *w) {
             busy = md->jobs[i].used && md->jobs[i].s == s;
         for (int i = 0; i < w->n_ans && !busy; i++)
             busy = w->ans[i].s == s;
-        if (!busy)
+        if (!busy) {
             w->st[s].state = SLOT_FREE;
+            w->streams_gen++;
+        }
     }
     for (int m = 0; m < WK_MAX_MODELS; m++) {
         model *md = &w->mod[m];
@@ -1242,13 +1253,62 @@ static void hand_back(wk *w) {
     MD_WARN("worker", "handed back %d request(s) of a failed device to other workers", n);
 }
 
+/* Tell the watchdog which streams hold this worker's entries, when that changed. */
+static void watch_streams(wk *w) {
+    if (!w->wd || w->wd_gen == w->streams_gen)
+        return;
+    const char *keys[MAX_STREAMS];
+    int n = 0;
+    for (int s = 0; s < MAX_STREAMS; s++)
+        if (w->st[s].state != SLOT_FREE)
+            keys[n++] = w->st[s].key;
+    wk_watchdog_set_streams(w->wd, keys, n);
+    w->wd_gen = w->streams_gen;
+}
+
+/* The watchdog fired while a step ran and has handed back every entry this worker held:
+ * forget them (renewing or handing them back again would take them from whoever has them
+ * now), and stop with the device's failure. */
+static void after_watchdog(wk *w) {
+    long n = 0;
+    for (int m = 0; m < WK_MAX_MODELS; m++)
+        for (int i = 0; i < w->mod[m].n_jobs; i++) {
+            job *j = &w->mod[m].jobs[i];
+            n += j->used;
+            j->used = 0;
+            j->handback = 0;
+        }
+    w->live = 0;
+    w->n_handed_back += wk_watchdog_handed_back(w->wd);
+    if (!w->device_failed) {
+        w->device_failed = 1;
+        md_errf(&w->dev_err, MD_EDEVICE,
+                "a device step ran past the %d ms limit: the device looks hung",
+                w->step_limit_ms);
+    }
+    MD_ERROR("worker", "the step the watchdog gave up on returned; %ld request(s) it ran were "
+             "already handed back", n);
+}
+
 static void poll_all(wk *w, int wait_ms) {
     md_err e = {0};
     int one = n_served(w) == 1;
+    watch_streams(w);
     for (int m = 0; m < WK_MAX_MODELS; m++) {
         model *md = &w->mod[m];
-        if (md->state != SLOT_FREE && wk_runner_live(md->runner) > 0 &&
-            wk_runner_poll(md->runner, one ? wait_ms : 0, on_done, w, &e)) {
+        if (md->state == SLOT_FREE || wk_runner_live(md->runner) <= 0)
+            continue;
+        if (w->wd)
+            wk_watchdog_enter(w->wd);
+        int rc = wk_runner_poll(md->runner, one ? wait_ms : 0, on_done, w, &e);
+        if (w->wd) {
+            wk_watchdog_leave(w->wd);
+            if (wk_watchdog_fired(w->wd) && w->live > 0) {
+                after_watchdog(w);
+                return;
+            }
+        }
+        if (rc) {
             MD_ERROR("worker", "model %s: %s", md->name, e.msg);
             if (!w->device_failed) {
                 w->device_failed = 1;
@@ -1314,6 +1374,8 @@ static int open_all(wk *w, const wk_config *cfg, md_err *e) {
 }
 
 static void close_all(wk *w) {
+    wk_watchdog_stop(w->wd);
+    w->wd = NULL;
     for (int m = 0; m < WK_MAX_MODELS; m++) {
         if (w->mod[m].runner)
             wk_runner_close(w->mod[m].runner);
@@ -1391,6 +1453,18 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
         close_all(&w);
         return rc;
     }
+    /* the step watchdog: auto = 2 minutes on a CUDA device, none on the CPU */
+    const char *dev = cfg->runner.device;
+    w.step_limit_ms = cfg->step_timeout_ms >= 0 ? cfg->step_timeout_ms
+                      : dev && !strncmp(dev, "cuda", 4) ? 120000
+                                                         : 0;
+    if (w.step_limit_ms > 0 &&
+        (rc = wk_watchdog_start(&u, Q_GROUP, w.me, w.step_limit_ms,
+                                (long long)cfg->visibility_ms + 1000, cfg->step_timeout_exit,
+                                &w.wd, e))) {
+        close_all(&w);
+        return rc;
+    }
     char where[700];
     md_redis_url_describe(&u, where, sizeof where);
     if (cfg->follow_plan)
@@ -1401,6 +1475,9 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
                 w.me, cfg->n_models, where, w.mod[0].name, wk_runner_kind(w.mod[0].runner),
                 wk_runner_capacity(w.mod[0].runner));
 
+    if (w.wd)
+        MD_INFO("worker", "step watchdog: a step running over %d ms hands back every request and %s",
+                w.step_limit_ms, cfg->step_timeout_exit ? "exits 1" : "stops the worker");
     take_own(&w);
     uint64_t t = md_mono_ns();
     w.last_tick = t;

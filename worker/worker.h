@@ -44,6 +44,14 @@ typedef struct {
      * every plan_check_ms (default 1000) through P plan:version. */
     int follow_plan;
     int plan_check_ms;
+    /* A runner step (one engine step over every live sequence) running longer than this
+     * means a hung device: the watchdog (worker/watchdog.h) hands back every entry this
+     * worker holds and, with step_timeout_exit (default 1), ends the process with status 1
+     * for a restart; without it the worker stops with an error once the step returns.
+     * 0: no limit; -1 (default): 120000 on a CUDA device, no limit on the CPU (a slow CPU
+     * step is slow, not hung). */
+    int step_timeout_ms;
+    int step_timeout_exit;
 } wk_config;
 
 void wk_config_default(wk_config *c);

@@ -13,7 +13,12 @@
  *             on a later delivery), none in the DLQ (the dead worker hands them back).
  *   lastattempt (argument "lastattempt"): with max_attempts 1 a request the device failed on
  *             its last delivery is answered with the device's sentence, not handed back to
- *             end in the DLQ without it. */
+ *             end in the DLQ without it.
+ *   hung      (argument "hung"): a step that never returns (kind=hang): the step watchdog
+ *             hands the requests back within its limit, long before the 60 s visibility
+ *             timeout, so a healthy worker completes the batch while the dead one is still
+ *             stuck; once the step returns the dead worker stops with "looks hung" and
+ *             answers nothing. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -41,6 +46,7 @@
 #include "e2e/test_engine_util.h"
 #include "unit/fault_backend.h"
 #include "worker/client.h"
+#include "worker/watchdog.h"
 #include "worker/worker.h"
 
 #define N_REQ 8
@@ -167,6 +173,7 @@ static void *worker_main(void *arg) {
 }
 
 static int g_max_attempts = 3;
+static int g_visibility_ms = 2000, g_step_timeout_ms = -1;
 
 static void worker_start(worker_th *w, const char *id, const char *device) {
     memset(w, 0, sizeof *w);
@@ -178,7 +185,9 @@ static void worker_start(worker_th *w, const char *id, const char *device) {
     w->cfg.runner.device = device;
     w->cfg.runner.n_threads = 1;
     w->cfg.runner.max_seqs = 3;
-    w->cfg.visibility_ms = 2000; /* entries left by a dead worker are taken over quickly */
+    w->cfg.visibility_ms = g_visibility_ms; /* 2 s: a dead worker's entries go quickly */
+    w->cfg.step_timeout_ms = g_step_timeout_ms;
+    w->cfg.step_timeout_exit = 0; /* in-process workers: the test must survive the watchdog */
     w->cfg.block_ms = 100;
     w->cfg.heartbeat_ms = 500;
     w->cfg.grace_ms = 5000;
@@ -373,6 +382,123 @@ static void test_dead_device_last_attempt_answered_with_its_error(void **state) 
     assert_int_equal(o.device_errors, o.failed);
 }
 
+/* Entries of the model's stream idle for at least ms (the hand-back marks them so). */
+static long long pending_idle(int ms) {
+    redisReply *r = redisCommand(rc, "XPENDING medley:q:{%s} workers IDLE %d - + 100", MODEL, ms);
+    assert_non_null(r);
+    long long n = r->type == REDIS_REPLY_ARRAY ? (long long)r->elements : -1;
+    freeReplyObject(r);
+    return n;
+}
+
+static void test_hung_step_hands_back_within_its_limit(void **state) {
+    if (!test_model_path())
+        skip();
+    g_visibility_ms = 60000; /* only the watchdog's hand-back frees the entries in time */
+    g_step_timeout_ms = 1500;
+    char batch[Q_BATCH_ID_MAX];
+    submit_batch(batch);
+    worker_th dead, healthy;
+    worker_start(&dead, "hung-gpu", "faulty:op=matmul,step=3,after=4,kind=hang,sticky=1");
+    fault_backend_stats fs = {0};
+    for (int t = 0; t < 60000 && fs.hanging == 0; t += 20) {
+        usleep(20000);
+        fault_backend_get_stats(&fs);
+    }
+    assert_int_equal(fs.hanging, 1);
+    uint64_t t_hang = md_mono_ns();
+    long long back = 0;
+    while (back <= 0 && md_mono_ns() - t_hang < 20000000000ull) {
+        usleep(50000);
+        back = pending_idle(60000);
+    }
+    double ms_back = (double)(md_mono_ns() - t_hang) / 1e6;
+    printf("hung step: %lld request(s) handed back %.0f ms after the op blocked (limit %d ms)\n",
+           back, ms_back, g_step_timeout_ms);
+    assert_true(back >= 1);
+    assert_true(ms_back < 10000); /* the limit and a tick, not the 60 s visibility timeout */
+    g_step_timeout_ms = -1;
+    worker_start(&healthy, "healthy-cpu", "cpu");
+    int completed = wait_status(batch, "completed", 50000);
+    fault_backend_get_stats(&fs);
+    printf("batch %s: %s %.1f s after the hang, the dead worker %s\n", batch,
+           completed ? "completed" : "NOT completed", (double)(md_mono_ns() - t_hang) / 1e9,
+           fs.hanging ? "still stuck in its step" : "no longer stuck");
+    assert_true(completed);
+    assert_int_equal(fs.hanging, 1); /* done by the healthy worker while the other hung */
+    /* the stuck step returns: the dead worker stops by itself with the watchdog's verdict */
+    fault_backend_release();
+    uint64_t t0 = md_mono_ns();
+    while (!__atomic_load_n(&dead.done, __ATOMIC_ACQUIRE) && md_mono_ns() - t0 < 20000000000ull)
+        usleep(20000);
+    assert_true(__atomic_load_n(&dead.done, __ATOMIC_ACQUIRE));
+    pthread_join(dead.th, NULL);
+    printf("dead worker: rc %d: %s\n", dead.rc, dead.e.msg);
+    assert_int_equal(dead.rc, MD_EDEVICE);
+    assert_non_null(strstr(dead.e.msg, "looks hung"));
+    worker_stop(&healthy, "healthy-cpu");
+    g_visibility_ms = 2000;
+    outcome o;
+    read_outcome(batch, &o);
+    long long dlq = cmd_int("XLEN medley:dlq:{%s}", MODEL);
+    printf("answers: %d lines, %d ok (%d on a later delivery), %d failed; DLQ %lld\n", o.lines,
+           o.ok, o.retried, o.failed, dlq);
+    assert_int_equal(o.lines, N_REQ); /* the hung worker answered nothing twice */
+    assert_int_equal(o.unique, N_REQ);
+    assert_int_equal(o.ok, N_REQ);
+    assert_int_equal(dlq, 0);
+    assert_true(o.retried >= 1);
+}
+
+/* In production the watchdog ends the process (a CUDA context stuck in a kernel cannot be
+ * recovered in-process): a child holding an entry as consumer "stuck" enters a step that
+ * never ends; it must exit with status 1 within the limit and a tick, its entry handed
+ * back (idle past the visibility timeout, delivery count unchanged). */
+static void test_watchdog_ends_the_process_after_handing_back(void **state) {
+    const char *key = "medley:q:{watchdog-probe}";
+    redisReply *r = redisCommand(rc, "XGROUP CREATE %s workers 0 MKSTREAM", key);
+    assert_non_null(r);
+    freeReplyObject(r);
+    r = redisCommand(rc, "XADD %s * batch b line {}", key);
+    freeReplyObject(r);
+    r = redisCommand(rc, "XREADGROUP GROUP workers stuck COUNT 1 STREAMS %s >", key);
+    assert_true(r && r->type == REDIS_REPLY_ARRAY);
+    freeReplyObject(r);
+    uint64_t t0 = md_mono_ns();
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(0);
+        md_redis_url u;
+        md_err e = {0};
+        wk_watchdog *wd;
+        if (md_redis_url_parse(url, &u, &e) ||
+            wk_watchdog_start(&u, "workers", "stuck", 500, 61000, 1, &wd, &e))
+            _exit(7);
+        const char *keys[] = {key};
+        wk_watchdog_set_streams(wd, keys, 1);
+        wk_watchdog_enter(wd);
+        sleep(30); /* the step that never returns */
+        _exit(0);
+    }
+    int status = 0;
+    pid_t got = 0;
+    while ((got = waitpid(pid, &status, WNOHANG)) == 0 && md_mono_ns() - t0 < 10000000000ull)
+        usleep(20000);
+    if (got == 0)
+        kill(pid, SIGKILL), waitpid(pid, &status, 0);
+    double ms = (double)(md_mono_ns() - t0) / 1e6;
+    printf("watchdog child: exit %d after %.0f ms (limit 500 ms)\n",
+           WIFEXITED(status) ? WEXITSTATUS(status) : -1, ms);
+    assert_true(got == pid && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 1);
+    assert_true(ms < 5000);
+    r = redisCommand(rc, "XPENDING %s workers IDLE 60000 - + 10", key);
+    assert_true(r && r->type == REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, 1);
+    assert_int_equal(r->element[0]->element[3]->integer, 1); /* JUSTID: still one delivery */
+    freeReplyObject(r);
+}
+
 int main(int argc, char **argv) {
     if (!test_model_path()) {
         printf("SKIP: %s is not fetched (scripts/fetch-model.sh)\n", TEST_MODEL_FILE);
@@ -387,6 +513,12 @@ int main(int argc, char **argv) {
     const struct CMUnitTest lastattempt[] = {
         cmocka_unit_test(test_dead_device_last_attempt_answered_with_its_error),
     };
+    const struct CMUnitTest hung[] = {
+        cmocka_unit_test(test_watchdog_ends_the_process_after_handing_back),
+        cmocka_unit_test(test_hung_step_hands_back_within_its_limit),
+    };
+    if (argc > 1 && !strcmp(argv[1], "hung"))
+        return cmocka_run_group_tests(hung, setup, teardown);
     if (argc > 1 && !strcmp(argv[1], "lastattempt"))
         return cmocka_run_group_tests(lastattempt, setup, teardown);
     if (argc > 1 && !strcmp(argv[1], "lossless"))

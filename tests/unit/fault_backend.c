@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum {
     OP_NONE = -1,
@@ -58,6 +59,7 @@ typedef struct {
     int fused;  /* offer matmul_n and rope_kv */
     int shadow; /* offer weight_shadow (counted; the CPU multiplies as before) */
     int oom;    /* kind=oom: the failure is MD_ENOMEM, as cudaErrorMemoryAllocation */
+    int hang;   /* kind=hang: the op blocks until fault_backend_release(), then fails */
     long calls; /* calls of op counted so far */
     long steps; /* batch_prepare calls so far */
     int tripped;
@@ -69,6 +71,11 @@ typedef struct {
 } fault_be;
 
 static fault_backend_stats g_stats;
+static int g_released; /* fault_backend_release() was called (atomic) */
+
+void fault_backend_release(void) {
+    __atomic_store_n(&g_released, 1, __ATOMIC_RELEASE);
+}
 
 static void stat_add(long *v, long d) {
     __atomic_fetch_add(v, d, __ATOMIC_RELAXED);
@@ -83,6 +90,7 @@ void fault_backend_get_stats(fault_backend_stats *st) {
     st->live_bufs = __atomic_load_n(&g_stats.live_bufs, __ATOMIC_RELAXED);
     st->shadows = __atomic_load_n(&g_stats.shadows, __ATOMIC_RELAXED);
     st->shadow_bytes = __atomic_load_n(&g_stats.shadow_bytes, __ATOMIC_RELAXED);
+    st->hanging = __atomic_load_n(&g_stats.hanging, __ATOMIC_RELAXED);
 }
 
 static fault_be *fb(md_backend *be) {
@@ -122,7 +130,18 @@ static int gate(fault_be *f, int op, int *nan_out, md_err *e) {
     }
     md_err mine;
     md_err *t = e ? e : &mine;
-    if (f->oom)
+    if (f->hang) { /* a kernel that never finishes, until the test lets it go */
+        stat_add(&g_stats.hanging, 1);
+        while (!__atomic_load_n(&g_released, __ATOMIC_ACQUIRE)) {
+            struct timespec ts = {0, 10000000};
+            nanosleep(&ts, NULL);
+        }
+        stat_add(&g_stats.hanging, -1);
+        md_errf(t, MD_EDEVICE,
+                "CUDA device 0: %s failed: the launch timed out and was terminated "
+                "(cudaErrorLaunchTimeout)",
+                op_names[op]);
+    } else if (f->oom)
         md_errf(t, MD_ENOMEM, "CUDA device 0: %s failed: out of memory (cudaErrorMemoryAllocation)",
                 op_names[op]);
     else
@@ -419,9 +438,10 @@ static int parse_spec(fault_be *f, const char *device, long *threads, md_err *e)
             f->sticky = (int)num;
         } else if (kn == 4 && !memcmp(p, "kind", 4)) {
             ok = (vn == 5 && !memcmp(v, "error", 5)) || (vn == 3 && !memcmp(v, "nan", 3)) ||
-                 (vn == 3 && !memcmp(v, "oom", 3));
+                 (vn == 3 && !memcmp(v, "oom", 3)) || (vn == 4 && !memcmp(v, "hang", 4));
             f->nan = vn == 3 && !memcmp(v, "nan", 3);
             f->oom = vn == 3 && !memcmp(v, "oom", 3);
+            f->hang = vn == 4 && !memcmp(v, "hang", 4);
         } else if (kn == 6 && !memcmp(p, "record", 6)) {
             ok = parse_long(v, vn, 0, &num) == 0 && num <= 1;
             f->record = (int)num;

@@ -7,7 +7,7 @@
  * `failed`); without it the failure is transient and the next op works.
  *
  * Device names, registered under the prefix "faulty" (fault_backend_register):
- *   faulty:op=OP[,after=N][,step=S][,sticky=0|1][,kind=error|nan|oom][,record=0|1]
+ *   faulty:op=OP[,after=N][,step=S][,sticky=0|1][,kind=error|nan|oom|hang][,record=0|1]
  *          [,fused=0|1][,shadow=0|1][,threads=K]
  *     OP      a backend op: buf_alloc, buf_wrap, buf_upload, buf_download, buf_zero, reserve,
  *             batch_prepare, embed, matmul, add_bias, rmsnorm, rope, kv_write, attention,
@@ -21,7 +21,10 @@
  *             op=batch_prepare, whose calls are the steps (use after=S)
  *     sticky  1: the failure is permanent for this backend (every later op fails with it)
  *     kind    error (default): MD_EDEVICE; oom: MD_ENOMEM "out of memory
- *             (cudaErrorMemoryAllocation)"; nan: the op succeeds and its output is all NaN
+ *             (cudaErrorMemoryAllocation)"; hang: the op blocks (a kernel that never
+ *             finishes) until fault_backend_release() is called, then fails with MD_EDEVICE
+ *             "the launch timed out and was terminated (cudaErrorLaunchTimeout)", as a
+ *             kernel the driver's watchdog killed; nan: the op succeeds and its output is all NaN
  *             (ops with a float output: embed, matmul, add_bias, rmsnorm, rope, attention,
  *             swiglu, add, gather_rows, matmul_n: its first output, rope_kv: q)
  *     record  1: the backend has step_begin / step_end (as kernels/cuda for CUDA graphs), which
@@ -60,8 +63,12 @@ typedef struct {
     long live_bufs; /* buffers allocated or wrapped and not yet freed */
     long shadows;      /* weight_shadow calls that succeeded (shadow=1) */
     long shadow_bytes; /* the BF16 bytes those copies of quantized weights would take */
+    long hanging;      /* ops blocked by kind=hang right now */
 } fault_backend_stats;
 
 void fault_backend_get_stats(fault_backend_stats *st);
+
+/* Let every op blocked by kind=hang (now or later in this process) return its error. */
+void fault_backend_release(void);
 
 #endif
