@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/gpu/bench_gpu_util.h"
 #include "common/util.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -111,11 +112,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "medley_gemv_bench: need n >= 1 and k a multiple of 256\n");
         return 2;
     }
-    char why[256];
-    if (cuda_device_count(why, sizeof why) == 0) {
-        printf("SKIP: no CUDA device (%s)\n", why);
-        return 77;
-    }
+    int skip = bench_gpu_or_skip();
+    if (skip)
+        return skip;
     cuda_device_info info;
     TRY(cuda_device_query(0, &info, &e));
     double peak = info.hbm_gbps > 0 ? info.hbm_gbps : 4800.0;
@@ -176,19 +175,10 @@ int main(int argc, char **argv) {
         }
     }
     char date[64];
-    time_t now = time(NULL);
-    struct tm tmv;
-    gmtime_r(&now, &tmv);
-    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    bench_utc_date(date, sizeof date);
     jl += snprintf(json + jl, sizeof json - jl, "], \"date\": \"%s\"}", date);
-    printf("%s\n", json);
-    if (out) {
-        FILE *f = fopen(out, "w");
-        if (!f || fprintf(f, "%s\n", json) < 0 || fclose(f)) {
-            fprintf(stderr, "medley_gemv_bench: cannot write %s\n", out);
-            return 1;
-        }
-    }
+    if (bench_emit_json("medley_gemv_bench", json, out))
+        return 1;
     cuda_ctx_close(c);
     return 0;
 }

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/gpu/bench_gpu_util.h"
 #include "common/util.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -371,11 +372,9 @@ int main(int argc, char **argv) {
                 CHUNK);
         return 2;
     }
-    char why[256];
-    if (cuda_device_count(why, sizeof why) == 0) {
-        printf("SKIP: no CUDA device (%s)\n", why);
-        return 77;
-    }
+    int skip = bench_gpu_or_skip();
+    if (skip)
+        return skip;
     cuda_device_info info;
     TRY(cuda_device_query(0, &info, &e));
     bench b = {.s = s, .n_sm = info.n_sm};
@@ -413,10 +412,7 @@ int main(int argc, char **argv) {
             B, B, P, tp, G, td, td * 1e3 / G, tps, (double)B * G / td);
 
     char date[64];
-    time_t now = time(NULL);
-    struct tm tmv;
-    gmtime_r(&now, &tmv);
-    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    bench_utc_date(date, sizeof date);
     char json[2048];
     snprintf(json, sizeof json,
              "{\"bench\": \"medley_gpu_bench\", \"date\": \"%s\", \"device\": \"%s\", "
@@ -429,14 +425,8 @@ int main(int argc, char **argv) {
              date, info.name, s.n_layer, P, G, b.weight_bytes, ms_tok, t_plain * 1e3 / G,
              b.weight_bytes / (t_graph / G) / 1e9, frac, HBM_TBPS, B, tp, td, td * 1e3 / G, tps,
              (double)B * G / td);
-    printf("%s\n", json);
-    if (out) {
-        FILE *f = fopen(out, "w");
-        if (!f || fprintf(f, "%s\n", json) < 0 || fclose(f)) {
-            fprintf(stderr, "medley_gpu_bench: cannot write %s\n", out);
-            return 1;
-        }
-    }
+    if (bench_emit_json("medley_gpu_bench", json, out))
+        return 1;
     free(h);
     cuda_ctx_close(b.c);
     return 0;
