@@ -31,8 +31,8 @@ struct wk_watchdog {
 
 /* XPENDING + XCLAIM ... IDLE JUSTID on one stream: the entries this consumer holds there. */
 static long hand_back_stream(wk_watchdog *w, const char *key, md_err *e) {
-    redisReply *p = md_redis_cmd(w->r, e, "XPENDING %s %s - + %d %s", key, w->group,
-                                 WD_PENDING_MAX, w->consumer);
+    redisReply *p = md_redis_cmd(w->r, e, "XPENDING %s %s - + %d %s", key, w->group, WD_PENDING_MAX,
+                                 w->consumer);
     if (!p)
         return -1;
     long n = 0;
@@ -113,8 +113,10 @@ static void fire(wk_watchdog *w, double ran_s) {
         }
         if (n < 0) {
             failed = 1;
-            MD_ERROR("worker", "watchdog: could not hand back the entries of %s: %s (they are "
-                     "taken over once their visibility timeout passes)", keys[i], e.msg);
+            MD_ERROR("worker",
+                     "watchdog: could not hand back the entries of %s: %s (they are "
+                     "taken over once their visibility timeout passes)",
+                     keys[i], e.msg);
         } else {
             total += n;
         }
@@ -150,13 +152,11 @@ static void *wd_main(void *arg) {
     return NULL;
 }
 
-int wk_watchdog_start(const md_redis_url *u, const char *group, const char *consumer,
-                      int limit_ms, long long handback_idle_ms, int exit_on_fire,
-                      wk_watchdog **out, md_err *e) {
+int wk_watchdog_start(const md_redis_url *u, const char *group, const char *consumer, int limit_ms,
+                      long long handback_idle_ms, int exit_on_fire, wk_watchdog **out, md_err *e) {
     *out = NULL;
     if (limit_ms <= 0)
-        return md_errf(e, MD_EINVAL, "watchdog: the step limit must be > 0 ms (got %d)",
-                       limit_ms);
+        return md_errf(e, MD_EINVAL, "watchdog: the step limit must be > 0 ms (got %d)", limit_ms);
     wk_watchdog *w = calloc(1, sizeof *w);
     if (!w)
         return md_errf(e, MD_ENOMEM, "watchdog: out of memory");

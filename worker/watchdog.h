@@ -26,9 +26,8 @@ typedef struct wk_watchdog wk_watchdog;
  * opened now, so a hung device cannot also keep it from reaching Redis); consumer: the
  * worker's consumer name in group `group`; limit_ms > 0: the longest a step may run;
  * handback_idle_ms: the idle time given to handed-back entries. */
-int wk_watchdog_start(const md_redis_url *u, const char *group, const char *consumer,
-                      int limit_ms, long long handback_idle_ms, int exit_on_fire,
-                      wk_watchdog **out, md_err *e);
+int wk_watchdog_start(const md_redis_url *u, const char *group, const char *consumer, int limit_ms,
+                      long long handback_idle_ms, int exit_on_fire, wk_watchdog **out, md_err *e);
 /* Stop the thread and close its connection (NULL: nothing). */
 void wk_watchdog_stop(wk_watchdog *w);
 

@@ -109,7 +109,7 @@ typedef struct {
     uint64_t last_tick, last_hb, last_lease, last_claim;
     char gpu_name[256]; /* the CUDA device's name as its driver reports it, or "" */
     size_t gpu_bytes;   /* and its memory */
-    int device_failed; /* a runner's device failed: hand back, stop, exit with dev_err */
+    int device_failed;  /* a runner's device failed: hand back, stop, exit with dev_err */
     long n_handed_back;
     md_err dev_err;
     wk_watchdog *wd;              /* NULL without a step limit */
@@ -986,7 +986,7 @@ static void heartbeat(wk *w, const char *state, double dt_s) {
     double tps = dt_s > 0 ? (double)(w->n_tokens - w->tokens_at_hb) / dt_s : 0;
     w->tokens_at_hb = w->n_tokens;
     json_t *dev = json_pack("{s:s, s:I, s:f}", "type", dev_type(w, -1), "memory_bytes",
-                            w->gpu_name[0]           ? (json_int_t)w->gpu_bytes
+                            w->gpu_name[0]         ? (json_int_t)w->gpu_bytes
                             : pages > 0 && psz > 0 ? (json_int_t)pages * psz
                                                    : 0,
                             "tokens_per_s", tps);
@@ -1283,11 +1283,12 @@ static void after_watchdog(wk *w) {
     if (!w->device_failed) {
         w->device_failed = 1;
         md_errf(&w->dev_err, MD_EDEVICE,
-                "a device step ran past the %d ms limit: the device looks hung",
-                w->step_limit_ms);
+                "a device step ran past the %d ms limit: the device looks hung", w->step_limit_ms);
     }
-    MD_ERROR("worker", "the step the watchdog gave up on returned; %ld request(s) it ran were "
-             "already handed back", n);
+    MD_ERROR("worker",
+             "the step the watchdog gave up on returned; %ld request(s) it ran were "
+             "already handed back",
+             n);
 }
 
 static void poll_all(wk *w, int wait_ms) {
@@ -1455,13 +1456,12 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     }
     /* the step watchdog: auto = 2 minutes on a CUDA device, none on the CPU */
     const char *dev = cfg->runner.device;
-    w.step_limit_ms = cfg->step_timeout_ms >= 0 ? cfg->step_timeout_ms
+    w.step_limit_ms = cfg->step_timeout_ms >= 0         ? cfg->step_timeout_ms
                       : dev && !strncmp(dev, "cuda", 4) ? 120000
-                                                         : 0;
-    if (w.step_limit_ms > 0 &&
-        (rc = wk_watchdog_start(&u, Q_GROUP, w.me, w.step_limit_ms,
-                                (long long)cfg->visibility_ms + 1000, cfg->step_timeout_exit,
-                                &w.wd, e))) {
+                                                        : 0;
+    if (w.step_limit_ms > 0 && (rc = wk_watchdog_start(&u, Q_GROUP, w.me, w.step_limit_ms,
+                                                       (long long)cfg->visibility_ms + 1000,
+                                                       cfg->step_timeout_exit, &w.wd, e))) {
         close_all(&w);
         return rc;
     }
@@ -1476,7 +1476,8 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
                 wk_runner_capacity(w.mod[0].runner));
 
     if (w.wd)
-        MD_INFO("worker", "step watchdog: a step running over %d ms hands back every request and %s",
+        MD_INFO("worker",
+                "step watchdog: a step running over %d ms hands back every request and %s",
                 w.step_limit_ms, cfg->step_timeout_exit ? "exits 1" : "stops the worker");
     take_own(&w);
     uint64_t t = md_mono_ns();
@@ -1545,7 +1546,9 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
             w.me, w.n_ok, w.n_failed, w.n_ans);
     close_all(&w);
     if (w.device_failed)
-        return md_errf(e, w.dev_err.code, "%s (%ld request(s) it was running handed back to other "
-                       "workers)", w.dev_err.msg, w.n_handed_back);
+        return md_errf(e, w.dev_err.code,
+                       "%s (%ld request(s) it was running handed back to other "
+                       "workers)",
+                       w.dev_err.msg, w.n_handed_back);
     return 0;
 }

@@ -4,6 +4,10 @@
  * weights: GemmEx on a BF16 copy, what `--bf16-weights on` gives), so the figures say where
  * the GEMV path (m <= CUDA_GEMV_MAX_M) stops paying and what the quantized kernels reach.
  *
+ * m = 1..8 is the GEMV path; m = 16 and 32 on quantized weights without a copy the int8
+ * tiled product (k_mmq), also timed against expanding the weight at every product (what
+ * those steps cost before k_mmq).
+ *
  *   medley_gemv_bench [--n ROWS] [--k COLS] [--out FILE.json]
  *
  * Shape: Llama-3-8B's gate/up (14336 x 4096) by default. Eight distinct weights are used
@@ -41,8 +45,8 @@ typedef struct {
 } wtype;
 
 static const wtype TYPES[] = {
-    {"BF16", 30, 1, 2, -1, -1},    {"F16", 1, 1, 2, -1, -1},     {"Q8_0", 8, 32, 34, 0, -1},
-    {"Q4_0", 2, 32, 18, 0, -1},    {"Q4_1", 3, 32, 20, 0, 2},    {"Q4_K", 12, 256, 144, 0, 2},
+    {"BF16", 30, 1, 2, -1, -1},      {"F16", 1, 1, 2, -1, -1},  {"Q8_0", 8, 32, 34, 0, -1},
+    {"Q4_0", 2, 32, 18, 0, -1},      {"Q4_1", 3, 32, 20, 0, 2}, {"Q4_K", 12, 256, 144, 0, 2},
     {"Q6_K", 14, 256, 210, 208, -1},
 };
 
@@ -120,33 +124,33 @@ int main(int argc, char **argv) {
     double peak = info.hbm_gbps > 0 ? info.hbm_gbps : 4800.0;
     cuda_ctx *c;
     TRY(cuda_ctx_open(0, &c, &e));
-    const int ms[] = {1, 2, 4, 8};
+    const int ms[] = {1, 2, 4, 8, 16, 32};
     const int n_m = sizeof ms / sizeof ms[0], n_t = sizeof TYPES / sizeof TYPES[0];
     float *x, *y[N_COPIES];
-    TRY(cuda_pool_alloc(c, (size_t)8 * k * 4, (void **)&x, &e));
-    TRY(cuda_fill_random(c, x, CUDA_F32, (int64_t)8 * k, 1.0f, 5, &e));
+    TRY(cuda_pool_alloc(c, (size_t)32 * k * 4, (void **)&x, &e));
+    TRY(cuda_fill_random(c, x, CUDA_F32, (int64_t)32 * k, 1.0f, 5, &e));
     for (int i = 0; i < N_COPIES; i++)
-        TRY(cuda_pool_alloc(c, (size_t)8 * n * 4, (void **)&y[i], &e));
-    static char json[16384];
+        TRY(cuda_pool_alloc(c, (size_t)32 * n * 4, (void **)&y[i], &e));
+    static char json[32768];
     size_t jl = 0;
     jl += snprintf(json + jl, sizeof json - jl,
                    "{\"bench\": \"medley_gemv_bench\", \"device\": \"%s\", \"n\": %d, \"k\": %d, "
                    "\"peak_gbps\": %.0f, \"rows\": [",
                    info.name, n, k, peak);
-    fprintf(stderr, "%-5s %2s %10s %9s %7s %12s %8s\n", "type", "m", "gemv us", "GB/s", "of HBM",
-            "cublas us", "gemv/cb");
+    fprintf(stderr, "%-5s %2s %10s %9s %7s %12s %8s %10s\n", "type", "m", "medley us", "GB/s",
+            "of HBM", "cublas us", "med/cb", "expand us");
     for (int ti = 0; ti < n_t; ti++) {
         const wtype *t = &TYPES[ti];
         size_t rb = (size_t)k / t->block * t->bytes, bytes = rb * n;
         uint8_t *h = malloc(bytes);
-        cuda_mm_w w[N_COPIES];
+        cuda_mm_w w[N_COPIES], wn[N_COPIES]; /* with the BF16 copy / without */
         void *copies[N_COPIES] = {0};
         fill_host(t, h, bytes); /* the same bytes at N_COPIES addresses: L2 cannot hold them */
         for (int i = 0; i < N_COPIES; i++) {
             void *d;
             TRY(cuda_pool_alloc(c, bytes, &d, &e));
             TRY(cuda_upload(c, d, h, bytes, &e));
-            w[i] = (cuda_mm_w){d, t->gtype, rb, n, y[i], NULL};
+            w[i] = wn[i] = (cuda_mm_w){d, t->gtype, rb, n, y[i], NULL};
             if (t->block > 1) { /* the BF16 copy cuBLAS multiplies by */
                 TRY(cuda_pool_alloc(c, (size_t)n * k * 2, &copies[i], &e));
                 TRY(cuda_dequantize(c, t->gtype, d, copies[i], CUDA_BF16, (int64_t)n * k, &e));
@@ -157,16 +161,20 @@ int main(int argc, char **argv) {
         TRY(cuda_sync(c, &e));
         for (int mi = 0; mi < n_m; mi++) {
             int m = ms[mi];
-            double tg = time_products(c, w, x, m, k, 0), tb = time_products(c, w, x, m, k, 1);
+            /* medley's own path without a copy (GEMV; k_mmq for quantized m > 8; cuBLAS for
+             * 16-bit m > 8), cuBLAS on the BF16 copy, and cuBLAS expanding at each product */
+            double tg = time_products(c, wn, x, m, k, 0), tb = time_products(c, w, x, m, k, 1);
+            double tx = t->block > 1 && m > 8 ? time_products(c, wn, x, m, k, 1) : 0.0;
             double gbps = bytes / tg / 1e9;
-            fprintf(stderr, "%-5s %2d %10.2f %9.0f %6.1f%% %12.2f %8.2f\n", t->name, m, tg * 1e6,
-                    gbps, 100 * gbps / peak, tb * 1e6, tg / tb);
+            fprintf(stderr, "%-5s %2d %10.2f %9.0f %6.1f%% %12.2f %8.2f %10.2f\n", t->name, m,
+                    tg * 1e6, gbps, 100 * gbps / peak, tb * 1e6, tg / tb, tx * 1e6);
             jl += snprintf(json + jl, sizeof json - jl,
                            "%s{\"type\": \"%s\", \"m\": %d, \"weight_bytes\": %zu, "
-                           "\"gemv_us\": %.3f, \"gemv_gbps\": %.1f, \"hbm_fraction\": %.4f, "
-                           "\"cublas_us\": %.3f, \"gemv_over_cublas\": %.3f}",
+                           "\"medley_us\": %.3f, \"medley_gbps\": %.1f, \"hbm_fraction\": %.4f, "
+                           "\"cublas_us\": %.3f, \"medley_over_cublas\": %.3f, "
+                           "\"cublas_expand_us\": %.3f}",
                            ti || mi ? ", " : "", t->name, m, bytes, tg * 1e6, gbps, gbps / peak,
-                           tb * 1e6, tg / tb);
+                           tb * 1e6, tg / tb, tx * 1e6);
         }
         for (int i = 0; i < N_COPIES; i++) {
             cuda_pool_free(c, (void *)w[i].w);

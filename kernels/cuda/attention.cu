@@ -262,26 +262,26 @@ static inline int dec_gm(int G) {
 /* The kernel for head_dim D * 32 holding dec_gm(G) query heads per kv head. */
 template <int CT, int D>
 static void launch_dec_d(cudaStream_t st, const cuda_kv_layer *kv, dim3 grid, const float *q,
-                         const int32_t *dec, const int32_t *bt, int mb, int nh, float scale,
-                         int ns, float *work) {
+                         const int32_t *dec, const int32_t *bt, int mb, int nh, float scale, int ns,
+                         float *work) {
     const void *k = kv->k, *v = kv->v;
     int nkv = kv->n_kv_heads, btk = kv->block_tokens;
     switch (dec_gm(nh / nkv)) {
     case 1:
-        k_attn_dec<CT, D, 1><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh,
-                                                              scale, ns, work);
+        k_attn_dec<CT, D, 1>
+            <<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh, scale, ns, work);
         break;
     case 2:
-        k_attn_dec<CT, D, 2><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh,
-                                                              scale, ns, work);
+        k_attn_dec<CT, D, 2>
+            <<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh, scale, ns, work);
         break;
     case 4:
-        k_attn_dec<CT, D, 4><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh,
-                                                              scale, ns, work);
+        k_attn_dec<CT, D, 4>
+            <<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh, scale, ns, work);
         break;
     default:
-        k_attn_dec<CT, D, MAX_GQA><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb,
-                                                                    nh, scale, ns, work);
+        k_attn_dec<CT, D, MAX_GQA>
+            <<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh, scale, ns, work);
         break;
     }
 }

@@ -128,9 +128,13 @@ int cuda_gather_rows(cuda_ctx *c, const float *x, const int32_t *rows, int n_row
 /* y[m][n] = x[m][k] . w[n][k]^T (+ beta * y), FP32 accumulation, x and y f32. w holds n rows
  * of row_bytes bytes of ggml type wtype (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
  * m <= CUDA_GEMV_MAX_M (and not force_cublas): own GEMV kernels reading w once (quantized
- * weights decoded in registers). Otherwise cuBLAS GemmEx: x converted to bf16 (f16 for F16
+ * weights against x quantized to int8). m <= CUDA_MMQ_MAX_M with a quantized w: an int8
+ * tiled product on its blocks. Otherwise cuBLAS GemmEx: x converted to bf16 (f16 for F16
  * weights), quantized w expanded to bf16 in scratch first; F32 weights use SGEMM. */
 #define CUDA_GEMV_MAX_M 8
+/* 8 < m <= CUDA_MMQ_MAX_M with quantized weights that have no BF16 copy: an int8 tiled
+ * product (gemm.cu k_mmq) reading the quantized blocks, instead of expanding them. */
+#define CUDA_MMQ_MAX_M 32
 int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const float *x, float *y,
                 int m, int n, int k, float beta, int force_cublas, md_err *e);
 
@@ -144,6 +148,8 @@ int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const f
  * over their concatenated rows (weights of different types: one launch per type); SwiGLU
  * with gate and up of one type is one launch whose warps compute a gate row and the
  * matching up row and write silu(g) * u (different types: two GEMVs and cuda_swiglu).
+ * 8 < m <= CUDA_MMQ_MAX_M: quantized weights without a bf16 copy on the int8 tiled product
+ * (x quantized once per call), the others on cuBLAS as below.
  * cuBLAS path: x converted to BF16 / F16 once per call for all weights needing that type,
  * quantized weights read from w[i].bf16 when set (else expanded into scratch), GemmEx with
  * beta 1 for ACC, SwiGLU as two GEMMs then cuda_swiglu. Results equal

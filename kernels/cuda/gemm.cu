@@ -10,13 +10,16 @@
  * and x), products in int32 by __dp4a, one float scale per block and token. Several weights of one
  * type are one launch over their concatenated rows (a warp finds its weight in a segment
  * table passed by value); the residual add is the epilogue's beta, and gate/up rows are
- * computed by the same warp, which writes silu(gate) * up. Prefill and large batches use
+ * computed by the same warp, which writes silu(gate) * up. Steps of 9 to CUDA_MMQ_MAX_M
+ * tokens on quantized weights without a BF16 copy run an int8 tiled product on the blocks
+ * (k_mmq) rather than expanding them. Prefill and large batches use
  * cuBLAS GemmEx: x is converted to the weight's 16-bit type (once per type for several
  * weights), a quantized weight is multiplied by its BF16 copy when the caller keeps one
  * (cuda_mm_w.bf16, backend.h weight_shadow) and otherwise first expanded to BF16 in scratch,
  * and the product accumulates in FP32.
  *
- * Kernels are launched through GEMV_LAUNCH and cuBLAS is called only from blas_gemm, so the
+ * Kernels are launched through GEMV_LAUNCH, QX_LAUNCH and MMQ_LAUNCH and cuBLAS is called
+ * only from blas_gemm, so the
  * host code around them also runs on the CPU emulator (tests/gpu/emu), which supplies both. */
 #include <limits.h>
 #include <stdint.h>
@@ -86,10 +89,9 @@ __device__ __forceinline__ int ld_x4(const int8_t *p) {
  * Weight rows must start 4-byte aligned (mm_check): Q4_1 and Q4_K fields are then 4-byte
  * aligned, Q4_0, Q8_0 and Q6_K ones 2-byte aligned. */
 template <int T>
-__device__ __forceinline__ void gemv_row_q8(const uint8_t *__restrict__ wr,
-                                            const int8_t *__restrict__ xq,
-                                            const float *__restrict__ xd, int m, int k, int lane,
-                                            float *acc) {
+__device__ __forceinline__ void
+gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
+            const float *__restrict__ xd, int m, int k, int lane, float *acc) {
     const int nb = k / 32;
     if constexpr (T == QT_Q4_0 || T == QT_Q4_1 || T == QT_Q8_0) {
         const int s = lane & 3;
@@ -192,6 +194,157 @@ __device__ __forceinline__ void gemv_row_q8(const uint8_t *__restrict__ wr,
     }
 }
 
+/* ---- quantized weights, 8 < m <= CUDA_MMQ_MAX_M tokens, no BF16 copy ----
+ * A tiled product on int8 (__dp4a) that reads the quantized blocks directly, so a batch of
+ * a few dozen sequences on a card without room for BF16 copies does not expand every
+ * weight to BF16 at every step (16 GB of scratch traffic for an 8B model). Block: 64 weight
+ * rows x 32 tokens, k in steps of 256; weight blocks decoded to int8 with one scale per 16
+ * elements and one "min" per 32 (y += min * sum(x)), x as k_quant_x leaves it; each thread
+ * owns 4 rows x 2 tokens. */
+#define MMQ_BM 64
+#define MMQ_BN 32
+#define MMQ_BK 256
+#define MMQ_THREADS 256
+#define MMQ_LAUNCH(kernel, grid, stream, ...)                                                      \
+    kernel<<<(grid), MMQ_THREADS, 0, (stream)>>>(__VA_ARGS__)
+
+/* 32-element block b of weight row wr as int8 values v (8 packed ints), the scales of its
+ * two halves and its min: element j is d16[j / 16] * v[j] + mn. */
+template <int T>
+__device__ __forceinline__ void mmq_block(const uint8_t *__restrict__ wr, int b, int *v, float *d16,
+                                          float *mn) {
+    uint8_t q[32];
+    *mn = 0.0f;
+    if constexpr (T == QT_Q4_0 || T == QT_Q4_1) {
+        const uint8_t *p = wr + (size_t)b * (T == QT_Q4_0 ? 18 : 20);
+        const uint8_t *qs = p + (T == QT_Q4_0 ? 2 : 4);
+        float d = qt_f16(p);
+        int off = T == QT_Q4_0 ? 8 : 0;
+        for (int j = 0; j < 16; j++) {
+            q[j] = (uint8_t)((qs[j] & 0xF) - off);
+            q[j + 16] = (uint8_t)((qs[j] >> 4) - off);
+        }
+        d16[0] = d16[1] = d;
+        if constexpr (T == QT_Q4_1)
+            *mn = qt_f16(p + 2);
+    } else if constexpr (T == QT_Q8_0) {
+        const uint8_t *p = wr + (size_t)b * 34;
+        for (int j = 0; j < 32; j++)
+            q[j] = p[2 + j];
+        d16[0] = d16[1] = qt_f16(p);
+    } else if constexpr (T == QT_Q4_K) {
+        const uint8_t *p = wr + (size_t)(b / 8) * 144;
+        int j8 = b % 8, sc, mnv;
+        qt_q4k_scale_min(p + 4, j8, &sc, &mnv);
+        const uint8_t *qs = p + 16 + 32 * (j8 / 2);
+        int shift = (j8 & 1) * 4;
+        for (int l = 0; l < 32; l++)
+            q[l] = (uint8_t)((qs[l] >> shift) & 0xF);
+        d16[0] = d16[1] = qt_f16(p) * sc;
+        *mn = -qt_f16(p + 2) * mnv;
+    } else { /* Q6_K, as dq32 */
+        const uint8_t *p = wr + (size_t)(b / 8) * 210;
+        int half = (b % 8) / 4, g = b % 4;
+        const uint8_t *ql = p + 64 * half + 32 * (g & 1), *qh = p + 128 + 32 * half;
+        const int8_t *sc = (const int8_t *)(p + 192) + 8 * half + 2 * g;
+        float d = qt_f16(p + 208);
+        int lshift = (g & 2) ? 4 : 0;
+        for (int l = 0; l < 32; l++)
+            q[l] = (uint8_t)((((ql[l] >> lshift) & 0xF) | (((qh[l] >> (2 * g)) & 3) << 4)) - 32);
+        d16[0] = d * sc[0];
+        d16[1] = d * sc[1];
+    }
+    for (int i = 0; i < 8; i++)
+        v[i] = (int)((uint32_t)q[4 * i] | (uint32_t)q[4 * i + 1] << 8 |
+                     (uint32_t)q[4 * i + 2] << 16 | (uint32_t)q[4 * i + 3] << 24);
+}
+
+/* y[t][r] = (x . w^T)[t][r] + beta * y[t][r] for rows [64 bx, +64) and tokens [32 by, +32). */
+template <int T>
+__global__ void __launch_bounds__(MMQ_THREADS)
+    k_mmq(const uint8_t *__restrict__ w, size_t row_bytes, const int8_t *__restrict__ xq,
+          const float *__restrict__ xd, float *__restrict__ y, int m, int n, int k, float beta) {
+    __shared__ int sw[MMQ_BM][MMQ_BK / 4 + 1];
+    __shared__ float swd[MMQ_BM][MMQ_BK / 16], swm[MMQ_BM][MMQ_BK / 32];
+    __shared__ int sx[MMQ_BN][MMQ_BK / 4 + 1], sxs[MMQ_BN][MMQ_BK / 32];
+    __shared__ float sxd[MMQ_BN][MMQ_BK / 32];
+    const int tid = threadIdx.x, r0 = blockIdx.x * MMQ_BM, t0 = blockIdx.y * MMQ_BN;
+    const int nb = k / 32, ri = (tid % 16) * 4, ti = (tid / 16) * 2;
+    float acc[4][2] = {{0.0f}};
+    for (int k0 = 0; k0 < k; k0 += MMQ_BK) {
+        const int kb = min(MMQ_BK, k - k0) / 32; /* 32-blocks in this step */
+        /* weights: 64 rows x 8 blocks, two (row, block) items per thread */
+        for (int it = tid; it < MMQ_BM * (MMQ_BK / 32); it += MMQ_THREADS) {
+            int r = it / (MMQ_BK / 32), b = it % (MMQ_BK / 32);
+            int v[8];
+            float d16[2], mn;
+            if (r0 + r < n && b < kb) {
+                mmq_block<T>(w + (size_t)(r0 + r) * row_bytes, k0 / 32 + b, v, d16, &mn);
+            } else {
+                for (int i = 0; i < 8; i++)
+                    v[i] = 0;
+                d16[0] = d16[1] = mn = 0.0f;
+            }
+            for (int i = 0; i < 8; i++)
+                sw[r][8 * b + i] = v[i];
+            swd[r][2 * b] = d16[0];
+            swd[r][2 * b + 1] = d16[1];
+            swm[r][b] = mn;
+        }
+        /* x: 32 tokens x 8 blocks, one item per thread */
+        for (int it = tid; it < MMQ_BN * (MMQ_BK / 32); it += MMQ_THREADS) {
+            int t = it / (MMQ_BK / 32), b = it % (MMQ_BK / 32), sum = 0;
+            int ok = t0 + t < m && b < kb;
+            const int *src = (const int *)(xq + (int64_t)(t0 + t) * k + k0 + 32 * b);
+            for (int i = 0; i < 8; i++) {
+                int v = ok ? __ldg(src + i) : 0;
+                sx[t][8 * b + i] = v;
+                sum = __dp4a(QX_ONES, v, sum);
+            }
+            sxs[t][b] = sum;
+            sxd[t][b] = ok ? __ldg(xd + (int64_t)(t0 + t) * nb + k0 / 32 + b) : 0.0f;
+        }
+        __syncthreads();
+        for (int b = 0; b < kb; b++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int dot[4][2] = {{0}};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int xv0 = sx[ti][8 * b + 4 * h + i], xv1 = sx[ti + 1][8 * b + 4 * h + i];
+#pragma unroll
+                    for (int a = 0; a < 4; a++) {
+                        int wv = sw[ri + a][8 * b + 4 * h + i];
+                        dot[a][0] = __dp4a(wv, xv0, dot[a][0]);
+                        dot[a][1] = __dp4a(wv, xv1, dot[a][1]);
+                    }
+                }
+#pragma unroll
+                for (int a = 0; a < 4; a++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        acc[a][c] += swd[ri + a][2 * b + h] * sxd[ti + c][b] * (float)dot[a][c];
+            }
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    acc[a][c] += swm[ri + a][b] * sxd[ti + c][b] * (float)sxs[ti + c][b];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            int r = r0 + ri + a, t = t0 + ti + c;
+            if (r < n && t < m) {
+                float *o = y + (int64_t)t * n + r;
+                *o = beta == 0.0f ? acc[a][c] : acc[a][c] + beta * *o;
+            }
+        }
+}
+
 template <int T>
 __device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
                                            const float *__restrict__ x, int m, int k, int v16,
@@ -202,11 +355,9 @@ __device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
  * v16 (F16/BF16 only): 8 elements per 16-byte load, wr and x 16-byte aligned and
  * k % 8 == 0; otherwise 32-element groups decoded by dq32. */
 template <int T>
-__device__ __forceinline__ void gemv_row(const uint8_t *__restrict__ wr,
-                                         const float *__restrict__ x,
-                                         const int8_t *__restrict__ xq,
-                                         const float *__restrict__ xd, int m, int k, int v16,
-                                         int lane, float *acc) {
+__device__ __forceinline__ void
+gemv_row(const uint8_t *__restrict__ wr, const float *__restrict__ x, const int8_t *__restrict__ xq,
+         const float *__restrict__ xd, int m, int k, int v16, int lane, float *acc) {
     if constexpr (T != QT_F32 && T != QT_F16 && T != QT_BF16) {
         gemv_row_q8<T>(wr, xq, xd, m, k, lane, acc);
     } else {
@@ -462,8 +613,7 @@ static int mm_gemv(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int
         int n = w[0].n;
         float *y = w[0].y;
         QT_DISPATCH(w[0].wtype, GEMV_LAUNCH(k_gemv_swiglu<QT>, cuda_blocks(n, GEMV_WARPS),
-                                            c->stream, wg, wu, rb, x, xq, xd, y, m, n, k, vg,
-                                            vu));
+                                            c->stream, wg, wu, rb, x, xq, xd, y, m, n, k, vg, vu));
         return CUDA_LAUNCHED(c, "gemv_swiglu", e);
     }
     int taken[CUDA_MM_MAX] = {0};
@@ -535,6 +685,53 @@ static int mm_blas(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int
     return 0;
 }
 
+/* Whether weight w takes the int8 tiled path when 8 < m <= CUDA_MMQ_MAX_M: quantized
+ * without a BF16 copy (with one, cuBLAS on the copy is the better path). */
+static int mmq_ok(const cuda_mm_w *w) {
+    return qt_is_quant(w->wtype) && !w->bf16;
+}
+
+/* The int8 tiled path: x quantized once, one launch per weight, y = product + beta y. */
+static int mm_mmq(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int m, int k,
+                  float beta, md_err *e) {
+    void *qs = NULL;
+    int rc = cuda_scratch(c, CUDA_SCRATCH_X, qx_bytes(m, k), &qs, e);
+    if (rc)
+        return rc;
+    int8_t *xq = (int8_t *)qs;
+    float *xd = (float *)((int8_t *)qs + (size_t)m * k);
+    int64_t nb = (int64_t)m * (k / 32);
+    QX_LAUNCH(cuda_blocks(nb, QX_WARPS), c->stream, x, xq, xd, nb);
+    if ((rc = CUDA_LAUNCHED(c, "quant_x", e)))
+        return rc;
+    float b = beta;
+    for (int i = 0; i < n_w; i++) {
+        dim3 grid(cuda_blocks(w[i].n, MMQ_BM), cuda_blocks(m, MMQ_BN));
+        const uint8_t *wp = (const uint8_t *)w[i].w;
+        size_t rb = w[i].row_bytes;
+        float *y = w[i].y;
+        int n = w[i].n;
+        switch (w[i].wtype) { /* the quantized types only (mm_wants_mmq) */
+        case QT_Q4_0:
+            MMQ_LAUNCH(k_mmq<QT_Q4_0>, grid, c->stream, wp, rb, xq, xd, y, m, n, k, b);
+            break;
+        case QT_Q4_1:
+            MMQ_LAUNCH(k_mmq<QT_Q4_1>, grid, c->stream, wp, rb, xq, xd, y, m, n, k, b);
+            break;
+        case QT_Q8_0:
+            MMQ_LAUNCH(k_mmq<QT_Q8_0>, grid, c->stream, wp, rb, xq, xd, y, m, n, k, b);
+            break;
+        case QT_Q4_K:
+            MMQ_LAUNCH(k_mmq<QT_Q4_K>, grid, c->stream, wp, rb, xq, xd, y, m, n, k, b);
+            break;
+        default: MMQ_LAUNCH(k_mmq<QT_Q6_K>, grid, c->stream, wp, rb, xq, xd, y, m, n, k, b); break;
+        }
+        if ((rc = CUDA_LAUNCHED(c, "mmq", e)))
+            return rc;
+    }
+    return 0;
+}
+
 /* Arguments checked; the ctx's device current. */
 static int mm_run(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int m, int k, int mode,
                   float beta, int force_cublas, md_err *e) {
@@ -544,6 +741,28 @@ static int mm_run(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int 
     int swiglu = mode == CUDA_MM_SWIGLU;
     if (m <= CUDA_GEMV_MAX_M && !force_cublas)
         return mm_gemv(c, w, n_w, x, m, k, beta, swiglu, e);
+    if (!force_cublas && m <= CUDA_MMQ_MAX_M) {
+        /* quantized weights without a copy on the int8 tiled path, the others on cuBLAS
+         * (each weight as cuda_matmul of it alone would run it); SwiGLU as gate into y[0],
+         * up into y[1], then the swiglu kernel */
+        cuda_mm_w q[CUDA_MM_MAX], o[CUDA_MM_MAX];
+        int nq = 0, no = 0;
+        for (int i = 0; i < n_w; i++) {
+            if (mmq_ok(&w[i]))
+                q[nq++] = w[i];
+            else
+                o[no++] = w[i];
+        }
+        if (nq) {
+            float b = swiglu ? 0.0f : beta;
+            if ((rc = mm_mmq(c, q, nq, x, m, k, b, e)) ||
+                (no && (rc = mm_blas(c, o, no, x, m, k, b, 0, e))))
+                return rc;
+            if (swiglu)
+                return cuda_swiglu(c, w[0].y, w[1].y, w[0].y, CUDA_F32, (int64_t)m * w[0].n, e);
+            return 0;
+        }
+    }
     return mm_blas(c, w, n_w, x, m, k, beta, swiglu, e);
 }
 

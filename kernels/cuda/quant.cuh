@@ -107,7 +107,9 @@ template <> __device__ __forceinline__ void dq32<QT_Q6_K>(const uint8_t *row, in
     }
 }
 
-static inline int qt_is_quant(int t) { return t != QT_F32 && t != QT_F16 && t != QT_BF16; }
+static inline int qt_is_quant(int t) {
+    return t != QT_F32 && t != QT_F16 && t != QT_BF16;
+}
 
 /* Bytes per 32-element group's block and elements per block, host side. */
 static inline int qt_block_elems(int t) {

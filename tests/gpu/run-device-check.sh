@@ -111,7 +111,7 @@ fi
 timeout 90 "$BIN/medley_gemv_bench" --out "$OUT/bench-gemv.json" >"$OUT/bench-gemv.log" 2>&1
 rc=$?
 case $rc in
-0) note "bench gemv (14336 x 4096; type m gemv-us GB/s of-HBM cublas-us gemv/cublas):"
+0) note "bench gemv (14336 x 4096; type m medley-us GB/s of-HBM cublas-on-copy-us medley/cublas expand-us):"
    grep -E '^(BF16|F16|Q[0-9])' "$OUT/bench-gemv.log" | sed 's/^/    /' | tee -a "$SUMMARY" ;;
 77) note "bench gemv: SKIPPED ($(head -1 "$OUT/bench-gemv.log"))" ;;
 *) note "bench gemv: FAILED (exit $rc, see bench-gemv.log)"; fails=$((fails + 1)) ;;

@@ -139,13 +139,13 @@ static void x_seen_q8(const float *x, int n, float *xs) {
     }
 }
 
-/* y = x . W^T for weights of every type, through the GEMV kernels (m <= 8) and cuBLAS
- * (m > 8 or forced). Reference: double-precision product of the host-dequantized weights
- * with x, or on the GEMV path of a quantized weight with x quantized to int8 as the kernel
- * quantizes it (so the check sees the kernel's arithmetic, not the quantization's error).
- * Tolerance, relative to rms(y): 1e-4 for the GEMV path (the same products summed in
- * another order); 2e-2 for cuBLAS, whose inputs are rounded to bf16/f16 (8 significant
- * bits: ~2^-9 per product, growing as sqrt(k) like y itself). */
+/* y = x . W^T for weights of every type, through the GEMV kernels (m <= 8), the int8 tiled
+ * product (quantized weights, 8 < m <= 32) and cuBLAS (above, F16/BF16/F32, or forced). Reference:
+ * double-precision product of the host-dequantized weights with x, or on the GEMV and tiled paths
+ * of a quantized weight with x quantized to int8 as the kernels quantize it (so the check sees the
+ * kernel's arithmetic, not the quantization's error). Tolerance, relative to rms(y): 1e-4 for the
+ * GEMV path (the same products summed in another order); 2e-2 for cuBLAS, whose inputs are rounded
+ * to bf16/f16 (8 significant bits: ~2^-9 per product, growing as sqrt(k) like y itself). */
 static void test_matmul_every_type_and_path(void **state) {
     const int types[] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q4_0,
                          GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K};
@@ -192,7 +192,8 @@ static void test_matmul_every_type_and_path(void **state) {
                     continue;
                 int gemv = m <= CUDA_GEMV_MAX_M && !force;
                 int quant = type != GGML_F32 && type != GGML_F16 && type != GGML_BF16;
-                const float *xr = gemv && quant ? xs : x;
+                int mmq = quant && !gemv && !force && m <= CUDA_MMQ_MAX_M; /* int8 tiled */
+                const float *xr = (gemv || mmq) && quant ? xs : x;
                 ss = 0;
                 for (int r = 0; r < m; r++)
                     for (int j = 0; j < n; j++) {
@@ -205,18 +206,25 @@ static void test_matmul_every_type_and_path(void **state) {
                 double rms = sqrt(ss / (m * n));
                 OK(cuda_matmul(C, dw, type, rb, dx, dy, m, n, k, 0.0f, force, E));
                 get(y, dy, (size_t)m * n * 4);
-                double tol = (gemv || type == GGML_F32 ? 1e-4 : 2e-2) * rms, worst = 0;
+                double tol = (gemv || mmq || type == GGML_F32 ? 1e-4 : 2e-2) * rms, worst = 0;
                 for (int i = 0; i < m * n; i++) {
                     double err = fabs(y[i] - ref[i]);
                     if (!(err <= tol))
                         fail_msg("%s m=%d %s: y[%d] = %.6g, reference %.6g (tolerance %.3g)",
-                                 ggml_type_name(type), m, gemv ? "gemv" : "cublas", i, y[i], ref[i],
-                                 tol);
+                                 ggml_type_name(type), m,
+                                 gemv  ? "gemv"
+                                 : mmq ? "mmq"
+                                       : "cublas",
+                                 i, y[i], ref[i], tol);
                     if (err > worst)
                         worst = err;
                 }
                 printf("matmul %-5s m=%-2d %-6s max error %.2e of rms %.2e\n", ggml_type_name(type),
-                       m, gemv ? "gemv" : "cublas", worst, rms);
+                       m,
+                       gemv  ? "gemv"
+                       : mmq ? "mmq"
+                             : "cublas",
+                       worst, rms);
             }
             cuda_pool_free(C, dx);
             cuda_pool_free(C, dy);

@@ -43,17 +43,16 @@ static const char *const op_names[] = {
     "buf_alloc",     "buf_wrap",   "buf_upload", "buf_download", "buf_zero",    "reserve",
     "batch_prepare", "embed",      "matmul",     "add_bias",     "rmsnorm",     "rope",
     "kv_write",      "attention",  "swiglu",     "add",          "gather_rows", "sync",
-    "argmax",        "step_begin", "step_end",   "matmul_n",
-    "rope_kv",       "weight_shadow"};
+    "argmax",        "step_begin", "step_end",   "matmul_n",     "rope_kv",     "weight_shadow"};
 _Static_assert(sizeof op_names / sizeof op_names[0] == OP_COUNT, "one name per op");
 
 typedef struct {
     md_backend base;
     md_backend_ops ops; /* fault_ops, plus the step ops with record=1 */
-    md_backend *in; /* the CPU backend doing the work (owned) */
-    int op;         /* OP_* to fail, OP_NONE for none */
-    long after;     /* the after-th call of op fails */
-    long step;      /* 0: count from open; S: count within the S-th forward pass */
+    md_backend *in;     /* the CPU backend doing the work (owned) */
+    int op;             /* OP_* to fail, OP_NONE for none */
+    long after;         /* the after-th call of op fails */
+    long step;          /* 0: count from open; S: count within the S-th forward pass */
     int sticky, nan;
     int record; /* offer step_begin / step_end */
     int fused;  /* offer matmul_n and rope_kv */
@@ -273,8 +272,8 @@ static int f_rope_kv(md_backend *be, md_buf *q, md_buf *k, const md_buf *v, md_b
                      md_buf *v_cache, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
                      const md_buf *inv_freq, int neox, int cache_type, md_err *e) {
     FWD_OUT(be, OP_ROPE_KV, rope_kv, q, (size_t)fb(be)->n_tokens * n_heads * head_dim, q, k, v,
-            k_cache, v_cache, n_heads, n_kv_heads, head_dim, rot_dims, inv_freq, neox,
-            cache_type, e);
+            k_cache, v_cache, n_heads, n_kv_heads, head_dim, rot_dims, inv_freq, neox, cache_type,
+            e);
 }
 
 /* Counts the copies the engine asks for; the wrapped CPU backend has no use for them. */
@@ -384,7 +383,6 @@ static const md_backend_ops fault_ops = {
     .check_fits = f_check_fits,
     .argmax = f_argmax,
 };
-
 
 static int parse_long(const char *s, size_t n, long lo, long *out) {
     char buf[32];
@@ -502,8 +500,7 @@ int fault_backend_open(const char *device, int n_threads, md_backend **out, md_e
     if ((f->op == OP_MATMUL_N || f->op == OP_ROPE_KV) && !f->fused) {
         md_backend_free(f->in);
         free(f);
-        return md_errf(e, MD_EINVAL, "device \"%s\": op=matmul_n/rope_kv needs fused=1",
-                       device);
+        return md_errf(e, MD_EINVAL, "device \"%s\": op=matmul_n/rope_kv needs fused=1", device);
     }
     f->ops = fault_ops;
     f->ops.kv_cache_type = f->in->ops->kv_cache_type;

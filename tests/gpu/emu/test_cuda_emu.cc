@@ -13,14 +13,16 @@
  * barriers, cuBLAS itself, speed.
  * Written by a desk-check of the CUDA backend before its first GPU run (2026-12-02).
  *
- *   build/tests/test_cuda_emu [dequant|gemv|matmul_n|elementwise|attention|rope|sample|samplehost] */
+ *   build/tests/test_cuda_emu [dequant|gemv|mmq|matmul_n|elementwise|attention|rope|sample|samplehost] */
 #include "gen/dequant.cc"
 /* gemm.cu launches its GEMV kernels through GEMV_LAUNCH (stripped with its <<<>>>): here they
  * run on the emulator, counted, so the host code choosing them runs as written. */
 static int emu_gemv_launches;
 #define GEMV_LAUNCH(kernel, grid, stream, ...)                                                     \
     (emu_gemv_launches++, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { kernel(__VA_ARGS__); }))
-static int emu_qx_launches;
+static int emu_qx_launches, emu_mmq_launches;
+#define MMQ_LAUNCH(kernel, grid, stream, ...)                                                      \
+    (emu_mmq_launches++, emu_launch(dim3(grid), dim3(MMQ_THREADS), [&] { kernel(__VA_ARGS__); }))
 #define QX_LAUNCH(grid, stream, ...)                                                               \
     (emu_qx_launches++, emu_launch(dim3(grid), dim3(QX_WARPS * 32), [&] { k_quant_x(__VA_ARGS__); }))
 #include "gen/gemm.cc"
@@ -585,11 +587,11 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
         }
         cw[i] = {wp, W[i]->type, W[i]->rb, W[i]->n, yf[i].data()};
     }
-    emu_gemv_launches = emu_converts = emu_swiglus = emu_blas = emu_qx_launches = 0;
+    emu_gemv_launches = emu_converts = emu_swiglus = emu_blas = emu_qx_launches = emu_mmq_launches = 0;
     int rc = mm_run(&ctx, cw, nw, x, m, k, mode, mode == CUDA_MM_ACC ? 1.0f : 0.0f, 0, &e);
     CHECK(rc == 0, "matmul_n: %s", e.msg);
     int launches = emu_gemv_launches, converts = emu_converts, swiglus = emu_swiglus, blas = emu_blas;
-    int qx_launches = emu_qx_launches;
+    int qx_launches = emu_qx_launches, mmq_launches = emu_mmq_launches;
     /* unfused: one cuda_matmul per weight into tmp, then the add or swiglu kernel */
     for (int i = 0; i < nw; i++) {
         tmp[i].assign((size_t)m * W[i]->n, 0.0f);
@@ -609,11 +611,20 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
         emu_serial(dim3(cuda_blocks(n, 256)), dim3(256), [&] { k_swiglu(tmp[0].data(), tmp[1].data(), yu[0].data(), CUDA_F32, n); });
     }
     int gemv = m <= CUDA_GEMV_MAX_M, n_out = mode == CUDA_MM_SWIGLU ? 1 : nw;
-    /* on the GEMV path quantized weights see x quantized (k_quant_x, once per call) */
+    /* on the GEMV and int8 tiled paths quantized weights see x quantized (k_quant_x, once
+     * per call); the tiled path takes calls of quantized weights only, 8 < m <= 32 */
     std::vector<float> xs = x_seen(x, m, k);
-    int any_quant = 0;
-    for (int i = 0; i < nw; i++) any_quant |= is_quant(W[i]->type);
-    CHECK(qx_launches == (gemv && any_quant), "x quantized %d times", qx_launches);
+    int n_quant = 0;
+    for (int i = 0; i < nw; i++) n_quant += is_quant(W[i]->type);
+    int any_quant = n_quant > 0, all_quant = n_quant == nw;
+    int mmq = !gemv && any_quant && m <= CUDA_MMQ_MAX_M; /* its quantized weights go there */
+    int exact = gemv || (mmq && all_quant);              /* no weight on cuBLAS (BF16 inputs) */
+    CHECK(qx_launches == ((gemv && any_quant) || mmq), "x quantized %d times", qx_launches);
+    CHECK(mmq_launches == (mmq ? n_quant : 0), "%d int8 tiled launches (want %d)", mmq_launches, mmq ? n_quant : 0);
+    if (mmq) { /* the others on cuBLAS, the quantized ones never expanded */
+        CHECK(blas == nw - n_quant, "%d cuBLAS calls beside the int8 tiled path (want %d)", blas, nw - n_quant);
+        if (all_quant) want_converts = 0;
+    }
     double ss = 0, worst = 0, worst_u = 0;
     size_t cnt = 0, diff = 0;
     std::vector<double> gs, us, errs; /* SwiGLU: gate, up and the error of each output */
@@ -621,7 +632,7 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
         for (int t = 0; t < m; t++)
             for (int j = 0; j < W[i]->n; j++) {
                 auto dot = [&](const emu_w *w) {
-                    const float *xr = gemv && is_quant(w->type) ? xs.data() : x;
+                    const float *xr = (gemv || mmq) && is_quant(w->type) ? xs.data() : x;
                     double s = 0;
                     for (int l = 0; l < k; l++) s += (double)xr[t * k + l] * w->d[(size_t)j * k + l];
                     return s;
@@ -645,7 +656,7 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
     for (int i = 0; i < nw; i++) snprintf(types + strlen(types), sizeof types - strlen(types), "%s%s", i ? "," : "", ggml_type_name(W[i]->type));
     char what[160];
     snprintf(what, sizeof what, "matmul_n %s n=%d [%s]%s m=%d", mode_name[mode], nw, types, woff ? " unaligned" : "", m);
-    if (mode == CUDA_MM_SWIGLU && !gemv) {
+    if (mode == CUDA_MM_SWIGLU && !exact) {
         /* cuBLAS: gate and up each off by up to 2e-2 of their own rms (BF16 inputs), so
          * silu(g) * u is off by up to 2e-2 (1.1 |u| rms(g) + |g| rms(u)) (silu' <= 1.1):
          * the product's large elements carry errors above 2e-2 of its rms */
@@ -656,24 +667,67 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
             over = std::max(over, errs[i] / (2e-2 * (1.1 * fabs(us[i]) * rg + fabs(gs[i]) * ru)));
         CHECK(over <= 1.0, "%s: worst %.3g of rms %.3g against the double product, %.2fx the bound", what, worst, rms, over);
     } else
-        CHECK(worst <= (gemv ? 1e-4 : 2e-2) * rms, "%s: worst %.3g of rms %.3g against the double product", what, worst, rms);
+        CHECK(worst <= (exact ? 1e-4 : 2e-2) * rms, "%s: worst %.3g of rms %.3g against the double product", what, worst, rms);
     if (gemv || mode != CUDA_MM_ACC) /* GEMV: each row's sum as cuda_matmul makes it */
         CHECK(diff == 0, "%s: %zu of %zu outputs differ from the unfused ops (worst %.3g)", what, diff, cnt, worst_u);
     else
         CHECK(worst_u <= 1e-6 * rms, "%s: worst %.3g from the unfused ops, rms %.3g", what, worst_u, rms);
-    if (want_launches >= 0)
+    if (mmq)
+        CHECK(launches == 0, "%s: %d GEMV launches on the int8 tiled path", what, launches);
+    else if (want_launches >= 0)
         CHECK(launches == want_launches, "%s: %d GEMV launches, want %d", what, launches, want_launches);
     else
         CHECK(launches == 0, "%s: %d GEMV launches on the cuBLAS path", what, launches);
     CHECK(converts == want_converts, "%s: x converted %d times, want %d", what, converts, want_converts);
     int fused_swiglu = mode == CUDA_MM_SWIGLU && gemv && W[0]->type == W[1]->type;
     CHECK(swiglus == (mode == CUDA_MM_SWIGLU && !fused_swiglu), "%s: %d swiglu launches", what, swiglus);
-    printf("%s: %d launch(es), %d conversion(s); worst %.2e vs double, %.2e vs unfused (%zu bits differ), rms %.2e\n",
-           what, gemv ? launches : blas, converts, worst, worst_u, diff, rms);
+    printf("%s: %s %d launch(es), %d conversion(s); worst %.2e vs double, %.2e vs unfused (%zu bits differ), rms %.2e\n",
+           what, gemv ? "gemv" : mmq ? "mmq" : "cublas", gemv ? launches : mmq ? mmq_launches : blas, converts, worst, worst_u, diff, rms);
     free(x);
     for (auto *p : moved) free(p);
     free(ctx.scratch[0]);
     free(ctx.scratch[1]);
+}
+
+/* The int8 tiled product (8 < m <= 32, quantized weights without a BF16 copy) of every
+ * quantized type against the double product with x as k_quant_x leaves it: row counts
+ * below and above a 64-row tile, token counts inside one 32-token tile and across two, k
+ * in whole 256 steps and with a partial last step (576, the 32-block types). */
+static void test_mmq() {
+    for (int type : {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K}) {
+        bool kq = type == GGML_Q4_K || type == GGML_Q6_K;
+        for (int k : {512, 576}) {
+            if (kq && k % 256) continue;
+            for (int n : {12, 70}) {
+                emu_w *w = make_w(type, n, k);
+                for (int m : {9, 20, 32}) {
+                    if (n == 70 && m == 20) continue;
+                    float *x = (float *)aligned_alloc(64, ((size_t)m * k * 4 + 63) / 64 * 64);
+                    for (int i = 0; i < m * k; i++) x[i] = 2.0f * frand();
+                    std::vector<float> y((size_t)m * n, 5.0f), xs = x_seen(x, m, k);
+                    cuda_ctx ctx = {};
+                    md_err e = {};
+                    cuda_mm_w one = {w->q, w->type, w->rb, w->n, y.data(), nullptr};
+                    emu_mmq_launches = emu_blas = 0;
+                    CHECK(mm_run(&ctx, &one, 1, x, m, k, CUDA_MM_ACC, 1.0f, 0, &e) == 0, "mmq: %s", e.msg);
+                    CHECK(emu_mmq_launches == 1 && emu_blas == 0, "mmq %s m=%d: %d tiled launches, %d cuBLAS", ggml_type_name(type), m, emu_mmq_launches, emu_blas);
+                    double ss = 0, worst = 0;
+                    for (int t = 0; t < m; t++)
+                        for (int j = 0; j < n; j++) {
+                            double r = 5.0;
+                            for (int l = 0; l < k; l++) r += (double)xs[(size_t)t * k + l] * w->d[(size_t)j * k + l];
+                            ss += r * r;
+                            worst = std::max(worst, fabs(y[(size_t)t * n + j] - r));
+                        }
+                    double rms = sqrt(ss / (m * n));
+                    CHECK(worst <= 1e-5 * rms, "mmq %s n=%d k=%d m=%d: worst %.3g of rms %.3g", ggml_type_name(type), n, k, m, worst, rms);
+                    free(x); free(ctx.scratch[0]); free(ctx.scratch[1]);
+                }
+                free(w->q); delete w;
+            }
+        }
+        printf("mmq %-5s n=12,70 k=512%s m=9,20,32 (ACC): within 1e-5 of rms of the double product\n", ggml_type_name(type), kq ? "" : ",576");
+    }
 }
 
 /* A NaN in x reaches every output of a quantized GEMV instead of vanishing in int8 (the
@@ -808,13 +862,17 @@ static void test_matmul_bf16_copies() {
                 int dq_a = emu_dequants, la = emu_gemv_launches;
                 emu_dequants = emu_gemv_launches = 0;
                 CHECK(mm_run(&ctx, c, nw, x, m, k, mode, beta, 0, &e) == 0, "matmul with copies: %s", e.msg);
-                int expand = m > CUDA_GEMV_MAX_M && part == 0;
+                /* 8 < m <= 32: without copies the quantized weights take the int8 tiled
+                 * path (no expansion either), with them cuBLAS reads the copies */
+                int expand = m > CUDA_MMQ_MAX_M && part == 0;
                 CHECK(dq_a == (expand ? 3 : 0) && emu_dequants == 0, "m=%d: %d expansions without copies, %d with", m, dq_a, emu_dequants);
                 CHECK(emu_gemv_launches == la, "m=%d: %d GEMV launches with copies, %d without", m, emu_gemv_launches, la);
                 free(ctx.scratch[0]);
                 free(ctx.scratch[1]);
             }
             for (size_t i = 0; i < W.size(); i++) {
+                if (m > CUDA_GEMV_MAX_M && m <= CUDA_MMQ_MAX_M && is_quant(W[i]->type))
+                    continue; /* two different paths: test_mmq checks the tiled one */
                 int bits = 0;
                 for (size_t j = 0; j < ya[i].size(); j++) bits += memcmp(&ya[i][j], &yb[i][j], 4) != 0;
                 worst_bits = std::max(worst_bits, bits);
@@ -823,7 +881,7 @@ static void test_matmul_bf16_copies() {
             free(x);
         }
     printf("matmul with BF16 weight copies (Q4_K, Q6_K, Q4_0 + F16, BF16; SET/ACC; m=1,8,9,40): no expansion on cuBLAS, "
-           "GEMV reads the quantized weight, %d outputs differ from the expanding path\n", worst_bits);
+           "GEMV (m <= 8) and the int8 tiled path (m <= 32, no copy) read the quantized weight, %d outputs differ from the expanding path\n", worst_bits);
     for (auto *p : W) { free(p->q); delete p; }
 }
 
@@ -930,6 +988,7 @@ int main(int argc, char **argv) {
     std::string only = argc > 1 ? argv[1] : "";
     if (only.empty() || only == "dequant") test_dequant();
     if (only.empty() || only == "gemv") { test_quant_x(); test_gemv(); test_gemv_nan(); test_cublas_args(); }
+    if (only.empty() || only == "mmq") test_mmq();
     if (only.empty() || only == "matmul_n") {
         test_matmul_n();
         test_matmul_bf16_copies();
