@@ -38,8 +38,8 @@ struct cuda_graph {
  * dropped and the step runs directly, where a real device fault shows again. */
 static int capture_fail(cuda_ctx *c, const char *what, const char *why, md_err *e) {
     if (!c->capture_failed.code)
-        md_errf(&c->capture_failed, MD_EDEVICE, "CUDA device %d: %s failed while recording a graph: %s",
-                c->ordinal, what, why);
+        md_errf(&c->capture_failed, MD_EDEVICE,
+                "CUDA device %d: %s failed while recording a graph: %s", c->ordinal, what, why);
     if (e)
         *e = c->capture_failed;
     return MD_EDEVICE;
@@ -161,15 +161,36 @@ int cuda_device_query(int ordinal, cuda_device_info *info, md_err *e) {
     return 0;
 }
 
+/* A path threshold from the environment: 0 (unset: the default), -1 for "0" (never), or
+ * the value; MD_EINVAL naming the variable when it is not an integer in 0..hi. */
+static int env_threshold(const char *name, int hi, int *out, md_err *e) {
+    const char *v = getenv(name);
+    *out = 0;
+    if (!v || !*v)
+        return 0;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < 0 || x > hi)
+        return md_errf(e, MD_EINVAL, "%s=%s: expected an integer in 0..%d (0: never)", name, v, hi);
+    *out = x == 0 ? -1 : (int)x;
+    return 0;
+}
+
 int cuda_ctx_open(int ordinal, cuda_ctx **out, md_err *e) {
+    int gemv_max, mmq_max;
+    int rc = env_threshold("MEDLEY_CUDA_GEMV_MAX_M", CUDA_GEMV_MAX_M, &gemv_max, e);
+    if (rc || (rc = env_threshold("MEDLEY_CUDA_MMQ_MAX_M", 1 << 20, &mmq_max, e)))
+        return rc;
     cuda_device_info info;
-    int rc = cuda_device_query(ordinal, &info, e);
+    rc = cuda_device_query(ordinal, &info, e);
     if (rc)
         return rc;
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
     if (!c)
         return md_errf(e, MD_ENOMEM, "out of host memory opening cuda:%d", ordinal);
     c->ordinal = ordinal;
+    c->gemv_max_m = gemv_max;
+    c->mmq_max_m = mmq_max;
     cudaError_t err = cudaSetDevice(ordinal);
     if (err == cudaSuccess)
         err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);

@@ -30,6 +30,10 @@ struct cuda_ctx {
     void *scratch[2];
     size_t scratch_bytes[2];
     unsigned scratch_gen;
+    /* Path thresholds (gemm.cu): m <= gemv_max_m takes the GEMV, m <= mmq_max_m with
+     * quantized weights the int8 tiled product; 0 = CUDA_GEMV_MAX_M / CUDA_MMQ_MAX_M, -1 =
+     * never. Set at open from MEDLEY_CUDA_GEMV_MAX_M / MEDLEY_CUDA_MMQ_MAX_M (tuning). */
+    int gemv_max_m, mmq_max_m;
     md_err failed;         /* sticky: code != 0 once a device error happened */
     md_err capture_failed; /* a failure while capturing: the capture is dropped, not the ctx */
 };

@@ -739,9 +739,11 @@ static int mm_run(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int 
     if (rc || m == 0)
         return rc;
     int swiglu = mode == CUDA_MM_SWIGLU;
-    if (m <= CUDA_GEMV_MAX_M && !force_cublas)
+    int gemv_max = c->gemv_max_m > 0 ? c->gemv_max_m : c->gemv_max_m < 0 ? 0 : CUDA_GEMV_MAX_M;
+    int mmq_max = c->mmq_max_m > 0 ? c->mmq_max_m : c->mmq_max_m < 0 ? 0 : CUDA_MMQ_MAX_M;
+    if (m <= gemv_max && !force_cublas)
         return mm_gemv(c, w, n_w, x, m, k, beta, swiglu, e);
-    if (!force_cublas && m <= CUDA_MMQ_MAX_M) {
+    if (!force_cublas && m <= mmq_max) {
         /* quantized weights without a copy on the int8 tiled path, the others on cuBLAS
          * (each weight as cuda_matmul of it alone would run it); SwiGLU as gate into y[0],
          * up into y[1], then the swiglu kernel */

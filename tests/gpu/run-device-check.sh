@@ -147,5 +147,32 @@ python3 bench/gpu/compare.py "$OUT/bench-medley.json" "$OUT/bench-hf.json" \
     --engine "$OUT/engine-llama8b.json" --engine-nograph "$OUT/engine-llama8b-nograph.json" |
     tee -a "$SUMMARY"
 
+# ---- the whole engine on quantized weights without BF16 copies: batches of 16 and 32 on
+# the int8 tiled product (k_mmq) against expanding every weight at each step
+# (MEDLEY_CUDA_MMQ_MAX_M=0); only while the check is inside its time budget ------------------
+if [ "$L" = 32 ] && [ $(($(date +%s) - T0)) -lt 240 ]; then
+    for mode in mmq expand; do
+        v=""
+        [ $mode = expand ] && v=0
+        MEDLEY_CUDA_MMQ_MAX_M=$v timeout 60 "$BIN/medley" profile -m synthetic:llama-3-8b:q4_0 \
+            --device cuda:0 --bf16-weights off --batches 16,32 --contexts 128 --gen 32 \
+            -o "$OUT/engine-q4-$mode.json" >"$OUT/engine-q4-$mode.log" 2>&1 ||
+            note "engine profile q4_0 ($mode): FAILED or timed out (see engine-q4-$mode.log)"
+    done
+    python3 - "$OUT/engine-q4-mmq.json" "$OUT/engine-q4-expand.json" <<'PY' | tee -a "$SUMMARY"
+import json, sys
+try:
+    a, b = (json.load(open(p)) for p in sys.argv[1:3])
+    for x, y in zip(a["batches"], b["batches"]):
+        print("engine q4_0 batch %d decode: %.0f tok/s with k_mmq, %.0f expanding (%.2fx)" % (
+            x["batch"], x["decode_tokens_per_s"], y["decode_tokens_per_s"],
+            x["decode_tokens_per_s"] / y["decode_tokens_per_s"]))
+except Exception as ex:
+    print("engine q4_0 k_mmq vs expansion: no figures (%s)" % ex)
+PY
+else
+    note "engine q4_0 k_mmq vs expansion: skipped (time budget)"
+fi
+
 note "total: $(($(date +%s) - T0)) s, $fails failure(s)"
 exit $((fails > 0))
