@@ -90,25 +90,19 @@ static void fire(wk_watchdog *w, double ran_s) {
              "watchdog: a device step has been running for %.1f s (limit %.1f s): the device "
              "looks hung; handing back the requests worker %s holds",
              ran_s, w->limit_ms / 1e3, w->consumer);
-    pthread_mutex_lock(&w->mu);
-    int n_keys = w->n_keys;
-    char **keys = calloc(n_keys > 0 ? (size_t)n_keys : 1, sizeof *keys);
-    for (int i = 0; keys && i < n_keys; i++)
-        keys[i] = strdup(w->keys[i]);
-    pthread_mutex_unlock(&w->mu);
     long total = 0;
     int failed = 0;
-    for (int i = 0; keys && i < n_keys; i++) {
-        if (!keys[i])
-            continue;
+    /* held throughout: the worker's thread is stuck in its step and changes no stream */
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->n_keys; i++) {
         md_err e = {0};
-        long n = hand_back_stream(w, keys[i], &e);
+        long n = hand_back_stream(w, w->keys[i], &e);
         if (n < 0 && e.code == MD_EREDIS) { /* the connection: dial once more, then retry */
             volatile sig_atomic_t never = 0;
             md_err re = {0};
             if (md_redis_reconnect(w->r, 5000, &never, &re) == 0) {
                 md_err_clear(&e);
-                n = hand_back_stream(w, keys[i], &e);
+                n = hand_back_stream(w, w->keys[i], &e);
             }
         }
         if (n < 0) {
@@ -116,13 +110,12 @@ static void fire(wk_watchdog *w, double ran_s) {
             MD_ERROR("worker",
                      "watchdog: could not hand back the entries of %s: %s (they are "
                      "taken over once their visibility timeout passes)",
-                     keys[i], e.msg);
+                     w->keys[i], e.msg);
         } else {
             total += n;
         }
-        free(keys[i]);
     }
-    free(keys);
+    pthread_mutex_unlock(&w->mu);
     __atomic_store_n(&w->handed_back, total, __ATOMIC_RELEASE);
     __atomic_store_n(&w->fired, 1, __ATOMIC_RELEASE);
     MD_ERROR("worker", "watchdog: handed back %ld request(s) to other workers%s%s", total,

@@ -1268,7 +1268,7 @@ static void watch_streams(wk *w) {
 
 /* The watchdog fired while a step ran and has handed back every entry this worker held:
  * forget them (renewing or handing them back again would take them from whoever has them
- * now), and stop with the device's failure. */
+ * now), retire the watchdog (its work is done) and stop with the device's failure. */
 static void after_watchdog(wk *w) {
     long n = 0;
     for (int m = 0; m < WK_MAX_MODELS; m++)
@@ -1280,6 +1280,8 @@ static void after_watchdog(wk *w) {
         }
     w->live = 0;
     w->n_handed_back += wk_watchdog_handed_back(w->wd);
+    wk_watchdog_stop(w->wd);
+    w->wd = NULL;
     if (!w->device_failed) {
         w->device_failed = 1;
         md_errf(&w->dev_err, MD_EDEVICE,
@@ -1304,7 +1306,7 @@ static void poll_all(wk *w, int wait_ms) {
         int rc = wk_runner_poll(md->runner, one ? wait_ms : 0, on_done, w, &e);
         if (w->wd) {
             wk_watchdog_leave(w->wd);
-            if (wk_watchdog_fired(w->wd) && w->live > 0) {
+            if (wk_watchdog_fired(w->wd)) {
                 after_watchdog(w);
                 return;
             }

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_weights.h"
 #include "bench/gpu/bench_gpu_util.h"
 #include "common/util.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -29,51 +30,22 @@
 #define REPLAYS 5
 
 static md_err e;
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        if ((call) != 0) {                                                                         \
-            fprintf(stderr, "medley_gemv_bench: %s: %s\n", #call, e.msg);                          \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define TRY(call) BENCH_TRY("medley_gemv_bench", e, call)
 
 typedef struct {
     const char *name;
-    int gtype;
-    int block, bytes;  /* elements and bytes per block */
-    int d_off, d2_off; /* f16 scale fields to make sane (-1: none) */
+    int gtype; /* ggml's number */
 } wtype;
 
-static const wtype TYPES[] = {
-    {"BF16", 30, 1, 2, -1, -1},      {"F16", 1, 1, 2, -1, -1},  {"Q8_0", 8, 32, 34, 0, -1},
-    {"Q4_0", 2, 32, 18, 0, -1},      {"Q4_1", 3, 32, 20, 0, 2}, {"Q4_K", 12, 256, 144, 0, 2},
-    {"Q6_K", 14, 256, 210, 208, -1},
-};
+static const wtype TYPES[] = {{"BF16", 30}, {"F16", 1},   {"Q8_0", 8}, {"Q4_0", 2},
+                              {"Q4_1", 3},  {"Q4_K", 12}, {"Q6_K", 14}};
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static uint8_t rbyte(void) {
+static uint32_t rnd(void) {
     rng ^= rng << 13;
     rng ^= rng >> 7;
     rng ^= rng << 17;
-    return (uint8_t)(rng >> 24);
-}
-
-/* Random blocks of type t with sane scales (BF16/F16: small random values). */
-static void fill_host(const wtype *t, uint8_t *h, size_t bytes) {
-    for (size_t i = 0; i < bytes; i++)
-        h[i] = rbyte();
-    if (t->block == 1) {
-        uint16_t *v = (uint16_t *)h;
-        for (size_t i = 0; i < bytes / 2; i++) /* |x| < 2^-3 or so, never inf/nan */
-            v[i] = (uint16_t)((v[i] & 0x81FF) | (t->gtype == 30 ? 0x3C00 : 0x2C00));
-        return;
-    }
-    for (size_t b = 0; b < bytes / t->bytes; b++) {
-        uint16_t d = 0x2000 | (rbyte() & 0xFF); /* f16 about 0.008 */
-        memcpy(h + b * t->bytes + t->d_off, &d, 2);
-        if (t->d2_off >= 0)
-            memcpy(h + b * t->bytes + t->d2_off, &d, 2);
-    }
+    return (uint32_t)(rng >> 11);
 }
 
 /* Seconds per product: PER_GRAPH products in one graph, replayed REPLAYS times. */
@@ -141,17 +113,19 @@ int main(int argc, char **argv) {
             "of HBM", "cublas us", "med/cb", "expand us");
     for (int ti = 0; ti < n_t; ti++) {
         const wtype *t = &TYPES[ti];
-        size_t rb = (size_t)k / t->block * t->bytes, bytes = rb * n;
+        int quant = t->gtype != 30 && t->gtype != 1;
+        size_t rb = cuda_ggml_bytes(t->gtype, k), bytes = rb * n;
         uint8_t *h = malloc(bytes);
         cuda_mm_w w[N_COPIES], wn[N_COPIES]; /* with the BF16 copy / without */
         void *copies[N_COPIES] = {0};
-        fill_host(t, h, bytes); /* the same bytes at N_COPIES addresses: L2 cannot hold them */
+        /* the same bytes at N_COPIES addresses: L2 cannot hold them */
+        bench_random_weights(t->gtype, h, bytes, rnd);
         for (int i = 0; i < N_COPIES; i++) {
             void *d;
             TRY(cuda_pool_alloc(c, bytes, &d, &e));
             TRY(cuda_upload(c, d, h, bytes, &e));
             w[i] = wn[i] = (cuda_mm_w){d, t->gtype, rb, n, y[i], NULL};
-            if (t->block > 1) { /* the BF16 copy cuBLAS multiplies by */
+            if (quant) { /* the BF16 copy cuBLAS multiplies by */
                 TRY(cuda_pool_alloc(c, (size_t)n * k * 2, &copies[i], &e));
                 TRY(cuda_dequantize(c, t->gtype, d, copies[i], CUDA_BF16, (int64_t)n * k, &e));
                 w[i].bf16 = copies[i];
@@ -164,7 +138,7 @@ int main(int argc, char **argv) {
             /* medley's own path without a copy (GEMV; k_mmq for quantized m > 8; cuBLAS for
              * 16-bit m > 8), cuBLAS on the BF16 copy, and cuBLAS expanding at each product */
             double tg = time_products(c, wn, x, m, k, 0), tb = time_products(c, w, x, m, k, 1);
-            double tx = t->block > 1 && m > 8 ? time_products(c, wn, x, m, k, 1) : 0.0;
+            double tx = quant && m > 8 ? time_products(c, wn, x, m, k, 1) : 0.0;
             double gbps = bytes / tg / 1e9;
             fprintf(stderr, "%-5s %2d %10.2f %9.0f %6.1f%% %12.2f %8.2f %10.2f\n", t->name, m,
                     tg * 1e6, gbps, 100 * gbps / peak, tb * 1e6, tg / tb, tx * 1e6);

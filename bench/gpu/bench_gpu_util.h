@@ -1,13 +1,23 @@
-/* bench_gpu_util.h — what the GPU benchmarks share: skipping without a device, the UTC date
- * of a result, and writing the result's JSON to --out. Header-only (each benchmark is one
- * program). */
+/* bench_gpu_util.h — what the GPU benchmarks share: failing on a call's error, skipping
+ * without a device, the UTC date of a result, and writing the result's JSON to --out. Header-only
+ * (each benchmark is one program). */
 #ifndef MEDLEY_BENCH_GPU_UTIL_H
 #define MEDLEY_BENCH_GPU_UTIL_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "kernels/cuda/cuda_ops.h"
+
+/* Run call (0 on success, error in the md_err e); on failure say which call and exit 1. */
+#define BENCH_TRY(prog, e, call)                                                                   \
+    do {                                                                                           \
+        if ((call) != 0) {                                                                         \
+            fprintf(stderr, "%s: %s: %s\n", (prog), #call, (e).msg);                               \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
 
 /* 0 when a CUDA device is usable; otherwise prints "SKIP: ..." and returns 77 (ctest's
  * skip code, which run-device-check.sh reports as skipped). */

@@ -77,13 +77,7 @@ static void meta_view(int32_t *base, int T, int S, step_meta *m) {
     m->tiles = m->dec + 3 * T;
 }
 
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        if ((call) != 0) {                                                                         \
-            fprintf(stderr, "medley_gpu_bench: %s: %s\n", #call, e.msg);                           \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define TRY(call) BENCH_TRY("medley_gpu_bench", e, call)
 
 static md_err e;
 

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_weights.h"
 #include "kernels/cpu/cpu_ops.h"
 
 /* With one thread, CPU time of the process: the machine this runs on is shared, and CPU
@@ -35,36 +36,8 @@ static uint32_t rnd(void) {
 static void *make_weights(int t, int rows, int cols) {
     size_t n = cpu_row_size(t, cols) * (size_t)rows;
     uint8_t *w = malloc(n);
-    for (size_t i = 0; i < n; i++)
-        w[i] = (uint8_t)rnd();
-    if (t == CPU_T_F32) {
-        for (size_t i = 0; i < n / 4; i++) {
-            float f = (float)(rnd() % 2001) / 1000.0f - 1.0f;
-            memcpy(w + 4 * i, &f, 4);
-        }
-        return w;
-    }
-    if (t == CPU_T_F16 || t == CPU_T_BF16) {
-        for (size_t i = 0; i < n / 2; i++) {
-            uint16_t h = t == CPU_T_F16 ? (uint16_t)(0x3000 | (rnd() & 0x3ff))
-                                        : (uint16_t)(0x3e00 | (rnd() & 0x7f));
-            memcpy(w + 2 * i, &h, 2);
-        }
-        return w;
-    }
-    int bs = cpu_type_block(t);
-    size_t bb = cpu_row_size(t, bs);
-    int off[2] = {0, -1};
-    if (t == CPU_T_Q4_1 || t == CPU_T_Q4_K)
-        off[1] = 2;
-    if (t == CPU_T_Q6_K)
-        off[0] = 208;
-    for (size_t b = 0; b < n / bb; b++)
-        for (int k = 0; k < 2; k++)
-            if (off[k] >= 0) {
-                uint16_t h = (uint16_t)(0x2000 | (rnd() & 0x3ff));
-                memcpy(w + b * bb + off[k], &h, 2);
-            }
+    if (w)
+        bench_random_weights(t, w, n, rnd);
     return w;
 }
 
@@ -84,8 +57,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     int best = cpu_simd_detect();
-    printf("# cpu_matmul %d x %d, %d thread(s), best SIMD level %d; GFLOP/s per %s second\n",
-           rows, cols, threads, best, threads == 1 ? "CPU" : "wall");
+    printf("# cpu_matmul %d x %d, %d thread(s), best SIMD level %d; GFLOP/s per %s second\n", rows,
+           cols, threads, best, threads == 1 ? "CPU" : "wall");
     printf("%-6s %5s %10s %10s %8s %10s %8s\n", "type", "n", "scalar", "avx2", "ratio",
            "avx512vnni", "ratio");
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {

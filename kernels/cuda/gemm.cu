@@ -19,8 +19,8 @@
  * and the product accumulates in FP32.
  *
  * Kernels are launched through GEMV_LAUNCH, QX_LAUNCH and MMQ_LAUNCH and cuBLAS is called
- * only from blas_gemm, so the
- * host code around them also runs on the CPU emulator (tests/gpu/emu), which supplies both. */
+ * only from blas_gemm, so the host code around them also runs on the CPU emulator
+ * (tests/gpu/emu), which supplies both. */
 #include <limits.h>
 #include <stdint.h>
 
@@ -586,26 +586,33 @@ static void gemv_group(const cuda_mm_w *w, int n_w, int first, const float *x, i
 
 /* GEMV path: one launch per weight type (one in all for weights of one type), SwiGLU in the
  * epilogue when gate and up share a type (else their two GEMVs and the swiglu kernel). */
+/* x [m][k] quantized by k_quant_x into scratch sized for at least m_room rows: *xq, *xd. */
+static int mm_quant_x(cuda_ctx *c, const float *x, int m, int m_room, int k, int8_t **xq,
+                      float **xd, md_err *e) {
+    void *qs = NULL;
+    int rc = cuda_scratch(c, CUDA_SCRATCH_X, qx_bytes(m_room > m ? m_room : m, k), &qs, e);
+    if (rc)
+        return rc;
+    *xq = (int8_t *)qs;
+    *xd = (float *)((int8_t *)qs + (size_t)m * k);
+    int64_t nb = (int64_t)m * (k / 32);
+    QX_LAUNCH(cuda_blocks(nb, QX_WARPS), c->stream, x, *xq, *xd, nb);
+    return CUDA_LAUNCHED(c, "quant_x", e);
+}
+
 static int mm_gemv(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int m, int k,
                    float beta, int swiglu, md_err *e) {
     /* x quantized once for all quantized weights of the call (scratch sized for the
      * largest GEMV with this k, so decode steps of any width reuse it) */
-    const int8_t *xq = NULL;
-    const float *xd = NULL;
-    for (int i = 0; i < n_w && !xq; i++) {
-        if (!qt_is_quant(w[i].wtype))
-            continue;
-        void *qs = NULL;
-        int rc = cuda_scratch(c, CUDA_SCRATCH_X, qx_bytes(CUDA_GEMV_MAX_M, k), &qs, e);
-        if (rc)
-            return rc;
-        xq = (const int8_t *)qs;
-        xd = (const float *)((const int8_t *)qs + (size_t)m * k);
-        int64_t nb = (int64_t)m * (k / 32);
-        QX_LAUNCH(cuda_blocks(nb, QX_WARPS), c->stream, x, (int8_t *)qs, (float *)xd, nb);
-        if ((rc = CUDA_LAUNCHED(c, "quant_x", e)))
-            return rc;
-    }
+    int8_t *xq = NULL;
+    float *xd = NULL;
+    for (int i = 0; i < n_w; i++)
+        if (qt_is_quant(w[i].wtype)) {
+            int rc = mm_quant_x(c, x, m, CUDA_GEMV_MAX_M, k, &xq, &xd, e);
+            if (rc)
+                return rc;
+            break;
+        }
     if (swiglu && w[0].wtype == w[1].wtype) {
         int vg = gemv_v16(&w[0], x, k), vu = gemv_v16(&w[1], x, k);
         const uint8_t *wg = (const uint8_t *)w[0].w, *wu = (const uint8_t *)w[1].w;
@@ -691,45 +698,41 @@ static int mmq_ok(const cuda_mm_w *w) {
     return qt_is_quant(w->wtype) && !w->bf16;
 }
 
+/* k_mmq for a quantized type (mmq_ok: the quantized types only). */
+typedef void (*mmq_fn)(const uint8_t *, size_t, const int8_t *, const float *, float *, int, int,
+                       int, float);
+static mmq_fn mmq_kernel(int wtype) {
+    switch (wtype) {
+    case QT_Q4_0: return k_mmq<QT_Q4_0>;
+    case QT_Q4_1: return k_mmq<QT_Q4_1>;
+    case QT_Q8_0: return k_mmq<QT_Q8_0>;
+    case QT_Q4_K: return k_mmq<QT_Q4_K>;
+    default: return k_mmq<QT_Q6_K>;
+    }
+}
+
 /* The int8 tiled path: x quantized once, one launch per weight, y = product + beta y. */
 static int mm_mmq(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int m, int k,
                   float beta, md_err *e) {
-    void *qs = NULL;
-    int rc = cuda_scratch(c, CUDA_SCRATCH_X, qx_bytes(m, k), &qs, e);
+    int8_t *xq;
+    float *xd;
+    int rc = mm_quant_x(c, x, m, m, k, &xq, &xd, e);
     if (rc)
         return rc;
-    int8_t *xq = (int8_t *)qs;
-    float *xd = (float *)((int8_t *)qs + (size_t)m * k);
-    int64_t nb = (int64_t)m * (k / 32);
-    QX_LAUNCH(cuda_blocks(nb, QX_WARPS), c->stream, x, xq, xd, nb);
-    if ((rc = CUDA_LAUNCHED(c, "quant_x", e)))
-        return rc;
-    float b = beta;
     for (int i = 0; i < n_w; i++) {
         dim3 grid(cuda_blocks(w[i].n, MMQ_BM), cuda_blocks(m, MMQ_BN));
-        const uint8_t *wp = (const uint8_t *)w[i].w;
-        size_t rb = w[i].row_bytes;
-        float *y = w[i].y;
-        int n = w[i].n;
-        switch (w[i].wtype) { /* the quantized types only (mm_wants_mmq) */
-        case QT_Q4_0:
-            MMQ_LAUNCH(k_mmq<QT_Q4_0>, grid, c->stream, wp, rb, xq, xd, y, m, n, k, b);
-            break;
-        case QT_Q4_1:
-            MMQ_LAUNCH(k_mmq<QT_Q4_1>, grid, c->stream, wp, rb, xq, xd, y, m, n, k, b);
-            break;
-        case QT_Q8_0:
-            MMQ_LAUNCH(k_mmq<QT_Q8_0>, grid, c->stream, wp, rb, xq, xd, y, m, n, k, b);
-            break;
-        case QT_Q4_K:
-            MMQ_LAUNCH(k_mmq<QT_Q4_K>, grid, c->stream, wp, rb, xq, xd, y, m, n, k, b);
-            break;
-        default: MMQ_LAUNCH(k_mmq<QT_Q6_K>, grid, c->stream, wp, rb, xq, xd, y, m, n, k, b); break;
-        }
+        mmq_fn kernel = mmq_kernel(w[i].wtype);
+        MMQ_LAUNCH(kernel, grid, c->stream, (const uint8_t *)w[i].w, w[i].row_bytes, xq, xd, w[i].y,
+                   m, w[i].n, k, beta);
         if ((rc = CUDA_LAUNCHED(c, "mmq", e)))
             return rc;
     }
     return 0;
+}
+
+/* A ctx path threshold (cuda_internal.h): 0 = the default, -1 = never, else the value. */
+static int mm_threshold(int v, int dflt) {
+    return v > 0 ? v : v < 0 ? 0 : dflt;
 }
 
 /* Arguments checked; the ctx's device current. */
@@ -739,8 +742,8 @@ static int mm_run(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int 
     if (rc || m == 0)
         return rc;
     int swiglu = mode == CUDA_MM_SWIGLU;
-    int gemv_max = c->gemv_max_m > 0 ? c->gemv_max_m : c->gemv_max_m < 0 ? 0 : CUDA_GEMV_MAX_M;
-    int mmq_max = c->mmq_max_m > 0 ? c->mmq_max_m : c->mmq_max_m < 0 ? 0 : CUDA_MMQ_MAX_M;
+    int gemv_max = mm_threshold(c->gemv_max_m, CUDA_GEMV_MAX_M);
+    int mmq_max = mm_threshold(c->mmq_max_m, CUDA_MMQ_MAX_M);
     if (m <= gemv_max && !force_cublas)
         return mm_gemv(c, w, n_w, x, m, k, beta, swiglu, e);
     if (!force_cublas && m <= mmq_max) {
