@@ -5,8 +5,9 @@
  * the GEMV path (m <= CUDA_GEMV_MAX_M) stops paying and what the quantized kernels reach.
  *
  * m = 1..8 is the GEMV path; m = 16 and 32 on quantized weights without a copy the int8
- * tiled product (k_mmq), also timed against expanding the weight at every product (what
- * those steps cost before k_mmq).
+ * tiled product on __dp4a (k_mmq), m = 64, 128, 256 the one on the tensor cores (k_mmq_tc),
+ * each also timed against expanding the weight at every product (what those steps cost
+ * before them); TFLOP/s (2 m n k / time) beside the bandwidth for the larger m.
  *
  *   medley_gemv_bench [--n ROWS] [--k COLS] [--out FILE.json]
  *
@@ -96,21 +97,22 @@ int main(int argc, char **argv) {
     double peak = info.hbm_gbps > 0 ? info.hbm_gbps : 4800.0;
     cuda_ctx *c;
     TRY(cuda_ctx_open(0, &c, &e));
-    const int ms[] = {1, 2, 4, 8, 16, 32};
+    const int ms[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+    const int m_max = 256;
     const int n_m = sizeof ms / sizeof ms[0], n_t = sizeof TYPES / sizeof TYPES[0];
     float *x, *y[N_COPIES];
-    TRY(cuda_pool_alloc(c, (size_t)32 * k * 4, (void **)&x, &e));
-    TRY(cuda_fill_random(c, x, CUDA_F32, (int64_t)32 * k, 1.0f, 5, &e));
+    TRY(cuda_pool_alloc(c, (size_t)m_max * k * 4, (void **)&x, &e));
+    TRY(cuda_fill_random(c, x, CUDA_F32, (int64_t)m_max * k, 1.0f, 5, &e));
     for (int i = 0; i < N_COPIES; i++)
-        TRY(cuda_pool_alloc(c, (size_t)32 * n * 4, (void **)&y[i], &e));
+        TRY(cuda_pool_alloc(c, (size_t)m_max * n * 4, (void **)&y[i], &e));
     static char json[32768];
     size_t jl = 0;
     jl += snprintf(json + jl, sizeof json - jl,
                    "{\"bench\": \"medley_gemv_bench\", \"device\": \"%s\", \"n\": %d, \"k\": %d, "
                    "\"peak_gbps\": %.0f, \"rows\": [",
                    info.name, n, k, peak);
-    fprintf(stderr, "%-5s %2s %10s %9s %7s %12s %8s %10s\n", "type", "m", "medley us", "GB/s",
-            "of HBM", "cublas us", "med/cb", "expand us");
+    fprintf(stderr, "%-5s %3s %10s %9s %7s %8s %12s %8s %10s\n", "type", "m", "medley us", "GB/s",
+            "of HBM", "TFLOP/s", "cublas us", "med/cb", "expand us");
     for (int ti = 0; ti < n_t; ti++) {
         const wtype *t = &TYPES[ti];
         int quant = t->gtype != 30 && t->gtype != 1;
@@ -135,20 +137,21 @@ int main(int argc, char **argv) {
         TRY(cuda_sync(c, &e));
         for (int mi = 0; mi < n_m; mi++) {
             int m = ms[mi];
-            /* medley's own path without a copy (GEMV; k_mmq for quantized m > 8; cuBLAS for
-             * 16-bit m > 8), cuBLAS on the BF16 copy, and cuBLAS expanding at each product */
+            /* medley's own path without a copy (GEMV; k_mmq / k_mmq_tc for quantized m > 8;
+             * cuBLAS for 16-bit m > 8), cuBLAS on the BF16 copy, and cuBLAS expanding at
+             * each product */
             double tg = time_products(c, wn, x, m, k, 0), tb = time_products(c, w, x, m, k, 1);
             double tx = quant && m > 8 ? time_products(c, wn, x, m, k, 1) : 0.0;
-            double gbps = bytes / tg / 1e9;
-            fprintf(stderr, "%-5s %2d %10.2f %9.0f %6.1f%% %12.2f %8.2f %10.2f\n", t->name, m,
-                    tg * 1e6, gbps, 100 * gbps / peak, tb * 1e6, tg / tb, tx * 1e6);
+            double gbps = bytes / tg / 1e9, tflops = 2.0 * m * n * k / tg / 1e12;
+            fprintf(stderr, "%-5s %3d %10.2f %9.0f %6.1f%% %8.1f %12.2f %8.2f %10.2f\n", t->name, m,
+                    tg * 1e6, gbps, 100 * gbps / peak, tflops, tb * 1e6, tg / tb, tx * 1e6);
             jl += snprintf(json + jl, sizeof json - jl,
                            "%s{\"type\": \"%s\", \"m\": %d, \"weight_bytes\": %zu, "
                            "\"medley_us\": %.3f, \"medley_gbps\": %.1f, \"hbm_fraction\": %.4f, "
-                           "\"cublas_us\": %.3f, \"medley_over_cublas\": %.3f, "
-                           "\"cublas_expand_us\": %.3f}",
+                           "\"medley_tflops\": %.2f, \"cublas_us\": %.3f, "
+                           "\"medley_over_cublas\": %.3f, \"cublas_expand_us\": %.3f}",
                            ti || mi ? ", " : "", t->name, m, bytes, tg * 1e6, gbps, gbps / peak,
-                           tb * 1e6, tg / tb, tx * 1e6);
+                           tflops, tb * 1e6, tg / tb, tx * 1e6);
         }
         for (int i = 0; i < N_COPIES; i++) {
             cuda_pool_free(c, (void *)w[i].w);

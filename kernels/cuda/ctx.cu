@@ -137,6 +137,11 @@ int cuda_device_query(int ordinal, cuda_device_info *info, md_err *e) {
     cudaError_t err = cudaGetDeviceProperties(&p, ordinal);
     if (err != cudaSuccess)
         return cuda_fail(NULL, err, "cudaGetDeviceProperties", e);
+    if (p.major < 8) /* no kernel image for it (CMake builds sm_80 and newer: int8 mma.sync) */
+        return md_errf(e, MD_EDEVICE,
+                       "cuda:%d (%s) has compute capability %d.%d; medley's CUDA kernels need "
+                       "8.0 or newer (A100, A10, L4, RTX 30/40, H100); use --device cpu",
+                       ordinal, p.name, p.major, p.minor);
     memset(info, 0, sizeof *info);
     snprintf(info->name, sizeof info->name, "%s", p.name);
     info->ordinal = ordinal;

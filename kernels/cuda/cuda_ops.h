@@ -133,8 +133,10 @@ int cuda_gather_rows(cuda_ctx *c, const float *x, const int32_t *rows, int n_row
  * weights), quantized w expanded to bf16 in scratch first; F32 weights use SGEMM. */
 #define CUDA_GEMV_MAX_M 8
 /* 8 < m <= CUDA_MMQ_MAX_M with quantized weights that have no BF16 copy: an int8 tiled
- * product (gemm.cu k_mmq) reading the quantized blocks, instead of expanding them. */
-#define CUDA_MMQ_MAX_M 32
+ * product reading the quantized blocks, instead of expanding them: gemm.cu k_mmq (__dp4a)
+ * up to CUDA_MMQ_DP4A_MAX_M tokens, k_mmq_tc (int8 mma.sync, sm_80+) above. */
+#define CUDA_MMQ_MAX_M 256
+#define CUDA_MMQ_DP4A_MAX_M 32
 int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const float *x, float *y,
                 int m, int n, int k, float beta, int force_cublas, md_err *e);
 

@@ -12,14 +12,15 @@
  * table passed by value); the residual add is the epilogue's beta, and gate/up rows are
  * computed by the same warp, which writes silu(gate) * up. Steps of 9 to CUDA_MMQ_MAX_M
  * tokens on quantized weights without a BF16 copy run an int8 tiled product on the blocks
- * (k_mmq) rather than expanding them. Prefill and large batches use
+ * rather than expanding them: __dp4a (k_mmq) up to CUDA_MMQ_DP4A_MAX_M tokens, int8
+ * mma.sync on the tensor cores (k_mmq_tc) above. Prefill and large batches use
  * cuBLAS GemmEx: x is converted to the weight's 16-bit type (once per type for several
  * weights), a quantized weight is multiplied by its BF16 copy when the caller keeps one
  * (cuda_mm_w.bf16, backend.h weight_shadow) and otherwise first expanded to BF16 in scratch,
  * and the product accumulates in FP32.
  *
- * Kernels are launched through GEMV_LAUNCH, QX_LAUNCH and MMQ_LAUNCH and cuBLAS is called
- * only from blas_gemm, so the host code around them also runs on the CPU emulator
+ * Kernels are launched through GEMV_LAUNCH, QX_LAUNCH, MMQ_LAUNCH and MMT_LAUNCH and cuBLAS is
+ * called only from blas_gemm, so the host code around them also runs on the CPU emulator
  * (tests/gpu/emu), which supplies both. */
 #include <limits.h>
 #include <stdint.h>
@@ -194,7 +195,7 @@ gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
     }
 }
 
-/* ---- quantized weights, 8 < m <= CUDA_MMQ_MAX_M tokens, no BF16 copy ----
+/* ---- quantized weights, 8 < m <= CUDA_MMQ_DP4A_MAX_M tokens, no BF16 copy ----
  * A tiled product on int8 (__dp4a) that reads the quantized blocks directly, so a batch of
  * a few dozen sequences on a card without room for BF16 copies does not expand every
  * weight to BF16 at every step (16 GB of scratch traffic for an 8B model). Block: 64 weight
@@ -341,6 +342,166 @@ __global__ void __launch_bounds__(MMQ_THREADS)
             if (r < n && t < m) {
                 float *o = y + (int64_t)t * n + r;
                 *o = beta == 0.0f ? acc[a][c] : acc[a][c] + beta * *o;
+            }
+        }
+}
+
+/* ---- quantized weights, CUDA_MMQ_DP4A_MAX_M < m <= CUDA_MMQ_MAX_M, no BF16 copy ----
+ * The same product on the tensor cores: int8 mma.sync (m16n8k32; Q6_K, whose scale changes
+ * every 16 elements, two m16n8k16), int32 per 32-element block (16 for Q6_K), then the
+ * weight's and x's float scales and the min term in FP32, as k_mmq. So a batch of hundreds
+ * of sequences on quantized weights reads ~0.6 byte per weight instead of expanding each to
+ * BF16 (write 2, read 2) at every step. Block: 64 weight rows x 64 tokens, k in steps of
+ * 256, 8 warps; warp w computes rows 16 (w % 4) .. +16 x tokens 32 (w / 4) .. +32, four
+ * 16 x 8 tiles sharing one A fragment. Shared rows are MMT_LD ints: a fragment load (lane
+ * g * 4 + t reads int t of row g) then meets 32 different banks. Needs sm_80 (CMake builds
+ * nothing older). */
+#define MMT_BM 64
+#define MMT_BN 64
+#define MMT_BK 256
+#define MMT_LD (MMT_BK / 4 + 4)
+#define MMT_THREADS 256
+#define MMT_LAUNCH(kernel, grid, stream, ...)                                                      \
+    kernel<<<(grid), MMT_THREADS, 0, (stream)>>>(__VA_ARGS__)
+
+/* d = a . b (+ c = 0) on one warp's fragments; tests/gpu/emu supplies emu_mma_s8. */
+__device__ __forceinline__ void mma_k32(int *d, const int *a, const int *b) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
+#elif !defined(__CUDACC__)
+    const int z[4] = {0, 0, 0, 0};
+    emu_mma_s8<32>(d, a, b, z);
+#endif
+}
+__device__ __forceinline__ void mma_k16(int *d, const int *a, const int *b) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
+                 "{%4,%5}, {%6}, {%7,%7,%7,%7};"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b[0]), "r"(0));
+#elif !defined(__CUDACC__)
+    const int z[4] = {0, 0, 0, 0};
+    emu_mma_s8<16>(d, a, b, z);
+#endif
+}
+
+/* y[t][r] = (x . w^T)[t][r] + beta * y[t][r] for rows [64 bx, +64) and tokens [64 by, +64). */
+template <int T>
+__global__ void __launch_bounds__(MMT_THREADS)
+    k_mmq_tc(const uint8_t *__restrict__ w, size_t row_bytes, const int8_t *__restrict__ xq,
+             const float *__restrict__ xd, float *__restrict__ y, int m, int n, int k, float beta) {
+    __shared__ __align__(16) int sw[MMT_BM][MMT_LD];
+    __shared__ __align__(16) int sx[MMT_BN][MMT_LD];
+    __shared__ float swd[MMT_BM][MMT_BK / 16], swm[MMT_BM][MMT_BK / 32];
+    __shared__ float sxd[MMT_BN][MMT_BK / 32], sxm[MMT_BN][MMT_BK / 32];
+    constexpr bool has_min = T == QT_Q4_1 || T == QT_Q4_K;
+    const int tid = threadIdx.x, r0 = blockIdx.x * MMT_BM, t0 = blockIdx.y * MMT_BN;
+    const int warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
+    const int wr = 16 * (warp & 3), wt = 32 * (warp >> 2);
+    const int nb = k / 32;
+    float acc[4][4] = {{0.0f}};
+    for (int k0 = 0; k0 < k; k0 += MMT_BK) {
+        const int kb = min(MMT_BK, k - k0) / 32; /* 32-blocks in this step */
+        /* weights: 64 rows x 8 blocks, two (row, block) items per thread */
+        for (int it = tid; it < MMT_BM * (MMT_BK / 32); it += MMT_THREADS) {
+            int r = it / (MMT_BK / 32), b = it % (MMT_BK / 32);
+            int v[8];
+            float d16[2], mn;
+            if (r0 + r < n && b < kb) {
+                mmq_block<T>(w + (size_t)(r0 + r) * row_bytes, k0 / 32 + b, v, d16, &mn);
+            } else {
+                for (int i = 0; i < 8; i++)
+                    v[i] = 0;
+                d16[0] = d16[1] = mn = 0.0f;
+            }
+            uint4 *dst = (uint4 *)&sw[r][8 * b];
+            dst[0] = make_uint4((unsigned)v[0], (unsigned)v[1], (unsigned)v[2], (unsigned)v[3]);
+            dst[1] = make_uint4((unsigned)v[4], (unsigned)v[5], (unsigned)v[6], (unsigned)v[7]);
+            swd[r][2 * b] = d16[0];
+            swd[r][2 * b + 1] = d16[1];
+            swm[r][b] = mn;
+        }
+        /* x: 64 tokens x 8 blocks, two items per thread; 32 bytes each, 16-byte aligned */
+        for (int it = tid; it < MMT_BN * (MMT_BK / 32); it += MMT_THREADS) {
+            int t = it / (MMT_BK / 32), b = it % (MMT_BK / 32);
+            uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
+            float d = 0.0f;
+            if (t0 + t < m && b < kb) {
+                const uint4 *src = (const uint4 *)(xq + (int64_t)(t0 + t) * k + k0 + 32 * b);
+                v0 = __ldg(src);
+                v1 = __ldg(src + 1);
+                d = __ldg(xd + (int64_t)(t0 + t) * nb + k0 / 32 + b);
+            }
+            uint4 *dst = (uint4 *)&sx[t][8 * b];
+            dst[0] = v0;
+            dst[1] = v1;
+            sxd[t][b] = d;
+            if constexpr (has_min) {
+                int s = __dp4a(QX_ONES, (int)v0.x, 0);
+                s = __dp4a(QX_ONES, (int)v0.y, s);
+                s = __dp4a(QX_ONES, (int)v0.z, s);
+                s = __dp4a(QX_ONES, (int)v0.w, s);
+                s = __dp4a(QX_ONES, (int)v1.x, s);
+                s = __dp4a(QX_ONES, (int)v1.y, s);
+                s = __dp4a(QX_ONES, (int)v1.z, s);
+                s = __dp4a(QX_ONES, (int)v1.w, s);
+                sxm[t][b] = d * (float)s;
+            }
+        }
+        __syncthreads();
+        for (int b = 0; b < kb; b++) {
+            /* this lane's output rows wr + g and wr + g + 8 */
+            const float wd0 = swd[wr + g][2 * b], wd1 = swd[wr + g + 8][2 * b];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int tb = wt + 8 * j; /* this tile's tokens; the lane's outputs: tb + 2q, +1 */
+                const float x0 = sxd[tb + 2 * q][b], x1 = sxd[tb + 2 * q + 1][b];
+                int c[4];
+                if constexpr (T == QT_Q6_K) {
+                    const float we0 = swd[wr + g][2 * b + 1], we1 = swd[wr + g + 8][2 * b + 1];
+                    int a0[2] = {sw[wr + g][8 * b + q], sw[wr + g + 8][8 * b + q]};
+                    int a1[2] = {sw[wr + g][8 * b + 4 + q], sw[wr + g + 8][8 * b + 4 + q]};
+                    int b0[1] = {sx[tb + g][8 * b + q]}, b1[1] = {sx[tb + g][8 * b + 4 + q]};
+                    int c1[4];
+                    mma_k16(c, a0, b0);
+                    mma_k16(c1, a1, b1);
+                    acc[j][0] += x0 * (wd0 * (float)c[0] + we0 * (float)c1[0]);
+                    acc[j][1] += x1 * (wd0 * (float)c[1] + we0 * (float)c1[1]);
+                    acc[j][2] += x0 * (wd1 * (float)c[2] + we1 * (float)c1[2]);
+                    acc[j][3] += x1 * (wd1 * (float)c[3] + we1 * (float)c1[3]);
+                } else {
+                    int a[4] = {sw[wr + g][8 * b + q], sw[wr + g + 8][8 * b + q],
+                                sw[wr + g][8 * b + 4 + q], sw[wr + g + 8][8 * b + 4 + q]};
+                    int bb[2] = {sx[tb + g][8 * b + q], sx[tb + g][8 * b + 4 + q]};
+                    mma_k32(c, a, bb);
+                    acc[j][0] += wd0 * x0 * (float)c[0];
+                    acc[j][1] += wd0 * x1 * (float)c[1];
+                    acc[j][2] += wd1 * x0 * (float)c[2];
+                    acc[j][3] += wd1 * x1 * (float)c[3];
+                    if constexpr (has_min) {
+                        const float m0 = swm[wr + g][b], m1 = swm[wr + g + 8][b];
+                        const float s0 = sxm[tb + 2 * q][b], s1 = sxm[tb + 2 * q + 1][b];
+                        acc[j][0] += m0 * s0;
+                        acc[j][1] += m0 * s1;
+                        acc[j][2] += m1 * s0;
+                        acc[j][3] += m1 * s1;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = r0 + wr + g + (i >= 2 ? 8 : 0), t = t0 + wt + 8 * j + 2 * q + (i & 1);
+            if (r < n && t < m) {
+                float *o = y + (int64_t)t * n + r;
+                *o = beta == 0.0f ? acc[j][i] : acc[j][i] + beta * *o;
             }
         }
 }
@@ -692,26 +853,27 @@ static int mm_blas(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int
     return 0;
 }
 
-/* Whether weight w takes the int8 tiled path when 8 < m <= CUDA_MMQ_MAX_M: quantized
+/* Whether weight w takes an int8 tiled path when 8 < m <= CUDA_MMQ_MAX_M: quantized
  * without a BF16 copy (with one, cuBLAS on the copy is the better path). */
 static int mmq_ok(const cuda_mm_w *w) {
     return qt_is_quant(w->wtype) && !w->bf16;
 }
 
-/* k_mmq for a quantized type (mmq_ok: the quantized types only). */
+/* k_mmq / k_mmq_tc for a quantized type (mmq_ok: the quantized types only). */
 typedef void (*mmq_fn)(const uint8_t *, size_t, const int8_t *, const float *, float *, int, int,
                        int, float);
-static mmq_fn mmq_kernel(int wtype) {
+static mmq_fn mmq_kernel(int wtype, int tc) {
     switch (wtype) {
-    case QT_Q4_0: return k_mmq<QT_Q4_0>;
-    case QT_Q4_1: return k_mmq<QT_Q4_1>;
-    case QT_Q8_0: return k_mmq<QT_Q8_0>;
-    case QT_Q4_K: return k_mmq<QT_Q4_K>;
-    default: return k_mmq<QT_Q6_K>;
+    case QT_Q4_0: return tc ? k_mmq_tc<QT_Q4_0> : k_mmq<QT_Q4_0>;
+    case QT_Q4_1: return tc ? k_mmq_tc<QT_Q4_1> : k_mmq<QT_Q4_1>;
+    case QT_Q8_0: return tc ? k_mmq_tc<QT_Q8_0> : k_mmq<QT_Q8_0>;
+    case QT_Q4_K: return tc ? k_mmq_tc<QT_Q4_K> : k_mmq<QT_Q4_K>;
+    default: return tc ? k_mmq_tc<QT_Q6_K> : k_mmq<QT_Q6_K>;
     }
 }
 
-/* The int8 tiled path: x quantized once, one launch per weight, y = product + beta y. */
+/* The int8 tiled path: x quantized once, one launch per weight, y = product + beta y;
+ * __dp4a (k_mmq) up to CUDA_MMQ_DP4A_MAX_M tokens, the tensor cores (k_mmq_tc) above. */
 static int mm_mmq(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int m, int k,
                   float beta, md_err *e) {
     int8_t *xq;
@@ -719,12 +881,19 @@ static int mm_mmq(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int 
     int rc = mm_quant_x(c, x, m, m, k, &xq, &xd, e);
     if (rc)
         return rc;
+    int tc = m > CUDA_MMQ_DP4A_MAX_M;
     for (int i = 0; i < n_w; i++) {
-        dim3 grid(cuda_blocks(w[i].n, MMQ_BM), cuda_blocks(m, MMQ_BN));
-        mmq_fn kernel = mmq_kernel(w[i].wtype);
-        MMQ_LAUNCH(kernel, grid, c->stream, (const uint8_t *)w[i].w, w[i].row_bytes, xq, xd, w[i].y,
-                   m, w[i].n, k, beta);
-        if ((rc = CUDA_LAUNCHED(c, "mmq", e)))
+        mmq_fn kernel = mmq_kernel(w[i].wtype, tc);
+        if (tc) {
+            dim3 grid(cuda_blocks(w[i].n, MMT_BM), cuda_blocks(m, MMT_BN));
+            MMT_LAUNCH(kernel, grid, c->stream, (const uint8_t *)w[i].w, w[i].row_bytes, xq, xd,
+                       w[i].y, m, w[i].n, k, beta);
+        } else {
+            dim3 grid(cuda_blocks(w[i].n, MMQ_BM), cuda_blocks(m, MMQ_BN));
+            MMQ_LAUNCH(kernel, grid, c->stream, (const uint8_t *)w[i].w, w[i].row_bytes, xq, xd,
+                       w[i].y, m, w[i].n, k, beta);
+        }
+        if ((rc = CUDA_LAUNCHED(c, tc ? "mmq_tc" : "mmq", e)))
             return rc;
     }
     return 0;

@@ -111,7 +111,7 @@ fi
 timeout 90 "$BIN/medley_gemv_bench" --out "$OUT/bench-gemv.json" >"$OUT/bench-gemv.log" 2>&1
 rc=$?
 case $rc in
-0) note "bench gemv (14336 x 4096; type m medley-us GB/s of-HBM cublas-on-copy-us medley/cublas expand-us):"
+0) note "bench gemv (14336 x 4096; type m medley-us GB/s of-HBM TFLOP/s cublas-on-copy-us medley/cublas expand-us):"
    grep -E '^(BF16|F16|Q[0-9])' "$OUT/bench-gemv.log" | sed 's/^/    /' | tee -a "$SUMMARY" ;;
 77) note "bench gemv: SKIPPED ($(head -1 "$OUT/bench-gemv.log"))" ;;
 *) note "bench gemv: FAILED (exit $rc, see bench-gemv.log)"; fails=$((fails + 1)) ;;
@@ -147,15 +147,16 @@ python3 bench/gpu/compare.py "$OUT/bench-medley.json" "$OUT/bench-hf.json" \
     --engine "$OUT/engine-llama8b.json" --engine-nograph "$OUT/engine-llama8b-nograph.json" |
     tee -a "$SUMMARY"
 
-# ---- the whole engine on quantized weights without BF16 copies: batches of 16 and 32 on
-# the int8 tiled product (k_mmq) against expanding every weight at each step
-# (MEDLEY_CUDA_MMQ_MAX_M=0); only while the check is inside its time budget ------------------
+# ---- the whole engine on quantized weights without BF16 copies: batches of 32 (k_mmq,
+# __dp4a) and 128 (k_mmq_tc, int8 mma) on the int8 tiled products against expanding every
+# weight at each step (MEDLEY_CUDA_MMQ_MAX_M=0); only while the check is inside its time
+# budget -----------------------------------------------------------------------------------
 if [ "$L" = 32 ] && [ $(($(date +%s) - T0)) -lt 240 ]; then
     for mode in mmq expand; do
         v=""
         [ $mode = expand ] && v=0
         MEDLEY_CUDA_MMQ_MAX_M=$v timeout 60 "$BIN/medley" profile -m synthetic:llama-3-8b:q4_0 \
-            --device cuda:0 --bf16-weights off --batches 16,32 --contexts 128 --gen 32 \
+            --device cuda:0 --bf16-weights off --batches 32,128 --contexts 128 --gen 32 \
             -o "$OUT/engine-q4-$mode.json" >"$OUT/engine-q4-$mode.log" 2>&1 ||
             note "engine profile q4_0 ($mode): FAILED or timed out (see engine-q4-$mode.log)"
     done
@@ -164,14 +165,14 @@ import json, sys
 try:
     a, b = (json.load(open(p)) for p in sys.argv[1:3])
     for x, y in zip(a["batches"], b["batches"]):
-        print("engine q4_0 batch %d decode: %.0f tok/s with k_mmq, %.0f expanding (%.2fx)" % (
+        print("engine q4_0 batch %d decode: %.0f tok/s on the int8 tiled product, %.0f expanding (%.2fx)" % (
             x["batch"], x["decode_tokens_per_s"], y["decode_tokens_per_s"],
             x["decode_tokens_per_s"] / y["decode_tokens_per_s"]))
 except Exception as ex:
-    print("engine q4_0 k_mmq vs expansion: no figures (%s)" % ex)
+    print("engine q4_0 int8 tiled vs expansion: no figures (%s)" % ex)
 PY
 else
-    note "engine q4_0 k_mmq vs expansion: skipped (time budget)"
+    note "engine q4_0 int8 tiled vs expansion: skipped (time budget)"
 fi
 
 note "total: $(($(date +%s) - T0)) s, $fails failure(s)"

@@ -149,7 +149,7 @@ static void x_seen_q8(const float *x, int n, float *xs) {
 static void test_matmul_every_type_and_path(void **state) {
     const int types[] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q4_0,
                          GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K};
-    const int n = 72, k = 512, ms[] = {1, 3, 8, 9, 40};
+    const int n = 72, k = 512, ms[] = {1, 3, 8, 9, 40, 100, 300};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         int type = types[ti];
         float *wf = malloc((size_t)n * k * 4), *wd = malloc((size_t)n * k * 4);
@@ -193,6 +193,9 @@ static void test_matmul_every_type_and_path(void **state) {
                 int gemv = m <= CUDA_GEMV_MAX_M && !force;
                 int quant = type != GGML_F32 && type != GGML_F16 && type != GGML_BF16;
                 int mmq = quant && !gemv && !force && m <= CUDA_MMQ_MAX_M; /* int8 tiled */
+                const char *path = gemv  ? "gemv"
+                                   : mmq ? (m > CUDA_MMQ_DP4A_MAX_M ? "mmq-tc" : "mmq")
+                                         : "cublas";
                 const float *xr = (gemv || mmq) && quant ? xs : x;
                 ss = 0;
                 for (int r = 0; r < m; r++)
@@ -211,20 +214,12 @@ static void test_matmul_every_type_and_path(void **state) {
                     double err = fabs(y[i] - ref[i]);
                     if (!(err <= tol))
                         fail_msg("%s m=%d %s: y[%d] = %.6g, reference %.6g (tolerance %.3g)",
-                                 ggml_type_name(type), m,
-                                 gemv  ? "gemv"
-                                 : mmq ? "mmq"
-                                       : "cublas",
-                                 i, y[i], ref[i], tol);
+                                 ggml_type_name(type), m, path, i, y[i], ref[i], tol);
                     if (err > worst)
                         worst = err;
                 }
-                printf("matmul %-5s m=%-2d %-6s max error %.2e of rms %.2e\n", ggml_type_name(type),
-                       m,
-                       gemv  ? "gemv"
-                       : mmq ? "mmq"
-                             : "cublas",
-                       worst, rms);
+                printf("matmul %-5s m=%-3d %-6s max error %.2e of rms %.2e\n", ggml_type_name(type),
+                       m, path, worst, rms);
             }
             cuda_pool_free(C, dx);
             cuda_pool_free(C, dy);

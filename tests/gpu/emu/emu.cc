@@ -16,6 +16,7 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
                 for (unsigned w = 0; w < nw; w++) {
                     b.warp_bar.push_back(new std::barrier<>(32));
                     b.warp_buf.push_back(std::vector<uint64_t>(32));
+                    b.warp_mma.push_back(std::vector<int>(2 * 32 * 8));
                 }
                 emu_cur = &b;
                 std::vector<std::thread> th;

@@ -20,9 +20,12 @@
 static int emu_gemv_launches;
 #define GEMV_LAUNCH(kernel, grid, stream, ...)                                                     \
     (emu_gemv_launches++, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { kernel(__VA_ARGS__); }))
-static int emu_qx_launches, emu_mmq_launches;
+static int emu_qx_launches, emu_mmq_launches, emu_mmt_launches; /* mmq: k_mmq and k_mmq_tc */
 #define MMQ_LAUNCH(kernel, grid, stream, ...)                                                      \
     (emu_mmq_launches++, emu_launch(dim3(grid), dim3(MMQ_THREADS), [&] { kernel(__VA_ARGS__); }))
+#define MMT_LAUNCH(kernel, grid, stream, ...)                                                      \
+    (emu_mmq_launches++, emu_mmt_launches++,                                                       \
+     emu_launch(dim3(grid), dim3(MMT_THREADS), [&] { kernel(__VA_ARGS__); }))
 #define QX_LAUNCH(grid, stream, ...)                                                               \
     (emu_qx_launches++, emu_launch(dim3(grid), dim3(QX_WARPS * 32), [&] { k_quant_x(__VA_ARGS__); }))
 #include "gen/gemm.cc"
@@ -612,7 +615,7 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
     }
     int gemv = m <= CUDA_GEMV_MAX_M, n_out = mode == CUDA_MM_SWIGLU ? 1 : nw;
     /* on the GEMV and int8 tiled paths quantized weights see x quantized (k_quant_x, once
-     * per call); the tiled path takes calls of quantized weights only, 8 < m <= 32 */
+     * per call); the tiled path takes calls of quantized weights only, 8 < m <= CUDA_MMQ_MAX_M */
     std::vector<float> xs = x_seen(x, m, k);
     int n_quant = 0;
     for (int i = 0; i < nw; i++) n_quant += is_quant(W[i]->type);
@@ -689,10 +692,12 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
     free(ctx.scratch[1]);
 }
 
-/* The int8 tiled product (8 < m <= 32, quantized weights without a BF16 copy) of every
- * quantized type against the double product with x as k_quant_x leaves it: row counts
- * below and above a 64-row tile, token counts inside one 32-token tile and across two, k
- * in whole 256 steps and with a partial last step (576, the 32-block types). */
+/* The int8 tiled products (8 < m <= CUDA_MMQ_MAX_M, quantized weights without a BF16
+ * copy) of every quantized type against the double product with x as k_quant_x leaves it:
+ * k_mmq (__dp4a) at m = 9, 20, 32, k_mmq_tc (int8 mma.sync on the emulator's reading of
+ * the PTX fragment layouts) at m = 33, 64, 100; row counts below and above a 64-row tile,
+ * token counts inside one tile and across two, k in whole 256 steps and with a partial
+ * last step (576, the 32-block types). */
 static void test_mmq() {
     for (int type : {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K}) {
         bool kq = type == GGML_Q4_K || type == GGML_Q6_K;
@@ -700,17 +705,18 @@ static void test_mmq() {
             if (kq && k % 256) continue;
             for (int n : {12, 70}) {
                 emu_w *w = make_w(type, n, k);
-                for (int m : {9, 20, 32}) {
-                    if (n == 70 && m == 20) continue;
+                for (int m : {9, 20, 32, 33, 64, 100}) {
+                    if (n == 70 ? m == 20 || m == 33 || m == 100 : m == 64) continue;
                     float *x = (float *)aligned_alloc(64, ((size_t)m * k * 4 + 63) / 64 * 64);
                     for (int i = 0; i < m * k; i++) x[i] = 2.0f * frand();
                     std::vector<float> y((size_t)m * n, 5.0f), xs = x_seen(x, m, k);
                     cuda_ctx ctx = {};
                     md_err e = {};
                     cuda_mm_w one = {w->q, w->type, w->rb, w->n, y.data(), nullptr};
-                    emu_mmq_launches = emu_blas = 0;
+                    emu_mmq_launches = emu_mmt_launches = emu_blas = 0;
                     CHECK(mm_run(&ctx, &one, 1, x, m, k, CUDA_MM_ACC, 1.0f, 0, &e) == 0, "mmq: %s", e.msg);
                     CHECK(emu_mmq_launches == 1 && emu_blas == 0, "mmq %s m=%d: %d tiled launches, %d cuBLAS", ggml_type_name(type), m, emu_mmq_launches, emu_blas);
+                    CHECK(emu_mmt_launches == (m > CUDA_MMQ_DP4A_MAX_M), "mmq %s m=%d: %d tensor-core launches", ggml_type_name(type), m, emu_mmt_launches);
                     double ss = 0, worst = 0;
                     for (int t = 0; t < m; t++)
                         for (int j = 0; j < n; j++) {
@@ -726,7 +732,7 @@ static void test_mmq() {
                 free(w->q); delete w;
             }
         }
-        printf("mmq %-5s n=12,70 k=512%s m=9,20,32 (ACC): within 1e-5 of rms of the double product\n", ggml_type_name(type), kq ? "" : ",576");
+        printf("mmq %-5s n=12,70 k=512%s m=9,20,32 (dp4a), 33,64,100 (mma) (ACC): within 1e-5 of rms of the double product\n", ggml_type_name(type), kq ? "" : ",576");
     }
 }
 
@@ -839,7 +845,7 @@ static void test_matmul_bf16_copies() {
     }
     int worst_bits = 0;
     for (int mode : {CUDA_MM_SET, CUDA_MM_ACC})
-        for (int m : {1, 8, 9, 40}) {
+        for (int m : {1, 8, 9, 40, 260}) {
             float *x = (float *)aligned_alloc(64, ((size_t)m * k * 4 + 63) / 64 * 64);
             for (int i = 0; i < m * k; i++) x[i] = frand();
             std::vector<std::vector<float>> ya(W.size()), yb(W.size());
@@ -862,8 +868,8 @@ static void test_matmul_bf16_copies() {
                 int dq_a = emu_dequants, la = emu_gemv_launches;
                 emu_dequants = emu_gemv_launches = 0;
                 CHECK(mm_run(&ctx, c, nw, x, m, k, mode, beta, 0, &e) == 0, "matmul with copies: %s", e.msg);
-                /* 8 < m <= 32: without copies the quantized weights take the int8 tiled
-                 * path (no expansion either), with them cuBLAS reads the copies */
+                /* 8 < m <= CUDA_MMQ_MAX_M: without copies the quantized weights take the
+                 * int8 tiled path (no expansion either), with them cuBLAS reads the copies */
                 int expand = m > CUDA_MMQ_MAX_M && part == 0;
                 CHECK(dq_a == (expand ? 3 : 0) && emu_dequants == 0, "m=%d: %d expansions without copies, %d with", m, dq_a, emu_dequants);
                 CHECK(emu_gemv_launches == la, "m=%d: %d GEMV launches with copies, %d without", m, emu_gemv_launches, la);
@@ -880,8 +886,8 @@ static void test_matmul_bf16_copies() {
             }
             free(x);
         }
-    printf("matmul with BF16 weight copies (Q4_K, Q6_K, Q4_0 + F16, BF16; SET/ACC; m=1,8,9,40): no expansion on cuBLAS, "
-           "GEMV (m <= 8) and the int8 tiled path (m <= 32, no copy) read the quantized weight, %d outputs differ from the expanding path\n", worst_bits);
+    printf("matmul with BF16 weight copies (Q4_K, Q6_K, Q4_0 + F16, BF16; SET/ACC; m=1,8,9,40,260): no expansion on cuBLAS, "
+           "GEMV (m <= 8) and the int8 tiled path (m <= %d, no copy) read the quantized weight, %d outputs differ from the expanding path\n", CUDA_MMQ_MAX_M, worst_bits);
     for (auto *p : W) { free(p->q); delete p; }
 }
 

@@ -36,6 +36,8 @@ template <class T> static inline T __ldg(const T *p) { return *p; }
 static inline float emu_expf(float x) { return expf(x); }
 #define __expf emu_expf
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+#define __align__(n) __attribute__((aligned(n)))
 struct alignas(16) float4 { float x, y, z, w; };
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 using std::min;
@@ -65,6 +67,7 @@ struct emu_block {
     std::barrier<> *block_bar;
     std::vector<std::barrier<> *> warp_bar;
     std::vector<std::vector<uint64_t>> warp_buf;
+    std::vector<std::vector<int>> warp_mma; /* 2 x 32 lanes x 8 ints per warp, for emu_mma_s8 */
     std::atomic<int> or_acc{0};
 };
 extern emu_block *emu_cur;
@@ -98,6 +101,45 @@ static inline int emu_up(int l, int o) { return l >= o ? l - o : l; }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) { return emu_shfl(v, emu_xor, o); }
 template <class T> static inline T __shfl_sync(unsigned, T v, int o) { return emu_shfl(v, emu_idx, o); }
 template <class T> static inline T __shfl_up_sync(unsigned, T v, int o) { return emu_shfl(v, emu_up, o); }
+/* mma.sync.aligned.m16n8k{16,32}.row.col.s32.s8.s8.s32 for the calling warp, as the PTX ISA's
+ * "Matrix Fragments for mma.m16n8k16 / m16n8k32 with integer type" place the elements:
+ * groupID g = lane >> 2, threadID_in_group t = lane % 4; A (16 x K, row) K/8 registers of
+ * 4 bytes (low byte first), B (K x 8, col) K/16, C and D 4 int32. Element i of A: row g
+ * for i < 4 (K = 16) or i < 4 || 8 <= i < 12 (K = 32), else g + 8; column 4t + (i & 3),
+ * + 16 for i >= 8. Element i of B: row 4t + (i & 3), + 16 for i >= 4; column g. Element i
+ * of C/D: row g (i < 2) or g + 8, column 2t + (i & 1). Every lane publishes its fragments,
+ * then computes its own four outputs. */
+template <int K> static inline void emu_mma_s8(int *d, const int *a, const int *b, const int *c) {
+    static_assert(K == 16 || K == 32, "m16n8k16 or m16n8k32");
+    /* two buffers in turn, so one barrier a call: a lane writes a buffer again only after
+     * the next call's barrier, which every lane passes after reading it */
+    static thread_local unsigned calls; /* one std::thread per CUDA thread: 0 at its start */
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int *buf = emu_cur->warp_mma[w].data() + (calls++ & 1) * 32 * 8;
+    for (int r = 0; r < K / 8; r++) buf[lane * 8 + r] = a[r];
+    for (int r = 0; r < K / 16; r++) buf[lane * 8 + 4 + r] = b[r];
+    emu_cur->warp_bar[w]->arrive_and_wait();
+    int A[16][32], B[32][8];
+    for (int L = 0; L < 32; L++) {
+        int g = L >> 2, t = L & 3;
+        for (int i = 0; i < K / 2; i++) { /* A: K/8 registers x 4 bytes */
+            int v = (int8_t)(buf[L * 8 + i / 4] >> (8 * (i & 3)));
+            int up = K == 16 ? i >= 4 : (i >= 4 && i < 8) || i >= 12;
+            A[g + (up ? 8 : 0)][4 * t + (i & 3) + (i >= 8 ? 16 : 0)] = v;
+        }
+        for (int i = 0; i < K / 4; i++) { /* B: K/16 registers x 4 bytes */
+            int v = (int8_t)(buf[L * 8 + 4 + i / 4] >> (8 * (i & 3)));
+            B[4 * t + (i & 3) + (i >= 4 ? 16 : 0)][g] = v;
+        }
+    }
+    int g = lane >> 2, t = lane & 3, out[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1), s = c[i];
+        for (int kk = 0; kk < K; kk++) s += A[row][kk] * B[kk][col];
+        out[i] = s;
+    }
+    for (int i = 0; i < 4; i++) d[i] = out[i];
+}
 extern std::mutex emu_atomic_mu;
 static inline int atomicMin(int *p, int v) {
     std::lock_guard<std::mutex> g(emu_atomic_mu);
