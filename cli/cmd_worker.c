@@ -77,6 +77,9 @@ static void usage(FILE *f) {
             "  --step-timeout-ms MS   a device step running longer means a hung device: hand back\n"
             "                         every request held and exit 1 for a restart (default:\n"
             "                         120000 on a CUDA device, none on the CPU; 0: none)\n"
+            "  --load-timeout-ms MS   the same for loading a model (default: 600000 on a CUDA\n"
+            "                         device, none on the CPU; 0: none); the heartbeat and\n"
+            "                         leases are kept alive while a model loads\n"
             "  --max-line-bytes N     largest input line accepted (default 1048576)\n"
             "  --usd-per-hour X       cost of this worker's devices, for each line's cost share\n"
             "                         (with --devices, split evenly between the children)\n"
@@ -263,7 +266,8 @@ static int worker_main(int argc, char **argv, unsigned char *skip) {
                         {"--connect-timeout-ms", 1, 600000},
                         {"--command-timeout-ms", 0, 3600000},
                         {"--plan-check-ms", 10, 3600000},
-                        {"--step-timeout-ms", 0, 86400000}};
+                        {"--step-timeout-ms", 0, 86400000},
+                        {"--load-timeout-ms", 0, 86400000}};
             int k = -1;
             for (size_t j = 0; j < sizeof ints / sizeof *ints; j++)
                 if (!strcmp(a, ints[j].flag))
@@ -290,6 +294,7 @@ static int worker_main(int argc, char **argv, unsigned char *skip) {
             case 11: cfg.command_timeout_ms = (int)x; break;
             case 12: cfg.plan_check_ms = (int)x; break;
             case 13: cfg.step_timeout_ms = (int)x; break;
+            case 14: cfg.load_timeout_ms = (int)x; break;
             }
         }
         i += used;

@@ -112,8 +112,10 @@ typedef struct {
     int device_failed;  /* a runner's device failed: hand back, stop, exit with dev_err */
     long n_handed_back;
     md_err dev_err;
-    wk_watchdog *wd;              /* NULL without a step limit */
-    int step_limit_ms;            /* the watchdog's limit (0: none) */
+    wk_watchdog *wd;   /* NULL once it fired and the worker took its verdict */
+    int step_limit_ms; /* a step's limit (0: none) */
+    int load_limit_ms; /* a model load's limit (0: none; kept alive regardless) */
+    char load_what[Q_MODEL_NAME + 16];
     unsigned streams_gen, wd_gen; /* stream set changes / the one the watchdog was told */
 } wk;
 
@@ -127,6 +129,7 @@ void wk_config_default(wk_config *c) {
     c->heartbeat_ms = 5000;
     c->step_timeout_ms = -1;
     c->step_timeout_exit = 1;
+    c->load_timeout_ms = -1;
     c->grace_ms = 30000;
     c->connect_timeout_ms = 2000;
     c->command_timeout_ms = 10000;
@@ -876,6 +879,8 @@ static void take_over(wk *w) {
 /* Entries still pending for our own consumer name: a worker restarted with the same --id
  * after a crash resumes them at once instead of waiting out the visibility timeout. */
 static void take_own(wk *w) {
+    if (w->device_failed)
+        return; /* stopping: what was handed back is others' now, not to be resumed */
     md_err e = {0};
     for (int s = 0; s < MAX_STREAMS && !w->broken; s++) {
         char start[ENTRY_ID_MAX] = "0";
@@ -1037,7 +1042,11 @@ static int find_model(wk *w, const char *name) {
     return -1;
 }
 
-/* Open a model's runner and job slots in a free model slot. Returns the slot or an error. */
+static void after_watchdog(wk *w, const char *why);
+static void watch_streams(wk *w);
+
+/* Open a model's runner and job slots in a free model slot, under the watchdog (its load
+ * limit; heartbeat and leases kept alive meanwhile). Returns the slot or an error. */
 static int add_model(wk *w, const char *name, md_err *e) {
     int m = -1;
     for (int k = 0; k < WK_MAX_MODELS && m < 0; k++)
@@ -1047,7 +1056,27 @@ static int add_model(wk *w, const char *name, md_err *e) {
         return md_errf(e, MD_EINVAL, "at most %d models at a time", WK_MAX_MODELS);
     model *md = &w->mod[m];
     memset(md, 0, sizeof *md);
+    if (w->wd) {
+        watch_streams(w); /* what it hands back or keeps leased: the streams served so far */
+        snprintf(w->load_what, sizeof w->load_what, "loading %s", name);
+        wk_watchdog_enter(w->wd, w->load_what, w->load_limit_ms, 1);
+    }
     int rc = wk_runner_open(name, &w->cfg->runner, &md->runner, e);
+    if (w->wd) {
+        wk_watchdog_leave(w->wd);
+        if (wk_watchdog_fired(w->wd)) { /* it gave up on the load: so does the worker */
+            if (!rc)
+                wk_runner_close(md->runner);
+            md->runner = NULL;
+            char why[sizeof w->dev_err.msg];
+            snprintf(why, sizeof why,
+                     "loading %s ran past the %d ms limit (--load-timeout-ms): the device looks "
+                     "hung",
+                     name, w->load_limit_ms);
+            after_watchdog(w, why);
+            return md_errf(e, MD_EDEVICE, "%s", why);
+        }
+    }
     if (rc)
         return rc;
     md->n_jobs = wk_runner_capacity(md->runner);
@@ -1148,7 +1177,7 @@ static void apply_plan(wk *w, const json_t *plan) {
             if (w->st[s].state != SLOT_FREE && w->st[s].m == m)
                 w->st[s].state = SLOT_DRAIN; /* re-enabled below when still wanted */
     }
-    for (int a = 0; a < n; a++) {
+    for (int a = 0; a < n && !w->device_failed; a++) {
         int m = find_model(w, as[a].model);
         if (m < 0) {
             MD_INFO("worker", "plan v%lld: loading %s (replicas %s)", version, as[a].model,
@@ -1269,7 +1298,7 @@ static void watch_streams(wk *w) {
 /* The watchdog fired while a step ran and has handed back every entry this worker held:
  * forget them (renewing or handing them back again would take them from whoever has them
  * now), retire the watchdog (its work is done) and stop with the device's failure. */
-static void after_watchdog(wk *w) {
+static void after_watchdog(wk *w, const char *why) {
     long n = 0;
     for (int m = 0; m < WK_MAX_MODELS; m++)
         for (int i = 0; i < w->mod[m].n_jobs; i++) {
@@ -1284,13 +1313,12 @@ static void after_watchdog(wk *w) {
     w->wd = NULL;
     if (!w->device_failed) {
         w->device_failed = 1;
-        md_errf(&w->dev_err, MD_EDEVICE,
-                "a device step ran past the %d ms limit: the device looks hung", w->step_limit_ms);
+        md_errf(&w->dev_err, MD_EDEVICE, "%s", why);
     }
     MD_ERROR("worker",
-             "the step the watchdog gave up on returned; %ld request(s) it ran were "
+             "what the watchdog gave up on returned (%s); %ld request(s) running were "
              "already handed back",
-             n);
+             why, n);
 }
 
 static void poll_all(wk *w, int wait_ms) {
@@ -1301,13 +1329,18 @@ static void poll_all(wk *w, int wait_ms) {
         model *md = &w->mod[m];
         if (md->state == SLOT_FREE || wk_runner_live(md->runner) <= 0)
             continue;
-        if (w->wd)
-            wk_watchdog_enter(w->wd);
+        int guard = w->wd && w->step_limit_ms > 0;
+        if (guard)
+            wk_watchdog_enter(w->wd, "a device step", w->step_limit_ms, 0);
         int rc = wk_runner_poll(md->runner, one ? wait_ms : 0, on_done, w, &e);
-        if (w->wd) {
+        if (guard) {
             wk_watchdog_leave(w->wd);
             if (wk_watchdog_fired(w->wd)) {
-                after_watchdog(w);
+                char why[128];
+                snprintf(why, sizeof why,
+                         "a device step ran past the %d ms limit: the device looks hung",
+                         w->step_limit_ms);
+                after_watchdog(w, why);
                 return;
             }
         }
@@ -1436,6 +1469,17 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     }
 #endif
 
+    /* The watchdog: a step past its limit (auto: 2 minutes on a CUDA device, none on the CPU)
+     * or a load past its limit (auto: 10 minutes on a CUDA device, none on the CPU) means a
+     * hung device; loads keep the heartbeat and leases alive. It runs from the first load on
+     * and gets its Redis connection once the worker has one. */
+    const char *dev = cfg->runner.device;
+    int on_cuda = dev && !strncmp(dev, "cuda", 4);
+    w.step_limit_ms = cfg->step_timeout_ms >= 0 ? cfg->step_timeout_ms : on_cuda ? 120000 : 0;
+    w.load_limit_ms = cfg->load_timeout_ms >= 0 ? cfg->load_timeout_ms : on_cuda ? 600000 : 0;
+    if ((rc = wk_watchdog_start(Q_GROUP, w.me, (long long)cfg->visibility_ms + 1000,
+                                cfg->step_timeout_exit, &w.wd, e)))
+        return rc;
     if ((rc = open_all(&w, cfg, e))) {
         close_all(&w);
         return rc;
@@ -1456,17 +1500,12 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
         close_all(&w);
         return rc;
     }
-    /* the step watchdog: auto = 2 minutes on a CUDA device, none on the CPU */
-    const char *dev = cfg->runner.device;
-    w.step_limit_ms = cfg->step_timeout_ms >= 0         ? cfg->step_timeout_ms
-                      : dev && !strncmp(dev, "cuda", 4) ? 120000
-                                                        : 0;
-    if (w.step_limit_ms > 0 && (rc = wk_watchdog_start(&u, Q_GROUP, w.me, w.step_limit_ms,
-                                                       (long long)cfg->visibility_ms + 1000,
-                                                       cfg->step_timeout_exit, &w.wd, e))) {
+    if ((rc = wk_watchdog_connect(w.wd, &u, e))) {
         close_all(&w);
         return rc;
     }
+    wk_watchdog_set_keepalive(w.wd, w.wkey, cfg->heartbeat_ms, 3 * cfg->heartbeat_ms,
+                              cfg->visibility_ms / 3, cfg->visibility_ms);
     char where[700];
     md_redis_url_describe(&u, where, sizeof where);
     if (cfg->follow_plan)
@@ -1477,10 +1516,12 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
                 w.me, cfg->n_models, where, w.mod[0].name, wk_runner_kind(w.mod[0].runner),
                 wk_runner_capacity(w.mod[0].runner));
 
-    if (w.wd)
+    if (w.step_limit_ms > 0 || w.load_limit_ms > 0)
         MD_INFO("worker",
-                "step watchdog: a step running over %d ms hands back every request and %s",
-                w.step_limit_ms, cfg->step_timeout_exit ? "exits 1" : "stops the worker");
+                "watchdog: a step running over %d ms or a model load over %d ms (0: no "
+                "limit) hands back every request and %s",
+                w.step_limit_ms, w.load_limit_ms,
+                cfg->step_timeout_exit ? "exits 1" : "stops the worker");
     take_own(&w);
     uint64_t t = md_mono_ns();
     w.last_tick = t;

@@ -46,11 +46,18 @@ typedef struct {
     int plan_check_ms;
     /* A runner step (one engine step over every live sequence) running longer than this
      * means a hung device: the watchdog (worker/watchdog.h) hands back every entry this
-     * worker holds and, with step_timeout_exit (default 1), ends the process with status 1
-     * for a restart; without it the worker stops with an error once the step returns.
-     * 0: no limit; -1 (default): 120000 on a CUDA device, no limit on the CPU (a slow CPU
+     * worker holds and, with step_timeout_exit, ends the process with status 1 for a
+     * restart. 0: no limit; -1 (default): 120000 on a CUDA device, no limit on the CPU (a slow CPU
      * step is slow, not hung). */
     int step_timeout_ms;
+    /* Loading a model (reading it, uploading its weights) running longer than this means a
+     * hung device, handled as a step past its limit. While a load runs, the watchdog keeps
+     * the worker's heartbeat key and the leases of what it holds alive (a large model takes
+     * tens of seconds; the scheduler must not take the worker for dead meanwhile). 0: no
+     * limit; -1 (default): 600000 on a CUDA device, no limit on the CPU. */
+    int load_timeout_ms;
+    /* 1 (default): the watchdog ends the process with status 1 after handing back; 0: the
+     * worker stops with an error once the step or load returns (tests). */
     int step_timeout_exit;
 } wk_config;
 

@@ -18,7 +18,14 @@
  *             hands the requests back within its limit, long before the 60 s visibility
  *             timeout, so a healthy worker completes the batch while the dead one is still
  *             stuck; once the step returns the dead worker stops with "looks hung" and
- *             answers nothing. */
+ *             answers nothing.
+ *   loadhung  (argument "loadhung"): a model load that never returns (kind=hang in the
+ *             backend's reserve, as a cudaMalloc stuck on a dead GPU): at startup the
+ *             process exits 1 within the load limit; under --follow-plan, a worker holding
+ *             echo requests while the plan's second model hangs in its load keeps its
+ *             heartbeat key and those leases alive (past 3 heartbeat periods and the
+ *             visibility timeout), hands them back once the load limit passes, and stops
+ *             with "ran past" once the load returns. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -213,31 +220,36 @@ static void worker_stop(worker_th *w, const char *name) {
 
 /* ---- the batch --------------------------------------------------------------------------- */
 
-static void submit_batch(char batch[Q_BATCH_ID_MAX]) {
+/* n chat requests for model through the real client (a batch of its own). */
+static void submit_to(char batch[Q_BATCH_ID_MAX], const char *model, int n_req) {
     char path[] = "/tmp/medley-faults-XXXXXX";
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     FILE *f = fdopen(fd, "w");
-    for (int i = 0; i < N_REQ; i++)
+    for (int i = 0; i < n_req; i++)
         fprintf(f,
                 "{\"custom_id\": \"r%d\", \"method\": \"POST\", \"url\": "
                 "\"/v1/chat/completions\", \"body\": {\"model\": \"%s\", \"messages\": "
                 "[{\"role\": \"user\", \"content\": \"Name %d colours of the rainbow.\"}], "
                 "\"max_tokens\": 12, \"temperature\": 0}}\n",
-                i, MODEL, i + 2);
+                i, model, i + 2);
     fclose(f);
     md_redis_url u;
     md_redis *r;
     md_err e = {0};
     if (md_redis_url_parse(url, &u, &e) || md_redis_open(&u, &r, &e))
         fail_msg("redis: %s", e.msg);
-    q_submit_opts o = {.prefix = "medley:", .path = path, .model = MODEL};
+    q_submit_opts o = {.prefix = "medley:", .path = path, .model = model};
     long long n = 0;
     if (q_submit_file(r, &o, batch, &n, &e))
         fail_msg("submit: %s", e.msg);
-    assert_int_equal(n, N_REQ);
+    assert_int_equal(n, n_req);
     md_redis_close(r);
     unlink(path);
+}
+
+static void submit_batch(char batch[Q_BATCH_ID_MAX]) {
+    submit_to(batch, MODEL, N_REQ);
 }
 
 /* Wait until the batch's status is `status` (or the deadline passes). */
@@ -472,11 +484,12 @@ static void test_watchdog_ends_the_process_after_handing_back(void **state) {
         md_err e = {0};
         wk_watchdog *wd;
         if (md_redis_url_parse(url, &u, &e) ||
-            wk_watchdog_start(&u, "workers", "stuck", 500, 61000, 1, &wd, &e))
+            wk_watchdog_start("workers", "stuck", 61000, 1, &wd, &e) ||
+            wk_watchdog_connect(wd, &u, &e))
             _exit(7);
         const char *keys[] = {key};
         wk_watchdog_set_streams(wd, keys, 1);
-        wk_watchdog_enter(wd);
+        wk_watchdog_enter(wd, "a device step", 500, 0);
         sleep(30); /* the step that never returns */
         _exit(0);
     }
@@ -499,6 +512,168 @@ static void test_watchdog_ends_the_process_after_handing_back(void **state) {
     freeReplyObject(r);
 }
 
+/* ---- loads that never return ------------------------------------------------------------ */
+
+#define LOAD_HANG_DEVICE "faulty:op=reserve,after=1,kind=hang"
+
+/* A worker started on a model whose load hangs: the process ends with status 1 within the
+ * load limit and a tick (nothing is held yet, so nothing is handed back). */
+static void test_hung_load_at_startup_ends_the_process(void **state) {
+    if (!test_model_path())
+        skip();
+    uint64_t t0 = md_mono_ns();
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(0);
+        wk_config c;
+        wk_config_default(&c);
+        c.redis_url = url;
+        c.id = "loads-forever";
+        c.models[0] = MODEL;
+        c.n_models = 1;
+        c.runner.device = LOAD_HANG_DEVICE;
+        c.runner.n_threads = 1;
+        c.runner.max_seqs = 2;
+        c.load_timeout_ms = 800;
+        volatile sig_atomic_t stop = 0;
+        md_err e = {0};
+        int rc = wk_run(&c, &stop, &e);
+        fprintf(stderr, "wk_run returned %d: %s\n", rc, e.msg);
+        _exit(9); /* the watchdog must have ended the process before the load returned */
+    }
+    int status = 0;
+    pid_t got = 0;
+    while ((got = waitpid(pid, &status, WNOHANG)) == 0 && md_mono_ns() - t0 < 15000000000ull)
+        usleep(20000);
+    if (got == 0)
+        kill(pid, SIGKILL), waitpid(pid, &status, 0);
+    double ms = (double)(md_mono_ns() - t0) / 1e6;
+    printf("worker whose load hangs: exit %d after %.0f ms (load limit 800 ms)\n",
+           WIFEXITED(status) ? WEXITSTATUS(status) : -1, ms);
+    assert_true(got == pid && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 1);
+    assert_true(ms < 8000); /* the limit, a tick and the model's read, not the 15 s cap */
+}
+
+static void set_plan(int version, const char *models_on_loader) {
+    char reps[2048] = "";
+    size_t used = 0;
+    char list[256];
+    snprintf(list, sizeof list, "%s", models_on_loader);
+    int i = 0;
+    for (char *m = strtok(list, ","); m; m = strtok(NULL, ","), i++)
+        used += (size_t)snprintf(
+            reps + used, sizeof reps - used,
+            "%s{\"id\": \"r%d\", \"model\": \"%s\", \"candidate\": \"1xL4\", \"stages\": "
+            "[{\"gpu_type\": \"L4\", \"gpus\": [\"{loader}/0\"], \"tp\": 1, \"layers\": [0, 30]}], "
+            "\"classes\": [], \"routing\": {}, \"predicted_tokens_per_s\": 100.0, "
+            "\"usd_per_hour\": 0.8, \"usd_per_mtok\": 1.0}",
+            i ? ", " : "", i, m);
+    char doc[4096];
+    snprintf(doc, sizeof doc,
+             "{\"schema_version\": 1, \"kind\": \"medley.plan\", \"version\": %d, "
+             "\"created_at\": \"2026-12-03T14:00:00Z\", \"objective\": "
+             "\"max_tokens_per_usd\", \"reason\": \"test_worker_faults\", \"replicas\": [%s], "
+             "\"models\": [], \"idle_gpus\": [], \"totals\": {}, \"notes\": []}",
+             version, reps);
+    redisReply *r = redisCommand(rc, "SET medley:plan %s", doc);
+    assert_true(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    r = redisCommand(rc, "SET medley:plan:version %d", version);
+    freeReplyObject(r);
+}
+
+/* Entries of q:{echo} held by consumer `loader` idle at least ms. */
+static long long loader_pending(int ms) {
+    redisReply *r = redisCommand(rc, "XPENDING medley:q:{echo} workers IDLE %d - + 100 loader", ms);
+    assert_non_null(r);
+    long long n = r->type == REDIS_REPLY_ARRAY ? (long long)r->elements : -1;
+    freeReplyObject(r);
+    return n;
+}
+
+static void test_plan_load_keeps_worker_alive_then_hands_back(void **state) {
+    if (!test_model_path())
+        skip();
+    const int hb_ms = 300, vis_ms = 1500, load_ms = 4000;
+    set_plan(1, "echo");
+    worker_th w;
+    memset(&w, 0, sizeof w);
+    wk_config_default(&w.cfg);
+    w.cfg.redis_url = url;
+    w.cfg.id = "loader";
+    w.cfg.follow_plan = 1;
+    w.cfg.plan_check_ms = 100;
+    w.cfg.runner.device = LOAD_HANG_DEVICE; /* echo opens no backend; the engine's load hangs */
+    w.cfg.runner.n_threads = 1;
+    w.cfg.runner.max_seqs = 4;
+    w.cfg.runner.echo_delay_ms = 60000; /* held throughout */
+    w.cfg.visibility_ms = vis_ms;
+    w.cfg.heartbeat_ms = hb_ms;
+    w.cfg.block_ms = 50;
+    w.cfg.grace_ms = 1000;
+    w.cfg.load_timeout_ms = load_ms;
+    w.cfg.step_timeout_exit = 0;
+    if (pthread_create(&w.th, NULL, worker_main, &w))
+        fail_msg("pthread_create failed");
+    /* two echo requests, held by the worker */
+    char batch[Q_BATCH_ID_MAX];
+    submit_to(batch, "echo", 2);
+    for (int t = 0; t < 20000 && loader_pending(0) < 2; t += 20)
+        usleep(20000);
+    assert_int_equal(loader_pending(0), 2);
+    /* the plan adds the engine model: its load hangs */
+    set_plan(2, "echo," MODEL);
+    fault_backend_stats fs = {0};
+    for (int t = 0; t < 60000 && fs.hanging == 0; t += 20) {
+        usleep(20000);
+        fault_backend_get_stats(&fs);
+    }
+    assert_int_equal(fs.hanging, 1);
+    uint64_t t_hang = md_mono_ns();
+    /* until the limit: the heartbeat key never expires and no lease lapses */
+    int hb_gone = 0, lapsed = 0;
+    while (md_mono_ns() - t_hang < (uint64_t)(load_ms - 500) * 1000000ull) {
+        hb_gone += cmd_int("EXISTS medley:worker:{loader}") != 1;
+        lapsed += loader_pending(vis_ms) != 0;
+        usleep(50000);
+    }
+    printf("load hung %.1f s (heartbeat key lives %d ms, visibility %d ms): heartbeat key "
+           "missing %d time(s), a lease lapsed %d time(s)\n",
+           (double)(md_mono_ns() - t_hang) / 1e9, 3 * hb_ms, vis_ms, hb_gone, lapsed);
+    assert_int_equal(hb_gone, 0);
+    assert_int_equal(lapsed, 0);
+    /* past the limit: both handed back, idle past the visibility timeout */
+    long long back = 0;
+    while (back < 2 && md_mono_ns() - t_hang < (uint64_t)(load_ms + 5000) * 1000000ull) {
+        usleep(50000);
+        back = loader_pending(vis_ms);
+    }
+    double ms_back = (double)(md_mono_ns() - t_hang) / 1e6;
+    printf("load limit %d ms: %lld request(s) handed back %.0f ms after the load blocked\n",
+           load_ms, back, ms_back);
+    assert_int_equal(back, 2);
+    assert_true(ms_back >= load_ms);
+    /* the load returns (with the device's error): the worker stops with the watchdog's
+     * verdict, and never takes back what was handed back (they stay idle meanwhile) */
+    fault_backend_release();
+    uint64_t t0 = md_mono_ns();
+    int retaken = 0;
+    while (!__atomic_load_n(&w.done, __ATOMIC_ACQUIRE) && md_mono_ns() - t0 < 20000000000ull) {
+        retaken += loader_pending(vis_ms) != 2;
+        usleep(20000);
+    }
+    assert_true(__atomic_load_n(&w.done, __ATOMIC_ACQUIRE));
+    printf("after the load returned: handed-back entries renewed by the loader %d time(s)\n",
+           retaken);
+    assert_int_equal(retaken, 0);
+    pthread_join(w.th, NULL);
+    printf("loader: rc %d: %s\n", w.rc, w.e.msg);
+    assert_int_equal(w.rc, MD_EDEVICE);
+    assert_non_null(strstr(w.e.msg, "loading " MODEL " ran past the 4000 ms limit"));
+    assert_int_equal(loader_pending(vis_ms), 2); /* still free for others: not renewed again */
+}
+
 int main(int argc, char **argv) {
     if (!test_model_path()) {
         printf("SKIP: %s is not fetched (scripts/fetch-model.sh)\n", TEST_MODEL_FILE);
@@ -517,6 +692,12 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_watchdog_ends_the_process_after_handing_back),
         cmocka_unit_test(test_hung_step_hands_back_within_its_limit),
     };
+    const struct CMUnitTest loadhung[] = {
+        cmocka_unit_test(test_hung_load_at_startup_ends_the_process),
+        cmocka_unit_test(test_plan_load_keeps_worker_alive_then_hands_back),
+    };
+    if (argc > 1 && !strcmp(argv[1], "loadhung"))
+        return cmocka_run_group_tests(loadhung, setup, teardown);
     if (argc > 1 && !strcmp(argv[1], "hung"))
         return cmocka_run_group_tests(hung, setup, teardown);
     if (argc > 1 && !strcmp(argv[1], "lastattempt"))
