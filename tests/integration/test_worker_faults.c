@@ -394,13 +394,21 @@ static void test_dead_device_last_attempt_answered_with_its_error(void **state) 
     assert_int_equal(o.device_errors, o.failed);
 }
 
-/* Entries of the model's stream idle for at least ms (the hand-back marks them so). */
-static long long pending_idle(int ms) {
-    redisReply *r = redisCommand(rc, "XPENDING medley:q:{%s} workers IDLE %d - + 100", MODEL, ms);
+/* Entries of model's stream idle for at least ms (the hand-back marks them so), of one
+ * consumer or (NULL) any. */
+static long long pending_of(const char *model, const char *consumer, int ms) {
+    redisReply *r =
+        consumer ? redisCommand(rc, "XPENDING medley:q:{%s} workers IDLE %d - + 100 %s", model, ms,
+                                consumer)
+                 : redisCommand(rc, "XPENDING medley:q:{%s} workers IDLE %d - + 100", model, ms);
     assert_non_null(r);
     long long n = r->type == REDIS_REPLY_ARRAY ? (long long)r->elements : -1;
     freeReplyObject(r);
     return n;
+}
+
+static long long pending_idle(int ms) {
+    return pending_of(MODEL, NULL, ms);
 }
 
 static void test_hung_step_hands_back_within_its_limit(void **state) {
@@ -462,6 +470,22 @@ static void test_hung_step_hands_back_within_its_limit(void **state) {
     assert_true(o.retried >= 1);
 }
 
+/* Wait for child pid (killed after cap_ms) and print how it ended: its exit status (-1: it
+ * did not exit by itself) and the ms since t0. */
+static int wait_child(pid_t pid, uint64_t t0, int cap_ms, const char *what, double *ms) {
+    int status = 0;
+    pid_t got = 0;
+    while ((got = waitpid(pid, &status, WNOHANG)) == 0 &&
+           md_mono_ns() - t0 < (uint64_t)cap_ms * 1000000ull)
+        usleep(20000);
+    if (got == 0)
+        kill(pid, SIGKILL), waitpid(pid, &status, 0);
+    *ms = (double)(md_mono_ns() - t0) / 1e6;
+    int code = got == pid && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    printf("%s: exit %d after %.0f ms\n", what, code, *ms);
+    return code;
+}
+
 /* In production the watchdog ends the process (a CUDA context stuck in a kernel cannot be
  * recovered in-process): a child holding an entry as consumer "stuck" enters a step that
  * never ends; it must exit with status 1 within the limit and a tick, its entry handed
@@ -493,17 +517,8 @@ static void test_watchdog_ends_the_process_after_handing_back(void **state) {
         sleep(30); /* the step that never returns */
         _exit(0);
     }
-    int status = 0;
-    pid_t got = 0;
-    while ((got = waitpid(pid, &status, WNOHANG)) == 0 && md_mono_ns() - t0 < 10000000000ull)
-        usleep(20000);
-    if (got == 0)
-        kill(pid, SIGKILL), waitpid(pid, &status, 0);
-    double ms = (double)(md_mono_ns() - t0) / 1e6;
-    printf("watchdog child: exit %d after %.0f ms (limit 500 ms)\n",
-           WIFEXITED(status) ? WEXITSTATUS(status) : -1, ms);
-    assert_true(got == pid && WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 1);
+    double ms;
+    assert_int_equal(wait_child(pid, t0, 10000, "watchdog child (limit 500 ms)", &ms), 1);
     assert_true(ms < 5000);
     r = redisCommand(rc, "XPENDING %s workers IDLE 60000 - + 10", key);
     assert_true(r && r->type == REDIS_REPLY_ARRAY);
@@ -541,17 +556,9 @@ static void test_hung_load_at_startup_ends_the_process(void **state) {
         fprintf(stderr, "wk_run returned %d: %s\n", rc, e.msg);
         _exit(9); /* the watchdog must have ended the process before the load returned */
     }
-    int status = 0;
-    pid_t got = 0;
-    while ((got = waitpid(pid, &status, WNOHANG)) == 0 && md_mono_ns() - t0 < 15000000000ull)
-        usleep(20000);
-    if (got == 0)
-        kill(pid, SIGKILL), waitpid(pid, &status, 0);
-    double ms = (double)(md_mono_ns() - t0) / 1e6;
-    printf("worker whose load hangs: exit %d after %.0f ms (load limit 800 ms)\n",
-           WIFEXITED(status) ? WEXITSTATUS(status) : -1, ms);
-    assert_true(got == pid && WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 1);
+    double ms;
+    assert_int_equal(wait_child(pid, t0, 15000, "worker whose load hangs (load limit 800 ms)", &ms),
+                     1);
     assert_true(ms < 8000); /* the limit, a tick and the model's read, not the 15 s cap */
 }
 
@@ -585,11 +592,7 @@ static void set_plan(int version, const char *models_on_loader) {
 
 /* Entries of q:{echo} held by consumer `loader` idle at least ms. */
 static long long loader_pending(int ms) {
-    redisReply *r = redisCommand(rc, "XPENDING medley:q:{echo} workers IDLE %d - + 100 loader", ms);
-    assert_non_null(r);
-    long long n = r->type == REDIS_REPLY_ARRAY ? (long long)r->elements : -1;
-    freeReplyObject(r);
-    return n;
+    return pending_of("echo", "loader", ms);
 }
 
 static void test_plan_load_keeps_worker_alive_then_hands_back(void **state) {
