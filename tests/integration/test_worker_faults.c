@@ -407,6 +407,16 @@ static long long pending_of(const char *model, const char *consumer, int ms) {
     return n;
 }
 
+/* Wait (at most 60 s) until one op is blocked by kind=hang; returns when that was seen. */
+static uint64_t wait_hanging(fault_backend_stats *fs) {
+    for (int t = 0; t < 60000 && fs->hanging == 0; t += 20) {
+        usleep(20000);
+        fault_backend_get_stats(fs);
+    }
+    assert_int_equal(fs->hanging, 1);
+    return md_mono_ns();
+}
+
 static long long pending_idle(int ms) {
     return pending_of(MODEL, NULL, ms);
 }
@@ -421,12 +431,7 @@ static void test_hung_step_hands_back_within_its_limit(void **state) {
     worker_th dead, healthy;
     worker_start(&dead, "hung-gpu", "faulty:op=matmul,step=3,after=4,kind=hang,sticky=1");
     fault_backend_stats fs = {0};
-    for (int t = 0; t < 60000 && fs.hanging == 0; t += 20) {
-        usleep(20000);
-        fault_backend_get_stats(&fs);
-    }
-    assert_int_equal(fs.hanging, 1);
-    uint64_t t_hang = md_mono_ns();
+    uint64_t t_hang = wait_hanging(&fs);
     long long back = 0;
     while (back <= 0 && md_mono_ns() - t_hang < 20000000000ull) {
         usleep(50000);
@@ -630,12 +635,7 @@ static void test_plan_load_keeps_worker_alive_then_hands_back(void **state) {
     uint64_t t_plan = md_mono_ns();
     set_plan(2, "echo," MODEL);
     fault_backend_stats fs = {0};
-    for (int t = 0; t < 60000 && fs.hanging == 0; t += 20) {
-        usleep(20000);
-        fault_backend_get_stats(&fs);
-    }
-    assert_int_equal(fs.hanging, 1);
-    uint64_t t_hang = md_mono_ns();
+    uint64_t t_hang = wait_hanging(&fs);
     /* until the limit: the heartbeat key never expires and no lease lapses */
     int hb_gone = 0, lapsed = 0;
     while (md_mono_ns() - t_plan < (uint64_t)(load_ms - 300) * 1000000ull) {
