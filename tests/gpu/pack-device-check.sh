@@ -6,9 +6,10 @@
 # host's CUDA 13), built for sm_90 only (H100/H200) to stay small, and, with --model, the
 # SmolLM2 test model split into .devmodel1/ .. .devmodel5/ (18.8 MiB each: the device tool
 # sends at most 64 MiB per call, the ~4 MiB working tree included, and keeps ignored files
-# between calls while the machine is warm, so send .devmodel1+2+3 in a short call, then
-# .devcheck (~14 MB) + .devmodel4+5 with the check itself; run-device-check.sh joins the
-# parts and prints their sha256).
+# between calls while the machine is warm, so send .devmodel1+2, then .devmodel3+4 in short
+# calls, then .devcheck (24.5 MiB: each of the 8 binaries links the sm_90 kernels) +
+# .devmodel5 with the check itself; two calls would need 126 of the 128 MiB they carry, too
+# close; run-device-check.sh joins the parts and prints their sha256).
 #
 #   bash tests/gpu/pack-device-check.sh [BUILD_DIR (default build-dpack)] [--model]
 set -euo pipefail
