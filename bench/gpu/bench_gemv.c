@@ -89,14 +89,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "medley_gemv_bench: need n >= 1 and k a multiple of 256\n");
         return 2;
     }
-    int skip = bench_gpu_or_skip();
-    if (skip)
-        return skip;
     cuda_device_info info;
-    TRY(cuda_device_query(0, &info, &e));
-    double peak = info.hbm_gbps > 0 ? info.hbm_gbps : 4800.0;
     cuda_ctx *c;
-    TRY(cuda_ctx_open(0, &c, &e));
+    int rc = bench_gpu_open("medley_gemv_bench", &info, &c);
+    if (rc)
+        return rc;
+    double peak = info.hbm_gbps > 0 ? info.hbm_gbps : 4800.0;
     const int ms[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
     const int m_max = 256;
     const int n_m = sizeof ms / sizeof ms[0], n_t = sizeof TYPES / sizeof TYPES[0];

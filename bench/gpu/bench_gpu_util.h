@@ -29,6 +29,20 @@ static inline int bench_gpu_or_skip(void) {
     return 77;
 }
 
+/* Device 0 for a benchmark: 77 after "SKIP: ..." without one; else 0 with its description
+ * in info and a context in *c, or 1 after saying what failed. */
+static inline int bench_gpu_open(const char *prog, cuda_device_info *info, cuda_ctx **c) {
+    int skip = bench_gpu_or_skip();
+    if (skip)
+        return skip;
+    md_err e = {0};
+    if (cuda_device_query(0, info, &e) || cuda_ctx_open(0, c, &e)) {
+        fprintf(stderr, "%s: cuda:0: %s\n", prog, e.msg);
+        return 1;
+    }
+    return 0;
+}
+
 static inline void bench_utc_date(char *out, size_t n) {
     time_t now = time(NULL);
     struct tm tmv;

@@ -366,13 +366,12 @@ int main(int argc, char **argv) {
                 CHUNK);
         return 2;
     }
-    int skip = bench_gpu_or_skip();
-    if (skip)
-        return skip;
     cuda_device_info info;
-    TRY(cuda_device_query(0, &info, &e));
-    bench b = {.s = s, .n_sm = info.n_sm};
-    TRY(cuda_ctx_open(0, &b.c, &e));
+    cuda_ctx *c;
+    int rc = bench_gpu_open("medley_gpu_bench", &info, &c);
+    if (rc)
+        return rc;
+    bench b = {.s = s, .n_sm = info.n_sm, .c = c};
     uint64_t t_build = md_mono_ns();
     build(&b, B, P + G);
     TRY(cuda_sync(b.c, &e));

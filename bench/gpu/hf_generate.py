@@ -13,9 +13,10 @@ per second over the whole generate call (prefill included), as medley's bench re
 min_new_tokens = max_new_tokens, so every sequence generates exactly --gen tokens.
 """
 import argparse
-import json
 import sys
 import time
+
+from torch_gpu import emit, torch_or_skip
 
 
 def main():
@@ -26,16 +27,11 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--out")
     a = ap.parse_args()
-    try:
-        import torch
-        import transformers
-        from transformers import LlamaConfig, LlamaForCausalLM
-    except ImportError as e:
-        print(f"SKIP: {e}")
+    got = torch_or_skip("transformers")
+    if not got:
         return 77
-    if not torch.cuda.is_available():
-        print("SKIP: torch sees no CUDA device")
-        return 77
+    torch, (transformers,) = got
+    LlamaConfig, LlamaForCausalLM = transformers.LlamaConfig, transformers.LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                       num_hidden_layers=a.layers, num_attention_heads=32, num_key_value_heads=8,
                       max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
@@ -80,11 +76,7 @@ def main():
            "prompt": a.prompt, "gen": a.gen,
            "batch1": {"ms_per_token": ms_tok},
            "batchN": {"batch": a.batch, "seconds": t_b, "tokens_per_s": tps}}
-    print(json.dumps(res))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f)
-    return 0
+    return emit(res, a.out)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,13 @@
  * range (flash-decoding): block (entry, kv head, split) streams its keys once for all the
  * query heads that share that kv head (GQA), keeping an online softmax per query head;
  * a second kernel merges the splits. Prefill tiles queries (up to 16 of one sequence) and
- * keys (K/V tiles staged in shared memory as f32), with the online softmax of
- * FlashAttention; causal masking by position. Head dims 64, 128 and 256. */
+ * keys with the online softmax of FlashAttention, causal masking by position: on f16 and
+ * bf16 caches at head_dim 64 and 128, k_attn_pf_tc computes Q K^T and P V on the tensor
+ * cores (mma.sync m16n8k16, f32 accumulation; q and the probabilities rounded to the
+ * cache's type, as FlashAttention does), one warp per query head and the K/V tiles staged
+ * once for the query heads that share a kv head; otherwise (f32 caches, head_dim 256, or
+ * MEDLEY_CUDA_ATTN_TC=0) k_attn_pf does it in f32 on the CUDA cores. Head dims 64, 128 and
+ * 256. */
 #include "kernels/cuda/cuda_internal.h"
 
 #define DEC_WARPS 4
@@ -428,6 +433,203 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
     }
 }
 
+/* ---- prefill on the tensor cores ----------------------------------------------------------- */
+
+#define PFT_TK 64       /* keys per K/V tile */
+#define PFT_PAD 8       /* 16-bit values of padding per shared row: conflict-free fragments */
+#define PFT_MAX_WARPS 8 /* query heads per block */
+
+/* d += a . b on one warp's fragments (mma.sync m16n8k16, f16 or bf16 in, f32 accumulate);
+ * tests/gpu/emu supplies emu_mma_h16. */
+template <int CT>
+__device__ __forceinline__ void mma_h16(float *d, const uint32_t *a, const uint32_t *b) {
+#if defined(__CUDA_ARCH__)
+    if (CT == CUDA_BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif !defined(__CUDACC__)
+    emu_mma_h16<CT == CUDA_BF16>(d, a, b);
+#endif
+}
+
+/* Two floats as the cache's 16-bit type, lo in the low half. */
+template <int CT> __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+    uint32_t a = CT == CUDA_BF16 ? cuda_f_to_bf16(lo) : cuda_f_to_f16(lo);
+    uint32_t b = CT == CUDA_BF16 ? cuda_f_to_bf16(hi) : cuda_f_to_f16(hi);
+    return a | b << 16;
+}
+
+/* Query heads per k_attn_pf_tc block for G query heads per kv head: the largest divisor of
+ * G that is at most PFT_MAX_WARPS (the block's heads then share one kv head). */
+static inline int pf_tc_heads(int G) {
+    int gw = G < PFT_MAX_WARPS ? G : PFT_MAX_WARPS;
+    while (G % gw)
+        gw--;
+    return gw;
+}
+
+/* Block per (tile, group of blockDim.x / 32 query heads sharing a kv head); warp w computes
+ * head blockIdx.y * heads + w for the tile's up to 16 queries. Fragments (groupID g = lane
+ * / 4, t = lane % 4): Q as A of S = Q K^T, rows g and g + 8; S n-tile j holds keys 8j + 2t
+ * and + 1 of rows g and g + 8, which is also P's A fragment for P V (two n-tiles per k16
+ * step); O n-tile j holds dims 8j + 2t, + 1. K and V rows are staged as cached (16-bit), K
+ * read as B with one 32-bit load per register, V with two 16-bit loads. Each thread keeps
+ * a partial row sum, the row max is reduced over the lane quad. */
+template <int CT, int HD>
+__global__ void __launch_bounds__(PFT_MAX_WARPS * 32)
+    k_attn_pf_tc(const void *kc, const void *vc, int n_kv_heads, int block_tokens, const float *q,
+                 const int32_t *tiles, const int32_t *block_table, int max_blocks, int n_heads,
+                 float scale, float *out) {
+    constexpr int TK = PFT_TK, LD = HD + PFT_PAD, KC = HD / 16, NT = TK / 8, ND = HD / 8;
+    __shared__ __align__(16) uint16_t sk[TK * LD], sv[TK * LD];
+    int heads = blockDim.x >> 5, tile = blockIdx.x, warp = threadIdx.x >> 5,
+        lane = threadIdx.x & 31;
+    int h = blockIdx.y * heads + warp, kvh = blockIdx.y * heads / (n_heads / n_kv_heads);
+    int g = lane >> 2, t = lane & 3;
+    int btrow = tiles[tile * 4], t0 = tiles[tile * 4 + 1], nq = tiles[tile * 4 + 2],
+        p0 = tiles[tile * 4 + 3];
+    const int32_t *bt = block_table + (int64_t)btrow * max_blocks;
+    bool v0 = g < nq, v8 = g + 8 < nq;
+    const float *q0 = q + ((int64_t)(t0 + (v0 ? g : 0)) * n_heads + h) * HD;
+    const float *q8 = q + ((int64_t)(t0 + (v8 ? g + 8 : 0)) * n_heads + h) * HD;
+    uint32_t qa[KC][4];
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+        int c = kc * 16 + 2 * t;
+        qa[kc][0] = v0 ? pack_h2<CT>(q0[c] * scale, q0[c + 1] * scale) : 0u;
+        qa[kc][1] = v8 ? pack_h2<CT>(q8[c] * scale, q8[c + 1] * scale) : 0u;
+        qa[kc][2] = v0 ? pack_h2<CT>(q0[c + 8] * scale, q0[c + 9] * scale) : 0u;
+        qa[kc][3] = v8 ? pack_h2<CT>(q8[c + 8] * scale, q8[c + 9] * scale) : 0u;
+    }
+    float o[ND][4];
+#pragma unroll
+    for (int j = 0; j < ND; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m0 = -FLT_MAX, m8 = -FLT_MAX, l0 = 0.0f, l8 = 0.0f;
+    int kend = p0 + nq, qp0 = v0 ? p0 + g : -1, qp8 = v8 ? p0 + g + 8 : -1;
+    for (int kt = 0; kt < kend; kt += TK) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < TK * (HD / 8); i += blockDim.x) {
+            int r = i / (HD / 8), c8 = i % (HD / 8) * 8, p = kt + r;
+            uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
+            if (p < kend) {
+                int64_t off = (kv_slot(bt, p, block_tokens) * n_kv_heads + kvh) * HD + c8;
+                kx = *(const uint4 *)((const uint16_t *)kc + off);
+                vx = *(const uint4 *)((const uint16_t *)vc + off);
+            }
+            *(uint4 *)&sk[r * LD + c8] = kx;
+            *(uint4 *)&sv[r * LD + c8] = vx;
+        }
+        __syncthreads();
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            const uint16_t *kr = &sk[(8 * j + g) * LD + 2 * t];
+#pragma unroll
+            for (int kc = 0; kc < KC; kc++) {
+                uint32_t b[2] = {*(const uint32_t *)(kr + kc * 16),
+                                 *(const uint32_t *)(kr + kc * 16 + 8)};
+                mma_h16<CT>(s[j], qa[kc], b);
+            }
+        }
+        /* causal mask, then the online softmax of rows g and g + 8 */
+        float mx0 = -FLT_MAX, mx8 = -FLT_MAX;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int p = kt + 8 * j + 2 * t + (i & 1);
+                if (p > (i < 2 ? qp0 : qp8))
+                    s[j][i] = -FLT_MAX;
+                if (i < 2)
+                    mx0 = fmaxf(mx0, s[j][i]);
+                else
+                    mx8 = fmaxf(mx8, s[j][i]);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx8 = fmaxf(mx8, __shfl_xor_sync(0xffffffffu, mx8, 1));
+        mx8 = fmaxf(mx8, __shfl_xor_sync(0xffffffffu, mx8, 2));
+        float n0 = fmaxf(m0, mx0), n8 = fmaxf(m8, mx8);
+        float c0 = __expf(m0 - n0), c8 = __expf(m8 - n8);
+        m0 = n0;
+        m8 = n8;
+        float sum0 = 0.0f, sum8 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float mm = i < 2 ? n0 : n8;
+                float pv = s[j][i] == -FLT_MAX ? 0.0f : __expf(s[j][i] - mm);
+                s[j][i] = pv;
+                if (i < 2)
+                    sum0 += pv;
+                else
+                    sum8 += pv;
+            }
+        l0 = l0 * c0 + sum0;
+        l8 = l8 * c8 + sum8;
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            o[j][0] *= c0;
+            o[j][1] *= c0;
+            o[j][2] *= c8;
+            o[j][3] *= c8;
+        }
+#pragma unroll
+        for (int kk = 0; kk < TK / 16; kk++) {
+            uint32_t pa[4] = {pack_h2<CT>(s[2 * kk][0], s[2 * kk][1]),
+                              pack_h2<CT>(s[2 * kk][2], s[2 * kk][3]),
+                              pack_h2<CT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_h2<CT>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            const uint16_t *vr = &sv[(16 * kk + 2 * t) * LD + g];
+#pragma unroll
+            for (int j = 0; j < ND; j++) {
+                const uint16_t *x = vr + 8 * j;
+                uint32_t b[2] = {(uint32_t)x[0] | (uint32_t)x[LD] << 16,
+                                 (uint32_t)x[8 * LD] | (uint32_t)x[9 * LD] << 16};
+                mma_h16<CT>(o[j], pa, b);
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l8 += __shfl_xor_sync(0xffffffffu, l8, 1);
+    l8 += __shfl_xor_sync(0xffffffffu, l8, 2);
+    float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i8 = l8 > 0.0f ? 1.0f / l8 : 0.0f;
+    float *o0 = out + ((int64_t)(t0 + g) * n_heads + h) * HD + 2 * t;
+    float *o8 = out + ((int64_t)(t0 + g + 8) * n_heads + h) * HD + 2 * t;
+#pragma unroll
+    for (int j = 0; j < ND; j++) {
+        if (v0) {
+            o0[8 * j] = o[j][0] * i0;
+            o0[8 * j + 1] = o[j][1] * i0;
+        }
+        if (v8) {
+            o8[8 * j] = o[j][2] * i8;
+            o8[8 * j + 1] = o[j][3] * i8;
+        }
+    }
+}
+
+template <int CT, int HD>
+static void launch_pf_tc(cudaStream_t st, const cuda_kv_layer *kv, int n_tiles, const float *q,
+                         const int32_t *tiles, const int32_t *bt, int max_blocks, int n_heads,
+                         float scale, float *out) {
+    int gw = pf_tc_heads(n_heads / kv->n_kv_heads);
+    k_attn_pf_tc<CT, HD><<<dim3(n_tiles, n_heads / gw), gw * 32, 0, st>>>(
+        kv->k, kv->v, kv->n_kv_heads, kv->block_tokens, q, tiles, bt, max_blocks, n_heads, scale,
+        out);
+}
+
 template <int CT>
 static void launch_pf(cudaStream_t st, const cuda_kv_layer *kv, dim3 grid, const float *q,
                       const int32_t *tiles, const int32_t *bt, int max_blocks, int n_heads,
@@ -463,8 +665,24 @@ int cuda_attn_prefill(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, cons
                        kv->n_kv_heads);
     if (n_tiles <= 0)
         return n_tiles == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA attention: negative count");
+    /* the tensor cores for f16/bf16 caches at head_dim 64/128 (unless turned off) */
+    int tc = c->attn_tc && (kv->dtype == CUDA_F16 || kv->dtype == CUDA_BF16) &&
+             (kv->head_dim == 64 || kv->head_dim == 128);
     dim3 grid(n_tiles, n_heads);
-    if (kv->dtype == CUDA_F32)
+    const int32_t *bt = block_table;
+    if (tc && kv->dtype == CUDA_F16 && kv->head_dim == 64)
+        launch_pf_tc<CUDA_F16, 64>(c->stream, kv, n_tiles, q, tiles, bt, max_blocks, n_heads, scale,
+                                   out);
+    else if (tc && kv->dtype == CUDA_F16)
+        launch_pf_tc<CUDA_F16, 128>(c->stream, kv, n_tiles, q, tiles, bt, max_blocks, n_heads,
+                                    scale, out);
+    else if (tc && kv->head_dim == 64)
+        launch_pf_tc<CUDA_BF16, 64>(c->stream, kv, n_tiles, q, tiles, bt, max_blocks, n_heads,
+                                    scale, out);
+    else if (tc)
+        launch_pf_tc<CUDA_BF16, 128>(c->stream, kv, n_tiles, q, tiles, bt, max_blocks, n_heads,
+                                     scale, out);
+    else if (kv->dtype == CUDA_F32)
         launch_pf<CUDA_F32>(c->stream, kv, grid, q, tiles, block_table, max_blocks, n_heads, scale,
                             out);
     else if (kv->dtype == CUDA_F16)

@@ -181,6 +181,12 @@ static int env_threshold(const char *name, int hi, int *out, md_err *e) {
     return 0;
 }
 
+int cuda_ctx_set_attn_tc(cuda_ctx *c, int on) {
+    int old = c->attn_tc;
+    c->attn_tc = on != 0;
+    return old;
+}
+
 int cuda_ctx_open(int ordinal, cuda_ctx **out, md_err *e) {
     int gemv_max, mmq_max;
     int rc = env_threshold("MEDLEY_CUDA_GEMV_MAX_M", CUDA_GEMV_MAX_M, &gemv_max, e);
@@ -196,6 +202,8 @@ int cuda_ctx_open(int ordinal, cuda_ctx **out, md_err *e) {
     c->ordinal = ordinal;
     c->gemv_max_m = gemv_max;
     c->mmq_max_m = mmq_max;
+    const char *tc = getenv("MEDLEY_CUDA_ATTN_TC");
+    c->attn_tc = !(tc && !strcmp(tc, "0"));
     cudaError_t err = cudaSetDevice(ordinal);
     if (err == cudaSuccess)
         err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);

@@ -34,6 +34,9 @@ struct cuda_ctx {
      * quantized weights the int8 tiled product; 0 = CUDA_GEMV_MAX_M / CUDA_MMQ_MAX_M, -1 =
      * never. Set at open from MEDLEY_CUDA_GEMV_MAX_M / MEDLEY_CUDA_MMQ_MAX_M (tuning). */
     int gemv_max_m, mmq_max_m;
+    /* Prefill attention on f16/bf16 caches at head_dim 64/128 on the tensor cores
+     * (k_attn_pf_tc): 1 unless MEDLEY_CUDA_ATTN_TC=0 at open; cuda_ctx_set_attn_tc. */
+    int attn_tc;
     md_err failed;         /* sticky: code != 0 once a device error happened */
     md_err capture_failed; /* a failure while capturing: the capture is dropped, not the ctx */
 };

@@ -210,8 +210,13 @@ int cuda_attn_decode(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, const
  * memory): q f32 [n_tokens][n_heads][head_dim]; a tile is up to CUDA_ATTN_TILE_Q consecutive
  * query tokens of one sequence: tiles int32 [n_tiles][4] = {block-table row, first token
  * row, tokens in tile, position of the first token}. Query at position p sees cached
- * positions 0..p (causal); those must be written first. */
+ * positions 0..p (causal); those must be written first. On f16/bf16 caches at head_dim 64
+ * or 128, Q K^T and P V run on the tensor cores (k_attn_pf_tc: q and the probabilities
+ * rounded to the cache's type, f32 accumulation and softmax) unless the ctx was opened with
+ * MEDLEY_CUDA_ATTN_TC=0 or cuda_ctx_set_attn_tc turned it off; otherwise in f32. */
 #define CUDA_ATTN_TILE_Q 16
+/* Turn the tensor-core prefill attention on or off (benchmarks); returns the old setting. */
+int cuda_ctx_set_attn_tc(cuda_ctx *c, int on);
 int cuda_attn_prefill(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, const int32_t *tiles,
                       int n_tiles, const int32_t *block_table, int max_blocks, int n_heads,
                       float scale, float *out, md_err *e);

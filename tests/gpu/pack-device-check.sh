@@ -7,9 +7,8 @@
 # SmolLM2 test model split into .devmodel1/ .. .devmodel5/ (18.8 MiB each: the device tool
 # sends at most 64 MiB per call, the ~4 MiB working tree included, and keeps ignored files
 # between calls while the machine is warm, so send .devmodel1+2, then .devmodel3+4 in short
-# calls, then .devcheck (24.5 MiB: each of the 8 binaries links the sm_90 kernels) +
-# .devmodel5 with the check itself; two calls would need 126 of the 128 MiB they carry, too
-# close; run-device-check.sh joins the parts and prints their sha256).
+# calls, then .devcheck (27 MiB: each of the 9 binaries links the sm_90 kernels) +
+# .devmodel5 with the check itself; two calls would need 128 of the 128 MiB they carry; run-device-check.sh joins the parts and prints their sha256).
 #
 #   bash tests/gpu/pack-device-check.sh [BUILD_DIR (default build-dpack)] [--model]
 set -euo pipefail
@@ -18,10 +17,12 @@ B=${1:-build-dpack}
 [ "${1:-}" = "--model" ] && B=build-dpack
 cmake -S . -B "$B" -DMEDLEY_WERROR=ON -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >/dev/null
 cmake --build "$B" -j2 --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache \
-    test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley_gemv_bench medley
+    test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley_gemv_bench \
+    medley_attn_bench medley
 rm -rf .devcheck
 mkdir -p .devcheck/bin .devcheck/lib
-cp "$B"/tests/test_cuda_* "$B"/tests/medley_gpu_bench "$B"/tests/medley_gemv_bench "$B"/cli/medley .devcheck/bin/
+cp "$B"/tests/test_cuda_* "$B"/tests/medley_gpu_bench "$B"/tests/medley_gemv_bench \
+    "$B"/tests/medley_attn_bench "$B"/cli/medley .devcheck/bin/
 strip --strip-debug .devcheck/bin/*
 for f in .devcheck/bin/*; do ldd "$f"; done | awk '/=>/ {print $3}' | sort -u |
     grep -v -E 'libc\.so|libm\.so|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcublas' |

@@ -8,7 +8,10 @@
 # log and result to $OUT (default ./devcheck-out): summary.md says what passed and the
 # figures against the issue's targets.
 #
-#   bash tests/gpu/run-device-check.sh
+#   bash tests/gpu/run-device-check.sh [--pack-out]
+#
+# --pack-out: at the end, everything in $OUT but summary.md goes into $OUT/logs.tgz (the
+# device tool brings back at most 8 files from $OUT; the check writes about 30).
 #
 # Environment:
 #   OUT                  results folder (the device tool collects it)
@@ -48,8 +51,8 @@ else
     if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDLEY_WERROR=ON \
         -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >"$OUT/build.log" 2>&1 &&
         cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache \
-            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley_gemv_bench medley >>"$OUT/build.log" 2>&1; then
-        cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/tests/medley_gemv_bench build-gpu/cli/medley "$BIN/"
+            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley_gemv_bench medley_attn_bench medley >>"$OUT/build.log" 2>&1; then
+        cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/tests/medley_gemv_bench build-gpu/tests/medley_attn_bench build-gpu/cli/medley "$BIN/"
         note "build: ok (sm_90, warnings as errors)"
     else
         note "build: FAILED (see build.log; on hosts without jansson/hiredis/cmocka/glpk/pcre2"
@@ -117,6 +120,18 @@ case $rc in
 *) note "bench gemv: FAILED (exit $rc, see bench-gemv.log)"; fails=$((fails + 1)) ;;
 esac
 
+# ---- prefill attention: tensor cores vs f32 path vs torch sdpa (bench/gpu/bench_attn.c) --
+timeout 60 "$BIN/medley_attn_bench" --out "$OUT/bench-attn.json" >"$OUT/bench-attn.log" 2>&1
+rc=$?
+case $rc in
+0) note "bench attention: ran" ;;
+77) note "bench attention: SKIPPED ($(head -1 "$OUT/bench-attn.log"))" ;;
+*) note "bench attention: FAILED (exit $rc, see bench-attn.log)"; fails=$((fails + 1)); tail -5 "$OUT/bench-attn.log" ;;
+esac
+timeout 90 python3 bench/gpu/torch_sdpa.py --out "$OUT/bench-sdpa.json" >"$OUT/bench-sdpa.log" 2>&1 ||
+    note "bench torch sdpa: FAILED or skipped (see bench-sdpa.log)"
+python3 bench/gpu/torch_sdpa.py --compare "$OUT/bench-attn.json" "$OUT/bench-sdpa.json" | tee -a "$SUMMARY"
+
 # ---- benchmark: medley vs PyTorch + transformers --------------------------------------
 L=${BENCH_LAYERS:-32}
 timeout 200 "$BIN/medley_gpu_bench" --layers "$L" --prompt 128 --gen 128 --batch 256 \
@@ -176,4 +191,9 @@ else
 fi
 
 note "total: $(($(date +%s) - T0)) s, $fails failure(s)"
+if [ "${1:-}" = "--pack-out" ]; then
+    tar -C "$OUT" --exclude=./summary.md -czf /tmp/devcheck-logs.tgz . &&
+        find "$OUT" -mindepth 1 ! -name summary.md -delete &&
+        mv /tmp/devcheck-logs.tgz "$OUT/logs.tgz"
+fi
 exit $((fails > 0))

@@ -5,7 +5,9 @@
  *
  * Tolerances (relative to the rms of the reference output unless said): 1e-5 for the
  * elementwise ops, RoPE and attention with an F32 cache (same math, other summation
- * order; the F16 cache holds values exactly representable in f16, so the same bound);
+ * order); 4e-3 with an F16 cache, whose prefill tiles run on the tensor cores with q and
+ * the probabilities rounded to f16 (k_attn_pf_tc; 1.2e-3..1.5e-3 worst on the emulator;
+ * MEDLEY_CUDA_ATTN_TC=0 runs them in f32 again, then 1e-5 holds);
  * matmul 1e-4 for F32 weights, 1e-2 (GEMV) / 2e-2 (cuBLAS, inputs rounded to bf16) for
  * 16-bit weights, plus 3e-2 for quantized weights because the CPU backend quantizes its
  * activations to 8 bits there. The exact kernel checks live in test_cuda_kernels.c.
@@ -308,7 +310,8 @@ static void test_paged_attention_f32_cache(void **state) {
     run_attention(0, 1e-5, "attention, f32 cache");
 }
 static void test_paged_attention_f16_cache(void **state) {
-    run_attention(1, 1e-5, "attention, f16 cache");
+    const char *tc = getenv("MEDLEY_CUDA_ATTN_TC");
+    run_attention(1, tc && !strcmp(tc, "0") ? 1e-5 : 4e-3, "attention, f16 cache");
 }
 
 /* Bad steps are refused on the host with a sentence, before anything reaches the device. */

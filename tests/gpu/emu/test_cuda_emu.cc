@@ -13,7 +13,8 @@
  * barriers, cuBLAS itself, speed.
  * Written by a desk-check of the CUDA backend before its first GPU run (2026-12-02).
  *
- *   build/tests/test_cuda_emu [dequant|gemv|mmq|matmul_n|elementwise|attention|rope|sample|samplehost] */
+ *   build/tests/test_cuda_emu [dequant|gemv|mmq|matmul_n|elementwise|attention|attention_tc|rope|
+ *                              sample|samplehost] */
 #include "gen/dequant.cc"
 /* gemm.cu launches its GEMV kernels through GEMV_LAUNCH (stripped with its <<<>>>): here they
  * run on the emulator, counted, so the host code choosing them runs as written. */
@@ -285,6 +286,90 @@ static void test_attention(md_backend *cpu, int f16, int hd, int nh, int nkv) {
               f16 ? "f16" : "f32", hd, nh, nkv, splits, bits_wide, dec_gm(nh / nkv), MAX_GQA);
         printf("attention %s hd=%d heads %d/%d splits %d: worst %.2e, rms %.2e\n", f16 ? "f16" : "f32", hd, nh, nkv, splits, worst, rms);
     }
+}
+
+/* ---- prefill attention on the tensor cores against a double-precision reference ----
+ * Three sequences over a paged cache whose earlier positions hold context: 40 queries at
+ * positions 100..139 (three key tiles of 64, the last partial), 20 at 0..19, one at 70;
+ * tiles of up to 16 queries. The reference reads the cache as stored and q unrounded, so
+ * the error measured is the kernel's rounding of q and of the probabilities to the cache
+ * type; k_attn_pf on the same cache checks the reference. */
+static void test_attention_tc(int bf, int hd, int nh, int nkv) {
+    const int BTK = 16, NBK = 64, MAXBK = 10, NS = 3;
+    const int first[NS] = {100, 0, 70}, count[NS] = {40, 20, 1};
+    int table[NS * MAXBK];
+    for (int i = 0; i < NS * MAXBK; i++) table[i] = (i * 37 + 5) % NBK; /* distinct blocks */
+    size_t kvd = (size_t)nkv * hd, n_slots = (size_t)NBK * BTK;
+    std::vector<uint16_t> kc(n_slots * kvd), vc(n_slots * kvd);
+    auto to16 = [&](float f) { return bf ? md_fp32_to_bf16(f) : md_fp32_to_fp16(f); };
+    auto from16 = [&](uint16_t h) { return (double)emu_h16_to_f(h, bf); };
+    for (auto &x : kc) x = to16(2.0f * frand());
+    for (auto &x : vc) x = to16(frand());
+    std::vector<int32_t> tiles, tok_seq, tok_pos;
+    for (int sq = 0; sq < NS; sq++)
+        for (int i = 0; i < count[sq]; i++) tok_seq.push_back(sq), tok_pos.push_back(first[sq] + i);
+    int T = (int)tok_seq.size();
+    for (int sq = 0, t0 = 0; sq < NS; t0 += count[sq], sq++)
+        for (int i = 0; i < count[sq]; i += 16) {
+            int nq = count[sq] - i < 16 ? count[sq] - i : 16;
+            tiles.insert(tiles.end(), {sq, t0 + i, nq, first[sq] + i});
+        }
+    int n_tiles = (int)tiles.size() / 4;
+    std::vector<float> q((size_t)T * nh * hd);
+    for (auto &x : q) x = frand();
+    float scale = 1.0f / sqrtf((float)hd);
+    std::vector<double> ref(q.size());
+    int G = nh / nkv;
+    for (int tk = 0; tk < T; tk++)
+        for (int h = 0; h < nh; h++) {
+            int sq = tok_seq[tk], p = tok_pos[tk], kvh = h / G;
+            std::vector<double> sc(p + 1);
+            double mx = -1e300, l = 0;
+            for (int k = 0; k <= p; k++) {
+                size_t o = ((size_t)(table[sq * MAXBK + k / BTK] * BTK + k % BTK) * nkv + kvh) * hd;
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += (double)q[((size_t)tk * nh + h) * hd + i] * scale * from16(kc[o + i]);
+                sc[k] = d;
+                mx = d > mx ? d : mx;
+            }
+            for (int k = 0; k <= p; k++) l += sc[k] = exp(sc[k] - mx);
+            for (int i = 0; i < hd; i++) {
+                double acc = 0;
+                for (int k = 0; k <= p; k++) {
+                    size_t o = ((size_t)(table[sq * MAXBK + k / BTK] * BTK + k % BTK) * nkv + kvh) * hd;
+                    acc += sc[k] * from16(vc[o + i]);
+                }
+                ref[((size_t)tk * nh + h) * hd + i] = acc / l;
+            }
+        }
+    double ss = 0;
+    for (double x : ref) ss += x * x;
+    double rms = sqrt(ss / ref.size());
+    auto worst_of = [&](const std::vector<float> &out, size_t *wi) {
+        double w = 0;
+        for (size_t i = 0; i < out.size(); i++) { double d = fabs(out[i] - ref[i]); if (!(d <= w)) { w = d; *wi = i; } }
+        return w;
+    };
+    std::vector<float> out(q.size(), 12345.0f), old(q.size(), 12345.0f);
+    int gw = pf_tc_heads(G);
+    auto run = [&](auto CTc, auto HDc) {
+        constexpr int CT = decltype(CTc)::value, HDv = decltype(HDc)::value;
+        emu_launch(dim3(n_tiles, nh / gw), dim3(gw * 32), [&] { k_attn_pf_tc<CT, HDv>(kc.data(), vc.data(), nkv, BTK, q.data(), tiles.data(), table, MAXBK, nh, scale, out.data()); });
+        emu_launch(dim3(n_tiles, nh), dim3(PF_WARPS * 32), [&] { k_attn_pf<CT, HDv / 32>(kc.data(), vc.data(), nkv, BTK, q.data(), tiles.data(), table, MAXBK, nh, scale, old.data()); });
+    };
+    using F16c = std::integral_constant<int, CUDA_F16>; using BF16c = std::integral_constant<int, CUDA_BF16>;
+    if (bf) { if (hd == 64) run(BF16c{}, std::integral_constant<int, 64>{}); else run(BF16c{}, std::integral_constant<int, 128>{}); }
+    else { if (hd == 64) run(F16c{}, std::integral_constant<int, 64>{}); else run(F16c{}, std::integral_constant<int, 128>{}); }
+    size_t wi = 0, wo = 0;
+    double worst = worst_of(out, &wi), worst_old = worst_of(old, &wo);
+    /* q and the probabilities rounded to 11 (f16) or 8 (bf16) significant bits */
+    double tol = bf ? 2e-2 : 3e-3;
+    const char *nm = bf ? "bf16" : "f16";
+    CHECK(worst_old <= 1e-5 * rms, "attention_tc reference: k_attn_pf %s hd=%d heads %d/%d worst %.3g (rms %.3g)", nm, hd, nh, nkv, worst_old, rms);
+    CHECK(worst <= tol * rms, "attention_tc %s hd=%d heads %d/%d (%d per block): worst %.3g at %zu (ref %.6g tc %.6g) rms %.3g",
+          nm, hd, nh, nkv, gw, worst, wi, ref[wi], out[wi], rms);
+    printf("attention_tc %s hd=%d heads %d/%d (%d per block), %d queries, %d tiles: worst %.2e of rms %.2e (%.2e relative; k_attn_pf %.2e)\n",
+           nm, hd, nh, nkv, gw, T, n_tiles, worst, rms, worst / rms, worst_old / rms);
 }
 
 /* ---- rmsnorm, rope, swiglu vs the CPU backend ---- */
@@ -1006,6 +1091,13 @@ int main(int argc, char **argv) {
         test_attention(cpu, 1, 128, 8, 1);
         test_attention(cpu, 0, 256, 6, 3);
         test_attention(cpu, 1, 64, 9, 3);
+    }
+    if (only.empty() || only == "attention" || only == "attention_tc") {
+        test_attention_tc(0, 64, 8, 2);
+        test_attention_tc(0, 128, 8, 1);
+        test_attention_tc(1, 128, 32, 8);
+        test_attention_tc(1, 64, 9, 3);
+        test_attention_tc(0, 64, 12, 1);
     }
     if (only == "rope") /* the attention section above already made the setup */
         test_attention(cpu, 0, 64, NH, NKV);

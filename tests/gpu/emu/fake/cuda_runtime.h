@@ -109,13 +109,18 @@ template <class T> static inline T __shfl_up_sync(unsigned, T v, int o) { return
  * + 16 for i >= 8. Element i of B: row 4t + (i & 3), + 16 for i >= 4; column g. Element i
  * of C/D: row g (i < 2) or g + 8, column 2t + (i & 1). Every lane publishes its fragments,
  * then computes its own four outputs. */
+/* The calling lane's warp's fragment buffer for the next mma: two buffers in turn, so one
+ * barrier a call: a lane writes a buffer again only after the next call's barrier, which
+ * every lane passes after reading it. One counter for every mma form, so that calls of
+ * different forms alternate too. */
+static inline int *emu_mma_buf() {
+    static thread_local unsigned calls; /* one std::thread per CUDA thread: 0 at its start */
+    return emu_cur->warp_mma[threadIdx.x >> 5].data() + (calls++ & 1) * 32 * 8;
+}
 template <int K> static inline void emu_mma_s8(int *d, const int *a, const int *b, const int *c) {
     static_assert(K == 16 || K == 32, "m16n8k16 or m16n8k32");
-    /* two buffers in turn, so one barrier a call: a lane writes a buffer again only after
-     * the next call's barrier, which every lane passes after reading it */
-    static thread_local unsigned calls; /* one std::thread per CUDA thread: 0 at its start */
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int *buf = emu_cur->warp_mma[w].data() + (calls++ & 1) * 32 * 8;
+    int *buf = emu_mma_buf();
     for (int r = 0; r < K / 8; r++) buf[lane * 8 + r] = a[r];
     for (int r = 0; r < K / 16; r++) buf[lane * 8 + 4 + r] = b[r];
     emu_cur->warp_bar[w]->arrive_and_wait();
@@ -136,6 +141,49 @@ template <int K> static inline void emu_mma_s8(int *d, const int *a, const int *
     for (int i = 0; i < 4; i++) {
         int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1), s = c[i];
         for (int kk = 0; kk < K; kk++) s += A[row][kk] * B[kk][col];
+        out[i] = s;
+    }
+    for (int i = 0; i < 4; i++) d[i] = out[i];
+}
+/* mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32, d += a . b, as the PTX
+ * ISA's "Matrix Fragments for mma.m16n8k16 with floating point type" place the elements:
+ * A (16 x 16, row) 4 registers of two 16-bit values (low half first): register r holds row
+ * g (r even) or g + 8 (r odd), columns 2t, 2t + 1, + 8 for r >= 2; B (16 x 8, col) 2
+ * registers: rows 2t, 2t + 1 (+ 8 for the second), column g; C/D 4 floats: row g (i < 2)
+ * or g + 8, column 2t + (i & 1). Products are exact in f32; sums run in k order. */
+static inline float emu_h16_to_f(uint32_t h, int bf) {
+    if (bf) {
+        uint32_t u = (h & 0xffffu) << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    return md_fp16_to_fp32((uint16_t)h);
+}
+template <int BF> static inline void emu_mma_h16(float *d, const uint32_t *a, const uint32_t *b) {
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    (void)w;
+    int *buf = emu_mma_buf();
+    for (int r = 0; r < 4; r++) buf[lane * 8 + r] = (int)a[r];
+    for (int r = 0; r < 2; r++) buf[lane * 8 + 4 + r] = (int)b[r];
+    emu_cur->warp_bar[threadIdx.x >> 5]->arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (int L = 0; L < 32; L++) {
+        int g = L >> 2, t = L & 3;
+        for (int r = 0; r < 4; r++)
+            for (int hh = 0; hh < 2; hh++)
+                A[g + (r & 1) * 8][2 * t + hh + (r >= 2 ? 8 : 0)] =
+                    emu_h16_to_f((uint32_t)buf[L * 8 + r] >> (16 * hh), BF);
+        for (int r = 0; r < 2; r++)
+            for (int hh = 0; hh < 2; hh++)
+                B[2 * t + hh + r * 8][g] = emu_h16_to_f((uint32_t)buf[L * 8 + 4 + r] >> (16 * hh), BF);
+    }
+    int g = lane >> 2, t = lane & 3;
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float s = d[i];
+        for (int kk = 0; kk < 16; kk++) s += A[row][kk] * B[kk][col];
         out[i] = s;
     }
     for (int i = 0; i < 4; i++) d[i] = out[i];
