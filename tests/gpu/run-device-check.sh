@@ -88,6 +88,14 @@ for t in test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_
     *) note "test $t: FAILED (exit $rc, see $t.log)"; fails=$((fails + 1)); tail -30 "$OUT/$t.log" ;;
     esac
 done
+# the prefill attention of f16 caches on the f32 path again (1e-5 of the CPU backend)
+MEDLEY_CUDA_ATTN_TC=0 timeout 120 "$BIN/test_cuda_backend" >"$OUT/test_cuda_backend_noattntc.log" 2>&1
+rc=$?
+case $rc in
+0) note "test test_cuda_backend with MEDLEY_CUDA_ATTN_TC=0: PASSED" ;;
+77) ;;
+*) note "test test_cuda_backend with MEDLEY_CUDA_ATTN_TC=0: FAILED (exit $rc)"; fails=$((fails + 1)) ;;
+esac
 grep -h -E "^(matmul|dequant|sampling|sticky|attention|rope|embed|logits:|greedy|[0-9]+ prompts through)" \
     "$OUT"/test_cuda_*.log >"$OUT/test-figures.txt" 2>/dev/null || true
 
