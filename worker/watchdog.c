@@ -126,8 +126,11 @@ static void fire(wk_watchdog *w, const char *what, int limit_ms, double ran_s) {
     pthread_mutex_lock(&w->mu);
     for (int i = 0; i < w->n_keys; i++) {
         md_err e = {0};
-        long n = w->r ? claim_own_retry(w, w->keys[i], w->idle_ms, 0, &e)
-                      : (md_errf(&e, MD_EREDIS, "no connection yet"), -1);
+        long n = -1;
+        if (w->r)
+            n = claim_own_retry(w, w->keys[i], w->idle_ms, 0, &e);
+        else
+            md_errf(&e, MD_EREDIS, "no connection yet");
         if (n < 0) {
             failed = 1;
             MD_ERROR("worker",

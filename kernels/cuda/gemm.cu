@@ -260,6 +260,21 @@ __device__ __forceinline__ void mmq_block(const uint8_t *__restrict__ wr, int b,
                      (uint32_t)q[4 * i + 2] << 16 | (uint32_t)q[4 * i + 3] << 24);
 }
 
+/* Item (row, blk) of a tiled kernel's weight stage: mmq_block of that row, or zeros past
+ * the matrix (row >= n, or in_k false: a block past k in this step). */
+template <int T>
+__device__ __forceinline__ void mmq_stage(const uint8_t *__restrict__ w, size_t row_bytes, int row,
+                                          int n, int blk, bool in_k, int *v, float *d16,
+                                          float *mn) {
+    if (row < n && in_k) {
+        mmq_block<T>(w + (size_t)row * row_bytes, blk, v, d16, mn);
+        return;
+    }
+    for (int i = 0; i < 8; i++)
+        v[i] = 0;
+    d16[0] = d16[1] = *mn = 0.0f;
+}
+
 /* y[t][r] = (x . w^T)[t][r] + beta * y[t][r] for rows [64 bx, +64) and tokens [32 by, +32). */
 template <int T>
 __global__ void __launch_bounds__(MMQ_THREADS)
@@ -279,13 +294,7 @@ __global__ void __launch_bounds__(MMQ_THREADS)
             int r = it / (MMQ_BK / 32), b = it % (MMQ_BK / 32);
             int v[8];
             float d16[2], mn;
-            if (r0 + r < n && b < kb) {
-                mmq_block<T>(w + (size_t)(r0 + r) * row_bytes, k0 / 32 + b, v, d16, &mn);
-            } else {
-                for (int i = 0; i < 8; i++)
-                    v[i] = 0;
-                d16[0] = d16[1] = mn = 0.0f;
-            }
+            mmq_stage<T>(w, row_bytes, r0 + r, n, k0 / 32 + b, b < kb, v, d16, &mn);
             for (int i = 0; i < 8; i++)
                 sw[r][8 * b + i] = v[i];
             swd[r][2 * b] = d16[0];
@@ -410,13 +419,7 @@ __global__ void __launch_bounds__(MMT_THREADS)
             int r = it / (MMT_BK / 32), b = it % (MMT_BK / 32);
             int v[8];
             float d16[2], mn;
-            if (r0 + r < n && b < kb) {
-                mmq_block<T>(w + (size_t)(r0 + r) * row_bytes, k0 / 32 + b, v, d16, &mn);
-            } else {
-                for (int i = 0; i < 8; i++)
-                    v[i] = 0;
-                d16[0] = d16[1] = mn = 0.0f;
-            }
+            mmq_stage<T>(w, row_bytes, r0 + r, n, k0 / 32 + b, b < kb, v, d16, &mn);
             uint4 *dst = (uint4 *)&sw[r][8 * b];
             dst[0] = make_uint4((unsigned)v[0], (unsigned)v[1], (unsigned)v[2], (unsigned)v[3]);
             dst[1] = make_uint4((unsigned)v[4], (unsigned)v[5], (unsigned)v[6], (unsigned)v[7]);

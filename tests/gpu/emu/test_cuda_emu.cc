@@ -324,21 +324,19 @@ static void test_attention_tc(int bf, int hd, int nh, int nkv) {
         for (int h = 0; h < nh; h++) {
             int sq = tok_seq[tk], p = tok_pos[tk], kvh = h / G;
             std::vector<double> sc(p + 1);
+            std::vector<size_t> at(p + 1); /* key k's K/V row in the cache */
             double mx = -1e300, l = 0;
             for (int k = 0; k <= p; k++) {
-                size_t o = ((size_t)(table[sq * MAXBK + k / BTK] * BTK + k % BTK) * nkv + kvh) * hd;
+                at[k] = ((size_t)(table[sq * MAXBK + k / BTK] * BTK + k % BTK) * nkv + kvh) * hd;
                 double d = 0;
-                for (int i = 0; i < hd; i++) d += (double)q[((size_t)tk * nh + h) * hd + i] * scale * from16(kc[o + i]);
+                for (int i = 0; i < hd; i++) d += (double)q[((size_t)tk * nh + h) * hd + i] * scale * from16(kc[at[k] + i]);
                 sc[k] = d;
                 mx = d > mx ? d : mx;
             }
             for (int k = 0; k <= p; k++) l += sc[k] = exp(sc[k] - mx);
             for (int i = 0; i < hd; i++) {
                 double acc = 0;
-                for (int k = 0; k <= p; k++) {
-                    size_t o = ((size_t)(table[sq * MAXBK + k / BTK] * BTK + k % BTK) * nkv + kvh) * hd;
-                    acc += sc[k] * from16(vc[o + i]);
-                }
+                for (int k = 0; k <= p; k++) acc += sc[k] * from16(vc[at[k] + i]);
                 ref[((size_t)tk * nh + h) * hd + i] = acc / l;
             }
         }

@@ -161,8 +161,7 @@ static inline float emu_h16_to_f(uint32_t h, int bf) {
     return md_fp16_to_fp32((uint16_t)h);
 }
 template <int BF> static inline void emu_mma_h16(float *d, const uint32_t *a, const uint32_t *b) {
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    (void)w;
+    int lane = threadIdx.x & 31;
     int *buf = emu_mma_buf();
     for (int r = 0; r < 4; r++) buf[lane * 8 + r] = (int)a[r];
     for (int r = 0; r < 2; r++) buf[lane * 8 + 4 + r] = (int)b[r];
