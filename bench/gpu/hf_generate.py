@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from torch_gpu import emit, torch_or_skip
+from torch_gpu import DEVICE, device_name, emit, sync, torch_or_skip
 
 
 def main():
@@ -40,7 +40,7 @@ def main():
     torch.manual_seed(0)
     t0 = time.time()
     torch.set_default_dtype(torch.bfloat16)
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         model = LlamaForCausalLM(cfg)
     model.eval()
     torch.set_default_dtype(torch.float32)
@@ -50,14 +50,14 @@ def main():
 
     def run(batch, prompt, gen):
         g = torch.Generator(device="cpu").manual_seed(batch)
-        ids = torch.randint(3, cfg.vocab_size, (batch, prompt), generator=g).cuda()
+        ids = torch.randint(3, cfg.vocab_size, (batch, prompt), generator=g).to(DEVICE)
         mask = torch.ones_like(ids)
-        torch.cuda.synchronize()
+        sync(torch)
         t = time.time()
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=gen,
                                  min_new_tokens=gen, do_sample=False, pad_token_id=0)
-        torch.cuda.synchronize()
+        sync(torch)
         assert out.shape == (batch, prompt + gen), out.shape
         return time.time() - t
 
@@ -71,7 +71,7 @@ def main():
     print(f"hf batch {a.batch}: {t_b:.2f} s for {a.batch} x {a.gen} tokens: {tps:.0f} tokens/s",
           file=sys.stderr)
     res = {"bench": "hf_generate", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "device": device_name(torch), "torch": torch.__version__,
            "transformers": transformers.__version__, "attention": attn, "layers": a.layers,
            "prompt": a.prompt, "gen": a.gen,
            "batch1": {"ms_per_token": ms_tok},

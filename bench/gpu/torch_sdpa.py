@@ -17,7 +17,7 @@ import json
 import sys
 import time
 
-from torch_gpu import emit, torch_or_skip
+from torch_gpu import DEVICE, device_name, emit, sync, torch_or_skip
 
 NH, NKV, HD = 32, 8, 128
 
@@ -53,13 +53,13 @@ def main():
         return 77
     torch, (F,) = got
     res = {"bench": "torch_sdpa", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "device": device_name(torch), "torch": torch.__version__,
            "heads": NH, "kv_heads": NKV, "head_dim": HD, "results": []}
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
     for L in [int(x) for x in a.lens.split(",")]:
-        q = torch.rand(1, NH, L, HD, device="cuda", dtype=torch.float16, generator=g) * 2 - 1
-        k = torch.rand(1, NKV, L, HD, device="cuda", dtype=torch.float16, generator=g) * 4 - 2
-        v = torch.rand(1, NKV, L, HD, device="cuda", dtype=torch.float16, generator=g) * 2 - 1
+        q = torch.rand(1, NH, L, HD, device=DEVICE, dtype=torch.float16, generator=g) * 2 - 1
+        k = torch.rand(1, NKV, L, HD, device=DEVICE, dtype=torch.float16, generator=g) * 4 - 2
+        v = torch.rand(1, NKV, L, HD, device=DEVICE, dtype=torch.float16, generator=g) * 2 - 1
         try:
             def run():
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -73,12 +73,12 @@ def main():
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
             res["backend"] = "repeated kv"
         run()
-        torch.cuda.synchronize()
+        sync(torch)
         best = 1e30
         for _ in range(5):
             t = time.perf_counter()
             run()
-            torch.cuda.synchronize()
+            sync(torch)
             best = min(best, time.perf_counter() - t)
         flops = 4.0 * HD * NH * L * (L + 1) / 2
         res["results"].append({"len": L, "ms": best * 1e3, "tflops": flops / best / 1e12})

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run-device-check.sh — the CUDA backend's whole check on a GPU host, in one go (< 6 min on
 # an H200): build (or use binaries packed by pack-device-check.sh), run the GPU tests, write
-# a profile with `medley profile --device cuda:0`, time the GEMV of every weight type
+# a profile with `medley profile --device cuda:0`, measure the device's copy bandwidth and
+# bf16 matrix rate through PyTorch, time the GEMV of every weight type
 # against cuBLAS (bench_gemv.c), run the GPU benchmark (the kernels alone,
 # and the whole engine on a synthetic Llama-3-8B, with and without CUDA graphs) and its peer
 # (PyTorch + transformers `generate`, same model shape, same GPU, same run), and write every
@@ -118,6 +119,12 @@ if [ -n "${MEDLEY_MODELS:-}" ] && [ -r "$MEDLEY_MODELS/$MODEL_FILE" ]; then
     esac
 fi
 
+# ---- the device's ceilings, through PyTorch (bench/gpu/torch_ceilings.py): copy bandwidth
+# and the bf16 matrix rate, measured in this run (device/METHOD.md) ----------------------
+timeout 60 python3 bench/gpu/torch_ceilings.py --out "$OUT/ceilings.json" >"$OUT/ceilings.log" 2>&1 &&
+    note "$(grep -m1 '^ceilings' "$OUT/ceilings.log")" ||
+    note "ceilings: FAILED or skipped (see ceilings.log)"
+
 # ---- GEMV of every weight type vs cuBLAS on the same product (bench/gpu/bench_gemv.c) ---
 timeout 90 "$BIN/medley_gemv_bench" --out "$OUT/bench-gemv.json" >"$OUT/bench-gemv.log" 2>&1
 rc=$?
@@ -167,7 +174,7 @@ PYTHONUNBUFFERED=1 timeout 240 python3 bench/gpu/hf_generate.py --layers "$L" --
     --gen 128 --batch 256 --out "$OUT/bench-hf.json" >"$OUT/bench-hf.log" 2>&1 ||
     note "bench hf: FAILED or skipped (see bench-hf.log)"
 python3 bench/gpu/compare.py "$OUT/bench-medley.json" "$OUT/bench-hf.json" \
-    --engine "$OUT/engine-llama8b.json" --engine-nograph "$OUT/engine-llama8b-nograph.json" |
+    --ceilings "$OUT/ceilings.json" --engine "$OUT/engine-llama8b.json" --engine-nograph "$OUT/engine-llama8b-nograph.json" |
     tee -a "$SUMMARY"
 
 # ---- the whole engine on quantized weights without BF16 copies: batches of 32 (k_mmq,
