@@ -67,8 +67,8 @@ static void usage(FILE *f) {
             "      --bf16-weights M    GPU: also keep quantized weights as BF16 for batched\n"
             "                          steps: auto (default: when weights and copies take\n"
             "                          at most half the free memory), on, off\n"
-            "      --max-seqs N        sequences per step (default 64)\n"
-            "      --batch-tokens N    tokens per step (default 512)\n"
+            "      --max-seqs N        sequences per step (default 64 on cpu, 256 on cuda)\n"
+            "      --batch-tokens N    tokens per step (default 512 on cpu, 2048 on cuda)\n"
             "      --kv-mb N           KV cache budget in MiB (default: min(needed, 1024))\n",
             MAX_STOP);
 }

@@ -149,7 +149,7 @@ static void usage(FILE *f) {
             "  --model M            model (default: the first line's body.model)\n"
             "  --redis URL          use this Redis instead of a private one\n"
             "  --prefix P           key prefix (default medley:)\n"
-            "  --max-seqs N         concurrent requests (echo 256, engine 64)\n"
+            "  --max-seqs N         concurrent requests (echo 256, engine 64 on cpu, 256 on cuda)\n"
             "  --device D           engine device: auto (default: cuda:0 when a GPU is usable,\n"
             "                       else cpu), cpu, cpu:N, cuda:K\n"
             "  --threads N          engine CPU threads (default all cores)\n"

@@ -203,15 +203,21 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     if (eng->n_ctx > hpf.n_ctx_train)
         eng->n_ctx = hpf.n_ctx_train;
     eng->bs = cfg->kv_block_tokens ? cfg->kv_block_tokens : 16;
-    eng->max_seqs = cfg->max_seqs ? cfg->max_seqs : 64;
-    eng->max_batch = cfg->max_batch_tokens ? cfg->max_batch_tokens : 512;
-    if (eng->max_batch < eng->max_seqs)
-        eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
     eng->max_blocks = (eng->n_ctx + eng->bs - 1) / eng->bs;
     if ((rc = md_backend_open(cfg->device, cfg->n_threads, &eng->be, e))) {
         md_errctx(e, "loading %s: ", cfg->model_path);
         goto fail;
     }
+    /* batch sizes: the configuration's, else the backend's, else a CPU's */
+    const md_backend_ops *bo = eng->be->ops;
+    eng->max_seqs = cfg->max_seqs          ? cfg->max_seqs
+                    : bo->default_max_seqs ? bo->default_max_seqs
+                                           : 64;
+    eng->max_batch = cfg->max_batch_tokens     ? cfg->max_batch_tokens
+                     : bo->default_step_tokens ? bo->default_step_tokens
+                                               : 512;
+    if (eng->max_batch < eng->max_seqs)
+        eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
     /* the KV cache's element type: the configuration's, else the backend's */
     if (cfg->kv_type && strcmp(cfg->kv_type, "f16") && strcmp(cfg->kv_type, "f32")) {
         rc = md_errf(e, MD_EINVAL, "KV cache type \"%s\": expected f16 or f32", cfg->kv_type);
@@ -382,6 +388,12 @@ int md_engine_n_ctx(const md_engine *eng) {
 }
 int md_engine_n_vocab(const md_engine *eng) {
     return eng->n_vocab;
+}
+int md_engine_max_seqs(const md_engine *eng) {
+    return eng->max_seqs;
+}
+int md_engine_max_batch_tokens(const md_engine *eng) {
+    return eng->max_batch;
 }
 struct tok_tokenizer *md_engine_tokenizer(md_engine *eng) {
     return eng->tok;

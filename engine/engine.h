@@ -22,8 +22,10 @@ typedef struct {
     const char *model_path; /* GGUF file (resolved through the registry by the caller) */
     const char *device;     /* "cpu" (default when NULL), "cuda:0", ... */
     int n_threads;          /* CPU threads; 0 = number of cores */
-    int max_seqs;           /* most live sequences at once (0 = 64) */
-    int max_batch_tokens;   /* tokens per step over all sequences (0 = 512) */
+    int max_seqs;           /* most live sequences at once (0 = the backend's default:
+                               256 on cuda, 64 on cpu) */
+    int max_batch_tokens;   /* tokens per step over all sequences (0 = the backend's
+                               default: 2048 on cuda, 512 on cpu) */
     size_t kv_budget_bytes; /* KV cache memory budget (0 = a default that fits) */
     int kv_block_tokens;    /* tokens per KV block (0 = 16) */
     int n_ctx;              /* per-sequence context limit (0 = the model's) */
@@ -82,6 +84,10 @@ void md_engine_close(md_engine *eng);
 /* Model facts the caller needs to validate requests. */
 int md_engine_n_ctx(const md_engine *eng);
 int md_engine_n_vocab(const md_engine *eng);
+/* Most live sequences and most tokens per step, as chosen at open (the configuration's, else
+ * the backend's defaults). */
+int md_engine_max_seqs(const md_engine *eng);
+int md_engine_max_batch_tokens(const md_engine *eng);
 struct tok_tokenizer *md_engine_tokenizer(md_engine *eng); /* owned by the engine */
 
 /* Queue a sequence of prompt tokens (copied). Returns 0 and its id in *seq_id, or an error

@@ -115,6 +115,10 @@ typedef struct md_backend_ops {
     /* Element type of the KV cache the engine allocates on this backend: MD_TYPE_F32 (0,
      * the CPU reference), MD_TYPE_F16 or MD_TYPE_BF16. */
     int kv_cache_type;
+    /* The engine's batch sizes on this backend when the configuration leaves them 0: most
+     * running sequences, most tokens per step (0: the engine's 64 and 512, a CPU's). A GPU
+     * reads every weight once per step whatever the batch, so it sets both higher. */
+    int default_max_seqs, default_step_tokens;
 
     void (*free)(md_backend *be);
     /* Device description for logs and heartbeats ("cpu: 16 threads, avx512_vnni"). */

@@ -30,7 +30,8 @@ typedef void (*wk_done_fn)(void *ctx, void *tag, const wk_result *res);
 typedef struct {
     int echo_delay_ms;  /* echo: delay before each answer (MEDLEY_ECHO_DELAY_MS) */
     int echo_ctx;       /* echo: context length in bytes (default 8192) */
-    int max_seqs;       /* concurrent requests (0: echo 256, engine 64) */
+    int max_seqs;       /* concurrent requests (0: echo 256, engine: the device's
+                           default, 64 on cpu, 256 on cuda) */
     const char *device; /* engine: "cpu", "cuda:0", ... (NULL = cpu) */
     int n_threads;      /* engine: CPU threads (0 = all cores) */
     const char *kv_type; /* engine: KV cache "f16" / "f32" (NULL = the backend's) */

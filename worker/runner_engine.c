@@ -35,18 +35,18 @@ int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_e
     engine_runner *r = calloc(1, sizeof *r);
     if (!r)
         return md_errf(e, MD_ENOMEM, "out of memory");
-    r->cap = o->max_seqs > 0 ? o->max_seqs : 64;
     md_engine_config cfg = {0};
     cfg.model_path = path;
     cfg.device = o->device;
     cfg.n_threads = o->n_threads;
     cfg.kv_type = o->kv_type;
     cfg.bf16_weights = o->bf16_weights;
-    cfg.max_seqs = r->cap;
+    cfg.max_seqs = o->max_seqs > 0 ? o->max_seqs : 0; /* 0: the device's default */
     if ((rc = md_engine_open(&cfg, &r->eng, e))) {
         free(r);
         return rc;
     }
+    r->cap = md_engine_max_seqs(r->eng);
     r->tok = md_engine_tokenizer(r->eng);
     r->n_ctx = md_engine_n_ctx(r->eng);
     /* device type for output lines: "cpu", or "cuda" for cuda:N */

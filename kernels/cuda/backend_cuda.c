@@ -846,6 +846,10 @@ static int be_sample(md_backend *be, const md_buf *x, int rows, int n, const md_
 static const md_backend_ops cuda_backend_ops = {
     .name = "cuda",
     .kv_cache_type = MD_TYPE_F16, /* half the memory and attention traffic of F32 */
+    /* a decode step reads every weight whatever the batch: 256 sequences (vLLM's
+     * max_num_seqs), and prefill chunks of 2048 tokens (docs/cuda.md "Selecting a device") */
+    .default_max_seqs = 256,
+    .default_step_tokens = 2048,
     .free = be_free,
     .describe = be_describe,
     .buf_alloc = be_buf_alloc,

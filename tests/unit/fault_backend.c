@@ -57,6 +57,7 @@ typedef struct {
     int record; /* offer step_begin / step_end */
     int fused;  /* offer matmul_n and rope_kv */
     int shadow; /* offer weight_shadow (counted; the CPU multiplies as before) */
+    long seqs, step_tokens; /* default_max_seqs / default_step_tokens (0: the CPU's) */
     int oom;    /* kind=oom: the failure is MD_ENOMEM, as cudaErrorMemoryAllocation */
     int hang;   /* kind=hang: the op blocks until fault_backend_release(), then fails */
     long calls; /* calls of op counted so far */
@@ -449,6 +450,10 @@ static int parse_spec(fault_be *f, const char *device, long *threads, md_err *e)
         } else if (kn == 5 && !memcmp(p, "fused", 5)) {
             ok = parse_long(v, vn, 0, &num) == 0 && num <= 1;
             f->fused = (int)num;
+        } else if (kn == 4 && !memcmp(p, "seqs", 4)) {
+            ok = parse_long(v, vn, 1, &f->seqs) == 0 && f->seqs <= 65536;
+        } else if (kn == 10 && !memcmp(p, "steptokens", 10)) {
+            ok = parse_long(v, vn, 1, &f->step_tokens) == 0 && f->step_tokens <= 65536;
         } else if (kn == 7 && !memcmp(p, "threads", 7)) {
             ok = parse_long(v, vn, 1, threads) == 0;
         } else {
@@ -504,6 +509,9 @@ int fault_backend_open(const char *device, int n_threads, md_backend **out, md_e
     }
     f->ops = fault_ops;
     f->ops.kv_cache_type = f->in->ops->kv_cache_type;
+    f->ops.default_max_seqs = f->seqs ? (int)f->seqs : f->in->ops->default_max_seqs;
+    f->ops.default_step_tokens =
+        f->step_tokens ? (int)f->step_tokens : f->in->ops->default_step_tokens;
     if (f->record) {
         f->ops.step_begin = f_step_begin;
         f->ops.step_end = f_step_end;

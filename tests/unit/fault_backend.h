@@ -8,7 +8,7 @@
  *
  * Device names, registered under the prefix "faulty" (fault_backend_register):
  *   faulty:op=OP[,after=N][,step=S][,sticky=0|1][,kind=error|nan|oom|hang][,record=0|1]
- *          [,fused=0|1][,shadow=0|1][,threads=K]
+ *          [,fused=0|1][,shadow=0|1][,seqs=N][,steptokens=N][,threads=K]
  *     OP      a backend op: buf_alloc, buf_wrap, buf_upload, buf_download, buf_zero, reserve,
  *             batch_prepare, embed, matmul, add_bias, rmsnorm, rope, kv_write, attention,
  *             swiglu, add, gather_rows, sync, argmax, step_begin, step_end (with record=1),
@@ -37,6 +37,8 @@
  *     shadow  1: the backend has weight_shadow, which counts the copies asked for (stats) and
  *             changes nothing else: the engine's policy and its out-of-memory path are what
  *             is exercised
+ *     seqs, steptokens  the backend's default_max_seqs / default_step_tokens (as
+ *             kernels/cuda sets them; default: the CPU backend's, none)
  *     threads CPU threads of the wrapped backend (default: the n_threads given to open)
  * A bad spec is refused at open with MD_EINVAL naming the part it could not read.
  *

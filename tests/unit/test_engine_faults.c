@@ -540,6 +540,71 @@ static void test_bf16_weight_copies_policy_and_out_of_memory(void **state) {
     printf("bad mode -> %s\n", e.msg);
 }
 
+/* Batch sizes the configuration leaves 0 are the backend's defaults (kernels/cuda: 256
+ * sequences, 2048 tokens per step), else the CPU's 64 and 512; the configuration's own win,
+ * and the step holds at least one token per sequence. A full batch of the backend's size
+ * runs. */
+static void test_batch_sizes_default_to_the_backends(void **state) {
+    if (!test_model_path())
+        skip();
+    static const struct {
+        const char *device;
+        int seqs, tokens, want_seqs, want_tokens;
+    } cases[] = {
+        {"faulty:op=none", 0, 0, 64, 512},
+        {"cpu", 0, 0, 64, 512},
+        {"faulty:op=none,seqs=256,steptokens=2048", 0, 0, 256, 2048},
+        {"faulty:op=none,seqs=256,steptokens=2048", 8, 0, 8, 2048},
+        {"faulty:op=none,seqs=256,steptokens=2048", 0, 100, 256, 256},
+        {"faulty:op=none,seqs=96", 0, 0, 96, 512},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        md_engine_config cfg = {.model_path = test_model_path(),
+                                .device = cases[i].device,
+                                .n_threads = 2,
+                                .max_seqs = cases[i].seqs,
+                                .max_batch_tokens = cases[i].tokens,
+                                .n_ctx = 64};
+        md_engine *eng = NULL;
+        md_err e = {0};
+        if (md_engine_open(&cfg, &eng, &e))
+            fail_msg("%s: %s", cases[i].device, e.msg);
+        printf("%s, configured %d seqs / %d tokens: %d seqs, %d tokens per step\n", cases[i].device,
+               cases[i].seqs, cases[i].tokens, md_engine_max_seqs(eng),
+               md_engine_max_batch_tokens(eng));
+        assert_int_equal(md_engine_max_seqs(eng), cases[i].want_seqs);
+        assert_int_equal(md_engine_max_batch_tokens(eng), cases[i].want_tokens);
+        if (i == 5) { /* 96 sequences at once: all admitted in one step, each answered */
+            md_sampling sp;
+            md_sampling_default(&sp);
+            sp.max_tokens = 2;
+            sp.ignore_eos = 1;
+            int32_t prompt[3] = {1, 2, 3};
+            uint64_t id;
+            for (int q = 0; q < 96; q++)
+                assert_int_equal(md_engine_submit(eng, prompt, 3, &sp, &id, &e), 0);
+            md_step_result r;
+            assert_int_equal(md_engine_step(eng, &r, &e), 0);
+            assert_int_equal(r.n_tokens, 96); /* every sequence prefilled in the first step */
+            assert_int_equal(r.n_live, 96);
+            int steps = 1;
+            while (r.n_live > 0 && steps < 10) {
+                assert_int_equal(md_engine_step(eng, &r, &e), 0);
+                steps++;
+            }
+            assert_int_equal(r.n_live, 0);
+            assert_int_equal(steps, 2);
+        }
+        md_engine_close(eng);
+    }
+    md_err e = {0};
+    md_engine *eng = NULL;
+    md_engine_config cfg = {.model_path = test_model_path(), .device = "faulty:op=none,seqs=0"};
+    assert_int_not_equal(md_engine_open(&cfg, &eng, &e), 0);
+    assert_null(eng);
+    printf("seqs=0 -> %s\n", e.msg);
+}
+
 int main(int argc, char **argv) {
     /* Three groups, each its own ctest entry (tests/faults.cmake) so that they run in
      * parallel and each stays well inside its timeout under ASan: every transient() loads
@@ -552,6 +617,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_fault_while_loading_is_a_clear_error_and_frees_everything),
         cmocka_unit_test(test_bf16_weight_copies_policy_and_out_of_memory),
         cmocka_unit_test(test_sampler_stays_in_bounds_on_non_finite_logits),
+        cmocka_unit_test(test_batch_sizes_default_to_the_backends),
     };
     /* "anyop": a fault in each op of the unfused pass */
     const struct CMUnitTest anyop[] = {
