@@ -66,6 +66,10 @@ typedef struct {
     int32_t *d_tokens, *d_pos, *d_slot, *d_bt, *d_logit_rows, *d_dec, *d_tiles;
     int32_t *h_tokens, *h_pos, *h_slot, *h_bt, *h_logit_rows, *h_dec, *h_tiles;
     int n_tokens, n_seqs, max_blocks, block_tokens, n_logits, n_dec, n_tiles;
+    /* Row stride of the device block table this step: the blocks of the longest length any
+     * token reads, rounded as cuda_gc_len_bucket rounds it (so a decode graph's key fixes
+     * it), at most the reserved width. Only the rows' used prefixes cross the bus. */
+    int bt_stride;
     int max_dec_len;      /* longest KV length among decode entries */
     int64_t max_block_id; /* largest block id any token of the step reads */
     void *att_work;
@@ -374,18 +378,24 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
     memcpy(b->h_pos, bt->tok_pos, (size_t)T * 4);
     memcpy(b->h_slot, bt->slot, (size_t)T * 4);
     memcpy(b->h_logit_rows, bt->logit_rows, (size_t)bt->n_logits * 4);
-    /* The device block table keeps the reserved width; rows are copied at that stride. */
+    /* Rows at the step's stride: a model of 128k positions has 8192-entry rows, of which a
+     * batch of short sequences reads a few. */
+    int64_t want =
+        ((int64_t)cuda_gc_len_bucket(plan.max_len) + bt->block_tokens - 1) / bt->block_tokens;
+    int stride = want < b->r.max_blocks ? (int)want : b->r.max_blocks;
+    int row = stride < bt->max_blocks ? stride : bt->max_blocks;
     for (int s = 0; s < S; s++)
-        memcpy(b->h_bt + (size_t)s * b->r.max_blocks, bt->block_table + (size_t)s * bt->max_blocks,
-               (size_t)bt->max_blocks * 4);
+        memcpy(b->h_bt + (size_t)s * stride, bt->block_table + (size_t)s * bt->max_blocks,
+               (size_t)row * 4);
     rc = cuda_upload(b->c, b->d_meta, b->h_meta,
-                     (size_t)(b->h_bt - b->h_meta + (int64_t)S * b->r.max_blocks) * 4, e);
+                     (size_t)(b->h_bt - b->h_meta + (int64_t)S * stride) * 4, e);
     if (rc)
         return rc;
     cudaEventRecord(b->meta_copied, cuda_ctx_stream(b->c));
     b->n_tokens = T;
     b->n_seqs = S;
     b->max_blocks = bt->max_blocks;
+    b->bt_stride = stride;
     b->block_tokens = bt->block_tokens;
     b->n_logits = bt->n_logits;
     b->n_dec = plan.n_dec;
@@ -688,13 +698,13 @@ static int be_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
             cuda_ctx_scratch_moved(b->c); /* graphs reading the old one are stale */
         }
         if ((rc = cuda_attn_decode(b->c, &kv, (const float *)q->p, b->d_dec, b->n_dec, b->d_bt,
-                                   b->r.max_blocks, n_heads, scale, splits, b->att_work,
+                                   b->bt_stride, n_heads, scale, splits, b->att_work,
                                    (float *)out->p, e)))
             return rc;
     }
     if (b->n_tiles)
         return cuda_attn_prefill(b->c, &kv, (const float *)q->p, b->d_tiles, b->n_tiles, b->d_bt,
-                                 b->r.max_blocks, n_heads, scale, (float *)out->p, e);
+                                 b->bt_stride, n_heads, scale, (float *)out->p, e);
     return 0;
 }
 

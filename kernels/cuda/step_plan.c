@@ -5,7 +5,7 @@
 int cuda_plan_step(const md_batch *b, int32_t *dec, int32_t *tiles, cuda_step_plan *out,
                    md_err *e) {
     int T = b->n_tokens, S = b->n_seqs;
-    out->n_dec = out->n_tiles = out->max_dec_len = 0;
+    out->n_dec = out->n_tiles = out->max_dec_len = out->max_len = 0;
     out->max_block = -1;
     for (int t = 0; t < T;) {
         int s = b->tok_seq[t];
@@ -25,6 +25,8 @@ int cuda_plan_step(const md_batch *b, int32_t *dec, int32_t *tiles, cuda_step_pl
                                i, p, b->slot[i], b->max_blocks, b->block_tokens);
         }
         int last = b->tok_pos[t + run - 1];
+        if (last + 1 > out->max_len)
+            out->max_len = last + 1;
         for (int k = 0; k <= last / b->block_tokens; k++) {
             int32_t id = b->block_table[(int64_t)s * b->max_blocks + k];
             if (id < 0)

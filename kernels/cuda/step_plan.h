@@ -18,6 +18,7 @@
 typedef struct {
     int n_dec, n_tiles;
     int max_dec_len;   /* longest kv length among decode entries (0 when none) */
+    int max_len;       /* longest kv length any token reads, decode or prefill (0: none) */
     int64_t max_block; /* largest block id any token reads (-1 when none) */
 } cuda_step_plan;
 

@@ -57,6 +57,7 @@ static void test_mixed_step_is_sorted_into_decode_and_tiles(void **state) {
     assert_int_equal(dec[1], 1);  /* block-table row */
     assert_int_equal(dec[2], 51); /* sees positions 0..50 */
     assert_int_equal(p.max_dec_len, 51);
+    assert_int_equal(p.max_len, 51); /* seq 1's decode; seq 0's prefill reads 37 */
     /* seq 0: 37 tokens in tiles of 16, 16, 5; seq 2: one tile of 5 */
     const int32_t want[4][4] = {{0, 0, 16, 0}, {0, 16, 16, 16}, {0, 32, 5, 32}, {2, 38, 5, 20}};
     assert_int_equal(p.n_tiles, 4);
@@ -68,6 +69,11 @@ static void test_mixed_step_is_sorted_into_decode_and_tiles(void **state) {
         for (int k = used[i][0]; k <= used[i][1]; k++)
             mx = table[k] > mx ? table[k] : mx;
     assert_int_equal(p.max_block, mx);
+    /* the decode token earlier: seq 0's prefill (positions to 36) is the longest read */
+    pos[37] = 10;
+    assert_int_equal(cuda_plan_step(&b, dec, tiles, &p, &e), 0);
+    assert_int_equal(p.max_dec_len, 11);
+    assert_int_equal(p.max_len, 37);
 }
 
 static void expect_refused(md_batch *b, const char *what) {
@@ -122,6 +128,7 @@ static void test_single_token_sequences_are_all_decode(void **state) {
     assert_int_equal(p.n_dec, 4);
     assert_int_equal(p.n_tiles, 0);
     assert_int_equal(p.max_dec_len, 32);
+    assert_int_equal(p.max_len, 32);
     for (int i = 0; i < 4; i++) {
         assert_int_equal(dec[3 * i], i);
         assert_int_equal(dec[3 * i + 2], p1[i] + 1);

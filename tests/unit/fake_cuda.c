@@ -132,6 +132,8 @@ static struct {
     int fail_every;
     size_t total;          /* device memory; 0: FAKE_TOTAL */
     long frees_unlaunched; /* graphs freed since the last graph launch */
+    int64_t slots;         /* the slots (normalised) of the latest KV store that ran, and */
+    int64_t n_slots;       /* their count: where each token row's K/V went this step */
     fake_cuda_stats st;
 } g = {.next_id = 1};
 
@@ -332,6 +334,48 @@ static uint64_t metadata_read(const fake_launch *l) {
     }
 }
 
+/* An attention launch's block table at its stride against the step's KV stores: the block it
+ * reads for each of its tokens' own positions is the block that token's K/V went to (slot /
+ * block_tokens of the latest cuda_kv_write / cuda_rope_kv), so a block table packed at the
+ * wrong stride or offset cannot pass. */
+static void block_table_names_slots(const fake_launch *l) {
+    int dec = l->fn == F_ATTN_DECODE, w = dec ? 3 : 4;
+    int64_t n = l->a[8], stride = l->a[10], bt_tok = l->a[5];
+    size_t re = 0, rb = 0, rs = 0;
+    const int32_t *ent = (const int32_t *)denorm(l->a[7], &re);
+    const int32_t *bt = (const int32_t *)denorm(l->a[9], &rb);
+    const int32_t *slots = g.slots ? (const int32_t *)denorm(g.slots, &rs) : NULL;
+    if (!ent || !bt || !slots || re < (size_t)(n * w) * 4 || rs < (size_t)g.n_slots * 4 ||
+        bt_tok < 1)
+        return;
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t *x = ent + w * i;
+        /* decode {row, sequence, length}: one token at length - 1; tile {sequence, first row,
+         * tokens, first position} */
+        int32_t s = dec ? x[1] : x[0], row0 = dec ? x[0] : x[1], cnt = dec ? 1 : x[2];
+        int64_t pos0 = dec ? (int64_t)x[2] - 1 : x[3];
+        for (int32_t j = 0; j < cnt; j++) {
+            int64_t row = row0 + j, pos = pos0 + j, k = pos / bt_tok;
+            if (s >= 0 && pos >= 0 && k >= stride) {
+                violation("%s (step %ld): position %lld of sequence %d needs block %lld of a "
+                          "block-table row of %lld",
+                          fake_cuda_fn_name(l->fn), g.steps, (long long)pos, s, (long long)k,
+                          (long long)stride);
+                continue;
+            }
+            if (row < 0 || row >= g.n_slots || s < 0 || pos < 0 ||
+                ((size_t)s * stride + k + 1) * 4 > rb)
+                continue; /* execute() reports what is outside its buffers */
+            int32_t id = bt[s * stride + k];
+            if ((int64_t)id * bt_tok + pos % bt_tok != slots[row])
+                violation("%s (step %ld): sequence %d's block table (stride %lld) names block %d "
+                          "for position %lld, whose K/V went to slot %d",
+                          fake_cuda_fn_name(l->fn), g.steps, s, (long long)stride, id,
+                          (long long)pos, slots[row]);
+        }
+    }
+}
+
 /* What the kernel does when it runs: the checks on indices it reads from device memory, and
  * cuda_argmax's output. */
 static void execute(fake_launch *l) {
@@ -354,9 +398,13 @@ static void execute(fake_launch *l) {
             if (slots[t] < 0 || ((size_t)slots[t] + 1) * row > (rk < rv ? rk : rv))
                 violation("%s (step %ld): token %lld goes to slot %d outside the cache",
                           fake_cuda_fn_name(l->fn), g.steps, (long long)t, slots[t]);
+        g.slots = l->a[kw ? 6 : 7];
+        g.n_slots = n;
         break;
     }
+    case F_ATTN_PREFILL: block_table_names_slots(l); break;
     case F_ATTN_DECODE: {
+        block_table_names_slots(l);
         size_t rk = 0, rq = 0, rd = 0, rb = 0;
         char *kc = denorm(l->a[0], &rk), *q = denorm(l->a[6], &rq);
         int32_t *dec = (int32_t *)denorm(l->a[7], &rd), *bt = (int32_t *)denorm(l->a[9], &rb);
@@ -1301,6 +1349,7 @@ void fake_cuda_reset(void) {
     g.n = g.cap = 0;
     g.next_id = 1;
     g.steps = g.ends = 0;
+    g.slots = g.n_slots = 0;
     g.fail_every = 0;
     g.total = 0;
     g.frees_unlaunched = 0;

@@ -262,6 +262,20 @@ static void check_model(const char *model) {
     assert_true(n_split >= 3);
     assert_true(distinct_from_graphs(&graphed, "cublasGemmEx", "m", v, 16) >= 1);
 
+    /* the block table's row stride follows the split bucket (64, 128, 256 positions: 4, 8, 16
+     * blocks of 16), not the reserved width of n_ctx 256 in every step; fake_cuda checks that
+     * each row names the blocks the step's K/V went to at that stride */
+    int n_stride = distinct_from_graphs(&graphed, "cuda_attn_decode", "max_blocks", v, 16);
+    printf("  block-table strides replayed from graphs:");
+    int64_t lo = INT64_MAX;
+    for (int i = 0; i < n_stride; i++) {
+        printf(" %lld", (long long)v[i]);
+        lo = v[i] < lo ? v[i] : lo;
+    }
+    printf("\n");
+    assert_true(n_stride >= 3);
+    assert_int_equal(lo, 4);
+
     /* each layer's RoPE and KV store ran as one rope_kv launch, in graphs too */
     assert_true(count_fn(&direct, "cuda_rope_kv", 0) > 0);
     assert_int_equal(count_fn(&direct, "cuda_rope", 0) + count_fn(&direct, "cuda_kv_write", 0), 0);
