@@ -20,6 +20,7 @@
 #include "kernels/cuda/cuda_internal.h"
 
 #define DEC_WARPS 4
+#define DEC_KU 2 /* keys per decode warp per iteration */
 #define MAX_GQA 8
 
 template <int CT> __device__ __forceinline__ float ld_kv(const void *p, int64_t i) {
@@ -28,6 +29,55 @@ template <int CT> __device__ __forceinline__ float ld_kv(const void *p, int64_t 
     if (CT == CUDA_BF16)
         return cuda_bf16_to_f(((const uint16_t *)p)[i]);
     return cuda_f16_to_f(((const uint16_t *)p)[i]);
+}
+
+/* D consecutive elements of a cache row from element i (i a multiple of D, so the widest
+ * load that D elements fill is aligned: 16 bytes for 8 halves or 4 floats). */
+template <int CT, int D>
+__device__ __forceinline__ void ld_kv_vec(const void *p, int64_t i, float *out) {
+    if constexpr (CT == CUDA_F32) {
+        const float *f = (const float *)p + i;
+        if constexpr (D % 4 == 0) {
+#pragma unroll
+            for (int c = 0; c < D; c += 4) {
+                float4 v = *(const float4 *)(f + c);
+                out[c] = v.x, out[c + 1] = v.y, out[c + 2] = v.z, out[c + 3] = v.w;
+            }
+        } else if constexpr (D % 2 == 0) {
+#pragma unroll
+            for (int c = 0; c < D; c += 2) {
+                float2 v = *(const float2 *)(f + c);
+                out[c] = v.x, out[c + 1] = v.y;
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < D; c++)
+                out[c] = f[c];
+        }
+    } else {
+        const uint16_t *h = (const uint16_t *)p + i;
+        uint16_t raw[D];
+        if constexpr (D % 8 == 0) {
+#pragma unroll
+            for (int c = 0; c < D; c += 8)
+                *(uint4 *)(raw + c) = *(const uint4 *)(h + c);
+        } else if constexpr (D % 4 == 0) {
+#pragma unroll
+            for (int c = 0; c < D; c += 4)
+                *(uint2 *)(raw + c) = *(const uint2 *)(h + c);
+        } else if constexpr (D % 2 == 0) {
+#pragma unroll
+            for (int c = 0; c < D; c += 2)
+                *(uint32_t *)(raw + c) = *(const uint32_t *)(h + c);
+        } else {
+#pragma unroll
+            for (int c = 0; c < D; c++)
+                raw[c] = h[c];
+        }
+#pragma unroll
+        for (int c = 0; c < D; c++)
+            out[c] = CT == CUDA_BF16 ? cuda_bf16_to_f(raw[c]) : cuda_f16_to_f(raw[c]);
+    }
 }
 
 __device__ __forceinline__ int64_t kv_slot(const int32_t *bt_row, int p, int block_tokens) {
@@ -169,30 +219,57 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                            : 0.0f;
         }
     }
-    for (int p = k0 + warp; p < k1; p += DEC_WARPS) {
-        int64_t base = (kv_slot(bt, p, block_tokens) * n_kv_heads + kvh) * HD + lane * D;
-        float kk[D], vv[D];
+    /* The warp's keys p = k0 + warp, + DEC_WARPS, ... in order, DEC_KU at a time: their K/V
+     * loads are in flight together and their GM x DEC_KU warp sums interleave; the online
+     * softmax then takes them one by one, so the result is the same as one key at a time. */
+    for (int p0 = k0 + warp; p0 < k1; p0 += DEC_KU * DEC_WARPS) {
+        float kk[DEC_KU][D], vv[DEC_KU][D], s[DEC_KU][GM];
 #pragma unroll
-        for (int d = 0; d < D; d++)
-            kk[d] = ld_kv<CT>(kc, base + d);
+        for (int j = 0; j < DEC_KU; j++) {
+            int p = p0 + j * DEC_WARPS;
+            if (p < k1) {
+                int64_t base = (kv_slot(bt, p, block_tokens) * n_kv_heads + kvh) * HD + lane * D;
+                ld_kv_vec<CT, D>(kc, base, kk[j]);
+                ld_kv_vec<CT, D>(vc, base, vv[j]);
+            } else {
 #pragma unroll
-        for (int d = 0; d < D; d++)
-            vv[d] = ld_kv<CT>(vc, base + d);
+                for (int d = 0; d < D; d++)
+                    kk[j][d] = vv[j][d] = 0.0f;
+            }
+        }
 #pragma unroll
-        for (int g = 0; g < GM; g++) {
-            if (g >= G)
+        for (int j = 0; j < DEC_KU; j++)
+#pragma unroll
+            for (int g = 0; g < GM; g++) {
+                float a = 0.0f;
+#pragma unroll
+                for (int d = 0; d < D; d++)
+                    a += qv[g][d] * kk[j][d];
+                s[j][g] = a;
+            }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int j = 0; j < DEC_KU; j++)
+#pragma unroll
+                for (int g = 0; g < GM; g++)
+                    s[j][g] += __shfl_xor_sync(0xffffffffu, s[j][g], o);
+#pragma unroll
+        for (int j = 0; j < DEC_KU; j++) {
+            if (p0 + j * DEC_WARPS >= k1)
                 break;
-            float s = 0.0f;
 #pragma unroll
-            for (int d = 0; d < D; d++)
-                s += qv[g][d] * kk[d];
-            s = cuda_warp_sum(s);
-            float mn = fmaxf(m[g], s), corr = __expf(m[g] - mn), pw = __expf(s - mn);
-            l[g] = l[g] * corr + pw;
+            for (int g = 0; g < GM; g++) {
+                if (g >= G)
+                    break;
+                float mn = fmaxf(m[g], s[j][g]), corr = __expf(m[g] - mn),
+                      pw = __expf(s[j][g] - mn);
+                l[g] = l[g] * corr + pw;
 #pragma unroll
-            for (int d = 0; d < D; d++)
-                acc[g][d] = acc[g][d] * corr + pw * vv[d];
-            m[g] = mn;
+                for (int d = 0; d < D; d++)
+                    acc[g][d] = acc[g][d] * corr + pw * vv[j][d];
+                m[g] = mn;
+            }
         }
     }
     /* Merge the warps of this block through shared memory, one query head at a time. */
