@@ -135,7 +135,7 @@ case $rc in
 *) note "bench gemv: FAILED (exit $rc, see bench-gemv.log)"; fails=$((fails + 1)) ;;
 esac
 
-# ---- prefill attention: tensor cores vs f32 path vs torch sdpa (bench/gpu/bench_attn.c) --
+# ---- attention: prefill on the tensor cores vs f32 vs torch sdpa, decode vs torch sdpa ----
 timeout 60 "$BIN/medley_attn_bench" --out "$OUT/bench-attn.json" >"$OUT/bench-attn.log" 2>&1
 rc=$?
 case $rc in
