@@ -9,7 +9,8 @@
  * Decode (one query per sequence) is bound by reading K/V, so it is split over the KV
  * range (flash-decoding): block (entry, kv head, split) streams its keys once for all the
  * query heads that share that kv head (GQA), keeping an online softmax per query head;
- * a second kernel merges the splits. Prefill tiles queries (up to 16 of one sequence) and
+ * a second kernel merges the splits (with one split the block writes the output itself).
+ * Prefill tiles queries (up to 16 of one sequence) and
  * keys with the online softmax of FlashAttention, causal masking by position: on f16 and
  * bf16 caches at head_dim 64 and 128, k_attn_pf_tc computes Q K^T and P V on the tensor
  * cores (mma.sync m16n8k16, f32 accumulation; q and the probabilities rounded to the
@@ -196,7 +197,7 @@ template <int CT, int D, int GM>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     k_attn_dec(const void *kc, const void *vc, int n_kv_heads, int block_tokens, const float *q,
                const int32_t *dec, const int32_t *block_table, int max_blocks, int n_heads,
-               float scale, int n_splits, float *work) {
+               float scale, int n_splits, float *work, float *out) {
     const int HD = D * 32;
     int entry = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -289,22 +290,36 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         float mx = -FLT_MAX;
         for (int w = 0; w < DEC_WARPS; w++)
             mx = fmaxf(mx, sm[w]);
-        float *out =
-            work + (((int64_t)entry * n_heads + kvh * G + g) * n_splits + split) * (2 + HD);
-        for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-            float a = 0.0f;
-            for (int w = 0; w < DEC_WARPS; w++)
-                if (sl[w] > 0.0f)
-                    a += sacc[w][d] * __expf(sm[w] - mx);
-            out[2 + d] = a;
-        }
-        if (threadIdx.x == 0) {
-            float ls = 0.0f;
-            for (int w = 0; w < DEC_WARPS; w++)
-                if (sl[w] > 0.0f)
-                    ls += sl[w] * __expf(sm[w] - mx);
-            out[0] = mx;
-            out[1] = ls;
+        float ls = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++)
+            if (sl[w] > 0.0f)
+                ls += sl[w] * __expf(sm[w] - mx);
+        if (n_splits == 1) {
+            /* the whole range in this block: the output itself, as k_attn_dec_merge would
+             * write it from this one partial (its weights are exp(0) = 1) */
+            float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
+            float *o = out + ((int64_t)qrow * n_heads + kvh * G + g) * HD;
+            for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+                float a = 0.0f;
+                for (int w = 0; w < DEC_WARPS; w++)
+                    if (sl[w] > 0.0f)
+                        a += sacc[w][d] * __expf(sm[w] - mx);
+                o[d] = a * inv;
+            }
+        } else {
+            float *wo =
+                work + (((int64_t)entry * n_heads + kvh * G + g) * n_splits + split) * (2 + HD);
+            for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+                float a = 0.0f;
+                for (int w = 0; w < DEC_WARPS; w++)
+                    if (sl[w] > 0.0f)
+                        a += sacc[w][d] * __expf(sm[w] - mx);
+                wo[2 + d] = a;
+            }
+            if (threadIdx.x == 0) {
+                wo[0] = mx;
+                wo[1] = ls;
+            }
         }
         __syncthreads();
     }
@@ -345,25 +360,25 @@ static inline int dec_gm(int G) {
 template <int CT, int D>
 static void launch_dec_d(cudaStream_t st, const cuda_kv_layer *kv, dim3 grid, const float *q,
                          const int32_t *dec, const int32_t *bt, int mb, int nh, float scale, int ns,
-                         float *work) {
+                         float *work, float *out) {
     const void *k = kv->k, *v = kv->v;
     int nkv = kv->n_kv_heads, btk = kv->block_tokens;
     switch (dec_gm(nh / nkv)) {
     case 1:
-        k_attn_dec<CT, D, 1>
-            <<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh, scale, ns, work);
+        k_attn_dec<CT, D, 1><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh,
+                                                              scale, ns, work, out);
         break;
     case 2:
-        k_attn_dec<CT, D, 2>
-            <<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh, scale, ns, work);
+        k_attn_dec<CT, D, 2><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh,
+                                                              scale, ns, work, out);
         break;
     case 4:
-        k_attn_dec<CT, D, 4>
-            <<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh, scale, ns, work);
+        k_attn_dec<CT, D, 4><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh,
+                                                              scale, ns, work, out);
         break;
     default:
-        k_attn_dec<CT, D, MAX_GQA>
-            <<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb, nh, scale, ns, work);
+        k_attn_dec<CT, D, MAX_GQA><<<grid, DEC_WARPS * 32, 0, st>>>(k, v, nkv, btk, q, dec, bt, mb,
+                                                                    nh, scale, ns, work, out);
         break;
     }
 }
@@ -371,16 +386,19 @@ static void launch_dec_d(cudaStream_t st, const cuda_kv_layer *kv, dim3 grid, co
 template <int CT>
 static void launch_dec(cudaStream_t st, const cuda_kv_layer *kv, dim3 grid, const float *q,
                        const int32_t *dec, const int32_t *bt, int max_blocks, int n_heads,
-                       float scale, int n_splits, float *work) {
+                       float scale, int n_splits, float *work, float *out) {
     switch (kv->head_dim) {
     case 64:
-        launch_dec_d<CT, 2>(st, kv, grid, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
+        launch_dec_d<CT, 2>(st, kv, grid, q, dec, bt, max_blocks, n_heads, scale, n_splits, work,
+                            out);
         break;
     case 128:
-        launch_dec_d<CT, 4>(st, kv, grid, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
+        launch_dec_d<CT, 4>(st, kv, grid, q, dec, bt, max_blocks, n_heads, scale, n_splits, work,
+                            out);
         break;
     default:
-        launch_dec_d<CT, 8>(st, kv, grid, q, dec, bt, max_blocks, n_heads, scale, n_splits, work);
+        launch_dec_d<CT, 8>(st, kv, grid, q, dec, bt, max_blocks, n_heads, scale, n_splits, work,
+                            out);
         break;
     }
 }
@@ -405,15 +423,16 @@ int cuda_attn_decode(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, const
     float *w = (float *)work;
     if (kv->dtype == CUDA_F32)
         launch_dec<CUDA_F32>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale,
-                             n_splits, w);
+                             n_splits, w, out);
     else if (kv->dtype == CUDA_F16)
         launch_dec<CUDA_F16>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale,
-                             n_splits, w);
+                             n_splits, w, out);
     else
         launch_dec<CUDA_BF16>(c->stream, kv, grid, q, dec, block_table, max_blocks, n_heads, scale,
-                              n_splits, w);
-    k_attn_dec_merge<<<dim3(n, n_heads), 128, 0, c->stream>>>(w, dec, n_heads, kv->head_dim,
-                                                              n_splits, out);
+                              n_splits, w, out);
+    if (n_splits > 1) /* one split wrote out itself */
+        k_attn_dec_merge<<<dim3(n, n_heads), 128, 0, c->stream>>>(w, dec, n_heads, kv->head_dim,
+                                                                  n_splits, out);
     return CUDA_LAUNCHED(c, "attention (decode)", e);
 }
 

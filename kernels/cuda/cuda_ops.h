@@ -200,7 +200,8 @@ int cuda_rope_kv(cuda_ctx *c, float *q, const float *k, const float *v, void *k_
  * row, kv length}. q f32 [*][n_heads][head_dim], out likewise (same rows). The entry attends
  * to its sequence's first kv-length cached tokens (read on the device, so a captured graph
  * stays valid as sequences grow). The KV range is split into n_splits chunks processed in
- * parallel and merged (flash-decoding); work is cuda_attn_decode_work_bytes() of scratch. */
+ * parallel and merged (flash-decoding); work is cuda_attn_decode_work_bytes() of scratch
+ * (unused with one split: the single pass writes out). */
 size_t cuda_attn_decode_work_bytes(int n, int n_heads, int head_dim, int n_splits);
 int cuda_attn_decode(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, const int32_t *dec,
                      int n, const int32_t *block_table, int max_blocks, int n_heads, float scale,

@@ -509,7 +509,7 @@ __global__ void __launch_bounds__(MMT_THREADS)
         }
 }
 
-template <int T>
+template <int T, int MT>
 __device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
                                            const float *__restrict__ x, int m, int k, int v16,
                                            int lane, float *acc);
@@ -517,20 +517,23 @@ __device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
 /* This lane's share of the dot products of one weight row wr (k elements of type T) with
  * the m rows of x, added to acc[t]. Quantized T: gemv_row_q8 over x quantized (xq, xd).
  * v16 (F16/BF16 only): 8 elements per 16-byte load, wr and x 16-byte aligned and
- * k % 8 == 0; otherwise 32-element groups decoded by dq32. */
-template <int T>
+ * k % 8 == 0; otherwise 32-element groups decoded by dq32. MT: the most rows of x the
+ * launch serves, known when compiling (gemv_mt: 1 for a float weight and one token, so the
+ * loop over tokens has no branch and the unrolled iterations' weight loads are issued
+ * together; else CUDA_GEMV_MAX_M); m <= MT. */
+template <int T, int MT>
 __device__ __forceinline__ void
 gemv_row(const uint8_t *__restrict__ wr, const float *__restrict__ x, const int8_t *__restrict__ xq,
          const float *__restrict__ xd, int m, int k, int v16, int lane, float *acc) {
     if constexpr (T != QT_F32 && T != QT_F16 && T != QT_BF16) {
         gemv_row_q8<T>(wr, xq, xd, m, k, lane, acc);
     } else {
-        gemv_row_f<T>(wr, x, m, k, v16, lane, acc);
+        gemv_row_f<T, MT>(wr, x, m, k, v16, lane, acc);
     }
 }
 
 /* The float path of gemv_row (F32, F16, BF16 weights; FP32 x). */
-template <int T>
+template <int T, int MT>
 __device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
                                            const float *__restrict__ x, int m, int k, int v16,
                                            int lane, float *acc) {
@@ -546,8 +549,8 @@ __device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
                 for (int j = 0; j < 8; j++)
                     wf[j] = T == QT_BF16 ? cuda_bf16_to_f(h[j]) : cuda_f16_to_f(h[j]);
 #pragma unroll
-                for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
-                    if (t >= m)
+                for (int t = 0; t < MT; t++) {
+                    if (MT > 1 && t >= m)
                         break;
                     const float4 *xr = (const float4 *)(x + (int64_t)t * k + 8 * i);
                     float4 a = __ldg(xr), b = __ldg(xr + 1);
@@ -562,8 +565,8 @@ __device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
         float wf[32];
         dq32<T>(wr, g, wf);
 #pragma unroll
-        for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
-            if (t >= m)
+        for (int t = 0; t < MT; t++) {
+            if (MT > 1 && t >= m)
                 break;
             const float *xr = x + (int64_t)t * k + 32 * g;
             float s = 0.0f;
@@ -588,8 +591,9 @@ typedef struct {
     int n_seg;
 } gemv_segs;
 
-/* y[s] = x . w[s]^T + beta * y[s] for every segment; one warp per row of the concatenation. */
-template <int T>
+/* y[s] = x . w[s]^T + beta * y[s] for every segment; one warp per row of the concatenation;
+ * m <= MT (gemv_row). */
+template <int T, int MT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_n(gemv_segs sg, size_t row_bytes, const float *__restrict__ x,
              const int8_t *__restrict__ xq, const float *__restrict__ xd, int m, int k,
@@ -615,10 +619,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
     for (int t = 0; t < CUDA_GEMV_MAX_M; t++)
         acc[t] = 0.0f;
-    gemv_row<T>(w + (size_t)row * row_bytes, x, xq, xd, m, k, v16, lane, acc);
+    gemv_row<T, MT>(w + (size_t)row * row_bytes, x, xq, xd, m, k, v16, lane, acc);
 #pragma unroll
-    for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
-        if (t >= m)
+    for (int t = 0; t < MT; t++) {
+        if (MT > 1 && t >= m)
             break;
         float s = cuda_warp_sum(acc[t]);
         if (lane == 0) {
@@ -631,7 +635,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 /* y[m][n] = silu(x . wg^T) * (x . wu^T): the warp of row r computes gate row r and up row r
  * exactly as k_gemv_n would, and applies k_swiglu's formula (elementwise.cu), so the result
  * equals the unfused GEMVs + swiglu. */
-template <int T>
+template <int T, int MT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_swiglu(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes,
                   const float *__restrict__ x, const int8_t *__restrict__ xq,
@@ -644,11 +648,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
     for (int t = 0; t < CUDA_GEMV_MAX_M; t++)
         ag[t] = au[t] = 0.0f;
-    gemv_row<T>(wg + (size_t)row * row_bytes, x, xq, xd, m, k, v16_g, lane, ag);
-    gemv_row<T>(wu + (size_t)row * row_bytes, x, xq, xd, m, k, v16_u, lane, au);
+    gemv_row<T, MT>(wg + (size_t)row * row_bytes, x, xq, xd, m, k, v16_g, lane, ag);
+    gemv_row<T, MT>(wu + (size_t)row * row_bytes, x, xq, xd, m, k, v16_u, lane, au);
 #pragma unroll
-    for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
-        if (t >= m)
+    for (int t = 0; t < MT; t++) {
+        if (MT > 1 && t >= m)
             break;
         float g = cuda_warp_sum(ag[t]), u = cuda_warp_sum(au[t]);
         if (lane == 0)
@@ -748,6 +752,37 @@ static void gemv_group(const cuda_mm_w *w, int n_w, int first, const float *x, i
         sg->end[s] = rows;
 }
 
+/* The k_gemv_n / k_gemv_swiglu instance for m rows of x: MT = 1 for float weights and one
+ * token (the batch-1 decode step), else CUDA_GEMV_MAX_M. Quantized weights keep one
+ * instance: their row loop over the int8 blocks does not branch on m. */
+template <int T>
+static void launch_gemv_n(cudaStream_t st, const gemv_segs &sg, size_t rb, const float *x,
+                          const int8_t *xq, const float *xd, int m, int k, float b) {
+    unsigned grid = cuda_blocks(sg.end[CUDA_MM_MAX - 1], GEMV_WARPS);
+    if constexpr (T == QT_F32 || T == QT_F16 || T == QT_BF16) {
+        if (m == 1) {
+            GEMV_LAUNCH((k_gemv_n<T, 1>), grid, st, sg, rb, x, xq, xd, m, k, b);
+            return;
+        }
+    }
+    GEMV_LAUNCH((k_gemv_n<T, CUDA_GEMV_MAX_M>), grid, st, sg, rb, x, xq, xd, m, k, b);
+}
+
+template <int T>
+static void launch_gemv_swiglu(cudaStream_t st, const uint8_t *wg, const uint8_t *wu, size_t rb,
+                               const float *x, const int8_t *xq, const float *xd, float *y, int m,
+                               int n, int k, int vg, int vu) {
+    unsigned grid = cuda_blocks(n, GEMV_WARPS);
+    if constexpr (T == QT_F32 || T == QT_F16 || T == QT_BF16) {
+        if (m == 1) {
+            GEMV_LAUNCH((k_gemv_swiglu<T, 1>), grid, st, wg, wu, rb, x, xq, xd, y, m, n, k, vg, vu);
+            return;
+        }
+    }
+    GEMV_LAUNCH((k_gemv_swiglu<T, CUDA_GEMV_MAX_M>), grid, st, wg, wu, rb, x, xq, xd, y, m, n, k,
+                vg, vu);
+}
+
 /* GEMV path: one launch per weight type (one in all for weights of one type), SwiGLU in the
  * epilogue when gate and up share a type (else their two GEMVs and the swiglu kernel). */
 /* x [m][k] quantized by k_quant_x into scratch sized for at least m_room rows: *xq, *xd. */
@@ -783,8 +818,8 @@ static int mm_gemv(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int
         size_t rb = w[0].row_bytes;
         int n = w[0].n;
         float *y = w[0].y;
-        QT_DISPATCH(w[0].wtype, GEMV_LAUNCH(k_gemv_swiglu<QT>, cuda_blocks(n, GEMV_WARPS),
-                                            c->stream, wg, wu, rb, x, xq, xd, y, m, n, k, vg, vu));
+        QT_DISPATCH(w[0].wtype,
+                    launch_gemv_swiglu<QT>(c->stream, wg, wu, rb, x, xq, xd, y, m, n, k, vg, vu));
         return CUDA_LAUNCHED(c, "gemv_swiglu", e);
     }
     int taken[CUDA_MM_MAX] = {0};
@@ -795,9 +830,7 @@ static int mm_gemv(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int
         gemv_group(w, swiglu ? i + 1 : n_w, i, x, k, taken, &sg);
         size_t rb = w[i].row_bytes;
         float b = swiglu ? 0.0f : beta;
-        QT_DISPATCH(w[i].wtype,
-                    GEMV_LAUNCH(k_gemv_n<QT>, cuda_blocks(sg.end[CUDA_MM_MAX - 1], GEMV_WARPS),
-                                c->stream, sg, rb, x, xq, xd, m, k, b));
+        QT_DISPATCH(w[i].wtype, launch_gemv_n<QT>(c->stream, sg, rb, x, xq, xd, m, k, b));
         int rc = CUDA_LAUNCHED(c, "gemv", e);
         if (rc)
             return rc;

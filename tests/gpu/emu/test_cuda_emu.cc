@@ -179,7 +179,13 @@ static void test_gemv() {
                 std::fill(y.begin(), y.end(), 7.0f);
                 unsigned grid = cuda_blocks(n, GEMV_WARPS);
                 gemv_segs sg = {{wa}, {y.data()}, {n, n, n, n}, {path}, 1}; /* cuda_matmul's one segment */
-                QT_DISPATCH(type, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv_n<QT>(sg, rb, xa, xq, xd, m, k, 0.0f); }));
+                QT_DISPATCH(type, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv_n<QT, CUDA_GEMV_MAX_M>(sg, rb, xa, xq, xd, m, k, 0.0f); }));
+                if (m == 1 && !is_quant(type)) { /* the one-token instance launch_gemv_n picks: the same bits */
+                    std::vector<float> y8 = y;
+                    std::fill(y.begin(), y.end(), 7.0f);
+                    QT_DISPATCH(type, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv_n<QT, 1>(sg, rb, xa, xq, xd, m, k, 0.0f); }));
+                    CHECK(!memcmp(y.data(), y8.data(), y.size() * 4), "gemv %s m=1 path %d: one-token instance differs", ggml_type_name(type), path);
+                }
                 double ss = 0, worst = 0;
                 std::vector<double> ref((size_t)m * n);
                 for (int r = 0; r < m; r++) for (int j = 0; j < n; j++) {
@@ -259,8 +265,9 @@ static void test_attention(md_backend *cpu, int f16, int hd, int nh, int nkv) {
              * in registers: the same bits */
             auto dec_gm_k = [&](auto GMc, float *o) {
                 constexpr int GM = decltype(GMc)::value;
-                emu_launch(grid, dim3(DEC_WARPS * 32), [&] { k_attn_dec<CT, D, GM>(dk.data(), dv.data(), nkv, BT, q.data(), dec.data(), dbt.data(), 32, nh, scale, splits, work.data()); });
-                emu_launch(dim3(plan.n_dec, nh), dim3(128), [&] { k_attn_dec_merge(work.data(), dec.data(), nh, hd, splits, o); });
+                emu_launch(grid, dim3(DEC_WARPS * 32), [&] { k_attn_dec<CT, D, GM>(dk.data(), dv.data(), nkv, BT, q.data(), dec.data(), dbt.data(), 32, nh, scale, splits, work.data(), o); });
+                if (splits > 1) /* as cuda_attn_decode: one split writes the output itself */
+                    emu_launch(dim3(plan.n_dec, nh), dim3(128), [&] { k_attn_dec_merge(work.data(), dec.data(), nh, hd, splits, o); });
             };
             int gm = dec_gm(nh / nkv);
             if (gm == 1) dec_gm_k(std::integral_constant<int, 1>{}, out.data());
