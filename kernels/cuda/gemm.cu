@@ -89,13 +89,14 @@ __device__ __forceinline__ int ld_x4(const int8_t *p) {
  * (a = (l / 8) % 2) of half l / 16, which share their ql and qh bytes.
  * Weight rows must start 4-byte aligned (mm_check): Q4_1 and Q4_K fields are then 4-byte
  * aligned, Q4_0, Q8_0 and Q6_K ones 2-byte aligned. */
-template <int T>
+template <int T, int MT>
 __device__ __forceinline__ void
 gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
             const float *__restrict__ xd, int m, int k, int lane, float *acc) {
     const int nb = k / 32;
     if constexpr (T == QT_Q4_0 || T == QT_Q4_1 || T == QT_Q8_0) {
         const int s = lane & 3;
+#pragma unroll 4
         for (int b = lane >> 2; b < nb; b += 8) {
             float dw, mw = 0.0f;
             int w0, w1;
@@ -119,8 +120,8 @@ gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
                 w1 = (int)ld_u16x2(p + 6 + 8 * s);
             }
 #pragma unroll
-            for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
-                if (t >= m)
+            for (int t = 0; t < MT; t++) {
+                if (MT > 1 && t >= m)
                     break;
                 const int8_t *xb = xq + (int64_t)t * k + 32 * b;
                 float dx = __ldg(xd + (int64_t)t * nb + b);
@@ -146,6 +147,7 @@ gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
         }
     } else if constexpr (T == QT_Q4_K) {
         const int pr = lane >> 3, pos = 4 * (lane & 7), j0 = 2 * pr;
+#pragma unroll 4
         for (int sb = 0; sb < k / 256; sb++) {
             const uint8_t *p = wr + (size_t)sb * 144;
             uint32_t h = ld_u32(p), v = ld_u32(p + 16 + 32 * pr + pos);
@@ -157,8 +159,8 @@ gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
             float c0 = d * s0, n0 = dmin * m0, c1 = d * s1, n1 = dmin * m1;
             int w0 = (int)(v & 0x0F0F0F0Fu), w1 = (int)((v >> 4) & 0x0F0F0F0Fu);
 #pragma unroll
-            for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
-                if (t >= m)
+            for (int t = 0; t < MT; t++) {
+                if (MT > 1 && t >= m)
                     break;
                 const int8_t *xb = xq + (int64_t)t * k + 256 * sb + 32 * j0 + pos;
                 const float *db = xd + (int64_t)t * nb + 8 * sb + j0;
@@ -171,6 +173,7 @@ gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
         }
     } else if constexpr (T == QT_Q6_K) {
         const int half = lane >> 4, a = (lane >> 3) & 1, pos = 4 * (lane & 7);
+#pragma unroll 4
         for (int sb = 0; sb < k / 256; sb++) {
             const uint8_t *p = wr + (size_t)sb * 210;
             uint32_t ql = ld_u16x2(p + 64 * half + 32 * a + pos);
@@ -181,8 +184,8 @@ gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
             float d = cuda_f16_to_f(__ldg((const uint16_t *)(p + 208)));
             float c0 = d * __ldg(sc + 2 * a), c1 = d * __ldg(sc + 2 * (a + 2));
 #pragma unroll
-            for (int t = 0; t < CUDA_GEMV_MAX_M; t++) {
-                if (t >= m)
+            for (int t = 0; t < MT; t++) {
+                if (MT > 1 && t >= m)
                     break;
                 const int8_t *xb = xq + (int64_t)t * k + 256 * sb + 128 * half + 32 * a + pos;
                 const float *db = xd + (int64_t)t * nb + 8 * sb + 4 * half + a;
@@ -518,15 +521,15 @@ __device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
  * the m rows of x, added to acc[t]. Quantized T: gemv_row_q8 over x quantized (xq, xd).
  * v16 (F16/BF16 only): 8 elements per 16-byte load, wr and x 16-byte aligned and
  * k % 8 == 0; otherwise 32-element groups decoded by dq32. MT: the most rows of x the
- * launch serves, known when compiling (gemv_mt: 1 for a float weight and one token, so the
- * loop over tokens has no branch and the unrolled iterations' weight loads are issued
- * together; else CUDA_GEMV_MAX_M); m <= MT. */
+ * launch serves, known when compiling (launch_gemv_n: 1 for one token, so the loop over
+ * tokens has no branch and the unrolled iterations' weight loads are issued together; else
+ * CUDA_GEMV_MAX_M); m <= MT. */
 template <int T, int MT>
 __device__ __forceinline__ void
 gemv_row(const uint8_t *__restrict__ wr, const float *__restrict__ x, const int8_t *__restrict__ xq,
          const float *__restrict__ xd, int m, int k, int v16, int lane, float *acc) {
     if constexpr (T != QT_F32 && T != QT_F16 && T != QT_BF16) {
-        gemv_row_q8<T>(wr, xq, xd, m, k, lane, acc);
+        gemv_row_q8<T, MT>(wr, xq, xd, m, k, lane, acc);
     } else {
         gemv_row_f<T, MT>(wr, x, m, k, v16, lane, acc);
     }
@@ -752,18 +755,15 @@ static void gemv_group(const cuda_mm_w *w, int n_w, int first, const float *x, i
         sg->end[s] = rows;
 }
 
-/* The k_gemv_n / k_gemv_swiglu instance for m rows of x: MT = 1 for float weights and one
- * token (the batch-1 decode step), else CUDA_GEMV_MAX_M. Quantized weights keep one
- * instance: their row loop over the int8 blocks does not branch on m. */
+/* The k_gemv_n / k_gemv_swiglu instance for m rows of x: MT = 1 for one token (the batch-1
+ * decode step), else CUDA_GEMV_MAX_M. */
 template <int T>
 static void launch_gemv_n(cudaStream_t st, const gemv_segs &sg, size_t rb, const float *x,
                           const int8_t *xq, const float *xd, int m, int k, float b) {
     unsigned grid = cuda_blocks(sg.end[CUDA_MM_MAX - 1], GEMV_WARPS);
-    if constexpr (T == QT_F32 || T == QT_F16 || T == QT_BF16) {
-        if (m == 1) {
-            GEMV_LAUNCH((k_gemv_n<T, 1>), grid, st, sg, rb, x, xq, xd, m, k, b);
-            return;
-        }
+    if (m == 1) {
+        GEMV_LAUNCH((k_gemv_n<T, 1>), grid, st, sg, rb, x, xq, xd, m, k, b);
+        return;
     }
     GEMV_LAUNCH((k_gemv_n<T, CUDA_GEMV_MAX_M>), grid, st, sg, rb, x, xq, xd, m, k, b);
 }
@@ -773,11 +773,9 @@ static void launch_gemv_swiglu(cudaStream_t st, const uint8_t *wg, const uint8_t
                                const float *x, const int8_t *xq, const float *xd, float *y, int m,
                                int n, int k, int vg, int vu) {
     unsigned grid = cuda_blocks(n, GEMV_WARPS);
-    if constexpr (T == QT_F32 || T == QT_F16 || T == QT_BF16) {
-        if (m == 1) {
-            GEMV_LAUNCH((k_gemv_swiglu<T, 1>), grid, st, wg, wu, rb, x, xq, xd, y, m, n, k, vg, vu);
-            return;
-        }
+    if (m == 1) {
+        GEMV_LAUNCH((k_gemv_swiglu<T, 1>), grid, st, wg, wu, rb, x, xq, xd, y, m, n, k, vg, vu);
+        return;
     }
     GEMV_LAUNCH((k_gemv_swiglu<T, CUDA_GEMV_MAX_M>), grid, st, wg, wu, rb, x, xq, xd, y, m, n, k,
                 vg, vu);
