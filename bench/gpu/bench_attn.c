@@ -36,6 +36,11 @@
 static md_err e;
 #define TRY(call) BENCH_TRY("medley_attn_bench", e, call)
 
+static void free_all(cuda_ctx *c, void *const *p, int n) {
+    for (int i = 0; i < n; i++)
+        cuda_pool_free(c, p[i]);
+}
+
 /* Best seconds of REPS launches of cuda_attn_prefill. */
 static double time_prefill(cuda_ctx *c, const cuda_kv_layer *kv, const float *q,
                            const int32_t *tiles, int n_tiles, const int32_t *bt, int max_blocks,
@@ -128,14 +133,7 @@ static int bench_decode(cuda_ctx *c, const cuda_device_info *info, int B, int L,
                       "\"kv_gbps\": %.1f, \"max_diff_rel\": %.3g}",
                       json[*used - 1] == '[' ? "" : ", ", B, L, splits, best * 1e6,
                       bytes / best / 1e9, rel);
-    cuda_pool_free(c, dk);
-    cuda_pool_free(c, dv);
-    cuda_pool_free(c, dq);
-    cuda_pool_free(c, dout);
-    cuda_pool_free(c, ddec);
-    cuda_pool_free(c, dbt);
-    cuda_pool_free(c, work1);
-    cuda_pool_free(c, workn);
+    free_all(c, (void *[]){dk, dv, dq, dout, ddec, dbt, work1, workn}, 8);
     free(o1), free(o2), free(dec), free(bt);
     if (!(rel <= 1e-4)) {
         fprintf(stderr, "medley_attn_bench: decode with %d splits differs from one split by %.3g "
@@ -245,12 +243,7 @@ int main(int argc, char **argv) {
                          "\"f32_tflops\": %.2f, \"tc_over_f32\": %.2f, \"max_diff_rel\": %.3g}",
                          li ? ", " : "", L, t_tc * 1e3, t_f32 * 1e3, flops / t_tc / 1e12,
                          flops / t_f32 / 1e12, t_f32 / t_tc, rel);
-        cuda_pool_free(c, dk);
-        cuda_pool_free(c, dv);
-        cuda_pool_free(c, dq);
-        cuda_pool_free(c, dout);
-        cuda_pool_free(c, dtiles);
-        cuda_pool_free(c, dbt);
+        free_all(c, (void *[]){dk, dv, dq, dout, dtiles, dbt}, 6);
         free(o1), free(o2), free(tiles), free(bt);
         if (!(rel <= 4e-3)) {
             fprintf(stderr, "medley_attn_bench: the two paths differ by %.3g of rms at L=%d\n", rel,

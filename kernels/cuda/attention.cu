@@ -36,6 +36,7 @@ template <int CT> __device__ __forceinline__ float ld_kv(const void *p, int64_t 
  * load that D elements fill is aligned: 16 bytes for 8 halves or 4 floats). */
 template <int CT, int D>
 __device__ __forceinline__ void ld_kv_vec(const void *p, int64_t i, float *out) {
+    static_assert(D == 2 || D == 4 || D == 8, "head_dim 64, 128 or 256");
     if constexpr (CT == CUDA_F32) {
         const float *f = (const float *)p + i;
         if constexpr (D % 4 == 0) {
@@ -44,37 +45,19 @@ __device__ __forceinline__ void ld_kv_vec(const void *p, int64_t i, float *out) 
                 float4 v = *(const float4 *)(f + c);
                 out[c] = v.x, out[c + 1] = v.y, out[c + 2] = v.z, out[c + 3] = v.w;
             }
-        } else if constexpr (D % 2 == 0) {
-#pragma unroll
-            for (int c = 0; c < D; c += 2) {
-                float2 v = *(const float2 *)(f + c);
-                out[c] = v.x, out[c + 1] = v.y;
-            }
         } else {
-#pragma unroll
-            for (int c = 0; c < D; c++)
-                out[c] = f[c];
+            float2 v = *(const float2 *)f;
+            out[0] = v.x, out[1] = v.y;
         }
     } else {
         const uint16_t *h = (const uint16_t *)p + i;
         uint16_t raw[D];
-        if constexpr (D % 8 == 0) {
-#pragma unroll
-            for (int c = 0; c < D; c += 8)
-                *(uint4 *)(raw + c) = *(const uint4 *)(h + c);
-        } else if constexpr (D % 4 == 0) {
-#pragma unroll
-            for (int c = 0; c < D; c += 4)
-                *(uint2 *)(raw + c) = *(const uint2 *)(h + c);
-        } else if constexpr (D % 2 == 0) {
-#pragma unroll
-            for (int c = 0; c < D; c += 2)
-                *(uint32_t *)(raw + c) = *(const uint32_t *)(h + c);
-        } else {
-#pragma unroll
-            for (int c = 0; c < D; c++)
-                raw[c] = h[c];
-        }
+        if constexpr (D == 8)
+            *(uint4 *)raw = *(const uint4 *)h;
+        else if constexpr (D == 4)
+            *(uint2 *)raw = *(const uint2 *)h;
+        else
+            *(uint32_t *)raw = *(const uint32_t *)h;
 #pragma unroll
         for (int c = 0; c < D; c++)
             out[c] = CT == CUDA_BF16 ? cuda_bf16_to_f(raw[c]) : cuda_f16_to_f(raw[c]);
@@ -294,32 +277,25 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         for (int w = 0; w < DEC_WARPS; w++)
             if (sl[w] > 0.0f)
                 ls += sl[w] * __expf(sm[w] - mx);
-        if (n_splits == 1) {
-            /* the whole range in this block: the output itself, as k_attn_dec_merge would
-             * write it from this one partial (its weights are exp(0) = 1) */
-            float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
-            float *o = out + ((int64_t)qrow * n_heads + kvh * G + g) * HD;
-            for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-                float a = 0.0f;
-                for (int w = 0; w < DEC_WARPS; w++)
-                    if (sl[w] > 0.0f)
-                        a += sacc[w][d] * __expf(sm[w] - mx);
-                o[d] = a * inv;
-            }
-        } else {
-            float *wo =
-                work + (((int64_t)entry * n_heads + kvh * G + g) * n_splits + split) * (2 + HD);
-            for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-                float a = 0.0f;
-                for (int w = 0; w < DEC_WARPS; w++)
-                    if (sl[w] > 0.0f)
-                        a += sacc[w][d] * __expf(sm[w] - mx);
-                wo[2 + d] = a;
-            }
-            if (threadIdx.x == 0) {
-                wo[0] = mx;
-                wo[1] = ls;
-            }
+        /* With one split the block holds the whole range and writes the output itself, as
+         * k_attn_dec_merge would from this one partial (its weight exp(0) = 1); else the
+         * partial {mx, ls, acc} goes to work. */
+        int one = n_splits == 1;
+        float inv = one && ls > 0.0f ? 1.0f / ls : 0.0f;
+        float *wo =
+            one ? out + ((int64_t)qrow * n_heads + kvh * G + g) * HD
+                : work + (((int64_t)entry * n_heads + kvh * G + g) * n_splits + split) * (2 + HD) +
+                      2;
+        for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < DEC_WARPS; w++)
+                if (sl[w] > 0.0f)
+                    a += sacc[w][d] * __expf(sm[w] - mx);
+            wo[d] = one ? a * inv : a;
+        }
+        if (!one && threadIdx.x == 0) {
+            wo[-2] = mx;
+            wo[-1] = ls;
         }
         __syncthreads();
     }
