@@ -87,6 +87,9 @@ struct md_engine {
     int32_t *b_argmax;           /* [max_seqs] device greedy picks */
     int32_t *b_sampled;          /* [max_seqs] device draws (backend sample op) */
     md_sample_params *b_sparams; /* [max_seqs] their parameters */
+    float *b_lp;                 /* [max_seqs] their logprobs */
+    md_sample_pen *b_pen;        /* their penalty entries, grown on demand */
+    size_t cap_pen;
     md_step_token *out_toks;
     uint64_t *finished;
     int cap_finished;
@@ -323,11 +326,13 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     eng->b_argmax = malloc(S * sizeof(int32_t));
     eng->b_sampled = malloc(S * sizeof(int32_t));
     eng->b_sparams = malloc(S * sizeof(md_sample_params));
+    eng->b_lp = malloc(S * sizeof(float));
     eng->out_toks = malloc(S * sizeof(md_step_token));
     eng->piece = malloc(1024);
     if (!eng->sc || !eng->running || !eng->b_tokens || !eng->b_seq || !eng->b_pos || !eng->b_slot ||
         !eng->b_seq_len || !eng->b_table || !eng->b_logit_rows || !eng->b_seqs || !eng->logits ||
-        !eng->b_argmax || !eng->b_sampled || !eng->b_sparams || !eng->out_toks || !eng->piece) {
+        !eng->b_argmax || !eng->b_sampled || !eng->b_sparams || !eng->b_lp || !eng->out_toks ||
+        !eng->piece) {
         rc = md_errf(e, MD_ENOMEM, "engine: out of memory for step buffers");
         goto fail;
     }
@@ -377,6 +382,8 @@ void md_engine_close(md_engine *eng) {
     free(eng->b_argmax);
     free(eng->b_sampled);
     free(eng->b_sparams);
+    free(eng->b_lp);
+    free(eng->b_pen);
     free(eng->out_toks);
     free(eng->finished);
     free(eng->piece);
@@ -687,11 +694,26 @@ static int greedy_plain(const md_sampling *s) {
            s->frequency_penalty == 0 && !s->logprobs;
 }
 
-/* A draw with nothing else that reads the logits: the backend's sample op can make it
- * (engine/sampler.h smp_draw semantics, u from the sequence's own stream). */
-static int sample_plain(const md_backend *be, const md_sampling *s) {
-    return be->ops->sample && s->temperature > 0 && s->repetition_penalty == 1.0f &&
-           s->presence_penalty == 0 && s->frequency_penalty == 0 && !s->logprobs;
+/* Anything but a plain greedy pick, on a backend with a sample op: penalties, the draw and
+ * the logprob are made there (engine/sampler.h smp_sample_row semantics, u from the
+ * sequence's own stream). */
+static int device_sampled(const md_backend *be, const md_sampling *s) {
+    return be->ops->sample && !greedy_plain(s);
+}
+
+/* Room for n more penalty entries after the first used ones. */
+static int pen_room(md_engine *eng, size_t used, size_t n, md_err *e) {
+    if (used + n <= eng->cap_pen)
+        return 0;
+    size_t cap = eng->cap_pen ? eng->cap_pen : 4096;
+    while (cap < used + n)
+        cap *= 2;
+    md_sample_pen *p = realloc(eng->b_pen, cap * sizeof *p);
+    if (!p)
+        return md_errf(e, MD_ENOMEM, "engine: out of memory for %zu penalty entries", cap);
+    eng->b_pen = p;
+    eng->cap_pen = cap;
+    return 0;
 }
 
 /* Every logit a number (no NaN, no infinity)? */
@@ -703,12 +725,13 @@ static int logits_finite(const float *lg, int n) {
 }
 
 /* After a forward pass that left the logits on the device: argmax of every logit row into
- * b_argmax (greedy sequences), the backend's draw into b_sampled (sampled ones, when it has
- * a sample op), and the full rows of the others into eng->logits. */
+ * b_argmax (greedy sequences), the backend's draw into b_sampled and b_lp (the others, when it
+ * has a sample op), and the full rows of the others into eng->logits. */
 static int fetch_logits(md_engine *eng, int ns, md_err *e) {
     md_backend *be = eng->be;
     size_t row = (size_t)eng->n_vocab * sizeof(float);
-    int nl = 0, plain = 0, drawn = 0;
+    int nl = 0, plain = 0, drawn = 0, want_lp = 0;
+    size_t n_pen = 0;
     for (int s = 0; s < ns; s++) {
         seq *q = eng->b_seqs[s];
         if (q->n_computed + q->chunk != q->n_toks)
@@ -717,18 +740,28 @@ static int fetch_logits(md_engine *eng, int ns, md_err *e) {
         memset(p, 0, sizeof *p); /* temperature 0: an argmax the engine does not read */
         if (greedy_plain(&q->s)) {
             plain++;
-        } else if (sample_plain(be, &q->s)) {
+        } else if (device_sampled(be, &q->s)) {
             drawn++;
-            *p = (md_sample_params){q->s.temperature, q->s.top_k, q->s.top_p, q->s.min_p,
-                                    (float)smp_rng_uniform(&q->rng)};
+            want_lp |= q->s.logprobs;
+            /* one uniform per sampled token, none for greedy, as smp_sample */
+            *p = smp_params(&q->s, q->s.temperature > 0 ? smp_rng_uniform(&q->rng) : 0);
+            int n_out = q->n_toks - q->n_prompt;
+            int most = q->n_toks < eng->n_vocab ? q->n_toks : eng->n_vocab;
+            int rc = pen_room(eng, n_pen, (size_t)most, e);
+            if (rc)
+                return rc;
+            p->pen_off = (int)n_pen;
+            p->pen_n = smp_pen_list(&q->s, q->toks, q->n_prompt, q->toks + q->n_prompt, n_out,
+                                    eng->n_vocab, eng->sc, eng->b_pen + n_pen);
+            n_pen += (size_t)p->pen_n;
         }
     }
     int rc = 0;
     if (plain > 0)
         rc = be->ops->argmax(be, eng->fwd.logits, nl, eng->n_vocab, eng->b_argmax, e);
     if (drawn > 0 && rc == 0)
-        rc = be->ops->sample(be, eng->fwd.logits, nl, eng->n_vocab, eng->b_sparams, eng->b_sampled,
-                             e);
+        rc = be->ops->sample(be, eng->fwd.logits, nl, eng->n_vocab, eng->b_sparams, eng->b_pen,
+                             (int)n_pen, eng->b_sampled, want_lp ? eng->b_lp : NULL, e);
     if (plain + drawn == nl || rc)
         return rc;
     if (plain + drawn == 0) /* one transfer for the whole block */
@@ -737,7 +770,7 @@ static int fetch_logits(md_engine *eng, int ns, md_err *e) {
         seq *q = eng->b_seqs[s];
         if (q->n_computed + q->chunk != q->n_toks)
             continue;
-        if (!greedy_plain(&q->s) && !sample_plain(be, &q->s))
+        if (!greedy_plain(&q->s) && !device_sampled(be, &q->s))
             rc = be->ops->buf_download(be, eng->fwd.logits, (size_t)li * row,
                                        eng->logits + (size_t)li * eng->n_vocab, row, e);
         li++;
@@ -853,9 +886,10 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         int32_t id = -1;
         if (dev_argmax && greedy_plain(&q->s))
             id = eng->b_argmax[li]; /* -1: the row holds a NaN */
-        else if (dev_argmax && sample_plain(eng->be, &q->s))
+        else if (dev_argmax && device_sampled(eng->be, &q->s)) {
             id = eng->b_sampled[li]; /* drawn on the device at this sequence's u; -1: NaN */
-        else if (logits_finite(lg, eng->n_vocab))
+            lp = q->s.logprobs ? eng->b_lp[li] : 0;
+        } else if (logits_finite(lg, eng->n_vocab))
             id = smp_sample(&q->s, lg, eng->n_vocab, q->toks, q->n_prompt, q->toks + q->n_prompt,
                             q->n_toks - q->n_prompt, &q->rng, eng->sc, &lp);
         li++;

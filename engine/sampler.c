@@ -12,7 +12,8 @@ struct smp_scratch {
     int n_vocab;
     int32_t *idx;   /* candidate token ids */
     float *prob;    /* [n_vocab] probabilities */
-    int32_t *count; /* [n_vocab] output-token counts, kept all-zero between calls */
+    int32_t *count; /* [n_vocab] smp_pen_list's marks, kept all-zero between calls */
+    md_sample_pen *pen; /* [n_vocab] smp_sample's penalty entries */
 };
 
 static uint64_t splitmix(uint64_t *x) {
@@ -56,7 +57,8 @@ smp_scratch *smp_scratch_new(int n_vocab) {
     sc->idx = malloc((size_t)n_vocab * sizeof *sc->idx);
     sc->prob = malloc((size_t)n_vocab * sizeof *sc->prob);
     sc->count = calloc((size_t)n_vocab, sizeof *sc->count);
-    if (!sc->idx || !sc->prob || !sc->count) {
+    sc->pen = malloc((size_t)n_vocab * sizeof *sc->pen);
+    if (!sc->idx || !sc->prob || !sc->count || !sc->pen) {
         smp_scratch_free(sc);
         return NULL;
     }
@@ -69,6 +71,7 @@ void smp_scratch_free(smp_scratch *sc) {
     free(sc->idx);
     free(sc->prob);
     free(sc->count);
+    free(sc->pen);
     free(sc);
 }
 
@@ -105,41 +108,47 @@ int smp_validate(const md_sampling *s, md_err *e) {
     return 0;
 }
 
-static void apply_penalties(const md_sampling *s, float *logits, int n, const int32_t *prompt,
-                            int n_prompt, const int32_t *out, int n_out, smp_scratch *sc) {
-    if (s->repetition_penalty != 1.0f) {
-        /* count marks tokens already penalised so each is penalised once */
-        for (int pass = 0; pass < 2; pass++) {
-            const int32_t *t = pass ? out : prompt;
-            int nt = pass ? n_out : n_prompt;
-            for (int i = 0; i < nt; i++) {
-                int32_t id = t[i];
-                if (id < 0 || id >= n || sc->count[id])
-                    continue;
-                sc->count[id] = 1;
-                logits[id] = logits[id] > 0 ? logits[id] / s->repetition_penalty
-                                            : logits[id] * s->repetition_penalty;
+/* Distinct tokens of prompt (only when the repetition penalty is on) and out, in first
+ * occurrence order, with their output counts; count is all-zero before and after. */
+int smp_pen_list(const md_sampling *s, const int32_t *prompt, int n_prompt, const int32_t *out,
+                 int n_out, int n_vocab, smp_scratch *sc, md_sample_pen *list) {
+    int rep = s->repetition_penalty != 1.0f;
+    if (!rep && s->presence_penalty == 0.0f && s->frequency_penalty == 0.0f)
+        return 0;
+    /* count[id]: 0 unseen, else 1 + the entry's index */
+    int n = 0;
+    for (int pass = rep ? 0 : 1; pass < 2; pass++) {
+        const int32_t *t = pass ? out : prompt;
+        int nt = pass ? n_out : n_prompt;
+        for (int i = 0; i < nt; i++) {
+            int32_t id = t[i];
+            if (id < 0 || id >= n_vocab)
+                continue;
+            if (!sc->count[id]) {
+                list[n] = (md_sample_pen){id, 0};
+                sc->count[id] = ++n;
             }
-        }
-        for (int pass = 0; pass < 2; pass++) {
-            const int32_t *t = pass ? out : prompt;
-            int nt = pass ? n_out : n_prompt;
-            for (int i = 0; i < nt; i++)
-                if (t[i] >= 0 && t[i] < n)
-                    sc->count[t[i]] = 0;
+            list[sc->count[id] - 1].n_out += pass;
         }
     }
-    if (s->presence_penalty != 0.0f || s->frequency_penalty != 0.0f) {
-        for (int i = 0; i < n_out; i++)
-            if (out[i] >= 0 && out[i] < n)
-                sc->count[out[i]]++;
-        for (int i = 0; i < n_out; i++) {
-            int32_t id = out[i];
-            if (id < 0 || id >= n || sc->count[id] == 0)
-                continue;
-            logits[id] -= s->presence_penalty + s->frequency_penalty * (float)sc->count[id];
-            sc->count[id] = 0;
-        }
+    for (int i = 0; i < n; i++)
+        sc->count[list[i].token] = 0;
+    return n;
+}
+
+/* The penalties of p over its entries; the CUDA sample kernel computes the same (unfused). */
+static void apply_penalties(const md_sample_params *p, const md_sample_pen *pen, float *logits,
+                            int n) {
+    for (int i = 0; i < p->pen_n; i++) {
+        md_sample_pen e = pen[p->pen_off + i];
+        if (e.token < 0 || e.token >= n)
+            continue;
+        float v = logits[e.token];
+        if (p->repetition != 1.0f)
+            v = v > 0 ? v / p->repetition : v * p->repetition;
+        if (e.n_out > 0)
+            v -= p->presence + p->frequency * (float)e.n_out;
+        logits[e.token] = v;
     }
 }
 
@@ -267,13 +276,12 @@ int32_t smp_draw(float temperature, int top_k, float top_p, float min_p, double 
     return draw(temperature, top_k, top_p, min_p, u, logits, sc->prob, n, sc);
 }
 
-int32_t smp_sample(const md_sampling *s, float *logits, int n, const int32_t *prompt, int n_prompt,
-                   const int32_t *out, int n_out, smp_rng *rng, smp_scratch *sc, float *logprob) {
-    int need_lp = logprob && s->logprobs;
+int32_t smp_sample_row(const md_sample_params *p, const md_sample_pen *pen, float *logits, int n,
+                       smp_scratch *sc, float *logprob) {
     /* raw logprobs need the unmodified logits: keep a copy of the max and sum first */
     float raw_mx = -INFINITY;
     double raw_sum = 0;
-    if (need_lp) {
+    if (logprob) {
         for (int i = 0; i < n; i++)
             if (logits[i] > raw_mx)
                 raw_mx = logits[i];
@@ -281,19 +289,36 @@ int32_t smp_sample(const md_sampling *s, float *logits, int n, const int32_t *pr
             raw_sum += exp((double)logits[i] - raw_mx);
         memcpy(sc->prob, logits, (size_t)n * sizeof(float));
     }
-    apply_penalties(s, logits, n, prompt, n_prompt, out, n_out, sc);
+    apply_penalties(p, pen, logits, n);
     int32_t tok;
-    if (s->temperature <= 0) {
+    if (p->temperature <= 0) {
         tok = argmax(logits, n);
     } else {
-        float *p = need_lp ? logits : sc->prob; /* probabilities, in place when prob holds raw */
-        tok = draw(s->temperature, s->top_k, s->top_p, s->min_p, smp_rng_uniform(rng), logits, p,
-                   n, sc);
+        float *pr = logprob ? logits : sc->prob; /* probabilities, in place when prob holds raw */
+        tok = draw(p->temperature, p->top_k, p->top_p, p->min_p, p->u, logits, pr, n, sc);
     }
-    if (need_lp) {
+    if (logprob)
         *logprob = (float)((double)sc->prob[tok] - raw_mx - log(raw_sum));
-    } else if (logprob) {
-        *logprob = 0;
-    }
     return tok;
+}
+
+md_sample_params smp_params(const md_sampling *s, double u) {
+    return (md_sample_params){.temperature = s->temperature,
+                              .top_k = s->top_k,
+                              .top_p = s->top_p,
+                              .min_p = s->min_p,
+                              .u = u,
+                              .repetition = s->repetition_penalty,
+                              .presence = s->presence_penalty,
+                              .frequency = s->frequency_penalty};
+}
+
+int32_t smp_sample(const md_sampling *s, float *logits, int n, const int32_t *prompt, int n_prompt,
+                   const int32_t *out, int n_out, smp_rng *rng, smp_scratch *sc, float *logprob) {
+    /* one uniform per sampled token, none for greedy: the device path draws the same way */
+    md_sample_params p = smp_params(s, s->temperature > 0 ? smp_rng_uniform(rng) : 0);
+    p.pen_n = smp_pen_list(s, prompt, n_prompt, out, n_out, n, sc, sc->pen);
+    if (logprob)
+        *logprob = 0;
+    return smp_sample_row(&p, sc->pen, logits, n, sc, logprob && s->logprobs ? logprob : NULL);
 }

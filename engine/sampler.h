@@ -25,6 +25,7 @@
 
 #include "common/err.h"
 #include "engine/engine.h"
+#include "kernels/backend.h"
 
 typedef struct {
     uint64_t s[4];
@@ -48,6 +49,23 @@ int smp_validate(const md_sampling *s, md_err *e);
 int32_t smp_sample(const md_sampling *s, float *logits, int n_vocab, const int32_t *prompt,
                    int n_prompt, const int32_t *out, int n_out, smp_rng *rng, smp_scratch *sc,
                    float *logprob);
+
+/* The penalty entries of a sequence (backend.h md_sample_pen): its distinct tokens — those of
+ * the prompt too when the repetition penalty is on — with their output counts, in first
+ * occurrence order; none when no penalty is on. list holds up to n_vocab entries (no more
+ * can be distinct). Returns how many. */
+int smp_pen_list(const md_sampling *s, const int32_t *prompt, int n_prompt, const int32_t *out,
+                 int n_out, int n_vocab, smp_scratch *sc, md_sample_pen *list);
+
+/* The row parameters of a sequence's sampling at uniform u (no penalty entries yet). */
+md_sample_params smp_params(const md_sampling *s, double u);
+
+/* One row's token under p and its entries pen[p->pen_off ..] — backend.h's sample op, which
+ * smp_sample is with u from the sequence's stream: penalties, then smp_draw's draw (or the
+ * argmax at temperature <= 0). logits are modified; logprob (may be NULL) receives the chosen
+ * token's log-softmax under the logits as they came in. */
+int32_t smp_sample_row(const md_sample_params *p, const md_sample_pen *pen, float *logits, int n,
+                       smp_scratch *sc, float *logprob);
 
 /* The draw alone, at a given uniform u in [0, 1): temperature softmax, top_k, top_p, min_p,
  * then the inverse-CDF walk over the kept tokens in index order — what backend.h's sample

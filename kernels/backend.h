@@ -99,15 +99,28 @@ typedef struct {
     int n_heads;    /* query heads, for attention scratch */
 } md_reserve;
 
+/* A token a row's penalties touch: one entry per distinct token of the sequence (those of
+ * the prompt too when the repetition penalty is on), with how often it occurs in the
+ * output (0: prompt only). engine/sampler.h smp_pen_list makes them. */
+typedef struct {
+    int32_t token;
+    int32_t n_out;
+} md_sample_pen;
+
 /* One row's draw for the optional sample op: the engine's sampler semantics (engine/sampler.h
- * smp_draw) — temperature softmax, top_k (0 = off), top_p (1 = off), min_p (0 = off), then the
- * inverse-CDF walk over the kept tokens in index order at u in [0, 1). */
+ * smp_sample_row) — penalties over the row's entries (repetition: a positive logit divided by
+ * it, a negative one multiplied; then presence + frequency * n_out subtracted where n_out >
+ * 0), temperature softmax, top_k (0 = off), top_p (1 = off), min_p (0 = off), then the
+ * inverse-CDF walk over the kept tokens in index order at u in [0, 1); the argmax of the
+ * penalised row at temperature <= 0. */
 typedef struct {
     float temperature;
     int top_k;
     float top_p;
     float min_p;
-    float u;
+    double u;
+    float repetition, presence, frequency; /* 1, 0, 0 = off */
+    int pen_off, pen_n; /* the row's entries: pen[pen_off .. pen_off + pen_n) of the call */
 } md_sample_params;
 
 typedef struct md_backend_ops {
@@ -186,10 +199,13 @@ typedef struct md_backend_ops {
      * (a faulty device: the engine fails that sequence). Waits for the result. */
     int (*argmax)(md_backend *be, const md_buf *x, int rows, int n, int32_t *out, md_err *e);
     /* Sampling on the device: out [rows] (host) = the draw of each row of x [rows, n] under
-     * p[r] (host, rows entries), so sampled sequences download one id instead of a row of
-     * logits; -1 for a row holding a NaN. Waits for the result. */
+     * p[r] (host, rows entries) and its penalty entries in pen [n_pen] (host), so sampled,
+     * penalised and logprob-reporting sequences download one id instead of a row of logits;
+     * -1 for a row holding a NaN. logprob [rows] (host, may be NULL) = each chosen token's
+     * log-softmax under the raw row (before penalties and temperature). Rows with penalty
+     * entries are penalised in place (x is the step's scratch). Waits for the result. */
     int (*sample)(md_backend *be, const md_buf *x, int rows, int n, const md_sample_params *p,
-                  int32_t *out, md_err *e);
+                  const md_sample_pen *pen, int n_pen, int32_t *out, float *logprob, md_err *e);
 
     /* Fused products of one input x [T, K] with n <= MD_MM_MAX weights w[i] [ne1_i, K] (any
      * weight types, mixed allowed), so a backend can read x once and launch once for Q/K/V

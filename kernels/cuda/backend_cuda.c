@@ -74,8 +74,12 @@ typedef struct {
     int64_t max_block_id; /* largest block id any token of the step reads */
     void *att_work;
     size_t att_work_n;
-    int32_t *d_argmax;                         /* [max_seqs] greedy picks and sampled tokens */
+    int32_t *d_argmax; /* [2 max_seqs] greedy picks and sampled tokens, then their logprobs */
     cuda_sample_params *d_sparams, *h_sparams; /* [max_seqs] sample op parameters */
+    /* the sample op's penalty entries (pinned staging, device copy followed by one raw
+     * logit per entry), grown to the largest call */
+    cuda_sample_pen *h_pen, *d_pen;
+    size_t cap_pen;
     int n_sm;
     /* decode-step graphs */
     int graphs_on;      /* MEDLEY_CUDA_GRAPHS != "0" */
@@ -137,6 +141,8 @@ static void be_free(md_backend *be) {
         cudaFreeHost(b->h_meta);
     if (b->h_sparams)
         cudaFreeHost(b->h_sparams);
+    if (b->h_pen)
+        cudaFreeHost(b->h_pen);
     if (b->meta_copied)
         cudaEventDestroy(b->meta_copied);
     cuda_ctx_close(b->c); /* frees the pool: d_meta, att_work and any live buffer */
@@ -303,7 +309,7 @@ static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     size_t sp_bytes = (size_t)r->max_seqs * sizeof(cuda_sample_params);
     int rc = cuda_pool_alloc(b->c, n * sizeof(int32_t), (void **)&d, e);
     if (rc == 0 &&
-        (rc = cuda_pool_alloc(b->c, (size_t)r->max_seqs * sizeof(int32_t), (void **)&am, e)))
+        (rc = cuda_pool_alloc(b->c, 2 * (size_t)r->max_seqs * sizeof(int32_t), (void **)&am, e)))
         cuda_pool_free(b->c, d);
     if (rc == 0 && (rc = cuda_pool_alloc(b->c, sp_bytes, (void **)&sp, e))) {
         cuda_pool_free(b->c, d);
@@ -831,26 +837,81 @@ static int be_step_end(md_backend *be, int failed, md_err *e) {
     return cuda_graph_launch(b->c, g, e);
 }
 
-/* Sampled sequences: one id per row comes back, not the row of logits. */
+_Static_assert(sizeof(cuda_sample_pen) == sizeof(md_sample_pen) &&
+                   offsetof(cuda_sample_pen, n_out) == offsetof(md_sample_pen, n_out),
+               "backend.h and cuda_ops.h penalty entries share a layout");
+
+/* Room for n penalty entries (staging and device), grown to the largest call. */
+static int pen_room(cuda_backend *b, size_t n, md_err *e) {
+    if (n <= b->cap_pen)
+        return 0;
+    size_t cap = b->cap_pen ? 2 * b->cap_pen : 4096;
+    if (cap < n)
+        cap = n;
+    size_t dev_bytes = cap * (sizeof(cuda_sample_pen) + sizeof(float));
+    /* the last sample call waited for its result: neither copy is in use */
+    if (b->h_pen)
+        cudaFreeHost(b->h_pen);
+    cuda_pool_free(b->c, b->d_pen);
+    b->h_pen = b->d_pen = NULL;
+    b->cap_pen = 0;
+    if (cudaMallocHost((void **)&b->h_pen, cap * sizeof(cuda_sample_pen)) != cudaSuccess) {
+        cudaGetLastError();
+        b->h_pen = NULL;
+        return md_errf(e, MD_ENOMEM, "cuda backend: cannot pin %zu bytes for %zu penalty entries",
+                       cap * sizeof(cuda_sample_pen), cap);
+    }
+    int rc = cuda_pool_alloc(b->c, dev_bytes, (void **)&b->d_pen, e);
+    if (rc) {
+        cudaFreeHost(b->h_pen);
+        b->h_pen = NULL;
+        return rc;
+    }
+    b->cap_pen = cap;
+    return 0;
+}
+
+/* Sampled, penalised and logprob rows: one id (and a logprob) per row comes back, not the row
+ * of logits; the penalty entries go up instead. */
 static int be_sample(md_backend *be, const md_buf *x, int rows, int n, const md_sample_params *p,
-                     int32_t *out, md_err *e) {
+                     const md_sample_pen *pen, int n_pen, int32_t *out, float *logprob, md_err *e) {
     cuda_backend *b = cbe(be);
     if (outside_step(b, "sample", e))
         return MD_EINVAL;
-    if (!b->reserved || rows < 0 || rows > b->r.max_seqs || n < 1)
-        return md_errf(e, MD_EINVAL, "cuda backend: sample of %d rows (reserved for %d)", rows,
-                       b->reserved ? b->r.max_seqs : 0);
+    if (!b->reserved || rows < 0 || rows > b->r.max_seqs || n < 1 || n_pen < 0)
+        return md_errf(e, MD_EINVAL,
+                       "cuda backend: sample of %d rows, %d penalty entries "
+                       "(reserved for %d rows)",
+                       rows, n_pen, b->reserved ? b->r.max_seqs : 0);
     int rc = range_ok(x, 0, (size_t)rows * n * sizeof(float), e);
     if (rc || rows == 0)
         return rc;
-    for (int r = 0; r < rows; r++) /* staging is free: the last call waited for its result */
-        b->h_sparams[r] =
-            (cuda_sample_params){p[r].temperature, p[r].top_k, p[r].top_p, p[r].min_p, p[r].u};
-    if ((rc = cuda_upload(b->c, b->d_sparams, b->h_sparams,
-                          (size_t)rows * sizeof(cuda_sample_params), e)) ||
-        (rc = cuda_sample(b->c, (const float *)x->p, rows, n, b->d_sparams, b->d_argmax, NULL, e)))
+    for (int r = 0; r < rows; r++)
+        if (p[r].pen_off < 0 || p[r].pen_n < 0 || p[r].pen_n > n_pen - p[r].pen_off)
+            return md_errf(e, MD_EINVAL,
+                           "cuda backend: sample row %d names penalty entries %d..%d of %d", r,
+                           p[r].pen_off, p[r].pen_off + p[r].pen_n, n_pen);
+    if (n_pen > 0 && (rc = pen_room(b, (size_t)n_pen, e)))
         return rc;
-    return cuda_download(b->c, out, b->d_argmax, (size_t)rows * sizeof(int32_t), e);
+    for (int r = 0; r < rows; r++) /* staging is free: the last call waited for its result */
+        b->h_sparams[r] = (cuda_sample_params){
+            p[r].temperature, p[r].top_k,    p[r].top_p,     p[r].min_p,   (float)p[r].u,
+            p[r].repetition,  p[r].presence, p[r].frequency, p[r].pen_off, p[r].pen_n};
+    float *pen_raw = NULL;
+    if (n_pen > 0) {
+        memcpy(b->h_pen, pen, (size_t)n_pen * sizeof *pen); /* same layout: two int32 */
+        pen_raw = (float *)(b->d_pen + b->cap_pen);
+        rc = cuda_upload(b->c, b->d_pen, b->h_pen, (size_t)n_pen * sizeof(cuda_sample_pen), e);
+    }
+    float *d_lp = logprob ? (float *)(b->d_argmax + b->r.max_seqs) : NULL;
+    if (rc ||
+        (rc = cuda_upload(b->c, b->d_sparams, b->h_sparams,
+                          (size_t)rows * sizeof(cuda_sample_params), e)) ||
+        (rc = cuda_sample(b->c, (float *)x->p, rows, n, b->d_sparams, b->d_pen, pen_raw,
+                          b->d_argmax, d_lp, e)) ||
+        (rc = cuda_download(b->c, out, b->d_argmax, (size_t)rows * sizeof(int32_t), e)))
+        return rc;
+    return logprob ? cuda_download(b->c, logprob, d_lp, (size_t)rows * sizeof(float), e) : 0;
 }
 
 static const md_backend_ops cuda_backend_ops = {

@@ -230,16 +230,28 @@ typedef struct {
     float top_p;       /* >= 1 = off */
     float min_p;       /* 0 = off */
     float u;           /* uniform draw in [0, 1) from the caller's seeded RNG */
+    float repetition, presence, frequency; /* penalties: 1, 0, 0 = off */
+    int pen_off, pen_n;                    /* the row's entries in the call's pen */
 } cuda_sample_params;
+
+/* A distinct token of the row's sequence and its output count (backend.h md_sample_pen). */
+typedef struct {
+    int32_t token, n_out;
+} cuda_sample_pen;
 
 /* Greedy: out[r] = argmax logits[r][:] (lowest index on ties). */
 int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *out, md_err *e);
-/* One token per row under params[r] (device array): temperature softmax, then top-k, top-p
- * and min-p as thresholds on the probabilities, then the inverse-CDF draw at u over the
- * kept tokens in index order; -1 for a row holding a NaN. logprob[r] (may be NULL) = log of
- * the chosen token's probability under the temperature softmax before filtering. */
-int cuda_sample(cuda_ctx *c, const float *logits, int rows, int vocab,
-                const cuda_sample_params *params, int32_t *out, float *logprob, md_err *e);
+/* One token per row under params[r] (device array): the row's penalty entries pen[pen_off ..
+ * pen_off + pen_n) applied to it in place (repetition, then presence + frequency * n_out
+ * where n_out > 0; their raw logits saved in pen_raw, as many floats as pen holds entries),
+ * then greedy at temperature <= 0, else the temperature softmax, top-k, top-p and min-p as
+ * thresholds on the probabilities and the inverse-CDF draw at u over the kept tokens in
+ * index order; -1 for a row holding a NaN or no finite logit. logprob[r] (may be NULL) = the
+ * chosen token's log-softmax under the raw row. engine/sampler.h smp_sample_row is the
+ * reference. */
+int cuda_sample(cuda_ctx *c, float *logits, int rows, int vocab, const cuda_sample_params *params,
+                const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob,
+                md_err *e);
 
 /* ---- CUDA graphs ------------------------------------------------------------------ */
 

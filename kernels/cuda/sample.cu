@@ -1,10 +1,13 @@
 /* sample.cu — choosing the next token on the device, one block per row of logits.
  *
- * Greedy is an argmax (lowest index on ties). Otherwise, with s_i = (logit_i - max) / T:
+ * Greedy is an argmax (lowest index on ties). A row with penalty entries is penalised in
+ * place first (one thread per distinct token; engine/sampler.c's arithmetic, unfused). Then,
+ * with s_i = (logit_i - max) / T:
  * top-k, top-p and min-p become thresholds on s found by bisection over block-wide counts
  * and sums (no sort, no scratch memory), and the token is the inverse-CDF draw at the
  * caller's uniform u over the kept tokens in index order (a block-wide prefix scan). The
- * caller's RNG supplies u, so a seed gives the same tokens on every backend. */
+ * caller's RNG supplies u, so a seed gives the same tokens on every backend. The logprob is
+ * the chosen token's log-softmax under the row as it came in (raw, before penalties). */
 #include "kernels/cuda/cuda_internal.h"
 
 #define SAMPLE_THREADS 1024
@@ -97,26 +100,61 @@ __device__ void kept(const float *l, int vocab, float mx, float invt, float thr,
     *mass = cuda_block_sum(ms, sh);
 }
 
-__global__ void k_sample(const float *logits, int vocab, const cuda_sample_params *params,
-                         int32_t *out, float *logprob) {
-    __shared__ float sh[32], shv[32];
-    __shared__ int shi[32];
-    __shared__ float carry;
-    __shared__ int found;
-    const float *l = logits + (int64_t)blockIdx.x * vocab;
-    cuda_sample_params P = params[blockIdx.x];
-
+/* Max, its lowest index, min and NaN of a row. */
+__device__ void row_stats(const float *l, int vocab, float *shv, int *shi, float *sh, float *mx,
+                          int *amax, float *lmin, int *nan) {
     float bv = -FLT_MAX, mn = FLT_MAX;
-    int bi = INT_MAX, nan = 0;
+    int bi = INT_MAX, bad = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        nan |= l[i] != l[i];
-        if (l[i] > bv) {
-            bv = l[i];
+        float x = l[i];
+        bad |= x != x;
+        if (x > bv) {
+            bv = x;
             bi = i;
         }
-        mn = fminf(mn, l[i]);
+        mn = fminf(mn, x);
     }
-    if (__syncthreads_or(nan)) { /* a faulty device or weights: the engine fails the row */
+    *nan = __syncthreads_or(bad);
+    block_argmax(bv, bi, shv, shi, mx, amax);
+    *lmin = -cuda_block_max(-mn, sh);
+}
+
+/* The row's token, and its logprob from its raw logit: the row's own, unless an entry
+ * penalised it (then the value saved before). Every thread of the block calls it. */
+__device__ void sample_done(const float *l, int tok, const cuda_sample_params *P,
+                            const cuda_sample_pen *pen, const float *pen_raw, float raw_mx,
+                            float raw_lse, int32_t *out, float *logprob, float *raw_tok) {
+    if (logprob) {
+        if (threadIdx.x == 0)
+            *raw_tok = l[tok];
+        __syncthreads();
+        for (int j = threadIdx.x; j < P->pen_n; j += blockDim.x)
+            if (pen[P->pen_off + j].token == tok)
+                *raw_tok = pen_raw[P->pen_off + j];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        out[blockIdx.x] = tok;
+        if (logprob)
+            logprob[blockIdx.x] = *raw_tok - raw_mx - raw_lse;
+    }
+}
+
+__global__ void k_sample(float *logits, int vocab, const cuda_sample_params *params,
+                         const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob) {
+    __shared__ float sh[32], shv[32];
+    __shared__ int shi[32];
+    __shared__ float carry, raw_tok;
+    __shared__ int found;
+    float *l = logits + (int64_t)blockIdx.x * vocab;
+    cuda_sample_params P = params[blockIdx.x];
+
+    float mx, lmin;
+    int amax, nan;
+    row_stats(l, vocab, shv, shi, sh, &mx, &amax, &lmin, &nan);
+    /* a NaN: a faulty device or weights, the engine fails the row; every logit -inf: no token
+     * to pick, and INT_MAX is no index */
+    if (nan || amax == INT_MAX) {
         if (threadIdx.x == 0) {
             out[blockIdx.x] = -1;
             if (logprob)
@@ -124,29 +162,36 @@ __global__ void k_sample(const float *logits, int vocab, const cuda_sample_param
         }
         return;
     }
-    float mx;
-    int amax;
-    block_argmax(bv, bi, shv, shi, &mx, &amax);
-    if (amax == INT_MAX) { /* every logit is -inf: no token to pick, and INT_MAX is no index */
-        if (threadIdx.x == 0) {
-            out[blockIdx.x] = -1;
-            if (logprob)
-                logprob[blockIdx.x] = 0.0f;
-        }
-        return;
+    /* the logprob is the raw row's: its log-sum-exp before the penalties change it */
+    float raw_mx = mx, raw_lse = 0.0f;
+    if (logprob) {
+        float dummy, z;
+        kept(l, vocab, mx, 1.0f, -FLT_MAX, sh, &dummy, &z);
+        raw_lse = logf(z);
     }
-    float lmin = -cuda_block_max(-mn, sh);
-    float invt = P.temperature > 0.0f ? 1.0f / P.temperature : 1.0f;
-    float z, dummy;
-    kept(l, vocab, mx, invt, -FLT_MAX, sh, &dummy, &z);
+    if (P.pen_n > 0) {
+        /* each entry names a distinct token: one thread per entry, no races. Unfused
+         * arithmetic, as engine/sampler.c does it on the host, so both give the same bits. */
+        for (int j = threadIdx.x; j < P.pen_n; j += blockDim.x) {
+            cuda_sample_pen en = pen[P.pen_off + j];
+            if (en.token < 0 || en.token >= vocab)
+                continue;
+            float v = l[en.token];
+            pen_raw[P.pen_off + j] = v;
+            if (P.repetition != 1.0f)
+                v = v > 0.0f ? __fdiv_rn(v, P.repetition) : __fmul_rn(v, P.repetition);
+            if (en.n_out > 0)
+                v = __fsub_rn(v, __fadd_rn(P.presence, __fmul_rn(P.frequency, (float)en.n_out)));
+            l[en.token] = v;
+        }
+        __syncthreads(); /* the block's writes are visible to the block from here */
+        row_stats(l, vocab, shv, shi, sh, &mx, &amax, &lmin, &nan);
+    }
     if (P.temperature <= 0.0f) {
-        if (threadIdx.x == 0) {
-            out[blockIdx.x] = amax;
-            if (logprob)
-                logprob[blockIdx.x] = -logf(z);
-        }
+        sample_done(l, amax, &P, pen, pen_raw, raw_mx, raw_lse, out, logprob, &raw_tok);
         return;
     }
+    float invt = 1.0f / P.temperature;
     float smin = (lmin - mx) * invt; /* every s lies in [smin, 0] */
     float thr = smin;
     if (P.top_k > 0 && P.top_k < vocab) { /* largest thr with count(s >= thr) >= k */
@@ -226,21 +271,19 @@ __global__ void k_sample(const float *logits, int vocab, const cuda_sample_param
     }
     /* Rounding can leave target unreached: fall back to the last kept token. */
     int lk = (int)cuda_block_max((float)last_kept, sh);
-    if (threadIdx.x == 0) {
-        int tok = found != INT_MAX ? found : (lk >= 0 ? lk : amax);
-        out[blockIdx.x] = tok;
-        if (logprob)
-            logprob[blockIdx.x] = (l[tok] - mx) * invt - logf(z);
-    }
+    sample_done(l, found != INT_MAX ? found : (lk >= 0 ? lk : amax), &P, pen, pen_raw, raw_mx,
+                raw_lse, out, logprob, &raw_tok);
 }
 
-int cuda_sample(cuda_ctx *c, const float *logits, int rows, int vocab,
-                const cuda_sample_params *params, int32_t *out, float *logprob, md_err *e) {
+int cuda_sample(cuda_ctx *c, float *logits, int rows, int vocab, const cuda_sample_params *params,
+                const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob,
+                md_err *e) {
     CUDA_GUARD(c, e);
     if (rows < 0 || vocab <= 0)
         return md_errf(e, MD_EINVAL, "CUDA sample: bad shape [%d, %d]", rows, vocab);
     if (rows == 0)
         return 0;
-    k_sample<<<rows, SAMPLE_THREADS, 0, c->stream>>>(logits, vocab, params, out, logprob);
+    k_sample<<<rows, SAMPLE_THREADS, 0, c->stream>>>(logits, vocab, params, pen, pen_raw, out,
+                                                     logprob);
     return CUDA_LAUNCHED(c, "sample", e);
 }

@@ -20,6 +20,7 @@
 
 #include "common/util.h"
 #include "engine/gguf.h"
+#include "engine/sampler.h"
 #include "gpu/gpu_test_util.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -403,7 +404,8 @@ static void test_sampling_distribution_and_filters(void **state) {
                  {0.7f, 1.0f, 0.0f, 5},
                  {1.3f, 0.5f, 0.0f, 0},
                  {1.0f, 1.0f, 0.05f, 0}};
-    double *p = malloc(V * sizeof(double));
+    double *p = malloc(V * sizeof(double)), *raw = malloc(V * sizeof(double));
+    host_probs(l, V, 1.0f, raw);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         /* N rows of the same logits, one u each */
         float *dl_n = dev((size_t)N * V * 4);
@@ -411,11 +413,19 @@ static void test_sampling_distribution_and_filters(void **state) {
             put(dl_n + (size_t)r * V, l, V * 4);
         cuda_sample_params *prm = malloc(N * sizeof *prm);
         for (int r = 0; r < N; r++)
-            prm[r] = (cuda_sample_params){cases[c].temp, cases[c].top_k, cases[c].top_p,
-                                          cases[c].min_p, (r + 0.5f) / N};
+            prm[r] = (cuda_sample_params){cases[c].temp,
+                                          cases[c].top_k,
+                                          cases[c].top_p,
+                                          cases[c].min_p,
+                                          (r + 0.5f) / N,
+                                          1.0f,
+                                          0,
+                                          0,
+                                          0,
+                                          0};
         cuda_sample_params *dp = dev(N * sizeof *prm);
         put(dp, prm, N * sizeof *prm);
-        OK(cuda_sample(C, dl_n, N, V, dp, dtok, dlp, E));
+        OK(cuda_sample(C, dl_n, N, V, dp, NULL, NULL, dtok, dlp, E));
         get(tok, dtok, N * 4);
         get(lp, dlp, N * 4);
         host_probs(l, V, cases[c].temp, p);
@@ -456,7 +466,7 @@ static void test_sampling_distribution_and_filters(void **state) {
                 fail_msg("case %zu: token %d (p %.4g) drawn but filtered out", c, tok[r],
                          p[tok[r]]);
             count[tok[r]]++;
-            double want_lp = log(p[tok[r]]);
+            double want_lp = log(raw[tok[r]]); /* the raw row's, not the temperature's */
             if (fabs(lp[r] - want_lp) > 1e-3)
                 fail_msg("case %zu: logprob %.6f, host %.6f", c, lp[r], want_lp);
         }
@@ -473,13 +483,107 @@ static void test_sampling_distribution_and_filters(void **state) {
         cuda_pool_free(C, dl_n);
     }
     /* greedy through cuda_sample (temperature 0) */
-    cuda_sample_params g = {0.0f, 0, 1.0f, 0.0f, 0.9f};
+    cuda_sample_params g = {0.0f, 0, 1.0f, 0.0f, 0.9f, 1.0f, 0, 0, 0, 0};
     cuda_sample_params *dg = dev(sizeof g);
     put(dg, &g, sizeof g);
-    OK(cuda_sample(C, dl, 1, V, dg, dtok, NULL, E));
+    OK(cuda_sample(C, dl, 1, V, dg, NULL, NULL, dtok, NULL, E));
     get(tok, dtok, 4);
     assert_int_equal(tok[0], 17);
+    free(raw);
     free(p);
+    free(l);
+}
+
+/* Penalties and logprobs on the GPU against engine/sampler.c's row sampler, as
+ * test_cuda_emu's "samplehost" checks them on the emulator: a vocabulary of 49152 (SmolLM2's),
+ * one sequence history, rows under different penalties and filters. The penalised row is
+ * the host's bit for bit, the token the host's, the logprob the host's raw one within 1e-4. */
+static void test_sampling_penalties_and_logprobs(void **state) {
+    enum { V = 49152, R = 6 };
+    float *l = malloc(V * 4), *row = malloc(V * 4), *got = malloc((size_t)R * V * 4);
+    for (int i = 0; i < V; i++)
+        l[i] = 6.0f * frand() - 3.0f;
+    int top = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[top])
+            top = i;
+    int32_t toks[400];
+    int n_prompt = 300, n = 0;
+    for (; n < n_prompt; n++)
+        toks[n] = (int32_t)((n * 7919) % V);
+    for (; n < 397; n++)
+        toks[n] = (int32_t)((n * 13) % 200);
+    toks[n++] = top; /* the raw argmax in the output three times */
+    toks[n++] = top;
+    toks[n++] = top;
+    struct {
+        float temp, top_p, min_p;
+        int top_k;
+        float rep, pres, freq;
+    } cases[R] = {
+        {0.0f, 1.0f, 0.0f, 0, 1.0f, 0.0f, 2.0f},  {0.0f, 1.0f, 0.0f, 0, 1.3f, 0.5f, 0.3f},
+        {0.8f, 1.0f, 0.0f, 0, 1.2f, 0.0f, 0.0f},  {1.0f, 0.9f, 0.0f, 40, 1.0f, -1.5f, 0.7f},
+        {1.2f, 1.0f, 0.05f, 0, 1.5f, 0.2f, 0.2f}, {1.0f, 1.0f, 0.0f, 0, 0.8f, 0.0f, -2.0f}};
+    smp_scratch *sc = smp_scratch_new(V);
+    md_sample_pen *pen = malloc((size_t)R * 400 * sizeof *pen);
+    md_sample_params hp[R];
+    cuda_sample_params prm[R];
+    int n_pen = 0;
+    for (int r = 0; r < R; r++) {
+        md_sampling s;
+        md_sampling_default(&s);
+        s.temperature = cases[r].temp;
+        s.top_k = cases[r].top_k;
+        s.top_p = cases[r].top_p;
+        s.min_p = cases[r].min_p;
+        s.repetition_penalty = cases[r].rep;
+        s.presence_penalty = cases[r].pres;
+        s.frequency_penalty = cases[r].freq;
+        hp[r] = smp_params(&s, (float)((r + 0.5) / R));
+        hp[r].pen_off = n_pen;
+        hp[r].pen_n =
+            smp_pen_list(&s, toks, n_prompt, toks + n_prompt, n - n_prompt, V, sc, pen + n_pen);
+        n_pen += hp[r].pen_n;
+        prm[r] = (cuda_sample_params){
+            hp[r].temperature, hp[r].top_k,    hp[r].top_p,     hp[r].min_p,   (float)hp[r].u,
+            hp[r].repetition,  hp[r].presence, hp[r].frequency, hp[r].pen_off, hp[r].pen_n};
+    }
+    float *dl = dev((size_t)R * V * 4), *dlp = dev(R * 4), *draw = dev((size_t)n_pen * 4);
+    int32_t *dtok = dev(R * 4), tok[R];
+    float lp[R];
+    cuda_sample_params *dp = dev(sizeof prm);
+    cuda_sample_pen *dpen = dev((size_t)n_pen * sizeof *dpen);
+    for (int r = 0; r < R; r++)
+        put(dl + (size_t)r * V, l, V * 4);
+    put(dp, prm, sizeof prm);
+    put(dpen, pen, (size_t)n_pen * sizeof *pen);
+    OK(cuda_sample(C, dl, R, V, dp, dpen, draw, dtok, dlp, E));
+    get(tok, dtok, sizeof tok);
+    get(lp, dlp, sizeof lp);
+    get(got, dl, (size_t)R * V * 4);
+    for (int r = 0; r < R; r++) {
+        md_sample_params g = hp[r];
+        g.temperature = 0; /* the row sampler at temperature 0 only penalises */
+        memcpy(row, l, V * 4);
+        smp_sample_row(&g, pen, row, V, sc, NULL);
+        if (memcmp(row, got + (size_t)r * V, V * 4))
+            fail_msg("row %d: the GPU's penalised logits differ from the host's", r);
+        memcpy(row, l, V * 4);
+        float hlp = 0;
+        int32_t h = smp_sample_row(&hp[r], pen, row, V, sc, &hlp);
+        printf("penalties row %d (%d entries): token %d, host %d; logprob %.6f, host %.6f\n", r,
+               hp[r].pen_n, tok[r], h, lp[r], hlp);
+        assert_int_equal(tok[r], h);
+        assert_true(fabsf(lp[r] - hlp) < 1e-4f);
+    }
+    assert_true(tok[0] != top); /* the frequency penalty moved the greedy row */
+    void *bufs[] = {dl, dlp, draw, dtok, dp, dpen};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        cuda_pool_free(C, bufs[i]);
+    smp_scratch_free(sc);
+    free(pen);
+    free(got);
+    free(row);
     free(l);
 }
 
@@ -701,6 +805,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_bf16_copy_equals_expansion),
         cmocka_unit_test(test_rope_kv_equals_rope_then_kv_write),
         cmocka_unit_test(test_sampling_distribution_and_filters),
+        cmocka_unit_test(test_sampling_penalties_and_logprobs),
         cmocka_unit_test(test_graph_replay_equals_direct),
         cmocka_unit_test(test_pool_reuses_freed_blocks),
         cmocka_unit_test(test_device_error_is_sticky),

@@ -75,7 +75,7 @@ static const char *const fn_spec[F_N] = {
                        "block_tokens:i q:p tiles:p n_tiles:i block_table:p max_blocks:i "
                        "n_heads:i scale:f out:p",
     [F_ARGMAX] = "cuda_argmax logits:p rows:i vocab:i out:p",
-    [F_SAMPLE] = "cuda_sample logits:p rows:i vocab:i params:p out:p logprob:p",
+    [F_SAMPLE] = "cuda_sample logits:p rows:i vocab:i params:p pen:p pen_raw:p out:p logprob:p",
     [F_ROPE_KV] = "cuda_rope_kv q:p k:p v:p k_cache:p v_cache:p dtype:i pos:p slots:p n_tokens:i "
                   "n_heads:i n_kv_heads:i head_dim:i rot_dim:i inv_freq:p neox:i",
 };
@@ -447,7 +447,21 @@ static void execute(fake_launch *l) {
     }
     case F_ARGMAX:
     case F_SAMPLE: {
-        int32_t *out = (int32_t *)denorm(l->a[l->fn == F_ARGMAX ? 3 : 4], &room);
+        if (l->fn == F_SAMPLE) { /* every row's entries inside pen, and as many raw slots */
+            size_t rp = 0, rpe = 0, rraw = 0;
+            const cuda_sample_params *prm = (const cuda_sample_params *)denorm(l->a[3], &rp);
+            const char *pen = denorm(l->a[4], &rpe), *raw = denorm(l->a[5], &rraw);
+            for (int64_t r = 0; prm && r < l->a[1] && (size_t)(r + 1) * sizeof *prm <= rp; r++) {
+                int64_t end = (int64_t)prm[r].pen_off + prm[r].pen_n;
+                if (prm[r].pen_n > 0 &&
+                    (prm[r].pen_off < 0 || !pen || !raw ||
+                     (size_t)end * sizeof(cuda_sample_pen) > rpe || (size_t)end * 4 > rraw))
+                    violation("cuda_sample (step %ld): row %lld names penalty entries %d..%lld "
+                              "outside pen or pen_raw",
+                              g.steps, (long long)r, prm[r].pen_off, (long long)end);
+            }
+        }
+        int32_t *out = (int32_t *)denorm(l->a[l->fn == F_ARGMAX ? 3 : 6], &room);
         int64_t rows = l->a[1], vocab = l->a[2];
         if (!out || room < (size_t)rows * 4 || vocab < 1)
             break;
@@ -1251,8 +1265,9 @@ int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *
     return enqueue(c, &r, e);
 }
 
-int cuda_sample(cuda_ctx *c, const float *logits, int rows, int vocab,
-                const cuda_sample_params *params, int32_t *out, float *logprob, md_err *e) {
+int cuda_sample(cuda_ctx *c, float *logits, int rows, int vocab, const cuda_sample_params *params,
+                const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob,
+                md_err *e) {
     GUARD(c, e);
     fake_launch r;
     rec_init(&r, F_SAMPLE);
@@ -1260,6 +1275,9 @@ int cuda_sample(cuda_ctx *c, const float *logits, int rows, int vocab,
     arg_i(&r, rows);
     arg_i(&r, vocab);
     arg_p(&r, params, (size_t)rows * sizeof *params, "params");
+    /* the entries the rows name are checked when the launch runs (they are uploaded first) */
+    arg_p(&r, pen, 0, "pen");
+    arg_p(&r, pen_raw, 0, "pen_raw");
     arg_p(&r, out, (size_t)rows * 4, "out");
     arg_p(&r, logprob, logprob ? (size_t)rows * 4 : 0, "logprob");
     return enqueue(c, &r, e);

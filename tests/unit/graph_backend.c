@@ -359,10 +359,11 @@ static const md_backend_ops gb_ops = {
     .step_end = gb_step_end,
 };
 
-/* ":sample": the backend draws sampled rows itself, with the engine's own draw (smp_draw),
- * as a device would; the logits never leave the "device" for those rows. */
+/* ":sample": the backend draws sampled, penalised and logprob rows itself, with the engine's
+ * own row sampler (smp_sample_row), as a device would; the logits never leave the "device"
+ * for those rows. */
 static int gb_sample(md_backend *be, const md_buf *x, int rows, int n, const md_sample_params *p,
-                     int32_t *out, md_err *e) {
+                     const md_sample_pen *pen, int n_pen, int32_t *out, float *logprob, md_err *e) {
     int rc = in_step(G(be), e, "sample");
     if (rc)
         return rc;
@@ -375,14 +376,21 @@ static int gb_sample(md_backend *be, const md_buf *x, int rows, int n, const md_
     }
     rc = IN(be)->ops->buf_download(IN(be), x, 0, l, (size_t)rows * n * sizeof *l, e);
     for (int r = 0; rc == 0 && r < rows; r++) {
-        const float *row = l + (size_t)r * n;
+        float *row = l + (size_t)r * n;
         int nan = 0;
         for (int i = 0; i < n; i++)
             nan |= row[i] != row[i];
-        out[r] = nan ? -1
-                     : smp_draw(p[r].temperature, p[r].top_k, p[r].top_p, p[r].min_p, p[r].u, row,
-                                n, sc);
+        if (p[r].pen_off < 0 || p[r].pen_n < 0 || p[r].pen_off + p[r].pen_n > n_pen) {
+            rc = md_errf(e, MD_EINVAL, "cpu-graph: row %d names entries outside the %d given", r,
+                         n_pen);
+            break;
+        }
+        float lp = 0;
+        out[r] = nan ? -1 : smp_sample_row(&p[r], pen, row, n, sc, logprob ? &lp : NULL);
+        if (logprob)
+            logprob[r] = lp;
         g_stats.sampled_rows += p[r].temperature > 0;
+        g_stats.penalised_rows += p[r].pen_n > 0;
     }
     free(l);
     smp_scratch_free(sc);

@@ -9,9 +9,10 @@
  * against the recorded one (same op, same buffers, same sizes: anything else would be a
  * stale kernel argument in a real graph) and queues nothing; step_end runs the recording.
  * Downloads, uploads or syncs between step_begin and step_end are contract violations too.
- * ":sample" adds backend.h's sample op (the engine's smp_draw over the row, as a device
- * would draw it). ":fail=N" makes the N-th recording fail halfway (as an allocation inside a CUDA capture
- * does), so step_end answers MD_STEP_RERUN and the engine must issue the ops again.
+ * ":sample" adds backend.h's sample op (the engine's smp_sample_row over the row: penalties,
+ * draw, logprob, as a device would make them). ":fail=N" makes the N-th recording fail halfway (as
+ * an allocation inside a CUDA capture does), so step_end answers MD_STEP_RERUN and the engine must
+ * issue the ops again.
  *
  * Violations make the op fail with MD_EINVAL and are counted; the test reads the counters. */
 #ifndef MEDLEY_TESTS_GRAPH_BACKEND_H
@@ -21,7 +22,8 @@
 
 typedef struct {
     long eager_steps, recorded, replayed, reruns;
-    long sampled_rows; /* rows drawn by the ":sample" op */
+    long sampled_rows;   /* rows drawn by the ":sample" op */
+    long penalised_rows; /* rows it penalised */
     long violations;
     char first_violation[256];
 } graph_backend_stats;

@@ -72,6 +72,12 @@ static void sampling_for(int i, md_sampling *s) {
         s->top_k = 40;
         s->seed = 77 + (uint64_t)i;
     }
+    if (i % 3 == 2 || i % 6 == 1) { /* penalised rows with logprobs: the sample op's entries
+                                       (fake_cuda checks each row's lie inside pen) */
+        s->frequency_penalty = 0.5f;
+        s->repetition_penalty = i % 2 ? 1.2f : 1.0f;
+        s->logprobs = 1;
+    }
 }
 
 typedef struct {
@@ -275,6 +281,10 @@ static void check_model(const char *model) {
     printf("\n");
     assert_true(n_stride >= 3);
     assert_int_equal(lo, 4);
+
+    /* sampled and penalised rows were drawn by the sample kernel, greedy ones by argmax */
+    assert_true(count_fn(&direct, "cuda_sample", 0) > 0);
+    assert_true(count_fn(&direct, "cuda_argmax", 0) > 0);
 
     /* each layer's RoPE and KV store ran as one rope_kv launch, in graphs too */
     assert_true(count_fn(&direct, "cuda_rope_kv", 0) > 0);

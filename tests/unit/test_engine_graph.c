@@ -4,8 +4,9 @@
  * every replayed step issues the same ops with the same arguments as its recording (no
  * argument that changes between steps of one shape, no download inside a step); a recording
  * that fails halfway is redone directly (MD_STEP_RERUN) with the same tokens; with the
- * backend's sample op (":sample"), sampled sequences are drawn by the backend at their own u
- * and the tokens are still the host sampler's, token for token. Runs on the
+ * backend's sample op (":sample"), sampled, penalised and logprob-reporting sequences are
+ * drawn by the backend at their own u and the tokens and logprobs are still the host
+ * sampler's, bit for bit. Runs on the
  * tiny synthetic Llama 3 model (fixtures, always) and on SmolLM2 when it is fetched. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -54,10 +55,21 @@ static void sampling_for(int i, md_sampling *s) {
         s->top_k = 40;
         s->seed = 77 + (uint64_t)i;
     }
+    if (i % 4 == 3) { /* sampled with every penalty and logprobs */
+        s->repetition_penalty = 1.3f;
+        s->presence_penalty = 0.4f;
+        s->frequency_penalty = 0.2f;
+        s->logprobs = 1;
+    } else if (i % 4 == 2) { /* greedy, but not plain: the penalised argmax and its logprob */
+        s->frequency_penalty = 0.6f;
+        s->logprobs = 1;
+    }
 }
 
-/* Every prompt through one engine; tokens into out[i] (GEN each, zero-padded). */
-static void run_all(const char *model, const char *device, int32_t out[NP][GEN]) {
+/* Every prompt through one engine; tokens into out[i] (GEN each, zero-padded), the logprobs
+ * the steps reported into lps[i]. */
+static void run_all(const char *model, const char *device, int32_t out[NP][GEN],
+                    float lps[NP][GEN]) {
     md_engine *eng = open_on(model, device);
     int vocab = md_engine_n_vocab(eng);
     uint64_t ids[NP];
@@ -70,13 +82,18 @@ static void run_all(const char *model, const char *device, int32_t out[NP][GEN])
         if (md_engine_submit(eng, p, n, &s, &ids[i], &e))
             fail_msg("submit: %s", e.msg);
     }
-    int guard = 0;
+    int guard = 0, got[NP] = {0};
+    memset(lps, 0, sizeof(float) * NP * GEN);
     for (;; guard++) {
         assert_true(guard < 10000);
         md_step_result r;
         md_err e = {0};
         if (md_engine_step(eng, &r, &e))
             fail_msg("step on %s: %s", device, e.msg);
+        for (int k = 0; k < r.n_tokens; k++)
+            for (int i = 0; i < NP; i++)
+                if (ids[i] == r.tokens[k].seq_id && got[i] < GEN)
+                    lps[i][got[i]++] = r.tokens[k].logprob;
         if (r.n_live == 0)
             break;
     }
@@ -95,24 +112,43 @@ static void run_all(const char *model, const char *device, int32_t out[NP][GEN])
 
 static void check_device(const char *model, const char *device, int want_reruns) {
     static int32_t plain[NP][GEN], graphed[NP][GEN];
-    run_all(model, "cpu", plain);
+    static float plain_lp[NP][GEN], graphed_lp[NP][GEN];
+    run_all(model, "cpu", plain, plain_lp);
     graph_backend_reset_stats();
-    run_all(model, device, graphed);
+    run_all(model, device, graphed, graphed_lp);
     graph_backend_stats st;
     graph_backend_get_stats(&st);
     printf("%s on %s: %ld steps run directly, %ld recorded, %ld replayed, %ld re-run after a "
-           "failed recording, %ld rows drawn by the backend, %ld contract violations%s%s\n",
+           "failed recording, %ld rows drawn by the backend (%ld penalised), %ld contract "
+           "violations%s%s\n",
            strrchr(model, '/') + 1, device, st.eager_steps, st.recorded, st.replayed, st.reruns,
-           st.sampled_rows, st.violations, st.violations ? ": " : "", st.first_violation);
+           st.sampled_rows, st.penalised_rows, st.violations, st.violations ? ": " : "",
+           st.first_violation);
     assert_int_equal(st.violations, 0);
     assert_true(st.recorded > 0);
     assert_true(st.replayed > st.recorded); /* recordings are reused, not redone each step */
     if (want_reruns)
         assert_true(st.reruns >= 1);
-    if (strstr(device, "sample"))
-        assert_true(st.sampled_rows > 0); /* the sampled sequences were drawn by the op */
-    for (int i = 0; i < NP; i++)
+    if (strstr(device, "sample")) {
+        assert_true(st.sampled_rows > 0);   /* the sampled sequences were drawn by the op */
+        assert_true(st.penalised_rows > 0); /* and the penalised ones penalised there */
+    }
+    int negative = 0;
+    for (int i = 0; i < NP; i++) {
         assert_memory_equal(plain[i], graphed[i], sizeof plain[i]);
+        /* the same row sampler on the same logits: the same logprobs, bit for bit */
+        assert_memory_equal(plain_lp[i], graphed_lp[i], sizeof plain_lp[i]);
+        md_sampling s;
+        sampling_for(i, &s);
+        for (int k = 0; k < s.max_tokens; k++) {
+            assert_true(s.logprobs ? plain_lp[i][k] <= 0 : plain_lp[i][k] == 0);
+            negative += plain_lp[i][k] < 0;
+        }
+    }
+    /* reported, not left at 0 (the tiny random model is too sure of itself: its logprobs
+     * round to 0) */
+    if (!strstr(model, "tiny"))
+        assert_true(negative > 0);
 }
 
 static const char *tiny_model(void) {

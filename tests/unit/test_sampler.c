@@ -204,6 +204,48 @@ static void test_presence_and_frequency_penalties_on_output_only(void **state) {
     smp_scratch_free(sc);
 }
 
+/* The entries the device's sample op gets: distinct tokens in first-occurrence order with
+ * their output counts, prompt tokens only under the repetition penalty, none without
+ * penalties, out-of-vocabulary ids skipped; the scratch marks are cleared after. */
+static void test_penalty_entries(void **state) {
+    smp_scratch *sc = smp_scratch_new(V);
+    md_sampling s = base();
+    md_sample_pen list[V];
+    int32_t prompt[4] = {5, 1, 5, 99}, out[5] = {1, 3, 1, 1, -2};
+    assert_int_equal(smp_pen_list(&s, prompt, 4, out, 5, V, sc, list), 0);
+    s.frequency_penalty = 0.5f; /* output tokens only */
+    assert_int_equal(smp_pen_list(&s, prompt, 4, out, 5, V, sc, list), 2);
+    assert_int_equal(list[0].token, 1);
+    assert_int_equal(list[0].n_out, 3);
+    assert_int_equal(list[1].token, 3);
+    assert_int_equal(list[1].n_out, 1);
+    s.repetition_penalty = 1.2f; /* the prompt's tokens too, with no output count */
+    assert_int_equal(smp_pen_list(&s, prompt, 4, out, 5, V, sc, list), 3);
+    assert_int_equal(list[0].token, 5);
+    assert_int_equal(list[0].n_out, 0);
+    assert_int_equal(list[1].token, 1);
+    assert_int_equal(list[1].n_out, 3);
+    assert_int_equal(list[2].token, 3);
+    assert_int_equal(list[2].n_out, 1);
+    /* the marks are clear: a second list of other tokens is not disturbed by the first */
+    int32_t p2[1] = {2};
+    assert_int_equal(smp_pen_list(&s, p2, 1, NULL, 0, V, sc, list), 1);
+    assert_int_equal(list[0].token, 2);
+    assert_int_equal(list[0].n_out, 0);
+    /* the row sampler over them gives smp_sample's penalised logits, bit for bit */
+    float a[V] = {3, 2, 1, -1, 0.5f, 4, 0, 0}, b[V];
+    memcpy(b, a, sizeof a);
+    md_sample_params p = smp_params(&s, 0);
+    p.pen_n = smp_pen_list(&s, prompt, 4, out, 5, V, sc, list);
+    smp_sample_row(&p, list, a, V, sc, NULL);
+    smp_rng r;
+    smp_rng_seed(&r, 1);
+    smp_sample(&s, b, V, prompt, 4, out, 5, &r, sc, NULL);
+    assert_memory_equal(a, b, sizeof a);
+    assert_true(a[5] == 4.0f / 1.2f); /* the prompt-only token: repetition alone */
+    smp_scratch_free(sc);
+}
+
 static void test_logprob_is_raw_log_softmax(void **state) {
     smp_scratch *sc = smp_scratch_new(V);
     smp_rng r;
@@ -297,6 +339,7 @@ int main(void) {
         cmocka_unit_test(test_top_p_on_flat_large_vocabulary),
         cmocka_unit_test(test_repetition_penalty_divides_positive_multiplies_negative),
         cmocka_unit_test(test_presence_and_frequency_penalties_on_output_only),
+        cmocka_unit_test(test_penalty_entries),
         cmocka_unit_test(test_logprob_is_raw_log_softmax),
         cmocka_unit_test(test_validate_rejects_bad_parameters),
         cmocka_unit_test(test_top_p_after_top_k_and_index_order_draw),

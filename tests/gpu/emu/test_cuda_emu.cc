@@ -440,27 +440,27 @@ static void test_sample() {
     l[7] = 0.0f;
     {   /* a row with no finite logit: -1, never INT_MAX (an index far outside the row) */
         std::vector<float> ninf(V, -INFINITY);
-        cuda_sample_params pz[2] = {{0.8f, 0, 1.0f, 0.0f, 0.5f}, {0.0f, 0, 1.0f, 0.0f, 0.5f}};
+        cuda_sample_params pz[2] = {{0.8f, 0, 1.0f, 0.0f, 0.5f, 1.0f}, {0.0f, 0, 1.0f, 0.0f, 0.5f, 1.0f}};
         std::vector<float> two(2 * V, -INFINITY);
-        emu_launch(dim3(2), dim3(SAMPLE_THREADS), [&] { k_sample(two.data(), V, pz, out, nullptr); });
+        emu_launch(dim3(2), dim3(SAMPLE_THREADS), [&] { k_sample(two.data(), V, pz, nullptr, nullptr, out, nullptr); });
         CHECK(out[0] == -1 && out[1] == -1, "sample of an all -inf row: %d %d, want -1 -1", out[0], out[1]);
         printf("sample, all -inf rows: %d %d\n", out[0], out[1]);
     }
     /* plain temperature sampling at u: host inverse CDF in index order */
     float us[3] = {0.05f, 0.5f, 0.97f};
     cuda_sample_params P[3];
-    for (int i = 0; i < 3; i++) P[i] = {0.8f, 0, 1.0f, 0.0f, us[i]};
+    for (int i = 0; i < 3; i++) P[i] = {0.8f, 0, 1.0f, 0.0f, us[i], 1.0f};
     std::vector<float> rows(3 * V);
     for (int i = 0; i < 3; i++) memcpy(&rows[i * V], l.data(), V * 4);
     float lp[3];
-    emu_launch(dim3(3), dim3(SAMPLE_THREADS), [&] { k_sample(rows.data(), V, P, out, lp); });
-    double mx = 9.0, z = 0;
-    for (int i = 0; i < V; i++) z += exp((l[i] - mx) / 0.8);
+    emu_launch(dim3(3), dim3(SAMPLE_THREADS), [&] { k_sample(rows.data(), V, P, nullptr, nullptr, out, lp); });
+    double mx = 9.0, z = 0, z1 = 0;
+    for (int i = 0; i < V; i++) { z += exp((l[i] - mx) / 0.8); z1 += exp(l[i] - mx); }
     for (int r = 0; r < 3; r++) {
         double c = 0; int want = -1;
         for (int i = 0; i < V; i++) { c += exp((l[i] - mx) / 0.8) / z; if (c > us[r]) { want = i; break; } }
         CHECK(out[r] == want, "sample u=%.2f: %d, host %d", us[r], out[r], want);
-        double wl = (l[want] - mx) / 0.8 - log(z);
+        double wl = l[want] - mx - log(z1); /* the raw row's logprob, not the temperature's */
         CHECK(fabs(lp[r] - wl) < 1e-3, "logprob %.5f host %.5f", lp[r], wl);
         printf("sample u=%.2f: token %d (host %d)\n", us[r], out[r], want);
     }
@@ -477,8 +477,8 @@ static void test_sample_filters() {
     const float us[] = {0.01f, 0.33f, 0.61f, 0.995f};
     for (auto &c : cases) {
         std::vector<double> p(V);
-        double mx = 9.0, z = 0;
-        for (int i = 0; i < V; i++) z += p[i] = exp((l[i] - mx) / c.temp);
+        double mx = 9.0, z = 0, z1 = 0;
+        for (int i = 0; i < V; i++) { z += p[i] = exp((l[i] - mx) / c.temp); z1 += exp(l[i] - mx); }
         for (auto &x : p) x /= z;
         std::vector<int> order(V);
         for (int i = 0; i < V; i++) order[i] = i;
@@ -493,17 +493,17 @@ static void test_sample_filters() {
         for (int i = 0; i < np; i++) if (p[order[i]] >= c.min_p * p[order[0]]) { keep[order[i]] = 1; kept += p[order[i]]; }
         const int R = 4;
         cuda_sample_params P[R];
-        for (int r = 0; r < R; r++) P[r] = {c.temp, c.top_k, c.top_p, c.min_p, us[r]};
+        for (int r = 0; r < R; r++) P[r] = {c.temp, c.top_k, c.top_p, c.min_p, us[r], 1.0f};
         std::vector<float> rows(R * V);
         for (int r = 0; r < R; r++) memcpy(&rows[r * V], l.data(), V * 4);
         int32_t out[R]; float lp[R];
-        emu_launch(dim3(R), dim3(SAMPLE_THREADS), [&] { k_sample(rows.data(), V, P, out, lp); });
+        emu_launch(dim3(R), dim3(SAMPLE_THREADS), [&] { k_sample(rows.data(), V, P, nullptr, nullptr, out, lp); });
         for (int r = 0; r < R; r++) {
             double t = us[r] * kept, acc = 0; int want = -1;
             for (int i = 0; i < V; i++) if (keep[i]) { acc += p[i]; if (acc > t) { want = i; break; } }
             CHECK(out[r] >= 0 && out[r] < V && keep[out[r]], "sample k=%d p=%.2f minp=%.2f u=%.3f: token %d not kept", c.top_k, c.top_p, c.min_p, us[r], out[r]);
             CHECK(out[r] == want, "sample k=%d p=%.2f minp=%.2f u=%.3f: token %d, host %d", c.top_k, c.top_p, c.min_p, us[r], out[r], want);
-            CHECK(fabs(lp[r] - log(p[out[r] >= 0 ? out[r] : 0])) < 1e-3, "logprob %.5f", lp[r]);
+            CHECK(fabs(lp[r] - (l[out[r] >= 0 ? out[r] : 0] - mx - log(z1))) < 1e-4, "logprob %.5f", lp[r]);
         }
         printf("sample top_k=%d top_p=%.2f min_p=%.2f: %d kept, draws %d %d %d %d\n", c.top_k, c.top_p, c.min_p, np, out[0], out[1], out[2], out[3]);
     }
@@ -1059,11 +1059,11 @@ static void test_sample_vs_host() {
      * (strided loops, two-level reductions and scans), an eighth of the emulation's cost */
     for (auto &c : cases) {
         cuda_sample_params P[R];
-        for (int r = 0; r < R; r++) P[r] = {c.temp, c.top_k, c.top_p, c.min_p, (r + 0.5f) / R};
+        for (int r = 0; r < R; r++) P[r] = {c.temp, c.top_k, c.top_p, c.min_p, (r + 0.5f) / R, 1.0f};
         std::vector<float> rows(R * V);
         for (int r = 0; r < R; r++) memcpy(&rows[r * V], l.data(), V * 4);
         int32_t out[R];
-        emu_launch(dim3(R), dim3(256), [&] { k_sample(rows.data(), V, P, out, nullptr); });
+        emu_launch(dim3(R), dim3(256), [&] { k_sample(rows.data(), V, P, nullptr, nullptr, out, nullptr); });
         int diff = 0;
         printf("device vs smp_draw, T=%.1f top_k=%d top_p=%.2f min_p=%.2f:", c.temp, c.top_k, c.top_p, c.min_p);
         for (int r = 0; r < R; r++) {
@@ -1074,6 +1074,80 @@ static void test_sample_vs_host() {
         printf("%s\n", diff ? "  <- DIFFERENT" : "");
         CHECK(diff == 0, "device and host draws differ on %d of %d u's (top_k %d, top_p %.2f)", diff, R, c.top_k, c.top_p);
     }
+    smp_scratch_free(sc);
+}
+
+/* Penalties and logprobs on the device against engine/sampler.c's row sampler (the CPU
+ * path, smp_sample_row): rows of one sequence history each under different penalties and
+ * filters, the entries made by smp_pen_list. The penalised row must equal the host's bit for
+ * bit, the token must be the host's, the logprob the host's raw one within 1e-5; a greedy
+ * row whose frequency penalty moves the argmax checks the penalties are applied at all. */
+static void test_sample_penalties() {
+    const int V = 600, R = 8;
+    std::vector<float> l(V);
+    for (auto &a : l) a = 2.5f * frand() - 1.0f; /* negative logits too: repetition multiplies them */
+    int top = 0;
+    for (int i = 1; i < V; i++) if (l[i] > l[top]) top = i;
+    /* a prompt and an output with repeats; the output repeats the raw argmax three times */
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 40; i++) toks.push_back((int32_t)((i * 37) % V));
+    int n_prompt = (int)toks.size();
+    for (int i = 0; i < 12; i++) toks.push_back((int32_t)((i * 11 + 5) % 50));
+    toks.push_back(top); toks.push_back(top); toks.push_back(top);
+    int n_out = (int)toks.size() - n_prompt;
+    struct { float temp, top_p, min_p; int top_k; float rep, pres, freq; } cases[R] = {
+        {0.0f, 1.0f, 0.0f, 0, 1.0f, 0.0f, 2.0f},  /* greedy: the frequency penalty moves the argmax */
+        {0.0f, 1.0f, 0.0f, 0, 1.3f, 0.5f, 0.3f},  /* greedy with every penalty */
+        {0.0f, 1.0f, 0.0f, 0, 1.0f, 0.0f, 0.0f},  /* no penalty: the logprob alone */
+        {0.8f, 1.0f, 0.0f, 0, 1.2f, 0.0f, 0.0f},  /* sampled, repetition over prompt and output */
+        {1.0f, 0.9f, 0.0f, 20, 1.0f, -1.5f, 0.7f}, /* negative presence raises seen tokens */
+        {1.2f, 1.0f, 0.05f, 0, 1.5f, 0.2f, 0.2f},
+        {0.7f, 0.5f, 0.0f, 0, 1.1f, 2.0f, 2.0f},
+        {1.0f, 1.0f, 0.0f, 8, 0.8f, 0.0f, -2.0f}, /* repetition below 1 and a negative frequency */
+    };
+    smp_scratch *sc = smp_scratch_new(V);
+    std::vector<md_sample_pen> pen((size_t)R * V);
+    md_sample_params hp[R];
+    cuda_sample_params P[R];
+    int n_pen = 0;
+    for (int r = 0; r < R; r++) {
+        md_sampling s;
+        md_sampling_default(&s);
+        s.temperature = cases[r].temp; s.top_k = cases[r].top_k; s.top_p = cases[r].top_p;
+        s.min_p = cases[r].min_p; s.repetition_penalty = cases[r].rep;
+        s.presence_penalty = cases[r].pres; s.frequency_penalty = cases[r].freq;
+        hp[r] = smp_params(&s, (r + 0.5) / R);
+        hp[r].u = (float)hp[r].u; /* the device's u is a float */
+        hp[r].pen_off = n_pen;
+        hp[r].pen_n = smp_pen_list(&s, toks.data(), n_prompt, toks.data() + n_prompt, n_out, V, sc, pen.data() + n_pen);
+        n_pen += hp[r].pen_n;
+        P[r] = {hp[r].temperature, hp[r].top_k, hp[r].top_p, hp[r].min_p, (float)hp[r].u,
+                hp[r].repetition, hp[r].presence, hp[r].frequency, hp[r].pen_off, hp[r].pen_n};
+    }
+    CHECK(hp[2].pen_n == 0 && hp[0].pen_n == 13 && hp[1].pen_n > 40, "penalty entries %d %d %d", hp[0].pen_n, hp[1].pen_n, hp[2].pen_n);
+    std::vector<float> rows((size_t)R * V), raw_after(n_pen);
+    for (int r = 0; r < R; r++) memcpy(&rows[(size_t)r * V], l.data(), V * 4);
+    int32_t out[R];
+    float lp[R];
+    emu_launch(dim3(R), dim3(256), [&] {
+        k_sample(rows.data(), V, P, reinterpret_cast<const cuda_sample_pen *>(pen.data()), raw_after.data(), out, lp);
+    });
+    int moved = 0;
+    for (int r = 0; r < R; r++) {
+        /* the host's penalised row: the row sampler at temperature 0 only penalises it */
+        std::vector<float> pr(l), hr(l);
+        md_sample_params g = hp[r];
+        g.temperature = 0;
+        smp_sample_row(&g, pen.data(), pr.data(), V, sc, nullptr);
+        CHECK(memcmp(pr.data(), &rows[(size_t)r * V], V * 4) == 0, "row %d: the device's penalised logits differ from the host's", r);
+        float hlp = 0;
+        int32_t h = smp_sample_row(&hp[r], pen.data(), hr.data(), V, sc, &hlp);
+        CHECK(out[r] == h, "row %d (T %.1f rep %.1f pres %.1f freq %.1f): device token %d, host %d", r, cases[r].temp, cases[r].rep, cases[r].pres, cases[r].freq, out[r], h);
+        CHECK(fabsf(lp[r] - hlp) < 1e-5f, "row %d: device logprob %.7f, host %.7f", r, lp[r], hlp);
+        printf("penalties row %d (T %.1f rep %.1f pres %.1f freq %.1f, %d entries): token %d/%d, logprob %.6f/%.6f\n", r, cases[r].temp, cases[r].rep, cases[r].pres, cases[r].freq, hp[r].pen_n, out[r], h, lp[r], hlp);
+        moved += r == 0 && out[r] != top;
+    }
+    CHECK(moved == 1, "the greedy row's frequency penalty did not move it off the raw argmax %d", top);
     smp_scratch_free(sc);
 }
 
@@ -1110,7 +1184,7 @@ int main(int argc, char **argv) {
         test_rope(cpu);
         test_rope_kv(cpu);
     }
-    if (only.empty() || only == "samplehost") test_sample_vs_host();
+    if (only.empty() || only == "samplehost") { test_sample_vs_host(); test_sample_penalties(); }
     if (only.empty() || only == "sample") { test_sample(); test_sample_filters(); }
     md_backend_free(cpu);
     printf("%s: %d failure(s)\n", fails ? "FAILED" : "ok", fails);

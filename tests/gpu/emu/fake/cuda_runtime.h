@@ -35,6 +35,11 @@ extern dim3 blockDim, gridDim;
 template <class T> static inline T __ldg(const T *p) { return *p; }
 static inline float emu_expf(float x) { return expf(x); }
 #define __expf emu_expf
+/* round-to-nearest single operations: the host's own (no FMA is formed without -mfma) */
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 #define __align__(n) __attribute__((aligned(n)))
