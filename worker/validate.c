@@ -2,6 +2,7 @@
  * the words of OpenAI's API errors, so a client can fix its line without reading code. */
 #include "worker/validate.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -126,6 +127,66 @@ static int get_number(json_t *body, const char *key, double lo, double hi, int l
         return fail(ve, "invalid_value", param, "%s is %g; expected a number in %s%g, %g]", param,
                     x, lo_open ? "(" : "[", lo, hi);
     *out = x;
+    return 0;
+}
+
+/* An integer field within [lo, hi]; expect says what is accepted, for both errors. Returns 1
+ * with *out set, 0 when absent or null (*out untouched), -1 with *ve filled. */
+static int get_int(json_t *body, const char *key, long long lo, long long hi, const char *expect,
+                   long long *out, wk_verr *ve) {
+    json_t *v = json_object_get(body, key);
+    if (!v || json_is_null(v))
+        return 0;
+    char param[64];
+    snprintf(param, sizeof param, "body.%s", key);
+    if (!json_is_integer(v))
+        return fail(ve, "invalid_type", param, "%s must be %s, not %s", param, expect,
+                    type_name(v));
+    long long x = (long long)json_integer_value(v);
+    if (x < lo || x > hi)
+        return fail(ve, "invalid_value", param, "%s is %lld; expected %s", param, x, expect);
+    *out = x;
+    return 1;
+}
+
+/* logprobs as each endpoint spells it. Only the chosen tokens' logprobs are computed (the
+ * engine reports no alternatives), so asking for alternatives is refused, not ignored. */
+static int get_logprobs(json_t *body, wk_request *req, wk_verr *ve) {
+    if (!req->chat) {
+        long long n = 0;
+        int has = get_int(body, "logprobs", 0, WK_MAX_COMPLETION_LOGPROBS,
+                          "an integer in 0..5 (or null) for a completion", &n, ve);
+        if (has < 0)
+            return -1;
+        if (n > 0)
+            return fail(ve, "unsupported_value", "body.logprobs",
+                        "body.logprobs is %lld; only 0 is supported (the chosen tokens' "
+                        "logprobs; alternatives are not computed)",
+                        n);
+        req->logprobs = has;
+        return 0;
+    }
+    json_t *lp = json_object_get(body, "logprobs");
+    if (lp && !json_is_null(lp)) {
+        if (!json_is_boolean(lp))
+            return fail(ve, "invalid_type", "body.logprobs",
+                        "body.logprobs must be a boolean for a chat completion, not %s",
+                        type_name(lp));
+        req->logprobs = json_is_true(lp);
+    }
+    long long top = 0;
+    int has =
+        get_int(body, "top_logprobs", 0, WK_MAX_TOP_LOGPROBS, "an integer in 0..20", &top, ve);
+    if (has < 0)
+        return -1;
+    if (has && !req->logprobs)
+        return fail(ve, "invalid_value", "body.top_logprobs",
+                    "body.top_logprobs is given, so body.logprobs must be true");
+    if (top > 0)
+        return fail(ve, "unsupported_value", "body.top_logprobs",
+                    "body.top_logprobs is %lld; only 0 is supported (the chosen tokens' "
+                    "logprobs come with body.logprobs: true; alternatives are not computed)",
+                    top);
     return 0;
 }
 
@@ -267,8 +328,21 @@ int wk_validate(const char *line, size_t len, const wk_limits *lim, wk_request *
     }
     req->temperature = 1.0;
     req->top_p = 1.0;
+    req->repetition_penalty = 1.0;
+    /* the bounds are OpenAI's, and for vLLM's extras the engine's (md_sampling_validate) */
     if (get_number(body, "temperature", 0, 2, 0, &req->temperature, ve) ||
-        get_number(body, "top_p", 0, 1, 1, &req->top_p, ve))
+        get_number(body, "top_p", 0, 1, 1, &req->top_p, ve) ||
+        get_number(body, "min_p", 0, 1, 0, &req->min_p, ve) ||
+        get_number(body, "repetition_penalty", 0, 100, 1, &req->repetition_penalty, ve) ||
+        get_number(body, "presence_penalty", -2, 2, 0, &req->presence_penalty, ve) ||
+        get_number(body, "frequency_penalty", -2, 2, 0, &req->frequency_penalty, ve))
+        return -1;
+    long long top_k = 0;
+    if (get_int(body, "top_k", -1, INT_MAX, "-1 or 0 (off) or an integer in 1..2147483647", &top_k,
+                ve) < 0)
+        return -1;
+    req->top_k = top_k < 0 ? 0 : (int)top_k;
+    if (get_logprobs(body, req, ve))
         return -1;
     json_t *seed = json_object_get(body, "seed");
     if (seed && !json_is_null(seed)) {

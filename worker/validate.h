@@ -13,6 +13,8 @@
 
 #define WK_MAX_STOP 4
 #define WK_MAX_MSGS 256
+#define WK_MAX_TOP_LOGPROBS 20       /* chat's top_logprobs, as OpenAI bounds it */
+#define WK_MAX_COMPLETION_LOGPROBS 5 /* completions' logprobs, as OpenAI bounds it */
 
 typedef struct {
     size_t max_line_bytes;  /* larger lines are refused unparsed (default 1 MiB) */
@@ -35,6 +37,14 @@ typedef struct {
     const char *prompt; /* /v1/completions */
     int max_tokens;
     double temperature, top_p;
+    int top_k;                 /* 0: off (the body's -1 is off too) */
+    double min_p;              /* 0: off */
+    double repetition_penalty; /* 1: off */
+    double presence_penalty;   /* 0: off */
+    double frequency_penalty;  /* 0: off */
+    /* Report the chosen tokens' logprobs: chat's logprobs: true, completions' logprobs: 0.
+     * Alternatives (top_logprobs > 0, completions' logprobs > 0) are refused. */
+    int logprobs;
     long long seed;
     int has_seed;
     const char *stop[WK_MAX_STOP + 1]; /* NULL-terminated */

@@ -1,5 +1,6 @@
 /* test_validate.c — worker/validate.c: every kind of bad input line gets the right OpenAI
- * error code and names its field; good lines come out with their parameters. */
+ * error code and names its field; good lines come out with their parameters (the sampling
+ * extras and logprobs too, off when absent or null). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -72,6 +73,141 @@ static void good_completion_line_is_parsed(void **st) {
     wk_request_free(&req);
 }
 
+#define COMPLETION(body)                                                                           \
+    "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":" body "}"
+#define M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+#define P "\"prompt\":\"x\""
+
+static void sampling_extras_are_parsed(void **st) {
+    wk_request req;
+    wk_verr ve;
+    char buf[WK_CUSTOM_ID_MAX];
+    assert_int_equal(check(CHAT("{" M ",\"top_k\":40,\"min_p\":0.05,\"repetition_penalty\":1.1,"
+                                "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
+                                "\"logprobs\":true,\"top_logprobs\":0}"),
+                           &req, &ve, buf),
+                     0);
+    assert_int_equal(req.top_k, 40);
+    assert_true(req.min_p == 0.05 && req.repetition_penalty == 1.1);
+    assert_true(req.presence_penalty == 0.5 && req.frequency_penalty == -0.5);
+    assert_int_equal(req.logprobs, 1);
+    wk_request_free(&req);
+    /* the bounds themselves are accepted; integers are numbers */
+    assert_int_equal(check(CHAT("{" M ",\"top_k\":1,\"min_p\":1,\"repetition_penalty\":100,"
+                                "\"presence_penalty\":-2,\"frequency_penalty\":2}"),
+                           &req, &ve, buf),
+                     0);
+    assert_int_equal(req.top_k, 1);
+    assert_true(req.min_p == 1 && req.repetition_penalty == 100);
+    assert_true(req.presence_penalty == -2 && req.frequency_penalty == 2);
+    assert_int_equal(req.logprobs, 0);
+    wk_request_free(&req);
+}
+
+static void absent_or_null_extras_are_off(void **st) {
+    const char *lines[] = {
+        CHAT("{" M "}"),
+        CHAT("{" M ",\"top_k\":null,\"min_p\":null,\"repetition_penalty\":null,"
+             "\"presence_penalty\":null,\"frequency_penalty\":null,\"logprobs\":null,"
+             "\"top_logprobs\":null}"),
+        CHAT("{" M ",\"top_k\":-1,\"logprobs\":false}"),
+        CHAT("{" M ",\"top_k\":0}"),
+        COMPLETION("{" P "}"),
+        COMPLETION("{" P ",\"logprobs\":null,\"top_k\":-1}"),
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
+        wk_request req;
+        wk_verr ve;
+        char buf[WK_CUSTOM_ID_MAX];
+        if (check(lines[i], &req, &ve, buf))
+            fail_msg("line %s refused: %s", lines[i], ve.message);
+        assert_int_equal(req.top_k, 0);
+        assert_true(req.min_p == 0 && req.repetition_penalty == 1);
+        assert_true(req.presence_penalty == 0 && req.frequency_penalty == 0);
+        assert_int_equal(req.logprobs, 0);
+        wk_request_free(&req);
+    }
+}
+
+static void completion_logprobs_zero_asks_for_the_chosen_tokens(void **st) {
+    wk_request req;
+    wk_verr ve;
+    char buf[WK_CUSTOM_ID_MAX];
+    assert_int_equal(check(COMPLETION("{" P ",\"logprobs\":0}"), &req, &ve, buf), 0);
+    assert_int_equal(req.logprobs, 1);
+    wk_request_free(&req);
+    /* top_logprobs is not a completions parameter: ignored there like other unknown fields */
+    assert_int_equal(check(COMPLETION("{" P ",\"top_logprobs\":3}"), &req, &ve, buf), 0);
+    assert_int_equal(req.logprobs, 0);
+    wk_request_free(&req);
+}
+
+static void bad_sampling_extras_are_named(void **st) {
+    expect_error(CHAT("{" M ",\"frequency_penalty\":2.5}"), "invalid_value",
+                 "body.frequency_penalty");
+    expect_error(CHAT("{" M ",\"frequency_penalty\":-2.01}"), "invalid_value",
+                 "body.frequency_penalty");
+    expect_error(CHAT("{" M ",\"frequency_penalty\":\"0.5\"}"), "invalid_type",
+                 "body.frequency_penalty");
+    expect_error(CHAT("{" M ",\"presence_penalty\":-3}"), "invalid_value", "body.presence_penalty");
+    expect_error(CHAT("{" M ",\"presence_penalty\":true}"), "invalid_type",
+                 "body.presence_penalty");
+    expect_error(CHAT("{" M ",\"top_k\":-2}"), "invalid_value", "body.top_k");
+    expect_error(CHAT("{" M ",\"top_k\":3000000000}"), "invalid_value", "body.top_k");
+    expect_error(CHAT("{" M ",\"top_k\":1.5}"), "invalid_type", "body.top_k");
+    expect_error(CHAT("{" M ",\"top_k\":\"5\"}"), "invalid_type", "body.top_k");
+    expect_error(CHAT("{" M ",\"min_p\":1.5}"), "invalid_value", "body.min_p");
+    expect_error(CHAT("{" M ",\"min_p\":-0.1}"), "invalid_value", "body.min_p");
+    expect_error(CHAT("{" M ",\"min_p\":[0]}"), "invalid_type", "body.min_p");
+    expect_error(CHAT("{" M ",\"repetition_penalty\":0}"), "invalid_value",
+                 "body.repetition_penalty");
+    expect_error(CHAT("{" M ",\"repetition_penalty\":100.5}"), "invalid_value",
+                 "body.repetition_penalty");
+    expect_error(CHAT("{" M ",\"repetition_penalty\":{}}"), "invalid_type",
+                 "body.repetition_penalty");
+    expect_error(COMPLETION("{" P ",\"frequency_penalty\":9}"), "invalid_value",
+                 "body.frequency_penalty");
+}
+
+static void bad_logprobs_are_named(void **st) {
+    /* chat: a boolean, with top_logprobs 0..20 beside logprobs: true, and only 0 served */
+    expect_error(CHAT("{" M ",\"logprobs\":1}"), "invalid_type", "body.logprobs");
+    expect_error(CHAT("{" M ",\"logprobs\":\"yes\"}"), "invalid_type", "body.logprobs");
+    expect_error(CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":21}"), "invalid_value",
+                 "body.top_logprobs");
+    expect_error(CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":-1}"), "invalid_value",
+                 "body.top_logprobs");
+    expect_error(CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":2.5}"), "invalid_type",
+                 "body.top_logprobs");
+    expect_error(CHAT("{" M ",\"top_logprobs\":0}"), "invalid_value", "body.top_logprobs");
+    expect_error(CHAT("{" M ",\"logprobs\":false,\"top_logprobs\":0}"), "invalid_value",
+                 "body.top_logprobs");
+    expect_error(CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":5}"), "unsupported_value",
+                 "body.top_logprobs");
+    expect_error(CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":20}"), "unsupported_value",
+                 "body.top_logprobs");
+    /* completions: an integer 0..5, and only 0 served */
+    expect_error(COMPLETION("{" P ",\"logprobs\":true}"), "invalid_type", "body.logprobs");
+    expect_error(COMPLETION("{" P ",\"logprobs\":0.5}"), "invalid_type", "body.logprobs");
+    expect_error(COMPLETION("{" P ",\"logprobs\":6}"), "invalid_value", "body.logprobs");
+    expect_error(COMPLETION("{" P ",\"logprobs\":-1}"), "invalid_value", "body.logprobs");
+    expect_error(COMPLETION("{" P ",\"logprobs\":1}"), "unsupported_value", "body.logprobs");
+    expect_error(COMPLETION("{" P ",\"logprobs\":5}"), "unsupported_value", "body.logprobs");
+}
+
+static void unsupported_logprobs_say_what_is_served(void **st) {
+    wk_request req;
+    wk_verr ve;
+    char buf[WK_CUSTOM_ID_MAX];
+    assert_int_equal(check(CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":3}"), &req, &ve, buf),
+                     -1);
+    assert_non_null(strstr(ve.message, "only 0 is supported"));
+    wk_request_free(&req);
+    assert_int_equal(check(COMPLETION("{" P ",\"logprobs\":2}"), &req, &ve, buf), -1);
+    assert_non_null(strstr(ve.message, "only 0 is supported"));
+    wk_request_free(&req);
+}
+
 static void bad_json_and_shapes_are_named(void **st) {
     expect_error("not json", "invalid_json", NULL);
     expect_error("{\"custom_id\":\"a\"", "invalid_json", NULL);
@@ -110,7 +246,6 @@ static void bad_body_fields_are_named(void **st) {
         "unsupported_value", "body.messages[0].content");
     expect_error(CHAT("{\"model\":3,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}"),
                  "invalid_type", "body.model");
-#define M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
     expect_error(CHAT("{" M ",\"max_tokens\":0}"), "invalid_value", "body.max_tokens");
     expect_error(CHAT("{" M ",\"max_tokens\":1e9}"), "invalid_type", "body.max_tokens");
     expect_error(CHAT("{" M ",\"max_tokens\":\"5\"}"), "invalid_type", "body.max_tokens");
@@ -129,7 +264,6 @@ static void bad_body_fields_are_named(void **st) {
     expect_error("{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/completions\","
                  "\"body\":{\"prompt\":{\"x\":1}}}",
                  "invalid_type", "body.prompt");
-#undef M
 }
 
 static void oversize_line_is_refused_with_its_custom_id(void **st) {
@@ -159,13 +293,19 @@ static void custom_id_survives_a_later_error(void **st) {
 }
 
 static void random_bytes_never_crash(void **st) {
-    /* Mutations of a good line: every result is a clean accept or a named error. */
-    const char *good =
-        CHAT("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stop\":[\"z\"]}");
-    size_t n = strlen(good);
-    char *buf = malloc(n + 1);
+    /* Mutations of good lines: every result is a clean accept or a named error. */
+    const char *goods[] = {
+        CHAT("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stop\":[\"z\"]}"),
+        CHAT("{" M ",\"top_k\":3,\"frequency_penalty\":0.5,\"logprobs\":true,"
+             "\"top_logprobs\":0}"),
+        COMPLETION("{" P ",\"min_p\":0.1,\"repetition_penalty\":1.2,\"logprobs\":0}"),
+    };
+    char *buf = malloc(256);
     unsigned seed = 12345;
-    for (int it = 0; it < 20000; it++) {
+    for (int it = 0; it < 30000; it++) {
+        const char *good = goods[it % 3];
+        size_t n = strlen(good);
+        assert_true(n < 256);
         memcpy(buf, good, n + 1);
         int flips = 1 + it % 4;
         for (int f = 0; f < flips; f++) {
@@ -190,6 +330,12 @@ int main(void) {
         cmocka_unit_test(good_completion_line_is_parsed),
         cmocka_unit_test(bad_json_and_shapes_are_named),
         cmocka_unit_test(bad_body_fields_are_named),
+        cmocka_unit_test(sampling_extras_are_parsed),
+        cmocka_unit_test(absent_or_null_extras_are_off),
+        cmocka_unit_test(completion_logprobs_zero_asks_for_the_chosen_tokens),
+        cmocka_unit_test(bad_sampling_extras_are_named),
+        cmocka_unit_test(bad_logprobs_are_named),
+        cmocka_unit_test(unsupported_logprobs_say_what_is_served),
         cmocka_unit_test(oversize_line_is_refused_with_its_custom_id),
         cmocka_unit_test(custom_id_survives_a_later_error),
         cmocka_unit_test(random_bytes_never_crash),
