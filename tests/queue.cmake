@@ -1,9 +1,11 @@
 # The queue (worker/, common/redis.c, cli/cmd_worker.c, cmd_client.c, cmd_run.c): unit tests of
-# validation and URLs; integration tests that start their own redis-server and drive the real
+# validation, output-line logprobs and URLs; integration tests that start their own redis-server and drive the real
 # `medley` binary (and a redis-py client and worker written from docs/protocol.md). They are
 # registered even when redis-server is missing, so that a machine without it fails them
 # ("redis-server not found") instead of skipping them silently.
 medley_test(test_validate SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_validate.c
+            LIBS medley_worker LABELS unit)
+medley_test(test_worker_logprobs SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_worker_logprobs.c
             LIBS medley_worker LABELS unit)
 medley_test(test_queue_redis_url SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_redis_url.c
             LIBS medley_worker LABELS unit)

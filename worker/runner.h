@@ -1,24 +1,40 @@
 /* runner.h — a model runner: what the worker drives for one served model. Two kinds:
  *   echo    answers with the prompt (the last user message, or the completion prompt) after
- *           a configurable delay; one "token" is one byte. Queue behaviour is tested and
- *           benchmarked with it apart from inference.
+ *           a configurable delay; one "token" is one byte (its logprob 0). Queue behaviour
+ *           is tested and benchmarked with it apart from inference.
  *   engine  chat template -> tokens -> md_engine_submit -> step loop -> text and usage.
  *
  * The worker calls start() for each request it reads (as many as capacity() allows) and
  * poll() in its loop; poll() reports every finished request through the done callback,
- * whose wk_result is valid only during the call. Tags are the worker's; runners hand them
- * back untouched. One thread drives a runner. */
+ * whose wk_result (text, lp and the bytes they point to) is valid only during the call.
+ * Tags are the worker's; runners hand them back untouched. One thread drives a runner. */
 #ifndef MEDLEY_WORKER_RUNNER_H
 #define MEDLEY_WORKER_RUNNER_H
 
 #include "common/err.h"
 #include "worker/validate.h"
 
+/* One generated token of the returned text, for logprobs. */
+typedef struct {
+    const char *bytes; /* the token's bytes as the tokenizer decodes it: possibly part of a
+                          UTF-8 character, so not a string (n_bytes of them, no NUL) */
+    size_t n_bytes;
+    size_t text_offset; /* byte offset in text where this token's text begins */
+    float logprob;      /* log-probability of the token under the model's raw logits */
+} wk_token_lp;
+
 typedef struct {
     const char *text;          /* generated text (valid UTF-8) */
     const char *finish_reason; /* "stop" | "length" */
     int prompt_tokens, completion_tokens;
     double prefill_ms, decode_ms;
+    /* The request asked for logprobs (wk_request.logprobs): lp[0..n_lp) are the tokens of
+     * text in order, n_lp possibly 0. Tokens the text does not show are left out: an
+     * end-of-generation token, and those past a stop string's start (a token that begins
+     * before the cut is kept, with all its bytes). */
+    int logprobs;
+    const wk_token_lp *lp;
+    int n_lp;
     const char *error; /* non-NULL: the request failed inside the runner */
     /* Not the request's failure but its device's (a failed engine step: a GPU error). The
      * worker hands the entry back for another worker instead of answering it. */

@@ -1,7 +1,8 @@
 /* runner_echo.c — the `echo` model: answers each request with its prompt text (the last
  * user message for chat, the prompt for completions), cut to max_tokens bytes and at the
- * first stop string, after echo_delay_ms. One token is one byte; the context is echo_ctx
- * bytes. It exercises everything the worker does except inference. */
+ * first stop string, after echo_delay_ms. One token is one byte, and it is certain (logprob
+ * 0: the answer is deterministic); the context is echo_ctx bytes. It exercises everything
+ * the worker does except inference. */
 #define _GNU_SOURCE /* memmem */
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@ typedef struct {
     void *tag;
     char *text; /* malloc'd answer */
     const char *finish;
+    int logprobs;
     int prompt_tokens, completion_tokens;
     uint64_t start_ns, due_ns;
 } echo_item;
@@ -22,6 +24,8 @@ typedef struct {
 typedef struct {
     int cap, live, delay_ms, n_ctx;
     echo_item *items; /* (cap) */
+    wk_token_lp *lp;  /* (cap_lp) the entries of the answer being reported */
+    size_t cap_lp;
 } echo_runner;
 
 int wk_echo_open(const wk_runner_opts *o, void **self, md_err *e) {
@@ -45,6 +49,7 @@ static void echo_close(void *self) {
     for (int i = 0; i < r->cap; i++)
         free(r->items[i].text);
     free(r->items);
+    free(r->lp);
     free(r);
 }
 
@@ -102,6 +107,14 @@ static int echo_start(void *self, const wk_request *req, void *tag, md_err *e) {
     for (int i = 0; i < r->cap && !it; i++)
         if (!r->items[i].used)
             it = &r->items[i];
+    if (req->logprobs && n > r->cap_lp) {
+        /* room for this answer's entries now, so that poll() never allocates */
+        wk_token_lp *lp = realloc(r->lp, n * sizeof *lp);
+        if (!lp)
+            return md_errf(e, MD_ENOMEM, "out of memory");
+        r->lp = lp;
+        r->cap_lp = n;
+    }
     char *text = malloc(n + 1);
     if (!text)
         return md_errf(e, MD_ENOMEM, "out of memory");
@@ -111,6 +124,7 @@ static int echo_start(void *self, const wk_request *req, void *tag, md_err *e) {
     it->tag = tag;
     it->text = text;
     it->finish = finish;
+    it->logprobs = req->logprobs;
     it->prompt_tokens = (int)prompt;
     it->completion_tokens = (int)n;
     it->start_ns = md_mono_ns();
@@ -144,7 +158,14 @@ static int echo_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err
                          .prompt_tokens = it->prompt_tokens,
                          .completion_tokens = it->completion_tokens,
                          .prefill_ms = 0,
-                         .decode_ms = (double)(now - it->start_ns) / 1e6};
+                         .decode_ms = (double)(now - it->start_ns) / 1e6,
+                         .logprobs = it->logprobs};
+        if (it->logprobs) {
+            for (int k = 0; k < it->completion_tokens; k++)
+                r->lp[k] = (wk_token_lp){it->text + k, 1, (size_t)k, 0.0f};
+            res.lp = r->lp;
+            res.n_lp = it->completion_tokens;
+        }
         void *tag = it->tag;
         it->used = 0;
         r->live--;

@@ -1,7 +1,9 @@
 /* runner_engine.c — the engine runner: a registered model loaded with md_engine_open (the
  * registry resolves the name; a job never names a path), chat template -> tokens ->
  * md_engine_submit; poll() is one md_engine_step() over every live sequence (continuous
- * batching), and finished sequences come back with their text, usage and timings. */
+ * batching), and finished sequences come back with their text, usage and timings, and the
+ * logprob of each token of the text when the request asked for them (collected from the
+ * steps' results: the engine keeps no logprobs). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,12 @@ typedef struct {
     int used;
     uint64_t seq;
     void *tag;
+    int logprobs;
+    /* (cap_lp) the generated tokens and their logprobs, in order, when logprobs; kept
+     * between requests of the slot, room for max_tokens made at start */
+    int32_t *ids;
+    float *lps;
+    int n_lp, cap_lp;
 } eng_item;
 
 typedef struct {
@@ -24,7 +32,16 @@ typedef struct {
     int cap, live, n_ctx;
     char device[32];
     eng_item *items; /* (cap) */
+    int *by_seq;     /* (cap) slots of the live items with logprobs, ascending seq id */
+    int n_by_seq;
+    wk_token_lp *lp; /* (cap_lp) the entries of the answer being reported */
+    size_t cap_lp;
+    char *piece; /* (piece_cap) streaming decode output while they are made */
+    size_t piece_cap;
 } engine_runner;
+
+/* A slot keeps larger logprob buffers only while its request runs. */
+#define LP_KEEP 4096
 
 int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_err *e) {
     *self = NULL;
@@ -54,7 +71,13 @@ int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_e
     size_t n = strcspn(d, ":");
     snprintf(r->device, sizeof r->device, "%.*s", (int)n, d);
     r->items = calloc((size_t)r->cap, sizeof *r->items);
-    if (!r->items) {
+    r->by_seq = calloc((size_t)r->cap, sizeof *r->by_seq);
+    r->piece_cap = tok_max_piece_len(r->tok) + 16; /* tokenizer.h: nothing cut */
+    r->piece = malloc(r->piece_cap);
+    if (!r->items || !r->by_seq || !r->piece) {
+        free(r->items);
+        free(r->by_seq);
+        free(r->piece);
         md_engine_close(r->eng);
         free(r);
         return md_errf(e, MD_ENOMEM, "out of memory");
@@ -63,11 +86,61 @@ int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_e
     return 0;
 }
 
+static void lp_free(eng_item *it) {
+    free(it->ids);
+    free(it->lps);
+    it->ids = NULL;
+    it->lps = NULL;
+    it->cap_lp = 0;
+}
+
 static void engine_close(void *self) {
     engine_runner *r = self;
     md_engine_close(r->eng);
+    for (int i = 0; i < r->cap; i++)
+        lp_free(&r->items[i]);
     free(r->items);
+    free(r->by_seq);
+    free(r->lp);
+    free(r->piece);
     free(r);
+}
+
+/* Room for n logprob entries in slot it and in the runner's reporting buffer, so that the
+ * step loop and report() never allocate. */
+static int lp_reserve(engine_runner *r, eng_item *it, int n, md_err *e) {
+    if (n > it->cap_lp) {
+        int32_t *ids = realloc(it->ids, (size_t)n * sizeof *ids);
+        if (ids)
+            it->ids = ids;
+        float *lps = ids ? realloc(it->lps, (size_t)n * sizeof *lps) : NULL;
+        if (lps)
+            it->lps = lps;
+        if (!ids || !lps)
+            return md_errf(e, MD_ENOMEM, "out of memory for %d logprobs", n);
+        it->cap_lp = n;
+    }
+    if ((size_t)n > r->cap_lp) {
+        wk_token_lp *lp = realloc(r->lp, (size_t)n * sizeof *lp);
+        if (!lp)
+            return md_errf(e, MD_ENOMEM, "out of memory for %d logprobs", n);
+        r->lp = lp;
+        r->cap_lp = (size_t)n;
+    }
+    return 0;
+}
+
+/* Position in by_seq of the item running seq, or where it would go. */
+static int by_seq_find(const engine_runner *r, uint64_t seq) {
+    int lo = 0, hi = r->n_by_seq;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (r->items[r->by_seq[mid]].seq < seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
 static int engine_capacity(void *self) {
@@ -114,10 +187,24 @@ static int engine_start(void *self, const wk_request *req, void *tag, md_err *e)
                        "%ld tokens (%d in the messages, %d in the completion).",
                        r->n_ctx, (long)n_ids + req->max_tokens, n_ids, req->max_tokens);
     }
+    eng_item *it = NULL;
+    for (int i = 0; i < r->cap && !it; i++)
+        if (!r->items[i].used)
+            it = &r->items[i];
+    if (req->logprobs && (rc = lp_reserve(r, it, req->max_tokens, e))) {
+        free(ids);
+        return rc;
+    }
     md_sampling s;
     md_sampling_default(&s);
     s.temperature = (float)req->temperature;
     s.top_p = (float)req->top_p;
+    s.top_k = req->top_k;
+    s.min_p = (float)req->min_p;
+    s.repetition_penalty = (float)req->repetition_penalty;
+    s.presence_penalty = (float)req->presence_penalty;
+    s.frequency_penalty = (float)req->frequency_penalty;
+    s.logprobs = req->logprobs;
     s.max_tokens = req->max_tokens;
     s.stop = req->n_stop ? req->stop : NULL;
     if (req->has_seed) {
@@ -132,15 +219,44 @@ static int engine_start(void *self, const wk_request *req, void *tag, md_err *e)
     free(ids);
     if (rc)
         return rc;
-    eng_item *it = NULL;
-    for (int i = 0; i < r->cap && !it; i++)
-        if (!r->items[i].used)
-            it = &r->items[i];
     it->used = 1;
     it->seq = seq;
     it->tag = tag;
+    it->logprobs = req->logprobs;
+    it->n_lp = 0;
+    if (it->logprobs) {
+        int at = by_seq_find(r, seq);
+        memmove(r->by_seq + at + 1, r->by_seq + at, (size_t)(r->n_by_seq - at) * sizeof *r->by_seq);
+        r->by_seq[at] = (int)(it - r->items);
+        r->n_by_seq++;
+    }
     r->live++;
     return 0;
+}
+
+/* The logprob entries of a finished sequence's text into r->lp; returns how many. The
+ * engine's streaming decode is replayed to learn where each token's text begins (a token
+ * holding part of a character adds nothing until the character completes). Left out: a
+ * final end-of-generation token, and, when a stop string cut the text, the tokens that
+ * begin at or after the cut (the text shows none of their bytes). */
+static int lp_entries(engine_runner *r, const eng_item *it, const char *text, md_finish f) {
+    int n = it->n_lp;
+    if (n > 0 && f == MD_FINISH_STOP && tok_is_eog(r->tok, it->ids[n - 1]))
+        n--;
+    tok_stream ts;
+    tok_stream_init(&ts);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        const char *p = tok_piece(r->tok, it->ids[i], 0, &len);
+        r->lp[i] = (wk_token_lp){p, len, off, it->lps[i]};
+        off += tok_stream_push(r->tok, &ts, it->ids[i], r->piece, r->piece_cap);
+    }
+    size_t text_len = strlen(text);
+    if (off > text_len) /* the decoder gave more than the text holds: a stop string cut it */
+        while (n > 0 && r->lp[n - 1].text_offset >= text_len)
+            n--;
+    return n;
 }
 
 static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn done, void *ctx) {
@@ -148,7 +264,8 @@ static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn d
     md_seq_get_stats(r->eng, it->seq, &st);
     md_finish f = md_seq_finish(r->eng, it->seq);
     const char *text = md_seq_text(r->eng, it->seq);
-    wk_result res = {.text = text ? text : "",
+    text = text ? text : "";
+    wk_result res = {.text = text,
                      .finish_reason = f == MD_FINISH_LENGTH ? "length" : "stop",
                      .prompt_tokens = st.prompt_tokens,
                      .completion_tokens = st.completion_tokens,
@@ -158,12 +275,39 @@ static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn d
     if (f == MD_FINISH_ERROR || f == MD_FINISH_CANCELLED) {
         const char *why = md_seq_error(r->eng, it->seq);
         res.error = why && *why ? why : "the engine stopped this sequence";
+    } else if (it->logprobs) {
+        res.logprobs = 1;
+        res.lp = r->lp;
+        res.n_lp = lp_entries(r, it, text, f);
+    }
+    if (it->logprobs) {
+        int at = by_seq_find(r, it->seq);
+        memmove(r->by_seq + at, r->by_seq + at + 1,
+                (size_t)(r->n_by_seq - at - 1) * sizeof *r->by_seq);
+        r->n_by_seq--;
     }
     void *tag = it->tag;
     done(ctx, tag, &res);
     md_engine_release(r->eng, it->seq);
+    if (it->cap_lp > LP_KEEP)
+        lp_free(it);
     it->used = 0;
     r->live--;
+}
+
+/* Each new token of a sequence that wants logprobs, with its logprob, onto its item. */
+static void collect_logprobs(engine_runner *r, const md_step_result *res) {
+    for (int k = 0; k < res->n_tokens && r->n_by_seq > 0; k++) {
+        const md_step_token *t = &res->tokens[k];
+        int at = by_seq_find(r, t->seq_id);
+        if (at == r->n_by_seq || r->items[r->by_seq[at]].seq != t->seq_id)
+            continue;
+        eng_item *it = &r->items[r->by_seq[at]];
+        if (it->n_lp < it->cap_lp) { /* max_tokens bounds the tokens of a sequence */
+            it->ids[it->n_lp] = t->token;
+            it->lps[it->n_lp++] = t->logprob;
+        }
+    }
 }
 
 static int engine_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err *e) {
@@ -175,6 +319,7 @@ static int engine_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_e
      * finished with the reason and device_lost set (the worker hands them back, they are not
      * the requests' fault); the waiting ones are untouched and run at a later step. */
     int rc = md_engine_step(r->eng, &res, e);
+    collect_logprobs(r, &res);
     for (int k = 0; k < res.n_finished; k++)
         for (int i = 0; i < r->cap; i++)
             if (r->items[i].used && r->items[i].seq == res.finished[k]) {

@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/redis.h"
 #include "common/util.h"
+#include "worker/logprobs.h"
 #include "worker/plan.h"
 #include "worker/queue.h"
 #include "worker/watchdog.h"
@@ -274,11 +275,12 @@ static void on_done(void *ctx, void *tag, const wk_result *res) {
         ids(cid, j->chat ? "chatcmpl-" : "cmpl-");
         int m = stream_model(w, j->s);
         const char *model = w->mod[m].name;
-        json_t *choice = j->chat ? json_pack("{s:i, s:{s:s, s:s}, s:s, s:n}", "index", 0, "message",
+        json_t *lp = wk_logprobs_json(res, j->chat);
+        json_t *choice = j->chat ? json_pack("{s:i, s:{s:s, s:s}, s:s, s:o}", "index", 0, "message",
                                              "role", "assistant", "content", res->text,
-                                             "finish_reason", res->finish_reason, "logprobs")
-                                 : json_pack("{s:i, s:s, s:s, s:n}", "index", 0, "text", res->text,
-                                             "finish_reason", res->finish_reason, "logprobs");
+                                             "finish_reason", res->finish_reason, "logprobs", lp)
+                                 : json_pack("{s:i, s:s, s:s, s:o}", "index", 0, "text", res->text,
+                                             "finish_reason", res->finish_reason, "logprobs", lp);
         json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:{s:i, s:i, s:i}}", "id", cid,
                                  "object", j->chat ? "chat.completion" : "text_completion",
                                  "created", (json_int_t)(md_wall_ms() / 1000), "model", model,
