@@ -3,7 +3,7 @@
  *   medley generate -m MODEL (-p PROMPT | --chat MSG [--system SYS]) [options]
  *       streams the completion to stdout; with --json prints one object instead:
  *       {"tokens": [...], "text": "...", "prompt_tokens": N, "finish_reason": "...",
- *        "timings": {...}}
+ *        "timings": {...}}, and with --logprobs "logprobs": [...], one per token
  *   medley generate -m MODEL --batch FILE.jsonl [-o OUT.jsonl] [options]
  *       runs every line through one engine (continuous batching), writes one result line per
  *       request and reports throughput and latency on stderr.
@@ -57,6 +57,7 @@ static void usage(FILE *f) {
             "      --seed S            random seed (default 0)\n"
             "      --stop STR          stop string (repeatable, up to %d)\n"
             "      --ignore-eos        keep generating after end-of-generation tokens\n"
+            "      --logprobs          with --json: each generated token's logprob (raw logits)\n"
             "      --json              one JSON object instead of streamed text\n"
             "  -t, --threads N         CPU threads (default: every core)\n"
             "      --device D          auto (default; cuda:0 if a GPU is usable, else cpu),\n"
@@ -330,12 +331,29 @@ static int run_single(const gen_opts *o, md_engine *eng) {
         if (strlen(o->stop[i]) > hold)
             hold = strlen(o->stop[i]);
     hold = hold ? hold - 1 : 0;
-    int done = 0;
+    float *lps = NULL; /* (cap_lp) the logprobs of the n_lp tokens so far */
+    int n_lp = 0, cap_lp = 0, done = 0;
     while (!done) {
         md_step_result r;
         if (md_engine_step(eng, &r, &e)) {
             fprintf(stderr, "medley generate: %s\n", e.msg);
+            free(lps);
             return 1;
+        }
+        for (int i = 0; i < r.n_tokens && o->s.logprobs; i++) {
+            if (r.tokens[i].seq_id != id)
+                continue;
+            if (n_lp == cap_lp) {
+                cap_lp = cap_lp ? 2 * cap_lp : 256;
+                float *p = realloc(lps, (size_t)cap_lp * sizeof *p);
+                if (!p) {
+                    fprintf(stderr, "medley generate: out of memory\n");
+                    free(lps);
+                    return 1;
+                }
+                lps = p;
+            }
+            lps[n_lp++] = r.tokens[i].logprob;
         }
         for (int i = 0; i < r.n_finished; i++)
             done |= r.finished[i] == id;
@@ -359,6 +377,7 @@ static int run_single(const gen_opts *o, md_engine *eng) {
     md_finish fin = md_seq_finish(eng, id);
     if (fin == MD_FINISH_ERROR) {
         fprintf(stderr, "medley generate: %s\n", md_seq_error(eng, id));
+        free(lps);
         return 1;
     }
     double decode_tps = st.decode_ms > 0 ? (st.completion_tokens - 1) / (st.decode_ms / 1e3) : 0;
@@ -373,6 +392,12 @@ static int run_single(const gen_opts *o, md_engine *eng) {
                       "completion_tokens", nt, "finish_reason", finish_name(fin), "timings",
                       "prompt_ms", st.prefill_ms, "decode_ms", st.decode_ms, "total_ms", wall_ms,
                       "prompt_tokens_per_s", prompt_tps, "decode_tokens_per_s", decode_tps);
+        if (o->s.logprobs) {
+            json_t *lpa = json_array();
+            for (int i = 0; i < n_lp; i++)
+                json_array_append_new(lpa, json_real(lps[i]));
+            json_object_set_new(obj, "logprobs", lpa);
+        }
         char *s = json_dumps(obj, JSON_COMPACT);
         printf("%s\n", s);
         free(s);
@@ -385,6 +410,7 @@ static int run_single(const gen_opts *o, md_engine *eng) {
                 st.prompt_tokens, st.prefill_ms, prompt_tps, nt, st.decode_ms, decode_tps,
                 finish_name(fin));
     }
+    free(lps);
     md_engine_release(eng, id);
     return 0;
 }
