@@ -25,6 +25,8 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/synth.h"
+
+_Static_assert(MD_SAMPLE_TOP == MD_TOP_LOGPROBS, "backend.h and engine.h top logprobs");
 #include "engine/tokenizer.h"
 
 enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
@@ -88,6 +90,8 @@ struct md_engine {
     int32_t *b_sampled;          /* [max_seqs] device draws (backend sample op) */
     md_sample_params *b_sparams; /* [max_seqs] their parameters */
     float *b_lp;                 /* [max_seqs] their logprobs */
+    int32_t *b_top_tok;          /* [max_seqs, MD_TOP_LOGPROBS] their alternatives */
+    float *b_top_lp;
     md_sample_pen *b_pen;        /* their penalty entries, grown on demand */
     size_t cap_pen;
     md_step_token *out_toks;
@@ -327,12 +331,14 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     eng->b_sampled = malloc(S * sizeof(int32_t));
     eng->b_sparams = malloc(S * sizeof(md_sample_params));
     eng->b_lp = malloc(S * sizeof(float));
+    eng->b_top_tok = malloc(S * MD_TOP_LOGPROBS * sizeof(int32_t));
+    eng->b_top_lp = malloc(S * MD_TOP_LOGPROBS * sizeof(float));
     eng->out_toks = malloc(S * sizeof(md_step_token));
     eng->piece = malloc(1024);
     if (!eng->sc || !eng->running || !eng->b_tokens || !eng->b_seq || !eng->b_pos || !eng->b_slot ||
         !eng->b_seq_len || !eng->b_table || !eng->b_logit_rows || !eng->b_seqs || !eng->logits ||
-        !eng->b_argmax || !eng->b_sampled || !eng->b_sparams || !eng->b_lp || !eng->out_toks ||
-        !eng->piece) {
+        !eng->b_argmax || !eng->b_sampled || !eng->b_sparams || !eng->b_lp || !eng->b_top_tok ||
+        !eng->b_top_lp || !eng->out_toks || !eng->piece) {
         rc = md_errf(e, MD_ENOMEM, "engine: out of memory for step buffers");
         goto fail;
     }
@@ -383,6 +389,8 @@ void md_engine_close(md_engine *eng) {
     free(eng->b_sampled);
     free(eng->b_sparams);
     free(eng->b_lp);
+    free(eng->b_top_tok);
+    free(eng->b_top_lp);
     free(eng->b_pen);
     free(eng->out_toks);
     free(eng->finished);
@@ -691,7 +699,7 @@ static int append_text(md_engine *eng, seq *q, int32_t id) {
  * sampler's (same lowest-index tie rule). */
 static int greedy_plain(const md_sampling *s) {
     return s->temperature <= 0 && s->repetition_penalty == 1.0f && s->presence_penalty == 0 &&
-           s->frequency_penalty == 0 && !s->logprobs;
+           s->frequency_penalty == 0 && !s->logprobs && !s->top_logprobs;
 }
 
 /* Anything but a plain greedy pick, on a backend with a sample op: penalties, the draw and
@@ -730,7 +738,7 @@ static int logits_finite(const float *lg, int n) {
 static int fetch_logits(md_engine *eng, int ns, md_err *e) {
     md_backend *be = eng->be;
     size_t row = (size_t)eng->n_vocab * sizeof(float);
-    int nl = 0, plain = 0, drawn = 0, want_lp = 0;
+    int nl = 0, plain = 0, drawn = 0, want_lp = 0, want_top = 0;
     size_t n_pen = 0;
     for (int s = 0; s < ns; s++) {
         seq *q = eng->b_seqs[s];
@@ -742,7 +750,8 @@ static int fetch_logits(md_engine *eng, int ns, md_err *e) {
             plain++;
         } else if (device_sampled(be, &q->s)) {
             drawn++;
-            want_lp |= q->s.logprobs;
+            want_lp |= q->s.logprobs || q->s.top_logprobs;
+            want_top |= q->s.top_logprobs > 0;
             /* one uniform per sampled token, none for greedy, as smp_sample */
             *p = smp_params(&q->s, q->s.temperature > 0 ? smp_rng_uniform(&q->rng) : 0);
             int n_out = q->n_toks - q->n_prompt;
@@ -761,7 +770,8 @@ static int fetch_logits(md_engine *eng, int ns, md_err *e) {
         rc = be->ops->argmax(be, eng->fwd.logits, nl, eng->n_vocab, eng->b_argmax, e);
     if (drawn > 0 && rc == 0)
         rc = be->ops->sample(be, eng->fwd.logits, nl, eng->n_vocab, eng->b_sparams, eng->b_pen,
-                             (int)n_pen, eng->b_sampled, want_lp ? eng->b_lp : NULL, e);
+                             (int)n_pen, eng->b_sampled, want_lp ? eng->b_lp : NULL,
+                             want_top ? eng->b_top_tok : NULL, want_top ? eng->b_top_lp : NULL, e);
     if (plain + drawn == nl || rc)
         return rc;
     if (plain + drawn == 0) /* one transfer for the whole block */
@@ -882,24 +892,45 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         if (q->n_computed < q->n_toks)
             continue;
         float *lg = eng->logits + (size_t)li * eng->n_vocab;
+        md_step_token *ot = &eng->out_toks[n_out]; /* kept only when a token is chosen */
+        ot->n_top = 0;
         float lp = 0;
         int32_t id = -1;
-        if (dev_argmax && greedy_plain(&q->s))
+        int report = q->s.logprobs || q->s.top_logprobs;
+        if (dev_argmax && greedy_plain(&q->s)) {
             id = eng->b_argmax[li]; /* -1: the row holds a NaN */
-        else if (dev_argmax && device_sampled(eng->be, &q->s)) {
+        } else if (dev_argmax && device_sampled(eng->be, &q->s)) {
             id = eng->b_sampled[li]; /* drawn on the device at this sequence's u; -1: NaN */
-            lp = q->s.logprobs ? eng->b_lp[li] : 0;
-        } else if (logits_finite(lg, eng->n_vocab))
+            lp = report ? eng->b_lp[li] : 0;
+            const int32_t *tt = eng->b_top_tok + (size_t)li * MD_TOP_LOGPROBS;
+            while (ot->n_top < q->s.top_logprobs && tt[ot->n_top] >= 0 &&
+                   tt[ot->n_top] < eng->n_vocab) {
+                ot->top_token[ot->n_top] = tt[ot->n_top];
+                ot->top_logprob[ot->n_top] =
+                    eng->b_top_lp[(size_t)li * MD_TOP_LOGPROBS + ot->n_top];
+                ot->n_top++;
+            }
+        } else if (logits_finite(lg, eng->n_vocab)) {
+            if (q->s.top_logprobs) /* from the raw row, before smp_sample penalises it */
+                ot->n_top = smp_top_logprobs(lg, eng->n_vocab, q->s.top_logprobs, ot->top_token,
+                                             ot->top_logprob);
             id = smp_sample(&q->s, lg, eng->n_vocab, q->toks, q->n_prompt, q->toks + q->n_prompt,
                             q->n_toks - q->n_prompt, &q->rng, eng->sc, &lp);
+        }
         li++;
-        if (id < 0) {
+        if (id < 0 || id >= eng->n_vocab) {
             /* a silent device fault (or broken weights): no token can be chosen, and this
              * sequence's K/V hold garbage; shared prefix blocks may too */
-            snprintf(q->err, sizeof q->err,
-                     "the model produced logits that are not numbers (NaN or infinite) at "
-                     "position %d: the device or the weights are faulty",
-                     q->n_toks);
+            if (id < 0)
+                snprintf(q->err, sizeof q->err,
+                         "the model produced logits that are not numbers (NaN or infinite) at "
+                         "position %d: the device or the weights are faulty",
+                         q->n_toks);
+            else
+                snprintf(q->err, sizeof q->err,
+                         "the device chose token %d at position %d, outside the vocabulary of "
+                         "%d: the device is faulty",
+                         id, q->n_toks, eng->n_vocab);
             for (int i = 0; i < eng->n_running; i++)
                 if (eng->running[i] == q) {
                     remove_running(eng, i);
@@ -912,7 +943,10 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         q->toks[q->n_toks++] = id;
         if (q->t_first == 0)
             q->t_first = now;
-        eng->out_toks[n_out++] = (md_step_token){q->id, id, lp};
+        ot->seq_id = q->id;
+        ot->token = id;
+        ot->logprob = lp;
+        n_out++;
         int n_gen = q->n_toks - q->n_prompt;
         md_finish why = MD_FINISH_NONE;
         if (!q->s.ignore_eos && tok_is_eog(eng->tok, id))

@@ -49,6 +49,8 @@ typedef struct {
     int max_tokens;           /* generated tokens limit */
     const char *const *stop;  /* stop strings (NULL-terminated list or NULL); copied */
     int logprobs;             /* report the chosen tokens' logprobs */
+    int top_logprobs;         /* the most likely tokens at each position too (0..20; their
+                                 logprobs and the chosen token's are reported) */
     int ignore_eos;
 } md_sampling;
 
@@ -64,10 +66,17 @@ typedef enum {
     MD_FINISH_CANCELLED,
 } md_finish;
 
+#define MD_TOP_LOGPROBS 20 /* most alternatives md_sampling.top_logprobs can ask for */
+
 typedef struct {
     uint64_t seq_id; /* as returned by md_engine_submit */
     int32_t token;   /* newly generated token */
-    float logprob;   /* when requested */
+    float logprob;   /* when requested: log-softmax of the raw logits at token */
+    /* top_logprobs: the n_top most likely tokens under the raw logits, most likely first
+     * (lowest id first among equals), with their logprobs; fewer when fewer are finite */
+    int n_top;
+    int32_t top_token[MD_TOP_LOGPROBS];
+    float top_logprob[MD_TOP_LOGPROBS];
 } md_step_token;
 
 typedef struct {

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE /* qsort_r */
 #include "engine/sampler.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,9 @@ int smp_validate(const md_sampling *s, md_err *e) {
     if (!(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
         return md_errf(e, MD_EINVAL, "frequency_penalty %g must be in [-2, 2]",
                        s->frequency_penalty);
+    if (s->top_logprobs < 0 || s->top_logprobs > MD_TOP_LOGPROBS)
+        return md_errf(e, MD_EINVAL, "top_logprobs %d must be in [0, %d]", s->top_logprobs,
+                       MD_TOP_LOGPROBS);
     if (s->max_tokens < 0)
         return md_errf(e, MD_EINVAL, "max_tokens %d must be >= 0", s->max_tokens);
     return 0;
@@ -302,6 +306,36 @@ int32_t smp_sample_row(const md_sample_params *p, const md_sample_pen *pen, floa
     return tok;
 }
 
+int smp_top_logprobs(const float *logits, int n, int k, int32_t *tok, float *lp) {
+    if (k > MD_TOP_LOGPROBS)
+        k = MD_TOP_LOGPROBS;
+    if (k <= 0)
+        return 0;
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (logits[i] > mx)
+            mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)logits[i] - mx);
+    /* insertion into a sorted list of at most k: most tokens fail the first comparison */
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        float x = logits[i];
+        if (!(x > -FLT_MAX) || (m == k && !(x > logits[tok[m - 1]])))
+            continue; /* -inf and NaN are never alternatives; equals keep the lower id */
+        int j = m < k ? m++ : k - 1;
+        while (j > 0 && x > logits[tok[j - 1]]) {
+            tok[j] = tok[j - 1];
+            j--;
+        }
+        tok[j] = i;
+    }
+    for (int j = 0; j < m; j++)
+        lp[j] = (float)((double)logits[tok[j]] - mx - log(sum));
+    return m;
+}
+
 md_sample_params smp_params(const md_sampling *s, double u) {
     return (md_sample_params){.temperature = s->temperature,
                               .top_k = s->top_k,
@@ -310,7 +344,8 @@ md_sample_params smp_params(const md_sampling *s, double u) {
                               .u = u,
                               .repetition = s->repetition_penalty,
                               .presence = s->presence_penalty,
-                              .frequency = s->frequency_penalty};
+                              .frequency = s->frequency_penalty,
+                              .n_top = s->top_logprobs};
 }
 
 int32_t smp_sample(const md_sampling *s, float *logits, int n, const int32_t *prompt, int n_prompt,
@@ -320,5 +355,6 @@ int32_t smp_sample(const md_sampling *s, float *logits, int n, const int32_t *pr
     p.pen_n = smp_pen_list(s, prompt, n_prompt, out, n_out, n, sc, sc->pen);
     if (logprob)
         *logprob = 0;
-    return smp_sample_row(&p, sc->pen, logits, n, sc, logprob && s->logprobs ? logprob : NULL);
+    int report = s->logprobs || s->top_logprobs;
+    return smp_sample_row(&p, sc->pen, logits, n, sc, logprob && report ? logprob : NULL);
 }

@@ -57,6 +57,12 @@ int32_t smp_sample(const md_sampling *s, float *logits, int n_vocab, const int32
 int smp_pen_list(const md_sampling *s, const int32_t *prompt, int n_prompt, const int32_t *out,
                  int n_out, int n_vocab, smp_scratch *sc, md_sample_pen *list);
 
+/* The k (at most MD_TOP_LOGPROBS) most likely tokens of logits, most likely first and the
+ * lowest id first among equals, with their log-softmax: md_step_token's top_logprobs, taken
+ * from the raw logits (before penalties and temperature). Tokens at -inf are never listed.
+ * Returns how many (k unless fewer are finite). */
+int smp_top_logprobs(const float *logits, int n, int k, int32_t *tok, float *lp);
+
 /* The row parameters of a sequence's sampling at uniform u (no penalty entries yet). */
 md_sample_params smp_params(const md_sampling *s, double u);
 

@@ -121,7 +121,10 @@ typedef struct {
     double u;
     float repetition, presence, frequency; /* 1, 0, 0 = off */
     int pen_off, pen_n; /* the row's entries: pen[pen_off .. pen_off + pen_n) of the call */
+    int n_top;          /* top logprobs wanted, 0..MD_SAMPLE_TOP */
 } md_sample_params;
+
+#define MD_SAMPLE_TOP 20 /* engine.h MD_TOP_LOGPROBS */
 
 typedef struct md_backend_ops {
     const char *name; /* "cpu", "cuda" */
@@ -202,10 +205,14 @@ typedef struct md_backend_ops {
      * p[r] (host, rows entries) and its penalty entries in pen [n_pen] (host), so sampled,
      * penalised and logprob-reporting sequences download one id instead of a row of logits;
      * -1 for a row holding a NaN. logprob [rows] (host, may be NULL) = each chosen token's
-     * log-softmax under the raw row (before penalties and temperature). Rows with penalty
-     * entries are penalised in place (x is the step's scratch). Waits for the result. */
+     * log-softmax under the raw row (before penalties and temperature); top_tok, top_lp
+     * [rows, MD_SAMPLE_TOP] (host, may be NULL; only with logprob) = the p[r].n_top most likely
+     * tokens of the raw row and their logprobs as engine/sampler.h smp_top_logprobs lists
+     * them, -1 / 0 past the last. Rows with penalty entries are penalised in place (x is the
+     * step's scratch). Waits for the result. */
     int (*sample)(md_backend *be, const md_buf *x, int rows, int n, const md_sample_params *p,
-                  const md_sample_pen *pen, int n_pen, int32_t *out, float *logprob, md_err *e);
+                  const md_sample_pen *pen, int n_pen, int32_t *out, float *logprob,
+                  int32_t *top_tok, float *top_lp, md_err *e);
 
     /* Fused products of one input x [T, K] with n <= MD_MM_MAX weights w[i] [ne1_i, K] (any
      * weight types, mixed allowed), so a backend can read x once and launch once for Q/K/V

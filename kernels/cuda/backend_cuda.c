@@ -74,7 +74,9 @@ typedef struct {
     int64_t max_block_id; /* largest block id any token of the step reads */
     void *att_work;
     size_t att_work_n;
-    int32_t *d_argmax; /* [2 max_seqs] greedy picks and sampled tokens, then their logprobs */
+    /* [max_seqs] greedy picks and sampled tokens, then [max_seqs] their logprobs, then
+     * [max_seqs, CUDA_SAMPLE_TOP] top tokens and [max_seqs, CUDA_SAMPLE_TOP] their logprobs */
+    int32_t *d_argmax;
     cuda_sample_params *d_sparams, *h_sparams; /* [max_seqs] sample op parameters */
     /* the sample op's penalty entries (pinned staging, device copy followed by one raw
      * logit per entry), grown to the largest call */
@@ -308,8 +310,9 @@ static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     cuda_sample_params *sp = NULL, *hsp = NULL;
     size_t sp_bytes = (size_t)r->max_seqs * sizeof(cuda_sample_params);
     int rc = cuda_pool_alloc(b->c, n * sizeof(int32_t), (void **)&d, e);
-    if (rc == 0 &&
-        (rc = cuda_pool_alloc(b->c, 2 * (size_t)r->max_seqs * sizeof(int32_t), (void **)&am, e)))
+    if (rc == 0 && (rc = cuda_pool_alloc(
+                        b->c, (2 + 2 * CUDA_SAMPLE_TOP) * (size_t)r->max_seqs * sizeof(int32_t),
+                        (void **)&am, e)))
         cuda_pool_free(b->c, d);
     if (rc == 0 && (rc = cuda_pool_alloc(b->c, sp_bytes, (void **)&sp, e))) {
         cuda_pool_free(b->c, d);
@@ -874,44 +877,59 @@ static int pen_room(cuda_backend *b, size_t n, md_err *e) {
 /* Sampled, penalised and logprob rows: one id (and a logprob) per row comes back, not the row
  * of logits; the penalty entries go up instead. */
 static int be_sample(md_backend *be, const md_buf *x, int rows, int n, const md_sample_params *p,
-                     const md_sample_pen *pen, int n_pen, int32_t *out, float *logprob, md_err *e) {
+                     const md_sample_pen *pen, int n_pen, int32_t *out, float *logprob,
+                     int32_t *top_tok, float *top_lp, md_err *e) {
     cuda_backend *b = cbe(be);
     if (outside_step(b, "sample", e))
         return MD_EINVAL;
-    if (!b->reserved || rows < 0 || rows > b->r.max_seqs || n < 1 || n_pen < 0)
+    if (!b->reserved || rows < 0 || rows > b->r.max_seqs || n < 1 || n_pen < 0 ||
+        !top_tok != !top_lp)
         return md_errf(e, MD_EINVAL,
-                       "cuda backend: sample of %d rows, %d penalty entries "
+                       "cuda backend: sample of %d rows, %d penalty entries%s "
                        "(reserved for %d rows)",
-                       rows, n_pen, b->reserved ? b->r.max_seqs : 0);
+                       rows, n_pen, !top_tok != !top_lp ? ", top tokens without logprobs" : "",
+                       b->reserved ? b->r.max_seqs : 0);
     int rc = range_ok(x, 0, (size_t)rows * n * sizeof(float), e);
     if (rc || rows == 0)
         return rc;
     for (int r = 0; r < rows; r++)
-        if (p[r].pen_off < 0 || p[r].pen_n < 0 || p[r].pen_n > n_pen - p[r].pen_off)
+        if (p[r].pen_off < 0 || p[r].pen_n < 0 || p[r].pen_n > n_pen - p[r].pen_off ||
+            p[r].n_top < 0 || p[r].n_top > CUDA_SAMPLE_TOP)
             return md_errf(e, MD_EINVAL,
-                           "cuda backend: sample row %d names penalty entries %d..%d of %d", r,
-                           p[r].pen_off, p[r].pen_off + p[r].pen_n, n_pen);
+                           "cuda backend: sample row %d names penalty entries %d..%d of %d and "
+                           "%d top logprobs (at most %d)",
+                           r, p[r].pen_off, p[r].pen_off + p[r].pen_n, n_pen, p[r].n_top,
+                           CUDA_SAMPLE_TOP);
     if (n_pen > 0 && (rc = pen_room(b, (size_t)n_pen, e)))
         return rc;
     for (int r = 0; r < rows; r++) /* staging is free: the last call waited for its result */
-        b->h_sparams[r] = (cuda_sample_params){
-            p[r].temperature, p[r].top_k,    p[r].top_p,     p[r].min_p,   (float)p[r].u,
-            p[r].repetition,  p[r].presence, p[r].frequency, p[r].pen_off, p[r].pen_n};
+        b->h_sparams[r] =
+            (cuda_sample_params){p[r].temperature, p[r].top_k,      p[r].top_p,    p[r].min_p,
+                                 (float)p[r].u,    p[r].repetition, p[r].presence, p[r].frequency,
+                                 p[r].pen_off,     p[r].pen_n,      p[r].n_top};
     float *pen_raw = NULL;
     if (n_pen > 0) {
         memcpy(b->h_pen, pen, (size_t)n_pen * sizeof *pen); /* same layout: two int32 */
         pen_raw = (float *)(b->d_pen + b->cap_pen);
         rc = cuda_upload(b->c, b->d_pen, b->h_pen, (size_t)n_pen * sizeof(cuda_sample_pen), e);
     }
-    float *d_lp = logprob ? (float *)(b->d_argmax + b->r.max_seqs) : NULL;
+    /* d_argmax's layout: ids, logprobs, top ids, top logprobs (see cuda_backend) */
+    size_t S = (size_t)b->r.max_seqs, top_n = (size_t)rows * CUDA_SAMPLE_TOP;
+    float *d_lp = logprob || top_tok ? (float *)(b->d_argmax + S) : NULL;
+    int32_t *d_top = top_tok ? b->d_argmax + 2 * S : NULL;
+    float *d_top_lp = top_tok ? (float *)(b->d_argmax + 2 * S + S * CUDA_SAMPLE_TOP) : NULL;
     if (rc ||
         (rc = cuda_upload(b->c, b->d_sparams, b->h_sparams,
                           (size_t)rows * sizeof(cuda_sample_params), e)) ||
         (rc = cuda_sample(b->c, (float *)x->p, rows, n, b->d_sparams, b->d_pen, pen_raw,
-                          b->d_argmax, d_lp, e)) ||
-        (rc = cuda_download(b->c, out, b->d_argmax, (size_t)rows * sizeof(int32_t), e)))
+                          b->d_argmax, d_lp, d_top, d_top_lp, e)) ||
+        (rc = cuda_download(b->c, out, b->d_argmax, (size_t)rows * sizeof(int32_t), e)) ||
+        (logprob && (rc = cuda_download(b->c, logprob, d_lp, (size_t)rows * sizeof(float), e))))
         return rc;
-    return logprob ? cuda_download(b->c, logprob, d_lp, (size_t)rows * sizeof(float), e) : 0;
+    if (top_tok && ((rc = cuda_download(b->c, top_tok, d_top, top_n * sizeof(int32_t), e)) ||
+                    (rc = cuda_download(b->c, top_lp, d_top_lp, top_n * sizeof(float), e))))
+        return rc;
+    return 0;
 }
 
 static const md_backend_ops cuda_backend_ops = {

@@ -232,7 +232,10 @@ typedef struct {
     float u;           /* uniform draw in [0, 1) from the caller's seeded RNG */
     float repetition, presence, frequency; /* penalties: 1, 0, 0 = off */
     int pen_off, pen_n;                    /* the row's entries in the call's pen */
+    int n_top;                             /* top logprobs wanted, 0..CUDA_SAMPLE_TOP */
 } cuda_sample_params;
+
+#define CUDA_SAMPLE_TOP 20 /* backend.h MD_SAMPLE_TOP */
 
 /* A distinct token of the row's sequence and its output count (backend.h md_sample_pen). */
 typedef struct {
@@ -247,11 +250,13 @@ int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *
  * then greedy at temperature <= 0, else the temperature softmax, top-k, top-p and min-p as
  * thresholds on the probabilities and the inverse-CDF draw at u over the kept tokens in
  * index order; -1 for a row holding a NaN or no finite logit. logprob[r] (may be NULL) = the
- * chosen token's log-softmax under the raw row. engine/sampler.h smp_sample_row is the
+ * chosen token's log-softmax under the raw row. top_tok, top_lp [rows, CUDA_SAMPLE_TOP] (may
+ * be NULL) = the params[r].n_top most likely tokens of the raw row with their logprobs, -1 /
+ * 0 past the last. engine/sampler.h smp_sample_row and smp_top_logprobs are the
  * reference. */
 int cuda_sample(cuda_ctx *c, float *logits, int rows, int vocab, const cuda_sample_params *params,
                 const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob,
-                md_err *e);
+                int32_t *top_tok, float *top_lp, md_err *e);
 
 /* ---- CUDA graphs ------------------------------------------------------------------ */
 

@@ -7,7 +7,8 @@
  * and sums (no sort, no scratch memory), and the token is the inverse-CDF draw at the
  * caller's uniform u over the kept tokens in index order (a block-wide prefix scan). The
  * caller's RNG supplies u, so a seed gives the same tokens on every backend. The logprob is
- * the chosen token's log-softmax under the row as it came in (raw, before penalties). */
+ * the chosen token's log-softmax under the row as it came in (raw, before penalties); the top
+ * logprobs are the raw row's most likely tokens, one block-wide argmax pass each. */
 #include "kernels/cuda/cuda_internal.h"
 
 #define SAMPLE_THREADS 1024
@@ -140,8 +141,45 @@ __device__ void sample_done(const float *l, int tok, const cuda_sample_params *P
     }
 }
 
+/* The k most likely tokens of the raw row, most likely first and the lowest index first among
+ * equals, with their logprobs: k block-wide argmax passes, each over the tokens after the
+ * last one found in that order (engine/sampler.h smp_top_logprobs lists the same). -1 / 0
+ * past the last. */
+__device__ void top_logprobs(const float *l, int vocab, int k, float raw_mx, float raw_lse,
+                             float *shv, int *shi, int32_t *tt, float *tl) {
+    float pv = FLT_MAX;
+    int pi = -1, j = 0;
+    for (; j < k && j < CUDA_SAMPLE_TOP; j++) {
+        float bv = -FLT_MAX;
+        int bi = INT_MAX;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float x = l[i];
+            if ((x < pv || (x == pv && i > pi)) && x > bv) {
+                bv = x;
+                bi = i;
+            }
+        }
+        float v;
+        int idx;
+        block_argmax(bv, bi, shv, shi, &v, &idx);
+        if (idx == INT_MAX) /* no finite logit left: the same for every thread */
+            break;
+        if (threadIdx.x == 0) {
+            tt[j] = idx;
+            tl[j] = v - raw_mx - raw_lse;
+        }
+        pv = v;
+        pi = idx;
+    }
+    for (int r = j + threadIdx.x; r < CUDA_SAMPLE_TOP; r += blockDim.x) {
+        tt[r] = -1;
+        tl[r] = 0.0f;
+    }
+}
+
 __global__ void k_sample(float *logits, int vocab, const cuda_sample_params *params,
-                         const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob) {
+                         const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob,
+                         int32_t *top_tok, float *top_lp) {
     __shared__ float sh[32], shv[32];
     __shared__ int shi[32];
     __shared__ float carry, raw_tok;
@@ -160,15 +198,23 @@ __global__ void k_sample(float *logits, int vocab, const cuda_sample_params *par
             if (logprob)
                 logprob[blockIdx.x] = 0.0f;
         }
+        for (int r = threadIdx.x; top_tok && r < CUDA_SAMPLE_TOP; r += blockDim.x) {
+            top_tok[(int64_t)blockIdx.x * CUDA_SAMPLE_TOP + r] = -1;
+            top_lp[(int64_t)blockIdx.x * CUDA_SAMPLE_TOP + r] = 0.0f;
+        }
         return;
     }
     /* the logprob is the raw row's: its log-sum-exp before the penalties change it */
     float raw_mx = mx, raw_lse = 0.0f;
-    if (logprob) {
+    if (logprob || top_tok) {
         float dummy, z;
         kept(l, vocab, mx, 1.0f, -FLT_MAX, sh, &dummy, &z);
         raw_lse = logf(z);
     }
+    if (top_tok)
+        top_logprobs(l, vocab, P.n_top, raw_mx, raw_lse, shv, shi,
+                     top_tok + (int64_t)blockIdx.x * CUDA_SAMPLE_TOP,
+                     top_lp + (int64_t)blockIdx.x * CUDA_SAMPLE_TOP);
     if (P.pen_n > 0) {
         /* each entry names a distinct token: one thread per entry, no races. Unfused
          * arithmetic, as engine/sampler.c does it on the host, so both give the same bits. */
@@ -277,13 +323,13 @@ __global__ void k_sample(float *logits, int vocab, const cuda_sample_params *par
 
 int cuda_sample(cuda_ctx *c, float *logits, int rows, int vocab, const cuda_sample_params *params,
                 const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob,
-                md_err *e) {
+                int32_t *top_tok, float *top_lp, md_err *e) {
     CUDA_GUARD(c, e);
     if (rows < 0 || vocab <= 0)
         return md_errf(e, MD_EINVAL, "CUDA sample: bad shape [%d, %d]", rows, vocab);
     if (rows == 0)
         return 0;
     k_sample<<<rows, SAMPLE_THREADS, 0, c->stream>>>(logits, vocab, params, pen, pen_raw, out,
-                                                     logprob);
+                                                     logprob, top_tok, top_lp);
     return CUDA_LAUNCHED(c, "sample", e);
 }

@@ -413,19 +413,15 @@ static void test_sampling_distribution_and_filters(void **state) {
             put(dl_n + (size_t)r * V, l, V * 4);
         cuda_sample_params *prm = malloc(N * sizeof *prm);
         for (int r = 0; r < N; r++)
-            prm[r] = (cuda_sample_params){cases[c].temp,
-                                          cases[c].top_k,
-                                          cases[c].top_p,
-                                          cases[c].min_p,
-                                          (r + 0.5f) / N,
-                                          1.0f,
-                                          0,
-                                          0,
-                                          0,
-                                          0};
+            prm[r] = (cuda_sample_params){.temperature = cases[c].temp,
+                                          .top_k = cases[c].top_k,
+                                          .top_p = cases[c].top_p,
+                                          .min_p = cases[c].min_p,
+                                          .u = (r + 0.5f) / N,
+                                          .repetition = 1.0f};
         cuda_sample_params *dp = dev(N * sizeof *prm);
         put(dp, prm, N * sizeof *prm);
-        OK(cuda_sample(C, dl_n, N, V, dp, NULL, NULL, dtok, dlp, E));
+        OK(cuda_sample(C, dl_n, N, V, dp, NULL, NULL, dtok, dlp, NULL, NULL, E));
         get(tok, dtok, N * 4);
         get(lp, dlp, N * 4);
         host_probs(l, V, cases[c].temp, p);
@@ -483,10 +479,10 @@ static void test_sampling_distribution_and_filters(void **state) {
         cuda_pool_free(C, dl_n);
     }
     /* greedy through cuda_sample (temperature 0) */
-    cuda_sample_params g = {0.0f, 0, 1.0f, 0.0f, 0.9f, 1.0f, 0, 0, 0, 0};
+    cuda_sample_params g = {.temperature = 0.0f, .top_p = 1.0f, .u = 0.9f, .repetition = 1.0f};
     cuda_sample_params *dg = dev(sizeof g);
     put(dg, &g, sizeof g);
-    OK(cuda_sample(C, dl, 1, V, dg, NULL, NULL, dtok, NULL, E));
+    OK(cuda_sample(C, dl, 1, V, dg, NULL, NULL, dtok, NULL, NULL, NULL, E));
     get(tok, dtok, 4);
     assert_int_equal(tok[0], 17);
     free(raw);
@@ -494,7 +490,7 @@ static void test_sampling_distribution_and_filters(void **state) {
     free(l);
 }
 
-/* Penalties and logprobs on the GPU against engine/sampler.c's row sampler, as
+/* Penalties, logprobs and top logprobs on the GPU against engine/sampler.c's row sampler, as
  * test_cuda_emu's "samplehost" checks them on the emulator: a vocabulary of 49152 (SmolLM2's),
  * one sequence history, rows under different penalties and filters. The penalised row is
  * the host's bit for bit, the token the host's, the logprob the host's raw one within 1e-4. */
@@ -544,21 +540,33 @@ static void test_sampling_penalties_and_logprobs(void **state) {
         hp[r].pen_n =
             smp_pen_list(&s, toks, n_prompt, toks + n_prompt, n - n_prompt, V, sc, pen + n_pen);
         n_pen += hp[r].pen_n;
-        prm[r] = (cuda_sample_params){
-            hp[r].temperature, hp[r].top_k,    hp[r].top_p,     hp[r].min_p,   (float)hp[r].u,
-            hp[r].repetition,  hp[r].presence, hp[r].frequency, hp[r].pen_off, hp[r].pen_n};
+        hp[r].n_top = r == 0 ? 3 : r == 3 ? CUDA_SAMPLE_TOP : 0;
+        prm[r] = (cuda_sample_params){.temperature = hp[r].temperature,
+                                      .top_k = hp[r].top_k,
+                                      .top_p = hp[r].top_p,
+                                      .min_p = hp[r].min_p,
+                                      .u = (float)hp[r].u,
+                                      .repetition = hp[r].repetition,
+                                      .presence = hp[r].presence,
+                                      .frequency = hp[r].frequency,
+                                      .pen_off = hp[r].pen_off,
+                                      .pen_n = hp[r].pen_n,
+                                      .n_top = hp[r].n_top};
     }
     float *dl = dev((size_t)R * V * 4), *dlp = dev(R * 4), *draw = dev((size_t)n_pen * 4);
-    int32_t *dtok = dev(R * 4), tok[R];
-    float lp[R];
+    int32_t *dtok = dev(R * 4), tok[R], *dtt = dev(R * CUDA_SAMPLE_TOP * 4),
+            tt[R * CUDA_SAMPLE_TOP];
+    float lp[R], *dtl = dev(R * CUDA_SAMPLE_TOP * 4), tl[R * CUDA_SAMPLE_TOP];
     cuda_sample_params *dp = dev(sizeof prm);
     cuda_sample_pen *dpen = dev((size_t)n_pen * sizeof *dpen);
     for (int r = 0; r < R; r++)
         put(dl + (size_t)r * V, l, V * 4);
     put(dp, prm, sizeof prm);
     put(dpen, pen, (size_t)n_pen * sizeof *pen);
-    OK(cuda_sample(C, dl, R, V, dp, dpen, draw, dtok, dlp, E));
+    OK(cuda_sample(C, dl, R, V, dp, dpen, draw, dtok, dlp, dtt, dtl, E));
     get(tok, dtok, sizeof tok);
+    get(tt, dtt, sizeof tt);
+    get(tl, dtl, sizeof tl);
     get(lp, dlp, sizeof lp);
     get(got, dl, (size_t)R * V * 4);
     for (int r = 0; r < R; r++) {
@@ -575,9 +583,17 @@ static void test_sampling_penalties_and_logprobs(void **state) {
                hp[r].pen_n, tok[r], h, lp[r], hlp);
         assert_int_equal(tok[r], h);
         assert_true(fabsf(lp[r] - hlp) < 1e-4f);
+        int32_t ht[MD_TOP_LOGPROBS];
+        float hl[MD_TOP_LOGPROBS];
+        int m = smp_top_logprobs(l, V, hp[r].n_top, ht, hl);
+        for (int j = 0; j < CUDA_SAMPLE_TOP; j++) {
+            assert_int_equal(tt[r * CUDA_SAMPLE_TOP + j], j < m ? ht[j] : -1);
+            if (j < m)
+                assert_true(fabsf(tl[r * CUDA_SAMPLE_TOP + j] - hl[j]) < 1e-4f);
+        }
     }
     assert_true(tok[0] != top); /* the frequency penalty moved the greedy row */
-    void *bufs[] = {dl, dlp, draw, dtok, dp, dpen};
+    void *bufs[] = {dl, dlp, draw, dtok, dp, dpen, dtt, dtl};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         cuda_pool_free(C, bufs[i]);
     smp_scratch_free(sc);

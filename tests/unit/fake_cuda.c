@@ -75,7 +75,8 @@ static const char *const fn_spec[F_N] = {
                        "block_tokens:i q:p tiles:p n_tiles:i block_table:p max_blocks:i "
                        "n_heads:i scale:f out:p",
     [F_ARGMAX] = "cuda_argmax logits:p rows:i vocab:i out:p",
-    [F_SAMPLE] = "cuda_sample logits:p rows:i vocab:i params:p pen:p pen_raw:p out:p logprob:p",
+    [F_SAMPLE] = "cuda_sample logits:p rows:i vocab:i params:p pen:p pen_raw:p out:p logprob:p "
+                 "top_tok:p top_lp:p",
     [F_ROPE_KV] = "cuda_rope_kv q:p k:p v:p k_cache:p v_cache:p dtype:i pos:p slots:p n_tokens:i "
                   "n_heads:i n_kv_heads:i head_dim:i rot_dim:i inv_freq:p neox:i",
 };
@@ -472,6 +473,11 @@ static void execute(fake_launch *l) {
             h ^= h >> 29;
             out[r] = (int32_t)(h % (uint64_t)vocab);
         }
+        size_t rt = 0; /* top tokens: the row's own pick, then none */
+        int32_t *tt = l->fn == F_SAMPLE ? (int32_t *)denorm(l->a[8], &rt) : NULL;
+        for (int64_t r = 0; tt && (size_t)(r + 1) * CUDA_SAMPLE_TOP * 4 <= rt && r < rows; r++)
+            for (int j = 0; j < CUDA_SAMPLE_TOP; j++)
+                tt[r * CUDA_SAMPLE_TOP + j] = j == 0 ? out[r] : -1;
         break;
     }
     default: break;
@@ -1267,7 +1273,7 @@ int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *
 
 int cuda_sample(cuda_ctx *c, float *logits, int rows, int vocab, const cuda_sample_params *params,
                 const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob,
-                md_err *e) {
+                int32_t *top_tok, float *top_lp, md_err *e) {
     GUARD(c, e);
     fake_launch r;
     rec_init(&r, F_SAMPLE);
@@ -1280,6 +1286,8 @@ int cuda_sample(cuda_ctx *c, float *logits, int rows, int vocab, const cuda_samp
     arg_p(&r, pen_raw, 0, "pen_raw");
     arg_p(&r, out, (size_t)rows * 4, "out");
     arg_p(&r, logprob, logprob ? (size_t)rows * 4 : 0, "logprob");
+    arg_p(&r, top_tok, top_tok ? (size_t)rows * CUDA_SAMPLE_TOP * 4 : 0, "top_tok");
+    arg_p(&r, top_lp, top_lp ? (size_t)rows * CUDA_SAMPLE_TOP * 4 : 0, "top_lp");
     return enqueue(c, &r, e);
 }
 

@@ -363,7 +363,8 @@ static const md_backend_ops gb_ops = {
  * own row sampler (smp_sample_row), as a device would; the logits never leave the "device"
  * for those rows. */
 static int gb_sample(md_backend *be, const md_buf *x, int rows, int n, const md_sample_params *p,
-                     const md_sample_pen *pen, int n_pen, int32_t *out, float *logprob, md_err *e) {
+                     const md_sample_pen *pen, int n_pen, int32_t *out, float *logprob,
+                     int32_t *top_tok, float *top_lp, md_err *e) {
     int rc = in_step(G(be), e, "sample");
     if (rc)
         return rc;
@@ -384,6 +385,16 @@ static int gb_sample(md_backend *be, const md_buf *x, int rows, int n, const md_
             rc = md_errf(e, MD_EINVAL, "cpu-graph: row %d names entries outside the %d given", r,
                          n_pen);
             break;
+        }
+        if (top_tok) { /* from the raw row, before the penalties */
+            int32_t *tt = top_tok + (size_t)r * MD_SAMPLE_TOP;
+            float *tl = top_lp + (size_t)r * MD_SAMPLE_TOP;
+            int m = nan || p[r].n_top <= 0 ? 0 : smp_top_logprobs(row, n, p[r].n_top, tt, tl);
+            for (int j = m; j < MD_SAMPLE_TOP; j++) {
+                tt[j] = -1;
+                tl[j] = 0;
+            }
+            g_stats.top_rows += m > 0;
         }
         float lp = 0;
         out[r] = nan ? -1 : smp_sample_row(&p[r], pen, row, n, sc, logprob ? &lp : NULL);

@@ -24,6 +24,7 @@ typedef struct {
     long eager_steps, recorded, replayed, reruns;
     long sampled_rows;   /* rows drawn by the ":sample" op */
     long penalised_rows; /* rows it penalised */
+    long top_rows;       /* rows it listed top logprobs of */
     long violations;
     char first_violation[256];
 } graph_backend_stats;

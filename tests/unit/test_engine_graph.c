@@ -63,13 +63,16 @@ static void sampling_for(int i, md_sampling *s) {
     } else if (i % 4 == 2) { /* greedy, but not plain: the penalised argmax and its logprob */
         s->frequency_penalty = 0.6f;
         s->logprobs = 1;
+        s->top_logprobs = 5;
     }
+    if (i == 5)
+        s->top_logprobs = MD_TOP_LOGPROBS;
 }
 
-/* Every prompt through one engine; tokens into out[i] (GEN each, zero-padded), the logprobs
- * the steps reported into lps[i]. */
+/* Every prompt through one engine; tokens into out[i] (GEN each, zero-padded), what the
+ * steps reported of them (logprobs, top logprobs) into rep[i]. */
 static void run_all(const char *model, const char *device, int32_t out[NP][GEN],
-                    float lps[NP][GEN]) {
+                    md_step_token rep[NP][GEN]) {
     md_engine *eng = open_on(model, device);
     int vocab = md_engine_n_vocab(eng);
     uint64_t ids[NP];
@@ -83,7 +86,7 @@ static void run_all(const char *model, const char *device, int32_t out[NP][GEN],
             fail_msg("submit: %s", e.msg);
     }
     int guard = 0, got[NP] = {0};
-    memset(lps, 0, sizeof(float) * NP * GEN);
+    memset(rep, 0, sizeof(md_step_token) * NP * GEN);
     for (;; guard++) {
         assert_true(guard < 10000);
         md_step_result r;
@@ -93,7 +96,7 @@ static void run_all(const char *model, const char *device, int32_t out[NP][GEN],
         for (int k = 0; k < r.n_tokens; k++)
             for (int i = 0; i < NP; i++)
                 if (ids[i] == r.tokens[k].seq_id && got[i] < GEN)
-                    lps[i][got[i]++] = r.tokens[k].logprob;
+                    rep[i][got[i]++] = r.tokens[k];
         if (r.n_live == 0)
             break;
     }
@@ -112,18 +115,18 @@ static void run_all(const char *model, const char *device, int32_t out[NP][GEN],
 
 static void check_device(const char *model, const char *device, int want_reruns) {
     static int32_t plain[NP][GEN], graphed[NP][GEN];
-    static float plain_lp[NP][GEN], graphed_lp[NP][GEN];
+    static md_step_token plain_lp[NP][GEN], graphed_lp[NP][GEN];
     run_all(model, "cpu", plain, plain_lp);
     graph_backend_reset_stats();
     run_all(model, device, graphed, graphed_lp);
     graph_backend_stats st;
     graph_backend_get_stats(&st);
     printf("%s on %s: %ld steps run directly, %ld recorded, %ld replayed, %ld re-run after a "
-           "failed recording, %ld rows drawn by the backend (%ld penalised), %ld contract "
-           "violations%s%s\n",
+           "failed recording, %ld rows drawn by the backend (%ld penalised, %ld with top "
+           "logprobs), %ld contract violations%s%s\n",
            strrchr(model, '/') + 1, device, st.eager_steps, st.recorded, st.replayed, st.reruns,
-           st.sampled_rows, st.penalised_rows, st.violations, st.violations ? ": " : "",
-           st.first_violation);
+           st.sampled_rows, st.penalised_rows, st.top_rows, st.violations,
+           st.violations ? ": " : "", st.first_violation);
     assert_int_equal(st.violations, 0);
     assert_true(st.recorded > 0);
     assert_true(st.replayed > st.recorded); /* recordings are reused, not redone each step */
@@ -132,23 +135,39 @@ static void check_device(const char *model, const char *device, int want_reruns)
     if (strstr(device, "sample")) {
         assert_true(st.sampled_rows > 0);   /* the sampled sequences were drawn by the op */
         assert_true(st.penalised_rows > 0); /* and the penalised ones penalised there */
+        assert_true(st.top_rows > 0);       /* and their alternatives listed there */
     }
-    int negative = 0;
+    int negative = 0, tops = 0;
     for (int i = 0; i < NP; i++) {
         assert_memory_equal(plain[i], graphed[i], sizeof plain[i]);
-        /* the same row sampler on the same logits: the same logprobs, bit for bit */
-        assert_memory_equal(plain_lp[i], graphed_lp[i], sizeof plain_lp[i]);
         md_sampling s;
         sampling_for(i, &s);
         for (int k = 0; k < s.max_tokens; k++) {
-            assert_true(s.logprobs ? plain_lp[i][k] <= 0 : plain_lp[i][k] == 0);
-            negative += plain_lp[i][k] < 0;
+            const md_step_token *a = &plain_lp[i][k], *b = &graphed_lp[i][k];
+            /* the same row sampler on the same logits: the same logprobs, bit for bit */
+            assert_memory_equal(&a->logprob, &b->logprob, sizeof a->logprob);
+            assert_int_equal(a->n_top, b->n_top);
+            assert_memory_equal(a->top_token, b->top_token, (size_t)a->n_top * sizeof(int32_t));
+            assert_memory_equal(a->top_logprob, b->top_logprob, (size_t)a->n_top * sizeof(float));
+            /* top_logprobs reports the chosen token's logprob too */
+            assert_true(s.logprobs || s.top_logprobs ? a->logprob <= 0 : a->logprob == 0);
+            negative += a->logprob < 0;
+            assert_int_equal(a->n_top, s.top_logprobs); /* every vocabulary entry is finite */
+            for (int j = 0; j < a->n_top; j++) {
+                assert_true(a->top_logprob[j] <= 0);
+                if (j > 0) /* most likely first */
+                    assert_true(a->top_logprob[j] <= a->top_logprob[j - 1]);
+                if (a->top_token[j] == a->token) /* the chosen token's own logprob */
+                    assert_true(a->top_logprob[j] == a->logprob);
+            }
         }
+        tops += s.top_logprobs > 0;
     }
     /* reported, not left at 0 (the tiny random model is too sure of itself: its logprobs
      * round to 0) */
     if (!strstr(model, "tiny"))
         assert_true(negative > 0);
+    assert_true(tops >= 2);
 }
 
 static const char *tiny_model(void) {

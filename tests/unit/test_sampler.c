@@ -246,6 +246,26 @@ static void test_penalty_entries(void **state) {
     smp_scratch_free(sc);
 }
 
+/* Top logprobs: most likely first, the lower id first among equals, -inf never listed (so
+ * fewer than asked when fewer are finite), log-softmax of the row as given. */
+static void test_top_logprobs(void **state) {
+    float l[V] = {1, 3, -INFINITY, 3, 0.5f, -INFINITY, 2, -INFINITY};
+    int32_t t[MD_TOP_LOGPROBS];
+    float lp[MD_TOP_LOGPROBS];
+    assert_int_equal(smp_top_logprobs(l, V, 3, t, lp), 3);
+    assert_int_equal(t[0], 1);
+    assert_int_equal(t[1], 3); /* the tie: lower id first */
+    assert_int_equal(t[2], 6);
+    double z = exp(1.0) + 2 * exp(3.0) + exp(0.5) + exp(2.0);
+    assert_true(fabs(lp[0] - (3 - log(z))) < 1e-6);
+    assert_true(lp[0] == lp[1]);
+    assert_true(fabs(lp[2] - (2 - log(z))) < 1e-6);
+    assert_int_equal(smp_top_logprobs(l, V, MD_TOP_LOGPROBS, t, lp), 5); /* 5 finite */
+    int32_t want[5] = {1, 3, 6, 0, 4};
+    assert_memory_equal(t, want, sizeof want);
+    assert_int_equal(smp_top_logprobs(l, V, 0, t, lp), 0);
+}
+
 static void test_logprob_is_raw_log_softmax(void **state) {
     smp_scratch *sc = smp_scratch_new(V);
     smp_rng r;
@@ -340,6 +360,7 @@ int main(void) {
         cmocka_unit_test(test_repetition_penalty_divides_positive_multiplies_negative),
         cmocka_unit_test(test_presence_and_frequency_penalties_on_output_only),
         cmocka_unit_test(test_penalty_entries),
+        cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_logprob_is_raw_log_softmax),
         cmocka_unit_test(test_validate_rejects_bad_parameters),
         cmocka_unit_test(test_top_p_after_top_k_and_index_order_draw),

@@ -442,7 +442,7 @@ static void test_sample() {
         std::vector<float> ninf(V, -INFINITY);
         cuda_sample_params pz[2] = {{0.8f, 0, 1.0f, 0.0f, 0.5f, 1.0f}, {0.0f, 0, 1.0f, 0.0f, 0.5f, 1.0f}};
         std::vector<float> two(2 * V, -INFINITY);
-        emu_launch(dim3(2), dim3(SAMPLE_THREADS), [&] { k_sample(two.data(), V, pz, nullptr, nullptr, out, nullptr); });
+        emu_launch(dim3(2), dim3(SAMPLE_THREADS), [&] { k_sample(two.data(), V, pz, nullptr, nullptr, out, nullptr, nullptr, nullptr); });
         CHECK(out[0] == -1 && out[1] == -1, "sample of an all -inf row: %d %d, want -1 -1", out[0], out[1]);
         printf("sample, all -inf rows: %d %d\n", out[0], out[1]);
     }
@@ -453,7 +453,7 @@ static void test_sample() {
     std::vector<float> rows(3 * V);
     for (int i = 0; i < 3; i++) memcpy(&rows[i * V], l.data(), V * 4);
     float lp[3];
-    emu_launch(dim3(3), dim3(SAMPLE_THREADS), [&] { k_sample(rows.data(), V, P, nullptr, nullptr, out, lp); });
+    emu_launch(dim3(3), dim3(SAMPLE_THREADS), [&] { k_sample(rows.data(), V, P, nullptr, nullptr, out, lp, nullptr, nullptr); });
     double mx = 9.0, z = 0, z1 = 0;
     for (int i = 0; i < V; i++) { z += exp((l[i] - mx) / 0.8); z1 += exp(l[i] - mx); }
     for (int r = 0; r < 3; r++) {
@@ -497,7 +497,7 @@ static void test_sample_filters() {
         std::vector<float> rows(R * V);
         for (int r = 0; r < R; r++) memcpy(&rows[r * V], l.data(), V * 4);
         int32_t out[R]; float lp[R];
-        emu_launch(dim3(R), dim3(SAMPLE_THREADS), [&] { k_sample(rows.data(), V, P, nullptr, nullptr, out, lp); });
+        emu_launch(dim3(R), dim3(SAMPLE_THREADS), [&] { k_sample(rows.data(), V, P, nullptr, nullptr, out, lp, nullptr, nullptr); });
         for (int r = 0; r < R; r++) {
             double t = us[r] * kept, acc = 0; int want = -1;
             for (int i = 0; i < V; i++) if (keep[i]) { acc += p[i]; if (acc > t) { want = i; break; } }
@@ -1063,7 +1063,7 @@ static void test_sample_vs_host() {
         std::vector<float> rows(R * V);
         for (int r = 0; r < R; r++) memcpy(&rows[r * V], l.data(), V * 4);
         int32_t out[R];
-        emu_launch(dim3(R), dim3(256), [&] { k_sample(rows.data(), V, P, nullptr, nullptr, out, nullptr); });
+        emu_launch(dim3(R), dim3(256), [&] { k_sample(rows.data(), V, P, nullptr, nullptr, out, nullptr, nullptr, nullptr); });
         int diff = 0;
         printf("device vs smp_draw, T=%.1f top_k=%d top_p=%.2f min_p=%.2f:", c.temp, c.top_k, c.top_p, c.min_p);
         for (int r = 0; r < R; r++) {
@@ -1088,6 +1088,7 @@ static void test_sample_penalties() {
     for (auto &a : l) a = 2.5f * frand() - 1.0f; /* negative logits too: repetition multiplies them */
     int top = 0;
     for (int i = 1; i < V; i++) if (l[i] > l[top]) top = i;
+    l[top == 5 ? 6 : 5] = l[V - 1] = l[top] - 0.01f; /* a tie in second place: lower id first */
     /* a prompt and an output with repeats; the output repeats the raw argmax three times */
     std::vector<int32_t> toks;
     for (int i = 0; i < 40; i++) toks.push_back((int32_t)((i * 37) % V));
@@ -1121,16 +1122,17 @@ static void test_sample_penalties() {
         hp[r].pen_off = n_pen;
         hp[r].pen_n = smp_pen_list(&s, toks.data(), n_prompt, toks.data() + n_prompt, n_out, V, sc, pen.data() + n_pen);
         n_pen += hp[r].pen_n;
+        hp[r].n_top = r == 0 ? 3 : r == 3 ? CUDA_SAMPLE_TOP : r == 5 ? 1 : 0;
         P[r] = {hp[r].temperature, hp[r].top_k, hp[r].top_p, hp[r].min_p, (float)hp[r].u,
-                hp[r].repetition, hp[r].presence, hp[r].frequency, hp[r].pen_off, hp[r].pen_n};
+                hp[r].repetition, hp[r].presence, hp[r].frequency, hp[r].pen_off, hp[r].pen_n, hp[r].n_top};
     }
     CHECK(hp[2].pen_n == 0 && hp[0].pen_n == 13 && hp[1].pen_n > 40, "penalty entries %d %d %d", hp[0].pen_n, hp[1].pen_n, hp[2].pen_n);
     std::vector<float> rows((size_t)R * V), raw_after(n_pen);
     for (int r = 0; r < R; r++) memcpy(&rows[(size_t)r * V], l.data(), V * 4);
-    int32_t out[R];
-    float lp[R];
+    int32_t out[R], top_tok[R * CUDA_SAMPLE_TOP];
+    float lp[R], top_lp[R * CUDA_SAMPLE_TOP];
     emu_launch(dim3(R), dim3(256), [&] {
-        k_sample(rows.data(), V, P, reinterpret_cast<const cuda_sample_pen *>(pen.data()), raw_after.data(), out, lp);
+        k_sample(rows.data(), V, P, reinterpret_cast<const cuda_sample_pen *>(pen.data()), raw_after.data(), out, lp, top_tok, top_lp);
     });
     int moved = 0;
     for (int r = 0; r < R; r++) {
@@ -1146,6 +1148,23 @@ static void test_sample_penalties() {
         CHECK(fabsf(lp[r] - hlp) < 1e-5f, "row %d: device logprob %.7f, host %.7f", r, lp[r], hlp);
         printf("penalties row %d (T %.1f rep %.1f pres %.1f freq %.1f, %d entries): token %d/%d, logprob %.6f/%.6f\n", r, cases[r].temp, cases[r].rep, cases[r].pres, cases[r].freq, hp[r].pen_n, out[r], h, lp[r], hlp);
         moved += r == 0 && out[r] != top;
+        /* the raw row's alternatives, as smp_top_logprobs lists them; -1 past the last */
+        int32_t ht[MD_TOP_LOGPROBS];
+        float hl[MD_TOP_LOGPROBS];
+        int m = smp_top_logprobs(l.data(), V, hp[r].n_top, ht, hl);
+        CHECK(m == hp[r].n_top, "row %d: host listed %d of %d", r, m, hp[r].n_top);
+        for (int j = 0; j < CUDA_SAMPLE_TOP; j++) {
+            int32_t dt = top_tok[r * CUDA_SAMPLE_TOP + j];
+            float dl = top_lp[r * CUDA_SAMPLE_TOP + j];
+            if (j < m) {
+                CHECK(dt == ht[j], "row %d top %d: device token %d, host %d", r, j, dt, ht[j]);
+                CHECK(fabsf(dl - hl[j]) < 1e-5f, "row %d top %d: device logprob %.7f, host %.7f", r, j, dl, hl[j]);
+            } else {
+                CHECK(dt == -1 && dl == 0.0f, "row %d top %d past the last: %d %g", r, j, dt, dl);
+            }
+        }
+        if (m >= 3)
+            printf("  top logprobs: %d %d %d (host %d %d %d; a tie between %d and %d)\n", top_tok[r * CUDA_SAMPLE_TOP], top_tok[r * CUDA_SAMPLE_TOP + 1], top_tok[r * CUDA_SAMPLE_TOP + 2], ht[0], ht[1], ht[2], top == 5 ? 6 : 5, V - 1);
     }
     CHECK(moved == 1, "the greedy row's frequency penalty did not move it off the raw argmax %d", top);
     smp_scratch_free(sc);
