@@ -46,6 +46,19 @@ add_test(NAME queue_run_smollm2
 set_tests_properties(queue_run_smollm2 PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77
                      ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
 
+# Sampling extras and logprobs of input lines (worker/validate.c, worker/logprobs.c):
+# worker_sampling on the echo model through a real Redis; worker_sampling_smollm2 on the real
+# engine through `medley run`, against `medley generate` with the same flags.
+add_test(NAME worker_sampling
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_sampling.py)
+set_tests_properties(worker_sampling PROPERTIES LABELS integration TIMEOUT 120
+                     ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
+add_test(NAME worker_sampling_smollm2
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_sampling.py
+                 --engine)
+set_tests_properties(worker_sampling_smollm2 PROPERTIES LABELS e2e TIMEOUT 600
+                     SKIP_RETURN_CODE 77 ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
+
 # medley worker --devices: one supervisor, one child worker per device (worker/supervise.h).
 # worker_devices: bad device lists, 2,000 echo requests over two children with one SIGKILLed
 # and restarted, SIGTERM stop, give-up on children that cannot start (~20 s);

@@ -1,0 +1,288 @@
+"""worker_sampling.py — the sampling extras and logprobs of an input line reach the model, and
+logprobs come back in OpenAI's shapes (docs/protocol.md section 8, schemas/output-line).
+
+Default (integration, echo model through a real redis-server and `medley worker`): chat
+`logprobs: true` gives one entry per byte of the content (logprob 0, exact bytes, U+FFFD for
+a part of a character), completions `logprobs: 0` the legacy arrays with text offsets, no
+logprobs asked gives null, and top_logprobs > 0, completions logprobs > 0 and out-of-range
+extras are refused with their codes. Every line follows its schema.
+
+With --engine (e2e, SmolLM2 through `medley run`): greedy with a strong frequency, presence or
+repetition penalty gives another continuation than none and the same one as `medley generate`
+with the same flags; top_k and min_p at temperature 1.5 give generate's tokens too (top_k 1
+and min_p 1 give the greedy ones); logprobs: one entry per completion token (the EOS not
+listed), all <= 0, equal to generate --logprobs, tokens and bytes concatenating to the content
+(characters split over tokens included), and a stop string cuts the list where it cuts the
+text. Exit 77 (skip) when the model file is not fetched."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from harness import *
+
+QUESTION = "List the colors of the rainbow."
+
+
+def choice(line):
+    return line["response"]["body"]["choices"][0]
+
+
+def content(line):
+    c = choice(line)
+    return c["message"]["content"] if "message" in c else c["text"]
+
+
+def check_chat_entries(cid, line, eos):
+    """The chat logprobs of one answer against its content: one entry per token (the EOS left
+    out when the answer ended on it), bytes and tokens as the content has them."""
+    c, usage = choice(line), line["response"]["body"]["usage"]
+    entries = c["logprobs"]["content"]
+    want = usage["completion_tokens"] - (1 if eos else 0)
+    if len(entries) != want:
+        fail("%s: %d logprob entries for %d completion tokens (finish %s, eos %s)" % (
+            cid, len(entries), usage["completion_tokens"], c["finish_reason"], eos))
+    joined = b"".join(bytes(e["bytes"]) for e in entries)
+    if joined != content(line).encode("utf-8"):
+        fail("%s: the entries' bytes %r are not the content %r" % (cid, joined, content(line)))
+    for e in entries:
+        if e["logprob"] > 0 or e["top_logprobs"] != []:
+            fail("%s: bad entry %s" % (cid, e))
+        # the token string: its bytes, each maximal invalid subpart one U+FFFD
+        if e["token"] != bytes(e["bytes"]).decode("utf-8", "replace"):
+            fail("%s: token %r does not spell its bytes %s" % (cid, e["token"], e["bytes"]))
+    return entries
+
+
+def echo_checks(srv):
+    v_ok, v_err = schema_validator("output-line"), schema_validator("error-line")
+    cases = {
+        "lp-chat": chat_line("lp-chat", "Hello there", logprobs=True, top_logprobs=0),
+        "lp-utf8": chat_line("lp-utf8", "h\u00e9\u20ac", logprobs=True),
+        "lp-cut": chat_line("lp-cut", "abcdef", logprobs=True, max_tokens=4),
+        "lp-none": chat_line("lp-none", "no logprobs"),
+        "lp-false": chat_line("lp-false", "no logprobs", logprobs=False),
+        "lp-cmp": json.dumps({"custom_id": "lp-cmp", "method": "POST", "url": "/v1/completions",
+                              "body": {"model": "echo", "prompt": "one two. three",
+                                       "logprobs": 0, "stop": "."}}),
+        "extras": chat_line("extras", "penalised", frequency_penalty=1.5, presence_penalty=-1,
+                            repetition_penalty=1.3, top_k=-1, min_p=0.1),
+    }
+    refused = {
+        "top3": (chat_line("top3", "x", logprobs=True, top_logprobs=3), "unsupported_value",
+                 "body.top_logprobs"),
+        "top-alone": (chat_line("top-alone", "x", top_logprobs=0), "invalid_value",
+                      "body.top_logprobs"),
+        "lp-int": (chat_line("lp-int", "x", logprobs=1), "invalid_type", "body.logprobs"),
+        "cmp-lp2": (json.dumps({"custom_id": "cmp-lp2", "method": "POST",
+                                "url": "/v1/completions",
+                                "body": {"model": "echo", "prompt": "x", "logprobs": 2}}),
+                    "unsupported_value", "body.logprobs"),
+        "freq": (chat_line("freq", "x", frequency_penalty=2.5), "invalid_value",
+                 "body.frequency_penalty"),
+        "topk": (chat_line("topk", "x", top_k=-3), "invalid_value", "body.top_k"),
+        "minp": (chat_line("minp", "x", min_p="high"), "invalid_type", "body.min_p"),
+        "rep": (chat_line("rep", "x", repetition_penalty=0), "invalid_value",
+                "body.repetition_penalty"),
+    }
+    path = write_lines(srv.dir, "echo.jsonl", list(cases.values()) + [v[0] for v in refused.values()])
+    batch = submit(srv, path, "--model", "echo")
+    w = Worker(srv, name="w-echo")
+    try:
+        m = wait_batch(srv, batch, timeout=60)
+        out = {l["custom_id"]: l for l in results(srv, batch)}
+    finally:
+        w.stop()
+    if int(m["completed"]) != len(cases) or int(m["failed"]) != len(refused):
+        fail("meta counts wrong: %s" % m)
+    for cid, (_, code, param) in refused.items():
+        err = out[cid]["response"]["body"]["error"]
+        if err["code"] != code or err["param"] != param:
+            fail("%s: expected %s on %s, got %s" % (cid, code, param, err))
+        validate_all(v_err, [out[cid]], "error line " + cid)
+    validate_all(v_ok, [out[c] for c in cases], "output line")
+
+    for cid in ("lp-chat", "lp-utf8", "lp-cut"):
+        entries = check_chat_entries(cid, out[cid], eos=False)
+        if any(e["logprob"] != 0 or len(e["bytes"]) != 1 for e in entries):
+            fail("%s: an echo token is one certain byte: %s" % (cid, entries))
+    if "".join(e["token"] for e in choice(out["lp-chat"])["logprobs"]["content"]) != "Hello there":
+        fail("lp-chat: tokens do not spell the content")
+    # h, then the two bytes of é, then the three of €: every byte its own token
+    toks = [e["token"] for e in choice(out["lp-utf8"])["logprobs"]["content"]]
+    if toks != ["h"] + ["\ufffd"] * 5:
+        fail("lp-utf8: tokens %r" % toks)
+    if content(out["lp-cut"]) != "abcd" or choice(out["lp-cut"])["finish_reason"] != "length":
+        fail("lp-cut: %s" % choice(out["lp-cut"]))
+    for cid in ("lp-none", "lp-false", "extras"):
+        if choice(out[cid])["logprobs"] is not None:
+            fail("%s: logprobs not asked for, got %s" % (cid, choice(out[cid])["logprobs"]))
+    if content(out["extras"]) != "penalised":
+        fail("extras: %s" % choice(out["extras"]))
+    lp = choice(out["lp-cmp"])["logprobs"]
+    want = {"tokens": list("one two"), "token_logprobs": [0.0] * 7, "top_logprobs": None,
+            "text_offset": list(range(7))}
+    if content(out["lp-cmp"]) != "one two" or lp != want:
+        fail("lp-cmp: %s" % choice(out["lp-cmp"]))
+    print("ok: echo logprobs in both shapes, %d bad extras refused" % len(refused))
+
+
+# ---- the real engine ----------------------------------------------------------------------
+
+
+def model_path():
+    d = os.environ.get("MEDLEY_MODELS") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "medley", "models")
+    return os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def generate(*flags, chat=QUESTION, n=40):
+    """`medley generate --json` on the question, greedy unless flags say otherwise."""
+    p = medley("generate", "-m", "smollm2-135m", "--chat", chat, "-n", n, "--json", *flags,
+               timeout=300)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def engine_checks():
+    if not os.path.exists(model_path()):
+        print("SKIP: %s not fetched (scripts/fetch-model.sh)" % model_path())
+        sys.exit(77)
+    tmp = tempfile.mkdtemp(prefix="medley-sampling-")
+
+    def chat(cid, text=QUESTION, **body):
+        b = {"temperature": 0, "max_tokens": 40}
+        b.update(body)
+        return chat_line(cid, text, model="smollm2-135m", **b)
+
+    def completion(cid, prompt, **body):
+        b = {"model": "smollm2-135m", "prompt": prompt, "temperature": 0, "max_tokens": 24}
+        b.update(body)
+        return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/completions",
+                           "body": b})
+
+    lines = [
+        chat("plain"),
+        chat("plain-lp", logprobs=True),
+        chat("freq", frequency_penalty=2.0, logprobs=True),
+        chat("pres", presence_penalty=2.0),
+        chat("rep", repetition_penalty=1.5),
+        chat("hot", temperature=1.5, seed=11),
+        chat("hot-k5", temperature=1.5, seed=11, top_k=5),
+        chat("hot-minp", temperature=1.5, seed=11, min_p=0.1),
+        chat("hot-k1", temperature=1.5, seed=11, top_k=1),
+        chat("hot-minp1", temperature=1.5, seed=11, min_p=1.0),
+        chat("emoji", "Emoji: \U0001F600\U0001F600\U0001F600\U0001F600", max_tokens=24,
+             logprobs=True),
+        completion("cmp-lp", "Count: one, two, three,", logprobs=0),
+        completion("cmp-emoji", "Emoji: \U0001F600\U0001F600\U0001F600\U0001F600", logprobs=0),
+        completion("cut-mid", "The capital of France is", logprobs=0, stop="aris"),
+        completion("cut-edge", "The capital of France is", logprobs=0, stop=" Paris"),
+        completion("cut-late", "The capital of France is", logprobs=0, stop="."),
+    ]
+    inp, outp = os.path.join(tmp, "in.jsonl"), os.path.join(tmp, "out.jsonl")
+    with open(inp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    p = subprocess.run([MEDLEY, "run", inp, "-o", outp], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, TMPDIR=tmp))
+    if p.returncode != 0:
+        fail("medley run: %s" % p.stderr)
+    with open(outp) as f:
+        out = {l["custom_id"]: l for l in map(json.loads, f)}
+    if len(out) != len(lines) or any(l["error"] or l["response"]["status_code"] != 200
+                                     for l in out.values()):
+        fail("not every line answered: %s" % json.dumps(out)[:2000])
+    validate_all(schema_validator("output-line"), list(out.values()), "output line")
+
+    # penalties: another continuation than none, and generate's with the same flags
+    plain = content(out["plain"])
+    for cid, flags in (("freq", ["--frequency-penalty", "2"]),
+                       ("pres", ["--presence-penalty", "2"]),
+                       ("rep", ["--repeat-penalty", "1.5"])):
+        if content(out[cid]) == plain:
+            fail("%s: the penalty changed nothing: %r" % (cid, plain))
+        g = generate(*flags)
+        if content(out[cid]) != g["text"]:
+            fail("%s: worker %r, generate %s %r" % (cid, content(out[cid]), flags, g["text"]))
+    # the draw's filters: generate's tokens with the same flags; a filter keeping only the
+    # most likely token makes the hot draw greedy
+    hot = content(out["hot"])
+    if hot == plain:
+        fail("hot: temperature 1.5 drew the greedy tokens; the filter checks would prove nothing")
+    for cid, flags in (("hot", []), ("hot-k5", ["--top-k", "5"]),
+                       ("hot-minp", ["--min-p", "0.1"])):
+        g = generate("--temp", "1.5", "--seed", "11", *flags)
+        if content(out[cid]) != g["text"]:
+            fail("%s: worker %r, generate %s %r" % (cid, content(out[cid]), flags, g["text"]))
+    if content(out["hot-k5"]) == hot or content(out["hot-minp"]) == hot:
+        fail("top_k 5 / min_p 0.1 changed nothing at temperature 1.5: %r" % hot)
+    for cid in ("hot-k1", "hot-minp1"):
+        if content(out[cid]) != plain:
+            fail("%s: %r is not the greedy %r" % (cid, content(out[cid]), plain))
+
+    # logprobs: asking for them changes no token; they are generate's; EOS is not listed
+    if content(out["plain-lp"]) != plain:
+        fail("plain-lp: logprobs changed the tokens: %r" % content(out["plain-lp"]))
+    for cid, flags in (("plain-lp", []), ("freq", ["--frequency-penalty", "2"])):
+        line = out[cid]
+        eos = choice(line)["finish_reason"] == "stop"
+        entries = check_chat_entries(cid, line, eos)
+        if "".join(e["token"] for e in entries) != content(line):
+            fail("%s: tokens do not spell the content" % cid)
+        g = generate("--logprobs", *flags)
+        if len(g["logprobs"]) != line["response"]["body"]["usage"]["completion_tokens"]:
+            fail("%s: generate made %d tokens" % (cid, len(g["logprobs"])))
+        worst = max(abs(a["logprob"] - b) for a, b in zip(entries, g["logprobs"]))
+        if worst > 1e-3:
+            fail("%s: logprobs differ from generate's by %g" % (cid, worst))
+    if choice(out["freq"])["finish_reason"] != "stop":
+        fail("freq was to end on the EOS (the case where it is left out): %s" % choice(out["freq"]))
+    # characters split over tokens: bytes rejoin them, tokens show U+FFFD
+    entries = check_chat_entries("emoji", out["emoji"], choice(out["emoji"])["finish_reason"] == "stop")
+    if all(len(e["bytes"]) == 0 or e["token"] != "\ufffd" for e in entries):
+        fail("emoji: no token holds part of a character; the case is not exercised")
+
+    # completions: one entry per token, offsets into the text
+    for cid in ("cmp-lp", "cmp-emoji"):
+        c = choice(out[cid])
+        lp, text = c["logprobs"], content(out[cid]).encode("utf-8")
+        n = out[cid]["response"]["body"]["usage"]["completion_tokens"]
+        if c["finish_reason"] != "length" or not (
+                len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == n):
+            fail("%s: %d completion tokens, logprobs %s" % (cid, n, lp))
+        if lp["top_logprobs"] is not None or any(x > 0 for x in lp["token_logprobs"]):
+            fail("%s: %s" % (cid, lp))
+        offs = lp["text_offset"]
+        if offs[0] != 0 or offs != sorted(offs) or offs[-1] >= len(text):
+            fail("%s: offsets %s in %d bytes" % (cid, offs, len(text)))
+    lp = choice(out["cmp-lp"])["logprobs"]
+    if "".join(lp["tokens"]) != content(out["cmp-lp"]):
+        fail("cmp-lp: tokens do not spell the text")
+    at = [sum(len(t.encode()) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+    if lp["text_offset"] != at:
+        fail("cmp-lp: offsets %s, expected %s" % (lp["text_offset"], at))
+
+    # stop strings: tokens beginning before the cut are listed whole, later ones not
+    cuts = {"cut-mid": (" P", [" Paris"]), "cut-edge": ("", []), "cut-late": (" Paris", [" Paris"])}
+    for cid, (text, toks) in cuts.items():
+        c = choice(out[cid])
+        if content(out[cid]) != text or c["logprobs"]["tokens"] != toks or \
+                c["finish_reason"] != "stop" or c["logprobs"]["text_offset"] != [0] * len(toks):
+            fail("%s: expected %r with tokens %s, got %s" % (cid, text, toks, c))
+    if out["cut-late"]["response"]["body"]["usage"]["completion_tokens"] != 2:
+        fail("cut-late: the '.' token was to be generated and left out: %s" % out["cut-late"])
+    print("ok: penalties, top_k and min_p as generate; logprobs of %d answers" % len(out))
+
+
+def main():
+    if "--engine" in sys.argv:
+        engine_checks()
+        return
+    srv = RedisServer()
+    try:
+        echo_checks(srv)
+    finally:
+        srv.stop()
+
+
+main()
