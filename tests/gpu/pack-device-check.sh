@@ -18,11 +18,11 @@ B=${1:-build-dpack}
 cmake -S . -B "$B" -DMEDLEY_WERROR=ON -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >/dev/null
 cmake --build "$B" -j2 --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache \
     test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley_gemv_bench \
-    medley_attn_bench medley
+    medley_attn_bench medley_sample_bench medley
 rm -rf .devcheck
 mkdir -p .devcheck/bin .devcheck/lib
 cp "$B"/tests/test_cuda_* "$B"/tests/medley_gpu_bench "$B"/tests/medley_gemv_bench \
-    "$B"/tests/medley_attn_bench "$B"/cli/medley .devcheck/bin/
+    "$B"/tests/medley_attn_bench "$B"/tests/medley_sample_bench "$B"/cli/medley .devcheck/bin/
 strip --strip-debug .devcheck/bin/*
 for f in .devcheck/bin/*; do ldd "$f"; done | awk '/=>/ {print $3}' | sort -u |
     grep -v -E 'libc\.so|libm\.so|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcublas' |

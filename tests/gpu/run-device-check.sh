@@ -3,7 +3,7 @@
 # an H200): build (or use binaries packed by pack-device-check.sh), run the GPU tests, write
 # a profile with `medley profile --device cuda:0`, measure the device's copy bandwidth and
 # bf16 matrix rate through PyTorch, time the GEMV of every weight type
-# against cuBLAS (bench_gemv.c), run the GPU benchmark (the kernels alone,
+# against cuBLAS (bench_gemv.c), attention and sampling against PyTorch, run the GPU benchmark (the kernels alone,
 # and the whole engine on a synthetic Llama-3-8B, with and without CUDA graphs) and its peer
 # (PyTorch + transformers `generate`, same model shape, same GPU, same run), and write every
 # log and result to $OUT (default ./devcheck-out): summary.md says what passed and the
@@ -52,8 +52,8 @@ else
     if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDLEY_WERROR=ON \
         -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >"$OUT/build.log" 2>&1 &&
         cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache \
-            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley_gemv_bench medley_attn_bench medley >>"$OUT/build.log" 2>&1; then
-        cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/tests/medley_gemv_bench build-gpu/tests/medley_attn_bench build-gpu/cli/medley "$BIN/"
+            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley_gemv_bench medley_attn_bench medley_sample_bench medley >>"$OUT/build.log" 2>&1; then
+        cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/tests/medley_gemv_bench build-gpu/tests/medley_attn_bench build-gpu/tests/medley_sample_bench build-gpu/cli/medley "$BIN/"
         note "build: ok (sm_90, warnings as errors)"
     else
         note "build: FAILED (see build.log; on hosts without jansson/hiredis/cmocka/glpk/pcre2"
@@ -146,6 +146,20 @@ esac
 timeout 90 python3 bench/gpu/torch_sdpa.py --out "$OUT/bench-sdpa.json" >"$OUT/bench-sdpa.log" 2>&1 ||
     note "bench torch sdpa: FAILED or skipped (see bench-sdpa.log)"
 python3 bench/gpu/torch_sdpa.py --compare "$OUT/bench-attn.json" "$OUT/bench-sdpa.json" | tee -a "$SUMMARY"
+
+# ---- sampling: argmax, sampled, penalised + logprobs vs PyTorch (bench_sample.c) --------
+timeout 45 "$BIN/medley_sample_bench" --out "$OUT/bench-sample.json" >"$OUT/bench-sample.log" 2>&1
+rc=$?
+case $rc in
+0) note "bench sampling: ran" ;;
+77) note "bench sampling: SKIPPED ($(head -1 "$OUT/bench-sample.log"))" ;;
+*) note "bench sampling: FAILED (exit $rc, see bench-sample.log)"; fails=$((fails + 1)); tail -5 "$OUT/bench-sample.log" ;;
+esac
+timeout 60 python3 bench/gpu/torch_sample.py --out "$OUT/bench-sample-torch.json" \
+    >"$OUT/bench-sample-torch.log" 2>&1 ||
+    note "bench torch sampling: FAILED or skipped (see bench-sample-torch.log)"
+python3 bench/gpu/torch_sample.py --compare "$OUT/bench-sample.json" "$OUT/bench-sample-torch.json" |
+    tee -a "$SUMMARY"
 
 # ---- benchmark: medley vs PyTorch + transformers --------------------------------------
 L=${BENCH_LAYERS:-32}
