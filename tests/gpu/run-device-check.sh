@@ -97,7 +97,7 @@ case $rc in
 77) ;;
 *) note "test test_cuda_backend with MEDLEY_CUDA_ATTN_TC=0: FAILED (exit $rc)"; fails=$((fails + 1)) ;;
 esac
-grep -h -E "^(matmul|dequant|sampling|sticky|attention|rope|embed|logits:|greedy|[0-9]+ prompts through)" \
+grep -h -E "^(matmul|dequant|sampling|sticky|attention|rope|embed|logits:|greedy|penalised greedy|penalties row|[0-9]+ prompts through)" \
     "$OUT"/test_cuda_*.log >"$OUT/test-figures.txt" 2>/dev/null || true
 
 # ---- profile --------------------------------------------------------------------------

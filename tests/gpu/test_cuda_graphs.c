@@ -4,13 +4,18 @@
  * graphs (the default) and with MEDLEY_CUDA_GRAPHS=0: every token must be the same (a
  * replayed graph runs the very kernels the direct step does, on the metadata batch_prepare
  * uploaded), and graphs must really have been recorded and replayed. Also the same check on
- * 64 sequences at once (decode GEMMs on cuBLAS inside the graph). Skips (77) without a CUDA
- * device or the model. The CPU-side contract is tested everywhere by test_engine_graph. */
+ * 64 sequences at once (decode GEMMs on cuBLAS inside the graph). And the device's sample op
+ * through the engine against the CPU backend: greedy sequences with penalties, logprobs and
+ * top logprobs (all chosen on the GPU) continue as on the CPU on at least 5 of 6 prompts, and
+ * their logprobs agree within twice the logit tolerance of test_cuda_e2e. Skips (77) without
+ * a CUDA device or the model. The CPU-side contract is tested everywhere by
+ * test_engine_graph. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +102,89 @@ static void test_graphs_same_tokens_64_sequences(void **state) {
     check(64, 64);
 }
 
+#define NPEN 6
+#define PGEN 16
+
+/* Six greedy prompts with frequency / presence / repetition penalties, logprobs and 5 top
+ * logprobs, through the engine on device; what the steps reported into rep. */
+static void run_penalised(const char *device, md_step_token rep[NPEN][PGEN]) {
+    md_engine_config cfg = {
+        .model_path = test_model_path(), .device = device, .max_seqs = 4, .n_ctx = 512};
+    md_engine *eng;
+    md_err e = {0};
+    if (md_engine_open(&cfg, &eng, &e))
+        fail_msg("engine open on %s: %s", device, e.msg);
+    uint64_t ids[NPEN];
+    for (int i = 0; i < NPEN; i++) {
+        int32_t p[80];
+        int n = 8 + (i * 13) % 60;
+        for (int k = 0; k < n; k++)
+            p[k] = (int32_t)(100 + (i * 131 + k * 17) % 20000);
+        md_sampling s;
+        md_sampling_default(&s);
+        s.max_tokens = PGEN;
+        s.ignore_eos = 1;
+        s.frequency_penalty = i % 3 == 0 ? 0.8f : 0.0f;
+        s.presence_penalty = i % 3 == 1 ? 0.6f : 0.0f;
+        s.repetition_penalty = i % 3 == 2 ? 1.3f : 1.0f;
+        s.logprobs = 1;
+        s.top_logprobs = 5;
+        if (md_engine_submit(eng, p, n, &s, &ids[i], &e))
+            fail_msg("submit: %s", e.msg);
+    }
+    int got[NPEN] = {0};
+    for (int guard = 0;; guard++) {
+        assert_true(guard < 100000);
+        md_step_result r;
+        if (md_engine_step(eng, &r, &e))
+            fail_msg("step on %s: %s", device, e.msg);
+        for (int k = 0; k < r.n_tokens; k++)
+            for (int i = 0; i < NPEN; i++)
+                if (r.tokens[k].seq_id == ids[i] && got[i] < PGEN)
+                    rep[i][got[i]++] = r.tokens[k];
+        if (r.n_live == 0)
+            break;
+    }
+    for (int i = 0; i < NPEN; i++)
+        assert_int_equal(got[i], PGEN);
+    md_engine_close(eng);
+}
+
+static void test_penalties_and_logprobs_cuda_vs_cpu(void **state) {
+    static md_step_token cpu[NPEN][PGEN], gpu[NPEN][PGEN];
+    run_penalised("cpu", cpu);
+    run_penalised("cuda:0", gpu);
+    int same = 0;
+    double worst = 0;
+    for (int i = 0; i < NPEN; i++) {
+        int equal = 1;
+        for (int k = 0; k < PGEN; k++) {
+            const md_step_token *a = &cpu[i][k], *b = &gpu[i][k];
+            assert_int_equal(b->n_top, 5);
+            for (int j = 0; j < b->n_top; j++) {
+                assert_true(b->top_logprob[j] <= 0);
+                if (j > 0)
+                    assert_true(b->top_logprob[j] <= b->top_logprob[j - 1]);
+            }
+            assert_true(b->logprob <= b->top_logprob[0] + 1e-5f); /* none above the most likely */
+            if (equal) { /* the same context so far: the same raw logits within tolerance */
+                double d = fabs((double)a->logprob - b->logprob);
+                worst = d > worst ? d : worst;
+                for (int j = 0; j < 5; j++)
+                    if (a->top_token[j] == b->top_token[0])
+                        worst = fmax(worst, fabs((double)a->top_logprob[j] - b->top_logprob[0]));
+            }
+            equal &= a->token == b->token;
+        }
+        same += equal;
+    }
+    printf("penalised greedy with logprobs: %d/%d continuations equal on cuda:0 and cpu; "
+           "largest logprob difference while equal %.4f\n",
+           same, NPEN, worst);
+    assert_true(same >= NPEN - 1);
+    assert_true(worst <= 1.0); /* log-softmax moves at most twice the logits' 0.5 */
+}
+
 int main(void) {
     int skip = gpu_test_skip_without_device();
     if (skip)
@@ -108,6 +196,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_graphs_same_tokens_small_batches),
         cmocka_unit_test(test_graphs_same_tokens_64_sequences),
+        cmocka_unit_test(test_penalties_and_logprobs_cuda_vs_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
