@@ -3,8 +3,9 @@
  * Greedy is an argmax (lowest index on ties). A row with penalty entries is penalised in
  * place first (one thread per distinct token; engine/sampler.c's arithmetic, unfused). Then,
  * with s_i = (logit_i - max) / T:
- * top-k, top-p and min-p become thresholds on s found by bisection over block-wide counts
- * and sums (no sort, no scratch memory), and the token is the inverse-CDF draw at the
+ * top-k, top-p and min-p become thresholds on s found by radix select (three histogram
+ * passes over the row each, counts or fixed-point masses in shared memory: no sort, no
+ * scratch memory), and the token is the inverse-CDF draw at the
  * caller's uniform u over the kept tokens in index order (a block-wide prefix scan). The
  * caller's RNG supplies u, so a seed gives the same tokens on every backend. The logprob is
  * the chosen token's log-softmax under the row as it came in (raw, before penalties); the top
@@ -12,7 +13,8 @@
 #include "kernels/cuda/cuda_internal.h"
 
 #define SAMPLE_THREADS 1024
-#define BISECT_STEPS 40
+#define RADIX_BINS 2048         /* 11 bits a pass: 11 + 11 + 10 make a float's 32 */
+#define MASS_ONE 68719476736.0f /* 2^36: exp(s) <= 1 in fixed point, sums of 2^24 fit 64 bits */
 
 /* Block argmax: value and lowest index among maxima. */
 __device__ void block_argmax(float v, int i, float *shv, int *shi, float *outv, int *outi) {
@@ -120,6 +122,82 @@ __device__ void row_stats(const float *l, int vocab, float *shv, int *shi, float
     *lmin = -cuda_block_max(-mn, sh);
 }
 
+/* Order-keeping keys of floats: a larger float has a larger key (NaN excluded). */
+__device__ __forceinline__ unsigned sample_key(float s) {
+    unsigned u = __float_as_uint(s);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+typedef struct {
+    unsigned digit;
+    unsigned long long above;
+} radix_pick;
+
+/* Radix select over the keys of s = (l - max) * invt (the expression kept() uses, so the
+ * thresholds compare equal there): the largest key at which the running total from the
+ * largest key down reaches the target, over keys >= lo only. by_mass 0: the total counts
+ * tokens and the target is `want` (top-k: the want-th largest); 1: it sums exp(s) in fixed
+ * point (2^36 = 1; integer sums, so the order of the atomics changes nothing) and the target
+ * is `want` times the mass of the keys >= lo (top-p). Three passes over the row (11, 11 and
+ * 10 bits of the key, histograms in shared memory), where bisection took 40; the result is
+ * the s of a token, exact. */
+__device__ unsigned radix_cut(const float *l, int vocab, float mx, float invt, unsigned lo,
+                              int by_mass, float want, unsigned long long *bins, radix_pick *cut) {
+    const int shifts[3] = {21, 10, 0}, widths[3] = {11, 11, 10};
+    unsigned prefix = 0, pmask = 0;
+    unsigned long long above = 0, target = 0;
+    for (int lv = 0; lv < 3; lv++) {
+        int sh = shifts[lv], nb = 1 << widths[lv];
+        for (int b = threadIdx.x; b < nb; b += blockDim.x)
+            bins[b] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float s = (l[i] - mx) * invt;
+            unsigned k = sample_key(s);
+            if (k < lo || (k & pmask) != prefix)
+                continue;
+            atomicAdd(&bins[(k >> sh) & (unsigned)(nb - 1)],
+                      by_mass ? (unsigned long long)(__expf(s) * MASS_ONE) : 1ull);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) { /* warp 0: lane j sums the j-th chunk of bins from the top */
+            int lane = threadIdx.x, chunk = nb / 32, top = nb - 1 - lane * chunk;
+            unsigned long long sum = 0;
+            for (int d = top; d > top - chunk; d--)
+                sum += bins[d];
+            unsigned long long incl = sum; /* inclusive scan over the lanes, from the top */
+            for (int o = 1; o < 32; o <<= 1) {
+                unsigned long long y = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o)
+                    incl += y;
+            }
+            if (lv == 0) /* the targets, once the first histogram holds every key >= lo */
+                target = by_mass ? (unsigned long long)((double)want *
+                                                        (double)__shfl_sync(0xffffffffu, incl, 31))
+                                 : (unsigned long long)want;
+            if (lane == 31) /* not reached (rounding): every key of this range */
+                *cut = (radix_pick){0, above + incl - bins[0]};
+            __syncwarp();
+            if (above + incl >= target && above + incl - sum < target) { /* the crossing lane */
+                unsigned long long run = above + incl - sum;
+                int d = top;
+                while (d > top - chunk + 1 && run + bins[d] < target)
+                    run += bins[d--];
+                *cut = (radix_pick){(unsigned)d, run};
+            }
+        }
+        __syncthreads();
+        prefix |= cut->digit << sh;
+        pmask |= (unsigned)(nb - 1) << sh;
+        above = cut->above;
+        __syncthreads();
+    }
+    return prefix;
+}
+
 /* The row's token, and its logprob from its raw logit: the row's own, unless an entry
  * penalised it (then the value saved before). Every thread of the block calls it. */
 __device__ void sample_done(const float *l, int tok, const cuda_sample_params *P,
@@ -184,6 +262,8 @@ __global__ void k_sample(float *logits, int vocab, const cuda_sample_params *par
     __shared__ int shi[32];
     __shared__ float carry, raw_tok;
     __shared__ int found;
+    __shared__ unsigned long long bins[RADIX_BINS];
+    __shared__ radix_pick cut;
     float *l = logits + (int64_t)blockIdx.x * vocab;
     cuda_sample_params P = params[blockIdx.x];
 
@@ -240,32 +320,11 @@ __global__ void k_sample(float *logits, int vocab, const cuda_sample_params *par
     float invt = 1.0f / P.temperature;
     float smin = (lmin - mx) * invt; /* every s lies in [smin, 0] */
     float thr = smin;
-    if (P.top_k > 0 && P.top_k < vocab) { /* largest thr with count(s >= thr) >= k */
-        float lo = smin, hi = 0.0f, cn, ms;
-        for (int it = 0; it < BISECT_STEPS; it++) {
-            float mid = 0.5f * (lo + hi);
-            kept(l, vocab, mx, invt, mid, sh, &cn, &ms);
-            if (cn >= (float)P.top_k)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        thr = lo;
-    }
-    if (P.top_p > 0.0f && P.top_p < 1.0f) { /* largest thr' >= thr keeping top_p of the mass */
-        float cn, total;
-        kept(l, vocab, mx, invt, thr, sh, &cn, &total);
-        float lo = thr, hi = 0.0f, ms;
-        for (int it = 0; it < BISECT_STEPS; it++) {
-            float mid = 0.5f * (lo + hi);
-            kept(l, vocab, mx, invt, mid, sh, &cn, &ms);
-            if (ms >= P.top_p * total)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        thr = lo;
-    }
+    if (P.top_k > 0 && P.top_k < vocab) /* the k-th largest s: count(s >= thr) >= k */
+        thr = key_value(
+            radix_cut(l, vocab, mx, invt, sample_key(thr), 0, (float)P.top_k, bins, &cut));
+    if (P.top_p > 0.0f && P.top_p < 1.0f) /* the s at which the mass from the top reaches top_p */
+        thr = key_value(radix_cut(l, vocab, mx, invt, sample_key(thr), 1, P.top_p, bins, &cut));
     if (P.min_p > 0.0f && P.min_p <= 1.0f)
         thr = fmaxf(thr, logf(P.min_p));
     float cn, mass;

@@ -108,6 +108,15 @@ static inline int emu_up(int l, int o) { return l >= o ? l - o : l; }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) { return emu_shfl(v, emu_xor, o); }
 template <class T> static inline T __shfl_sync(unsigned, T v, int o) { return emu_shfl(v, emu_idx, o); }
 template <class T> static inline T __shfl_up_sync(unsigned, T v, int o) { return emu_shfl(v, emu_up, o); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { emu_cur->warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) {
+    extern std::mutex emu_atomic_mu;
+    std::lock_guard<std::mutex> g(emu_atomic_mu);
+    unsigned long long old = *p;
+    *p = old + v;
+    return old;
+}
 /* mma.sync.aligned.m16n8k{16,32}.row.col.s32.s8.s8.s32 for the calling warp, as the PTX ISA's
  * "Matrix Fragments for mma.m16n8k16 / m16n8k32 with integer type" place the elements:
  * groupID g = lane >> 2, threadID_in_group t = lane % 4; A (16 x K, row) K/8 registers of
