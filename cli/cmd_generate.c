@@ -3,7 +3,9 @@
  *   medley generate -m MODEL (-p PROMPT | --chat MSG [--system SYS]) [options]
  *       streams the completion to stdout; with --json prints one object instead:
  *       {"tokens": [...], "text": "...", "prompt_tokens": N, "finish_reason": "...",
- *        "timings": {...}}, and with --logprobs "logprobs": [...], one per token
+ *        "timings": {...}}, and with --logprobs "logprobs": [...], one per token; with
+ *       --top-logprobs N also "top_logprobs": [[{"id", "bytes", "logprob"}, ...], ...], each
+ *       token's N most likely tokens (raw logits, most likely first)
  *   medley generate -m MODEL --batch FILE.jsonl [-o OUT.jsonl] [options]
  *       runs every line through one engine (continuous batching), writes one result line per
  *       request and reports throughput and latency on stderr.
@@ -58,6 +60,8 @@ static void usage(FILE *f) {
             "      --stop STR          stop string (repeatable, up to %d)\n"
             "      --ignore-eos        keep generating after end-of-generation tokens\n"
             "      --logprobs          with --json: each generated token's logprob (raw logits)\n"
+            "      --top-logprobs N    with --json: also each token's N most likely tokens\n"
+            "                          (0..%d; implies --logprobs)\n"
             "      --json              one JSON object instead of streamed text\n"
             "  -t, --threads N         CPU threads (default: every core)\n"
             "      --device D          auto (default; cuda:0 if a GPU is usable, else cpu),\n"
@@ -71,7 +75,7 @@ static void usage(FILE *f) {
             "      --max-seqs N        sequences per step (default 64 on cpu, 256 on cuda)\n"
             "      --batch-tokens N    tokens per step (default 512 on cpu, 2048 on cuda)\n"
             "      --kv-mb N           KV cache budget in MiB (default: min(needed, 1024))\n",
-            MAX_STOP);
+            MAX_STOP, MD_TOP_LOGPROBS);
 }
 
 static int parse_int(const char *s, const char *what, long lo, long hi, int *out) {
@@ -123,6 +127,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         O_KVTYPE,
         O_BF16W,
         O_LOGPROBS,
+        O_TOP_LOGPROBS,
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},
@@ -144,6 +149,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         {"stop", required_argument, 0, O_STOP},
         {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"logprobs", no_argument, 0, O_LOGPROBS},
+        {"top-logprobs", required_argument, 0, O_TOP_LOGPROBS},
         {"json", no_argument, 0, O_JSON},
         {"threads", required_argument, 0, 't'},
         {"device", required_argument, 0, O_DEVICE},
@@ -197,6 +203,10 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
             break;
         case O_IGNORE_EOS: o->s.ignore_eos = 1; break;
         case O_LOGPROBS: o->s.logprobs = 1; break;
+        case O_TOP_LOGPROBS:
+            rc = parse_int(optarg, "--top-logprobs", 0, MD_TOP_LOGPROBS, &o->s.top_logprobs);
+            o->s.logprobs |= o->s.top_logprobs > 0;
+            break;
         case O_JSON: o->json = 1; break;
         case 't': rc = parse_int(optarg, "--threads", 1, 1024, &o->n_threads); break;
         case O_DEVICE: o->device = optarg; break;
@@ -308,6 +318,27 @@ static int open_engine(const gen_opts *o, md_engine **eng) {
     return 0;
 }
 
+/* Each token's alternatives: [[{"id", "bytes", "logprob"}, ...], ...], most likely first;
+ * bytes exact (a piece may be part of a UTF-8 character). */
+static json_t *top_logprobs_json(const tok_tokenizer *tok, const md_step_token *t, int n) {
+    json_t *all = json_array();
+    for (int i = 0; i < n; i++) {
+        json_t *alts = json_array();
+        for (int j = 0; j < t[i].n_top; j++) {
+            size_t len;
+            const char *p = tok_piece(tok, t[i].top_token[j], 0, &len);
+            json_t *bytes = json_array();
+            for (size_t k = 0; k < len; k++)
+                json_array_append_new(bytes, json_integer((unsigned char)p[k]));
+            json_array_append_new(alts,
+                                  json_pack("{s:i, s:o, s:f}", "id", t[i].top_token[j], "bytes",
+                                            bytes, "logprob", (double)t[i].top_logprob[j]));
+        }
+        json_array_append_new(all, alts);
+    }
+    return all;
+}
+
 static int run_single(const gen_opts *o, md_engine *eng) {
     md_err e = {0};
     int32_t *ids = NULL;
@@ -331,7 +362,8 @@ static int run_single(const gen_opts *o, md_engine *eng) {
         if (strlen(o->stop[i]) > hold)
             hold = strlen(o->stop[i]);
     hold = hold ? hold - 1 : 0;
-    float *lps = NULL; /* (cap_lp) the logprobs of the n_lp tokens so far */
+    /* (cap_lp) the step results of the n_lp tokens so far: logprobs and alternatives */
+    md_step_token *lps = NULL;
     int n_lp = 0, cap_lp = 0, done = 0;
     while (!done) {
         md_step_result r;
@@ -345,7 +377,7 @@ static int run_single(const gen_opts *o, md_engine *eng) {
                 continue;
             if (n_lp == cap_lp) {
                 cap_lp = cap_lp ? 2 * cap_lp : 256;
-                float *p = realloc(lps, (size_t)cap_lp * sizeof *p);
+                md_step_token *p = realloc(lps, (size_t)cap_lp * sizeof *p);
                 if (!p) {
                     fprintf(stderr, "medley generate: out of memory\n");
                     free(lps);
@@ -353,7 +385,7 @@ static int run_single(const gen_opts *o, md_engine *eng) {
                 }
                 lps = p;
             }
-            lps[n_lp++] = r.tokens[i].logprob;
+            lps[n_lp++] = r.tokens[i];
         }
         for (int i = 0; i < r.n_finished; i++)
             done |= r.finished[i] == id;
@@ -395,9 +427,11 @@ static int run_single(const gen_opts *o, md_engine *eng) {
         if (o->s.logprobs) {
             json_t *lpa = json_array();
             for (int i = 0; i < n_lp; i++)
-                json_array_append_new(lpa, json_real(lps[i]));
+                json_array_append_new(lpa, json_real(lps[i].logprob));
             json_object_set_new(obj, "logprobs", lpa);
         }
+        if (o->s.top_logprobs > 0)
+            json_object_set_new(obj, "top_logprobs", top_logprobs_json(tok, lps, n_lp));
         char *s = json_dumps(obj, JSON_COMPACT);
         printf("%s\n", s);
         free(s);
