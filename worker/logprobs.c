@@ -72,19 +72,38 @@ static int append(json_t *arr, json_t *v) {
     return json_array_append_new(arr, v);
 }
 
-/* One chat entry: {"token", "logprob", "bytes", "top_logprobs": []}; NULL out of memory. */
-static json_t *chat_entry(const wk_token_lp *t, char *buf) {
+/* {"token", "logprob", "bytes"} of a token's bytes; NULL out of memory. */
+static json_t *token_obj(const char *b, size_t nb, float logprob, char *buf) {
     json_t *bytes = json_array();
     if (!bytes)
         return NULL;
-    for (size_t k = 0; k < t->n_bytes; k++)
-        if (append(bytes, json_integer((unsigned char)t->bytes[k]))) {
+    for (size_t k = 0; k < nb; k++)
+        if (append(bytes, json_integer((unsigned char)b[k]))) {
             json_decref(bytes);
             return NULL;
         }
-    size_t n = wk_utf8_sanitize(t->bytes, t->n_bytes, buf);
-    return json_pack("{s:s%, s:f, s:o, s:[]}", "token", buf, n, "logprob", lp_value(t->logprob),
-                     "bytes", bytes, "top_logprobs");
+    size_t n = wk_utf8_sanitize(b, nb, buf);
+    return json_pack("{s:s%, s:f, s:o}", "token", buf, n, "logprob", lp_value(logprob), "bytes",
+                     bytes);
+}
+
+/* One chat entry: the token's object with "top_logprobs": its alternatives' objects, most
+ * likely first; NULL out of memory. */
+static json_t *chat_entry(const wk_token_lp *t, char *buf) {
+    json_t *e = token_obj(t->bytes, t->n_bytes, t->logprob, buf), *top = json_array();
+    int bad = !e || !top;
+    for (int j = 0; j < t->n_top && !bad; j++)
+        bad = append(top, token_obj(t->top[j].bytes, t->top[j].n_bytes, t->top[j].logprob, buf));
+    if (bad) {
+        json_decref(e);
+        json_decref(top);
+        return NULL;
+    }
+    if (json_object_set_new(e, "top_logprobs", top)) { /* top is released either way */
+        json_decref(e);
+        return NULL;
+    }
+    return e;
 }
 
 static json_t *chat_json(const wk_result *res, char *buf) {
@@ -99,33 +118,58 @@ static json_t *chat_json(const wk_result *res, char *buf) {
     return json_pack("{s:o}", "content", content);
 }
 
+/* A completion token's alternatives as OpenAI's legacy object, text -> logprob. Two
+ * alternatives can decode to the same text (after U+FFFD replacement): the first, more
+ * likely one is kept. NULL out of memory. */
+static json_t *completion_top(const wk_token_lp *t, char *buf) {
+    json_t *o = json_object();
+    for (int j = 0; j < t->n_top && o; j++) {
+        size_t n = wk_utf8_sanitize(t->top[j].bytes, t->top[j].n_bytes, buf);
+        if (memchr(buf, 0, n)) /* a key cannot hold NUL: such a token is left out */
+            continue;
+        if (!json_object_get(o, buf) &&
+            json_object_set_new(o, buf, json_real(lp_value(t->top[j].logprob)))) {
+            json_decref(o);
+            o = NULL;
+        }
+    }
+    return o;
+}
+
 static json_t *completion_json(const wk_result *res, char *buf) {
     json_t *tokens = json_array(), *lps = json_array(), *offsets = json_array();
-    int bad = !tokens || !lps || !offsets;
+    json_t *tops = res->top_logprobs > 0 ? json_array() : json_null();
+    int bad = !tokens || !lps || !offsets || !tops;
     for (int i = 0; i < res->n_lp && !bad; i++) {
         const wk_token_lp *t = &res->lp[i];
         size_t n = wk_utf8_sanitize(t->bytes, t->n_bytes, buf);
         bad = append(tokens, json_stringn(buf, n)) ||
               append(lps, json_real(lp_value(t->logprob))) ||
-              append(offsets, json_integer((json_int_t)t->text_offset));
+              append(offsets, json_integer((json_int_t)t->text_offset)) ||
+              (res->top_logprobs > 0 && append(tops, completion_top(t, buf)));
     }
     if (bad) {
         json_decref(tokens);
         json_decref(lps);
         json_decref(offsets);
+        json_decref(tops);
         return NULL;
     }
-    return json_pack("{s:o, s:o, s:n, s:o}", "tokens", tokens, "token_logprobs", lps,
-                     "top_logprobs", "text_offset", offsets);
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps,
+                     "top_logprobs", tops, "text_offset", offsets);
 }
 
 json_t *wk_logprobs_json(const wk_result *res, int chat) {
     if (!res->logprobs)
         return json_null();
     size_t longest = 0;
-    for (int i = 0; i < res->n_lp; i++)
+    for (int i = 0; i < res->n_lp; i++) {
         if (res->lp[i].n_bytes > longest)
             longest = res->lp[i].n_bytes;
+        for (int j = 0; j < res->lp[i].n_top; j++)
+            if (res->lp[i].top[j].n_bytes > longest)
+                longest = res->lp[i].top[j].n_bytes;
+    }
     char *buf = malloc(3 * longest + 1);
     if (!buf)
         return NULL;

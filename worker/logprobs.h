@@ -1,12 +1,15 @@
 /* logprobs.h — a runner's logprob entries (runner.h wk_token_lp) as the `logprobs` member of
  * an output line's choice, in OpenAI's shape for each endpoint:
- *   chat         {"content": [{"token", "logprob", "bytes", "top_logprobs": []}, ...]}
- *   completions  {"tokens": [...], "token_logprobs": [...], "top_logprobs": null,
- *                 "text_offset": [...]}
+ *   chat         {"content": [{"token", "logprob", "bytes",
+ *                              "top_logprobs": [{"token", "logprob", "bytes"}, ...]}, ...]}
+ *   completions  {"tokens": [...], "token_logprobs": [...],
+ *                 "top_logprobs": null | [{"<text>": logprob, ...}, ...], "text_offset": [...]}
  * A token's bytes may be part of a UTF-8 character (or not UTF-8 at all): `bytes` holds them
  * exactly, and the `token` string is them with each maximal invalid subpart replaced by
- * U+FFFD, so the document stays valid UTF-8. No top alternatives are computed: chat's
- * top_logprobs lists are empty, completions' top_logprobs is null. */
+ * U+FFFD, so the document stays valid UTF-8. Alternatives (top_logprobs) are most likely
+ * first; chat's list is empty and completions' member null when none were asked for. In a
+ * completion's object two alternatives of the same text keep the more likely one, and one
+ * whose text holds NUL is left out (an object key cannot hold it). */
 #ifndef MEDLEY_WORKER_LOGPROBS_H
 #define MEDLEY_WORKER_LOGPROBS_H
 

@@ -1,6 +1,7 @@
 /* runner.h — a model runner: what the worker drives for one served model. Two kinds:
  *   echo    answers with the prompt (the last user message, or the completion prompt) after
- *           a configurable delay; one "token" is one byte (its logprob 0). Queue behaviour
+ *           a configurable delay; one "token" is one byte (its logprob 0, itself its
+ *           only alternative). Queue behaviour
  *           is tested and benchmarked with it apart from inference.
  *   engine  chat template -> tokens -> md_engine_submit -> step loop -> text and usage.
  *
@@ -14,6 +15,13 @@
 #include "common/err.h"
 #include "worker/validate.h"
 
+/* One of the most likely tokens at a position: an alternative (bytes as wk_token_lp's). */
+typedef struct {
+    const char *bytes;
+    size_t n_bytes;
+    float logprob; /* under the model's raw logits, as wk_token_lp's */
+} wk_alt_lp;
+
 /* One generated token of the returned text, for logprobs. */
 typedef struct {
     const char *bytes; /* the token's bytes as the tokenizer decodes it: possibly part of a
@@ -21,6 +29,10 @@ typedef struct {
     size_t n_bytes;
     size_t text_offset; /* byte offset in text where this token's text begins */
     float logprob;      /* log-probability of the token under the model's raw logits */
+    /* (n_top) the most likely tokens at this position, most likely first: the request's
+     * top_logprobs of them, fewer when the model listed fewer, none when not asked */
+    const wk_alt_lp *top;
+    int n_top;
 } wk_token_lp;
 
 typedef struct {
@@ -33,6 +45,7 @@ typedef struct {
      * end-of-generation token, and those past a stop string's start (a token that begins
      * before the cut is kept, with all its bytes). */
     int logprobs;
+    int top_logprobs; /* alternatives asked for per token (wk_request.top_logprobs) */
     const wk_token_lp *lp;
     int n_lp;
     const char *error; /* non-NULL: the request failed inside the runner */

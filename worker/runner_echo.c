@@ -1,8 +1,10 @@
 /* runner_echo.c — the `echo` model: answers each request with its prompt text (the last
  * user message for chat, the prompt for completions), cut to max_tokens bytes and at the
  * first stop string, after echo_delay_ms. One token is one byte, and it is certain (logprob
- * 0: the answer is deterministic); the context is echo_ctx bytes. It exercises everything
- * the worker does except inference. */
+ * 0: the answer is deterministic). So its alternatives, however many top_logprobs asks for,
+ * are itself alone at 0: every other byte is impossible (-inf), and the engine lists no token
+ * at -inf either. The context is echo_ctx bytes. It exercises everything the worker does
+ * except inference. */
 #define _GNU_SOURCE /* memmem */
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +18,7 @@ typedef struct {
     void *tag;
     char *text; /* malloc'd answer */
     const char *finish;
-    int logprobs;
+    int logprobs, top_logprobs;
     int prompt_tokens, completion_tokens;
     uint64_t start_ns, due_ns;
 } echo_item;
@@ -26,6 +28,8 @@ typedef struct {
     echo_item *items; /* (cap) */
     wk_token_lp *lp;  /* (cap_lp) the entries of the answer being reported */
     size_t cap_lp;
+    wk_alt_lp *alt; /* (cap_alt) their alternatives, one each */
+    size_t cap_alt;
 } echo_runner;
 
 int wk_echo_open(const wk_runner_opts *o, void **self, md_err *e) {
@@ -50,6 +54,7 @@ static void echo_close(void *self) {
         free(r->items[i].text);
     free(r->items);
     free(r->lp);
+    free(r->alt);
     free(r);
 }
 
@@ -107,13 +112,20 @@ static int echo_start(void *self, const wk_request *req, void *tag, md_err *e) {
     for (int i = 0; i < r->cap && !it; i++)
         if (!r->items[i].used)
             it = &r->items[i];
+    /* room for this answer's entries now, so that poll() never allocates */
     if (req->logprobs && n > r->cap_lp) {
-        /* room for this answer's entries now, so that poll() never allocates */
         wk_token_lp *lp = realloc(r->lp, n * sizeof *lp);
         if (!lp)
             return md_errf(e, MD_ENOMEM, "out of memory");
         r->lp = lp;
         r->cap_lp = n;
+    }
+    if (req->top_logprobs > 0 && n > r->cap_alt) {
+        wk_alt_lp *alt = realloc(r->alt, n * sizeof *alt);
+        if (!alt)
+            return md_errf(e, MD_ENOMEM, "out of memory");
+        r->alt = alt;
+        r->cap_alt = n;
     }
     char *text = malloc(n + 1);
     if (!text)
@@ -125,6 +137,7 @@ static int echo_start(void *self, const wk_request *req, void *tag, md_err *e) {
     it->text = text;
     it->finish = finish;
     it->logprobs = req->logprobs;
+    it->top_logprobs = req->top_logprobs;
     it->prompt_tokens = (int)prompt;
     it->completion_tokens = (int)n;
     it->start_ns = md_mono_ns();
@@ -159,10 +172,19 @@ static int echo_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err
                          .completion_tokens = it->completion_tokens,
                          .prefill_ms = 0,
                          .decode_ms = (double)(now - it->start_ns) / 1e6,
-                         .logprobs = it->logprobs};
+                         .logprobs = it->logprobs,
+                         .top_logprobs = it->top_logprobs};
         if (it->logprobs) {
-            for (int k = 0; k < it->completion_tokens; k++)
-                r->lp[k] = (wk_token_lp){it->text + k, 1, (size_t)k, 0.0f};
+            int top = it->top_logprobs > 0;
+            for (int k = 0; k < it->completion_tokens; k++) {
+                r->lp[k] = (wk_token_lp){.bytes = it->text + k,
+                                         .n_bytes = 1,
+                                         .text_offset = (size_t)k,
+                                         .top = top ? r->alt + k : NULL,
+                                         .n_top = top};
+                if (top)
+                    r->alt[k] = (wk_alt_lp){it->text + k, 1, 0.0f};
+            }
             res.lp = r->lp;
             res.n_lp = it->completion_tokens;
         }

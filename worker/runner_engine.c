@@ -19,11 +19,19 @@ typedef struct {
     uint64_t seq;
     void *tag;
     int logprobs;
-    /* (cap_lp) the generated tokens and their logprobs, in order, when logprobs; kept
-     * between requests of the slot, room for max_tokens made at start */
+    /* (cap_lp) the generated tokens, their logprobs and how many alternatives the engine
+     * listed at each, in order, when logprobs; kept between requests of the slot, room for
+     * max_tokens made at start */
     int32_t *ids;
     float *lps;
+    unsigned char *n_tops;
     int n_lp, cap_lp;
+    /* (cap_top) token i's alternatives at [i * top_logprobs ..), when top_logprobs > 0:
+     * their ids and logprobs, most likely first */
+    int top_logprobs;
+    int32_t *top_ids;
+    float *top_lps;
+    size_t cap_top;
 } eng_item;
 
 typedef struct {
@@ -36,11 +44,14 @@ typedef struct {
     int n_by_seq;
     wk_token_lp *lp; /* (cap_lp) the entries of the answer being reported */
     size_t cap_lp;
+    wk_alt_lp *alt; /* (cap_alt) their alternatives, top_logprobs per entry */
+    size_t cap_alt;
     char *piece; /* (piece_cap) streaming decode output while they are made */
     size_t piece_cap;
 } engine_runner;
 
-/* A slot keeps larger logprob buffers only while its request runs. */
+/* A slot keeps buffers for more logprobs (or alternatives) than this only while its request
+ * runs. */
 #define LP_KEEP 4096
 
 int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_err *e) {
@@ -89,9 +100,16 @@ int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_e
 static void lp_free(eng_item *it) {
     free(it->ids);
     free(it->lps);
+    free(it->n_tops);
+    free(it->top_ids);
+    free(it->top_lps);
     it->ids = NULL;
     it->lps = NULL;
+    it->n_tops = NULL;
+    it->top_ids = NULL;
+    it->top_lps = NULL;
     it->cap_lp = 0;
+    it->cap_top = 0;
 }
 
 static void engine_close(void *self) {
@@ -102,13 +120,15 @@ static void engine_close(void *self) {
     free(r->items);
     free(r->by_seq);
     free(r->lp);
+    free(r->alt);
     free(r->piece);
     free(r);
 }
 
-/* Room for n logprob entries in slot it and in the runner's reporting buffer, so that the
- * step loop and report() never allocate. */
-static int lp_reserve(engine_runner *r, eng_item *it, int n, md_err *e) {
+/* Room for n logprob entries with top alternatives each in slot it and in the runner's
+ * reporting buffers, so that the step loop and report() never allocate. On failure the
+ * buffers that did grow are kept (their capacities stay the old ones). */
+static int lp_reserve(engine_runner *r, eng_item *it, int n, int top, md_err *e) {
     if (n > it->cap_lp) {
         int32_t *ids = realloc(it->ids, (size_t)n * sizeof *ids);
         if (ids)
@@ -116,9 +136,24 @@ static int lp_reserve(engine_runner *r, eng_item *it, int n, md_err *e) {
         float *lps = ids ? realloc(it->lps, (size_t)n * sizeof *lps) : NULL;
         if (lps)
             it->lps = lps;
-        if (!ids || !lps)
+        unsigned char *nt = lps ? realloc(it->n_tops, (size_t)n) : NULL;
+        if (nt)
+            it->n_tops = nt;
+        if (!nt)
             return md_errf(e, MD_ENOMEM, "out of memory for %d logprobs", n);
         it->cap_lp = n;
+    }
+    size_t m = (size_t)n * (size_t)top;
+    if (m > it->cap_top) {
+        int32_t *ids = realloc(it->top_ids, m * sizeof *ids);
+        if (ids)
+            it->top_ids = ids;
+        float *lps = ids ? realloc(it->top_lps, m * sizeof *lps) : NULL;
+        if (lps)
+            it->top_lps = lps;
+        if (!lps)
+            return md_errf(e, MD_ENOMEM, "out of memory for %d tokens' %d top logprobs", n, top);
+        it->cap_top = m;
     }
     if ((size_t)n > r->cap_lp) {
         wk_token_lp *lp = realloc(r->lp, (size_t)n * sizeof *lp);
@@ -126,6 +161,13 @@ static int lp_reserve(engine_runner *r, eng_item *it, int n, md_err *e) {
             return md_errf(e, MD_ENOMEM, "out of memory for %d logprobs", n);
         r->lp = lp;
         r->cap_lp = (size_t)n;
+    }
+    if (m > r->cap_alt) {
+        wk_alt_lp *alt = realloc(r->alt, m * sizeof *alt);
+        if (!alt)
+            return md_errf(e, MD_ENOMEM, "out of memory for %d tokens' %d top logprobs", n, top);
+        r->alt = alt;
+        r->cap_alt = m;
     }
     return 0;
 }
@@ -191,7 +233,7 @@ static int engine_start(void *self, const wk_request *req, void *tag, md_err *e)
     for (int i = 0; i < r->cap && !it; i++)
         if (!r->items[i].used)
             it = &r->items[i];
-    if (req->logprobs && (rc = lp_reserve(r, it, req->max_tokens, e))) {
+    if (req->logprobs && (rc = lp_reserve(r, it, req->max_tokens, req->top_logprobs, e))) {
         free(ids);
         return rc;
     }
@@ -205,6 +247,7 @@ static int engine_start(void *self, const wk_request *req, void *tag, md_err *e)
     s.presence_penalty = (float)req->presence_penalty;
     s.frequency_penalty = (float)req->frequency_penalty;
     s.logprobs = req->logprobs;
+    s.top_logprobs = req->top_logprobs;
     s.max_tokens = req->max_tokens;
     s.stop = req->n_stop ? req->stop : NULL;
     if (req->has_seed) {
@@ -223,6 +266,7 @@ static int engine_start(void *self, const wk_request *req, void *tag, md_err *e)
     it->seq = seq;
     it->tag = tag;
     it->logprobs = req->logprobs;
+    it->top_logprobs = req->logprobs ? req->top_logprobs : 0;
     it->n_lp = 0;
     if (it->logprobs) {
         int at = by_seq_find(r, seq);
@@ -249,7 +293,18 @@ static int lp_entries(engine_runner *r, const eng_item *it, const char *text, md
     for (int i = 0; i < n; i++) {
         size_t len;
         const char *p = tok_piece(r->tok, it->ids[i], 0, &len);
-        r->lp[i] = (wk_token_lp){p, len, off, it->lps[i]};
+        size_t at = (size_t)i * (size_t)it->top_logprobs;
+        r->lp[i] = (wk_token_lp){.bytes = p,
+                                 .n_bytes = len,
+                                 .text_offset = off,
+                                 .logprob = it->lps[i],
+                                 .top = it->top_logprobs ? r->alt + at : NULL,
+                                 .n_top = it->n_tops[i]};
+        for (int j = 0; j < it->n_tops[i]; j++) {
+            size_t tl;
+            const char *tp = tok_piece(r->tok, it->top_ids[at + j], 0, &tl);
+            r->alt[at + j] = (wk_alt_lp){tp, tl, it->top_lps[at + j]};
+        }
         off += tok_stream_push(r->tok, &ts, it->ids[i], r->piece, r->piece_cap);
     }
     size_t text_len = strlen(text);
@@ -277,6 +332,7 @@ static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn d
         res.error = why && *why ? why : "the engine stopped this sequence";
     } else if (it->logprobs) {
         res.logprobs = 1;
+        res.top_logprobs = it->top_logprobs;
         res.lp = r->lp;
         res.n_lp = lp_entries(r, it, text, f);
     }
@@ -289,13 +345,14 @@ static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn d
     void *tag = it->tag;
     done(ctx, tag, &res);
     md_engine_release(r->eng, it->seq);
-    if (it->cap_lp > LP_KEEP)
+    if (it->cap_lp > LP_KEEP || it->cap_top > LP_KEEP)
         lp_free(it);
     it->used = 0;
     r->live--;
 }
 
-/* Each new token of a sequence that wants logprobs, with its logprob, onto its item. */
+/* Each new token of a sequence that wants logprobs, with its logprob and alternatives, onto
+ * its item. */
 static void collect_logprobs(engine_runner *r, const md_step_result *res) {
     for (int k = 0; k < res->n_tokens && r->n_by_seq > 0; k++) {
         const md_step_token *t = &res->tokens[k];
@@ -304,6 +361,14 @@ static void collect_logprobs(engine_runner *r, const md_step_result *res) {
             continue;
         eng_item *it = &r->items[r->by_seq[at]];
         if (it->n_lp < it->cap_lp) { /* max_tokens bounds the tokens of a sequence */
+            /* the engine lists at most what was asked; fewer when fewer are finite */
+            int m = t->n_top < it->top_logprobs ? t->n_top : it->top_logprobs;
+            it->n_tops[it->n_lp] = (unsigned char)(m > 0 ? m : 0);
+            if (m > 0) {
+                size_t at = (size_t)it->n_lp * (size_t)it->top_logprobs;
+                memcpy(it->top_ids + at, t->top_token, (size_t)m * sizeof *it->top_ids);
+                memcpy(it->top_lps + at, t->top_logprob, (size_t)m * sizeof *it->top_lps);
+            }
             it->ids[it->n_lp] = t->token;
             it->lps[it->n_lp++] = t->logprob;
         }

@@ -149,8 +149,8 @@ static int get_int(json_t *body, const char *key, long long lo, long long hi, co
     return 1;
 }
 
-/* logprobs as each endpoint spells it. Only the chosen tokens' logprobs are computed (the
- * engine reports no alternatives), so asking for alternatives is refused, not ignored. */
+/* logprobs as each endpoint spells it: chat's logprobs (boolean) and top_logprobs (0..20,
+ * needs logprobs: true), completions' logprobs (0..5: the number of alternatives). */
 static int get_logprobs(json_t *body, wk_request *req, wk_verr *ve) {
     if (!req->chat) {
         long long n = 0;
@@ -158,12 +158,8 @@ static int get_logprobs(json_t *body, wk_request *req, wk_verr *ve) {
                           "an integer in 0..5 (or null) for a completion", &n, ve);
         if (has < 0)
             return -1;
-        if (n > 0)
-            return fail(ve, "unsupported_value", "body.logprobs",
-                        "body.logprobs is %lld; only 0 is supported (the chosen tokens' "
-                        "logprobs; alternatives are not computed)",
-                        n);
         req->logprobs = has;
+        req->top_logprobs = (int)n;
         return 0;
     }
     json_t *lp = json_object_get(body, "logprobs");
@@ -182,11 +178,7 @@ static int get_logprobs(json_t *body, wk_request *req, wk_verr *ve) {
     if (has && !req->logprobs)
         return fail(ve, "invalid_value", "body.top_logprobs",
                     "body.top_logprobs is given, so body.logprobs must be true");
-    if (top > 0)
-        return fail(ve, "unsupported_value", "body.top_logprobs",
-                    "body.top_logprobs is %lld; only 0 is supported (the chosen tokens' "
-                    "logprobs come with body.logprobs: true; alternatives are not computed)",
-                    top);
+    req->top_logprobs = (int)top;
     return 0;
 }
 

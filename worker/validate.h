@@ -42,9 +42,11 @@ typedef struct {
     double repetition_penalty; /* 1: off */
     double presence_penalty;   /* 0: off */
     double frequency_penalty;  /* 0: off */
-    /* Report the chosen tokens' logprobs: chat's logprobs: true, completions' logprobs: 0.
-     * Alternatives (top_logprobs > 0, completions' logprobs > 0) are refused. */
+    /* Report the chosen tokens' logprobs: chat's logprobs: true, completions' logprobs
+     * present; and that many of the most likely tokens at each (chat's top_logprobs,
+     * completions' logprobs): 0..WK_MAX_TOP_LOGPROBS, 0..WK_MAX_COMPLETION_LOGPROBS. */
     int logprobs;
+    int top_logprobs;
     long long seed;
     int has_seed;
     const char *stop[WK_MAX_STOP + 1]; /* NULL-terminated */

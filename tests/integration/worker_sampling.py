@@ -4,8 +4,9 @@ logprobs come back in OpenAI's shapes (docs/protocol.md section 8, schemas/outpu
 Default (integration, echo model through a real redis-server and `medley worker`): chat
 `logprobs: true` gives one entry per byte of the content (logprob 0, exact bytes, U+FFFD for
 a part of a character), completions `logprobs: 0` the legacy arrays with text offsets, no
-logprobs asked gives null, and top_logprobs > 0, completions logprobs > 0 and out-of-range
-extras are refused with their codes. Every line follows its schema.
+logprobs asked gives null, top_logprobs 3 / completions logprobs 2 list each byte as its own
+only alternative (logprob 0), and out-of-range extras are refused with their codes. Every line
+follows its schema.
 
 With --engine (e2e, SmolLM2 through `medley run`): greedy with a strong frequency, presence or
 repetition penalty gives another continuation than none and the same one as `medley generate`
@@ -13,7 +14,10 @@ with the same flags; top_k and min_p at temperature 1.5 give generate's tokens t
 and min_p 1 give the greedy ones); logprobs: one entry per completion token (the EOS not
 listed), all <= 0, equal to generate --logprobs, tokens and bytes concatenating to the content
 (characters split over tokens included), and a stop string cuts the list where it cuts the
-text. Exit 77 (skip) when the model file is not fetched."""
+text; alternatives (top_logprobs 5 and 20, completions logprobs 3) are as many as asked, most
+likely first, equal to generate --top-logprobs within 1e-3 (completions: as text -> logprob,
+the more likely of two that read alike), the greedy token first, and listed for the listed
+tokens only. Exit 77 (skip) when the model file is not fetched."""
 import json
 import os
 import subprocess
@@ -34,7 +38,7 @@ def content(line):
     return c["message"]["content"] if "message" in c else c["text"]
 
 
-def check_chat_entries(cid, line, eos):
+def check_chat_entries(cid, line, eos, top=0):
     """The chat logprobs of one answer against its content: one entry per token (the EOS left
     out when the answer ended on it), bytes and tokens as the content has them."""
     c, usage = choice(line), line["response"]["body"]["usage"]
@@ -47,8 +51,13 @@ def check_chat_entries(cid, line, eos):
     if joined != content(line).encode("utf-8"):
         fail("%s: the entries' bytes %r are not the content %r" % (cid, joined, content(line)))
     for e in entries:
-        if e["logprob"] > 0 or e["top_logprobs"] != []:
+        alts = e["top_logprobs"]
+        if e["logprob"] > 0 or (top == 0 and alts != []) or len(alts) > top:
             fail("%s: bad entry %s" % (cid, e))
+        if any(a["logprob"] > 0 or a["token"] != bytes(a["bytes"]).decode("utf-8", "replace")
+               for a in alts) or [a["logprob"] for a in alts] != sorted(
+                   [a["logprob"] for a in alts], reverse=True):
+            fail("%s: bad alternatives %s" % (cid, alts))
         # the token string: its bytes, each maximal invalid subpart one U+FFFD
         if e["token"] != bytes(e["bytes"]).decode("utf-8", "replace"):
             fail("%s: token %r does not spell its bytes %s" % (cid, e["token"], e["bytes"]))
@@ -66,19 +75,22 @@ def echo_checks(srv):
         "lp-cmp": json.dumps({"custom_id": "lp-cmp", "method": "POST", "url": "/v1/completions",
                               "body": {"model": "echo", "prompt": "one two. three",
                                        "logprobs": 0, "stop": "."}}),
+        "lp-top3": chat_line("lp-top3", "t\u00e9p", logprobs=True, top_logprobs=3),
+        "cmp-lp2": json.dumps({"custom_id": "cmp-lp2", "method": "POST", "url": "/v1/completions",
+                               "body": {"model": "echo", "prompt": "ab", "logprobs": 2}}),
         "extras": chat_line("extras", "penalised", frequency_penalty=1.5, presence_penalty=-1,
                             repetition_penalty=1.3, top_k=-1, min_p=0.1),
     }
     refused = {
-        "top3": (chat_line("top3", "x", logprobs=True, top_logprobs=3), "unsupported_value",
-                 "body.top_logprobs"),
+        "top21": (chat_line("top21", "x", logprobs=True, top_logprobs=21), "invalid_value",
+                  "body.top_logprobs"),
         "top-alone": (chat_line("top-alone", "x", top_logprobs=0), "invalid_value",
                       "body.top_logprobs"),
         "lp-int": (chat_line("lp-int", "x", logprobs=1), "invalid_type", "body.logprobs"),
-        "cmp-lp2": (json.dumps({"custom_id": "cmp-lp2", "method": "POST",
+        "cmp-lp6": (json.dumps({"custom_id": "cmp-lp6", "method": "POST",
                                 "url": "/v1/completions",
-                                "body": {"model": "echo", "prompt": "x", "logprobs": 2}}),
-                    "unsupported_value", "body.logprobs"),
+                                "body": {"model": "echo", "prompt": "x", "logprobs": 6}}),
+                    "invalid_value", "body.logprobs"),
         "freq": (chat_line("freq", "x", frequency_penalty=2.5), "invalid_value",
                  "body.frequency_penalty"),
         "topk": (chat_line("topk", "x", top_k=-3), "invalid_value", "body.top_k"),
@@ -125,7 +137,14 @@ def echo_checks(srv):
             "text_offset": list(range(7))}
     if content(out["lp-cmp"]) != "one two" or lp != want:
         fail("lp-cmp: %s" % choice(out["lp-cmp"]))
-    print("ok: echo logprobs in both shapes, %d bad extras refused" % len(refused))
+    # alternatives: an echo byte is certain, so its only alternative is itself at 0
+    for e in check_chat_entries("lp-top3", out["lp-top3"], eos=False, top=3):
+        if e["top_logprobs"] != [{"token": e["token"], "logprob": 0.0, "bytes": e["bytes"]}]:
+            fail("lp-top3: alternatives %s" % e)
+    lp = choice(out["cmp-lp2"])["logprobs"]
+    if lp["top_logprobs"] != [{"a": 0.0}, {"b": 0.0}] or lp["tokens"] != ["a", "b"]:
+        fail("cmp-lp2: %s" % lp)
+    print("ok: echo logprobs and alternatives in both shapes, %d bad extras refused" % len(refused))
 
 
 # ---- the real engine ----------------------------------------------------------------------
@@ -137,11 +156,26 @@ def model_path():
     return os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def generate(*flags, chat=QUESTION, n=40):
-    """`medley generate --json` on the question, greedy unless flags say otherwise."""
-    p = medley("generate", "-m", "smollm2-135m", "--chat", chat, "-n", n, "--json", *flags,
-               timeout=300)
+def generate(*flags, chat=QUESTION, prompt=None, n=40):
+    """`medley generate --json` on the question (or a raw prompt), greedy unless flags say
+    otherwise."""
+    what = ["-p", prompt] if prompt is not None else ["--chat", chat]
+    p = medley("generate", "-m", "smollm2-135m", *what, "-n", n, "--json", *flags, timeout=300)
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def same_alternatives(cid, got, want, tol=1e-3):
+    """A token's alternatives against generate's, both [(key, logprob)] most likely first: the
+    same logprobs in the same order within tol, and a key in both at the same logprob in both.
+    A key only one side lists must be within tol of the other side's last (a near tie at the
+    edge of the list can fall either way between two runs' logits)."""
+    if len(got) != len(want) or any(abs(a[1] - b[1]) > tol for a, b in zip(got, want)):
+        fail("%s: alternatives %s, generate's %s" % (cid, got, want))
+    for side, other in ((dict(got), dict(want)), (dict(want), dict(got))):
+        edge = min(other.values()) if other else 0
+        for k, x in side.items():
+            if abs(x - other.get(k, edge)) > tol:
+                fail("%s: %r at %g, the other list %s" % (cid, k, x, other))
 
 
 def engine_checks():
@@ -164,7 +198,9 @@ def engine_checks():
     lines = [
         chat("plain"),
         chat("plain-lp", logprobs=True),
+        chat("plain-top", logprobs=True, top_logprobs=5),
         chat("freq", frequency_penalty=2.0, logprobs=True),
+        chat("freq-top", frequency_penalty=2.0, logprobs=True, top_logprobs=20),
         chat("pres", presence_penalty=2.0),
         chat("rep", repetition_penalty=1.5),
         chat("hot", temperature=1.5, seed=11),
@@ -175,10 +211,12 @@ def engine_checks():
         chat("emoji", "Emoji: \U0001F600\U0001F600\U0001F600\U0001F600", max_tokens=24,
              logprobs=True),
         completion("cmp-lp", "Count: one, two, three,", logprobs=0),
+        completion("cmp-top", "Count: one, two, three,", logprobs=3),
         completion("cmp-emoji", "Emoji: \U0001F600\U0001F600\U0001F600\U0001F600", logprobs=0),
         completion("cut-mid", "The capital of France is", logprobs=0, stop="aris"),
         completion("cut-edge", "The capital of France is", logprobs=0, stop=" Paris"),
         completion("cut-late", "The capital of France is", logprobs=0, stop="."),
+        completion("cut-mid-top", "The capital of France is", logprobs=2, stop="aris"),
     ]
     inp, outp = os.path.join(tmp, "in.jsonl"), os.path.join(tmp, "out.jsonl")
     with open(inp, "w") as f:
@@ -271,7 +309,55 @@ def engine_checks():
             fail("%s: expected %r with tokens %s, got %s" % (cid, text, toks, c))
     if out["cut-late"]["response"]["body"]["usage"]["completion_tokens"] != 2:
         fail("cut-late: the '.' token was to be generated and left out: %s" % out["cut-late"])
-    print("ok: penalties, top_k and min_p as generate; logprobs of %d answers" % len(out))
+    # alternatives: as many as asked, most likely first, generate --top-logprobs's; asking for
+    # them changes no token and no logprob; greedy without penalties picks the first
+    if content(out["plain-top"]) != plain or content(out["freq-top"]) != content(out["freq"]):
+        fail("plain-top / freq-top: alternatives changed the tokens")
+    for cid, ref, k, flags in (("plain-top", "plain-lp", 5, []),
+                               ("freq-top", "freq", 20, ["--frequency-penalty", "2"])):
+        line = out[cid]
+        entries = check_chat_entries(cid, line, choice(line)["finish_reason"] == "stop", top=k)
+        g = generate("--top-logprobs", str(k), *flags)
+        refs = choice(out[ref])["logprobs"]["content"]
+        for i, (e, r) in enumerate(zip(entries, refs)):
+            alts = e["top_logprobs"]
+            if len(alts) != k or abs(e["logprob"] - r["logprob"]) > 1e-6:
+                fail("%s: entry %s (without alternatives %s)" % (cid, e, r))
+            same_alternatives("%s token %d" % (cid, i),
+                              [(bytes(a["bytes"]), a["logprob"]) for a in alts],
+                              [(bytes(a["bytes"]), a["logprob"]) for a in g["top_logprobs"][i]])
+            # the chosen token, where listed, at its own logprob
+            for a in alts:
+                if a["bytes"] == e["bytes"] and abs(a["logprob"] - e["logprob"]) > 1e-6:
+                    fail("%s: token %s listed at %g" % (cid, e, a["logprob"]))
+        if cid == "plain-top" and any(e["top_logprobs"][0]["bytes"] != e["bytes"]
+                                      for e in entries):
+            fail("plain-top: greedy without penalties did not pick the most likely: %s" % entries)
+    # the penalty moved the choice off the raw argmax somewhere: the lists are the raw logits'
+    if all(e["top_logprobs"][0]["bytes"] == e["bytes"]
+           for e in choice(out["freq-top"])["logprobs"]["content"]):
+        fail("freq-top: the penalised tokens are all the raw argmax; the case proves nothing")
+    # completions: one object per listed token, text -> logprob, generate's lists as text
+    lp = choice(out["cmp-top"])["logprobs"]
+    if content(out["cmp-top"]) != content(out["cmp-lp"]) or \
+            len(lp["top_logprobs"]) != len(lp["tokens"]) or \
+            lp["token_logprobs"] != choice(out["cmp-lp"])["logprobs"]["token_logprobs"]:
+        fail("cmp-top: %s" % lp)
+    g = generate("--top-logprobs", "3", prompt="Count: one, two, three,", n=24)
+    for i, (tok, x, alts) in enumerate(zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])):
+        want = {}
+        for a in g["top_logprobs"][i]:  # the first of two that read alike: the more likely
+            want.setdefault(bytes(a["bytes"]).decode("utf-8", "replace"), a["logprob"])
+        by_lp = lambda d: sorted(d.items(), key=lambda kv: -kv[1])
+        same_alternatives("cmp-top token %d %r" % (i, tok), by_lp(alts), by_lp(want))
+        if abs(max(alts.values()) - x) > 1e-6:
+            fail("cmp-top: greedy token %r at %g is not the most likely of %s" % (tok, x, alts))
+    c = choice(out["cut-mid-top"])["logprobs"]
+    if c["tokens"] != [" Paris"] or len(c["top_logprobs"]) != 1 or \
+            abs(c["top_logprobs"][0].get(" Paris", 1) - c["token_logprobs"][0]) > 1e-6:
+        fail("cut-mid-top: alternatives for the listed tokens only: %s" % c)
+    print("ok: penalties, top_k and min_p as generate; logprobs and alternatives of %d answers"
+          % len(out))
 
 
 def main():

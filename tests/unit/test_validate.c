@@ -170,7 +170,7 @@ static void bad_sampling_extras_are_named(void **st) {
 }
 
 static void bad_logprobs_are_named(void **st) {
-    /* chat: a boolean, with top_logprobs 0..20 beside logprobs: true, and only 0 served */
+    /* chat: a boolean, with top_logprobs 0..20 beside logprobs: true */
     expect_error(CHAT("{" M ",\"logprobs\":1}"), "invalid_type", "body.logprobs");
     expect_error(CHAT("{" M ",\"logprobs\":\"yes\"}"), "invalid_type", "body.logprobs");
     expect_error(CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":21}"), "invalid_value",
@@ -182,29 +182,32 @@ static void bad_logprobs_are_named(void **st) {
     expect_error(CHAT("{" M ",\"top_logprobs\":0}"), "invalid_value", "body.top_logprobs");
     expect_error(CHAT("{" M ",\"logprobs\":false,\"top_logprobs\":0}"), "invalid_value",
                  "body.top_logprobs");
-    expect_error(CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":5}"), "unsupported_value",
-                 "body.top_logprobs");
-    expect_error(CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":20}"), "unsupported_value",
-                 "body.top_logprobs");
-    /* completions: an integer 0..5, and only 0 served */
+    /* completions: an integer 0..5 */
     expect_error(COMPLETION("{" P ",\"logprobs\":true}"), "invalid_type", "body.logprobs");
     expect_error(COMPLETION("{" P ",\"logprobs\":0.5}"), "invalid_type", "body.logprobs");
     expect_error(COMPLETION("{" P ",\"logprobs\":6}"), "invalid_value", "body.logprobs");
     expect_error(COMPLETION("{" P ",\"logprobs\":-1}"), "invalid_value", "body.logprobs");
-    expect_error(COMPLETION("{" P ",\"logprobs\":1}"), "unsupported_value", "body.logprobs");
-    expect_error(COMPLETION("{" P ",\"logprobs\":5}"), "unsupported_value", "body.logprobs");
 }
 
-static void unsupported_logprobs_say_what_is_served(void **st) {
+/* Alternatives are served: chat's top_logprobs 1..20, completions' logprobs 1..5. */
+static void alternatives_are_served(void **st) {
     wk_request req;
     wk_verr ve;
     char buf[WK_CUSTOM_ID_MAX];
-    assert_int_equal(check(CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":3}"), &req, &ve, buf),
-                     -1);
-    assert_non_null(strstr(ve.message, "only 0 is supported"));
-    wk_request_free(&req);
-    assert_int_equal(check(COMPLETION("{" P ",\"logprobs\":2}"), &req, &ve, buf), -1);
-    assert_non_null(strstr(ve.message, "only 0 is supported"));
+    const char *chat[] = {CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":3}"),
+                          CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":20}"),
+                          COMPLETION("{" P ",\"logprobs\":1}"),
+                          COMPLETION("{" P ",\"logprobs\":5}")};
+    int want[] = {3, 20, 1, 5};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(check(chat[i], &req, &ve, buf), 0);
+        assert_int_equal(req.logprobs, 1);
+        assert_int_equal(req.top_logprobs, want[i]);
+        wk_request_free(&req);
+    }
+    assert_int_equal(check(COMPLETION("{" P ",\"logprobs\":0}"), &req, &ve, buf), 0);
+    assert_int_equal(req.logprobs, 1);
+    assert_int_equal(req.top_logprobs, 0);
     wk_request_free(&req);
 }
 
@@ -335,7 +338,7 @@ int main(void) {
         cmocka_unit_test(completion_logprobs_zero_asks_for_the_chosen_tokens),
         cmocka_unit_test(bad_sampling_extras_are_named),
         cmocka_unit_test(bad_logprobs_are_named),
-        cmocka_unit_test(unsupported_logprobs_say_what_is_served),
+        cmocka_unit_test(alternatives_are_served),
         cmocka_unit_test(oversize_line_is_refused_with_its_custom_id),
         cmocka_unit_test(custom_id_survives_a_later_error),
         cmocka_unit_test(random_bytes_never_crash),

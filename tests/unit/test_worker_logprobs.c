@@ -1,6 +1,7 @@
-/* test_worker_logprobs.c — worker/logprobs.c: a runner's logprob entries become OpenAI's chat
- * and completions shapes; a token's bytes that are not (whole) UTF-8 characters come out
- * exactly in `bytes` and as U+FFFD in the `token` string, so the document is valid JSON. */
+/* test_worker_logprobs.c — worker/logprobs.c: a runner's logprob entries and their
+ * alternatives become OpenAI's chat and completions shapes; a token's bytes that are not
+ * (whole) UTF-8 characters come out exactly in `bytes` and as U+FFFD in the `token` string,
+ * so the document is valid JSON. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -60,9 +61,9 @@ static json_t *roundtrip(json_t *v) {
 
 /* "Hé" as a byte-level tokenizer may split it: "H", the first byte of é, the second. */
 static const wk_token_lp split[] = {
-    {"H", 1, 0, -0.5f},
-    {"\xc3", 1, 1, -1.25f},
-    {"\xa9", 1, 1, -0.0f},
+    {.bytes = "H", .n_bytes = 1, .text_offset = 0, .logprob = -0.5f},
+    {.bytes = "\xc3", .n_bytes = 1, .text_offset = 1, .logprob = -1.25f},
+    {.bytes = "\xa9", .n_bytes = 1, .text_offset = 1, .logprob = -0.0f},
 };
 
 static void chat_shape_has_exact_bytes_and_valid_tokens(void **st) {
@@ -88,7 +89,9 @@ static void chat_shape_has_exact_bytes_and_valid_tokens(void **st) {
 }
 
 static void completion_shape_has_offsets_and_null_top(void **st) {
-    static const wk_token_lp toks[] = {{" Paris", 6, 0, -0.25f}, {" is", 3, 6, -1.5f}};
+    static const wk_token_lp toks[] = {
+        {.bytes = " Paris", .n_bytes = 6, .text_offset = 0, .logprob = -0.25f},
+        {.bytes = " is", .n_bytes = 3, .text_offset = 6, .logprob = -1.5f}};
     wk_result res = {.text = " Paris is", .logprobs = 1, .lp = toks, .n_lp = 2};
     json_t *v = roundtrip(wk_logprobs_json(&res, 0));
     assert_int_equal(json_object_size(v), 4);
@@ -128,11 +131,99 @@ static void not_asked_is_null_and_none_is_empty(void **st) {
 
 static void an_impossible_token_gets_minus_9999(void **st) {
     /* JSON has no infinity: a token whose raw logit was -inf must not make the line fail */
-    wk_token_lp t = {"a", 1, 0, -INFINITY};
+    wk_token_lp t = {.bytes = "a", .n_bytes = 1, .logprob = -INFINITY};
     wk_result res = {.text = "a", .logprobs = 1, .lp = &t, .n_lp = 1};
     json_t *v = roundtrip(wk_logprobs_json(&res, 1));
     json_t *e = json_array_get(json_object_get(v, "content"), 0);
     assert_true(json_real_value(json_object_get(e, "logprob")) == -9999.0);
+    json_decref(v);
+}
+
+/* " Paris" with its alternatives: itself, half of é, the other half (both U+FFFD as text),
+ * and a token holding NUL. */
+static const wk_alt_lp paris_top[] = {
+    {" Paris", 6, -0.25f}, {"\xc3", 1, -2.0f}, {"\xa9", 1, -3.0f}, {"a\0b", 3, -4.0f}};
+
+static const char *str_at(json_t *arr, size_t i, const char *key) {
+    return json_string_value(json_object_get(json_array_get(arr, i), key));
+}
+static double real_at(json_t *arr, size_t i, const char *key) {
+    return json_real_value(json_object_get(json_array_get(arr, i), key));
+}
+
+static void chat_alternatives_are_token_objects_most_likely_first(void **st) {
+    /* the first three: jansson's parser refuses the \u0000 the fourth would write */
+    wk_token_lp t = {
+        .bytes = " Paris", .n_bytes = 6, .logprob = -0.25f, .top = paris_top, .n_top = 3};
+    wk_result res = {.text = " Paris", .logprobs = 1, .top_logprobs = 3, .lp = &t, .n_lp = 1};
+    json_t *v = roundtrip(wk_logprobs_json(&res, 1));
+    json_t *e = json_array_get(json_object_get(v, "content"), 0);
+    json_t *top = json_object_get(e, "top_logprobs");
+    assert_int_equal(json_array_size(top), 3);
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(json_object_size(json_array_get(top, i)), 3); /* token logprob bytes */
+    assert_string_equal(str_at(top, 0, "token"), " Paris");
+    assert_string_equal(str_at(top, 1, "token"), R);
+    assert_string_equal(str_at(top, 2, "token"), R);
+    assert_true(real_at(top, 0, "logprob") == -0.25 && real_at(top, 1, "logprob") == -2.0 &&
+                real_at(top, 2, "logprob") == -3.0);
+    json_t *b0 = json_object_get(json_array_get(top, 0), "bytes");
+    json_t *b2 = json_object_get(json_array_get(top, 2), "bytes");
+    assert_int_equal(json_array_size(b0), 6);
+    assert_int_equal(json_integer_value(json_array_get(b0, 1)), 'P');
+    assert_int_equal(json_array_size(b2), 1);
+    assert_int_equal(json_integer_value(json_array_get(b2, 0)), 0xa9);
+    json_decref(v);
+
+    /* fewer than asked (the engine listed fewer): as many as given */
+    t.n_top = 1;
+    v = roundtrip(wk_logprobs_json(&res, 1));
+    e = json_array_get(json_object_get(v, "content"), 0);
+    assert_int_equal(json_array_size(json_object_get(e, "top_logprobs")), 1);
+    json_decref(v);
+}
+
+static void chat_alternative_with_nul_keeps_its_bytes(void **st) {
+    wk_token_lp t = {
+        .bytes = "a", .n_bytes = 1, .logprob = -4.0f, .top = paris_top + 3, .n_top = 1};
+    wk_result res = {.text = "a", .logprobs = 1, .top_logprobs = 1, .lp = &t, .n_lp = 1};
+    json_t *v = wk_logprobs_json(&res, 1);
+    assert_non_null(v);
+    char *s = json_dumps(v, JSON_COMPACT);
+    assert_non_null(strstr(s, "{\"token\":\"a\\u0000b\",\"logprob\":-4.0,\"bytes\":[97,0,98]}"));
+    free(s);
+    json_decref(v);
+}
+
+static void completion_alternatives_map_text_to_logprob_keeping_the_likelier(void **st) {
+    wk_token_lp t = {
+        .bytes = " Paris", .n_bytes = 6, .logprob = -0.25f, .top = paris_top, .n_top = 4};
+    wk_result res = {.text = " Paris", .logprobs = 1, .top_logprobs = 4, .lp = &t, .n_lp = 1};
+    json_t *v = roundtrip(wk_logprobs_json(&res, 0));
+    json_t *tops = json_object_get(v, "top_logprobs");
+    assert_int_equal(json_array_size(tops), 1); /* one object per token */
+    json_t *o = json_array_get(tops, 0);
+    /* " Paris" and one U+FFFD: the two halves read alike, the text with NUL has no key */
+    assert_int_equal(json_object_size(o), 2);
+    assert_true(json_real_value(json_object_get(o, " Paris")) == -0.25);
+    assert_true(json_real_value(json_object_get(o, R)) == -2.0); /* the more likely */
+    json_decref(v);
+
+    /* asked, none listed at a token: an empty object there, the array stays parallel */
+    wk_token_lp two[2] = {t, {.bytes = "!", .n_bytes = 1, .text_offset = 6, .logprob = -1.0f}};
+    res = (wk_result){.text = " Paris!", .logprobs = 1, .top_logprobs = 2, .lp = two, .n_lp = 2};
+    two[0].n_top = 2;
+    v = roundtrip(wk_logprobs_json(&res, 0));
+    tops = json_object_get(v, "top_logprobs");
+    assert_int_equal(json_array_size(tops), 2);
+    assert_int_equal(json_object_size(json_array_get(tops, 0)), 2);
+    assert_int_equal(json_object_size(json_array_get(tops, 1)), 0);
+    json_decref(v);
+
+    /* logprobs 0: null, whatever the entries hold */
+    res.top_logprobs = 0;
+    v = roundtrip(wk_logprobs_json(&res, 0));
+    assert_true(json_is_null(json_object_get(v, "top_logprobs")));
     json_decref(v);
 }
 
@@ -144,6 +235,9 @@ int main(void) {
         cmocka_unit_test(completion_shape_has_offsets_and_null_top),
         cmocka_unit_test(not_asked_is_null_and_none_is_empty),
         cmocka_unit_test(an_impossible_token_gets_minus_9999),
+        cmocka_unit_test(chat_alternatives_are_token_objects_most_likely_first),
+        cmocka_unit_test(chat_alternative_with_nul_keeps_its_bytes),
+        cmocka_unit_test(completion_alternatives_map_text_to_logprob_keeping_the_likelier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
