@@ -1,7 +1,7 @@
 """queue_schema_examples.py — every schema of the queue is a valid Draft 2020-12 schema, and
 every example under schemas/examples/ follows its schema (named by the file's prefix); the
 input and output schemas refuse what the worker refuses or never emits (sampling extras out of
-range, logprobs the worker does not serve, malformed logprobs)."""
+range, too many alternatives, malformed logprobs and alternatives)."""
 import copy
 import glob
 import json
@@ -33,10 +33,13 @@ def check_logprob_rules():
         return {"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": b}
 
     good = [chat(logprobs=True, top_logprobs=0), chat(logprobs=None, top_logprobs=None),
+            chat(logprobs=True, top_logprobs=1), chat(logprobs=True, top_logprobs=20),
             chat(top_k=-1, min_p=0, repetition_penalty=100, frequency_penalty=-2,
-                 presence_penalty=2), completion(logprobs=0), completion(logprobs=None)]
-    bad = [chat(logprobs=True, top_logprobs=3), chat(top_logprobs=0),
-           chat(logprobs=False, top_logprobs=0), chat(logprobs=1), completion(logprobs=2),
+                 presence_penalty=2), completion(logprobs=0), completion(logprobs=None),
+            completion(logprobs=1), completion(logprobs=5)]
+    bad = [chat(logprobs=True, top_logprobs=21), chat(logprobs=True, top_logprobs=-1),
+           chat(top_logprobs=0), chat(top_logprobs=3), chat(logprobs=False, top_logprobs=0),
+           chat(logprobs=1), completion(logprobs=6), completion(logprobs=-1),
            completion(logprobs=True), chat(frequency_penalty=2.5), chat(presence_penalty=-3),
            chat(top_k=-2), chat(top_k=1.5), chat(min_p=1.5), chat(repetition_penalty=0)]
     for d in good:
@@ -58,9 +61,22 @@ def check_logprob_rules():
     d = copy.deepcopy(c)
     d["response"]["body"]["choices"][0]["logprobs"] = t["response"]["body"]["choices"][0]["logprobs"]
     wrong.append(("the completions shape in a chat completion", d))
-    d = copy.deepcopy(t)
-    d["response"]["body"]["choices"][0]["logprobs"]["top_logprobs"] = []
-    wrong.append(("completions top_logprobs a list", d))
+    alt = c["response"]["body"]["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    for what, alts in (("an alternative without bytes", [{"token": "a", "logprob": -1}]),
+                       ("an alternative with a top_logprobs", [dict(alt[0], top_logprobs=[])]),
+                       ("a positive alternative", [dict(alt[0], logprob=0.5)]),
+                       ("21 alternatives", alt[:1] * 21),
+                       ("alternatives as an object", {"a": -1})):
+        d = copy.deepcopy(c)
+        d["response"]["body"]["choices"][0]["logprobs"]["content"][0]["top_logprobs"] = alts
+        wrong.append(("chat: " + what, d))
+    for what, tops in (("6 alternatives", [{k: -1.0 for k in "abcdef"}]),
+                       ("a positive alternative", [{"a": 0.5}]),
+                       ("alternatives as chat's list", [alt]),
+                       ("one list for the whole text", {"a": -1.0})):
+        d = copy.deepcopy(t)
+        d["response"]["body"]["choices"][0]["logprobs"]["top_logprobs"] = tops
+        wrong.append(("completions: " + what, d))
     for what, d in wrong:
         if not list(ov.iter_errors(d)):
             fail("output-line schema accepted %s" % what)
