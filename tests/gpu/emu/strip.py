@@ -1,9 +1,80 @@
-"""Copy a kernels/cuda .cu file without its host launchers (top-level blocks that contain a
-<<<...>>> launch), so the kernels compile as host C++ against fake/cuda_runtime.h.
+"""Turn a kernels/cuda .cu file into host C++ for fake/cuda_runtime.h, in one of two ways:
 
-    strip.py FILE.cu [OUT.cc]   (stdout without OUT)"""
-import re, sys
-src = open(sys.argv[1]).read()
+    strip.py FILE.cu [OUT.cc]              without its host launchers (top-level blocks that
+                                           contain a <<<...>>> launch, CUDA_GUARD or cuBLAS)
+    strip.py --launchers FILE.cu [OUT.cc]  everything kept; each launch NAME<<<cfg>>>(args)
+                                           becomes emu_launch_k(emu_cfg(cfg), "NAME", NAME, args), a
+                                           launch on the emulated runtime (emu_rt.cc)
+
+(stdout without OUT)"""
+import sys
+args = sys.argv[1:]
+launchers = bool(args) and args[0] == '--launchers'
+if launchers:
+    args = args[1:]
+src = open(args[0]).read()
+
+
+def match_paren(s, i):
+    """Index just past the ')' matching the '(' at s[i]."""
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] == '(':
+            depth += 1
+        elif s[j] == ')':
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    raise SystemExit('strip.py: unbalanced parentheses after offset %d' % i)
+
+
+def rewrite_launches(s):
+    out, pos = [], 0
+    while True:
+        p = s.find('<<<', pos)
+        if p < 0:
+            out.append(s[pos:])
+            return ''.join(out)
+        # the kernel's name: an identifier, maybe followed by <template arguments>
+        b = p
+        while s[b - 1] in ' \t':
+            b -= 1
+        if s[b - 1] == '>':
+            depth = 0
+            while True:
+                b -= 1
+                if s[b] == '>':
+                    depth += 1
+                elif s[b] == '<':
+                    depth -= 1
+                    if depth == 0:
+                        break
+        while s[b - 1].isalnum() or s[b - 1] in '_:':
+            b -= 1
+        name = s[b:p].strip()
+        q = s.find('>>>', p)
+        cfg = s[p + 3:q]
+        a = q + 3
+        while s[a] in ' \t\\\n':
+            a += 1
+        if s[a] != '(':
+            raise SystemExit('strip.py: no argument list after the launch of %s' % name)
+        e = match_paren(s, a)
+        inner = s[a + 1:e - 1].strip()
+        out.append(s[pos:b])
+        out.append('emu_launch_k(emu_cfg(%s), "%s", %s%s%s)' % (cfg, name.replace('"', ''), name,
+                                                             ', ' if inner else '', inner))
+        pos = e
+
+
+if launchers:
+    text = rewrite_launches(src)
+    if len(args) > 1:
+        with open(args[1], 'w') as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    sys.exit(0)
 out, i, n = [], 0, len(src)
 # split into top-level chunks ending at a top-level '}' or ';'
 depth, start = 0, 0
@@ -48,8 +119,8 @@ for ch in chunks:
         continue
     out.append(ch)
 text = ''.join(out)
-if len(sys.argv) > 2:
-    with open(sys.argv[2], 'w') as f:
+if len(args) > 1:
+    with open(args[1], 'w') as f:
         f.write(text)
 else:
     sys.stdout.write(text)

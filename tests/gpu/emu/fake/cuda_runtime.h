@@ -14,15 +14,77 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+#include <tuple>
 typedef int cudaError_t;
-typedef void *cudaStream_t;
-typedef void *cudaEvent_t;
+typedef struct emu_stream *cudaStream_t;
+typedef struct emu_event *cudaEvent_t;
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph *cudaGraphExec_t;
 typedef int cudaDataType;
-enum { cudaSuccess = 0 };
+/* error codes as the toolkit's driver_types.h numbers them */
+enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
+    cudaErrorIllegalAddress = 700,
+    cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+};
+enum { cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2 };
+enum { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
+enum cudaDeviceAttr { cudaDevAttrMemoryClockRate = 36, cudaDevAttrGlobalMemoryBusWidth = 37 };
+enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
+struct cudaDeviceProp {
+    char name[256];
+    size_t totalGlobalMem;
+    int major, minor, multiProcessorCount;
+};
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
+/* The runtime API kernels/cuda calls, defined by emu_rt.cc (an emulated device: one, named
+ * "medley CPU emulator", whose memory is the host's and whose streams run at once or are
+ * recorded while capturing). extern "C" with the toolkit's names, so C code compiled against
+ * the real cuda_runtime_api.h (backend_cuda.c) calls them too. */
+extern "C" {
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int ordinal);
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int ordinal);
+cudaError_t cudaGetDevice(int *ordinal);
+cudaError_t cudaSetDevice(int ordinal);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+const char *cudaGetErrorString(cudaError_t err);
+const char *cudaGetErrorName(cudaError_t err);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocHost(void **p, size_t bytes);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t ev);
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t ev);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+}
 extern thread_local dim3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
 #define __global__
@@ -212,3 +274,23 @@ static inline int atomicMin(int *p, int v) {
 }
 /* Run f() as a kernel over grid x block (blocks sequentially). */
 void emu_launch(dim3 grid, dim3 block, std::function<void()> f);
+
+/* A launch NAME<<<grid, block, smem, stream>>>(args) as strip.py --launchers rewrites it:
+ * emu_launch_k(emu_cfg(grid, block, smem, stream), "NAME", NAME, args). The arguments are evaluated
+ * and copied at the launch, as CUDA does (a graph replays the values it captured); the
+ * kernel runs at once on the emulator, or is recorded when the stream is capturing
+ * (emu_rt.cc). */
+struct emu_cfg_t {
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+};
+static inline emu_cfg_t emu_cfg(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = nullptr) {
+    return {g, b, smem, s};
+}
+void emu_submit(const emu_cfg_t &c, const char *name, std::function<void()> kernel);
+template <class F, class... A>
+static inline void emu_launch_k(const emu_cfg_t &c, const char *name, F f, A... a) {
+    std::tuple<A...> t(a...);
+    emu_submit(c, name, [f, t] { std::apply(f, t); });
+}

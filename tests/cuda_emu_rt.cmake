@@ -1,0 +1,47 @@
+# The whole CUDA backend on the CPU emulator: kernels/cuda's .cu files with their launchers
+# kept (strip.py --launchers turns each <<<>>> launch into a launch on the emulated runtime),
+# ctx.cu included, on tests/gpu/emu/emu_rt.cc (the CUDA runtime and cuBLAS calls they make:
+# one emulated device, streams that run at once or record while capturing, graphs that
+# replay), and backend_cuda.c, step_plan.c and graph_cache.c compiled as they are against the
+# toolkit's real cuda_runtime_api.h. The GPU tests' own sources link against it as *_emu
+# tests, so the backend's host code, its launchers and its kernels run together, through the
+# engine, without a GPU. Needs the toolkit's headers (CUDA builds only), C++20 and Python.
+# Slow (one host thread per CUDA thread): the tests run on small models.
+find_package(CUDAToolkit QUIET)
+if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_CXX20_BARRIER AND MEDLEY_PYTHON)
+  set(EMU ${CMAKE_CURRENT_SOURCE_DIR}/gpu/emu)
+  set(EMU_RT_GEN ${CMAKE_CURRENT_BINARY_DIR}/emu/rt)
+  set(EMU_RT_GENERATED)
+  foreach(f ctx attention gemm sample elementwise dequant)
+    add_custom_command(OUTPUT ${EMU_RT_GEN}/${f}.cc
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${EMU_RT_GEN}
+      COMMAND ${MEDLEY_PYTHON} ${EMU}/strip.py --launchers ${CMAKE_SOURCE_DIR}/kernels/cuda/${f}.cu
+              ${EMU_RT_GEN}/${f}.cc
+      DEPENDS ${EMU}/strip.py ${CMAKE_SOURCE_DIR}/kernels/cuda/${f}.cu
+      COMMENT "emulated-runtime source from kernels/cuda/${f}.cu")
+    list(APPEND EMU_RT_GENERATED ${EMU_RT_GEN}/${f}.cc)
+  endforeach()
+  # kernels and launchers (C++ on the fake headers)
+  add_library(medley_cuda_emu_dev OBJECT ${EMU}/emu.cc ${EMU}/emu_rt.cc ${EMU_RT_GENERATED})
+  target_compile_features(medley_cuda_emu_dev PRIVATE cxx_std_20)
+  target_compile_options(medley_cuda_emu_dev PRIVATE -O2 -fno-strict-aliasing -w)
+  target_include_directories(medley_cuda_emu_dev BEFORE PRIVATE ${EMU}/fake ${CMAKE_SOURCE_DIR})
+  # the backend's host code (C on the real headers)
+  add_library(medley_cuda_emu_host OBJECT ${CMAKE_SOURCE_DIR}/kernels/cuda/backend_cuda.c
+              ${CMAKE_SOURCE_DIR}/kernels/cuda/step_plan.c
+              ${CMAKE_SOURCE_DIR}/kernels/cuda/graph_cache.c)
+  target_include_directories(medley_cuda_emu_host PRIVATE ${CMAKE_SOURCE_DIR})
+  target_include_directories(medley_cuda_emu_host SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  target_link_libraries(medley_cuda_emu_host PRIVATE medley_common)
+
+  # name: the test; src: a tests/gpu source built for a real device as well
+  function(medley_emu_test name src)
+    medley_test(${name} SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/${src}
+                $<TARGET_OBJECTS:medley_cuda_emu_dev> $<TARGET_OBJECTS:medley_cuda_emu_host>
+                LIBS medley_engine medley_kernels PkgConfig::JANSSON Threads::Threads
+                LABELS emu ${ARGN})
+    set_target_properties(${name} PROPERTIES LINKER_LANGUAGE CXX)
+    set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+  endfunction()
+  medley_emu_test(test_cuda_backend_emu test_cuda_backend.c)
+endif()
