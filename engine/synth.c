@@ -36,6 +36,9 @@ static const shape shapes[] = {
     {"qwen2-7b", "qwen2", 28, 3584, 28, 4, 18944, 152064, 32768, 1000000.0f, 0, 1},
     {"smollm2-135m", "llama", 30, 576, 9, 3, 1536, 49152, 8192, 100000.0f, 1, 0},
     {"tiny", "llama", 2, 128, 4, 2, 256, 512, 512, 10000.0f, 0, 0},
+    /* tiny with head_dim 64, the smallest the CUDA attention kernels take (the CPU
+     * emulator's engine tests, tests/cuda_emu_rt.cmake) */
+    {"tiny-hd64", "llama", 2, 256, 4, 2, 512, 1024, 512, 10000.0f, 0, 0},
 };
 #define N_SHAPES (int)(sizeof shapes / sizeof shapes[0])
 
@@ -44,7 +47,8 @@ int md_synth_is(const char *name) {
 }
 
 const char *md_synth_shapes(void) {
-    return "llama-3-8b, llama-3-70b, llama-3.2-1b, mistral-7b, qwen2-7b, smollm2-135m, tiny";
+    return "llama-3-8b, llama-3-70b, llama-3.2-1b, mistral-7b, qwen2-7b, smollm2-135m, tiny, "
+           "tiny-hd64";
 }
 
 /* ---- the header, written into a growable buffer ---------------------------------------- */

@@ -1,14 +1,14 @@
 # test_cuda_emu: kernels/cuda's kernels compiled as host C++ (launchers stripped by
-# tests/gpu/emu/strip.py) and run on a thread emulator of the CUDA device API
+# tests/gpu/emu/strip.py) and run on a fiber emulator of the CUDA device API
 # (tests/gpu/emu/fake/), against the CPU backend, engine/quant.c and the host sampler. Needs
-# no GPU and no CUDA toolkit; C++20 (std::barrier). Its reference code is compiled here
+# no GPU and no CUDA toolkit; C++20 and ucontext (one fiber per CUDA thread). Its reference code is compiled here
 # without MEDLEY_HAVE_CUDA so nothing of medley_cuda is linked.
 include(CheckCXXSourceCompiles)
 set(CMAKE_REQUIRED_FLAGS "-std=c++20")
-check_cxx_source_compiles("#include <barrier>\nint main(){std::barrier<> b(1);b.arrive_and_wait();}"
-                          MEDLEY_HAVE_CXX20_BARRIER)
+check_cxx_source_compiles("#include <ucontext.h>\n#include <span>\nint main(){ucontext_t u;return getcontext(&u);}"
+                          MEDLEY_HAVE_EMU_CXX)
 unset(CMAKE_REQUIRED_FLAGS)
-if(MEDLEY_HAVE_CXX20_BARRIER AND MEDLEY_PYTHON)
+if(MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYTHON)
   set(EMU ${CMAKE_CURRENT_SOURCE_DIR}/gpu/emu)
   set(EMU_GEN ${CMAKE_CURRENT_BINARY_DIR}/emu/gen)
   set(EMU_GENERATED)

@@ -6,9 +6,9 @@
 # toolkit's real cuda_runtime_api.h. The GPU tests' own sources link against it as *_emu
 # tests, so the backend's host code, its launchers and its kernels run together, through the
 # engine, without a GPU. Needs the toolkit's headers (CUDA builds only), C++20 and Python.
-# Slow (one host thread per CUDA thread): the tests run on small models.
+# Slow (one fiber per CUDA thread, all on one host thread): the tests run on small models.
 find_package(CUDAToolkit QUIET)
-if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_CXX20_BARRIER AND MEDLEY_PYTHON)
+if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYTHON)
   set(EMU ${CMAKE_CURRENT_SOURCE_DIR}/gpu/emu)
   set(EMU_RT_GEN ${CMAKE_CURRENT_BINARY_DIR}/emu/rt)
   set(EMU_RT_GENERATED)
@@ -34,14 +34,24 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_CXX20_BARRIER AND MEDL
   target_include_directories(medley_cuda_emu_host SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
   target_link_libraries(medley_cuda_emu_host PRIVATE medley_common)
 
-  # name: the test; src: a tests/gpu source built for a real device as well
+  # name: the test; src: a tests/gpu source built for a real device as well; ENV: more
+  # environment for the run
   function(medley_emu_test name src)
+    cmake_parse_arguments(T "" "" "ENV" ${ARGN})
     medley_test(${name} SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/${src}
                 $<TARGET_OBJECTS:medley_cuda_emu_dev> $<TARGET_OBJECTS:medley_cuda_emu_host>
                 LIBS medley_engine medley_kernels PkgConfig::JANSSON Threads::Threads
-                LABELS emu ${ARGN})
+                LABELS emu)
     set_target_properties(${name} PROPERTIES LINKER_LANGUAGE CXX)
     set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+    if(T_ENV)
+      set_property(TEST ${name} APPEND PROPERTY ENVIRONMENT ${T_ENV})
+    endif()
   endfunction()
   medley_emu_test(test_cuda_backend_emu test_cuda_backend.c)
+  # the engine on the emulated device, graphs and device sampling, on a small synthetic model.
+  # Built, not run by ctest: its 12-prompt case takes about 15 minutes here and the
+  # 64-sequence one longer; run it by hand (docs/cuda.md)
+  medley_emu_test(test_cuda_graphs_emu test_cuda_graphs.c ENV MEDLEY_GPU_TEST_MODEL=synthetic:tiny-hd64:q4_0)
+  set_tests_properties(test_cuda_graphs_emu PROPERTIES DISABLED TRUE)
 endif()

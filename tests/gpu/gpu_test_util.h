@@ -3,6 +3,7 @@
 #ifndef MEDLEY_TESTS_GPU_UTIL_H
 #define MEDLEY_TESTS_GPU_UTIL_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -24,6 +25,21 @@ static inline int gpu_test_skip_without_device(void) {
 static inline const char *gpu_fixtures_dir(void) {
     const char *d = getenv("MEDLEY_FIXTURES_DIR");
     return d && *d ? d : MEDLEY_FIXTURES;
+}
+
+/* The model the engine-level GPU tests run: $MEDLEY_GPU_TEST_MODEL when set (e.g.
+ * synthetic:tiny-hd64:q4_0 for the CPU emulator's runs, tests/cuda_emu_rt.cmake), else `dflt`
+ * (the fetched SmolLM2 file, NULL when absent). */
+static inline const char *gpu_test_model(const char *dflt) {
+    const char *m = getenv("MEDLEY_GPU_TEST_MODEL");
+    return m && *m ? m : dflt;
+}
+
+/* Prompt token k of prompt i, 100 + (i * 131 + k * 17) mod 20000 as the tests were written
+ * for SmolLM2 (49152 tokens), folded into smaller vocabularies. */
+static inline int32_t gpu_test_token(int i, int k, int n_vocab) {
+    int span = n_vocab > 20100 ? 20000 : n_vocab - 100;
+    return (int32_t)(100 + (i * 131 + k * 17) % span);
 }
 
 #endif

@@ -29,7 +29,7 @@
 
 static void run_all(int np, int max_seqs, int graphs, int32_t out[MAXP][GEN]) {
     setenv("MEDLEY_CUDA_GRAPHS", graphs ? "1" : "0", 1);
-    md_engine_config cfg = {.model_path = test_model_path(),
+    md_engine_config cfg = {.model_path = gpu_test_model(test_model_path()),
                             .device = "cuda:0",
                             .max_seqs = max_seqs,
                             .max_batch_tokens = 256,
@@ -43,7 +43,7 @@ static void run_all(int np, int max_seqs, int graphs, int32_t out[MAXP][GEN]) {
         int32_t p[80];
         int n = 4 + (i * 11) % 70;
         for (int k = 0; k < n; k++)
-            p[k] = (int32_t)(100 + (i * 131 + k * 17) % 20000);
+            p[k] = gpu_test_token(i, k, md_engine_n_vocab(eng));
         md_sampling s;
         md_sampling_default(&s);
         s.max_tokens = GEN - (i % 4) * 3;
@@ -108,8 +108,10 @@ static void test_graphs_same_tokens_64_sequences(void **state) {
 /* Six greedy prompts with frequency / presence / repetition penalties, logprobs and 5 top
  * logprobs, through the engine on device; what the steps reported into rep. */
 static void run_penalised(const char *device, md_step_token rep[NPEN][PGEN]) {
-    md_engine_config cfg = {
-        .model_path = test_model_path(), .device = device, .max_seqs = 4, .n_ctx = 512};
+    md_engine_config cfg = {.model_path = gpu_test_model(test_model_path()),
+                            .device = device,
+                            .max_seqs = 4,
+                            .n_ctx = 512};
     md_engine *eng;
     md_err e = {0};
     if (md_engine_open(&cfg, &eng, &e))
@@ -119,7 +121,7 @@ static void run_penalised(const char *device, md_step_token rep[NPEN][PGEN]) {
         int32_t p[80];
         int n = 8 + (i * 13) % 60;
         for (int k = 0; k < n; k++)
-            p[k] = (int32_t)(100 + (i * 131 + k * 17) % 20000);
+            p[k] = gpu_test_token(i, k, md_engine_n_vocab(eng));
         md_sampling s;
         md_sampling_default(&s);
         s.max_tokens = PGEN;
@@ -189,7 +191,7 @@ int main(void) {
     int skip = gpu_test_skip_without_device();
     if (skip)
         return skip;
-    if (!test_model_path()) {
+    if (!gpu_test_model(test_model_path())) {
         printf("SKIP: %s not found (scripts/fetch-model.sh fetches it)\n", TEST_MODEL_FILE);
         return GPU_TEST_SKIP;
     }

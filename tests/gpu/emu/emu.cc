@@ -1,37 +1,127 @@
+/* emu.cc — the emulator's scheduler: a kernel's block runs as one fiber (ucontext) per CUDA
+ * thread on the calling thread; a fiber runs until it waits at a barrier (__syncthreads, a
+ * warp shuffle, an mma) or returns, then the next one runs. Blocks run one after another.
+ * A barrier that can never complete (threads of a block waiting at different barriers, or
+ * a warp's lanes split by a divergent shuffle) is reported and aborts, as it would hang a
+ * GPU. */
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+
 #include "cuda_runtime.h"
-thread_local dim3 threadIdx, blockIdx;
+
+dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 emu_block *emu_cur;
 std::mutex emu_atomic_mu;
+unsigned *emu_mma_calls;
+
+namespace {
+
+struct fiber {
+    ucontext_t ctx;
+    int done;
+    unsigned mma_calls;
+};
+
+const size_t STACK_BYTES = 256 << 10; /* kernels keep small arrays; the mma emulation ~4 KB */
+ucontext_t sched_ctx;
+std::vector<fiber> fibers;
+std::vector<char *> stacks;
+int cur;
+unsigned long progress; /* barrier arrivals and returns: a round without any is a deadlock */
+const std::function<void()> *kernel;
+
+void yield() {
+    swapcontext(&fibers[cur].ctx, &sched_ctx);
+}
+
+void trampoline() {
+    (*kernel)();
+    unsigned t = threadIdx.x;
+    emu_cur->warp_bar[t >> 5]->arrive_and_drop();
+    emu_cur->block_bar->arrive_and_drop();
+    fibers[cur].done = 1;
+    progress++;
+} /* returns to sched_ctx (uc_link) */
+
+} // namespace
+
+void emu_bar::arrive_and_wait() {
+    unsigned g = gen;
+    progress++;
+    if (++arrived >= expected) {
+        arrived = 0;
+        gen++;
+        return;
+    }
+    while (gen == g)
+        yield();
+}
+
+void emu_bar::arrive_and_drop() {
+    expected--;
+    if (arrived > 0 && arrived >= expected) {
+        arrived = 0;
+        gen++;
+    }
+}
+
 void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
     gridDim = grid;
     blockDim = block;
-    unsigned nt = block.x;
+    unsigned nt = block.x, nw = (nt + 31) / 32;
+    kernel = &f;
+    fibers.assign(nt, fiber{});
+    while (stacks.size() < nt)
+        stacks.push_back((char *)malloc(STACK_BYTES));
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
                 emu_block b;
-                b.block_bar = new std::barrier<>(nt);
-                unsigned nw = (nt + 31) / 32;
+                emu_bar block_bar;
+                block_bar.expected = (int)nt;
+                b.block_bar = &block_bar;
+                std::vector<emu_bar> warp_bars(nw);
                 for (unsigned w = 0; w < nw; w++) {
-                    b.warp_bar.push_back(new std::barrier<>(32));
+                    warp_bars[w].expected = (int)(nt - 32 * w < 32 ? nt - 32 * w : 32);
+                    b.warp_bar.push_back(&warp_bars[w]);
                     b.warp_buf.push_back(std::vector<uint64_t>(32));
                     b.warp_mma.push_back(std::vector<int>(2 * 32 * 8));
                 }
                 emu_cur = &b;
-                std::vector<std::thread> th;
-                for (unsigned t = 0; t < nt; t++)
-                    th.emplace_back([&, t, x, y, z] {
+                blockIdx = dim3(x, y, z);
+                for (unsigned t = 0; t < nt; t++) {
+                    fiber &fb = fibers[t];
+                    fb.done = 0;
+                    fb.mma_calls = 0;
+                    getcontext(&fb.ctx);
+                    fb.ctx.uc_stack.ss_sp = stacks[t];
+                    fb.ctx.uc_stack.ss_size = STACK_BYTES;
+                    fb.ctx.uc_link = &sched_ctx;
+                    makecontext(&fb.ctx, trampoline, 0);
+                }
+                unsigned live = nt;
+                while (live) {
+                    unsigned long before = progress;
+                    for (unsigned t = 0; t < nt; t++) {
+                        if (fibers[t].done)
+                            continue;
+                        cur = (int)t;
                         threadIdx = dim3(t, 0, 0);
-                        blockIdx = dim3(x, y, z);
-                        f();
-                        b.warp_bar[t >> 5]->arrive_and_drop();
-                        b.block_bar->arrive_and_drop();
-                    });
-                for (auto &t : th)
-                    t.join();
-                delete b.block_bar;
-                for (auto *p : b.warp_bar)
-                    delete p;
+                        emu_mma_calls = &fibers[t].mma_calls;
+                        swapcontext(&sched_ctx, &fibers[t].ctx);
+                        if (fibers[t].done)
+                            live--;
+                    }
+                    if (live && progress == before) {
+                        fprintf(stderr,
+                                "emu: deadlock in block (%u,%u,%u) of a %u-thread kernel: %u "
+                                "threads wait at barriers that cannot complete\n",
+                                x, y, z, nt, live);
+                        abort();
+                    }
+                }
             }
 }

@@ -1,6 +1,6 @@
 /* test_cuda_emu.cc — kernels/cuda's arithmetic checked without a GPU: the .cu files, with
  * their host launchers stripped (strip.py, at build time), compile as host C++ against
- * fake/cuda_runtime.h, whose emulator runs one std::thread per CUDA thread (__syncthreads
+ * fake/cuda_runtime.h, whose emulator runs one fiber per CUDA thread (__syncthreads
  * and warp shuffles on barriers, blocks one after another). Compared with the CPU backend
  * (attention over paged f32/f16 caches at head_dim 64/128/256 and GQA 8/2, 8/1, 6/3, 9/3
  * with 1..64 splits; RMSNorm; RoPE normal and NeoX, partial), with engine/quant.c and the

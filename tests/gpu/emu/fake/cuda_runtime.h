@@ -1,9 +1,9 @@
-/* Host emulation of the CUDA device API used by kernels/cuda: one std::thread per CUDA
- * thread, blocks run one after another (so __shared__ can be a function-static), warps
- * synchronised by a barrier per warp for shuffles. For desk-checking index math only. */
+/* Host emulation of the CUDA device API used by kernels/cuda: one fiber (ucontext) per CUDA
+ * thread, all on the launching thread, blocks run one after another (so __shared__ can be a
+ * function-static); __syncthreads and warp shuffles are barriers at which a fiber yields
+ * until its block's (warp's) live threads have all arrived. For desk-checking index math. */
 #pragma once
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <functional>
 #include <mutex>
-#include <thread>
 #include <vector>
 #include <tuple>
 typedef int cudaError_t;
@@ -85,7 +84,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 }
-extern thread_local dim3 threadIdx, blockIdx;
+extern dim3 threadIdx, blockIdx; /* the running fiber's, set by the scheduler (emu.cc) */
 extern dim3 blockDim, gridDim;
 #define __global__
 #define __device__
@@ -131,10 +130,18 @@ static inline __half __float2half_rn(float f) { return md_fp32_to_fp16(f); }
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return md_fp32_to_bf16(f); }
 static inline uint16_t __bfloat16_as_ushort(__nv_bfloat16 b) { return b; }
 
+/* A barrier of fibers: arrive_and_wait yields until `expected` have arrived (threads that
+ * returned no longer count: arrive_and_drop). */
+struct emu_bar {
+    int expected = 0, arrived = 0;
+    unsigned gen = 0;
+    void arrive_and_wait();
+    void arrive_and_drop();
+};
 /* per-block synchronisation state */
 struct emu_block {
-    std::barrier<> *block_bar;
-    std::vector<std::barrier<> *> warp_bar;
+    emu_bar *block_bar;
+    std::vector<emu_bar *> warp_bar;
     std::vector<std::vector<uint64_t>> warp_buf;
     std::vector<std::vector<int>> warp_mma; /* 2 x 32 lanes x 8 ints per warp, for emu_mma_s8 */
     std::atomic<int> or_acc{0};
@@ -192,8 +199,8 @@ static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long 
  * every lane passes after reading it. One counter for every mma form, so that calls of
  * different forms alternate too. */
 static inline int *emu_mma_buf() {
-    static thread_local unsigned calls; /* one std::thread per CUDA thread: 0 at its start */
-    return emu_cur->warp_mma[threadIdx.x >> 5].data() + (calls++ & 1) * 32 * 8;
+    extern unsigned *emu_mma_calls; /* the running fiber's own counter: 0 at its start */
+    return emu_cur->warp_mma[threadIdx.x >> 5].data() + ((*emu_mma_calls)++ & 1) * 32 * 8;
 }
 template <int K> static inline void emu_mma_s8(int *d, const int *a, const int *b, const int *c) {
     static_assert(K == 16 || K == 32, "m16n8k16 or m16n8k32");
