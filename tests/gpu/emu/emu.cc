@@ -1,9 +1,14 @@
-/* emu.cc — the emulator's scheduler: a kernel's block runs as one fiber (ucontext) per CUDA
- * thread on the calling thread; a fiber runs until it waits at a barrier (__syncthreads, a
- * warp shuffle, an mma) or returns, then the next one runs. Blocks run one after another.
+/* emu.cc — the emulator's scheduler: a kernel's block runs as one fiber per CUDA thread on
+ * the calling thread; a fiber runs until it waits at a barrier (__syncthreads, a warp
+ * shuffle, an mma) or returns, then the next one runs. Blocks run one after another.
+ * A fiber starts on its own stack by makecontext/setcontext (one signal-mask syscall) and
+ * every switch after that is _setjmp/_longjmp, which leave the signal mask alone
+ * (swapcontext makes a syscall each time: 7 million of them in test_cuda_backend_emu).
  * A barrier that can never complete (threads of a block waiting at different barriers, or
  * a warp's lanes split by a divergent shuffle) is reported and aborts, as it would hang a
  * GPU. */
+#undef _FORTIFY_SOURCE /* __longjmp_chk refuses jumps between stacks */
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cstdio>
@@ -20,13 +25,16 @@ unsigned *emu_mma_calls;
 namespace {
 
 struct fiber {
-    ucontext_t ctx;
-    int done;
+    ucontext_t ctx; /* only to start it */
+    jmp_buf jb;     /* where it waits */
+    int started, done;
     unsigned mma_calls;
 };
 
 const size_t STACK_BYTES = 256 << 10; /* kernels keep small arrays; the mma emulation ~4 KB */
-ucontext_t sched_ctx;
+ucontext_t start_tmpl;                /* getcontext once; each fiber's start context is a copy */
+int have_tmpl;
+jmp_buf sched_jb; /* the scheduler, set before each switch into a fiber */
 std::vector<fiber> fibers;
 std::vector<char *> stacks;
 int cur;
@@ -34,7 +42,8 @@ unsigned long progress; /* barrier arrivals and returns: a round without any is 
 const std::function<void()> *kernel;
 
 void yield() {
-    swapcontext(&fibers[cur].ctx, &sched_ctx);
+    if (!_setjmp(fibers[cur].jb))
+        _longjmp(sched_jb, 1);
 }
 
 void trampoline() {
@@ -44,7 +53,8 @@ void trampoline() {
     emu_cur->block_bar->arrive_and_drop();
     fibers[cur].done = 1;
     progress++;
-} /* returns to sched_ctx (uc_link) */
+    _longjmp(sched_jb, 1); /* never returns: its stack is reused by the next block */
+}
 
 } // namespace
 
@@ -94,12 +104,16 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
                 blockIdx = dim3(x, y, z);
                 for (unsigned t = 0; t < nt; t++) {
                     fiber &fb = fibers[t];
-                    fb.done = 0;
+                    fb.started = fb.done = 0;
                     fb.mma_calls = 0;
-                    getcontext(&fb.ctx);
+                    if (!have_tmpl) {
+                        getcontext(&start_tmpl);
+                        have_tmpl = 1;
+                    }
+                    fb.ctx = start_tmpl;
                     fb.ctx.uc_stack.ss_sp = stacks[t];
                     fb.ctx.uc_stack.ss_size = STACK_BYTES;
-                    fb.ctx.uc_link = &sched_ctx;
+                    fb.ctx.uc_link = nullptr;
                     makecontext(&fb.ctx, trampoline, 0);
                 }
                 unsigned live = nt;
@@ -111,7 +125,13 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
                         cur = (int)t;
                         threadIdx = dim3(t, 0, 0);
                         emu_mma_calls = &fibers[t].mma_calls;
-                        swapcontext(&sched_ctx, &fibers[t].ctx);
+                        if (!_setjmp(sched_jb)) {
+                            if (!fibers[t].started) {
+                                fibers[t].started = 1;
+                                setcontext(&fibers[t].ctx);
+                            }
+                            _longjmp(fibers[t].jb, 1);
+                        }
                         if (fibers[t].done)
                             live--;
                     }
