@@ -1,8 +1,8 @@
 # test_cuda_emu: kernels/cuda's kernels compiled as host C++ (launchers stripped by
 # tests/gpu/emu/strip.py) and run on a fiber emulator of the CUDA device API
 # (tests/gpu/emu/fake/), against the CPU backend, engine/quant.c and the host sampler. Needs
-# no GPU and no CUDA toolkit; C++20 and ucontext (one fiber per CUDA thread). Its reference code is compiled here
-# without MEDLEY_HAVE_CUDA so nothing of medley_cuda is linked.
+# no GPU and no CUDA toolkit; C++20 and ucontext (one fiber per CUDA thread). Its reference
+# code is compiled here without MEDLEY_HAVE_CUDA so nothing of medley_cuda is linked.
 include(CheckCXXSourceCompiles)
 set(CMAKE_REQUIRED_FLAGS "-std=c++20")
 check_cxx_source_compiles("#include <ucontext.h>\n#include <span>\nint main(){ucontext_t u;return getcontext(&u);}"

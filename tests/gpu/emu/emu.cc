@@ -86,6 +86,11 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
     fibers.assign(nt, fiber{});
     while (stacks.size() < nt)
         stacks.push_back((char *)malloc(STACK_BYTES));
+    if (!have_tmpl) {
+        getcontext(&start_tmpl);
+        start_tmpl.uc_link = nullptr; /* trampoline never returns */
+        have_tmpl = 1;
+    }
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
@@ -106,14 +111,9 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
                     fiber &fb = fibers[t];
                     fb.started = fb.done = 0;
                     fb.mma_calls = 0;
-                    if (!have_tmpl) {
-                        getcontext(&start_tmpl);
-                        have_tmpl = 1;
-                    }
                     fb.ctx = start_tmpl;
                     fb.ctx.uc_stack.ss_sp = stacks[t];
                     fb.ctx.uc_stack.ss_size = STACK_BYTES;
-                    fb.ctx.uc_link = nullptr;
                     makecontext(&fb.ctx, trampoline, 0);
                 }
                 unsigned live = nt;
