@@ -8,7 +8,9 @@
  *       token's N most likely tokens (raw logits, most likely first)
  *   medley generate -m MODEL --batch FILE.jsonl [-o OUT.jsonl] [options]
  *       runs every line through one engine (continuous batching), writes one result line per
- *       request and reports throughput and latency on stderr.
+ *       request and reports throughput and latency on stderr. A line (or --logprobs /
+ *       --top-logprobs for every line) asking for logprobs gets "tokens", "logprobs" and, with
+ *       top_logprobs, "top_logprobs" in its result, as --json prints them.
  *
  * MODEL is a registry name or a path (md_model_resolve with allow_path). */
 #include <errno.h>
@@ -50,7 +52,9 @@ static void usage(FILE *f) {
             "      --batch FILE        JSONL: {\"prompt\": ...} or {\"messages\": [...]}, "
             "optional\n"
             "                          max_tokens, temperature, top_p, top_k, min_p, seed, stop,\n"
-            "                          custom_id; OpenAI Batch lines ({\"body\": {...}}) too\n"
+            "                          presence/frequency/repetition_penalty, logprobs (true or\n"
+            "                          N top), top_logprobs, custom_id; OpenAI Batch lines\n"
+            "                          ({\"body\": {...}}) too\n"
             "  -o, --output FILE       --batch results (default stdout)\n"
             "  -n, --max-tokens N      tokens to generate (default 256; 0 = up to the context)\n"
             "      --temp T            temperature (default 0 = greedy)\n"
@@ -59,8 +63,10 @@ static void usage(FILE *f) {
             "      --seed S            random seed (default 0)\n"
             "      --stop STR          stop string (repeatable, up to %d)\n"
             "      --ignore-eos        keep generating after end-of-generation tokens\n"
-            "      --logprobs          with --json: each generated token's logprob (raw logits)\n"
-            "      --top-logprobs N    with --json: also each token's N most likely tokens\n"
+            "      --logprobs          with --json or --batch: each generated token's logprob\n"
+            "                          (raw logits)\n"
+            "      --top-logprobs N    with --json or --batch: also each token's N most likely\n"
+            "                          tokens\n"
             "                          (0..%d; implies --logprobs)\n"
             "      --json              one JSON object instead of streamed text\n"
             "  -t, --threads N         CPU threads (default: every core)\n"
@@ -454,7 +460,26 @@ typedef struct {
     char *custom_id;
     int line;
     double latency_ms;
+    int logprobs, n_top;
+    md_step_token *lp; /* (cap_lp) the step results of its n_lp tokens, when logprobs */
+    int n_lp, cap_lp;
 } batch_req;
+
+/* The request of sequence seq: reqs are in submission order, so in increasing seq (the
+ * engine numbers sequences as they are submitted); NULL if none. */
+static batch_req *find_req(batch_req *reqs, int n, uint64_t seq) {
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (reqs[mid].seq == seq)
+            return &reqs[mid];
+        if (reqs[mid].seq < seq)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return NULL;
+}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -494,6 +519,35 @@ static int batch_line(const gen_opts *o, tok_tokenizer *tok, json_t *line, md_sa
     if ((rc = md_json_get_num(body, "frequency_penalty", 0, &d, "request", e)))
         return rc;
     s->frequency_penalty = (float)d;
+    d = s->repetition_penalty;
+    if ((rc = md_json_get_num(body, "repetition_penalty", 0, &d, "request", e)))
+        return rc;
+    s->repetition_penalty = (float)d;
+    /* logprobs: true / false (chat), or N most likely tokens too (completions) */
+    json_t *lp = json_object_get(body, "logprobs");
+    if (json_is_boolean(lp)) {
+        s->logprobs = json_is_true(lp);
+        if (!s->logprobs)
+            s->top_logprobs = 0; /* the line's false turns off the command line's too */
+    } else if (json_is_integer(lp)) {
+        v = json_integer_value(lp);
+        if (v < 0 || v > MD_TOP_LOGPROBS)
+            return md_errf(e, MD_EINVAL, "logprobs %lld must be true, false or 0 to %d", v,
+                           MD_TOP_LOGPROBS);
+        s->logprobs = 1;
+        s->top_logprobs = (int)v;
+    } else if (lp && !json_is_null(lp)) {
+        return md_errf(e, MD_EINVAL, "logprobs must be true, false or an integer");
+    }
+    v = s->top_logprobs;
+    if ((rc = md_json_get_int(body, "top_logprobs", 0, &v, "request", e)))
+        return rc;
+    if (v < 0 || v > MD_TOP_LOGPROBS)
+        return md_errf(e, MD_EINVAL, "top_logprobs %lld must be in [0, %d]", v, MD_TOP_LOGPROBS);
+    s->top_logprobs = (int)v;
+    if (s->top_logprobs > 0 && lp && json_is_false(lp))
+        return md_errf(e, MD_EINVAL, "top_logprobs needs logprobs");
+    s->logprobs |= s->top_logprobs > 0;
     v = s->top_k;
     if ((rc = md_json_get_int(body, "top_k", 0, &v, "request", e)))
         return rc;
@@ -594,7 +648,15 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
                 }
                 reqs = r2;
             }
-            reqs[n_req++] = (batch_req){id, cid ? strdup(cid) : NULL, lineno, 0};
+            if (n_req && id <= reqs[n_req - 1].seq) { /* find_req relies on the order */
+                fprintf(stderr, "medley generate: sequence ids out of order\n");
+                exit(1);
+            }
+            reqs[n_req++] = (batch_req){.seq = id,
+                                        .custom_id = cid ? strdup(cid) : NULL,
+                                        .line = lineno,
+                                        .logprobs = s.logprobs,
+                                        .n_top = s.top_logprobs};
             prompt_tokens += n;
         }
         json_decref(line);
@@ -606,13 +668,25 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
         md_step_result r;
         md_err e = {0};
         int rc = md_engine_step(eng, &r, &e);
-        for (int i = 0; i < r.n_finished; i++) {
-            int k = 0;
-            while (k < n_req && reqs[k].seq != r.finished[i])
-                k++;
-            if (k == n_req)
+        for (int i = 0; i < r.n_tokens; i++) {
+            batch_req *q = find_req(reqs, n_req, r.tokens[i].seq_id);
+            if (!q || !q->logprobs)
                 continue;
-            batch_req *q = &reqs[k];
+            if (q->n_lp == q->cap_lp) {
+                q->cap_lp = q->cap_lp ? 2 * q->cap_lp : 64;
+                md_step_token *p = realloc(q->lp, (size_t)q->cap_lp * sizeof *p);
+                if (!p) {
+                    fprintf(stderr, "medley generate: out of memory\n");
+                    exit(1);
+                }
+                q->lp = p;
+            }
+            q->lp[q->n_lp++] = r.tokens[i];
+        }
+        for (int i = 0; i < r.n_finished; i++) {
+            batch_req *q = find_req(reqs, n_req, r.finished[i]);
+            if (!q)
+                continue;
             md_seq_stats st;
             md_seq_get_stats(eng, q->seq, &st);
             q->latency_ms = st.queue_ms + st.prefill_ms + st.decode_ms;
@@ -626,6 +700,24 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
                           finish_name(fin), "latency_ms", q->latency_ms);
             if (fin == MD_FINISH_ERROR)
                 json_object_set_new(res, "error", json_string(md_seq_error(eng, q->seq)));
+            if (q->logprobs) {
+                const int32_t *toks;
+                int nt;
+                md_seq_tokens(eng, q->seq, &toks, &nt);
+                json_t *ta = json_array(), *lpa = json_array();
+                for (int k = 0; k < nt; k++)
+                    json_array_append_new(ta, json_integer(toks[k]));
+                for (int k = 0; k < q->n_lp; k++)
+                    json_array_append_new(lpa, json_real(q->lp[k].logprob));
+                json_object_set_new(res, "tokens", ta);
+                json_object_set_new(res, "logprobs", lpa);
+                if (q->n_top > 0)
+                    json_object_set_new(res, "top_logprobs",
+                                        top_logprobs_json(tok, q->lp, q->n_lp));
+                free(q->lp);
+                q->lp = NULL;
+                q->n_lp = q->cap_lp = 0;
+            }
             char *js = json_dumps(res, JSON_COMPACT);
             fprintf(out, "%s\n", js);
             free(js);
@@ -651,8 +743,10 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
             (prompt_tokens + gen_tokens) / wall, n_req ? lat[n_req / 2] : 0,
             n_req ? lat[(int)(n_req * 0.95) < n_req ? (int)(n_req * 0.95) : n_req - 1] : 0);
     free(lat);
-    for (int i = 0; i < n_req; i++)
+    for (int i = 0; i < n_req; i++) {
         free(reqs[i].custom_id);
+        free(reqs[i].lp);
+    }
     free(reqs);
     if (out != stdout)
         fclose(out);

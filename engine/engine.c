@@ -233,6 +233,12 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     eng->kv_type = !cfg->kv_type                ? eng->be->ops->kv_cache_type
                    : !strcmp(cfg->kv_type, "f16") ? MD_TYPE_F16
                                                   : MD_TYPE_F32;
+    /* a model the backend's attention cannot run is refused now, with nothing loaded */
+    if (bo->check_attention && (rc = bo->check_attention(eng->be, hpf.n_head, hpf.n_head_kv,
+                                                         hpf.head_dim, eng->kv_type, e))) {
+        md_errctx(e, "loading %s on %s: ", cfg->model_path, bo->name);
+        goto fail;
+    }
     size_t per_tok = md_kv_bytes_per_token(&hpf, eng->kv_type);
     size_t budget = cfg->kv_budget_bytes;
     size_t weights = 0, widest_q = 0; /* bytes of the largest quantized matrix as BF16 */

@@ -46,9 +46,20 @@ int md_synth_is(const char *name) {
     return name && !strncmp(name, MD_SYNTH_PREFIX, strlen(MD_SYNTH_PREFIX));
 }
 
+/* The shape names joined by ", ", built from the table once. */
+static char shape_list[N_SHAPES * 24];
+static pthread_once_t shape_list_once = PTHREAD_ONCE_INIT;
+
+static void shape_list_build(void) {
+    size_t n = 0;
+    for (int i = 0; i < N_SHAPES && n < sizeof shape_list; i++)
+        n += (size_t)snprintf(shape_list + n, sizeof shape_list - n, "%s%s", i ? ", " : "",
+                              shapes[i].name);
+}
+
 const char *md_synth_shapes(void) {
-    return "llama-3-8b, llama-3-70b, llama-3.2-1b, mistral-7b, qwen2-7b, smollm2-135m, tiny, "
-           "tiny-hd64";
+    pthread_once(&shape_list_once, shape_list_build);
+    return shape_list;
 }
 
 /* ---- the header, written into a growable buffer ---------------------------------------- */

@@ -152,6 +152,12 @@ typedef struct md_backend_ops {
     /* Set n bytes at off to zero. */
     int (*buf_zero)(md_backend *be, md_buf *b, size_t off, size_t n, md_err *e);
 
+    /* Whether this backend's attention takes a model of these heads over a cache of
+     * cache_type (optional; NULL: any shape). The engine asks before it loads anything, so
+     * a model the kernels cannot run is refused with nothing uploaded, not at its first
+     * step. MD_EUNSUPP with what is supported. */
+    int (*check_attention)(md_backend *be, int n_heads, int n_kv_heads, int head_dim,
+                           int cache_type, md_err *e);
     int (*reserve)(md_backend *be, const md_reserve *r, md_err *e);
     int (*batch_prepare)(md_backend *be, const md_batch *b, md_err *e);
 

@@ -18,8 +18,10 @@ if(MEDLEY_HAVE_CUDA)
               LIBS medley_engine medley_kernels PkgConfig::JANSSON LABELS gpu e2e)
   medley_test(test_cuda_graphs SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_graphs.c
               LIBS medley_engine medley_kernels LABELS gpu e2e)
+  medley_test(test_cuda_engine SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_engine.c
+              LIBS medley_engine medley_kernels LABELS gpu)
   set_tests_properties(test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs
-                       PROPERTIES SKIP_RETURN_CODE 77)
+                       test_cuda_engine PROPERTIES SKIP_RETURN_CODE 77)
 endif()
 
 # `medley profile` on the CPU backend writes a document that validates against

@@ -49,6 +49,7 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
     endif()
   endfunction()
   medley_emu_test(test_cuda_backend_emu test_cuda_backend.c)
+  medley_emu_test(test_cuda_engine_emu test_cuda_engine.c)
   # the engine on the emulated device, graphs and device sampling, on a small synthetic model.
   # Built, not run by ctest: its 12-prompt case takes up to 7 minutes here and the
   # 64-sequence one longer; run it by hand (docs/cuda.md)

@@ -79,15 +79,17 @@ __global__ void k_kv_write(void *kc, void *vc, cuda_dtype ct, const float *k, co
     cuda_store(vc, ct, o, v[i]);
 }
 
-static int kv_check(const cuda_kv_layer *kv, md_err *e) {
-    if (kv->n_kv_heads <= 0 || kv->block_tokens <= 0 ||
-        (kv->head_dim != 64 && kv->head_dim != 128 && kv->head_dim != 256))
+int cuda_attn_shape_ok(int n_heads, int n_kv_heads, int head_dim, cuda_dtype dtype, md_err *e) {
+    if (head_dim != 64 && head_dim != 128 && head_dim != 256)
         return md_errf(e, MD_EUNSUPP,
-                       "CUDA attention: head_dim %d with %d kv heads is not "
-                       "supported (64, 128, 256)",
-                       kv->head_dim, kv->n_kv_heads);
-    if (kv->dtype != CUDA_F32 && kv->dtype != CUDA_F16 && kv->dtype != CUDA_BF16)
-        return md_errf(e, MD_EUNSUPP, "CUDA attention: cache type %d", (int)kv->dtype);
+                       "CUDA attention: head_dim %d is not supported (64, 128 or 256)", head_dim);
+    if (n_kv_heads <= 0 || n_heads <= 0 || n_heads % n_kv_heads || n_heads / n_kv_heads > MAX_GQA)
+        return md_errf(e, MD_EUNSUPP,
+                       "CUDA attention: %d query heads over %d kv heads is not supported "
+                       "(a whole number of query heads per kv head, at most %d)",
+                       n_heads, n_kv_heads, MAX_GQA);
+    if (dtype != CUDA_F32 && dtype != CUDA_F16 && dtype != CUDA_BF16)
+        return md_errf(e, MD_EUNSUPP, "CUDA attention: cache type %d", (int)dtype);
     return 0;
 }
 
@@ -383,14 +385,11 @@ int cuda_attn_decode(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, const
                      int n, const int32_t *block_table, int max_blocks, int n_heads, float scale,
                      int n_splits, void *work, float *out, md_err *e) {
     CUDA_GUARD(c, e);
-    int rc = kv_check(kv, e);
+    int rc = cuda_attn_shape_ok(n_heads, kv->n_kv_heads, kv->head_dim, kv->dtype, e);
     if (rc)
         return rc;
-    if (n_heads % kv->n_kv_heads || n_heads / kv->n_kv_heads > MAX_GQA)
-        return md_errf(e, MD_EUNSUPP,
-                       "CUDA attention: %d query heads over %d kv heads (at most "
-                       "%d query heads per kv head)",
-                       n_heads, kv->n_kv_heads, MAX_GQA);
+    if (kv->block_tokens <= 0)
+        return md_errf(e, MD_EINVAL, "CUDA attention: blocks of %d tokens", kv->block_tokens);
     if (n_splits < 1 || n_splits > 1024)
         return md_errf(e, MD_EINVAL, "CUDA attention: %d splits", n_splits);
     if (n <= 0)
@@ -729,12 +728,11 @@ int cuda_attn_prefill(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, cons
                       int n_tiles, const int32_t *block_table, int max_blocks, int n_heads,
                       float scale, float *out, md_err *e) {
     CUDA_GUARD(c, e);
-    int rc = kv_check(kv, e);
+    int rc = cuda_attn_shape_ok(n_heads, kv->n_kv_heads, kv->head_dim, kv->dtype, e);
     if (rc)
         return rc;
-    if (n_heads % kv->n_kv_heads)
-        return md_errf(e, MD_EUNSUPP, "CUDA attention: %d query heads over %d kv heads", n_heads,
-                       kv->n_kv_heads);
+    if (kv->block_tokens <= 0)
+        return md_errf(e, MD_EINVAL, "CUDA attention: blocks of %d tokens", kv->block_tokens);
     if (n_tiles <= 0)
         return n_tiles == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA attention: negative count");
     /* the tensor cores for f16/bf16 caches at head_dim 64/128 (unless turned off) */

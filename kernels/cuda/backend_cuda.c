@@ -669,6 +669,13 @@ static int dec_splits(const cuda_backend *b, int n_kv_heads) {
     return want < 1 ? 1 : want;
 }
 
+static int be_check_attention(md_backend *be, int n_heads, int n_kv_heads, int head_dim,
+                              int cache_type, md_err *e) {
+    (void)be;
+    int rc = cache_type_ok(cache_type, e);
+    return rc ? rc : cuda_attn_shape_ok(n_heads, n_kv_heads, head_dim, cache_dtype(cache_type), e);
+}
+
 static int be_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
                         const md_buf *v_cache, md_buf *out, int n_heads, int n_kv_heads,
                         int head_dim, int cache_type, float scale, md_err *e) {
@@ -947,6 +954,7 @@ static const md_backend_ops cuda_backend_ops = {
     .buf_upload = be_buf_upload,
     .buf_download = be_buf_download,
     .buf_zero = be_buf_zero,
+    .check_attention = be_check_attention,
     .reserve = be_reserve,
     .batch_prepare = be_batch_prepare,
     .embed = be_embed,

@@ -196,6 +196,11 @@ int cuda_rope_kv(cuda_ctx *c, float *q, const float *k, const float *v, void *k_
                  int n_tokens, int n_heads, int n_kv_heads, int head_dim, int rot_dim,
                  const float *inv_freq, int neox, md_err *e);
 
+/* Whether the attention kernels take n_heads query heads over n_kv_heads kv heads of
+ * head_dim on a cache of dtype: head_dim 64, 128 or 256, at most 8 query heads per kv head.
+ * MD_EUNSUPP saying what is supported otherwise. cuda_attn_decode / _prefill check it too. */
+int cuda_attn_shape_ok(int n_heads, int n_kv_heads, int head_dim, cuda_dtype dtype, md_err *e);
+
 /* Decode attention, one query token per entry: dec int32 [n][3] = {query row, block-table
  * row, kv length}. q f32 [*][n_heads][head_dim], out likewise (same rows). The entry attends
  * to its sequence's first kv-length cached tokens (read on the device, so a captured graph

@@ -4,6 +4,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -99,6 +100,80 @@ static void test_batch_file_answers_every_line(void **state) {
     assert_int_equal(bad, 2);
 }
 
+/* --batch lines asking for logprobs get the tokens, their logprobs and top logprobs as the
+ * --json object of the same prompt has them; lines that do not, none; a contradiction is the
+ * line's error. */
+static void test_batch_logprobs_as_json(void **state) {
+    const char *model = test_model_path();
+    if (!model || !bin())
+        skip();
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s generate -m %s -p 'The capital of France is' -n 5 --ignore-eos -t 2 --json "
+             "--top-logprobs 3 2>/dev/null",
+             bin(), model);
+    assert_int_equal(run(cmd), 0);
+    json_t *single = json_loads(out, 0, NULL);
+    assert_non_null(single);
+    char in[] = "/tmp/medley-test-batch-XXXXXX";
+    int fd = mkstemp(in);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "{\"custom_id\": \"a\", \"body\": {\"prompt\": \"The capital of France is\", "
+               "\"max_tokens\": 5, \"logprobs\": true, \"top_logprobs\": 3}}\n");
+    fprintf(f, "{\"custom_id\": \"b\", \"prompt\": \"Once upon a time\", \"max_tokens\": 4}\n");
+    fprintf(f, "{\"custom_id\": \"c\", \"prompt\": \"Hi\", \"max_tokens\": 3, \"logprobs\": 2}\n");
+    fprintf(f, "{\"custom_id\": \"d\", \"prompt\": \"x\", \"logprobs\": false, "
+               "\"top_logprobs\": 2}\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --batch %s --ignore-eos -t 2 2>/dev/null", bin(),
+             model, in);
+    assert_int_equal(run(cmd), 1); /* line d was rejected */
+    unlink(in);
+    int seen = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *j = json_loads(line, 0, NULL);
+        assert_non_null(j);
+        const char *cid = json_string_value(json_object_get(j, "custom_id"));
+        assert_non_null(cid);
+        json_t *lp = json_object_get(j, "logprobs"), *top = json_object_get(j, "top_logprobs");
+        if (!strcmp(cid, "a")) {
+            assert_true(
+                json_equal(json_object_get(j, "tokens"), json_object_get(single, "tokens")));
+            json_t *want = json_object_get(single, "logprobs");
+            assert_int_equal(json_array_size(lp), 5);
+            assert_int_equal(json_array_size(top), 5);
+            for (size_t k = 0; k < 5; k++) {
+                double a = json_real_value(json_array_get(lp, k));
+                double b = json_real_value(json_array_get(want, k));
+                assert_true(a <= 0 && fabs(a - b) < 1e-3);
+                json_t *alts = json_array_get(top, k);
+                assert_int_equal(json_array_size(alts), 3);
+                /* the chosen (greedy) token is the most likely */
+                assert_int_equal(
+                    json_integer_value(json_object_get(json_array_get(alts, 0), "id")),
+                    json_integer_value(json_array_get(json_object_get(j, "tokens"), k)));
+            }
+        } else if (!strcmp(cid, "b")) {
+            assert_null(lp);
+            assert_null(top);
+            assert_null(json_object_get(j, "tokens"));
+        } else if (!strcmp(cid, "c")) {
+            assert_int_equal(json_array_size(lp), 3);
+            assert_int_equal(json_array_size(json_array_get(top, 0)), 2);
+        } else {
+            assert_string_equal(cid, "d");
+            assert_non_null(
+                strstr(json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+                       "top_logprobs needs logprobs"));
+        }
+        seen++;
+        json_decref(j);
+    }
+    assert_int_equal(seen, 4);
+    json_decref(single);
+}
+
 static void test_usage_errors_exit_2(void **state) {
     if (!bin())
         skip();
@@ -154,6 +229,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_output_has_tokens_text_and_timings),
         cmocka_unit_test(test_batch_file_answers_every_line),
+        cmocka_unit_test(test_batch_logprobs_as_json),
         cmocka_unit_test(test_usage_errors_exit_2),
         cmocka_unit_test(test_device_auto_without_gpu_runs_on_cpu),
     };

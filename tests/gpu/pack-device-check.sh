@@ -7,7 +7,7 @@
 # SmolLM2 test model split into .devmodel1/ .. .devmodel5/ (18.8 MiB each: the device tool
 # sends at most 64 MiB per call, the ~4 MiB working tree included, and keeps ignored files
 # between calls while the machine is warm, so send .devmodel1+2, then .devmodel3+4 in short
-# calls, then .devcheck (27 MiB: each of the 9 binaries links the sm_90 kernels) +
+# calls, then .devcheck (27 MiB: each of the 10 binaries links the sm_90 kernels) +
 # .devmodel5 with the check itself; two calls would need 128 of the 128 MiB they carry; run-device-check.sh joins the parts and prints their sha256).
 #
 #   bash tests/gpu/pack-device-check.sh [BUILD_DIR (default build-dpack)] [--model]
@@ -17,7 +17,7 @@ B=${1:-build-dpack}
 [ "${1:-}" = "--model" ] && B=build-dpack
 cmake -S . -B "$B" -DMEDLEY_WERROR=ON -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >/dev/null
 cmake --build "$B" -j2 --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache \
-    test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley_gemv_bench \
+    test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine medley_gpu_bench medley_gemv_bench \
     medley_attn_bench medley_sample_bench medley
 rm -rf .devcheck
 mkdir -p .devcheck/bin .devcheck/lib

@@ -52,7 +52,7 @@ else
     if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDLEY_WERROR=ON \
         -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >"$OUT/build.log" 2>&1 &&
         cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache \
-            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs medley_gpu_bench medley_gemv_bench medley_attn_bench medley_sample_bench medley >>"$OUT/build.log" 2>&1; then
+            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine medley_gpu_bench medley_gemv_bench medley_attn_bench medley_sample_bench medley >>"$OUT/build.log" 2>&1; then
         cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/tests/medley_gemv_bench build-gpu/tests/medley_attn_bench build-gpu/tests/medley_sample_bench build-gpu/cli/medley "$BIN/"
         note "build: ok (sm_90, warnings as errors)"
     else
@@ -80,7 +80,7 @@ fi
 # ---- tests ----------------------------------------------------------------------------
 fails=0
 for t in test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_kernels \
-    test_cuda_backend test_cuda_e2e test_cuda_graphs; do
+    test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine; do
     timeout 240 "$BIN/$t" >"$OUT/$t.log" 2>&1
     rc=$?
     case $rc in

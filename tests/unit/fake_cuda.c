@@ -1210,6 +1210,16 @@ size_t cuda_attn_decode_work_bytes(int n, int n_heads, int head_dim, int n_split
     return (size_t)n * n_heads * n_splits * (2 + head_dim) * sizeof(float); /* as attention.cu */
 }
 
+int cuda_attn_shape_ok(int n_heads, int n_kv_heads, int head_dim, cuda_dtype dtype, md_err *e) {
+    /* the shapes attention.cu's kernels take */
+    if ((head_dim != 64 && head_dim != 128 && head_dim != 256) || n_kv_heads <= 0 || n_heads <= 0 ||
+        n_heads % n_kv_heads || n_heads / n_kv_heads > 8 ||
+        (dtype != CUDA_F32 && dtype != CUDA_F16 && dtype != CUDA_BF16))
+        return md_errf(e, MD_EUNSUPP, "CUDA attention: %d heads over %d of head_dim %d", n_heads,
+                       n_kv_heads, head_dim);
+    return 0;
+}
+
 static void kv_args(fake_launch *r, const cuda_kv_layer *kv) {
     arg_p(r, kv->k, 0, "k_cache");
     arg_p(r, kv->v, 0, "v_cache");
