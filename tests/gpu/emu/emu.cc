@@ -1,12 +1,16 @@
 /* emu.cc — the emulator's scheduler: a kernel's block runs as one fiber per CUDA thread on
  * the calling thread; a fiber runs until it waits at a barrier (__syncthreads, a warp
  * shuffle, an mma) or returns, then the next one runs. Blocks run one after another.
- * A fiber starts on its own stack by makecontext/setcontext (one signal-mask syscall) and
- * every switch after that is _setjmp/_longjmp, which leave the signal mask alone
- * (swapcontext makes a syscall each time: 7 million of them in test_cuda_backend_emu).
- * A barrier that can never complete (threads of a block waiting at different barriers, or
- * a warp's lanes split by a divergent shuffle) is reported and aborts, as it would hang a
- * GPU. */
+ * A fiber waiting at a barrier is not resumed until the barrier completes (the scheduler
+ * compares the barrier's generation with the one it waits on), so each wait costs one
+ * switch out and one back. On x86-64 a switch is emu_swap (below: the callee-saved
+ * registers pushed, the stack pointer exchanged, popped); glibc's _longjmp, used before,
+ * walks the thread's cleanup handlers at every jump and took a quarter of the run
+ * (perf, test_cuda_graphs_emu). Elsewhere fibers start by makecontext/setcontext and switch
+ * by _setjmp/_longjmp, which leave the signal mask alone (swapcontext makes a syscall each
+ * time). A barrier that can never complete (threads of a block waiting at different
+ * barriers, or a warp's lanes split by a divergent shuffle) is reported and aborts, as it
+ * would hang a GPU. */
 #undef _FORTIFY_SOURCE /* __longjmp_chk refuses jumps between stacks */
 #include <setjmp.h>
 #include <ucontext.h>
@@ -21,20 +25,61 @@ dim3 blockDim, gridDim;
 emu_block *emu_cur;
 std::mutex emu_atomic_mu;
 unsigned *emu_mma_calls;
+unsigned *emu_shfl_calls;
+
+#if defined(__x86_64__)
+/* emu_swap(save, to): push rbp, rbx, r12-r15, store the stack pointer in *save, load `to`,
+ * pop them and return on that stack. A fresh fiber's stack holds six zero registers and
+ * the entry address (fiber_stack). MXCSR and the x87 control word are not switched: no
+ * kernel changes them. */
+extern "C" void emu_swap(void **save, void *to);
+asm(".text\n"
+    ".globl emu_swap\n"
+    ".type emu_swap,@function\n"
+    "emu_swap:\n"
+    "  pushq %rbp\n"
+    "  pushq %rbx\n"
+    "  pushq %r12\n"
+    "  pushq %r13\n"
+    "  pushq %r14\n"
+    "  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n"
+    "  popq %r14\n"
+    "  popq %r13\n"
+    "  popq %r12\n"
+    "  popq %rbx\n"
+    "  popq %rbp\n"
+    "  ret\n"
+    ".size emu_swap,.-emu_swap\n");
+#define EMU_SWAP 1
+#endif
 
 namespace {
 
 struct fiber {
+#if EMU_SWAP
+    void *sp; /* where it waits (or, before it started, its fresh stack) */
+#else
     ucontext_t ctx; /* only to start it */
     jmp_buf jb;     /* where it waits */
-    int started, done;
-    unsigned mma_calls;
+    int started;
+#endif
+    int done;
+    const emu_bar *wait; /* the barrier it waits at, NULL when runnable */
+    unsigned wait_gen;   /* that barrier's generation when it arrived */
+    unsigned mma_calls, shfl_calls;
 };
 
 const size_t STACK_BYTES = 256 << 10; /* kernels keep small arrays; the mma emulation ~4 KB */
-ucontext_t start_tmpl;                /* getcontext once; each fiber's start context is a copy */
+#if EMU_SWAP
+void *sched_sp; /* the scheduler's stack pointer while a fiber runs */
+#else
+ucontext_t start_tmpl; /* getcontext once; each fiber's start context is a copy */
 int have_tmpl;
 jmp_buf sched_jb; /* the scheduler, set before each switch into a fiber */
+#endif
 std::vector<fiber> fibers;
 std::vector<char *> stacks;
 int cur;
@@ -42,8 +87,12 @@ unsigned long progress; /* barrier arrivals and returns: a round without any is 
 const std::function<void()> *kernel;
 
 void yield() {
+#if EMU_SWAP
+    emu_swap(&fibers[cur].sp, sched_sp);
+#else
     if (!_setjmp(fibers[cur].jb))
         _longjmp(sched_jb, 1);
+#endif
 }
 
 void trampoline() {
@@ -53,8 +102,31 @@ void trampoline() {
     emu_cur->block_bar->arrive_and_drop();
     fibers[cur].done = 1;
     progress++;
-    _longjmp(sched_jb, 1); /* never returns: its stack is reused by the next block */
+#if EMU_SWAP
+    void *dead;
+    emu_swap(&dead, sched_sp); /* never returns: its stack is reused by the next block */
+#else
+    _longjmp(sched_jb, 1);
+#endif
+    abort();
 }
+
+#if EMU_SWAP
+/* The stack pointer of fiber t that starts in trampoline: 16-byte aligned below the top,
+ * six registers, the entry address, and a null return address for trampoline's frame (it
+ * sees the stack as a called function does: rsp = 8 mod 16). The stacks are page-aligned,
+ * so their tops would all fall in the same cache sets; fiber t's starts (t mod 64) lines
+ * lower, spreading them over the sets. */
+void *fiber_stack(char *stack, unsigned t) {
+    uintptr_t top = ((uintptr_t)stack + STACK_BYTES - (t % 64) * 64) & ~(uintptr_t)15;
+    void **sp = (void **)(top - 64);
+    for (int i = 0; i < 6; i++)
+        sp[i] = nullptr;
+    sp[6] = (void *)trampoline;
+    sp[7] = nullptr;
+    return sp;
+}
+#endif
 
 } // namespace
 
@@ -66,8 +138,11 @@ void emu_bar::arrive_and_wait() {
         gen++;
         return;
     }
-    while (gen == g)
-        yield();
+    fiber &f = fibers[cur];
+    f.wait = this;
+    f.wait_gen = g;
+    yield(); /* resumed once gen moved on */
+    fibers[cur].wait = nullptr;
 }
 
 void emu_bar::arrive_and_drop() {
@@ -86,53 +161,73 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
     fibers.assign(nt, fiber{});
     while (stacks.size() < nt)
         stacks.push_back((char *)malloc(STACK_BYTES));
+#if !EMU_SWAP
     if (!have_tmpl) {
         getcontext(&start_tmpl);
         start_tmpl.uc_link = nullptr; /* trampoline never returns */
         have_tmpl = 1;
     }
+#endif
+    /* one block's synchronisation state, reset for each block */
+    emu_block b;
+    emu_bar block_bar;
+    std::vector<emu_bar> warp_bars(nw);
+    b.block_bar = &block_bar;
+    for (unsigned w = 0; w < nw; w++) {
+        b.warp_bar.push_back(&warp_bars[w]);
+        b.warp_buf.push_back(std::vector<uint64_t>(2 * 32));
+        b.warp_mma.push_back(std::vector<int>(2 * 32 * 8));
+    }
+    emu_cur = &b;
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
-                emu_block b;
-                emu_bar block_bar;
+                block_bar = emu_bar{};
                 block_bar.expected = (int)nt;
-                b.block_bar = &block_bar;
-                std::vector<emu_bar> warp_bars(nw);
                 for (unsigned w = 0; w < nw; w++) {
+                    warp_bars[w] = emu_bar{};
                     warp_bars[w].expected = (int)(nt - 32 * w < 32 ? nt - 32 * w : 32);
-                    b.warp_bar.push_back(&warp_bars[w]);
-                    b.warp_buf.push_back(std::vector<uint64_t>(32));
-                    b.warp_mma.push_back(std::vector<int>(2 * 32 * 8));
                 }
-                emu_cur = &b;
+                b.or_acc.store(0);
                 blockIdx = dim3(x, y, z);
                 for (unsigned t = 0; t < nt; t++) {
                     fiber &fb = fibers[t];
-                    fb.started = fb.done = 0;
-                    fb.mma_calls = 0;
+                    fb.done = 0;
+                    fb.wait = nullptr;
+                    fb.mma_calls = fb.shfl_calls = 0;
+#if EMU_SWAP
+                    fb.sp = fiber_stack(stacks[t], t);
+#else
+                    fb.started = 0;
                     fb.ctx = start_tmpl;
                     fb.ctx.uc_stack.ss_sp = stacks[t];
                     fb.ctx.uc_stack.ss_size = STACK_BYTES;
                     makecontext(&fb.ctx, trampoline, 0);
+#endif
                 }
                 unsigned live = nt;
                 while (live) {
                     unsigned long before = progress;
                     for (unsigned t = 0; t < nt; t++) {
-                        if (fibers[t].done)
+                        fiber &fb = fibers[t];
+                        if (fb.done || (fb.wait && fb.wait->gen == fb.wait_gen))
                             continue;
                         cur = (int)t;
                         threadIdx = dim3(t, 0, 0);
-                        emu_mma_calls = &fibers[t].mma_calls;
+                        emu_mma_calls = &fb.mma_calls;
+                        emu_shfl_calls = &fb.shfl_calls;
+#if EMU_SWAP
+                        emu_swap(&sched_sp, fb.sp);
+#else
                         if (!_setjmp(sched_jb)) {
-                            if (!fibers[t].started) {
-                                fibers[t].started = 1;
-                                setcontext(&fibers[t].ctx);
+                            if (!fb.started) {
+                                fb.started = 1;
+                                setcontext(&fb.ctx);
                             }
-                            _longjmp(fibers[t].jb, 1);
+                            _longjmp(fb.jb, 1);
                         }
-                        if (fibers[t].done)
+#endif
+                        if (fb.done)
                             live--;
                     }
                     if (live && progress == before) {

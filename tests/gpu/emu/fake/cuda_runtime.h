@@ -158,15 +158,19 @@ static inline int __syncthreads_or(int v) {
     __syncthreads();
     return r;
 }
+/* A shuffle: every lane publishes its value, waits for the warp, reads its source lane's.
+ * Two buffers in turn (as emu_mma_buf), so one barrier a shuffle: a lane writes a buffer
+ * again only after the next shuffle's barrier, which every lane passes after reading it. */
 template <class T> static inline T emu_shfl(T v, int src_fn(int, int), int arg) {
+    extern unsigned *emu_shfl_calls; /* the running fiber's own counter: 0 at its start */
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint64_t *buf = emu_cur->warp_buf[w].data() + ((*emu_shfl_calls)++ & 1) * 32;
     uint64_t bits = 0;
     memcpy(&bits, &v, sizeof v);
-    emu_cur->warp_buf[w][lane] = bits;
+    buf[lane] = bits;
     emu_cur->warp_bar[w]->arrive_and_wait();
     int s = src_fn(lane, arg);
-    uint64_t r = emu_cur->warp_buf[w][s >= 0 && s < 32 ? s : lane];
-    emu_cur->warp_bar[w]->arrive_and_wait();
+    uint64_t r = buf[s >= 0 && s < 32 ? s : lane];
     T out;
     memcpy(&out, &r, sizeof out);
     return out;
