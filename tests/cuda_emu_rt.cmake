@@ -50,9 +50,7 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
   endfunction()
   medley_emu_test(test_cuda_backend_emu test_cuda_backend.c)
   medley_emu_test(test_cuda_engine_emu test_cuda_engine.c)
-  # the engine on the emulated device, graphs and device sampling, on a small synthetic model.
-  # Built, not run by ctest: its 12-prompt case takes up to 7 minutes here and the
-  # 64-sequence one longer; run it by hand (docs/cuda.md)
+  # the engine on the emulated device, graphs and device sampling, on a small synthetic model
+  # (2 minutes here)
   medley_emu_test(test_cuda_graphs_emu test_cuda_graphs.c ENV MEDLEY_GPU_TEST_MODEL=synthetic:tiny-hd64:q4_0)
-  set_tests_properties(test_cuda_graphs_emu PROPERTIES DISABLED TRUE)
 endif()

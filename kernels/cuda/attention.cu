@@ -74,6 +74,8 @@ __global__ void k_kv_write(void *kc, void *vc, cuda_dtype ct, const float *k, co
     if (i >= (int64_t)n_tokens * kv_dim)
         return;
     int t = (int)(i / kv_dim), d = (int)(i % kv_dim);
+    if (slots[t] < 0) /* a padding row of a decode step: stores nothing */
+        return;
     int64_t o = (int64_t)slots[t] * kv_dim + d;
     cuda_store(kc, ct, o, k[i]);
     cuda_store(vc, ct, o, v[i]);
@@ -135,6 +137,8 @@ __global__ void k_rope_kv(float *q, const float *k, const float *v, void *kc, vo
         }
         return;
     }
+    if (slots[t] < 0) /* a padding row of a decode step: stores nothing */
+        return;
     int kv_dim = n_kv_heads * head_dim, hk = (h - n_heads) * head_dim;
     const float *kr = k + (int64_t)t * kv_dim + hk, *vr = v + (int64_t)t * kv_dim + hk;
     int64_t o = (int64_t)slots[t] * kv_dim + hk;

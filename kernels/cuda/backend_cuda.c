@@ -16,9 +16,14 @@
  * not a wild read. A CUDA error is sticky: every later op of this backend returns it.
  *
  * Decode steps run as CUDA graphs (backend.h step_begin/step_end): a step whose every
- * sequence contributes one token is keyed by (tokens, sequences, logit rows, attention
- * split bucket) — everything its launches take from the host; the metadata they read is
- * uploaded by batch_prepare to fixed addresses. A key's second step is captured and
+ * sequence contributes one token is keyed by (rows, attention split bucket) — everything its
+ * launches take from the host; the metadata they read is uploaded by batch_prepare to fixed
+ * addresses. Such a step runs padded to cuda_gc_pad_rows(n) rows from step_begin on (graphs
+ * or not, so both compute the same): a padding row embeds the first token at position 0,
+ * stores no K/V (slot -1, which the KV kernels skip), attends to the first key of the first
+ * sequence and yields a logit row nobody reads; the ops take the engine's n rows as the
+ * padded count. So a batch that shrinks by one sequence at a time replays a few graphs, not
+ * one per size. A key's second step is captured and
  * launched, later ones replay it: the ops check their arguments and queue nothing, and
  * step_end launches the graph. A failed capture (an allocation it needed, say) is dropped
  * and the step runs directly (MD_STEP_RERUN). MEDLEY_CUDA_GRAPHS=0 turns graphs off.
@@ -66,6 +71,9 @@ typedef struct {
     int32_t *d_tokens, *d_pos, *d_slot, *d_bt, *d_logit_rows, *d_dec, *d_tiles;
     int32_t *h_tokens, *h_pos, *h_slot, *h_bt, *h_logit_rows, *h_dec, *h_tiles;
     int n_tokens, n_seqs, max_blocks, block_tokens, n_logits, n_dec, n_tiles;
+    /* a decode step of t_real tokens runs as t_pad rows (the padding rows' metadata written
+     * by batch_prepare) once step_begin set `padding`; t_pad == t_real: not padded */
+    int t_real, t_pad, padding;
     /* Row stride of the device block table this step: the blocks of the longest length any
      * token reads, rounded as cuda_gc_len_bucket rounds it (so a decode graph's key fixes
      * it), at most the reserved width. Only the rows' used prefixes cross the bus. */
@@ -387,6 +395,19 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
     memcpy(b->h_pos, bt->tok_pos, (size_t)T * 4);
     memcpy(b->h_slot, bt->slot, (size_t)T * 4);
     memcpy(b->h_logit_rows, bt->logit_rows, (size_t)bt->n_logits * 4);
+    /* a pure decode step: padding rows after the engine's (used from step_begin on) */
+    int P = T;
+    if (plan.n_tiles == 0 && plan.n_dec == T && bt->n_logits == T && T > 0)
+        P = cuda_gc_pad_rows(T, b->r.max_tokens < b->r.max_seqs ? b->r.max_tokens : b->r.max_seqs);
+    for (int j = T; j < P; j++) {
+        b->h_tokens[j] = b->h_tokens[0];
+        b->h_pos[j] = 0;
+        b->h_slot[j] = -1;
+        b->h_logit_rows[j] = j;
+        b->h_dec[3 * j] = j;
+        b->h_dec[3 * j + 1] = b->h_dec[1];
+        b->h_dec[3 * j + 2] = 1;
+    }
     /* Rows at the step's stride: a model of 128k positions has 8192-entry rows, of which a
      * batch of short sequences reads a few. */
     int64_t want =
@@ -402,6 +423,9 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
         return rc;
     cudaEventRecord(b->meta_copied, cuda_ctx_stream(b->c));
     b->n_tokens = T;
+    b->t_real = T;
+    b->t_pad = P;
+    b->padding = 0;
     b->n_seqs = S;
     b->max_blocks = bt->max_blocks;
     b->bt_stride = stride;
@@ -414,15 +438,23 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
     b->max_block_id = plan.max_block;
     b->graphable = b->graphs_on && plan.n_tiles == 0 && plan.n_dec == T;
     memset(&b->key, 0, sizeof b->key);
-    b->key.k[0] = T;
-    b->key.k[1] = S;
-    b->key.k[2] = bt->n_logits;
-    b->key.k[3] = b->dec_len_bucket;
+    b->key.k[0] = P; /* tokens = decode entries = logit rows */
+    b->key.k[1] = b->dec_len_bucket;
     return cuda_check(b->c, "step metadata", e);
 }
 
 /* In a replayed step the ops check their arguments and queue nothing: the graph does. */
 #define REPLAYING(be) (cbe(be)->st == ST_REPLAY)
+
+/* The rows an op given the engine's T rows runs on: the padded count in a padded step. */
+static int prow(const cuda_backend *b, int T) {
+    return b->padding && T == b->t_real ? b->t_pad : T;
+}
+
+/* Likewise for an op over n = T * width elements. */
+static int64_t pelems(const cuda_backend *b, int64_t n) {
+    return b->padding && b->t_real > 0 && n % b->t_real == 0 ? n / b->t_real * b->t_pad : n;
+}
 
 static int tensor_ok(const md_tensor *w, md_err *e) {
     size_t rb = md_type_row_bytes(w->type, w->ne0);
@@ -458,6 +490,7 @@ static int be_embed(md_backend *be, const md_tensor *w, md_buf *out, md_err *e) 
 
 static int be_matmul(md_backend *be, const md_tensor *w, const md_buf *x, md_buf *y, int T,
                      md_err *e) {
+    T = prow(cbe(be), T);
     int rc = tensor_ok(w, e);
     if (rc)
         return rc;
@@ -482,6 +515,7 @@ _Static_assert((int)CUDA_MM_SET == (int)MD_MM_SET && (int)CUDA_MM_ACC == (int)MD
  * launch per weight type when decoding (cuda_matmul_n). */
 static int be_matmul_n(md_backend *be, int n, const md_tensor *const *w, const md_buf *x,
                        md_buf *const *y, int T, int mode, md_err *e) {
+    T = prow(cbe(be), T);
     if (n < 1 || n > MD_MM_MAX)
         return md_errf(e, MD_EINVAL, "cuda backend: matmul_n of %d weights (1 to %d)", n,
                        MD_MM_MAX);
@@ -569,6 +603,7 @@ static int be_weight_shadow(md_backend *be, const md_tensor *w, md_err *e) {
 }
 
 static int be_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, md_err *e) {
+    T = prow(cbe(be), T);
     int rc = tensor_ok(bias, e);
     if (rc)
         return rc;
@@ -582,6 +617,7 @@ static int be_add_bias(md_backend *be, md_buf *y, const md_tensor *bias, int T, 
 
 static int be_rmsnorm(md_backend *be, const md_buf *x, const md_tensor *w, md_buf *out, int T,
                       int C, float eps, md_err *e) {
+    T = prow(cbe(be), T);
     if (w->type != MD_TYPE_F32 || w->ne0 != C)
         return md_errf(e, MD_EUNSUPP, "cuda backend: rmsnorm weight must be F32 [%d]", C);
     if (REPLAYING(be))
@@ -607,7 +643,7 @@ static int slots_ok(const cuda_backend *b, const md_buf *k_cache, const md_buf *
     if (rc)
         return rc;
     size_t row = (size_t)kv_dim * cache_elem(cache_type);
-    for (int t = 0; t < b->n_tokens; t++) {
+    for (int t = 0; t < b->t_real; t++) { /* padding rows store nothing (slot -1) */
         size_t s = (size_t)b->h_slot[t];
         if ((s + 1) * row > k_cache->n || (s + 1) * row > v_cache->n)
             return md_errf(e, MD_ERANGE, "cuda backend: KV slot %zu outside the cache", s);
@@ -726,6 +762,7 @@ static int be_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
 
 static int be_swiglu(md_backend *be, const md_buf *gate, const md_buf *up, md_buf *out, int64_t n,
                      md_err *e) {
+    n = pelems(cbe(be), n);
     if (REPLAYING(be))
         return 0;
     return cuda_swiglu(cbe(be)->c, (const float *)gate->p, (const float *)up->p, out->p, CUDA_F32,
@@ -733,6 +770,7 @@ static int be_swiglu(md_backend *be, const md_buf *gate, const md_buf *up, md_bu
 }
 
 static int be_add(md_backend *be, md_buf *x, const md_buf *y, int64_t n, md_err *e) {
+    n = pelems(cbe(be), n);
     if (REPLAYING(be))
         return 0;
     return cuda_add(cbe(be)->c, (float *)x->p, (const float *)y->p, n, e);
@@ -786,6 +824,10 @@ static int be_step_begin(md_backend *be, md_err *e) {
     if (b->st != ST_IDLE)
         return md_errf(e, MD_EINVAL, "cuda backend: step_begin inside a step");
     b->st = ST_EAGER;
+    if (b->t_pad > b->t_real && !b->padding) { /* until the next batch_prepare (a re-run too) */
+        b->padding = 1;
+        b->n_tokens = b->n_logits = b->n_dec = b->t_pad;
+    }
     if (!b->graphable)
         return 0;
     cuda_gc_sync_gen(&b->gc, cuda_ctx_scratch_gen(b->c));

@@ -183,7 +183,8 @@ typedef struct {
     int block_tokens;
 } cuda_kv_layer;
 
-/* Write k, v f32 [n_tokens][kv_dim] into k_cache / v_cache (dtype) at slots[t]. */
+/* Write k, v f32 [n_tokens][kv_dim] into k_cache / v_cache (dtype) at slots[t]; a token at
+ * slot -1 (a padding row of a decode step) is not stored, here and in cuda_rope_kv. */
 int cuda_kv_write(cuda_ctx *c, void *k_cache, void *v_cache, cuda_dtype dtype, int kv_dim,
                   const float *k, const float *v, const int32_t *slots, int n_tokens, md_err *e);
 

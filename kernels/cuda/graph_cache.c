@@ -1,6 +1,7 @@
 /* graph_cache.c — the decode-step graph cache's policy (see graph_cache.h). */
 #include "kernels/cuda/graph_cache.h"
 
+#include <limits.h>
 #include <string.h>
 
 static int key_eq(const cuda_gc_key *a, const cuda_gc_key *b) {
@@ -91,6 +92,23 @@ void cuda_gc_failed(cuda_graph_cache *gc, const cuda_gc_key *key) {
         gc->seen[s].failed++;
         gc->seen[s].seen = 1;
     }
+}
+
+int cuda_gc_pad_rows(int n, int cap) {
+    if (n <= 1)
+        return n;
+    int p;
+    if (n <= 8) {
+        p = 2;
+        while (p < n)
+            p <<= 1;
+    } else {
+        int q = n <= 64 ? 8 : n <= 128 ? 16 : n <= 256 ? 32 : 64;
+        p = n > INT_MAX - q ? n : (n + q - 1) / q * q;
+    }
+    if (p > cap)
+        p = cap;
+    return p < n ? n : p;
 }
 
 int cuda_gc_len_bucket(int max_len) {

@@ -2,8 +2,8 @@
  * keeps. Pure C, no CUDA calls (the graphs are opaque pointers freed through a callback), so
  * the policy is tested on machines without a GPU.
  *
- * A step's key is every host-side value its kernel launches depend on (tokens, sequences,
- * logit rows, the attention split bucket); pointers are fixed by reserve() and by the
+ * A step's key is every host-side value its kernel launches depend on (its rows, padded by
+ * cuda_gc_pad_rows, and the attention split bucket); pointers are fixed by reserve() and by the
  * scratch generation: when any scratch buffer a recorded kernel reads moves, every graph is
  * dropped (cuda_gc_sync_gen). A key is recorded the second time it is seen (a shape seen
  * once is not worth a capture); a key whose capture failed twice is never tried again. The
@@ -53,6 +53,12 @@ cuda_gc_action cuda_gc_lookup(cuda_graph_cache *gc, const cuda_gc_key *key, void
 void cuda_gc_store(cuda_graph_cache *gc, const cuda_gc_key *key, void *graph);
 /* A capture of key failed: it is seen as new again; after two failures never recorded. */
 void cuda_gc_failed(cuda_graph_cache *gc, const cuda_gc_key *key);
+
+/* The rows a decode step of n sequences runs as, so that steps of nearby sizes share one
+ * graph (the backend pads the step with rows that store nothing and whose outputs nobody
+ * reads): n up to 8 rounded up to a power of two, then up to a multiple of 8 (to 64), of 16
+ * (to 128), of 32 (to 256), of 64 beyond; at most cap, never below n. 19 sizes up to 256. */
+int cuda_gc_pad_rows(int n, int cap);
 
 /* The attention split bucket of a decode step: the longest KV length rounded up to a power
  * of two (at least 64), so a growing sequence changes key only at 64, 128, 256, ... */

@@ -126,6 +126,28 @@ static void test_len_bucket(void **state) {
     assert_int_equal(cuda_gc_len_bucket(131072), 131072);
 }
 
+/* Padded decode sizes: never below n nor above the cap, exact where n is a size already,
+ * under twice n (under a quarter more beyond 64), and few of them: 19 distinct sizes for
+ * every batch of 1 to 256. */
+static void test_pad_rows(void **state) {
+    static const int want[][2] = {{0, 0},     {1, 1},     {2, 2},     {3, 4},     {5, 8},
+                                  {8, 8},     {9, 16},    {17, 24},   {63, 64},   {65, 80},
+                                  {127, 128}, {129, 160}, {250, 256}, {257, 320}, {1000, 1024}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        assert_int_equal(cuda_gc_pad_rows(want[i][0], 1 << 20), want[i][1]);
+    assert_int_equal(cuda_gc_pad_rows(13, 14), 14); /* capped */
+    assert_int_equal(cuda_gc_pad_rows(13, 10), 13); /* a cap below n leaves n */
+    int sizes = 0, last = 0;
+    for (int n = 1; n <= 256; n++) {
+        int p = cuda_gc_pad_rows(n, 256);
+        assert_true(p >= n && p <= 256 && (p < 2 * n || n == 1) && (n <= 64 || p - n < n / 4));
+        assert_int_equal(cuda_gc_pad_rows(p, 256), p);
+        sizes += p != last;
+        last = p;
+    }
+    assert_int_equal(sizes, 19);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_second_sighting_records_then_replays),
@@ -134,6 +156,7 @@ int main(void) {
         cmocka_unit_test(test_failing_key_given_up_after_two_failures),
         cmocka_unit_test(test_seen_ring_forgets_oldest_keys),
         cmocka_unit_test(test_len_bucket),
+        cmocka_unit_test(test_pad_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

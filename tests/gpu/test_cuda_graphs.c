@@ -4,11 +4,15 @@
  * graphs (the default) and with MEDLEY_CUDA_GRAPHS=0: every token must be the same (a
  * replayed graph runs the very kernels the direct step does, on the metadata batch_prepare
  * uploaded), and graphs must really have been recorded and replayed. Also the same check on
- * 64 sequences at once (decode GEMMs on cuBLAS inside the graph). And the device's sample op
+ * 64 sequences at once, 33 to 48 tokens each (decode GEMMs on cuBLAS inside the graph; the
+ * batch shrinks as they finish, padded steps sharing graphs). And the device's sample op
  * through the engine against the CPU backend: greedy sequences with penalties, logprobs and
- * top logprobs (all chosen on the GPU) continue as on the CPU on at least 5 of 6 prompts, and
- * their logprobs agree within twice the logit tolerance of test_cuda_e2e. Skips (77) without
- * a CUDA device or the model. The CPU-side contract is tested everywhere by
+ * top logprobs (all chosen on the GPU) continue as on the CPU on at least 5 of 6 prompts
+ * (not required of a synthetic model, whose random weights leave near ties everywhere), and
+ * their logprobs agree, while the context is the same, within twice the logit tolerance of
+ * test_cuda_e2e. Skips (77) without a CUDA device or the model. The model is
+ * $MEDLEY_GPU_TEST_MODEL when set (test_cuda_graphs_emu: synthetic:tiny-hd64:q4_0 on the CPU
+ * emulator); MEDLEY_TEST_FILTER picks cases. The CPU-side contract is tested everywhere by
  * test_engine_graph. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,12 +26,14 @@
 
 #include "e2e/test_engine_util.h"
 #include "engine/engine.h"
+#include "engine/synth.h"
 #include "gpu/gpu_test_util.h"
 
 #define MAXP 64
-#define GEN 24
+#define MAXGEN 48
 
-static void run_all(int np, int max_seqs, int graphs, int32_t out[MAXP][GEN]) {
+/* np prompts through max_seqs slots, prompt i generating gen - (i % 4) * 3 tokens */
+static void run_all(int np, int max_seqs, int gen, int graphs, int32_t out[MAXP][MAXGEN]) {
     setenv("MEDLEY_CUDA_GRAPHS", graphs ? "1" : "0", 1);
     md_engine_config cfg = {.model_path = gpu_test_model(test_model_path()),
                             .device = "cuda:0",
@@ -46,7 +52,7 @@ static void run_all(int np, int max_seqs, int graphs, int32_t out[MAXP][GEN]) {
             p[k] = gpu_test_token(i, k, md_engine_n_vocab(eng));
         md_sampling s;
         md_sampling_default(&s);
-        s.max_tokens = GEN - (i % 4) * 3;
+        s.max_tokens = gen - (i % 4) * 3;
         s.ignore_eos = 1;
         if (i % 2) {
             s.temperature = 0.7f;
@@ -64,23 +70,23 @@ static void run_all(int np, int max_seqs, int graphs, int32_t out[MAXP][GEN]) {
         if (r.n_live == 0)
             break;
     }
-    memset(out, 0, sizeof(int32_t) * MAXP * GEN);
+    memset(out, 0, sizeof(int32_t) * MAXP * MAXGEN);
     for (int i = 0; i < np; i++) {
         const int32_t *t;
         int n;
         assert_int_equal(md_seq_tokens(eng, ids[i], &t, &n), 0);
-        assert_int_equal(n, GEN - (i % 4) * 3);
+        assert_int_equal(n, gen - (i % 4) * 3);
         memcpy(out[i], t, (size_t)n * sizeof *t);
     }
     md_engine_close(eng);
 }
 
-static void check(int np, int max_seqs) {
-    static int32_t direct[MAXP][GEN], graphed[MAXP][GEN];
-    run_all(np, max_seqs, 0, direct);
+static void check(int np, int max_seqs, int gen) {
+    static int32_t direct[MAXP][MAXGEN], graphed[MAXP][MAXGEN];
+    run_all(np, max_seqs, gen, 0, direct);
     md_cuda_graph_totals t0, t1;
     md_cuda_graph_get_totals(&t0);
-    run_all(np, max_seqs, 1, graphed);
+    run_all(np, max_seqs, gen, 1, graphed);
     md_cuda_graph_get_totals(&t1);
     long rec = t1.recorded - t0.recorded, rep = t1.replayed - t0.replayed,
          rer = t1.reruns - t0.reruns;
@@ -96,10 +102,13 @@ static void check(int np, int max_seqs) {
 }
 
 static void test_graphs_same_tokens_small_batches(void **state) {
-    check(12, 4);
+    check(12, 4, 24);
 }
 static void test_graphs_same_tokens_64_sequences(void **state) {
-    check(64, 64);
+    /* long enough that most decode steps have all 64 (prefill of 2,400 prompt tokens takes
+     * the first ten steps, and the batch shrinks as sequences finish: 64 at 15 to 24 tokens
+     * left a handful of pure decode steps per padded size, too few to replay) */
+    check(64, 64, MAXGEN);
 }
 
 #define NPEN 6
@@ -170,8 +179,8 @@ static void test_penalties_and_logprobs_cuda_vs_cpu(void **state) {
             }
             assert_true(b->logprob <= b->top_logprob[0] + 1e-5f); /* none above the most likely */
             if (equal) { /* the same context so far: the same raw logits within tolerance */
-                double d = fabs((double)a->logprob - b->logprob);
-                worst = d > worst ? d : worst;
+                if (a->token == b->token)
+                    worst = fmax(worst, fabs((double)a->logprob - b->logprob));
                 for (int j = 0; j < 5; j++)
                     if (a->top_token[j] == b->top_token[0])
                         worst = fmax(worst, fabs((double)a->top_logprob[j] - b->top_logprob[0]));
@@ -180,10 +189,15 @@ static void test_penalties_and_logprobs_cuda_vs_cpu(void **state) {
         }
         same += equal;
     }
-    printf("penalised greedy with logprobs: %d/%d continuations equal on cuda:0 and cpu; "
+    /* A synthetic model's random weights give near-uniform next-token distributions (the
+     * top two a few thousandths apart), so its greedy continuations part on rounding: only
+     * the logprobs are compared there. */
+    int random_weights = md_synth_is(gpu_test_model(test_model_path()));
+    printf("penalised greedy with logprobs: %d/%d continuations equal on cuda:0 and cpu%s; "
            "largest logprob difference while equal %.4f\n",
-           same, NPEN, worst);
-    assert_true(same >= NPEN - 1);
+           same, NPEN, random_weights ? " (random weights: not required)" : "", worst);
+    if (!random_weights)
+        assert_true(same >= NPEN - 1);
     assert_true(worst <= 1.0); /* log-softmax moves at most twice the logits' 0.5 */
 }
 
@@ -195,6 +209,11 @@ int main(void) {
         printf("SKIP: %s not found (scripts/fetch-model.sh fetches it)\n", TEST_MODEL_FILE);
         return GPU_TEST_SKIP;
     }
+    /* MEDLEY_TEST_FILTER: run only the cases matching it (cmocka's pattern, e.g.
+     * "*penalties*"), for the emulator's runs by hand */
+    const char *only = getenv("MEDLEY_TEST_FILTER");
+    if (only && *only)
+        cmocka_set_test_filter(only);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_graphs_same_tokens_small_batches),
         cmocka_unit_test(test_graphs_same_tokens_64_sequences),

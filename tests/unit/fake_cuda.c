@@ -367,6 +367,8 @@ static void block_table_names_slots(const fake_launch *l) {
             if (row < 0 || row >= g.n_slots || s < 0 || pos < 0 ||
                 ((size_t)s * stride + k + 1) * 4 > rb)
                 continue; /* execute() reports what is outside its buffers */
+            if (slots[row] == -1)
+                continue; /* a padding row: attends to whatever its entry names, read by no one */
             int32_t id = bt[s * stride + k];
             if ((int64_t)id * bt_tok + pos % bt_tok != slots[row])
                 violation("%s (step %ld): sequence %d's block table (stride %lld) names block %d "
@@ -395,8 +397,9 @@ static void execute(fake_launch *l) {
         int64_t n = l->a[kw ? 7 : 8];
         if (!kc || !vc || !slots || rs < (size_t)n * 4)
             break;
-        for (int64_t t = 0; t < n; t++)
-            if (slots[t] < 0 || ((size_t)slots[t] + 1) * row > (rk < rv ? rk : rv))
+        for (int64_t t = 0; t < n; t++) /* -1: a padding row, stored nowhere */
+            if (slots[t] < -1 ||
+                (slots[t] >= 0 && ((size_t)slots[t] + 1) * row > (rk < rv ? rk : rv)))
                 violation("%s (step %ld): token %lld goes to slot %d outside the cache",
                           fake_cuda_fn_name(l->fn), g.steps, (long long)t, slots[t]);
         g.slots = l->a[kw ? 6 : 7];

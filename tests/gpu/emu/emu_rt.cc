@@ -519,14 +519,21 @@ static cublasStatus_t gemm(cublasHandle_t h, int ta, int tb, int m, int n, int k
         return CUBLAS_STATUS_INVALID_VALUE;
     std::lock_guard<std::recursive_mutex> g(mu);
     cudaError_t err = issue(h->stream, [=] {
+        /* op(A) as rows i, op(B) as columns j, each k floats in a row (the same sums, in the
+         * same order, as element by element) */
+        std::vector<float> a((size_t)m * k), b((size_t)n * k);
+        for (int i = 0; i < m; i++)
+            for (int l = 0; l < k; l++)
+                a[(size_t)i * k + l] = ta ? load_elem(A, at, l + (size_t)i * lda) : load_elem(A, at, i + (size_t)l * lda);
+        for (int j = 0; j < n; j++)
+            for (int l = 0; l < k; l++)
+                b[(size_t)j * k + l] = tb ? load_elem(B, bt, j + (size_t)l * ldb) : load_elem(B, bt, l + (size_t)j * ldb);
         for (int j = 0; j < n; j++)
             for (int i = 0; i < m; i++) {
+                const float *ar = &a[(size_t)i * k], *br = &b[(size_t)j * k];
                 float s = 0;
-                for (int l = 0; l < k; l++) {
-                    float a = ta ? load_elem(A, at, l + (size_t)i * lda) : load_elem(A, at, i + (size_t)l * lda);
-                    float b = tb ? load_elem(B, bt, j + (size_t)l * ldb) : load_elem(B, bt, l + (size_t)j * ldb);
-                    s += a * b;
-                }
+                for (int l = 0; l < k; l++)
+                    s += ar[l] * br[l];
                 float *c = &C[i + (size_t)j * ldc];
                 *c = alpha * s + (beta == 0 ? 0.0f : beta * *c);
             }
