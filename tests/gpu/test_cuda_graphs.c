@@ -9,8 +9,8 @@
  * through the engine against the CPU backend: greedy sequences with penalties, logprobs and
  * top logprobs (all chosen on the GPU) continue as on the CPU on at least 5 of 6 prompts
  * (not required of a synthetic model, whose random weights leave near ties everywhere), and
- * their logprobs agree, while the context is the same, within twice the logit tolerance of
- * test_cuda_e2e. Skips (77) without a CUDA device or the model. The model is
+ * their logprobs agree, while the context is the same, within 1.0 (test_cuda_e2e measured
+ * SmolLM2's vocabulary-centered logits within 0.98 of the CPU's on the emulator). Skips (77) without a CUDA device or the model. The model is
  * $MEDLEY_GPU_TEST_MODEL when set (test_cuda_graphs_emu: synthetic:tiny-hd64:q4_0 on the CPU
  * emulator); MEDLEY_TEST_FILTER picks cases. The CPU-side contract is tested everywhere by
  * test_engine_graph. */
@@ -198,7 +198,7 @@ static void test_penalties_and_logprobs_cuda_vs_cpu(void **state) {
            same, NPEN, random_weights ? " (random weights: not required)" : "", worst);
     if (!random_weights)
         assert_true(same >= NPEN - 1);
-    assert_true(worst <= 1.0); /* log-softmax moves at most twice the logits' 0.5 */
+    assert_true(worst <= 1.0); /* test_cuda_e2e: centered SmolLM2 logits within 0.98 */
 }
 
 int main(void) {
