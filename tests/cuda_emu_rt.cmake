@@ -50,11 +50,17 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
   endfunction()
   medley_emu_test(test_cuda_backend_emu test_cuda_backend.c)
   medley_emu_test(test_cuda_engine_emu test_cuda_engine.c)
+  # the same binary's fault case: the 40th launch (after the model's load, within its first
+  # steps) leaves a sticky illegal-address error
+  add_test(NAME test_cuda_engine_fault_emu COMMAND test_cuda_engine_emu)
+  set_tests_properties(test_cuda_engine_fault_emu PROPERTIES LABELS emu TIMEOUT 300
+                       ENVIRONMENT "MEDLEY_EMU_FAIL_LAUNCH=40;MEDLEY_TEST_FILTER=*fault*")
   # the engine on the emulated device, graphs and device sampling, on a small synthetic model
   # (2 minutes here)
   medley_emu_test(test_cuda_graphs_emu test_cuda_graphs.c ENV MEDLEY_GPU_TEST_MODEL=synthetic:tiny-hd64:q4_0)
   # SmolLM2 on the emulated device against the CPU backend and llama.cpp (the fixtures):
   # built, not run by ctest (tens of minutes here); run it by hand (docs/cuda.md)
   medley_emu_test(test_cuda_e2e_emu test_cuda_e2e.c)
+  medley_emu_test(test_cuda_kernels_emu test_cuda_kernels.c)
   set_tests_properties(test_cuda_e2e_emu PROPERTIES DISABLED TRUE)
 endif()

@@ -3,14 +3,17 @@
  * head_dim 32) is refused by md_engine_open itself, before anything is loaded, with
  * MD_EUNSUPP naming the model and the supported head sizes; not accepted and then failed at
  * its first step, as it was. One they take (synthetic:tiny-hd64, the same model with
- * head_dim 64) opens and generates greedily, twice the same. Runs on a GPU (label gpu, skips
- * without one) and on the CPU emulator as test_cuda_engine_emu. */
+ * head_dim 64) opens and generates greedily, twice the same. On the emulator, a device fault
+ * injected mid-generation fails every sequence in flight with CUDA's sentence, and later work
+ * too, without a hang (test_cuda_engine_fault_emu). Runs on a GPU (label gpu, skips without
+ * one) and on the CPU emulator as test_cuda_engine_emu. MEDLEY_TEST_FILTER picks cases. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine.h"
@@ -88,6 +91,59 @@ static void test_supported_head_dim_runs(void **state) {
     }
 }
 
+/* A device fault in the middle of generation (the emulator's MEDLEY_EMU_FAIL_LAUNCH=N: the
+ * Nth launch leaves a sticky illegal-address error, as a faulting kernel leaves a real
+ * context; skipped elsewhere) fails the step with CUDA's sentence, and every sequence in
+ * flight finishes with that error, none with a normal end; later work fails the same way at
+ * its first step instead of hanging, and the engine closes. */
+static void test_device_fault_fails_every_sequence_in_flight(void **state) {
+    const char *f = getenv("MEDLEY_EMU_FAIL_LAUNCH");
+    if (!f || !*f) {
+        printf("skipped: no fault to inject (MEDLEY_EMU_FAIL_LAUNCH, the CPU emulator's)\n");
+        skip();
+    }
+    md_engine_config cfg = {
+        .model_path = "synthetic:tiny-hd64:q4_0", .device = "cuda:0", .max_seqs = NP, .n_ctx = 64};
+    md_engine *eng;
+    md_err e = {0};
+    if (md_engine_open(&cfg, &eng, &e))
+        fail_msg("engine open (the fault is meant for a later launch): %s", e.msg);
+    uint64_t ids[NP + 1];
+    int32_t p[12];
+    for (int k = 0; k < 12; k++)
+        p[k] = gpu_test_token(0, k, md_engine_n_vocab(eng));
+    md_sampling s;
+    md_sampling_default(&s);
+    s.max_tokens = 40;
+    s.ignore_eos = 1;
+    for (int i = 0; i < NP; i++)
+        if (md_engine_submit(eng, p, 6 + 6 * i, &s, &ids[i], &e))
+            fail_msg("submit: %s", e.msg);
+    int steps = 0, rc = 0, failed = 0;
+    md_step_result r;
+    while (rc == 0) {
+        assert_true(++steps < 100); /* 40 tokens each: the fault must come first */
+        rc = md_engine_step(eng, &r, &e);
+        assert_true(rc != 0 || r.n_live > 0);
+    }
+    printf("step %d failed: %s\n", steps, e.msg);
+    assert_non_null(strstr(e.msg, "an illegal memory access was encountered"));
+    failed = r.n_finished;
+    assert_int_equal(failed, NP);
+    for (int i = 0; i < NP; i++) {
+        assert_int_equal(md_seq_finish(eng, ids[i]), MD_FINISH_ERROR);
+        assert_non_null(strstr(md_seq_error(eng, ids[i]), "an illegal memory access"));
+    }
+    /* the error is sticky: new work fails at its first step, with the same sentence */
+    if (md_engine_submit(eng, p, 4, &s, &ids[NP], &e))
+        fail_msg("submit after the fault: %s", e.msg);
+    rc = md_engine_step(eng, &r, &e);
+    assert_true(rc != 0);
+    assert_int_equal(md_seq_finish(eng, ids[NP]), MD_FINISH_ERROR);
+    printf("after it: %s\n", md_seq_error(eng, ids[NP]));
+    md_engine_close(eng);
+}
+
 int main(void) {
     int skip = gpu_test_skip_without_device();
     if (skip)
@@ -95,6 +151,10 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unsupported_head_dim_refused_at_open),
         cmocka_unit_test(test_supported_head_dim_runs),
+        cmocka_unit_test(test_device_fault_fails_every_sequence_in_flight),
     };
+    const char *only = getenv("MEDLEY_TEST_FILTER");
+    if (only && *only)
+        cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
