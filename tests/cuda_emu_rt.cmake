@@ -65,4 +65,9 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
   # the emulator: built, not run by ctest (slow); by hand
   medley_emu_test(test_cuda_kernels_emu test_cuda_kernels.c)
   set_tests_properties(test_cuda_e2e_emu test_cuda_kernels_emu PROPERTIES DISABLED TRUE)
+  # its logits case alone runs in ctest (3 minutes here): SmolLM2's logits on the emulated
+  # device against the CPU backend, the exact f64 pass and llama.cpp
+  add_test(NAME test_cuda_e2e_logits_emu COMMAND test_cuda_e2e_emu)
+  set_tests_properties(test_cuda_e2e_logits_emu PROPERTIES LABELS "emu;e2e" TIMEOUT 900
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "MEDLEY_TEST_FILTER=*logits*")
 endif()
