@@ -345,6 +345,37 @@ static json_t *top_logprobs_json(const tok_tokenizer *tok, const md_step_token *
     return all;
 }
 
+/* The step results of one sequence's tokens so far (logprobs and alternatives), grown by
+ * doubling. */
+typedef struct {
+    md_step_token *t;
+    int n, cap;
+} lp_list;
+
+/* Append t; -1 when out of memory (the list is kept). */
+static int lp_push(lp_list *l, const md_step_token *t) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        md_step_token *p = realloc(l->t, (size_t)cap * sizeof *p);
+        if (!p)
+            return -1;
+        l->t = p;
+        l->cap = cap;
+    }
+    l->t[l->n++] = *t;
+    return 0;
+}
+
+/* obj's "logprobs" (one per token) and, with n_top > 0, "top_logprobs". */
+static void lp_json(json_t *obj, const tok_tokenizer *tok, const lp_list *l, int n_top) {
+    json_t *lpa = json_array();
+    for (int i = 0; i < l->n; i++)
+        json_array_append_new(lpa, json_real(l->t[i].logprob));
+    json_object_set_new(obj, "logprobs", lpa);
+    if (n_top > 0)
+        json_object_set_new(obj, "top_logprobs", top_logprobs_json(tok, l->t, l->n));
+}
+
 static int run_single(const gen_opts *o, md_engine *eng) {
     md_err e = {0};
     int32_t *ids = NULL;
@@ -368,30 +399,23 @@ static int run_single(const gen_opts *o, md_engine *eng) {
         if (strlen(o->stop[i]) > hold)
             hold = strlen(o->stop[i]);
     hold = hold ? hold - 1 : 0;
-    /* (cap_lp) the step results of the n_lp tokens so far: logprobs and alternatives */
-    md_step_token *lps = NULL;
-    int n_lp = 0, cap_lp = 0, done = 0;
+    lp_list lps = {0};
+    int done = 0;
     while (!done) {
         md_step_result r;
         if (md_engine_step(eng, &r, &e)) {
             fprintf(stderr, "medley generate: %s\n", e.msg);
-            free(lps);
+            free(lps.t);
             return 1;
         }
         for (int i = 0; i < r.n_tokens && o->s.logprobs; i++) {
             if (r.tokens[i].seq_id != id)
                 continue;
-            if (n_lp == cap_lp) {
-                cap_lp = cap_lp ? 2 * cap_lp : 256;
-                md_step_token *p = realloc(lps, (size_t)cap_lp * sizeof *p);
-                if (!p) {
-                    fprintf(stderr, "medley generate: out of memory\n");
-                    free(lps);
-                    return 1;
-                }
-                lps = p;
+            if (lp_push(&lps, &r.tokens[i])) {
+                fprintf(stderr, "medley generate: out of memory\n");
+                free(lps.t);
+                return 1;
             }
-            lps[n_lp++] = r.tokens[i];
         }
         for (int i = 0; i < r.n_finished; i++)
             done |= r.finished[i] == id;
@@ -415,7 +439,7 @@ static int run_single(const gen_opts *o, md_engine *eng) {
     md_finish fin = md_seq_finish(eng, id);
     if (fin == MD_FINISH_ERROR) {
         fprintf(stderr, "medley generate: %s\n", md_seq_error(eng, id));
-        free(lps);
+        free(lps.t);
         return 1;
     }
     double decode_tps = st.decode_ms > 0 ? (st.completion_tokens - 1) / (st.decode_ms / 1e3) : 0;
@@ -430,14 +454,8 @@ static int run_single(const gen_opts *o, md_engine *eng) {
                       "completion_tokens", nt, "finish_reason", finish_name(fin), "timings",
                       "prompt_ms", st.prefill_ms, "decode_ms", st.decode_ms, "total_ms", wall_ms,
                       "prompt_tokens_per_s", prompt_tps, "decode_tokens_per_s", decode_tps);
-        if (o->s.logprobs) {
-            json_t *lpa = json_array();
-            for (int i = 0; i < n_lp; i++)
-                json_array_append_new(lpa, json_real(lps[i].logprob));
-            json_object_set_new(obj, "logprobs", lpa);
-        }
-        if (o->s.top_logprobs > 0)
-            json_object_set_new(obj, "top_logprobs", top_logprobs_json(tok, lps, n_lp));
+        if (o->s.logprobs)
+            lp_json(obj, tok, &lps, o->s.top_logprobs);
         char *s = json_dumps(obj, JSON_COMPACT);
         printf("%s\n", s);
         free(s);
@@ -450,7 +468,7 @@ static int run_single(const gen_opts *o, md_engine *eng) {
                 st.prompt_tokens, st.prefill_ms, prompt_tps, nt, st.decode_ms, decode_tps,
                 finish_name(fin));
     }
-    free(lps);
+    free(lps.t);
     md_engine_release(eng, id);
     return 0;
 }
@@ -461,8 +479,7 @@ typedef struct {
     int line;
     double latency_ms;
     int logprobs, n_top;
-    md_step_token *lp; /* (cap_lp) the step results of its n_lp tokens, when logprobs */
-    int n_lp, cap_lp;
+    lp_list lp; /* its tokens' step results, when logprobs */
 } batch_req;
 
 /* The request of sequence seq: reqs are in submission order, so in increasing seq (the
@@ -672,16 +689,10 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
             batch_req *q = find_req(reqs, n_req, r.tokens[i].seq_id);
             if (!q || !q->logprobs)
                 continue;
-            if (q->n_lp == q->cap_lp) {
-                q->cap_lp = q->cap_lp ? 2 * q->cap_lp : 64;
-                md_step_token *p = realloc(q->lp, (size_t)q->cap_lp * sizeof *p);
-                if (!p) {
-                    fprintf(stderr, "medley generate: out of memory\n");
-                    exit(1);
-                }
-                q->lp = p;
+            if (lp_push(&q->lp, &r.tokens[i])) {
+                fprintf(stderr, "medley generate: out of memory\n");
+                exit(1);
             }
-            q->lp[q->n_lp++] = r.tokens[i];
         }
         for (int i = 0; i < r.n_finished; i++) {
             batch_req *q = find_req(reqs, n_req, r.finished[i]);
@@ -704,19 +715,13 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
                 const int32_t *toks;
                 int nt;
                 md_seq_tokens(eng, q->seq, &toks, &nt);
-                json_t *ta = json_array(), *lpa = json_array();
+                json_t *ta = json_array();
                 for (int k = 0; k < nt; k++)
                     json_array_append_new(ta, json_integer(toks[k]));
-                for (int k = 0; k < q->n_lp; k++)
-                    json_array_append_new(lpa, json_real(q->lp[k].logprob));
                 json_object_set_new(res, "tokens", ta);
-                json_object_set_new(res, "logprobs", lpa);
-                if (q->n_top > 0)
-                    json_object_set_new(res, "top_logprobs",
-                                        top_logprobs_json(tok, q->lp, q->n_lp));
-                free(q->lp);
-                q->lp = NULL;
-                q->n_lp = q->cap_lp = 0;
+                lp_json(res, tok, &q->lp, q->n_top);
+                free(q->lp.t);
+                q->lp = (lp_list){0};
             }
             char *js = json_dumps(res, JSON_COMPACT);
             fprintf(out, "%s\n", js);
@@ -745,7 +750,7 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
     free(lat);
     for (int i = 0; i < n_req; i++) {
         free(reqs[i].custom_id);
-        free(reqs[i].lp);
+        free(reqs[i].lp.t);
     }
     free(reqs);
     if (out != stdout)
