@@ -70,4 +70,31 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
   add_test(NAME test_cuda_e2e_logits_emu COMMAND test_cuda_e2e_emu)
   set_tests_properties(test_cuda_e2e_logits_emu PROPERTIES LABELS "emu;e2e" TIMEOUT 900
                        SKIP_RETURN_CODE 77 ENVIRONMENT "MEDLEY_TEST_FILTER=*logits*")
+
+  # The device check's other binaries on the emulator, for its rehearsal
+  # (tests/gpu/run-device-check.sh --emu): the CLI (medley profile --device cuda:0) and the
+  # GPU benchmarks, the same sources linked on the emulated runtime
+  function(medley_emu_exe name)
+    add_executable(${name} ${ARGN} $<TARGET_OBJECTS:medley_cuda_emu_dev>
+                   $<TARGET_OBJECTS:medley_cuda_emu_host>)
+    set_target_properties(${name} PROPERTIES LINKER_LANGUAGE CXX)
+    target_include_directories(${name} PRIVATE ${CMAKE_SOURCE_DIR})
+  endfunction()
+  file(GLOB MEDLEY_CLI_EMU_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/cli/*.c)
+  medley_emu_exe(medley_emu ${MEDLEY_CLI_EMU_SOURCES})
+  target_link_libraries(medley_emu PRIVATE medley_worker medley_sched medley_engine medley_kernels
+                        medley_common m)
+  foreach(b gpu:bench_llama8b gemv:bench_gemv attn:bench_attn sample:bench_sample)
+    string(REPLACE ":" ";" bp ${b})
+    list(GET bp 0 bname)
+    list(GET bp 1 bsrc)
+    medley_emu_exe(medley_${bname}_bench_emu ${CMAKE_SOURCE_DIR}/bench/gpu/${bsrc}.c)
+    target_link_libraries(medley_${bname}_bench_emu PRIVATE medley_engine medley_kernels medley_common m)
+  endforeach()
+  # the rehearsal itself: the whole device check script on the emulator at small shapes,
+  # every step run and read back into summary.md (PyTorch's steps skip where torch is absent)
+  add_test(NAME test_device_check_emu
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/run-device-check.sh --emu)
+  set_tests_properties(test_device_check_emu PROPERTIES LABELS emu TIMEOUT 900
+                       ENVIRONMENT "MEDLEY_EMU_BUILD=${CMAKE_BINARY_DIR};OUT=${CMAKE_BINARY_DIR}/devcheck-emu")
 endif()

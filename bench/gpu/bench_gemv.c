@@ -9,12 +9,14 @@
  * each also timed against expanding the weight at every product (what those steps cost
  * before them); TFLOP/s (2 m n k / time) beside the bandwidth for the larger m.
  *
- *   medley_gemv_bench [--n ROWS] [--k COLS] [--out FILE.json]
+ *   medley_gemv_bench [--n ROWS] [--k COLS] [--ms M,M,...] [--per-graph P] [--out FILE.json]
  *
  * Shape: Llama-3-8B's gate/up (14336 x 4096) by default. Eight distinct weights are used
  * in turn so the product streams from HBM, not from the 50 MB L2. Each figure is one CUDA
- * graph of 64 products (x quantization included for quantized weights), replayed 5 times,
- * after a warm-up. Prints one JSON object (and writes it to --out). */
+ * graph of 64 products (x quantization included for quantized weights; --per-graph),
+ * replayed 5 times, after a warm-up. --ms picks the batch sizes (default 1, 2, 4, ..., 256;
+ * the device check's rehearsal on the CPU emulator takes a few at small shapes). Prints one
+ * JSON object (and writes it to --out). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,7 @@
 #define N_COPIES 8
 #define PER_GRAPH 64
 #define REPLAYS 5
+#define MAX_MS 16
 
 static md_err e;
 #define TRY(call) BENCH_TRY("medley_gemv_bench", e, call)
@@ -49,14 +52,16 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng >> 11);
 }
 
-/* Seconds per product: PER_GRAPH products in one graph, replayed REPLAYS times. */
+static int per_graph = PER_GRAPH;
+
+/* Seconds per product: per_graph products in one graph, replayed REPLAYS times. */
 static double time_products(cuda_ctx *c, cuda_mm_w *w, const float *x, int m, int k, int force) {
     for (int i = 0; i < N_COPIES; i++) /* warm-up: scratch sized, cuBLAS initialised */
         TRY(cuda_matmul_n(c, &w[i], 1, x, m, k, CUDA_MM_SET, force, &e));
     TRY(cuda_sync(c, &e));
     cuda_graph *g = NULL;
     TRY(cuda_graph_begin(c, &e));
-    for (int i = 0; i < PER_GRAPH; i++)
+    for (int i = 0; i < per_graph; i++)
         TRY(cuda_matmul_n(c, &w[i % N_COPIES], 1, x, m, k, CUDA_MM_SET, force, &e));
     TRY(cuda_graph_end(c, &g, &e));
     TRY(cuda_graph_launch(c, g, &e));
@@ -65,28 +70,44 @@ static double time_products(cuda_ctx *c, cuda_mm_w *w, const float *x, int m, in
     for (int r = 0; r < REPLAYS; r++)
         TRY(cuda_graph_launch(c, g, &e));
     TRY(cuda_sync(c, &e));
-    double t = (md_mono_ns() - t0) / 1e9 / (REPLAYS * PER_GRAPH);
+    double t = (md_mono_ns() - t0) / 1e9 / (REPLAYS * per_graph);
     cuda_graph_free(g);
     return t;
 }
 
 int main(int argc, char **argv) {
     int n = 14336, k = 4096;
+    int ms[MAX_MS] = {1, 2, 4, 8, 16, 32, 64, 128, 256}, n_m = 9;
     const char *out = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--n") && i + 1 < argc)
             n = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--k") && i + 1 < argc)
             k = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--per-graph") && i + 1 < argc)
+            per_graph = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ms") && i + 1 < argc) {
+            n_m = 0;
+            for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) {
+                int m = atoi(t);
+                if (n_m == MAX_MS || m < 1 || m > 256) {
+                    fprintf(stderr, "medley_gemv_bench: --ms takes up to %d sizes in 1..256\n",
+                            MAX_MS);
+                    return 2;
+                }
+                ms[n_m++] = m;
+            }
+        } else if (!strcmp(argv[i], "--out") && i + 1 < argc)
             out = argv[++i];
         else {
-            fprintf(stderr, "usage: medley_gemv_bench [--n ROWS] [--k COLS] [--out FILE]\n");
+            fprintf(stderr, "usage: medley_gemv_bench [--n ROWS] [--k COLS] [--ms M,M,...] "
+                            "[--per-graph P] [--out FILE]\n");
             return 2;
         }
     }
-    if (n < 1 || k < 256 || k % 256) {
-        fprintf(stderr, "medley_gemv_bench: need n >= 1 and k a multiple of 256\n");
+    if (n < 1 || k < 256 || k % 256 || n_m < 1 || per_graph < 1) {
+        fprintf(stderr, "medley_gemv_bench: need n >= 1, k a multiple of 256, at least one "
+                        "batch size and per-graph >= 1\n");
         return 2;
     }
     cuda_device_info info;
@@ -95,9 +116,10 @@ int main(int argc, char **argv) {
     if (rc)
         return rc;
     double peak = info.hbm_gbps > 0 ? info.hbm_gbps : 4800.0;
-    const int ms[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
-    const int m_max = 256;
-    const int n_m = sizeof ms / sizeof ms[0], n_t = sizeof TYPES / sizeof TYPES[0];
+    int m_max = 1;
+    for (int i = 0; i < n_m; i++)
+        m_max = ms[i] > m_max ? ms[i] : m_max;
+    const int n_t = sizeof TYPES / sizeof TYPES[0];
     float *x, *y[N_COPIES];
     TRY(cuda_pool_alloc(c, (size_t)m_max * k * 4, (void **)&x, &e));
     TRY(cuda_fill_random(c, x, CUDA_F32, (int64_t)m_max * k, 1.0f, 5, &e));

@@ -2,7 +2,10 @@
  * weights, real shapes: 32 layers, width 4096, 32 query / 8 KV heads of 128, FFN 14336,
  * vocabulary 128256, untied output) on one GPU, through the CUDA backend's kernels.
  *
- *   medley_gpu_bench [--layers N] [--prompt P] [--gen G] [--batch B] [--out FILE.json]
+ *   medley_gpu_bench [--layers N] [--prompt P] [--gen G] [--batch B] [--small] [--out FILE.json]
+ *
+ * --small: width 256, 4 query / 2 KV heads of 64, FFN 1024, vocabulary 2048 instead (the
+ * device check's rehearsal on the CPU emulator; the figures mean nothing there).
  *
  * Phase 1, batch 1: a P-token prompt, then G decode steps, each step one CUDA graph (all 32
  * layers, the LM head and the on-device argmax that feeds the next step's embedding). The
@@ -340,11 +343,14 @@ static double decode(bench *b, int B, int P, int G, int use_graph) {
 
 int main(int argc, char **argv) {
     shape s = {32, 4096, 32, 8, 128, 14336, 128256};
-    int P = 128, G = 128, B = 256;
+    const shape small = {2, 256, 4, 2, 64, 1024, 2048};
+    int P = 128, G = 128, B = 256, layers = 0;
     const char *out = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc)
-            s.n_layer = atoi(argv[++i]);
+            layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--small"))
+            s = small;
         else if (!strcmp(argv[i], "--prompt") && i + 1 < argc)
             P = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gen") && i + 1 < argc)
@@ -355,10 +361,12 @@ int main(int argc, char **argv) {
             out = argv[++i];
         else {
             fprintf(stderr, "usage: medley_gpu_bench [--layers N] [--prompt P] [--gen G] "
-                            "[--batch B] [--out FILE]\n");
+                            "[--batch B] [--small] [--out FILE]\n");
             return 2;
         }
     }
+    if (layers)
+        s.n_layer = layers;
     if (s.n_layer < 1 || P < 1 || P > CHUNK || G < 2 || B < 1 || B > 4096) {
         fprintf(stderr,
                 "medley_gpu_bench: need layers >= 1, 1 <= prompt <= %d, gen >= 2, "
@@ -409,15 +417,15 @@ int main(int argc, char **argv) {
     char json[2048];
     snprintf(json, sizeof json,
              "{\"bench\": \"medley_gpu_bench\", \"date\": \"%s\", \"device\": \"%s\", "
-             "\"model\": \"synthetic llama-3-8b shape, bf16, %d layers\", \"prompt\": %d, "
+             "\"model\": \"synthetic %s shape, bf16, %d layers\", \"prompt\": %d, "
              "\"gen\": %d, \"weight_bytes_per_token\": %zu, "
              "\"batch1\": {\"ms_per_token\": %.4f, \"ms_per_token_no_graph\": %.4f, "
              "\"weight_gbps\": %.1f, \"hbm_fraction\": %.4f, \"hbm_tbps_assumed\": %.1f}, "
              "\"batchN\": {\"batch\": %d, \"prefill_s\": %.4f, \"decode_s\": %.4f, "
              "\"decode_step_ms\": %.3f, \"tokens_per_s\": %.1f, \"decode_tokens_per_s\": %.1f}}",
-             date, info.name, s.n_layer, P, G, b.weight_bytes, ms_tok, t_plain * 1e3 / G,
-             b.weight_bytes / (t_graph / G) / 1e9, frac, HBM_TBPS, B, tp, td, td * 1e3 / G, tps,
-             (double)B * G / td);
+             date, info.name, s.C == small.C ? "small" : "llama-3-8b", s.n_layer, P, G,
+             b.weight_bytes, ms_tok, t_plain * 1e3 / G, b.weight_bytes / (t_graph / G) / 1e9, frac,
+             HBM_TBPS, B, tp, td, td * 1e3 / G, tps, (double)B * G / td);
     if (bench_emit_json("medley_gpu_bench", json, out))
         return 1;
     free(h);
