@@ -4,7 +4,9 @@
  * The pool: cudaMalloc'd slabs (never managed memory), each a sorted list of segments;
  * allocation is first-fit in 256-byte units, freeing merges with free neighbours. Large
  * requests (weights) get a slab of their own size so nothing is wasted at load; small
- * ones share 64 MiB slabs. Slabs go back to the driver only at cuda_ctx_close. */
+ * ones share 64 MiB slabs. Slabs go back to the driver only at cuda_ctx_close.
+ * MEDLEY_CUDA_POOL_EXACT=1 (for memory checkers): a slab per allocation, of exactly its
+ * size, freed with it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,6 +206,8 @@ int cuda_ctx_open(int ordinal, cuda_ctx **out, md_err *e) {
     c->mmq_max_m = mmq_max;
     const char *tc = getenv("MEDLEY_CUDA_ATTN_TC");
     c->attn_tc = !(tc && !strcmp(tc, "0"));
+    const char *px = getenv("MEDLEY_CUDA_POOL_EXACT");
+    c->pool_exact = px && *px && strcmp(px, "0");
     cudaError_t err = cudaSetDevice(ordinal);
     if (err == cudaSuccess)
         err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
@@ -303,7 +307,9 @@ int cuda_pool_alloc(cuda_ctx *c, size_t bytes, void **out, md_err *e) {
     size_t size = (bytes + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
     if (size == 0)
         size = POOL_ALIGN;
-    for (cuda_slab *s = c->slabs; s; s = s->next) {
+    if (c->pool_exact) /* cudaMalloc aligns to 256 bytes by itself */
+        size = bytes ? bytes : 1;
+    for (cuda_slab *s = c->slabs; s && !c->pool_exact; s = s->next) {
         void *p = slab_take(s, size);
         if (p) {
             c->used += size;
@@ -311,7 +317,7 @@ int cuda_pool_alloc(cuda_ctx *c, size_t bytes, void **out, md_err *e) {
             return 0;
         }
     }
-    size_t slab_size = size > POOL_SLAB / 2 ? size : POOL_SLAB;
+    size_t slab_size = size > POOL_SLAB / 2 || c->pool_exact ? size : POOL_SLAB;
     cuda_slab *s = (cuda_slab *)calloc(1, sizeof *s);
     cuda_seg *g = (cuda_seg *)calloc(1, sizeof *g);
     if (!s || !g) {
@@ -351,9 +357,27 @@ int cuda_pool_alloc(cuda_ctx *c, size_t bytes, void **out, md_err *e) {
 void cuda_pool_free(cuda_ctx *c, void *p) {
     if (!c || !p)
         return;
-    for (cuda_slab *s = c->slabs; s; s = s->next) {
+    for (cuda_slab **ps = &c->slabs, *s; (s = *ps) != NULL; ps = &s->next) {
         if ((char *)p < s->base || (char *)p >= s->base + s->size)
             continue;
+        if (c->pool_exact) {
+            if (p != s->base || s->segs->free)
+                return;
+            c->used -= s->size;
+            s->segs->free = 1;
+            if (c->capturing) /* no cudaFree inside a capture: kept, unused, until close */
+                return;
+            /* after the work queued on it (exact mode is for checking: the stall does not
+             * matter); a failure here is the device's, which the next call reports */
+            cudaStreamSynchronize(c->stream);
+            c->reserved -= s->size;
+            *ps = s->next;
+            free(s->segs);
+            cudaFree(s->base);
+            cudaGetLastError();
+            free(s);
+            return;
+        }
         size_t off = (size_t)((char *)p - s->base);
         cuda_seg *prev = NULL;
         for (cuda_seg *g = s->segs; g; prev = g, g = g->next) {

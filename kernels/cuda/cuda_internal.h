@@ -37,6 +37,11 @@ struct cuda_ctx {
     /* Prefill attention on f16/bf16 caches at head_dim 64/128 on the tensor cores
      * (k_attn_pf_tc): 1 unless MEDLEY_CUDA_ATTN_TC=0 at open; cuda_ctx_set_attn_tc. */
     int attn_tc;
+    /* MEDLEY_CUDA_POOL_EXACT=1 at open: every allocation is its own cudaMalloc of exactly
+     * the bytes asked for, freed at cuda_pool_free, so a memory checker that knows only the
+     * driver's allocations (compute-sanitizer; AddressSanitizer on the CPU emulator) sees
+     * every buffer's own bounds, not a 64 MiB slab's. For checking, not for serving. */
+    int pool_exact;
     md_err failed;         /* sticky: code != 0 once a device error happened */
     md_err capture_failed; /* a failure while capturing: the capture is dropped, not the ctx */
 };

@@ -10,7 +10,9 @@
  * by _setjmp/_longjmp, which leave the signal mask alone (swapcontext makes a syscall each
  * time). A barrier that can never complete (threads of a block waiting at different
  * barriers, or a warp's lanes split by a divergent shuffle) is reported and aborts, as it
- * would hang a GPU. */
+ * would hang a GPU. Under AddressSanitizer every switch is announced to it
+ * (__sanitizer_start_switch_fiber / __sanitizer_finish_switch_fiber), so it knows which
+ * stack runs and checks the kernels' own arrays on the fibers' stacks. */
 #undef _FORTIFY_SOURCE /* __longjmp_chk refuses jumps between stacks */
 #include <setjmp.h>
 #include <ucontext.h>
@@ -19,6 +21,20 @@
 #include <cstdlib>
 
 #include "cuda_runtime.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define ASAN_START(fake, bottom, size) __sanitizer_start_switch_fiber(fake, bottom, size)
+#define ASAN_FINISH(fake, bottom, size) __sanitizer_finish_switch_fiber(fake, bottom, size)
+/* a stack about to be reused: the redzones of the frame its last fiber never left
+ * (trampoline's, at the top) are cleared */
+#define ASAN_FRESH_STACK(stack, bytes) ASAN_UNPOISON_MEMORY_REGION((stack) + (bytes) - (16 << 10), 16 << 10)
+#else
+#define ASAN_FRESH_STACK(stack, bytes) ((void)0)
+#define ASAN_START(fake, bottom, size) ((void)0)
+#define ASAN_FINISH(fake, bottom, size) ((void)0)
+#endif
 
 dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
@@ -70,6 +86,7 @@ struct fiber {
     const emu_bar *wait; /* the barrier it waits at, NULL when runnable */
     unsigned wait_gen;   /* that barrier's generation when it arrived */
     unsigned mma_calls, shfl_calls;
+    void *asan_fake; /* AddressSanitizer's fake stack of the fiber while it is switched out */
 };
 
 const size_t STACK_BYTES = 256 << 10; /* kernels keep small arrays; the mma emulation ~4 KB */
@@ -81,27 +98,42 @@ int have_tmpl;
 jmp_buf sched_jb; /* the scheduler, set before each switch into a fiber */
 #endif
 std::vector<fiber> fibers;
-std::vector<char *> stacks;
+/* the fibers' stacks, kept from launch to launch; freed at exit */
+struct stack_list : std::vector<char *> {
+    ~stack_list() {
+        for (char *p : *this)
+            free(p);
+    }
+} stacks;
 int cur;
+/* AddressSanitizer's view of the scheduler: its stack (told by the first switch into a
+ * fiber) and its fake stack while a fiber runs */
+const void *sched_stack_bottom;
+size_t sched_stack_size;
+void *sched_asan_fake;
 unsigned long progress; /* barrier arrivals and returns: a round without any is a deadlock */
 const std::function<void()> *kernel;
 
 void yield() {
+    ASAN_START(&fibers[cur].asan_fake, sched_stack_bottom, sched_stack_size);
 #if EMU_SWAP
     emu_swap(&fibers[cur].sp, sched_sp);
 #else
     if (!_setjmp(fibers[cur].jb))
         _longjmp(sched_jb, 1);
 #endif
+    ASAN_FINISH(fibers[cur].asan_fake, &sched_stack_bottom, &sched_stack_size);
 }
 
 void trampoline() {
+    ASAN_FINISH(nullptr, &sched_stack_bottom, &sched_stack_size);
     (*kernel)();
     unsigned t = threadIdx.x;
     emu_cur->warp_bar[t >> 5]->arrive_and_drop();
     emu_cur->block_bar->arrive_and_drop();
     fibers[cur].done = 1;
     progress++;
+    ASAN_START(nullptr, sched_stack_bottom, sched_stack_size); /* its fake stack goes */
 #if EMU_SWAP
     void *dead;
     emu_swap(&dead, sched_sp); /* never returns: its stack is reused by the next block */
@@ -195,6 +227,7 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
                     fb.done = 0;
                     fb.wait = nullptr;
                     fb.mma_calls = fb.shfl_calls = 0;
+                    ASAN_FRESH_STACK(stacks[t], STACK_BYTES);
 #if EMU_SWAP
                     fb.sp = fiber_stack(stacks[t], t);
 #else
@@ -216,6 +249,7 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
                         threadIdx = dim3(t, 0, 0);
                         emu_mma_calls = &fb.mma_calls;
                         emu_shfl_calls = &fb.shfl_calls;
+                        ASAN_START(&sched_asan_fake, stacks[t], STACK_BYTES);
 #if EMU_SWAP
                         emu_swap(&sched_sp, fb.sp);
 #else
@@ -227,6 +261,7 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
                             _longjmp(fb.jb, 1);
                         }
 #endif
+                        ASAN_FINISH(sched_asan_fake, nullptr, nullptr);
                         if (fb.done)
                             live--;
                     }
