@@ -429,6 +429,7 @@ int main(int argc, char **argv) {
     if (bench_emit_json("medley_gpu_bench", json, out))
         return 1;
     free(h);
+    free(b.L);
     cuda_ctx_close(b.c);
     return 0;
 }

@@ -311,6 +311,20 @@ else
     note "engine q4_0 int8 tiled vs expansion: skipped (time budget)"
 fi
 
+# ---- compute-sanitizer's memcheck over the backend test, every device buffer its own
+# allocation (MEDLEY_CUDA_POOL_EXACT=1) so a kernel past a buffer's end is caught there
+# (KINDS.md: it works on Firecracker machines, not on gVisor); only inside the time budget --
+if [ $EMU = 0 ] && command -v compute-sanitizer >/dev/null && [ $(($(date +%s) - T0)) -lt 300 ]; then
+    MEDLEY_CUDA_POOL_EXACT=1 timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$(bin test_cuda_backend)" >"$OUT/memcheck-backend.log" 2>&1
+    rc=$?
+    case $rc in
+    0) note "memcheck test_cuda_backend: clean ($(grep -m1 -E 'ERROR SUMMARY' "$OUT/memcheck-backend.log"))" ;;
+    9) note "memcheck test_cuda_backend: FAILED, errors found (see memcheck-backend.log)"; fails=$((fails + 1)) ;;
+    *) note "memcheck test_cuda_backend: did not complete (exit $rc, see memcheck-backend.log)" ;;
+    esac
+fi
+
 note "total: $(($(date +%s) - T0)) s, $fails failure(s)"
 if [ $EMU = 1 ]; then
     # the rehearsal fails on any step of medley's that failed or left no result, counted
