@@ -29,7 +29,8 @@
 #define ASAN_FINISH(fake, bottom, size) __sanitizer_finish_switch_fiber(fake, bottom, size)
 /* a stack about to be reused: the redzones of the frame its last fiber never left
  * (trampoline's, at the top) are cleared */
-#define ASAN_FRESH_STACK(stack, bytes) ASAN_UNPOISON_MEMORY_REGION((stack) + (bytes) - (16 << 10), 16 << 10)
+#define ASAN_FRESH_STACK(stack, bytes)                                                             \
+    ASAN_UNPOISON_MEMORY_REGION((stack) + (bytes) - (16 << 10), 16 << 10)
 #else
 #define ASAN_FRESH_STACK(stack, bytes) ((void)0)
 #define ASAN_START(fake, bottom, size) ((void)0)
