@@ -36,4 +36,13 @@ if(MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYTHON)
   target_link_libraries(test_cuda_emu PRIVATE medley_emu_ref)
   add_test(NAME test_cuda_emu COMMAND test_cuda_emu)
   set_tests_properties(test_cuda_emu PROPERTIES LABELS "emu" TIMEOUT 1200)
+  # the same with the threads of each block resumed in other orders (emu.cc
+  # MEDLEY_EMU_ORDER): a kernel reading another thread's write without a barrier between
+  # passes in at most some of them
+  foreach(order reverse random:1)
+    string(REPLACE ":" "_" oname ${order})
+    add_test(NAME test_cuda_emu_${oname} COMMAND test_cuda_emu)
+    set_tests_properties(test_cuda_emu_${oname} PROPERTIES LABELS "emu" TIMEOUT 1200
+                         ENVIRONMENT "MEDLEY_EMU_ORDER=${order}")
+  endforeach()
 endif()

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # pack-device-check.sh — prepare, on a build machine, what run-device-check.sh needs on a GPU
 # host that lacks medley's build dependencies (jansson, hiredis, cmocka, glpk, pcre2): the
-# GPU test binaries, the benchmark and `medley` in .devcheck/bin, the shared libraries they
-# need that a CUDA image may lack in .devcheck/lib (with libcudart; libcublas, 100+ MB, comes from the
-# host's CUDA 13), built for sm_90 only (H100/H200) to stay small, and, with --model, the
-# SmolLM2 test model split into .devmodel1/ .. .devmodel5/ (18.8 MiB each: the device tool
-# sends at most 64 MiB per call, the ~4 MiB working tree included, and keeps ignored files
-# between calls while the machine is warm, so send .devmodel1+2, then .devmodel3+4 in short
-# calls, then .devcheck (27 MiB: each of the 10 binaries links the sm_90 kernels) +
-# .devmodel5 with the check itself; two calls would need 128 of the 128 MiB they carry; run-device-check.sh joins the parts and prints their sha256).
+# GPU test binaries, the benchmarks and `medley` in .devcheck/bin, the shared libraries they
+# need that a CUDA image may lack in .devcheck/lib (with libcudart; libcublas, 100+ MB, comes
+# from the host's CUDA 13), built for sm_90 only (H100/H200), and all of it as one xz archive,
+# .devpack/devcheck.tar.xz (the 13 binaries each hold the same sm_90 kernels: 40 MB as
+# files, 3.2 MB compressed; run-device-check.sh unpacks it with python3's tarfile). With
+# --model, the SmolLM2 test model split into .devmodel1/ .. .devmodel4/ (23.4 MiB each).
+# The device tool sends at most 64 MiB per call, the ~4 MiB working tree included, and keeps
+# ignored files between calls while the machine is warm: send .devmodel1 and .devmodel2 with
+# `true`, then .devmodel3, .devmodel4 and .devpack with the check (docs/cuda.md "The device
+# check").
 #
 #   bash tests/gpu/pack-device-check.sh [BUILD_DIR (default build-dpack)] [--model]
 set -euo pipefail
@@ -28,12 +30,16 @@ for f in .devcheck/bin/*; do ldd "$f"; done | awk '/=>/ {print $3}' | sort -u |
     grep -v -E 'libc\.so|libm\.so|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcublas' |
     xargs -r -I{} cp -L {} .devcheck/lib/
 echo "$(git rev-parse --short HEAD) $(date -u +%Y-%m-%dT%H:%M:%SZ)" >.devcheck/BUILT
+rm -rf .devpack
+mkdir -p .devpack
+tar -cJf .devpack/devcheck.tar.xz .devcheck
 grep -qx '/.devcheck/' .git/info/exclude 2>/dev/null || echo '/.devcheck/' >>.git/info/exclude
+grep -qx '/.devpack/' .git/info/exclude 2>/dev/null || echo '/.devpack/' >>.git/info/exclude
 grep -qx '/.devmodel*/' .git/info/exclude 2>/dev/null || echo '/.devmodel*/' >>.git/info/exclude
 if [[ " $* " == *" --model "* ]]; then
     m=${MEDLEY_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/medley/models}/SmolLM2-135M-Instruct.Q4_1.gguf
     rm -rf .devmodel*
-    split -n 5 -a 2 "$m" /tmp/devmodel-part-
+    split -n 4 -a 2 "$m" /tmp/devmodel-part-
     i=1
     for p in /tmp/devmodel-part-*; do
         mkdir -p .devmodel$i
@@ -41,4 +47,4 @@ if [[ " $* " == *" --model "* ]]; then
         i=$((i + 1))
     done
 fi
-du -sh .devcheck .devmodel* 2>/dev/null
+du -sh .devcheck .devpack .devmodel* 2>/dev/null

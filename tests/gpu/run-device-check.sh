@@ -24,8 +24,9 @@
 # Environment:
 #   OUT                  results folder (the device tool collects it)
 #   MEDLEY_DEVCHECK_DIR  prebuilt folder from tests/gpu/pack-device-check.sh (default
-#                        .devcheck when it exists): bin/ and lib/ are used instead of building,
-#                        for GPU hosts without medley's Debian build dependencies
+#                        .devcheck when it exists, unpacked from .devpack/devcheck.tar.xz when
+#                        only that came): bin/ and lib/ are used instead of building, for GPU
+#                        hosts without medley's Debian build dependencies
 #   MEDLEY_MODELS        folder holding SmolLM2-135M-Instruct.Q4_1.gguf for the e2e test and
 #                        the profile; otherwise assembled from .devmodel*/part-* if present
 #   BENCH_LAYERS         layers of the synthetic Llama-3-8B (default 32)
@@ -58,6 +59,13 @@ note "device: $(tail -n +2 "$OUT/device.txt" | head -1)"
 
 # ---- binaries ------------------------------------------------------------------------
 PRE=${MEDLEY_DEVCHECK_DIR:-}
+# the pack as carried: one xz archive of .devcheck (pack-device-check.sh)
+if [ -z "$PRE" ] && [ $EMU = 0 ] && [ ! -d .devcheck/bin ] && [ -r .devpack/devcheck.tar.xz ]; then
+    python3 -c 'import sys, tarfile
+kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+tarfile.open(sys.argv[1]).extractall(".", **kw)' \
+        .devpack/devcheck.tar.xz || note "binaries: .devpack/devcheck.tar.xz does not unpack"
+fi
 [ -z "$PRE" ] && [ $EMU = 0 ] && [ -d .devcheck/bin ] && PRE=.devcheck
 if [ $EMU = 1 ]; then
     EB=${MEDLEY_EMU_BUILD:-$ROOT/build}

@@ -12,13 +12,19 @@
  * barriers, or a warp's lanes split by a divergent shuffle) is reported and aborts, as it
  * would hang a GPU. Under AddressSanitizer every switch is announced to it
  * (__sanitizer_start_switch_fiber / __sanitizer_finish_switch_fiber), so it knows which
- * stack runs and checks the kernels' own arrays on the fibers' stacks. */
+ * stack runs and checks the kernels' own arrays on the fibers' stacks.
+ * MEDLEY_EMU_ORDER picks the order in which runnable fibers resume in each round:
+ * "forward" (thread 0 first, the default), "reverse", or "random[:SEED]" (a new
+ * permutation every round). A kernel that reads what another thread wrote without a
+ * barrier between (a race on a GPU) gets its right answer in one order and not in another,
+ * so the tests run in all three (tests/cuda_emu*.cmake). */
 #undef _FORTIFY_SOURCE /* __longjmp_chk refuses jumps between stacks */
 #include <setjmp.h>
 #include <ucontext.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "cuda_runtime.h"
 
@@ -115,6 +121,47 @@ void *sched_asan_fake;
 unsigned long progress; /* barrier arrivals and returns: a round without any is a deadlock */
 const std::function<void()> *kernel;
 
+/* MEDLEY_EMU_ORDER: 0 forward, 1 reverse, 2 random (xorshift from the seed) */
+int order_mode = -1;
+uint64_t order_rng = 0x9e3779b97f4a7c15ull;
+std::vector<unsigned> order;
+
+void order_init() {
+    const char *v = getenv("MEDLEY_EMU_ORDER");
+    order_mode = 0;
+    if (!v || !*v || !strcmp(v, "forward"))
+        return;
+    if (!strcmp(v, "reverse")) {
+        order_mode = 1;
+    } else if (!strncmp(v, "random", 6) && (v[6] == 0 || v[6] == ':')) {
+        order_mode = 2;
+        if (v[6] == ':')
+            order_rng = strtoull(v + 7, nullptr, 10) * 0x9e3779b97f4a7c15ull + 1;
+    } else {
+        fprintf(stderr, "emu: MEDLEY_EMU_ORDER=%s: forward, reverse or random[:SEED]\n", v);
+        abort();
+    }
+}
+
+/* the order of this round over nt fibers */
+void order_round(unsigned nt) {
+    if (order.size() != nt) {
+        order.resize(nt);
+        for (unsigned i = 0; i < nt; i++)
+            order[i] = order_mode == 1 ? nt - 1 - i : i;
+    }
+    if (order_mode == 2)
+        for (unsigned i = nt - 1; i > 0; i--) { /* Fisher-Yates */
+            order_rng ^= order_rng << 13;
+            order_rng ^= order_rng >> 7;
+            order_rng ^= order_rng << 17;
+            unsigned j = (unsigned)(order_rng % (i + 1));
+            unsigned x = order[i];
+            order[i] = order[j];
+            order[j] = x;
+        }
+}
+
 void yield() {
     ASAN_START(&fibers[cur].asan_fake, sched_stack_bottom, sched_stack_size);
 #if EMU_SWAP
@@ -191,6 +238,9 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
     blockDim = block;
     unsigned nt = block.x, nw = (nt + 31) / 32;
     kernel = &f;
+    if (order_mode < 0)
+        order_init();
+    order.clear();
     fibers.assign(nt, fiber{});
     while (stacks.size() < nt)
         stacks.push_back((char *)malloc(STACK_BYTES));
@@ -242,7 +292,10 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> f) {
                 unsigned live = nt;
                 while (live) {
                     unsigned long before = progress;
-                    for (unsigned t = 0; t < nt; t++) {
+                    if (order_mode)
+                        order_round(nt);
+                    for (unsigned i = 0; i < nt; i++) {
+                        unsigned t = order_mode ? order[i] : i;
                         fiber &fb = fibers[t];
                         if (fb.done || (fb.wait && fb.wait->gen == fb.wait_gen))
                             continue;
