@@ -50,14 +50,8 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
   endfunction()
   medley_emu_test(test_cuda_backend_emu test_cuda_backend.c)
   medley_emu_test(test_cuda_engine_emu test_cuda_engine.c)
-  # the backend and the kernel test with each block's threads resumed in reverse and in
-  # random order (emu.cc MEDLEY_EMU_ORDER; test_cuda_emu's own are in cuda_emu.cmake)
-  foreach(order reverse random:1)
-    string(REPLACE ":" "_" oname ${order})
-    add_test(NAME test_cuda_backend_emu_${oname} COMMAND test_cuda_backend_emu)
-    set_tests_properties(test_cuda_backend_emu_${oname} PROPERTIES LABELS emu TIMEOUT 900
-                         SKIP_RETURN_CODE 77 ENVIRONMENT "MEDLEY_EMU_ORDER=${order}")
-  endforeach()
+  # the backend and the kernel test with each block's threads resumed in other orders
+  medley_emu_orders(test_cuda_backend_emu test_cuda_backend_emu ORDERS reverse random:1)
   # the same binary's fault case: the 40th launch (after the model's load, within its first
   # steps) leaves a sticky illegal-address error
   add_test(NAME test_cuda_engine_fault_emu COMMAND test_cuda_engine_emu)
@@ -72,10 +66,8 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
   # the GPU kernel test (dequantization, every matmul path, sampling, graphs, the pool, sticky
   # errors) on the emulator, its BF16-copy case at a small shape (1 minute here)
   medley_emu_test(test_cuda_kernels_emu test_cuda_kernels.c ENV MEDLEY_GPU_TEST_SMALL=1)
-  add_test(NAME test_cuda_kernels_emu_reverse COMMAND test_cuda_kernels_emu)
-  set_tests_properties(test_cuda_kernels_emu_reverse PROPERTIES LABELS emu TIMEOUT 900
-                       SKIP_RETURN_CODE 77
-                       ENVIRONMENT "MEDLEY_GPU_TEST_SMALL=1;MEDLEY_EMU_ORDER=reverse")
+  medley_emu_orders(test_cuda_kernels_emu test_cuda_kernels_emu ORDERS reverse
+                    ENV MEDLEY_GPU_TEST_SMALL=1)
   set_tests_properties(test_cuda_e2e_emu PROPERTIES DISABLED TRUE)
   # its logits case alone runs in ctest (3 minutes here): SmolLM2's logits on the emulated
   # device against the CPU backend, the exact f64 pass and llama.cpp

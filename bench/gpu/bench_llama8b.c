@@ -344,14 +344,16 @@ static double decode(bench *b, int B, int P, int G, int use_graph) {
 int main(int argc, char **argv) {
     shape s = {32, 4096, 32, 8, 128, 14336, 128256};
     const shape small = {2, 256, 4, 2, 64, 1024, 2048};
+    const char *shape_name = "llama-3-8b";
     int P = 128, G = 128, B = 256, layers = 0;
     const char *out = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc)
             layers = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--small"))
+        else if (!strcmp(argv[i], "--small")) {
             s = small;
-        else if (!strcmp(argv[i], "--prompt") && i + 1 < argc)
+            shape_name = "small";
+        } else if (!strcmp(argv[i], "--prompt") && i + 1 < argc)
             P = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gen") && i + 1 < argc)
             G = atoi(argv[++i]);
@@ -423,9 +425,9 @@ int main(int argc, char **argv) {
              "\"weight_gbps\": %.1f, \"hbm_fraction\": %.4f, \"hbm_tbps_assumed\": %.1f}, "
              "\"batchN\": {\"batch\": %d, \"prefill_s\": %.4f, \"decode_s\": %.4f, "
              "\"decode_step_ms\": %.3f, \"tokens_per_s\": %.1f, \"decode_tokens_per_s\": %.1f}}",
-             date, info.name, s.C == small.C ? "small" : "llama-3-8b", s.n_layer, P, G,
-             b.weight_bytes, ms_tok, t_plain * 1e3 / G, b.weight_bytes / (t_graph / G) / 1e9, frac,
-             HBM_TBPS, B, tp, td, td * 1e3 / G, tps, (double)B * G / td);
+             date, info.name, shape_name, s.n_layer, P, G, b.weight_bytes, ms_tok,
+             t_plain * 1e3 / G, b.weight_bytes / (t_graph / G) / 1e9, frac, HBM_TBPS, B, tp, td,
+             td * 1e3 / G, tps, (double)B * G / td);
     if (bench_emit_json("medley_gpu_bench", json, out))
         return 1;
     free(h);

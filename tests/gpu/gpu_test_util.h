@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/backend_cuda.h"
 
@@ -41,5 +42,27 @@ static inline int32_t gpu_test_token(int i, int k, int n_vocab) {
     int span = n_vocab > 20100 ? 20000 : n_vocab - 100;
     return (int32_t)(100 + (i * 131 + k * 17) % span);
 }
+
+/* Whether environment flag `name` is on: set, not empty and not "0". */
+static inline int gpu_test_env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0");
+}
+
+/* A greedy choice one backend made by a top-2 logit (or logprob) gap under this is a tie
+ * either backend may break its own way: twice the largest vocabulary-centered logit
+ * difference measured between CUDA and the CPU on the emulator (0.98), as the top two may
+ * move apart by both. test_cuda_e2e (greedy) and test_cuda_graphs (penalised greedy). */
+#define GPU_NEAR_TIE 2.0
+
+#ifdef CMOCKA_H_
+/* MEDLEY_TEST_FILTER: run only the cases matching it (cmocka's pattern, e.g.
+ * "*penalties*"), for the emulator's runs by hand and its ctest entries of one case. */
+static inline void gpu_test_filter_from_env(void) {
+    const char *only = getenv("MEDLEY_TEST_FILTER");
+    if (only && *only)
+        cmocka_set_test_filter(only);
+}
+#endif
 
 #endif

@@ -14,7 +14,7 @@
  *  - greedy: 20 prompts of greedy.json, prompt in one step (tiled prefill, the int8 tiled
  *    product) then one token per step (split-KV decode, GEMV); where the 32-token
  *    continuations of CUDA and CPU part, the CPU's own choice must have been a near tie (top-2
- *    gap under NEAR_TIE), as test_engine_batch asks of ours against llama.cpp's. The issue
+ *    gap under GPU_NEAR_TIE), as test_engine_batch asks of ours against llama.cpp's. The issue
  *    asked for 18 of 20 equal; two implementations that round differently cannot promise it
  *    on this model, whose greedy choices often lead by hundredths: the CPU backend and
  *    llama.cpp agree on 8 of these 20 for 32 tokens (test_engine_batch), the emulated CUDA
@@ -40,10 +40,6 @@
 #define LLAMA_TOL 2.0
 #define CENTERED_RATIO 1.5
 #define CUDA_CPU_TOL 2.0
-/* A greedy choice the CPU made by a top-2 logit gap under this is a tie either backend may
- * break its own way: twice the largest centered logit difference between the two measured
- * on the emulator (0.98), as the top two may move apart by both */
-#define NEAR_TIE 2.0
 #define N_GREEDY_PROMPTS 20
 #define N_GREEDY_TOKENS 32
 #define MAX_TOKENS 512
@@ -252,14 +248,14 @@ static void test_greedy_cuda_equals_cpu(void **state) {
                "cuda %d by %.3f)\n",
                pi, n, first, oc[first], gc[first], og[first], gg[first]);
         worst_gap = gc[first] > worst_gap ? gc[first] : worst_gap;
-        if (!(gc[first] < NEAR_TIE))
+        if (!(gc[first] < GPU_NEAR_TIE))
             fail_msg("prompt %d: cuda parts from the cpu at token %d, where the cpu's choice "
                      "led by %.3f (a near tie is under %.2f)",
-                     pi, first, gc[first], NEAR_TIE);
+                     pi, first, gc[first], GPU_NEAR_TIE);
     }
     printf("greedy continuations equal on %d of %d prompts (the issue's target: 18 of 20); "
            "every other parts at a near tie of the cpu's (largest gap %.3f < %.2f)\n",
-           equal, np, worst_gap, NEAR_TIE);
+           equal, np, worst_gap, GPU_NEAR_TIE);
     json_decref(fx);
 }
 
@@ -285,9 +281,7 @@ int main(void) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }
-    const char *only = getenv("MEDLEY_TEST_FILTER");
-    if (only && *only)
-        cmocka_set_test_filter(only);
+    gpu_test_filter_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_logits_cuda_vs_cpu_and_llama_cpp),
         cmocka_unit_test(test_greedy_cuda_equals_cpu),

@@ -153,8 +153,6 @@ int main(void) {
         cmocka_unit_test(test_supported_head_dim_runs),
         cmocka_unit_test(test_device_fault_fails_every_sequence_in_flight),
     };
-    const char *only = getenv("MEDLEY_TEST_FILTER");
-    if (only && *only)
-        cmocka_set_test_filter(only);
+    gpu_test_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

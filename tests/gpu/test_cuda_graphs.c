@@ -162,13 +162,12 @@ static void run_penalised(const char *device, md_step_token rep[NPEN][PGEN]) {
 }
 
 /* Where a penalised greedy continuation parts between the backends, the CPU's own choice
- * must have been a near tie: its top-2 logprob gap (the penalised logits' gap) under this,
- * test_cuda_e2e's NEAR_TIE. The first version asked 5 of 6 to be equal; on the emulated
+ * must have been a near tie: its top-2 logprob gap (the penalised logits' gap) under
+ * GPU_NEAR_TIE. The first version asked 5 of 6 to be equal; on the emulated
  * device SmolLM2 gave 3 of 6, each parting where the top two were close, as the unpenalised
  * greedy continuations part (test_cuda_e2e). On a random-weight model the rows are so flat
  * that CUDA's choice may lie outside the CPU's top 5 (0.008 between its top two): printed,
  * not failed. */
-#define PEN_NEAR_TIE 2.0
 
 static void test_penalties_and_logprobs_cuda_vs_cpu(void **state) {
     static md_step_token cpu[NPEN][PGEN], gpu[NPEN][PGEN];
@@ -204,10 +203,10 @@ static void test_penalties_and_logprobs_cuda_vs_cpu(void **state) {
                            i, k, a->token, gap, b->token,
                            in_top ? "" : " (not in the cpu's top 5)");
                     worst_gap = fmax(worst_gap, gap);
-                    if (!(gap < PEN_NEAR_TIE))
+                    if (!(gap < GPU_NEAR_TIE))
                         fail_msg("penalised prompt %d: cuda chose %d at token %d where the cpu's "
                                  "choice %d led by %.3f (a near tie is under %.2f)",
-                                 i, b->token, k, a->token, gap, PEN_NEAR_TIE);
+                                 i, b->token, k, a->token, gap, GPU_NEAR_TIE);
                 }
             }
             equal &= a->token == b->token;
@@ -217,7 +216,7 @@ static void test_penalties_and_logprobs_cuda_vs_cpu(void **state) {
     printf("penalised greedy with logprobs: %d/%d continuations equal on cuda:0 and cpu, every "
            "other parting at a near tie (largest cpu gap %.3f < %.2f); largest logprob "
            "difference while equal %.4f\n",
-           same, NPEN, worst_gap, PEN_NEAR_TIE, worst);
+           same, NPEN, worst_gap, GPU_NEAR_TIE, worst);
     assert_true(worst <= 1.0); /* test_cuda_e2e: centered SmolLM2 logits within 0.98 */
 }
 
@@ -229,11 +228,7 @@ int main(void) {
         printf("SKIP: %s not found (scripts/fetch-model.sh fetches it)\n", TEST_MODEL_FILE);
         return GPU_TEST_SKIP;
     }
-    /* MEDLEY_TEST_FILTER: run only the cases matching it (cmocka's pattern, e.g.
-     * "*penalties*"), for the emulator's runs by hand */
-    const char *only = getenv("MEDLEY_TEST_FILTER");
-    if (only && *only)
-        cmocka_set_test_filter(only);
+    gpu_test_filter_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_graphs_same_tokens_small_batches),
         cmocka_unit_test(test_graphs_same_tokens_64_sequences),

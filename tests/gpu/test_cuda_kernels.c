@@ -644,8 +644,7 @@ static void test_pool_reuses_freed_blocks(void **state) {
     size_t used = cuda_pool_used(C), reserved = cuda_pool_reserved(C);
     cuda_pool_free(C, b);
     assert_true(cuda_pool_used(C) < used);
-    const char *exact = getenv("MEDLEY_CUDA_POOL_EXACT");
-    if (exact && *exact && strcmp(exact, "0")) {
+    if (gpu_test_env_on("MEDLEY_CUDA_POOL_EXACT")) {
         assert_int_equal(cuda_pool_used(C), used - 5000);
         assert_int_equal(cuda_pool_reserved(C), reserved - 5000);
         assert_int_equal((uintptr_t)a % 256, 0);
@@ -690,8 +689,7 @@ static void test_device_error_is_sticky(void **state) {
 static void test_matmul_bf16_copy_equals_expansion(void **state) {
     /* MEDLEY_GPU_TEST_SMALL (the emulator's ctest entry): every type at the small shape,
      * one repetition; the timing means nothing there */
-    const char *small_env = getenv("MEDLEY_GPU_TEST_SMALL");
-    int small = small_env && *small_env && *small_env != '0';
+    int small = gpu_test_env_on("MEDLEY_GPU_TEST_SMALL");
     const int n = small ? 1024 : 14336, k = small ? 1024 : 4096, m = 64, reps = small ? 1 : 20;
     const int types[] = {GGML_Q4_K, GGML_Q6_K, GGML_Q4_0};
     for (int ti = 0; ti < 3; ti++) {
@@ -842,11 +840,7 @@ int main(void) {
         fprintf(stderr, "cuda_ctx_open: %s\n", e.msg);
         return 1;
     }
-    /* MEDLEY_TEST_FILTER: run only the cases matching it (cmocka's pattern), as
-     * test_cuda_graphs does, for the emulator's runs by hand */
-    const char *only = getenv("MEDLEY_TEST_FILTER");
-    if (only && *only)
-        cmocka_set_test_filter(only);
+    gpu_test_filter_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dequant_matches_gguf_package),
         cmocka_unit_test(test_matmul_every_type_and_path),
