@@ -244,10 +244,11 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     size_t weights = 0, widest_q = 0; /* bytes of the largest quantized matrix as BF16 */
     size_t shadows = 0;               /* bytes of BF16 copies of the quantized matrices */
     int tied = gguf_find_tensor(eng->gf, "output.weight") == NULL;
+    int f32 = eng->be->ops->weights_f32; /* an exact backend: every weight as F32 */
     for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++) {
         const gguf_tensor *t = gguf_tensor_at(eng->gf, i);
-        weights += t->n_bytes;
-        if (t->type == GGML_F32 || t->type == GGML_F16 || t->type == GGML_BF16)
+        weights += f32 ? (size_t)t->n_elements * 4 : t->n_bytes;
+        if (f32 || t->type == GGML_F32 || t->type == GGML_F16 || t->type == GGML_BF16)
             continue;
         if ((size_t)t->n_elements * 2 > widest_q)
             widest_q = (size_t)t->n_elements * 2;

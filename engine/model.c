@@ -136,12 +136,27 @@ static int bind(md_model *m, const gguf_file *gf, const char *name, int64_t ne0,
         return md_errf(e, MD_EFORMAT, "tensor %s holds %zu bytes, expected %zu", name, g->n_bytes,
                        rb * (size_t)ne1);
     md_buf *b;
-    int rc = CALL(m, buf_wrap, g->data, g->n_bytes, &b, e);
-    if (rc)
+    int type = g->type, rc;
+    if (BE(m)->ops->weights_f32 && type != MD_TYPE_F32) {
+        /* an exact backend: dequantized here, copied by buf_wrap, freed once it is there */
+        size_t n = (size_t)ne0 * (size_t)ne1;
+        float *f = malloc(n * sizeof *f);
+        if (!f)
+            return md_errf(e, MD_ENOMEM, "tensor %s: no host memory to dequantize %zu elements",
+                           name, n);
+        if (!(rc = ggml_dequantize(type, g->data, f, (int64_t)n, e)) &&
+            !(rc = CALL(m, buf_wrap, f, n * sizeof *f, &b, e)) && (rc = CALL(m, sync, e)))
+            CALL(m, buf_free, b);
+        free(f);
+        if (rc)
+            return md_errctx(e, "tensor %s: ", name);
+        type = MD_TYPE_F32;
+        rb = (size_t)ne0 * sizeof(float);
+    } else if ((rc = CALL(m, buf_wrap, g->data, g->n_bytes, &b, e)))
         return rc;
     m->bufs[m->n_bufs++] = b;
     t->buf = b;
-    t->type = g->type;
+    t->type = type;
     t->ne0 = ne0;
     t->ne1 = ne1;
     t->row_bytes = rb;

@@ -23,7 +23,26 @@ static int parse_index(const char *s, int *out) {
     return 0;
 }
 
+/* "cuda", "cuda:K", "cuda-exact" or "cuda-exact:K": 1 with the ordinal in *ord (0 when
+ * none is given) and *exact set, -1 for a CUDA name with a bad ordinal, 0 for any other. */
+static int cuda_name(const char *device, int *ord, int *exact) {
+    const char *rest;
+    if (!strncmp(device, "cuda-exact", 10))
+        *exact = 1, rest = device + 10;
+    else if (!strncmp(device, "cuda", 4))
+        *exact = 0, rest = device + 4;
+    else
+        return 0;
+    *ord = 0;
+    if (*rest == 0)
+        return 1;
+    if (*rest != ':')
+        return 0;
+    return parse_index(rest + 1, ord) ? -1 : 1;
+}
+
 int md_backend_resolve(const char *device, char *out, size_t n, md_err *e) {
+    int kind, ord, exact;
     if (!device || !*device)
         device = "cpu";
     if (!strcmp(device, "auto")) {
@@ -43,11 +62,10 @@ int md_backend_resolve(const char *device, char *out, size_t n, md_err *e) {
         MD_INFO("device", "auto: cpu: medley was built without CUDA");
 #endif
         device = pick;
-    } else if (!strcmp(device, "cuda") || !strncmp(device, "cuda:", 5)) {
-        int ord = 0;
-        if (device[4] == ':' && parse_index(device + 5, &ord))
-            return md_errf(e, MD_EINVAL, "device \"%s\": expected cuda:K with K a GPU ordinal",
-                           device);
+    } else if ((kind = cuda_name(device, &ord, &exact)) != 0) {
+        if (kind < 0)
+            return md_errf(e, MD_EINVAL, "device \"%s\": expected %s:K with K a GPU ordinal",
+                           device, exact ? "cuda-exact" : "cuda");
 #ifdef MEDLEY_HAVE_CUDA
         md_cuda_device d;
         if (md_cuda_device_get(ord, &d, e))
@@ -70,7 +88,7 @@ static struct {
 static int g_n_extra;
 
 static int builtin_name(const char *p) {
-    static const char *const names[] = {"auto", "cpu", "cpu-exact", "cuda"};
+    static const char *const names[] = {"auto", "cpu", "cpu-exact", "cuda", "cuda-exact"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(p, names[i]))
             return 1;
@@ -121,19 +139,20 @@ int md_backend_open(const char *device, int n_threads, md_backend **out, md_err 
                            device);
         return md_backend_cpu_open(n, out, e);
     }
-    if (!strcmp(device, "cuda") || !strncmp(device, "cuda:", 5)) {
-        int ord = 0;
-        if (device[4] == ':' && parse_index(device + 5, &ord))
-            return md_errf(e, MD_EINVAL, "device \"%s\": expected cuda:K with K a GPU ordinal",
-                           device);
+    int ord, exact, kind = cuda_name(device, &ord, &exact);
+    if (kind != 0) {
+        if (kind < 0)
+            return md_errf(e, MD_EINVAL, "device \"%s\": expected %s:K with K a GPU ordinal",
+                           device, exact ? "cuda-exact" : "cuda");
 #ifdef MEDLEY_HAVE_CUDA
-        return md_backend_cuda_open(ord, out, e);
+        return exact ? md_backend_cuda_exact_open(ord, out, e) : md_backend_cuda_open(ord, out, e);
 #else
         return md_errf(e, MD_EUNSUPP, "device \"%s\": medley was built without CUDA", device);
 #endif
     }
     return md_errf(e, MD_EINVAL,
-                   "unknown device \"%s\" (expected auto, cpu, cpu:N, cpu-exact or cuda:K)",
+                   "unknown device \"%s\" (expected auto, cpu, cpu:N, cpu-exact, cuda:K or "
+                   "cuda-exact:K)",
                    device);
 }
 

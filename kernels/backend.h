@@ -131,6 +131,11 @@ typedef struct md_backend_ops {
     /* Element type of the KV cache the engine allocates on this backend: MD_TYPE_F32 (0,
      * the CPU reference), MD_TYPE_F16 or MD_TYPE_BF16. */
     int kv_cache_type;
+    /* 1: the engine hands every weight to buf_wrap as F32, dequantized on the host (the
+     * exact modes of device backends, whose buf_wrap copies: the host copy is freed after
+     * the wrap and a sync). 0: weights as the file stores them. A backend that aliases host
+     * memory in buf_wrap (the CPU) must leave it 0. */
+    int weights_f32;
     /* The engine's batch sizes on this backend when the configuration leaves them 0: most
      * running sequences, most tokens per step (0: the engine's 64 and 512, a CPU's). A GPU
      * reads every weight once per step whatever the batch, so it sets both higher. */
@@ -276,7 +281,8 @@ struct md_backend {
     const md_backend_ops *ops;
 };
 
-/* Open "cpu", "cpu:N" (N threads), "cpu-exact", "cuda:K" or "auto" (md_backend_resolve).
+/* Open "cpu", "cpu:N" (N threads), "cpu-exact", "cuda:K", "cuda-exact:K" or "auto"
+ * (md_backend_resolve).
  * n_threads applies to the CPU backend (0 = every core). "cuda:K" on a build without CUDA
  * fails with MD_EUNSUPP "built without CUDA". */
 int md_backend_open(const char *device, int n_threads, md_backend **out, md_err *e);
@@ -285,7 +291,7 @@ int md_backend_open(const char *device, int n_threads, md_backend **out, md_err 
  *  - "auto": "cuda:0" when the CUDA backend is built and a device is usable, otherwise
  *    "cpu" (not an error); logs one info line saying which device was chosen and why
  *    (the CUDA driver's sentence when there is no GPU).
- *  - "cuda:K" / "cuda": checked now, so a missing GPU is a clear error (MD_EUNSUPP when
+ *  - "cuda:K" / "cuda" (and "cuda-exact:K" / "cuda-exact"): checked now, so a missing GPU is a clear error (MD_EUNSUPP when
  *    built without CUDA, MD_EDEVICE "no CUDA device is usable ..." otherwise).
  *  - NULL or "" is "cpu"; other names are copied unchanged (md_backend_open checks them).
  * Writes the name to out (n bytes). */
@@ -301,11 +307,19 @@ int md_backend_register(const char *prefix, md_backend_open_fn open, md_err *e);
 
 int md_backend_cpu_open(int n_threads, md_backend **out, md_err *e);
 /* "cpu-exact": the CPU backend with quantized weights dequantized and multiplied in double
- * precision, activations unquantized (slow, single-threaded matmul, allocates per call): the
- * reference the fast kernels and other backends are checked against. */
+ * precision, activations unquantized (slow: double products over the threads, a row buffer
+ * per thread per call): the reference the fast kernels and other backends are checked
+ * against. */
 int md_backend_cpu_exact_open(int n_threads, md_backend **out, md_err *e);
 #ifdef MEDLEY_HAVE_CUDA
 int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e);
+/* "cuda-exact:K": the CUDA backend with every weight dequantized to F32 at load, an F32 KV
+ * cache and FP32 arithmetic throughout (F32 GEMV, SGEMM, FP32 attention): activations are
+ * never rounded below F32, so it agrees with cpu-exact to float accumulation order, where
+ * the fast backends, which round activations to int8 before each quantized product, part
+ * at their rounding (docs/cuda.md "Agreement with the CPU backend"). Four to eight times
+ * the weight memory of a quantized model. */
+int md_backend_cuda_exact_open(int ordinal, md_backend **out, md_err *e);
 #endif
 
 /* Copy n bytes between buffers of possibly different backends (stage boundaries); through

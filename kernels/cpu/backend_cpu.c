@@ -26,7 +26,7 @@ typedef struct {
     md_backend base;
     cpu_pool *pool;
     int n_threads;
-    int exact; /* matmul by dequantized weights in double precision (cpu_matmul_ref) */
+    int exact; /* matmul by dequantized weights in double precision (cpu_matmul_ref_mt) */
     md_reserve r;
     void *mm_scratch; /* cpu_matmul's activation blocks */
     size_t mm_scratch_n;
@@ -181,7 +181,8 @@ static int cpu_matmul_op(md_backend *be, const md_tensor *w, const md_buf *x, md
                          md_err *e) {
     cpu_backend *c = cb(be);
     if (c->exact) {
-        cpu_matmul_ref(w->type, tensor_row(w, 0), (int)w->ne1, (int)w->ne0, x->p, T, y->p);
+        cpu_matmul_ref_mt(c->pool, w->type, tensor_row(w, 0), (int)w->ne1, (int)w->ne0, x->p, T,
+                          y->p);
         return 0;
     }
     if (cpu_matmul_scratch_size(w->type, (int)w->ne0, T) > c->mm_scratch_n)

@@ -93,6 +93,10 @@ void cpu_matmul_n(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const flo
  * benchmarks (slow; allocates one row of floats). */
 void cpu_matmul_ref(int wtype, const void *W, int rows, int cols, const float *x, int n,
                     float *y);
+/* The same product, its rows split over the pool's threads: each element bit-identical to
+ * cpu_matmul_ref's (the cpu-exact backend's matmul). */
+void cpu_matmul_ref_mt(cpu_pool *p, int wtype, const void *W, int rows, int cols, const float *x,
+                       int n, float *y);
 /* Dequantize one row of `cols` elements (embedding lookup). */
 void cpu_dequant_row(int wtype, const void *row, float *out, int cols);
 

@@ -468,17 +468,11 @@ void cpu_dequant_row(int t, const void *row, float *out, int cols) {
     }
 }
 
-void cpu_matmul_ref(int t, const void *W, int rows, int cols, const float *x, int n, float *y) {
-    if (rows <= 0 || n <= 0 || cpu_matmul_check(t, cols) != 0)
-        return;
-    float *wr = malloc((size_t)cols * sizeof *wr);
-    if (!wr) {
-        for (size_t i = 0; i < (size_t)rows * n; i++)
-            y[i] = NAN;
-        return;
-    }
+/* Rows [r0, r1) of the reference product, wr a row of cols floats. */
+static void ref_rows(int t, const void *W, int rows, int cols, const float *x, int n, float *y,
+                     int r0, int r1, float *wr) {
     size_t rs = cpu_row_size(t, cols);
-    for (int r = 0; r < rows; r++) {
+    for (int r = r0; r < r1; r++) {
         cpu_dequant_row(t, (const uint8_t *)W + (size_t)r * rs, wr, cols);
         for (int c = 0; c < n; c++) {
             double s = 0;
@@ -487,5 +481,50 @@ void cpu_matmul_ref(int t, const void *W, int rows, int cols, const float *x, in
             y[(size_t)c * rows + r] = (float)s;
         }
     }
+}
+
+/* Rows [r0, r1) as NaN: the reference's answer when it cannot allocate its row. */
+static void ref_nan(int rows, int n, float *y, int r0, int r1) {
+    for (int c = 0; c < n; c++)
+        for (int r = r0; r < r1; r++)
+            y[(size_t)c * rows + r] = NAN;
+}
+
+void cpu_matmul_ref(int t, const void *W, int rows, int cols, const float *x, int n, float *y) {
+    if (rows <= 0 || n <= 0 || cpu_matmul_check(t, cols) != 0)
+        return;
+    float *wr = malloc((size_t)cols * sizeof *wr);
+    if (!wr)
+        ref_nan(rows, n, y, 0, rows);
+    else
+        ref_rows(t, W, rows, cols, x, n, y, 0, rows, wr);
     free(wr);
+}
+
+typedef struct {
+    int t, rows, cols, n;
+    const void *W;
+    const float *x;
+    float *y;
+} ref_job;
+
+static void ref_part(void *ctx, int ith, int nth) {
+    const ref_job *j = ctx;
+    int per = (j->rows + nth - 1) / nth, r0 = ith * per, r1 = r0 + per < j->rows ? r0 + per : j->rows;
+    if (r0 >= r1)
+        return;
+    float *wr = malloc((size_t)j->cols * sizeof *wr);
+    if (!wr)
+        ref_nan(j->rows, j->n, j->y, r0, r1);
+    else
+        ref_rows(j->t, j->W, j->rows, j->cols, j->x, j->n, j->y, r0, r1, wr);
+    free(wr);
+}
+
+void cpu_matmul_ref_mt(cpu_pool *p, int t, const void *W, int rows, int cols, const float *x,
+                       int n, float *y) {
+    if (rows <= 0 || n <= 0 || cpu_matmul_check(t, cols) != 0)
+        return;
+    ref_job j = {t, rows, cols, n, W, x, y};
+    cpu_pool_run(p, ref_part, &j);
 }

@@ -1,8 +1,10 @@
-/* test_cuda_device_select.c — choosing a CUDA device, on any host. Without a GPU (or
- * without a driver), "cuda:0" is refused with a sentence that says there is no usable CUDA
+/* test_cuda_device_select.c — choosing a CUDA device, on any host. A malformed name
+ * ("cuda:x", "cuda-exact:") is refused by name. Without a GPU (or without a driver),
+ * "cuda:0" and "cuda-exact:0" are refused with a sentence that says there is no usable CUDA
  * device and why, never a crash; with GPUs, an ordinal past the last one is refused naming
- * how many there are, and a model larger than the free memory is refused before loading
- * with both numbers. Runs in the unit suite. */
+ * how many there are, a model larger than the free memory is refused before loading with
+ * both numbers, and cuda-exact:0 opens with F32 weights and KV cache. Runs in the unit
+ * suite. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,20 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/backend_cuda.h"
+
+/* Malformed CUDA device names are refused by name, whatever the host has. */
+static void test_cuda_device_names(void **state) {
+    static const char *const bad[] = {"cuda:", "cuda:x", "cuda-exact:", "cuda-exact:-1",
+                                      "cuda-exactly", "cudax"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        md_backend *be = NULL;
+        md_err e = {0};
+        assert_int_equal(md_backend_open(bad[i], 0, &be, &e), MD_EINVAL);
+        assert_null(be);
+        assert_non_null(strstr(e.msg, bad[i]));
+        printf("%-14s refused: %s\n", bad[i], e.msg);
+    }
+}
 
 static void test_cuda_device_selection(void **state) {
     char why[256] = "";
@@ -25,6 +41,11 @@ static void test_cuda_device_selection(void **state) {
         assert_null(be);
         assert_non_null(strstr(e.msg, "no CUDA device"));
         printf("no GPU here: %s\n", e.msg);
+        assert_int_equal(md_backend_open("cuda-exact:0", 0, &be, &e), MD_EDEVICE);
+        assert_null(be);
+        assert_non_null(strstr(e.msg, "no CUDA device"));
+        char rn[32];
+        assert_int_equal(md_backend_resolve("cuda-exact", rn, sizeof rn, &e), MD_EDEVICE);
         md_cuda_device dev;
         assert_int_equal(md_cuda_device_get(0, &dev, &e), MD_EDEVICE);
         assert_int_equal(md_cuda_check_fits(0, 1, "a model", &e), MD_EDEVICE);
@@ -48,7 +69,16 @@ static void test_cuda_device_selection(void **state) {
     assert_non_null(strstr(e.msg, "free of"));
     printf("refused: %s\n", e.msg);
     assert_int_equal(md_cuda_check_fits(0, 1 << 20, "a small model", &e), 0);
+    snprintf(name, sizeof name, "cuda-exact:%d", n);
+    assert_int_equal(md_backend_open(name, 0, &be, &e), MD_EDEVICE);
+    assert_non_null(strstr(e.msg, count));
+    /* cuda-exact:0: F32 weights and KV cache, said in its description */
+    assert_int_equal(md_backend_open("cuda-exact:0", 0, &be, &e), 0);
+    assert_true(be->ops->weights_f32 && be->ops->kv_cache_type == MD_TYPE_F32);
+    assert_non_null(strstr(be->ops->describe(be), "cuda-exact:0"));
+    md_backend_free(be);
     assert_int_equal(md_backend_open("cuda:0", 0, &be, &e), 0);
+    assert_false(be->ops->weights_f32);
     assert_non_null(strstr(be->ops->describe(be), dev.name));
     /* weights larger than the device: refused by buf_wrap with the numbers, nothing read */
     md_buf *b = NULL;
@@ -60,6 +90,7 @@ static void test_cuda_device_selection(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_cuda_device_selection)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_cuda_device_names),
+                                       cmocka_unit_test(test_cuda_device_selection)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,27 +1,35 @@
 /* test_cuda_e2e.c — SmolLM2-135M (Q4_1) on the CUDA backend against the CPU backend, the exact
- * float64 forward pass and llama.cpp, on the engine's fixture prompts (tests/fixtures/engine):
- *  - logits, at the fixture positions of logits.json, by test_engine_logits' measures and
- *    bounds for the CPU backend's fast kernels: over the fixture's top-50 tokens within
- *    F64_TOL of the exact values and LLAMA_TOL of llama.cpp's, and, each vector minus its
- *    vocabulary mean (what softmax sees), a mean error against the exact values within
- *    CENTERED_RATIO of llama.cpp's own; a different argmax only at a near tie. Against the
- *    CPU backend: every token of the vocabulary, centered, within CUDA_CPU_TOL. Both
- *    backends round activations (the CPU to 8 bits per block of 32 as llama.cpp; CUDA the
- *    same in the decode GEMVs, to BF16 in the prefill GEMMs and to F16 in the tensor-core
- *    attention), and each lands up to 1.2-1.7 from the exact logits (test_engine_logits;
- *    this test on the CPU emulator), so the bound between them is that much, not the 0.5 an
- *    earlier version asked of every token, which the emulated device missed at 0.61;
- *  - greedy: 20 prompts of greedy.json, prompt in one step (tiled prefill, the int8 tiled
- *    product) then one token per step (split-KV decode, GEMV); where the 32-token
- *    continuations of CUDA and CPU part, the CPU's own choice must have been a near tie (top-2
- *    gap under GPU_NEAR_TIE), as test_engine_batch asks of ours against llama.cpp's. The issue
- *    asked for 18 of 20 equal; two implementations that round differently cannot promise it
- *    on this model, whose greedy choices often lead by hundredths: the CPU backend and
- *    llama.cpp agree on 8 of these 20 for 32 tokens (test_engine_batch), the emulated CUDA
- *    device and the CPU on 11 (the three that part at their first decoded token do so at
- *    cpu gaps of 0.036, 0.208 and 0.245). The count is printed against that target.
+ * float64 forward pass and llama.cpp, on the engine's fixture prompts (tests/fixtures/engine),
+ * in two pairs: the fast backends (cuda:0 and cpu, both rounding activations to int8 before
+ * every quantized product, as llama.cpp) and the exact ones (cuda-exact:0 and cpu-exact:
+ * weights dequantized, activations never rounded below F32, F32 KV caches).
+ *  - logits, at the fixture positions of logits.json. Fast pair: test_engine_logits'
+ *    measures and bounds for the CPU backend's fast kernels (over the fixture's top-50 tokens
+ *    within F64_TOL of the exact values and LLAMA_TOL of llama.cpp's; each vector minus its
+ *    vocabulary mean, what softmax sees, a mean error against the exact values within
+ *    CENTERED_RATIO of llama.cpp's own; a different argmax only at a near tie) and every
+ *    centered token within CUDA_CPU_TOL of the CPU's. Exact pair: every centered token
+ *    within EXACT_CPU_TOL of cpu-exact's, the top-50 within EXACT_F64_TOL of the float64 pass;
+ *  - greedy: 20 prompts of greedy.json, prompt in one step (tiled prefill) then one token per
+ *    step (split-KV decode, GEMV), 32 tokens. Exact pair: equal on at least 18 of 20 (the
+ *    issue's bar), any other parting only at a near tie (EXACT_NEAR_TIE). Fast pair: where
+ *    they part, the CPU's choice must have been a near tie (GPU_NEAR_TIE), as
+ *    test_engine_batch asks of ours against llama.cpp's; the count is printed, not held to
+ *    18. Two implementations that round activations to int8 cannot keep each other's tokens:
+ *    an element whose x * 127 / amax lies within a float rounding of a half rounds to the
+ *    other integer, one such flip in a block with a large amax moves the product by 1e-3 of
+ *    its size, and that difference makes the next quantization flip hundreds (measured on the
+ *    emulator, first layer, "The capital of France is": the two backends' rmsnorm outputs
+ *    differ in the last bit in 1550 of 2880 elements, two of them sit at x * id =
+ *    -30.5000019 and -2.50000024 and round apart, wq's product of that token then differs by
+ *    2.5e-4 of rms where the CPU's is within 1e-7 of the exact int8 product, and the
+ *    gate/up input flips 64 elements, the down input 947 of 7680), so after a few layers the
+ *    pair differs by rounding noise as large as each one's distance from the exact logits.
+ *    The CPU backend and llama.cpp agree on 8 of these 20 for 32 tokens (test_engine_batch);
+ *    the emulated fast pair on 11.
  * Skips (77) without a CUDA device, the model or the fixtures. MEDLEY_TEST_FILTER picks
- * cases (test_cuda_e2e_emu, the same test on the CPU emulator, runs by hand). */
+ * cases, MEDLEY_E2E_GREEDY_PROMPTS=N runs the first N prompts (test_cuda_e2e_emu, the same
+ * test on the CPU emulator, runs by hand). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -40,6 +48,9 @@
 #define LLAMA_TOL 2.0
 #define CENTERED_RATIO 1.5
 #define CUDA_CPU_TOL 2.0
+#define EXACT_CPU_TOL 0.002 /* cuda-exact vs cpu-exact, every token (emulator: 8e-5) */
+#define EXACT_F64_TOL 0.002 /* cuda-exact vs the float64 pass, top-50 (emulator: 5e-5) */
+#define EXACT_NEAR_TIE 0.005 /* the exact pair may part only at a tie this close */
 #define N_GREEDY_PROMPTS 20
 #define N_GREEDY_TOKENS 32
 #define MAX_TOKENS 512
@@ -52,7 +63,7 @@ typedef struct {
 } rig;
 
 static gguf_file *GF;
-static rig CPU, GPU;
+static rig CPU, GPU, CPUX, GPUX; /* cpu, cuda:0, cpu-exact, cuda-exact:0 */
 
 static json_t *fixture(const char *name) {
     char path[4096];
@@ -200,6 +211,57 @@ static void test_logits_cuda_vs_cpu_and_llama_cpp(void **state) {
     json_decref(fx);
 }
 
+/* cuda-exact against cpu-exact: every token of every fixture row (centered) within
+ * EXACT_CPU_TOL, and the top-50 within EXACT_F64_TOL of the float64 forward pass. */
+static void test_logits_cuda_exact_vs_cpu_exact(void **state) {
+    json_t *fx = fixture("logits.json");
+    assert_non_null(fx);
+    int V = CPUX.m->hp.n_vocab;
+    float *lc = malloc((size_t)V * 4), *lg = malloc((size_t)V * 4);
+    double worst = 0, sq = 0, worst_f64 = 0;
+    long cnt = 0;
+    json_t *p;
+    size_t pi;
+    json_array_foreach(json_object_get(fx, "prompts"), pi, p) {
+        int n;
+        int32_t *ids = test_ids(json_object_get(p, "tokens"), &n);
+        json_t *row;
+        size_t ri;
+        json_array_foreach(json_object_get(p, "rows"), ri, row) {
+            int pos = (int)json_integer_value(json_object_get(row, "pos"));
+            step(&CPUX, ids, 0, pos + 1, lc);
+            step(&GPUX, ids, 0, pos + 1, lg);
+            double mc = vocab_mean(lc, V), mg = vocab_mean(lg, V);
+            for (int i = 0; i < V; i++) {
+                double d = fabs((lg[i] - mg) - (lc[i] - mc));
+                worst = d > worst ? d : worst;
+                sq += d * d;
+                cnt++;
+                if (!(d <= EXACT_CPU_TOL))
+                    fail_msg("prompt %zu pos %d token %d: cuda-exact %.5f (mean %.5f), "
+                             "cpu-exact %.5f (mean %.5f)",
+                             pi, pos, i, lg[i], mg, lc[i], mc);
+            }
+            json_t *ti = json_object_get(row, "top_ids"), *fv = json_object_get(row, "f64_top_values");
+            for (size_t k = 0; k < json_array_size(ti); k++) {
+                int id = (int)json_integer_value(json_array_get(ti, k));
+                double df = fabs(lg[id] - json_real_value(json_array_get(fv, k)));
+                worst_f64 = df > worst_f64 ? df : worst_f64;
+                if (!(df <= EXACT_F64_TOL))
+                    fail_msg("prompt %zu pos %d token %d: cuda-exact %.5f, exact %.5f", pi, pos,
+                             id, lg[id], json_real_value(json_array_get(fv, k)));
+            }
+        }
+        free(ids);
+    }
+    printf("logits, every token, centered: max |cuda-exact - cpu-exact| = %.5f (bound %.3f), rms "
+           "%.6f; top-50: max |cuda-exact - exact f64| = %.5f (bound %.3f)\n",
+           worst, EXACT_CPU_TOL, sqrt(sq / (double)cnt), worst_f64, EXACT_F64_TOL);
+    free(lc);
+    free(lg);
+    json_decref(fx);
+}
+
 /* Greedy continuation of prompt on r: tokens into out, and the top-2 logit gap each token
  * was chosen by into gap. */
 static void greedy(rig *r, const int32_t *prompt, int n, int32_t *out, float *gap) {
@@ -219,7 +281,10 @@ static void greedy(rig *r, const int32_t *prompt, int n, int32_t *out, float *ga
     free(l);
 }
 
-static void test_greedy_cuda_equals_cpu(void **state) {
+/* The greedy continuations of the fixture's first N_GREEDY_PROMPTS prompts on a and b: how
+ * many are equal; where they part, a's own choice must have been a near tie (top-2 gap
+ * under near_tie). Prints each prompt and the count. */
+static int greedy_compare(rig *a, rig *b, const char *an, const char *bn, double near_tie) {
     json_t *fx = fixture("greedy.json");
     assert_non_null(fx);
     json_t *prompts = json_object_get(fx, "prompts");
@@ -231,12 +296,12 @@ static void test_greedy_cuda_equals_cpu(void **state) {
     for (int pi = 0; pi < np; pi++) {
         int n;
         int32_t *ids = test_ids(json_object_get(json_array_get(prompts, pi), "tokens"), &n);
-        int32_t oc[N_GREEDY_TOKENS], og[N_GREEDY_TOKENS];
-        float gc[N_GREEDY_TOKENS], gg[N_GREEDY_TOKENS];
-        greedy(&CPU, ids, n, oc, gc);
-        greedy(&GPU, ids, n, og, gg);
+        int32_t oa[N_GREEDY_TOKENS], ob[N_GREEDY_TOKENS];
+        float ga[N_GREEDY_TOKENS], gb[N_GREEDY_TOKENS];
+        greedy(a, ids, n, oa, ga);
+        greedy(b, ids, n, ob, gb);
         int first = 0;
-        while (first < N_GREEDY_TOKENS && oc[first] == og[first])
+        while (first < N_GREEDY_TOKENS && oa[first] == ob[first])
             first++;
         free(ids);
         if (first == N_GREEDY_TOKENS) {
@@ -244,19 +309,33 @@ static void test_greedy_cuda_equals_cpu(void **state) {
             printf("prompt %2d (%3d tokens): equal\n", pi, n);
             continue;
         }
-        printf("prompt %2d (%3d tokens): differs at token %d (cpu %d by a top-2 gap of %.3f, "
-               "cuda %d by %.3f)\n",
-               pi, n, first, oc[first], gc[first], og[first], gg[first]);
-        worst_gap = gc[first] > worst_gap ? gc[first] : worst_gap;
-        if (!(gc[first] < GPU_NEAR_TIE))
-            fail_msg("prompt %d: cuda parts from the cpu at token %d, where the cpu's choice "
-                     "led by %.3f (a near tie is under %.2f)",
-                     pi, first, gc[first], GPU_NEAR_TIE);
+        printf("prompt %2d (%3d tokens): differs at token %d (%s %d by a top-2 gap of %.3f, "
+               "%s %d by %.3f)\n",
+               pi, n, first, an, oa[first], ga[first], bn, ob[first], gb[first]);
+        worst_gap = ga[first] > worst_gap ? ga[first] : worst_gap;
+        if (!(ga[first] < near_tie))
+            fail_msg("prompt %d: %s parts from %s at token %d, where %s's choice led by %.3f "
+                     "(a near tie is under %.2f)",
+                     pi, bn, an, first, an, ga[first], near_tie);
     }
-    printf("greedy continuations equal on %d of %d prompts (the issue's target: 18 of 20); "
-           "every other parts at a near tie of the cpu's (largest gap %.3f < %.2f)\n",
-           equal, np, worst_gap, GPU_NEAR_TIE);
+    printf("%s vs %s: greedy continuations (%d tokens) equal on %d of %d prompts (the issue's "
+           "target: 18 of 20); every other parts at a near tie of %s's (largest gap %.3f < "
+           "%.2f)\n",
+           bn, an, N_GREEDY_TOKENS, equal, np, an, worst_gap, near_tie);
     json_decref(fx);
+    return equal;
+}
+
+static void test_greedy_cuda_vs_cpu(void **state) {
+    greedy_compare(&CPU, &GPU, "cpu", "cuda", GPU_NEAR_TIE);
+}
+
+/* The exact pair holds the issue's bar: 18 of 20 (over N_GREEDY_TOKENS tokens). */
+static void test_greedy_cuda_exact_equals_cpu_exact(void **state) {
+    int equal = greedy_compare(&CPUX, &GPUX, "cpu-exact", "cuda-exact", EXACT_NEAR_TIE);
+    const char *lim = getenv("MEDLEY_E2E_GREEDY_PROMPTS");
+    if (!lim || atoi(lim) <= 0 || atoi(lim) >= N_GREEDY_PROMPTS)
+        assert_true(equal >= 18);
 }
 
 int main(void) {
@@ -284,11 +363,17 @@ int main(void) {
     gpu_test_filter_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_logits_cuda_vs_cpu_and_llama_cpp),
-        cmocka_unit_test(test_greedy_cuda_equals_cpu),
+        cmocka_unit_test(test_logits_cuda_exact_vs_cpu_exact),
+        cmocka_unit_test(test_greedy_cuda_vs_cpu),
+        cmocka_unit_test(test_greedy_cuda_exact_equals_cpu_exact),
     };
     rig_open(&CPU, "cpu");
     rig_open(&GPU, "cuda:0");
+    rig_open(&CPUX, "cpu-exact");
+    rig_open(&GPUX, "cuda-exact:0");
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    rig_close(&GPUX);
+    rig_close(&CPUX);
     rig_close(&GPU);
     rig_close(&CPU);
     gguf_close(GF);

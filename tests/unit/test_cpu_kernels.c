@@ -1,7 +1,8 @@
 /* test_cpu_kernels.c — kernels/cpu: block layouts against llama.cpp's reference
  * dequantization (fixture made by the gguf Python package), every SIMD level's matmul
  * against the scalar reference for every weight type, odd shapes and n = 1..70, thread
- * counts, vector ops against double-precision formulas, and the pool's synchronisation.
+ * counts, the threaded reference (cpu-exact) against the single-threaded one bit for bit,
+ * vector ops against double-precision formulas, and the pool's synchronisation.
  *
  * Tolerances (stated, not tuned to pass):
  *  - quantized types vs cpu_matmul_ref (unquantized x, double): activation rounding adds
@@ -155,6 +156,11 @@ static void check_shape(cpu_pool *pool, int t, int rows, int cols, int n) {
     void *scratch = ss ? aligned_alloc(64, (ss + 63) / 64 * 64) : NULL;
     assert_true(ref && ys && y && mag && qerr && (ss == 0 || scratch));
     cpu_matmul_ref(t, W, rows, cols, x, n, ref);
+    /* the threaded reference (cpu-exact's) is the same bits */
+    for (size_t i = 0; i < ny; i++)
+        y[i] = NAN;
+    cpu_matmul_ref_mt(pool, t, W, rows, cols, x, n, y);
+    assert_memory_equal(y, ref, ny * 4);
     bounds(t, W, rows, cols, x, n, mag, qerr);
     assert_int_equal(cpu_simd_set(CPU_SIMD_SCALAR), 0);
     cpu_matmul(NULL, t, W, rows, cols, x, n, ys, scratch);
