@@ -2,6 +2,10 @@
 # against the gguf package's dequantization, the thread pool.
 medley_test(test_cpu_kernels SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_cpu_kernels.c
             LIBS medley_kernels LABELS unit)
+# the same with the scalar kernels chosen at load (MEDLEY_SIMD), as scripts/test.sh runs the
+# end-to-end tests once per level
+add_test(NAME test_cpu_kernels_scalar COMMAND test_cpu_kernels)
+set_tests_properties(test_cpu_kernels_scalar PROPERTIES LABELS unit ENVIRONMENT MEDLEY_SIMD=scalar)
 
 # bench/kernels: matmul GFLOP/s per type and n, every SIMD level against scalar (not a test;
 # built here because the top-level build has no bench/ directory of its own).

@@ -36,6 +36,8 @@ void cpu_pool_run(cpu_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ct
 enum { CPU_SIMD_SCALAR = 0, CPU_SIMD_AVX2 = 1, CPU_SIMD_AVX512VNNI = 2 };
 /* Name of the level in use: "avx512vnni", "avx2" or "scalar". */
 const char *cpu_simd_name(void);
+/* The level in use: the best this CPU supports, or lower where the environment variable
+ * MEDLEY_SIMD names one (scalar, avx2, avx512vnni), read once at load. */
 int cpu_simd_level(void);
 /* Best level this CPU supports (AVX2 needs avx2+fma+f16c; AVX512VNNI needs
  * avx512f/bw/vl/vnni). */

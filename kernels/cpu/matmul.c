@@ -13,7 +13,9 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- SIMD level ---- */
 
@@ -58,9 +60,32 @@ static void build_table(int level) {
     g_tab = t;
 }
 
+/* MEDLEY_SIMD caps the level (tests run the end-to-end suite once per level, so an answer
+ * that holds on one CPU's kernels only fails on every machine, not just on the machines that
+ * have that level). A name the CPU lacks is warned about once and the best level is used. */
+static int env_level(int best) {
+    const char *s = getenv("MEDLEY_SIMD");
+    if (!s || !*s)
+        return best;
+    static const char *const names[] = {"scalar", "avx2", "avx512vnni"};
+    int want = -1;
+    for (int l = 0; l < 3; l++)
+        if (!strcmp(s, names[l]))
+            want = l;
+    if (!strcmp(s, "avx512"))
+        want = CPU_SIMD_AVX512VNNI;
+    if (want < 0)
+        fprintf(stderr, "medley: MEDLEY_SIMD=%s is not scalar, avx2 or avx512vnni; using %s\n", s,
+                names[best]);
+    else if (want > best)
+        fprintf(stderr, "medley: MEDLEY_SIMD=%s: this CPU has at most %s; using %s\n", s,
+                names[best], names[best]);
+    return want < 0 || want > best ? best : want;
+}
+
 __attribute__((constructor)) static void simd_init(void) {
     if (g_level < 0) {
-        g_level = cpu_simd_detect();
+        g_level = env_level(cpu_simd_detect());
         build_table(g_level);
     }
 }

@@ -8,9 +8,11 @@ logprobs asked gives null, top_logprobs 3 / completions logprobs 2 list each byt
 only alternative (logprob 0), and out-of-range extras are refused with their codes. Every line
 follows its schema.
 
-With --engine (e2e, SmolLM2 through `medley run`): greedy with a strong frequency, presence or
-repetition penalty gives another continuation than none and the same one as `medley generate`
-with the same flags; top_k and min_p at temperature 1.5 give generate's tokens too (top_k 1
+With --engine (e2e, SmolLM2 through `medley run`): on a prompt that makes the model repeat
+itself, greedy with a frequency or presence penalty of 2 leaves the unpenalised tokens exactly
+where the unpenalised run's own top-20 logprobs say the penalty flips the argmax (a prediction
+from the logprobs of the kernels in use, so it holds at every SIMD level), and a repetition
+penalty of 3 changes the answer; each equals `medley generate` with the same flags; top_k and min_p at temperature 1.5 give generate's tokens too (top_k 1
 and min_p 1 give the greedy ones); logprobs: one entry per completion token (the EOS not
 listed), all <= 0, equal to generate --logprobs, tokens and bytes concatenating to the content
 (characters split over tokens included), and a stop string cuts the list where it cuts the
@@ -27,6 +29,13 @@ import tempfile
 from harness import *
 
 QUESTION = "List the colors of the rainbow."
+# A prompt the model answers by repeating two tokens ("Hello, hello, hello, ..."): a penalty
+# on repeated tokens must change that answer on any CPU, not only where a near tie happens to
+# fall its way (the rainbow answer on an AVX-512 machine repeats no token the penalty flips).
+REPEAT = "Repeat the word hello ten times."
+# A question answered in a few tokens and the EOS: the case where the EOS is left out of the
+# logprobs.
+SHORT = "What is the capital of France? Answer in one word."
 
 
 def choice(line):
@@ -164,6 +173,27 @@ def generate(*flags, chat=QUESTION, prompt=None, n=40):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def predict_flip(g, frequency, presence, eps=0.01):
+    """Where greedy with these output-token penalties (docs/engine.md: a token already generated
+    c times loses presence + frequency * c) first parts from the unpenalised greedy run g
+    (generate --json --top-logprobs 20): the index of the first token it changes, -1 if it
+    changes none, None where the list cannot tell (a near tie within eps, or the best
+    penalised candidate below what a token outside the list could reach). Logprobs of one step
+    differ from its logits by one constant, so comparing them compares the logits."""
+    counts = {}
+    for i, (tok, alts) in enumerate(zip(g["tokens"], g["top_logprobs"])):
+        floor = min(a["logprob"] for a in alts)  # anything unlisted is at or below it
+        score = {a["id"]: a["logprob"] - ((presence + frequency * counts[a["id"]])
+                                          if counts.get(a["id"]) else 0) for a in alts}
+        ranked = sorted(score.items(), key=lambda kv: -kv[1])
+        if ranked[0][1] < floor + eps or ranked[0][1] - ranked[1][1] < eps:
+            return None
+        if ranked[0][0] != tok:
+            return i
+        counts[tok] = counts.get(tok, 0) + 1
+    return -1
+
+
 def same_alternatives(cid, got, want, tol=1e-3):
     """A token's alternatives against generate's, both [(key, logprob)] most likely first: the
     same logprobs in the same order within tol, and a key in both at the same logprob in both.
@@ -199,10 +229,12 @@ def engine_checks():
         chat("plain"),
         chat("plain-lp", logprobs=True),
         chat("plain-top", logprobs=True, top_logprobs=5),
-        chat("freq", frequency_penalty=2.0, logprobs=True),
-        chat("freq-top", frequency_penalty=2.0, logprobs=True, top_logprobs=20),
-        chat("pres", presence_penalty=2.0),
-        chat("rep", repetition_penalty=1.5),
+        chat("eos-lp", SHORT, max_tokens=64, logprobs=True),
+        chat("repeat", REPEAT),
+        chat("freq", REPEAT, frequency_penalty=2.0, logprobs=True),
+        chat("freq-top", REPEAT, frequency_penalty=2.0, logprobs=True, top_logprobs=20),
+        chat("pres", REPEAT, presence_penalty=2.0),
+        chat("rep", REPEAT, repetition_penalty=3.0),
         chat("hot", temperature=1.5, seed=11),
         chat("hot-k5", temperature=1.5, seed=11, top_k=5),
         chat("hot-minp", temperature=1.5, seed=11, min_p=0.1),
@@ -232,16 +264,34 @@ def engine_checks():
         fail("not every line answered: %s" % json.dumps(out)[:2000])
     validate_all(schema_validator("output-line"), list(out.values()), "output line")
 
-    # penalties: another continuation than none, and generate's with the same flags
+    # penalties: generate's continuation with the same flags, changed exactly where the
+    # unpenalised run's logprobs say the penalty flips the argmax
     plain = content(out["plain"])
-    for cid, flags in (("freq", ["--frequency-penalty", "2"]),
-                       ("pres", ["--presence-penalty", "2"]),
-                       ("rep", ["--repeat-penalty", "1.5"])):
-        if content(out[cid]) == plain:
-            fail("%s: the penalty changed nothing: %r" % (cid, plain))
-        g = generate(*flags)
+    base = generate("--top-logprobs", "20", chat=REPEAT)
+    if base["text"] != content(out["repeat"]):
+        fail("repeat: worker %r, generate %r" % (content(out["repeat"]), base["text"]))
+    most = max(base["tokens"].count(t) for t in set(base["tokens"]))
+    if most < 5:
+        fail("repeat: the answer %r repeats no token 5 times; the penalty cases prove nothing"
+             % base["text"])
+    for cid, flags, freq, pres in (("freq", ["--frequency-penalty", "2"], 2.0, 0.0),
+                                   ("pres", ["--presence-penalty", "2"], 0.0, 2.0),
+                                   ("rep", ["--repeat-penalty", "3"], None, None)):
+        g = generate(*flags, chat=REPEAT)
         if content(out[cid]) != g["text"]:
             fail("%s: worker %r, generate %s %r" % (cid, content(out[cid]), flags, g["text"]))
+        if freq is None:  # the repetition penalty divides logits: not predictable from logprobs
+            if g["text"] == base["text"]:
+                fail("%s: the penalty changed nothing: %r" % (cid, base["text"]))
+            continue
+        at = predict_flip(base, freq, pres)
+        if at is None or at < 0:
+            fail("%s: the unpenalised logprobs predict %s; the case proves nothing: %r" % (
+                cid, "no flip" if at == -1 else "a near tie", base["text"]))
+        if g["tokens"][:at] != base["tokens"][:at] or g["tokens"][at] == base["tokens"][at]:
+            fail("%s: predicted to keep %d tokens and change token %d (%d), got %s vs %s" % (
+                cid, at, at, base["tokens"][at], g["tokens"][:at + 1], base["tokens"][:at + 1]))
+        print("%s: parts from the unpenalised answer at token %d, as its logprobs predict" % (cid, at))
     # the draw's filters: generate's tokens with the same flags; a filter keeping only the
     # most likely token makes the hot draw greedy
     hot = content(out["hot"])
@@ -261,24 +311,29 @@ def engine_checks():
     # logprobs: asking for them changes no token; they are generate's; EOS is not listed
     if content(out["plain-lp"]) != plain:
         fail("plain-lp: logprobs changed the tokens: %r" % content(out["plain-lp"]))
-    for cid, flags in (("plain-lp", []), ("freq", ["--frequency-penalty", "2"])):
+    for cid, text, flags in (("plain-lp", QUESTION, []), ("eos-lp", SHORT, ["-n", "64"]),
+                             ("freq", REPEAT, ["--frequency-penalty", "2"])):
         line = out[cid]
         eos = choice(line)["finish_reason"] == "stop"
         entries = check_chat_entries(cid, line, eos)
         if "".join(e["token"] for e in entries) != content(line):
             fail("%s: tokens do not spell the content" % cid)
-        g = generate("--logprobs", *flags)
+        g = generate("--logprobs", *flags, chat=text)
         if len(g["logprobs"]) != line["response"]["body"]["usage"]["completion_tokens"]:
             fail("%s: generate made %d tokens" % (cid, len(g["logprobs"])))
         worst = max(abs(a["logprob"] - b) for a, b in zip(entries, g["logprobs"]))
         if worst > 1e-3:
             fail("%s: logprobs differ from generate's by %g" % (cid, worst))
-    if choice(out["freq"])["finish_reason"] != "stop":
-        fail("freq was to end on the EOS (the case where it is left out): %s" % choice(out["freq"]))
-    # characters split over tokens: bytes rejoin them, tokens show U+FFFD
+    if choice(out["eos-lp"])["finish_reason"] != "stop":
+        fail("eos-lp was to end on the EOS (the case where it is left out): %s"
+             % choice(out["eos-lp"]))
+    # characters split over tokens: bytes rejoin them, tokens show U+FFFD (the chat answer to
+    # emoji may be text; the completion of four emoji continues them on any CPU)
     entries = check_chat_entries("emoji", out["emoji"], choice(out["emoji"])["finish_reason"] == "stop")
-    if all(len(e["bytes"]) == 0 or e["token"] != "\ufffd" for e in entries):
-        fail("emoji: no token holds part of a character; the case is not exercised")
+    split = lambda toks: any(t == "\ufffd" for t in toks)
+    if not split(e["token"] for e in entries) and \
+            not split(choice(out["cmp-emoji"])["logprobs"]["tokens"]):
+        fail("emoji, cmp-emoji: no token holds part of a character; the case is not exercised")
 
     # completions: one entry per token, offsets into the text
     for cid in ("cmp-lp", "cmp-emoji"):
@@ -313,11 +368,11 @@ def engine_checks():
     # them changes no token and no logprob; greedy without penalties picks the first
     if content(out["plain-top"]) != plain or content(out["freq-top"]) != content(out["freq"]):
         fail("plain-top / freq-top: alternatives changed the tokens")
-    for cid, ref, k, flags in (("plain-top", "plain-lp", 5, []),
-                               ("freq-top", "freq", 20, ["--frequency-penalty", "2"])):
+    for cid, ref, k, text, flags in (("plain-top", "plain-lp", 5, QUESTION, []),
+                                     ("freq-top", "freq", 20, REPEAT, ["--frequency-penalty", "2"])):
         line = out[cid]
         entries = check_chat_entries(cid, line, choice(line)["finish_reason"] == "stop", top=k)
-        g = generate("--top-logprobs", str(k), *flags)
+        g = generate("--top-logprobs", str(k), *flags, chat=text)
         refs = choice(out[ref])["logprobs"]["content"]
         for i, (e, r) in enumerate(zip(entries, refs)):
             alts = e["top_logprobs"]

@@ -406,13 +406,28 @@ static void test_matmul_check_rejects_bad_shapes(void **state) {
     assert_true(cpu_matmul_scratch_size(CPU_T_Q4_0, 64, 3) >= 3 * (64 + 2 * 8));
 }
 
+/* MEDLEY_SIMD (set by test_cpu_kernels_scalar and by scripts/test.sh's per-level runs) caps
+ * the level chosen at load; without it the level is the CPU's best. */
+static void test_simd_env_caps_level(void **state) {
+    const char *env = getenv("MEDLEY_SIMD");
+    int want = cpu_simd_detect();
+    if (env && !strcmp(env, "scalar"))
+        want = CPU_SIMD_SCALAR;
+    else if (env && !strcmp(env, "avx2") && want > CPU_SIMD_AVX2)
+        want = CPU_SIMD_AVX2;
+    printf("MEDLEY_SIMD=%s: level %s (this CPU: up to %d)\n", env ? env : "(unset)",
+           cpu_simd_name(), cpu_simd_detect());
+    assert_int_equal(cpu_simd_level(), want);
+}
+
 static void test_simd_set_refuses_unsupported_level(void **state) {
+    int was = cpu_simd_level();
     assert_int_equal(cpu_simd_set(-1), -1);
     assert_int_equal(cpu_simd_set(CPU_SIMD_AVX512VNNI + 1), -1);
     assert_int_equal(cpu_simd_set(CPU_SIMD_SCALAR), 0);
     assert_string_equal(cpu_simd_name(), "scalar");
-    assert_int_equal(cpu_simd_set(cpu_simd_detect()), 0);
-    assert_int_equal(cpu_simd_level(), cpu_simd_detect());
+    assert_int_equal(cpu_simd_set(was), 0); /* the rest of the run keeps the level it had */
+    assert_int_equal(cpu_simd_level(), was);
 }
 
 /* ---- vector ops ---- */
@@ -697,6 +712,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dequant_matches_gguf_reference),
         cmocka_unit_test(test_matmul_check_rejects_bad_shapes),
+        cmocka_unit_test(test_simd_env_caps_level),
         cmocka_unit_test(test_simd_set_refuses_unsupported_level),
         cmocka_unit_test(test_matmul_every_type_level_and_odd_shape),
         cmocka_unit_test(test_matmul_batch_sizes_1_to_70),
