@@ -1,4 +1,4 @@
-/* cmd_run.c — `medley run in.jsonl -o out.jsonl`: the embedded default (DESIGN.md §7). Starts
+/* cmd_run.c — `medley run in.jsonl -o out.jsonl`: the embedded default (docs/design.md §7). Starts
  * a private redis-server on a unix socket in a temp dir (unless --redis is given), runs a
  * worker in a thread of this process, submits the file as a batch, shows progress on stderr,
  * writes the output, and stops everything it started, also on Ctrl-C. Same code path as a

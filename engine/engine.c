@@ -1,4 +1,4 @@
-/* engine.c — the continuous-batching loop (DESIGN.md §5): sequences wait, are admitted,
+/* engine.c — the continuous-batching loop (docs/design.md §5): sequences wait, are admitted,
  * run in chunks that mix prefill and decode in one forward pass per step, share prompt-prefix
  * KV blocks, are preempted (blocks released, recomputed later) when the KV budget runs out,
  * and finish on EOS, a stop string, max_tokens or the context limit.

@@ -1,6 +1,6 @@
-/* engine.h — the batch-first inference engine (DESIGN.md §5).
+/* engine.h — the batch-first inference engine (docs/design.md §5).
  *
- * One md_engine holds one loaded model on one set of devices and runs many sequences
+ * One md_engine holds one loaded model on one device (one backend) and runs many sequences
  * together: md_engine_submit() adds a sequence, md_engine_step() runs one iteration over
  * every live sequence (chunked prefill mixed with decode) and reports new tokens and
  * finished sequences. Single-threaded API: one caller thread drives an engine (the

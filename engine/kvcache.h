@@ -1,4 +1,4 @@
-/* kvcache.h — the paged KV cache's block accounting (DESIGN.md §5): fixed-size blocks under
+/* kvcache.h — the paged KV cache's block accounting (docs/design.md §5): fixed-size blocks under
  * a memory budget, reference counts so sequences with the same prompt prefix share blocks,
  * and a prefix index from "this block's tokens after that prefix" to a block already
  * computed. The K/V data itself lives in backend buffers (md_kv_bufs); this module only

@@ -2,7 +2,7 @@
  * GGUF file onto one backend, and its forward pass over one engine step.
  *
  * The forward pass is batch-first: a step of T tokens from many sequences makes one matmul
- * per weight with n = T (DESIGN.md §5), attention reads each sequence's paged KV cache.
+ * per weight with n = T (docs/design.md §5), attention reads each sequence's paged KV cache.
  *
  * Ownership: md_model_load() takes a reference to the open gguf_file (the caller keeps it
  * open until md_model_free(): weights are aliased from its mapping on CPU) and to the

@@ -1,5 +1,5 @@
 /* registry.h — named models: name -> file, family, source, checksum. A job names a model,
- * never a path (DESIGN.md §7); this is the one place names are resolved.
+ * never a path (docs/design.md §7); this is the one place names are resolved.
  *
  * The models directory is $MEDLEY_MODELS, else $XDG_CACHE_HOME/medley/models, else
  * ~/.cache/medley/models. Static data: nothing returned here needs freeing. */

@@ -1,7 +1,8 @@
-/* backend.h — the only door to a device (DESIGN.md §5): a table of function pointers that
- * the engine calls for every operation of a forward pass, in the style of ggml's backends.
- * The CPU backend (kernels/cpu/backend_cpu.c) is always built and is the reference; the CUDA
- * backend (kernels/cuda/) implements the same table.
+/* backend.h — the only door to a device (docs/design.md §5): a table of function pointers
+ * that the engine calls for every operation of a forward pass, in the style of ggml's
+ * backends. The CPU backend (kernels/cpu/backend_cpu.c) is always built and is the reference;
+ * the CUDA backend (kernels/cuda/) implements the same table. Devices by name: "cpu",
+ * "cpu:N", "cpu-exact", "cuda:K", "cuda-exact:K", "auto" (md_backend_open below).
  *
  * Memory model.
  *  - A md_buf is an opaque handle to device memory owned by one backend. The engine never
@@ -13,7 +14,7 @@
  *    shape) of quantized or float data, laid out as in GGUF: ne0 = row length (inputs),
  *    ne1 = number of rows (outputs).
  *  - The KV cache of one layer is two buffers (K and V) of n_blocks * block_tokens slots;
- *    a slot holds n_kv_heads * head_dim elements of the cache type (F32 or F16). Which slot
+ *    a slot holds n_kv_heads * head_dim elements of the cache type (kv_cache_type). Which slot
  *    a token's K/V live in is decided by the engine (block tables, prefix sharing,
  *    preemption); the backend just reads and writes slots.
  *  - Per-step metadata (token ids, positions, slots, block tables, which rows need logits)
@@ -21,12 +22,10 @@
  *    there, and the ops that follow in the same step use it. Ops are asynchronous with
  *    respect to the host on devices that queue work; buf_download and sync wait.
  *
- * Multi-device: a model runs as stages, each a contiguous range of layers on one backend
- * (possibly of different device types). Each stage has its own md_backend, KV buffers and
- * batch_prepare() call; the hidden state [T, C] crosses a stage boundary through
- * md_backend_copy() (host staging, or a peer copy when both sides can do it). Tensor
- * parallel groups sit behind one md_backend (the CUDA backend over NCCL), so the engine sees
- * one device per stage either way.
+ * Devices: one md_backend is one device (the host's CPU cores, or one GPU). The engine opens
+ * one backend and runs every layer of its model on it; a host with several GPUs runs one
+ * worker process per device (worker/supervise.h). Multi-device stages (pipeline and tensor
+ * parallelism, NCCL) are planned, not written (issue "sharded replicas").
  *
  * Errors: ops that can fail return 0 or a negative MD_E* code and fill e. The compute ops
  * assume the shapes were validated at model load (the engine checks every tensor's shape and
@@ -127,9 +126,10 @@ typedef struct {
 #define MD_SAMPLE_TOP 20 /* engine.h MD_TOP_LOGPROBS */
 
 typedef struct md_backend_ops {
-    const char *name; /* "cpu", "cuda" */
-    /* Element type of the KV cache the engine allocates on this backend: MD_TYPE_F32 (0,
-     * the CPU reference), MD_TYPE_F16 or MD_TYPE_BF16. */
+    const char *name; /* "cpu" (also cpu-exact), "cuda" (also cuda-exact) */
+    /* Element type of the KV cache the engine allocates on this backend unless configured
+     * otherwise: MD_TYPE_F16 (cpu, cuda), MD_TYPE_F32 (cpu-exact, cuda-exact) or
+     * MD_TYPE_BF16. */
     int kv_cache_type;
     /* 1: the engine hands every weight to buf_wrap as F32, dequantized on the host (the
      * exact modes of device backends, whose buf_wrap copies: the host copy is freed after
@@ -291,8 +291,9 @@ int md_backend_open(const char *device, int n_threads, md_backend **out, md_err 
  *  - "auto": "cuda:0" when the CUDA backend is built and a device is usable, otherwise
  *    "cpu" (not an error); logs one info line saying which device was chosen and why
  *    (the CUDA driver's sentence when there is no GPU).
- *  - "cuda:K" / "cuda" (and "cuda-exact:K" / "cuda-exact"): checked now, so a missing GPU is a clear error (MD_EUNSUPP when
- *    built without CUDA, MD_EDEVICE "no CUDA device is usable ..." otherwise).
+ *  - "cuda:K" / "cuda" (and "cuda-exact:K" / "cuda-exact"): checked now, so a missing GPU
+ *    is a clear error (MD_EUNSUPP when built without CUDA, MD_EDEVICE "no CUDA device is
+ *    usable ..." otherwise).
  *  - NULL or "" is "cpu"; other names are copied unchanged (md_backend_open checks them).
  * Writes the name to out (n bytes). */
 int md_backend_resolve(const char *device, char *out, size_t n, md_err *e);
@@ -322,8 +323,9 @@ int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e);
 int md_backend_cuda_exact_open(int ordinal, md_backend **out, md_err *e);
 #endif
 
-/* Copy n bytes between buffers of possibly different backends (stage boundaries); through
- * host memory in `staging` (n bytes) when the backends differ. */
+/* Copy n bytes between buffers of possibly different backends: a download into `staging`
+ * (host memory, n bytes), then an upload. Nothing calls it yet; it is the stage-boundary
+ * copy of the planned multi-device stages. */
 int md_backend_copy(md_backend *src_be, const md_buf *src, size_t src_off, md_backend *dst_be,
                     md_buf *dst, size_t dst_off, size_t n, void *staging, md_err *e);
 

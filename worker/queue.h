@@ -1,4 +1,4 @@
-/* queue.h — medley's Redis Streams protocol (DESIGN.md §3, docs/protocol.md): key names,
+/* queue.h — medley's Redis Streams protocol (docs/design.md §3, docs/protocol.md): key names,
  * batch creation and sealing, pipelined submission, the completion script that makes
  * results effectively-once, and batch reads for clients.
  *

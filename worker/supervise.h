@@ -1,7 +1,7 @@
 /* supervise.h — one process per device: `medley worker --devices D0,...,Dn-1` runs n complete
- * single-device workers as child processes and keeps them running (DESIGN.md: one engine per
- * device; each child heartbeats as its own one-device worker). Nothing here knows about Redis
- * or about what the children do:
+ * single-device workers as child processes and keeps them running (docs/design.md §5: one
+ * engine per device; each child heartbeats as its own one-device worker). Nothing here knows
+ * about Redis or about what the children do:
  *  - sv_devices_split / sv_devices_check turn the --devices list into checked device names
  *    before anything starts;
  *  - sv_run starts each child (fork + exec of its argv), relays its stderr line by line into

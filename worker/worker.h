@@ -1,4 +1,4 @@
-/* worker.h — the medley worker daemon (DESIGN.md §2-3, docs/protocol.md): reads requests of
+/* worker.h — the medley worker daemon (docs/design.md §2-3, docs/protocol.md): reads requests of
  * the models it serves from their Redis streams (consumer group `workers`), validates them,
  * runs them through a runner (echo or engine), writes each output line with the completion
  * script and only then XACKs; renews leases on what it runs, takes over entries idle past

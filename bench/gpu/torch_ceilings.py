@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The device's two measured ceilings (device/METHOD.md: measure them once, in the first
-call), read through PyTorch so that they do not depend on medley's own code:
+"""The device's two ceilings, measured on the device in the run rather than taken from its
+datasheet, read through PyTorch so that they do not depend on medley's own code:
 
 - copy: a device-to-device copy of --copy-gb gigabytes (random bf16), counting bytes read
   plus bytes written, the practical HBM bandwidth a memory-bound kernel can approach;

@@ -222,7 +222,7 @@ torch_py() {
 }
 
 # ---- the device's ceilings, through PyTorch (bench/gpu/torch_ceilings.py): copy bandwidth
-# and the bf16 matrix rate, measured in this run (device/METHOD.md) ----------------------
+# and the bf16 matrix rate, measured in this run rather than taken from the datasheet ----
 torch_py 60 ceilings ceilings.log bench/gpu/torch_ceilings.py --out "$OUT/ceilings.json" &&
     note "$(grep -m1 '^ceilings' "$OUT/ceilings.log")"
 
