@@ -8,18 +8,19 @@ set(CMAKE_REQUIRED_FLAGS "-std=c++20")
 check_cxx_source_compiles("#include <ucontext.h>\n#include <span>\nint main(){ucontext_t u;return getcontext(&u);}"
                           MEDLEY_HAVE_EMU_CXX)
 unset(CMAKE_REQUIRED_FLAGS)
-# medley_emu_orders(NAME BINARY ORDERS o... [ENV v...]): test NAME_o runs BINARY with each
-# block's threads resumed in order o (emu.cc MEDLEY_EMU_ORDER: reverse, random:SEED), so a
-# kernel reading another thread's write without a barrier between fails in some of them;
-# used here and in cuda_emu_rt.cmake
+# medley_emu_orders(NAME BINARY ORDERS o... [LABELS l...] [ENV v...]): test NAME_o runs
+# BINARY with each block's threads resumed in order o (emu.cc MEDLEY_EMU_ORDER: reverse,
+# random:SEED), so a kernel reading another thread's write without a barrier between fails in
+# some of them; labelled emu (CI's main build) and LABELS; used here and in cuda_emu_rt.cmake
 function(medley_emu_orders name binary)
-  cmake_parse_arguments(T "" "" "ORDERS;ENV" ${ARGN})
+  cmake_parse_arguments(T "" "" "ORDERS;ENV;LABELS" ${ARGN})
   foreach(order ${T_ORDERS})
     string(REPLACE ":" "_" oname ${order})
     set(env ${T_ENV})
     list(APPEND env "MEDLEY_EMU_ORDER=${order}")
     add_test(NAME ${name}_${oname} COMMAND ${binary})
-    set_tests_properties(${name}_${oname} PROPERTIES LABELS emu TIMEOUT 1200
+    set(labels emu ${T_LABELS})
+    set_tests_properties(${name}_${oname} PROPERTIES LABELS "${labels}" TIMEOUT 1200
                          SKIP_RETURN_CODE 77 ENVIRONMENT "${env}")
   endforeach()
 endfunction()
@@ -51,6 +52,6 @@ if(MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYTHON)
   target_compile_definitions(test_cuda_emu PRIVATE MEDLEY_FIXTURES="${MEDLEY_FIXTURES}")
   target_link_libraries(test_cuda_emu PRIVATE medley_emu_ref)
   add_test(NAME test_cuda_emu COMMAND test_cuda_emu)
-  set_tests_properties(test_cuda_emu PROPERTIES LABELS "emu" TIMEOUT 1200)
+  set_tests_properties(test_cuda_emu PROPERTIES LABELS "emu;emu-short" TIMEOUT 1200)
   medley_emu_orders(test_cuda_emu test_cuda_emu ORDERS reverse random:1)
 endif()

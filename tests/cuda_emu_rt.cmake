@@ -35,44 +35,56 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
   target_link_libraries(medley_cuda_emu_host PRIVATE medley_common)
 
   # name: the test; src: a tests/gpu source built for a real device as well; ENV: more
-  # environment for the run
+  # environment for the run; LABELS: emu-short (CI, here and under ASan in build-emu-asan),
+  # emu (CI, this build only) or emu-long (by hand: ctest -L emu-long); emu is added to each
   function(medley_emu_test name src)
-    cmake_parse_arguments(T "" "" "ENV" ${ARGN})
+    cmake_parse_arguments(T "" "" "ENV;LABELS" ${ARGN})
     medley_test(${name} SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/${src}
                 $<TARGET_OBJECTS:medley_cuda_emu_dev> $<TARGET_OBJECTS:medley_cuda_emu_host>
                 LIBS medley_engine medley_kernels PkgConfig::JANSSON Threads::Threads
-                LABELS emu)
+                LABELS emu ${T_LABELS})
     set_target_properties(${name} PROPERTIES LINKER_LANGUAGE CXX)
     set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
     if(T_ENV)
       set_property(TEST ${name} APPEND PROPERTY ENVIRONMENT ${T_ENV})
     endif()
   endfunction()
-  medley_emu_test(test_cuda_backend_emu test_cuda_backend.c)
-  medley_emu_test(test_cuda_engine_emu test_cuda_engine.c)
+  medley_emu_test(test_cuda_backend_emu test_cuda_backend.c LABELS emu-short)
+  medley_emu_test(test_cuda_engine_emu test_cuda_engine.c LABELS emu-short)
   # the backend and the kernel test with each block's threads resumed in other orders
   medley_emu_orders(test_cuda_backend_emu test_cuda_backend_emu ORDERS reverse random:1)
   # the same binary's fault case: the 40th launch (after the model's load, within its first
   # steps) leaves a sticky illegal-address error
   add_test(NAME test_cuda_engine_fault_emu COMMAND test_cuda_engine_emu)
-  set_tests_properties(test_cuda_engine_fault_emu PROPERTIES LABELS emu TIMEOUT 300
+  set_tests_properties(test_cuda_engine_fault_emu PROPERTIES LABELS "emu;emu-short" TIMEOUT 300
                        ENVIRONMENT "MEDLEY_EMU_FAIL_LAUNCH=40;MEDLEY_TEST_FILTER=*fault*")
-  # the engine on the emulated device, graphs and device sampling, on a small synthetic model
-  # (2 minutes here)
-  medley_emu_test(test_cuda_graphs_emu test_cuda_graphs.c ENV MEDLEY_GPU_TEST_MODEL=synthetic:tiny-hd64:q4_0)
+  # the engine on the emulated device, graphs and device sampling, on a small synthetic model:
+  # every case (2 to 6 minutes here) by hand; CI its small-batch case (also under ASan) and
+  # its penalties case
+  medley_emu_test(test_cuda_graphs_emu test_cuda_graphs.c LABELS emu-long
+                  ENV MEDLEY_GPU_TEST_MODEL=synthetic:tiny-hd64:q4_0)
+  add_test(NAME test_cuda_graphs_emu_short COMMAND test_cuda_graphs_emu)
+  set_tests_properties(test_cuda_graphs_emu_short PROPERTIES LABELS "emu;emu-short" TIMEOUT 900
+                       SKIP_RETURN_CODE 77 ENVIRONMENT
+                       "MEDLEY_GPU_TEST_MODEL=synthetic:tiny-hd64:q4_0;MEDLEY_TEST_FILTER=*small_batches*")
+  add_test(NAME test_cuda_graphs_emu_penalties COMMAND test_cuda_graphs_emu)
+  set_tests_properties(test_cuda_graphs_emu_penalties PROPERTIES LABELS emu TIMEOUT 900
+                       SKIP_RETURN_CODE 77 ENVIRONMENT
+                       "MEDLEY_GPU_TEST_MODEL=synthetic:tiny-hd64:q4_0;MEDLEY_TEST_FILTER=*penalties*")
   # SmolLM2 on the emulated device against the CPU backend and llama.cpp (the fixtures):
   # built, not run by ctest (tens of minutes here); run it by hand (docs/cuda.md)
   medley_emu_test(test_cuda_e2e_emu test_cuda_e2e.c)
   # the GPU kernel test (dequantization, every matmul path, sampling, graphs, the pool, sticky
-  # errors) on the emulator, its BF16-copy case at a small shape (1 minute here)
-  medley_emu_test(test_cuda_kernels_emu test_cuda_kernels.c ENV MEDLEY_GPU_TEST_SMALL=1)
+  # errors) on the emulator at small shapes (MEDLEY_GPU_TEST_SMALL)
+  medley_emu_test(test_cuda_kernels_emu test_cuda_kernels.c LABELS emu-short
+                  ENV MEDLEY_GPU_TEST_SMALL=1)
   medley_emu_orders(test_cuda_kernels_emu test_cuda_kernels_emu ORDERS reverse
-                    ENV MEDLEY_GPU_TEST_SMALL=1)
+                    LABELS emu-long ENV MEDLEY_GPU_TEST_SMALL=1)
   set_tests_properties(test_cuda_e2e_emu PROPERTIES DISABLED TRUE)
-  # its logits case alone runs in ctest (3 minutes here): SmolLM2's logits on the emulated
-  # device against the CPU backend, the exact f64 pass and llama.cpp
+  # its logits cases alone, by hand (3 minutes or more here): SmolLM2's logits on the
+  # emulated device against the CPU backend, the exact f64 pass and llama.cpp
   add_test(NAME test_cuda_e2e_logits_emu COMMAND test_cuda_e2e_emu)
-  set_tests_properties(test_cuda_e2e_logits_emu PROPERTIES LABELS "emu;e2e" TIMEOUT 900
+  set_tests_properties(test_cuda_e2e_logits_emu PROPERTIES LABELS "emu;emu-long;e2e" TIMEOUT 900
                        SKIP_RETURN_CODE 77 ENVIRONMENT "MEDLEY_TEST_FILTER=*logits*")
 
   # The device check's other binaries on the emulator, for its rehearsal

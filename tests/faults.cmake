@@ -41,7 +41,7 @@ add_test(NAME test_worker_faults_lastattempt COMMAND test_worker_faults lastatte
 set_tests_properties(test_worker_faults_lastattempt PROPERTIES LABELS integration TIMEOUT 300
                      SKIP_RETURN_CODE 77 ENVIRONMENT "${FAULTS_TEST_ENV}")
 # A step that never returns (kind=hang): the step watchdog hands its requests back within
-# 1.5 s (visibility 60 s), a healthy worker completes the batch while the dead one is stuck,
+# 6 s (visibility 60 s), a healthy worker completes the batch while the dead one is stuck,
 # and the dead one stops with "looks hung" once its step returns.
 add_test(NAME test_worker_faults_hung COMMAND test_worker_faults hung)
 set_tests_properties(test_worker_faults_hung PROPERTIES LABELS integration TIMEOUT 300

@@ -101,7 +101,8 @@ typedef struct {
     cuda_graph_cache gc;
     shadow *sh; /* sorted by w; n_sh used of cap_sh */
     size_t n_sh, cap_sh;
-    int exact; /* cuda-exact: F32 weights (the engine dequantizes them) and KV cache */
+    md_backend_ops ops; /* cuda_backend_ops, or cuda-exact's variant of them */
+    int exact;          /* cuda-exact: F32 weights (the engine dequantizes them) and KV cache */
     char desc[384];
 } cuda_backend;
 
@@ -1023,54 +1024,22 @@ static const md_backend_ops cuda_backend_ops = {
     .step_end = be_step_end,
 };
 
-/* cuda-exact: the same ops on F32 weights (the engine dequantizes them before buf_wrap, so
- * every product is the F32 GEMV or SGEMM against F32 x) and an F32 KV cache (FP32 attention:
- * the tensor-core kernel takes 16-bit caches only). No BF16 copies: there is nothing
- * quantized to copy. */
-static const md_backend_ops cuda_exact_ops = {
-    .name = "cuda",
-    .kv_cache_type = MD_TYPE_F32,
-    .weights_f32 = 1,
-    .default_max_seqs = 256,
-    .default_step_tokens = 2048,
-    .free = be_free,
-    .describe = be_describe,
-    .buf_alloc = be_buf_alloc,
-    .buf_wrap = be_buf_wrap,
-    .buf_free = be_buf_free,
-    .buf_upload = be_buf_upload,
-    .buf_download = be_buf_download,
-    .buf_zero = be_buf_zero,
-    .check_attention = be_check_attention,
-    .reserve = be_reserve,
-    .batch_prepare = be_batch_prepare,
-    .embed = be_embed,
-    .matmul = be_matmul,
-    .add_bias = be_add_bias,
-    .rmsnorm = be_rmsnorm,
-    .rope = be_rope,
-    .kv_write = be_kv_write,
-    .rope_kv = be_rope_kv,
-    .attention = be_attention,
-    .swiglu = be_swiglu,
-    .add = be_add,
-    .gather_rows = be_gather_rows,
-    .sync = be_sync,
-    .check_fits = be_check_fits,
-    .mem_info = be_mem_info,
-    .argmax = be_argmax,
-    .sample = be_sample,
-    .matmul_n = be_matmul_n,
-    .step_begin = be_step_begin,
-    .step_end = be_step_end,
-};
-
 static int cuda_open(int ordinal, int exact, md_backend **out, md_err *e) {
     *out = NULL;
     cuda_backend *b = calloc(1, sizeof *b);
     if (!b)
         return md_errf(e, MD_ENOMEM, "cuda backend: out of host memory");
-    b->base.ops = exact ? &cuda_exact_ops : &cuda_backend_ops;
+    /* cuda-exact: the same ops on F32 weights (the engine dequantizes them before buf_wrap,
+     * so every product is the F32 GEMV or SGEMM against F32 x) and an F32 KV cache (FP32
+     * attention: the tensor-core kernel takes 16-bit caches only); no BF16 copies, there is
+     * nothing quantized to copy */
+    b->ops = cuda_backend_ops;
+    if (exact) {
+        b->ops.kv_cache_type = MD_TYPE_F32;
+        b->ops.weights_f32 = 1;
+        b->ops.weight_shadow = NULL;
+    }
+    b->base.ops = &b->ops;
     b->exact = exact;
     int rc = cuda_ctx_open(ordinal, &b->c, e);
     if (rc) {

@@ -423,11 +423,12 @@ static long long pending_idle(int ms) {
 
 /* The step limit of the hung test: well above a healthy step of this build, or the watchdog
  * fires before the injected hang (a SmolLM2 step of 3 sequences took about 10 s in the ASan
- * build here, well under 1.5 s in the optimized one). */
+ * build here, well under 1.5 s in the optimized one, but the optimized build failed here with
+ * a 1.5 s limit while other builds loaded both cores four times over). */
 #if defined(__SANITIZE_ADDRESS__) || !defined(__OPTIMIZE__)
 #define HUNG_STEP_LIMIT_MS 30000
 #else
-#define HUNG_STEP_LIMIT_MS 1500
+#define HUNG_STEP_LIMIT_MS 6000
 #endif
 
 static void test_hung_step_hands_back_within_its_limit(void **state) {
@@ -450,8 +451,9 @@ static void test_hung_step_hands_back_within_its_limit(void **state) {
     printf("hung step: %lld request(s) handed back %.0f ms after the op blocked (limit %d ms)\n",
            back, ms_back, g_step_timeout_ms);
     assert_true(back >= 1);
-    /* the limit and a tick, not the 60 s visibility timeout */
-    assert_true(ms_back < HUNG_STEP_LIMIT_MS + 8500);
+    /* the limit and a tick (with room for a loaded machine), not the 60 s visibility
+     * timeout */
+    assert_true(ms_back < HUNG_STEP_LIMIT_MS + 20000);
     g_step_timeout_ms = -1;
     worker_start(&healthy, "healthy-cpu", "cpu");
     int completed = wait_status(batch, "completed", 120000);

@@ -415,8 +415,9 @@ static void test_simd_env_caps_level(void **state) {
         want = CPU_SIMD_SCALAR;
     else if (env && !strcmp(env, "avx2") && want > CPU_SIMD_AVX2)
         want = CPU_SIMD_AVX2;
-    printf("MEDLEY_SIMD=%s: level %s (this CPU: up to %d)\n", env ? env : "(unset)",
-           cpu_simd_name(), cpu_simd_detect());
+    static const char *const names[] = {"scalar", "avx2", "avx512vnni"};
+    printf("MEDLEY_SIMD=%s: level %s (this CPU: up to %s)\n", env ? env : "(unset)",
+           cpu_simd_name(), names[cpu_simd_detect()]);
     assert_int_equal(cpu_simd_level(), want);
 }
 
