@@ -13,7 +13,7 @@
 #define MEDLEY_WORKER_RUNNER_H
 
 #include "common/err.h"
-#include "worker/validate.h"
+#include "queue/validate.h"
 
 /* One of the most likely tokens at a position: an alternative (bytes as wk_token_lp's). */
 typedef struct {

@@ -21,9 +21,9 @@
 #include "common/log.h"
 #include "common/redis.h"
 #include "common/util.h"
+#include "queue/plan.h"
+#include "queue/queue.h"
 #include "worker/logprobs.h"
-#include "worker/plan.h"
-#include "worker/queue.h"
 #include "worker/watchdog.h"
 
 #define ENTRY_ID_MAX 48

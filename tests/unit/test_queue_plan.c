@@ -1,4 +1,4 @@
-/* test_queue_plan.c — worker/plan.c: request-size estimates, class picking, the scheduler's
+/* test_queue_plan.c — queue/plan.c: request-size estimates, class picking, the scheduler's
  * device names, a worker's assignment from a plan, and clear errors for malformed plans. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/plan.h"
+#include "queue/plan.h"
 
 static json_t *parse(const char *s) {
     json_t *j = json_loads(s, 0, NULL);

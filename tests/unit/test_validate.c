@@ -1,4 +1,4 @@
-/* test_validate.c — worker/validate.c: every kind of bad input line gets the right OpenAI
+/* test_validate.c — queue/validate.c: every kind of bad input line gets the right OpenAI
  * error code and names its field; good lines come out with their parameters (the sampling
  * extras and logprobs too, off when absent or null). */
 #include <setjmp.h>
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/validate.h"
+#include "queue/validate.h"
 
 static wk_limits lim;
 

@@ -1,5 +1,5 @@
 /* client.c — see client.h. */
-#include "worker/client.h"
+#include "queue/client.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -8,8 +8,8 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "worker/plan.h"
-#include "worker/validate.h"
+#include "queue/plan.h"
+#include "queue/validate.h"
 
 int q_parse_duration(const char *s, long long *seconds, md_err *e) {
     char *end;

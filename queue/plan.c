@@ -1,12 +1,12 @@
 /* plan.c — see plan.h: classes and worker assignments read from the scheduler's plan. */
-#include "worker/plan.h"
+#include "queue/plan.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/queue.h"
+#include "queue/queue.h"
 
 int q_class_name_check(const char *name, md_err *e) {
     size_t n = strlen(name);

@@ -5,8 +5,8 @@
  *
  * Ownership: wk_request points into its own parsed JSON (req->root) and into req->text (the
  * joined content parts); wk_request_free() releases both. */
-#ifndef MEDLEY_WORKER_VALIDATE_H
-#define MEDLEY_WORKER_VALIDATE_H
+#ifndef MEDLEY_QUEUE_VALIDATE_H
+#define MEDLEY_QUEUE_VALIDATE_H
 
 #include <jansson.h>
 #include <stddef.h>

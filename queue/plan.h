@@ -15,8 +15,8 @@
  * class streams those replicas list plus any class of the model no replica lists.
  *
  * Documents are the caller's (jansson references); nothing here keeps a pointer into them. */
-#ifndef MEDLEY_WORKER_PLAN_H
-#define MEDLEY_WORKER_PLAN_H
+#ifndef MEDLEY_QUEUE_PLAN_H
+#define MEDLEY_QUEUE_PLAN_H
 
 #include <jansson.h>
 

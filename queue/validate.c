@@ -1,6 +1,6 @@
 /* validate.c — see validate.h. Every rejection names the field and what was expected, in
  * the words of OpenAI's API errors, so a client can fix its line without reading code. */
-#include "worker/validate.h"
+#include "queue/validate.h"
 
 #include <limits.h>
 #include <math.h>
