@@ -207,8 +207,8 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
     size_t cap = 0;
     ssize_t len;
     long long total = 0, routed[Q_CLASS_MAX] = {0};
-    wk_limits lim;
-    wk_limits_default(&lim);
+    q_limits lim;
+    q_limits_default(&lim);
     while (!rc && (len = getline(&line, &cap, f)) >= 0) {
         if (blank(line, (size_t)len))
             continue;

@@ -39,7 +39,7 @@ typedef struct {
     int s; /* stream index */
     char id[ENTRY_ID_MAX];
     char batch[Q_BATCH_ID_MAX];
-    char custom_id[WK_CUSTOM_ID_MAX];
+    char custom_id[Q_CUSTOM_ID_MAX];
     int chat;
     long long attempt;
     double queue_ms;
@@ -52,7 +52,7 @@ typedef struct {
     int scripted; /* the completion script returned; only the XACK is left */
     char id[ENTRY_ID_MAX];
     char batch[Q_BATCH_ID_MAX];
-    char member[WK_CUSTOM_ID_MAX + ENTRY_ID_MAX]; /* {B}:done member */
+    char member[Q_CUSTOM_ID_MAX + ENTRY_ID_MAX]; /* {B}:done member */
     int ok;
     char *line; /* output line (malloc'd) */
 } answer;
@@ -123,7 +123,7 @@ typedef struct {
 void wk_config_default(wk_config *c) {
     memset(c, 0, sizeof *c);
     c->prefix = "medley:";
-    wk_limits_default(&c->limits);
+    q_limits_default(&c->limits);
     c->visibility_ms = 60000;
     c->max_attempts = 3;
     c->block_ms = 1000;
@@ -219,7 +219,7 @@ static void ids(char *out, const char *prefix) {
 
 /* A request the API refused (400): response.body.error, as OpenAI's Batch output has it. */
 static void answer_invalid(wk *w, int s, const char *entry_id, const char *batch,
-                           const char *custom_id, const wk_verr *ve, double queue_ms,
+                           const char *custom_id, const q_verr *ve, double queue_ms,
                            long long attempt) {
     char id[48], rid[48];
     ids(id, "batch_req_");
@@ -574,10 +574,10 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
     if (!b)
         return; /* Redis lost: the entry stays pending and is redelivered */
     double qms = waited_ms(id);
-    char cidbuf[WK_CUSTOM_ID_MAX];
-    wk_request req;
-    wk_verr ve;
-    int bad = wk_validate(line, llen, &w->cfg->limits, &req, cidbuf, &ve);
+    char cidbuf[Q_CUSTOM_ID_MAX];
+    q_request req;
+    q_verr ve;
+    int bad = q_validate(line, llen, &w->cfg->limits, &req, cidbuf, &ve);
     const char *cid = req.custom_id;
     if (!b->exists) {
         MD_WARN("worker", "entry %s names batch %s, which does not exist; dropped", id, batch);
@@ -611,7 +611,7 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
                 j = &md->jobs[i];
         if (!j) { /* cannot happen (reads never exceed free slots); left pending if it does */
             MD_ERROR("worker", "no free slot for entry %s; it will be taken over later", id);
-            wk_request_free(&req);
+            q_request_free(&req);
             return;
         }
         memset(j, 0, sizeof *j);
@@ -636,7 +636,7 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
             answer_error(w, s, id, batch, cid, "server_error", e.msg, qms, attempt);
         }
     }
-    wk_request_free(&req);
+    q_request_free(&req);
 }
 
 /* Delivery counts of entries (XPENDING id id 1 each, pipelined); 0 when unknown. */
@@ -734,16 +734,16 @@ static void take_all(wk *w, int s, redisReply *entries, int claimed) {
             }
             freeReplyObject(rep);
             MD_WARN("worker", "entry %s: %s; moved to %s", id, reason, dlq);
-            char cidbuf[WK_CUSTOM_ID_MAX];
-            wk_request req;
-            wk_verr ve;
-            wk_validate(line ? line : "", line ? llen : 0, &w->cfg->limits, &req, cidbuf, &ve);
+            char cidbuf[Q_CUSTOM_ID_MAX];
+            q_request req;
+            q_verr ve;
+            q_validate(line ? line : "", line ? llen : 0, &w->cfg->limits, &req, cidbuf, &ve);
             if (batch && !q_batch_id_check(batch, &e))
                 answer_error(w, s, id, batch, req.custom_id, "max_attempts_exceeded", reason,
                              waited_ms(id), attempt);
             else
                 ack_only(w, s, id);
-            wk_request_free(&req);
+            q_request_free(&req);
             continue;
         }
         take(w, s, id, fields, attempt);

@@ -27,7 +27,7 @@ typedef struct {
     const char *models[WK_MAX_MODELS];
     int n_models;
     wk_runner_opts runner;
-    wk_limits limits;
+    q_limits limits;
     int visibility_ms; /* entries idle longer are taken over (default 60000) */
     int max_attempts;  /* deliveries before the DLQ (default 3) */
     int block_ms;      /* XREADGROUP BLOCK when idle (default 1000) */
