@@ -11,6 +11,8 @@ medley_test(test_queue_redis_url SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_q
             LIBS medley_queue LABELS unit)
 medley_test(test_queue_plan SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_plan.c
             LIBS medley_queue LABELS unit)
+medley_test(test_worker_assign SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_worker_assign.c
+            LIBS medley_worker LABELS unit)
 # worker/supervise.c (medley worker --devices) with /bin/sh children and short backoffs.
 medley_test(test_supervise SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_supervise.c
             LIBS medley_worker LABELS unit)

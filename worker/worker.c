@@ -23,6 +23,7 @@
 #include "common/util.h"
 #include "queue/plan.h"
 #include "queue/queue.h"
+#include "worker/assign.h"
 #include "worker/logprobs.h"
 #include "worker/watchdog.h"
 
@@ -1154,9 +1155,9 @@ static void reap(wk *w) {
  * requests finish and are written; nothing new is read), new ones are opened, and each
  * served model reads P q:{M} plus the class streams of its replicas. */
 static void apply_plan(wk *w, const json_t *plan) {
-    q_assign as[Q_ASSIGN_MAX];
+    wk_assign as[WK_ASSIGN_MAX];
     md_err e = {0};
-    int n = plan ? q_plan_assignment(plan, w->me, as, &e) : 0;
+    int n = plan ? wk_plan_assignment(plan, w->me, as, &e) : 0;
     long long version = plan ? q_plan_version(plan) : -1;
     if (n < 0) {
         MD_ERROR("worker", "plan v%lld: %s; keeping what is served", version, e.msg);

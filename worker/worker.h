@@ -39,7 +39,7 @@ typedef struct {
      * ("H200", "L4"); NULL: the runner's ("cpu", "cuda"). */
     const char *device_type;
     /* Serve what the scheduler's plan (P plan) gives this worker instead of `models`: the
-     * replicas whose stages name its device "{<id>}/0" (queue/plan.h), each model read from
+     * replicas whose stages name its device "{<id>}/0" (worker/assign.h), each model read from
      * P q:{M} and the class streams P q:{M}:<class> of its replicas. The plan is looked at
      * every plan_check_ms (default 1000) through P plan:version. */
     int follow_plan;
