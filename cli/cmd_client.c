@@ -10,8 +10,8 @@
 #include "cli/commands.h"
 #include "common/redis.h"
 #include "common/util.h"
-#include "worker/client.h"
-#include "worker/queue.h"
+#include "queue/client.h"
+#include "queue/queue.h"
 
 typedef struct {
     const char *redis, *prefix;

@@ -21,7 +21,7 @@
 #include "common/redis.h"
 #include "common/util.h"
 #include "kernels/backend.h"
-#include "worker/client.h"
+#include "queue/client.h"
 #include "worker/worker.h"
 
 static volatile sig_atomic_t g_interrupted = 0;

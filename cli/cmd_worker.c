@@ -184,45 +184,95 @@ static int run_devices(int argc, char **argv, const unsigned char *skip, const w
     return 0;
 }
 
-/* cmd_worker's body; skip (argc entries, zeroed) marks the argv entries that children
- * started for --devices do not get. */
-static int worker_main(int argc, char **argv, unsigned char *skip) {
-    wk_config cfg;
-    wk_config_default(&cfg);
-    int log_json = 1;
-    const char *device = NULL, *devices = NULL;
-    const char *env_delay = getenv("MEDLEY_ECHO_DELAY_MS");
-    if (env_delay && *env_delay)
-        cfg.runner.echo_delay_ms = atoi(env_delay);
+/* What the flags say beyond wk_config. */
+typedef struct {
+    int log_json;                 /* JSON-line logs (no --log-text) */
+    const char *device, *devices; /* --device, --devices as given */
+} worker_flags;
+
+/* An integer flag (--max-seqs, --visibility-ms, ...) with its value v into cfg. Returns 0, 1
+ * when a is not one of them, or 2 when v is not a valid value (said on stderr). */
+static int int_flag(wk_config *cfg, const char *a, const char *v) {
+    static const struct {
+        const char *flag;
+        long lo, hi;
+    } ints[] = {{"--max-seqs", 1, 65536},
+                {"--threads", 0, 4096},
+                {"--echo-delay-ms", 0, 3600000},
+                {"--echo-ctx", 1, 1 << 30},
+                {"--visibility-ms", 100, 86400000},
+                {"--max-attempts", 1, 1000},
+                {"--block-ms", 1, 60000},
+                {"--heartbeat-ms", 100, 3600000},
+                {"--grace-ms", 0, 86400000},
+                {"--max-line-bytes", 1024, 1 << 30},
+                {"--connect-timeout-ms", 1, 600000},
+                {"--command-timeout-ms", 0, 3600000},
+                {"--plan-check-ms", 10, 3600000},
+                {"--step-timeout-ms", 0, 86400000},
+                {"--load-timeout-ms", 0, 86400000}};
+    int k = -1;
+    for (size_t j = 0; j < sizeof ints / sizeof *ints; j++)
+        if (!strcmp(a, ints[j].flag))
+            k = (int)j;
+    if (k < 0)
+        return 1;
+    long x = 0;
+    if (int_arg(a, v, ints[k].lo, ints[k].hi, &x))
+        return 2;
+    switch (k) {
+    case 0: cfg->runner.max_seqs = (int)x; break;
+    case 1: cfg->runner.n_threads = (int)x; break;
+    case 2: cfg->runner.echo_delay_ms = (int)x; break;
+    case 3: cfg->runner.echo_ctx = (int)x; break;
+    case 4: cfg->visibility_ms = (int)x; break;
+    case 5: cfg->max_attempts = (int)x; break;
+    case 6: cfg->block_ms = (int)x; break;
+    case 7: cfg->heartbeat_ms = (int)x; break;
+    case 8: cfg->grace_ms = (int)x; break;
+    case 9: cfg->limits.max_line_bytes = (size_t)x; break;
+    case 10: cfg->connect_timeout_ms = (int)x; break;
+    case 11: cfg->command_timeout_ms = (int)x; break;
+    case 12: cfg->plan_check_ms = (int)x; break;
+    case 13: cfg->step_timeout_ms = (int)x; break;
+    case 14: cfg->load_timeout_ms = (int)x; break;
+    }
+    return 0;
+}
+
+/* argv into cfg and fl; skip (argc entries, zeroed) gets the entries that children started
+ * for --devices do not get. Returns -1 to go on, else the exit status: 0 after --help, 2 on
+ * a usage error (said on stderr). */
+static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cfg,
+                       worker_flags *fl) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long x = 0;
         int used = 1; /* consumes v */
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--log-text")) {
-            log_json = 0;
+            fl->log_json = 0;
             used = 0;
         } else if (!strcmp(a, "--follow-plan")) {
-            cfg.follow_plan = 1;
+            cfg->follow_plan = 1;
             used = 0;
         } else if (!v) {
             fprintf(stderr, "medley worker: %s needs a value (or is unknown)\n", a);
             usage(stderr);
             return 2;
         } else if (!strcmp(a, "--model") || !strcmp(a, "-m")) {
-            if (cfg.n_models == WK_MAX_MODELS) {
+            if (cfg->n_models == WK_MAX_MODELS) {
                 fprintf(stderr, "medley worker: at most %d models\n", WK_MAX_MODELS);
                 return 2;
             }
-            cfg.models[cfg.n_models++] = v;
+            cfg->models[cfg->n_models++] = v;
         } else if (!strcmp(a, "--redis")) {
-            cfg.redis_url = v;
+            cfg->redis_url = v;
         } else if (!strcmp(a, "--prefix")) {
-            cfg.prefix = v;
+            cfg->prefix = v;
         } else if (!strcmp(a, "--id")) {
-            cfg.id = v;
+            cfg->id = v;
             skip[i] = skip[i + 1] = 1;
         } else if (!strcmp(a, "--device")) {
             if (strchr(v, ',')) {
@@ -232,113 +282,96 @@ static int worker_main(int argc, char **argv, unsigned char *skip) {
                         v);
                 return 2;
             }
-            device = v;
+            fl->device = v;
         } else if (!strcmp(a, "--devices")) {
-            devices = v;
+            fl->devices = v;
             skip[i] = skip[i + 1] = 1;
         } else if (!strcmp(a, "--kv-type")) {
-            cfg.runner.kv_type = v;
+            cfg->runner.kv_type = v;
         } else if (!strcmp(a, "--bf16-weights")) {
-            cfg.runner.bf16_weights = v;
+            cfg->runner.bf16_weights = v;
         } else if (!strcmp(a, "--device-type")) {
-            cfg.device_type = v;
+            cfg->device_type = v;
         } else if (!strcmp(a, "--usd-per-hour")) {
             char *end;
-            cfg.usd_per_hour = strtod(v, &end);
-            if (*end || !(cfg.usd_per_hour >= 0)) {
+            cfg->usd_per_hour = strtod(v, &end);
+            if (*end || !(cfg->usd_per_hour >= 0)) {
                 fprintf(stderr, "medley worker: --usd-per-hour needs a number >= 0\n");
                 return 2;
             }
             skip[i] = skip[i + 1] = 1;
         } else {
-            static const struct {
-                const char *flag;
-                long lo, hi;
-            } ints[] = {{"--max-seqs", 1, 65536},
-                        {"--threads", 0, 4096},
-                        {"--echo-delay-ms", 0, 3600000},
-                        {"--echo-ctx", 1, 1 << 30},
-                        {"--visibility-ms", 100, 86400000},
-                        {"--max-attempts", 1, 1000},
-                        {"--block-ms", 1, 60000},
-                        {"--heartbeat-ms", 100, 3600000},
-                        {"--grace-ms", 0, 86400000},
-                        {"--max-line-bytes", 1024, 1 << 30},
-                        {"--connect-timeout-ms", 1, 600000},
-                        {"--command-timeout-ms", 0, 3600000},
-                        {"--plan-check-ms", 10, 3600000},
-                        {"--step-timeout-ms", 0, 86400000},
-                        {"--load-timeout-ms", 0, 86400000}};
-            int k = -1;
-            for (size_t j = 0; j < sizeof ints / sizeof *ints; j++)
-                if (!strcmp(a, ints[j].flag))
-                    k = (int)j;
-            if (k < 0) {
+            int rc = int_flag(cfg, a, v);
+            if (rc == 1) {
                 fprintf(stderr, "medley worker: unknown option %s\n", a);
                 usage(stderr);
                 return 2;
             }
-            if (int_arg(a, v, ints[k].lo, ints[k].hi, &x))
-                return 2;
-            switch (k) {
-            case 0: cfg.runner.max_seqs = (int)x; break;
-            case 1: cfg.runner.n_threads = (int)x; break;
-            case 2: cfg.runner.echo_delay_ms = (int)x; break;
-            case 3: cfg.runner.echo_ctx = (int)x; break;
-            case 4: cfg.visibility_ms = (int)x; break;
-            case 5: cfg.max_attempts = (int)x; break;
-            case 6: cfg.block_ms = (int)x; break;
-            case 7: cfg.heartbeat_ms = (int)x; break;
-            case 8: cfg.grace_ms = (int)x; break;
-            case 9: cfg.limits.max_line_bytes = (size_t)x; break;
-            case 10: cfg.connect_timeout_ms = (int)x; break;
-            case 11: cfg.command_timeout_ms = (int)x; break;
-            case 12: cfg.plan_check_ms = (int)x; break;
-            case 13: cfg.step_timeout_ms = (int)x; break;
-            case 14: cfg.load_timeout_ms = (int)x; break;
-            }
+            if (rc)
+                return rc;
         }
         i += used;
     }
-    if (cfg.n_models > 0 && cfg.follow_plan) {
+    if (cfg->n_models > 0 && cfg->follow_plan) {
         fprintf(stderr, "medley worker: --model and --follow-plan exclude each other\n");
         return 2;
     }
-    if (device && devices) {
+    if (fl->device && fl->devices) {
         fprintf(stderr, "medley worker: --device and --devices exclude each other (--devices D "
                         "with one entry is --device D)\n");
         return 2;
     }
-    md_log_set_json(log_json);
-    if (devices) {
-        md_err se = {0};
-        int n = sv_devices_split(devices, g_devs, SV_MAX_CHILDREN, &se);
-        if (n < 0) {
-            fprintf(stderr, "medley worker: %s\n", se.msg);
-            return 2;
-        }
-        if (n > 1)
-            return run_devices(argc, argv, skip, &cfg, n, log_json);
-        device = g_devs[0];
-    }
-    cfg.runner.device = device;
-    if (cfg.n_models == 0)
-        cfg.follow_plan = 1;
-    /* The device, before any Redis work: "auto" (the default) picks cuda:0 or cpu and says
-     * why; a named GPU that is not usable is an error here. Workers serving only the echo
-     * model have no device. */
-    int echo_only = cfg.n_models > 0;
-    for (int m = 0; m < cfg.n_models; m++)
-        if (strcmp(cfg.models[m], "echo"))
+    return -1;
+}
+
+/* The device, before any Redis work: "auto" (the default) picks cuda:0 or cpu and says
+ * why; a named GPU that is not usable is an error here. Workers serving only the echo
+ * model have no device. Returns 0, or 1 (said in the log). */
+static int resolve_device(wk_config *cfg) {
+    int echo_only = cfg->n_models > 0;
+    for (int m = 0; m < cfg->n_models; m++)
+        if (strcmp(cfg->models[m], "echo"))
             echo_only = 0;
     md_err de = {0};
-    if (!echo_only && md_backend_resolve(cfg.runner.device ? cfg.runner.device : "auto", g_device,
+    if (!echo_only && md_backend_resolve(cfg->runner.device ? cfg->runner.device : "auto", g_device,
                                          sizeof g_device, &de)) {
         MD_ERROR("worker", "%s", de.msg);
         return 1;
     }
     if (!echo_only)
-        cfg.runner.device = g_device;
+        cfg->runner.device = g_device;
+    return 0;
+}
+
+/* cmd_worker's body; skip (argc entries, zeroed) marks the argv entries that children
+ * started for --devices do not get. */
+static int worker_main(int argc, char **argv, unsigned char *skip) {
+    wk_config cfg;
+    wk_config_default(&cfg);
+    worker_flags fl = {.log_json = 1};
+    const char *env_delay = getenv("MEDLEY_ECHO_DELAY_MS");
+    if (env_delay && *env_delay)
+        cfg.runner.echo_delay_ms = atoi(env_delay);
+    int rc = parse_flags(argc, argv, skip, &cfg, &fl);
+    if (rc >= 0)
+        return rc;
+    md_log_set_json(fl.log_json);
+    if (fl.devices) {
+        md_err se = {0};
+        int n = sv_devices_split(fl.devices, g_devs, SV_MAX_CHILDREN, &se);
+        if (n < 0) {
+            fprintf(stderr, "medley worker: %s\n", se.msg);
+            return 2;
+        }
+        if (n > 1)
+            return run_devices(argc, argv, skip, &cfg, n, fl.log_json);
+        fl.device = g_devs[0];
+    }
+    cfg.runner.device = fl.device;
+    if (cfg.n_models == 0)
+        cfg.follow_plan = 1;
+    if (resolve_device(&cfg))
+        return 1;
     on_stop_signals();
     md_err e = {0};
     if (wk_run(&cfg, &g_stop, &e)) {

@@ -1,15 +1,17 @@
-# The queue (worker/, common/redis.c, cli/cmd_worker.c, cmd_client.c, cmd_run.c): unit tests of
-# validation, output-line logprobs and URLs; integration tests that start their own redis-server and drive the real
-# `medley` binary (and a redis-py client and worker written from docs/protocol.md). They are
-# registered even when redis-server is missing, so that a machine without it fails them
-# ("redis-server not found") instead of skipping them silently.
+# The queue (queue/, worker/, common/redis.c, cli/cmd_worker.c, cmd_client.c, cmd_run.c): unit
+# tests of validation, output-line logprobs and URLs; integration tests that start their own
+# redis-server and drive the real `medley` binary (and a redis-py client and worker written from
+# docs/protocol.md). They are registered even when redis-server is missing, so that a machine
+# without it fails them ("redis-server not found") instead of skipping them silently.
 medley_test(test_validate SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_validate.c
-            LIBS medley_worker LABELS unit)
+            LIBS medley_queue LABELS unit)
 medley_test(test_worker_logprobs SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_worker_logprobs.c
             LIBS medley_worker LABELS unit)
 medley_test(test_queue_redis_url SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_redis_url.c
-            LIBS medley_worker LABELS unit)
+            LIBS medley_queue LABELS unit)
 medley_test(test_queue_plan SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_plan.c
+            LIBS medley_queue LABELS unit)
+medley_test(test_worker_assign SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_worker_assign.c
             LIBS medley_worker LABELS unit)
 # worker/supervise.c (medley worker --devices) with /bin/sh children and short backoffs.
 medley_test(test_supervise SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_supervise.c
@@ -46,7 +48,7 @@ add_test(NAME queue_run_smollm2
 set_tests_properties(queue_run_smollm2 PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77
                      ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
 
-# Sampling extras and logprobs of input lines (worker/validate.c, worker/logprobs.c):
+# Sampling extras and logprobs of input lines (queue/validate.c, worker/logprobs.c):
 # worker_sampling on the echo model through a real Redis; worker_sampling_smollm2 on the real
 # engine through `medley run`, against `medley generate` with the same flags.
 add_test(NAME worker_sampling

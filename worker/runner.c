@@ -54,7 +54,7 @@ int wk_runner_live(const wk_runner *r) {
 int wk_runner_n_ctx(const wk_runner *r) {
     return r->ops->n_ctx(r->self);
 }
-int wk_runner_start(wk_runner *r, const wk_request *req, void *tag, md_err *e) {
+int wk_runner_start(wk_runner *r, const q_request *req, void *tag, md_err *e) {
     return r->ops->start(r->self, req, tag, e);
 }
 int wk_runner_poll(wk_runner *r, int wait_ms, wk_done_fn done, void *ctx, md_err *e) {

@@ -13,7 +13,7 @@
 #define MEDLEY_WORKER_RUNNER_H
 
 #include "common/err.h"
-#include "worker/validate.h"
+#include "queue/validate.h"
 
 /* One of the most likely tokens at a position: an alternative (bytes as wk_token_lp's). */
 typedef struct {
@@ -40,12 +40,12 @@ typedef struct {
     const char *finish_reason; /* "stop" | "length" */
     int prompt_tokens, completion_tokens;
     double prefill_ms, decode_ms;
-    /* The request asked for logprobs (wk_request.logprobs): lp[0..n_lp) are the tokens of
+    /* The request asked for logprobs (q_request.logprobs): lp[0..n_lp) are the tokens of
      * text in order, n_lp possibly 0. Tokens the text does not show are left out: an
      * end-of-generation token, and those past a stop string's start (a token that begins
      * before the cut is kept, with all its bytes). */
     int logprobs;
-    int top_logprobs; /* alternatives asked for per token (wk_request.top_logprobs) */
+    int top_logprobs; /* alternatives asked for per token (q_request.top_logprobs) */
     const wk_token_lp *lp;
     int n_lp;
     const char *error; /* non-NULL: the request failed inside the runner */
@@ -57,13 +57,13 @@ typedef struct {
 typedef void (*wk_done_fn)(void *ctx, void *tag, const wk_result *res);
 
 typedef struct {
-    int echo_delay_ms;  /* echo: delay before each answer (MEDLEY_ECHO_DELAY_MS) */
-    int echo_ctx;       /* echo: context length in bytes (default 8192) */
-    int max_seqs;       /* concurrent requests (0: echo 256, engine: the device's
-                           default, 64 on cpu, 256 on cuda) */
-    const char *device; /* engine: "cpu", "cuda:0", ... (NULL = cpu) */
-    int n_threads;      /* engine: CPU threads (0 = all cores) */
-    const char *kv_type; /* engine: KV cache "f16" / "f32" (NULL = the backend's) */
+    int echo_delay_ms;        /* echo: delay before each answer (MEDLEY_ECHO_DELAY_MS) */
+    int echo_ctx;             /* echo: context length in bytes (default 8192) */
+    int max_seqs;             /* concurrent requests (0: echo 256, engine: the device's
+                                 default, 64 on cpu, 256 on cuda) */
+    const char *device;       /* engine: "cpu", "cuda:0", ... (NULL = cpu) */
+    int n_threads;            /* engine: CPU threads (0 = all cores) */
+    const char *kv_type;      /* engine: KV cache "f16" / "f32" (NULL = the backend's) */
     const char *bf16_weights; /* engine: BF16 weight copies "auto" (NULL) / "on" / "off" */
 } wk_runner_opts;
 
@@ -81,7 +81,7 @@ int wk_runner_live(const wk_runner *r);
 int wk_runner_n_ctx(const wk_runner *r);
 /* Start a request. MD_ERANGE (message for the client in e) when the prompt plus max_tokens
  * does not fit the context; other errors are the runner's. */
-int wk_runner_start(wk_runner *r, const wk_request *req, void *tag, md_err *e);
+int wk_runner_start(wk_runner *r, const q_request *req, void *tag, md_err *e);
 /* Make progress; blocks at most wait_ms when nothing is ready. Returns 0 or an error that
  * failed every live request (each already reported through done with res->error). */
 int wk_runner_poll(wk_runner *r, int wait_ms, wk_done_fn done, void *ctx, md_err *e);

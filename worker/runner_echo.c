@@ -79,7 +79,7 @@ static size_t utf8_cut(const char *s, size_t n) {
     return i;
 }
 
-static int echo_start(void *self, const wk_request *req, void *tag, md_err *e) {
+static int echo_start(void *self, const q_request *req, void *tag, md_err *e) {
     echo_runner *r = self;
     if (r->live >= r->cap)
         return md_errf(e, MD_ENOMEM, "echo runner is full (%d requests)", r->cap);
@@ -94,7 +94,7 @@ static int echo_start(void *self, const wk_request *req, void *tag, md_err *e) {
                        "This model's maximum context length is %d tokens. However, you requested "
                        "%zu tokens (%zu in the messages, %d in the completion).",
                        r->n_ctx, prompt + (size_t)req->max_tokens, prompt, req->max_tokens);
-    const char *src = wk_request_prompt_text(req);
+    const char *src = q_request_prompt_text(req);
     size_t n = strlen(src);
     const char *finish = "stop";
     if (n > (size_t)req->max_tokens) {

@@ -198,14 +198,14 @@ static const char *engine_device(void *self) {
     return ((engine_runner *)self)->device;
 }
 
-static int engine_start(void *self, const wk_request *req, void *tag, md_err *e) {
+static int engine_start(void *self, const q_request *req, void *tag, md_err *e) {
     engine_runner *r = self;
     if (r->live >= r->cap)
         return md_errf(e, MD_ENOMEM, "engine runner is full (%d sequences)", r->cap);
     char *prompt = NULL;
     int rc;
     if (req->chat) {
-        tok_chat_msg msgs[WK_MAX_MSGS];
+        tok_chat_msg msgs[Q_MAX_MSGS];
         for (int i = 0; i < req->n_msgs; i++) {
             msgs[i].role = req->msgs[i].role;
             msgs[i].content = req->msgs[i].content;

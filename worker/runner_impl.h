@@ -10,7 +10,7 @@ typedef struct {
     int (*live)(void *self);
     int (*n_ctx)(void *self);
     const char *(*device)(void *self);
-    int (*start)(void *self, const wk_request *req, void *tag, md_err *e);
+    int (*start)(void *self, const q_request *req, void *tag, md_err *e);
     int (*poll)(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err *e);
     void (*close)(void *self);
 } wk_runner_ops;

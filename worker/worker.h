@@ -15,8 +15,8 @@
 #include <signal.h>
 
 #include "common/err.h"
+#include "queue/validate.h"
 #include "worker/runner.h"
-#include "worker/validate.h"
 
 #define WK_MAX_MODELS 16
 
@@ -27,7 +27,7 @@ typedef struct {
     const char *models[WK_MAX_MODELS];
     int n_models;
     wk_runner_opts runner;
-    wk_limits limits;
+    q_limits limits;
     int visibility_ms; /* entries idle longer are taken over (default 60000) */
     int max_attempts;  /* deliveries before the DLQ (default 3) */
     int block_ms;      /* XREADGROUP BLOCK when idle (default 1000) */
@@ -39,7 +39,7 @@ typedef struct {
      * ("H200", "L4"); NULL: the runner's ("cpu", "cuda"). */
     const char *device_type;
     /* Serve what the scheduler's plan (P plan) gives this worker instead of `models`: the
-     * replicas whose stages name its device "{<id>}/0" (worker/plan.h), each model read from
+     * replicas whose stages name its device "{<id>}/0" (worker/assign.h), each model read from
      * P q:{M} and the class streams P q:{M}:<class> of its replicas. The plan is looked at
      * every plan_check_ms (default 1000) through P plan:version. */
     int follow_plan;

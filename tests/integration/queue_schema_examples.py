@@ -18,7 +18,7 @@ def load(name):
 
 
 def check_logprob_rules():
-    """The sampling extras and logprobs as the worker accepts them (worker/validate.c), and
+    """The sampling extras and logprobs as the worker accepts them (queue/validate.c), and
     the logprobs shapes of output lines."""
     iv, ov = schema_validator("input-line"), schema_validator("output-line")
 

@@ -51,8 +51,8 @@
 #include "common/redis.h"
 #include "common/util.h"
 #include "e2e/test_engine_util.h"
+#include "queue/client.h"
 #include "unit/fault_backend.h"
-#include "worker/client.h"
 #include "worker/watchdog.h"
 #include "worker/worker.h"
 

@@ -1,5 +1,5 @@
-/* test_queue_plan.c — worker/plan.c: request-size estimates, class picking, the scheduler's
- * device names, a worker's assignment from a plan, and clear errors for malformed plans. */
+/* test_queue_plan.c — queue/plan.c: request-size estimates, class picking, and clear errors
+ * for malformed classes. A worker's assignment from a plan is test_worker_assign.c's. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/plan.h"
+#include "queue/plan.h"
 
 static json_t *parse(const char *s) {
     json_t *j = json_loads(s, 0, NULL);
@@ -67,62 +67,11 @@ static void malformed_classes_are_clear_errors(void **st) {
     }
 }
 
-static void device_names_as_the_scheduler_writes_them(void **st) {
-    assert_true(q_gpu_of_worker("{w1}/0", "w1"));
-    assert_true(q_gpu_of_worker("{w1}#L4/3", "w1"));
-    assert_true(q_gpu_of_worker("w1/0", "w1"));
-    assert_true(q_gpu_of_worker("w1#H200/12", "w1"));
-    assert_false(q_gpu_of_worker("{w10}/0", "w1"));
-    assert_false(q_gpu_of_worker("w10/0", "w1"));
-    assert_false(q_gpu_of_worker("{w1}/", "w1"));
-    assert_false(q_gpu_of_worker("{w1}/x", "w1"));
-    assert_false(q_gpu_of_worker("{w1}", "w1"));
-    assert_false(q_gpu_of_worker("l4/0", ""));
-}
-
-static void assignment_unions_replicas_and_adds_unlisted_classes(void **st) {
-    json_t *plan = parse(
-        "{\"version\": 1, \"classes\": ["
-        "{\"model\": \"m\", \"name\": \"s\", \"max_tokens\": 100},"
-        "{\"model\": \"m\", \"name\": \"l\", \"max_tokens\": 1000},"
-        "{\"model\": \"m\", \"name\": \"orphan\", \"max_tokens\": 5000}],"
-        "\"replicas\": ["
-        "{\"id\": \"r0\", \"model\": \"m\", \"classes\": [\"s\"],"
-        " \"stages\": [{\"gpus\": [\"{a}/0\"]}]},"
-        "{\"id\": \"r1\", \"model\": \"m\", \"classes\": [\"l\"],"
-        " \"stages\": [{\"gpus\": [\"{b}/0\"]}, {\"gpus\": [\"{a}#L4/1\"]}]},"
-        "{\"id\": \"r2\", \"model\": \"n\", \"classes\": [], \"stages\": [{\"gpus\": [\"{c}/0\"]}]}"
-        "]}");
-    q_assign a[Q_ASSIGN_MAX];
-    md_err e = {0};
-    assert_int_equal(q_plan_assignment(plan, "a", a, &e), 1);
-    assert_string_equal(a[0].model, "m");
-    assert_string_equal(a[0].replicas, "r0,r1");
-    assert_int_equal(a[0].n_classes, 3);
-    assert_string_equal(a[0].classes[0], "s");
-    assert_string_equal(a[0].classes[1], "l");
-    assert_string_equal(a[0].classes[2], "orphan");
-    assert_int_equal(q_plan_assignment(plan, "c", a, &e), 1);
-    assert_string_equal(a[0].model, "n");
-    assert_int_equal(a[0].n_classes, 0);
-    assert_int_equal(q_plan_assignment(plan, "nobody", a, &e), 0);
-    json_decref(plan);
-    json_t *bad = parse("{\"replicas\": [{\"id\": \"r0\", \"stages\": []}]}");
-    assert_int_equal(q_plan_assignment(bad, "a", a, &e), MD_EINVAL);
-    json_decref(bad);
-    bad = parse("{\"replicas\": [{\"model\": \"m\", \"classes\": [7], \"stages\": [{\"gpus\": "
-                "[\"a/0\"]}]}]}");
-    assert_int_equal(q_plan_assignment(bad, "a", a, &e), MD_EINVAL);
-    json_decref(bad);
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(estimate_is_quarter_bytes_plus_max_tokens),
         cmocka_unit_test(classes_sorted_and_picked_smallest_that_fits),
         cmocka_unit_test(malformed_classes_are_clear_errors),
-        cmocka_unit_test(device_names_as_the_scheduler_writes_them),
-        cmocka_unit_test(assignment_unions_replicas_and_adds_unlisted_classes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,4 @@
-/* test_queue_redis_url.c — common/redis.c URL parsing and worker/queue.c key names and ids:
+/* test_queue_redis_url.c — common/redis.c URL parsing and queue/queue.c key names and ids:
  * the forms the docs promise, and clear errors for the rest. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "common/redis.h"
-#include "worker/client.h"
-#include "worker/queue.h"
+#include "queue/client.h"
+#include "queue/queue.h"
 
 static void tcp_url_with_user_password_and_db(void **st) {
     md_redis_url u;

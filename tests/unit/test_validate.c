@@ -1,4 +1,4 @@
-/* test_validate.c — worker/validate.c: every kind of bad input line gets the right OpenAI
+/* test_validate.c — queue/validate.c: every kind of bad input line gets the right OpenAI
  * error code and names its field; good lines come out with their parameters (the sampling
  * extras and logprobs too, off when absent or null). */
 #include <setjmp.h>
@@ -9,35 +9,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/validate.h"
+#include "queue/validate.h"
 
-static wk_limits lim;
+static q_limits lim;
 
 /* Validate s; return 0/-1 and leave req/ve for the caller (who frees req). */
-static int check(const char *s, wk_request *req, wk_verr *ve, char *buf) {
-    return wk_validate(s, strlen(s), &lim, req, buf, ve);
+static int check(const char *s, q_request *req, q_verr *ve, char *buf) {
+    return q_validate(s, strlen(s), &lim, req, buf, ve);
 }
 
 static void expect_error(const char *line, const char *code, const char *param) {
-    wk_request req;
-    wk_verr ve;
-    char buf[WK_CUSTOM_ID_MAX];
+    q_request req;
+    q_verr ve;
+    char buf[Q_CUSTOM_ID_MAX];
     int rc = check(line, &req, &ve, buf);
     if (rc != -1 || strcmp(ve.code, code) || (param && strcmp(ve.param, param)))
         fail_msg("line %s: got rc %d code '%s' param '%s' (%s); expected code '%s' param '%s'",
                  line, rc, ve.code, ve.param, ve.message, code, param ? param : "(any)");
     assert_true(ve.message[0] != 0);
     assert_int_equal(ve.status, 400);
-    wk_request_free(&req);
+    q_request_free(&req);
 }
 
 #define CHAT(body)                                                                                 \
     "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":" body "}"
 
 static void good_chat_line_is_parsed(void **st) {
-    wk_request req;
-    wk_verr ve;
-    char buf[WK_CUSTOM_ID_MAX];
+    q_request req;
+    q_verr ve;
+    char buf[Q_CUSTOM_ID_MAX];
     const char *l = CHAT("{\"model\":\"echo\",\"messages\":[{\"role\":\"system\",\"content\":\"be "
                          "brief\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
                          "\"hel\"},{\"type\":\"text\",\"text\":\"lo\"}]}],\"max_tokens\":12,"
@@ -48,20 +48,20 @@ static void good_chat_line_is_parsed(void **st) {
     assert_string_equal(req.model, "echo");
     assert_int_equal(req.n_msgs, 2);
     assert_string_equal(req.msgs[1].content, "hello");
-    assert_string_equal(wk_request_prompt_text(&req), "hello");
+    assert_string_equal(q_request_prompt_text(&req), "hello");
     assert_int_equal(req.max_tokens, 12);
     assert_true(req.temperature == 0.5 && req.top_p == 0.9);
     assert_int_equal(req.has_seed, 1);
     assert_int_equal(req.seed, 7);
     assert_int_equal(req.n_stop, 2);
     assert_null(req.stop[2]);
-    wk_request_free(&req);
+    q_request_free(&req);
 }
 
 static void good_completion_line_is_parsed(void **st) {
-    wk_request req;
-    wk_verr ve;
-    char buf[WK_CUSTOM_ID_MAX];
+    q_request req;
+    q_verr ve;
+    char buf[Q_CUSTOM_ID_MAX];
     const char *l = "{\"custom_id\":\"c1\",\"method\":\"POST\",\"url\":\"/v1/completions\","
                     "\"body\":{\"prompt\":[\"once upon\"],\"stop\":\"\\n\"}}";
     assert_int_equal(check(l, &req, &ve, buf), 0);
@@ -70,7 +70,7 @@ static void good_completion_line_is_parsed(void **st) {
     assert_string_equal(req.prompt, "once upon");
     assert_int_equal(req.max_tokens, lim.max_tokens_default);
     assert_int_equal(req.n_stop, 1);
-    wk_request_free(&req);
+    q_request_free(&req);
 }
 
 #define COMPLETION(body)                                                                           \
@@ -79,9 +79,9 @@ static void good_completion_line_is_parsed(void **st) {
 #define P "\"prompt\":\"x\""
 
 static void sampling_extras_are_parsed(void **st) {
-    wk_request req;
-    wk_verr ve;
-    char buf[WK_CUSTOM_ID_MAX];
+    q_request req;
+    q_verr ve;
+    char buf[Q_CUSTOM_ID_MAX];
     assert_int_equal(check(CHAT("{" M ",\"top_k\":40,\"min_p\":0.05,\"repetition_penalty\":1.1,"
                                 "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
                                 "\"logprobs\":true,\"top_logprobs\":0}"),
@@ -91,7 +91,7 @@ static void sampling_extras_are_parsed(void **st) {
     assert_true(req.min_p == 0.05 && req.repetition_penalty == 1.1);
     assert_true(req.presence_penalty == 0.5 && req.frequency_penalty == -0.5);
     assert_int_equal(req.logprobs, 1);
-    wk_request_free(&req);
+    q_request_free(&req);
     /* the bounds themselves are accepted; integers are numbers */
     assert_int_equal(check(CHAT("{" M ",\"top_k\":1,\"min_p\":1,\"repetition_penalty\":100,"
                                 "\"presence_penalty\":-2,\"frequency_penalty\":2}"),
@@ -101,7 +101,7 @@ static void sampling_extras_are_parsed(void **st) {
     assert_true(req.min_p == 1 && req.repetition_penalty == 100);
     assert_true(req.presence_penalty == -2 && req.frequency_penalty == 2);
     assert_int_equal(req.logprobs, 0);
-    wk_request_free(&req);
+    q_request_free(&req);
 }
 
 static void absent_or_null_extras_are_off(void **st) {
@@ -116,30 +116,30 @@ static void absent_or_null_extras_are_off(void **st) {
         COMPLETION("{" P ",\"logprobs\":null,\"top_k\":-1}"),
     };
     for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
-        wk_request req;
-        wk_verr ve;
-        char buf[WK_CUSTOM_ID_MAX];
+        q_request req;
+        q_verr ve;
+        char buf[Q_CUSTOM_ID_MAX];
         if (check(lines[i], &req, &ve, buf))
             fail_msg("line %s refused: %s", lines[i], ve.message);
         assert_int_equal(req.top_k, 0);
         assert_true(req.min_p == 0 && req.repetition_penalty == 1);
         assert_true(req.presence_penalty == 0 && req.frequency_penalty == 0);
         assert_int_equal(req.logprobs, 0);
-        wk_request_free(&req);
+        q_request_free(&req);
     }
 }
 
 static void completion_logprobs_zero_asks_for_the_chosen_tokens(void **st) {
-    wk_request req;
-    wk_verr ve;
-    char buf[WK_CUSTOM_ID_MAX];
+    q_request req;
+    q_verr ve;
+    char buf[Q_CUSTOM_ID_MAX];
     assert_int_equal(check(COMPLETION("{" P ",\"logprobs\":0}"), &req, &ve, buf), 0);
     assert_int_equal(req.logprobs, 1);
-    wk_request_free(&req);
+    q_request_free(&req);
     /* top_logprobs is not a completions parameter: ignored there like other unknown fields */
     assert_int_equal(check(COMPLETION("{" P ",\"top_logprobs\":3}"), &req, &ve, buf), 0);
     assert_int_equal(req.logprobs, 0);
-    wk_request_free(&req);
+    q_request_free(&req);
 }
 
 static void bad_sampling_extras_are_named(void **st) {
@@ -191,9 +191,9 @@ static void bad_logprobs_are_named(void **st) {
 
 /* Alternatives are served: chat's top_logprobs 1..20, completions' logprobs 1..5. */
 static void alternatives_are_served(void **st) {
-    wk_request req;
-    wk_verr ve;
-    char buf[WK_CUSTOM_ID_MAX];
+    q_request req;
+    q_verr ve;
+    char buf[Q_CUSTOM_ID_MAX];
     const char *chat[] = {CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":3}"),
                           CHAT("{" M ",\"logprobs\":true,\"top_logprobs\":20}"),
                           COMPLETION("{" P ",\"logprobs\":1}"),
@@ -203,12 +203,12 @@ static void alternatives_are_served(void **st) {
         assert_int_equal(check(chat[i], &req, &ve, buf), 0);
         assert_int_equal(req.logprobs, 1);
         assert_int_equal(req.top_logprobs, want[i]);
-        wk_request_free(&req);
+        q_request_free(&req);
     }
     assert_int_equal(check(COMPLETION("{" P ",\"logprobs\":0}"), &req, &ve, buf), 0);
     assert_int_equal(req.logprobs, 1);
     assert_int_equal(req.top_logprobs, 0);
-    wk_request_free(&req);
+    q_request_free(&req);
 }
 
 static void bad_json_and_shapes_are_named(void **st) {
@@ -275,24 +275,24 @@ static void oversize_line_is_refused_with_its_custom_id(void **st) {
     int k = snprintf(big, n, "{\"custom_id\": \"big-1\",\"x\":\"");
     memset(big + k, 'a', n - (size_t)k);
     big[n] = 0;
-    wk_request req;
-    wk_verr ve;
-    char buf[WK_CUSTOM_ID_MAX];
-    assert_int_equal(wk_validate(big, n, &lim, &req, buf, &ve), -1);
+    q_request req;
+    q_verr ve;
+    char buf[Q_CUSTOM_ID_MAX];
+    assert_int_equal(q_validate(big, n, &lim, &req, buf, &ve), -1);
     assert_string_equal(ve.code, "line_too_large");
     assert_non_null(req.custom_id);
     assert_string_equal(req.custom_id, "big-1");
-    wk_request_free(&req);
+    q_request_free(&req);
     free(big);
 }
 
 static void custom_id_survives_a_later_error(void **st) {
-    wk_request req;
-    wk_verr ve;
-    char buf[WK_CUSTOM_ID_MAX];
+    q_request req;
+    q_verr ve;
+    char buf[Q_CUSTOM_ID_MAX];
     assert_int_equal(check(CHAT("{\"messages\":5}"), &req, &ve, buf), -1);
     assert_string_equal(req.custom_id, "a");
-    wk_request_free(&req);
+    q_request_free(&req);
 }
 
 static void random_bytes_never_crash(void **st) {
@@ -316,18 +316,18 @@ static void random_bytes_never_crash(void **st) {
             buf[(seed >> 8) % n] = (char)(seed >> 20);
         }
         size_t len = (seed >> 3) % 4 == 0 ? (seed >> 5) % n : n;
-        wk_request req;
-        wk_verr ve;
-        char cid[WK_CUSTOM_ID_MAX];
-        int rc = wk_validate(buf, len, &lim, &req, cid, &ve);
+        q_request req;
+        q_verr ve;
+        char cid[Q_CUSTOM_ID_MAX];
+        int rc = q_validate(buf, len, &lim, &req, cid, &ve);
         assert_true(rc == 0 || (rc == -1 && ve.code[0] && ve.message[0]));
-        wk_request_free(&req);
+        q_request_free(&req);
     }
     free(buf);
 }
 
 int main(void) {
-    wk_limits_default(&lim);
+    q_limits_default(&lim);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(good_chat_line_is_parsed),
         cmocka_unit_test(good_completion_line_is_parsed),

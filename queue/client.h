@@ -1,14 +1,14 @@
 /* client.h — the client side of the queue protocol, shared by `medley submit/status/results`
  * and `medley run`: submit a JSONL file as a batch (pipelined), read a batch's output
  * stream into files, describe a batch as JSON (schemas/batch-meta.schema.json). */
-#ifndef MEDLEY_WORKER_CLIENT_H
-#define MEDLEY_WORKER_CLIENT_H
+#ifndef MEDLEY_QUEUE_CLIENT_H
+#define MEDLEY_QUEUE_CLIENT_H
 
 #include <jansson.h>
 #include <stdio.h>
 
 #include "common/redis.h"
-#include "worker/queue.h"
+#include "queue/queue.h"
 
 typedef struct {
     const char *prefix;   /* default "medley:" */

@@ -1,5 +1,5 @@
 /* client.c — see client.h. */
-#include "worker/client.h"
+#include "queue/client.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -8,8 +8,8 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "worker/plan.h"
-#include "worker/validate.h"
+#include "queue/plan.h"
+#include "queue/validate.h"
 
 int q_parse_duration(const char *s, long long *seconds, md_err *e) {
     char *end;
@@ -207,8 +207,8 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
     size_t cap = 0;
     ssize_t len;
     long long total = 0, routed[Q_CLASS_MAX] = {0};
-    wk_limits lim;
-    wk_limits_default(&lim);
+    q_limits lim;
+    q_limits_default(&lim);
     while (!rc && (len = getline(&line, &cap, f)) >= 0) {
         if (blank(line, (size_t)len))
             continue;

@@ -1,6 +1,6 @@
 /* validate.c — see validate.h. Every rejection names the field and what was expected, in
  * the words of OpenAI's API errors, so a client can fix its line without reading code. */
-#include "worker/validate.h"
+#include "queue/validate.h"
 
 #include <limits.h>
 #include <math.h>
@@ -9,15 +9,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-void wk_limits_default(wk_limits *l) {
+void q_limits_default(q_limits *l) {
     l->max_line_bytes = 1u << 20;
     l->max_tokens_default = 256;
     l->max_tokens_limit = 32768;
 }
 
-static int fail(wk_verr *ve, const char *code, const char *param, const char *fmt, ...)
+static int fail(q_verr *ve, const char *code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static int fail(wk_verr *ve, const char *code, const char *param, const char *fmt, ...) {
+static int fail(q_verr *ve, const char *code, const char *param, const char *fmt, ...) {
     snprintf(ve->code, sizeof ve->code, "%s", code);
     snprintf(ve->param, sizeof ve->param, "%s", param ? param : "");
     va_list ap;
@@ -48,7 +48,7 @@ static const char *scan_custom_id(const char *line, size_t len, char *buf) {
         size_t k = j;
         while (k < lim && line[k] != '"' && line[k] != '\\' && (unsigned char)line[k] >= 0x20)
             k++;
-        if (k >= lim || line[k] != '"' || k == j || k - j >= WK_CUSTOM_ID_MAX)
+        if (k >= lim || line[k] != '"' || k == j || k - j >= Q_CUSTOM_ID_MAX)
             return NULL;
         memcpy(buf, line + j, k - j);
         buf[k - j] = 0;
@@ -72,8 +72,8 @@ static const char *type_name(const json_t *v) {
 
 /* Content of a message: a string, or an array of {"type":"text","text":...} parts joined
  * into req->text at *used. */
-static int message_content(wk_request *req, json_t *content, int idx, size_t *used, size_t cap,
-                           const char **out, wk_verr *ve) {
+static int message_content(q_request *req, json_t *content, int idx, size_t *used, size_t cap,
+                           const char **out, q_verr *ve) {
     char param[64];
     snprintf(param, sizeof param, "body.messages[%d].content", idx);
     if (json_is_string(content)) {
@@ -114,7 +114,7 @@ static int message_content(wk_request *req, json_t *content, int idx, size_t *us
 }
 
 static int get_number(json_t *body, const char *key, double lo, double hi, int lo_open, double *out,
-                      wk_verr *ve) {
+                      q_verr *ve) {
     json_t *v = json_object_get(body, key);
     if (!v || json_is_null(v))
         return 0;
@@ -133,7 +133,7 @@ static int get_number(json_t *body, const char *key, double lo, double hi, int l
 /* An integer field within [lo, hi]; expect says what is accepted, for both errors. Returns 1
  * with *out set, 0 when absent or null (*out untouched), -1 with *ve filled. */
 static int get_int(json_t *body, const char *key, long long lo, long long hi, const char *expect,
-                   long long *out, wk_verr *ve) {
+                   long long *out, q_verr *ve) {
     json_t *v = json_object_get(body, key);
     if (!v || json_is_null(v))
         return 0;
@@ -151,10 +151,10 @@ static int get_int(json_t *body, const char *key, long long lo, long long hi, co
 
 /* logprobs as each endpoint spells it: chat's logprobs (boolean) and top_logprobs (0..20,
  * needs logprobs: true), completions' logprobs (0..5: the number of alternatives). */
-static int get_logprobs(json_t *body, wk_request *req, wk_verr *ve) {
+static int get_logprobs(json_t *body, q_request *req, q_verr *ve) {
     if (!req->chat) {
         long long n = 0;
-        int has = get_int(body, "logprobs", 0, WK_MAX_COMPLETION_LOGPROBS,
+        int has = get_int(body, "logprobs", 0, Q_MAX_COMPLETION_LOGPROBS,
                           "an integer in 0..5 (or null) for a completion", &n, ve);
         if (has < 0)
             return -1;
@@ -171,8 +171,7 @@ static int get_logprobs(json_t *body, wk_request *req, wk_verr *ve) {
         req->logprobs = json_is_true(lp);
     }
     long long top = 0;
-    int has =
-        get_int(body, "top_logprobs", 0, WK_MAX_TOP_LOGPROBS, "an integer in 0..20", &top, ve);
+    int has = get_int(body, "top_logprobs", 0, Q_MAX_TOP_LOGPROBS, "an integer in 0..20", &top, ve);
     if (has < 0)
         return -1;
     if (has && !req->logprobs)
@@ -182,8 +181,8 @@ static int get_logprobs(json_t *body, wk_request *req, wk_verr *ve) {
     return 0;
 }
 
-int wk_validate(const char *line, size_t len, const wk_limits *lim, wk_request *req,
-                char custom_id_buf[WK_CUSTOM_ID_MAX], wk_verr *ve) {
+int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req,
+               char custom_id_buf[Q_CUSTOM_ID_MAX], q_verr *ve) {
     memset(req, 0, sizeof *req);
     memset(ve, 0, sizeof *ve);
     if (len > lim->max_line_bytes) {
@@ -203,7 +202,7 @@ int wk_validate(const char *line, size_t len, const wk_limits *lim, wk_request *
                     type_name(root));
     json_t *cid = json_object_get(root, "custom_id");
     if (json_is_string(cid) && json_string_length(cid) > 0 &&
-        json_string_length(cid) < WK_CUSTOM_ID_MAX &&
+        json_string_length(cid) < Q_CUSTOM_ID_MAX &&
         strlen(json_string_value(cid)) == json_string_length(cid))
         req->custom_id = json_string_value(cid);
     if (!cid)
@@ -212,7 +211,7 @@ int wk_validate(const char *line, size_t len, const wk_limits *lim, wk_request *
     if (!req->custom_id)
         return fail(ve, "invalid_value", "custom_id",
                     "custom_id must be a non-empty string of at most %d bytes without NUL, not %s",
-                    WK_CUSTOM_ID_MAX - 1, type_name(cid));
+                    Q_CUSTOM_ID_MAX - 1, type_name(cid));
 
     json_t *method = json_object_get(root, "method");
     if (!method)
@@ -252,11 +251,11 @@ int wk_validate(const char *line, size_t len, const wk_limits *lim, wk_request *
         if (!json_is_array(msgs) || json_array_size(msgs) == 0)
             return fail(ve, "invalid_type", "body.messages",
                         "body.messages must be a non-empty array of {role, content}");
-        if (json_array_size(msgs) > WK_MAX_MSGS)
+        if (json_array_size(msgs) > Q_MAX_MSGS)
             return fail(ve, "invalid_value", "body.messages",
                         "body.messages has %zu messages; at most %d are accepted",
-                        json_array_size(msgs), WK_MAX_MSGS);
-        size_t cap = len + 2 * WK_MAX_MSGS, used = 0;
+                        json_array_size(msgs), Q_MAX_MSGS);
+        size_t cap = len + 2 * Q_MAX_MSGS, used = 0;
         req->text = malloc(cap);
         if (!req->text)
             return fail(ve, "server_error", NULL, "out of memory");
@@ -349,10 +348,10 @@ int wk_validate(const char *line, size_t len, const wk_limits *lim, wk_request *
         if (json_is_string(stop)) {
             req->stop[req->n_stop++] = json_string_value(stop);
         } else if (json_is_array(stop)) {
-            if (json_array_size(stop) > WK_MAX_STOP)
+            if (json_array_size(stop) > Q_MAX_STOP)
                 return fail(ve, "invalid_value", "body.stop",
                             "body.stop has %zu sequences; at most %d are allowed",
-                            json_array_size(stop), WK_MAX_STOP);
+                            json_array_size(stop), Q_MAX_STOP);
             size_t i;
             json_t *s;
             json_array_foreach(stop, i, s) {
@@ -381,14 +380,14 @@ int wk_validate(const char *line, size_t len, const wk_limits *lim, wk_request *
     return 0;
 }
 
-void wk_request_free(wk_request *req) {
+void q_request_free(q_request *req) {
     json_decref(req->root);
     free(req->text);
     req->root = NULL;
     req->text = NULL;
 }
 
-const char *wk_request_prompt_text(const wk_request *req) {
+const char *q_request_prompt_text(const q_request *req) {
     if (!req->chat)
         return req->prompt;
     for (int i = req->n_msgs - 1; i >= 0; i--)

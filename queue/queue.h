@@ -11,14 +11,14 @@
  *   P {B}:done     set of custom_ids already answered
  *   P dlq:{M}      stream: entries that failed max_attempts times (batch, line, id, reason,
  *                  stream), from q:{M} and every class stream of M
- *   P plan         the scheduler's plan (worker/plan.h); P plan:version its version
+ *   P plan         the scheduler's plan (queue/plan.h); P plan:version its version
  *   P worker:{W}   hash with a TTL: the worker heartbeat (schemas/worker-heartbeat)
  *   P batches      sorted set: batch ids by created_at (ms)
  *   P events       pub/sub channel: {"type":"batch","batch":B,"status":S}
  *
  * Nothing here allocates on behalf of the caller unless a function says so. */
-#ifndef MEDLEY_WORKER_QUEUE_H
-#define MEDLEY_WORKER_QUEUE_H
+#ifndef MEDLEY_QUEUE_QUEUE_H
+#define MEDLEY_QUEUE_QUEUE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -32,7 +32,7 @@
 
 /* Key builders: write the key into out (Q_KEY_MAX). */
 void q_key_queue(char *out, const char *prefix, const char *model);
-/* P q:{M}:<class>: the stream of one request-size class of a plan (worker/plan.h). */
+/* P q:{M}:<class>: the stream of one request-size class of a plan (queue/plan.h). */
 void q_key_class(char *out, const char *prefix, const char *model, const char *cls);
 void q_key_meta(char *out, const char *prefix, const char *batch);
 void q_key_out(char *out, const char *prefix, const char *batch);

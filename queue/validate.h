@@ -1,38 +1,38 @@
 /* validate.h — checks one OpenAI Batch input line (schemas/input-line.schema.json) and turns
- * it into a wk_request the runners understand. A line that fails gets a wk_verr: the
+ * it into a q_request the runners understand. A line that fails gets a q_verr: the
  * OpenAI-style error code, the offending parameter and a human message, which the worker
  * writes as an error output line.
  *
- * Ownership: wk_request points into its own parsed JSON (req->root) and into req->text (the
- * joined content parts); wk_request_free() releases both. */
-#ifndef MEDLEY_WORKER_VALIDATE_H
-#define MEDLEY_WORKER_VALIDATE_H
+ * Ownership: q_request points into its own parsed JSON (req->root) and into req->text (the
+ * joined content parts); q_request_free() releases both. */
+#ifndef MEDLEY_QUEUE_VALIDATE_H
+#define MEDLEY_QUEUE_VALIDATE_H
 
 #include <jansson.h>
 #include <stddef.h>
 
-#define WK_MAX_STOP 4
-#define WK_MAX_MSGS 256
-#define WK_MAX_TOP_LOGPROBS 20       /* chat's top_logprobs, as OpenAI bounds it */
-#define WK_MAX_COMPLETION_LOGPROBS 5 /* completions' logprobs, as OpenAI bounds it */
+#define Q_MAX_STOP 4
+#define Q_MAX_MSGS 256
+#define Q_MAX_TOP_LOGPROBS 20       /* chat's top_logprobs, as OpenAI bounds it */
+#define Q_MAX_COMPLETION_LOGPROBS 5 /* completions' logprobs, as OpenAI bounds it */
 
 typedef struct {
     size_t max_line_bytes;  /* larger lines are refused unparsed (default 1 MiB) */
     int max_tokens_default; /* when the body has no max_tokens (default 256) */
     int max_tokens_limit;   /* largest max_tokens accepted (default 32768) */
-} wk_limits;
-void wk_limits_default(wk_limits *l);
+} q_limits;
+void q_limits_default(q_limits *l);
 
 typedef struct {
     const char *role, *content;
-} wk_msg;
+} q_msg;
 
 typedef struct {
     const char *custom_id; /* NULL when the line has none that is usable */
     int chat;              /* 1: /v1/chat/completions, 0: /v1/completions */
     const char *url;
     const char *model; /* body.model; NULL when absent (the batch's model applies) */
-    wk_msg msgs[WK_MAX_MSGS];
+    q_msg msgs[Q_MAX_MSGS];
     int n_msgs;
     const char *prompt; /* /v1/completions */
     int max_tokens;
@@ -44,35 +44,35 @@ typedef struct {
     double frequency_penalty;  /* 0: off */
     /* Report the chosen tokens' logprobs: chat's logprobs: true, completions' logprobs
      * present; and that many of the most likely tokens at each (chat's top_logprobs,
-     * completions' logprobs): 0..WK_MAX_TOP_LOGPROBS, 0..WK_MAX_COMPLETION_LOGPROBS. */
+     * completions' logprobs): 0..Q_MAX_TOP_LOGPROBS, 0..Q_MAX_COMPLETION_LOGPROBS. */
     int logprobs;
     int top_logprobs;
     long long seed;
     int has_seed;
-    const char *stop[WK_MAX_STOP + 1]; /* NULL-terminated */
+    const char *stop[Q_MAX_STOP + 1]; /* NULL-terminated */
     int n_stop;
     json_t *root;
     char *text; /* storage for content given as an array of parts */
-} wk_request;
+} q_request;
 
 typedef struct {
     char code[48];  /* OpenAI error code: invalid_json, missing_required_parameter, ... */
     char param[64]; /* the field, e.g. body.messages[2].content; empty if none */
     char message[512];
     int status; /* HTTP-like status for the output line (400) */
-} wk_verr;
+} q_verr;
 
 /* Validate line[0..len). Returns 0 with *req filled, or -1 with *ve filled; in both cases
  * req->custom_id is set when the line had a string custom_id (its storage is either the
- * parsed JSON or custom_id_buf, CUSTOM_ID_MAX bytes), and wk_request_free() must be
+ * parsed JSON or custom_id_buf, CUSTOM_ID_MAX bytes), and q_request_free() must be
  * called. */
-#define WK_CUSTOM_ID_MAX 256
-int wk_validate(const char *line, size_t len, const wk_limits *lim, wk_request *req,
-                char custom_id_buf[WK_CUSTOM_ID_MAX], wk_verr *ve);
-void wk_request_free(wk_request *req);
+#define Q_CUSTOM_ID_MAX 256
+int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req,
+               char custom_id_buf[Q_CUSTOM_ID_MAX], q_verr *ve);
+void q_request_free(q_request *req);
 
 /* The request's prompt as one string for runners without a chat template (echo): the
  * last user message for chat, the prompt for completions. */
-const char *wk_request_prompt_text(const wk_request *req);
+const char *q_request_prompt_text(const q_request *req);
 
 #endif

@@ -1,5 +1,5 @@
 /* queue.c — see queue.h: keys, the Lua scripts of the batch lifecycle, submission. */
-#include "worker/queue.h"
+#include "queue/queue.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -1,0 +1,146 @@
+/* assign.c — see assign.h: a worker's models and class streams read from the plan. */
+#include "worker/assign.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <string.h>
+
+static int model_name_check(const char *m, const char *where, md_err *e) {
+    size_t n = strlen(m);
+    if (n == 0 || n >= Q_MODEL_NAME)
+        return md_errf(e, MD_EINVAL, "plan: %s: model name must be 1..%d characters", where,
+                       Q_MODEL_NAME - 1);
+    for (size_t i = 0; i < n; i++)
+        if (m[i] == '{' || m[i] == '}' || !isgraph((unsigned char)m[i]))
+            return md_errf(e, MD_EINVAL, "plan: %s: model name '%s' may not hold braces or spaces",
+                           where, m);
+    return 0;
+}
+
+int wk_gpu_of_worker(const char *gpu, const char *worker) {
+    size_t n = strlen(worker);
+    if (n == 0)
+        return 0;
+    /* The scheduler names pools after the heartbeat key's tail, hash tag included:
+     * "{W}/<i>"; a plan written by hand may say "W/<i>". */
+    const char *rest = NULL;
+    if (gpu[0] == '{' && !strncmp(gpu + 1, worker, n) && gpu[n + 1] == '}')
+        rest = gpu + n + 2;
+    else if (!strncmp(gpu, worker, n))
+        rest = gpu + n;
+    else
+        return 0;
+    if (*rest == '#') { /* "<W>#<type>/<i>" */
+        rest = strrchr(rest, '/');
+        if (!rest)
+            return 0;
+    }
+    if (*rest != '/' || !rest[1])
+        return 0;
+    for (const char *p = rest + 1; *p; p++)
+        if (!isdigit((unsigned char)*p))
+            return 0;
+    return 1;
+}
+
+static int replica_names(const json_t *rep, const char *worker) {
+    size_t i, j;
+    json_t *st, *g;
+    json_array_foreach(json_object_get(rep, "stages"), i, st)
+        json_array_foreach(json_object_get(st, "gpus"), j, g) {
+        const char *s = json_string_value(g);
+        if (s && wk_gpu_of_worker(s, worker))
+            return 1;
+    }
+    return 0;
+}
+
+int wk_plan_assignment(const json_t *plan, const char *worker, wk_assign out[WK_ASSIGN_MAX],
+                       md_err *e) {
+    json_t *reps = json_object_get(plan, "replicas");
+    if (!json_is_array(reps))
+        return md_errf(e, MD_EINVAL, "plan: replicas is not an array");
+    int n = 0;
+    size_t i;
+    json_t *rep;
+    json_array_foreach(reps, i, rep) {
+        char where[48];
+        snprintf(where, sizeof where, "replicas[%zu]", i);
+        const char *model = json_string_value(json_object_get(rep, "model"));
+        if (!model || !json_is_array(json_object_get(rep, "stages")))
+            return md_errf(e, MD_EINVAL, "plan: %s needs a model and stages", where);
+        if (!replica_names(rep, worker))
+            continue;
+        int rc = model_name_check(model, where, e);
+        if (rc)
+            return rc;
+        wk_assign *a = NULL;
+        for (int k = 0; k < n && !a; k++)
+            if (!strcmp(out[k].model, model))
+                a = &out[k];
+        if (!a) {
+            if (n == WK_ASSIGN_MAX)
+                return md_errf(e, MD_EINVAL, "plan: worker %s is given more than %d models", worker,
+                               WK_ASSIGN_MAX);
+            a = &out[n++];
+            memset(a, 0, sizeof *a);
+            snprintf(a->model, sizeof a->model, "%s", model);
+        }
+        const char *id = json_string_value(json_object_get(rep, "id"));
+        size_t used = strlen(a->replicas);
+        snprintf(a->replicas + used, sizeof a->replicas - used, "%s%s", used ? "," : "",
+                 id ? id : where);
+        json_t *cls = json_object_get(rep, "classes");
+        size_t j;
+        json_t *c;
+        json_array_foreach(cls, j, c) {
+            const char *name = json_string_value(c);
+            if (!name || (rc = q_class_name_check(name, e)))
+                return name ? rc
+                            : md_errf(e, MD_EINVAL, "plan: %s.classes[%zu] is not a string", where,
+                                      j);
+            int seen = 0;
+            for (int k = 0; k < a->n_classes; k++)
+                seen |= !strcmp(a->classes[k], name);
+            if (seen)
+                continue;
+            if (a->n_classes == Q_CLASS_MAX)
+                return md_errf(e, MD_EINVAL, "plan: model %s has more than %d classes", model,
+                               Q_CLASS_MAX);
+            snprintf(a->classes[a->n_classes++], Q_CLASS_NAME, "%s", name);
+        }
+    }
+    /* A class of the model that no replica of the plan lists (a replica planned with no
+     * share of any class lists none) would strand its stream: every worker of the model
+     * reads it. */
+    for (int k = 0; k < n; k++) {
+        q_class cls[Q_CLASS_MAX];
+        int nc = q_plan_classes(plan, out[k].model, cls, e);
+        if (nc < 0)
+            return nc;
+        for (int c = 0; c < nc; c++) {
+            int listed = 0;
+            json_array_foreach(reps, i, rep) {
+                const char *model = json_string_value(json_object_get(rep, "model"));
+                size_t j;
+                json_t *x;
+                if (strcmp(model, out[k].model))
+                    continue;
+                json_array_foreach(json_object_get(rep, "classes"), j, x) {
+                    const char *xs = json_string_value(x);
+                    listed |= xs && !strcmp(xs, cls[c].name);
+                }
+            }
+            int have = 0;
+            for (int h = 0; h < out[k].n_classes; h++)
+                have |= !strcmp(out[k].classes[h], cls[c].name);
+            if (!listed && !have) {
+                if (out[k].n_classes == Q_CLASS_MAX)
+                    return md_errf(e, MD_EINVAL, "plan: model %s has more than %d classes",
+                                   out[k].model, Q_CLASS_MAX);
+                snprintf(out[k].classes[out[k].n_classes++], Q_CLASS_NAME, "%s", cls[c].name);
+            }
+        }
+    }
+    return n;
+}

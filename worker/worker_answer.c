@@ -1,0 +1,261 @@
+/* worker_answer.c — answers: each request the worker finishes or refuses becomes an OpenAI
+ * Batch output line (with medley's fields: worker, device type, timings, cost share,
+ * attempt) queued in wk.ans; wk_flush writes the queue with the completion script
+ * (queue/queue.h), then XACKs and XDELs what the script took. It owns wk's ans, n_ans,
+ * cap_ans and the counts n_ok, n_failed, n_tokens, and it keeps worker_int.h's invariant: an
+ * entry is XACKed only after the script returned for it. */
+#include "worker/worker_int.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "worker/logprobs.h"
+
+static answer *new_answer(wk *w) {
+    if (w->n_ans == w->cap_ans) {
+        int nc = w->cap_ans ? w->cap_ans * 2 : 256;
+        answer *na = realloc(w->ans, (size_t)nc * sizeof *na);
+        if (!na)
+            return NULL;
+        w->ans = na;
+        w->cap_ans = nc;
+    }
+    answer *a = &w->ans[w->n_ans++];
+    memset(a, 0, sizeof *a);
+    return a;
+}
+
+static json_t *medley_obj(wk *w, int m, double queue_ms, double prefill_ms, double decode_ms,
+                          double share_s, long long attempt) {
+    double cost = w->cfg->usd_per_hour * share_s / 3600.0;
+    return json_pack("{s:s, s:[s], s:f, s:f, s:f, s:f, s:I}", "worker", w->me, "device_types",
+                     wk_dev_type(w, m), "queue_ms", queue_ms, "prefill_ms", prefill_ms, "decode_ms",
+                     decode_ms, "cost_usd", cost, "attempt", (json_int_t)attempt);
+}
+
+/* Queue an answer whose document is doc (stolen). */
+static void push_answer(wk *w, int s, const char *entry_id, const char *batch,
+                        const char *custom_id, int ok, json_t *doc) {
+    char *line = json_dumps(doc, JSON_COMPACT);
+    json_decref(doc);
+    answer *a = line ? new_answer(w) : NULL;
+    if (!a) {
+        /* Out of memory: leave the entry pending; it is taken over after the visibility
+         * timeout. Nothing is lost, only delayed. */
+        MD_ERROR("worker", "out of memory answering entry %s; it will be redelivered", entry_id);
+        free(line);
+        return;
+    }
+    a->s = s;
+    snprintf(a->id, sizeof a->id, "%s", entry_id);
+    snprintf(a->batch, sizeof a->batch, "%s", batch);
+    if (custom_id)
+        snprintf(a->member, sizeof a->member, "%s", custom_id);
+    else
+        snprintf(a->member, sizeof a->member, "#%s", entry_id);
+    a->ok = ok;
+    a->line = line;
+    if (ok)
+        w->n_ok++;
+    else
+        w->n_failed++;
+}
+
+static json_t *cid_json(const char *custom_id) {
+    return custom_id ? json_string(custom_id) : json_null();
+}
+
+static void ids(char *out, const char *prefix) {
+    char hex[25];
+    md_random_hex(hex, sizeof hex, 24);
+    snprintf(out, 48, "%s%s", prefix, hex);
+}
+
+/* A request the API refused (400): response.body.error, as OpenAI's Batch output has it. */
+void wk_answer_invalid(wk *w, int s, const char *entry_id, const char *batch, const char *custom_id,
+                       const q_verr *ve, double queue_ms, long long attempt) {
+    char id[48], rid[48];
+    ids(id, "batch_req_");
+    ids(rid, "req_");
+    json_t *err =
+        json_pack("{s:s, s:s, s:o, s:s}", "message", ve->message, "type", "invalid_request_error",
+                  "param", ve->param[0] ? json_string(ve->param) : json_null(), "code", ve->code);
+    json_t *doc = json_pack("{s:s, s:o, s:{s:i, s:s, s:{s:o}}, s:n, s:o}", "id", id, "custom_id",
+                            cid_json(custom_id), "response", "status_code", ve->status,
+                            "request_id", rid, "body", "error", err, "error", "medley",
+                            medley_obj(w, stream_model(w, s), queue_ms, 0, 0, 0, attempt));
+    push_answer(w, s, entry_id, batch, custom_id, 0, doc);
+}
+
+/* A request that never reached a model (cancelled, expired, dead-lettered, server error):
+ * response null, error {code, message}. */
+void wk_answer_error(wk *w, int s, const char *entry_id, const char *batch, const char *custom_id,
+                     const char *code, const char *message, double queue_ms, long long attempt) {
+    char id[48];
+    ids(id, "batch_req_");
+    json_t *doc =
+        json_pack("{s:s, s:o, s:n, s:{s:s, s:s}, s:o}", "id", id, "custom_id", cid_json(custom_id),
+                  "response", "error", "code", code, "message", message, "medley",
+                  medley_obj(w, stream_model(w, s), queue_ms, 0, 0, 0, attempt));
+    push_answer(w, s, entry_id, batch, custom_id, 0, doc);
+}
+
+void wk_on_done(void *ctx, void *tag, const wk_result *res) {
+    wk *w = ctx;
+    job *j = tag;
+    if (!j->used)
+        return; /* dropped after the watchdog handed it back (a step that outran its limit) */
+    if (res->device_lost && j->attempt < w->cfg->max_attempts) {
+        j->handback = 1; /* stays used until wk_hand_back() gives the entry to others */
+        return;
+    }
+    if (res->device_lost) {
+        /* its last delivery: answered with the device's failure, not left to the DLQ with
+         * only "delivered N times" */
+        char msg[1200];
+        snprintf(msg, sizeof msg, "the device failed on the last of %d attempts: %s",
+                 w->cfg->max_attempts, res->error ? res->error : "device error");
+        wk_answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error", msg, j->queue_ms,
+                        j->attempt);
+    } else if (res->error) {
+        wk_answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error", res->error,
+                        j->queue_ms, j->attempt);
+    } else {
+        char id[48], rid[48], cid[48];
+        ids(id, "batch_req_");
+        ids(rid, "req_");
+        ids(cid, j->chat ? "chatcmpl-" : "cmpl-");
+        int m = stream_model(w, j->s);
+        const char *model = w->mod[m].name;
+        json_t *lp = wk_logprobs_json(res, j->chat);
+        json_t *choice = j->chat ? json_pack("{s:i, s:{s:s, s:s}, s:s, s:o}", "index", 0, "message",
+                                             "role", "assistant", "content", res->text,
+                                             "finish_reason", res->finish_reason, "logprobs", lp)
+                                 : json_pack("{s:i, s:s, s:s, s:o}", "index", 0, "text", res->text,
+                                             "finish_reason", res->finish_reason, "logprobs", lp);
+        json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:{s:i, s:i, s:i}}", "id", cid,
+                                 "object", j->chat ? "chat.completion" : "text_completion",
+                                 "created", (json_int_t)(md_wall_ms() / 1000), "model", model,
+                                 "choices", choice, "usage", "prompt_tokens", res->prompt_tokens,
+                                 "completion_tokens", res->completion_tokens, "total_tokens",
+                                 res->prompt_tokens + res->completion_tokens);
+        json_t *doc = json_pack(
+            "{s:s, s:s, s:{s:i, s:s, s:o}, s:n, s:o}", "id", id, "custom_id", j->custom_id,
+            "response", "status_code", 200, "request_id", rid, "body", body, "error", "medley",
+            medley_obj(w, m, j->queue_ms, res->prefill_ms, res->decode_ms, j->share_s, j->attempt));
+        w->n_tokens += res->completion_tokens;
+        push_answer(w, j->s, j->id, j->batch, j->custom_id, 1, doc);
+    }
+    j->used = 0;
+    w->live--;
+}
+
+/* Run the completion script for every unscripted answer, then XACK every scripted one.
+ * On a lost connection the answers stay queued for the next try (the script is idempotent). */
+void wk_flush(wk *w) {
+    if (!w->n_ans || w->broken)
+        return;
+    redisContext *c = md_redis_ctx(w->r);
+    char now[32];
+    snprintf(now, sizeof now, "%lld", (long long)md_wall_ms());
+    int sent = 0;
+    for (int i = 0; i < w->n_ans; i++) {
+        answer *a = &w->ans[i];
+        if (a->scripted)
+            continue;
+        char meta[Q_KEY_MAX], done[Q_KEY_MAX], out[Q_KEY_MAX];
+        q_key_meta(meta, w->prefix, a->batch);
+        q_key_done(done, w->prefix, a->batch);
+        q_key_out(out, w->prefix, a->batch);
+        const char *argv[] = {"EVALSHA",         w->sha,  "3", meta,      done,    out, a->member,
+                              a->ok ? "1" : "0", a->line, now, w->events, a->batch};
+        size_t lens[12];
+        for (int k = 0; k < 12; k++)
+            lens[k] = strlen(argv[k]);
+        redisAppendCommandArgv(c, 12, argv, lens);
+        sent++;
+    }
+    int noscript = 0;
+    md_err e = {0};
+    for (int i = 0; i < w->n_ans && sent > 0; i++) {
+        answer *a = &w->ans[i];
+        if (a->scripted)
+            continue;
+        sent--;
+        redisReply *rep = md_redis_get_reply(w->r, &e);
+        if (!rep) {
+            w->broken = 1;
+            return;
+        }
+        if (rep->type == REDIS_REPLY_INTEGER) {
+            a->scripted = 1;
+            if (rep->integer < 0)
+                MD_WARN("worker", "batch %s no longer exists; dropping entry %s", a->batch, a->id);
+        } else if (rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "NOSCRIPT", 8)) {
+            noscript = 1;
+        } else {
+            MD_ERROR("worker", "completion script for %s: %s", a->id,
+                     rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+        }
+        freeReplyObject(rep);
+    }
+    if (noscript && q_script_load(w->r, q_complete_lua, w->sha, &e)) {
+        w->broken = e.code == MD_EREDIS;
+        return;
+    }
+    /* XACK, then XDEL (an answered entry is never read again; deleting it keeps the queue
+     * stream as small as the backlog), one command each per stream. */
+    int acks = 0;
+    for (int m = 0; m < MAX_STREAMS; m++) {
+        int n = 0;
+        for (int i = 0; i < w->n_ans; i++)
+            n += w->ans[i].scripted && w->ans[i].s == m;
+        if (!n)
+            continue;
+        const char **argv = malloc((size_t)(n + 3) * sizeof *argv);
+        size_t *lens = malloc((size_t)(n + 3) * sizeof *lens);
+        if (!argv || !lens) {
+            free(argv);
+            free(lens);
+            return;
+        }
+        argv[0] = "XACK";
+        argv[1] = w->st[m].key;
+        argv[2] = Q_GROUP;
+        int k = 3;
+        for (int i = 0; i < w->n_ans; i++)
+            if (w->ans[i].scripted && w->ans[i].s == m)
+                argv[k++] = w->ans[i].id;
+        for (int i = 0; i < k; i++)
+            lens[i] = strlen(argv[i]);
+        redisAppendCommandArgv(c, k, argv, lens);
+        argv[1] = "XDEL"; /* XDEL key id... reuses the id list */
+        argv[2] = w->st[m].key;
+        lens[1] = 4;
+        lens[2] = strlen(w->st[m].key);
+        redisAppendCommandArgv(c, k - 1, argv + 1, lens + 1);
+        free(argv);
+        free(lens);
+        acks += 2;
+    }
+    for (int i = 0; i < acks; i++) {
+        redisReply *rep = md_redis_get_reply(w->r, &e);
+        if (!rep) {
+            w->broken = 1;
+            return; /* the scripted answers are XACKed after the reconnect */
+        }
+        freeReplyObject(rep);
+    }
+    int k = 0;
+    for (int i = 0; i < w->n_ans; i++) {
+        if (w->ans[i].scripted)
+            free(w->ans[i].line);
+        else
+            w->ans[k++] = w->ans[i];
+    }
+    w->n_ans = k;
+}

@@ -1,0 +1,205 @@
+/* worker_int.h — the worker daemon's state, shared by the files that implement worker.h and
+ * by no one else (worker.h is the module's contract). The daemon is one thread and one `wk`
+ * struct, split by concern:
+ *   worker.c         the loop (wk_run): startup, the connection, polling the runners, the
+ *                    periodic work, stopping
+ *   worker_read.c    reading and claiming entries: XREADGROUP, XAUTOCLAIM, validation, the DLQ
+ *   worker_answer.c  answers: output lines, the completion script, XACK
+ *   worker_lease.c   leases, hand-back and the watchdog; heartbeats
+ *   worker_plan.c    model and stream slots, and following the plan
+ * Each group of fields in `wk` below names the file that owns it: that file sets it up and
+ * frees it (close_all in worker.c frees what is left at exit); the others read it, or
+ * change it only as the group's comment says.
+ *
+ * Invariant that makes results effectively-once: an entry is XACKed only after the
+ * completion script has returned for it (1 = written, 0 = already answered, -1 = batch gone).
+ * Whatever breaks in between (worker crash, Redis restart, lost reply) leaves the entry
+ * pending, so it is redelivered, and the script ignores the second answer. */
+#ifndef MEDLEY_WORKER_WORKER_INT_H
+#define MEDLEY_WORKER_WORKER_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "common/redis.h"
+#include "queue/plan.h"
+#include "queue/queue.h"
+#include "queue/validate.h"
+#include "worker/runner.h"
+#include "worker/watchdog.h"
+#include "worker/worker.h"
+
+#define ENTRY_ID_MAX 48
+#define BATCH_CACHE 64
+#define BATCH_CACHE_NS 500000000ull /* re-read a batch's status every 0.5 s */
+
+/* Each job and answer names its stream (index into wk.st); a stream names its model slot.
+ * Slots of both are freed only when nothing refers to them, so indices stay valid. */
+#define MAX_STREAMS (WK_MAX_MODELS * (1 + Q_CLASS_MAX))
+
+typedef struct {
+    int used;
+    int s; /* stream index */
+    char id[ENTRY_ID_MAX];
+    char batch[Q_BATCH_ID_MAX];
+    char custom_id[Q_CUSTOM_ID_MAX];
+    int chat;
+    long long attempt;
+    double queue_ms;
+    double share_s; /* this job's share of the worker's busy seconds */
+    int handback;   /* its device failed: hand the entry back instead of answering it */
+} job;
+
+typedef struct {
+    int s;        /* stream index */
+    int scripted; /* the completion script returned; only the XACK is left */
+    char id[ENTRY_ID_MAX];
+    char batch[Q_BATCH_ID_MAX];
+    char member[Q_CUSTOM_ID_MAX + ENTRY_ID_MAX]; /* {B}:done member */
+    int ok;
+    char *line; /* output line (malloc'd) */
+} answer;
+
+typedef struct {
+    char id[Q_BATCH_ID_MAX];
+    char status[24];
+    long long deadline;
+    int exists;
+    uint64_t at_ns;
+} batch_ent;
+
+enum { SLOT_FREE = 0, SLOT_ON, SLOT_DRAIN };
+
+/* A stream read by this worker: reading (SLOT_ON) or draining (SLOT_DRAIN: no new reads;
+ * leases renewed and answers XACKed until its running entries are done). */
+typedef struct {
+    int state;
+    int m; /* model slot */
+    char key[Q_KEY_MAX];
+    char cursor[ENTRY_ID_MAX]; /* XAUTOCLAIM cursor */
+} stream;
+
+/* A served model: its runner and one job slot per unit of runner capacity. Draining: the
+ * plan moved it away; it finishes what runs, then closes. */
+typedef struct {
+    int state;
+    char name[Q_MODEL_NAME];
+    char replicas[256]; /* plan replica ids ("" when served from the command line) */
+    wk_runner *runner;
+    job *jobs; /* (n_jobs) */
+    int n_jobs;
+} model;
+
+typedef struct {
+    /* worker.c: who this worker is and what it was told, set once at startup. */
+    const wk_config *cfg;
+    volatile sig_atomic_t *stop;
+    char prefix[80], me[160], host[128], events[Q_KEY_MAX], wkey[Q_KEY_MAX];
+    int64_t started_ms;
+    char gpu_name[256]; /* the CUDA device's name as its driver reports it, or "" */
+    size_t gpu_bytes;   /* and its memory */
+
+    /* worker.c: the connection. Whoever sees a command fail sets broken; the loop then
+     * reconnects and sets up the scripts and groups again (sha: the completion script's
+     * SHA1, which wk_flush loads again on NOSCRIPT). */
+    md_redis *r;
+    int broken;   /* the connection failed; reconnect before the next command */
+    unsigned gen; /* connection generation the scripts and groups were set up for */
+    char sha[41];
+
+    /* worker.c: the loop's clocks (md_mono_ns at the last run of each periodic task);
+     * apply_plan zeroes last_hb to show a switch in the heartbeat at once. */
+    uint64_t last_tick, last_hb, last_lease, last_claim, last_plan;
+
+    /* worker_plan.c: the model and stream slots. live counts used jobs over every model:
+     * worker_read.c starts jobs, worker_answer.c and worker_lease.c end them. */
+    model mod[WK_MAX_MODELS];
+    stream st[MAX_STREAMS];
+    int live;
+    unsigned streams_gen; /* bumped when the stream set changes */
+    /* --follow-plan: the version of the plan applied (-1: none yet) and the last value seen
+     * in P plan:version (-2: never looked). */
+    long long plan_applied, plan_seen;
+
+    /* worker_answer.c: answers not yet written or XACKed, and what was answered. */
+    answer *ans;
+    int n_ans, cap_ans;
+    long long n_ok, n_failed, n_tokens;
+
+    /* worker_read.c: batches' status and deadline, cached for BATCH_CACHE_NS. */
+    batch_ent cache[BATCH_CACHE];
+
+    /* worker.c: the step watchdog (worker/watchdog.h), started and stopped there. poll_all
+     * runs steps under it and wk_add_model (worker_plan.c) loads; worker_lease.c tells it the
+     * streams and takes its verdict. */
+    wk_watchdog *wd;                   /* NULL once it fired and the worker took its verdict */
+    unsigned wd_gen;                   /* the streams_gen the watchdog was told */
+    int step_limit_ms;                 /* a step's limit (0: none) */
+    int load_limit_ms;                 /* a model load's limit (0: none; kept alive regardless) */
+    char load_what[Q_MODEL_NAME + 16]; /* the label of a load in progress */
+
+    /* worker_lease.c: the heartbeat's token count and a failed device (poll_all in worker.c
+     * also sets device_failed and dev_err when a runner reports one). */
+    long long tokens_at_hb;
+    int device_failed; /* a runner's device failed: hand back, stop, exit with dev_err */
+    long n_handed_back;
+    md_err dev_err;
+} wk;
+
+static inline int stream_model(wk *w, int s) {
+    return w->st[s].m;
+}
+
+/* ---- worker_read.c ---- */
+
+/* XGROUP CREATE key from id 0 (a group that exists already is fine). */
+int wk_create_group(wk *w, const char *key, md_err *e);
+/* XREADGROUP new entries for the free runner slots, blocking at most block_ms (0: not at
+ * all); starts or answers each. Returns how many were read. */
+int wk_read_new(wk *w, int block_ms);
+/* XAUTOCLAIM entries idle past the visibility timeout on every stream being read. */
+void wk_take_over(wk *w);
+/* Resume the entries still pending for this consumer name (not once a device failed). */
+void wk_take_own(wk *w);
+
+/* ---- worker_answer.c ---- */
+
+/* Queue the answer of a request that never reached a model (response null, error {code,
+ * message}), or of one the API refuses (response.body.error with ve's status). */
+void wk_answer_error(wk *w, int s, const char *entry_id, const char *batch, const char *custom_id,
+                     const char *code, const char *message, double queue_ms, long long attempt);
+void wk_answer_invalid(wk *w, int s, const char *entry_id, const char *batch, const char *custom_id,
+                       const q_verr *ve, double queue_ms, long long attempt);
+/* The runners' done callback (ctx: the wk, tag: the job). */
+void wk_on_done(void *ctx, void *tag, const wk_result *res);
+/* Write the queued answers (completion script), then XACK and XDEL them. */
+void wk_flush(wk *w);
+
+/* ---- worker_lease.c ---- */
+
+/* The device type of heartbeats and output lines (m: a model slot, or -1). */
+const char *wk_dev_type(wk *w, int m);
+/* XCLAIM running entries to ourselves; idle_ms > 0 hands them back instead. */
+void wk_renew(wk *w, long long idle_ms, int handback_only);
+/* HSET the heartbeat key P worker:{W} and renew its TTL. */
+void wk_heartbeat(wk *w, const char *state, double dt_s);
+/* Hand back the requests of a failed device. */
+void wk_hand_back(wk *w);
+/* Tell the watchdog the streams, when they changed. */
+void wk_watch_streams(wk *w);
+/* Take the watchdog's verdict: forget what it handed back and stop with why. */
+void wk_after_watchdog(wk *w, const char *why);
+
+/* ---- worker_plan.c ---- */
+
+/* Open a model in a free slot; returns the slot or an error. */
+int wk_add_model(wk *w, const char *name, md_err *e);
+/* Read a stream of model m (again). */
+int wk_add_stream(wk *w, int m, const char *key, md_err *e);
+/* Free drained streams and models. */
+void wk_reap(wk *w);
+/* --follow-plan: apply the plan when P plan:version moved. */
+void wk_check_plan(wk *w);
+
+#endif

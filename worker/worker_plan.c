@@ -1,0 +1,223 @@
+/* worker_plan.c — model and stream slots, and following the scheduler's plan: opening a
+ * model (under the watchdog's load limit) and the streams it is read from, draining and
+ * closing what the plan moved away, and looking at P plan:version (--follow-plan). It owns
+ * wk's mod, st, streams_gen, plan_applied and plan_seen. */
+#include "worker/worker_int.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "worker/assign.h"
+
+static int find_model(wk *w, const char *name) {
+    for (int m = 0; m < WK_MAX_MODELS; m++)
+        if (w->mod[m].state != SLOT_FREE && !strcmp(w->mod[m].name, name))
+            return m;
+    return -1;
+}
+
+/* Open a model's runner and job slots in a free model slot, under the watchdog (its load
+ * limit; heartbeat and leases kept alive meanwhile). Returns the slot or an error. */
+int wk_add_model(wk *w, const char *name, md_err *e) {
+    int m = -1;
+    for (int k = 0; k < WK_MAX_MODELS && m < 0; k++)
+        if (w->mod[k].state == SLOT_FREE)
+            m = k;
+    if (m < 0)
+        return md_errf(e, MD_EINVAL, "at most %d models at a time", WK_MAX_MODELS);
+    model *md = &w->mod[m];
+    memset(md, 0, sizeof *md);
+    if (w->wd) {
+        wk_watch_streams(w); /* what it hands back or keeps leased: the streams served so far */
+        snprintf(w->load_what, sizeof w->load_what, "loading %s", name);
+        wk_watchdog_enter(w->wd, w->load_what, w->load_limit_ms, 1);
+    }
+    int rc = wk_runner_open(name, &w->cfg->runner, &md->runner, e);
+    if (w->wd) {
+        wk_watchdog_leave(w->wd);
+        if (wk_watchdog_fired(w->wd)) { /* it gave up on the load: so does the worker */
+            if (!rc)
+                wk_runner_close(md->runner);
+            md->runner = NULL;
+            char why[sizeof w->dev_err.msg];
+            snprintf(why, sizeof why,
+                     "loading %s ran past the %d ms limit (--load-timeout-ms): the device looks "
+                     "hung",
+                     name, w->load_limit_ms);
+            wk_after_watchdog(w, why);
+            return md_errf(e, MD_EDEVICE, "%s", why);
+        }
+    }
+    if (rc)
+        return rc;
+    md->n_jobs = wk_runner_capacity(md->runner);
+    md->jobs = calloc((size_t)md->n_jobs, sizeof *md->jobs);
+    if (!md->jobs) {
+        wk_runner_close(md->runner);
+        md->runner = NULL;
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    snprintf(md->name, sizeof md->name, "%s", name);
+    md->state = SLOT_ON;
+    return m;
+}
+
+/* Start reading a stream of model m (again, when it was draining). */
+int wk_add_stream(wk *w, int m, const char *key, md_err *e) {
+    int s = -1;
+    for (int k = 0; k < MAX_STREAMS; k++)
+        if (w->st[k].state != SLOT_FREE && w->st[k].m == m && !strcmp(w->st[k].key, key)) {
+            w->st[k].state = SLOT_ON;
+            return 0;
+        }
+    for (int k = 0; k < MAX_STREAMS && s < 0; k++)
+        if (w->st[k].state == SLOT_FREE)
+            s = k;
+    if (s < 0)
+        return md_errf(e, MD_EINVAL, "more than %d streams", MAX_STREAMS);
+    int rc = w->r ? wk_create_group(w, key, e) : 0;
+    if (rc)
+        return rc;
+    w->st[s].state = SLOT_ON;
+    w->st[s].m = m;
+    w->streams_gen++;
+    snprintf(w->st[s].key, sizeof w->st[s].key, "%s", key);
+    snprintf(w->st[s].cursor, ENTRY_ID_MAX, "0-0");
+    return 0;
+}
+
+/* Free what draining left behind: streams with no running entry and no unwritten answer,
+ * then models with no stream left. */
+void wk_reap(wk *w) {
+    for (int s = 0; s < MAX_STREAMS; s++) {
+        if (w->st[s].state != SLOT_DRAIN)
+            continue;
+        model *md = &w->mod[w->st[s].m];
+        int busy = 0;
+        for (int i = 0; i < md->n_jobs && !busy; i++)
+            busy = md->jobs[i].used && md->jobs[i].s == s;
+        for (int i = 0; i < w->n_ans && !busy; i++)
+            busy = w->ans[i].s == s;
+        if (!busy) {
+            w->st[s].state = SLOT_FREE;
+            w->streams_gen++;
+        }
+    }
+    for (int m = 0; m < WK_MAX_MODELS; m++) {
+        model *md = &w->mod[m];
+        if (md->state != SLOT_DRAIN)
+            continue;
+        int streams = 0;
+        for (int s = 0; s < MAX_STREAMS; s++)
+            streams += w->st[s].state != SLOT_FREE && w->st[s].m == m;
+        if (streams)
+            continue;
+        MD_INFO("worker", "model %s drained and closed", md->name);
+        wk_runner_close(md->runner);
+        free(md->jobs);
+        memset(md, 0, sizeof *md);
+    }
+}
+
+/* Serve what the plan gives this worker: models no longer named drain (their running
+ * requests finish and are written; nothing new is read), new ones are opened, and each
+ * served model reads P q:{M} plus the class streams of its replicas. */
+static void apply_plan(wk *w, const json_t *plan) {
+    wk_assign as[WK_ASSIGN_MAX];
+    md_err e = {0};
+    int n = plan ? wk_plan_assignment(plan, w->me, as, &e) : 0;
+    long long version = plan ? q_plan_version(plan) : -1;
+    if (n < 0) {
+        MD_ERROR("worker", "plan v%lld: %s; keeping what is served", version, e.msg);
+        w->plan_applied = version;
+        return;
+    }
+    for (int m = 0; m < WK_MAX_MODELS; m++) {
+        model *md = &w->mod[m];
+        if (md->state == SLOT_FREE)
+            continue;
+        int keep = 0;
+        for (int a = 0; a < n; a++)
+            keep |= !strcmp(as[a].model, md->name);
+        if (!keep && md->state == SLOT_ON) {
+            MD_INFO("worker", "plan v%lld moves %s away: finishing %d running request(s)", version,
+                    md->name, wk_runner_live(md->runner));
+            md->state = SLOT_DRAIN;
+        }
+        for (int s = 0; s < MAX_STREAMS; s++)
+            if (w->st[s].state != SLOT_FREE && w->st[s].m == m)
+                w->st[s].state = SLOT_DRAIN; /* re-enabled below when still wanted */
+    }
+    for (int a = 0; a < n && !w->device_failed; a++) {
+        int m = find_model(w, as[a].model);
+        if (m < 0) {
+            MD_INFO("worker", "plan v%lld: loading %s (replicas %s)", version, as[a].model,
+                    as[a].replicas);
+            if ((m = wk_add_model(w, as[a].model, &e)) < 0) {
+                MD_ERROR("worker", "plan v%lld: cannot serve %s: %s", version, as[a].model, e.msg);
+                continue;
+            }
+        }
+        model *md = &w->mod[m];
+        md->state = SLOT_ON;
+        snprintf(md->replicas, sizeof md->replicas, "%s", as[a].replicas);
+        char key[Q_KEY_MAX];
+        q_key_queue(key, w->prefix, md->name);
+        int rc = wk_add_stream(w, m, key, &e);
+        for (int c = 0; c < as[a].n_classes && !rc; c++) {
+            q_key_class(key, w->prefix, md->name, as[a].classes[c]);
+            rc = wk_add_stream(w, m, key, &e);
+        }
+        if (rc) {
+            MD_ERROR("worker", "plan v%lld: %s: %s", version, md->name, e.msg);
+            if (e.code == MD_EREDIS)
+                w->broken = 1;
+        }
+    }
+    w->plan_applied = version;
+    w->last_hb = 0; /* show the switch in the heartbeat at once */
+    int served = 0;
+    for (int m = 0; m < WK_MAX_MODELS; m++)
+        served += w->mod[m].state == SLOT_ON;
+    MD_INFO("worker", "following plan v%lld: %d model(s) here", version, served);
+    wk_reap(w);
+    wk_take_own(w);
+}
+
+/* --follow-plan: look at P plan:version; when it differs from what was applied, read the plan
+ * and apply it. A plan:version ahead of the plan document (the scheduler bumps it first) is
+ * looked at again next time. */
+void wk_check_plan(wk *w) {
+    char vkey[Q_KEY_MAX];
+    snprintf(vkey, sizeof vkey, "%splan:version", w->prefix);
+    md_err e = {0};
+    redisReply *rep = md_redis_cmd(w->r, &e, "GET %s", vkey);
+    if (!rep) {
+        w->broken = 1;
+        return;
+    }
+    long long seen = rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : -1;
+    freeReplyObject(rep);
+    if (seen == w->plan_seen)
+        return;
+    json_t *plan = NULL;
+    int rc = q_plan_get(w->r, w->prefix, &plan, &e);
+    if (rc == MD_EREDIS) {
+        w->broken = 1;
+        return;
+    }
+    if (rc) {
+        MD_ERROR("worker", "%s; keeping what is served", e.msg);
+        w->plan_seen = seen;
+        return;
+    }
+    long long v = plan ? q_plan_version(plan) : -1;
+    if (v != w->plan_applied)
+        apply_plan(w, plan);
+    if (v >= seen)
+        w->plan_seen = seen;
+    json_decref(plan);
+}
