@@ -193,8 +193,12 @@ static void test_smollm2_decode_graphs(void **state) {
     if (!m)
         skip();
     check_device(m, "cpu-graph", 0);
+#ifndef __SANITIZE_ADDRESS__
+    /* under ASan (-O1, every access checked) each SmolLM2 run takes minutes: these two are
+     * checked there on the tiny model and here in the optimized build */
     check_device(m, "cpu-graph:all:fail=1", 1);
     check_device(m, "cpu-graph:sample", 0);
+#endif
 }
 
 int main(void) {
