@@ -290,7 +290,7 @@ int cmd_profile(int argc, char **argv) {
     const gguf_tensor *wq = gguf_find_tensor(gf, "blk.0.attn_q.weight");
     char quant[16];
     snprintf(quant, sizeof quant, "%s",
-             wq && ggml_type_name(wq->type) ? ggml_type_name(wq->type) : "unknown");
+             wq && md_type_name(wq->type) ? md_type_name(wq->type) : "unknown");
     gguf_close(gf);
     md_synth_free(synth, synth_len);
     int max_b = 1, max_c = 1;

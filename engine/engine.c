@@ -248,7 +248,7 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++) {
         const gguf_tensor *t = gguf_tensor_at(eng->gf, i);
         weights += f32 ? (size_t)t->n_elements * 4 : t->n_bytes;
-        if (f32 || t->type == GGML_F32 || t->type == GGML_F16 || t->type == GGML_BF16)
+        if (f32 || t->type == MD_TYPE_F32 || t->type == MD_TYPE_F16 || t->type == MD_TYPE_BF16)
             continue;
         if ((size_t)t->n_elements * 2 > widest_q)
             widest_q = (size_t)t->n_elements * 2;

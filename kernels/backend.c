@@ -1,5 +1,5 @@
-/* backend.c — opening a backend by device name, cross-backend copies, RoPE frequency tables
- * and element-type sizes shared by every backend. */
+/* backend.c — opening a backend by device name, cross-backend copies and RoPE frequency
+ * tables shared by every backend. */
 #include "kernels/backend.h"
 
 #include <errno.h>
@@ -187,39 +187,4 @@ void md_rope_inv_freq(const md_rope_cfg *c, int rot_dims, float *inv_freq) {
         }
         inv_freq[i] = (float)f;
     }
-}
-
-int md_type_block(int type) {
-    switch (type) {
-    case MD_TYPE_F32:
-    case MD_TYPE_F16:
-    case MD_TYPE_BF16: return 1;
-    case MD_TYPE_Q4_0:
-    case MD_TYPE_Q4_1:
-    case MD_TYPE_Q8_0: return 32;
-    case MD_TYPE_Q4_K:
-    case MD_TYPE_Q6_K: return 256;
-    default: return 0;
-    }
-}
-
-static size_t type_block_bytes(int type) {
-    switch (type) {
-    case MD_TYPE_F32: return 4;
-    case MD_TYPE_F16:
-    case MD_TYPE_BF16: return 2;
-    case MD_TYPE_Q4_0: return 18;
-    case MD_TYPE_Q4_1: return 20;
-    case MD_TYPE_Q8_0: return 34;
-    case MD_TYPE_Q4_K: return 144;
-    case MD_TYPE_Q6_K: return 210;
-    default: return 0;
-    }
-}
-
-size_t md_type_row_bytes(int type, int64_t n) {
-    int bs = md_type_block(type);
-    if (bs == 0 || n < 0 || n % bs)
-        return 0;
-    return (size_t)(n / bs) * type_block_bytes(type);
 }

@@ -9,9 +9,9 @@
  *    read-only weights, which the CPU backend aliases without a copy and a GPU backend
  *    copies to the device). Every op takes buffers of its own backend only.
  *  - Activations are F32, row-major: a buffer "x [T, C]" holds T rows (one per token of the
- *    step) of C floats. Weights are md_tensor views (a buffer + byte offset + ggml type +
- *    shape) of quantized or float data, laid out as in GGUF: ne0 = row length (inputs),
- *    ne1 = number of rows (outputs).
+ *    step) of C floats. Weights are md_tensor views (a buffer + byte offset + md_type of
+ *    common/dtype.h + shape) of quantized or float data, laid out as in GGUF: ne0 = row
+ *    length (inputs), ne1 = number of rows (outputs).
  *  - The KV cache of one layer is two buffers (K and V) of n_blocks * block_tokens slots;
  *    a slot holds n_kv_heads * head_dim elements of the cache type (F32 or F16). Which slot
  *    a token's K/V live in is decided by the engine (block tables, prefix sharing,
@@ -40,25 +40,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/dtype.h"
 #include "common/err.h"
 
 typedef struct md_backend md_backend;
 typedef struct md_buf md_buf;
 
-/* Element types, numbered as ggml's enum ggml_type (the GGUF tensor types). */
-enum {
-    MD_TYPE_F32 = 0,
-    MD_TYPE_F16 = 1,
-    MD_TYPE_Q4_0 = 2,
-    MD_TYPE_Q4_1 = 3,
-    MD_TYPE_Q8_0 = 8,
-    MD_TYPE_Q4_K = 12,
-    MD_TYPE_Q6_K = 14,
-    MD_TYPE_BF16 = 30,
-};
-
-/* A weight: rows of ne0 elements of `type`, ne1 rows, starting `offset` bytes into buf.
- * Row r starts at offset + r * row_bytes. */
+/* A weight: rows of ne0 elements of `type` (md_type_supported), ne1 rows, starting `offset` bytes
+ * into buf. Row r starts at offset + r * row_bytes. */
 typedef struct {
     md_buf *buf;
     size_t offset;
@@ -340,10 +329,5 @@ typedef struct {
 } md_rope_cfg;
 /* inv_freq [rot_dims / 2]. */
 void md_rope_inv_freq(const md_rope_cfg *c, int rot_dims, float *inv_freq);
-
-/* Bytes of one row of n elements of type (n a multiple of the block size); 0 if unknown. */
-size_t md_type_row_bytes(int type, int64_t n);
-/* Elements per block (1 for float types); 0 if unknown. */
-int md_type_block(int type);
 
 #endif

@@ -459,7 +459,7 @@ static int64_t pelems(const cuda_backend *b, int64_t n) {
 }
 
 static int tensor_ok(const md_tensor *w, md_err *e) {
-    size_t rb = md_type_row_bytes(w->type, w->ne0);
+    size_t rb = md_type_supported(w->type) ? md_type_row_bytes(w->type, w->ne0) : 0;
     if (rb == 0 || rb != w->row_bytes || w->ne1 < 1 || w->offset > w->buf->n ||
         (size_t)w->ne1 * rb > w->buf->n - w->offset)
         return md_errf(e, MD_ERANGE,
