@@ -35,9 +35,7 @@
 #include "engine/model.h"
 #include "engine/registry.h"
 #include "engine/synth.h"
-#ifdef MEDLEY_HAVE_CUDA
-#include "kernels/cuda/backend_cuda.h"
-#endif
+#include "kernels/backend.h"
 
 #define MAX_POINTS 16
 
@@ -244,20 +242,17 @@ static void device_type(const prof_opts *o, char *out, size_t n) {
         return;
     }
     snprintf(out, n, "CPU");
-#ifdef MEDLEY_HAVE_CUDA
-    if (!strncmp(o->device, "cuda", 4)) {
-        md_cuda_device d;
-        md_err e = {0};
-        int ord = o->device[4] == ':' ? atoi(o->device + 5) : 0;
-        if (md_cuda_device_get(ord, &d, &e) == 0) {
-            const char *nm = strncmp(d.name, "NVIDIA ", 7) ? d.name : d.name + 7;
-            snprintf(out, n, "%s", nm);
-            for (char *p = out; *p; p++)
-                if (*p == ' ')
-                    *p = '-';
-        }
+    md_device_id id;
+    md_device_info d;
+    md_err e = {0};
+    if (md_device_parse(o->device, &id, &e) == 0 && id.kind == MD_DEVICE_CUDA &&
+        md_device_get(id.index, &d, &e) == 0) {
+        const char *nm = strncmp(d.name, "NVIDIA ", 7) ? d.name : d.name + 7;
+        snprintf(out, n, "%s", nm);
+        for (char *p = out; *p; p++)
+            if (*p == ' ')
+                *p = '-';
     }
-#endif
 }
 
 int cmd_profile(int argc, char **argv) {

@@ -270,6 +270,41 @@ struct md_backend {
     const md_backend_ops *ops;
 };
 
+/* Devices: what code outside kernels/ may know about them (worker heartbeats, `medley
+ * profile`), through here only. Every build answers: one without CUDA, or a host without a
+ * driver or GPU, has no CUDA devices. */
+typedef enum { MD_DEVICE_CPU = 0, MD_DEVICE_CUDA = 1 } md_device_kind;
+
+/* A device name taken apart. */
+typedef struct {
+    md_device_kind kind;
+    int index; /* CUDA: the GPU ordinal (0 for "cuda"); CPU: threads of "cpu:N", else 0 */
+    int exact; /* "cpu-exact", "cuda-exact", "cuda-exact:K" */
+} md_device_id;
+
+/* Parse "cpu", "cpu:N" (N >= 1), "cpu-exact", "cuda", "cuda:K", "cuda-exact" or
+ * "cuda-exact:K"; NULL or "" is "cpu". Asks no driver, so "cuda:7" parses on any host.
+ * MD_EINVAL with a sentence for anything else, "auto" included (md_backend_resolve turns it
+ * into one of these). */
+int md_device_parse(const char *device, md_device_id *out, md_err *e);
+
+/* Usable CUDA devices; 0 when there are none, with the reason in why (may be NULL): the
+ * driver's sentence, or "medley was built without CUDA". */
+int md_device_count(char *why, size_t whysz);
+
+typedef struct {
+    char name[256]; /* "NVIDIA H200" */
+    int ordinal;
+    int cc_major, cc_minor; /* compute capability */
+    int n_sm;
+    size_t total_bytes, free_bytes;
+    double hbm_gbps; /* peak from the memory clock and bus width; 0 if unknown */
+} md_device_info;
+
+/* Describe CUDA device `ordinal`: MD_EDEVICE with a sentence when it does not exist,
+ * MD_EUNSUPP on a build without CUDA. */
+int md_device_get(int ordinal, md_device_info *out, md_err *e);
+
 /* Open "cpu", "cpu:N" (N threads), "cpu-exact", "cuda:K", "cuda-exact:K" or "auto"
  * (md_backend_resolve).
  * n_threads applies to the CPU backend (0 = every core). "cuda:K" on a build without CUDA

@@ -7,9 +7,6 @@
  * Whatever breaks in between (worker crash, Redis restart, lost reply) leaves the entry
  * pending, so it is redelivered, and the script ignores the second answer. */
 #include "worker/worker.h"
-#ifdef MEDLEY_HAVE_CUDA
-#include "kernels/cuda/backend_cuda.h"
-#endif
 
 #include <jansson.h>
 #include <stdio.h>
@@ -21,6 +18,7 @@
 #include "common/log.h"
 #include "common/redis.h"
 #include "common/util.h"
+#include "kernels/backend.h"
 #include "worker/logprobs.h"
 #include "worker/plan.h"
 #include "worker/queue.h"
@@ -1459,17 +1457,14 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     q_key_events(w.events, w.prefix);
     q_key_worker(w.wkey, w.prefix, w.me);
     w.started_ms = md_wall_ms();
-#ifdef MEDLEY_HAVE_CUDA
-    const char *dv = cfg->runner.device;
-    if (dv && !strncmp(dv, "cuda", 4)) {
-        md_cuda_device cd;
-        md_err ce = {0};
-        if (md_cuda_device_get(dv[4] == ':' ? atoi(dv + 5) : 0, &cd, &ce) == 0) {
-            snprintf(w.gpu_name, sizeof w.gpu_name, "%s", cd.name);
-            w.gpu_bytes = cd.total_bytes;
-        }
+    md_device_id did;
+    md_device_info cd;
+    md_err ce = {0};
+    if (md_device_parse(cfg->runner.device, &did, &ce) == 0 && did.kind == MD_DEVICE_CUDA &&
+        md_device_get(did.index, &cd, &ce) == 0) {
+        snprintf(w.gpu_name, sizeof w.gpu_name, "%s", cd.name);
+        w.gpu_bytes = cd.total_bytes;
     }
-#endif
 
     /* The watchdog: a step past its limit (auto: 2 minutes on a CUDA device, none on the CPU)
      * or a load past its limit (auto: 10 minutes on a CUDA device, none on the CPU) means a

@@ -1109,7 +1109,7 @@ int md_cuda_device_count(char *why, size_t whysz) {
     return cuda_device_count(why, whysz);
 }
 
-int md_cuda_device_get(int ordinal, md_cuda_device *out, md_err *e) {
+int md_cuda_device_get(int ordinal, md_device_info *out, md_err *e) {
     cuda_device_info in;
     int rc = cuda_device_query(ordinal, &in, e);
     if (rc)
