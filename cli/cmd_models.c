@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "cli/commands.h"
+#include "common/dtype.h"
 #include "common/util.h"
 #include "engine/gguf.h"
 #include "engine/registry.h"
@@ -406,7 +407,7 @@ static int models_inspect(const char *what, int json) {
         json_t *types = json_object();
         for (int t = 0; t < 64; t++)
             if (per[t].count)
-                json_object_set_new(types, ggml_type_name(t),
+                json_object_set_new(types, md_type_name(t),
                                     json_pack("{s:I, s:I, s:I}", "count", (json_int_t)per[t].count,
                                               "elements", (json_int_t)per[t].elements, "bytes",
                                               (json_int_t)per[t].bytes));
@@ -456,7 +457,7 @@ static int models_inspect(const char *what, int json) {
     printf("\n%-10s %8s %14s %14s %7s\n", "type", "tensors", "elements", "bytes", "share");
     for (int t = 0; t < 64; t++)
         if (per[t].count)
-            printf("%-10s %8" PRId64 " %14" PRId64 " %14" PRIu64 " %6.1f%%\n", ggml_type_name(t),
+            printf("%-10s %8" PRId64 " %14" PRId64 " %14" PRIu64 " %6.1f%%\n", md_type_name(t),
                    per[t].count, per[t].elements, per[t].bytes,
                    total_bytes ? 100.0 * (double)per[t].bytes / (double)total_bytes : 0.0);
     printf("%-10s %8" PRId64 " %14" PRId64 " %14" PRIu64 "  (%.1f MiB, %.2f bits/weight)\n",

@@ -31,13 +31,9 @@
 #include "cli/commands.h"
 #include "common/util.h"
 #include "engine/engine.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
 #include "engine/registry.h"
 #include "engine/synth.h"
-#ifdef MEDLEY_HAVE_CUDA
-#include "kernels/cuda/backend_cuda.h"
-#endif
+#include "kernels/backend.h"
 
 #define MAX_POINTS 16
 
@@ -244,20 +240,17 @@ static void device_type(const prof_opts *o, char *out, size_t n) {
         return;
     }
     snprintf(out, n, "CPU");
-#ifdef MEDLEY_HAVE_CUDA
-    if (!strncmp(o->device, "cuda", 4)) {
-        md_cuda_device d;
-        md_err e = {0};
-        int ord = o->device[4] == ':' ? atoi(o->device + 5) : 0;
-        if (md_cuda_device_get(ord, &d, &e) == 0) {
-            const char *nm = strncmp(d.name, "NVIDIA ", 7) ? d.name : d.name + 7;
-            snprintf(out, n, "%s", nm);
-            for (char *p = out; *p; p++)
-                if (*p == ' ')
-                    *p = '-';
-        }
+    md_device_id id;
+    md_device_info d;
+    md_err e = {0};
+    if (md_device_parse(o->device, &id, &e) == 0 && id.kind == MD_DEVICE_CUDA &&
+        md_device_get(id.index, &d, &e) == 0) {
+        const char *nm = strncmp(d.name, "NVIDIA ", 7) ? d.name : d.name + 7;
+        snprintf(out, n, "%s", nm);
+        for (char *p = out; *p; p++)
+            if (*p == ' ')
+                *p = '-';
     }
-#endif
 }
 
 int cmd_profile(int argc, char **argv) {
@@ -274,38 +267,24 @@ int cmd_profile(int argc, char **argv) {
     }
     o.device = device;
     /* Size the engine for the largest point: KV for every sequence at full length. */
-    gguf_file *gf = NULL;
-    md_hparams hp;
-    void *synth = NULL; /* a synthetic model's metadata (engine/synth.h) */
-    size_t synth_len = 0;
-    if ((md_synth_is(path) ? (md_synth_build(path, 0, &synth, &synth_len, &e) ||
-                              gguf_open_mem(synth, synth_len, &gf, &e))
-                           : gguf_open(path, &gf, &e)) ||
-        md_hparams_read(gf, &hp, &e)) {
+    md_model_facts mf;
+    if (md_engine_model_facts(path, &mf, &e)) {
         fprintf(stderr, "medley profile: %s\n", e.msg);
-        gguf_close(gf);
-        md_synth_free(synth, synth_len);
         return 1;
     }
-    const gguf_tensor *wq = gguf_find_tensor(gf, "blk.0.attn_q.weight");
-    char quant[16];
-    snprintf(quant, sizeof quant, "%s",
-             wq && ggml_type_name(wq->type) ? ggml_type_name(wq->type) : "unknown");
-    gguf_close(gf);
-    md_synth_free(synth, synth_len);
     int max_b = 1, max_c = 1;
     for (int i = 0; i < o.n_batches; i++)
         max_b = o.batches[i] > max_b ? o.batches[i] : max_b;
     for (int i = 0; i < o.n_contexts; i++)
         max_c = o.contexts[i] > max_c ? o.contexts[i] : max_c;
     int n_ctx = max_c + o.gen + 16;
-    if (hp.n_ctx_train > 0 && n_ctx > hp.n_ctx_train) {
+    if (mf.n_ctx_train > 0 && n_ctx > mf.n_ctx_train) {
         fprintf(stderr, "medley profile: context %d + %d generated exceeds the model's %d\n", max_c,
-                o.gen, hp.n_ctx_train);
+                o.gen, mf.n_ctx_train);
         return 2;
     }
     size_t kv = o.kv_mb ? (size_t)o.kv_mb << 20
-                        : (size_t)max_b * (n_ctx + 16) * md_kv_bytes_per_token(&hp, MD_TYPE_F32) * 5 / 4;
+                        : (size_t)max_b * (n_ctx + 16) * mf.kv_bytes_per_token_f32 * 5 / 4;
     md_engine_config cfg = {.model_path = path,
                             .device = o.device,
                             .n_threads = o.n_threads,
@@ -402,7 +381,7 @@ int cmd_profile(int argc, char **argv) {
     json_t *doc = json_pack(
         "{s:i, s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:o}", "version", 1,
         "kind", "medley.profile", "device_type", dtype, "device_count", 1, "tp", 1, "model", name,
-        "quant", quant, "date", date, "method", "measured", "tool", tool, "host", host,
+        "quant", mf.weight_type, "date", date, "method", "measured", "tool", tool, "host", host,
         "max_context", n_ctx, "batches", batches, "buckets", buckets);
     int out_rc = 0;
     if (o.out) {

@@ -15,6 +15,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "engine/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -177,6 +178,36 @@ static int make_shadows(md_engine *eng, md_err *e) {
     return 0;
 }
 
+/* Open the model file at path into *gf: a GGUF file, or a synthetic model's image built into
+ * *synth (synth.h; with random weights when `weights`, metadata only otherwise), which must
+ * outlive *gf and is freed with md_synth_free. */
+static int open_model_file(const char *path, int weights, void **synth, size_t *synth_len,
+                           gguf_file **gf, md_err *e) {
+    if (!md_synth_is(path))
+        return gguf_open(path, gf, e);
+    int rc = md_synth_build(path, weights, synth, synth_len, e);
+    return rc ? rc : gguf_open_mem(*synth, *synth_len, gf, e);
+}
+
+int md_engine_model_facts(const char *path, md_model_facts *out, md_err *e) {
+    memset(out, 0, sizeof *out);
+    gguf_file *gf = NULL;
+    void *synth = NULL;
+    size_t synth_len = 0;
+    md_hparams hp;
+    int rc = open_model_file(path, 0, &synth, &synth_len, &gf, e);
+    if (rc == 0 && (rc = md_hparams_read(gf, &hp, e)) == 0) {
+        const gguf_tensor *wq = gguf_find_tensor(gf, "blk.0.attn_q.weight");
+        const char *type = wq ? md_type_name(wq->type) : NULL;
+        snprintf(out->weight_type, sizeof out->weight_type, "%s", type ? type : "unknown");
+        out->n_ctx_train = hp.n_ctx_train;
+        out->kv_bytes_per_token_f32 = md_kv_bytes_per_token(&hp, MD_TYPE_F32);
+    }
+    gguf_close(gf);
+    md_synth_free(synth, synth_len);
+    return rc;
+}
+
 int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     *out = NULL;
     md_engine *eng = calloc(1, sizeof *eng);
@@ -195,12 +226,8 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
         goto fail;
     }
     md_hparams hpf; /* from the metadata: sizes are known before any weight is loaded */
-    if (md_synth_is(cfg->model_path)) { /* shapes of a real model, random weights (synth.h) */
-        if ((rc = md_synth_build(cfg->model_path, 1, &eng->synth, &eng->synth_len, e)) == 0)
-            rc = gguf_open_mem(eng->synth, eng->synth_len, &eng->gf, e);
-    } else {
-        rc = gguf_open(cfg->model_path, &eng->gf, e);
-    }
+    /* a synthetic model (synth.h) gets random weights */
+    rc = open_model_file(cfg->model_path, 1, &eng->synth, &eng->synth_len, &eng->gf, e);
     if (rc || (rc = tok_load(eng->gf, &eng->tok, e)) ||
         (rc = md_hparams_read(eng->gf, &hpf, e))) {
         md_errctx(e, "loading %s: ", cfg->model_path);
@@ -248,7 +275,7 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++) {
         const gguf_tensor *t = gguf_tensor_at(eng->gf, i);
         weights += f32 ? (size_t)t->n_elements * 4 : t->n_bytes;
-        if (f32 || t->type == GGML_F32 || t->type == GGML_F16 || t->type == GGML_BF16)
+        if (f32 || t->type == MD_TYPE_F32 || t->type == MD_TYPE_F16 || t->type == MD_TYPE_BF16)
             continue;
         if ((size_t)t->n_elements * 2 > widest_q)
             widest_q = (size_t)t->n_elements * 2;

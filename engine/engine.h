@@ -87,6 +87,16 @@ typedef struct {
     int n_live; /* sequences still running or waiting */
 } md_step_result;
 
+/* What a model file says about itself, read from its metadata without loading a weight: for
+ * sizing an engine (and naming what was measured) before opening it. */
+typedef struct {
+    int n_ctx_train;               /* the context it was trained for */
+    size_t kv_bytes_per_token_f32; /* K and V of one token over all layers, F32 cache */
+    char weight_type[16];          /* element type of blk.0.attn_q.weight ("Q4_K"), "unknown" */
+} md_model_facts;
+/* path as md_engine_config.model_path: a GGUF file or a synthetic model (engine/synth.h). */
+int md_engine_model_facts(const char *path, md_model_facts *out, md_err *e);
+
 int md_engine_open(const md_engine_config *cfg, md_engine **out, md_err *e);
 void md_engine_close(md_engine *eng);
 

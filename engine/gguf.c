@@ -10,7 +10,7 @@
  *   padding to general.alignment | tensor data (offsets relative to here)
  *
  * string = u64 length + bytes (no NUL); array = u32 elem type + u64 count + elements.
- * Element type sizes and dequantization live in quant.c. */
+ * Element type sizes live in common/dtype.c, dequantization in quant.c. */
 #include "engine/gguf.h"
 
 #include <errno.h>
@@ -20,6 +20,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "common/dtype.h"
 
 #define GGUF_MAX_DEPTH 8      /* nested arrays deeper than this are rejected */
 #define GGUF_MAX_NAME 256     /* longest tensor name accepted, bytes */
@@ -355,22 +357,22 @@ static int parse_tensor(gguf_file *f, rd *r, int64_t i) {
     uint32_t type;
     if (rd_u32(r, &type, "a tensor type"))
         return md_errctx(r->e, "tensor '%s': ", t->name);
-    int bs = ggml_blck_size((int)type);
+    int bs = md_type_block((int)type);
     if (!bs)
         return md_errf(r->e, MD_EFORMAT, "tensor '%s': unknown element type %u", t->name, type);
     t->type = (int)type;
     if (t->ne[0] % bs)
         return md_errf(r->e, MD_EFORMAT,
                        "tensor '%s': row length %lld is not a multiple of %s's block of %d",
-                       t->name, (long long)t->ne[0], ggml_type_name(t->type), bs);
+                       t->name, (long long)t->ne[0], md_type_name(t->type), bs);
     /* bytes = n / bs * type_size; check it against size_t and the file before computing */
     uint64_t blocks = (uint64_t)n / (uint64_t)bs;
-    size_t ts = ggml_type_size(t->type);
+    size_t ts = md_type_block_bytes(t->type);
     if (blocks > (uint64_t)SIZE_MAX / ts || blocks * ts > f->size)
         return md_errf(r->e, MD_EFORMAT,
                        "tensor '%s': %lld elements of %s need more bytes than the whole file "
                        "(%zu)",
-                       t->name, (long long)n, ggml_type_name(t->type), f->size);
+                       t->name, (long long)n, md_type_name(t->type), f->size);
     t->n_bytes = (size_t)(blocks * ts);
     uint64_t off;
     if (rd_u64(r, &off, "a tensor offset"))

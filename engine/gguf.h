@@ -35,23 +35,11 @@ typedef enum {
     GGUF_T_FLOAT64 = 12,
 } gguf_vtype;
 
-/* Tensor element types, numbered as ggml's enum ggml_type. */
-typedef enum {
-    GGML_F32 = 0,
-    GGML_F16 = 1,
-    GGML_Q4_0 = 2,
-    GGML_Q4_1 = 3,
-    GGML_Q8_0 = 8,
-    GGML_Q4_K = 12,
-    GGML_Q6_K = 14,
-    GGML_BF16 = 30,
-} ggml_type;
-
 typedef struct gguf_file gguf_file;
 
 typedef struct {
     const char *name; /* NUL-terminated copy owned by gguf_file */
-    int type;         /* ggml_type */
+    int type;         /* md_type (common/dtype.h): any GGUF type */
     int n_dims;       /* 1..4 */
     int64_t ne[4];    /* elements per dim, ne[0] innermost (row length); unused dims = 1 */
     int64_t n_elements;
@@ -101,24 +89,5 @@ int gguf_arr_data(const gguf_file *f, const char *key, const void **data, md_err
 int64_t gguf_n_tensors(const gguf_file *f);
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, int64_t i);
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name); /* NULL if absent */
-
-/* Element types: name ("Q4_1"), block size in elements, bytes per block; 0 if unknown. */
-const char *ggml_type_name(int type);
-int ggml_blck_size(int type);
-size_t ggml_type_size(int type);
-/* Bytes of a row of n elements (n must be a multiple of the block size). */
-size_t ggml_row_size(int type, int64_t n);
-
-/* Dequantize n elements (multiple of the block size) of `type` at src to float. Reference
- * scalar code, exact to the format's definition. Returns MD_EUNSUPP for unknown types. */
-int ggml_dequantize(int type, const void *src, float *dst, int64_t n, md_err *e);
-/* Quantize n floats to `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1 at least) — used by tests to
- * build synthetic blocks and by the CPU backend for activations. */
-int ggml_quantize(int type, const float *src, void *dst, int64_t n, md_err *e);
-
-float md_fp16_to_fp32(uint16_t h);
-uint16_t md_fp32_to_fp16(float f);
-float md_bf16_to_fp32(uint16_t h);
-uint16_t md_fp32_to_bf16(float f); /* round to nearest even */
 
 #endif

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/quant.h"
+
 #define BE(m) ((m)->be)
 #define CALL(m, op, ...) BE(m)->ops->op(BE(m), __VA_ARGS__)
 
@@ -129,9 +131,9 @@ static int bind(md_model *m, const gguf_file *gf, const char *name, int64_t ne0,
                        name, (long long)g->ne[0], (long long)g->ne[1], (long long)g->ne[2],
                        (long long)g->ne[3], (long long)ne0, (long long)ne1);
     size_t rb = md_type_row_bytes(g->type, ne0);
-    if (rb == 0 || (float_only && g->type != MD_TYPE_F32))
+    if (!md_type_supported(g->type) || rb == 0 || (float_only && g->type != MD_TYPE_F32))
         return md_errf(e, MD_EUNSUPP, "tensor %s has type %s (%d), not supported here", name,
-                       ggml_type_name(g->type) ? ggml_type_name(g->type) : "unknown", g->type);
+                       md_type_name(g->type) ? md_type_name(g->type) : "unknown", g->type);
     if (rb * (size_t)ne1 != g->n_bytes)
         return md_errf(e, MD_EFORMAT, "tensor %s holds %zu bytes, expected %zu", name, g->n_bytes,
                        rb * (size_t)ne1);
@@ -144,7 +146,7 @@ static int bind(md_model *m, const gguf_file *gf, const char *name, int64_t ne0,
         if (!f)
             return md_errf(e, MD_ENOMEM, "tensor %s: no host memory to dequantize %zu elements",
                            name, n);
-        if (!(rc = ggml_dequantize(type, g->data, f, (int64_t)n, e)) &&
+        if (!(rc = md_dequantize(type, g->data, f, (int64_t)n, e)) &&
             !(rc = CALL(m, buf_wrap, f, n * sizeof *f, &b, e)) && (rc = CALL(m, sync, e)))
             CALL(m, buf_free, b);
         free(f);

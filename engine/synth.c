@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common/dtype.h"
 #include "engine/gguf.h"
 
 #define ALIGN 32
@@ -132,17 +133,6 @@ typedef struct {
     int fill; /* 0 random, 1 ones */
 } tensor;
 
-static size_t row_bytes(int type, int64_t n) {
-    switch (type) {
-    case GGML_F32: return (size_t)n * 4;
-    case GGML_F16:
-    case GGML_BF16: return (size_t)n * 2;
-    case GGML_Q8_0: return (size_t)n / 32 * 34;
-    case GGML_Q4_0: return (size_t)n / 32 * 18;
-    }
-    return 0;
-}
-
 static int add_tensor(tensor *t, int *n, const char *name, int type, int64_t ne0, int64_t ne1,
                       int fill) {
     if (*n == MAX_TENSORS)
@@ -152,7 +142,7 @@ static int add_tensor(tensor *t, int *n, const char *name, int type, int64_t ne0
     x->type = type;
     x->ne0 = ne0;
     x->ne1 = ne1;
-    x->bytes = row_bytes(type, ne0) * (size_t)ne1;
+    x->bytes = md_type_row_bytes(type, ne0) * (size_t)ne1;
     x->fill = fill;
     return 0;
 }
@@ -180,17 +170,9 @@ typedef struct {
     uint16_t tab16[2][65536]; /* 16 random bits -> bf16 / f16 value in [-a, a] */
 } filler;
 
-static size_t unit_bytes(int type) { /* a unit: one element, or one block */
-    switch (type) {
-    case GGML_Q8_0: return 34;
-    case GGML_Q4_0: return 18;
-    default: return row_bytes(type, 1);
-    }
-}
-
 static void fill_job(filler *f, size_t j) {
     const tensor *t = &f->t[f->job_t[j]];
-    size_t ub = unit_bytes(t->type);
+    size_t ub = md_type_block_bytes(t->type); /* a unit: one element, or one block */
     uint8_t *p = f->data + t->off + f->job_first[j] * ub;
     size_t n = f->job_n[j];
     uint64_t s = mix(((uint64_t)f->job_t[j] << 40) ^ f->job_first[j]) | 1;
@@ -201,13 +183,13 @@ static void fill_job(filler *f, size_t j) {
         return;
     }
     switch (t->type) {
-    case GGML_F32:
+    case MD_TYPE_F32:
         for (size_t i = 0; i < n; i++)
             ((float *)p)[i] = ((int64_t)(NEXT() >> 11) * (1.0 / 4503599627370496.0) - 1.0) * STD_A;
         break;
-    case GGML_BF16:
-    case GGML_F16: {
-        const uint16_t *tab = f->tab16[t->type == GGML_F16];
+    case MD_TYPE_BF16:
+    case MD_TYPE_F16: {
+        const uint16_t *tab = f->tab16[t->type == MD_TYPE_F16];
         uint16_t *o = (uint16_t *)p;
         size_t i = 0;
         for (; i + 4 <= n; i += 4) {
@@ -221,7 +203,7 @@ static void fill_job(filler *f, size_t j) {
             o[i] = tab[NEXT() >> 48];
         break;
     }
-    case GGML_Q8_0: {
+    case MD_TYPE_Q8_0: {
         uint16_t d = md_fp32_to_fp16(STD_A / 127.0f);
         for (size_t b = 0; b < n; b++, p += 34) {
             memcpy(p, &d, 2);
@@ -235,7 +217,7 @@ static void fill_job(filler *f, size_t j) {
         }
         break;
     }
-    case GGML_Q4_0: {
+    case MD_TYPE_Q4_0: {
         uint16_t d = md_fp32_to_fp16(STD_A / 8.0f);
         for (size_t b = 0; b < n; b++, p += 18) {
             memcpy(p, &d, 2);
@@ -284,7 +266,7 @@ static int fill_all(uint8_t *data, const tensor *t, int n_t, md_err *e) {
         return md_errf(e, MD_ENOMEM, "synthetic model: out of memory");
     }
     for (int i = 0; i < n_t; i++) {
-        size_t ub = unit_bytes(t[i].type), units = t[i].bytes / ub, per = CHUNK / ub;
+        size_t ub = md_type_block_bytes(t[i].type), units = t[i].bytes / ub, per = CHUNK / ub;
         for (size_t u = 0; u < units; u += per) {
             f->job_t[f->n_jobs] = (size_t)i;
             f->job_first[f->n_jobs] = u;
@@ -326,12 +308,15 @@ static int parse(const char *spec, const shape **sh, int *type, md_err *e) {
     if (!*sh)
         return md_errf(e, MD_ENOTFOUND, "unknown synthetic model shape \"%.*s\" (known: %s)",
                        (int)n, s, md_synth_shapes());
-    *type = GGML_BF16;
+    *type = MD_TYPE_BF16;
     if (colon) {
         static const struct {
             const char *name;
             int type;
-        } types[] = {{"bf16", GGML_BF16}, {"f16", GGML_F16}, {"q8_0", GGML_Q8_0}, {"q4_0", GGML_Q4_0}};
+        } types[] = {{"bf16", MD_TYPE_BF16},
+                     {"f16", MD_TYPE_F16},
+                     {"q8_0", MD_TYPE_Q8_0},
+                     {"q4_0", MD_TYPE_Q4_0}};
         int found = 0;
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
             if (!strcmp(colon + 1, types[i].name)) {
@@ -385,7 +370,7 @@ static int list_tensors(const shape *sh, int wt, tensor *t) {
     int C = sh->n_embd, hd = C / sh->n_head, qd = sh->n_head * hd, kvd = sh->n_head_kv * hd;
     int n = 0;
     add_tensor(t, &n, "token_embd.weight", wt, C, sh->n_vocab, 0);
-    add_tensor(t, &n, "output_norm.weight", GGML_F32, C, 1, 1);
+    add_tensor(t, &n, "output_norm.weight", MD_TYPE_F32, C, 1, 1);
     if (!sh->tied)
         add_tensor(t, &n, "output.weight", wt, C, sh->n_vocab, 0);
     for (int l = 0; l < sh->n_layer; l++) {
@@ -393,19 +378,19 @@ static int list_tensors(const shape *sh, int wt, tensor *t) {
 #define T(suffix, type, a, b, fill)                                                                \
     snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix);                                               \
     add_tensor(t, &n, nm, type, a, b, fill);
-        T("attn_norm.weight", GGML_F32, C, 1, 1)
+        T("attn_norm.weight", MD_TYPE_F32, C, 1, 1)
         T("attn_q.weight", wt, C, qd, 0)
         T("attn_k.weight", wt, C, kvd, 0)
         T("attn_v.weight", wt, C, kvd, 0)
         T("attn_output.weight", wt, qd, C, 0)
-        T("ffn_norm.weight", GGML_F32, C, 1, 1)
+        T("ffn_norm.weight", MD_TYPE_F32, C, 1, 1)
         T("ffn_gate.weight", wt, C, sh->n_ff, 0)
         T("ffn_up.weight", wt, C, sh->n_ff, 0)
         T("ffn_down.weight", wt, sh->n_ff, C, 0)
         if (sh->qkv_bias) {
-            T("attn_q.bias", GGML_F32, qd, 1, 0)
-            T("attn_k.bias", GGML_F32, kvd, 1, 0)
-            T("attn_v.bias", GGML_F32, kvd, 1, 0)
+            T("attn_q.bias", MD_TYPE_F32, qd, 1, 0)
+            T("attn_k.bias", MD_TYPE_F32, kvd, 1, 0)
+            T("attn_v.bias", MD_TYPE_F32, kvd, 1, 0)
         }
 #undef T
     }
@@ -414,7 +399,7 @@ static int list_tensors(const shape *sh, int wt, tensor *t) {
 
 int md_synth_size(const char *spec, size_t *weight_bytes, int64_t *n_params, md_err *e) {
     const shape *sh = NULL;
-    int wt = GGML_BF16;
+    int wt = MD_TYPE_BF16;
     int rc = md_synth_is(spec) ? parse(spec, &sh, &wt, e)
                                : md_errf(e, MD_EINVAL, "\"%s\" is not a synthetic model name", spec);
     if (rc)
@@ -444,7 +429,7 @@ int md_synth_build(const char *spec, int weights, void **image, size_t *len, md_
         return md_errf(e, MD_EINVAL, "\"%s\" is not a synthetic model name (synthetic:<shape>)",
                        spec ? spec : "(null)");
     const shape *sh = NULL;
-    int wt = GGML_BF16;
+    int wt = MD_TYPE_BF16;
     int rc = parse(spec, &sh, &wt, e);
     if (rc)
         return rc;

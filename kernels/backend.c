@@ -1,5 +1,5 @@
-/* backend.c — opening a backend by device name, cross-backend copies, RoPE frequency tables
- * and element-type sizes shared by every backend. */
+/* backend.c — device names and facts (md_device_*), opening a backend by device name,
+ * cross-backend copies and RoPE frequency tables shared by every backend. */
 #include "kernels/backend.h"
 
 #include <errno.h>
@@ -41,6 +41,54 @@ static int cuda_name(const char *device, int *ord, int *exact) {
     return parse_index(rest + 1, ord) ? -1 : 1;
 }
 
+int md_device_parse(const char *device, md_device_id *out, md_err *e) {
+    memset(out, 0, sizeof *out);
+    out->kind = MD_DEVICE_CPU;
+    if (!device || !*device || !strcmp(device, "cpu"))
+        return 0;
+    if (!strcmp(device, "cpu-exact")) {
+        out->exact = 1;
+        return 0;
+    }
+    if (!strncmp(device, "cpu:", 4)) {
+        if (parse_index(device + 4, &out->index) || out->index == 0)
+            return md_errf(e, MD_EINVAL, "device \"%s\": expected cpu:N with N threads >= 1",
+                           device);
+        return 0;
+    }
+    int kind = cuda_name(device, &out->index, &out->exact);
+    if (kind < 0)
+        return md_errf(e, MD_EINVAL, "device \"%s\": expected %s:K with K a GPU ordinal", device,
+                       out->exact ? "cuda-exact" : "cuda");
+    if (kind > 0) {
+        out->kind = MD_DEVICE_CUDA;
+        return 0;
+    }
+    return md_errf(e, MD_EINVAL,
+                   "unknown device \"%s\" (expected auto, cpu, cpu:N, cpu-exact, cuda:K or "
+                   "cuda-exact:K)",
+                   device);
+}
+
+int md_device_count(char *why, size_t whysz) {
+#ifdef MEDLEY_HAVE_CUDA
+    return md_cuda_device_count(why, whysz);
+#else
+    if (why && whysz)
+        snprintf(why, whysz, "medley was built without CUDA");
+    return 0;
+#endif
+}
+
+int md_device_get(int ordinal, md_device_info *out, md_err *e) {
+#ifdef MEDLEY_HAVE_CUDA
+    return md_cuda_device_get(ordinal, out, e);
+#else
+    memset(out, 0, sizeof *out);
+    return md_errf(e, MD_EUNSUPP, "cuda:%d: medley was built without CUDA", ordinal);
+#endif
+}
+
 int md_backend_resolve(const char *device, char *out, size_t n, md_err *e) {
     int kind, ord, exact;
     if (!device || !*device)
@@ -49,9 +97,9 @@ int md_backend_resolve(const char *device, char *out, size_t n, md_err *e) {
         const char *pick = "cpu";
 #ifdef MEDLEY_HAVE_CUDA
         char why[256] = "";
-        md_cuda_device d;
+        md_device_info d;
         md_err de = {0};
-        if (md_cuda_device_count(why, sizeof why) > 0 && md_cuda_device_get(0, &d, &de) == 0) {
+        if (md_device_count(why, sizeof why) > 0 && md_device_get(0, &d, &de) == 0) {
             pick = "cuda:0";
             MD_INFO("device", "auto: cuda:0 (%s, %.1f GiB, %.1f GiB free): a CUDA device is usable",
                     d.name, d.total_bytes / 1073741824.0, d.free_bytes / 1073741824.0);
@@ -67,8 +115,8 @@ int md_backend_resolve(const char *device, char *out, size_t n, md_err *e) {
             return md_errf(e, MD_EINVAL, "device \"%s\": expected %s:K with K a GPU ordinal",
                            device, exact ? "cuda-exact" : "cuda");
 #ifdef MEDLEY_HAVE_CUDA
-        md_cuda_device d;
-        if (md_cuda_device_get(ord, &d, e))
+        md_device_info d;
+        if (md_device_get(ord, &d, e))
             return md_errctx(e, "device \"%s\": ", device);
 #else
         return md_errf(e, MD_EUNSUPP, "device \"%s\": medley was built without CUDA", device);
@@ -128,32 +176,21 @@ int md_backend_open(const char *device, int n_threads, md_backend **out, md_err 
             return rc;
         return md_backend_open(name, n_threads, out, e);
     }
-    if (!device || !*device || !strcmp(device, "cpu"))
-        return md_backend_cpu_open(n_threads, out, e);
-    if (!strcmp(device, "cpu-exact"))
-        return md_backend_cpu_exact_open(n_threads, out, e);
-    if (!strncmp(device, "cpu:", 4)) {
-        int n;
-        if (parse_index(device + 4, &n) || n == 0)
-            return md_errf(e, MD_EINVAL, "device \"%s\": expected cpu:N with N threads >= 1",
-                           device);
-        return md_backend_cpu_open(n, out, e);
+    md_device_id id;
+    int rc = md_device_parse(device, &id, e);
+    if (rc)
+        return rc;
+    if (id.kind == MD_DEVICE_CPU) {
+        if (id.exact)
+            return md_backend_cpu_exact_open(n_threads, out, e);
+        return md_backend_cpu_open(id.index ? id.index : n_threads, out, e);
     }
-    int ord, exact, kind = cuda_name(device, &ord, &exact);
-    if (kind != 0) {
-        if (kind < 0)
-            return md_errf(e, MD_EINVAL, "device \"%s\": expected %s:K with K a GPU ordinal",
-                           device, exact ? "cuda-exact" : "cuda");
 #ifdef MEDLEY_HAVE_CUDA
-        return exact ? md_backend_cuda_exact_open(ord, out, e) : md_backend_cuda_open(ord, out, e);
+    return id.exact ? md_backend_cuda_exact_open(id.index, out, e)
+                    : md_backend_cuda_open(id.index, out, e);
 #else
-        return md_errf(e, MD_EUNSUPP, "device \"%s\": medley was built without CUDA", device);
+    return md_errf(e, MD_EUNSUPP, "device \"%s\": medley was built without CUDA", device);
 #endif
-    }
-    return md_errf(e, MD_EINVAL,
-                   "unknown device \"%s\" (expected auto, cpu, cpu:N, cpu-exact, cuda:K or "
-                   "cuda-exact:K)",
-                   device);
 }
 
 void md_backend_free(md_backend *be) {
@@ -187,39 +224,4 @@ void md_rope_inv_freq(const md_rope_cfg *c, int rot_dims, float *inv_freq) {
         }
         inv_freq[i] = (float)f;
     }
-}
-
-int md_type_block(int type) {
-    switch (type) {
-    case MD_TYPE_F32:
-    case MD_TYPE_F16:
-    case MD_TYPE_BF16: return 1;
-    case MD_TYPE_Q4_0:
-    case MD_TYPE_Q4_1:
-    case MD_TYPE_Q8_0: return 32;
-    case MD_TYPE_Q4_K:
-    case MD_TYPE_Q6_K: return 256;
-    default: return 0;
-    }
-}
-
-static size_t type_block_bytes(int type) {
-    switch (type) {
-    case MD_TYPE_F32: return 4;
-    case MD_TYPE_F16:
-    case MD_TYPE_BF16: return 2;
-    case MD_TYPE_Q4_0: return 18;
-    case MD_TYPE_Q4_1: return 20;
-    case MD_TYPE_Q8_0: return 34;
-    case MD_TYPE_Q4_K: return 144;
-    case MD_TYPE_Q6_K: return 210;
-    default: return 0;
-    }
-}
-
-size_t md_type_row_bytes(int type, int64_t n) {
-    int bs = md_type_block(type);
-    if (bs == 0 || n < 0 || n % bs)
-        return 0;
-    return (size_t)(n / bs) * type_block_bytes(type);
 }

@@ -10,9 +10,9 @@
  *    read-only weights, which the CPU backend aliases without a copy and a GPU backend
  *    copies to the device). Every op takes buffers of its own backend only.
  *  - Activations are F32, row-major: a buffer "x [T, C]" holds T rows (one per token of the
- *    step) of C floats. Weights are md_tensor views (a buffer + byte offset + ggml type +
- *    shape) of quantized or float data, laid out as in GGUF: ne0 = row length (inputs),
- *    ne1 = number of rows (outputs).
+ *    step) of C floats. Weights are md_tensor views (a buffer + byte offset + md_type of
+ *    common/dtype.h + shape) of quantized or float data, laid out as in GGUF: ne0 = row
+ *    length (inputs), ne1 = number of rows (outputs).
  *  - The KV cache of one layer is two buffers (K and V) of n_blocks * block_tokens slots;
  *    a slot holds n_kv_heads * head_dim elements of the cache type (kv_cache_type). Which slot
  *    a token's K/V live in is decided by the engine (block tables, prefix sharing,
@@ -39,25 +39,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/dtype.h"
 #include "common/err.h"
 
 typedef struct md_backend md_backend;
 typedef struct md_buf md_buf;
 
-/* Element types, numbered as ggml's enum ggml_type (the GGUF tensor types). */
-enum {
-    MD_TYPE_F32 = 0,
-    MD_TYPE_F16 = 1,
-    MD_TYPE_Q4_0 = 2,
-    MD_TYPE_Q4_1 = 3,
-    MD_TYPE_Q8_0 = 8,
-    MD_TYPE_Q4_K = 12,
-    MD_TYPE_Q6_K = 14,
-    MD_TYPE_BF16 = 30,
-};
-
-/* A weight: rows of ne0 elements of `type`, ne1 rows, starting `offset` bytes into buf.
- * Row r starts at offset + r * row_bytes. */
+/* A weight: rows of ne0 elements of `type` (md_type_supported), ne1 rows, starting `offset` bytes
+ * into buf. Row r starts at offset + r * row_bytes. */
 typedef struct {
     md_buf *buf;
     size_t offset;
@@ -281,6 +270,41 @@ struct md_backend {
     const md_backend_ops *ops;
 };
 
+/* Devices: what code outside kernels/ may know about them (worker heartbeats, `medley
+ * profile`), through here only. Every build answers: one without CUDA, or a host without a
+ * driver or GPU, has no CUDA devices. */
+typedef enum { MD_DEVICE_CPU = 0, MD_DEVICE_CUDA = 1 } md_device_kind;
+
+/* A device name taken apart. */
+typedef struct {
+    md_device_kind kind;
+    int index; /* CUDA: the GPU ordinal (0 for "cuda"); CPU: threads of "cpu:N", else 0 */
+    int exact; /* "cpu-exact", "cuda-exact", "cuda-exact:K" */
+} md_device_id;
+
+/* Parse "cpu", "cpu:N" (N >= 1), "cpu-exact", "cuda", "cuda:K", "cuda-exact" or
+ * "cuda-exact:K"; NULL or "" is "cpu". Asks no driver, so "cuda:7" parses on any host.
+ * MD_EINVAL with a sentence for anything else, "auto" included (md_backend_resolve turns it
+ * into one of these). */
+int md_device_parse(const char *device, md_device_id *out, md_err *e);
+
+/* Usable CUDA devices; 0 when there are none, with the reason in why (may be NULL): the
+ * driver's sentence, or "medley was built without CUDA". */
+int md_device_count(char *why, size_t whysz);
+
+typedef struct {
+    char name[256]; /* "NVIDIA H200" */
+    int ordinal;
+    int cc_major, cc_minor; /* compute capability */
+    int n_sm;
+    size_t total_bytes, free_bytes;
+    double hbm_gbps; /* peak from the memory clock and bus width; 0 if unknown */
+} md_device_info;
+
+/* Describe CUDA device `ordinal`: MD_EDEVICE with a sentence when it does not exist,
+ * MD_EUNSUPP on a build without CUDA. */
+int md_device_get(int ordinal, md_device_info *out, md_err *e);
+
 /* Open "cpu", "cpu:N" (N threads), "cpu-exact", "cuda:K", "cuda-exact:K" or "auto"
  * (md_backend_resolve).
  * n_threads applies to the CPU backend (0 = every core). "cuda:K" on a build without CUDA
@@ -342,10 +366,5 @@ typedef struct {
 } md_rope_cfg;
 /* inv_freq [rot_dims / 2]. */
 void md_rope_inv_freq(const md_rope_cfg *c, int rot_dims, float *inv_freq);
-
-/* Bytes of one row of n elements of type (n a multiple of the block size); 0 if unknown. */
-size_t md_type_row_bytes(int type, int64_t n);
-/* Elements per block (1 for float types); 0 if unknown. */
-int md_type_block(int type);
 
 #endif

@@ -12,3 +12,7 @@ set_tests_properties(test_cpu_kernels_scalar PROPERTIES LABELS unit ENVIRONMENT 
 add_executable(bench_kernels ${CMAKE_SOURCE_DIR}/bench/kernels/bench_matmul.c)
 target_link_libraries(bench_kernels PRIVATE medley_kernels)
 set_target_properties(bench_kernels PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
+
+# kernels/backend.h's device names and facts (md_device_*), with and without CUDA and a GPU.
+medley_test(test_backend_devices SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_backend_devices.c
+            LIBS medley_kernels LABELS unit)

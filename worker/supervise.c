@@ -48,20 +48,17 @@ int sv_devices_split(const char *list, char out[][SV_DEVICE_MAX], int max, md_er
     }
 }
 
-static int is_cuda(const char *d) {
-    return !strncmp(d, "cuda", 4) && (!d[4] || d[4] == ':');
-}
-
 int sv_devices_check(char dev[][SV_DEVICE_MAX], int n, md_err *e) {
     for (int i = 0; i < n; i++) {
         char name[SV_DEVICE_MAX];
         md_err de = {0};
         if (md_backend_resolve(dev[i], name, sizeof name, &de))
             return md_errf(e, de.code, "--devices entry %d of %d: %s", i + 1, n, de.msg);
-        if (is_cuda(name)) {
-            /* resolve checked the ordinal's syntax and asked the driver about it */
-            int ord = name[4] == ':' ? atoi(name + 5) : 0;
-            snprintf(name, sizeof name, "cuda:%d", ord);
+        /* a GPU: "cuda" or "cuda:K", whose syntax resolve checked and asked the driver about */
+        md_device_id id;
+        int gpu = md_device_parse(name, &id, NULL) == 0 && id.kind == MD_DEVICE_CUDA && !id.exact;
+        if (gpu) {
+            snprintf(name, sizeof name, "cuda:%d", id.index);
         } else {
             /* resolve passes other names through; opening a one-thread backend applies the
              * backend's own rules ("cpu:0", "cpu:x" and unknown names are refused) */
@@ -71,7 +68,7 @@ int sv_devices_check(char dev[][SV_DEVICE_MAX], int n, md_err *e) {
             md_backend_free(be);
         }
         for (int j = 0; j < i; j++)
-            if (is_cuda(name) && !strcmp(dev[j], name))
+            if (gpu && !strcmp(dev[j], name))
                 return md_errf(e, MD_EINVAL,
                                "--devices names %s twice (entries %d and %d): one engine per GPU",
                                name, j + 1, i + 1);

@@ -7,9 +7,6 @@
  * watchdog; reading, answering, leases and the plan live in the files worker_int.h lists,
  * as does the invariant that makes results effectively-once. */
 #include "worker/worker.h"
-#ifdef MEDLEY_HAVE_CUDA
-#include "kernels/cuda/backend_cuda.h"
-#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +16,7 @@
 #include "common/log.h"
 #include "common/redis.h"
 #include "common/util.h"
+#include "kernels/backend.h"
 #include "queue/queue.h"
 #include "worker/worker_int.h"
 
@@ -228,17 +226,14 @@ static int identify(wk *w, md_err *e) {
     q_key_events(w->events, w->prefix);
     q_key_worker(w->wkey, w->prefix, w->me);
     w->started_ms = md_wall_ms();
-#ifdef MEDLEY_HAVE_CUDA
-    const char *dv = cfg->runner.device;
-    if (dv && !strncmp(dv, "cuda", 4)) {
-        md_cuda_device cd;
-        md_err ce = {0};
-        if (md_cuda_device_get(dv[4] == ':' ? atoi(dv + 5) : 0, &cd, &ce) == 0) {
-            snprintf(w->gpu_name, sizeof w->gpu_name, "%s", cd.name);
-            w->gpu_bytes = cd.total_bytes;
-        }
+    md_device_id did;
+    md_device_info cd;
+    md_err ce = {0};
+    if (md_device_parse(cfg->runner.device, &did, &ce) == 0 && did.kind == MD_DEVICE_CUDA &&
+        md_device_get(did.index, &cd, &ce) == 0) {
+        snprintf(w->gpu_name, sizeof w->gpu_name, "%s", cd.name);
+        w->gpu_bytes = cd.total_bytes;
     }
-#endif
     return 0;
 }
 

@@ -16,6 +16,7 @@
 
 #include "common/util.h"
 #include "engine/gguf.h"
+#include "engine/quant.h"
 
 typedef void (*row_fn)(const void *src, float *dst, int64_t n);
 
@@ -41,7 +42,7 @@ static double time_ours(int type, const void *src, float *dst, int64_t n) {
     md_err e;
     for (int r = 0; r < REPS; r++) {
         uint64_t t0 = md_mono_ns();
-        if (ggml_dequantize(type, src, dst, n, &e)) {
+        if (md_dequantize(type, src, dst, n, &e)) {
             fprintf(stderr, "%s\n", e.msg);
             exit(1);
         }
@@ -71,7 +72,7 @@ static void run(const char *label, int type, row_fn peer, const void *src, int64
         if (d > maxdiff || isnan(a[i]) != isnan(b[i]))
             maxdiff = isnan(d) ? INFINITY : d;
     }
-    printf("%-24s %-5s %10lld %12.0f %12.0f %8.2f %12.3g\n", label, ggml_type_name(type),
+    printf("%-24s %-5s %10lld %12.0f %12.0f %8.2f %12.3g\n", label, md_type_name(type),
            (long long)n, n / to / 1e6, n / tp / 1e6, tp / to, maxdiff);
     free(a);
     free(b);
@@ -90,10 +91,10 @@ int main(int argc, char **argv) {
     struct {
         int type;
         const char *sym;
-    } types[] = {{GGML_F16, "ggml_fp16_to_fp32_row"}, {GGML_BF16, "ggml_bf16_to_fp32_row"},
-                 {GGML_Q8_0, "dequantize_row_q8_0"},  {GGML_Q4_0, "dequantize_row_q4_0"},
-                 {GGML_Q4_1, "dequantize_row_q4_1"},  {GGML_Q4_K, "dequantize_row_q4_K"},
-                 {GGML_Q6_K, "dequantize_row_q6_K"}};
+    } types[] = {{MD_TYPE_F16, "ggml_fp16_to_fp32_row"}, {MD_TYPE_BF16, "ggml_bf16_to_fp32_row"},
+                 {MD_TYPE_Q8_0, "dequantize_row_q8_0"},  {MD_TYPE_Q4_0, "dequantize_row_q4_0"},
+                 {MD_TYPE_Q4_1, "dequantize_row_q4_1"},  {MD_TYPE_Q4_K, "dequantize_row_q4_K"},
+                 {MD_TYPE_Q6_K, "dequantize_row_q6_K"}};
     printf("%-24s %-5s %10s %12s %12s %8s %12s\n", "blocks", "type", "elements", "medley Me/s",
            "ggml Me/s", "ratio", "max |diff|");
     float *x = malloc((size_t)N_EL * 4);
@@ -110,18 +111,18 @@ int main(int argc, char **argv) {
             return 1;
         }
         peers[ty] = fn;
-        if (ty == GGML_Q4_K || ty == GGML_Q6_K) {
-            size_t bs = ggml_type_size(ty), nb = N_EL / 256;
+        if (ty == MD_TYPE_Q4_K || ty == MD_TYPE_Q6_K) {
+            size_t bs = md_type_block_bytes(ty), nb = N_EL / 256;
             for (size_t i = 0; i < nb * bs; i++)
                 q[i] = (uint8_t)xr();
             for (size_t b = 0; b < nb; b++) { /* finite scales: d (and dmin) in [0, 0.002) */
                 uint16_t d = md_fp32_to_fp16((float)(xr() % 1000) * 2e-6f);
                 uint16_t m = md_fp32_to_fp16((float)(xr() % 1000) * 2e-6f);
-                memcpy(q + b * bs + (ty == GGML_Q4_K ? 0 : 208), &d, 2);
-                if (ty == GGML_Q4_K)
+                memcpy(q + b * bs + (ty == MD_TYPE_Q4_K ? 0 : 208), &d, 2);
+                if (ty == MD_TYPE_Q4_K)
                     memcpy(q + b * bs + 2, &m, 2);
             }
-        } else if (ggml_quantize(ty, x, q, N_EL, &e)) {
+        } else if (md_quantize(ty, x, q, N_EL, &e)) {
             fprintf(stderr, "%s\n", e.msg);
             return 1;
         }

@@ -11,8 +11,8 @@ lib=${LIBGGML_BASE:-$("$py" -c 'import llama_cpp, os; print(os.path.join(os.path
 model=${1:-${MEDLEY_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/medley/models}/SmolLM2-135M-Instruct.Q4_1.gguf}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-cc -O2 -std=gnu11 -I. bench/dequant/bench_dequant.c engine/gguf.c engine/quant.c common/err.c \
-   common/util.c -ljansson -ldl -lm -o "$out/bench_dequant"
+cc -O2 -std=gnu11 -I. bench/dequant/bench_dequant.c engine/gguf.c engine/quant.c common/dtype.c \
+   common/err.c common/util.c -ljansson -ldl -lm -o "$out/bench_dequant"
 echo "# $(date -u +%FT%TZ) $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), cc -O2"
 echo "# ratio = ggml time / medley time (> 1: medley faster)"
 if [ -f "$model" ]; then "$out/bench_dequant" "$lib" "$model"; else "$out/bench_dequant" "$lib"; fi

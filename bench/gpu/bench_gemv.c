@@ -25,6 +25,7 @@
 
 #include "bench/bench_weights.h"
 #include "bench/gpu/bench_gpu_util.h"
+#include "common/dtype.h"
 #include "common/util.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -36,13 +37,8 @@
 static md_err e;
 #define TRY(call) BENCH_TRY("medley_gemv_bench", e, call)
 
-typedef struct {
-    const char *name;
-    int gtype; /* ggml's number */
-} wtype;
-
-static const wtype TYPES[] = {{"BF16", 30}, {"F16", 1},   {"Q8_0", 8}, {"Q4_0", 2},
-                              {"Q4_1", 3},  {"Q4_K", 12}, {"Q6_K", 14}};
+static const int TYPES[] = {MD_TYPE_BF16, MD_TYPE_F16,  MD_TYPE_Q8_0, MD_TYPE_Q4_0,
+                            MD_TYPE_Q4_1, MD_TYPE_Q4_K, MD_TYPE_Q6_K};
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static uint32_t rnd(void) {
@@ -134,22 +130,23 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%-5s %3s %10s %9s %7s %8s %12s %8s %10s\n", "type", "m", "medley us", "GB/s",
             "of HBM", "TFLOP/s", "cublas us", "med/cb", "expand us");
     for (int ti = 0; ti < n_t; ti++) {
-        const wtype *t = &TYPES[ti];
-        int quant = t->gtype != 30 && t->gtype != 1;
-        size_t rb = cuda_ggml_bytes(t->gtype, k), bytes = rb * n;
+        int gtype = TYPES[ti];
+        const char *name = md_type_name(gtype);
+        int quant = gtype != MD_TYPE_BF16 && gtype != MD_TYPE_F16;
+        size_t rb = cuda_ggml_bytes(gtype, k), bytes = rb * n;
         uint8_t *h = malloc(bytes);
         cuda_mm_w w[N_COPIES], wn[N_COPIES]; /* with the BF16 copy / without */
         void *copies[N_COPIES] = {0};
         /* the same bytes at N_COPIES addresses: L2 cannot hold them */
-        bench_random_weights(t->gtype, h, bytes, rnd);
+        bench_random_weights(gtype, h, bytes, rnd);
         for (int i = 0; i < N_COPIES; i++) {
             void *d;
             TRY(cuda_pool_alloc(c, bytes, &d, &e));
             TRY(cuda_upload(c, d, h, bytes, &e));
-            w[i] = wn[i] = (cuda_mm_w){d, t->gtype, rb, n, y[i], NULL};
+            w[i] = wn[i] = (cuda_mm_w){d, gtype, rb, n, y[i], NULL};
             if (quant) { /* the BF16 copy cuBLAS multiplies by */
                 TRY(cuda_pool_alloc(c, (size_t)n * k * 2, &copies[i], &e));
-                TRY(cuda_dequantize(c, t->gtype, d, copies[i], CUDA_BF16, (int64_t)n * k, &e));
+                TRY(cuda_dequantize(c, gtype, d, copies[i], CUDA_BF16, (int64_t)n * k, &e));
                 w[i].bf16 = copies[i];
             }
         }
@@ -163,14 +160,14 @@ int main(int argc, char **argv) {
             double tg = time_products(c, wn, x, m, k, 0), tb = time_products(c, w, x, m, k, 1);
             double tx = quant && m > 8 ? time_products(c, wn, x, m, k, 1) : 0.0;
             double gbps = bytes / tg / 1e9, tflops = 2.0 * m * n * k / tg / 1e12;
-            fprintf(stderr, "%-5s %3d %10.2f %9.0f %6.1f%% %8.1f %12.2f %8.2f %10.2f\n", t->name, m,
+            fprintf(stderr, "%-5s %3d %10.2f %9.0f %6.1f%% %8.1f %12.2f %8.2f %10.2f\n", name, m,
                     tg * 1e6, gbps, 100 * gbps / peak, tflops, tb * 1e6, tg / tb, tx * 1e6);
             jl += snprintf(json + jl, sizeof json - jl,
                            "%s{\"type\": \"%s\", \"m\": %d, \"weight_bytes\": %zu, "
                            "\"medley_us\": %.3f, \"medley_gbps\": %.1f, \"hbm_fraction\": %.4f, "
                            "\"medley_tflops\": %.2f, \"cublas_us\": %.3f, "
                            "\"medley_over_cublas\": %.3f, \"cublas_expand_us\": %.3f}",
-                           ti || mi ? ", " : "", t->name, m, bytes, tg * 1e6, gbps, gbps / peak,
+                           ti || mi ? ", " : "", name, m, bytes, tg * 1e6, gbps, gbps / peak,
                            tflops, tb * 1e6, tg / tb, tx * 1e6);
         }
         for (int i = 0; i < N_COPIES; i++) {

@@ -25,10 +25,10 @@
 #include <time.h>
 
 #include "bench/gpu/bench_gpu_util.h"
+#include "common/dtype.h"
 #include "common/util.h"
 #include "kernels/cuda/cuda_ops.h"
 
-#define BF16_TYPE 30 /* ggml's GGML_TYPE_BF16 */
 #define BLOCK 16
 #define CHUNK 2048
 #define HBM_TBPS 4.8
@@ -178,7 +178,7 @@ static void forward(bench *b, const step_meta *hm, const int32_t *tokens, int32_
     cuda_kv_layer kv = {NULL, NULL, CUDA_F16, s.n_kv, s.hd, BLOCK};
     float scale = 1.0f / sqrtf((float)s.hd);
     cuda_ctx *c = b->c;
-    TRY(cuda_get_rows(c, b->emb, BF16_TYPE, s.vocab, s.C, tokens, T, b->x, NULL, &e));
+    TRY(cuda_get_rows(c, b->emb, MD_TYPE_BF16, s.vocab, s.C, tokens, T, b->x, NULL, &e));
     for (int l = 0; l < s.n_layer; l++) {
         layer *L = &b->L[l];
         size_t rc = (size_t)s.C * 2, rf = (size_t)s.ff * 2;
@@ -188,12 +188,12 @@ static void forward(bench *b, const step_meta *hm, const int32_t *tokens, int32_
             /* one token: q|k|v in one GEMV into q|k|v laid end to end, roped in one launch */
             k = q + s.C;
             v = k + kvd;
-            TRY(cuda_matmul(c, L->wq, BF16_TYPE, rc, b->xb, q, 1, s.C + 2 * kvd, s.C, 0, 0, &e));
+            TRY(cuda_matmul(c, L->wq, MD_TYPE_BF16, rc, b->xb, q, 1, s.C + 2 * kvd, s.C, 0, 0, &e));
             TRY(cuda_rope(c, q, d.pos, 1, s.n_head + s.n_kv, s.hd, s.hd, b->inv_freq, 0, &e));
         } else {
-            TRY(cuda_matmul(c, L->wq, BF16_TYPE, rc, b->xb, q, T, s.C, s.C, 0, 0, &e));
-            TRY(cuda_matmul(c, L->wk, BF16_TYPE, rc, b->xb, k, T, kvd, s.C, 0, 0, &e));
-            TRY(cuda_matmul(c, L->wv, BF16_TYPE, rc, b->xb, v, T, kvd, s.C, 0, 0, &e));
+            TRY(cuda_matmul(c, L->wq, MD_TYPE_BF16, rc, b->xb, q, T, s.C, s.C, 0, 0, &e));
+            TRY(cuda_matmul(c, L->wk, MD_TYPE_BF16, rc, b->xb, k, T, kvd, s.C, 0, 0, &e));
+            TRY(cuda_matmul(c, L->wv, MD_TYPE_BF16, rc, b->xb, v, T, kvd, s.C, 0, 0, &e));
             TRY(cuda_rope(c, q, d.pos, T, s.n_head, s.hd, s.hd, b->inv_freq, 0, &e));
             TRY(cuda_rope(c, k, d.pos, T, s.n_kv, s.hd, s.hd, b->inv_freq, 0, &e));
         }
@@ -207,21 +207,21 @@ static void forward(bench *b, const step_meta *hm, const int32_t *tokens, int32_
             TRY(cuda_attn_prefill(c, &kv, q, d.tiles, hm->n_tiles, b->d_bt, b->max_blocks, s.n_head,
                                   scale, b->att, &e));
         /* residual adds ride on the GEMMs: x = 1 * x + W . a */
-        TRY(cuda_matmul(c, L->wo, BF16_TYPE, rc, b->att, b->x, T, s.C, s.C, 1.0f, 0, &e));
+        TRY(cuda_matmul(c, L->wo, MD_TYPE_BF16, rc, b->att, b->x, T, s.C, s.C, 1.0f, 0, &e));
         TRY(cuda_rmsnorm(c, b->x, L->ffn_norm, 1e-5f, T, s.C, b->xb, CUDA_F32, &e));
         if (T == 1) {
             u = g + s.ff;
-            TRY(cuda_matmul(c, L->wg, BF16_TYPE, rc, b->xb, g, 1, 2 * s.ff, s.C, 0, 0, &e));
+            TRY(cuda_matmul(c, L->wg, MD_TYPE_BF16, rc, b->xb, g, 1, 2 * s.ff, s.C, 0, 0, &e));
         } else {
-            TRY(cuda_matmul(c, L->wg, BF16_TYPE, rc, b->xb, g, T, s.ff, s.C, 0, 0, &e));
-            TRY(cuda_matmul(c, L->wu, BF16_TYPE, rc, b->xb, u, T, s.ff, s.C, 0, 0, &e));
+            TRY(cuda_matmul(c, L->wg, MD_TYPE_BF16, rc, b->xb, g, T, s.ff, s.C, 0, 0, &e));
+            TRY(cuda_matmul(c, L->wu, MD_TYPE_BF16, rc, b->xb, u, T, s.ff, s.C, 0, 0, &e));
         }
         TRY(cuda_swiglu(c, g, u, g, CUDA_F32, (int64_t)T * s.ff, &e));
-        TRY(cuda_matmul(c, L->wd, BF16_TYPE, rf, g, b->x, T, s.C, s.ff, 1.0f, 0, &e));
+        TRY(cuda_matmul(c, L->wd, MD_TYPE_BF16, rf, g, b->x, T, s.C, s.ff, 1.0f, 0, &e));
     }
     TRY(cuda_gather_rows(c, b->x, d.rows, hm->n_logits, s.C, b->xl, &e));
     TRY(cuda_rmsnorm(c, b->xl, b->out_norm, 1e-5f, hm->n_logits, s.C, b->xl, CUDA_F32, &e));
-    TRY(cuda_matmul(c, b->lm_head, BF16_TYPE, (size_t)s.C * 2, b->xl, b->logits, hm->n_logits,
+    TRY(cuda_matmul(c, b->lm_head, MD_TYPE_BF16, (size_t)s.C * 2, b->xl, b->logits, hm->n_logits,
                     s.vocab, s.C, 0, 0, &e));
     TRY(cuda_argmax(c, b->logits, hm->n_logits, s.vocab, next, &e));
 }

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "bench/bench_weights.h"
+#include "common/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 
 /* With one thread, CPU time of the process: the machine this runs on is shared, and CPU
@@ -34,7 +35,7 @@ static uint32_t rnd(void) {
 
 /* Random weights with small, valid half scales at every 16-bit field a block type uses. */
 static void *make_weights(int t, int rows, int cols) {
-    size_t n = cpu_row_size(t, cols) * (size_t)rows;
+    size_t n = md_type_row_bytes(t, cols) * (size_t)rows;
     uint8_t *w = malloc(n);
     if (w)
         bench_random_weights(t, w, n, rnd);
@@ -45,8 +46,8 @@ int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
     int rows = argc > 3 ? atoi(argv[2]) : 1536, cols = argc > 3 ? atoi(argv[3]) : 576;
     double secs = argc > 4 ? atof(argv[4]) : 0.3;
-    static const int types[] = {CPU_T_Q4_1, CPU_T_Q8_0, CPU_T_Q4_0, CPU_T_Q4_K,
-                                CPU_T_Q6_K, CPU_T_F16,  CPU_T_BF16, CPU_T_F32};
+    static const int types[] = {MD_TYPE_Q4_1, MD_TYPE_Q8_0, MD_TYPE_Q4_0, MD_TYPE_Q4_K,
+                                MD_TYPE_Q6_K, MD_TYPE_F16,  MD_TYPE_BF16, MD_TYPE_F32};
     static const int ns[] = {1, 4, 16, 64, 256};
     if (threads == 1)
         g_clock = CLOCK_PROCESS_CPUTIME_ID;
@@ -65,14 +66,7 @@ int main(int argc, char **argv) {
         int t = types[ti];
         if (cpu_matmul_check(t, cols) != 0)
             continue;
-        const char *name = t == CPU_T_Q4_1   ? "Q4_1"
-                           : t == CPU_T_Q8_0 ? "Q8_0"
-                           : t == CPU_T_Q4_0 ? "Q4_0"
-                           : t == CPU_T_Q4_K ? "Q4_K"
-                           : t == CPU_T_Q6_K ? "Q6_K"
-                           : t == CPU_T_F16  ? "F16"
-                           : t == CPU_T_BF16 ? "BF16"
-                                             : "F32";
+        const char *name = md_type_name(t);
         if (only && strcmp(only, name) != 0)
             continue;
         void *W = make_weights(t, rows, cols);

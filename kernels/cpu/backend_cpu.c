@@ -117,8 +117,8 @@ static int cpu_buf_zero(md_backend *be, md_buf *b, size_t off, size_t n, md_err 
     return 0;
 }
 
-static const int weight_types[] = {CPU_T_F32,  CPU_T_F16,  CPU_T_Q4_0, CPU_T_Q4_1,
-                                   CPU_T_Q8_0, CPU_T_Q4_K, CPU_T_Q6_K, CPU_T_BF16};
+static const int weight_types[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_Q4_0, MD_TYPE_Q4_1,
+                                   MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K, MD_TYPE_BF16};
 
 static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     cpu_backend *c = cb(be);

@@ -2,10 +2,9 @@
  * runtime dispatch (AVX-512 VNNI, AVX2, portable scalar), and the vector ops of a
  * llama-family forward pass.
  *
- * Weight types are numbered as ggml's enum ggml_type (the same numbers as GGML_* in
- * engine/gguf.h; this library does not link the engine): F32 0, F16 1, Q4_0 2, Q4_1 3,
- * Q8_0 8, Q4_K 12, Q6_K 14, BF16 30. Weights stay in their GGUF block layout (they may
- * point into a read-only mmap); nothing here writes to them or keeps a pointer to them.
+ * Weight types are common/dtype.h's md_type (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K:
+ * md_type_supported). Weights stay in their GGUF block layout (they may point into a
+ * read-only mmap); nothing here writes to them or keeps a pointer to them.
  *
  * Hot-path contract: cpu_matmul and the vector ops never allocate, lock or log. The
  * caller allocates cpu_matmul's scratch once (cpu_matmul_scratch_size) and owns it.
@@ -16,6 +15,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/dtype.h"
 
 /* ---- thread pool ---- */
 typedef struct cpu_pool cpu_pool;
@@ -47,22 +48,13 @@ int cpu_simd_detect(void);
 int cpu_simd_set(int level);
 
 /* ---- matrix products ---- */
-enum {
-    CPU_T_F32 = 0, CPU_T_F16 = 1, CPU_T_Q4_0 = 2, CPU_T_Q4_1 = 3, CPU_T_Q8_0 = 8,
-    CPU_T_Q4_K = 12, CPU_T_Q6_K = 14, CPU_T_BF16 = 30,
-};
-/* 1 when wtype is one of the types above. */
-int cpu_type_supported(int wtype);
-/* Elements per block (1, 32 or 256) and bytes per row of `cols` elements; 0 for unknown
- * types. */
-int cpu_type_block(int wtype);
-size_t cpu_row_size(int wtype, int cols);
-/* 0 when cpu_matmul can take (wtype, cols): known type, cols > 0 and a multiple of the
- * block size; else -1. Check once at model load; cpu_matmul itself does not check. */
+/* 0 when cpu_matmul can take (wtype, cols): a type of md_type_supported, cols > 0 and a
+ * multiple of the block size; else -1. Check once at model load; cpu_matmul itself does not
+ * check. */
 int cpu_matmul_check(int wtype, int cols);
 
 /* y[n][rows] = x[n][cols] · W^T: W is `rows` rows of `cols` elements of type wtype (row r
- * starts at (char*)W + r*cpu_row_size(wtype, cols)); x and y are row-major float, y must
+ * starts at (char*)W + r*md_type_row_bytes(wtype, cols)); x and y are row-major float, y must
  * not alias x. Quantized weights take activations quantized per block into scratch
  * (int8 blocks of 32 with a float scale for Q4_0/Q4_1/Q8_0, blocks of 256 with 16-element
  * sums for Q4_K/Q6_K), then integer dot products. scratch holds
@@ -123,9 +115,8 @@ void cpu_attention_paged(float *out, const float *q, const float *k, const float
                          int npos, int hd, float scale, float *scratch);
 
 /* kv_f16.c — the F16 KV cache: float -> half with round-to-nearest-even (F16C where the
- * CPU has it, the same rounding in C otherwise), and cpu_attention_paged over F16 K/V rows
- * (row_stride in halves), F32 arithmetic. */
-uint16_t cpu_fp32_to_fp16(float f);
+ * CPU has it, common/dtype.h's md_fp32_to_fp16 otherwise), and cpu_attention_paged over F16
+ * K/V rows (row_stride in halves), F32 arithmetic. */
 void cpu_f32_to_f16_row(uint16_t *dst, const float *src, int n);
 void cpu_attention_paged_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v,
                              size_t row_stride, const int32_t *block_table, int block_tokens,

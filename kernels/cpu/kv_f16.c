@@ -7,39 +7,13 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
-#include "kernels/cpu/quant_blocks.h"
+#include "common/dtype.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define HAVE_X86 1
 #endif
-
-uint16_t cpu_fp32_to_fp16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, man = x & 0x7fffff;
-    if (exp == 0xff) /* inf, or a quiet NaN keeping the top payload bits */
-        return (uint16_t)(sign | 0x7c00 | (man ? 0x200 | (man >> 13) : 0));
-    int e = (int)exp - 127 + 15;
-    if (e >= 0x1f)
-        return (uint16_t)(sign | 0x7c00); /* overflow: inf */
-    if (e <= 0) {                         /* subnormal half, or zero */
-        if (e < -10)
-            return (uint16_t)sign;
-        man |= 0x800000;
-        int shift = 14 - e;
-        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (h & 1)))
-            h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
-        h++; /* a carry into the exponent is the correct rounding up (to inf at the top) */
-    return (uint16_t)h;
-}
 
 static inline size_t slot_of(const int32_t *bt, int block_tokens, int p) {
     return (size_t)bt[p / block_tokens] * (size_t)block_tokens + (size_t)(p % block_tokens);
@@ -47,7 +21,7 @@ static inline size_t slot_of(const int32_t *bt, int block_tokens, int p) {
 
 static void to_f16_scalar(uint16_t *dst, const float *src, int n) {
     for (int i = 0; i < n; i++)
-        dst[i] = cpu_fp32_to_fp16(src[i]);
+        dst[i] = md_fp32_to_fp16(src[i]);
 }
 
 static void attention_f16_scalar(float *out, const float *q, const uint16_t *k, const uint16_t *v,
@@ -58,7 +32,7 @@ static void attention_f16_scalar(float *out, const float *q, const uint16_t *k, 
         const uint16_t *kr = k + slot_of(bt, block_tokens, p) * stride;
         float s = 0;
         for (int i = 0; i < hd; i++)
-            s += q[i] * cpu_fp16_to_fp32(kr[i]);
+            s += q[i] * md_fp16_to_fp32(kr[i]);
         sc[p] = s * scale;
         m = sc[p] > m ? sc[p] : m;
     }
@@ -75,7 +49,7 @@ static void attention_f16_scalar(float *out, const float *q, const uint16_t *k, 
     for (int p = 0; p < npos; p++) {
         const uint16_t *vr = v + slot_of(bt, block_tokens, p) * stride;
         for (int i = 0; i < hd; i++)
-            out[i] += sc[p] * cpu_fp16_to_fp32(vr[i]);
+            out[i] += sc[p] * md_fp16_to_fp32(vr[i]);
     }
 }
 
@@ -99,7 +73,7 @@ F16C static void to_f16_avx2(uint16_t *dst, const float *src, int n) {
         _mm_storeu_si128((__m128i *)(dst + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     for (; i < n; i++)
-        dst[i] = cpu_fp32_to_fp16(src[i]);
+        dst[i] = md_fp32_to_fp16(src[i]);
 }
 
 /* hd % 8 == 0. Scores and the softmax in scalar order (exact expf), K/V rows through F16C. */

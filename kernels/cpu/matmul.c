@@ -114,57 +114,8 @@ int cpu_simd_set(int level) {
 
 /* ---- types ---- */
 
-int cpu_type_supported(int t) {
-    switch (t) {
-    case CPU_T_F32:
-    case CPU_T_F16:
-    case CPU_T_BF16:
-    case CPU_T_Q4_0:
-    case CPU_T_Q4_1:
-    case CPU_T_Q8_0:
-    case CPU_T_Q4_K:
-    case CPU_T_Q6_K: return 1;
-    default: return 0;
-    }
-}
-
-int cpu_type_block(int t) {
-    switch (t) {
-    case CPU_T_F32:
-    case CPU_T_F16:
-    case CPU_T_BF16: return 1;
-    case CPU_T_Q4_0:
-    case CPU_T_Q4_1:
-    case CPU_T_Q8_0: return QK32;
-    case CPU_T_Q4_K:
-    case CPU_T_Q6_K: return QK_K;
-    default: return 0;
-    }
-}
-
-static size_t type_bytes(int t) {
-    switch (t) {
-    case CPU_T_F32: return 4;
-    case CPU_T_F16:
-    case CPU_T_BF16: return 2;
-    case CPU_T_Q4_0: return sizeof(blk_q4_0);
-    case CPU_T_Q4_1: return sizeof(blk_q4_1);
-    case CPU_T_Q8_0: return sizeof(blk_q8_0);
-    case CPU_T_Q4_K: return sizeof(blk_q4_k);
-    case CPU_T_Q6_K: return sizeof(blk_q6_k);
-    default: return 0;
-    }
-}
-
-size_t cpu_row_size(int t, int cols) {
-    int bs = cpu_type_block(t);
-    if (bs == 0 || cols < 0)
-        return 0;
-    return (size_t)(cols / bs) * type_bytes(t);
-}
-
 int cpu_matmul_check(int t, int cols) {
-    int bs = cpu_type_block(t);
+    int bs = md_type_supported(t) ? md_type_block(t) : 0;
     return bs > 0 && cols > 0 && cols % bs == 0 ? 0 : -1;
 }
 
@@ -172,8 +123,8 @@ int cpu_matmul_check(int t, int cols) {
 
 static size_t round64(size_t x) { return (x + 63) & ~(size_t)63; }
 
-static int is_k(int t) { return t == CPU_T_Q4_K || t == CPU_T_Q6_K; }
-static int is_float(int t) { return t == CPU_T_F32 || t == CPU_T_F16 || t == CPU_T_BF16; }
+static int is_k(int t) { return t == MD_TYPE_Q4_K || t == MD_TYPE_Q6_K; }
+static int is_float(int t) { return t == MD_TYPE_F32 || t == MD_TYPE_F16 || t == MD_TYPE_BF16; }
 
 /* Bytes of one quantized activation row, and where its parts start. */
 static size_t act_row_bytes(int t, int cols) {
@@ -199,7 +150,7 @@ static act_row act_at(const uint8_t *scratch, int t, int cols, int i) {
 }
 
 size_t cpu_matmul_scratch_size(int t, int cols, int n) {
-    if (!cpu_type_supported(t) || is_float(t) || cols <= 0 || n <= 0)
+    if (!md_type_supported(t) || is_float(t) || cols <= 0 || n <= 0)
         return 0;
     return (size_t)n * act_row_bytes(t, cols);
 }
@@ -302,14 +253,14 @@ static void mm_worker(void *ctx, int ith, int nth) {
 
 static tile_fn pick(int t) {
     switch (t) {
-    case CPU_T_F32: return g_tab.f32;
-    case CPU_T_F16: return g_tab.f16;
-    case CPU_T_BF16: return g_tab.bf16;
-    case CPU_T_Q4_0: return g_tab.q4_0;
-    case CPU_T_Q4_1: return g_tab.q4_1;
-    case CPU_T_Q8_0: return g_tab.q8_0;
-    case CPU_T_Q4_K: return g_tab.q4_k;
-    case CPU_T_Q6_K: return g_tab.q6_k;
+    case MD_TYPE_F32: return g_tab.f32;
+    case MD_TYPE_F16: return g_tab.f16;
+    case MD_TYPE_BF16: return g_tab.bf16;
+    case MD_TYPE_Q4_0: return g_tab.q4_0;
+    case MD_TYPE_Q4_1: return g_tab.q4_1;
+    case MD_TYPE_Q8_0: return g_tab.q8_0;
+    case MD_TYPE_Q4_K: return g_tab.q4_k;
+    case MD_TYPE_Q6_K: return g_tab.q6_k;
     default: return NULL;
     }
 }
@@ -331,9 +282,9 @@ static void mm_run(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const fl
         j.seg[i] = (mm_seg){
             .fn = pick(w[i].wtype),
             .W = w[i].W,
-            .wstride = cpu_row_size(w[i].wtype, cols),
+            .wstride = md_type_row_bytes(w[i].wtype, cols),
             .rows = w[i].rows,
-            .nb = is_float(w[i].wtype) ? cols : cols / cpu_type_block(w[i].wtype),
+            .nb = is_float(w[i].wtype) ? cols : cols / md_type_block(w[i].wtype),
             .y = w[i].y,
         };
         work += (double)w[i].rows * cols * n;
@@ -421,53 +372,53 @@ void cpu_matmul_n(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const flo
 void cpu_dequant_row(int t, const void *row, float *out, int cols) {
     const uint8_t *src = row;
     switch (t) {
-    case CPU_T_F32:
+    case MD_TYPE_F32:
         for (int i = 0; i < cols; i++)
             memcpy(&out[i], src + 4 * (size_t)i, 4);
         return;
-    case CPU_T_F16:
-    case CPU_T_BF16:
+    case MD_TYPE_F16:
+    case MD_TYPE_BF16:
         for (int i = 0; i < cols; i++) {
             uint16_t h;
             memcpy(&h, src + 2 * (size_t)i, 2);
-            out[i] = t == CPU_T_F16 ? cpu_fp16_to_fp32(h) : cpu_bf16_to_fp32(h);
+            out[i] = t == MD_TYPE_F16 ? md_fp16_to_fp32(h) : md_bf16_to_fp32(h);
         }
         return;
-    case CPU_T_Q4_0:
+    case MD_TYPE_Q4_0:
         for (int b = 0; b < cols / QK32; b++) {
             const blk_q4_0 *k = (const blk_q4_0 *)src + b;
-            float d = cpu_fp16_to_fp32(k->d);
+            float d = md_fp16_to_fp32(k->d);
             for (int j = 0; j < 16; j++) {
                 out[b * 32 + j] = d * ((k->qs[j] & 15) - 8);
                 out[b * 32 + j + 16] = d * ((k->qs[j] >> 4) - 8);
             }
         }
         return;
-    case CPU_T_Q4_1:
+    case MD_TYPE_Q4_1:
         for (int b = 0; b < cols / QK32; b++) {
             const blk_q4_1 *k = (const blk_q4_1 *)src + b;
-            float d = cpu_fp16_to_fp32(k->d), m = cpu_fp16_to_fp32(k->m);
+            float d = md_fp16_to_fp32(k->d), m = md_fp16_to_fp32(k->m);
             for (int j = 0; j < 16; j++) {
                 out[b * 32 + j] = d * (k->qs[j] & 15) + m;
                 out[b * 32 + j + 16] = d * (k->qs[j] >> 4) + m;
             }
         }
         return;
-    case CPU_T_Q8_0:
+    case MD_TYPE_Q8_0:
         for (int b = 0; b < cols / QK32; b++) {
             const blk_q8_0 *k = (const blk_q8_0 *)src + b;
-            float d = cpu_fp16_to_fp32(k->d);
+            float d = md_fp16_to_fp32(k->d);
             for (int j = 0; j < 32; j++)
                 out[b * 32 + j] = d * k->qs[j];
         }
         return;
-    case CPU_T_Q4_K:
+    case MD_TYPE_Q4_K:
         for (int b = 0; b < cols / QK_K; b++) {
             const blk_q4_k *k = (const blk_q4_k *)src + b;
-            float d = cpu_fp16_to_fp32(k->d), dmin = cpu_fp16_to_fp32(k->dmin);
+            float d = md_fp16_to_fp32(k->d), dmin = md_fp16_to_fp32(k->dmin);
             for (int s = 0; s < 8; s++) {
                 int sc, mn;
-                q4k_scale_min(k->scales, s, &sc, &mn);
+                md_q4k_scale_min(k->scales, s, &sc, &mn);
                 const uint8_t *qs = k->qs + (s / 2) * 32;
                 for (int l = 0; l < 32; l++)
                     out[b * QK_K + s * 32 + l] =
@@ -475,10 +426,10 @@ void cpu_dequant_row(int t, const void *row, float *out, int cols) {
             }
         }
         return;
-    case CPU_T_Q6_K:
+    case MD_TYPE_Q6_K:
         for (int b = 0; b < cols / QK_K; b++) {
             const blk_q6_k *k = (const blk_q6_k *)src + b;
-            float d = cpu_fp16_to_fp32(k->d);
+            float d = md_fp16_to_fp32(k->d);
             for (int e = 0; e < QK_K; e++) {
                 int h = e / 128, gg = (e % 128) / 32, l = e % 32;
                 int lo = (k->ql[64 * h + (gg & 1) * 32 + l] >> ((gg >> 1) * 4)) & 15;
@@ -496,7 +447,7 @@ void cpu_dequant_row(int t, const void *row, float *out, int cols) {
 /* Rows [r0, r1) of the reference product, wr a row of cols floats. */
 static void ref_rows(int t, const void *W, int rows, int cols, const float *x, int n, float *y,
                      int r0, int r1, float *wr) {
-    size_t rs = cpu_row_size(t, cols);
+    size_t rs = md_type_row_bytes(t, cols);
     for (int r = r0; r < r1; r++) {
         cpu_dequant_row(t, (const uint8_t *)W + (size_t)r * rs, wr, cols);
         for (int c = 0; c < n; c++) {

@@ -152,7 +152,7 @@ TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int R, c
             prefetch_block(blk, sizeof *blk, (size_t)3 * R * ws);
             int sc[8], mn[8];
             for (int j = 0; j < 8; j++)
-                q4k_scale_min(blk->scales, j, &sc[j], &mn[j]);
+                md_q4k_scale_min(blk->scales, j, &sc[j], &mn[j]);
             /* mins paired with the 16-element bsums: [m0,m0,m1,m1,...] */
             __m256i mins16 = _mm256_setr_epi16(mn[0], mn[0], mn[1], mn[1], mn[2], mn[2], mn[3],
                                                mn[3], mn[4], mn[4], mn[5], mn[5], mn[6], mn[6],
@@ -286,7 +286,7 @@ TGT static INL float load1w(const uint8_t *p, int kind) {
     }
     uint16_t h;
     memcpy(&h, p, 2);
-    return kind == WF16 ? h2f(h) : cpu_bf16_to_fp32(h);
+    return kind == WF16 ? h2f(h) : md_bf16_to_fp32(h);
 }
 TGT static INL void fw_main(int cols, const uint8_t *w, size_t ws, int kind, const int R,
                             const float *const *xf, const int C, float *y, size_t ldy) {

@@ -64,7 +64,7 @@ static void tile_f16(int cols, const uint8_t *w, size_t ws, int nr, const act_ro
         for (int c = 0; c < nc; c++) {
             float s = 0;
             for (int i = 0; i < cols; i++)
-                s += cpu_fp16_to_fp32(wr[i]) * xf[c][i];
+                s += md_fp16_to_fp32(wr[i]) * xf[c][i];
             y[c * ldy + r] = s;
         }
     }
@@ -77,7 +77,7 @@ static void tile_bf16(int cols, const uint8_t *w, size_t ws, int nr, const act_r
         for (int c = 0; c < nc; c++) {
             float s = 0;
             for (int i = 0; i < cols; i++)
-                s += cpu_bf16_to_fp32(wr[i]) * xf[c][i];
+                s += md_bf16_to_fp32(wr[i]) * xf[c][i];
             y[c * ldy + r] = s;
         }
     }
@@ -95,7 +95,7 @@ static void tile_q4_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row
                 for (int j = 0; j < 16; j++)
                     isum += (wb[b].qs[j] & 15) * q[j] + (wb[b].qs[j] >> 4) * q[j + 16];
                 /* (qw - 8)·qx = qw·qx - 8·sum(qx); s = d·sum(qx) */
-                float dw = cpu_fp16_to_fp32(wb[b].d);
+                float dw = md_fp16_to_fp32(wb[b].d);
                 acc += dw * (a[c].d[b] * (float)isum - 8.0f * a[c].s[b]);
             }
             y[c * ldy + r] = acc;
@@ -114,8 +114,8 @@ static void tile_q4_1(int nb, const uint8_t *w, size_t ws, int nr, const act_row
                 int isum = 0;
                 for (int j = 0; j < 16; j++)
                     isum += (wb[b].qs[j] & 15) * q[j] + (wb[b].qs[j] >> 4) * q[j + 16];
-                acc += cpu_fp16_to_fp32(wb[b].d) * a[c].d[b] * (float)isum +
-                       cpu_fp16_to_fp32(wb[b].m) * a[c].s[b];
+                acc += md_fp16_to_fp32(wb[b].d) * a[c].d[b] * (float)isum +
+                       md_fp16_to_fp32(wb[b].m) * a[c].s[b];
             }
             y[c * ldy + r] = acc;
         }
@@ -133,7 +133,7 @@ static void tile_q8_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row
                 int isum = 0;
                 for (int j = 0; j < 32; j++)
                     isum += wb[b].qs[j] * q[j];
-                acc += cpu_fp16_to_fp32(wb[b].d) * a[c].d[b] * (float)isum;
+                acc += md_fp16_to_fp32(wb[b].d) * a[c].d[b] * (float)isum;
             }
             y[c * ldy + r] = acc;
         }
@@ -152,7 +152,7 @@ static void tile_q4_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row
                 int sumi = 0, summ = 0;
                 for (int j = 0; j < 8; j++) {
                     int sc, mn;
-                    q4k_scale_min(wb[b].scales, j, &sc, &mn);
+                    md_q4k_scale_min(wb[b].scales, j, &sc, &mn);
                     const uint8_t *qs = wb[b].qs + (j / 2) * 32;
                     int shift = (j & 1) * 4, isum = 0;
                     for (int l = 0; l < 32; l++)
@@ -161,8 +161,8 @@ static void tile_q4_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row
                     summ += mn * (bs[2 * j] + bs[2 * j + 1]);
                 }
                 float dx = a[c].d[b];
-                acc += cpu_fp16_to_fp32(wb[b].d) * dx * (float)sumi -
-                       cpu_fp16_to_fp32(wb[b].dmin) * dx * (float)summ;
+                acc += md_fp16_to_fp32(wb[b].d) * dx * (float)sumi -
+                       md_fp16_to_fp32(wb[b].dmin) * dx * (float)summ;
             }
             y[c * ldy + r] = acc;
         }
@@ -189,7 +189,7 @@ static void tile_q6_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row
                     }
                     sumi += wb[b].scales[g] * (isum - 32 * bs[g]);
                 }
-                acc += cpu_fp16_to_fp32(wb[b].d) * a[c].d[b] * (float)sumi;
+                acc += md_fp16_to_fp32(wb[b].d) * a[c].d[b] * (float)sumi;
             }
             y[c * ldy + r] = acc;
         }

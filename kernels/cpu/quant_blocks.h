@@ -1,23 +1,15 @@
-/* quant_blocks.h — private to kernels/cpu: ggml's block layouts (fixed by the GGUF format),
- * half/bfloat conversions, the layout of quantized activations in matmul scratch, and the
- * table of per-SIMD-level kernels that matmul.c dispatches to.
- *
- * Block layouts (little-endian, packed, as written by llama.cpp):
- *   Q4_0  32 elems, 18 B: fp16 d; u8 qs[16]        x[j] = d*((qs[j]&15)-8), x[j+16] = d*((qs[j]>>4)-8)
- *   Q4_1  32 elems, 20 B: fp16 d, m; u8 qs[16]     x[j] = d*(qs[j]&15)+m,   x[j+16] = d*(qs[j]>>4)+m
- *   Q8_0  32 elems, 34 B: fp16 d; i8 qs[32]        x[j] = d*qs[j]
- *   Q4_K 256 elems, 144 B: fp16 d, dmin; u8 scales[12] (8 six-bit scales + 8 six-bit mins);
- *        u8 qs[128]: 64-element chunk c uses qs[32c..32c+31], low nibbles = sub-block 2c,
- *        high nibbles = sub-block 2c+1; x = d*sc[s]*q - dmin*mn[s]
- *   Q6_K 256 elems, 210 B: u8 ql[128], qh[64]; i8 scales[16]; fp16 d;
- *        x = d*scales[i/16]*(q-32), q = 6 bits from ql nibble + 2 bits of qh (see dequant)
- */
+/* quant_blocks.h — private to kernels/cpu: ggml's block layouts (fixed by the GGUF format;
+ * common/dtype.h describes them) as structs, the layout of quantized activations in matmul
+ * scratch, and the table of per-SIMD-level kernels that matmul.c dispatches to. Half and
+ * bfloat16 conversion and Q4_K scale unpacking come from common/dtype.h. */
 #ifndef MEDLEY_KERNELS_CPU_QUANT_BLOCKS_H
 #define MEDLEY_KERNELS_CPU_QUANT_BLOCKS_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "common/dtype.h"
 
 #define QK32 32
 #define QK_K 256
@@ -52,43 +44,6 @@ _Static_assert(sizeof(blk_q8_0) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(blk_q4_k) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(blk_q6_k) == 210, "Q6_K block is 210 bytes");
 
-/* IEEE half -> float, exact (subnormals, inf, nan). */
-static inline float cpu_fp16_to_fp32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp == 0) {
-        /* zero or subnormal: man * 2^-24 */
-        float f = (float)man * (1.0f / 16777216.0f);
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline float cpu_bf16_to_fp32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* Q4_K: six-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
-static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 /* Quantized activations of one x row in scratch (row stride act_row_bytes):
  *   int8 q[cols]            at offset 0
  *   float d[cols/32]        per 32-block scale (Q4_0/Q4_1/Q8_0)   | per 256-block (K)
@@ -108,7 +63,7 @@ typedef void (*tile_fn)(int nb, const uint8_t *w, size_t wstride, int nr, const 
 #define KR 4
 #define KC 4
 
-/* Kernels of one SIMD level, indexed by the CPU_T_* type; NULL = not provided (the
+/* Kernels of one SIMD level, one per weight type (md_type); NULL = not provided (the
  * scalar table provides all). Float weight types get x rows in xf instead of a. */
 typedef void (*quant32_fn)(const float *x, int cols, int8_t *q, float *d, float *s);
 typedef void (*quantk_fn)(const float *x, int cols, int8_t *q, float *d, int16_t *bsum);

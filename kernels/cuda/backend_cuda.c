@@ -460,7 +460,7 @@ static int64_t pelems(const cuda_backend *b, int64_t n) {
 }
 
 static int tensor_ok(const md_tensor *w, md_err *e) {
-    size_t rb = md_type_row_bytes(w->type, w->ne0);
+    size_t rb = md_type_supported(w->type) ? md_type_row_bytes(w->type, w->ne0) : 0;
     if (rb == 0 || rb != w->row_bytes || w->ne1 < 1 || w->offset > w->buf->n ||
         (size_t)w->ne1 * rb > w->buf->n - w->offset)
         return md_errf(e, MD_ERANGE,
@@ -1078,7 +1078,7 @@ int md_cuda_device_count(char *why, size_t whysz) {
     return cuda_device_count(why, whysz);
 }
 
-int md_cuda_device_get(int ordinal, md_cuda_device *out, md_err *e) {
+int md_cuda_device_get(int ordinal, md_device_info *out, md_err *e) {
     cuda_device_info in;
     int rc = cuda_device_query(ordinal, &in, e);
     if (rc)

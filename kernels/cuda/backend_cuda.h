@@ -1,27 +1,20 @@
-/* backend_cuda.h — CUDA facts for code outside kernels/ that must not include CUDA headers
- * (the CLI's device listing, `medley profile`, the engine's fit check before loading).
- * The backend itself is reached through kernels/backend.h (md_backend_cuda_open). All
- * functions work, and report "no device", on hosts without a GPU or driver. */
+/* backend_cuda.h — CUDA device facts without CUDA headers, for kernels/backend.c (which
+ * answers md_device_count / md_device_get with them) and the GPU tests. Code outside
+ * kernels/ uses kernels/backend.h instead; the backend itself is reached through it too
+ * (md_backend_cuda_open). All functions work, and report "no device", on hosts without a GPU
+ * or driver. */
 #ifndef MEDLEY_KERNELS_CUDA_BACKEND_CUDA_H
 #define MEDLEY_KERNELS_CUDA_BACKEND_CUDA_H
 
 #include <stddef.h>
 
 #include "common/err.h"
-
-typedef struct {
-    char name[256]; /* "NVIDIA H200" */
-    int ordinal;
-    int cc_major, cc_minor;
-    int n_sm;
-    size_t total_bytes, free_bytes;
-    double hbm_gbps; /* peak from the memory clock and bus width; 0 if unknown */
-} md_cuda_device;
+#include "kernels/backend.h"
 
 /* Usable CUDA devices; 0 with the driver's reason in why (may be NULL) when none. */
 int md_cuda_device_count(char *why, size_t whysz);
 /* Describe device `ordinal`: MD_EDEVICE with a sentence when it does not exist. */
-int md_cuda_device_get(int ordinal, md_cuda_device *out, md_err *e);
+int md_cuda_device_get(int ordinal, md_device_info *out, md_err *e);
 /* Refuse before loading: MD_ENOMEM "what needs X GiB, cuda:N has Y GiB free of Z GiB"
  * when need_bytes exceed the device's free memory. */
 int md_cuda_check_fits(int ordinal, size_t need_bytes, const char *what, md_err *e);

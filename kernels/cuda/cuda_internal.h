@@ -69,6 +69,9 @@ static inline unsigned cuda_blocks(int64_t n, int per) {
     return (unsigned)((n + per - 1) / per);
 }
 
+/* The device's own half / bfloat16 conversions, not common/dtype.h's md_fp16_to_fp32 & co.:
+ * those are portable host code (bit manipulation through memcpy), where the device has a
+ * conversion instruction for each. Both are exact and round to nearest even. */
 __device__ __forceinline__ float cuda_bf16_to_f(uint16_t h) {
     return __uint_as_float(((unsigned)h) << 16);
 }

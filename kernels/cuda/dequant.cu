@@ -7,7 +7,7 @@ size_t cuda_ggml_bytes(int gtype, int64_t n) {
     int b = qt_block_elems(gtype);
     if (b == 0 || n < 0 || n % b)
         return 0;
-    return qt_row_bytes(gtype, n);
+    return md_type_row_bytes(gtype, n);
 }
 
 template <int T>

@@ -159,7 +159,7 @@ int cuda_get_rows(cuda_ctx *c, const void *table, int gtype, int64_t n_rows, int
     if (n <= 0)
         return n == 0 ? 0 : md_errf(e, MD_EINVAL, "CUDA get_rows: negative count");
     int64_t work = (int64_t)n * (dim / 32);
-    size_t rb = qt_row_bytes(gtype, dim);
+    size_t rb = md_type_row_bytes(gtype, dim);
     const uint8_t *tb = (const uint8_t *)table;
     QT_DISPATCH(gtype, k_get_rows<QT><<<cuda_blocks(work, 128), 128, 0, c->stream>>>(
                            tb, rb, n_rows, dim, ids, n, out, bad_id));

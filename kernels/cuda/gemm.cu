@@ -94,19 +94,19 @@ __device__ __forceinline__ void
 gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
             const float *__restrict__ xd, int m, int k, int lane, float *acc) {
     const int nb = k / 32;
-    if constexpr (T == QT_Q4_0 || T == QT_Q4_1 || T == QT_Q8_0) {
+    if constexpr (T == MD_TYPE_Q4_0 || T == MD_TYPE_Q4_1 || T == MD_TYPE_Q8_0) {
         const int s = lane & 3;
 #pragma unroll 4
         for (int b = lane >> 2; b < nb; b += 8) {
             float dw, mw = 0.0f;
             int w0, w1;
-            if constexpr (T == QT_Q4_0) {
+            if constexpr (T == MD_TYPE_Q4_0) {
                 const uint8_t *p = wr + (size_t)b * 18;
                 dw = cuda_f16_to_f(__ldg((const uint16_t *)p));
                 uint32_t v = ld_u16x2(p + 2 + 4 * s);
                 w0 = (int)(v & 0x0F0F0F0Fu);
                 w1 = (int)((v >> 4) & 0x0F0F0F0Fu);
-            } else if constexpr (T == QT_Q4_1) {
+            } else if constexpr (T == MD_TYPE_Q4_1) {
                 const uint8_t *p = wr + (size_t)b * 20;
                 uint32_t h = ld_u32(p), v = ld_u32(p + 4 + 4 * s);
                 dw = cuda_f16_to_f((uint16_t)(h & 0xFFFFu));
@@ -126,7 +126,7 @@ gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
                 const int8_t *xb = xq + (int64_t)t * k + 32 * b;
                 float dx = __ldg(xd + (int64_t)t * nb + b);
                 int x0, x1;
-                if constexpr (T == QT_Q8_0) {
+                if constexpr (T == MD_TYPE_Q8_0) {
                     x0 = ld_x4(xb + 8 * s);
                     x1 = ld_x4(xb + 8 * s + 4);
                 } else {
@@ -134,18 +134,18 @@ gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
                     x1 = ld_x4(xb + 16 + 4 * s);
                 }
                 int dot = __dp4a(w0, x0, __dp4a(w1, x1, 0));
-                if constexpr (T == QT_Q8_0) {
+                if constexpr (T == MD_TYPE_Q8_0) {
                     acc[t] += dw * dx * (float)dot;
                 } else {
                     int sx = __dp4a(QX_ONES, x0, __dp4a(QX_ONES, x1, 0));
-                    if constexpr (T == QT_Q4_0)
+                    if constexpr (T == MD_TYPE_Q4_0)
                         acc[t] += dw * dx * (float)(dot - 8 * sx);
                     else
                         acc[t] += dx * (dw * (float)dot + mw * (float)sx);
                 }
             }
         }
-    } else if constexpr (T == QT_Q4_K) {
+    } else if constexpr (T == MD_TYPE_Q4_K) {
         const int pr = lane >> 3, pos = 4 * (lane & 7), j0 = 2 * pr;
 #pragma unroll 4
         for (int sb = 0; sb < k / 256; sb++) {
@@ -154,8 +154,8 @@ gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
             float d = cuda_f16_to_f((uint16_t)(h & 0xFFFFu));
             float dmin = cuda_f16_to_f((uint16_t)(h >> 16));
             int s0, m0, s1, m1;
-            qt_q4k_scale_min(p + 4, j0, &s0, &m0);
-            qt_q4k_scale_min(p + 4, j0 + 1, &s1, &m1);
+            md_q4k_scale_min(p + 4, j0, &s0, &m0);
+            md_q4k_scale_min(p + 4, j0 + 1, &s1, &m1);
             float c0 = d * s0, n0 = dmin * m0, c1 = d * s1, n1 = dmin * m1;
             int w0 = (int)(v & 0x0F0F0F0Fu), w1 = (int)((v >> 4) & 0x0F0F0F0Fu);
 #pragma unroll
@@ -171,7 +171,7 @@ gemv_row_q8(const uint8_t *__restrict__ wr, const int8_t *__restrict__ xq,
                           __ldg(db + 1) * (c1 * (float)dot1 - n1 * (float)sx1);
             }
         }
-    } else if constexpr (T == QT_Q6_K) {
+    } else if constexpr (T == MD_TYPE_Q6_K) {
         const int half = lane >> 4, a = (lane >> 3) & 1, pos = 4 * (lane & 7);
 #pragma unroll 4
         for (int sb = 0; sb < k / 256; sb++) {
@@ -219,27 +219,27 @@ __device__ __forceinline__ void mmq_block(const uint8_t *__restrict__ wr, int b,
                                           float *mn) {
     uint8_t q[32];
     *mn = 0.0f;
-    if constexpr (T == QT_Q4_0 || T == QT_Q4_1) {
-        const uint8_t *p = wr + (size_t)b * (T == QT_Q4_0 ? 18 : 20);
-        const uint8_t *qs = p + (T == QT_Q4_0 ? 2 : 4);
+    if constexpr (T == MD_TYPE_Q4_0 || T == MD_TYPE_Q4_1) {
+        const uint8_t *p = wr + (size_t)b * (T == MD_TYPE_Q4_0 ? 18 : 20);
+        const uint8_t *qs = p + (T == MD_TYPE_Q4_0 ? 2 : 4);
         float d = qt_f16(p);
-        int off = T == QT_Q4_0 ? 8 : 0;
+        int off = T == MD_TYPE_Q4_0 ? 8 : 0;
         for (int j = 0; j < 16; j++) {
             q[j] = (uint8_t)((qs[j] & 0xF) - off);
             q[j + 16] = (uint8_t)((qs[j] >> 4) - off);
         }
         d16[0] = d16[1] = d;
-        if constexpr (T == QT_Q4_1)
+        if constexpr (T == MD_TYPE_Q4_1)
             *mn = qt_f16(p + 2);
-    } else if constexpr (T == QT_Q8_0) {
+    } else if constexpr (T == MD_TYPE_Q8_0) {
         const uint8_t *p = wr + (size_t)b * 34;
         for (int j = 0; j < 32; j++)
             q[j] = p[2 + j];
         d16[0] = d16[1] = qt_f16(p);
-    } else if constexpr (T == QT_Q4_K) {
+    } else if constexpr (T == MD_TYPE_Q4_K) {
         const uint8_t *p = wr + (size_t)(b / 8) * 144;
         int j8 = b % 8, sc, mnv;
-        qt_q4k_scale_min(p + 4, j8, &sc, &mnv);
+        md_q4k_scale_min(p + 4, j8, &sc, &mnv);
         const uint8_t *qs = p + 16 + 32 * (j8 / 2);
         int shift = (j8 & 1) * 4;
         for (int l = 0; l < 32; l++)
@@ -409,7 +409,7 @@ __global__ void __launch_bounds__(MMT_THREADS)
     __shared__ __align__(16) int sx[MMT_BN][MMT_LD];
     __shared__ float swd[MMT_BM][MMT_BK / 16], swm[MMT_BM][MMT_BK / 32];
     __shared__ float sxd[MMT_BN][MMT_BK / 32], sxm[MMT_BN][MMT_BK / 32];
-    constexpr bool has_min = T == QT_Q4_1 || T == QT_Q4_K;
+    constexpr bool has_min = T == MD_TYPE_Q4_1 || T == MD_TYPE_Q4_K;
     const int tid = threadIdx.x, r0 = blockIdx.x * MMT_BM, t0 = blockIdx.y * MMT_BN;
     const int warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
     const int wr = 16 * (warp & 3), wt = 32 * (warp >> 2);
@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(MMT_THREADS)
                 const int tb = wt + 8 * j; /* this tile's tokens; the lane's outputs: tb + 2q, +1 */
                 const float x0 = sxd[tb + 2 * q][b], x1 = sxd[tb + 2 * q + 1][b];
                 int c[4];
-                if constexpr (T == QT_Q6_K) {
+                if constexpr (T == MD_TYPE_Q6_K) {
                     const float we0 = swd[wr + g][2 * b + 1], we1 = swd[wr + g + 8][2 * b + 1];
                     int a0[2] = {sw[wr + g][8 * b + q], sw[wr + g + 8][8 * b + q]};
                     int a1[2] = {sw[wr + g][8 * b + 4 + q], sw[wr + g + 8][8 * b + 4 + q]};
@@ -528,7 +528,7 @@ template <int T, int MT>
 __device__ __forceinline__ void
 gemv_row(const uint8_t *__restrict__ wr, const float *__restrict__ x, const int8_t *__restrict__ xq,
          const float *__restrict__ xd, int m, int k, int v16, int lane, float *acc) {
-    if constexpr (T != QT_F32 && T != QT_F16 && T != QT_BF16) {
+    if constexpr (T != MD_TYPE_F32 && T != MD_TYPE_F16 && T != MD_TYPE_BF16) {
         gemv_row_q8<T, MT>(wr, xq, xd, m, k, lane, acc);
     } else {
         gemv_row_f<T, MT>(wr, x, m, k, v16, lane, acc);
@@ -540,7 +540,7 @@ template <int T, int MT>
 __device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
                                            const float *__restrict__ x, int m, int k, int v16,
                                            int lane, float *acc) {
-    if constexpr (T == QT_BF16 || T == QT_F16) {
+    if constexpr (T == MD_TYPE_BF16 || T == MD_TYPE_F16) {
         if (v16) {
             const uint4 *w4 = (const uint4 *)wr;
 #pragma unroll 4
@@ -550,7 +550,7 @@ __device__ __forceinline__ void gemv_row_f(const uint8_t *__restrict__ wr,
                 float wf[8];
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    wf[j] = T == QT_BF16 ? cuda_bf16_to_f(h[j]) : cuda_f16_to_f(h[j]);
+                    wf[j] = T == MD_TYPE_BF16 ? cuda_bf16_to_f(h[j]) : cuda_f16_to_f(h[j]);
 #pragma unroll
                 for (int t = 0; t < MT; t++) {
                     if (MT > 1 && t >= m)
@@ -713,11 +713,11 @@ static int mm_check(const cuda_mm_w *w, int n_w, int m, int k, int mode, md_err 
                            "CUDA matmul: bad shape m %d, n %d, k %d (k must be a "
                            "multiple of %d)",
                            m, w[i].n, k, b);
-        if (w[i].row_bytes != qt_row_bytes(w[i].wtype, k))
+        if (w[i].row_bytes != md_type_row_bytes(w[i].wtype, k))
             return md_errf(e, MD_EINVAL,
                            "CUDA matmul: rows of %zu bytes, expected %zu for %d "
                            "elements of type %d",
-                           w[i].row_bytes, qt_row_bytes(w[i].wtype, k), k, w[i].wtype);
+                           w[i].row_bytes, md_type_row_bytes(w[i].wtype, k), k, w[i].wtype);
         if (qt_is_quant(w[i].wtype) && ((uintptr_t)w[i].w % 4) != 0)
             return md_errf(e, MD_EINVAL,
                            "CUDA matmul: quantized weight %d at %p is not 4-byte aligned", i,
@@ -731,8 +731,8 @@ static int mm_check(const cuda_mm_w *w, int n_w, int m, int k, int mode, md_err 
 
 /* Whether weight w's rows take 16-byte loads with this x. */
 static int gemv_v16(const cuda_mm_w *w, const float *x, int k) {
-    return (w->wtype == QT_F16 || w->wtype == QT_BF16) && k % 8 == 0 && ((uintptr_t)x % 16) == 0 &&
-           ((uintptr_t)w->w % 16) == 0;
+    return (w->wtype == MD_TYPE_F16 || w->wtype == MD_TYPE_BF16) && k % 8 == 0 &&
+           ((uintptr_t)x % 16) == 0 && ((uintptr_t)w->w % 16) == 0;
 }
 
 /* The weights of w[first..n_w) of w[first]'s type not yet launched (taken[i] == 0), in
@@ -848,28 +848,28 @@ static int mm_blas(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int
     float b = swiglu ? 0.0f : beta;
     int64_t wrows = 0; /* largest weight to expand */
     for (int i = 0; i < n_w; i++)
-        if (w[i].wtype != QT_F32 && w[i].wtype != QT_F16 && w[i].wtype != QT_BF16 && !w[i].bf16 &&
-            w[i].n > wrows)
+        if (w[i].wtype != MD_TYPE_F32 && w[i].wtype != MD_TYPE_F16 && w[i].wtype != MD_TYPE_BF16 &&
+            !w[i].bf16 && w[i].n > wrows)
             wrows = w[i].n;
     void *ws = NULL;
     int rc = 0;
     if (wrows && (rc = cuda_scratch(c, CUDA_SCRATCH_W, (size_t)wrows * k * 2, &ws, e)))
         return rc;
     for (int i = 0; i < n_w; i++)
-        if (w[i].wtype == QT_F32 &&
+        if (w[i].wtype == MD_TYPE_F32 &&
             (rc = blas_gemm(c, w[i].w, CUDA_F32, x, w[i].y, m, w[i].n, k, b, e)))
             return rc;
     for (int pass = 0; pass < 2; pass++) {
         cuda_dtype xt = pass == 0 ? CUDA_BF16 : CUDA_F16;
         void *xs = NULL;
         for (int i = 0; i < n_w; i++) {
-            if (w[i].wtype == QT_F32 || (w[i].wtype == QT_F16) != (xt == CUDA_F16))
+            if (w[i].wtype == MD_TYPE_F32 || (w[i].wtype == MD_TYPE_F16) != (xt == CUDA_F16))
                 continue;
             if (!xs && ((rc = cuda_scratch(c, CUDA_SCRATCH_X, (size_t)m * k * 2, &xs, e)) ||
                         (rc = cuda_convert(c, x, xs, xt, (int64_t)m * k, e))))
                 return rc;
             const void *wm = w[i].w;
-            if (w[i].wtype != QT_F16 && w[i].wtype != QT_BF16) {
+            if (w[i].wtype != MD_TYPE_F16 && w[i].wtype != MD_TYPE_BF16) {
                 if (w[i].bf16)
                     wm = w[i].bf16;
                 else if ((rc = cuda_dequantize(c, w[i].wtype, w[i].w, ws, CUDA_BF16,
@@ -898,11 +898,11 @@ typedef void (*mmq_fn)(const uint8_t *, size_t, const int8_t *, const float *, f
                        int, float);
 static mmq_fn mmq_kernel(int wtype, int tc) {
     switch (wtype) {
-    case QT_Q4_0: return tc ? k_mmq_tc<QT_Q4_0> : k_mmq<QT_Q4_0>;
-    case QT_Q4_1: return tc ? k_mmq_tc<QT_Q4_1> : k_mmq<QT_Q4_1>;
-    case QT_Q8_0: return tc ? k_mmq_tc<QT_Q8_0> : k_mmq<QT_Q8_0>;
-    case QT_Q4_K: return tc ? k_mmq_tc<QT_Q4_K> : k_mmq<QT_Q4_K>;
-    default: return tc ? k_mmq_tc<QT_Q6_K> : k_mmq<QT_Q6_K>;
+    case MD_TYPE_Q4_0: return tc ? k_mmq_tc<MD_TYPE_Q4_0> : k_mmq<MD_TYPE_Q4_0>;
+    case MD_TYPE_Q4_1: return tc ? k_mmq_tc<MD_TYPE_Q4_1> : k_mmq<MD_TYPE_Q4_1>;
+    case MD_TYPE_Q8_0: return tc ? k_mmq_tc<MD_TYPE_Q8_0> : k_mmq<MD_TYPE_Q8_0>;
+    case MD_TYPE_Q4_K: return tc ? k_mmq_tc<MD_TYPE_Q4_K> : k_mmq<MD_TYPE_Q4_K>;
+    default: return tc ? k_mmq_tc<MD_TYPE_Q6_K> : k_mmq<MD_TYPE_Q6_K>;
     }
 }
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine/gguf.h"
+#include "engine/quant.h"
 
 static volatile unsigned sink;
 
@@ -61,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (t->n_elements <= (1 << 16)) {
             float *y = malloc((size_t)t->n_elements * sizeof *y);
             if (y)
-                ggml_dequantize(t->type, t->data, y, t->n_elements, &e);
+                md_dequantize(t->type, t->data, y, t->n_elements, &e);
             free(y);
         }
     }

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/quant.h"
 #include "unit/test_gguf_builder.h"
 
 static uint64_t rng_state;
@@ -91,12 +92,12 @@ static void exercise(gguf_file *f) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         assert_ptr_equal(gguf_find_tensor(f, t->name), t);
         assert_true(t->n_bytes ==
-                    ggml_row_size(t->type, t->ne[0]) * (size_t)(t->n_elements / t->ne[0]));
+                    md_type_row_bytes(t->type, t->ne[0]) * (size_t)(t->n_elements / t->ne[0]));
         if (t->n_elements > (1 << 20))
             continue;
         float *y = malloc((size_t)t->n_elements * sizeof *y);
         assert_non_null(y);
-        int rc = ggml_dequantize(t->type, t->data, y, t->n_elements, &e);
+        int rc = md_dequantize(t->type, t->data, y, t->n_elements, &e);
         assert_true(rc == 0 || rc == MD_EUNSUPP);
         free(y);
     }

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "engine/gguf.h"
+#include "engine/quant.h"
 #include "gpu/gpu_test_util.h"
 #include "kernels/backend.h"
 
@@ -157,27 +158,28 @@ static md_tensor wrap(md_backend *be, const void *data, int type, int64_t ne0, i
 
 static void test_matmul_embed_norm_elementwise(void **state) {
     make_step();
-    const int types[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1};
+    const int types[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_BF16,
+                         MD_TYPE_Q8_0, MD_TYPE_Q4_0, MD_TYPE_Q4_1};
     float *wf = malloc((size_t)FF * CD * 4), *x = malloc((size_t)T * FF * 4);
     fill(x, (size_t)T * FF, 1.0f);
     pair px = mk2(x, (size_t)T * FF * 4), py = mk2(NULL, (size_t)T * FF * 4);
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         int ty = types[i];
         fill(wf, (size_t)FF * CD, 0.5f);
-        size_t rb = ggml_row_size(ty, CD);
+        size_t rb = md_type_row_bytes(ty, CD);
         void *wq = malloc(rb * FF);
         md_err e = {0};
-        if (ggml_quantize(ty, wf, wq, (int64_t)FF * CD, &e))
+        if (md_quantize(ty, wf, wq, (int64_t)FF * CD, &e))
             fail_msg("%s", e.msg);
         md_buf *kc, *kg;
         md_tensor wc = wrap(cpu, wq, ty, CD, FF, &kc), wg = wrap(gpu, wq, ty, CD, FF, &kg);
-        int quant = ty != GGML_F32 && ty != GGML_F16 && ty != GGML_BF16;
+        int quant = ty != MD_TYPE_F32 && ty != MD_TYPE_F16 && ty != MD_TYPE_BF16;
         for (int m = 1; m <= T; m += T - 1) { /* 1: GEMV, 43: cuBLAS */
             CHK(cpu->ops->matmul(cpu, &wc, px.c, py.c, m, E));
             CHK(gpu->ops->matmul(gpu, &wg, px.g, py.g, m, E));
             char what[64];
-            snprintf(what, sizeof what, "matmul %s T=%d", ggml_type_name(ty), m);
-            double tol = (ty == GGML_F32 ? 1e-4 : m == 1 ? 1e-2 : 2e-2) + (quant ? 3e-2 : 0);
+            snprintf(what, sizeof what, "matmul %s T=%d", md_type_name(ty), m);
+            double tol = (ty == MD_TYPE_F32 ? 1e-4 : m == 1 ? 1e-2 : 2e-2) + (quant ? 3e-2 : 0);
             compare(py, (size_t)m * FF, tol, what);
         }
         /* embedding rows of the same table (ne0 = CD, VOCAB <= FF rows used) */
@@ -185,7 +187,7 @@ static void test_matmul_embed_norm_elementwise(void **state) {
         CHK(cpu->ops->embed(cpu, &wc, pe.c, E));
         CHK(gpu->ops->embed(gpu, &wg, pe.g, E));
         char what[64];
-        snprintf(what, sizeof what, "embed %s", ggml_type_name(ty));
+        snprintf(what, sizeof what, "embed %s", md_type_name(ty));
         compare(pe, (size_t)T * CD, 1e-6, what);
         free2(pe);
         cpu->ops->buf_free(cpu, kc);
@@ -196,7 +198,8 @@ static void test_matmul_embed_norm_elementwise(void **state) {
     float w[FF];
     fill(w, FF, 1.0f);
     md_buf *nc, *ng;
-    md_tensor tc = wrap(cpu, w, GGML_F32, CD, 1, &nc), tg = wrap(gpu, w, GGML_F32, CD, 1, &ng);
+    md_tensor tc = wrap(cpu, w, MD_TYPE_F32, CD, 1, &nc),
+              tg = wrap(gpu, w, MD_TYPE_F32, CD, 1, &ng);
     CHK(cpu->ops->rmsnorm(cpu, px.c, &tc, py.c, T, CD, 1e-5f, E));
     CHK(gpu->ops->rmsnorm(gpu, px.g, &tg, py.g, T, CD, 1e-5f, E));
     compare(py, (size_t)T * CD, 1e-5, "rmsnorm");
@@ -374,7 +377,7 @@ static void test_bad_batches_are_refused(void **state) {
     float tab[VOCAB * 32];
     fill(tab, VOCAB * 32, 1.0f);
     md_buf *kb, *out = mk(gpu, NULL, (size_t)T * 32 * 4);
-    md_tensor w = wrap(gpu, tab, GGML_F32, 32, VOCAB, &kb);
+    md_tensor w = wrap(gpu, tab, MD_TYPE_F32, 32, VOCAB, &kb);
     assert_int_equal(gpu->ops->embed(gpu, &w, out, &e), MD_ERANGE);
     printf("refused: %s\n", e.msg);
     gpu->ops->buf_free(gpu, kb);

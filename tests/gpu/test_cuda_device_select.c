@@ -46,7 +46,7 @@ static void test_cuda_device_selection(void **state) {
         assert_non_null(strstr(e.msg, "no CUDA device"));
         char rn[32];
         assert_int_equal(md_backend_resolve("cuda-exact", rn, sizeof rn, &e), MD_EDEVICE);
-        md_cuda_device dev;
+        md_device_info dev;
         assert_int_equal(md_cuda_device_get(0, &dev, &e), MD_EDEVICE);
         assert_int_equal(md_cuda_check_fits(0, 1, "a model", &e), MD_EDEVICE);
         return;
@@ -59,7 +59,7 @@ static void test_cuda_device_selection(void **state) {
     snprintf(count, sizeof count, "%d CUDA device", n);
     assert_non_null(strstr(e.msg, count));
     printf("%s refused: %s\n", name, e.msg);
-    md_cuda_device dev;
+    md_device_info dev;
     assert_int_equal(md_cuda_device_get(0, &dev, &e), 0);
     assert_true(dev.total_bytes > 0 && dev.free_bytes <= dev.total_bytes);
     printf("cuda:0 = %s, sm_%d%d, %d SMs, %zu bytes, peak %.0f GB/s\n", dev.name, dev.cc_major,

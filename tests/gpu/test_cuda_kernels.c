@@ -18,8 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dtype.h"
 #include "common/util.h"
 #include "engine/gguf.h"
+#include "engine/quant.h"
 #include "engine/sampler.h"
 #include "gpu/gpu_test_util.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -73,7 +75,7 @@ static void load_fixture(const char *name, fixture *fx) {
     fx->n = hdr[1];
     size_t off = 16 + (hdr[2] ? (size_t)fx->n * 4 : 0);
     fx->raw = (const uint8_t *)fx->buf + off;
-    off += ggml_row_size(fx->type, fx->n);
+    off += md_type_row_bytes(fx->type, fx->n);
     fx->ref = (const float *)(fx->buf + off);
     assert_int_equal(off + (size_t)fx->n * 4, len);
 }
@@ -87,7 +89,7 @@ static void test_dequant_matches_gguf_package(void **state) {
     for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {
         fixture fx;
         load_fixture(TYPES[t], &fx);
-        size_t rb = ggml_row_size(fx.type, fx.n);
+        size_t rb = md_type_row_bytes(fx.type, fx.n);
         assert_int_equal(cuda_ggml_bytes(fx.type, fx.n), rb);
         void *src = dev(rb);
         float *d32 = dev(fx.n * 4);
@@ -148,33 +150,33 @@ static void x_seen_q8(const float *x, int n, float *xs) {
  * GEMV path (the same products summed in another order); 2e-2 for cuBLAS, whose inputs are rounded
  * to bf16/f16 (8 significant bits: ~2^-9 per product, growing as sqrt(k) like y itself). */
 static void test_matmul_every_type_and_path(void **state) {
-    const int types[] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q4_0,
-                         GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K};
+    const int types[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_BF16, MD_TYPE_Q4_0,
+                         MD_TYPE_Q4_1, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K};
     const int n = 72, k = 512, ms[] = {1, 3, 8, 9, 40, 100, 300};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         int type = types[ti];
         float *wf = malloc((size_t)n * k * 4), *wd = malloc((size_t)n * k * 4);
-        size_t rb = ggml_row_size(type, k);
+        size_t rb = md_type_row_bytes(type, k);
         uint8_t *wq = malloc(rb * n);
         md_err e = {0};
         for (int i = 0; i < n * k; i++)
             wf[i] = frand();
-        if (type == GGML_Q4_K || type == GGML_Q6_K) {
+        if (type == MD_TYPE_Q4_K || type == MD_TYPE_Q6_K) {
             /* No quantizer for K types here: random blocks with a sane scale are valid data. */
             for (size_t i = 0; i < rb * n; i++)
                 wq[i] = (uint8_t)(frand() * 127 + 128);
-            size_t bb = type == GGML_Q4_K ? 144 : 210;
+            size_t bb = type == MD_TYPE_Q4_K ? 144 : 210;
             for (size_t b = 0; b < rb * n / bb; b++) {
                 uint16_t d = md_fp32_to_fp16(0.01f + 0.001f * (float)(b % 7));
-                uint8_t *p = wq + b * bb + (type == GGML_Q4_K ? 0 : 208);
+                uint8_t *p = wq + b * bb + (type == MD_TYPE_Q4_K ? 0 : 208);
                 memcpy(p, &d, 2);
-                if (type == GGML_Q4_K)
+                if (type == MD_TYPE_Q4_K)
                     memcpy(p + 2, &d, 2);
             }
-        } else if (ggml_quantize(type, wf, wq, (int64_t)n * k, &e)) {
+        } else if (md_quantize(type, wf, wq, (int64_t)n * k, &e)) {
             fail_msg("%s", e.msg);
         }
-        if (ggml_dequantize(type, wq, wd, (int64_t)n * k, &e))
+        if (md_dequantize(type, wq, wd, (int64_t)n * k, &e))
             fail_msg("%s", e.msg);
         void *dw = dev(rb * n);
         put(dw, wq, rb * n);
@@ -192,7 +194,7 @@ static void test_matmul_every_type_and_path(void **state) {
                 if (force && m > CUDA_GEMV_MAX_M)
                     continue;
                 int gemv = m <= CUDA_GEMV_MAX_M && !force;
-                int quant = type != GGML_F32 && type != GGML_F16 && type != GGML_BF16;
+                int quant = type != MD_TYPE_F32 && type != MD_TYPE_F16 && type != MD_TYPE_BF16;
                 int mmq = quant && !gemv && !force && m <= CUDA_MMQ_MAX_M; /* int8 tiled */
                 const char *path = gemv  ? "gemv"
                                    : mmq ? (m > CUDA_MMQ_DP4A_MAX_M ? "mmq-tc" : "mmq")
@@ -210,16 +212,16 @@ static void test_matmul_every_type_and_path(void **state) {
                 double rms = sqrt(ss / (m * n));
                 OK(cuda_matmul(C, dw, type, rb, dx, dy, m, n, k, 0.0f, force, E));
                 get(y, dy, (size_t)m * n * 4);
-                double tol = (gemv || mmq || type == GGML_F32 ? 1e-4 : 2e-2) * rms, worst = 0;
+                double tol = (gemv || mmq || type == MD_TYPE_F32 ? 1e-4 : 2e-2) * rms, worst = 0;
                 for (int i = 0; i < m * n; i++) {
                     double err = fabs(y[i] - ref[i]);
                     if (!(err <= tol))
                         fail_msg("%s m=%d %s: y[%d] = %.6g, reference %.6g (tolerance %.3g)",
-                                 ggml_type_name(type), m, path, i, y[i], ref[i], tol);
+                                 md_type_name(type), m, path, i, y[i], ref[i], tol);
                     if (err > worst)
                         worst = err;
                 }
-                printf("matmul %-5s m=%-3d %-6s max error %.2e of rms %.2e\n", ggml_type_name(type),
+                printf("matmul %-5s m=%-3d %-6s max error %.2e of rms %.2e\n", md_type_name(type),
                        m, path, worst, rms);
             }
             cuda_pool_free(C, dx);
@@ -238,24 +240,24 @@ static void test_matmul_every_type_and_path(void **state) {
 
 /* Random weights of a type, uploaded: n rows of k. */
 static void *random_weight(int type, int n, int k) {
-    size_t rb = ggml_row_size(type, k);
+    size_t rb = md_type_row_bytes(type, k);
     float *wf = malloc((size_t)n * k * 4);
     uint8_t *wq = malloc(rb * n);
     md_err e = {0};
     for (int i = 0; i < n * k; i++)
         wf[i] = frand();
-    if (type == GGML_Q4_K || type == GGML_Q6_K) { /* random blocks with a sane scale */
+    if (type == MD_TYPE_Q4_K || type == MD_TYPE_Q6_K) { /* random blocks with a sane scale */
         for (size_t i = 0; i < rb * n; i++)
             wq[i] = (uint8_t)(frand() * 127 + 128);
-        size_t bb = type == GGML_Q4_K ? 144 : 210;
+        size_t bb = type == MD_TYPE_Q4_K ? 144 : 210;
         for (size_t b = 0; b < rb * n / bb; b++) {
             uint16_t d = md_fp32_to_fp16(0.01f + 0.001f * (float)(b % 7));
-            uint8_t *p = wq + b * bb + (type == GGML_Q4_K ? 0 : 208);
+            uint8_t *p = wq + b * bb + (type == MD_TYPE_Q4_K ? 0 : 208);
             memcpy(p, &d, 2);
-            if (type == GGML_Q4_K)
+            if (type == MD_TYPE_Q4_K)
                 memcpy(p + 2, &d, 2);
         }
-    } else if (ggml_quantize(type, wf, wq, (int64_t)n * k, &e)) {
+    } else if (md_quantize(type, wf, wq, (int64_t)n * k, &e)) {
         fail_msg("%s", e.msg);
     }
     void *dw = dev(rb * n);
@@ -275,24 +277,24 @@ static void *random_weight(int type, int n, int k) {
 static void test_matmul_n_equals_unfused_ops(void **state) {
     const int k = 512, F = 352;
     const int rows[3] = {256, 64, 64};
-    const int sets[][3] = {{GGML_BF16, GGML_BF16, GGML_BF16},
-                           {GGML_Q4_K, GGML_Q4_K, GGML_Q4_K},
-                           {GGML_Q4_K, GGML_Q4_K, GGML_Q6_K},
-                           {GGML_Q8_0, GGML_F16, GGML_Q4_0}};
+    const int sets[][3] = {{MD_TYPE_BF16, MD_TYPE_BF16, MD_TYPE_BF16},
+                           {MD_TYPE_Q4_K, MD_TYPE_Q4_K, MD_TYPE_Q4_K},
+                           {MD_TYPE_Q4_K, MD_TYPE_Q4_K, MD_TYPE_Q6_K},
+                           {MD_TYPE_Q8_0, MD_TYPE_F16, MD_TYPE_Q4_0}};
     const int ms[] = {1, 5, 8, 40};
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
         cuda_mm_w w[3], g[2];
         for (int i = 0; i < 3; i++)
             w[i] = (cuda_mm_w){random_weight(sets[si][i], rows[i], k),
                                sets[si][i],
-                               ggml_row_size(sets[si][i], k),
+                               md_type_row_bytes(sets[si][i], k),
                                rows[i],
                                NULL,
                                NULL};
         for (int i = 0; i < 2; i++) /* gate of the first type, up of the last */
             g[i] = (cuda_mm_w){random_weight(sets[si][2 * i], F, k),
                                sets[si][2 * i],
-                               ggml_row_size(sets[si][2 * i], k),
+                               md_type_row_bytes(sets[si][2 * i], k),
                                F,
                                NULL,
                                NULL};
@@ -345,8 +347,8 @@ static void test_matmul_n_equals_unfused_ops(void **state) {
                 const char *mn[] = {"SET", "ACC", "SWIGLU"};
                 printf("matmul_n %-6s [%s,%s,%s] m=%-2d: %ld of %ld differ from unfused, worst "
                        "%.2e of rms %.2e\n",
-                       mn[mode], ggml_type_name(cw[0].wtype), ggml_type_name(cw[1].wtype),
-                       nw > 2 ? ggml_type_name(cw[2].wtype) : "-", m, differ, cnt, worst, rms);
+                       mn[mode], md_type_name(cw[0].wtype), md_type_name(cw[1].wtype),
+                       nw > 2 ? md_type_name(cw[2].wtype) : "-", m, differ, cnt, worst, rms);
                 if (mode == CUDA_MM_SET && m <= CUDA_GEMV_MAX_M)
                     assert_int_equal(differ, 0);
                 if (!(worst <= (m <= CUDA_GEMV_MAX_M ? 1e-6 : 1e-5) * rms))
@@ -695,7 +697,7 @@ static void test_matmul_bf16_copy_equals_expansion(void **state) {
      * one repetition; the timing means nothing there */
     int small = gpu_test_env_on("MEDLEY_GPU_TEST_SMALL");
     const int n = small ? 1024 : 14336, k = small ? 1024 : 4096, m = 64, reps = small ? 1 : 20;
-    const int types[] = {GGML_Q4_K, GGML_Q6_K, GGML_Q4_0};
+    const int types[] = {MD_TYPE_Q4_K, MD_TYPE_Q6_K, MD_TYPE_Q4_0};
     for (int ti = 0; ti < 3; ti++) {
         int type = types[ti];
         int nn = ti == 0 ? n : 1024; /* the full shape for the timing, small for the others */
@@ -710,9 +712,9 @@ static void test_matmul_bf16_copy_equals_expansion(void **state) {
         float *dx = dev((size_t)m * k * 4), *ya = dev(ybytes), *yb = dev(ybytes), *yq = dev(ybytes);
         put(dx, x, (size_t)m * k * 4);
         /* v 0: expanded at every call (cuBLAS forced); 1: the BF16 copy; 2: int8 tiled */
-        cuda_mm_w wv[3] = {{w, type, ggml_row_size(type, k), nn, ya, NULL},
-                           {w, type, ggml_row_size(type, k), nn, yb, copy},
-                           {w, type, ggml_row_size(type, k), nn, yq, NULL}};
+        cuda_mm_w wv[3] = {{w, type, md_type_row_bytes(type, k), nn, ya, NULL},
+                           {w, type, md_type_row_bytes(type, k), nn, yb, copy},
+                           {w, type, md_type_row_bytes(type, k), nn, yq, NULL}};
         double t[3];
         for (int v = 0; v < 3; v++) {
             int force = v == 0;
@@ -739,10 +741,10 @@ static void test_matmul_bf16_copy_equals_expansion(void **state) {
         printf("matmul %s [%d x %d] m=%d: expanded each call %.3f ms, BF16 copy %.3f ms (%.2fx), "
                "int8 tiled %.3f ms (%.2fx); copy: %ld of %ld differ, worst %.2e of rms %.2e; "
                "int8 tiled worst %.2e\n",
-               ggml_type_name(type), nn, k, m, t[0], t[1], t[0] / t[1], t[2], t[0] / t[2], differ,
+               md_type_name(type), nn, k, m, t[0], t[1], t[0] / t[1], t[2], t[0] / t[2], differ,
                (long)m * nn, worst, rms, worst_q);
         if (!(worst <= 1e-6 * rms))
-            fail_msg("BF16 copy of %s: worst %.3g of rms %.3g", ggml_type_name(type), worst, rms);
+            fail_msg("BF16 copy of %s: worst %.3g of rms %.3g", md_type_name(type), worst, rms);
         cuda_pool_free(C, w);
         cuda_pool_free(C, copy);
         cuda_pool_free(C, dx);

@@ -849,10 +849,18 @@ static int scratch(cuda_ctx *c, int which, size_t bytes, void **out, md_err *e) 
 
 /* ---- compute launchers ------------------------------------------------------------- */
 
+/* The real kernels' types only (md_type_supported): 0 for any other, as they answer. */
+static size_t kernel_row_bytes(int gtype, int64_t n) {
+    return md_type_supported(gtype) ? md_type_row_bytes(gtype, n) : 0;
+}
+static int kernel_block(int gtype) {
+    return md_type_supported(gtype) ? md_type_block(gtype) : 0;
+}
+
 int cuda_dequantize(cuda_ctx *c, int gtype, const void *src, void *dst, cuda_dtype out, int64_t n,
                     md_err *e) {
     GUARD(c, e);
-    size_t in = md_type_row_bytes(gtype, n);
+    size_t in = kernel_row_bytes(gtype, n);
     if (in == 0)
         return md_errf(e, MD_EINVAL, "fake CUDA: dequantize %lld elements of type %d", (long long)n,
                        gtype);
@@ -867,7 +875,7 @@ int cuda_dequantize(cuda_ctx *c, int gtype, const void *src, void *dst, cuda_dty
 }
 
 size_t cuda_ggml_bytes(int gtype, int64_t n) {
-    return md_type_row_bytes(gtype, n);
+    return kernel_row_bytes(gtype, n);
 }
 
 int cuda_rmsnorm(cuda_ctx *c, const float *x, const float *w, float eps, int rows, int dim,
@@ -952,7 +960,7 @@ int cuda_get_rows(cuda_ctx *c, const void *table, int gtype, int64_t n_rows, int
     GUARD(c, e);
     fake_launch r;
     rec_init(&r, F_GET_ROWS);
-    arg_p(&r, table, (size_t)n_rows * md_type_row_bytes(gtype, dim), "table");
+    arg_p(&r, table, (size_t)n_rows * kernel_row_bytes(gtype, dim), "table");
     arg_i(&r, gtype);
     arg_i(&r, n_rows);
     arg_i(&r, dim);
@@ -979,12 +987,12 @@ int cuda_gather_rows(cuda_ctx *c, const float *x, const int32_t *rows, int n_row
 int cuda_matmul(cuda_ctx *c, const void *w, int wtype, size_t row_bytes, const float *x, float *y,
                 int m, int n, int k, float beta, int force_cublas, md_err *e) {
     GUARD(c, e);
-    int blk = md_type_block(wtype);
+    int blk = kernel_block(wtype);
     if (blk == 0)
         return md_errf(e, MD_EUNSUPP, "CUDA matmul: weight type %d is not supported", wtype);
     if (m < 0 || n <= 0 || k <= 0 || k % blk)
         return md_errf(e, MD_EINVAL, "CUDA matmul: bad shape m %d, n %d, k %d", m, n, k);
-    if (row_bytes != md_type_row_bytes(wtype, k))
+    if (row_bytes != kernel_row_bytes(wtype, k))
         return md_errf(e, MD_EINVAL, "CUDA matmul: rows of %zu bytes for %d elements of type %d",
                        row_bytes, k, wtype);
     if (m == 0)
@@ -1049,12 +1057,12 @@ int cuda_matmul_n(cuda_ctx *c, const cuda_mm_w *w, int n_w, const float *x, int 
         (mode == CUDA_MM_SWIGLU && (n_w != 2 || w[0].n != w[1].n)))
         return md_errf(e, MD_EINVAL, "CUDA matmul: %d weights, mode %d", n_w, mode);
     for (int i = 0; i < n_w; i++) {
-        int blk = md_type_block(w[i].wtype);
+        int blk = kernel_block(w[i].wtype);
         if (blk == 0)
             return md_errf(e, MD_EUNSUPP, "CUDA matmul: weight type %d is not supported",
                            w[i].wtype);
         if (m < 0 || w[i].n <= 0 || k <= 0 || k % blk ||
-            w[i].row_bytes != md_type_row_bytes(w[i].wtype, k))
+            w[i].row_bytes != kernel_row_bytes(w[i].wtype, k))
             return md_errf(e, MD_EINVAL, "CUDA matmul: bad shape m %d, n %d, k %d", m, w[i].n, k);
     }
     if (m == 0)

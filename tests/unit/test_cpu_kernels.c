@@ -24,19 +24,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/gguf.h"
+#include "common/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/quant_blocks.h"
 
-/* The kernels number types as ggml does; so does the engine. */
-_Static_assert((int)CPU_T_F32 == (int)GGML_F32 && (int)CPU_T_F16 == (int)GGML_F16 &&
-                   (int)CPU_T_Q4_0 == (int)GGML_Q4_0 && (int)CPU_T_Q4_1 == (int)GGML_Q4_1 &&
-                   (int)CPU_T_Q8_0 == (int)GGML_Q8_0 && (int)CPU_T_Q4_K == (int)GGML_Q4_K &&
-                   (int)CPU_T_Q6_K == (int)GGML_Q6_K && (int)CPU_T_BF16 == (int)GGML_BF16,
-               "cpu_ops.h type numbers match engine/gguf.h");
-
-static const int TYPES[] = {CPU_T_F32,  CPU_T_F16,  CPU_T_BF16, CPU_T_Q4_0,
-                            CPU_T_Q4_1, CPU_T_Q8_0, CPU_T_Q4_K, CPU_T_Q6_K};
+static const int TYPES[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_BF16, MD_TYPE_Q4_0,
+                            MD_TYPE_Q4_1, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K};
 #define N_TYPES (int)(sizeof TYPES / sizeof TYPES[0])
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -57,23 +50,23 @@ static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 
 /* Fill a rows×cols matrix of type t with random but valid data. */
 static void *rand_matrix(int t, int rows, int cols) {
-    size_t rs = cpu_row_size(t, cols), total = rs * (size_t)rows;
+    size_t rs = md_type_row_bytes(t, cols), total = rs * (size_t)rows;
     uint8_t *w = malloc(total);
     assert_non_null(w);
     for (size_t i = 0; i < total; i++)
         w[i] = (uint8_t)rnd();
-    int bs = cpu_type_block(t);
+    int bs = md_type_block(t);
     size_t bb = bs == 1 ? 0 : rs / (size_t)(cols / bs);
     for (size_t off = 0; off < total;) {
         switch (t) {
-        case CPU_T_F32: {
+        case MD_TYPE_F32: {
             float f = frnd();
             memcpy(w + off, &f, 4);
             off += 4;
             break;
         }
-        case CPU_T_F16: put16(w + off, (uint16_t)((rnd() & 0x8000) | ((12 + rnd() % 4) << 10) | (rnd() & 0x3ff))); off += 2; break;
-        case CPU_T_BF16: {
+        case MD_TYPE_F16: put16(w + off, (uint16_t)((rnd() & 0x8000) | ((12 + rnd() % 4) << 10) | (rnd() & 0x3ff))); off += 2; break;
+        case MD_TYPE_BF16: {
             float f = frnd();
             uint32_t u;
             memcpy(&u, &f, 4);
@@ -81,15 +74,15 @@ static void *rand_matrix(int t, int rows, int cols) {
             off += 2;
             break;
         }
-        case CPU_T_Q4_0:
-        case CPU_T_Q8_0: put16(w + off, rnd_half_scale()); off += bb; break;
-        case CPU_T_Q4_1:
-        case CPU_T_Q4_K:
+        case MD_TYPE_Q4_0:
+        case MD_TYPE_Q8_0: put16(w + off, rnd_half_scale()); off += bb; break;
+        case MD_TYPE_Q4_1:
+        case MD_TYPE_Q4_K:
             put16(w + off, rnd_half_scale());
             put16(w + off + 2, rnd_half_scale());
             off += bb;
             break;
-        case CPU_T_Q6_K: put16(w + off + 208, rnd_half_scale()); off += bb; break;
+        case MD_TYPE_Q6_K: put16(w + off + 208, rnd_half_scale()); off += bb; break;
         default: fail();
         }
     }
@@ -107,11 +100,11 @@ static float *rand_x(int n, int cols) {
 /* Per output: sum |w_i x_i| and the activation-rounding bound 0.5 Σ|w_i| d_i. */
 static void bounds(int t, const void *W, int rows, int cols, const float *x, int n, double *mag,
                    double *qerr) {
-    int qb = t == CPU_T_Q4_K || t == CPU_T_Q6_K ? 256 : 32;
-    int quant = cpu_type_block(t) > 1;
+    int qb = t == MD_TYPE_Q4_K || t == MD_TYPE_Q6_K ? 256 : 32;
+    int quant = md_type_block(t) > 1;
     float *wr = malloc(sizeof(float) * cols);
     for (int r = 0; r < rows; r++) {
-        cpu_dequant_row(t, (const uint8_t *)W + (size_t)r * cpu_row_size(t, cols), wr, cols);
+        cpu_dequant_row(t, (const uint8_t *)W + (size_t)r * md_type_row_bytes(t, cols), wr, cols);
         for (int c = 0; c < n; c++) {
             const float *xr = x + (size_t)c * cols;
             double m = 0, q = 0;
@@ -196,7 +189,7 @@ static void test_matmul_every_type_level_and_odd_shape(void **state) {
     assert_non_null(pool);
     static const int rows_list[] = {1, 3, 5, 17, 67};
     for (int ti = 0; ti < N_TYPES; ti++) {
-        int t = TYPES[ti], bs = cpu_type_block(t);
+        int t = TYPES[ti], bs = md_type_block(t);
         int cols_list[] = {bs == 256 ? 256 : 32, bs == 256 ? 768 : 96, bs == 256 ? 1280 : 576,
                            bs == 1 ? 13 : 3 * bs};
         for (int ri = 0; ri < 5; ri++)
@@ -210,7 +203,7 @@ static void test_matmul_batch_sizes_1_to_70(void **state) {
     cpu_pool *pool = cpu_pool_create(2);
     assert_non_null(pool);
     for (int ti = 0; ti < N_TYPES; ti++) {
-        int t = TYPES[ti], cols = cpu_type_block(t) == 256 ? 512 : 64;
+        int t = TYPES[ti], cols = md_type_block(t) == 256 ? 512 : 64;
         for (int n = 1; n <= 70; n++)
             check_shape(pool, t, 9, cols, n);
     }
@@ -221,15 +214,15 @@ static void test_matmul_batch_sizes_1_to_70(void **state) {
 static void test_matmul_model_shapes_large_batch(void **state) {
     cpu_pool *pool = cpu_pool_create(2);
     assert_non_null(pool);
-    check_shape(pool, CPU_T_Q4_1, 1536, 576, 37);
-    check_shape(pool, CPU_T_Q4_1, 576, 1536, 70);
-    check_shape(pool, CPU_T_Q8_0, 1000, 576, 3);
+    check_shape(pool, MD_TYPE_Q4_1, 1536, 576, 37);
+    check_shape(pool, MD_TYPE_Q4_1, 576, 1536, 70);
+    check_shape(pool, MD_TYPE_Q8_0, 1000, 576, 3);
     cpu_pool_destroy(pool);
 }
 
 /* Threads split rows, and results do not depend on how many threads there are. */
 static void test_matmul_same_result_for_any_thread_count(void **state) {
-    int t = CPU_T_Q4_1, rows = 203, cols = 192, n = 11;
+    int t = MD_TYPE_Q4_1, rows = 203, cols = 192, n = 11;
     void *W = rand_matrix(t, rows, cols);
     float *x = rand_x(n, cols);
     size_t ss = cpu_matmul_scratch_size(t, cols, n);
@@ -313,16 +306,16 @@ static void test_matmul_n_equals_unfused_ops(void **state) {
     static const struct {
         int n_w, mode, types[3], rows[3], cols;
     } cases[] = {
-        {3, CPU_MM_SET, {CPU_T_Q4_1, CPU_T_Q4_1, CPU_T_Q4_1}, {96, 32, 32}, 96}, /* Q/K/V */
-        {3, CPU_MM_SET, {CPU_T_Q4_K, CPU_T_Q4_K, CPU_T_Q6_K}, {64, 20, 20}, 256},
-        {3, CPU_MM_SET, {CPU_T_Q8_0, CPU_T_BF16, CPU_T_Q6_K}, {40, 8, 8}, 256},   /* mixed */
-        {2, CPU_MM_SET, {CPU_T_F16, CPU_T_BF16}, {33, 7}, 64},
-        {1, CPU_MM_ACC, {CPU_T_Q4_0}, {70}, 160},                                /* wo */
-        {1, CPU_MM_ACC, {CPU_T_F32}, {13}, 32},
-        {2, CPU_MM_ACC, {CPU_T_Q4_K, CPU_T_Q8_0}, {24, 16}, 256},
-        {2, CPU_MM_SWIGLU, {CPU_T_Q4_1, CPU_T_Q4_1}, {150, 150}, 64},            /* gate/up */
-        {2, CPU_MM_SWIGLU, {CPU_T_BF16, CPU_T_BF16}, {37, 37}, 32},
-        {2, CPU_MM_SWIGLU, {CPU_T_Q4_K, CPU_T_Q8_0}, {45, 45}, 256},             /* mixed */
+        {3, CPU_MM_SET, {MD_TYPE_Q4_1, MD_TYPE_Q4_1, MD_TYPE_Q4_1}, {96, 32, 32}, 96}, /* Q/K/V */
+        {3, CPU_MM_SET, {MD_TYPE_Q4_K, MD_TYPE_Q4_K, MD_TYPE_Q6_K}, {64, 20, 20}, 256},
+        {3, CPU_MM_SET, {MD_TYPE_Q8_0, MD_TYPE_BF16, MD_TYPE_Q6_K}, {40, 8, 8}, 256},  /* mixed */
+        {2, CPU_MM_SET, {MD_TYPE_F16, MD_TYPE_BF16}, {33, 7}, 64},
+        {1, CPU_MM_ACC, {MD_TYPE_Q4_0}, {70}, 160},                                    /* wo */
+        {1, CPU_MM_ACC, {MD_TYPE_F32}, {13}, 32},
+        {2, CPU_MM_ACC, {MD_TYPE_Q4_K, MD_TYPE_Q8_0}, {24, 16}, 256},
+        {2, CPU_MM_SWIGLU, {MD_TYPE_Q4_1, MD_TYPE_Q4_1}, {150, 150}, 64},              /* gate/up */
+        {2, CPU_MM_SWIGLU, {MD_TYPE_BF16, MD_TYPE_BF16}, {37, 37}, 32},
+        {2, CPU_MM_SWIGLU, {MD_TYPE_Q4_K, MD_TYPE_Q8_0}, {45, 45}, 256},               /* mixed */
     };
     static const int ns[] = {1, 3, 8, 70};
     int n_levels = cpu_simd_detect() + 1;
@@ -370,8 +363,8 @@ static void test_dequant_matches_gguf_reference(void **state) {
     int32_t hdr[3];
     while (fread(hdr, 4, 3, f) == 3) {
         int t = hdr[0], ne = hdr[1], nb = hdr[2];
-        assert_true(cpu_type_supported(t));
-        assert_int_equal(cpu_row_size(t, ne), (size_t)nb);
+        assert_true(md_type_supported(t));
+        assert_int_equal(md_type_row_bytes(t, ne), (size_t)nb);
         uint8_t *raw = malloc(nb);
         float *want = malloc(sizeof(float) * ne), *got = malloc(sizeof(float) * ne);
         assert_int_equal(fread(raw, 1, nb, f), (size_t)nb);
@@ -393,17 +386,15 @@ static void test_dequant_matches_gguf_reference(void **state) {
 }
 
 static void test_matmul_check_rejects_bad_shapes(void **state) {
-    assert_int_equal(cpu_matmul_check(CPU_T_Q4_1, 576), 0);
-    assert_int_equal(cpu_matmul_check(CPU_T_Q4_1, 570), -1);
-    assert_int_equal(cpu_matmul_check(CPU_T_Q4_K, 576), -1);
-    assert_int_equal(cpu_matmul_check(CPU_T_F32, 7), 0);
-    assert_int_equal(cpu_matmul_check(CPU_T_F32, 0), -1);
+    assert_int_equal(cpu_matmul_check(MD_TYPE_Q4_1, 576), 0);
+    assert_int_equal(cpu_matmul_check(MD_TYPE_Q4_1, 570), -1);
+    assert_int_equal(cpu_matmul_check(MD_TYPE_Q4_K, 576), -1);
+    assert_int_equal(cpu_matmul_check(MD_TYPE_F32, 7), 0);
+    assert_int_equal(cpu_matmul_check(MD_TYPE_F32, 0), -1);
     assert_int_equal(cpu_matmul_check(7 /* Q5_1: not supported */, 64), -1);
     assert_int_equal(cpu_matmul_check(-1, 64), -1);
-    assert_int_equal(cpu_row_size(99, 64), 0);
-    assert_int_equal(cpu_row_size(CPU_T_Q6_K, 512), 420);
-    assert_int_equal(cpu_matmul_scratch_size(CPU_T_F16, 64, 3), 0);
-    assert_true(cpu_matmul_scratch_size(CPU_T_Q4_0, 64, 3) >= 3 * (64 + 2 * 8));
+    assert_int_equal(cpu_matmul_scratch_size(MD_TYPE_F16, 64, 3), 0);
+    assert_true(cpu_matmul_scratch_size(MD_TYPE_Q4_0, 64, 3) >= 3 * (64 + 2 * 8));
 }
 
 /* MEDLEY_SIMD (set by test_cpu_kernels_scalar and by scripts/test.sh's per-level runs) caps
@@ -597,10 +588,10 @@ static void test_attention_paged_f16_matches_double_formula(void **state) {
         uint16_t h[12];
         cpu_f32_to_f16_row(h, edge, 12);
         for (int i = 0; i < 12; i++)
-            assert_int_equal(h[i], cpu_fp32_to_fp16(edge[i]));
-        assert_int_equal(cpu_fp32_to_fp16(1.00048828125f), 0x3c00); /* tie to even: down */
-        assert_int_equal(cpu_fp32_to_fp16(1.000732421875f), 0x3c01);
-        assert_int_equal(cpu_fp32_to_fp16(65520.0f), 0x7c00);      /* rounds to inf */
+            assert_int_equal(h[i], md_fp32_to_fp16(edge[i]));
+        assert_int_equal(md_fp32_to_fp16(1.00048828125f), 0x3c00); /* tie to even: down */
+        assert_int_equal(md_fp32_to_fp16(1.000732421875f), 0x3c01);
+        assert_int_equal(md_fp32_to_fp16(65520.0f), 0x7c00);      /* rounds to inf */
         for (int hi = 0; hi < 4; hi++) {
             int hd = hds[hi], kvh = 2, stride = 3 * hd;
             uint16_t *k = malloc(2 * (size_t)MAXPOS * stride), *v = malloc(2 * (size_t)MAXPOS * stride);
@@ -625,7 +616,7 @@ static void test_attention_paged_f16_matches_double_formula(void **state) {
                     size_t slot = (size_t)bt[p / BT] * BT + p % BT;
                     double d = 0;
                     for (int i = 0; i < hd; i++)
-                        d += (double)q[i] * cpu_fp16_to_fp32(k[slot * stride + kvh * hd + i]);
+                        d += (double)q[i] * md_fp16_to_fp32(k[slot * stride + kvh * hd + i]);
                     w[p] = d * 0.125;
                     mx = fmax(mx, w[p]);
                 }
@@ -635,7 +626,7 @@ static void test_attention_paged_f16_matches_double_formula(void **state) {
                     want[i] = 0;
                     for (int p = 0; p < npos; p++) {
                         size_t slot = (size_t)bt[p / BT] * BT + p % BT;
-                        want[i] += w[p] / sum * cpu_fp16_to_fp32(v[slot * stride + kvh * hd + i]);
+                        want[i] += w[p] / sum * md_fp16_to_fp32(v[slot * stride + kvh * hd + i]);
                     }
                 }
                 cpu_attention_paged_f16(out, q, k + kvh * hd, v + kvh * hd, (size_t)stride, bt, BT,

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dtype.h"
 #include "engine/gguf.h"
 
 typedef struct {
@@ -80,9 +81,10 @@ static const struct {
     int type;
     int64_t ne0, ne1;
 } gb_tensors[] = {
-    {"t.f32", GGML_F32, 8, 2},     {"t.f16", GGML_F16, 16, 1},    {"t.bf16", GGML_BF16, 4, 4},
-    {"t.q8_0", GGML_Q8_0, 64, 1},  {"t.q4_0", GGML_Q4_0, 32, 2},  {"t.q4_1", GGML_Q4_1, 32, 1},
-    {"t.q4_k", GGML_Q4_K, 256, 1}, {"t.q6_k", GGML_Q6_K, 256, 1},
+    {"t.f32", MD_TYPE_F32, 8, 2},     {"t.f16", MD_TYPE_F16, 16, 1},
+    {"t.bf16", MD_TYPE_BF16, 4, 4},   {"t.q8_0", MD_TYPE_Q8_0, 64, 1},
+    {"t.q4_0", MD_TYPE_Q4_0, 32, 2},  {"t.q4_1", MD_TYPE_Q4_1, 32, 1},
+    {"t.q4_k", MD_TYPE_Q4_K, 256, 1}, {"t.q6_k", MD_TYPE_Q6_K, 256, 1},
 };
 #define GB_NT ((int)(sizeof gb_tensors / sizeof gb_tensors[0]))
 
@@ -170,7 +172,7 @@ static inline gb gb_small_model(gb_marks *m) {
         gb_u32(&b, (uint32_t)gb_tensors[i].type);
         m->tensor_off[i] = b.len;
         gb_u64(&b, off);
-        off += ggml_row_size(gb_tensors[i].type, gb_tensors[i].ne0) * (size_t)gb_tensors[i].ne1;
+        off += md_type_row_bytes(gb_tensors[i].type, gb_tensors[i].ne0) * (size_t)gb_tensors[i].ne1;
         end = off; /* no padding after the last tensor */
         off = (off + GB_ALIGN - 1) / GB_ALIGN * GB_ALIGN;
     }

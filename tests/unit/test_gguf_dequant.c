@@ -12,8 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dtype.h"
 #include "common/util.h"
 #include "engine/gguf.h"
+#include "engine/quant.h"
 
 #define MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -44,11 +46,11 @@ static void load_fixture(const char *name, fixture *fx) {
     fx->src = hdr[2] ? (const float *)(fx->buf + off) : NULL;
     off += hdr[2] ? (size_t)fx->n * 4 : 0;
     fx->raw = (const uint8_t *)fx->buf + off;
-    fx->raw_len = ggml_row_size(fx->type, fx->n);
+    fx->raw_len = md_type_row_bytes(fx->type, fx->n);
     off += fx->raw_len;
     fx->ref = (const float *)(fx->buf + off);
     assert_int_equal(off + (size_t)fx->n * 4, len);
-    assert_string_equal(ggml_type_name(fx->type), name);
+    assert_string_equal(md_type_name(fx->type), name);
 }
 
 /* Equal within float rounding: the reference computes the same products in float32, maybe
@@ -67,7 +69,7 @@ static void check_dequant(const char *name) {
     load_fixture(name, &fx);
     float *y = malloc(fx.n * sizeof *y);
     md_err e = {0};
-    assert_int_equal(ggml_dequantize(fx.type, fx.raw, y, fx.n, &e), 0);
+    assert_int_equal(md_dequantize(fx.type, fx.raw, y, fx.n, &e), 0);
     assert_close(y, fx.ref, fx.n, name);
     free(y);
     free(fx.buf);
@@ -81,7 +83,7 @@ static void check_quantize(const char *name) {
     assert_non_null(fx.src);
     uint8_t *q = malloc(fx.raw_len);
     md_err e = {0};
-    assert_int_equal(ggml_quantize(fx.type, fx.src, q, fx.n, &e), 0);
+    assert_int_equal(md_quantize(fx.type, fx.src, q, fx.n, &e), 0);
     size_t diff = 0;
     for (size_t i = 0; i < fx.raw_len; i++)
         diff += q[i] != fx.raw[i];
@@ -174,7 +176,7 @@ static void real_model_metadata_matches_reference(void **st) {
     json_object_foreach(json_object_get(doc, "type_counts"), key, v) {
         int64_t n = 0;
         for (int64_t i = 0; i < gguf_n_tensors(f); i++)
-            n += !strcmp(ggml_type_name(gguf_tensor_at(f, i)->type), key);
+            n += !strcmp(md_type_name(gguf_tensor_at(f, i)->type), key);
         assert_int_equal(n, json_integer_value(v));
     }
     gguf_close(f);
@@ -196,8 +198,7 @@ static void real_model_tensors_match_reference(void **st) {
         const char *name = json_string_value(json_object_get(t, "name"));
         const gguf_tensor *gt = gguf_find_tensor(f, name);
         assert_non_null(gt);
-        assert_string_equal(ggml_type_name(gt->type),
-                            json_string_value(json_object_get(t, "type")));
+        assert_string_equal(md_type_name(gt->type), json_string_value(json_object_get(t, "type")));
         json_t *ne = json_object_get(t, "ne");
         for (size_t d = 0; d < json_array_size(ne); d++)
             assert_int_equal(gt->ne[d], json_integer_value(json_array_get(ne, d)));
@@ -211,7 +212,7 @@ static void real_model_tensors_match_reference(void **st) {
                          json_integer_value(json_object_get(t, "data_offset")) -
                              json_integer_value(json_object_get(t0, "data_offset")));
         float *y = malloc((size_t)n * sizeof *y);
-        assert_int_equal(ggml_dequantize(gt->type, gt->data, y, n, &e), 0);
+        assert_int_equal(md_dequantize(gt->type, gt->data, y, n, &e), 0);
         float want[16];
         json_t *first = json_object_get(t, "first"), *last = json_object_get(t, "last");
         for (int j = 0; j < 16; j++)

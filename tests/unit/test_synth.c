@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "common/dtype.h"
 #include "engine/engine.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
@@ -63,7 +64,7 @@ static void test_image_is_valid_gguf_with_the_shape(void **state) {
     /* BF16 weights: mean ~0, std ~0.02 */
     const gguf_tensor *t = gguf_find_tensor(gf, "blk.3.ffn_up.weight");
     assert_non_null(t);
-    assert_int_equal(t->type, GGML_BF16);
+    assert_int_equal(t->type, MD_TYPE_BF16);
     double s = 0, s2 = 0;
     for (int64_t i = 0; i < t->n_elements; i++) {
         double v = md_bf16_to_fp32(((const uint16_t *)t->data)[i]);

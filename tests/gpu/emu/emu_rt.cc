@@ -24,10 +24,9 @@
 #include <mutex>
 #include <vector>
 
+#include "common/dtype.h"
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
-
-extern "C" float md_bf16_to_fp32(uint16_t h);
 
 namespace {
 

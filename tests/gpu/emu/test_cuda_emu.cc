@@ -38,6 +38,7 @@ static int emu_qx_launches, emu_mmq_launches, emu_mmt_launches; /* mmq: k_mmq an
 #include <string>
 extern "C" {
 #include "engine/gguf.h"
+#include "engine/quant.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/step_plan.h"
 #include "common/util.h"
@@ -66,7 +67,7 @@ static void test_dequant() {
         int type = hdr[0]; uint32_t n = hdr[1];
         size_t off = 16 + (hdr[2] ? (size_t)n * 4 : 0);
         const uint8_t *raw = (const uint8_t *)buf + off;
-        off += ggml_row_size(type, n);
+        off += md_type_row_bytes(type, n);
         const float *ref = (const float *)(buf + off);
         std::vector<float> y(n);
         int64_t ng = n / 32;
@@ -80,7 +81,7 @@ static void test_dequant() {
         if (rows >= 2) {
             int32_t ids[3] = {1, 0, (int32_t)rows - 1};
             std::vector<float> o(3 * dim);
-            size_t rb = qt_row_bytes(type, dim);
+            size_t rb = md_type_row_bytes(type, dim);
             QT_DISPATCH(type, emu_launch(dim3(cuda_blocks(3 * dim / 32, 128)), dim3(128), [&] {
                 k_get_rows<QT>(raw, rb, rows, dim, ids, 3, o.data(), nullptr); }));
             int bad2 = 0;
@@ -94,7 +95,7 @@ static void test_dequant() {
 }
 
 /* ---- x quantized for the quantized GEMV: k_quant_x against the CPU backend's ---- */
-static bool is_quant(int type) { return type != GGML_F32 && type != GGML_F16 && type != GGML_BF16; }
+static bool is_quant(int type) { return type != MD_TYPE_F32 && type != MD_TYPE_F16 && type != MD_TYPE_BF16; }
 
 /* k_quant_x on the emulator: x [m][k] into q [m][k] + d [m][k/32] (one buffer, as gemm.cu). */
 static void quant_x(const float *x, int m, int k, std::vector<uint8_t> &buf) {
@@ -143,25 +144,25 @@ static void test_quant_x() {
 
 /* ---- GEMV every type vs double reference ---- */
 static void test_gemv() {
-    const int types[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K};
+    const int types[] = {MD_TYPE_F32, MD_TYPE_F16, MD_TYPE_BF16, MD_TYPE_Q4_0, MD_TYPE_Q4_1, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K};
     const int n = 12, k = 512;
     for (int type : types) {
         std::vector<float> wf((size_t)n * k), wd((size_t)n * k);
-        size_t rb = ggml_row_size(type, k);
+        size_t rb = md_type_row_bytes(type, k);
         std::vector<uint8_t> wq(rb * n + 16);
         md_err e = {};
         for (auto &v : wf) v = frand();
-        if (type == GGML_Q4_K || type == GGML_Q6_K) {
+        if (type == MD_TYPE_Q4_K || type == MD_TYPE_Q6_K) {
             for (auto &b : wq) b = (uint8_t)(frand() * 127 + 128);
-            size_t bb = type == GGML_Q4_K ? 144 : 210;
+            size_t bb = type == MD_TYPE_Q4_K ? 144 : 210;
             for (size_t b = 0; b < rb * n / bb; b++) {
                 uint16_t d = md_fp32_to_fp16(0.01f + 0.001f * (float)(b % 7));
-                uint8_t *p = wq.data() + b * bb + (type == GGML_Q4_K ? 0 : 208);
+                uint8_t *p = wq.data() + b * bb + (type == MD_TYPE_Q4_K ? 0 : 208);
                 memcpy(p, &d, 2);
-                if (type == GGML_Q4_K) memcpy(p + 2, &d, 2);
+                if (type == MD_TYPE_Q4_K) memcpy(p + 2, &d, 2);
             }
-        } else if (ggml_quantize(type, wf.data(), wq.data(), (int64_t)n * k, &e)) { printf("%s\n", e.msg); fails++; continue; }
-        ggml_dequantize(type, wq.data(), wd.data(), (int64_t)n * k, &e);
+        } else if (md_quantize(type, wf.data(), wq.data(), (int64_t)n * k, &e)) { printf("%s\n", e.msg); fails++; continue; }
+        md_dequantize(type, wq.data(), wd.data(), (int64_t)n * k, &e);
         for (int m : {1, 3, 8}) {
             std::vector<float> x((size_t)m * k), y((size_t)m * n, 7.0f);
             for (auto &v : x) v = frand();
@@ -175,7 +176,7 @@ static void test_gemv() {
             const float *xd = (const float *)(qx.data() + (size_t)m * k);
             std::vector<float> xr = is_quant(type) ? x_seen(xa, m, k) : x;
             for (int path = 0; path < 2; path++) {
-                if (path == 1 && type != GGML_F16 && type != GGML_BF16) continue;
+                if (path == 1 && type != MD_TYPE_F16 && type != MD_TYPE_BF16) continue;
                 std::fill(y.begin(), y.end(), 7.0f);
                 unsigned grid = cuda_blocks(n, GEMV_WARPS);
                 gemv_segs sg = {{wa}, {y.data()}, {n, n, n, n}, {path}, 1}; /* cuda_matmul's one segment */
@@ -184,7 +185,7 @@ static void test_gemv() {
                     std::vector<float> y8 = y;
                     std::fill(y.begin(), y.end(), 7.0f);
                     QT_DISPATCH(type, emu_launch(dim3(grid), dim3(GEMV_WARPS * 32), [&] { k_gemv_n<QT, 1>(sg, rb, xa, xq, xd, m, k, 0.0f); }));
-                    CHECK(!memcmp(y.data(), y8.data(), y.size() * 4), "gemv %s m=1 path %d: one-token instance differs", ggml_type_name(type), path);
+                    CHECK(!memcmp(y.data(), y8.data(), y.size() * 4), "gemv %s m=1 path %d: one-token instance differs", md_type_name(type), path);
                 }
                 double ss = 0, worst = 0;
                 std::vector<double> ref((size_t)m * n);
@@ -195,11 +196,11 @@ static void test_gemv() {
                 }
                 double rms = sqrt(ss / (m * n));
                 for (int i = 0; i < m * n; i++) worst = std::max(worst, fabs(y[i] - ref[i]));
-                CHECK(worst <= 1e-4 * rms, "gemv %s m=%d path %d: worst %.3g rms %.3g", ggml_type_name(type), m, path, worst, rms);
+                CHECK(worst <= 1e-4 * rms, "gemv %s m=%d path %d: worst %.3g rms %.3g", md_type_name(type), m, path, worst, rms);
             }
             free(xa); free(wa);
         }
-        printf("gemv %-5s m=1,3,8: checked\n", ggml_type_name(type));
+        printf("gemv %-5s m=1,3,8: checked\n", md_type_name(type));
     }
 }
 
@@ -531,16 +532,16 @@ static void test_cublas_args() {
     std::vector<float> wf((size_t)n * k), x((size_t)m * k), y((size_t)m * n, 3.0f), wd((size_t)n * k);
     for (auto &v : wf) v = frand();
     for (auto &v : x) v = frand();
-    size_t rb = ggml_row_size(GGML_Q4_0, k);
+    size_t rb = md_type_row_bytes(MD_TYPE_Q4_0, k);
     std::vector<uint8_t> wq(rb * n);
     md_err e = {};
-    ggml_quantize(GGML_Q4_0, wf.data(), wq.data(), (int64_t)n * k, &e);
-    ggml_dequantize(GGML_Q4_0, wq.data(), wd.data(), (int64_t)n * k, &e);
+    md_quantize(MD_TYPE_Q4_0, wf.data(), wq.data(), (int64_t)n * k, &e);
+    md_dequantize(MD_TYPE_Q4_0, wq.data(), wd.data(), (int64_t)n * k, &e);
     /* cuda_matmul's quantized path: x -> bf16 scratch, W -> bf16 scratch, then GemmEx(T, N, n, m, k, W, k, X, k, Y, n) */
     std::vector<uint16_t> xs((size_t)m * k), ws((size_t)n * k);
     int64_t nx = (int64_t)m * k, ng = (int64_t)n * k / 32;
     emu_launch(dim3(cuda_blocks(nx, 256)), dim3(256), [&] { k_convert(x.data(), xs.data(), CUDA_BF16, nx); });
-    emu_launch(dim3(cuda_blocks(ng, 128)), dim3(128), [&] { k_dequant<QT_Q4_0>(wq.data(), ws.data(), CUDA_BF16, ng); });
+    emu_launch(dim3(cuda_blocks(ng, 128)), dim3(128), [&] { k_dequant<MD_TYPE_Q4_0>(wq.data(), ws.data(), CUDA_BF16, ng); });
     std::vector<float> xf(xs.size()), wbf(ws.size());
     for (size_t i = 0; i < xs.size(); i++) xf[i] = md_bf16_to_fp32(xs[i]);
     for (size_t i = 0; i < ws.size(); i++) wbf[i] = md_bf16_to_fp32(ws[i]);
@@ -629,24 +630,24 @@ struct emu_w {
     std::vector<float> d;  /* engine/quant.c's dequantization */
 };
 static emu_w *make_w(int type, int n, int k) {
-    emu_w *w = new emu_w{type, n, ggml_row_size(type, k), nullptr, {}};
+    emu_w *w = new emu_w{type, n, md_type_row_bytes(type, k), nullptr, {}};
     size_t bytes = w->rb * n;
     w->q = (uint8_t *)aligned_alloc(64, (bytes + 16 + 63) / 64 * 64);
     std::vector<float> f((size_t)n * k);
     for (auto &v : f) v = frand();
     md_err e = {};
-    if (type == GGML_Q4_K || type == GGML_Q6_K) { /* random blocks with sane scales */
+    if (type == MD_TYPE_Q4_K || type == MD_TYPE_Q6_K) { /* random blocks with sane scales */
         for (size_t i = 0; i < bytes; i++) w->q[i] = (uint8_t)(frand() * 127 + 128);
-        size_t bb = type == GGML_Q4_K ? 144 : 210;
+        size_t bb = type == MD_TYPE_Q4_K ? 144 : 210;
         for (size_t b = 0; b < bytes / bb; b++) {
             uint16_t d = md_fp32_to_fp16(0.01f + 0.001f * (float)(b % 7));
-            uint8_t *p = w->q + b * bb + (type == GGML_Q4_K ? 0 : 208);
+            uint8_t *p = w->q + b * bb + (type == MD_TYPE_Q4_K ? 0 : 208);
             memcpy(p, &d, 2);
-            if (type == GGML_Q4_K) memcpy(p + 2, &d, 2);
+            if (type == MD_TYPE_Q4_K) memcpy(p + 2, &d, 2);
         }
-    } else if (ggml_quantize(type, f.data(), w->q, (int64_t)n * k, &e)) { printf("%s\n", e.msg); fails++; }
+    } else if (md_quantize(type, f.data(), w->q, (int64_t)n * k, &e)) { printf("%s\n", e.msg); fails++; }
     w->d.resize((size_t)n * k);
-    ggml_dequantize(type, w->q, w->d.data(), (int64_t)n * k, &e);
+    md_dequantize(type, w->q, w->d.data(), (int64_t)n * k, &e);
     return w;
 }
 
@@ -746,7 +747,7 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
             }
     double rms = sqrt(ss / cnt);
     char types[64] = "";
-    for (int i = 0; i < nw; i++) snprintf(types + strlen(types), sizeof types - strlen(types), "%s%s", i ? "," : "", ggml_type_name(W[i]->type));
+    for (int i = 0; i < nw; i++) snprintf(types + strlen(types), sizeof types - strlen(types), "%s%s", i ? "," : "", md_type_name(W[i]->type));
     char what[160];
     snprintf(what, sizeof what, "matmul_n %s n=%d [%s]%s m=%d", mode_name[mode], nw, types, woff ? " unaligned" : "", m);
     if (mode == CUDA_MM_SWIGLU && !exact) {
@@ -789,8 +790,8 @@ static void check_mm_n(std::vector<emu_w *> W, int mode, int m, int k, int want_
  * token counts inside one tile and across two, k in whole 256 steps and with a partial
  * last step (576, the 32-block types). */
 static void test_mmq() {
-    for (int type : {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K}) {
-        bool kq = type == GGML_Q4_K || type == GGML_Q6_K;
+    for (int type : {MD_TYPE_Q4_0, MD_TYPE_Q4_1, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K}) {
+        bool kq = type == MD_TYPE_Q4_K || type == MD_TYPE_Q6_K;
         for (int k : {512, 576}) {
             if (kq && k % 256) continue;
             for (int n : {12, 70}) {
@@ -805,8 +806,8 @@ static void test_mmq() {
                     cuda_mm_w one = {w->q, w->type, w->rb, w->n, y.data(), nullptr};
                     emu_mmq_launches = emu_mmt_launches = emu_blas = 0;
                     CHECK(mm_run(&ctx, &one, 1, x, m, k, CUDA_MM_ACC, 1.0f, 0, &e) == 0, "mmq: %s", e.msg);
-                    CHECK(emu_mmq_launches == 1 && emu_blas == 0, "mmq %s m=%d: %d tiled launches, %d cuBLAS", ggml_type_name(type), m, emu_mmq_launches, emu_blas);
-                    CHECK(emu_mmt_launches == (m > CUDA_MMQ_DP4A_MAX_M), "mmq %s m=%d: %d tensor-core launches", ggml_type_name(type), m, emu_mmt_launches);
+                    CHECK(emu_mmq_launches == 1 && emu_blas == 0, "mmq %s m=%d: %d tiled launches, %d cuBLAS", md_type_name(type), m, emu_mmq_launches, emu_blas);
+                    CHECK(emu_mmt_launches == (m > CUDA_MMQ_DP4A_MAX_M), "mmq %s m=%d: %d tensor-core launches", md_type_name(type), m, emu_mmt_launches);
                     double ss = 0, worst = 0;
                     for (int t = 0; t < m; t++)
                         for (int j = 0; j < n; j++) {
@@ -816,13 +817,13 @@ static void test_mmq() {
                             worst = std::max(worst, fabs(y[(size_t)t * n + j] - r));
                         }
                     double rms = sqrt(ss / (m * n));
-                    CHECK(worst <= 1e-5 * rms, "mmq %s n=%d k=%d m=%d: worst %.3g of rms %.3g", ggml_type_name(type), n, k, m, worst, rms);
+                    CHECK(worst <= 1e-5 * rms, "mmq %s n=%d k=%d m=%d: worst %.3g of rms %.3g", md_type_name(type), n, k, m, worst, rms);
                     free(x); free(ctx.scratch[0]); free(ctx.scratch[1]);
                 }
                 free(w->q); delete w;
             }
         }
-        printf("mmq %-5s n=12,70 k=512%s m=9,20,32 (dp4a), 33,64,100 (mma) (ACC): within 1e-5 of rms of the double product\n", ggml_type_name(type), kq ? "" : ",576");
+        printf("mmq %-5s n=12,70 k=512%s m=9,20,32 (dp4a), 33,64,100 (mma) (ACC): within 1e-5 of rms of the double product\n", md_type_name(type), kq ? "" : ",576");
     }
 }
 
@@ -830,7 +831,7 @@ static void test_mmq() {
  * engine fails a sequence whose logits are not numbers); the other token's rows are intact. */
 static void test_gemv_nan() {
     const int k = 256, m = 2;
-    for (int type : {GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K}) {
+    for (int type : {MD_TYPE_Q4_0, MD_TYPE_Q4_1, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K}) {
         emu_w *w = make_w(type, 6, k);
         float *x = (float *)aligned_alloc(64, (size_t)m * k * 4);
         for (int i = 0; i < m * k; i++) x[i] = frand();
@@ -842,7 +843,7 @@ static void test_gemv_nan() {
         CHECK(mm_run(&ctx, &one, 1, x, m, k, CUDA_MM_SET, 0.0f, 0, &e) == 0, "matmul: %s", e.msg);
         int nan0 = 0, nan1 = 0;
         for (int j = 0; j < w->n; j++) nan0 += std::isnan(y[j]), nan1 += std::isnan(y[w->n + j]);
-        CHECK(nan0 == 0 && nan1 == w->n, "%s: NaN in token 1: %d NaN outputs in token 0, %d of %d in token 1", ggml_type_name(type), nan0, nan1, w->n);
+        CHECK(nan0 == 0 && nan1 == w->n, "%s: NaN in token 1: %d NaN outputs in token 0, %d of %d in token 1", md_type_name(type), nan0, nan1, w->n);
         free(x); free(ctx.scratch[0]); free(ctx.scratch[1]); free(w->q); delete w;
     }
     printf("gemv of quantized weights: a NaN in x makes its token's outputs NaN, the other token's are numbers\n");
@@ -851,7 +852,7 @@ static void test_gemv_nan() {
 static void test_matmul_n() {
     const int k = 256;
     /* Q/K/V-like row counts 5 + 3 + 2: blocks of 4 warps straddle segments */
-    for (int type : {GGML_BF16, GGML_Q4_0, GGML_Q4_K}) {
+    for (int type : {MD_TYPE_BF16, MD_TYPE_Q4_0, MD_TYPE_Q4_K}) {
         emu_w *w[3] = {make_w(type, 5, k), make_w(type, 3, k), make_w(type, 2, k)};
         emu_w *up = make_w(type, 5, k);
         auto set = [&](int n) { return std::vector<emu_w *>(w, w + n); };
@@ -869,7 +870,7 @@ static void test_matmul_n() {
         check_mm_n(set(3), CUDA_MM_SET, 9, k, -1, 1);
         check_mm_n(set(2), CUDA_MM_ACC, 9, k, -1, 1);
         check_mm_n({w[0], up}, CUDA_MM_SWIGLU, 9, k, -1, 1);
-        if (type == GGML_BF16) { /* a weight off 16-byte alignment: its rows on the dq32 loop */
+        if (type == MD_TYPE_BF16) { /* a weight off 16-byte alignment: its rows on the dq32 loop */
             check_mm_n(set(3), CUDA_MM_SET, 3, k, 1, 0, 2);
             check_mm_n({w[0], up}, CUDA_MM_SWIGLU, 3, k, 1, 0, 2);
         }
@@ -877,9 +878,9 @@ static void test_matmul_n() {
     }
     /* mixed types (a Q4_K_M file's Q6_K attn_v and ffn_down): one GEMV launch per type,
      * gate/up of two types unfused; cuBLAS converts x once per activation type */
-    emu_w *q = make_w(GGML_Q4_K, 5, k), *kk = make_w(GGML_Q4_K, 3, k), *v = make_w(GGML_Q6_K, 2, k);
-    emu_w *g = make_w(GGML_Q4_K, 5, k), *u = make_w(GGML_Q6_K, 5, k);
-    emu_w *h = make_w(GGML_F16, 3, k), *b = make_w(GGML_BF16, 2, k), *f = make_w(GGML_F32, 3, k);
+    emu_w *q = make_w(MD_TYPE_Q4_K, 5, k), *kk = make_w(MD_TYPE_Q4_K, 3, k), *v = make_w(MD_TYPE_Q6_K, 2, k);
+    emu_w *g = make_w(MD_TYPE_Q4_K, 5, k), *u = make_w(MD_TYPE_Q6_K, 5, k);
+    emu_w *h = make_w(MD_TYPE_F16, 3, k), *b = make_w(MD_TYPE_BF16, 2, k), *f = make_w(MD_TYPE_F32, 3, k);
     for (int m : {1, 8}) {
         check_mm_n({q, kk, v}, CUDA_MM_SET, m, k, 2, 0);
         check_mm_n({v, q, kk}, CUDA_MM_ACC, m, k, 2, 0);
@@ -893,7 +894,7 @@ static void test_matmul_n() {
     /* bad arguments are refused before anything runs */
     cuda_ctx ctx = {};
     md_err e = {};
-    emu_w *a = make_w(GGML_Q4_0, 4, k), *c = make_w(GGML_Q4_0, 5, k);
+    emu_w *a = make_w(MD_TYPE_Q4_0, 4, k), *c = make_w(MD_TYPE_Q4_0, 5, k);
     std::vector<float> x(k), y(8);
     cuda_mm_w cw[5];
     for (int i = 0; i < 5; i++) cw[i] = {a->q, a->type, a->rb, a->n, y.data()};
@@ -921,13 +922,13 @@ static void test_matmul_n() {
  * and 16-bit / F32 weights ignore the copy (given garbage here, so reading it would show). */
 static void test_matmul_bf16_copies() {
     const int k = 256;
-    emu_w *q = make_w(GGML_Q4_K, 5, k), *v = make_w(GGML_Q6_K, 3, k), *o = make_w(GGML_Q4_0, 4, k);
-    emu_w *h = make_w(GGML_F16, 3, k), *b = make_w(GGML_BF16, 2, k);
+    emu_w *q = make_w(MD_TYPE_Q4_K, 5, k), *v = make_w(MD_TYPE_Q6_K, 3, k), *o = make_w(MD_TYPE_Q4_0, 4, k);
+    emu_w *h = make_w(MD_TYPE_F16, 3, k), *b = make_w(MD_TYPE_BF16, 2, k);
     std::vector<emu_w *> W = {q, v, o, h, b};
     std::vector<std::vector<uint16_t>> copy(W.size());
     for (size_t i = 0; i < W.size(); i++) {
         copy[i].assign((size_t)W[i]->n * k, 0x7fc1); /* NaN: must never be read */
-        if (W[i]->type == GGML_F16 || W[i]->type == GGML_BF16) continue;
+        if (W[i]->type == MD_TYPE_F16 || W[i]->type == MD_TYPE_BF16) continue;
         int64_t ng = (int64_t)W[i]->n * k / 32;
         const uint8_t *src = W[i]->q;
         void *dst = copy[i].data();
@@ -972,7 +973,7 @@ static void test_matmul_bf16_copies() {
                 int bits = 0;
                 for (size_t j = 0; j < ya[i].size(); j++) bits += memcmp(&ya[i][j], &yb[i][j], 4) != 0;
                 worst_bits = std::max(worst_bits, bits);
-                CHECK(bits == 0, "%s m=%d mode %d: %d outputs differ with the BF16 copy", ggml_type_name(W[i]->type), m, mode, bits);
+                CHECK(bits == 0, "%s m=%d mode %d: %d outputs differ with the BF16 copy", md_type_name(W[i]->type), m, mode, bits);
             }
             free(x);
         }

@@ -14,6 +14,9 @@
 #include <mutex>
 #include <vector>
 #include <tuple>
+
+#include "common/dtype.h" /* the half and bfloat16 conversions behind __half2float & co. */
+
 typedef int cudaError_t;
 typedef struct emu_stream *cudaStream_t;
 typedef struct emu_event *cudaEvent_t;
@@ -120,9 +123,6 @@ static inline int __dp4a(int a, int b, int c) {
 }
 typedef uint16_t __half;
 typedef uint16_t __nv_bfloat16;
-extern "C" float md_fp16_to_fp32(uint16_t h);
-extern "C" uint16_t md_fp32_to_fp16(float f);
-extern "C" uint16_t md_fp32_to_bf16(float f);
 static inline __half __ushort_as_half(uint16_t h) { return h; }
 static inline uint16_t __half_as_ushort(__half h) { return h; }
 static inline float __half2float(__half h) { return md_fp16_to_fp32(h); }
