@@ -1,8 +1,8 @@
 /* plan.h — the scheduler's plan as the queue reads it (schemas/plan.schema.json, key
  * P plan, version announced in P plan:version): the document and its version, and the
  * request-size classes of a model, which route each submitted line to a stream (the
- * submitter's routing). docs/protocol.md §5 is the contract. Which replicas a worker serves
- * (`medley worker --follow-plan`) is worker/assign.h's.
+ * submitter's routing). docs/protocol.md §3 (routing) and §6 are the contract. Which
+ * replicas a worker serves (`medley worker --follow-plan`) is worker/assign.h's.
  *
  * Classes: plan.classes[] entries {model, name, max_tokens}; a request goes to the smallest
  * class of its model whose max_tokens bounds its estimated size (q_estimate_tokens), the

@@ -10,11 +10,11 @@ medley_test(test_engine_logits SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engi
             LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
 medley_test(test_engine_batch SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_batch.c
             LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
-# its two groups as two entries that run side by side: the answers (greedy against llama.cpp,
+# its three groups as entries that run side by side: the answers (greedy against llama.cpp;
 # seeded alone and batched, stop strings, a cut character; label simd) and the engine's
 # batching and accounting
 set_tests_properties(test_engine_batch PROPERTIES DISABLED TRUE)
-foreach(g answers engine)
+foreach(g greedy answers engine)
   add_test(NAME test_engine_batch_${g} COMMAND test_engine_batch ${g})
   set_tests_properties(test_engine_batch_${g} PROPERTIES LABELS e2e
                        ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")

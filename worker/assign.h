@@ -1,5 +1,5 @@
 /* assign.h — what one worker serves under the scheduler's plan (schemas/plan.schema.json,
- * key P plan; docs/protocol.md §5): the replicas that name its devices, their models and the
+ * key P plan; docs/protocol.md §6): the replicas that name its devices, their models and the
  * class streams each model is read from (`medley worker --follow-plan`). Routing a request
  * to a class stream is the queue's (queue/plan.h).
  *

@@ -414,12 +414,15 @@ static void test_model_too_big_for_device_refused_before_loading(void **state) {
     assert_non_null(strstr(e.msg, "GiB of RAM"));
 }
 
-/* Two groups, two ctest entries run side by side: "answers", the cases whose tokens or text
- * come from the CPU kernels' arithmetic (label simd: scripts/test.sh runs them again at each
- * lower SIMD level), and "engine", the batching and accounting cases. No argument: both. */
+/* Three groups, three ctest entries run side by side: "greedy" and "answers", the cases whose
+ * tokens or text come from the CPU kernels' arithmetic (label simd: scripts/test.sh runs them
+ * again at each lower SIMD level), and "engine", the batching and accounting cases. No
+ * argument: all three. */
 int main(int argc, char **argv) {
-    const struct CMUnitTest answers[] = {
+    const struct CMUnitTest greedy[] = {
         cmocka_unit_test(test_greedy_matches_llama_cpp),
+    };
+    const struct CMUnitTest answers[] = {
         cmocka_unit_test(test_seeded_requests_same_alone_and_batched),
         cmocka_unit_test(test_stop_string_cuts_text),
         cmocka_unit_test(test_text_ending_mid_character_gets_replacement_char),
@@ -434,9 +437,11 @@ int main(int argc, char **argv) {
         cmocka_set_test_filter(getenv("TEST_FILTER"));
     const char *group = argc > 1 ? argv[1] : "";
     int rc = 0;
-    if (strcmp(group, "engine"))
+    if (!*group || !strcmp(group, "greedy"))
+        rc |= cmocka_run_group_tests(greedy, NULL, NULL);
+    if (!*group || !strcmp(group, "answers"))
         rc |= cmocka_run_group_tests(answers, NULL, NULL);
-    if (strcmp(group, "answers"))
+    if (!*group || !strcmp(group, "engine"))
         rc |= cmocka_run_group_tests(engine, NULL, NULL);
     return rc;
 }
