@@ -29,27 +29,22 @@ if(MEDLEY_REDIS_SERVER)
 endif()
 set_tests_properties(test_worker_faults PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                      ENVIRONMENT "${FAULTS_TEST_ENV}")
-# Nothing lost to a dead device: the worker hands back the entries of a device that failed
-# (not the requests' fault), stops and exits 1; the healthy worker answers them, none failed,
-# none in the DLQ.
-add_test(NAME test_worker_faults_lossless COMMAND test_worker_faults lossless)
-set_tests_properties(test_worker_faults_lossless PROPERTIES LABELS integration TIMEOUT 300
-                     SKIP_RETURN_CODE 77 ENVIRONMENT "${FAULTS_TEST_ENV}")
-# A request the device failed on its last delivery (max_attempts 1) is answered with the
-# device's sentence instead of going to the DLQ without it.
-add_test(NAME test_worker_faults_lastattempt COMMAND test_worker_faults lastattempt)
-set_tests_properties(test_worker_faults_lastattempt PROPERTIES LABELS integration TIMEOUT 300
-                     SKIP_RETURN_CODE 77 ENVIRONMENT "${FAULTS_TEST_ENV}")
-# A step that never returns (kind=hang): the step watchdog hands its requests back within
-# 6 s (visibility 60 s), a healthy worker completes the batch while the dead one is stuck,
-# and the dead one stops with "looks hung" once its step returns.
-add_test(NAME test_worker_faults_hung COMMAND test_worker_faults hung)
-set_tests_properties(test_worker_faults_hung PROPERTIES LABELS integration TIMEOUT 300
-                     SKIP_RETURN_CODE 77 ENVIRONMENT "${FAULTS_TEST_ENV}")
-# A model load that never returns (kind=hang in reserve): at startup the process exits 1
-# within the 0.8 s load limit; under --follow-plan the worker keeps its heartbeat key and
-# the leases of the echo requests it holds alive while the plan's second model hangs in its
-# load, hands them back once the 4 s load limit passes, and stops with "ran past".
-add_test(NAME test_worker_faults_loadhung COMMAND test_worker_faults loadhung)
-set_tests_properties(test_worker_faults_loadhung PROPERTIES LABELS integration TIMEOUT 300
-                     SKIP_RETURN_CODE 77 ENVIRONMENT "${FAULTS_TEST_ENV}")
+# The worker's fault cases, one entry each (test_worker_faults CASE):
+#  lossless: nothing lost to a dead device: the worker hands back the entries of a device that
+#    failed (not the requests' fault), stops and exits 1; the healthy worker answers them,
+#    none failed, none in the DLQ.
+#  lastattempt: a request the device failed on its last delivery (max_attempts 1) is answered
+#    with the device's sentence instead of going to the DLQ without it.
+#  hung: a step that never returns (kind=hang): the step watchdog hands its requests back
+#    within 6 s (visibility 60 s), a healthy worker completes the batch while the dead one is
+#    stuck, and the dead one stops with "looks hung" once its step returns.
+#  loadhung: a model load that never returns (kind=hang in reserve): at startup the process
+#    exits 1 within the 0.8 s load limit; under --follow-plan the worker keeps its heartbeat
+#    key and the leases of the echo requests it holds alive while the plan's second model
+#    hangs in its load, hands them back once the 4 s load limit passes, and stops with "ran
+#    past".
+foreach(c lossless lastattempt hung loadhung)
+  add_test(NAME test_worker_faults_${c} COMMAND test_worker_faults ${c})
+  set_tests_properties(test_worker_faults_${c} PROPERTIES LABELS integration TIMEOUT 300
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "${FAULTS_TEST_ENV}")
+endforeach()

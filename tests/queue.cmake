@@ -26,15 +26,25 @@ if(MEDLEY_REDIS_SERVER)
   list(APPEND MEDLEY_QUEUE_TEST_ENV "MEDLEY_REDIS_SERVER=${MEDLEY_REDIS_SERVER}")
 endif()
 
+# medley_queue_py(NAME SCRIPT LABEL TIMEOUT [args...]): tests/integration/SCRIPT.py with args,
+# in the queue tests' environment; an e2e one skips (exit 77) where the model is not fetched
+function(medley_queue_py name script label timeout)
+  add_test(NAME ${name}
+           COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/${script}.py ${ARGN})
+  set_tests_properties(${name} PROPERTIES LABELS ${label} TIMEOUT ${timeout}
+                       ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
+  if(label STREQUAL "e2e")
+    set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
+  endif()
+endfunction()
+
 # Integration: plain python3 scripts (redis-py, jsonschema from scripts/requirements-test.txt).
 # plan_routing: `medley submit` picks class streams as docs/protocol.md says; plan_follow:
 # --follow-plan on hand-written plans (a model moved between workers mid-batch, reclaim and
 # DLQ on class streams); plan_scheduler: the same with plans from the real `medley scheduler`.
 foreach(t queue_crash queue_redis_restart queue_malformed queue_lifecycle protocol_client
         protocol_worker plan_routing plan_follow plan_scheduler)
-  add_test(NAME ${t} COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/${t}.py)
-  set_tests_properties(${t} PROPERTIES LABELS integration TIMEOUT 300
-                       ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
+  medley_queue_py(${t} ${t} integration 300)
 endforeach()
 
 # Every schema is valid and every example follows it (no Redis needed).
@@ -43,34 +53,17 @@ add_test(NAME queue_schema_examples
 set_tests_properties(queue_schema_examples PROPERTIES LABELS unit)
 
 # e2e: medley run with the real engine on SmolLM2 (skipped, code 77, when the model is absent).
-add_test(NAME queue_run_smollm2
-         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/queue_run_smollm2.py)
-set_tests_properties(queue_run_smollm2 PROPERTIES LABELS e2e TIMEOUT 900 SKIP_RETURN_CODE 77
-                     ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
+medley_queue_py(queue_run_smollm2 queue_run_smollm2 e2e 900)
 
 # Sampling extras and logprobs of input lines (queue/validate.c, worker/logprobs.c):
 # worker_sampling on the echo model through a real Redis; worker_sampling_smollm2 on the real
 # engine through `medley run`, against `medley generate` with the same flags.
-add_test(NAME worker_sampling
-         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_sampling.py)
-set_tests_properties(worker_sampling PROPERTIES LABELS integration TIMEOUT 120
-                     ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
-add_test(NAME worker_sampling_smollm2
-         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_sampling.py
-                 --engine)
-set_tests_properties(worker_sampling_smollm2 PROPERTIES LABELS e2e TIMEOUT 600
-                     SKIP_RETURN_CODE 77 ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
+medley_queue_py(worker_sampling worker_sampling integration 120)
+medley_queue_py(worker_sampling_smollm2 worker_sampling e2e 600 --engine)
 
 # medley worker --devices: one supervisor, one child worker per device (worker/supervise.h).
 # worker_devices: bad device lists, 2,000 echo requests over two children with one SIGKILLed
 # and restarted, SIGTERM stop, give-up on children that cannot start (~20 s);
 # worker_devices_smollm2: 8 short requests on the real engine over two CPU children.
-add_test(NAME worker_devices
-         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_devices.py)
-set_tests_properties(worker_devices PROPERTIES LABELS integration TIMEOUT 300
-                     ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
-add_test(NAME worker_devices_smollm2
-         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_devices.py
-                 --engine)
-set_tests_properties(worker_devices_smollm2 PROPERTIES LABELS e2e TIMEOUT 600
-                     SKIP_RETURN_CODE 77 ENVIRONMENT "${MEDLEY_QUEUE_TEST_ENV}")
+medley_queue_py(worker_devices worker_devices integration 300)
+medley_queue_py(worker_devices_smollm2 worker_devices e2e 600 --engine)
