@@ -607,6 +607,86 @@ static int batch_line(const gen_opts *o, tok_tokenizer *tok, json_t *line, md_sa
     return encode(tok, prompt ? json_string_value(prompt) : NULL, msgs, NULL, NULL, ids, n, e);
 }
 
+/* The line lineno was rejected: an error line on out naming it. */
+static void write_rejected(FILE *out, int lineno, const char *cid, const char *msg) {
+    json_t *err = json_pack("{s:i, s:s?, s:{s:s}}", "line", lineno, "custom_id", cid, "error",
+                            "message", msg);
+    char *js = json_dumps(err, JSON_COMPACT);
+    fprintf(out, "%s\n", js);
+    free(js);
+    json_decref(err);
+}
+
+/* A new slot at the end of *reqs (*n used of *cap) for sequence seq, which must come after
+ * the last one's; exits when out of memory or out of order. */
+static batch_req *push_req(batch_req **reqs, int *n, int *cap, uint64_t seq) {
+    if (*n == *cap) {
+        *cap = *cap ? *cap * 2 : 64;
+        batch_req *r2 = realloc(*reqs, (size_t)*cap * sizeof **reqs);
+        if (!r2) {
+            fprintf(stderr, "medley generate: out of memory\n");
+            exit(1);
+        }
+        *reqs = r2;
+    }
+    if (*n && seq <= (*reqs)[*n - 1].seq) { /* find_req relies on the order */
+        fprintf(stderr, "medley generate: sequence ids out of order\n");
+        exit(1);
+    }
+    return &(*reqs)[(*n)++];
+}
+
+/* The finished request q: its result line on out, its sequence released; its completion
+ * tokens add to *gen_tokens. */
+static void write_result(md_engine *eng, const tok_tokenizer *tok, batch_req *q, FILE *out,
+                         long *gen_tokens) {
+    md_seq_stats st;
+    md_seq_get_stats(eng, q->seq, &st);
+    q->latency_ms = st.queue_ms + st.prefill_ms + st.decode_ms;
+    *gen_tokens += st.completion_tokens;
+    md_finish fin = md_seq_finish(eng, q->seq);
+    json_t *res = json_pack("{s:i, s:s?, s:s, s:i, s:i, s:i, s:s, s:f}", "line", q->line,
+                            "custom_id", q->custom_id, "text", md_seq_text(eng, q->seq),
+                            "prompt_tokens", st.prompt_tokens, "completion_tokens",
+                            st.completion_tokens, "cached_prompt_tokens", st.cached_prompt_tokens,
+                            "finish_reason", finish_name(fin), "latency_ms", q->latency_ms);
+    if (fin == MD_FINISH_ERROR)
+        json_object_set_new(res, "error", json_string(md_seq_error(eng, q->seq)));
+    if (q->logprobs) {
+        const int32_t *toks;
+        int nt;
+        md_seq_tokens(eng, q->seq, &toks, &nt);
+        json_t *ta = json_array();
+        for (int k = 0; k < nt; k++)
+            json_array_append_new(ta, json_integer(toks[k]));
+        json_object_set_new(res, "tokens", ta);
+        lp_json(res, tok, &q->lp, q->n_top);
+        free(q->lp.t);
+        q->lp = (lp_list){0};
+    }
+    char *js = json_dumps(res, JSON_COMPACT);
+    fprintf(out, "%s\n", js);
+    free(js);
+    json_decref(res);
+    md_engine_release(eng, q->seq);
+}
+
+/* Throughput and latency percentiles of the batch on stderr. */
+static void report_batch(const batch_req *reqs, int n_req, int n_bad, long prompt_tokens,
+                         long gen_tokens, double wall) {
+    double *lat = malloc((n_req > 0 ? (size_t)n_req : 1) * sizeof *lat);
+    for (int i = 0; i < n_req; i++)
+        lat[i] = reqs[i].latency_ms;
+    qsort(lat, (size_t)n_req, sizeof *lat, cmp_double);
+    fprintf(stderr,
+            "medley generate: %d requests (%d rejected), %ld prompt + %ld generated tokens in "
+            "%.2f s: %.1f generated tok/s, %.1f total tok/s; latency p50 %.0f ms, p95 %.0f ms\n",
+            n_req, n_bad, prompt_tokens, gen_tokens, wall, gen_tokens / wall,
+            (prompt_tokens + gen_tokens) / wall, n_req ? lat[n_req / 2] : 0,
+            n_req ? lat[(int)(n_req * 0.95) < n_req ? (int)(n_req * 0.95) : n_req - 1] : 0);
+    free(lat);
+}
+
 static int run_batch(const gen_opts *o, md_engine *eng) {
     FILE *in = fopen(o->batch, "r");
     if (!in) {
@@ -650,32 +730,15 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
         if (line)
             md_json_get_str(line, "custom_id", 0, &cid, "request", NULL);
         if (rc) {
-            json_t *err = json_pack("{s:i, s:s?, s:{s:s}}", "line", lineno, "custom_id", cid,
-                                    "error", "message", e.msg);
-            char *js = json_dumps(err, JSON_COMPACT);
-            fprintf(out, "%s\n", js);
-            free(js);
-            json_decref(err);
+            write_rejected(out, lineno, cid, e.msg);
             n_bad++;
         } else {
-            if (n_req == cap) {
-                cap = cap ? cap * 2 : 64;
-                batch_req *r2 = realloc(reqs, (size_t)cap * sizeof *reqs);
-                if (!r2) {
-                    fprintf(stderr, "medley generate: out of memory\n");
-                    exit(1);
-                }
-                reqs = r2;
-            }
-            if (n_req && id <= reqs[n_req - 1].seq) { /* find_req relies on the order */
-                fprintf(stderr, "medley generate: sequence ids out of order\n");
-                exit(1);
-            }
-            reqs[n_req++] = (batch_req){.seq = id,
-                                        .custom_id = cid ? strdup(cid) : NULL,
-                                        .line = lineno,
-                                        .logprobs = s.logprobs,
-                                        .n_top = s.top_logprobs};
+            batch_req *r = push_req(&reqs, &n_req, &cap, id);
+            *r = (batch_req){.seq = id,
+                             .custom_id = cid ? strdup(cid) : NULL,
+                             .line = lineno,
+                             .logprobs = s.logprobs,
+                             .n_top = s.top_logprobs};
             prompt_tokens += n;
         }
         json_decref(line);
@@ -700,36 +763,7 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
             batch_req *q = find_req(reqs, n_req, r.finished[i]);
             if (!q)
                 continue;
-            md_seq_stats st;
-            md_seq_get_stats(eng, q->seq, &st);
-            q->latency_ms = st.queue_ms + st.prefill_ms + st.decode_ms;
-            gen_tokens += st.completion_tokens;
-            md_finish fin = md_seq_finish(eng, q->seq);
-            json_t *res =
-                json_pack("{s:i, s:s?, s:s, s:i, s:i, s:i, s:s, s:f}", "line", q->line, "custom_id",
-                          q->custom_id, "text", md_seq_text(eng, q->seq), "prompt_tokens",
-                          st.prompt_tokens, "completion_tokens", st.completion_tokens,
-                          "cached_prompt_tokens", st.cached_prompt_tokens, "finish_reason",
-                          finish_name(fin), "latency_ms", q->latency_ms);
-            if (fin == MD_FINISH_ERROR)
-                json_object_set_new(res, "error", json_string(md_seq_error(eng, q->seq)));
-            if (q->logprobs) {
-                const int32_t *toks;
-                int nt;
-                md_seq_tokens(eng, q->seq, &toks, &nt);
-                json_t *ta = json_array();
-                for (int k = 0; k < nt; k++)
-                    json_array_append_new(ta, json_integer(toks[k]));
-                json_object_set_new(res, "tokens", ta);
-                lp_json(res, tok, &q->lp, q->n_top);
-                free(q->lp.t);
-                q->lp = (lp_list){0};
-            }
-            char *js = json_dumps(res, JSON_COMPACT);
-            fprintf(out, "%s\n", js);
-            free(js);
-            json_decref(res);
-            md_engine_release(eng, q->seq);
+            write_result(eng, tok, q, out, &gen_tokens);
             remaining--;
         }
         if (rc) {
@@ -739,17 +773,7 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
         }
     }
     double wall = (double)(md_mono_ns() - t0) / 1e9;
-    double *lat = malloc((n_req > 0 ? (size_t)n_req : 1) * sizeof *lat);
-    for (int i = 0; i < n_req; i++)
-        lat[i] = reqs[i].latency_ms;
-    qsort(lat, (size_t)n_req, sizeof *lat, cmp_double);
-    fprintf(stderr,
-            "medley generate: %d requests (%d rejected), %ld prompt + %ld generated tokens in "
-            "%.2f s: %.1f generated tok/s, %.1f total tok/s; latency p50 %.0f ms, p95 %.0f ms\n",
-            n_req, n_bad, prompt_tokens, gen_tokens, wall, gen_tokens / wall,
-            (prompt_tokens + gen_tokens) / wall, n_req ? lat[n_req / 2] : 0,
-            n_req ? lat[(int)(n_req * 0.95) < n_req ? (int)(n_req * 0.95) : n_req - 1] : 0);
-    free(lat);
+    report_batch(reqs, n_req, n_bad, prompt_tokens, gen_tokens, wall);
     for (int i = 0; i < n_req; i++) {
         free(reqs[i].custom_id);
         free(reqs[i].lp.t);

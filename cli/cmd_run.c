@@ -179,30 +179,28 @@ static void progress(const q_batch_info *b, int tty, uint64_t t0, uint64_t *last
     }
 }
 
-int cmd_run(int argc, char **argv) {
-    const char *in = NULL, *out = NULL, *errp = NULL, *redis = NULL, *prefix = "medley:";
-    const char *model = NULL;
-    int quiet = 0;
-    worker_thread wt;
-    memset(&wt, 0, sizeof wt);
-    wk_config_default(&wt.cfg);
-    const char *env_delay = getenv("MEDLEY_ECHO_DELAY_MS");
-    if (env_delay && *env_delay)
-        wt.cfg.runner.echo_delay_ms = atoi(env_delay);
+typedef struct {
+    const char *in, *out, *errp, *redis, *prefix, *model;
+    int quiet;
+} run_opts;
+
+/* The command line into *o and cfg. Returns -1 to go on, else cmd_run's exit status (0 after
+ * --help, 2 on bad usage, which it has reported). */
+static int parse_args(int argc, char **argv, run_opts *o, wk_config *cfg) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
-            quiet = 1;
+            o->quiet = 1;
             continue;
         } else if (a[0] != '-') {
-            if (in) {
+            if (o->in) {
                 fprintf(stderr, "medley run: one input file only\n");
                 return 2;
             }
-            in = a;
+            o->in = a;
             continue;
         }
         if (!v) {
@@ -210,17 +208,17 @@ int cmd_run(int argc, char **argv) {
             return 2;
         }
         if (!strcmp(a, "-o") || !strcmp(a, "--output"))
-            out = v;
+            o->out = v;
         else if (!strcmp(a, "--errors"))
-            errp = v;
+            o->errp = v;
         else if (!strcmp(a, "--model") || !strcmp(a, "-m"))
-            model = v;
+            o->model = v;
         else if (!strcmp(a, "--redis"))
-            redis = v;
+            o->redis = v;
         else if (!strcmp(a, "--prefix"))
-            prefix = v;
+            o->prefix = v;
         else if (!strcmp(a, "--device"))
-            wt.cfg.runner.device = v;
+            cfg->runner.device = v;
         else if (!strcmp(a, "--max-seqs") || !strcmp(a, "--threads") ||
                  !strcmp(a, "--echo-delay-ms")) {
             char *end;
@@ -230,13 +228,13 @@ int cmd_run(int argc, char **argv) {
                 return 2;
             }
             if (a[2] == 'm')
-                wt.cfg.runner.max_seqs = (int)x;
+                cfg->runner.max_seqs = (int)x;
             else if (a[2] == 't')
-                wt.cfg.runner.n_threads = (int)x;
+                cfg->runner.n_threads = (int)x;
             else
-                wt.cfg.runner.echo_delay_ms = (int)x;
+                cfg->runner.echo_delay_ms = (int)x;
         } else if (!strcmp(a, "--usd-per-hour")) {
-            wt.cfg.usd_per_hour = atof(v);
+            cfg->usd_per_hour = atof(v);
         } else {
             fprintf(stderr, "medley run: unknown option %s\n", a);
             usage(stderr);
@@ -244,42 +242,145 @@ int cmd_run(int argc, char **argv) {
         }
         i++;
     }
-    if (!in || !out) {
+    if (!o->in || !o->out) {
         usage(stderr);
         return 2;
     }
+    return -1;
+}
+
+/* The first line's body.model of file in, into mbuf. Returns 0, or the exit status (1: the
+ * file cannot be read, 2: no line names a model), reported. */
+static int first_line_model(const char *in, char *mbuf, size_t mlen) {
+    FILE *f = fopen(in, "rb");
+    if (!f) {
+        fprintf(stderr, "medley run: cannot open %s: %s\n", in, strerror(errno));
+        return 1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while (!mbuf[0] && (n = getline(&line, &cap, f)) >= 0) {
+        json_t *j = json_loadb(line, (size_t)n, 0, NULL);
+        const char *m = json_string_value(json_object_get(json_object_get(j, "body"), "model"));
+        if (m)
+            snprintf(mbuf, mlen, "%s", m);
+        json_decref(j);
+    }
+    free(line);
+    fclose(f);
+    if (!mbuf[0]) {
+        fprintf(stderr, "medley run: give --model M (the first line has no body.model)\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* Ctrl-C and SIGTERM end the run (g_interrupted); a closed output pipe is an error, not a
+ * signal. */
+static void catch_signals(void) {
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* Poll the batch into *b, with progress, until it is finished or Ctrl-C. Returns 0, or -1
+ * when the queue or the worker failed (reported). */
+static int follow_batch(md_redis *r, const run_opts *o, const char *batch, const worker_thread *wt,
+                        int tty, uint64_t t0, q_batch_info *b, md_err *e) {
+    uint64_t last_plain = t0;
+    memset(b, 0, sizeof *b);
+    for (;;) {
+        if (q_batch_get(r, o->prefix, batch, b, e)) {
+            fprintf(stderr, "\nmedley run: %s\n", e->msg);
+            return -1;
+        }
+        if (!o->quiet)
+            progress(b, tty, t0, &last_plain);
+        if (q_status_terminal(b->status))
+            break;
+        if (__atomic_load_n(&wt->done, __ATOMIC_ACQUIRE)) {
+            fprintf(stderr, "%smedley run: the worker stopped: %s\n", tty ? "\n" : "",
+                    wt->rc ? wt->e.msg : "(no error)");
+            return -1;
+        }
+        if (g_interrupted) {
+            fprintf(stderr, "%smedley run: interrupted; writing the %lld answers so far\n",
+                    tty ? "\n" : "", b->completed + b->failed);
+            break;
+        }
+        sleep_ms(100);
+    }
+    return 0;
+}
+
+/* Submit the input, follow it, write the answers to *fo and *fe and close them (set to NULL).
+ * Returns cmd_run's exit status: 0, 130 after Ctrl-C, 1 on a failure (reported). */
+static int submit_and_collect(md_redis *r, const run_opts *o, const worker_thread *wt, FILE **fo,
+                              FILE **fe, md_err *e) {
+    q_submit_opts so = {.prefix = o->prefix, .path = o->in, .model = o->model, .window_s = 0};
+    char batch[Q_BATCH_ID_MAX];
+    long long n = 0;
+    if (q_submit_file(r, &so, batch, &n, e)) {
+        fprintf(stderr, "medley run: %s\n", e->msg);
+        return 1;
+    }
+    int tty = isatty(STDERR_FILENO) && !o->quiet;
+    if (!o->quiet)
+        fprintf(stderr, "medley run: %lld requests for %s (batch %s)\n", n, o->model, batch);
+    uint64_t t0 = md_mono_ns();
+    q_batch_info b;
+    if (follow_batch(r, o, batch, wt, tty, t0, &b, e))
+        return 1;
+    if (tty)
+        fputc('\n', stderr);
+
+    long long n_ok = 0, n_err = 0;
+    int rc = q_results_write(r, o->prefix, batch, *fo, *fe, &n_ok, &n_err, e);
+    if (*fo != stdout && fclose(*fo) && !rc)
+        rc = md_errf(e, MD_EIO, "closing %s: %s", o->out, strerror(errno));
+    *fo = NULL;
+    if (*fe && fclose(*fe) && !rc)
+        rc = md_errf(e, MD_EIO, "closing %s: %s", o->errp, strerror(errno));
+    *fe = NULL;
+    if (rc) {
+        fprintf(stderr, "medley run: %s\n", e->msg);
+        return 1;
+    }
+    double el = (double)(md_mono_ns() - t0) / 1e9;
+    if (!o->quiet)
+        fprintf(stderr, "medley run: %s: %lld succeeded, %lld failed in %.1f s; wrote %s%s%s\n",
+                b.status, n_ok, n_err, el, o->out, o->errp ? " and " : "", o->errp ? o->errp : "");
+    return g_interrupted ? 130 : 0;
+}
+
+int cmd_run(int argc, char **argv) {
+    run_opts o = {.prefix = "medley:"};
+    worker_thread wt;
+    memset(&wt, 0, sizeof wt);
+    wk_config_default(&wt.cfg);
+    const char *env_delay = getenv("MEDLEY_ECHO_DELAY_MS");
+    if (env_delay && *env_delay)
+        wt.cfg.runner.echo_delay_ms = atoi(env_delay);
+    int rc = parse_args(argc, argv, &o, &wt.cfg);
+    if (rc >= 0)
+        return rc;
 
     md_err e = {0};
     /* The model: the flag, else the first line's body.model. */
     char mbuf[128] = "";
-    if (!model) {
-        FILE *f = fopen(in, "rb");
-        if (!f) {
-            fprintf(stderr, "medley run: cannot open %s: %s\n", in, strerror(errno));
-            return 1;
-        }
-        char *line = NULL;
-        size_t cap = 0;
-        ssize_t n;
-        while (!mbuf[0] && (n = getline(&line, &cap, f)) >= 0) {
-            json_t *j = json_loadb(line, (size_t)n, 0, NULL);
-            const char *m = json_string_value(json_object_get(json_object_get(j, "body"), "model"));
-            if (m)
-                snprintf(mbuf, sizeof mbuf, "%s", m);
-            json_decref(j);
-        }
-        free(line);
-        fclose(f);
-        if (!mbuf[0]) {
-            fprintf(stderr, "medley run: give --model M (the first line has no body.model)\n");
-            return 2;
-        }
-        model = mbuf;
+    if (!o.model) {
+        if ((rc = first_line_model(o.in, mbuf, sizeof mbuf)))
+            return rc;
+        o.model = mbuf;
     }
     /* The device: "auto" (the default) picks cuda:0 or cpu and says why; a named GPU that is
      * not usable fails here, before any work. */
     char device[32] = "cpu";
-    if (strcmp(model, "echo") &&
+    if (strcmp(o.model, "echo") &&
         md_backend_resolve(wt.cfg.runner.device ? wt.cfg.runner.device : "auto", device,
                            sizeof device, &e)) {
         fprintf(stderr, "medley run: %s\n", e.msg);
@@ -287,21 +388,16 @@ int cmd_run(int argc, char **argv) {
     }
     wt.cfg.runner.device = device;
     /* Open the outputs first: a bad path should fail before any work, not after. */
-    FILE *fo = strcmp(out, "-") ? fopen(out, "w") : stdout;
-    FILE *fe = errp ? fopen(errp, "w") : NULL;
-    if (!fo || (errp && !fe)) {
-        fprintf(stderr, "medley run: cannot write %s: %s\n", !fo ? out : errp, strerror(errno));
+    FILE *fo = strcmp(o.out, "-") ? fopen(o.out, "w") : stdout;
+    FILE *fe = o.errp ? fopen(o.errp, "w") : NULL;
+    if (!fo || (o.errp && !fe)) {
+        fprintf(stderr, "medley run: cannot write %s: %s\n", !fo ? o.out : o.errp, strerror(errno));
         if (fo && fo != stdout)
             fclose(fo);
         return 1;
     }
 
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    catch_signals();
     if (!getenv("MEDLEY_LOG_LEVEL"))
         md_log_set_level(MD_LOG_WARN); /* the progress bar is the output; warnings still show */
 
@@ -310,7 +406,7 @@ int cmd_run(int argc, char **argv) {
     int status = 1, worker_started = 0;
     md_redis *r = NULL;
     pthread_t th;
-    if (!redis) {
+    if (!o.redis) {
         const char *tmp = getenv("TMPDIR");
         snprintf(dir, sizeof dir, "%s/medley-run-XXXXXX", tmp && *tmp ? tmp : "/tmp");
         if (!mkdtemp(dir)) {
@@ -321,17 +417,17 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "medley run: %s\n", e.msg);
             goto done;
         }
-        redis = url;
+        o.redis = url;
     }
     md_redis_url u;
-    if (md_redis_url_parse(redis, &u, &e) || md_redis_open(&u, &r, &e)) {
+    if (md_redis_url_parse(o.redis, &u, &e) || md_redis_open(&u, &r, &e)) {
         fprintf(stderr, "medley run: %s\n", e.msg);
         goto done;
     }
 
-    wt.cfg.redis_url = redis;
-    wt.cfg.prefix = prefix;
-    wt.cfg.models[0] = model;
+    wt.cfg.redis_url = o.redis;
+    wt.cfg.prefix = o.prefix;
+    wt.cfg.models[0] = o.model;
     wt.cfg.n_models = 1;
     wt.cfg.block_ms = 200;
     wt.cfg.grace_ms = 5000; /* Ctrl-C should not wait long */
@@ -340,61 +436,7 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     worker_started = 1;
-
-    q_submit_opts so = {.prefix = prefix, .path = in, .model = model, .window_s = 0};
-    char batch[Q_BATCH_ID_MAX];
-    long long n = 0;
-    if (q_submit_file(r, &so, batch, &n, &e)) {
-        fprintf(stderr, "medley run: %s\n", e.msg);
-        goto done;
-    }
-    int tty = isatty(STDERR_FILENO) && !quiet;
-    if (!quiet)
-        fprintf(stderr, "medley run: %lld requests for %s (batch %s)\n", n, model, batch);
-    uint64_t t0 = md_mono_ns(), last_plain = t0;
-    q_batch_info b;
-    memset(&b, 0, sizeof b);
-    for (;;) {
-        if (q_batch_get(r, prefix, batch, &b, &e)) {
-            fprintf(stderr, "\nmedley run: %s\n", e.msg);
-            goto done;
-        }
-        if (!quiet)
-            progress(&b, tty, t0, &last_plain);
-        if (q_status_terminal(b.status))
-            break;
-        if (__atomic_load_n(&wt.done, __ATOMIC_ACQUIRE)) {
-            fprintf(stderr, "%smedley run: the worker stopped: %s\n", tty ? "\n" : "",
-                    wt.rc ? wt.e.msg : "(no error)");
-            goto done;
-        }
-        if (g_interrupted) {
-            fprintf(stderr, "%smedley run: interrupted; writing the %lld answers so far\n",
-                    tty ? "\n" : "", b.completed + b.failed);
-            break;
-        }
-        sleep_ms(100);
-    }
-    if (tty)
-        fputc('\n', stderr);
-
-    long long n_ok = 0, n_err = 0;
-    int rc = q_results_write(r, prefix, batch, fo, fe, &n_ok, &n_err, &e);
-    if (fo != stdout && fclose(fo) && !rc)
-        rc = md_errf(&e, MD_EIO, "closing %s: %s", out, strerror(errno));
-    fo = NULL;
-    if (fe && fclose(fe) && !rc)
-        rc = md_errf(&e, MD_EIO, "closing %s: %s", errp, strerror(errno));
-    fe = NULL;
-    if (rc) {
-        fprintf(stderr, "medley run: %s\n", e.msg);
-        goto done;
-    }
-    double el = (double)(md_mono_ns() - t0) / 1e9;
-    if (!quiet)
-        fprintf(stderr, "medley run: %s: %lld succeeded, %lld failed in %.1f s; wrote %s%s%s\n",
-                b.status, n_ok, n_err, el, out, errp ? " and " : "", errp ? errp : "");
-    status = g_interrupted ? 130 : 0;
+    status = submit_and_collect(r, &o, &wt, &fo, &fe, &e);
 
 done:
     if (fo && fo != stdout)

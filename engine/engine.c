@@ -208,6 +208,131 @@ int md_engine_model_facts(const char *path, md_model_facts *out, md_err *e) {
     return rc;
 }
 
+/* Batch sizes: the configuration's, else the backend's, else a CPU's. */
+static void size_batches(md_engine *eng) {
+    const md_engine_config *cfg = &eng->cfg;
+    const md_backend_ops *bo = eng->be->ops;
+    eng->max_seqs = cfg->max_seqs          ? cfg->max_seqs
+                    : bo->default_max_seqs ? bo->default_max_seqs
+                                           : 64;
+    eng->max_batch = cfg->max_batch_tokens     ? cfg->max_batch_tokens
+                     : bo->default_step_tokens ? bo->default_step_tokens
+                                               : 512;
+    if (eng->max_batch < eng->max_seqs)
+        eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
+}
+
+/* The KV cache's element type: the configuration's, else the backend's. */
+static int pick_kv_type(md_engine *eng, md_err *e) {
+    const md_engine_config *cfg = &eng->cfg;
+    if (cfg->kv_type && strcmp(cfg->kv_type, "f16") && strcmp(cfg->kv_type, "f32"))
+        return md_errf(e, MD_EINVAL, "KV cache type \"%s\": expected f16 or f32", cfg->kv_type);
+    eng->kv_type = !cfg->kv_type                  ? eng->be->ops->kv_cache_type
+                   : !strcmp(cfg->kv_type, "f16") ? MD_TYPE_F16
+                                                  : MD_TYPE_F32;
+    return 0;
+}
+
+/* Bytes of the weights as the backend holds them (*weights), of the largest quantized matrix
+ * as BF16 (*widest_q), and of BF16 copies of the quantized matrices a product reads
+ * (*shadows). */
+static void weight_bytes(const md_engine *eng, size_t *weights, size_t *widest_q, size_t *shadows) {
+    int tied = gguf_find_tensor(eng->gf, "output.weight") == NULL;
+    int f32 = eng->be->ops->weights_f32; /* an exact backend: every weight as F32 */
+    for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++) {
+        const gguf_tensor *t = gguf_tensor_at(eng->gf, i);
+        *weights += f32 ? (size_t)t->n_elements * 4 : t->n_bytes;
+        if (f32 || t->type == MD_TYPE_F32 || t->type == MD_TYPE_F16 || t->type == MD_TYPE_BF16)
+            continue;
+        if ((size_t)t->n_elements * 2 > *widest_q)
+            *widest_q = (size_t)t->n_elements * 2;
+        if (tied || strcmp(t->name, "token_embd.weight")) /* a matrix some product reads */
+            *shadows += (size_t)t->n_elements * 2;
+    }
+}
+
+/* The KV budget when the configuration gives none (bytes): enough for every sequence at full
+ * length, capped at 1 GiB on the host; on a device that reports its memory (avail bytes free),
+ * up to 90% of what the weights (and their BF16 copies) leave, less 1 GiB for activations and
+ * less the GEMM scratch a quantized matrix expands into for steps of many tokens (as vLLM's
+ * gpu_memory_utilization). */
+static size_t default_kv_budget(const md_engine *eng, size_t per_tok, int have_mem, size_t avail,
+                                size_t weights, size_t shadows, size_t widest_q) {
+    size_t all = per_tok * (size_t)eng->n_ctx * eng->max_seqs, cap = (size_t)1 << 30;
+    if (have_mem && avail > weights + shadows) {
+        size_t dev = (size_t)((avail - weights - shadows) * 0.9), keep = cap + widest_q;
+        dev = dev > keep ? dev - keep : 0;
+        if (dev > cap)
+            cap = dev;
+    }
+    return all < cap ? all : cap;
+}
+
+/* Refuse a model that does not fit the device before loading it, with the numbers. */
+static int check_fits(md_engine *eng, size_t weights, size_t shadows, size_t kv_bytes, md_err *e) {
+    if (!eng->be->ops->check_fits)
+        return 0;
+    char what[1024];
+    char sh[64] = "";
+    if (shadows)
+        snprintf(sh, sizeof sh, " + BF16 copies %.2f GiB", shadows / 1073741824.0);
+    snprintf(what, sizeof what, "%s (weights %.2f GiB%s + KV cache %.2f GiB)", eng->cfg.model_path,
+             weights / 1073741824.0, sh, kv_bytes / 1073741824.0);
+    return eng->be->ops->check_fits(eng->be, weights + shadows + kv_bytes, what, e);
+}
+
+/* The KV cache of n_blocks blocks, the forward pass's buffers and the backend's reservation
+ * for the largest step. */
+static int reserve(md_engine *eng, size_t n_blocks, md_err *e) {
+    const md_hparams *hp = &eng->m->hp;
+    md_reserve r = {.max_tokens = eng->max_batch,
+                    .max_seqs = eng->max_seqs,
+                    .max_cols = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd,
+                    .max_ctx = eng->n_ctx,
+                    .max_blocks = eng->max_blocks,
+                    .n_heads = hp->n_head};
+    if (hp->n_head * hp->head_dim > r.max_cols)
+        r.max_cols = hp->n_head * hp->head_dim;
+    int rc;
+    if ((rc = kv_create((int)n_blocks, eng->bs, &eng->kv, e)) ||
+        (rc = md_kv_bufs_alloc_type(eng->m, (int)n_blocks * eng->bs, eng->kv_type, &eng->kvb, e)) ||
+        (rc = md_fwd_alloc(eng->m, eng->max_batch, eng->max_seqs, &eng->fwd, e)) ||
+        (rc = eng->be->ops->reserve(eng->be, &r, e)))
+        return rc;
+    return 0;
+}
+
+/* The step scratch, sized for max_batch tokens of max_seqs sequences. */
+static int alloc_step_buffers(md_engine *eng, md_err *e) {
+    size_t T = (size_t)eng->max_batch, S = (size_t)eng->max_seqs;
+    eng->sc = smp_scratch_new(eng->n_vocab);
+    eng->running = calloc(S, sizeof *eng->running);
+    eng->b_tokens = malloc(T * sizeof(int32_t));
+    eng->b_seq = malloc(T * sizeof(int32_t));
+    eng->b_pos = malloc(T * sizeof(int32_t));
+    eng->b_slot = malloc(T * sizeof(int32_t));
+    eng->b_seq_len = malloc(S * sizeof(int32_t));
+    /* uploaded whole: no stale bytes */
+    eng->b_table = calloc(S * eng->max_blocks, sizeof(int32_t));
+    eng->b_logit_rows = malloc(S * sizeof(int32_t));
+    eng->b_seqs = malloc(S * sizeof(seq *));
+    eng->logits = malloc(S * eng->n_vocab * sizeof(float));
+    eng->b_argmax = malloc(S * sizeof(int32_t));
+    eng->b_sampled = malloc(S * sizeof(int32_t));
+    eng->b_sparams = malloc(S * sizeof(md_sample_params));
+    eng->b_lp = malloc(S * sizeof(float));
+    eng->b_top_tok = malloc(S * MD_TOP_LOGPROBS * sizeof(int32_t));
+    eng->b_top_lp = malloc(S * MD_TOP_LOGPROBS * sizeof(float));
+    eng->out_toks = malloc(S * sizeof(md_step_token));
+    eng->piece = malloc(1024);
+    if (!eng->sc || !eng->running || !eng->b_tokens || !eng->b_seq || !eng->b_pos || !eng->b_slot ||
+        !eng->b_seq_len || !eng->b_table || !eng->b_logit_rows || !eng->b_seqs || !eng->logits ||
+        !eng->b_argmax || !eng->b_sampled || !eng->b_sparams || !eng->b_lp || !eng->b_top_tok ||
+        !eng->b_top_lp || !eng->out_toks || !eng->piece)
+        return md_errf(e, MD_ENOMEM, "engine: out of memory for step buffers");
+    return 0;
+}
+
 int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     *out = NULL;
     md_engine *eng = calloc(1, sizeof *eng);
@@ -242,25 +367,11 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
         md_errctx(e, "loading %s: ", cfg->model_path);
         goto fail;
     }
-    /* batch sizes: the configuration's, else the backend's, else a CPU's */
-    const md_backend_ops *bo = eng->be->ops;
-    eng->max_seqs = cfg->max_seqs          ? cfg->max_seqs
-                    : bo->default_max_seqs ? bo->default_max_seqs
-                                           : 64;
-    eng->max_batch = cfg->max_batch_tokens     ? cfg->max_batch_tokens
-                     : bo->default_step_tokens ? bo->default_step_tokens
-                                               : 512;
-    if (eng->max_batch < eng->max_seqs)
-        eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
-    /* the KV cache's element type: the configuration's, else the backend's */
-    if (cfg->kv_type && strcmp(cfg->kv_type, "f16") && strcmp(cfg->kv_type, "f32")) {
-        rc = md_errf(e, MD_EINVAL, "KV cache type \"%s\": expected f16 or f32", cfg->kv_type);
+    size_batches(eng);
+    if ((rc = pick_kv_type(eng, e)))
         goto fail;
-    }
-    eng->kv_type = !cfg->kv_type                ? eng->be->ops->kv_cache_type
-                   : !strcmp(cfg->kv_type, "f16") ? MD_TYPE_F16
-                                                  : MD_TYPE_F32;
     /* a model the backend's attention cannot run is refused now, with nothing loaded */
+    const md_backend_ops *bo = eng->be->ops;
     if (bo->check_attention && (rc = bo->check_attention(eng->be, hpf.n_head, hpf.n_head_kv,
                                                          hpf.head_dim, eng->kv_type, e))) {
         md_errctx(e, "loading %s on %s: ", cfg->model_path, bo->name);
@@ -268,20 +379,8 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     }
     size_t per_tok = md_kv_bytes_per_token(&hpf, eng->kv_type);
     size_t budget = cfg->kv_budget_bytes;
-    size_t weights = 0, widest_q = 0; /* bytes of the largest quantized matrix as BF16 */
-    size_t shadows = 0;               /* bytes of BF16 copies of the quantized matrices */
-    int tied = gguf_find_tensor(eng->gf, "output.weight") == NULL;
-    int f32 = eng->be->ops->weights_f32; /* an exact backend: every weight as F32 */
-    for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++) {
-        const gguf_tensor *t = gguf_tensor_at(eng->gf, i);
-        weights += f32 ? (size_t)t->n_elements * 4 : t->n_bytes;
-        if (f32 || t->type == MD_TYPE_F32 || t->type == MD_TYPE_F16 || t->type == MD_TYPE_BF16)
-            continue;
-        if ((size_t)t->n_elements * 2 > widest_q)
-            widest_q = (size_t)t->n_elements * 2;
-        if (tied || strcmp(t->name, "token_embd.weight")) /* a matrix some product reads */
-            shadows += (size_t)t->n_elements * 2;
-    }
+    size_t weights = 0, widest_q = 0, shadows = 0;
+    weight_bytes(eng, &weights, &widest_q, &shadows);
     size_t avail = 0, total = 0;
     md_err me = {0};
     int have_mem = eng->be->ops->mem_info &&
@@ -290,33 +389,12 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
         goto fail;
     if (!eng->shadows)
         shadows = 0;
-    if (budget == 0) {
-        /* Enough for every sequence at full length, capped at 1 GiB on the host; on a device
-         * that reports its memory, up to 90% of what the weights (and their BF16 copies)
-         * leave, less 1 GiB for activations and less the GEMM scratch a quantized matrix
-         * expands into for steps of many tokens (as vLLM's gpu_memory_utilization). */
-        size_t all = per_tok * (size_t)eng->n_ctx * eng->max_seqs, cap = (size_t)1 << 30;
-        if (have_mem && avail > weights + shadows) {
-            size_t dev = (size_t)((avail - weights - shadows) * 0.9), keep = cap + widest_q;
-            dev = dev > keep ? dev - keep : 0;
-            if (dev > cap)
-                cap = dev;
-        }
-        budget = all < cap ? all : cap;
-    }
+    if (budget == 0)
+        budget = default_kv_budget(eng, per_tok, have_mem, avail, weights, shadows, widest_q);
     size_t n_blocks = budget / (per_tok * eng->bs);
-    /* Refuse a model that does not fit the device before loading it, with the numbers. */
     size_t kv_bytes = n_blocks * eng->bs * per_tok;
-    if (eng->be->ops->check_fits) {
-        char what[1024];
-        char sh[64] = "";
-        if (shadows)
-            snprintf(sh, sizeof sh, " + BF16 copies %.2f GiB", shadows / 1073741824.0);
-        snprintf(what, sizeof what, "%s (weights %.2f GiB%s + KV cache %.2f GiB)",
-                 cfg->model_path, weights / 1073741824.0, sh, kv_bytes / 1073741824.0);
-        if ((rc = eng->be->ops->check_fits(eng->be, weights + shadows + kv_bytes, what, e)))
-            goto fail;
-    }
+    if ((rc = check_fits(eng, weights, shadows, kv_bytes, e)))
+        goto fail;
     if (n_blocks < 1 || n_blocks > (1u << 26)) {
         rc = md_errf(e, MD_ERANGE,
                      "KV budget of %zu bytes holds %zu blocks of %d tokens (%zu bytes each)",
@@ -336,46 +414,8 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
                      cfg->model_path, tok_n_vocab(eng->tok), eng->n_vocab);
         goto fail;
     }
-    md_reserve r = {.max_tokens = eng->max_batch,
-                    .max_seqs = eng->max_seqs,
-                    .max_cols = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd,
-                    .max_ctx = eng->n_ctx,
-                    .max_blocks = eng->max_blocks,
-                    .n_heads = hp->n_head};
-    if (hp->n_head * hp->head_dim > r.max_cols)
-        r.max_cols = hp->n_head * hp->head_dim;
-    if ((rc = kv_create((int)n_blocks, eng->bs, &eng->kv, e)) ||
-        (rc = md_kv_bufs_alloc_type(eng->m, (int)n_blocks * eng->bs, eng->kv_type, &eng->kvb, e)) ||
-        (rc = md_fwd_alloc(eng->m, eng->max_batch, eng->max_seqs, &eng->fwd, e)) ||
-        (rc = eng->be->ops->reserve(eng->be, &r, e)))
+    if ((rc = reserve(eng, n_blocks, e)) || (rc = alloc_step_buffers(eng, e)))
         goto fail;
-    size_t T = (size_t)eng->max_batch, S = (size_t)eng->max_seqs;
-    eng->sc = smp_scratch_new(eng->n_vocab);
-    eng->running = calloc(S, sizeof *eng->running);
-    eng->b_tokens = malloc(T * sizeof(int32_t));
-    eng->b_seq = malloc(T * sizeof(int32_t));
-    eng->b_pos = malloc(T * sizeof(int32_t));
-    eng->b_slot = malloc(T * sizeof(int32_t));
-    eng->b_seq_len = malloc(S * sizeof(int32_t));
-    eng->b_table = calloc(S * eng->max_blocks, sizeof(int32_t)); /* uploaded whole: no stale bytes */
-    eng->b_logit_rows = malloc(S * sizeof(int32_t));
-    eng->b_seqs = malloc(S * sizeof(seq *));
-    eng->logits = malloc(S * eng->n_vocab * sizeof(float));
-    eng->b_argmax = malloc(S * sizeof(int32_t));
-    eng->b_sampled = malloc(S * sizeof(int32_t));
-    eng->b_sparams = malloc(S * sizeof(md_sample_params));
-    eng->b_lp = malloc(S * sizeof(float));
-    eng->b_top_tok = malloc(S * MD_TOP_LOGPROBS * sizeof(int32_t));
-    eng->b_top_lp = malloc(S * MD_TOP_LOGPROBS * sizeof(float));
-    eng->out_toks = malloc(S * sizeof(md_step_token));
-    eng->piece = malloc(1024);
-    if (!eng->sc || !eng->running || !eng->b_tokens || !eng->b_seq || !eng->b_pos || !eng->b_slot ||
-        !eng->b_seq_len || !eng->b_table || !eng->b_logit_rows || !eng->b_seqs || !eng->logits ||
-        !eng->b_argmax || !eng->b_sampled || !eng->b_sparams || !eng->b_lp || !eng->b_top_tok ||
-        !eng->b_top_lp || !eng->out_toks || !eng->piece) {
-        rc = md_errf(e, MD_ENOMEM, "engine: out of memory for step buffers");
-        goto fail;
-    }
     MD_INFO("engine",
             "%s: %s, %d layers, width %d, context %d; KV %zu blocks x %d tokens (%.0f MiB, %s); "
             "%d seqs, %d tokens per step; %s",
@@ -822,9 +862,8 @@ static int fetch_logits(md_engine *eng, int ns, md_err *e) {
     return rc;
 }
 
-int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
-    memset(res, 0, sizeof *res);
-    int n_fin = 0;
+/* Free the finished sequences their owner has released. */
+static void free_released(md_engine *eng) {
     for (int i = 0; i < eng->n_all;) {
         seq *q = eng->all[i];
         if (q->released && q->state == SEQ_DONE) {
@@ -834,12 +873,15 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
             i++;
         }
     }
-    /* cancellations */
+}
+
+/* Finish the cancelled sequences, running or waiting. */
+static void drop_cancelled(md_engine *eng, int *n_fin) {
     for (int i = 0; i < eng->n_running;) {
         seq *q = eng->running[i];
         if (q->cancel) {
             remove_running(eng, i);
-            finish(eng, q, MD_FINISH_CANCELLED, &n_fin);
+            finish(eng, q, MD_FINISH_CANCELLED, n_fin);
         } else {
             i++;
         }
@@ -850,21 +892,16 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
             memmove(eng->waiting + i, eng->waiting + i + 1,
                     (size_t)(eng->n_waiting - i - 1) * sizeof(seq *));
             eng->n_waiting--;
-            finish(eng, q, MD_FINISH_CANCELLED, &n_fin);
+            finish(eng, q, MD_FINISH_CANCELLED, n_fin);
         } else {
             i++;
         }
     }
-    for (int i = 0; i < eng->n_running; i++)
-        eng->running[i]->chunk = 0;
-    int T = schedule(eng);
-    res->finished = eng->finished;
-    if (T == 0) {
-        res->n_finished = n_fin;
-        res->n_live = eng->n_running + eng->n_waiting;
-        return 0;
-    }
-    /* lay out the batch: running sequences with a chunk, in order */
+}
+
+/* Lay out the batch in the step scratch: running sequences with a chunk, in order. *ns gets
+ * the number of sequences, *nl that of logit rows (chunks that reach the end of their list). */
+static void lay_out_batch(md_engine *eng, int *ns_out, int *nl_out) {
     int t = 0, ns = 0, nl = 0;
     for (int i = 0; i < eng->n_running; i++) {
         seq *q = eng->running[i];
@@ -884,6 +921,108 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
             eng->b_logit_rows[nl++] = t - 1;
         eng->b_seqs[ns++] = q;
     }
+    *ns_out = ns;
+    *nl_out = nl;
+}
+
+/* The device failed: every running sequence fails with the reason, and blocks indexed this
+ * step may hold nothing valid. */
+static void fail_running(md_engine *eng, const md_err *e, int *n_fin) {
+    while (eng->n_running > 0) {
+        seq *q = eng->running[0];
+        snprintf(q->err, sizeof q->err, "%s", e->msg);
+        remove_running(eng, 0);
+        finish(eng, q, MD_FINISH_ERROR, n_fin);
+    }
+    kv_clear_index(eng->kv);
+}
+
+/* Take q out of the running list and finish it. */
+static void finish_running(md_engine *eng, seq *q, md_finish why, int *n_fin) {
+    for (int i = 0; i < eng->n_running; i++)
+        if (eng->running[i] == q) {
+            remove_running(eng, i);
+            break;
+        }
+    finish(eng, q, why, n_fin);
+}
+
+/* q's next token from logit row li: the device's greedy pick or draw, else the sampler on
+ * the downloaded row; its logprob into *lp, its alternatives into ot. Returns -1 when the row
+ * holds a NaN or infinity. */
+static int32_t pick_token(md_engine *eng, seq *q, int li, int dev_argmax, md_step_token *ot,
+                          float *lp) {
+    float *lg = eng->logits + (size_t)li * eng->n_vocab;
+    int32_t id = -1;
+    int report = q->s.logprobs || q->s.top_logprobs;
+    if (dev_argmax && greedy_plain(&q->s)) {
+        id = eng->b_argmax[li]; /* -1: the row holds a NaN */
+    } else if (dev_argmax && device_sampled(eng->be, &q->s)) {
+        id = eng->b_sampled[li]; /* drawn on the device at this sequence's u; -1: NaN */
+        *lp = report ? eng->b_lp[li] : 0;
+        const int32_t *tt = eng->b_top_tok + (size_t)li * MD_TOP_LOGPROBS;
+        while (ot->n_top < q->s.top_logprobs && tt[ot->n_top] >= 0 &&
+               tt[ot->n_top] < eng->n_vocab) {
+            ot->top_token[ot->n_top] = tt[ot->n_top];
+            ot->top_logprob[ot->n_top] = eng->b_top_lp[(size_t)li * MD_TOP_LOGPROBS + ot->n_top];
+            ot->n_top++;
+        }
+    } else if (logits_finite(lg, eng->n_vocab)) {
+        if (q->s.top_logprobs) /* from the raw row, before smp_sample penalises it */
+            ot->n_top = smp_top_logprobs(lg, eng->n_vocab, q->s.top_logprobs, ot->top_token,
+                                         ot->top_logprob);
+        id = smp_sample(&q->s, lg, eng->n_vocab, q->toks, q->n_prompt, q->toks + q->n_prompt,
+                        q->n_toks - q->n_prompt, &q->rng, eng->sc, lp);
+    }
+    return id;
+}
+
+/* No token can be chosen for q (id outside the vocabulary; -1: the logits are not numbers):
+ * q fails saying why. */
+static void fail_bad_token(md_engine *eng, seq *q, int32_t id, int *n_fin) {
+    if (id < 0)
+        snprintf(q->err, sizeof q->err,
+                 "the model produced logits that are not numbers (NaN or infinite) at "
+                 "position %d: the device or the weights are faulty",
+                 q->n_toks);
+    else
+        snprintf(q->err, sizeof q->err,
+                 "the device chose token %d at position %d, outside the vocabulary of "
+                 "%d: the device is faulty",
+                 id, q->n_toks, eng->n_vocab);
+    finish_running(eng, q, MD_FINISH_ERROR, n_fin);
+}
+
+/* Append the text of q's new token id; why q ends with it (EOS, a stop string, its length
+ * limit or the context's), or MD_FINISH_NONE. */
+static md_finish finish_reason(md_engine *eng, seq *q, int32_t id) {
+    int n_gen = q->n_toks - q->n_prompt;
+    md_finish why = MD_FINISH_NONE;
+    if (!q->s.ignore_eos && tok_is_eog(eng->tok, id))
+        why = MD_FINISH_STOP;
+    else if (append_text(eng, q, id))
+        why = MD_FINISH_STOP;
+    else if (n_gen >= gen_limit(eng, &q->s, q->n_prompt) || q->n_toks >= eng->n_ctx)
+        why = MD_FINISH_LENGTH;
+    return why;
+}
+
+int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
+    memset(res, 0, sizeof *res);
+    int n_fin = 0;
+    free_released(eng);
+    drop_cancelled(eng, &n_fin);
+    for (int i = 0; i < eng->n_running; i++)
+        eng->running[i]->chunk = 0;
+    int T = schedule(eng);
+    res->finished = eng->finished;
+    if (T == 0) {
+        res->n_finished = n_fin;
+        res->n_live = eng->n_running + eng->n_waiting;
+        return 0;
+    }
+    int ns, nl;
+    lay_out_batch(eng, &ns, &nl);
     md_batch b = {.n_tokens = T,
                   .n_seqs = ns,
                   .tokens = eng->b_tokens,
@@ -905,15 +1044,7 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
     if (rc == 0 && dev_argmax)
         rc = fetch_logits(eng, ns, e);
     if (rc) {
-        /* the device failed: every running sequence fails with the reason, and blocks
-         * indexed this step may hold nothing valid */
-        while (eng->n_running > 0) {
-            seq *q = eng->running[0];
-            snprintf(q->err, sizeof q->err, "%s", e->msg);
-            remove_running(eng, 0);
-            finish(eng, q, MD_FINISH_ERROR, &n_fin);
-        }
-        kv_clear_index(eng->kv);
+        fail_running(eng, e, &n_fin);
         res->n_finished = n_fin;
         res->n_live = eng->n_waiting;
         return rc;
@@ -925,52 +1056,15 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         q->n_computed += q->chunk;
         if (q->n_computed < q->n_toks)
             continue;
-        float *lg = eng->logits + (size_t)li * eng->n_vocab;
         md_step_token *ot = &eng->out_toks[n_out]; /* kept only when a token is chosen */
         ot->n_top = 0;
         float lp = 0;
-        int32_t id = -1;
-        int report = q->s.logprobs || q->s.top_logprobs;
-        if (dev_argmax && greedy_plain(&q->s)) {
-            id = eng->b_argmax[li]; /* -1: the row holds a NaN */
-        } else if (dev_argmax && device_sampled(eng->be, &q->s)) {
-            id = eng->b_sampled[li]; /* drawn on the device at this sequence's u; -1: NaN */
-            lp = report ? eng->b_lp[li] : 0;
-            const int32_t *tt = eng->b_top_tok + (size_t)li * MD_TOP_LOGPROBS;
-            while (ot->n_top < q->s.top_logprobs && tt[ot->n_top] >= 0 &&
-                   tt[ot->n_top] < eng->n_vocab) {
-                ot->top_token[ot->n_top] = tt[ot->n_top];
-                ot->top_logprob[ot->n_top] =
-                    eng->b_top_lp[(size_t)li * MD_TOP_LOGPROBS + ot->n_top];
-                ot->n_top++;
-            }
-        } else if (logits_finite(lg, eng->n_vocab)) {
-            if (q->s.top_logprobs) /* from the raw row, before smp_sample penalises it */
-                ot->n_top = smp_top_logprobs(lg, eng->n_vocab, q->s.top_logprobs, ot->top_token,
-                                             ot->top_logprob);
-            id = smp_sample(&q->s, lg, eng->n_vocab, q->toks, q->n_prompt, q->toks + q->n_prompt,
-                            q->n_toks - q->n_prompt, &q->rng, eng->sc, &lp);
-        }
+        int32_t id = pick_token(eng, q, li, dev_argmax, ot, &lp);
         li++;
         if (id < 0 || id >= eng->n_vocab) {
             /* a silent device fault (or broken weights): no token can be chosen, and this
              * sequence's K/V hold garbage; shared prefix blocks may too */
-            if (id < 0)
-                snprintf(q->err, sizeof q->err,
-                         "the model produced logits that are not numbers (NaN or infinite) at "
-                         "position %d: the device or the weights are faulty",
-                         q->n_toks);
-            else
-                snprintf(q->err, sizeof q->err,
-                         "the device chose token %d at position %d, outside the vocabulary of "
-                         "%d: the device is faulty",
-                         id, q->n_toks, eng->n_vocab);
-            for (int i = 0; i < eng->n_running; i++)
-                if (eng->running[i] == q) {
-                    remove_running(eng, i);
-                    break;
-                }
-            finish(eng, q, MD_FINISH_ERROR, &n_fin);
+            fail_bad_token(eng, q, id, &n_fin);
             poisoned = 1;
             continue;
         }
@@ -981,22 +1075,9 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         ot->token = id;
         ot->logprob = lp;
         n_out++;
-        int n_gen = q->n_toks - q->n_prompt;
-        md_finish why = MD_FINISH_NONE;
-        if (!q->s.ignore_eos && tok_is_eog(eng->tok, id))
-            why = MD_FINISH_STOP;
-        else if (append_text(eng, q, id))
-            why = MD_FINISH_STOP;
-        else if (n_gen >= gen_limit(eng, &q->s, q->n_prompt) || q->n_toks >= eng->n_ctx)
-            why = MD_FINISH_LENGTH;
-        if (why != MD_FINISH_NONE) {
-            for (int i = 0; i < eng->n_running; i++)
-                if (eng->running[i] == q) {
-                    remove_running(eng, i);
-                    break;
-                }
-            finish(eng, q, why, &n_fin);
-        }
+        md_finish why = finish_reason(eng, q, id);
+        if (why != MD_FINISH_NONE)
+            finish_running(eng, q, why, &n_fin);
     }
     if (poisoned)
         kv_clear_index(eng->kv);

@@ -513,6 +513,154 @@ static const struct {
     {"codeshell", TOK_PRE_SMOLLM}, {"exaone", TOK_PRE_SMOLLM},
 };
 
+/* A BPE vocabulary's pre-tokenizer (tokenizer.ggml.pre, known names only), merges, byte
+ * tables and merge index. */
+static int load_bpe(tok_tokenizer *t, const gguf_file *f, md_err *e) {
+    const char *s;
+    size_t len;
+    int rc;
+    snprintf(t->pre_name, sizeof t->pre_name, "default");
+    t->pre = TOK_PRE_DEFAULT;
+    if (gguf_get_str(f, "tokenizer.ggml.pre", &s, &len, e) == 0) {
+        int known = 0;
+        for (int i = 0; i < NELEM(k_pre_names); i++)
+            if (strlen(k_pre_names[i].name) == len && !memcmp(k_pre_names[i].name, s, len)) {
+                t->pre = k_pre_names[i].pre;
+                snprintf(t->pre_name, sizeof t->pre_name, "%s", k_pre_names[i].name);
+                known = 1;
+            }
+        if (!known) /* as llama.cpp: a wrong split is worse than no model */
+            return md_errf(e, MD_EUNSUPP,
+                           "tokenizer.ggml.pre '%.*s' is not a supported pre-tokenizer (gpt-2, "
+                           "llama-bpe, qwen2, smollm, starcoder, default and their aliases)",
+                           (int)(len > 64 ? 64 : len), s);
+    }
+    t->ignore_merges = t->pre == TOK_PRE_LLAMA3;
+    if (t->pre == TOK_PRE_LLAMA3)
+        t->add_bos = 1;
+    if ((rc = load_merges(t, f, e)))
+        return rc;
+    byte_alphabet(t->cpt_of_byte);
+    for (int b = 0; b < 256; b++) {
+        char buf[4];
+        size_t n = utf8_put(buf, t->cpt_of_byte[b]);
+        t->byte_sym[b] = tok_str_lookup(t, buf, n);
+        char one = (char)b;
+        t->single_byte_tok[b] = tok_str_lookup(t, &one, 1);
+        if (t->single_byte_tok[b] >= t->n_vocab)
+            t->single_byte_tok[b] = -1;
+    }
+    return tok_bpe_init(t, e);
+}
+
+/* A SentencePiece vocabulary's byte tokens: <0xXX>, else the byte itself. */
+static void spm_byte_tokens(tok_tokenizer *t) {
+    snprintf(t->pre_name, sizeof t->pre_name, "none");
+    byte_alphabet(t->cpt_of_byte);
+    for (int b = 0; b < 256; b++) {
+        char buf[8];
+        snprintf(buf, sizeof buf, "<0x%02X>", b);
+        t->byte_tok[b] = tok_str_lookup(t, buf, 6);
+        if (t->byte_tok[b] < 0) {
+            char one = (char)b;
+            t->byte_tok[b] = tok_str_lookup(t, &one, 1);
+        }
+    }
+}
+
+/* The special token ids and the add_bos / add_eos flags the file gives (each optional). */
+static int load_special_ids(tok_tokenizer *t, const gguf_file *f, md_err *e) {
+    int rc;
+    struct {
+        const char *key;
+        int32_t *id;
+    } ids[] = {
+        {"tokenizer.ggml.bos_token_id", &t->bos},     {"tokenizer.ggml.eos_token_id", &t->eos},
+        {"tokenizer.ggml.eot_token_id", &t->eot},     {"tokenizer.ggml.eom_token_id", &t->eom},
+        {"tokenizer.ggml.unknown_token_id", &t->unk},
+    };
+    for (int i = 0; i < NELEM(ids); i++)
+        if ((rc = opt_id(f, ids[i].key, ids[i].id, t->n_vocab, e)))
+            return rc;
+    if (t->bos >= t->n_vocab)
+        t->bos = -1;
+    if (t->eos >= t->n_vocab)
+        t->eos = -1;
+    if (t->unk >= t->n_vocab)
+        t->unk = -1;
+    if ((rc = opt_bool(f, "tokenizer.ggml.add_bos_token", &t->add_bos, e)) ||
+        (rc = opt_bool(f, "tokenizer.ggml.add_eos_token", &t->add_eos, e)))
+        return rc;
+    return 0;
+}
+
+/* End of generation, found by text as llama.cpp does; such tokens become control. */
+static int mark_eog(tok_tokenizer *t, const gguf_file *f, md_err *e) {
+    int rc;
+    int32_t fim[3] = {-1, -1, -1};
+    const char *fim_keys[3] = {"tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id",
+                               "tokenizer.ggml.fim_sep_token_id"};
+    for (int i = 0; i < 3; i++)
+        if ((rc = opt_id(f, fim_keys[i], &fim[i], t->n_vocab, e)))
+            return rc;
+    /* found by text (not by key): llama.cpp also makes them control tokens */
+    int32_t by_text[4] = {-1, -1, -1, -1};
+    if (fim[0] < 0)
+        fim[0] = by_text[0] = find_any(t, k_fim_pad_texts, NELEM(k_fim_pad_texts));
+    if (fim[1] < 0)
+        fim[1] = by_text[1] = find_any(t, k_fim_rep_texts, NELEM(k_fim_rep_texts));
+    if (fim[2] < 0)
+        fim[2] = by_text[2] = find_any(t, k_fim_sep_texts, NELEM(k_fim_sep_texts));
+    if (t->eot < 0)
+        t->eot = by_text[3] = find_any(t, k_eot_texts, NELEM(k_eot_texts));
+    for (int i = 0; i < 4; i++)
+        if (by_text[i] >= 0 && !(t->attr[by_text[i]] & TOK_A_CONTROL))
+            t->attr[by_text[i]] = TOK_A_CONTROL;
+    for (int i = 0; i < 3; i++)
+        if (fim[i] >= 0)
+            t->is_eog[fim[i]] = 1;
+    for (int i = 0; i < NELEM(k_eog_texts); i++) {
+        int32_t id = tok_str_lookup(t, k_eog_texts[i], strlen(k_eog_texts[i]));
+        if (id >= 0 && id < t->n_vocab) {
+            t->is_eog[id] = 1;
+            if (!(t->attr[id] & TOK_A_CONTROL))
+                t->attr[id] = TOK_A_CONTROL;
+        }
+    }
+    int32_t extra[3] = {t->eos, t->eot, t->eom};
+    for (int i = 0; i < 3; i++)
+        if (extra[i] >= 0)
+            t->is_eog[extra[i]] = 1;
+    return 0;
+}
+
+/* Special tokens matched in the text before pre-tokenization: longest first. */
+static int list_special(tok_tokenizer *t, md_err *e) {
+    t->special = malloc((size_t)t->n_vocab * sizeof *t->special);
+    if (!t->special)
+        return md_errf(e, MD_ENOMEM, "out of memory loading the tokenizer");
+    for (int id = 0; id < t->n_vocab; id++)
+        if (t->attr[id] & (TOK_A_CONTROL | TOK_A_USER | TOK_A_UNKNOWN))
+            t->special[t->n_special++] = id;
+    qsort_r(t->special, (size_t)t->n_special, sizeof *t->special, cmp_special, t);
+    return 0;
+}
+
+/* A copy of tokenizer.chat_template, when the file has one. */
+static int copy_chat_template(tok_tokenizer *t, const gguf_file *f, md_err *e) {
+    const char *s;
+    size_t len;
+    if (gguf_get_str(f, "tokenizer.chat_template", &s, &len, e) == 0) {
+        t->chat_template = malloc(len + 1);
+        if (!t->chat_template)
+            return md_errf(e, MD_ENOMEM, "out of memory copying the chat template");
+        memcpy(t->chat_template, s, len);
+        t->chat_template[len] = '\0';
+        t->chat_template_len = len;
+    }
+    return 0;
+}
+
 int tok_load(const gguf_file *f, tok_tokenizer **out, md_err *e) {
     *out = NULL;
     const char *s;
@@ -546,139 +694,21 @@ int tok_load(const gguf_file *f, tok_tokenizer **out, md_err *e) {
         goto fail;
 
     if (t->kind == TOK_KIND_BPE) {
-        snprintf(t->pre_name, sizeof t->pre_name, "default");
-        t->pre = TOK_PRE_DEFAULT;
-        if (gguf_get_str(f, "tokenizer.ggml.pre", &s, &len, e) == 0) {
-            int known = 0;
-            for (int i = 0; i < NELEM(k_pre_names); i++)
-                if (strlen(k_pre_names[i].name) == len && !memcmp(k_pre_names[i].name, s, len)) {
-                    t->pre = k_pre_names[i].pre;
-                    snprintf(t->pre_name, sizeof t->pre_name, "%s", k_pre_names[i].name);
-                    known = 1;
-                }
-            if (!known) { /* as llama.cpp: a wrong split is worse than no model */
-                rc = md_errf(e, MD_EUNSUPP,
-                             "tokenizer.ggml.pre '%.*s' is not a supported pre-tokenizer (gpt-2, "
-                             "llama-bpe, qwen2, smollm, starcoder, default and their aliases)",
-                             (int)(len > 64 ? 64 : len), s);
-                goto fail;
-            }
-        }
-        t->ignore_merges = t->pre == TOK_PRE_LLAMA3;
-        if (t->pre == TOK_PRE_LLAMA3)
-            t->add_bos = 1;
-        if ((rc = load_merges(t, f, e)))
-            goto fail;
-        byte_alphabet(t->cpt_of_byte);
-        for (int b = 0; b < 256; b++) {
-            char buf[4];
-            size_t n = utf8_put(buf, t->cpt_of_byte[b]);
-            t->byte_sym[b] = tok_str_lookup(t, buf, n);
-            char one = (char)b;
-            t->single_byte_tok[b] = tok_str_lookup(t, &one, 1);
-            if (t->single_byte_tok[b] >= t->n_vocab)
-                t->single_byte_tok[b] = -1;
-        }
-        if ((rc = tok_bpe_init(t, e)))
+        if ((rc = load_bpe(t, f, e)))
             goto fail;
     } else {
-        snprintf(t->pre_name, sizeof t->pre_name, "none");
-        byte_alphabet(t->cpt_of_byte);
-        for (int b = 0; b < 256; b++) {
-            char buf[8];
-            snprintf(buf, sizeof buf, "<0x%02X>", b);
-            t->byte_tok[b] = tok_str_lookup(t, buf, 6);
-            if (t->byte_tok[b] < 0) {
-                char one = (char)b;
-                t->byte_tok[b] = tok_str_lookup(t, &one, 1);
-            }
-        }
+        spm_byte_tokens(t);
     }
     if ((rc = opt_bool(f, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, e)))
         goto fail;
-
-    struct {
-        const char *key;
-        int32_t *id;
-    } ids[] = {
-        {"tokenizer.ggml.bos_token_id", &t->bos},     {"tokenizer.ggml.eos_token_id", &t->eos},
-        {"tokenizer.ggml.eot_token_id", &t->eot},     {"tokenizer.ggml.eom_token_id", &t->eom},
-        {"tokenizer.ggml.unknown_token_id", &t->unk},
-    };
-    for (int i = 0; i < NELEM(ids); i++)
-        if ((rc = opt_id(f, ids[i].key, ids[i].id, t->n_vocab, e)))
-            goto fail;
-    if (t->bos >= t->n_vocab)
-        t->bos = -1;
-    if (t->eos >= t->n_vocab)
-        t->eos = -1;
-    if (t->unk >= t->n_vocab)
-        t->unk = -1;
-    if ((rc = opt_bool(f, "tokenizer.ggml.add_bos_token", &t->add_bos, e)) ||
-        (rc = opt_bool(f, "tokenizer.ggml.add_eos_token", &t->add_eos, e)))
+    if ((rc = load_special_ids(t, f, e)) || (rc = mark_eog(t, f, e)) || (rc = list_special(t, e)))
         goto fail;
-
-    /* End of generation, found by text as llama.cpp does; such tokens become control. */
-    int32_t fim[3] = {-1, -1, -1};
-    const char *fim_keys[3] = {"tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id",
-                               "tokenizer.ggml.fim_sep_token_id"};
-    for (int i = 0; i < 3; i++)
-        if ((rc = opt_id(f, fim_keys[i], &fim[i], t->n_vocab, e)))
-            goto fail;
-    /* found by text (not by key): llama.cpp also makes them control tokens */
-    int32_t by_text[4] = {-1, -1, -1, -1};
-    if (fim[0] < 0)
-        fim[0] = by_text[0] = find_any(t, k_fim_pad_texts, NELEM(k_fim_pad_texts));
-    if (fim[1] < 0)
-        fim[1] = by_text[1] = find_any(t, k_fim_rep_texts, NELEM(k_fim_rep_texts));
-    if (fim[2] < 0)
-        fim[2] = by_text[2] = find_any(t, k_fim_sep_texts, NELEM(k_fim_sep_texts));
-    if (t->eot < 0)
-        t->eot = by_text[3] = find_any(t, k_eot_texts, NELEM(k_eot_texts));
-    for (int i = 0; i < 4; i++)
-        if (by_text[i] >= 0 && !(t->attr[by_text[i]] & TOK_A_CONTROL))
-            t->attr[by_text[i]] = TOK_A_CONTROL;
-    for (int i = 0; i < 3; i++)
-        if (fim[i] >= 0)
-            t->is_eog[fim[i]] = 1;
-    for (int i = 0; i < NELEM(k_eog_texts); i++) {
-        int32_t id = tok_str_lookup(t, k_eog_texts[i], strlen(k_eog_texts[i]));
-        if (id >= 0 && id < t->n_vocab) {
-            t->is_eog[id] = 1;
-            if (!(t->attr[id] & TOK_A_CONTROL))
-                t->attr[id] = TOK_A_CONTROL;
-        }
-    }
-    int32_t extra[3] = {t->eos, t->eot, t->eom};
-    for (int i = 0; i < 3; i++)
-        if (extra[i] >= 0)
-            t->is_eog[extra[i]] = 1;
-
-    /* Special tokens matched in the text before pre-tokenization: longest first. */
-    t->special = malloc((size_t)t->n_vocab * sizeof *t->special);
-    if (!t->special) {
-        rc = md_errf(e, MD_ENOMEM, "out of memory loading the tokenizer");
-        goto fail;
-    }
-    for (int id = 0; id < t->n_vocab; id++)
-        if (t->attr[id] & (TOK_A_CONTROL | TOK_A_USER | TOK_A_UNKNOWN))
-            t->special[t->n_special++] = id;
-    qsort_r(t->special, (size_t)t->n_special, sizeof *t->special, cmp_special, t);
-
     if ((rc = build_pieces(t))) {
         rc = md_errf(e, rc, "out of memory building token pieces");
         goto fail;
     }
-    if (gguf_get_str(f, "tokenizer.chat_template", &s, &len, e) == 0) {
-        t->chat_template = malloc(len + 1);
-        if (!t->chat_template) {
-            rc = md_errf(e, MD_ENOMEM, "out of memory copying the chat template");
-            goto fail;
-        }
-        memcpy(t->chat_template, s, len);
-        t->chat_template[len] = '\0';
-        t->chat_template_len = len;
-    }
+    if ((rc = copy_chat_template(t, f, e)))
+        goto fail;
     md_err_clear(e);
     *out = t;
     return 0;

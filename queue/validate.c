@@ -181,25 +181,9 @@ static int get_logprobs(json_t *body, q_request *req, q_verr *ve) {
     return 0;
 }
 
-int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req,
-               char custom_id_buf[Q_CUSTOM_ID_MAX], q_verr *ve) {
-    memset(req, 0, sizeof *req);
-    memset(ve, 0, sizeof *ve);
-    if (len > lim->max_line_bytes) {
-        req->custom_id = scan_custom_id(line, len, custom_id_buf);
-        return fail(ve, "line_too_large", NULL,
-                    "the input line is %zu bytes; this worker accepts lines of at most %zu bytes",
-                    len, lim->max_line_bytes);
-    }
-    json_error_t jerr;
-    req->root = json_loadb(line, len, 0, &jerr);
-    if (!req->root)
-        return fail(ve, "invalid_json", NULL, "the input line is not valid JSON: %s (column %d)",
-                    jerr.text, jerr.column);
-    json_t *root = req->root;
-    if (!json_is_object(root))
-        return fail(ve, "invalid_type", NULL, "the input line must be a JSON object, not %s",
-                    type_name(root));
+/* The line's envelope: custom_id, method "POST", the url (sets req->chat) and the body
+ * object, into *body. Returns 0, or -1 with *ve filled. */
+static int check_envelope(json_t *root, q_request *req, json_t **body, q_verr *ve) {
     json_t *cid = json_object_get(root, "custom_id");
     if (json_is_string(cid) && json_string_length(cid) > 0 &&
         json_string_length(cid) < Q_CUSTOM_ID_MAX &&
@@ -231,75 +215,80 @@ int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req
     else
         return fail(ve, "invalid_url", "url",
                     "url must be \"/v1/chat/completions\" or \"/v1/completions\"");
-    json_t *body = json_object_get(root, "body");
-    if (!body)
+    *body = json_object_get(root, "body");
+    if (!*body)
         return fail(ve, "missing_required_parameter", "body", "the line has no body");
-    if (!json_is_object(body))
-        return fail(ve, "invalid_type", "body", "body must be an object, not %s", type_name(body));
+    if (!json_is_object(*body))
+        return fail(ve, "invalid_type", "body", "body must be an object, not %s", type_name(*body));
+    return 0;
+}
 
-    json_t *model = json_object_get(body, "model");
-    if (model && !json_is_string(model))
-        return fail(ve, "invalid_type", "body.model", "body.model must be a string, not %s",
-                    type_name(model));
-    req->model = json_string_value(model);
-
-    if (req->chat) {
-        json_t *msgs = json_object_get(body, "messages");
-        if (!msgs)
-            return fail(ve, "missing_required_parameter", "body.messages",
-                        "a chat completion needs body.messages");
-        if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-            return fail(ve, "invalid_type", "body.messages",
-                        "body.messages must be a non-empty array of {role, content}");
-        if (json_array_size(msgs) > Q_MAX_MSGS)
-            return fail(ve, "invalid_value", "body.messages",
-                        "body.messages has %zu messages; at most %d are accepted",
-                        json_array_size(msgs), Q_MAX_MSGS);
-        size_t cap = len + 2 * Q_MAX_MSGS, used = 0;
-        req->text = malloc(cap);
-        if (!req->text)
-            return fail(ve, "server_error", NULL, "out of memory");
-        size_t i;
-        json_t *m;
-        json_array_foreach(msgs, i, m) {
-            char param[64];
-            snprintf(param, sizeof param, "body.messages[%zu]", i);
-            if (!json_is_object(m))
-                return fail(ve, "invalid_type", param, "%s must be an object, not %s", param,
-                            type_name(m));
-            const char *role = json_string_value(json_object_get(m, "role"));
-            if (!role)
-                return fail(ve, "missing_required_parameter", param,
-                            "%s.role must be a string (system, user or assistant)", param);
-            if (!strcmp(role, "developer"))
-                role = "system";
-            if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant"))
-                return fail(ve, "invalid_value", param,
-                            "%s.role is \"%s\"; expected system, developer, user or assistant",
-                            param, role);
-            json_t *content = json_object_get(m, "content");
-            if (!content)
-                return fail(ve, "missing_required_parameter", param, "%s has no content", param);
-            req->msgs[i].role = role;
-            if (message_content(req, content, (int)i, &used, cap, &req->msgs[i].content, ve))
-                return -1;
-        }
-        req->n_msgs = (int)json_array_size(msgs);
-    } else {
-        json_t *prompt = json_object_get(body, "prompt");
-        if (!prompt)
-            return fail(ve, "missing_required_parameter", "body.prompt",
-                        "a completion needs body.prompt");
-        if (json_is_array(prompt) && json_array_size(prompt) == 1 &&
-            json_is_string(json_array_get(prompt, 0)))
-            prompt = json_array_get(prompt, 0);
-        if (!json_is_string(prompt))
-            return fail(ve, "invalid_type", "body.prompt",
-                        "body.prompt must be a string (or an array of one string), not %s",
-                        type_name(prompt));
-        req->prompt = json_string_value(prompt);
+/* A chat completion's body.messages into req->msgs, their text in req->text (sized from the
+ * line's length len). */
+static int get_messages(json_t *body, size_t len, q_request *req, q_verr *ve) {
+    json_t *msgs = json_object_get(body, "messages");
+    if (!msgs)
+        return fail(ve, "missing_required_parameter", "body.messages",
+                    "a chat completion needs body.messages");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return fail(ve, "invalid_type", "body.messages",
+                    "body.messages must be a non-empty array of {role, content}");
+    if (json_array_size(msgs) > Q_MAX_MSGS)
+        return fail(ve, "invalid_value", "body.messages",
+                    "body.messages has %zu messages; at most %d are accepted",
+                    json_array_size(msgs), Q_MAX_MSGS);
+    size_t cap = len + 2 * Q_MAX_MSGS, used = 0;
+    req->text = malloc(cap);
+    if (!req->text)
+        return fail(ve, "server_error", NULL, "out of memory");
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        char param[64];
+        snprintf(param, sizeof param, "body.messages[%zu]", i);
+        if (!json_is_object(m))
+            return fail(ve, "invalid_type", param, "%s must be an object, not %s", param,
+                        type_name(m));
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!role)
+            return fail(ve, "missing_required_parameter", param,
+                        "%s.role must be a string (system, user or assistant)", param);
+        if (!strcmp(role, "developer"))
+            role = "system";
+        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant"))
+            return fail(ve, "invalid_value", param,
+                        "%s.role is \"%s\"; expected system, developer, user or assistant", param,
+                        role);
+        json_t *content = json_object_get(m, "content");
+        if (!content)
+            return fail(ve, "missing_required_parameter", param, "%s has no content", param);
+        req->msgs[i].role = role;
+        if (message_content(req, content, (int)i, &used, cap, &req->msgs[i].content, ve))
+            return -1;
     }
+    req->n_msgs = (int)json_array_size(msgs);
+    return 0;
+}
 
+/* A completion's body.prompt: a string, or an array of one string. */
+static int get_prompt(json_t *body, q_request *req, q_verr *ve) {
+    json_t *prompt = json_object_get(body, "prompt");
+    if (!prompt)
+        return fail(ve, "missing_required_parameter", "body.prompt",
+                    "a completion needs body.prompt");
+    if (json_is_array(prompt) && json_array_size(prompt) == 1 &&
+        json_is_string(json_array_get(prompt, 0)))
+        prompt = json_array_get(prompt, 0);
+    if (!json_is_string(prompt))
+        return fail(ve, "invalid_type", "body.prompt",
+                    "body.prompt must be a string (or an array of one string), not %s",
+                    type_name(prompt));
+    req->prompt = json_string_value(prompt);
+    return 0;
+}
+
+/* body.max_completion_tokens, else body.max_tokens, else the limits' default. */
+static int get_max_tokens(json_t *body, const q_limits *lim, q_request *req, q_verr *ve) {
     json_t *mt = json_object_get(body, "max_completion_tokens");
     const char *mtname = "body.max_completion_tokens";
     if (!mt || json_is_null(mt)) {
@@ -317,32 +306,12 @@ int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req
                         (long long)v, lim->max_tokens_limit);
         req->max_tokens = (int)v;
     }
-    req->temperature = 1.0;
-    req->top_p = 1.0;
-    req->repetition_penalty = 1.0;
-    /* the bounds are OpenAI's, and for vLLM's extras the engine's (md_sampling_validate) */
-    if (get_number(body, "temperature", 0, 2, 0, &req->temperature, ve) ||
-        get_number(body, "top_p", 0, 1, 1, &req->top_p, ve) ||
-        get_number(body, "min_p", 0, 1, 0, &req->min_p, ve) ||
-        get_number(body, "repetition_penalty", 0, 100, 1, &req->repetition_penalty, ve) ||
-        get_number(body, "presence_penalty", -2, 2, 0, &req->presence_penalty, ve) ||
-        get_number(body, "frequency_penalty", -2, 2, 0, &req->frequency_penalty, ve))
-        return -1;
-    long long top_k = 0;
-    if (get_int(body, "top_k", -1, INT_MAX, "-1 or 0 (off) or an integer in 1..2147483647", &top_k,
-                ve) < 0)
-        return -1;
-    req->top_k = top_k < 0 ? 0 : (int)top_k;
-    if (get_logprobs(body, req, ve))
-        return -1;
-    json_t *seed = json_object_get(body, "seed");
-    if (seed && !json_is_null(seed)) {
-        if (!json_is_integer(seed))
-            return fail(ve, "invalid_type", "body.seed", "body.seed must be an integer, not %s",
-                        type_name(seed));
-        req->seed = json_integer_value(seed);
-        req->has_seed = 1;
-    }
+    return 0;
+}
+
+/* body.stop: a string or an array of at most Q_MAX_STOP non-empty strings, into req->stop
+ * (NULL-terminated). */
+static int get_stop(json_t *body, q_request *req, q_verr *ve) {
     json_t *stop = json_object_get(body, "stop");
     if (stop && !json_is_null(stop)) {
         if (json_is_string(stop)) {
@@ -370,6 +339,70 @@ int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req
                 return fail(ve, "invalid_value", "body.stop", "body.stop holds an empty string");
     }
     req->stop[req->n_stop] = NULL;
+    return 0;
+}
+
+int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req,
+               char custom_id_buf[Q_CUSTOM_ID_MAX], q_verr *ve) {
+    memset(req, 0, sizeof *req);
+    memset(ve, 0, sizeof *ve);
+    if (len > lim->max_line_bytes) {
+        req->custom_id = scan_custom_id(line, len, custom_id_buf);
+        return fail(ve, "line_too_large", NULL,
+                    "the input line is %zu bytes; this worker accepts lines of at most %zu bytes",
+                    len, lim->max_line_bytes);
+    }
+    json_error_t jerr;
+    req->root = json_loadb(line, len, 0, &jerr);
+    if (!req->root)
+        return fail(ve, "invalid_json", NULL, "the input line is not valid JSON: %s (column %d)",
+                    jerr.text, jerr.column);
+    json_t *root = req->root;
+    if (!json_is_object(root))
+        return fail(ve, "invalid_type", NULL, "the input line must be a JSON object, not %s",
+                    type_name(root));
+    json_t *body = NULL;
+    if (check_envelope(root, req, &body, ve))
+        return -1;
+
+    json_t *model = json_object_get(body, "model");
+    if (model && !json_is_string(model))
+        return fail(ve, "invalid_type", "body.model", "body.model must be a string, not %s",
+                    type_name(model));
+    req->model = json_string_value(model);
+
+    if (req->chat ? get_messages(body, len, req, ve) : get_prompt(body, req, ve))
+        return -1;
+    if (get_max_tokens(body, lim, req, ve))
+        return -1;
+    req->temperature = 1.0;
+    req->top_p = 1.0;
+    req->repetition_penalty = 1.0;
+    /* the bounds are OpenAI's, and for vLLM's extras the engine's (md_sampling_validate) */
+    if (get_number(body, "temperature", 0, 2, 0, &req->temperature, ve) ||
+        get_number(body, "top_p", 0, 1, 1, &req->top_p, ve) ||
+        get_number(body, "min_p", 0, 1, 0, &req->min_p, ve) ||
+        get_number(body, "repetition_penalty", 0, 100, 1, &req->repetition_penalty, ve) ||
+        get_number(body, "presence_penalty", -2, 2, 0, &req->presence_penalty, ve) ||
+        get_number(body, "frequency_penalty", -2, 2, 0, &req->frequency_penalty, ve))
+        return -1;
+    long long top_k = 0;
+    if (get_int(body, "top_k", -1, INT_MAX, "-1 or 0 (off) or an integer in 1..2147483647", &top_k,
+                ve) < 0)
+        return -1;
+    req->top_k = top_k < 0 ? 0 : (int)top_k;
+    if (get_logprobs(body, req, ve))
+        return -1;
+    json_t *seed = json_object_get(body, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed))
+            return fail(ve, "invalid_type", "body.seed", "body.seed must be an integer, not %s",
+                        type_name(seed));
+        req->seed = json_integer_value(seed);
+        req->has_seed = 1;
+    }
+    if (get_stop(body, req, ve))
+        return -1;
     json_t *n = json_object_get(body, "n");
     if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1))
         return fail(ve, "unsupported_value", "body.n", "only n = 1 is supported");

@@ -558,86 +558,67 @@ static int phase2(lp **ls, int nl, const sched_workload *w, const sched_fleet *f
     return 0;
 }
 
-int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *f,
-                     const sched_catalog *cat, const sched_cands *cs, const sched_opts *o,
-                     md_err *e) {
-    uint64_t t0 = md_mono_ns();
-    memset(p, 0, sizeof *p);
-    p->objective = f->rent ? 1 : 0;
-    p->notes = json_array();
-    p->ncands = cs->n;
-    p->nmodels = w->n;
-    p->models = calloc((size_t)w->n + 1, sizeof *p->models);
-    if (!p->models)
-        return md_errf(e, MD_ENOMEM, "out of memory");
-    sched_perf_params pp;
-    sched_perf_defaults(&pp);
-    glp_term_out(GLP_OFF);
+/* Each model's demand (tokens/s) into p, and has[m] = 1 when some allowed candidate serves
+ * model m; the others get a note saying why none fits. Returns how many models have one. */
+static int find_placeable(sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                          const sched_catalog *cat, const sched_cands *cs, const sched_opts *o,
+                          const sched_perf_params *pp, int *has) {
     int placeable = 0;
-    int *has = calloc((size_t)w->n + 1, sizeof *has);
     for (int c = 0; c < cs->n; c++)
         if (cand_allowed(&cs->c[c], o))
             has[cs->c[c].model] = 1;
     for (int m = 0; m < w->n; m++) {
         p->models[m].demand_tps = sched_demand_tokens_per_s(&w->models[m]);
         if (!has[m])
-            note_too_large(p, &w->models[m], f, cat, &pp);
+            note_too_large(p, &w->models[m], f, cat, pp);
         placeable += has[m];
     }
-    if (!placeable) {
-        free(has);
-        const char *first = json_string_value(json_array_get(p->notes, 0));
-        int rc = md_errf(e, MD_ERANGE, "nothing can be planned: %s", first ? first : "no GPUs");
-        sched_plan_free(p);
-        return rc;
-    }
-    lp L;
-    int min_one = !f->rent;
-    int rc = lp_build(&L, w, f, cs, o, min_one, -1);
-    if (rc) {
-        free(has);
-        lp_free(&L);
-        sched_plan_free(p);
-        return md_errf(e, MD_ENOMEM, "out of memory building the MILP");
-    }
-    /* Phase 1: the most demand we can serve (capped by each model's demand). */
+    return placeable;
+}
+
+/* Phase 1's objective on L: the most demand we can serve (capped by each model's demand). */
+static void phase1_objective(lp *L, const sched_plan *p, const sched_workload *w,
+                             const sched_cands *cs) {
     for (int m = 0; m < w->n; m++) {
         double d = p->models[m].demand_tps / model_tok(w, m);
         if (d > 0)
-            glp_set_col_bnds(L.P, L.col_x[m], GLP_DB, 0, d);
+            glp_set_col_bnds(L->P, L->col_x[m], GLP_DB, 0, d);
     }
-    glp_set_obj_dir(L.P, GLP_MAX);
-    set_objective(&L, w, cs, 0, 1);
-    if (lp_solve(&L, o)) {
-        if (min_one) {
+    glp_set_obj_dir(L->P, GLP_MAX);
+    set_objective(L, w, cs, 0, 1);
+}
+
+/* Phase 1 on L; when the fleet cannot hold a replica of every model (*min_one), again on L
+ * rebuilt without that requirement, with a note. Returns 0, or nonzero with no solution. */
+static int phase1(lp *L, sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                  const sched_cands *cs, const sched_opts *o, int *min_one) {
+    int rc = 0;
+    phase1_objective(L, p, w, cs);
+    if (lp_solve(L, o)) {
+        if (*min_one) {
             /* Not enough GPUs for a replica of every model: drop that requirement. */
-            lp_free(&L);
+            lp_free(L);
             json_array_append_new(p->notes, json_string("the fleet cannot hold one replica of "
                                                         "every model at once; some models get "
                                                         "none"));
-            min_one = 0;
-            if (lp_build(&L, w, f, cs, o, 0, -1) == 0) {
-                for (int m = 0; m < w->n; m++) {
-                    double d = p->models[m].demand_tps / model_tok(w, m);
-                    if (d > 0)
-                        glp_set_col_bnds(L.P, L.col_x[m], GLP_DB, 0, d);
-                }
-                glp_set_obj_dir(L.P, GLP_MAX);
-                set_objective(&L, w, cs, 0, 1);
-                rc = lp_solve(&L, o);
+            *min_one = 0;
+            if (lp_build(L, w, f, cs, o, 0, -1) == 0) {
+                phase1_objective(L, p, w, cs);
+                rc = lp_solve(L, o);
             }
         } else {
             rc = -1;
         }
-        if (rc) {
-            free(has);
-            lp_free(&L);
-            sched_plan_free(p);
-            return md_errf(e, MD_ERANGE, "the placement MILP has no solution for this fleet");
-        }
     }
+    return rc;
+}
+
+/* The most each placeable model gets (phase 1's X in L) into p, with a note for each whose
+ * demand that does not meet. */
+static void note_shortfalls(sched_plan *p, const lp *L, const sched_workload *w,
+                            const sched_fleet *f, const int *has) {
     for (int m = 0; m < w->n; m++) {
-        double x = glp_mip_col_val(L.P, L.col_x[m]);
+        double x = glp_mip_col_val(L->P, L->col_x[m]);
         p->models[m].best_tps = x * model_tok(w, m);
         double d = p->models[m].demand_tps;
         if (d > 0 && x * model_tok(w, m) < d * (1 - 1e-6) && has[m]) {
@@ -660,19 +641,14 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
                              tail));
         }
     }
-    /* Bounds on X for phase 2: (b) at least the achievable part of the demand; (a) the
-     * phase-1 floor for capped models, free for the others. */
-    double *lo = calloc((size_t)w->n + 1, sizeof *lo), *hi = calloc((size_t)w->n + 1, sizeof *hi);
-    lp *sub = calloc((size_t)w->n + 1, sizeof *sub);
-    lp **ls = calloc((size_t)w->n + 1, sizeof *ls);
-    double *counts = calloc((size_t)cs->n + 1, sizeof *counts);
-    double(*y)[SCHED_MAX_CLASSES] = calloc((size_t)cs->n + 1, sizeof *y);
-    if (!lo || !hi || !sub || !ls || !counts || !y) {
-        rc = md_errf(e, MD_ENOMEM, "out of memory");
-        goto done;
-    }
+}
+
+/* Bounds on X for phase 2 into lo and hi: (b) at least the achievable part of the demand;
+ * (a) the phase-1 floor for capped models, free for the others. */
+static void phase2_bounds(sched_plan *p, const lp *L, const sched_workload *w, const sched_fleet *f,
+                          double *lo, double *hi) {
     for (int m = 0; m < w->n; m++) {
-        double x = glp_mip_col_val(L.P, L.col_x[m]);
+        double x = glp_mip_col_val(L->P, L->col_x[m]);
         double d = p->models[m].demand_tps / model_tok(w, m);
         lo[m] = 0;
         hi[m] = d > 0 ? d : INFINITY;
@@ -686,6 +662,78 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
             hi[m] = 0;
         }
     }
+}
+
+/* The solutions in ls: replicas per candidate into counts, class shares into y, each model's
+ * served tokens/s into p. */
+static void read_solution(lp **ls, int nl, sched_plan *p, const sched_workload *w,
+                          const sched_cands *cs, double *counts, double (*y)[SCHED_MAX_CLASSES]) {
+    for (int i = 0; i < nl; i++) {
+        lp *Li = ls[i];
+        for (int c = 0; c < cs->n; c++) {
+            if (!Li->col_n[c])
+                continue;
+            counts[c] = floor(glp_mip_col_val(Li->P, Li->col_n[c]) + 0.5);
+            for (int j = 0; j < SCHED_MAX_CLASSES; j++)
+                if (Li->col_y[c][j])
+                    y[c][j] = fmax(0, glp_mip_col_val(Li->P, Li->col_y[c][j]));
+        }
+        for (int m = 0; m < w->n; m++)
+            if (Li->col_x[m])
+                p->models[m].served_tps = glp_mip_col_val(Li->P, Li->col_x[m]) * model_tok(w, m);
+    }
+}
+
+int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                     const sched_catalog *cat, const sched_cands *cs, const sched_opts *o,
+                     md_err *e) {
+    uint64_t t0 = md_mono_ns();
+    memset(p, 0, sizeof *p);
+    p->objective = f->rent ? 1 : 0;
+    p->notes = json_array();
+    p->ncands = cs->n;
+    p->nmodels = w->n;
+    p->models = calloc((size_t)w->n + 1, sizeof *p->models);
+    if (!p->models)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    sched_perf_params pp;
+    sched_perf_defaults(&pp);
+    glp_term_out(GLP_OFF);
+    int *has = calloc((size_t)w->n + 1, sizeof *has);
+    int placeable = find_placeable(p, w, f, cat, cs, o, &pp, has);
+    if (!placeable) {
+        free(has);
+        const char *first = json_string_value(json_array_get(p->notes, 0));
+        int rc = md_errf(e, MD_ERANGE, "nothing can be planned: %s", first ? first : "no GPUs");
+        sched_plan_free(p);
+        return rc;
+    }
+    lp L;
+    int min_one = !f->rent;
+    int rc = lp_build(&L, w, f, cs, o, min_one, -1);
+    if (rc) {
+        free(has);
+        lp_free(&L);
+        sched_plan_free(p);
+        return md_errf(e, MD_ENOMEM, "out of memory building the MILP");
+    }
+    if (phase1(&L, p, w, f, cs, o, &min_one)) {
+        free(has);
+        lp_free(&L);
+        sched_plan_free(p);
+        return md_errf(e, MD_ERANGE, "the placement MILP has no solution for this fleet");
+    }
+    note_shortfalls(p, &L, w, f, has);
+    double *lo = calloc((size_t)w->n + 1, sizeof *lo), *hi = calloc((size_t)w->n + 1, sizeof *hi);
+    lp *sub = calloc((size_t)w->n + 1, sizeof *sub);
+    lp **ls = calloc((size_t)w->n + 1, sizeof *ls);
+    double *counts = calloc((size_t)cs->n + 1, sizeof *counts);
+    double(*y)[SCHED_MAX_CLASSES] = calloc((size_t)cs->n + 1, sizeof *y);
+    if (!lo || !hi || !sub || !ls || !counts || !y) {
+        rc = md_errf(e, MD_ENOMEM, "out of memory");
+        goto done;
+    }
+    phase2_bounds(p, &L, w, f, lo, hi);
     /* Phase 2 by model (no GPU rows); if the union does not fit the GPUs, the whole MILP. */
     int nl = 0;
     for (int m = 0; m < w->n; m++) {
@@ -708,20 +756,7 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
             goto done;
         }
     }
-    for (int i = 0; i < nl; i++) {
-        lp *Li = ls[i];
-        for (int c = 0; c < cs->n; c++) {
-            if (!Li->col_n[c])
-                continue;
-            counts[c] = floor(glp_mip_col_val(Li->P, Li->col_n[c]) + 0.5);
-            for (int j = 0; j < SCHED_MAX_CLASSES; j++)
-                if (Li->col_y[c][j])
-                    y[c][j] = fmax(0, glp_mip_col_val(Li->P, Li->col_y[c][j]));
-        }
-        for (int m = 0; m < w->n; m++)
-            if (Li->col_x[m])
-                p->models[m].served_tps = glp_mip_col_val(Li->P, Li->col_x[m]) * model_tok(w, m);
-    }
+    read_solution(ls, nl, p, w, cs, counts, y);
     if (ls[0]->timed_out)
         json_array_append_new(p->notes,
                               json_sprintf("the MILP stopped at its time limit (%.0f s per solve): "

@@ -144,6 +144,187 @@ static void q_pop(queue *q) {
         q->head++;
 }
 
+/* The requests of w into R (at most total) and their (model, class) queues Q: each model's
+ * backlog at t=0, then its Poisson arrivals until the horizon, each of a class drawn by share.
+ * Returns how many, or -1 when out of memory. */
+static int make_requests(const sched_workload *w, long long total, unsigned long long *seed, req *R,
+                         queue *Q) {
+    int nr = 0;
+    for (int m = 0; m < w->n; m++) {
+        const sched_demand *d = &w->models[m];
+        double t = 0;
+        long long backlog = (long long)d->requests;
+        for (long long i = 0;; i++) {
+            double at = 0;
+            if (i >= backlog) {
+                if (d->rate_rps <= 0)
+                    break;
+                t += -log(1 - rng_unit(seed)) / d->rate_rps;
+                if (t > w->horizon_s)
+                    break;
+                at = t;
+            }
+            double u = rng_unit(seed), acc = 0;
+            int k = 0;
+            for (k = 0; k < d->nclasses - 1; k++) {
+                acc += d->classes[k].share;
+                if (u < acc)
+                    break;
+            }
+            const sched_class *cl = &d->classes[k];
+            /* Lengths uniform in [0.5, 1.5] x the class mean, within the class bound. */
+            double in = fmax(1, round(cl->input_mean * (0.5 + rng_unit(seed))));
+            double out = fmax(1, round(cl->output_mean * (0.5 + rng_unit(seed))));
+            if (in + out > cl->max_tokens)
+                in = fmax(1, cl->max_tokens - out);
+            if (nr >= total)
+                break;
+            R[nr] = (req){at, (float)in, (float)out, (short)m, (short)k};
+            queue *q = &Q[m * SCHED_MAX_CLASSES + k];
+            if (q->n % 1024 == 0) {
+                int *n = realloc(q->ids, (size_t)(q->n + 1024) * sizeof *n);
+                if (!n)
+                    return -1;
+                q->ids = n;
+            }
+            q->ids[q->n++] = nr++;
+        }
+    }
+    return nr;
+}
+
+/* The plan's replicas into P, each with its first iteration at t=0 in H. Returns 0, or -1
+ * when out of memory. */
+static int make_replicas(const sched_plan *p, const sched_workload *w, const sched_cands *cs,
+                         const sched_perf_params *pp, rep *P, ev *H) {
+    for (int i = 0; i < p->n; i++) {
+        rep *x = &P[i];
+        x->r = &p->r[i];
+        x->c = &cs->c[x->r->cand];
+        x->d = &w->models[x->c->model];
+        x->kv_cap = 0;
+        for (int k = 0; k < x->d->nclasses; k++)
+            if (x->c->serves[k])
+                x->kv_cap = x->c->perf[k].kv_tokens;
+        x->cap_batch = pp->max_batch;
+        x->running = malloc((size_t)x->cap_batch * sizeof *x->running);
+        if (!x->running)
+            return -1;
+        H[i] = (ev){0, i};
+    }
+    return 0;
+}
+
+/* The failures due by now, from *next on: each kills its replica, whose running requests go
+ * back to the front of their queues. Returns 0, or -1 when out of memory. */
+static int apply_failures(const sched_sim_failure *fails, int nfails, const int *fail_rep,
+                          int *next, double now, rep *P, const req *R, queue *Q,
+                          sched_sim_result *res) {
+    for (; *next < nfails && fails[*next].at_s <= now; (*next)++) {
+        int r = fail_rep[*next];
+        if (r < 0 || P[r].dead)
+            continue;
+        rep *y = &P[r];
+        y->dead = 1;
+        y->end = fails[*next].at_s;
+        for (int j = 0; j < y->nrun; j++) {
+            const req *q0 = &R[y->running[j].id];
+            queue *q = &Q[q0->model * SCHED_MAX_CLASSES + q0->cls];
+            int *n = realloc(q->retry, (size_t)(q->nretry + 1) * sizeof *n);
+            if (!n)
+                return -1;
+            q->retry = n;
+            q->retry[q->nretry++] = y->running[j].id;
+            res->retried++;
+        }
+        y->nrun = 0;
+    }
+    return 0;
+}
+
+/* Admit into replica y what has arrived by now and fits its batch and KV, the class furthest
+ * below its routing share first. Returns the prefill time of the newcomers (s); *cls_any is
+ * the last class admitted. */
+static double admit(rep *y, queue *Q, const req *R, double now, const sched_catalog *cat,
+                    double link_gbps, const sched_perf_params *pp, int *cls_any) {
+    const sched_model *m = &y->d->model;
+    int mi = y->c->model;
+    double pre = 0;
+    for (;;) {
+        if (y->nrun >= y->cap_batch)
+            break;
+        int best = -1, id = -1;
+        double bestv = INFINITY;
+        for (int k = 0; k < y->d->nclasses; k++) {
+            if (!y->c->serves[k] || y->r->share[k] <= 0)
+                continue;
+            int cand = q_peek(&Q[mi * SCHED_MAX_CLASSES + k], R, now);
+            if (cand < 0)
+                continue;
+            double v = y->served[k] / y->r->share[k];
+            if (v < bestv) {
+                bestv = v, best = k, id = cand;
+            }
+        }
+        if (best < 0)
+            break;
+        double need = R[id].in + R[id].out;
+        if (y->kv_used + need > y->kv_cap)
+            break;
+        q_pop(&Q[mi * SCHED_MAX_CLASSES + best]);
+        y->served[best] += 1;
+        y->kv_used += need;
+        y->ctx_sum += R[id].in;
+        y->running[y->nrun++] = (run){id, R[id].out};
+        pre += prefill_time(y->c, m, cat, link_gbps, R[id].in, best, pp);
+        *cls_any = best;
+    }
+    return pre;
+}
+
+/* Replica r (y) has nothing to run now: sleep until the next arrival it may take, or finish. */
+static void idle_or_finish(rep *y, int r, const queue *Q, const req *R, double now, ev *H,
+                           int *nh) {
+    int mi = y->c->model;
+    double next = INFINITY;
+    for (int k = 0; k < y->d->nclasses; k++) {
+        const queue *q = &Q[mi * SCHED_MAX_CLASSES + k];
+        if (y->c->serves[k] && y->r->share[k] > 0 && q->head < q->n)
+            next = fmin(next, R[q->ids[q->head]].arrive);
+    }
+    if (isfinite(next) && next > now) {
+        heap_push(H, nh, (ev){next, r});
+    } else if (!isfinite(next)) {
+        y->done = 1;
+        y->end = now;
+    } else {
+        /* A request is waiting but does not fit an empty replica: unservable here. */
+        y->done = 1;
+        y->end = now;
+    }
+}
+
+/* Advance every running sequence of y by one token; those that end count in res at now. */
+static void advance(rep *y, const req *R, double now, sched_sim_result *res) {
+    for (int j = 0; j < y->nrun;) {
+        run *u = &y->running[j];
+        u->left -= 1;
+        y->ctx_sum += 1;
+        if (u->left <= 0) {
+            const req *q0 = &R[u->id];
+            res->tokens += q0->in + q0->out;
+            res->requests_done++;
+            y->kv_used -= q0->in + q0->out;
+            y->ctx_sum -= q0->in + q0->out;
+            if (now > res->makespan_s)
+                res->makespan_s = now;
+            y->running[j] = y->running[--y->nrun];
+        } else {
+            j++;
+        }
+    }
+}
+
 int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fleet *f,
                    const sched_catalog *cat, const sched_cands *cs, const sched_perf_params *pp,
                    const sched_sim_failure *fails, int nfails, sched_sim_result *res, md_err *e) {
@@ -164,64 +345,13 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
         free(R), free(Q), free(P), free(H);
         return md_errf(e, MD_ENOMEM, "out of memory for %lld simulated requests", total);
     }
-    int nr = 0;
-    for (int m = 0; m < w->n; m++) {
-        const sched_demand *d = &w->models[m];
-        double t = 0;
-        long long backlog = (long long)d->requests;
-        for (long long i = 0;; i++) {
-            double at = 0;
-            if (i >= backlog) {
-                if (d->rate_rps <= 0)
-                    break;
-                t += -log(1 - rng_unit(&seed)) / d->rate_rps;
-                if (t > w->horizon_s)
-                    break;
-                at = t;
-            }
-            double u = rng_unit(&seed), acc = 0;
-            int k = 0;
-            for (k = 0; k < d->nclasses - 1; k++) {
-                acc += d->classes[k].share;
-                if (u < acc)
-                    break;
-            }
-            const sched_class *cl = &d->classes[k];
-            /* Lengths uniform in [0.5, 1.5] x the class mean, within the class bound. */
-            double in = fmax(1, round(cl->input_mean * (0.5 + rng_unit(&seed))));
-            double out = fmax(1, round(cl->output_mean * (0.5 + rng_unit(&seed))));
-            if (in + out > cl->max_tokens)
-                in = fmax(1, cl->max_tokens - out);
-            if (nr >= total)
-                break;
-            R[nr] = (req){at, (float)in, (float)out, (short)m, (short)k};
-            queue *q = &Q[m * SCHED_MAX_CLASSES + k];
-            if (q->n % 1024 == 0) {
-                int *n = realloc(q->ids, (size_t)(q->n + 1024) * sizeof *n);
-                if (!n)
-                    goto oom;
-                q->ids = n;
-            }
-            q->ids[q->n++] = nr++;
-        }
-    }
+    int nr = make_requests(w, total, &seed, R, Q);
+    if (nr < 0)
+        goto oom;
     res->requests_total = nr;
     /* Replicas. */
-    for (int i = 0; i < p->n; i++) {
-        rep *x = &P[i];
-        x->r = &p->r[i];
-        x->c = &cs->c[x->r->cand];
-        x->d = &w->models[x->c->model];
-        x->kv_cap = 0;
-        for (int k = 0; k < x->d->nclasses; k++)
-            if (x->c->serves[k])
-                x->kv_cap = x->c->perf[k].kv_tokens;
-        x->cap_batch = pp->max_batch;
-        x->running = malloc((size_t)x->cap_batch * sizeof *x->running);
-        if (!x->running)
-            goto oom;
-        H[i] = (ev){0, i};
-    }
+    if (make_replicas(p, w, cs, pp, P, H))
+        goto oom;
     int nh = p->n; /* every replica starts at t=0: already a heap */
     /* Failures, in time order, mapped to replicas. */
     int *fail_rep = malloc(((size_t)nfails + 1) * sizeof *fail_rep);
@@ -249,103 +379,23 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
     while (nh > 0) {
         ev x = heap_pop(H, &nh);
         now = x.t;
-        for (; nextfail < nfails && fails[nextfail].at_s <= now; nextfail++) {
-            int r = fail_rep[nextfail];
-            if (r < 0 || P[r].dead)
-                continue;
-            rep *y = &P[r];
-            y->dead = 1;
-            y->end = fails[nextfail].at_s;
-            for (int j = 0; j < y->nrun; j++) {
-                const req *q0 = &R[y->running[j].id];
-                queue *q = &Q[q0->model * SCHED_MAX_CLASSES + q0->cls];
-                int *n = realloc(q->retry, (size_t)(q->nretry + 1) * sizeof *n);
-                if (!n)
-                    goto oom;
-                q->retry = n;
-                q->retry[q->nretry++] = y->running[j].id;
-                res->retried++;
-            }
-            y->nrun = 0;
-        }
+        if (apply_failures(fails, nfails, fail_rep, &nextfail, now, P, R, Q, res))
+            goto oom;
         rep *y = &P[x.r];
         if (y->dead)
             continue;
         const sched_model *m = &y->d->model;
-        int mi = y->c->model;
         /* Admit. */
-        double pre = 0;
         int cls_any = 0;
-        for (;;) {
-            if (y->nrun >= y->cap_batch)
-                break;
-            int best = -1, id = -1;
-            double bestv = INFINITY;
-            for (int k = 0; k < y->d->nclasses; k++) {
-                if (!y->c->serves[k] || y->r->share[k] <= 0)
-                    continue;
-                int cand = q_peek(&Q[mi * SCHED_MAX_CLASSES + k], R, now);
-                if (cand < 0)
-                    continue;
-                double v = y->served[k] / y->r->share[k];
-                if (v < bestv) {
-                    bestv = v, best = k, id = cand;
-                }
-            }
-            if (best < 0)
-                break;
-            double need = R[id].in + R[id].out;
-            if (y->kv_used + need > y->kv_cap)
-                break;
-            q_pop(&Q[mi * SCHED_MAX_CLASSES + best]);
-            y->served[best] += 1;
-            y->kv_used += need;
-            y->ctx_sum += R[id].in;
-            y->running[y->nrun++] = (run){id, R[id].out};
-            pre += prefill_time(y->c, m, cat, f->link_gbps, R[id].in, best, pp);
-            cls_any = best;
-        }
+        double pre = admit(y, Q, R, now, cat, f->link_gbps, pp, &cls_any);
         if (y->nrun == 0) {
-            /* Nothing to run now: sleep until the next arrival it may take, or finish. */
-            double next = INFINITY;
-            for (int k = 0; k < y->d->nclasses; k++) {
-                queue *q = &Q[mi * SCHED_MAX_CLASSES + k];
-                if (y->c->serves[k] && y->r->share[k] > 0 && q->head < q->n)
-                    next = fmin(next, R[q->ids[q->head]].arrive);
-            }
-            if (isfinite(next) && next > now) {
-                heap_push(H, &nh, (ev){next, x.r});
-            } else if (!isfinite(next)) {
-                y->done = 1;
-                y->end = now;
-            } else {
-                /* A request is waiting but does not fit an empty replica: unservable here. */
-                y->done = 1;
-                y->end = now;
-            }
+            idle_or_finish(y, x.r, Q, R, now, H, &nh);
             continue;
         }
         double ctx = y->ctx_sum / y->nrun;
         double dt = pre + step_time(y->c, m, cat, f->link_gbps, y->nrun, ctx, cls_any, pp);
         now += dt;
-        /* Advance every running sequence by one token. */
-        for (int j = 0; j < y->nrun;) {
-            run *u = &y->running[j];
-            u->left -= 1;
-            y->ctx_sum += 1;
-            if (u->left <= 0) {
-                const req *q0 = &R[u->id];
-                res->tokens += q0->in + q0->out;
-                res->requests_done++;
-                y->kv_used -= q0->in + q0->out;
-                y->ctx_sum -= q0->in + q0->out;
-                if (now > res->makespan_s)
-                    res->makespan_s = now;
-                y->running[j] = y->running[--y->nrun];
-            } else {
-                j++;
-            }
-        }
+        advance(y, R, now, res);
         heap_push(H, &nh, (ev){now, x.r});
     }
     for (int i = 0; i < p->n; i++) {
