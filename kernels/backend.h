@@ -2,7 +2,9 @@
  * that the engine calls for every operation of a forward pass, in the style of ggml's
  * backends. The CPU backend (kernels/cpu/backend_cpu.c) is always built and is the reference;
  * the CUDA backend (kernels/cuda/) implements the same table. Devices by name: "cpu",
- * "cpu:N", "cpu-exact", "cuda:K", "cuda-exact:K", "auto" (md_backend_open below).
+ * "cpu:N", "cpu-exact", "cuda:K", "cuda-exact:K", "auto" (md_backend_open below). Adding an
+ * op touches both backends, the engine and several tests: docs/engine.md, "How to add a
+ * backend op", lists them in order.
  *
  * Memory model.
  *  - A md_buf is an opaque handle to device memory owned by one backend. The engine never

@@ -751,8 +751,13 @@ static void gemv_group(const cuda_mm_w *w, int n_w, int first, const float *x, i
         sg->v16[sg->n_seg] = gemv_v16(&w[i], x, k);
         sg->end[sg->n_seg++] = rows;
     }
-    for (int s = sg->n_seg; s < CUDA_MM_MAX; s++)
+    /* unused segments: never read, but defined, so equal launches have equal parameters */
+    for (int s = sg->n_seg; s < CUDA_MM_MAX; s++) {
+        sg->w[s] = NULL;
+        sg->y[s] = NULL;
+        sg->v16[s] = 0;
         sg->end[s] = rows;
+    }
 }
 
 /* The k_gemv_n / k_gemv_swiglu instance for m rows of x: MT = 1 for one token (the batch-1

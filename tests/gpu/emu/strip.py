@@ -4,7 +4,9 @@
                                            contain a <<<...>>> launch, CUDA_GUARD or cuBLAS)
     strip.py --launchers FILE.cu [OUT.cc]  everything kept; each launch NAME<<<cfg>>>(args)
                                            becomes emu_launch_k(emu_cfg(cfg), "NAME", NAME, args), a
-                                           launch on the emulated runtime (emu_rt.cc)
+                                           launch on the emulated runtime (emu_rt.cc); in a
+                                           macro whose parameter NAME is, #NAME (the name the
+                                           macro is given, for the launch log)
 
 (stdout without OUT)"""
 import sys
@@ -26,6 +28,21 @@ def match_paren(s, i):
             if depth == 0:
                 return j + 1
     raise SystemExit('strip.py: unbalanced parentheses after offset %d' % i)
+
+
+def macro_params(s, i):
+    """The parameter names of the #define whose (continued) line holds offset i, or []."""
+    start = s.rfind('\n', 0, i) + 1
+    while start > 1 and s[start - 2] == '\\':
+        start = s.rfind('\n', 0, start - 1) + 1
+    line = s[start:i].lstrip()
+    if not line.startswith('#define'):
+        return []
+    open_ = line.find('(')
+    close = line.find(')', open_)
+    if open_ < 0 or close < 0 or ' ' in line[len('#define '):open_].strip():
+        return []
+    return [p.strip() for p in line[open_ + 1:close].split(',')]
 
 
 def rewrite_launches(s):
@@ -62,8 +79,11 @@ def rewrite_launches(s):
         e = match_paren(s, a)
         inner = s[a + 1:e - 1].strip()
         out.append(s[pos:b])
-        out.append('emu_launch_k(emu_cfg(%s), "%s", %s%s%s)' % (cfg, name.replace('"', ''), name,
-                                                             ', ' if inner else '', inner))
+        label = '"%s"' % name.replace('"', '')
+        if name in macro_params(s, b):  # GEMV_LAUNCH(kernel, ...): the name it is given
+            label = '#' + name
+        out.append('emu_launch_k(emu_cfg(%s), %s, %s%s%s)' % (cfg, label, name,
+                                                           ', ' if inner else '', inner))
         pos = e
 
 

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <vector>
 #include <tuple>
+#include <type_traits>
 
 #include "common/dtype.h" /* the half and bfloat16 conversions behind __half2float & co. */
 
@@ -299,9 +300,43 @@ struct emu_cfg_t {
 static inline emu_cfg_t emu_cfg(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = nullptr) {
     return {g, b, smem, s};
 }
-void emu_submit(const emu_cfg_t &c, const char *name, std::function<void()> kernel);
+/* One argument of a launch for the launch log (emu_log.h): its bits and what they are. */
+struct emu_arg {
+    uint64_t v;
+    int kind; /* EMU_ARG_VALUE, EMU_ARG_PTR, or EMU_ARG_WORD (8 bytes of a struct argument) */
+};
+enum { EMU_ARG_VALUE, EMU_ARG_PTR, EMU_ARG_WORD };
+extern int emu_log_on; /* emu_log_start .. emu_log_stop: arguments are kept only then */
+template <class T> static inline void emu_arg_push(std::vector<emu_arg> &out, const T &a) {
+    if constexpr (std::is_pointer_v<T>) {
+        out.push_back({(uint64_t)(uintptr_t)a, EMU_ARG_PTR});
+    } else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) {
+        uint64_t v = 0;
+        memcpy(&v, &a, sizeof a);
+        out.push_back({v, EMU_ARG_VALUE});
+    } else { /* a struct by value (gemv_segs): its words, padding cleared */
+        T c = a;
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_clear_padding)
+        __builtin_clear_padding(&c); /* else padding bytes may differ between equal launches */
+#endif
+#endif
+        const unsigned char *b = (const unsigned char *)&c;
+        for (size_t i = 0; i < sizeof c; i += 8) {
+            uint64_t v = 0;
+            memcpy(&v, b + i, sizeof c - i < 8 ? sizeof c - i : 8);
+            out.push_back({v, EMU_ARG_WORD});
+        }
+    }
+}
+void emu_submit(const emu_cfg_t &c, const char *name, std::function<void()> kernel,
+                std::vector<emu_arg> args);
 template <class F, class... A>
 static inline void emu_launch_k(const emu_cfg_t &c, const char *name, F f, A... a) {
     std::tuple<A...> t(a...);
-    emu_submit(c, name, [f, t] { std::apply(f, t); });
+    std::vector<emu_arg> args;
+    if (emu_log_on)
+        (emu_arg_push(args, a), ...);
+    emu_submit(
+        c, name, [f, t] { std::apply(f, t); }, std::move(args));
 }
