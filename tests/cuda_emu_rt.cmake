@@ -52,7 +52,7 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
   medley_emu_test(test_cuda_backend_emu test_cuda_backend.c LABELS emu-short)
   # the backend's host logic (graphs, weight copies, argument checks) on the real ctx.cu and
   # gemm.cu, compared through emu_rt.cc's launch log (an emulator-only test, no device build)
-  medley_emu_test(test_cuda_host_emu emu/test_cuda_host_emu.c LABELS emu-short)
+  medley_emu_test(test_cuda_host_emu emu/test_cuda_host_emu.c)
   medley_emu_test(test_cuda_engine_emu test_cuda_engine.c LABELS emu-short)
   # the backend and the kernel test with each block's threads resumed in other orders
   medley_emu_orders(test_cuda_backend_emu test_cuda_backend_emu ORDERS reverse random:1)
