@@ -36,6 +36,9 @@ typedef struct {
     int json, n_threads, max_seqs, batch_tokens, n_ctx, kv_mb;
     const char *kv_type;
     const char *bf16_weights;
+    const char *stages;
+    int tp, microbatches;
+    long long mem_cap;
     md_sampling s;
     const char *stop[MAX_STOP + 1];
     int n_stop;
@@ -82,7 +85,15 @@ static void usage(FILE *f) {
             "                          at most half the free memory), on, off\n"
             "      --max-seqs N        sequences per step (default 64 on cpu, 256 on cuda)\n"
             "      --batch-tokens N    tokens per step (default 512 on cpu, 2048 on cuda)\n"
-            "      --kv-mb N           KV cache budget in MiB (default: min(needed, 1024))\n",
+            "      --kv-mb N           KV cache budget in MiB (default: min(needed, 1024))\n"
+            "      --stages SPEC       run the model as pipeline stages: a comma list of\n"
+            "                          [tcp://HOST:PORT/]DEVICE:LO-HI (layers LO to HI), e.g.\n"
+            "                          cpu:0-11,tcp://127.0.0.1:7701/cpu:12-29 (docs/sharding.md)\n"
+            "      --tp N              tensor parallelism over N ranks in each local stage\n"
+            "      --mem-cap SIZE      refuse a local stage whose weights + KV cache exceed\n"
+            "                          SIZE (e.g. 512M)\n"
+            "      --microbatches N    micro-batches per step through the stages (default:\n"
+            "                          two per stage)\n",
             MAX_STOP, MD_TOP_LOGPROBS);
 }
 
@@ -136,6 +147,10 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         O_BF16W,
         O_LOGPROBS,
         O_TOP_LOGPROBS,
+        O_STAGES,
+        O_TP,
+        O_MEMCAP,
+        O_MICRO,
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},
@@ -167,6 +182,10 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         {"kv-mb", required_argument, 0, O_KVMB},
         {"kv-type", required_argument, 0, O_KVTYPE},
         {"bf16-weights", required_argument, 0, O_BF16W},
+        {"stages", required_argument, 0, O_STAGES},
+        {"tp", required_argument, 0, O_TP},
+        {"mem-cap", required_argument, 0, O_MEMCAP},
+        {"microbatches", required_argument, 0, O_MICRO},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -224,6 +243,16 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         case O_KVMB: rc = parse_int(optarg, "--kv-mb", 1, 1 << 24, &o->kv_mb); break;
         case O_KVTYPE: o->kv_type = optarg; break;
         case O_BF16W: o->bf16_weights = optarg; break;
+        case O_STAGES: o->stages = optarg; break;
+        case O_TP: rc = parse_int(optarg, "--tp", 1, 8, &o->tp); break;
+        case O_MICRO: rc = parse_int(optarg, "--microbatches", 1, 64, &o->microbatches); break;
+        case O_MEMCAP:
+            if ((o->mem_cap = md_parse_size(optarg)) <= 0) {
+                fprintf(stderr, "medley generate: --mem-cap must be a size such as 512M, got "
+                                "\"%s\"\n", optarg);
+                rc = -1;
+            }
+            break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return -1;
         }
@@ -318,7 +347,12 @@ static int open_engine(const gen_opts *o, md_engine **eng) {
                             .kv_budget_bytes = (size_t)o->kv_mb << 20,
                             .kv_type = o->kv_type,
                             .bf16_weights = o->bf16_weights,
-                            .n_ctx = o->n_ctx};
+                            .n_ctx = o->n_ctx,
+                            .stages = o->stages,
+                            .model_name = o->model,
+                            .tp = o->tp,
+                            .microbatches = o->microbatches,
+                            .stage_mem_cap = (size_t)(o->mem_cap > 0 ? o->mem_cap : 0)};
     if (md_engine_open(&cfg, eng, &e)) {
         fprintf(stderr, "medley generate: %s\n", e.msg);
         return 1;

@@ -213,3 +213,26 @@ int md_json_get_bool(json_t *obj, const char *key, int required, int *out, const
     *out = json_is_true(v);
     return 0;
 }
+
+long long md_parse_size(const char *s) {
+    if (!s || !*s)
+        return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0))
+        return -1;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    case 't': case 'T': mul = 1099511627776.0; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'B')
+        end += *end == 'i' ? (end[1] == 'B' ? 2 : 1) : 1;
+    if (*end || v * mul > 9e18)
+        return -1;
+    return (long long)(v * mul);
+}

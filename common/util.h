@@ -43,4 +43,7 @@ int md_json_get_num(json_t *obj, const char *key, int required, double *out, con
 int md_json_get_bool(json_t *obj, const char *key, int required, int *out, const char *where,
                      md_err *e);
 
+/* "123", "64k", "512M", "2G" (powers of 1024) into bytes; -1 for anything else. */
+long long md_parse_size(const char *s);
+
 #endif

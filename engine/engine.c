@@ -24,6 +24,7 @@
 #include "engine/gguf.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
+#include "engine/pipeline.h"
 #include "engine/sampler.h"
 #include "engine/synth.h"
 
@@ -69,8 +70,10 @@ struct md_engine {
     void *synth; /* a synthetic model's GGUF image (synth.h), or NULL */
     size_t synth_len;
     tok_tokenizer *tok;
-    md_backend *be;
-    md_model *m;
+    md_backend *be; /* NULL when sharded */
+    md_model *m;    /* NULL when sharded */
+    md_pipe *pipe;  /* the stages of a sharded model, else NULL */
+    md_hparams hp;  /* from the metadata */
     kv_cache *kv;
     md_kv_bufs kvb;
     md_fwd fwd;
@@ -211,13 +214,13 @@ int md_engine_model_facts(const char *path, md_model_facts *out, md_err *e) {
 /* Batch sizes: the configuration's, else the backend's, else a CPU's. */
 static void size_batches(md_engine *eng) {
     const md_engine_config *cfg = &eng->cfg;
-    const md_backend_ops *bo = eng->be->ops;
-    eng->max_seqs = cfg->max_seqs          ? cfg->max_seqs
-                    : bo->default_max_seqs ? bo->default_max_seqs
-                                           : 64;
-    eng->max_batch = cfg->max_batch_tokens     ? cfg->max_batch_tokens
-                     : bo->default_step_tokens ? bo->default_step_tokens
-                                               : 512;
+    const md_backend_ops *bo = eng->be ? eng->be->ops : NULL;
+    eng->max_seqs = cfg->max_seqs                 ? cfg->max_seqs
+                    : bo && bo->default_max_seqs ? bo->default_max_seqs
+                                                  : 64;
+    eng->max_batch = cfg->max_batch_tokens            ? cfg->max_batch_tokens
+                     : bo && bo->default_step_tokens ? bo->default_step_tokens
+                                                      : 512;
     if (eng->max_batch < eng->max_seqs)
         eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
 }
@@ -227,7 +230,8 @@ static int pick_kv_type(md_engine *eng, md_err *e) {
     const md_engine_config *cfg = &eng->cfg;
     if (cfg->kv_type && strcmp(cfg->kv_type, "f16") && strcmp(cfg->kv_type, "f32"))
         return md_errf(e, MD_EINVAL, "KV cache type \"%s\": expected f16 or f32", cfg->kv_type);
-    eng->kv_type = !cfg->kv_type                  ? eng->be->ops->kv_cache_type
+    eng->kv_type = !cfg->kv_type                  ? (eng->be ? eng->be->ops->kv_cache_type
+                                                             : MD_TYPE_F16)
                    : !strcmp(cfg->kv_type, "f16") ? MD_TYPE_F16
                                                   : MD_TYPE_F32;
     return 0;
@@ -333,6 +337,74 @@ static int alloc_step_buffers(md_engine *eng, md_err *e) {
     return 0;
 }
 
+/* A sharded model (cfg->stages, or cfg->tp > 1 on one device): the head keeps the tokenizer,
+ * the scheduler, the block tables and the sampler; the stages (engine/pipeline.h) hold the
+ * weights and the KV cache of their layers. Sizes as for one device, with a CPU's defaults;
+ * the KV budget (default: every sequence at full length, at most 1 GiB) is over all layers,
+ * each stage holding its layers' share. */
+static int open_sharded(md_engine *eng, md_err *e) {
+    const md_engine_config *cfg = &eng->cfg;
+    char one[128];
+    const char *spec = cfg->stages;
+    if (!spec) {
+        snprintf(one, sizeof one, "%s:0-%d", cfg->device ? cfg->device : "cpu",
+                 eng->hp.n_layer - 1);
+        spec = one;
+    }
+    md_stage_spec sp[MD_STAGE_MAX];
+    int n, rc;
+    md_hparams hp;
+    if ((rc = md_stages_parse(spec, eng->hp.n_layer, sp, MD_STAGE_MAX, &n, e)) ||
+        (rc = md_model_shape(cfg->model_path, &hp, e)))
+        return md_errctx(e, "stages of %s: ", cfg->model_path);
+    eng->hp.n_vocab = hp.n_vocab;
+    size_batches(eng);
+    if ((rc = pick_kv_type(eng, e)))
+        return rc;
+    size_t per_tok = md_kv_bytes_per_token(&eng->hp, eng->kv_type);
+    size_t budget = cfg->kv_budget_bytes;
+    if (budget == 0)
+        budget = default_kv_budget(eng, per_tok, 0, 0, 0, 0, 0);
+    size_t n_blocks = budget / (per_tok * eng->bs);
+    if (n_blocks < 1 || n_blocks > (1u << 26))
+        return md_errf(e, MD_ERANGE,
+                       "KV budget of %zu bytes holds %zu blocks of %d tokens (%zu bytes each)",
+                       budget, n_blocks, eng->bs, per_tok * eng->bs);
+    md_stage_config base = {.kv_type = cfg->kv_type ? eng->kv_type : 0,
+                            .n_threads = cfg->n_threads,
+                            .n_slots = (int)n_blocks * eng->bs,
+                            .max_tokens = eng->max_batch,
+                            .max_seqs = eng->max_seqs,
+                            .max_blocks = eng->max_blocks,
+                            .block_tokens = eng->bs,
+                            .n_ctx = eng->n_ctx};
+    const char *name = cfg->model_name ? cfg->model_name : cfg->model_path;
+    if (strlen(name) >= sizeof base.model)
+        return md_errf(e, MD_EINVAL, "model name too long for a stage: %s", name);
+    snprintf(base.model, sizeof base.model, "%s", name);
+    if ((rc = md_model_hash(cfg->model_path, &base.model_hash, e)))
+        return rc;
+    md_pipe_opts o = {.microbatches = cfg->microbatches,
+                      .timeout_ms = cfg->stage_timeout_ms,
+                      .tp = cfg->tp,
+                      .mem_cap = cfg->stage_mem_cap};
+    if ((rc = md_pipe_open(sp, n, &base, &o, &eng->pipe, e)))
+        return md_errctx(e, "loading %s: ", cfg->model_path);
+    eng->n_vocab = eng->hp.n_vocab;
+    if (tok_n_vocab(eng->tok) > eng->n_vocab)
+        return md_errf(e, MD_EFORMAT, "%s: tokenizer has %d tokens, the output head %d",
+                       cfg->model_path, tok_n_vocab(eng->tok), eng->n_vocab);
+    if ((rc = kv_create((int)n_blocks, eng->bs, &eng->kv, e)) || (rc = alloc_step_buffers(eng, e)))
+        return rc;
+    MD_INFO("engine",
+            "%s: %s, %d layers, width %d, context %d; KV %zu blocks x %d tokens (%.0f MiB over "
+            "the stages); %d seqs, %d tokens per step; %d stages: %s",
+            cfg->model_path, eng->hp.arch, eng->hp.n_layer, eng->hp.n_embd, eng->n_ctx, n_blocks,
+            eng->bs, (double)(n_blocks * eng->bs * per_tok) / (1 << 20), eng->max_seqs,
+            eng->max_batch, n, md_pipe_describe(eng->pipe));
+    return 0;
+}
+
 int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     *out = NULL;
     md_engine *eng = calloc(1, sizeof *eng);
@@ -363,6 +435,12 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
         eng->n_ctx = hpf.n_ctx_train;
     eng->bs = cfg->kv_block_tokens ? cfg->kv_block_tokens : 16;
     eng->max_blocks = (eng->n_ctx + eng->bs - 1) / eng->bs;
+    eng->hp = hpf;
+    if (cfg->stages || cfg->tp > 1 || cfg->stage_mem_cap) {
+        if ((rc = open_sharded(eng, e)))
+            goto fail;
+        goto opened;
+    }
     if ((rc = md_backend_open(cfg->device, cfg->n_threads, &eng->be, e))) {
         md_errctx(e, "loading %s: ", cfg->model_path);
         goto fail;
@@ -416,6 +494,7 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     }
     if ((rc = reserve(eng, n_blocks, e)) || (rc = alloc_step_buffers(eng, e)))
         goto fail;
+    eng->hp = *hp;
     MD_INFO("engine",
             "%s: %s, %d layers, width %d, context %d; KV %zu blocks x %d tokens (%.0f MiB, %s); "
             "%d seqs, %d tokens per step; %s",
@@ -424,6 +503,7 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
             eng->kv_type == MD_TYPE_F16 ? "f16" : eng->kv_type == MD_TYPE_BF16 ? "bf16" : "f32",
             eng->max_seqs, eng->max_batch,
             eng->be->ops->describe(eng->be));
+opened:
     *out = eng;
     return 0;
 fail:
@@ -445,6 +525,7 @@ void md_engine_close(md_engine *eng) {
         md_model_free(eng->m);
     }
     md_backend_free(eng->be);
+    md_pipe_close(eng->pipe);
     kv_free(eng->kv);
     tok_free(eng->tok);
     gguf_close(eng->gf);
@@ -483,6 +564,9 @@ int md_engine_max_seqs(const md_engine *eng) {
 }
 int md_engine_max_batch_tokens(const md_engine *eng) {
     return eng->max_batch;
+}
+struct md_pipe *md_engine_pipe(md_engine *eng) {
+    return eng->pipe;
 }
 struct tok_tokenizer *md_engine_tokenizer(md_engine *eng) {
     return eng->tok;
@@ -780,7 +864,7 @@ static int greedy_plain(const md_sampling *s) {
  * the logprob are made there (engine/sampler.h smp_sample_row semantics, u from the
  * sequence's own stream). */
 static int device_sampled(const md_backend *be, const md_sampling *s) {
-    return be->ops->sample && !greedy_plain(s);
+    return be && be->ops->sample && !greedy_plain(s);
 }
 
 /* Room for n more penalty entries after the first used ones. */
@@ -1039,8 +1123,10 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
     eng->st.tokens += T;
     /* A backend with a device argmax keeps the logits there: greedy rows come back as ids,
      * only the rows a sampler needs are downloaded. */
-    int dev_argmax = eng->be->ops->argmax != NULL;
-    int rc = md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b, dev_argmax ? NULL : eng->logits, e);
+    int dev_argmax = eng->be && eng->be->ops->argmax != NULL;
+    int rc = eng->pipe ? md_pipe_forward(eng->pipe, &b, eng->logits, e)
+                       : md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b,
+                                          dev_argmax ? NULL : eng->logits, e);
     if (rc == 0 && dev_argmax)
         rc = fetch_logits(eng, ns, e);
     if (rc) {
@@ -1150,5 +1236,5 @@ void md_engine_get_stats(const md_engine *eng, md_engine_stats *st) {
     st->kv_blocks = kv_n_blocks(eng->kv);
     st->kv_block_tokens = eng->bs;
     st->kv_blocks_free = kv_n_available(eng->kv);
-    st->kv_bytes = (size_t)st->kv_blocks * eng->bs * md_kv_bytes_per_token(&eng->m->hp, eng->kvb.type);
+    st->kv_bytes = (size_t)st->kv_blocks * eng->bs * md_kv_bytes_per_token(&eng->hp, eng->kv_type);
 }

@@ -35,6 +35,16 @@ typedef struct {
                                  backend that offers it (weight_shadow): "on", "off", or
                                  "auto" (NULL): when weights and copies take at most half the
                                  device memory free before loading */
+    /* Sharded replicas (docs/sharding.md): a comma list of "[tcp://HOST:PORT/]DEVICE:LO-HI"
+     * pipeline stages (engine/pipeline.h); NULL = the whole model on `device`. */
+    const char *stages;
+    const char *model_name; /* what the stages are told to open (a registry name resolves on
+                               each stage's host); NULL = model_path */
+    int tp;                 /* tensor-parallel ranks of each local stage (0/1 = none); with
+                               no stages, tp > 1 makes one stage of the whole model */
+    size_t stage_mem_cap;   /* each local stage's memory cap in bytes (0 = none) */
+    int microbatches;       /* micro-batches per step through the stages (0 = two per stage) */
+    int stage_timeout_ms;   /* a remote stage's answer (0 = 60 s) */
 } md_engine_config;
 
 typedef struct {
@@ -107,6 +117,8 @@ int md_engine_n_vocab(const md_engine *eng);
  * the backend's defaults). */
 int md_engine_max_seqs(const md_engine *eng);
 int md_engine_max_batch_tokens(const md_engine *eng);
+/* The pipeline of a sharded engine (engine/pipeline.h), NULL for one device. */
+struct md_pipe *md_engine_pipe(md_engine *eng);
 struct tok_tokenizer *md_engine_tokenizer(md_engine *eng); /* owned by the engine */
 
 /* Queue a sequence of prompt tokens (copied). Returns 0 and its id in *seq_id, or an error

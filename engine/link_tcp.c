@@ -8,7 +8,7 @@
  * sequence number, written straight into the caller's out; both within the step's timeout.
  *
  * Failure: any error in a step (peer closed, timeout, a malformed or mismatched answer, the
- * stage's ERROR) names "tcp://host:port layers lo-hi", closes the connection and breaks the
+ * stage's ERROR) names "tcp://host:port layers lo-last", closes the connection and breaks the
  * link: every later run() fails at once with the first error. Ownership: the link owns its
  * socket and two frame buffers, which grow to the largest step and are then reused, so a
  * step allocates nothing; md_link_free (ops->free) releases them. One thread at a time. */
@@ -18,11 +18,8 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "engine/gguf.h"
 #include "engine/link.h"
 #include "engine/model.h"
-#include "engine/registry.h"
-#include "engine/synth.h"
 #include "engine/wire.h"
 #include "engine/wire_io.h"
 
@@ -33,8 +30,8 @@ typedef struct {
     md_link base;
     int fd;          /* -1 once broken */
     char addr[280];  /* "tcp://host:port" */
-    char where[320]; /* "tcp://host:port layers lo-hi" */
-    char desc[640];  /* "tcp://host:port layers lo-hi on cpu: ..." */
+    char where[320]; /* "tcp://host:port layers lo-last" */
+    char desc[640];  /* "tcp://host:port layers lo-last on cpu: ..." */
     int n_embd, n_vocab;
     int last; /* hi == n_layer: answers logits */
     int step_ms;
@@ -44,29 +41,6 @@ typedef struct {
     int broken;         /* the code of the error that broke it, 0 while healthy */
     char broken_msg[sizeof(((md_err *)0)->msg)];
 } tcp_link;
-
-/* n_embd, n_vocab and n_layer of the model as the head names it, from its metadata. */
-static int head_hparams(const char *model, md_hparams *hp, md_err *e) {
-    gguf_file *gf = NULL;
-    void *synth = NULL;
-    size_t synth_len = 0;
-    int rc;
-    if (md_synth_is(model)) {
-        rc = md_synth_build(model, 0, &synth, &synth_len, e);
-        if (rc == 0)
-            rc = gguf_open_mem(synth, synth_len, &gf, e);
-    } else {
-        char path[4096];
-        rc = md_model_resolve(model, 1, path, sizeof path, e);
-        if (rc == 0)
-            rc = gguf_open(path, &gf, e);
-    }
-    if (rc == 0)
-        rc = md_hparams_read(gf, hp, e);
-    gguf_close(gf);
-    md_synth_free(synth, synth_len);
-    return rc;
-}
 
 /* Break the link with e's error (prefixed with where and what): the connection is closed
  * and every later run fails with this message. Returns e's code. */
@@ -220,19 +194,19 @@ int md_link_tcp_open(const char *host, int port, const md_stage_config *c, int t
     int v6 = strchr(host, ':') != NULL;
     snprintf(t->addr, sizeof t->addr, "tcp://%s%.256s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "",
              port);
-    snprintf(t->where, sizeof t->where, "%s layers %d-%d", t->addr, c->lo, c->hi);
+    snprintf(t->where, sizeof t->where, "%s layers %d-%d", t->addr, c->lo, c->hi - 1);
     snprintf(t->desc, sizeof t->desc, "%s", t->where);
     t->step_ms = timeout_ms > 0 ? timeout_ms : STEP_MS_DEFAULT;
     int load_ms = timeout_ms > 0 ? timeout_ms : LOAD_MS_DEFAULT;
     md_hparams hp;
-    int rc = head_hparams(c->model, &hp, e);
+    int rc = md_model_shape(c->model, &hp, e);
     if (rc) {
         md_errctx(e, "stage %s: the head cannot read the model's sizes: ", t->where);
         goto fail;
     }
     if (c->hi > hp.n_layer || c->lo < 0 || c->lo >= c->hi) {
-        rc = md_errf(e, MD_EINVAL, "stage %s: layers %d-%d of a %d-layer model", t->where, c->lo,
-                     c->hi, hp.n_layer);
+        rc = md_errf(e, MD_EINVAL, "stage %s: not a range of the model's %d layers", t->where,
+                     hp.n_layer);
         goto fail;
     }
     t->n_embd = hp.n_embd;

@@ -166,6 +166,11 @@ static int bind(md_model *m, const gguf_file *gf, const char *name, int64_t ne0,
 }
 
 int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e) {
+    return md_model_load_range(gf, be, 0, -1, out, e);
+}
+
+int md_model_load_range(const gguf_file *gf, md_backend *be, int lo, int hi, md_model **out,
+                        md_err *e) {
     *out = NULL;
     md_model *m = calloc(1, sizeof *m);
     if (!m)
@@ -177,6 +182,15 @@ int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e
     if (rc)
         goto fail;
     md_hparams *hp = &m->hp;
+    if (hi < 0)
+        hi = hp->n_layer;
+    if (lo < 0 || lo >= hi || hi > hp->n_layer) {
+        rc = md_errf(e, MD_EINVAL, "layers %d-%d are not a range of the model's %d layers", lo,
+                     hi - 1, hp->n_layer);
+        goto fail;
+    }
+    m->lo = lo;
+    m->hi = hi;
     const gguf_tensor *te = gguf_find_tensor(gf, "token_embd.weight");
     if (!te) {
         rc = md_errf(e, MD_EFORMAT, "model lacks tensor token_embd.weight");
@@ -196,13 +210,17 @@ int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e
         goto fail;
     }
     int C = hp->n_embd, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
-    if ((rc = bind(m, gf, "token_embd.weight", C, hp->n_vocab, 0, 0, &m->tok_embd, e)) ||
-        (rc = bind(m, gf, "output_norm.weight", C, 1, 0, 1, &m->out_norm, e)) ||
-        (rc = bind(m, gf, "output.weight", C, hp->n_vocab, 1, 0, &m->output, e)))
+    int tied = gguf_find_tensor(gf, "output.weight") == NULL;
+    if ((lo == 0 || (tied && hi == hp->n_layer)) &&
+        (rc = bind(m, gf, "token_embd.weight", C, hp->n_vocab, 0, 0, &m->tok_embd, e)))
         goto fail;
-    if (!m->output.buf)
+    if (hi == hp->n_layer &&
+        ((rc = bind(m, gf, "output_norm.weight", C, 1, 0, 1, &m->out_norm, e)) ||
+         (rc = bind(m, gf, "output.weight", C, hp->n_vocab, 1, 0, &m->output, e))))
+        goto fail;
+    if (hi == hp->n_layer && !m->output.buf)
         m->output = m->tok_embd;
-    for (int l = 0; l < hp->n_layer; l++) {
+    for (int l = lo; l < hi; l++) {
         md_layer *L = &m->layers[l];
         char n[96];
 #define B(field, suffix, ne0, ne1, opt, flt)                                                       \
@@ -285,7 +303,7 @@ int md_kv_bufs_alloc_type(md_model *m, int n_slots, int type, md_kv_bufs *kv, md
         return md_errf(e, MD_ENOMEM, "out of memory");
     }
     size_t bytes = (size_t)n_slots * md_type_row_bytes(kv->type, (int64_t)m->hp.n_head_kv * m->hp.head_dim);
-    for (int l = 0; l < L; l++) {
+    for (int l = m->lo; l < m->hi; l++) {
         int rc;
         if ((rc = CALL(m, buf_alloc, bytes, &kv->k[l], e)) ||
             (rc = CALL(m, buf_alloc, bytes, &kv->v[l], e))) {
@@ -346,16 +364,23 @@ void md_fwd_free(md_model *m, md_fwd *f) {
 
 static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, md_err *e);
 
-int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, float *logits,
-                     md_err *e) {
-    const md_hparams *hp = &m->hp;
+/* batch_prepare, then (for a stage after the first) the hidden states entering layer lo. */
+static int prepare(md_model *m, md_fwd *f, const md_batch *b, const float *in, md_err *e) {
     int T = b->n_tokens, rc;
     if (T > f->max_tokens || b->n_logits > f->max_logits)
         return md_errf(e, MD_ERANGE, "step of %d tokens / %d logits exceeds buffers of %d / %d", T,
                        b->n_logits, f->max_tokens, f->max_logits);
     if ((rc = CALL(m, batch_prepare, b, e)))
         return rc;
+    if (m->lo > 0)
+        return CALL(m, buf_upload, f->x, 0, in, (size_t)T * m->hp.n_embd * sizeof(float), e);
+    return 0;
+}
+
+/* The device work of the pass, bracketed for step recording when the backend records. */
+static int run_pass(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, md_err *e) {
     const md_backend_ops *ops = BE(m)->ops;
+    int rc;
     int record = ops->step_begin && ops->step_end;
     if (record && (rc = ops->step_begin(BE(m), e)))
         return rc;
@@ -371,7 +396,31 @@ int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, 
             rc = end;
         }
     }
-    if (rc)
+    return rc;
+}
+
+int md_model_forward_stage(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b,
+                           const float *in, float *out, md_err *e) {
+    int rc = prepare(m, f, b, in, e);
+    if (rc || (rc = run_pass(m, f, kv, b, e)))
+        return rc;
+    if (m->hi < m->hp.n_layer)
+        return CALL(m, buf_download, f->x, 0, out,
+                    (size_t)b->n_tokens * m->hp.n_embd * sizeof(float), e);
+    if (b->n_logits == 0)
+        return CALL(m, sync, e);
+    return CALL(m, buf_download, f->logits, 0, out,
+                (size_t)b->n_logits * m->hp.n_vocab * sizeof(float), e);
+}
+
+int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, float *logits,
+                     md_err *e) {
+    const md_hparams *hp = &m->hp;
+    if (m->lo != 0 || m->hi != hp->n_layer)
+        return md_errf(e, MD_EINVAL, "md_model_forward on layers %d-%d of %d: a stage runs "
+                       "through md_model_forward_stage", m->lo, m->hi - 1, hp->n_layer);
+    int rc = prepare(m, f, b, NULL, e);
+    if (rc || (rc = run_pass(m, f, kv, b, e)))
         return rc;
     if (b->n_logits == 0)
         return CALL(m, sync, e);
@@ -399,11 +448,11 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
     int kvd = hp->n_head_kv * hp->head_dim;
     float scale = 1.0f / sqrtf((float)hp->head_dim);
     int rc;
-    if ((rc = CALL(m, embed, &m->tok_embd, f->x, e)))
+    if (m->lo == 0 && (rc = CALL(m, embed, &m->tok_embd, f->x, e)))
         return rc;
     const md_backend_ops *O = BE(m)->ops;
     int fused = O->matmul_n && m->fused;
-    for (int l = 0; l < hp->n_layer; l++) {
+    for (int l = m->lo; l < m->hi; l++) {
         const md_layer *L = &m->layers[l];
         /* attention block: x [T, C] += wo · attn(rope(wq·n(x)), rope(wk·n(x)), wv·n(x)) */
         if ((rc = CALL(m, rmsnorm, f->x, &L->attn_norm, f->xb, T, C, hp->eps, e)))
@@ -447,7 +496,7 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
         if (rc || (rc = residual(m, fused, &L->w_down, f->hb, f->xb, f->x, T, e)))
             return rc;
     }
-    if (b->n_logits == 0)
+    if (b->n_logits == 0 || m->hi < hp->n_layer)
         return 0;
     /* head only on the rows that need logits: xl [n_logits, C] -> logits [n_logits, V] */
     if ((rc = CALL(m, gather_rows, f->x, f->xl, C, e)) ||

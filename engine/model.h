@@ -41,9 +41,11 @@ typedef struct {
 typedef struct md_model {
     md_hparams hp;
     md_backend *be;
-    md_tensor tok_embd, out_norm, output; /* output aliases tok_embd when tied */
-    md_layer *layers;
-    md_buf **bufs; /* wrapped weight buffers */
+    md_tensor tok_embd, out_norm, output; /* output aliases tok_embd when tied; tok_embd is
+                                             bound when lo == 0, the head when hi == n_layer */
+    md_layer *layers; /* [n_layer]; only [lo, hi) bound */
+    int lo, hi;       /* the layers this model holds: all, or one pipeline stage's (stage.h) */
+    md_buf **bufs;    /* wrapped weight buffers */
     int n_bufs;
     md_buf *inv_freq; /* [rot_dims / 2] */
     /* Use the backend's fused matmul_n (Q/K/V in one product, residual adds and SwiGLU
@@ -54,11 +56,16 @@ typedef struct md_model {
 /* Read hyperparameters and bind every weight, checking names, shapes and types; a missing
  * or malformed tensor is MD_EFORMAT naming it. */
 int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e);
+/* Only the layers [lo, hi) (0 <= lo < hi <= n_layer), with the token embedding when lo == 0
+ * and the final norm and output head when hi == n_layer: one pipeline stage's weights. */
+int md_model_load_range(const gguf_file *gf, md_backend *be, int lo, int hi, md_model **out,
+                        md_err *e);
 void md_model_free(md_model *m);
 /* Fill hp from the file's metadata only (no tensors). */
 int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e);
 
-/* KV cache of one layer: K and V of n_slots slots of kv_dim = n_head_kv * head_dim. */
+/* KV cache of the model's layers [lo, hi) (NULL outside): K and V of n_slots slots of kv_dim
+ * = n_head_kv * head_dim each. */
 typedef struct {
     md_buf **k, **v; /* [n_layer] */
     int n_slots;
@@ -86,5 +93,10 @@ void md_fwd_free(md_model *m, md_fwd *f);
  * NULL they stay in f->logits [n_logits, n_vocab] on the device. */
 int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, float *logits,
                      md_err *e);
+/* One pipeline stage's part of the step: in [T, n_embd] (host) are the hidden states entering
+ * layer lo (ignored when lo == 0: the tokens are embedded); out (host) gets those leaving
+ * layer hi - 1 [T, n_embd], or when hi == n_layer the logits [n_logits, n_vocab]. */
+int md_model_forward_stage(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b,
+                           const float *in, float *out, md_err *e);
 
 #endif

@@ -51,6 +51,10 @@ typedef struct md_stage md_stage;
  * (or the same synthetic name) get the same value. */
 int md_model_hash(const char *model, uint64_t *out, md_err *e);
 
+/* The model's hyperparameters from its metadata (n_vocab from the embedding when the
+ * metadata lacks it), loading no weight. */
+int md_model_shape(const char *model, md_hparams *hp, md_err *e);
+
 /* Bytes the layers [lo, hi) of model take on a backend (weights, with the embedding for lo
  * == 0 and the head for hi == n_layer) and per KV slot (K and V of those layers). */
 int md_stage_bytes(const char *model, int lo, int hi, int kv_type, size_t *weights,
