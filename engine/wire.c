@@ -448,7 +448,7 @@ int md_wire_get_hello(const uint8_t *p, size_t n, md_stage_config *c, int *n_voc
         (rc = rd_int(&r, "n_embd", 0, MAX_EMBD, &embd)) || (rc = rd_end(&r)))
         return rc;
     if (x.hi <= x.lo)
-        return md_errf(e, MD_EFORMAT, "HELLO frame: empty layer range %d-%d", x.lo, x.hi);
+        return md_errf(e, MD_EFORMAT, "HELLO frame: empty layer range [%d, %d)", x.lo, x.hi);
     if (!x.model[0])
         return md_errf(e, MD_EFORMAT, "HELLO frame: no model named");
     if (cap > SIZE_MAX)
@@ -485,10 +485,10 @@ int md_wire_ready_check(const md_wire_ready *r, const md_stage_config *c, int n_
             where, (unsigned long long)r->model_hash, c->model, (unsigned long long)c->model_hash);
     if (r->lo != c->lo || r->hi != c->hi)
         return md_errf(e, MD_EINVAL, "stage %s answered for layers %d-%d, the head asked %d-%d",
-                       where, r->lo, r->hi, c->lo, c->hi);
+                       where, r->lo, r->hi - 1, c->lo, c->hi - 1);
     if (r->hi > r->n_layer)
         return md_errf(e, MD_EINVAL, "stage %s: layers %d-%d of a %d-layer model", where, r->lo,
-                       r->hi, r->n_layer);
+                       r->hi - 1, r->n_layer);
     if ((n_embd && r->n_embd != n_embd) || (n_vocab && r->n_vocab != n_vocab))
         return md_errf(e, MD_EINVAL,
                        "stage %s has n_embd %d and n_vocab %d, the head's model %d and %d", where,

@@ -135,7 +135,7 @@ void md_wire_result_end(md_wire_buf *b, uint32_t seq);
 int md_wire_get_hello(const uint8_t *p, size_t n, md_stage_config *c, int *n_vocab, int *n_embd,
                       md_err *e);
 int md_wire_get_ready(const uint8_t *p, size_t n, md_wire_ready *r, md_err *e);
-/* The READY r a stage at `where` ("tcp://h:p layers 0-4") answered to a HELLO of c (and the
+/* The READY r a stage at `where` ("tcp://h:p layers 0-3") answered to a HELLO of c (and the
  * head's n_embd, n_vocab, 0 = unknown) against what was asked: model hash (when c's is not
  * 0), layers, widths. MD_EINVAL saying what differs. */
 int md_wire_ready_check(const md_wire_ready *r, const md_stage_config *c, int n_embd, int n_vocab,

@@ -476,7 +476,7 @@ static void test_hello_with_bad_fields_is_refused(void **state) {
     } bad[6];
     for (int i = 0; i < 6; i++)
         bad[i].c = config(1, 2);
-    bad[0].says = "empty layer range 1-1";
+    bad[0].says = "empty layer range [1, 1)";
     bad[0].c.hi = 1;
     bad[1].says = "tp = 9";
     bad[1].c.tp = 9;
@@ -522,7 +522,7 @@ static void test_ready_for_another_model_or_range_is_refused(void **state) {
     md_wire_ready r = {
         .model_hash = c.model_hash, .lo = 2, .hi = 4, .n_layer = 4, .n_embd = 128, .n_vocab = 512};
     md_err e = {0};
-    const char *where = "tcp://10.0.0.2:7701 layers 2-4";
+    const char *where = "tcp://10.0.0.2:7701 layers 2-3";
     assert_int_equal(md_wire_ready_check(&r, &c, 128, 512, where, &e), 0);
     md_wire_ready x = r;
     x.model_hash = 0xfeedull;
@@ -535,7 +535,7 @@ static void test_ready_for_another_model_or_range_is_refused(void **state) {
     x = r;
     x.lo = 1;
     assert_int_equal(md_wire_ready_check(&x, &c, 128, 512, where, &e), MD_EINVAL);
-    assert_non_null(strstr(e.msg, "answered for layers 1-4, the head asked 2-4"));
+    assert_non_null(strstr(e.msg, "answered for layers 1-3, the head asked 2-3"));
     x = r;
     x.n_layer = 3;
     assert_int_equal(md_wire_ready_check(&x, &c, 128, 512, where, &e), MD_EINVAL);
