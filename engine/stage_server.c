@@ -209,7 +209,12 @@ static void serve_head(server *s, int fd, const char *peer) {
     }
     MD_INFO("stage", "head %s: ready, %s", peer, r.describe);
     long steps = 0;
-    while (!wait_head(s, fd, peer)) {
+    for (;;) {
+        if (wait_head(s, fd, peer)) {
+            MD_INFO("stage", "head %s: closing its connection after %ld steps: stopping", peer,
+                    steps);
+            return;
+        }
         rc = md_wire_recv_frame(fd, 1u << MD_WIRE_RUN, s->lim.max_payload,
                                 md_wire_deadline(s->o->io_ms), s->stop, &h, &s->rx, &eof, &e);
         if (rc) {

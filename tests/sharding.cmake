@@ -4,3 +4,9 @@
 set(SHARDING_TEST_LIBS medley_engine PkgConfig::JANSSON)
 medley_test(test_wire SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_wire.c
             LIBS ${SHARDING_TEST_LIBS} LABELS unit)
+# md_link_tcp_open against md_stage_serve in a thread, on synthetic:tiny: bit for bit the
+# in-process stage's answers, and every failure reported within the link's timeout (unit:
+# no model file needed, so it runs under ASan+UBSan too).
+medley_test(test_stage_tcp SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_stage_tcp.c
+            LIBS ${SHARDING_TEST_LIBS} LABELS unit)
+set_tests_properties(test_stage_tcp PROPERTIES TIMEOUT 300)
