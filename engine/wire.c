@@ -473,6 +473,9 @@ int md_wire_get_ready(const uint8_t *p, size_t n, md_wire_ready *out, md_err *e)
         (rc = rd_int(&r, "n_vocab", 1, MAX_VOCAB, &x.n_vocab)) ||
         (rc = rd_str(&r, "describe", x.describe, sizeof x.describe)) || (rc = rd_end(&r)))
         return rc;
+    if (x.hi <= x.lo || x.hi > x.n_layer)
+        return md_errf(e, MD_EFORMAT, "READY frame: layers [%d, %d) of a %d-layer model", x.lo,
+                       x.hi, x.n_layer);
     *out = x;
     return 0;
 }
@@ -486,9 +489,6 @@ int md_wire_ready_check(const md_wire_ready *r, const md_stage_config *c, int n_
     if (r->lo != c->lo || r->hi != c->hi)
         return md_errf(e, MD_EINVAL, "stage %s answered for layers %d-%d, the head asked %d-%d",
                        where, r->lo, r->hi - 1, c->lo, c->hi - 1);
-    if (r->hi > r->n_layer)
-        return md_errf(e, MD_EINVAL, "stage %s: layers %d-%d of a %d-layer model", where, r->lo,
-                       r->hi - 1, r->n_layer);
     if ((n_embd && r->n_embd != n_embd) || (n_vocab && r->n_vocab != n_vocab))
         return md_errf(e, MD_EINVAL,
                        "stage %s has n_embd %d and n_vocab %d, the head's model %d and %d", where,

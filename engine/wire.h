@@ -134,6 +134,7 @@ void md_wire_result_end(md_wire_buf *b, uint32_t seq);
  * (layers, threads, slots, token counts) and that the strings fit c's fields. */
 int md_wire_get_hello(const uint8_t *p, size_t n, md_stage_config *c, int *n_vocab, int *n_embd,
                       md_err *e);
+/* A READY, its layers a range of its n_layer. */
 int md_wire_get_ready(const uint8_t *p, size_t n, md_wire_ready *r, md_err *e);
 /* The READY r a stage at `where` ("tcp://h:p layers 0-3") answered to a HELLO of c (and the
  * head's n_embd, n_vocab, 0 = unknown) against what was asked: model hash (when c's is not

@@ -10,3 +10,6 @@ medley_test(test_wire SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_wire.c
 medley_test(test_stage_tcp SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_stage_tcp.c
             LIBS ${SHARDING_TEST_LIBS} LABELS unit)
 set_tests_properties(test_stage_tcp PROPERTIES TIMEOUT 300)
+medley_test(test_wire_fuzz SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/test_wire_fuzz.c
+            LIBS ${SHARDING_TEST_LIBS} LABELS fuzz)
+set_tests_properties(test_wire_fuzz PROPERTIES TIMEOUT 600)

@@ -537,9 +537,6 @@ static void test_ready_for_another_model_or_range_is_refused(void **state) {
     assert_int_equal(md_wire_ready_check(&x, &c, 128, 512, where, &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "answered for layers 1-3, the head asked 2-3"));
     x = r;
-    x.n_layer = 3;
-    assert_int_equal(md_wire_ready_check(&x, &c, 128, 512, where, &e), MD_EINVAL);
-    x = r;
     x.n_embd = 64;
     assert_int_equal(md_wire_ready_check(&x, &c, 128, 512, where, &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "n_embd 64"));
@@ -547,6 +544,17 @@ static void test_ready_for_another_model_or_range_is_refused(void **state) {
     x.n_vocab = 511;
     assert_int_equal(md_wire_ready_check(&x, &c, 128, 512, where, &e), MD_EINVAL);
     assert_int_equal(md_wire_ready_check(&x, &c, 0, 0, where, &e), 0); /* unknown widths */
+    /* a READY whose layers are not a range of its own model does not decode */
+    md_wire_buf b = {0};
+    x = r;
+    x.n_layer = 3;
+    assert_int_equal(md_wire_put_ready(&b, &x, &e), 0);
+    size_t n;
+    uint8_t *p = payload_copy(&b, &n);
+    assert_int_equal(md_wire_get_ready(p, n, &x, &e), MD_EFORMAT);
+    assert_non_null(strstr(e.msg, "layers [2, 4) of a 3-layer model"));
+    free(p);
+    md_wire_buf_free(&b);
 }
 
 static uint64_t rng = 0x5eed;
