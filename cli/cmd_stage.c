@@ -147,9 +147,14 @@ int cmd_stage(int argc, char **argv) {
     md_err e = {0};
     char dev[64];
     if (device) { /* a device that cannot be used is an error now, not at the first head */
+        md_device_id id;
         if (md_backend_resolve(device, dev, sizeof dev, &e)) {
             MD_ERROR("stage", "%s", e.msg);
             return 1;
+        }
+        if (md_device_parse(dev, &id, &e)) {
+            fprintf(stderr, "medley stage: --device %s: %s\n", device, e.msg);
+            return 2;
         }
         o.device = dev;
     }

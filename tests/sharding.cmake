@@ -13,3 +13,8 @@ set_tests_properties(test_stage_tcp PROPERTIES TIMEOUT 300)
 medley_test(test_wire_fuzz SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/test_wire_fuzz.c
             LIBS ${SHARDING_TEST_LIBS} LABELS fuzz)
 set_tests_properties(test_wire_fuzz PROPERTIES TIMEOUT 600)
+# `medley stage` processes under `medley generate --stages`: synthetic:tiny always, SmolLM2
+# in three stages when fetched; SIGTERM, usage errors, a taken port.
+medley_test(test_stage_cli SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_stage_cli.c
+            LIBS ${SHARDING_TEST_LIBS} LABELS e2e)
+set_tests_properties(test_stage_cli PROPERTIES TIMEOUT 600)
