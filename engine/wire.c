@@ -32,11 +32,7 @@ _Static_assert(sizeof(float) == 4, "F32 payloads");
 
 const char *md_wire_type_name(int type) {
     static const char *names[] = {NULL, "HELLO", "READY", "RUN", "RESULT", "ERROR"};
-    static char other[24];
-    if (type >= MD_WIRE_HELLO && type <= MD_WIRE_ERROR)
-        return names[type];
-    snprintf(other, sizeof other, "type %d", type);
-    return other;
+    return type >= MD_WIRE_HELLO && type <= MD_WIRE_ERROR ? names[type] : "unknown";
 }
 
 int md_wire_buf_reserve(md_wire_buf *b, size_t cap, md_err *e) {
@@ -131,7 +127,7 @@ int md_wire_hdr_get(const uint8_t h[MD_WIRE_HDR], md_wire_hdr *out, md_err *e) {
 }
 
 int md_wire_hdr_check(const md_wire_hdr *h, unsigned allowed, uint64_t max_payload, md_err *e) {
-    if (!(allowed & (1u << h->type))) {
+    if (h->type < MD_WIRE_HELLO || h->type > MD_WIRE_ERROR || !(allowed & (1u << h->type))) {
         char list[64] = "";
         size_t used = 0;
         for (int t = MD_WIRE_HELLO; t <= MD_WIRE_ERROR; t++)

@@ -62,7 +62,7 @@ enum {
     MD_WIRE_ERROR = 5,
 };
 
-/* "HELLO", "READY", ...; "type N" for anything else (a static buffer: diagnostics only). */
+/* "HELLO", "READY", ...; "unknown" for anything else. */
 const char *md_wire_type_name(int type);
 
 /* A decoded header. */

@@ -126,7 +126,8 @@ int md_wire_listen(const char *host, int port, int *fd, int *bound_port, md_err 
     snprintf(ps, sizeof ps, "%d", port);
     if (host && (!*host || !strcmp(host, "*")))
         host = NULL;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+    /* no host: the IPv4 wildcard, whatever order getaddrinfo would give */
+    struct addrinfo hints = {.ai_family = host ? AF_UNSPEC : AF_INET,
                              .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE},
                     *ai = NULL;

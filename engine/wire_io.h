@@ -25,8 +25,8 @@ uint64_t md_wire_deadline(int timeout_ms);
 
 /* Connect to host:port (a name or an address, IPv4 or IPv6) within timeout_ms. */
 int md_wire_connect(const char *host, int port, int timeout_ms, int *fd, md_err *e);
-/* Listen on host:port (host NULL, "" or "*": every address; port 0: one the kernel picks,
- * returned in *bound_port). */
+/* Listen on host:port (host NULL, "" or "*": every IPv4 address, "::" every address; port 0:
+ * one the kernel picks, returned in *bound_port). */
 int md_wire_listen(const char *host, int port, int *fd, int *bound_port, md_err *e);
 /* Accept a waiting connection of a listening socket made by md_wire_listen, set up as every
  * socket here, with the peer's address as "host:port" in peer. MD_EIO when none waits. */
