@@ -38,8 +38,9 @@ typedef struct {
 
 /* Listen on listen_host:port (NULL or "*": every IPv4 address, "::" every address) and serve
  * heads until *stop (may be NULL: until the process ends) becomes non-zero; checked at least
- * every 100 ms while idle and between steps. Returns 0 when stopped, or the error that kept it from listening
- * (MD_EIO: the address is taken, ...). Logs "stage: listening on HOST:PORT" once bound. */
+ * every 100 ms while idle and between steps. Returns 0 when stopped, or the error that kept
+ * it from listening (MD_EIO: the address is taken, ...). Logs "stage: listening on
+ * HOST:PORT" once bound. */
 int md_stage_serve(const char *listen_host, int port, const md_stage_server_opts *opts,
                    volatile sig_atomic_t *stop, md_err *e);
 
