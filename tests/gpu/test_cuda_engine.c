@@ -3,7 +3,8 @@
  * head_dim 32) is refused by md_engine_open itself, before anything is loaded, with
  * MD_EUNSUPP naming the model and the supported head sizes; not accepted and then failed at
  * its first step, as it was. One they take (synthetic:tiny-hd64, the same model with
- * head_dim 64) opens and generates greedily, twice the same. On the emulator, a device fault
+ * head_dim 64) opens and generates greedily, twice the same, and runs as a pipeline of a
+ * CUDA stage and a CPU stage within the CPU-vs-CUDA tolerance. On the emulator, a device fault
  * injected mid-generation fails every sequence in flight with CUDA's sentence, and later work
  * too, without a hang (test_cuda_engine_fault_emu). Runs on a GPU (label gpu, skips without
  * one) and on the CPU emulator as test_cuda_engine_emu. MEDLEY_TEST_FILTER picks cases. */
@@ -91,6 +92,80 @@ static void test_supported_head_dim_runs(void **state) {
     }
 }
 
+/* The first token's top-5 logprobs of NP prompts on `device`, or as `stages` (sharded). */
+static void first_logprobs(const char *device, const char *stages, float lp[NP][5],
+                           int32_t top[NP][5]) {
+    md_engine_config cfg = {.model_path = "synthetic:tiny-hd64:q4_0", .device = device,
+                            .max_seqs = NP, .n_ctx = 64, .stages = stages};
+    md_engine *eng;
+    md_err e = {0};
+    if (md_engine_open(&cfg, &eng, &e))
+        fail_msg("engine open (%s): %s", stages ? stages : device, e.msg);
+    uint64_t ids[NP];
+    for (int i = 0; i < NP; i++) {
+        int32_t p[12];
+        for (int k = 0; k < 12; k++)
+            p[k] = gpu_test_token(i, k, md_engine_n_vocab(eng));
+        md_sampling s;
+        md_sampling_default(&s);
+        s.max_tokens = 1;
+        s.ignore_eos = 1;
+        s.top_logprobs = 5;
+        if (md_engine_submit(eng, p, 6 + 6 * i, &s, &ids[i], &e))
+            fail_msg("submit: %s", e.msg);
+    }
+    for (int guard = 0;; guard++) {
+        assert_true(guard < 100);
+        md_step_result r;
+        if (md_engine_step(eng, &r, &e))
+            fail_msg("step (%s): %s", stages ? stages : device, e.msg);
+        for (int k = 0; k < r.n_tokens; k++)
+            for (int i = 0; i < NP; i++)
+                if (ids[i] == r.tokens[k].seq_id)
+                    for (int j = 0; j < 5; j++) {
+                        lp[i][j] = r.tokens[k].top_logprob[j];
+                        top[i][j] = r.tokens[k].top_token[j];
+                    }
+        if (r.n_live == 0)
+            break;
+    }
+    md_engine_close(eng);
+}
+
+/* Largest difference of the logprobs both runs list for the same token. */
+static double lp_diff(float a[NP][5], int32_t ta[NP][5], float b[NP][5], int32_t tb[NP][5]) {
+    double worst = 0;
+    for (int i = 0; i < NP; i++)
+        for (int j = 0; j < 5; j++)
+            for (int k = 0; k < 5; k++)
+                if (ta[i][j] == tb[i][k]) {
+                    double d = a[i][j] > b[i][k] ? a[i][j] - b[i][k] : b[i][k] - a[i][j];
+                    worst = d > worst ? d : worst;
+                }
+    return worst;
+}
+
+/* A pipeline of a CUDA stage and a CPU stage (docs/sharding.md), both ways round, against
+ * each device alone: a CUDA stage takes hidden states in and gives them out as the CPU's
+ * does. The CPU and CUDA kernels round activations differently (docs/cuda.md "Agreement with
+ * the CPU backend"), so the pipeline sits between the two devices: within the tolerance of
+ * one device against the other. */
+static void test_cuda_and_cpu_stages(void **state) {
+    float cpu[NP][5], cuda[NP][5], ab[NP][5], ba[NP][5];
+    int32_t tc[NP][5], tg[NP][5], tab[NP][5], tba[NP][5];
+    first_logprobs("cpu", NULL, cpu, tc);
+    first_logprobs("cuda:0", NULL, cuda, tg);
+    first_logprobs("cpu", "cuda:0:0-0,cpu:1-1", ab, tab);
+    first_logprobs("cpu", "cpu:0-0,cuda:0:1-1", ba, tba);
+    double dev = lp_diff(cpu, tc, cuda, tg);
+    double d1 = lp_diff(cpu, tc, ab, tab), d2 = lp_diff(cpu, tc, ba, tba);
+    printf("cuda vs cpu %.3g; cuda:0 + cpu stages vs cpu %.3g; cpu + cuda:0 vs cpu %.3g\n", dev,
+           d1, d2);
+    assert_true(d1 <= dev * 2 + 5e-3);
+    assert_true(d2 <= dev * 2 + 5e-3);
+    assert_true(dev < 0.1);
+}
+
 /* A device fault in the middle of generation (the emulator's MEDLEY_EMU_FAIL_LAUNCH=N: the
  * Nth launch leaves a sticky illegal-address error, as a faulting kernel leaves a real
  * context; skipped elsewhere) fails the step with CUDA's sentence, and every sequence in
@@ -151,6 +226,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unsupported_head_dim_refused_at_open),
         cmocka_unit_test(test_supported_head_dim_runs),
+        cmocka_unit_test(test_cuda_and_cpu_stages),
         cmocka_unit_test(test_device_fault_fails_every_sequence_in_flight),
     };
     gpu_test_filter_from_env();
