@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/engine.h"
+#include "engine/pipeline.h"
 #include "engine/registry.h"
 #include "engine/tokenizer.h"
 #include "kernels/backend.h"
@@ -818,6 +819,25 @@ static int run_batch(const gen_opts *o, md_engine *eng) {
     return status || n_bad ? 1 : 0;
 }
 
+/* A sharded engine's traffic on stderr: what crossed between the head and its stages. */
+static void report_pipe(md_engine *eng) {
+    struct md_pipe *p = md_engine_pipe(eng);
+    if (!p)
+        return;
+    md_pipe_stats st;
+    md_pipe_get_stats(p, &st);
+    md_engine_stats es;
+    md_engine_get_stats(eng, &es);
+    size_t all = st.bytes_hidden + st.bytes_layout;
+    fprintf(stderr,
+            "medley generate: %d stages, %ld steps in %ld micro-batches; %.1f MiB between head "
+            "and stages (%.1f MiB hidden states and logits, %.1f MiB layouts), %.0f bytes per "
+            "token through the model\n",
+            md_pipe_n_stages(p), st.steps, st.microbatches, all / 1048576.0,
+            st.bytes_hidden / 1048576.0, st.bytes_layout / 1048576.0,
+            es.tokens ? (double)all / (double)es.tokens : 0.0);
+}
+
 int cmd_generate(int argc, char **argv) {
     gen_opts o = {0};
     int rc = parse_args(argc, argv, &o);
@@ -827,6 +847,7 @@ int cmd_generate(int argc, char **argv) {
     if (open_engine(&o, &eng))
         return 1;
     rc = o.batch ? run_batch(&o, eng) : run_single(&o, eng);
+    report_pipe(eng);
     md_engine_close(eng);
     return rc;
 }

@@ -114,9 +114,59 @@ int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e) {
     return 0;
 }
 
-/* Bind tensor `name`, checking type and shape (ne1 = 1 for vectors). */
-static int bind(md_model *m, const gguf_file *gf, const char *name, int64_t ne0, int64_t ne1,
-                int optional, int float_only, md_tensor *t, md_err *e) {
+/* Keep a host allocation until the model is freed (the CPU backend aliases wrapped memory). */
+static int own(md_model *m, void *p, md_err *e) {
+    void **o = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *o);
+    if (!o) {
+        free(p);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    m->owned = o;
+    m->owned[m->n_owned++] = p;
+    return 0;
+}
+
+/* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of g (ne0 columns per row) as host memory of
+ * *type: the file's blocks copied when the columns fall on block boundaries, else F32. */
+static int slice(md_model *m, const gguf_tensor *g, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                 const void **data, size_t *bytes, int *type, md_err *e) {
+    int bs = md_type_block(g->type);
+    size_t rb = md_type_row_bytes(g->type, g->ne[0]);
+    if (bs > 0 && c0 % bs == 0 && nc % bs == 0 && !BE(m)->ops->weights_f32) {
+        size_t nrb = md_type_row_bytes(g->type, nc), off = md_type_row_bytes(g->type, c0);
+        char *p = malloc(nrb * (size_t)nr);
+        if (!p)
+            return md_errf(e, MD_ENOMEM, "tensor %s: no memory for its slice", g->name);
+        for (int64_t r = 0; r < nr; r++)
+            memcpy(p + nrb * (size_t)r, (const char *)g->data + rb * (size_t)(r0 + r) + off, nrb);
+        *data = p;
+        *bytes = nrb * (size_t)nr;
+        return own(m, p, e);
+    }
+    float *row = malloc((size_t)g->ne[0] * sizeof *row);
+    float *p = malloc((size_t)nc * (size_t)nr * sizeof *p);
+    int rc = 0;
+    for (int64_t r = 0; r < nr && row && p && rc == 0; r++)
+        if ((rc = md_dequantize(g->type, (const char *)g->data + rb * (size_t)(r0 + r), row,
+                                g->ne[0], e)) == 0)
+            memcpy(p + (size_t)nc * r, row + c0, (size_t)nc * sizeof *p);
+    free(row);
+    if (!row || !p || rc) {
+        free(p);
+        return rc ? md_errctx(e, "tensor %s: ", g->name)
+                  : md_errf(e, MD_ENOMEM, "tensor %s: no memory for its slice", g->name);
+    }
+    *data = p;
+    *bytes = (size_t)nc * (size_t)nr * sizeof *p;
+    *type = MD_TYPE_F32;
+    return own(m, p, e);
+}
+
+/* Bind rows [r0, r0 + nr) and columns [c0, c0 + nc) of tensor `name` of shape [ne0, ne1]
+ * (ne1 = 1 for vectors; nr = ne1, nc = ne0: the whole tensor), checking type and shape. */
+static int bind_part(md_model *m, const gguf_file *gf, const char *name, int64_t ne0, int64_t ne1,
+                     int64_t r0, int64_t nr, int64_t c0, int64_t nc, int optional, int float_only,
+                     md_tensor *t, md_err *e) {
     memset(t, 0, sizeof *t);
     const gguf_tensor *g = gguf_find_tensor(gf, name);
     if (!g) {
@@ -139,38 +189,59 @@ static int bind(md_model *m, const gguf_file *gf, const char *name, int64_t ne0,
                        rb * (size_t)ne1);
     md_buf *b;
     int type = g->type, rc;
+    const void *data = g->data;
+    size_t bytes = g->n_bytes;
+    if (nc != ne0) { /* a column slice: repacked or dequantized */
+        if ((rc = slice(m, g, r0, nr, c0, nc, &data, &bytes, &type, e)))
+            return rc;
+    } else if (nr != ne1) { /* a row slice: a window of the mapping */
+        data = (const char *)g->data + rb * (size_t)r0;
+        bytes = rb * (size_t)nr;
+    }
+    rb = md_type_row_bytes(type, nc);
     if (BE(m)->ops->weights_f32 && type != MD_TYPE_F32) {
         /* an exact backend: dequantized here, copied by buf_wrap, freed once it is there */
-        size_t n = (size_t)ne0 * (size_t)ne1;
+        size_t n = (size_t)nc * (size_t)nr;
         float *f = malloc(n * sizeof *f);
         if (!f)
             return md_errf(e, MD_ENOMEM, "tensor %s: no host memory to dequantize %zu elements",
                            name, n);
-        if (!(rc = md_dequantize(type, g->data, f, (int64_t)n, e)) &&
+        if (!(rc = md_dequantize(type, data, f, (int64_t)n, e)) &&
             !(rc = CALL(m, buf_wrap, f, n * sizeof *f, &b, e)) && (rc = CALL(m, sync, e)))
             CALL(m, buf_free, b);
         free(f);
         if (rc)
             return md_errctx(e, "tensor %s: ", name);
         type = MD_TYPE_F32;
-        rb = (size_t)ne0 * sizeof(float);
-    } else if ((rc = CALL(m, buf_wrap, g->data, g->n_bytes, &b, e)))
+        rb = (size_t)nc * sizeof(float);
+    } else if ((rc = CALL(m, buf_wrap, data, bytes, &b, e)))
         return rc;
     m->bufs[m->n_bufs++] = b;
     t->buf = b;
     t->type = type;
-    t->ne0 = ne0;
-    t->ne1 = ne1;
+    t->ne0 = nc;
+    t->ne1 = nr;
     t->row_bytes = rb;
     return 0;
 }
 
+/* Bind tensor `name` whole, checking type and shape (ne1 = 1 for vectors). */
+static int bind(md_model *m, const gguf_file *gf, const char *name, int64_t ne0, int64_t ne1,
+                int optional, int float_only, md_tensor *t, md_err *e) {
+    return bind_part(m, gf, name, ne0, ne1, 0, ne1, 0, ne0, optional, float_only, t, e);
+}
+
 int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e) {
-    return md_model_load_range(gf, be, 0, -1, out, e);
+    return md_model_load_tp(gf, be, 0, -1, 0, 1, out, e);
 }
 
 int md_model_load_range(const gguf_file *gf, md_backend *be, int lo, int hi, md_model **out,
                         md_err *e) {
+    return md_model_load_tp(gf, be, lo, hi, 0, 1, out, e);
+}
+
+int md_model_load_tp(const gguf_file *gf, md_backend *be, int lo, int hi, int rank, int tp,
+                     md_model **out, md_err *e) {
     *out = NULL;
     md_model *m = calloc(1, sizeof *m);
     if (!m)
@@ -191,6 +262,16 @@ int md_model_load_range(const gguf_file *gf, md_backend *be, int lo, int hi, md_
     }
     m->lo = lo;
     m->hi = hi;
+    if (tp < 1 || rank < 0 || rank >= tp || hp->n_head % tp || hp->n_head_kv % tp ||
+        hp->n_ff % tp) {
+        rc = md_errf(e, MD_EINVAL,
+                     "rank %d of %d: the heads (%d), KV heads (%d) and FFN width (%d) must "
+                     "divide by %d",
+                     rank, tp, hp->n_head, hp->n_head_kv, hp->n_ff, tp);
+        goto fail;
+    }
+    m->tp_rank = rank;
+    m->tp_n = tp;
     const gguf_tensor *te = gguf_find_tensor(gf, "token_embd.weight");
     if (!te) {
         rc = md_errf(e, MD_EFORMAT, "model lacks tensor token_embd.weight");
@@ -210,6 +291,7 @@ int md_model_load_range(const gguf_file *gf, md_backend *be, int lo, int hi, md_
         goto fail;
     }
     int C = hp->n_embd, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
+    int F = hp->n_ff;
     int tied = gguf_find_tensor(gf, "output.weight") == NULL;
     if ((lo == 0 || (tied && hi == hp->n_layer)) &&
         (rc = bind(m, gf, "token_embd.weight", C, hp->n_vocab, 0, 0, &m->tok_embd, e)))
@@ -220,27 +302,34 @@ int md_model_load_range(const gguf_file *gf, md_backend *be, int lo, int hi, md_
         goto fail;
     if (hi == hp->n_layer && !m->output.buf)
         m->output = m->tok_embd;
+    /* this rank's share: query rows q0.., KV rows k0.., FFN rows f0.. (all of them at tp 1) */
+    int qn = qd / tp, kn = kvd / tp, fn = F / tp;
+    int q0 = qn * rank, k0 = kn * rank, f0 = fn * rank;
     for (int l = lo; l < hi; l++) {
         md_layer *L = &m->layers[l];
         char n[96];
-#define B(field, suffix, ne0, ne1, opt, flt)                                                       \
+#define B(field, suffix, ne0, ne1, r0, nr, c0, nc, opt, flt)                                       \
     snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                                 \
-    if ((rc = bind(m, gf, n, ne0, ne1, opt, flt, &L->field, e)))                                   \
+    if ((rc = bind_part(m, gf, n, ne0, ne1, r0, nr, c0, nc, opt, flt, &L->field, e)))              \
         goto fail;
-        B(attn_norm, "attn_norm.weight", C, 1, 0, 1)
-        B(wq, "attn_q.weight", C, qd, 0, 0)
-        B(wk, "attn_k.weight", C, kvd, 0, 0)
-        B(wv, "attn_v.weight", C, kvd, 0, 0)
-        B(wo, "attn_output.weight", qd, C, 0, 0)
-        B(ffn_norm, "ffn_norm.weight", C, 1, 0, 1)
-        B(w_gate, "ffn_gate.weight", C, hp->n_ff, 0, 0)
-        B(w_up, "ffn_up.weight", C, hp->n_ff, 0, 0)
-        B(w_down, "ffn_down.weight", hp->n_ff, C, 0, 0)
-        B(bq, "attn_q.bias", qd, 1, 1, 1)
-        B(bk, "attn_k.bias", kvd, 1, 1, 1)
-        B(bv, "attn_v.bias", kvd, 1, 1, 1)
+        B(attn_norm, "attn_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
+        B(wq, "attn_q.weight", C, qd, q0, qn, 0, C, 0, 0)
+        B(wk, "attn_k.weight", C, kvd, k0, kn, 0, C, 0, 0)
+        B(wv, "attn_v.weight", C, kvd, k0, kn, 0, C, 0, 0)
+        B(wo, "attn_output.weight", qd, C, 0, C, q0, qn, 0, 0)
+        B(ffn_norm, "ffn_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
+        B(w_gate, "ffn_gate.weight", C, F, f0, fn, 0, C, 0, 0)
+        B(w_up, "ffn_up.weight", C, F, f0, fn, 0, C, 0, 0)
+        B(w_down, "ffn_down.weight", F, C, 0, C, f0, fn, 0, 0)
+        B(bq, "attn_q.bias", qd, 1, 0, 1, q0, qn, 1, 1)
+        B(bk, "attn_k.bias", kvd, 1, 0, 1, k0, kn, 1, 1)
+        B(bv, "attn_v.bias", kvd, 1, 0, 1, k0, kn, 1, 1)
 #undef B
     }
+    /* the forward pass sees this rank's heads and FFN width */
+    hp->n_head /= tp;
+    hp->n_head_kv /= tp;
+    hp->n_ff /= tp;
     /* RoPE table; Llama 3.1 GGUFs carry per-pair frequency divisors in rope_freqs.weight. */
     int half = hp->rot_dims / 2;
     float inv[512];
@@ -278,6 +367,9 @@ void md_model_free(md_model *m) {
         CALL(m, buf_free, m->bufs[i]);
     if (m->inv_freq)
         CALL(m, buf_free, m->inv_freq);
+    for (int i = 0; i < m->n_owned; i++)
+        free(m->owned[i]);
+    free(m->owned);
     free(m->bufs);
     free(m->layers);
     free(m);
@@ -404,6 +496,8 @@ int md_model_forward_stage(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batc
     int rc = prepare(m, f, b, in, e);
     if (rc || (rc = run_pass(m, f, kv, b, e)))
         return rc;
+    if (!out || m->tp_rank > 0) /* a tensor-parallel rank other than 0 gives nothing back */
+        return CALL(m, sync, e);
     if (m->hi < m->hp.n_layer)
         return CALL(m, buf_download, f->x, 0, out,
                     (size_t)b->n_tokens * m->hp.n_embd * sizeof(float), e);
@@ -434,6 +528,12 @@ int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, 
  * tmp and an add. */
 static int residual(md_model *m, int fused, const md_tensor *w, md_buf *in, md_buf *tmp,
                     md_buf *x, int T, md_err *e) {
+    if (m->tp_n > 1) { /* a partial product: summed over the ranks before the add */
+        int rc = CALL(m, matmul, w, in, tmp, T, e);
+        if (rc || (rc = m->allreduce(m->allreduce_ctx, m->tp_rank, tmp, (int64_t)T * w->ne1, e)))
+            return rc;
+        return CALL(m, add, x, tmp, (int64_t)T * w->ne1, e);
+    }
     if (fused)
         return BE(m)->ops->matmul_n(BE(m), 1, &w, in, &x, T, MD_MM_ACC, e);
     int rc = CALL(m, matmul, w, in, tmp, T, e);
@@ -496,7 +596,7 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
         if (rc || (rc = residual(m, fused, &L->w_down, f->hb, f->xb, f->x, T, e)))
             return rc;
     }
-    if (b->n_logits == 0 || m->hi < hp->n_layer)
+    if (b->n_logits == 0 || m->hi < hp->n_layer || m->tp_rank > 0)
         return 0;
     /* head only on the rows that need logits: xl [n_logits, C] -> logits [n_logits, V] */
     if ((rc = CALL(m, gather_rows, f->x, f->xl, C, e)) ||

@@ -48,6 +48,14 @@ typedef struct md_model {
     md_buf **bufs;    /* wrapped weight buffers */
     int n_bufs;
     md_buf *inv_freq; /* [rot_dims / 2] */
+    /* Tensor parallelism (engine/tp.h): this is rank tp_rank of tp_n; hp holds the rank's
+     * heads and FFN width. allreduce sums a partial product [n floats] over the ranks in
+     * place; rank 0 computes the logits. tp_n == 1: none. */
+    int tp_rank, tp_n;
+    int (*allreduce)(void *ctx, int rank, md_buf *buf, int64_t n, md_err *e);
+    void *allreduce_ctx;
+    void **owned; /* host copies of sliced weights, freed with the model */
+    int n_owned;
     /* Use the backend's fused matmul_n (Q/K/V in one product, residual adds and SwiGLU
      * folded in) when it has one: 1 unless MEDLEY_FUSED_MATMUL=0 at load (A/B checks). */
     int fused;
@@ -61,6 +69,11 @@ int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e
 int md_model_load_range(const gguf_file *gf, md_backend *be, int lo, int hi, md_model **out,
                         md_err *e);
 void md_model_free(md_model *m);
+/* Rank `rank` of a tp-way tensor-parallel split of layers [lo, hi): query / KV heads and FFN
+ * columns [rank * x / tp, (rank + 1) * x / tp); the caller sets allreduce before a forward
+ * pass. Heads and FFN width must divide by tp (MD_EINVAL with the numbers). */
+int md_model_load_tp(const gguf_file *gf, md_backend *be, int lo, int hi, int rank, int tp,
+                     md_model **out, md_err *e);
 /* Fill hp from the file's metadata only (no tensors). */
 int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e);
 

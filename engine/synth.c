@@ -40,6 +40,9 @@ static const shape shapes[] = {
     /* tiny with head_dim 64, the smallest the CUDA attention kernels take (the CPU
      * emulator's engine tests, tests/cuda_emu_rt.cmake) */
     {"tiny-hd64", "llama", 2, 256, 4, 2, 512, 1024, 512, 10000.0f, 0, 0},
+    /* heads, KV heads and FFN width that divide by 2 and 4, four layers: the sharding tests'
+     * tensor-parallel and pipeline splits (tests/e2e/test_sharding.c) */
+    {"tiny-tp", "llama", 4, 256, 8, 4, 512, 512, 512, 10000.0f, 0, 0},
 };
 #define N_SHAPES (int)(sizeof shapes / sizeof shapes[0])
 

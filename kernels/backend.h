@@ -24,10 +24,11 @@
  *    there, and the ops that follow in the same step use it. Ops are asynchronous with
  *    respect to the host on devices that queue work; buf_download and sync wait.
  *
- * Devices: one md_backend is one device (the host's CPU cores, or one GPU). The engine opens
- * one backend and runs every layer of its model on it; a host with several GPUs runs one
- * worker process per device (worker/supervise.h). Multi-device stages (pipeline and tensor
- * parallelism, NCCL) are planned, not written (issue "sharded replicas").
+ * Devices: one md_backend is one device (the host's CPU cores, or one GPU). The engine runs
+ * a model on one backend, or as pipeline stages and tensor-parallel ranks each on its own
+ * backend (engine/stage.h, engine/tp.h; docs/sharding.md); a backend never sees another's
+ * buffers — hidden states cross between them through host memory or a link
+ * (engine/link.h).
  *
  * Errors: ops that can fail return 0 or a negative MD_E* code and fill e. The compute ops
  * assume the shapes were validated at model load (the engine checks every tensor's shape and
@@ -350,8 +351,8 @@ int md_backend_cuda_exact_open(int ordinal, md_backend **out, md_err *e);
 #endif
 
 /* Copy n bytes between buffers of possibly different backends: a download into `staging`
- * (host memory, n bytes), then an upload. Nothing calls it yet; it is the stage-boundary
- * copy of the planned multi-device stages. */
+ * (host memory, n bytes), then an upload. The engine's stages stage hidden states through
+ * the head's host buffers themselves (engine/link_local.c), so nothing calls this yet. */
 int md_backend_copy(md_backend *src_be, const md_buf *src, size_t src_off, md_backend *dst_be,
                     md_buf *dst, size_t dst_off, size_t n, void *staging, md_err *e);
 

@@ -32,3 +32,8 @@ medley_test(test_engine_graph SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_engi
 # synthetic models (engine/synth.h): shapes, GGUF validity, determinism, every weight type
 medley_test(test_synth SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_synth.c
             LIBS ${ENGINE_TEST_LIBS} LABELS unit)
+# sharded replicas in one process (docs/sharding.md): pipelines and tensor parallelism against
+# the single-device answers, the stage memory cap, refusals; synthetic always, SmolLM2 when
+# fetched
+medley_test(test_sharding SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_sharding.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
