@@ -59,7 +59,10 @@ static const char *my_device(const wk *w) {
 /* How the replica is named in logs and heartbeats: "replica R" (a plan's), or "replica"
  * (--stages). */
 static const char *replica_name(const model *md, char *out, size_t cap) {
-    snprintf(out, cap, md->sh.pipe.n_stages ? "replica %s" : "replica", md->sh.pipe.replica);
+    if (md->sh.pipe.n_stages)
+        snprintf(out, cap, "replica %s", md->sh.pipe.replica);
+    else
+        snprintf(out, cap, "replica");
     return out;
 }
 
