@@ -8,6 +8,7 @@ int cmd_tokenize(int argc, char **argv);  /* cmd_tokenize.c */
 int cmd_generate(int argc, char **argv);  /* cmd_generate.c */
 int cmd_profile(int argc, char **argv);   /* cmd_profile.c */
 int cmd_worker(int argc, char **argv);    /* cmd_worker.c */
+int cmd_stage(int argc, char **argv);     /* cmd_stage.c */
 int cmd_submit(int argc, char **argv);    /* cmd_client.c */
 int cmd_status(int argc, char **argv);    /* cmd_client.c */
 int cmd_results(int argc, char **argv);   /* cmd_client.c */

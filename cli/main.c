@@ -21,6 +21,7 @@ static const command commands[] = {
     {"cancel", cmd_cancel, "cancel a batch"},
     {"batches", cmd_batches, "list batches"},
     {"worker", cmd_worker, "serve models from Redis queues"},
+    {"stage", cmd_stage, "serve one pipeline stage of a sharded model to a head over TCP"},
     {"scheduler", cmd_scheduler, "plan the fleet continuously and publish plans"},
     {"plan", cmd_plan, "plan a fleet offline"},
     {"simulate", cmd_simulate, "simulate a workload through a plan"},

@@ -1,0 +1,440 @@
+/* test_wire_fuzz.c — mutated stage link frames (engine/wire.h), first to the decoders, then
+ * to a live md_stage_serve.
+ *
+ * Decoders: valid HELLO, READY, RUN (first and inner stage), RESULT and ERROR frames get bit
+ * flips, byte changes, int32 fields set to edge values, truncation, inserted and deleted
+ * bytes, half of them with their header re-sealed (length and CRCs recomputed) so the
+ * mutation reaches the payload decoders instead of stopping at a CRC. Each goes the way a
+ * receiver takes it (header, limits, CRC, decoder) and straight into every decoder; every
+ * buffer is a malloc of its exact size (ASan sees a read past it). A decoder must refuse
+ * with a message or give a result within its limits.
+ *
+ * Live: a server (synthetic:tiny, stage thread of the test) gets random bytes, mutated
+ * HELLOs, HELLOs asking for what it cannot serve, then mutated RUNs re-sealed so they reach
+ * md_batch_check and, when they pass it, md_stage_run; a head that stops mid-frame and one
+ * that never says HELLO. Each connection must end with a frame or a close within the
+ * server's timeouts, never a hang; afterwards the server still serves a real head, with
+ * answers bit for bit a local stage's.
+ *
+ * MEDLEY_FUZZ_ITERS scales the rounds (default 4000 per frame type, a tenth of that live);
+ * the seed is fixed so a failure reproduces; MEDLEY_FUZZ_SEED overrides it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/util.h"
+#include "e2e/stage_test_util.h"
+#include "engine/link.h"
+#include "engine/wire.h"
+#include "engine/wire_io.h"
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void) { /* splitmix64 */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static size_t rnd_below(size_t n) {
+    return n ? (size_t)(rnd() % n) : 0;
+}
+
+static long iters(void) {
+    const char *s = getenv("MEDLEY_FUZZ_ITERS");
+    long n = s ? atol(s) : 0;
+    return n > 0 ? n : 4000;
+}
+
+static int seed_rng(void **state) {
+    const char *s = getenv("MEDLEY_FUZZ_SEED");
+    rng_state = s ? strtoull(s, NULL, 0) : 0x3d5a6e1f;
+    return 0;
+}
+
+static volatile unsigned sink;
+static void touch(const void *p, size_t n) {
+    unsigned acc = 0;
+    for (size_t i = 0; i < n; i++)
+        acc += ((const uint8_t *)p)[i];
+    sink += acc;
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Mutate the frame f of *n bytes (room for cap) in place. */
+static void mutate(uint8_t *f, size_t *n, size_t cap) {
+    static const uint32_t edges[] = {0,   1,          2,          3,          4,          7,    8,
+                                     15,  16,         63,         64,         255,        256,  511,
+                                     512, 0x7fffffff, 0x80000000, 0xffffffff, 0xfffffffe, 65536};
+    int rounds = 1 + (int)rnd_below(3);
+    for (int r = 0; r < rounds; r++) {
+        switch (rnd_below(6)) {
+        case 0: /* bit flips */
+            for (int k = 1 + (int)rnd_below(4); k > 0 && *n; k--) {
+                size_t bit = rnd_below(*n * 8);
+                f[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+            }
+            break;
+        case 1:
+            if (*n)
+                f[rnd_below(*n)] = (uint8_t)rnd();
+            break;
+        case 2: /* an int32 field (payload offsets are 4-aligned) to an edge value, or +-1 */
+            if (*n >= MD_WIRE_HDR + 4) {
+                size_t off = MD_WIRE_HDR + 4 * rnd_below((*n - MD_WIRE_HDR) / 4);
+                uint32_t v = edges[rnd_below(sizeof edges / sizeof edges[0])];
+                if (rnd() & 1) {
+                    v = (uint32_t)f[off] | (uint32_t)f[off + 1] << 8 | (uint32_t)f[off + 2] << 16 |
+                        (uint32_t)f[off + 3] << 24;
+                    v += rnd() & 1 ? 1u : 0xffffffffu;
+                }
+                put32(f + off, v);
+            }
+            break;
+        case 3: *n = rnd_below(*n + 1); break;
+        case 4: { /* insert up to 8 bytes */
+            size_t k = 1 + rnd_below(8), at = rnd_below(*n + 1);
+            if (*n + k <= cap) {
+                memmove(f + at + k, f + at, *n - at);
+                for (size_t i = 0; i < k; i++)
+                    f[at + i] = (uint8_t)rnd();
+                *n += k;
+            }
+            break;
+        }
+        default: { /* delete a range */
+            size_t at = rnd_below(*n + 1), k = rnd_below(*n - at + 1);
+            memmove(f + at, f + at + k, *n - at - k);
+            *n -= k;
+        }
+        }
+    }
+}
+
+/* Recompute the header's length and both CRCs, keeping its type and sequence number. */
+static void reseal(uint8_t *f, size_t n) {
+    if (n < MD_WIRE_HDR)
+        return;
+    int type = f[6] | f[7] << 8;
+    uint32_t seq =
+        (uint32_t)f[20] | (uint32_t)f[21] << 8 | (uint32_t)f[22] << 16 | (uint32_t)f[23] << 24;
+    md_wire_hdr_put(f, type, seq, n - MD_WIRE_HDR, md_wire_crc(f + MD_WIRE_HDR, n - MD_WIRE_HDR));
+}
+
+/* Every decoder on payload p of n bytes (an exact-size copy is made); results checked. */
+static void decode_all(const uint8_t *src, size_t n, const md_wire_limits *l) {
+    uint8_t *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    memcpy(p, src, n);
+    md_err e = {0};
+    md_stage_config c;
+    int nv, ne;
+    if (md_wire_get_hello(p, n, &c, &nv, &ne, &e) == 0) {
+        assert_true(c.lo >= 0 && c.lo < c.hi && c.model[0]);
+        assert_true(memchr(c.model, 0, sizeof c.model) && memchr(c.device, 0, sizeof c.device));
+        assert_true(c.max_tokens >= 1 && c.max_seqs >= 1 && c.max_blocks >= 1 && nv >= 0);
+    } else {
+        assert_true(e.code < 0 && e.msg[0]);
+    }
+    md_wire_ready r;
+    if (md_wire_get_ready(p, n, &r, &e) == 0)
+        assert_true(memchr(r.describe, 0, sizeof r.describe) && r.lo < r.hi && r.hi <= r.n_layer);
+    else
+        assert_true(e.msg[0]);
+    md_batch b;
+    const float *h;
+    if (md_wire_get_run(p, n, l, &b, &h, &e) == 0) {
+        assert_true(b.n_tokens >= 1 && b.n_tokens <= l->max_tokens);
+        assert_true(b.n_seqs >= 1 && b.n_seqs <= l->max_seqs);
+        assert_true(b.n_logits >= 0 && b.n_logits <= l->max_seqs);
+        assert_true(b.max_blocks >= 1 && b.max_blocks <= l->max_blocks);
+        size_t T = (size_t)b.n_tokens, S = (size_t)b.n_seqs;
+        touch(b.tokens, 4 * T);
+        touch(b.tok_seq, 4 * T);
+        touch(b.tok_pos, 4 * T);
+        touch(b.slot, 4 * T);
+        touch(b.seq_len, 4 * S);
+        touch(b.block_table, 4 * S * (size_t)b.max_blocks);
+        touch(b.logit_rows, 4 * (size_t)b.n_logits);
+        if (l->hidden)
+            touch(h, 4 * T * (size_t)l->hidden);
+        else
+            assert_null(h);
+    } else {
+        assert_true(e.msg[0]);
+    }
+    int code;
+    char msg[128];
+    if (md_wire_get_error(p, n, &code, msg, sizeof msg, &e) == 0)
+        assert_true(code < 0 && strlen(msg) < sizeof msg);
+    float out[8];
+    if (md_wire_get_result(p, n, out, n / 4 <= 8 ? n / 4 : 8, &e) == 0)
+        assert_true(n % 4 == 0 && n <= 32);
+    free(p);
+}
+
+/* Frame f of n bytes as a receiver takes it: header, type and size limits, CRC, decoder. */
+static void receive(const uint8_t *f, size_t n, const md_wire_limits *l) {
+    if (n < MD_WIRE_HDR)
+        return;
+    uint8_t hdr[MD_WIRE_HDR];
+    memcpy(hdr, f, sizeof hdr);
+    md_wire_hdr h;
+    md_err e = {0};
+    if (md_wire_hdr_get(hdr, &h, &e) || md_wire_hdr_check(&h, 0x3e, l->max_payload, &e)) {
+        assert_true(e.msg[0]);
+        return;
+    }
+    if (h.len != n - MD_WIRE_HDR) /* a socket would wait for more, or read the rest later */
+        return;
+    uint8_t *p = malloc(h.len ? (size_t)h.len : 1);
+    memcpy(p, f + MD_WIRE_HDR, (size_t)h.len);
+    if (md_wire_payload_check(&h, p, &e) == 0)
+        decode_all(p, (size_t)h.len, l);
+    free(p);
+}
+
+/* The valid frames the mutations start from, for a stage [lo, lo + 1) of a model of n_embd 8
+ * and n_vocab 100. */
+static void seed_frames(md_wire_buf *fr, int lo, md_wire_limits *l) {
+    static const int32_t tok[3] = {1, 2, 3}, seq[3] = {0, 0, 1}, pos[3] = {0, 1, 0},
+                         slot[3] = {0, 1, 16}, len[2] = {2, 1}, table[4] = {0, 1, 1, 2},
+                         rows[2] = {1, 2};
+    static const float hidden[3 * 8] = {1, 2, 3};
+    md_batch b = {.n_tokens = 3,
+                  .n_seqs = 2,
+                  .tokens = tok,
+                  .tok_seq = seq,
+                  .tok_pos = pos,
+                  .slot = slot,
+                  .seq_len = len,
+                  .block_table = table,
+                  .max_blocks = 2,
+                  .block_tokens = 16,
+                  .logit_rows = rows,
+                  .n_logits = 2};
+    md_stage_config c = tiny_config(lo, lo + 1);
+    c.max_tokens = 4;
+    c.max_seqs = 2;
+    c.max_blocks = 2;
+    md_err e = {0};
+    assert_int_equal(md_wire_limits_for(&c, 8, 100, l, &e), 0);
+    md_wire_ready r = {
+        .model_hash = 9, .lo = lo, .hi = lo + 1, .n_layer = 2, .n_embd = 8, .n_vocab = 100};
+    snprintf(r.describe, sizeof r.describe, "layers %d-%d on cpu", lo, lo);
+    assert_int_equal(md_wire_put_hello(&fr[0], &c, 100, 8, &e), 0);
+    assert_int_equal(md_wire_put_ready(&fr[1], &r, &e), 0);
+    assert_int_equal(md_wire_put_run(&fr[2], 7, &b, lo ? hidden : NULL, l->hidden, &e), 0);
+    float *o = md_wire_result_begin(&fr[3], 5, &e);
+    for (int i = 0; i < 5; i++)
+        o[i] = (float)i;
+    md_wire_result_end(&fr[3], 7);
+    assert_int_equal(md_wire_put_error(&fr[4], 7, MD_EINVAL, "token 3 is 900", &e), 0);
+}
+
+static void test_mutated_frames_never_decode_into_nonsense(void **state) {
+    long n_iter = iters();
+    for (int lo = 0; lo <= 1; lo++) {
+        md_wire_buf fr[5] = {{0}};
+        md_wire_limits l;
+        seed_frames(fr, lo, &l);
+        for (int k = 0; k < 5; k++) {
+            for (long it = 0; it < n_iter; it++) {
+                size_t cap = fr[k].len + 64, n = fr[k].len;
+                uint8_t *f = malloc(cap);
+                memcpy(f, fr[k].p, n);
+                mutate(f, &n, cap);
+                if (rnd() & 1)
+                    reseal(f, n);
+                uint8_t *exact = malloc(n ? n : 1);
+                memcpy(exact, f, n);
+                receive(exact, n, &l);
+                if (n >= MD_WIRE_HDR)
+                    decode_all(exact + MD_WIRE_HDR, n - MD_WIRE_HDR, &l);
+                free(exact);
+                free(f);
+            }
+        }
+        for (int k = 0; k < 5; k++)
+            md_wire_buf_free(&fr[k]);
+    }
+}
+
+/* One connection to the live server: send the n bytes of f (in one piece or two), shut the
+ * sending side, read what comes back until the server closes. Every frame must be well
+ * formed; returns the type of the last one (0: none). */
+static int converse(int port, const void *f, size_t n, uint64_t max_payload, md_wire_buf *in) {
+    int fd;
+    md_err e = {0};
+    assert_int_equal(md_wire_connect("127.0.0.1", port, 2000, &fd, &e), 0);
+    if (n && md_wire_send(fd, f, n, md_wire_deadline(2000), &e))
+        assert_non_null(strstr(e.msg, "failed")); /* the server may close before taking all */
+    shutdown(fd, SHUT_WR);
+    int last = 0;
+    for (;;) {
+        md_wire_hdr h;
+        int eof = 0;
+        int rc = md_wire_recv_frame(fd, 0x3e, max_payload, md_wire_deadline(5000), NULL, &h, in,
+                                    &eof, &e);
+        if (rc) {
+            if (!eof && !strstr(e.msg, "closed") && !strstr(e.msg, "reset"))
+                fail_msg("answer of the server: %s", e.msg);
+            break;
+        }
+        last = h.type;
+    }
+    close(fd);
+    return last;
+}
+
+/* HELLO for tiny [lo, lo + 1) then, when run is not NULL, a RUN frame: into out. */
+static void hello_then(md_wire_buf *out, const md_stage_config *c, const md_wire_buf *run) {
+    md_err e = {0};
+    assert_int_equal(md_wire_put_hello(out, c, 512, 128, &e), 0);
+    if (run) {
+        assert_int_equal(md_wire_buf_reserve(out, out->len + run->len, &e), 0);
+        memcpy(out->p + out->len, run->p, run->len);
+        out->len += run->len;
+    }
+}
+
+static void test_live_server_survives_hostile_heads(void **state) {
+    test_server s;
+    int port = test_server_start(&s, 300, 300);
+    assert_true(port > 0);
+    long n_iter = iters() / 10;
+    md_err e = {0};
+    uint64_t hash;
+    assert_int_equal(md_model_hash(TINY, &hash, &e), 0);
+    md_wire_buf f = {0}, in = {0}, run = {0};
+    md_wire_limits lim[2];
+    md_stage_config cfg[2] = {tiny_config(0, 1), tiny_config(1, 2)};
+    for (int k = 0; k < 2; k++) {
+        cfg[k].model_hash = hash;
+        assert_int_equal(md_wire_limits_for(&cfg[k], 128, 512, &lim[k], &e), 0);
+    }
+    /* random bytes, and mutated HELLOs */
+    for (long it = 0; it < n_iter; it++) {
+        size_t n = rnd_below(300);
+        assert_int_equal(md_wire_buf_reserve(&f, n + 64, &e), 0);
+        if (it % 2) {
+            for (size_t i = 0; i < n; i++)
+                f.p[i] = (uint8_t)rnd();
+        } else {
+            hello_then(&f, &cfg[it % 4 / 2], NULL);
+            n = f.len;
+            mutate(f.p, &n, f.cap); /* not resealed: sizes from random bits are not asked */
+        }
+        int t = converse(port, f.p, n, lim[1].max_payload, &in);
+        assert_true(t == 0 || t == MD_WIRE_ERROR || t == MD_WIRE_READY);
+    }
+    /* HELLOs asking for what the server cannot serve: each answered with an ERROR */
+    for (int k = 0; k < 7; k++) {
+        md_stage_config c = cfg[0];
+        switch (k) {
+        case 0: c.model_hash ^= 1; break;
+        case 1: c.hi = 3; break;
+        case 2: c.n_ctx = 4096; break;  /* over the model's 512 */
+        case 3: c.n_slots = 100; break; /* not whole blocks */
+        case 4: c.tp = 3; break;        /* 4 heads do not split 3 ways */
+        case 5: snprintf(c.model, sizeof c.model, "synthetic:nonesuch"); break;
+        default: snprintf(c.model, sizeof c.model, "/nonexistent/model.gguf");
+        }
+        hello_then(&f, &c, NULL);
+        int t = converse(port, f.p, f.len, 0, &in);
+        if (t != MD_WIRE_ERROR)
+            fail_msg("HELLO %d answered with frame type %d", k, t);
+        assert_true(in.len > 8);
+    }
+    /* mutated RUNs after a good HELLO, resealed: they reach md_batch_check and, when they
+     * pass it, the stage */
+    int n_result = 0, n_error = 0;
+    for (long it = 0; it < n_iter; it++) {
+        int k = (int)(it % 2);
+        tiny_batch tb;
+        static const int start[2] = {0, 3};
+        int n_new[2] = {1 + (int)rnd_below(8), 1 + (int)rnd_below(4)};
+        tiny_batch_make(&tb, 2, start, n_new, (int)it);
+        static float hidden[16 * 128];
+        for (int i = 0; i < 16 * 128; i++)
+            hidden[i] = (float)rnd_below(1000) / 500.0f - 1.0f;
+        assert_int_equal(md_wire_put_run(&run, 1, &tb.b, k ? hidden : NULL, lim[k].hidden, &e), 0);
+        size_t n = run.len;
+        assert_int_equal(md_wire_buf_reserve(&run, n + 64, &e), 0);
+        if (it % 8) { /* one in eight goes as is */
+            mutate(run.p, &n, run.cap);
+            reseal(run.p, n);
+        }
+        run.len = n;
+        hello_then(&f, &cfg[k], &run);
+        int t = converse(port, f.p, f.len, lim[k].max_payload, &in);
+        /* READY last: no RUN came (cut to nothing), or the server closed on a header it
+         * refused with the payload unread, and the reset overtook its ERROR */
+        assert_true(t == MD_WIRE_RESULT || t == MD_WIRE_ERROR || t == MD_WIRE_READY);
+        n_result += t == MD_WIRE_RESULT;
+        n_error += t == MD_WIRE_ERROR;
+    }
+    print_message("live: %d results, %d errors from %ld mutated RUNs\n", n_result, n_error, n_iter);
+    assert_true(n_result > 0 && n_error > 0);
+
+    /* a head that stops mid-frame, and one that never says HELLO: dropped after the
+     * server's 300 ms, and the server is free again */
+    for (int k = 0; k < 2; k++) {
+        int fd;
+        assert_int_equal(md_wire_connect("127.0.0.1", port, 2000, &fd, &e), 0);
+        if (k == 0) {
+            hello_then(&f, &cfg[0], NULL);
+            assert_int_equal(md_wire_send(fd, f.p, f.len - 3, md_wire_deadline(2000), &e), 0);
+        }
+        uint64_t t0 = md_mono_ns();
+        md_wire_hdr h;
+        int eof;
+        int rc = md_wire_recv_frame(fd, 0x3e, 0, md_wire_deadline(5000), NULL, &h, &in, &eof, &e);
+        uint64_t ms = (md_mono_ns() - t0) / 1000000;
+        assert_true(rc == 0 && h.type == MD_WIRE_ERROR); /* "timed out receiving ..." */
+        assert_true(ms >= 250 && ms < 3000);
+        close(fd);
+    }
+
+    /* still serving: a real head gets a stage's answers, bit for bit a local one's */
+    md_link *r, *l;
+    static float a[TINY_SEQS * 512], b[TINY_SEQS * 512], h0[16 * 128];
+    if (md_link_tcp_open("127.0.0.1", port, &cfg[1], 5000, &r, &e))
+        fail_msg("%s", e.msg);
+    assert_int_equal(md_link_local_open(&cfg[1], &l, &e), 0);
+    tiny_batch tb;
+    static const int start[2] = {0, 0}, n_new[2] = {4, 6};
+    tiny_batch_make(&tb, 2, start, n_new, 1);
+    for (int i = 0; i < 16 * 128; i++)
+        h0[i] = (float)(i % 17) / 8.0f - 1.0f;
+    assert_int_equal(l->ops->run(l, &tb.b, h0, a, &e), 0);
+    if (r->ops->run(r, &tb.b, h0, b, &e))
+        fail_msg("%s", e.msg);
+    assert_memory_equal(a, b, 2 * 512 * sizeof(float));
+    md_link_free(r);
+    md_link_free(l);
+    assert_int_equal(test_server_stop(&s), 0);
+    md_wire_buf_free(&f);
+    md_wire_buf_free(&in);
+    md_wire_buf_free(&run);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_mutated_frames_never_decode_into_nonsense, seed_rng),
+        cmocka_unit_test_setup(test_live_server_survives_hostile_heads, seed_rng),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
