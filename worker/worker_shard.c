@@ -326,7 +326,7 @@ static int tcp_socket(const char *host, int port, int bind_only, int timeout_ms)
 }
 
 static int wildcard(const char *host) {
-    return !strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !*host;
+    return !strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !strcmp(host, "*") || !*host;
 }
 
 /* Start v's child `medley stage`. 0, or an error naming what failed. */
@@ -338,7 +338,8 @@ static int srv_spawn(wk *w, stage_srv *v, md_err *e) {
     if (split_listen(listen, host, sizeof host, &port))
         return md_errf(e, MD_EINVAL, "--stage-listen %s: expected HOST:PORT", listen);
     if (port == 0) { /* a free port: the kernel's pick for a socket bound and let go */
-        int fd = tcp_socket(wildcard(host) ? "0.0.0.0" : host, 0, 1, 0);
+        int fd =
+            tcp_socket(wildcard(host) ? (strchr(host, ':') ? "::" : "0.0.0.0") : host, 0, 1, 0);
         struct sockaddr_storage a;
         socklen_t al = sizeof a;
         if (fd < 0 || getsockname(fd, (struct sockaddr *)&a, &al)) {
@@ -376,6 +377,8 @@ static int srv_spawn(wk *w, stage_srv *v, md_err *e) {
         argv[k++] = "--mem-cap";
         argv[k++] = cap;
     }
+    if (md_log_json())
+        argv[k++] = "--log-json";
     argv[k] = NULL;
     pid_t parent = getpid();
     pid_t pid = fork();

@@ -9,7 +9,7 @@ processes, H and S, on one CPU thread each.
    P replica:{p0}:stage:1). S starts: it runs a `medley stage` child and advertises it under
    that key; H forms the replica (its heartbeat: capacity > 0, the stages), S's heartbeat
    lists the stage server, ready. Both heartbeats follow schemas/worker-heartbeat.
-2. A batch of 2,000 short requests (max_tokens 4) completes: every custom_id exactly once,
+2. A batch of 2,000 short requests (a one-token prompt, max_tokens 2) completes: every custom_id exactly once,
    none failed, every answer from H.
 3. Again, with S SIGKILLed mid-batch (its `medley stage` child dies with it) and restarted:
    H hands back what it ran, waits for the new endpoint, forms again; the batch completes with
@@ -56,9 +56,12 @@ def plan(version):
 
 
 def lines(prefix):
+    """N completions of a one-token prompt and two tokens each: a prefill and a decode step
+    per request, so that 2,000 of them pass two stages on two shared cores in about 30 s."""
     out = []
+    words = ["Hi", "The", "A", "In", "It"]
     for i in range(N):
-        body = {"model": MODEL, "prompt": "Note %d:" % (i % 10), "max_tokens": 4,
+        body = {"model": MODEL, "prompt": words[i % len(words)], "max_tokens": 2,
                 "temperature": 0}
         out.append(json.dumps({"custom_id": "%s-%04d" % (prefix, i), "method": "POST",
                                "url": "/v1/completions", "body": body}))
@@ -81,8 +84,11 @@ def wait_for(what, cond, timeout, logs=lambda: ""):
 
 
 def worker(srv, wid):
+    """H runs stage 0 (7 layers) on one thread, S's stage server the other 23 and the output
+    head on two: the cores go where the work is."""
     return Worker(srv, models=(), name=wid,
-                  args=["--follow-plan", "--id", wid, "--device", "cpu", "--threads", "1",
+                  args=["--follow-plan", "--id", wid, "--device", "cpu",
+                        "--threads", "1" if wid == "H" else "2",
                         "--plan-check-ms", "100", "--heartbeat-ms", "300",
                         "--visibility-ms", "20000", "--log-text"])
 
@@ -191,16 +197,24 @@ def main():
             workers["S"].log.close()
             workers["S"] = worker(srv, "S")
             return at, kids
-        dt, by, _, (at, kids) = run_batch(srv, "b", kill_stage)
+        dt, by, out, (at, kids) = run_batch(srv, "b", kill_stage)
         logs = workers["H"].logs()
         if "handed back" not in logs or logs.count("formed; serving") < 2:
             fail("H should hand back and form the replica again:\n" + logs[-3000:])
+        again = sum(1 for l in out if l["medley"]["attempt"] >= 2)
+        if not again or max(l["medley"]["attempt"] for l in out) > 2:
+            fail("the requests H held at the kill are redelivered once: %d with attempt >= 2, "
+                 "most %d" % (again, max(l["medley"]["attempt"] for l in out)))
+        for l in logs.splitlines():
+            if "handed back" in l or "formed" in l:
+                print("   H: " + l[:220])
         ep2 = r.get(KEY)
         if not ep2 or ep2 == ep:
             fail("the restarted stage worker must advertise its new server (%s, was %s)" % (
                 ep2, ep))
         print("3. S SIGKILLed at %d/%d (stage server pid %s gone), restarted: exactly once in "
-              "%.1f s; stage now at %s" % (at, N, kids, dt, ep2))
+              "%.1f s, %d answered on their second delivery; stage now at %s" % (
+                  at, N, kids, dt, again, ep2))
 
         for w in ("H", "S"):
             workers.pop(w).stop()

@@ -125,7 +125,7 @@ def stage_unreachable(srv, hv):
         mj = heartbeat(srv, "lonely")["models"][0]
         if mj["capacity"] != 0 or mj.get("stages") != spec:
             fail("heartbeat of the unformed replica: %s" % mj)
-        print("2. unreachable stage: not serving (%s)" % mj["not_serving"][:160])
+        print("2. unreachable stage: not serving (%s)" % mj["not_serving"][-200:])
     finally:
         w.stop()
     tries = w.logs().count("forming replica")
