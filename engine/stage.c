@@ -147,6 +147,14 @@ int md_stage_bytes(const char *model, int lo, int hi, int kv_type, size_t *weigh
     return rc;
 }
 
+/* The activation buffers of one micro-batch (model.c md_fwd_alloc), host or device. */
+static size_t activation_bytes(const md_hparams *hp, const md_stage_config *c) {
+    size_t T = (size_t)c->max_tokens, C = (size_t)hp->n_embd;
+    size_t qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t per_tok = C + (C > qd ? C : qd) + 2 * qd + 2 * kvd + 2 * (size_t)hp->n_ff;
+    return (T * per_tok + (size_t)c->max_seqs * (C + (size_t)hp->n_vocab)) * sizeof(float);
+}
+
 /* The checks every stage makes before loading anything. */
 static int check_config(md_stage *s, md_err *e) {
     const md_stage_config *c = &s->c;
@@ -157,7 +165,8 @@ static int check_config(md_stage *s, md_err *e) {
     if (c->n_slots < 1 || c->max_tokens < 1 || c->max_seqs < 1 || c->max_blocks < 1 ||
         c->block_tokens < 1 || c->n_ctx < 1 || c->n_ctx > hp->n_ctx_train ||
         (long long)c->max_blocks * c->block_tokens < c->n_ctx || c->n_slots % c->block_tokens ||
-        c->max_tokens > (1 << 20) || c->max_seqs > (1 << 16) || c->n_slots > (1 << 28))
+        c->max_tokens > (1 << 16) || c->max_seqs > 4096 || c->max_seqs > c->max_tokens ||
+        c->n_slots > (1 << 28))
         return md_errf(e, MD_EINVAL,
                        "stage sizes are not usable: %d slots of blocks of %d tokens, %d tokens "
                        "and %d sequences per step, %d blocks per sequence, context %d (model %d)",
@@ -174,12 +183,13 @@ static int check_config(md_stage *s, md_err *e) {
     if (c->mem_cap) {
         size_t w = range_weights(s->gf, hp, c->lo, c->hi);
         size_t kv = kv_slot_bytes(hp, c->lo, c->hi, c->kv_type) * (size_t)c->n_slots;
-        if (w + kv > c->mem_cap)
+        size_t act = activation_bytes(hp, c);
+        if (w + kv + act > c->mem_cap)
             return md_errf(e, MD_ENOMEM,
                            "layers %d-%d of %s need %.1f MiB (weights %.1f MiB + KV cache %.1f "
-                           "MiB), over the stage's memory cap of %.1f MiB",
-                           c->lo, c->hi - 1, c->model, (w + kv) / 1048576.0, w / 1048576.0,
-                           kv / 1048576.0, c->mem_cap / 1048576.0);
+                           "MiB + activations %.1f MiB), over the stage's memory cap of %.1f MiB",
+                           c->lo, c->hi - 1, c->model, (w + kv + act) / 1048576.0, w / 1048576.0,
+                           kv / 1048576.0, act / 1048576.0, c->mem_cap / 1048576.0);
     }
     return 0;
 }
@@ -343,6 +353,14 @@ int md_batch_check(const md_batch *b, const md_stage_config *c, int n_vocab, md_
         if (b->slot[t] < 0 || b->slot[t] >= c->n_slots)
             return md_errf(e, MD_EINVAL, "token %d writes slot %d, outside 0-%d", t,
                            (int)b->slot[t], c->n_slots - 1);
+        /* its own block's slot for its position, never another sequence's */
+        int pos = b->tok_pos[t], bt = c->block_tokens;
+        int32_t want = b->block_table[(size_t)s * c->max_blocks + pos / bt] * bt + pos % bt;
+        if (b->slot[t] != want)
+            return md_errf(e, MD_EINVAL,
+                           "token %d (sequence %d, position %d) writes slot %d; its block table "
+                           "puts that position in slot %d",
+                           t, s, pos, (int)b->slot[t], (int)want);
     }
     if (prev != S - 1)
         return md_errf(e, MD_EINVAL, "the step names %d sequences, its tokens %d", S, prev + 1);

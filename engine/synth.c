@@ -43,6 +43,9 @@ static const shape shapes[] = {
     /* heads, KV heads and FFN width that divide by 2 and 4, four layers: the sharding tests'
      * tensor-parallel and pipeline splits (tests/e2e/test_sharding.c) */
     {"tiny-tp", "llama", 4, 256, 8, 4, 512, 512, 512, 10000.0f, 0, 0},
+    /* tiny-tp with head_dim 64, which the CUDA attention kernels take: tensor parallelism on
+     * GPUs (tests/gpu/test_cuda_tp.c) */
+    {"tiny-tp-hd64", "llama", 4, 512, 8, 4, 1024, 512, 512, 10000.0f, 0, 0},
 };
 #define N_SHAPES (int)(sizeof shapes / sizeof shapes[0])
 

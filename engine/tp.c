@@ -1,6 +1,7 @@
 /* tp.c — a tensor-parallel stage: tp ranks, each a thread with its own backend and its share
  * of every layer (model.c md_model_load_tp), summing their partial products through shared
- * host memory (tp.h). */
+ * host memory, or through the backends' all_reduce (NCCL between GPUs) when every rank's
+ * backend has one and no two ranks share a device (tp.h). */
 #include "engine/tp.h"
 
 #include <pthread.h>
@@ -8,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "common/log.h"
 
 typedef struct md_tp md_tp;
 
@@ -20,7 +23,8 @@ typedef struct {
     md_fwd f;
     pthread_t thread;
     int started;
-    float *sum; /* [max_tokens * n_embd] this rank's copy of the reduced sum */
+    float *sum;    /* [max_tokens * n_embd] this rank's copy of the reduced sum */
+    md_comm *comm; /* with t->nccl: this rank's communicator (joined and freed by its thread) */
     int rc;
     md_err err;
 } rank_t;
@@ -42,6 +46,10 @@ struct md_tp {
     const md_batch *b;
     const float *in;
     float *out;
+    /* the backends' all-reduce (nccl_group_init): the communicator's id, and the job that
+     * has every rank join it instead of running a pass */
+    int nccl, joining;
+    uint8_t comm_id[MD_COMM_ID_BYTES];
     char desc[320];
 };
 
@@ -84,6 +92,13 @@ static int allreduce(void *ctx, int rank, md_buf *buf, int64_t n, md_err *e) {
     return r->be->ops->buf_upload(r->be, buf, 0, s, bytes, e);
 }
 
+/* The all-reduce over the backends' collectives: queued on the rank's device like its other
+ * ops, so a pass's ranks meet on their devices, not on the host. */
+static int nccl_allreduce(void *ctx, int rank, md_buf *buf, int64_t n, md_err *e) {
+    rank_t *r = &((md_tp *)ctx)->r[rank];
+    return r->be->ops->all_reduce(r->be, r->comm, buf, n, e);
+}
+
 static void *rank_main(void *arg) {
     rank_t *r = arg;
     md_tp *t = r->t;
@@ -97,8 +112,11 @@ static void *rank_main(void *arg) {
         seen = t->job;
         pthread_mutex_unlock(&t->mu);
         md_err_clear(&r->err);
-        r->rc = md_model_forward_stage(r->m, &r->f, &r->kv, t->b, t->in,
-                                       r->rank == 0 ? t->out : NULL, &r->err);
+        if (t->joining) /* comm_init returns once every rank joined: one thread each */
+            r->rc = r->be->ops->comm_init(r->be, t->comm_id, r->rank, t->n, &r->comm, &r->err);
+        else
+            r->rc = md_model_forward_stage(r->m, &r->f, &r->kv, t->b, t->in,
+                                           r->rank == 0 ? t->out : NULL, &r->err);
         pthread_mutex_lock(&t->mu);
         if (r->rc) {
             t->aborted = 1;
@@ -110,6 +128,8 @@ static void *rank_main(void *arg) {
         }
     }
     pthread_mutex_unlock(&t->mu);
+    if (r->comm) /* each rank's in its own thread, at once: NCCL may wait for the peers' */
+        r->be->ops->comm_free(r->be, r->comm);
     return NULL;
 }
 
@@ -189,6 +209,49 @@ static int open_rank(md_tp *t, int i, const gguf_file *gf, int threads, md_err *
     return 0;
 }
 
+/* Sum through the backends' all_reduce (NCCL) when every rank's backend has one and no two
+ * ranks name one CUDA device (NCCL takes a GPU once; ranks sharing one sum through the host):
+ * rank 0's backend makes the communicator's id and every rank joins it from its own thread
+ * (a joining job). Where the library cannot be loaded (MD_EUNSUPP) the host path stays, with
+ * a warning; a failed join fails the open. Called with the rank threads running. */
+static int nccl_group_init(md_tp *t, md_err *e) {
+    md_device_id id[MD_TP_MAX];
+    for (int i = 0; i < t->n; i++) {
+        if (!t->r[i].be->ops->all_reduce)
+            return 0;
+        char dev[64];
+        md_err pe;
+        rank_device(t->c.device, i, dev, sizeof dev);
+        if (md_device_parse(dev, &id[i], &pe)) /* a registered test device: its own */
+            id[i].kind = MD_DEVICE_CPU;
+        for (int k = 0; k < i; k++)
+            if (id[i].kind == MD_DEVICE_CUDA && id[k].kind == MD_DEVICE_CUDA &&
+                id[i].index == id[k].index)
+                return 0;
+    }
+    md_backend *be0 = t->r[0].be;
+    md_err ie = {0};
+    int rc = be0->ops->comm_unique_id(be0, t->comm_id, &ie);
+    if (rc == MD_EUNSUPP) {
+        MD_WARN("tp", "tensor-parallel ranks sum through host memory: %s", ie.msg);
+        return 0;
+    }
+    if (rc) {
+        if (e)
+            *e = ie;
+        return rc;
+    }
+    t->joining = 1;
+    rc = md_tp_run(t, NULL, NULL, NULL, e);
+    t->joining = 0;
+    if (rc)
+        return md_errctx(e, "tensor-parallel ranks joining their NCCL communicator: ");
+    t->nccl = 1;
+    for (int i = 0; i < t->n; i++)
+        t->r[i].m->allreduce = nccl_allreduce;
+    return 0;
+}
+
 int md_tp_open(const md_stage_config *c, const gguf_file *gf, md_tp **out, md_err *e) {
     *out = NULL;
     md_tp *t = calloc(1, sizeof *t);
@@ -211,12 +274,14 @@ int md_tp_open(const md_stage_config *c, const gguf_file *gf, md_tp **out, md_er
         else
             t->r[i].started = 1;
     }
+    if (rc == 0)
+        rc = nccl_group_init(t, e);
     if (rc) {
         md_tp_close(t);
         return rc;
     }
-    snprintf(t->desc, sizeof t->desc, "%d tensor-parallel ranks (%s, shared-memory all-reduce)",
-             t->n, t->r[0].be->ops->describe(t->r[0].be));
+    snprintf(t->desc, sizeof t->desc, "%d tensor-parallel ranks (%s, %s all-reduce)", t->n,
+             t->r[0].be->ops->describe(t->r[0].be), t->nccl ? "NCCL" : "shared-memory");
     *out = t;
     return 0;
 }

@@ -10,7 +10,9 @@
  * downloads its partial sum into its slot, and after a barrier every rank adds the slots in
  * rank order, so all ranks get the same bits. This is for testing the sharding arithmetic on
  * CPU: CPU ranks share the memory bandwidth one rank already saturates, so it is not faster.
- * Between CUDA devices, NCCL's all-reduce (when the build has NCCL).
+ * Between CUDA devices, NCCL's all-reduce (backend.h all_reduce, queued on each GPU's stream)
+ * when every rank's backend has it (a CUDA build with NCCL, the library loadable at run time)
+ * and no two ranks share a GPU; otherwise the host path. md_tp_describe says which.
  *
  * Ownership: md_tp_open gives a group the caller frees with md_tp_close (NULL is fine). Ranks
  * run in threads the group owns; one caller at a time calls md_tp_run. */

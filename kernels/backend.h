@@ -27,8 +27,8 @@
  * Devices: one md_backend is one device (the host's CPU cores, or one GPU). The engine runs
  * a model on one backend, or as pipeline stages and tensor-parallel ranks each on its own
  * backend (engine/stage.h, engine/tp.h; docs/sharding.md); a backend never sees another's
- * buffers — hidden states cross between them through host memory or a link
- * (engine/link.h).
+ * buffers — hidden states cross between them through host memory, a link (engine/link.h)
+ * or, between GPUs, the optional collective ops (NCCL).
  *
  * Errors: ops that can fail return 0 or a negative MD_E* code and fill e. The compute ops
  * assume the shapes were validated at model load (the engine checks every tensor's shape and
@@ -47,6 +47,9 @@
 
 typedef struct md_backend md_backend;
 typedef struct md_buf md_buf;
+/* A communicator of the collective ops (comm_init below); owned by the backend that made it. */
+typedef struct md_comm md_comm;
+#define MD_COMM_ID_BYTES 128 /* a communicator's id, as NCCL's ncclUniqueId */
 
 /* A weight: rows of ne0 elements of `type` (md_type_supported), ne1 rows, starting `offset` bytes
  * into buf. Row r starts at offset + r * row_bytes. */
@@ -260,6 +263,52 @@ typedef struct md_backend_ops {
      * again (they then run directly), or an error. */
     int (*step_begin)(md_backend *be, md_err *e);
     int (*step_end)(md_backend *be, int failed, md_err *e);
+
+    /* Collectives between devices (optional, all present or all NULL: the CUDA backend's
+     * through NCCL when the build found it, MEDLEY_HAVE_NCCL; the tensor-parallel ranks of
+     * engine/tp.c use them). A communicator joins n backends, rank 0 to n - 1, each on a
+     * device of its own, in threads of one process or in several processes.
+     *  comm_unique_id  Any one rank makes the id and hands it to the others (memory, a
+     *                  socket): MD_COMM_ID_BYTES opaque bytes. MD_EUNSUPP with the reason
+     *                  when the collectives library cannot be loaded on this host.
+     *  comm_init       Rank `rank` of n joins the communicator of id: blocks until all n
+     *                  ranks have called it, so each calls it from its own thread or process
+     *                  (a rank that never comes leaves the others waiting: NCCL's init has
+     *                  no timeout). The communicator belongs to this backend and is freed
+     *                  with comm_free before it (comm_free waits for the backend's queued
+     *                  work; a communicator that failed is aborted first, so its kernels stop
+     *                  waiting for peers); it is used with this backend only and from one
+     *                  thread at a time. A backend in a communicator records no steps
+     *                  (step_begin runs the ops directly): every rank must issue the same
+     *                  collectives in the same order, which per-rank graph decisions could
+     *                  break.
+     *  all_reduce      buf [n] (F32) = the sum of every rank's buf [n], in place. Every rank
+     *                  calls it with the same n, in the same order as its other collectives.
+     *                  Queued like the compute ops (asynchronous; the backend's later ops
+     *                  see the sum), on a padded decode step over the padded rows too.
+     *  send / recv     `bytes` bytes at `off` in buf to / from rank `peer` (queued, like
+     *                  all_reduce); a send is matched by the peer's recv of the same size.
+     *                  Each waits on the device for its peer, so one thread sending to and
+     *                  receiving from a peer (or itself) brackets the pair with
+     *                  comm_group_start / comm_group_end.
+     *  comm_group_*    The calling thread's collectives between start and end are issued
+     *                  together at end (ncclGroupStart / ncclGroupEnd); groups nest.
+     * Errors: MD_EINVAL for a rank, peer or count outside the communicator, MD_ERANGE for
+     * bytes outside buf, MD_EDEVICE with the library's sentence and what was asked ("cuda:1
+     * all-reduce of 1048576 floats: unhandled cuda error (...)"). A communicator keeps its
+     * first error and refuses every later call with it: its peers may be waiting for the
+     * collective that failed, so the caller fails the whole group. */
+    int (*comm_unique_id)(md_backend *be, uint8_t id[MD_COMM_ID_BYTES], md_err *e);
+    int (*comm_init)(md_backend *be, const uint8_t id[MD_COMM_ID_BYTES], int rank, int n,
+                     md_comm **out, md_err *e);
+    void (*comm_free)(md_backend *be, md_comm *c);
+    int (*all_reduce)(md_backend *be, md_comm *c, md_buf *buf, int64_t n, md_err *e);
+    int (*send)(md_backend *be, md_comm *c, const md_buf *buf, size_t off, size_t bytes, int peer,
+                md_err *e);
+    int (*recv)(md_backend *be, md_comm *c, md_buf *buf, size_t off, size_t bytes, int peer,
+                md_err *e);
+    int (*comm_group_start)(md_backend *be, md_err *e);
+    int (*comm_group_end)(md_backend *be, md_err *e);
 } md_backend_ops;
 
 #define MD_STEP_RERUN 1

@@ -10,6 +10,10 @@ if(MEDLEY_HAVE_CUDA)
               LIBS medley_cuda LABELS unit)
   medley_test(test_cuda_graph_cache SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_graph_cache.c
               LIBS medley_cuda LABELS unit)
+  # nccl.c's run-time loading of libnccl (no GPU needed); skips on a build without NCCL
+  medley_test(test_cuda_nccl_load SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_nccl_load.c
+              LIBS medley_cuda LABELS unit)
+  set_tests_properties(test_cuda_nccl_load PROPERTIES SKIP_RETURN_CODE 77)
   medley_test(test_cuda_kernels SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_kernels.c
               LIBS medley_cuda medley_engine LABELS gpu)
   medley_test(test_cuda_backend SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_backend.c
@@ -20,8 +24,12 @@ if(MEDLEY_HAVE_CUDA)
               LIBS medley_engine medley_kernels LABELS gpu e2e)
   medley_test(test_cuda_engine SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_engine.c
               LIBS medley_engine medley_kernels LABELS gpu)
+  # NCCL with one rank on one GPU, tensor-parallel stages on one GPU (host all-reduce) and on
+  # two (NCCL) against one GPU's logits
+  medley_test(test_cuda_tp SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_tp.c
+              LIBS medley_engine medley_kernels LABELS gpu)
   set_tests_properties(test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs
-                       test_cuda_engine PROPERTIES SKIP_RETURN_CODE 77)
+                       test_cuda_engine test_cuda_tp PROPERTIES SKIP_RETURN_CODE 77)
 endif()
 
 # `medley profile` on the CPU backend writes a document that validates against

@@ -37,3 +37,7 @@ medley_test(test_synth SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_synth.c
 # fetched
 medley_test(test_sharding SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_sharding.c
             LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
+# a tensor-parallel stage sums through the backends' all_reduce (NCCL's place, imitated on
+# the CPU) when every rank has it, bit-equal to the host path; through host memory otherwise
+medley_test(test_tp_allreduce SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tp_allreduce.c
+            LIBS ${ENGINE_TEST_LIBS} Threads::Threads LABELS unit)

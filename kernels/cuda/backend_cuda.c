@@ -28,6 +28,10 @@
  * step_end launches the graph. A failed capture (an allocation it needed, say) is dropped
  * and the step runs directly (MD_STEP_RERUN). MEDLEY_CUDA_GRAPHS=0 turns graphs off.
  *
+ * The collectives (comm_*, all_reduce, send, recv) are nccl.c's, on the ctx's stream, when the
+ * build has NCCL (MEDLEY_HAVE_NCCL); a backend that joined a communicator runs its steps
+ * without graphs (backend.h comm_init says why).
+ *
  * Ownership: md_backend_cuda_open gives a backend freed by md_backend_free (which frees the
  * pool and with it every buffer still live). */
 #include <cuda_runtime_api.h>
@@ -984,6 +988,66 @@ static int be_sample(md_backend *be, const md_buf *x, int rows, int n, const md_
     return 0;
 }
 
+#ifdef MEDLEY_HAVE_NCCL
+/* ---- collectives (nccl.c) ----------------------------------------------------------- */
+
+static int be_comm_unique_id(md_backend *be, uint8_t id[MD_COMM_ID_BYTES], md_err *e) {
+    return cuda_comm_unique_id(id, e);
+}
+
+static int be_comm_init(md_backend *be, const uint8_t id[MD_COMM_ID_BYTES], int rank, int n,
+                        md_comm **out, md_err *e) {
+    cuda_backend *b = cbe(be);
+    int rc = outside_step(b, "comm_init", e);
+    if (rc || (rc = cuda_comm_init(b->c, id, rank, n, out, e)))
+        return rc;
+    /* each rank decides on its own what to record and replay, and a capture that fails on
+     * one rank runs its collectives at another time than its peers' (backend.h comm_init) */
+    b->graphs_on = 0;
+    b->graphable = 0;
+    return 0;
+}
+
+static void be_comm_free(md_backend *be, md_comm *m) {
+    cuda_comm_free(cbe(be)->c, m);
+}
+
+static int be_all_reduce(md_backend *be, md_comm *m, md_buf *buf, int64_t n, md_err *e) {
+    cuda_backend *b = cbe(be);
+    n = pelems(b, n); /* every rank pads its decode steps alike: the same n everywhere */
+    int rc = outside_step(b, "all_reduce", e);
+    if (rc == 0 && n >= 0)
+        rc = range_ok(buf, 0, (size_t)n * sizeof(float), e);
+    return rc ? rc : cuda_comm_all_reduce(b->c, m, (float *)buf->p, n, e);
+}
+
+static int be_send(md_backend *be, md_comm *m, const md_buf *buf, size_t off, size_t bytes,
+                   int peer, md_err *e) {
+    int rc = outside_step(cbe(be), "send", e);
+    if (!rc)
+        rc = range_ok(buf, off, bytes, e);
+    return rc ? rc : cuda_comm_send(cbe(be)->c, m, (const char *)buf->p + off, bytes, peer, e);
+}
+
+static int be_recv(md_backend *be, md_comm *m, md_buf *buf, size_t off, size_t bytes, int peer,
+                   md_err *e) {
+    int rc = outside_step(cbe(be), "recv", e);
+    if (!rc)
+        rc = range_ok(buf, off, bytes, e);
+    return rc ? rc : cuda_comm_recv(cbe(be)->c, m, (char *)buf->p + off, bytes, peer, e);
+}
+
+static int be_comm_group_start(md_backend *be, md_err *e) {
+    return cuda_comm_group_start(e);
+}
+
+static int be_comm_group_end(md_backend *be, md_err *e) {
+    return cuda_comm_group_end(e);
+}
+
+_Static_assert(MD_COMM_ID_BYTES == CUDA_COMM_ID_BYTES, "backend.h and cuda_ops.h comm ids");
+#endif
+
 static const md_backend_ops cuda_backend_ops = {
     .name = "cuda",
     .kv_cache_type = MD_TYPE_F16, /* half the memory and attention traffic of F32 */
@@ -1022,6 +1086,16 @@ static const md_backend_ops cuda_backend_ops = {
     .weight_shadow = be_weight_shadow,
     .step_begin = be_step_begin,
     .step_end = be_step_end,
+#ifdef MEDLEY_HAVE_NCCL
+    .comm_unique_id = be_comm_unique_id,
+    .comm_init = be_comm_init,
+    .comm_free = be_comm_free,
+    .all_reduce = be_all_reduce,
+    .send = be_send,
+    .recv = be_recv,
+    .comm_group_start = be_comm_group_start,
+    .comm_group_end = be_comm_group_end,
+#endif
 };
 
 static int cuda_open(int ordinal, int exact, md_backend **out, md_err *e) {

@@ -282,6 +282,26 @@ void cuda_ctx_scratch_moved(cuda_ctx *c);
 int cuda_graph_launch(cuda_ctx *c, cuda_graph *g, md_err *e);
 void cuda_graph_free(cuda_graph *g);
 
+/* ---- collectives (nccl.c, built when CMake found NCCL: MEDLEY_HAVE_NCCL) ------------- */
+
+/* backend.h's md_comm: an NCCL communicator on one ctx's device. Every call below but the
+ * group pair takes the ctx the communicator was made on and queues on its stream; the
+ * ranks' semantics and errors are backend.h's (comm_*, all_reduce, send, recv). */
+typedef struct md_comm md_comm;
+#define CUDA_COMM_ID_BYTES 128
+int cuda_comm_unique_id(uint8_t id[CUDA_COMM_ID_BYTES], md_err *e);
+int cuda_comm_init(cuda_ctx *c, const uint8_t id[CUDA_COMM_ID_BYTES], int rank, int n,
+                   md_comm **out, md_err *e);
+/* Waits for c's queued work first; a communicator that failed is aborted (its kernels stop
+ * waiting for peers) before that wait, a sound one destroyed after it. */
+void cuda_comm_free(cuda_ctx *c, md_comm *m);
+/* x [n] f32 device memory, summed over the ranks in place. */
+int cuda_comm_all_reduce(cuda_ctx *c, md_comm *m, float *x, int64_t n, md_err *e);
+int cuda_comm_send(cuda_ctx *c, md_comm *m, const void *p, size_t bytes, int peer, md_err *e);
+int cuda_comm_recv(cuda_ctx *c, md_comm *m, void *p, size_t bytes, int peer, md_err *e);
+int cuda_comm_group_start(md_err *e);
+int cuda_comm_group_end(md_err *e);
+
 #ifdef __cplusplus
 }
 #endif

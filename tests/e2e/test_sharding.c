@@ -11,7 +11,8 @@
  *    (the single run's top-2 logprob gap < 0.3 there).
  * On synthetic:tiny-tp (random weights, 8 heads / 4 KV heads, 4 layers; always) and on
  * SmolLM2-135M (the engine fixture prompts; when fetched): 2 stages uneven (7 + 23 layers), 3
- * stages, TP 3 (9 heads, 3 KV heads). Also: a model over one stage's memory cap runs on two
+ * stages, TP 3 (9 heads, 3 KV heads); in this process and through `medley stage` processes
+ * over loopback TCP. Also: a model over one stage's memory cap runs on two
  * and is refused on one; heads that do not divide and malformed stage lists are refused with
  * the numbers. */
 #include <setjmp.h>
@@ -27,6 +28,7 @@
 #include "engine/engine.h"
 #include "engine/pipeline.h"
 #include "engine/tokenizer.h"
+#include "e2e/stage_proc.h"
 #include "e2e/test_engine_util.h"
 
 #define MAX_P 32
@@ -238,16 +240,55 @@ static void test_smollm2_tp3(void **st) {
     prompts_free(&p);
 }
 
+/* The same through `medley stage` processes over loopback TCP: a remote last stage, a remote
+ * inner and last stage, and a remote tensor-parallel stage. */
+static void test_tcp(void **st) {
+    (void)st;
+    if (!stage_bin())
+        skip();
+    stage_proc a, b;
+    assert_int_equal(stage_start(&a, "127.0.0.1:0"), 0);
+    assert_int_equal(stage_start(&b, "127.0.0.1:0"), 0);
+    char spec[256];
+    prompts p;
+    answers one, got;
+    load_prompts(TINY, 1, &p);
+    run(TINY, NULL, 0, 0, &p, &one);
+    snprintf(spec, sizeof spec, "cpu:0-0,tcp://127.0.0.1:%d/cpu:1-3", a.port);
+    run(TINY, spec, 0, 0, &p, &got);
+    assert_true(compare(&one, &got, 1, "tiny 1 + 3 layers over TCP") <= 1e-4);
+    snprintf(spec, sizeof spec, "cpu:0-1,tcp://127.0.0.1:%d/cpu:2-3", b.port);
+    run(TINY, spec, 2, 0, &p, &got);
+    assert_true(compare(&one, &got, 0, "tiny TP 2 in both stages, the second over TCP") <= 0.05);
+    prompts_free(&p);
+    const char *model = test_model_path();
+    if (model) {
+        load_prompts(model, 0, &p);
+        run(model, NULL, 0, 0, &p, &one);
+        snprintf(spec, sizeof spec, "cpu:0-6,tcp://127.0.0.1:%d/cpu:7-29", a.port);
+        run(model, spec, 0, 0, &p, &got);
+        assert_true(compare(&one, &got, 1, "SmolLM2 7 + 23 layers over TCP") <= 1e-4);
+        snprintf(spec, sizeof spec,
+                 "cpu:0-6,tcp://127.0.0.1:%d/cpu:7-19,tcp://127.0.0.1:%d/cpu:20-29", a.port,
+                 b.port);
+        run(model, spec, 0, 0, &p, &got);
+        assert_true(compare(&one, &got, 1, "SmolLM2 7 + 13 + 10 layers, two over TCP") <= 1e-4);
+        prompts_free(&p);
+    }
+    assert_int_equal(stage_stop(&a), 0);
+    assert_int_equal(stage_stop(&b), 0);
+}
+
 static void test_mem_cap(void **st) {
     (void)st;
     size_t w_all, kv_all, w_half, kv_half;
     md_err e = {0};
     assert_int_equal(md_stage_bytes(TINY, 0, 4, 0, &w_all, &kv_all, &e), 0);
     assert_int_equal(md_stage_bytes(TINY, 0, 2, 0, &w_half, &kv_half, &e), 0);
-    /* the cap: every layer's weights + KV cache do not fit, half of them do (the KV budget
-     * of open_engine, 8 MiB over all layers, is split the same way) */
-    size_t kv = 8u << 20, cap = (w_all + kv) * 3 / 4;
-    assert_true(w_half + kv / 2 < cap);
+    /* the cap: every layer's weights + KV cache (the 8 MiB budget of open_engine) + one
+     * stage's activations do not fit, half of the layers do */
+    size_t kv = 8u << 20, cap = w_all + kv;
+    assert_true(w_half + kv / 2 < cap / 2 + (1u << 20));
     md_engine *eng = open_engine(TINY, "cpu:0-3", 0, 0, cap, &e);
     assert_null(eng);
     printf("  one stage refused: %s\n", e.msg);
@@ -293,6 +334,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_synthetic_pipeline), cmocka_unit_test(test_synthetic_tp),
         cmocka_unit_test(test_mem_cap),            cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_tcp),
         cmocka_unit_test(test_smollm2),            cmocka_unit_test(test_smollm2_tp3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

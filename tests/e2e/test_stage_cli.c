@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "e2e/stage_proc.h"
 #include "e2e/test_engine_util.h"
 
 static char out[1 << 16];
@@ -33,67 +34,6 @@ static int run(const char *cmd) {
     out[n] = 0;
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-typedef struct {
-    pid_t pid;
-    int port;
-    char log[64]; /* its stderr */
-} stage_proc;
-
-/* The text of a file (static buffer). */
-static const char *slurp(const char *path) {
-    static char text[1 << 16];
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
-    text[n] = 0;
-    if (f)
-        fclose(f);
-    return text;
-}
-
-/* `medley stage --listen listen --threads 1`; waits for its "listening on" line (port into
- * s->port) unless it exits first. Returns 0 listening, else its exit status. */
-static int stage_start(stage_proc *s, const char *listen) {
-    snprintf(s->log, sizeof s->log, "/tmp/medley-stage-cli-XXXXXX");
-    int fd = mkstemp(s->log);
-    assert_true(fd >= 0);
-    s->pid = fork();
-    assert_true(s->pid >= 0);
-    if (s->pid == 0) {
-        dup2(fd, 2);
-        execl(bin(), "medley", "stage", "--listen", listen, "--threads", "1", (char *)NULL);
-        _exit(127);
-    }
-    close(fd);
-    for (int i = 0; i < 500; i++) {
-        const char *l = strstr(slurp(s->log), "stage: listening on 127.0.0.1:");
-        if (l) {
-            s->port = atoi(l + strlen("stage: listening on 127.0.0.1:"));
-            return 0;
-        }
-        int st;
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        usleep(20000);
-    }
-    fail_msg("medley stage did not start: %s", slurp(s->log));
-    return -1;
-}
-
-/* SIGTERM, then its exit status (it must exit within 10 s). */
-static int stage_stop(stage_proc *s) {
-    kill(s->pid, SIGTERM);
-    for (int i = 0; i < 1000; i++) {
-        int st;
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        usleep(10000);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, NULL, 0);
-    fail_msg("medley stage did not stop on SIGTERM: %s", slurp(s->log));
-    return -1;
 }
 
 /* The "tokens" of `medley generate --json` for model with extra flags, as JSON text. */

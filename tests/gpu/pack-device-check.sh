@@ -4,7 +4,7 @@
 # GPU test binaries, the benchmarks and `medley` in .devcheck/bin, the shared libraries they
 # need that a CUDA image may lack in .devcheck/lib (with libcudart; libcublas, 100+ MB, comes
 # from the host's CUDA 13), built for sm_90 only (H100/H200), and all of it as one xz archive,
-# .devpack/devcheck.tar.xz (the 13 binaries each hold the same sm_90 kernels: 40 MB as
+# .devpack/devcheck.tar.xz (the 15 binaries each hold the same sm_90 kernels: 40 MB as
 # files, 3.2 MB compressed; run-device-check.sh unpacks it with python3's tarfile). With
 # --model, the SmolLM2 test model split into .devmodel1/ .. .devmodel4/ (23.4 MiB each).
 # The device tool sends at most 64 MiB per call, the ~4 MiB working tree included, and keeps
@@ -18,8 +18,8 @@ cd "$(dirname "$0")/../.."
 B=${1:-build-dpack}
 [ "${1:-}" = "--model" ] && B=build-dpack
 cmake -S . -B "$B" -DMEDLEY_WERROR=ON -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >/dev/null
-cmake --build "$B" -j2 --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache \
-    test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine medley_gpu_bench medley_gemv_bench \
+cmake --build "$B" -j2 --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_nccl_load \
+    test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine test_cuda_tp medley_gpu_bench medley_gemv_bench \
     medley_attn_bench medley_sample_bench medley
 rm -rf .devcheck
 mkdir -p .devcheck/bin .devcheck/lib

@@ -90,8 +90,8 @@ else
     command -v ninja >/dev/null && gen="-G Ninja"
     if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDLEY_WERROR=ON \
         -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >"$OUT/build.log" 2>&1 &&
-        cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache \
-            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine medley_gpu_bench medley_gemv_bench medley_attn_bench medley_sample_bench medley >>"$OUT/build.log" 2>&1; then
+        cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_nccl_load \
+            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine test_cuda_tp medley_gpu_bench medley_gemv_bench medley_attn_bench medley_sample_bench medley >>"$OUT/build.log" 2>&1; then
         cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/tests/medley_gemv_bench build-gpu/tests/medley_attn_bench build-gpu/tests/medley_sample_bench build-gpu/cli/medley "$BIN/"
         note "build: ok (sm_90, warnings as errors)"
     else
@@ -117,8 +117,9 @@ bin() {
 }
 # what each step runs: the check's shapes, or the rehearsal's
 L=${BENCH_LAYERS:-32}
-TESTS="test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_kernels
-    test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine"
+TESTS="test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_nccl_load
+    test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine
+    test_cuda_tp"
 TEST_TIMEOUT=240
 PROFILE_MODEL=
 PROFILE_ARGS="--model-name smollm2-135m --batches 1,8,64 --contexts 128,512 --gen 32"
@@ -131,8 +132,8 @@ ENGINE_ARGS="--batches 1,256 --contexts 128 --gen 128"
 ENGINE_NOGRAPH_ARGS="--batches 1 --contexts 128 --gen 64"
 Q4_ARGS="--batches 32,128 --contexts 128 --gen 32"
 if [ $EMU = 1 ]; then
-    TESTS="test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_backend
-        test_cuda_engine"
+    TESTS="test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_nccl_load
+        test_cuda_backend test_cuda_engine"
     TEST_TIMEOUT=600
     export MEDLEY_GPU_TEST_SMALL=1 MEDLEY_GPU_TEST_MODEL=synthetic:tiny-hd64:q4_0
     PROFILE_MODEL=synthetic:tiny-hd64:q4_0
