@@ -3,7 +3,8 @@
  * gracefully: it stops reading, finishes or hands back what it runs, and exits 0. Without
  * --model it follows the scheduler's plan (--follow-plan). With --devices D0,...,Dn-1 (n > 1)
  * it supervises n one-device workers <id>.0 ... <id>.n-1, each this same command run with
- * --device Di (worker/supervise.h). */
+ * --device Di (worker/supervise.h). With --stages the model runs as pipeline stages, some
+ * possibly in `medley stage` processes elsewhere (docs/protocol.md §6, "Sharded replicas"). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,20 @@ static void usage(FILE *f) {
             "  --kv-type T            engine KV cache: f16 (default) or f32\n"
             "  --bf16-weights M       GPU: BF16 copies of quantized weights for batched\n"
             "                         steps: auto (default), on, off\n"
+            "  --stages SPEC          run the --model as pipeline stages, a comma list of\n"
+            "                         [tcp://HOST:PORT/]DEVICE:LO-HI (layers LO to HI), e.g.\n"
+            "                         cpu:0-11,tcp://10.0.0.2:7701/cpu:12-29 (remote stages\n"
+            "                         from `medley stage --listen`). The model reads nothing\n"
+            "                         until every stage answers; when one fails, what it ran\n"
+            "                         is handed back and the replica formed again\n"
+            "  --tp N                 tensor-parallel ranks of each local stage\n"
+            "  --mem-cap SIZE         refuse a local stage whose weights + KV cache exceed SIZE\n"
+            "                         (e.g. 512M; also passed to the stage servers below)\n"
+            "  --stage-listen H:P     under a plan, where this worker's stage servers listen\n"
+            "                         for the head of a pipeline replica naming its device in a\n"
+            "                         later stage (default 127.0.0.1:0: a free port; 0.0.0.0:P\n"
+            "                         advertises the host name; a fixed port P serves the\n"
+            "                         first stage, P+1 the next; with --devices keep port 0)\n"
             "  --echo-delay-ms MS     echo model: delay per answer ($MEDLEY_ECHO_DELAY_MS)\n"
             "  --echo-ctx N           echo model: context length in bytes (default 8192)\n"
             "  --visibility-ms MS     take over entries idle this long (default 60000)\n"
@@ -210,7 +225,8 @@ static int int_flag(wk_config *cfg, const char *a, const char *v) {
                 {"--command-timeout-ms", 0, 3600000},
                 {"--plan-check-ms", 10, 3600000},
                 {"--step-timeout-ms", 0, 86400000},
-                {"--load-timeout-ms", 0, 86400000}};
+                {"--load-timeout-ms", 0, 86400000},
+                {"--tp", 1, 8}};
     int k = -1;
     for (size_t j = 0; j < sizeof ints / sizeof *ints; j++)
         if (!strcmp(a, ints[j].flag))
@@ -236,6 +252,7 @@ static int int_flag(wk_config *cfg, const char *a, const char *v) {
     case 12: cfg->plan_check_ms = (int)x; break;
     case 13: cfg->step_timeout_ms = (int)x; break;
     case 14: cfg->load_timeout_ms = (int)x; break;
+    case 15: cfg->runner.tp = (int)x; break;
     }
     return 0;
 }
@@ -292,6 +309,18 @@ static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cf
             cfg->runner.bf16_weights = v;
         } else if (!strcmp(a, "--device-type")) {
             cfg->device_type = v;
+        } else if (!strcmp(a, "--stages")) {
+            cfg->runner.stages = v;
+        } else if (!strcmp(a, "--stage-listen")) {
+            cfg->stage_listen = v;
+        } else if (!strcmp(a, "--mem-cap")) {
+            long long cap = md_parse_size(v);
+            if (cap <= 0) {
+                fprintf(stderr,
+                        "medley worker: --mem-cap must be a size such as 512M, got \"%s\"\n", v);
+                return 2;
+            }
+            cfg->runner.mem_cap = (size_t)cap;
         } else if (!strcmp(a, "--usd-per-hour")) {
             char *end;
             cfg->usd_per_hour = strtod(v, &end);
@@ -314,6 +343,11 @@ static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cf
     }
     if (cfg->n_models > 0 && cfg->follow_plan) {
         fprintf(stderr, "medley worker: --model and --follow-plan exclude each other\n");
+        return 2;
+    }
+    if (cfg->runner.stages && (cfg->n_models != 1 || cfg->follow_plan || fl->devices)) {
+        fprintf(stderr, "medley worker: --stages runs one --model as one replica (not with "
+                        "--follow-plan, where the plan says the stages, nor with --devices)\n");
         return 2;
     }
     if (fl->device && fl->devices) {

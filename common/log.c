@@ -16,6 +16,7 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void md_log_set_level(md_log_level lvl) { g_level = lvl; }
 void md_log_set_json(int on) { g_json = on; }
+int md_log_json(void) { return g_json; }
 
 int md_log_level_parse(const char *name) {
     static const char *names[] = {"debug", "info", "warn", "error"};

@@ -9,6 +9,7 @@ void md_log_set_level(md_log_level lvl);
 /* Level from a name ("debug", "info", "warn", "error"); returns -1 if unknown. */
 int md_log_level_parse(const char *name);
 void md_log_set_json(int on);
+int md_log_json(void); /* 1 when lines are JSON objects (for child processes' flags) */
 /* component: short module name ("worker", "gguf"). */
 void md_log(md_log_level lvl, const char *component, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

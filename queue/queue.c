@@ -29,6 +29,9 @@ void q_key_dlq(char *out, const char *p, const char *m) {
 void q_key_worker(char *out, const char *p, const char *w) {
     snprintf(out, Q_KEY_MAX, "%sworker:{%s}", p, w);
 }
+void q_key_stage(char *out, const char *p, const char *replica, int stage) {
+    snprintf(out, Q_KEY_MAX, "%sreplica:{%s}:stage:%d", p, replica, stage);
+}
 void q_key_batches(char *out, const char *p) {
     snprintf(out, Q_KEY_MAX, "%sbatches", p);
 }

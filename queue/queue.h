@@ -13,6 +13,8 @@
  *                  stream), from q:{M} and every class stream of M
  *   P plan         the scheduler's plan (queue/plan.h); P plan:version its version
  *   P worker:{W}   hash with a TTL: the worker heartbeat (schemas/worker-heartbeat)
+ *   P replica:{R}:stage:<i>  string with a TTL: "tcp://HOST:PORT/DEVICE", where the stage
+ *                  server of stage i (i >= 1) of plan replica R listens (docs/protocol.md §6)
  *   P batches      sorted set: batch ids by created_at (ms)
  *   P events       pub/sub channel: {"type":"batch","batch":B,"status":S}
  *
@@ -39,6 +41,8 @@ void q_key_out(char *out, const char *prefix, const char *batch);
 void q_key_done(char *out, const char *prefix, const char *batch);
 void q_key_dlq(char *out, const char *prefix, const char *model);
 void q_key_worker(char *out, const char *prefix, const char *worker);
+/* P replica:{R}:stage:<i>: the endpoint of stage i of a sharded plan replica R. */
+void q_key_stage(char *out, const char *prefix, const char *replica, int stage);
 void q_key_batches(char *out, const char *prefix);
 void q_key_events(char *out, const char *prefix);
 

@@ -43,16 +43,62 @@ int wk_gpu_of_worker(const char *gpu, const char *worker) {
     return 1;
 }
 
-static int replica_names(const json_t *rep, const char *worker) {
+/* The index of the first stage of rep that names one of worker's devices, or -1. */
+static int stage_of(const json_t *rep, const char *worker) {
     size_t i, j;
     json_t *st, *g;
     json_array_foreach(json_object_get(rep, "stages"), i, st)
         json_array_foreach(json_object_get(st, "gpus"), j, g) {
         const char *s = json_string_value(g);
         if (s && wk_gpu_of_worker(s, worker))
-            return 1;
+            return (int)i;
     }
-    return 0;
+    return -1;
+}
+
+/* rep as a pipeline over workers: 1 with p filled when it has two or more stages that each
+ * name one GPU, 0 when it is served whole, MD_EINVAL when a pipeline's id or layers are
+ * malformed (they become Redis keys and engine stages). */
+static int as_pipeline(const json_t *rep, const char *where, wk_pipe *p, md_err *e) {
+    json_t *stages = json_object_get(rep, "stages");
+    size_t n = json_array_size(stages), i;
+    json_t *st;
+    memset(p, 0, sizeof *p);
+    if (n < 2)
+        return 0;
+    json_array_foreach(stages, i, st) {
+        if (json_array_size(json_object_get(st, "gpus")) != 1)
+            return 0;
+    }
+    if (n > WK_PIPE_MAX)
+        return md_errf(e, MD_EINVAL, "plan: %s has %zu stages; at most %d", where, n, WK_PIPE_MAX);
+    const char *id = json_string_value(json_object_get(rep, "id"));
+    size_t len = id ? strlen(id) : 0;
+    int ok = len > 0 && len < WK_REPLICA_ID;
+    for (size_t k = 0; ok && k < len; k++)
+        ok = id[k] != '{' && id[k] != '}' && isgraph((unsigned char)id[k]);
+    if (!ok)
+        return md_errf(e, MD_EINVAL,
+                       "plan: %s is a pipeline over workers: its id must be 1..%d printable "
+                       "characters without braces or spaces (it names Redis keys)",
+                       where, WK_REPLICA_ID - 1);
+    snprintf(p->replica, sizeof p->replica, "%s", id);
+    json_array_foreach(stages, i, st) {
+        json_t *l = json_object_get(st, "layers");
+        json_t *lo = json_array_get(l, 0), *hi = json_array_get(l, 1);
+        int want = i ? p->hi[i - 1] : 0;
+        if (json_array_size(l) != 2 || !json_is_integer(lo) || !json_is_integer(hi) ||
+            json_integer_value(lo) != want || json_integer_value(hi) <= want ||
+            json_integer_value(hi) > 100000)
+            return md_errf(e, MD_EINVAL,
+                           "plan: %s.stages[%zu].layers must be [%d, last) with last > %d: the "
+                           "stages of a pipeline cover the layers in order from 0",
+                           where, i, want, want);
+        p->lo[i] = want;
+        p->hi[i] = (int)json_integer_value(hi);
+    }
+    p->n_stages = (int)n;
+    return 1;
 }
 
 int wk_plan_assignment(const json_t *plan, const char *worker, wk_assign out[WK_ASSIGN_MAX],
@@ -61,6 +107,7 @@ int wk_plan_assignment(const json_t *plan, const char *worker, wk_assign out[WK_
     if (!json_is_array(reps))
         return md_errf(e, MD_EINVAL, "plan: replicas is not an array");
     int n = 0;
+    int whole[WK_ASSIGN_MAX] = {0}; /* a replica gives out[k]'s model whole */
     size_t i;
     json_t *rep;
     json_array_foreach(reps, i, rep) {
@@ -69,10 +116,16 @@ int wk_plan_assignment(const json_t *plan, const char *worker, wk_assign out[WK_
         const char *model = json_string_value(json_object_get(rep, "model"));
         if (!model || !json_is_array(json_object_get(rep, "stages")))
             return md_errf(e, MD_EINVAL, "plan: %s needs a model and stages", where);
-        if (!replica_names(rep, worker))
+        int at = stage_of(rep, worker);
+        if (at < 0)
             continue;
-        int rc = model_name_check(model, where, e);
-        if (rc)
+        wk_pipe pipe;
+        int rc = as_pipeline(rep, where, &pipe, e);
+        if (rc < 0)
+            return rc;
+        if (rc == 1 && at > 0)
+            continue; /* a stage role (wk_plan_roles): the head reads the streams */
+        if ((rc = model_name_check(model, where, e)))
             return rc;
         wk_assign *a = NULL;
         for (int k = 0; k < n && !a; k++)
@@ -86,6 +139,12 @@ int wk_plan_assignment(const json_t *plan, const char *worker, wk_assign out[WK_
             memset(a, 0, sizeof *a);
             snprintf(a->model, sizeof a->model, "%s", model);
         }
+        if (pipe.n_stages == 0)
+            whole[a - out] = 1;
+        if (whole[a - out])
+            a->pipe.n_stages = 0;
+        else if (a->pipe.n_stages == 0)
+            a->pipe = pipe;
         const char *id = json_string_value(json_object_get(rep, "id"));
         size_t used = strlen(a->replicas);
         snprintf(a->replicas + used, sizeof a->replicas - used, "%s%s", used ? "," : "",
@@ -140,6 +199,49 @@ int wk_plan_assignment(const json_t *plan, const char *worker, wk_assign out[WK_
                                    out[k].model, Q_CLASS_MAX);
                 snprintf(out[k].classes[out[k].n_classes++], Q_CLASS_NAME, "%s", cls[c].name);
             }
+        }
+    }
+    return n;
+}
+
+int wk_plan_roles(const json_t *plan, const char *worker, wk_role out[WK_ROLES_MAX], md_err *e) {
+    json_t *reps = json_object_get(plan, "replicas");
+    if (!json_is_array(reps))
+        return md_errf(e, MD_EINVAL, "plan: replicas is not an array");
+    int n = 0;
+    size_t i;
+    json_t *rep;
+    json_array_foreach(reps, i, rep) {
+        char where[48];
+        snprintf(where, sizeof where, "replicas[%zu]", i);
+        const char *model = json_string_value(json_object_get(rep, "model"));
+        if (!model || !json_is_array(json_object_get(rep, "stages")))
+            return md_errf(e, MD_EINVAL, "plan: %s needs a model and stages", where);
+        wk_pipe pipe;
+        int rc = as_pipeline(rep, where, &pipe, e);
+        if (rc < 0)
+            return rc;
+        if (rc == 0)
+            continue;
+        /* every later stage naming this worker (one device each: normally one of them) */
+        size_t k;
+        json_t *st;
+        json_array_foreach(json_object_get(rep, "stages"), k, st) {
+            const char *g = json_string_value(json_array_get(json_object_get(st, "gpus"), 0));
+            if (k == 0 || !g || !wk_gpu_of_worker(g, worker))
+                continue;
+            if ((rc = model_name_check(model, where, e)))
+                return rc;
+            if (n == WK_ROLES_MAX)
+                return md_errf(e, MD_EINVAL, "plan: worker %s is given more than %d stages", worker,
+                               WK_ROLES_MAX);
+            wk_role *r = &out[n++];
+            memset(r, 0, sizeof *r);
+            snprintf(r->model, sizeof r->model, "%s", model);
+            snprintf(r->replica, sizeof r->replica, "%s", pipe.replica);
+            r->stage = (int)k;
+            r->lo = pipe.lo[k];
+            r->hi = pipe.hi[k];
         }
     }
     return n;

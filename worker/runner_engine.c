@@ -70,6 +70,10 @@ int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_e
     cfg.kv_type = o->kv_type;
     cfg.bf16_weights = o->bf16_weights;
     cfg.max_seqs = o->max_seqs > 0 ? o->max_seqs : 0; /* 0: the device's default */
+    cfg.stages = o->stages && *o->stages ? o->stages : NULL;
+    cfg.model_name = model;
+    cfg.tp = o->tp;
+    cfg.stage_mem_cap = o->mem_cap;
     if ((rc = md_engine_open(&cfg, &r->eng, e))) {
         free(r);
         return rc;
@@ -77,7 +81,8 @@ int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_e
     r->cap = md_engine_max_seqs(r->eng);
     r->tok = md_engine_tokenizer(r->eng);
     r->n_ctx = md_engine_n_ctx(r->eng);
-    /* device type for output lines: "cpu", or "cuda" for cuda:N */
+    /* device type for output lines: "cpu", or "cuda" for cuda:N (the worker's device, also
+     * when the model runs as stages) */
     const char *d = o->device && *o->device ? o->device : "cpu";
     size_t n = strcspn(d, ":");
     snprintf(r->device, sizeof r->device, "%.*s", (int)n, d);

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/redis.h"
 #include "common/util.h"
+#include "engine/pipeline.h"
 #include "kernels/backend.h"
 #include "queue/queue.h"
 #include "worker/worker_int.h"
@@ -89,7 +90,7 @@ static void poll_all(wk *w, int wait_ms) {
     wk_watch_streams(w);
     for (int m = 0; m < WK_MAX_MODELS; m++) {
         model *md = &w->mod[m];
-        if (md->state == SLOT_FREE || wk_runner_live(md->runner) <= 0)
+        if (md->state == SLOT_FREE || !md->runner || wk_runner_live(md->runner) <= 0)
             continue;
         int guard = w->wd && w->step_limit_ms > 0;
         if (guard)
@@ -108,6 +109,10 @@ static void poll_all(wk *w, int wait_ms) {
         }
         if (rc) {
             MD_ERROR("worker", "model %s: %s", md->name, e.msg);
+            if (md->sh.on) { /* a stage failed: hand back, form the replica again */
+                wk_shard_failed(w, m, &e);
+                continue;
+            }
             if (!w->device_failed) {
                 w->device_failed = 1;
                 md_errf(&w->dev_err, e.code ? e.code : MD_EDEVICE, "model %s: %s", md->name, e.msg);
@@ -148,6 +153,8 @@ static void periodic(wk *w, int stopping) {
     }
     if (!w->broken)
         wk_reap(w);
+    if (!stopping && !w->broken)
+        wk_shard_tick(w);
     if (!w->broken && now - w->last_hb > (uint64_t)w->cfg->heartbeat_ms * 1000000ull) {
         wk_heartbeat(w, stopping ? "draining" : "running", (double)(now - w->last_hb) / 1e9);
         w->last_hb = now;
@@ -159,12 +166,16 @@ static void periodic(wk *w, int stopping) {
     }
 }
 
-/* The models of the command line, each read from P q:{M}. */
+/* The models of the command line, each read from P q:{M}. A model with a remote stage
+ * (--stages) is formed later, in the loop: its stages may not be up yet. */
 static int open_all(wk *w, const wk_config *cfg, md_err *e) {
     for (int i = 0; i < cfg->n_models; i++) {
-        int m = wk_add_model(w, cfg->models[i], e);
+        int remote = wk_spec_remote(cfg->runner.stages);
+        int m = remote ? wk_new_model(w, cfg->models[i], e) : wk_add_model(w, cfg->models[i], e);
         if (m < 0)
             return m;
+        if (remote)
+            wk_shard_start(w, m, NULL, cfg->runner.stages);
         char key[Q_KEY_MAX];
         q_key_queue(key, w->prefix, cfg->models[i]);
         int rc = wk_add_stream(w, m, key, e);
@@ -200,10 +211,23 @@ static int check_config(const wk_config *cfg, md_err *e) {
                        "--model and --follow-plan exclude each other: a worker serves either "
                        "the models it is given or those the plan gives it");
     if (cfg->visibility_ms < 100 || cfg->max_attempts < 1 || cfg->heartbeat_ms < 100 ||
-        (cfg->follow_plan && cfg->plan_check_ms < 10))
+        cfg->plan_check_ms < 10)
         return md_errf(e, MD_EINVAL,
                        "visibility must be >= 100 ms, max_attempts >= 1, the heartbeat >= 100 ms "
                        "and the plan check >= 10 ms");
+    const char *spec = cfg->runner.stages;
+    if (spec && *spec) {
+        if (cfg->follow_plan)
+            return md_errf(e, MD_EINVAL,
+                           "--stages and --follow-plan exclude each other: under a plan the "
+                           "plan's replicas say the stages");
+        if (cfg->n_models != 1 || !strcmp(cfg->models[0], "echo"))
+            return md_errf(e, MD_EINVAL, "--stages runs one engine model: give one --model");
+        md_stage_spec sp[MD_STAGE_MAX];
+        int n;
+        if (md_stages_parse(spec, -1, sp, MD_STAGE_MAX, &n, e))
+            return md_errctx(e, "--stages %s: ", spec);
+    }
     return 0;
 }
 
@@ -276,10 +300,13 @@ static int start(wk *w, md_err *e) {
     if (cfg->follow_plan)
         MD_INFO("worker", "worker %s following the plan at %splan from %s (device {%s}/0, type %s)",
                 w->me, w->prefix, where, w->me, wk_dev_type(w, -1));
-    else
+    else if (w->mod[0].runner)
         MD_INFO("worker", "worker %s serving %d model(s) from %s (first: %s, %s runner, %d slots)",
                 w->me, cfg->n_models, where, w->mod[0].name, wk_runner_kind(w->mod[0].runner),
                 wk_runner_capacity(w->mod[0].runner));
+    else
+        MD_INFO("worker", "worker %s serving %s from %s once its stages answer (%s)", w->me,
+                w->mod[0].name, where, cfg->runner.stages);
 
     if (w->step_limit_ms > 0 || w->load_limit_ms > 0)
         MD_INFO("worker",
@@ -360,6 +387,7 @@ static void serve(wk *w) {
 /* After the loop: drop the heartbeat key, say what was done and free everything. A failed
  * device that stopped the worker is its result. */
 static int finish(wk *w, md_err *e) {
+    wk_roles_stop(w);
     if (!w->broken) {
         md_err e2 = {0};
         redisReply *rep = md_redis_cmd(w->r, &e2, "DEL %s", w->wkey);

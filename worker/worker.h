@@ -59,6 +59,14 @@ typedef struct {
     /* 1 (default): the watchdog ends the process with status 1 after handing back; 0: the
      * worker stops with an error once the step or load returns (tests). */
     int step_timeout_exit;
+    /* Sharded replicas (docs/protocol.md §6, "Sharded replicas"). runner.stages with a
+     * remote (tcp://) stage, or a plan pipeline this worker heads: the model reads nothing
+     * until every stage answers; a failed step hands back what it ran and the worker forms
+     * the replica again (backoff 0.5 s doubling to 10 s). A plan stage this worker serves
+     * for another's replica runs as a child `<stage_exe> stage --listen HOST:PORT` on
+     * stage_listen ("HOST:PORT", default "127.0.0.1:0": a free port), advertised in Redis. */
+    const char *stage_listen;
+    const char *stage_exe; /* the medley binary (default "/proc/self/exe") */
 } wk_config;
 
 void wk_config_default(wk_config *c);

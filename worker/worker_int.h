@@ -7,6 +7,9 @@
  *   worker_answer.c  answers: output lines, the completion script, XACK
  *   worker_lease.c   leases, hand-back and the watchdog; heartbeats
  *   worker_plan.c    model and stream slots, and following the plan
+ *   worker_shard.c   sharded replicas: forming a pipeline whose stages run in other
+ *                    processes, re-forming it after a failure, and the stage servers this
+ *                    worker runs for other workers' replicas
  * Each group of fields in `wk` below names the file that owns it: that file sets it up and
  * frees it (close_all in worker.c frees what is left at exit); the others read it, or
  * change it only as the group's comment says.
@@ -26,6 +29,7 @@
 #include "queue/plan.h"
 #include "queue/queue.h"
 #include "queue/validate.h"
+#include "worker/assign.h"
 #include "worker/runner.h"
 #include "worker/watchdog.h"
 #include "worker/worker.h"
@@ -80,16 +84,50 @@ typedef struct {
     char cursor[ENTRY_ID_MAX]; /* XAUTOCLAIM cursor */
 } stream;
 
+#define WK_SPEC_MAX 1400    /* a --stages list: WK_PIPE_MAX endpoints and ranges */
+#define WK_ENDPOINT_MAX 320 /* "tcp://HOST:PORT/DEVICE" */
+#define WK_WHY_MAX 700
+
+/* A model run as a pipeline with stages in other processes (worker_shard.c): the replica is
+ * formed when its runner is open. Not formed (runner NULL) it reads nothing, and why says
+ * what it waits for; a failed step or a vanished stage hands back what it ran and un-forms
+ * it. */
+typedef struct {
+    int on;
+    wk_pipe pipe;           /* the plan's pipeline (n_stages > 0), or none: --stages */
+    char spec[WK_SPEC_MAX]; /* the stages the runner is, or is to be, opened with */
+    char endpoint[WK_PIPE_MAX][WK_ENDPOINT_MAX]; /* plan: stage keys' values of the last try */
+    uint64_t next_try_ns; /* no forming before this (backoff after a failure) */
+    int backoff_ms;
+    char why[WK_WHY_MAX]; /* "" when formed */
+} shard;
+
 /* A served model: its runner and one job slot per unit of runner capacity. Draining: the
  * plan moved it away; it finishes what runs, then closes. */
 typedef struct {
     int state;
     char name[Q_MODEL_NAME];
     char replicas[256]; /* plan replica ids ("" when served from the command line) */
-    wk_runner *runner;
-    job *jobs; /* (n_jobs) */
+    wk_runner *runner;  /* NULL only while a sharded replica is not formed */
+    job *jobs;          /* (n_jobs) */
     int n_jobs;
+    shard sh;
 } model;
+
+/* A stage this worker serves for another worker's pipeline replica (a plan stage role): a
+ * `medley stage` child process listening on a port, advertised under P replica:{R}:stage:<i>
+ * once it accepts connections. */
+typedef struct {
+    int used;
+    wk_role role;
+    char key[Q_KEY_MAX];
+    char endpoint[WK_ENDPOINT_MAX];
+    int pid; /* the child, 0 when none runs */
+    int port;
+    int ready; /* it accepts connections: the key is set and refreshed */
+    uint64_t started_ns, next_try_ns, probed_ns;
+    int backoff_ms;
+} stage_srv;
 
 typedef struct {
     /* worker.c: who this worker is and what it was told, set once at startup. */
@@ -138,6 +176,11 @@ typedef struct {
     int step_limit_ms;                 /* a step's limit (0: none) */
     int load_limit_ms;                 /* a model load's limit (0: none; kept alive regardless) */
     char load_what[Q_MODEL_NAME + 16]; /* the label of a load in progress */
+
+    /* worker_shard.c: the stage servers of this worker's stage roles, and the clock of the
+     * heads' look at their stage keys. */
+    stage_srv srv[WK_ROLES_MAX];
+    uint64_t last_stage_check;
 
     /* worker_lease.c: the heartbeat's token count and a failed device (poll_all in worker.c
      * also sets device_failed and dev_err when a runner reports one). */
@@ -195,11 +238,40 @@ void wk_after_watchdog(wk *w, const char *why);
 
 /* Open a model in a free slot; returns the slot or an error. */
 int wk_add_model(wk *w, const char *name, md_err *e);
+/* A free model slot for name, serving, with no runner yet; returns the slot or an error. */
+int wk_new_model(wk *w, const char *name, md_err *e);
+/* Open model m's runner with o under the watchdog's load limit, and its job slots (none of
+ * the old ones in use). */
+int wk_open_runner(wk *w, int m, const wk_runner_opts *o, md_err *e);
 /* Read a stream of model m (again). */
 int wk_add_stream(wk *w, int m, const char *key, md_err *e);
 /* Free drained streams and models. */
 void wk_reap(wk *w);
 /* --follow-plan: apply the plan when P plan:version moved. */
 void wk_check_plan(wk *w);
+
+/* ---- worker_shard.c ---- */
+
+/* 1 when a --stages list has a stage in another process (tcp://). */
+int wk_spec_remote(const char *spec);
+/* Make model m (with or without a runner) a pipeline to form: from the plan (pipe, n_stages
+ * > 0) or from --stages (spec); what it runs is handed back and its runner closed. */
+void wk_shard_start(wk *w, int m, const wk_pipe *pipe, const char *spec);
+/* Model m runs whole again (the plan stopped making it a pipeline): hand back, open whole.
+ * An error leaves it without a runner (the caller drains it). */
+int wk_shard_stop(wk *w, int m, md_err *e);
+/* 1 when model m's pipeline is the plan's pipe already. */
+int wk_shard_same(const wk *w, int m, const wk_pipe *pipe);
+/* A step of model m failed: hand back what it held and un-form it (why: e). */
+void wk_shard_failed(wk *w, int m, const md_err *e);
+/* Each turn: form the replicas due (heads), look at their stage keys (every plan_check_ms),
+ * start, probe and watch the stage servers (stage roles). */
+void wk_shard_tick(wk *w);
+/* The plan's stage roles: start the servers of new ones, stop those of roles gone. */
+void wk_roles_apply(wk *w, const wk_role *roles, int n);
+/* With the heartbeat: SET the stage keys of the ready servers again (their TTL). */
+void wk_roles_refresh(wk *w);
+/* On stop: end every stage server and delete its key. */
+void wk_roles_stop(wk *w);
 
 #endif

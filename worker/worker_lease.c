@@ -92,13 +92,33 @@ void wk_heartbeat(wk *w, const char *state, double dt_s) {
         model *md = &w->mod[m];
         if (md->state == SLOT_FREE)
             continue;
-        json_array_append_new(models, json_pack("{s:s, s:s, s:i, s:i}", "model", md->name, "runner",
-                                                wk_runner_kind(md->runner), "capacity",
-                                                wk_runner_capacity(md->runner), "live",
-                                                wk_runner_live(md->runner)));
+        json_t *mj = json_pack("{s:s, s:s, s:i, s:i}", "model", md->name, "runner",
+                               md->runner ? wk_runner_kind(md->runner) : "engine", "capacity",
+                               md->runner ? wk_runner_capacity(md->runner) : 0, "live",
+                               md->runner ? wk_runner_live(md->runner) : 0);
+        /* a sharded replica: its stages, and why it reads nothing while it is not formed */
+        if (mj && md->sh.on && md->sh.spec[0])
+            json_object_set_new(mj, "stages", json_string(md->sh.spec));
+        if (mj && md->sh.on && md->sh.why[0])
+            json_object_set_new(mj, "not_serving", json_string(md->sh.why));
+        json_array_append_new(models, mj);
         if (md->state == SLOT_ON && md->replicas[0] && used < sizeof replicas)
             used += (size_t)snprintf(replicas + used, sizeof replicas - used, "%s%s",
                                      used ? "," : "", md->replicas);
+    }
+    json_t *stage_servers = json_array();
+    for (int k = 0; k < WK_ROLES_MAX; k++) {
+        const stage_srv *v = &w->srv[k];
+        if (!v->used)
+            continue;
+        json_array_append_new(stage_servers,
+                              json_pack("{s:s, s:s, s:i, s:[i, i], s:s, s:b}", "replica",
+                                        v->role.replica, "model", v->role.model, "stage",
+                                        v->role.stage, "layers", v->role.lo, v->role.hi, "endpoint",
+                                        v->endpoint, "ready", v->ready));
+        if (used < sizeof replicas)
+            used += (size_t)snprintf(replicas + used, sizeof replicas - used, "%s%s",
+                                     used ? "," : "", v->role.replica);
     }
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
     double tps = dt_s > 0 ? (double)(w->n_tokens - w->tokens_at_hb) / dt_s : 0;
@@ -117,6 +137,9 @@ void wk_heartbeat(wk *w, const char *state, double dt_s) {
         devices, "started_at", (json_int_t)w->started_ms, "last_seen", (json_int_t)md_wall_ms(),
         "completed", (json_int_t)w->n_ok, "failed", (json_int_t)w->n_failed, "in_flight", w->live,
         "tokens_per_s", tps, "usd_per_hour", w->cfg->usd_per_hour);
+    if (doc && json_array_size(stage_servers))
+        json_object_set(doc, "stage_servers", stage_servers);
+    json_decref(stage_servers);
     /* `devices` and `state` also as fields of their own: the scheduler reads those two.
      * `plan_version` and `replicas`: what this worker follows (--follow-plan). */
     char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
@@ -144,6 +167,7 @@ void wk_heartbeat(wk *w, const char *state, double dt_s) {
         w->broken = 1;
     else
         freeReplyObject(rep);
+    wk_roles_refresh(w);
 }
 
 /* Requests whose device failed go back to the stream marked idle past the visibility
@@ -168,7 +192,7 @@ void wk_hand_back(wk *w) {
             }
         }
     w->n_handed_back += n;
-    MD_WARN("worker", "handed back %d request(s) of a failed device to other workers", n);
+    MD_WARN("worker", "handed back %d request(s) of a failed device or stage to the queue", n);
 }
 
 /* Tell the watchdog which streams hold this worker's entries, when that changed. */

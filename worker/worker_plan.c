@@ -19,9 +19,8 @@ static int find_model(wk *w, const char *name) {
     return -1;
 }
 
-/* Open a model's runner and job slots in a free model slot, under the watchdog (its load
- * limit; heartbeat and leases kept alive meanwhile). Returns the slot or an error. */
-int wk_add_model(wk *w, const char *name, md_err *e) {
+/* A free model slot for name, serving, with no runner yet. Returns the slot or an error. */
+int wk_new_model(wk *w, const char *name, md_err *e) {
     int m = -1;
     for (int k = 0; k < WK_MAX_MODELS && m < 0; k++)
         if (w->mod[k].state == SLOT_FREE)
@@ -30,38 +29,63 @@ int wk_add_model(wk *w, const char *name, md_err *e) {
         return md_errf(e, MD_EINVAL, "at most %d models at a time", WK_MAX_MODELS);
     model *md = &w->mod[m];
     memset(md, 0, sizeof *md);
+    snprintf(md->name, sizeof md->name, "%s", name);
+    md->state = SLOT_ON;
+    return m;
+}
+
+/* Open model m's runner with o and its job slots, under the watchdog (its load limit;
+ * heartbeat and leases kept alive meanwhile). */
+int wk_open_runner(wk *w, int m, const wk_runner_opts *o, md_err *e) {
+    model *md = &w->mod[m];
     if (w->wd) {
         wk_watch_streams(w); /* what it hands back or keeps leased: the streams served so far */
-        snprintf(w->load_what, sizeof w->load_what, "loading %s", name);
+        snprintf(w->load_what, sizeof w->load_what, "loading %s", md->name);
         wk_watchdog_enter(w->wd, w->load_what, w->load_limit_ms, 1);
     }
-    int rc = wk_runner_open(name, &w->cfg->runner, &md->runner, e);
+    wk_runner *r = NULL;
+    int rc = wk_runner_open(md->name, o, &r, e);
     if (w->wd) {
         wk_watchdog_leave(w->wd);
         if (wk_watchdog_fired(w->wd)) { /* it gave up on the load: so does the worker */
             if (!rc)
-                wk_runner_close(md->runner);
-            md->runner = NULL;
+                wk_runner_close(r);
             char why[sizeof w->dev_err.msg];
             snprintf(why, sizeof why,
                      "loading %s ran past the %d ms limit (--load-timeout-ms): the device looks "
                      "hung",
-                     name, w->load_limit_ms);
+                     md->name, w->load_limit_ms);
             wk_after_watchdog(w, why);
             return md_errf(e, MD_EDEVICE, "%s", why);
         }
     }
     if (rc)
         return rc;
-    md->n_jobs = wk_runner_capacity(md->runner);
-    md->jobs = calloc((size_t)md->n_jobs, sizeof *md->jobs);
-    if (!md->jobs) {
-        wk_runner_close(md->runner);
-        md->runner = NULL;
-        return md_errf(e, MD_ENOMEM, "out of memory");
+    int cap = wk_runner_capacity(r);
+    if (cap != md->n_jobs) { /* every old slot is free: the runner they ran on is closed */
+        job *jobs = calloc((size_t)cap, sizeof *jobs);
+        if (!jobs) {
+            wk_runner_close(r);
+            return md_errf(e, MD_ENOMEM, "out of memory");
+        }
+        free(md->jobs);
+        md->jobs = jobs;
+        md->n_jobs = cap;
     }
-    snprintf(md->name, sizeof md->name, "%s", name);
-    md->state = SLOT_ON;
+    md->runner = r;
+    return 0;
+}
+
+/* Open a model's runner and job slots in a free model slot. Returns the slot or an error. */
+int wk_add_model(wk *w, const char *name, md_err *e) {
+    int m = wk_new_model(w, name, e);
+    if (m < 0)
+        return m;
+    int rc = wk_open_runner(w, m, &w->cfg->runner, e);
+    if (rc) {
+        memset(&w->mod[m], 0, sizeof w->mod[m]);
+        return rc;
+    }
     return m;
 }
 
@@ -144,7 +168,7 @@ static void apply_plan(wk *w, const json_t *plan) {
             keep |= !strcmp(as[a].model, md->name);
         if (!keep && md->state == SLOT_ON) {
             MD_INFO("worker", "plan v%lld moves %s away: finishing %d running request(s)", version,
-                    md->name, wk_runner_live(md->runner));
+                    md->name, md->runner ? wk_runner_live(md->runner) : 0);
             md->state = SLOT_DRAIN;
         }
         for (int s = 0; s < MAX_STREAMS; s++)
@@ -153,11 +177,31 @@ static void apply_plan(wk *w, const json_t *plan) {
     }
     for (int a = 0; a < n && !w->device_failed; a++) {
         int m = find_model(w, as[a].model);
-        if (m < 0) {
+        const wk_pipe *pipe = &as[a].pipe;
+        if (m < 0 && pipe->n_stages > 0) {
+            MD_INFO("worker", "plan v%lld: %s as the head of pipeline replica %s (%d stages)",
+                    version, as[a].model, pipe->replica, pipe->n_stages);
+            if ((m = wk_new_model(w, as[a].model, &e)) < 0) {
+                MD_ERROR("worker", "plan v%lld: cannot serve %s: %s", version, as[a].model, e.msg);
+                continue;
+            }
+            wk_shard_start(w, m, pipe, NULL);
+        } else if (m < 0) {
             MD_INFO("worker", "plan v%lld: loading %s (replicas %s)", version, as[a].model,
                     as[a].replicas);
             if ((m = wk_add_model(w, as[a].model, &e)) < 0) {
                 MD_ERROR("worker", "plan v%lld: cannot serve %s: %s", version, as[a].model, e.msg);
+                continue;
+            }
+        } else if (pipe->n_stages > 0 && !wk_shard_same(w, m, pipe)) {
+            MD_INFO("worker", "plan v%lld: %s becomes the head of pipeline replica %s (%d stages)",
+                    version, as[a].model, pipe->replica, pipe->n_stages);
+            wk_shard_start(w, m, pipe, NULL);
+        } else if (pipe->n_stages == 0 && w->mod[m].sh.on) {
+            MD_INFO("worker", "plan v%lld: %s runs whole here again", version, as[a].model);
+            if (wk_shard_stop(w, m, &e)) {
+                MD_ERROR("worker", "plan v%lld: cannot serve %s: %s", version, as[a].model, e.msg);
+                w->mod[m].state = SLOT_DRAIN;
                 continue;
             }
         }
@@ -177,12 +221,20 @@ static void apply_plan(wk *w, const json_t *plan) {
                 w->broken = 1;
         }
     }
+    wk_role roles[WK_ROLES_MAX];
+    int n_roles = plan ? wk_plan_roles(plan, w->me, roles, &e) : 0;
+    if (n_roles < 0) {
+        MD_ERROR("worker", "plan v%lld: %s; serving no stage", version, e.msg);
+        n_roles = 0;
+    }
+    wk_roles_apply(w, roles, n_roles);
     w->plan_applied = version;
     w->last_hb = 0; /* show the switch in the heartbeat at once */
     int served = 0;
     for (int m = 0; m < WK_MAX_MODELS; m++)
         served += w->mod[m].state == SLOT_ON;
-    MD_INFO("worker", "following plan v%lld: %d model(s) here", version, served);
+    MD_INFO("worker", "following plan v%lld: %d model(s) and %d stage(s) here", version, served,
+            n_roles);
     wk_reap(w);
     wk_take_own(w);
 }

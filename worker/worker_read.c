@@ -63,11 +63,12 @@ static batch_ent *batch_state(wk *w, const char *batch) {
     return slot;
 }
 
-/* Free runner slots of a stream's model; 0 unless the stream is being read. */
+/* Free runner slots of a stream's model; 0 unless the stream is being read and the model has
+ * a runner (a sharded replica not formed has none). */
 static int free_slots(wk *w, int s) {
-    if (w->st[s].state != SLOT_ON)
-        return 0;
     wk_runner *r = w->mod[w->st[s].m].runner;
+    if (w->st[s].state != SLOT_ON || !r)
+        return 0;
     return wk_runner_capacity(r) - wk_runner_live(r);
 }
 
