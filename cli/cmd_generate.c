@@ -37,7 +37,7 @@ typedef struct {
     int json, n_threads, max_seqs, batch_tokens, n_ctx, kv_mb;
     const char *kv_type;
     const char *bf16_weights;
-    const char *stages;
+    const char *stages, *devices;
     int tp, microbatches;
     long long mem_cap;
     md_sampling s;
@@ -91,6 +91,8 @@ static void usage(FILE *f) {
             "                          [tcp://HOST:PORT/]DEVICE:LO-HI (layers LO to HI), e.g.\n"
             "                          cpu:0-11,tcp://127.0.0.1:7701/cpu:12-29 (docs/sharding.md)\n"
             "      --tp N              tensor parallelism over N ranks in each local stage\n"
+            "      --devices D0,D1,... with --tp and no --stages: the ranks' devices (e.g.\n"
+            "                          --devices cuda:0,cuda:1 --tp 2); default: all on --device\n"
             "      --mem-cap SIZE      refuse a local stage whose weights + KV cache exceed\n"
             "                          SIZE (e.g. 512M)\n"
             "      --microbatches N    micro-batches per step through the stages (default:\n"
@@ -152,6 +154,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         O_TP,
         O_MEMCAP,
         O_MICRO,
+        O_DEVICES,
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},
@@ -185,6 +188,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         {"bf16-weights", required_argument, 0, O_BF16W},
         {"stages", required_argument, 0, O_STAGES},
         {"tp", required_argument, 0, O_TP},
+        {"devices", required_argument, 0, O_DEVICES},
         {"mem-cap", required_argument, 0, O_MEMCAP},
         {"microbatches", required_argument, 0, O_MICRO},
         {"help", no_argument, 0, 'h'},
@@ -245,6 +249,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         case O_KVTYPE: o->kv_type = optarg; break;
         case O_BF16W: o->bf16_weights = optarg; break;
         case O_STAGES: o->stages = optarg; break;
+        case O_DEVICES: o->devices = optarg; break;
         case O_TP: rc = parse_int(optarg, "--tp", 1, 8, &o->tp); break;
         case O_MICRO: rc = parse_int(optarg, "--microbatches", 1, 64, &o->microbatches); break;
         case O_MEMCAP:
@@ -272,6 +277,17 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     if (!!o->prompt + !!o->chat + !!o->batch != 1) {
         fprintf(stderr, "medley generate: give exactly one of -p, --chat, --batch\n");
         return -1;
+    }
+    if (o->devices) {
+        int n = 1;
+        for (const char *c = o->devices; (c = strchr(c, ',')); c++)
+            n++;
+        if (o->stages || o->device || o->tp != n) {
+            fprintf(stderr, "medley generate: --devices lists the ranks of --tp N: give N "
+                            "devices, without --device or --stages (got %d devices, --tp %d)\n",
+                    n, o->tp);
+            return -1;
+        }
     }
     if (o->n_stop)
         o->s.stop = o->stop;
@@ -335,8 +351,10 @@ static int open_engine(const gen_opts *o, md_engine **eng) {
         fprintf(stderr, "medley generate: %s\n", e.msg);
         return 1;
     }
-    char device[32];
-    if (md_backend_resolve(o->device ? o->device : "auto", device, sizeof device, &e)) {
+    char device[256];
+    if (o->devices) /* the ranks' devices, checked by each rank's open */
+        snprintf(device, sizeof device, "%s", o->devices);
+    else if (md_backend_resolve(o->device ? o->device : "auto", device, sizeof device, &e)) {
         fprintf(stderr, "medley generate: %s\n", e.msg);
         return 1;
     }
@@ -836,6 +854,13 @@ static void report_pipe(md_engine *eng) {
             md_pipe_n_stages(p), st.steps, st.microbatches, all / 1048576.0,
             st.bytes_hidden / 1048576.0, st.bytes_layout / 1048576.0,
             es.tokens ? (double)all / (double)es.tokens : 0.0);
+    char busy[256] = "";
+    size_t n = 0;
+    for (int i = 0; i < md_pipe_n_stages(p) && n < sizeof busy; i++)
+        n += (size_t)snprintf(busy + n, sizeof busy - n, "%s%.0f%%", i ? ", " : "",
+                              st.forward_s > 0 ? 100.0 * st.busy_s[i] / st.forward_s : 0.0);
+    fprintf(stderr, "medley generate: %.2f s in the stages' steps; each stage busy %s of it\n",
+            st.forward_s, busy);
 }
 
 int cmd_generate(int argc, char **argv) {

@@ -346,9 +346,11 @@ static int open_sharded(md_engine *eng, md_err *e) {
     const md_engine_config *cfg = &eng->cfg;
     char one[128];
     const char *spec = cfg->stages;
-    if (!spec) {
+    if (!spec) { /* the whole model as one stage; "cuda:0,cuda:1": the ranks' devices */
         snprintf(one, sizeof one, "%s:0-%d", cfg->device ? cfg->device : "cpu",
                  eng->hp.n_layer - 1);
+        for (char *c = one; (c = strchr(c, ',')); c++)
+            *c = '+';
         spec = one;
     }
     md_stage_spec sp[MD_STAGE_MAX];

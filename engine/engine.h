@@ -41,7 +41,8 @@ typedef struct {
     const char *model_name; /* what the stages are told to open (a registry name resolves on
                                each stage's host); NULL = model_path */
     int tp;                 /* tensor-parallel ranks of each local stage (0/1 = none); with
-                               no stages, tp > 1 makes one stage of the whole model */
+                               no stages, tp > 1 makes one stage of the whole model on
+                               `device`, which may list the ranks' devices ("cuda:0,cuda:1") */
     size_t stage_mem_cap;   /* each local stage's memory cap in bytes (0 = none) */
     int microbatches;       /* micro-batches per step through the stages (0 = two per stage) */
     int stage_timeout_ms;   /* a remote stage's answer (0 = 60 s) */

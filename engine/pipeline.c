@@ -2,6 +2,8 @@
 #define _GNU_SOURCE /* memrchr */
 #include "engine/pipeline.h"
 
+#include "common/util.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,6 +164,7 @@ static void *hop_main(void *arg) {
         mbatch *m = &p->mb[k];
         int rc = 0;
         md_err e = {0};
+        uint64_t t0 = md_mono_ns();
         if (!skip) {
             size_t off = (size_t)m->t0 * p->n_embd;
             const float *in = h->idx == 0 ? NULL : p->hid[h->idx % 2] + off;
@@ -170,6 +173,7 @@ static void *hop_main(void *arg) {
             rc = h->link->ops->run(h->link, &m->b, in, out, &e);
         }
         pthread_mutex_lock(&p->mu);
+        p->st.busy_s[h->idx] += (double)(md_mono_ns() - t0) / 1e9;
         if (rc && !p->failed) {
             p->failed = 1;
             p->err = e;
@@ -358,6 +362,7 @@ int md_pipe_forward(md_pipe *p, const md_batch *b, float *logits, md_err *e) {
         k = MB_MAX;
     if (k > b->n_tokens)
         k = b->n_tokens;
+    uint64_t t0 = md_mono_ns();
     pthread_mutex_lock(&p->mu);
     p->n_mb = split(p, b, k);
     p->n_done = 0;
@@ -369,6 +374,7 @@ int md_pipe_forward(md_pipe *p, const md_batch *b, float *logits, md_err *e) {
         pthread_cond_wait(&p->done_cv, &p->mu);
     int failed = p->failed;
     pthread_mutex_unlock(&p->mu);
+    p->st.forward_s += (double)(md_mono_ns() - t0) / 1e9;
     p->st.steps++;
     p->st.microbatches += p->n_mb;
     size_t layout = (size_t)b->n_tokens * 16 + (size_t)b->n_seqs * (4 + 4 * b->max_blocks) +

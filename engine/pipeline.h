@@ -65,6 +65,8 @@ typedef struct {
     long steps, microbatches;
     size_t bytes_hidden; /* hidden states and logits carried between the head and its stages */
     size_t bytes_layout; /* step layouts sent */
+    double forward_s;    /* wall time inside md_pipe_forward */
+    double busy_s[MD_STAGE_MAX]; /* each stage's link busy (running a micro-batch) */
 } md_pipe_stats;
 void md_pipe_get_stats(const md_pipe *p, md_pipe_stats *st);
 
