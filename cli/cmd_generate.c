@@ -96,7 +96,7 @@ static void usage(FILE *f) {
             "      --mem-cap SIZE      refuse a local stage whose weights + KV cache exceed\n"
             "                          SIZE (e.g. 512M)\n"
             "      --microbatches N    micro-batches per step through the stages (default:\n"
-            "                          two per stage)\n",
+            "                          eight per stage)\n",
             MAX_STOP, MD_TOP_LOGPROBS);
 }
 

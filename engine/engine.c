@@ -1126,11 +1126,29 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
     /* A backend with a device argmax keeps the logits there: greedy rows come back as ids,
      * only the rows a sampler needs are downloaded. */
     int dev_argmax = eng->be && eng->be->ops->argmax != NULL;
-    int rc = eng->pipe ? md_pipe_forward(eng->pipe, &b, eng->logits, e)
-                       : md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b,
-                                          dev_argmax ? NULL : eng->logits, e);
-    if (rc == 0 && dev_argmax)
-        rc = fetch_logits(eng, ns, e);
+    int rc;
+    if (eng->pipe) {
+        /* every row a plain greedy pick: the last stage sends ids, not rows of logits */
+        b.argmax_only = nl > 0;
+        for (int s = 0; s < ns && b.argmax_only; s++) {
+            seq *q = eng->b_seqs[s];
+            if (q->n_computed + q->chunk == q->n_toks && !greedy_plain(&q->s))
+                b.argmax_only = 0;
+        }
+        rc = md_pipe_forward(eng->pipe, &b, eng->logits, e);
+        if (rc == 0 && b.argmax_only) {
+            dev_argmax = 1; /* pick_token reads b_argmax for greedy rows */
+            for (int i = 0; i < nl; i++) { /* a stage's answer: anything not an id is -1 */
+                float v = eng->logits[i];
+                eng->b_argmax[i] = v >= 0 && v < (float)eng->n_vocab ? (int32_t)v : -1;
+            }
+        }
+    } else {
+        rc = md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b, dev_argmax ? NULL : eng->logits,
+                              e);
+        if (rc == 0 && dev_argmax)
+            rc = fetch_logits(eng, ns, e);
+    }
     if (rc) {
         fail_running(eng, e, &n_fin);
         res->n_finished = n_fin;

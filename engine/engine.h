@@ -44,7 +44,8 @@ typedef struct {
                                no stages, tp > 1 makes one stage of the whole model on
                                `device`, which may list the ranks' devices ("cuda:0,cuda:1") */
     size_t stage_mem_cap;   /* each local stage's memory cap in bytes (0 = none) */
-    int microbatches;       /* micro-batches per step through the stages (0 = two per stage) */
+    int microbatches;       /* micro-batches per step through the stages (0 = eight per
+                               stage) */
     int stage_timeout_ms;   /* a remote stage's answer (0 = 60 s) */
 } md_engine_config;
 

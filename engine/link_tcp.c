@@ -116,8 +116,9 @@ static int tcp_run(md_link *l, const md_batch *b, const float *in, float *out, m
         md_errf(e, MD_EFORMAT, "answered step %u", h.seq);
         return fail(t, e, what);
     }
-    size_t n_out = t->last ? (size_t)b->n_logits * (size_t)t->n_vocab
-                           : (size_t)b->n_tokens * (size_t)t->n_embd;
+    size_t n_out = !t->last          ? (size_t)b->n_tokens * (size_t)t->n_embd
+                   : b->argmax_only ? (size_t)b->n_logits
+                                    : (size_t)b->n_logits * (size_t)t->n_vocab;
     if (h.len != 4 * (uint64_t)n_out) {
         md_errf(e, MD_EFORMAT, "RESULT of %llu bytes, expected %zu floats",
                 (unsigned long long)h.len, n_out);

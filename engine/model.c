@@ -491,6 +491,29 @@ static int run_pass(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, m
     return rc;
 }
 
+/* ids [rows] = the argmax of each logit row, downloaded row by row, for a backend without an
+ * argmax op (test backends): the lowest index on ties, -1 for a row with a NaN. */
+static int host_argmax(md_model *m, md_fwd *f, int rows, int32_t *ids, md_err *e) {
+    int V = m->hp.n_vocab, rc = 0;
+    float *row = malloc((size_t)V * sizeof *row);
+    if (!row)
+        return md_errf(e, MD_ENOMEM, "argmax: no memory for a row of %d logits", V);
+    for (int r = 0; r < rows && rc == 0; r++) {
+        if ((rc = CALL(m, buf_download, f->logits, (size_t)r * V * sizeof(float), row,
+                       (size_t)V * sizeof(float), e)))
+            break;
+        int best = 0;
+        for (int i = 0; i < V && best >= 0; i++)
+            if (row[i] != row[i])
+                best = -1;
+            else if (row[i] > row[best])
+                best = i;
+        ids[r] = best;
+    }
+    free(row);
+    return rc;
+}
+
 int md_model_forward_stage(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b,
                            const float *in, float *out, md_err *e) {
     int rc = prepare(m, f, b, in, e);
@@ -503,6 +526,17 @@ int md_model_forward_stage(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batc
                     (size_t)b->n_tokens * m->hp.n_embd * sizeof(float), e);
     if (b->n_logits == 0)
         return CALL(m, sync, e);
+    if (b->argmax_only) { /* ids as floats, exact below 2^24 */
+        int32_t *ids = (int32_t *)(void *)out; /* same size as the floats they become */
+        if ((rc = BE(m)->ops->argmax ? CALL(m, argmax, f->logits, b->n_logits, m->hp.n_vocab, ids, e)
+                                      : host_argmax(m, f, b->n_logits, ids, e)))
+            return rc;
+        for (int i = 0; i < b->n_logits; i++) {
+            float v = (float)ids[i];
+            memcpy(&out[i], &v, sizeof v);
+        }
+        return 0;
+    }
     return CALL(m, buf_download, f->logits, 0, out,
                 (size_t)b->n_logits * m->hp.n_vocab * sizeof(float), e);
 }

@@ -11,6 +11,11 @@
 #include <unistd.h>
 
 #define MB_MAX 64 /* micro-batches in one step */
+/* The default count (docs/sharding.md "Pipelining"): the CPU kernels lose little on products
+ * of a few rows, so many small micro-batches shrink the bubble; a GPU reads every weight once
+ * per product whatever its rows, so each micro-batch costs a full weight read there. */
+#define MB_PER_STAGE 8
+#define MB_PER_STAGE_GPU 2
 
 typedef struct md_pipe md_pipe;
 
@@ -40,6 +45,7 @@ struct md_pipe {
     md_stage_config base;
     md_pipe_opts o;
     int n_embd, n_vocab;
+    int gpu; /* a stage runs on a GPU */
     pthread_mutex_t mu;
     pthread_cond_t done_cv;
     int quit;
@@ -168,7 +174,7 @@ static void *hop_main(void *arg) {
         if (!skip) {
             size_t off = (size_t)m->t0 * p->n_embd;
             const float *in = h->idx == 0 ? NULL : p->hid[h->idx % 2] + off;
-            float *out = last ? p->logits + (size_t)m->l0 * p->n_vocab
+            float *out = last ? p->logits + (size_t)m->l0 * (m->b.argmax_only ? 1 : p->n_vocab)
                               : p->hid[(h->idx + 1) % 2] + off;
             rc = h->link->ops->run(h->link, &m->b, in, out, &e);
         }
@@ -254,6 +260,7 @@ int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base,
                 c.tp++;
         }
         c.mem_cap = p->o.mem_cap;
+        p->gpu |= strstr(c.device, "cuda") != NULL;
         p->lo[i] = c.lo;
         p->hi[i] = c.hi;
         hop *h = &p->hops[i];
@@ -344,7 +351,8 @@ static int split(md_pipe *p, const md_batch *b, int k) {
                           .max_blocks = b->max_blocks,
                           .block_tokens = b->block_tokens,
                           .logit_rows = p->lrows + li,
-                          .n_logits = nl};
+                          .n_logits = nl,
+                          .argmax_only = b->argmax_only};
         si += ns;
         li += nl;
     }
@@ -357,7 +365,9 @@ int md_pipe_forward(md_pipe *p, const md_batch *b, float *logits, md_err *e) {
             *e = p->err;
         return p->err.code ? p->err.code : MD_EIO;
     }
-    int k = p->o.microbatches > 0 ? p->o.microbatches : p->n == 1 ? 1 : 2 * p->n;
+    int k = p->o.microbatches > 0 ? p->o.microbatches
+            : p->n == 1           ? 1
+                                  : (p->gpu ? MB_PER_STAGE_GPU : MB_PER_STAGE) * p->n;
     if (k > MB_MAX)
         k = MB_MAX;
     if (k > b->n_tokens)
@@ -381,7 +391,7 @@ int md_pipe_forward(md_pipe *p, const md_batch *b, float *logits, md_err *e) {
                     (size_t)b->n_logits * 4;
     p->st.bytes_layout += layout * (size_t)p->n;
     p->st.bytes_hidden += (size_t)b->n_tokens * p->n_embd * sizeof(float) * 2 * (size_t)(p->n - 1) +
-                          (size_t)b->n_logits * p->n_vocab * sizeof(float);
+                          (size_t)b->n_logits * (b->argmax_only ? 1 : p->n_vocab) * sizeof(float);
     if (failed) {
         p->broken = 1;
         if (e)

@@ -44,7 +44,8 @@ int md_stages_parse(const char *spec, int n_layer, md_stage_spec *out, int max, 
 typedef struct md_pipe md_pipe;
 
 typedef struct {
-    int microbatches; /* micro-batches per step (0 = two per stage; 1 with one stage) */
+    int microbatches; /* micro-batches per step (0 = eight per stage, two with a GPU stage;
+                         1 with one stage) */
     int timeout_ms;   /* a remote stage's answer (0 = the link's default) */
     int tp;           /* tensor-parallel ranks of every local stage (0/1 = none) */
     size_t mem_cap;   /* each local stage's memory cap (0 = none) */
@@ -55,7 +56,8 @@ int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base,
                  const md_pipe_opts *o, md_pipe **out, md_err *e);
 void md_pipe_close(md_pipe *p);
 
-/* Run step b through every stage: logits [n_logits, n_vocab] (host) of b->logit_rows. */
+/* Run step b through every stage: logits [n_logits, n_vocab] (host) of b->logit_rows, or with
+ * b->argmax_only their argmax ids as floats [n_logits]. */
 int md_pipe_forward(md_pipe *p, const md_batch *b, float *logits, md_err *e);
 
 int md_pipe_n_stages(const md_pipe *p);

@@ -296,7 +296,7 @@ const char *md_stage_describe(md_stage *s) {
 size_t md_stage_out_floats(const md_stage *s, const md_batch *b) {
     if (s->c.hi < s->hp.n_layer)
         return (size_t)b->n_tokens * s->hp.n_embd;
-    return (size_t)b->n_logits * s->hp.n_vocab;
+    return (size_t)b->n_logits * (b->argmax_only ? 1 : (size_t)s->hp.n_vocab);
 }
 
 int md_stage_run(md_stage *s, const md_batch *b, const float *in, float *out, md_err *e) {

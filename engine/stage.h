@@ -71,12 +71,14 @@ const md_stage_config *md_stage_get_config(const md_stage *s);
 const char *md_stage_describe(md_stage *s); /* "layers 0-7 on cpu: 1 thread, avx2" */
 
 /* Width of what the stage gives back for b: n_embd floats per token for an inner stage,
- * n_vocab per logit row for the last. */
+ * n_vocab per logit row for the last (1 with b->argmax_only). */
 size_t md_stage_out_floats(const md_stage *s, const md_batch *b);
 
 /* Run one micro-batch: in [T, n_embd] F32 host (ignored by a first stage, which embeds
  * b->tokens), out (host) the hidden states [T, n_embd] after layer hi - 1, or for the last
- * stage the logits [n_logits, n_vocab] of b->logit_rows. b must already be checked
+ * stage the logits [n_logits, n_vocab] of b->logit_rows — or with b->argmax_only each row's
+ * argmax [n_logits] as floats holding the token ids (-1 for a row with a NaN), the lowest id
+ * on ties as the engine's sampler. b must already be checked
  * (md_batch_check) against this stage's sizes. */
 int md_stage_run(md_stage *s, const md_batch *b, const float *in, float *out, md_err *e);
 

@@ -27,8 +27,9 @@ _Static_assert(sizeof(float) == 4, "F32 payloads");
 #define MAX_EMBD (1 << 20)
 #define MAX_KV_TYPE 255
 
-/* RUN's fixed part: n_tokens, n_seqs, n_logits, max_blocks, block_tokens. */
-#define RUN_HEAD 20
+/* RUN's fixed part: n_tokens, n_seqs, n_logits, max_blocks, block_tokens, flags. */
+#define RUN_HEAD 24
+#define RUN_ARGMAX 1u /* flags: the last stage answers argmax ids (md_batch.argmax_only) */
 
 const char *md_wire_type_name(int type) {
     static const char *names[] = {NULL, "HELLO", "READY", "RUN", "RESULT", "ERROR"};
@@ -307,6 +308,7 @@ int md_wire_put_run(md_wire_buf *b, uint32_t seq, const md_batch *bt, const floa
     wi32(&w, bt->n_logits);
     wi32(&w, bt->max_blocks);
     wi32(&w, bt->block_tokens);
+    wi32(&w, bt->argmax_only ? (int32_t)RUN_ARGMAX : 0);
     wbytes(&w, bt->tokens, 4 * T);
     wbytes(&w, bt->tok_seq, 4 * T);
     wbytes(&w, bt->tok_pos, 4 * T);
@@ -515,7 +517,8 @@ int md_wire_get_run(const uint8_t *p, size_t n, const md_wire_limits *l, md_batc
         (rc = rd_int(&r, "n_seqs", 1, l->max_seqs, &x.n_seqs)) ||
         (rc = rd_int(&r, "n_logits", 0, l->max_seqs, &x.n_logits)) ||
         (rc = rd_int(&r, "max_blocks", 1, l->max_blocks, &x.max_blocks)) ||
-        (rc = rd_int(&r, "block_tokens", 1, MAX_BLOCK_TOKENS, &x.block_tokens)))
+        (rc = rd_int(&r, "block_tokens", 1, MAX_BLOCK_TOKENS, &x.block_tokens)) ||
+        (rc = rd_int(&r, "flags", 0, (int)RUN_ARGMAX, &x.argmax_only)))
         return rc;
     size_t T = (size_t)x.n_tokens, S = (size_t)x.n_seqs;
     uint64_t want =

@@ -26,10 +26,12 @@
  *           kv_type, max_tokens, max_seqs, max_blocks, block_tokens, n_ctx, u64 mem_cap,
  *           i32 n_vocab, n_embd (what the head expects; 0 = unknown)
  *   READY   u64 model_hash, i32 lo, hi, n_layer, n_embd, n_vocab, str describe
- *   RUN     i32 n_tokens T, n_seqs S, n_logits L, max_blocks B, block_tokens, then i32 arrays
+ *   RUN     i32 n_tokens T, n_seqs S, n_logits L, max_blocks B, block_tokens, flags (1 =
+ *           argmax only: md_batch.argmax_only), then i32 arrays
  *           tokens, tok_seq, tok_pos, slot [T], seq_len [S], block_table [S * B],
  *           logit_rows [L], then, for a stage with lo > 0, F32 hidden [T, n_embd]
- *   RESULT  F32 [T, n_embd] (an inner stage) or [L, n_vocab] (the last)
+ *   RESULT  F32 [T, n_embd] (an inner stage) or [L, n_vocab] (the last), or [L] argmax ids
+ *           as F32 (the last, for a RUN with flags 1)
  *   ERROR   i32 code (an MD_E* of common/err.h), str message
  *
  * Errors: every decoder checks each count against the bytes it has and the limits it is

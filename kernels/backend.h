@@ -81,6 +81,10 @@ typedef struct {
     int block_tokens;
     const int32_t *logit_rows; /* [n_logits] */
     int n_logits;
+    /* Ignored by the backends: for a pipeline's last stage (engine/stage.h), 1 = give back
+     * each logit row's argmax instead of the row (every row of the step is a plain greedy
+     * pick), so a link carries 4 bytes per row instead of n_vocab * 4. */
+    int argmax_only;
 } md_batch;
 
 /* Sizes fixed at engine open, so the step loop never allocates. */

@@ -1,7 +1,8 @@
 /* test_sharding.c — sharded replicas in one process (docs/sharding.md): pipeline stages and
  * tensor-parallel ranks give the single-device answers.
  *
- * Every run decodes a batch of prompts greedily with top-5 logprobs; a sharded run is
+ * Every run decodes a batch of prompts greedily with top-5 logprobs (and plainly greedy, where
+ * the last stage answers argmax ids instead of logits: the same tokens); a sharded run is
  * compared with the whole model on one CPU backend, token for token, and by the largest
  * difference of any reported logprob while the tokens agree.
  *  - Pipelines (the same kernels on the same rows, cut into micro-batches): the same tokens
@@ -56,6 +57,7 @@ static void prompts_free(prompts *p) {
 
 /* Open an engine on model with these stages / tp (NULL / 0: one CPU backend). */
 static const char *one_device = "cpu";
+static int want_lp = 1; /* 0: plain greedy, the last stage answers argmax ids */
 
 static md_engine *open_engine(const char *model, const char *stages, int tp, int micro,
                               size_t cap, md_err *e) {
@@ -88,8 +90,8 @@ static void run(const char *model, const char *stages, int tp, int micro, const 
     md_sampling_default(&s);
     s.max_tokens = GEN;
     s.ignore_eos = 1;
-    s.logprobs = 1;
-    s.top_logprobs = NTOP;
+    s.logprobs = want_lp;
+    s.top_logprobs = want_lp ? NTOP : 0;
     uint64_t ids[MAX_P];
     for (int i = 0; i < p->n; i++)
         if (md_engine_submit(eng, p->ids[i], p->len[i], &s, &ids[i], &e))
@@ -186,6 +188,11 @@ static void test_synthetic_pipeline(void **st) {
     assert_true(compare(&one, &two, 1, "tiny 1+3 layers") <= 1e-4);
     run(TINY, "cpu:0-1,cpu:2-2,cpu:3-3", 0, 5, &p, &three);
     assert_true(compare(&one, &three, 1, "tiny 2+1+1 layers, 5 micro-batches") <= 1e-4);
+    want_lp = 0;
+    run(TINY, NULL, 0, 0, &p, &one);
+    run(TINY, "cpu:0-1,cpu:2-2,cpu:3-3", 0, 5, &p, &three);
+    compare(&one, &three, 1, "tiny 2+1+1 layers, greedy ids");
+    want_lp = 1;
     prompts_free(&p);
 }
 
@@ -257,6 +264,12 @@ static void test_tcp(void **st) {
     snprintf(spec, sizeof spec, "cpu:0-0,tcp://127.0.0.1:%d/cpu:1-3", a.port);
     run(TINY, spec, 0, 0, &p, &got);
     assert_true(compare(&one, &got, 1, "tiny 1 + 3 layers over TCP") <= 1e-4);
+    want_lp = 0; /* plain greedy: ids come back instead of logits */
+    run(TINY, NULL, 0, 0, &p, &one);
+    run(TINY, spec, 0, 0, &p, &got);
+    compare(&one, &got, 1, "tiny 1 + 3 layers over TCP, greedy ids");
+    want_lp = 1;
+    run(TINY, NULL, 0, 0, &p, &one);
     snprintf(spec, sizeof spec, "cpu:0-1,tcp://127.0.0.1:%d/cpu:2-3", b.port);
     run(TINY, spec, 2, 0, &p, &got);
     assert_true(compare(&one, &got, 0, "tiny TP 2 in both stages, the second over TCP") <= 0.05);
@@ -273,6 +286,11 @@ static void test_tcp(void **st) {
                  b.port);
         run(model, spec, 0, 0, &p, &got);
         assert_true(compare(&one, &got, 1, "SmolLM2 7 + 13 + 10 layers, two over TCP") <= 1e-4);
+        want_lp = 0;
+        run(model, NULL, 0, 0, &p, &one);
+        run(model, spec, 0, 0, &p, &got);
+        compare(&one, &got, 1, "SmolLM2 7 + 13 + 10 layers, two over TCP, greedy ids");
+        want_lp = 1;
         prompts_free(&p);
     }
     assert_int_equal(stage_stop(&a), 0);

@@ -221,6 +221,7 @@ static void check_batch_equal(const md_batch *a, const md_batch *b) {
     assert_int_equal(a->n_logits, b->n_logits);
     assert_int_equal(a->max_blocks, b->max_blocks);
     assert_int_equal(a->block_tokens, b->block_tokens);
+    assert_int_equal(a->argmax_only, b->argmax_only);
     size_t T = (size_t)a->n_tokens, S = (size_t)a->n_seqs;
     assert_memory_equal(a->tokens, b->tokens, 4 * T);
     assert_memory_equal(a->tok_seq, b->tok_seq, 4 * T);
@@ -238,6 +239,7 @@ static void test_run_round_trips_with_and_without_hidden(void **state) {
     md_err e = {0};
     for (int lo = 0; lo <= 1; lo++) {
         md_wire_limits l;
+        f.b.argmax_only = lo; /* the flag travels too */
         put_run(&b, &f, lo, 5 + (uint32_t)lo, &l);
         assert_int_equal(l.hidden, lo ? 8 : 0);
         check_frame(&b, MD_WIRE_RUN, 5 + (uint32_t)lo);
@@ -253,7 +255,7 @@ static void test_run_round_trips_with_and_without_hidden(void **state) {
         else
             assert_null(hidden);
         /* the arrays point into the payload: no copy */
-        assert_ptr_equal(d.tokens, (const int32_t *)(void *)(p + 20));
+        assert_ptr_equal(d.tokens, (const int32_t *)(void *)(p + 24));
         free(p);
     }
     md_wire_buf_free(&b);
@@ -306,7 +308,8 @@ static void test_run_counts_that_lie_are_refused(void **state) {
     size_t n;
     uint8_t *full = payload_copy(&b, &n);
     static const struct {
-        size_t off; /* n_tokens 0, n_seqs 4, n_logits 8, max_blocks 12, block_tokens 16 */
+        size_t off; /* n_tokens 0, n_seqs 4, n_logits 8, max_blocks 12, block_tokens 16,
+                       flags 20 */
         int32_t v;
         const char *says;
     } lies[] = {
@@ -325,6 +328,8 @@ static void test_run_counts_that_lie_are_refused(void **state) {
         {12, 1 << 30, "max_blocks"},
         {16, 0, "block_tokens = 0"},
         {16, INT32_MAX, "block_tokens"},
+        {20, 2, "flags = 2"},
+        {20, -1, "flags = -1"},
     };
     for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
         uint8_t *p = malloc(n);
