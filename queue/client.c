@@ -142,6 +142,10 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
             fclose(f);
             return md_errf(e, MD_EINVAL, "model name '%s' may not hold braces or spaces", model);
         }
+    if (o->batch_id && (rc = q_batch_id_check(o->batch_id, e))) {
+        fclose(f); /* refused as given: never shortened to an id that was not asked for */
+        return rc;
+    }
     if (o->batch_id)
         snprintf(batch_out, Q_BATCH_ID_MAX, "%s", o->batch_id);
     else

@@ -100,7 +100,17 @@ def test_batches_and_errors_file(srv):
     p = medley("submit", dup, "--redis", srv.url, check=False)
     if p.returncode == 0 or "more than once" not in p.stderr:
         fail("duplicate custom_ids must be refused: %s" % p.stderr)
-    print("batches/results --errors ok")
+    # a --batch-id longer than an id can be (63) is refused as given, not shortened (issue
+    # 25, item 4: it used to be cut to 63 characters, and `status` of the id given said "no
+    # batch")
+    long_id = "b" * 64
+    one = write_lines(srv.dir, "one.jsonl", [chat_line("one", "a")])
+    p = medley("submit", one, "--redis", srv.url, "--batch-id", long_id, check=False)
+    if p.returncode == 0 or "1..63" not in p.stderr or long_id not in p.stderr:
+        fail("a 64-character --batch-id must be refused naming it: %s" % p.stderr)
+    if srv.client().exists("medley:{%s}:meta" % long_id[:63]):
+        fail("a shortened batch id was created")
+    print("batches/results --errors, --batch-id limit ok")
 
 
 def test_auth():
