@@ -61,7 +61,15 @@ static int scan_file(FILE *f, const char *path, char *model, size_t msz, char *e
             continue;
         n++;
         json_t *j = json_loadb(line, (size_t)len, 0, NULL);
-        const char *cid = json_string_value(json_object_get(j, "custom_id"));
+        /* Two ids per line may be in play: the parsed custom_id (a worker that can parse the
+         * line answers under it) and the one a worker recovers from a line longer than its
+         * --max-line-bytes (q_scan_custom_id). Both count, so no answer of this batch can
+         * fall on another line's custom_id and be dropped as a redelivery. */
+        const char *cids[2] = {json_string_value(json_object_get(j, "custom_id")), NULL};
+        char scanned[Q_CUSTOM_ID_MAX];
+        cids[1] = q_scan_custom_id(line, (size_t)len, scanned);
+        if (cids[0] && cids[1] && !strcmp(cids[0], cids[1]))
+            cids[1] = NULL;
         if (n == 1 || !model[0] || !endpoint[0]) {
             json_t *body = json_object_get(j, "body");
             const char *m = json_string_value(json_object_get(body, "model"));
@@ -71,12 +79,14 @@ static int scan_file(FILE *f, const char *path, char *model, size_t msz, char *e
             if (u && !endpoint[0])
                 snprintf(endpoint, esz, "%s", u);
         }
-        if (cid) {
+        for (int c = 0; c < 2 && !rc; c++) {
+            const char *cid = cids[c];
+            if (!cid)
+                continue;
             if (nids == capids) {
                 capids = capids ? capids * 2 : 1024;
                 char **nv = realloc(idsv, capids * sizeof *nv);
                 if (!nv) {
-                    json_decref(j);
                     rc = md_errf(e, MD_ENOMEM, "out of memory reading %s", path);
                     break;
                 }
@@ -84,13 +94,14 @@ static int scan_file(FILE *f, const char *path, char *model, size_t msz, char *e
             }
             idsv[nids] = strdup(cid);
             if (!idsv[nids]) {
-                json_decref(j);
                 rc = md_errf(e, MD_ENOMEM, "out of memory reading %s", path);
                 break;
             }
             nids++;
         }
         json_decref(j);
+        if (rc)
+            break;
     }
     if (!rc && ferror(f))
         rc = md_errf(e, MD_EIO, "reading %s: %s", path, strerror(errno));
@@ -100,7 +111,8 @@ static int scan_file(FILE *f, const char *path, char *model, size_t msz, char *e
             if (!strcmp(idsv[i - 1], idsv[i])) {
                 rc = md_errf(e, MD_EINVAL,
                              "%s: custom_id '%.100s' appears more than once; custom_ids must be "
-                             "unique within a batch",
+                             "unique within a batch (a line too large to parse counts under the "
+                             "custom_id a worker finds in it: docs/protocol.md §3)",
                              path, idsv[i]);
                 break;
             }

@@ -143,7 +143,7 @@ int q_script_load(md_redis *r, const char *script, char out[41], md_err *e) {
         return MD_EREDIS;
     int rc = 0;
     if (rep->type != REDIS_REPLY_STRING || rep->len != 40)
-        rc = md_errf(e, MD_EREDIS, "SCRIPT LOAD failed: %s",
+        rc = md_errf(e, MD_EINVAL, "SCRIPT LOAD failed: %s",
                      rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
     else
         memcpy(out, rep->str, 41);

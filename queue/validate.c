@@ -28,31 +28,67 @@ static int fail(q_verr *ve, const char *code, const char *param, const char *fmt
     return -1;
 }
 
-/* custom_id of a line too large to parse: the first "custom_id": "<plain string>" within
- * the first 64 KiB. Strings with escapes are not guessed at. */
-static const char *scan_custom_id(const char *line, size_t len, char *buf) {
-    size_t lim = len < 65536 ? len : 65536;
-    static const char key[] = "\"custom_id\"";
-    for (size_t i = 0; i + sizeof key - 1 < lim; i++) {
-        if (memcmp(line + i, key, sizeof key - 1))
+/* Skip a JSON string starting after its opening quote at line[k]; returns the index after
+ * the closing quote, or lim when the window ends inside it. */
+static size_t skip_string(const char *line, size_t k, size_t lim) {
+    while (k < lim && line[k] != '"')
+        k += line[k] == '\\' ? 2 : 1;
+    return k < lim ? k + 1 : lim;
+}
+
+static size_t skip_ws(const char *line, size_t k, size_t lim) {
+    while (k < lim && (line[k] == ' ' || line[k] == '\t' || line[k] == '\n' || line[k] == '\r'))
+        k++;
+    return k;
+}
+
+const char *q_scan_custom_id(const char *line, size_t len, char buf[Q_CUSTOM_ID_MAX]) {
+    size_t lim = len < Q_SCAN_WINDOW ? len : Q_SCAN_WINDOW;
+    static const char key[] = "custom_id";
+    size_t k = skip_ws(line, 0, lim);
+    if (k >= lim || line[k] != '{')
+        return NULL; /* not an object: no top-level key */
+    int depth = 1, expect_key = 1;
+    for (k++; k < lim;) {
+        char ch = line[k];
+        if (ch == '"') {
+            size_t start = k + 1, end = skip_string(line, start, lim);
+            if (end >= lim)
+                return NULL;
+            if (depth == 1 && expect_key) {
+                expect_key = 0;
+                size_t v = skip_ws(line, end, lim);
+                if (v >= lim || line[v] != ':')
+                    return NULL; /* not JSON: stop guessing */
+                if (end - 1 - start == sizeof key - 1 && !memcmp(line + start, key, sizeof key - 1)) {
+                    v = skip_ws(line, v + 1, lim);
+                    if (v >= lim || line[v] != '"')
+                        return NULL; /* the top-level custom_id is not a string */
+                    size_t a = v + 1, b = a;
+                    while (b < lim && line[b] != '"' && line[b] != '\\' &&
+                           (unsigned char)line[b] >= 0x20)
+                        b++;
+                    if (b >= lim || line[b] != '"' || b == a || b - a >= Q_CUSTOM_ID_MAX)
+                        return NULL; /* escapes, control bytes, empty or too long: no guess */
+                    memcpy(buf, line + a, b - a);
+                    buf[b - a] = 0;
+                    return buf;
+                }
+                k = v + 1;
+                continue;
+            }
+            k = end;
             continue;
-        size_t j = i + sizeof key - 1;
-        while (j < lim && (line[j] == ' ' || line[j] == '\t'))
-            j++;
-        if (j >= lim || line[j++] != ':')
-            return NULL;
-        while (j < lim && (line[j] == ' ' || line[j] == '\t'))
-            j++;
-        if (j >= lim || line[j++] != '"')
-            return NULL;
-        size_t k = j;
-        while (k < lim && line[k] != '"' && line[k] != '\\' && (unsigned char)line[k] >= 0x20)
-            k++;
-        if (k >= lim || line[k] != '"' || k == j || k - j >= Q_CUSTOM_ID_MAX)
-            return NULL;
-        memcpy(buf, line + j, k - j);
-        buf[k - j] = 0;
-        return buf;
+        }
+        if (ch == '{' || ch == '[') {
+            depth++;
+        } else if (ch == '}' || ch == ']') {
+            if (--depth == 0)
+                return NULL; /* the object ended without a custom_id */
+        } else if (ch == ',' && depth == 1) {
+            expect_key = 1;
+        }
+        k++;
     }
     return NULL;
 }
@@ -347,7 +383,7 @@ int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req
     memset(req, 0, sizeof *req);
     memset(ve, 0, sizeof *ve);
     if (len > lim->max_line_bytes) {
-        req->custom_id = scan_custom_id(line, len, custom_id_buf);
+        req->custom_id = q_scan_custom_id(line, len, custom_id_buf);
         return fail(ve, "line_too_large", NULL,
                     "the input line is %zu bytes; this worker accepts lines of at most %zu bytes",
                     len, lim->max_line_bytes);

@@ -62,11 +62,23 @@ typedef struct {
     int status; /* HTTP-like status for the output line (400) */
 } q_verr;
 
+#define Q_CUSTOM_ID_MAX 256 /* custom_ids are 1..255 bytes */
+
+/* Bytes of a line a worker looks at for the custom_id of a line it does not parse. */
+#define Q_SCAN_WINDOW 65536
+
+/* The custom_id of a line too large to parse (longer than --max-line-bytes), as the worker
+ * answers it: the value of the top-level object's first "custom_id" key within the first
+ * Q_SCAN_WINDOW bytes, when it is a plain string (no escapes, no control bytes, 1..255
+ * bytes); keys of nested objects (a body that holds "custom_id") are skipped. NULL when
+ * there is none, and then the line is answered under #<entry id>. `medley submit` counts this
+ * id too in its duplicate check, so the two agree (docs/protocol.md §3, §8). */
+const char *q_scan_custom_id(const char *line, size_t len, char buf[Q_CUSTOM_ID_MAX]);
+
 /* Validate line[0..len). Returns 0 with *req filled, or -1 with *ve filled; in both cases
  * req->custom_id is set when the line had a string custom_id (its storage is either the
  * parsed JSON or custom_id_buf, CUSTOM_ID_MAX bytes), and q_request_free() must be
  * called. */
-#define Q_CUSTOM_ID_MAX 256
 int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req,
                char custom_id_buf[Q_CUSTOM_ID_MAX], q_verr *ve);
 void q_request_free(q_request *req);

@@ -47,6 +47,14 @@ foreach(t queue_crash queue_redis_restart queue_malformed queue_lifecycle protoc
   medley_queue_py(${t} ${t} integration 300)
 endforeach()
 
+# queue_hostile: issue 25's defects, one test each (docs/protocol.md §3, §6, §8): a custom_id
+# hidden in a line too large to parse, reconnects counted as deliveries, Redis refusing the
+# completion script (OOM, NOPERM), slow takeover under a backlog, class streams of a plan
+# unread by --model workers.
+foreach(c dupid reconnect refused refused_heartbeat takeover classes)
+  medley_queue_py(queue_hostile_${c} queue_hostile integration 300 ${c})
+endforeach()
+
 # Every schema is valid and every example follows it (no Redis needed).
 add_test(NAME queue_schema_examples
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/queue_schema_examples.py)

@@ -43,9 +43,15 @@ static int setup_conn(wk *w, md_err *e) {
     int rc = q_script_load(w->r, q_complete_lua, w->sha, e);
     if (rc)
         return rc;
-    for (int s = 0; s < MAX_STREAMS; s++)
-        if (w->st[s].state != SLOT_FREE && (rc = wk_create_group(w, w->st[s].key, e)))
+    for (int s = 0; s < MAX_STREAMS; s++) {
+        if (w->st[s].state == SLOT_FREE || !(rc = wk_create_group(w, w->st[s].key, e)))
+            continue;
+        if (rc == MD_EREDIS)
             return rc;
+        /* Refused (OOM under noeviction: XGROUP CREATE may grow memory). The group most
+         * likely exists; if not, XREADGROUP says NOGROUP and the setup runs again. */
+        MD_WARN("worker", "%s", e->msg);
+    }
     w->gen = md_redis_generation(w->r);
     return 0;
 }
@@ -54,7 +60,11 @@ static int setup_conn(wk *w, md_err *e) {
  * read whose reply was lost with the connection left entries we never saw). */
 static int heal(wk *w, int until_stop) {
     md_err e = {0};
+    int backoff_ms = 0, tries = 0;
     for (;;) {
+        /* a Redis that accepts connections but refuses the setup: back off, 100 ms to 2 s */
+        for (int t = 0; t < backoff_ms && !(until_stop && *w->stop); t += 20)
+            usleep(20000);
         if (md_redis_reconnect(w->r, -1, until_stop ? w->stop : NULL, &e))
             return -1;
         if (setup_conn(w, &e) == 0) {
@@ -67,10 +77,13 @@ static int heal(wk *w, int until_stop) {
             for (int i = 0; i < w->n_ans; i++)
                 w->ans[i].scripted = 0;
             if (!*w->stop)
-                wk_take_own(w);
+                wk_take_own(w, 0);
             return 0;
         }
-        MD_WARN("worker", "after reconnecting: %s", e.msg);
+        if (tries++ % 10 == 0)
+            MD_WARN("worker", "after reconnecting: %s (try %d; next in %d ms)", e.msg, tries,
+                    backoff_ms ? backoff_ms : 100);
+        backoff_ms = backoff_ms ? (backoff_ms * 2 > 2000 ? 2000 : backoff_ms * 2) : 100;
     }
 }
 
@@ -146,9 +159,12 @@ static void periodic(wk *w, int stopping) {
         wk_renew(w, 0, 0);
         w->last_lease = now;
     }
-    if (!stopping && !w->broken && w->cfg->follow_plan &&
+    if (!stopping && !w->broken &&
         now - w->last_plan > (uint64_t)w->cfg->plan_check_ms * 1000000ull) {
-        wk_check_plan(w);
+        if (w->cfg->follow_plan)
+            wk_check_plan(w);
+        else
+            wk_check_classes(w);
         w->last_plan = md_mono_ns();
     }
     if (!w->broken)
@@ -160,9 +176,11 @@ static void periodic(wk *w, int stopping) {
         w->last_hb = now;
     }
     uint64_t claim_every = vis / 2 < 5000000000ull ? vis / 2 : 5000000000ull;
-    if (!stopping && !w->broken && now - w->last_claim > claim_every) {
-        wk_take_over(w);
-        w->last_claim = md_mono_ns();
+    if (!stopping && !w->broken && !wk_write_blocked(w)) {
+        int due = now - w->last_claim > claim_every;
+        wk_take_over(w, due);
+        if (due)
+            w->last_claim = md_mono_ns();
     }
 }
 
@@ -379,6 +397,10 @@ static void serve(wk *w) {
                 break;
             continue;
         }
+        if (wk_write_blocked(w)) { /* Redis refuses answers: take no more work meanwhile */
+            usleep(20000);
+            continue;
+        }
         int got = wk_read_new(w, read_block_ms(w));
         idle_reads = got == 0 ? idle_reads + 1 : 0;
     }
@@ -416,13 +438,14 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     w.stop = stop;
     w.plan_applied = -1;
     w.plan_seen = -2;
+    w.cls_seen = -2;
     if ((rc = identify(&w, e)))
         return rc;
     if ((rc = start(&w, e))) {
         close_all(&w);
         return rc;
     }
-    wk_take_own(&w);
+    wk_take_own(&w, 1);
     uint64_t t = md_mono_ns();
     w.last_tick = t;
     w.last_lease = t;

@@ -156,9 +156,54 @@ void wk_on_done(void *ctx, void *tag, const wk_result *res) {
 
 /* Run the completion script for every unscripted answer, then XACK every scripted one.
  * On a lost connection the answers stay queued for the next try (the script is idempotent). */
+/* Redis refused the completion script (OOM under noeviction, NOPERM, READONLY...): hold
+ * the answers and try again after a backoff (100 ms doubling to 5 s), logging the refusal
+ * once and then at most every 10 s with the count; the heartbeat shows it (wk.wr). */
+static void write_refused(wk *w, const char *why) {
+    uint64_t now = md_mono_ns();
+    wk_wr *wr = &w->wr;
+    if (!wr->refused) {
+        wr->refused = 1;
+        wr->since_ms = md_wall_ms();
+        wr->backoff_ms = 0;
+        wr->count = 0;
+        wr->logged_ns = 0;
+    }
+    wr->count++;
+    snprintf(wr->error, sizeof wr->error, "%s", why);
+    wr->backoff_ms = wr->backoff_ms ? (wr->backoff_ms * 2 > 5000 ? 5000 : wr->backoff_ms * 2) : 100;
+    wr->next_ns = now + (uint64_t)wr->backoff_ms * 1000000ull;
+    if (!wr->logged_ns || now - wr->logged_ns >= 10000000000ull) {
+        MD_ERROR("worker",
+                 "Redis refuses answers: %s (%ld refusal(s) since %.1f s ago); holding %d "
+                 "answer(s) and reading nothing new, next try in %d ms",
+                 why, wr->count, (double)(md_wall_ms() - wr->since_ms) / 1e3, w->n_ans,
+                 wr->backoff_ms);
+        wr->logged_ns = now;
+    }
+}
+
+/* The completion script ran again: say so once if it had been refused. */
+static void write_accepted(wk *w) {
+    wk_wr *wr = &w->wr;
+    if (!wr->refused)
+        return;
+    MD_INFO("worker", "Redis accepts answers again after %.1f s (%ld refusal(s): %s)",
+            (double)(md_wall_ms() - wr->since_ms) / 1e3, wr->count, wr->error);
+    wr->refused = 0;
+    wr->backoff_ms = 0;
+    wr->next_ns = 0;
+}
+
+int wk_write_blocked(const wk *w) {
+    return w->wr.refused && w->n_ans > 0;
+}
+
 void wk_flush(wk *w) {
     if (!w->n_ans || w->broken)
         return;
+    if (w->wr.refused && md_mono_ns() < w->wr.next_ns)
+        return; /* backing off: Redis refused the last try */
     redisContext *c = md_redis_ctx(w->r);
     char now[32];
     snprintf(now, sizeof now, "%lld", (long long)md_wall_ms());
@@ -179,7 +224,8 @@ void wk_flush(wk *w) {
         redisAppendCommandArgv(c, 12, argv, lens);
         sent++;
     }
-    int noscript = 0;
+    int noscript = 0, refused = 0, accepted = 0;
+    char why[sizeof w->wr.error] = "";
     md_err e = {0};
     for (int i = 0; i < w->n_ans && sent > 0; i++) {
         answer *a = &w->ans[i];
@@ -193,18 +239,26 @@ void wk_flush(wk *w) {
         }
         if (rep->type == REDIS_REPLY_INTEGER) {
             a->scripted = 1;
+            accepted = 1;
             if (rep->integer < 0)
                 MD_WARN("worker", "batch %s no longer exists; dropping entry %s", a->batch, a->id);
         } else if (rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "NOSCRIPT", 8)) {
             noscript = 1;
-        } else {
-            MD_ERROR("worker", "completion script for %s: %s", a->id,
-                     rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+        } else if (!refused++) {
+            snprintf(why, sizeof why, "%s",
+                     rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply to EVALSHA");
         }
         freeReplyObject(rep);
     }
+    if (refused)
+        write_refused(w, why);
+    else if (accepted)
+        write_accepted(w);
     if (noscript && q_script_load(w->r, q_complete_lua, w->sha, &e)) {
-        w->broken = e.code == MD_EREDIS;
+        if (e.code == MD_EREDIS)
+            w->broken = 1;
+        else
+            write_refused(w, e.msg);
         return;
     }
     /* XACK, then XDEL (an answered entry is never read again; deleting it keeps the queue

@@ -82,6 +82,7 @@ typedef struct {
     int m; /* model slot */
     char key[Q_KEY_MAX];
     char cursor[ENTRY_ID_MAX]; /* XAUTOCLAIM cursor */
+    int claim_more; /* look again before the next read (wk_take_over) */
 } stream;
 
 #define WK_SPEC_MAX 1400    /* a --stages list: WK_PIPE_MAX endpoints and ranges */
@@ -129,6 +130,17 @@ typedef struct {
     int backoff_ms;
 } stage_srv;
 
+/* Redis refusing the completion script (worker_answer.c): answers are held and retried
+ * after backoff_ms; reading stops meanwhile. */
+typedef struct {
+    int refused;       /* the last try was refused */
+    char error[200];   /* Redis's error reply */
+    long long since_ms; /* wall clock of the first refusal of this episode */
+    long count;        /* refusals in this episode */
+    int backoff_ms;
+    uint64_t next_ns, logged_ns;
+} wk_wr;
+
 typedef struct {
     /* worker.c: who this worker is and what it was told, set once at startup. */
     const wk_config *cfg;
@@ -159,11 +171,14 @@ typedef struct {
     /* --follow-plan: the version of the plan applied (-1: none yet) and the last value seen
      * in P plan:version (-2: never looked). */
     long long plan_applied, plan_seen;
+    /* --model: the P plan:version whose classes the served models read (-2: never looked) */
+    long long cls_seen;
 
     /* worker_answer.c: answers not yet written or XACKed, and what was answered. */
     answer *ans;
     int n_ans, cap_ans;
     long long n_ok, n_failed, n_tokens;
+    wk_wr wr; /* Redis refusing answers */
 
     /* worker_read.c: batches' status and deadline, cached for BATCH_CACHE_NS. */
     batch_ent cache[BATCH_CACHE];
@@ -201,10 +216,13 @@ int wk_create_group(wk *w, const char *key, md_err *e);
 /* XREADGROUP new entries for the free runner slots, blocking at most block_ms (0: not at
  * all); starts or answers each. Returns how many were read. */
 int wk_read_new(wk *w, int block_ms);
-/* XAUTOCLAIM entries idle past the visibility timeout on every stream being read. */
-void wk_take_over(wk *w);
-/* Resume the entries still pending for this consumer name (not once a device failed). */
-void wk_take_own(wk *w);
+/* XAUTOCLAIM entries idle past the visibility timeout: on every stream being read when due
+ * (the periodic look), else on those where more may be waiting. */
+void wk_take_over(wk *w, int due);
+/* Resume the entries pending for this consumer name that this process does not hold (not
+ * once a device failed). counted = 1 after a crash or a hand-back (each counts a delivery),
+ * 0 after a reconnect (no new delivery: a lost read's reply). */
+void wk_take_own(wk *w, int counted);
 
 /* ---- worker_answer.c ---- */
 
@@ -218,6 +236,8 @@ void wk_answer_invalid(wk *w, int s, const char *entry_id, const char *batch, co
 void wk_on_done(void *ctx, void *tag, const wk_result *res);
 /* Write the queued answers (completion script), then XACK and XDEL them. */
 void wk_flush(wk *w);
+/* 1 while Redis refuses the completion script and answers wait: read nothing new. */
+int wk_write_blocked(const wk *w);
 
 /* ---- worker_lease.c ---- */
 
@@ -249,6 +269,8 @@ int wk_add_stream(wk *w, int m, const char *key, md_err *e);
 void wk_reap(wk *w);
 /* --follow-plan: apply the plan when P plan:version moved. */
 void wk_check_plan(wk *w);
+/* --model: read the class streams the plan routes the served models' lines to. */
+void wk_check_classes(wk *w);
 
 /* ---- worker_shard.c ---- */
 

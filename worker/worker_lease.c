@@ -139,6 +139,14 @@ void wk_heartbeat(wk *w, const char *state, double dt_s) {
         "tokens_per_s", tps, "usd_per_hour", w->cfg->usd_per_hour);
     if (doc && json_array_size(stage_servers))
         json_object_set(doc, "stage_servers", stage_servers);
+    if (doc) { /* answers waiting to be written, and why when Redis refuses them */
+        json_object_set_new(doc, "answers_held", json_integer(w->n_ans));
+        if (w->wr.refused)
+            json_object_set_new(doc, "answers_refused",
+                                json_pack("{s:s, s:I, s:I}", "error", w->wr.error, "since",
+                                          (json_int_t)w->wr.since_ms, "refusals",
+                                          (json_int_t)w->wr.count));
+    }
     json_decref(stage_servers);
     /* `devices` and `state` also as fields of their own: the scheduler reads those two.
      * `plan_version` and `replicas`: what this worker follows (--follow-plan). */

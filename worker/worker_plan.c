@@ -236,7 +236,7 @@ static void apply_plan(wk *w, const json_t *plan) {
     MD_INFO("worker", "following plan v%lld: %d model(s) and %d stage(s) here", version, served,
             n_roles);
     wk_reap(w);
-    wk_take_own(w);
+    wk_take_own(w, 1);
 }
 
 /* --follow-plan: look at P plan:version; when it differs from what was applied, read the plan
@@ -272,4 +272,72 @@ void wk_check_plan(wk *w) {
     if (v >= seen)
         w->plan_seen = seen;
     json_decref(plan);
+}
+
+/* --model: the plan may route a served model's lines to class streams P q:{M}:<C> (the
+ * submitter's routing, docs/protocol.md §3); a worker serving M reads every one of them,
+ * so no line is stranded. Looked at when P plan:version moves; class streams the plan no
+ * longer lists drain (what runs finishes, nothing new is read). */
+void wk_check_classes(wk *w) {
+    char vkey[Q_KEY_MAX];
+    snprintf(vkey, sizeof vkey, "%splan:version", w->prefix);
+    md_err e = {0};
+    redisReply *rep = md_redis_cmd(w->r, &e, "GET %s", vkey);
+    if (!rep) {
+        w->broken = 1;
+        return;
+    }
+    long long seen = rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : -1;
+    freeReplyObject(rep);
+    if (seen == w->cls_seen)
+        return;
+    json_t *plan = NULL;
+    int rc = q_plan_get(w->r, w->prefix, &plan, &e);
+    if (rc == MD_EREDIS) {
+        w->broken = 1;
+        return;
+    }
+    if (rc) { /* submitters ignore a malformed plan too: every line goes to P q:{M} */
+        MD_WARN("worker", "%s; reading no class streams", e.msg);
+        plan = NULL;
+    }
+    for (int m = 0; m < WK_MAX_MODELS && !w->broken; m++) {
+        model *md = &w->mod[m];
+        if (md->state != SLOT_ON)
+            continue;
+        q_class cls[Q_CLASS_MAX];
+        int n = plan ? q_plan_classes(plan, md->name, cls, &e) : 0;
+        if (n < 0) {
+            MD_WARN("worker", "plan classes of %s: %s; reading no class streams", md->name, e.msg);
+            n = 0;
+        }
+        char base[Q_KEY_MAX];
+        q_key_queue(base, w->prefix, md->name);
+        for (int s = 0; s < MAX_STREAMS; s++)
+            if (w->st[s].state == SLOT_ON && w->st[s].m == m && strcmp(w->st[s].key, base))
+                w->st[s].state = SLOT_DRAIN; /* re-enabled below when still listed */
+        char names[Q_CLASS_MAX * Q_CLASS_NAME + 1] = "";
+        for (int c = 0; c < n; c++) {
+            char key[Q_KEY_MAX];
+            q_key_class(key, w->prefix, md->name, cls[c].name);
+            if ((rc = wk_add_stream(w, m, key, &e))) {
+                MD_ERROR("worker", "%s: %s", md->name, e.msg);
+                if (e.code == MD_EREDIS)
+                    w->broken = 1;
+                break;
+            }
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", c ? "," : "",
+                     cls[c].name);
+        }
+        if (n)
+            MD_INFO("worker", "the plan routes %s's lines to classes %s: reading their streams too",
+                    md->name, names);
+        else if (w->cls_seen != -2)
+            MD_INFO("worker", "the plan defines no class of %s: reading %s only", md->name, base);
+    }
+    json_decref(plan);
+    if (!w->broken) {
+        w->cls_seen = seen;
+        wk_take_own(w, 1);
+    }
 }

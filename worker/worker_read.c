@@ -14,6 +14,8 @@
 #include "common/log.h"
 #include "common/util.h"
 
+#define OWN_PAGE 100 /* XPENDING page of wk_take_own */
+
 /* XGROUP CREATE from id 0, so entries submitted before any worker existed are delivered. */
 int wk_create_group(wk *w, const char *key, md_err *e) {
     redisReply *rep = md_redis_cmd(w->r, e, "XGROUP CREATE %s %s 0 MKSTREAM", key, Q_GROUP);
@@ -238,6 +240,56 @@ static int delivery_counts(wk *w, int s, redisReply *entries, long long *counts)
     return k == n ? 0 : -1;
 }
 
+/* Move an entry delivered more than max_attempts times to the DLQ and answer it
+ * max_attempts_exceeded (or only XACK it when it names no valid batch). */
+static void dead_letter(wk *w, int s, const char *id, redisReply *fields, long long attempt) {
+    size_t blen = 0, llen = 0;
+    const char *batch = field(fields, "batch", &blen);
+    const char *line = field(fields, "line", &llen);
+    char dlq[Q_KEY_MAX], reason[160];
+    q_key_dlq(dlq, w->prefix, w->mod[stream_model(w, s)].name);
+    snprintf(reason, sizeof reason, "delivered %lld times without an answer (max_attempts %d)",
+             attempt, w->cfg->max_attempts);
+    md_err e = {0};
+    const char *argv[] = {"XADD",  dlq,   "*",    "id",   id,    "batch", batch ? batch : "",
+                          "line",  line ? line : "",   "reason", reason, "worker", w->me,
+                          "stream", w->st[s].key};
+    size_t lens[15];
+    for (int k = 0; k < 15; k++)
+        lens[k] = strlen(argv[k]);
+    if (line)
+        lens[8] = llen;
+    redisReply *rep = md_redis_cmd_argv(w->r, 15, argv, lens, &e);
+    if (!rep) {
+        w->broken = 1;
+        return;
+    }
+    freeReplyObject(rep);
+    MD_WARN("worker", "entry %s: %s; moved to %s", id, reason, dlq);
+    char cidbuf[Q_CUSTOM_ID_MAX];
+    q_request req;
+    q_verr ve;
+    q_validate(line ? line : "", line ? llen : 0, &w->cfg->limits, &req, cidbuf, &ve);
+    if (batch && !q_batch_id_check(batch, &e))
+        wk_answer_error(w, s, id, batch, req.custom_id, "max_attempts_exceeded", reason,
+                        waited_ms(id), attempt);
+    else
+        ack_only(w, s, id);
+    q_request_free(&req);
+}
+
+/* One entry read again (taken over, or resumed): its fields are NULL or not an array when it
+ * was deleted from the stream (nothing to answer: XACK it); past max_attempts it goes to the
+ * DLQ; otherwise it is taken as a new one. */
+static void take_again(wk *w, int s, const char *id, redisReply *fields, long long attempt) {
+    if (!fields || fields->type != REDIS_REPLY_ARRAY)
+        ack_only(w, s, id); /* deleted from the stream (XDEL/XTRIM): nothing to answer */
+    else if (attempt > w->cfg->max_attempts)
+        dead_letter(w, s, id, fields, attempt);
+    else
+        take(w, s, id, fields, attempt);
+}
+
 /* Entries of one stream (an array of [id, fields]); claimed ones check max_attempts. */
 static void take_all(wk *w, int s, redisReply *entries, int claimed) {
     if (!entries || entries->type != REDIS_REPLY_ARRAY || entries->elements == 0)
@@ -255,64 +307,13 @@ static void take_all(wk *w, int s, redisReply *entries, int claimed) {
         if (en->type != REDIS_REPLY_ARRAY || en->elements < 2 || !en->element[0]->str)
             continue;
         const char *id = en->element[0]->str;
-        redisReply *fields = en->element[1];
-        if (claimed && running(w, s, id))
-            continue; /* ours already (a lapsed lease, or a resume after reconnecting) */
-        long long attempt = claimed ? (counts[i] > 0 ? counts[i] : 2) : 1;
-        if (fields->type != REDIS_REPLY_ARRAY) {
-            ack_only(w, s, id); /* deleted from the stream (XDEL/XTRIM): nothing to answer */
+        if (!claimed) {
+            take(w, s, id, en->element[1], 1);
             continue;
         }
-        if (claimed && attempt > w->cfg->max_attempts) {
-            size_t blen = 0, llen = 0;
-            const char *batch = field(fields, "batch", &blen);
-            const char *line = field(fields, "line", &llen);
-            char dlq[Q_KEY_MAX], reason[160];
-            q_key_dlq(dlq, w->prefix, w->mod[stream_model(w, s)].name);
-            snprintf(reason, sizeof reason,
-                     "delivered %lld times without an answer (max_attempts %d)", attempt,
-                     w->cfg->max_attempts);
-            md_err e = {0};
-            const char *argv[] = {"XADD",
-                                  dlq,
-                                  "*",
-                                  "id",
-                                  id,
-                                  "batch",
-                                  batch ? batch : "",
-                                  "line",
-                                  line ? line : "",
-                                  "reason",
-                                  reason,
-                                  "worker",
-                                  w->me,
-                                  "stream",
-                                  w->st[s].key};
-            size_t lens[15];
-            for (int k = 0; k < 15; k++)
-                lens[k] = strlen(argv[k]);
-            if (line)
-                lens[8] = llen;
-            redisReply *rep = md_redis_cmd_argv(w->r, 15, argv, lens, &e);
-            if (!rep) {
-                w->broken = 1;
-                break;
-            }
-            freeReplyObject(rep);
-            MD_WARN("worker", "entry %s: %s; moved to %s", id, reason, dlq);
-            char cidbuf[Q_CUSTOM_ID_MAX];
-            q_request req;
-            q_verr ve;
-            q_validate(line ? line : "", line ? llen : 0, &w->cfg->limits, &req, cidbuf, &ve);
-            if (batch && !q_batch_id_check(batch, &e))
-                wk_answer_error(w, s, id, batch, req.custom_id, "max_attempts_exceeded", reason,
-                                waited_ms(id), attempt);
-            else
-                ack_only(w, s, id);
-            q_request_free(&req);
-            continue;
-        }
-        take(w, s, id, fields, attempt);
+        if (running(w, s, id))
+            continue; /* ours already (a lapsed lease) */
+        take_again(w, s, id, en->element[1], counts[i] > 0 ? counts[i] : 2);
     }
     free(counts);
 }
@@ -412,73 +413,176 @@ int wk_read_new(wk *w, int block_ms) {
 }
 
 /* XAUTOCLAIM entries idle past the visibility timeout (a crashed or stuck worker's), on every
- * stream being read: the plain and the class streams alike. */
-void wk_take_over(wk *w) {
+ * stream being read: the plain and the class streams alike. due: the periodic look at every
+ * stream; otherwise only streams flagged claim_more are looked at: those where the last
+ * look claimed as many as it asked for or did not finish its scan of the pending list, and
+ * those that had no free slot at the periodic look. The loop calls this before each read,
+ * so a dead worker's entries take the slots that free up before any new entry does, and
+ * come back in full as fast as the workers' capacity allows. */
+void wk_take_over(wk *w, int due) {
     md_err e = {0};
     for (int s = 0; s < MAX_STREAMS && !w->broken; s++) {
-        int f = free_slots(w, s);
-        if (f <= 0)
+        stream *st = &w->st[s];
+        if (st->state != SLOT_ON || (!due && !st->claim_more))
             continue;
-        redisReply *rep = md_redis_cmd(w->r, &e, "XAUTOCLAIM %s %s %s %d %s COUNT %d", w->st[s].key,
-                                       Q_GROUP, w->me, w->cfg->visibility_ms, w->st[s].cursor, f);
+        int f = free_slots(w, s);
+        if (f <= 0) {
+            st->claim_more |= due; /* look as soon as a slot frees */
+            continue;
+        }
+        redisReply *rep = md_redis_cmd(w->r, &e, "XAUTOCLAIM %s %s %s %d %s COUNT %d", st->key,
+                                       Q_GROUP, w->me, w->cfg->visibility_ms, st->cursor, f);
         if (!rep) {
             w->broken = 1;
             return;
         }
+        st->claim_more = 0;
         if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 2) {
             if (rep->element[0]->str)
-                snprintf(w->st[s].cursor, ENTRY_ID_MAX, "%s", rep->element[0]->str);
+                snprintf(st->cursor, ENTRY_ID_MAX, "%s", rep->element[0]->str);
             redisReply *entries = rep->element[1];
-            if (entries->elements)
-                MD_INFO("worker", "took over %zu entries of %s idle past %d ms", entries->elements,
-                        w->st[s].key, w->cfg->visibility_ms);
+            size_t n = entries->type == REDIS_REPLY_ARRAY ? entries->elements : 0;
+            size_t gone = rep->elements >= 3 && rep->element[2]->type == REDIS_REPLY_ARRAY
+                              ? rep->element[2]->elements
+                              : 0;
+            st->claim_more = n + gone >= (size_t)f || strcmp(st->cursor, "0-0") != 0;
+            if (n)
+                MD_INFO("worker", "took over %zu entries of %s idle past %d ms", n, st->key,
+                        w->cfg->visibility_ms);
             take_all(w, s, entries, 1);
             /* Redis 7 lists entries deleted from the stream: ack them away. */
-            if (rep->elements >= 3 && rep->element[2]->type == REDIS_REPLY_ARRAY)
-                for (size_t i = 0; i < rep->element[2]->elements && !w->broken; i++)
-                    ack_only(w, s, rep->element[2]->element[i]->str);
+            for (size_t i = 0; i < gone && !w->broken; i++)
+                ack_only(w, s, rep->element[2]->element[i]->str);
         } else if (rep->type == REDIS_REPLY_ERROR) {
-            MD_WARN("worker", "XAUTOCLAIM %s: %s", w->st[s].key, rep->str);
+            MD_WARN("worker", "XAUTOCLAIM %s: %s", st->key, rep->str);
         }
         freeReplyObject(rep);
     }
 }
 
-/* Entries still pending for our own consumer name: a worker restarted with the same --id
- * after a crash resumes them at once instead of waiting out the visibility timeout. */
-void wk_take_own(wk *w) {
+/* Up to max entries pending for this consumer that it does not hold (not running, no
+ * answer queued), from XPENDING after *start (exclusive; "-" at first, advanced here): ids
+ * and delivery counts into ids/counts. Returns how many, 0 when the list is exhausted
+ * (*more = 0), -1 on a lost connection. */
+static int own_pending(wk *w, int s, char *start, int max, char ids[][ENTRY_ID_MAX],
+                       long long *counts, int *more) {
+    md_err e = {0};
+    redisReply *rep = md_redis_cmd(w->r, &e, "XPENDING %s %s %s + %d %s", w->st[s].key, Q_GROUP,
+                                   start, OWN_PAGE, w->me);
+    if (!rep) {
+        w->broken = 1;
+        return -1;
+    }
+    int n = 0;
+    *more = 0;
+    if (rep->type == REDIS_REPLY_ARRAY) {
+        *more = rep->elements == OWN_PAGE;
+        for (size_t i = 0; i < rep->elements; i++) {
+            redisReply *it = rep->element[i];
+            if (it->type != REDIS_REPLY_ARRAY || it->elements < 4 || !it->element[0]->str)
+                continue;
+            const char *id = it->element[0]->str;
+            snprintf(start, ENTRY_ID_MAX + 1, "(%s", id);
+            if (running(w, s, id))
+                continue;
+            if (n == max) {
+                *more = 1;
+                snprintf(start, ENTRY_ID_MAX + 1, "(%s", ids[n - 1]);
+                break;
+            }
+            snprintf(ids[n], ENTRY_ID_MAX, "%s", id);
+            counts[n++] = it->element[3]->integer;
+        }
+    } else if (rep->type == REDIS_REPLY_ERROR) {
+        MD_WARN("worker", "XPENDING %s: %s", w->st[s].key, rep->str);
+    }
+    freeReplyObject(rep);
+    return n;
+}
+
+/* Entries pending for this consumer name that this process does not hold. counted = 1
+ * after a crash (a worker restarted under the same --id) or a hand-back (a sharded replica
+ * re-formed): the entries are XCLAIMed with their delivery count raised by one, since that
+ * delivery ended without an answer. counted = 0 after a reconnect: a read whose reply was
+ * lost with the connection delivered them to this process, and their count says so already;
+ * they are read with XRANGE, which leaves the count alone. Entries this process runs or has
+ * answered are left as they are (their leases are renewed as usual). */
+void wk_take_own(wk *w, int counted) {
     if (w->device_failed)
         return; /* stopping: what was handed back is others' now, not to be resumed */
     md_err e = {0};
+    char ids[OWN_PAGE][ENTRY_ID_MAX];
+    long long counts[OWN_PAGE];
     for (int s = 0; s < MAX_STREAMS && !w->broken; s++) {
-        char start[ENTRY_ID_MAX] = "0";
-        for (;;) {
+        char start[ENTRY_ID_MAX + 1] = "-";
+        long resumed = 0;
+        int more = 1;
+        while (more && !w->broken) {
             int f = free_slots(w, s);
             if (f <= 0)
                 break;
-            redisReply *rep =
-                md_redis_cmd(w->r, &e, "XREADGROUP GROUP %s %s COUNT %d STREAMS %s %s", Q_GROUP,
-                             w->me, f, w->st[s].key, start);
-            if (!rep) {
-                w->broken = 1;
-                return;
+            int n = own_pending(w, s, start, f < OWN_PAGE ? f : OWN_PAGE, ids, counts, &more);
+            if (n <= 0)
+                continue; /* a page of entries all held, or none (more = 0), or lost */
+            redisContext *c = md_redis_ctx(w->r);
+            if (counted) {
+                const char *argv[OWN_PAGE + 8];
+                size_t lens[OWN_PAGE + 8];
+                int k = 0;
+                argv[k++] = "XCLAIM";
+                argv[k++] = w->st[s].key;
+                argv[k++] = Q_GROUP;
+                argv[k++] = w->me;
+                argv[k++] = "0";
+                for (int i = 0; i < n; i++)
+                    argv[k++] = ids[i];
+                for (int i = 0; i < k; i++)
+                    lens[i] = strlen(argv[i]);
+                redisReply *rep = md_redis_cmd_argv(w->r, k, argv, lens, &e);
+                if (!rep) {
+                    w->broken = 1;
+                    break;
+                }
+                /* XCLAIM returns the entries still in the stream, each counted once more;
+                 * the deleted ones are dropped from the pending list by Redis 7 (XACK them
+                 * anyway for Redis 6.2, where they stay). */
+                for (int i = 0; i < n && !w->broken; i++) {
+                    redisReply *fields = NULL;
+                    if (rep->type == REDIS_REPLY_ARRAY)
+                        for (size_t j = 0; j < rep->elements; j++) {
+                            redisReply *en = rep->element[j];
+                            if (en->type == REDIS_REPLY_ARRAY && en->elements >= 2 &&
+                                en->element[0]->str && !strcmp(en->element[0]->str, ids[i]))
+                                fields = en->element[1];
+                        }
+                    take_again(w, s, ids[i], fields, counts[i] + 1);
+                }
+                freeReplyObject(rep);
+            } else {
+                for (int i = 0; i < n; i++)
+                    redisAppendCommand(c, "XRANGE %s %s %s", w->st[s].key, ids[i], ids[i]);
+                redisReply *reps[OWN_PAGE];
+                int got = 0;
+                for (; got < n; got++)
+                    if (!(reps[got] = md_redis_get_reply(w->r, &e))) {
+                        w->broken = 1;
+                        break;
+                    }
+                for (int i = 0; i < got && !w->broken; i++) {
+                    redisReply *r = reps[i], *fields = NULL;
+                    if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+                        r->element[0]->type == REDIS_REPLY_ARRAY && r->element[0]->elements >= 2)
+                        fields = r->element[0]->element[1];
+                    take_again(w, s, ids[i], fields, counts[i] > 0 ? counts[i] : 1);
+                }
+                for (int i = 0; i < got; i++)
+                    freeReplyObject(reps[i]);
             }
-            redisReply *entries = NULL;
-            if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 1 &&
-                rep->element[0]->type == REDIS_REPLY_ARRAY && rep->element[0]->elements == 2)
-                entries = rep->element[0]->element[1];
-            size_t n = entries && entries->type == REDIS_REPLY_ARRAY ? entries->elements : 0;
-            if (n) {
-                MD_INFO("worker", "resuming %zu entries of %s left pending by a previous %s", n,
-                        w->st[s].key, w->me);
-                redisReply *last = entries->element[n - 1];
-                if (last->type == REDIS_REPLY_ARRAY && last->elements >= 1 && last->element[0]->str)
-                    snprintf(start, sizeof start, "%s", last->element[0]->str);
-                take_all(w, s, entries, 1);
-            }
-            freeReplyObject(rep);
-            if (!n)
-                break;
+            resumed += n;
         }
+        if (resumed)
+            MD_INFO("worker", "resuming %ld entries of %s %s", resumed, w->st[s].key,
+                    counted ? "left pending for this worker's name (a crash or a hand-back)"
+                            : "delivered by a read whose reply the lost connection took");
     }
 }

@@ -267,7 +267,7 @@ static void try_form(wk *w, int m, uint64_t now) {
     MD_INFO("worker", "%s: %s formed; serving (%d slots)", md->name, who,
             wk_runner_capacity(md->runner));
     w->last_hb = 0;
-    wk_take_own(w); /* what it handed back is still pending for this worker: resume it */
+    wk_take_own(w, 1); /* what it handed back is still pending for this worker: resume it */
 }
 
 /* ---- stage roles ---- */

@@ -286,6 +286,46 @@ static void oversize_line_is_refused_with_its_custom_id(void **st) {
     free(big);
 }
 
+/* The id a worker recovers from a line it does not parse: only the top-level key counts
+ * (issue 25: a nested body's "custom_id" was taken for the line's own, so the answer fell on
+ * another line's custom_id and the batch never finished). */
+static void scanned_custom_id_is_the_top_level_one(void **st) {
+    char buf[Q_CUSTOM_ID_MAX];
+    static const struct {
+        const char *line, *want;
+    } cases[] = {
+        {"{\"custom_id\":\"a\"}", "a"},
+        {" \n{ \"custom_id\" :\t\"a-1\" , \"x\": 1}", "a-1"},
+        {"{\"body\":{\"custom_id\":\"victim\"},\"custom_id\":\"mine\",\"pad\":\"", "mine"},
+        {"{\"x\":[{\"custom_id\":\"v\"},\"custom_id\"],\"custom_id\":\"m\"", "m"},
+        {"{\"s\":\"\\\"custom_id\\\":\\\"v\\\"\",\"custom_id\":\"m\"", "m"},
+        {"{\"custom_id\": \"x\", \"pad\": \"PPPP", "x"}, /* truncated after the id */
+        {"{\"body\":{\"custom_id\":\"victim\"}", NULL},   /* only a nested one */
+        {"[{\"custom_id\":\"a\"}]", NULL},                /* not an object */
+        {"{\"custom_id\":\"a\\u0062\"}", NULL},           /* escapes: no guess */
+        {"{\"custom_id\":5}", NULL},
+        {"{\"custom_id\":\"\"}", NULL},
+        {"{\"custom_id\"", NULL},
+        {"{\"a\" \"custom_id\":\"x\"}", NULL}, /* not JSON: no guess */
+        {"", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *got = q_scan_custom_id(cases[i].line, strlen(cases[i].line), buf);
+        if (!cases[i].want)
+            assert_null(got);
+        else
+            assert_string_equal(got, cases[i].want);
+    }
+    /* past the window: not found, even when the line goes on to name one */
+    size_t n = Q_SCAN_WINDOW + 100;
+    char *big = malloc(n + 40);
+    int k = snprintf(big, n, "{\"pad\":\"");
+    memset(big + k, 'a', n - (size_t)k);
+    memcpy(big + n - 20, "\",\"custom_id\":\"z\"}", 18);
+    assert_null(q_scan_custom_id(big, n, buf));
+    free(big);
+}
+
 static void custom_id_survives_a_later_error(void **st) {
     q_request req;
     q_verr ve;
@@ -341,6 +381,7 @@ int main(void) {
         cmocka_unit_test(alternatives_are_served),
         cmocka_unit_test(oversize_line_is_refused_with_its_custom_id),
         cmocka_unit_test(custom_id_survives_a_later_error),
+        cmocka_unit_test(scanned_custom_id_is_the_top_level_one),
         cmocka_unit_test(random_bytes_never_crash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
