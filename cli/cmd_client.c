@@ -67,8 +67,9 @@ static md_redis *connect_or_say(const char *cmd, const common_args *c) {
     md_err e = {0};
     md_redis *r = NULL;
     if (md_redis_url_parse(c->redis ? c->redis : md_redis_default_url(), &u, &e) ||
-        md_redis_open(&u, &r, &e)) {
+        md_redis_open(&u, &r, &e) || md_redis_check_prefix(r, c->prefix, &e)) {
         fprintf(stderr, "medley %s: %s\n", cmd, e.msg);
+        md_redis_close(r);
         return NULL;
     }
     return r;

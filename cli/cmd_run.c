@@ -420,7 +420,8 @@ int cmd_run(int argc, char **argv) {
         o.redis = url;
     }
     md_redis_url u;
-    if (md_redis_url_parse(o.redis, &u, &e) || md_redis_open(&u, &r, &e)) {
+    if (md_redis_url_parse(o.redis, &u, &e) || md_redis_open(&u, &r, &e) ||
+        md_redis_check_prefix(r, o.prefix, &e)) {
         fprintf(stderr, "medley run: %s\n", e.msg);
         goto done;
     }

@@ -335,6 +335,23 @@ redisReply *md_redis_cmd_argv(md_redis *r, int argc, const char **argv, const si
     return check(r, redisCommandArgv(r->c, argc, argv, lens), e);
 }
 
+int md_redis_check_prefix(md_redis *r, const char *prefix, md_err *e) {
+    redisReply *rep = md_redis_cmd(r, e, "EXISTS %splan", prefix);
+    if (!rep)
+        return MD_EREDIS;
+    int rc = 0;
+    if (rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "NOPERM", 6))
+        rc = md_errf(e, MD_EINVAL,
+                     "Redis refused key %splan to user '%s' (%s): with --prefix %s its ACL needs "
+                     "~%s* and &%s* (docs/operations.md, \"TLS and least privilege\")",
+                     prefix, r->url.user[0] ? r->url.user : "default", rep->str, prefix, prefix,
+                     prefix);
+    else if (rep->type == REDIS_REPLY_ERROR)
+        rc = md_errf(e, MD_EREDIS, "EXISTS %splan: %s", prefix, rep->str);
+    freeReplyObject(rep);
+    return rc;
+}
+
 redisReply *md_redis_get_reply(md_redis *r, md_err *e) {
     void *reply = NULL;
     if (!r->c || redisGetReply(r->c, &reply) != REDIS_OK)

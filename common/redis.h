@@ -58,6 +58,12 @@ unsigned md_redis_generation(const md_redis *r);
 redisReply *md_redis_cmd(md_redis *r, md_err *e, const char *fmt, ...);
 redisReply *md_redis_cmd_argv(md_redis *r, int argc, const char **argv, const size_t *lens,
                               md_err *e);
+/* Whether this connection's user may use keys under prefix ("medley:"): one EXISTS of
+ * <prefix>plan. A NOPERM refusal becomes an MD_EINVAL error that names the user and the key and
+ * channel patterns its ACL lacks (~<prefix>* &<prefix>*), so a worker or client started with
+ * a --prefix its ACL user was not made for stops at once with that sentence. MD_EREDIS when
+ * the connection failed. */
+int md_redis_check_prefix(md_redis *r, const char *prefix, md_err *e);
 /* Collect one pipelined reply (after redisAppendCommand*). NULL + MD_EREDIS when the
  * connection failed. */
 redisReply *md_redis_get_reply(md_redis *r, md_err *e);

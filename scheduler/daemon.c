@@ -14,77 +14,25 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/redis.h"
 #include "common/util.h"
 #include "scheduler/sched.h"
 
 #define LOGC "scheduler"
 
-static int parse_url(const char *url, char *host, size_t hn, int *port, int *db, char *pass,
-                     size_t pn, md_err *e) {
-    *port = 6379;
-    *db = 0;
-    pass[0] = 0;
-    snprintf(host, hn, "127.0.0.1");
-    if (!url || !*url)
-        url = getenv("MEDLEY_REDIS");
-    if (!url || !*url)
-        return 0;
-    if (strncmp(url, "redis://", 8))
-        return md_errf(e, MD_EINVAL, "redis URL '%s' must start with redis://", url);
-    const char *s = url + 8, *at = strchr(s, '@');
-    if (at) {
-        const char *colon = memchr(s, ':', (size_t)(at - s));
-        const char *pw = colon ? colon + 1 : s;
-        snprintf(pass, pn, "%.*s", (int)(at - pw), pw);
-        s = at + 1;
-    }
-    const char *slash = strchr(s, '/');
-    size_t hl = slash ? (size_t)(slash - s) : strlen(s);
-    const char *colon = memchr(s, ':', hl);
-    if (colon) {
-        *port = atoi(colon + 1);
-        hl = (size_t)(colon - s);
-    }
-    if (hl)
-        snprintf(host, hn, "%.*s", (int)hl, s);
-    if (slash && slash[1])
-        *db = atoi(slash + 1);
-    if (*port <= 0 || *port > 65535 || *db < 0)
-        return md_errf(e, MD_EINVAL, "redis URL '%s': bad port or database", url);
-    return 0;
-}
-
-static redisContext *connect_redis(const char *url, md_err *e) {
-    char host[256], pass[256];
-    int port, db;
-    if (parse_url(url, host, sizeof host, &port, &db, pass, sizeof pass, e))
+/* Connect (common/redis: the same URLs, ACL user and SELECT as workers and clients) and
+ * check that the user may use the prefix's keys. NULL with e set on failure. */
+static md_redis *connect_redis(const char *url, const char *prefix, md_err *e) {
+    md_redis_url u;
+    md_redis *r = NULL;
+    if (md_redis_url_parse(url && *url ? url : md_redis_default_url(), &u, e) ||
+        md_redis_open(&u, &r, e))
         return NULL;
-    struct timeval tv = {2, 0};
-    redisContext *c = redisConnectWithTimeout(host, port, tv);
-    if (!c || c->err) {
-        md_errf(e, MD_EREDIS, "cannot connect to redis at %s:%d: %s", host, port,
-                c ? c->errstr : "out of memory");
-        if (c)
-            redisFree(c);
+    if (md_redis_check_prefix(r, prefix, e)) {
+        md_redis_close(r);
         return NULL;
     }
-    redisSetTimeout(c, tv);
-    redisReply *r = NULL;
-    if (pass[0] && (!(r = redisCommand(c, "AUTH %s", pass)) || r->type == REDIS_REPLY_ERROR)) {
-        md_errf(e, MD_EREDIS, "redis AUTH failed: %s", r ? r->str : c->errstr);
-        freeReplyObject(r);
-        redisFree(c);
-        return NULL;
-    }
-    freeReplyObject(r);
-    if (db && (!(r = redisCommand(c, "SELECT %d", db)) || r->type == REDIS_REPLY_ERROR)) {
-        md_errf(e, MD_EREDIS, "redis SELECT %d failed", db);
-        freeReplyObject(r);
-        redisFree(c);
-        return NULL;
-    }
-    freeReplyObject(r);
-    return c;
+    return r;
 }
 
 /* Keys matching pattern (SCAN, so the server is never blocked). Returns a json array. */
@@ -301,12 +249,13 @@ static void sleep_s(double s, volatile int *stop) {
 
 int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, volatile int *stop,
                      md_err *e) {
-    redisContext *c = connect_redis(o->redis_url, e);
-    if (!c)
+    md_redis *mr = connect_redis(o->redis_url, o->prefix, e);
+    if (!mr)
         return e->code;
+    redisContext *c = md_redis_ctx(mr);
     json_t *file = NULL;
     if (o->workload && !(file = md_json_load(o->workload, e))) {
-        redisFree(c);
+        md_redis_close(mr);
         return e->code;
     }
     char id[40], key[256];
@@ -317,9 +266,11 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
     int rc = 0, rounds = 0;
     MD_INFO(LOGC, "scheduler %s starting (prefix %s)", id, o->prefix);
     while (!(stop && *stop)) {
-        if (c->err) {
-            redisFree(c);
-            c = connect_redis(o->redis_url, e);
+        if (!c || c->err) {
+            md_redis_close(mr);
+            c = NULL;
+            if ((mr = connect_redis(o->redis_url, o->prefix, e)))
+                c = md_redis_ctx(mr);
             if (!c) {
                 if (o->once)
                     break;
@@ -449,8 +400,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
     json_decref(last_workers);
     json_decref(warned);
     json_decref(file);
-    if (c)
-        redisFree(c);
+    md_redis_close(mr);
     (void)rounds;
     /* GLPK keeps a per-thread environment; free it as the daemon's thread ends. */
     glp_free_env();

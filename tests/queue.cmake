@@ -75,3 +75,13 @@ medley_queue_py(worker_sampling_smollm2 worker_sampling e2e 600 --engine)
 # worker_devices_smollm2: 8 short requests on the real engine over two CPU children.
 medley_queue_py(worker_devices worker_devices integration 300)
 medley_queue_py(worker_devices_smollm2 worker_devices e2e 600 --engine)
+
+# TLS and least privilege (docs/operations.md): queue_acl_source checks deploy/redis/users.acl
+# against the commands the C source sends (scripts/redis-acl.py; no Redis); queue_tls_acl runs
+# a worker and every client command as that user through an stunnel sidecar to a TLS-only
+# redis-server, and checks NOPERM outside medley:*, --prefix errors and certificate checks
+# (~15 s; needs stunnel4 and openssl).
+add_test(NAME queue_acl_source
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/queue_acl_source.py)
+set_tests_properties(queue_acl_source PROPERTIES LABELS unit)
+medley_queue_py(queue_tls_acl queue_tls_acl integration 120)

@@ -307,7 +307,8 @@ static int start(wk *w, md_err *e) {
         u.command_timeout_ms = cfg->command_timeout_ms;
     if (u.command_timeout_ms > 0 && u.command_timeout_ms <= cfg->block_ms + 1000)
         u.command_timeout_ms = cfg->block_ms + 1000; /* a BLOCKed read must not time out */
-    if ((rc = md_redis_open(&u, &w->r, e)) || (rc = setup_conn(w, e)))
+    if ((rc = md_redis_open(&u, &w->r, e)) || (rc = md_redis_check_prefix(w->r, w->prefix, e)) ||
+        (rc = setup_conn(w, e)))
         return rc;
     if ((rc = wk_watchdog_connect(w->wd, &u, e)))
         return rc;
