@@ -104,6 +104,12 @@ const char q_complete_lua[] = Q_LUA_FINISH
     "end\n"
     "return 1\n";
 
+/* KEYS: meta. ARGV: field value ... of the new batch hash. 1 when created, 0 when it
+ * exists already. */
+const char q_create_lua[] = "if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end\n"
+                            "redis.call('HSET', KEYS[1], unpack(ARGV))\n"
+                            "return 1\n";
+
 /* KEYS: meta. ARGV: total now_ms events_channel batch. */
 const char q_seal_lua[] = Q_LUA_FINISH
     "local m = redis.call('HMGET', KEYS[1], 'status', 'completed', 'failed', 'deadline')\n"
@@ -169,20 +175,31 @@ int q_batch_create(md_redis *r, const q_batch_spec *s, md_err *e) {
     q_key_batches(idx, s->prefix);
     long long now = md_wall_ms();
     long long deadline = s->window_s > 0 ? now + s->window_s * 1000 : 0;
-    redisReply *rep = md_redis_cmd(r, e, "EXISTS %s", meta);
+    /* EXISTS and HSET in one script, so two submitters of one --batch-id cannot both
+     * create it (docs/protocol.md §3 step 3). */
+    char nows[24], dls[24], prio[16];
+    snprintf(nows, sizeof nows, "%lld", now);
+    snprintf(dls, sizeof dls, "%lld", deadline);
+    snprintf(prio, sizeof prio, "%d", s->priority);
+    const char *argv[] = {"EVAL",      q_create_lua,  "1",        meta,
+                          "status",    "validating",  "model",    s->model,
+                          "endpoint",  s->endpoint ? s->endpoint : "",
+                          "total",     "0",           "completed", "0",
+                          "failed",    "0",           "created_at", nows,
+                          "started_at", "0",          "finished_at", "0",
+                          "deadline",  dls,           "priority", prio,
+                          "input_file", s->input_file ? s->input_file : ""};
+    size_t n = sizeof argv / sizeof argv[0], lens[sizeof argv / sizeof argv[0]];
+    for (size_t i = 0; i < n; i++)
+        lens[i] = strlen(argv[i]);
+    redisReply *rep = md_redis_cmd_argv(r, (int)n, argv, lens, e);
     if (!rep)
         return MD_EREDIS;
-    int exists = rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+    int made = rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+    int rc = made ? 0 : rep->type == REDIS_REPLY_ERROR
+                            ? md_errf(e, MD_EREDIS, "creating the batch: %s", rep->str)
+                            : md_errf(e, MD_EINVAL, "batch %s already exists", s->batch);
     freeReplyObject(rep);
-    if (exists)
-        return md_errf(e, MD_EINVAL, "batch %s already exists", s->batch);
-    rep = md_redis_cmd(r, e,
-                       "HSET %s status validating model %s endpoint %s total 0 completed 0 "
-                       "failed 0 created_at %lld started_at 0 finished_at 0 deadline %lld "
-                       "priority %d input_file %s",
-                       meta, s->model, s->endpoint ? s->endpoint : "", now, deadline, s->priority,
-                       s->input_file ? s->input_file : "");
-    int rc = reply_ok(rep, "creating the batch", e);
     if (rc)
         return rc;
     return reply_ok(md_redis_cmd(r, e, "ZADD %s %lld %s", idx, now, s->batch), "indexing the batch",

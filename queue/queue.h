@@ -61,6 +61,7 @@ int q_batch_id_check(const char *id, md_err *e);
 extern const char q_complete_lua[];
 /* Seal: set total, move validating -> in_progress and finish at once if every line is
  * already answered. */
+extern const char q_create_lua[]; /* create a batch hash unless it exists */
 extern const char q_seal_lua[];
 /* Cancel: in_progress/validating -> cancelling (or cancelled when nothing is left). Returns
  * the resulting status, or an error reply for an unknown or finished batch. */
