@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -51,9 +52,12 @@ static int setup_conn(wk *w, md_err *e) {
 }
 
 /* Reconnect (forever, until stop) and set up again; then resume what is pending for us (a
- * read whose reply was lost with the connection left entries we never saw). */
+ * read whose reply was lost with the connection left entries we never saw). A node that
+ * takes the connection but refuses the setup (a replica behind a redis:// URL answers
+ * -READONLY) is retried with the same backoff as a failed dial, not in a busy loop. */
 static int heal(wk *w, int until_stop) {
     md_err e = {0};
+    int pause_ms = 50;
     for (;;) {
         if (md_redis_reconnect(w->r, -1, until_stop ? w->stop : NULL, &e))
             return -1;
@@ -70,7 +74,12 @@ static int heal(wk *w, int until_stop) {
                 wk_take_own(w);
             return 0;
         }
-        MD_WARN("worker", "after reconnecting: %s", e.msg);
+        MD_WARN("worker", "after reconnecting: %s; retrying in %d ms", e.msg, pause_ms);
+        for (int slept = 0; slept < pause_ms && !(until_stop && *w->stop); slept += 50) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        pause_ms = pause_ms * 2 > 2000 ? 2000 : pause_ms * 2;
     }
 }
 
