@@ -82,7 +82,8 @@ static int wants_help(int argc, char **argv) {
 }
 
 #define COMMON_HELP                                                                                \
-    "  --redis URL        redis://[user:pass@]host:port/db or unix:///path ($MEDLEY_REDIS)\n"      \
+    "  --redis URL        redis://[user:pass@]host:port/db, unix:///path or\n"                     \
+    "                     sentinel://host:26379,host:26379/master[/db] ($MEDLEY_REDIS)\n"          \
     "  --prefix P         key prefix (default medley:)\n"
 
 /* ---- submit ----------------------------------------------------------------------------- */

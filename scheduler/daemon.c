@@ -14,77 +14,21 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/redis.h"
 #include "common/util.h"
 #include "scheduler/sched.h"
 
 #define LOGC "scheduler"
 
-static int parse_url(const char *url, char *host, size_t hn, int *port, int *db, char *pass,
-                     size_t pn, md_err *e) {
-    *port = 6379;
-    *db = 0;
-    pass[0] = 0;
-    snprintf(host, hn, "127.0.0.1");
-    if (!url || !*url)
-        url = getenv("MEDLEY_REDIS");
-    if (!url || !*url)
-        return 0;
-    if (strncmp(url, "redis://", 8))
-        return md_errf(e, MD_EINVAL, "redis URL '%s' must start with redis://", url);
-    const char *s = url + 8, *at = strchr(s, '@');
-    if (at) {
-        const char *colon = memchr(s, ':', (size_t)(at - s));
-        const char *pw = colon ? colon + 1 : s;
-        snprintf(pass, pn, "%.*s", (int)(at - pw), pw);
-        s = at + 1;
-    }
-    const char *slash = strchr(s, '/');
-    size_t hl = slash ? (size_t)(slash - s) : strlen(s);
-    const char *colon = memchr(s, ':', hl);
-    if (colon) {
-        *port = atoi(colon + 1);
-        hl = (size_t)(colon - s);
-    }
-    if (hl)
-        snprintf(host, hn, "%.*s", (int)hl, s);
-    if (slash && slash[1])
-        *db = atoi(slash + 1);
-    if (*port <= 0 || *port > 65535 || *db < 0)
-        return md_errf(e, MD_EINVAL, "redis URL '%s': bad port or database", url);
-    return 0;
-}
-
-static redisContext *connect_redis(const char *url, md_err *e) {
-    char host[256], pass[256];
-    int port, db;
-    if (parse_url(url, host, sizeof host, &port, &db, pass, sizeof pass, e))
+/* Through common/redis (redis://, unix://, sentinel://: a failover is followed by the
+ * reconnect). The socket timeouts stay 2 s: a round must not hang on a dead server. */
+static md_redis *connect_redis(const char *url, md_err *e) {
+    md_redis_url u;
+    if (md_redis_url_parse(url && *url ? url : md_redis_default_url(), &u, e))
         return NULL;
-    struct timeval tv = {2, 0};
-    redisContext *c = redisConnectWithTimeout(host, port, tv);
-    if (!c || c->err) {
-        md_errf(e, MD_EREDIS, "cannot connect to redis at %s:%d: %s", host, port,
-                c ? c->errstr : "out of memory");
-        if (c)
-            redisFree(c);
-        return NULL;
-    }
-    redisSetTimeout(c, tv);
-    redisReply *r = NULL;
-    if (pass[0] && (!(r = redisCommand(c, "AUTH %s", pass)) || r->type == REDIS_REPLY_ERROR)) {
-        md_errf(e, MD_EREDIS, "redis AUTH failed: %s", r ? r->str : c->errstr);
-        freeReplyObject(r);
-        redisFree(c);
-        return NULL;
-    }
-    freeReplyObject(r);
-    if (db && (!(r = redisCommand(c, "SELECT %d", db)) || r->type == REDIS_REPLY_ERROR)) {
-        md_errf(e, MD_EREDIS, "redis SELECT %d failed", db);
-        freeReplyObject(r);
-        redisFree(c);
-        return NULL;
-    }
-    freeReplyObject(r);
-    return c;
+    u.command_timeout_ms = 2000;
+    md_redis *r = NULL;
+    return md_redis_open(&u, &r, e) ? NULL : r;
 }
 
 /* Keys matching pattern (SCAN, so the server is never blocked). Returns a json array. */
@@ -279,13 +223,17 @@ static json_t *workload_doc(json_t *backlog, json_t *file) {
     return json_pack("{s:o}", "models", models);
 }
 
-static int lease(redisContext *c, const char *key, const char *id, double ms) {
-    redisReply *r = redisCommand(c, "SET %s %s NX PX %lld", key, id, (long long)ms);
+/* The writes go through md_redis_cmd: a demoted primary's -READONLY marks the connection
+ * dead (ctx->err set), and the next round reconnects instead of waiting forever for a lease
+ * it cannot write. */
+static int lease(md_redis *rd, const char *key, const char *id, double ms) {
+    md_err e = {0};
+    redisReply *r = md_redis_cmd(rd, &e, "SET %s %s NX PX %lld", key, id, (long long)ms);
     int ok = r && r->type == REDIS_REPLY_STATUS;
     freeReplyObject(r);
     if (ok)
         return 1;
-    r = redisCommand(c, "EVAL %s 1 %s %s %lld",
+    r = md_redis_cmd(rd, &e, "EVAL %s 1 %s %s %lld",
                      "if redis.call('get', KEYS[1]) == ARGV[1] then "
                      "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
                      key, id, (long long)ms);
@@ -301,12 +249,12 @@ static void sleep_s(double s, volatile int *stop) {
 
 int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, volatile int *stop,
                      md_err *e) {
-    redisContext *c = connect_redis(o->redis_url, e);
-    if (!c)
+    md_redis *rd = connect_redis(o->redis_url, e);
+    if (!rd)
         return e->code;
     json_t *file = NULL;
     if (o->workload && !(file = md_json_load(o->workload, e))) {
-        redisFree(c);
+        md_redis_close(rd);
         return e->code;
     }
     char id[40], key[256];
@@ -317,18 +265,18 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
     int rc = 0, rounds = 0;
     MD_INFO(LOGC, "scheduler %s starting (prefix %s)", id, o->prefix);
     while (!(stop && *stop)) {
-        if (c->err) {
-            redisFree(c);
-            c = connect_redis(o->redis_url, e);
-            if (!c) {
+        redisContext *c = md_redis_ctx(rd);
+        if (!c || c->err) {
+            if (md_redis_reconnect(rd, 0, NULL, e)) {
                 if (o->once)
                     break;
                 MD_WARN(LOGC, "%s; retrying", e->msg);
                 sleep_s(1, stop);
                 continue;
             }
+            c = md_redis_ctx(rd);
         }
-        if (!lease(c, key, id, o->lease_ms)) {
+        if (!lease(rd, key, id, o->lease_ms)) {
             if (o->once) {
                 rc = md_errf(e, MD_EREDIS, "another scheduler holds the lease %s", key);
                 break;
@@ -392,20 +340,21 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
                 double need =
                     o->min_gain + (isfinite(drain_s) && drain_s > 0 ? o->reload_s / drain_s : 0);
                 if (changed || gain > need) {
-                    redisReply *r = redisCommand(c, "INCR %splan:version", o->prefix);
+                    md_err we = {0};
+                    redisReply *r = md_redis_cmd(rd, &we, "INCR %splan:version", o->prefix);
                     p.version = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
                     freeReplyObject(r);
                     json_t *doc = sched_plan_to_json(&p, &w, &f, &cat, &cs);
                     json_object_set_new(doc, "reason", json_string(reason));
                     char *s = json_dumps(doc, JSON_COMPACT);
-                    r = redisCommand(c, "SET %splan %s", o->prefix, s);
+                    r = md_redis_cmd(rd, &we, "SET %splan %s", o->prefix, s);
                     int set_ok = r && r->type == REDIS_REPLY_STATUS;
                     freeReplyObject(r);
                     json_t *ev = json_pack("{s:s, s:I, s:s, s:f, s:f}", "type", "plan", "version",
                                            (json_int_t)p.version, "reason", reason, "tokens_per_s",
                                            p.tokens_per_s, "usd_per_hour", p.usd_per_hour);
                     char *es = json_dumps(ev, JSON_COMPACT);
-                    r = redisCommand(c, "PUBLISH %sevents %s", o->prefix, es);
+                    r = md_redis_cmd(rd, &we, "PUBLISH %sevents %s", o->prefix, es);
                     freeReplyObject(r);
                     free(es);
                     json_decref(ev);
@@ -439,6 +388,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
         sleep_s(o->interval_s, stop);
     }
     /* Hand the lease back so a standby takes over at once. */
+    redisContext *c = md_redis_ctx(rd);
     if (c && !c->err) {
         redisReply *r = redisCommand(c, "EVAL %s 1 %s %s",
                                      "if redis.call('get', KEYS[1]) == ARGV[1] then "
@@ -449,8 +399,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
     json_decref(last_workers);
     json_decref(warned);
     json_decref(file);
-    if (c)
-        redisFree(c);
+    md_redis_close(rd);
     (void)rounds;
     /* GLPK keeps a per-thread environment; free it as the daemon's thread ends. */
     glp_free_env();

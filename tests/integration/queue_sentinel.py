@@ -208,6 +208,10 @@ def main():
                 fail("a worker died across the failover:\n" + w.logs()[-2000:])
             if "followed a failover" not in w.logs():
                 fail("a worker did not log following the failover:\n" + w.logs()[-2000:])
+        sch = medley("scheduler", "--once", "--redis", cl.url, check=False, timeout=60)
+        if sch.returncode != 0 or ":%d" % replica.port not in sch.stderr:
+            fail("medley scheduler --once through Sentinel exited %d:\n%s" % (
+                sch.returncode, sch.stderr[-2000:]))
 
         # --- 2: SENTINEL FAILOVER with the old primary up (demoted, not killed) ----------
         # Back empty, as a replica of the new primary (as docs/operations.md tells operators;
