@@ -6,7 +6,8 @@ three Sentinels on loopback; two echo workers and every client command take
    misses the primary's last writes, as asynchronous replication allows. The Sentinels
    promote the replica; the workers follow it; the batch completes on the new primary with
    every custom_id exactly once in its {B}:out, the answers the failover lost written again
-   from redelivered entries.
+   from redelivered entries. A `medley results --wait` started before the kill reconnects
+   through the Sentinels and writes every custom_id once.
 2. The old primary comes back (the Sentinels make it a replica) and `SENTINEL FAILOVER`
    hands the primary role back to it mid-batch while the demoted node stays up: the workers
    get -READONLY / -UNBLOCKED or a killed connection, follow, and the second batch also
@@ -18,6 +19,7 @@ three Sentinels on loopback; two echo workers and every client command take
 
 The guarantee tested is the one docs/protocol.md states: on the surviving primary every
 custom_id is in {B}:out exactly once."""
+import json
 import os
 import shutil
 import signal
@@ -133,7 +135,6 @@ def check_output(cl, batch, ids, what):
     if m.get("status") != "completed" or int(m.get("completed", 0)) != len(ids):
         fail("%s: batch meta on the primary :%d is %s" % (what, cl.primary_port(), m))
     raw = cl.client().xrange("medley:{%s}:out" % batch, "-", "+")
-    import json
     exactly_once([json.loads(f["line"]) for _, f in raw], ids)
     exactly_once(results(cl, batch), ids)
     st = medley("status", batch, "--redis", cl.url).stdout
@@ -171,6 +172,13 @@ def main():
         workers = [Worker(cl, args=args, name="w%d" % i) for i in range(2)]
         wait_for("batch 1 under way", lambda: int(meta(primary, batch1).get("completed", 0))
                  >= N1 // 5, 60, lambda: workers[0].logs()[-2000:])
+        # A client waiting for the batch through the failover (it reconnects, through the
+        # Sentinels, and reads the results from the new primary once the batch completes).
+        waiter_out = os.path.join(tmp, "waiter.jsonl")
+        waiter = subprocess.Popen([MEDLEY, "results", batch1, "--wait", "-o", waiter_out,
+                                   "--redis", cl.url], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)
         # Freeze the replica so that the primary's next writes reach only the primary, then
         # kill the primary: those writes are what asynchronous replication loses.
         # The replica's socket still holds what was sent before the freeze, so the link is
@@ -208,6 +216,16 @@ def main():
                 fail("a worker died across the failover:\n" + w.logs()[-2000:])
             if "followed a failover" not in w.logs():
                 fail("a worker did not log following the failover:\n" + w.logs()[-2000:])
+        try:
+            _, werr = waiter.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            waiter.kill()
+            fail("`medley results --wait` did not finish after the failover")
+        if waiter.returncode != 0 or "reconnecting" not in werr:
+            fail("`medley results --wait` across the failover exited %d:\n%s" % (
+                waiter.returncode, werr[-2000:]))
+        with open(waiter_out) as f:
+            exactly_once([json.loads(l) for l in f if l.strip()], ids1)
         sch = medley("scheduler", "--once", "--redis", cl.url, check=False, timeout=60)
         if sch.returncode != 0 or ":%d" % replica.port not in sch.stderr:
             fail("medley scheduler --once through Sentinel exited %d:\n%s" % (
