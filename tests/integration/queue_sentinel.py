@@ -30,7 +30,7 @@ from harness import *
 
 MASTER = "mm"
 N1 = 4000
-N2 = 3000
+N2 = 4000
 N3 = 2000
 SENTINEL_BIN = shutil.which("redis-sentinel")
 
@@ -171,7 +171,7 @@ def main():
                 "--heartbeat-ms", "500"]
         workers = [Worker(cl, args=args, name="w%d" % i) for i in range(2)]
         wait_for("batch 1 under way", lambda: int(meta(primary, batch1).get("completed", 0))
-                 >= N1 // 5, 60, lambda: workers[0].logs()[-2000:])
+                 >= N1 // 10, 60, lambda: workers[0].logs()[-2000:])
         # A client waiting for the batch through the failover (it reconnects, through the
         # Sentinels, and reads the results from the new primary once the batch completes).
         waiter_out = os.path.join(tmp, "waiter.jsonl")
@@ -245,7 +245,7 @@ def main():
         path = write_lines(tmp, "in2.jsonl", [chat_line(c, "text %s" % c) for c in ids2])
         batch2 = submit(cl, path, "--model", "echo")
         wait_for("batch 2 under way", lambda: int(meta(replica, batch2).get("completed", 0))
-                 >= N2 // 5, 60, lambda: workers[0].logs()[-2000:])
+                 >= N2 // 10, 60, lambda: workers[0].logs()[-2000:])
         sentinels[0].client().execute_command("SENTINEL", "failover", MASTER)
         t_fo = time.time()
         wait_for("manual failover back to :%d" % primary.port,
