@@ -75,6 +75,22 @@ static md_redis *connect_or_say(const char *cmd, const common_args *c) {
     return r;
 }
 
+/* A --watch / --wait loop outlives a Redis restart or a Sentinel failover: when the
+ * connection is gone, dial again (through the Sentinels for sentinel://) for up to 30 s
+ * instead of giving up. 1 when reconnected. */
+static int redial(const char *cmd, md_redis *r, const md_err *why) {
+    redisContext *ctx = md_redis_ctx(r);
+    if (why->code != MD_EREDIS || (ctx && !ctx->err))
+        return 0;
+    fprintf(stderr, "medley %s: %s; reconnecting\n", cmd, why->msg);
+    md_err e = {0};
+    if (md_redis_reconnect(r, 30000, NULL, &e)) {
+        fprintf(stderr, "medley %s: %s\n", cmd, e.msg);
+        return 0;
+    }
+    return 1;
+}
+
 static int wants_help(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
@@ -83,7 +99,8 @@ static int wants_help(int argc, char **argv) {
 }
 
 #define COMMON_HELP                                                                                \
-    "  --redis URL        redis://[user:pass@]host:port/db or unix:///path ($MEDLEY_REDIS)\n"      \
+    "  --redis URL        redis://[user:pass@]host:port/db, unix:///path or\n"                     \
+    "                     sentinel://host:26379,host:26379/master[/db] ($MEDLEY_REDIS)\n"          \
     "  --prefix P         key prefix (default medley:)\n"
 
 /* ---- submit ----------------------------------------------------------------------------- */
@@ -249,6 +266,8 @@ int cmd_status(int argc, char **argv) {
     for (;;) {
         q_batch_info b;
         if (q_batch_get(r, c.prefix, c.pos[0], &b, &e)) {
+            if (s.watch && redial("status", r, &e))
+                continue;
             fprintf(stderr, "medley status: %s\n", e.msg);
             md_redis_close(r);
             return 1;
@@ -317,6 +336,8 @@ int cmd_results(int argc, char **argv) {
     q_batch_info b;
     for (;;) {
         if (q_batch_get(r, c.prefix, c.pos[0], &b, &e)) {
+            if (s.wait && redial("results", r, &e))
+                continue;
             fprintf(stderr, "medley results: %s\n", e.msg);
             md_redis_close(r);
             return 1;

@@ -1,4 +1,5 @@
-/* redis.c — see redis.h. URL parsing, connect + AUTH + SELECT, reconnect with backoff. */
+/* redis.c — see redis.h. URL parsing, connect + AUTH + SELECT, reconnect with backoff,
+ * failover replies seen as a lost connection. Sentinel lookups live in redis_sentinel.c. */
 #include "common/redis.h"
 
 #include <ctype.h>
@@ -10,17 +11,20 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/redis_priv.h"
 #include "common/util.h"
 
 struct md_redis {
     md_redis_url url;
     redisContext *c;
     unsigned generation;
+    int dead;       /* a failover reply was seen: every call fails until reconnect */
+    char peer[300]; /* host:port (or the socket path) of the live connection */
 };
 
 /* Percent-decode src[0..n) into out; MD_EINVAL on a bad escape or overflow. */
-static int pct_decode(const char *src, size_t n, char *out, size_t outsz, const char *what,
-                      md_err *e) {
+int md_redis_pct_decode(const char *src, size_t n, char *out, size_t outsz, const char *what,
+                        md_err *e) {
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         char ch = src[i];
@@ -41,7 +45,7 @@ static int pct_decode(const char *src, size_t n, char *out, size_t outsz, const 
     return 0;
 }
 
-static int parse_db(const char *s, size_t n, int *db, md_err *e) {
+int md_redis_parse_db(const char *s, size_t n, int *db, md_err *e) {
     if (n == 0)
         return 0;
     char buf[16];
@@ -54,6 +58,48 @@ static int parse_db(const char *s, size_t n, int *db, md_err *e) {
     if (*end || v < 0 || v > 100000)
         return md_errf(e, MD_EINVAL, "Redis URL: database '%s' is not a number >= 0", buf);
     *db = (int)v;
+    return 0;
+}
+
+int md_redis_parse_hostport(const char *p, size_t n, int defport, md_redis_addr *out, md_err *e) {
+    const char *hostend = p + n;
+    const char *colon = NULL;
+    out->port = defport;
+    if (n > 0 && *p == '[') { /* [ipv6]:port */
+        const char *rb = memchr(p, ']', n);
+        if (!rb)
+            return md_errf(e, MD_EINVAL, "Redis URL: unclosed '[' in the host");
+        if ((size_t)(rb - p - 1) >= sizeof out->host)
+            return md_errf(e, MD_EINVAL, "Redis URL: host too long");
+        memcpy(out->host, p + 1, (size_t)(rb - p - 1));
+        out->host[rb - p - 1] = 0;
+        if (rb + 1 < hostend && rb[1] != ':')
+            return md_errf(e, MD_EINVAL, "Redis URL: '%.*s' follows ']' in the host",
+                           (int)(hostend - rb - 1), rb + 1);
+        colon = rb + 1 < hostend ? rb + 1 : NULL;
+    } else {
+        colon = memchr(p, ':', n);
+        const char *he = colon ? colon : hostend;
+        if ((size_t)(he - p) >= sizeof out->host)
+            return md_errf(e, MD_EINVAL, "Redis URL: host too long");
+        memcpy(out->host, p, (size_t)(he - p));
+        out->host[he - p] = 0;
+    }
+    if (!out->host[0])
+        snprintf(out->host, sizeof out->host, "127.0.0.1");
+    if (colon) {
+        char buf[16];
+        size_t pn = (size_t)(hostend - colon - 1);
+        if (pn == 0 || pn >= sizeof buf)
+            return md_errf(e, MD_EINVAL, "Redis URL: bad port in '%.*s'", (int)n, p);
+        memcpy(buf, colon + 1, pn);
+        buf[pn] = 0;
+        char *end;
+        long port = strtol(buf, &end, 10);
+        if (*end || port < 1 || port > 65535)
+            return md_errf(e, MD_EINVAL, "Redis URL: port '%s' is not in 1..65535", buf);
+        out->port = (int)port;
+    }
     return 0;
 }
 
@@ -79,11 +125,11 @@ static int parse_unix(const char *rest, md_redis_url *u, md_err *e) {
         size_t klen = (size_t)(eq - kv), vlen = kvlen - klen - 1;
         int rc;
         if (klen == 2 && !memcmp(kv, "db", 2))
-            rc = parse_db(eq + 1, vlen, &u->db, e);
+            rc = md_redis_parse_db(eq + 1, vlen, &u->db, e);
         else if (klen == 4 && !memcmp(kv, "user", 4))
-            rc = pct_decode(eq + 1, vlen, u->user, sizeof u->user, "user", e);
+            rc = md_redis_pct_decode(eq + 1, vlen, u->user, sizeof u->user, "user", e);
         else if (klen == 8 && !memcmp(kv, "password", 8))
-            rc = pct_decode(eq + 1, vlen, u->pass, sizeof u->pass, "password", e);
+            rc = md_redis_pct_decode(eq + 1, vlen, u->pass, sizeof u->pass, "password", e);
         else
             return md_errf(e, MD_EINVAL,
                            "Redis URL: unknown query item '%.*s' (db, user, password)", (int)klen,
@@ -104,10 +150,16 @@ int md_redis_url_parse(const char *url, md_redis_url *u, md_err *e) {
         return md_errf(e, MD_EINVAL, "Redis URL is empty");
     if (!strncmp(url, "unix://", 7))
         return parse_unix(url + 7, u, e);
+    if (!strncmp(url, "sentinel://", 11)) {
+        int rc = md_sentinel_parse(url + 11, u, e);
+        u->port = 0; /* the node comes from the Sentinels */
+        return rc;
+    }
     if (strncmp(url, "redis://", 8))
         return md_errf(e, MD_EINVAL,
-                       "Redis URL '%s' must start with redis:// or unix:// "
-                       "(redis://[user:pass@]host:port/db, unix:///path)",
+                       "Redis URL '%s' must start with redis://, unix:// or sentinel:// "
+                       "(redis://[user:pass@]host:port/db, unix:///path, "
+                       "sentinel://host:26379,host:26379/master[/db])",
                        url);
     const char *p = url + 8;
     const char *slash = strchr(p, '/');
@@ -121,51 +173,26 @@ int md_redis_url_parse(const char *url, md_redis_url *u, md_err *e) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
         int rc;
         if (colon) {
-            if ((rc = pct_decode(p, (size_t)(colon - p), u->user, sizeof u->user, "user", e)))
+            if ((rc = md_redis_pct_decode(p, (size_t)(colon - p), u->user, sizeof u->user, "user",
+                                          e)))
                 return rc;
-            if ((rc = pct_decode(colon + 1, (size_t)(at - colon - 1), u->pass, sizeof u->pass,
-                                 "password", e)))
+            if ((rc = md_redis_pct_decode(colon + 1, (size_t)(at - colon - 1), u->pass,
+                                          sizeof u->pass, "password", e)))
                 return rc;
-        } else if ((rc = pct_decode(p, (size_t)(at - p), u->pass, sizeof u->pass, "password", e))) {
+        } else if ((rc = md_redis_pct_decode(p, (size_t)(at - p), u->pass, sizeof u->pass,
+                                             "password", e))) {
             return rc; /* redis://secret@host: a bare password, as redis-cli -u reads it */
         }
         p = at + 1;
     }
-    const char *colon = NULL;
-    if (*p == '[') { /* [ipv6]:port */
-        const char *rb = memchr(p, ']', (size_t)(hostend - p));
-        if (!rb)
-            return md_errf(e, MD_EINVAL, "Redis URL: unclosed '[' in the host");
-        if ((size_t)(rb - p - 1) >= sizeof u->host)
-            return md_errf(e, MD_EINVAL, "Redis URL: host too long");
-        memcpy(u->host, p + 1, (size_t)(rb - p - 1));
-        u->host[rb - p - 1] = 0;
-        colon = (rb + 1 < hostend && rb[1] == ':') ? rb + 1 : NULL;
-    } else {
-        colon = memchr(p, ':', (size_t)(hostend - p));
-        const char *he = colon ? colon : hostend;
-        if ((size_t)(he - p) >= sizeof u->host)
-            return md_errf(e, MD_EINVAL, "Redis URL: host too long");
-        memcpy(u->host, p, (size_t)(he - p));
-        u->host[he - p] = 0;
-    }
-    if (!u->host[0])
-        snprintf(u->host, sizeof u->host, "127.0.0.1");
-    if (colon) {
-        char buf[16];
-        size_t n = (size_t)(hostend - colon - 1);
-        if (n == 0 || n >= sizeof buf)
-            return md_errf(e, MD_EINVAL, "Redis URL: bad port in '%s'", url);
-        memcpy(buf, colon + 1, n);
-        buf[n] = 0;
-        char *end;
-        long port = strtol(buf, &end, 10);
-        if (*end || port < 1 || port > 65535)
-            return md_errf(e, MD_EINVAL, "Redis URL: port '%s' is not in 1..65535", buf);
-        u->port = (int)port;
-    }
+    md_redis_addr a;
+    int rc = md_redis_parse_hostport(p, (size_t)(hostend - p), 6379, &a, e);
+    if (rc)
+        return rc;
+    snprintf(u->host, sizeof u->host, "%s", a.host);
+    u->port = a.port;
     if (slash)
-        return parse_db(slash + 1, strlen(slash + 1), &u->db, e);
+        return md_redis_parse_db(slash + 1, strlen(slash + 1), &u->db, e);
     return 0;
 }
 
@@ -176,7 +203,16 @@ const char *md_redis_default_url(void) {
 
 void md_redis_url_describe(const md_redis_url *u, char *out, size_t outsz) {
     const char *pw = u->pass[0] ? "***" : "";
-    if (u->unix_path[0])
+    if (u->master[0]) {
+        size_t n =
+            (size_t)snprintf(out, outsz, "sentinel://%s%s%s%s", u->user,
+                             u->user[0] || pw[0] ? ":" : "", pw, u->user[0] || pw[0] ? "@" : "");
+        for (int i = 0; i < u->n_sentinels && n < outsz; i++)
+            n += (size_t)snprintf(out + n, outsz - n, "%s%s:%d", i ? "," : "", u->sentinels[i].host,
+                                  u->sentinels[i].port);
+        if (n < outsz)
+            snprintf(out + n, outsz - n, "/%s/%d", u->master, u->db);
+    } else if (u->unix_path[0])
         snprintf(out, outsz, "unix://%s%s%s", u->unix_path, u->user[0] || pw[0] ? "?auth" : "",
                  u->db ? " db" : "");
     else if (u->user[0] || pw[0])
@@ -190,14 +226,17 @@ static struct timeval tv_ms(int ms) {
     return tv;
 }
 
-/* Dial, AUTH, SELECT; *out is a ready context or NULL with e set. */
-static int dial(const md_redis_url *u, redisContext **out, md_err *e) {
+int md_redis_dial_node(const md_redis_url *u, const char *host, int port, redisContext **out,
+                       md_err *e) {
     *out = NULL;
     struct timeval ct = tv_ms(u->connect_timeout_ms > 0 ? u->connect_timeout_ms : 2000);
-    redisContext *c = u->unix_path[0] ? redisConnectUnixWithTimeout(u->unix_path, ct)
-                                      : redisConnectWithTimeout(u->host, u->port, ct);
+    redisContext *c = host ? redisConnectWithTimeout(host, port, ct)
+                           : redisConnectUnixWithTimeout(u->unix_path, ct);
     char where[600];
-    md_redis_url_describe(u, where, sizeof where);
+    if (host)
+        snprintf(where, sizeof where, "%s:%d", host, port);
+    else
+        snprintf(where, sizeof where, "unix://%s", u->unix_path);
     if (!c)
         return md_errf(e, MD_EREDIS, "cannot allocate a Redis context for %s", where);
     if (c->err) {
@@ -207,7 +246,7 @@ static int dial(const md_redis_url *u, redisContext **out, md_err *e) {
     }
     if (u->command_timeout_ms > 0)
         redisSetTimeout(c, tv_ms(u->command_timeout_ms));
-    if (!u->unix_path[0])
+    if (host)
         redisEnableKeepAlive(c);
     redisReply *r = NULL;
     if (u->pass[0]) {
@@ -238,17 +277,30 @@ static int dial(const md_redis_url *u, redisContext **out, md_err *e) {
     return 0;
 }
 
+/* Dial the node u names (through the Sentinels for sentinel://); peer gets its address. */
+static int dial(const md_redis_url *u, redisContext **out, char *peer, size_t peersz, md_err *e) {
+    if (u->master[0])
+        return md_sentinel_dial(u, out, peer, peersz, e);
+    if (u->unix_path[0])
+        snprintf(peer, peersz, "%s", u->unix_path);
+    else
+        snprintf(peer, peersz, "%s:%d", u->host, u->port);
+    return md_redis_dial_node(u, u->unix_path[0] ? NULL : u->host, u->port, out, e);
+}
+
 int md_redis_open(const md_redis_url *u, md_redis **out, md_err *e) {
     *out = NULL;
     md_redis *r = calloc(1, sizeof *r);
     if (!r)
         return md_errf(e, MD_ENOMEM, "out of memory");
     r->url = *u;
-    int rc = dial(u, &r->c, e);
+    int rc = dial(u, &r->c, r->peer, sizeof r->peer, e);
     if (rc) {
         free(r);
         return rc;
     }
+    if (u->master[0])
+        MD_INFO("redis", "Sentinel: the primary of '%s' is %s", u->master, r->peer);
     r->generation = 1;
     *out = r;
     return 0;
@@ -268,6 +320,9 @@ redisContext *md_redis_ctx(md_redis *r) {
 unsigned md_redis_generation(const md_redis *r) {
     return r->generation;
 }
+const char *md_redis_peer(const md_redis *r) {
+    return r->peer;
+}
 
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -279,16 +334,22 @@ int md_redis_reconnect(md_redis *r, int max_wait_ms, volatile sig_atomic_t *stop
         redisFree(r->c);
         r->c = NULL;
     }
+    r->dead = 0;
+    char was[sizeof r->peer];
+    snprintf(was, sizeof was, "%s", r->peer);
     uint64_t t0 = md_mono_ns();
     int backoff = 50, attempt = 0;
     md_err last = {0};
     for (;;) {
         if (stop && *stop)
             return md_errf(e, MD_ECANCEL, "stopped while reconnecting to Redis");
-        if (dial(&r->url, &r->c, &last) == 0) {
+        if (dial(&r->url, &r->c, r->peer, sizeof r->peer, &last) == 0) {
             r->generation++;
             if (attempt)
                 MD_INFO("redis", "reconnected after %d attempts", attempt + 1);
+            if (strcmp(was, r->peer))
+                MD_WARN("redis", "the primary%s%s is now %s (was %s): followed a failover",
+                        r->url.master[0] ? " of " : "", r->url.master, r->peer, was);
             return 0;
         }
         attempt++;
@@ -305,20 +366,55 @@ int md_redis_reconnect(md_redis *r, int max_wait_ms, volatile sig_atomic_t *stop
     }
 }
 
+/* Error replies that mean "this node is no longer (or not yet) the primary you want": a
+ * demoted primary refuses writes (READONLY, also inside scripts) and unblocks blocked reads
+ * (UNBLOCKED); a replica cut from its primary says MASTERDOWN; a node loading its data says
+ * LOADING; a primary with `min-replicas-to-write` that lost its replicas (the minority side
+ * of a partition) says NOREPLICAS. Retrying on the same connection cannot help; a reconnect
+ * (through the Sentinels) can. */
+static int failover_reply(const redisReply *rep) {
+    static const char *const codes[] = {"READONLY ", "UNBLOCKED ", "MASTERDOWN ", "LOADING ",
+                                        "NOREPLICAS "};
+    if (rep->type != REDIS_REPLY_ERROR || !rep->str)
+        return 0;
+    for (size_t i = 0; i < sizeof codes / sizeof *codes; i++)
+        if (!strncmp(rep->str, codes[i], strlen(codes[i])))
+            return 1;
+    return 0;
+}
+
 static redisReply *check(md_redis *r, void *reply, md_err *e) {
     if (!reply) {
         md_errf(e, MD_EREDIS, "Redis connection lost: %s",
                 r->c && r->c->err ? r->c->errstr : "no reply");
         return NULL;
     }
-    return reply;
+    redisReply *rep = reply;
+    if (failover_reply(rep)) {
+        /* The context stays allocated (callers may hold md_redis_ctx()), but with err set
+         * hiredis sends nothing more on it, and r->dead makes every later call fail. */
+        md_errf(e, MD_EREDIS, "Redis at %s: %.200s (treated as a lost connection)", r->peer,
+                rep->str);
+        freeReplyObject(rep);
+        r->dead = 1;
+        if (r->c && !r->c->err) {
+            r->c->err = REDIS_ERR_OTHER;
+            snprintf(r->c->errstr, sizeof r->c->errstr, "%s", e->msg);
+        }
+        return NULL;
+    }
+    return rep;
+}
+
+static redisReply *dead(md_redis *r, md_err *e) {
+    md_errf(e, MD_EREDIS, "Redis %s: %s", r->c ? "connection dropped" : "is not connected",
+            r->c && r->c->err ? r->c->errstr : "reconnect first");
+    return NULL;
 }
 
 redisReply *md_redis_cmd(md_redis *r, md_err *e, const char *fmt, ...) {
-    if (!r->c) {
-        md_errf(e, MD_EREDIS, "Redis is not connected");
-        return NULL;
-    }
+    if (!r->c || r->dead)
+        return dead(r, e);
     va_list ap;
     va_start(ap, fmt);
     void *reply = redisvCommand(r->c, fmt, ap);
@@ -328,10 +424,8 @@ redisReply *md_redis_cmd(md_redis *r, md_err *e, const char *fmt, ...) {
 
 redisReply *md_redis_cmd_argv(md_redis *r, int argc, const char **argv, const size_t *lens,
                               md_err *e) {
-    if (!r->c) {
-        md_errf(e, MD_EREDIS, "Redis is not connected");
-        return NULL;
-    }
+    if (!r->c || r->dead)
+        return dead(r, e);
     return check(r, redisCommandArgv(r->c, argc, argv, lens), e);
 }
 
@@ -354,7 +448,39 @@ int md_redis_check_prefix(md_redis *r, const char *prefix, md_err *e) {
 
 redisReply *md_redis_get_reply(md_redis *r, md_err *e) {
     void *reply = NULL;
-    if (!r->c || redisGetReply(r->c, &reply) != REDIS_OK)
+    if (!r->c || r->dead)
+        return dead(r, e);
+    if (redisGetReply(r->c, &reply) != REDIS_OK)
         reply = NULL;
     return check(r, reply, e);
+}
+
+int md_redis_wait_replicas(md_redis *r, int timeout_ms, int *replicas, int *acked, md_err *e) {
+    *replicas = *acked = 0;
+    /* ROLE, not INFO: a primary answers ["master", offset, [[ip, port, offset]...]], the
+     * replicas connected to it; ROLE is the narrower grant for an ACL user. */
+    redisReply *rep = md_redis_cmd(r, e, "ROLE");
+    if (!rep)
+        return MD_EREDIS;
+    int n = 0, rc = 0;
+    if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 3 &&
+        rep->element[0]->type == REDIS_REPLY_STRING && !strcmp(rep->element[0]->str, "master") &&
+        rep->element[2]->type == REDIS_REPLY_ARRAY)
+        n = (int)rep->element[2]->elements;
+    else if (rep->type == REDIS_REPLY_ERROR)
+        rc = md_errf(e, MD_EREDIS, "ROLE at %s: %s", r->peer, rep->str);
+    freeReplyObject(rep);
+    if (rc || n <= 0)
+        return rc;
+    *replicas = n;
+    rep = md_redis_cmd(r, e, "WAIT %d %d", n, timeout_ms);
+    if (!rep)
+        return MD_EREDIS;
+    if (rep->type == REDIS_REPLY_INTEGER)
+        *acked = (int)rep->integer;
+    else
+        rc = md_errf(e, MD_EREDIS, "WAIT at %s: %s", r->peer,
+                     rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+    freeReplyObject(rep);
+    return rc;
 }

@@ -127,6 +127,29 @@ static int scan_file(FILE *f, const char *path, char *model, size_t msz, char *e
     return rc;
 }
 
+/* Replication is asynchronous: a sealed batch that only the primary holds is lost, lines
+ * and all, if the primary dies before its replicas copy it and one of them is promoted. So
+ * a submission is reported only once every connected replica holds it (WAIT); with no
+ * replica there is nothing to wait for. One replica short is a warning (the promoted
+ * replica is usually the most up to date); none at all is an error naming the batch. */
+#define SUBMIT_WAIT_MS 5000
+static int confirm_replicated(md_redis *r, const char *batch, md_err *e) {
+    int replicas = 0, acked = 0;
+    int rc = md_redis_wait_replicas(r, SUBMIT_WAIT_MS, &replicas, &acked, e);
+    if (rc)
+        return md_errctx(e, "batch %s is sealed, but confirming its replication failed: ", batch);
+    if (replicas > 0 && acked == 0)
+        return md_errf(e, MD_EREDIS,
+                       "batch %s is sealed on the primary %s, but none of its %d replica(s) "
+                       "acknowledged it within %d ms: a failover now could lose it "
+                       "(see `medley status %s`)",
+                       batch, md_redis_peer(r), replicas, SUBMIT_WAIT_MS, batch);
+    if (acked < replicas)
+        MD_WARN("submit", "batch %s: %d of %d replica(s) acknowledged it within %d ms", batch,
+                acked, replicas, SUBMIT_WAIT_MS);
+    return 0;
+}
+
 int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID_MAX],
                   long long *n_lines, md_err *e) {
     const char *prefix = o->prefix ? o->prefix : "medley:";
@@ -276,7 +299,9 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
         return dumped ? MD_EREDIS : md_errf(e, MD_ENOMEM, "out of memory");
     freeReplyObject(rep);
     *n_lines = total;
-    return q_batch_seal(r, prefix, batch_out, total, e);
+    if ((rc = q_batch_seal(r, prefix, batch_out, total, e)))
+        return rc;
+    return confirm_replicated(r, batch_out, e);
 }
 
 int q_results_write(md_redis *r, const char *prefix, const char *batch, FILE *out, FILE *err,

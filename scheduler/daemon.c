@@ -20,15 +20,17 @@
 
 #define LOGC "scheduler"
 
-/* Connect (common/redis: the same URLs, ACL user and SELECT as workers and clients) and
- * check that the user may use the prefix's keys. NULL with e set on failure. */
+/* Through common/redis (redis://, unix://, sentinel://: a failover is followed by the
+ * reconnect). The socket timeouts stay 2 s: a round must not hang on a dead server. */
 static md_redis *connect_redis(const char *url, const char *prefix, md_err *e) {
     md_redis_url u;
-    md_redis *r = NULL;
-    if (md_redis_url_parse(url && *url ? url : md_redis_default_url(), &u, e) ||
-        md_redis_open(&u, &r, e))
+    if (md_redis_url_parse(url && *url ? url : md_redis_default_url(), &u, e))
         return NULL;
-    if (md_redis_check_prefix(r, prefix, e)) {
+    u.command_timeout_ms = 2000;
+    md_redis *r = NULL;
+    if (md_redis_open(&u, &r, e))
+        return NULL;
+    if (md_redis_check_prefix(r, prefix, e)) { /* the ACL user may use the prefix's keys */
         md_redis_close(r);
         return NULL;
     }
@@ -227,13 +229,17 @@ static json_t *workload_doc(json_t *backlog, json_t *file) {
     return json_pack("{s:o}", "models", models);
 }
 
-static int lease(redisContext *c, const char *key, const char *id, double ms) {
-    redisReply *r = redisCommand(c, "SET %s %s NX PX %lld", key, id, (long long)ms);
+/* The writes go through md_redis_cmd: a demoted primary's -READONLY marks the connection
+ * dead (ctx->err set), and the next round reconnects instead of waiting forever for a lease
+ * it cannot write. */
+static int lease(md_redis *rd, const char *key, const char *id, double ms) {
+    md_err e = {0};
+    redisReply *r = md_redis_cmd(rd, &e, "SET %s %s NX PX %lld", key, id, (long long)ms);
     int ok = r && r->type == REDIS_REPLY_STATUS;
     freeReplyObject(r);
     if (ok)
         return 1;
-    r = redisCommand(c, "EVAL %s 1 %s %s %lld",
+    r = md_redis_cmd(rd, &e, "EVAL %s 1 %s %s %lld",
                      "if redis.call('get', KEYS[1]) == ARGV[1] then "
                      "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
                      key, id, (long long)ms);
@@ -249,13 +255,12 @@ static void sleep_s(double s, volatile int *stop) {
 
 int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, volatile int *stop,
                      md_err *e) {
-    md_redis *mr = connect_redis(o->redis_url, o->prefix, e);
-    if (!mr)
+    md_redis *rd = connect_redis(o->redis_url, o->prefix, e);
+    if (!rd)
         return e->code;
-    redisContext *c = md_redis_ctx(mr);
     json_t *file = NULL;
     if (o->workload && !(file = md_json_load(o->workload, e))) {
-        md_redis_close(mr);
+        md_redis_close(rd);
         return e->code;
     }
     char id[40], key[256];
@@ -266,20 +271,18 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
     int rc = 0, rounds = 0;
     MD_INFO(LOGC, "scheduler %s starting (prefix %s)", id, o->prefix);
     while (!(stop && *stop)) {
+        redisContext *c = md_redis_ctx(rd);
         if (!c || c->err) {
-            md_redis_close(mr);
-            c = NULL;
-            if ((mr = connect_redis(o->redis_url, o->prefix, e)))
-                c = md_redis_ctx(mr);
-            if (!c) {
+            if (md_redis_reconnect(rd, 0, NULL, e)) {
                 if (o->once)
                     break;
                 MD_WARN(LOGC, "%s; retrying", e->msg);
                 sleep_s(1, stop);
                 continue;
             }
+            c = md_redis_ctx(rd);
         }
-        if (!lease(c, key, id, o->lease_ms)) {
+        if (!lease(rd, key, id, o->lease_ms)) {
             if (o->once) {
                 rc = md_errf(e, MD_EREDIS, "another scheduler holds the lease %s", key);
                 break;
@@ -343,20 +346,21 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
                 double need =
                     o->min_gain + (isfinite(drain_s) && drain_s > 0 ? o->reload_s / drain_s : 0);
                 if (changed || gain > need) {
-                    redisReply *r = redisCommand(c, "INCR %splan:version", o->prefix);
+                    md_err we = {0};
+                    redisReply *r = md_redis_cmd(rd, &we, "INCR %splan:version", o->prefix);
                     p.version = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
                     freeReplyObject(r);
                     json_t *doc = sched_plan_to_json(&p, &w, &f, &cat, &cs);
                     json_object_set_new(doc, "reason", json_string(reason));
                     char *s = json_dumps(doc, JSON_COMPACT);
-                    r = redisCommand(c, "SET %splan %s", o->prefix, s);
+                    r = md_redis_cmd(rd, &we, "SET %splan %s", o->prefix, s);
                     int set_ok = r && r->type == REDIS_REPLY_STATUS;
                     freeReplyObject(r);
                     json_t *ev = json_pack("{s:s, s:I, s:s, s:f, s:f}", "type", "plan", "version",
                                            (json_int_t)p.version, "reason", reason, "tokens_per_s",
                                            p.tokens_per_s, "usd_per_hour", p.usd_per_hour);
                     char *es = json_dumps(ev, JSON_COMPACT);
-                    r = redisCommand(c, "PUBLISH %sevents %s", o->prefix, es);
+                    r = md_redis_cmd(rd, &we, "PUBLISH %sevents %s", o->prefix, es);
                     freeReplyObject(r);
                     free(es);
                     json_decref(ev);
@@ -390,6 +394,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
         sleep_s(o->interval_s, stop);
     }
     /* Hand the lease back so a standby takes over at once. */
+    redisContext *c = md_redis_ctx(rd);
     if (c && !c->err) {
         redisReply *r = redisCommand(c, "EVAL %s 1 %s %s",
                                      "if redis.call('get', KEYS[1]) == ARGV[1] then "
@@ -400,7 +405,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
     json_decref(last_workers);
     json_decref(warned);
     json_decref(file);
-    md_redis_close(mr);
+    md_redis_close(rd);
     (void)rounds;
     /* GLPK keeps a per-thread environment; free it as the daemon's thread ends. */
     glp_free_env();

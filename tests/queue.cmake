@@ -55,6 +55,12 @@ foreach(c dupid reconnect refused refused_heartbeat takeover classes)
   medley_queue_py(queue_hostile_${c} queue_hostile integration 300 ${c})
 endforeach()
 
+# Redis failover through Sentinel (common/redis_sentinel.c): a primary, a replica and three
+# redis-sentinel on loopback; the primary SIGKILLed mid-batch while the replica lags, then a
+# SENTINEL FAILOVER, then a hand demotion of a plain redis:// primary (~40 s). Every
+# custom_id exactly once on the surviving primary (docs/protocol.md §6).
+medley_queue_py(queue_sentinel queue_sentinel integration 240)
+
 # Every schema is valid and every example follows it (no Redis needed).
 add_test(NAME queue_schema_examples
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/queue_schema_examples.py)

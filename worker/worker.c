@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -57,12 +58,14 @@ static int setup_conn(wk *w, md_err *e) {
 }
 
 /* Reconnect (forever, until stop) and set up again; then resume what is pending for us (a
- * read whose reply was lost with the connection left entries we never saw). */
+ * read whose reply was lost with the connection left entries we never saw). A node that
+ * takes the connection but refuses the setup (a replica behind a redis:// URL answers
+ * -READONLY) is retried with the same backoff as a failed dial, not in a busy loop. */
 static int heal(wk *w, int until_stop) {
     md_err e = {0};
     int backoff_ms = 0, tries = 0;
     for (;;) {
-        /* a Redis that accepts connections but refuses the setup: back off, 100 ms to 2 s */
+        /* backoff after a refused setup: 100 ms doubling to 2 s */
         for (int t = 0; t < backoff_ms && !(until_stop && *w->stop); t += 20)
             usleep(20000);
         if (md_redis_reconnect(w->r, -1, until_stop ? w->stop : NULL, &e))

@@ -37,13 +37,14 @@ def free_port():
 class RedisServer:
     """redis-server on 127.0.0.1:<free port>, data in a temp dir; restartable."""
 
-    def __init__(self, appendonly=False, password=None):
+    def __init__(self, appendonly=False, password=None, args=()):
         if not REDIS_SERVER:
             fail("redis-server not found (apt-get install redis-server)")
         self.dir = tempfile.mkdtemp(prefix="medley-it-")
         self.port = free_port()
         self.appendonly = appendonly
         self.password = password
+        self.args = list(args)  # more redis-server options, e.g. ["--replicaof", host, port]
         self.proc = None
         self.start()
 
@@ -61,6 +62,7 @@ class RedisServer:
             args += ["--appendonly", "no"]
         if self.password:
             args += ["--requirepass", self.password]
+        args += self.args
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 10
         while time.time() < deadline:
