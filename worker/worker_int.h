@@ -211,7 +211,8 @@ static inline int stream_model(wk *w, int s) {
 
 /* ---- worker_read.c ---- */
 
-/* XGROUP CREATE key from id 0 (a group that exists already is fine). */
+/* XGROUP CREATE key from id 0 (a group that exists already is fine). MD_EREDIS when the
+ * connection failed, MD_EINVAL when Redis refused (OOM, NOPERM). */
 int wk_create_group(wk *w, const char *key, md_err *e);
 /* XREADGROUP new entries for the free runner slots, blocking at most block_ms (0: not at
  * all); starts or answers each. Returns how many were read. */

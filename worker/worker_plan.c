@@ -103,8 +103,10 @@ int wk_add_stream(wk *w, int m, const char *key, md_err *e) {
     if (s < 0)
         return md_errf(e, MD_EINVAL, "more than %d streams", MAX_STREAMS);
     int rc = w->r ? wk_create_group(w, key, e) : 0;
-    if (rc)
+    if (rc == MD_EREDIS)
         return rc;
+    if (rc) /* refused (OOM under noeviction): read anyway; NOGROUP makes the loop set up again */
+        MD_WARN("worker", "%s; reading %s anyway", e->msg, key);
     w->st[s].state = SLOT_ON;
     w->st[s].m = m;
     w->streams_gen++;

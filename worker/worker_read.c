@@ -23,7 +23,7 @@ int wk_create_group(wk *w, const char *key, md_err *e) {
         return MD_EREDIS;
     int rc = 0;
     if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "BUSYGROUP", 9))
-        rc = md_errf(e, MD_EREDIS, "XGROUP CREATE %s: %s", key, rep->str);
+        rc = md_errf(e, MD_EINVAL, "XGROUP CREATE %s refused: %s", key, rep->str);
     freeReplyObject(rep);
     return rc;
 }
