@@ -25,8 +25,10 @@ Fault kinds (--kinds, comma list; default all):
             entries are sometimes taken over while it sleeps, and it wakes up holding them)
   restart   Redis (appendonly yes, appendfsync always: every acknowledged write survives)
             stopped by SIGTERM or SIGKILL, started again after 0.3-2 s on the same port
-  clientkill  CLIENT KILL TYPE normal: the server closes every client connection; half the
-            time once, half the time a burst of 3-5 drops 0.1-0.5 s apart
+  clientkill  CLIENT KILL TYPE normal: the server closes every client connection: once
+            (40%), a burst of 3-5 drops 0.1-0.5 s apart (35%), or such a burst and then a
+            worker stalled by SIGSTOP past the visibility timeout (25%: what it held through
+            the burst is taken over)
   oom       CONFIG SET maxmemory <used_memory> with maxmemory-policy noeviction for 1.5-4 s,
             then maxmemory 0 again
   failover  Sentinel failover: only where `medley worker --help` names sentinel:// URLs;
@@ -300,17 +302,34 @@ class Chaos:
         return "restart:" + ("sigkill" if hard else "sigterm"), "down %.1fs" % down
 
     def fault_clientkill(self, rng):
-        """Once, or a burst of 3-5 drops 0.1-0.5 s apart (a flapping network: the workers
-        reconnect between the drops while holding the same entries)."""
-        times = 1 if rng.random() < 0.5 else rng.randint(3, 5)
+        """Once; or a burst of 3-5 drops 0.1-0.5 s apart (a flapping network: the workers
+        reconnect between the drops while holding the same entries); or such a burst and then
+        one worker stalled (SIGSTOP) for 1.5-2.5 x the visibility timeout, so the entries it
+        held through the burst are taken over by the others."""
+        r = rng.random()
+        variant = "once" if r < 0.4 else "burst" if r < 0.75 else "burst-stall"
+        times = 1 if variant == "once" else rng.randint(3, 5)
         closed = []
         for i in range(times):
             if i:
                 time.sleep(rng.uniform(0.1, 0.5))
             closed.append(self.retry(
                 lambda c: c.execute_command("CLIENT", "KILL", "TYPE", "normal"), "client kill"))
-        return ("clientkill:" + ("once" if times == 1 else "burst"),
-                "connections closed: %s" % "+".join(map(str, closed)))
+        detail = "connections closed: %s" % "+".join(map(str, closed))
+        if variant == "burst-stall":
+            time.sleep(0.3)  # the workers reconnect after the last drop
+            w = rng.choice(self.workers)
+            secs = rng.uniform(1.5, 2.5) * self.args.visibility_ms / 1000.0
+            with self.lock:
+                w.proc.send_signal(signal.SIGSTOP)
+                w.stopped = True
+            self.stop_inject.wait(secs)
+            with self.lock:
+                if w.alive():
+                    w.proc.send_signal(signal.SIGCONT)
+                w.stopped = False
+            detail += "; then %s stopped %.1fs" % (w.id, secs)
+        return "clientkill:" + variant, detail
 
     def fault_oom(self, rng):
         secs = rng.uniform(1.5, 4.0)
@@ -525,12 +544,14 @@ class Chaos:
         if inj_err or sub_err:
             raise (inj_err + sub_err)[0]
         t_faults_over = time.time()
-        log("injector done: %d faults (%d while work was left); draining" % (
-            sum(self.faults[k] for k in self.kinds), self.faults_busy))
+        left = a.requests - self.progress(batches)[0]
+        log("injector done: %d faults (%d while work was left); draining %d requests" % (
+            sum(self.faults[k] for k in self.kinds), self.faults_busy, left))
         drain = self.wait_done(batches, a.drain_timeout, a.requests)
         t_end = time.time()
         res["chaos"] = {"requests": a.requests, "batches": len(batches),
                         "fault_window_s": round(t_faults_over - t_chaos, 2),
+                        "left_after_faults": left,
                         "drain_s": round(drain, 2) if drain is not None else None,
                         "total_s": round(t_end - t_chaos, 2),
                         "req_per_s": round(a.requests / (t_end - t_chaos), 1)}
@@ -626,8 +647,8 @@ def summary(res, allow, max_log_lines):
         ("meta mismatch", len(c["meta_mismatch"])),
         ("worker exits", len(res["unexpected_exits"])),
         ("fault window", "%.1f s" % ch["fault_window_s"]),
-        ("drain time", "%.1f s" % ch["drain_s"] if ch["drain_s"] is not None else
-         "TIMEOUT"),
+        ("drain time", ("%.1f s" % ch["drain_s"] if ch["drain_s"] is not None else "TIMEOUT")
+         + " (%d requests unanswered after the last fault)" % ch["left_after_faults"]),
         ("throughput", "%s req/s without faults, %.1f req/s with faults" % (
             b.get("req_per_s", "-"), ch["req_per_s"])),
         ("worker logs", "%d files, %.1f MB, %d lines" % (
