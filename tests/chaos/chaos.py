@@ -46,9 +46,10 @@ is a valid echo request, so an error line means a fault reached the client: with
 --max-attempts 3 a request is dead-lettered as max_attempts_exceeded only after three
 deliveries without an answer, which these faults must not cause, a handful at a time; give
 --allow-error CODE to tolerate a code while a known defect is being fixed); a batch whose
-meta counters disagree with its lines; a worker that exited without being killed by us; a
-worker process that logged more than --max-log-lines lines (20,000: a healthy one logs a few
-dozen here, one in a hot loop tens of thousands a second).
+meta counters disagree with its lines; a max_attempts_exceeded answer without its DLQ entry;
+a worker that exited without being killed by us; a worker process that logged more than
+--max-log-lines lines (20,000: a healthy one logs a few dozen here, one in a hot loop tens of
+thousands a second).
 
 Runs:
   CI (ctest -L chaos):  python3 tests/chaos/chaos.py --short
@@ -425,6 +426,7 @@ class Chaos:
              "attempts": {}, "meta_mismatch": [], "examples": {}}
         errors, attempts = collections.Counter(), collections.Counter()
         examples = collections.defaultdict(list)
+        dead = set()  # (batch, custom_id) answered max_attempts_exceeded
         c = self.client()
         for b, ids in batches.items():
             m = c.hgetall("medley:{%s}:meta" % b)
@@ -446,6 +448,8 @@ class Chaos:
                 if l.get("error") is not None:
                     code = l["error"].get("code", "?")
                     errors[code] += 1
+                    if code == "max_attempts_exceeded":
+                        dead.add((b, cid))
                     if len(examples[code]) < 2:
                         examples[code].append(json.dumps(l)[:400])
             comp, failed, total = (int(m.get(k, 0)) for k in ("completed", "failed", "total"))
@@ -459,8 +463,18 @@ class Chaos:
         r["pending_left"], r["stream_left"] = pend, qlen
         r["stuck"] += pend
         r["dlq"] = c.xlen(DLQ)
+        dlq = [f for _, f in c.xrange(DLQ, count=100000)]
         r["dlq_reasons"] = dict(collections.Counter(
-            re.sub(r"\d+", "N", f.get("reason", "?")) for _, f in c.xrange(DLQ, count=10000)))
+            re.sub(r"\d+", "N", f.get("reason", "?")) for f in dlq))
+        # every max_attempts_exceeded answer has its dead letter (docs/protocol.md §6: XADD to
+        # the DLQ, then the answer)
+        in_dlq = set()
+        for f in dlq:
+            try:
+                in_dlq.add((f.get("batch"), json.loads(f.get("line", ""))["custom_id"]))
+            except (ValueError, KeyError, TypeError):
+                pass
+        r["dlq_missing"] = len(dead - in_dlq)
         r["errors"] = dict(errors)
         r["attempts"] = {str(k): v for k, v in sorted(attempts.items())}
         r["examples"] = dict(examples)
@@ -642,7 +656,8 @@ def summary(res, allow, max_log_lines):
         ("stuck", "%d (%d batches not terminal, %d pending, %d in stream)" % (
             c["stuck"], c["stuck_batches"], c["pending_left"], c["stream_left"])),
         ("error answers", json.dumps(c["errors"]) if c["errors"] else 0),
-        ("dlq", "%d %s" % (c["dlq"], json.dumps(c["dlq_reasons"]) if c["dlq"] else "")),
+        ("dlq", "%d %s; %d max_attempts_exceeded answers without a dead letter" % (
+            c["dlq"], json.dumps(c["dlq_reasons"]) if c["dlq"] else "", c["dlq_missing"])),
         ("attempts", json.dumps(c["attempts"])),
         ("meta mismatch", len(c["meta_mismatch"])),
         ("worker exits", len(res["unexpected_exits"])),
@@ -681,6 +696,8 @@ def summary(res, allow, max_log_lines):
     bad_err = {k: v for k, v in c["errors"].items() if k not in allow}
     if bad_err:
         reasons.append("error answers %s" % json.dumps(bad_err))
+    if c["dlq_missing"]:
+        reasons.append("%d dead-lettered answers missing from the DLQ" % c["dlq_missing"])
     if c["meta_mismatch"]:
         reasons.append("%d batches with wrong counters" % len(c["meta_mismatch"]))
     flood = [l for l in res["logs"] if l["lines"] > max_log_lines]
