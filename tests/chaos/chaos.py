@@ -143,6 +143,7 @@ class Chaos:
         self.inject_err = []
         self.redis_faults = 0  # Redis restarts and memory-full episodes under way
         self.submit_failed = []
+        self.takeovers = []  # (killed consumer, entries it held, seconds until taken over)
         self.submitting = threading.Event()
 
     # --- Redis access that survives the faults -----------------------------------------
@@ -261,12 +262,37 @@ class Chaos:
             w.expected_exit = True
             w.proc.send_signal(signal.SIGKILL)
             w.proc.wait()
+        t_kill = time.time()
         time.sleep(rng.uniform(0, 1))
         new_id = rng.random() < 0.5
         old = w.id
         with self.lock:
             w.start(new_id=new_id)
+        if new_id:
+            threading.Thread(target=self.watch_takeover, args=(old, t_kill),
+                             daemon=True).start()
         return "kill:" + ("new-id" if new_id else "same-id"), "%s -> %s" % (old, w.id)
+
+    def watch_takeover(self, consumer, t0):
+        """Seconds until nothing is pending for a killed consumer name (its entries taken
+        over by the others) from the kill at t0, into self.takeovers; None after 120 s."""
+        def held(c):
+            try:
+                return len(c.xpending_range(QUEUE, "workers", min="-", max="+", count=100000,
+                                            consumername=consumer))
+            except redis.exceptions.ResponseError:
+                return 0
+        n0 = None
+        while time.time() - t0 < 120:
+            n = self.retry(held, "takeover watch")
+            n0 = n if n0 is None else n0
+            if n == 0:
+                with self.lock:
+                    self.takeovers.append((consumer, n0, round(time.time() - t0, 2)))
+                return
+            time.sleep(0.1)
+        with self.lock:
+            self.takeovers.append((consumer, n0, None))
 
     def fault_stop(self, rng):
         w = rng.choice(self.workers)
@@ -570,6 +596,7 @@ class Chaos:
                         "total_s": round(t_end - t_chaos, 2),
                         "req_per_s": round(a.requests / (t_end - t_chaos), 1)}
         res["submit_failed"] = self.submit_failed
+        res["takeovers"] = self.takeovers
         res["faults"] = dict(self.faults)
         res["faults_while_busy"] = self.faults_busy
         res["fault_log"] = self.fault_log
@@ -639,6 +666,20 @@ class Failover:
         return False, "`medley worker --help` names no sentinel:// URL (no Sentinel support)"
 
 
+def takeover_row(tk, visibility_ms):
+    """After each kill with a new id: how long until the dead name held nothing."""
+    if not tk:
+        return "-"
+    done = sorted(t for _, _, t in tk if t is not None)
+    held = [n for _, n, _ in tk]
+    return "%d killed names holding %d entries (max %d): all taken over in %s s (median), " \
+        "%s s (max)%s; visibility %s" % (
+            len(tk), sum(held), max(held), done[len(done) // 2] if done else "-",
+            done[-1] if done else "-",
+            ", %d not within 120 s" % (len(tk) - len(done)) if len(done) < len(tk) else "",
+            "%.1f s" % (visibility_ms / 1000.0))
+
+
 def summary(res, allow, max_log_lines):
     c = res["check"]
     b, ch = res.get("baseline", {}), res["chaos"]
@@ -661,6 +702,7 @@ def summary(res, allow, max_log_lines):
         ("attempts", json.dumps(c["attempts"])),
         ("meta mismatch", len(c["meta_mismatch"])),
         ("worker exits", len(res["unexpected_exits"])),
+        ("takeover", takeover_row(res["takeovers"], res["visibility_ms"])),
         ("fault window", "%.1f s" % ch["fault_window_s"]),
         ("drain time", ("%.1f s" % ch["drain_s"] if ch["drain_s"] is not None else "TIMEOUT")
          + " (%d requests unanswered after the last fault)" % ch["left_after_faults"]),
