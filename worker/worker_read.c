@@ -132,6 +132,12 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
             w->broken = 1;
             return;
         }
+        if (rep->type == REDIS_REPLY_ERROR) { /* refused: keep it pending, try again later */
+            MD_WARN("worker", "entry %s of %s has no valid batch/line field; XADD %s refused: %s",
+                    id, w->st[s].key, dlq, rep->str);
+            freeReplyObject(rep);
+            return;
+        }
         freeReplyObject(rep);
         MD_WARN("worker", "entry %s of %s has no valid batch/line field; moved to the DLQ", id,
                 w->st[s].key);
@@ -262,6 +268,14 @@ static void dead_letter(wk *w, int s, const char *id, redisReply *fields, long l
     redisReply *rep = md_redis_cmd_argv(w->r, 15, argv, lens, &e);
     if (!rep) {
         w->broken = 1;
+        return;
+    }
+    if (rep->type == REDIS_REPLY_ERROR) {
+        /* Refused (OOM under noeviction): no dead letter, so no answer either. The entry
+         * stays pending under this worker and comes back at the next takeover. */
+        MD_WARN("worker", "entry %s: %s, but XADD %s was refused: %s; left pending", id, reason,
+                dlq, rep->str);
+        freeReplyObject(rep);
         return;
     }
     freeReplyObject(rep);
