@@ -64,6 +64,16 @@ static int setup_conn(wk *w, md_err *e) {
 static int heal(wk *w, int until_stop) {
     md_err e = {0};
     int backoff_ms = 0, tries = 0;
+    /* A connection lost again within a second of the last heal (a node that takes the
+     * setup but refuses the next write: a primary without its replicas answers NOREPLICAS
+     * to writes its OOM check lets through) backs off too, doubling to 2 s. */
+    uint64_t now = md_mono_ns();
+    if (w->healed_ns && now - w->healed_ns < 1000000000ull) {
+        w->flap_ms = w->flap_ms ? (w->flap_ms * 2 > 2000 ? 2000 : w->flap_ms * 2) : 100;
+        backoff_ms = w->flap_ms;
+    } else {
+        w->flap_ms = 0;
+    }
     for (;;) {
         /* backoff after a refused setup: 100 ms doubling to 2 s */
         for (int t = 0; t < backoff_ms && !(until_stop && *w->stop); t += 20)
@@ -72,6 +82,7 @@ static int heal(wk *w, int until_stop) {
             return -1;
         if (setup_conn(w, &e) == 0) {
             w->broken = 0;
+            w->healed_ns = md_mono_ns();
             for (int s = 0; s < MAX_STREAMS; s++)
                 snprintf(w->st[s].cursor, ENTRY_ID_MAX, "0-0");
             /* Run the script again for answers not yet XACKed: a Redis that restarted with
@@ -80,7 +91,8 @@ static int heal(wk *w, int until_stop) {
             for (int i = 0; i < w->n_ans; i++)
                 w->ans[i].scripted = 0;
             if (!*w->stop)
-                wk_take_own(w, 0);
+                wk_take_own(w, w->resume_counted); /* counted: the start's resume is still due */
+            w->resume_counted = 0;
             return 0;
         }
         if (tries++ % 10 == 0)
@@ -310,9 +322,16 @@ static int start(wk *w, md_err *e) {
         u.command_timeout_ms = cfg->command_timeout_ms;
     if (u.command_timeout_ms > 0 && u.command_timeout_ms <= cfg->block_ms + 1000)
         u.command_timeout_ms = cfg->block_ms + 1000; /* a BLOCKed read must not time out */
-    if ((rc = md_redis_open(&u, &w->r, e)) || (rc = md_redis_check_prefix(w->r, w->prefix, e)) ||
-        (rc = setup_conn(w, e)))
+    if ((rc = md_redis_open(&u, &w->r, e)) || (rc = md_redis_check_prefix(w->r, w->prefix, e)))
         return rc;
+    if ((rc = setup_conn(w, e))) {
+        if (rc != MD_EREDIS)
+            return rc;
+        /* Connected, then lost or refused (a primary without its replicas answers
+         * NOREPLICAS, a demoted one READONLY): the loop reconnects with backoff. */
+        MD_WARN("worker", "setting up the connection: %s; retrying", e->msg);
+        w->broken = 1;
+    }
     if ((rc = wk_watchdog_connect(w->wd, &u, e)))
         return rc;
     wk_watchdog_set_keepalive(w->wd, w->wkey, cfg->heartbeat_ms, 3 * cfg->heartbeat_ms,
@@ -376,7 +395,8 @@ static void serve(wk *w) {
     for (;;) {
         if (w->broken || w->gen != md_redis_generation(w->r)) {
             if (w->broken)
-                MD_WARN("worker", "lost Redis; reconnecting (%d answers held)", w->n_ans);
+                MD_WARN("worker", "lost Redis; reconnecting (%d answers held%s)", w->n_ans,
+                        w->flap_ms ? "; it keeps dropping: backing off" : "");
             if (heal(w, 1))
                 break; /* stopped while Redis is away: unacked entries are redelivered */
         }
@@ -449,7 +469,10 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
         close_all(&w);
         return rc;
     }
-    wk_take_own(&w, 1);
+    if (w.broken)
+        w.resume_counted = 1; /* the first heal resumes a predecessor's entries */
+    else
+        wk_take_own(&w, 1);
     uint64_t t = md_mono_ns();
     w.last_tick = t;
     w.last_lease = t;

@@ -155,6 +155,9 @@ typedef struct {
      * SHA1, which wk_flush loads again on NOSCRIPT). */
     md_redis *r;
     int broken;   /* the connection failed; reconnect before the next command */
+    int resume_counted; /* the start could not resume its predecessor's entries: heal does */
+    uint64_t healed_ns; /* when the last reconnect's setup succeeded */
+    int flap_ms;        /* backoff of a connection that drops again right after a heal */
     unsigned gen; /* connection generation the scripts and groups were set up for */
     char sha[41];
 

@@ -31,8 +31,13 @@ Fault kinds (--kinds, comma list; default all):
             the burst is taken over)
   oom       CONFIG SET maxmemory <used_memory> with maxmemory-policy noeviction for 1.5-4 s,
             then maxmemory 0 again
-  failover  Sentinel failover: only where `medley worker --help` names sentinel:// URLs;
-            otherwise skipped with a note (see class Failover)
+  failover  Sentinel failover (class Failover): with this kind the run's Redis is two nodes
+            (a primary and its replica, `min-replicas-to-write 1`) and three redis-sentinel,
+            and the workers and submits take the sentinel:// URL; the other kinds hit
+            whichever node is primary. SENTINEL FAILOVER (the primary demoted, still up) or
+            SIGKILL of the primary (the replica promoted; it may miss the last writes), then
+            the killed node back as a replica. Skipped with a note where `medley worker
+            --help` names no sentinel:// URL.
 
 Counts, per batch then summed: lost (a submitted custom_id with no line in {B}:out of a batch
 that is terminal), doubled (a custom_id with more than one line), stuck (a custom_id with no
@@ -48,15 +53,15 @@ deliveries without an answer, which these faults must not cause, a handful at a 
 --allow-error CODE to tolerate a code while a known defect is being fixed); a batch whose
 meta counters disagree with its lines; a max_attempts_exceeded answer without its DLQ entry;
 a worker that exited without being killed by us; a worker process that logged more than
---max-log-lines lines (20,000: a healthy one logs a few dozen here, one in a hot loop tens of
-thousands a second).
+--max-log-lines lines (2,000: a healthy one logs a few dozen here; one in a hot loop logged
+tens of thousands a second before issue 25's fixes).
 
 Runs:
   CI (ctest -L chaos):  python3 tests/chaos/chaos.py --short
-      5,000 requests, 3 workers, 3 faults of each kind, about 50-60 s on two busy cores
+      5,000 requests, 3 workers, 3 faults of each kind (18), about 2 minutes on two cores
   long, by hand:        MEDLEY_BIN=build/cli/medley python3 tests/chaos/chaos.py \\
                             --requests 50000 --workers 4 --seed 7 --json /tmp/chaos.json
-      faults until the work is done; about 7-10 minutes (tests/chaos/README.md)
+      faults until the work is done; about 10 minutes (tests/chaos/README.md)
 
 Environment: MEDLEY_BIN, MEDLEY_REDIS_SERVER (as tests/integration/harness.py)."""
 import argparse
@@ -129,8 +134,18 @@ class Chaos:
     def __init__(self, args):
         self.args = args
         self.rng = random.Random(args.seed)
-        self.srv = RedisServer(appendonly=True)
+        kinds = args.kinds.split(",")
+        self.sentinel = None
+        if "failover" in kinds:
+            ok, note = Failover.available()
+            if ok:
+                self.sentinel = Failover()
+            else:
+                log("failover: skipped: " + note)
+        # self.srv: url, port, proc of the Redis the faults hit (the current primary)
+        self.srv = self.sentinel or RedisServer(appendonly=True)
         self.dir = self.srv.dir
+        self.node_lock = threading.Lock()  # restart and failover: one at a time
         self.workers = []
         self.faults = collections.Counter()  # kind or kind:variant -> count
         self.faults_busy = 0  # faults injected while work was outstanding
@@ -314,19 +329,32 @@ class Chaos:
 
     def fault_restart(self, rng):
         hard = rng.random() < 0.5
-        self.redis_fault(1)
-        p = self.srv.proc
-        p.send_signal(signal.SIGKILL if hard else signal.SIGTERM)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        down = rng.uniform(0.3, 2.0)
-        time.sleep(down)
-        self.srv.start()
-        self.redis_fault(-1)
+        with self.node_lock:
+            self.redis_fault(1)
+            node = self.sentinel.primary() if self.sentinel else self.srv
+            p = node.proc
+            p.send_signal(signal.SIGKILL if hard else signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            down = rng.uniform(0.3, 2.0)
+            time.sleep(down)
+            if self.sentinel:
+                self.sentinel.restart(node)  # a replica if the Sentinels promoted the other
+            else:
+                node.start()
+            self.redis_fault(-1)
         return "restart:" + ("sigkill" if hard else "sigterm"), "down %.1fs" % down
+
+    def fault_failover(self, rng):
+        with self.node_lock:
+            self.redis_fault(1)
+            try:
+                return self.sentinel.failover(rng)
+            finally:
+                self.redis_fault(-1)
 
     def fault_clientkill(self, rng):
         """Once; or a burst of 3-5 drops 0.1-0.5 s apart (a flapping network: the workers
@@ -370,6 +398,8 @@ class Chaos:
         used = self.retry(fill, "oom")
         self.stop_inject.wait(secs)
         self.retry(lambda c: c.config_set("maxmemory", 0), "oom restore")
+        if self.sentinel:
+            self.sentinel.unlimit()
         self.redis_fault(-1)
         return "oom", "maxmemory %d B for %.1fs" % (used, secs)
 
@@ -608,13 +638,8 @@ class Chaos:
     def select_kinds(self):
         kinds = []
         for k in self.args.kinds.split(","):
-            if k == "failover":
-                ok, note = Failover.available()
-                if not ok:
-                    log("failover: skipped: " + note)
-                    continue
-                raise SystemExit("failover: the worker supports Sentinel but chaos.py does not "
-                                 "drive it yet (class Failover)")
+            if k == "failover" and not self.sentinel:
+                continue  # skipped, said at start
             if not hasattr(self, "fault_" + k):
                 raise SystemExit("unknown fault kind %r" % k)
             kinds.append(k)
@@ -645,7 +670,9 @@ class Chaos:
             if w.proc and w.alive():
                 w.proc.kill()
                 w.proc.wait()
-        if self.srv.proc and self.srv.proc.poll() is None:
+        if self.sentinel:
+            self.sentinel.close()
+        elif self.srv.proc and self.srv.proc.poll() is None:
             self.srv.proc.terminate()
             self.srv.proc.wait(30)
         if not keep:
@@ -653,10 +680,16 @@ class Chaos:
 
 
 class Failover:
-    """Sentinel failover (promote the replica, the old primary goes away). Needs the worker
-    to take sentinel:// URLs; until it does the kind is skipped. To add it: start a replica
-    (--replicaof) and a redis-sentinel beside RedisServer, give the workers the sentinel URL,
-    and inject with SENTINEL FAILOVER <name>."""
+    """Sentinel topology for the failover kind: two redis-server nodes (appendonly, appendfsync
+    always, `min-replicas-to-write 1` as docs/operations.md recommends: a primary cut from its
+    replica refuses writes instead of accepting ones a failover would drop), the second a
+    replica of the first, and three redis-sentinel (down-after 1 s). Workers and submits take
+    the sentinel:// URL. `port`, `proc` and `client()` are the current primary's, so the other
+    fault kinds hit whichever node is primary; `restart()` brings a stopped node back as a
+    replica of the current primary when it no longer is one (as Sentinel would reconfigure
+    it)."""
+
+    BASE = ["--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"]
 
     @staticmethod
     def available():
@@ -664,6 +697,116 @@ class Failover:
         if "sentinel" in (p.stdout + p.stderr).lower():
             return True, ""
         return False, "`medley worker --help` names no sentinel:// URL (no Sentinel support)"
+
+    def __init__(self):
+        import queue_sentinel as qs  # the Sentinel helpers of tests/integration
+        self.qs = qs
+        a = RedisServer(appendonly=True, args=self.BASE)
+        b = RedisServer(appendonly=True, args=self.BASE + ["--replicaof", "127.0.0.1",
+                                                           str(a.port)])
+        self.nodes = [a, b]
+        self.dir = a.dir
+        self.sentinels = [qs.Sentinel(a.port, a.dir, i) for i in range(3)]
+        self.url = "sentinel://%s/%s/0" % (
+            ",".join("127.0.0.1:%d" % x.port for x in self.sentinels), qs.MASTER)
+        deadline = time.time() + 60
+        while not self.ready(a.port):
+            if time.time() > deadline:
+                raise RuntimeError("Sentinels not ready in 60 s")
+            time.sleep(0.2)
+
+    def ready(self, port):
+        try:
+            return self.qs.ready(self.sentinels, port, 1)
+        except redis.exceptions.RedisError:
+            return False
+
+    def primary_port(self):
+        for x in self.sentinels:
+            p = x.master_port()
+            if p:
+                return p
+        raise redis.exceptions.ConnectionError("no Sentinel answers")
+
+    def primary(self):
+        port = self.primary_port()
+        return next(n for n in self.nodes if n.port == port)
+
+    @property
+    def port(self):
+        return self.primary_port()
+
+    @property
+    def proc(self):
+        return self.primary().proc
+
+    def restart(self, node):
+        """Start a stopped node again: as a replica of the current primary when another node
+        is primary now, else as it was."""
+        cur = self.primary_port()
+        node.args = self.BASE + (["--replicaof", "127.0.0.1", str(cur)] if cur != node.port
+                                 else [])
+        node.start()
+
+    def failover(self, rng):
+        """SENTINEL FAILOVER (the primary hands over and stays up, demoted), or SIGKILL of the
+        primary (the Sentinels find it down and promote the replica, which may miss the
+        primary's last writes); then the killed node comes back as a replica. Waits until the
+        Sentinels name the new primary and it has its replica again."""
+        t0 = time.time()
+        while not self.ready(self.primary_port()):  # a restart may still be settling
+            if time.time() - t0 > 60:
+                raise RuntimeError("the topology did not settle in 60 s before a failover")
+            time.sleep(0.2)
+        old = self.primary()
+        t0 = time.time()
+        hard = rng.random() < 0.5
+        if hard:
+            old.proc.send_signal(signal.SIGKILL)
+            old.proc.wait()
+        else:
+            self.sentinels[rng.randrange(3)].client().execute_command(
+                "SENTINEL", "FAILOVER", self.qs.MASTER)
+        while True:
+            try:
+                if self.primary_port() != old.port:
+                    break
+            except redis.exceptions.RedisError:
+                pass
+            if time.time() - t0 > 60:
+                raise RuntimeError("no new primary 60 s after the failover began")
+            time.sleep(0.1)
+        promoted = time.time() - t0
+        new = self.primary()
+        if hard:
+            self.restart(old)
+        while not self.ready(new.port):
+            if time.time() - t0 > 90:
+                raise RuntimeError("the topology did not settle 90 s after the failover")
+            time.sleep(0.2)
+        return ("failover:" + ("sigkill" if hard else "sentinel"),
+                ":%d -> :%d, promoted in %.1fs, settled in %.1fs" % (
+                    old.port, new.port, promoted, time.time() - t0))
+
+    def unlimit(self):
+        """maxmemory 0 on every node reachable (a memory-full episode may outlive a
+        failover: its node is a replica by then)."""
+        for n in self.nodes:
+            try:
+                n.client().config_set("maxmemory", 0)
+            except redis.exceptions.RedisError:
+                pass
+
+    def close(self):
+        for x in self.sentinels:
+            try:
+                x.stop()
+            except subprocess.TimeoutExpired:
+                x.proc.kill()
+        for n in self.nodes:
+            if n.proc and n.proc.poll() is None:
+                n.proc.terminate()
+                n.proc.wait(30)
 
 
 def takeover_row(tk, visibility_ms):
@@ -779,7 +922,7 @@ def main():
     ap.add_argument("--max-attempts", type=int, default=3, help="the worker's default")
     ap.add_argument("--allow-error", action="append", default=[], metavar="CODE",
                     help="do not fail on error answers with this code")
-    ap.add_argument("--max-log-lines", type=int, default=20000,
+    ap.add_argument("--max-log-lines", type=int, default=2000,
                     help="fail when one worker process logs more lines than this (a hot loop)")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) on success")

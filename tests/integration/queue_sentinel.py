@@ -310,4 +310,5 @@ def main():
         primary.stop()
 
 
-main()
+if __name__ == "__main__":  # tests/chaos/chaos.py imports Sentinel and ready()
+    main()
