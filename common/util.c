@@ -214,6 +214,26 @@ int md_json_get_bool(json_t *obj, const char *key, int required, int *out, const
     return 0;
 }
 
+int md_json_check_keys(json_t *obj, const char *const *known, const char *where, md_err *e) {
+    if (!json_is_object(obj))
+        return 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(obj, k, v) {
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++)
+            ok = !strcmp(k, known[i]);
+        if (ok)
+            continue;
+        char list[512] = "";
+        size_t n = 0;
+        for (int i = 0; known[i] && n < sizeof list; i++)
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "", known[i]);
+        return md_errf(e, MD_EINVAL, "%s: unknown key '%.80s' (known: %s)", where, k, list);
+    }
+    return 0;
+}
+
 long long md_parse_size(const char *s) {
     if (!s || !*s)
         return -1;

@@ -42,6 +42,10 @@ int md_json_get_num(json_t *obj, const char *key, int required, double *out, con
                     md_err *e);
 int md_json_get_bool(json_t *obj, const char *key, int required, int *out, const char *where,
                      md_err *e);
+/* MD_EINVAL naming `where` and the key when obj (an object) has a key not in known (a
+ * NULL-terminated list, as the document's schema lists them: the schemas forbid unknown
+ * keys, so a misspelled one is an error, not a silent default). 0 for a non-object. */
+int md_json_check_keys(json_t *obj, const char *const *known, const char *where, md_err *e);
 
 /* "123", "64k", "512M", "2G" (powers of 1024) into bytes; -1 for anything else. */
 long long md_parse_size(const char *s);

@@ -11,11 +11,24 @@
 
 extern const unsigned char sched_catalog_json[];
 
+/* The keys each document may hold, as schemas/gpu-catalog and schemas/fleet list them. */
+static const char *const GPU_KEYS[] = {"name",        "aliases",     "memory_gb", "hbm_gbps",
+                                       "bf16_tflops", "int8_tops",   "nvlink_gbps", "pcie_gen",
+                                       "pcie_lanes",  "usd_per_hour", "sources",   NULL};
+static const char *const CATALOG_KEYS[] = {"version", "kind", "note", "gpus", NULL};
+static const char *const FLEET_KEYS[] = {"version", "kind",   "name", "inter_host_gbps",
+                                         "gpu_types", "prices", "pools", "rent", NULL};
+static const char *const POOL_KEYS[] = {"name", "type", "count", "gpus_per_host", "usd_per_hour",
+                                        NULL};
+static const char *const RENT_KEYS[] = {"types", "max_per_type", NULL};
+
 static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e) {
     const char *name = NULL;
     double v;
     long long iv;
     memset(t, 0, sizeof *t);
+    if (md_json_check_keys(g, GPU_KEYS, where, e))
+        return e->code;
     if (md_json_get_str(g, "name", 1, &name, where, e))
         return e->code;
     if (strlen(name) >= SCHED_NAME)
@@ -26,15 +39,20 @@ static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e)
         const char *k;
         double *dst;
         int required;
-    } nums[] = {{"memory_gb", &t->memory_gb, 1},     {"hbm_gbps", &t->hbm_gbps, 1},
-                {"bf16_tflops", &t->bf16_tflops, 1}, {"int8_tops", &t->int8_tops, 0},
-                {"nvlink_gbps", &t->nvlink_gbps, 0}, {"usd_per_hour", &t->usd_per_hour, 1}};
+        double max; /* far above any card: a bound that keeps the MILP's numbers sane */
+    } nums[] = {{"memory_gb", &t->memory_gb, 1, 1e4},     {"hbm_gbps", &t->hbm_gbps, 1, 1e6},
+                {"bf16_tflops", &t->bf16_tflops, 1, 1e6}, {"int8_tops", &t->int8_tops, 0, 1e7},
+                {"nvlink_gbps", &t->nvlink_gbps, 0, 1e6},
+                {"usd_per_hour", &t->usd_per_hour, 1, 1e5}};
     for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
         v = 0;
         if (md_json_get_num(g, nums[i].k, nums[i].required, &v, where, e))
             return e->code;
         if (v < 0 || (nums[i].required && v <= 0 && strcmp(nums[i].k, "usd_per_hour")))
             return md_errf(e, MD_EINVAL, "%s.%s must be positive, got %g", where, nums[i].k, v);
+        if (v > nums[i].max)
+            return md_errf(e, MD_EINVAL, "%s.%s is %g; at most %g is accepted", where, nums[i].k,
+                           v, nums[i].max);
         *nums[i].dst = v;
     }
     iv = 4;
@@ -77,6 +95,8 @@ static int add_gpu(sched_catalog *c, json_t *g, const char *where, md_err *e) {
 int sched_catalog_from_json(sched_catalog *c, json_t *doc, const char *where, md_err *e) {
     memset(c, 0, sizeof *c);
     c->aliases = json_object();
+    if (md_json_check_keys(doc, CATALOG_KEYS, where, e))
+        return e->code;
     json_t *gpus = json_object_get(doc, "gpus");
     if (!json_is_array(gpus) || json_array_size(gpus) == 0)
         return md_errf(e, MD_EFORMAT, "%s: \"gpus\" must be a non-empty array", where);
@@ -224,14 +244,17 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
     f->link_gbps = 12.5;
     if (!json_is_object(doc))
         return md_errf(e, MD_EFORMAT, "fleet: the document must be a JSON object");
+    if (md_json_check_keys(doc, FLEET_KEYS, "fleet", e) ||
+        md_json_check_keys(json_object_get(doc, "rent"), RENT_KEYS, "fleet.rent", e))
+        return e->code;
     const char *name = "fleet";
     if (md_json_get_str(doc, "name", 0, &name, "fleet", e))
         return e->code;
     snprintf(f->name, sizeof f->name, "%s", name);
     if (md_json_get_num(doc, "inter_host_gbps", 0, &f->link_gbps, "fleet", e))
         return e->code;
-    if (f->link_gbps <= 0)
-        return md_errf(e, MD_EINVAL, "fleet.inter_host_gbps must be positive");
+    if (!(f->link_gbps > 0 && f->link_gbps <= 1e6))
+        return md_errf(e, MD_EINVAL, "fleet.inter_host_gbps must be in (0, 1e6]");
     size_t i;
     json_t *g;
     json_array_foreach(json_object_get(doc, "gpu_types"), i, g) {
@@ -244,11 +267,13 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
     json_t *v;
     json_object_foreach(json_object_get(doc, "prices"), k, v) {
         int t = sched_catalog_find(cat, k);
-        if (t < 0 || !json_is_number(v) || json_number_value(v) < 0) {
+        if (t < 0 || !json_is_number(v) || !(json_number_value(v) >= 0) ||
+            json_number_value(v) > 1e5) {
             char known[1024];
             known_types(cat, known, sizeof known);
             return md_errf(e, MD_EINVAL, "fleet.prices.%s: %s (known GPU types: %s)", k,
-                           t < 0 ? "unknown GPU type" : "price must be a number >= 0", known);
+                           t < 0 ? "unknown GPU type" : "price must be a number in [0, 1e5] $/h",
+                           known);
         }
         cat->gpus[t].usd_per_hour = json_number_value(v);
     }
@@ -309,7 +334,7 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
         snprintf(w, sizeof w, "fleet.pools[%zu]", i);
         const char *tn = NULL, *pn = NULL;
         long long count = 0, per = 8;
-        if (md_json_get_str(g, "type", 1, &tn, w, e) ||
+        if (md_json_check_keys(g, POOL_KEYS, w, e) || md_json_get_str(g, "type", 1, &tn, w, e) ||
             md_json_get_int(g, "count", 1, &count, w, e) ||
             md_json_get_int(g, "gpus_per_host", 0, &per, w, e) ||
             md_json_get_str(g, "name", 0, &pn, w, e))
@@ -337,8 +362,9 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
         p->usd_per_hour = cat->gpus[t].usd_per_hour;
         if (md_json_get_num(g, "usd_per_hour", 0, &p->usd_per_hour, w, e))
             goto fail;
-        if (p->usd_per_hour < 0) {
-            md_errf(e, MD_EINVAL, "%s.usd_per_hour must be >= 0", w);
+        if (!(p->usd_per_hour >= 0 && p->usd_per_hour <= 1e5)) {
+            md_errf(e, MD_EINVAL, "%s.usd_per_hour must be in [0, 1e5], got %g", w,
+                    p->usd_per_hour);
             goto fail;
         }
         if (pn)

@@ -215,10 +215,23 @@ int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sch
 
 /* ---- profiles ---- */
 
+/* The keys of schemas/profile: the document, its buckets and its batch rows. */
+static const char *const PROFILE_KEYS[] = {
+    "version", "kind", "device_type", "device_count", "tp",      "model",   "quant", "date",
+    "method",  "tool", "source",      "host",         "buckets", "batches", "max_context", NULL};
+static const char *const BUCKET_KEYS[] = {
+    "input_lo",           "input_hi",         "output_lo",           "output_hi",
+    "input_mean",         "output_mean",      "max_requests_per_s",  "max_output_tokens_per_s",
+    "max_total_tokens_per_s", "batch",        "slo_ms_per_token",    NULL};
+static const char *const BATCH_KEYS[] = {"batch", "context", "decode_step_ms",
+                                         "decode_tokens_per_s", "prefill_tokens_per_s", NULL};
+
 static int parse_profile(sched_profile *p, json_t *doc, const char *where, md_err *e) {
     const char *dev = NULL, *model = NULL;
     long long tp = 1, count = 1;
     memset(p, 0, sizeof *p);
+    if (md_json_check_keys(doc, PROFILE_KEYS, where, e))
+        return e->code;
     if (md_json_get_str(doc, "device_type", 1, &dev, where, e) ||
         md_json_get_str(doc, "model", 1, &model, where, e) ||
         md_json_get_int(doc, "tp", 0, &tp, where, e) ||
@@ -249,7 +262,8 @@ static int parse_profile(sched_profile *p, json_t *doc, const char *where, md_er
             sched_profile_bucket *x = &p->buckets[i];
             long long a = 0, bb = 0, c = 0, d = 0;
             double otps = 0;
-            if (md_json_get_int(b, "input_lo", 1, &a, w, e) ||
+            if (md_json_check_keys(b, BUCKET_KEYS, w, e) ||
+                md_json_get_int(b, "input_lo", 1, &a, w, e) ||
                 md_json_get_int(b, "input_hi", 1, &bb, w, e) ||
                 md_json_get_int(b, "output_lo", 1, &c, w, e) ||
                 md_json_get_int(b, "output_hi", 1, &d, w, e) ||
@@ -269,6 +283,14 @@ static int parse_profile(sched_profile *p, json_t *doc, const char *where, md_er
             if (!(x->rps > 0))
                 return md_errf(e, MD_EINVAL,
                                "%s: give max_requests_per_s or max_output_tokens_per_s > 0", w);
+            /* a bound far above any card (1e6 requests/s): 1e100 would make a plan of no
+             * replicas claim its demand served */
+            if (x->rps > 1e6 || !(x->in_mean >= 0 && x->in_mean <= 1e9) ||
+                !(x->out_mean > 0 && x->out_mean <= 1e9))
+                return md_errf(e, MD_EINVAL,
+                               "%s: %g requests/s (at most 1e6 accepted) or means outside "
+                               "(0, 1e9]",
+                               w, x->rps);
             p->nbuckets++;
         }
     }
@@ -280,10 +302,14 @@ static int parse_profile(sched_profile *p, json_t *doc, const char *where, md_er
             snprintf(w, sizeof w, "%s.batches[%zu]", where, i);
             long long n = 0;
             double tps = 0, pre = 0;
-            if (md_json_get_int(b, "batch", 1, &n, w, e) ||
+            if (md_json_check_keys(b, BATCH_KEYS, w, e) ||
+                md_json_get_int(b, "batch", 1, &n, w, e) ||
                 md_json_get_num(b, "decode_tokens_per_s", 0, &tps, w, e) ||
                 md_json_get_num(b, "prefill_tokens_per_s", 0, &pre, w, e))
                 return e->code;
+            if (tps > 1e9 || pre > 1e10)
+                return md_errf(e, MD_EINVAL, "%s: tokens/s above 1e9 (decode) or 1e10 (prefill)",
+                               w);
             if (pre > p->prefill_tps)
                 p->prefill_tps = pre;
             if (tps <= 0 || n < 1 || p->nbatches >= 16)

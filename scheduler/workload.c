@@ -8,10 +8,20 @@
 #include "common/util.h"
 #include "scheduler/sched.h"
 
+static const char *const CLASS_KEYS[] = {"name", "input_mean", "output_mean", "max_tokens",
+                                          "share", NULL};
+static const char *const DEMAND_KEYS[] = {"model",      "model_file", "priority",    "requests",
+                                          "rate_rps",   "deadline_s", "classes",     "input_mean",
+                                          "output_mean", "max_tokens", NULL};
+static const char *const WORKLOAD_KEYS[] = {"version", "kind", "seed", "horizon_s", "models",
+                                            NULL};
+
 static int parse_class(json_t *c, sched_class *k, const char *where, md_err *e) {
     const char *name = NULL;
     long long maxt = 0;
     memset(k, 0, sizeof *k);
+    if (md_json_check_keys(c, CLASS_KEYS, where, e))
+        return e->code;
     if (md_json_get_str(c, "name", 1, &name, where, e) ||
         md_json_get_num(c, "input_mean", 1, &k->input_mean, where, e) ||
         md_json_get_num(c, "output_mean", 1, &k->output_mean, where, e) ||
@@ -39,6 +49,8 @@ static int parse_class(json_t *c, sched_class *k, const char *where, md_err *e) 
 
 static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e) {
     memset(d, 0, sizeof *d);
+    if (md_json_check_keys(j, DEMAND_KEYS, where, e))
+        return e->code;
     json_t *model = json_object_get(j, "model");
     json_t *file = json_object_get(j, "model_file");
     char w[128];
@@ -64,10 +76,10 @@ static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e
         md_json_get_num(j, "deadline_s", 0, &d->deadline_s, where, e))
         return e->code;
     if (!(d->priority > 0 && d->priority <= 1e6) || d->requests < 0 || d->requests > 1e10 ||
-        d->rate_rps < 0 || d->rate_rps > 1e7 || d->deadline_s < 0)
+        d->rate_rps < 0 || d->rate_rps > 1e7 || !(d->deadline_s >= 0 && d->deadline_s <= 1e9))
         return md_errf(e, MD_EINVAL,
                        "%s: priority must be in (0, 1e6], requests in [0, 1e10], rate_rps in "
-                       "[0, 1e7] and deadline_s >= 0",
+                       "[0, 1e7] and deadline_s in [0, 1e9]",
                        where);
     if (d->requests == 0 && d->rate_rps == 0)
         return md_errf(e, MD_EINVAL, "%s: give a backlog (\"requests\") or a \"rate_rps\"", where);
@@ -124,6 +136,8 @@ int sched_workload_from_json(sched_workload *w, json_t *doc, md_err *e) {
     w->seed = 1;
     if (!json_is_object(doc))
         return md_errf(e, MD_EFORMAT, "workload: the document must be a JSON object");
+    if (md_json_check_keys(doc, WORKLOAD_KEYS, "workload", e))
+        return e->code;
     long long seed = 1;
     if (md_json_get_num(doc, "horizon_s", 0, &w->horizon_s, "workload", e) ||
         md_json_get_int(doc, "seed", 0, &seed, "workload", e))

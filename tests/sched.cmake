@@ -14,6 +14,12 @@ if(MEDLEY_PYTHON)
            COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_sched_schemas.py)
   set_tests_properties(test_sched_schemas PROPERTIES LABELS unit
                        ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
+  # `medley plan` on hostile inputs: unknown keys in every object, figures of 1e308 / 1e100
+  # (issue 26 item 5): exit 1 naming the field, never a GLPK abort.
+  add_test(NAME sched_bad_input
+           COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/sched_bad_input.py)
+  set_tests_properties(sched_bad_input PROPERTIES LABELS unit TIMEOUT 300
+                       ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
 endif()
 # Benchmark (not a test): build-dir/tests/bench_sched [bench/scheduler/scenarios.json]
 add_executable(bench_sched ${CMAKE_SOURCE_DIR}/bench/scheduler/bench_sched.c)
