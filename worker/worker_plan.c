@@ -241,29 +241,41 @@ static void apply_plan(wk *w, const json_t *plan) {
     wk_take_own(w, 1);
 }
 
+/* GET P plan:version into *seen; when it differs from last, GET P plan into *plan (NULL when
+ * there is none; the caller decrefs). Returns 1 when it moved and the plan was read, -1 when
+ * it moved but the plan could not be parsed (e says why), 0 when it did not move or the
+ * connection failed (w->broken set). */
+static int plan_moved(wk *w, long long last, long long *seen, json_t **plan, md_err *e) {
+    char vkey[Q_KEY_MAX];
+    snprintf(vkey, sizeof vkey, "%splan:version", w->prefix);
+    redisReply *rep = md_redis_cmd(w->r, e, "GET %s", vkey);
+    if (!rep) {
+        w->broken = 1;
+        return 0;
+    }
+    *seen = rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : -1;
+    freeReplyObject(rep);
+    if (*seen == last)
+        return 0;
+    int rc = q_plan_get(w->r, w->prefix, plan, e);
+    if (rc == MD_EREDIS) {
+        w->broken = 1;
+        return 0;
+    }
+    return rc ? -1 : 1;
+}
+
 /* --follow-plan: look at P plan:version; when it differs from what was applied, read the plan
  * and apply it. A plan:version ahead of the plan document (the scheduler bumps it first) is
  * looked at again next time. */
 void wk_check_plan(wk *w) {
-    char vkey[Q_KEY_MAX];
-    snprintf(vkey, sizeof vkey, "%splan:version", w->prefix);
-    md_err e = {0};
-    redisReply *rep = md_redis_cmd(w->r, &e, "GET %s", vkey);
-    if (!rep) {
-        w->broken = 1;
-        return;
-    }
-    long long seen = rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : -1;
-    freeReplyObject(rep);
-    if (seen == w->plan_seen)
-        return;
+    long long seen;
     json_t *plan = NULL;
-    int rc = q_plan_get(w->r, w->prefix, &plan, &e);
-    if (rc == MD_EREDIS) {
-        w->broken = 1;
+    md_err e = {0};
+    int rc = plan_moved(w, w->plan_seen, &seen, &plan, &e);
+    if (rc == 0)
         return;
-    }
-    if (rc) {
+    if (rc < 0) {
         MD_ERROR("worker", "%s; keeping what is served", e.msg);
         w->plan_seen = seen;
         return;
@@ -281,28 +293,14 @@ void wk_check_plan(wk *w) {
  * so no line is stranded. Looked at when P plan:version moves; class streams the plan no
  * longer lists drain (what runs finishes, nothing new is read). */
 void wk_check_classes(wk *w) {
-    char vkey[Q_KEY_MAX];
-    snprintf(vkey, sizeof vkey, "%splan:version", w->prefix);
-    md_err e = {0};
-    redisReply *rep = md_redis_cmd(w->r, &e, "GET %s", vkey);
-    if (!rep) {
-        w->broken = 1;
-        return;
-    }
-    long long seen = rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : -1;
-    freeReplyObject(rep);
-    if (seen == w->cls_seen)
-        return;
+    long long seen;
     json_t *plan = NULL;
-    int rc = q_plan_get(w->r, w->prefix, &plan, &e);
-    if (rc == MD_EREDIS) {
-        w->broken = 1;
+    md_err e = {0};
+    int rc = plan_moved(w, w->cls_seen, &seen, &plan, &e);
+    if (rc == 0)
         return;
-    }
-    if (rc) { /* submitters ignore a malformed plan too: every line goes to P q:{M} */
+    if (rc < 0) /* submitters ignore a malformed plan too: every line goes to P q:{M} */
         MD_WARN("worker", "%s; reading no class streams", e.msg);
-        plan = NULL;
-    }
     for (int m = 0; m < WK_MAX_MODELS && !w->broken; m++) {
         model *md = &w->mod[m];
         if (md->state != SLOT_ON)
