@@ -14,7 +14,7 @@ extern const unsigned char sched_catalog_json[];
 /* The keys each document may hold, as schemas/gpu-catalog and schemas/fleet list them. */
 static const char *const GPU_KEYS[] = {"name",        "aliases",     "memory_gb", "hbm_gbps",
                                        "bf16_tflops", "int8_tops",   "nvlink_gbps", "pcie_gen",
-                                       "pcie_lanes",  "usd_per_hour", "sources",   NULL};
+                                       "pcie_lanes",  "usd_per_hour", "sources",   "memory_mib", NULL};
 static const char *const CATALOG_KEYS[] = {"version", "kind", "note", "gpus", NULL};
 static const char *const FLEET_KEYS[] = {"version", "kind",   "name", "inter_host_gbps",
                                          "gpu_types", "prices", "pools", "rent", NULL};
@@ -55,6 +55,15 @@ static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e)
                            v, nums[i].max);
         *nums[i].dst = v;
     }
+    /* The planner counts what the driver reports when the catalog has it (cards are sold
+     * in GB and hold GiB-sized memories: an "80 GB" A100 has 81,920 MiB = 85.9e9 bytes). */
+    iv = 0;
+    if (md_json_get_int(g, "memory_mib", 0, &iv, where, e))
+        return e->code;
+    if (iv < 0 || iv > 10000000)
+        return md_errf(e, MD_EINVAL, "%s.memory_mib is %lld; it must be in [1, 1e7]", where, iv);
+    if (iv > 0)
+        t->memory_gb = (double)iv * 1048576.0 / 1e9;
     iv = 4;
     if (md_json_get_int(g, "pcie_gen", 0, &iv, where, e))
         return e->code;

@@ -379,7 +379,8 @@ static int materialise(sched_plan *p, const sched_fleet *f, const sched_workload
                 tot += y[c][j];
             for (int j = 0; j < SCHED_MAX_CLASSES; j++)
                 r->share[j] = tot > 0 ? y[c][j] / tot : 0;
-            r->busy = w->models[k->model].rate_rps > 0 ? 1 : fmin(1, tot / n);
+            r->load = fmin(1, tot / n);
+            r->busy = w->models[k->model].rate_rps > 0 ? 1 : r->load;
             p->n++;
         }
     }
@@ -684,6 +685,30 @@ static void read_solution(lp **ls, int nl, sched_plan *p, const sched_workload *
     }
 }
 
+/* A serving model's replicas are on whether or not they have work, so the MILP is free to
+ * give them more class time y than the model's requests need (y costs nothing there). Trim
+ * each (model, class) to the requests/s the model is planned to serve, so that the
+ * replicas' predicted tokens/s add up to the model's (issue 26 item 4). */
+static void trim_to_served(const sched_plan *p, const sched_workload *w, const sched_cands *cs,
+                           double (*y)[SCHED_MAX_CLASSES]) {
+    for (int m = 0; m < w->n; m++) {
+        const sched_demand *d = &w->models[m];
+        double x = p->models[m].served_tps / model_tok(w, m); /* requests/s */
+        for (int k = 0; k < d->nclasses; k++) {
+            double routed = 0;
+            for (int c = 0; c < cs->n; c++)
+                if (cs->c[c].model == m && cs->c[c].serves[k])
+                    routed += cs->c[c].perf[k].requests_per_s * y[c][k];
+            double need = d->classes[k].share * x;
+            if (!(routed > need))
+                continue;
+            for (int c = 0; c < cs->n; c++)
+                if (cs->c[c].model == m)
+                    y[c][k] *= need / routed;
+        }
+    }
+}
+
 int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *f,
                      const sched_catalog *cat, const sched_cands *cs, const sched_opts *o,
                      md_err *e) {
@@ -757,17 +782,27 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
         }
     }
     read_solution(ls, nl, p, w, cs, counts, y);
+    trim_to_served(p, w, cs, y);
     if (ls[0]->timed_out)
         json_array_append_new(p->notes,
                               json_sprintf("the MILP stopped at its time limit (%.0f s per solve): "
                                            "the plan is valid but may not be optimal",
                                            o->time_limit_s));
-    for (int m = 0; m < w->n; m++) {
+    rc = materialise(p, f, w, cs, counts, y, e);
+    /* A replica that could not be packed into hosts was dropped (with a note): its model
+     * serves what its remaining replicas give. */
+    for (int m = 0; m < w->n && !rc; m++) {
+        double sum = 0;
+        for (int i = 0; i < p->n; i++)
+            if (cs->c[p->r[i].cand].model == m)
+                sum += sched_replica_tokens_per_s(&p->r[i], &cs->c[p->r[i].cand],
+                                                  w->models[m].nclasses);
+        if (sum < p->models[m].served_tps * (1 - 1e-7))
+            p->models[m].served_tps = sum;
         p->models[m].deadline_met = p->models[m].demand_tps <= 0 ||
                                     p->models[m].served_tps >= p->models[m].demand_tps * (1 - 1e-6);
         p->tokens_per_s += p->models[m].served_tps;
     }
-    rc = materialise(p, f, w, cs, counts, y, e);
     for (int i = 0; i < p->n; i++) {
         p->usd_per_hour += cs->c[p->r[i].cand].usd_per_hour;
         p->busy_usd_per_hour += cs->c[p->r[i].cand].usd_per_hour * p->r[i].busy;
@@ -864,14 +899,21 @@ int sched_plan_proportional(sched_plan *p, const sched_workload *w, const sched_
         const sched_demand *d = &w->models[cs->c[c].model];
         for (int k = 0; k < d->nclasses; k++)
             if (cs->c[c].serves[k])
-                y[c][k] = d->classes[k].share;
+                y[c][k] = d->classes[k].share * counts[c]; /* every replica always on */
     }
     (void)cat;
     int rc = materialise(p, f, w, cs, counts, y, e);
     for (int i = 0; i < p->n; i++) {
+        const sched_cand *c = &cs->c[p->r[i].cand];
+        double t = sched_replica_tokens_per_s(&p->r[i], c, w->models[c->model].nclasses);
+        p->models[c->model].served_tps += t;
+        p->tokens_per_s += t;
         p->usd_per_hour += cs->c[p->r[i].cand].usd_per_hour;
         p->busy_usd_per_hour += cs->c[p->r[i].cand].usd_per_hour * p->r[i].busy;
     }
+    for (int m = 0; m < w->n; m++)
+        p->models[m].deadline_met = p->models[m].demand_tps <= 0 ||
+                                    p->models[m].served_tps >= p->models[m].demand_tps * (1 - 1e-6);
     free(counts);
     free(y);
     free(weight);

@@ -96,7 +96,7 @@ int sched_stage_fits(const sched_model *m, const sched_gpu_type *g, const sched_
                   s->tp * pp->reserve_gb * 1e9;
     return md_errf(e, MD_ERANGE,
                    "%s layers [%d,%d) on %dx%s need %.1f GB (weights %.1f GB + KV for %.0f "
-                   "tokens + reserve) but %d x %.0f GB x %.2f usable = %.1f GB",
+                   "tokens + reserve) but %d x %.1f GB x %.2f usable = %.1f GB",
                    m->name, s->layer_lo, s->layer_hi, s->tp, g->name, need / 1e9, w / 1e9,
                    min_kv_tokens, s->tp, g->memory_gb, pp->mem_util,
                    s->tp * g->memory_gb * pp->mem_util);

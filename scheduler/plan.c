@@ -12,19 +12,23 @@ static double tokens_per_usd(double tps, double usd_h) {
     return usd_h > 0 ? tps * 3600 / usd_h : 0;
 }
 
-/* Tokens/s a replica is predicted to give at its class shares. */
 static double replica_tps(const sched_replica *r, const sched_cand *c, int nclasses) {
-    double t = 0;
-    for (int k = 0; k < nclasses; k++)
-        if (c->serves[k])
-            t += r->share[k] * c->perf[k].tokens_per_s;
-    return t * r->busy;
+    return sched_replica_tokens_per_s(r, c, nclasses);
 }
 
 /* $/M tokens of a replica while it works. */
 static double replica_usd_per_mtok(const sched_replica *r, const sched_cand *c, int nclasses) {
     double tps = replica_tps(r, c, nclasses);
     return tps > 0 ? c->usd_per_hour * r->busy / (tps * 3600) * 1e6 : 0;
+}
+
+/* GPUs the replicas hold (for a rent plan, the GPUs rented: not the fleet's size less its
+ * idle ones, since a rent fleet lists types x max_per_type). */
+static int plan_gpus(const sched_plan *p, const sched_cands *cs) {
+    int n = 0;
+    for (int i = 0; i < p->n; i++)
+        n += cs->c[p->r[i].cand].gpus;
+    return n;
 }
 
 json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const sched_fleet *f,
@@ -111,7 +115,7 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
                   "usd_per_mtok",
                   p->tokens_per_s > 0 ? p->busy_usd_per_hour / (p->tokens_per_s * 3600) * 1e6 : 0.0,
                   "tokens_per_usd", tokens_per_usd(p->tokens_per_s, p->busy_usd_per_hour),
-                  "gpus_used", sched_fleet_gpus(f) - p->nidle, "candidates", p->ncands, "solve_s",
+                  "gpus_used", plan_gpus(p, cs), "candidates", p->ncands, "solve_s",
                   p->solve_s));
     json_object_set(doc, "notes", p->notes ? p->notes : json_array());
     return doc;
@@ -120,6 +124,9 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
 int sched_plan_validate(const sched_plan *p, const sched_workload *w, const sched_fleet *f,
                         const sched_catalog *cat, const sched_cands *cs,
                         const sched_perf_params *pp, md_err *e) {
+    /* What the plan says it serves and costs, against its replicas. */
+    if (sched_plan_check_claims(p, w, cs, e))
+        return e->code;
     int total = sched_fleet_gpus(f);
     /* Each GPU id maps to (pool, index); mark use. */
     char *used = calloc((size_t)total + 1, 1);

@@ -250,7 +250,9 @@ typedef struct sched_replica {
     int cand;
     char (*gpu_ids)[SCHED_NAME];     /* cands.c[cand].gpus entries */
     double share[SCHED_MAX_CLASSES]; /* fraction of its work time on each class */
-    double busy; /* fraction of the time it works (batch replicas are off when done) */
+    double busy; /* fraction of the time it is billed (batch replicas are off when done) */
+    double load; /* fraction of its capacity the plan routes to it (predicted tokens/s =
+                    load x its classes' tokens/s at their shares) */
 } sched_replica;
 
 typedef struct sched_model_result {
@@ -295,6 +297,15 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
 int sched_plan_validate(const sched_plan *p, const sched_workload *w, const sched_fleet *f,
                         const sched_catalog *cat, const sched_cands *cs,
                         const sched_perf_params *pp, md_err *e);
+/* The plan's claims against its replicas (plan_check.c): each model's served tokens/s is
+ * what its replicas give at their routing shares and load, a deadline is claimed met only
+ * when the served rate covers the demand, totals add up, shares route only classes the
+ * replica holds. Called by sched_plan_validate. 0 or MD_EINVAL naming the claim. */
+int sched_plan_check_claims(const sched_plan *p, const sched_workload *w, const sched_cands *cs,
+                            md_err *e);
+/* Tokens/s replica r (of candidate c) is predicted to give: load x its classes' tokens/s at
+ * its routing shares. */
+double sched_replica_tokens_per_s(const sched_replica *r, const sched_cand *c, int nclasses);
 void sched_plan_print_table(FILE *out, const sched_plan *p, const sched_workload *w,
                             const sched_catalog *cat, const sched_cands *cs);
 int sched_plan_svg(const char *path, const sched_plan *p, const sched_workload *w,

@@ -568,6 +568,83 @@ static void validity_check_catches_a_gpu_used_twice(void **st) {
     world_free(&x);
 }
 
+/* Issue 26 items 4 and 5: a plan's numbers are its replicas' numbers. Serving models' replicas
+ * are on whether or not they have work, and the MILP gave them class time they do not need:
+ * their predicted tokens/s added up to more than the model's. A rent plan's gpus_used counted
+ * types x max_per_type. And validate refuses a plan whose claims its replicas do not back. */
+static void plan_numbers_are_its_replicas_numbers(void **st) {
+    world x;
+    md_err e = {0};
+    assert_int_equal(
+        world_load(&x,
+                   "{\"name\":\"t\",\"pools\":[{\"name\":\"a\",\"type\":\"A100-80GB-SXM\","
+                   "\"count\":8,\"gpus_per_host\":8},{\"name\":\"l\",\"type\":\"L4\","
+                   "\"count\":8,\"gpus_per_host\":8}]}",
+                   "{\"models\":[{\"model\":\"llama-3-8b\",\"rate_rps\":7,\"input_mean\":900,"
+                   "\"output_mean\":300},{\"model\":\"mistral-7b\",\"rate_rps\":0.5,"
+                   "\"input_mean\":300,\"output_mean\":100},{\"model\":\"qwen2-7b\","
+                   "\"rate_rps\":0.3,\"input_mean\":300,\"output_mean\":100}]}",
+                   &e),
+        0);
+    sched_plan p;
+    sched_opts o;
+    sched_opts_defaults(&o);
+    assert_int_equal(sched_plan_solve(&p, &x.w, &x.f, &x.cat, &x.cs, &o, &e), 0);
+    assert_int_equal(sched_plan_validate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), 0);
+    json_t *doc = sched_plan_to_json(&p, &x.w, &x.f, &x.cat, &x.cs);
+    for (int m = 0; m < x.w.n; m++) {
+        double sum = 0;
+        size_t i;
+        json_t *r;
+        json_array_foreach(json_object_get(doc, "replicas"), i, r) {
+            if (!strcmp(json_string_value(json_object_get(r, "model")), x.w.models[m].model.name))
+                sum += json_number_value(json_object_get(r, "predicted_tokens_per_s"));
+        }
+        double model = json_number_value(
+            json_object_get(json_array_get(json_object_get(doc, "models"), (size_t)m),
+                            "predicted_tokens_per_s"));
+        print_message("%s: replicas %.1f tok/s, model %.1f tok/s\n", x.w.models[m].model.name,
+                      sum, model);
+        assert_true(model > 0);
+        assert_true(fabs(sum - model) <= 1e-6 * model);
+    }
+    json_decref(doc);
+    /* Claims the replicas do not back are refused. */
+    double saved = p.models[0].served_tps;
+    p.models[0].served_tps *= 1.5;
+    assert_int_equal(sched_plan_validate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "replicas give"));
+    p.models[0].served_tps = saved;
+    p.models[0].demand_tps = saved * 2;
+    p.models[0].deadline_met = 1;
+    assert_int_equal(sched_plan_validate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "deadline met"));
+    sched_plan_free(&p);
+    world_free(&x);
+    /* A rent plan's gpus_used is the GPUs rented. */
+    assert_int_equal(
+        world_load(&x,
+                   "{\"name\":\"r\",\"rent\":{\"types\":[\"A100-80GB-SXM\",\"L4\"],"
+                   "\"max_per_type\":64}}",
+                   "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":20000,"
+                   "\"deadline_s\":1800,\"input_mean\":300,\"output_mean\":150}]}",
+                   &e),
+        0);
+    assert_int_equal(sched_plan_solve(&p, &x.w, &x.f, &x.cat, &x.cs, &o, &e), 0);
+    assert_int_equal(sched_plan_validate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), 0);
+    int rented = 0;
+    for (int i = 0; i < p.n; i++)
+        rented += x.cs.c[p.r[i].cand].gpus;
+    doc = sched_plan_to_json(&p, &x.w, &x.f, &x.cat, &x.cs);
+    json_int_t used = json_integer_value(json_object_get(json_object_get(doc, "totals"), "gpus_used"));
+    print_message("rent: %d GPUs rented, gpus_used %lld\n", rented, (long long)used);
+    assert_true(rented > 0 && rented < 128);
+    assert_int_equal(used, rented);
+    json_decref(doc);
+    sched_plan_free(&p);
+    world_free(&x);
+}
+
 /* 1,000 GPUs x 10 models: the whole planning path (candidates + MILP) in under a second
  * in an optimised build (the bench prints it); here 5 s leaves room for sanitizers. */
 static void thousand_gpus_ten_models_plan_quickly(void **st) {
@@ -628,6 +705,7 @@ int main(void) {
         cmocka_unit_test(impossible_deadline_reports_need_and_best),
         cmocka_unit_test(malformed_files_get_clear_errors),
         cmocka_unit_test(validity_check_catches_a_gpu_used_twice),
+        cmocka_unit_test(plan_numbers_are_its_replicas_numbers),
         cmocka_unit_test(thousand_gpus_ten_models_plan_quickly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
