@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "scheduler/sched.h"
 
@@ -85,14 +86,24 @@ static int push(sched_cands *cs, const sched_cand *c) {
     return 0;
 }
 
+/* The profile measured for (model, catalog type, tp), matched through aliases and driver
+ * names, or NULL. */
+static const sched_profile *profile_for(const sched_profiles *ps, const sched_catalog *cat,
+                                        const char *model, int type, int tp) {
+    for (int i = 0; ps && i < ps->n; i++)
+        if (ps->p[i].tp == tp && !strcasecmp(ps->p[i].model, model) &&
+            sched_profile_type(&ps->p[i], cat) == type)
+            return &ps->p[i];
+    return NULL;
+}
+
 /* Fill perf and serves for every class of the model; returns how many classes it serves. */
 static int evaluate(sched_cand *c, const sched_demand *d, const sched_fleet *f,
                     const sched_catalog *cat, const sched_profiles *prof,
                     const sched_perf_params *pp) {
     const sched_profile *pr = NULL;
     if (c->nstages == 1)
-        pr = sched_profile_find(prof, d->model.name, cat->gpus[c->stages[0].type].name,
-                                c->stages[0].tp);
+        pr = profile_for(prof, cat, d->model.name, c->stages[0].type, c->stages[0].tp);
     int served = 0;
     c->best_tokens_per_usd = 0;
     for (int k = 0; k < d->nclasses; k++) {
@@ -221,22 +232,178 @@ static int build_model(sched_cands *cs, int mi, const sched_demand *d, const sch
     return 0;
 }
 
+/* Measured / modelled throughput of model d on a TP group of `tp` GPUs of `type`, as the
+ * geometric mean over the classes profile pr answers: log-sum into *lsum, count into *n. */
+static void calib_profile(const sched_demand *d, const sched_catalog *cat, int type, int tp,
+                          const sched_profile *pr, const sched_perf_params *pp, double *lsum,
+                          int *n) {
+    sched_stage st = {type, -1, tp, 0, d->model.layers};
+    for (int k = 0; k < d->nclasses; k++) {
+        const sched_class *cl = &d->classes[k];
+        sched_perf meas, roof;
+        if (sched_perf_replica(&d->model, cat, &st, 1, 12.5, cl->input_mean, cl->output_mean, pp,
+                               pr, &meas, NULL) ||
+            sched_perf_replica(&d->model, cat, &st, 1, 12.5, cl->input_mean, cl->output_mean, pp,
+                               NULL, &roof, NULL))
+            continue;
+        if (strcmp(meas.bound, "profile") || !(roof.tokens_per_s > 0) ||
+            !(meas.tokens_per_s > 0))
+            continue;
+        *lsum += log(meas.tokens_per_s / roof.tokens_per_s);
+        (*n)++;
+    }
+}
+
+/* Check every profile against the catalog and the workload, compute the calibration
+ * factor of each (model, type) into scale[m * cat->n + t] (1 where nothing was measured),
+ * and note what each profile gave. */
+static int calibrate(sched_cands *cs, const sched_workload *w, const sched_catalog *cat,
+                     const sched_profiles *prof, const sched_perf_params *pp, double *scale,
+                     md_err *e) {
+    for (int i = 0; i < w->n * cat->n; i++)
+        scale[i] = 1;
+    for (int m = 0; m < w->n; m++)
+        for (int t = 0; t < cat->n; t++) {
+            double lsum = 0;
+            int n = 0;
+            for (int i = 0; prof && i < prof->n; i++) {
+                const sched_profile *pr = &prof->p[i];
+                if (!strcasecmp(pr->model, w->models[m].model.name) &&
+                    sched_profile_type(pr, cat) == t)
+                    calib_profile(&w->models[m], cat, t, pr->tp, pr, pp, &lsum, &n);
+            }
+            if (n) {
+                scale[m * cat->n + t] = exp(lsum / n);
+                json_array_append_new(
+                    cs->notes, json_sprintf("%s on %s: measured throughput is %.2fx the roofline's "
+                                            "over %d class(es); modelled candidates on %s are "
+                                            "scaled by it",
+                                            w->models[m].model.name, cat->gpus[t].name,
+                                            exp(lsum / n), n, cat->gpus[t].name));
+            }
+        }
+    for (int i = 0; prof && i < prof->n; i++) {
+        const sched_profile *pr = &prof->p[i];
+        int t = sched_profile_type(pr, cat), m = -1;
+        if (t < 0) {
+            char known[512] = "";
+            size_t at = 0;
+            for (int j = 0; j < cat->n && at < sizeof known; j++)
+                at += (size_t)snprintf(known + at, sizeof known - at, "%s%s", j ? ", " : "",
+                                       cat->gpus[j].name);
+            return md_errf(e, MD_EINVAL,
+                           "profile %d (%s on %s, TP %d): device '%s' is no GPU type of the "
+                           "catalog, by name, alias or driver name (known: %s)",
+                           i, pr->model, pr->device, pr->tp, pr->device, known);
+        }
+        for (int j = 0; j < w->n && m < 0; j++)
+            if (!strcasecmp(pr->model, w->models[j].model.name))
+                m = j;
+        if (m < 0) {
+            json_array_append_new(cs->notes,
+                                  json_sprintf("profile %d (%s on %s, TP %d) is not used: no "
+                                               "model of the workload is named %s",
+                                               i, pr->model, pr->device, pr->tp, pr->model));
+            continue;
+        }
+        int used = 0;
+        for (int c = 0; c < cs->n && !used; c++)
+            for (int k = 0; k < SCHED_MAX_CLASSES && !used; k++)
+                used = cs->c[c].model == m && cs->c[c].serves[k] && cs->c[c].nstages == 1 &&
+                       cs->c[c].stages[0].type == t && cs->c[c].stages[0].tp == pr->tp &&
+                       !strcmp(cs->c[c].perf[k].bound, "profile");
+        if (!used)
+            json_array_append_new(
+                cs->notes,
+                json_sprintf("profile %d (%s on %s = %s, TP %d) answers no candidate (no %d-GPU "
+                             "%s group in the fleet, or no class inside its buckets)%s",
+                             i, pr->model, pr->device, cat->gpus[t].name, pr->tp, pr->tp,
+                             cat->gpus[t].name,
+                             scale[m * cat->n + t] != 1 ? "; it still calibrates the roofline"
+                                                        : ""));
+    }
+    return 0;
+}
+
+/* Scale the modelled classes of every candidate by its types' calibration, and say per
+ * candidate where its numbers come from. */
+static void apply_calibration(sched_cands *cs, const sched_workload *w, const sched_catalog *cat,
+                              const double *scale) {
+    for (int c = 0; c < cs->n; c++) {
+        sched_cand *k = &cs->c[c];
+        const sched_demand *d = &w->models[k->model];
+        double f = INFINITY;
+        int tf = -1;
+        for (int s = 0; s < k->nstages; s++) {
+            double v = scale[k->model * cat->n + k->stages[s].type];
+            if (v != 1 && v < f) {
+                f = v;
+                tf = k->stages[s].type;
+            }
+        }
+        int measured = 0, modelled = 0;
+        k->best_tokens_per_usd = 0;
+        for (int j = 0; j < d->nclasses; j++) {
+            if (!k->serves[j])
+                continue;
+            sched_perf *x = &k->perf[j];
+            if (!strcmp(x->bound, "profile")) {
+                measured++;
+            } else {
+                modelled++;
+                if (tf >= 0) {
+                    x->scale = f;
+                    x->tokens_per_s *= f;
+                    x->requests_per_s *= f;
+                    x->decode_step_s /= f;
+                    x->prefill_s /= f;
+                }
+            }
+            double tpu = x->tokens_per_s * 3600 / (k->usd_per_hour > 0 ? k->usd_per_hour : 1e-9);
+            if (tpu > k->best_tokens_per_usd)
+                k->best_tokens_per_usd = tpu;
+        }
+        if (measured && !modelled)
+            snprintf(k->source, sizeof k->source, "measured");
+        else if (tf >= 0)
+            snprintf(k->source, sizeof k->source,
+                     "%smodelled x%.2f (calibrated by measured profiles on %s)",
+                     measured ? "measured+" : "", f, cat->gpus[tf].name);
+        else
+            snprintf(k->source, sizeof k->source, "%smodelled", measured ? "measured+" : "");
+    }
+}
+
 int sched_cands_build(sched_cands *cs, const sched_workload *w, const sched_fleet *f,
                       const sched_catalog *cat, const sched_profiles *prof,
                       const sched_perf_params *pp, md_err *e) {
     memset(cs, 0, sizeof *cs);
+    cs->notes = json_array();
+    double *scale = calloc((size_t)(w->n * cat->n) + 1, sizeof *scale);
+    if (!cs->notes || !scale) {
+        free(scale);
+        sched_cands_free(cs);
+        return md_errf(e, MD_ENOMEM, "out of memory building candidates");
+    }
     for (int m = 0; m < w->n; m++) {
-        int before = cs->n;
         if (build_model(cs, m, &w->models[m], f, cat, prof, pp)) {
+            free(scale);
             sched_cands_free(cs);
             return md_errf(e, MD_ENOMEM, "out of memory building candidates");
         }
-        (void)before;
     }
+    if (calibrate(cs, w, cat, prof, pp, scale, e)) {
+        free(scale);
+        sched_cands_free(cs);
+        return e->code;
+    }
+    apply_calibration(cs, w, cat, scale);
+    free(scale);
     return 0;
 }
 
 void sched_cands_free(sched_cands *cs) {
     free(cs->c);
+    json_decref(cs->notes);
     memset(cs, 0, sizeof *cs);
 }

@@ -715,7 +715,7 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
     uint64_t t0 = md_mono_ns();
     memset(p, 0, sizeof *p);
     p->objective = f->rent ? 1 : 0;
-    p->notes = json_array();
+    p->notes = cs->notes ? json_deep_copy(cs->notes) : json_array();
     p->ncands = cs->n;
     p->nmodels = w->n;
     p->models = calloc((size_t)w->n + 1, sizeof *p->models);
@@ -839,7 +839,7 @@ void sched_plan_free(sched_plan *p) {
 int sched_plan_proportional(sched_plan *p, const sched_workload *w, const sched_fleet *f,
                             const sched_catalog *cat, const sched_cands *cs, md_err *e) {
     memset(p, 0, sizeof *p);
-    p->notes = json_array();
+    p->notes = cs->notes ? json_deep_copy(cs->notes) : json_array();
     p->nmodels = w->n;
     p->ncands = cs->n;
     p->models = calloc((size_t)w->n + 1, sizeof *p->models);

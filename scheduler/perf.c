@@ -130,6 +130,7 @@ int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sch
                        const sched_perf_params *pp, const sched_profile *prof, sched_perf *r,
                        md_err *e) {
     memset(r, 0, sizeof *r);
+    r->scale = 1;
     double kv = INFINITY;
     for (int s = 0; s < nstages; s++) {
         const sched_gpu_type *g = &cat->gpus[st[s].type];
@@ -363,4 +364,24 @@ const sched_profile *sched_profile_find(const sched_profiles *ps, const char *mo
             ps->p[i].tp == tp)
             return &ps->p[i];
     return NULL;
+}
+
+int sched_profile_type(const sched_profile *p, const sched_catalog *cat) {
+    int t = sched_catalog_find(cat, p->device);
+    if (t >= 0)
+        return t;
+    /* a "<N>GB" word ("A100-SXM4-80GB", "H100-80GB-HBM3") is the card's memory size */
+    double gb = 0;
+    for (const char *s = p->device; *s; s++)
+        if ((s == p->device || s[-1] == '-' || s[-1] == ' ' || s[-1] == '_') &&
+            s[0] >= '0' && s[0] <= '9') {
+            char *end;
+            double v = strtod(s, &end);
+            if ((end[0] == 'G' || end[0] == 'g') && (end[1] == 'B' || end[1] == 'b') &&
+                (!end[2] || end[2] == '-' || end[2] == ' ' || end[2] == '_'))
+                gb = v;
+        }
+    /* the match compares memory with the catalog's (driver-reported) figure: a card sold as
+     * N GB holds about N GiB */
+    return sched_catalog_match_device(cat, p->device, gb * 1.073741824);
 }

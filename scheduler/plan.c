@@ -77,18 +77,24 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
                 json_object_set_new(routing, d->classes[k].name, json_real(r->share[k]));
             }
             if (c->serves[k])
-                json_object_set_new(perf, d->classes[k].name,
-                                    json_pack("{s:f, s:f, s:i, s:s}", "tokens_per_s",
-                                              c->perf[k].tokens_per_s, "requests_per_s",
-                                              c->perf[k].requests_per_s, "batch", c->perf[k].batch,
-                                              "bound", c->perf[k].bound));
+                json_object_set_new(
+                    perf, d->classes[k].name,
+                    json_pack("{s:f, s:f, s:i, s:s, s:s, s:f}", "tokens_per_s",
+                              c->perf[k].tokens_per_s, "requests_per_s",
+                              c->perf[k].requests_per_s, "batch", c->perf[k].batch, "bound",
+                              c->perf[k].bound, "source",
+                              !strcmp(c->perf[k].bound, "profile") ? "measured"
+                              : c->perf[k].scale != 1            ? "calibrated"
+                                                                 : "modelled",
+                              "calibration", c->perf[k].scale > 0 ? c->perf[k].scale : 1.0));
         }
         double tps = replica_tps(r, c, d->nclasses);
         char id[32];
         snprintf(id, sizeof id, "r%d", i);
         json_array_append_new(reps,
-                              json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:f, s:f, s:f, s:f}",
+                              json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:f, s:f, s:f, s:f}",
                                         "id", id, "model", d->model.name, "candidate", c->label,
+                                        "throughput_source", c->source[0] ? c->source : "modelled",
                                         "stages", stages, "classes", served, "routing", routing,
                                         "per_class", perf, "predicted_tokens_per_s", tps, "busy",
                                         r->busy, "usd_per_hour", c->usd_per_hour, "usd_per_mtok",

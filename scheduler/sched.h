@@ -169,6 +169,8 @@ typedef struct sched_perf {
     double requests_per_s; /* sustained */
     double tokens_per_s;   /* (input + output) tokens per second */
     const char *bound;     /* "memory", "compute", "kv", "profile" */
+    double scale;          /* roofline speed multiplied by this calibration (1: none); the
+                              simulator divides the roofline's step times by it */
 } sched_perf;
 
 /* Measured profile (schemas/profile.schema.json). */
@@ -195,9 +197,14 @@ typedef struct sched_profiles {
 int sched_profile_from_json(sched_profiles *ps, json_t *doc, const char *where, md_err *e);
 int sched_profile_load(sched_profiles *ps, const char *path, md_err *e);
 void sched_profiles_free(sched_profiles *ps);
-/* Profile for (model, device type, tp), or NULL. */
+/* Profile for (model, device type, tp), or NULL: device is a catalog name; a profile's
+ * device_type matches it by name only (sched_profile_type resolves aliases and driver names). */
 const sched_profile *sched_profile_find(const sched_profiles *ps, const char *model,
                                         const char *device, int tp);
+/* The catalog type a profile was measured on: its device_type as a catalog name or alias,
+ * else as the driver names the card (`medley profile` writes "A100-SXM4-80GB",
+ * "H100-80GB-HBM3"; a "<N>GB" word picks the memory size). -1 when nothing matches. */
+int sched_profile_type(const sched_profile *p, const sched_catalog *cat);
 
 /* Memory check for a stage: 0 when weights + reserve + KV for min_kv_tokens fit, else
  * MD_ERANGE with the numbers in e. */
@@ -227,15 +234,25 @@ typedef struct sched_cand {
     int serves[SCHED_MAX_CLASSES];      /* 1 when the class fits (KV for its max tokens) */
     double best_tokens_per_usd;
     char label[96]; /* "2xL4 TP2" or "A100-80GB-SXM[0,20)+L4x2[20,32)" */
+    char source[96]; /* "measured", "modelled", "measured+modelled", or "modelled x0.83
+                        (calibrated by measured profiles on L4)" */
 } sched_cand;
 
 typedef struct sched_cands {
     sched_cand *c;
     int n, cap;
+    json_t *notes; /* array of strings (owned): profiles that matched no candidate, and
+                      the calibration each measured profile gave; copied into plans */
 } sched_cands;
 
 /* Candidates for every model of w over the fleet's pools (or the catalog types when
- * f->rent). Pruned: dominated candidates and all but the best few mixed PP ones dropped. */
+ * f->rent). Pruned: dominated candidates and all but the best few mixed PP ones dropped.
+ * Measured profiles (prof) replace the roofline for the (model, type, TP) they cover and
+ * calibrate it elsewhere: each (model, type) with a profile gets the geometric mean of
+ * measured / modelled throughput over the classes its profiles answer, and every modelled
+ * candidate on that type is scaled by it (a pipeline by the smallest factor among its
+ * types). A profile whose device is no catalog type is an error (MD_EINVAL); one whose
+ * model is not in the workload or that no candidate uses is a note in cs->notes. */
 int sched_cands_build(sched_cands *cs, const sched_workload *w, const sched_fleet *f,
                       const sched_catalog *cat, const sched_profiles *prof,
                       const sched_perf_params *pp, md_err *e);

@@ -110,7 +110,7 @@ static double step_time(const sched_cand *c, const sched_model *m, const sched_c
                 2.5 * pp->link_latency_s + mb * m->hidden * 2.0 / (inter_gbps * 1e9 * pp->link_eff);
         tick = fmax(tick, t);
     }
-    return S * tick;
+    return S * tick / (c->perf[cls].scale > 0 ? c->perf[cls].scale : 1);
 }
 
 static double prefill_time(const sched_cand *c, const sched_model *m, const sched_catalog *cat,
@@ -125,7 +125,7 @@ static double prefill_time(const sched_cand *c, const sched_model *m, const sche
         if (s + 1 < c->nstages)
             t += in * m->hidden * 2.0 / (inter_gbps * 1e9 * pp->link_eff);
     }
-    return t;
+    return t / (c->perf[cls].scale > 0 ? c->perf[cls].scale : 1);
 }
 
 /* Queue of (model m, class k) has a request that arrived by `now`: its id, else -1. */

@@ -16,6 +16,12 @@ if(MEDLEY_PYTHON)
                        ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
   # `medley plan` on hostile inputs: unknown keys in every object, figures of 1e308 / 1e100
   # (issue 26 item 5): exit 1 naming the field, never a GLPK abort.
+  # `medley plan --profile`: aliases and driver names match, TP-2 calibrated or measured,
+  # unknown devices refused, unused profiles noted (issue 26 item 1).
+  add_test(NAME sched_profiles
+           COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/sched_profiles.py)
+  set_tests_properties(sched_profiles PROPERTIES LABELS unit TIMEOUT 300
+                       ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
   add_test(NAME sched_bad_input
            COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/sched_bad_input.py)
   set_tests_properties(sched_bad_input PROPERTIES LABELS unit TIMEOUT 300
