@@ -248,6 +248,17 @@ static void known_types(const sched_catalog *c, char *buf, size_t n) {
         at += (size_t)snprintf(buf + at, n - at, "%s%s", i ? ", " : "", c->gpus[i].name);
 }
 
+/* Does the fleet's "prices" map name catalog type t (by name or alias)? */
+static int price_named(json_t *prices, const sched_catalog *cat, int t) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(prices, k, v) {
+        if (sched_catalog_find(cat, k) == t)
+            return 1;
+    }
+    return 0;
+}
+
 int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_err *e) {
     memset(f, 0, sizeof *f);
     f->link_gbps = 12.5;
@@ -286,6 +297,7 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
         }
         cat->gpus[t].usd_per_hour = json_number_value(v);
     }
+    json_t *priced = json_object_get(doc, "prices"); /* types the fleet prices itself */
     json_t *rent = json_object_get(doc, "rent");
     json_t *pools = json_object_get(doc, "pools");
     if (rent && pools)
@@ -328,6 +340,8 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
             p->count = (int)maxn;
             p->gpus_per_host = 8;
             p->usd_per_hour = cat->gpus[t].usd_per_hour;
+            snprintf(p->price_from, sizeof p->price_from, "%s",
+                     price_named(priced, cat, t) ? "fleet" : "catalog");
         }
         return 0;
     }
@@ -371,6 +385,9 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
         p->usd_per_hour = cat->gpus[t].usd_per_hour;
         if (md_json_get_num(g, "usd_per_hour", 0, &p->usd_per_hour, w, e))
             goto fail;
+        snprintf(p->price_from, sizeof p->price_from, "%s",
+                 json_object_get(g, "usd_per_hour") || price_named(priced, cat, t) ? "fleet"
+                                                                                  : "catalog");
         if (!(p->usd_per_hour >= 0 && p->usd_per_hour <= 1e5)) {
             md_errf(e, MD_EINVAL, "%s.usd_per_hour must be in [0, 1e5], got %g", w,
                     p->usd_per_hour);

@@ -63,7 +63,7 @@ static json_t *scan_keys(redisContext *c, const char *pattern) {
  * `state` "draining"/"stopping" removes the worker from the plan. Fills `workers` with
  * the worker ids seen (for change detection). */
 static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_catalog *cat,
-                                     json_t *workers, json_t *warned) {
+                                     json_t *workers, json_t *warned, json_t *priced) {
     char pat[256];
     snprintf(pat, sizeof pat, "%sworker:*", prefix);
     json_t *keys = scan_keys(c, pat);
@@ -75,8 +75,8 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
     json_array_foreach(keys, i, k) {
         const char *key = json_string_value(k);
         const char *wid = key + strlen(prefix) + strlen("worker:");
-        redisReply *r = redisCommand(c, "HMGET %s devices state", key);
-        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        redisReply *r = redisCommand(c, "HMGET %s devices state usd_per_hour", key);
+        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
             r->element[0]->type != REDIS_REPLY_STRING) {
             freeReplyObject(r);
             continue;
@@ -85,6 +85,15 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
             (!strcmp(r->element[1]->str, "draining") || !strcmp(r->element[1]->str, "stopping"))) {
             freeReplyObject(r);
             continue;
+        }
+        /* what the worker says its devices cost ($/h, all of them): it overrides the
+         * catalog's price, split over its GPUs in proportion to their catalog prices */
+        double usd = -1;
+        if (r->element[2]->type == REDIS_REPLY_STRING) {
+            char *end;
+            double v = strtod(r->element[2]->str, &end);
+            if (!*end && v > 0 && v <= 1e6)
+                usd = v;
         }
         json_t *devs = json_loads(r->element[0]->str, 0, NULL);
         freeReplyObject(r);
@@ -105,7 +114,7 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
                 /* a worker not told its catalog type: recognise the driver's GPU name */
                 int k = sched_catalog_match_device(
                     cat, json_string_value(json_object_get(d, "name")),
-                    (double)json_integer_value(json_object_get(d, "memory_bytes")) / 1073741824.0);
+                    (double)json_integer_value(json_object_get(d, "memory_bytes")) / 1e9);
                 if (k >= 0)
                     t = cat->gpus[k].name;
             }
@@ -124,14 +133,28 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
         }
         const char *t;
         json_t *n;
+        double catalog_usd = 0; /* the worker's GPUs at catalog prices */
+        json_object_foreach(counts, t, n) {
+            catalog_usd += cat->gpus[sched_catalog_find(cat, t)].usd_per_hour *
+                           (double)json_integer_value(n);
+        }
         json_object_foreach(counts, t, n) {
             char name[SCHED_NAME];
             if (json_object_size(counts) == 1)
                 snprintf(name, sizeof name, "%s", wid);
             else
                 snprintf(name, sizeof name, "%s#%s", wid, t);
-            json_array_append_new(pools, json_pack("{s:s, s:s, s:O, s:O}", "name", name, "type", t,
-                                                   "count", n, "gpus_per_host", n));
+            json_t *pool = json_pack("{s:s, s:s, s:O, s:O}", "name", name, "type", t, "count", n,
+                                     "gpus_per_host", n);
+            if (usd > 0) {
+                double each = cat->gpus[sched_catalog_find(cat, t)].usd_per_hour;
+                double per = catalog_usd > 0 ? usd * each / catalog_usd
+                                             : usd / (double)json_object_size(counts) /
+                                                   (double)json_integer_value(n);
+                json_object_set_new(pool, "usd_per_hour", json_real(per));
+                json_object_set_new(priced, name, json_true());
+            }
+            json_array_append_new(pools, pool);
         }
         if (json_object_size(counts))
             json_array_append_new(workers, json_string(wid));
@@ -300,7 +323,8 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
         }
         memcpy(cat.gpus, cat0->gpus, (size_t)cat0->n * sizeof *cat.gpus);
         json_t *workers = json_array();
-        json_t *pools = fleet_from_heartbeats(c, o->prefix, &cat, workers, warned);
+        json_t *priced = json_object(); /* pools priced by their worker's heartbeat */
+        json_t *pools = fleet_from_heartbeats(c, o->prefix, &cat, workers, warned, priced);
         json_t *bl = pools ? backlogs(c, o->prefix) : NULL;
         int changed = !last_workers || !json_equal(workers, last_workers);
         const char *reason = !last_workers ? "start" : changed ? "fleet changed" : "backlog";
@@ -319,6 +343,9 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
             memset(&cs, 0, sizeof cs);
             int ok = json_array_size(json_object_get(wdoc, "models")) &&
                      !sched_fleet_from_json(&f, fdoc, &cat, &pe);
+            for (int q = 0; ok && q < f.n; q++)
+                if (json_object_get(priced, f.pools[q].name))
+                    snprintf(f.pools[q].price_from, sizeof f.pools[q].price_from, "heartbeat");
             if (ok && sched_workload_from_json(&w, wdoc, &pe)) {
                 sched_fleet_free(&f);
                 ok = 0;
@@ -385,6 +412,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
             json_decref(wdoc);
         }
         json_decref(pools);
+        json_decref(priced);
         json_decref(bl);
         json_decref(workers);
         sched_catalog_free(&cat);

@@ -65,10 +65,16 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
             for (int g = 0; g < c->stages[s].tp; g++)
                 json_array_append_new(ids, json_string(r->gpu_ids[at + g]));
             at += c->stages[s].tp;
-            json_array_append_new(stages, json_pack("{s:s, s:o, s:i, s:[i,i]}", "gpu_type",
-                                                    cat->gpus[c->stages[s].type].name, "gpus", ids,
-                                                    "tp", c->stages[s].tp, "layers",
-                                                    c->stages[s].layer_lo, c->stages[s].layer_hi));
+            const sched_pool *pl = c->stages[s].pool >= 0 && c->stages[s].pool < f->n
+                                       ? &f->pools[c->stages[s].pool]
+                                       : NULL;
+            json_array_append_new(
+                stages,
+                json_pack("{s:s, s:o, s:i, s:[i,i], s:f, s:s}", "gpu_type",
+                          cat->gpus[c->stages[s].type].name, "gpus", ids, "tp", c->stages[s].tp,
+                          "layers", c->stages[s].layer_lo, c->stages[s].layer_hi,
+                          "usd_per_gpu_hour", pl ? pl->usd_per_hour : 0.0, "price_source",
+                          pl && pl->price_from[0] ? pl->price_from : "catalog"));
         }
         json_t *served = json_array(), *routing = json_object(), *perf = json_object();
         for (int k = 0; k < d->nclasses; k++) {

@@ -45,7 +45,7 @@ int sched_catalog_find(const sched_catalog *c, const char *name);
  * A100-SXM4-40GB", "NVIDIA GeForce RTX 4090", "Tesla T4") with memory_gb its total memory
  * (0 = unknown): vendor words dropped, then a name or alias, else the types whose model
  * (H100, A100, L4, RTX-4090, ...) is a word of the name: the form factor first ("PCIe" in
- * the name or not), then the closest memory (GiB). Index, or -1 when nothing matches. */
+ * the name or not), then the closest memory (1e9 bytes, as memory_gb counts it). Index, or -1 when nothing matches. */
 int sched_catalog_match_device(const sched_catalog *c, const char *device_name, double memory_gb);
 /* One GPU's inter-GPU bandwidth for collectives inside a host: NVLink if any, else PCIe. */
 double sched_gpu_link_gbps(const sched_gpu_type *g);
@@ -85,6 +85,9 @@ typedef struct sched_pool {
     int count;
     int gpus_per_host;   /* a TP group stays inside one host */
     double usd_per_hour; /* per GPU */
+    char price_from[16]; /* where usd_per_hour comes from: "catalog", "fleet" (the fleet
+                            file's prices or the pool's own), "heartbeat" (the daemon: what
+                            the worker reports it costs) */
 } sched_pool;
 
 typedef struct sched_fleet {

@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,6 +161,48 @@ static void once_publishes_a_plan_and_an_event(void **st) {
     sched_catalog_free(&cat);
 }
 
+/* Issue 26 item 7: the $/h a worker reports in its heartbeat overrides the catalog's price
+ * (split over its GPUs), and the plan records per stage which price it used. */
+static void heartbeat_price_overrides_the_catalog(void **st) {
+    seed_fleet();
+    /* w1's two L4s cost $0.20/h in all (the catalog says $0.70/h each); w4 reports no price */
+    cmd("HSET medley:worker:w1 usd_per_hour 0.2");
+    cmd("HSET medley:worker:w2 usd_per_hour garbage");
+    sched_catalog cat;
+    md_err e = {0};
+    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
+    sched_daemon_opts o = {url, "medley:", NULL, 0.1, 5000, 60, 0.1, 1};
+    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    char *js = NULL;
+    assert_int_equal(plan_version(&js), 1);
+    json_t *doc = json_loads(js, 0, NULL);
+    size_t i, j;
+    json_t *r, *s;
+    int w1 = 0, other = 0;
+    json_array_foreach(json_object_get(doc, "replicas"), i, r) {
+        json_array_foreach(json_object_get(r, "stages"), j, s) {
+            const char *gpu = json_string_value(json_array_get(json_object_get(s, "gpus"), 0));
+            double usd = json_number_value(json_object_get(s, "usd_per_gpu_hour"));
+            const char *src = json_string_value(json_object_get(s, "price_source"));
+            print_message("stage on %s: $%.3f/h per GPU from %s\n", gpu, usd, src);
+            if (!strncmp(gpu, "w1/", 3)) {
+                w1++;
+                assert_true(fabs(usd - 0.1) < 1e-9);
+                assert_string_equal(src, "heartbeat");
+            } else {
+                other++;
+                assert_string_equal(src, "catalog"); /* garbage or no price: the catalog's */
+            }
+        }
+    }
+    /* at $0.10 per L4 the cheap worker is in the plan */
+    assert_true(w1 >= 1);
+    (void)other;
+    json_decref(doc);
+    free(js);
+    sched_catalog_free(&cat);
+}
+
 static void lease_keeps_a_second_scheduler_out(void **st) {
     seed_fleet();
     cmd("SET medley:scheduler:lease someone-else PX 10000");
@@ -230,6 +273,7 @@ static void vanished_worker_replans_at_once_and_steady_fleet_does_not(void **st)
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(once_publishes_a_plan_and_an_event),
+        cmocka_unit_test(heartbeat_price_overrides_the_catalog),
         cmocka_unit_test(lease_keeps_a_second_scheduler_out),
         cmocka_unit_test(vanished_worker_replans_at_once_and_steady_fleet_does_not),
     };
