@@ -180,6 +180,148 @@ static void rent(json_t *sc) {
     unload(&x);
 }
 
+/* What a user does today on an owned mixed fleet: on every pool, each model that fits gets one
+ * replica of its smallest single-type candidate there, then the pool's other GPUs go one
+ * replica at a time to the model with the most demand (tokens) per GPU it already has there
+ * (D'Hondt: GPUs in proportion to demand). Every replica takes all classes it can hold, and a
+ * load balancer deals requests to replicas evenly (route_even). GPU ids are given in order,
+ * larger TP groups first, so that groups stay inside hosts. 0, or -1 when out of memory. */
+static int plan_per_type_even(sched_plan *p, const world *x) {
+    const sched_workload *w = &x->w;
+    const sched_cands *cs = &x->cs;
+    memset(p, 0, sizeof *p);
+    p->notes = json_array();
+    p->route_even = 1;
+    p->nmodels = w->n;
+    p->ncands = cs->n;
+    p->models = calloc((size_t)w->n + 1, sizeof *p->models);
+    p->r = calloc((size_t)sched_fleet_gpus(&x->f) + 1, sizeof *p->r);
+    int *cand = calloc((size_t)w->n + 1, sizeof *cand), *got = calloc((size_t)w->n + 1, sizeof *got);
+    if (!p->models || !p->r || !cand || !got) {
+        free(cand), free(got);
+        sched_plan_free(p);
+        return -1;
+    }
+    for (int q = 0; q < x->f.n; q++) {
+        const sched_pool *pool = &x->f.pools[q];
+        int left = pool->count;
+        for (int m = 0; m < w->n; m++) {
+            cand[m] = -1;
+            got[m] = 0;
+            for (int c = 0; c < cs->n; c++)
+                if (cs->c[c].model == m && cs->c[c].nstages == 1 && cs->c[c].stages[0].pool == q &&
+                    (cand[m] < 0 || cs->c[c].gpus < cs->c[cand[m]].gpus))
+                    cand[m] = c;
+        }
+        for (int first = 1;; first = 0) {
+            int any = 0;
+            for (;;) {
+                int best = -1;
+                double bv = -1;
+                for (int m = 0; m < w->n; m++) {
+                    if (cand[m] < 0 || cs->c[cand[m]].gpus > left || (first && got[m]))
+                        continue;
+                    const sched_demand *d = &w->models[m];
+                    double v = (d->requests + d->rate_rps * w->horizon_s) *
+                               sched_demand_tokens_per_request(d) / (got[m] + cs->c[cand[m]].gpus);
+                    if (v > bv)
+                        bv = v, best = m;
+                }
+                if (best < 0)
+                    break;
+                got[best] += cs->c[cand[best]].gpus;
+                left -= cs->c[cand[best]].gpus;
+                sched_replica *r = &p->r[p->n++];
+                r->cand = cand[best];
+                r->busy = 1;
+                any = 1;
+            }
+            if (!first || !any)
+                break;
+        }
+    }
+    free(cand), free(got);
+    /* GPU ids: per pool, larger TP groups first, each from the next free index. */
+    for (int q = 0; q < x->f.n; q++) {
+        int at = 0;
+        for (int tp = 8; tp >= 1; tp /= 2)
+            for (int i = 0; i < p->n; i++) {
+                const sched_cand *c = &cs->c[p->r[i].cand];
+                if (c->stages[0].pool != q || c->stages[0].tp != tp)
+                    continue;
+                int per = x->f.pools[q].gpus_per_host;
+                if (at % per + tp > per)
+                    at += per - at % per; /* next host */
+                p->r[i].gpu_ids = calloc((size_t)tp, sizeof *p->r[i].gpu_ids);
+                if (!p->r[i].gpu_ids) {
+                    sched_plan_free(p);
+                    return -1;
+                }
+                for (int g = 0; g < tp; g++)
+                    snprintf(p->r[i].gpu_ids[g], SCHED_NAME, "%s/%d", x->f.pools[q].name, at++);
+            }
+    }
+    for (int i = 0; i < p->n; i++) {
+        const sched_cand *c = &cs->c[p->r[i].cand];
+        const sched_demand *d = &w->models[c->model];
+        for (int k = 0; k < d->nclasses; k++)
+            p->r[i].share[k] = c->serves[k] ? d->classes[k].share : 0;
+        p->usd_per_hour += c->usd_per_hour;
+    }
+    p->busy_usd_per_hour = p->usd_per_hour;
+    return 0;
+}
+
+/* (a) An owned mixed fleet: medley's plan against what a user does today — each GPU type runs
+ * whole replicas of every model, GPUs per model in proportion to its demand
+ * (plan_per_type_even), and a load balancer deals each model's requests evenly to its
+ * replicas (route_even), whatever their speed. The GPUs are paid for either way, so the
+ * score is simulated tokens per second over the whole backlog. */
+static void owned(json_t *sc) {
+    const char *name = json_string_value(json_object_get(sc, "name"));
+    world x;
+    md_err e = {0};
+    if (load(&x, json_string_value(json_object_get(sc, "fleet")),
+             json_string_value(json_object_get(sc, "workload")), &e)) {
+        printf("%-34s error: %s\n", name, e.msg);
+        unload(&x);
+        return;
+    }
+    sched_plan p;
+    sched_sim_result h, lb = {0}, pull = {0};
+    if (run(&x, 0, -1, &p, &h)) {
+        printf("%-34s medley plan failed\n", name);
+        unload(&x);
+        return;
+    }
+    int met = all_met(&p), nrep = p.n;
+    sched_plan_free(&p);
+    /* The baseline's plan, scored twice: dealt evenly, and pulled from shared queues. */
+    int have = plan_per_type_even(&p, &x) == 0;
+    if (have && sched_plan_validate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e)) {
+        printf("%-34s invalid baseline plan: %s\n", name, e.msg);
+        sched_plan_free(&p);
+        have = 0;
+    }
+    int nlb = have ? p.n : 0;
+    if (have) {
+        p.route_even = 1;
+        have = sched_simulate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &lb, &e) == 0;
+        p.route_even = 0;
+        have = have && sched_simulate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &pull, &e) == 0;
+        sched_plan_free(&p);
+    }
+    printf("%-34s %8.0f %7.0fs %-4s %3d | %8.0f %7.0fs %3d %5.2fx | %8.0f %7.0fs %5.2fx%s\n", name,
+           h.tokens_per_s, h.makespan_s, met ? "ok" : "MISS", nrep, lb.tokens_per_s,
+           lb.makespan_s, nlb, lb.tokens_per_s > 0 ? h.tokens_per_s / lb.tokens_per_s : 0,
+           pull.tokens_per_s, pull.makespan_s,
+           pull.tokens_per_s > 0 ? h.tokens_per_s / pull.tokens_per_s : 0,
+           h.requests_unserved + lb.requests_unserved + pull.requests_unserved ? " (unserved)" : "");
+    if (h.requests_unserved + lb.requests_unserved + pull.requests_unserved)
+        printf("  unserved: medley %lld, even %lld, pull %lld\n", h.requests_unserved, lb.requests_unserved, pull.requests_unserved);
+    unload(&x);
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -251,6 +393,13 @@ int main(int argc, char **argv) {
         "\nrentals to deadline: simulated $ spent and makespan; medley vs the cheapest single-type "
         "rental that meets the deadlines\n");
     json_array_foreach(json_object_get(doc, "rent"), i, sc) rent(sc);
+    printf("\n(a) owned mixed fleet: simulated tokens/s over the whole backlog (makespan; replicas); "
+           "medley vs whole replicas per GPU type with an even load balancer, and the same "
+           "replicas pulling from shared queues\n");
+    printf("%-34s %8s %8s %4s %3s | %8s %8s %3s %6s | %8s %8s %6s\n", "scenario", "tok/s",
+           "makespan", "dl", "rep", "even LB", "makespan", "rep", "ratio", "pull", "makespan",
+           "ratio");
+    json_array_foreach(json_object_get(doc, "owned"), i, sc) owned(sc);
     scale(json_object_get(doc, "scale"));
     json_decref(doc);
     return 0;
