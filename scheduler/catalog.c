@@ -20,7 +20,7 @@ static const char *const FLEET_KEYS[] = {"version", "kind",   "name", "inter_hos
                                          "gpu_types", "prices", "pools", "rent", NULL};
 static const char *const POOL_KEYS[] = {"name", "type", "count", "gpus_per_host", "usd_per_hour",
                                         NULL};
-static const char *const RENT_KEYS[] = {"types", "max_per_type", NULL};
+static const char *const RENT_KEYS[] = {"types", "max_per_type", "max", NULL};
 
 static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e) {
     const char *name = NULL;
@@ -319,6 +319,21 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
             p->count = (int)maxn;
             p->gpus_per_host = 8;
             p->usd_per_hour = cat->gpus[t].usd_per_hour;
+        }
+        /* Per-type caps ("only 8 A100s to be had this hour") override max_per_type. */
+        json_object_foreach(json_object_get(rent, "max"), k, v) {
+            int t = sched_catalog_find(cat, k), at = -1;
+            for (int j = 0; j < f->n && t >= 0; j++)
+                if (f->pools[j].type == t)
+                    at = j;
+            if (at < 0 || !json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) > 100000) {
+                sched_fleet_free(f);
+                return md_errf(e, MD_EINVAL, "fleet.rent.max.%s: %s", k,
+                               at < 0 ? "not one of the types to rent"
+                                      : "must be an integer in [0, 100000]");
+            }
+            f->pools[at].count = (int)json_integer_value(v);
         }
         return 0;
     }

@@ -674,7 +674,7 @@ static void note_shortfalls(sched_plan *p, const lp *L, const sched_workload *w,
                                                 : "the arrival rate",
                              d, dm->requests, model_tok(w, m), need_s,
                              dm->rate_rps > 0 ? " plus arrivals" : "",
-                             f->rent ? "rental limit (max_per_type)" : "fleet", x * model_tok(w, m),
+                             f->rent ? "rental limit (max_per_type, max)" : "fleet", x * model_tok(w, m),
                              tail));
         }
     }

@@ -96,7 +96,7 @@ typedef struct sched_fleet {
 } sched_fleet;
 
 /* Fleet JSON (schemas/fleet.schema.json): pools of GPUs, price overrides, extra GPU types
- * (added to cat), or {"rent": {"types": [...], "max_per_type": N}}. */
+ * (added to cat), or {"rent": {"types": [...], "max_per_type": N, "max": {type: N}}}. */
 int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_err *e);
 int sched_fleet_load(sched_fleet *f, const char *path, sched_catalog *cat, md_err *e);
 void sched_fleet_free(sched_fleet *f);

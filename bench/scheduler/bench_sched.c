@@ -322,6 +322,53 @@ static void owned(json_t *sc) {
     unload(&x);
 }
 
+/* (b) Renting under per-type caps (fleet "rent": {"max": {...}}) to a deadline: medley's
+ * rental against the cheapest single-type rental within that type's cap that meets the
+ * deadlines; when no single type can, the one that comes closest (shortest makespan). */
+static void capped(json_t *sc) {
+    const char *name = json_string_value(json_object_get(sc, "name"));
+    world x;
+    md_err e = {0};
+    if (load(&x, json_string_value(json_object_get(sc, "fleet")),
+             json_string_value(json_object_get(sc, "workload")), &e)) {
+        printf("%-30s error: %s\n", name, e.msg);
+        unload(&x);
+        return;
+    }
+    sched_plan p;
+    sched_sim_result h, r, best = {0}, near = {0};
+    if (run(&x, 0, -1, &p, &h)) {
+        printf("%-30s medley plan failed\n", name);
+        unload(&x);
+        return;
+    }
+    int met = all_met(&p), ng = 0;
+    for (int i = 0; i < p.n; i++)
+        ng += x.cs.c[p.r[i].cand].gpus;
+    sched_plan_free(&p);
+    const char *best_t = NULL, *near_t = "none";
+    for (int i = 0; i < x.f.n; i++) {
+        if (x.f.pools[i].count < 1 || run(&x, 0, x.f.pools[i].type, &p, &r))
+            continue;
+        int m = all_met(&p);
+        sched_plan_free(&p);
+        const char *t = x.cat.gpus[x.f.pools[i].type].name;
+        if (m && !r.requests_unserved && (!best_t || r.usd < best.usd))
+            best = r, best_t = t;
+        if (!r.requests_unserved && (!near.makespan_s || r.makespan_s < near.makespan_s))
+            near = r, near_t = t;
+    }
+    if (best_t)
+        printf("%-30s $%7.2f %6.0fs %-4s %3d GPUs | %-13s $%7.2f %6.0fs | %5.2fx cheaper\n", name,
+               h.usd, h.makespan_s, met ? "ok" : "MISS", ng, best_t, best.usd, best.makespan_s,
+               h.usd > 0 ? best.usd / h.usd : 0);
+    else
+        printf("%-30s $%7.2f %6.0fs %-4s %3d GPUs | no single type meets the deadline within its "
+               "cap (closest: %s, %.0f s)\n",
+               name, h.usd, h.makespan_s, met ? "ok" : "MISS", ng, near_t, near.makespan_s);
+    unload(&x);
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -400,6 +447,9 @@ int main(int argc, char **argv) {
            "makespan", "dl", "rep", "even LB", "makespan", "rep", "ratio", "pull", "makespan",
            "ratio");
     json_array_foreach(json_object_get(doc, "owned"), i, sc) owned(sc);
+    printf("\n(b) rent with per-type caps (H100 2, A100 8, A10G 16, L4 24) to a deadline: simulated "
+           "$ and makespan; medley vs the cheapest single type within its cap that meets it\n");
+    json_array_foreach(json_object_get(doc, "capped"), i, sc) capped(sc);
     scale(json_object_get(doc, "scale"));
     json_decref(doc);
     return 0;
