@@ -593,8 +593,8 @@ static void phase1_objective(lp *L, const sched_plan *p, const sched_workload *w
  * common fraction lambda of every demand, X_m >= lambda D_m, then, with lambda kept, the most
  * throughput again: short models finish together and the rest goes by priority. 0, or -1
  * when a solve fails (L then holds the first solution's problem, unsolved). */
-static int phase1_fair(lp *L, const sched_plan *p, const sched_workload *w,
-                       const sched_cands *cs, const sched_opts *o) {
+static int phase1_fair(lp *L, const sched_plan *p, const sched_workload *w, const sched_cands *cs,
+                       const sched_opts *o) {
     int shortn = 0;
     for (int m = 0; m < w->n; m++) {
         double d = p->models[m].demand_tps / model_tok(w, m);
@@ -674,8 +674,8 @@ static void note_shortfalls(sched_plan *p, const lp *L, const sched_workload *w,
                                                 : "the arrival rate",
                              d, dm->requests, model_tok(w, m), need_s,
                              dm->rate_rps > 0 ? " plus arrivals" : "",
-                             f->rent ? "rental limit (max_per_type, max)" : "fleet", x * model_tok(w, m),
-                             tail));
+                             f->rent ? "rental limit (max_per_type, max)" : "fleet",
+                             x * model_tok(w, m), tail));
         }
     }
 }

@@ -271,7 +271,7 @@ typedef struct sched_plan {
     double busy_usd_per_hour;          /* replicas billed while they work */
     double solve_s;
     int ncands;
-    json_t *notes; /* array of strings: infeasibilities with their numbers */
+    json_t *notes;  /* array of strings: infeasibilities with their numbers */
     int route_even; /* 1: a load balancer deals each model's requests to its replicas in turn
                        (the "whole replicas per GPU type" baseline of bench/scheduler); 0:
                        replicas pull from shared per-class queues (medley's workers) */

@@ -307,8 +307,8 @@ static int apply_failures(const sched_sim_failure *fails, int nfails, const int 
 /* Admit into replica y what has arrived by now and fits its batch and KV, the class furthest
  * below its routing share first. Returns the prefill time of the newcomers (s); *cls_any is
  * the last class admitted. */
-static double admit(rep *y, const req *R, double now, const sched_catalog *cat,
-                    double link_gbps, const sched_perf_params *pp, int *cls_any) {
+static double admit(rep *y, const req *R, double now, const sched_catalog *cat, double link_gbps,
+                    const sched_perf_params *pp, int *cls_any) {
     const sched_model *m = &y->d->model;
     double pre = 0;
     for (;;) {

@@ -196,7 +196,8 @@ static int plan_per_type_even(sched_plan *p, const world *x) {
     p->ncands = cs->n;
     p->models = calloc((size_t)w->n + 1, sizeof *p->models);
     p->r = calloc((size_t)sched_fleet_gpus(&x->f) + 1, sizeof *p->r);
-    int *cand = calloc((size_t)w->n + 1, sizeof *cand), *got = calloc((size_t)w->n + 1, sizeof *got);
+    int *cand = calloc((size_t)w->n + 1, sizeof *cand),
+        *got = calloc((size_t)w->n + 1, sizeof *got);
     if (!p->models || !p->r || !cand || !got) {
         free(cand), free(got);
         sched_plan_free(p);
@@ -308,17 +309,19 @@ static void owned(json_t *sc) {
         p.route_even = 1;
         have = sched_simulate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &lb, &e) == 0;
         p.route_even = 0;
-        have = have && sched_simulate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &pull, &e) == 0;
+        have =
+            have && sched_simulate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &pull, &e) == 0;
         sched_plan_free(&p);
     }
     printf("%-34s %8.0f %7.0fs %-4s %3d | %8.0f %7.0fs %3d %5.2fx | %8.0f %7.0fs %5.2fx%s\n", name,
-           h.tokens_per_s, h.makespan_s, met ? "ok" : "MISS", nrep, lb.tokens_per_s,
-           lb.makespan_s, nlb, lb.tokens_per_s > 0 ? h.tokens_per_s / lb.tokens_per_s : 0,
-           pull.tokens_per_s, pull.makespan_s,
-           pull.tokens_per_s > 0 ? h.tokens_per_s / pull.tokens_per_s : 0,
-           h.requests_unserved + lb.requests_unserved + pull.requests_unserved ? " (unserved)" : "");
+           h.tokens_per_s, h.makespan_s, met ? "ok" : "MISS", nrep, lb.tokens_per_s, lb.makespan_s,
+           nlb, lb.tokens_per_s > 0 ? h.tokens_per_s / lb.tokens_per_s : 0, pull.tokens_per_s,
+           pull.makespan_s, pull.tokens_per_s > 0 ? h.tokens_per_s / pull.tokens_per_s : 0,
+           h.requests_unserved + lb.requests_unserved + pull.requests_unserved ? " (unserved)"
+                                                                               : "");
     if (h.requests_unserved + lb.requests_unserved + pull.requests_unserved)
-        printf("  unserved: medley %lld, even %lld, pull %lld\n", h.requests_unserved, lb.requests_unserved, pull.requests_unserved);
+        printf("  unserved: medley %lld, even %lld, pull %lld\n", h.requests_unserved,
+               lb.requests_unserved, pull.requests_unserved);
     unload(&x);
 }
 
@@ -515,15 +518,17 @@ int main(int argc, char **argv) {
         "\nrentals to deadline: simulated $ spent and makespan; medley vs the cheapest single-type "
         "rental that meets the deadlines\n");
     json_array_foreach(json_object_get(doc, "rent"), i, sc) rent(sc);
-    printf("\n(a) owned mixed fleet: simulated tokens/s over the whole backlog (makespan; replicas); "
-           "medley vs whole replicas per GPU type with an even load balancer, and the same "
-           "replicas pulling from shared queues\n");
+    printf(
+        "\n(a) owned mixed fleet: simulated tokens/s over the whole backlog (makespan; replicas); "
+        "medley vs whole replicas per GPU type with an even load balancer, and the same "
+        "replicas pulling from shared queues\n");
     printf("%-34s %8s %8s %4s %3s | %8s %8s %3s %6s | %8s %8s %6s\n", "scenario", "tok/s",
            "makespan", "dl", "rep", "even LB", "makespan", "rep", "ratio", "pull", "makespan",
            "ratio");
     json_array_foreach(json_object_get(doc, "owned"), i, sc) owned(sc);
-    printf("\n(b) rent with per-type caps (H100 2, A100 8, A10G 16, L4 24) to a deadline: simulated "
-           "$ and makespan; medley vs the cheapest single type within its cap that meets it\n");
+    printf(
+        "\n(b) rent with per-type caps (H100 2, A100 8, A10G 16, L4 24) to a deadline: simulated "
+        "$ and makespan; medley vs the cheapest single type within its cap that meets it\n");
     json_array_foreach(json_object_get(doc, "capped"), i, sc) capped(sc);
     printf("\n(c) Melange's setting (Llama-2-7B, A10G $1.01/h + A100 $3.67/h, its published "
            "per-GPU capacities as profiles): rental $/h; Melange reports 24%% saving at ~4.35 "
