@@ -12,15 +12,16 @@
 extern const unsigned char sched_catalog_json[];
 
 /* The keys each document may hold, as schemas/gpu-catalog and schemas/fleet list them. */
-static const char *const GPU_KEYS[] = {"name",        "aliases",     "memory_gb", "hbm_gbps",
-                                       "bf16_tflops", "int8_tops",   "nvlink_gbps", "pcie_gen",
-                                       "pcie_lanes",  "usd_per_hour", "sources",   "memory_mib", NULL};
+static const char *const GPU_KEYS[] = {"name",        "aliases",      "memory_gb",   "memory_mib",
+                                       "hbm_gbps",    "bf16_tflops",  "int8_tops",   "nvlink_gbps",
+                                       "pcie_gen",    "pcie_lanes",   "usd_per_hour", "sources",
+                                       NULL};
 static const char *const CATALOG_KEYS[] = {"version", "kind", "note", "gpus", NULL};
-static const char *const FLEET_KEYS[] = {"version", "kind",   "name", "inter_host_gbps",
-                                         "gpu_types", "prices", "pools", "rent", NULL};
-static const char *const POOL_KEYS[] = {"name", "type", "count", "gpus_per_host", "usd_per_hour",
-                                        NULL};
-static const char *const RENT_KEYS[] = {"types", "max_per_type", NULL};
+static const char *const FLEET_KEYS[] = {
+    "version", "kind", "name", "inter_host_gbps", "gpu_types", "prices", "pools", "rent", NULL};
+static const char *const POOL_KEYS[] = {"name",          "type",         "count",
+                                        "gpus_per_host", "usd_per_hour", NULL};
+static const char *const RENT_KEYS[] = {"types", "max_per_type", "max", NULL};
 
 static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e) {
     const char *name = NULL;
@@ -40,10 +41,10 @@ static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e)
         double *dst;
         int required;
         double max; /* far above any card: a bound that keeps the MILP's numbers sane */
-    } nums[] = {{"memory_gb", &t->memory_gb, 1, 1e4},     {"hbm_gbps", &t->hbm_gbps, 1, 1e6},
-                {"bf16_tflops", &t->bf16_tflops, 1, 1e6}, {"int8_tops", &t->int8_tops, 0, 1e7},
-                {"nvlink_gbps", &t->nvlink_gbps, 0, 1e6},
-                {"usd_per_hour", &t->usd_per_hour, 1, 1e5}};
+    } nums[] = {
+        {"memory_gb", &t->memory_gb, 1, 1e4},     {"hbm_gbps", &t->hbm_gbps, 1, 1e6},
+        {"bf16_tflops", &t->bf16_tflops, 1, 1e6}, {"int8_tops", &t->int8_tops, 0, 1e7},
+        {"nvlink_gbps", &t->nvlink_gbps, 0, 1e6}, {"usd_per_hour", &t->usd_per_hour, 1, 1e5}};
     for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
         v = 0;
         if (md_json_get_num(g, nums[i].k, nums[i].required, &v, where, e))
@@ -51,8 +52,8 @@ static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e)
         if (v < 0 || (nums[i].required && v <= 0 && strcmp(nums[i].k, "usd_per_hour")))
             return md_errf(e, MD_EINVAL, "%s.%s must be positive, got %g", where, nums[i].k, v);
         if (v > nums[i].max)
-            return md_errf(e, MD_EINVAL, "%s.%s is %g; at most %g is accepted", where, nums[i].k,
-                           v, nums[i].max);
+            return md_errf(e, MD_EINVAL, "%s.%s is %g; at most %g is accepted", where, nums[i].k, v,
+                           nums[i].max);
         *nums[i].dst = v;
     }
     /* The planner counts what the driver reports when the catalog has it (cards are sold
@@ -342,6 +343,21 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
             p->usd_per_hour = cat->gpus[t].usd_per_hour;
             snprintf(p->price_from, sizeof p->price_from, "%s",
                      price_named(priced, cat, t) ? "fleet" : "catalog");
+        }
+        /* Per-type caps ("only 8 A100s to be had this hour") override max_per_type. */
+        json_object_foreach(json_object_get(rent, "max"), k, v) {
+            int t = sched_catalog_find(cat, k), at = -1;
+            for (int j = 0; j < f->n && t >= 0; j++)
+                if (f->pools[j].type == t)
+                    at = j;
+            if (at < 0 || !json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) > 100000) {
+                sched_fleet_free(f);
+                return md_errf(e, MD_EINVAL, "fleet.rent.max.%s: %s", k,
+                               at < 0 ? "not one of the types to rent"
+                                      : "must be an integer in [0, 100000]");
+            }
+            f->pools[at].count = (int)json_integer_value(v);
         }
         return 0;
     }

@@ -589,6 +589,43 @@ static void phase1_objective(lp *L, const sched_plan *p, const sched_workload *w
     set_objective(L, w, cs, 0, 1);
 }
 
+/* When phase 1 leaves two or more models short of their demand, the most total throughput
+ * can starve one of them (its backlog then sets the makespan). Re-solve for the largest
+ * common fraction lambda of every demand, X_m >= lambda D_m, then, with lambda kept, the most
+ * throughput again: short models finish together and the rest goes by priority. 0, or -1
+ * when a solve fails (L then holds the first solution's problem, unsolved). */
+static int phase1_fair(lp *L, const sched_plan *p, const sched_workload *w, const sched_cands *cs,
+                       const sched_opts *o) {
+    int shortn = 0;
+    for (int m = 0; m < w->n; m++) {
+        double d = p->models[m].demand_tps / model_tok(w, m);
+        shortn += L->col_x[m] && d > 0 && glp_mip_col_val(L->P, L->col_x[m]) < d * (1 - 1e-6);
+    }
+    if (shortn < 2)
+        return 0;
+    int lam = glp_add_cols(L->P, 1);
+    glp_set_col_bnds(L->P, lam, GLP_DB, 0, 1);
+    for (int m = 0; m < w->n; m++) {
+        double d = p->models[m].demand_tps / model_tok(w, m);
+        if (!L->col_x[m] || d <= 0)
+            continue;
+        int r = glp_add_rows(L->P, 1), ind[3] = {0, L->col_x[m], lam};
+        double val[3] = {0, 1, -d};
+        glp_set_mat_row(L->P, r, 2, ind, val);
+        glp_set_row_bnds(L->P, r, GLP_LO, 0, 0);
+    }
+    for (int j = 1; j < lam; j++)
+        glp_set_obj_coef(L->P, j, 0);
+    glp_set_obj_coef(L->P, lam, 1);
+    if (lp_solve(L, o))
+        return -1;
+    double best = glp_mip_col_val(L->P, lam);
+    glp_set_col_bnds(L->P, lam, GLP_DB, fmin(1, best * (1 - 1e-9)), 1);
+    set_objective(L, w, cs, 0, 1);
+    glp_set_obj_coef(L->P, lam, 0);
+    return lp_solve(L, o);
+}
+
 /* Phase 1 on L; when the fleet cannot hold a replica of every model (*min_one), again on L
  * rebuilt without that requirement, with a note. Returns 0, or nonzero with no solution. */
 static int phase1(lp *L, sched_plan *p, const sched_workload *w, const sched_fleet *f,
@@ -638,8 +675,8 @@ static void note_shortfalls(sched_plan *p, const lp *L, const sched_workload *w,
                                                 : "the arrival rate",
                              d, dm->requests, model_tok(w, m), need_s,
                              dm->rate_rps > 0 ? " plus arrivals" : "",
-                             f->rent ? "rental limit (max_per_type)" : "fleet", x * model_tok(w, m),
-                             tail));
+                             f->rent ? "rental limit (max_per_type, max)" : "fleet",
+                             x * model_tok(w, m), tail));
         }
     }
 }
@@ -743,6 +780,12 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
         return md_errf(e, MD_ENOMEM, "out of memory building the MILP");
     }
     if (phase1(&L, p, w, f, cs, o, &min_one)) {
+        free(has);
+        lp_free(&L);
+        sched_plan_free(p);
+        return md_errf(e, MD_ERANGE, "the placement MILP has no solution for this fleet");
+    }
+    if (phase1_fair(&L, p, w, cs, o)) {
         free(has);
         lp_free(&L);
         sched_plan_free(p);

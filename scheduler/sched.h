@@ -99,7 +99,7 @@ typedef struct sched_fleet {
 } sched_fleet;
 
 /* Fleet JSON (schemas/fleet.schema.json): pools of GPUs, price overrides, extra GPU types
- * (added to cat), or {"rent": {"types": [...], "max_per_type": N}}. */
+ * (added to cat), or {"rent": {"types": [...], "max_per_type": N, "max": {type: N}}}. */
 int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_err *e);
 int sched_fleet_load(sched_fleet *f, const char *path, sched_catalog *cat, md_err *e);
 void sched_fleet_free(sched_fleet *f);
@@ -293,7 +293,10 @@ typedef struct sched_plan {
     double busy_usd_per_hour;          /* replicas billed while they work */
     double solve_s;
     int ncands;
-    json_t *notes; /* array of strings: infeasibilities with their numbers */
+    json_t *notes;  /* array of strings: infeasibilities with their numbers */
+    int route_even; /* 1: a load balancer deals each model's requests to its replicas in turn
+                       (the "whole replicas per GPU type" baseline of bench/scheduler); 0:
+                       replicas pull from shared per-class queues (medley's workers) */
 } sched_plan;
 
 typedef struct sched_opts {

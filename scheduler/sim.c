@@ -5,7 +5,9 @@
  * continuous batching: each iteration admits what fits its KV (a request reserves prompt +
  * output), prefills the newcomers and advances every running sequence by one token, taking
  * the time the performance model gives for that batch and context. A failed GPU kills its
- * replica; its running requests go back to the front of their queues. A replica is billed
+ * replica; its running requests go back to the front of their queues. A plan with route_even
+ * is a load balancer instead: each model's requests are dealt to the replicas that serve
+ * their class in turn, one queue per replica, whatever its speed. A replica is billed
  * from 0 until it has no work left and none can arrive, or until it fails. */
 #include <math.h>
 #include <stdlib.h>
@@ -31,6 +33,7 @@ typedef struct run {
 } run;
 
 typedef struct rep {
+    queue *q; /* its class queues: the model's shared ones, or its own (route_even) */
     const sched_cand *c;
     const sched_replica *r;
     const sched_demand *d;
@@ -144,6 +147,59 @@ static void q_pop(queue *q) {
         q->head++;
 }
 
+/* Append request id to q in arrival order. Returns 0, or -1 when out of memory. */
+static int q_push(queue *q, int id) {
+    if (q->n % 1024 == 0) {
+        int *n = realloc(q->ids, (size_t)(q->n + 1024) * sizeof *n);
+        if (!n)
+            return -1;
+        q->ids = n;
+    }
+    q->ids[q->n++] = id;
+    return 0;
+}
+
+static int q_retry(queue *q, int id) {
+    int *n = realloc(q->retry, (size_t)(q->nretry + 1) * sizeof *n);
+    if (!n)
+        return -1;
+    q->retry = n;
+    q->retry[q->nretry++] = id;
+    return 0;
+}
+
+/* The next live replica after *turn (in turn) of model m that serves class k, or -1. */
+static int next_taker(const rep *P, int np, int m, int k, int *turn) {
+    for (int i = 0; i < np; i++) {
+        int r = (*turn + 1 + i) % np;
+        const rep *y = &P[r];
+        if (!y->dead && y->c->model == m && y->c->serves[k] && y->r->share[k] > 0) {
+            *turn = r;
+            return r;
+        }
+    }
+    return -1;
+}
+
+/* route_even: deal each shared (model, class) queue to the replicas that serve the class, in
+ * turn; what no replica serves stays in the shared queue, unserved. Returns 0 or -1 (memory). */
+static int deal_even(const sched_workload *w, queue *Q, rep *P, int np) {
+    for (int m = 0; m < w->n; m++)
+        for (int k = 0; k < w->models[m].nclasses; k++) {
+            queue *src = &Q[m * SCHED_MAX_CLASSES + k];
+            int turn = -1, kept = 0;
+            for (int i = 0; i < src->n; i++) {
+                int r = next_taker(P, np, m, k, &turn);
+                if (r < 0)
+                    src->ids[kept++] = src->ids[i];
+                else if (q_push(&P[r].q[k], src->ids[i]))
+                    return -1;
+            }
+            src->n = kept;
+        }
+    return 0;
+}
+
 /* The requests of w into R (at most total) and their (model, class) queues Q: each model's
  * backlog at t=0, then its Poisson arrivals until the horizon, each of a class drawn by share.
  * Returns how many, or -1 when out of memory. */
@@ -180,28 +236,24 @@ static int make_requests(const sched_workload *w, long long total, unsigned long
             if (nr >= total)
                 break;
             R[nr] = (req){at, (float)in, (float)out, (short)m, (short)k};
-            queue *q = &Q[m * SCHED_MAX_CLASSES + k];
-            if (q->n % 1024 == 0) {
-                int *n = realloc(q->ids, (size_t)(q->n + 1024) * sizeof *n);
-                if (!n)
-                    return -1;
-                q->ids = n;
-            }
-            q->ids[q->n++] = nr++;
+            if (q_push(&Q[m * SCHED_MAX_CLASSES + k], nr++))
+                return -1;
         }
     }
     return nr;
 }
 
-/* The plan's replicas into P, each with its first iteration at t=0 in H. Returns 0, or -1
- * when out of memory. */
+/* The plan's replicas into P, each with its first iteration at t=0 in H; replica i's own
+ * queues (route_even) are Q[(w->n + i) * SCHED_MAX_CLASSES ...]. Returns 0, or -1 when out of
+ * memory. */
 static int make_replicas(const sched_plan *p, const sched_workload *w, const sched_cands *cs,
-                         const sched_perf_params *pp, rep *P, ev *H) {
+                         const sched_perf_params *pp, queue *Q, rep *P, ev *H) {
     for (int i = 0; i < p->n; i++) {
         rep *x = &P[i];
         x->r = &p->r[i];
         x->c = &cs->c[x->r->cand];
         x->d = &w->models[x->c->model];
+        x->q = &Q[(p->route_even ? w->n + i : x->c->model) * SCHED_MAX_CLASSES];
         x->kv_cap = 0;
         for (int k = 0; k < x->d->nclasses; k++)
             if (x->c->serves[k])
@@ -216,9 +268,10 @@ static int make_replicas(const sched_plan *p, const sched_workload *w, const sch
 }
 
 /* The failures due by now, from *next on: each kills its replica, whose running requests go
- * back to the front of their queues. Returns 0, or -1 when out of memory. */
+ * back to the front of their queues (route_even: to the other replicas of the class, in turn,
+ * with what was still queued for it). Returns 0, or -1 when out of memory. */
 static int apply_failures(const sched_sim_failure *fails, int nfails, const int *fail_rep,
-                          int *next, double now, rep *P, const req *R, queue *Q,
+                          int *next, double now, rep *P, int np, int even, const req *R,
                           sched_sim_result *res) {
     for (; *next < nfails && fails[*next].at_s <= now; (*next)++) {
         int r = fail_rep[*next];
@@ -227,17 +280,26 @@ static int apply_failures(const sched_sim_failure *fails, int nfails, const int 
         rep *y = &P[r];
         y->dead = 1;
         y->end = fails[*next].at_s;
+        int turn = r;
         for (int j = 0; j < y->nrun; j++) {
             const req *q0 = &R[y->running[j].id];
-            queue *q = &Q[q0->model * SCHED_MAX_CLASSES + q0->cls];
-            int *n = realloc(q->retry, (size_t)(q->nretry + 1) * sizeof *n);
-            if (!n)
+            int to = even ? next_taker(P, np, q0->model, q0->cls, &turn) : r;
+            if (to >= 0 && q_retry(&P[to].q[q0->cls], y->running[j].id))
                 return -1;
-            q->retry = n;
-            q->retry[q->nretry++] = y->running[j].id;
             res->retried++;
         }
         y->nrun = 0;
+        for (int k = 0; even && k < y->d->nclasses; k++) {
+            queue *q = &y->q[k];
+            for (; q->nretry || q->head < q->n; q_pop(q)) {
+                int id = q->nretry ? q->retry[q->nretry - 1] : q->ids[q->head];
+                int to = next_taker(P, np, y->c->model, k, &turn);
+                if (to < 0)
+                    break;
+                if (q_push(&P[to].q[k], id))
+                    return -1;
+            }
+        }
     }
     return 0;
 }
@@ -245,10 +307,9 @@ static int apply_failures(const sched_sim_failure *fails, int nfails, const int 
 /* Admit into replica y what has arrived by now and fits its batch and KV, the class furthest
  * below its routing share first. Returns the prefill time of the newcomers (s); *cls_any is
  * the last class admitted. */
-static double admit(rep *y, queue *Q, const req *R, double now, const sched_catalog *cat,
-                    double link_gbps, const sched_perf_params *pp, int *cls_any) {
+static double admit(rep *y, const req *R, double now, const sched_catalog *cat, double link_gbps,
+                    const sched_perf_params *pp, int *cls_any) {
     const sched_model *m = &y->d->model;
-    int mi = y->c->model;
     double pre = 0;
     for (;;) {
         if (y->nrun >= y->cap_batch)
@@ -258,7 +319,7 @@ static double admit(rep *y, queue *Q, const req *R, double now, const sched_cata
         for (int k = 0; k < y->d->nclasses; k++) {
             if (!y->c->serves[k] || y->r->share[k] <= 0)
                 continue;
-            int cand = q_peek(&Q[mi * SCHED_MAX_CLASSES + k], R, now);
+            int cand = q_peek(&y->q[k], R, now);
             if (cand < 0)
                 continue;
             double v = y->served[k] / y->r->share[k];
@@ -271,7 +332,7 @@ static double admit(rep *y, queue *Q, const req *R, double now, const sched_cata
         double need = R[id].in + R[id].out;
         if (y->kv_used + need > y->kv_cap)
             break;
-        q_pop(&Q[mi * SCHED_MAX_CLASSES + best]);
+        q_pop(&y->q[best]);
         y->served[best] += 1;
         y->kv_used += need;
         y->ctx_sum += R[id].in;
@@ -283,12 +344,10 @@ static double admit(rep *y, queue *Q, const req *R, double now, const sched_cata
 }
 
 /* Replica r (y) has nothing to run now: sleep until the next arrival it may take, or finish. */
-static void idle_or_finish(rep *y, int r, const queue *Q, const req *R, double now, ev *H,
-                           int *nh) {
-    int mi = y->c->model;
+static void idle_or_finish(rep *y, int r, const req *R, double now, ev *H, int *nh) {
     double next = INFINITY;
     for (int k = 0; k < y->d->nclasses; k++) {
-        const queue *q = &Q[mi * SCHED_MAX_CLASSES + k];
+        const queue *q = &y->q[k];
         if (y->c->serves[k] && y->r->share[k] > 0 && q->head < q->n)
             next = fmin(next, R[q->ids[q->head]].arrive);
     }
@@ -338,7 +397,9 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
     if (total > 50000000)
         return md_errf(e, MD_ERANGE, "simulation of %lld requests is over the 5e7 limit", total);
     req *R = malloc((size_t)(total + 1) * sizeof *R);
-    queue *Q = calloc((size_t)w->n * SCHED_MAX_CLASSES, sizeof *Q);
+    /* Shared (model, class) queues, then one set per replica when dealt evenly. */
+    int nq = (w->n + (p->route_even ? p->n : 0)) * SCHED_MAX_CLASSES;
+    queue *Q = calloc((size_t)nq, sizeof *Q);
     rep *P = calloc((size_t)p->n + 1, sizeof *P);
     ev *H = malloc(((size_t)p->n + 1) * sizeof *H);
     if (!R || !Q || !P || !H) {
@@ -350,7 +411,7 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
         goto oom;
     res->requests_total = nr;
     /* Replicas. */
-    if (make_replicas(p, w, cs, pp, P, H))
+    if (make_replicas(p, w, cs, pp, Q, P, H) || (p->route_even && deal_even(w, Q, P, p->n)))
         goto oom;
     int nh = p->n; /* every replica starts at t=0: already a heap */
     /* Failures, in time order, mapped to replicas. */
@@ -362,7 +423,7 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
             free(fail_rep);
             for (int r = 0; r < p->n; r++)
                 free(P[r].running);
-            for (int k = 0; k < w->n * SCHED_MAX_CLASSES; k++)
+            for (int k = 0; k < nq; k++)
                 free(Q[k].ids);
             free(R), free(Q), free(P), free(H);
             return md_errf(e, MD_EINVAL, "failures must be given in time order");
@@ -379,7 +440,7 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
     while (nh > 0) {
         ev x = heap_pop(H, &nh);
         now = x.t;
-        if (apply_failures(fails, nfails, fail_rep, &nextfail, now, P, R, Q, res))
+        if (apply_failures(fails, nfails, fail_rep, &nextfail, now, P, p->n, p->route_even, R, res))
             goto oom;
         rep *y = &P[x.r];
         if (y->dead)
@@ -387,9 +448,9 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
         const sched_model *m = &y->d->model;
         /* Admit. */
         int cls_any = 0;
-        double pre = admit(y, Q, R, now, cat, f->link_gbps, pp, &cls_any);
+        double pre = admit(y, R, now, cat, f->link_gbps, pp, &cls_any);
         if (y->nrun == 0) {
-            idle_or_finish(y, x.r, Q, R, now, H, &nh);
+            idle_or_finish(y, x.r, R, now, H, &nh);
             continue;
         }
         double ctx = y->ctx_sum / y->nrun;
@@ -406,7 +467,7 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
     res->tokens_per_s = res->makespan_s > 0 ? res->tokens / res->makespan_s : 0;
     res->usd_per_mtok = res->tokens > 0 ? res->usd / res->tokens * 1e6 : 0;
     res->tokens_per_usd = res->usd > 0 ? res->tokens / res->usd : 0;
-    for (int i = 0; i < w->n * SCHED_MAX_CLASSES; i++) {
+    for (int i = 0; i < nq; i++) {
         free(Q[i].ids);
         free(Q[i].retry);
     }
@@ -416,7 +477,7 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
 oom:
     for (int i = 0; i < p->n; i++)
         free(P[i].running);
-    for (int i = 0; i < w->n * SCHED_MAX_CLASSES; i++) {
+    for (int i = 0; i < nq; i++) {
         free(Q[i].ids);
         free(Q[i].retry);
     }
