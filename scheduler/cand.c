@@ -1,8 +1,12 @@
-/* cand.c — candidate replicas per model: same-type groups with TP in {1,2,4,8}, and
- * two-stage pipelines over two GPU types with the layer split from a dynamic program that
- * minimises the slowest stage under each stage's memory (HexGen-style uneven splits).
+/* cand.c — candidate replicas per model: same-type groups with TP in {1,2,4,8}; pipelines of
+ * 2..SCHED_MAX_STAGES TP groups of one pool across its hosts (for models no group inside a
+ * host holds, or holds with less KV room than its weights); and pipelines of one or more
+ * groups of a pool plus a last group of another type. Layers are split by a dynamic program
+ * that minimises the slowest stage under each stage's memory (HexGen-style uneven splits).
  * Pruned so that the MILP stays small: large TP degrees only where they serve a class the
- * smaller ones cannot, and only the best few mixed pipelines per model. */
+ * smaller ones cannot, the fewest pipeline stages that hold the model and one more,
+ * dominated pipelines dropped, and only the best few mixed pipelines per model. Measured
+ * profiles answer the candidates they cover and calibrate the others (sched_cands_build). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +15,7 @@
 #include "scheduler/sched.h"
 
 #define MIXED_KEEP 4 /* mixed-type pipelines kept per model */
+#define EXTRA_STAGES 1 /* same-type pipelines: stages beyond the fewest that hold the model */
 #define DP_MAX_LAYERS 1024
 
 /* The DP's stage cost: one decode step of a reference micro-batch. */
@@ -100,7 +105,11 @@ static const sched_profile *profile_for(const sched_profiles *ps, const sched_ca
 /* Fill perf and serves for every class of the model; returns how many classes it serves. */
 static int evaluate(sched_cand *c, const sched_demand *d, const sched_fleet *f,
                     const sched_catalog *cat, const sched_profiles *prof,
-                    const sched_perf_params *pp) {
+                    const sched_perf_params *pp_in) {
+    /* Pipeline hops cost the fleet's inter-host latency (docs/scheduler.md §2). */
+    sched_perf_params pq = *pp_in;
+    pq.inter_host_latency_s = f->link_latency_s;
+    const sched_perf_params *pp = &pq;
     const sched_profile *pr = NULL;
     if (c->nstages == 1)
         pr = profile_for(prof, cat, d->model.name, c->stages[0].type, c->stages[0].tp);
@@ -137,15 +146,136 @@ static int cmp_tpu(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
+/* TP groups of t GPUs a pool holds, each inside one host. */
+static int pool_groups(const sched_pool *p, int t) {
+    int full = p->count / p->gpus_per_host, rest = p->count % p->gpus_per_host;
+    return full * (p->gpus_per_host / t) + rest / t;
+}
+
+/* Can a TP group of t GPUs of pool p run model m (host size, head counts)? */
+static int tp_ok(const sched_pool *p, const sched_model *m, int t) {
+    return t <= p->count && t <= p->gpus_per_host && m->heads % t == 0 && m->kv_heads % t == 0;
+}
+
+/* Device memory for weights of one TP group of t GPUs of g, bytes. */
+static double group_usable_b(const sched_gpu_type *g, int t, const sched_perf_params *pp) {
+    return t * (g->memory_gb * pp->mem_util - pp->reserve_gb) * 1e9;
+}
+
+/* "2xH100-SXM[0,78)+1xL4[78,80) PP"; a run of stages of one type and TP is written once,
+ * "2x(2xH100-SXM)[0,40,80) PP" for two stages of 2 H100s. */
+static void pp_label(sched_cand *c, const sched_catalog *cat) {
+    size_t at = 0, n = sizeof c->label;
+    c->label[0] = 0;
+    for (int s = 0; s < c->nstages && at < n;) {
+        int e = s + 1;
+        while (e < c->nstages && c->stages[e].type == c->stages[s].type &&
+               c->stages[e].tp == c->stages[s].tp)
+            e++;
+        const char *name = cat->gpus[c->stages[s].type].name;
+        if (e - s > 1)
+            at += (size_t)snprintf(c->label + at, n - at, "%s%dx(%dx%s)[%d", s ? "+" : "", e - s,
+                                   c->stages[s].tp, name, c->stages[s].layer_lo);
+        else
+            at += (size_t)snprintf(c->label + at, n - at, "%s%dx%s[%d", s ? "+" : "",
+                                   c->stages[s].tp, name, c->stages[s].layer_lo);
+        for (int k = s; k < e && at < n; k++)
+            at += (size_t)snprintf(c->label + at, n - at, ",%d", c->stages[k].layer_hi);
+        if (at < n)
+            at += (size_t)snprintf(c->label + at, n - at, ")");
+        s = e;
+    }
+    if (at < n)
+        snprintf(c->label + at, n - at, " PP");
+}
+
+/* Does a dominate b: no more GPUs of the same pools, every class b serves served at least
+ * as many tokens per dollar (per GPU when free)? */
+static int dominates(const sched_cand *a, const sched_cand *b, int nclasses) {
+    if (a->gpus > b->gpus)
+        return 0;
+    for (int k = 0; k < nclasses; k++) {
+        if (!b->serves[k])
+            continue;
+        if (!a->serves[k])
+            return 0;
+        double va = a->usd_per_hour > 0 ? a->perf[k].tokens_per_s / a->usd_per_hour
+                                        : a->perf[k].tokens_per_s / a->gpus;
+        double vb = b->usd_per_hour > 0 ? b->perf[k].tokens_per_s / b->usd_per_hour
+                                        : b->perf[k].tokens_per_s / b->gpus;
+        if (va < vb)
+            return 0;
+    }
+    return 1;
+}
+
+/* Drop the candidates in cs->c[from, n) that another of them dominates (the later of two
+ * equal ones). */
+static void drop_dominated(sched_cands *cs, int from, int nclasses) {
+    int keep = from;
+    for (int i = from; i < cs->n; i++) {
+        int dom = 0;
+        for (int j = from; j < cs->n && !dom; j++)
+            dom = j != i && dominates(&cs->c[j], &cs->c[i], nclasses) &&
+                  (j < i || !dominates(&cs->c[i], &cs->c[j], nclasses));
+        if (!dom)
+            cs->c[keep++] = cs->c[i];
+    }
+    cs->n = keep;
+}
+
+/* Pipelines of TP groups of pool p alone, for a model no group inside one of its hosts
+ * holds or holds with little KV room: per TP degree t, the fewest stages (2..SCHED_MAX_STAGES, each a group inside one
+ * host) whose memory holds the weights and KV for the smallest class, and EXTRA_STAGES
+ * more when the pool has the groups; then the dominated ones dropped. */
+static int build_same_type_pp(sched_cands *cs, int mi, const sched_demand *d, int p,
+                              const sched_fleet *f, const sched_catalog *cat,
+                              const sched_profiles *prof, const sched_perf_params *pp) {
+    static const int tps[] = {1, 2, 4, 8};
+    const sched_pool *pl = &f->pools[p];
+    const sched_gpu_type *g = &cat->gpus[pl->type];
+    double wbytes = sched_model_params(&d->model) * d->model.bytes_per_weight;
+    double need_kv = max_class_tokens(d, 1);
+    int first = cs->n;
+    for (int ti = 0; ti < 4; ti++) {
+        int t = tps[ti], made = 0;
+        if (!tp_ok(pl, &d->model, t))
+            continue;
+        int groups = pool_groups(pl, t);
+        for (int S = 2; S <= SCHED_MAX_STAGES && S <= groups && made <= EXTRA_STAGES; S++) {
+            if (!made && S * group_usable_b(g, t, pp) < wbytes * 1.05)
+                continue;
+            sched_cand c;
+            memset(&c, 0, sizeof c);
+            c.model = mi;
+            c.nstages = S;
+            for (int s = 0; s < S; s++)
+                c.stages[s] = (sched_stage){pl->type, p, t, 0, 0};
+            if (sched_layer_split(&d->model, cat, c.stages, S, need_kv, pp, NULL))
+                continue;
+            c.gpus = S * t;
+            c.usd_per_hour = c.gpus * pl->usd_per_hour;
+            made++;
+            if (!evaluate(&c, d, f, cat, prof, pp))
+                continue;
+            pp_label(&c, cat);
+            if (push(cs, &c))
+                return MD_ENOMEM;
+        }
+    }
+    drop_dominated(cs, first, d->nclasses);
+    return 0;
+}
+
 static int build_model(sched_cands *cs, int mi, const sched_demand *d, const sched_fleet *f,
                        const sched_catalog *cat, const sched_profiles *prof,
                        const sched_perf_params *pp) {
     static const int tps[] = {1, 2, 4, 8};
     double need_kv = max_class_tokens(d, 1);
-    /* Same-type groups. */
+    /* Same-type groups; pipelines across the pool's hosts where none holds the model. */
     for (int p = 0; p < f->n; p++) {
         const sched_pool *pl = &f->pools[p];
-        int served_mask_before = 0, min_fit = 0;
+        int served_mask_before = 0, min_fit = 0, first = cs->n;
         for (int ti = 0; ti < 4; ti++) {
             int tp = tps[ti];
             if (tp > pl->count || tp > pl->gpus_per_host || d->model.heads % tp ||
@@ -175,9 +305,22 @@ static int build_model(sched_cands *cs, int mi, const sched_demand *d, const sch
             if (push(cs, &c))
                 return MD_ENOMEM;
         }
+        /* Pipelines across hosts where no group inside a host holds the model, or where the
+         * largest one holds it with less room for KV than its weights take (an 80 GiB x 2
+         * host holds Llama-3-70B BF16 with ~10 GB to spare: a small batch). */
+        int tmax = 0;
+        for (int ti = 0; ti < 4; ti++)
+            if (tp_ok(pl, &d->model, tps[ti]))
+                tmax = tps[ti];
+        double wbytes_p = sched_model_params(&d->model) * d->model.bytes_per_weight;
+        int tight = tmax > 0 && wbytes_p > 0.5 * group_usable_b(&cat->gpus[pl->type], tmax, pp);
+        if ((cs->n == first || tight) && build_same_type_pp(cs, mi, d, p, f, cat, prof, pp))
+            return MD_ENOMEM;
     }
-    /* Two-stage pipelines over two pools of different types: the Pareto-minimal TP pairs
-     * whose memory holds the model, layers split by the DP. */
+    /* Pipelines over two pools of different types: k groups of the faster pool (one per
+     * host when the groups fill hosts) then one of the other, k + 1 <= SCHED_MAX_STAGES;
+     * the Pareto-minimal (TP a, TP b, k) whose memory holds the model, layers split by the
+     * DP. k > 1 only where fewer groups of the faster pool cannot hold it with the other. */
     int first_mixed = cs->n;
     double wbytes = sched_model_params(&d->model) * d->model.bytes_per_weight;
     for (int a = 0; a < f->n; a++)
@@ -189,40 +332,41 @@ static int build_model(sched_cands *cs, int mi, const sched_demand *d, const sch
             /* Faster memory first (it also holds the embedding); each pair once. */
             if (ga->hbm_gbps < gb->hbm_gbps || (ga->hbm_gbps == gb->hbm_gbps && a > b))
                 continue;
-            int fits[4][4] = {{0}};
+            int fits[4][4][SCHED_MAX_STAGES] = {{{0}}};
             for (int i = 0; i < 4; i++)
-                for (int j = 0; j < 4; j++) {
-                    int ta = tps[i], tb = tps[j];
-                    if (ta > pa->count || ta > pa->gpus_per_host || tb > pb->count ||
-                        tb > pb->gpus_per_host || d->model.heads % ta || d->model.heads % tb ||
-                        d->model.kv_heads % ta || d->model.kv_heads % tb)
-                        continue;
-                    double mem = (ta * (ga->memory_gb * pp->mem_util - pp->reserve_gb) +
-                                  tb * (gb->memory_gb * pp->mem_util - pp->reserve_gb)) *
-                                 1e9;
-                    if (mem < wbytes * 1.05)
-                        continue;
-                    if ((i && fits[i - 1][j]) || (j && fits[i][j - 1]))
-                        continue; /* not minimal */
-                    sched_cand c;
-                    memset(&c, 0, sizeof c);
-                    c.model = mi;
-                    c.nstages = 2;
-                    c.stages[0] = (sched_stage){pa->type, a, ta, 0, 0};
-                    c.stages[1] = (sched_stage){pb->type, b, tb, 0, 0};
-                    if (sched_layer_split(&d->model, cat, c.stages, 2, need_kv, pp, NULL))
-                        continue;
-                    fits[i][j] = 1;
-                    c.gpus = ta + tb;
-                    c.usd_per_hour = ta * pa->usd_per_hour + tb * pb->usd_per_hour;
-                    if (!evaluate(&c, d, f, cat, prof, pp))
-                        continue;
-                    snprintf(c.label, sizeof c.label, "%dx%s[%d,%d)+%dx%s[%d,%d) PP", ta, ga->name,
-                             c.stages[0].layer_lo, c.stages[0].layer_hi, tb, gb->name,
-                             c.stages[1].layer_lo, c.stages[1].layer_hi);
-                    if (push(cs, &c))
-                        return MD_ENOMEM;
-                }
+                for (int j = 0; j < 4; j++)
+                    for (int k = 1; k < SCHED_MAX_STAGES; k++) {
+                        int ta = tps[i], tb = tps[j];
+                        if (!tp_ok(pa, &d->model, ta) || !tp_ok(pb, &d->model, tb) ||
+                            k > pool_groups(pa, ta))
+                            continue;
+                        double mem = k * group_usable_b(ga, ta, pp) + group_usable_b(gb, tb, pp);
+                        if (mem < wbytes * 1.05)
+                            continue;
+                        /* fits: this or a smaller (TP a, TP b, k) holds the model */
+                        if ((i && fits[i - 1][j][k]) || (j && fits[i][j - 1][k]) ||
+                            (k > 1 && fits[i][j][k - 1])) {
+                            fits[i][j][k] = 1;
+                            continue; /* not minimal */
+                        }
+                        sched_cand c;
+                        memset(&c, 0, sizeof c);
+                        c.model = mi;
+                        c.nstages = k + 1;
+                        for (int s = 0; s < k; s++)
+                            c.stages[s] = (sched_stage){pa->type, a, ta, 0, 0};
+                        c.stages[k] = (sched_stage){pb->type, b, tb, 0, 0};
+                        if (sched_layer_split(&d->model, cat, c.stages, k + 1, need_kv, pp, NULL))
+                            continue;
+                        fits[i][j][k] = 1;
+                        c.gpus = k * ta + tb;
+                        c.usd_per_hour = k * ta * pa->usd_per_hour + tb * pb->usd_per_hour;
+                        if (!evaluate(&c, d, f, cat, prof, pp))
+                            continue;
+                        pp_label(&c, cat);
+                        if (push(cs, &c))
+                            return MD_ENOMEM;
+                    }
         }
     int nmixed = cs->n - first_mixed;
     if (nmixed > MIXED_KEEP) {

@@ -18,7 +18,8 @@ static const char *const GPU_KEYS[] = {"name",        "aliases",      "memory_gb
                                        NULL};
 static const char *const CATALOG_KEYS[] = {"version", "kind", "note", "gpus", NULL};
 static const char *const FLEET_KEYS[] = {
-    "version", "kind", "name", "inter_host_gbps", "gpu_types", "prices", "pools", "rent", NULL};
+    "version", "kind", "name", "inter_host_gbps", "inter_host_latency_us", "gpu_types", "prices",
+    "pools",   "rent", NULL};
 static const char *const POOL_KEYS[] = {"name",          "type",         "count",
                                         "gpus_per_host", "usd_per_hour", NULL};
 static const char *const RENT_KEYS[] = {"types", "max_per_type", "max", NULL};
@@ -263,6 +264,8 @@ static int price_named(json_t *prices, const sched_catalog *cat, int t) {
 int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_err *e) {
     memset(f, 0, sizeof *f);
     f->link_gbps = 12.5;
+    /* 100 GbE through the kernel's TCP stack: 10-30 us one way (docs/scheduler.md §2). */
+    double lat_us = 15;
     if (!json_is_object(doc))
         return md_errf(e, MD_EFORMAT, "fleet: the document must be a JSON object");
     if (md_json_check_keys(doc, FLEET_KEYS, "fleet", e) ||
@@ -276,6 +279,12 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
         return e->code;
     if (!(f->link_gbps > 0 && f->link_gbps <= 1e6))
         return md_errf(e, MD_EINVAL, "fleet.inter_host_gbps must be in (0, 1e6]");
+    if (md_json_get_num(doc, "inter_host_latency_us", 0, &lat_us, "fleet", e))
+        return e->code;
+    if (!(lat_us >= 0 && lat_us <= 1e6))
+        return md_errf(e, MD_EINVAL, "fleet.inter_host_latency_us must be in [0, 1e6], got %g",
+                       lat_us);
+    f->link_latency_s = lat_us * 1e-6;
     size_t i;
     json_t *g;
     json_array_foreach(json_object_get(doc, "gpu_types"), i, g) {

@@ -111,9 +111,15 @@ static int lp_build(lp *L, const sched_workload *w, const sched_fleet *f, const 
         const sched_cand *k = &cs->c[c];
         if (!cand_allowed(k, o) || (only_model >= 0 && k->model != only_model))
             continue;
+        /* At most the pool's GPUs over the replica's GPUs in it (a pipeline may have several
+         * stages in one pool); the packing rows below bound it by hosts. */
         int ub = 1 << 30;
         for (int s = 0; s < k->nstages; s++) {
-            int per = f->pools[k->stages[s].pool].count / k->stages[s].tp;
+            int in_pool = 0;
+            for (int s2 = 0; s2 < k->nstages; s2++)
+                if (k->stages[s2].pool == k->stages[s].pool)
+                    in_pool += k->stages[s2].tp;
+            int per = f->pools[k->stages[s].pool].count / in_pool;
             if (per < ub)
                 ub = per;
         }
@@ -429,10 +435,10 @@ static void note_too_large(sched_plan *p, const sched_demand *d, const sched_fle
         p->notes,
         json_sprintf("%s cannot be placed: it needs %.1f GB of weights plus KV for %.0f tokens "
                      "(%.2f GB); the largest group in this fleet is %dx%s with %.1f GB usable "
-                     "(and no two-type pipeline holds it)",
+                     "(and no pipeline of up to %d stages holds it)",
                      d->model.name, wgb, maxt,
                      maxt * d->model.layers * sched_model_kv_bytes_per_token_layer(&d->model) / 1e9,
-                     bg, bn, best));
+                     bg, bn, best, SCHED_MAX_STAGES));
 }
 
 /* Does the union of the solutions in ls fit the fleet's GPUs (per pool, and per TP size

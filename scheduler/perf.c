@@ -1,9 +1,10 @@
 /* perf.c — the performance model (docs/scheduler.md §2): per stage, prefill is
  * compute-bound and decode reads the weights plus the batch's KV once per step; the KV
  * capacity left after weights bounds the batch; TP adds two all-reduces per layer over the
- * group's link; PP splits the batch into one micro-batch per stage and adds the activation
- * transfer between stages. Measured profiles (schemas/profile.schema.json) replace the
- * roofline for the (model, device, tp) they were measured on. */
+ * group's link; PP splits the batch into one micro-batch per stage and adds each hop
+ * between hosts (latency + bytes over the inter-host link). Measured profiles
+ * (schemas/profile.schema.json) replace the roofline for the (model, device, tp) they were
+ * measured on. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,11 @@ void sched_perf_defaults(sched_perf_params *p) {
     p->link_eff = 0.7;
     p->link_latency_s = 10e-6;
     p->max_batch = 256;
+    p->inter_host_latency_s = 15e-6;
+}
+
+double sched_perf_pp_hop(double bytes, double inter_host_gbps, const sched_perf_params *pp) {
+    return pp->inter_host_latency_s + bytes / (inter_host_gbps * 1e9 * pp->link_eff);
 }
 
 /* Parameters a stage holds and runs per token: its blocks, the embedding table on the first
@@ -174,7 +180,10 @@ int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sch
     }
     /* Per request, each stage spends its share of prefill plus `out` decode steps shared
      * by the batch; with one micro-batch per stage a step of the micro-batch (b / S
-     * sequences) runs on every stage in turn, so the slowest stage sets the rate. */
+     * sequences) runs on every stage in turn, so the slowest stage sets the rate. Each
+     * stage pays for the hop it sends (docs/scheduler.md §2): its micro-batch's activations
+     * to the next stage (mb x hidden fp16), the last stage the sampled tokens (mb int32)
+     * back to the first; prefill sends the prompt's activations on. */
     double mb = fmax(1.0, b / nstages);
     double worst = 0, pre_total = 0, step_total = 0;
     int compute_bound = 0;
@@ -184,10 +193,12 @@ int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sch
         int first = st[s].layer_lo == 0, last = st[s].layer_hi == m->layers;
         double pre = sched_perf_prefill(m, g, st[s].tp, layers, first, last, in, pp);
         double step = sched_perf_decode_step(m, g, st[s].tp, layers, first, last, (int)mb, ctx, pp);
-        if (nstages > 1 && s + 1 < nstages) {
-            double xfer_b = mb * m->hidden * 2.0, link = inter_host_gbps * 1e9 * pp->link_eff;
-            step += 2.5 * pp->link_latency_s + xfer_b / link;
-            pre += in * m->hidden * 2.0 / link;
+        if (nstages > 1) {
+            int to_next = s + 1 < nstages;
+            step +=
+                sched_perf_pp_hop(to_next ? mb * m->hidden * 2.0 : mb * 4.0, inter_host_gbps, pp);
+            if (to_next)
+                pre += sched_perf_pp_hop(in * m->hidden * 2.0, inter_host_gbps, pp);
         }
         double per_req = pre + out * step / mb;
         if (per_req > worst) {

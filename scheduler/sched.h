@@ -1,7 +1,8 @@
 /* sched.h — medley's heterogeneity-aware scheduler: GPU catalog, model cards, the
- * performance model, candidate replicas (TP groups and mixed-type PP stages with a DP layer
- * split), the placement MILP on GLPK, plans (JSON, validity check, table, SVG chart) and a
- * discrete-event fleet simulator. docs/scheduler.md gives the equations.
+ * performance model, candidate replicas (TP groups, and pipelines of up to four TP groups
+ * of one or two types across hosts with a DP layer split), the placement MILP on GLPK, plans
+ * (JSON, validity check, table, SVG chart) and a discrete-event fleet simulator.
+ * docs/scheduler.md gives the equations.
  *
  * Ownership: every *_load / *_build / sched_plan_* function fills a caller-provided struct
  * whose arrays it malloc's; the matching *_free releases them (safe on a zeroed struct).
@@ -96,6 +97,7 @@ typedef struct sched_fleet {
     int n;
     int rent;         /* 1: the pools are what may be rented (objective b) */
     double link_gbps; /* between hosts (PP activations across hosts), default 12.5 */
+    double link_latency_s; /* one transfer between hosts ("inter_host_latency_us"), 15e-6 */
 } sched_fleet;
 
 /* Fleet JSON (schemas/fleet.schema.json): pools of GPUs, price overrides, extra GPU types
@@ -159,6 +161,8 @@ typedef struct sched_perf_params {
     double link_eff;       /* achieved fraction of link bandwidth (0.7) */
     double link_latency_s; /* per collective / transfer (10e-6 NVLink, 25e-6 PCIe) */
     int max_batch;         /* engine's cap on concurrent sequences (256) */
+    double inter_host_latency_s; /* one PP hop between hosts (15e-6); cand.c and sim.c use
+                                    the fleet's inter_host_latency_us instead */
 } sched_perf_params;
 
 void sched_perf_defaults(sched_perf_params *p);
@@ -219,6 +223,9 @@ int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sch
                        int nstages, double inter_host_gbps, double in, double out,
                        const sched_perf_params *pp, const sched_profile *prof, sched_perf *out_p,
                        md_err *e);
+/* One pipeline hop between stages on different hosts, seconds:
+ * pp->inter_host_latency_s + bytes / (inter_host_gbps * 1e9 * pp->link_eff). */
+double sched_perf_pp_hop(double bytes, double inter_host_gbps, const sched_perf_params *pp);
 /* Roofline pieces, exposed for tests: seconds on a TP group of `tp` GPUs of type g. */
 double sched_perf_decode_step(const sched_model *m, const sched_gpu_type *g, int tp, int layers,
                               int first, int last, int batch, double ctx,
@@ -249,7 +256,10 @@ typedef struct sched_cands {
 } sched_cands;
 
 /* Candidates for every model of w over the fleet's pools (or the catalog types when
- * f->rent). Pruned: dominated candidates and all but the best few mixed PP ones dropped.
+ * f->rent): TP groups inside one host; pipelines of 2..SCHED_MAX_STAGES groups of one pool
+ * across its hosts when no group inside a host holds the model; pipelines of k groups of
+ * one pool and a last group of another type (k + 1 <= SCHED_MAX_STAGES). Pruned:
+ * dominated candidates and all but the best few mixed PP ones dropped.
  * Measured profiles (prof) replace the roofline for the (model, type, TP) they cover and
  * calibrate it elsewhere: each (model, type) with a profile gets the geometric mean of
  * measured / modelled throughput over the classes its profiles answer, and every modelled

@@ -108,14 +108,16 @@ static double step_time(const sched_cand *c, const sched_model *m, const sched_c
         double t =
             sched_perf_decode_step(m, &cat->gpus[st->type], st->tp, st->layer_hi - st->layer_lo,
                                    st->layer_lo == 0, st->layer_hi == m->layers, mb, ctx, pp);
-        if (S > 1 && s + 1 < S)
-            t +=
-                2.5 * pp->link_latency_s + mb * m->hidden * 2.0 / (inter_gbps * 1e9 * pp->link_eff);
+        if (S > 1)
+            t += sched_perf_pp_hop(s + 1 < S ? mb * m->hidden * 2.0 : mb * 4.0, inter_gbps, pp);
         tick = fmax(tick, t);
     }
     return S * tick / (c->perf[cls].scale > 0 ? c->perf[cls].scale : 1);
 }
 
+/* The replica time one prompt's prefill takes: in a pipeline each stage is busy with its
+ * own layers and its hop while the others work on other micro-batches, so the slowest stage
+ * sets it (as in sched_perf_replica; the pipeline's fill is not counted). */
 static double prefill_time(const sched_cand *c, const sched_model *m, const sched_catalog *cat,
                            double inter_gbps, double in, int cls, const sched_perf_params *pp) {
     if (!strcmp(c->perf[cls].bound, "profile"))
@@ -123,10 +125,11 @@ static double prefill_time(const sched_cand *c, const sched_model *m, const sche
     double t = 0;
     for (int s = 0; s < c->nstages; s++) {
         const sched_stage *st = &c->stages[s];
-        t += sched_perf_prefill(m, &cat->gpus[st->type], st->tp, st->layer_hi - st->layer_lo,
-                                st->layer_lo == 0, st->layer_hi == m->layers, in, pp);
+        double ts = sched_perf_prefill(m, &cat->gpus[st->type], st->tp, st->layer_hi - st->layer_lo,
+                                       st->layer_lo == 0, st->layer_hi == m->layers, in, pp);
         if (s + 1 < c->nstages)
-            t += in * m->hidden * 2.0 / (inter_gbps * 1e9 * pp->link_eff);
+            ts += sched_perf_pp_hop(in * m->hidden * 2.0, inter_gbps, pp);
+        t = fmax(t, ts);
     }
     return t / (c->perf[cls].scale > 0 ? c->perf[cls].scale : 1);
 }
@@ -385,9 +388,13 @@ static void advance(rep *y, const req *R, double now, sched_sim_result *res) {
 }
 
 int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fleet *f,
-                   const sched_catalog *cat, const sched_cands *cs, const sched_perf_params *pp,
+                   const sched_catalog *cat, const sched_cands *cs, const sched_perf_params *pp_in,
                    const sched_sim_failure *fails, int nfails, sched_sim_result *res, md_err *e) {
     memset(res, 0, sizeof *res);
+    /* Pipeline hops cost the fleet's inter-host latency, as in the candidates (cand.c). */
+    sched_perf_params pq = *pp_in;
+    pq.inter_host_latency_s = f->link_latency_s;
+    const sched_perf_params *pp = &pq;
     /* Requests. */
     unsigned long long seed = 0x9E3779B97F4A7C15ull ^ (w->seed * 0x2545F4914F6CDD1Dull);
     long long total = 0;
