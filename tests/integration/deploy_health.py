@@ -11,6 +11,8 @@ deploy/systemd, against a real redis-server and a real `medley worker`:
   a heartbeat of the worker's format whose model has no slots yet -> ready 1 "loading", one
   whose sharded replica is not formed -> ready 1 naming the reason (each hand-written doc
   checked against schemas/worker-heartbeat.schema.json first);
+  a --devices cpu,cpu supervisor: --children 2 checks both children (0), --children 3 names
+  the missing third (1), the supervisor's own id has no heartbeat (1);
   Redis gone -> 3, and 0 with --redis-down-ok."""
 import json
 import os
@@ -117,6 +119,19 @@ def main():
                                                   "last_seen": now})
             expect(health(srv, "--worker-id", "w2"), 0, "alive", what + ", alive")
             expect(health(srv, "--worker-id", "w2", "--ready"), 1, want, what + ", not ready")
+
+        # a --devices supervisor: no heartbeat of its own, one per child
+        sup = Worker(srv, args=["--id", "w3", "--devices", "cpu,cpu", "--heartbeat-ms", "500"],
+                     name="w3")
+        wait_for(lambda: r.exists("medley:worker:{w3.0}") and r.exists("medley:worker:{w3.1}"),
+                 "both children's heartbeats", 20)
+        expect(health(srv, "--worker-id", "w3", "--children", "2", "--ready"), 0,
+               "worker w3.1: ready", "--devices, --children 2")
+        expect(health(srv, "--worker-id", "w3", "--children", "3"), 1,
+               "worker w3.2 is not alive: no heartbeat", "--devices, --children 3")
+        expect(health(srv, "--worker-id", "w3"), 1, "no heartbeat at medley:worker:{w3}",
+               "--devices without --children")
+        sup.stop()
 
         srv.kill()
         expect(health(srv, "--worker-id", "w1"), 3, "cannot connect", "Redis gone")

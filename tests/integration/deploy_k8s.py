@@ -16,7 +16,8 @@ rendering must equal ours. Then:
     --device-type a GPU catalog name (scheduler/catalog/gpus.json), nvidia.com/gpu equal to
     the number of devices in --device/--devices, terminationGracePeriodSeconds above
     --grace-ms + 10 s, probes calling `medley health` with options it accepts (run against
-    the built binary: --help exits 0 and every flag is in it), --id from the node name;
+    the built binary: --help exits 0 and every flag is in it) and --children N for a
+    --devices worker of N devices, --id from the node name;
   * every container non-root, no privilege escalation, capabilities dropped, read-only root;
   * the redis.conf of the ConfigMap is deploy/redis.conf, the ACL of the Secret template is
     deploy/redis/users.acl's medley user, and the stunnel config keeps the host file's
@@ -283,7 +284,14 @@ def check_workers(pods, where, catalog, flags):
                  (where, name, s["terminationGracePeriodSeconds"], grace_ms))
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             cmd = c[probe]["exec"]["command"]
-            if cmd[:2] != ["medley", "health"] or not set(cmd[2:]) <= flags:
+            # a --devices supervisor has no heartbeat of its own: its N children are checked
+            want = str(len(devs)) if "--devices" in opt else None
+            got = cmd[cmd.index("--children") + 1] if "--children" in cmd else None
+            if got != want:
+                fail("%s: %s: %s %s: --children must be %s for devices %s" %
+                     (where, name, probe, cmd, want, devs))
+            if cmd[:2] != ["medley", "health"] or \
+                    not {a for a in cmd[2:] if a.startswith("--")} <= flags:
                 fail("%s: %s: %s %s is not a `medley health` with flags it has (%s)" %
                      (where, name, probe, cmd, sorted(flags)))
         if "--ready" not in c["readinessProbe"]["exec"]["command"] or \
