@@ -21,6 +21,7 @@ static const command commands[] = {
     {"cancel", cmd_cancel, "cancel a batch"},
     {"batches", cmd_batches, "list batches"},
     {"worker", cmd_worker, "serve models from Redis queues"},
+    {"health", cmd_health, "is a worker alive / ready? (its heartbeat; for probes)"},
     {"stage", cmd_stage, "serve one pipeline stage of a sharded model to a head over TCP"},
     {"scheduler", cmd_scheduler, "plan the fleet continuously and publish plans"},
     {"plan", cmd_plan, "plan a fleet offline"},

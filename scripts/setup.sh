@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Install what medley needs to build and test on Debian 12 (run as root): the C libraries
 # it links (jansson, hiredis, PCRE2, GLPK, zlib), cmocka for unit tests, redis-server for the
-# integration tests (redis-sentinel for failover, stunnel4 + openssl for TLS), and the
-# Python packages the tests use as independent checkers.
+# integration tests (redis-sentinel for failover, stunnel4 + openssl for TLS), systemd for
+# systemd-analyze and prometheus for promtool (the deploy/ checks: tests/deploy.cmake), and
+# the Python packages the tests use as independent checkers. Not podman: building the
+# container images downloads base images (deploy_container skips where it cannot build).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 pkgs="build-essential cmake pkg-config libjansson-dev libhiredis-dev libpcre2-dev libglpk-dev
       zlib1g-dev libcmocka-dev redis-server redis-sentinel stunnel4 openssl python3
-      python3-pip unzip"
+      python3-pip unzip systemd prometheus"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
