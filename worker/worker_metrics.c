@@ -128,7 +128,7 @@ int wk_metrics_start(wk *w, md_err *e) {
     md_gauge_set(md_metric_at1(x->worker_info, w->me), 1);
     md_gauge_set(md_metric_at0(x->usd_h), w->cfg->usd_per_hour);
     md_gauge_set(md_metric_at0(x->plan_version), -1);
-    x->last_fast = x->last_redis = x->last_measure = md_mono_ns();
+    x->last_measure = md_mono_ns(); /* last_fast, last_redis 0: the first turn sets gauges */
     w->mx = x;
     MD_INFO("worker", "metrics at http://%s/metrics (port %d)", addr,
             md_metrics_http_port(x->http));
