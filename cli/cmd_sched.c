@@ -9,6 +9,8 @@
 
 #include "cli/commands.h"
 #include "common/log.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
 #include "common/util.h"
 #include "scheduler/sched.h"
 
@@ -277,8 +279,11 @@ static void daemon_usage(FILE *f) {
     fprintf(f,
             "usage: medley scheduler [--redis URL] [--prefix medley:] [--workload W.json]\n"
             "                       [--interval S] [--min-gain F] [--reload-s S] [--once]\n"
+            "                       [--metrics ADDR:PORT]\n"
             "Reads worker heartbeats and queue backlogs from Redis, plans, publishes the plan to\n"
-            "<prefix>plan with an event on <prefix>events; one active scheduler (lease).\n");
+            "<prefix>plan with an event on <prefix>events; one active scheduler (lease).\n"
+            "--metrics serves Prometheus metrics at http://ADDR:PORT/metrics\n"
+            "(docs/operations.md, Metrics).\n");
 }
 
 int cmd_scheduler(int argc, char **argv) {
@@ -286,10 +291,12 @@ int cmd_scheduler(int argc, char **argv) {
     static const struct option lo[] = {
         {"redis", 1, 0, 'r'},    {"prefix", 1, 0, 'p'},   {"workload", 1, 0, 'w'},
         {"interval", 1, 0, 'i'}, {"min-gain", 1, 0, 'g'}, {"reload-s", 1, 0, 'l'},
-        {"once", 0, 0, '1'},     {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
+        {"once", 0, 0, '1'},     {"help", 0, 0, 'h'},     {"metrics", 1, 0, 'm'},
+        {0, 0, 0, 0}};
+    const char *metrics_addr = NULL;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "r:p:w:i:g:l:1h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "r:p:w:i:g:l:1hm:", lo, NULL)) != -1) {
         switch (c) {
         case 'r': o.redis_url = optarg; break;
         case 'p': o.prefix = optarg; break;
@@ -298,6 +305,7 @@ int cmd_scheduler(int argc, char **argv) {
         case 'g': o.min_gain = atof(optarg); break;
         case 'l': o.reload_s = atof(optarg); break;
         case '1': o.once = 1; break;
+        case 'm': metrics_addr = optarg; break;
         case 'h': daemon_usage(stdout); return 0;
         default: daemon_usage(stderr); return 2;
         }
@@ -316,9 +324,28 @@ int cmd_scheduler(int argc, char **argv) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     md_log_set_json(1);
-    int rc = sched_daemon_run(&o, &cat, &stop_flag, &e);
+    md_metrics_http *http = NULL;
+    md_metrics *reg = NULL;
+    if (metrics_addr) {
+        if (!(reg = md_metrics_new())) {
+            fprintf(stderr, "medley scheduler: out of memory\n");
+            sched_catalog_free(&cat);
+            return 1;
+        }
+        if (md_metrics_http_start(metrics_addr, reg, &http, &e)) {
+            fprintf(stderr, "medley scheduler: --metrics: %s\n", e.msg);
+            md_metrics_free(reg);
+            sched_catalog_free(&cat);
+            return 1;
+        }
+        MD_INFO("scheduler", "metrics at http://%s/metrics (port %d)", metrics_addr,
+                md_metrics_http_port(http));
+    }
+    int rc = sched_daemon_run_metered(&o, &cat, &stop_flag, reg, &e);
     if (rc)
         fprintf(stderr, "medley scheduler: %s\n", e.msg);
+    md_metrics_http_stop(http);
+    md_metrics_free(reg);
     sched_catalog_free(&cat);
     return rc ? 1 : 0;
 }

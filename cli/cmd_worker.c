@@ -21,6 +21,7 @@
 static volatile sig_atomic_t g_stop = 0;
 static char g_device[32]; /* the resolved --device, referenced by the worker's config */
 static char g_devs[SV_MAX_CHILDREN][SV_DEVICE_MAX]; /* the --devices list */
+static char g_metrics[SV_MAX_CHILDREN][300];        /* --metrics of each --devices child */
 
 static void on_signal(int sig) {
     (void)sig;
@@ -101,6 +102,9 @@ static void usage(FILE *f) {
             "  --usd-per-hour X       cost of this worker's devices, for each line's cost share\n"
             "                         (with --devices, split evenly between the children)\n"
             "  --connect-timeout-ms MS, --command-timeout-ms MS   Redis timeouts (2000, 10000)\n"
+            "  --metrics ADDR:PORT    serve Prometheus metrics at http://ADDR:PORT/metrics\n"
+            "                         (docs/operations.md, Metrics; port 0: a free one; with\n"
+            "                         --devices child i serves on PORT+i)\n"
             "  --log-text             human-readable logs instead of JSON lines\n");
 }
 
@@ -116,9 +120,22 @@ static int int_arg(const char *flag, const char *v, long lo, long hi, long *out)
     return 0;
 }
 
+/* --metrics HOST:PORT of child i of --devices: PORT + i (port 0 stays 0: each a free one).
+ * Returns 0, or -1 when addr has no port or PORT + i is past 65535. */
+static int child_metrics(const char *addr, int i, char *out, size_t cap) {
+    const char *colon = strrchr(addr, ':');
+    char *end;
+    long port = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (!colon || !colon[1] || *end || port < 0 || port + i > 65535)
+        return -1;
+    snprintf(out, cap, "%.*s:%ld", (int)(colon - addr), addr, port ? port + i : 0);
+    return 0;
+}
+
 /* `--devices` with n > 1 entries (in g_devs): check every device, then run n children, each
- * this command's argv without the flags marked in skip (--devices, --id, --usd-per-hour) plus
- * --device Di --id <id>.i [--usd-per-hour X/n]. Returns the exit status. */
+ * this command's argv without the flags marked in skip (--devices, --id, --usd-per-hour,
+ * --metrics) plus --device Di --id <id>.i [--usd-per-hour X/n] [--metrics HOST:PORT+i].
+ * Returns the exit status. */
 static int run_devices(int argc, char **argv, const unsigned char *skip, const wk_config *cfg,
                        int n, int log_json) {
     /* the worker keeps 159 bytes of its id: longer ones would make the children's <id>.<i>
@@ -147,7 +164,7 @@ static int run_devices(int argc, char **argv, const unsigned char *skip, const w
     static char names[SV_MAX_CHILDREN][176];
     char usd[40];
     snprintf(usd, sizeof usd, "%.17g", cfg->usd_per_hour / n);
-    int per = argc + 10; /* "medley", argv minus skipped, 6 added, NULL */
+    int per = argc + 12; /* "medley", argv minus skipped, 8 added, NULL */
     char **av = calloc((size_t)n * (size_t)per, sizeof *av);
     if (!av) {
         MD_ERROR("worker", "out of memory");
@@ -169,6 +186,16 @@ static int run_devices(int argc, char **argv, const unsigned char *skip, const w
         if (cfg->usd_per_hour > 0) {
             a[k++] = "--usd-per-hour";
             a[k++] = usd;
+        }
+        if (cfg->metrics_addr) {
+            if (child_metrics(cfg->metrics_addr, i, g_metrics[i], sizeof g_metrics[i])) {
+                MD_ERROR("worker", "--metrics %s: want HOST:PORT with PORT + %d <= 65535",
+                         cfg->metrics_addr, n - 1);
+                free(av);
+                return 2;
+            }
+            a[k++] = "--metrics";
+            a[k++] = g_metrics[i];
         }
         a[k] = NULL;
         kids[i] = (sv_child){.name = names[i], .what = g_devs[i], .argv = a};
@@ -314,6 +341,9 @@ static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cf
             cfg->runner.stages = v;
         } else if (!strcmp(a, "--stage-listen")) {
             cfg->stage_listen = v;
+        } else if (!strcmp(a, "--metrics")) {
+            cfg->metrics_addr = v;
+            skip[i] = skip[i + 1] = 1;
         } else if (!strcmp(a, "--mem-cap")) {
             long long cap = md_parse_size(v);
             if (cap <= 0) {

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/redis.h"
 #include "common/util.h"
+#include "scheduler/daemon_metrics.h"
 #include "scheduler/sched.h"
 
 #define LOGC "scheduler"
@@ -278,6 +279,11 @@ static void sleep_s(double s, volatile int *stop) {
 
 int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, volatile int *stop,
                      md_err *e) {
+    return sched_daemon_run_metered(o, cat0, stop, NULL, e);
+}
+
+int sched_daemon_run_metered(const sched_daemon_opts *o, const sched_catalog *cat0,
+                             volatile int *stop, md_metrics *metrics, md_err *e) {
     md_redis *rd = connect_redis(o->redis_url, o->prefix, e);
     if (!rd)
         return e->code;
@@ -292,6 +298,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
     json_t *last_workers = NULL, *warned = json_object();
     double last_ratio = 0;
     int rc = 0, rounds = 0;
+    sched_dm *dm = sched_dm_new(metrics);
     MD_INFO(LOGC, "scheduler %s starting (prefix %s)", id, o->prefix);
     while (!(stop && *stop)) {
         redisContext *c = md_redis_ctx(rd);
@@ -305,7 +312,9 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
             }
             c = md_redis_ctx(rd);
         }
-        if (!lease(rd, key, id, o->lease_ms)) {
+        int leader = lease(rd, key, id, o->lease_ms);
+        sched_dm_leader(dm, leader);
+        if (!leader) {
             if (o->once) {
                 rc = md_errf(e, MD_EREDIS, "another scheduler holds the lease %s", key);
                 break;
@@ -326,6 +335,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
         json_t *priced = json_object(); /* pools priced by their worker's heartbeat */
         json_t *pools = fleet_from_heartbeats(c, o->prefix, &cat, workers, warned, priced);
         json_t *bl = pools ? backlogs(c, o->prefix) : NULL;
+        sched_dm_round(dm, pools, workers, bl);
         int changed = !last_workers || !json_equal(workers, last_workers);
         const char *reason = !last_workers ? "start" : changed ? "fleet changed" : "backlog";
         if (pools && bl && json_array_size(pools) && json_object_size(bl)) {
@@ -350,6 +360,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
                 sched_fleet_free(&f);
                 ok = 0;
             }
+            uint64_t solve_t0 = md_mono_ns();
             if (ok && (sched_cands_build(&cs, &w, &f, &cat, NULL, &pp, &pe) ||
                        sched_plan_solve(&p, &w, &f, &cat, &cs, &so, &pe))) {
                 sched_cands_free(&cs);
@@ -357,6 +368,8 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
                 sched_fleet_free(&f);
                 ok = 0;
             }
+            if (ok)
+                sched_dm_solved(dm, (double)(md_mono_ns() - solve_t0) / 1e9);
             if (!ok) {
                 MD_WARN(LOGC, "no plan this round: %s", pe.msg[0] ? pe.msg : "no known models");
             } else {
@@ -383,6 +396,8 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
                     r = md_redis_cmd(rd, &we, "SET %splan %s", o->prefix, s);
                     int set_ok = r && r->type == REDIS_REPLY_STATUS;
                     freeReplyObject(r);
+                    if (set_ok)
+                        sched_dm_published(dm, doc, reason);
                     json_t *ev = json_pack("{s:s, s:I, s:s, s:f, s:f}", "type", "plan", "version",
                                            (json_int_t)p.version, "reason", reason, "tokens_per_s",
                                            p.tokens_per_s, "usd_per_hour", p.usd_per_hour);
@@ -433,6 +448,7 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
     json_decref(last_workers);
     json_decref(warned);
     json_decref(file);
+    sched_dm_free(dm);
     md_redis_close(rd);
     (void)rounds;
     /* GLPK keeps a per-thread environment; free it as the daemon's thread ends. */

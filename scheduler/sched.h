@@ -380,5 +380,10 @@ typedef struct sched_daemon_opts {
 
 int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat, volatile int *stop,
                      md_err *e);
+/* The same, keeping the daemon's Prometheus metrics (docs/operations.md, "Metrics") in reg
+ * (NULL: none); the caller serves reg (common/metrics_http.h) and frees it after. */
+struct md_metrics;
+int sched_daemon_run_metered(const sched_daemon_opts *o, const sched_catalog *cat,
+                             volatile int *stop, struct md_metrics *reg, md_err *e);
 
 #endif

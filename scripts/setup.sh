@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # Install what medley needs to build and test on Debian 12 (run as root): the C libraries
 # it links (jansson, hiredis, PCRE2, GLPK, zlib), cmocka for unit tests, redis-server for the
-# integration tests (redis-sentinel for failover, stunnel4 + openssl for TLS), systemd for
-# systemd-analyze and prometheus for promtool (the deploy/ checks: tests/deploy.cmake), and
-# the Python packages the tests use as independent checkers. Not podman: building the
-# container images downloads base images (deploy_container skips where it cannot build).
+# integration tests (redis-sentinel for failover, stunnel4 + openssl for TLS), libmicrohttpd
+# for the /metrics endpoints, prometheus (prometheus + promtool) to test them and the alert
+# rules, systemd for systemd-analyze (the deploy/ checks: tests/deploy.cmake), and the
+# Python packages the tests use as independent checkers. Not podman: building the container
+# images downloads base images (deploy_container skips where it cannot build).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 pkgs="build-essential cmake pkg-config libjansson-dev libhiredis-dev libpcre2-dev libglpk-dev
       zlib1g-dev libcmocka-dev redis-server redis-sentinel stunnel4 openssl python3
-      python3-pip unzip systemd prometheus"
+      python3-pip unzip libmicrohttpd-dev prometheus systemd"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
   apt-get update -qq
+  # Packages with services (prometheus, redis-server) must not start them here: the tests
+  # start their own on free ports. A policy-rc.d that refuses is put in place for the install
+  # when the machine has none (Debian's invoke-rc.d reads it).
+  policy=/usr/sbin/policy-rc.d
+  own_policy=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && own_policy=1
+  fi
   apt-get install -y -qq --no-install-recommends $missing
+  if [ "$own_policy" = 1 ]; then rm -f "$policy"; fi
 fi
 # Test-only Python checkers (JSON Schema validator, a redis-py client written from
 # docs/protocol.md, the gguf reference reader). Never used by medley itself.

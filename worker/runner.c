@@ -60,3 +60,8 @@ int wk_runner_start(wk_runner *r, const q_request *req, void *tag, md_err *e) {
 int wk_runner_poll(wk_runner *r, int wait_ms, wk_done_fn done, void *ctx, md_err *e) {
     return r->ops->poll(r->self, wait_ms, done, ctx, e);
 }
+void wk_runner_get_stats(const wk_runner *r, wk_runner_stats *st) {
+    memset(st, 0, sizeof *st);
+    if (r->ops->stats)
+        r->ops->stats(r->self, st);
+}

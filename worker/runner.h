@@ -40,6 +40,7 @@ typedef struct {
     const char *finish_reason; /* "stop" | "length" */
     int prompt_tokens, completion_tokens;
     double prefill_ms, decode_ms;
+    double first_token_ms; /* from start() to the first generated token (metrics) */
     /* The request asked for logprobs (q_request.logprobs): lp[0..n_lp) are the tokens of
      * text in order, n_lp possibly 0. Tokens the text does not show are left out: an
      * end-of-generation token, and those past a stop string's start (a token that begins
@@ -91,5 +92,15 @@ int wk_runner_start(wk_runner *r, const q_request *req, void *tag, md_err *e);
 /* Make progress; blocks at most wait_ms when nothing is ready. Returns 0 or an error that
  * failed every live request (each already reported through done with res->error). */
 int wk_runner_poll(wk_runner *r, int wait_ms, wk_done_fn done, void *ctx, md_err *e);
+
+/* What a runner counts for the worker's metrics (docs/operations.md, "Metrics"); zeros for a
+ * runner that has none of it (echo: no steps, no KV cache). */
+typedef struct {
+    long steps;                    /* engine steps run */
+    double last_step_s;            /* how long the last one took */
+    long preemptions;              /* sequences sent back to wait, their K/V dropped */
+    int kv_blocks, kv_blocks_free; /* KV cache blocks (0: no KV cache) */
+} wk_runner_stats;
+void wk_runner_get_stats(const wk_runner *r, wk_runner_stats *st);
 
 #endif

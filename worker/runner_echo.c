@@ -172,6 +172,7 @@ static int echo_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err
                          .completion_tokens = it->completion_tokens,
                          .prefill_ms = 0,
                          .decode_ms = (double)(now - it->start_ns) / 1e6,
+                         .first_token_ms = (double)(now - it->start_ns) / 1e6,
                          .logprobs = it->logprobs,
                          .top_logprobs = it->top_logprobs};
         if (it->logprobs) {

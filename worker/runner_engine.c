@@ -48,6 +48,8 @@ typedef struct {
     size_t cap_alt;
     char *piece; /* (piece_cap) streaming decode output while they are made */
     size_t piece_cap;
+    long steps; /* md_engine_step calls, and how long the last one took (metrics) */
+    double last_step_s;
 } engine_runner;
 
 /* A slot keeps buffers for more logprobs (or alternatives) than this only while its request
@@ -331,6 +333,7 @@ static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn d
                      .completion_tokens = st.completion_tokens,
                      .prefill_ms = st.prefill_ms,
                      .decode_ms = st.decode_ms,
+                     .first_token_ms = st.queue_ms + st.prefill_ms,
                      .device_lost = step_failed && f == MD_FINISH_ERROR};
     if (f == MD_FINISH_ERROR || f == MD_FINISH_CANCELLED) {
         const char *why = md_seq_error(r->eng, it->seq);
@@ -388,7 +391,10 @@ static int engine_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_e
     /* A failed step (device lost) fails the sequences that were running: they are reported
      * finished with the reason and device_lost set (the worker hands them back, they are not
      * the requests' fault); the waiting ones are untouched and run at a later step. */
+    uint64_t t0 = md_mono_ns();
     int rc = md_engine_step(r->eng, &res, e);
+    r->last_step_s = (double)(md_mono_ns() - t0) / 1e9;
+    r->steps++;
     collect_logprobs(r, &res);
     for (int k = 0; k < res.n_finished; k++)
         for (int i = 0; i < r->cap; i++)
@@ -397,6 +403,17 @@ static int engine_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_e
                 break;
             }
     return rc;
+}
+
+static void engine_stats(void *self, wk_runner_stats *out) {
+    engine_runner *r = self;
+    md_engine_stats st;
+    md_engine_get_stats(r->eng, &st);
+    out->steps = r->steps;
+    out->last_step_s = r->last_step_s;
+    out->preemptions = st.preemptions;
+    out->kv_blocks = st.kv_blocks;
+    out->kv_blocks_free = st.kv_blocks_free;
 }
 
 const wk_runner_ops wk_engine_ops = {
@@ -408,4 +425,5 @@ const wk_runner_ops wk_engine_ops = {
     .start = engine_start,
     .poll = engine_poll,
     .close = engine_close,
+    .stats = engine_stats,
 };

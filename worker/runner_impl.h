@@ -13,6 +13,7 @@ typedef struct {
     int (*start)(void *self, const q_request *req, void *tag, md_err *e);
     int (*poll)(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err *e);
     void (*close)(void *self);
+    void (*stats)(void *self, wk_runner_stats *st); /* NULL: nothing counted */
 } wk_runner_ops;
 
 int wk_echo_open(const wk_runner_opts *o, void **self, md_err *e);

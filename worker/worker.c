@@ -124,6 +124,7 @@ static void poll_all(wk *w, int wait_ms) {
         if (guard)
             wk_watchdog_enter(w->wd, "a device step", w->step_limit_ms, 0);
         int rc = wk_runner_poll(md->runner, one ? wait_ms : 0, wk_on_done, w, &e);
+        wk_metrics_polled(w, m);
         if (guard) {
             wk_watchdog_leave(w->wd);
             if (wk_watchdog_fired(w->wd)) {
@@ -197,6 +198,8 @@ static void periodic(wk *w, int stopping) {
         if (due)
             w->last_claim = md_mono_ns();
     }
+    if (!w->broken)
+        wk_metrics_tick(w);
 }
 
 /* The models of the command line, each read from P q:{M}. A model with a remote stage
@@ -218,10 +221,11 @@ static int open_all(wk *w, const wk_config *cfg, md_err *e) {
     return 0;
 }
 
-/* Stop the watchdog and free the models, answers and connection. */
+/* Stop the watchdog and the metrics server, and free the models, answers and connection. */
 static void close_all(wk *w) {
     wk_watchdog_stop(w->wd);
     w->wd = NULL;
+    wk_metrics_stop(w);
     for (int m = 0; m < WK_MAX_MODELS; m++) {
         if (w->mod[m].runner)
             wk_runner_close(w->mod[m].runner);
@@ -463,7 +467,7 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     w.plan_applied = -1;
     w.plan_seen = -2;
     w.cls_seen = -2;
-    if ((rc = identify(&w, e)))
+    if ((rc = identify(&w, e)) || (rc = wk_metrics_start(&w, e)))
         return rc;
     if ((rc = start(&w, e))) {
         close_all(&w);

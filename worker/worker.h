@@ -67,6 +67,9 @@ typedef struct {
      * stage_listen ("HOST:PORT", default "127.0.0.1:0": a free port), advertised in Redis. */
     const char *stage_listen;
     const char *stage_exe; /* the medley binary (default "/proc/self/exe") */
+    /* Serve Prometheus metrics at http://<metrics_addr>/metrics ("HOST:PORT"; NULL: none;
+     * docs/operations.md, "Metrics"). A port that is taken fails the start. */
+    const char *metrics_addr;
 } wk_config;
 
 void wk_config_default(wk_config *c);

@@ -37,9 +37,10 @@ static json_t *medley_obj(wk *w, int m, double queue_ms, double prefill_ms, doub
                      decode_ms, "cost_usd", cost, "attempt", (json_int_t)attempt);
 }
 
-/* Queue an answer whose document is doc (stolen). */
+/* Queue an answer whose document is doc (stolen); code: the error code of a failed one. */
 static void push_answer(wk *w, int s, const char *entry_id, const char *batch,
-                        const char *custom_id, int ok, json_t *doc) {
+                        const char *custom_id, const char *code, json_t *doc) {
+    int ok = code == NULL;
     char *line = json_dumps(doc, JSON_COMPACT);
     json_decref(doc);
     answer *a = line ? new_answer(w) : NULL;
@@ -63,6 +64,7 @@ static void push_answer(wk *w, int s, const char *entry_id, const char *batch,
         w->n_ok++;
     else
         w->n_failed++;
+    wk_metrics_answered(w, s, code);
 }
 
 static json_t *cid_json(const char *custom_id) {
@@ -88,7 +90,7 @@ void wk_answer_invalid(wk *w, int s, const char *entry_id, const char *batch, co
                             cid_json(custom_id), "response", "status_code", ve->status,
                             "request_id", rid, "body", "error", err, "error", "medley",
                             medley_obj(w, stream_model(w, s), queue_ms, 0, 0, 0, attempt));
-    push_answer(w, s, entry_id, batch, custom_id, 0, doc);
+    push_answer(w, s, entry_id, batch, custom_id, ve->code, doc);
 }
 
 /* A request that never reached a model (cancelled, expired, dead-lettered, server error):
@@ -101,7 +103,7 @@ void wk_answer_error(wk *w, int s, const char *entry_id, const char *batch, cons
         json_pack("{s:s, s:o, s:n, s:{s:s, s:s}, s:o}", "id", id, "custom_id", cid_json(custom_id),
                   "response", "error", "code", code, "message", message, "medley",
                   medley_obj(w, stream_model(w, s), queue_ms, 0, 0, 0, attempt));
-    push_answer(w, s, entry_id, batch, custom_id, 0, doc);
+    push_answer(w, s, entry_id, batch, custom_id, code, doc);
 }
 
 void wk_on_done(void *ctx, void *tag, const wk_result *res) {
@@ -148,7 +150,8 @@ void wk_on_done(void *ctx, void *tag, const wk_result *res) {
             "response", "status_code", 200, "request_id", rid, "body", body, "error", "medley",
             medley_obj(w, m, j->queue_ms, res->prefill_ms, res->decode_ms, j->share_s, j->attempt));
         w->n_tokens += res->completion_tokens;
-        push_answer(w, j->s, j->id, j->batch, j->custom_id, 1, doc);
+        push_answer(w, j->s, j->id, j->batch, j->custom_id, NULL, doc);
+        wk_metrics_result(w, m, res, w->cfg->usd_per_hour * j->share_s / 3600.0);
     }
     j->used = 0;
     w->live--;

@@ -10,6 +10,8 @@
  *   worker_shard.c   sharded replicas: forming a pipeline whose stages run in other
  *                    processes, re-forming it after a failure, and the stage servers this
  *                    worker runs for other workers' replicas
+ *   worker_metrics.c the Prometheus metrics (--metrics): counted where things happen through
+ *                    the wk_metrics_* hooks, served by an HTTP thread that never touches wk
  * Each group of fields in `wk` below names the file that owns it: that file sets it up and
  * frees it (close_all in worker.c frees what is left at exit); the others read it, or
  * change it only as the group's comment says.
@@ -206,6 +208,10 @@ typedef struct {
     int device_failed; /* a runner's device failed: hand back, stop, exit with dev_err */
     long n_handed_back;
     md_err dev_err;
+
+    /* worker_metrics.c: the metrics and their server; NULL without --metrics (every hook
+     * then returns at once). */
+    struct wk_metrics *mx;
 } wk;
 
 static inline int stream_model(wk *w, int s) {
@@ -299,5 +305,26 @@ void wk_roles_apply(wk *w, const wk_role *roles, int n);
 void wk_roles_refresh(wk *w);
 /* On stop: end every stage server and delete its key. */
 void wk_roles_stop(wk *w);
+
+/* ---- worker_metrics.c ---- */
+
+/* With cfg->metrics_addr: the registry and its HTTP server (a taken port is an error). */
+int wk_metrics_start(wk *w, md_err *e);
+void wk_metrics_stop(wk *w);
+/* A request started on stream s's model after queue_ms in the queue. */
+void wk_metrics_started(wk *w, int s, double queue_ms);
+/* An answer queued on stream s: code NULL when it succeeded, else the line's error code. */
+void wk_metrics_answered(wk *w, int s, const char *code);
+/* A succeeded request's tokens, time to first token and cost share (model slot m). */
+void wk_metrics_result(wk *w, int m, const wk_result *res, double cost_usd);
+void wk_metrics_taken_over(wk *w, int s, long n);
+void wk_metrics_dead_letter(wk *w, int s);
+void wk_metrics_handed_back(wk *w, int m, int n);
+/* After model m's runner was polled: the step it ran, if any. */
+void wk_metrics_polled(wk *w, int m);
+/* Each loop turn: gauges every 200 ms, Redis's queue gauges every second. */
+void wk_metrics_tick(wk *w);
+/* A plan was applied: its predicted tokens/s for the replicas served here. */
+void wk_metrics_plan(wk *w, const json_t *plan);
 
 #endif

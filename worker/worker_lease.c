@@ -190,15 +190,20 @@ void wk_hand_back(wk *w) {
         return;
     if (!w->broken)
         wk_renew(w, (long long)w->cfg->visibility_ms + 1000, 1);
-    for (int m = 0; m < WK_MAX_MODELS; m++)
+    for (int m = 0; m < WK_MAX_MODELS; m++) {
+        int k = 0;
         for (int i = 0; i < w->mod[m].n_jobs; i++) {
             job *j = &w->mod[m].jobs[i];
             if (j->used && j->handback) {
                 j->used = 0;
                 j->handback = 0;
                 w->live--;
+                k++;
             }
         }
+        if (k)
+            wk_metrics_handed_back(w, m, k);
+    }
     w->n_handed_back += n;
     MD_WARN("worker", "handed back %d request(s) of a failed device or stage to the queue", n);
 }

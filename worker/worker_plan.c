@@ -231,6 +231,7 @@ static void apply_plan(wk *w, const json_t *plan) {
     }
     wk_roles_apply(w, roles, n_roles);
     w->plan_applied = version;
+    wk_metrics_plan(w, plan);
     w->last_hb = 0; /* show the switch in the heartbeat at once */
     int served = 0;
     for (int m = 0; m < WK_MAX_MODELS; m++)

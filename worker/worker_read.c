@@ -141,6 +141,7 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
         freeReplyObject(rep);
         MD_WARN("worker", "entry %s of %s has no valid batch/line field; moved to the DLQ", id,
                 w->st[s].key);
+        wk_metrics_dead_letter(w, s);
         ack_only(w, s, id);
         return;
     }
@@ -200,6 +201,7 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
         if (rc == 0) {
             j->used = 1;
             w->live++;
+            wk_metrics_started(w, s, qms);
         } else if (rc == MD_ERANGE) {
             snprintf(ve.code, sizeof ve.code, "context_length_exceeded");
             snprintf(ve.param, sizeof ve.param, "%s", req.chat ? "messages" : "prompt");
@@ -280,6 +282,7 @@ static void dead_letter(wk *w, int s, const char *id, redisReply *fields, long l
     }
     freeReplyObject(rep);
     MD_WARN("worker", "entry %s: %s; moved to %s", id, reason, dlq);
+    wk_metrics_dead_letter(w, s);
     char cidbuf[Q_CUSTOM_ID_MAX];
     q_request req;
     q_verr ve;
@@ -460,9 +463,11 @@ void wk_take_over(wk *w, int due) {
                               ? rep->element[2]->elements
                               : 0;
             st->claim_more = n + gone >= (size_t)f || strcmp(st->cursor, "0-0") != 0;
-            if (n)
+            if (n) {
                 MD_INFO("worker", "took over %zu entries of %s idle past %d ms", n, st->key,
                         w->cfg->visibility_ms);
+                wk_metrics_taken_over(w, s, (long)n);
+            }
             take_all(w, s, entries, 1);
             /* Redis 7 lists entries deleted from the stream: ack them away. */
             for (size_t i = 0; i < gone && !w->broken; i++)
