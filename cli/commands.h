@@ -18,5 +18,6 @@ int cmd_run(int argc, char **argv);       /* cmd_run.c */
 int cmd_scheduler(int argc, char **argv); /* cmd_sched.c */
 int cmd_plan(int argc, char **argv);      /* cmd_sched.c */
 int cmd_simulate(int argc, char **argv);  /* cmd_sched.c */
+int cmd_dashboard(int argc, char **argv); /* cmd_dashboard.c */
 
 #endif
