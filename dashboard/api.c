@@ -276,6 +276,9 @@ static int tally_scan(dash_api *a, tally *t, long long done, int *budget, md_err
         if ((int)got < count)
             break;
     }
+    /* fewer entries than answers but no budget problem: the stream lost entries (trimmed, or
+     * written by hand); waiting for them would say "summing" forever */
+    t->more = t->n < done && *budget <= 0;
     return 0;
 }
 
@@ -362,7 +365,7 @@ json_t *dash_api_batches(dash_api *a, int limit, md_err *e) {
                                             ? t->cost_usd / (double)t->completion_tokens * 1e6
                                             : 0));
         json_object_set_new(j, "failures", t ? json_deep_copy(t->failures) : json_object());
-        json_object_set_new(j, "cost_partial", json_boolean(!t || t->n < done));
+        json_object_set_new(j, "cost_partial", json_boolean(!t || t->more));
         json_array_append_new(list, j);
     }
     freeReplyObject(ids);

@@ -40,7 +40,8 @@ md_redis *dash_api_redis(dash_api *a);
  * finished_at deadline priority errors, rate_per_s (answers per second since the first),
  * eta_s (null when unknown or finished), cost_usd, completion_tokens, usd_per_mtok (null
  * without tokens), failures ({error code: count}), cost_partial (true while P {B}:out has
- * entries not summed yet: at most `dash_api_scan_budget` entries are read per call). */
+ * entries not summed yet: at most `dash_api_scan_budget` entries are read per call, the
+ * rest on the next calls). */
 json_t *dash_api_batches(dash_api *a, int limit, md_err *e);
 /* {"now_ms", "heartbeat_ms", "workers": [...]}, sorted by id. Each: id (W), key, state,
  * drain (a drain was asked), last_seen, age_ms, stale, plan_version, replicas ([R...]),

@@ -16,6 +16,7 @@ typedef struct {
     double cost_usd;             /* sum of medley.cost_usd */
     long long completion_tokens; /* sum of response.body.usage.completion_tokens */
     json_t *failures;            /* {error code: count} of the failed lines */
+    int more;                    /* the last look ran out of budget before the stream's end */
     unsigned seen;               /* the dash_api sweep that last listed the batch */
 } tally;
 

@@ -26,6 +26,15 @@
 
   const list = (v) => (Array.isArray(v) ? v : []);
 
+  // Each cell gets its column's heading as data-label: on a phone the rows become cards
+  // that print it beside the value (style.css).
+  function labelCells(table) {
+    const heads = [...table.tHead.rows[0].cells].map((th) => th.textContent);
+    for (const tr of table.tBodies[0].rows) {
+      [...tr.cells].forEach((td, i) => td.setAttribute("data-label", heads[i] || ""));
+    }
+  }
+
   function svg(tag, attrs, text) {
     const e = document.createElementNS(SVG, tag);
     for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
@@ -155,6 +164,7 @@
         act);
     });
     $("batches").tBodies[0].replaceChildren(...rows);
+    labelCells($("batches"));
     $("batches-empty").hidden = rows.length > 0;
     $("batches-count").textContent = "(" + doc.batches.length + " of " + doc.indexed + ")";
   }
@@ -205,6 +215,7 @@
         act);
     });
     $("fleet").tBodies[0].replaceChildren(...rows);
+    labelCells($("fleet"));
     $("fleet-empty").hidden = rows.length > 0;
     const stale = doc.workers.filter((w) => w.stale).length;
     $("fleet-count").textContent = "(" + doc.workers.length + " workers" +
@@ -303,11 +314,13 @@
         el("td", { class: "id c-worker" }, d.worker ?? ""),
         el("td", { class: "line" }, el("code", null, (d.line_head ?? "") +
           (d.line_bytes > (d.line_head || "").length ? "…" : "")))));
-      out.push(el("div", { class: "scroll" }, el("table", { class: "dlq", "data-model": q.model },
+      const table = el("table", { class: "dlq cards", "data-model": q.model },
         el("thead", null, el("tr", null, el("th", null, "Time (UTC)"), el("th", null, "custom_id"),
           el("th", null, "Batch"), el("th", null, "Reason"), el("th", null, "Worker"),
           el("th", null, "Line"))),
-        el("tbody", null, ...rows))));
+        el("tbody", null, ...rows));
+      labelCells(table);
+      out.push(el("div", { class: "scroll" }, table));
     }
     if (!out.length) out.push(el("p", { class: "muted" }, "The dead-letter queues are empty."));
     $("dlq").replaceChildren(...out);
@@ -354,6 +367,7 @@
     $("source").textContent = state.config.redis + " " + state.config.prefix;
     if (state.config.actions) {
       $("admin").hidden = false;
+      $("admin").addEventListener("submit", (ev) => ev.preventDefault());
       const input = $("token");
       input.value = sessionStorage.getItem("medley-admin-token") || "";
       state.token = input.value;
