@@ -151,6 +151,26 @@ def main():
         if ents.get("2-0", {}).get("custom_id") is not None or \
                 not ents["2-0"]["line_head"].startswith("\ufffd\ufffd"):
             fail("an unreadable DLQ line: custom_id null, head with U+FFFD: %s" % ents)
+        # keys of the wrong type or shape, documents that are not what their schema says
+        r.set("medley:worker:{as-string}", "x")
+        r.hset("medley:worker:{no-json}", mapping={"state": "running", "last_seen": "soon"})
+        r.hset("medley:worker:{array-json}", mapping={"json": "[1,2]", "replicas": ",,r1,"})
+        r.hset("medley:dlq:{as-hash}", "a", "b")
+        fleet = {w["id"]: w for w in rw.get("/api/fleet")["workers"]}
+        if set(fleet) != {"no-json", "array-json"} or not fleet["no-json"]["stale"] or \
+                fleet["array-json"]["replicas"] != ["r1"] or \
+                "not a JSON object" not in fleet["array-json"]["heartbeat_error"]:
+            fail("malformed worker hashes: %s" % fleet)
+        for bad_plan, err in (("not json", "is not JSON"), ("[1]", "no replicas array"),
+                              (json.dumps({"replicas": [1, {"id": 5}, {"id": "x",
+                                                                   "stages": "bad"}]}), None)):
+            r.set("medley:plan", bad_plan)
+            p = rw.get("/api/plan")
+            if err and (p["plan"] is not None or err not in p.get("error", "")):
+                fail("plan %r: expected error %r, got %s" % (bad_plan, err, p))
+            if not err and list(p["measured"]) != ["x"]:
+                fail("plan %r: expected measured for replica x only: %s" % (bad_plan, p))
+        rw.get("/api/dlq")
         if rw.proc.poll() is not None:
             fail("the dashboard died on bad input:\n" + rw.logs())
 
