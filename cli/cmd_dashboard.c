@@ -122,9 +122,10 @@ int cmd_dashboard(int argc, char **argv) {
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    if (dash_serve(&cfg, &g_stop, &e)) {
+    int rc = dash_serve(&cfg, &g_stop, &e);
+    if (rc) {
         fprintf(stderr, "medley dashboard: %s\n", e.msg);
-        return 1;
+        return rc == MD_EINVAL ? 2 : 1; /* a bad --listen is a usage error */
     }
     return 0;
 }
