@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Install what medley needs to build and test on Debian 12 (run as root): the C libraries
-# it links (jansson, hiredis, PCRE2, GLPK, zlib), cmocka for unit tests, redis-server for the
-# integration tests (redis-sentinel for failover, stunnel4 + openssl for TLS), libmicrohttpd
-# for the /metrics endpoints, prometheus (prometheus + promtool) to test them and the alert
-# rules, systemd for systemd-analyze (the deploy/ checks: tests/deploy.cmake), and the
-# Python packages the tests use as independent checkers. Not podman: building the container
-# images downloads base images (deploy_container skips where it cannot build).
+# it links (jansson, hiredis, PCRE2, GLPK, zlib, libmicrohttpd for /metrics and `medley
+# dashboard`), cmocka for unit tests, redis-server for the integration tests
+# (redis-sentinel for failover, stunnel4 + openssl for TLS), prometheus (prometheus +
+# promtool) to test the metrics and the alert rules, systemd for systemd-analyze (the
+# deploy/ checks: tests/deploy.cmake), chromium + chromium-driver for the dashboard's page,
+# and the Python packages the tests use as independent checkers. Not podman: building the
+# container images downloads base images (deploy_container skips where it cannot build).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 pkgs="build-essential cmake pkg-config libjansson-dev libhiredis-dev libpcre2-dev libglpk-dev
       zlib1g-dev libcmocka-dev redis-server redis-sentinel stunnel4 openssl python3
-      python3-pip unzip libmicrohttpd-dev prometheus systemd"
+      python3-pip unzip libmicrohttpd-dev prometheus systemd chromium chromium-driver"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -27,5 +28,6 @@ if [ -n "$missing" ]; then
   if [ "$own_policy" = 1 ]; then rm -f "$policy"; fi
 fi
 # Test-only Python checkers (JSON Schema validator, a redis-py client written from
-# docs/protocol.md, the gguf reference reader). Never used by medley itself.
+# docs/protocol.md, the gguf reference reader, selenium driving chromium for the dashboard).
+# Never used by medley itself.
 python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/requirements-test.txt"

@@ -30,6 +30,10 @@ report() {
     echo "== test.sh: stage times"
     for s in "${STAGES[@]}"; do echo "   $s"; done
     printf '   %-44s %5d s (exit %d)\n' "total" $(($(date +%s) - T_ALL)) "$rc"
+    # files tests leave for people to look at (the dashboard's screenshots)
+    if [ -d build/artifacts ]; then
+        echo "== test.sh: artifacts in build/artifacts/: $(ls build/artifacts | tr '\n' ' ')"
+    fi
 }
 trap report EXIT
 

@@ -391,8 +391,8 @@ static int read_block_ms(const wk *w) {
     return (w->live == 0 && w->n_ans == 0) ? block_max : 0;
 }
 
-/* The loop, until stopped (SIGTERM, a failed device) and drained, or stopped while Redis is
- * away. */
+/* The loop, until stopped (SIGTERM, a failed device, a drain asked) and drained, or stopped
+ * while Redis is away. */
 static void serve(wk *w) {
     uint64_t stop_at = 0;
     int idle_reads = 0;
@@ -404,11 +404,14 @@ static void serve(wk *w) {
             if (heal(w, 1))
                 break; /* stopped while Redis is away: unacked entries are redelivered */
         }
-        int stopping = *w->stop != 0 || w->device_failed;
+        int stopping = *w->stop != 0 || w->device_failed || w->drain_asked;
         if (stopping && !stop_at) {
             stop_at = md_mono_ns();
             MD_INFO("worker", "stopping%s: finishing %d running request(s), grace %d ms",
-                    w->device_failed ? " (a device failed)" : "", w->live, w->cfg->grace_ms);
+                    w->device_failed ? " (a device failed)"
+                    : w->drain_asked ? " (drain asked)"
+                                     : "",
+                    w->live, w->cfg->grace_ms);
         }
         tick(w);
         poll_all(w, idle_reads > 0 ? 5 : 0);

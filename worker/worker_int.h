@@ -206,6 +206,7 @@ typedef struct {
      * also sets device_failed and dev_err when a runner reports one). */
     long long tokens_at_hb;
     int device_failed; /* a runner's device failed: hand back, stop, exit with dev_err */
+    int drain_asked;   /* field `drain` of P worker:{W} is set: stop as on SIGTERM */
     long n_handed_back;
     md_err dev_err;
 

@@ -85,6 +85,22 @@ void wk_renew(wk *w, long long idle_ms, int handback_only) {
 }
 
 void wk_heartbeat(wk *w, const char *state, double dt_s) {
+    if (!w->drain_asked) { /* an operator's drain (`medley dashboard`): docs/protocol.md §6 */
+        md_err de = {0};
+        redisReply *d = md_redis_cmd(w->r, &de, "HMGET %s drain", w->wkey);
+        if (!d) {
+            w->broken = 1;
+            return;
+        }
+        if (d->type == REDIS_REPLY_ARRAY && d->elements == 1 &&
+            d->element[0]->type == REDIS_REPLY_STRING && d->element[0]->len > 0) {
+            w->drain_asked = 1;
+            state = "draining";
+            MD_INFO("worker", "drain asked through %s (field drain): stopping as on SIGTERM",
+                    w->wkey);
+        }
+        freeReplyObject(d);
+    }
     json_t *models = json_array(), *devices = json_array();
     char replicas[1024] = "";
     size_t used = 0;

@@ -1,0 +1,45 @@
+/* api_int.h — what api.c and fleet.c share inside the dashboard module: the dash_api
+ * struct (a Redis connection and the per-batch cost tallies) and small Redis/JSON helpers. */
+#ifndef MEDLEY_DASHBOARD_API_INT_H
+#define MEDLEY_DASHBOARD_API_INT_H
+
+#include <jansson.h>
+
+#include "common/redis.h"
+#include "dashboard/api.h"
+
+/* What has been summed of one batch's output stream P {B}:out, up to entry `last`. */
+typedef struct {
+    char id[256];
+    char last[48];               /* the last entry id summed ("" before the first) */
+    long long n;                 /* entries summed: one per answered line */
+    double cost_usd;             /* sum of medley.cost_usd */
+    long long completion_tokens; /* sum of response.body.usage.completion_tokens */
+    json_t *failures;            /* {error code: count} of the failed lines */
+    int more;                    /* the last look ran out of budget before the stream's end */
+    unsigned seen;               /* the dash_api sweep that last listed the batch */
+} tally;
+
+struct dash_api {
+    md_redis *r;
+    char prefix[80];
+    int heartbeat_ms;
+    tally *tally;
+    int n_tally, cap_tally;
+    unsigned sweep;
+};
+
+/* A string or status reply as a JSON string (UTF-8 made valid); anything else: null. */
+json_t *dash_reply_str(const redisReply *r);
+/* 0 for a usable reply; MD_EREDIS for none (e already says why) or an error reply. */
+int dash_reply_error(const redisReply *rep, const char *what, md_err *e);
+/* Every key matching pattern (SCAN), as a JSON array of strings (raw bytes, not checked
+ * as UTF-8: pass them through dash_json_str before output). NULL on a Redis failure. */
+json_t *dash_scan(dash_api *a, const char *pattern, md_err *e);
+/* Sort an array of strings by strcmp. */
+void dash_sort_strings(json_t *arr);
+/* The part of key between "<head>{" and a final "}", with its length in *len; NULL when key
+ * has not that shape. */
+const char *dash_braced(const char *key, const char *head, size_t *len);
+
+#endif
