@@ -12,3 +12,11 @@ medley_test(test_tok_synth SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_syn
 medley_test(test_chat SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_chat.c
             LIBS ${TOK_TEST_LIBS} LABELS unit)
 medley_test(test_tok_cli SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_cli.c LABELS e2e)
+# tokenizer.json: `medley tokenize` on directories built by
+# tests/fixtures/tokenizer/make_hf_tokenizer.py equals HF's `tokenizers` (requirements-test.txt)
+# on the 312 fixture texts; the SmolLM2 variants need the model, the SentencePiece ones not.
+if(MEDLEY_PYTHON)
+  add_test(NAME tok_hf_match COMMAND ${MEDLEY_PYTHON}
+           ${CMAKE_CURRENT_SOURCE_DIR}/integration/tok_hf_match.py $<TARGET_FILE:medley>)
+  set_tests_properties(tok_hf_match PROPERTIES LABELS e2e TIMEOUT 300)
+endif()
