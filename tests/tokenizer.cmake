@@ -1,5 +1,6 @@
 # Tokenizer tests. unit (also under ASan+UBSan): test_tok_synth (synthetic GGUF vocabularies
-# for every tokenizer family, streaming, threads) and test_chat (template rendering). e2e
+# for every tokenizer family, streaming, threads), test_tok_hf (tokenizer.json: small files,
+# hostile ones, the chat template choice) and test_chat (template rendering). e2e
 # (need SmolLM2; their model-free parts still run without it): test_tok_smollm (llama.cpp's
 # ids on the fixture corpus in tests/fixtures/tokenizer/ for SmolLM2, four relabelled BPE
 # pre-tokenizers and a SentencePiece vocabulary; Jinja2's chat prompts) and test_tok_cli
@@ -8,6 +9,8 @@ set(TOK_TEST_LIBS medley_engine PkgConfig::JANSSON Threads::Threads)
 medley_test(test_tok_smollm SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_smollm.c
             LIBS ${TOK_TEST_LIBS} LABELS e2e)
 medley_test(test_tok_synth SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_synth.c
+            LIBS ${TOK_TEST_LIBS} LABELS unit)
+medley_test(test_tok_hf SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_hf.c
             LIBS ${TOK_TEST_LIBS} LABELS unit)
 medley_test(test_chat SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_chat.c
             LIBS ${TOK_TEST_LIBS} LABELS unit)
