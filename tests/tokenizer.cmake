@@ -23,3 +23,17 @@ if(MEDLEY_PYTHON)
            ${CMAKE_CURRENT_SOURCE_DIR}/integration/tok_hf_match.py $<TARGET_FILE:medley>)
   set_tests_properties(tok_hf_match PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
+# Hostile tokenizer.json files (mutated documents, flipped and truncated bytes), label fuzz:
+# scripts/test.sh runs it under ASan+UBSan.
+medley_test(test_tok_hf_fuzz SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/test_tok_hf_fuzz.c
+            LIBS ${TOK_TEST_LIBS} LABELS fuzz)
+# libFuzzer target: clang only, not a ctest (run it by hand, see tests/fuzz/fuzz_tok_hf.c).
+if(CMAKE_C_COMPILER_ID MATCHES "Clang")
+  set(TOK_SRCS tokenizer.c tokenizer_bpe.c tokenizer_spm.c tokenizer_chat.c tokenizer_hf.c gguf.c)
+  list(TRANSFORM TOK_SRCS PREPEND ${CMAKE_SOURCE_DIR}/engine/)
+  add_executable(fuzz_tok_hf ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_tok_hf.c ${TOK_SRCS})
+  target_compile_options(fuzz_tok_hf PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_options(fuzz_tok_hf PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_tok_hf PRIVATE medley_common PkgConfig::JANSSON PkgConfig::PCRE2
+                        PkgConfig::UTF8PROC m)
+endif()
