@@ -752,7 +752,8 @@ int tok_load(const gguf_file *f, tok_tokenizer **out, md_err *e) {
     }
     if ((rc = opt_bool(f, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, e)))
         goto fail;
-    if ((rc = load_special_ids(t, f, e)) || (rc = mark_eog(t, f, e)) || (rc = tok_list_special(t, e)))
+    if ((rc = load_special_ids(t, f, e)) || (rc = mark_eog(t, f, e)) ||
+        (rc = tok_list_special(t, e)))
         goto fail;
     if ((rc = tok_build_pieces(t))) {
         rc = md_errf(e, rc, "out of memory building token pieces");
@@ -970,8 +971,8 @@ static uint32_t char_before(const char *text, size_t end, size_t *at) {
     *at = i;
     uint32_t c;
     int inc, bad;
-    if (end == 0 || utf8_strict((const uint8_t *)text + i, end - i, &c, &inc, &bad) !=
-                        (int)(end - i))
+    if (end == 0 ||
+        utf8_strict((const uint8_t *)text + i, end - i, &c, &inc, &bad) != (int)(end - i))
         return 0;
     return c;
 }
@@ -1000,7 +1001,8 @@ static int partition_hf(const tok_tokenizer *t, const char *text, size_t len, in
             if (tl > len - i)
                 continue;
             int32_t f = tok_str_lookup(t, text + i, tl);
-            if (f >= 0 && f < t->n_vocab && (t->attr[f] & (TOK_A_CONTROL | TOK_A_USER | TOK_A_UNKNOWN)))
+            if (f >= 0 && f < t->n_vocab &&
+                (t->attr[f] & (TOK_A_CONTROL | TOK_A_USER | TOK_A_UNKNOWN)))
                 id = f;
         }
         if (id < 0) {

@@ -4,8 +4,8 @@
  * special and added tokens; streaming-safe decoding; chat templates.
  *
  * Ownership: tok_load copies what it needs out of the gguf_file (the file may be closed
- * afterwards), tok_load_hf out of the JSON files; tok_free releases it. A tok_tokenizer is read-only after load, so threads
- * may share it; tok_stream holds per-sequence decoding state. */
+ * afterwards), tok_load_hf out of the JSON files; tok_free releases it. A tok_tokenizer is
+ * read-only after load, so threads may share it; tok_stream holds per-sequence decoding state. */
 #ifndef MEDLEY_ENGINE_TOKENIZER_H
 #define MEDLEY_ENGINE_TOKENIZER_H
 

@@ -377,8 +377,9 @@ int tok_chat_apply(const tok_tokenizer *t, const tok_chat_msg *msgs, int n_msgs,
     *out = NULL;
     tok_template tmpl = tok_chat_template(t);
     if (tmpl == TOK_TMPL_NONE && t && t->chat_forced)
-        return md_errf(e, MD_EUNSUPP, "chat messages are off for this model (--chat-template "
-                                      "none); send a raw prompt");
+        return md_errf(e, MD_EUNSUPP,
+                       "chat messages are off for this model (--chat-template "
+                       "none); send a raw prompt");
     if (tmpl == TOK_TMPL_NONE) {
         if (!t || !t->chat_template)
             return md_errf(e, MD_EUNSUPP,

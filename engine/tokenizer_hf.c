@@ -104,15 +104,16 @@ static int get_type(hf_ld *L, json_t *obj, const char *path, const char **type) 
 }
 
 static int unsupported(hf_ld *L, const char *path, const char *type, const char *supported) {
-    return fail(L, MD_EUNSUPP, "", "%s.type '%.60s' is not supported (medley reads %s)", path,
-                type, supported);
+    return fail(L, MD_EUNSUPP, "", "%s.type '%.60s' is not supported (medley reads %s)", path, type,
+                supported);
 }
 
 /* One UTF-8 character, exactly (for Metaspace's replacement). */
 static int one_char(const char *s, size_t n) {
     utf8proc_int32_t c;
-    return n > 0 && n <= 4 && utf8proc_iterate((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n,
-                                               &c) == (utf8proc_ssize_t)n;
+    return n > 0 && n <= 4 &&
+           utf8proc_iterate((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &c) ==
+               (utf8proc_ssize_t)n;
 }
 
 /* ---- vocabulary: model.vocab and added_tokens ---- */
@@ -282,8 +283,7 @@ static int load_merge(hf_ld *L, json_t *m, size_t i, const char **a, size_t *al,
         size_t n = json_string_length(m);
         const char *sp = memchr(s, ' ', n);
         if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp - s) - 1) || sp == s || sp == s + n - 1)
-            return fail(L, MD_EFORMAT, path, "'%.60s' is not two tokens separated by one space",
-                        s);
+            return fail(L, MD_EFORMAT, path, "'%.60s' is not two tokens separated by one space", s);
         *a = s, *al = (size_t)(sp - s);
         *b = sp + 1, *bl = n - *al - 1;
         return 0;
@@ -318,8 +318,9 @@ static int load_model(hf_ld *L, json_t *model) {
     json_t *dropout = json_object_get(model, "dropout");
     if (dropout && !json_is_null(dropout) &&
         !(json_is_number(dropout) && json_number_value(dropout) == 0.0))
-        return fail(L, MD_EUNSUPP, "model.dropout", "is not supported (null only: medley is "
-                                                    "deterministic)");
+        return fail(L, MD_EUNSUPP, "model.dropout",
+                    "is not supported (null only: medley is "
+                    "deterministic)");
     t->unk = -1;
     if (unk) {
         t->unk = tok_find(t, unk, unk_len);
@@ -491,12 +492,12 @@ static int load_pre(hf_ld *L, json_t *p, const char *path, int depth) {
                         "add_prefix_space is supported only on the first pre-tokenizer");
         t->prefix_space = prefix;
         L->byte_level = 1;
-        return use_regex ? add_stage(L, path, tok_re_gpt2, strlen(tok_re_gpt2), 0,
-                                     TOK_SPLIT_ISOLATED, 0)
-                         : 0;
+        return use_regex
+                   ? add_stage(L, path, tok_re_gpt2, strlen(tok_re_gpt2), 0, TOK_SPLIT_ISOLATED, 0)
+                   : 0;
     }
-    if (L->byte_level && (!strcmp(type, "Split") || !strcmp(type, "Digits") ||
-                          !strcmp(type, "Metaspace")))
+    if (L->byte_level &&
+        (!strcmp(type, "Split") || !strcmp(type, "Digits") || !strcmp(type, "Metaspace")))
         return fail(L, MD_EUNSUPP, path, "'%s' after ByteLevel is not supported", type);
     if (!strcmp(type, "Split"))
         return load_split(L, p, path);
@@ -521,8 +522,9 @@ static int load_pre(hf_ld *L, json_t *p, const char *path, int depth) {
         if (!one_char(rep, rep_len))
             return fail(L, MD_EFORMAT, path, "replacement '%.20s' is not one character", rep);
         if (!first)
-            return fail(L, MD_EUNSUPP, path, "Metaspace is supported only as the first "
-                                             "pre-tokenizer");
+            return fail(L, MD_EUNSUPP, path,
+                        "Metaspace is supported only as the first "
+                        "pre-tokenizer");
         memcpy(t->metaspace, rep, rep_len);
         t->metaspace[rep_len] = '\0';
         if (scheme) {
@@ -647,8 +649,9 @@ static int load_decoder(hf_ld *L, json_t *p, const char *path, int depth) {
     for (size_t i = 0; i < sizeof known / sizeof *known; i++)
         if (!strcmp(type, known[i]))
             return 0;
-    return unsupported(L, path, type, "Sequence, ByteLevel, Metaspace, ByteFallback, Fuse, "
-                                      "Strip, Replace");
+    return unsupported(L, path, type,
+                       "Sequence, ByteLevel, Metaspace, ByteFallback, Fuse, "
+                       "Strip, Replace");
 }
 
 /* The id a TemplateProcessing item {"SpecialToken": {"id": NAME}} stands for. */
@@ -664,12 +667,12 @@ static int template_token(hf_ld *L, json_t *proc, json_t *item, const char *path
     if (json_is_array(ids)) {
         json_t *first = json_array_get(ids, 0);
         if (json_array_size(ids) != 1 || !json_is_integer(first))
-            return fail(L, MD_EUNSUPP, path, "special token '%.40s' must be one integer id",
-                        name);
+            return fail(L, MD_EUNSUPP, path, "special token '%.40s' must be one integer id", name);
         json_int_t v = json_integer_value(first);
         if (v < 0 || v >= L->t->n_vocab)
-            return fail(L, MD_ERANGE, path, "special token '%.40s' has id %lld, past the %d "
-                                            "tokens",
+            return fail(L, MD_ERANGE, path,
+                        "special token '%.40s' has id %lld, past the %d "
+                        "tokens",
                         name, (long long)v, L->t->n_vocab);
         *id = (int32_t)v;
         return 0;
@@ -729,8 +732,9 @@ static int load_post(hf_ld *L, json_t *p, const char *path, int depth) {
         if ((rc = template_token(L, p, item, ip, &id)))
             return rc;
         if (seen_seq ? n_post++ : n_pre++)
-            return fail(L, MD_EUNSUPP, ip, "more than one special token on a side is not "
-                                           "supported");
+            return fail(L, MD_EUNSUPP, ip,
+                        "more than one special token on a side is not "
+                        "supported");
         if (seen_seq) {
             L->t->eos = id;
             L->t->add_eos = 1;
@@ -804,8 +808,7 @@ static int load_config(hf_ld *L, json_t *cfg) {
             if (!pick || (json_is_string(name) && !strcmp(json_string_value(name), "default")))
                 pick = json_object_get(it, "template");
         }
-        return pick ? copy_template(t, json_string_value(pick), json_string_length(pick), L->e)
-                    : 0;
+        return pick ? copy_template(t, json_string_value(pick), json_string_length(pick), L->e) : 0;
     }
     if (ct && !json_is_null(ct))
         return fail(L, MD_EFORMAT, "chat_template", "is %s, expected a string", jtype(ct));
@@ -929,8 +932,7 @@ static int read_all(const char *path, char **buf, size_t *len, md_err *e) {
     *len = 0;
     FILE *f = fopen(path, "rb");
     if (!f)
-        return md_errf(e, errno == ENOENT ? MD_ENOTFOUND : MD_EIO, "%s: %s", path,
-                       strerror(errno));
+        return md_errf(e, errno == ENOENT ? MD_ENOTFOUND : MD_EIO, "%s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
         fclose(f);
@@ -938,8 +940,8 @@ static int read_all(const char *path, char **buf, size_t *len, md_err *e) {
     }
     if ((size_t)st.st_size > HF_MAX_FILE_BYTES) {
         fclose(f);
-        return md_errf(e, MD_ERANGE, "%s: %lld bytes, more than the %zu a tokenizer may have",
-                       path, (long long)st.st_size, HF_MAX_FILE_BYTES);
+        return md_errf(e, MD_ERANGE, "%s: %lld bytes, more than the %zu a tokenizer may have", path,
+                       (long long)st.st_size, HF_MAX_FILE_BYTES);
     }
     char *b = malloc((size_t)st.st_size + 1);
     if (!b) {
@@ -1054,7 +1056,8 @@ static int nfc(tok_scratch *sc, int k, const char *in, size_t n, const char **ou
     size_t w = 0;
     for (size_t start = 0; start < n;) {
         size_t end = start;
-        while (end < n && !((uint8_t)in[end] == 0xED && end + 1 < n && (uint8_t)in[end + 1] >= 0xA0))
+        while (end < n &&
+               !((uint8_t)in[end] == 0xED && end + 1 < n && (uint8_t)in[end + 1] >= 0xA0))
             end++;
         if (end > start) {
             utf8proc_uint8_t *d = NULL;

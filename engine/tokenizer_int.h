@@ -125,7 +125,7 @@ struct tok_tokenizer {
 
     char *chat_template;
     size_t chat_template_len;
-    int chat_forced;          /* tok_chat_choose named a template (--chat-template) */
+    int chat_forced;               /* tok_chat_choose named a template (--chat-template) */
     tok_template chat_forced_tmpl; /* TOK_TMPL_NONE: raw prompts only */
 };
 

@@ -67,9 +67,31 @@ static uint32_t rnd(uint32_t n) {
 
 static json_t *random_value(void) {
     static const char *const strs[] = {
-        "", "x", "a b", "\xe2\x96\x81", "(", "[", "\\", "Sequence", "ByteLevel", "Split",
-        "Metaspace", "Digits", "NFC", "Prepend", "Replace", "TemplateProcessing", "Isolated",
-        "Removed", "MergedWithNext", "Contiguous", "first", "always", "BPE", "<|end|>", "h e",
+        "",
+        "x",
+        "a b",
+        "\xe2\x96\x81",
+        "(",
+        "[",
+        "\\",
+        "Sequence",
+        "ByteLevel",
+        "Split",
+        "Metaspace",
+        "Digits",
+        "NFC",
+        "Prepend",
+        "Replace",
+        "TemplateProcessing",
+        "Isolated",
+        "Removed",
+        "MergedWithNext",
+        "Contiguous",
+        "first",
+        "always",
+        "BPE",
+        "<|end|>",
+        "h e",
     };
     switch (rnd(10)) {
     case 0: return json_null();

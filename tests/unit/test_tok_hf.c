@@ -18,7 +18,7 @@
 
 /* Byte-level BPE: "hello" in four merges (string and pair forms), a space, a special token. */
 #define VOCAB                                                                                      \
-    "{\"h\": 0, \"e\": 1, \"l\": 2, \"o\": 3, \"\xc4\xa0\": 4, \"he\": 5, \"ll\": 6, "              \
+    "{\"h\": 0, \"e\": 1, \"l\": 2, \"o\": 3, \"\xc4\xa0\": 4, \"he\": 5, \"ll\": 6, "             \
     "\"hell\": 7, \"hello\": 8, \"<|end|>\": 9, \"1\": 10, \"2\": 11}"
 #define MERGES "[\"h e\", \"l l\", [\"he\", \"ll\"], \"hell o\"]"
 #define ADDED "[{\"id\": 9, \"content\": \"<|end|>\", \"special\": true}]"
@@ -27,8 +27,9 @@
     "true}, {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}]}"
 
 #define DOC_FMT                                                                                    \
-    "{\"version\": \"1.0\", \"added_tokens\": %s, \"normalizer\": %s, \"pre_tokenizer\": %s, "       \
-    "\"post_processor\": %s, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", "  \
+    "{\"version\": \"1.0\", \"added_tokens\": %s, \"normalizer\": %s, \"pre_tokenizer\": %s, "     \
+    "\"post_processor\": %s, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": "       \
+    "\"BPE\", "                                                                                    \
     "%s\"vocab\": %s, \"merges\": %s}}"
 
 /* A tokenizer.json from its parts (malloc'd). */
@@ -177,29 +178,30 @@ static void hostile_files_are_refused_naming_the_json_path(void **st) {
         {"truncated", NULL, NULL, MD_EFORMAT, "not valid JSON"},
         {"root array", strdup("[1, 2]"), NULL, MD_EFORMAT, "tokenizer.json: is an array"},
         {"no model", strdup("{\"version\": \"1.0\"}"), NULL, MD_EFORMAT, "has no model"},
-        {"unigram", strdup("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}"), NULL,
-         MD_EUNSUPP, "model.type 'Unigram' is not supported"},
+        {"unigram", strdup("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}"), NULL, MD_EUNSUPP,
+         "model.type 'Unigram' is not supported"},
         {"vocab array", doc("", "[]", MERGES, ADDED, PRE, "null", "null"), NULL, MD_EFORMAT,
          "model.vocab is an array"},
         {"vocab string id", doc("", str_vocab, "[]", "[]", "null", "null", "null"), NULL,
          MD_EFORMAT, "model.vocab ['h'] is a string"},
         {"huge id", doc("", "{\"h\": 4000000000}", "[]", "[]", "null", "null", "null"), NULL,
          MD_ERANGE, "= 4000000000 is not an id"},
-        {"negative id", doc("", "{\"h\": -1}", "[]", "[]", "null", "null", "null"), NULL,
-         MD_ERANGE, "= -1 is not an id"},
-        {"duplicate id", doc("", "{\"h\": 0, \"e\": 0}", "[]", "[]", "null", "null", "null"),
-         NULL, MD_EFORMAT, "gives id 0 to both"},
-        {"gap", doc("", "{\"h\": 0, \"e\": 2}", "[]", "[{\"id\": 2, \"content\": \"e\"}]", "null",
-                    "null", "null"),
+        {"negative id", doc("", "{\"h\": -1}", "[]", "[]", "null", "null", "null"), NULL, MD_ERANGE,
+         "= -1 is not an id"},
+        {"duplicate id", doc("", "{\"h\": 0, \"e\": 0}", "[]", "[]", "null", "null", "null"), NULL,
+         MD_EFORMAT, "gives id 0 to both"},
+        {"gap",
+         doc("", "{\"h\": 0, \"e\": 2}", "[]", "[{\"id\": 2, \"content\": \"e\"}]", "null", "null",
+             "null"),
          NULL, MD_EFORMAT, "no token with id 1"},
         {"duplicate key", strdup("{\"model\": {\"vocab\": {\"a\": 0, \"a\": 1}, \"merges\": []}}"),
          NULL, MD_EFORMAT, "duplicate object key"},
-        {"merge unknown", doc("", VOCAB, "[\"h x\"]", ADDED, PRE, "null", "null"), NULL,
-         MD_EFORMAT, "model.merges[0] 'x' is not in model.vocab"},
+        {"merge unknown", doc("", VOCAB, "[\"h x\"]", ADDED, PRE, "null", "null"), NULL, MD_EFORMAT,
+         "model.merges[0] 'x' is not in model.vocab"},
         {"merge result unknown", doc("", VOCAB, "[\"e h\"]", ADDED, PRE, "null", "null"), NULL,
          MD_EFORMAT, "model.merges[0] makes 'eh', which is not in model.vocab"},
-        {"merge no space", doc("", VOCAB, "[\"he\"]", ADDED, PRE, "null", "null"), NULL,
-         MD_EFORMAT, "model.merges[0] 'he' is not two tokens"},
+        {"merge no space", doc("", VOCAB, "[\"he\"]", ADDED, PRE, "null", "null"), NULL, MD_EFORMAT,
+         "model.merges[0] 'he' is not two tokens"},
         {"merge number", doc("", VOCAB, "[\"h e\", 7]", ADDED, PRE, "null", "null"), NULL,
          MD_EFORMAT, "model.merges[1] is an integer"},
         {"merge triple", doc("", VOCAB, "[[\"h\", \"e\", \"l\"]]", ADDED, PRE, "null", "null"),
@@ -226,8 +228,8 @@ static void hostile_files_are_refused_naming_the_json_path(void **st) {
          doc("", VOCAB, MERGES, ADDED, "{\"type\": \"Metaspace\", \"replacement\": \"ab\"}", "null",
              "null"),
          NULL, MD_EFORMAT, "replacement 'ab' is not one character"},
-        {"lowercase", doc("", VOCAB, MERGES, ADDED, PRE, "{\"type\": \"Lowercase\"}", "null"),
-         NULL, MD_EUNSUPP, "normalizer.type 'Lowercase' is not supported"},
+        {"lowercase", doc("", VOCAB, MERGES, ADDED, PRE, "{\"type\": \"Lowercase\"}", "null"), NULL,
+         MD_EUNSUPP, "normalizer.type 'Lowercase' is not supported"},
         {"normalizer no type", doc("", VOCAB, MERGES, ADDED, PRE, "{}", "null"), NULL, MD_EFORMAT,
          "normalizer has no 'type'"},
         {"type number", doc("", VOCAB, MERGES, ADDED, "{\"type\": 3}", "null", "null"), NULL,
@@ -239,8 +241,8 @@ static void hostile_files_are_refused_naming_the_json_path(void **st) {
              "null"),
          NULL, MD_EFORMAT, "added_tokens[0] gives id 0 to 'x', which is 'h' already"},
         {"added id string",
-         doc("", VOCAB, MERGES, "[{\"id\": \"9\", \"content\": \"x\"}]", PRE, "null", "null"),
-         NULL, MD_EFORMAT, "added_tokens[0] 'id' is a string"},
+         doc("", VOCAB, MERGES, "[{\"id\": \"9\", \"content\": \"x\"}]", PRE, "null", "null"), NULL,
+         MD_EFORMAT, "added_tokens[0] 'id' is a string"},
         {"added twice",
          doc("", VOCAB, MERGES,
              "[{\"id\": 12, \"content\": \"<x>\"}, {\"id\": 13, \"content\": \"<x>\"}]", PRE,
@@ -250,19 +252,21 @@ static void hostile_files_are_refused_naming_the_json_path(void **st) {
          doc("", VOCAB, MERGES, "[{\"id\": 9, \"content\": \"<|end|>\", \"special\": \"yes\"}]",
              PRE, "null", "null"),
          NULL, MD_EFORMAT, "added_tokens[0] 'special' is a string, expected true or false"},
-        {"byte_fallback string", doc("\"byte_fallback\": \"no\", ", VOCAB, MERGES, ADDED, PRE,
-                                     "null", "null"),
-         NULL, MD_EFORMAT, "model 'byte_fallback' is a string"},
-        {"unk unknown", doc("\"unk_token\": \"<unk>\", ", VOCAB, MERGES, ADDED, PRE, "null", "null"),
-         NULL, MD_EFORMAT, "model.unk_token '<unk>' is not in model.vocab"},
+        {"byte_fallback string",
+         doc("\"byte_fallback\": \"no\", ", VOCAB, MERGES, ADDED, PRE, "null", "null"), NULL,
+         MD_EFORMAT, "model 'byte_fallback' is a string"},
+        {"unk unknown",
+         doc("\"unk_token\": \"<unk>\", ", VOCAB, MERGES, ADDED, PRE, "null", "null"), NULL,
+         MD_EFORMAT, "model.unk_token '<unk>' is not in model.vocab"},
         {"dropout", doc("\"dropout\": 0.1, ", VOCAB, MERGES, ADDED, PRE, "null", "null"), NULL,
          MD_EUNSUPP, "model.dropout"},
-        {"deep", doc("", VOCAB, MERGES, ADDED,
-                     "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Sequence\", "
-                     "\"pretokenizers\": [{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": "
-                     "\"Sequence\", \"pretokenizers\": [{\"type\": \"Sequence\", \"pretokenizers\": "
-                     "[{\"type\": \"Sequence\", \"pretokenizers\": []}]}]}]}]}]}",
-                     "null", "null"),
+        {"deep",
+         doc("", VOCAB, MERGES, ADDED,
+             "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Sequence\", "
+             "\"pretokenizers\": [{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": "
+             "\"Sequence\", \"pretokenizers\": [{\"type\": \"Sequence\", \"pretokenizers\": "
+             "[{\"type\": \"Sequence\", \"pretokenizers\": []}]}]}]}]}]}",
+             "null", "null"),
          NULL, MD_EUNSUPP, "nests Sequences too deep"},
         {"config bos unknown", good(), "{\"bos_token\": \"<s>\"}", MD_EFORMAT,
          "tokenizer_config.json: bos_token '<s>' is not in the vocabulary"},
