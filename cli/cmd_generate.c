@@ -37,6 +37,7 @@ typedef struct {
     int json, n_threads, max_seqs, batch_tokens, n_ctx, kv_mb;
     const char *kv_type;
     const char *bf16_weights;
+    const char *chat_template;
     const char *stages, *devices;
     int tp, microbatches;
     long long mem_cap;
@@ -84,6 +85,9 @@ static void usage(FILE *f) {
             "      --bf16-weights M    GPU: also keep quantized weights as BF16 for batched\n"
             "                          steps: auto (default: when weights and copies take\n"
             "                          at most half the free memory), on, off\n"
+            "      --chat-template T   render --chat/--messages with this template instead of\n"
+            "                          the model's: chatml, llama3, llama2, mistral, gemma, or\n"
+            "                          none (raw prompts only)\n"
             "      --max-seqs N        sequences per step (default 64 on cpu, 256 on cuda)\n"
             "      --batch-tokens N    tokens per step (default 512 on cpu, 2048 on cuda)\n"
             "      --kv-mb N           KV cache budget in MiB (default: min(needed, 1024))\n"
@@ -148,6 +152,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         O_KVMB,
         O_KVTYPE,
         O_BF16W,
+        O_CHAT_TMPL,
         O_LOGPROBS,
         O_TOP_LOGPROBS,
         O_STAGES,
@@ -186,6 +191,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         {"kv-mb", required_argument, 0, O_KVMB},
         {"kv-type", required_argument, 0, O_KVTYPE},
         {"bf16-weights", required_argument, 0, O_BF16W},
+        {"chat-template", required_argument, 0, O_CHAT_TMPL},
         {"stages", required_argument, 0, O_STAGES},
         {"tp", required_argument, 0, O_TP},
         {"devices", required_argument, 0, O_DEVICES},
@@ -248,6 +254,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         case O_KVMB: rc = parse_int(optarg, "--kv-mb", 1, 1 << 24, &o->kv_mb); break;
         case O_KVTYPE: o->kv_type = optarg; break;
         case O_BF16W: o->bf16_weights = optarg; break;
+        case O_CHAT_TMPL: o->chat_template = optarg; break;
         case O_STAGES: o->stages = optarg; break;
         case O_DEVICES: o->devices = optarg; break;
         case O_TP: rc = parse_int(optarg, "--tp", 1, 8, &o->tp); break;
@@ -366,6 +373,7 @@ static int open_engine(const gen_opts *o, md_engine **eng) {
                             .kv_budget_bytes = (size_t)o->kv_mb << 20,
                             .kv_type = o->kv_type,
                             .bf16_weights = o->bf16_weights,
+                            .chat_template = o->chat_template,
                             .n_ctx = o->n_ctx,
                             .stages = o->stages,
                             .model_name = o->model,

@@ -153,6 +153,8 @@ static void usage(FILE *f) {
             "  --device D           engine device: auto (default: cuda:0 when a GPU is usable,\n"
             "                       else cpu), cpu, cpu:N, cuda:K\n"
             "  --threads N          engine CPU threads (default all cores)\n"
+            "  --chat-template T    chat template instead of the model's: chatml, llama3,\n"
+            "                       llama2, mistral, gemma, or none (raw prompts only)\n"
             "  --echo-delay-ms MS   echo model: delay per answer\n"
             "  --usd-per-hour X     device cost, for each line's cost share\n"
             "  --quiet              no progress\n");
@@ -219,6 +221,8 @@ static int parse_args(int argc, char **argv, run_opts *o, wk_config *cfg) {
             o->prefix = v;
         else if (!strcmp(a, "--device"))
             cfg->runner.device = v;
+        else if (!strcmp(a, "--chat-template"))
+            cfg->runner.chat_template = v;
         else if (!strcmp(a, "--max-seqs") || !strcmp(a, "--threads") ||
                  !strcmp(a, "--echo-delay-ms")) {
             char *end;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/commands.h"
 #include "engine/gguf.h"
@@ -15,13 +16,19 @@ static void usage(FILE *f) {
     fprintf(
         f,
         "usage: medley tokenize -m MODEL [options] TEXT|-\n"
+        "       medley tokenize --tokenizer FILE [options] TEXT|-\n"
         "\n"
-        "Tokenize TEXT with MODEL's tokenizer (a registered model name or a GGUF path)\n"
-        "and print one line per token: ID, a tab, and the token's vocabulary string.\n"
+        "Tokenize TEXT with MODEL's tokenizer (a registered model name, a GGUF path or a\n"
+        "Hugging Face model directory) and print one line per token: ID, a tab, and the\n"
+        "token's vocabulary string.\n"
         "\n"
-        "  -m, --model MODEL   model name (see `medley models list`) or GGUF file\n"
+        "  -m, --model MODEL   model name (see `medley models list`), GGUF file or a\n"
+        "                      directory with tokenizer.json (+ tokenizer_config.json)\n"
+        "      --tokenizer F   a Hugging Face tokenizer.json (or its directory)\n"
         "  -                   read stdin: each line is one input (its \\n or \\r\\n removed)\n"
         "      --whole         with -, all of stdin is a single input\n"
+        "      --jsonl         with -, each line is one input written as a JSON string\n"
+        "                      (texts with newlines)\n"
         "      --json          one JSON object per input and line:\n"
         "                      {\"ids\": [...], \"pieces\": [...]}\n"
         "      --ids           only the ids, space-separated, one line per input\n"
@@ -98,9 +105,34 @@ static int print_one(const tok_tokenizer *t, const char *text, size_t len, int b
     return 0;
 }
 
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* A Hugging Face directory or tokenizer.json, else a model name or GGUF file. */
+static int load_tokenizer(const char *model, const char *tok_file, tok_tokenizer **t) {
+    char path[PATH_MAX];
+    md_err e = {0};
+    gguf_file *f = NULL;
+    int rc;
+    if (tok_file || is_dir(model)) {
+        rc = tok_load_hf(tok_file ? tok_file : model, t, &e);
+    } else if ((rc = md_model_resolve(model, 1, path, sizeof path, &e)) == 0) {
+        if (is_dir(path)) /* a registered Hugging Face directory */
+            rc = tok_load_hf(path, t, &e);
+        else
+            rc = gguf_open(path, &f, &e) || tok_load(f, t, &e);
+    }
+    gguf_close(f);
+    if (rc)
+        fprintf(stderr, "medley tokenize: %s\n", e.msg);
+    return rc;
+}
+
 int cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *text = NULL;
-    int bos = 1, special = 1, whole = 0, have_text = 0;
+    const char *model = NULL, *text = NULL, *tok_file = NULL;
+    int bos = 1, special = 1, whole = 0, jsonl = 0, have_text = 0;
     out_mode mode = OUT_TEXT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -113,6 +145,12 @@ int cmd_tokenize(int argc, char **argv) {
                 return 2;
             }
             model = argv[i];
+        } else if (!strcmp(a, "--tokenizer")) {
+            if (++i >= argc) {
+                fprintf(stderr, "medley tokenize: %s needs a tokenizer.json\n", a);
+                return 2;
+            }
+            tok_file = argv[i];
         } else if (!strcmp(a, "--json")) {
             mode = OUT_JSON;
         } else if (!strcmp(a, "--ids")) {
@@ -123,6 +161,8 @@ int cmd_tokenize(int argc, char **argv) {
             special = 0;
         } else if (!strcmp(a, "--whole")) {
             whole = 1;
+        } else if (!strcmp(a, "--jsonl")) {
+            jsonl = 1;
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "medley tokenize: unknown option '%s'\n", a);
             usage(stderr);
@@ -135,23 +175,17 @@ int cmd_tokenize(int argc, char **argv) {
             have_text = 1;
         }
     }
-    if (!model || !have_text) {
+    if (!model == !tok_file || !have_text) {
         fprintf(stderr, "medley tokenize: %s\n",
-                !model ? "-m MODEL is required" : "TEXT or - is required");
+                model && tok_file ? "-m and --tokenizer exclude each other"
+                : !have_text      ? "TEXT or - is required"
+                                  : "-m MODEL or --tokenizer FILE is required");
         usage(stderr);
         return 2;
     }
-    char path[PATH_MAX];
-    md_err e = {0};
-    gguf_file *f = NULL;
     tok_tokenizer *t = NULL;
-    if (md_model_resolve(model, 1, path, sizeof path, &e) || gguf_open(path, &f, &e) ||
-        tok_load(f, &t, &e)) {
-        fprintf(stderr, "medley tokenize: %s\n", e.msg);
-        gguf_close(f);
+    if (load_tokenizer(model, tok_file, &t))
         return 1;
-    }
-    gguf_close(f);
     int rc = 0;
     if (strcmp(text, "-")) {
         rc = print_one(t, text, strlen(text), bos, special, mode);
@@ -182,12 +216,29 @@ int cmd_tokenize(int argc, char **argv) {
         char *line = NULL;
         size_t cap = 0;
         ssize_t n;
+        long no = 0;
         while ((n = getline(&line, &cap, stdin)) >= 0) {
+            no++;
             if (n > 0 && line[n - 1] == '\n')
                 n--;
             if (n > 0 && line[n - 1] == '\r') /* CRLF files: the line, not its ending */
                 n--;
-            if ((rc = print_one(t, line, (size_t)n, bos, special, mode)))
+            if (jsonl) {
+                json_error_t je;
+                json_t *j = json_loadb(line, (size_t)n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+                if (!json_is_string(j)) {
+                    fprintf(stderr, "medley tokenize: stdin line %ld is not a JSON string%s%s\n",
+                            no, j ? "" : ": ", j ? "" : je.text);
+                    json_decref(j);
+                    rc = 1;
+                    break;
+                }
+                rc = print_one(t, json_string_value(j), json_string_length(j), bos, special, mode);
+                json_decref(j);
+            } else {
+                rc = print_one(t, line, (size_t)n, bos, special, mode);
+            }
+            if (rc)
                 break;
         }
         free(line);

@@ -71,6 +71,10 @@ static void usage(FILE *f) {
             "  --kv-type T            engine KV cache: f16 (default) or f32\n"
             "  --bf16-weights M       GPU: BF16 copies of quantized weights for batched\n"
             "                         steps: auto (default), on, off\n"
+            "  --chat-template NAME   chat template for /v1/chat/completions instead of the\n"
+            "                         model's: chatml, llama3, llama2, mistral, gemma, or none\n"
+            "                         (raw prompts only); needed when medley does not know\n"
+            "                         the model's template\n"
             "  --stages SPEC          run the --model as pipeline stages, a comma list of\n"
             "                         [tcp://HOST:PORT/]DEVICE:LO-HI (layers LO to HI), e.g.\n"
             "                         cpu:0-11,tcp://10.0.0.2:7701/cpu:12-29 (remote stages\n"
@@ -335,6 +339,8 @@ static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cf
             cfg->runner.kv_type = v;
         } else if (!strcmp(a, "--bf16-weights")) {
             cfg->runner.bf16_weights = v;
+        } else if (!strcmp(a, "--chat-template")) {
+            cfg->runner.chat_template = v;
         } else if (!strcmp(a, "--device-type")) {
             cfg->device_type = v;
         } else if (!strcmp(a, "--stages")) {

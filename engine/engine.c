@@ -428,6 +428,7 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     /* a synthetic model (synth.h) gets random weights */
     rc = open_model_file(cfg->model_path, 1, &eng->synth, &eng->synth_len, &eng->gf, e);
     if (rc || (rc = tok_load(eng->gf, &eng->tok, e)) ||
+        (rc = tok_chat_choose(eng->tok, cfg->chat_template, e)) ||
         (rc = md_hparams_read(eng->gf, &hpf, e))) {
         md_errctx(e, "loading %s: ", cfg->model_path);
         goto fail;

@@ -47,6 +47,9 @@ typedef struct {
     int microbatches;       /* micro-batches per step through the stages (0 = eight per
                                stage) */
     int stage_timeout_ms;   /* a remote stage's answer (0 = 60 s) */
+    /* --chat-template: a family overriding the model's template, "none" for raw prompts
+     * only; NULL = the model's, which must then be one medley recognises (or absent) */
+    const char *chat_template;
 } md_engine_config;
 
 typedef struct {

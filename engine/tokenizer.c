@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "common/log.h"
 
 /* ---- string table: token strings plus merge parts that are not tokens ---- */
@@ -87,6 +89,13 @@ static int hash_rebuild(tok_tokenizer *t, uint32_t n_slots) {
     return 0;
 }
 
+int tok_index_strings(tok_tokenizer *t) {
+    uint32_t slots = 1024;
+    while (slots < (uint32_t)t->n_str * 2)
+        slots *= 2;
+    return hash_rebuild(t, slots);
+}
+
 int32_t tok_str_lookup(const tok_tokenizer *t, const char *s, size_t n) {
     if (!t->hslots)
         return -1;
@@ -102,7 +111,7 @@ int32_t tok_str_lookup(const tok_tokenizer *t, const char *s, size_t n) {
 }
 
 /* Append a string to the table without indexing it (ids are dense, in order). */
-static int strtab_add(tok_tokenizer *t, const char *s, size_t n, int32_t *id) {
+int tok_strtab_add(tok_tokenizer *t, const char *s, size_t n, int32_t *id) {
     if (n > UINT32_MAX || t->arena_len + n > UINT32_MAX)
         return MD_ENOMEM;
     int rc = strtab_grow(t, n + 1);
@@ -124,7 +133,7 @@ int tok_str_intern(tok_tokenizer *t, const char *s, size_t n, int32_t *id) {
         *id = found;
         return 0;
     }
-    int rc = strtab_add(t, s, n, id);
+    int rc = tok_strtab_add(t, s, n, id);
     if (rc)
         return rc;
     if ((uint32_t)t->n_str * 2 > t->hmask + 1)
@@ -295,7 +304,7 @@ static int cmp_special(const void *a, const void *b, void *ctx) {
 }
 
 /* Pieces (token_to_piece with special = true) for every token, in one arena. */
-static int build_pieces(tok_tokenizer *t) {
+int tok_build_pieces(tok_tokenizer *t) {
     size_t cap = 0;
     for (int id = 0; id < t->n_vocab; id++)
         cap += t->str_len[id] + 1; /* pieces never outgrow the text; +1 for a NUL */
@@ -386,13 +395,10 @@ static int load_vocab(tok_tokenizer *t, const gguf_file *f, md_err *e) {
             s = empty;
         }
         int32_t id;
-        if ((rc = strtab_add(t, s, len, &id)))
+        if ((rc = tok_strtab_add(t, s, len, &id)))
             return md_errf(e, rc, "out of memory reading tokenizer.ggml.tokens");
     }
-    uint32_t slots = 1024;
-    while (slots < (uint32_t)n * 2)
-        slots *= 2;
-    if ((rc = hash_rebuild(t, slots)))
+    if ((rc = tok_index_strings(t)))
         return md_errf(e, rc, "out of memory indexing the vocabulary");
 
     t->scores = calloc(n, sizeof *t->scores);
@@ -438,6 +444,29 @@ static int load_vocab(tok_tokenizer *t, const gguf_file *f, md_err *e) {
     return 0;
 }
 
+int tok_merges_alloc(tok_tokenizer *t, size_t n) {
+    uint32_t slots = 1024;
+    while (slots < n * 2)
+        slots *= 2;
+    t->merges = malloc((size_t)slots * sizeof *t->merges);
+    if (!t->merges)
+        return MD_ENOMEM;
+    for (uint32_t i = 0; i < slots; i++)
+        t->merges[i].key = UINT64_MAX;
+    t->merge_mask = slots - 1;
+    return 0;
+}
+
+void tok_merge_put(tok_tokenizer *t, int32_t l, int32_t r, int32_t rank, int32_t id, int replace) {
+    uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+    uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & t->merge_mask;
+    while (t->merges[h].key != UINT64_MAX && t->merges[h].key != key)
+        h = (h + 1) & t->merge_mask;
+    if (t->merges[h].key == key && !replace)
+        return;
+    t->merges[h] = (struct tok_merge){key, rank, id};
+}
+
 static int load_merges(tok_tokenizer *t, const gguf_file *f, md_err *e) {
     gguf_vtype et;
     uint64_t n;
@@ -451,15 +480,8 @@ static int load_merges(tok_tokenizer *t, const gguf_file *f, md_err *e) {
     if (n > INT32_MAX / 4)
         return md_errf(e, MD_EFORMAT, "tokenizer.ggml.merges has %llu entries",
                        (unsigned long long)n);
-    uint32_t slots = 1024;
-    while (slots < n * 2)
-        slots *= 2;
-    t->merges = malloc((size_t)slots * sizeof *t->merges);
-    if (!t->merges)
+    if (tok_merges_alloc(t, (size_t)n))
         return md_errf(e, MD_ENOMEM, "out of memory reading merges");
-    for (uint32_t i = 0; i < slots; i++)
-        t->merges[i].key = UINT64_MAX;
-    t->merge_mask = slots - 1;
     for (uint64_t i = 0; i < n; i++) {
         const char *s;
         size_t len;
@@ -483,13 +505,7 @@ static int load_merges(tok_tokenizer *t, const gguf_file *f, md_err *e) {
             free(cat);
         if (rc)
             return md_errf(e, MD_ENOMEM, "out of memory reading merges");
-        uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
-        uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & t->merge_mask;
-        while (t->merges[h].key != UINT64_MAX && t->merges[h].key != key)
-            h = (h + 1) & t->merge_mask;
-        if (t->merges[h].key == key)
-            continue; /* first rank wins (llama.cpp's emplace) */
-        t->merges[h] = (struct tok_merge){key, (int32_t)i, m};
+        tok_merge_put(t, l, r, (int32_t)i, m, 0); /* first rank wins (llama.cpp's emplace) */
     }
     md_err_clear(e);
     return 0;
@@ -540,6 +556,11 @@ static int load_bpe(tok_tokenizer *t, const gguf_file *f, md_err *e) {
         t->add_bos = 1;
     if ((rc = load_merges(t, f, e)))
         return rc;
+    tok_byte_tables(t);
+    return tok_bpe_init(t, e);
+}
+
+void tok_byte_tables(tok_tokenizer *t) {
     byte_alphabet(t->cpt_of_byte);
     for (int b = 0; b < 256; b++) {
         char buf[4];
@@ -550,11 +571,10 @@ static int load_bpe(tok_tokenizer *t, const gguf_file *f, md_err *e) {
         if (t->single_byte_tok[b] >= t->n_vocab)
             t->single_byte_tok[b] = -1;
     }
-    return tok_bpe_init(t, e);
 }
 
 /* A SentencePiece vocabulary's byte tokens: <0xXX>, else the byte itself. */
-static void spm_byte_tokens(tok_tokenizer *t) {
+void tok_spm_byte_tokens(tok_tokenizer *t) {
     snprintf(t->pre_name, sizeof t->pre_name, "none");
     byte_alphabet(t->cpt_of_byte);
     for (int b = 0; b < 256; b++) {
@@ -603,6 +623,11 @@ static int mark_eog(tok_tokenizer *t, const gguf_file *f, md_err *e) {
     for (int i = 0; i < 3; i++)
         if ((rc = opt_id(f, fim_keys[i], &fim[i], t->n_vocab, e)))
             return rc;
+    tok_mark_eog(t, fim, 1);
+    return 0;
+}
+
+void tok_mark_eog(tok_tokenizer *t, int32_t fim[3], int make_control) {
     /* found by text (not by key): llama.cpp also makes them control tokens */
     int32_t by_text[4] = {-1, -1, -1, -1};
     if (fim[0] < 0)
@@ -613,7 +638,7 @@ static int mark_eog(tok_tokenizer *t, const gguf_file *f, md_err *e) {
         fim[2] = by_text[2] = find_any(t, k_fim_sep_texts, NELEM(k_fim_sep_texts));
     if (t->eot < 0)
         t->eot = by_text[3] = find_any(t, k_eot_texts, NELEM(k_eot_texts));
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4 && make_control; i++)
         if (by_text[i] >= 0 && !(t->attr[by_text[i]] & TOK_A_CONTROL))
             t->attr[by_text[i]] = TOK_A_CONTROL;
     for (int i = 0; i < 3; i++)
@@ -623,7 +648,7 @@ static int mark_eog(tok_tokenizer *t, const gguf_file *f, md_err *e) {
         int32_t id = tok_str_lookup(t, k_eog_texts[i], strlen(k_eog_texts[i]));
         if (id >= 0 && id < t->n_vocab) {
             t->is_eog[id] = 1;
-            if (!(t->attr[id] & TOK_A_CONTROL))
+            if (make_control && !(t->attr[id] & TOK_A_CONTROL))
                 t->attr[id] = TOK_A_CONTROL;
         }
     }
@@ -631,11 +656,10 @@ static int mark_eog(tok_tokenizer *t, const gguf_file *f, md_err *e) {
     for (int i = 0; i < 3; i++)
         if (extra[i] >= 0)
             t->is_eog[extra[i]] = 1;
-    return 0;
 }
 
 /* Special tokens matched in the text before pre-tokenization: longest first. */
-static int list_special(tok_tokenizer *t, md_err *e) {
+int tok_list_special(tok_tokenizer *t, md_err *e) {
     t->special = malloc((size_t)t->n_vocab * sizeof *t->special);
     if (!t->special)
         return md_errf(e, MD_ENOMEM, "out of memory loading the tokenizer");
@@ -643,6 +667,33 @@ static int list_special(tok_tokenizer *t, md_err *e) {
         if (t->attr[id] & (TOK_A_CONTROL | TOK_A_USER | TOK_A_UNKNOWN))
             t->special[t->n_special++] = id;
     qsort_r(t->special, (size_t)t->n_special, sizeof *t->special, cmp_special, t);
+    if (!t->hf)
+        return 0;
+    /* per first byte, its tokens' distinct lengths (they come longest first) */
+    t->sp_lens = malloc(((size_t)t->n_special + 1) * sizeof *t->sp_lens);
+    if (!t->sp_lens)
+        return md_errf(e, MD_ENOMEM, "out of memory loading the tokenizer");
+    uint32_t count[256] = {0}, last[256] = {0};
+    for (int k = 0; k < t->n_special; k++) {
+        int32_t id = t->special[k];
+        uint8_t b = (uint8_t)t->arena[t->str_off[id]];
+        if (t->str_len[id] != last[b])
+            count[b]++;
+        last[b] = t->str_len[id];
+    }
+    t->sp_first[0] = 0;
+    for (int b = 0; b < 256; b++)
+        t->sp_first[b + 1] = t->sp_first[b] + count[b];
+    uint32_t fill[256];
+    memcpy(fill, t->sp_first, sizeof fill);
+    memset(last, 0, sizeof last);
+    for (int k = 0; k < t->n_special; k++) {
+        int32_t id = t->special[k];
+        uint8_t b = (uint8_t)t->arena[t->str_off[id]];
+        if (t->str_len[id] != last[b])
+            t->sp_lens[fill[b]++] = t->str_len[id];
+        last[b] = t->str_len[id];
+    }
     return 0;
 }
 
@@ -697,13 +748,14 @@ int tok_load(const gguf_file *f, tok_tokenizer **out, md_err *e) {
         if ((rc = load_bpe(t, f, e)))
             goto fail;
     } else {
-        spm_byte_tokens(t);
+        tok_spm_byte_tokens(t);
     }
     if ((rc = opt_bool(f, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, e)))
         goto fail;
-    if ((rc = load_special_ids(t, f, e)) || (rc = mark_eog(t, f, e)) || (rc = list_special(t, e)))
+    if ((rc = load_special_ids(t, f, e)) || (rc = mark_eog(t, f, e)) ||
+        (rc = tok_list_special(t, e)))
         goto fail;
-    if ((rc = build_pieces(t))) {
+    if ((rc = tok_build_pieces(t))) {
         rc = md_errf(e, rc, "out of memory building token pieces");
         goto fail;
     }
@@ -731,6 +783,8 @@ void tok_free(tok_tokenizer *t) {
     free(t->merges);
     free(t->pair0);
     free(t->special);
+    free(t->sp_lens);
+    tok_hf_free(t);
     free(t->piece_arena);
     free(t->piece_off);
     free(t->piece_len);
@@ -882,6 +936,105 @@ static int partition(const tok_tokenizer *t, const char *text, size_t len, int p
     return 0;
 }
 
+/* Unicode White_Space (Rust's char::is_whitespace, Hugging Face's lstrip/rstrip). */
+static int is_white(uint32_t c) {
+    return (c >= 9 && c <= 13) || c == ' ' || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+           c == 0x205F || c == 0x3000;
+}
+
+/* A word character for single_word tokens (regex \w: letters, marks, digits, connectors). */
+static int is_word(uint32_t c) {
+    switch (utf8proc_category((utf8proc_int32_t)c)) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_PC: return 1;
+    default: return 0;
+    }
+}
+
+/* The character ending at text[end) (0 when none or not valid UTF-8), its start in *at. */
+static uint32_t char_before(const char *text, size_t end, size_t *at) {
+    size_t i = end;
+    while (i > 0 && end - i < 4 && ((uint8_t)text[i - 1] & 0xC0) == 0x80)
+        i--;
+    if (i > 0)
+        i--;
+    *at = i;
+    uint32_t c;
+    int inc, bad;
+    if (end == 0 ||
+        utf8_strict((const uint8_t *)text + i, end - i, &c, &inc, &bad) != (int)(end - i))
+        return 0;
+    return c;
+}
+
+static uint32_t char_at(const char *text, size_t len, size_t i, size_t *n) {
+    uint32_t c;
+    int inc, bad, l = i < len ? utf8_strict((const uint8_t *)text + i, len - i, &c, &inc, &bad) : 0;
+    *n = l > 0 ? (size_t)l : 1;
+    return l > 0 ? c : 0;
+}
+
+/* Hugging Face's added-token split: the leftmost match, longest there, wins and the search
+ * goes on after it; a special token when !parse_special, or a single_word token inside a
+ * word, is left as text (and is not searched again); lstrip / rstrip take the whitespace
+ * beside the token with it. */
+static int partition_hf(const tok_tokenizer *t, const char *text, size_t len, int parse_special,
+                        frags *cur) {
+    cur->n = 0;
+    size_t done = 0, i = 0;
+    while (i < len) {
+        uint8_t b = (uint8_t)text[i];
+        int32_t id = -1;
+        size_t tl = 0;
+        for (uint32_t k = t->sp_first[b]; k < t->sp_first[b + 1] && id < 0; k++) {
+            tl = t->sp_lens[k];
+            if (tl > len - i)
+                continue;
+            int32_t f = tok_str_lookup(t, text + i, tl);
+            if (f >= 0 && f < t->n_vocab &&
+                (t->attr[f] & (TOK_A_CONTROL | TOK_A_USER | TOK_A_UNKNOWN)))
+                id = f;
+        }
+        if (id < 0) {
+            i++;
+            continue;
+        }
+        size_t s = i, e = i + tl, at, n;
+        uint8_t fl = t->tok_flags ? t->tok_flags[id] : 0;
+        int skip = !parse_special && (t->attr[id] & (TOK_A_CONTROL | TOK_A_UNKNOWN));
+        if (!skip && (fl & TOK_F_SINGLE_WORD))
+            skip = is_word(char_before(text, s, &at)) || is_word(char_at(text, len, e, &n));
+        if (skip) {
+            i = e;
+            continue;
+        }
+        if (fl & TOK_F_LSTRIP)
+            while (s > done && is_white(char_before(text, s, &at)))
+                s = at;
+        if (fl & TOK_F_RSTRIP)
+            while (e < len && is_white(char_at(text, len, e, &n)))
+                e += n;
+        if (s > done && frags_push(cur, done, s - done, -1))
+            return MD_ENOMEM;
+        if (frags_push(cur, s, e - s, id))
+            return MD_ENOMEM;
+        done = i = e;
+    }
+    if (done < len && frags_push(cur, done, len - done, -1))
+        return MD_ENOMEM;
+    return 0;
+}
+
 int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
                int32_t **ids, int *n_ids, md_err *e) {
     *ids = NULL;
@@ -896,7 +1049,8 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos
         rc = md_errf(e, MD_ERANGE, "tokenize: text of %zu bytes is longer than 2 GiB", len);
         goto done;
     }
-    if (partition(t, text, len, parse_special, &cur, &next)) {
+    if (t->hf ? partition_hf(t, text, len, parse_special, &cur)
+              : partition(t, text, len, parse_special, &cur, &next)) {
         rc = md_errf(e, MD_ENOMEM, "tokenize: out of memory");
         goto done;
     }
@@ -916,7 +1070,7 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos
             prev_special = 1;
             continue;
         }
-        if (t->kind == TOK_KIND_BPE)
+        if (t->kind == TOK_KIND_BPE || t->hf)
             rc = tok_bpe_encode(t, &sc, text + fr.off, fr.len, fr.off, &out, e);
         else
             rc = tok_spm_encode(t, &sc, text + fr.off, fr.len, t->add_space_prefix && prev_special,

@@ -1,10 +1,11 @@
 /* tokenizer.h — tokenizers read from a GGUF vocabulary: byte-level BPE (gpt2, llama-bpe,
  * qwen2, smollm pre-tokenizers through PCRE2) and SentencePiece (llama/TinyLlama, byte
- * fallback); special and added tokens; streaming-safe decoding; chat templates.
+ * fallback); or from a Hugging Face tokenizer.json (BPE with its pre-tokenizer sequence);
+ * special and added tokens; streaming-safe decoding; chat templates.
  *
  * Ownership: tok_load copies what it needs out of the gguf_file (the file may be closed
- * afterwards); tok_free releases it. A tok_tokenizer is read-only after load, so threads
- * may share it; tok_stream holds per-sequence decoding state. */
+ * afterwards), tok_load_hf out of the JSON files; tok_free releases it. A tok_tokenizer is
+ * read-only after load, so threads may share it; tok_stream holds per-sequence decoding state. */
 #ifndef MEDLEY_ENGINE_TOKENIZER_H
 #define MEDLEY_ENGINE_TOKENIZER_H
 
@@ -20,6 +21,17 @@ typedef struct tok_tokenizer tok_tokenizer;
  * tokenizer.ggml.model or tokenizer.ggml.pre medley does not implement (see
  * docs/tokenizer.md), MD_ENOMEM. */
 int tok_load(const gguf_file *f, tok_tokenizer **out, md_err *e);
+/* A Hugging Face tokenizer (docs/models.md, "Tokenizers"). path: a model directory holding
+ * tokenizer.json (and tokenizer_config.json, read when present: bos/eos tokens,
+ * add_bos_token, add_eos_token, chat_template), or a tokenizer.json file (its directory's
+ * tokenizer_config.json is read the same way). MD_EIO when a file cannot be read,
+ * MD_EFORMAT for malformed JSON or a bad value, MD_EUNSUPP for a component medley does not
+ * implement; the message names the file, the JSON path and the value
+ * ("tokenizer.json: pre_tokenizer.pretokenizers[1].type 'Whitespace' is not supported"). */
+int tok_load_hf(const char *path, tok_tokenizer **out, md_err *e);
+/* The same from memory: tokenizer.json's text, and tokenizer_config.json's text or NULL. */
+int tok_load_hf_mem(const char *json, size_t len, const char *config, size_t config_len,
+                    tok_tokenizer **out, md_err *e);
 void tok_free(tok_tokenizer *t);
 
 int tok_n_vocab(const tok_tokenizer *t);
@@ -88,10 +100,11 @@ typedef enum {
     TOK_TMPL_LLAMA3,
     TOK_TMPL_LLAMA2,
     TOK_TMPL_MISTRAL,
+    TOK_TMPL_GEMMA,
 } tok_template;
 /* The template text stored in the GGUF (NULL, *len 0 if none); lives as long as t. */
 const char *tok_chat_template_text(const tok_tokenizer *t, size_t *len);
-/* Short name ("chatml", "llama3", "llama2", "mistral", "none") and back (TOK_TMPL_NONE if
+/* Short name ("chatml", "llama3", "llama2", "mistral", "gemma", "none") and back (TOK_TMPL_NONE if
  * the name is unknown). */
 const char *tok_template_name(tok_template tmpl);
 tok_template tok_template_from_name(const char *name);
@@ -99,8 +112,15 @@ typedef struct {
     const char *role; /* "system", "user", "assistant" */
     const char *content;
 } tok_chat_msg;
-/* Template of the model; TOK_TMPL_NONE if it has none or it is not recognised. */
+/* Template of the model (or the one tok_chat_choose forced); TOK_TMPL_NONE if it has none
+ * or it is not recognised. */
 tok_template tok_chat_template(const tok_tokenizer *t);
+/* Choose the chat template once, after load and before the tokenizer is shared between
+ * threads. name (a --chat-template flag) overrides the model's template; "none" means raw
+ * prompts only (tok_chat_apply then refuses). With name NULL the model's own template must
+ * be one medley recognises, or absent. MD_EINVAL for an unknown name, MD_EUNSUPP for a
+ * template medley does not recognise; both messages list the known names and the flag. */
+int tok_chat_choose(tok_tokenizer *t, const char *name, md_err *e);
 /* Render messages into a prompt (malloc'd, caller frees). add_generation_prompt appends
  * the assistant header. MD_EUNSUPP names the unknown template unless the caller uses raw
  * prompts instead. */

@@ -33,7 +33,7 @@
 
 static int merge_find(const tok_tokenizer *t, int32_t l, int32_t r);
 
-static const char k_re_gpt2[] =
+const char tok_re_gpt2[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?" OTHER "+|" S "+(?!" NS ")|" S "+";
 static const char k_re_llama3[] =
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
@@ -58,37 +58,50 @@ int tok_bpe_init(tok_tokenizer *t, md_err *e) {
             t->pair0[a << 8 | b] = h < 0 ? (struct tok_pair0){-1, -1}
                                          : (struct tok_pair0){t->merges[h].rank, t->merges[h].id};
         }
+    if (t->hf) /* tokenizer_hf.c compiled the stages tokenizer.json names */
+        return 0;
     const char *res[TOK_MAX_RE];
     int n = 0;
     switch (t->pre) {
-    case TOK_PRE_GPT2: res[n++] = k_re_gpt2; break;
+    case TOK_PRE_GPT2: res[n++] = tok_re_gpt2; break;
     case TOK_PRE_LLAMA3: res[n++] = k_re_llama3; break;
     case TOK_PRE_QWEN2: res[n++] = k_re_qwen2; break;
     case TOK_PRE_SMOLLM:
         res[n++] = k_re_digit;
-        res[n++] = k_re_gpt2;
+        res[n++] = tok_re_gpt2;
         break;
     case TOK_PRE_DEFAULT:
         res[n++] = k_re_default_punct;
-        res[n++] = k_re_gpt2;
+        res[n++] = tok_re_gpt2;
         res[n++] = k_re_digits;
         res[n++] = k_re_three;
         break;
     }
     for (int i = 0; i < n; i++) {
-        int err;
-        PCRE2_SIZE off;
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)res[i], PCRE2_ZERO_TERMINATED,
-                                       PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
-        if (!re) {
-            PCRE2_UCHAR msg[160];
-            pcre2_get_error_message(err, msg, sizeof msg);
-            return md_errf(e, MD_EINVAL, "pre-tokenizer regex %d: %s at offset %zu", i,
-                           (const char *)msg, (size_t)off);
-        }
-        pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* falls back to the interpreter */
-        t->re[t->n_re++] = re;
+        int rc = tok_re_add(t, res[i], strlen(res[i]), 0, TOK_SPLIT_ISOLATED, 0, e);
+        if (rc)
+            return rc;
     }
+    return 0;
+}
+
+int tok_re_add(tok_tokenizer *t, const char *pattern, size_t len, int literal, int behavior,
+               int invert, md_err *e) {
+    if (t->n_re >= TOK_MAX_RE)
+        return md_errf(e, MD_ERANGE, "more than %d pre-tokenizer splits", TOK_MAX_RE);
+    int err;
+    PCRE2_SIZE off;
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &off, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return md_errf(e, MD_EINVAL, "regex: %s at offset %zu", (const char *)msg, (size_t)off);
+    }
+    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* falls back to the interpreter */
+    t->re_behavior[t->n_re] = (uint8_t)behavior;
+    t->re_invert[t->n_re] = (uint8_t)(invert != 0);
+    t->re[t->n_re++] = re;
     return 0;
 }
 
@@ -151,6 +164,8 @@ void tok_scratch_free(tok_scratch *s) {
     free(s->sym_len);
     free(s->heap);
     free(s->enc);
+    free(s->hf_buf[0]);
+    free(s->hf_buf[1]);
     memset(s, 0, sizeof *s);
 }
 
@@ -428,10 +443,102 @@ static int bpe_word(const tok_tokenizer *t, tok_scratch *sc, const uint8_t *w, s
     return 0;
 }
 
+/* Merge symbols [0, ns) of the scratch by rank (lowest first, leftmost on ties). */
+static void merge_symbols(const tok_tokenizer *t, tok_scratch *sc, size_t hn) {
+    while (hn > 0) {
+        bigram b = heap_pop(sc->heap, &hn);
+        uint32_t ll = sc->sym_len[b.left], rl = sc->sym_len[b.right];
+        /* stale: one side was merged since this pair was queued */
+        if (ll == 0 || rl == 0 || ll != b.len_l || rl != b.len_r)
+            continue;
+        sc->sym_id[b.left] = b.id;
+        sc->sym_len[b.left] = ll + rl;
+        sc->sym_len[b.right] = 0;
+        int32_t nx = sc->sym_next[b.right];
+        sc->sym_next[b.left] = nx;
+        if (nx >= 0)
+            sc->sym_prev[nx] = b.left;
+        try_pair(t, sc, &hn, sc->sym_prev[b.left], b.left);
+        try_pair(t, sc, &hn, b.left, nx);
+    }
+}
+
+/* Character-level BPE (tokenizer.json without ByteLevel, e.g. Llama 2, Mistral, Gemma): each
+ * UTF-8 character is a symbol when it is a token; otherwise its <0xXX> byte tokens with
+ * byte_fallback, else the unknown token (consecutive ones fused with fuse_unk), else it is
+ * dropped, as Hugging Face's BPE does. */
+static int bpe_word_chars(const tok_tokenizer *t, tok_scratch *sc, const uint8_t *w, size_t n,
+                          tok_out *out, md_err *e) {
+    if (t->ignore_merges) {
+        int32_t id = tok_str_lookup(t, (const char *)w, n);
+        if (id >= 0 && id < t->n_vocab)
+            return tok_out_push(out, id) ? md_errf(e, MD_ENOMEM, "tokenize: out of memory") : 0;
+    }
+    if (n > UINT32_MAX / 4)
+        return md_errf(e, MD_ERANGE, "tokenize: a single word of %zu bytes", n);
+    size_t heap_cap_elems = sc->heap_cap;
+    if (grow_symbols(sc, n) || grow(&sc->heap, &heap_cap_elems, 3 * n, sizeof(bigram)))
+        return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
+    sc->heap_cap = heap_cap_elems;
+    static const uint8_t k_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+    int32_t ns = 0;
+    int prev_unk = 0;
+    for (size_t i = 0; i < n;) {
+        size_t l = k_len[w[i] >> 4];
+        if (l > n - i)
+            l = n - i;
+        int32_t id = tok_str_lookup(t, (const char *)w + i, l);
+        int nb = 0;
+        if (id < 0 || id >= t->n_vocab) {
+            id = -1;
+            if (t->byte_fallback) {
+                nb = (int)l;
+                for (size_t k = 0; k < l; k++)
+                    if (t->byte_tok[w[i + k]] < 0)
+                        nb = 0;
+            }
+        }
+        if (nb) { /* one symbol per byte token */
+            for (size_t k = 0; k < l; k++) {
+                sc->sym_id[ns] = t->byte_tok[w[i + k]];
+                sc->sym_off[ns] = (uint32_t)(i + k);
+                sc->sym_len[ns] = 1;
+                ns++;
+            }
+            prev_unk = 0;
+        } else if (id >= 0 || t->unk >= 0) {
+            if (id < 0 && prev_unk && t->fuse_unk) {
+                sc->sym_len[ns - 1] += (uint32_t)l;
+            } else {
+                sc->sym_id[ns] = id >= 0 ? id : t->unk;
+                sc->sym_off[ns] = (uint32_t)i;
+                sc->sym_len[ns] = (uint32_t)l;
+                ns++;
+            }
+            prev_unk = id < 0;
+        }
+        i += l;
+    }
+    for (int32_t i = 0; i < ns; i++) {
+        sc->sym_prev[i] = i - 1;
+        sc->sym_next[i] = i + 1 < ns ? i + 1 : -1;
+    }
+    size_t hn = 0;
+    for (int32_t i = 1; i < ns; i++)
+        try_pair(t, sc, &hn, i - 1, i);
+    merge_symbols(t, sc, hn);
+    for (int32_t i = 0; i >= 0 && ns > 0; i = sc->sym_next[i])
+        if (tok_out_push(out, sc->sym_id[i]))
+            return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
+    return 0;
+}
+
 static int bpe_word_uncached(const tok_tokenizer *t, tok_scratch *sc, const uint8_t *w, size_t n,
                              tok_out *out, md_err *e) {
     if (n == 0)
         return 0;
+    if (t->char_level)
+        return bpe_word_chars(t, sc, w, n, out, e);
     if (t->ignore_merges) {
         if (grow((void **)&sc->enc, &sc->enc_cap, n * 2, 1))
             return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
@@ -469,22 +576,7 @@ static int bpe_word_uncached(const tok_tokenizer *t, tok_scratch *sc, const uint
         if (p.rank >= 0)
             heap_push(sc->heap, &hn, (bigram){p.rank, (int32_t)i - 1, (int32_t)i, p.id, 1, 1});
     }
-    while (hn > 0) {
-        bigram b = heap_pop(sc->heap, &hn);
-        uint32_t ll = sc->sym_len[b.left], rl = sc->sym_len[b.right];
-        /* stale: one side was merged since this pair was queued */
-        if (ll == 0 || rl == 0 || ll != b.len_l || rl != b.len_r)
-            continue;
-        sc->sym_id[b.left] = b.id;
-        sc->sym_len[b.left] = ll + rl;
-        sc->sym_len[b.right] = 0;
-        int32_t nx = sc->sym_next[b.right];
-        sc->sym_next[b.left] = nx;
-        if (nx >= 0)
-            sc->sym_prev[nx] = b.left;
-        try_pair(t, sc, &hn, sc->sym_prev[b.left], b.left);
-        try_pair(t, sc, &hn, b.left, nx);
-    }
+    merge_symbols(t, sc, hn);
     for (int32_t i = 0; i >= 0; i = sc->sym_next[i]) {
         int32_t id = sc->sym_id[i];
         int rc = id >= 0 && id < t->n_vocab
@@ -507,12 +599,71 @@ typedef struct {
     md_err *e;
 } split_ctx;
 
+static int split(split_ctx *c, int stage, size_t start, size_t len);
+
+/* The piece a stage is still growing (all behaviours but ISOLATED and REMOVED). */
+typedef struct {
+    size_t s, e;
+    int have, last_match;
+} pending;
+
+static int flush(split_ctx *c, int stage, size_t start, pending *p) {
+    if (!p->have)
+        return 0;
+    p->have = 0;
+    return split(c, stage + 1, start + p->s, p->e - p->s);
+}
+
+/* Segment [s, e) of a stage's subject, a match or not: hand the pieces it completes to the
+ * next stage, as Hugging Face's split() groups them for each behaviour. */
+static int segment(split_ctx *c, int stage, size_t start, pending *p, size_t s, size_t e, int m) {
+    int rc;
+    if (c->t->re_invert[stage])
+        m = !m;
+    switch (c->t->re_behavior[stage]) {
+    case TOK_SPLIT_REMOVED:
+        if (m)
+            return 0;
+        /* fall through */
+    case TOK_SPLIT_ISOLATED: return split(c, stage + 1, start + s, e - s);
+    case TOK_SPLIT_MERGED_PREV:
+        if (m && p->have && !p->last_match) {
+            p->e = e;
+            p->last_match = 1;
+            return 0;
+        }
+        break;
+    case TOK_SPLIT_CONTIGUOUS:
+        if (p->have && m == p->last_match) {
+            p->e = e;
+            return 0;
+        }
+        break;
+    case TOK_SPLIT_MERGED_NEXT:
+        if (p->have && p->last_match && !m) {
+            p->e = e;
+            return flush(c, stage, start, p);
+        }
+        if ((rc = flush(c, stage, start, p)))
+            return rc;
+        if (!m)
+            return split(c, stage + 1, start + s, e - s);
+        *p = (pending){s, e, 1, 1};
+        return 0;
+    }
+    if ((rc = flush(c, stage, start, p)))
+        return rc;
+    *p = (pending){s, e, 1, m};
+    return 0;
+}
+
 static int split(split_ctx *c, int stage, size_t start, size_t len) {
     if (len == 0)
         return 0;
     if (stage == c->t->n_re)
         return bpe_word(c->t, c->sc, (const uint8_t *)c->norm + start, len, c->out, c->e);
     const pcre2_code *re = c->t->re[stage];
+    pending p = {0};
     PCRE2_SPTR subj = (PCRE2_SPTR)c->view + start;
     size_t pos = 0, prev = 0;
     int rc;
@@ -530,15 +681,15 @@ static int split(split_ctx *c, int stage, size_t start, size_t len) {
                 pos++;
             continue;
         }
-        if (ms > prev && (rc = split(c, stage + 1, start + prev, ms - prev)))
+        if (ms > prev && (rc = segment(c, stage, start, &p, prev, ms, 0)))
             return rc;
-        if ((rc = split(c, stage + 1, start + ms, me - ms)))
+        if ((rc = segment(c, stage, start, &p, ms, me, 1)))
             return rc;
         prev = pos = me;
     }
-    if (prev < len)
-        return split(c, stage + 1, start + prev, len - prev);
-    return 0;
+    if (prev < len && (rc = segment(c, stage, start, &p, prev, len, 0)))
+        return rc;
+    return flush(c, stage, start, &p);
 }
 
 int tok_bpe_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, size_t len,
@@ -547,6 +698,8 @@ int tok_bpe_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, si
     size_t n = len;
     int surrogates = 0, rc;
     if ((rc = repair(sc, text, len, base, &norm, &n, &surrogates, e)))
+        return rc;
+    if (t->hf && (rc = tok_hf_normalize(t, sc, norm, n, base == 0, &norm, &n, e)))
         return rc;
     const char *view = norm;
     if (surrogates) {

@@ -11,6 +11,8 @@
  *            (variants: without <<SYS>>, <s> inside the history, stripped contents)
  *   mistral  v1 " [INST] USER [/INST] ASSISTANT</s>", v3 "[INST] USER[/INST] ASSISTANT</s>",
  *            v3-tekken (no space after [INST]/before the answer), v7 with [SYSTEM_PROMPT]
+ *   gemma    <start_of_turn>ROLE\nTRIM(CONTENT)<end_of_turn>\n ... [<start_of_turn>model\n]
+ *            (assistant is "model"; a system message goes before the next user turn's text)
  * BOS is not written: tok_encode adds it when the model asks (add_bos_token).
  * One addition over llama.cpp: a ChatML template that writes a literal system turn (SmolLM2's
  * "You are a helpful AI assistant named SmolLM...", Qwen2.5's "You are Qwen...") gets that
@@ -36,7 +38,8 @@ enum {
     V_M_V7_TEKKEN,
 };
 
-static const char *const k_names[] = {"none", "chatml", "llama3", "llama2", "mistral"};
+static const char *const k_names[] = {"none", "chatml", "llama3", "llama2", "mistral", "gemma"};
+#define KNOWN_NAMES "chatml, llama3, llama2, mistral, gemma"
 
 const char *tok_template_name(tok_template tmpl) {
     if ((int)tmpl < 0 || (int)tmpl >= (int)(sizeof k_names / sizeof *k_names))
@@ -88,12 +91,39 @@ static tok_template detect(const char *s, int *variant) {
     }
     if (has(s, "<|start_header_id|>") && has(s, "<|end_header_id|>"))
         return TOK_TMPL_LLAMA3;
+    if (has(s, "<start_of_turn>"))
+        return TOK_TMPL_GEMMA;
     return TOK_TMPL_NONE;
 }
 
 tok_template tok_chat_template(const tok_tokenizer *t) {
     int v;
+    if (t && t->chat_forced)
+        return t->chat_forced_tmpl;
     return detect(t ? t->chat_template : NULL, &v);
+}
+
+int tok_chat_choose(tok_tokenizer *t, const char *name, md_err *e) {
+    int v;
+    if (name) {
+        tok_template tmpl = tok_template_from_name(name);
+        if (tmpl == TOK_TMPL_NONE && strcmp(name, "none"))
+            return md_errf(e, MD_EINVAL,
+                           "--chat-template '%.60s' is not a template medley knows (" KNOWN_NAMES
+                           ", or none for raw prompts only)",
+                           name);
+        t->chat_forced = 1;
+        t->chat_forced_tmpl = tmpl;
+        return 0;
+    }
+    t->chat_forced = 0;
+    if (!t->chat_template || detect(t->chat_template, &v) != TOK_TMPL_NONE)
+        return 0;
+    return md_errf(e, MD_EUNSUPP,
+                   "the model's chat template is not one medley recognises (" KNOWN_NAMES
+                   "); it starts: \"%.60s%s\"; name one with --chat-template NAME, or "
+                   "--chat-template none to serve raw prompts only",
+                   t->chat_template, t->chat_template_len > 60 ? "..." : "");
 }
 
 /* ---- output buffer ---- */
@@ -288,6 +318,29 @@ static int render(const tok_tokenizer *t, tok_template tmpl, int variant, const 
             }
         }
         return 0;
+    case TOK_TMPL_GEMMA: {
+        const char *sys = NULL; /* no system turn: it prefixes the next user turn */
+        for (int i = 0; i < n; i++) {
+            if (!strcmp(m[i].role, "system")) {
+                sys = m[i].content;
+                continue;
+            }
+            int model = !strcmp(m[i].role, "assistant");
+            puts_(b, "<start_of_turn>");
+            puts_(b, model ? "model" : m[i].role);
+            puts_(b, "\n");
+            if (sys && !model) {
+                put_trim(b, sys);
+                puts_(b, "\n\n");
+                sys = NULL;
+            }
+            put_trim(b, m[i].content);
+            puts_(b, "<end_of_turn>\n");
+        }
+        if (add_ass)
+            puts_(b, "<start_of_turn>model\n");
+        return 0;
+    }
     case TOK_TMPL_NONE: break;
     }
     return MD_EUNSUPP;
@@ -323,16 +376,20 @@ int tok_chat_apply(const tok_tokenizer *t, const tok_chat_msg *msgs, int n_msgs,
                    int add_generation_prompt, char **out, md_err *e) {
     *out = NULL;
     tok_template tmpl = tok_chat_template(t);
+    if (tmpl == TOK_TMPL_NONE && t && t->chat_forced)
+        return md_errf(e, MD_EUNSUPP,
+                       "chat messages are off for this model (--chat-template "
+                       "none); send a raw prompt");
     if (tmpl == TOK_TMPL_NONE) {
         if (!t || !t->chat_template)
             return md_errf(e, MD_EUNSUPP,
                            "the model has no chat template (tokenizer.chat_template); send a "
-                           "raw prompt or name a template (chatml, llama3, llama2, mistral)");
+                           "raw prompt or name a template with --chat-template (" KNOWN_NAMES ")");
         size_t n = t->chat_template_len;
         return md_errf(e, MD_EUNSUPP,
-                       "the model's chat template is not one medley knows (chatml, llama3, "
-                       "llama2, mistral); it starts: \"%.60s%s\"; send a raw prompt or name a "
-                       "template",
+                       "the model's chat template is not one medley knows (" KNOWN_NAMES
+                       "); it starts: \"%.60s%s\"; send a raw prompt or name a "
+                       "template with --chat-template",
                        t->chat_template, n > 60 ? "..." : "");
     }
     return tok_chat_apply_as(t, tmpl, msgs, n_msgs, add_generation_prompt, out, e);

@@ -1,5 +1,6 @@
 /* tokenizer_int.h — the tokenizer's private layout, shared by tokenizer.c (load, pieces,
- * decode), tokenizer_bpe.c, tokenizer_spm.c and tokenizer_chat.c. Not part of the engine's
+ * decode), tokenizer_bpe.c, tokenizer_spm.c, tokenizer_hf.c (tokenizer.json) and
+ * tokenizer_chat.c. Not part of the engine's
  * contract: everything outside the tokenizer goes through engine/tokenizer.h. */
 #ifndef MEDLEY_ENGINE_TOKENIZER_INT_H
 #define MEDLEY_ENGINE_TOKENIZER_INT_H
@@ -30,7 +31,28 @@ enum {
     TOK_A_BYTE = 32,
 };
 
-#define TOK_MAX_RE 4
+#define TOK_MAX_RE 8
+
+/* What a pre-tokenizer stage keeps of its matches (Hugging Face's SplitDelimiterBehavior).
+ * GGUF families use ISOLATED for every stage: matches and the gaps between them are pieces. */
+enum {
+    TOK_SPLIT_ISOLATED = 0,
+    TOK_SPLIT_REMOVED,     /* matches are dropped */
+    TOK_SPLIT_MERGED_PREV, /* a match ends the piece before it */
+    TOK_SPLIT_MERGED_NEXT, /* a match starts the piece after it */
+    TOK_SPLIT_CONTIGUOUS,  /* runs of matches (and of gaps) are one piece */
+};
+
+/* tokenizer.json normalizer steps, applied in order to each text fragment. */
+enum { TOK_NORM_NFC = 1, TOK_NORM_PREPEND, TOK_NORM_REPLACE };
+typedef struct {
+    int kind;
+    char *a, *b; /* PREPEND: a; REPLACE: a -> b */
+    size_t a_len, b_len;
+} tok_norm_step;
+
+/* Added-token flags of tokenizer.json (tok_flags). */
+enum { TOK_F_LSTRIP = 1, TOK_F_RSTRIP = 2, TOK_F_SINGLE_WORD = 4 };
 
 struct tok_tokenizer {
     tok_kind kind;
@@ -70,13 +92,32 @@ struct tok_tokenizer {
     int32_t byte_sym[256];        /* string id of the alphabet character of each byte, or -1 */
     int32_t single_byte_tok[256]; /* token whose text is that one byte (llama.cpp's fallback) */
     void *re[TOK_MAX_RE];         /* pcre2_code *, applied in order */
+    uint8_t re_behavior[TOK_MAX_RE], re_invert[TOK_MAX_RE]; /* TOK_SPLIT_*; invert: gaps match */
     int n_re;
+
+    /* Loaded from tokenizer.json (tokenizer_hf.c): added tokens are found leftmost-longest
+     * with their lstrip/rstrip/single_word flags, fragments go through the normalizers
+     * below, and BPE follows Hugging Face's rules (merges must produce tokens, the last of
+     * duplicate merges wins, unknown characters become unk or are dropped). */
+    int hf;
+    int char_level; /* BPE over characters, not the byte-level alphabet (SentencePiece-style) */
+    int byte_fallback, fuse_unk;
+    tok_norm_step *norm;
+    int n_norm;
+    char metaspace[8];  /* Metaspace replacement ("" when there is no Metaspace) */
+    int meta_prepend;   /* 0 never, 1 first fragment only, 2 always */
+    int prefix_space;   /* ByteLevel add_prefix_space */
+    uint8_t *tok_flags; /* TOK_F_* per token, or NULL */
 
     /* SentencePiece: <0xXX> byte tokens. */
     int32_t byte_tok[256];
 
     int32_t *special; /* control, user-defined and unknown tokens, longest text first */
     int n_special;
+    /* tokenizer.json: the distinct lengths of the special tokens starting with byte b are
+     * sp_lens[sp_first[b] .. sp_first[b + 1]), longest first (leftmost-longest search). */
+    uint32_t *sp_lens;
+    uint32_t sp_first[257];
 
     char *piece_arena;
     uint32_t *piece_off, *piece_len;
@@ -84,6 +125,8 @@ struct tok_tokenizer {
 
     char *chat_template;
     size_t chat_template_len;
+    int chat_forced;               /* tok_chat_choose named a template (--chat-template) */
+    tok_template chat_forced_tmpl; /* TOK_TMPL_NONE: raw prompts only */
 };
 
 /* Growable output of token ids. */
@@ -108,6 +151,8 @@ typedef struct {
     size_t heap_cap;
     char *enc; /* byte-level encoded word (ignore_merges lookup) */
     size_t enc_cap;
+    char *hf_buf[2]; /* tokenizer.json normalizers, ping-pong */
+    size_t hf_cap[2];
     /* Word cache for long texts (words repeat): word bytes -> its ids. Lives for one
      * tok_encode call, so no lock is needed; cleared when half full. */
     struct tok_wc_slot *wc;
@@ -122,13 +167,39 @@ void tok_scratch_free(tok_scratch *s);
 
 int32_t tok_str_lookup(const tok_tokenizer *t, const char *s, size_t n);
 int tok_str_intern(tok_tokenizer *t, const char *s, size_t n, int32_t *id);
+/* Append a string (not indexed until tok_index_strings). MD_ENOMEM. */
+int tok_strtab_add(tok_tokenizer *t, const char *s, size_t n, int32_t *id);
+int tok_index_strings(tok_tokenizer *t);
+/* Merge table for about n merges; tok_merge_put adds (l, r) -> (rank, id), replacing an
+ * existing entry only when replace is set. */
+int tok_merges_alloc(tok_tokenizer *t, size_t n);
+void tok_merge_put(tok_tokenizer *t, int32_t l, int32_t r, int32_t rank, int32_t id, int replace);
+/* Byte-level alphabet tables (cpt_of_byte, byte_sym, single_byte_tok) from the strings. */
+void tok_byte_tables(tok_tokenizer *t);
+void tok_spm_byte_tokens(tok_tokenizer *t);
+/* End-of-generation tokens found by text (and FIM ids given); make_control turns them
+ * into control tokens as llama.cpp does for GGUF vocabularies. */
+void tok_mark_eog(tok_tokenizer *t, int32_t fim[3], int make_control);
+int tok_list_special(tok_tokenizer *t, md_err *e);
+int tok_build_pieces(tok_tokenizer *t);
 
+/* The GPT-2 split (Hugging Face's ByteLevel use_regex), \s spelled as White_Space. */
+extern const char tok_re_gpt2[];
+/* Compile a pre-tokenizer stage (PCRE2, UTF + UCP; literal: the pattern is a plain string)
+ * and append it. MD_EINVAL with PCRE2's message, MD_ERANGE past TOK_MAX_RE stages. */
+int tok_re_add(tok_tokenizer *t, const char *pattern, size_t len, int literal, int behavior,
+               int invert, md_err *e);
 int tok_bpe_init(tok_tokenizer *t, md_err *e);
 void tok_bpe_free(tok_tokenizer *t);
 /* Encode one text fragment (no special tokens in it). base: the fragment's byte offset in
- * the caller's text, for error messages. */
+ * the caller's text, for error messages (and, for tokenizer.json, Metaspace's "first"). */
 int tok_bpe_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, size_t len,
                    size_t base, tok_out *out, md_err *e);
+/* tokenizer.json normalizers, Metaspace and ByteLevel's prefix space on one fragment (already
+ * valid UTF-8 apart from encoded surrogates). *out is in or a scratch buffer. */
+int tok_hf_normalize(const tok_tokenizer *t, tok_scratch *sc, const char *in, size_t n,
+                     int at_start, const char **out, size_t *out_len, md_err *e);
+void tok_hf_free(tok_tokenizer *t);
 int tok_spm_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, size_t len,
                    int space_prefix, tok_out *out, md_err *e);
 

@@ -1,5 +1,6 @@
 # Tokenizer tests. unit (also under ASan+UBSan): test_tok_synth (synthetic GGUF vocabularies
-# for every tokenizer family, streaming, threads) and test_chat (template rendering). e2e
+# for every tokenizer family, streaming, threads), test_tok_hf (tokenizer.json: small files,
+# hostile ones, the chat template choice) and test_chat (template rendering). e2e
 # (need SmolLM2; their model-free parts still run without it): test_tok_smollm (llama.cpp's
 # ids on the fixture corpus in tests/fixtures/tokenizer/ for SmolLM2, four relabelled BPE
 # pre-tokenizers and a SentencePiece vocabulary; Jinja2's chat prompts) and test_tok_cli
@@ -9,6 +10,30 @@ medley_test(test_tok_smollm SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_sm
             LIBS ${TOK_TEST_LIBS} LABELS e2e)
 medley_test(test_tok_synth SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_synth.c
             LIBS ${TOK_TEST_LIBS} LABELS unit)
+medley_test(test_tok_hf SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_hf.c
+            LIBS ${TOK_TEST_LIBS} LABELS unit)
 medley_test(test_chat SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_chat.c
             LIBS ${TOK_TEST_LIBS} LABELS unit)
 medley_test(test_tok_cli SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_cli.c LABELS e2e)
+# tokenizer.json: `medley tokenize` on directories built by
+# tests/fixtures/tokenizer/make_hf_tokenizer.py equals HF's `tokenizers` (requirements-test.txt)
+# on the 312 fixture texts; the SmolLM2 variants need the model, the SentencePiece ones not.
+if(MEDLEY_PYTHON)
+  add_test(NAME tok_hf_match COMMAND ${MEDLEY_PYTHON}
+           ${CMAKE_CURRENT_SOURCE_DIR}/integration/tok_hf_match.py $<TARGET_FILE:medley>)
+  set_tests_properties(tok_hf_match PROPERTIES LABELS e2e TIMEOUT 300)
+endif()
+# Hostile tokenizer.json files (mutated documents, flipped and truncated bytes), label fuzz:
+# scripts/test.sh runs it under ASan+UBSan.
+medley_test(test_tok_hf_fuzz SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/test_tok_hf_fuzz.c
+            LIBS ${TOK_TEST_LIBS} LABELS fuzz)
+# libFuzzer target: clang only, not a ctest (run it by hand, see tests/fuzz/fuzz_tok_hf.c).
+if(CMAKE_C_COMPILER_ID MATCHES "Clang")
+  set(TOK_SRCS tokenizer.c tokenizer_bpe.c tokenizer_spm.c tokenizer_chat.c tokenizer_hf.c gguf.c)
+  list(TRANSFORM TOK_SRCS PREPEND ${CMAKE_SOURCE_DIR}/engine/)
+  add_executable(fuzz_tok_hf ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_tok_hf.c ${TOK_SRCS})
+  target_compile_options(fuzz_tok_hf PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_options(fuzz_tok_hf PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_tok_hf PRIVATE medley_common PkgConfig::JANSSON PkgConfig::PCRE2
+                        PkgConfig::UTF8PROC m)
+endif()

@@ -72,6 +72,9 @@ typedef struct {
     const char *stages;
     int tp;         /* engine: tensor-parallel ranks of each local stage (0: none) */
     size_t mem_cap; /* engine: each local stage's memory cap in bytes (0: none) */
+    /* engine: --chat-template family or "none" (NULL: the model's own, refused at load
+     * when medley does not know it) */
+    const char *chat_template;
 } wk_runner_opts;
 
 typedef struct wk_runner wk_runner;

@@ -71,6 +71,7 @@ int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_e
     cfg.n_threads = o->n_threads;
     cfg.kv_type = o->kv_type;
     cfg.bf16_weights = o->bf16_weights;
+    cfg.chat_template = o->chat_template;
     cfg.max_seqs = o->max_seqs > 0 ? o->max_seqs : 0; /* 0: the device's default */
     cfg.stages = o->stages && *o->stages ? o->stages : NULL;
     cfg.model_name = model;
