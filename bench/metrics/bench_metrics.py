@@ -8,7 +8,11 @@ on one redis-server (127.0.0.1, no persistence):
 
 Each run: FLUSHALL, a fresh worker started and warm, then the clock runs from `medley submit`
 to the batch being `completed`. Prints every run, the median req/s of each mode and the
-ratios scraped/off and on/off (the target: scraped within 2% of off).
+ratios scraped/off and on/off (the target: scraped within 2% of off). On a shared machine
+wall-clock rates swing by tens of percent from run to run, so each run also reads the
+worker process's CPU time (user + system, /proc/PID/stat, its HTTP thread included) over the
+same interval: CPU microseconds per request, and their ratio, is the cost the endpoint adds
+to the worker whatever else the machine runs.
 
     python3 bench/metrics/bench_metrics.py --medley build/cli/medley -n 20000 --rounds 5
 """
@@ -47,6 +51,13 @@ def wait_port(port, timeout=10):
     sys.exit("nothing listens on %d" % port)
 
 
+def cpu_s(pid):
+    """User + system CPU seconds of process pid, all its threads."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_once(medley, url, r, path, n, mode):
     r.flushall()
     mport = free_port()
@@ -74,16 +85,18 @@ def run_once(medley, url, r, path, n, mode):
             th = threading.Thread(target=scraper, daemon=True)
             th.start()
         t0 = time.time()
+        c0 = cpu_s(w.pid)
         batch = subprocess.run([medley, "submit", path, "--redis", url], check=True,
                                capture_output=True, text=True).stdout.strip()
         meta = "medley:{%s}:meta" % batch
         while r.hget(meta, "status") != "completed":
             time.sleep(0.005)
         dt = time.time() - t0
+        c1 = cpu_s(w.pid)
         stop.set()
         if th:
             th.join()
-        return n / dt, scrapes[0]
+        return n / dt, scrapes[0], (c1 - c0) / n * 1e6
     finally:
         stop.set()
         w.terminate()
@@ -114,13 +127,15 @@ def main():
                                         {"role": "user", "content": "hello %d" % i}]}}) + "\n")
         modes = ["off", "on", "scraped"]
         got = {m: [] for m in modes}
+        cpu = {m: [] for m in modes}
         for k in range(a.rounds):
             order = modes[k % 3:] + modes[:k % 3]  # rotate: no mode always first
             for m in order:
-                rps, scrapes = run_once(a.medley, url, r, path, a.n, m)
+                rps, scrapes, us = run_once(a.medley, url, r, path, a.n, m)
                 got[m].append(rps)
-                print("round %d %-8s %8.0f req/s  (%d scrapes)" % (k + 1, m, rps, scrapes),
-                      flush=True)
+                cpu[m].append(us)
+                print("round %d %-8s %8.0f req/s  %6.1f worker CPU us/request  (%d scrapes)" %
+                      (k + 1, m, rps, us, scrapes), flush=True)
         med = {m: statistics.median(v) for m, v in got.items()}
         print("\nmedian req/s over %d rounds of %d requests:" % (a.rounds, a.n))
         for m in modes:
@@ -128,6 +143,13 @@ def main():
         print("ratio on/off       %.3f" % (med["on"] / med["off"]))
         print("ratio scraped/off  %.3f" % (med["scraped"] / med["off"]))
         print("ratio scraped/on   %.3f" % (med["scraped"] / med["on"]))
+        mc = {m: statistics.median(v) for m, v in cpu.items()}
+        print("\nmedian worker CPU per request (user + system, all threads):")
+        for m in modes:
+            print("  %-8s %8.1f us" % (m, mc[m]))
+        print("CPU ratio on/off       %.3f" % (mc["on"] / mc["off"]))
+        print("CPU ratio scraped/off  %.3f  (requests/s the worker can give, CPU-bound: %.3f)" %
+              (mc["scraped"] / mc["off"], mc["off"] / mc["scraped"]))
     finally:
         rs.terminate()
         rs.wait()
