@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "engine/gguf.h"
+#include "engine/hf_model.h"
 #include "engine/registry.h"
 #include "engine/tokenizer.h"
 
@@ -16,7 +17,7 @@ static void usage(FILE *f) {
         f,
         "usage: medley tokenize -m MODEL [options] TEXT|-\n"
         "\n"
-        "Tokenize TEXT with MODEL's tokenizer (a registered model name or a GGUF path)\n"
+        "Tokenize TEXT with MODEL's tokenizer (a registered model name, a GGUF file or an HF directory)\n"
         "and print one line per token: ID, a tab, and the token's vocabulary string.\n"
         "\n"
         "  -m, --model MODEL   model name (see `medley models list`) or GGUF file\n"
@@ -145,8 +146,8 @@ int cmd_tokenize(int argc, char **argv) {
     md_err e = {0};
     gguf_file *f = NULL;
     tok_tokenizer *t = NULL;
-    if (md_model_resolve(model, 1, path, sizeof path, &e) || gguf_open(path, &f, &e) ||
-        tok_load(f, &t, &e)) {
+    if (md_model_resolve(model, 1, path, sizeof path, &e) || md_model_open(path, &f, &e) ||
+        md_model_tokenizer(f, &t, &e)) {
         fprintf(stderr, "medley tokenize: %s\n", e.msg);
         gguf_close(f);
         return 1;
