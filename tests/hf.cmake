@@ -16,6 +16,15 @@ add_test(NAME hf_smollm2_make
          _ ${MEDLEY_HF_DIR} ${MEDLEY_FIXTURES}/hf/make_hf_smollm2.py)
 set_tests_properties(hf_smollm2_make PROPERTIES LABELS e2e FIXTURES_SETUP hf_smollm2 TIMEOUT 300)
 medley_test(test_hf_model SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_hf_model.c
-            LIBS ${HF_TEST_LIBS} LABELS e2e)
+            LIBS ${HF_TEST_LIBS} medley_sched LABELS e2e)
 set_tests_properties(test_hf_model PROPERTIES FIXTURES_REQUIRED hf_smollm2
                      ENVIRONMENT "MEDLEY_HF_DIR=${MEDLEY_HF_DIR};MEDLEY_BIN=$<TARGET_FILE:medley>")
+# `medley run` on the HF directory needs its tokenizer.json read (engine/tokenizer_hf.c, the
+# tokenizer.json reader): registered once that reader is in the tree.
+if(EXISTS ${CMAKE_SOURCE_DIR}/engine/tokenizer_hf.c)
+  add_test(NAME hf_run_smollm2
+           COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/hf_run_smollm2.py)
+  set_tests_properties(hf_run_smollm2 PROPERTIES LABELS e2e TIMEOUT 600 SKIP_RETURN_CODE 77
+                       FIXTURES_REQUIRED hf_smollm2
+                       ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>;MEDLEY_HF_DIR=${MEDLEY_HF_DIR}")
+endif()

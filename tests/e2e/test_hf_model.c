@@ -24,6 +24,7 @@
 #include "engine/hf_model.h"
 #include "engine/model.h"
 #include "kernels/backend.h"
+#include "scheduler/sched.h"
 #include "e2e/test_engine_util.h"
 
 #define EXACT_TOL 0.02
@@ -178,9 +179,34 @@ static void hf_directory_as_gguf(void **state) {
     gguf_close(gf);
 }
 
+/* The scheduler's model card from the directory (workload "model_file" naming it): the shape
+ * of the built-in SmolLM2 card, BF16's 2 bytes per weight. */
+static void hf_model_card(void **state) {
+    (void)state;
+    const char *dir = hf_dir();
+    if (!dir)
+        skip();
+    sched_model m, ref;
+    md_err e = {0};
+    if (sched_model_from_gguf(dir, NULL, &m, &e))
+        fail_msg("%s", e.msg);
+    assert_int_equal(sched_model_builtin("smollm2-135m", &ref, NULL), 0);
+    assert_int_equal(m.layers, ref.layers);
+    assert_int_equal(m.hidden, ref.hidden);
+    assert_int_equal(m.heads, ref.heads);
+    assert_int_equal(m.kv_heads, ref.kv_heads);
+    assert_int_equal(m.ffn, ref.ffn);
+    assert_int_equal(m.vocab, ref.vocab);
+    assert_int_equal(m.tied_embeddings, 1);
+    assert_true(m.bytes_per_weight > 1.99 && m.bytes_per_weight < 2.01);
+    printf("HF card: %s, %.1fM parameters, %.4f bytes/weight\n", m.name,
+           sched_model_params(&m) / 1e6, m.bytes_per_weight);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hf_directory_as_gguf),
+        cmocka_unit_test(hf_model_card),
         cmocka_unit_test(hf_logits_exact),
         cmocka_unit_test(hf_logits_fast),
     };
