@@ -612,8 +612,11 @@ int gguf_open_parts(void *meta, size_t meta_len, const gguf_tensor *tensors, int
         else
             f->parts_bytes += s->n_bytes;
     }
-    if (rc == 0)
+    if (rc == 0) { /* the metadata parse indexed its zero tensors */
+        free(f->t_sorted);
+        f->t_sorted = NULL;
         rc = sort_index(&f->t_sorted, f->n_tensors, f, cmp_t_name, e);
+    }
     for (int64_t i = 1; rc == 0 && i < f->n_tensors; i++)
         if (!strcmp(f->tensors[f->t_sorted[i]].name, f->tensors[f->t_sorted[i - 1]].name))
             rc = md_errf(e, MD_EINVAL, "gguf_open_parts: duplicate tensor name '%s'",
