@@ -260,19 +260,28 @@ static int applies(const hf_config *c, int when) {
 }
 
 int hf_tensor_gguf_name(const hf_config *c, const char *hf, char *gguf, size_t gguf_sz) {
-    size_t pl = strlen(c->prefix);
-    if (!strcmp(c->model_type, "gemma3") &&
-        (!strncmp(hf, "vision_tower.", 13) || !strncmp(hf, "multi_modal_projector.", 22)))
-        return 0;
+    const char *r = NULL;
+    if (!strcmp(c->model_type, "gemma3")) {
+        /* the language model of a multimodal checkpoint: language_model.model.* (transformers
+         * before 4.52) or model.language_model.* (after); the vision parts are not ours */
+        static const char *const skip[] = {"vision_tower.", "multi_modal_projector.",
+                                           "model.vision_tower.", "model.multi_modal_projector."};
+        for (size_t i = 0; i < sizeof skip / sizeof skip[0]; i++)
+            if (!strncmp(hf, skip[i], strlen(skip[i])))
+                return 0;
+        if (!strncmp(hf, "model.language_model.", 21))
+            r = hf + 21;
+    }
     if (!strcmp(hf, "lm_head.weight") || !strcmp(hf, "language_model.lm_head.weight")) {
         if (c->tie_embeddings)
             return 0;
         snprintf(gguf, gguf_sz, "output.weight");
         return 1;
     }
-    if (strncmp(hf, c->prefix, pl))
+    if (!r && !strncmp(hf, c->prefix, strlen(c->prefix)))
+        r = hf + strlen(c->prefix);
+    if (!r)
         return -1;
-    const char *r = hf + pl;
     if (!strcmp(r, "embed_tokens.weight")) {
         snprintf(gguf, gguf_sz, "token_embd.weight");
         return 1;
@@ -281,13 +290,15 @@ int hf_tensor_gguf_name(const hf_config *c, const char *hf, char *gguf, size_t g
         snprintf(gguf, gguf_sz, "output_norm.weight");
         return 1;
     }
-    int l, n = 0;
-    if (sscanf(r, "layers.%d.%n", &l, &n) != 1 || n == 0 || l < 0 || l >= c->n_layer)
+    /* "layers.N." with N written plainly (no sign, no leading zero) and below n_layer */
+    if (strncmp(r, "layers.", 7) || r[7] < '0' || r[7] > '9' || (r[7] == '0' && r[8] != '.'))
         return -1;
-    char digits[16];
-    snprintf(digits, sizeof digits, "%d", l);
-    if (strncmp(r + 7, digits, strlen(digits)) || r[7 + strlen(digits)] != '.')
-        return -1; /* "layers.+3." or "layers.03.": not a name a checkpoint writes */
+    int l = 0, n = 7;
+    while (r[n] >= '0' && r[n] <= '9' && l < c->n_layer)
+        l = l * 10 + (r[n++] - '0');
+    if (r[n] != '.' || l >= c->n_layer)
+        return -1;
+    n++;
     const char *s = r + n;
     if (!strcmp(s, "self_attn.rotary_emb.inv_freq"))
         return 0;

@@ -145,6 +145,11 @@ static void tensor_names(void **state) {
     assert_int_equal(hf_tensor_gguf_name(&c, "model.layers.-1.mlp.up_proj.weight", g, sizeof g),
                      -1);
     assert_int_equal(hf_tensor_gguf_name(&c, "model.layers.0", g, sizeof g), -1);
+    assert_int_equal(hf_tensor_gguf_name(&c, "model.layers.99999999999999999999.mlp.up_proj.weight",
+                                         g, sizeof g),
+                     -1);
+    assert_int_equal(hf_tensor_gguf_name(&c, "model.layers.1x.mlp.up_proj.weight", g, sizeof g),
+                     -1);
     assert_int_equal(hf_tensor_gguf_name(&c, "encoder.x", g, sizeof g), -1);
     assert_int_equal(parse("{\"model_type\":\"gemma3_text\"," BASE ",\"head_dim\":16,"
                            "\"query_pre_attn_scalar\":16}",
@@ -159,6 +164,20 @@ static void tensor_names(void **state) {
     assert_int_equal(hf_tensor_gguf_name(&c, "model.layers.0.self_attn.k_norm.weight", g, sizeof g),
                      1);
     assert_string_equal(g, "blk.0.attn_k_norm.weight");
+    /* multimodal Gemma 3: both transformers layouts of the language model; vision skipped */
+    assert_int_equal(parse("{\"model_type\":\"gemma3\",\"text_config\":{" BASE ",\"head_dim\":16,"
+                           "\"query_pre_attn_scalar\":16}}",
+                           &c, &e),
+                     0);
+    assert_int_equal(
+        hf_tensor_gguf_name(&c, "language_model.model.layers.1.mlp.up_proj.weight", g, sizeof g),
+        1);
+    assert_string_equal(g, "blk.1.ffn_up.weight");
+    assert_int_equal(hf_tensor_gguf_name(&c, "model.language_model.norm.weight", g, sizeof g), 1);
+    assert_string_equal(g, "output_norm.weight");
+    assert_int_equal(hf_tensor_gguf_name(&c, "model.vision_tower.x.weight", g, sizeof g), 0);
+    assert_int_equal(hf_tensor_gguf_name(&c, "vision_tower.x.weight", g, sizeof g), 0);
+    assert_int_equal(hf_tensor_gguf_name(&c, "model.layers.0.mlp.up_proj.weight", g, sizeof g), -1);
 }
 
 /* ---- hand-made directories ---- */
