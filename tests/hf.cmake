@@ -28,3 +28,5 @@ if(EXISTS ${CMAKE_SOURCE_DIR}/engine/tokenizer_hf.c)
                        FIXTURES_REQUIRED hf_smollm2
                        ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>;MEDLEY_HF_DIR=${MEDLEY_HF_DIR}")
 endif()
+# its logits come from the CPU kernels: rerun at every SIMD level (tests/CMakeLists.txt, simd)
+set_property(TEST test_hf_model APPEND PROPERTY LABELS simd)
