@@ -10,7 +10,8 @@
  * values of every position < 5e-5 (cpu-exact, F32 KV) and 0.019 (cpu, F16 KV, AVX2; 0.011
  * scalar) on magnitudes ~20. BF16_TOL leaves room for AVX-512; a layout mistake (q/k read as
  * GGUF-permuted pairs) moves logits by 14.6 and flips 12 of 36 argmaxes (measured), which the
- * argmax check catches too. The test is skipped when the SmolLM2 GGUF is not fetched (no directory). */
+ * argmax check catches too. The test is skipped when the SmolLM2 GGUF is not fetched (no
+ * directory). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
