@@ -458,8 +458,7 @@ static int models_inspect(const char *what, int json) {
                "", (double)gguf_file_size(f) / 1e6, gguf_n_tensors(f));
     else
         printf("%-16s%.1f MB, GGUF v%u, %" PRId64 " tensors, %" PRId64 " metadata keys\n", "",
-               (double)gguf_file_size(f) / 1e6, gguf_version(f), gguf_n_tensors(f),
-               gguf_n_kv(f));
+               (double)gguf_file_size(f) / 1e6, gguf_version(f), gguf_n_tensors(f), gguf_n_kv(f));
     printf("%-16s%.*s\n", "architecture", (int)s.arch_len, s.arch);
     printf("%-16s%.*s\n", "name", (int)s.name_len, s.name);
     print_int("layers", s.n_layer);

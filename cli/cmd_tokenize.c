@@ -17,8 +17,9 @@ static void usage(FILE *f) {
         f,
         "usage: medley tokenize -m MODEL [options] TEXT|-\n"
         "\n"
-        "Tokenize TEXT with MODEL's tokenizer (a registered model name, a GGUF file or an HF directory)\n"
-        "and print one line per token: ID, a tab, and the token's vocabulary string.\n"
+        "Tokenize TEXT with MODEL's tokenizer (a registered model name, a GGUF file or a\n"
+        "Hugging Face model directory) and print one line per token: ID, a tab, and the\n"
+        "token's vocabulary string.\n"
         "\n"
         "  -m, --model MODEL   model name (see `medley models list`) or GGUF file\n"
         "  -                   read stdin: each line is one input (its \\n or \\r\\n removed)\n"
