@@ -50,7 +50,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: medley generate -m MODEL (-p PROMPT | --chat MSG | --batch FILE.jsonl) "
             "[options]\n"
-            "  -m, --model NAME|PATH   registered model name or GGUF path\n"
+            "  -m, --model NAME|PATH   registered model name, GGUF file or HF directory\n"
             "  -p, --prompt TEXT       raw prompt (special tokens such as <|im_start|> parsed)\n"
             "      --chat MSG          user message, rendered with the model's chat template\n"
             "      --system TEXT       system message for --chat\n"

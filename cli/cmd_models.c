@@ -18,16 +18,19 @@
 #include "common/dtype.h"
 #include "common/util.h"
 #include "engine/gguf.h"
+#include "engine/hf_model.h"
 #include "engine/registry.h"
 
 static void usage(FILE *to) {
-    fprintf(to, "usage: medley models list [--json]\n"
-                "       medley models fetch NAME [--force]\n"
-                "       medley models path NAME\n"
-                "       medley models inspect NAME|FILE [--json]\n"
-                "\n"
-                "Models live in $MEDLEY_MODELS, else $XDG_CACHE_HOME/medley/models, else\n"
-                "~/.cache/medley/models. See docs/models.md.\n");
+    fprintf(to,
+            "usage: medley models list [--json]\n"
+            "       medley models fetch NAME [--force]\n"
+            "       medley models path NAME\n"
+            "       medley models inspect NAME|FILE|DIR [--json]\n"
+            "       medley models add NAME FILE|DIR   (a GGUF file or a Hugging Face directory)\n"
+            "\n"
+            "Models live in $MEDLEY_MODELS, else $XDG_CACHE_HOME/medley/models, else\n"
+            "~/.cache/medley/models. See docs/models.md.\n");
 }
 
 static const char *python_bin(void) {
@@ -155,6 +158,18 @@ static int models_list(int json) {
         } else {
             printf("%-14s %-8s %-12s %-26s %s\n", m->name, m->family, status, m->source, m->file);
             printf("%-14s %s\n", "", m->description);
+        }
+    }
+    /* models added by name (`medley models add`) */
+    char an[128], at[4096];
+    for (int i = 0; md_model_added_at(i, an, sizeof an, at, sizeof at) == 0; i++) {
+        if (json)
+            json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:b}", "name", an, "path", at,
+                                                 "source", "added", "fetched", 1));
+        else {
+            if (i == 0)
+                printf("\nadded models (medley models add):\n");
+            printf("%-14s %s\n", an, at);
         }
     }
     /* other model files in the directory can be used by path (inspect, generate) */
@@ -369,7 +384,7 @@ static int models_inspect(const char *what, int json) {
         return 1;
     }
     gguf_file *f = NULL;
-    if (gguf_open(path, &f, &e)) {
+    if (md_model_open(path, &f, &e)) {
         fprintf(stderr, "medley models inspect: %s\n", e.msg);
         return 1;
     }
@@ -426,6 +441,7 @@ static int models_inspect(const char *what, int json) {
             (json_int_t)kv_per_token, "memory_bytes_full_context",
             (json_int_t)(total_bytes + kv_total));
         if (o) {
+            json_object_set_new(o, "format", json_string(hf_dir_of(f, NULL) ? "hf" : "gguf"));
             char *str = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
             puts(str);
             free(str);
@@ -436,8 +452,13 @@ static int models_inspect(const char *what, int json) {
     }
 
     printf("%-16s%s\n", "file", path);
-    printf("%-16s%.1f MB, GGUF v%u, %" PRId64 " tensors, %" PRId64 " metadata keys\n", "",
-           (double)gguf_file_size(f) / 1e6, gguf_version(f), gguf_n_tensors(f), gguf_n_kv(f));
+    if (hf_dir_of(f, NULL)) /* the keys are the ones config.json maps to (hf_model.h) */
+        printf("%-16s%.1f MB, Hugging Face directory (config.json, safetensors), %" PRId64
+               " tensors\n",
+               "", (double)gguf_file_size(f) / 1e6, gguf_n_tensors(f));
+    else
+        printf("%-16s%.1f MB, GGUF v%u, %" PRId64 " tensors, %" PRId64 " metadata keys\n", "",
+               (double)gguf_file_size(f) / 1e6, gguf_version(f), gguf_n_tensors(f), gguf_n_kv(f));
     printf("%-16s%.*s\n", "architecture", (int)s.arch_len, s.arch);
     printf("%-16s%.*s\n", "name", (int)s.name_len, s.name);
     print_int("layers", s.n_layer);
@@ -481,6 +502,16 @@ static int models_inspect(const char *what, int json) {
     return 0;
 }
 
+static int models_add(const char *name, const char *path) {
+    md_err e = {0};
+    if (md_model_add(name, path, &e)) {
+        fprintf(stderr, "medley models add: %s\n", e.msg);
+        return 1;
+    }
+    fprintf(stderr, "%s: added (%s)\n", name, path);
+    return 0;
+}
+
 static int models_path(const char *name) {
     char path[4200];
     md_err e = {0};
@@ -499,7 +530,7 @@ int cmd_models(int argc, char **argv) {
     }
     const char *sub = argv[1];
     int json = 0, force = 0;
-    const char *arg = NULL;
+    const char *arg = NULL, *arg2 = NULL;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = 1;
@@ -510,6 +541,8 @@ int cmd_models(int argc, char **argv) {
             return 2;
         } else if (!arg)
             arg = argv[i];
+        else if (!arg2 && !strcmp(sub, "add"))
+            arg2 = argv[i];
         else {
             fprintf(stderr, "medley models %s: unexpected argument %s\n", sub, argv[i]);
             return 2;
@@ -523,6 +556,8 @@ int cmd_models(int argc, char **argv) {
         return models_path(arg);
     if (!strcmp(sub, "inspect") && arg && !force)
         return models_inspect(arg, json);
+    if (!strcmp(sub, "add") && arg2 && !json && !force)
+        return models_add(arg, arg2);
     usage(stderr);
     return 2;
 }

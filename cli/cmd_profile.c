@@ -47,7 +47,7 @@ typedef struct {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: medley profile -m MODEL [options]\n"
-               "  -m, --model NAME|PATH   registered model name or GGUF path\n"
+               "  -m, --model NAME|PATH   registered model name, GGUF file or HF directory\n"
                "      --device D          auto (default; cuda:0 if a GPU is usable, else cpu),\n"
                "                          cpu, cpu:N, cuda:K\n"
                "      --batches LIST      concurrent sequences, comma-separated (default 1,4,16)\n"

@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "engine/gguf.h"
+#include "engine/hf_model.h"
 #include "engine/registry.h"
 #include "engine/tokenizer.h"
 

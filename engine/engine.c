@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/gguf.h"
+#include "engine/hf_model.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
 #include "engine/pipeline.h"
@@ -89,14 +90,14 @@ struct md_engine {
     /* step scratch, sized at open */
     int32_t *b_tokens, *b_seq, *b_pos, *b_slot, *b_seq_len, *b_table, *b_logit_rows;
     seq **b_seqs;
-    float *logits;     /* [max_seqs, n_vocab] */
+    float *logits;               /* [max_seqs, n_vocab] */
     int32_t *b_argmax;           /* [max_seqs] device greedy picks */
     int32_t *b_sampled;          /* [max_seqs] device draws (backend sample op) */
     md_sample_params *b_sparams; /* [max_seqs] their parameters */
     float *b_lp;                 /* [max_seqs] their logprobs */
     int32_t *b_top_tok;          /* [max_seqs, MD_TOP_LOGPROBS] their alternatives */
     float *b_top_lp;
-    md_sample_pen *b_pen;        /* their penalty entries, grown on demand */
+    md_sample_pen *b_pen; /* their penalty entries, grown on demand */
     size_t cap_pen;
     md_step_token *out_toks;
     uint64_t *finished;
@@ -134,8 +135,7 @@ static int want_shadows(md_engine *eng, const char *mode, int have_mem, size_t a
                         size_t weights, size_t shadows, md_err *e) {
     eng->shadows = 0;
     if (mode && strcmp(mode, "auto") && strcmp(mode, "on") && strcmp(mode, "off"))
-        return md_errf(e, MD_EINVAL, "BF16 weight copies \"%s\": expected auto, on or off",
-                       mode);
+        return md_errf(e, MD_EINVAL, "BF16 weight copies \"%s\": expected auto, on or off", mode);
     if (!eng->be->ops->weight_shadow || shadows == 0 || (mode && !strcmp(mode, "off")))
         return 0;
     if (mode && !strcmp(mode, "on"))
@@ -167,8 +167,7 @@ static int make_shadows(md_engine *eng, md_err *e) {
     int full = 0, rc = 0;
     for (int l = 0; l < m->hp.n_layer && !full && rc == 0; l++) {
         const md_layer *L = &m->layers[l];
-        const md_tensor *w[7] = {&L->wq, &L->wk,     &L->wv,  &L->wo,
-                                 &L->w_gate, &L->w_up, &L->w_down};
+        const md_tensor *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7 && !full && rc == 0; i++)
             rc = shadow_one(eng, w[i], &made, &full, e);
     }
@@ -181,13 +180,13 @@ static int make_shadows(md_engine *eng, md_err *e) {
     return 0;
 }
 
-/* Open the model file at path into *gf: a GGUF file, or a synthetic model's image built into
- * *synth (synth.h; with random weights when `weights`, metadata only otherwise), which must
- * outlive *gf and is freed with md_synth_free. */
+/* Open the model file at path into *gf: a GGUF file, an HF directory (hf_model.h), or a synthetic
+ * model's image built into *synth (synth.h; with random weights when `weights`, metadata only
+ * otherwise), which must outlive *gf and is freed with md_synth_free. */
 static int open_model_file(const char *path, int weights, void **synth, size_t *synth_len,
                            gguf_file **gf, md_err *e) {
     if (!md_synth_is(path))
-        return gguf_open(path, gf, e);
+        return md_model_open(path, gf, e);
     int rc = md_synth_build(path, weights, synth, synth_len, e);
     return rc ? rc : gguf_open_mem(*synth, *synth_len, gf, e);
 }
@@ -215,12 +214,12 @@ int md_engine_model_facts(const char *path, md_model_facts *out, md_err *e) {
 static void size_batches(md_engine *eng) {
     const md_engine_config *cfg = &eng->cfg;
     const md_backend_ops *bo = eng->be ? eng->be->ops : NULL;
-    eng->max_seqs = cfg->max_seqs                 ? cfg->max_seqs
+    eng->max_seqs = cfg->max_seqs                ? cfg->max_seqs
                     : bo && bo->default_max_seqs ? bo->default_max_seqs
-                                                  : 64;
-    eng->max_batch = cfg->max_batch_tokens            ? cfg->max_batch_tokens
+                                                 : 64;
+    eng->max_batch = cfg->max_batch_tokens           ? cfg->max_batch_tokens
                      : bo && bo->default_step_tokens ? bo->default_step_tokens
-                                                      : 512;
+                                                     : 512;
     if (eng->max_batch < eng->max_seqs)
         eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
 }
@@ -230,8 +229,7 @@ static int pick_kv_type(md_engine *eng, md_err *e) {
     const md_engine_config *cfg = &eng->cfg;
     if (cfg->kv_type && strcmp(cfg->kv_type, "f16") && strcmp(cfg->kv_type, "f32"))
         return md_errf(e, MD_EINVAL, "KV cache type \"%s\": expected f16 or f32", cfg->kv_type);
-    eng->kv_type = !cfg->kv_type                  ? (eng->be ? eng->be->ops->kv_cache_type
-                                                             : MD_TYPE_F16)
+    eng->kv_type = !cfg->kv_type ? (eng->be ? eng->be->ops->kv_cache_type : MD_TYPE_F16)
                    : !strcmp(cfg->kv_type, "f16") ? MD_TYPE_F16
                                                   : MD_TYPE_F32;
     return 0;
@@ -427,7 +425,7 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     md_hparams hpf; /* from the metadata: sizes are known before any weight is loaded */
     /* a synthetic model (synth.h) gets random weights */
     rc = open_model_file(cfg->model_path, 1, &eng->synth, &eng->synth_len, &eng->gf, e);
-    if (rc || (rc = tok_load(eng->gf, &eng->tok, e)) ||
+    if (rc || (rc = md_model_tokenizer(eng->gf, &eng->tok, e)) ||
         (rc = tok_chat_choose(eng->tok, cfg->chat_template, e)) ||
         (rc = md_hparams_read(eng->gf, &hpf, e))) {
         md_errctx(e, "loading %s: ", cfg->model_path);
@@ -464,8 +462,8 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
     weight_bytes(eng, &weights, &widest_q, &shadows);
     size_t avail = 0, total = 0;
     md_err me = {0};
-    int have_mem = eng->be->ops->mem_info &&
-                   eng->be->ops->mem_info(eng->be, &avail, &total, &me) == 0;
+    int have_mem =
+        eng->be->ops->mem_info && eng->be->ops->mem_info(eng->be, &avail, &total, &me) == 0;
     if ((rc = want_shadows(eng, cfg->bf16_weights, have_mem, avail, weights, shadows, e)))
         goto fail;
     if (!eng->shadows)
@@ -503,9 +501,10 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
             "%d seqs, %d tokens per step; %s",
             cfg->model_path, hp->arch, hp->n_layer, hp->n_embd, eng->n_ctx, n_blocks, eng->bs,
             (double)(n_blocks * eng->bs * per_tok) / (1 << 20),
-            eng->kv_type == MD_TYPE_F16 ? "f16" : eng->kv_type == MD_TYPE_BF16 ? "bf16" : "f32",
-            eng->max_seqs, eng->max_batch,
-            eng->be->ops->describe(eng->be));
+            eng->kv_type == MD_TYPE_F16    ? "f16"
+            : eng->kv_type == MD_TYPE_BF16 ? "bf16"
+                                           : "f32",
+            eng->max_seqs, eng->max_batch, eng->be->ops->describe(eng->be));
 opened:
     *out = eng;
     return 0;
@@ -1138,15 +1137,14 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         }
         rc = md_pipe_forward(eng->pipe, &b, eng->logits, e);
         if (rc == 0 && b.argmax_only) {
-            dev_argmax = 1; /* pick_token reads b_argmax for greedy rows */
+            dev_argmax = 1;                /* pick_token reads b_argmax for greedy rows */
             for (int i = 0; i < nl; i++) { /* a stage's answer: anything not an id is -1 */
                 float v = eng->logits[i];
                 eng->b_argmax[i] = v >= 0 && v < (float)eng->n_vocab ? (int32_t)v : -1;
             }
         }
     } else {
-        rc = md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b, dev_argmax ? NULL : eng->logits,
-                              e);
+        rc = md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b, dev_argmax ? NULL : eng->logits, e);
         if (rc == 0 && dev_argmax)
             rc = fetch_logits(eng, ns, e);
     }

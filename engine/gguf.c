@@ -51,6 +51,11 @@ struct gguf_file {
     int64_t n_tensors;
     gguf_tensor *tensors;
     int64_t *t_sorted; /* tensor indices sorted by name */
+    /* gguf_open_parts: the metadata image (freed at close), the tensors' bytes' owner */
+    void *meta_owned;
+    size_t parts_bytes;
+    void (*release)(void *);
+    void *owner;
 };
 
 /* A cursor over the buffer; every read checks the bytes that remain. */
@@ -535,6 +540,9 @@ static void gguf_free(gguf_file *f) {
     free(f->t_sorted);
     if (f->mapped && f->base)
         munmap((void *)f->base, f->size);
+    free(f->meta_owned);
+    if (f->release)
+        f->release(f->owner);
     free(f);
 }
 
@@ -551,6 +559,68 @@ int gguf_open_mem(const void *buf, size_t len, gguf_file **out, md_err *e) {
     f->base = buf;
     f->size = len;
     int rc = gguf_parse(f, e);
+    if (rc) {
+        gguf_free(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+int gguf_open_parts(void *meta, size_t meta_len, const gguf_tensor *tensors, int64_t n,
+                    void (*release)(void *), void *owner, gguf_file **out, md_err *e) {
+    md_err local;
+    if (!e)
+        e = &local;
+    *out = NULL;
+    gguf_file *f = calloc(1, sizeof *f);
+    if (!f) {
+        free(meta);
+        if (release)
+            release(owner);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    f->base = meta;
+    f->size = meta_len;
+    f->meta_owned = meta;
+    f->release = release;
+    f->owner = owner;
+    int rc = gguf_parse(f, e);
+    if (rc == 0 && f->n_tensors)
+        rc = md_errf(e, MD_EINVAL, "gguf_open_parts: the metadata image holds tensors");
+    if (rc == 0 && (n < 0 || !(f->tensors = calloc((size_t)(n ? n : 1), sizeof *f->tensors))))
+        rc = md_errf(e, MD_ENOMEM, "out of memory for %lld tensors", (long long)n);
+    for (int64_t i = 0; rc == 0 && i < n; i++) {
+        const gguf_tensor *s = &tensors[i];
+        gguf_tensor *t = &f->tensors[i];
+        *t = *s;
+        t->name = NULL;
+        f->n_tensors = i + 1;
+        size_t nl = s->name ? strlen(s->name) : 0;
+        int bs = md_type_block(s->type);
+        int64_t ne = 1;
+        for (int d = 0; d < 4; d++)
+            ne = s->ne[d] > 0 && ne <= INT64_MAX / s->ne[d] ? ne * s->ne[d] : -1;
+        if (nl == 0 || nl > GGUF_MAX_NAME || !(t->name = strdup(s->name)))
+            rc = md_errf(e, MD_EINVAL, "gguf_open_parts: tensor %lld has no usable name",
+                         (long long)i);
+        else if (!bs || s->n_dims < 1 || s->n_dims > 4 || ne != s->n_elements || s->ne[0] % bs ||
+                 !s->data || (size_t)(ne / bs) * md_type_block_bytes(s->type) != s->n_bytes)
+            rc = md_errf(e, MD_EINVAL,
+                         "gguf_open_parts: tensor '%s': type, shape and byte count disagree",
+                         s->name);
+        else
+            f->parts_bytes += s->n_bytes;
+    }
+    if (rc == 0) { /* the metadata parse indexed its zero tensors */
+        free(f->t_sorted);
+        f->t_sorted = NULL;
+        rc = sort_index(&f->t_sorted, f->n_tensors, f, cmp_t_name, e);
+    }
+    for (int64_t i = 1; rc == 0 && i < f->n_tensors; i++)
+        if (!strcmp(f->tensors[f->t_sorted[i]].name, f->tensors[f->t_sorted[i - 1]].name))
+            rc = md_errf(e, MD_EINVAL, "gguf_open_parts: duplicate tensor name '%s'",
+                         f->tensors[f->t_sorted[i]].name);
     if (rc) {
         gguf_free(f);
         return rc;
@@ -611,7 +681,7 @@ size_t gguf_alignment(const gguf_file *f) {
     return f->alignment;
 }
 size_t gguf_file_size(const gguf_file *f) {
-    return f->size;
+    return f->size + f->parts_bytes;
 }
 size_t gguf_data_offset(const gguf_file *f) {
     return f->data_offset;

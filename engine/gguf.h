@@ -52,6 +52,15 @@ typedef struct {
 int gguf_open(const char *path, gguf_file **out, md_err *e);
 /* Same, over a caller-owned memory buffer (used by the fuzzer); buf must outlive the file. */
 int gguf_open_mem(const void *buf, size_t len, gguf_file **out, md_err *e);
+/* A gguf_file assembled from parts (an HF directory, engine/hf_model.h): the metadata of the
+ * GGUF image meta (malloc'd, holding no tensors; parsed and validated as a file is) and the
+ * tensors of the table (copied, names too), whose data lie in memory kept alive by owner.
+ * Takes ownership of meta (free) and owner (release(owner), release may be NULL) on every
+ * path, failure included: gguf_close releases them. Each tensor's type, shape and n_bytes
+ * must agree and names be unique (MD_EINVAL naming the tensor). gguf_file_size is meta_len
+ * plus the tensors' bytes. */
+int gguf_open_parts(void *meta, size_t meta_len, const gguf_tensor *tensors, int64_t n,
+                    void (*release)(void *), void *owner, gguf_file **out, md_err *e);
 void gguf_close(gguf_file *f);
 
 uint32_t gguf_version(const gguf_file *f);

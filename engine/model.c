@@ -90,6 +90,10 @@ int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e) {
         return md_errf(e, MD_EFORMAT, "rope.dimension_count %d does not fit head dimension %d",
                        hp->rot_dims, hp->head_dim);
     hp->rope_neox = !strcmp(hp->arch, "qwen2");
+    /* An HF directory (engine/hf_model.h) keeps q/k in the rotate-half layout for every arch. */
+    int neox = 0;
+    if (gguf_get_bool(gf, "medley.rope.neox", &neox, NULL) == 0 && neox)
+        hp->rope_neox = 1;
     hp->rope.theta = 10000.0f;
     hp->rope.linear_scale = 1.0f;
     hp->eps = 1e-5f;
@@ -376,7 +380,8 @@ void md_model_free(md_model *m) {
 }
 
 size_t md_kv_bytes_per_token(const md_hparams *hp, int kv_type) {
-    return (size_t)hp->n_layer * 2 * md_type_row_bytes(kv_type, (int64_t)hp->n_head_kv * hp->head_dim);
+    return (size_t)hp->n_layer * 2 *
+           md_type_row_bytes(kv_type, (int64_t)hp->n_head_kv * hp->head_dim);
 }
 
 int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e) {
@@ -394,7 +399,8 @@ int md_kv_bufs_alloc_type(md_model *m, int n_slots, int type, md_kv_bufs *kv, md
         md_kv_bufs_free(m, kv);
         return md_errf(e, MD_ENOMEM, "out of memory");
     }
-    size_t bytes = (size_t)n_slots * md_type_row_bytes(kv->type, (int64_t)m->hp.n_head_kv * m->hp.head_dim);
+    size_t bytes =
+        (size_t)n_slots * md_type_row_bytes(kv->type, (int64_t)m->hp.n_head_kv * m->hp.head_dim);
     for (int l = m->lo; l < m->hi; l++) {
         int rc;
         if ((rc = CALL(m, buf_alloc, bytes, &kv->k[l], e)) ||
@@ -526,10 +532,11 @@ int md_model_forward_stage(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batc
                     (size_t)b->n_tokens * m->hp.n_embd * sizeof(float), e);
     if (b->n_logits == 0)
         return CALL(m, sync, e);
-    if (b->argmax_only) { /* ids as floats, exact below 2^24 */
+    if (b->argmax_only) {                      /* ids as floats, exact below 2^24 */
         int32_t *ids = (int32_t *)(void *)out; /* same size as the floats they become */
-        if ((rc = BE(m)->ops->argmax ? CALL(m, argmax, f->logits, b->n_logits, m->hp.n_vocab, ids, e)
-                                      : host_argmax(m, f, b->n_logits, ids, e)))
+        if ((rc = BE(m)->ops->argmax
+                      ? CALL(m, argmax, f->logits, b->n_logits, m->hp.n_vocab, ids, e)
+                      : host_argmax(m, f, b->n_logits, ids, e)))
             return rc;
         for (int i = 0; i < b->n_logits; i++) {
             float v = (float)ids[i];
@@ -545,8 +552,10 @@ int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, 
                      md_err *e) {
     const md_hparams *hp = &m->hp;
     if (m->lo != 0 || m->hi != hp->n_layer)
-        return md_errf(e, MD_EINVAL, "md_model_forward on layers %d-%d of %d: a stage runs "
-                       "through md_model_forward_stage", m->lo, m->hi - 1, hp->n_layer);
+        return md_errf(e, MD_EINVAL,
+                       "md_model_forward on layers %d-%d of %d: a stage runs "
+                       "through md_model_forward_stage",
+                       m->lo, m->hi - 1, hp->n_layer);
     int rc = prepare(m, f, b, NULL, e);
     if (rc || (rc = run_pass(m, f, kv, b, e)))
         return rc;
@@ -560,8 +569,8 @@ int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, 
 
 /* x [T, C] += in · wᵀ: fused into the product when the backend has matmul_n, else through
  * tmp and an add. */
-static int residual(md_model *m, int fused, const md_tensor *w, md_buf *in, md_buf *tmp,
-                    md_buf *x, int T, md_err *e) {
+static int residual(md_model *m, int fused, const md_tensor *w, md_buf *in, md_buf *tmp, md_buf *x,
+                    int T, md_err *e) {
     if (m->tp_n > 1) { /* a partial product: summed over the ranks before the add */
         int rc = CALL(m, matmul, w, in, tmp, T, e);
         if (rc || (rc = m->allreduce(m->allreduce_ctx, m->tp_rank, tmp, (int64_t)T * w->ne1, e)))
@@ -605,15 +614,15 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
                           (rc = CALL(m, add_bias, f->v, &L->bv, T, e))))
             return rc;
         if (fused && O->rope_kv)
-            rc = O->rope_kv(BE(m), f->q, f->k, f->v, kv->k[l], kv->v[l], hp->n_head,
-                            hp->n_head_kv, hp->head_dim, hp->rot_dims, m->inv_freq,
-                            hp->rope_neox, kv->type, e);
+            rc = O->rope_kv(BE(m), f->q, f->k, f->v, kv->k[l], kv->v[l], hp->n_head, hp->n_head_kv,
+                            hp->head_dim, hp->rot_dims, m->inv_freq, hp->rope_neox, kv->type, e);
         else if (!(rc = CALL(m, rope, f->q, hp->n_head, hp->head_dim, hp->rot_dims, m->inv_freq,
                              hp->rope_neox, e)) &&
-                 !(rc = CALL(m, rope, f->k, hp->n_head_kv, hp->head_dim, hp->rot_dims,
-                             m->inv_freq, hp->rope_neox, e)))
+                 !(rc = CALL(m, rope, f->k, hp->n_head_kv, hp->head_dim, hp->rot_dims, m->inv_freq,
+                             hp->rope_neox, e)))
             rc = CALL(m, kv_write, f->k, f->v, kv->k[l], kv->v[l], kvd, kv->type, e);
-        if (rc || (rc = CALL(m, attention, f->q, kv->k[l], kv->v[l], f->att, hp->n_head, hp->n_head_kv,
+        if (rc ||
+            (rc = CALL(m, attention, f->q, kv->k[l], kv->v[l], f->att, hp->n_head, hp->n_head_kv,
                        hp->head_dim, kv->type, scale, e)) ||
             (rc = residual(m, fused, &L->wo, f->att, f->xb, f->x, T, e)))
             return rc;

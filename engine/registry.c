@@ -6,10 +6,18 @@
 #include "engine/registry.h"
 #include "engine/synth.h"
 
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "engine/hf_model.h"
+#include "engine/model.h"
 
 static const md_model_info models[] = {
     {
@@ -68,6 +76,93 @@ static int is_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+int md_model_name_ok(const char *name) {
+    size_t n = strlen(name);
+    if (n == 0 || n > 64 || !isalnum((unsigned char)name[0]) || md_synth_is(name))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)name[i]) && !strchr("._-", name[i]))
+            return 0;
+    return 1;
+}
+
+/* <models dir>/added/NAME: the link `medley models add` made. */
+static int added_path(const char *name, char *out, size_t outsz, md_err *e) {
+    char dir[4096];
+    int rc = md_models_dir(dir, sizeof dir, e);
+    if (rc)
+        return rc;
+    int n = snprintf(out, outsz, "%s/added/%s", dir, name);
+    if (n < 0 || (size_t)n >= outsz)
+        return md_errf(e, MD_ERANGE, "path of model '%s' is too long", name);
+    return 0;
+}
+
+int md_model_add(const char *name, const char *path, md_err *e) {
+    if (!md_model_name_ok(name))
+        return md_errf(e, MD_EINVAL,
+                       "model name '%s': expected 1 to 64 letters, digits, '.', '_' or '-', "
+                       "starting with a letter or digit",
+                       name);
+    if (md_registry_find(name))
+        return md_errf(e, MD_EINVAL, "model name '%s' is a registered model's", name);
+    if (!is_file(path) && !md_is_hf_dir(path))
+        return md_errf(e, MD_ENOTFOUND,
+                       "%s is neither a GGUF file nor a Hugging Face directory (config.json)",
+                       path);
+    gguf_file *gf = NULL; /* refuse now what the engine would refuse at load */
+    md_hparams hp;
+    int rc = md_model_open(path, &gf, e);
+    if (rc == 0)
+        rc = md_hparams_read(gf, &hp, e);
+    gguf_close(gf);
+    if (rc)
+        return md_errctx(e, "%s: ", path);
+    char abs[4096], link[4096], tmp[4200], dir[4096];
+    if (!realpath(path, abs))
+        return md_errf(e, MD_EIO, "%s: %s", path, strerror(errno));
+    if ((rc = added_path(name, link, sizeof link, e)))
+        return rc;
+    snprintf(dir, sizeof dir, "%.*s", (int)(strrchr(link, '/') - link), link);
+    if ((rc = md_mkdirs(dir, e)))
+        return rc;
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", link, (long)getpid());
+    unlink(tmp);
+    if (symlink(abs, tmp) != 0)
+        return md_errf(e, MD_EIO, "%s: %s", tmp, strerror(errno));
+    if (rename(tmp, link) != 0) {
+        int err = errno;
+        unlink(tmp);
+        return md_errf(e, MD_EIO, "%s: %s", link, strerror(err));
+    }
+    return 0;
+}
+
+int md_model_added_at(int i, char *name, size_t namesz, char *target, size_t targetsz) {
+    char dir[4096], sub[4200];
+    md_err e;
+    if (md_models_dir(dir, sizeof dir, &e))
+        return -1;
+    snprintf(sub, sizeof sub, "%s/added", dir);
+    DIR *d = opendir(sub);
+    if (!d)
+        return -1;
+    struct dirent *de;
+    int k = 0, rc = -1;
+    while ((de = readdir(d)))
+        if (md_model_name_ok(de->d_name) && k++ == i) {
+            char p[4400];
+            snprintf(name, namesz, "%s", de->d_name);
+            snprintf(p, sizeof p, "%s/%s", sub, de->d_name);
+            ssize_t n = readlink(p, target, targetsz - 1);
+            target[n > 0 ? n : 0] = 0;
+            rc = 0;
+            break;
+        }
+    closedir(d);
+    return rc;
+}
+
 int md_model_resolve(const char *name_or_path, int allow_path, char *path, size_t pathsz,
                      md_err *e) {
     if (!name_or_path || !*name_or_path)
@@ -93,7 +188,19 @@ int md_model_resolve(const char *name_or_path, int allow_path, char *path, size_
                            mi->name, path, mi->name);
         return 0;
     }
-    if (allow_path && is_file(name_or_path)) {
+    if (md_model_name_ok(name_or_path)) { /* `medley models add NAME PATH` */
+        char p[4096];
+        int rc = added_path(name_or_path, p, sizeof p, e);
+        if (rc)
+            return rc;
+        if (is_file(p) || md_is_hf_dir(p)) {
+            int n = snprintf(path, pathsz, "%s", p);
+            if (n < 0 || (size_t)n >= pathsz)
+                return md_errf(e, MD_ERANGE, "path of model '%s' is too long", name_or_path);
+            return 0;
+        }
+    }
+    if (allow_path && (is_file(name_or_path) || md_is_hf_dir(name_or_path))) {
         int n = snprintf(path, pathsz, "%s", name_or_path);
         if (n < 0 || (size_t)n >= pathsz)
             return md_errf(e, MD_ERANGE, "model path is longer than %zu bytes", pathsz);
@@ -104,11 +211,13 @@ int md_model_resolve(const char *name_or_path, int allow_path, char *path, size_
     for (int i = 0; i < N_MODELS && k < sizeof known; i++)
         k += (size_t)snprintf(known + k, sizeof known - k, "%s%s", i ? ", " : "", models[i].name);
     if (allow_path && strchr(name_or_path, '/'))
-        return md_errf(e, MD_ENOTFOUND, "model file %s does not exist or is not a regular file",
+        return md_errf(e, MD_ENOTFOUND,
+                       "model %s is neither a file nor a Hugging Face directory (config.json)",
                        name_or_path);
     return md_errf(e, MD_ENOTFOUND,
                    "unknown model '%s' (known models: %s%s; or synthetic:<shape>[:<type>], shapes "
                    "%s)",
-                   name_or_path, known, allow_path ? "; or give the path of a GGUF file" : "",
+                   name_or_path, known,
+                   allow_path ? "; or give the path of a GGUF file or HF directory" : "",
                    md_synth_shapes());
 }

@@ -28,9 +28,21 @@ const md_model_info *md_registry_find(const char *name);
 
 int md_models_dir(char *out, size_t outsz, md_err *e);
 /* Resolve a registered name to its file path (MD_ENOTFOUND naming `medley models fetch NAME`
- * when it is not fetched yet; MD_ENOTFOUND listing the known names when it is unknown).
- * When allow_path is set, an existing file path is accepted as well. */
+ * when it is not fetched yet; MD_ENOTFOUND listing the known names when it is unknown), or a
+ * name added with md_model_add to <models dir>/added/NAME (a link to its file or HF
+ * directory). When allow_path is set, an existing file or HF directory path is accepted as
+ * well. */
 int md_model_resolve(const char *name_or_path, int allow_path, char *path, size_t pathsz,
                      md_err *e);
+
+/* `medley models add NAME PATH`: NAME (md_model_name_ok, not a registered name) resolves to
+ * PATH (a GGUF file or an HF directory, made absolute) from now on, for jobs too. PATH is
+ * opened and its hyper-parameters read first, so a model the engine refuses is refused here.
+ * Replaces an earlier NAME atomically. */
+int md_model_add(const char *name, const char *path, md_err *e);
+/* 1 for 1..64 of [A-Za-z0-9._-] starting with a letter or digit, not "synthetic:...". */
+int md_model_name_ok(const char *name);
+/* The i-th added model (directory order): 0 with name and target filled, -1 past the end. */
+int md_model_added_at(int i, char *name, size_t namesz, char *target, size_t targetsz);
 
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/gguf.h"
+#include "engine/hf_model.h"
 #include "engine/registry.h"
 #include "engine/synth.h"
 #include "engine/tp.h"
@@ -36,7 +37,7 @@ static int open_file(const char *model, int weights, void **synth, size_t *synth
     }
     char path[4096];
     int rc = md_model_resolve(model, 1, path, sizeof path, e);
-    return rc ? rc : gguf_open(path, gf, e);
+    return rc ? rc : md_model_open(path, gf, e);
 }
 
 static void fnv(uint64_t *h, const void *p, size_t n) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/gguf.h"
+#include "engine/hf_model.h"
 #include "scheduler/sched.h"
 
 static int get_int(const gguf_file *g, const char *arch, const char *key, int required,
@@ -23,7 +24,7 @@ static int get_int(const gguf_file *g, const char *arch, const char *key, int re
 int sched_model_from_gguf(const char *path, const char *name, sched_model *m, md_err *e) {
     gguf_file *g = NULL;
     memset(m, 0, sizeof *m);
-    if (gguf_open(path, &g, e))
+    if (md_model_open(path, &g, e))
         return md_errctx(e, "model card from %s: ", path);
     int rc = 0;
     const char *s;

@@ -59,7 +59,7 @@ static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e
         if (sched_model_from_gguf(json_string_value(file), json_string_value(model), &d->model, e))
             return md_errctx(e, "%s.model_file: ", where);
     } else if (file) {
-        return md_errf(e, MD_EINVAL, "%s.model_file must be a path to a GGUF file", where);
+        return md_errf(e, MD_EINVAL, "%s.model_file must be a path to a GGUF file or a Hugging Face directory", where);
     } else if (json_is_string(model)) {
         if (sched_model_builtin(json_string_value(model), &d->model, e))
             return md_errctx(e, "%s: ", w);

@@ -111,7 +111,42 @@ static void resolve_names_paths_and_errors(void **st) {
     assert_string_equal(path, f);
     assert_int_equal(md_model_resolve(f, 0, path, sizeof path, &e), MD_ENOTFOUND);
     assert_int_equal(md_model_resolve(tmpdir, 1, path, sizeof path, &e), MD_ENOTFOUND);
-    assert_non_null(strstr(e.msg, "not a regular file"));
+    assert_non_null(strstr(e.msg, "neither a file nor a Hugging Face directory"));
+    /* a directory with config.json is a Hugging Face model directory: a path like a file */
+    char hf[4200], cfg[4300];
+    snprintf(hf, sizeof hf, "%s/hfdir", tmpdir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", hf);
+    assert_int_equal(mkdir(hf, 0755), 0);
+    fp = fopen(cfg, "w");
+    assert_non_null(fp);
+    fclose(fp);
+    assert_int_equal(md_model_resolve(hf, 1, path, sizeof path, &e), 0);
+    assert_string_equal(path, hf);
+    assert_int_equal(md_model_resolve(hf, 0, path, sizeof path, &e), MD_ENOTFOUND);
+    /* `medley models add`: checked names, the model opened first, then a link by name */
+    assert_int_equal(md_model_add("bad/name", hf, &e), MD_EINVAL);
+    assert_int_equal(md_model_add("smollm2-135m", hf, &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "registered"));
+    assert_int_equal(md_model_add("mine", tmpdir, &e), MD_ENOTFOUND);
+    assert_int_not_equal(md_model_add("mine", hf, &e), 0); /* empty config.json */
+    assert_non_null(strstr(e.msg, "config.json"));
+    assert_int_equal(md_model_resolve("mine", 0, path, sizeof path, &e), MD_ENOTFOUND);
+    const char *tiny = MEDLEY_FIXTURES "/engine/tiny-llama3.gguf";
+    if (md_model_add("mine", tiny, &e))
+        fail_msg("%s", e.msg);
+    char want[4300], name[128], target[4096];
+    snprintf(want, sizeof want, "%s/added/mine", tmpdir);
+    assert_int_equal(md_model_resolve("mine", 0, path, sizeof path, &e), 0);
+    assert_string_equal(path, want);
+    assert_int_equal(md_model_added_at(0, name, sizeof name, target, sizeof target), 0);
+    assert_string_equal(name, "mine");
+    assert_non_null(strstr(target, "tiny-llama3.gguf"));
+    assert_int_equal(md_model_added_at(1, name, sizeof name, target, sizeof target), -1);
+    unlink(want);
+    snprintf(want, sizeof want, "%s/added", tmpdir);
+    rmdir(want);
+    unlink(cfg);
+    rmdir(hf);
     unlink(f);
     restore("MEDLEY_MODELS", saved_models);
 }
