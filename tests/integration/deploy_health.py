@@ -25,7 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import MEDLEY, RedisServer, Worker, fail  # noqa: E402
 
-HB_MS = 1000  # heartbeat period of the test worker: its key lives 3 s
+# heartbeat period of the test worker: its key lives 3 periods, 7.5 s, room for two `medley
+# health` runs on a loaded CI machine (at 1 s the key lapsed between them there)
+HB_MS = 2500
 
 
 def health(server, *args, env=None):
@@ -62,7 +64,7 @@ def main():
         expect(health(srv), 2, "MEDLEY_WORKER_ID", "no worker id")
 
         w = Worker(srv, args=["--id", "w1", "--heartbeat-ms", str(HB_MS), "--grace-ms", "20000"],
-                   name="w1", env={"MEDLEY_ECHO_DELAY_MS": "4000"})
+                   name="w1", env={"MEDLEY_ECHO_DELAY_MS": "10000"})
         wait_for(lambda: r.exists("medley:worker:{w1}"), "the first heartbeat")
         expect(health(srv, "--worker-id", "w1"), 0, "worker w1: alive (running", "alive")
         expect(health(srv, "--ready", env={"MEDLEY_WORKER_ID": "w1"}), 0, "echo (256 slots)",
@@ -74,13 +76,13 @@ def main():
         expect(health(srv, "--worker-id", "w1"), 0, "alive", "frozen 1.6 s, key still alive")
         expect(health(srv, "--worker-id", "w1", "--max-age-ms", "1000"), 1, "s old (limit 1.0 s)",
                "frozen 1.6 s, --max-age-ms 1000")
-        wait_for(lambda: not r.exists("medley:worker:{w1}"), "the key to lapse", 6)
+        wait_for(lambda: not r.exists("medley:worker:{w1}"), "the key to lapse", 3 * HB_MS / 1000 + 4)
         expect(health(srv, "--worker-id", "w1"), 1, "no heartbeat", "frozen past 3 periods")
         w.signal(signal.SIGCONT)
         wait_for(lambda: r.exists("medley:worker:{w1}"), "the heartbeat after SIGCONT")
         expect(health(srv, "--worker-id", "w1", "--ready"), 0, "ready", "resumed")
 
-        # draining: requests running (4 s each), SIGTERM with 20 s of grace
+        # draining: requests running (10 s each: draining outlasts a heartbeat period or two), SIGTERM with 20 s of grace
         d = os.path.join(srv.dir, "in")
         os.makedirs(d)
         path = harness.write_lines(d, "b.jsonl", [harness.chat_line("c%d" % i, "x")
@@ -89,7 +91,7 @@ def main():
         wait_for(lambda: json.loads(r.hget("medley:worker:{w1}", "json") or "{}")
                  .get("in_flight", 0) > 0, "requests in flight")
         w.signal(signal.SIGTERM)
-        wait_for(lambda: r.hget("medley:worker:{w1}", "state") == "draining", "state draining", 5)
+        wait_for(lambda: r.hget("medley:worker:{w1}", "state") == "draining", "state draining", 2 * HB_MS / 1000 + 3)
         expect(health(srv, "--worker-id", "w1"), 0, "alive (draining", "draining, alive")
         expect(health(srv, "--worker-id", "w1", "--ready"), 1, "state is draining",
                "draining, not ready")
