@@ -88,10 +88,11 @@ typedef enum {
     TOK_TMPL_LLAMA3,
     TOK_TMPL_LLAMA2,
     TOK_TMPL_MISTRAL,
+    TOK_TMPL_GEMMA,
 } tok_template;
 /* The template text stored in the GGUF (NULL, *len 0 if none); lives as long as t. */
 const char *tok_chat_template_text(const tok_tokenizer *t, size_t *len);
-/* Short name ("chatml", "llama3", "llama2", "mistral", "none") and back (TOK_TMPL_NONE if
+/* Short name ("chatml", "llama3", "llama2", "mistral", "gemma", "none") and back (TOK_TMPL_NONE if
  * the name is unknown). */
 const char *tok_template_name(tok_template tmpl);
 tok_template tok_template_from_name(const char *name);

@@ -11,6 +11,8 @@
  *            (variants: without <<SYS>>, <s> inside the history, stripped contents)
  *   mistral  v1 " [INST] USER [/INST] ASSISTANT</s>", v3 "[INST] USER[/INST] ASSISTANT</s>",
  *            v3-tekken (no space after [INST]/before the answer), v7 with [SYSTEM_PROMPT]
+ *   gemma    <start_of_turn>user\nTRIM(SYSTEM)\n\nTRIM(USER)<end_of_turn>\n
+ *            <start_of_turn>model\nTRIM(ASSISTANT)<end_of_turn>\n ... [<start_of_turn>model\n]
  * BOS is not written: tok_encode adds it when the model asks (add_bos_token).
  * One addition over llama.cpp: a ChatML template that writes a literal system turn (SmolLM2's
  * "You are a helpful AI assistant named SmolLM...", Qwen2.5's "You are Qwen...") gets that
@@ -36,7 +38,7 @@ enum {
     V_M_V7_TEKKEN,
 };
 
-static const char *const k_names[] = {"none", "chatml", "llama3", "llama2", "mistral"};
+static const char *const k_names[] = {"none", "chatml", "llama3", "llama2", "mistral", "gemma"};
 
 const char *tok_template_name(tok_template tmpl) {
     if ((int)tmpl < 0 || (int)tmpl >= (int)(sizeof k_names / sizeof *k_names))
@@ -88,6 +90,8 @@ static tok_template detect(const char *s, int *variant) {
     }
     if (has(s, "<|start_header_id|>") && has(s, "<|end_header_id|>"))
         return TOK_TMPL_LLAMA3;
+    if (has(s, "<start_of_turn>"))
+        return TOK_TMPL_GEMMA;
     return TOK_TMPL_NONE;
 }
 
@@ -288,6 +292,32 @@ static int render(const tok_tokenizer *t, tok_template tmpl, int variant, const 
             }
         }
         return 0;
+    case TOK_TMPL_GEMMA: {
+        /* no system turn: the system texts since the last user turn (trimmed, joined) open the
+         * next user turn; assistant is "model" */
+        int from = 0;
+        for (int i = 0; i < n; i++) {
+            if (!strcmp(m[i].role, "system"))
+                continue;
+            int model = !strcmp(m[i].role, "assistant");
+            puts_(b, "<start_of_turn>");
+            puts_(b, model ? "model" : m[i].role);
+            puts_(b, "\n");
+            if (!model) {
+                size_t before = b->n;
+                for (; from < i; from++)
+                    if (!strcmp(m[from].role, "system"))
+                        put_trim(b, m[from].content);
+                if (b->n > before)
+                    puts_(b, "\n\n");
+            }
+            put_trim(b, m[i].content);
+            puts_(b, "<end_of_turn>\n");
+        }
+        if (add_ass)
+            puts_(b, "<start_of_turn>model\n");
+        return 0;
+    }
     case TOK_TMPL_NONE: break;
     }
     return MD_EUNSUPP;
@@ -327,11 +357,11 @@ int tok_chat_apply(const tok_tokenizer *t, const tok_chat_msg *msgs, int n_msgs,
         if (!t || !t->chat_template)
             return md_errf(e, MD_EUNSUPP,
                            "the model has no chat template (tokenizer.chat_template); send a "
-                           "raw prompt or name a template (chatml, llama3, llama2, mistral)");
+                           "raw prompt or name a template (chatml, llama3, llama2, mistral, gemma)");
         size_t n = t->chat_template_len;
         return md_errf(e, MD_EUNSUPP,
                        "the model's chat template is not one medley knows (chatml, llama3, "
-                       "llama2, mistral); it starts: \"%.60s%s\"; send a raw prompt or name a "
+                       "llama2, mistral, gemma); it starts: \"%.60s%s\"; send a raw prompt or name a "
                        "template",
                        t->chat_template, n > 60 ? "..." : "");
     }
