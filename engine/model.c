@@ -46,8 +46,7 @@ int md_layer_is_swa(const md_hparams *hp, int l) {
  * them (docs/models.md "Architectures"): Qwen3 normalizes q and k per head; Gemma 3 also scales
  * its embeddings by sqrt(n_embd), normalizes each block's output, gates its FFN with gelu, and
  * slides a window on five layers of six (RoPE base 10000 there, rope.freq_base elsewhere). */
-static int read_arch_extras(const gguf_file *gf, md_hparams *hp, int gemma3, int qwen3,
-                            md_err *e) {
+static int read_arch_extras(const gguf_file *gf, md_hparams *hp, int gemma3, int qwen3, md_err *e) {
     int64_t swa = 0, pattern = gemma3 ? 6 : 0;
     int rc;
     if ((rc = get_int(gf, hp->arch, "attention.sliding_window", 0, &swa, e)))
@@ -64,7 +63,8 @@ static int read_arch_extras(const gguf_file *gf, md_hparams *hp, int gemma3, int
     int64_t ki = gguf_find_key(gf, k);
     if (ki >= 0 && gguf_kv_type(gf, ki) == GGUF_T_ARRAY)
         return md_errf(e, MD_EUNSUPP,
-                       "%s is not an integer: per-layer sliding-window arrays are not supported", k);
+                       "%s is not an integer: per-layer sliding-window arrays are not supported",
+                       k);
     if ((rc = get_int(gf, hp->arch, "attention.sliding_window_pattern", 0, &pattern, e)))
         return rc;
     if (pattern < 0 || pattern > 1024)
@@ -323,10 +323,10 @@ static int bind(md_model *m, const gguf_file *gf, const char *name, int64_t ne0,
 /* A model whose architecture needs an optional op is refused on a backend without it. */
 static int check_ops(md_backend *be, const md_hparams *hp, md_err *e) {
     const md_backend_ops *o = be->ops;
-    const char *miss = hp->n_swa && !o->attention_window           ? "attention_window"
-                       : hp->embd_scale != 0 && !o->scale           ? "scale"
-                       : hp->ffn_gelu && !o->geglu                  ? "geglu"
-                                                                    : NULL;
+    const char *miss = hp->n_swa && !o->attention_window  ? "attention_window"
+                       : hp->embd_scale != 0 && !o->scale ? "scale"
+                       : hp->ffn_gelu && !o->geglu        ? "geglu"
+                                                          : NULL;
     if (miss)
         return md_errf(e, MD_EUNSUPP,
                        "the %s backend lacks the %s op that this %s model needs (the cpu "
@@ -695,8 +695,7 @@ static int residual(md_model *m, int fused, const md_tensor *w, const md_tensor 
         return BE(m)->ops->matmul_n(BE(m), 1, &w, in, &x, T, MD_MM_ACC, e);
     else if ((rc = CALL(m, matmul, w, in, tmp, T, e)))
         return rc;
-    if (post_norm &&
-        (rc = CALL(m, rmsnorm, tmp, post_norm, tmp, T, (int)w->ne1, m->hp.eps, e)))
+    if (post_norm && (rc = CALL(m, rmsnorm, tmp, post_norm, tmp, T, (int)w->ne1, m->hp.eps, e)))
         return rc;
     return CALL(m, add, x, tmp, (int64_t)T * w->ne1, e);
 }
@@ -713,8 +712,8 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
         return rc;
     const md_backend_ops *O = BE(m)->ops;
     /* Gemma: embeddings times sqrt(n_embd) (check_ops made sure the op is there) */
-    if (m->lo == 0 && hp->embd_scale != 0 && (rc = O->scale(BE(m), f->x, hp->embd_scale,
-                                                            (int64_t)T * C, e)))
+    if (m->lo == 0 && hp->embd_scale != 0 &&
+        (rc = O->scale(BE(m), f->x, hp->embd_scale, (int64_t)T * C, e)))
         return rc;
     int fused = O->matmul_n && m->fused;
     for (int l = m->lo; l < m->hi; l++) {
@@ -746,9 +745,8 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
                                        hp->head_dim, hp->eps, e))))
             return rc;
         if (fused && O->rope_kv)
-            rc = O->rope_kv(BE(m), f->q, f->k, f->v, kv->k[l], kv->v[l], hp->n_head,
-                            hp->n_head_kv, hp->head_dim, hp->rot_dims, inv, hp->rope_neox,
-                            kv->type, e);
+            rc = O->rope_kv(BE(m), f->q, f->k, f->v, kv->k[l], kv->v[l], hp->n_head, hp->n_head_kv,
+                            hp->head_dim, hp->rot_dims, inv, hp->rope_neox, kv->type, e);
         else if (!(rc = CALL(m, rope, f->q, hp->n_head, hp->head_dim, hp->rot_dims, inv,
                              hp->rope_neox, e)) &&
                  !(rc = CALL(m, rope, f->k, hp->n_head_kv, hp->head_dim, hp->rot_dims, inv,
@@ -770,8 +768,7 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
         if (fused) {
             const md_tensor *w[2] = {&L->w_gate, &L->w_up};
             md_buf *y[2] = {f->hb, f->hb2};
-            rc = O->matmul_n(BE(m), 2, w, f->xb, y, T, hp->ffn_gelu ? MD_MM_SET : MD_MM_SWIGLU,
-                             e);
+            rc = O->matmul_n(BE(m), 2, w, f->xb, y, T, hp->ffn_gelu ? MD_MM_SET : MD_MM_SWIGLU, e);
         } else if (!(rc = CALL(m, matmul, &L->w_gate, f->xb, f->hb, T, e)) &&
                    !(rc = CALL(m, matmul, &L->w_up, f->xb, f->hb2, T, e)) && !hp->ffn_gelu)
             rc = CALL(m, swiglu, f->hb, f->hb2, f->hb, (int64_t)T * F, e);

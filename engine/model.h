@@ -53,7 +53,7 @@ int md_layer_is_swa(const md_hparams *hp, int l);
 typedef struct {
     md_tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
     md_tensor bq, bk, bv; /* Qwen2 QKV biases; buf NULL when absent */
-    md_tensor q_norm, k_norm; /* [head_dim] when hp.qk_norm */
+    md_tensor q_norm, k_norm;                /* [head_dim] when hp.qk_norm */
     md_tensor post_attn_norm, post_ffn_norm; /* [n_embd] when hp.post_norms */
 } md_layer;
 

@@ -355,15 +355,17 @@ int tok_chat_apply(const tok_tokenizer *t, const tok_chat_msg *msgs, int n_msgs,
     tok_template tmpl = tok_chat_template(t);
     if (tmpl == TOK_TMPL_NONE) {
         if (!t || !t->chat_template)
-            return md_errf(e, MD_EUNSUPP,
-                           "the model has no chat template (tokenizer.chat_template); send a "
-                           "raw prompt or name a template (chatml, llama3, llama2, mistral, gemma)");
+            return md_errf(
+                e, MD_EUNSUPP,
+                "the model has no chat template (tokenizer.chat_template); send a "
+                "raw prompt or name a template (chatml, llama3, llama2, mistral, gemma)");
         size_t n = t->chat_template_len;
-        return md_errf(e, MD_EUNSUPP,
-                       "the model's chat template is not one medley knows (chatml, llama3, "
-                       "llama2, mistral, gemma); it starts: \"%.60s%s\"; send a raw prompt or name a "
-                       "template",
-                       t->chat_template, n > 60 ? "..." : "");
+        return md_errf(
+            e, MD_EUNSUPP,
+            "the model's chat template is not one medley knows (chatml, llama3, "
+            "llama2, mistral, gemma); it starts: \"%.60s%s\"; send a raw prompt or name a "
+            "template",
+            t->chat_template, n > 60 ? "..." : "");
     }
     return tok_chat_apply_as(t, tmpl, msgs, n_msgs, add_generation_prompt, out, e);
 }

@@ -410,8 +410,8 @@ static int attention_run(md_backend *be, const md_buf *q, const md_buf *k_cache,
         if (c->b.tok_pos[t] >= c->r.max_ctx)
             return md_errf(e, MD_ERANGE, "cpu backend: position %d beyond the reserved context %d",
                            c->b.tok_pos[t], c->r.max_ctx);
-    att_job j = {c,          q->p,     k_cache->p, v_cache->p, out->p,
-                 n_heads,    n_kv_heads, head_dim, scale,      cache_type == MD_TYPE_F16,
+    att_job j = {c,       q->p,       k_cache->p, v_cache->p, out->p,
+                 n_heads, n_kv_heads, head_dim,   scale,      cache_type == MD_TYPE_F16,
                  window};
     cpu_pool_run(c->pool, att_run, &j);
     return 0;
@@ -426,8 +426,7 @@ static int cpu_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
 
 static int cpu_attention_window(md_backend *be, const md_buf *q, const md_buf *k_cache,
                                 const md_buf *v_cache, md_buf *out, int n_heads, int n_kv_heads,
-                                int head_dim, int cache_type, float scale, int window,
-                                md_err *e) {
+                                int head_dim, int cache_type, float scale, int window, md_err *e) {
     if (window < 1)
         return md_errf(e, MD_EINVAL, "cpu backend: sliding window of %d positions", window);
     return attention_run(be, q, k_cache, v_cache, out, n_heads, n_kv_heads, head_dim, cache_type,

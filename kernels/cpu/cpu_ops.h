@@ -116,8 +116,8 @@ void cpu_softmax(float *x, int n);                       /* in place, max-subtra
  * by the KV head). scratch holds npos floats (the caller's, per thread); out is zero when
  * p0 >= npos. */
 void cpu_attention_paged(float *out, const float *q, const float *k, const float *v,
-                         size_t row_stride, const int32_t *block_table, int block_tokens,
-                         int p0, int npos, int hd, float scale, float *scratch);
+                         size_t row_stride, const int32_t *block_table, int block_tokens, int p0,
+                         int npos, int hd, float scale, float *scratch);
 
 /* kv_f16.c — the F16 KV cache: float -> half with round-to-nearest-even (F16C where the
  * CPU has it, common/dtype.h's md_fp32_to_fp16 otherwise), and cpu_attention_paged over F16

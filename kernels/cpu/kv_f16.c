@@ -25,8 +25,8 @@ static void to_f16_scalar(uint16_t *dst, const float *src, int n) {
 }
 
 static void attention_f16_scalar(float *out, const float *q, const uint16_t *k, const uint16_t *v,
-                                 size_t stride, const int32_t *bt, int block_tokens, int p0, int npos,
-                                 int hd, float scale, float *sc) {
+                                 size_t stride, const int32_t *bt, int block_tokens, int p0,
+                                 int npos, int hd, float scale, float *sc) {
     float m = -INFINITY;
     for (int p = p0; p < npos; p++) {
         const uint16_t *kr = k + slot_of(bt, block_tokens, p) * stride;
@@ -79,7 +79,8 @@ F16C static void to_f16_avx2(uint16_t *dst, const float *src, int n) {
 /* hd % 8 == 0. Scores and the softmax in scalar order (exact expf), K/V rows through F16C. */
 F16C static void attention_f16_avx2(float *out, const float *q, const uint16_t *k,
                                     const uint16_t *v, size_t stride, const int32_t *bt,
-                                    int block_tokens, int p0, int npos, int hd, float scale, float *sc) {
+                                    int block_tokens, int p0, int npos, int hd, float scale,
+                                    float *sc) {
     float m = -INFINITY;
     for (int p = p0; p < npos; p++) {
         const uint16_t *kr = k + slot_of(bt, block_tokens, p) * stride;

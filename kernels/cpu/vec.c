@@ -57,8 +57,8 @@ static inline size_t paged_slot(const int32_t *bt, int block_tokens, int p) {
 }
 
 static void attention_scalar(float *out, const float *q, const float *k, const float *v,
-                             size_t stride, const int32_t *bt, int block_tokens, int p0, int npos, int hd,
-                             float scale, float *sc) {
+                             size_t stride, const int32_t *bt, int block_tokens, int p0, int npos,
+                             int hd, float scale, float *sc) {
     for (int p = p0; p < npos; p++)
         sc[p] = dot_scalar(q, k + paged_slot(bt, block_tokens, p) * stride, hd) * scale;
     softmax_scalar(sc + p0, npos - p0);
@@ -203,8 +203,8 @@ AVX2 static void softmax_avx2(float *x, int n) {
 /* hd a multiple of 8. Scores then softmax in scratch, then the weighted sum of V rows with
  * 64 output floats held in registers per pass. */
 AVX2 static void attention_avx2(float *out, const float *q, const float *k, const float *v,
-                                size_t stride, const int32_t *bt, int block_tokens, int p0, int npos,
-                                int hd, float scale, float *sc) {
+                                size_t stride, const int32_t *bt, int block_tokens, int p0,
+                                int npos, int hd, float scale, float *sc) {
     for (int p = p0; p < npos; p++) {
         const float *kr = k + paged_slot(bt, block_tokens, p) * stride;
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -312,8 +312,8 @@ void cpu_softmax(float *x, int n) {
 }
 
 void cpu_attention_paged(float *out, const float *q, const float *k, const float *v,
-                         size_t row_stride, const int32_t *block_table, int block_tokens,
-                         int p0, int npos, int hd, float scale, float *scratch) {
+                         size_t row_stride, const int32_t *block_table, int block_tokens, int p0,
+                         int npos, int hd, float scale, float *scratch) {
     if (npos <= p0 || hd <= 0) {
         for (int i = 0; i < hd; i++)
             out[i] = 0;

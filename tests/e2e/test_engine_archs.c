@@ -4,9 +4,10 @@
  * Q8_0/Q4_0/Q4_1 weights), Llama 3.1-style (rope_freqs divisors, multi-query attention, tied
  * head; Q4_K/Q6_K/Q8_0 weights), Qwen3 (QK-norm), Mistral with a sliding window and Gemma 3
  * (sliding and global layers, GeGLU, extra norms, scaled embeddings; Q5_0 weights), the
- * sliding ones also fed token by token so the window is applied over the KV cache. Also that a model file whose tensors do not fit the metadata
- * is refused with a reason, device selection ("auto") without a GPU, and the CPU backend's
- * fit check and argmax op. No real model needed: runs with the unit tests. */
+ * sliding ones also fed token by token so the window is applied over the KV cache. Also that a
+ * model file whose tensors do not fit the metadata is refused with a reason, device selection
+ * ("auto") without a GPU, and the CPU backend's fit check and argmax op. No real model needed: runs
+ * with the unit tests. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

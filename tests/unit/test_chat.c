@@ -67,15 +67,15 @@ static void mistral_v3_folds_the_system_prompt_into_the_first_turn(void **st) {
 
 static void gemma_folds_the_system_prompt_into_the_first_user_turn(void **st) {
     char *p = render(TOK_TMPL_GEMMA, 1);
-    assert_string_equal(p, "<start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n"
-                           "<start_of_turn>model\nHi there<end_of_turn>\n"
-                           "<start_of_turn>user\nWho are you<end_of_turn>\n"
-                           "<start_of_turn>model\n");
+    assert_string_equal(p,
+                        "<start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n"
+                        "<start_of_turn>model\nHi there<end_of_turn>\n"
+                        "<start_of_turn>user\nWho are you<end_of_turn>\n"
+                        "<start_of_turn>model\n");
     free(p);
     /* two system messages are joined; one after the model's turn opens the next user turn */
-    static const tok_chat_msg conv[] = {
-        {"system", " A. "}, {"system", "B"}, {"user", "u1"}, {"system", "C"}, {"assistant", "a"},
-        {"user", "u2"}};
+    static const tok_chat_msg conv[] = {{"system", " A. "}, {"system", "B"},    {"user", "u1"},
+                                        {"system", "C"},    {"assistant", "a"}, {"user", "u2"}};
     char *out = NULL;
     md_err e = {0};
     assert_int_equal(tok_chat_apply_as(NULL, TOK_TMPL_GEMMA, conv, 6, 0, &out, &e), 0);

@@ -559,8 +559,8 @@ static void test_attention_paged_matches_double_formula(void **state) {
                         want[i] += w[p] / sum * v[slot * stride + kvh * hd + i];
                     }
                 }
-                cpu_attention_paged(out, q, k + kvh * hd, v + kvh * hd, (size_t)stride, bt, BT,
-                                    p0, npos, hd, 0.125f, sc);
+                cpu_attention_paged(out, q, k + kvh * hd, v + kvh * hd, (size_t)stride, bt, BT, p0,
+                                    npos, hd, 0.125f, sc);
                 for (int i = 0; i < hd; i++) {
                     if (!(fabs(out[i] - want[i]) <= 1e-5)) {
                         print_error("attention (%s) hd %d p0 %d npos %d [%d]: %.7g want %.7g\n",
