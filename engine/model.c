@@ -1,5 +1,6 @@
-/* model.c — llama-family hyperparameters and weights from GGUF, and the batched forward pass
- * (one step of T tokens from any number of sequences over the paged KV cache). */
+/* model.c — llama-family and Gemma 3 hyperparameters and weights from GGUF, and the batched
+ * forward pass (one step of T tokens from any number of sequences over the paged KV cache).
+ * The architectures differ only in flags of md_hparams (docs/models.md, "Architectures"). */
 #include "engine/model.h"
 
 #include <math.h>
@@ -37,6 +38,61 @@ static int get_f32(const gguf_file *gf, const char *arch, const char *key, float
     return rc;
 }
 
+int md_layer_is_swa(const md_hparams *hp, int l) {
+    return hp->n_swa > 0 && (hp->swa_pattern <= 0 || l % hp->swa_pattern < hp->swa_pattern - 1);
+}
+
+/* What Qwen3, Gemma 3 and a sliding-window Mistral add to the llama layout, as llama.cpp reads
+ * them (docs/models.md "Architectures"): Qwen3 normalizes q and k per head; Gemma 3 also scales
+ * its embeddings by sqrt(n_embd), normalizes each block's output, gates its FFN with gelu, and
+ * slides a window on five layers of six (RoPE base 10000 there, rope.freq_base elsewhere). */
+static int read_arch_extras(const gguf_file *gf, md_hparams *hp, int gemma3, int qwen3, md_err *e) {
+    int64_t swa = 0, pattern = gemma3 ? 6 : 0;
+    int rc;
+    if ((rc = get_int(gf, hp->arch, "attention.sliding_window", 0, &swa, e)))
+        return rc;
+    if (swa < 0 || swa > 1 << 24)
+        return md_errf(e, MD_EFORMAT, "%s.attention.sliding_window %lld is not usable", hp->arch,
+                       (long long)swa);
+    hp->n_swa = (int)swa;
+    hp->qk_norm = qwen3 || gemma3;
+    if (!gemma3)
+        return 0; /* llama / mistral with a window: every layer slides (Mistral v0.1) */
+    char k[128];
+    snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", hp->arch);
+    int64_t ki = gguf_find_key(gf, k);
+    if (ki >= 0 && gguf_kv_type(gf, ki) == GGUF_T_ARRAY)
+        return md_errf(e, MD_EUNSUPP,
+                       "%s is not an integer: per-layer sliding-window arrays are not supported",
+                       k);
+    if ((rc = get_int(gf, hp->arch, "attention.sliding_window_pattern", 0, &pattern, e)))
+        return rc;
+    if (pattern < 0 || pattern > 1024)
+        return md_errf(e, MD_EFORMAT, "%s %lld is not usable", k, (long long)pattern);
+    hp->swa_pattern = (int)pattern;
+    hp->rope_theta_swa = 10000.0f;
+    if ((rc = get_f32(gf, hp->arch, "rope.freq_base_swa", &hp->rope_theta_swa, e)))
+        return rc;
+    if (!(hp->rope_theta_swa > 1.0f))
+        return md_errf(e, MD_EFORMAT, "%s.rope.freq_base_swa %g is not usable", hp->arch,
+                       hp->rope_theta_swa);
+    float softcap = 0;
+    if ((rc = get_f32(gf, hp->arch, "final_logit_softcapping", &softcap, e)))
+        return rc;
+    if (softcap != 0)
+        return md_errf(e, MD_EUNSUPP,
+                       "%s.final_logit_softcapping %g: logit soft-capping is not supported",
+                       hp->arch, softcap);
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    hp->post_norms = 1;
+    hp->ffn_gelu = 1;
+    /* llama.cpp: 1/sqrt(head_dim), except Gemma 3 27B (62 layers): 1/sqrt(n_embd / n_head),
+     * its query_pre_attn_scalar */
+    if (hp->n_layer == 62)
+        hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+    return 0;
+}
+
 int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e) {
     memset(hp, 0, sizeof *hp);
     const char *a;
@@ -48,9 +104,12 @@ int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e) {
         return md_errf(e, MD_EUNSUPP, "architecture name too long");
     memcpy(hp->arch, a, alen);
     hp->arch[alen] = 0;
-    if (strcmp(hp->arch, "llama") && strcmp(hp->arch, "mistral") && strcmp(hp->arch, "qwen2"))
+    int gemma3 = !strcmp(hp->arch, "gemma3"), qwen3 = !strcmp(hp->arch, "qwen3");
+    if (strcmp(hp->arch, "llama") && strcmp(hp->arch, "mistral") && strcmp(hp->arch, "qwen2") &&
+        !qwen3 && !gemma3)
         return md_errf(e, MD_EUNSUPP,
-                       "architecture \"%s\" is not supported (llama, mistral, qwen2 are)",
+                       "architecture \"%s\" is not supported (llama, mistral, qwen2, qwen3, "
+                       "gemma3 are)",
                        hp->arch);
     int64_t n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_ctx = 0;
     int64_t key_len = 0, rot = 0, vocab = 0;
@@ -89,14 +148,14 @@ int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e) {
     if (hp->rot_dims < 2 || hp->rot_dims > hp->head_dim || hp->rot_dims % 2)
         return md_errf(e, MD_EFORMAT, "rope.dimension_count %d does not fit head dimension %d",
                        hp->rot_dims, hp->head_dim);
-    hp->rope_neox = !strcmp(hp->arch, "qwen2");
+    hp->rope_neox = !strcmp(hp->arch, "qwen2") || qwen3 || gemma3;
     /* An HF directory (engine/hf_model.h) keeps q/k in the rotate-half layout for every arch. */
     int neox = 0;
     if (gguf_get_bool(gf, "medley.rope.neox", &neox, NULL) == 0 && neox)
         hp->rope_neox = 1;
     hp->rope.theta = 10000.0f;
     hp->rope.linear_scale = 1.0f;
-    hp->eps = 1e-5f;
+    hp->eps = gemma3 ? 1e-6f : 1e-5f;
     if ((rc = get_f32(gf, hp->arch, "rope.freq_base", &hp->rope.theta, e)) ||
         (rc = get_f32(gf, hp->arch, "attention.layer_norm_rms_epsilon", &hp->eps, e)))
         return rc;
@@ -115,7 +174,7 @@ int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e) {
     if (!(hp->rope.theta > 1.0f) || !(hp->eps > 0) || hp->eps > 1.0f)
         return md_errf(e, MD_EFORMAT, "rope.freq_base %g or rms epsilon %g is not usable",
                        hp->rope.theta, hp->eps);
-    return 0;
+    return read_arch_extras(gf, hp, gemma3, qwen3, e);
 }
 
 /* Keep a host allocation until the model is freed (the CPU backend aliases wrapped memory). */
@@ -166,6 +225,30 @@ static int slice(md_model *m, const gguf_tensor *g, int64_t r0, int64_t nr, int6
     return own(m, p, e);
 }
 
+/* *out = g recoded from Q5_0 to Q8_0 (md_q5_0_to_q8_0: exact), in host memory the model keeps;
+ * the backends multiply by Q8_0. */
+static int recode_q5_0(md_model *m, const gguf_tensor *g, gguf_tensor *out, md_err *e) {
+    size_t rb = md_type_row_bytes(MD_TYPE_Q8_0, g->ne[0]);
+    if (rb == 0 || md_type_row_bytes(MD_TYPE_Q5_0, g->ne[0]) * (size_t)(g->n_elements / g->ne[0]) !=
+                       g->n_bytes)
+        return md_errf(e, MD_EFORMAT, "tensor %s: Q5_0 rows of %lld elements do not fill %zu bytes",
+                       g->name, (long long)g->ne[0], g->n_bytes);
+    size_t bytes = rb * (size_t)(g->n_elements / g->ne[0]);
+    void *p = malloc(bytes);
+    if (!p)
+        return md_errf(e, MD_ENOMEM, "tensor %s: no memory to recode Q5_0 as Q8_0", g->name);
+    int rc = md_q5_0_to_q8_0(g->data, p, g->n_elements, e);
+    if (rc) {
+        free(p);
+        return md_errctx(e, "tensor %s: ", g->name);
+    }
+    *out = *g;
+    out->type = MD_TYPE_Q8_0;
+    out->data = p;
+    out->n_bytes = bytes;
+    return own(m, p, e);
+}
+
 /* Bind rows [r0, r0 + nr) and columns [c0, c0 + nc) of tensor `name` of shape [ne0, ne1]
  * (ne1 = 1 for vectors; nr = ne1, nc = ne0: the whole tensor), checking type and shape. */
 static int bind_part(md_model *m, const gguf_file *gf, const char *name, int64_t ne0, int64_t ne1,
@@ -178,6 +261,12 @@ static int bind_part(md_model *m, const gguf_file *gf, const char *name, int64_t
             return 0;
         return md_errf(e, MD_EFORMAT, "model lacks tensor %s", name);
     }
+    gguf_tensor q8;
+    int rc;
+    if (g->type == MD_TYPE_Q5_0 && !float_only && (rc = recode_q5_0(m, g, &q8, e)))
+        return rc;
+    if (g->type == MD_TYPE_Q5_0 && !float_only)
+        g = &q8;
     if (g->ne[0] != ne0 || g->ne[1] != ne1 || g->ne[2] != 1 || g->ne[3] != 1)
         return md_errf(e, MD_EFORMAT,
                        "tensor %s has shape [%lld, %lld, %lld, %lld], expected "
@@ -192,7 +281,7 @@ static int bind_part(md_model *m, const gguf_file *gf, const char *name, int64_t
         return md_errf(e, MD_EFORMAT, "tensor %s holds %zu bytes, expected %zu", name, g->n_bytes,
                        rb * (size_t)ne1);
     md_buf *b;
-    int type = g->type, rc;
+    int type = g->type;
     const void *data = g->data;
     size_t bytes = g->n_bytes;
     if (nc != ne0) { /* a column slice: repacked or dequantized */
@@ -235,6 +324,21 @@ static int bind(md_model *m, const gguf_file *gf, const char *name, int64_t ne0,
     return bind_part(m, gf, name, ne0, ne1, 0, ne1, 0, ne0, optional, float_only, t, e);
 }
 
+/* A model whose architecture needs an optional op is refused on a backend without it. */
+static int check_ops(md_backend *be, const md_hparams *hp, md_err *e) {
+    const md_backend_ops *o = be->ops;
+    const char *miss = hp->n_swa && !o->attention_window  ? "attention_window"
+                       : hp->embd_scale != 0 && !o->scale ? "scale"
+                       : hp->ffn_gelu && !o->geglu        ? "geglu"
+                                                          : NULL;
+    if (miss)
+        return md_errf(e, MD_EUNSUPP,
+                       "the %s backend lacks the %s op that this %s model needs (the cpu "
+                       "backend has it)",
+                       o->name, miss, hp->arch);
+    return 0;
+}
+
 int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e) {
     return md_model_load_tp(gf, be, 0, -1, 0, 1, out, e);
 }
@@ -257,6 +361,8 @@ int md_model_load_tp(const gguf_file *gf, md_backend *be, int lo, int hi, int ra
     if (rc)
         goto fail;
     md_hparams *hp = &m->hp;
+    if ((rc = check_ops(be, hp, e)))
+        goto fail;
     if (hi < 0)
         hi = hp->n_layer;
     if (lo < 0 || lo >= hi || hi > hp->n_layer) {
@@ -289,7 +395,7 @@ int md_model_load_tp(const gguf_file *gf, md_backend *be, int lo, int hi, int ra
         goto fail;
     }
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    m->bufs = calloc((size_t)hp->n_layer * 12 + 8, sizeof *m->bufs);
+    m->bufs = calloc((size_t)hp->n_layer * 16 + 8, sizeof *m->bufs);
     if (!m->layers || !m->bufs) {
         rc = md_errf(e, MD_ENOMEM, "out of memory");
         goto fail;
@@ -328,6 +434,15 @@ int md_model_load_tp(const gguf_file *gf, md_backend *be, int lo, int hi, int ra
         B(bq, "attn_q.bias", qd, 1, 0, 1, q0, qn, 1, 1)
         B(bk, "attn_k.bias", kvd, 1, 0, 1, k0, kn, 1, 1)
         B(bv, "attn_v.bias", kvd, 1, 0, 1, k0, kn, 1, 1)
+        if (hp->qk_norm) {
+            int hd = hp->head_dim;
+            B(q_norm, "attn_q_norm.weight", hd, 1, 0, 1, 0, hd, 0, 1)
+            B(k_norm, "attn_k_norm.weight", hd, 1, 0, 1, 0, hd, 0, 1)
+        }
+        if (hp->post_norms) {
+            B(post_attn_norm, "post_attention_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
+            B(post_ffn_norm, "post_ffw_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
+        }
 #undef B
     }
     /* the forward pass sees this rank's heads and FFN width */
@@ -357,6 +472,13 @@ int md_model_load_tp(const gguf_file *gf, md_backend *be, int lo, int hi, int ra
     if ((rc = CALL(m, buf_alloc, (size_t)half * sizeof(float), &m->inv_freq, e)) ||
         (rc = CALL(m, buf_upload, m->inv_freq, 0, inv, (size_t)half * sizeof(float), e)))
         goto fail;
+    if (hp->rope_theta_swa > 0) { /* the sliding layers' own base, unscaled (llama.cpp) */
+        md_rope_cfg swa = {.theta = hp->rope_theta_swa, .linear_scale = 1.0f};
+        md_rope_inv_freq(&swa, hp->rot_dims, inv);
+        if ((rc = CALL(m, buf_alloc, (size_t)half * sizeof(float), &m->inv_freq_swa, e)) ||
+            (rc = CALL(m, buf_upload, m->inv_freq_swa, 0, inv, (size_t)half * sizeof(float), e)))
+            goto fail;
+    }
     *out = m;
     return 0;
 fail:
@@ -371,6 +493,8 @@ void md_model_free(md_model *m) {
         CALL(m, buf_free, m->bufs[i]);
     if (m->inv_freq)
         CALL(m, buf_free, m->inv_freq);
+    if (m->inv_freq_swa)
+        CALL(m, buf_free, m->inv_freq_swa);
     for (int i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
     free(m->owned);
@@ -568,19 +692,21 @@ int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, 
 }
 
 /* x [T, C] += in · wᵀ: fused into the product when the backend has matmul_n, else through
- * tmp and an add. */
-static int residual(md_model *m, int fused, const md_tensor *w, md_buf *in, md_buf *tmp, md_buf *x,
-                    int T, md_err *e) {
+ * tmp and an add. With post_norm (Gemma 3) x += rmsnorm(in · wᵀ) · post_norm, through tmp. */
+static int residual(md_model *m, int fused, const md_tensor *w, const md_tensor *post_norm,
+                    md_buf *in, md_buf *tmp, md_buf *x, int T, md_err *e) {
+    int rc;
     if (m->tp_n > 1) { /* a partial product: summed over the ranks before the add */
-        int rc = CALL(m, matmul, w, in, tmp, T, e);
-        if (rc || (rc = m->allreduce(m->allreduce_ctx, m->tp_rank, tmp, (int64_t)T * w->ne1, e)))
+        if ((rc = CALL(m, matmul, w, in, tmp, T, e)) ||
+            (rc = m->allreduce(m->allreduce_ctx, m->tp_rank, tmp, (int64_t)T * w->ne1, e)))
             return rc;
-        return CALL(m, add, x, tmp, (int64_t)T * w->ne1, e);
-    }
-    if (fused)
+    } else if (fused && !post_norm)
         return BE(m)->ops->matmul_n(BE(m), 1, &w, in, &x, T, MD_MM_ACC, e);
-    int rc = CALL(m, matmul, w, in, tmp, T, e);
-    return rc ? rc : CALL(m, add, x, tmp, (int64_t)T * w->ne1, e);
+    else if ((rc = CALL(m, matmul, w, in, tmp, T, e)))
+        return rc;
+    if (post_norm && (rc = CALL(m, rmsnorm, tmp, post_norm, tmp, T, (int)w->ne1, m->hp.eps, e)))
+        return rc;
+    return CALL(m, add, x, tmp, (int64_t)T * w->ne1, e);
 }
 
 /* The device work of one forward pass: embedding, layers, and the head on the rows that need
@@ -589,14 +715,22 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
     const md_hparams *hp = &m->hp;
     int T = b->n_tokens, C = hp->n_embd, F = hp->n_ff;
     int kvd = hp->n_head_kv * hp->head_dim;
-    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim);
     int rc;
     if (m->lo == 0 && (rc = CALL(m, embed, &m->tok_embd, f->x, e)))
         return rc;
     const md_backend_ops *O = BE(m)->ops;
+    /* Gemma: embeddings times sqrt(n_embd) (check_ops made sure the op is there) */
+    if (m->lo == 0 && hp->embd_scale != 0 &&
+        (rc = O->scale(BE(m), f->x, hp->embd_scale, (int64_t)T * C, e)))
+        return rc;
     int fused = O->matmul_n && m->fused;
     for (int l = m->lo; l < m->hi; l++) {
         const md_layer *L = &m->layers[l];
+        int swa = md_layer_is_swa(hp, l);
+        const md_buf *inv = swa && m->inv_freq_swa ? m->inv_freq_swa : m->inv_freq;
+        const md_tensor *pa = hp->post_norms ? &L->post_attn_norm : NULL;
+        const md_tensor *pf = hp->post_norms ? &L->post_ffn_norm : NULL;
         /* attention block: x [T, C] += wo · attn(rope(wq·n(x)), rope(wk·n(x)), wv·n(x)) */
         if ((rc = CALL(m, rmsnorm, f->x, &L->attn_norm, f->xb, T, C, hp->eps, e)))
             return rc;
@@ -613,30 +747,43 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
                           (rc = CALL(m, add_bias, f->k, &L->bk, T, e)) ||
                           (rc = CALL(m, add_bias, f->v, &L->bv, T, e))))
             return rc;
+        /* QK-norm: q [T * n_head, head_dim] and k [T * n_head_kv, head_dim] rows normalized */
+        if (hp->qk_norm && ((rc = CALL(m, rmsnorm, f->q, &L->q_norm, f->q, T * hp->n_head,
+                                       hp->head_dim, hp->eps, e)) ||
+                            (rc = CALL(m, rmsnorm, f->k, &L->k_norm, f->k, T * hp->n_head_kv,
+                                       hp->head_dim, hp->eps, e))))
+            return rc;
         if (fused && O->rope_kv)
             rc = O->rope_kv(BE(m), f->q, f->k, f->v, kv->k[l], kv->v[l], hp->n_head, hp->n_head_kv,
-                            hp->head_dim, hp->rot_dims, m->inv_freq, hp->rope_neox, kv->type, e);
-        else if (!(rc = CALL(m, rope, f->q, hp->n_head, hp->head_dim, hp->rot_dims, m->inv_freq,
+                            hp->head_dim, hp->rot_dims, inv, hp->rope_neox, kv->type, e);
+        else if (!(rc = CALL(m, rope, f->q, hp->n_head, hp->head_dim, hp->rot_dims, inv,
                              hp->rope_neox, e)) &&
-                 !(rc = CALL(m, rope, f->k, hp->n_head_kv, hp->head_dim, hp->rot_dims, m->inv_freq,
+                 !(rc = CALL(m, rope, f->k, hp->n_head_kv, hp->head_dim, hp->rot_dims, inv,
                              hp->rope_neox, e)))
             rc = CALL(m, kv_write, f->k, f->v, kv->k[l], kv->v[l], kvd, kv->type, e);
-        if (rc ||
-            (rc = CALL(m, attention, f->q, kv->k[l], kv->v[l], f->att, hp->n_head, hp->n_head_kv,
-                       hp->head_dim, kv->type, scale, e)) ||
-            (rc = residual(m, fused, &L->wo, f->att, f->xb, f->x, T, e)))
+        if (rc)
             return rc;
-        /* feed-forward block: x += w_down · (silu(w_gate·n(x)) * (w_up·n(x))) */
+        if (swa)
+            rc = O->attention_window(BE(m), f->q, kv->k[l], kv->v[l], f->att, hp->n_head,
+                                     hp->n_head_kv, hp->head_dim, kv->type, scale, hp->n_swa, e);
+        else
+            rc = CALL(m, attention, f->q, kv->k[l], kv->v[l], f->att, hp->n_head, hp->n_head_kv,
+                      hp->head_dim, kv->type, scale, e);
+        if (rc || (rc = residual(m, fused, &L->wo, pa, f->att, f->xb, f->x, T, e)))
+            return rc;
+        /* feed-forward block: x += w_down · (act(w_gate·n(x)) * (w_up·n(x))), act silu or gelu */
         if ((rc = CALL(m, rmsnorm, f->x, &L->ffn_norm, f->xb, T, C, hp->eps, e)))
             return rc;
         if (fused) {
             const md_tensor *w[2] = {&L->w_gate, &L->w_up};
             md_buf *y[2] = {f->hb, f->hb2};
-            rc = O->matmul_n(BE(m), 2, w, f->xb, y, T, MD_MM_SWIGLU, e);
+            rc = O->matmul_n(BE(m), 2, w, f->xb, y, T, hp->ffn_gelu ? MD_MM_SET : MD_MM_SWIGLU, e);
         } else if (!(rc = CALL(m, matmul, &L->w_gate, f->xb, f->hb, T, e)) &&
-                   !(rc = CALL(m, matmul, &L->w_up, f->xb, f->hb2, T, e)))
+                   !(rc = CALL(m, matmul, &L->w_up, f->xb, f->hb2, T, e)) && !hp->ffn_gelu)
             rc = CALL(m, swiglu, f->hb, f->hb2, f->hb, (int64_t)T * F, e);
-        if (rc || (rc = residual(m, fused, &L->w_down, f->hb, f->xb, f->x, T, e)))
+        if (!rc && hp->ffn_gelu)
+            rc = O->geglu(BE(m), f->hb, f->hb2, f->hb, (int64_t)T * F, e);
+        if (rc || (rc = residual(m, fused, &L->w_down, pf, f->hb, f->xb, f->x, T, e)))
             return rc;
     }
     if (b->n_logits == 0 || m->hi < hp->n_layer || m->tp_rank > 0)

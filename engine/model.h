@@ -1,5 +1,6 @@
-/* model.h — a llama-family model (Llama 2/3, Mistral, Qwen2, SmolLM, TinyLlama) read from a
- * GGUF file onto one backend, and its forward pass over one engine step.
+/* model.h — a llama-family model (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM, TinyLlama) or a
+ * Gemma 3 read from a GGUF file onto one backend, and its forward pass over one engine step
+ * (docs/models.md, "Architectures", says what each architecture adds to the llama layout).
  *
  * The forward pass is batch-first: a step of T tokens from many sequences makes one matmul
  * per weight with n = T (docs/design.md §5), attention reads each sequence's paged KV cache.
@@ -31,11 +32,29 @@ typedef struct {
     int rope_neox; /* 1: pairs (i, i + d/2) (Qwen2); 0: adjacent pairs (Llama GGUF) */
     md_rope_cfg rope;
     float eps;
+    /* Beyond the llama layout (all zero for llama, qwen2; docs/models.md "Architectures"). */
+    int n_swa;            /* sliding window (tokens): a query at position p sees keys at
+                             (p - n_swa, p]; 0 = every layer attends to the whole sequence */
+    int swa_pattern;      /* with n_swa: layer l slides iff l % swa_pattern < swa_pattern - 1
+                             (Gemma 3: 6, every 6th layer global); 0 = every layer slides */
+    float rope_theta_swa; /* RoPE base of the sliding layers, unscaled (Gemma 3: 10000);
+                             0 = the same table as the global layers */
+    float embd_scale;     /* token embeddings multiplied by it (Gemma: sqrt(n_embd)); 0 = 1 */
+    float attn_scale;     /* softmax scale of q·k; 0 = 1 / sqrt(head_dim) */
+    int qk_norm;          /* RMSNorm of each q and k head before RoPE (Qwen3, Gemma 3) */
+    int post_norms;       /* RMSNorm of the attention and FFN outputs before each residual
+                             add (Gemma 3: post_attention_norm, post_ffw_norm) */
+    int ffn_gelu;         /* FFN gate through gelu (tanh form): GeGLU (Gemma); 0 = SwiGLU */
 } md_hparams;
+
+/* 1 when layer l of a model of these hyperparameters uses the sliding window. */
+int md_layer_is_swa(const md_hparams *hp, int l);
 
 typedef struct {
     md_tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
     md_tensor bq, bk, bv; /* Qwen2 QKV biases; buf NULL when absent */
+    md_tensor q_norm, k_norm;                /* [head_dim] when hp.qk_norm */
+    md_tensor post_attn_norm, post_ffn_norm; /* [n_embd] when hp.post_norms */
 } md_layer;
 
 typedef struct md_model {
@@ -47,7 +66,8 @@ typedef struct md_model {
     int lo, hi;       /* the layers this model holds: all, or one pipeline stage's (stage.h) */
     md_buf **bufs;    /* wrapped weight buffers */
     int n_bufs;
-    md_buf *inv_freq; /* [rot_dims / 2] */
+    md_buf *inv_freq;     /* [rot_dims / 2] */
+    md_buf *inv_freq_swa; /* [rot_dims / 2] of the sliding layers when hp.rope_theta_swa */
     /* Tensor parallelism (engine/tp.h): this is rank tp_rank of tp_n; hp holds the rank's
      * heads and FFN width. allreduce sums a partial product [n floats] over the ranks in
      * place; rank 0 computes the logits. tp_n == 1: none. */

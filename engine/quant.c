@@ -1,4 +1,5 @@
-/* quant.c — see quant.h: dequantization of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K and
+/* quant.c — see quant.h: dequantization of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K,
+ * Q5_0's lossless recoding as Q8_0, and
  * quantization to F32, F16, BF16, Q8_0, Q4_0, Q4_1, the plain scalar definitions of each
  * block format (layouts in common/dtype.h) that the fast kernels in kernels/ are checked
  * against. */
@@ -35,6 +36,36 @@ static void deq_q4_1(const uint8_t *restrict b, float *restrict y) {
         y[j] = (float)(qs[j] & 0x0f) * d + m;
         y[j + 16] = (float)(qs[j] >> 4) * d + m;
     }
+}
+
+/* Q5_0's 5-bit value of element j (0..31): nibble j % 16 of qs (low for j < 16) and bit j of
+ * the little-endian qh as the fifth bit. */
+static int q5_0_q(const uint8_t *b, int j) {
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const uint8_t *qs = b + 6;
+    int nib = j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4;
+    return nib | (int)((qh >> j) & 1) << 4;
+}
+
+static void deq_q5_0(const uint8_t *restrict b, float *restrict y) {
+    float d = rd_f16(b);
+    for (int j = 0; j < 32; j++)
+        y[j] = (float)(q5_0_q(b, j) - 16) * d;
+}
+
+int md_q5_0_to_q8_0(const void *src, void *dst, int64_t n, md_err *e) {
+    if (n < 0 || n % 32)
+        return md_errf(e, MD_EINVAL, "Q5_0 to Q8_0: %lld elements is not a multiple of 32",
+                       (long long)n);
+    for (int64_t i = 0; i < n / 32; i++) {
+        const uint8_t *b = (const uint8_t *)src + (size_t)i * 22;
+        uint8_t *o = (uint8_t *)dst + (size_t)i * 34;
+        memcpy(o, b, 2); /* the same f16 scale */
+        for (int j = 0; j < 32; j++)
+            o[2 + j] = (uint8_t)(int8_t)(q5_0_q(b, j) - 16);
+    }
+    return 0;
 }
 
 static void deq_q8_0(const uint8_t *restrict b, float *restrict y) {
@@ -132,6 +163,7 @@ int md_dequantize(int type, const void *src, float *dst, int64_t n, md_err *e) {
     case MD_TYPE_Q4_0: blk = deq_q4_0; break;
     case MD_TYPE_Q4_1: blk = deq_q4_1; break;
     case MD_TYPE_Q8_0: blk = deq_q8_0; break;
+    case MD_TYPE_Q5_0: blk = deq_q5_0; break;
     case MD_TYPE_Q4_K: blk = deq_q4_k; break;
     case MD_TYPE_Q6_K: blk = deq_q6_k; break;
     default:

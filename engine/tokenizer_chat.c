@@ -11,8 +11,8 @@
  *            (variants: without <<SYS>>, <s> inside the history, stripped contents)
  *   mistral  v1 " [INST] USER [/INST] ASSISTANT</s>", v3 "[INST] USER[/INST] ASSISTANT</s>",
  *            v3-tekken (no space after [INST]/before the answer), v7 with [SYSTEM_PROMPT]
- *   gemma    <start_of_turn>ROLE\nTRIM(CONTENT)<end_of_turn>\n ... [<start_of_turn>model\n]
- *            (assistant is "model"; a system message goes before the next user turn's text)
+ *   gemma    <start_of_turn>user\nTRIM(SYSTEM)\n\nTRIM(USER)<end_of_turn>\n
+ *            <start_of_turn>model\nTRIM(ASSISTANT)<end_of_turn>\n ... [<start_of_turn>model\n]
  * BOS is not written: tok_encode adds it when the model asks (add_bos_token).
  * One addition over llama.cpp: a ChatML template that writes a literal system turn (SmolLM2's
  * "You are a helpful AI assistant named SmolLM...", Qwen2.5's "You are Qwen...") gets that
@@ -319,20 +319,23 @@ static int render(const tok_tokenizer *t, tok_template tmpl, int variant, const 
         }
         return 0;
     case TOK_TMPL_GEMMA: {
-        const char *sys = NULL; /* no system turn: it prefixes the next user turn */
+        /* no system turn: the system texts since the last user turn (trimmed, joined) open the
+         * next user turn; assistant is "model" */
+        int from = 0;
         for (int i = 0; i < n; i++) {
-            if (!strcmp(m[i].role, "system")) {
-                sys = m[i].content;
+            if (!strcmp(m[i].role, "system"))
                 continue;
-            }
             int model = !strcmp(m[i].role, "assistant");
             puts_(b, "<start_of_turn>");
             puts_(b, model ? "model" : m[i].role);
             puts_(b, "\n");
-            if (sys && !model) {
-                put_trim(b, sys);
-                puts_(b, "\n\n");
-                sys = NULL;
+            if (!model) {
+                size_t before = b->n;
+                for (; from < i; from++)
+                    if (!strcmp(m[from].role, "system"))
+                        put_trim(b, m[from].content);
+                if (b->n > before)
+                    puts_(b, "\n\n");
             }
             put_trim(b, m[i].content);
             puts_(b, "<end_of_turn>\n");

@@ -247,6 +247,21 @@ typedef struct md_backend_ops {
                    md_buf *v_cache, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
                    const md_buf *inv_freq, int neox, int cache_type, md_err *e);
 
+    /* Gemma 3 and sliding-window models (optional; the engine refuses a model that needs
+     * one of them on a backend without it, at load, naming the op):
+     *  attention_window  attention as above, but a token at position p attends to positions
+     *                    (p - window, p] only (window >= 1; older keys are masked out, as
+     *                    llama.cpp's standard SWA mask)
+     *  scale             x [n] *= s
+     *  geglu             out [n] = gelu(gate) * up, gelu's tanh form (cpu_geglu); out may
+     *                    equal gate */
+    int (*attention_window)(md_backend *be, const md_buf *q, const md_buf *k_cache,
+                            const md_buf *v_cache, md_buf *out, int n_heads, int n_kv_heads,
+                            int head_dim, int cache_type, float scale, int window, md_err *e);
+    int (*scale)(md_backend *be, md_buf *x, float s, int64_t n, md_err *e);
+    int (*geglu)(md_backend *be, const md_buf *gate, const md_buf *up, md_buf *out, int64_t n,
+                 md_err *e);
+
     /* Keep a BF16 copy of quantized weight w on the device beside it (optional): matmul and
      * matmul_n then multiply products of more rows than the backend's weight-only vector
      * kernels serve by the copy, instead of expanding w into scratch at every such product.

@@ -41,3 +41,7 @@ medley_test(test_sharding SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_sharding.
 # the CPU) when every rank has it, bit-equal to the host path; through host memory otherwise
 medley_test(test_tp_allreduce SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tp_allreduce.c
             LIBS ${ENGINE_TEST_LIBS} Threads::Threads LABELS unit)
+# Gemma 3 270M against tests/fixtures/engine/gemma3_*.json (make_gemma3_fixtures.py): tokenizer
+# and greedy continuations; skipped when `medley models fetch gemma3-270m` has not run
+medley_test(test_engine_gemma3 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_gemma3.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS e2e)

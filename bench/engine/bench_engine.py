@@ -19,6 +19,10 @@ machine may be shared: the best run is the least disturbed one).
   python3 bench/engine/bench_engine.py --medley build/cli/medley \\
       --model ~/.cache/medley/models/SmolLM2-135M-Instruct.Q4_1.gguf [--threads N] [--reps 3]
 
+--model also takes a registered name (`medley models path NAME` resolves it). Gemma 3 270M
+(Q4_K_M; sliding-window layers, GeGLU) is measured on decode, the case the issue sets:
+  python3 bench/engine/bench_engine.py --model gemma3-270m --cases decode
+
 Needs llama-cpp-python (pip install llama-cpp-python==0.3.36, built from PyPI) and numpy.
 """
 import argparse
@@ -230,6 +234,9 @@ def main():
     ap.add_argument("--cases", default="decode,prefill,batched")
     ap.add_argument("--peer-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not os.path.isfile(args.model):  # a registered name: its file in the models directory
+        out, _, _ = run([args.medley, "models", "path", args.model])
+        args.model = out.strip()
     prompts = make_prompts()
     if args.peer_child:
         print(json.dumps(peer_case(args.peer_child, args.model, args.threads, prompts)))

@@ -369,6 +369,7 @@ typedef struct {
     int n_heads, n_kv_heads, head_dim;
     float scale;
     int f16;
+    int window; /* 0: whole sequence */
 } att_job;
 
 /* One (token, head) pair per work item, over the sequence's positions 0..pos in order (fixed
@@ -383,23 +384,24 @@ static void att_run(void *ctx, int ith, int nth) {
     for (int64_t it = ith; it < items; it += nth) {
         int t = (int)(it / j->n_heads), h = (int)(it % j->n_heads), kvh = h / group;
         int s = b->tok_seq[t], npos = b->tok_pos[t] + 1;
+        int p0 = j->window > 0 && npos > j->window ? npos - j->window : 0;
         const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
         float *o = j->out + ((size_t)t * j->n_heads + h) * hd;
         const float *q = j->q + ((size_t)t * j->n_heads + h) * hd;
         if (j->f16)
             cpu_attention_paged_f16(o, q, (const uint16_t *)j->kc + (size_t)kvh * hd,
                                     (const uint16_t *)j->vc + (size_t)kvh * hd, (size_t)kv_dim, bt,
-                                    b->block_tokens, npos, hd, j->scale, sc);
+                                    b->block_tokens, p0, npos, hd, j->scale, sc);
         else
             cpu_attention_paged(o, q, (const float *)j->kc + (size_t)kvh * hd,
                                 (const float *)j->vc + (size_t)kvh * hd, (size_t)kv_dim, bt,
-                                b->block_tokens, npos, hd, j->scale, sc);
+                                b->block_tokens, p0, npos, hd, j->scale, sc);
     }
 }
 
-static int cpu_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
+static int attention_run(md_backend *be, const md_buf *q, const md_buf *k_cache,
                          const md_buf *v_cache, md_buf *out, int n_heads, int n_kv_heads,
-                         int head_dim, int cache_type, float scale, md_err *e) {
+                         int head_dim, int cache_type, float scale, int window, md_err *e) {
     cpu_backend *c = cb(be);
     if (cache_type != MD_TYPE_F32 && cache_type != MD_TYPE_F16)
         return md_errf(e, MD_EUNSUPP, "cpu backend: KV cache type %d not supported (F32, F16)",
@@ -408,17 +410,35 @@ static int cpu_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
         if (c->b.tok_pos[t] >= c->r.max_ctx)
             return md_errf(e, MD_ERANGE, "cpu backend: position %d beyond the reserved context %d",
                            c->b.tok_pos[t], c->r.max_ctx);
-    att_job j = {c,        q->p,       k_cache->p, v_cache->p, out->p, n_heads,
-                 n_kv_heads, head_dim, scale,      cache_type == MD_TYPE_F16};
+    att_job j = {c,       q->p,       k_cache->p, v_cache->p, out->p,
+                 n_heads, n_kv_heads, head_dim,   scale,      cache_type == MD_TYPE_F16,
+                 window};
     cpu_pool_run(c->pool, att_run, &j);
     return 0;
+}
+
+static int cpu_attention(md_backend *be, const md_buf *q, const md_buf *k_cache,
+                         const md_buf *v_cache, md_buf *out, int n_heads, int n_kv_heads,
+                         int head_dim, int cache_type, float scale, md_err *e) {
+    return attention_run(be, q, k_cache, v_cache, out, n_heads, n_kv_heads, head_dim, cache_type,
+                         scale, 0, e);
+}
+
+static int cpu_attention_window(md_backend *be, const md_buf *q, const md_buf *k_cache,
+                                const md_buf *v_cache, md_buf *out, int n_heads, int n_kv_heads,
+                                int head_dim, int cache_type, float scale, int window, md_err *e) {
+    if (window < 1)
+        return md_errf(e, MD_EINVAL, "cpu backend: sliding window of %d positions", window);
+    return attention_run(be, q, k_cache, v_cache, out, n_heads, n_kv_heads, head_dim, cache_type,
+                         scale, window, e);
 }
 
 typedef struct {
     const float *a, *b;
     float *out;
     int64_t n;
-    int op; /* 0 swiglu, 1 add */
+    int op; /* 0 swiglu, 1 add, 2 geglu, 3 scale by s */
+    float s;
 } ew_job;
 
 static void ew_run(void *ctx, int ith, int nth) {
@@ -428,19 +448,36 @@ static void ew_run(void *ctx, int ith, int nth) {
         return;
     if (j->op == 0)
         cpu_swiglu(j->out + lo, j->a + lo, j->b + lo, (int)(hi - lo));
-    else
+    else if (j->op == 1)
         cpu_add(j->out + lo, j->a + lo, j->b + lo, (int)(hi - lo));
+    else if (j->op == 2)
+        cpu_geglu(j->out + lo, j->a + lo, j->b + lo, (int)(hi - lo));
+    else
+        cpu_scale(j->out + lo, j->s, (int)(hi - lo));
 }
 
 static int cpu_swiglu_op(md_backend *be, const md_buf *gate, const md_buf *up, md_buf *out,
                          int64_t n, md_err *e) {
-    ew_job j = {gate->p, up->p, out->p, n, 0};
+    ew_job j = {gate->p, up->p, out->p, n, 0, 0};
     cpu_pool_run(n >= 16384 ? cb(be)->pool : NULL, ew_run, &j);
     return 0;
 }
 
+static int cpu_geglu_op(md_backend *be, const md_buf *gate, const md_buf *up, md_buf *out,
+                        int64_t n, md_err *e) {
+    ew_job j = {gate->p, up->p, out->p, n, 2, 0};
+    cpu_pool_run(n >= 16384 ? cb(be)->pool : NULL, ew_run, &j);
+    return 0;
+}
+
+static int cpu_scale_op(md_backend *be, md_buf *x, float s, int64_t n, md_err *e) {
+    ew_job j = {x->p, NULL, x->p, n, 3, s};
+    cpu_pool_run(n >= 65536 ? cb(be)->pool : NULL, ew_run, &j);
+    return 0;
+}
+
 static int cpu_add_op(md_backend *be, md_buf *x, const md_buf *y, int64_t n, md_err *e) {
-    ew_job j = {x->p, y->p, x->p, n, 1};
+    ew_job j = {x->p, y->p, x->p, n, 1, 0};
     cpu_pool_run(n >= 65536 ? cb(be)->pool : NULL, ew_run, &j);
     return 0;
 }
@@ -522,6 +559,9 @@ static const md_backend_ops cpu_ops = {
     .sync = cpu_sync,
     .check_fits = cpu_check_fits,
     .argmax = cpu_argmax,
+    .attention_window = cpu_attention_window,
+    .scale = cpu_scale_op,
+    .geglu = cpu_geglu_op,
 };
 
 /* cpu-exact: the same ops, with an F32 KV cache (the reference precision). */

@@ -99,19 +99,24 @@ void cpu_dequant_row(int wtype, const void *row, float *out, int cols);
 void cpu_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* out = silu(gate) * up, silu(g) = g / (1 + e^-g); out may alias gate or up. */
 void cpu_swiglu(float *out, const float *gate, const float *up, int n);
+/* out = gelu(gate) * up with gelu's tanh form, 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+ * (GeGLU, Gemma's FFN); out may alias gate or up. */
+void cpu_geglu(float *out, const float *gate, const float *up, int n);
 void cpu_add(float *out, const float *a, const float *b, int n); /* may alias */
 float cpu_dot_f32(const float *a, const float *b, int n);
 void cpu_axpy(float *y, float a, const float *x, int n); /* y += a*x */
 void cpu_scale(float *x, float a, int n);                /* x *= a */
 void cpu_softmax(float *x, int n);                       /* in place, max-subtracted */
-/* One query head's attention over its sequence's cached positions 0..npos-1:
+/* One query head's attention over its sequence's cached positions p0..npos-1 (p0 > 0: a
+ * sliding window; the keys before p0 are masked out):
  *   out[hd] = Σ_p softmax_p(scale · q·k_p) · v_p
  * K and V rows live in a paged cache: position p is in slot
  * block_table[p / block_tokens] * block_tokens + p % block_tokens, and its row for this
  * head starts at k + slot*row_stride (resp. v + ...), in floats (so pass k already offset
- * by the KV head). scratch holds npos floats (the caller's, per thread). */
+ * by the KV head). scratch holds npos floats (the caller's, per thread); out is zero when
+ * p0 >= npos. */
 void cpu_attention_paged(float *out, const float *q, const float *k, const float *v,
-                         size_t row_stride, const int32_t *block_table, int block_tokens,
+                         size_t row_stride, const int32_t *block_table, int block_tokens, int p0,
                          int npos, int hd, float scale, float *scratch);
 
 /* kv_f16.c — the F16 KV cache: float -> half with round-to-nearest-even (F16C where the
@@ -120,6 +125,6 @@ void cpu_attention_paged(float *out, const float *q, const float *k, const float
 void cpu_f32_to_f16_row(uint16_t *dst, const float *src, int n);
 void cpu_attention_paged_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v,
                              size_t row_stride, const int32_t *block_table, int block_tokens,
-                             int npos, int hd, float scale, float *scratch);
+                             int p0, int npos, int hd, float scale, float *scratch);
 
 #endif

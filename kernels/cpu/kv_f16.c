@@ -25,10 +25,10 @@ static void to_f16_scalar(uint16_t *dst, const float *src, int n) {
 }
 
 static void attention_f16_scalar(float *out, const float *q, const uint16_t *k, const uint16_t *v,
-                                 size_t stride, const int32_t *bt, int block_tokens, int npos,
-                                 int hd, float scale, float *sc) {
+                                 size_t stride, const int32_t *bt, int block_tokens, int p0,
+                                 int npos, int hd, float scale, float *sc) {
     float m = -INFINITY;
-    for (int p = 0; p < npos; p++) {
+    for (int p = p0; p < npos; p++) {
         const uint16_t *kr = k + slot_of(bt, block_tokens, p) * stride;
         float s = 0;
         for (int i = 0; i < hd; i++)
@@ -37,16 +37,16 @@ static void attention_f16_scalar(float *out, const float *q, const uint16_t *k, 
         m = sc[p] > m ? sc[p] : m;
     }
     double sum = 0;
-    for (int p = 0; p < npos; p++) {
+    for (int p = p0; p < npos; p++) {
         sc[p] = expf(sc[p] - m);
         sum += sc[p];
     }
     float r = (float)(1.0 / sum);
-    for (int p = 0; p < npos; p++)
+    for (int p = p0; p < npos; p++)
         sc[p] *= r;
     for (int i = 0; i < hd; i++)
         out[i] = 0;
-    for (int p = 0; p < npos; p++) {
+    for (int p = p0; p < npos; p++) {
         const uint16_t *vr = v + slot_of(bt, block_tokens, p) * stride;
         for (int i = 0; i < hd; i++)
             out[i] += sc[p] * md_fp16_to_fp32(vr[i]);
@@ -79,9 +79,10 @@ F16C static void to_f16_avx2(uint16_t *dst, const float *src, int n) {
 /* hd % 8 == 0. Scores and the softmax in scalar order (exact expf), K/V rows through F16C. */
 F16C static void attention_f16_avx2(float *out, const float *q, const uint16_t *k,
                                     const uint16_t *v, size_t stride, const int32_t *bt,
-                                    int block_tokens, int npos, int hd, float scale, float *sc) {
+                                    int block_tokens, int p0, int npos, int hd, float scale,
+                                    float *sc) {
     float m = -INFINITY;
-    for (int p = 0; p < npos; p++) {
+    for (int p = p0; p < npos; p++) {
         const uint16_t *kr = k + slot_of(bt, block_tokens, p) * stride;
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         int i = 0;
@@ -95,19 +96,19 @@ F16C static void attention_f16_avx2(float *out, const float *q, const uint16_t *
         m = sc[p] > m ? sc[p] : m;
     }
     double sum = 0;
-    for (int p = 0; p < npos; p++) {
+    for (int p = p0; p < npos; p++) {
         sc[p] = expf(sc[p] - m);
         sum += sc[p];
     }
     float r = (float)(1.0 / sum);
-    for (int p = 0; p < npos; p++)
+    for (int p = p0; p < npos; p++)
         sc[p] *= r;
     for (int c0 = 0; c0 < hd; c0 += 64) {
         int nv = (hd - c0 < 64 ? hd - c0 : 64) / 8;
         __m256 acc[8];
         for (int j = 0; j < 8; j++)
             acc[j] = _mm256_setzero_ps();
-        for (int p = 0; p < npos; p++) {
+        for (int p = p0; p < npos; p++) {
             const uint16_t *vr = v + slot_of(bt, block_tokens, p) * stride + c0;
             __m256 w = _mm256_set1_ps(sc[p]);
             for (int j = 0; j < nv; j++)
@@ -134,19 +135,19 @@ void cpu_f32_to_f16_row(uint16_t *dst, const float *src, int n) {
 
 void cpu_attention_paged_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v,
                              size_t row_stride, const int32_t *block_table, int block_tokens,
-                             int npos, int hd, float scale, float *scratch) {
-    if (npos <= 0 || hd <= 0) {
+                             int p0, int npos, int hd, float scale, float *scratch) {
+    if (npos <= p0 || hd <= 0) {
         for (int i = 0; i < hd; i++)
             out[i] = 0;
         return;
     }
 #ifdef HAVE_X86
     if (USE_F16C && hd % 8 == 0) {
-        attention_f16_avx2(out, q, k, v, row_stride, block_table, block_tokens, npos, hd, scale,
+        attention_f16_avx2(out, q, k, v, row_stride, block_table, block_tokens, p0, npos, hd, scale,
                            scratch);
         return;
     }
 #endif
-    attention_f16_scalar(out, q, k, v, row_stride, block_table, block_tokens, npos, hd, scale,
+    attention_f16_scalar(out, q, k, v, row_stride, block_table, block_tokens, p0, npos, hd, scale,
                          scratch);
 }

@@ -57,14 +57,14 @@ static inline size_t paged_slot(const int32_t *bt, int block_tokens, int p) {
 }
 
 static void attention_scalar(float *out, const float *q, const float *k, const float *v,
-                             size_t stride, const int32_t *bt, int block_tokens, int npos, int hd,
-                             float scale, float *sc) {
-    for (int p = 0; p < npos; p++)
+                             size_t stride, const int32_t *bt, int block_tokens, int p0, int npos,
+                             int hd, float scale, float *sc) {
+    for (int p = p0; p < npos; p++)
         sc[p] = dot_scalar(q, k + paged_slot(bt, block_tokens, p) * stride, hd) * scale;
-    softmax_scalar(sc, npos);
+    softmax_scalar(sc + p0, npos - p0);
     for (int i = 0; i < hd; i++)
         out[i] = 0;
-    for (int p = 0; p < npos; p++) {
+    for (int p = p0; p < npos; p++) {
         const float *vr = v + paged_slot(bt, block_tokens, p) * stride;
         for (int i = 0; i < hd; i++)
             out[i] += sc[p] * vr[i];
@@ -203,9 +203,9 @@ AVX2 static void softmax_avx2(float *x, int n) {
 /* hd a multiple of 8. Scores then softmax in scratch, then the weighted sum of V rows with
  * 64 output floats held in registers per pass. */
 AVX2 static void attention_avx2(float *out, const float *q, const float *k, const float *v,
-                                size_t stride, const int32_t *bt, int block_tokens, int npos,
-                                int hd, float scale, float *sc) {
-    for (int p = 0; p < npos; p++) {
+                                size_t stride, const int32_t *bt, int block_tokens, int p0,
+                                int npos, int hd, float scale, float *sc) {
+    for (int p = p0; p < npos; p++) {
         const float *kr = k + paged_slot(bt, block_tokens, p) * stride;
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         int i = 0;
@@ -217,13 +217,13 @@ AVX2 static void attention_avx2(float *out, const float *q, const float *k, cons
             a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kr + i), a0);
         sc[p] = hsum8(_mm256_add_ps(a0, a1)) * scale;
     }
-    softmax_avx2(sc, npos);
+    softmax_avx2(sc + p0, npos - p0);
     for (int c0 = 0; c0 < hd; c0 += 64) {
         int nv = (hd - c0 < 64 ? hd - c0 : 64) / 8;
         __m256 acc[8];
         for (int r = 0; r < 8; r++)
             acc[r] = _mm256_setzero_ps();
-        for (int p = 0; p < npos; p++) {
+        for (int p = p0; p < npos; p++) {
             const float *vr = v + paged_slot(bt, block_tokens, p) * stride + c0;
             __m256 w = _mm256_set1_ps(sc[p]);
             for (int r = 0; r < nv; r++)
@@ -256,6 +256,17 @@ void cpu_swiglu(float *out, const float *gate, const float *up, int n) {
     }
 #endif
     swiglu_scalar(out, gate, up, n);
+}
+
+/* tanhf per element: the exact tanh form (llama.cpp's CPU backend reads gelu from a table of
+ * F16 inputs; the two agree to ~1e-3 relative, well inside the 8-bit activation rounding of
+ * the products around it). */
+void cpu_geglu(float *out, const float *gate, const float *up, int n) {
+    const float c = 0.79788456080286535588f; /* sqrt(2 / pi) */
+    for (int i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(c * g * (1.0f + 0.044715f * g * g))) * up[i];
+    }
 }
 
 /* Element-wise ops the compiler vectorises well at the baseline level. */
@@ -301,20 +312,20 @@ void cpu_softmax(float *x, int n) {
 }
 
 void cpu_attention_paged(float *out, const float *q, const float *k, const float *v,
-                         size_t row_stride, const int32_t *block_table, int block_tokens,
+                         size_t row_stride, const int32_t *block_table, int block_tokens, int p0,
                          int npos, int hd, float scale, float *scratch) {
-    if (npos <= 0 || hd <= 0) {
+    if (npos <= p0 || hd <= 0) {
         for (int i = 0; i < hd; i++)
             out[i] = 0;
         return;
     }
 #ifdef HAVE_X86
     if (USE_AVX2 && hd % 8 == 0) {
-        attention_avx2(out, q, k, v, row_stride, block_table, block_tokens, npos, hd, scale,
+        attention_avx2(out, q, k, v, row_stride, block_table, block_tokens, p0, npos, hd, scale,
                        scratch);
         return;
     }
 #endif
-    attention_scalar(out, q, k, v, row_stride, block_table, block_tokens, npos, hd, scale,
+    attention_scalar(out, q, k, v, row_stride, block_table, block_tokens, p0, npos, hd, scale,
                      scratch);
 }

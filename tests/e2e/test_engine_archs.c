@@ -1,10 +1,13 @@
 /* test_engine_archs.c — architecture variants SmolLM2 does not cover, on tiny synthetic GGUFs
  * (tests/fixtures/engine/make_tiny_models.py) against a float64 numpy forward pass:
  * Qwen2 (NeoX RoPE, QKV biases, separate output head, linear RoPE scaling; F32/F16/BF16/
- * Q8_0/Q4_0/Q4_1 weights) and Llama 3.1-style (rope_freqs divisors, multi-query attention, tied
- * head; Q4_K/Q6_K/Q8_0 weights). Also that a model file whose tensors do not fit the metadata
- * is refused with a reason, device selection ("auto") without a GPU, and the CPU backend's
- * fit check and argmax op. No real model needed: runs with the unit tests. */
+ * Q8_0/Q4_0/Q4_1 weights), Llama 3.1-style (rope_freqs divisors, multi-query attention, tied
+ * head; Q4_K/Q6_K/Q8_0 weights), Qwen3 (QK-norm), Mistral with a sliding window and Gemma 3
+ * (sliding and global layers, GeGLU, extra norms, scaled embeddings; Q5_0 weights), the
+ * sliding ones also fed token by token so the window is applied over the KV cache. Also that a
+ * model file whose tensors do not fit the metadata is refused with a reason, device selection
+ * ("auto") without a GPU, and the CPU backend's fit check and argmax op. No real model needed: runs
+ * with the unit tests. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,7 +31,10 @@
 /* cpu: activations quantized to 8 bits per block; relative to the logits' spread. */
 #define FAST_REL_TOL 0.05
 
-static void check_model(const char *file, const char *device, double tol, int relative) {
+/* chunk 0: the whole prompt in one step; else the first `chunk` tokens in one step and the
+ * rest one per step (decode over the cache). */
+static void check_model_steps(const char *file, const char *device, double tol, int relative,
+                              int chunk) {
     char path[4096];
     snprintf(path, sizeof path, "%s/engine/%s", MEDLEY_FIXTURES, file);
     json_t *fx = test_fixture("tiny_logits.json");
@@ -65,22 +71,31 @@ static void check_model(const char *file, const char *device, double tol, int re
     }
     for (int i = 0; i < nl; i++)
         rows[i] = (int32_t)json_integer_value(json_array_get(pos, i));
-    int32_t seq_len = n;
-    md_batch b = {.n_tokens = n,
-                  .n_seqs = 1,
-                  .tokens = toks,
-                  .tok_seq = tseq,
-                  .tok_pos = tpos,
-                  .slot = slot,
-                  .seq_len = &seq_len,
-                  .block_table = table,
-                  .max_blocks = 8,
-                  .block_tokens = 8,
-                  .logit_rows = rows,
-                  .n_logits = nl};
     float *lg = malloc((size_t)nl * V * sizeof(float));
-    if (md_model_forward(m, &f, &kv, &b, lg, &e))
-        fail_msg("forward: %s", e.msg);
+    int done = 0; /* logit rows gathered so far (positions ascend) */
+    for (int s0 = 0; s0 < n;) {
+        int s1 = chunk <= 0 ? n : s0 == 0 ? chunk : s0 + 1, k = 0;
+        int32_t seq_len = s1, step_rows[16];
+        for (int i = done; i < nl && rows[i] < s1; i++)
+            step_rows[k++] = rows[i] - s0;
+        md_batch b = {.n_tokens = s1 - s0,
+                      .n_seqs = 1,
+                      .tokens = toks + s0,
+                      .tok_seq = tseq + s0,
+                      .tok_pos = tpos + s0,
+                      .slot = slot + s0,
+                      .seq_len = &seq_len,
+                      .block_table = table,
+                      .max_blocks = 8,
+                      .block_tokens = 8,
+                      .logit_rows = step_rows,
+                      .n_logits = k};
+        if (md_model_forward(m, &f, &kv, &b, lg + (size_t)done * V, &e))
+            fail_msg("forward: %s", e.msg);
+        done += k;
+        s0 = s1;
+    }
+    assert_int_equal(done, nl);
     double max_err = 0, lo = INFINITY, hi = -INFINITY;
     for (int i = 0; i < nl; i++)
         for (int v = 0; v < V; v++) {
@@ -92,9 +107,9 @@ static void check_model(const char *file, const char *device, double tol, int re
             hi = r > hi ? r : hi;
         }
     double limit = relative ? tol * (hi - lo) : tol;
-    printf("%s on %s: max |logit error| %.2e over %d x %d logits (limit %.2e, logits in [%.2f, "
-           "%.2f])\n",
-           file, device, max_err, nl, V, limit, lo, hi);
+    printf("%s on %s%s: max |logit error| %.2e over %d x %d logits (limit %.2e, logits in "
+           "[%.2f, %.2f])\n",
+           file, device, chunk ? " token by token" : "", max_err, nl, V, limit, lo, hi);
     assert_true(max_err <= limit);
     free(lg);
     free(toks);
@@ -104,6 +119,10 @@ static void check_model(const char *file, const char *device, double tol, int re
     md_backend_free(be);
     gguf_close(gf);
     json_decref(fx);
+}
+
+static void check_model(const char *file, const char *device, double tol, int relative) {
+    check_model_steps(file, device, tol, relative, 0);
 }
 
 static void test_qwen2_neox_bias_untied_exact(void **state) {
@@ -117,6 +136,63 @@ static void test_llama3_rope_freqs_mqa_kquants_exact(void **state) {
 }
 static void test_llama3_fast_kernels(void **state) {
     check_model("tiny-llama3.gguf", "cpu", FAST_REL_TOL, 1);
+}
+
+static void test_qwen3_qk_norm_exact(void **state) {
+    check_model("tiny-qwen3.gguf", "cpu-exact", EXACT_TOL, 0);
+}
+static void test_qwen3_fast_kernels(void **state) {
+    check_model("tiny-qwen3.gguf", "cpu", FAST_REL_TOL, 1);
+}
+/* window 8 over a 40-token prompt: positions before p - 7 must not count */
+static void test_mistral_sliding_window_exact(void **state) {
+    check_model("tiny-mistral-swa.gguf", "cpu-exact", EXACT_TOL, 0);
+}
+static void test_mistral_sliding_window_over_kv_cache(void **state) {
+    check_model_steps("tiny-mistral-swa.gguf", "cpu-exact", EXACT_TOL, 0, 5);
+    check_model_steps("tiny-mistral-swa.gguf", "cpu", FAST_REL_TOL, 1, 11);
+}
+static void test_gemma3_exact(void **state) {
+    check_model("tiny-gemma3.gguf", "cpu-exact", EXACT_TOL, 0);
+}
+static void test_gemma3_fast_kernels(void **state) {
+    check_model("tiny-gemma3.gguf", "cpu", FAST_REL_TOL, 1);
+}
+static void test_gemma3_over_kv_cache(void **state) {
+    check_model_steps("tiny-gemma3.gguf", "cpu-exact", EXACT_TOL, 0, 3);
+}
+
+/* What the sliding-window and Gemma 3 hyperparameters read as, and their refusal on a
+ * backend without the ops they need. */
+static void test_gemma3_hparams_and_missing_ops(void **state) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/engine/tiny-gemma3.gguf", MEDLEY_FIXTURES);
+    gguf_file *gf;
+    md_hparams hp;
+    md_err e = {0};
+    assert_int_equal(gguf_open(path, &gf, &e), 0);
+    assert_int_equal(md_hparams_read(gf, &hp, &e), 0);
+    assert_string_equal(hp.arch, "gemma3");
+    assert_int_equal(hp.head_dim, 32);
+    assert_int_equal(hp.n_swa, 8);
+    assert_int_equal(hp.swa_pattern, 3);
+    assert_true(md_layer_is_swa(&hp, 0) && md_layer_is_swa(&hp, 1) && !md_layer_is_swa(&hp, 2));
+    assert_true(hp.rope_neox && hp.qk_norm && hp.post_norms && hp.ffn_gelu);
+    assert_true(fabsf(hp.embd_scale - 8.0f) < 1e-6f);
+    assert_true(hp.rope_theta_swa == 1e4f && hp.rope.theta == 1e6f);
+    md_backend *be;
+    assert_int_equal(md_backend_open("cpu", 1, &be, &e), 0);
+    md_backend_ops ops = *be->ops; /* the cpu backend less its geglu op */
+    ops.geglu = NULL;
+    const md_backend_ops *keep = be->ops;
+    be->ops = &ops;
+    md_model *m = NULL;
+    assert_int_equal(md_model_load(gf, be, &m, &e), MD_EUNSUPP);
+    assert_null(m);
+    assert_non_null(strstr(e.msg, "lacks the geglu op"));
+    be->ops = keep;
+    md_backend_free(be);
+    gguf_close(gf);
 }
 
 /* A file that is valid GGUF but not a usable model is refused, naming the tensor; devices
@@ -215,6 +291,14 @@ int main(void) {
         cmocka_unit_test(test_qwen2_fast_kernels),
         cmocka_unit_test(test_llama3_rope_freqs_mqa_kquants_exact),
         cmocka_unit_test(test_llama3_fast_kernels),
+        cmocka_unit_test(test_qwen3_qk_norm_exact),
+        cmocka_unit_test(test_qwen3_fast_kernels),
+        cmocka_unit_test(test_mistral_sliding_window_exact),
+        cmocka_unit_test(test_mistral_sliding_window_over_kv_cache),
+        cmocka_unit_test(test_gemma3_exact),
+        cmocka_unit_test(test_gemma3_fast_kernels),
+        cmocka_unit_test(test_gemma3_over_kv_cache),
+        cmocka_unit_test(test_gemma3_hparams_and_missing_ops),
         cmocka_unit_test(test_unusable_model_refused_with_reason),
         cmocka_unit_test(test_auto_device_picks_cpu_without_gpu),
         cmocka_unit_test(test_cpu_check_fits_refuses_more_than_ram),

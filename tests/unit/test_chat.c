@@ -65,8 +65,28 @@ static void mistral_v3_folds_the_system_prompt_into_the_first_turn(void **st) {
     free(p);
 }
 
+static void gemma_folds_the_system_prompt_into_the_first_user_turn(void **st) {
+    char *p = render(TOK_TMPL_GEMMA, 1);
+    assert_string_equal(p,
+                        "<start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n"
+                        "<start_of_turn>model\nHi there<end_of_turn>\n"
+                        "<start_of_turn>user\nWho are you<end_of_turn>\n"
+                        "<start_of_turn>model\n");
+    free(p);
+    /* two system messages are joined; one after the model's turn opens the next user turn */
+    static const tok_chat_msg conv[] = {{"system", " A. "}, {"system", "B"},    {"user", "u1"},
+                                        {"system", "C"},    {"assistant", "a"}, {"user", "u2"}};
+    char *out = NULL;
+    md_err e = {0};
+    assert_int_equal(tok_chat_apply_as(NULL, TOK_TMPL_GEMMA, conv, 6, 0, &out, &e), 0);
+    assert_string_equal(out, "<start_of_turn>user\nA.B\n\nu1<end_of_turn>\n"
+                             "<start_of_turn>model\na<end_of_turn>\n"
+                             "<start_of_turn>user\nC\n\nu2<end_of_turn>\n");
+    free(out);
+}
+
 static void names_round_trip_and_unknown_names_are_none(void **st) {
-    for (int i = TOK_TMPL_CHATML; i <= TOK_TMPL_MISTRAL; i++)
+    for (int i = TOK_TMPL_CHATML; i <= TOK_TMPL_GEMMA; i++)
         assert_int_equal(tok_template_from_name(tok_template_name((tok_template)i)), i);
     assert_int_equal(tok_template_from_name("zephyr"), TOK_TMPL_NONE);
     assert_int_equal(tok_template_from_name(NULL), TOK_TMPL_NONE);
@@ -95,6 +115,7 @@ int main(void) {
         cmocka_unit_test(llama3_trims_contents_and_uses_header_ids),
         cmocka_unit_test(llama2_puts_the_system_prompt_in_sys_tags),
         cmocka_unit_test(mistral_v3_folds_the_system_prompt_into_the_first_turn),
+        cmocka_unit_test(gemma_folds_the_system_prompt_into_the_first_user_turn),
         cmocka_unit_test(names_round_trip_and_unknown_names_are_none),
         cmocka_unit_test(bad_messages_and_no_template_are_clear_errors),
     };

@@ -539,9 +539,10 @@ static void test_attention_paged_matches_double_formula(void **state) {
             for (int i = 0; i < hd; i++)
                 q[i] = frnd() * 2;
             for (int ni = 0; ni < 6; ni++) {
-                int npos = nposs[ni];
+                /* odd cases slide: keys before p0 are masked (a window of npos - p0) */
+                int npos = nposs[ni], p0 = ni % 2 ? npos / 3 : 0;
                 double mx = -INFINITY, sum = 0;
-                for (int p = 0; p < npos; p++) {
+                for (int p = p0; p < npos; p++) {
                     size_t slot = (size_t)bt[p / BT] * BT + p % BT;
                     double d = 0;
                     for (int i = 0; i < hd; i++)
@@ -549,21 +550,21 @@ static void test_attention_paged_matches_double_formula(void **state) {
                     w[p] = d * 0.125;
                     mx = fmax(mx, w[p]);
                 }
-                for (int p = 0; p < npos; p++)
+                for (int p = p0; p < npos; p++)
                     sum += (w[p] = exp(w[p] - mx));
                 for (int i = 0; i < hd; i++) {
                     want[i] = 0;
-                    for (int p = 0; p < npos; p++) {
+                    for (int p = p0; p < npos; p++) {
                         size_t slot = (size_t)bt[p / BT] * BT + p % BT;
                         want[i] += w[p] / sum * v[slot * stride + kvh * hd + i];
                     }
                 }
-                cpu_attention_paged(out, q, k + kvh * hd, v + kvh * hd, (size_t)stride, bt, BT,
+                cpu_attention_paged(out, q, k + kvh * hd, v + kvh * hd, (size_t)stride, bt, BT, p0,
                                     npos, hd, 0.125f, sc);
                 for (int i = 0; i < hd; i++) {
                     if (!(fabs(out[i] - want[i]) <= 1e-5)) {
-                        print_error("attention (%s) hd %d npos %d [%d]: %.7g want %.7g\n",
-                                    cpu_simd_name(), hd, npos, i, out[i], want[i]);
+                        print_error("attention (%s) hd %d p0 %d npos %d [%d]: %.7g want %.7g\n",
+                                    cpu_simd_name(), hd, p0, npos, i, out[i], want[i]);
                         fail();
                     }
                 }
@@ -610,9 +611,10 @@ static void test_attention_paged_f16_matches_double_formula(void **state) {
             for (int i = 0; i < hd; i++)
                 q[i] = frnd() * 2;
             for (int ni = 0; ni < 6; ni++) {
-                int npos = nposs[ni];
+                /* odd cases slide: keys before p0 are masked (a window of npos - p0) */
+                int npos = nposs[ni], p0 = ni % 2 ? npos / 3 : 0;
                 double mx = -INFINITY, sum = 0;
-                for (int p = 0; p < npos; p++) {
+                for (int p = p0; p < npos; p++) {
                     size_t slot = (size_t)bt[p / BT] * BT + p % BT;
                     double d = 0;
                     for (int i = 0; i < hd; i++)
@@ -620,21 +622,21 @@ static void test_attention_paged_f16_matches_double_formula(void **state) {
                     w[p] = d * 0.125;
                     mx = fmax(mx, w[p]);
                 }
-                for (int p = 0; p < npos; p++)
+                for (int p = p0; p < npos; p++)
                     sum += (w[p] = exp(w[p] - mx));
                 for (int i = 0; i < hd; i++) {
                     want[i] = 0;
-                    for (int p = 0; p < npos; p++) {
+                    for (int p = p0; p < npos; p++) {
                         size_t slot = (size_t)bt[p / BT] * BT + p % BT;
                         want[i] += w[p] / sum * md_fp16_to_fp32(v[slot * stride + kvh * hd + i]);
                     }
                 }
                 cpu_attention_paged_f16(out, q, k + kvh * hd, v + kvh * hd, (size_t)stride, bt, BT,
-                                        npos, hd, 0.125f, sc);
+                                        p0, npos, hd, 0.125f, sc);
                 for (int i = 0; i < hd; i++)
                     if (!(fabs(out[i] - want[i]) <= 1e-5)) {
-                        print_error("attention f16 (%s) hd %d npos %d [%d]: %.7g want %.7g\n",
-                                    cpu_simd_name(), hd, npos, i, out[i], want[i]);
+                        print_error("attention f16 (%s) hd %d p0 %d npos %d [%d]: %.7g want %.7g\n",
+                                    cpu_simd_name(), hd, p0, npos, i, out[i], want[i]);
                         fail();
                     }
             }

@@ -261,6 +261,24 @@ static void dequant_Q4_K_matches_reference(void **st) {
 static void dequant_Q6_K_matches_reference(void **st) {
     check_dequant("Q6_K");
 }
+static void dequant_Q5_0_matches_reference(void **st) {
+    check_dequant("Q5_0");
+}
+/* Q5_0 recoded as Q8_0 (what the engine multiplies) holds exactly the same values. */
+static void q5_0_recoded_as_q8_0_is_exact(void **st) {
+    fixture fx;
+    load_fixture("Q5_0", &fx);
+    uint8_t *q8 = malloc(fx.n / 32 * 34);
+    float *y = malloc(fx.n * sizeof *y);
+    md_err e = {0};
+    assert_int_equal(md_q5_0_to_q8_0(fx.raw, q8, fx.n, &e), 0);
+    assert_int_equal(md_dequantize(MD_TYPE_Q8_0, q8, y, fx.n, &e), 0);
+    assert_memory_equal(y, fx.ref, fx.n * sizeof *y);
+    assert_int_equal(md_q5_0_to_q8_0(fx.raw, q8, 33, &e), MD_EINVAL);
+    free(y);
+    free(q8);
+    free(fx.buf);
+}
 static void quantize_F16_matches_reference(void **st) {
     check_quantize("F16");
 }
@@ -287,6 +305,8 @@ int main(void) {
         cmocka_unit_test(dequant_Q4_1_matches_reference),
         cmocka_unit_test(dequant_Q4_K_matches_reference),
         cmocka_unit_test(dequant_Q6_K_matches_reference),
+        cmocka_unit_test(dequant_Q5_0_matches_reference),
+        cmocka_unit_test(q5_0_recoded_as_q8_0_is_exact),
         cmocka_unit_test(quantize_F16_matches_reference),
         cmocka_unit_test(quantize_BF16_matches_reference),
         cmocka_unit_test(quantize_Q8_0_matches_reference),
