@@ -3,6 +3,8 @@ medley_test(test_sched_perf SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_
             LIBS medley_sched LABELS unit)
 medley_test(test_sched_milp SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_milp.c
             LIBS medley_sched LABELS unit)
+medley_test(test_sched_fleet_agg SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_fleet_agg.c
+            LIBS medley_sched LABELS unit)
 medley_test(test_sched_sim SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_sim.c
             LIBS medley_sched LABELS unit)
 if(MEDLEY_REDIS_SERVER)

@@ -33,7 +33,7 @@ static int load(world *x, const char *fleet, const char *workload, md_err *e) {
     memset(x, 0, sizeof *x);
     sched_perf_defaults(&x->pp);
     if (sched_catalog_load(&x->cat, NULL, e) || sched_fleet_load(&x->f, fp, &x->cat, e) ||
-        sched_workload_load(&x->w, wp, e) ||
+        sched_fleet_aggregate(&x->f, e) || sched_workload_load(&x->w, wp, e) ||
         sched_cands_build(&x->cs, &x->w, &x->f, &x->cat, NULL, &x->pp, e))
         return e->code;
     return 0;
@@ -219,6 +219,123 @@ static void scale(json_t *sc) {
            gpus, ncand, nrep, t[2]);
 }
 
+/* ---- scale by hosts: 10,000 GPUs as the daemon sees them (one pool per 8-GPU host) ---- */
+
+/* 1,250 hosts of 8 GPUs: fleet-1000's types and proportions, times ten. */
+static json_t *hosts_fleet_doc(void) {
+    static const struct {
+        const char *name, *type;
+        int hosts;
+    } T[] = {{"h100", "H100-SXM", 120},   {"a100", "A100-80GB-SXM", 200},
+             {"a100s", "A100-40GB", 120}, {"l40s", "L40S", 160},
+             {"l4", "L4", 320},           {"a10g", "A10G", 200},
+             {"r4090", "RTX-4090", 80},   {"t4", "T4", 50}};
+    json_t *pools = json_array();
+    for (size_t t = 0; t < sizeof T / sizeof *T; t++)
+        for (int i = 0; i < T[t].hosts; i++) {
+            char name[SCHED_NAME];
+            snprintf(name, sizeof name, "%s-%04d", T[t].name, i);
+            json_array_append_new(pools, json_pack("{s:s, s:s, s:i, s:i}", "name", name, "type",
+                                                   T[t].type, "count", 8, "gpus_per_host", 8));
+        }
+    return json_pack("{s:s, s:o}", "name", "hosts-1250", "pools", pools);
+}
+
+/* 20 models: the nine built-ins, then llama-3-8b shapes at other precisions, each a backlog
+ * with a deadline of 1-3 h and a short and a long request class. */
+static json_t *hosts_workload_doc(void) {
+    static const char *builtin[] = {"llama-3-8b",  "llama-3-70b", "mistral-7b",
+                                    "qwen2-7b",    "qwen2-72b",   "llama-2-7b",
+                                    "llama-2-13b", "llama-2-70b", "smollm2-135m"};
+    static const char *quant[] = {"INT4", "INT8", "Q4_0", "Q8_0", "FP8"};
+    json_t *ms = json_array();
+    for (int m = 0; m < 20; m++) {
+        json_t *card;
+        if (m < 9) {
+            card = json_string(builtin[m]);
+        } else {
+            char name[SCHED_NAME];
+            snprintf(name, sizeof name, "llama-3-8b-%s-%d", quant[m % 5], m);
+            card = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s}", "name", name, "layers", 32,
+                             "hidden", 4096, "heads", 32, "kv_heads", 8, "ffn", 14336, "vocab",
+                             128256, "quant", quant[m % 5]);
+        }
+        json_array_append_new(
+            ms,
+            json_pack("{s:o, s:i, s:i, s:[{s:s, s:i, s:i, s:i, s:f}, {s:s, s:i, s:i, s:i, "
+                      "s:f}]}",
+                      "model", card, "requests", 10 * (20000 + 5000 * m), "deadline_s",
+                      3600 * (1 + m % 3), "classes", "name", "s", "input_mean", 250, "output_mean",
+                      150, "max_tokens", 1024, "share", 0.6, "name", "l", "input_mean", 2500,
+                      "output_mean", 350, "max_tokens", 4096, "share", 0.4));
+    }
+    return json_pack("{s:o}", "models", ms);
+}
+
+/* Load the fleet (merged when aggregate), the workload and the candidates, and plan. Returns
+ * the wall time in seconds, or -1 with the error printed. */
+static double hosts_plan_once(int aggregate, const sched_opts *o, int *ncand, int *nrep,
+                              int *npools, int *limited) {
+    world x;
+    md_err e = {0};
+    memset(&x, 0, sizeof x);
+    sched_perf_defaults(&x.pp);
+    json_t *fd = hosts_fleet_doc(), *wd = hosts_workload_doc();
+    uint64_t t0 = md_mono_ns();
+    sched_plan p;
+    int rc = sched_catalog_load(&x.cat, NULL, &e) || sched_fleet_from_json(&x.f, fd, &x.cat, &e) ||
+             (aggregate && sched_fleet_aggregate(&x.f, &e)) ||
+             sched_workload_from_json(&x.w, wd, &e) ||
+             sched_cands_build(&x.cs, &x.w, &x.f, &x.cat, NULL, &x.pp, &e) ||
+             sched_plan_solve(&p, &x.w, &x.f, &x.cat, &x.cs, o, &e);
+    double dt = (md_mono_ns() - t0) / 1e9;
+    json_decref(fd);
+    json_decref(wd);
+    if (rc) {
+        printf("scale by hosts (%s): %s\n", aggregate ? "merged" : "one pool per host", e.msg);
+        unload(&x);
+        return -1;
+    }
+    *ncand = x.cs.n;
+    *nrep = p.n;
+    *npools = x.f.n;
+    *limited = 0;
+    size_t i;
+    json_t *n;
+    json_array_foreach(p.notes, i, n) *limited |= strstr(json_string_value(n), "limit") != NULL;
+    sched_plan_free(&p);
+    unload(&x);
+    return dt;
+}
+
+/* 10,000 GPUs as 1,250 hosts x 20 models: the median of 5 plans with the hosts merged, and
+ * one plan with one pool per host (as the daemon built them before merging), capped at
+ * 5 s per MILP solve and 2 Dinkelbach iterations so that the bench ends in minutes. */
+static void scale_hosts(void) {
+    sched_opts o;
+    sched_opts_defaults(&o);
+    double t[5];
+    int ncand = 0, nrep = 0, npools = 0, lim = 0;
+    for (int i = 0; i < 5; i++)
+        if ((t[i] = hosts_plan_once(1, &o, &ncand, &nrep, &npools, &lim)) < 0)
+            return;
+    qsort(t, 5, sizeof *t, cmp_d);
+    printf("\nscale by hosts: 10000 GPUs as 1250 hosts x 20 models, merged into %d pools: %d "
+           "candidates, %d replicas, plan in %.3f s (median of 5, wall clock, loading + "
+           "candidates + MILP)%s\n",
+           npools, ncand, nrep, t[2], lim ? "; the MILP stopped at a limit" : "");
+    o.time_limit_s = 5;
+    o.iterations = 2;
+    int c1 = 0, r1 = 0, p1 = 0, lim1 = 0;
+    double u = hosts_plan_once(0, &o, &c1, &r1, &p1, &lim1);
+    if (u < 0)
+        return;
+    printf("  the same with one pool per host (%d pools, %d candidates): %d replicas in %.1f s "
+           "(once, capped at %.0f s per solve and %d iterations%s): merging is %.0fx faster\n",
+           p1, c1, r1, u, o.time_limit_s, o.iterations,
+           lim1 ? "; it hit the limit" : "; it did not hit the limit", u / t[2]);
+}
+
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : MEDLEY_SOURCE_DIR "/bench/scheduler/scenarios.json";
     snprintf(dir, sizeof dir, "%s", path);
@@ -252,6 +369,7 @@ int main(int argc, char **argv) {
         "rental that meets the deadlines\n");
     json_array_foreach(json_object_get(doc, "rent"), i, sc) rent(sc);
     scale(json_object_get(doc, "scale"));
+    scale_hosts();
     json_decref(doc);
     return 0;
 }
