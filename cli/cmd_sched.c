@@ -37,7 +37,7 @@ static int inputs_load(inputs *in, const char *catalog, const char *fleet, const
     sched_perf_defaults(&in->pp);
     if (sched_catalog_load(&in->cat, catalog, e) ||
         sched_fleet_load(&in->fleet, fleet, &in->cat, e) ||
-        sched_workload_load(&in->w, workload, e))
+        sched_fleet_aggregate(&in->fleet, e) || sched_workload_load(&in->w, workload, e))
         return e->code;
     for (int i = 0; i < nprof; i++)
         if (sched_profile_load(&in->prof, profiles[i], e))

@@ -447,6 +447,8 @@ int sched_fleet_load(sched_fleet *f, const char *path, sched_catalog *cat, md_er
 }
 
 void sched_fleet_free(sched_fleet *f) {
+    for (int i = 0; i < f->n; i++)
+        free(f->pools[i].hosts);
     free(f->pools);
     memset(f, 0, sizeof *f);
 }

@@ -38,7 +38,14 @@ static md_redis *connect_redis(const char *url, const char *prefix, md_err *e) {
     return r;
 }
 
-/* Keys matching pattern (SCAN, so the server is never blocked). Returns a json array. */
+static int cmp_key(const void *a, const void *b) {
+    return strcmp(json_string_value(*(json_t *const *)a), json_string_value(*(json_t *const *)b));
+}
+
+/* Keys matching pattern (SCAN, so the server is never blocked), in name order and each once
+ * (SCAN's order is the hash table's, and it may return a key twice): the fleet and the
+ * workload, and so the plan, are then the same for the same workers and queues. Returns a
+ * json array. */
 static json_t *scan_keys(redisContext *c, const char *pattern) {
     json_t *out = json_array();
     char cursor[32] = "0";
@@ -54,7 +61,22 @@ static json_t *scan_keys(redisContext *c, const char *pattern) {
             json_array_append_new(out, json_string(r->element[1]->element[i]->str));
         freeReplyObject(r);
     } while (strcmp(cursor, "0"));
-    return out;
+    size_t n = json_array_size(out);
+    json_t **v = malloc((n + 1) * sizeof *v), *sorted = json_array();
+    if (!v || !sorted) {
+        free(v);
+        json_decref(sorted);
+        return out; /* out of memory: SCAN's order, still a valid set of keys */
+    }
+    for (size_t i = 0; i < n; i++)
+        v[i] = json_array_get(out, i);
+    qsort(v, n, sizeof *v, cmp_key);
+    for (size_t i = 0; i < n; i++)
+        if (!i || cmp_key(&v[i - 1], &v[i]))
+            json_array_append(sorted, v[i]);
+    free(v);
+    json_decref(out);
+    return sorted;
 }
 
 /* The fleet as the heartbeats describe it: one pool per (worker, GPU type). Heartbeat
@@ -351,11 +373,17 @@ int sched_daemon_run_metered(const sched_daemon_opts *o, const sched_catalog *ca
             sched_perf_defaults(&pp);
             sched_opts_defaults(&so);
             memset(&cs, 0, sizeof cs);
+            /* One pool per (worker, type), merged into one per kind of host: the MILP's size
+             * follows the kinds, not the workers (docs/scheduler.md §6). */
             int ok = json_array_size(json_object_get(wdoc, "models")) &&
                      !sched_fleet_from_json(&f, fdoc, &cat, &pe);
             for (int q = 0; ok && q < f.n; q++)
                 if (json_object_get(priced, f.pools[q].name))
                     snprintf(f.pools[q].price_from, sizeof f.pools[q].price_from, "heartbeat");
+            if (ok && sched_fleet_aggregate(&f, &pe)) {
+                sched_fleet_free(&f);
+                ok = 0;
+            }
             if (ok && sched_workload_from_json(&w, wdoc, &pe)) {
                 sched_fleet_free(&f);
                 ok = 0;

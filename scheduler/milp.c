@@ -12,6 +12,7 @@
  * (b) rent: X_m >= demand_m, minimise sum usd_c n_c dur_m (each model's GPUs rented until
  *     its deadline, or for the horizon when it only has an arrival rate). */
 #include <glpk.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@ void sched_opts_defaults(sched_opts *o) {
     o->only_type = -1;
     o->iterations = 12;
     o->time_limit_s = 10;
+    o->node_limit = 1000;
 }
 
 typedef struct lp {
@@ -33,7 +35,12 @@ typedef struct lp {
     int *ia, *ja;
     double *ar;
     int nz, cap;
-    int timed_out; /* a solve stopped at the time limit: feasible, maybe not optimal */
+    double *x;   /* per column (1-based): the integer solution in force (zeros before one) */
+    int limited; /* a solve stopped at its node or time limit: feasible, maybe not optimal */
+    int clock;   /* ... at its time limit (the plan may then differ between runs) */
+    int unsure;  /* the last failed solve stopped at a limit: no solution is not proven */
+    const sched_workload *w;
+    const sched_cands *cs;
 } lp;
 
 static int nz_add(lp *L, int r, int c, double v) {
@@ -68,6 +75,7 @@ static void lp_free(lp *L) {
     free(L->ia);
     free(L->ja);
     free(L->ar);
+    free(L->x);
     memset(L, 0, sizeof *L);
 }
 
@@ -80,10 +88,16 @@ static int cand_allowed(const sched_cand *c, const sched_opts *o) {
     return 1;
 }
 
-/* Pool capacity for groups of at least t GPUs, given hosts of gpus_per_host. */
+/* Pool capacity for groups of at least t GPUs: whole groups of t in each host. */
 static int pool_cap_for(const sched_pool *p, int t) {
-    int full = p->count / p->gpus_per_host, rest = p->count % p->gpus_per_host;
-    return full * (p->gpus_per_host / t * t) + rest / t * t;
+    if (!p->hosts) {
+        int full = p->count / p->gpus_per_host, rest = p->count % p->gpus_per_host;
+        return full * (p->gpus_per_host / t * t) + rest / t * t;
+    }
+    int cap = 0;
+    for (int h = 0; h < p->nhosts; h++)
+        cap += p->hosts[h].gpus / t * t;
+    return cap;
 }
 
 /* The whole problem (only_model < 0), or one model's part without the GPU rows: with the
@@ -92,6 +106,8 @@ static int pool_cap_for(const sched_pool *p, int t) {
 static int lp_build(lp *L, const sched_workload *w, const sched_fleet *f, const sched_cands *cs,
                     const sched_opts *o, int min_one_replica, int only_model) {
     memset(L, 0, sizeof *L);
+    L->w = w;
+    L->cs = cs;
     L->P = glp_create_prob();
     L->col_n = calloc((size_t)cs->n + 1, sizeof *L->col_n);
     L->col_y = calloc((size_t)cs->n + 1, sizeof *L->col_y);
@@ -201,25 +217,175 @@ static int lp_build(lp *L, const sched_workload *w, const sched_fleet *f, const 
                 }
         }
     glp_load_matrix(P, L->nz, L->ia, L->ja, L->ar);
-    return 0;
+    L->x = calloc((size_t)glp_get_num_cols(P) + 1, sizeof *L->x);
+    return L->x ? 0 : MD_ENOMEM;
 }
 
-/* Solve the MILP as it stands; 0 when an integer solution was found. */
+/* The value of a column in the solution in force. */
+static double lp_val(const lp *L, int col) {
+    return L->x[col];
+}
+
+/* The objective at the solution in force. */
+static double lp_obj(const lp *L) {
+    double v = glp_get_obj_coef(L->P, 0);
+    for (int j = 1; j <= glp_get_num_cols(L->P); j++)
+        v += glp_get_obj_coef(L->P, j) * L->x[j];
+    return v;
+}
+
+/* Does x meet every bound, integrality and row of P as it is now? Within GLPK's own
+ * tolerances: its solutions are rounded to integers when they are taken. */
+static int satisfies(glp_prob *P, const double *x) {
+    int n = glp_get_num_cols(P), ok = 1;
+    for (int j = 1; j <= n && ok; j++) {
+        double v = x[j], lb = glp_get_col_lb(P, j), ub = glp_get_col_ub(P, j);
+        int t = glp_get_col_type(P, j);
+        if ((t == GLP_LO || t == GLP_DB || t == GLP_FX) && v < lb - 1e-7 * (1 + fabs(lb)))
+            ok = 0;
+        if ((t == GLP_UP || t == GLP_DB || t == GLP_FX) && v > ub + 1e-7 * (1 + fabs(ub)))
+            ok = 0;
+        if (glp_get_col_kind(P, j) == GLP_IV && v != floor(v))
+            ok = 0;
+    }
+    int *ind = malloc(((size_t)n + 1) * sizeof *ind);
+    double *val = malloc(((size_t)n + 1) * sizeof *val);
+    ok = ok && ind && val;
+    for (int r = 1; r <= glp_get_num_rows(P) && ok; r++) {
+        int nz = glp_get_mat_row(P, r, ind, val), t = glp_get_row_type(P, r);
+        double a = 0, mag = 1, lb = glp_get_row_lb(P, r), ub = glp_get_row_ub(P, r);
+        for (int k = 1; k <= nz; k++) {
+            a += val[k] * x[ind[k]];
+            mag += fabs(val[k] * x[ind[k]]);
+        }
+        if ((t == GLP_LO || t == GLP_DB || t == GLP_FX) && a < lb - 1e-6 * mag)
+            ok = 0;
+        if ((t == GLP_UP || t == GLP_DB || t == GLP_FX) && a > ub + 1e-6 * mag)
+            ok = 0;
+    }
+    free(ind);
+    free(val);
+    return ok;
+}
+
+/* The LP solution of P rounded to integer replicas in x, up (up = 1: the work and X stay, the
+ * GPU rows may break) or down: the GPU rows only have positive terms, so they still hold,
+ * class work is scaled into the replicas left and each model's X cut to what that work
+ * serves (X's floor and the one-replica rows may break). The caller checks. */
+static void round_lp(const lp *L, glp_prob *P, int up, double *x) {
+    const sched_cands *cs = L->cs;
+    const sched_workload *w = L->w;
+    for (int j = 1; j <= glp_get_num_cols(P); j++)
+        x[j] = glp_get_col_prim(P, j);
+    for (int c = 0; c < cs->n; c++) {
+        if (!L->col_n[c])
+            continue;
+        double n = up ? ceil(x[L->col_n[c]] - 1e-6) : floor(x[L->col_n[c]] + 1e-6), y = 0;
+        x[L->col_n[c]] = n;
+        for (int k = 0; k < SCHED_MAX_CLASSES; k++)
+            if (L->col_y[c][k])
+                y += x[L->col_y[c][k]] = fmax(0, x[L->col_y[c][k]]);
+        for (int k = 0; k < SCHED_MAX_CLASSES && y > n; k++)
+            if (L->col_y[c][k])
+                x[L->col_y[c][k]] *= n / y;
+    }
+    for (int m = 0; m < w->n && !up; m++) {
+        if (!L->col_x[m])
+            continue;
+        double X = x[L->col_x[m]];
+        for (int k = 0; k < w->models[m].nclasses; k++) {
+            double served = 0;
+            for (int c = 0; c < cs->n; c++)
+                if (cs->c[c].model == m && L->col_y[c][k])
+                    served += cs->c[c].perf[k].requests_per_s * x[L->col_y[c][k]];
+            if (w->models[m].classes[k].share > 0)
+                X = fmin(X, served / w->models[m].classes[k].share * (1 - 1e-12));
+        }
+        x[L->col_x[m]] = fmax(0, X);
+    }
+}
+
+/* What the branch-and-bound callback needs: the node limit, the solution in force to offer
+ * as the first incumbent, and room for a rounded one. */
+typedef struct search {
+    const lp *L;
+    int nodes;
+    int offer; /* 1 until the solution in force has been offered */
+    int stopped;
+    double *x; /* per column: the rounded LP solution of the node */
+} search;
+
+/* At each node: offers the solution in force (first) and the node's LP solution rounded down
+ * and up as incumbents (GLPK then prunes every branch that cannot beat them), and stops after a
+ * number of nodes: a node count, unlike the clock, stops the search at the same place on
+ * every run, so the plan is the same on every run. */
+static void on_node(glp_tree *T, void *info) {
+    search *s = info;
+    if (glp_ios_reason(T) == GLP_IHEUR) {
+        if (s->offer) {
+            s->offer = 0;
+            glp_ios_heur_sol(T, s->L->x);
+        }
+        glp_prob *P = glp_ios_get_prob(T);
+        for (int up = 0; up < 2 && s->x && glp_get_status(P) == GLP_OPT; up++) {
+            round_lp(s->L, P, up, s->x);
+            if (satisfies(P, s->x))
+                glp_ios_heur_sol(T, s->x);
+        }
+    }
+    int nodes = 0;
+    glp_ios_tree_size(T, NULL, NULL, &nodes);
+    if (nodes > s->nodes && !s->stopped) {
+        s->stopped = 1;
+        glp_ios_terminate(T);
+    }
+}
+
+/* Solve the MILP as it stands; 0 when an integer solution is in force (L->x). The solution in
+ * force, when it still meets the problem, is the search's first incumbent: every solve after
+ * the first of a problem only changes its objective or tightens what that solution meets
+ * (docs/scheduler.md §4), so a search stopped at its limit is never a false "no solution",
+ * and never worse than what it started from. GLPK's MIP presolver would renumber the columns
+ * under the callback, so the LP relaxation is solved first and the presolver is off. */
 static int lp_solve(lp *L, const sched_opts *o) {
+    int keep = satisfies(L->P, L->x);
+    search s = {L, o->node_limit > 0 ? o->node_limit : INT_MAX, keep, 0,
+                malloc(((size_t)glp_get_num_cols(L->P) + 1) * sizeof(double))};
+    glp_smcp sp;
+    glp_init_smcp(&sp);
+    sp.msg_lev = GLP_MSG_OFF;
+    sp.tm_lim = (int)(o->time_limit_s * 1000);
     glp_iocp parm;
     glp_init_iocp(&parm);
-    parm.presolve = GLP_ON;
+    parm.presolve = GLP_OFF;
     parm.msg_lev = GLP_MSG_OFF;
     parm.tm_lim = (int)(o->time_limit_s * 1000);
     parm.mip_gap = 1e-7;
     parm.mir_cuts = GLP_ON;
-    int rc = glp_intopt(L->P, &parm);
-    if (rc && rc != GLP_ETMLIM)
-        return -1;
-    if (rc == GLP_ETMLIM)
-        L->timed_out = 1;
+    parm.cb_func = on_node;
+    parm.cb_info = &s;
+    int rc = glp_simplex(L->P, &sp);
+    if (!rc && glp_get_status(L->P) == GLP_OPT)
+        rc = glp_intopt(L->P, &parm);
+    else if (!rc)
+        rc = GLP_ENOPFS; /* the relaxation has no optimum: nor has the MILP */
+    free(s.x);
+    int stopped = rc == GLP_ETMLIM || rc == GLP_ESTOP;
     int st = glp_mip_status(L->P);
-    return (st == GLP_OPT || st == GLP_FEAS) ? 0 : -1;
+    int found = (rc == 0 || stopped) && (st == GLP_OPT || st == GLP_FEAS);
+    if (found && keep) {
+        /* GLPK's best is the one offered unless it found a better one: take it only then. */
+        double was = lp_obj(L), now = glp_mip_obj_val(L->P);
+        found = glp_get_obj_dir(L->P) == GLP_MAX ? now > was : now < was;
+    }
+    if (found)
+        for (int j = 1; j <= glp_get_num_cols(L->P); j++)
+            L->x[j] = glp_get_col_kind(L->P, j) == GLP_IV ? floor(glp_mip_col_val(L->P, j) + 0.5)
+                                                          : glp_mip_col_val(L->P, j);
+    L->limited |= stopped;
+    L->clock |= rc == GLP_ETMLIM;
+    L->unsure = stopped && !found && !keep;
+    return found || keep ? 0 : -1;
 }
 
 static double model_tok(const sched_workload *w, int m) {
@@ -268,10 +434,10 @@ static void set_objective(lp *L, const sched_workload *w, const sched_cands *cs,
 }
 
 static double cand_cost(const lp *L, const sched_workload *w, const sched_cand *k, int c) {
-    double v = cost_n(w, k) * glp_mip_col_val(L->P, L->col_n[c]);
+    double v = cost_n(w, k) * lp_val(L, L->col_n[c]);
     for (int j = 0; j < SCHED_MAX_CLASSES; j++)
         if (L->col_y[c][j])
-            v += cost_y(w, k) * glp_mip_col_val(L->P, L->col_y[c][j]);
+            v += cost_y(w, k) * lp_val(L, L->col_y[c][j]);
     return v;
 }
 
@@ -281,25 +447,30 @@ static void totals(const lp *L, const sched_workload *w, const sched_cands *cs, 
     *C = 0;
     for (int m = 0; m < w->n; m++)
         if (L->col_x[m])
-            *T += w->models[m].priority * model_tok(w, m) * glp_mip_col_val(L->P, L->col_x[m]);
+            *T += w->models[m].priority * model_tok(w, m) * lp_val(L, L->col_x[m]);
     for (int c = 0; c < cs->n; c++)
         if (L->col_n[c])
             *C += cand_cost(L, w, &cs->c[c], c);
 }
 
-/* Assign GPU ids to n replicas of candidate c: groups of tp inside one host, first fit. */
+/* Assign GPU ids to n replicas of candidate c: groups of tp inside one host, first fit over
+ * the hosts in their order (name order in a merged pool), so the ids are the same on every
+ * run. */
+#define ALLOC_TP_MAX 64
 typedef struct alloc {
     int *used; /* per pool: count entries, 1 = taken */
     int *base; /* offset of each pool in used */
+    /* per pool and group size: hosts before it have no free group of that size (GPUs are
+     * only taken, so it only moves forward) */
+    int (*from)[ALLOC_TP_MAX + 1];
 } alloc;
 
 static int take_group(alloc *A, const sched_pool *p, int pool, int tp, char (*ids)[SCHED_NAME]) {
     int *u = A->used + A->base[pool];
-    for (int h = 0; h * p->gpus_per_host < p->count; h++) {
-        int lo = h * p->gpus_per_host, hi = lo + p->gpus_per_host;
-        if (hi > p->count)
-            hi = p->count;
-        for (int s = lo; s + tp <= hi; s += tp) {
+    int *from = tp <= ALLOC_TP_MAX ? &A->from[pool][tp] : NULL;
+    for (int h = from ? *from : 0; h < sched_pool_nhosts(p); h++) {
+        int lo, gpus = sched_pool_host(p, h, &lo);
+        for (int s = lo; s + tp <= lo + gpus; s += tp) {
             int free_ = 1;
             for (int i = s; i < s + tp && free_; i++)
                 free_ = !u[i];
@@ -307,11 +478,15 @@ static int take_group(alloc *A, const sched_pool *p, int pool, int tp, char (*id
                 continue;
             for (int i = 0; i < tp; i++) {
                 u[s + i] = 1;
-                snprintf(ids[i], SCHED_NAME, "%s/%d", p->name, s + i);
+                sched_pool_gpu_id(p, s + i, ids[i]);
             }
+            if (from)
+                *from = h;
             return 0;
         }
     }
+    if (from)
+        *from = sched_pool_nhosts(p);
     return -1;
 }
 
@@ -319,8 +494,10 @@ typedef struct order_item {
     int cand, maxtp;
 } order_item;
 
+/* Largest groups first (they need whole hosts), then in candidate order. */
 static int cmp_order(const void *a, const void *b) {
-    return ((const order_item *)b)->maxtp - ((const order_item *)a)->maxtp;
+    const order_item *x = a, *y = b;
+    return x->maxtp != y->maxtp ? y->maxtp - x->maxtp : x->cand - y->cand;
 }
 
 /* Instantiate counts[c] replicas of each candidate with shares y[c][k] (replica-
@@ -333,13 +510,15 @@ static int materialise(sched_plan *p, const sched_fleet *f, const sched_workload
         total += (int)llround(counts[c]);
     alloc A = {0};
     A.base = calloc((size_t)f->n + 1, sizeof *A.base);
-    for (int i = 0; i < f->n; i++)
+    A.from = calloc((size_t)f->n + 1, sizeof *A.from);
+    for (int i = 0; A.base && i < f->n; i++)
         A.base[i + 1] = A.base[i] + f->pools[i].count;
-    A.used = calloc((size_t)A.base[f->n] + 1, sizeof *A.used);
+    A.used = A.base ? calloc((size_t)A.base[f->n] + 1, sizeof *A.used) : NULL;
     p->r = calloc((size_t)total + 1, sizeof *p->r);
     order_item *ord = calloc((size_t)cs->n + 1, sizeof *ord);
-    if (!A.base || !A.used || !p->r || !ord) {
+    if (!A.base || !A.from || !A.used || !p->r || !ord) {
         free(A.base);
+        free(A.from);
         free(A.used);
         free(ord);
         return md_errf(e, MD_ENOMEM, "out of memory placing %d replicas", total);
@@ -391,18 +570,17 @@ static int materialise(sched_plan *p, const sched_fleet *f, const sched_workload
         }
     }
     /* Rented types have no idle GPUs: what is not rented does not exist. */
-    for (int q = 0; q < f->n && !rc && !f->rent; q++)
+    int nidle = 0;
+    for (int i = 0; i < A.base[f->n] && !f->rent; i++)
+        nidle += !A.used[i];
+    if (!rc && nidle && !(p->idle = calloc((size_t)nidle, sizeof *p->idle)))
+        rc = md_errf(e, MD_ENOMEM, "out of memory listing %d idle GPUs", nidle);
+    for (int q = 0; q < f->n && !rc && nidle; q++)
         for (int i = 0; i < f->pools[q].count; i++)
-            if (!A.used[A.base[q] + i]) {
-                char(*n)[SCHED_NAME] = realloc(p->idle, (size_t)(p->nidle + 1) * sizeof *n);
-                if (!n) {
-                    rc = md_errf(e, MD_ENOMEM, "out of memory");
-                    break;
-                }
-                p->idle = n;
-                snprintf(p->idle[p->nidle++], SCHED_NAME, "%s/%d", f->pools[q].name, i);
-            }
+            if (!A.used[A.base[q] + i])
+                sched_pool_gpu_id(&f->pools[q], i, p->idle[p->nidle++]);
     free(A.base);
+    free(A.from);
     free(A.used);
     free(ord);
     return rc;
@@ -453,7 +631,7 @@ static int fits_gpus(lp **ls, int nl, const sched_fleet *f, const sched_cands *c
                 for (int c = 0; c < cs->n; c++) {
                     if (!ls[i]->col_n[c])
                         continue;
-                    double n = floor(glp_mip_col_val(ls[i]->P, ls[i]->col_n[c]) + 0.5);
+                    double n = floor(lp_val(ls[i], ls[i]->col_n[c]) + 0.5);
                     for (int s = 0; s < cs->c[c].nstages; s++)
                         if (cs->c[c].stages[s].pool == p && cs->c[c].stages[s].tp >= t)
                             used += n * cs->c[c].stages[s].tp;
@@ -513,7 +691,7 @@ static int phase2(lp **ls, int nl, const sched_workload *w, const sched_fleet *f
             totals(ls[i], w, cs, &Ti, &Ci);
             T += Ti;
             C += Ci;
-            obj += glp_mip_obj_val(ls[i]->P);
+            obj += lp_obj(ls[i]);
         }
         if (C <= 0)
             return 0; /* free GPUs: nothing to trade against, throughput is maximal */
@@ -526,7 +704,7 @@ static int phase2(lp **ls, int nl, const sched_workload *w, const sched_fleet *f
      * throughput: keep each part's T - qC at its optimum and maximise T. */
     for (int i = 0; i < nl; i++) {
         lp *L = ls[i];
-        double v = glp_mip_obj_val(L->P);
+        double v = lp_obj(L);
         int r = glp_add_rows(L->P, 1);
         int nz = 0;
         size_t cap = (size_t)cs->n * (SCHED_MAX_CLASSES + 1) + (size_t)w->n + 2;
@@ -640,11 +818,15 @@ static int phase1(lp *L, sched_plan *p, const sched_workload *w, const sched_fle
     phase1_objective(L, p, w, cs);
     if (lp_solve(L, o)) {
         if (*min_one) {
-            /* Not enough GPUs for a replica of every model: drop that requirement. */
+            /* Not enough GPUs for a replica of every model (or none found within the limits):
+             * drop that requirement; without it, no replicas at all is a solution. */
+            json_array_append_new(
+                p->notes, json_string(L->unsure ? "the MILP found no plan with one replica of "
+                                                  "every model within its limits; some models "
+                                                  "get none"
+                                                : "the fleet cannot hold one replica of every "
+                                                  "model at once; some models get none"));
             lp_free(L);
-            json_array_append_new(p->notes, json_string("the fleet cannot hold one replica of "
-                                                        "every model at once; some models get "
-                                                        "none"));
             *min_one = 0;
             if (lp_build(L, w, f, cs, o, 0, -1) == 0) {
                 phase1_objective(L, p, w, cs);
@@ -662,7 +844,7 @@ static int phase1(lp *L, sched_plan *p, const sched_workload *w, const sched_fle
 static void note_shortfalls(sched_plan *p, const lp *L, const sched_workload *w,
                             const sched_fleet *f, const int *has) {
     for (int m = 0; m < w->n; m++) {
-        double x = glp_mip_col_val(L->P, L->col_x[m]);
+        double x = lp_val(L, L->col_x[m]);
         p->models[m].best_tps = x * model_tok(w, m);
         double d = p->models[m].demand_tps;
         if (d > 0 && x * model_tok(w, m) < d * (1 - 1e-6) && has[m]) {
@@ -692,7 +874,7 @@ static void note_shortfalls(sched_plan *p, const lp *L, const sched_workload *w,
 static void phase2_bounds(sched_plan *p, const lp *L, const sched_workload *w, const sched_fleet *f,
                           double *lo, double *hi) {
     for (int m = 0; m < w->n; m++) {
-        double x = glp_mip_col_val(L->P, L->col_x[m]);
+        double x = lp_val(L, L->col_x[m]);
         double d = p->models[m].demand_tps / model_tok(w, m);
         lo[m] = 0;
         hi[m] = d > 0 ? d : INFINITY;
@@ -717,14 +899,14 @@ static void read_solution(lp **ls, int nl, sched_plan *p, const sched_workload *
         for (int c = 0; c < cs->n; c++) {
             if (!Li->col_n[c])
                 continue;
-            counts[c] = floor(glp_mip_col_val(Li->P, Li->col_n[c]) + 0.5);
+            counts[c] = floor(lp_val(Li, Li->col_n[c]) + 0.5);
             for (int j = 0; j < SCHED_MAX_CLASSES; j++)
                 if (Li->col_y[c][j])
-                    y[c][j] = fmax(0, glp_mip_col_val(Li->P, Li->col_y[c][j]));
+                    y[c][j] = fmax(0, lp_val(Li, Li->col_y[c][j]));
         }
         for (int m = 0; m < w->n; m++)
             if (Li->col_x[m])
-                p->models[m].served_tps = glp_mip_col_val(Li->P, Li->col_x[m]) * model_tok(w, m);
+                p->models[m].served_tps = lp_val(Li, Li->col_x[m]) * model_tok(w, m);
     }
 }
 
@@ -832,11 +1014,23 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
     }
     read_solution(ls, nl, p, w, cs, counts, y);
     trim_to_served(p, w, cs, y);
-    if (ls[0]->timed_out)
+    int limited = L.limited, clock = L.clock;
+    for (int i = 0; i < nl; i++) {
+        limited |= ls[i]->limited;
+        clock |= ls[i]->clock;
+    }
+    if (clock)
         json_array_append_new(p->notes,
                               json_sprintf("the MILP stopped at its time limit (%.0f s per solve): "
-                                           "the plan is valid but may not be optimal",
+                                           "the plan is valid but may not be optimal, and another "
+                                           "run may give another plan",
                                            o->time_limit_s));
+    else if (limited)
+        json_array_append_new(p->notes,
+                              json_sprintf("the MILP stopped at its node limit (%d branch-and-"
+                                           "bound nodes per solve): the plan is valid but may not "
+                                           "be optimal",
+                                           o->node_limit));
     rc = materialise(p, f, w, cs, counts, y, e);
     /* A replica that could not be packed into hosts was dropped (with a note): its model
      * serves what its remaining replicas give. */

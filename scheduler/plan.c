@@ -168,12 +168,8 @@ int sched_plan_validate(const sched_plan *p, const sched_workload *w, const sche
             for (int g = 0; g < st->tp && !rc; g++) {
                 const char *id = p->r[i].gpu_ids[at + g];
                 const sched_pool *pl = &f->pools[st->pool];
-                size_t ln = strlen(pl->name);
-                char *end;
-                long k = -1;
-                if (!strncmp(id, pl->name, ln) && id[ln] == '/')
-                    k = strtol(id + ln + 1, &end, 10);
-                if (k < 0 || k >= pl->count) {
+                int h = -1, k = sched_pool_find_gpu(pl, id, &h);
+                if (k < 0) {
                     rc = md_errf(e, MD_EINVAL, "replica r%d: GPU '%s' is not in pool %s", i, id,
                                  pl->name);
                     break;
@@ -184,10 +180,16 @@ int sched_plan_validate(const sched_plan *p, const sched_workload *w, const sche
                     break;
                 }
                 used[base[st->pool] + k] = 1;
-                int h = (int)(k / pl->gpus_per_host);
-                if (host >= 0 && h != host)
-                    rc = md_errf(e, MD_EINVAL, "replica r%d: a TP group spans hosts %d and %d", i,
-                                 host, h);
+                if (host >= 0 && h != host) {
+                    char a[SCHED_NAME];
+                    int k0;
+                    sched_pool_host(pl, host, &k0);
+                    sched_pool_gpu_id(pl, k0, a);
+                    rc = md_errf(e, MD_EINVAL,
+                                 "replica r%d: a TP group spans two hosts (%s is on another host "
+                                 "than %s)",
+                                 i, id, a);
+                }
                 host = h;
             }
             at += st->tp;

@@ -79,16 +79,29 @@ double sched_model_kv_bytes_per_token_layer(const sched_model *m);
 /* Bytes of a name for bytes_per_weight ("BF16", "Q4_1", ...), or 0 if unknown. */
 double sched_quant_bytes(const char *quant);
 
-/* ---- Fleet (catalog.c) ---- */
+/* ---- Fleet (catalog.c; host lists fleet_agg.c) ---- */
+/* One host of an aggregated pool: its GPUs are "<name>/<first>" .. "<name>/<first+gpus-1>". */
+typedef struct sched_host {
+    char name[SCHED_NAME]; /* the worker (or source pool) that owns the GPUs */
+    int first;             /* id of its first GPU under name (8 for the 2nd host of a pool of 12) */
+    int gpus;
+    int at; /* index of its first GPU in the pool: hosts are contiguous, in (name, first) order */
+} sched_host;
+
 typedef struct sched_pool {
-    char name[SCHED_NAME]; /* GPU ids are "<name>/<k>", k in [0, count) */
+    char name[SCHED_NAME]; /* GPU ids are "<name>/<k>", k in [0, count) (without hosts) */
     int type;              /* index into the catalog */
     int count;
-    int gpus_per_host;   /* a TP group stays inside one host */
+    int gpus_per_host;   /* a TP group stays inside one host (with hosts: the largest host) */
     double usd_per_hour; /* per GPU */
     char price_from[16]; /* where usd_per_hour comes from: "catalog", "fleet" (the fleet
                             file's prices or the pool's own), "heartbeat" (the daemon: what
                             the worker reports it costs) */
+    /* NULL: hosts are runs of gpus_per_host GPUs from "<name>/0" (the last may be partial).
+     * Set by sched_fleet_aggregate: GPU k of the pool is GPU k - at of the host holding it,
+     * and the pool owns the array (freed by sched_fleet_free). */
+    sched_host *hosts;
+    int nhosts;
 } sched_pool;
 
 typedef struct sched_fleet {
@@ -106,6 +119,21 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
 int sched_fleet_load(sched_fleet *f, const char *path, sched_catalog *cat, md_err *e);
 void sched_fleet_free(sched_fleet *f);
 int sched_fleet_gpus(const sched_fleet *f);
+/* Merge the pools of a fixed fleet that have the same GPU type, gpus_per_host and $/h into
+ * one pool whose GPUs span their hosts (docs/scheduler.md §4): identical hosts are
+ * interchangeable, and the MILP's size then follows the number of kinds of host, not of
+ * hosts. A merged pool lists its hosts in name order; it takes the place of its first member,
+ * named "<first host>..<last host>"; a pool alone in its kind is left as it is. Rental fleets
+ * are left as they are. 0, or MD_ENOMEM (f unchanged). */
+int sched_fleet_aggregate(sched_fleet *f, md_err *e);
+/* Hosts of a pool: its host list, or runs of gpus_per_host GPUs. */
+int sched_pool_nhosts(const sched_pool *p);
+/* Host h of p: the pool index of its first GPU into *k0; returns its GPUs. */
+int sched_pool_host(const sched_pool *p, int h, int *k0);
+/* The id of GPU k of p ("<host>/<i>"). */
+void sched_pool_gpu_id(const sched_pool *p, int k, char id[SCHED_NAME]);
+/* The pool index of GPU id in p, with its host index in *host; -1 when p has no such GPU. */
+int sched_pool_find_gpu(const sched_pool *p, const char *id, int *host);
 
 /* ---- Workload (workload.c) ---- */
 typedef struct sched_class {
@@ -312,7 +340,10 @@ typedef struct sched_plan {
 typedef struct sched_opts {
     int only_type;       /* -1 all; else restrict to one catalog type (homogeneous plan) */
     int iterations;      /* Dinkelbach iterations cap (default 12) */
-    double time_limit_s; /* per MILP solve (default 10) */
+    double time_limit_s; /* per MILP solve, a safety net (default 10): a plan stopped by the
+                            clock depends on the machine's speed */
+    int node_limit;      /* branch-and-bound nodes per MILP solve (default 1000): the plan
+                            stays the same on every run when this, not the clock, stops it */
 } sched_opts;
 
 void sched_opts_defaults(sched_opts *o);

@@ -9,9 +9,13 @@
  * single-type rental that meets the deadlines. Scale: 1,000 GPUs x 10 models, planning time.
  * Ratios > 1 favour medley. */
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/util.h"
 #include "scheduler/sched.h"
@@ -33,7 +37,7 @@ static int load(world *x, const char *fleet, const char *workload, md_err *e) {
     memset(x, 0, sizeof *x);
     sched_perf_defaults(&x->pp);
     if (sched_catalog_load(&x->cat, NULL, e) || sched_fleet_load(&x->f, fp, &x->cat, e) ||
-        sched_workload_load(&x->w, wp, e) ||
+        sched_fleet_aggregate(&x->f, e) || sched_workload_load(&x->w, wp, e) ||
         sched_cands_build(&x->cs, &x->w, &x->f, &x->cat, NULL, &x->pp, e))
         return e->code;
     return 0;
@@ -486,6 +490,158 @@ static void scale(json_t *sc) {
            gpus, ncand, nrep, t[2]);
 }
 
+/* ---- scale by hosts: 10,000 GPUs as the daemon sees them (one pool per 8-GPU host) ---- */
+
+/* 1,250 hosts of 8 GPUs: fleet-1000's types and proportions, times ten. */
+static json_t *hosts_fleet_doc(void) {
+    static const struct {
+        const char *name, *type;
+        int hosts;
+    } T[] = {{"h100", "H100-SXM", 120},   {"a100", "A100-80GB-SXM", 200},
+             {"a100s", "A100-40GB", 120}, {"l40s", "L40S", 160},
+             {"l4", "L4", 320},           {"a10g", "A10G", 200},
+             {"r4090", "RTX-4090", 80},   {"t4", "T4", 50}};
+    json_t *pools = json_array();
+    for (size_t t = 0; t < sizeof T / sizeof *T; t++)
+        for (int i = 0; i < T[t].hosts; i++) {
+            char name[SCHED_NAME];
+            snprintf(name, sizeof name, "%s-%04d", T[t].name, i);
+            json_array_append_new(pools, json_pack("{s:s, s:s, s:i, s:i}", "name", name, "type",
+                                                   T[t].type, "count", 8, "gpus_per_host", 8));
+        }
+    return json_pack("{s:s, s:o}", "name", "hosts-1250", "pools", pools);
+}
+
+/* 20 models: the nine built-ins, then llama-3-8b shapes at other precisions, each a backlog
+ * with a deadline of 1-3 h and a short and a long request class. */
+static json_t *hosts_workload_doc(void) {
+    static const char *builtin[] = {"llama-3-8b",  "llama-3-70b", "mistral-7b",
+                                    "qwen2-7b",    "qwen2-72b",   "llama-2-7b",
+                                    "llama-2-13b", "llama-2-70b", "smollm2-135m"};
+    static const char *quant[] = {"INT4", "INT8", "Q4_0", "Q8_0", "FP8"};
+    json_t *ms = json_array();
+    for (int m = 0; m < 20; m++) {
+        json_t *card;
+        if (m < 9) {
+            card = json_string(builtin[m]);
+        } else {
+            char name[SCHED_NAME];
+            snprintf(name, sizeof name, "llama-3-8b-%s-%d", quant[m % 5], m);
+            card = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s}", "name", name, "layers", 32,
+                             "hidden", 4096, "heads", 32, "kv_heads", 8, "ffn", 14336, "vocab",
+                             128256, "quant", quant[m % 5]);
+        }
+        json_array_append_new(
+            ms,
+            json_pack("{s:o, s:i, s:i, s:[{s:s, s:i, s:i, s:i, s:f}, {s:s, s:i, s:i, s:i, "
+                      "s:f}]}",
+                      "model", card, "requests", 10 * (20000 + 5000 * m), "deadline_s",
+                      3600 * (1 + m % 3), "classes", "name", "s", "input_mean", 250, "output_mean",
+                      150, "max_tokens", 1024, "share", 0.6, "name", "l", "input_mean", 2500,
+                      "output_mean", 350, "max_tokens", 4096, "share", 0.4));
+    }
+    return json_pack("{s:o}", "models", ms);
+}
+
+/* Load the fleet (merged when aggregate), the workload and the candidates, and plan. Returns
+ * the wall time in seconds, or -1 with the error printed. */
+static double hosts_plan_once(int aggregate, const sched_opts *o, int *ncand, int *nrep,
+                              int *npools, int *limited) {
+    world x;
+    md_err e = {0};
+    memset(&x, 0, sizeof x);
+    sched_perf_defaults(&x.pp);
+    json_t *fd = hosts_fleet_doc(), *wd = hosts_workload_doc();
+    uint64_t t0 = md_mono_ns();
+    sched_plan p;
+    int rc = sched_catalog_load(&x.cat, NULL, &e) || sched_fleet_from_json(&x.f, fd, &x.cat, &e) ||
+             (aggregate && sched_fleet_aggregate(&x.f, &e)) ||
+             sched_workload_from_json(&x.w, wd, &e) ||
+             sched_cands_build(&x.cs, &x.w, &x.f, &x.cat, NULL, &x.pp, &e) ||
+             sched_plan_solve(&p, &x.w, &x.f, &x.cat, &x.cs, o, &e);
+    double dt = (md_mono_ns() - t0) / 1e9;
+    json_decref(fd);
+    json_decref(wd);
+    if (rc) {
+        printf("scale by hosts (%s): %s\n", aggregate ? "merged" : "one pool per host", e.msg);
+        unload(&x);
+        return -1;
+    }
+    *ncand = x.cs.n;
+    *nrep = p.n;
+    *npools = x.f.n;
+    *limited = 0;
+    size_t i;
+    json_t *n;
+    json_array_foreach(p.notes, i, n) *limited |= strstr(json_string_value(n), "limit") != NULL;
+    sched_plan_free(&p);
+    unload(&x);
+    return dt;
+}
+
+/* One pool per host, in a child process stopped after cap_s: with 1,250 pools the candidate
+ * search over pairs of pools alone runs for minutes. Returns the wall time, or -1 when the
+ * child was stopped (or failed). */
+static double hosts_unmerged(double cap_s, int *ncand, int *nrep, int *npools, int *limited) {
+    int fd[2];
+    if (pipe(fd))
+        return -1;
+    uint64_t t0 = md_mono_ns();
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        sched_opts o;
+        sched_opts_defaults(&o);
+        int out[4] = {0};
+        double t = hosts_plan_once(0, &o, &out[0], &out[1], &out[2], &out[3]);
+        ssize_t w = t >= 0 ? write(fd[1], out, sizeof out) : 0;
+        _exit(w == (ssize_t)sizeof out ? 0 : 1);
+    }
+    close(fd[1]);
+    struct pollfd pf = {fd[0], POLLIN, 0};
+    int out[4], got = pid > 0 && poll(&pf, 1, (int)(cap_s * 1000)) == 1 &&
+                      read(fd[0], out, sizeof out) == (ssize_t)sizeof out;
+    double dt = (md_mono_ns() - t0) / 1e9;
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    close(fd[0]);
+    if (!got)
+        return -1;
+    *ncand = out[0], *nrep = out[1], *npools = out[2], *limited = out[3];
+    return dt;
+}
+
+/* 10,000 GPUs as 1,250 hosts x 20 models: the median of 5 plans with the hosts merged, and
+ * one plan with one pool per host (as the daemon built them before merging), stopped after
+ * 120 s so that the bench ends in minutes. */
+static void scale_hosts(void) {
+    sched_opts o;
+    sched_opts_defaults(&o);
+    double t[5], cap_s = 120;
+    int ncand = 0, nrep = 0, npools = 0, lim = 0;
+    for (int i = 0; i < 5; i++)
+        if ((t[i] = hosts_plan_once(1, &o, &ncand, &nrep, &npools, &lim)) < 0)
+            return;
+    qsort(t, 5, sizeof *t, cmp_d);
+    printf("\nscale by hosts: 10000 GPUs as 1250 hosts x 20 models, merged into %d pools: %d "
+           "candidates, %d replicas, plan in %.3f s (median of 5, wall clock, loading + "
+           "candidates + MILP)%s\n",
+           npools, ncand, nrep, t[2], lim ? "; the MILP stopped at a limit" : "");
+    fflush(stdout);
+    int c1 = 0, r1 = 0, p1 = 0, lim1 = 0;
+    double u = hosts_unmerged(cap_s, &c1, &r1, &p1, &lim1);
+    if (u < 0)
+        printf("  the same with one pool per host (1250 pools): no plan within %.0f s (stopped "
+               "there; building the candidates alone takes longer): merging is > %.0fx faster\n",
+               cap_s, cap_s / t[2]);
+    else
+        printf("  the same with one pool per host (%d pools, %d candidates): %d replicas in %.1f "
+               "s%s: merging is %.0fx faster\n",
+               p1, c1, r1, u, lim1 ? " (the MILP stopped at a limit)" : "", u / t[2]);
+}
+
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : MEDLEY_SOURCE_DIR "/bench/scheduler/scenarios.json";
     snprintf(dir, sizeof dir, "%s", path);
@@ -536,6 +692,7 @@ int main(int argc, char **argv) {
     if (json_object_get(doc, "melange"))
         melange(json_object_get(doc, "melange"));
     scale(json_object_get(doc, "scale"));
+    scale_hosts();
     json_decref(doc);
     return 0;
 }

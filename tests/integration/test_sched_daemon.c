@@ -1,7 +1,8 @@
 /* test_sched_daemon.c — `medley scheduler` against a real redis-server started on a free
  * port: the plan is built from heartbeats and stream backlogs, published with a version
  * and an event; one scheduler holds the lease; a vanished worker triggers a re-plan at
- * once, while an unchanged fleet does not re-plan (hysteresis). */
+ * once, while an unchanged fleet does not re-plan (hysteresis); a thousand workers from
+ * heartbeats plan, on their own GPUs, the same twice. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -270,12 +271,89 @@ static void vanished_worker_replans_at_once_and_steady_fleet_does_not(void **st)
     sched_catalog_free(&cat);
 }
 
+/* 1,000 single-GPU workers and 25 workers of 8 H100s, as heartbeats: the daemon merges them
+ * into one pool per kind of host, plans (never a false "no solution"), names the workers'
+ * own GPUs with every TP group on one worker, and plans the same twice. */
+static void many_workers_from_heartbeats_plan_the_same_twice(void **st) {
+    static const char *types[] = {"L4", "A10G", "A100-80GB-SXM", "H100-SXM"};
+    cmd("FLUSHALL");
+    for (int i = 0; i < 1025; i++) {
+        char id[16], devs[256] = "[";
+        snprintf(id, sizeof id, i < 1000 ? "s%04d" : "e%02d", i < 1000 ? i : i - 1000);
+        for (int g = 0; g < (i < 1000 ? 1 : 8); g++)
+            snprintf(devs + strlen(devs), sizeof devs - strlen(devs), "%s\"%s\"", g ? "," : "",
+                     i < 1000 ? types[i % 4] : "H100-SXM");
+        strcat(devs, "]");
+        redisAppendCommand(rc, "HSET medley:worker:%s host %s state running devices %s", id, id,
+                           devs);
+    }
+    for (int i = 0; i < 1025; i++) {
+        redisReply *r = NULL;
+        assert_int_equal(redisGetReply(rc, (void **)&r), REDIS_OK);
+        freeReplyObject(r);
+    }
+    const char *models[] = {"llama-3-8b", "mistral-7b", "llama-3-70b"};
+    for (int m = 0; m < 3; m++) {
+        cmd("XGROUP CREATE medley:q:%s workers $ MKSTREAM", models[m]);
+        for (int i = 0; i < 20; i++)
+            cmd("XADD medley:q:%s * batch b1 line %s", models[m], "{\"custom_id\":\"x\"}");
+    }
+    char wl[] = "/tmp/medley-sched-wl-XXXXXX";
+    int fd = mkstemp(wl);
+    assert_true(fd >= 0);
+    const char *doc =
+        "{\"models\":[{\"model\":\"llama-3-8b\",\"rate_rps\":150,\"input_mean\":512,\"output_"
+        "mean\":256},"
+        "{\"model\":\"mistral-7b\",\"rate_rps\":100,\"input_mean\":512,\"output_mean\":256},"
+        "{\"model\":\"llama-3-70b\",\"rate_rps\":20,\"input_mean\":512,\"output_mean\":256}]}";
+    assert_int_equal(write(fd, doc, strlen(doc)), (ssize_t)strlen(doc));
+    close(fd);
+    sched_catalog cat;
+    md_err e = {0};
+    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
+    sched_daemon_opts o = {url, "medley:", wl, 0.1, 60000, 60, 0.1, 1};
+    json_t *reps[2];
+    for (int run = 0; run < 2; run++) {
+        assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+        char *js = NULL;
+        assert_int_equal(plan_version(&js), run + 1);
+        json_t *plan = json_loads(js, 0, NULL);
+        free(js);
+        reps[run] = json_incref(json_object_get(plan, "replicas"));
+        json_decref(plan);
+    }
+    unlink(wl);
+    assert_true(json_array_size(reps[0]) >= 10);
+    assert_true(json_equal(reps[0], reps[1]));
+    size_t i, s, g;
+    json_t *r, *stg, *id;
+    int tp_groups = 0;
+    json_array_foreach(reps[0], i, r) json_array_foreach(json_object_get(r, "stages"), s, stg) {
+        const char *first = json_string_value(json_array_get(json_object_get(stg, "gpus"), 0));
+        const char *slash = strchr(first, '/');
+        assert_non_null(slash);
+        assert_true(first[0] == 's' || first[0] == 'e');
+        tp_groups += json_array_size(json_object_get(stg, "gpus")) > 1;
+        json_array_foreach(json_object_get(stg, "gpus"), g, id) {
+            const char *v = json_string_value(id);
+            assert_int_equal(strncmp(v, first, (size_t)(slash - first + 1)), 0);
+            if (first[0] == 's')
+                assert_string_equal(slash, "/0");
+        }
+    }
+    assert_true(tp_groups > 0); /* llama-3-70b needs a TP group: on one 8-GPU worker */
+    json_decref(reps[0]);
+    json_decref(reps[1]);
+    sched_catalog_free(&cat);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(once_publishes_a_plan_and_an_event),
         cmocka_unit_test(heartbeat_price_overrides_the_catalog),
         cmocka_unit_test(lease_keeps_a_second_scheduler_out),
         cmocka_unit_test(vanished_worker_replans_at_once_and_steady_fleet_does_not),
+        cmocka_unit_test(many_workers_from_heartbeats_plan_the_same_twice),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,313 @@
+/* test_sched_fleet_agg.c — fleets as the daemon builds them (one pool per worker): identical
+ * hosts merged before planning give the plan of one pool per type, with GPU ids of real
+ * workers and every TP group inside one worker; 1,000 single-GPU workers plan; a search
+ * stopped at its limit is never "no solution"; the same inputs give the same plan; hosts
+ * that are not full are packed by what they hold (docs/scheduler.md §4). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scheduler/sched.h"
+
+typedef struct world {
+    sched_catalog cat;
+    sched_fleet f;
+    sched_workload w;
+    sched_cands cs;
+    sched_perf_params pp;
+} world;
+
+static void world_free(world *x) {
+    sched_cands_free(&x->cs);
+    sched_workload_free(&x->w);
+    sched_fleet_free(&x->f);
+    sched_catalog_free(&x->cat);
+}
+
+/* A world from a fleet and a workload document (both stolen); aggregate: merge the pools. */
+static void world_load(world *x, json_t *fleet, json_t *workload, int aggregate) {
+    md_err e = {0};
+    memset(x, 0, sizeof *x);
+    sched_perf_defaults(&x->pp);
+    assert_int_equal(sched_catalog_load(&x->cat, NULL, &e), 0);
+    assert_int_equal(sched_fleet_from_json(&x->f, fleet, &x->cat, &e), 0);
+    if (aggregate)
+        assert_int_equal(sched_fleet_aggregate(&x->f, &e), 0);
+    assert_int_equal(sched_workload_from_json(&x->w, workload, &e), 0);
+    assert_int_equal(sched_cands_build(&x->cs, &x->w, &x->f, &x->cat, NULL, &x->pp, &e), 0);
+    json_decref(fleet);
+    json_decref(workload);
+}
+
+/* The 1,000 GPUs of bench/scheduler/fleet-1000.json. */
+static const struct {
+    const char *name, *type;
+    int count;
+} TYPES[] = {{"h100", "H100-SXM", 96},   {"a100", "A100-80GB-SXM", 160},
+             {"a100s", "A100-40GB", 96}, {"l40s", "L40S", 128},
+             {"l4", "L4", 256},          {"a10g", "A10G", 160},
+             {"r4090", "RTX-4090", 64},  {"t4", "T4", 40}};
+#define NTYPES 8
+
+/* per_host 0: one pool per type; else workers of per_host GPUs ("<type>-w<i>"), as the daemon
+ * builds them (gpus_per_host = count). */
+static json_t *fleet_doc(int per_host) {
+    json_t *pools = json_array();
+    for (int t = 0; t < NTYPES; t++) {
+        if (!per_host) {
+            json_array_append_new(pools, json_pack("{s:s, s:s, s:i}", "name", TYPES[t].name, "type",
+                                                   TYPES[t].type, "count", TYPES[t].count));
+            continue;
+        }
+        for (int i = 0; i * per_host < TYPES[t].count; i++) {
+            char name[SCHED_NAME];
+            snprintf(name, sizeof name, "%s-w%03d", TYPES[t].name, i);
+            json_array_append_new(pools, json_pack("{s:s, s:s, s:i, s:i}", "name", name, "type",
+                                                   TYPES[t].type, "count", per_host,
+                                                   "gpus_per_host", per_host));
+        }
+    }
+    return json_pack("{s:o}", "pools", pools);
+}
+
+/* Ten models with two request classes; scale multiplies the backlogs (1: the fleet has room,
+ * 20: it is contended). */
+static json_t *workload_doc(int scale) {
+    const char *models[] = {"llama-3-8b", "llama-3-70b", "mistral-7b",  "qwen2-7b",    "qwen2-72b",
+                            "llama-2-7b", "llama-2-13b", "llama-2-70b", "smollm2-135m"};
+    json_t *ms = json_array();
+    for (int m = 0; m < 10; m++) {
+        json_t *card =
+            m < 9 ? json_string(models[m])
+                  : json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s}", "name", "llama-3-8b-int4",
+                              "layers", 32, "hidden", 4096, "heads", 32, "kv_heads", 8, "ffn",
+                              14336, "vocab", 128256, "quant", "INT4");
+        json_array_append_new(
+            ms,
+            json_pack("{s:o, s:i, s:i, s:[{s:s, s:i, s:i, s:i, s:f}, {s:s, s:i, s:i, s:i, "
+                      "s:f}]}",
+                      "model", card, "requests", scale * (20000 + 5000 * m), "deadline_s",
+                      3600 * (1 + m % 3), "classes", "name", "s", "input_mean", 250, "output_mean",
+                      150, "max_tokens", 1024, "share", 0.6, "name", "l", "input_mean", 2500,
+                      "output_mean", 350, "max_tokens", 4096, "share", 0.4));
+    }
+    return json_pack("{s:o}", "models", ms);
+}
+
+static void solve(world *x, const sched_opts *o, sched_plan *p) {
+    md_err e = {0};
+    int rc = sched_plan_solve(p, &x->w, &x->f, &x->cat, &x->cs, o, &e);
+    if (rc)
+        print_message("solve: %s\n", e.msg);
+    assert_int_equal(rc, 0);
+    assert_int_equal(sched_plan_validate(p, &x->w, &x->f, &x->cat, &x->cs, &x->pp, &e), 0);
+}
+
+static int has_note(const sched_plan *p, const char *word) {
+    size_t i;
+    json_t *n;
+    json_array_foreach(p->notes, i, n) if (strstr(json_string_value(n), word)) return 1;
+    return 0;
+}
+
+/* Replicas per candidate label, as a JSON object (label -> count). */
+static json_t *replicas_by_label(const sched_plan *p, const world *x) {
+    json_t *o = json_object();
+    for (int i = 0; i < p->n; i++) {
+        const char *l = x->cs.c[p->r[i].cand].label;
+        json_object_set_new(o, l, json_integer(json_integer_value(json_object_get(o, l)) + 1));
+    }
+    return o;
+}
+
+/* Every GPU id is "<worker>/<i>" of a worker in the fleet document's naming, i below its
+ * size, and all GPUs of a TP group name one worker. */
+static void ids_are_workers_gpus(const sched_plan *p, const world *x, int per_host) {
+    for (int i = 0; i < p->n; i++) {
+        const sched_cand *c = &x->cs.c[p->r[i].cand];
+        int at = 0;
+        for (int s = 0; s < c->nstages; s++) {
+            const char *first = p->r[i].gpu_ids[at];
+            const char *slash = strrchr(first, '/');
+            assert_non_null(slash);
+            assert_non_null(strstr(first, "-w"));
+            for (int g = 0; g < c->stages[s].tp; g++) {
+                const char *id = p->r[i].gpu_ids[at + g];
+                assert_int_equal(strncmp(id, first, (size_t)(slash - first + 1)), 0);
+                assert_true(atoi(id + (slash - first) + 1) < per_host);
+            }
+            at += c->stages[s].tp;
+        }
+    }
+}
+
+static void workers_of_eight_plan_like_one_pool_per_type(void **st) {
+    world one, workers;
+    world_load(&one, fleet_doc(0), workload_doc(1), 1);
+    world_load(&workers, fleet_doc(8), workload_doc(1), 1);
+    /* 125 pools merged into one per type, hosts in name order */
+    assert_int_equal(workers.f.n, NTYPES);
+    assert_int_equal(workers.f.pools[0].nhosts, 12);
+    assert_string_equal(workers.f.pools[0].hosts[11].name, "h100-w011");
+    assert_int_equal(sched_fleet_gpus(&workers.f), 1000);
+    sched_opts o;
+    sched_opts_defaults(&o);
+    sched_plan a, b;
+    solve(&one, &o, &a);
+    solve(&workers, &o, &b);
+    json_t *la = replicas_by_label(&a, &one), *lb = replicas_by_label(&b, &workers);
+    assert_true(json_equal(la, lb));
+    assert_int_equal(a.n, b.n);
+    assert_true(fabs(a.tokens_per_s - b.tokens_per_s) <= 1e-6 * a.tokens_per_s);
+    assert_true(fabs(a.usd_per_hour - b.usd_per_hour) <= 1e-6 * a.usd_per_hour);
+    assert_false(has_note(&b, "limit"));
+    ids_are_workers_gpus(&b, &workers, 8);
+    assert_int_equal(a.nidle, b.nidle);
+    json_decref(la);
+    json_decref(lb);
+    sched_plan_free(&a);
+    sched_plan_free(&b);
+    world_free(&one);
+    world_free(&workers);
+}
+
+static void thousand_single_gpu_workers_plan(void **st) {
+    world x;
+    world_load(&x, fleet_doc(1), workload_doc(1), 1);
+    assert_int_equal(x.f.n, NTYPES);
+    sched_opts o;
+    sched_opts_defaults(&o);
+    sched_plan p;
+    solve(&x, &o, &p);
+    assert_true(p.n >= 10);
+    assert_true(p.tokens_per_s > 0);
+    ids_are_workers_gpus(&p, &x, 1);
+    assert_int_equal(p.nidle + p.n, 1000); /* one GPU per replica: no TP across workers */
+    sched_plan_free(&p);
+    world_free(&x);
+}
+
+/* A search stopped at once (one node, or a clock of 1 ms) is a plan with a note, never "no
+ * solution": each later solve starts from the solution in force. */
+static void a_stopped_search_is_not_no_solution(void **st) {
+    world x;
+    world_load(&x, fleet_doc(8), workload_doc(20), 1);
+    sched_opts o;
+    sched_opts_defaults(&o);
+    o.node_limit = 1;
+    sched_plan p;
+    solve(&x, &o, &p);
+    assert_true(p.n > 0);
+    assert_true(has_note(&p, "node limit"));
+    sched_plan_free(&p);
+    sched_opts_defaults(&o);
+    o.time_limit_s = 0.001;
+    solve(&x, &o, &p);
+    assert_true(has_note(&p, "limit"));
+    sched_plan_free(&p);
+    world_free(&x);
+}
+
+static char *plan_text(const sched_plan *p, const world *x) {
+    json_t *doc = sched_plan_to_json(p, &x->w, &x->f, &x->cat, &x->cs);
+    json_object_del(doc, "created_at");
+    json_object_del(json_object_get(doc, "totals"), "solve_s");
+    char *s = json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(doc);
+    return s;
+}
+
+/* A contended fleet (demand beyond it, so the search stops at its node limit): the same
+ * inputs give the same plan, byte for byte. */
+static void contended_fleet_gives_the_same_plan_twice(void **st) {
+    world x;
+    world_load(&x, fleet_doc(25), workload_doc(20), 1);
+    sched_opts o;
+    sched_opts_defaults(&o);
+    sched_plan a, b;
+    solve(&x, &o, &a);
+    solve(&x, &o, &b);
+    char *ta = plan_text(&a, &x), *tb = plan_text(&b, &x);
+    assert_string_equal(ta, tb);
+    assert_true(a.n > 100);
+    free(ta);
+    free(tb);
+    sched_plan_free(&a);
+    sched_plan_free(&b);
+    world_free(&x);
+}
+
+/* Pools of 12, 6 and 8 L4s, 8 per host: hosts of 8 and 4 ("a"), 6 ("b") and 8 ("c"); only
+ * the two full hosts hold an 8-GPU group. */
+static void partial_hosts_hold_what_they_have(void **st) {
+    world x;
+    json_t *f = json_pack("{s:[{s:s, s:s, s:i, s:i}, {s:s, s:s, s:i, s:i}, {s:s, s:s, s:i, s:i}]}",
+                          "pools", "name", "c", "type", "L4", "count", 8, "gpus_per_host", 8,
+                          "name", "a", "type", "L4", "count", 12, "gpus_per_host", 8, "name", "b",
+                          "type", "L4", "count", 6, "gpus_per_host", 8);
+    json_t *w =
+        json_pack("{s:[{s:s, s:i, s:i, s:i, s:i}]}", "models", "model", "llama-3-70b", "requests",
+                  1000000, "deadline_s", 3600, "input_mean", 500, "output_mean", 200);
+    world_load(&x, f, w, 1);
+    assert_int_equal(x.f.n, 1);
+    const sched_pool *p = &x.f.pools[0];
+    assert_int_equal(p->count, 26);
+    assert_int_equal(p->nhosts, 4);
+    assert_int_equal(p->gpus_per_host, 8);
+    char id[SCHED_NAME];
+    int h = -1, k0;
+    sched_pool_gpu_id(p, 8, id);
+    assert_string_equal(id, "a/8");
+    sched_pool_gpu_id(p, 12, id);
+    assert_string_equal(id, "b/0");
+    sched_pool_gpu_id(p, 25, id);
+    assert_string_equal(id, "c/7");
+    assert_int_equal(sched_pool_find_gpu(p, "a/11", &h), 11);
+    assert_int_equal(h, 1);
+    assert_int_equal(sched_pool_find_gpu(p, "b/5", &h), 17);
+    assert_int_equal(sched_pool_host(p, 2, &k0), 6);
+    assert_int_equal(k0, 12);
+    assert_int_equal(sched_pool_find_gpu(p, "a/12", &h), -1);
+    assert_int_equal(sched_pool_find_gpu(p, "b/6", &h), -1);
+    assert_int_equal(sched_pool_find_gpu(p, "d/0", &h), -1);
+    assert_int_equal(sched_pool_find_gpu(p, "a/x", &h), -1);
+    sched_opts o;
+    sched_opts_defaults(&o);
+    sched_plan pl;
+    solve(&x, &o, &pl);
+    int eight[2], n8 = 0;
+    for (int i = 0; i < pl.n; i++)
+        if (x.cs.c[pl.r[i].cand].gpus == 8) {
+            assert_true(n8 < 2);
+            eight[n8++] = i;
+            assert_true(!strcmp(pl.r[i].gpu_ids[0], "a/0") || !strcmp(pl.r[i].gpu_ids[0], "c/0"));
+        }
+    assert_int_equal(n8, 2); /* the demand wants all it can get: both full hosts */
+    /* Two GPUs swapped between the 8-GPU groups: each group spans two hosts. */
+    md_err e = {0};
+    char t[SCHED_NAME];
+    memcpy(t, pl.r[eight[0]].gpu_ids[7], SCHED_NAME);
+    memcpy(pl.r[eight[0]].gpu_ids[7], pl.r[eight[1]].gpu_ids[7], SCHED_NAME);
+    memcpy(pl.r[eight[1]].gpu_ids[7], t, SCHED_NAME);
+    assert_int_equal(sched_plan_validate(&pl, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "spans two hosts"));
+    sched_plan_free(&pl);
+    world_free(&x);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(workers_of_eight_plan_like_one_pool_per_type),
+        cmocka_unit_test(thousand_single_gpu_workers_plan),
+        cmocka_unit_test(a_stopped_search_is_not_no_solution),
+        cmocka_unit_test(contended_fleet_gives_the_same_plan_twice),
+        cmocka_unit_test(partial_hosts_hold_what_they_have),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
