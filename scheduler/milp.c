@@ -783,12 +783,25 @@ static int phase1_fair(lp *L, const sched_plan *p, const sched_workload *w, cons
     int shortn = 0;
     for (int m = 0; m < w->n; m++) {
         double d = p->models[m].demand_tps / model_tok(w, m);
-        shortn += L->col_x[m] && d > 0 && glp_mip_col_val(L->P, L->col_x[m]) < d * (1 - 1e-6);
+        shortn += L->col_x[m] && d > 0 && lp_val(L, L->col_x[m]) < d * (1 - 1e-6);
     }
     if (shortn < 2)
         return 0;
     int lam = glp_add_cols(L->P, 1);
     glp_set_col_bnds(L->P, lam, GLP_DB, 0, 1);
+    /* the solution in force grows by lam, at the common fraction it already gives, so that
+     * it stays the warm start of the solves below (lp_solve) */
+    double *x = realloc(L->x, ((size_t)lam + 1) * sizeof *x);
+    if (!x)
+        return -1;
+    L->x = x;
+    x[lam] = 1;
+    for (int m = 0; m < w->n; m++) {
+        double d = p->models[m].demand_tps / model_tok(w, m);
+        if (L->col_x[m] && d > 0)
+            x[lam] = fmin(x[lam], x[L->col_x[m]] / d);
+    }
+    x[lam] = fmax(0, x[lam]);
     for (int m = 0; m < w->n; m++) {
         double d = p->models[m].demand_tps / model_tok(w, m);
         if (!L->col_x[m] || d <= 0)
@@ -803,7 +816,7 @@ static int phase1_fair(lp *L, const sched_plan *p, const sched_workload *w, cons
     glp_set_obj_coef(L->P, lam, 1);
     if (lp_solve(L, o))
         return -1;
-    double best = glp_mip_col_val(L->P, lam);
+    double best = lp_val(L, lam);
     glp_set_col_bnds(L->P, lam, GLP_DB, fmin(1, best * (1 - 1e-9)), 1);
     set_objective(L, w, cs, 0, 1);
     glp_set_obj_coef(L->P, lam, 0);

@@ -188,7 +188,15 @@ static void thousand_single_gpu_workers_plan(void **st) {
     assert_true(p.n >= 10);
     assert_true(p.tokens_per_s > 0);
     ids_are_workers_gpus(&p, &x, 1);
-    assert_int_equal(p.nidle + p.n, 1000); /* one GPU per replica: no TP across workers */
+    /* no TP across workers: every stage is one GPU (a pipeline's stages on several workers) */
+    int used = 0;
+    for (int i = 0; i < p.n; i++) {
+        const sched_cand *c = &x.cs.c[p.r[i].cand];
+        for (int s = 0; s < c->nstages; s++)
+            assert_int_equal(c->stages[s].tp, 1);
+        used += c->gpus;
+    }
+    assert_int_equal(p.nidle + used, 1000);
     sched_plan_free(&p);
     world_free(&x);
 }
@@ -277,6 +285,13 @@ static void partial_hosts_hold_what_they_have(void **st) {
     assert_int_equal(sched_pool_find_gpu(p, "b/6", &h), -1);
     assert_int_equal(sched_pool_find_gpu(p, "d/0", &h), -1);
     assert_int_equal(sched_pool_find_gpu(p, "a/x", &h), -1);
+    /* TP groups only (pipelines across these hosts are candidates too): what matters here
+     * is which hosts can hold an 8-GPU group */
+    int k = 0;
+    for (int c = 0; c < x.cs.n; c++)
+        if (x.cs.c[c].nstages == 1)
+            x.cs.c[k++] = x.cs.c[c];
+    x.cs.n = k;
     sched_opts o;
     sched_opts_defaults(&o);
     sched_plan pl;
