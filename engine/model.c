@@ -225,8 +225,13 @@ static int slice(md_model *m, const gguf_tensor *g, int64_t r0, int64_t nr, int6
     return own(m, p, e);
 }
 
-/* *out = g recoded from Q5_0 to Q8_0 (md_q5_0_to_q8_0: exact), in host memory the model keeps;
- * the backends multiply by Q8_0. */
+/* 1 when the backend multiplies weights of type t as the file stores them. */
+static int backend_has_type(const md_model *m, int t) {
+    return md_type_supported(t) || (t >= 0 && t < 64 && (BE(m)->ops->extra_weight_types >> t & 1));
+}
+
+/* *out = g recoded from Q5_0 to Q8_0 (md_q5_0_to_q8_0: exact), in host memory the model keeps,
+ * for backends without a Q5_0 product (backend_has_type). */
 static int recode_q5_0(md_model *m, const gguf_tensor *g, gguf_tensor *out, md_err *e) {
     size_t rb = md_type_row_bytes(MD_TYPE_Q8_0, g->ne[0]);
     if (rb == 0 || md_type_row_bytes(MD_TYPE_Q5_0, g->ne[0]) * (size_t)(g->n_elements / g->ne[0]) !=
@@ -263,9 +268,10 @@ static int bind_part(md_model *m, const gguf_file *gf, const char *name, int64_t
     }
     gguf_tensor q8;
     int rc;
-    if (g->type == MD_TYPE_Q5_0 && !float_only && (rc = recode_q5_0(m, g, &q8, e)))
+    int recode = g->type == MD_TYPE_Q5_0 && !float_only && !backend_has_type(m, g->type);
+    if (recode && (rc = recode_q5_0(m, g, &q8, e)))
         return rc;
-    if (g->type == MD_TYPE_Q5_0 && !float_only)
+    if (recode)
         g = &q8;
     if (g->ne[0] != ne0 || g->ne[1] != ne1 || g->ne[2] != 1 || g->ne[3] != 1)
         return md_errf(e, MD_EFORMAT,
@@ -274,7 +280,7 @@ static int bind_part(md_model *m, const gguf_file *gf, const char *name, int64_t
                        name, (long long)g->ne[0], (long long)g->ne[1], (long long)g->ne[2],
                        (long long)g->ne[3], (long long)ne0, (long long)ne1);
     size_t rb = md_type_row_bytes(g->type, ne0);
-    if (!md_type_supported(g->type) || rb == 0 || (float_only && g->type != MD_TYPE_F32))
+    if (!backend_has_type(m, g->type) || rb == 0 || (float_only && g->type != MD_TYPE_F32))
         return md_errf(e, MD_EUNSUPP, "tensor %s has type %s (%d), not supported here", name,
                        md_type_name(g->type) ? md_type_name(g->type) : "unknown", g->type);
     if (rb * (size_t)ne1 != g->n_bytes)

@@ -135,6 +135,10 @@ typedef struct md_backend_ops {
      * the wrap and a sync). 0: weights as the file stores them. A backend that aliases host
      * memory in buf_wrap (the CPU) must leave it 0. */
     int weights_f32;
+    /* Weight types beyond md_type_supported this backend multiplies as the file stores them,
+     * a bit mask of 1ull << md_type (0: none; the CPU: Q5_0). The engine recodes a weight
+     * of a type outside both where it can (Q5_0 as Q8_0, exactly: engine/model.c). */
+    uint64_t extra_weight_types;
     /* The engine's batch sizes on this backend when the configuration leaves them 0: most
      * running sequences, most tokens per step (0: the engine's 64 and 512, a CPU's). A GPU
      * reads every weight once per step whatever the batch, so it sets both higher. */

@@ -3,8 +3,8 @@
  * llama-family forward pass.
  *
  * Weight types are common/dtype.h's md_type (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K:
- * md_type_supported). Weights stay in their GGUF block layout (they may point into a
- * read-only mmap); nothing here writes to them or keeps a pointer to them.
+ * md_type_supported; and Q5_0: cpu_weight_type). Weights stay in their GGUF block layout (they
+ * may point into a read-only mmap); nothing here writes to them or keeps a pointer to them.
  *
  * Hot-path contract: cpu_matmul and the vector ops never allocate, lock or log. The
  * caller allocates cpu_matmul's scratch once (cpu_matmul_scratch_size) and owns it.
@@ -48,7 +48,10 @@ int cpu_simd_detect(void);
 int cpu_simd_set(int level);
 
 /* ---- matrix products ---- */
-/* 0 when cpu_matmul can take (wtype, cols): a type of md_type_supported, cols > 0 and a
+/* 1 when cpu_matmul multiplies weights of type t: those of md_type_supported and Q5_0 (which
+ * other backends get recoded as Q8_0, engine/model.c); else 0. */
+int cpu_weight_type(int t);
+/* 0 when cpu_matmul can take (wtype, cols): a type of cpu_weight_type, cols > 0 and a
  * multiple of the block size; else -1. Check once at model load; cpu_matmul itself does not
  * check. */
 int cpu_matmul_check(int wtype, int cols);
@@ -56,7 +59,7 @@ int cpu_matmul_check(int wtype, int cols);
 /* y[n][rows] = x[n][cols] · W^T: W is `rows` rows of `cols` elements of type wtype (row r
  * starts at (char*)W + r*md_type_row_bytes(wtype, cols)); x and y are row-major float, y must
  * not alias x. Quantized weights take activations quantized per block into scratch
- * (int8 blocks of 32 with a float scale for Q4_0/Q4_1/Q8_0, blocks of 256 with 16-element
+ * (int8 blocks of 32 with a float scale for Q4_0/Q4_1/Q5_0/Q8_0, blocks of 256 with 16-element
  * sums for Q4_K/Q6_K), then integer dot products. scratch holds
  * cpu_matmul_scratch_size(wtype, cols, n) bytes, 64-byte aligned (may be 0 bytes: then
  * NULL is fine). Threads of p split the rows (p may be NULL). */

@@ -50,6 +50,7 @@ static void build_table(int level) {
         TAKE(bf16);
         TAKE(q4_0);
         TAKE(q4_1);
+        TAKE(q5_0);
         TAKE(q8_0);
         TAKE(q4_k);
         TAKE(q6_k);
@@ -114,8 +115,10 @@ int cpu_simd_set(int level) {
 
 /* ---- types ---- */
 
+int cpu_weight_type(int t) { return md_type_supported(t) || t == MD_TYPE_Q5_0; }
+
 int cpu_matmul_check(int t, int cols) {
-    int bs = md_type_supported(t) ? md_type_block(t) : 0;
+    int bs = cpu_weight_type(t) ? md_type_block(t) : 0;
     return bs > 0 && cols > 0 && cols % bs == 0 ? 0 : -1;
 }
 
@@ -150,7 +153,7 @@ static act_row act_at(const uint8_t *scratch, int t, int cols, int i) {
 }
 
 size_t cpu_matmul_scratch_size(int t, int cols, int n) {
-    if (!md_type_supported(t) || is_float(t) || cols <= 0 || n <= 0)
+    if (!cpu_weight_type(t) || is_float(t) || cols <= 0 || n <= 0)
         return 0;
     return (size_t)n * act_row_bytes(t, cols);
 }
@@ -258,6 +261,7 @@ static tile_fn pick(int t) {
     case MD_TYPE_BF16: return g_tab.bf16;
     case MD_TYPE_Q4_0: return g_tab.q4_0;
     case MD_TYPE_Q4_1: return g_tab.q4_1;
+    case MD_TYPE_Q5_0: return g_tab.q5_0;
     case MD_TYPE_Q8_0: return g_tab.q8_0;
     case MD_TYPE_Q4_K: return g_tab.q4_k;
     case MD_TYPE_Q6_K: return g_tab.q6_k;
@@ -401,6 +405,20 @@ void cpu_dequant_row(int t, const void *row, float *out, int cols) {
             for (int j = 0; j < 16; j++) {
                 out[b * 32 + j] = d * (k->qs[j] & 15) + m;
                 out[b * 32 + j + 16] = d * (k->qs[j] >> 4) + m;
+            }
+        }
+        return;
+    case MD_TYPE_Q5_0:
+        for (int b = 0; b < cols / QK32; b++) {
+            const blk_q5_0 *k = (const blk_q5_0 *)src + b;
+            float d = md_fp16_to_fp32(k->d);
+            uint32_t qh = (uint32_t)k->qh[0] | (uint32_t)k->qh[1] << 8 |
+                          (uint32_t)k->qh[2] << 16 | (uint32_t)k->qh[3] << 24;
+            for (int j = 0; j < 16; j++) {
+                int lo = (k->qs[j] & 15) | (int)(qh >> j & 1) << 4;
+                int hi = (k->qs[j] >> 4) | (int)(qh >> (j + 16) & 1) << 4;
+                out[b * 32 + j] = d * (lo - 16);
+                out[b * 32 + j + 16] = d * (hi - 16);
             }
         }
         return;

@@ -33,6 +33,19 @@ TGT static INL __m256i unpack_nibbles(const uint8_t *qs) {
                                    _mm_and_si128(_mm_srli_epi16(v, 4), m), 1);
 }
 
+/* Q5_0's fifth bits: byte j = 16 where bit j of the 4 bytes at qh is set, else 0 (element
+ * order as unpack_nibbles). Byte j of the broadcast picks byte j / 8 of qh, then its bit j % 8. */
+TGT static INL __m256i unpack_high_bits(const uint8_t *qh) {
+    uint32_t bits;
+    memcpy(&bits, qh, 4);
+    const __m256i pick =
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), pick);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+    return _mm256_and_si256(v, _mm256_set1_epi8(16));
+}
+
 /* 8 int32 lanes of Σ u·s over 32 byte pairs. */
 TGT static INL __m256i dot_u8s8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -48,12 +61,15 @@ TGT static INL void prefetch_block(const void *blk, size_t bsz, size_t ahead) {
     _mm_prefetch(p + bsz - 1, _MM_HINT_T0);
 }
 
-/* ---- Q4_0 / Q4_1, per block and (r, c) with dot = Σ qw·qx and s = dx·Σqx:
- * Q4_0: dw·(dx·dot - 8·s), Q4_1: dw·dx·dot + m·s; the s terms enter each of the 8 lanes
- * divided by 8 (exact). ---- */
-TGT static INL void q4_main(int nb, const uint8_t *w, size_t ws, int q41, const int R,
+/* ---- Q4_0 / Q4_1 / Q5_0, per block and (r, c) with dot = Σ qw·qx and s = dx·Σqx:
+ * Q4_0: dw·(dx·dot - 8·s), Q4_1: dw·dx·dot + m·s, Q5_0: dw·(dx·dot - 16·s) with qw's fifth
+ * bit or'ed in before the dot; the s terms enter each of the 8 lanes divided by 8
+ * (exact). ---- */
+enum { KQ4_0, KQ4_1, KQ5_0 };
+TGT static INL void q4_main(int nb, const uint8_t *w, size_t ws, int kind, const int R,
                             const act_row *a, const int C, float *y, size_t ldy) {
-    const size_t bsz = q41 ? sizeof(blk_q4_1) : sizeof(blk_q4_0);
+    const int q41 = kind == KQ4_1, q50 = kind == KQ5_0;
+    const size_t bsz = q41 ? sizeof(blk_q4_1) : q50 ? sizeof(blk_q5_0) : sizeof(blk_q4_0);
     __m256 acc[4][2];
     #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -67,7 +83,7 @@ TGT static INL void q4_main(int nb, const uint8_t *w, size_t ws, int q41, const 
         for (int c = 0; c < C; c++) {
             xq[c] = _mm256_loadu_si256((const __m256i *)(a[c].q + b * QK32));
             dx[c] = _mm256_set1_ps(a[c].d[b]);
-            sv[c] = _mm256_set1_ps(a[c].s[b] * (q41 ? 0.125f : -1.0f));
+            sv[c] = _mm256_set1_ps(a[c].s[b] * (q41 ? 0.125f : q50 ? -2.0f : -1.0f));
         }
         #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -76,7 +92,9 @@ TGT static INL void q4_main(int nb, const uint8_t *w, size_t ws, int q41, const 
             uint16_t dh, mh;
             memcpy(&dh, blk, 2);
             __m256 dw = _mm256_set1_ps(h2f(dh));
-            __m256i wq = unpack_nibbles(blk + (q41 ? 4 : 2));
+            __m256i wq = unpack_nibbles(blk + (q41 ? 4 : q50 ? 6 : 2));
+            if (q50)
+                wq = _mm256_or_si256(wq, unpack_high_bits(blk + 2));
             #pragma GCC unroll 4
             for (int c = 0; c < C; c++) {
                 __m256 p = _mm256_cvtepi32_ps(dot_u8s8(wq, xq[c]));
@@ -345,14 +363,21 @@ TGT static INL void fw_main(int cols, const uint8_t *w, size_t ws, int kind, con
 
 TGT static void tile_q4_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
                           const float *const *xf, int nc, float *y, size_t ldy) {
-#define CALL(R, C) q4_main(nb, w, ws, 0, R, A, C, Y, ldy)
+#define CALL(R, C) q4_main(nb, w, ws, KQ4_0, R, A, C, Y, ldy)
     DISPATCH(CALL)
 #undef CALL
 }
 
 TGT static void tile_q4_1(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
                           const float *const *xf, int nc, float *y, size_t ldy) {
-#define CALL(R, C) q4_main(nb, w, ws, 1, R, A, C, Y, ldy)
+#define CALL(R, C) q4_main(nb, w, ws, KQ4_1, R, A, C, Y, ldy)
+    DISPATCH(CALL)
+#undef CALL
+}
+
+TGT static void tile_q5_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                          const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) q4_main(nb, w, ws, KQ5_0, R, A, C, Y, ldy)
     DISPATCH(CALL)
 #undef CALL
 }
@@ -455,7 +480,7 @@ TGT static void quantk(const float *x, int cols, int8_t *q, float *d, int16_t *b
 
 const kernel_table cpu_kernels_avx2 = {
     .f32 = tile_f32, .f16 = tile_f16, .bf16 = tile_bf16, .q4_0 = tile_q4_0,
-    .q4_1 = tile_q4_1, .q8_0 = tile_q8_0, .q4_k = tile_q4_k, .q6_k = tile_q6_k,
+    .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0, .q4_k = tile_q4_k, .q6_k = tile_q6_k,
     .quant32 = quant32, .quantk = quantk,
 };
 #else

@@ -1,6 +1,6 @@
 /* matmul_avx512.c — AVX-512 VNNI tile kernels for the 32-element block types (Q4_0, Q4_1,
- * Q8_0: the types of llama.cpp's common GGUF files) and float weights; K-quants use the
- * AVX2 kernels (the dispatcher falls back per type).
+ * Q8_0: the types of llama.cpp's common GGUF files) and float weights; K-quants and Q5_0 use
+ * the AVX2 kernels (the dispatcher falls back per type).
  *
  * Two blocks per 512-bit register: int32 lanes 0..7 hold block b's partial dot, lanes 8..15
  * block b+1's, so the scale vector is (dw_b·dx_b ×8, dw_b+1·dx_b+1 ×8). _mm512_dpbusd_epi32

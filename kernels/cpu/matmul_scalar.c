@@ -122,6 +122,32 @@ static void tile_q4_1(int nb, const uint8_t *w, size_t ws, int nr, const act_row
     }
 }
 
+static void tile_q5_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                      const float *const *xf, int nc, float *y, size_t ldy) {
+    for (int r = 0; r < nr; r++) {
+        const blk_q5_0 *wb = (const blk_q5_0 *)(w + r * ws);
+        for (int c = 0; c < nc; c++) {
+            float acc = 0;
+            for (int b = 0; b < nb; b++) {
+                const int8_t *q = a[c].q + b * QK32;
+                const uint8_t *h = wb[b].qh;
+                uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
+                              (uint32_t)h[3] << 24;
+                int isum = 0;
+                for (int j = 0; j < 16; j++) {
+                    int lo = (wb[b].qs[j] & 15) | (int)(qh >> j & 1) << 4;
+                    int hi = (wb[b].qs[j] >> 4) | (int)(qh >> (j + 16) & 1) << 4;
+                    isum += lo * q[j] + hi * q[j + 16];
+                }
+                /* (qw - 16)·qx = qw·qx - 16·sum(qx); s = d·sum(qx) */
+                float dw = md_fp16_to_fp32(wb[b].d);
+                acc += dw * (a[c].d[b] * (float)isum - 16.0f * a[c].s[b]);
+            }
+            y[c * ldy + r] = acc;
+        }
+    }
+}
+
 static void tile_q8_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
                       const float *const *xf, int nc, float *y, size_t ldy) {
     for (int r = 0; r < nr; r++) {
@@ -198,6 +224,6 @@ static void tile_q6_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row
 
 const kernel_table cpu_kernels_scalar = {
     .f32 = tile_f32, .f16 = tile_f16, .bf16 = tile_bf16, .q4_0 = tile_q4_0,
-    .q4_1 = tile_q4_1, .q8_0 = tile_q8_0, .q4_k = tile_q4_k, .q6_k = tile_q6_k,
+    .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0, .q4_k = tile_q4_k, .q6_k = tile_q6_k,
     .quant32 = cpu_quant_q8_32_scalar, .quantk = cpu_quant_q8_k_scalar,
 };

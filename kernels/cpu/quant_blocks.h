@@ -24,6 +24,11 @@ typedef struct {
 } blk_q4_1;
 typedef struct {
     uint16_t d;
+    uint8_t qh[4]; /* bit j: the fifth bit of element j (little-endian uint32 in the file) */
+    uint8_t qs[16];
+} blk_q5_0;
+typedef struct {
+    uint16_t d;
     int8_t qs[32];
 } blk_q8_0;
 typedef struct {
@@ -40,13 +45,14 @@ typedef struct {
 
 _Static_assert(sizeof(blk_q4_0) == 18, "Q4_0 block is 18 bytes");
 _Static_assert(sizeof(blk_q4_1) == 20, "Q4_1 block is 20 bytes");
+_Static_assert(sizeof(blk_q5_0) == 22, "Q5_0 block is 22 bytes");
 _Static_assert(sizeof(blk_q8_0) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(blk_q4_k) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(blk_q6_k) == 210, "Q6_K block is 210 bytes");
 
 /* Quantized activations of one x row in scratch (row stride act_row_bytes):
  *   int8 q[cols]            at offset 0
- *   float d[cols/32]        per 32-block scale (Q4_0/Q4_1/Q8_0)   | per 256-block (K)
+ *   float d[cols/32]        per 32-block scale (Q4_0/Q4_1/Q5_0/Q8_0)   | per 256-block (K)
  *   float s[cols/32]        d * sum(q) per 32-block               | int16 bsum[cols/16]
  * x[i] ~= d[blk] * q[i]. */
 typedef struct {
@@ -68,7 +74,7 @@ typedef void (*tile_fn)(int nb, const uint8_t *w, size_t wstride, int nr, const 
 typedef void (*quant32_fn)(const float *x, int cols, int8_t *q, float *d, float *s);
 typedef void (*quantk_fn)(const float *x, int cols, int8_t *q, float *d, int16_t *bsum);
 typedef struct {
-    tile_fn f32, f16, bf16, q4_0, q4_1, q8_0, q4_k, q6_k;
+    tile_fn f32, f16, bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q6_k;
     quant32_fn quant32; /* x row -> int8 blocks of 32 with d and s = d*sum(q) */
     quantk_fn quantk;   /* x row -> int8 blocks of 256 with d and 16-element sums */
 } kernel_table;

@@ -28,8 +28,8 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/quant_blocks.h"
 
-static const int TYPES[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_BF16, MD_TYPE_Q4_0,
-                            MD_TYPE_Q4_1, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K};
+static const int TYPES[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_BF16, MD_TYPE_Q4_0, MD_TYPE_Q4_1,
+                            MD_TYPE_Q5_0, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K};
 #define N_TYPES (int)(sizeof TYPES / sizeof TYPES[0])
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -75,6 +75,7 @@ static void *rand_matrix(int t, int rows, int cols) {
             break;
         }
         case MD_TYPE_Q4_0:
+        case MD_TYPE_Q5_0:
         case MD_TYPE_Q8_0: put16(w + off, rnd_half_scale()); off += bb; break;
         case MD_TYPE_Q4_1:
         case MD_TYPE_Q4_K:
@@ -220,6 +221,16 @@ static void test_matmul_model_shapes_large_batch(void **state) {
     cpu_pool_destroy(pool);
 }
 
+/* Gemma 3 270M's Q5_0 matrices (640 columns) with a row count off the 4-row tile and an odd
+ * batch (a 1-row activation tail). */
+static void test_matmul_q5_0_gemma3_shapes(void **state) {
+    cpu_pool *pool = cpu_pool_create(2);
+    check_shape(pool, MD_TYPE_Q5_0, 1026, 640, 3);
+    check_shape(pool, MD_TYPE_Q5_0, 639, 2048, 1);
+    cpu_pool_destroy(pool);
+    cpu_simd_set(cpu_simd_detect());
+}
+
 /* Threads split rows, and results do not depend on how many threads there are. */
 static void test_matmul_same_result_for_any_thread_count(void **state) {
     int t = MD_TYPE_Q4_1, rows = 203, cols = 192, n = 11;
@@ -311,6 +322,8 @@ static void test_matmul_n_equals_unfused_ops(void **state) {
         {3, CPU_MM_SET, {MD_TYPE_Q8_0, MD_TYPE_BF16, MD_TYPE_Q6_K}, {40, 8, 8}, 256},  /* mixed */
         {2, CPU_MM_SET, {MD_TYPE_F16, MD_TYPE_BF16}, {33, 7}, 64},
         {1, CPU_MM_ACC, {MD_TYPE_Q4_0}, {70}, 160},                                    /* wo */
+        {3, CPU_MM_SET, {MD_TYPE_Q5_0, MD_TYPE_Q5_0, MD_TYPE_Q8_0}, {41, 9, 9}, 96},   /* Gemma 3 */
+        {2, CPU_MM_SWIGLU, {MD_TYPE_Q5_0, MD_TYPE_Q4_K}, {21, 21}, 256},               /* mixed */
         {1, CPU_MM_ACC, {MD_TYPE_F32}, {13}, 32},
         {2, CPU_MM_ACC, {MD_TYPE_Q4_K, MD_TYPE_Q8_0}, {24, 16}, 256},
         {2, CPU_MM_SWIGLU, {MD_TYPE_Q4_1, MD_TYPE_Q4_1}, {150, 150}, 64},              /* gate/up */
@@ -385,7 +398,40 @@ static void test_dequant_matches_gguf_reference(void **state) {
     assert_int_equal(seen, 7);
 }
 
+/* Q5_0 as GGUF lays it out (ggml's block_q5_0): element j < 16 is the low nibble of qs[j],
+ * element j + 16 its high nibble, and bit j of the little-endian uint32 qh is the fifth bit of
+ * element j; the value is (q - 16)·d. Each element gets its own nibble and bit pattern here,
+ * so a swapped half or a misplaced bit shows. */
+static void test_dequant_q5_0_layout(void **state) {
+    uint8_t blk[2 * 22];
+    for (int b = 0; b < 2; b++) {
+        uint8_t *p = blk + 22 * b;
+        put16(p, b ? 0xC000 /* -2.0 */ : 0x3800 /* 0.5 */);
+        uint32_t qh = b ? 0x0F0FA5C3u : 0x80000001u;
+        memcpy(p + 2, &qh, 4); /* little-endian host: the file's order */
+        for (int j = 0; j < 16; j++)
+            p[6 + j] = (uint8_t)(((j * 7 + b) & 15) | ((15 - j) << 4));
+    }
+    float got[64];
+    cpu_dequant_row(MD_TYPE_Q5_0, blk, got, 64);
+    for (int b = 0; b < 2; b++) {
+        uint32_t qh = b ? 0x0F0FA5C3u : 0x80000001u;
+        float d = b ? -2.0f : 0.5f;
+        for (int e = 0; e < 32; e++) {
+            int nib = e < 16 ? (e * 7 + b) & 15 : 15 - (e - 16);
+            int q = nib + 16 * (int)((qh >> e) & 1);
+            assert_true(got[32 * b + e] == (float)(q - 16) * d);
+        }
+    }
+    /* by hand: elements 0 and 31 are nibble 0 with the fifth bit, 16 is nibble 15 without */
+    assert_true(got[0] == 0.0f && got[31] == 0.0f && got[16] == -0.5f);
+}
+
 static void test_matmul_check_rejects_bad_shapes(void **state) {
+    assert_int_equal(cpu_matmul_check(MD_TYPE_Q5_0, 640), 0);
+    assert_int_equal(cpu_matmul_check(MD_TYPE_Q5_0, 630), -1);
+    assert_true(cpu_weight_type(MD_TYPE_Q5_0) && !cpu_weight_type(MD_TYPE_Q5_1));
+    assert_true(cpu_matmul_scratch_size(MD_TYPE_Q5_0, 64, 3) >= 3 * (64 + 2 * 8));
     assert_int_equal(cpu_matmul_check(MD_TYPE_Q4_1, 576), 0);
     assert_int_equal(cpu_matmul_check(MD_TYPE_Q4_1, 570), -1);
     assert_int_equal(cpu_matmul_check(MD_TYPE_Q4_K, 576), -1);
@@ -705,12 +751,14 @@ static void test_pool_wakes_sleeping_workers(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dequant_matches_gguf_reference),
+        cmocka_unit_test(test_dequant_q5_0_layout),
         cmocka_unit_test(test_matmul_check_rejects_bad_shapes),
         cmocka_unit_test(test_simd_env_caps_level),
         cmocka_unit_test(test_simd_set_refuses_unsupported_level),
         cmocka_unit_test(test_matmul_every_type_level_and_odd_shape),
         cmocka_unit_test(test_matmul_batch_sizes_1_to_70),
         cmocka_unit_test(test_matmul_model_shapes_large_batch),
+        cmocka_unit_test(test_matmul_q5_0_gemma3_shapes),
         cmocka_unit_test(test_matmul_same_result_for_any_thread_count),
         cmocka_unit_test(test_matmul_n_equals_unfused_ops),
         cmocka_unit_test(test_swiglu_independent_of_span),
