@@ -25,9 +25,9 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/engine.h"
-#include "engine/pipeline.h"
-#include "engine/registry.h"
-#include "engine/tokenizer.h"
+#include "engine/shard/pipeline.h"
+#include "engine/weights/registry.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
 
 #define MAX_STOP 8

@@ -17,9 +17,10 @@
 #include "cli/commands.h"
 #include "common/dtype.h"
 #include "common/util.h"
-#include "engine/gguf.h"
-#include "engine/hf_model.h"
-#include "engine/registry.h"
+#include "engine/model/model.h"
+#include "engine/weights/gguf.h"
+#include "engine/weights/hf_model.h"
+#include "engine/weights/registry.h"
 
 static void usage(FILE *to) {
     fprintf(to,
@@ -513,9 +514,15 @@ static int models_inspect(const char *what, int json) {
     return 0;
 }
 
+/* What the engine would refuse at load: hyper-parameters it cannot read. */
+static int model_loadable(const gguf_file *gf, md_err *e) {
+    md_hparams hp;
+    return md_hparams_read(gf, &hp, e);
+}
+
 static int models_add(const char *name, const char *path) {
     md_err e = {0};
-    if (md_model_add(name, path, &e)) {
+    if (md_model_add(name, path, model_loadable, &e)) {
         fprintf(stderr, "medley models add: %s\n", e.msg);
         return 1;
     }

@@ -31,8 +31,8 @@
 #include "cli/commands.h"
 #include "common/util.h"
 #include "engine/engine.h"
-#include "engine/registry.h"
-#include "engine/synth.h"
+#include "engine/weights/registry.h"
+#include "engine/weights/synth.h"
 #include "kernels/backend.h"
 
 #define MAX_POINTS 16

@@ -1,5 +1,5 @@
 /* cmd_stage.c — `medley stage`: serve one pipeline stage of a sharded replica to a head over
- * TCP (engine/stage_server.h). The head names this process in its --stages spec as
+ * TCP (engine/shard/stage_server.h). The head names this process in its --stages spec as
  * tcp://HOST:PORT/DEVICE:LO-HI; what to load comes with its HELLO. SIGTERM/SIGINT stop it:
  * the step running finishes, the connection closes, the stage is unloaded, exit 0. */
 #include <signal.h>
@@ -10,7 +10,7 @@
 #include "cli/commands.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "engine/stage_server.h"
+#include "engine/shard/stage_server.h"
 #include "kernels/backend.h"
 
 static volatile sig_atomic_t g_stop = 0;

@@ -8,10 +8,10 @@
 #include <sys/stat.h>
 
 #include "cli/commands.h"
-#include "engine/gguf.h"
-#include "engine/hf_model.h"
-#include "engine/registry.h"
-#include "engine/tokenizer.h"
+#include "engine/weights/gguf.h"
+#include "engine/weights/hf_model.h"
+#include "engine/weights/registry.h"
+#include "engine/tokenizer/tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(

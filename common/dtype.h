@@ -1,16 +1,16 @@
 /* dtype.h — tensor element types (md_type_*): the one list of GGUF's tensor types, numbered
  * as ggml's enum ggml_type because GGUF files store these numbers; each type's name, block
  * size and bytes; half and bfloat16 <-> float conversion; and the unpacking of Q4_K's packed
- * sub-block scales. Every layer takes its type facts from here: engine/gguf.c sizes a file's
+ * sub-block scales. Every layer takes its type facts from here: engine/weights/gguf.c sizes a file's
  * tensors of any type (so files holding types medley cannot compute with still open and
- * list), engine/quant.c and the backends compute with the types md_type_supported() names.
+ * list), engine/weights/quant.c and the backends compute with the types md_type_supported() names.
  *
  * Block layouts (little-endian, packed, as llama.cpp writes them; x is an element's value):
  *   Q4_0  32 el,  18 B: f16 d | u8 qs[16]            x = (nibble - 8) * d
  *   Q4_1  32 el,  20 B: f16 d | f16 m | u8 qs[16]    x = nibble * d + m
  *   Q8_0  32 el,  34 B: f16 d | i8 qs[32]            x = q * d
  *   Q5_0  32 el,  22 B: f16 d | u32 qh | u8 qs[16]   x = ((nibble | (bit j of qh) << 4) - 16) * d
- *     (read only: dequantized, or recoded exactly as Q8_0 at load, engine/quant.h)
+ *     (read only: dequantized, or recoded exactly as Q8_0 at load, engine/weights/quant.h)
  *     (in Q4_*, element j < 16 is the low nibble of qs[j], element j + 16 the high one)
  *   Q4_K 256 el, 144 B: f16 d | f16 dmin | u8 scales[12] | u8 qs[128]
  *     8 sub-blocks of 32, each with a 6-bit scale sc and min m packed into scales
@@ -18,7 +18,7 @@
  *     sub-block 2c, its high nibbles 2c+1; x = d * sc * nibble - dmin * m
  *   Q6_K 256 el, 210 B: u8 ql[128] | u8 qh[64] | i8 scales[16] | f16 d
  *     16 sub-blocks of 16 with a plain int8 scale (nothing to unpack); x = d * scale * (q - 32),
- *     q = 4 bits from ql and 2 from qh (engine/quant.c deq_q6_k spells out which)
+ *     q = 4 bits from ql and 2 from qh (engine/weights/quant.c deq_q6_k spells out which)
  *
  * The conversions and md_q4k_scale_min are inline: the dequantizers and CPU kernels call them
  * per element or per block. The header is C and C++ (the CUDA kernels and their emulator
@@ -81,7 +81,7 @@ size_t md_type_block_bytes(int type);
  * the block size. */
 size_t md_type_row_bytes(int type, int64_t n);
 /* 1 for the eight types medley computes with (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K:
- * engine/quant.c dequantizes them and every backend multiplies by them), else 0. */
+ * engine/weights/quant.c dequantizes them and every backend multiplies by them), else 0. */
 int md_type_supported(int type);
 
 /* Host-and-device inline functions: under nvcc they compile for both sides. */

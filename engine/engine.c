@@ -21,16 +21,16 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "engine/gguf.h"
-#include "engine/hf_model.h"
+#include "engine/weights/gguf.h"
+#include "engine/weights/hf_model.h"
 #include "engine/kvcache.h"
-#include "engine/model.h"
-#include "engine/pipeline.h"
+#include "engine/model/model.h"
+#include "engine/shard/pipeline.h"
 #include "engine/sampler.h"
-#include "engine/synth.h"
+#include "engine/weights/synth.h"
 
 _Static_assert(MD_SAMPLE_TOP == MD_TOP_LOGPROBS, "backend.h and engine.h top logprobs");
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 
 enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
 
@@ -336,7 +336,7 @@ static int alloc_step_buffers(md_engine *eng, md_err *e) {
 }
 
 /* A sharded model (cfg->stages, or cfg->tp > 1 on one device): the head keeps the tokenizer,
- * the scheduler, the block tables and the sampler; the stages (engine/pipeline.h) hold the
+ * the scheduler, the block tables and the sampler; the stages (engine/shard/pipeline.h) hold the
  * weights and the KV cache of their layers. Sizes as for one device, with a CPU's defaults;
  * the KV budget (default: every sequence at full length, at most 1 GiB) is over all layers,
  * each stage holding its layers' share. */

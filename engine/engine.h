@@ -36,7 +36,7 @@ typedef struct {
                                  "auto" (NULL): when weights and copies take at most half the
                                  device memory free before loading */
     /* Sharded replicas (docs/sharding.md): a comma list of "[tcp://HOST:PORT/]DEVICE:LO-HI"
-     * pipeline stages (engine/pipeline.h); NULL = the whole model on `device`. */
+     * pipeline stages (engine/shard/pipeline.h); NULL = the whole model on `device`. */
     const char *stages;
     const char *model_name; /* what the stages are told to open (a registry name resolves on
                                each stage's host); NULL = model_path */
@@ -109,7 +109,7 @@ typedef struct {
     size_t kv_bytes_per_token_f32; /* K and V of one token over all layers, F32 cache */
     char weight_type[16];          /* element type of blk.0.attn_q.weight ("Q4_K"), "unknown" */
 } md_model_facts;
-/* path as md_engine_config.model_path: a GGUF file or a synthetic model (engine/synth.h). */
+/* path as md_engine_config.model_path: a GGUF file or a synthetic model (engine/weights/synth.h). */
 int md_engine_model_facts(const char *path, md_model_facts *out, md_err *e);
 
 int md_engine_open(const md_engine_config *cfg, md_engine **out, md_err *e);
@@ -122,7 +122,7 @@ int md_engine_n_vocab(const md_engine *eng);
  * the backend's defaults). */
 int md_engine_max_seqs(const md_engine *eng);
 int md_engine_max_batch_tokens(const md_engine *eng);
-/* The pipeline of a sharded engine (engine/pipeline.h), NULL for one device. */
+/* The pipeline of a sharded engine (engine/shard/pipeline.h), NULL for one device. */
 struct md_pipe *md_engine_pipe(md_engine *eng);
 struct tok_tokenizer *md_engine_tokenizer(md_engine *eng); /* owned by the engine */
 

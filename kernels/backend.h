@@ -26,8 +26,8 @@
  *
  * Devices: one md_backend is one device (the host's CPU cores, or one GPU). The engine runs
  * a model on one backend, or as pipeline stages and tensor-parallel ranks each on its own
- * backend (engine/stage.h, engine/tp.h; docs/sharding.md); a backend never sees another's
- * buffers — hidden states cross between them through host memory, a link (engine/link.h)
+ * backend (engine/shard/stage.h, engine/shard/tp.h; docs/sharding.md); a backend never sees another's
+ * buffers — hidden states cross between them through host memory, a link (engine/shard/link.h)
  * or, between GPUs, the optional collective ops (NCCL).
  *
  * Errors: ops that can fail return 0 or a negative MD_E* code and fill e. The compute ops
@@ -81,7 +81,7 @@ typedef struct {
     int block_tokens;
     const int32_t *logit_rows; /* [n_logits] */
     int n_logits;
-    /* Ignored by the backends: for a pipeline's last stage (engine/stage.h), 1 = give back
+    /* Ignored by the backends: for a pipeline's last stage (engine/shard/stage.h), 1 = give back
      * each logit row's argmax instead of the row (every row of the step is a plain greedy
      * pick), so a link carries 4 bytes per row instead of n_vocab * 4. */
     int argmax_only;
@@ -137,7 +137,7 @@ typedef struct md_backend_ops {
     int weights_f32;
     /* Weight types beyond md_type_supported this backend multiplies as the file stores them,
      * a bit mask of 1ull << md_type (0: none; the CPU: Q5_0). The engine recodes a weight
-     * of a type outside both where it can (Q5_0 as Q8_0, exactly: engine/model.c). */
+     * of a type outside both where it can (Q5_0 as Q8_0, exactly: engine/model/model.c). */
     uint64_t extra_weight_types;
     /* The engine's batch sizes on this backend when the configuration leaves them 0: most
      * running sequences, most tokens per step (0: the engine's 64 and 512, a CPU's). A GPU
@@ -289,7 +289,7 @@ typedef struct md_backend_ops {
 
     /* Collectives between devices (optional, all present or all NULL: the CUDA backend's
      * through NCCL when the build found it, MEDLEY_HAVE_NCCL; the tensor-parallel ranks of
-     * engine/tp.c use them). A communicator joins n backends, rank 0 to n - 1, each on a
+     * engine/shard/tp.c use them). A communicator joins n backends, rank 0 to n - 1, each on a
      * device of its own, in threads of one process or in several processes.
      *  comm_unique_id  Any one rank makes the id and hands it to the others (memory, a
      *                  socket): MD_COMM_ID_BYTES opaque bytes. MD_EUNSUPP with the reason
@@ -424,7 +424,7 @@ int md_backend_cuda_exact_open(int ordinal, md_backend **out, md_err *e);
 
 /* Copy n bytes between buffers of possibly different backends: a download into `staging`
  * (host memory, n bytes), then an upload. The engine's stages stage hidden states through
- * the head's host buffers themselves (engine/link_local.c), so nothing calls this yet. */
+ * the head's host buffers themselves (engine/shard/link_local.c), so nothing calls this yet. */
 int md_backend_copy(md_backend *src_be, const md_buf *src, size_t src_off, md_backend *dst_be,
                     md_buf *dst, size_t dst_off, size_t n, void *staging, md_err *e);
 

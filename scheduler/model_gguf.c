@@ -4,8 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine/gguf.h"
-#include "engine/hf_model.h"
+#include "engine/weights/gguf.h"
+#include "engine/weights/hf_model.h"
 #include "scheduler/sched.h"
 
 static int get_int(const gguf_file *g, const char *arch, const char *key, int required,

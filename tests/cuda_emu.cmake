@@ -1,6 +1,6 @@
 # test_cuda_emu: kernels/cuda's kernels compiled as host C++ (launchers stripped by
 # tests/gpu/emu/strip.py) and run on a fiber emulator of the CUDA device API
-# (tests/gpu/emu/fake/), against the CPU backend, engine/quant.c and the host sampler. Needs
+# (tests/gpu/emu/fake/), against the CPU backend, engine/weights/quant.c and the host sampler. Needs
 # no GPU and no CUDA toolkit; C++20 and ucontext (one fiber per CUDA thread). Its reference
 # code is compiled here without MEDLEY_HAVE_CUDA so nothing of medley_cuda is linked.
 include(CheckCXXSourceCompiles)
@@ -40,7 +40,7 @@ if(MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYTHON)
   endforeach()
   file(GLOB EMU_CPU_SRCS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cpu/*.c)
   add_library(medley_emu_ref STATIC ${CMAKE_SOURCE_DIR}/kernels/backend.c ${EMU_CPU_SRCS}
-              ${CMAKE_SOURCE_DIR}/engine/gguf.c ${CMAKE_SOURCE_DIR}/engine/quant.c
+              ${CMAKE_SOURCE_DIR}/engine/weights/gguf.c ${CMAKE_SOURCE_DIR}/engine/weights/quant.c
               ${CMAKE_SOURCE_DIR}/engine/sampler.c ${CMAKE_SOURCE_DIR}/kernels/cuda/step_plan.c)
   target_link_libraries(medley_emu_ref PUBLIC medley_common Threads::Threads m)
   add_executable(test_cuda_emu ${EMU}/test_cuda_emu.cc ${EMU}/emu.cc ${EMU_GENERATED})

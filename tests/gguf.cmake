@@ -1,6 +1,6 @@
-# GGUF reader, dequantization, model registry. The tests compile engine/gguf.c and
-# engine/quant.c directly so they build even while other engine/kernels files are in flux.
-set(MEDLEY_GGUF_SRCS ${CMAKE_SOURCE_DIR}/engine/gguf.c ${CMAKE_SOURCE_DIR}/engine/quant.c)
+# GGUF reader, dequantization, model registry. The tests compile engine/weights/gguf.c and
+# engine/weights/quant.c directly so they build even while other engine/kernels files are in flux.
+set(MEDLEY_GGUF_SRCS ${CMAKE_SOURCE_DIR}/engine/weights/gguf.c ${CMAKE_SOURCE_DIR}/engine/weights/quant.c)
 medley_test(test_gguf SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_gguf.c ${MEDLEY_GGUF_SRCS}
             LABELS unit)
 medley_test(test_gguf_dequant SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_gguf_dequant.c

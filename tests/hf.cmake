@@ -19,7 +19,7 @@ medley_test(test_hf_model SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_hf_model.
             LIBS ${HF_TEST_LIBS} medley_sched LABELS e2e)
 set_tests_properties(test_hf_model PROPERTIES FIXTURES_REQUIRED hf_smollm2
                      ENVIRONMENT "MEDLEY_HF_DIR=${MEDLEY_HF_DIR};MEDLEY_BIN=$<TARGET_FILE:medley>")
-# `medley run` on the HF directory, its tokenizer.json read by engine/tokenizer_hf.c.
+# `medley run` on the HF directory, its tokenizer.json read by engine/tokenizer/tokenizer_hf.c.
 add_test(NAME hf_run_smollm2
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/hf_run_smollm2.py)
 set_tests_properties(hf_run_smollm2 PROPERTIES LABELS e2e TIMEOUT 600 SKIP_RETURN_CODE 77

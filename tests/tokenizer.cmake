@@ -29,8 +29,10 @@ medley_test(test_tok_hf_fuzz SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/test_tok_h
             LIBS ${TOK_TEST_LIBS} LABELS fuzz)
 # libFuzzer target: clang only, not a ctest (run it by hand, see tests/fuzz/fuzz_tok_hf.c).
 if(CMAKE_C_COMPILER_ID MATCHES "Clang")
-  set(TOK_SRCS tokenizer.c tokenizer_bpe.c tokenizer_spm.c tokenizer_chat.c tokenizer_hf.c gguf.c)
-  list(TRANSFORM TOK_SRCS PREPEND ${CMAKE_SOURCE_DIR}/engine/)
+  file(GLOB TOK_SRCS ${CMAKE_SOURCE_DIR}/engine/tokenizer/*.c)
+  foreach(f gguf.c hf_model.c hf_config.c safetensors.c quant.c)
+    list(APPEND TOK_SRCS ${CMAKE_SOURCE_DIR}/engine/weights/${f})
+  endforeach()
   add_executable(fuzz_tok_hf ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_tok_hf.c ${TOK_SRCS})
   target_compile_options(fuzz_tok_hf PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_options(fuzz_tok_hf PRIVATE -fsanitize=fuzzer,address,undefined)

@@ -66,7 +66,7 @@ typedef struct {
     int n_threads;            /* engine: CPU threads (0 = all cores) */
     const char *kv_type;      /* engine: KV cache "f16" / "f32" (NULL = the backend's) */
     const char *bf16_weights; /* engine: BF16 weight copies "auto" (NULL) / "on" / "off" */
-    /* engine, sharded replicas (engine/pipeline.h): the model as pipeline stages, a comma
+    /* engine, sharded replicas (engine/shard/pipeline.h): the model as pipeline stages, a comma
      * list of "[tcp://HOST:PORT/]DEVICE:LO-HI" (NULL: the whole model on `device`); the
      * stages are told the registry name, which each resolves on its own host */
     const char *stages;

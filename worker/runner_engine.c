@@ -10,8 +10,8 @@
 
 #include "common/util.h"
 #include "engine/engine.h"
-#include "engine/registry.h"
-#include "engine/tokenizer.h"
+#include "engine/weights/registry.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "worker/runner_impl.h"
 
 typedef struct {

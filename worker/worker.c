@@ -17,7 +17,7 @@
 #include "common/log.h"
 #include "common/redis.h"
 #include "common/util.h"
-#include "engine/pipeline.h"
+#include "engine/shard/pipeline.h"
 #include "kernels/backend.h"
 #include "queue/queue.h"
 #include "worker/worker_int.h"

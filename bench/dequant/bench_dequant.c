@@ -1,4 +1,4 @@
-/* bench_dequant.c — medley's scalar dequantization (engine/quant.c) against llama.cpp's
+/* bench_dequant.c — medley's scalar dequantization (engine/weights/quant.c) against llama.cpp's
  * (dequantize_row_* in libggml-base, loaded with dlopen), on the same blocks, in the same
  * run. Prints elements/s for both, the ratio, and the largest difference in the outputs
  * (a second, independent check of the formats). See run.sh for how to build and run it.
@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "engine/weights/gguf.h"
+#include "engine/weights/quant.h"
 
 typedef void (*row_fn)(const void *src, float *dst, int64_t n);
 

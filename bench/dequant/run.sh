@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Dequantization throughput: medley's scalar reference (engine/quant.c) vs llama.cpp's
+# Dequantization throughput: medley's scalar reference (engine/weights/quant.c) vs llama.cpp's
 # dequantize_row_* (libggml-base from llama-cpp-python), same blocks, same run, one thread.
 #   python3 -m venv /opt/medley-venv && /opt/medley-venv/bin/pip install llama-cpp-python gguf
 #   bash bench/dequant/run.sh [MODEL.gguf]
@@ -11,7 +11,7 @@ lib=${LIBGGML_BASE:-$("$py" -c 'import llama_cpp, os; print(os.path.join(os.path
 model=${1:-${MEDLEY_MODELS:-${XDG_CACHE_HOME:-$HOME/.cache}/medley/models}/SmolLM2-135M-Instruct.Q4_1.gguf}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-cc -O2 -std=gnu11 -I. bench/dequant/bench_dequant.c engine/gguf.c engine/quant.c common/dtype.c \
+cc -O2 -std=gnu11 -I. bench/dequant/bench_dequant.c engine/weights/gguf.c engine/weights/quant.c common/dtype.c \
    common/err.c common/util.c -ljansson -ldl -lm -o "$out/bench_dequant"
 echo "# $(date -u +%FT%TZ) $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), cc -O2"
 echo "# ratio = ggml time / medley time (> 1: medley faster)"

@@ -14,8 +14,8 @@
 #include <time.h>
 
 #include "common/util.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/weights/gguf.h"
+#include "engine/tokenizer/tokenizer.h"
 
 static double cpu_s(void) {
     struct timespec ts;

@@ -49,7 +49,7 @@ int cpu_simd_set(int level);
 
 /* ---- matrix products ---- */
 /* 1 when cpu_matmul multiplies weights of type t: those of md_type_supported and Q5_0 (which
- * other backends get recoded as Q8_0, engine/model.c); else 0. */
+ * other backends get recoded as Q8_0, engine/model/model.c); else 0. */
 int cpu_weight_type(int t);
 /* 0 when cpu_matmul can take (wtype, cols): a type of cpu_weight_type, cols > 0 and a
  * multiple of the block size; else -1. Check once at model load; cpu_matmul itself does not

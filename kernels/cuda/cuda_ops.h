@@ -87,7 +87,7 @@ int cuda_fill_random(cuda_ctx *c, void *dst, cuda_dtype dtype, int64_t n, float 
 /* ---- GGUF dequantization (on device) ------------------------------------------------ */
 
 /* Dequantize n elements of ggml type `gtype` (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K;
- * numbered as engine/gguf.h) at src (raw blocks on the device) into dst of type `out`.
+ * numbered as engine/weights/gguf.h) at src (raw blocks on the device) into dst of type `out`.
  * n must be a multiple of the type's block size. */
 int cuda_dequantize(cuda_ctx *c, int gtype, const void *src, void *dst, cuda_dtype out, int64_t n,
                     md_err *e);

@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/stage.h"
-#include "engine/stage_server.h"
+#include "engine/shard/stage.h"
+#include "engine/shard/stage_server.h"
 
 #define TINY "synthetic:tiny"
 #define TINY_BLOCK 16 /* block_tokens */

@@ -18,8 +18,8 @@
 
 #include <cmocka.h>
 
-#include "engine/gguf.h"
-#include "engine/model.h"
+#include "engine/weights/gguf.h"
+#include "engine/model/model.h"
 #include "kernels/backend.h"
 #ifdef MEDLEY_HAVE_CUDA
 #include "kernels/cuda/backend_cuda.h"

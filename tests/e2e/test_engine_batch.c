@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "e2e/test_engine_util.h"
 
 /* Where our greedy choice differs from llama.cpp's, llama.cpp's own top-2 logit gap must be

@@ -21,10 +21,10 @@
 
 #include <cmocka.h>
 
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/registry.h"
-#include "engine/tokenizer.h"
+#include "engine/weights/gguf.h"
+#include "engine/model/model.h"
+#include "engine/weights/registry.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
 #include "e2e/test_engine_util.h"
 

@@ -10,8 +10,8 @@
 
 #include <cmocka.h>
 
-#include "engine/gguf.h"
-#include "engine/model.h"
+#include "engine/weights/gguf.h"
+#include "engine/model/model.h"
 #include "kernels/backend.h"
 #include "e2e/test_engine_util.h"
 

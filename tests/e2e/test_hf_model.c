@@ -21,9 +21,9 @@
 
 #include <cmocka.h>
 
-#include "engine/gguf.h"
-#include "engine/hf_model.h"
-#include "engine/model.h"
+#include "engine/weights/gguf.h"
+#include "engine/weights/hf_model.h"
+#include "engine/model/model.h"
 #include "kernels/backend.h"
 #include "scheduler/sched.h"
 #include "e2e/test_engine_util.h"

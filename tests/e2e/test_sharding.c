@@ -27,8 +27,8 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "engine/pipeline.h"
-#include "engine/tokenizer.h"
+#include "engine/shard/pipeline.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "e2e/stage_proc.h"
 #include "e2e/test_engine_util.h"
 

@@ -1,5 +1,5 @@
-/* test_stage_tcp.c — a pipeline stage over TCP (engine/link_tcp.c against
- * engine/stage_server.c on 127.0.0.1) gives bit for bit what the same stage gives in the
+/* test_stage_tcp.c — a pipeline stage over TCP (engine/shard/link_tcp.c against
+ * engine/shard/stage_server.c on 127.0.0.1) gives bit for bit what the same stage gives in the
  * head's process (md_link_local_open), for a first stage (hidden states out) and a last one
  * (hidden states in, logits out), over prefill and decode steps. Failures are reported, not
  * waited on: a server that stops mid-conversation, a stage that goes silent (the link's
@@ -21,9 +21,9 @@
 
 #include "common/util.h"
 #include "e2e/stage_test_util.h"
-#include "engine/link.h"
-#include "engine/wire.h"
-#include "engine/wire_io.h"
+#include "engine/shard/link.h"
+#include "engine/shard/wire.h"
+#include "engine/shard/wire_io.h"
 
 #define LINK_MS 5000
 

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/quant.h"
+#include "engine/weights/quant.h"
 #include "unit/test_gguf_builder.h"
 
 static uint64_t rng_state;

@@ -18,8 +18,8 @@
 
 #include <cmocka.h>
 
-#include "engine/quant.h"
-#include "engine/safetensors.h"
+#include "engine/weights/quant.h"
+#include "engine/weights/safetensors.h"
 
 static uint64_t rng_state;
 static long n_files, n_accepted;

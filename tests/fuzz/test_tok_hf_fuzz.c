@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 
 static const char *const k_seeds[] = {
     /* byte-level: Digits + ByteLevel, string and pair merges, a special token */

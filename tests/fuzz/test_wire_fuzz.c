@@ -1,4 +1,4 @@
-/* test_wire_fuzz.c — mutated stage link frames (engine/wire.h), first to the decoders, then
+/* test_wire_fuzz.c — mutated stage link frames (engine/shard/wire.h), first to the decoders, then
  * to a live md_stage_serve.
  *
  * Decoders: valid HELLO, READY, RUN (first and inner stage), RESULT and ERROR frames get bit
@@ -32,9 +32,9 @@
 
 #include "common/util.h"
 #include "e2e/stage_test_util.h"
-#include "engine/link.h"
-#include "engine/wire.h"
-#include "engine/wire_io.h"
+#include "engine/shard/link.h"
+#include "engine/shard/wire.h"
+#include "engine/shard/wire_io.h"
 
 static uint64_t rng_state;
 

@@ -275,7 +275,7 @@ case $rc in
 *) note "bench medley: FAILED (exit $rc, see bench-medley.log)"; fails=$((fails + 1)) ;;
 esac
 # the same figures through the whole engine: a synthetic Llama-3-8B-shaped BF16 model
-# (engine/synth.h: real shapes, random weights, built in host memory), profiled with and
+# (engine/weights/synth.h: real shapes, random weights, built in host memory), profiled with and
 # without decode-step CUDA graphs
 if [ "$L" = 32 ]; then
     # shellcheck disable=SC2086

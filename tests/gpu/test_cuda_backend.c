@@ -22,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "engine/weights/gguf.h"
+#include "engine/weights/quant.h"
 #include "gpu/gpu_test_util.h"
 #include "kernels/backend.h"
 

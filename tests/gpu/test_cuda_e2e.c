@@ -39,8 +39,8 @@
 #include <string.h>
 
 #include "e2e/test_engine_util.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
+#include "engine/weights/gguf.h"
+#include "engine/model/model.h"
 #include "gpu/gpu_test_util.h"
 #include "kernels/backend.h"
 

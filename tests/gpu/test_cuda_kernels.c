@@ -20,8 +20,8 @@
 
 #include "common/dtype.h"
 #include "common/util.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "engine/weights/gguf.h"
+#include "engine/weights/quant.h"
 #include "engine/sampler.h"
 #include "gpu/gpu_test_util.h"
 #include "kernels/cuda/cuda_ops.h"

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/stage.h"
+#include "engine/shard/stage.h"
 #include "gpu/gpu_test_util.h"
 #include "kernels/backend.h"
 

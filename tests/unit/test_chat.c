@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 
 static const tok_chat_msg k_conv[] = {
     {"system", "You are a helpful assistant"},

@@ -1,5 +1,5 @@
 /* test_gguf.c — the GGUF reader: metadata of every value type, the tensor directory,
- * validation errors for hostile headers, and quantize round trips (engine/quant.c). */
+ * validation errors for hostile headers, and quantize round trips (engine/weights/quant.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/quant.h"
+#include "engine/weights/quant.h"
 #include "unit/test_gguf_builder.h"
 
 static gguf_file *open_ok(const gb *b) {

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/dtype.h"
-#include "engine/gguf.h"
+#include "engine/weights/gguf.h"
 
 typedef struct {
     uint8_t *buf;

@@ -14,8 +14,8 @@
 
 #include "common/dtype.h"
 #include "common/util.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "engine/weights/gguf.h"
+#include "engine/weights/quant.h"
 
 #define MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -13,9 +13,10 @@
 
 #include <cmocka.h>
 
-#include "engine/hf_config.h"
-#include "engine/hf_model.h"
-#include "engine/model.h"
+#include "engine/weights/hf_config.h"
+#include "engine/weights/hf_model.h"
+#include "engine/model/model.h"
+#include "engine/tokenizer/tokenizer.h"
 
 static int parse(const char *text, hf_config *c, md_err *e) {
     json_error_t je;

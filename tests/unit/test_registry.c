@@ -15,9 +15,16 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "engine/registry.h"
+#include "engine/model/model.h"
+#include "engine/weights/registry.h"
 
 static char tmpdir[64];
+
+/* The check `medley models add` passes: the engine reads the hyper-parameters. */
+static int hparams_ok(const gguf_file *gf, md_err *e) {
+    md_hparams hp;
+    return md_hparams_read(gf, &hp, e);
+}
 
 static int setup(void **st) {
     strcpy(tmpdir, "/tmp/medley-reg-XXXXXX");
@@ -124,15 +131,15 @@ static void resolve_names_paths_and_errors(void **st) {
     assert_string_equal(path, hf);
     assert_int_equal(md_model_resolve(hf, 0, path, sizeof path, &e), MD_ENOTFOUND);
     /* `medley models add`: checked names, the model opened first, then a link by name */
-    assert_int_equal(md_model_add("bad/name", hf, &e), MD_EINVAL);
-    assert_int_equal(md_model_add("smollm2-135m", hf, &e), MD_EINVAL);
+    assert_int_equal(md_model_add("bad/name", hf, hparams_ok, &e), MD_EINVAL);
+    assert_int_equal(md_model_add("smollm2-135m", hf, hparams_ok, &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "registered"));
-    assert_int_equal(md_model_add("mine", tmpdir, &e), MD_ENOTFOUND);
-    assert_int_not_equal(md_model_add("mine", hf, &e), 0); /* empty config.json */
+    assert_int_equal(md_model_add("mine", tmpdir, hparams_ok, &e), MD_ENOTFOUND);
+    assert_int_not_equal(md_model_add("mine", hf, hparams_ok, &e), 0); /* empty config.json */
     assert_non_null(strstr(e.msg, "config.json"));
     assert_int_equal(md_model_resolve("mine", 0, path, sizeof path, &e), MD_ENOTFOUND);
     const char *tiny = MEDLEY_FIXTURES "/engine/tiny-llama3.gguf";
-    if (md_model_add("mine", tiny, &e))
+    if (md_model_add("mine", tiny, hparams_ok, &e))
         fail_msg("%s", e.msg);
     char want[4300], name[128], target[4096];
     snprintf(want, sizeof want, "%s/added/mine", tmpdir);

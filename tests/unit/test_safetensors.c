@@ -1,5 +1,5 @@
 /* test_safetensors.c — the safetensors reader on hand-made files: a good file read back,
- * then one hostile file per rule of engine/safetensors.h (truncated, huge header length,
+ * then one hostile file per rule of engine/weights/safetensors.h (truncated, huge header length,
  * non-object header, bad dtype, offsets past the end, overlap, hole, size mismatch,
  * duplicate names, misalignment), each refused with a message naming the file and tensor;
  * and a sharded directory with its index, good and bad. Files are exact-size heap copies so
@@ -17,7 +17,7 @@
 #include <cmocka.h>
 
 #include "common/dtype.h"
-#include "engine/safetensors.h"
+#include "engine/weights/safetensors.h"
 
 /* header JSON + data bytes -> a file image: the header length as given, or when hlen is 0
  * the header padded with spaces to a multiple of 8 (as the reference writer pads it, so

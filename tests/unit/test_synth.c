@@ -1,4 +1,4 @@
-/* test_synth.c — synthetic models (engine/synth.h): parameter counts equal the published
+/* test_synth.c — synthetic models (engine/weights/synth.h): parameter counts equal the published
  * ones (Llama-3-8B 8,030,261,248; SmolLM2-135M 134,515,008; Llama-3.2-1B 1,235,814,400), the
  * image is a valid GGUF whose hyperparameters are the shape's, the same name gives the same
  * bytes, BF16 weights have the intended spread (std 0.02), every weight type loads and
@@ -15,9 +15,9 @@
 
 #include "common/dtype.h"
 #include "engine/engine.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/synth.h"
+#include "engine/weights/gguf.h"
+#include "engine/model/model.h"
+#include "engine/weights/synth.h"
 
 static void test_parameter_counts_match_published(void **state) {
     static const struct {

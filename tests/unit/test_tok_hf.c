@@ -1,4 +1,4 @@
-/* test_tok_hf.c — tokenizer.json loading (engine/tokenizer_hf.c) on small hand-written files:
+/* test_tok_hf.c — tokenizer.json loading (engine/tokenizer/tokenizer_hf.c) on small hand-written files:
  * what a valid file encodes to, tokenizer_config.json's tokens and chat template, the chat
  * template choice (--chat-template), and hostile files: each one refused with the JSON path
  * and the value in the message, never a crash (this test also runs under ASan+UBSan).
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 
 /* Byte-level BPE: "hello" in four merges (string and pair forms), a space, a special token. */
 #define VOCAB                                                                                      \

@@ -14,8 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/weights/gguf.h"
+#include "engine/tokenizer/tokenizer.h"
 
 #define MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -4,7 +4,7 @@
  * would cross a split point shows where the regexes split, merges through strings that are
  * not tokens, ignore_merges (Llama 3), loader errors, and random bytes / ids (no crash, valid
  * UTF-8 out). Expected ids were worked out by hand from the rules written in
- * engine/tokenizer_bpe.c and tokenizer_spm.c (llama.cpp's behaviour); SmolLM2's real
+ * engine/tokenizer/tokenizer_bpe.c and tokenizer_spm.c (llama.cpp's behaviour); SmolLM2's real
  * vocabulary is checked against llama.cpp itself in test_tok_smollm.c. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/weights/gguf.h"
+#include "engine/tokenizer/tokenizer.h"
 
 /* ---- a GGUF writer for tokenizer metadata only ---- */
 

@@ -1,6 +1,6 @@
 /* test_tp_allreduce.c — a tensor-parallel stage sums its ranks' partial products through the
  * backends' all_reduce op (backend.h collectives; NCCL between GPUs) when every rank's backend
- * has one, and through host memory otherwise: engine/tp.c's choice, its join of every rank
+ * has one, and through host memory otherwise: engine/shard/tp.c's choice, its join of every rank
  * from the rank's own thread, and the answers, on the CPU.
  *
  * "commcpu" is the CPU backend with backend.h's collectives imitated in host memory (no GPU,
@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/stage.h"
+#include "engine/shard/stage.h"
 #include "kernels/backend.h"
 
 /* ---- the imitation ------------------------------------------------------------------- */

@@ -1,5 +1,5 @@
-/* test_wire.c — the stage link's wire format (engine/wire.h) and its socket half
- * (engine/wire_io.h): every frame type survives encode + decode with every field intact;
+/* test_wire.c — the stage link's wire format (engine/shard/wire.h) and its socket half
+ * (engine/shard/wire_io.h): every frame type survives encode + decode with every field intact;
  * hostile input is refused with a message naming the fault, never read past: random bytes,
  * every truncation of a RUN, every bit flip of a header, a flipped payload bit, another
  * version, lengths over the limits, counts that lie about the payload, a READY for another
@@ -20,8 +20,8 @@
 #include <cmocka.h>
 
 #include "common/util.h"
-#include "engine/wire.h"
-#include "engine/wire_io.h"
+#include "engine/shard/wire.h"
+#include "engine/shard/wire_io.h"
 
 /* A micro-batch of 2 sequences (3 + 2 tokens), 4 blocks of 16 slots per table row. */
 typedef struct {

@@ -3,7 +3,7 @@
  * fake/cuda_runtime.h, whose emulator runs one fiber per CUDA thread (__syncthreads
  * and warp shuffles on barriers, blocks one after another). Compared with the CPU backend
  * (attention over paged f32/f16 caches at head_dim 64/128/256 and GQA 8/2, 8/1, 6/3, 9/3
- * with 1..64 splits; RMSNorm; RoPE normal and NeoX, partial), with engine/quant.c and the
+ * with 1..64 splits; RMSNorm; RoPE normal and NeoX, partial), with engine/weights/quant.c and the
  * gguf package's fixtures (dequantization of every type, GEMV at 1/3/8 tokens), with a
  * reference of cuBLAS's definition (GemmEx argument order), the fused cuda_matmul_n (gemm.cu's
  * own host code on emulated launchers) with the unfused ops and with BF16 weight copies, and
@@ -37,8 +37,8 @@ static int emu_qx_launches, emu_mmq_launches, emu_mmt_launches; /* mmq: k_mmq an
 #include <cstdlib>
 #include <string>
 extern "C" {
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "engine/weights/gguf.h"
+#include "engine/weights/quant.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/step_plan.h"
 #include "common/util.h"
@@ -627,7 +627,7 @@ struct emu_w {
     int type, n;
     size_t rb;
     uint8_t *q;            /* 64-byte aligned, as the pool gives */
-    std::vector<float> d;  /* engine/quant.c's dequantization */
+    std::vector<float> d;  /* engine/weights/quant.c's dequantization */
 };
 static emu_w *make_w(int type, int n, int k) {
     emu_w *w = new emu_w{type, n, md_type_row_bytes(type, k), nullptr, {}};
@@ -654,7 +654,7 @@ static emu_w *make_w(int type, int n, int k) {
 /* One fused call against the unfused launches on the same emulated device (cuda_matmul of
  * each weight, then k_add / k_swiglu: bit for bit, except ACC on cuBLAS, whose beta rounds
  * once where the add rounds twice) and against a double product of the weights as
- * engine/quant.c dequantizes them (1e-4 of rms on the GEMV path; 2e-2 on cuBLAS, whose
+ * engine/weights/quant.c dequantizes them (1e-4 of rms on the GEMV path; 2e-2 on cuBLAS, whose
  * operands are BF16). want_launches: GEMV launches the fused call must make (-1: cuBLAS
  * path), want_converts: activation conversions. woff: byte offset of weight 0 (2 makes a
  * 16-bit weight unaligned for 16-byte loads). */

@@ -1,0 +1,399 @@
+/* tokenizer_chat.c — chat templates: which family a GGUF's tokenizer.chat_template text
+ * belongs to, and rendering messages in it.
+ *
+ * Not a Jinja interpreter: like llama.cpp's llm_chat_detect_template, the family is
+ * recognised by markers in the template text, and each family is rendered by code. The
+ * formats follow llama.cpp's llm_chat_apply_template (facts only):
+ *   chatml   <|im_start|>ROLE\nCONTENT<|im_end|>\n ... [<|im_start|>assistant\n]
+ *   llama3   <|start_header_id|>ROLE<|end_header_id|>\n\nTRIM(CONTENT)<|eot_id|> ...
+ *            [<|start_header_id|>assistant<|end_header_id|>\n\n]
+ *   llama2   [INST] <<SYS>>\nSYS\n<</SYS>>\n\nUSER [/INST]ASSISTANT</s>[INST] ...
+ *            (variants: without <<SYS>>, <s> inside the history, stripped contents)
+ *   mistral  v1 " [INST] USER [/INST] ASSISTANT</s>", v3 "[INST] USER[/INST] ASSISTANT</s>",
+ *            v3-tekken (no space after [INST]/before the answer), v7 with [SYSTEM_PROMPT]
+ *   gemma    <start_of_turn>user\nTRIM(SYSTEM)\n\nTRIM(USER)<end_of_turn>\n
+ *            <start_of_turn>model\nTRIM(ASSISTANT)<end_of_turn>\n ... [<start_of_turn>model\n]
+ * BOS is not written: tok_encode adds it when the model asks (add_bos_token).
+ * One addition over llama.cpp: a ChatML template that writes a literal system turn (SmolLM2's
+ * "You are a helpful AI assistant named SmolLM...", Qwen2.5's "You are Qwen...") gets that
+ * system turn when the messages do not start with one, as the Jinja template would. */
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/tokenizer/tokenizer_int.h"
+
+enum {
+    V_NONE = 0,
+    /* llama2 */
+    V_L2_PLAIN,
+    V_L2_SYS,
+    V_L2_SYS_BOS,
+    V_L2_SYS_STRIP,
+    /* mistral */
+    V_M_V1,
+    V_M_V3,
+    V_M_V3_TEKKEN,
+    V_M_V7,
+    V_M_V7_TEKKEN,
+};
+
+static const char *const k_names[] = {"none", "chatml", "llama3", "llama2", "mistral", "gemma"};
+#define KNOWN_NAMES "chatml, llama3, llama2, mistral, gemma"
+
+const char *tok_template_name(tok_template tmpl) {
+    if ((int)tmpl < 0 || (int)tmpl >= (int)(sizeof k_names / sizeof *k_names))
+        return "none";
+    return k_names[tmpl];
+}
+
+tok_template tok_template_from_name(const char *name) {
+    for (int i = 1; i < (int)(sizeof k_names / sizeof *k_names); i++)
+        if (name && !strcmp(name, k_names[i]))
+            return (tok_template)i;
+    return TOK_TMPL_NONE;
+}
+
+static int has(const char *s, const char *needle) {
+    return s && strstr(s, needle) != NULL;
+}
+
+/* Family and variant of a template text (llama.cpp's detection order). */
+static tok_template detect(const char *s, int *variant) {
+    *variant = V_NONE;
+    if (!s || !*s)
+        return TOK_TMPL_NONE;
+    tok_template named = tok_template_from_name(s);
+    if (named != TOK_TMPL_NONE) {
+        *variant = named == TOK_TMPL_LLAMA2 ? V_L2_SYS : named == TOK_TMPL_MISTRAL ? V_M_V3 : 0;
+        return named;
+    }
+    if (has(s, "<|im_start|>")) {
+        /* Phi-4 (<|im_sep|>) and SmolVLM (<end_of_utterance>) only look like ChatML */
+        if (has(s, "<|im_sep|>") || has(s, "<end_of_utterance>"))
+            return TOK_TMPL_NONE;
+        return TOK_TMPL_CHATML;
+    }
+    if (!strncmp(s, "mistral", 7) || has(s, "[INST]")) {
+        if (has(s, "[SYSTEM_PROMPT]")) {
+            *variant = has(s, "[SYSTEM_PROMPT] ") || has(s, "[INST] ") ? V_M_V7 : V_M_V7_TEKKEN;
+            return TOK_TMPL_MISTRAL;
+        }
+        if (has(s, "' [INST] ' + system_message") || has(s, "[AVAILABLE_TOOLS]")) {
+            *variant = has(s, " [INST]") ? V_M_V1 : has(s, "\"[INST]\"") ? V_M_V3_TEKKEN : V_M_V3;
+            return TOK_TMPL_MISTRAL;
+        }
+        *variant = has(s, "content.strip()")       ? V_L2_SYS_STRIP
+                   : has(s, "bos_token + '[INST]") ? V_L2_SYS_BOS
+                   : has(s, "<<SYS>>")             ? V_L2_SYS
+                                                   : V_L2_PLAIN;
+        return TOK_TMPL_LLAMA2;
+    }
+    if (has(s, "<|start_header_id|>") && has(s, "<|end_header_id|>"))
+        return TOK_TMPL_LLAMA3;
+    if (has(s, "<start_of_turn>"))
+        return TOK_TMPL_GEMMA;
+    return TOK_TMPL_NONE;
+}
+
+tok_template tok_chat_template(const tok_tokenizer *t) {
+    int v;
+    if (t && t->chat_forced)
+        return t->chat_forced_tmpl;
+    return detect(t ? t->chat_template : NULL, &v);
+}
+
+int tok_chat_choose(tok_tokenizer *t, const char *name, md_err *e) {
+    int v;
+    if (name) {
+        tok_template tmpl = tok_template_from_name(name);
+        if (tmpl == TOK_TMPL_NONE && strcmp(name, "none"))
+            return md_errf(e, MD_EINVAL,
+                           "--chat-template '%.60s' is not a template medley knows (" KNOWN_NAMES
+                           ", or none for raw prompts only)",
+                           name);
+        t->chat_forced = 1;
+        t->chat_forced_tmpl = tmpl;
+        return 0;
+    }
+    t->chat_forced = 0;
+    if (!t->chat_template || detect(t->chat_template, &v) != TOK_TMPL_NONE)
+        return 0;
+    return md_errf(e, MD_EUNSUPP,
+                   "the model's chat template is not one medley recognises (" KNOWN_NAMES
+                   "); it starts: \"%.60s%s\"; name one with --chat-template NAME, or "
+                   "--chat-template none to serve raw prompts only",
+                   t->chat_template, t->chat_template_len > 60 ? "..." : "");
+}
+
+/* ---- output buffer ---- */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void put(sbuf *b, const char *s, size_t n) {
+    if (b->oom)
+        return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+}
+static void puts_(sbuf *b, const char *s) {
+    put(b, s, strlen(s));
+}
+
+/* llama.cpp's trim: leading and trailing ASCII whitespace */
+static void put_trim(sbuf *b, const char *s) {
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)*s))
+        s++, n--;
+    while (n && isspace((unsigned char)s[n - 1]))
+        n--;
+    put(b, s, n);
+}
+
+/* The literal system turn of a ChatML template, if it writes one ('<|im_start|>system\n'
+ * followed by plain text up to <|im_end|>); unescapes \n. Returns a malloc'd string or NULL. */
+static char *chatml_default_system(const char *tmpl) {
+    if (!tmpl)
+        return NULL;
+    for (const char *p = strstr(tmpl, "<|im_start|>system"); p;
+         p = strstr(p + 1, "<|im_start|>system")) {
+        const char *q = p + strlen("<|im_start|>system");
+        if (*q == '\n')
+            q++;
+        else if (q[0] == '\\' && q[1] == 'n')
+            q += 2;
+        else
+            continue;
+        const char *end = strstr(q, "<|im_end|>");
+        if (!end || end == q)
+            continue;
+        int literal = 1;
+        for (const char *c = q; c < end; c++)
+            if (*c == '\'' || *c == '"' || *c == '{' || *c == '}' || *c == '+')
+                literal = 0;
+        if (!literal)
+            continue;
+        size_t span = (size_t)(end - q);
+        if (span > 1 << 20)
+            continue;
+        char *out = malloc(span + 1);
+        if (!out)
+            return NULL;
+        size_t w = 0;
+        for (const char *c = q; c < end; c++) {
+            if (c[0] == '\\' && c + 1 < end && c[1] == 'n') {
+                out[w++] = '\n';
+                c++;
+            } else {
+                out[w++] = *c;
+            }
+        }
+        out[w] = '\0';
+        return out;
+    }
+    return NULL;
+}
+
+static int render(const tok_tokenizer *t, tok_template tmpl, int variant, const tok_chat_msg *m,
+                  int n, int add_ass, sbuf *b) {
+    switch (tmpl) {
+    case TOK_TMPL_CHATML: {
+        if (n == 0 || !m[0].role || strcmp(m[0].role, "system")) {
+            char *sys = chatml_default_system(t ? t->chat_template : NULL);
+            if (sys) {
+                puts_(b, "<|im_start|>system\n");
+                puts_(b, sys);
+                puts_(b, "<|im_end|>\n");
+                free(sys);
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            puts_(b, "<|im_start|>");
+            puts_(b, m[i].role);
+            puts_(b, "\n");
+            puts_(b, m[i].content);
+            puts_(b, "<|im_end|>\n");
+        }
+        if (add_ass)
+            puts_(b, "<|im_start|>assistant\n");
+        return 0;
+    }
+    case TOK_TMPL_LLAMA3:
+        for (int i = 0; i < n; i++) {
+            puts_(b, "<|start_header_id|>");
+            puts_(b, m[i].role);
+            puts_(b, "<|end_header_id|>\n\n");
+            put_trim(b, m[i].content);
+            puts_(b, "<|eot_id|>");
+        }
+        if (add_ass)
+            puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        return 0;
+    case TOK_TMPL_LLAMA2: {
+        int sys_ok = variant != V_L2_PLAIN, bos_inside = variant == V_L2_SYS_BOS,
+            strip = variant == V_L2_SYS_STRIP, inside = 1;
+        puts_(b, "[INST] ");
+        for (int i = 0; i < n; i++) {
+            if (!inside) {
+                inside = 1;
+                puts_(b, bos_inside ? "<s>[INST] " : "[INST] ");
+            }
+            if (!strcmp(m[i].role, "system")) {
+                if (sys_ok)
+                    puts_(b, "<<SYS>>\n");
+                strip ? put_trim(b, m[i].content) : puts_(b, m[i].content);
+                puts_(b, sys_ok ? "\n<</SYS>>\n\n" : "\n");
+            } else if (!strcmp(m[i].role, "user")) {
+                strip ? put_trim(b, m[i].content) : puts_(b, m[i].content);
+                puts_(b, " [/INST]");
+            } else {
+                strip ? put_trim(b, m[i].content) : puts_(b, m[i].content);
+                puts_(b, "</s>");
+                inside = 0;
+            }
+        }
+        return 0;
+    }
+    case TOK_TMPL_MISTRAL:
+        if (variant == V_M_V7 || variant == V_M_V7_TEKKEN) {
+            const char *sp = variant == V_M_V7 ? " " : "";
+            for (int i = 0; i < n; i++) {
+                if (!strcmp(m[i].role, "system")) {
+                    puts_(b, "[SYSTEM_PROMPT]");
+                    puts_(b, sp);
+                    puts_(b, m[i].content);
+                    puts_(b, "[/SYSTEM_PROMPT]");
+                } else if (!strcmp(m[i].role, "user")) {
+                    puts_(b, "[INST]");
+                    puts_(b, sp);
+                    puts_(b, m[i].content);
+                    puts_(b, "[/INST]");
+                } else {
+                    puts_(b, sp);
+                    puts_(b, m[i].content);
+                    puts_(b, "</s>");
+                }
+            }
+        } else {
+            const char *lead = variant == V_M_V1 ? " " : "";
+            const char *trail = variant == V_M_V3_TEKKEN ? "" : " ";
+            int inside = 0;
+            for (int i = 0; i < n; i++) {
+                if (!inside) {
+                    puts_(b, lead);
+                    puts_(b, "[INST]");
+                    puts_(b, trail);
+                    inside = 1;
+                }
+                if (!strcmp(m[i].role, "system")) {
+                    puts_(b, m[i].content);
+                    puts_(b, "\n\n");
+                } else if (!strcmp(m[i].role, "user")) {
+                    puts_(b, m[i].content);
+                    puts_(b, lead);
+                    puts_(b, "[/INST]");
+                } else {
+                    puts_(b, trail);
+                    variant == V_M_V3 ? put_trim(b, m[i].content) : puts_(b, m[i].content);
+                    puts_(b, "</s>");
+                    inside = 0;
+                }
+            }
+        }
+        return 0;
+    case TOK_TMPL_GEMMA: {
+        /* no system turn: the system texts since the last user turn (trimmed, joined) open the
+         * next user turn; assistant is "model" */
+        int from = 0;
+        for (int i = 0; i < n; i++) {
+            if (!strcmp(m[i].role, "system"))
+                continue;
+            int model = !strcmp(m[i].role, "assistant");
+            puts_(b, "<start_of_turn>");
+            puts_(b, model ? "model" : m[i].role);
+            puts_(b, "\n");
+            if (!model) {
+                size_t before = b->n;
+                for (; from < i; from++)
+                    if (!strcmp(m[from].role, "system"))
+                        put_trim(b, m[from].content);
+                if (b->n > before)
+                    puts_(b, "\n\n");
+            }
+            put_trim(b, m[i].content);
+            puts_(b, "<end_of_turn>\n");
+        }
+        if (add_ass)
+            puts_(b, "<start_of_turn>model\n");
+        return 0;
+    }
+    case TOK_TMPL_NONE: break;
+    }
+    return MD_EUNSUPP;
+}
+
+int tok_chat_apply_as(const tok_tokenizer *t, tok_template tmpl, const tok_chat_msg *msgs,
+                      int n_msgs, int add_generation_prompt, char **out, md_err *e) {
+    *out = NULL;
+    if (n_msgs < 0 || (n_msgs > 0 && !msgs))
+        return md_errf(e, MD_EINVAL, "chat template: %d messages", n_msgs);
+    for (int i = 0; i < n_msgs; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return md_errf(e, MD_EINVAL, "chat template: message %d has no %s", i,
+                           msgs[i].role ? "content" : "role");
+    int variant = V_NONE;
+    tok_template model = detect(t ? t->chat_template : NULL, &variant);
+    if (model != tmpl) /* forced family: its default variant */
+        variant = tmpl == TOK_TMPL_LLAMA2 ? V_L2_SYS : tmpl == TOK_TMPL_MISTRAL ? V_M_V3 : V_NONE;
+    if (tmpl == TOK_TMPL_NONE)
+        return md_errf(e, MD_EUNSUPP, "chat template: no template chosen");
+    sbuf b = {0};
+    puts_(&b, ""); /* an empty conversation still yields "" rather than NULL */
+    render(t, tmpl, variant, msgs, n_msgs, add_generation_prompt, &b);
+    if (b.oom) {
+        free(b.p);
+        return md_errf(e, MD_ENOMEM, "chat template: out of memory");
+    }
+    *out = b.p;
+    return 0;
+}
+
+int tok_chat_apply(const tok_tokenizer *t, const tok_chat_msg *msgs, int n_msgs,
+                   int add_generation_prompt, char **out, md_err *e) {
+    *out = NULL;
+    tok_template tmpl = tok_chat_template(t);
+    if (tmpl == TOK_TMPL_NONE && t && t->chat_forced)
+        return md_errf(e, MD_EUNSUPP,
+                       "chat messages are off for this model (--chat-template "
+                       "none); send a raw prompt");
+    if (tmpl == TOK_TMPL_NONE) {
+        if (!t || !t->chat_template)
+            return md_errf(e, MD_EUNSUPP,
+                           "the model has no chat template (tokenizer.chat_template); send a "
+                           "raw prompt or name a template with --chat-template (" KNOWN_NAMES ")");
+        size_t n = t->chat_template_len;
+        return md_errf(e, MD_EUNSUPP,
+                       "the model's chat template is not one medley knows (" KNOWN_NAMES
+                       "); it starts: \"%.60s%s\"; send a raw prompt or name a "
+                       "template with --chat-template",
+                       t->chat_template, n > 60 ? "..." : "");
+    }
+    return tok_chat_apply_as(t, tmpl, msgs, n_msgs, add_generation_prompt, out, e);
+}

@@ -1,0 +1,206 @@
+/* tokenizer_int.h — the tokenizer's private layout, shared by tokenizer.c (load, pieces,
+ * decode), tokenizer_bpe.c, tokenizer_spm.c, tokenizer_hf.c (tokenizer.json) and
+ * tokenizer_chat.c. Not part of the engine's
+ * contract: everything outside the tokenizer goes through engine/tokenizer/tokenizer.h. */
+#ifndef MEDLEY_ENGINE_TOKENIZER_INT_H
+#define MEDLEY_ENGINE_TOKENIZER_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/tokenizer/tokenizer.h"
+
+typedef enum { TOK_KIND_BPE = 1, TOK_KIND_SPM = 2 } tok_kind;
+
+/* Pre-tokenizer families (llama.cpp's LLAMA_VOCAB_PRE_TYPE_*, the ones we support). */
+typedef enum {
+    TOK_PRE_DEFAULT = 0,
+    TOK_PRE_GPT2,
+    TOK_PRE_LLAMA3,
+    TOK_PRE_QWEN2,
+    TOK_PRE_SMOLLM,
+} tok_pre;
+
+/* Token attributes, from tokenizer.ggml.token_type. */
+enum {
+    TOK_A_NORMAL = 1,
+    TOK_A_UNKNOWN = 2,
+    TOK_A_CONTROL = 4,
+    TOK_A_USER = 8,
+    TOK_A_UNUSED = 16,
+    TOK_A_BYTE = 32,
+};
+
+#define TOK_MAX_RE 8
+
+/* What a pre-tokenizer stage keeps of its matches (Hugging Face's SplitDelimiterBehavior).
+ * GGUF families use ISOLATED for every stage: matches and the gaps between them are pieces. */
+enum {
+    TOK_SPLIT_ISOLATED = 0,
+    TOK_SPLIT_REMOVED,     /* matches are dropped */
+    TOK_SPLIT_MERGED_PREV, /* a match ends the piece before it */
+    TOK_SPLIT_MERGED_NEXT, /* a match starts the piece after it */
+    TOK_SPLIT_CONTIGUOUS,  /* runs of matches (and of gaps) are one piece */
+};
+
+/* tokenizer.json normalizer steps, applied in order to each text fragment. */
+enum { TOK_NORM_NFC = 1, TOK_NORM_PREPEND, TOK_NORM_REPLACE };
+typedef struct {
+    int kind;
+    char *a, *b; /* PREPEND: a; REPLACE: a -> b */
+    size_t a_len, b_len;
+} tok_norm_step;
+
+/* Added-token flags of tokenizer.json (tok_flags). */
+enum { TOK_F_LSTRIP = 1, TOK_F_RSTRIP = 2, TOK_F_SINGLE_WORD = 4 };
+
+struct tok_tokenizer {
+    tok_kind kind;
+    char model_name[8];
+    char pre_name[32];
+    tok_pre pre;
+    int n_vocab; /* ids [0, n_vocab) are tokens */
+
+    /* String table: ids [0, n_vocab) are the tokens, ids past it are merge parts that are
+     * not tokens (so BPE can merge through them exactly as llama.cpp's string pairs do). */
+    char *arena;
+    size_t arena_len, arena_cap;
+    uint32_t *str_off, *str_len;
+    int n_str, str_cap;
+    int32_t *hslots; /* open addressing over string ids; -1 empty */
+    uint32_t hmask;
+
+    float *scores;
+    uint8_t *attr;
+    uint8_t *is_eog;
+    int32_t bos, eos, eot, eom, unk;
+    int add_bos, add_eos, add_space_prefix, ignore_merges;
+
+    /* BPE merges: (left id, right id) -> (rank, merged id), open addressing with key and
+     * value side by side (one cache line per probe); key UINT64_MAX = empty. */
+    struct tok_merge {
+        uint64_t key;
+        int32_t rank, id;
+    } * merges;
+    uint32_t merge_mask;
+    /* The merge of two raw bytes' alphabet characters, for the first pairs of every word
+     * (most lookups): index (a << 8 | b); rank -1 when there is none. 512 KiB. */
+    struct tok_pair0 {
+        int32_t rank, id;
+    } * pair0;
+    uint16_t cpt_of_byte[256];    /* byte-level alphabet */
+    int32_t byte_sym[256];        /* string id of the alphabet character of each byte, or -1 */
+    int32_t single_byte_tok[256]; /* token whose text is that one byte (llama.cpp's fallback) */
+    void *re[TOK_MAX_RE];         /* pcre2_code *, applied in order */
+    uint8_t re_behavior[TOK_MAX_RE], re_invert[TOK_MAX_RE]; /* TOK_SPLIT_*; invert: gaps match */
+    int n_re;
+
+    /* Loaded from tokenizer.json (tokenizer_hf.c): added tokens are found leftmost-longest
+     * with their lstrip/rstrip/single_word flags, fragments go through the normalizers
+     * below, and BPE follows Hugging Face's rules (merges must produce tokens, the last of
+     * duplicate merges wins, unknown characters become unk or are dropped). */
+    int hf;
+    int char_level; /* BPE over characters, not the byte-level alphabet (SentencePiece-style) */
+    int byte_fallback, fuse_unk;
+    tok_norm_step *norm;
+    int n_norm;
+    char metaspace[8];  /* Metaspace replacement ("" when there is no Metaspace) */
+    int meta_prepend;   /* 0 never, 1 first fragment only, 2 always */
+    int prefix_space;   /* ByteLevel add_prefix_space */
+    uint8_t *tok_flags; /* TOK_F_* per token, or NULL */
+
+    /* SentencePiece: <0xXX> byte tokens. */
+    int32_t byte_tok[256];
+
+    int32_t *special; /* control, user-defined and unknown tokens, longest text first */
+    int n_special;
+    /* tokenizer.json: the distinct lengths of the special tokens starting with byte b are
+     * sp_lens[sp_first[b] .. sp_first[b + 1]), longest first (leftmost-longest search). */
+    uint32_t *sp_lens;
+    uint32_t sp_first[257];
+
+    char *piece_arena;
+    uint32_t *piece_off, *piece_len;
+    size_t max_piece;
+
+    char *chat_template;
+    size_t chat_template_len;
+    int chat_forced;               /* tok_chat_choose named a template (--chat-template) */
+    tok_template chat_forced_tmpl; /* TOK_TMPL_NONE: raw prompts only */
+};
+
+/* Growable output of token ids. */
+typedef struct {
+    int32_t *ids;
+    size_t n, cap;
+} tok_out;
+int tok_out_push(tok_out *o, int32_t id);
+
+/* Per-call scratch buffers: grown as needed, reused for every word of one tok_encode. */
+typedef struct {
+    char *norm; /* normalized text (llama.cpp's UTF-8 repair) */
+    size_t norm_cap;
+    char *view; /* what PCRE2 sees (surrogates swapped for a private-use character) */
+    size_t view_cap;
+    void *md; /* pcre2_match_data * */
+    /* symbols of one word */
+    int32_t *sym_id, *sym_prev, *sym_next;
+    uint32_t *sym_off, *sym_len;
+    size_t sym_cap;
+    void *heap;
+    size_t heap_cap;
+    char *enc; /* byte-level encoded word (ignore_merges lookup) */
+    size_t enc_cap;
+    char *hf_buf[2]; /* tokenizer.json normalizers, ping-pong */
+    size_t hf_cap[2];
+    /* Word cache for long texts (words repeat): word bytes -> its ids. Lives for one
+     * tok_encode call, so no lock is needed; cleared when half full. */
+    struct tok_wc_slot *wc;
+    uint32_t wc_mask, wc_used;
+    int wc_on;
+    char *wc_keys;
+    size_t wc_keys_len, wc_keys_cap;
+    int32_t *wc_ids;
+    size_t wc_ids_len, wc_ids_cap;
+} tok_scratch;
+void tok_scratch_free(tok_scratch *s);
+
+int32_t tok_str_lookup(const tok_tokenizer *t, const char *s, size_t n);
+int tok_str_intern(tok_tokenizer *t, const char *s, size_t n, int32_t *id);
+/* Append a string (not indexed until tok_index_strings). MD_ENOMEM. */
+int tok_strtab_add(tok_tokenizer *t, const char *s, size_t n, int32_t *id);
+int tok_index_strings(tok_tokenizer *t);
+/* Merge table for about n merges; tok_merge_put adds (l, r) -> (rank, id), replacing an
+ * existing entry only when replace is set. */
+int tok_merges_alloc(tok_tokenizer *t, size_t n);
+void tok_merge_put(tok_tokenizer *t, int32_t l, int32_t r, int32_t rank, int32_t id, int replace);
+/* Byte-level alphabet tables (cpt_of_byte, byte_sym, single_byte_tok) from the strings. */
+void tok_byte_tables(tok_tokenizer *t);
+void tok_spm_byte_tokens(tok_tokenizer *t);
+/* End-of-generation tokens found by text (and FIM ids given); make_control turns them
+ * into control tokens as llama.cpp does for GGUF vocabularies. */
+void tok_mark_eog(tok_tokenizer *t, int32_t fim[3], int make_control);
+int tok_list_special(tok_tokenizer *t, md_err *e);
+int tok_build_pieces(tok_tokenizer *t);
+
+/* The GPT-2 split (Hugging Face's ByteLevel use_regex), \s spelled as White_Space. */
+extern const char tok_re_gpt2[];
+/* Compile a pre-tokenizer stage (PCRE2, UTF + UCP; literal: the pattern is a plain string)
+ * and append it. MD_EINVAL with PCRE2's message, MD_ERANGE past TOK_MAX_RE stages. */
+int tok_re_add(tok_tokenizer *t, const char *pattern, size_t len, int literal, int behavior,
+               int invert, md_err *e);
+int tok_bpe_init(tok_tokenizer *t, md_err *e);
+void tok_bpe_free(tok_tokenizer *t);
+/* Encode one text fragment (no special tokens in it). base: the fragment's byte offset in
+ * the caller's text, for error messages (and, for tokenizer.json, Metaspace's "first"). */
+int tok_bpe_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, size_t len,
+                   size_t base, tok_out *out, md_err *e);
+/* tokenizer.json normalizers, Metaspace and ByteLevel's prefix space on one fragment (already
+ * valid UTF-8 apart from encoded surrogates). *out is in or a scratch buffer. */
+int tok_hf_normalize(const tok_tokenizer *t, tok_scratch *sc, const char *in, size_t n,
+                     int at_start, const char **out, size_t *out_len, md_err *e);
+void tok_hf_free(tok_tokenizer *t);
+int tok_spm_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, size_t len,
+                   int space_prefix, tok_out *out, md_err *e);
+
+#endif
