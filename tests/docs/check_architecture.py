@@ -2,16 +2,19 @@
 """Checks that docs/architecture.md is true of the tree it sits in.
 
   1. Every product source file (.c .h .cu .cuh .cc under the product folders) has a line in
-     the doc's file tables, and every file those tables name exists.
+     the doc's file tables (each table headed "### <folder>/", names relative to it), every
+     file those tables name exists, and none is named twice.
   2. The dependency table ("## Dependencies between folders") states, for each folder, the
      folders its `#include "x/y.h"` lines reach and the outside libraries its CMake target
      links; both must match the tree exactly.
-  3. The folder include graph has no cycle. It is printed, leaves first.
+  3. The folder include graph has no cycle. It is printed, leaves first. An edge the table
+     marks "(back edge: why)" is left out of the cycle check but must still exist, so the
+     mark goes when the code loses the edge.
 
 Usage: check_architecture.py [REPO_ROOT]   (default: two folders above this file)
 Exit 0 when the doc is true, 1 with one line per finding naming the file or folder, 2 when
-the doc cannot be read. Standard library only; tracked files from `git ls-files` in a git
-checkout, a walk of the tree otherwise.
+the doc cannot be read. Standard library only; the files from `git ls-files` (tracked, and
+untracked but not ignored) in a git checkout, a walk of the tree otherwise.
 """
 
 import fnmatch
@@ -46,11 +49,12 @@ LINK_KEYWORDS = {"PUBLIC", "PRIVATE", "INTERFACE"}
 
 
 def tracked_files(root):
-    """Repository-relative paths of the tracked files (or of every file outside .git and
-    build folders when root is not a git checkout)."""
+    """Repository-relative paths of the tracked files and of the new ones git does not ignore
+    (so a file is flagged before its commit), or of every file outside .git and build folders
+    when root is not a git checkout."""
     try:
-        out = subprocess.run(["git", "-C", root, "ls-files", "-z"], capture_output=True,
-                             check=True)
+        out = subprocess.run(["git", "-C", root, "ls-files", "-z", "--cached", "--others",
+                              "--exclude-standard"], capture_output=True, check=True)
         files = [f for f in out.stdout.decode("utf-8", "replace").split("\0") if f]
         if files:
             return [f for f in files if os.path.exists(os.path.join(root, f))]
@@ -246,8 +250,11 @@ def main():
         errors.append(f"{DOC}: no dependency table found under '## Dependencies between folders'")
 
     # 1. Files: every product source listed, every listed name present.
-    listed_paths = set()
+    listed_paths, first_line = set(), {}
     for path, no in listed:
+        if path in first_line:
+            errors.append(f"{DOC}:{no}: {path} is listed twice (also line {first_line[path]})")
+        first_line.setdefault(path, no)
         if any(c in path for c in "*?["):
             if not fnmatch.filter(files, path):
                 errors.append(f"{DOC}:{no}: {path} matches no file of the tree")
