@@ -41,7 +41,6 @@ typedef struct {
 struct md_pipe {
     int n;
     hop hops[MD_STAGE_MAX];
-    int lo[MD_STAGE_MAX], hi[MD_STAGE_MAX];
     md_stage_config base;
     md_pipe_opts o;
     int n_embd, n_vocab;
@@ -262,8 +261,6 @@ int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base, co
         }
         c.mem_cap = p->o.mem_cap;
         p->gpu |= strstr(c.device, "cuda") != NULL;
-        p->lo[i] = c.lo;
-        p->hi[i] = c.hi;
         hop *h = &p->hops[i];
         h->p = p;
         h->idx = i;
