@@ -817,9 +817,9 @@ static int load_config(hf_ld *L, json_t *cfg) {
 
 /* ---- load ---- */
 
-static json_t *parse(hf_ld *L, const char *text, size_t len, int *rc) {
+static json_t *parse(hf_ld *L, const char *text, size_t len, size_t flags, int *rc) {
     json_error_t jerr;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES | flags, &jerr);
     if (!root) {
         *rc = md_errf(L->e, MD_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)", L->file,
                       jerr.text, jerr.line, jerr.column);
@@ -846,7 +846,7 @@ static int load(const char *json, size_t len, const char *cfg_text, size_t cfg_l
     snprintf(t->pre_name, sizeof t->pre_name, "tokenizer.json");
     hf_ld L = {t, e, json_name, 0, 0, 0};
     int rc = 0;
-    json_t *root = parse(&L, json, len, &rc), *cfg = NULL;
+    json_t *root = parse(&L, json, len, 0, &rc), *cfg = NULL;
     if (!root)
         goto fail;
     json_t *model = json_object_get(root, "model");
@@ -898,7 +898,10 @@ static int load(const char *json, size_t len, const char *cfg_text, size_t cfg_l
         goto fail;
     if (cfg_text) {
         L.file = cfg_name;
-        if (!(cfg = parse(&L, cfg_text, cfg_len, &rc)) || (rc = load_config(&L, cfg)))
+        /* INT_AS_REAL: save_pretrained writes model_max_length 1e30 as an integer; no integer
+         * of tokenizer_config.json is read */
+        if (!(cfg = parse(&L, cfg_text, cfg_len, JSON_DECODE_INT_AS_REAL, &rc)) ||
+            (rc = load_config(&L, cfg)))
             goto fail;
     }
     int32_t fim[3] = {-1, -1, -1};
@@ -930,6 +933,9 @@ int tok_load_hf_mem(const char *json, size_t len, const char *config, size_t con
 static int read_all(const char *path, char **buf, size_t *len, md_err *e) {
     *buf = NULL;
     *len = 0;
+    struct stat pre; /* a FIFO would block fopen forever */
+    if (stat(path, &pre) == 0 && !S_ISREG(pre.st_mode))
+        return md_errf(e, MD_EIO, "%s: not a regular file", path);
     FILE *f = fopen(path, "rb");
     if (!f)
         return md_errf(e, errno == ENOENT ? MD_ENOTFOUND : MD_EIO, "%s: %s", path, strerror(errno));
