@@ -499,12 +499,34 @@ static void fifo_refused(void **state) {
     rm_tmpdir();
 }
 
+/* tokenizer.json is parsed whole by jansson, which takes 30-40 times the file's size for dense
+ * arrays (a 60 MB file of short merges: 2.1 GB). The size cap bounds that: a sparse file one
+ * byte over 64 MiB is refused by its size, before a byte is read. */
+static void oversized_tokenizer_refused_by_size(void **state) {
+    (void)state;
+    md_err e = {0};
+    char p[256];
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/medley-hf-XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    snprintf(p, sizeof p, "%s/tokenizer.json", tmpdir);
+    FILE *fp = fopen(p, "wb");
+    assert_non_null(fp);
+    assert_int_equal(ftruncate(fileno(fp), (off_t)(64 << 20) + 1), 0);
+    fclose(fp);
+    tok_tokenizer *t = NULL;
+    assert_int_equal(tok_load_hf(tmpdir, &t, &e), MD_ERANGE);
+    if (!strstr(e.msg, "67108864"))
+        fail_msg("\"%s\" does not state the 64 MiB cap", e.msg);
+    rm_tmpdir();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(architectures_map),  cmocka_unit_test(refusals_name_the_problem),
         cmocka_unit_test(tensor_names),       cmocka_unit_test(tiny_directory),
         cmocka_unit_test(rope_parameters_v5), cmocka_unit_test(gemma3_layer_types),
         cmocka_unit_test(fifo_refused),
+        cmocka_unit_test(oversized_tokenizer_refused_by_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
