@@ -110,6 +110,7 @@ static int read_rope(json_t *o, const char *where, int gemma, hf_config *c, md_e
         return 0;
     if (!json_is_object(rp))
         return md_errf(e, MD_EFORMAT, "%s: \"rope_parameters\" must be an object or null", where);
+    c->rope_scaling[0] = '\0'; /* v5 says the scaling, if any; a stale v4 one does not count */
     json_t *full = json_object_get(rp, "full_attention");
     json_t *slide = json_object_get(rp, "sliding_attention");
     if (!full && !slide)

@@ -372,6 +372,14 @@ static void rope_parameters_v5(void **state) {
     assert_true(c.rope_theta == 1e6 && c.rope_theta_swa == 1e4);
     assert_string_equal(c.rope_scaling, "linear");
     assert_true(c.rope_factor == 8.0);
+    /* both spellings given: rope_parameters wins, scaling included */
+    assert_int_equal(parse("{\"model_type\":\"llama\"," BASE ",\"rope_theta\":10000.0,"
+                           "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":4.0},"
+                           "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":5e5}}",
+                           &c, &e),
+                     0);
+    assert_true(c.rope_theta == 5e5);
+    assert_string_equal(c.rope_scaling, "");
     /* rope types the engine does not implement are refused, named, in either spelling */
     static const char *refused[][2] = {
         {"{\"model_type\":\"llama\"," BASE ",\"rope_parameters\":{\"rope_type\":\"yarn\","
@@ -525,8 +533,7 @@ int main(void) {
         cmocka_unit_test(architectures_map),  cmocka_unit_test(refusals_name_the_problem),
         cmocka_unit_test(tensor_names),       cmocka_unit_test(tiny_directory),
         cmocka_unit_test(rope_parameters_v5), cmocka_unit_test(gemma3_layer_types),
-        cmocka_unit_test(fifo_refused),
-        cmocka_unit_test(oversized_tokenizer_refused_by_size),
+        cmocka_unit_test(fifo_refused),       cmocka_unit_test(oversized_tokenizer_refused_by_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
