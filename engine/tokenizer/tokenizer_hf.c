@@ -32,7 +32,7 @@
 /* Twice Gemma 3's 33 MB tokenizer.json. jansson's tree takes up to ~35x the text for dense
  * arrays (a 60 MB file of short merges: 2.1 GB), so this cap is what bounds load memory. */
 #define HF_MAX_FILE_BYTES ((size_t)64 << 20)
-#define HF_MAX_TOKENS (1 << 24)             /* ids past 16 M are refused, not allocated */
+#define HF_MAX_TOKENS (1 << 24) /* ids past 16 M are refused, not allocated */
 
 typedef struct {
     tok_tokenizer *t;
