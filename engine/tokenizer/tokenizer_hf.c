@@ -29,8 +29,10 @@
 
 #include "engine/tokenizer/tokenizer_int.h"
 
-#define HF_MAX_FILE_BYTES ((size_t)1 << 30) /* Gemma 3's tokenizer.json is 33 MB */
-#define HF_MAX_TOKENS (1 << 24)             /* ids past 16 M are refused, not allocated */
+/* Twice Gemma 3's 33 MB tokenizer.json. jansson's tree takes up to ~35x the text for dense
+ * arrays (a 60 MB file of short merges: 2.1 GB), so this cap is what bounds load memory. */
+#define HF_MAX_FILE_BYTES ((size_t)64 << 20)
+#define HF_MAX_TOKENS (1 << 24) /* ids past 16 M are refused, not allocated */
 
 typedef struct {
     tok_tokenizer *t;
@@ -817,9 +819,9 @@ static int load_config(hf_ld *L, json_t *cfg) {
 
 /* ---- load ---- */
 
-static json_t *parse(hf_ld *L, const char *text, size_t len, int *rc) {
+static json_t *parse(hf_ld *L, const char *text, size_t len, size_t flags, int *rc) {
     json_error_t jerr;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES | flags, &jerr);
     if (!root) {
         *rc = md_errf(L->e, MD_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)", L->file,
                       jerr.text, jerr.line, jerr.column);
@@ -846,7 +848,7 @@ static int load(const char *json, size_t len, const char *cfg_text, size_t cfg_l
     snprintf(t->pre_name, sizeof t->pre_name, "tokenizer.json");
     hf_ld L = {t, e, json_name, 0, 0, 0};
     int rc = 0;
-    json_t *root = parse(&L, json, len, &rc), *cfg = NULL;
+    json_t *root = parse(&L, json, len, 0, &rc), *cfg = NULL;
     if (!root)
         goto fail;
     json_t *model = json_object_get(root, "model");
@@ -898,7 +900,10 @@ static int load(const char *json, size_t len, const char *cfg_text, size_t cfg_l
         goto fail;
     if (cfg_text) {
         L.file = cfg_name;
-        if (!(cfg = parse(&L, cfg_text, cfg_len, &rc)) || (rc = load_config(&L, cfg)))
+        /* INT_AS_REAL: save_pretrained writes model_max_length 1e30 as an integer; no integer
+         * of tokenizer_config.json is read */
+        if (!(cfg = parse(&L, cfg_text, cfg_len, JSON_DECODE_INT_AS_REAL, &rc)) ||
+            (rc = load_config(&L, cfg)))
             goto fail;
     }
     int32_t fim[3] = {-1, -1, -1};
@@ -930,6 +935,9 @@ int tok_load_hf_mem(const char *json, size_t len, const char *config, size_t con
 static int read_all(const char *path, char **buf, size_t *len, md_err *e) {
     *buf = NULL;
     *len = 0;
+    struct stat pre; /* a FIFO would block fopen forever */
+    if (stat(path, &pre) == 0 && !S_ISREG(pre.st_mode))
+        return md_errf(e, MD_EIO, "%s: not a regular file", path);
     FILE *f = fopen(path, "rb");
     if (!f)
         return md_errf(e, errno == ENOENT ? MD_ENOTFOUND : MD_EIO, "%s: %s", path, strerror(errno));

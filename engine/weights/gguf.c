@@ -634,7 +634,8 @@ int gguf_open(const char *path, gguf_file **out, md_err *e) {
     if (!e)
         e = &local;
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO's open would wait for a writer; fstat below refuses it instead */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return md_errf(e, errno == ENOENT ? MD_ENOTFOUND : MD_EIO, "%s: cannot open: %s", path,
                        strerror(errno));
