@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer/tokenizer_int.h"
+#include "engine/tokenizer/vocab.h"
 
 enum {
     V_NONE = 0,
