@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <utf8proc.h>
 
+#include "common/util.h"
 #include "engine/tokenizer/tokenizer_bpe.h"
 
 #define HF_MAX_FILE_BYTES ((size_t)1 << 30) /* Gemma 3's tokenizer.json is 33 MB */
@@ -52,19 +53,6 @@ static int fail(hf_ld *L, int code, const char *path, const char *fmt, ...) {
     return md_errf(L->e, code, "%s: %s%s%s", L->file, path, *path ? " " : "", msg);
 }
 
-static const char *jtype(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 /* String value at obj.key: *out NULL when absent or null (and !required). */
 static int get_str(hf_ld *L, json_t *obj, const char *key, const char *path, int required,
                    const char **out, size_t *len) {
@@ -78,7 +66,8 @@ static int get_str(hf_ld *L, json_t *obj, const char *key, const char *path, int
         return 0;
     }
     if (!json_is_string(v))
-        return fail(L, MD_EFORMAT, path, "'%s' is %s, expected a string", key, jtype(v));
+        return fail(L, MD_EFORMAT, path, "'%s' is %s, expected a string", key,
+                    md_json_type_name(v));
     *out = json_string_value(v);
     if (len)
         *len = json_string_length(v);
@@ -90,7 +79,8 @@ static int get_bool(hf_ld *L, json_t *obj, const char *key, const char *path, in
     if (!v || json_is_null(v))
         return 0; /* keep the default */
     if (!json_is_boolean(v))
-        return fail(L, MD_EFORMAT, path, "'%s' is %s, expected true or false", key, jtype(v));
+        return fail(L, MD_EFORMAT, path, "'%s' is %s, expected true or false", key,
+                    md_json_type_name(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -98,13 +88,31 @@ static int get_bool(hf_ld *L, json_t *obj, const char *key, const char *path, in
 /* The "type" of a component; a missing or non-string type is a format error. */
 static int get_type(hf_ld *L, json_t *obj, const char *path, const char **type) {
     if (!json_is_object(obj))
-        return fail(L, MD_EFORMAT, path, "is %s, expected an object", jtype(obj));
+        return fail(L, MD_EFORMAT, path, "is %s, expected an object", md_json_type_name(obj));
     return get_str(L, obj, "type", path, 1, type, NULL);
 }
 
 static int unsupported(hf_ld *L, const char *path, const char *type, const char *supported) {
     return fail(L, MD_EUNSUPP, "", "%s.type '%.60s' is not supported (medley reads %s)", path, type,
                 supported);
+}
+
+/* A component's Sequence: each item of the array p[key] through load, one level deeper. */
+typedef int (*hf_loader)(hf_ld *L, json_t *p, const char *path, int depth);
+static int load_sequence(hf_ld *L, json_t *p, const char *path, const char *key, int depth,
+                         hf_loader load) {
+    json_t *list = json_object_get(p, key);
+    if (!json_is_array(list))
+        return fail(L, MD_EFORMAT, path, "'%s' is %s, expected an array", key,
+                    list ? md_json_type_name(list) : "missing");
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        char sub[160];
+        snprintf(sub, sizeof sub, "%s.%s[%zu]", path, key, i);
+        int rc = load(L, json_array_get(list, i), sub, depth + 1);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 /* One UTF-8 character, exactly (for Metaspace's replacement). */
@@ -117,136 +125,118 @@ static int one_char(const char *s, size_t n) {
 
 /* ---- vocabulary: model.vocab and added_tokens ---- */
 
-/* Strings by id, dense ids, no id given two strings. */
-static int load_vocab(hf_ld *L, json_t *model, json_t *added) {
-    tok_tokenizer *t = L->t;
-    json_t *vocab = json_object_get(model, "vocab");
-    if (!vocab)
-        return fail(L, MD_EFORMAT, "model", "has no 'vocab'");
-    if (!json_is_object(vocab))
-        return fail(L, MD_EFORMAT, "model.vocab", "is %s, expected an object of token: id",
-                    jtype(vocab));
-    if (added && !json_is_null(added) && !json_is_array(added))
-        return fail(L, MD_EFORMAT, "added_tokens", "is %s, expected an array", jtype(added));
-    size_t n_added = json_is_array(added) ? json_array_size(added) : 0;
-    size_t cap = json_object_size(vocab) + n_added;
-    if (cap == 0)
-        return fail(L, MD_EFORMAT, "model.vocab", "is empty");
-    if (cap > HF_MAX_TOKENS)
-        return fail(L, MD_ERANGE, "model.vocab", "has %zu tokens, more than %d", cap,
-                    HF_MAX_TOKENS);
-    const char **by_id = calloc(cap, sizeof *by_id);
-    size_t *len_of = calloc(cap, sizeof *len_of);
-    int rc = 0;
-    if (!by_id || !len_of) {
-        rc = md_errf(L->e, MD_ENOMEM, "%s: out of memory reading model.vocab", L->file);
-        goto done;
-    }
+/* The text of every id while the vocabulary is read: model.vocab, then added_tokens. */
+typedef struct {
+    const char **text; /* by id; NULL: not given yet */
+    size_t *len;
+    size_t cap;    /* ids must be below it: vocab entries + added tokens */
+    size_t max_id; /* the largest id given */
+} hf_ids;
+
+/* model.vocab {"text": id, ...}: one text per id, ids below cap. */
+static int vocab_ids(hf_ld *L, json_t *vocab, hf_ids *ids) {
     const char *key;
     json_t *v;
-    size_t max_id = 0;
     json_object_foreach(vocab, key, v) {
-        if (!json_is_integer(v)) {
-            rc = fail(L, MD_EFORMAT, "model.vocab", "['%.60s'] is %s, expected an integer id", key,
-                      jtype(v));
-            goto done;
-        }
+        if (!json_is_integer(v))
+            return fail(L, MD_EFORMAT, "model.vocab", "['%.60s'] is %s, expected an integer id",
+                        key, md_json_type_name(v));
         json_int_t id = json_integer_value(v);
-        if (id < 0 || (size_t)id >= cap) {
-            rc = fail(L, MD_ERANGE, "model.vocab",
-                      "['%.60s'] = %lld is not an id in 0..%zu (ids must be dense)", key,
-                      (long long)id, cap - 1);
-            goto done;
-        }
-        if (by_id[id]) {
-            rc = fail(L, MD_EFORMAT, "model.vocab", "gives id %lld to both '%.60s' and '%.60s'",
-                      (long long)id, by_id[id], key);
-            goto done;
-        }
-        by_id[id] = key;
-        len_of[id] = strlen(key); /* jansson keys have no NUL (JSON_ALLOW_NUL is off) */
-        if ((size_t)id > max_id)
-            max_id = (size_t)id;
+        if (id < 0 || (size_t)id >= ids->cap)
+            return fail(L, MD_ERANGE, "model.vocab",
+                        "['%.60s'] = %lld is not an id in 0..%zu (ids must be dense)", key,
+                        (long long)id, ids->cap - 1);
+        if (ids->text[id])
+            return fail(L, MD_EFORMAT, "model.vocab", "gives id %lld to both '%.60s' and '%.60s'",
+                        (long long)id, ids->text[id], key);
+        ids->text[id] = key;
+        ids->len[id] = strlen(key); /* jansson keys have no NUL (JSON_ALLOW_NUL is off) */
+        if ((size_t)id > ids->max_id)
+            ids->max_id = (size_t)id;
     }
+    return 0;
+}
+
+/* added_tokens [{"id": N, "content": "text", ...}]: an added token may repeat the text its id
+ * has in model.vocab, not give the id another one. */
+static int added_ids(hf_ld *L, json_t *added, size_t n_added, hf_ids *ids) {
+    int rc;
     for (size_t i = 0; i < n_added; i++) {
         json_t *a = json_array_get(added, i);
         char path[48];
         snprintf(path, sizeof path, "added_tokens[%zu]", i);
-        if (!json_is_object(a)) {
-            rc = fail(L, MD_EFORMAT, path, "is %s, expected an object", jtype(a));
-            goto done;
-        }
+        if (!json_is_object(a))
+            return fail(L, MD_EFORMAT, path, "is %s, expected an object", md_json_type_name(a));
         json_t *jid = json_object_get(a, "id");
         const char *content;
         size_t clen;
-        if (!json_is_integer(jid)) {
-            rc = fail(L, MD_EFORMAT, path, "'id' is %s, expected an integer",
-                      jid ? jtype(jid) : "missing");
-            goto done;
-        }
+        if (!json_is_integer(jid))
+            return fail(L, MD_EFORMAT, path, "'id' is %s, expected an integer",
+                        jid ? md_json_type_name(jid) : "missing");
         if ((rc = get_str(L, a, "content", path, 1, &content, &clen)))
-            goto done;
-        if (clen == 0) {
-            rc = fail(L, MD_EFORMAT, path, "'content' is empty");
-            goto done;
-        }
+            return rc;
+        if (clen == 0)
+            return fail(L, MD_EFORMAT, path, "'content' is empty");
         json_int_t id = json_integer_value(jid);
-        if (id < 0 || (size_t)id >= cap) {
-            rc = fail(L, MD_ERANGE, path, "'id' %lld is not an id in 0..%zu (ids must be dense)",
-                      (long long)id, cap - 1);
-            goto done;
-        }
-        if (by_id[id] && (len_of[id] != clen || memcmp(by_id[id], content, clen))) {
-            rc = fail(L, MD_EFORMAT, path, "gives id %lld to '%.60s', which is '%.60s' already",
-                      (long long)id, content, by_id[id]);
-            goto done;
-        }
-        by_id[id] = content;
-        len_of[id] = clen;
-        if ((size_t)id > max_id)
-            max_id = (size_t)id;
+        if (id < 0 || (size_t)id >= ids->cap)
+            return fail(L, MD_ERANGE, path, "'id' %lld is not an id in 0..%zu (ids must be dense)",
+                        (long long)id, ids->cap - 1);
+        if (ids->text[id] && (ids->len[id] != clen || memcmp(ids->text[id], content, clen)))
+            return fail(L, MD_EFORMAT, path, "gives id %lld to '%.60s', which is '%.60s' already",
+                        (long long)id, content, ids->text[id]);
+        ids->text[id] = content;
+        ids->len[id] = clen;
+        if ((size_t)id > ids->max_id)
+            ids->max_id = (size_t)id;
     }
-    for (size_t id = 0; id <= max_id; id++)
-        if (!by_id[id]) {
-            rc = fail(L, MD_EFORMAT, "model.vocab",
-                      "has no token with id %zu (ids must be dense, 0..%zu)", id, max_id);
-            goto done;
-        }
-    t->n_vocab = (int)(max_id + 1);
+    return 0;
+}
+
+/* The string table from ids 0..max_id, all given (an empty text gets a placeholder, as for
+ * GGUF); no text may have two ids. */
+static int intern_ids(hf_ld *L, hf_ids *ids) {
+    tok_tokenizer *t = L->t;
+    for (size_t id = 0; id <= ids->max_id; id++)
+        if (!ids->text[id])
+            return fail(L, MD_EFORMAT, "model.vocab",
+                        "has no token with id %zu (ids must be dense, 0..%zu)", id, ids->max_id);
+    t->n_vocab = (int)(ids->max_id + 1);
     for (int id = 0; id < t->n_vocab; id++) {
         int32_t got;
         char empty[32];
-        if (len_of[id] == 0) { /* as for GGUF: an empty token gets a placeholder text */
-            len_of[id] = (size_t)snprintf(empty, sizeof empty, "[EMPTY_%d]", id);
-            by_id[id] = empty;
+        size_t len = ids->len[id];
+        const char *text = ids->text[id];
+        if (len == 0) {
+            len = (size_t)snprintf(empty, sizeof empty, "[EMPTY_%d]", id);
+            text = empty;
         }
-        if (tok_strtab_add(t, by_id[id], len_of[id], &got)) {
-            rc = md_errf(L->e, MD_ENOMEM, "%s: out of memory reading model.vocab", L->file);
-            goto done;
-        }
+        if (tok_strtab_add(t, text, len, &got))
+            return md_errf(L->e, MD_ENOMEM, "%s: out of memory reading model.vocab", L->file);
     }
-    if (tok_index_strings(t)) {
-        rc = md_errf(L->e, MD_ENOMEM, "%s: out of memory indexing the vocabulary", L->file);
-        goto done;
-    }
+    if (tok_index_strings(t))
+        return md_errf(L->e, MD_ENOMEM, "%s: out of memory indexing the vocabulary", L->file);
     /* one text with two ids (an added token repeating a vocab string or another one) */
     for (int id = 0; id < t->n_vocab; id++) {
         const char *s = t->arena + t->str_off[id];
         int32_t other = tok_str_lookup(t, s, t->str_len[id]);
-        if (other != id) {
-            rc = fail(L, MD_EFORMAT, "added_tokens", "give '%.60s' two ids (%d and %d)", s, id,
-                      other);
-            goto done;
-        }
+        if (other != id)
+            return fail(L, MD_EFORMAT, "added_tokens", "give '%.60s' two ids (%d and %d)", s, id,
+                        other);
     }
+    return 0;
+}
+
+/* Per-token arrays: every token normal, added ones control (special) or user-defined with
+ * their lstrip / rstrip / single_word flags. */
+static int token_attrs(hf_ld *L, json_t *added, size_t n_added) {
+    tok_tokenizer *t = L->t;
+    int rc;
     t->scores = calloc((size_t)t->n_vocab, sizeof *t->scores);
     t->attr = calloc((size_t)t->n_vocab, 1);
     t->is_eog = calloc((size_t)t->n_vocab, 1);
     t->tok_flags = calloc((size_t)t->n_vocab, 1);
-    if (!t->scores || !t->attr || !t->is_eog || !t->tok_flags) {
-        rc = md_errf(L->e, MD_ENOMEM, "%s: out of memory reading the vocabulary", L->file);
-        goto done;
-    }
+    if (!t->scores || !t->attr || !t->is_eog || !t->tok_flags)
+        return md_errf(L->e, MD_ENOMEM, "%s: out of memory reading the vocabulary", L->file);
     for (int id = 0; id < t->n_vocab; id++)
         t->attr[id] = TOK_A_NORMAL;
     for (size_t i = 0; i < n_added; i++) {
@@ -259,15 +249,43 @@ static int load_vocab(hf_ld *L, json_t *model, json_t *added) {
             (rc = get_bool(L, a, "rstrip", path, &rstrip)) ||
             (rc = get_bool(L, a, "single_word", path, &single)) ||
             (rc = get_bool(L, a, "normalized", path, &normalized)))
-            goto done;
+            return rc;
         int32_t id = (int32_t)json_integer_value(json_object_get(a, "id"));
         t->attr[id] = special ? TOK_A_CONTROL : TOK_A_USER;
         t->tok_flags[id] = (uint8_t)((lstrip ? TOK_F_LSTRIP : 0) | (rstrip ? TOK_F_RSTRIP : 0) |
                                      (single ? TOK_F_SINGLE_WORD : 0));
     }
-done:
-    free(by_id);
-    free(len_of);
+    return 0;
+}
+
+/* Strings by id, dense ids, no id given two strings. */
+static int load_vocab(hf_ld *L, json_t *model, json_t *added) {
+    json_t *vocab = json_object_get(model, "vocab");
+    if (!vocab)
+        return fail(L, MD_EFORMAT, "model", "has no 'vocab'");
+    if (!json_is_object(vocab))
+        return fail(L, MD_EFORMAT, "model.vocab", "is %s, expected an object of token: id",
+                    md_json_type_name(vocab));
+    if (added && !json_is_null(added) && !json_is_array(added))
+        return fail(L, MD_EFORMAT, "added_tokens", "is %s, expected an array",
+                    md_json_type_name(added));
+    size_t n_added = json_is_array(added) ? json_array_size(added) : 0;
+    hf_ids ids = {NULL, NULL, json_object_size(vocab) + n_added, 0};
+    if (ids.cap == 0)
+        return fail(L, MD_EFORMAT, "model.vocab", "is empty");
+    if (ids.cap > HF_MAX_TOKENS)
+        return fail(L, MD_ERANGE, "model.vocab", "has %zu tokens, more than %d", ids.cap,
+                    HF_MAX_TOKENS);
+    ids.text = calloc(ids.cap, sizeof *ids.text);
+    ids.len = calloc(ids.cap, sizeof *ids.len);
+    int rc;
+    if (!ids.text || !ids.len)
+        rc = md_errf(L->e, MD_ENOMEM, "%s: out of memory reading model.vocab", L->file);
+    else if (!(rc = vocab_ids(L, vocab, &ids)) && !(rc = added_ids(L, added, n_added, &ids)) &&
+             !(rc = intern_ids(L, &ids)))
+        rc = token_attrs(L, added, n_added);
+    free(ids.text);
+    free(ids.len);
     return rc;
 }
 
@@ -295,7 +313,8 @@ static int load_merge(hf_ld *L, json_t *m, size_t i, const char **a, size_t *al,
         *bl = json_string_length(json_array_get(m, 1));
         return 0;
     }
-    return fail(L, MD_EFORMAT, path, "is %s, expected \"a b\" or [\"a\", \"b\"]", jtype(m));
+    return fail(L, MD_EFORMAT, path, "is %s, expected \"a b\" or [\"a\", \"b\"]",
+                md_json_type_name(m));
 }
 
 static int load_model(hf_ld *L, json_t *model) {
@@ -332,7 +351,8 @@ static int load_model(hf_ld *L, json_t *model) {
     if (!merges)
         return fail(L, MD_EFORMAT, "model", "has no 'merges'");
     if (!json_is_array(merges))
-        return fail(L, MD_EFORMAT, "model.merges", "is %s, expected an array", jtype(merges));
+        return fail(L, MD_EFORMAT, "model.merges", "is %s, expected an array",
+                    md_json_type_name(merges));
     size_t n = json_array_size(merges);
     if (n > HF_MAX_TOKENS)
         return fail(L, MD_ERANGE, "model.merges", "has %zu entries, more than %d", n,
@@ -425,7 +445,7 @@ static int load_split(hf_ld *L, json_t *p, const char *path) {
     snprintf(sub, sizeof sub, "%s.pattern", path);
     if (!json_is_object(pat))
         return fail(L, MD_EFORMAT, sub, "is %s, expected {\"Regex\": ...} or {\"String\": ...}",
-                    pat ? jtype(pat) : "missing");
+                    pat ? md_json_type_name(pat) : "missing");
     const char *re, *str, *beh;
     size_t re_len, str_len;
     int rc, invert = 0;
@@ -463,23 +483,12 @@ static int load_pre(hf_ld *L, json_t *p, const char *path, int depth) {
     tok_tokenizer *t = L->t;
     const char *type;
     int rc;
-    char sub[160];
     if (depth > 4)
         return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
     if ((rc = get_type(L, p, path, &type)))
         return rc;
-    if (!strcmp(type, "Sequence")) {
-        json_t *list = json_object_get(p, "pretokenizers");
-        if (!json_is_array(list))
-            return fail(L, MD_EFORMAT, path, "'pretokenizers' is %s, expected an array",
-                        list ? jtype(list) : "missing");
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", path, i);
-            if ((rc = load_pre(L, json_array_get(list, i), sub, depth + 1)))
-                return rc;
-        }
-        return 0;
-    }
+    if (!strcmp(type, "Sequence"))
+        return load_sequence(L, p, path, "pretokenizers", depth, load_pre);
     int first = L->n_pre++ == 0;
     if (!strcmp(type, "ByteLevel")) {
         int prefix = 1, use_regex = 1;
@@ -577,18 +586,8 @@ static int load_norm(hf_ld *L, json_t *p, const char *path, int depth) {
         return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
     if ((rc = get_type(L, p, path, &type)))
         return rc;
-    if (!strcmp(type, "Sequence")) {
-        json_t *list = json_object_get(p, "normalizers");
-        if (!json_is_array(list))
-            return fail(L, MD_EFORMAT, path, "'normalizers' is %s, expected an array",
-                        list ? jtype(list) : "missing");
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            snprintf(sub, sizeof sub, "%s.normalizers[%zu]", path, i);
-            if ((rc = load_norm(L, json_array_get(list, i), sub, depth + 1)))
-                return rc;
-        }
-        return 0;
-    }
+    if (!strcmp(type, "Sequence"))
+        return load_sequence(L, p, path, "normalizers", depth, load_norm);
     if (!strcmp(type, "NFC"))
         return add_norm(L, TOK_NORM_NFC, NULL, 0, NULL, 0);
     if (!strcmp(type, "Prepend")) {
@@ -605,7 +604,7 @@ static int load_norm(hf_ld *L, json_t *p, const char *path, int depth) {
         snprintf(sub, sizeof sub, "%s.pattern", path);
         if (!json_is_object(pat))
             return fail(L, MD_EFORMAT, sub, "is %s, expected {\"String\": ...}",
-                        pat ? jtype(pat) : "missing");
+                        pat ? md_json_type_name(pat) : "missing");
         if ((rc = get_str(L, pat, "Regex", sub, 0, &re, NULL)) ||
             (rc = get_str(L, pat, "String", sub, 0, &from, &fl)) ||
             (rc = get_str(L, p, "content", path, 1, &to, &tl)))
@@ -632,19 +631,8 @@ static int load_decoder(hf_ld *L, json_t *p, const char *path, int depth) {
         return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
     if ((rc = get_type(L, p, path, &type)))
         return rc;
-    if (!strcmp(type, "Sequence")) {
-        json_t *list = json_object_get(p, "decoders");
-        if (!json_is_array(list))
-            return fail(L, MD_EFORMAT, path, "'decoders' is %s, expected an array",
-                        list ? jtype(list) : "missing");
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            char sub[160];
-            snprintf(sub, sizeof sub, "%s.decoders[%zu]", path, i);
-            if ((rc = load_decoder(L, json_array_get(list, i), sub, depth + 1)))
-                return rc;
-        }
-        return 0;
-    }
+    if (!strcmp(type, "Sequence"))
+        return load_sequence(L, p, path, "decoders", depth, load_decoder);
     for (size_t i = 0; i < sizeof known / sizeof *known; i++)
         if (!strcmp(type, known[i]))
             return 0;
@@ -694,18 +682,8 @@ static int load_post(hf_ld *L, json_t *p, const char *path, int depth) {
         return rc;
     if (!strcmp(type, "ByteLevel"))
         return 0; /* offsets only */
-    if (!strcmp(type, "Sequence")) {
-        json_t *list = json_object_get(p, "processors");
-        if (!json_is_array(list))
-            return fail(L, MD_EFORMAT, path, "'processors' is %s, expected an array",
-                        list ? jtype(list) : "missing");
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            snprintf(sub, sizeof sub, "%s.processors[%zu]", path, i);
-            if ((rc = load_post(L, json_array_get(list, i), sub, depth + 1)))
-                return rc;
-        }
-        return 0;
-    }
+    if (!strcmp(type, "Sequence"))
+        return load_sequence(L, p, path, "processors", depth, load_post);
     if (strcmp(type, "TemplateProcessing"))
         return unsupported(L, path, type, "ByteLevel, TemplateProcessing, Sequence");
     /* single: [SpecialToken]? Sequence A [SpecialToken]? -> BOS / EOS */
@@ -713,7 +691,7 @@ static int load_post(hf_ld *L, json_t *p, const char *path, int depth) {
     snprintf(sub, sizeof sub, "%s.single", path);
     if (!json_is_array(single))
         return fail(L, MD_EFORMAT, sub, "is %s, expected an array",
-                    single ? jtype(single) : "missing");
+                    single ? md_json_type_name(single) : "missing");
     int seen_seq = 0, n_pre = 0, n_post = 0;
     for (size_t i = 0; i < json_array_size(single); i++) {
         json_t *item = json_array_get(single, i);
@@ -759,7 +737,7 @@ static int config_token(hf_ld *L, json_t *cfg, const char *key, int32_t *id) {
         v = json_object_get(v, "content");
     if (!json_is_string(v))
         return fail(L, MD_EFORMAT, key, "is %s, expected a token string",
-                    v ? jtype(v) : "an object without content");
+                    v ? md_json_type_name(v) : "an object without content");
     *id = tok_find(L->t, json_string_value(v), json_string_length(v));
     if (*id < 0)
         return fail(L, MD_EFORMAT, key, "'%.60s' is not in the vocabulary", json_string_value(v));
@@ -781,7 +759,7 @@ static int load_config(hf_ld *L, json_t *cfg) {
     tok_tokenizer *t = L->t;
     int rc;
     if (!json_is_object(cfg))
-        return fail(L, MD_EFORMAT, "", "is %s, expected an object", jtype(cfg));
+        return fail(L, MD_EFORMAT, "", "is %s, expected an object", md_json_type_name(cfg));
     int32_t bos = -1, eos = -1;
     if ((rc = config_token(L, cfg, "bos_token", &bos)) ||
         (rc = config_token(L, cfg, "eos_token", &eos)) ||
@@ -810,7 +788,8 @@ static int load_config(hf_ld *L, json_t *cfg) {
         return pick ? copy_template(t, json_string_value(pick), json_string_length(pick), L->e) : 0;
     }
     if (ct && !json_is_null(ct))
-        return fail(L, MD_EFORMAT, "chat_template", "is %s, expected a string", jtype(ct));
+        return fail(L, MD_EFORMAT, "chat_template", "is %s, expected a string",
+                    md_json_type_name(ct));
     return 0;
 }
 
@@ -825,7 +804,7 @@ static json_t *parse(hf_ld *L, const char *text, size_t len, int *rc) {
         return NULL;
     }
     if (!json_is_object(root)) {
-        *rc = fail(L, MD_EFORMAT, "", "is %s, expected an object", jtype(root));
+        *rc = fail(L, MD_EFORMAT, "", "is %s, expected an object", md_json_type_name(root));
         json_decref(root);
         return NULL;
     }
@@ -855,7 +834,7 @@ static int load(const char *json, size_t len, const char *cfg_text, size_t cfg_l
         goto fail;
     }
     if (!json_is_object(model)) {
-        rc = fail(&L, MD_EFORMAT, "model", "is %s, expected an object", jtype(model));
+        rc = fail(&L, MD_EFORMAT, "model", "is %s, expected an object", md_json_type_name(model));
         goto fail;
     }
     if ((rc = get_str(&L, model, "type", "model", 0, &type, NULL)))
