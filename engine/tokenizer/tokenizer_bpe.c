@@ -141,33 +141,6 @@ static void wc_clear(tok_scratch *s) {
     s->wc_ids_len = 0;
 }
 
-static int grow_symbols(tok_scratch *s, size_t n) {
-    if (n <= s->sym_cap)
-        return 0;
-    size_t c = s->sym_cap ? s->sym_cap : 256;
-    while (c < n)
-        c *= 2;
-    void *a = realloc(s->sym_id, c * sizeof(int32_t));
-    if (a)
-        s->sym_id = a;
-    void *b = realloc(s->sym_prev, c * sizeof(int32_t));
-    if (b)
-        s->sym_prev = b;
-    void *d = realloc(s->sym_next, c * sizeof(int32_t));
-    if (d)
-        s->sym_next = d;
-    void *f = realloc(s->sym_off, c * sizeof(uint32_t));
-    if (f)
-        s->sym_off = f;
-    void *g = realloc(s->sym_len, c * sizeof(uint32_t));
-    if (g)
-        s->sym_len = g;
-    if (!a || !b || !d || !f || !g)
-        return MD_ENOMEM;
-    s->sym_cap = c;
-    return 0;
-}
-
 /* ---- 1. UTF-8 repair, as llama.cpp ---- */
 
 static int is_cont(uint8_t b) {
@@ -409,7 +382,8 @@ static int bpe_word_chars(const tok_tokenizer *t, tok_scratch *sc, const uint8_t
     }
     if (n > UINT32_MAX / 4)
         return md_errf(e, MD_ERANGE, "tokenize: a single word of %zu bytes", n);
-    if (grow_symbols(sc, n) || tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof *sc->heap))
+    if (tok_grow_symbols(sc, n) ||
+        tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof *sc->heap))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
     static const uint8_t k_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     int32_t ns = 0;
@@ -490,7 +464,8 @@ static int bpe_word_uncached(const tok_tokenizer *t, tok_scratch *sc, const uint
     }
     if (n > UINT32_MAX / 4)
         return md_errf(e, MD_ERANGE, "tokenize: a single word of %zu bytes", n);
-    if (grow_symbols(sc, n) || tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof *sc->heap))
+    if (tok_grow_symbols(sc, n) ||
+        tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof *sc->heap))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
     for (size_t i = 0; i < n; i++) {
         sc->sym_id[i] = t->byte_sym[w[i]];

@@ -256,17 +256,10 @@ static int mark_eog(tok_tokenizer *t, const gguf_file *f, md_err *e) {
 static int copy_chat_template(tok_tokenizer *t, const gguf_file *f, md_err *e) {
     const char *s;
     size_t len;
-    if (gguf_get_str(f, "tokenizer.chat_template", &s, &len, e) == 0) {
-        t->chat_template = malloc(len + 1);
-        if (!t->chat_template)
-            return md_errf(e, MD_ENOMEM, "out of memory copying the chat template");
-        memcpy(t->chat_template, s, len);
-        t->chat_template[len] = '\0';
-        t->chat_template_len = len;
-    }
+    if (gguf_get_str(f, "tokenizer.chat_template", &s, &len, e) == 0)
+        return tok_set_chat_template(t, s, len, e);
     return 0;
 }
-
 int tok_load(const gguf_file *f, tok_tokenizer **out, md_err *e) {
     *out = NULL;
     const char *s;

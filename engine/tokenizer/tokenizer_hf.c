@@ -92,6 +92,13 @@ static int get_type(hf_ld *L, json_t *obj, const char *path, const char **type) 
     return get_str(L, obj, "type", path, 1, type, NULL);
 }
 
+/* The type of a component at Sequence depth `depth`; deeper than 4 is refused. */
+static int component_type(hf_ld *L, json_t *p, const char *path, int depth, const char **type) {
+    if (depth > 4)
+        return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
+    return get_type(L, p, path, type);
+}
+
 static int unsupported(hf_ld *L, const char *path, const char *type, const char *supported) {
     return fail(L, MD_EUNSUPP, "", "%s.type '%.60s' is not supported (medley reads %s)", path, type,
                 supported);
@@ -483,9 +490,7 @@ static int load_pre(hf_ld *L, json_t *p, const char *path, int depth) {
     tok_tokenizer *t = L->t;
     const char *type;
     int rc;
-    if (depth > 4)
-        return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
-    if ((rc = get_type(L, p, path, &type)))
+    if ((rc = component_type(L, p, path, depth, &type)))
         return rc;
     if (!strcmp(type, "Sequence"))
         return load_sequence(L, p, path, "pretokenizers", depth, load_pre);
@@ -582,9 +587,7 @@ static int load_norm(hf_ld *L, json_t *p, const char *path, int depth) {
     char sub[160];
     if (!p || json_is_null(p))
         return 0;
-    if (depth > 4)
-        return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
-    if ((rc = get_type(L, p, path, &type)))
+    if ((rc = component_type(L, p, path, depth, &type)))
         return rc;
     if (!strcmp(type, "Sequence"))
         return load_sequence(L, p, path, "normalizers", depth, load_norm);
@@ -627,9 +630,7 @@ static int load_decoder(hf_ld *L, json_t *p, const char *path, int depth) {
     int rc;
     if (!p || json_is_null(p))
         return 0;
-    if (depth > 4)
-        return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
-    if ((rc = get_type(L, p, path, &type)))
+    if ((rc = component_type(L, p, path, depth, &type)))
         return rc;
     if (!strcmp(type, "Sequence"))
         return load_sequence(L, p, path, "decoders", depth, load_decoder);
@@ -676,9 +677,7 @@ static int load_post(hf_ld *L, json_t *p, const char *path, int depth) {
     char sub[160];
     if (!p || json_is_null(p))
         return 0;
-    if (depth > 4)
-        return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
-    if ((rc = get_type(L, p, path, &type)))
+    if ((rc = component_type(L, p, path, depth, &type)))
         return rc;
     if (!strcmp(type, "ByteLevel"))
         return 0; /* offsets only */
@@ -744,17 +743,6 @@ static int config_token(hf_ld *L, json_t *cfg, const char *key, int32_t *id) {
     return 0;
 }
 
-static int copy_template(tok_tokenizer *t, const char *s, size_t n, md_err *e) {
-    free(t->chat_template);
-    t->chat_template = malloc(n + 1);
-    if (!t->chat_template)
-        return md_errf(e, MD_ENOMEM, "out of memory copying the chat template");
-    memcpy(t->chat_template, s, n);
-    t->chat_template[n] = '\0';
-    t->chat_template_len = n;
-    return 0;
-}
-
 static int load_config(hf_ld *L, json_t *cfg) {
     tok_tokenizer *t = L->t;
     int rc;
@@ -775,7 +763,7 @@ static int load_config(hf_ld *L, json_t *cfg) {
     }
     json_t *ct = json_object_get(cfg, "chat_template");
     if (json_is_string(ct))
-        return copy_template(t, json_string_value(ct), json_string_length(ct), L->e);
+        return tok_set_chat_template(t, json_string_value(ct), json_string_length(ct), L->e);
     if (json_is_array(ct)) { /* [{"name": ..., "template": ...}]: the "default" one */
         json_t *pick = NULL;
         for (size_t i = 0; i < json_array_size(ct); i++) {
@@ -785,7 +773,9 @@ static int load_config(hf_ld *L, json_t *cfg) {
             if (!pick || (json_is_string(name) && !strcmp(json_string_value(name), "default")))
                 pick = json_object_get(it, "template");
         }
-        return pick ? copy_template(t, json_string_value(pick), json_string_length(pick), L->e) : 0;
+        return pick ? tok_set_chat_template(t, json_string_value(pick), json_string_length(pick),
+                                            L->e)
+                    : 0;
     }
     if (ct && !json_is_null(ct))
         return fail(L, MD_EFORMAT, "chat_template", "is %s, expected a string",
@@ -979,7 +969,7 @@ int tok_load_hf(const char *path, tok_tokenizer **out, md_err *e) {
         goto done;
     /* newer checkpoints keep the template in its own file */
     if (!(*out)->chat_template && read_all(jinja_path, &jinja, &jinja_len, &tmp) == 0 &&
-        (rc = copy_template(*out, jinja, jinja_len, e))) {
+        (rc = tok_set_chat_template(*out, jinja, jinja_len, e))) {
         tok_free(*out);
         *out = NULL;
     }

@@ -55,29 +55,8 @@ int tok_spm_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, si
         return 0;
     /* symbols: one per UTF-8 character, sized by its lead byte */
     static const uint8_t k_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-    if (sc->sym_cap < n) {
-        size_t c = sc->sym_cap ? sc->sym_cap : 256;
-        while (c < n)
-            c *= 2;
-        void *a = realloc(sc->sym_prev, c * sizeof(int32_t));
-        if (a)
-            sc->sym_prev = a;
-        void *b = realloc(sc->sym_next, c * sizeof(int32_t));
-        if (b)
-            sc->sym_next = b;
-        void *d = realloc(sc->sym_off, c * sizeof(uint32_t));
-        if (d)
-            sc->sym_off = d;
-        void *f = realloc(sc->sym_len, c * sizeof(uint32_t));
-        if (f)
-            sc->sym_len = f;
-        void *g = realloc(sc->sym_id, c * sizeof(int32_t));
-        if (g)
-            sc->sym_id = g;
-        if (!a || !b || !d || !f || !g)
-            return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
-        sc->sym_cap = c;
-    }
+    if (tok_grow_symbols(sc, n))
+        return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
     if (tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof *sc->heap))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
     int32_t ns = 0;

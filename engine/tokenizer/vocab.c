@@ -529,6 +529,17 @@ const char *tok_piece(const tok_tokenizer *t, int32_t id, int render_special, si
     return t->piece_arena + t->piece_off[id];
 }
 
+int tok_set_chat_template(tok_tokenizer *t, const char *s, size_t n, md_err *e) {
+    free(t->chat_template);
+    t->chat_template = malloc(n + 1);
+    if (!t->chat_template)
+        return md_errf(e, MD_ENOMEM, "out of memory copying the chat template");
+    memcpy(t->chat_template, s, n);
+    t->chat_template[n] = '\0';
+    t->chat_template_len = n;
+    return 0;
+}
+
 const char *tok_chat_template_text(const tok_tokenizer *t, size_t *len) {
     if (len)
         *len = t ? t->chat_template_len : 0;
@@ -536,6 +547,31 @@ const char *tok_chat_template_text(const tok_tokenizer *t, size_t *len) {
 }
 
 /* ---- output and scratch of the encoders ---- */
+
+int tok_grow_symbols_slow(tok_scratch *s, size_t n) {
+    size_t c = s->sym_cap ? s->sym_cap : 256;
+    while (c < n)
+        c *= 2;
+    void *a = realloc(s->sym_id, c * sizeof(int32_t));
+    if (a)
+        s->sym_id = a;
+    void *b = realloc(s->sym_prev, c * sizeof(int32_t));
+    if (b)
+        s->sym_prev = b;
+    void *d = realloc(s->sym_next, c * sizeof(int32_t));
+    if (d)
+        s->sym_next = d;
+    void *f = realloc(s->sym_off, c * sizeof(uint32_t));
+    if (f)
+        s->sym_off = f;
+    void *g = realloc(s->sym_len, c * sizeof(uint32_t));
+    if (g)
+        s->sym_len = g;
+    if (!a || !b || !d || !f || !g)
+        return MD_ENOMEM;
+    s->sym_cap = c;
+    return 0;
+}
 
 void tok_scratch_free(tok_scratch *s) {
     free(s->wc);

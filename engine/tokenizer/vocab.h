@@ -172,6 +172,12 @@ typedef struct {
 } tok_scratch;
 /* Release the buffers (the struct itself is the caller's) and zero it. */
 void tok_scratch_free(tok_scratch *s);
+/* Room for n symbols in every sym_* array (a failed grow keeps what was there). MD_ENOMEM.
+ * Inline check: the encoders call it once per word. */
+int tok_grow_symbols_slow(tok_scratch *s, size_t n);
+static inline int tok_grow_symbols(tok_scratch *s, size_t n) {
+    return n <= s->sym_cap ? 0 : tok_grow_symbols_slow(s, n);
+}
 
 #define TOK_NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -214,5 +220,7 @@ void tok_spm_byte_tokens(tok_tokenizer *t);
 void tok_mark_eog(tok_tokenizer *t, int32_t fim[3], int make_control);
 int tok_list_special(tok_tokenizer *t, md_err *e);
 int tok_build_pieces(tok_tokenizer *t);
+/* The tokenizer's chat template: a copy of s[0..n), replacing any it had. MD_ENOMEM. */
+int tok_set_chat_template(tok_tokenizer *t, const char *s, size_t n, md_err *e);
 
 #endif
