@@ -146,7 +146,8 @@ static int get_number(json_t *body, const char *key, double lo, double hi, int l
     char param[64];
     snprintf(param, sizeof param, "body.%s", key);
     if (!json_is_number(v))
-        return fail(ve, "invalid_type", param, "%s must be a number, not %s", param, md_json_type_name(v));
+        return fail(ve, "invalid_type", param, "%s must be a number, not %s", param,
+                    md_json_type_name(v));
     double x = json_number_value(v);
     if (!isfinite(x) || x < lo || x > hi || (lo_open && x <= lo))
         return fail(ve, "invalid_value", param, "%s is %g; expected a number in %s%g, %g]", param,
@@ -244,7 +245,8 @@ static int check_envelope(json_t *root, q_request *req, json_t **body, q_verr *v
     if (!*body)
         return fail(ve, "missing_required_parameter", "body", "the line has no body");
     if (!json_is_object(*body))
-        return fail(ve, "invalid_type", "body", "body must be an object, not %s", md_json_type_name(*body));
+        return fail(ve, "invalid_type", "body", "body must be an object, not %s",
+                    md_json_type_name(*body));
     return 0;
 }
 
