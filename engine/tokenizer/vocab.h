@@ -14,7 +14,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "engine/tokenizer/bigram_heap.h"
 #include "engine/tokenizer/tokenizer.h"
 
 typedef enum { TOK_KIND_BPE = 1, TOK_KIND_SPM = 2 } tok_kind;
@@ -154,7 +153,7 @@ typedef struct {
     int32_t *sym_id, *sym_prev, *sym_next;
     uint32_t *sym_off, *sym_len;
     size_t sym_cap;
-    tok_bigram *heap; /* candidate merges of one word */
+    void *heap; /* candidate merges of one word (the encoder's pair type) */
     size_t heap_cap;
     char *enc; /* byte-level encoded word (ignore_merges lookup) */
     size_t enc_cap;
