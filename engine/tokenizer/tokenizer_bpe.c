@@ -360,12 +360,7 @@ static void merge_symbols(const tok_tokenizer *t, tok_scratch *sc, size_t hn) {
         if (ll == 0 || rl == 0 || ll != b.len_l || rl != b.len_r)
             continue;
         sc->sym_id[b.left] = b.id;
-        sc->sym_len[b.left] = ll + rl;
-        sc->sym_len[b.right] = 0;
-        int32_t nx = sc->sym_next[b.right];
-        sc->sym_next[b.left] = nx;
-        if (nx >= 0)
-            sc->sym_prev[nx] = b.left;
+        int32_t nx = tok_sym_join(sc, b.left, b.right);
         try_pair(t, sc, &hn, sc->sym_prev[b.left], b.left);
         try_pair(t, sc, &hn, b.left, nx);
     }

@@ -87,12 +87,7 @@ int tok_spm_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, si
         uint32_t ll = sc->sym_len[b.left], rl = sc->sym_len[b.right];
         if (ll == 0 || rl == 0 || ll + rl != b.size)
             continue;
-        sc->sym_len[b.left] = ll + rl;
-        sc->sym_len[b.right] = 0;
-        int32_t nx = sc->sym_next[b.right];
-        sc->sym_next[b.left] = nx;
-        if (nx >= 0)
-            sc->sym_prev[nx] = b.left;
+        int32_t nx = tok_sym_join(sc, b.left, b.right);
         try_add(t, sc, s, &hn, sc->sym_prev[b.left], b.left);
         try_add(t, sc, s, &hn, b.left, nx);
     }

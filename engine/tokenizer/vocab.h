@@ -171,6 +171,17 @@ typedef struct {
 } tok_scratch;
 /* Release the buffers (the struct itself is the caller's) and zero it. */
 void tok_scratch_free(tok_scratch *s);
+/* Symbol r joins its left neighbour l (the encoders' merge step in the word's linked list):
+ * r becomes empty and l's next is r's. Returns that next symbol, or -1. */
+static inline int32_t tok_sym_join(tok_scratch *s, int32_t l, int32_t r) {
+    s->sym_len[l] += s->sym_len[r];
+    s->sym_len[r] = 0;
+    int32_t nx = s->sym_next[r];
+    s->sym_next[l] = nx;
+    if (nx >= 0)
+        s->sym_prev[nx] = l;
+    return nx;
+}
 /* Room for n symbols in every sym_* array (a failed grow keeps what was there). MD_ENOMEM.
  * Inline check: the encoders call it once per word. */
 int tok_grow_symbols_slow(tok_scratch *s, size_t n);

@@ -796,15 +796,22 @@ static int kv_int(const gguf_kv *kv, int *neg, uint64_t *mag) {
     return 1;
 }
 
-int gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out, md_err *e) {
+/* The integer at key as sign and magnitude; MD_ENOTFOUND, or MD_EFORMAT for another type. */
+static int get_int(const gguf_file *f, const char *key, int *neg, uint64_t *mag, md_err *e) {
     const gguf_kv *kv = NULL;
-    int neg;
-    uint64_t mag;
     if (find_kv(f, key, &kv, e))
         return MD_ENOTFOUND;
-    if (!kv_int(kv, &neg, &mag))
+    if (!kv_int(kv, neg, mag))
         return md_errf(e, MD_EFORMAT, "metadata key '%s' is a %s, expected an integer", key,
                        vtype_name(kv->type));
+    return 0;
+}
+
+int gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out, md_err *e) {
+    int neg = 0, rc;
+    uint64_t mag = 0;
+    if ((rc = get_int(f, key, &neg, &mag, e)))
+        return rc;
     if (neg)
         return md_errf(e, MD_EFORMAT, "metadata key '%s' is negative, expected >= 0", key);
     *out = mag;
@@ -812,14 +819,10 @@ int gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out, md_err *e) 
 }
 
 int gguf_get_i64(const gguf_file *f, const char *key, int64_t *out, md_err *e) {
-    const gguf_kv *kv = NULL;
-    int neg;
-    uint64_t mag;
-    if (find_kv(f, key, &kv, e))
-        return MD_ENOTFOUND;
-    if (!kv_int(kv, &neg, &mag))
-        return md_errf(e, MD_EFORMAT, "metadata key '%s' is a %s, expected an integer", key,
-                       vtype_name(kv->type));
+    int neg = 0, rc;
+    uint64_t mag = 0;
+    if ((rc = get_int(f, key, &neg, &mag, e)))
+        return rc;
     if (!neg && mag > (uint64_t)INT64_MAX)
         return md_errf(e, MD_EFORMAT, "metadata key '%s' is %llu, too large for int64", key,
                        (unsigned long long)mag);
