@@ -268,14 +268,8 @@ static int merge_find(const tok_tokenizer *t, int32_t l, int32_t r) {
     }
 }
 
-typedef struct {
-    int32_t rank, left, right, id; /* id: the merged symbol's string id */
-    uint32_t len_l, len_r;         /* the sides' lengths when queued (stale when changed) */
-} bigram;
-
 /* lowest rank first, then the leftmost pair */
-static int bigram_less(const void *pa, const void *pb) {
-    const bigram *a = pa, *b = pb;
+static int bigram_less(const tok_bigram *a, const tok_bigram *b) {
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
@@ -285,8 +279,13 @@ static void try_pair(const tok_tokenizer *t, tok_scratch *sc, size_t *hn, int32_
     int h = merge_find(t, sc->sym_id[l], sc->sym_id[r]);
     if (h < 0)
         return;
-    bigram b = {t->merges[h].rank, l, r, t->merges[h].id, sc->sym_len[l], sc->sym_len[r]};
-    tok_heap_push(sc->heap, hn, &b, sizeof b, bigram_less);
+    tok_bigram b = {.rank = t->merges[h].rank,
+                    .left = l,
+                    .right = r,
+                    .id = t->merges[h].id,
+                    .len_l = sc->sym_len[l],
+                    .len_r = sc->sym_len[r]};
+    tok_heap_push(sc->heap, hn, b, bigram_less);
 }
 
 /* Fallback for a symbol that is not a token: the tokens of the single bytes of its
@@ -353,14 +352,13 @@ static int bpe_word(const tok_tokenizer *t, tok_scratch *sc, const uint8_t *w, s
 /* Merge symbols [0, ns) of the scratch by rank (lowest first, leftmost on ties). */
 static void merge_symbols(const tok_tokenizer *t, tok_scratch *sc, size_t hn) {
     while (hn > 0) {
-        bigram b;
-        tok_heap_pop(sc->heap, &hn, &b, sizeof b, bigram_less);
+        tok_bigram b = tok_heap_pop(sc->heap, &hn, bigram_less);
         uint32_t ll = sc->sym_len[b.left], rl = sc->sym_len[b.right];
         /* stale: one side was merged since this pair was queued */
         if (ll == 0 || rl == 0 || ll != b.len_l || rl != b.len_r)
             continue;
         sc->sym_id[b.left] = b.id;
-        int32_t nx = tok_sym_join(sc, b.left, b.right);
+        int32_t nx = tok_sym_join(sc, b.left, b.right, ll + rl);
         try_pair(t, sc, &hn, sc->sym_prev[b.left], b.left);
         try_pair(t, sc, &hn, b.left, nx);
     }
@@ -380,7 +378,7 @@ static int bpe_word_chars(const tok_tokenizer *t, tok_scratch *sc, const uint8_t
     if (n > UINT32_MAX / 4)
         return md_errf(e, MD_ERANGE, "tokenize: a single word of %zu bytes", n);
     if (tok_grow_symbols(sc, n) ||
-        tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof(bigram)))
+        tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof(tok_bigram)))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
     static const uint8_t k_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     int32_t ns = 0;
@@ -462,7 +460,7 @@ static int bpe_word_uncached(const tok_tokenizer *t, tok_scratch *sc, const uint
     if (n > UINT32_MAX / 4)
         return md_errf(e, MD_ERANGE, "tokenize: a single word of %zu bytes", n);
     if (tok_grow_symbols(sc, n) ||
-        tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof(bigram)))
+        tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof(tok_bigram)))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
     for (size_t i = 0; i < n; i++) {
         sc->sym_id[i] = t->byte_sym[w[i]];
@@ -475,8 +473,13 @@ static int bpe_word_uncached(const tok_tokenizer *t, tok_scratch *sc, const uint
     for (size_t i = 1; i < n; i++) {
         struct tok_pair0 p = t->pair0[w[i - 1] << 8 | w[i]];
         if (p.rank >= 0) {
-            bigram g = {p.rank, (int32_t)i - 1, (int32_t)i, p.id, 1, 1};
-            tok_heap_push(sc->heap, &hn, &g, sizeof g, bigram_less);
+            tok_bigram g = {.rank = p.rank,
+                            .left = (int32_t)i - 1,
+                            .right = (int32_t)i,
+                            .id = p.id,
+                            .len_l = 1,
+                            .len_r = 1};
+            tok_heap_push(sc->heap, &hn, g, bigram_less);
         }
     }
     merge_symbols(t, sc, hn);

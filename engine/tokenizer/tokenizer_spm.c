@@ -14,15 +14,8 @@
 
 #include "engine/tokenizer/bigram_heap.h"
 
-typedef struct {
-    float score;
-    int32_t left, right;
-    uint32_t size;
-} spm_bigram;
-
 /* higher score first, then the leftmost pair */
-static int spm_before(const void *pa, const void *pb) {
-    const spm_bigram *a = pa, *b = pb;
+static int spm_before(const tok_bigram *a, const tok_bigram *b) {
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
@@ -34,8 +27,8 @@ static void try_add(const tok_tokenizer *t, tok_scratch *sc, const char *s, size
     int32_t id = tok_str_lookup(t, s + sc->sym_off[l], size);
     if (id < 0 || id >= t->n_vocab)
         return;
-    spm_bigram b = {t->scores[id], l, r, size};
-    tok_heap_push(sc->heap, hn, &b, sizeof b, spm_before);
+    tok_bigram b = {.score = t->scores[id], .left = l, .right = r, .len_l = size};
+    tok_heap_push(sc->heap, hn, b, spm_before);
 }
 
 int tok_spm_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, size_t len,
@@ -64,7 +57,7 @@ int tok_spm_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, si
     static const uint8_t k_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     if (tok_grow_symbols(sc, n))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
-    if (tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof(spm_bigram)))
+    if (tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof(tok_bigram)))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
     int32_t ns = 0;
     for (size_t off = 0; off < n;) {
@@ -82,12 +75,11 @@ int tok_spm_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, si
     for (int32_t i = 1; i < ns; i++)
         try_add(t, sc, s, &hn, i - 1, i);
     while (hn > 0) {
-        spm_bigram b;
-        tok_heap_pop(sc->heap, &hn, &b, sizeof b, spm_before);
+        tok_bigram b = tok_heap_pop(sc->heap, &hn, spm_before);
         uint32_t ll = sc->sym_len[b.left], rl = sc->sym_len[b.right];
-        if (ll == 0 || rl == 0 || ll + rl != b.size)
+        if (ll == 0 || rl == 0 || ll + rl != b.len_l)
             continue;
-        int32_t nx = tok_sym_join(sc, b.left, b.right);
+        int32_t nx = tok_sym_join(sc, b.left, b.right, ll + rl);
         try_add(t, sc, s, &hn, sc->sym_prev[b.left], b.left);
         try_add(t, sc, s, &hn, b.left, nx);
     }

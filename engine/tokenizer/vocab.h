@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "engine/tokenizer/bigram_heap.h"
 #include "engine/tokenizer/tokenizer.h"
 
 typedef enum { TOK_KIND_BPE = 1, TOK_KIND_SPM = 2 } tok_kind;
@@ -153,7 +154,7 @@ typedef struct {
     int32_t *sym_id, *sym_prev, *sym_next;
     uint32_t *sym_off, *sym_len;
     size_t sym_cap;
-    void *heap; /* candidate merges of one word (the encoder's pair type) */
+    tok_bigram *heap; /* candidate merges of one word */
     size_t heap_cap;
     char *enc; /* byte-level encoded word (ignore_merges lookup) */
     size_t enc_cap;
@@ -171,10 +172,11 @@ typedef struct {
 } tok_scratch;
 /* Release the buffers (the struct itself is the caller's) and zero it. */
 void tok_scratch_free(tok_scratch *s);
-/* Symbol r joins its left neighbour l (the encoders' merge step in the word's linked list):
- * r becomes empty and l's next is r's. Returns that next symbol, or -1. */
-static inline int32_t tok_sym_join(tok_scratch *s, int32_t l, int32_t r) {
-    s->sym_len[l] += s->sym_len[r];
+/* Symbol r joins its left neighbour l, which becomes len bytes long (the encoders' merge step
+ * in the word's linked list): r becomes empty and l's next is r's. Returns that next symbol,
+ * or -1. */
+static inline int32_t tok_sym_join(tok_scratch *s, int32_t l, int32_t r, uint32_t len) {
+    s->sym_len[l] = len;
     s->sym_len[r] = 0;
     int32_t nx = s->sym_next[r];
     s->sym_next[l] = nx;
