@@ -286,6 +286,8 @@ struct gr_matcher {
     int32_t *doff, *dlen;
     uint8_t *dflag; /* DF_END, DF_ESC, DF_ALIVE */
     uint32_t *dhash;
+    gr_cls *dposs; /* bytes some stack of the state can take */
+    int ddead;     /* the empty state */
     int nds, cds;
     int32_t *dtab; /* open addressing: hash -> state */
     int dtcap;
@@ -645,7 +647,20 @@ static int dfa_state(gr_matcher *m, int off, int len, uint8_t end, uint8_t esc) 
     cds = m->cds;
     if (mgrow(m, (void **)&m->dhash, &cds, s + 1, sizeof *m->dhash))
         return -1;
+    cds = m->cds;
+    if (mgrow(m, (void **)&m->dposs, &cds, s + 1, sizeof *m->dposs))
+        return -1;
     m->cds = cds;
+    gr_cls poss = {{0}};
+    const gr_grammar *g = m->g;
+    for (int i = 0; i < len; i++) {
+        int n = m->ar[x[i]].node;
+        for (int k = g->edge_off[n]; k < g->edge_off[n + 1]; k++)
+            if (g->edges[k].kind == GE_BYTES)
+                for (int w = 0; w < 4; w++)
+                    poss.w[w] |= g->cls[g->edges[k].label].w[w];
+    }
+    m->dposs[s] = poss;
     if (s < DFA_MEMO) {
         if (mgrow(m, (void **)&m->dtrans, &m->ctrans, (s + 1) * 256, sizeof *m->dtrans))
             return -1;
@@ -665,6 +680,8 @@ static int dfa_state(gr_matcher *m, int off, int len, uint8_t end, uint8_t esc) 
 
 /* The state after byte b from state s (memoized for the first DFA_MEMO states). */
 static int dfa_next(gr_matcher *m, int s, unsigned b) {
+    if (!gr_cls_has(&m->dposs[s], b))
+        return m->ddead; /* no stack takes b: nothing to compute */
     if (s < DFA_MEMO) {
         int t = m->dtrans[(size_t)s * 256 + b];
         if (t >= 0)
@@ -704,11 +721,53 @@ static int add_unc(gr_matcher *m, const gr_vocab *v, int k, int32_t **unc, int *
     return 0;
 }
 
+/* Where a walk puts the tokens it accepts: a list while short, then a bitset. */
+typedef struct {
+    uint32_t *bits; /* [words], or NULL while listing */
+    int32_t *list;
+    int n, cap, words;
+    int fail;
+} gr_sink;
+
+static void sink_add(gr_sink *k, int32_t t) {
+    if (k->bits) {
+        set_bit(k->bits, t);
+        return;
+    }
+    if (k->n == k->cap) {
+        if (k->n >= k->words) { /* long: switch to the bitset */
+            k->bits = calloc((size_t)k->words, sizeof(uint32_t));
+            if (!k->bits) {
+                k->fail = 1;
+                return;
+            }
+            for (int i = 0; i < k->n; i++)
+                set_bit(k->bits, k->list[i]);
+            free(k->list);
+            k->list = NULL;
+            k->n = 0;
+            set_bit(k->bits, t);
+            return;
+        }
+        int nc = k->cap ? k->cap * 2 : 64;
+        if (nc > k->words + 1)
+            nc = k->words + 1;
+        int32_t *q = realloc(k->list, sizeof(int32_t) * (size_t)nc);
+        if (!q) {
+            k->fail = 1;
+            return;
+        }
+        k->list = q;
+        k->cap = nc;
+    }
+    k->list[k->n++] = t;
+}
+
 /* Walk the whole trie from depth 0 (walk_init): accepted tokens set in acc; when unc is
  * non-NULL, tokens that die after a point where the rule could have returned to its unknown
  * caller are appended to *unc (trie order). The stack sets met on the way become states of
  * a DFA whose transitions are memoized, so a trie node usually costs one table lookup. */
-static void walk_trie(gr_matcher *m, const gr_cls *follow, uint32_t *acc, int32_t **unc, int *nunc,
+static void walk_trie(gr_matcher *m, const gr_cls *follow, gr_sink *acc, int32_t **unc, int *nunc,
                       int *cunc) {
     const gr_vocab *v = m->v;
     m->nds = 0;
@@ -719,7 +778,8 @@ static void walk_trie(gr_matcher *m, const gr_cls *follow, uint32_t *acc, int32_
     m->hc_on = 1;
     int s0 = dfa_state(m, 0, m->d_len[0], m->d_end[0], m->d_esc[0]);
     m->nsets = m->d_len[0];
-    if (s0 < 0)
+    m->ddead = dfa_state(m, m->nsets, 0, 0, 0);
+    if (s0 < 0 || m->ddead < 0)
         goto out;
     m->dst[0] = s0;
     m->d_escany[0] = 0;
@@ -744,7 +804,9 @@ static void walk_trie(gr_matcher *m, const gr_cls *follow, uint32_t *acc, int32_
         m->dst[d] = t;
         m->d_escany[d] = escany;
         for (int i = v->tn_tok[k]; i < v->tn_tok[k + 1]; i++)
-            set_bit(acc, v->toks[i]);
+            sink_add(acc, v->toks[i]);
+        if (acc->fail)
+            m->oom = 1;
         k++;
     }
 out:
@@ -853,6 +915,7 @@ void gr_matcher_free(gr_matcher *m) {
     free(m->dlen);
     free(m->dflag);
     free(m->dhash);
+    free(m->dposs);
     free(m->dtab);
     free(m->dtrans);
     free(m->dst);
@@ -868,34 +931,21 @@ static gr_nentry *entry_compute(gr_matcher *m, int n) {
     int keep = m->nar;
     gr_nentry *ne = calloc(1, sizeof *ne);
     int words = (m->v->n + 31) / 32;
-    if (!ne || !(ne->acc = calloc((size_t)words, sizeof(uint32_t)))) {
-        free(ne);
+    if (!ne)
         return NULL;
-    }
+    gr_sink acc = {NULL, NULL, 0, 0, words, 0};
     int cunc = 0;
     m->oom = 0;
     walk_init(m, n);
-    walk_trie(m, &m->g->follow[m->g->rule_of[n]], ne->acc, &ne->unc, &ne->nunc, &cunc);
+    walk_trie(m, &m->g->follow[m->g->rule_of[n]], &acc, &ne->unc, &ne->nunc, &cunc);
     m->nar = keep;
+    /* Narrow nodes (a literal's next byte) keep a list: cheaper to apply than a bitset. */
+    ne->acc = acc.bits;
+    ne->accl = acc.list;
+    ne->naccl = acc.n;
     if (m->oom) {
         nentry_free(ne);
         return NULL;
-    }
-    /* Narrow nodes (a literal's next byte) keep a list: cheaper to apply than a bitset. */
-    int pop = 0;
-    for (int w = 0; w < words; w++)
-        pop += __builtin_popcount(ne->acc[w]);
-    if (pop < words) {
-        ne->accl = malloc(sizeof(int32_t) * (size_t)(pop + 1));
-        if (!ne->accl) {
-            nentry_free(ne);
-            return NULL;
-        }
-        for (int w = 0; w < words; w++)
-            for (uint32_t x = ne->acc[w]; x; x &= x - 1)
-                ne->accl[ne->naccl++] = w * 32 + __builtin_ctz(x);
-        free(ne->acc);
-        ne->acc = NULL;
     }
     if (ne->nunc) {
         ne->lcp = malloc(sizeof(uint16_t) * (size_t)ne->nunc);
@@ -945,7 +995,8 @@ void gr_matcher_fill_mask_slow(gr_matcher *m, uint32_t *mask) {
     int keep = m->nar;
     m->oom = 0;
     walk_init(m, -1);
-    walk_trie(m, NULL, mask, NULL, NULL, NULL);
+    gr_sink sk = {mask, NULL, 0, 0, words, 0};
+    walk_trie(m, NULL, &sk, NULL, NULL, NULL);
     m->nar = keep;
     if (m->end)
         for (int i = 0; i < m->v->neos; i++)
