@@ -33,8 +33,8 @@ typedef struct gr_matcher gr_matcher;
 /* A JSON Schema (the text of the schema object). strict = 1: a keyword medley cannot enforce
  * is an error naming it; strict = 0: it is relaxed (not enforced) and listed in relaxed
  * (comma-separated "keyword at pointer" entries, truncated to relaxedsz; may be NULL). */
-int gr_from_json_schema(const char *schema, size_t len, int strict, gr_grammar **out,
-                        char *relaxed, size_t relaxedsz, md_err *e);
+int gr_from_json_schema(const char *schema, size_t len, int strict, gr_grammar **out, char *relaxed,
+                        size_t relaxedsz, md_err *e);
 /* Any JSON object (response_format json_object). */
 int gr_from_json_object(gr_grammar **out, md_err *e);
 /* A regular expression over the whole output (the supported subset: docs/structured.md). */
@@ -56,17 +56,26 @@ int gr_vocab_new(int n_vocab, const char *const *tok, const uint32_t *len, const
 void gr_vocab_free(gr_vocab *v);
 int gr_vocab_size(const gr_vocab *v);
 
+/* Compute now every entry of g's token-mask cache for v (otherwise each is computed when a
+ * matcher first needs it, under g's lock): for a caller that wants no first-use latency, and
+ * for compile times comparable to engines that precompute. 0 or MD_ENOMEM. */
+int gr_prepare(const gr_grammar *g, const gr_vocab *v, md_err *e);
+
 /* ---- matching ------------------------------------------------------------------------- */
 
 int gr_matcher_new(const gr_grammar *g, const gr_vocab *v, gr_matcher **out, md_err *e);
 void gr_matcher_free(gr_matcher *m);
 /* The tokens allowed next: bit t of mask[t / 32] (t % 32) set when token t keeps the output
  * inside the grammar (an end token where the grammar may end). mask holds (n_vocab + 31) / 32
- * words. Never allocates. */
+ * words. Allocates only to compute a cache entry the first time any matcher of (g, v) needs
+ * it (gr_prepare avoids that) or to grow scratch past its largest size so far. */
 void gr_matcher_fill_mask(gr_matcher *m, uint32_t *mask);
 /* Advance by one token: 0, or MD_EINVAL when the token is not allowed (the state is then
  * unchanged). An end token is accepted where the grammar may end. */
 int gr_matcher_accept(gr_matcher *m, int32_t token);
+/* Advance by raw bytes, whatever the tokens (validating a text, tests): 0, or MD_EINVAL when
+ * the bytes leave the grammar (the state is then unchanged). */
+int gr_matcher_accept_bytes(gr_matcher *m, const char *s, size_t n);
 /* 1 when the output so far is a complete sentence of the grammar. */
 int gr_matcher_can_end(const gr_matcher *m);
 /* 1 when nothing but an end token can follow (the engine may stop the sequence). */
