@@ -38,12 +38,13 @@ def default_model():
 
 def build_bench(build, out):
     libs = [os.path.join(build, p) for p in (
-        "engine/libmedley_engine.a", "kernels/libmedley_kernels.a", "common/libmedley_common.a")]
+        "engine/tokenizer/libmedley_tokenizer.a", "engine/weights/libmedley_weights.a",
+        "common/libmedley_common.a")]
     for l in libs:
         if not os.path.exists(l):
             sys.exit("missing %s: build medley first (cmake --build %s)" % (l, build))
     cmd = ["cc", "-O2", "-std=gnu11", "-I", ROOT, os.path.join(HERE, "bench_tok.c"), "-o", out,
-           *libs, "-lpcre2-8", "-ljansson", "-lhiredis", "-lpthread", "-lm"]
+           *libs, "-lpcre2-8", "-lutf8proc", "-ljansson", "-lhiredis", "-lpthread", "-lm"]
     subprocess.run(cmd, check=True)
 
 
