@@ -129,149 +129,148 @@ static int parse_float(const char *s, const char *what, float *out) {
     return 0;
 }
 
-static int parse_args(int argc, char **argv, gen_opts *o) {
-    enum {
-        O_CHAT = 256,
-        O_SYSTEM,
-        O_BATCH,
-        O_TEMP,
-        O_TOPP,
-        O_TOPK,
-        O_MINP,
-        O_REP,
-        O_PRES,
-        O_FREQ,
-        O_SEED,
-        O_STOP,
-        O_IGNORE_EOS,
-        O_JSON,
-        O_DEVICE,
-        O_CTX,
-        O_MAXSEQS,
-        O_BTOK,
-        O_KVMB,
-        O_KVTYPE,
-        O_BF16W,
-        O_CHAT_TMPL,
-        O_LOGPROBS,
-        O_TOP_LOGPROBS,
-        O_STAGES,
-        O_TP,
-        O_MEMCAP,
-        O_MICRO,
-        O_DEVICES,
-    };
-    static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'},
-        {"prompt", required_argument, 0, 'p'},
-        {"chat", required_argument, 0, O_CHAT},
-        {"system", required_argument, 0, O_SYSTEM},
-        {"batch", required_argument, 0, O_BATCH},
-        {"output", required_argument, 0, 'o'},
-        {"max-tokens", required_argument, 0, 'n'},
-        {"temp", required_argument, 0, O_TEMP},
-        {"temperature", required_argument, 0, O_TEMP},
-        {"top-p", required_argument, 0, O_TOPP},
-        {"top-k", required_argument, 0, O_TOPK},
-        {"min-p", required_argument, 0, O_MINP},
-        {"repeat-penalty", required_argument, 0, O_REP},
-        {"presence-penalty", required_argument, 0, O_PRES},
-        {"frequency-penalty", required_argument, 0, O_FREQ},
-        {"seed", required_argument, 0, O_SEED},
-        {"stop", required_argument, 0, O_STOP},
-        {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
-        {"logprobs", no_argument, 0, O_LOGPROBS},
-        {"top-logprobs", required_argument, 0, O_TOP_LOGPROBS},
-        {"json", no_argument, 0, O_JSON},
-        {"threads", required_argument, 0, 't'},
-        {"device", required_argument, 0, O_DEVICE},
-        {"ctx", required_argument, 0, O_CTX},
-        {"max-seqs", required_argument, 0, O_MAXSEQS},
-        {"batch-tokens", required_argument, 0, O_BTOK},
-        {"kv-mb", required_argument, 0, O_KVMB},
-        {"kv-type", required_argument, 0, O_KVTYPE},
-        {"bf16-weights", required_argument, 0, O_BF16W},
-        {"chat-template", required_argument, 0, O_CHAT_TMPL},
-        {"stages", required_argument, 0, O_STAGES},
-        {"tp", required_argument, 0, O_TP},
-        {"devices", required_argument, 0, O_DEVICES},
-        {"mem-cap", required_argument, 0, O_MEMCAP},
-        {"microbatches", required_argument, 0, O_MICRO},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    md_sampling_default(&o->s);
-    optind = 1;
-    int c, rc = 0;
-    while ((c = getopt_long(argc, argv, "m:p:o:n:t:h", lo, NULL)) != -1) {
-        switch (c) {
-        case 'm': o->model = optarg; break;
-        case 'p': o->prompt = optarg; break;
-        case O_CHAT: o->chat = optarg; break;
-        case O_SYSTEM: o->system = optarg; break;
-        case O_BATCH: o->batch = optarg; break;
-        case 'o': o->out = optarg; break;
-        case 'n': rc = parse_int(optarg, "--max-tokens", 0, INT_MAX, &o->s.max_tokens); break;
-        case O_TEMP: rc = parse_float(optarg, "--temp", &o->s.temperature); break;
-        case O_TOPP: rc = parse_float(optarg, "--top-p", &o->s.top_p); break;
-        case O_TOPK: rc = parse_int(optarg, "--top-k", 0, INT_MAX, &o->s.top_k); break;
-        case O_MINP: rc = parse_float(optarg, "--min-p", &o->s.min_p); break;
-        case O_REP: rc = parse_float(optarg, "--repeat-penalty", &o->s.repetition_penalty); break;
-        case O_PRES: rc = parse_float(optarg, "--presence-penalty", &o->s.presence_penalty); break;
-        case O_FREQ:
-            rc = parse_float(optarg, "--frequency-penalty", &o->s.frequency_penalty);
-            break;
-        case O_SEED: {
-            char *end;
-            errno = 0;
-            o->s.seed = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end) {
-                fprintf(stderr, "medley generate: --seed must be an unsigned integer\n");
-                rc = -1;
-            }
-            break;
-        }
-        case O_STOP:
-            if (o->n_stop == MAX_STOP) {
-                fprintf(stderr, "medley generate: at most %d --stop strings\n", MAX_STOP);
-                rc = -1;
-            } else {
-                o->stop[o->n_stop++] = optarg;
-            }
-            break;
-        case O_IGNORE_EOS: o->s.ignore_eos = 1; break;
-        case O_LOGPROBS: o->s.logprobs = 1; break;
-        case O_TOP_LOGPROBS:
-            rc = parse_int(optarg, "--top-logprobs", 0, MD_TOP_LOGPROBS, &o->s.top_logprobs);
-            o->s.logprobs |= o->s.top_logprobs > 0;
-            break;
-        case O_JSON: o->json = 1; break;
-        case 't': rc = parse_int(optarg, "--threads", 1, 1024, &o->n_threads); break;
-        case O_DEVICE: o->device = optarg; break;
-        case O_CTX: rc = parse_int(optarg, "--ctx", 1, 1 << 24, &o->n_ctx); break;
-        case O_MAXSEQS: rc = parse_int(optarg, "--max-seqs", 1, 4096, &o->max_seqs); break;
-        case O_BTOK: rc = parse_int(optarg, "--batch-tokens", 1, 1 << 16, &o->batch_tokens); break;
-        case O_KVMB: rc = parse_int(optarg, "--kv-mb", 1, 1 << 24, &o->kv_mb); break;
-        case O_KVTYPE: o->kv_type = optarg; break;
-        case O_BF16W: o->bf16_weights = optarg; break;
-        case O_CHAT_TMPL: o->chat_template = optarg; break;
-        case O_STAGES: o->stages = optarg; break;
-        case O_DEVICES: o->devices = optarg; break;
-        case O_TP: rc = parse_int(optarg, "--tp", 1, 8, &o->tp); break;
-        case O_MICRO: rc = parse_int(optarg, "--microbatches", 1, 64, &o->microbatches); break;
-        case O_MEMCAP:
-            if ((o->mem_cap = md_parse_size(optarg)) <= 0) {
-                fprintf(stderr, "medley generate: --mem-cap must be a size such as 512M, got "
-                                "\"%s\"\n", optarg);
-                rc = -1;
-            }
-            break;
-        case 'h': usage(stdout); return 1;
-        default: usage(stderr); return -1;
-        }
-        if (rc)
+/* Long options without a short form (getopt_long values past any character). */
+enum {
+    O_CHAT = 256,
+    O_SYSTEM,
+    O_BATCH,
+    O_TEMP,
+    O_TOPP,
+    O_TOPK,
+    O_MINP,
+    O_REP,
+    O_PRES,
+    O_FREQ,
+    O_SEED,
+    O_STOP,
+    O_IGNORE_EOS,
+    O_JSON,
+    O_DEVICE,
+    O_CTX,
+    O_MAXSEQS,
+    O_BTOK,
+    O_KVMB,
+    O_KVTYPE,
+    O_BF16W,
+    O_CHAT_TMPL,
+    O_LOGPROBS,
+    O_TOP_LOGPROBS,
+    O_STAGES,
+    O_TP,
+    O_MEMCAP,
+    O_MICRO,
+    O_DEVICES,
+};
+
+static const struct option gen_options[] = {
+    {"model", required_argument, 0, 'm'},
+    {"prompt", required_argument, 0, 'p'},
+    {"chat", required_argument, 0, O_CHAT},
+    {"system", required_argument, 0, O_SYSTEM},
+    {"batch", required_argument, 0, O_BATCH},
+    {"output", required_argument, 0, 'o'},
+    {"max-tokens", required_argument, 0, 'n'},
+    {"temp", required_argument, 0, O_TEMP},
+    {"temperature", required_argument, 0, O_TEMP},
+    {"top-p", required_argument, 0, O_TOPP},
+    {"top-k", required_argument, 0, O_TOPK},
+    {"min-p", required_argument, 0, O_MINP},
+    {"repeat-penalty", required_argument, 0, O_REP},
+    {"presence-penalty", required_argument, 0, O_PRES},
+    {"frequency-penalty", required_argument, 0, O_FREQ},
+    {"seed", required_argument, 0, O_SEED},
+    {"stop", required_argument, 0, O_STOP},
+    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+    {"logprobs", no_argument, 0, O_LOGPROBS},
+    {"top-logprobs", required_argument, 0, O_TOP_LOGPROBS},
+    {"json", no_argument, 0, O_JSON},
+    {"threads", required_argument, 0, 't'},
+    {"device", required_argument, 0, O_DEVICE},
+    {"ctx", required_argument, 0, O_CTX},
+    {"max-seqs", required_argument, 0, O_MAXSEQS},
+    {"batch-tokens", required_argument, 0, O_BTOK},
+    {"kv-mb", required_argument, 0, O_KVMB},
+    {"kv-type", required_argument, 0, O_KVTYPE},
+    {"bf16-weights", required_argument, 0, O_BF16W},
+    {"chat-template", required_argument, 0, O_CHAT_TMPL},
+    {"stages", required_argument, 0, O_STAGES},
+    {"tp", required_argument, 0, O_TP},
+    {"devices", required_argument, 0, O_DEVICES},
+    {"mem-cap", required_argument, 0, O_MEMCAP},
+    {"microbatches", required_argument, 0, O_MICRO},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
+
+/* One sampling option (-n, --temp ... --top-logprobs): 0 read, -1 a bad value (said on
+ * stderr), 1 not a sampling option. */
+static int sampling_opt(int c, gen_opts *o) {
+    switch (c) {
+    case 'n': return parse_int(optarg, "--max-tokens", 0, INT_MAX, &o->s.max_tokens);
+    case O_TEMP: return parse_float(optarg, "--temp", &o->s.temperature);
+    case O_TOPP: return parse_float(optarg, "--top-p", &o->s.top_p);
+    case O_TOPK: return parse_int(optarg, "--top-k", 0, INT_MAX, &o->s.top_k);
+    case O_MINP: return parse_float(optarg, "--min-p", &o->s.min_p);
+    case O_REP: return parse_float(optarg, "--repeat-penalty", &o->s.repetition_penalty);
+    case O_PRES: return parse_float(optarg, "--presence-penalty", &o->s.presence_penalty);
+    case O_FREQ: return parse_float(optarg, "--frequency-penalty", &o->s.frequency_penalty);
+    case O_SEED: {
+        char *end;
+        errno = 0;
+        o->s.seed = strtoull(optarg, &end, 10);
+        if (errno || end == optarg || *end) {
+            fprintf(stderr, "medley generate: --seed must be an unsigned integer\n");
             return -1;
+        }
+        return 0;
     }
+    case O_STOP:
+        if (o->n_stop == MAX_STOP) {
+            fprintf(stderr, "medley generate: at most %d --stop strings\n", MAX_STOP);
+            return -1;
+        }
+        o->stop[o->n_stop++] = optarg;
+        return 0;
+    case O_IGNORE_EOS: o->s.ignore_eos = 1; return 0;
+    case O_LOGPROBS: o->s.logprobs = 1; return 0;
+    case O_TOP_LOGPROBS: {
+        int rc = parse_int(optarg, "--top-logprobs", 0, MD_TOP_LOGPROBS, &o->s.top_logprobs);
+        o->s.logprobs |= o->s.top_logprobs > 0;
+        return rc;
+    }
+    default: return 1;
+    }
+}
+
+/* One engine option (-t, --device ... --microbatches): as sampling_opt. */
+static int engine_opt(int c, gen_opts *o) {
+    switch (c) {
+    case 't': return parse_int(optarg, "--threads", 1, 1024, &o->n_threads);
+    case O_DEVICE: o->device = optarg; return 0;
+    case O_CTX: return parse_int(optarg, "--ctx", 1, 1 << 24, &o->n_ctx);
+    case O_MAXSEQS: return parse_int(optarg, "--max-seqs", 1, 4096, &o->max_seqs);
+    case O_BTOK: return parse_int(optarg, "--batch-tokens", 1, 1 << 16, &o->batch_tokens);
+    case O_KVMB: return parse_int(optarg, "--kv-mb", 1, 1 << 24, &o->kv_mb);
+    case O_KVTYPE: o->kv_type = optarg; return 0;
+    case O_BF16W: o->bf16_weights = optarg; return 0;
+    case O_CHAT_TMPL: o->chat_template = optarg; return 0;
+    case O_STAGES: o->stages = optarg; return 0;
+    case O_DEVICES: o->devices = optarg; return 0;
+    case O_TP: return parse_int(optarg, "--tp", 1, 8, &o->tp);
+    case O_MICRO: return parse_int(optarg, "--microbatches", 1, 64, &o->microbatches);
+    case O_MEMCAP:
+        if ((o->mem_cap = md_parse_size(optarg)) <= 0) {
+            fprintf(stderr, "medley generate: --mem-cap must be a size such as 512M, got \"%s\"\n",
+                    optarg);
+            return -1;
+        }
+        return 0;
+    default: return 1;
+    }
+}
+
+/* The checks across options, once every option is read: 0 or -1 (said on stderr). */
+static int check_args(int argc, char **argv, gen_opts *o) {
     if (optind < argc) {
         fprintf(stderr, "medley generate: unexpected argument \"%s\"\n", argv[optind]);
         return -1;
@@ -290,8 +289,9 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         for (const char *c = o->devices; (c = strchr(c, ',')); c++)
             n++;
         if (o->stages || o->device || o->tp != n) {
-            fprintf(stderr, "medley generate: --devices lists the ranks of --tp N: give N "
-                            "devices, without --device or --stages (got %d devices, --tp %d)\n",
+            fprintf(stderr,
+                    "medley generate: --devices lists the ranks of --tp N: give N "
+                    "devices, without --device or --stages (got %d devices, --tp %d)\n",
                     n, o->tp);
             return -1;
         }
@@ -304,6 +304,35 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         return -1;
     }
     return 0;
+}
+
+/* 0 with o filled, 1 after --help, -1 on a bad command line (said on stderr). */
+static int parse_args(int argc, char **argv, gen_opts *o) {
+    md_sampling_default(&o->s);
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:p:o:n:t:h", gen_options, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; continue;
+        case 'p': o->prompt = optarg; continue;
+        case O_CHAT: o->chat = optarg; continue;
+        case O_SYSTEM: o->system = optarg; continue;
+        case O_BATCH: o->batch = optarg; continue;
+        case 'o': o->out = optarg; continue;
+        case O_JSON: o->json = 1; continue;
+        case 'h': usage(stdout); return 1;
+        }
+        int rc = sampling_opt(c, o);
+        if (rc == 1)
+            rc = engine_opt(c, o);
+        if (rc == 1) {
+            usage(stderr);
+            return -1;
+        }
+        if (rc)
+            return -1;
+    }
+    return check_args(argc, argv, o);
 }
 
 static const char *finish_name(md_finish f) {

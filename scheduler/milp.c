@@ -947,6 +947,85 @@ static void trim_to_served(const sched_plan *p, const sched_workload *w, const s
     }
 }
 
+/* Phase 1 over the whole MILP L (built here; lp_free it whatever the result): the most
+ * each model can be served, then fairness between models. */
+static int solve_phase1(lp *L, sched_plan *p, const sched_workload *w, const sched_fleet *f,
+                        const sched_cands *cs, const sched_opts *o, int *min_one, md_err *e) {
+    if (lp_build(L, w, f, cs, o, *min_one, -1))
+        return md_errf(e, MD_ENOMEM, "out of memory building the MILP");
+    if (phase1(L, p, w, f, cs, o, min_one) || phase1_fair(L, p, w, cs, o))
+        return md_errf(e, MD_ERANGE, "the placement MILP has no solution for this fleet");
+    return 0;
+}
+
+/* Phase 2 by model (no GPU rows; sub[m] built here for each placeable model); if the union
+ * does not fit the GPUs, the whole MILP L. The solved problems in ls[0..*nl). */
+static int solve_phase2(lp *L, lp *sub, lp **ls, int *nl, const sched_workload *w,
+                        const sched_fleet *f, const sched_cands *cs, const sched_opts *o,
+                        const int *has, int min_one, const double *lo, const double *hi,
+                        md_err *e) {
+    *nl = 0;
+    for (int m = 0; m < w->n; m++) {
+        if (!has[m])
+            continue;
+        if (lp_build(&sub[m], w, f, cs, o, min_one, m))
+            return md_errf(e, MD_ENOMEM, "out of memory building the MILP");
+        ls[(*nl)++] = &sub[m];
+    }
+    int rc = phase2(ls, *nl, w, f, cs, o, lo, hi);
+    if (rc == 0 && fits_gpus(ls, *nl, f, cs))
+        return 0;
+    ls[0] = L;
+    *nl = 1;
+    if (phase2(ls, *nl, w, f, cs, o, lo, hi))
+        return md_errf(e, MD_ERANGE, "the placement MILP has no solution for this fleet");
+    return 0;
+}
+
+/* A note when a solve stopped at its time or node limit. */
+static void note_limits(sched_plan *p, const lp *L, lp *const *ls, int nl, const sched_opts *o) {
+    int limited = L->limited, clock = L->clock;
+    for (int i = 0; i < nl; i++) {
+        limited |= ls[i]->limited;
+        clock |= ls[i]->clock;
+    }
+    if (clock)
+        json_array_append_new(p->notes,
+                              json_sprintf("the MILP stopped at its time limit (%.0f s per solve): "
+                                           "the plan is valid but may not be optimal, and another "
+                                           "run may give another plan",
+                                           o->time_limit_s));
+    else if (limited)
+        json_array_append_new(p->notes,
+                              json_sprintf("the MILP stopped at its node limit (%d branch-and-"
+                                           "bound nodes per solve): the plan is valid but may not "
+                                           "be optimal",
+                                           o->node_limit));
+}
+
+/* The plan's totals from its replicas: each model's served tokens/s and deadline, the
+ * plan's tokens/s and its cost per hour (all and busy). */
+static void plan_totals(sched_plan *p, const sched_workload *w, const sched_cands *cs) {
+    /* A replica that could not be packed into hosts was dropped (with a note): its model
+     * serves what its remaining replicas give. */
+    for (int m = 0; m < w->n; m++) {
+        double sum = 0;
+        for (int i = 0; i < p->n; i++)
+            if (cs->c[p->r[i].cand].model == m)
+                sum += sched_replica_tokens_per_s(&p->r[i], &cs->c[p->r[i].cand],
+                                                  w->models[m].nclasses);
+        if (sum < p->models[m].served_tps * (1 - 1e-7))
+            p->models[m].served_tps = sum;
+        p->models[m].deadline_met = p->models[m].demand_tps <= 0 ||
+                                    p->models[m].served_tps >= p->models[m].demand_tps * (1 - 1e-6);
+        p->tokens_per_s += p->models[m].served_tps;
+    }
+    for (int i = 0; i < p->n; i++) {
+        p->usd_per_hour += cs->c[p->r[i].cand].usd_per_hour;
+        p->busy_usd_per_hour += cs->c[p->r[i].cand].usd_per_hour * p->r[i].busy;
+    }
+}
+
 int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *f,
                      const sched_catalog *cat, const sched_cands *cs, const sched_opts *o,
                      md_err *e) {
@@ -973,24 +1052,12 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
     }
     lp L;
     int min_one = !f->rent;
-    int rc = lp_build(&L, w, f, cs, o, min_one, -1);
+    int rc = solve_phase1(&L, p, w, f, cs, o, &min_one, e);
     if (rc) {
         free(has);
         lp_free(&L);
         sched_plan_free(p);
-        return md_errf(e, MD_ENOMEM, "out of memory building the MILP");
-    }
-    if (phase1(&L, p, w, f, cs, o, &min_one)) {
-        free(has);
-        lp_free(&L);
-        sched_plan_free(p);
-        return md_errf(e, MD_ERANGE, "the placement MILP has no solution for this fleet");
-    }
-    if (phase1_fair(&L, p, w, cs, o)) {
-        free(has);
-        lp_free(&L);
-        sched_plan_free(p);
-        return md_errf(e, MD_ERANGE, "the placement MILP has no solution for this fleet");
+        return rc;
     }
     note_shortfalls(p, &L, w, f, has);
     double *lo = calloc((size_t)w->n + 1, sizeof *lo), *hi = calloc((size_t)w->n + 1, sizeof *hi);
@@ -998,72 +1065,21 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
     lp **ls = calloc((size_t)w->n + 1, sizeof *ls);
     double *counts = calloc((size_t)cs->n + 1, sizeof *counts);
     double(*y)[SCHED_MAX_CLASSES] = calloc((size_t)cs->n + 1, sizeof *y);
-    if (!lo || !hi || !sub || !ls || !counts || !y) {
-        rc = md_errf(e, MD_ENOMEM, "out of memory");
-        goto done;
-    }
-    phase2_bounds(p, &L, w, f, lo, hi);
-    /* Phase 2 by model (no GPU rows); if the union does not fit the GPUs, the whole MILP. */
     int nl = 0;
-    for (int m = 0; m < w->n; m++) {
-        if (!has[m])
-            continue;
-        if (lp_build(&sub[m], w, f, cs, o, min_one, m)) {
-            rc = md_errf(e, MD_ENOMEM, "out of memory building the MILP");
-            goto done;
-        }
-        ls[nl++] = &sub[m];
+    if (!lo || !hi || !sub || !ls || !counts || !y)
+        rc = md_errf(e, MD_ENOMEM, "out of memory");
+    if (!rc) {
+        phase2_bounds(p, &L, w, f, lo, hi);
+        rc = solve_phase2(&L, sub, ls, &nl, w, f, cs, o, has, min_one, lo, hi, e);
     }
-    rc = phase2(ls, nl, w, f, cs, o, lo, hi);
-    int whole = rc != 0 || !fits_gpus(ls, nl, f, cs);
-    if (whole) {
-        ls[0] = &L;
-        nl = 1;
-        rc = phase2(ls, nl, w, f, cs, o, lo, hi);
-        if (rc) {
-            rc = md_errf(e, MD_ERANGE, "the placement MILP has no solution for this fleet");
-            goto done;
-        }
+    if (!rc) {
+        read_solution(ls, nl, p, w, cs, counts, y);
+        trim_to_served(p, w, cs, y);
+        note_limits(p, &L, ls, nl, o);
+        rc = materialise(p, f, w, cs, counts, y, e);
     }
-    read_solution(ls, nl, p, w, cs, counts, y);
-    trim_to_served(p, w, cs, y);
-    int limited = L.limited, clock = L.clock;
-    for (int i = 0; i < nl; i++) {
-        limited |= ls[i]->limited;
-        clock |= ls[i]->clock;
-    }
-    if (clock)
-        json_array_append_new(p->notes,
-                              json_sprintf("the MILP stopped at its time limit (%.0f s per solve): "
-                                           "the plan is valid but may not be optimal, and another "
-                                           "run may give another plan",
-                                           o->time_limit_s));
-    else if (limited)
-        json_array_append_new(p->notes,
-                              json_sprintf("the MILP stopped at its node limit (%d branch-and-"
-                                           "bound nodes per solve): the plan is valid but may not "
-                                           "be optimal",
-                                           o->node_limit));
-    rc = materialise(p, f, w, cs, counts, y, e);
-    /* A replica that could not be packed into hosts was dropped (with a note): its model
-     * serves what its remaining replicas give. */
-    for (int m = 0; m < w->n && !rc; m++) {
-        double sum = 0;
-        for (int i = 0; i < p->n; i++)
-            if (cs->c[p->r[i].cand].model == m)
-                sum += sched_replica_tokens_per_s(&p->r[i], &cs->c[p->r[i].cand],
-                                                  w->models[m].nclasses);
-        if (sum < p->models[m].served_tps * (1 - 1e-7))
-            p->models[m].served_tps = sum;
-        p->models[m].deadline_met = p->models[m].demand_tps <= 0 ||
-                                    p->models[m].served_tps >= p->models[m].demand_tps * (1 - 1e-6);
-        p->tokens_per_s += p->models[m].served_tps;
-    }
-    for (int i = 0; i < p->n; i++) {
-        p->usd_per_hour += cs->c[p->r[i].cand].usd_per_hour;
-        p->busy_usd_per_hour += cs->c[p->r[i].cand].usd_per_hour * p->r[i].busy;
-    }
-done:
+    if (!rc)
+        plan_totals(p, w, cs);
     for (int m = 0; sub && m < w->n; m++)
         lp_free(&sub[m]);
     free(sub);

@@ -149,7 +149,8 @@ int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e) {
         return md_errf(e, MD_EFORMAT, "rope.dimension_count %d does not fit head dimension %d",
                        hp->rot_dims, hp->head_dim);
     hp->rope_neox = !strcmp(hp->arch, "qwen2") || qwen3 || gemma3;
-    /* An HF directory (engine/weights/hf_model.h) keeps q/k in the rotate-half layout for every arch. */
+    /* An HF directory (engine/weights/hf_model.h) keeps q/k in the rotate-half layout for every
+     * arch. */
     int neox = 0;
     if (gguf_get_bool(gf, "medley.rope.neox", &neox, NULL) == 0 && neox)
         hp->rope_neox = 1;
@@ -354,6 +355,125 @@ int md_model_load_range(const gguf_file *gf, md_backend *be, int lo, int hi, md_
     return md_model_load_tp(gf, be, lo, hi, 0, 1, out, e);
 }
 
+/* The layer range [lo, hi) (hi < 0: to the last), the ranks' split of the heads and FFN, and
+ * the vocabulary (from the embedding when the metadata lacks it), checked and kept in m. */
+static int check_shape(md_model *m, const gguf_file *gf, int lo, int hi, int rank, int tp,
+                       md_err *e) {
+    md_hparams *hp = &m->hp;
+    if (hi < 0)
+        hi = hp->n_layer;
+    if (lo < 0 || lo >= hi || hi > hp->n_layer)
+        return md_errf(e, MD_EINVAL, "layers %d-%d are not a range of the model's %d layers", lo,
+                       hi - 1, hp->n_layer);
+    m->lo = lo;
+    m->hi = hi;
+    if (tp < 1 || rank < 0 || rank >= tp || hp->n_head % tp || hp->n_head_kv % tp || hp->n_ff % tp)
+        return md_errf(e, MD_EINVAL,
+                       "rank %d of %d: the heads (%d), KV heads (%d) and FFN width (%d) must "
+                       "divide by %d",
+                       rank, tp, hp->n_head, hp->n_head_kv, hp->n_ff, tp);
+    m->tp_rank = rank;
+    m->tp_n = tp;
+    const gguf_tensor *te = gguf_find_tensor(gf, "token_embd.weight");
+    if (!te)
+        return md_errf(e, MD_EFORMAT, "model lacks tensor token_embd.weight");
+    if (hp->n_vocab == 0)
+        hp->n_vocab = (int)te->ne[1];
+    if (te->ne[1] != hp->n_vocab || hp->n_vocab < 1)
+        return md_errf(e, MD_EFORMAT, "token_embd.weight has %lld rows, vocabulary is %d",
+                       (long long)te->ne[1], hp->n_vocab);
+    return 0;
+}
+
+/* The embedding (first stage, or last with a tied head) and the final norm and output head
+ * (last stage; the embedding when the head is tied). */
+static int bind_ends(md_model *m, const gguf_file *gf, md_err *e) {
+    const md_hparams *hp = &m->hp;
+    int C = hp->n_embd, rc;
+    int tied = gguf_find_tensor(gf, "output.weight") == NULL;
+    if ((m->lo == 0 || (tied && m->hi == hp->n_layer)) &&
+        (rc = bind(m, gf, "token_embd.weight", C, hp->n_vocab, 0, 0, &m->tok_embd, e)))
+        return rc;
+    if (m->hi == hp->n_layer &&
+        ((rc = bind(m, gf, "output_norm.weight", C, 1, 0, 1, &m->out_norm, e)) ||
+         (rc = bind(m, gf, "output.weight", C, hp->n_vocab, 1, 0, &m->output, e))))
+        return rc;
+    if (m->hi == hp->n_layer && !m->output.buf)
+        m->output = m->tok_embd;
+    return 0;
+}
+
+/* Layer l's tensors: this rank's share of query rows q0.., KV rows k0.., FFN rows f0.. (all
+ * of them at tp 1); the norms whole. */
+static int bind_layer(md_model *m, const gguf_file *gf, int l, md_err *e) {
+    const md_hparams *hp = &m->hp;
+    int C = hp->n_embd, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
+    int F = hp->n_ff, tp = m->tp_n, rank = m->tp_rank, rc;
+    int qn = qd / tp, kn = kvd / tp, fn = F / tp;
+    int q0 = qn * rank, k0 = kn * rank, f0 = fn * rank;
+    md_layer *L = &m->layers[l];
+    char n[96];
+#define B(field, suffix, ne0, ne1, r0, nr, c0, nc, opt, flt)                                       \
+    snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                                 \
+    if ((rc = bind_part(m, gf, n, ne0, ne1, r0, nr, c0, nc, opt, flt, &L->field, e)))              \
+        return rc;
+    B(attn_norm, "attn_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
+    B(wq, "attn_q.weight", C, qd, q0, qn, 0, C, 0, 0)
+    B(wk, "attn_k.weight", C, kvd, k0, kn, 0, C, 0, 0)
+    B(wv, "attn_v.weight", C, kvd, k0, kn, 0, C, 0, 0)
+    B(wo, "attn_output.weight", qd, C, 0, C, q0, qn, 0, 0)
+    B(ffn_norm, "ffn_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
+    B(w_gate, "ffn_gate.weight", C, F, f0, fn, 0, C, 0, 0)
+    B(w_up, "ffn_up.weight", C, F, f0, fn, 0, C, 0, 0)
+    B(w_down, "ffn_down.weight", F, C, 0, C, f0, fn, 0, 0)
+    B(bq, "attn_q.bias", qd, 1, 0, 1, q0, qn, 1, 1)
+    B(bk, "attn_k.bias", kvd, 1, 0, 1, k0, kn, 1, 1)
+    B(bv, "attn_v.bias", kvd, 1, 0, 1, k0, kn, 1, 1)
+    if (hp->qk_norm) {
+        int hd = hp->head_dim;
+        B(q_norm, "attn_q_norm.weight", hd, 1, 0, 1, 0, hd, 0, 1)
+        B(k_norm, "attn_k_norm.weight", hd, 1, 0, 1, 0, hd, 0, 1)
+    }
+    if (hp->post_norms) {
+        B(post_attn_norm, "post_attention_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
+        B(post_ffn_norm, "post_ffw_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
+    }
+#undef B
+    return 0;
+}
+
+/* The RoPE inverse frequencies on the backend (inv_freq; inv_freq_swa for the sliding
+ * layers' own base). Llama 3.1 GGUFs carry per-pair frequency divisors in rope_freqs.weight. */
+static int rope_tables(md_model *m, const gguf_file *gf, md_err *e) {
+    const md_hparams *hp = &m->hp;
+    int half = hp->rot_dims / 2, rc;
+    float inv[512];
+    md_rope_inv_freq(&hp->rope, hp->rot_dims, inv);
+    const gguf_tensor *rf = gguf_find_tensor(gf, "rope_freqs.weight");
+    if (rf) {
+        if (rf->type != MD_TYPE_F32 || rf->n_elements != half)
+            return md_errf(e, MD_EFORMAT, "rope_freqs.weight must be F32 [%d]", half);
+        for (int i = 0; i < half; i++) {
+            float d;
+            memcpy(&d, (const char *)rf->data + 4 * i, 4);
+            if (!(d > 0))
+                return md_errf(e, MD_EFORMAT, "rope_freqs.weight[%d] = %g is not positive", i, d);
+            inv[i] /= d;
+        }
+    }
+    if ((rc = CALL(m, buf_alloc, (size_t)half * sizeof(float), &m->inv_freq, e)) ||
+        (rc = CALL(m, buf_upload, m->inv_freq, 0, inv, (size_t)half * sizeof(float), e)))
+        return rc;
+    if (hp->rope_theta_swa > 0) { /* the sliding layers' own base, unscaled (llama.cpp) */
+        md_rope_cfg swa = {.theta = hp->rope_theta_swa, .linear_scale = 1.0f};
+        md_rope_inv_freq(&swa, hp->rot_dims, inv);
+        if ((rc = CALL(m, buf_alloc, (size_t)half * sizeof(float), &m->inv_freq_swa, e)) ||
+            (rc = CALL(m, buf_upload, m->inv_freq_swa, 0, inv, (size_t)half * sizeof(float), e)))
+            return rc;
+    }
+    return 0;
+}
+
 int md_model_load_tp(const gguf_file *gf, md_backend *be, int lo, int hi, int rank, int tp,
                      md_model **out, md_err *e) {
     *out = NULL;
@@ -363,128 +483,28 @@ int md_model_load_tp(const gguf_file *gf, md_backend *be, int lo, int hi, int ra
     m->be = be;
     const char *fz = getenv("MEDLEY_FUSED_MATMUL");
     m->fused = !(fz && !strcmp(fz, "0"));
-    int rc = md_hparams_read(gf, &m->hp, e);
-    if (rc)
-        goto fail;
     md_hparams *hp = &m->hp;
-    if ((rc = check_ops(be, hp, e)))
+    int rc;
+    if ((rc = md_hparams_read(gf, hp, e)) || (rc = check_ops(be, hp, e)) ||
+        (rc = check_shape(m, gf, lo, hi, rank, tp, e)))
         goto fail;
-    if (hi < 0)
-        hi = hp->n_layer;
-    if (lo < 0 || lo >= hi || hi > hp->n_layer) {
-        rc = md_errf(e, MD_EINVAL, "layers %d-%d are not a range of the model's %d layers", lo,
-                     hi - 1, hp->n_layer);
-        goto fail;
-    }
-    m->lo = lo;
-    m->hi = hi;
-    if (tp < 1 || rank < 0 || rank >= tp || hp->n_head % tp || hp->n_head_kv % tp ||
-        hp->n_ff % tp) {
-        rc = md_errf(e, MD_EINVAL,
-                     "rank %d of %d: the heads (%d), KV heads (%d) and FFN width (%d) must "
-                     "divide by %d",
-                     rank, tp, hp->n_head, hp->n_head_kv, hp->n_ff, tp);
-        goto fail;
-    }
-    m->tp_rank = rank;
-    m->tp_n = tp;
-    const gguf_tensor *te = gguf_find_tensor(gf, "token_embd.weight");
-    if (!te) {
-        rc = md_errf(e, MD_EFORMAT, "model lacks tensor token_embd.weight");
-        goto fail;
-    }
-    if (hp->n_vocab == 0)
-        hp->n_vocab = (int)te->ne[1];
-    if (te->ne[1] != hp->n_vocab || hp->n_vocab < 1) {
-        rc = md_errf(e, MD_EFORMAT, "token_embd.weight has %lld rows, vocabulary is %d",
-                     (long long)te->ne[1], hp->n_vocab);
-        goto fail;
-    }
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     m->bufs = calloc((size_t)hp->n_layer * 16 + 8, sizeof *m->bufs);
     if (!m->layers || !m->bufs) {
         rc = md_errf(e, MD_ENOMEM, "out of memory");
         goto fail;
     }
-    int C = hp->n_embd, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
-    int F = hp->n_ff;
-    int tied = gguf_find_tensor(gf, "output.weight") == NULL;
-    if ((lo == 0 || (tied && hi == hp->n_layer)) &&
-        (rc = bind(m, gf, "token_embd.weight", C, hp->n_vocab, 0, 0, &m->tok_embd, e)))
+    if ((rc = bind_ends(m, gf, e)))
         goto fail;
-    if (hi == hp->n_layer &&
-        ((rc = bind(m, gf, "output_norm.weight", C, 1, 0, 1, &m->out_norm, e)) ||
-         (rc = bind(m, gf, "output.weight", C, hp->n_vocab, 1, 0, &m->output, e))))
-        goto fail;
-    if (hi == hp->n_layer && !m->output.buf)
-        m->output = m->tok_embd;
-    /* this rank's share: query rows q0.., KV rows k0.., FFN rows f0.. (all of them at tp 1) */
-    int qn = qd / tp, kn = kvd / tp, fn = F / tp;
-    int q0 = qn * rank, k0 = kn * rank, f0 = fn * rank;
-    for (int l = lo; l < hi; l++) {
-        md_layer *L = &m->layers[l];
-        char n[96];
-#define B(field, suffix, ne0, ne1, r0, nr, c0, nc, opt, flt)                                       \
-    snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                                 \
-    if ((rc = bind_part(m, gf, n, ne0, ne1, r0, nr, c0, nc, opt, flt, &L->field, e)))              \
-        goto fail;
-        B(attn_norm, "attn_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
-        B(wq, "attn_q.weight", C, qd, q0, qn, 0, C, 0, 0)
-        B(wk, "attn_k.weight", C, kvd, k0, kn, 0, C, 0, 0)
-        B(wv, "attn_v.weight", C, kvd, k0, kn, 0, C, 0, 0)
-        B(wo, "attn_output.weight", qd, C, 0, C, q0, qn, 0, 0)
-        B(ffn_norm, "ffn_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
-        B(w_gate, "ffn_gate.weight", C, F, f0, fn, 0, C, 0, 0)
-        B(w_up, "ffn_up.weight", C, F, f0, fn, 0, C, 0, 0)
-        B(w_down, "ffn_down.weight", F, C, 0, C, f0, fn, 0, 0)
-        B(bq, "attn_q.bias", qd, 1, 0, 1, q0, qn, 1, 1)
-        B(bk, "attn_k.bias", kvd, 1, 0, 1, k0, kn, 1, 1)
-        B(bv, "attn_v.bias", kvd, 1, 0, 1, k0, kn, 1, 1)
-        if (hp->qk_norm) {
-            int hd = hp->head_dim;
-            B(q_norm, "attn_q_norm.weight", hd, 1, 0, 1, 0, hd, 0, 1)
-            B(k_norm, "attn_k_norm.weight", hd, 1, 0, 1, 0, hd, 0, 1)
-        }
-        if (hp->post_norms) {
-            B(post_attn_norm, "post_attention_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
-            B(post_ffn_norm, "post_ffw_norm.weight", C, 1, 0, 1, 0, C, 0, 1)
-        }
-#undef B
-    }
+    for (int l = m->lo; l < m->hi; l++)
+        if ((rc = bind_layer(m, gf, l, e)))
+            goto fail;
     /* the forward pass sees this rank's heads and FFN width */
     hp->n_head /= tp;
     hp->n_head_kv /= tp;
     hp->n_ff /= tp;
-    /* RoPE table; Llama 3.1 GGUFs carry per-pair frequency divisors in rope_freqs.weight. */
-    int half = hp->rot_dims / 2;
-    float inv[512];
-    md_rope_inv_freq(&hp->rope, hp->rot_dims, inv);
-    const gguf_tensor *rf = gguf_find_tensor(gf, "rope_freqs.weight");
-    if (rf) {
-        if (rf->type != MD_TYPE_F32 || rf->n_elements != half) {
-            rc = md_errf(e, MD_EFORMAT, "rope_freqs.weight must be F32 [%d]", half);
-            goto fail;
-        }
-        for (int i = 0; i < half; i++) {
-            float d;
-            memcpy(&d, (const char *)rf->data + 4 * i, 4);
-            if (!(d > 0)) {
-                rc = md_errf(e, MD_EFORMAT, "rope_freqs.weight[%d] = %g is not positive", i, d);
-                goto fail;
-            }
-            inv[i] /= d;
-        }
-    }
-    if ((rc = CALL(m, buf_alloc, (size_t)half * sizeof(float), &m->inv_freq, e)) ||
-        (rc = CALL(m, buf_upload, m->inv_freq, 0, inv, (size_t)half * sizeof(float), e)))
+    if ((rc = rope_tables(m, gf, e)))
         goto fail;
-    if (hp->rope_theta_swa > 0) { /* the sliding layers' own base, unscaled (llama.cpp) */
-        md_rope_cfg swa = {.theta = hp->rope_theta_swa, .linear_scale = 1.0f};
-        md_rope_inv_freq(&swa, hp->rot_dims, inv);
-        if ((rc = CALL(m, buf_alloc, (size_t)half * sizeof(float), &m->inv_freq_swa, e)) ||
-            (rc = CALL(m, buf_upload, m->inv_freq_swa, 0, inv, (size_t)half * sizeof(float), e)))
-            goto fail;
-    }
     *out = m;
     return 0;
 fail:
