@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cmd_generate.h"
 #include "cli/commands.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -29,22 +30,6 @@
 #include "engine/weights/registry.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
-
-#define MAX_STOP 8
-
-typedef struct {
-    const char *model, *prompt, *chat, *system, *batch, *out, *device;
-    int json, n_threads, max_seqs, batch_tokens, n_ctx, kv_mb;
-    const char *kv_type;
-    const char *bf16_weights;
-    const char *chat_template;
-    const char *stages, *devices;
-    int tp, microbatches;
-    long long mem_cap;
-    md_sampling s;
-    const char *stop[MAX_STOP + 1];
-    int n_stop;
-} gen_opts;
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -129,149 +114,148 @@ static int parse_float(const char *s, const char *what, float *out) {
     return 0;
 }
 
-static int parse_args(int argc, char **argv, gen_opts *o) {
-    enum {
-        O_CHAT = 256,
-        O_SYSTEM,
-        O_BATCH,
-        O_TEMP,
-        O_TOPP,
-        O_TOPK,
-        O_MINP,
-        O_REP,
-        O_PRES,
-        O_FREQ,
-        O_SEED,
-        O_STOP,
-        O_IGNORE_EOS,
-        O_JSON,
-        O_DEVICE,
-        O_CTX,
-        O_MAXSEQS,
-        O_BTOK,
-        O_KVMB,
-        O_KVTYPE,
-        O_BF16W,
-        O_CHAT_TMPL,
-        O_LOGPROBS,
-        O_TOP_LOGPROBS,
-        O_STAGES,
-        O_TP,
-        O_MEMCAP,
-        O_MICRO,
-        O_DEVICES,
-    };
-    static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'},
-        {"prompt", required_argument, 0, 'p'},
-        {"chat", required_argument, 0, O_CHAT},
-        {"system", required_argument, 0, O_SYSTEM},
-        {"batch", required_argument, 0, O_BATCH},
-        {"output", required_argument, 0, 'o'},
-        {"max-tokens", required_argument, 0, 'n'},
-        {"temp", required_argument, 0, O_TEMP},
-        {"temperature", required_argument, 0, O_TEMP},
-        {"top-p", required_argument, 0, O_TOPP},
-        {"top-k", required_argument, 0, O_TOPK},
-        {"min-p", required_argument, 0, O_MINP},
-        {"repeat-penalty", required_argument, 0, O_REP},
-        {"presence-penalty", required_argument, 0, O_PRES},
-        {"frequency-penalty", required_argument, 0, O_FREQ},
-        {"seed", required_argument, 0, O_SEED},
-        {"stop", required_argument, 0, O_STOP},
-        {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
-        {"logprobs", no_argument, 0, O_LOGPROBS},
-        {"top-logprobs", required_argument, 0, O_TOP_LOGPROBS},
-        {"json", no_argument, 0, O_JSON},
-        {"threads", required_argument, 0, 't'},
-        {"device", required_argument, 0, O_DEVICE},
-        {"ctx", required_argument, 0, O_CTX},
-        {"max-seqs", required_argument, 0, O_MAXSEQS},
-        {"batch-tokens", required_argument, 0, O_BTOK},
-        {"kv-mb", required_argument, 0, O_KVMB},
-        {"kv-type", required_argument, 0, O_KVTYPE},
-        {"bf16-weights", required_argument, 0, O_BF16W},
-        {"chat-template", required_argument, 0, O_CHAT_TMPL},
-        {"stages", required_argument, 0, O_STAGES},
-        {"tp", required_argument, 0, O_TP},
-        {"devices", required_argument, 0, O_DEVICES},
-        {"mem-cap", required_argument, 0, O_MEMCAP},
-        {"microbatches", required_argument, 0, O_MICRO},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    md_sampling_default(&o->s);
-    optind = 1;
-    int c, rc = 0;
-    while ((c = getopt_long(argc, argv, "m:p:o:n:t:h", lo, NULL)) != -1) {
-        switch (c) {
-        case 'm': o->model = optarg; break;
-        case 'p': o->prompt = optarg; break;
-        case O_CHAT: o->chat = optarg; break;
-        case O_SYSTEM: o->system = optarg; break;
-        case O_BATCH: o->batch = optarg; break;
-        case 'o': o->out = optarg; break;
-        case 'n': rc = parse_int(optarg, "--max-tokens", 0, INT_MAX, &o->s.max_tokens); break;
-        case O_TEMP: rc = parse_float(optarg, "--temp", &o->s.temperature); break;
-        case O_TOPP: rc = parse_float(optarg, "--top-p", &o->s.top_p); break;
-        case O_TOPK: rc = parse_int(optarg, "--top-k", 0, INT_MAX, &o->s.top_k); break;
-        case O_MINP: rc = parse_float(optarg, "--min-p", &o->s.min_p); break;
-        case O_REP: rc = parse_float(optarg, "--repeat-penalty", &o->s.repetition_penalty); break;
-        case O_PRES: rc = parse_float(optarg, "--presence-penalty", &o->s.presence_penalty); break;
-        case O_FREQ:
-            rc = parse_float(optarg, "--frequency-penalty", &o->s.frequency_penalty);
-            break;
-        case O_SEED: {
-            char *end;
-            errno = 0;
-            o->s.seed = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end) {
-                fprintf(stderr, "medley generate: --seed must be an unsigned integer\n");
-                rc = -1;
-            }
-            break;
-        }
-        case O_STOP:
-            if (o->n_stop == MAX_STOP) {
-                fprintf(stderr, "medley generate: at most %d --stop strings\n", MAX_STOP);
-                rc = -1;
-            } else {
-                o->stop[o->n_stop++] = optarg;
-            }
-            break;
-        case O_IGNORE_EOS: o->s.ignore_eos = 1; break;
-        case O_LOGPROBS: o->s.logprobs = 1; break;
-        case O_TOP_LOGPROBS:
-            rc = parse_int(optarg, "--top-logprobs", 0, MD_TOP_LOGPROBS, &o->s.top_logprobs);
-            o->s.logprobs |= o->s.top_logprobs > 0;
-            break;
-        case O_JSON: o->json = 1; break;
-        case 't': rc = parse_int(optarg, "--threads", 1, 1024, &o->n_threads); break;
-        case O_DEVICE: o->device = optarg; break;
-        case O_CTX: rc = parse_int(optarg, "--ctx", 1, 1 << 24, &o->n_ctx); break;
-        case O_MAXSEQS: rc = parse_int(optarg, "--max-seqs", 1, 4096, &o->max_seqs); break;
-        case O_BTOK: rc = parse_int(optarg, "--batch-tokens", 1, 1 << 16, &o->batch_tokens); break;
-        case O_KVMB: rc = parse_int(optarg, "--kv-mb", 1, 1 << 24, &o->kv_mb); break;
-        case O_KVTYPE: o->kv_type = optarg; break;
-        case O_BF16W: o->bf16_weights = optarg; break;
-        case O_CHAT_TMPL: o->chat_template = optarg; break;
-        case O_STAGES: o->stages = optarg; break;
-        case O_DEVICES: o->devices = optarg; break;
-        case O_TP: rc = parse_int(optarg, "--tp", 1, 8, &o->tp); break;
-        case O_MICRO: rc = parse_int(optarg, "--microbatches", 1, 64, &o->microbatches); break;
-        case O_MEMCAP:
-            if ((o->mem_cap = md_parse_size(optarg)) <= 0) {
-                fprintf(stderr, "medley generate: --mem-cap must be a size such as 512M, got "
-                                "\"%s\"\n", optarg);
-                rc = -1;
-            }
-            break;
-        case 'h': usage(stdout); return 1;
-        default: usage(stderr); return -1;
-        }
-        if (rc)
+/* Long options without a short form (getopt_long values past any character). */
+enum {
+    O_CHAT = 256,
+    O_SYSTEM,
+    O_BATCH,
+    O_TEMP,
+    O_TOPP,
+    O_TOPK,
+    O_MINP,
+    O_REP,
+    O_PRES,
+    O_FREQ,
+    O_SEED,
+    O_STOP,
+    O_IGNORE_EOS,
+    O_JSON,
+    O_DEVICE,
+    O_CTX,
+    O_MAXSEQS,
+    O_BTOK,
+    O_KVMB,
+    O_KVTYPE,
+    O_BF16W,
+    O_CHAT_TMPL,
+    O_LOGPROBS,
+    O_TOP_LOGPROBS,
+    O_STAGES,
+    O_TP,
+    O_MEMCAP,
+    O_MICRO,
+    O_DEVICES,
+};
+
+static const struct option gen_options[] = {
+    {"model", required_argument, 0, 'm'},
+    {"prompt", required_argument, 0, 'p'},
+    {"chat", required_argument, 0, O_CHAT},
+    {"system", required_argument, 0, O_SYSTEM},
+    {"batch", required_argument, 0, O_BATCH},
+    {"output", required_argument, 0, 'o'},
+    {"max-tokens", required_argument, 0, 'n'},
+    {"temp", required_argument, 0, O_TEMP},
+    {"temperature", required_argument, 0, O_TEMP},
+    {"top-p", required_argument, 0, O_TOPP},
+    {"top-k", required_argument, 0, O_TOPK},
+    {"min-p", required_argument, 0, O_MINP},
+    {"repeat-penalty", required_argument, 0, O_REP},
+    {"presence-penalty", required_argument, 0, O_PRES},
+    {"frequency-penalty", required_argument, 0, O_FREQ},
+    {"seed", required_argument, 0, O_SEED},
+    {"stop", required_argument, 0, O_STOP},
+    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+    {"logprobs", no_argument, 0, O_LOGPROBS},
+    {"top-logprobs", required_argument, 0, O_TOP_LOGPROBS},
+    {"json", no_argument, 0, O_JSON},
+    {"threads", required_argument, 0, 't'},
+    {"device", required_argument, 0, O_DEVICE},
+    {"ctx", required_argument, 0, O_CTX},
+    {"max-seqs", required_argument, 0, O_MAXSEQS},
+    {"batch-tokens", required_argument, 0, O_BTOK},
+    {"kv-mb", required_argument, 0, O_KVMB},
+    {"kv-type", required_argument, 0, O_KVTYPE},
+    {"bf16-weights", required_argument, 0, O_BF16W},
+    {"chat-template", required_argument, 0, O_CHAT_TMPL},
+    {"stages", required_argument, 0, O_STAGES},
+    {"tp", required_argument, 0, O_TP},
+    {"devices", required_argument, 0, O_DEVICES},
+    {"mem-cap", required_argument, 0, O_MEMCAP},
+    {"microbatches", required_argument, 0, O_MICRO},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
+
+/* One sampling option (-n, --temp ... --top-logprobs): 0 read, -1 a bad value (said on
+ * stderr), 1 not a sampling option. */
+static int sampling_opt(int c, gen_opts *o) {
+    switch (c) {
+    case 'n': return parse_int(optarg, "--max-tokens", 0, INT_MAX, &o->s.max_tokens);
+    case O_TEMP: return parse_float(optarg, "--temp", &o->s.temperature);
+    case O_TOPP: return parse_float(optarg, "--top-p", &o->s.top_p);
+    case O_TOPK: return parse_int(optarg, "--top-k", 0, INT_MAX, &o->s.top_k);
+    case O_MINP: return parse_float(optarg, "--min-p", &o->s.min_p);
+    case O_REP: return parse_float(optarg, "--repeat-penalty", &o->s.repetition_penalty);
+    case O_PRES: return parse_float(optarg, "--presence-penalty", &o->s.presence_penalty);
+    case O_FREQ: return parse_float(optarg, "--frequency-penalty", &o->s.frequency_penalty);
+    case O_SEED: {
+        char *end;
+        errno = 0;
+        o->s.seed = strtoull(optarg, &end, 10);
+        if (errno || end == optarg || *end) {
+            fprintf(stderr, "medley generate: --seed must be an unsigned integer\n");
             return -1;
+        }
+        return 0;
     }
+    case O_STOP:
+        if (o->n_stop == MAX_STOP) {
+            fprintf(stderr, "medley generate: at most %d --stop strings\n", MAX_STOP);
+            return -1;
+        }
+        o->stop[o->n_stop++] = optarg;
+        return 0;
+    case O_IGNORE_EOS: o->s.ignore_eos = 1; return 0;
+    case O_LOGPROBS: o->s.logprobs = 1; return 0;
+    case O_TOP_LOGPROBS: {
+        int rc = parse_int(optarg, "--top-logprobs", 0, MD_TOP_LOGPROBS, &o->s.top_logprobs);
+        o->s.logprobs |= o->s.top_logprobs > 0;
+        return rc;
+    }
+    default: return 1;
+    }
+}
+
+/* One engine option (-t, --device ... --microbatches): as sampling_opt. */
+static int engine_opt(int c, gen_opts *o) {
+    switch (c) {
+    case 't': return parse_int(optarg, "--threads", 1, 1024, &o->n_threads);
+    case O_DEVICE: o->device = optarg; return 0;
+    case O_CTX: return parse_int(optarg, "--ctx", 1, 1 << 24, &o->n_ctx);
+    case O_MAXSEQS: return parse_int(optarg, "--max-seqs", 1, 4096, &o->max_seqs);
+    case O_BTOK: return parse_int(optarg, "--batch-tokens", 1, 1 << 16, &o->batch_tokens);
+    case O_KVMB: return parse_int(optarg, "--kv-mb", 1, 1 << 24, &o->kv_mb);
+    case O_KVTYPE: o->kv_type = optarg; return 0;
+    case O_BF16W: o->bf16_weights = optarg; return 0;
+    case O_CHAT_TMPL: o->chat_template = optarg; return 0;
+    case O_STAGES: o->stages = optarg; return 0;
+    case O_DEVICES: o->devices = optarg; return 0;
+    case O_TP: return parse_int(optarg, "--tp", 1, 8, &o->tp);
+    case O_MICRO: return parse_int(optarg, "--microbatches", 1, 64, &o->microbatches);
+    case O_MEMCAP:
+        if ((o->mem_cap = md_parse_size(optarg)) <= 0) {
+            fprintf(stderr, "medley generate: --mem-cap must be a size such as 512M, got \"%s\"\n",
+                    optarg);
+            return -1;
+        }
+        return 0;
+    default: return 1;
+    }
+}
+
+/* The checks across options, once every option is read: 0 or -1 (said on stderr). */
+static int check_args(int argc, char **argv, gen_opts *o) {
     if (optind < argc) {
         fprintf(stderr, "medley generate: unexpected argument \"%s\"\n", argv[optind]);
         return -1;
@@ -290,8 +274,9 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         for (const char *c = o->devices; (c = strchr(c, ',')); c++)
             n++;
         if (o->stages || o->device || o->tp != n) {
-            fprintf(stderr, "medley generate: --devices lists the ranks of --tp N: give N "
-                            "devices, without --device or --stages (got %d devices, --tp %d)\n",
+            fprintf(stderr,
+                    "medley generate: --devices lists the ranks of --tp N: give N "
+                    "devices, without --device or --stages (got %d devices, --tp %d)\n",
                     n, o->tp);
             return -1;
         }
@@ -306,7 +291,36 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     return 0;
 }
 
-static const char *finish_name(md_finish f) {
+/* 0 with o filled, 1 after --help, -1 on a bad command line (said on stderr). */
+static int parse_args(int argc, char **argv, gen_opts *o) {
+    md_sampling_default(&o->s);
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:p:o:n:t:h", gen_options, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; continue;
+        case 'p': o->prompt = optarg; continue;
+        case O_CHAT: o->chat = optarg; continue;
+        case O_SYSTEM: o->system = optarg; continue;
+        case O_BATCH: o->batch = optarg; continue;
+        case 'o': o->out = optarg; continue;
+        case O_JSON: o->json = 1; continue;
+        case 'h': usage(stdout); return 1;
+        }
+        int rc = sampling_opt(c, o);
+        if (rc == 1)
+            rc = engine_opt(c, o);
+        if (rc == 1) {
+            usage(stderr);
+            return -1;
+        }
+        if (rc)
+            return -1;
+    }
+    return check_args(argc, argv, o);
+}
+
+const char *gen_finish_name(md_finish f) {
     switch (f) {
     case MD_FINISH_STOP: return "stop";
     case MD_FINISH_LENGTH: return "length";
@@ -318,8 +332,8 @@ static const char *finish_name(md_finish f) {
 
 /* Tokenize a raw prompt or render chat messages (a JSON array of {role, content}, or one user
  * message with an optional system one). *ids is malloc'd. */
-static int encode(tok_tokenizer *tok, const char *prompt, json_t *messages, const char *user,
-                  const char *system, int32_t **ids, int *n, md_err *e) {
+int gen_encode(tok_tokenizer *tok, const char *prompt, json_t *messages, const char *user,
+               const char *system, int32_t **ids, int *n, md_err *e) {
     char *text = NULL;
     int rc;
     if (prompt) {
@@ -408,15 +422,8 @@ static json_t *top_logprobs_json(const tok_tokenizer *tok, const md_step_token *
     return all;
 }
 
-/* The step results of one sequence's tokens so far (logprobs and alternatives), grown by
- * doubling. */
-typedef struct {
-    md_step_token *t;
-    int n, cap;
-} lp_list;
-
 /* Append t; -1 when out of memory (the list is kept). */
-static int lp_push(lp_list *l, const md_step_token *t) {
+int gen_lp_push(lp_list *l, const md_step_token *t) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 64;
         md_step_token *p = realloc(l->t, (size_t)cap * sizeof *p);
@@ -430,7 +437,7 @@ static int lp_push(lp_list *l, const md_step_token *t) {
 }
 
 /* obj's "logprobs" (one per token) and, with n_top > 0, "top_logprobs". */
-static void lp_json(json_t *obj, const tok_tokenizer *tok, const lp_list *l, int n_top) {
+void gen_lp_json(json_t *obj, const tok_tokenizer *tok, const lp_list *l, int n_top) {
     json_t *lpa = json_array();
     for (int i = 0; i < l->n; i++)
         json_array_append_new(lpa, json_real(l->t[i].logprob));
@@ -444,7 +451,7 @@ static int run_single(const gen_opts *o, md_engine *eng) {
     int32_t *ids = NULL;
     int n = 0;
     tok_tokenizer *tok = md_engine_tokenizer(eng);
-    if (encode(tok, o->prompt, NULL, o->chat, o->system, &ids, &n, &e)) {
+    if (gen_encode(tok, o->prompt, NULL, o->chat, o->system, &ids, &n, &e)) {
         fprintf(stderr, "medley generate: %s\n", e.msg);
         return 1;
     }
@@ -474,7 +481,7 @@ static int run_single(const gen_opts *o, md_engine *eng) {
         for (int i = 0; i < r.n_tokens && o->s.logprobs; i++) {
             if (r.tokens[i].seq_id != id)
                 continue;
-            if (lp_push(&lps, &r.tokens[i])) {
+            if (gen_lp_push(&lps, &r.tokens[i])) {
                 fprintf(stderr, "medley generate: out of memory\n");
                 free(lps.t);
                 return 1;
@@ -514,11 +521,11 @@ static int run_single(const gen_opts *o, md_engine *eng) {
         json_t *obj =
             json_pack("{s:o, s:s, s:i, s:i, s:s, s:{s:f, s:f, s:f, s:f, s:f}}", "tokens", arr,
                       "text", md_seq_text(eng, id), "prompt_tokens", st.prompt_tokens,
-                      "completion_tokens", nt, "finish_reason", finish_name(fin), "timings",
+                      "completion_tokens", nt, "finish_reason", gen_finish_name(fin), "timings",
                       "prompt_ms", st.prefill_ms, "decode_ms", st.decode_ms, "total_ms", wall_ms,
                       "prompt_tokens_per_s", prompt_tps, "decode_tokens_per_s", decode_tps);
         if (o->s.logprobs)
-            lp_json(obj, tok, &lps, o->s.top_logprobs);
+            gen_lp_json(obj, tok, &lps, o->s.top_logprobs);
         char *s = json_dumps(obj, JSON_COMPACT);
         printf("%s\n", s);
         free(s);
@@ -529,320 +536,11 @@ static int run_single(const gen_opts *o, md_engine *eng) {
                 "[%d prompt tokens in %.1f ms (%.1f tok/s); %d generated in %.1f ms (%.1f "
                 "tok/s); finish: %s]\n",
                 st.prompt_tokens, st.prefill_ms, prompt_tps, nt, st.decode_ms, decode_tps,
-                finish_name(fin));
+                gen_finish_name(fin));
     }
     free(lps.t);
     md_engine_release(eng, id);
     return 0;
-}
-
-typedef struct {
-    uint64_t seq;
-    char *custom_id;
-    int line;
-    double latency_ms;
-    int logprobs, n_top;
-    lp_list lp; /* its tokens' step results, when logprobs */
-} batch_req;
-
-/* The request of sequence seq: reqs are in submission order, so in increasing seq (the
- * engine numbers sequences as they are submitted); NULL if none. */
-static batch_req *find_req(batch_req *reqs, int n, uint64_t seq) {
-    int lo = 0, hi = n - 1;
-    while (lo <= hi) {
-        int mid = lo + (hi - lo) / 2;
-        if (reqs[mid].seq == seq)
-            return &reqs[mid];
-        if (reqs[mid].seq < seq)
-            lo = mid + 1;
-        else
-            hi = mid - 1;
-    }
-    return NULL;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* One request line: sampling from the line (falling back to the command line's), prompt
- * tokens. Errors name the line. */
-static int batch_line(const gen_opts *o, tok_tokenizer *tok, json_t *line, md_sampling *s,
-                      char ***stops, int32_t **ids, int *n, md_err *e) {
-    json_t *body = json_object_get(line, "body");
-    if (!body)
-        body = line;
-    if (!json_is_object(body))
-        return md_errf(e, MD_EINVAL, "expected a JSON object");
-    *s = o->s;
-    double d;
-    long long v;
-    int rc;
-    d = s->temperature;
-    if ((rc = md_json_get_num(body, "temperature", 0, &d, "request", e)))
-        return rc;
-    s->temperature = (float)d;
-    d = s->top_p;
-    if ((rc = md_json_get_num(body, "top_p", 0, &d, "request", e)))
-        return rc;
-    s->top_p = (float)d;
-    d = s->min_p;
-    if ((rc = md_json_get_num(body, "min_p", 0, &d, "request", e)))
-        return rc;
-    s->min_p = (float)d;
-    d = s->presence_penalty;
-    if ((rc = md_json_get_num(body, "presence_penalty", 0, &d, "request", e)))
-        return rc;
-    s->presence_penalty = (float)d;
-    d = s->frequency_penalty;
-    if ((rc = md_json_get_num(body, "frequency_penalty", 0, &d, "request", e)))
-        return rc;
-    s->frequency_penalty = (float)d;
-    d = s->repetition_penalty;
-    if ((rc = md_json_get_num(body, "repetition_penalty", 0, &d, "request", e)))
-        return rc;
-    s->repetition_penalty = (float)d;
-    /* logprobs: true / false (chat), or N most likely tokens too (completions) */
-    json_t *lp = json_object_get(body, "logprobs");
-    if (json_is_boolean(lp)) {
-        s->logprobs = json_is_true(lp);
-        if (!s->logprobs)
-            s->top_logprobs = 0; /* the line's false turns off the command line's too */
-    } else if (json_is_integer(lp)) {
-        v = json_integer_value(lp);
-        if (v < 0 || v > MD_TOP_LOGPROBS)
-            return md_errf(e, MD_EINVAL, "logprobs %lld must be true, false or 0 to %d", v,
-                           MD_TOP_LOGPROBS);
-        s->logprobs = 1;
-        s->top_logprobs = (int)v;
-    } else if (lp && !json_is_null(lp)) {
-        return md_errf(e, MD_EINVAL, "logprobs must be true, false or an integer");
-    }
-    v = s->top_logprobs;
-    if ((rc = md_json_get_int(body, "top_logprobs", 0, &v, "request", e)))
-        return rc;
-    if (v < 0 || v > MD_TOP_LOGPROBS)
-        return md_errf(e, MD_EINVAL, "top_logprobs %lld must be in [0, %d]", v, MD_TOP_LOGPROBS);
-    s->top_logprobs = (int)v;
-    if (s->top_logprobs > 0 && lp && json_is_false(lp))
-        return md_errf(e, MD_EINVAL, "top_logprobs needs logprobs");
-    s->logprobs |= s->top_logprobs > 0;
-    v = s->top_k;
-    if ((rc = md_json_get_int(body, "top_k", 0, &v, "request", e)))
-        return rc;
-    if (v < 0 || v > INT_MAX)
-        return md_errf(e, MD_EINVAL, "top_k %lld must be in [0, %d]", v, INT_MAX);
-    s->top_k = (int)v;
-    v = s->max_tokens;
-    if ((rc = md_json_get_int(body, "max_tokens", 0, &v, "request", e)))
-        return rc;
-    if (v < 0 || v > INT_MAX)
-        return md_errf(e, MD_EINVAL, "max_tokens %lld must be in [0, %d]", v, INT_MAX);
-    s->max_tokens = (int)v;
-    v = (long long)s->seed;
-    if ((rc = md_json_get_int(body, "seed", 0, &v, "request", e)))
-        return rc;
-    s->seed = (uint64_t)v;
-    json_t *stop = json_object_get(body, "stop");
-    if (stop && !json_is_null(stop)) {
-        size_t ns = json_is_string(stop) ? 1 : json_is_array(stop) ? json_array_size(stop) : 0;
-        if (ns == 0 || ns > MAX_STOP)
-            return md_errf(e, MD_EINVAL, "stop must be a string or 1 to %d strings", MAX_STOP);
-        *stops = calloc(ns + 1, sizeof **stops);
-        for (size_t i = 0; i < ns; i++) {
-            json_t *x = json_is_string(stop) ? stop : json_array_get(stop, i);
-            if (!json_is_string(x))
-                return md_errf(e, MD_EINVAL, "stop[%zu] is not a string", i);
-            (*stops)[i] = (char *)json_string_value(x);
-        }
-        s->stop = (const char *const *)*stops;
-    }
-    if ((rc = md_sampling_validate(s, e)))
-        return rc;
-    json_t *prompt = json_object_get(body, "prompt"), *msgs = json_object_get(body, "messages");
-    if (!!prompt == !!msgs)
-        return md_errf(e, MD_EINVAL, "give exactly one of prompt and messages");
-    if (prompt && !json_is_string(prompt))
-        return md_errf(e, MD_EINVAL, "prompt must be a string");
-    return encode(tok, prompt ? json_string_value(prompt) : NULL, msgs, NULL, NULL, ids, n, e);
-}
-
-/* The line lineno was rejected: an error line on out naming it. */
-static void write_rejected(FILE *out, int lineno, const char *cid, const char *msg) {
-    json_t *err = json_pack("{s:i, s:s?, s:{s:s}}", "line", lineno, "custom_id", cid, "error",
-                            "message", msg);
-    char *js = json_dumps(err, JSON_COMPACT);
-    fprintf(out, "%s\n", js);
-    free(js);
-    json_decref(err);
-}
-
-/* A new slot at the end of *reqs (*n used of *cap) for sequence seq, which must come after
- * the last one's; exits when out of memory or out of order. */
-static batch_req *push_req(batch_req **reqs, int *n, int *cap, uint64_t seq) {
-    if (*n == *cap) {
-        *cap = *cap ? *cap * 2 : 64;
-        batch_req *r2 = realloc(*reqs, (size_t)*cap * sizeof **reqs);
-        if (!r2) {
-            fprintf(stderr, "medley generate: out of memory\n");
-            exit(1);
-        }
-        *reqs = r2;
-    }
-    if (*n && seq <= (*reqs)[*n - 1].seq) { /* find_req relies on the order */
-        fprintf(stderr, "medley generate: sequence ids out of order\n");
-        exit(1);
-    }
-    return &(*reqs)[(*n)++];
-}
-
-/* The finished request q: its result line on out, its sequence released; its completion
- * tokens add to *gen_tokens. */
-static void write_result(md_engine *eng, const tok_tokenizer *tok, batch_req *q, FILE *out,
-                         long *gen_tokens) {
-    md_seq_stats st;
-    md_seq_get_stats(eng, q->seq, &st);
-    q->latency_ms = st.queue_ms + st.prefill_ms + st.decode_ms;
-    *gen_tokens += st.completion_tokens;
-    md_finish fin = md_seq_finish(eng, q->seq);
-    json_t *res = json_pack("{s:i, s:s?, s:s, s:i, s:i, s:i, s:s, s:f}", "line", q->line,
-                            "custom_id", q->custom_id, "text", md_seq_text(eng, q->seq),
-                            "prompt_tokens", st.prompt_tokens, "completion_tokens",
-                            st.completion_tokens, "cached_prompt_tokens", st.cached_prompt_tokens,
-                            "finish_reason", finish_name(fin), "latency_ms", q->latency_ms);
-    if (fin == MD_FINISH_ERROR)
-        json_object_set_new(res, "error", json_string(md_seq_error(eng, q->seq)));
-    if (q->logprobs) {
-        const int32_t *toks;
-        int nt;
-        md_seq_tokens(eng, q->seq, &toks, &nt);
-        json_t *ta = json_array();
-        for (int k = 0; k < nt; k++)
-            json_array_append_new(ta, json_integer(toks[k]));
-        json_object_set_new(res, "tokens", ta);
-        lp_json(res, tok, &q->lp, q->n_top);
-        free(q->lp.t);
-        q->lp = (lp_list){0};
-    }
-    char *js = json_dumps(res, JSON_COMPACT);
-    fprintf(out, "%s\n", js);
-    free(js);
-    json_decref(res);
-    md_engine_release(eng, q->seq);
-}
-
-/* Throughput and latency percentiles of the batch on stderr. */
-static void report_batch(const batch_req *reqs, int n_req, int n_bad, long prompt_tokens,
-                         long gen_tokens, double wall) {
-    double *lat = malloc((n_req > 0 ? (size_t)n_req : 1) * sizeof *lat);
-    for (int i = 0; i < n_req; i++)
-        lat[i] = reqs[i].latency_ms;
-    qsort(lat, (size_t)n_req, sizeof *lat, cmp_double);
-    fprintf(stderr,
-            "medley generate: %d requests (%d rejected), %ld prompt + %ld generated tokens in "
-            "%.2f s: %.1f generated tok/s, %.1f total tok/s; latency p50 %.0f ms, p95 %.0f ms\n",
-            n_req, n_bad, prompt_tokens, gen_tokens, wall, gen_tokens / wall,
-            (prompt_tokens + gen_tokens) / wall, n_req ? lat[n_req / 2] : 0,
-            n_req ? lat[(int)(n_req * 0.95) < n_req ? (int)(n_req * 0.95) : n_req - 1] : 0);
-    free(lat);
-}
-
-static int run_batch(const gen_opts *o, md_engine *eng) {
-    FILE *in = fopen(o->batch, "r");
-    if (!in) {
-        fprintf(stderr, "medley generate: cannot open %s: %s\n", o->batch, strerror(errno));
-        return 1;
-    }
-    FILE *out = o->out ? fopen(o->out, "w") : stdout;
-    if (!out) {
-        fprintf(stderr, "medley generate: cannot write %s: %s\n", o->out, strerror(errno));
-        fclose(in);
-        return 1;
-    }
-    tok_tokenizer *tok = md_engine_tokenizer(eng);
-    batch_req *reqs = NULL;
-    int n_req = 0, cap = 0, n_bad = 0, status = 0;
-    long prompt_tokens = 0, gen_tokens = 0;
-    char *linebuf = NULL;
-    size_t lcap = 0;
-    int lineno = 0;
-    uint64_t t0 = md_mono_ns();
-    /* submit everything (the engine queues what it cannot admit yet) */
-    while (getline(&linebuf, &lcap, in) > 0) {
-        lineno++;
-        if (strspn(linebuf, " \t\r\n") == strlen(linebuf))
-            continue;
-        md_err e = {0};
-        json_error_t je;
-        json_t *line = json_loads(linebuf, 0, &je);
-        md_sampling s;
-        char **stops = NULL;
-        int32_t *ids = NULL;
-        int n = 0;
-        uint64_t id = 0;
-        int rc = line ? batch_line(o, tok, line, &s, &stops, &ids, &n, &e)
-                      : md_errf(&e, MD_EINVAL, "invalid JSON: %s", je.text);
-        if (!rc)
-            rc = md_engine_submit(eng, ids, n, &s, &id, &e);
-        free(ids);
-        free(stops);
-        const char *cid = NULL;
-        if (line)
-            md_json_get_str(line, "custom_id", 0, &cid, "request", NULL);
-        if (rc) {
-            write_rejected(out, lineno, cid, e.msg);
-            n_bad++;
-        } else {
-            batch_req *r = push_req(&reqs, &n_req, &cap, id);
-            *r = (batch_req){.seq = id,
-                             .custom_id = cid ? strdup(cid) : NULL,
-                             .line = lineno,
-                             .logprobs = s.logprobs,
-                             .n_top = s.top_logprobs};
-            prompt_tokens += n;
-        }
-        json_decref(line);
-    }
-    free(linebuf);
-    fclose(in);
-    int remaining = n_req;
-    while (remaining > 0) {
-        md_step_result r;
-        md_err e = {0};
-        int rc = md_engine_step(eng, &r, &e);
-        for (int i = 0; i < r.n_tokens; i++) {
-            batch_req *q = find_req(reqs, n_req, r.tokens[i].seq_id);
-            if (!q || !q->logprobs)
-                continue;
-            if (lp_push(&q->lp, &r.tokens[i])) {
-                fprintf(stderr, "medley generate: out of memory\n");
-                exit(1);
-            }
-        }
-        for (int i = 0; i < r.n_finished; i++) {
-            batch_req *q = find_req(reqs, n_req, r.finished[i]);
-            if (!q)
-                continue;
-            write_result(eng, tok, q, out, &gen_tokens);
-            remaining--;
-        }
-        if (rc) {
-            fprintf(stderr, "medley generate: %s\n", e.msg);
-            status = 1;
-            break;
-        }
-    }
-    double wall = (double)(md_mono_ns() - t0) / 1e9;
-    report_batch(reqs, n_req, n_bad, prompt_tokens, gen_tokens, wall);
-    for (int i = 0; i < n_req; i++) {
-        free(reqs[i].custom_id);
-        free(reqs[i].lp.t);
-    }
-    free(reqs);
-    if (out != stdout)
-        fclose(out);
-    return status || n_bad ? 1 : 0;
 }
 
 /* A sharded engine's traffic on stderr: what crossed between the head and its stages. */
@@ -879,7 +577,7 @@ int cmd_generate(int argc, char **argv) {
     md_engine *eng;
     if (open_engine(&o, &eng))
         return 1;
-    rc = o.batch ? run_batch(&o, eng) : run_single(&o, eng);
+    rc = o.batch ? gen_run_batch(&o, eng) : run_single(&o, eng);
     report_pipe(eng);
     md_engine_close(eng);
     return rc;

@@ -390,6 +390,158 @@ static double mib(double b) {
     return b / (1024.0 * 1024.0);
 }
 
+/* What `models inspect` shows of a model file. */
+typedef struct {
+    model_shape s;
+    struct {
+        int64_t count, elements;
+        uint64_t bytes;
+    } per[64]; /* by tensor type: count, elements, bytes */
+    uint64_t total_bytes;
+    int64_t total_elems;
+    int have_kv;           /* the metadata gives the KV cache's size */
+    uint64_t kv_per_token; /* bytes, K and V at F16 */
+    uint64_t kv_total;     /* for one sequence of the full context */
+    const char *tok, *pre;
+    size_t tok_len, pre_len;
+    int has_template;
+    tok_tokenizer *hft; /* an HF directory's tokenizer.json as it loads (NULL otherwise) */
+    md_err te;          /* why it does not load */
+} inspect_facts;
+
+static void inspect_read(const gguf_file *f, inspect_facts *x) {
+    memset(x, 0, sizeof *x);
+    read_shape(f, &x->s);
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (t->type >= 0 && t->type < 64) {
+            x->per[t->type].count++;
+            x->per[t->type].elements += t->n_elements;
+            x->per[t->type].bytes += t->n_bytes;
+        }
+        x->total_bytes += t->n_bytes;
+        x->total_elems += t->n_elements;
+    }
+    const model_shape *s = &x->s;
+    x->have_kv = s->n_layer > 0 && s->n_head_kv > 0 && s->head_dim > 0 && s->n_ctx > 0;
+    x->kv_per_token = x->have_kv ? 2ull * (uint64_t)s->n_layer * (uint64_t)s->n_head_kv *
+                                       (uint64_t)s->head_dim * 2
+                                 : 0;
+    x->kv_total = x->have_kv ? x->kv_per_token * (uint64_t)s->n_ctx : 0;
+    gguf_get_str(f, "tokenizer.ggml.model", &x->tok, &x->tok_len, NULL);
+    gguf_get_str(f, "tokenizer.ggml.pre", &x->pre, &x->pre_len, NULL);
+    x->has_template = gguf_find_key(f, "tokenizer.chat_template") >= 0;
+    if (hf_dir_of(f, NULL)) { /* an HF directory's is tokenizer.json: what it loads as */
+        if (md_model_tokenizer(f, &x->hft, &x->te) == 0) {
+            x->tok = tok_model_name(x->hft);
+            x->pre = tok_pre_name(x->hft);
+            x->tok_len = strlen(x->tok);
+            x->pre_len = strlen(x->pre);
+            x->has_template = tok_chat_template_text(x->hft, NULL) != NULL;
+        } else {
+            x->tok = "(not loadable)";
+            x->tok_len = strlen(x->tok);
+        }
+    }
+}
+
+/* --json: one object on stdout; 0, or 1 when it could not be built. */
+static int inspect_json(const char *path, const gguf_file *f, const inspect_facts *x) {
+    const model_shape *s = &x->s;
+    json_t *types = json_object();
+    for (int t = 0; t < 64; t++)
+        if (x->per[t].count)
+            json_object_set_new(types, md_type_name(t),
+                                json_pack("{s:I, s:I, s:I}", "count", (json_int_t)x->per[t].count,
+                                          "elements", (json_int_t)x->per[t].elements, "bytes",
+                                          (json_int_t)x->per[t].bytes));
+    json_t *o = json_pack(
+        "{s:s, s:I, s:i, s:s%, s:s%, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, "
+        "s:I, s:I, s:I, s:I, s:I}",
+        "file", path, "size_bytes", (json_int_t)gguf_file_size(f), "gguf_version",
+        (int)gguf_version(f), "architecture", s->arch, s->arch_len, "name", s->name, s->name_len,
+        "block_count", (json_int_t)s->n_layer, "embedding_length", (json_int_t)s->n_embd,
+        "head_count", (json_int_t)s->n_head, "head_count_kv", (json_int_t)s->n_head_kv, "head_dim",
+        (json_int_t)s->head_dim, "feed_forward_length", (json_int_t)s->n_ff, "context_length",
+        (json_int_t)s->n_ctx, "vocab_size", (json_int_t)s->n_vocab, "rope_freq_base",
+        s->have_rope ? json_real(s->rope_theta) : json_null(), "tensor_types", types, "n_tensors",
+        (json_int_t)gguf_n_tensors(f), "weight_bytes", (json_int_t)x->total_bytes, "n_params",
+        (json_int_t)x->total_elems, "kv_bytes_per_token_f16", (json_int_t)x->kv_per_token,
+        "memory_bytes_full_context", (json_int_t)(x->total_bytes + x->kv_total));
+    if (!o)
+        return 1;
+    json_object_set_new(o, "format", json_string(hf_dir_of(f, NULL) ? "hf" : "gguf"));
+    json_object_set_new(o, "tokenizer", x->tok ? json_stringn(x->tok, x->tok_len) : json_null());
+    if (x->hft || x->te.msg[0])
+        json_object_set_new(o, "tokenizer_error",
+                            x->te.msg[0] ? json_string(x->te.msg) : json_null());
+    char *str = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
+    puts(str);
+    free(str);
+    json_decref(o);
+    return 0;
+}
+
+/* The tensor types' table and the memory needed, as text. */
+static void inspect_memory(const gguf_file *f, const inspect_facts *x) {
+    printf("\n%-10s %8s %14s %14s %7s\n", "type", "tensors", "elements", "bytes", "share");
+    for (int t = 0; t < 64; t++)
+        if (x->per[t].count)
+            printf("%-10s %8" PRId64 " %14" PRId64 " %14" PRIu64 " %6.1f%%\n", md_type_name(t),
+                   x->per[t].count, x->per[t].elements, x->per[t].bytes,
+                   x->total_bytes ? 100.0 * (double)x->per[t].bytes / (double)x->total_bytes : 0.0);
+    printf("%-10s %8" PRId64 " %14" PRId64 " %14" PRIu64 "  (%.1f MiB, %.2f bits/weight)\n",
+           "total", gguf_n_tensors(f), x->total_elems, x->total_bytes, mib((double)x->total_bytes),
+           x->total_elems ? 8.0 * (double)x->total_bytes / (double)x->total_elems : 0.0);
+    printf("\nmemory needed\n");
+    printf("  weights               %10.1f MiB\n", mib((double)x->total_bytes));
+    if (x->have_kv) {
+        printf("  KV cache (F16)        %10.1f MiB  (%" PRId64 " tokens x %" PRIu64
+               " bytes/token)\n",
+               mib((double)x->kv_total), x->s.n_ctx, x->kv_per_token);
+        printf("  total                 %10.1f MiB\n", mib((double)(x->total_bytes + x->kv_total)));
+        printf("note: one sequence at the full context. The KV cache grows with the tokens held\n"
+               "at once (batch x context), %" PRIu64 " bytes each; activations and scratch\n"
+               "buffers come on top.\n",
+               x->kv_per_token);
+    } else {
+        printf("  KV cache              unknown (layer, head or context metadata missing)\n");
+    }
+}
+
+/* The text form: the file, the shape, the tokenizer, then inspect_memory. */
+static void inspect_text(const char *path, const gguf_file *f, const inspect_facts *x) {
+    const model_shape *s = &x->s;
+    printf("%-16s%s\n", "file", path);
+    if (hf_dir_of(f, NULL)) /* the keys are the ones config.json maps to (hf_model.h) */
+        printf("%-16s%.1f MB, Hugging Face directory (config.json, safetensors), %" PRId64
+               " tensors\n",
+               "", (double)gguf_file_size(f) / 1e6, gguf_n_tensors(f));
+    else
+        printf("%-16s%.1f MB, GGUF v%u, %" PRId64 " tensors, %" PRId64 " metadata keys\n", "",
+               (double)gguf_file_size(f) / 1e6, gguf_version(f), gguf_n_tensors(f), gguf_n_kv(f));
+    printf("%-16s%.*s\n", "architecture", (int)s->arch_len, s->arch);
+    printf("%-16s%.*s\n", "name", (int)s->name_len, s->name);
+    print_int("layers", s->n_layer);
+    print_int("embedding", s->n_embd);
+    print_int("heads", s->n_head);
+    print_int("KV heads", s->n_head_kv);
+    print_int("head dim", s->head_dim);
+    print_int("FFN", s->n_ff);
+    print_int("context", s->n_ctx);
+    print_int("vocab", s->n_vocab);
+    if (s->have_rope)
+        printf("%-16s%g\n", "rope theta", s->rope_theta);
+    else
+        printf("%-16s?\n", "rope theta");
+    printf("%-16s%.*s%s%.*s, chat template: %s\n", "tokenizer", (int)x->tok_len,
+           x->tok ? x->tok : "?", x->pre ? " / pre " : "", (int)x->pre_len, x->pre ? x->pre : "",
+           x->has_template ? "yes" : "no");
+    if (x->te.msg[0])
+        printf("%-16s%s\n", "", x->te.msg);
+    inspect_memory(f, x);
+}
+
 static int models_inspect(const char *what, int json) {
     char path[4200];
     md_err e = {0};
@@ -402,143 +554,18 @@ static int models_inspect(const char *what, int json) {
         fprintf(stderr, "medley models inspect: %s\n", e.msg);
         return 1;
     }
-    model_shape s;
-    read_shape(f, &s);
-    /* tensor types: count, elements, bytes */
-    struct {
-        int64_t count, elements;
-        uint64_t bytes;
-    } per[64] = {{0}};
-    uint64_t total_bytes = 0;
-    int64_t total_elems = 0;
-    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
-        const gguf_tensor *t = gguf_tensor_at(f, i);
-        if (t->type >= 0 && t->type < 64) {
-            per[t->type].count++;
-            per[t->type].elements += t->n_elements;
-            per[t->type].bytes += t->n_bytes;
-        }
-        total_bytes += t->n_bytes;
-        total_elems += t->n_elements;
-    }
-    /* KV cache for one sequence of the full context, K and V at F16 */
-    int have_kv = s.n_layer > 0 && s.n_head_kv > 0 && s.head_dim > 0 && s.n_ctx > 0;
-    uint64_t kv_per_token =
-        have_kv ? 2ull * (uint64_t)s.n_layer * (uint64_t)s.n_head_kv * (uint64_t)s.head_dim * 2 : 0;
-    uint64_t kv_total = have_kv ? kv_per_token * (uint64_t)s.n_ctx : 0;
-    const char *tok = NULL, *pre = NULL;
-    size_t tok_len = 0, pre_len = 0;
-    gguf_get_str(f, "tokenizer.ggml.model", &tok, &tok_len, NULL);
-    gguf_get_str(f, "tokenizer.ggml.pre", &pre, &pre_len, NULL);
-    int has_template = gguf_find_key(f, "tokenizer.chat_template") >= 0;
-    tok_tokenizer *hft = NULL; /* an HF directory's is tokenizer.json: what it loads as */
-    md_err te = {0};
-    if (hf_dir_of(f, NULL)) {
-        if (md_model_tokenizer(f, &hft, &te) == 0) {
-            tok = tok_model_name(hft);
-            pre = tok_pre_name(hft);
-            tok_len = strlen(tok);
-            pre_len = strlen(pre);
-            has_template = tok_chat_template_text(hft, NULL) != NULL;
-        } else {
-            tok = "(not loadable)";
-            tok_len = strlen(tok);
-        }
-    }
-
-    if (json) {
-        json_t *types = json_object();
-        for (int t = 0; t < 64; t++)
-            if (per[t].count)
-                json_object_set_new(types, md_type_name(t),
-                                    json_pack("{s:I, s:I, s:I}", "count", (json_int_t)per[t].count,
-                                              "elements", (json_int_t)per[t].elements, "bytes",
-                                              (json_int_t)per[t].bytes));
-        json_t *o = json_pack(
-            "{s:s, s:I, s:i, s:s%, s:s%, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, "
-            "s:I, s:I, s:I, s:I, s:I}",
-            "file", path, "size_bytes", (json_int_t)gguf_file_size(f), "gguf_version",
-            (int)gguf_version(f), "architecture", s.arch, s.arch_len, "name", s.name, s.name_len,
-            "block_count", (json_int_t)s.n_layer, "embedding_length", (json_int_t)s.n_embd,
-            "head_count", (json_int_t)s.n_head, "head_count_kv", (json_int_t)s.n_head_kv,
-            "head_dim", (json_int_t)s.head_dim, "feed_forward_length", (json_int_t)s.n_ff,
-            "context_length", (json_int_t)s.n_ctx, "vocab_size", (json_int_t)s.n_vocab,
-            "rope_freq_base", s.have_rope ? json_real(s.rope_theta) : json_null(), "tensor_types",
-            types, "n_tensors", (json_int_t)gguf_n_tensors(f), "weight_bytes",
-            (json_int_t)total_bytes, "n_params", (json_int_t)total_elems, "kv_bytes_per_token_f16",
-            (json_int_t)kv_per_token, "memory_bytes_full_context",
-            (json_int_t)(total_bytes + kv_total));
-        if (o) {
-            json_object_set_new(o, "format", json_string(hf_dir_of(f, NULL) ? "hf" : "gguf"));
-            json_object_set_new(o, "tokenizer", tok ? json_stringn(tok, tok_len) : json_null());
-            if (hft || te.msg[0])
-                json_object_set_new(o, "tokenizer_error",
-                                    te.msg[0] ? json_string(te.msg) : json_null());
-            char *str = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
-            puts(str);
-            free(str);
-            json_decref(o);
-        }
-        tok_free(hft);
-        gguf_close(f);
-        return o ? 0 : 1;
-    }
-
-    printf("%-16s%s\n", "file", path);
-    if (hf_dir_of(f, NULL)) /* the keys are the ones config.json maps to (hf_model.h) */
-        printf("%-16s%.1f MB, Hugging Face directory (config.json, safetensors), %" PRId64
-               " tensors\n",
-               "", (double)gguf_file_size(f) / 1e6, gguf_n_tensors(f));
+    inspect_facts x;
+    inspect_read(f, &x);
+    int rc = 0;
+    if (json)
+        rc = inspect_json(path, f, &x);
     else
-        printf("%-16s%.1f MB, GGUF v%u, %" PRId64 " tensors, %" PRId64 " metadata keys\n", "",
-               (double)gguf_file_size(f) / 1e6, gguf_version(f), gguf_n_tensors(f), gguf_n_kv(f));
-    printf("%-16s%.*s\n", "architecture", (int)s.arch_len, s.arch);
-    printf("%-16s%.*s\n", "name", (int)s.name_len, s.name);
-    print_int("layers", s.n_layer);
-    print_int("embedding", s.n_embd);
-    print_int("heads", s.n_head);
-    print_int("KV heads", s.n_head_kv);
-    print_int("head dim", s.head_dim);
-    print_int("FFN", s.n_ff);
-    print_int("context", s.n_ctx);
-    print_int("vocab", s.n_vocab);
-    if (s.have_rope)
-        printf("%-16s%g\n", "rope theta", s.rope_theta);
-    else
-        printf("%-16s?\n", "rope theta");
-    printf("%-16s%.*s%s%.*s, chat template: %s\n", "tokenizer", (int)tok_len, tok ? tok : "?",
-           pre ? " / pre " : "", (int)pre_len, pre ? pre : "", has_template ? "yes" : "no");
-    if (te.msg[0])
-        printf("%-16s%s\n", "", te.msg);
-    tok_free(hft);
-    printf("\n%-10s %8s %14s %14s %7s\n", "type", "tensors", "elements", "bytes", "share");
-    for (int t = 0; t < 64; t++)
-        if (per[t].count)
-            printf("%-10s %8" PRId64 " %14" PRId64 " %14" PRIu64 " %6.1f%%\n", md_type_name(t),
-                   per[t].count, per[t].elements, per[t].bytes,
-                   total_bytes ? 100.0 * (double)per[t].bytes / (double)total_bytes : 0.0);
-    printf("%-10s %8" PRId64 " %14" PRId64 " %14" PRIu64 "  (%.1f MiB, %.2f bits/weight)\n",
-           "total", gguf_n_tensors(f), total_elems, total_bytes, mib((double)total_bytes),
-           total_elems ? 8.0 * (double)total_bytes / (double)total_elems : 0.0);
-    printf("\nmemory needed\n");
-    printf("  weights               %10.1f MiB\n", mib((double)total_bytes));
-    if (have_kv) {
-        printf("  KV cache (F16)        %10.1f MiB  (%" PRId64 " tokens x %" PRIu64
-               " bytes/token)\n",
-               mib((double)kv_total), s.n_ctx, kv_per_token);
-        printf("  total                 %10.1f MiB\n", mib((double)(total_bytes + kv_total)));
-        printf("note: one sequence at the full context. The KV cache grows with the tokens held\n"
-               "at once (batch x context), %" PRIu64 " bytes each; activations and scratch\n"
-               "buffers come on top.\n",
-               kv_per_token);
-    } else {
-        printf("  KV cache              unknown (layer, head or context metadata missing)\n");
-    }
+        inspect_text(path, f, &x);
+    tok_free(x.hft);
     gguf_close(f);
-    return 0;
+    return rc;
 }
 
-/* What the engine would refuse at load: hyper-parameters it cannot read. */
 static int models_add(const char *name, const char *path) {
     md_err e = {0};
     if (md_model_add(name, path, md_model_loadable, &e)) {

@@ -46,23 +46,24 @@ typedef struct {
 } prof_opts;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: medley profile -m MODEL [options]\n"
-               "  -m, --model NAME|PATH   registered model name, GGUF file or HF directory\n"
-               "      --device D          auto (default; cuda:0 if a GPU is usable, else cpu),\n"
-               "                          cpu, cpu:N, cuda:K\n"
-               "      --batches LIST      concurrent sequences, comma-separated (default 1,4,16)\n"
-               "      --contexts LIST     prompt tokens per sequence (default 128,512)\n"
-               "      --gen N             tokens generated per sequence (default 32, >= 2)\n"
-               "  -o, --output FILE       profile JSON (default stdout)\n"
-               "      --model-name NAME   model name in the profile (default: the registry name or "
-               "file name)\n"
-               "      --device-type TYPE  GPU type as in the GPU catalog (default: from the device "
-               "name; CPU on cpu)\n"
-               "      --batch-tokens N    tokens per engine step (default 2048)\n"
-               "      --kv-mb N           KV cache budget (default: what the largest point needs)\n"
-               "      --bf16-weights M    GPU: BF16 copies of quantized weights for batched steps:\n"
-               "                          auto (default), on, off (as the worker will run)\n"
-               "  -t, --threads N         CPU threads (default: every core)\n");
+    fprintf(f,
+            "usage: medley profile -m MODEL [options]\n"
+            "  -m, --model NAME|PATH   registered model name, GGUF file or HF directory\n"
+            "      --device D          auto (default; cuda:0 if a GPU is usable, else cpu),\n"
+            "                          cpu, cpu:N, cuda:K\n"
+            "      --batches LIST      concurrent sequences, comma-separated (default 1,4,16)\n"
+            "      --contexts LIST     prompt tokens per sequence (default 128,512)\n"
+            "      --gen N             tokens generated per sequence (default 32, >= 2)\n"
+            "  -o, --output FILE       profile JSON (default stdout)\n"
+            "      --model-name NAME   model name in the profile (default: the registry name or "
+            "file name)\n"
+            "      --device-type TYPE  GPU type as in the GPU catalog (default: from the device "
+            "name; CPU on cpu)\n"
+            "      --batch-tokens N    tokens per engine step (default 2048)\n"
+            "      --kv-mb N           KV cache budget (default: what the largest point needs)\n"
+            "      --bf16-weights M    GPU: BF16 copies of quantized weights for batched steps:\n"
+            "                          auto (default), on, off (as the worker will run)\n"
+            "  -t, --threads N         CPU threads (default: every core)\n");
 }
 
 /* "1,4,16" -> ints in [1, max]. */
@@ -253,6 +254,152 @@ static void device_type(const prof_opts *o, char *out, size_t n) {
     }
 }
 
+/* The engine sized for the largest point (KV for every sequence at full length): an exit
+ * code (0 with *eng open, *n_ctx its context, mf the model's facts). */
+static int open_engine(const prof_opts *o, const char *path, md_model_facts *mf, int *n_ctx,
+                       md_engine **eng) {
+    md_err e = {0};
+    if (md_engine_model_facts(path, mf, &e)) {
+        fprintf(stderr, "medley profile: %s\n", e.msg);
+        return 1;
+    }
+    int max_b = 1, max_c = 1;
+    for (int i = 0; i < o->n_batches; i++)
+        max_b = o->batches[i] > max_b ? o->batches[i] : max_b;
+    for (int i = 0; i < o->n_contexts; i++)
+        max_c = o->contexts[i] > max_c ? o->contexts[i] : max_c;
+    *n_ctx = max_c + o->gen + 16;
+    if (mf->n_ctx_train > 0 && *n_ctx > mf->n_ctx_train) {
+        fprintf(stderr, "medley profile: context %d + %d generated exceeds the model's %d\n", max_c,
+                o->gen, mf->n_ctx_train);
+        return 2;
+    }
+    size_t kv = o->kv_mb ? (size_t)o->kv_mb << 20
+                         : (size_t)max_b * (*n_ctx + 16) * mf->kv_bytes_per_token_f32 * 5 / 4;
+    md_engine_config cfg = {.model_path = path,
+                            .device = o->device,
+                            .n_threads = o->n_threads,
+                            .max_seqs = max_b,
+                            .max_batch_tokens = o->batch_tokens,
+                            .kv_budget_bytes = kv,
+                            .n_ctx = *n_ctx,
+                            .bf16_weights = o->bf16_weights};
+    uint64_t t_open = md_mono_ns();
+    if (md_engine_open(&cfg, eng, &e)) {
+        fprintf(stderr, "medley profile: %s\n", e.msg);
+        return 1;
+    }
+    fprintf(stderr, "medley profile: %s on %s loaded in %.1f s\n", o->model, o->device,
+            (md_mono_ns() - t_open) / 1e9);
+    return 0;
+}
+
+/* A warm-up, then every (context, batch) point into pts: 0, or 1 (said on stderr). */
+static int measure_grid(md_engine *eng, const prof_opts *o, point (*pts)[MAX_POINTS]) {
+    md_err e = {0};
+    point warm;
+    if (measure(eng, 1, o->contexts[0], 2, &warm, &e)) {
+        fprintf(stderr, "medley profile: warm-up: %s\n", e.msg);
+        return 1;
+    }
+    for (int ci = 0; ci < o->n_contexts; ci++)
+        for (int bi = 0; bi < o->n_batches; bi++) {
+            point *pt = &pts[ci][bi];
+            int b = o->batches[bi], c = o->contexts[ci];
+            if (measure(eng, b, c, o->gen, pt, &e)) {
+                fprintf(stderr, "medley profile: batch %d, context %d: %s\n", b, c, e.msg);
+                return 1;
+            }
+            fprintf(stderr,
+                    "  batch %4d  context %6d: prefill %10.1f tok/s, decode %9.1f tok/s "
+                    "(%.2f ms/step)\n",
+                    b, c, pt->prefill_tps, pt->decode_tps, pt->decode_step_ms);
+        }
+    return 0;
+}
+
+/* The profile's "batches": each batch size at the first context. */
+static json_t *batches_json(const prof_opts *o, point (*pts)[MAX_POINTS]) {
+    json_t *batches = json_array();
+    for (int bi = 0; bi < o->n_batches; bi++) {
+        const point *pt = &pts[0][bi];
+        json_array_append_new(
+            batches,
+            json_pack("{s:i, s:i, s:f, s:f, s:f}", "batch", o->batches[bi], "context",
+                      o->contexts[0] + o->gen / 2, "prefill_tokens_per_s", pt->prefill_tps,
+                      "decode_tokens_per_s", pt->decode_tps, "decode_step_ms", pt->decode_step_ms));
+    }
+    return batches;
+}
+
+/* The profile's "buckets": per context, the batch size that generates fastest. */
+static json_t *buckets_json(const prof_opts *o, point (*pts)[MAX_POINTS]) {
+    json_t *buckets = json_array();
+    for (int ci = 0; ci < o->n_contexts; ci++) {
+        int c = o->contexts[ci], best_b = 0;
+        double best = 0, best_total = 0;
+        for (int bi = 0; bi < o->n_batches; bi++) {
+            const point *pt = &pts[ci][bi];
+            int b = o->batches[bi];
+            double t = (double)b * c / pt->prefill_tps + o->gen * pt->decode_step_ms / 1e3;
+            if (t > 0 && b * (double)o->gen / t > best) {
+                best = b * (double)o->gen / t;
+                best_total = b * (double)(c + o->gen) / t;
+                best_b = b;
+            }
+        }
+        if (best_b == 0)
+            continue;
+        int lo = ci == 0 ? 0 : (o->contexts[ci - 1] + c) / 2;
+        int hi = ci + 1 < o->n_contexts ? (c + o->contexts[ci + 1]) / 2 : 2 * c;
+        json_array_append_new(buckets,
+                              json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:i}", "input_lo",
+                                        lo, "input_hi", hi, "output_lo", 0, "output_hi", 2 * o->gen,
+                                        "input_mean", (double)c, "output_mean", (double)o->gen,
+                                        "max_output_tokens_per_s", best, "max_total_tokens_per_s",
+                                        best_total, "batch", best_b));
+    }
+    return buckets;
+}
+
+/* The model's name in the profile: --name, else the synthetic shape, the registered name or
+ * the file's name (shape: room for the first). */
+static const char *profile_model_name(const prof_opts *o, char *shape, size_t n) {
+    if (o->model_name)
+        return o->model_name;
+    if (md_synth_is(o->model)) { /* "synthetic:llama-3-8b:q4_0" profiles llama-3-8b */
+        snprintf(shape, n, "%s", o->model + strlen(MD_SYNTH_PREFIX));
+        char *colon = strchr(shape, ':');
+        if (colon)
+            *colon = 0;
+        return shape;
+    }
+    const char *slash = strrchr(o->model, '/');
+    return md_registry_find(o->model) ? o->model : slash ? slash + 1 : o->model;
+}
+
+/* The profile document (schemas/profile.schema.json); steals batches and buckets. */
+static json_t *profile_doc(const prof_opts *o, const md_model_facts *mf, int n_ctx, json_t *batches,
+                           json_t *buckets) {
+    char dtype[256], host[256] = "", date[64];
+    device_type(o, dtype, sizeof dtype);
+    gethostname(host, sizeof host - 1);
+    time_t now = time(NULL);
+    struct tm tmv;
+    gmtime_r(&now, &tmv);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    char shape[128];
+    const char *name = profile_model_name(o, shape, sizeof shape);
+    char tool[64];
+    snprintf(tool, sizeof tool, "medley profile 0.1 (%s)",
+             strncmp(o->device, "cuda", 4) ? "cpu" : "cuda");
+    return json_pack("{s:i, s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:o}",
+                     "version", 1, "kind", "medley.profile", "device_type", dtype, "device_count",
+                     1, "tp", 1, "model", name, "quant", mf->weight_type, "date", date, "method",
+                     "measured", "tool", tool, "host", host, "max_context", n_ctx, "batches",
+                     batches, "buckets", buckets);
+}
+
 int cmd_profile(int argc, char **argv) {
     prof_opts o;
     int rc = parse_args(argc, argv, &o);
@@ -266,123 +413,19 @@ int cmd_profile(int argc, char **argv) {
         return 1;
     }
     o.device = device;
-    /* Size the engine for the largest point: KV for every sequence at full length. */
     md_model_facts mf;
-    if (md_engine_model_facts(path, &mf, &e)) {
-        fprintf(stderr, "medley profile: %s\n", e.msg);
-        return 1;
-    }
-    int max_b = 1, max_c = 1;
-    for (int i = 0; i < o.n_batches; i++)
-        max_b = o.batches[i] > max_b ? o.batches[i] : max_b;
-    for (int i = 0; i < o.n_contexts; i++)
-        max_c = o.contexts[i] > max_c ? o.contexts[i] : max_c;
-    int n_ctx = max_c + o.gen + 16;
-    if (mf.n_ctx_train > 0 && n_ctx > mf.n_ctx_train) {
-        fprintf(stderr, "medley profile: context %d + %d generated exceeds the model's %d\n", max_c,
-                o.gen, mf.n_ctx_train);
-        return 2;
-    }
-    size_t kv = o.kv_mb ? (size_t)o.kv_mb << 20
-                        : (size_t)max_b * (n_ctx + 16) * mf.kv_bytes_per_token_f32 * 5 / 4;
-    md_engine_config cfg = {.model_path = path,
-                            .device = o.device,
-                            .n_threads = o.n_threads,
-                            .max_seqs = max_b,
-                            .max_batch_tokens = o.batch_tokens,
-                            .kv_budget_bytes = kv,
-                            .n_ctx = n_ctx,
-                            .bf16_weights = o.bf16_weights};
+    int n_ctx;
     md_engine *eng = NULL;
-    uint64_t t_open = md_mono_ns();
-    if (md_engine_open(&cfg, &eng, &e)) {
-        fprintf(stderr, "medley profile: %s\n", e.msg);
-        return 1;
-    }
-    fprintf(stderr, "medley profile: %s on %s loaded in %.1f s\n", o.model, o.device,
-            (md_mono_ns() - t_open) / 1e9);
-    point warm;
-    if (measure(eng, 1, o.contexts[0], 2, &warm, &e)) {
-        fprintf(stderr, "medley profile: warm-up: %s\n", e.msg);
+    if ((rc = open_engine(&o, path, &mf, &n_ctx, &eng)))
+        return rc;
+    static point pts[MAX_POINTS][MAX_POINTS];
+    if (measure_grid(eng, &o, pts)) {
         md_engine_close(eng);
         return 1;
     }
-    static point pts[MAX_POINTS][MAX_POINTS];
-    for (int ci = 0; ci < o.n_contexts; ci++)
-        for (int bi = 0; bi < o.n_batches; bi++) {
-            point *pt = &pts[ci][bi];
-            int b = o.batches[bi], c = o.contexts[ci];
-            if (measure(eng, b, c, o.gen, pt, &e)) {
-                fprintf(stderr, "medley profile: batch %d, context %d: %s\n", b, c, e.msg);
-                md_engine_close(eng);
-                return 1;
-            }
-            fprintf(stderr,
-                    "  batch %4d  context %6d: prefill %10.1f tok/s, decode %9.1f tok/s "
-                    "(%.2f ms/step)\n",
-                    b, c, pt->prefill_tps, pt->decode_tps, pt->decode_step_ms);
-        }
-    json_t *batches = json_array(), *buckets = json_array();
-    for (int bi = 0; bi < o.n_batches; bi++) {
-        const point *pt = &pts[0][bi];
-        json_array_append_new(
-            batches,
-            json_pack("{s:i, s:i, s:f, s:f, s:f}", "batch", o.batches[bi], "context",
-                      o.contexts[0] + o.gen / 2, "prefill_tokens_per_s", pt->prefill_tps,
-                      "decode_tokens_per_s", pt->decode_tps, "decode_step_ms", pt->decode_step_ms));
-    }
-    for (int ci = 0; ci < o.n_contexts; ci++) {
-        int c = o.contexts[ci], best_b = 0;
-        double best = 0, best_total = 0;
-        for (int bi = 0; bi < o.n_batches; bi++) {
-            const point *pt = &pts[ci][bi];
-            int b = o.batches[bi];
-            double t = (double)b * c / pt->prefill_tps + o.gen * pt->decode_step_ms / 1e3;
-            if (t > 0 && b * (double)o.gen / t > best) {
-                best = b * (double)o.gen / t;
-                best_total = b * (double)(c + o.gen) / t;
-                best_b = b;
-            }
-        }
-        if (best_b == 0)
-            continue;
-        int lo = ci == 0 ? 0 : (o.contexts[ci - 1] + c) / 2;
-        int hi = ci + 1 < o.n_contexts ? (c + o.contexts[ci + 1]) / 2 : 2 * c;
-        json_array_append_new(
-            buckets, json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:i}", "input_lo", lo,
-                               "input_hi", hi, "output_lo", 0, "output_hi", 2 * o.gen, "input_mean",
-                               (double)c, "output_mean", (double)o.gen, "max_output_tokens_per_s",
-                               best, "max_total_tokens_per_s", best_total, "batch", best_b));
-    }
+    json_t *batches = batches_json(&o, pts), *buckets = buckets_json(&o, pts);
     md_engine_close(eng);
-
-    char dtype[256], host[256] = "", date[64];
-    device_type(&o, dtype, sizeof dtype);
-    gethostname(host, sizeof host - 1);
-    time_t now = time(NULL);
-    struct tm tmv;
-    gmtime_r(&now, &tmv);
-    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
-    const char *name = o.model_name;
-    char shape[128];
-    if (!name && md_synth_is(o.model)) { /* "synthetic:llama-3-8b:q4_0" profiles llama-3-8b */
-        snprintf(shape, sizeof shape, "%s", o.model + strlen(MD_SYNTH_PREFIX));
-        char *colon = strchr(shape, ':');
-        if (colon)
-            *colon = 0;
-        name = shape;
-    } else if (!name) {
-        const char *slash = strrchr(o.model, '/');
-        name = md_registry_find(o.model) ? o.model : slash ? slash + 1 : o.model;
-    }
-    char tool[64];
-    snprintf(tool, sizeof tool, "medley profile 0.1 (%s)",
-             strncmp(o.device, "cuda", 4) ? "cpu" : "cuda");
-    json_t *doc = json_pack(
-        "{s:i, s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:o}", "version", 1,
-        "kind", "medley.profile", "device_type", dtype, "device_count", 1, "tp", 1, "model", name,
-        "quant", mf.weight_type, "date", date, "method", "measured", "tool", tool, "host", host,
-        "max_context", n_ctx, "batches", batches, "buckets", buckets);
+    json_t *doc = profile_doc(&o, &mf, n_ctx, batches, buckets);
     int out_rc = 0;
     if (o.out) {
         if (json_dump_file(doc, o.out, JSON_INDENT(2)) != 0) {

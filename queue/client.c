@@ -150,102 +150,82 @@ static int confirm_replicated(md_redis *r, const char *batch, md_err *e) {
     return 0;
 }
 
-int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID_MAX],
-                  long long *n_lines, md_err *e) {
-    const char *prefix = o->prefix ? o->prefix : "medley:";
-    int rc = q_prefix_check(prefix, e);
-    if (rc)
-        return rc;
-    FILE *f = fopen(o->path, "rb");
-    if (!f)
-        return md_errf(e, MD_EIO, "cannot open %s: %s", o->path, strerror(errno));
-    char model[128] = "", endpoint[64] = "";
-    if (o->model)
-        snprintf(model, sizeof model, "%s", o->model);
-    long long expect = 0;
-    if ((rc = scan_file(f, o->path, model, sizeof model, endpoint, sizeof endpoint, &expect, e))) {
-        fclose(f);
-        return rc;
-    }
-    if (!model[0]) {
-        fclose(f);
+/* The model the batch is for: usable as a key part (no braces, no spaces). */
+static int check_model(const char *model, const char *path, md_err *e) {
+    if (!model[0])
         return md_errf(e, MD_EINVAL, "%s: no --model given and the first line has no body.model",
-                       o->path);
-    }
+                       path);
     for (const char *p = model; *p; p++)
-        if (*p == '{' || *p == '}' || isspace((unsigned char)*p)) {
-            fclose(f);
+        if (*p == '{' || *p == '}' || isspace((unsigned char)*p))
             return md_errf(e, MD_EINVAL, "model name '%s' may not hold braces or spaces", model);
-        }
-    if (o->batch_id && (rc = q_batch_id_check(o->batch_id, e))) {
-        fclose(f); /* refused as given: never shortened to an id that was not asked for */
+    return 0;
+}
+
+/* The batch id: the one asked for (refused as given: never shortened to an id that was not
+ * asked for), else a new one. */
+static int choose_batch_id(const q_submit_opts *o, char batch_out[Q_BATCH_ID_MAX], md_err *e) {
+    int rc;
+    if (o->batch_id && (rc = q_batch_id_check(o->batch_id, e)))
         return rc;
-    }
     if (o->batch_id)
         snprintf(batch_out, Q_BATCH_ID_MAX, "%s", o->batch_id);
     else
         q_new_batch_id(batch_out, Q_BATCH_ID_MAX);
-    if ((rc = q_batch_id_check(batch_out, e))) {
-        fclose(f);
-        return rc;
-    }
-    /* The plan's classes for the model decide the streams; no plan (or no classes): q:{M}. */
+    return q_batch_id_check(batch_out, e);
+}
+
+/* The plan's classes for the model decide the streams; no plan (or no classes, or a plan
+ * that does not parse: a warning): none, and the lines go to q:{M}. Fails only when Redis
+ * does. */
+static int plan_classes(md_redis *r, const char *prefix, const char *model,
+                        q_class cls[Q_CLASS_MAX], int *ncls, long long *plan_version, md_err *e) {
     json_t *plan = NULL;
-    q_class cls[Q_CLASS_MAX];
-    int ncls = 0;
     md_err pe = {0};
+    int rc;
+    *ncls = 0;
     if ((rc = q_plan_get(r, prefix, &plan, &pe)) == MD_EREDIS) {
-        fclose(f);
         *e = pe;
         return rc;
     }
-    if (rc || (plan && (ncls = q_plan_classes(plan, model, cls, &pe)) < 0)) {
+    if (rc || (plan && (*ncls = q_plan_classes(plan, model, cls, &pe)) < 0)) {
         MD_WARN("submit", "ignoring the plan (%s); requests go to the model's plain stream",
                 pe.msg);
-        ncls = 0;
+        *ncls = 0;
     }
-    long long plan_version = plan ? q_plan_version(plan) : -1;
+    *plan_version = plan ? q_plan_version(plan) : -1;
     json_decref(plan);
-    char qkey[Q_KEY_MAX], ckey[Q_CLASS_MAX][Q_KEY_MAX];
+    return 0;
+}
+
+/* The consumer group on the model's plain stream (qkey) and on each class stream (ckey). */
+static int create_groups(md_redis *r, const char *prefix, const char *model, const q_class *cls,
+                         int ncls, char qkey[Q_KEY_MAX], char ckey[][Q_KEY_MAX], md_err *e) {
     q_key_queue(qkey, prefix, model);
     for (int k = 0; k < ncls; k++)
         q_key_class(ckey[k], prefix, model, cls[k].name);
     for (int k = -1; k < ncls; k++) {
         const char *key = k < 0 ? qkey : ckey[k];
         redisReply *rep = md_redis_cmd(r, e, "XGROUP CREATE %s %s 0 MKSTREAM", key, Q_GROUP);
-        if (!rep) {
-            fclose(f);
+        if (!rep)
             return MD_EREDIS;
-        }
         if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "BUSYGROUP", 9)) {
-            rc = md_errf(e, MD_EREDIS, "XGROUP CREATE %s: %s", key, rep->str);
+            int rc = md_errf(e, MD_EREDIS, "XGROUP CREATE %s: %s", key, rep->str);
             freeReplyObject(rep);
-            fclose(f);
             return rc;
         }
         freeReplyObject(rep);
     }
-    q_batch_spec spec = {.prefix = prefix,
-                         .batch = batch_out,
-                         .model = model,
-                         .endpoint = endpoint[0] ? endpoint : "/v1/chat/completions",
-                         .input_file = o->path,
-                         .window_s = o->window_s,
-                         .priority = o->priority};
-    if ((rc = q_batch_create(r, &spec, e))) {
-        fclose(f);
-        return rc;
-    }
-    q_submitter *s = NULL;
-    if ((rc = q_submitter_open(r, prefix, batch_out, model, &s, e))) {
-        fclose(f);
-        return rc;
-    }
-    rewind(f);
+    return 0;
+}
+
+/* Every request line of f to the submitter: to the plain stream without classes, else to
+ * the class its estimated size picks (routed[k] counts class k's lines). */
+static int send_lines(q_submitter *s, FILE *f, const q_class *cls, int ncls, char ckey[][Q_KEY_MAX],
+                      long long *routed, md_err *e) {
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
-    long long total = 0, routed[Q_CLASS_MAX] = {0};
+    int rc = 0;
     q_limits lim;
     q_limits_default(&lim);
     while (!rc && (len = getline(&line, &cap, f)) >= 0) {
@@ -267,6 +247,69 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
         rc = q_submit_line_to(s, ckey[c - cls], line, (size_t)len, e);
     }
     free(line);
+    return rc;
+}
+
+/* Which plan routed the batch, and how many lines each class stream got, in its meta hash. */
+static int record_routing(md_redis *r, const char *prefix, const char *batch, const q_class *cls,
+                          int ncls, const long long *routed, long long plan_version, md_err *e) {
+    json_t *rt = json_object();
+    for (int k = 0; k < ncls; k++)
+        json_object_set_new(rt, cls[k].name, json_integer(routed[k]));
+    char *rts = json_dumps(rt, JSON_COMPACT);
+    json_decref(rt);
+    char meta[Q_KEY_MAX];
+    q_key_meta(meta, prefix, batch);
+    redisReply *rep =
+        rts ? md_redis_cmd(r, e, "HSET %s plan_version %lld routing %s", meta, plan_version, rts)
+            : NULL;
+    int dumped = rts != NULL;
+    free(rts);
+    if (!rep)
+        return dumped ? MD_EREDIS : md_errf(e, MD_ENOMEM, "out of memory");
+    freeReplyObject(rep);
+    return 0;
+}
+
+int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID_MAX],
+                  long long *n_lines, md_err *e) {
+    const char *prefix = o->prefix ? o->prefix : "medley:";
+    int rc = q_prefix_check(prefix, e);
+    if (rc)
+        return rc;
+    FILE *f = fopen(o->path, "rb");
+    if (!f)
+        return md_errf(e, MD_EIO, "cannot open %s: %s", o->path, strerror(errno));
+    char model[128] = "", endpoint[64] = "";
+    if (o->model)
+        snprintf(model, sizeof model, "%s", o->model);
+    long long expect = 0, plan_version = -1;
+    q_class cls[Q_CLASS_MAX];
+    int ncls = 0;
+    char qkey[Q_KEY_MAX], ckey[Q_CLASS_MAX][Q_KEY_MAX];
+    q_submitter *s = NULL;
+    if ((rc = scan_file(f, o->path, model, sizeof model, endpoint, sizeof endpoint, &expect, e)) ||
+        (rc = check_model(model, o->path, e)) || (rc = choose_batch_id(o, batch_out, e)) ||
+        (rc = plan_classes(r, prefix, model, cls, &ncls, &plan_version, e)) ||
+        (rc = create_groups(r, prefix, model, cls, ncls, qkey, ckey, e))) {
+        fclose(f);
+        return rc;
+    }
+    q_batch_spec spec = {.prefix = prefix,
+                         .batch = batch_out,
+                         .model = model,
+                         .endpoint = endpoint[0] ? endpoint : "/v1/chat/completions",
+                         .input_file = o->path,
+                         .window_s = o->window_s,
+                         .priority = o->priority};
+    if ((rc = q_batch_create(r, &spec, e)) ||
+        (rc = q_submitter_open(r, prefix, batch_out, model, &s, e))) {
+        fclose(f);
+        return rc;
+    }
+    rewind(f);
+    long long total = 0, routed[Q_CLASS_MAX] = {0};
+    rc = send_lines(s, f, cls, ncls, ckey, routed, e);
     if (!rc)
         rc = q_submitter_flush(s, &total, e);
     q_submitter_free(s);
@@ -282,22 +325,8 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
         q_batch_fail(r, prefix, batch_out, reason, &e2);
         return rc;
     }
-    /* Which plan routed the batch, and how many lines each class stream got. */
-    json_t *rt = json_object();
-    for (int k = 0; k < ncls; k++)
-        json_object_set_new(rt, cls[k].name, json_integer(routed[k]));
-    char *rts = json_dumps(rt, JSON_COMPACT);
-    json_decref(rt);
-    char meta[Q_KEY_MAX];
-    q_key_meta(meta, prefix, batch_out);
-    redisReply *rep =
-        rts ? md_redis_cmd(r, e, "HSET %s plan_version %lld routing %s", meta, plan_version, rts)
-            : NULL;
-    int dumped = rts != NULL;
-    free(rts);
-    if (!rep)
-        return dumped ? MD_EREDIS : md_errf(e, MD_ENOMEM, "out of memory");
-    freeReplyObject(rep);
+    if ((rc = record_routing(r, prefix, batch_out, cls, ncls, routed, plan_version, e)))
+        return rc;
     *n_lines = total;
     if ((rc = q_batch_seal(r, prefix, batch_out, total, e)))
         return rc;

@@ -12,10 +12,9 @@
 extern const unsigned char sched_catalog_json[];
 
 /* The keys each document may hold, as schemas/gpu-catalog and schemas/fleet list them. */
-static const char *const GPU_KEYS[] = {"name",        "aliases",      "memory_gb",   "memory_mib",
-                                       "hbm_gbps",    "bf16_tflops",  "int8_tops",   "nvlink_gbps",
-                                       "pcie_gen",    "pcie_lanes",   "usd_per_hour", "sources",
-                                       NULL};
+static const char *const GPU_KEYS[] = {
+    "name",        "aliases",  "memory_gb",  "memory_mib",   "hbm_gbps", "bf16_tflops", "int8_tops",
+    "nvlink_gbps", "pcie_gen", "pcie_lanes", "usd_per_hour", "sources",  NULL};
 static const char *const CATALOG_KEYS[] = {"version", "kind", "note", "gpus", NULL};
 static const char *const FLEET_KEYS[] = {
     "version", "kind", "name", "inter_host_gbps", "inter_host_latency_us", "gpu_types", "prices",
@@ -261,16 +260,10 @@ static int price_named(json_t *prices, const sched_catalog *cat, int t) {
     return 0;
 }
 
-int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_err *e) {
-    memset(f, 0, sizeof *f);
-    f->link_gbps = 12.5;
+/* The fleet's name and its links between hosts (bandwidth, latency). */
+static int fleet_links(sched_fleet *f, json_t *doc, md_err *e) {
     /* 100 GbE through the kernel's TCP stack: 10-30 us one way (docs/scheduler.md §2). */
     double lat_us = 15;
-    if (!json_is_object(doc))
-        return md_errf(e, MD_EFORMAT, "fleet: the document must be a JSON object");
-    if (md_json_check_keys(doc, FLEET_KEYS, "fleet", e) ||
-        md_json_check_keys(json_object_get(doc, "rent"), RENT_KEYS, "fleet.rent", e))
-        return e->code;
     const char *name = "fleet";
     if (md_json_get_str(doc, "name", 0, &name, "fleet", e))
         return e->code;
@@ -285,6 +278,11 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
         return md_errf(e, MD_EINVAL, "fleet.inter_host_latency_us must be in [0, 1e6], got %g",
                        lat_us);
     f->link_latency_s = lat_us * 1e-6;
+    return 0;
+}
+
+/* The fleet's own GPU types (added to cat) and prices (set in cat). */
+static int fleet_types_and_prices(json_t *doc, sched_catalog *cat, md_err *e) {
     size_t i;
     json_t *g;
     json_array_foreach(json_object_get(doc, "gpu_types"), i, g) {
@@ -307,69 +305,121 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
         }
         cat->gpus[t].usd_per_hour = json_number_value(v);
     }
-    json_t *priced = json_object_get(doc, "prices"); /* types the fleet prices itself */
-    json_t *rent = json_object_get(doc, "rent");
-    json_t *pools = json_object_get(doc, "pools");
-    if (rent && pools)
-        return md_errf(e, MD_EINVAL,
-                       "fleet: give either \"pools\" (a fixed fleet) or \"rent\" "
-                       "(GPU types to rent), not both");
-    if (rent) {
-        f->rent = 1;
-        long long maxn = 64;
-        if (md_json_get_int(rent, "max_per_type", 0, &maxn, "fleet.rent", e))
-            return e->code;
-        if (maxn < 1 || maxn > 100000)
-            return md_errf(e, MD_EINVAL, "fleet.rent.max_per_type must be in [1, 100000], got %lld",
-                           maxn);
-        json_t *types = json_object_get(rent, "types");
-        int all = !types;
-        int n = all ? cat->n : (int)json_array_size(types);
-        if (n == 0)
-            return md_errf(e, MD_EINVAL, "fleet.rent.types is empty");
-        f->pools = calloc((size_t)n, sizeof *f->pools);
-        if (!f->pools)
-            return md_errf(e, MD_ENOMEM, "out of memory");
-        for (int j = 0; j < n; j++) {
-            int t = j;
-            if (!all) {
-                const char *tn = json_string_value(json_array_get(types, (size_t)j));
-                t = sched_catalog_find(cat, tn);
-                if (t < 0) {
-                    char known[1024];
-                    known_types(cat, known, sizeof known);
-                    sched_fleet_free(f);
-                    return md_errf(e, MD_ENOTFOUND,
-                                   "fleet.rent.types[%d]: unknown GPU type '%s' (known: %s)", j,
-                                   tn ? tn : "(not a string)", known);
-                }
-            }
-            sched_pool *p = &f->pools[f->n++];
-            snprintf(p->name, sizeof p->name, "%s", cat->gpus[t].name);
-            p->type = t;
-            p->count = (int)maxn;
-            p->gpus_per_host = 8;
-            p->usd_per_hour = cat->gpus[t].usd_per_hour;
-            snprintf(p->price_from, sizeof p->price_from, "%s",
-                     price_named(priced, cat, t) ? "fleet" : "catalog");
-        }
-        /* Per-type caps ("only 8 A100s to be had this hour") override max_per_type. */
-        json_object_foreach(json_object_get(rent, "max"), k, v) {
-            int t = sched_catalog_find(cat, k), at = -1;
-            for (int j = 0; j < f->n && t >= 0; j++)
-                if (f->pools[j].type == t)
-                    at = j;
-            if (at < 0 || !json_is_integer(v) || json_integer_value(v) < 0 ||
-                json_integer_value(v) > 100000) {
+    return 0;
+}
+
+/* A rent fleet: one pool of max_per_type (or its rent.max cap) GPUs per type to rent. */
+static int fleet_rent(sched_fleet *f, json_t *rent, json_t *priced, sched_catalog *cat, md_err *e) {
+    f->rent = 1;
+    long long maxn = 64;
+    if (md_json_get_int(rent, "max_per_type", 0, &maxn, "fleet.rent", e))
+        return e->code;
+    if (maxn < 1 || maxn > 100000)
+        return md_errf(e, MD_EINVAL, "fleet.rent.max_per_type must be in [1, 100000], got %lld",
+                       maxn);
+    json_t *types = json_object_get(rent, "types");
+    int all = !types;
+    int n = all ? cat->n : (int)json_array_size(types);
+    if (n == 0)
+        return md_errf(e, MD_EINVAL, "fleet.rent.types is empty");
+    f->pools = calloc((size_t)n, sizeof *f->pools);
+    if (!f->pools)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    for (int j = 0; j < n; j++) {
+        int t = j;
+        if (!all) {
+            const char *tn = json_string_value(json_array_get(types, (size_t)j));
+            t = sched_catalog_find(cat, tn);
+            if (t < 0) {
+                char known[1024];
+                known_types(cat, known, sizeof known);
                 sched_fleet_free(f);
-                return md_errf(e, MD_EINVAL, "fleet.rent.max.%s: %s", k,
-                               at < 0 ? "not one of the types to rent"
-                                      : "must be an integer in [0, 100000]");
+                return md_errf(e, MD_ENOTFOUND,
+                               "fleet.rent.types[%d]: unknown GPU type '%s' (known: %s)", j,
+                               tn ? tn : "(not a string)", known);
             }
-            f->pools[at].count = (int)json_integer_value(v);
         }
-        return 0;
+        sched_pool *p = &f->pools[f->n++];
+        snprintf(p->name, sizeof p->name, "%s", cat->gpus[t].name);
+        p->type = t;
+        p->count = (int)maxn;
+        p->gpus_per_host = 8;
+        p->usd_per_hour = cat->gpus[t].usd_per_hour;
+        snprintf(p->price_from, sizeof p->price_from, "%s",
+                 price_named(priced, cat, t) ? "fleet" : "catalog");
     }
+    /* Per-type caps ("only 8 A100s to be had this hour") override max_per_type. */
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_object_get(rent, "max"), k, v) {
+        int t = sched_catalog_find(cat, k), at = -1;
+        for (int j = 0; j < f->n && t >= 0; j++)
+            if (f->pools[j].type == t)
+                at = j;
+        if (at < 0 || !json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) > 100000) {
+            sched_fleet_free(f);
+            return md_errf(e, MD_EINVAL, "fleet.rent.max.%s: %s", k,
+                           at < 0 ? "not one of the types to rent"
+                                  : "must be an integer in [0, 100000]");
+        }
+        f->pools[at].count = (int)json_integer_value(v);
+    }
+    return 0;
+}
+
+/* Pool i of a fixed fleet (g) into f->pools[f->n], checked (f->n is the caller's to bump). */
+static int fleet_pool(sched_fleet *f, json_t *g, size_t i, json_t *priced, sched_catalog *cat,
+                      md_err *e) {
+    char w[64];
+    snprintf(w, sizeof w, "fleet.pools[%zu]", i);
+    const char *tn = NULL, *pn = NULL;
+    long long count = 0, per = 8;
+    if (md_json_check_keys(g, POOL_KEYS, w, e) || md_json_get_str(g, "type", 1, &tn, w, e) ||
+        md_json_get_int(g, "count", 1, &count, w, e) ||
+        md_json_get_int(g, "gpus_per_host", 0, &per, w, e) ||
+        md_json_get_str(g, "name", 0, &pn, w, e))
+        return e->code;
+    int t = sched_catalog_find(cat, tn);
+    if (t < 0) {
+        char known[1024];
+        known_types(cat, known, sizeof known);
+        return md_errf(e, MD_ENOTFOUND,
+                       "%s.type: unknown GPU type '%s' (known: %s; a fleet may add types under "
+                       "\"gpu_types\")",
+                       w, tn, known);
+    }
+    if (count < 1 || count > 1000000 || per < 1 || per > 64)
+        return md_errf(e, MD_EINVAL,
+                       "%s: count must be in [1, 1e6] and gpus_per_host in [1, 64] (got %lld, "
+                       "%lld)",
+                       w, count, per);
+    sched_pool *p = &f->pools[f->n];
+    p->type = t;
+    p->count = (int)count;
+    p->gpus_per_host = (int)per;
+    p->usd_per_hour = cat->gpus[t].usd_per_hour;
+    if (md_json_get_num(g, "usd_per_hour", 0, &p->usd_per_hour, w, e))
+        return e->code;
+    snprintf(p->price_from, sizeof p->price_from, "%s",
+             json_object_get(g, "usd_per_hour") || price_named(priced, cat, t) ? "fleet"
+                                                                               : "catalog");
+    if (!(p->usd_per_hour >= 0 && p->usd_per_hour <= 1e5))
+        return md_errf(e, MD_EINVAL, "%s.usd_per_hour must be in [0, 1e5], got %g", w,
+                       p->usd_per_hour);
+    if (pn)
+        snprintf(p->name, sizeof p->name, "%s", pn);
+    else
+        snprintf(p->name, sizeof p->name, "%s-%zu", cat->gpus[t].name, i);
+    for (int j = 0; j < f->n; j++)
+        if (!strcmp(f->pools[j].name, p->name))
+            return md_errf(e, MD_EINVAL, "%s.name '%s' is used twice", w, p->name);
+    return 0;
+}
+
+/* A fixed fleet: its pools. */
+static int fleet_pools(sched_fleet *f, json_t *pools, json_t *priced, sched_catalog *cat,
+                       md_err *e) {
     if (!json_is_array(pools) || json_array_size(pools) == 0)
         return md_errf(e, MD_EFORMAT,
                        "fleet: \"pools\" must be a non-empty array of {type, count} (or give "
@@ -377,62 +427,36 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
     f->pools = calloc(json_array_size(pools), sizeof *f->pools);
     if (!f->pools)
         return md_errf(e, MD_ENOMEM, "out of memory");
+    size_t i;
+    json_t *g;
     json_array_foreach(pools, i, g) {
-        char w[64];
-        snprintf(w, sizeof w, "fleet.pools[%zu]", i);
-        const char *tn = NULL, *pn = NULL;
-        long long count = 0, per = 8;
-        if (md_json_check_keys(g, POOL_KEYS, w, e) || md_json_get_str(g, "type", 1, &tn, w, e) ||
-            md_json_get_int(g, "count", 1, &count, w, e) ||
-            md_json_get_int(g, "gpus_per_host", 0, &per, w, e) ||
-            md_json_get_str(g, "name", 0, &pn, w, e))
-            goto fail;
-        int t = sched_catalog_find(cat, tn);
-        if (t < 0) {
-            char known[1024];
-            known_types(cat, known, sizeof known);
-            md_errf(e, MD_ENOTFOUND,
-                    "%s.type: unknown GPU type '%s' (known: %s; a fleet may add types under "
-                    "\"gpu_types\")",
-                    w, tn, known);
-            goto fail;
+        if (fleet_pool(f, g, i, priced, cat, e)) {
+            sched_fleet_free(f);
+            return e->code;
         }
-        if (count < 1 || count > 1000000 || per < 1 || per > 64) {
-            md_errf(e, MD_EINVAL,
-                    "%s: count must be in [1, 1e6] and gpus_per_host in [1, 64] (got %lld, %lld)",
-                    w, count, per);
-            goto fail;
-        }
-        sched_pool *p = &f->pools[f->n];
-        p->type = t;
-        p->count = (int)count;
-        p->gpus_per_host = (int)per;
-        p->usd_per_hour = cat->gpus[t].usd_per_hour;
-        if (md_json_get_num(g, "usd_per_hour", 0, &p->usd_per_hour, w, e))
-            goto fail;
-        snprintf(p->price_from, sizeof p->price_from, "%s",
-                 json_object_get(g, "usd_per_hour") || price_named(priced, cat, t) ? "fleet"
-                                                                                  : "catalog");
-        if (!(p->usd_per_hour >= 0 && p->usd_per_hour <= 1e5)) {
-            md_errf(e, MD_EINVAL, "%s.usd_per_hour must be in [0, 1e5], got %g", w,
-                    p->usd_per_hour);
-            goto fail;
-        }
-        if (pn)
-            snprintf(p->name, sizeof p->name, "%s", pn);
-        else
-            snprintf(p->name, sizeof p->name, "%s-%zu", cat->gpus[t].name, i);
-        for (int j = 0; j < f->n; j++)
-            if (!strcmp(f->pools[j].name, p->name)) {
-                md_errf(e, MD_EINVAL, "%s.name '%s' is used twice", w, p->name);
-                goto fail;
-            }
         f->n++;
     }
     return 0;
-fail:
-    sched_fleet_free(f);
-    return e->code;
+}
+
+int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_err *e) {
+    memset(f, 0, sizeof *f);
+    f->link_gbps = 12.5;
+    if (!json_is_object(doc))
+        return md_errf(e, MD_EFORMAT, "fleet: the document must be a JSON object");
+    if (md_json_check_keys(doc, FLEET_KEYS, "fleet", e) ||
+        md_json_check_keys(json_object_get(doc, "rent"), RENT_KEYS, "fleet.rent", e))
+        return e->code;
+    if (fleet_links(f, doc, e) || fleet_types_and_prices(doc, cat, e))
+        return e->code;
+    json_t *priced = json_object_get(doc, "prices"); /* types the fleet prices itself */
+    json_t *rent = json_object_get(doc, "rent");
+    json_t *pools = json_object_get(doc, "pools");
+    if (rent && pools)
+        return md_errf(e, MD_EINVAL,
+                       "fleet: give either \"pools\" (a fixed fleet) or \"rent\" "
+                       "(GPU types to rent), not both");
+    return rent ? fleet_rent(f, rent, priced, cat, e) : fleet_pools(f, pools, priced, cat, e);
 }
 
 int sched_fleet_load(sched_fleet *f, const char *path, sched_catalog *cat, md_err *e) {

@@ -158,8 +158,8 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
         json_t *n;
         double catalog_usd = 0; /* the worker's GPUs at catalog prices */
         json_object_foreach(counts, t, n) {
-            catalog_usd += cat->gpus[sched_catalog_find(cat, t)].usd_per_hour *
-                           (double)json_integer_value(n);
+            catalog_usd +=
+                cat->gpus[sched_catalog_find(cat, t)].usd_per_hour * (double)json_integer_value(n);
         }
         json_object_foreach(counts, t, n) {
             char name[SCHED_NAME];
@@ -304,181 +304,238 @@ int sched_daemon_run(const sched_daemon_opts *o, const sched_catalog *cat0, vola
     return sched_daemon_run_metered(o, cat0, stop, NULL, e);
 }
 
+/* The daemon's state across rounds. */
+typedef struct {
+    const sched_daemon_opts *o;
+    md_redis *rd;
+    sched_dm *dm;
+    json_t *file;         /* the --workload document, or NULL */
+    json_t *last_workers; /* the workers of the last published plan (NULL: none yet) */
+    json_t *warned;       /* heartbeats already warned about */
+    double last_ratio;    /* tokens per dollar of the last published plan */
+    char id[40];          /* this scheduler's lease holder id */
+    char key[256];        /* the lease key */
+} dstate;
+
+/* One round's parsed inputs and its plan; everything freed by round_free. */
+typedef struct {
+    sched_fleet f;
+    sched_workload w;
+    sched_cands cs;
+    sched_plan p;
+    int have_f, have_w, have_p;
+} round_plan;
+
+static void round_free(round_plan *rp) {
+    if (rp->have_p)
+        sched_plan_free(&rp->p);
+    sched_cands_free(&rp->cs);
+    if (rp->have_w)
+        sched_workload_free(&rp->w);
+    if (rp->have_f)
+        sched_fleet_free(&rp->f);
+}
+
+/* The catalog for one round: the fleet may add types to it, so a copy of cat0. */
+static int catalog_copy(sched_catalog *cat, const sched_catalog *cat0, md_err *e) {
+    *cat = *cat0;
+    cat->gpus = malloc((size_t)cat0->n * sizeof *cat->gpus);
+    cat->aliases = json_deep_copy(cat0->aliases);
+    if (!cat->gpus)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    memcpy(cat->gpus, cat0->gpus, (size_t)cat0->n * sizeof *cat->gpus);
+    return 0;
+}
+
+/* Parse the round's fleet and workload documents and solve: 1 with rp filled, 0 (rp freed,
+ * why in pe, empty when no model is known) otherwise. */
+static int solve_round(dstate *d, sched_catalog *cat, json_t *fdoc, json_t *wdoc, json_t *priced,
+                       round_plan *rp, md_err *pe) {
+    sched_perf_params pp;
+    sched_opts so;
+    sched_perf_defaults(&pp);
+    sched_opts_defaults(&so);
+    memset(rp, 0, sizeof *rp);
+    /* One pool per (worker, type), merged into one per kind of host: the MILP's size
+     * follows the kinds, not the workers (docs/scheduler.md §6). */
+    if (!json_array_size(json_object_get(wdoc, "models")) ||
+        sched_fleet_from_json(&rp->f, fdoc, cat, pe))
+        return 0;
+    rp->have_f = 1;
+    for (int q = 0; q < rp->f.n; q++)
+        if (json_object_get(priced, rp->f.pools[q].name))
+            snprintf(rp->f.pools[q].price_from, sizeof rp->f.pools[q].price_from, "heartbeat");
+    if (sched_fleet_aggregate(&rp->f, pe) || sched_workload_from_json(&rp->w, wdoc, pe)) {
+        round_free(rp);
+        return 0;
+    }
+    rp->have_w = 1;
+    uint64_t solve_t0 = md_mono_ns();
+    if (sched_cands_build(&rp->cs, &rp->w, &rp->f, cat, NULL, &pp, pe) ||
+        sched_plan_solve(&rp->p, &rp->w, &rp->f, cat, &rp->cs, &so, pe)) {
+        round_free(rp);
+        return 0;
+    }
+    rp->have_p = 1;
+    sched_dm_solved(d->dm, (double)(md_mono_ns() - solve_t0) / 1e9);
+    return 1;
+}
+
+/* Publish the plan: a new P plan:version, the document in P plan, an event on P events.
+ * 1 when the plan was stored. */
+static int publish_plan(dstate *d, round_plan *rp, sched_catalog *cat, const char *reason) {
+    const char *prefix = d->o->prefix;
+    sched_plan *p = &rp->p;
+    md_err we = {0};
+    redisReply *r = md_redis_cmd(d->rd, &we, "INCR %splan:version", prefix);
+    p->version = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+    freeReplyObject(r);
+    json_t *doc = sched_plan_to_json(p, &rp->w, &rp->f, cat, &rp->cs);
+    json_object_set_new(doc, "reason", json_string(reason));
+    char *s = json_dumps(doc, JSON_COMPACT);
+    r = md_redis_cmd(d->rd, &we, "SET %splan %s", prefix, s);
+    int set_ok = r && r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    if (set_ok)
+        sched_dm_published(d->dm, doc, reason);
+    json_t *ev = json_pack("{s:s, s:I, s:s, s:f, s:f}", "type", "plan", "version",
+                           (json_int_t)p->version, "reason", reason, "tokens_per_s",
+                           p->tokens_per_s, "usd_per_hour", p->usd_per_hour);
+    char *es = json_dumps(ev, JSON_COMPACT);
+    r = md_redis_cmd(d->rd, &we, "PUBLISH %sevents %s", prefix, es);
+    freeReplyObject(r);
+    free(es);
+    json_decref(ev);
+    free(s);
+    json_decref(doc);
+    return set_ok;
+}
+
+/* Publish the round's plan when the fleet changed, or when its gain in tokens per dollar
+ * pays for reloading (hysteresis). */
+static void maybe_publish(dstate *d, round_plan *rp, sched_catalog *cat, json_t *workers,
+                          int changed, const char *reason) {
+    const sched_plan *p = &rp->p;
+    double ratio =
+        p->busy_usd_per_hour > 0 ? p->tokens_per_s / p->busy_usd_per_hour : p->tokens_per_s;
+    double backlog_tok = 0;
+    for (int m = 0; m < rp->w.n; m++)
+        backlog_tok += rp->w.models[m].requests * sched_demand_tokens_per_request(&rp->w.models[m]);
+    double drain_s = p->tokens_per_s > 0 ? backlog_tok / p->tokens_per_s : INFINITY;
+    double gain = d->last_ratio > 0 ? ratio / d->last_ratio - 1 : INFINITY;
+    /* Reloading costs reload_s of every GPU; it pays when the gain over the time left to
+     * drain the backlog exceeds it. */
+    double need =
+        d->o->min_gain + (isfinite(drain_s) && drain_s > 0 ? d->o->reload_s / drain_s : 0);
+    if (!changed && !(gain > need)) {
+        MD_DEBUG(LOGC, "kept the plan: gain %.3f below %.3f", gain, need);
+        return;
+    }
+    if (publish_plan(d, rp, cat, reason)) {
+        MD_INFO(LOGC, "published plan v%lld (%s): %d replicas, %.0f tok/s, $%.2f/h", p->version,
+                reason, p->n, p->tokens_per_s, p->usd_per_hour);
+        d->last_ratio = ratio;
+        json_decref(d->last_workers);
+        d->last_workers = json_incref(workers);
+    }
+}
+
+/* One round as the lease holder: read the fleet and the backlogs, plan, maybe publish. */
+static int lead_round(dstate *d, redisContext *c, const sched_catalog *cat0, md_err *e) {
+    sched_catalog cat;
+    if (catalog_copy(&cat, cat0, e))
+        return e->code;
+    json_t *workers = json_array();
+    json_t *priced = json_object(); /* pools priced by their worker's heartbeat */
+    json_t *pools = fleet_from_heartbeats(c, d->o->prefix, &cat, workers, d->warned, priced);
+    json_t *bl = pools ? backlogs(c, d->o->prefix) : NULL;
+    sched_dm_round(d->dm, pools, workers, bl);
+    int changed = !d->last_workers || !json_equal(workers, d->last_workers);
+    const char *reason = !d->last_workers ? "start" : changed ? "fleet changed" : "backlog";
+    if (pools && bl && json_array_size(pools) && json_object_size(bl)) {
+        json_t *fdoc = json_pack("{s:s, s:O}", "name", "heartbeats", "pools", pools);
+        json_t *wdoc = workload_doc(bl, d->file);
+        round_plan rp;
+        md_err pe = {0};
+        if (!solve_round(d, &cat, fdoc, wdoc, priced, &rp, &pe)) {
+            MD_WARN(LOGC, "no plan this round: %s", pe.msg[0] ? pe.msg : "no known models");
+        } else {
+            maybe_publish(d, &rp, &cat, workers, changed, reason);
+            round_free(&rp);
+        }
+        json_decref(fdoc);
+        json_decref(wdoc);
+    }
+    json_decref(pools);
+    json_decref(priced);
+    json_decref(bl);
+    json_decref(workers);
+    sched_catalog_free(&cat);
+    return 0;
+}
+
+/* Hand the lease back so a standby takes over at once. */
+static void release_lease(dstate *d) {
+    redisContext *c = md_redis_ctx(d->rd);
+    if (c && !c->err) {
+        redisReply *r = redisCommand(c, "EVAL %s 1 %s %s",
+                                     "if redis.call('get', KEYS[1]) == ARGV[1] then "
+                                     "return redis.call('del', KEYS[1]) else return 0 end",
+                                     d->key, d->id);
+        freeReplyObject(r);
+    }
+}
+
 int sched_daemon_run_metered(const sched_daemon_opts *o, const sched_catalog *cat0,
                              volatile int *stop, md_metrics *metrics, md_err *e) {
-    md_redis *rd = connect_redis(o->redis_url, o->prefix, e);
-    if (!rd)
+    dstate d = {.o = o};
+    d.rd = connect_redis(o->redis_url, o->prefix, e);
+    if (!d.rd)
         return e->code;
-    json_t *file = NULL;
-    if (o->workload && !(file = md_json_load(o->workload, e))) {
-        md_redis_close(rd);
+    if (o->workload && !(d.file = md_json_load(o->workload, e))) {
+        md_redis_close(d.rd);
         return e->code;
     }
-    char id[40], key[256];
-    md_random_hex(id, sizeof id, 16);
-    snprintf(key, sizeof key, "%sscheduler:lease", o->prefix);
-    json_t *last_workers = NULL, *warned = json_object();
-    double last_ratio = 0;
-    int rc = 0, rounds = 0;
-    sched_dm *dm = sched_dm_new(metrics);
-    MD_INFO(LOGC, "scheduler %s starting (prefix %s)", id, o->prefix);
+    md_random_hex(d.id, sizeof d.id, 16);
+    snprintf(d.key, sizeof d.key, "%sscheduler:lease", o->prefix);
+    d.warned = json_object();
+    d.dm = sched_dm_new(metrics);
+    int rc = 0;
+    MD_INFO(LOGC, "scheduler %s starting (prefix %s)", d.id, o->prefix);
     while (!(stop && *stop)) {
-        redisContext *c = md_redis_ctx(rd);
+        redisContext *c = md_redis_ctx(d.rd);
         if (!c || c->err) {
-            if (md_redis_reconnect(rd, 0, NULL, e)) {
+            if (md_redis_reconnect(d.rd, 0, NULL, e)) {
                 if (o->once)
                     break;
                 MD_WARN(LOGC, "%s; retrying", e->msg);
                 sleep_s(1, stop);
                 continue;
             }
-            c = md_redis_ctx(rd);
+            c = md_redis_ctx(d.rd);
         }
-        int leader = lease(rd, key, id, o->lease_ms);
-        sched_dm_leader(dm, leader);
+        int leader = lease(d.rd, d.key, d.id, o->lease_ms);
+        sched_dm_leader(d.dm, leader);
         if (!leader) {
             if (o->once) {
-                rc = md_errf(e, MD_EREDIS, "another scheduler holds the lease %s", key);
+                rc = md_errf(e, MD_EREDIS, "another scheduler holds the lease %s", d.key);
                 break;
             }
             sleep_s(o->interval_s, stop);
             continue;
         }
-        sched_catalog cat = *cat0;
-        /* The fleet may add types to the catalog: work on a copy. */
-        cat.gpus = malloc((size_t)cat0->n * sizeof *cat.gpus);
-        cat.aliases = json_deep_copy(cat0->aliases);
-        if (!cat.gpus) {
-            rc = md_errf(e, MD_ENOMEM, "out of memory");
+        if ((rc = lead_round(&d, c, cat0, e)))
             break;
-        }
-        memcpy(cat.gpus, cat0->gpus, (size_t)cat0->n * sizeof *cat.gpus);
-        json_t *workers = json_array();
-        json_t *priced = json_object(); /* pools priced by their worker's heartbeat */
-        json_t *pools = fleet_from_heartbeats(c, o->prefix, &cat, workers, warned, priced);
-        json_t *bl = pools ? backlogs(c, o->prefix) : NULL;
-        sched_dm_round(dm, pools, workers, bl);
-        int changed = !last_workers || !json_equal(workers, last_workers);
-        const char *reason = !last_workers ? "start" : changed ? "fleet changed" : "backlog";
-        if (pools && bl && json_array_size(pools) && json_object_size(bl)) {
-            json_t *fdoc = json_pack("{s:s, s:O}", "name", "heartbeats", "pools", pools);
-            json_t *wdoc = workload_doc(bl, file);
-            sched_fleet f;
-            sched_workload w;
-            sched_cands cs;
-            sched_perf_params pp;
-            sched_plan p;
-            sched_opts so;
-            md_err pe = {0};
-            sched_perf_defaults(&pp);
-            sched_opts_defaults(&so);
-            memset(&cs, 0, sizeof cs);
-            /* One pool per (worker, type), merged into one per kind of host: the MILP's size
-             * follows the kinds, not the workers (docs/scheduler.md §6). */
-            int ok = json_array_size(json_object_get(wdoc, "models")) &&
-                     !sched_fleet_from_json(&f, fdoc, &cat, &pe);
-            for (int q = 0; ok && q < f.n; q++)
-                if (json_object_get(priced, f.pools[q].name))
-                    snprintf(f.pools[q].price_from, sizeof f.pools[q].price_from, "heartbeat");
-            if (ok && sched_fleet_aggregate(&f, &pe)) {
-                sched_fleet_free(&f);
-                ok = 0;
-            }
-            if (ok && sched_workload_from_json(&w, wdoc, &pe)) {
-                sched_fleet_free(&f);
-                ok = 0;
-            }
-            uint64_t solve_t0 = md_mono_ns();
-            if (ok && (sched_cands_build(&cs, &w, &f, &cat, NULL, &pp, &pe) ||
-                       sched_plan_solve(&p, &w, &f, &cat, &cs, &so, &pe))) {
-                sched_cands_free(&cs);
-                sched_workload_free(&w);
-                sched_fleet_free(&f);
-                ok = 0;
-            }
-            if (ok)
-                sched_dm_solved(dm, (double)(md_mono_ns() - solve_t0) / 1e9);
-            if (!ok) {
-                MD_WARN(LOGC, "no plan this round: %s", pe.msg[0] ? pe.msg : "no known models");
-            } else {
-                double ratio =
-                    p.busy_usd_per_hour > 0 ? p.tokens_per_s / p.busy_usd_per_hour : p.tokens_per_s;
-                double backlog_tok = 0;
-                for (int m = 0; m < w.n; m++)
-                    backlog_tok +=
-                        w.models[m].requests * sched_demand_tokens_per_request(&w.models[m]);
-                double drain_s = p.tokens_per_s > 0 ? backlog_tok / p.tokens_per_s : INFINITY;
-                double gain = last_ratio > 0 ? ratio / last_ratio - 1 : INFINITY;
-                /* Reloading costs reload_s of every GPU; it pays when the gain over the time
-                 * left to drain the backlog exceeds it. */
-                double need =
-                    o->min_gain + (isfinite(drain_s) && drain_s > 0 ? o->reload_s / drain_s : 0);
-                if (changed || gain > need) {
-                    md_err we = {0};
-                    redisReply *r = md_redis_cmd(rd, &we, "INCR %splan:version", o->prefix);
-                    p.version = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
-                    freeReplyObject(r);
-                    json_t *doc = sched_plan_to_json(&p, &w, &f, &cat, &cs);
-                    json_object_set_new(doc, "reason", json_string(reason));
-                    char *s = json_dumps(doc, JSON_COMPACT);
-                    r = md_redis_cmd(rd, &we, "SET %splan %s", o->prefix, s);
-                    int set_ok = r && r->type == REDIS_REPLY_STATUS;
-                    freeReplyObject(r);
-                    if (set_ok)
-                        sched_dm_published(dm, doc, reason);
-                    json_t *ev = json_pack("{s:s, s:I, s:s, s:f, s:f}", "type", "plan", "version",
-                                           (json_int_t)p.version, "reason", reason, "tokens_per_s",
-                                           p.tokens_per_s, "usd_per_hour", p.usd_per_hour);
-                    char *es = json_dumps(ev, JSON_COMPACT);
-                    r = md_redis_cmd(rd, &we, "PUBLISH %sevents %s", o->prefix, es);
-                    freeReplyObject(r);
-                    free(es);
-                    json_decref(ev);
-                    free(s);
-                    json_decref(doc);
-                    if (set_ok) {
-                        MD_INFO(LOGC, "published plan v%lld (%s): %d replicas, %.0f tok/s, $%.2f/h",
-                                p.version, reason, p.n, p.tokens_per_s, p.usd_per_hour);
-                        last_ratio = ratio;
-                        json_decref(last_workers);
-                        last_workers = json_incref(workers);
-                    }
-                } else {
-                    MD_DEBUG(LOGC, "kept the plan: gain %.3f below %.3f", gain, need);
-                }
-                sched_plan_free(&p);
-                sched_cands_free(&cs);
-                sched_workload_free(&w);
-                sched_fleet_free(&f);
-            }
-            json_decref(fdoc);
-            json_decref(wdoc);
-        }
-        json_decref(pools);
-        json_decref(priced);
-        json_decref(bl);
-        json_decref(workers);
-        sched_catalog_free(&cat);
-        rounds++;
         if (o->once)
             break;
         sleep_s(o->interval_s, stop);
     }
-    /* Hand the lease back so a standby takes over at once. */
-    redisContext *c = md_redis_ctx(rd);
-    if (c && !c->err) {
-        redisReply *r = redisCommand(c, "EVAL %s 1 %s %s",
-                                     "if redis.call('get', KEYS[1]) == ARGV[1] then "
-                                     "return redis.call('del', KEYS[1]) else return 0 end",
-                                     key, id);
-        freeReplyObject(r);
-    }
-    json_decref(last_workers);
-    json_decref(warned);
-    json_decref(file);
-    sched_dm_free(dm);
-    md_redis_close(rd);
-    (void)rounds;
+    release_lease(&d);
+    json_decref(d.last_workers);
+    json_decref(d.warned);
+    json_decref(d.file);
+    sched_dm_free(d.dm);
+    md_redis_close(d.rd);
     /* GLPK keeps a per-thread environment; free it as the daemon's thread ends. */
     glp_free_env();
     return rc;

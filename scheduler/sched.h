@@ -299,7 +299,7 @@ void sched_cands_free(sched_cands *cs);
 int sched_layer_split(const sched_model *m, const sched_catalog *cat, sched_stage *st, int n,
                       double min_kv_tokens, const sched_perf_params *pp, md_err *e);
 
-/* ---- Placement (milp.c) and plans (plan.c) ---- */
+/* ---- Placement (milp.c; packing, the proportional baseline: pack.c), plans (plan.c) ---- */
 typedef struct sched_replica {
     int cand;
     char (*gpu_ids)[SCHED_NAME];     /* cands.c[cand].gpus entries */

@@ -13,6 +13,17 @@ medley_test(test_queue_plan SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_
             LIBS medley_queue LABELS unit)
 medley_test(test_worker_assign SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_worker_assign.c
             LIBS medley_worker LABELS unit)
+# worker/worker_answer.c and worker_metrics.c, the worker's leaves, against a redis-server they
+# start on a free port (tests/unit/redis_fixture.h).
+medley_test(test_worker_answer SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_worker_answer.c
+            LIBS medley_worker LABELS unit)
+medley_test(test_worker_metrics SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_worker_metrics.c
+            LIBS medley_worker LABELS unit)
+foreach(t test_worker_answer test_worker_metrics)
+  if(MEDLEY_REDIS_SERVER)
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "MEDLEY_REDIS_SERVER=${MEDLEY_REDIS_SERVER}")
+  endif()
+endforeach()
 # worker/supervise.c (medley worker --devices) with /bin/sh children and short backoffs.
 medley_test(test_supervise SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_supervise.c
             LIBS medley_worker LABELS unit)

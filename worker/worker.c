@@ -188,7 +188,9 @@ static void periodic(wk *w, int stopping) {
     if (!stopping && !w->broken)
         wk_shard_tick(w);
     if (!w->broken && now - w->last_hb > (uint64_t)w->cfg->heartbeat_ms * 1000000ull) {
-        wk_heartbeat(w, stopping ? "draining" : "running", (double)(now - w->last_hb) / 1e9);
+        if (wk_heartbeat(w, stopping ? "draining" : "running", (double)(now - w->last_hb) / 1e9) ==
+            0)
+            wk_roles_refresh(w); /* the stage keys' TTL goes with the heartbeat's */
         w->last_hb = now;
     }
     uint64_t claim_every = vis / 2 < 5000000000ull ? vis / 2 : 5000000000ull;

@@ -1,17 +1,20 @@
 /* worker_int.h — the worker daemon's state, shared by the files that implement worker.h and
  * by no one else (worker.h is the module's contract). The daemon is one thread and one `wk`
- * struct, split by concern:
+ * struct, split by concern; each file calls only the files listed below it (no circle):
  *   worker.c         the loop (wk_run): startup, the connection, polling the runners, the
  *                    periodic work, stopping
- *   worker_read.c    reading and claiming entries: XREADGROUP, XAUTOCLAIM, validation, the DLQ
- *   worker_answer.c  answers: output lines, the completion script, XACK
- *   worker_lease.c   leases, hand-back and the watchdog; heartbeats
  *   worker_plan.c    model and stream slots, and following the plan
  *   worker_shard.c   sharded replicas: forming a pipeline whose stages run in other
  *                    processes, re-forming it after a failure, and the stage servers this
  *                    worker runs for other workers' replicas
+ *   worker_model.c   a model slot's runner, opened under the watchdog's load limit
+ *   worker_read.c    reading and claiming entries: XREADGROUP, XAUTOCLAIM, validation, the DLQ
+ *   worker_lease.c   leases, hand-back and the watchdog; heartbeats
+ *   worker_answer.c  answers: output lines, the completion script, XACK
  *   worker_metrics.c the Prometheus metrics (--metrics): counted where things happen through
  *                    the wk_metrics_* hooks, served by an HTTP thread that never touches wk
+ * worker_metrics.c calls nothing else of the worker, worker_answer.c only its hooks; both
+ * have unit tests of their own (tests/unit/test_worker_metrics.c, test_worker_answer.c).
  * Each group of fields in `wk` below names the file that owns it: that file sets it up and
  * frees it (close_all in worker.c frees what is left at exit); the others read it, or
  * change it only as the group's comment says.
@@ -25,6 +28,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/err.h"
 #include "common/redis.h"
@@ -84,7 +88,7 @@ typedef struct {
     int m; /* model slot */
     char key[Q_KEY_MAX];
     char cursor[ENTRY_ID_MAX]; /* XAUTOCLAIM cursor */
-    int claim_more; /* look again before the next read (wk_take_over) */
+    int claim_more;            /* look again before the next read (wk_take_over) */
 } stream;
 
 #define WK_SPEC_MAX 1400    /* a --stages list: WK_PIPE_MAX endpoints and ranges */
@@ -135,10 +139,10 @@ typedef struct {
 /* Redis refusing the completion script (worker_answer.c): answers are held and retried
  * after backoff_ms; reading stops meanwhile. */
 typedef struct {
-    int refused;       /* the last try was refused */
-    char error[200];   /* Redis's error reply */
+    int refused;        /* the last try was refused */
+    char error[200];    /* Redis's error reply */
     long long since_ms; /* wall clock of the first refusal of this episode */
-    long count;        /* refusals in this episode */
+    long count;         /* refusals in this episode */
     int backoff_ms;
     uint64_t next_ns, logged_ns;
 } wk_wr;
@@ -156,11 +160,11 @@ typedef struct {
      * reconnects and sets up the scripts and groups again (sha: the completion script's
      * SHA1, which wk_flush loads again on NOSCRIPT). */
     md_redis *r;
-    int broken;   /* the connection failed; reconnect before the next command */
+    int broken;         /* the connection failed; reconnect before the next command */
     int resume_counted; /* the start could not resume its predecessor's entries: heal does */
     uint64_t healed_ns; /* when the last reconnect's setup succeeded */
     int flap_ms;        /* backoff of a connection that drops again right after a heal */
-    unsigned gen; /* connection generation the scripts and groups were set up for */
+    unsigned gen;       /* connection generation the scripts and groups were set up for */
     char sha[41];
 
     /* worker.c: the loop's clocks (md_mono_ns at the last run of each periodic task);
@@ -219,6 +223,20 @@ static inline int stream_model(wk *w, int s) {
     return w->st[s].m;
 }
 
+/* The device type of heartbeats and output lines: --device-type, else the runner's, else
+ * what --device says ("cpu" or "cuda"). */
+static inline const char *wk_dev_type(wk *w, int m) {
+    if (w->cfg->device_type && *w->cfg->device_type)
+        return w->cfg->device_type;
+    if (m >= 0 && m < WK_MAX_MODELS && w->mod[m].runner)
+        return wk_runner_device(w->mod[m].runner);
+    for (int k = 0; k < WK_MAX_MODELS; k++)
+        if (w->mod[k].runner)
+            return wk_runner_device(w->mod[k].runner);
+    const char *d = w->cfg->runner.device;
+    return d && !strncmp(d, "cuda", 4) ? "cuda" : "cpu";
+}
+
 /* ---- worker_read.c ---- */
 
 /* XGROUP CREATE key from id 0 (a group that exists already is fine). MD_EREDIS when the
@@ -252,12 +270,11 @@ int wk_write_blocked(const wk *w);
 
 /* ---- worker_lease.c ---- */
 
-/* The device type of heartbeats and output lines (m: a model slot, or -1). */
-const char *wk_dev_type(wk *w, int m);
 /* XCLAIM running entries to ourselves; idle_ms > 0 hands them back instead. */
 void wk_renew(wk *w, long long idle_ms, int handback_only);
-/* HSET the heartbeat key P worker:{W} and renew its TTL. */
-void wk_heartbeat(wk *w, const char *state, double dt_s);
+/* HSET the heartbeat key P worker:{W} and renew its TTL: 0 when written, -1 when not (out of
+ * memory, or the connection broke: w->broken set). */
+int wk_heartbeat(wk *w, const char *state, double dt_s);
 /* Hand back the requests of a failed device. */
 void wk_hand_back(wk *w);
 /* Tell the watchdog the streams, when they changed. */
@@ -265,7 +282,7 @@ void wk_watch_streams(wk *w);
 /* Take the watchdog's verdict: forget what it handed back and stop with why. */
 void wk_after_watchdog(wk *w, const char *why);
 
-/* ---- worker_plan.c ---- */
+/* ---- worker_model.c ---- */
 
 /* Open a model in a free slot; returns the slot or an error. */
 int wk_add_model(wk *w, const char *name, md_err *e);
@@ -274,6 +291,9 @@ int wk_new_model(wk *w, const char *name, md_err *e);
 /* Open model m's runner with o under the watchdog's load limit, and its job slots (none of
  * the old ones in use). */
 int wk_open_runner(wk *w, int m, const wk_runner_opts *o, md_err *e);
+
+/* ---- worker_plan.c ---- */
+
 /* Read a stream of model m (again). */
 int wk_add_stream(wk *w, int m, const char *key, md_err *e);
 /* Free drained streams and models. */

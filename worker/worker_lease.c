@@ -14,20 +14,6 @@
 #include "common/log.h"
 #include "common/util.h"
 
-/* The device type of heartbeats and output lines: --device-type, else the runner's, else
- * what --device says ("cpu" or "cuda"). */
-const char *wk_dev_type(wk *w, int m) {
-    if (w->cfg->device_type && *w->cfg->device_type)
-        return w->cfg->device_type;
-    if (m >= 0 && m < WK_MAX_MODELS && w->mod[m].runner)
-        return wk_runner_device(w->mod[m].runner);
-    for (int k = 0; k < WK_MAX_MODELS; k++)
-        if (w->mod[k].runner)
-            return wk_runner_device(w->mod[k].runner);
-    const char *d = w->cfg->runner.device;
-    return d && !strncmp(d, "cuda", 4) ? "cuda" : "cpu";
-}
-
 /* XCLAIM our running entries to ourselves (JUSTID: no delivery count bump), resetting their
  * idle time so nobody takes them over; draining streams included. idle_ms > 0 instead marks
  * them idle that long: the hand-back on stop, so another worker takes them over at once. */
@@ -84,13 +70,13 @@ void wk_renew(wk *w, long long idle_ms, int handback_only) {
     }
 }
 
-void wk_heartbeat(wk *w, const char *state, double dt_s) {
+int wk_heartbeat(wk *w, const char *state, double dt_s) {
     if (!w->drain_asked) { /* an operator's drain (`medley dashboard`): docs/protocol.md §6 */
         md_err de = {0};
         redisReply *d = md_redis_cmd(w->r, &de, "HMGET %s drain", w->wkey);
         if (!d) {
             w->broken = 1;
-            return;
+            return -1;
         }
         if (d->type == REDIS_REPLY_ARRAY && d->elements == 1 &&
             d->element[0]->type == REDIS_REPLY_STRING && d->element[0]->len > 0) {
@@ -172,7 +158,7 @@ void wk_heartbeat(wk *w, const char *state, double dt_s) {
     if (!s || !ds) {
         free(s);
         free(ds);
-        return;
+        return -1;
     }
     md_err e = {0};
     redisReply *rep = md_redis_cmd(
@@ -183,7 +169,7 @@ void wk_heartbeat(wk *w, const char *state, double dt_s) {
     free(ds);
     if (!rep) {
         w->broken = 1;
-        return;
+        return -1;
     }
     freeReplyObject(rep);
     rep = md_redis_cmd(w->r, &e, "PEXPIRE %s %d", w->wkey, 3 * w->cfg->heartbeat_ms);
@@ -191,7 +177,7 @@ void wk_heartbeat(wk *w, const char *state, double dt_s) {
         w->broken = 1;
     else
         freeReplyObject(rep);
-    wk_roles_refresh(w);
+    return 0;
 }
 
 /* Requests whose device failed go back to the stream marked idle past the visibility

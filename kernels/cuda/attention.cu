@@ -179,9 +179,105 @@ size_t cuda_attn_decode_work_bytes(int n, int n_heads, int head_dim, int n_split
     return (size_t)n * n_heads * n_splits * (2 + head_dim) * sizeof(float);
 }
 
+/* DEC_KU keys of the warp (p0, p0 + DEC_WARPS, ...; zeros from k1 on): this lane's D dims
+ * of K and V, and the GM query heads' scores summed over the warp. Their loads are in flight
+ * together and their GM x DEC_KU warp sums interleave. */
+template <int CT, int D, int GM>
+__device__ __forceinline__ void dec_keys(const void *kc, const void *vc, const int32_t *bt,
+                                         int block_tokens, int n_kv_heads, int kvh, int lane,
+                                         int p0, int k1, const float (&qv)[GM][D],
+                                         float (&vv)[DEC_KU][D], float (&s)[DEC_KU][GM]) {
+    const int HD = D * 32;
+    float kk[DEC_KU][D];
+#pragma unroll
+    for (int j = 0; j < DEC_KU; j++) {
+        int p = p0 + j * DEC_WARPS;
+        if (p < k1) {
+            int64_t base = (kv_slot(bt, p, block_tokens) * n_kv_heads + kvh) * HD + lane * D;
+            ld_kv_vec<CT, D>(kc, base, kk[j]);
+            ld_kv_vec<CT, D>(vc, base, vv[j]);
+        } else {
+#pragma unroll
+            for (int d = 0; d < D; d++)
+                kk[j][d] = vv[j][d] = 0.0f;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < DEC_KU; j++)
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int d = 0; d < D; d++)
+                a += qv[g][d] * kk[j][d];
+            s[j][g] = a;
+        }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < DEC_KU; j++)
+#pragma unroll
+            for (int g = 0; g < GM; g++)
+                s[j][g] += __shfl_xor_sync(0xffffffffu, s[j][g], o);
+}
+
+/* The online softmax takes the keys one by one (those before k1), so the result is the same
+ * as one key at a time: per query head g < G, the max m, the sum l and acc move on. */
+template <int D, int GM>
+__device__ __forceinline__ void dec_online(float (&m)[GM], float (&l)[GM], float (&acc)[GM][D],
+                                           const float (&vv)[DEC_KU][D],
+                                           const float (&s)[DEC_KU][GM], int G, int p0, int k1) {
+#pragma unroll
+    for (int j = 0; j < DEC_KU; j++) {
+        if (p0 + j * DEC_WARPS >= k1)
+            break;
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            if (g >= G)
+                break;
+            float mn = fmaxf(m[g], s[j][g]), corr = __expf(m[g] - mn), pw = __expf(s[j][g] - mn);
+            l[g] = l[g] * corr + pw;
+#pragma unroll
+            for (int d = 0; d < D; d++)
+                acc[g][d] = acc[g][d] * corr + pw * vv[j][d];
+            m[g] = mn;
+        }
+    }
+}
+
+/* Merge the block's warps (their m, l, acc of one query head staged in sm, sl, sacc) into
+ * wo: the output itself with one split (one, as k_attn_dec_merge would from this one
+ * partial, its weight exp(0) = 1), else the partial {mx, ls, acc} at wo[-2], wo[-1], wo. */
+template <int D>
+__device__ __forceinline__ void dec_merge_warps(const float *sm, const float *sl,
+                                                const float (*sacc)[D * 32], int one, float *wo) {
+    const int HD = D * 32;
+    float mx = -FLT_MAX;
+    for (int w = 0; w < DEC_WARPS; w++)
+        mx = fmaxf(mx, sm[w]);
+    float ls = 0.0f;
+    for (int w = 0; w < DEC_WARPS; w++)
+        if (sl[w] > 0.0f)
+            ls += sl[w] * __expf(sm[w] - mx);
+    float inv = one && ls > 0.0f ? 1.0f / ls : 0.0f;
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++)
+            if (sl[w] > 0.0f)
+                a += sacc[w][d] * __expf(sm[w] - mx);
+        wo[d] = one ? a * inv : a;
+    }
+    if (!one && threadIdx.x == 0) {
+        wo[-2] = mx;
+        wo[-1] = ls;
+    }
+}
+
 /* D = head_dim / 32 dims per lane; GM >= G = n_heads / n_kv_heads query heads per kv head,
  * the register arrays' size (launch_dec picks the smallest of 1, 2, 4, 8 that holds G, so a
- * Llama-3-8B group of 4 keeps 4 heads in registers, not MAX_GQA). */
+ * Llama-3-8B group of 4 keeps 4 heads in registers, not MAX_GQA). The warp's keys p = k0 +
+ * warp, + DEC_WARPS, ... in order, DEC_KU at a time (dec_keys, dec_online); then the warps
+ * merged through shared memory, one query head at a time (dec_merge_warps). */
 template <int CT, int D, int GM>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     k_attn_dec(const void *kc, const void *vc, int n_kv_heads, int block_tokens, const float *q,
@@ -209,60 +305,11 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                            : 0.0f;
         }
     }
-    /* The warp's keys p = k0 + warp, + DEC_WARPS, ... in order, DEC_KU at a time: their K/V
-     * loads are in flight together and their GM x DEC_KU warp sums interleave; the online
-     * softmax then takes them one by one, so the result is the same as one key at a time. */
     for (int p0 = k0 + warp; p0 < k1; p0 += DEC_KU * DEC_WARPS) {
-        float kk[DEC_KU][D], vv[DEC_KU][D], s[DEC_KU][GM];
-#pragma unroll
-        for (int j = 0; j < DEC_KU; j++) {
-            int p = p0 + j * DEC_WARPS;
-            if (p < k1) {
-                int64_t base = (kv_slot(bt, p, block_tokens) * n_kv_heads + kvh) * HD + lane * D;
-                ld_kv_vec<CT, D>(kc, base, kk[j]);
-                ld_kv_vec<CT, D>(vc, base, vv[j]);
-            } else {
-#pragma unroll
-                for (int d = 0; d < D; d++)
-                    kk[j][d] = vv[j][d] = 0.0f;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < DEC_KU; j++)
-#pragma unroll
-            for (int g = 0; g < GM; g++) {
-                float a = 0.0f;
-#pragma unroll
-                for (int d = 0; d < D; d++)
-                    a += qv[g][d] * kk[j][d];
-                s[j][g] = a;
-            }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-            for (int j = 0; j < DEC_KU; j++)
-#pragma unroll
-                for (int g = 0; g < GM; g++)
-                    s[j][g] += __shfl_xor_sync(0xffffffffu, s[j][g], o);
-#pragma unroll
-        for (int j = 0; j < DEC_KU; j++) {
-            if (p0 + j * DEC_WARPS >= k1)
-                break;
-#pragma unroll
-            for (int g = 0; g < GM; g++) {
-                if (g >= G)
-                    break;
-                float mn = fmaxf(m[g], s[j][g]), corr = __expf(m[g] - mn),
-                      pw = __expf(s[j][g] - mn);
-                l[g] = l[g] * corr + pw;
-#pragma unroll
-                for (int d = 0; d < D; d++)
-                    acc[g][d] = acc[g][d] * corr + pw * vv[j][d];
-                m[g] = mn;
-            }
-        }
+        float vv[DEC_KU][D], s[DEC_KU][GM];
+        dec_keys<CT, D, GM>(kc, vc, bt, block_tokens, n_kv_heads, kvh, lane, p0, k1, qv, vv, s);
+        dec_online<D, GM>(m, l, acc, vv, s, G, p0, k1);
     }
-    /* Merge the warps of this block through shared memory, one query head at a time. */
     __shared__ float sm[DEC_WARPS], sl[DEC_WARPS], sacc[DEC_WARPS][HD];
 #pragma unroll
     for (int g = 0; g < GM; g++) {
@@ -276,33 +323,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         for (int d = 0; d < D; d++)
             sacc[warp][lane * D + d] = acc[g][d];
         __syncthreads();
-        float mx = -FLT_MAX;
-        for (int w = 0; w < DEC_WARPS; w++)
-            mx = fmaxf(mx, sm[w]);
-        float ls = 0.0f;
-        for (int w = 0; w < DEC_WARPS; w++)
-            if (sl[w] > 0.0f)
-                ls += sl[w] * __expf(sm[w] - mx);
-        /* With one split the block holds the whole range and writes the output itself, as
-         * k_attn_dec_merge would from this one partial (its weight exp(0) = 1); else the
-         * partial {mx, ls, acc} goes to work. */
         int one = n_splits == 1;
-        float inv = one && ls > 0.0f ? 1.0f / ls : 0.0f;
         float *wo =
             one ? out + ((int64_t)qrow * n_heads + kvh * G + g) * HD
                 : work + (((int64_t)entry * n_heads + kvh * G + g) * n_splits + split) * (2 + HD) +
                       2;
-        for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-            float a = 0.0f;
-            for (int w = 0; w < DEC_WARPS; w++)
-                if (sl[w] > 0.0f)
-                    a += sacc[w][d] * __expf(sm[w] - mx);
-            wo[d] = one ? a * inv : a;
-        }
-        if (!one && threadIdx.x == 0) {
-            wo[-2] = mx;
-            wo[-1] = ls;
-        }
+        dec_merge_warps<D>(sm, sl, sacc, one, wo);
         __syncthreads();
     }
 }
@@ -550,20 +576,174 @@ static inline int pf_tc_heads(int G) {
     return gw;
 }
 
+/* Q rows g and g + 8 of the tile (scaled, as 16-bit pairs) as A fragments of S = Q K^T;
+ * zeros for a row past the tile's queries (v0, v8 false). */
+template <int CT, int HD>
+__device__ __forceinline__ void pf_load_q(uint32_t (&qa)[HD / 16][4], const float *q0,
+                                          const float *q8, bool v0, bool v8, int t, float scale) {
+#pragma unroll
+    for (int kc = 0; kc < HD / 16; kc++) {
+        int c = kc * 16 + 2 * t;
+        qa[kc][0] = v0 ? pack_h2<CT>(q0[c] * scale, q0[c + 1] * scale) : 0u;
+        qa[kc][1] = v8 ? pack_h2<CT>(q8[c] * scale, q8[c + 1] * scale) : 0u;
+        qa[kc][2] = v0 ? pack_h2<CT>(q0[c + 8] * scale, q0[c + 9] * scale) : 0u;
+        qa[kc][3] = v8 ? pack_h2<CT>(q8[c + 8] * scale, q8[c + 9] * scale) : 0u;
+    }
+}
+
+/* The block stages keys kt .. kt + PFT_TK of kv head kvh into sk and sv (rows of LD 16-bit
+ * values as cached; zeros from kend on). */
+template <int HD>
+__device__ __forceinline__ void pf_stage_kv(uint16_t *sk, uint16_t *sv, const void *kc,
+                                            const void *vc, const int32_t *bt, int block_tokens,
+                                            int n_kv_heads, int kvh, int kt, int kend) {
+    constexpr int LD = HD + PFT_PAD;
+    for (int i = threadIdx.x; i < PFT_TK * (HD / 8); i += blockDim.x) {
+        int r = i / (HD / 8), c8 = i % (HD / 8) * 8, p = kt + r;
+        uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
+        if (p < kend) {
+            int64_t off = (kv_slot(bt, p, block_tokens) * n_kv_heads + kvh) * HD + c8;
+            kx = *(const uint4 *)((const uint16_t *)kc + off);
+            vx = *(const uint4 *)((const uint16_t *)vc + off);
+        }
+        *(uint4 *)&sk[r * LD + c8] = kx;
+        *(uint4 *)&sv[r * LD + c8] = vx;
+    }
+}
+
+/* S = Q K^T over the staged keys: n-tile j holds keys 8j + 2t and + 1 of rows g and g + 8;
+ * K read as B with one 32-bit load per register. */
+template <int CT, int HD>
+__device__ __forceinline__ void pf_scores(float (&s)[PFT_TK / 8][4],
+                                          const uint32_t (&qa)[HD / 16][4], const uint16_t *sk,
+                                          int g, int t) {
+    constexpr int LD = HD + PFT_PAD;
+#pragma unroll
+    for (int j = 0; j < PFT_TK / 8; j++) {
+        s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        const uint16_t *kr = &sk[(8 * j + g) * LD + 2 * t];
+#pragma unroll
+        for (int kc = 0; kc < HD / 16; kc++) {
+            uint32_t b[2] = {*(const uint32_t *)(kr + kc * 16),
+                             *(const uint32_t *)(kr + kc * 16 + 8)};
+            mma_h16<CT>(s[j], qa[kc], b);
+        }
+    }
+}
+
+/* The causal mask (query positions qp0, qp8; -1: no query), then the online softmax of rows
+ * g and g + 8: s becomes P (unnormalised), the row maxima m and partial sums l move on and O
+ * is rescaled. The row max is reduced over the lane quad. */
+template <int HD>
+__device__ __forceinline__ void pf_softmax(float (&s)[PFT_TK / 8][4], float (&o)[HD / 8][4],
+                                           float &m0, float &m8, float &l0, float &l8, int kt,
+                                           int t, int qp0, int qp8) {
+    float mx0 = -FLT_MAX, mx8 = -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < PFT_TK / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int p = kt + 8 * j + 2 * t + (i & 1);
+            if (p > (i < 2 ? qp0 : qp8))
+                s[j][i] = -FLT_MAX;
+            if (i < 2)
+                mx0 = fmaxf(mx0, s[j][i]);
+            else
+                mx8 = fmaxf(mx8, s[j][i]);
+        }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx8 = fmaxf(mx8, __shfl_xor_sync(0xffffffffu, mx8, 1));
+    mx8 = fmaxf(mx8, __shfl_xor_sync(0xffffffffu, mx8, 2));
+    float n0 = fmaxf(m0, mx0), n8 = fmaxf(m8, mx8);
+    float c0 = __expf(m0 - n0), c8 = __expf(m8 - n8);
+    m0 = n0;
+    m8 = n8;
+    float sum0 = 0.0f, sum8 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PFT_TK / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float mm = i < 2 ? n0 : n8;
+            float pv = s[j][i] == -FLT_MAX ? 0.0f : __expf(s[j][i] - mm);
+            s[j][i] = pv;
+            if (i < 2)
+                sum0 += pv;
+            else
+                sum8 += pv;
+        }
+    l0 = l0 * c0 + sum0;
+    l8 = l8 * c8 + sum8;
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) {
+        o[j][0] *= c0;
+        o[j][1] *= c0;
+        o[j][2] *= c8;
+        o[j][3] *= c8;
+    }
+}
+
+/* O += P V over the staged values: S's n-tiles are P's A fragments (two per k16 step); O
+ * n-tile j holds dims 8j + 2t, + 1; V read with two 16-bit loads per register. */
+template <int CT, int HD>
+__device__ __forceinline__ void pf_pv(float (&o)[HD / 8][4], const float (&s)[PFT_TK / 8][4],
+                                      const uint16_t *sv, int g, int t) {
+    constexpr int LD = HD + PFT_PAD;
+#pragma unroll
+    for (int kk = 0; kk < PFT_TK / 16; kk++) {
+        uint32_t pa[4] = {pack_h2<CT>(s[2 * kk][0], s[2 * kk][1]),
+                          pack_h2<CT>(s[2 * kk][2], s[2 * kk][3]),
+                          pack_h2<CT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                          pack_h2<CT>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const uint16_t *vr = &sv[(16 * kk + 2 * t) * LD + g];
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) {
+            const uint16_t *x = vr + 8 * j;
+            uint32_t b[2] = {(uint32_t)x[0] | (uint32_t)x[LD] << 16,
+                             (uint32_t)x[8 * LD] | (uint32_t)x[9 * LD] << 16};
+            mma_h16<CT>(o[j], pa, b);
+        }
+    }
+}
+
+/* Rows g and g + 8 of O over their sums (the threads' partial sums reduced over the lane
+ * quad), written where they are queries of the tile. */
+template <int HD>
+__device__ __forceinline__ void pf_store(const float (&o)[HD / 8][4], float l0, float l8, float *o0,
+                                         float *o8, bool v0, bool v8) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l8 += __shfl_xor_sync(0xffffffffu, l8, 1);
+    l8 += __shfl_xor_sync(0xffffffffu, l8, 2);
+    float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i8 = l8 > 0.0f ? 1.0f / l8 : 0.0f;
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) {
+        if (v0) {
+            o0[8 * j] = o[j][0] * i0;
+            o0[8 * j + 1] = o[j][1] * i0;
+        }
+        if (v8) {
+            o8[8 * j] = o[j][2] * i8;
+            o8[8 * j + 1] = o[j][3] * i8;
+        }
+    }
+}
+
 /* Block per (tile, group of blockDim.x / 32 query heads sharing a kv head); warp w computes
  * head blockIdx.y * heads + w for the tile's up to 16 queries. Fragments (groupID g = lane
  * / 4, t = lane % 4): Q as A of S = Q K^T, rows g and g + 8; S n-tile j holds keys 8j + 2t
  * and + 1 of rows g and g + 8, which is also P's A fragment for P V (two n-tiles per k16
  * step); O n-tile j holds dims 8j + 2t, + 1. K and V rows are staged as cached (16-bit), K
  * read as B with one 32-bit load per register, V with two 16-bit loads. Each thread keeps
- * a partial row sum, the row max is reduced over the lane quad. */
+ * a partial row sum, the row max is reduced over the lane quad. The steps: pf_load_q, then
+ * per K/V tile pf_stage_kv, pf_scores, pf_softmax, pf_pv; pf_store. */
 template <int CT, int HD>
 __global__ void __launch_bounds__(PFT_MAX_WARPS * 32)
     k_attn_pf_tc(const void *kc, const void *vc, int n_kv_heads, int block_tokens, const float *q,
                  const int32_t *tiles, const int32_t *block_table, int max_blocks, int n_heads,
                  float scale, float *out) {
-    constexpr int TK = PFT_TK, LD = HD + PFT_PAD, KC = HD / 16, NT = TK / 8, ND = HD / 8;
-    __shared__ __align__(16) uint16_t sk[TK * LD], sv[TK * LD];
+    constexpr int LD = HD + PFT_PAD;
+    __shared__ __align__(16) uint16_t sk[PFT_TK * LD], sv[PFT_TK * LD];
     int heads = blockDim.x >> 5, tile = blockIdx.x, warp = threadIdx.x >> 5,
         lane = threadIdx.x & 31;
     int h = blockIdx.y * heads + warp, kvh = blockIdx.y * heads / (n_heads / n_kv_heads);
@@ -574,125 +754,26 @@ __global__ void __launch_bounds__(PFT_MAX_WARPS * 32)
     bool v0 = g < nq, v8 = g + 8 < nq;
     const float *q0 = q + ((int64_t)(t0 + (v0 ? g : 0)) * n_heads + h) * HD;
     const float *q8 = q + ((int64_t)(t0 + (v8 ? g + 8 : 0)) * n_heads + h) * HD;
-    uint32_t qa[KC][4];
+    uint32_t qa[HD / 16][4];
+    pf_load_q<CT, HD>(qa, q0, q8, v0, v8, t, scale);
+    float o[HD / 8][4];
 #pragma unroll
-    for (int kc = 0; kc < KC; kc++) {
-        int c = kc * 16 + 2 * t;
-        qa[kc][0] = v0 ? pack_h2<CT>(q0[c] * scale, q0[c + 1] * scale) : 0u;
-        qa[kc][1] = v8 ? pack_h2<CT>(q8[c] * scale, q8[c + 1] * scale) : 0u;
-        qa[kc][2] = v0 ? pack_h2<CT>(q0[c + 8] * scale, q0[c + 9] * scale) : 0u;
-        qa[kc][3] = v8 ? pack_h2<CT>(q8[c + 8] * scale, q8[c + 9] * scale) : 0u;
-    }
-    float o[ND][4];
-#pragma unroll
-    for (int j = 0; j < ND; j++)
+    for (int j = 0; j < HD / 8; j++)
         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m0 = -FLT_MAX, m8 = -FLT_MAX, l0 = 0.0f, l8 = 0.0f;
     int kend = p0 + nq, qp0 = v0 ? p0 + g : -1, qp8 = v8 ? p0 + g + 8 : -1;
-    for (int kt = 0; kt < kend; kt += TK) {
+    for (int kt = 0; kt < kend; kt += PFT_TK) {
         __syncthreads();
-        for (int i = threadIdx.x; i < TK * (HD / 8); i += blockDim.x) {
-            int r = i / (HD / 8), c8 = i % (HD / 8) * 8, p = kt + r;
-            uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
-            if (p < kend) {
-                int64_t off = (kv_slot(bt, p, block_tokens) * n_kv_heads + kvh) * HD + c8;
-                kx = *(const uint4 *)((const uint16_t *)kc + off);
-                vx = *(const uint4 *)((const uint16_t *)vc + off);
-            }
-            *(uint4 *)&sk[r * LD + c8] = kx;
-            *(uint4 *)&sv[r * LD + c8] = vx;
-        }
+        pf_stage_kv<HD>(sk, sv, kc, vc, bt, block_tokens, n_kv_heads, kvh, kt, kend);
         __syncthreads();
-        float s[NT][4];
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-            const uint16_t *kr = &sk[(8 * j + g) * LD + 2 * t];
-#pragma unroll
-            for (int kc = 0; kc < KC; kc++) {
-                uint32_t b[2] = {*(const uint32_t *)(kr + kc * 16),
-                                 *(const uint32_t *)(kr + kc * 16 + 8)};
-                mma_h16<CT>(s[j], qa[kc], b);
-            }
-        }
-        /* causal mask, then the online softmax of rows g and g + 8 */
-        float mx0 = -FLT_MAX, mx8 = -FLT_MAX;
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int p = kt + 8 * j + 2 * t + (i & 1);
-                if (p > (i < 2 ? qp0 : qp8))
-                    s[j][i] = -FLT_MAX;
-                if (i < 2)
-                    mx0 = fmaxf(mx0, s[j][i]);
-                else
-                    mx8 = fmaxf(mx8, s[j][i]);
-            }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx8 = fmaxf(mx8, __shfl_xor_sync(0xffffffffu, mx8, 1));
-        mx8 = fmaxf(mx8, __shfl_xor_sync(0xffffffffu, mx8, 2));
-        float n0 = fmaxf(m0, mx0), n8 = fmaxf(m8, mx8);
-        float c0 = __expf(m0 - n0), c8 = __expf(m8 - n8);
-        m0 = n0;
-        m8 = n8;
-        float sum0 = 0.0f, sum8 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float mm = i < 2 ? n0 : n8;
-                float pv = s[j][i] == -FLT_MAX ? 0.0f : __expf(s[j][i] - mm);
-                s[j][i] = pv;
-                if (i < 2)
-                    sum0 += pv;
-                else
-                    sum8 += pv;
-            }
-        l0 = l0 * c0 + sum0;
-        l8 = l8 * c8 + sum8;
-#pragma unroll
-        for (int j = 0; j < ND; j++) {
-            o[j][0] *= c0;
-            o[j][1] *= c0;
-            o[j][2] *= c8;
-            o[j][3] *= c8;
-        }
-#pragma unroll
-        for (int kk = 0; kk < TK / 16; kk++) {
-            uint32_t pa[4] = {pack_h2<CT>(s[2 * kk][0], s[2 * kk][1]),
-                              pack_h2<CT>(s[2 * kk][2], s[2 * kk][3]),
-                              pack_h2<CT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_h2<CT>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            const uint16_t *vr = &sv[(16 * kk + 2 * t) * LD + g];
-#pragma unroll
-            for (int j = 0; j < ND; j++) {
-                const uint16_t *x = vr + 8 * j;
-                uint32_t b[2] = {(uint32_t)x[0] | (uint32_t)x[LD] << 16,
-                                 (uint32_t)x[8 * LD] | (uint32_t)x[9 * LD] << 16};
-                mma_h16<CT>(o[j], pa, b);
-            }
-        }
+        float s[PFT_TK / 8][4];
+        pf_scores<CT, HD>(s, qa, sk, g, t);
+        pf_softmax<HD>(s, o, m0, m8, l0, l8, kt, t, qp0, qp8);
+        pf_pv<CT, HD>(o, s, sv, g, t);
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l8 += __shfl_xor_sync(0xffffffffu, l8, 1);
-    l8 += __shfl_xor_sync(0xffffffffu, l8, 2);
-    float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i8 = l8 > 0.0f ? 1.0f / l8 : 0.0f;
     float *o0 = out + ((int64_t)(t0 + g) * n_heads + h) * HD + 2 * t;
     float *o8 = out + ((int64_t)(t0 + g + 8) * n_heads + h) * HD + 2 * t;
-#pragma unroll
-    for (int j = 0; j < ND; j++) {
-        if (v0) {
-            o0[8 * j] = o[j][0] * i0;
-            o0[8 * j + 1] = o[j][1] * i0;
-        }
-        if (v8) {
-            o8[8 * j] = o[j][2] * i8;
-            o8[8 * j + 1] = o[j][3] * i8;
-        }
-    }
+    pf_store<HD>(o, l0, l8, o0, o8, v0, v8);
 }
 
 template <int CT, int HD>

@@ -255,94 +255,74 @@ __device__ void top_logprobs(const float *l, int vocab, int k, float raw_mx, flo
     }
 }
 
-__global__ void k_sample(float *logits, int vocab, const cuda_sample_params *params,
-                         const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob,
-                         int32_t *top_tok, float *top_lp) {
-    __shared__ float sh[32], shv[32];
-    __shared__ int shi[32];
-    __shared__ float carry, raw_tok;
-    __shared__ int found;
-    __shared__ unsigned long long bins[RADIX_BINS];
-    __shared__ radix_pick cut;
-    float *l = logits + (int64_t)blockIdx.x * vocab;
-    cuda_sample_params P = params[blockIdx.x];
+/* A row with a NaN (a faulty device or weights: the engine fails the row) or no finite logit
+ * (no token to pick): token -1, logprob 0, no alternatives. */
+__device__ void sample_no_token(int32_t *out, float *logprob, int32_t *top_tok, float *top_lp) {
+    if (threadIdx.x == 0) {
+        out[blockIdx.x] = -1;
+        if (logprob)
+            logprob[blockIdx.x] = 0.0f;
+    }
+    for (int r = threadIdx.x; top_tok && r < CUDA_SAMPLE_TOP; r += blockDim.x) {
+        top_tok[(int64_t)blockIdx.x * CUDA_SAMPLE_TOP + r] = -1;
+        top_lp[(int64_t)blockIdx.x * CUDA_SAMPLE_TOP + r] = 0.0f;
+    }
+}
 
-    float mx, lmin;
-    int amax, nan;
-    row_stats(l, vocab, shv, shi, sh, &mx, &amax, &lmin, &nan);
-    /* a NaN: a faulty device or weights, the engine fails the row; every logit -inf: no token
-     * to pick, and INT_MAX is no index */
-    if (nan || amax == INT_MAX) {
-        if (threadIdx.x == 0) {
-            out[blockIdx.x] = -1;
-            if (logprob)
-                logprob[blockIdx.x] = 0.0f;
-        }
-        for (int r = threadIdx.x; top_tok && r < CUDA_SAMPLE_TOP; r += blockDim.x) {
-            top_tok[(int64_t)blockIdx.x * CUDA_SAMPLE_TOP + r] = -1;
-            top_lp[(int64_t)blockIdx.x * CUDA_SAMPLE_TOP + r] = 0.0f;
-        }
-        return;
+/* The row's penalties applied in place, each entry's raw logit saved in pen_raw. Each entry
+ * names a distinct token: one thread per entry, no races. Unfused arithmetic, as
+ * engine/sampler.c does it on the host, so both give the same bits. */
+__device__ void apply_penalties(float *l, int vocab, const cuda_sample_params *P,
+                                const cuda_sample_pen *pen, float *pen_raw) {
+    for (int j = threadIdx.x; j < P->pen_n; j += blockDim.x) {
+        cuda_sample_pen en = pen[P->pen_off + j];
+        if (en.token < 0 || en.token >= vocab)
+            continue;
+        float v = l[en.token];
+        pen_raw[P->pen_off + j] = v;
+        if (P->repetition != 1.0f)
+            v = v > 0.0f ? __fdiv_rn(v, P->repetition) : __fmul_rn(v, P->repetition);
+        if (en.n_out > 0)
+            v = __fsub_rn(v, __fadd_rn(P->presence, __fmul_rn(P->frequency, (float)en.n_out)));
+        l[en.token] = v;
     }
-    /* the logprob is the raw row's: its log-sum-exp before the penalties change it */
-    float raw_mx = mx, raw_lse = 0.0f;
-    if (logprob || top_tok) {
-        float dummy, z;
-        kept(l, vocab, mx, 1.0f, -FLT_MAX, sh, &dummy, &z);
-        raw_lse = logf(z);
-    }
-    if (top_tok)
-        top_logprobs(l, vocab, P.n_top, raw_mx, raw_lse, shv, shi,
-                     top_tok + (int64_t)blockIdx.x * CUDA_SAMPLE_TOP,
-                     top_lp + (int64_t)blockIdx.x * CUDA_SAMPLE_TOP);
-    if (P.pen_n > 0) {
-        /* each entry names a distinct token: one thread per entry, no races. Unfused
-         * arithmetic, as engine/sampler.c does it on the host, so both give the same bits. */
-        for (int j = threadIdx.x; j < P.pen_n; j += blockDim.x) {
-            cuda_sample_pen en = pen[P.pen_off + j];
-            if (en.token < 0 || en.token >= vocab)
-                continue;
-            float v = l[en.token];
-            pen_raw[P.pen_off + j] = v;
-            if (P.repetition != 1.0f)
-                v = v > 0.0f ? __fdiv_rn(v, P.repetition) : __fmul_rn(v, P.repetition);
-            if (en.n_out > 0)
-                v = __fsub_rn(v, __fadd_rn(P.presence, __fmul_rn(P.frequency, (float)en.n_out)));
-            l[en.token] = v;
-        }
-        __syncthreads(); /* the block's writes are visible to the block from here */
-        row_stats(l, vocab, shv, shi, sh, &mx, &amax, &lmin, &nan);
-    }
-    if (P.temperature <= 0.0f) {
-        sample_done(l, amax, &P, pen, pen_raw, raw_mx, raw_lse, out, logprob, &raw_tok);
-        return;
-    }
-    float invt = 1.0f / P.temperature;
+    __syncthreads(); /* the block's writes are visible to the block from here */
+}
+
+/* The lowest scaled logit s = (l - mx) / T a token may have to be kept: top_k, then top_p
+ * over what top_k kept, then min_p. */
+__device__ float sample_threshold(const float *l, int vocab, const cuda_sample_params *P, float mx,
+                                  float lmin, float invt, unsigned long long *bins,
+                                  radix_pick *cut) {
     float smin = (lmin - mx) * invt; /* every s lies in [smin, 0] */
     float thr = smin;
-    if (P.top_k > 0 && P.top_k < vocab) /* the k-th largest s: count(s >= thr) >= k */
+    if (P->top_k > 0 && P->top_k < vocab) /* the k-th largest s: count(s >= thr) >= k */
         thr = key_value(
-            radix_cut(l, vocab, mx, invt, sample_key(thr), 0, (float)P.top_k, bins, &cut));
-    if (P.top_p > 0.0f && P.top_p < 1.0f) /* the s at which the mass from the top reaches top_p */
-        thr = key_value(radix_cut(l, vocab, mx, invt, sample_key(thr), 1, P.top_p, bins, &cut));
-    if (P.min_p > 0.0f && P.min_p <= 1.0f)
-        thr = fmaxf(thr, logf(P.min_p));
-    float cn, mass;
-    kept(l, vocab, mx, invt, thr, sh, &cn, &mass);
-    float target = fminf(fmaxf(P.u, 0.0f), 0.99999994f) * mass;
-    /* Inverse CDF: first kept index whose running sum exceeds target, chunk by chunk. */
+            radix_cut(l, vocab, mx, invt, sample_key(thr), 0, (float)P->top_k, bins, cut));
+    if (P->top_p > 0.0f && P->top_p < 1.0f) /* the s at which the mass from the top reaches top_p */
+        thr = key_value(radix_cut(l, vocab, mx, invt, sample_key(thr), 1, P->top_p, bins, cut));
+    if (P->min_p > 0.0f && P->min_p <= 1.0f)
+        thr = fmaxf(thr, logf(P->min_p));
+    return thr;
+}
+
+/* Inverse CDF: the first kept index whose running sum exceeds target, chunk by chunk (an
+ * inclusive scan over warps, then warp totals); INT_MAX when rounding left target unreached.
+ * *last_kept: this thread's last kept index (-1: none). carry and found are the block's. */
+__device__ __forceinline__ int inverse_cdf(const float *l, int vocab, float mx, float invt,
+                                           float thr, float target, float *sh, float *carry,
+                                           int *found, int *last_kept) {
     if (threadIdx.x == 0) {
-        carry = 0.0f;
-        found = INT_MAX;
+        *carry = 0.0f;
+        *found = INT_MAX;
     }
-    int last_kept = -1;
+    *last_kept = -1;
     for (int base = 0; base < vocab; base += blockDim.x) {
         int i = base + threadIdx.x;
         float s = i < vocab ? (l[i] - mx) * invt : -FLT_MAX;
         float p = (i < vocab && s >= thr) ? __expf(s) : 0.0f;
         if (p > 0.0f)
-            last_kept = i;
-        /* inclusive scan: warps, then warp totals */
+            *last_kept = i;
         float x = p;
         int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
         for (int o = 1; o < 32; o <<= 1) {
@@ -364,20 +344,71 @@ __global__ void k_sample(float *logits, int vocab, const cuda_sample_params *par
             sh[lane] = w;
         }
         __syncthreads();
-        float incl = carry + x + (wid > 0 ? sh[wid - 1] : 0.0f);
+        float incl = *carry + x + (wid > 0 ? sh[wid - 1] : 0.0f);
         if (p > 0.0f && incl > target)
-            atomicMin(&found, i);
+            atomicMin(found, i);
         __syncthreads();
         if (threadIdx.x == blockDim.x - 1)
-            carry = incl;
+            *carry = incl;
         __syncthreads();
-        if (found != INT_MAX)
+        if (*found != INT_MAX)
             break;
     }
+    return *found;
+}
+
+/* Block per row: row_stats, the raw log-sum-exp for logprobs, top_logprobs, the penalties,
+ * then greedy (temperature 0) or a draw from what sample_threshold keeps (inverse_cdf). */
+__global__ void k_sample(float *logits, int vocab, const cuda_sample_params *params,
+                         const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob,
+                         int32_t *top_tok, float *top_lp) {
+    __shared__ float sh[32], shv[32];
+    __shared__ int shi[32];
+    __shared__ float carry, raw_tok;
+    __shared__ int found;
+    __shared__ unsigned long long bins[RADIX_BINS];
+    __shared__ radix_pick cut;
+    float *l = logits + (int64_t)blockIdx.x * vocab;
+    cuda_sample_params P = params[blockIdx.x];
+
+    float mx, lmin;
+    int amax, nan;
+    row_stats(l, vocab, shv, shi, sh, &mx, &amax, &lmin, &nan);
+    /* every logit -inf: INT_MAX is no index */
+    if (nan || amax == INT_MAX) {
+        sample_no_token(out, logprob, top_tok, top_lp);
+        return;
+    }
+    /* the logprob is the raw row's: its log-sum-exp before the penalties change it */
+    float raw_mx = mx, raw_lse = 0.0f;
+    if (logprob || top_tok) {
+        float dummy, z;
+        kept(l, vocab, mx, 1.0f, -FLT_MAX, sh, &dummy, &z);
+        raw_lse = logf(z);
+    }
+    if (top_tok)
+        top_logprobs(l, vocab, P.n_top, raw_mx, raw_lse, shv, shi,
+                     top_tok + (int64_t)blockIdx.x * CUDA_SAMPLE_TOP,
+                     top_lp + (int64_t)blockIdx.x * CUDA_SAMPLE_TOP);
+    if (P.pen_n > 0) {
+        apply_penalties(l, vocab, &P, pen, pen_raw);
+        row_stats(l, vocab, shv, shi, sh, &mx, &amax, &lmin, &nan);
+    }
+    if (P.temperature <= 0.0f) {
+        sample_done(l, amax, &P, pen, pen_raw, raw_mx, raw_lse, out, logprob, &raw_tok);
+        return;
+    }
+    float invt = 1.0f / P.temperature;
+    float thr = sample_threshold(l, vocab, &P, mx, lmin, invt, bins, &cut);
+    float cn, mass;
+    kept(l, vocab, mx, invt, thr, sh, &cn, &mass);
+    float target = fminf(fmaxf(P.u, 0.0f), 0.99999994f) * mass;
+    int last_kept;
+    int tok = inverse_cdf(l, vocab, mx, invt, thr, target, sh, &carry, &found, &last_kept);
     /* Rounding can leave target unreached: fall back to the last kept token. */
     int lk = (int)cuda_block_max((float)last_kept, sh);
-    sample_done(l, found != INT_MAX ? found : (lk >= 0 ? lk : amax), &P, pen, pen_raw, raw_mx,
-                raw_lse, out, logprob, &raw_tok);
+    sample_done(l, tok != INT_MAX ? tok : (lk >= 0 ? lk : amax), &P, pen, pen_raw, raw_mx, raw_lse,
+                out, logprob, &raw_tok);
 }
 
 int cuda_sample(cuda_ctx *c, float *logits, int rows, int vocab, const cuda_sample_params *params,
