@@ -47,6 +47,11 @@ typedef struct {
     int preemptions;
     uint64_t t_submit, t_admit, t_first, t_done;
     char err[512];
+    /* structured outputs (engine_constrain.h): the grammar's matcher (NULL: none) and the
+     * logit_bias copy */
+    struct gr_matcher *gm;
+    md_sample_bias *bias;
+    int n_bias;
 } seq;
 
 struct md_engine {
@@ -90,6 +95,7 @@ struct md_engine {
     int cap_finished;
     char *piece; /* tok_stream_push output */
     md_engine_stats st;
+    struct eng_con *con; /* structured outputs' state (engine_constrain.c), NULL until used */
 };
 /* Free a sequence and everything it owns (NULL is a no-op); engine.c. */
 void eng_seq_free(seq *q);
