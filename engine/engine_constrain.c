@@ -26,9 +26,10 @@ struct eng_con {
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int job_ns; /* sequences laid out for the posted job */
-    int posted; /* a job waits or runs */
-    int quit;   /* close asks the thread to end */
+    int job_ns;  /* sequences laid out for the posted job */
+    int posted;  /* a job waits or runs */
+    int started; /* a job was posted this step (the main thread's own flag) */
+    int quit;    /* close asks the thread to end */
     md_engine *eng;
     long fills;  /* masks filled by the last job */
     uint64_t ns; /* their time */
@@ -169,6 +170,7 @@ void eng_con_masks_begin(md_engine *eng, int ns) {
         eng->st.mask_ns += (long)c->ns;
         return;
     }
+    c->started = 1;
     pthread_mutex_lock(&c->mu);
     c->job_ns = ns;
     c->posted = 1;
@@ -178,20 +180,17 @@ void eng_con_masks_begin(md_engine *eng, int ns) {
 
 void eng_con_masks_end(md_engine *eng) {
     struct eng_con *c = eng->con;
-    if (!c || !c->async)
+    if (!c || !c->async || !c->started)
         return;
     uint64_t t0 = md_mono_ns();
     pthread_mutex_lock(&c->mu);
-    int waited = c->posted;
     while (c->posted)
         pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
-    if (waited) {
-        eng->st.mask_wait_ns += (long)(md_mono_ns() - t0);
-        eng->st.masks += c->fills;
-        eng->st.mask_ns += (long)c->ns;
-        c->fills = 0;
-    }
+    c->started = 0;
+    eng->st.mask_wait_ns += (long)(md_mono_ns() - t0);
+    eng->st.masks += c->fills;
+    eng->st.mask_ns += (long)c->ns;
 }
 
 int eng_con_params(md_engine *eng, const seq *q, int li, md_sample_params *p) {
