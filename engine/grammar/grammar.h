@@ -56,13 +56,19 @@ int gr_vocab_new(int n_vocab, const char *const *tok, const uint32_t *len, const
 void gr_vocab_free(gr_vocab *v);
 int gr_vocab_size(const gr_vocab *v);
 
+/* Compute now every entry of g's token-mask cache for v (otherwise each is computed when a
+ * matcher first needs it, under g's lock): for a caller that wants no first-use latency, and
+ * for compile times comparable to engines that precompute. 0 or MD_ENOMEM. */
+int gr_prepare(const gr_grammar *g, const gr_vocab *v, md_err *e);
+
 /* ---- matching ------------------------------------------------------------------------- */
 
 int gr_matcher_new(const gr_grammar *g, const gr_vocab *v, gr_matcher **out, md_err *e);
 void gr_matcher_free(gr_matcher *m);
 /* The tokens allowed next: bit t of mask[t / 32] (t % 32) set when token t keeps the output
  * inside the grammar (an end token where the grammar may end). mask holds (n_vocab + 31) / 32
- * words. Never allocates. */
+ * words. Allocates only to compute a cache entry the first time any matcher of (g, v) needs
+ * it (gr_prepare avoids that) or to grow scratch past its largest size so far. */
 void gr_matcher_fill_mask(gr_matcher *m, uint32_t *mask);
 /* Advance by one token: 0, or MD_EINVAL when the token is not allowed (the state is then
  * unchanged). An end token is accepted where the grammar may end. */
