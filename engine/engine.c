@@ -27,6 +27,7 @@
 #include "engine/engine_int.h"
 #include "engine/kvcache.h"
 #include "engine/model/model.h"
+#include "engine/engine_constrain.h"
 #include "engine/sampler.h"
 #include "engine/shard/pipeline.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -43,6 +44,7 @@ static seq *find_seq(const md_engine *eng, uint64_t id) {
 void eng_seq_free(seq *q) {
     if (!q)
         return;
+    eng_con_seq_free(q);
     for (int i = 0; i < q->n_stop; i++)
         free(q->stop[i]);
     free(q->stop);
@@ -105,6 +107,10 @@ int md_engine_submit(md_engine *eng, const int32_t *prompt, int n_prompt, const 
         return md_errf(e, MD_ENOMEM, "out of memory");
     q->s = *s;
     q->s.stop = NULL;
+    if ((rc = eng_con_seq_init(eng, q, s, e))) {
+        eng_seq_free(q);
+        return rc;
+    }
     q->cap = total;
     q->toks = malloc((size_t)q->cap * sizeof *q->toks);
     q->blocks = malloc((size_t)eng->max_blocks * sizeof *q->blocks);
@@ -338,7 +344,7 @@ static int append_text(md_engine *eng, seq *q, int32_t id) {
  * sampler's (same lowest-index tie rule). */
 static int greedy_plain(const md_sampling *s) {
     return s->temperature <= 0 && s->repetition_penalty == 1.0f && s->presence_penalty == 0 &&
-           s->frequency_penalty == 0 && !s->logprobs && !s->top_logprobs;
+           s->frequency_penalty == 0 && !s->logprobs && !s->top_logprobs && !eng_con_wanted(s);
 }
 
 /* Anything but a plain greedy pick, on a backend with a sample op: penalties, the draw and
@@ -401,6 +407,7 @@ static int fetch_logits(md_engine *eng, int ns, md_err *e) {
             p->pen_off = (int)n_pen;
             p->pen_n = smp_pen_list(&q->s, q->toks, q->n_prompt, q->toks + q->n_prompt, n_out,
                                     eng->n_vocab, eng->sc, eng->b_pen + n_pen);
+            eng_con_params(eng, q, nl - 1, p); /* an empty mask: pick_token fails q */
             n_pen += (size_t)p->pen_n;
         }
     }
@@ -512,14 +519,21 @@ static void finish_running(md_engine *eng, seq *q, md_finish why, int *n_fin) {
     finish(eng, q, why, n_fin);
 }
 
+/* pick_token's answer when q's grammar allows no token at all (q fails saying so). */
+#define PICK_NO_TOKEN (-2)
+
 /* q's next token from logit row li: the device's greedy pick or draw, else the sampler on
- * the downloaded row; its logprob into *lp, its alternatives into ot. Returns -1 when the row
- * holds a NaN or infinity. */
+ * the downloaded row, under q's constraint (eng_con_params); its logprob into *lp, its
+ * alternatives into ot. Returns -1 when the row holds a NaN or infinity, PICK_NO_TOKEN when
+ * q's grammar allows nothing. */
 static int32_t pick_token(md_engine *eng, seq *q, int li, int dev_argmax, md_step_token *ot,
                           float *lp) {
     float *lg = eng->logits + (size_t)li * eng->n_vocab;
     int32_t id = -1;
     int report = q->s.logprobs || q->s.top_logprobs;
+    md_sample_params con = {0};
+    if (eng_con_params(eng, q, li, &con))
+        return PICK_NO_TOKEN;
     if (dev_argmax && greedy_plain(&q->s)) {
         id = eng->b_argmax[li]; /* -1: the row holds a NaN */
     } else if (dev_argmax && device_sampled(eng->be, &q->s)) {
@@ -533,6 +547,7 @@ static int32_t pick_token(md_engine *eng, seq *q, int li, int dev_argmax, md_ste
             ot->n_top++;
         }
     } else if (logits_finite(lg, eng->n_vocab)) {
+        smp_constrain(&con, lg, eng->n_vocab); /* bias, mask: the "raw" row from here on */
         if (q->s.top_logprobs) /* from the raw row, before smp_sample penalises it */
             ot->n_top = smp_top_logprobs(lg, eng->n_vocab, q->s.top_logprobs, ot->top_token,
                                          ot->top_logprob);
@@ -606,6 +621,7 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
      * only the rows a sampler needs are downloaded. */
     int dev_argmax = eng->be && eng->be->ops->argmax != NULL;
     int rc;
+    eng_con_masks_begin(eng, ns); /* on a device: while the forward pass runs */
     if (eng->pipe) {
         /* every row a plain greedy pick: the last stage sends ids, not rows of logits */
         b.argmax_only = nl > 0;
@@ -615,6 +631,7 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
                 b.argmax_only = 0;
         }
         rc = md_pipe_forward(eng->pipe, &b, eng->logits, e);
+        eng_con_masks_end(eng);
         if (rc == 0 && b.argmax_only) {
             dev_argmax = 1;                /* pick_token reads b_argmax for greedy rows */
             for (int i = 0; i < nl; i++) { /* a stage's answer: anything not an id is -1 */
@@ -624,6 +641,7 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         }
     } else {
         rc = md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b, dev_argmax ? NULL : eng->logits, e);
+        eng_con_masks_end(eng);
         if (rc == 0 && dev_argmax)
             rc = fetch_logits(eng, ns, e);
     }
@@ -645,6 +663,14 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         float lp = 0;
         int32_t id = pick_token(eng, q, li, dev_argmax, ot, &lp);
         li++;
+        if (id == PICK_NO_TOKEN) {
+            snprintf(q->err, sizeof q->err,
+                     "the grammar allows no token at position %d: no token of this vocabulary "
+                     "continues the output inside it",
+                     q->n_toks);
+            finish_running(eng, q, MD_FINISH_ERROR, &n_fin);
+            continue;
+        }
         if (id < 0 || id >= eng->n_vocab) {
             /* a silent device fault (or broken weights): no token can be chosen, and this
              * sequence's K/V hold garbage; shared prefix blocks may too */
@@ -659,7 +685,10 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         ot->token = id;
         ot->logprob = lp;
         n_out++;
-        md_finish why = finish_reason(eng, q, id);
+        md_finish gram = eng_con_accept(eng, q, id);
+        md_finish why = gram == MD_FINISH_ERROR ? gram : finish_reason(eng, q, id);
+        if (gram == MD_FINISH_STOP) /* complete: no stop string or limit makes it less so */
+            why = MD_FINISH_STOP;
         if (why != MD_FINISH_NONE)
             finish_running(eng, q, why, &n_fin);
     }

@@ -1,6 +1,7 @@
-/* engine_int.h — the engine's state, shared by its two files and nothing else: engine_open.c
- * (configuration, backend, model and tokenizer, the fit check, the sharded head, close) and
- * engine.c (submit, the step loop, results). Not installed; callers use engine/engine.h.
+/* engine_int.h — the engine's state, shared by its files and nothing else: engine_open.c
+ * (configuration, backend, model and tokenizer, the fit check, the sharded head, close),
+ * engine.c (submit, the step loop, results) and engine_constrain.c (structured outputs: masks
+ * and logit_bias). Not installed; callers use engine/engine.h.
  *
  * Ownership: md_engine_open allocates everything below, md_engine_close frees it; a seq
  * belongs to eng->all from submit until md_engine_release frees it (eng_seq_free). */
@@ -47,6 +48,11 @@ typedef struct {
     int preemptions;
     uint64_t t_submit, t_admit, t_first, t_done;
     char err[512];
+    /* structured outputs (engine_constrain.h): the grammar's matcher (NULL: none) and the
+     * logit_bias copy */
+    struct gr_matcher *gm;
+    md_sample_bias *bias;
+    int n_bias;
 } seq;
 
 struct md_engine {
@@ -90,6 +96,7 @@ struct md_engine {
     int cap_finished;
     char *piece; /* tok_stream_push output */
     md_engine_stats st;
+    struct eng_con *con; /* structured outputs' state (engine_constrain.c), NULL until used */
 };
 /* Free a sequence and everything it owns (NULL is a no-op); engine.c. */
 void eng_seq_free(seq *q);

@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "engine/engine.h"
+#include "engine/engine_constrain.h"
 #include "engine/engine_int.h"
 #include "engine/kvcache.h"
 #include "engine/model/model.h"
@@ -403,6 +404,7 @@ void md_engine_close(md_engine *eng) {
         return;
     for (int i = 0; i < eng->n_all; i++)
         eng_seq_free(eng->all[i]);
+    eng_con_close(eng); /* after the matchers: the vocabulary outlives them */
     free(eng->all);
     free(eng->running);
     free(eng->waiting);

@@ -4,6 +4,12 @@
 set(ENGINE_TEST_LIBS medley_engine PkgConfig::JANSSON)
 medley_test(test_sampler SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sampler.c
             LIBS ${ENGINE_TEST_LIBS} LABELS unit)
+# the grammar engine's vocabulary: synthetic SentencePiece and byte-level BPE (unit); SmolLM2's
+# real one (e2e, skipped when not fetched)
+medley_test(test_grammar_vocab SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_grammar_vocab.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS unit)
+add_test(NAME test_grammar_vocab_smollm2 COMMAND test_grammar_vocab smollm2)
+set_tests_properties(test_grammar_vocab_smollm2 PROPERTIES LABELS e2e)
 medley_test(test_kvcache SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_kvcache.c
             LIBS ${ENGINE_TEST_LIBS} LABELS unit)
 medley_test(test_engine_logits SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_logits.c
@@ -45,3 +51,9 @@ medley_test(test_tp_allreduce SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tp_a
 # and greedy continuations; skipped when `medley models fetch gemma3-270m` has not run
 medley_test(test_engine_gemma3 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_gemma3.c
             LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
+# structured outputs on SmolLM2 (logit_bias, grammar-constrained answers, under preemption)
+medley_test(test_engine_constrained SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_constrained.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
+# Benchmark (not a test): build-dir/tests/bench_constrained [MODEL] [--seqs 64] (bench/engine)
+add_executable(bench_constrained ${CMAKE_SOURCE_DIR}/bench/engine/bench_constrained.c)
+target_link_libraries(bench_constrained PRIVATE medley_engine medley_common m)
