@@ -60,39 +60,6 @@ static int at_header(eparser *p) {
     return j + 2 < p->n && !memcmp(p->s + j, "::=", 3);
 }
 
-static int hexd(char c) {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-static int put_utf8(char *o, unsigned long c) {
-    if (c < 0x80) {
-        o[0] = (char)c;
-        return 1;
-    }
-    if (c < 0x800) {
-        o[0] = (char)(0xc0 | (c >> 6));
-        o[1] = (char)(0x80 | (c & 63));
-        return 2;
-    }
-    if (c < 0x10000) {
-        o[0] = (char)(0xe0 | (c >> 12));
-        o[1] = (char)(0x80 | ((c >> 6) & 63));
-        o[2] = (char)(0x80 | (c & 63));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | (c >> 18));
-    o[1] = (char)(0x80 | ((c >> 12) & 63));
-    o[2] = (char)(0x80 | ((c >> 6) & 63));
-    o[3] = (char)(0x80 | (c & 63));
-    return 4;
-}
-
 static int parse_string(eparser *p) {
     /* p->i after the opening quote */
     char *buf = malloc(p->n - p->i + 4);
@@ -132,11 +99,11 @@ static int parse_string(eparser *p) {
         if (nd) {
             unsigned long v = 0;
             for (int d = 0; d < nd; d++) {
-                if (p->i >= p->n || hexd(p->s[p->i]) < 0) {
+                if (p->i >= p->n || gr_hex_digit(p->s[p->i]) < 0) {
                     free(buf);
                     return efail(p, MD_EINVAL, "a malformed hexadecimal escape");
                 }
-                v = v * 16 + (unsigned long)hexd(p->s[p->i++]);
+                v = v * 16 + (unsigned long)gr_hex_digit(p->s[p->i++]);
             }
             if (v > 0x10FFFF) {
                 free(buf);
@@ -145,7 +112,7 @@ static int parse_string(eparser *p) {
             if (nd == 2)
                 buf[k++] = (char)v; /* \xHH is a raw byte */
             else
-                k += (size_t)put_utf8(buf + k, v);
+                k += (size_t)gr_utf8_put((uint32_t)v, (uint8_t *)buf + k);
         }
     }
     int x = gb_lit(p->b, buf, k);

@@ -94,7 +94,7 @@ oom:
     return -1;
 }
 
-static int utf8_enc(uint32_t c, uint8_t *o) {
+int gr_utf8_put(uint32_t c, uint8_t *o) {
     if (c < 0x80) {
         o[0] = (uint8_t)c;
         return 1;
@@ -130,8 +130,8 @@ static int utf8_split(gr_builder *b, uint32_t lo, uint32_t hi, int n) {
         }
     }
     uint8_t x[4], y[4];
-    utf8_enc(lo, x);
-    utf8_enc(hi, y);
+    gr_utf8_put(lo, x);
+    gr_utf8_put(hi, y);
     int e = gb_empty(b);
     for (int i = 0; i < n; i++)
         e = gb_seq(b, e, gb_range(b, x[i], y[i]));
@@ -207,7 +207,7 @@ static int cp_single(gr_builder *b, uint32_t c, int json) {
     return x;
 }
 
-static int hexv(int c) {
+int gr_hex_digit(int c) {
     if (c >= '0' && c <= '9')
         return c - '0';
     if (c >= 'a' && c <= 'f')
@@ -278,8 +278,8 @@ static int parse_escape(rparser *p, cpset *set) {
         if (c == 'u' && p->i < p->n && p->s[p->i] == '{') {
             p->i++;
             int k = 0;
-            while (p->i < p->n && hexv(p->s[p->i]) >= 0 && k < 6) {
-                v = v * 16 + (uint32_t)hexv(p->s[p->i++]);
+            while (p->i < p->n && gr_hex_digit(p->s[p->i]) >= 0 && k < 6) {
+                v = v * 16 + (uint32_t)gr_hex_digit(p->s[p->i++]);
                 k++;
             }
             if (!k || p->i >= p->n || p->s[p->i] != '}' || v > CP_MAX)
@@ -288,9 +288,9 @@ static int parse_escape(rparser *p, cpset *set) {
             return cps_add(set, v, v);
         }
         for (int k = 0; k < nd; k++) {
-            if (p->i >= p->n || hexv(p->s[p->i]) < 0)
+            if (p->i >= p->n || gr_hex_digit(p->s[p->i]) < 0)
                 return rfail(p, MD_EINVAL, "a malformed hexadecimal escape");
-            v = v * 16 + (uint32_t)hexv(p->s[p->i++]);
+            v = v * 16 + (uint32_t)gr_hex_digit(p->s[p->i++]);
         }
         return cps_add(set, v, v);
     }

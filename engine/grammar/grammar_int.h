@@ -123,4 +123,9 @@ void gr_cache_free_all(gr_grammar *g);
  * the cache: the reference the cached gr_matcher_fill_mask is tested against. */
 void gr_matcher_fill_mask_slow(gr_matcher *m, uint32_t *mask);
 
+/* Shared by the regex and EBNF front ends (gr_regex.c): code point c (<= 0x10FFFF) as UTF-8
+ * into o (4 bytes of room), returning the length; a hex digit's value, or -1. */
+int gr_utf8_put(uint32_t c, uint8_t *o);
+int gr_hex_digit(int c);
+
 #endif
