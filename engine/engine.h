@@ -17,20 +17,21 @@
 #include "common/err.h"
 
 typedef struct md_engine md_engine;
+typedef struct gr_grammar gr_grammar; /* engine/grammar/grammar.h */
 
 typedef struct {
-    const char *model_path; /* GGUF file (resolved through the registry by the caller) */
-    const char *device;     /* "cpu" (default when NULL), "cuda:0", ... */
-    int n_threads;          /* CPU threads; 0 = number of cores */
-    int max_seqs;           /* most live sequences at once (0 = the backend's default:
-                               256 on cuda, 64 on cpu) */
-    int max_batch_tokens;   /* tokens per step over all sequences (0 = the backend's
-                               default: 2048 on cuda, 512 on cpu) */
-    size_t kv_budget_bytes; /* KV cache memory budget (0 = a default that fits) */
-    int kv_block_tokens;    /* tokens per KV block (0 = 16) */
-    int n_ctx;              /* per-sequence context limit (0 = the model's) */
-    const char *kv_type;    /* KV cache element type: "f16", "f32" (NULL = the backend's: F16
-                               on cpu and cuda, F32 on cpu-exact) */
+    const char *model_path;   /* GGUF file (resolved through the registry by the caller) */
+    const char *device;       /* "cpu" (default when NULL), "cuda:0", ... */
+    int n_threads;            /* CPU threads; 0 = number of cores */
+    int max_seqs;             /* most live sequences at once (0 = the backend's default:
+                                 256 on cuda, 64 on cpu) */
+    int max_batch_tokens;     /* tokens per step over all sequences (0 = the backend's
+                                 default: 2048 on cuda, 512 on cpu) */
+    size_t kv_budget_bytes;   /* KV cache memory budget (0 = a default that fits) */
+    int kv_block_tokens;      /* tokens per KV block (0 = 16) */
+    int n_ctx;                /* per-sequence context limit (0 = the model's) */
+    const char *kv_type;      /* KV cache element type: "f16", "f32" (NULL = the backend's: F16
+                                 on cpu and cuda, F32 on cpu-exact) */
     const char *bf16_weights; /* quantized weights also kept as BF16 for batched steps, on a
                                  backend that offers it (weight_shadow): "on", "off", or
                                  "auto" (NULL): when weights and copies take at most half the
@@ -52,6 +53,14 @@ typedef struct {
     const char *chat_template;
 } md_engine_config;
 
+/* One logit_bias entry (OpenAI's logit_bias map): bias added to token's logit. */
+typedef struct {
+    int32_t token; /* [0, n_vocab) */
+    float bias;    /* [-100, 100] */
+} md_logit_bias;
+
+#define MD_LOGIT_BIAS_MAX 1024 /* most logit_bias entries per sequence */
+
 typedef struct {
     float temperature;        /* 0 = greedy */
     float top_p;              /* 1 = off */
@@ -67,10 +76,25 @@ typedef struct {
     int top_logprobs;         /* the most likely tokens at each position too (0..20; their
                                  logprobs and the chosen token's are reported) */
     int ignore_eos;
+    /* Structured output (docs/engine.md "Sampling"): grammar (borrowed, must outlive the
+     * sequence; NULL = unconstrained) restricts every generated token to those that keep the
+     * output inside it; the engine makes the sequence's own matcher at submit. The sequence
+     * ends with MD_FINISH_STOP when the grammar allows nothing but an end token or an end
+     * token is chosen where the grammar may end (ignore_eos is then ignored: the grammar
+     * decides); max_tokens still ends it with MD_FINISH_LENGTH. logit_bias [n_logit_bias]
+     * (copied at submit; NULL/0 = none) is added to the raw logits; the same token may
+     * appear twice (the biases add up). With either, logprobs and top_logprobs are those of
+     * the constrained distribution: log-softmax of the raw logits plus the bias, masked
+     * tokens at -inf (never listed), before penalties and temperature. */
+    const gr_grammar *grammar;
+    const md_logit_bias *logit_bias;
+    int n_logit_bias;
 } md_sampling;
 
 void md_sampling_default(md_sampling *s);
-/* Check ranges (temperature [0, 100], top_p (0, 1], ...); MD_EINVAL names the field. */
+/* Check ranges (temperature [0, 100], top_p (0, 1], logit_bias entries' biases in [-100, 100]
+ * and count <= MD_LOGIT_BIAS_MAX, ...); MD_EINVAL names the field. Token ids of logit_bias are
+ * checked against the vocabulary by md_engine_submit (MD_EINVAL naming the entry). */
 int md_sampling_validate(const md_sampling *s, md_err *e);
 
 typedef enum {
@@ -86,8 +110,9 @@ typedef enum {
 typedef struct {
     uint64_t seq_id; /* as returned by md_engine_submit */
     int32_t token;   /* newly generated token */
-    float logprob;   /* when requested: log-softmax of the raw logits at token */
-    /* top_logprobs: the n_top most likely tokens under the raw logits, most likely first
+    float logprob;   /* when requested: log-softmax of the raw logits at token (with a
+                        grammar or logit_bias: of the constrained logits, md_sampling) */
+    /* top_logprobs: the n_top most likely tokens under the same logits, most likely first
      * (lowest id first among equals), with their logprobs; fewer when fewer are finite */
     int n_top;
     int32_t top_token[MD_TOP_LOGPROBS];
@@ -109,7 +134,8 @@ typedef struct {
     size_t kv_bytes_per_token_f32; /* K and V of one token over all layers, F32 cache */
     char weight_type[16];          /* element type of blk.0.attn_q.weight ("Q4_K"), "unknown" */
 } md_model_facts;
-/* path as md_engine_config.model_path: a GGUF file or a synthetic model (engine/weights/synth.h). */
+/* path as md_engine_config.model_path: a GGUF file or a synthetic model (engine/weights/synth.h).
+ */
 int md_engine_model_facts(const char *path, md_model_facts *out, md_err *e);
 
 int md_engine_open(const md_engine_config *cfg, md_engine **out, md_err *e);

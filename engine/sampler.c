@@ -11,9 +11,9 @@
 
 struct smp_scratch {
     int n_vocab;
-    int32_t *idx;   /* candidate token ids */
-    float *prob;    /* [n_vocab] probabilities */
-    int32_t *count; /* [n_vocab] smp_pen_list's marks, kept all-zero between calls */
+    int32_t *idx;       /* candidate token ids */
+    float *prob;        /* [n_vocab] probabilities */
+    int32_t *count;     /* [n_vocab] smp_pen_list's marks, kept all-zero between calls */
     md_sample_pen *pen; /* [n_vocab] smp_sample's penalty entries */
 };
 
@@ -85,7 +85,9 @@ void md_sampling_default(md_sampling *s) {
     s->max_tokens = 256;
 }
 
-int md_sampling_validate(const md_sampling *s, md_err *e) { return smp_validate(s, e); }
+int md_sampling_validate(const md_sampling *s, md_err *e) {
+    return smp_validate(s, e);
+}
 
 int smp_validate(const md_sampling *s, md_err *e) {
     if (!(s->temperature >= 0 && s->temperature <= 100))
@@ -109,6 +111,19 @@ int smp_validate(const md_sampling *s, md_err *e) {
                        MD_TOP_LOGPROBS);
     if (s->max_tokens < 0)
         return md_errf(e, MD_EINVAL, "max_tokens %d must be >= 0", s->max_tokens);
+    if (s->n_logit_bias < 0 || s->n_logit_bias > MD_LOGIT_BIAS_MAX ||
+        (s->n_logit_bias > 0 && !s->logit_bias))
+        return md_errf(e, MD_EINVAL, "logit_bias has %d entries (at most %d)", s->n_logit_bias,
+                       MD_LOGIT_BIAS_MAX);
+    for (int i = 0; i < s->n_logit_bias; i++) {
+        float b = s->logit_bias[i].bias;
+        if (!(b >= -100 && b <= 100))
+            return md_errf(e, MD_EINVAL, "logit_bias of token %d is %g: must be in [-100, 100]",
+                           s->logit_bias[i].token, b);
+        if (s->logit_bias[i].token < 0)
+            return md_errf(e, MD_EINVAL, "logit_bias names token %d: ids are >= 0",
+                           s->logit_bias[i].token);
+    }
     return 0;
 }
 
@@ -138,6 +153,32 @@ int smp_pen_list(const md_sampling *s, const int32_t *prompt, int n_prompt, cons
     for (int i = 0; i < n; i++)
         sc->count[list[i].token] = 0;
     return n;
+}
+
+int smp_constrain(const md_sample_params *p, float *logits, int n) {
+    for (int i = 0; i < p->n_bias; i++) {
+        md_sample_bias b = p->bias[i];
+        if (b.token >= 0 && b.token < n)
+            logits[b.token] += b.bias;
+    }
+    if (!p->mask)
+        return n;
+    int allowed = 0;
+    for (int w = 0; w < MD_MASK_WORDS(n); w++) {
+        uint32_t m = p->mask[w];
+        int lo = w * 32, hi = lo + 32 < n ? lo + 32 : n;
+        if (m == 0xffffffffu && hi - lo == 32) {
+            allowed += 32;
+            continue;
+        }
+        for (int t = lo; t < hi; t++) {
+            if (m >> (t - lo) & 1u)
+                allowed++;
+            else
+                logits[t] = -INFINITY;
+        }
+    }
+    return allowed;
 }
 
 /* The penalties of p over its entries; the CUDA sample kernel computes the same (unfused). */
@@ -213,7 +254,7 @@ static int32_t sample_filtered(float min_p, const float *p, int n, int k, double
         /* top_p of the mass top_k left (Hugging Face, llama.cpp and vLLM renormalise after
          * top_k; so does cuda_sample) */
         double mass = 1, c = 0; /* the candidates are a subset of the vocabulary... */
-        if (k < n) {           /* ...but with top_k they are exactly the k kept */
+        if (k < n) {            /* ...but with top_k they are exactly the k kept */
             mass = 0;
             for (int j = 0; j < nc; j++)
                 mass += p[sc->idx[j]];
@@ -240,12 +281,15 @@ static int32_t sample_filtered(float min_p, const float *p, int n, int k, double
     for (int j = 0; j < nc; j++)
         total += p[sc->idx[j]];
     double target = u * total, acc = 0;
+    int last = 0; /* rounding can leave target unreached: the last kept token of mass > 0 */
     for (int j = 0; j < nc; j++) {
         acc += p[sc->idx[j]];
         if (target < acc)
             return sc->idx[j];
+        if (p[sc->idx[j]] > 0)
+            last = j;
     }
-    return sc->idx[nc - 1];
+    return sc->idx[last];
 }
 
 /* Temperature softmax of logits into p, then the (filtered) draw at u. */
@@ -265,12 +309,15 @@ static int32_t draw(float temperature, int top_k, float top_p, float min_p, doub
     if (k < n || want < 1 || min_p > 0)
         return sample_filtered(min_p, p, n, k, want, u, sc);
     double acc = 0;
+    int last = 0; /* rounding: the last token of mass > 0, never a masked one */
     for (int i = 0; i < n; i++) {
         acc += p[i];
         if (u < acc)
             return i;
+        if (p[i] > 0)
+            last = i;
     }
-    return n - 1;
+    return last;
 }
 
 int32_t smp_draw(float temperature, int top_k, float top_p, float min_p, double u,
@@ -282,7 +329,9 @@ int32_t smp_draw(float temperature, int top_k, float top_p, float min_p, double 
 
 int32_t smp_sample_row(const md_sample_params *p, const md_sample_pen *pen, float *logits, int n,
                        smp_scratch *sc, float *logprob) {
-    /* raw logprobs need the unmodified logits: keep a copy of the max and sum first */
+    smp_constrain(p, logits, n);
+    /* raw logprobs need the unmodified (constrained) logits: keep a copy of the max and sum
+     * first */
     float raw_mx = -INFINITY;
     double raw_sum = 0;
     if (logprob) {

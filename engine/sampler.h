@@ -14,7 +14,10 @@
  *    min_p (drop tokens below min_p times the most likely one's probability), applied to the
  *    distribution after temperature;
  *  - logprob: log-softmax of the raw logits (before penalties and temperature) at the chosen
- *    token, the model's own probability of it.
+ *    token, the model's own probability of it;
+ *  - a constraint (structured outputs: logit_bias and a grammar's token mask, backend.h
+ *    md_sample_params) comes before everything: bias added, disallowed tokens at -inf. The
+ *    logprobs are then those of the constrained row (smp_constrain).
  *
  * Ownership: smp_scratch holds the per-vocabulary work arrays, made once per engine
  * (smp_scratch_new / smp_scratch_free); smp_sample never allocates. */
@@ -63,13 +66,21 @@ int smp_pen_list(const md_sampling *s, const int32_t *prompt, int n_prompt, cons
  * Returns how many (k unless fewer are finite). */
 int smp_top_logprobs(const float *logits, int n, int k, int32_t *tok, float *lp);
 
-/* The row parameters of a sequence's sampling at uniform u (no penalty entries yet). */
+/* Apply p's constraint to logits [n] in place: each bias entry added (tokens outside [0, n)
+ * skipped), then every token whose p->mask bit is clear set to -inf (no mask: none). Returns
+ * how many tokens the mask allows (n without one); 0 leaves nothing to choose from, which the
+ * caller must refuse. smp_sample_row starts with it; smp_sample does not (md_sampling carries
+ * no mask): the engine constrains the row itself, before its top logprobs. */
+int smp_constrain(const md_sample_params *p, float *logits, int n);
+
+/* The row parameters of a sequence's sampling at uniform u (no penalty entries, no
+ * constraint yet). */
 md_sample_params smp_params(const md_sampling *s, double u);
 
 /* One row's token under p and its entries pen[p->pen_off ..] — backend.h's sample op, which
- * smp_sample is with u from the sequence's stream: penalties, then smp_draw's draw (or the
- * argmax at temperature <= 0). logits are modified; logprob (may be NULL) receives the chosen
- * token's log-softmax under the logits as they came in. */
+ * smp_sample is with u from the sequence's stream: smp_constrain, penalties, then smp_draw's
+ * draw (or the argmax at temperature <= 0). logits are modified; logprob (may be NULL)
+ * receives the chosen token's log-softmax under the logits as they came in, constrained. */
 int32_t smp_sample_row(const md_sample_params *p, const md_sample_pen *pen, float *logits, int n,
                        smp_scratch *sc, float *logprob);
 

@@ -26,9 +26,9 @@
  *
  * Devices: one md_backend is one device (the host's CPU cores, or one GPU). The engine runs
  * a model on one backend, or as pipeline stages and tensor-parallel ranks each on its own
- * backend (engine/shard/stage.h, engine/shard/tp.h; docs/sharding.md); a backend never sees another's
- * buffers — hidden states cross between them through host memory, a link (engine/shard/link.h)
- * or, between GPUs, the optional collective ops (NCCL).
+ * backend (engine/shard/stage.h, engine/shard/tp.h; docs/sharding.md); a backend never sees
+ * another's buffers — hidden states cross between them through host memory, a link
+ * (engine/shard/link.h) or, between GPUs, the optional collective ops (NCCL).
  *
  * Errors: ops that can fail return 0 or a negative MD_E* code and fill e. The compute ops
  * assume the shapes were validated at model load (the engine checks every tensor's shape and
@@ -105,12 +105,25 @@ typedef struct {
     int32_t n_out;
 } md_sample_pen;
 
+/* A bias added to one token's logit (engine.h md_logit_bias, OpenAI's logit_bias). */
+typedef struct {
+    int32_t token;
+    float bias;
+} md_sample_bias;
+
+/* Words of a row's token mask: bit t % 32 of word t / 32 is token t. */
+#define MD_MASK_WORDS(n) (((n) + 31) / 32)
+
 /* One row's draw for the optional sample op: the engine's sampler semantics (engine/sampler.h
- * smp_sample_row) — penalties over the row's entries (repetition: a positive logit divided by
- * it, a negative one multiplied; then presence + frequency * n_out subtracted where n_out >
- * 0), temperature softmax, top_k (0 = off), top_p (1 = off), min_p (0 = off), then the
- * inverse-CDF walk over the kept tokens in index order at u in [0, 1); the argmax of the
- * penalised row at temperature <= 0. */
+ * smp_sample_row) — first the constraint: each bias entry added to its token's logit (in
+ * order, float adds), then every token whose mask bit is clear set to -inf; the row so
+ * constrained is "the row as it came in" for the logprobs and top logprobs. Then penalties
+ * over the row's entries (repetition: a positive logit divided by it, a negative one
+ * multiplied; then presence + frequency * n_out subtracted where n_out > 0), temperature
+ * softmax, top_k (0 = off), top_p (1 = off), min_p (0 = off), then the inverse-CDF walk over
+ * the kept tokens of non-zero probability in index order at u in [0, 1); the argmax of the
+ * penalised row at temperature <= 0. A row whose mask allows no token is the caller's error
+ * (the engine never sends one): its result is -1 or an arbitrary token. */
 typedef struct {
     float temperature;
     int top_k;
@@ -120,6 +133,13 @@ typedef struct {
     float repetition, presence, frequency; /* 1, 0, 0 = off */
     int pen_off, pen_n; /* the row's entries: pen[pen_off .. pen_off + pen_n) of the call */
     int n_top;          /* top logprobs wanted, 0..MD_SAMPLE_TOP */
+    /* The constraint (structured outputs), host memory the caller keeps until the op returns:
+     * mask [MD_MASK_WORDS(n)] (NULL = every token allowed) and bias [n_bias] (NULL / 0 =
+     * none; tokens outside [0, n) are skipped). A device backend packs the masked rows into
+     * one bitmask upload per call. */
+    const uint32_t *mask;
+    const md_sample_bias *bias;
+    int n_bias;
 } md_sample_params;
 
 #define MD_SAMPLE_TOP 20 /* engine.h MD_TOP_LOGPROBS */
@@ -218,8 +238,10 @@ typedef struct md_backend_ops {
     /* Sampling on the device: out [rows] (host) = the draw of each row of x [rows, n] under
      * p[r] (host, rows entries) and its penalty entries in pen [n_pen] (host), so sampled,
      * penalised and logprob-reporting sequences download one id instead of a row of logits;
-     * -1 for a row holding a NaN. logprob [rows] (host, may be NULL) = each chosen token's
-     * log-softmax under the raw row (before penalties and temperature); top_tok, top_lp
+     * -1 for a row holding a NaN. Each row's constraint (p[r].mask, p[r].bias) applies first,
+     * as md_sample_params says. logprob [rows] (host, may be NULL) = each chosen token's
+     * log-softmax under the raw row with its constraint (before penalties and temperature);
+     * top_tok, top_lp
      * [rows, MD_SAMPLE_TOP] (host, may be NULL; only with logprob) = the p[r].n_top most likely
      * tokens of the raw row and their logprobs as engine/sampler.h smp_top_logprobs lists
      * them, -1 / 0 past the last. Rows with penalty entries are penalised in place (x is the

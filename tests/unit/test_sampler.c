@@ -347,6 +347,151 @@ static void test_top_p_after_top_k_and_index_order_draw(void **state) {
     smp_scratch_free(sc);
 }
 
+/* A mask over a 70-token row (three words, the last partial) allowing only odd tokens >= 33:
+ * under every setting (greedy, temperature with each filter, penalties, many seeds) no
+ * masked token is ever drawn; greedy picks the best allowed token even when a masked one
+ * is far better; the logprob is renormalised over the allowed tokens. */
+enum { MV = 70 };
+static int allowed(int t) {
+    return t >= 33 && (t & 1);
+}
+
+static void fill_mask(uint32_t *m) {
+    memset(m, 0, MD_MASK_WORDS(MV) * sizeof *m);
+    for (int t = 0; t < MV; t++)
+        if (allowed(t))
+            m[t / 32] |= 1u << (t % 32);
+}
+
+static void test_mask_never_draws_a_masked_token(void **state) {
+    uint32_t m[MD_MASK_WORDS(MV)];
+    fill_mask(m);
+    smp_scratch *sc = smp_scratch_new(MV);
+    float raw[MV], l[MV];
+    for (int t = 0; t < MV; t++)
+        raw[t] = (float)((t * 37) % 11) - (allowed(t) ? 4.0f : 0.0f);
+    md_sample_pen pen[2] = {{35, 2}, {3, 1}};
+    const float temps[] = {0.0f, 0.5f, 1.0f, 3.0f};
+    for (int ti = 0; ti < 4; ti++)
+        for (int f = 0; f < 4; f++)
+            for (int k = 0; k < 400; k++) {
+                md_sample_params p = {.temperature = temps[ti],
+                                      .top_p = f == 1 ? 0.3f : 1.0f,
+                                      .top_k = f == 2   ? 50
+                                               : f == 3 ? 3
+                                                        : 0,
+                                      .min_p = f == 3 ? 0.2f : 0.0f,
+                                      .u = (k + 0.5) / 400.0,
+                                      .repetition = 1.3f,
+                                      .presence = 0.5f,
+                                      .frequency = 0.25f,
+                                      .pen_n = 2,
+                                      .mask = m};
+                memcpy(l, raw, sizeof l);
+                float lp;
+                int32_t t = smp_sample_row(&p, pen, l, MV, sc, &lp);
+                assert_true(t >= 0 && t < MV);
+                assert_true(allowed(t));
+                assert_true(lp <= 0 && isfinite(lp));
+            }
+    /* u at the very top of [0, 1) over a row where only one allowed token has any mass */
+    for (int t = 0; t < MV; t++)
+        raw[t] = allowed(t) ? -200.0f : 50.0f;
+    raw[67] = 0;
+    md_sample_params p = {.temperature = 1, .top_p = 1, .repetition = 1, .u = 0.9999999, .mask = m};
+    memcpy(l, raw, sizeof l);
+    assert_int_equal(smp_sample_row(&p, NULL, l, MV, sc, NULL), 67);
+    smp_scratch_free(sc);
+}
+
+static void test_mask_greedy_takes_best_allowed_and_renormalises(void **state) {
+    uint32_t m[MD_MASK_WORDS(MV)];
+    fill_mask(m);
+    smp_scratch *sc = smp_scratch_new(MV);
+    float l[MV], raw[MV];
+    for (int t = 0; t < MV; t++)
+        raw[t] = allowed(t) ? -(float)t / 8 : 10.0f; /* every masked token beats every allowed */
+    raw[41] = 2.0f;
+    memcpy(l, raw, sizeof l);
+    md_sample_params p = {.top_p = 1, .repetition = 1, .mask = m};
+    float lp;
+    assert_int_equal(smp_sample_row(&p, NULL, l, MV, sc, &lp), 41);
+    double z = 0;
+    for (int t = 0; t < MV; t++)
+        if (allowed(t))
+            z += exp((double)raw[t]);
+    assert_true(fabs(lp - (2.0 - log(z))) < 1e-5);
+    /* the row is left constrained: the top logprobs of it list allowed tokens only */
+    int32_t tt[MD_TOP_LOGPROBS];
+    float tl[MD_TOP_LOGPROBS];
+    int nt = smp_top_logprobs(l, MV, MD_TOP_LOGPROBS, tt, tl);
+    assert_int_equal(nt, 19); /* the allowed tokens: 33, 35, .., 69 */
+    assert_int_equal(tt[0], 41);
+    assert_true(fabs(tl[0] - lp) < 1e-6);
+    for (int j = 0; j < nt; j++)
+        assert_true(allowed(tt[j]));
+    /* the drawn distribution is the softmax over the allowed tokens alone */
+    for (int t = 0; t < MV; t++)
+        raw[t] = allowed(t) ? 0.0f : 5.0f;
+    raw[33] = logf(3.0f); /* p(33) = 3 / (3 + 18) */
+    int hits = 0, N = 20000;
+    smp_rng r;
+    smp_rng_seed(&r, 9);
+    for (int i = 0; i < N; i++) {
+        memcpy(l, raw, sizeof l);
+        p = (md_sample_params){
+            .temperature = 1, .top_p = 1, .repetition = 1, .u = smp_rng_uniform(&r), .mask = m};
+        hits += smp_sample_row(&p, NULL, l, MV, sc, NULL) == 33;
+    }
+    assert_true(fabs((double)hits / N - 3.0 / 21.0) < 0.01);
+    smp_scratch_free(sc);
+}
+
+/* logit_bias is added before everything (greedy follows it, repeated tokens add up, ids
+ * outside the row are skipped) and the logprob is of the biased row; -100 all but bans. */
+static void test_logit_bias_shifts_logits_and_logprobs(void **state) {
+    smp_scratch *sc = smp_scratch_new(V);
+    double pr[V] = {.4, .25, .15, .1, .05, .03, .015, .005};
+    float l[V], raw[V];
+    from_probs(pr, raw);
+    md_sample_bias b[4] = {{0, -100.0f}, {2, 1.0f}, {2, 0.5f}, {V + 3, 100.0f}};
+    md_sample_params p = {.top_p = 1, .repetition = 1, .bias = b, .n_bias = 4};
+    memcpy(l, raw, sizeof l);
+    float lp;
+    assert_int_equal(smp_sample_row(&p, NULL, l, V, sc, &lp), 2); /* .15 e^1.5 > .25 */
+    double z = 0;
+    for (int t = 0; t < V; t++)
+        z += exp((double)raw[t] + (t == 0 ? -100 : t == 2 ? 1.5 : 0));
+    assert_true(fabs(lp - (raw[2] + 1.5 - log(z))) < 1e-5);
+    /* with a mask too: bias first, then the mask */
+    uint32_t m = 0xffu & ~(1u << 2);
+    p.mask = &m;
+    memcpy(l, raw, sizeof l);
+    assert_int_equal(smp_constrain(&p, l, V), V - 1);
+    assert_true(isinf(l[2]) && l[2] < 0);
+    assert_true(l[0] == raw[0] - 100.0f);
+    smp_scratch_free(sc);
+}
+
+static void test_validate_logit_bias(void **state) {
+    md_err e = {0};
+    md_sampling s = base();
+    md_logit_bias lb[2] = {{5, 100.0f}, {7, -100.0f}};
+    s.logit_bias = lb;
+    s.n_logit_bias = 2;
+    assert_int_equal(smp_validate(&s, &e), 0);
+    lb[1].bias = -100.5f;
+    assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "logit_bias"));
+    lb[1].bias = NAN;
+    assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
+    lb[1] = (md_logit_bias){-1, 0};
+    assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
+    lb[1] = (md_logit_bias){1, 0};
+    s.n_logit_bias = MD_LOGIT_BIAS_MAX + 1;
+    assert_int_equal(smp_validate(&s, &e), MD_EINVAL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_takes_argmax_lowest_index_on_ties),
@@ -364,6 +509,10 @@ int main(void) {
         cmocka_unit_test(test_logprob_is_raw_log_softmax),
         cmocka_unit_test(test_validate_rejects_bad_parameters),
         cmocka_unit_test(test_top_p_after_top_k_and_index_order_draw),
+        cmocka_unit_test(test_mask_never_draws_a_masked_token),
+        cmocka_unit_test(test_mask_greedy_takes_best_allowed_and_renormalises),
+        cmocka_unit_test(test_logit_bias_shifts_logits_and_logprobs),
+        cmocka_unit_test(test_validate_logit_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
