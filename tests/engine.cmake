@@ -4,6 +4,12 @@
 set(ENGINE_TEST_LIBS medley_engine PkgConfig::JANSSON)
 medley_test(test_sampler SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sampler.c
             LIBS ${ENGINE_TEST_LIBS} LABELS unit)
+# the grammar engine's vocabulary: synthetic SentencePiece and byte-level BPE (unit); SmolLM2's
+# real one (e2e, skipped when not fetched)
+medley_test(test_grammar_vocab SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_grammar_vocab.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS unit)
+add_test(NAME test_grammar_vocab_smollm2 COMMAND test_grammar_vocab smollm2)
+set_tests_properties(test_grammar_vocab_smollm2 PROPERTIES LABELS e2e)
 medley_test(test_kvcache SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_kvcache.c
             LIBS ${ENGINE_TEST_LIBS} LABELS unit)
 medley_test(test_engine_logits SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_logits.c
