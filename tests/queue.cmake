@@ -75,6 +75,11 @@ medley_queue_py(queue_run_smollm2 queue_run_smollm2 e2e 900)
 medley_queue_py(worker_sampling worker_sampling integration 120)
 medley_queue_py(worker_sampling_smollm2 worker_sampling e2e 600 --engine)
 
+# Structured outputs, the request side (docs/structured.md): response_format, tools, medley's
+# regex / choice / grammar, logit_bias, refused fields and hostile schemas in one `medley run`
+# on SmolLM2; stop answers validate with jsonschema, tool calls parse with the openai SDK.
+medley_queue_py(structured_run structured_run e2e 600)
+
 # medley worker --devices: one supervisor, one child worker per device (worker/supervise.h).
 # worker_devices: bad device lists, 2,000 echo requests over two children with one SIGKILLed
 # and restarted, SIGTERM stop, give-up on children that cannot start (~20 s);
