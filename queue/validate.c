@@ -260,6 +260,89 @@ static int check_envelope(json_t *root, q_request *req, json_t **body, q_verr *v
     return 0;
 }
 
+/* Append printf text to req->text at *used (NUL-terminated); its start in *out. */
+static int text_append(q_request *req, size_t *used, size_t cap, const char **out, q_verr *ve,
+                       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static int text_append(q_request *req, size_t *used, size_t cap, const char **out, q_verr *ve,
+                       const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(req->text + *used, cap - *used, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap - *used)
+        return fail(ve, "invalid_value", "body.messages", "body.messages is too large");
+    *out = req->text + *used;
+    *used += (size_t)n + 1;
+    return 0;
+}
+
+/* An assistant turn that called functions (tool_calls, content null or text): rendered as
+ * the calls the model would have written under medley's tool prompt (runner_engine.c),
+ * {"name": ..., "arguments": {...}} one per line, after the content when there is some. */
+static int assistant_calls(q_request *req, json_t *calls, json_t *content, const char *param,
+                           size_t *used, size_t cap, const char **out, q_verr *ve) {
+    if (!json_is_array(calls) || json_array_size(calls) == 0)
+        return fail(ve, "invalid_type", param, "%s.tool_calls must be a non-empty array", param);
+    const char *text = content && json_is_string(content) ? json_string_value(content) : "";
+    if (content && !json_is_null(content) && !json_is_string(content))
+        return fail(ve, "invalid_type", param,
+                    "%s.content must be a string or null next to tool_calls", param);
+    size_t start = *used;
+    const char *piece;
+    if (text_append(req, used, cap, &piece, ve, "%s", text))
+        return -1;
+    size_t k;
+    json_t *c;
+    json_array_foreach(calls, k, c) {
+        json_t *f = json_object_get(c, "function");
+        const char *name = json_string_value(json_object_get(f, "name"));
+        const char *args = json_string_value(json_object_get(f, "arguments"));
+        json_t *parsed = args ? json_loads(args, JSON_DECODE_ANY, NULL) : NULL;
+        if (!name || !parsed) {
+            json_decref(parsed);
+            return fail(ve, "invalid_value", param,
+                        "%s.tool_calls[%zu] must be {\"type\": \"function\", \"function\": "
+                        "{\"name\", \"arguments\": <JSON text>}}",
+                        param, k);
+        }
+        json_t *call = json_pack("{s:s, s:o}", "name", name, "arguments", parsed);
+        char *js = call ? json_dumps(call, JSON_COMPACT) : NULL;
+        json_decref(call);
+        if (!js)
+            return fail(ve, "server_error", NULL, "out of memory");
+        *used -= 1; /* continue the same string: drop its NUL */
+        int rc = text_append(req, used, cap, &piece, ve, "%s%s", *used > start ? "\n" : "", js);
+        free(js);
+        if (rc)
+            return -1;
+    }
+    *out = req->text + start;
+    return 0;
+}
+
+/* A tool turn (role "tool", tool_call_id, content: the function's result): rendered as a user
+ * turn saying which call it answers, since the templates medley serves have no tool role. */
+static int tool_result(q_request *req, json_t *msgs, size_t i, const char *param, size_t *used,
+                       size_t cap, q_msg *msg, q_verr *ve) {
+    const char *id = json_string_value(json_object_get(json_array_get(msgs, i), "tool_call_id"));
+    if (!id)
+        return fail(ve, "missing_required_parameter", param,
+                    "%s.tool_call_id must name the call this result answers", param);
+    const char *name = NULL;
+    for (size_t j = 0; j < i && !name; j++) {
+        size_t k;
+        json_t *c;
+        json_array_foreach(json_object_get(json_array_get(msgs, j), "tool_calls"), k, c) {
+            const char *cid = json_string_value(json_object_get(c, "id"));
+            if (cid && !strcmp(cid, id))
+                name = json_string_value(json_object_get(json_object_get(c, "function"), "name"));
+        }
+    }
+    msg->role = "user";
+    return text_append(req, used, cap, &msg->content, ve, "Result of the call %.64s%s%.64s: %s", id,
+                       name ? " of " : "", name ? name : "", msg->content);
+}
+
 /* A chat completion's body.messages into req->msgs, their text in req->text (sized from the
  * line's length len). */
 static int get_messages(json_t *body, size_t len, q_request *req, q_verr *ve) {
@@ -274,7 +357,9 @@ static int get_messages(json_t *body, size_t len, q_request *req, q_verr *ve) {
         return fail(ve, "invalid_value", "body.messages",
                     "body.messages has %zu messages; at most %d are accepted",
                     json_array_size(msgs), Q_MAX_MSGS);
-    size_t cap = len + 2 * Q_MAX_MSGS, used = 0;
+    /* the text parts joined, and the tool turns rewritten (at most the line's bytes again,
+     * plus a fixed wording per message) */
+    size_t cap = 2 * len + 256 * Q_MAX_MSGS, used = 0;
     req->text = malloc(cap);
     if (!req->text)
         return fail(ve, "server_error", NULL, "out of memory");
@@ -289,18 +374,29 @@ static int get_messages(json_t *body, size_t len, q_request *req, q_verr *ve) {
         const char *role = json_string_value(json_object_get(m, "role"));
         if (!role)
             return fail(ve, "missing_required_parameter", param,
-                        "%s.role must be a string (system, user or assistant)", param);
+                        "%s.role must be a string (system, user, assistant or tool)", param);
         if (!strcmp(role, "developer"))
             role = "system";
-        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant"))
+        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
+            strcmp(role, "tool"))
             return fail(ve, "invalid_value", param,
-                        "%s.role is \"%s\"; expected system, developer, user or assistant", param,
-                        role);
+                        "%s.role is \"%s\"; expected system, developer, user, assistant or tool",
+                        param, role);
         json_t *content = json_object_get(m, "content");
+        json_t *calls = json_object_get(m, "tool_calls");
+        if (!strcmp(role, "assistant") && calls && !json_is_null(calls)) {
+            req->msgs[i].role = role;
+            if (assistant_calls(req, calls, content, param, &used, cap, &req->msgs[i].content, ve))
+                return -1;
+            continue;
+        }
         if (!content)
             return fail(ve, "missing_required_parameter", param, "%s has no content", param);
         req->msgs[i].role = role;
         if (message_content(req, content, (int)i, &used, cap, &req->msgs[i].content, ve))
+            return -1;
+        if (!strcmp(role, "tool") &&
+            tool_result(req, msgs, i, param, &used, cap, &req->msgs[i], ve))
             return -1;
     }
     req->n_msgs = (int)json_array_size(msgs);
@@ -425,21 +521,21 @@ static const struct {
     {"prompt_cache_key", EP_CHAT, F_NO_EFFECT, NULL},
     {"metadata", EP_CHAT, F_NO_EFFECT, NULL},
     {"service_tier", EP_CHAT, F_NO_EFFECT, NULL},
-    {"n", EP_BOTH, F_ONE, "several choices per request"},
-    {"best_of", EP_COMP, F_ONE, "several candidates per request"},
-    {"stream", EP_BOTH, F_FALSE, "streaming in a batch"},
-    {"store", EP_CHAT, F_FALSE, "stored completions"},
-    {"echo", EP_COMP, F_FALSE, "echoing the prompt"},
-    {"stream_options", EP_BOTH, F_NULL_ONLY, "streaming in a batch"},
-    {"suffix", EP_COMP, F_NULL_ONLY, "insertion (suffix)"},
+    {"n", EP_BOTH, F_ONE, "a batch answer holds one choice"},
+    {"best_of", EP_COMP, F_ONE, "medley generates one candidate per request"},
+    {"stream", EP_BOTH, F_FALSE, "a batch is not streamed"},
+    {"store", EP_CHAT, F_FALSE, "medley does not store completions"},
+    {"echo", EP_COMP, F_FALSE, "medley does not echo the prompt"},
+    {"stream_options", EP_BOTH, F_NULL_ONLY, "a batch is not streamed"},
+    {"suffix", EP_COMP, F_NULL_ONLY, "medley does not insert between a prompt and a suffix"},
     {"modalities", EP_CHAT, F_USED, NULL},
-    {"audio", EP_CHAT, F_NULL_ONLY, "audio output"},
-    {"prediction", EP_CHAT, F_NULL_ONLY, "predicted outputs"},
-    {"reasoning_effort", EP_CHAT, F_NULL_ONLY, "reasoning models"},
-    {"verbosity", EP_CHAT, F_NULL_ONLY, "verbosity control"},
-    {"web_search_options", EP_CHAT, F_NULL_ONLY, "web search"},
-    {"functions", EP_CHAT, F_NULL_ONLY, "the deprecated functions (use tools)"},
-    {"function_call", EP_CHAT, F_NULL_ONLY, "the deprecated function_call (use tool_choice)"},
+    {"audio", EP_CHAT, F_NULL_ONLY, "medley has no audio output"},
+    {"prediction", EP_CHAT, F_NULL_ONLY, "medley has no predicted outputs"},
+    {"reasoning_effort", EP_CHAT, F_NULL_ONLY, "the models medley serves do not reason"},
+    {"verbosity", EP_CHAT, F_NULL_ONLY, "medley has no verbosity control"},
+    {"web_search_options", EP_CHAT, F_NULL_ONLY, "medley has no web search"},
+    {"functions", EP_CHAT, F_NULL_ONLY, "the deprecated form of tools: use tools"},
+    {"function_call", EP_CHAT, F_NULL_ONLY, "the deprecated form of tool_choice: use tool_choice"},
 };
 
 /* Each key of the body: known for this endpoint, and when medley does not do what it asks,
@@ -483,7 +579,7 @@ static int check_fields(json_t *body, int chat, q_verr *ve) {
             break;
         case F_NULL_ONLY:
             return fail(ve, "unsupported_parameter", param,
-                        "%s is not supported: medley has no %s; remove it or set it to null", param,
+                        "%s is not supported (%s); remove it or set it to null", param,
                         fields[k].why);
         case F_FALSE:
             if (!json_is_boolean(v))
@@ -491,16 +587,15 @@ static int check_fields(json_t *body, int chat, q_verr *ve) {
                             type_name(v));
             if (json_is_true(v))
                 return fail(ve, "unsupported_value", param,
-                            "%s: true is not supported: medley has no %s; remove it", param,
-                            fields[k].why);
+                            "%s: true is not supported (%s); remove it", param, fields[k].why);
             break;
         case F_ONE:
             if (!json_is_integer(v))
                 return fail(ve, "invalid_type", param, "%s must be an integer, not %s", param,
                             type_name(v));
             if (json_integer_value(v) != 1)
-                return fail(ve, "unsupported_value", param,
-                            "only %s = 1 is supported: medley has no %s", param, fields[k].why);
+                return fail(ve, "unsupported_value", param, "only %s = 1 is supported (%s)", param,
+                            fields[k].why);
             break;
         default: break;
         }

@@ -576,6 +576,29 @@ static void unparsable_line_keeps_its_custom_id(void **st) {
     q_request_free(&req);
 }
 
+static void tool_turns_are_rendered_as_text(void **st) {
+    (void)st;
+    q_request req;
+    expect_ok(CHAT("{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"},{\"role\":"
+                   "\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":"
+                   "\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":"
+                   "\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
+                   "\"call_1\",\"content\":\"21 C\"}]}"),
+              &req);
+    assert_int_equal(req.n_msgs, 3);
+    assert_string_equal(req.msgs[1].role, "assistant");
+    assert_string_equal(req.msgs[1].content,
+                        "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}");
+    assert_string_equal(req.msgs[2].role, "user");
+    assert_string_equal(req.msgs[2].content, "Result of the call call_1 of get_weather: 21 C");
+    q_request_free(&req);
+    expect_error(CHAT("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}"),
+                 "missing_required_parameter", "body.messages[0]");
+    expect_error(CHAT("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{"
+                      "\"name\":\"f\",\"arguments\":\"{bad\"}}]}]}"),
+                 "invalid_value", "body.messages[0]");
+}
+
 int main(void) {
     q_limits_default(&lim);
     const struct CMUnitTest tests[] = {
@@ -599,6 +622,7 @@ int main(void) {
         cmocka_unit_test(medley_extras_take_one_constraint),
         cmocka_unit_test(tools_build_a_call_schema),
         cmocka_unit_test(unparsable_line_keeps_its_custom_id),
+        cmocka_unit_test(tool_turns_are_rendered_as_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
