@@ -33,8 +33,8 @@ typedef struct gr_matcher gr_matcher;
 /* A JSON Schema (the text of the schema object). strict = 1: a keyword medley cannot enforce
  * is an error naming it; strict = 0: it is relaxed (not enforced) and listed in relaxed
  * (comma-separated "keyword at pointer" entries, truncated to relaxedsz; may be NULL). */
-int gr_from_json_schema(const char *schema, size_t len, int strict, gr_grammar **out,
-                        char *relaxed, size_t relaxedsz, md_err *e);
+int gr_from_json_schema(const char *schema, size_t len, int strict, gr_grammar **out, char *relaxed,
+                        size_t relaxedsz, md_err *e);
 /* Any JSON object (response_format json_object). */
 int gr_from_json_object(gr_grammar **out, md_err *e);
 /* A regular expression over the whole output (the supported subset: docs/structured.md). */
@@ -67,6 +67,9 @@ void gr_matcher_fill_mask(gr_matcher *m, uint32_t *mask);
 /* Advance by one token: 0, or MD_EINVAL when the token is not allowed (the state is then
  * unchanged). An end token is accepted where the grammar may end. */
 int gr_matcher_accept(gr_matcher *m, int32_t token);
+/* Advance by raw bytes, whatever the tokens (validating a text, tests): 0, or MD_EINVAL when
+ * the bytes leave the grammar (the state is then unchanged). */
+int gr_matcher_accept_bytes(gr_matcher *m, const char *s, size_t n);
 /* 1 when the output so far is a complete sentence of the grammar. */
 int gr_matcher_can_end(const gr_matcher *m);
 /* 1 when nothing but an end token can follow (the engine may stop the sequence). */
