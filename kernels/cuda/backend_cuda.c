@@ -94,6 +94,10 @@ typedef struct {
      * logit per entry), grown to the largest call */
     cuda_sample_pen *h_pen, *d_pen;
     size_t cap_pen;
+    /* the sample op's constraints (pinned staging, device copy): the constrained rows' masks
+     * packed, then the bias entries; grown to the largest call */
+    uint8_t *h_con, *d_con;
+    size_t cap_con;
     int n_sm;
     /* decode-step graphs */
     int graphs_on;      /* MEDLEY_CUDA_GRAPHS != "0" */
@@ -159,6 +163,8 @@ static void be_free(md_backend *be) {
         cudaFreeHost(b->h_sparams);
     if (b->h_pen)
         cudaFreeHost(b->h_pen);
+    if (b->h_con)
+        cudaFreeHost(b->h_con);
     if (b->meta_copied)
         cudaEventDestroy(b->meta_copied);
     cuda_ctx_close(b->c); /* frees the pool: d_meta, att_work and any live buffer */
@@ -172,10 +178,10 @@ static const char *be_describe(md_backend *be) {
     if (cuda_device_query(cuda_ctx_ordinal(b->c), &in, &e))
         snprintf(b->desc, sizeof b->desc, "cuda:%d: %s", cuda_ctx_ordinal(b->c), e.msg);
     else
-        snprintf(b->desc, sizeof b->desc,
-                 "%s:%d: %s, sm_%d%d, %d SMs, %.1f GiB (%.1f free)%s", b->exact ? "cuda-exact" : "cuda",
-                 in.ordinal, in.name, in.cc_major, in.cc_minor, in.n_sm, in.total_bytes / GIB,
-                 in.free_bytes / GIB, b->exact ? ", F32 weights and KV cache" : "");
+        snprintf(b->desc, sizeof b->desc, "%s:%d: %s, sm_%d%d, %d SMs, %.1f GiB (%.1f free)%s",
+                 b->exact ? "cuda-exact" : "cuda", in.ordinal, in.name, in.cc_major, in.cc_minor,
+                 in.n_sm, in.total_bytes / GIB, in.free_bytes / GIB,
+                 b->exact ? ", F32 weights and KV cache" : "");
     return b->desc;
 }
 
@@ -930,6 +936,77 @@ static int pen_room(cuda_backend *b, size_t n, md_err *e) {
     return 0;
 }
 
+/* Room for bytes of constraints (staging and device), grown to the largest call. */
+static int con_room(cuda_backend *b, size_t bytes, md_err *e) {
+    if (bytes <= b->cap_con)
+        return 0;
+    size_t cap = b->cap_con ? 2 * b->cap_con : 1 << 20;
+    if (cap < bytes)
+        cap = bytes;
+    /* the last sample call waited for its result: neither copy is in use */
+    if (b->h_con)
+        cudaFreeHost(b->h_con);
+    cuda_pool_free(b->c, b->d_con);
+    b->h_con = b->d_con = NULL;
+    b->cap_con = 0;
+    if (cudaMallocHost((void **)&b->h_con, cap) != cudaSuccess) {
+        cudaGetLastError();
+        b->h_con = NULL;
+        return md_errf(e, MD_ENOMEM, "cuda backend: cannot pin %zu bytes for token masks", cap);
+    }
+    int rc = cuda_pool_alloc(b->c, cap, (void **)&b->d_con, e);
+    if (rc) {
+        cudaFreeHost(b->h_con);
+        b->h_con = NULL;
+        return rc;
+    }
+    b->cap_con = cap;
+    return 0;
+}
+
+_Static_assert(sizeof(cuda_sample_bias) == sizeof(md_sample_bias) &&
+                   offsetof(cuda_sample_bias, bias) == offsetof(md_sample_bias, bias),
+               "backend.h and cuda_ops.h bias entries share a layout");
+
+/* The rows' constraints into h_sparams' mask_row / bias fields and one upload: the masks of
+ * the constrained rows packed [n_masked, words], then every bias entry. *any = 0 when no
+ * row is constrained (nothing uploaded). */
+static int upload_constraints(cuda_backend *b, int rows, int n, const md_sample_params *p,
+                              const uint32_t **d_mask, const cuda_sample_bias **d_bias, int *any,
+                              md_err *e) {
+    size_t words = (size_t)MD_MASK_WORDS(n), n_masked = 0, n_bias = 0;
+    for (int r = 0; r < rows; r++) {
+        n_masked += p[r].mask != NULL;
+        n_bias += p[r].n_bias > 0 ? (size_t)p[r].n_bias : 0;
+    }
+    *any = n_masked + n_bias > 0;
+    if (!*any)
+        return 0;
+    size_t mask_bytes = n_masked * words * sizeof(uint32_t);
+    int rc = con_room(b, mask_bytes + n_bias * sizeof(cuda_sample_bias), e);
+    if (rc)
+        return rc;
+    uint32_t *hm = (uint32_t *)b->h_con;
+    cuda_sample_bias *hb = (cuda_sample_bias *)(b->h_con + mask_bytes);
+    int mr = 0, bo = 0;
+    for (int r = 0; r < rows; r++) {
+        cuda_sample_params *q = &b->h_sparams[r];
+        if (p[r].mask) {
+            memcpy(hm + (size_t)mr * words, p[r].mask, words * sizeof(uint32_t));
+            q->mask_row = ++mr;
+        }
+        if (p[r].n_bias > 0) {
+            memcpy(hb + bo, p[r].bias, (size_t)p[r].n_bias * sizeof *hb); /* same layout */
+            q->bias_off = bo;
+            q->bias_n = p[r].n_bias;
+            bo += p[r].n_bias;
+        }
+    }
+    *d_mask = n_masked ? (const uint32_t *)b->d_con : NULL;
+    *d_bias = n_bias ? (const cuda_sample_bias *)(b->d_con + mask_bytes) : NULL;
+    return cuda_upload(b->c, b->d_con, b->h_con, mask_bytes + n_bias * sizeof(cuda_sample_bias), e);
+}
+
 /* Sampled, penalised and logprob rows: one id (and a logprob) per row comes back, not the row
  * of logits; the penalty entries go up instead. */
 static int be_sample(md_backend *be, const md_buf *x, int rows, int n, const md_sample_params *p,
@@ -950,19 +1027,35 @@ static int be_sample(md_backend *be, const md_buf *x, int rows, int n, const md_
         return rc;
     for (int r = 0; r < rows; r++)
         if (p[r].pen_off < 0 || p[r].pen_n < 0 || p[r].pen_n > n_pen - p[r].pen_off ||
-            p[r].n_top < 0 || p[r].n_top > CUDA_SAMPLE_TOP)
+            p[r].n_top < 0 || p[r].n_top > CUDA_SAMPLE_TOP || p[r].n_bias < 0 ||
+            (p[r].n_bias > 0 && !p[r].bias))
             return md_errf(e, MD_EINVAL,
                            "cuda backend: sample row %d names penalty entries %d..%d of %d and "
-                           "%d top logprobs (at most %d)",
+                           "%d top logprobs (at most %d), %d bias entries",
                            r, p[r].pen_off, p[r].pen_off + p[r].pen_n, n_pen, p[r].n_top,
-                           CUDA_SAMPLE_TOP);
+                           CUDA_SAMPLE_TOP, p[r].n_bias);
     if (n_pen > 0 && (rc = pen_room(b, (size_t)n_pen, e)))
         return rc;
     for (int r = 0; r < rows; r++) /* staging is free: the last call waited for its result */
-        b->h_sparams[r] =
-            (cuda_sample_params){p[r].temperature, p[r].top_k,      p[r].top_p,    p[r].min_p,
-                                 (float)p[r].u,    p[r].repetition, p[r].presence, p[r].frequency,
-                                 p[r].pen_off,     p[r].pen_n,      p[r].n_top};
+        b->h_sparams[r] = (cuda_sample_params){p[r].temperature,
+                                               p[r].top_k,
+                                               p[r].top_p,
+                                               p[r].min_p,
+                                               (float)p[r].u,
+                                               p[r].repetition,
+                                               p[r].presence,
+                                               p[r].frequency,
+                                               p[r].pen_off,
+                                               p[r].pen_n,
+                                               p[r].n_top,
+                                               0,
+                                               0,
+                                               0};
+    const uint32_t *d_mask = NULL;
+    const cuda_sample_bias *d_bias = NULL;
+    int constrained = 0;
+    if ((rc = upload_constraints(b, rows, n, p, &d_mask, &d_bias, &constrained, e)))
+        return rc;
     float *pen_raw = NULL;
     if (n_pen > 0) {
         memcpy(b->h_pen, pen, (size_t)n_pen * sizeof *pen); /* same layout: two int32 */
@@ -977,6 +1070,8 @@ static int be_sample(md_backend *be, const md_buf *x, int rows, int n, const md_
     if (rc ||
         (rc = cuda_upload(b->c, b->d_sparams, b->h_sparams,
                           (size_t)rows * sizeof(cuda_sample_params), e)) ||
+        (constrained &&
+         (rc = cuda_constrain(b->c, (float *)x->p, rows, n, b->d_sparams, d_mask, d_bias, e))) ||
         (rc = cuda_sample(b->c, (float *)x->p, rows, n, b->d_sparams, b->d_pen, pen_raw,
                           b->d_argmax, d_lp, d_top, d_top_lp, e)) ||
         (rc = cuda_download(b->c, out, b->d_argmax, (size_t)rows * sizeof(int32_t), e)) ||

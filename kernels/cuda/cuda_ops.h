@@ -231,15 +231,24 @@ int cuda_attn_prefill(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, cons
 /* ---- sampling ---------------------------------------------------------------------- */
 
 typedef struct {
-    float temperature; /* <= 0: greedy */
-    int top_k;         /* 0 = off */
-    float top_p;       /* >= 1 = off */
-    float min_p;       /* 0 = off */
-    float u;           /* uniform draw in [0, 1) from the caller's seeded RNG */
+    float temperature;                     /* <= 0: greedy */
+    int top_k;                             /* 0 = off */
+    float top_p;                           /* >= 1 = off */
+    float min_p;                           /* 0 = off */
+    float u;                               /* uniform draw in [0, 1) from the caller's seeded RNG */
     float repetition, presence, frequency; /* penalties: 1, 0, 0 = off */
     int pen_off, pen_n;                    /* the row's entries in the call's pen */
     int n_top;                             /* top logprobs wanted, 0..CUDA_SAMPLE_TOP */
+    /* the row's constraint (cuda_constrain): 1 + its row of the call's packed mask (0 = no
+     * mask, so a zeroed struct is unconstrained) and its entries of the call's bias */
+    int mask_row, bias_off, bias_n;
 } cuda_sample_params;
+
+/* A bias added to a token's logit (backend.h md_sample_bias). */
+typedef struct {
+    int32_t token;
+    float bias;
+} cuda_sample_bias;
 
 #define CUDA_SAMPLE_TOP 20 /* backend.h MD_SAMPLE_TOP */
 
@@ -263,6 +272,16 @@ int cuda_argmax(cuda_ctx *c, const float *logits, int rows, int vocab, int32_t *
 int cuda_sample(cuda_ctx *c, float *logits, int rows, int vocab, const cuda_sample_params *params,
                 const cuda_sample_pen *pen, float *pen_raw, int32_t *out, float *logprob,
                 int32_t *top_tok, float *top_lp, md_err *e);
+
+/* Constrain rows in place before cuda_sample (structured outputs, backend.h md_sample_params):
+ * row r's bias entries bias[bias_off .. bias_off + bias_n) added in order (tokens outside
+ * [0, vocab) skipped), then, when params[r].mask_row > 0, every token whose bit is clear in
+ * mask row mask_row - 1 ([rows of the call, (vocab + 31) / 32] words, bit t % 32 of word t /
+ * 32) set to -inf — engine/sampler.h smp_constrain's arithmetic. mask and bias are device
+ * arrays (either NULL when no row uses it). */
+int cuda_constrain(cuda_ctx *c, float *logits, int rows, int vocab,
+                   const cuda_sample_params *params, const uint32_t *mask,
+                   const cuda_sample_bias *bias, md_err *e);
 
 /* ---- CUDA graphs ------------------------------------------------------------------ */
 

@@ -9,7 +9,9 @@
  * caller's uniform u over the kept tokens in index order (a block-wide prefix scan). The
  * caller's RNG supplies u, so a seed gives the same tokens on every backend. The logprob is
  * the chosen token's log-softmax under the row as it came in (raw, before penalties); the top
- * logprobs are the raw row's most likely tokens, one block-wide argmax pass each. */
+ * logprobs are the raw row's most likely tokens, one block-wide argmax pass each. A
+ * constrained row (structured outputs) comes in already constrained by k_constrain: its
+ * masked tokens at -inf have no mass, are never drawn and never listed. */
 #include "kernels/cuda/cuda_internal.h"
 
 #define SAMPLE_THREADS 1024
@@ -378,6 +380,38 @@ __global__ void k_sample(float *logits, int vocab, const cuda_sample_params *par
     int lk = (int)cuda_block_max((float)last_kept, sh);
     sample_done(l, found != INT_MAX ? found : (lk >= 0 ? lk : amax), &P, pen, pen_raw, raw_mx,
                 raw_lse, out, logprob, &raw_tok);
+}
+
+/* One block per row: the bias entries in order by one thread (a token may be listed twice:
+ * the adds happen in the host's order), then the mask word by word. */
+__global__ void k_constrain(float *logits, int vocab, const cuda_sample_params *params,
+                            const uint32_t *mask, const cuda_sample_bias *bias) {
+    float *l = logits + (int64_t)blockIdx.x * vocab;
+    cuda_sample_params P = params[blockIdx.x];
+    if (threadIdx.x == 0)
+        for (int j = 0; j < P.bias_n; j++) {
+            cuda_sample_bias b = bias[P.bias_off + j];
+            if (b.token >= 0 && b.token < vocab)
+                l[b.token] = __fadd_rn(l[b.token], b.bias);
+        }
+    if (P.mask_row <= 0)
+        return;
+    __syncthreads();
+    const uint32_t *m = mask + (int64_t)(P.mask_row - 1) * ((vocab + 31) / 32);
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+        if (!((m[i >> 5] >> (i & 31)) & 1u))
+            l[i] = __uint_as_float(0xff800000u); /* -inf */
+}
+
+int cuda_constrain(cuda_ctx *c, float *logits, int rows, int vocab, const cuda_sample_params *params,
+                   const uint32_t *mask, const cuda_sample_bias *bias, md_err *e) {
+    CUDA_GUARD(c, e);
+    if (rows < 0 || vocab <= 0)
+        return md_errf(e, MD_EINVAL, "CUDA constrain: bad shape [%d, %d]", rows, vocab);
+    if (rows == 0)
+        return 0;
+    k_constrain<<<rows, 256, 0, c->stream>>>(logits, vocab, params, mask, bias);
+    return CUDA_LAUNCHED(c, "constrain", e);
 }
 
 int cuda_sample(cuda_ctx *c, float *logits, int rows, int vocab, const cuda_sample_params *params,

@@ -609,6 +609,98 @@ static void test_sampling_penalties_and_logprobs(void **state) {
     free(l);
 }
 
+/* Structured outputs on the GPU: cuda_constrain (token masks packed one row per constrained
+ * row, logit_bias with a repeated token) then cuda_sample, against smp_sample_row with the
+ * same constraint, on SmolLM2's vocabulary size: the constrained rows bit for bit, the tokens
+ * the host's and allowed, logprobs within 1e-4. test_cuda_emu "samplehost" checks the same
+ * kernels on the emulator. */
+static void test_sampling_constrained(void **state) {
+    enum { V = 49152, R = 4, W = (V + 31) / 32 };
+    float *l = malloc(V * 4), *row = malloc(V * 4), *got = malloc((size_t)R * V * 4);
+    for (int i = 0; i < V; i++)
+        l[i] = 6.0f * frand() - 3.0f;
+    uint32_t *mask = calloc((size_t)2 * W, 4);
+    for (int t = 0; t < V; t++) {
+        if (t % 5 == 1)
+            mask[t / 32] |= 1u << (t % 32); /* row 0: a fifth of the vocabulary */
+        if (t == 77 || t == 40000 || t == V - 1)
+            mask[W + t / 32] |= 1u << (t % 32); /* row 2: three tokens */
+    }
+    md_sample_bias bias[3] = {{12, 5.0f}, {12, -0.25f}, {V - 1, 30.0f}};
+    float temps[R] = {0.0f, 1.0f, 0.8f, 0.0f};
+    md_sample_params hp[R];
+    cuda_sample_params prm[R];
+    smp_scratch *sc = smp_scratch_new(V);
+    for (int r = 0; r < R; r++) {
+        md_sampling s;
+        md_sampling_default(&s);
+        s.temperature = temps[r];
+        s.top_k = r == 2 ? 50 : 0;
+        hp[r] = smp_params(&s, (float)((r + 0.5) / R));
+        hp[r].n_top = 5;
+        hp[r].mask = r == 0 ? mask : r == 2 ? mask + W : NULL;
+        hp[r].bias = r >= 1 ? bias : NULL;
+        hp[r].n_bias = r >= 1 ? 3 : 0;
+        prm[r] = (cuda_sample_params){.temperature = hp[r].temperature,
+                                      .top_k = hp[r].top_k,
+                                      .top_p = hp[r].top_p,
+                                      .u = (float)hp[r].u,
+                                      .repetition = 1.0f,
+                                      .n_top = 5,
+                                      .mask_row = r == 0   ? 1
+                                                  : r == 2 ? 2
+                                                           : 0,
+                                      .bias_n = hp[r].n_bias};
+    }
+    float *dl = dev((size_t)R * V * 4), *dlp = dev(R * 4), *dtl = dev(R * CUDA_SAMPLE_TOP * 4);
+    int32_t *dtok = dev(R * 4), *dtt = dev(R * CUDA_SAMPLE_TOP * 4), tok[R],
+            tt[R * CUDA_SAMPLE_TOP];
+    float lp[R], tl[R * CUDA_SAMPLE_TOP];
+    cuda_sample_params *dp = dev(sizeof prm);
+    uint32_t *dm = dev((size_t)2 * W * 4);
+    cuda_sample_bias *db = dev(sizeof bias);
+    for (int r = 0; r < R; r++)
+        put(dl + (size_t)r * V, l, V * 4);
+    put(dp, prm, sizeof prm);
+    put(dm, mask, (size_t)2 * W * 4);
+    put(db, bias, sizeof bias);
+    OK(cuda_constrain(C, dl, R, V, dp, dm, db, E));
+    get(got, dl, (size_t)R * V * 4);
+    OK(cuda_sample(C, dl, R, V, dp, NULL, NULL, dtok, dlp, dtt, dtl, E));
+    get(tok, dtok, sizeof tok);
+    get(lp, dlp, sizeof lp);
+    get(tt, dtt, sizeof tt);
+    get(tl, dtl, sizeof tl);
+    for (int r = 0; r < R; r++) {
+        memcpy(row, l, V * 4);
+        smp_constrain(&hp[r], row, V);
+        if (memcmp(row, got + (size_t)r * V, V * 4))
+            fail_msg("row %d: the GPU's constrained logits differ from the host's", r);
+        int32_t ht[MD_TOP_LOGPROBS];
+        float hl[MD_TOP_LOGPROBS];
+        int m = smp_top_logprobs(row, V, 5, ht, hl);
+        memcpy(row, l, V * 4);
+        float hlp = 0;
+        int32_t h = smp_sample_row(&hp[r], NULL, row, V, sc, &hlp);
+        printf("constrained row %d: token %d, host %d; logprob %.6f, host %.6f\n", r, tok[r], h,
+               lp[r], hlp);
+        assert_int_equal(tok[r], h);
+        assert_true(!hp[r].mask || (hp[r].mask[h / 32] >> (h % 32) & 1u));
+        assert_true(fabsf(lp[r] - hlp) < 1e-4f);
+        for (int j = 0; j < m; j++)
+            assert_int_equal(tt[r * CUDA_SAMPLE_TOP + j], ht[j]);
+    }
+    assert_int_equal(tok[3], V - 1); /* the +30 bias wins the unmasked greedy row */
+    void *bufs[] = {dl, dlp, dtok, dp, dtt, dtl, dm, db};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        cuda_pool_free(C, bufs[i]);
+    smp_scratch_free(sc);
+    free(mask);
+    free(got);
+    free(row);
+    free(l);
+}
+
 /* A captured rmsnorm + add replays to the same bytes as direct launches, and follows new
  * input data written between replays (pointers are fixed, contents are not). */
 static void test_graph_replay_equals_direct(void **state) {
@@ -855,6 +947,7 @@ int main(void) {
         cmocka_unit_test(test_rope_kv_equals_rope_then_kv_write),
         cmocka_unit_test(test_sampling_distribution_and_filters),
         cmocka_unit_test(test_sampling_penalties_and_logprobs),
+        cmocka_unit_test(test_sampling_constrained),
         cmocka_unit_test(test_graph_replay_equals_direct),
         cmocka_unit_test(test_pool_reuses_freed_blocks),
         cmocka_unit_test(test_device_error_is_sticky),

@@ -386,6 +386,13 @@ static int gb_sample(md_backend *be, const md_buf *x, int rows, int n, const md_
                          n_pen);
             break;
         }
+        /* the constraint first: the "raw" row of the logprobs is the constrained one */
+        md_sample_params pr = p[r];
+        if (!nan)
+            smp_constrain(&pr, row, n);
+        pr.mask = NULL;
+        pr.bias = NULL;
+        pr.n_bias = 0;
         if (top_tok) { /* from the raw row, before the penalties */
             int32_t *tt = top_tok + (size_t)r * MD_SAMPLE_TOP;
             float *tl = top_lp + (size_t)r * MD_SAMPLE_TOP;
@@ -397,7 +404,7 @@ static int gb_sample(md_backend *be, const md_buf *x, int rows, int n, const md_
             g_stats.top_rows += m > 0;
         }
         float lp = 0;
-        out[r] = nan ? -1 : smp_sample_row(&p[r], pen, row, n, sc, logprob ? &lp : NULL);
+        out[r] = nan ? -1 : smp_sample_row(&pr, pen, row, n, sc, logprob ? &lp : NULL);
         if (logprob)
             logprob[r] = lp;
         g_stats.sampled_rows += p[r].temperature > 0;

@@ -7,7 +7,8 @@
  * gguf package's fixtures (dequantization of every type, GEMV at 1/3/8 tokens), with a
  * reference of cuBLAS's definition (GemmEx argument order), the fused cuda_matmul_n (gemm.cu's
  * own host code on emulated launchers) with the unfused ops and with BF16 weight copies, and
- * with the host sampler (argmax ties and NaN, every filter, the same token for the same u);
+ * with the host sampler (argmax ties and NaN, every filter, the same token for the same u;
+ * token masks and logit_bias);
  * the fused rope_kv kernel bit for bit against k_rope + k_kv_write, and against the CPU
  * backend's rope_kv. What it cannot see: real scheduling, memory-model races beyond
  * barriers, cuBLAS itself, speed.
@@ -1171,6 +1172,116 @@ static void test_sample_penalties() {
     smp_scratch_free(sc);
 }
 
+/* Constrained rows (structured outputs): a grammar's token mask and logit_bias applied on the
+ * device by k_constrain, then k_sample, against engine/sampler.c's smp_sample_row with the
+ * same constraint (the CPU path). Rows mix masks (a partial last word, most tokens masked,
+ * the raw argmax masked), bias entries (a repeated token: adds in order) and unconstrained
+ * rows, under greedy, temperature and every filter, penalties and top logprobs: the
+ * constrained row must equal the host's bit for bit, the token must be the host's and
+ * allowed, the logprob and the top logprobs the host's (the constrained distribution). */
+static void test_sample_constrained() {
+    const int V = 1000, R = 8, W = (V + 31) / 32;
+    std::vector<float> l(V);
+    for (auto &a : l) a = 3.0f * frand() - 1.0f;
+    int top = 0;
+    for (int i = 1; i < V; i++) if (l[i] > l[top]) top = i;
+    std::vector<uint32_t> masks((size_t)R * W, 0);
+    std::vector<md_sample_bias> bias;
+    md_sample_params hp[R];
+    cuda_sample_params P[R];
+    std::vector<md_sample_pen> pen;
+    smp_scratch *sc = smp_scratch_new(V);
+    int n_masked = 0;
+    struct { float temp, top_p, min_p; int top_k; float rep; int mask, nbias, n_top; } cases[R] = {
+        {0.0f, 1.0f, 0.0f, 0, 1.0f, 1, 0, 5},   /* greedy: the raw argmax masked */
+        {1.0f, 1.0f, 0.0f, 0, 1.0f, 1, 3, 3},   /* sampled, mask and bias */
+        {0.8f, 0.9f, 0.0f, 40, 1.3f, 1, 0, 0},  /* every filter and a penalty */
+        {1.0f, 1.0f, 0.1f, 0, 1.0f, 0, 4, 2},   /* bias alone */
+        {1.0f, 1.0f, 0.0f, 0, 1.0f, 0, 0, 0},   /* unconstrained */
+        {1.2f, 0.5f, 0.0f, 0, 1.0f, 2, 0, 20},  /* a sparse mask: 7 tokens */
+        {0.7f, 1.0f, 0.0f, 500, 1.0f, 2, 2, 1}, /* top_k above the allowed count */
+        {0.0f, 1.0f, 0.0f, 0, 1.0f, 3, 1, 0},   /* one allowed token, the last of the row */
+    };
+    int32_t hist[6] = {top, 3, 17, 999, 3, 500};
+    for (int r = 0; r < R; r++) {
+        md_sampling s;
+        md_sampling_default(&s);
+        s.temperature = cases[r].temp; s.top_k = cases[r].top_k; s.top_p = cases[r].top_p;
+        s.min_p = cases[r].min_p; s.repetition_penalty = cases[r].rep;
+        hp[r] = smp_params(&s, (r + 0.37) / R);
+        hp[r].u = (float)hp[r].u;
+        hp[r].pen_off = (int)pen.size();
+        std::vector<md_sample_pen> pl(V);
+        hp[r].pen_n = smp_pen_list(&s, hist, 6, nullptr, 0, V, sc, pl.data());
+        pen.insert(pen.end(), pl.begin(), pl.begin() + hp[r].pen_n);
+        hp[r].n_top = cases[r].n_top;
+        P[r] = {hp[r].temperature, hp[r].top_k, hp[r].top_p, hp[r].min_p, (float)hp[r].u,
+                hp[r].repetition, hp[r].presence, hp[r].frequency, hp[r].pen_off, hp[r].pen_n, hp[r].n_top, 0, 0, 0};
+        if (cases[r].mask) {
+            uint32_t *m = &masks[(size_t)n_masked * W];
+            for (int t = 0; t < V; t++) {
+                int ok = cases[r].mask == 1 ? (t % 3 != 0 && t != top) : cases[r].mask == 2 ? (t % 143 == 5) : t == V - 1;
+                if (ok) m[t / 32] |= 1u << (t % 32);
+            }
+            hp[r].mask = m;
+            P[r].mask_row = ++n_masked;
+        }
+        hp[r].bias = nullptr;
+        hp[r].n_bias = cases[r].nbias;
+        P[r].bias_off = (int)bias.size();
+        P[r].bias_n = cases[r].nbias;
+        for (int j = 0; j < cases[r].nbias; j++) /* token 12 twice: the adds happen in order */
+            bias.push_back({j < 2 ? 12 : (int32_t)(j * 211 + r) % V, j == 0 ? 7.5f : j == 1 ? -0.3f : 100.0f});
+        bias.push_back({V + 5, 50.0f}); /* outside the row: skipped */
+        P[r].bias_n += cases[r].nbias ? 1 : 0;
+        hp[r].n_bias = P[r].bias_n;
+    }
+    for (int r = 0; r < R; r++)
+        hp[r].bias = hp[r].n_bias ? bias.data() + P[r].bias_off : nullptr;
+    std::vector<float> rows((size_t)R * V), raw_after(pen.size() + 1);
+    for (int r = 0; r < R; r++) memcpy(&rows[(size_t)r * V], l.data(), V * 4);
+    emu_launch(dim3(R), dim3(256), [&] {
+        k_constrain(rows.data(), V, P, masks.data(), reinterpret_cast<const cuda_sample_bias *>(bias.data()));
+    });
+    for (int r = 0; r < R; r++) { /* the constrained row, bit for bit */
+        std::vector<float> cr(l);
+        int allowed = smp_constrain(&hp[r], cr.data(), V);
+        CHECK(allowed > 0, "row %d: the host's mask allows nothing", r);
+        CHECK(memcmp(cr.data(), &rows[(size_t)r * V], V * 4) == 0, "row %d: the device's constrained logits differ from the host's", r);
+    }
+    int32_t out[R], top_tok[R * CUDA_SAMPLE_TOP];
+    float lp[R], top_lp[R * CUDA_SAMPLE_TOP];
+    emu_launch(dim3(R), dim3(256), [&] {
+        k_sample(rows.data(), V, P, reinterpret_cast<const cuda_sample_pen *>(pen.data()), raw_after.data(), out, lp, top_tok, top_lp);
+    });
+    for (int r = 0; r < R; r++) {
+        std::vector<float> hr(l);
+        float hlp = 0;
+        int32_t h = smp_sample_row(&hp[r], pen.data(), hr.data(), V, sc, &hlp);
+        int ok = !hp[r].mask || ((hp[r].mask[out[r] / 32] >> (out[r] % 32)) & 1u);
+        CHECK(out[r] >= 0 && out[r] < V && ok, "row %d: device token %d is masked", r, out[r]);
+        CHECK(out[r] == h, "row %d (T %.1f mask %d bias %d): device token %d, host %d", r, cases[r].temp, cases[r].mask, cases[r].nbias, out[r], h);
+        CHECK(fabsf(lp[r] - hlp) < 1e-5f, "row %d: device logprob %.7f, host %.7f", r, lp[r], hlp);
+        std::vector<float> cr(l);
+        smp_constrain(&hp[r], cr.data(), V);
+        int32_t ht[MD_TOP_LOGPROBS];
+        float hl[MD_TOP_LOGPROBS];
+        int m = smp_top_logprobs(cr.data(), V, hp[r].n_top, ht, hl);
+        for (int j = 0; j < CUDA_SAMPLE_TOP; j++) {
+            int32_t dt = top_tok[r * CUDA_SAMPLE_TOP + j];
+            float dl = top_lp[r * CUDA_SAMPLE_TOP + j];
+            if (j < m) {
+                CHECK(dt == ht[j] && fabsf(dl - hl[j]) < 1e-5f, "row %d top %d: device %d %.7f, host %d %.7f", r, j, dt, dl, ht[j], hl[j]);
+            } else {
+                CHECK(dt == -1, "row %d top %d past the last (%d listed): %d", r, j, m, dt);
+            }
+        }
+        printf("constrained row %d (T %.1f mask %d bias %d): token %d/%d, logprob %.6f/%.6f, %d alternatives\n", r, cases[r].temp, cases[r].mask, cases[r].nbias, out[r], h, lp[r], hlp, m);
+    }
+    CHECK(out[0] != top && out[7] == V - 1, "the greedy masked rows: %d (raw argmax %d), %d", out[0], top, out[7]);
+    smp_scratch_free(sc);
+}
+
 int main(int argc, char **argv) {
     md_backend *cpu;
     md_err e = {};
@@ -1204,7 +1315,7 @@ int main(int argc, char **argv) {
         test_rope(cpu);
         test_rope_kv(cpu);
     }
-    if (only.empty() || only == "samplehost") { test_sample_vs_host(); test_sample_penalties(); }
+    if (only.empty() || only == "samplehost") { test_sample_vs_host(); test_sample_penalties(); test_sample_constrained(); }
     if (only.empty() || only == "sample") { test_sample(); test_sample_filters(); }
     md_backend_free(cpu);
     printf("%s: %d failure(s)\n", fails ? "FAILED" : "ok", fails);
