@@ -13,6 +13,13 @@ medley_test(test_queue_plan SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_
             LIBS medley_queue LABELS unit)
 medley_test(test_worker_assign SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_worker_assign.c
             LIBS medley_worker LABELS unit)
+# worker/grammars.c: the per-runner cache of compiled constraints, with the real compiler.
+medley_test(test_worker_grammars SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_worker_grammars.c
+            LIBS medley_worker LABELS unit)
+# Mutated input lines through validation, the grammar cache and a matcher's first masks.
+medley_test(test_validate_fuzz SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/test_validate_fuzz.c
+            LIBS medley_worker LABELS fuzz)
+set_tests_properties(test_validate_fuzz PROPERTIES TIMEOUT 600)
 # worker/supervise.c (medley worker --devices) with /bin/sh children and short backoffs.
 medley_test(test_supervise SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_supervise.c
             LIBS medley_worker LABELS unit)
