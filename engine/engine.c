@@ -11,7 +11,10 @@
  * penalties) is kept, so it produces exactly the tokens it would have produced.
  *
  * Scheduling order is admission order: older sequences get budget and blocks first; when
- * blocks run out, the newest running sequence is preempted (vLLM's recompute policy). */
+ * blocks run out, the newest running sequence is preempted (vLLM's recompute policy).
+ *
+ * Opening and closing the engine live in engine_open.c; the state both files share in
+ * engine_int.h. */
 #define _GNU_SOURCE /* memmem */
 #include "engine/engine.h"
 
@@ -21,90 +24,15 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "engine/weights/gguf.h"
-#include "engine/weights/hf_model.h"
+#include "engine/engine_int.h"
 #include "engine/kvcache.h"
 #include "engine/model/model.h"
-#include "engine/shard/pipeline.h"
+#include "engine/engine_constrain.h"
 #include "engine/sampler.h"
-#include "engine/weights/synth.h"
-
-_Static_assert(MD_SAMPLE_TOP == MD_TOP_LOGPROBS, "backend.h and engine.h top logprobs");
+#include "engine/shard/pipeline.h"
 #include "engine/tokenizer/tokenizer.h"
 
-enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
-
-typedef struct {
-    uint64_t id;
-    int state;
-    md_sampling s;
-    char **stop; /* owned copies */
-    int n_stop;
-    size_t max_stop_len;
-    int32_t *toks; /* [cap] prompt then generated */
-    int n_toks, cap, n_prompt;
-    int n_computed;  /* tokens with K/V in the cache */
-    int32_t *blocks; /* [max_blocks] block table */
-    int n_blocks;
-    uint64_t *bhash; /* [max_blocks] prefix hash of each published block */
-    int n_published; /* leading blocks in the prefix index */
-    smp_rng rng;
-    tok_stream ts;
-    char *text;
-    size_t text_len, text_cap;
-    md_finish finish;
-    int cancel;
-    int released; /* freed at the next step once finished */
-    int text_cut; /* a stop string ended the text */
-    int chunk;    /* tokens scheduled this step */
-    int cached_prompt;
-    int preemptions;
-    uint64_t t_submit, t_admit, t_first, t_done;
-    char err[512];
-} seq;
-
-struct md_engine {
-    md_engine_config cfg;
-    gguf_file *gf;
-    int kv_type; /* KV cache element type (MD_TYPE_*) */
-    int shadows; /* BF16 copies of the quantized weights requested (want_shadows) */
-    void *synth; /* a synthetic model's GGUF image (synth.h), or NULL */
-    size_t synth_len;
-    tok_tokenizer *tok;
-    md_backend *be; /* NULL when sharded */
-    md_model *m;    /* NULL when sharded */
-    md_pipe *pipe;  /* the stages of a sharded model, else NULL */
-    md_hparams hp;  /* from the metadata */
-    kv_cache *kv;
-    md_kv_bufs kvb;
-    md_fwd fwd;
-    smp_scratch *sc;
-    int n_vocab, n_ctx, bs, max_blocks, max_seqs, max_batch;
-    uint64_t next_id;
-    seq **all; /* every unreleased sequence */
-    int n_all, cap_all;
-    seq **running; /* [max_seqs] admission order */
-    int n_running;
-    seq **waiting; /* FIFO, preempted ones go to the front */
-    int n_waiting, cap_waiting;
-    /* step scratch, sized at open */
-    int32_t *b_tokens, *b_seq, *b_pos, *b_slot, *b_seq_len, *b_table, *b_logit_rows;
-    seq **b_seqs;
-    float *logits;               /* [max_seqs, n_vocab] */
-    int32_t *b_argmax;           /* [max_seqs] device greedy picks */
-    int32_t *b_sampled;          /* [max_seqs] device draws (backend sample op) */
-    md_sample_params *b_sparams; /* [max_seqs] their parameters */
-    float *b_lp;                 /* [max_seqs] their logprobs */
-    int32_t *b_top_tok;          /* [max_seqs, MD_TOP_LOGPROBS] their alternatives */
-    float *b_top_lp;
-    md_sample_pen *b_pen; /* their penalty entries, grown on demand */
-    size_t cap_pen;
-    md_step_token *out_toks;
-    uint64_t *finished;
-    int cap_finished;
-    char *piece; /* tok_stream_push output */
-    md_engine_stats st;
-};
+_Static_assert(MD_SAMPLE_TOP == MD_TOP_LOGPROBS, "backend.h and engine.h top logprobs");
 
 static seq *find_seq(const md_engine *eng, uint64_t id) {
     for (int i = 0; i < eng->n_all; i++)
@@ -113,9 +41,10 @@ static seq *find_seq(const md_engine *eng, uint64_t id) {
     return NULL;
 }
 
-static void seq_free(seq *q) {
+void eng_seq_free(seq *q) {
     if (!q)
         return;
+    eng_con_seq_free(q);
     for (int i = 0; i < q->n_stop; i++)
         free(q->stop[i]);
     free(q->stop);
@@ -124,454 +53,6 @@ static void seq_free(seq *q) {
     free(q->bhash);
     free(q->text);
     free(q);
-}
-
-/* Whether to keep BF16 copies of the quantized weights (backend.h weight_shadow): "on",
- * "off", or "auto" (NULL): on a backend that has the op and reports its memory, when the
- * weights and the copies take at most half of what is free before loading, so batched
- * steps multiply by BF16 matrices instead of expanding each quantized one at every step
- * while the KV cache keeps most of the device. */
-static int want_shadows(md_engine *eng, const char *mode, int have_mem, size_t avail,
-                        size_t weights, size_t shadows, md_err *e) {
-    eng->shadows = 0;
-    if (mode && strcmp(mode, "auto") && strcmp(mode, "on") && strcmp(mode, "off"))
-        return md_errf(e, MD_EINVAL, "BF16 weight copies \"%s\": expected auto, on or off", mode);
-    if (!eng->be->ops->weight_shadow || shadows == 0 || (mode && !strcmp(mode, "off")))
-        return 0;
-    if (mode && !strcmp(mode, "on"))
-        eng->shadows = 1;
-    else
-        eng->shadows = have_mem && weights + shadows <= avail / 2;
-    return 0;
-}
-
-/* The BF16 copy of one matrix; *full set when the device ran out (a warning, not an error:
- * the copies made so far stay, the rest multiply from their quantized form). */
-static int shadow_one(md_engine *eng, const md_tensor *w, size_t *made, int *full, md_err *e) {
-    int rc = eng->be->ops->weight_shadow(eng->be, w, e);
-    if (rc == MD_ENOMEM) {
-        MD_WARN("engine", "BF16 weight copies stop after %.1f MiB: %s", *made / 1048576.0, e->msg);
-        md_err_clear(e);
-        *full = 1;
-        return 0;
-    }
-    if (rc == 0 && w->type != MD_TYPE_F32 && w->type != MD_TYPE_F16 && w->type != MD_TYPE_BF16)
-        *made += (size_t)w->ne0 * w->ne1 * 2;
-    return rc;
-}
-
-/* The BF16 copies of every matrix a product reads: the layers' seven and the output head. */
-static int make_shadows(md_engine *eng, md_err *e) {
-    md_model *m = eng->m;
-    size_t made = 0;
-    int full = 0, rc = 0;
-    for (int l = 0; l < m->hp.n_layer && !full && rc == 0; l++) {
-        const md_layer *L = &m->layers[l];
-        const md_tensor *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7 && !full && rc == 0; i++)
-            rc = shadow_one(eng, w[i], &made, &full, e);
-    }
-    if (!full && rc == 0)
-        rc = shadow_one(eng, &m->output, &made, &full, e);
-    if (rc)
-        return md_errctx(e, "BF16 weight copies: ");
-    MD_INFO("engine", "BF16 copies of the quantized weights for batched steps: %.1f MiB",
-            made / 1048576.0);
-    return 0;
-}
-
-/* Open the model file at path into *gf: a GGUF file, an HF directory (hf_model.h), or a synthetic
- * model's image built into *synth (synth.h; with random weights when `weights`, metadata only
- * otherwise), which must outlive *gf and is freed with md_synth_free. */
-static int open_model_file(const char *path, int weights, void **synth, size_t *synth_len,
-                           gguf_file **gf, md_err *e) {
-    if (!md_synth_is(path))
-        return md_model_open(path, gf, e);
-    int rc = md_synth_build(path, weights, synth, synth_len, e);
-    return rc ? rc : gguf_open_mem(*synth, *synth_len, gf, e);
-}
-
-int md_engine_model_facts(const char *path, md_model_facts *out, md_err *e) {
-    memset(out, 0, sizeof *out);
-    gguf_file *gf = NULL;
-    void *synth = NULL;
-    size_t synth_len = 0;
-    md_hparams hp;
-    int rc = open_model_file(path, 0, &synth, &synth_len, &gf, e);
-    if (rc == 0 && (rc = md_hparams_read(gf, &hp, e)) == 0) {
-        const gguf_tensor *wq = gguf_find_tensor(gf, "blk.0.attn_q.weight");
-        const char *type = wq ? md_type_name(wq->type) : NULL;
-        snprintf(out->weight_type, sizeof out->weight_type, "%s", type ? type : "unknown");
-        out->n_ctx_train = hp.n_ctx_train;
-        out->kv_bytes_per_token_f32 = md_kv_bytes_per_token(&hp, MD_TYPE_F32);
-    }
-    gguf_close(gf);
-    md_synth_free(synth, synth_len);
-    return rc;
-}
-
-/* Batch sizes: the configuration's, else the backend's, else a CPU's. */
-static void size_batches(md_engine *eng) {
-    const md_engine_config *cfg = &eng->cfg;
-    const md_backend_ops *bo = eng->be ? eng->be->ops : NULL;
-    eng->max_seqs = cfg->max_seqs                ? cfg->max_seqs
-                    : bo && bo->default_max_seqs ? bo->default_max_seqs
-                                                 : 64;
-    eng->max_batch = cfg->max_batch_tokens           ? cfg->max_batch_tokens
-                     : bo && bo->default_step_tokens ? bo->default_step_tokens
-                                                     : 512;
-    if (eng->max_batch < eng->max_seqs)
-        eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
-}
-
-/* The KV cache's element type: the configuration's, else the backend's. */
-static int pick_kv_type(md_engine *eng, md_err *e) {
-    const md_engine_config *cfg = &eng->cfg;
-    if (cfg->kv_type && strcmp(cfg->kv_type, "f16") && strcmp(cfg->kv_type, "f32"))
-        return md_errf(e, MD_EINVAL, "KV cache type \"%s\": expected f16 or f32", cfg->kv_type);
-    eng->kv_type = !cfg->kv_type ? (eng->be ? eng->be->ops->kv_cache_type : MD_TYPE_F16)
-                   : !strcmp(cfg->kv_type, "f16") ? MD_TYPE_F16
-                                                  : MD_TYPE_F32;
-    return 0;
-}
-
-/* Bytes of the weights as the backend holds them (*weights), of the largest quantized matrix
- * as BF16 (*widest_q), and of BF16 copies of the quantized matrices a product reads
- * (*shadows). */
-static void weight_bytes(const md_engine *eng, size_t *weights, size_t *widest_q, size_t *shadows) {
-    int tied = gguf_find_tensor(eng->gf, "output.weight") == NULL;
-    int f32 = eng->be->ops->weights_f32; /* an exact backend: every weight as F32 */
-    for (int64_t i = 0; i < gguf_n_tensors(eng->gf); i++) {
-        const gguf_tensor *t = gguf_tensor_at(eng->gf, i);
-        *weights += f32 ? (size_t)t->n_elements * 4 : t->n_bytes;
-        if (f32 || t->type == MD_TYPE_F32 || t->type == MD_TYPE_F16 || t->type == MD_TYPE_BF16)
-            continue;
-        if ((size_t)t->n_elements * 2 > *widest_q)
-            *widest_q = (size_t)t->n_elements * 2;
-        if (tied || strcmp(t->name, "token_embd.weight")) /* a matrix some product reads */
-            *shadows += (size_t)t->n_elements * 2;
-    }
-}
-
-/* The KV budget when the configuration gives none (bytes): enough for every sequence at full
- * length, capped at 1 GiB on the host; on a device that reports its memory (avail bytes free),
- * up to 90% of what the weights (and their BF16 copies) leave, less 1 GiB for activations and
- * less the GEMM scratch a quantized matrix expands into for steps of many tokens (as vLLM's
- * gpu_memory_utilization). */
-static size_t default_kv_budget(const md_engine *eng, size_t per_tok, int have_mem, size_t avail,
-                                size_t weights, size_t shadows, size_t widest_q) {
-    size_t all = per_tok * (size_t)eng->n_ctx * eng->max_seqs, cap = (size_t)1 << 30;
-    if (have_mem && avail > weights + shadows) {
-        size_t dev = (size_t)((avail - weights - shadows) * 0.9), keep = cap + widest_q;
-        dev = dev > keep ? dev - keep : 0;
-        if (dev > cap)
-            cap = dev;
-    }
-    return all < cap ? all : cap;
-}
-
-/* Refuse a model that does not fit the device before loading it, with the numbers. */
-static int check_fits(md_engine *eng, size_t weights, size_t shadows, size_t kv_bytes, md_err *e) {
-    if (!eng->be->ops->check_fits)
-        return 0;
-    char what[1024];
-    char sh[64] = "";
-    if (shadows)
-        snprintf(sh, sizeof sh, " + BF16 copies %.2f GiB", shadows / 1073741824.0);
-    snprintf(what, sizeof what, "%s (weights %.2f GiB%s + KV cache %.2f GiB)", eng->cfg.model_path,
-             weights / 1073741824.0, sh, kv_bytes / 1073741824.0);
-    return eng->be->ops->check_fits(eng->be, weights + shadows + kv_bytes, what, e);
-}
-
-/* The KV cache of n_blocks blocks, the forward pass's buffers and the backend's reservation
- * for the largest step. */
-static int reserve(md_engine *eng, size_t n_blocks, md_err *e) {
-    const md_hparams *hp = &eng->m->hp;
-    md_reserve r = {.max_tokens = eng->max_batch,
-                    .max_seqs = eng->max_seqs,
-                    .max_cols = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd,
-                    .max_ctx = eng->n_ctx,
-                    .max_blocks = eng->max_blocks,
-                    .n_heads = hp->n_head};
-    if (hp->n_head * hp->head_dim > r.max_cols)
-        r.max_cols = hp->n_head * hp->head_dim;
-    int rc;
-    if ((rc = kv_create((int)n_blocks, eng->bs, &eng->kv, e)) ||
-        (rc = md_kv_bufs_alloc_type(eng->m, (int)n_blocks * eng->bs, eng->kv_type, &eng->kvb, e)) ||
-        (rc = md_fwd_alloc(eng->m, eng->max_batch, eng->max_seqs, &eng->fwd, e)) ||
-        (rc = eng->be->ops->reserve(eng->be, &r, e)))
-        return rc;
-    return 0;
-}
-
-/* The step scratch, sized for max_batch tokens of max_seqs sequences. */
-static int alloc_step_buffers(md_engine *eng, md_err *e) {
-    size_t T = (size_t)eng->max_batch, S = (size_t)eng->max_seqs;
-    eng->sc = smp_scratch_new(eng->n_vocab);
-    eng->running = calloc(S, sizeof *eng->running);
-    eng->b_tokens = malloc(T * sizeof(int32_t));
-    eng->b_seq = malloc(T * sizeof(int32_t));
-    eng->b_pos = malloc(T * sizeof(int32_t));
-    eng->b_slot = malloc(T * sizeof(int32_t));
-    eng->b_seq_len = malloc(S * sizeof(int32_t));
-    /* uploaded whole: no stale bytes */
-    eng->b_table = calloc(S * eng->max_blocks, sizeof(int32_t));
-    eng->b_logit_rows = malloc(S * sizeof(int32_t));
-    eng->b_seqs = malloc(S * sizeof(seq *));
-    eng->logits = malloc(S * eng->n_vocab * sizeof(float));
-    eng->b_argmax = malloc(S * sizeof(int32_t));
-    eng->b_sampled = malloc(S * sizeof(int32_t));
-    eng->b_sparams = malloc(S * sizeof(md_sample_params));
-    eng->b_lp = malloc(S * sizeof(float));
-    eng->b_top_tok = malloc(S * MD_TOP_LOGPROBS * sizeof(int32_t));
-    eng->b_top_lp = malloc(S * MD_TOP_LOGPROBS * sizeof(float));
-    eng->out_toks = malloc(S * sizeof(md_step_token));
-    eng->piece = malloc(1024);
-    if (!eng->sc || !eng->running || !eng->b_tokens || !eng->b_seq || !eng->b_pos || !eng->b_slot ||
-        !eng->b_seq_len || !eng->b_table || !eng->b_logit_rows || !eng->b_seqs || !eng->logits ||
-        !eng->b_argmax || !eng->b_sampled || !eng->b_sparams || !eng->b_lp || !eng->b_top_tok ||
-        !eng->b_top_lp || !eng->out_toks || !eng->piece)
-        return md_errf(e, MD_ENOMEM, "engine: out of memory for step buffers");
-    return 0;
-}
-
-/* A sharded model (cfg->stages, or cfg->tp > 1 on one device): the head keeps the tokenizer,
- * the scheduler, the block tables and the sampler; the stages (engine/shard/pipeline.h) hold the
- * weights and the KV cache of their layers. Sizes as for one device, with a CPU's defaults;
- * the KV budget (default: every sequence at full length, at most 1 GiB) is over all layers,
- * each stage holding its layers' share. */
-static int open_sharded(md_engine *eng, md_err *e) {
-    const md_engine_config *cfg = &eng->cfg;
-    char one[128];
-    const char *spec = cfg->stages;
-    if (!spec) { /* the whole model as one stage; "cuda:0,cuda:1": the ranks' devices */
-        snprintf(one, sizeof one, "%s:0-%d", cfg->device ? cfg->device : "cpu",
-                 eng->hp.n_layer - 1);
-        for (char *c = one; (c = strchr(c, ',')); c++)
-            *c = '+';
-        spec = one;
-    }
-    md_stage_spec sp[MD_STAGE_MAX];
-    int n, rc;
-    md_hparams hp;
-    if ((rc = md_stages_parse(spec, eng->hp.n_layer, sp, MD_STAGE_MAX, &n, e)) ||
-        (rc = md_model_shape(cfg->model_path, &hp, e)))
-        return md_errctx(e, "stages of %s: ", cfg->model_path);
-    eng->hp.n_vocab = hp.n_vocab;
-    size_batches(eng);
-    if ((rc = pick_kv_type(eng, e)))
-        return rc;
-    size_t per_tok = md_kv_bytes_per_token(&eng->hp, eng->kv_type);
-    size_t budget = cfg->kv_budget_bytes;
-    if (budget == 0)
-        budget = default_kv_budget(eng, per_tok, 0, 0, 0, 0, 0);
-    size_t n_blocks = budget / (per_tok * eng->bs);
-    if (n_blocks < 1 || n_blocks > (1u << 26))
-        return md_errf(e, MD_ERANGE,
-                       "KV budget of %zu bytes holds %zu blocks of %d tokens (%zu bytes each)",
-                       budget, n_blocks, eng->bs, per_tok * eng->bs);
-    md_stage_config base = {.kv_type = cfg->kv_type ? eng->kv_type : 0,
-                            .n_threads = cfg->n_threads,
-                            .n_slots = (int)n_blocks * eng->bs,
-                            .max_tokens = eng->max_batch,
-                            .max_seqs = eng->max_seqs,
-                            .max_blocks = eng->max_blocks,
-                            .block_tokens = eng->bs,
-                            .n_ctx = eng->n_ctx};
-    const char *name = cfg->model_name ? cfg->model_name : cfg->model_path;
-    if (strlen(name) >= sizeof base.model)
-        return md_errf(e, MD_EINVAL, "model name too long for a stage: %s", name);
-    snprintf(base.model, sizeof base.model, "%s", name);
-    if ((rc = md_model_hash(cfg->model_path, &base.model_hash, e)))
-        return rc;
-    md_pipe_opts o = {.microbatches = cfg->microbatches,
-                      .timeout_ms = cfg->stage_timeout_ms,
-                      .tp = cfg->tp,
-                      .mem_cap = cfg->stage_mem_cap};
-    if ((rc = md_pipe_open(sp, n, &base, &o, &eng->pipe, e)))
-        return md_errctx(e, "loading %s: ", cfg->model_path);
-    eng->n_vocab = eng->hp.n_vocab;
-    if (tok_n_vocab(eng->tok) > eng->n_vocab)
-        return md_errf(e, MD_EFORMAT, "%s: tokenizer has %d tokens, the output head %d",
-                       cfg->model_path, tok_n_vocab(eng->tok), eng->n_vocab);
-    if ((rc = kv_create((int)n_blocks, eng->bs, &eng->kv, e)) || (rc = alloc_step_buffers(eng, e)))
-        return rc;
-    MD_INFO("engine",
-            "%s: %s, %d layers, width %d, context %d; KV %zu blocks x %d tokens (%.0f MiB over "
-            "the stages); %d seqs, %d tokens per step; %d stages: %s",
-            cfg->model_path, eng->hp.arch, eng->hp.n_layer, eng->hp.n_embd, eng->n_ctx, n_blocks,
-            eng->bs, (double)(n_blocks * eng->bs * per_tok) / (1 << 20), eng->max_seqs,
-            eng->max_batch, n, md_pipe_describe(eng->pipe));
-    return 0;
-}
-
-int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
-    *out = NULL;
-    md_engine *eng = calloc(1, sizeof *eng);
-    if (!eng)
-        return md_errf(e, MD_ENOMEM, "out of memory");
-    eng->cfg = *cfg_in;
-    md_engine_config *cfg = &eng->cfg;
-    int rc;
-    if (!cfg->model_path) {
-        rc = md_errf(e, MD_EINVAL, "engine: no model path");
-        goto fail;
-    }
-    if (cfg->n_threads < 0 || cfg->max_seqs < 0 || cfg->max_batch_tokens < 0 ||
-        cfg->kv_block_tokens < 0 || cfg->n_ctx < 0) {
-        rc = md_errf(e, MD_EINVAL, "engine: negative size in the configuration");
-        goto fail;
-    }
-    md_hparams hpf; /* from the metadata: sizes are known before any weight is loaded */
-    /* a synthetic model (synth.h) gets random weights */
-    rc = open_model_file(cfg->model_path, 1, &eng->synth, &eng->synth_len, &eng->gf, e);
-    if (rc || (rc = md_model_tokenizer(eng->gf, &eng->tok, e)) ||
-        (rc = tok_chat_choose(eng->tok, cfg->chat_template, e)) ||
-        (rc = md_hparams_read(eng->gf, &hpf, e))) {
-        md_errctx(e, "loading %s: ", cfg->model_path);
-        goto fail;
-    }
-    eng->n_ctx = cfg->n_ctx ? cfg->n_ctx : hpf.n_ctx_train;
-    if (eng->n_ctx > hpf.n_ctx_train)
-        eng->n_ctx = hpf.n_ctx_train;
-    eng->bs = cfg->kv_block_tokens ? cfg->kv_block_tokens : 16;
-    eng->max_blocks = (eng->n_ctx + eng->bs - 1) / eng->bs;
-    eng->hp = hpf;
-    if (cfg->stages || cfg->tp > 1 || cfg->stage_mem_cap) {
-        if ((rc = open_sharded(eng, e)))
-            goto fail;
-        goto opened;
-    }
-    if ((rc = md_backend_open(cfg->device, cfg->n_threads, &eng->be, e))) {
-        md_errctx(e, "loading %s: ", cfg->model_path);
-        goto fail;
-    }
-    size_batches(eng);
-    if ((rc = pick_kv_type(eng, e)))
-        goto fail;
-    /* a model the backend's attention cannot run is refused now, with nothing loaded */
-    const md_backend_ops *bo = eng->be->ops;
-    if (bo->check_attention && (rc = bo->check_attention(eng->be, hpf.n_head, hpf.n_head_kv,
-                                                         hpf.head_dim, eng->kv_type, e))) {
-        md_errctx(e, "loading %s on %s: ", cfg->model_path, bo->name);
-        goto fail;
-    }
-    size_t per_tok = md_kv_bytes_per_token(&hpf, eng->kv_type);
-    size_t budget = cfg->kv_budget_bytes;
-    size_t weights = 0, widest_q = 0, shadows = 0;
-    weight_bytes(eng, &weights, &widest_q, &shadows);
-    size_t avail = 0, total = 0;
-    md_err me = {0};
-    int have_mem =
-        eng->be->ops->mem_info && eng->be->ops->mem_info(eng->be, &avail, &total, &me) == 0;
-    if ((rc = want_shadows(eng, cfg->bf16_weights, have_mem, avail, weights, shadows, e)))
-        goto fail;
-    if (!eng->shadows)
-        shadows = 0;
-    if (budget == 0)
-        budget = default_kv_budget(eng, per_tok, have_mem, avail, weights, shadows, widest_q);
-    size_t n_blocks = budget / (per_tok * eng->bs);
-    size_t kv_bytes = n_blocks * eng->bs * per_tok;
-    if ((rc = check_fits(eng, weights, shadows, kv_bytes, e)))
-        goto fail;
-    if (n_blocks < 1 || n_blocks > (1u << 26)) {
-        rc = md_errf(e, MD_ERANGE,
-                     "KV budget of %zu bytes holds %zu blocks of %d tokens (%zu bytes each)",
-                     budget, n_blocks, eng->bs, per_tok * eng->bs);
-        goto fail;
-    }
-    if ((rc = md_model_load(eng->gf, eng->be, &eng->m, e))) {
-        md_errctx(e, "loading %s: ", cfg->model_path);
-        goto fail;
-    }
-    if (eng->shadows && (rc = make_shadows(eng, e)))
-        goto fail;
-    const md_hparams *hp = &eng->m->hp;
-    eng->n_vocab = hp->n_vocab;
-    if (tok_n_vocab(eng->tok) > eng->n_vocab) {
-        rc = md_errf(e, MD_EFORMAT, "%s: tokenizer has %d tokens, the output head %d",
-                     cfg->model_path, tok_n_vocab(eng->tok), eng->n_vocab);
-        goto fail;
-    }
-    if ((rc = reserve(eng, n_blocks, e)) || (rc = alloc_step_buffers(eng, e)))
-        goto fail;
-    eng->hp = *hp;
-    MD_INFO("engine",
-            "%s: %s, %d layers, width %d, context %d; KV %zu blocks x %d tokens (%.0f MiB, %s); "
-            "%d seqs, %d tokens per step; %s",
-            cfg->model_path, hp->arch, hp->n_layer, hp->n_embd, eng->n_ctx, n_blocks, eng->bs,
-            (double)(n_blocks * eng->bs * per_tok) / (1 << 20),
-            eng->kv_type == MD_TYPE_F16    ? "f16"
-            : eng->kv_type == MD_TYPE_BF16 ? "bf16"
-                                           : "f32",
-            eng->max_seqs, eng->max_batch, eng->be->ops->describe(eng->be));
-opened:
-    *out = eng;
-    return 0;
-fail:
-    md_engine_close(eng);
-    return rc;
-}
-
-void md_engine_close(md_engine *eng) {
-    if (!eng)
-        return;
-    for (int i = 0; i < eng->n_all; i++)
-        seq_free(eng->all[i]);
-    free(eng->all);
-    free(eng->running);
-    free(eng->waiting);
-    if (eng->m) {
-        md_fwd_free(eng->m, &eng->fwd);
-        md_kv_bufs_free(eng->m, &eng->kvb);
-        md_model_free(eng->m);
-    }
-    md_backend_free(eng->be);
-    md_pipe_close(eng->pipe);
-    kv_free(eng->kv);
-    tok_free(eng->tok);
-    gguf_close(eng->gf);
-    md_synth_free(eng->synth, eng->synth_len);
-    smp_scratch_free(eng->sc);
-    free(eng->b_tokens);
-    free(eng->b_seq);
-    free(eng->b_pos);
-    free(eng->b_slot);
-    free(eng->b_seq_len);
-    free(eng->b_table);
-    free(eng->b_logit_rows);
-    free(eng->b_seqs);
-    free(eng->logits);
-    free(eng->b_argmax);
-    free(eng->b_sampled);
-    free(eng->b_sparams);
-    free(eng->b_lp);
-    free(eng->b_top_tok);
-    free(eng->b_top_lp);
-    free(eng->b_pen);
-    free(eng->out_toks);
-    free(eng->finished);
-    free(eng->piece);
-    free(eng);
-}
-
-int md_engine_n_ctx(const md_engine *eng) {
-    return eng->n_ctx;
-}
-int md_engine_n_vocab(const md_engine *eng) {
-    return eng->n_vocab;
-}
-int md_engine_max_seqs(const md_engine *eng) {
-    return eng->max_seqs;
-}
-int md_engine_max_batch_tokens(const md_engine *eng) {
-    return eng->max_batch;
-}
-struct md_pipe *md_engine_pipe(md_engine *eng) {
-    return eng->pipe;
-}
-struct tok_tokenizer *md_engine_tokenizer(md_engine *eng) {
-    return eng->tok;
 }
 
 /* Longest generation a request may ask for (max_tokens 0 means up to the context). */
@@ -626,6 +107,10 @@ int md_engine_submit(md_engine *eng, const int32_t *prompt, int n_prompt, const 
         return md_errf(e, MD_ENOMEM, "out of memory");
     q->s = *s;
     q->s.stop = NULL;
+    if ((rc = eng_con_seq_init(eng, q, s, e))) {
+        eng_seq_free(q);
+        return rc;
+    }
     q->cap = total;
     q->toks = malloc((size_t)q->cap * sizeof *q->toks);
     q->blocks = malloc((size_t)eng->max_blocks * sizeof *q->blocks);
@@ -637,7 +122,7 @@ int md_engine_submit(md_engine *eng, const int32_t *prompt, int n_prompt, const 
         n_stop++;
     q->stop = calloc((size_t)n_stop + 1, sizeof *q->stop);
     if (!q->toks || !q->blocks || !q->bhash || !q->text || !q->stop) {
-        seq_free(q);
+        eng_seq_free(q);
         return md_errf(e, MD_ENOMEM, "out of memory");
     }
     for (int i = 0; i < n_stop; i++) {
@@ -645,7 +130,7 @@ int md_engine_submit(md_engine *eng, const int32_t *prompt, int n_prompt, const 
             continue;
         q->stop[q->n_stop] = strdup(s->stop[i]);
         if (!q->stop[q->n_stop]) {
-            seq_free(q);
+            eng_seq_free(q);
             return md_errf(e, MD_ENOMEM, "out of memory");
         }
         size_t l = strlen(s->stop[i]);
@@ -859,7 +344,7 @@ static int append_text(md_engine *eng, seq *q, int32_t id) {
  * sampler's (same lowest-index tie rule). */
 static int greedy_plain(const md_sampling *s) {
     return s->temperature <= 0 && s->repetition_penalty == 1.0f && s->presence_penalty == 0 &&
-           s->frequency_penalty == 0 && !s->logprobs && !s->top_logprobs;
+           s->frequency_penalty == 0 && !s->logprobs && !s->top_logprobs && !eng_con_wanted(s);
 }
 
 /* Anything but a plain greedy pick, on a backend with a sample op: penalties, the draw and
@@ -922,6 +407,7 @@ static int fetch_logits(md_engine *eng, int ns, md_err *e) {
             p->pen_off = (int)n_pen;
             p->pen_n = smp_pen_list(&q->s, q->toks, q->n_prompt, q->toks + q->n_prompt, n_out,
                                     eng->n_vocab, eng->sc, eng->b_pen + n_pen);
+            eng_con_params(eng, q, nl - 1, p); /* an empty mask: pick_token fails q */
             n_pen += (size_t)p->pen_n;
         }
     }
@@ -953,7 +439,7 @@ static void free_released(md_engine *eng) {
     for (int i = 0; i < eng->n_all;) {
         seq *q = eng->all[i];
         if (q->released && q->state == SEQ_DONE) {
-            seq_free(q);
+            eng_seq_free(q);
             eng->all[i] = eng->all[--eng->n_all];
         } else {
             i++;
@@ -1033,14 +519,21 @@ static void finish_running(md_engine *eng, seq *q, md_finish why, int *n_fin) {
     finish(eng, q, why, n_fin);
 }
 
+/* pick_token's answer when q's grammar allows no token at all (q fails saying so). */
+#define PICK_NO_TOKEN (-2)
+
 /* q's next token from logit row li: the device's greedy pick or draw, else the sampler on
- * the downloaded row; its logprob into *lp, its alternatives into ot. Returns -1 when the row
- * holds a NaN or infinity. */
+ * the downloaded row, under q's constraint (eng_con_params); its logprob into *lp, its
+ * alternatives into ot. Returns -1 when the row holds a NaN or infinity, PICK_NO_TOKEN when
+ * q's grammar allows nothing. */
 static int32_t pick_token(md_engine *eng, seq *q, int li, int dev_argmax, md_step_token *ot,
                           float *lp) {
     float *lg = eng->logits + (size_t)li * eng->n_vocab;
     int32_t id = -1;
     int report = q->s.logprobs || q->s.top_logprobs;
+    md_sample_params con = {0};
+    if (eng_con_params(eng, q, li, &con))
+        return PICK_NO_TOKEN;
     if (dev_argmax && greedy_plain(&q->s)) {
         id = eng->b_argmax[li]; /* -1: the row holds a NaN */
     } else if (dev_argmax && device_sampled(eng->be, &q->s)) {
@@ -1054,6 +547,7 @@ static int32_t pick_token(md_engine *eng, seq *q, int li, int dev_argmax, md_ste
             ot->n_top++;
         }
     } else if (logits_finite(lg, eng->n_vocab)) {
+        smp_constrain(&con, lg, eng->n_vocab); /* bias, mask: the "raw" row from here on */
         if (q->s.top_logprobs) /* from the raw row, before smp_sample penalises it */
             ot->n_top = smp_top_logprobs(lg, eng->n_vocab, q->s.top_logprobs, ot->top_token,
                                          ot->top_logprob);
@@ -1127,6 +621,7 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
      * only the rows a sampler needs are downloaded. */
     int dev_argmax = eng->be && eng->be->ops->argmax != NULL;
     int rc;
+    eng_con_masks_begin(eng, ns); /* on a device: while the forward pass runs */
     if (eng->pipe) {
         /* every row a plain greedy pick: the last stage sends ids, not rows of logits */
         b.argmax_only = nl > 0;
@@ -1136,6 +631,7 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
                 b.argmax_only = 0;
         }
         rc = md_pipe_forward(eng->pipe, &b, eng->logits, e);
+        eng_con_masks_end(eng);
         if (rc == 0 && b.argmax_only) {
             dev_argmax = 1;                /* pick_token reads b_argmax for greedy rows */
             for (int i = 0; i < nl; i++) { /* a stage's answer: anything not an id is -1 */
@@ -1145,6 +641,7 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         }
     } else {
         rc = md_model_forward(eng->m, &eng->fwd, &eng->kvb, &b, dev_argmax ? NULL : eng->logits, e);
+        eng_con_masks_end(eng);
         if (rc == 0 && dev_argmax)
             rc = fetch_logits(eng, ns, e);
     }
@@ -1166,6 +663,14 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         float lp = 0;
         int32_t id = pick_token(eng, q, li, dev_argmax, ot, &lp);
         li++;
+        if (id == PICK_NO_TOKEN) {
+            snprintf(q->err, sizeof q->err,
+                     "the grammar allows no token at position %d: no token of this vocabulary "
+                     "continues the output inside it",
+                     q->n_toks);
+            finish_running(eng, q, MD_FINISH_ERROR, &n_fin);
+            continue;
+        }
         if (id < 0 || id >= eng->n_vocab) {
             /* a silent device fault (or broken weights): no token can be chosen, and this
              * sequence's K/V hold garbage; shared prefix blocks may too */
@@ -1180,7 +685,10 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         ot->token = id;
         ot->logprob = lp;
         n_out++;
-        md_finish why = finish_reason(eng, q, id);
+        md_finish gram = eng_con_accept(eng, q, id);
+        md_finish why = gram == MD_FINISH_ERROR ? gram : finish_reason(eng, q, id);
+        if (gram == MD_FINISH_STOP) /* complete: no stop string or limit makes it less so */
+            why = MD_FINISH_STOP;
         if (why != MD_FINISH_NONE)
             finish_running(eng, q, why, &n_fin);
     }
@@ -1244,7 +752,7 @@ void md_engine_release(md_engine *eng, uint64_t seq_id) {
             q->released = 1;
             return;
         }
-        seq_free(q);
+        eng_seq_free(q);
         eng->all[i] = eng->all[--eng->n_all];
         return;
     }

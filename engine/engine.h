@@ -180,6 +180,10 @@ typedef struct {
     long tokens;            /* tokens through the forward pass (prefill + decode) */
     long preemptions;       /* sequences sent back to wait, their K/V dropped */
     long prefix_hit_tokens; /* prompt tokens whose K/V were shared instead of computed */
+    long masks;             /* grammar token masks filled (one per constrained row a step) */
+    long mask_ns;           /* time filling them (inline on the CPU backend, else on the
+                               mask thread, overlapping the forward pass) */
+    long mask_wait_ns;      /* time a step waited for the mask thread after its forward pass */
     int kv_blocks, kv_block_tokens, kv_blocks_free;
     size_t kv_bytes; /* KV cache memory */
 } md_engine_stats;

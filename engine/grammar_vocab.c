@@ -45,3 +45,14 @@ void md_vocab_bytes_free(md_vocab_bytes *vb) {
     free(vb->eos);
     memset(vb, 0, sizeof *vb);
 }
+
+int md_grammar_vocab_new(const tok_tokenizer *t, gr_vocab **out, md_err *e) {
+    *out = NULL;
+    md_vocab_bytes vb;
+    int rc = md_vocab_bytes_make(t, &vb, e);
+    if (rc)
+        return rc;
+    rc = gr_vocab_new(vb.n_vocab, vb.tok, vb.len, vb.eos, vb.n_eos, out, e);
+    md_vocab_bytes_free(&vb);
+    return rc;
+}

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "engine/grammar/grammar.h"
 #include "engine/tokenizer/tokenizer.h"
 
 typedef struct {
@@ -30,5 +31,9 @@ typedef struct {
  * token (a grammar could never finish). */
 int md_vocab_bytes_make(const tok_tokenizer *t, md_vocab_bytes *vb, md_err *e);
 void md_vocab_bytes_free(md_vocab_bytes *vb);
+
+/* The gr_vocab of t: md_vocab_bytes_make, then gr_vocab_new (which copies). The caller frees
+ * it with gr_vocab_free. */
+int md_grammar_vocab_new(const tok_tokenizer *t, gr_vocab **out, md_err *e);
 
 #endif

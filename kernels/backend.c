@@ -10,7 +10,6 @@
 
 #include "common/log.h"
 #ifdef MEDLEY_HAVE_CUDA
-#include "kernels/cuda/backend_cuda.h"
 #endif
 
 static int parse_index(const char *s, int *out) {

@@ -435,6 +435,10 @@ int md_backend_cpu_open(int n_threads, md_backend **out, md_err *e);
 int md_backend_cpu_exact_open(int n_threads, md_backend **out, md_err *e);
 #ifdef MEDLEY_HAVE_CUDA
 int md_backend_cuda_open(int ordinal, md_backend **out, md_err *e);
+/* The CUDA backend's device facts behind md_device_count / md_device_get (kernels/cuda/
+ * backend_cuda.c; declared here so kernels/ does not include its own cuda/ folder). */
+int md_cuda_device_count(char *why, size_t whysz);
+int md_cuda_device_get(int ordinal, md_device_info *out, md_err *e);
 /* "cuda-exact:K": the CUDA backend with every weight dequantized to F32 at load, an F32 KV
  * cache and FP32 arithmetic throughout (F32 GEMV, SGEMM, FP32 attention): activations are
  * never rounded below F32, so it agrees with cpu-exact to float accumulation order, where

@@ -8,7 +8,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "common/util.h"
 #include "scheduler/sched.h"
@@ -229,14 +228,22 @@ int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sch
 
 /* The keys of schemas/profile: the document, its buckets and its batch rows. */
 static const char *const PROFILE_KEYS[] = {
-    "version", "kind", "device_type", "device_count", "tp",      "model",   "quant", "date",
+    "version", "kind", "device_type", "device_count", "tp",      "model",   "quant",       "date",
     "method",  "tool", "source",      "host",         "buckets", "batches", "max_context", NULL};
-static const char *const BUCKET_KEYS[] = {
-    "input_lo",           "input_hi",         "output_lo",           "output_hi",
-    "input_mean",         "output_mean",      "max_requests_per_s",  "max_output_tokens_per_s",
-    "max_total_tokens_per_s", "batch",        "slo_ms_per_token",    NULL};
-static const char *const BATCH_KEYS[] = {"batch", "context", "decode_step_ms",
-                                         "decode_tokens_per_s", "prefill_tokens_per_s", NULL};
+static const char *const BUCKET_KEYS[] = {"input_lo",
+                                          "input_hi",
+                                          "output_lo",
+                                          "output_hi",
+                                          "input_mean",
+                                          "output_mean",
+                                          "max_requests_per_s",
+                                          "max_output_tokens_per_s",
+                                          "max_total_tokens_per_s",
+                                          "batch",
+                                          "slo_ms_per_token",
+                                          NULL};
+static const char *const BATCH_KEYS[] = {
+    "batch", "context", "decode_step_ms", "decode_tokens_per_s", "prefill_tokens_per_s", NULL};
 
 static int parse_profile(sched_profile *p, json_t *doc, const char *where, md_err *e) {
     const char *dev = NULL, *model = NULL;
@@ -368,15 +375,6 @@ void sched_profiles_free(sched_profiles *ps) {
     memset(ps, 0, sizeof *ps);
 }
 
-const sched_profile *sched_profile_find(const sched_profiles *ps, const char *model,
-                                        const char *device, int tp) {
-    for (int i = 0; ps && i < ps->n; i++)
-        if (!strcasecmp(ps->p[i].model, model) && !strcasecmp(ps->p[i].device, device) &&
-            ps->p[i].tp == tp)
-            return &ps->p[i];
-    return NULL;
-}
-
 int sched_profile_type(const sched_profile *p, const sched_catalog *cat) {
     int t = sched_catalog_find(cat, p->device);
     if (t >= 0)
@@ -384,8 +382,8 @@ int sched_profile_type(const sched_profile *p, const sched_catalog *cat) {
     /* a "<N>GB" word ("A100-SXM4-80GB", "H100-80GB-HBM3") is the card's memory size */
     double gb = 0;
     for (const char *s = p->device; *s; s++)
-        if ((s == p->device || s[-1] == '-' || s[-1] == ' ' || s[-1] == '_') &&
-            s[0] >= '0' && s[0] <= '9') {
+        if ((s == p->device || s[-1] == '-' || s[-1] == ' ' || s[-1] == '_') && s[0] >= '0' &&
+            s[0] <= '9') {
             char *end;
             double v = strtod(s, &end);
             if ((end[0] == 'G' || end[0] == 'g') && (end[1] == 'B' || end[1] == 'b') &&

@@ -12,13 +12,9 @@ static double tokens_per_usd(double tps, double usd_h) {
     return usd_h > 0 ? tps * 3600 / usd_h : 0;
 }
 
-static double replica_tps(const sched_replica *r, const sched_cand *c, int nclasses) {
-    return sched_replica_tokens_per_s(r, c, nclasses);
-}
-
 /* $/M tokens of a replica while it works. */
 static double replica_usd_per_mtok(const sched_replica *r, const sched_cand *c, int nclasses) {
-    double tps = replica_tps(r, c, nclasses);
+    double tps = sched_replica_tokens_per_s(r, c, nclasses);
     return tps > 0 ? c->usd_per_hour * r->busy / (tps * 3600) * 1e6 : 0;
 }
 
@@ -68,13 +64,13 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
             const sched_pool *pl = c->stages[s].pool >= 0 && c->stages[s].pool < f->n
                                        ? &f->pools[c->stages[s].pool]
                                        : NULL;
-            json_array_append_new(
-                stages,
-                json_pack("{s:s, s:o, s:i, s:[i,i], s:f, s:s}", "gpu_type",
-                          cat->gpus[c->stages[s].type].name, "gpus", ids, "tp", c->stages[s].tp,
-                          "layers", c->stages[s].layer_lo, c->stages[s].layer_hi,
-                          "usd_per_gpu_hour", pl ? pl->usd_per_hour : 0.0, "price_source",
-                          pl && pl->price_from[0] ? pl->price_from : "catalog"));
+            json_array_append_new(stages,
+                                  json_pack("{s:s, s:o, s:i, s:[i,i], s:f, s:s}", "gpu_type",
+                                            cat->gpus[c->stages[s].type].name, "gpus", ids, "tp",
+                                            c->stages[s].tp, "layers", c->stages[s].layer_lo,
+                                            c->stages[s].layer_hi, "usd_per_gpu_hour",
+                                            pl ? pl->usd_per_hour : 0.0, "price_source",
+                                            pl && pl->price_from[0] ? pl->price_from : "catalog"));
         }
         json_t *served = json_array(), *routing = json_object(), *perf = json_object();
         for (int k = 0; k < d->nclasses; k++) {
@@ -86,25 +82,23 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
                 json_object_set_new(
                     perf, d->classes[k].name,
                     json_pack("{s:f, s:f, s:i, s:s, s:s, s:f}", "tokens_per_s",
-                              c->perf[k].tokens_per_s, "requests_per_s",
-                              c->perf[k].requests_per_s, "batch", c->perf[k].batch, "bound",
-                              c->perf[k].bound, "source",
+                              c->perf[k].tokens_per_s, "requests_per_s", c->perf[k].requests_per_s,
+                              "batch", c->perf[k].batch, "bound", c->perf[k].bound, "source",
                               !strcmp(c->perf[k].bound, "profile") ? "measured"
-                              : c->perf[k].scale != 1            ? "calibrated"
-                                                                 : "modelled",
+                              : c->perf[k].scale != 1              ? "calibrated"
+                                                                   : "modelled",
                               "calibration", c->perf[k].scale > 0 ? c->perf[k].scale : 1.0));
         }
-        double tps = replica_tps(r, c, d->nclasses);
+        double tps = sched_replica_tokens_per_s(r, c, d->nclasses);
         char id[32];
         snprintf(id, sizeof id, "r%d", i);
-        json_array_append_new(reps,
-                              json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:f, s:f, s:f, s:f}",
-                                        "id", id, "model", d->model.name, "candidate", c->label,
-                                        "throughput_source", c->source[0] ? c->source : "modelled",
-                                        "stages", stages, "classes", served, "routing", routing,
-                                        "per_class", perf, "predicted_tokens_per_s", tps, "busy",
-                                        r->busy, "usd_per_hour", c->usd_per_hour, "usd_per_mtok",
-                                        replica_usd_per_mtok(r, c, d->nclasses)));
+        json_array_append_new(
+            reps, json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:f, s:f, s:f, s:f}", "id",
+                            id, "model", d->model.name, "candidate", c->label, "throughput_source",
+                            c->source[0] ? c->source : "modelled", "stages", stages, "classes",
+                            served, "routing", routing, "per_class", perf, "predicted_tokens_per_s",
+                            tps, "busy", r->busy, "usd_per_hour", c->usd_per_hour, "usd_per_mtok",
+                            replica_usd_per_mtok(r, c, d->nclasses)));
     }
     json_object_set_new(doc, "replicas", reps);
     json_t *models = json_array();
@@ -127,8 +121,7 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
                   "usd_per_mtok",
                   p->tokens_per_s > 0 ? p->busy_usd_per_hour / (p->tokens_per_s * 3600) * 1e6 : 0.0,
                   "tokens_per_usd", tokens_per_usd(p->tokens_per_s, p->busy_usd_per_hour),
-                  "gpus_used", plan_gpus(p, cs), "candidates", p->ncands, "solve_s",
-                  p->solve_s));
+                  "gpus_used", plan_gpus(p, cs), "candidates", p->ncands, "solve_s", p->solve_s));
     json_object_set(doc, "notes", p->notes ? p->notes : json_array());
     return doc;
 }
@@ -229,7 +222,7 @@ void sched_plan_print_table(FILE *out, const sched_plan *p, const sched_workload
                 k2 += (size_t)snprintf(cls + k2, sizeof cls - (k2 < sizeof cls ? k2 : sizeof cls),
                                        "%s%s:%.0f%%", k2 ? "," : "", d->classes[k].name,
                                        100 * r->share[k]);
-        double tps = replica_tps(r, c, d->nclasses);
+        double tps = sched_replica_tokens_per_s(r, c, d->nclasses);
         fprintf(out, "r%-4d %-14s %-36s %-22s %-22s %10.0f %9.3f %5.0f%%\n", i, d->model.name, gpus,
                 layers, cls[0] ? cls : "-", tps, replica_usd_per_mtok(r, c, d->nclasses),
                 100 * r->busy);

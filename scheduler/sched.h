@@ -232,10 +232,6 @@ typedef struct sched_profiles {
 int sched_profile_from_json(sched_profiles *ps, json_t *doc, const char *where, md_err *e);
 int sched_profile_load(sched_profiles *ps, const char *path, md_err *e);
 void sched_profiles_free(sched_profiles *ps);
-/* Profile for (model, device type, tp), or NULL: device is a catalog name; a profile's
- * device_type matches it by name only (sched_profile_type resolves aliases and driver names). */
-const sched_profile *sched_profile_find(const sched_profiles *ps, const char *model,
-                                        const char *device, int tp);
 /* The catalog type a profile was measured on: its device_type as a catalog name or alias,
  * else as the driver names the card (`medley profile` writes "A100-SXM4-80GB",
  * "H100-80GB-HBM3"; a "<N>GB" word picks the memory size). -1 when nothing matches. */

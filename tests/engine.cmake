@@ -51,3 +51,9 @@ medley_test(test_tp_allreduce SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tp_a
 # and greedy continuations; skipped when `medley models fetch gemma3-270m` has not run
 medley_test(test_engine_gemma3 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_gemma3.c
             LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
+# structured outputs on SmolLM2 (logit_bias, grammar-constrained answers, under preemption)
+medley_test(test_engine_constrained SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_constrained.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
+# Benchmark (not a test): build-dir/tests/bench_constrained [MODEL] [--seqs 64] (bench/engine)
+add_executable(bench_constrained ${CMAKE_SOURCE_DIR}/bench/engine/bench_constrained.c)
+target_link_libraries(bench_constrained PRIVATE medley_engine medley_common m)

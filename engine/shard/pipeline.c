@@ -34,14 +34,13 @@ typedef struct {
 /* One micro-batch of the current step: a token range of the step's batch, re-based. */
 typedef struct {
     md_batch b;
-    int t0;      /* first token in the step */
-    int l0;      /* logit rows before it */
+    int t0; /* first token in the step */
+    int l0; /* logit rows before it */
 } mbatch;
 
 struct md_pipe {
     int n;
     hop hops[MD_STAGE_MAX];
-    int lo[MD_STAGE_MAX], hi[MD_STAGE_MAX];
     md_stage_config base;
     md_pipe_opts o;
     int n_embd, n_vocab;
@@ -79,7 +78,8 @@ static int parse_one(const char *s, size_t len, md_stage_spec *sp, md_err *e) {
         char *hp = buf + 6, *slash = strchr(hp, '/');
         char *colon = slash ? memrchr(hp, ':', (size_t)(slash - hp)) : NULL;
         if (!slash || !colon || colon == hp)
-            return md_errf(e, MD_EINVAL, "stage \"%s\": expected tcp://HOST:PORT/DEVICE:LO-HI", buf);
+            return md_errf(e, MD_EINVAL, "stage \"%s\": expected tcp://HOST:PORT/DEVICE:LO-HI",
+                           buf);
         char *end;
         long port = strtol(colon + 1, &end, 10);
         if (end != slash || port < 1 || port > 65535)
@@ -104,8 +104,8 @@ static int parse_one(const char *s, size_t len, md_stage_spec *sp, md_err *e) {
     char *h = end + 1;
     hi = strtol(h, &end, 10);
     if (end == h || *end || hi < lo || hi > 100000)
-        return md_errf(e, MD_EINVAL, "stage \"%s\": layers \"%s\" are not LO-HI with LO <= HI",
-                       buf, colon + 1);
+        return md_errf(e, MD_EINVAL, "stage \"%s\": layers \"%s\" are not LO-HI with LO <= HI", buf,
+                       colon + 1);
     if ((size_t)(colon - dev) >= sizeof sp->device)
         return md_errf(e, MD_EINVAL, "stage \"%s\": device name too long", buf);
     memcpy(sp->device, dev, (size_t)(colon - dev));
@@ -114,8 +114,7 @@ static int parse_one(const char *s, size_t len, md_stage_spec *sp, md_err *e) {
     return 0;
 }
 
-int md_stages_parse(const char *spec, int n_layer, md_stage_spec *out, int max, int *n,
-                    md_err *e) {
+int md_stages_parse(const char *spec, int n_layer, md_stage_spec *out, int max, int *n, md_err *e) {
     *n = 0;
     if (!spec || !*spec)
         return md_errf(e, MD_EINVAL, "no stages given");
@@ -130,7 +129,8 @@ int md_stages_parse(const char *spec, int n_layer, md_stage_spec *out, int max, 
             return rc;
         int want = *n ? out[*n - 1].hi : 0;
         if (out[*n].lo != want)
-            return md_errf(e, MD_EINVAL, "stage %d starts at layer %d; the layers before end at %d "
+            return md_errf(e, MD_EINVAL,
+                           "stage %d starts at layer %d; the layers before end at %d "
                            "(stages must cover the layers in order, without gaps or overlaps)",
                            *n + 1, out[*n].lo, want - 1);
         (*n)++;
@@ -224,8 +224,8 @@ void md_pipe_close(md_pipe *p) {
     free(p);
 }
 
-int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base,
-                 const md_pipe_opts *o, md_pipe **out, md_err *e) {
+int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base, const md_pipe_opts *o,
+                 md_pipe **out, md_err *e) {
     *out = NULL;
     if (n < 1 || n > MD_STAGE_MAX)
         return md_errf(e, MD_EINVAL, "a pipeline has 1-%d stages, not %d", MD_STAGE_MAX, n);
@@ -261,8 +261,6 @@ int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base,
         }
         c.mem_cap = p->o.mem_cap;
         p->gpu |= strstr(c.device, "cuda") != NULL;
-        p->lo[i] = c.lo;
-        p->hi[i] = c.hi;
         hop *h = &p->hops[i];
         h->p = p;
         h->idx = i;
@@ -280,11 +278,11 @@ int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base,
             desc_len = sizeof p->desc - 1;
     }
     /* the model's widths, from the head's view of its metadata */
-    md_hparams hp;
-    if (rc == 0 && (rc = md_model_shape(base->model, &hp, e)) == 0) {
-        p->n_embd = hp.n_embd;
-        p->n_vocab = hp.n_vocab;
-    }
+    p->n_embd = p->o.n_embd;
+    p->n_vocab = p->o.n_vocab;
+    if (rc == 0 && (p->n_embd < 1 || p->n_vocab < 1))
+        rc = md_errf(e, MD_EINVAL, "pipeline: width %d and vocabulary %d of %s are not usable",
+                     p->n_embd, p->n_vocab, base->model);
     size_t T = (size_t)base->max_tokens, S = (size_t)base->max_seqs;
     if (rc == 0) {
         p->hid[0] = malloc(T * p->n_embd * sizeof(float));

@@ -38,8 +38,7 @@ typedef struct {
 /* Parse a comma list of stages. Checks the syntax and that the ranges follow each other from
  * layer 0 without gaps or overlaps (n_layer < 0: the last range is not checked against it).
  * MD_EINVAL naming the faulty part. */
-int md_stages_parse(const char *spec, int n_layer, md_stage_spec *out, int max, int *n,
-                    md_err *e);
+int md_stages_parse(const char *spec, int n_layer, md_stage_spec *out, int max, int *n, md_err *e);
 
 typedef struct md_pipe md_pipe;
 
@@ -49,11 +48,13 @@ typedef struct {
     int timeout_ms;   /* a remote stage's answer (0 = the link's default) */
     int tp;           /* tensor-parallel ranks of every local stage (0/1 = none) */
     size_t mem_cap;   /* each local stage's memory cap (0 = none) */
+    int n_embd;       /* the model's width and vocabulary (md_model_shape_gf), which the */
+    int n_vocab;      /* head has read from its open file already */
 } md_pipe_opts;
 
 /* Open every stage: base holds the model and sizes (lo, hi and device come from sp). */
-int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base,
-                 const md_pipe_opts *o, md_pipe **out, md_err *e);
+int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base, const md_pipe_opts *o,
+                 md_pipe **out, md_err *e);
 void md_pipe_close(md_pipe *p);
 
 /* Run step b through every stage: logits [n_logits, n_vocab] (host) of b->logit_rows, or with

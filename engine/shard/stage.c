@@ -31,13 +31,9 @@ struct md_stage {
 /* A model name as the head gave it: a synthetic name, a path or a registry name. */
 static int open_file(const char *model, int weights, void **synth, size_t *synth_len,
                      gguf_file **gf, md_err *e) {
-    if (md_synth_is(model)) {
-        int rc = md_synth_build(model, weights, synth, synth_len, e);
-        return rc ? rc : gguf_open_mem(*synth, *synth_len, gf, e);
-    }
     char path[4096];
     int rc = md_model_resolve(model, 1, path, sizeof path, e);
-    return rc ? rc : md_model_open(path, gf, e);
+    return rc ? rc : md_model_open_any(path, weights, synth, synth_len, gf, e);
 }
 
 static void fnv(uint64_t *h, const void *p, size_t n) {
@@ -72,6 +68,10 @@ static uint64_t hash_file(const gguf_file *gf, int data) {
     return h;
 }
 
+uint64_t md_model_hash_gf(const gguf_file *gf, int synthetic) {
+    return hash_file(gf, !synthetic);
+}
+
 int md_model_hash(const char *model, uint64_t *out, md_err *e) {
     void *synth = NULL;
     size_t synth_len = 0;
@@ -84,18 +84,25 @@ int md_model_hash(const char *model, uint64_t *out, md_err *e) {
     return rc;
 }
 
-int md_model_shape(const char *model, md_hparams *hp, md_err *e) {
-    void *synth = NULL;
-    size_t synth_len = 0;
-    gguf_file *gf = NULL;
-    int rc = open_file(model, 0, &synth, &synth_len, &gf, e);
-    if (rc == 0 && (rc = md_hparams_read(gf, hp, e)) == 0 && hp->n_vocab == 0) {
+int md_model_shape_gf(const gguf_file *gf, const char *model, md_hparams *hp, md_err *e) {
+    int rc = md_hparams_read(gf, hp, e);
+    if (rc == 0 && hp->n_vocab == 0) {
         const gguf_tensor *te = gguf_find_tensor(gf, "token_embd.weight");
         if (!te || te->ne[1] < 1 || te->ne[1] > (1 << 24))
             rc = md_errf(e, MD_EFORMAT, "%s: no usable token_embd.weight", model);
         else
             hp->n_vocab = (int)te->ne[1];
     }
+    return rc;
+}
+
+int md_model_shape(const char *model, md_hparams *hp, md_err *e) {
+    void *synth = NULL;
+    size_t synth_len = 0;
+    gguf_file *gf = NULL;
+    int rc = open_file(model, 0, &synth, &synth_len, &gf, e);
+    if (rc == 0)
+        rc = md_model_shape_gf(gf, model, hp, e);
     gguf_close(gf);
     md_synth_free(synth, synth_len);
     return rc;
@@ -124,7 +131,8 @@ static size_t range_weights(const gguf_file *gf, const md_hparams *hp, int lo, i
 
 static size_t kv_slot_bytes(const md_hparams *hp, int lo, int hi, int kv_type) {
     return (size_t)(hi - lo) * 2 *
-           md_type_row_bytes(kv_type ? kv_type : MD_TYPE_F16, (int64_t)hp->n_head_kv * hp->head_dim);
+           md_type_row_bytes(kv_type ? kv_type : MD_TYPE_F16,
+                             (int64_t)hp->n_head_kv * hp->head_dim);
 }
 
 int md_stage_bytes(const char *model, int lo, int hi, int kv_type, size_t *weights,
@@ -136,8 +144,8 @@ int md_stage_bytes(const char *model, int lo, int hi, int kv_type, size_t *weigh
     int rc = open_file(model, 0, &synth, &synth_len, &gf, e);
     if (rc == 0 && (rc = md_hparams_read(gf, &hp, e)) == 0) {
         if (lo < 0 || lo >= hi || hi > hp.n_layer)
-            rc = md_errf(e, MD_EINVAL, "%s: layers %d-%d are not a range of its %d layers",
-                         model, lo, hi - 1, hp.n_layer);
+            rc = md_errf(e, MD_EINVAL, "%s: layers %d-%d are not a range of its %d layers", model,
+                         lo, hi - 1, hp.n_layer);
         else {
             *weights = range_weights(gf, &hp, lo, hi);
             *kv_per_slot = kv_slot_bytes(&hp, lo, hi, kv_type);
@@ -161,8 +169,8 @@ static int check_config(md_stage *s, md_err *e) {
     const md_stage_config *c = &s->c;
     const md_hparams *hp = &s->hp;
     if (c->lo < 0 || c->lo >= c->hi || c->hi > hp->n_layer)
-        return md_errf(e, MD_EINVAL, "layers %d-%d are not a range of the model's %d layers",
-                       c->lo, c->hi - 1, hp->n_layer);
+        return md_errf(e, MD_EINVAL, "layers %d-%d are not a range of the model's %d layers", c->lo,
+                       c->hi - 1, hp->n_layer);
     if (c->n_slots < 1 || c->max_tokens < 1 || c->max_seqs < 1 || c->max_blocks < 1 ||
         c->block_tokens < 1 || c->n_ctx < 1 || c->n_ctx > hp->n_ctx_train ||
         (long long)c->max_blocks * c->block_tokens < c->n_ctx || c->n_slots % c->block_tokens ||
@@ -244,8 +252,8 @@ int md_stage_open(const md_stage_config *c, md_stage **out, md_err *e) {
             int cols = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
             md_reserve r = {.max_tokens = s->c.max_tokens,
                             .max_seqs = s->c.max_seqs,
-                            .max_cols = cols > hp->n_head * hp->head_dim ? cols
-                                                                         : hp->n_head * hp->head_dim,
+                            .max_cols =
+                                cols > hp->n_head * hp->head_dim ? cols : hp->n_head * hp->head_dim,
                             .max_ctx = s->c.n_ctx,
                             .max_blocks = s->c.max_blocks,
                             .n_heads = hp->n_head};

@@ -27,7 +27,7 @@
 /* What a stage is and the sizes the head chose; the same on every stage of a replica except
  * lo, hi and the device. Sent as is to a stage in another process (engine/shard/wire.h HELLO). */
 typedef struct {
-    char model[512];     /* as the head opened it: a GGUF path, a registry name or "synthetic:..." */
+    char model[512]; /* as the head opened it: a GGUF path, a registry name or "synthetic:..." */
     uint64_t model_hash; /* md_model_hash of the head's file; 0 = do not check */
     int lo, hi;          /* layers [lo, hi) */
     char device[64];     /* "cpu", "cpu:N", "cuda:0", ... ; with tp > 1, a comma list of tp devices
@@ -41,7 +41,7 @@ typedef struct {
     int max_blocks;      /* block table width */
     int block_tokens;
     int n_ctx;
-    size_t mem_cap;      /* refuse when this stage's weights + KV cache exceed it (0 = none) */
+    size_t mem_cap; /* refuse when this stage's weights + KV cache exceed it (0 = none) */
 } md_stage_config;
 
 typedef struct md_stage md_stage;
@@ -50,10 +50,15 @@ typedef struct md_stage md_stage;
  * directory (names, types, shapes, offsets) and its size. Two processes opening the same file
  * (or the same synthetic name) get the same value. */
 int md_model_hash(const char *model, uint64_t *out, md_err *e);
+/* The same fingerprint of a file already open (synthetic: its image came from synth.h, whose
+ * random weights are not part of the fingerprint). */
+uint64_t md_model_hash_gf(const gguf_file *gf, int synthetic);
 
 /* The model's hyperparameters from its metadata (n_vocab from the embedding when the
  * metadata lacks it), loading no weight. */
 int md_model_shape(const char *model, md_hparams *hp, md_err *e);
+/* The same of a file already open; model names it in errors. */
+int md_model_shape_gf(const gguf_file *gf, const char *model, md_hparams *hp, md_err *e);
 
 /* Bytes the layers [lo, hi) of model take on a backend (weights, with the embedding for lo
  * == 0 and the head for hi == n_layer) and per KV slot (K and V of those layers). */

@@ -14,6 +14,7 @@
 #include "engine/weights/hf_config.h"
 #include "engine/weights/quant.h"
 #include "engine/weights/safetensors.h"
+#include "engine/weights/synth.h"
 
 #define HF_DIR_KEY "medley.hf.dir"
 
@@ -287,6 +288,14 @@ int md_model_open(const char *path, gguf_file **out, md_err *e) {
     if (md_is_hf_dir(path))
         return hf_open_dir(path, out, e);
     return gguf_open(path, out, e);
+}
+
+int md_model_open_any(const char *path, int weights, void **synth, size_t *synth_len,
+                      gguf_file **gf, md_err *e) {
+    if (!md_synth_is(path))
+        return md_model_open(path, gf, e);
+    int rc = md_synth_build(path, weights, synth, synth_len, e);
+    return rc ? rc : gguf_open_mem(*synth, *synth_len, gf, e);
 }
 
 const char *hf_dir_of(const gguf_file *gf, size_t *len) {

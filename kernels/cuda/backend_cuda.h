@@ -1,5 +1,5 @@
-/* backend_cuda.h — CUDA device facts without CUDA headers, for kernels/backend.c (which
- * answers md_device_count / md_device_get with them) and the GPU tests. Code outside
+/* backend_cuda.h — CUDA device facts without CUDA headers, for the GPU tests (kernels/backend.c
+ * answers md_device_count / md_device_get from the two declared in backend.h). Code outside
  * kernels/ uses kernels/backend.h instead; the backend itself is reached through it too
  * (md_backend_cuda_open). All functions work, and report "no device", on hosts without a GPU
  * or driver. */
@@ -11,7 +11,8 @@
 #include "common/err.h"
 #include "kernels/backend.h"
 
-/* Usable CUDA devices; 0 with the driver's reason in why (may be NULL) when none. */
+/* Usable CUDA devices; 0 with the driver's reason in why (may be NULL) when none. (Also
+ * declared in kernels/backend.h for MEDLEY_HAVE_CUDA builds, which backend.c reads.) */
 int md_cuda_device_count(char *why, size_t whysz);
 /* Describe device `ordinal`: MD_EDEVICE with a sentence when it does not exist. */
 int md_cuda_device_get(int ordinal, md_device_info *out, md_err *e);

@@ -6,7 +6,7 @@
  * that fails halfway is redone directly (MD_STEP_RERUN) with the same tokens; with the
  * backend's sample op (":sample"), sampled, penalised and logprob-reporting sequences are
  * drawn by the backend at their own u and the tokens and logprobs are still the host
- * sampler's, bit for bit. Runs on the
+ * sampler's, bit for bit (logit_bias rows too). Runs on the
  * tiny synthetic Llama 3 model (fixtures, always) and on SmolLM2 when it is fetched. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -67,6 +67,13 @@ static void sampling_for(int i, md_sampling *s) {
     }
     if (i == 5)
         s->top_logprobs = MD_TOP_LOGPROBS;
+    /* logit_bias (a repeated token, a ban) on a greedy row, a sampled one and a penalised one
+     * with logprobs: drawn by the backend's op at the same tokens and logprobs as the host */
+    static const md_logit_bias bias[3] = {{3, 4.0f}, {9, -100.0f}, {3, 1.5f}};
+    if (i % 5 == 4 || i == 7) {
+        s->logit_bias = bias;
+        s->n_logit_bias = 3;
+    }
 }
 
 /* Every prompt through one engine; tokens into out[i] (GEN each, zero-padded), what the
@@ -109,6 +116,8 @@ static void run_all(const char *model, const char *device, int32_t out[NP][GEN],
         sampling_for(i, &s);
         assert_int_equal(n, s.max_tokens);
         memcpy(out[i], t, (size_t)n * sizeof *t);
+        for (int k = 0; s.n_logit_bias && k < n; k++) /* banned by its -100 */
+            assert_int_not_equal(t[k], 9);
     }
     md_engine_close(eng);
 }
