@@ -112,9 +112,9 @@ int gb_str(gr_builder *b, const char *s) {
 int gb_seq(gr_builder *b, int x, int y) {
     if (x < 0 || y < 0)
         return -1;
-    if (b->ex[x].kind == GX_EMPTY)
+    if (b->ex[x].kind == GX_EMPTY || b->ex[y].kind == GX_NONE)
         return y;
-    if (b->ex[y].kind == GX_EMPTY)
+    if (b->ex[y].kind == GX_EMPTY || b->ex[x].kind == GX_NONE)
         return x;
     return add_expr(b, GX_SEQ, x, y, 0, 0);
 }
@@ -356,6 +356,84 @@ typedef struct {
     int nnodes, cnodes;
     int coff, cfinal;
 } gtab;
+
+/* Bytes that can come first from node t (through calls, and nullable calls), OR'ed into
+ * *out; 1 when t can also reach its rule's end without a byte. */
+static int first_from(const gr_grammar *g, const uint8_t *nullable, int t, gr_cls *out,
+                      int32_t *stk, uint8_t *seen, int32_t *touched) {
+    int sp = 0, nt = 0, fin = 0;
+    stk[sp++] = t;
+    seen[t] = 1;
+    touched[nt++] = t;
+    while (sp) {
+        int n = stk[--sp];
+        if (g->final[n])
+            fin = 1;
+        for (int k = g->edge_off[n]; k < g->edge_off[n + 1]; k++) {
+            const gr_edge *ed = &g->edges[k];
+            const gr_cls *c = ed->kind == GE_BYTES ? &g->cls[ed->label] : &g->first[ed->label];
+            for (int w = 0; w < 4; w++)
+                out->w[w] |= c->w[w];
+            if (ed->kind == GE_CALL && nullable[ed->label] && !seen[ed->target]) {
+                seen[ed->target] = 1;
+                touched[nt++] = ed->target;
+                stk[sp++] = ed->target;
+            }
+        }
+    }
+    for (int i = 0; i < nt; i++)
+        seen[touched[i]] = 0;
+    return fin;
+}
+
+/* FIRST and FOLLOW byte sets of every rule (fixpoint): a token that leaves a rule mid-way can
+ * only go on with a byte of the rule's FOLLOW, which keeps the mask cache's uncertain lists
+ * short (xgrammar gets the same effect from lookahead assertions). */
+static int follow_sets(gr_grammar *g, const uint8_t *nullable, const int32_t *rule_of) {
+    int nr = g->n_rules, nn = g->n_nodes;
+    g->first = calloc((size_t)nr + 1, sizeof(gr_cls));
+    g->follow = calloc((size_t)nr + 1, sizeof(gr_cls));
+    int32_t *stk = malloc(sizeof(int32_t) * ((size_t)nn + 1));
+    int32_t *touched = malloc(sizeof(int32_t) * ((size_t)nn + 1));
+    uint8_t *seen = calloc((size_t)nn + 1, 1);
+    if (!g->first || !g->follow || !stk || !touched || !seen) {
+        free(stk);
+        free(touched);
+        free(seen);
+        return -1;
+    }
+    for (int changed = 1, it = 0; changed && it < 10000; it++) {
+        changed = 0;
+        for (int r = 0; r < nr; r++) {
+            gr_cls c = g->first[r];
+            first_from(g, nullable, g->rule_start[r], &c, stk, seen, touched);
+            if (memcmp(&c, &g->first[r], sizeof c)) {
+                g->first[r] = c;
+                changed = 1;
+            }
+        }
+        for (int u = 0; u < nn; u++)
+            for (int k = g->edge_off[u]; k < g->edge_off[u + 1]; k++) {
+                const gr_edge *ed = &g->edges[k];
+                if (ed->kind != GE_CALL)
+                    continue;
+                gr_cls c = g->follow[ed->label];
+                if (first_from(g, nullable, ed->target, &c, stk, seen, touched)) {
+                    const gr_cls *f = &g->follow[rule_of[u]];
+                    for (int w = 0; w < 4; w++)
+                        c.w[w] |= f->w[w];
+                }
+                if (memcmp(&c, &g->follow[ed->label], sizeof c)) {
+                    g->follow[ed->label] = c;
+                    changed = 1;
+                }
+            }
+    }
+    free(stk);
+    free(touched);
+    free(seen);
+    return 0;
+}
 
 int gb_finish(gr_builder *b, int root, gr_grammar **out, md_err *e) {
     *out = NULL;
@@ -706,10 +784,12 @@ int gb_finish(gr_builder *b, int root, gr_grammar **out, md_err *e) {
         free(foff);
         free(flist);
     }
+    if (lr == -1 && follow_sets(g, nullable, rule_of))
+        lr = -2;
     free(prod);
     free(nullable);
     free(live);
-    free(rule_of);
+    g->rule_of = rule_of;
     if (lr != -1) {
         if (lr == -2) {
             gr_free(g);
@@ -737,5 +817,8 @@ void gr_free(gr_grammar *g) {
     free(g->final);
     free(g->has_bytes);
     free(g->cls);
+    free(g->first);
+    free(g->follow);
+    free(g->rule_of);
     free(g);
 }

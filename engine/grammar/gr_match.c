@@ -203,7 +203,9 @@ int gr_vocab_size(const gr_vocab *v) {
 /* ---- per (grammar, vocabulary) mask cache ------------------------------------------------ */
 
 typedef struct {
-    uint32_t *acc; /* [nwords] tokens accepted from the node whatever its caller */
+    uint32_t *acc; /* [nwords] tokens accepted from the node whatever its caller, or NULL */
+    int32_t *accl; /* the same as a list when short (fewer tokens than acc has words) */
+    int naccl;
     int32_t *unc;  /* uncertain tokens, in trie order */
     uint16_t *lcp; /* bytes each shares with the previous uncertain token */
     int nunc;
@@ -220,6 +222,7 @@ static void nentry_free(gr_nentry *n) {
     if (!n)
         return;
     free(n->acc);
+    free(n->accl);
     free(n->unc);
     free(n->lcp);
     free(n);
@@ -244,6 +247,19 @@ typedef struct {
     int32_t node, parent;
 } gr_ent;
 
+typedef struct {
+    uint64_t *key;
+    int32_t *id;
+    uint8_t *vis;
+    int32_t *used;
+    int nused, cap;
+} htab;
+
+#define DF_END 1
+#define DF_ESC 2
+#define DF_ALIVE 4
+#define DFA_MEMO 16384 /* states whose transitions are memoized (256 x 4 bytes each) */
+
 struct gr_matcher {
     const gr_grammar *g;
     const gr_vocab *v;
@@ -261,11 +277,23 @@ struct gr_matcher {
     uint8_t *d_end, *d_esc, *d_escany;
     int dcap;
     /* per-step hash (node, parent) -> slot; slots hold id and visited */
-    uint64_t *hkey;
-    int32_t *hid;
-    uint8_t *hvis;
-    int32_t *hused;
-    int nhused, hcap;
+    htab h;  /* per step: (node, parent) -> entry, visited */
+    htab hc; /* per walk while hc_on: hash-consing, so equal stacks get equal ids */
+    int hc_on;
+    /* per walk: a DFA over stack sets, built lazily (walk_trie) */
+    int32_t *dpool; /* sorted entry ids of each state */
+    int ndpool, cdpool;
+    int32_t *doff, *dlen;
+    uint8_t *dflag; /* DF_END, DF_ESC, DF_ALIVE */
+    uint32_t *dhash;
+    gr_cls *dposs; /* bytes some stack of the state can take */
+    int ddead;     /* the empty state */
+    int nds, cds;
+    int32_t *dtab; /* open addressing: hash -> state */
+    int dtcap;
+    int32_t *dtrans; /* [min(nds, DFA_MEMO) * 256]: next state, -1 unknown */
+    int ctrans;
+    int32_t *dst; /* state per depth */
     int32_t *work;
     int nwork, cwork;
     uint32_t *nmark; /* [n_nodes] epoch marks */
@@ -294,13 +322,13 @@ static uint64_t hkey_of(int32_t node, int32_t parent) {
     return ((uint64_t)(uint32_t)node << 32) | (uint32_t)parent;
 }
 
-static void h_clear(gr_matcher *m) {
-    for (int i = 0; i < m->nhused; i++)
-        m->hkey[m->hused[i]] = UINT64_MAX;
-    m->nhused = 0;
+static void h_clear(htab *h) {
+    for (int i = 0; i < h->nused; i++)
+        h->key[h->used[i]] = UINT64_MAX;
+    h->nused = 0;
 }
 
-static int h_rehash(gr_matcher *m, int ncap) {
+static int h_rehash(gr_matcher *m, htab *h, int ncap) {
     uint64_t *nk = malloc(sizeof(uint64_t) * (size_t)ncap);
     int32_t *ni = malloc(sizeof(int32_t) * (size_t)ncap);
     uint8_t *nv = malloc((size_t)ncap);
@@ -315,46 +343,53 @@ static int h_rehash(gr_matcher *m, int ncap) {
     }
     memset(nk, 0xff, sizeof(uint64_t) * (size_t)ncap);
     int nused = 0;
-    for (int i = 0; i < m->nhused; i++) {
-        int s = m->hused[i];
-        uint64_t k = m->hkey[s];
-        uint64_t h = (k * 0x9E3779B97F4A7C15ull) >> 20;
-        int j = (int)(h & (uint64_t)(ncap - 1));
+    for (int i = 0; i < h->nused; i++) {
+        int s = h->used[i];
+        uint64_t k = h->key[s];
+        uint64_t hh = (k * 0x9E3779B97F4A7C15ull) >> 20;
+        int j = (int)(hh & (uint64_t)(ncap - 1));
         while (nk[j] != UINT64_MAX)
             j = (j + 1) & (ncap - 1);
         nk[j] = k;
-        ni[j] = m->hid[s];
-        nv[j] = m->hvis[s];
+        ni[j] = h->id[s];
+        nv[j] = h->vis[s];
         nu[nused++] = j;
     }
-    free(m->hkey);
-    free(m->hid);
-    free(m->hvis);
-    free(m->hused);
-    m->hkey = nk;
-    m->hid = ni;
-    m->hvis = nv;
-    m->hused = nu;
-    m->hcap = ncap;
+    free(h->key);
+    free(h->id);
+    free(h->vis);
+    free(h->used);
+    h->key = nk;
+    h->id = ni;
+    h->vis = nv;
+    h->used = nu;
+    h->cap = ncap;
     return 0;
 }
 
+static void h_free(htab *h) {
+    free(h->key);
+    free(h->id);
+    free(h->vis);
+    free(h->used);
+}
+
 /* Slot of (node, parent), created empty (id -1, not visited) when absent; -1 on OOM. */
-static int h_slot(gr_matcher *m, int32_t node, int32_t parent) {
-    if (m->nhused * 2 >= m->hcap && h_rehash(m, m->hcap * 2))
+static int h_slot(gr_matcher *m, htab *h, int32_t node, int32_t parent) {
+    if (h->nused * 2 >= h->cap && h_rehash(m, h, h->cap * 2))
         return -1;
     uint64_t k = hkey_of(node, parent);
-    uint64_t h = (k * 0x9E3779B97F4A7C15ull) >> 20;
-    int j = (int)(h & (uint64_t)(m->hcap - 1));
-    while (m->hkey[j] != UINT64_MAX) {
-        if (m->hkey[j] == k)
+    uint64_t hh = (k * 0x9E3779B97F4A7C15ull) >> 20;
+    int j = (int)(hh & (uint64_t)(h->cap - 1));
+    while (h->key[j] != UINT64_MAX) {
+        if (h->key[j] == k)
             return j;
-        j = (j + 1) & (m->hcap - 1);
+        j = (j + 1) & (h->cap - 1);
     }
-    m->hkey[j] = k;
-    m->hid[j] = -1;
-    m->hvis[j] = 0;
-    m->hused[m->nhused++] = j;
+    h->key[j] = k;
+    h->id[j] = -1;
+    h->vis[j] = 0;
+    h->used[h->nused++] = j;
     return j;
 }
 
@@ -367,13 +402,22 @@ static int32_t ent_new(gr_matcher *m, int32_t node, int32_t parent) {
 
 /* The entry for (node, parent) in this step, created when new. */
 static int32_t ent_get(gr_matcher *m, int32_t node, int32_t parent, int *slot) {
-    int s = h_slot(m, node, parent);
+    int s = h_slot(m, &m->h, node, parent);
     if (s < 0)
         return -1;
-    if (m->hid[s] < 0)
-        m->hid[s] = ent_new(m, node, parent);
+    if (m->h.id[s] < 0) {
+        if (m->hc_on) {
+            int c = h_slot(m, &m->hc, node, parent);
+            if (c < 0)
+                return -1;
+            if (m->hc.id[c] < 0)
+                m->hc.id[c] = ent_new(m, node, parent);
+            m->h.id[s] = m->hc.id[c];
+        } else
+            m->h.id[s] = ent_new(m, node, parent);
+    }
     *slot = s;
-    return m->hid[s];
+    return m->h.id[s];
 }
 
 static void work_push(gr_matcher *m, int32_t id) {
@@ -384,14 +428,14 @@ static void work_push(gr_matcher *m, int32_t id) {
 
 /* Visit stack id (entry created in this step or older) unless already visited. */
 static void visit(gr_matcher *m, int32_t id) {
-    int s = h_slot(m, m->ar[id].node, m->ar[id].parent);
+    int s = h_slot(m, &m->h, m->ar[id].node, m->ar[id].parent);
     if (s < 0)
         return;
-    if (m->hid[s] < 0)
-        m->hid[s] = id;
-    if (m->hvis[s])
+    if (m->h.id[s] < 0)
+        m->h.id[s] = id;
+    if (m->h.vis[s])
         return;
-    m->hvis[s] = 1;
+    m->h.vis[s] = 1;
     work_push(m, id);
 }
 
@@ -425,8 +469,8 @@ static void closure(gr_matcher *m, uint8_t *end, uint8_t *esc) {
             int32_t top = ent_get(m, g->rule_start[ed->label], q, &sl);
             if (top < 0)
                 return;
-            if (!m->hvis[sl]) {
-                m->hvis[sl] = 1;
+            if (!m->h.vis[sl]) {
+                m->h.vis[sl] = 1;
                 work_push(m, top);
             }
         }
@@ -437,7 +481,7 @@ static void closure(gr_matcher *m, uint8_t *end, uint8_t *esc) {
  * Returns the result's offset; its length is m->nsets - offset. */
 static int advance(gr_matcher *m, int off, int len, unsigned b, uint8_t *end, uint8_t *esc) {
     const gr_grammar *g = m->g;
-    h_clear(m);
+    h_clear(&m->h);
     m->nwork = 0;
     *end = 0;
     *esc = 0;
@@ -453,8 +497,8 @@ static int advance(gr_matcher *m, int off, int len, unsigned b, uint8_t *end, ui
             int32_t t = ent_get(m, ed->target, p, &sl);
             if (t < 0)
                 return out;
-            if (!m->hvis[sl]) {
-                m->hvis[sl] = 1;
+            if (!m->h.vis[sl]) {
+                m->h.vis[sl] = 1;
                 work_push(m, t);
             }
         }
@@ -486,7 +530,10 @@ static int ensure_depth(gr_matcher *m, int maxd) {
     uint8_t *h = realloc(m->d_escany, (size_t)n);
     if (h)
         m->d_escany = h;
-    if (!a || !b || !c || !d || !f || !h) {
+    int32_t *st = realloc(m->dst, sizeof(int32_t) * (size_t)n);
+    if (st)
+        m->dst = st;
+    if (!a || !b || !c || !d || !f || !h || !st) {
         m->oom = 1;
         return -1;
     }
@@ -506,7 +553,7 @@ static void walk_init(gr_matcher *m, int node) {
         m->d_end[0] = (uint8_t)m->end;
         m->d_esc[0] = 0;
     } else {
-        h_clear(m);
+        h_clear(&m->h);
         m->nwork = 0;
         int32_t id = ent_new(m, node, P_ESC);
         if (id >= 0)
@@ -526,58 +573,245 @@ static int get_bit(const uint32_t *mask, int t) {
     return (mask[t >> 5] >> (t & 31)) & 1;
 }
 
+static void isort(int32_t *x, int n) {
+    for (int i = 1; i < n; i++) {
+        int32_t v = x[i];
+        int j = i - 1;
+        while (j >= 0 && x[j] > v) {
+            x[j + 1] = x[j];
+            j--;
+        }
+        x[j + 1] = v;
+    }
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int dfa_rehash(gr_matcher *m, int ncap) {
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)ncap);
+    if (!t) {
+        m->oom = 1;
+        return -1;
+    }
+    memset(t, 0xff, sizeof(int32_t) * (size_t)ncap);
+    for (int s = 0; s < m->nds; s++) {
+        int j = (int)(m->dhash[s] & (uint32_t)(ncap - 1));
+        while (t[j] >= 0)
+            j = (j + 1) & (ncap - 1);
+        t[j] = s;
+    }
+    free(m->dtab);
+    m->dtab = t;
+    m->dtcap = ncap;
+    return 0;
+}
+
+/* The DFA state of the stack set sets[off .. off+len) with its flags (sorted in place);
+ * -1 on OOM. Hash-consing makes equal stacks equal ids, so equal sets are one state. */
+static int dfa_state(gr_matcher *m, int off, int len, uint8_t end, uint8_t esc) {
+    int32_t *x = m->sets + off;
+    if (len < 24)
+        isort(x, len);
+    else
+        qsort(x, (size_t)len, sizeof *x, cmp_i32);
+    uint8_t fl =
+        (uint8_t)((end ? DF_END : 0) | (esc ? DF_ESC : 0) | (len || end || esc ? DF_ALIVE : 0));
+    uint32_t h = 2166136261u ^ fl;
+    for (int i = 0; i < len; i++)
+        h = (h ^ (uint32_t)x[i]) * 16777619u;
+    if (m->nds * 2 >= m->dtcap && dfa_rehash(m, m->dtcap ? m->dtcap * 2 : 1024))
+        return -1;
+    int j = (int)(h & (uint32_t)(m->dtcap - 1));
+    while (m->dtab[j] >= 0) {
+        int s = m->dtab[j];
+        if (m->dhash[s] == h && m->dflag[s] == fl && m->dlen[s] == len &&
+            !memcmp(m->dpool + m->doff[s], x, sizeof(int32_t) * (size_t)len))
+            return s;
+        j = (j + 1) & (m->dtcap - 1);
+    }
+    int s = m->nds;
+    if (mgrow(m, (void **)&m->dpool, &m->cdpool, m->ndpool + len + 1, sizeof *m->dpool))
+        return -1;
+    int cds = m->cds;
+    if (mgrow(m, (void **)&m->doff, &cds, s + 1, sizeof *m->doff))
+        return -1;
+    cds = m->cds;
+    if (mgrow(m, (void **)&m->dlen, &cds, s + 1, sizeof *m->dlen))
+        return -1;
+    cds = m->cds;
+    if (mgrow(m, (void **)&m->dflag, &cds, s + 1, sizeof *m->dflag))
+        return -1;
+    cds = m->cds;
+    if (mgrow(m, (void **)&m->dhash, &cds, s + 1, sizeof *m->dhash))
+        return -1;
+    cds = m->cds;
+    if (mgrow(m, (void **)&m->dposs, &cds, s + 1, sizeof *m->dposs))
+        return -1;
+    m->cds = cds;
+    gr_cls poss = {{0}};
+    const gr_grammar *g = m->g;
+    for (int i = 0; i < len; i++) {
+        int n = m->ar[x[i]].node;
+        for (int k = g->edge_off[n]; k < g->edge_off[n + 1]; k++)
+            if (g->edges[k].kind == GE_BYTES)
+                for (int w = 0; w < 4; w++)
+                    poss.w[w] |= g->cls[g->edges[k].label].w[w];
+    }
+    m->dposs[s] = poss;
+    if (s < DFA_MEMO) {
+        if (mgrow(m, (void **)&m->dtrans, &m->ctrans, (s + 1) * 256, sizeof *m->dtrans))
+            return -1;
+        memset(m->dtrans + (size_t)s * 256, 0xff, 256 * sizeof *m->dtrans);
+    }
+    if (len)
+        memcpy(m->dpool + m->ndpool, x, sizeof(int32_t) * (size_t)len);
+    m->doff[s] = m->ndpool;
+    m->dlen[s] = len;
+    m->dflag[s] = fl;
+    m->dhash[s] = h;
+    m->ndpool += len;
+    m->dtab[j] = s;
+    m->nds++;
+    return s;
+}
+
+/* The state after byte b from state s (memoized for the first DFA_MEMO states). */
+static int dfa_next(gr_matcher *m, int s, unsigned b) {
+    if (!gr_cls_has(&m->dposs[s], b))
+        return m->ddead; /* no stack takes b: nothing to compute */
+    if (s < DFA_MEMO) {
+        int t = m->dtrans[(size_t)s * 256 + b];
+        if (t >= 0)
+            return t;
+    }
+    int base = m->nsets, len = m->dlen[s];
+    if (mgrow(m, (void **)&m->sets, &m->csets, base + len + 1, sizeof *m->sets))
+        return -1;
+    if (len)
+        memcpy(m->sets + base, m->dpool + m->doff[s], sizeof(int32_t) * (size_t)len);
+    m->nsets = base + len;
+    uint8_t end = 0, esc = 0;
+    int o = len ? advance(m, base, len, b, &end, &esc) : m->nsets;
+    int t = m->oom ? -1 : dfa_state(m, o, m->nsets - o, end, esc);
+    m->nsets = base;
+    if (t >= 0 && s < DFA_MEMO)
+        m->dtrans[(size_t)s * 256 + b] = t;
+    return t;
+}
+
+static int add_unc(gr_matcher *m, const gr_vocab *v, int k, int32_t **unc, int *nunc, int *cunc) {
+    int lo = v->tn_tok[k], hi = v->tn_tok[v->tn_end[k]];
+    if (hi > lo && *nunc + (hi - lo) > *cunc) {
+        int nc = *cunc ? *cunc : 64;
+        while (nc < *nunc + (hi - lo))
+            nc *= 2;
+        int32_t *q = realloc(*unc, sizeof(int32_t) * (size_t)nc);
+        if (!q) {
+            m->oom = 1;
+            return -1;
+        }
+        *unc = q;
+        *cunc = nc;
+    }
+    for (int i = lo; i < hi; i++)
+        (*unc)[(*nunc)++] = v->toks[i];
+    return 0;
+}
+
+/* Where a walk puts the tokens it accepts: a list while short, then a bitset. */
+typedef struct {
+    uint32_t *bits; /* [words], or NULL while listing */
+    int32_t *list;
+    int n, cap, words;
+    int fail;
+} gr_sink;
+
+static void sink_add(gr_sink *k, int32_t t) {
+    if (k->bits) {
+        set_bit(k->bits, t);
+        return;
+    }
+    if (k->n == k->cap) {
+        if (k->n >= k->words) { /* long: switch to the bitset */
+            k->bits = calloc((size_t)k->words, sizeof(uint32_t));
+            if (!k->bits) {
+                k->fail = 1;
+                return;
+            }
+            for (int i = 0; i < k->n; i++)
+                set_bit(k->bits, k->list[i]);
+            free(k->list);
+            k->list = NULL;
+            k->n = 0;
+            set_bit(k->bits, t);
+            return;
+        }
+        int nc = k->cap ? k->cap * 2 : 64;
+        if (nc > k->words + 1)
+            nc = k->words + 1;
+        int32_t *q = realloc(k->list, sizeof(int32_t) * (size_t)nc);
+        if (!q) {
+            k->fail = 1;
+            return;
+        }
+        k->list = q;
+        k->cap = nc;
+    }
+    k->list[k->n++] = t;
+}
+
 /* Walk the whole trie from depth 0 (walk_init): accepted tokens set in acc; when unc is
  * non-NULL, tokens that die after a point where the rule could have returned to its unknown
- * caller are appended to *unc (trie order). */
-static void walk_trie(gr_matcher *m, uint32_t *acc, int32_t **unc, int *nunc, int *cunc) {
+ * caller are appended to *unc (trie order). The stack sets met on the way become states of
+ * a DFA whose transitions are memoized, so a trie node usually costs one table lookup. */
+static void walk_trie(gr_matcher *m, const gr_cls *follow, gr_sink *acc, int32_t **unc, int *nunc,
+                      int *cunc) {
     const gr_vocab *v = m->v;
+    m->nds = 0;
+    m->ndpool = 0;
+    if (m->dtcap)
+        memset(m->dtab, 0xff, sizeof(int32_t) * (size_t)m->dtcap);
+    h_clear(&m->hc);
+    m->hc_on = 1;
+    int s0 = dfa_state(m, 0, m->d_len[0], m->d_end[0], m->d_esc[0]);
+    m->nsets = m->d_len[0];
+    m->ddead = dfa_state(m, m->nsets, 0, 0, 0);
+    if (s0 < 0 || m->ddead < 0)
+        goto out;
+    m->dst[0] = s0;
+    m->d_escany[0] = 0;
     int k = 0;
     while (k < v->ntn && !m->oom) {
         int d = v->tn_depth[k];
-        /* Drop what deeper walks left behind: depth d-1 is the parent state. */
-        m->nar = m->d_mark[d - 1];
-        m->nsets = m->d_off[d - 1] + m->d_len[d - 1];
-        uint8_t end = 0, esc = 0;
-        int alive;
-        if (m->d_len[d - 1] == 0) {
-            alive = 0;
-            m->d_off[d] = m->nsets;
-            m->d_len[d] = 0;
-        } else {
-            int o = advance(m, m->d_off[d - 1], m->d_len[d - 1], v->tn_byte[k], &end, &esc);
-            m->d_off[d] = o;
-            m->d_len[d] = m->nsets - o;
-            alive = m->d_len[d] > 0 || end || esc;
-        }
-        if (!alive) {
-            if (unc && m->d_escany[d - 1]) {
-                int lo = v->tn_tok[k], hi = v->tn_tok[v->tn_end[k]];
-                if (hi > lo && *nunc + (hi - lo) > *cunc) {
-                    int nc = *cunc ? *cunc : 64;
-                    while (nc < *nunc + (hi - lo))
-                        nc *= 2;
-                    int32_t *q = realloc(*unc, sizeof(int32_t) * (size_t)nc);
-                    if (!q) {
-                        m->oom = 1;
-                        return;
-                    }
-                    *unc = q;
-                    *cunc = nc;
-                }
-                for (int i = lo; i < hi; i++)
-                    (*unc)[(*nunc)++] = v->toks[i];
-            }
+        int s = m->dst[d - 1];
+        unsigned b = v->tn_byte[k];
+        /* The node's rule may have returned before this byte, and a caller may go on with
+         * it: what follows is uncertain. */
+        uint8_t escany = (uint8_t)(m->d_escany[d - 1] ||
+                                   (follow && (m->dflag[s] & DF_ESC) && gr_cls_has(follow, b)));
+        int t = dfa_next(m, s, b);
+        if (t < 0)
+            break;
+        if (!(m->dflag[t] & DF_ALIVE)) {
+            if (unc && escany && add_unc(m, v, k, unc, nunc, cunc))
+                break;
             k = v->tn_end[k];
             continue;
         }
-        m->d_end[d] = end;
-        m->d_esc[d] = esc;
-        m->d_escany[d] = (uint8_t)(m->d_escany[d - 1] | esc);
-        m->d_mark[d] = m->nar;
+        m->dst[d] = t;
+        m->d_escany[d] = escany;
         for (int i = v->tn_tok[k]; i < v->tn_tok[k + 1]; i++)
-            set_bit(acc, v->toks[i]);
+            sink_add(acc, v->toks[i]);
+        if (acc->fail)
+            m->oom = 1;
         k++;
     }
+out:
+    m->hc_on = 0;
+    h_clear(&m->hc);
 }
 
 /* Run token bytes s[0..l) from depth 0 starting at depth `from` (states up to from are
@@ -636,12 +870,13 @@ int gr_matcher_new(const gr_grammar *g, const gr_vocab *v, gr_matcher **out, md_
     m->c = cache_get((gr_grammar *)g, v);
     m->nmark = calloc((size_t)g->n_nodes + 1, sizeof *m->nmark);
     m->nlist = malloc(sizeof(int32_t) * ((size_t)g->n_nodes + 1));
-    if (!m->c || !m->nmark || !m->nlist || h_rehash(m, 1024) || ensure_depth(m, v->maxlen + 1)) {
+    if (!m->c || !m->nmark || !m->nlist || h_rehash(m, &m->h, 1024) || h_rehash(m, &m->hc, 1024) ||
+        ensure_depth(m, v->maxlen + 1)) {
         gr_matcher_free(m);
         return md_errf(e, MD_ENOMEM, "out of memory creating a grammar matcher");
     }
     /* Initial state: the closure of the root rule's start over BOTTOM. */
-    h_clear(m);
+    h_clear(&m->h);
     m->nwork = 0;
     m->nsets = 0;
     int32_t id = ent_new(m, g->rule_start[g->root], P_BOTTOM);
@@ -673,10 +908,17 @@ void gr_matcher_free(gr_matcher *m) {
     free(m->d_end);
     free(m->d_esc);
     free(m->d_escany);
-    free(m->hkey);
-    free(m->hid);
-    free(m->hvis);
-    free(m->hused);
+    h_free(&m->h);
+    h_free(&m->hc);
+    free(m->dpool);
+    free(m->doff);
+    free(m->dlen);
+    free(m->dflag);
+    free(m->dhash);
+    free(m->dposs);
+    free(m->dtab);
+    free(m->dtrans);
+    free(m->dst);
     free(m->work);
     free(m->nmark);
     free(m->nlist);
@@ -689,15 +931,18 @@ static gr_nentry *entry_compute(gr_matcher *m, int n) {
     int keep = m->nar;
     gr_nentry *ne = calloc(1, sizeof *ne);
     int words = (m->v->n + 31) / 32;
-    if (!ne || !(ne->acc = calloc((size_t)words, sizeof(uint32_t)))) {
-        free(ne);
+    if (!ne)
         return NULL;
-    }
+    gr_sink acc = {NULL, NULL, 0, 0, words, 0};
     int cunc = 0;
     m->oom = 0;
     walk_init(m, n);
-    walk_trie(m, ne->acc, &ne->unc, &ne->nunc, &cunc);
+    walk_trie(m, &m->g->follow[m->g->rule_of[n]], &acc, &ne->unc, &ne->nunc, &cunc);
     m->nar = keep;
+    /* Narrow nodes (a literal's next byte) keep a list: cheaper to apply than a bitset. */
+    ne->acc = acc.bits;
+    ne->accl = acc.list;
+    ne->naccl = acc.n;
     if (m->oom) {
         nentry_free(ne);
         return NULL;
@@ -750,7 +995,8 @@ void gr_matcher_fill_mask_slow(gr_matcher *m, uint32_t *mask) {
     int keep = m->nar;
     m->oom = 0;
     walk_init(m, -1);
-    walk_trie(m, mask, NULL, NULL, NULL);
+    gr_sink sk = {mask, NULL, 0, 0, words, 0};
+    walk_trie(m, NULL, &sk, NULL, NULL, NULL);
     m->nar = keep;
     if (m->end)
         for (int i = 0; i < m->v->neos; i++)
@@ -760,9 +1006,10 @@ void gr_matcher_fill_mask_slow(gr_matcher *m, uint32_t *mask) {
 void gr_matcher_fill_mask(gr_matcher *m, uint32_t *mask) {
     const gr_vocab *v = m->v;
     int words = (v->n + 31) / 32;
-    memset(mask, 0, sizeof(uint32_t) * (size_t)words);
-    if (m->done)
+    if (m->done) {
+        memset(mask, 0, sizeof(uint32_t) * (size_t)words);
         return;
+    }
     int keep = m->nar;
     if (++m->epoch == 0) {
         memset(m->nmark, 0, sizeof(uint32_t) * (size_t)m->g->n_nodes);
@@ -776,6 +1023,7 @@ void gr_matcher_fill_mask(gr_matcher *m, uint32_t *mask) {
         m->nmark[n] = m->epoch;
         m->nlist[nn++] = n;
     }
+    int dense = 0;
     for (int i = 0; i < nn; i++) {
         gr_nentry *ne = entry_of(m, m->nlist[i]);
         if (!ne) {
@@ -784,8 +1032,21 @@ void gr_matcher_fill_mask(gr_matcher *m, uint32_t *mask) {
             return;
         }
         const uint32_t *a = ne->acc;
-        for (int w = 0; w < words; w++)
-            mask[w] |= a[w];
+        if (!a)
+            continue;
+        if (!dense)
+            memcpy(mask, a, sizeof(uint32_t) * (size_t)words);
+        else
+            for (int w = 0; w < words; w++)
+                mask[w] |= a[w];
+        dense = 1;
+    }
+    if (!dense)
+        memset(mask, 0, sizeof(uint32_t) * (size_t)words);
+    for (int i = 0; i < nn; i++) {
+        gr_nentry *ne = atomic_load_explicit(&m->c->ent[m->nlist[i]], memory_order_acquire);
+        for (int j = 0; j < ne->naccl; j++)
+            set_bit(mask, ne->accl[j]);
     }
     /* Uncertain tokens: run each from the real stacks, sharing prefixes in trie order. */
     m->oom = 0;
@@ -885,4 +1146,16 @@ int gr_matcher_accept_bytes(gr_matcher *m, const char *s, size_t n) {
         m->end = m->d_end[n];
     }
     return 0;
+}
+
+int gr_prepare(const gr_grammar *g, const gr_vocab *v, md_err *e) {
+    gr_matcher *m;
+    int rc = gr_matcher_new(g, v, &m, e);
+    if (rc)
+        return rc;
+    for (int n = 0; n < g->n_nodes && !rc; n++)
+        if (g->has_bytes[n] && !entry_of(m, n))
+            rc = md_errf(e, MD_ENOMEM, "out of memory computing the token-mask cache");
+    gr_matcher_free(m);
+    return rc;
 }

@@ -159,10 +159,14 @@ static int cps_expr(gr_builder *b, cpset *s, int json) {
     cps_norm(s);
     gr_cls ascii = {{0}};
     int x = gb_none(b);
+    /* \u00XX escapes grouped by their first hex digit: two alternatives, not 27 */
+    gr_cls u0 = {{0}}, u1 = {{0}};
     for (int i = 0; i < s->n; i++) {
         uint32_t lo = s->r[i].lo, hi = s->r[i].hi;
         for (uint32_t c = lo; c <= hi && c < 0x80; c++) {
-            if (json && (c == '"' || c == '\\' || c < 0x20))
+            if (json && c < 0x20 && (c == 0 || !strchr("\n\r\t\b\f", (int)c)))
+                gr_cls_set(c < 0x10 ? &u0 : &u1, (unsigned char)"0123456789abcdef"[c & 15]);
+            else if (json && (c == '"' || c == '\\' || c < 0x20))
                 x = gb_alt(b, x, json_escape_lit(b, c));
             else
                 gr_cls_set(&ascii, c);
@@ -187,6 +191,10 @@ static int cps_expr(gr_builder *b, cpset *s, int json) {
             x = gb_alt(b, x, utf8_split(b, a, z, k + 2));
         }
     }
+    int u = gb_alt(b, gb_seq(b, gb_byte(b, '0'), gb_cls(b, &u0)),
+                   gb_seq(b, gb_byte(b, '1'), gb_cls(b, &u1)));
+    if (b->ex[u].kind != GX_NONE)
+        x = gb_alt(b, x, gb_seq(b, gb_str(b, "\\u00"), u));
     return gb_alt(b, gb_cls(b, &ascii), x);
 }
 

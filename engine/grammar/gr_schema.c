@@ -1232,7 +1232,10 @@ static int object_part(sc *c, json_t *s, const char *ptr) {
         qsort(sorted, (size_t)n, sizeof *sorted, cmp_str);
         for (int i = 0; i < n; i++)
             lens[i] = strlen(sorted[i]);
-        int key = gb_seq3(b, gb_byte(b, '"'), key_except(c, sorted, lens, n, 0), gb_byte(b, '"'));
+        /* No names to avoid: any string, through the shared rule (one cache entry). */
+        int key =
+            n ? gb_seq3(b, gb_byte(b, '"'), key_except(c, sorted, lens, n, 0), gb_byte(b, '"'))
+              : string_expr(c, 0, -1);
         for (int i = 0; i < n; i++)
             free(enc[i].p);
         free(sorted);

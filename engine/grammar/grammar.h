@@ -56,6 +56,11 @@ int gr_vocab_new(int n_vocab, const char *const *tok, const uint32_t *len, const
 void gr_vocab_free(gr_vocab *v);
 int gr_vocab_size(const gr_vocab *v);
 
+/* Compute now every entry of g's token-mask cache for v (otherwise each is computed when a
+ * matcher first needs it, under g's lock): for a caller that wants no first-use latency, and
+ * for compile times comparable to engines that precompute. 0 or MD_ENOMEM. */
+int gr_prepare(const gr_grammar *g, const gr_vocab *v, md_err *e);
+
 /* ---- matching ------------------------------------------------------------------------- */
 
 int gr_matcher_new(const gr_grammar *g, const gr_vocab *v, gr_matcher **out, md_err *e);

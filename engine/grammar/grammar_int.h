@@ -110,6 +110,9 @@ struct gr_grammar {
     uint8_t *final;     /* [n_nodes] the rule may return here */
     uint8_t *has_bytes; /* [n_nodes] some byte edge leaves the node */
     gr_cls *cls;
+    int32_t *rule_of;     /* [n_nodes] */
+    gr_cls *first;        /* [n_rules] bytes a rule can start with */
+    gr_cls *follow;       /* [n_rules] bytes that can follow a rule, in any context */
     pthread_mutex_t lock; /* guards caches */
     gr_cache *caches;     /* per vocabulary mask caches (gr_match.c) */
 };
