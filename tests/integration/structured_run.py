@@ -163,7 +163,7 @@ def main():
 
     # extraction: every stop answer validates
     n_stop = n_len = 0
-    refused = {}
+    refused, cut = {}, {}
     fc = jsonschema.FormatChecker()
     for cid, (_, schema) in expect.items():
         r = res[cid]
@@ -180,6 +180,7 @@ def main():
         text = ch["message"]["content"]
         if ch["finish_reason"] == "length":
             n_len += 1
+            cut[cid.rsplit("-", 1)[0][2:]] = cut.get(cid.rsplit("-", 1)[0][2:], 0) + 1
             continue
         if ch["finish_reason"] != "stop":
             fail("%s: finish_reason %s" % (cid, ch["finish_reason"]))
@@ -195,6 +196,8 @@ def main():
           "%.0f%% within max_tokens; %d schema(s) refused under strict; %.1f s for %d lines" % (
               model, len(expect), len(cases), n_stop, n_len, 100 * share, len(refused), secs,
               len(lines)))
+    if cut:
+        print("  cut by max_tokens: " + ", ".join("%s %d" % kv for kv in sorted(cut.items())))
     for k, m in sorted(refused.items()):
         print("  refused %s: %s" % (k, m[:200]))
     if len(refused) * 2 > len(cases):
