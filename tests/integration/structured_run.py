@@ -6,7 +6,8 @@ request side of docs/structured.md in one batch:
   with Python's jsonschema and its FormatChecker; the share that finished within max_tokens
   is printed;
 - json_object, medley.choice and medley.regex lines: their answers are JSON objects, one of
-  the choices, matches of the regex;
+  the choices, matches of the regex; logit_bias +100 on " banana" makes a greedy answer
+  " banana banana banana";
 - tool calls (tool_choice required and named): the answer's body parses with the openai
   SDK's ChatCompletion type, message.tool_calls names a given function with arguments valid
   against its parameters, finish_reason "tool_calls";
@@ -122,6 +123,13 @@ def main():
                 "type": "function", "function": {"name": "send_email"}}),
             chat("tool-none", "Say hi.", model, tools=sc.TOOLS, tool_choice="none"),
         ]
+        # logit_bias: +100 on one token makes every greedy step pick it
+        tk = subprocess.run([MEDLEY, "tokenize", "-m", model, " banana"], capture_output=True,
+                            text=True, timeout=120).stdout.split()
+        banana = int(tk[0]) if len(tk) == 2 else None  # one token: "ID\tPIECE"
+        if banana is not None:
+            lines.append(chat("bias", "Say hi.", model, max_tokens=3,
+                              logit_bias={str(banana): 100}))
         bad = {  # custom_id -> (line, the param the 400 names)
             "bad-stream-opts": (chat("b1", "hi", model, stream_options={"include_usage": True}),
                                 "body.stream_options"),
@@ -241,6 +249,11 @@ def main():
         jsonschema.validate(json.loads(call.function.arguments),
                             fn[call.function.name]["parameters"], format_checker=fc)
         print("%s: %s(%s)" % (cid, call.function.name, call.function.arguments))
+    if banana is not None:
+        if content("bias")["message"]["content"] != " banana" * 3:
+            fail("logit_bias +100 on ' banana' (%d): %r" % (banana,
+                                                          content("bias")["message"]["content"]))
+        print("bias: %r" % content("bias")["message"]["content"])
     if content("tool-none")["finish_reason"] == "tool_calls":
         fail("tool_choice none made a call")
     for cid, (_, param) in bad.items():
