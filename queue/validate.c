@@ -1101,6 +1101,14 @@ int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req
     if (get_logit_bias(body, req, ve) || get_response_format(body, req, ve) ||
         get_tools(body, req, ve) || get_medley(body, req, ve))
         return -1;
+    /* a stop string would cut a constrained answer mid-sentence and still say "stop", where
+     * the contract is that a stopped answer is a complete sentence of the constraint */
+    if (req->con != Q_CON_NONE && req->n_stop)
+        return fail(ve, "unsupported_parameter", "body.stop",
+                    "body.stop cannot be combined with %s: a stop string would cut the "
+                    "constrained output; remove body.stop (the constraint decides where the "
+                    "answer ends)",
+                    req->con_param);
     return 0;
 }
 

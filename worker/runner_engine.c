@@ -466,8 +466,8 @@ static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn d
     char *args = NULL;
     json_t *call = NULL;
     if (it->tool_call && f == MD_FINISH_STOP) {
-        /* the grammar made text {"name": ..., "arguments": {...}}; a stop string may have cut
-         * it, and then it stays content */
+        /* the grammar made text {"name": ..., "arguments": {...}} (validation refuses stop
+         * strings with a constraint); text that does not parse stays content */
         call = json_loads(text, 0, NULL);
         const char *name = json_string_value(json_object_get(call, "name"));
         json_t *a = json_object_get(call, "arguments");

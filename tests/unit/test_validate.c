@@ -502,6 +502,8 @@ static void medley_extras_take_one_constraint(void **st) {
     expect_error(CHAT("{" M ",\"medley\":{\"guided_json\":{}}}"), "unsupported_parameter",
                  "body.medley");
     expect_error(CHAT("{" M ",\"medley\":[]}"), "invalid_type", "body.medley");
+    expect_error(CHAT("{" M ",\"stop\":\"}\",\"response_format\":{\"type\":\"json_object\"}}"),
+                 "unsupported_parameter", "body.stop");
 }
 
 #define TOOL(name, params)                                                                         \
