@@ -462,7 +462,8 @@ int gb_finish(gr_builder *b, int root, gr_grammar **out, md_err *e) {
             break;
         }
         int S = t.nstates;
-        qsort(t.e, (size_t)t.ne, sizeof *t.e, cmp_tedge_from);
+        if (t.ne)
+            qsort(t.e, (size_t)t.ne, sizeof *t.e, cmp_tedge_from);
         if (grow((void **)&eoff, &ceoff, S + 1, sizeof *eoff) ||
             grow((void **)&map, &cmap, S, sizeof *map) || grow((void **)&inclos, &cin, S, 1) ||
             grow((void **)&stk, &cstk, S, sizeof *stk)) {

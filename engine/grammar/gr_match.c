@@ -211,10 +211,23 @@ typedef struct {
     int nunc;
 } gr_nentry;
 
+/* The OR of several nodes' dense bitsets, for a state that stands on all of them (any JSON
+ * value may start: object, array, string, number and literal nodes at once). */
+typedef struct {
+    uint32_t hash;
+    int n;
+    int32_t *nodes; /* sorted */
+    uint32_t *bits;
+} gr_combo;
+
+#define COMBO_SLOTS 512
+
 struct gr_cache {
     uint64_t vocab_uid;
     int nwords;
-    _Atomic(gr_nentry *) *ent; /* [n_nodes] */
+    _Atomic(gr_nentry *) *ent;              /* [n_nodes] */
+    _Atomic(gr_combo *) combo[COMBO_SLOTS]; /* set once, never replaced */
+    int ncombo;                             /* under the grammar's lock */
     gr_cache *next;
 };
 
@@ -234,6 +247,14 @@ void gr_cache_free_all(gr_grammar *g) {
         gr_cache *nx = c->next;
         for (int i = 0; i < g->n_nodes; i++)
             nentry_free(atomic_load(&c->ent[i]));
+        for (int i = 0; i < COMBO_SLOTS; i++) {
+            gr_combo *x = atomic_load(&c->combo[i]);
+            if (x) {
+                free(x->nodes);
+                free(x->bits);
+                free(x);
+            }
+        }
         free(c->ent);
         free(c);
         c = nx;
@@ -985,6 +1006,73 @@ static gr_nentry *entry_of(gr_matcher *m, int n) {
     return ne;
 }
 
+/* Several dense nodes: copy their OR from the combo table, adding it there on first sight.
+ * Returns 1 when mask holds the OR. nlist[0..nn) is sorted here. */
+static int combo_fill(gr_matcher *m, int nn, uint32_t *mask, int words) {
+    isort(m->nlist, nn);
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < nn; i++)
+        h = (h ^ (uint32_t)m->nlist[i]) * 16777619u;
+    gr_cache *c = m->c;
+    for (int p = 0; p < 8; p++) {
+        gr_combo *x =
+            atomic_load_explicit(&c->combo[(h + (uint32_t)p) % COMBO_SLOTS], memory_order_acquire);
+        if (!x)
+            break;
+        if (x->hash == h && x->n == nn &&
+            !memcmp(x->nodes, m->nlist, sizeof(int32_t) * (size_t)nn)) {
+            memcpy(mask, x->bits, sizeof(uint32_t) * (size_t)words);
+            return 1;
+        }
+    }
+    /* Not there: the OR, then publish it (under the lock) if a probe slot is free. */
+    int first = 1;
+    for (int i = 0; i < nn; i++) {
+        const uint32_t *a = atomic_load_explicit(&c->ent[m->nlist[i]], memory_order_acquire)->acc;
+        if (!a)
+            continue;
+        if (first)
+            memcpy(mask, a, sizeof(uint32_t) * (size_t)words);
+        else
+            for (int w = 0; w < words; w++)
+                mask[w] |= a[w];
+        first = 0;
+    }
+    gr_grammar *g = (gr_grammar *)m->g;
+    pthread_mutex_lock(&g->lock);
+    for (int p = 0; p < 8 && c->ncombo < COMBO_SLOTS / 2; p++) {
+        int slot = (int)((h + (uint32_t)p) % COMBO_SLOTS);
+        gr_combo *x = atomic_load_explicit(&c->combo[slot], memory_order_acquire);
+        if (x && x->hash == h && x->n == nn &&
+            !memcmp(x->nodes, m->nlist, sizeof(int32_t) * (size_t)nn))
+            break; /* another thread added it */
+        if (x)
+            continue;
+        x = calloc(1, sizeof *x);
+        if (x) {
+            x->nodes = malloc(sizeof(int32_t) * (size_t)nn);
+            x->bits = malloc(sizeof(uint32_t) * (size_t)words);
+        }
+        if (!x || !x->nodes || !x->bits) {
+            if (x) {
+                free(x->nodes);
+                free(x->bits);
+            }
+            free(x);
+            break;
+        }
+        x->hash = h;
+        x->n = nn;
+        memcpy(x->nodes, m->nlist, sizeof(int32_t) * (size_t)nn);
+        memcpy(x->bits, mask, sizeof(uint32_t) * (size_t)words);
+        atomic_store_explicit(&c->combo[slot], x, memory_order_release);
+        c->ncombo++;
+        break;
+    }
+    pthread_mutex_unlock(&g->lock);
+    return 1;
+}
+
 /* The mask by walking the whole trie from the current state (no cache): the reference the
  * cached path is tested against. */
 void gr_matcher_fill_mask_slow(gr_matcher *m, uint32_t *mask) {
@@ -1023,7 +1111,7 @@ void gr_matcher_fill_mask(gr_matcher *m, uint32_t *mask) {
         m->nmark[n] = m->epoch;
         m->nlist[nn++] = n;
     }
-    int dense = 0;
+    int dense = 0, ndense = 0;
     for (int i = 0; i < nn; i++) {
         gr_nentry *ne = entry_of(m, m->nlist[i]);
         if (!ne) {
@@ -1031,7 +1119,13 @@ void gr_matcher_fill_mask(gr_matcher *m, uint32_t *mask) {
             gr_matcher_fill_mask_slow(m, mask);
             return;
         }
-        const uint32_t *a = ne->acc;
+        ndense += ne->acc != NULL;
+    }
+    if (ndense > 1 && combo_fill(m, nn, mask, words))
+        dense = 1;
+    for (int i = 0; i < nn && !dense; i++) {
+        const uint32_t *a =
+            atomic_load_explicit(&m->c->ent[m->nlist[i]], memory_order_acquire)->acc;
         if (!a)
             continue;
         if (!dense)

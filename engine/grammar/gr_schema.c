@@ -39,6 +39,8 @@ typedef struct {
     size_t relaxedsz, rlen;
     sc_refent *refs;
     int nrefs, crefs;
+    sc_refent *strs; /* string constraints (canonical JSON of their keywords) -> rule */
+    int nstr, cstr;
     int depth;
     int r_value, r_string, r_number; /* shared rules, -1 until first used */
 } sc;
@@ -723,7 +725,54 @@ static const struct {
     {NULL, NULL},
 };
 
+static int string_part_expr(sc *c, json_t *s, const char *ptr);
+
+/* Strings with the same length bounds, format and pattern share one rule: large schemas
+ * repeat them (maxLength 255 on every field), and a shared rule is one set of cache entries. */
 static int string_part(sc *c, json_t *s, const char *ptr) {
+    gr_builder *b = &c->b;
+    json_t *key = json_object();
+    const char *kws[] = {"minLength", "maxLength", "pattern", "format"};
+    for (int i = 0; i < 4; i++)
+        if (json_object_get(s, kws[i]))
+            json_object_set(key, kws[i], json_object_get(s, kws[i]));
+    if (!json_object_size(key)) {
+        json_decref(key);
+        return string_expr(c, 0, -1);
+    }
+    char *text = json_dumps(key, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(key);
+    if (!text)
+        return gb_fail(b, MD_ENOMEM, "out of memory compiling a schema");
+    for (int i = 0; i < c->nstr; i++)
+        if (!strcmp(c->strs[i].ptr, text)) {
+            free(text);
+            return gb_ref(b, c->strs[i].rule);
+        }
+    size_t rl = c->rlen;
+    int x = string_part_expr(c, s, ptr);
+    if (x < 0 || c->rlen != rl) { /* relaxed something here: keep it local (messages) */
+        free(text);
+        return x;
+    }
+    if (c->nstr == c->cstr) {
+        int nc = c->cstr ? c->cstr * 2 : 16;
+        sc_refent *q = realloc(c->strs, sizeof *q * (size_t)nc);
+        if (!q) {
+            free(text);
+            return gb_fail(b, MD_ENOMEM, "out of memory compiling a schema");
+        }
+        c->strs = q;
+        c->cstr = nc;
+    }
+    int r = gb_rule_new(b, "str");
+    gb_rule_set(b, r, x);
+    c->strs[c->nstr].ptr = text;
+    c->strs[c->nstr++].rule = r;
+    return gb_ref(b, r);
+}
+
+static int string_part_expr(sc *c, json_t *s, const char *ptr) {
     gr_builder *b = &c->b;
     int lo = 0, hi = -1;
     if (get_count(c, s, "minLength", ptr, &lo) < 0 || get_count(c, s, "maxLength", ptr, &hi) < 0)
@@ -1307,6 +1356,11 @@ static int array_part(sc *c, json_t *s, const char *ptr) {
     if (json_object_get(s, "contains") &&
         sc_unsupp(c, "contains", ptr, "'contains' is not supported"))
         return -1;
+    if (json_is_array(items) && !prefix) {
+        /* draft-07 tuples: items [...] with additionalItems for the rest */
+        prefix = items;
+        items = json_object_get(s, "additionalItems");
+    }
     if (prefix && !json_is_array(prefix))
         return sc_fail(c, MD_EINVAL, "prefixItems", ptr, "expected an array of schemas");
     int k = prefix ? (int)json_array_size(prefix) : 0;
@@ -1425,6 +1479,32 @@ static const char *const known_assertions[] = {"type",
                                                "multipleOf",
                                                NULL};
 
+static const char *const unsupported_kw[] = {"not",
+                                             "if",
+                                             "then",
+                                             "else",
+                                             "patternProperties",
+                                             "propertyNames",
+                                             "dependentRequired",
+                                             "dependentSchemas",
+                                             "dependencies",
+                                             "unevaluatedProperties",
+                                             "unevaluatedItems",
+                                             "minContains",
+                                             "maxContains",
+                                             "$dynamicRef",
+                                             "$recursiveRef",
+                                             "$dynamicAnchor",
+                                             "$recursiveAnchor",
+                                             NULL};
+
+static int is_unsupported(const char *k) {
+    for (int i = 0; unsupported_kw[i]; i++)
+        if (!strcmp(k, unsupported_kw[i]))
+            return 1;
+    return 0;
+}
+
 static int is_known(const char *k) {
     for (int i = 0; known_assertions[i]; i++)
         if (!strcmp(k, known_assertions[i]))
@@ -1474,9 +1554,11 @@ static int sc_schema(sc *c, json_t *s, const char *ptr) {
     int x = -1;
     const char *k;
     json_t *v;
-    /* Unknown keywords first: strict refuses, relaxed lists them. */
+    /* Assertion keywords medley does not enforce: strict refuses, relaxed lists them.
+     * Keywords outside JSON Schema's vocabularies (x-*, markdownDescription, example, ...)
+     * are annotations by the specification and ignored. */
     json_object_foreach(s, k, v) {
-        if (is_known(k) || is_annotation(k))
+        if (is_known(k) || is_annotation(k) || !is_unsupported(k))
             continue;
         char why[160];
         snprintf(why, sizeof why, "keyword '%.60s' is not supported", k);
@@ -1670,6 +1752,9 @@ static void sc_free(sc *c) {
     for (int i = 0; i < c->nrefs; i++)
         free(c->refs[i].ptr);
     free(c->refs);
+    for (int i = 0; i < c->nstr; i++)
+        free(c->strs[i].ptr);
+    free(c->strs);
     gb_free(&c->b);
 }
 

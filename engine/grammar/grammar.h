@@ -67,7 +67,8 @@ int gr_matcher_new(const gr_grammar *g, const gr_vocab *v, gr_matcher **out, md_
 void gr_matcher_free(gr_matcher *m);
 /* The tokens allowed next: bit t of mask[t / 32] (t % 32) set when token t keeps the output
  * inside the grammar (an end token where the grammar may end). mask holds (n_vocab + 31) / 32
- * words. Never allocates. */
+ * words. Allocates only to compute a cache entry the first time any matcher of (g, v) needs
+ * it (gr_prepare avoids that) or to grow scratch past its largest size so far. */
 void gr_matcher_fill_mask(gr_matcher *m, uint32_t *mask);
 /* Advance by one token: 0, or MD_EINVAL when the token is not allowed (the state is then
  * unchanged). An end token is accepted where the grammar may end. */

@@ -134,6 +134,10 @@ static void test_issue_hostile_schemas(void **st) {
         "{\"$ref\":\"https://example.org/schema.json\"}",
         "{\"$ref\":\"other.json#/a\"}",
         "{\"$ref\":\"#/nowhere/at/all\"}",
+        "false", /* rules without a single edge */
+        "{\"enum\":[]}",
+        "{\"type\":[]}",
+        "{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}",
     };
     for (size_t i = 0; i < sizeof cyc / sizeof cyc[0]; i++)
         assert_int_not_equal(exercise(c_schema_strict, cyc[i], strlen(cyc[i]), v, 5, 5), 0);
