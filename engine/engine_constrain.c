@@ -18,7 +18,9 @@ _Static_assert(sizeof(md_logit_bias) == sizeof(md_sample_bias) &&
 
 struct eng_con {
     gr_vocab *gv;
-    int words;      /* MD_MASK_WORDS(n_vocab) */
+    int words;      /* MD_MASK_WORDS(n_vocab): a mask row (the model's logits) */
+    int vwords;     /* MD_MASK_WORDS(the tokenizer's tokens), which may differ (padded heads) */
+    uint32_t *row;  /* [vwords] a matcher's mask before it is fitted to a row, when they do */
     uint32_t *mask; /* [max_seqs, words] this step's masks, by logit row */
     uint8_t *empty; /* [max_seqs] 1: the row's mask allows no token */
     /* the mask thread (devices only) */
@@ -26,9 +28,10 @@ struct eng_con {
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int job_ns; /* sequences laid out for the posted job */
-    int posted; /* a job waits or runs */
-    int quit;   /* close asks the thread to end */
+    int job_ns;  /* sequences laid out for the posted job */
+    int posted;  /* a job waits or runs */
+    int started; /* a job was posted this step (the main thread's own flag) */
+    int quit;    /* close asks the thread to end */
     md_engine *eng;
     long fills;  /* masks filled by the last job */
     uint64_t ns; /* their time */
@@ -48,7 +51,16 @@ static void fill_masks(md_engine *eng, struct eng_con *c, int ns) {
             continue;
         if (q->gm) {
             uint32_t *m = c->mask + (size_t)li * c->words, any = 0;
-            gr_matcher_fill_mask(q->gm, m);
+            if (c->vwords == c->words) {
+                gr_matcher_fill_mask(q->gm, m);
+            } else { /* tokens past the tokenizer's are never allowed, nor past the logits */
+                gr_matcher_fill_mask(q->gm, c->row);
+                int k = c->vwords < c->words ? c->vwords : c->words;
+                memcpy(m, c->row, (size_t)k * sizeof *m);
+                memset(m + k, 0, (size_t)(c->words - k) * sizeof *m);
+                if (eng->n_vocab % 32 && k == c->words)
+                    m[k - 1] &= (1u << (eng->n_vocab % 32)) - 1;
+            }
             for (int w = 0; w < c->words; w++)
                 any |= m[w];
             c->empty[li] = any == 0;
@@ -139,8 +151,16 @@ int eng_con_seq_init(md_engine *eng, seq *q, const md_sampling *s, md_err *e) {
     }
     if (s->grammar) {
         struct eng_con *c = eng->con;
-        if (!c->gv && (rc = md_grammar_vocab_new(eng->tok, &c->gv, e)))
-            return rc;
+        if (!c->gv) {
+            if ((rc = md_grammar_vocab_new(eng->tok, &c->gv, e)))
+                return rc;
+            c->vwords = MD_MASK_WORDS(gr_vocab_size(c->gv));
+            if (c->vwords != c->words && !(c->row = malloc((size_t)c->vwords * sizeof *c->row))) {
+                gr_vocab_free(c->gv);
+                c->gv = NULL;
+                return md_errf(e, MD_ENOMEM, "engine: out of memory for a token mask");
+            }
+        }
         if ((rc = gr_matcher_new(s->grammar, c->gv, &q->gm, e)))
             return rc;
     }
@@ -169,6 +189,7 @@ void eng_con_masks_begin(md_engine *eng, int ns) {
         eng->st.mask_ns += (long)c->ns;
         return;
     }
+    c->started = 1;
     pthread_mutex_lock(&c->mu);
     c->job_ns = ns;
     c->posted = 1;
@@ -178,20 +199,17 @@ void eng_con_masks_begin(md_engine *eng, int ns) {
 
 void eng_con_masks_end(md_engine *eng) {
     struct eng_con *c = eng->con;
-    if (!c || !c->async)
+    if (!c || !c->async || !c->started)
         return;
     uint64_t t0 = md_mono_ns();
     pthread_mutex_lock(&c->mu);
-    int waited = c->posted;
     while (c->posted)
         pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
-    if (waited) {
-        eng->st.mask_wait_ns += (long)(md_mono_ns() - t0);
-        eng->st.masks += c->fills;
-        eng->st.mask_ns += (long)c->ns;
-        c->fills = 0;
-    }
+    c->started = 0;
+    eng->st.mask_wait_ns += (long)(md_mono_ns() - t0);
+    eng->st.masks += c->fills;
+    eng->st.mask_ns += (long)c->ns;
 }
 
 int eng_con_params(md_engine *eng, const seq *q, int li, md_sample_params *p) {
@@ -236,6 +254,7 @@ void eng_con_close(md_engine *eng) {
         pthread_cond_destroy(&c->cv);
     }
     gr_vocab_free(c->gv);
+    free(c->row);
     free(c->mask);
     free(c->empty);
     free(c);

@@ -1,6 +1,7 @@
-/* engine_int.h — the engine's state, shared by its two files and nothing else: engine_open.c
- * (configuration, backend, model and tokenizer, the fit check, the sharded head, close) and
- * engine.c (submit, the step loop, results). Not installed; callers use engine/engine.h.
+/* engine_int.h — the engine's state, shared by its files and nothing else: engine_open.c
+ * (configuration, backend, model and tokenizer, the fit check, the sharded head, close),
+ * engine.c (submit, the step loop, results) and engine_constrain.c (structured outputs: masks
+ * and logit_bias). Not installed; callers use engine/engine.h.
  *
  * Ownership: md_engine_open allocates everything below, md_engine_close frees it; a seq
  * belongs to eng->all from submit until md_engine_release frees it (eng_seq_free). */

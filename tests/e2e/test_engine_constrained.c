@@ -3,7 +3,8 @@
  * constrained answers (a choice, a JSON schema) that the grammar accepts and that parse,
  * under every sampler setting, alongside unconstrained sequences in one batch; the same
  * answers with a KV budget small enough to preempt (the matcher keeps its state, recomputed
- * prefill accepts nothing); top logprobs that list allowed tokens only. */
+ * prefill accepts nothing) and through two pipeline stages (the head applies the mask); top
+ * logprobs that list allowed tokens only. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,7 +28,7 @@ static const char SCHEMA[] =
     "\"pet\": {\"enum\": [\"cat\", \"dog\", \"none\"]}}, "
     "\"required\": [\"name\", \"age\", \"pet\"], \"additionalProperties\": false}";
 
-static md_engine *open_engine(size_t kv_bytes, int max_seqs) {
+static md_engine *open_engine(size_t kv_bytes, int max_seqs, const char *stages) {
     const char *path = test_model_path();
     if (!path)
         return NULL;
@@ -36,7 +37,8 @@ static md_engine *open_engine(size_t kv_bytes, int max_seqs) {
                             .max_seqs = max_seqs,
                             .max_batch_tokens = 256,
                             .kv_budget_bytes = kv_bytes,
-                            .n_ctx = 512};
+                            .n_ctx = 512,
+                            .stages = stages};
     md_engine *eng;
     md_err e = {0};
     if (md_engine_open(&cfg, &eng, &e))
@@ -112,7 +114,7 @@ static gr_vocab *vocab_of(md_engine *eng) {
 }
 
 static void test_logit_bias_steers_greedy_and_its_logprobs(void **state) {
-    md_engine *eng = open_engine(0, 4);
+    md_engine *eng = open_engine(0, 4, NULL);
     if (!eng)
         skip();
     int np;
@@ -262,7 +264,7 @@ static void run_mix(md_engine *eng, const gr_grammar *choice, const gr_grammar *
 }
 
 static void test_constrained_answers_follow_the_grammar_even_when_preempted(void **state) {
-    md_engine *big = open_engine(0, 16);
+    md_engine *big = open_engine(0, 16, NULL);
     if (!big)
         skip();
     md_err e = {0};
@@ -279,7 +281,7 @@ static void test_constrained_answers_follow_the_grammar_even_when_preempted(void
     md_engine_close(big);
     /* 12 blocks of 16 tokens: a few of the ~50..130-token sequences at once */
     size_t per_token = 30 * 2 * 192 * sizeof(uint16_t); /* the CPU backend's F16 cache */
-    md_engine *small = open_engine(12 * 16 * per_token, 16);
+    md_engine *small = open_engine(12 * 16 * per_token, 16, NULL);
     run_mix(small, choice, schema, v, got, fg);
     md_engine_stats st;
     md_engine_get_stats(small, &st);
@@ -290,10 +292,19 @@ static void test_constrained_answers_follow_the_grammar_even_when_preempted(void
     for (int i = 0; i < 12; i++) {
         assert_string_equal(want[i], got[i]); /* same seeds, same answers, preempted or not */
         assert_int_equal(fw[i], fg[i]);
-        free(want[i]);
         free(got[i]);
     }
     md_engine_close(small);
+    /* two pipeline stages: the head samples under the constraint, as one device does */
+    md_engine *piped = open_engine(0, 16, "cpu:0-14,cpu:15-29");
+    run_mix(piped, choice, schema, v, got, fg);
+    for (int i = 0; i < 12; i++) {
+        assert_string_equal(want[i], got[i]);
+        assert_int_equal(fw[i], fg[i]);
+        free(want[i]);
+        free(got[i]);
+    }
+    md_engine_close(piped);
     gr_vocab_free(v);
     gr_free(choice);
     gr_free(schema);

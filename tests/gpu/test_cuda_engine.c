@@ -6,8 +6,9 @@
  * head_dim 64) opens and generates greedily, twice the same, and runs as a pipeline of a
  * CUDA stage and a CPU stage within the CPU-vs-CUDA tolerance. On the emulator, a device fault
  * injected mid-generation fails every sequence in flight with CUDA's sentence, and later work
- * too, without a hang (test_cuda_engine_fault_emu). Runs on a GPU (label gpu, skips without
- * one) and on the CPU emulator as test_cuda_engine_emu. MEDLEY_TEST_FILTER picks cases. */
+ * too, without a hang (test_cuda_engine_fault_emu). Structured outputs (a choice grammar,
+ * logit_bias) sampled on the device stay inside their constraint. Runs on a GPU (label gpu, skips
+ * without one) and on the CPU emulator as test_cuda_engine_emu. MEDLEY_TEST_FILTER picks cases. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,11 +19,12 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/grammar/grammar.h"
 #include "gpu/gpu_test_util.h"
 
 static void test_unsupported_head_dim_refused_at_open(void **state) {
-    md_engine_config cfg = {.model_path = "synthetic:tiny:f16", .device = "cuda:0",
-                            .max_seqs = 2, .n_ctx = 64};
+    md_engine_config cfg = {
+        .model_path = "synthetic:tiny:f16", .device = "cuda:0", .max_seqs = 2, .n_ctx = 64};
     md_engine *eng = NULL;
     md_err e = {0};
     assert_int_equal(md_engine_open(&cfg, &eng, &e), MD_EUNSUPP);
@@ -41,8 +43,8 @@ static void test_unsupported_head_dim_refused_at_open(void **state) {
 #define GEN 6
 
 static void generate(int32_t out[NP][GEN]) {
-    md_engine_config cfg = {.model_path = "synthetic:tiny-hd64:q4_0", .device = "cuda:0",
-                            .max_seqs = NP, .n_ctx = 64};
+    md_engine_config cfg = {
+        .model_path = "synthetic:tiny-hd64:q4_0", .device = "cuda:0", .max_seqs = NP, .n_ctx = 64};
     md_engine *eng;
     md_err e = {0};
     if (md_engine_open(&cfg, &eng, &e))
@@ -95,8 +97,11 @@ static void test_supported_head_dim_runs(void **state) {
 /* The first token's top-5 logprobs of NP prompts on `device`, or as `stages` (sharded). */
 static void first_logprobs(const char *device, const char *stages, float lp[NP][5],
                            int32_t top[NP][5]) {
-    md_engine_config cfg = {.model_path = "synthetic:tiny-hd64:q4_0", .device = device,
-                            .max_seqs = NP, .n_ctx = 64, .stages = stages};
+    md_engine_config cfg = {.model_path = "synthetic:tiny-hd64:q4_0",
+                            .device = device,
+                            .max_seqs = NP,
+                            .n_ctx = 64,
+                            .stages = stages};
     md_engine *eng;
     md_err e = {0};
     if (md_engine_open(&cfg, &eng, &e))
@@ -159,8 +164,8 @@ static void test_cuda_and_cpu_stages(void **state) {
     first_logprobs("cpu", "cpu:0-0,cuda:0:1-1", ba, tba);
     double dev = lp_diff(cpu, tc, cuda, tg);
     double d1 = lp_diff(cpu, tc, ab, tab), d2 = lp_diff(cpu, tc, ba, tba);
-    printf("cuda vs cpu %.3g; cuda:0 + cpu stages vs cpu %.3g; cpu + cuda:0 vs cpu %.3g\n", dev,
-           d1, d2);
+    printf("cuda vs cpu %.3g; cuda:0 + cpu stages vs cpu %.3g; cpu + cuda:0 vs cpu %.3g\n", dev, d1,
+           d2);
     assert_true(d1 <= dev * 2 + 5e-3);
     assert_true(d2 <= dev * 2 + 5e-3);
     assert_true(dev < 0.1);
@@ -219,6 +224,78 @@ static void test_device_fault_fails_every_sequence_in_flight(void **state) {
     md_engine_close(eng);
 }
 
+/* Structured outputs on the device: a choice grammar ("yes" / "no") and logit_bias on
+ * sequences sampled, greedy and with logprobs, through the engine's packed masks, the sample
+ * op's upload and k_constrain. Every constrained answer is one of the choices and stops;
+ * the banned token never comes; the mask thread fills the masks (md_engine_stats). */
+static void test_constrained_sampling_on_the_device(void **state) {
+    md_engine_config cfg = {
+        .model_path = "synthetic:tiny-hd64:q4_0", .device = "cuda:0", .max_seqs = 4, .n_ctx = 64};
+    md_engine *eng;
+    md_err e = {0};
+    if (md_engine_open(&cfg, &eng, &e))
+        fail_msg("engine open: %s", e.msg);
+    gr_grammar *g;
+    const char *ch[2] = {"yes", "no"};
+    size_t cl[2] = {3, 2};
+    assert_int_equal(gr_from_choice(ch, cl, 2, &g, &e), 0);
+    int vocab = md_engine_n_vocab(eng);
+    md_logit_bias ban = {gpu_test_token(0, 12, vocab), -100.0f};
+    uint64_t ids[4];
+    for (int i = 0; i < 4; i++) {
+        int32_t p[12];
+        for (int k = 0; k < 12; k++)
+            p[k] = gpu_test_token(i, k, vocab);
+        md_sampling s;
+        md_sampling_default(&s);
+        s.max_tokens = 8;
+        s.temperature = i % 2 ? 0.9f : 0.0f;
+        s.seed = 5 + (uint64_t)i;
+        s.logprobs = i == 2;
+        s.top_logprobs = i == 2 ? 3 : 0;
+        if (i < 3)
+            s.grammar = g;
+        else {
+            s.ignore_eos = 1;
+            s.logit_bias = &ban;
+            s.n_logit_bias = 1;
+        }
+        if (md_engine_submit(eng, p, 12, &s, &ids[i], &e))
+            fail_msg("submit: %s", e.msg);
+    }
+    for (int guard = 0;; guard++) {
+        assert_true(guard < 100);
+        md_step_result r;
+        if (md_engine_step(eng, &r, &e))
+            fail_msg("step: %s", e.msg);
+        if (r.n_live == 0)
+            break;
+    }
+    for (int i = 0; i < 4; i++) {
+        const char *t = md_seq_text(eng, ids[i]);
+        printf("constrained %d: '%s' (%s)\n", i, t,
+               md_seq_finish(eng, ids[i]) == MD_FINISH_STOP ? "stop" : "not stop");
+        if (i < 3) {
+            assert_int_equal(md_seq_finish(eng, ids[i]), MD_FINISH_STOP);
+            assert_true(!strcmp(t, "yes") || !strcmp(t, "no"));
+        } else {
+            const int32_t *tk;
+            int n;
+            assert_int_equal(md_seq_tokens(eng, ids[i], &tk, &n), 0);
+            assert_int_equal(n, 8);
+            for (int k = 0; k < n; k++)
+                assert_int_not_equal(tk[k], ban.token);
+        }
+    }
+    md_engine_stats st;
+    md_engine_get_stats(eng, &st);
+    printf("%ld masks in %.3f ms, %.3f ms waited for after the forward passes\n", st.masks,
+           st.mask_ns / 1e6, st.mask_wait_ns / 1e6);
+    assert_true(st.masks > 0);
+    md_engine_close(eng);
+    gr_free(g);
+}
+
 int main(void) {
     int skip = gpu_test_skip_without_device();
     if (skip)
@@ -227,6 +304,7 @@ int main(void) {
         cmocka_unit_test(test_unsupported_head_dim_refused_at_open),
         cmocka_unit_test(test_supported_head_dim_runs),
         cmocka_unit_test(test_cuda_and_cpu_stages),
+        cmocka_unit_test(test_constrained_sampling_on_the_device),
         cmocka_unit_test(test_device_fault_fails_every_sequence_in_flight),
     };
     gpu_test_filter_from_env();
