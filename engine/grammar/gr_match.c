@@ -307,8 +307,9 @@ struct gr_matcher {
     int32_t *doff, *dlen;
     uint8_t *dflag; /* DF_END, DF_ESC, DF_ALIVE */
     uint32_t *dhash;
-    gr_cls *dposs; /* bytes some stack of the state can take */
-    int ddead;     /* the empty state */
+    gr_cls *dposs;  /* bytes some stack of the state can take */
+    int32_t *dslot; /* the state's slot in dtab (clearing dtab costs states, not capacity) */
+    int ddead;      /* the empty state */
     int nds, cds;
     int32_t *dtab; /* open addressing: hash -> state */
     int dtcap;
@@ -623,6 +624,7 @@ static int dfa_rehash(gr_matcher *m, int ncap) {
         while (t[j] >= 0)
             j = (j + 1) & (ncap - 1);
         t[j] = s;
+        m->dslot[s] = j;
     }
     free(m->dtab);
     m->dtab = t;
@@ -671,6 +673,9 @@ static int dfa_state(gr_matcher *m, int off, int len, uint8_t end, uint8_t esc) 
     cds = m->cds;
     if (mgrow(m, (void **)&m->dposs, &cds, s + 1, sizeof *m->dposs))
         return -1;
+    cds = m->cds;
+    if (mgrow(m, (void **)&m->dslot, &cds, s + 1, sizeof *m->dslot))
+        return -1;
     m->cds = cds;
     gr_cls poss = {{0}};
     const gr_grammar *g = m->g;
@@ -695,6 +700,7 @@ static int dfa_state(gr_matcher *m, int off, int len, uint8_t end, uint8_t esc) 
     m->dhash[s] = h;
     m->ndpool += len;
     m->dtab[j] = s;
+    m->dslot[s] = j;
     m->nds++;
     return s;
 }
@@ -740,6 +746,29 @@ static int add_unc(gr_matcher *m, const gr_vocab *v, int k, int32_t **unc, int *
     for (int i = lo; i < hi; i++)
         (*unc)[(*nunc)++] = v->toks[i];
     return 0;
+}
+
+/* Start a DFA over stack sets from depth 0 (walk_init): dst[0] is its first state.
+ * 0, or -1 on OOM. */
+static int dfa_begin(gr_matcher *m) {
+    for (int s = 0; s < m->nds; s++)
+        m->dtab[m->dslot[s]] = -1;
+    m->nds = 0;
+    m->ndpool = 0;
+    h_clear(&m->hc);
+    m->hc_on = 1;
+    int s0 = dfa_state(m, 0, m->d_len[0], m->d_end[0], m->d_esc[0]);
+    m->nsets = m->d_len[0];
+    m->ddead = dfa_state(m, m->nsets, 0, 0, 0);
+    if (s0 < 0 || m->ddead < 0)
+        return -1;
+    m->dst[0] = s0;
+    return 0;
+}
+
+static void dfa_end(gr_matcher *m) {
+    m->hc_on = 0;
+    h_clear(&m->hc);
 }
 
 /* Where a walk puts the tokens it accepts: a list while short, then a bitset. */
@@ -791,18 +820,8 @@ static void sink_add(gr_sink *k, int32_t t) {
 static void walk_trie(gr_matcher *m, const gr_cls *follow, gr_sink *acc, int32_t **unc, int *nunc,
                       int *cunc) {
     const gr_vocab *v = m->v;
-    m->nds = 0;
-    m->ndpool = 0;
-    if (m->dtcap)
-        memset(m->dtab, 0xff, sizeof(int32_t) * (size_t)m->dtcap);
-    h_clear(&m->hc);
-    m->hc_on = 1;
-    int s0 = dfa_state(m, 0, m->d_len[0], m->d_end[0], m->d_esc[0]);
-    m->nsets = m->d_len[0];
-    m->ddead = dfa_state(m, m->nsets, 0, 0, 0);
-    if (s0 < 0 || m->ddead < 0)
+    if (dfa_begin(m))
         goto out;
-    m->dst[0] = s0;
     m->d_escany[0] = 0;
     int k = 0;
     while (k < v->ntn && !m->oom) {
@@ -831,8 +850,7 @@ static void walk_trie(gr_matcher *m, const gr_cls *follow, gr_sink *acc, int32_t
         k++;
     }
 out:
-    m->hc_on = 0;
-    h_clear(&m->hc);
+    dfa_end(m);
 }
 
 /* Run token bytes s[0..l) from depth 0 starting at depth `from` (states up to from are
@@ -937,6 +955,7 @@ void gr_matcher_free(gr_matcher *m) {
     free(m->dflag);
     free(m->dhash);
     free(m->dposs);
+    free(m->dslot);
     free(m->dtab);
     free(m->dtrans);
     free(m->dst);
@@ -1142,10 +1161,13 @@ void gr_matcher_fill_mask(gr_matcher *m, uint32_t *mask) {
         for (int j = 0; j < ne->naccl; j++)
             set_bit(mask, ne->accl[j]);
     }
-    /* Uncertain tokens: run each from the real stacks, sharing prefixes in trie order. */
+    /* Uncertain tokens: run each from the real stacks, sharing prefixes in trie order, through
+     * a DFA over stack sets started on the first one (tokens like `":"`, `":{"`, `":["`
+     * then share their transitions). */
     m->oom = 0;
     walk_init(m, -1);
-    for (int i = 0; i < nn; i++) {
+    int started = 0;
+    for (int i = 0; i < nn && !m->oom; i++) {
         gr_nentry *ne = atomic_load_explicit(&m->c->ent[m->nlist[i]], memory_order_acquire);
         int valid = 0; /* depths 0..valid hold the prefix of the previous token */
         int dead = -1; /* the previous token died at this depth */
@@ -1162,21 +1184,34 @@ void gr_matcher_fill_mask(gr_matcher *m, uint32_t *mask) {
                 continue;
             }
             const uint8_t *s = (const uint8_t *)v->bytes + v->off[t];
+            if (!started) {
+                if (dfa_begin(m))
+                    break;
+                started = 1;
+            }
             int ok = 1;
             for (int d = valid + 1; d <= l; d++) {
-                if (!run_bytes(m, s, d, d - 1)) {
+                int st = dfa_next(m, m->dst[d - 1], s[d - 1]);
+                if (st < 0 || !(m->dflag[st] & DF_ALIVE)) {
                     ok = 0;
                     dead = d;
                     valid = d - 1;
                     break;
                 }
+                m->dst[d] = st;
                 valid = d;
             }
             if (ok)
                 set_bit(mask, t);
         }
     }
+    if (started)
+        dfa_end(m);
     m->nar = keep;
+    if (m->oom) { /* a scratch buffer could not grow: the exact walk instead */
+        gr_matcher_fill_mask_slow(m, mask);
+        return;
+    }
     if (m->end)
         for (int i = 0; i < v->neos; i++)
             set_bit(mask, v->eos[i]);

@@ -127,8 +127,8 @@ static void test_issue_hostile_schemas(void **st) {
     /* $ref cycles without a base case, direct and through properties */
     const char *cyc[] = {
         "{\"$ref\":\"#\"}",
-        "{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},"
-        "\"$ref\":\"#/$defs/a\"}",
+        ("{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},"
+         "\"$ref\":\"#/$defs/a\"}"),
         "{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#\"}},\"required\":[\"x\"]}",
         "{\"type\":\"array\",\"items\":{\"$ref\":\"#\"},\"minItems\":1}",
         "{\"$ref\":\"https://example.org/schema.json\"}",
