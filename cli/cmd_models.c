@@ -18,6 +18,8 @@
 #include "common/dtype.h"
 #include "common/util.h"
 #include "engine/model/model.h"
+#include "engine/model_check.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "engine/weights/gguf.h"
 #include "engine/weights/hf_model.h"
 #include "engine/weights/registry.h"
@@ -429,6 +431,20 @@ static int models_inspect(const char *what, int json) {
     gguf_get_str(f, "tokenizer.ggml.model", &tok, &tok_len, NULL);
     gguf_get_str(f, "tokenizer.ggml.pre", &pre, &pre_len, NULL);
     int has_template = gguf_find_key(f, "tokenizer.chat_template") >= 0;
+    tok_tokenizer *hft = NULL; /* an HF directory's is tokenizer.json: what it loads as */
+    md_err te = {0};
+    if (hf_dir_of(f, NULL)) {
+        if (md_model_tokenizer(f, &hft, &te) == 0) {
+            tok = tok_model_name(hft);
+            pre = tok_pre_name(hft);
+            tok_len = strlen(tok);
+            pre_len = strlen(pre);
+            has_template = tok_chat_template_text(hft, NULL) != NULL;
+        } else {
+            tok = "(not loadable)";
+            tok_len = strlen(tok);
+        }
+    }
 
     if (json) {
         json_t *types = json_object();
@@ -454,11 +470,16 @@ static int models_inspect(const char *what, int json) {
             (json_int_t)(total_bytes + kv_total));
         if (o) {
             json_object_set_new(o, "format", json_string(hf_dir_of(f, NULL) ? "hf" : "gguf"));
+            json_object_set_new(o, "tokenizer", tok ? json_stringn(tok, tok_len) : json_null());
+            if (hft || te.msg[0])
+                json_object_set_new(o, "tokenizer_error",
+                                    te.msg[0] ? json_string(te.msg) : json_null());
             char *str = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
             puts(str);
             free(str);
             json_decref(o);
         }
+        tok_free(hft);
         gguf_close(f);
         return o ? 0 : 1;
     }
@@ -487,6 +508,9 @@ static int models_inspect(const char *what, int json) {
         printf("%-16s?\n", "rope theta");
     printf("%-16s%.*s%s%.*s, chat template: %s\n", "tokenizer", (int)tok_len, tok ? tok : "?",
            pre ? " / pre " : "", (int)pre_len, pre ? pre : "", has_template ? "yes" : "no");
+    if (te.msg[0])
+        printf("%-16s%s\n", "", te.msg);
+    tok_free(hft);
     printf("\n%-10s %8s %14s %14s %7s\n", "type", "tensors", "elements", "bytes", "share");
     for (int t = 0; t < 64; t++)
         if (per[t].count)
@@ -515,14 +539,9 @@ static int models_inspect(const char *what, int json) {
 }
 
 /* What the engine would refuse at load: hyper-parameters it cannot read. */
-static int model_loadable(const gguf_file *gf, md_err *e) {
-    md_hparams hp;
-    return md_hparams_read(gf, &hp, e);
-}
-
 static int models_add(const char *name, const char *path) {
     md_err e = {0};
-    if (md_model_add(name, path, model_loadable, &e)) {
+    if (md_model_add(name, path, md_model_loadable, &e)) {
         fprintf(stderr, "medley models add: %s\n", e.msg);
         return 1;
     }

@@ -146,7 +146,8 @@ static void usage(FILE *f) {
             "\n"
             "  -o, --output FILE    output lines (OpenAI Batch output format)\n"
             "  --errors FILE        failed requests go here instead of into --output\n"
-            "  --model M            model (default: the first line's body.model)\n"
+            "  -m, --model M        model: a registered or added name, or the path of a GGUF\n"
+            "                       file or HF directory (default: the first line's body.model)\n"
             "  --redis URL          use this Redis instead of a private one\n"
             "  --prefix P           key prefix (default medley:)\n"
             "  --max-seqs N         concurrent requests (echo 256, engine 64 on cpu, 256 on cuda)\n"
@@ -400,6 +401,7 @@ int cmd_run(int argc, char **argv) {
         return 1;
     }
     wt.cfg.runner.device = device;
+    wt.cfg.runner.allow_path = 1; /* this worker is private to the run: -m may be a path */
     /* Open the outputs first: a bad path should fail before any work, not after. */
     FILE *fo = strcmp(o.out, "-") ? fopen(o.out, "w") : stdout;
     FILE *fe = o.errp ? fopen(o.errp, "w") : NULL;

@@ -234,6 +234,19 @@ int md_json_check_keys(json_t *obj, const char *const *known, const char *where,
     return 0;
 }
 
+const char *md_json_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
 long long md_parse_size(const char *s) {
     if (!s || !*s)
         return -1;

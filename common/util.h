@@ -46,6 +46,8 @@ int md_json_get_bool(json_t *obj, const char *key, int required, int *out, const
  * NULL-terminated list, as the document's schema lists them: the schemas forbid unknown
  * keys, so a misspelled one is an error, not a silent default). 0 for a non-object. */
 int md_json_check_keys(json_t *obj, const char *const *known, const char *where, md_err *e);
+/* A JSON value's type for messages, with its article: "an object", "a string", "null". */
+const char *md_json_type_name(const json_t *v);
 
 /* "123", "64k", "512M", "2G" (powers of 1024) into bytes; -1 for anything else. */
 long long md_parse_size(const char *s);

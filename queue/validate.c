@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util.h"
+
 void q_limits_default(q_limits *l) {
     l->max_line_bytes = 1u << 20;
     l->max_tokens_default = 256;
@@ -94,19 +96,6 @@ const char *q_scan_custom_id(const char *line, size_t len, char buf[Q_CUSTOM_ID_
     return NULL;
 }
 
-static const char *type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 /* Content of a message: a string, or an array of {"type":"text","text":...} parts joined
  * into req->text at *used. */
 static int message_content(q_request *req, json_t *content, int idx, size_t *used, size_t cap,
@@ -121,7 +110,7 @@ static int message_content(q_request *req, json_t *content, int idx, size_t *use
         return fail(ve, "invalid_type", param,
                     "%s must be a string or an array of text parts, "
                     "not %s",
-                    param, type_name(content));
+                    param, md_json_type_name(content));
     char *dst = req->text + *used;
     size_t n = 0;
     size_t i;
@@ -158,7 +147,8 @@ static int get_number(json_t *body, const char *key, double lo, double hi, int l
     char param[64];
     snprintf(param, sizeof param, "body.%s", key);
     if (!json_is_number(v))
-        return fail(ve, "invalid_type", param, "%s must be a number, not %s", param, type_name(v));
+        return fail(ve, "invalid_type", param, "%s must be a number, not %s", param,
+                    md_json_type_name(v));
     double x = json_number_value(v);
     if (!isfinite(x) || x < lo || x > hi || (lo_open && x <= lo))
         return fail(ve, "invalid_value", param, "%s is %g; expected a number in %s%g, %g]", param,
@@ -178,7 +168,7 @@ static int get_int(json_t *body, const char *key, long long lo, long long hi, co
     snprintf(param, sizeof param, "body.%s", key);
     if (!json_is_integer(v))
         return fail(ve, "invalid_type", param, "%s must be %s, not %s", param, expect,
-                    type_name(v));
+                    md_json_type_name(v));
     long long x = (long long)json_integer_value(v);
     if (x < lo || x > hi)
         return fail(ve, "invalid_value", param, "%s is %lld; expected %s", param, x, expect);
@@ -204,7 +194,7 @@ static int get_logprobs(json_t *body, q_request *req, q_verr *ve) {
         if (!json_is_boolean(lp))
             return fail(ve, "invalid_type", "body.logprobs",
                         "body.logprobs must be a boolean for a chat completion, not %s",
-                        type_name(lp));
+                        md_json_type_name(lp));
         req->logprobs = json_is_true(lp);
     }
     long long top = 0;
@@ -232,7 +222,7 @@ static int check_envelope(json_t *root, q_request *req, json_t **body, q_verr *v
     if (!req->custom_id)
         return fail(ve, "invalid_value", "custom_id",
                     "custom_id must be a non-empty string of at most %d bytes without NUL, not %s",
-                    Q_CUSTOM_ID_MAX - 1, type_name(cid));
+                    Q_CUSTOM_ID_MAX - 1, md_json_type_name(cid));
 
     json_t *method = json_object_get(root, "method");
     if (!method)
@@ -256,7 +246,8 @@ static int check_envelope(json_t *root, q_request *req, json_t **body, q_verr *v
     if (!*body)
         return fail(ve, "missing_required_parameter", "body", "the line has no body");
     if (!json_is_object(*body))
-        return fail(ve, "invalid_type", "body", "body must be an object, not %s", type_name(*body));
+        return fail(ve, "invalid_type", "body", "body must be an object, not %s",
+                    md_json_type_name(*body));
     return 0;
 }
 
@@ -370,7 +361,7 @@ static int get_messages(json_t *body, size_t len, q_request *req, q_verr *ve) {
         snprintf(param, sizeof param, "body.messages[%zu]", i);
         if (!json_is_object(m))
             return fail(ve, "invalid_type", param, "%s must be an object, not %s", param,
-                        type_name(m));
+                        md_json_type_name(m));
         const char *role = json_string_value(json_object_get(m, "role"));
         if (!role)
             return fail(ve, "missing_required_parameter", param,
@@ -415,7 +406,7 @@ static int get_prompt(json_t *body, q_request *req, q_verr *ve) {
     if (!json_is_string(prompt))
         return fail(ve, "invalid_type", "body.prompt",
                     "body.prompt must be a string (or an array of one string), not %s",
-                    type_name(prompt));
+                    md_json_type_name(prompt));
     req->prompt = json_string_value(prompt);
     return 0;
 }
@@ -432,7 +423,7 @@ static int get_max_tokens(json_t *body, const q_limits *lim, q_request *req, q_v
     if (mt && !json_is_null(mt)) {
         if (!json_is_integer(mt))
             return fail(ve, "invalid_type", mtname, "%s must be an integer, not %s", mtname,
-                        type_name(mt));
+                        md_json_type_name(mt));
         json_int_t v = json_integer_value(mt);
         if (v < 1 || v > lim->max_tokens_limit)
             return fail(ve, "invalid_value", mtname, "%s is %lld; expected 1..%d", mtname,
@@ -459,13 +450,13 @@ static int get_stop(json_t *body, q_request *req, q_verr *ve) {
             json_array_foreach(stop, i, s) {
                 if (!json_is_string(s))
                     return fail(ve, "invalid_type", "body.stop",
-                                "body.stop[%zu] must be a string, not %s", i, type_name(s));
+                                "body.stop[%zu] must be a string, not %s", i, md_json_type_name(s));
                 req->stop[req->n_stop++] = json_string_value(s);
             }
         } else {
             return fail(ve, "invalid_type", "body.stop",
                         "body.stop must be a string or an array of strings, not %s",
-                        type_name(stop));
+                        md_json_type_name(stop));
         }
         for (int i = 0; i < req->n_stop; i++)
             if (!req->stop[i][0])
@@ -1053,7 +1044,7 @@ int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req
     json_t *root = req->root;
     if (!json_is_object(root))
         return fail(ve, "invalid_type", NULL, "the input line must be a JSON object, not %s",
-                    type_name(root));
+                    md_json_type_name(root));
     json_t *body = NULL;
     if (check_envelope(root, req, &body, ve))
         return -1;
@@ -1063,7 +1054,7 @@ int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req
     json_t *model = json_object_get(body, "model");
     if (model && !json_is_string(model))
         return fail(ve, "invalid_type", "body.model", "body.model must be a string, not %s",
-                    type_name(model));
+                    md_json_type_name(model));
     req->model = json_string_value(model);
 
     if (req->chat ? get_messages(body, len, req, ve) : get_prompt(body, req, ve))
@@ -1092,7 +1083,7 @@ int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req
     if (seed && !json_is_null(seed)) {
         if (!json_is_integer(seed))
             return fail(ve, "invalid_type", "body.seed", "body.seed must be an integer, not %s",
-                        type_name(seed));
+                        md_json_type_name(seed));
         req->seed = json_integer_value(seed);
         req->has_seed = 1;
     }

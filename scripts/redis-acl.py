@@ -35,7 +35,7 @@ ARGV_CALLS = {"md_redis_cmd_argv": 2, "redisCommandArgv": 2, "redisAppendCommand
 WRAPPERS = {("common/redis.c", "md_redis_cmd"), ("common/redis.c", "md_redis_cmd_argv")}
 # Functions whose commands go to a Sentinel (sentinel:// URLs), not to the data Redis: the
 # Sentinel's own ACL covers them (docs/operations.md), the medley user's does not.
-TO_SENTINEL = {("common/redis_sentinel.c", "ask")}
+TO_SENTINEL = {("common/redis_dial.c", "ask")}
 LUA_CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
 STRING = r'"(?:[^"\\\n]|\\.)*"'
 

@@ -27,3 +27,8 @@ set_tests_properties(hf_run_smollm2 PROPERTIES LABELS e2e TIMEOUT 600 SKIP_RETUR
                      ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>;MEDLEY_HF_DIR=${MEDLEY_HF_DIR}")
 # its logits come from the CPU kernels: rerun at every SIMD level (tests/CMakeLists.txt, simd)
 set_property(TEST test_hf_model APPEND PROPERTY LABELS simd)
+# `medley models add` refuses what generate refuses, inspect / unknown-model / run -m on the
+# committed transformers-made directories (tests/fixtures/hf/make_hf_tiny.py); seconds.
+add_test(NAME hf_models_cli COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/hf_models_cli.py)
+set_tests_properties(hf_models_cli PROPERTIES LABELS integration TIMEOUT 120
+                     ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")

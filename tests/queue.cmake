@@ -62,7 +62,7 @@ foreach(c dupid reconnect refused refused_heartbeat takeover classes)
   medley_queue_py(queue_hostile_${c} queue_hostile integration 300 ${c})
 endforeach()
 
-# Redis failover through Sentinel (common/redis_sentinel.c): a primary, a replica and three
+# Redis failover through Sentinel (common/redis_dial.c): a primary, a replica and three
 # redis-sentinel on loopback; the primary SIGKILLed mid-batch while the replica lags, then a
 # SENTINEL FAILOVER, then a hand demotion of a plain redis:// primary (~40 s). Every
 # custom_id exactly once on the surviving primary (docs/protocol.md §6).

@@ -85,6 +85,8 @@ typedef struct {
     /* engine: --chat-template family or "none" (NULL: the model's own, refused at load
      * when medley does not know it) */
     const char *chat_template;
+    int allow_path; /* engine: the model may be a GGUF file or HF directory path (`medley run
+                       -m PATH`); workers serving a queue take names only (design §7) */
 } wk_runner_opts;
 
 typedef struct wk_runner wk_runner;

@@ -68,7 +68,7 @@ typedef struct {
 int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_err *e) {
     *self = NULL;
     char path[4096];
-    int rc = md_model_resolve(model, 0, path, sizeof path, e);
+    int rc = md_model_resolve(model, o->allow_path, path, sizeof path, e);
     if (rc)
         return rc;
     engine_runner *r = calloc(1, sizeof *r);

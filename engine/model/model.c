@@ -149,7 +149,8 @@ int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e) {
         return md_errf(e, MD_EFORMAT, "rope.dimension_count %d does not fit head dimension %d",
                        hp->rot_dims, hp->head_dim);
     hp->rope_neox = !strcmp(hp->arch, "qwen2") || qwen3 || gemma3;
-    /* An HF directory (engine/weights/hf_model.h) keeps q/k in the rotate-half layout for every arch. */
+    /* An HF directory (engine/weights/hf_model.h) keeps q/k in the rotate-half layout for every
+     * arch. */
     int neox = 0;
     if (gguf_get_bool(gf, "medley.rope.neox", &neox, NULL) == 0 && neox)
         hp->rope_neox = 1;
@@ -225,8 +226,12 @@ static int slice(md_model *m, const gguf_tensor *g, int64_t r0, int64_t nr, int6
     return own(m, p, e);
 }
 
-/* 1 when the backend multiplies weights of type t as the file stores them. */
+/* 1 when the backend multiplies weights of type t as the file stores them. Without a backend
+ * (md_model_check) every backend's types count: the portable ones and Q5_0, which a backend
+ * without its product gets recoded. */
 static int backend_has_type(const md_model *m, int t) {
+    if (!BE(m))
+        return md_type_supported(t) || t == MD_TYPE_Q5_0;
     return md_type_supported(t) || (t >= 0 && t < 64 && (BE(m)->ops->extra_weight_types >> t & 1));
 }
 
@@ -286,6 +291,8 @@ static int bind_part(md_model *m, const gguf_file *gf, const char *name, int64_t
     if (rb * (size_t)ne1 != g->n_bytes)
         return md_errf(e, MD_EFORMAT, "tensor %s holds %zu bytes, expected %zu", name, g->n_bytes,
                        rb * (size_t)ne1);
+    if (!BE(m))
+        return 0; /* md_model_check: found, shaped and typed as the engine needs */
     md_buf *b;
     int type = g->type;
     const void *data = g->data;
@@ -345,6 +352,17 @@ static int check_ops(md_backend *be, const md_hparams *hp, md_err *e) {
     return 0;
 }
 
+int md_model_check(const gguf_file *gf, md_hparams *hp, md_err *e) {
+    md_model *m;
+    int rc = md_model_load_tp(gf, NULL, 0, -1, 0, 1, &m, e);
+    if (rc)
+        return rc;
+    if (hp)
+        *hp = m->hp;
+    md_model_free(m);
+    return 0;
+}
+
 int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e) {
     return md_model_load_tp(gf, be, 0, -1, 0, 1, out, e);
 }
@@ -367,7 +385,7 @@ int md_model_load_tp(const gguf_file *gf, md_backend *be, int lo, int hi, int ra
     if (rc)
         goto fail;
     md_hparams *hp = &m->hp;
-    if ((rc = check_ops(be, hp, e)))
+    if (be && (rc = check_ops(be, hp, e)))
         goto fail;
     if (hi < 0)
         hi = hp->n_layer;
@@ -474,6 +492,10 @@ int md_model_load_tp(const gguf_file *gf, md_backend *be, int lo, int hi, int ra
             }
             inv[i] /= d;
         }
+    }
+    if (!be) { /* md_model_check: nothing goes on a device */
+        *out = m;
+        return 0;
     }
     if ((rc = CALL(m, buf_alloc, (size_t)half * sizeof(float), &m->inv_freq, e)) ||
         (rc = CALL(m, buf_upload, m->inv_freq, 0, inv, (size_t)half * sizeof(float), e)))

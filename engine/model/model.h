@@ -84,6 +84,10 @@ typedef struct md_model {
 /* Read hyperparameters and bind every weight, checking names, shapes and types; a missing
  * or malformed tensor is MD_EFORMAT naming it. */
 int md_model_load(const gguf_file *gf, md_backend *be, md_model **out, md_err *e);
+/* What md_model_load would refuse, without a backend: hyperparameters, and every tensor's
+ * presence, shape, byte count and type (a type some backend multiplies), nothing allocated
+ * beyond a few bytes per layer, no weight read. hp (may be NULL) gets the hyperparameters. */
+int md_model_check(const gguf_file *gf, md_hparams *hp, md_err *e);
 /* Only the layers [lo, hi) (0 <= lo < hi <= n_layer), with the token embedding when lo == 0
  * and the final norm and output head when hi == n_layer: one pipeline stage's weights. */
 int md_model_load_range(const gguf_file *gf, md_backend *be, int lo, int hi, md_model **out,

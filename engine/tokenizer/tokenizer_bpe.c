@@ -21,7 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer/tokenizer_int.h"
+#include "engine/tokenizer/tokenizer_bpe.h"
+
+#include "engine/tokenizer/bigram_heap.h"
+#include "engine/tokenizer/tokenizer_norm.h"
 
 /* White_Space, as llama.cpp's unicode_set_whitespace (PCRE2's \s lacks U+0085). */
 #define WSC                                                                                        \
@@ -105,17 +108,6 @@ int tok_re_add(tok_tokenizer *t, const char *pattern, size_t len, int literal, i
     return 0;
 }
 
-void tok_bpe_free(tok_tokenizer *t) {
-    for (int i = 0; i < t->n_re; i++)
-        pcre2_code_free(t->re[i]);
-    t->n_re = 0;
-}
-
-typedef struct {
-    int32_t rank, left, right, id; /* id: the merged symbol's string id */
-    uint32_t len_l, len_r;
-} bigram;
-
 struct tok_wc_slot {
     uint64_t hash; /* 0: empty */
     uint32_t key_off, ids_off;
@@ -147,67 +139,6 @@ static void wc_clear(tok_scratch *s) {
     s->wc_used = 0;
     s->wc_keys_len = 0;
     s->wc_ids_len = 0;
-}
-
-void tok_scratch_free(tok_scratch *s) {
-    free(s->wc);
-    free(s->wc_keys);
-    free(s->wc_ids);
-    free(s->norm);
-    free(s->view);
-    if (s->md)
-        pcre2_match_data_free(s->md);
-    free(s->sym_id);
-    free(s->sym_prev);
-    free(s->sym_next);
-    free(s->sym_off);
-    free(s->sym_len);
-    free(s->heap);
-    free(s->enc);
-    free(s->hf_buf[0]);
-    free(s->hf_buf[1]);
-    memset(s, 0, sizeof *s);
-}
-
-static int grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap : 256;
-    while (c < need)
-        c *= 2;
-    void *n = realloc(*p, c * elem);
-    if (!n)
-        return MD_ENOMEM;
-    *p = n;
-    *cap = c;
-    return 0;
-}
-
-static int grow_symbols(tok_scratch *s, size_t n) {
-    if (n <= s->sym_cap)
-        return 0;
-    size_t c = s->sym_cap ? s->sym_cap : 256;
-    while (c < n)
-        c *= 2;
-    void *a = realloc(s->sym_id, c * sizeof(int32_t));
-    if (a)
-        s->sym_id = a;
-    void *b = realloc(s->sym_prev, c * sizeof(int32_t));
-    if (b)
-        s->sym_prev = b;
-    void *d = realloc(s->sym_next, c * sizeof(int32_t));
-    if (d)
-        s->sym_next = d;
-    void *f = realloc(s->sym_off, c * sizeof(uint32_t));
-    if (f)
-        s->sym_off = f;
-    void *g = realloc(s->sym_len, c * sizeof(uint32_t));
-    if (g)
-        s->sym_len = g;
-    if (!a || !b || !d || !f || !g)
-        return MD_ENOMEM;
-    s->sym_cap = c;
-    return 0;
 }
 
 /* ---- 1. UTF-8 repair, as llama.cpp ---- */
@@ -299,7 +230,7 @@ static int repair(tok_scratch *sc, const char *text, size_t n, size_t base, cons
         return 0;
     }
     /* slow path: each byte can grow to 3 (U+FFFD) */
-    if (grow((void **)&sc->norm, &sc->norm_cap, n * 3 + 4, 1))
+    if (tok_grow((void **)&sc->norm, &sc->norm_cap, n * 3 + 4, 1))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
     memcpy(sc->norm, text, i);
     size_t w = i;
@@ -337,39 +268,9 @@ static int merge_find(const tok_tokenizer *t, int32_t l, int32_t r) {
     }
 }
 
-static int bigram_less(const bigram *a, const bigram *b) {
+/* lowest rank first, then the leftmost pair */
+static int bigram_less(const tok_bigram *a, const tok_bigram *b) {
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static void heap_push(bigram *h, size_t *n, bigram v) {
-    size_t i = (*n)++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!bigram_less(&v, &h[p]))
-            break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = v;
-}
-
-static bigram heap_pop(bigram *h, size_t *n) {
-    bigram top = h[0], last = h[--*n];
-    size_t i = 0, m = *n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= m)
-            break;
-        if (c + 1 < m && bigram_less(&h[c + 1], &h[c]))
-            c++;
-        if (!bigram_less(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (m)
-        h[i] = last;
-    return top;
 }
 
 static void try_pair(const tok_tokenizer *t, tok_scratch *sc, size_t *hn, int32_t l, int32_t r) {
@@ -378,8 +279,13 @@ static void try_pair(const tok_tokenizer *t, tok_scratch *sc, size_t *hn, int32_
     int h = merge_find(t, sc->sym_id[l], sc->sym_id[r]);
     if (h < 0)
         return;
-    bigram b = {t->merges[h].rank, l, r, t->merges[h].id, sc->sym_len[l], sc->sym_len[r]};
-    heap_push(sc->heap, hn, b);
+    tok_bigram b = {.rank = t->merges[h].rank,
+                    .left = l,
+                    .right = r,
+                    .id = t->merges[h].id,
+                    .len_l = sc->sym_len[l],
+                    .len_r = sc->sym_len[r]};
+    tok_heap_push(sc->heap, hn, b, bigram_less);
 }
 
 /* Fallback for a symbol that is not a token: the tokens of the single bytes of its
@@ -430,8 +336,8 @@ static int bpe_word(const tok_tokenizer *t, tok_scratch *sc, const uint8_t *w, s
         for (i = (uint32_t)h & sc->wc_mask; sc->wc[i].hash; i = (i + 1) & sc->wc_mask)
             ;
     }
-    if (grow((void **)&sc->wc_keys, &sc->wc_keys_cap, sc->wc_keys_len + n, 1) ||
-        grow((void **)&sc->wc_ids, &sc->wc_ids_cap, sc->wc_ids_len + n_ids, sizeof(int32_t)))
+    if (tok_grow((void **)&sc->wc_keys, &sc->wc_keys_cap, sc->wc_keys_len + n, 1) ||
+        tok_grow((void **)&sc->wc_ids, &sc->wc_ids_cap, sc->wc_ids_len + n_ids, sizeof(int32_t)))
         return 0; /* no room to remember it: the ids are out already */
     memcpy(sc->wc_keys + sc->wc_keys_len, w, n);
     memcpy(sc->wc_ids + sc->wc_ids_len, out->ids + before, n_ids * sizeof(int32_t));
@@ -446,18 +352,13 @@ static int bpe_word(const tok_tokenizer *t, tok_scratch *sc, const uint8_t *w, s
 /* Merge symbols [0, ns) of the scratch by rank (lowest first, leftmost on ties). */
 static void merge_symbols(const tok_tokenizer *t, tok_scratch *sc, size_t hn) {
     while (hn > 0) {
-        bigram b = heap_pop(sc->heap, &hn);
+        tok_bigram b = tok_heap_pop(sc->heap, &hn, bigram_less);
         uint32_t ll = sc->sym_len[b.left], rl = sc->sym_len[b.right];
         /* stale: one side was merged since this pair was queued */
         if (ll == 0 || rl == 0 || ll != b.len_l || rl != b.len_r)
             continue;
         sc->sym_id[b.left] = b.id;
-        sc->sym_len[b.left] = ll + rl;
-        sc->sym_len[b.right] = 0;
-        int32_t nx = sc->sym_next[b.right];
-        sc->sym_next[b.left] = nx;
-        if (nx >= 0)
-            sc->sym_prev[nx] = b.left;
+        int32_t nx = tok_sym_join(sc, b.left, b.right, ll + rl);
         try_pair(t, sc, &hn, sc->sym_prev[b.left], b.left);
         try_pair(t, sc, &hn, b.left, nx);
     }
@@ -476,10 +377,9 @@ static int bpe_word_chars(const tok_tokenizer *t, tok_scratch *sc, const uint8_t
     }
     if (n > UINT32_MAX / 4)
         return md_errf(e, MD_ERANGE, "tokenize: a single word of %zu bytes", n);
-    size_t heap_cap_elems = sc->heap_cap;
-    if (grow_symbols(sc, n) || grow(&sc->heap, &heap_cap_elems, 3 * n, sizeof(bigram)))
+    if (tok_grow_symbols(sc, n) ||
+        tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof(tok_bigram)))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
-    sc->heap_cap = heap_cap_elems;
     static const uint8_t k_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     int32_t ns = 0;
     int prev_unk = 0;
@@ -540,7 +440,7 @@ static int bpe_word_uncached(const tok_tokenizer *t, tok_scratch *sc, const uint
     if (t->char_level)
         return bpe_word_chars(t, sc, w, n, out, e);
     if (t->ignore_merges) {
-        if (grow((void **)&sc->enc, &sc->enc_cap, n * 2, 1))
+        if (tok_grow((void **)&sc->enc, &sc->enc_cap, n * 2, 1))
             return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
         size_t k = 0;
         for (size_t i = 0; i < n; i++) {
@@ -559,10 +459,9 @@ static int bpe_word_uncached(const tok_tokenizer *t, tok_scratch *sc, const uint
     }
     if (n > UINT32_MAX / 4)
         return md_errf(e, MD_ERANGE, "tokenize: a single word of %zu bytes", n);
-    size_t heap_cap_elems = sc->heap_cap;
-    if (grow_symbols(sc, n) || grow(&sc->heap, &heap_cap_elems, 3 * n, sizeof(bigram)))
+    if (tok_grow_symbols(sc, n) ||
+        tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof(tok_bigram)))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
-    sc->heap_cap = heap_cap_elems;
     for (size_t i = 0; i < n; i++) {
         sc->sym_id[i] = t->byte_sym[w[i]];
         sc->sym_off[i] = (uint32_t)i;
@@ -573,8 +472,15 @@ static int bpe_word_uncached(const tok_tokenizer *t, tok_scratch *sc, const uint
     size_t hn = 0;
     for (size_t i = 1; i < n; i++) {
         struct tok_pair0 p = t->pair0[w[i - 1] << 8 | w[i]];
-        if (p.rank >= 0)
-            heap_push(sc->heap, &hn, (bigram){p.rank, (int32_t)i - 1, (int32_t)i, p.id, 1, 1});
+        if (p.rank >= 0) {
+            tok_bigram g = {.rank = p.rank,
+                            .left = (int32_t)i - 1,
+                            .right = (int32_t)i,
+                            .id = p.id,
+                            .len_l = 1,
+                            .len_r = 1};
+            tok_heap_push(sc->heap, &hn, g, bigram_less);
+        }
     }
     merge_symbols(t, sc, hn);
     for (int32_t i = 0; i >= 0; i = sc->sym_next[i]) {
@@ -705,7 +611,7 @@ int tok_bpe_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, si
     if (surrogates) {
         /* PCRE2 refuses encoded surrogates; U+E000 (also 3 bytes, also neither letter,
          * number nor space) classifies the same way llama.cpp's tables do. */
-        if (grow((void **)&sc->view, &sc->view_cap, n, 1))
+        if (tok_grow((void **)&sc->view, &sc->view_cap, n, 1))
             return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
         memcpy(sc->view, norm, n);
         for (size_t i = 0; i + 2 < n; i++)

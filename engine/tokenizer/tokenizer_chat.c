@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer/tokenizer_int.h"
+#include "engine/tokenizer/vocab.h"
 
 enum {
     V_NONE = 0,
@@ -211,139 +211,157 @@ static char *chatml_default_system(const char *tmpl) {
     return NULL;
 }
 
+/* One renderer per template family: messages m[0..n) into b, then the assistant's opening
+ * when add_ass (the families whose format has one). */
+
+static void render_chatml(const tok_tokenizer *t, const tok_chat_msg *m, int n, int add_ass,
+                          sbuf *b) {
+    if (n == 0 || !m[0].role || strcmp(m[0].role, "system")) {
+        char *sys = chatml_default_system(t ? t->chat_template : NULL);
+        if (sys) {
+            puts_(b, "<|im_start|>system\n");
+            puts_(b, sys);
+            puts_(b, "<|im_end|>\n");
+            free(sys);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        puts_(b, "<|im_start|>");
+        puts_(b, m[i].role);
+        puts_(b, "\n");
+        puts_(b, m[i].content);
+        puts_(b, "<|im_end|>\n");
+    }
+    if (add_ass)
+        puts_(b, "<|im_start|>assistant\n");
+}
+
+static void render_llama3(const tok_chat_msg *m, int n, int add_ass, sbuf *b) {
+    for (int i = 0; i < n; i++) {
+        puts_(b, "<|start_header_id|>");
+        puts_(b, m[i].role);
+        puts_(b, "<|end_header_id|>\n\n");
+        put_trim(b, m[i].content);
+        puts_(b, "<|eot_id|>");
+    }
+    if (add_ass)
+        puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void render_llama2(int variant, const tok_chat_msg *m, int n, sbuf *b) {
+    int sys_ok = variant != V_L2_PLAIN, bos_inside = variant == V_L2_SYS_BOS,
+        strip = variant == V_L2_SYS_STRIP, inside = 1;
+    puts_(b, "[INST] ");
+    for (int i = 0; i < n; i++) {
+        if (!inside) {
+            inside = 1;
+            puts_(b, bos_inside ? "<s>[INST] " : "[INST] ");
+        }
+        if (!strcmp(m[i].role, "system")) {
+            if (sys_ok)
+                puts_(b, "<<SYS>>\n");
+            strip ? put_trim(b, m[i].content) : puts_(b, m[i].content);
+            puts_(b, sys_ok ? "\n<</SYS>>\n\n" : "\n");
+        } else if (!strcmp(m[i].role, "user")) {
+            strip ? put_trim(b, m[i].content) : puts_(b, m[i].content);
+            puts_(b, " [/INST]");
+        } else {
+            strip ? put_trim(b, m[i].content) : puts_(b, m[i].content);
+            puts_(b, "</s>");
+            inside = 0;
+        }
+    }
+}
+
+/* Mistral v7 (and v7-tekken): a system prompt of its own, [INST] per user turn. */
+static void render_mistral_v7(int variant, const tok_chat_msg *m, int n, sbuf *b) {
+    const char *sp = variant == V_M_V7 ? " " : "";
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(m[i].role, "system")) {
+            puts_(b, "[SYSTEM_PROMPT]");
+            puts_(b, sp);
+            puts_(b, m[i].content);
+            puts_(b, "[/SYSTEM_PROMPT]");
+        } else if (!strcmp(m[i].role, "user")) {
+            puts_(b, "[INST]");
+            puts_(b, sp);
+            puts_(b, m[i].content);
+            puts_(b, "[/INST]");
+        } else {
+            puts_(b, sp);
+            puts_(b, m[i].content);
+            puts_(b, "</s>");
+        }
+    }
+}
+
+/* Mistral v1, v3 and v3-tekken: system text inside the next [INST]. */
+static void render_mistral(int variant, const tok_chat_msg *m, int n, sbuf *b) {
+    const char *lead = variant == V_M_V1 ? " " : "";
+    const char *trail = variant == V_M_V3_TEKKEN ? "" : " ";
+    int inside = 0;
+    for (int i = 0; i < n; i++) {
+        if (!inside) {
+            puts_(b, lead);
+            puts_(b, "[INST]");
+            puts_(b, trail);
+            inside = 1;
+        }
+        if (!strcmp(m[i].role, "system")) {
+            puts_(b, m[i].content);
+            puts_(b, "\n\n");
+        } else if (!strcmp(m[i].role, "user")) {
+            puts_(b, m[i].content);
+            puts_(b, lead);
+            puts_(b, "[/INST]");
+        } else {
+            puts_(b, trail);
+            variant == V_M_V3 ? put_trim(b, m[i].content) : puts_(b, m[i].content);
+            puts_(b, "</s>");
+            inside = 0;
+        }
+    }
+}
+
+/* No system turn: the system texts since the last user turn (trimmed, joined) open the next
+ * user turn; assistant is "model". */
+static void render_gemma(const tok_chat_msg *m, int n, int add_ass, sbuf *b) {
+    int from = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(m[i].role, "system"))
+            continue;
+        int model = !strcmp(m[i].role, "assistant");
+        puts_(b, "<start_of_turn>");
+        puts_(b, model ? "model" : m[i].role);
+        puts_(b, "\n");
+        if (!model) {
+            size_t before = b->n;
+            for (; from < i; from++)
+                if (!strcmp(m[from].role, "system"))
+                    put_trim(b, m[from].content);
+            if (b->n > before)
+                puts_(b, "\n\n");
+        }
+        put_trim(b, m[i].content);
+        puts_(b, "<end_of_turn>\n");
+    }
+    if (add_ass)
+        puts_(b, "<start_of_turn>model\n");
+}
+
 static int render(const tok_tokenizer *t, tok_template tmpl, int variant, const tok_chat_msg *m,
                   int n, int add_ass, sbuf *b) {
     switch (tmpl) {
-    case TOK_TMPL_CHATML: {
-        if (n == 0 || !m[0].role || strcmp(m[0].role, "system")) {
-            char *sys = chatml_default_system(t ? t->chat_template : NULL);
-            if (sys) {
-                puts_(b, "<|im_start|>system\n");
-                puts_(b, sys);
-                puts_(b, "<|im_end|>\n");
-                free(sys);
-            }
-        }
-        for (int i = 0; i < n; i++) {
-            puts_(b, "<|im_start|>");
-            puts_(b, m[i].role);
-            puts_(b, "\n");
-            puts_(b, m[i].content);
-            puts_(b, "<|im_end|>\n");
-        }
-        if (add_ass)
-            puts_(b, "<|im_start|>assistant\n");
-        return 0;
-    }
-    case TOK_TMPL_LLAMA3:
-        for (int i = 0; i < n; i++) {
-            puts_(b, "<|start_header_id|>");
-            puts_(b, m[i].role);
-            puts_(b, "<|end_header_id|>\n\n");
-            put_trim(b, m[i].content);
-            puts_(b, "<|eot_id|>");
-        }
-        if (add_ass)
-            puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-        return 0;
-    case TOK_TMPL_LLAMA2: {
-        int sys_ok = variant != V_L2_PLAIN, bos_inside = variant == V_L2_SYS_BOS,
-            strip = variant == V_L2_SYS_STRIP, inside = 1;
-        puts_(b, "[INST] ");
-        for (int i = 0; i < n; i++) {
-            if (!inside) {
-                inside = 1;
-                puts_(b, bos_inside ? "<s>[INST] " : "[INST] ");
-            }
-            if (!strcmp(m[i].role, "system")) {
-                if (sys_ok)
-                    puts_(b, "<<SYS>>\n");
-                strip ? put_trim(b, m[i].content) : puts_(b, m[i].content);
-                puts_(b, sys_ok ? "\n<</SYS>>\n\n" : "\n");
-            } else if (!strcmp(m[i].role, "user")) {
-                strip ? put_trim(b, m[i].content) : puts_(b, m[i].content);
-                puts_(b, " [/INST]");
-            } else {
-                strip ? put_trim(b, m[i].content) : puts_(b, m[i].content);
-                puts_(b, "</s>");
-                inside = 0;
-            }
-        }
-        return 0;
-    }
+    case TOK_TMPL_CHATML: render_chatml(t, m, n, add_ass, b); return 0;
+    case TOK_TMPL_LLAMA3: render_llama3(m, n, add_ass, b); return 0;
+    case TOK_TMPL_LLAMA2: render_llama2(variant, m, n, b); return 0;
     case TOK_TMPL_MISTRAL:
-        if (variant == V_M_V7 || variant == V_M_V7_TEKKEN) {
-            const char *sp = variant == V_M_V7 ? " " : "";
-            for (int i = 0; i < n; i++) {
-                if (!strcmp(m[i].role, "system")) {
-                    puts_(b, "[SYSTEM_PROMPT]");
-                    puts_(b, sp);
-                    puts_(b, m[i].content);
-                    puts_(b, "[/SYSTEM_PROMPT]");
-                } else if (!strcmp(m[i].role, "user")) {
-                    puts_(b, "[INST]");
-                    puts_(b, sp);
-                    puts_(b, m[i].content);
-                    puts_(b, "[/INST]");
-                } else {
-                    puts_(b, sp);
-                    puts_(b, m[i].content);
-                    puts_(b, "</s>");
-                }
-            }
-        } else {
-            const char *lead = variant == V_M_V1 ? " " : "";
-            const char *trail = variant == V_M_V3_TEKKEN ? "" : " ";
-            int inside = 0;
-            for (int i = 0; i < n; i++) {
-                if (!inside) {
-                    puts_(b, lead);
-                    puts_(b, "[INST]");
-                    puts_(b, trail);
-                    inside = 1;
-                }
-                if (!strcmp(m[i].role, "system")) {
-                    puts_(b, m[i].content);
-                    puts_(b, "\n\n");
-                } else if (!strcmp(m[i].role, "user")) {
-                    puts_(b, m[i].content);
-                    puts_(b, lead);
-                    puts_(b, "[/INST]");
-                } else {
-                    puts_(b, trail);
-                    variant == V_M_V3 ? put_trim(b, m[i].content) : puts_(b, m[i].content);
-                    puts_(b, "</s>");
-                    inside = 0;
-                }
-            }
-        }
+        if (variant == V_M_V7 || variant == V_M_V7_TEKKEN)
+            render_mistral_v7(variant, m, n, b);
+        else
+            render_mistral(variant, m, n, b);
         return 0;
-    case TOK_TMPL_GEMMA: {
-        /* no system turn: the system texts since the last user turn (trimmed, joined) open the
-         * next user turn; assistant is "model" */
-        int from = 0;
-        for (int i = 0; i < n; i++) {
-            if (!strcmp(m[i].role, "system"))
-                continue;
-            int model = !strcmp(m[i].role, "assistant");
-            puts_(b, "<start_of_turn>");
-            puts_(b, model ? "model" : m[i].role);
-            puts_(b, "\n");
-            if (!model) {
-                size_t before = b->n;
-                for (; from < i; from++)
-                    if (!strcmp(m[from].role, "system"))
-                        put_trim(b, m[from].content);
-                if (b->n > before)
-                    puts_(b, "\n\n");
-            }
-            put_trim(b, m[i].content);
-            puts_(b, "<end_of_turn>\n");
-        }
-        if (add_ass)
-            puts_(b, "<start_of_turn>model\n");
-        return 0;
-    }
+    case TOK_TMPL_GEMMA: render_gemma(m, n, add_ass, b); return 0;
     case TOK_TMPL_NONE: break;
     }
     return MD_EUNSUPP;

@@ -1,5 +1,5 @@
 /* tokenizer_hf.c — a Hugging Face tokenizer.json (and tokenizer_config.json) loaded into the
- * tokenizer machinery of tokenizer.c / tokenizer_bpe.c. docs/models.md ("Tokenizers") lists
+ * tokenizer machinery of vocab.c / tokenizer_bpe.c. docs/models.md ("Tokenizers") lists
  * what is supported.
  *
  * What the JSON says maps onto the same tables a GGUF vocabulary fills: model.vocab and
@@ -17,7 +17,6 @@
  *
  * Memory: the JSON is parsed with jansson and released before returning; the tokenizer
  * owns copies of everything it keeps. */
-#define _GNU_SOURCE /* memmem */
 #include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -27,10 +26,13 @@
 #include <sys/stat.h>
 #include <utf8proc.h>
 
-#include "engine/tokenizer/tokenizer_int.h"
+#include "common/util.h"
+#include "engine/tokenizer/tokenizer_bpe.h"
 
-#define HF_MAX_FILE_BYTES ((size_t)1 << 30) /* Gemma 3's tokenizer.json is 33 MB */
-#define HF_MAX_TOKENS (1 << 24)             /* ids past 16 M are refused, not allocated */
+/* Twice Gemma 3's 33 MB tokenizer.json. jansson's tree takes up to ~35x the text for dense
+ * arrays (a 60 MB file of short merges: 2.1 GB), so this cap is what bounds load memory. */
+#define HF_MAX_FILE_BYTES ((size_t)64 << 20)
+#define HF_MAX_TOKENS (1 << 24) /* ids past 16 M are refused, not allocated */
 
 typedef struct {
     tok_tokenizer *t;
@@ -53,19 +55,6 @@ static int fail(hf_ld *L, int code, const char *path, const char *fmt, ...) {
     return md_errf(L->e, code, "%s: %s%s%s", L->file, path, *path ? " " : "", msg);
 }
 
-static const char *jtype(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 /* String value at obj.key: *out NULL when absent or null (and !required). */
 static int get_str(hf_ld *L, json_t *obj, const char *key, const char *path, int required,
                    const char **out, size_t *len) {
@@ -79,7 +68,8 @@ static int get_str(hf_ld *L, json_t *obj, const char *key, const char *path, int
         return 0;
     }
     if (!json_is_string(v))
-        return fail(L, MD_EFORMAT, path, "'%s' is %s, expected a string", key, jtype(v));
+        return fail(L, MD_EFORMAT, path, "'%s' is %s, expected a string", key,
+                    md_json_type_name(v));
     *out = json_string_value(v);
     if (len)
         *len = json_string_length(v);
@@ -91,7 +81,8 @@ static int get_bool(hf_ld *L, json_t *obj, const char *key, const char *path, in
     if (!v || json_is_null(v))
         return 0; /* keep the default */
     if (!json_is_boolean(v))
-        return fail(L, MD_EFORMAT, path, "'%s' is %s, expected true or false", key, jtype(v));
+        return fail(L, MD_EFORMAT, path, "'%s' is %s, expected true or false", key,
+                    md_json_type_name(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -99,13 +90,38 @@ static int get_bool(hf_ld *L, json_t *obj, const char *key, const char *path, in
 /* The "type" of a component; a missing or non-string type is a format error. */
 static int get_type(hf_ld *L, json_t *obj, const char *path, const char **type) {
     if (!json_is_object(obj))
-        return fail(L, MD_EFORMAT, path, "is %s, expected an object", jtype(obj));
+        return fail(L, MD_EFORMAT, path, "is %s, expected an object", md_json_type_name(obj));
     return get_str(L, obj, "type", path, 1, type, NULL);
+}
+
+/* The type of a component at Sequence depth `depth`; deeper than 4 is refused. */
+static int component_type(hf_ld *L, json_t *p, const char *path, int depth, const char **type) {
+    if (depth > 4)
+        return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
+    return get_type(L, p, path, type);
 }
 
 static int unsupported(hf_ld *L, const char *path, const char *type, const char *supported) {
     return fail(L, MD_EUNSUPP, "", "%s.type '%.60s' is not supported (medley reads %s)", path, type,
                 supported);
+}
+
+/* A component's Sequence: each item of the array p[key] through load, one level deeper. */
+typedef int (*hf_loader)(hf_ld *L, json_t *p, const char *path, int depth);
+static int load_sequence(hf_ld *L, json_t *p, const char *path, const char *key, int depth,
+                         hf_loader load) {
+    json_t *list = json_object_get(p, key);
+    if (!json_is_array(list))
+        return fail(L, MD_EFORMAT, path, "'%s' is %s, expected an array", key,
+                    list ? md_json_type_name(list) : "missing");
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        char sub[160];
+        snprintf(sub, sizeof sub, "%s.%s[%zu]", path, key, i);
+        int rc = load(L, json_array_get(list, i), sub, depth + 1);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 /* One UTF-8 character, exactly (for Metaspace's replacement). */
@@ -118,136 +134,118 @@ static int one_char(const char *s, size_t n) {
 
 /* ---- vocabulary: model.vocab and added_tokens ---- */
 
-/* Strings by id, dense ids, no id given two strings. */
-static int load_vocab(hf_ld *L, json_t *model, json_t *added) {
-    tok_tokenizer *t = L->t;
-    json_t *vocab = json_object_get(model, "vocab");
-    if (!vocab)
-        return fail(L, MD_EFORMAT, "model", "has no 'vocab'");
-    if (!json_is_object(vocab))
-        return fail(L, MD_EFORMAT, "model.vocab", "is %s, expected an object of token: id",
-                    jtype(vocab));
-    if (added && !json_is_null(added) && !json_is_array(added))
-        return fail(L, MD_EFORMAT, "added_tokens", "is %s, expected an array", jtype(added));
-    size_t n_added = json_is_array(added) ? json_array_size(added) : 0;
-    size_t cap = json_object_size(vocab) + n_added;
-    if (cap == 0)
-        return fail(L, MD_EFORMAT, "model.vocab", "is empty");
-    if (cap > HF_MAX_TOKENS)
-        return fail(L, MD_ERANGE, "model.vocab", "has %zu tokens, more than %d", cap,
-                    HF_MAX_TOKENS);
-    const char **by_id = calloc(cap, sizeof *by_id);
-    size_t *len_of = calloc(cap, sizeof *len_of);
-    int rc = 0;
-    if (!by_id || !len_of) {
-        rc = md_errf(L->e, MD_ENOMEM, "%s: out of memory reading model.vocab", L->file);
-        goto done;
-    }
+/* The text of every id while the vocabulary is read: model.vocab, then added_tokens. */
+typedef struct {
+    const char **text; /* by id; NULL: not given yet */
+    size_t *len;
+    size_t cap;    /* ids must be below it: vocab entries + added tokens */
+    size_t max_id; /* the largest id given */
+} hf_ids;
+
+/* model.vocab {"text": id, ...}: one text per id, ids below cap. */
+static int vocab_ids(hf_ld *L, json_t *vocab, hf_ids *ids) {
     const char *key;
     json_t *v;
-    size_t max_id = 0;
     json_object_foreach(vocab, key, v) {
-        if (!json_is_integer(v)) {
-            rc = fail(L, MD_EFORMAT, "model.vocab", "['%.60s'] is %s, expected an integer id", key,
-                      jtype(v));
-            goto done;
-        }
+        if (!json_is_integer(v))
+            return fail(L, MD_EFORMAT, "model.vocab", "['%.60s'] is %s, expected an integer id",
+                        key, md_json_type_name(v));
         json_int_t id = json_integer_value(v);
-        if (id < 0 || (size_t)id >= cap) {
-            rc = fail(L, MD_ERANGE, "model.vocab",
-                      "['%.60s'] = %lld is not an id in 0..%zu (ids must be dense)", key,
-                      (long long)id, cap - 1);
-            goto done;
-        }
-        if (by_id[id]) {
-            rc = fail(L, MD_EFORMAT, "model.vocab", "gives id %lld to both '%.60s' and '%.60s'",
-                      (long long)id, by_id[id], key);
-            goto done;
-        }
-        by_id[id] = key;
-        len_of[id] = strlen(key); /* jansson keys have no NUL (JSON_ALLOW_NUL is off) */
-        if ((size_t)id > max_id)
-            max_id = (size_t)id;
+        if (id < 0 || (size_t)id >= ids->cap)
+            return fail(L, MD_ERANGE, "model.vocab",
+                        "['%.60s'] = %lld is not an id in 0..%zu (ids must be dense)", key,
+                        (long long)id, ids->cap - 1);
+        if (ids->text[id])
+            return fail(L, MD_EFORMAT, "model.vocab", "gives id %lld to both '%.60s' and '%.60s'",
+                        (long long)id, ids->text[id], key);
+        ids->text[id] = key;
+        ids->len[id] = strlen(key); /* jansson keys have no NUL (JSON_ALLOW_NUL is off) */
+        if ((size_t)id > ids->max_id)
+            ids->max_id = (size_t)id;
     }
+    return 0;
+}
+
+/* added_tokens [{"id": N, "content": "text", ...}]: an added token may repeat the text its id
+ * has in model.vocab, not give the id another one. */
+static int added_ids(hf_ld *L, json_t *added, size_t n_added, hf_ids *ids) {
+    int rc;
     for (size_t i = 0; i < n_added; i++) {
         json_t *a = json_array_get(added, i);
         char path[48];
         snprintf(path, sizeof path, "added_tokens[%zu]", i);
-        if (!json_is_object(a)) {
-            rc = fail(L, MD_EFORMAT, path, "is %s, expected an object", jtype(a));
-            goto done;
-        }
+        if (!json_is_object(a))
+            return fail(L, MD_EFORMAT, path, "is %s, expected an object", md_json_type_name(a));
         json_t *jid = json_object_get(a, "id");
         const char *content;
         size_t clen;
-        if (!json_is_integer(jid)) {
-            rc = fail(L, MD_EFORMAT, path, "'id' is %s, expected an integer",
-                      jid ? jtype(jid) : "missing");
-            goto done;
-        }
+        if (!json_is_integer(jid))
+            return fail(L, MD_EFORMAT, path, "'id' is %s, expected an integer",
+                        jid ? md_json_type_name(jid) : "missing");
         if ((rc = get_str(L, a, "content", path, 1, &content, &clen)))
-            goto done;
-        if (clen == 0) {
-            rc = fail(L, MD_EFORMAT, path, "'content' is empty");
-            goto done;
-        }
+            return rc;
+        if (clen == 0)
+            return fail(L, MD_EFORMAT, path, "'content' is empty");
         json_int_t id = json_integer_value(jid);
-        if (id < 0 || (size_t)id >= cap) {
-            rc = fail(L, MD_ERANGE, path, "'id' %lld is not an id in 0..%zu (ids must be dense)",
-                      (long long)id, cap - 1);
-            goto done;
-        }
-        if (by_id[id] && (len_of[id] != clen || memcmp(by_id[id], content, clen))) {
-            rc = fail(L, MD_EFORMAT, path, "gives id %lld to '%.60s', which is '%.60s' already",
-                      (long long)id, content, by_id[id]);
-            goto done;
-        }
-        by_id[id] = content;
-        len_of[id] = clen;
-        if ((size_t)id > max_id)
-            max_id = (size_t)id;
+        if (id < 0 || (size_t)id >= ids->cap)
+            return fail(L, MD_ERANGE, path, "'id' %lld is not an id in 0..%zu (ids must be dense)",
+                        (long long)id, ids->cap - 1);
+        if (ids->text[id] && (ids->len[id] != clen || memcmp(ids->text[id], content, clen)))
+            return fail(L, MD_EFORMAT, path, "gives id %lld to '%.60s', which is '%.60s' already",
+                        (long long)id, content, ids->text[id]);
+        ids->text[id] = content;
+        ids->len[id] = clen;
+        if ((size_t)id > ids->max_id)
+            ids->max_id = (size_t)id;
     }
-    for (size_t id = 0; id <= max_id; id++)
-        if (!by_id[id]) {
-            rc = fail(L, MD_EFORMAT, "model.vocab",
-                      "has no token with id %zu (ids must be dense, 0..%zu)", id, max_id);
-            goto done;
-        }
-    t->n_vocab = (int)(max_id + 1);
+    return 0;
+}
+
+/* The string table from ids 0..max_id, all given (an empty text gets a placeholder, as for
+ * GGUF); no text may have two ids. */
+static int intern_ids(hf_ld *L, hf_ids *ids) {
+    tok_tokenizer *t = L->t;
+    for (size_t id = 0; id <= ids->max_id; id++)
+        if (!ids->text[id])
+            return fail(L, MD_EFORMAT, "model.vocab",
+                        "has no token with id %zu (ids must be dense, 0..%zu)", id, ids->max_id);
+    t->n_vocab = (int)(ids->max_id + 1);
     for (int id = 0; id < t->n_vocab; id++) {
         int32_t got;
         char empty[32];
-        if (len_of[id] == 0) { /* as for GGUF: an empty token gets a placeholder text */
-            len_of[id] = (size_t)snprintf(empty, sizeof empty, "[EMPTY_%d]", id);
-            by_id[id] = empty;
+        size_t len = ids->len[id];
+        const char *text = ids->text[id];
+        if (len == 0) {
+            len = (size_t)snprintf(empty, sizeof empty, "[EMPTY_%d]", id);
+            text = empty;
         }
-        if (tok_strtab_add(t, by_id[id], len_of[id], &got)) {
-            rc = md_errf(L->e, MD_ENOMEM, "%s: out of memory reading model.vocab", L->file);
-            goto done;
-        }
+        if (tok_strtab_add(t, text, len, &got))
+            return md_errf(L->e, MD_ENOMEM, "%s: out of memory reading model.vocab", L->file);
     }
-    if (tok_index_strings(t)) {
-        rc = md_errf(L->e, MD_ENOMEM, "%s: out of memory indexing the vocabulary", L->file);
-        goto done;
-    }
+    if (tok_index_strings(t))
+        return md_errf(L->e, MD_ENOMEM, "%s: out of memory indexing the vocabulary", L->file);
     /* one text with two ids (an added token repeating a vocab string or another one) */
     for (int id = 0; id < t->n_vocab; id++) {
         const char *s = t->arena + t->str_off[id];
         int32_t other = tok_str_lookup(t, s, t->str_len[id]);
-        if (other != id) {
-            rc = fail(L, MD_EFORMAT, "added_tokens", "give '%.60s' two ids (%d and %d)", s, id,
-                      other);
-            goto done;
-        }
+        if (other != id)
+            return fail(L, MD_EFORMAT, "added_tokens", "give '%.60s' two ids (%d and %d)", s, id,
+                        other);
     }
+    return 0;
+}
+
+/* Per-token arrays: every token normal, added ones control (special) or user-defined with
+ * their lstrip / rstrip / single_word flags. */
+static int token_attrs(hf_ld *L, json_t *added, size_t n_added) {
+    tok_tokenizer *t = L->t;
+    int rc;
     t->scores = calloc((size_t)t->n_vocab, sizeof *t->scores);
     t->attr = calloc((size_t)t->n_vocab, 1);
     t->is_eog = calloc((size_t)t->n_vocab, 1);
     t->tok_flags = calloc((size_t)t->n_vocab, 1);
-    if (!t->scores || !t->attr || !t->is_eog || !t->tok_flags) {
-        rc = md_errf(L->e, MD_ENOMEM, "%s: out of memory reading the vocabulary", L->file);
-        goto done;
-    }
+    if (!t->scores || !t->attr || !t->is_eog || !t->tok_flags)
+        return md_errf(L->e, MD_ENOMEM, "%s: out of memory reading the vocabulary", L->file);
     for (int id = 0; id < t->n_vocab; id++)
         t->attr[id] = TOK_A_NORMAL;
     for (size_t i = 0; i < n_added; i++) {
@@ -260,15 +258,43 @@ static int load_vocab(hf_ld *L, json_t *model, json_t *added) {
             (rc = get_bool(L, a, "rstrip", path, &rstrip)) ||
             (rc = get_bool(L, a, "single_word", path, &single)) ||
             (rc = get_bool(L, a, "normalized", path, &normalized)))
-            goto done;
+            return rc;
         int32_t id = (int32_t)json_integer_value(json_object_get(a, "id"));
         t->attr[id] = special ? TOK_A_CONTROL : TOK_A_USER;
         t->tok_flags[id] = (uint8_t)((lstrip ? TOK_F_LSTRIP : 0) | (rstrip ? TOK_F_RSTRIP : 0) |
                                      (single ? TOK_F_SINGLE_WORD : 0));
     }
-done:
-    free(by_id);
-    free(len_of);
+    return 0;
+}
+
+/* Strings by id, dense ids, no id given two strings. */
+static int load_vocab(hf_ld *L, json_t *model, json_t *added) {
+    json_t *vocab = json_object_get(model, "vocab");
+    if (!vocab)
+        return fail(L, MD_EFORMAT, "model", "has no 'vocab'");
+    if (!json_is_object(vocab))
+        return fail(L, MD_EFORMAT, "model.vocab", "is %s, expected an object of token: id",
+                    md_json_type_name(vocab));
+    if (added && !json_is_null(added) && !json_is_array(added))
+        return fail(L, MD_EFORMAT, "added_tokens", "is %s, expected an array",
+                    md_json_type_name(added));
+    size_t n_added = json_is_array(added) ? json_array_size(added) : 0;
+    hf_ids ids = {NULL, NULL, json_object_size(vocab) + n_added, 0};
+    if (ids.cap == 0)
+        return fail(L, MD_EFORMAT, "model.vocab", "is empty");
+    if (ids.cap > HF_MAX_TOKENS)
+        return fail(L, MD_ERANGE, "model.vocab", "has %zu tokens, more than %d", ids.cap,
+                    HF_MAX_TOKENS);
+    ids.text = calloc(ids.cap, sizeof *ids.text);
+    ids.len = calloc(ids.cap, sizeof *ids.len);
+    int rc;
+    if (!ids.text || !ids.len)
+        rc = md_errf(L->e, MD_ENOMEM, "%s: out of memory reading model.vocab", L->file);
+    else if (!(rc = vocab_ids(L, vocab, &ids)) && !(rc = added_ids(L, added, n_added, &ids)) &&
+             !(rc = intern_ids(L, &ids)))
+        rc = token_attrs(L, added, n_added);
+    free(ids.text);
+    free(ids.len);
     return rc;
 }
 
@@ -296,7 +322,8 @@ static int load_merge(hf_ld *L, json_t *m, size_t i, const char **a, size_t *al,
         *bl = json_string_length(json_array_get(m, 1));
         return 0;
     }
-    return fail(L, MD_EFORMAT, path, "is %s, expected \"a b\" or [\"a\", \"b\"]", jtype(m));
+    return fail(L, MD_EFORMAT, path, "is %s, expected \"a b\" or [\"a\", \"b\"]",
+                md_json_type_name(m));
 }
 
 static int load_model(hf_ld *L, json_t *model) {
@@ -333,7 +360,8 @@ static int load_model(hf_ld *L, json_t *model) {
     if (!merges)
         return fail(L, MD_EFORMAT, "model", "has no 'merges'");
     if (!json_is_array(merges))
-        return fail(L, MD_EFORMAT, "model.merges", "is %s, expected an array", jtype(merges));
+        return fail(L, MD_EFORMAT, "model.merges", "is %s, expected an array",
+                    md_json_type_name(merges));
     size_t n = json_array_size(merges);
     if (n > HF_MAX_TOKENS)
         return fail(L, MD_ERANGE, "model.merges", "has %zu entries, more than %d", n,
@@ -426,7 +454,7 @@ static int load_split(hf_ld *L, json_t *p, const char *path) {
     snprintf(sub, sizeof sub, "%s.pattern", path);
     if (!json_is_object(pat))
         return fail(L, MD_EFORMAT, sub, "is %s, expected {\"Regex\": ...} or {\"String\": ...}",
-                    pat ? jtype(pat) : "missing");
+                    pat ? md_json_type_name(pat) : "missing");
     const char *re, *str, *beh;
     size_t re_len, str_len;
     int rc, invert = 0;
@@ -464,23 +492,10 @@ static int load_pre(hf_ld *L, json_t *p, const char *path, int depth) {
     tok_tokenizer *t = L->t;
     const char *type;
     int rc;
-    char sub[160];
-    if (depth > 4)
-        return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
-    if ((rc = get_type(L, p, path, &type)))
+    if ((rc = component_type(L, p, path, depth, &type)))
         return rc;
-    if (!strcmp(type, "Sequence")) {
-        json_t *list = json_object_get(p, "pretokenizers");
-        if (!json_is_array(list))
-            return fail(L, MD_EFORMAT, path, "'pretokenizers' is %s, expected an array",
-                        list ? jtype(list) : "missing");
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", path, i);
-            if ((rc = load_pre(L, json_array_get(list, i), sub, depth + 1)))
-                return rc;
-        }
-        return 0;
-    }
+    if (!strcmp(type, "Sequence"))
+        return load_sequence(L, p, path, "pretokenizers", depth, load_pre);
     int first = L->n_pre++ == 0;
     if (!strcmp(type, "ByteLevel")) {
         int prefix = 1, use_regex = 1;
@@ -574,22 +589,10 @@ static int load_norm(hf_ld *L, json_t *p, const char *path, int depth) {
     char sub[160];
     if (!p || json_is_null(p))
         return 0;
-    if (depth > 4)
-        return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
-    if ((rc = get_type(L, p, path, &type)))
+    if ((rc = component_type(L, p, path, depth, &type)))
         return rc;
-    if (!strcmp(type, "Sequence")) {
-        json_t *list = json_object_get(p, "normalizers");
-        if (!json_is_array(list))
-            return fail(L, MD_EFORMAT, path, "'normalizers' is %s, expected an array",
-                        list ? jtype(list) : "missing");
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            snprintf(sub, sizeof sub, "%s.normalizers[%zu]", path, i);
-            if ((rc = load_norm(L, json_array_get(list, i), sub, depth + 1)))
-                return rc;
-        }
-        return 0;
-    }
+    if (!strcmp(type, "Sequence"))
+        return load_sequence(L, p, path, "normalizers", depth, load_norm);
     if (!strcmp(type, "NFC"))
         return add_norm(L, TOK_NORM_NFC, NULL, 0, NULL, 0);
     if (!strcmp(type, "Prepend")) {
@@ -606,7 +609,7 @@ static int load_norm(hf_ld *L, json_t *p, const char *path, int depth) {
         snprintf(sub, sizeof sub, "%s.pattern", path);
         if (!json_is_object(pat))
             return fail(L, MD_EFORMAT, sub, "is %s, expected {\"String\": ...}",
-                        pat ? jtype(pat) : "missing");
+                        pat ? md_json_type_name(pat) : "missing");
         if ((rc = get_str(L, pat, "Regex", sub, 0, &re, NULL)) ||
             (rc = get_str(L, pat, "String", sub, 0, &from, &fl)) ||
             (rc = get_str(L, p, "content", path, 1, &to, &tl)))
@@ -629,23 +632,10 @@ static int load_decoder(hf_ld *L, json_t *p, const char *path, int depth) {
     int rc;
     if (!p || json_is_null(p))
         return 0;
-    if (depth > 4)
-        return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
-    if ((rc = get_type(L, p, path, &type)))
+    if ((rc = component_type(L, p, path, depth, &type)))
         return rc;
-    if (!strcmp(type, "Sequence")) {
-        json_t *list = json_object_get(p, "decoders");
-        if (!json_is_array(list))
-            return fail(L, MD_EFORMAT, path, "'decoders' is %s, expected an array",
-                        list ? jtype(list) : "missing");
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            char sub[160];
-            snprintf(sub, sizeof sub, "%s.decoders[%zu]", path, i);
-            if ((rc = load_decoder(L, json_array_get(list, i), sub, depth + 1)))
-                return rc;
-        }
-        return 0;
-    }
+    if (!strcmp(type, "Sequence"))
+        return load_sequence(L, p, path, "decoders", depth, load_decoder);
     for (size_t i = 0; i < sizeof known / sizeof *known; i++)
         if (!strcmp(type, known[i]))
             return 0;
@@ -689,24 +679,12 @@ static int load_post(hf_ld *L, json_t *p, const char *path, int depth) {
     char sub[160];
     if (!p || json_is_null(p))
         return 0;
-    if (depth > 4)
-        return fail(L, MD_EUNSUPP, path, "nests Sequences too deep");
-    if ((rc = get_type(L, p, path, &type)))
+    if ((rc = component_type(L, p, path, depth, &type)))
         return rc;
     if (!strcmp(type, "ByteLevel"))
         return 0; /* offsets only */
-    if (!strcmp(type, "Sequence")) {
-        json_t *list = json_object_get(p, "processors");
-        if (!json_is_array(list))
-            return fail(L, MD_EFORMAT, path, "'processors' is %s, expected an array",
-                        list ? jtype(list) : "missing");
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            snprintf(sub, sizeof sub, "%s.processors[%zu]", path, i);
-            if ((rc = load_post(L, json_array_get(list, i), sub, depth + 1)))
-                return rc;
-        }
-        return 0;
-    }
+    if (!strcmp(type, "Sequence"))
+        return load_sequence(L, p, path, "processors", depth, load_post);
     if (strcmp(type, "TemplateProcessing"))
         return unsupported(L, path, type, "ByteLevel, TemplateProcessing, Sequence");
     /* single: [SpecialToken]? Sequence A [SpecialToken]? -> BOS / EOS */
@@ -714,7 +692,7 @@ static int load_post(hf_ld *L, json_t *p, const char *path, int depth) {
     snprintf(sub, sizeof sub, "%s.single", path);
     if (!json_is_array(single))
         return fail(L, MD_EFORMAT, sub, "is %s, expected an array",
-                    single ? jtype(single) : "missing");
+                    single ? md_json_type_name(single) : "missing");
     int seen_seq = 0, n_pre = 0, n_post = 0;
     for (size_t i = 0; i < json_array_size(single); i++) {
         json_t *item = json_array_get(single, i);
@@ -760,21 +738,10 @@ static int config_token(hf_ld *L, json_t *cfg, const char *key, int32_t *id) {
         v = json_object_get(v, "content");
     if (!json_is_string(v))
         return fail(L, MD_EFORMAT, key, "is %s, expected a token string",
-                    v ? jtype(v) : "an object without content");
+                    v ? md_json_type_name(v) : "an object without content");
     *id = tok_find(L->t, json_string_value(v), json_string_length(v));
     if (*id < 0)
         return fail(L, MD_EFORMAT, key, "'%.60s' is not in the vocabulary", json_string_value(v));
-    return 0;
-}
-
-static int copy_template(tok_tokenizer *t, const char *s, size_t n, md_err *e) {
-    free(t->chat_template);
-    t->chat_template = malloc(n + 1);
-    if (!t->chat_template)
-        return md_errf(e, MD_ENOMEM, "out of memory copying the chat template");
-    memcpy(t->chat_template, s, n);
-    t->chat_template[n] = '\0';
-    t->chat_template_len = n;
     return 0;
 }
 
@@ -782,7 +749,7 @@ static int load_config(hf_ld *L, json_t *cfg) {
     tok_tokenizer *t = L->t;
     int rc;
     if (!json_is_object(cfg))
-        return fail(L, MD_EFORMAT, "", "is %s, expected an object", jtype(cfg));
+        return fail(L, MD_EFORMAT, "", "is %s, expected an object", md_json_type_name(cfg));
     int32_t bos = -1, eos = -1;
     if ((rc = config_token(L, cfg, "bos_token", &bos)) ||
         (rc = config_token(L, cfg, "eos_token", &eos)) ||
@@ -798,7 +765,7 @@ static int load_config(hf_ld *L, json_t *cfg) {
     }
     json_t *ct = json_object_get(cfg, "chat_template");
     if (json_is_string(ct))
-        return copy_template(t, json_string_value(ct), json_string_length(ct), L->e);
+        return tok_set_chat_template(t, json_string_value(ct), json_string_length(ct), L->e);
     if (json_is_array(ct)) { /* [{"name": ..., "template": ...}]: the "default" one */
         json_t *pick = NULL;
         for (size_t i = 0; i < json_array_size(ct); i++) {
@@ -808,25 +775,28 @@ static int load_config(hf_ld *L, json_t *cfg) {
             if (!pick || (json_is_string(name) && !strcmp(json_string_value(name), "default")))
                 pick = json_object_get(it, "template");
         }
-        return pick ? copy_template(t, json_string_value(pick), json_string_length(pick), L->e) : 0;
+        return pick ? tok_set_chat_template(t, json_string_value(pick), json_string_length(pick),
+                                            L->e)
+                    : 0;
     }
     if (ct && !json_is_null(ct))
-        return fail(L, MD_EFORMAT, "chat_template", "is %s, expected a string", jtype(ct));
+        return fail(L, MD_EFORMAT, "chat_template", "is %s, expected a string",
+                    md_json_type_name(ct));
     return 0;
 }
 
 /* ---- load ---- */
 
-static json_t *parse(hf_ld *L, const char *text, size_t len, int *rc) {
+static json_t *parse(hf_ld *L, const char *text, size_t len, size_t flags, int *rc) {
     json_error_t jerr;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES | flags, &jerr);
     if (!root) {
         *rc = md_errf(L->e, MD_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)", L->file,
                       jerr.text, jerr.line, jerr.column);
         return NULL;
     }
     if (!json_is_object(root)) {
-        *rc = fail(L, MD_EFORMAT, "", "is %s, expected an object", jtype(root));
+        *rc = fail(L, MD_EFORMAT, "", "is %s, expected an object", md_json_type_name(root));
         json_decref(root);
         return NULL;
     }
@@ -846,7 +816,7 @@ static int load(const char *json, size_t len, const char *cfg_text, size_t cfg_l
     snprintf(t->pre_name, sizeof t->pre_name, "tokenizer.json");
     hf_ld L = {t, e, json_name, 0, 0, 0};
     int rc = 0;
-    json_t *root = parse(&L, json, len, &rc), *cfg = NULL;
+    json_t *root = parse(&L, json, len, 0, &rc), *cfg = NULL;
     if (!root)
         goto fail;
     json_t *model = json_object_get(root, "model");
@@ -856,7 +826,7 @@ static int load(const char *json, size_t len, const char *cfg_text, size_t cfg_l
         goto fail;
     }
     if (!json_is_object(model)) {
-        rc = fail(&L, MD_EFORMAT, "model", "is %s, expected an object", jtype(model));
+        rc = fail(&L, MD_EFORMAT, "model", "is %s, expected an object", md_json_type_name(model));
         goto fail;
     }
     if ((rc = get_str(&L, model, "type", "model", 0, &type, NULL)))
@@ -898,7 +868,10 @@ static int load(const char *json, size_t len, const char *cfg_text, size_t cfg_l
         goto fail;
     if (cfg_text) {
         L.file = cfg_name;
-        if (!(cfg = parse(&L, cfg_text, cfg_len, &rc)) || (rc = load_config(&L, cfg)))
+        /* INT_AS_REAL: save_pretrained writes model_max_length 1e30 as an integer; no integer
+         * of tokenizer_config.json is read */
+        if (!(cfg = parse(&L, cfg_text, cfg_len, JSON_DECODE_INT_AS_REAL, &rc)) ||
+            (rc = load_config(&L, cfg)))
             goto fail;
     }
     int32_t fim[3] = {-1, -1, -1};
@@ -930,6 +903,9 @@ int tok_load_hf_mem(const char *json, size_t len, const char *config, size_t con
 static int read_all(const char *path, char **buf, size_t *len, md_err *e) {
     *buf = NULL;
     *len = 0;
+    struct stat pre; /* a FIFO would block fopen forever */
+    if (stat(path, &pre) == 0 && !S_ISREG(pre.st_mode))
+        return md_errf(e, MD_EIO, "%s: not a regular file", path);
     FILE *f = fopen(path, "rb");
     if (!f)
         return md_errf(e, errno == ENOENT ? MD_ENOTFOUND : MD_EIO, "%s: %s", path, strerror(errno));
@@ -1001,7 +977,7 @@ int tok_load_hf(const char *path, tok_tokenizer **out, md_err *e) {
         goto done;
     /* newer checkpoints keep the template in its own file */
     if (!(*out)->chat_template && read_all(jinja_path, &jinja, &jinja_len, &tmp) == 0 &&
-        (rc = copy_template(*out, jinja, jinja_len, e))) {
+        (rc = tok_set_chat_template(*out, jinja, jinja_len, e))) {
         tok_free(*out);
         *out = NULL;
     }
@@ -1014,166 +990,4 @@ done:
     free(cfg);
     free(jinja);
     return rc;
-}
-
-void tok_hf_free(tok_tokenizer *t) {
-    for (int i = 0; i < t->n_norm; i++) {
-        free(t->norm[i].a);
-        free(t->norm[i].b);
-    }
-    free(t->norm);
-    free(t->tok_flags);
-}
-
-/* ---- per-fragment normalization (tokenize time) ---- */
-
-static int reserve(tok_scratch *sc, int k, size_t need) {
-    if (need <= sc->hf_cap[k])
-        return 0;
-    size_t c = sc->hf_cap[k] ? sc->hf_cap[k] : 256;
-    while (c < need)
-        c *= 2;
-    char *n = realloc(sc->hf_buf[k], c);
-    if (!n)
-        return MD_ENOMEM;
-    sc->hf_buf[k] = n;
-    sc->hf_cap[k] = c;
-    return 0;
-}
-
-/* NFC of in[0..n) into buffer k; runs of encoded surrogates (which utf8proc refuses) are
- * copied as they are. Text below U+0300 is NFC already and is returned unchanged. */
-static int nfc(tok_scratch *sc, int k, const char *in, size_t n, const char **out,
-               size_t *out_len) {
-    size_t i = 0;
-    while (i < n && (uint8_t)in[i] < 0xCC)
-        i++;
-    if (i == n) {
-        *out = in;
-        *out_len = n;
-        return 0;
-    }
-    size_t w = 0;
-    for (size_t start = 0; start < n;) {
-        size_t end = start;
-        while (end < n &&
-               !((uint8_t)in[end] == 0xED && end + 1 < n && (uint8_t)in[end + 1] >= 0xA0))
-            end++;
-        if (end > start) {
-            utf8proc_uint8_t *d = NULL;
-            utf8proc_ssize_t m =
-                utf8proc_map((const utf8proc_uint8_t *)in + start, (utf8proc_ssize_t)(end - start),
-                             &d, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-            if (m < 0) { /* not expected after repair: keep the text */
-                free(d);
-                d = NULL;
-                m = (utf8proc_ssize_t)(end - start);
-            }
-            if (reserve(sc, k, w + (size_t)m + 4)) {
-                free(d);
-                return MD_ENOMEM;
-            }
-            memcpy(sc->hf_buf[k] + w, d ? (const char *)d : in + start, (size_t)m);
-            w += (size_t)m;
-            free(d);
-        }
-        if (end < n) { /* one surrogate: 3 bytes */
-            size_t l = n - end < 3 ? n - end : 3;
-            if (reserve(sc, k, w + l + 4))
-                return MD_ENOMEM;
-            memcpy(sc->hf_buf[k] + w, in + end, l);
-            w += l;
-            end += l;
-        }
-        start = end;
-    }
-    *out = sc->hf_buf[k];
-    *out_len = w;
-    return 0;
-}
-
-/* in with every `from` replaced by `to` (and `pre` prepended) into buffer k. */
-static int replace(tok_scratch *sc, int k, const char *pre, size_t pre_len, const char *in,
-                   size_t n, const char *from, size_t fl, const char *to, size_t tl,
-                   const char **out, size_t *out_len) {
-    size_t count = 0;
-    if (fl)
-        for (const char *p = in; (p = memmem(p, n - (size_t)(p - in), from, fl)); p += fl)
-            count++;
-    size_t need = pre_len + n + count * (tl > fl ? tl - fl : 0) + 4;
-    if (reserve(sc, k, need))
-        return MD_ENOMEM;
-    char *o = sc->hf_buf[k];
-    size_t w = pre_len;
-    if (pre_len)
-        memcpy(o, pre, pre_len);
-    const char *p = in, *end = in + n;
-    while (fl && p < end) {
-        const char *m = memmem(p, (size_t)(end - p), from, fl);
-        if (!m)
-            break;
-        memcpy(o + w, p, (size_t)(m - p));
-        w += (size_t)(m - p);
-        memcpy(o + w, to, tl);
-        w += tl;
-        p = m + fl;
-    }
-    memcpy(o + w, p, (size_t)(end - p));
-    w += (size_t)(end - p);
-    *out = o;
-    *out_len = w;
-    return 0;
-}
-
-int tok_hf_normalize(const tok_tokenizer *t, tok_scratch *sc, const char *in, size_t n,
-                     int at_start, const char **out, size_t *out_len, md_err *e) {
-    const char *cur = in;
-    size_t len = n;
-    int k = 0, rc = 0;
-    for (int i = 0; i < t->n_norm && !rc; i++) {
-        const tok_norm_step *s = &t->norm[i];
-        const char *next = cur;
-        size_t nl = len;
-        if (s->kind == TOK_NORM_NFC)
-            rc = nfc(sc, k, cur, len, &next, &nl);
-        else if (s->kind == TOK_NORM_PREPEND && len == 0) /* only a non-empty text */
-            next = cur, nl = len;
-        else if (s->kind == TOK_NORM_PREPEND)
-            rc = replace(sc, k, s->a, s->a_len, cur, len, NULL, 0, NULL, 0, &next, &nl);
-        else
-            rc = replace(sc, k, NULL, 0, cur, len, s->a, s->a_len, s->b, s->b_len, &next, &nl);
-        if (next != cur)
-            k ^= 1;
-        cur = next;
-        len = nl;
-    }
-    if (!rc && t->metaspace[0]) {
-        size_t ml = strlen(t->metaspace);
-        int prepend = (t->meta_prepend == 2 || (t->meta_prepend == 1 && at_start));
-        const char *next = cur;
-        size_t nl = len;
-        /* spaces first; then the replacement is prepended unless the text starts with one */
-        rc = replace(sc, k, NULL, 0, cur, len, " ", 1, t->metaspace, ml, &next, &nl);
-        k ^= 1;
-        cur = next;
-        len = nl;
-        if (!rc && prepend && (len < ml || memcmp(cur, t->metaspace, ml))) {
-            rc = replace(sc, k, t->metaspace, ml, cur, len, NULL, 0, NULL, 0, &next, &nl);
-            k ^= 1;
-            cur = next;
-            len = nl;
-        }
-    }
-    if (!rc && t->prefix_space && (len == 0 || cur[0] != ' ')) {
-        const char *next = cur;
-        size_t nl = len;
-        rc = replace(sc, k, " ", 1, cur, len, NULL, 0, NULL, 0, &next, &nl);
-        cur = next;
-        len = nl;
-    }
-    if (rc)
-        return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
-    *out = cur;
-    *out_len = len;
-    return 0;
 }

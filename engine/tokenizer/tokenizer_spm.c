@@ -10,62 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer/tokenizer_int.h"
+#include "engine/tokenizer/tokenizer_spm.h"
 
-typedef struct {
-    float score;
-    int32_t left, right;
-    uint32_t size;
-} spm_bigram;
+#include "engine/tokenizer/bigram_heap.h"
 
 /* higher score first, then the leftmost pair */
-static int spm_before(const spm_bigram *a, const spm_bigram *b) {
+static int spm_before(const tok_bigram *a, const tok_bigram *b) {
     return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static void spm_push(spm_bigram *h, size_t *n, spm_bigram v) {
-    size_t i = (*n)++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!spm_before(&v, &h[p]))
-            break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = v;
-}
-
-static spm_bigram spm_pop(spm_bigram *h, size_t *n) {
-    spm_bigram top = h[0], last = h[--*n];
-    size_t i = 0, m = *n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= m)
-            break;
-        if (c + 1 < m && spm_before(&h[c + 1], &h[c]))
-            c++;
-        if (!spm_before(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (m)
-        h[i] = last;
-    return top;
-}
-
-static int grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap : 256;
-    while (c < need)
-        c *= 2;
-    void *n = realloc(*p, c * elem);
-    if (!n)
-        return MD_ENOMEM;
-    *p = n;
-    *cap = c;
-    return 0;
 }
 
 static void try_add(const tok_tokenizer *t, tok_scratch *sc, const char *s, size_t *hn, int32_t l,
@@ -76,15 +27,15 @@ static void try_add(const tok_tokenizer *t, tok_scratch *sc, const char *s, size
     int32_t id = tok_str_lookup(t, s + sc->sym_off[l], size);
     if (id < 0 || id >= t->n_vocab)
         return;
-    spm_bigram b = {t->scores[id], l, r, size};
-    spm_push(sc->heap, hn, b);
+    tok_bigram b = {.score = t->scores[id], .left = l, .right = r, .len_l = size};
+    tok_heap_push(sc->heap, hn, b, spm_before);
 }
 
 int tok_spm_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, size_t len,
                    int space_prefix, tok_out *out, md_err *e) {
     if (len > UINT32_MAX / 4)
         return md_errf(e, MD_ERANGE, "tokenize: a text fragment of %zu bytes", len);
-    if (grow((void **)&sc->norm, &sc->norm_cap, len * 3 + 3, 1))
+    if (tok_grow((void **)&sc->norm, &sc->norm_cap, len * 3 + 3, 1))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
     char *s = sc->norm;
     size_t n = 0;
@@ -104,31 +55,9 @@ int tok_spm_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, si
         return 0;
     /* symbols: one per UTF-8 character, sized by its lead byte */
     static const uint8_t k_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-    if (sc->sym_cap < n) {
-        size_t c = sc->sym_cap ? sc->sym_cap : 256;
-        while (c < n)
-            c *= 2;
-        void *a = realloc(sc->sym_prev, c * sizeof(int32_t));
-        if (a)
-            sc->sym_prev = a;
-        void *b = realloc(sc->sym_next, c * sizeof(int32_t));
-        if (b)
-            sc->sym_next = b;
-        void *d = realloc(sc->sym_off, c * sizeof(uint32_t));
-        if (d)
-            sc->sym_off = d;
-        void *f = realloc(sc->sym_len, c * sizeof(uint32_t));
-        if (f)
-            sc->sym_len = f;
-        void *g = realloc(sc->sym_id, c * sizeof(int32_t));
-        if (g)
-            sc->sym_id = g;
-        if (!a || !b || !d || !f || !g)
-            return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
-        sc->sym_cap = c;
-    }
-    /* the heap holds spm_bigram here (a scratch serves one tokenizer kind per call) */
-    if (grow(&sc->heap, &sc->heap_cap, 3 * n, sizeof(spm_bigram)))
+    if (tok_grow_symbols(sc, n))
+        return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
+    if (tok_grow((void **)&sc->heap, &sc->heap_cap, 3 * n, sizeof(tok_bigram)))
         return md_errf(e, MD_ENOMEM, "tokenize: out of memory");
     int32_t ns = 0;
     for (size_t off = 0; off < n;) {
@@ -146,16 +75,11 @@ int tok_spm_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, si
     for (int32_t i = 1; i < ns; i++)
         try_add(t, sc, s, &hn, i - 1, i);
     while (hn > 0) {
-        spm_bigram b = spm_pop(sc->heap, &hn);
+        tok_bigram b = tok_heap_pop(sc->heap, &hn, spm_before);
         uint32_t ll = sc->sym_len[b.left], rl = sc->sym_len[b.right];
-        if (ll == 0 || rl == 0 || ll + rl != b.size)
+        if (ll == 0 || rl == 0 || ll + rl != b.len_l)
             continue;
-        sc->sym_len[b.left] = ll + rl;
-        sc->sym_len[b.right] = 0;
-        int32_t nx = sc->sym_next[b.right];
-        sc->sym_next[b.left] = nx;
-        if (nx >= 0)
-            sc->sym_prev[nx] = b.left;
+        int32_t nx = tok_sym_join(sc, b.left, b.right, ll + rl);
         try_add(t, sc, s, &hn, sc->sym_prev[b.left], b.left);
         try_add(t, sc, s, &hn, b.left, nx);
     }

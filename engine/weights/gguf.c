@@ -262,7 +262,7 @@ static char *dup_name(const uint8_t *s, uint64_t len) {
 static int parse_kv(gguf_file *f, rd *r, int64_t i) {
     gguf_kv *kv = &f->kv[i];
     size_t at = r->pos;
-    const uint8_t *ks;
+    const uint8_t *ks = NULL; /* set by rd_str; gcc cannot see it through md_errf */
     uint64_t klen;
     if (rd_str(r, &ks, &klen, "a metadata key"))
         return md_errctx(r->e, "metadata entry %lld: ", (long long)i);
@@ -401,6 +401,58 @@ static int grow(void **arr, int64_t *cap, int64_t max, size_t elsz, md_err *e) {
     return 0;
 }
 
+/* The first name that stands twice in a table whose index sorted is in name order, or NULL. */
+static const char *repeated_name(const gguf_file *f, const int64_t *sorted, int64_t n,
+                                 const char *(*name)(const gguf_file *, int64_t)) {
+    for (int64_t i = 1; i < n; i++)
+        if (!strcmp(name(f, sorted[i]), name(f, sorted[i - 1])))
+            return name(f, sorted[i]);
+    return NULL;
+}
+
+static const char *kv_name(const gguf_file *f, int64_t i) {
+    return f->kv[i].key;
+}
+static const char *tensor_name(const gguf_file *f, int64_t i) {
+    return f->tensors[i].name;
+}
+
+/* One of the header's two tables: the metadata key/values or the tensor infos. */
+typedef struct {
+    const char *what; /* what its names are, for messages */
+    size_t entry_bytes;
+    int (*parse)(gguf_file *f, rd *r, int64_t i);   /* entry i, into room the table has */
+    int (*cmp)(const void *, const void *, void *); /* index order by name */
+    const char *(*name)(const gguf_file *f, int64_t i);
+} table_kind;
+
+static const table_kind k_kv_table = {"metadata key", sizeof(gguf_kv), parse_kv, cmp_kv_fn,
+                                      kv_name};
+static const table_kind k_tensor_table = {"tensor name", sizeof(gguf_tensor), parse_tensor,
+                                          cmp_t_name, tensor_name};
+
+/* n entries of a table into *arr, which grows as entries actually parse (a lying count costs
+ * no memory); *count is what parsed so far (gguf_free releases it on error). Then *sorted
+ * indexes it by name, and a name that stands twice is MD_EFORMAT. */
+static int parse_table(gguf_file *f, rd *r, uint64_t n, void **arr, int64_t *count,
+                       int64_t **sorted, const table_kind *k, md_err *e) {
+    int64_t cap = 0;
+    for (int64_t i = 0; i < (int64_t)n; i++) {
+        if (i == cap && grow(arr, &cap, (int64_t)n, k->entry_bytes, e))
+            return MD_ENOMEM;
+        *count = i + 1;
+        int rc = k->parse(f, r, i);
+        if (rc)
+            return rc;
+    }
+    if (sort_index(sorted, *count, f, k->cmp, e))
+        return MD_ENOMEM;
+    const char *twice = repeated_name(f, *sorted, *count, k->name);
+    if (twice)
+        return md_errf(e, MD_EFORMAT, "duplicate %s '%s'", k->what, twice);
+    return 0;
+}
+
 /* e is never NULL here (the public entry points substitute a local one). */
 static int gguf_parse(gguf_file *f, md_err *e) {
     rd r = {f->base, f->size, 0, e};
@@ -433,21 +485,8 @@ static int gguf_parse(gguf_file *f, md_err *e) {
         return md_errf(e, MD_EFORMAT,
                        "header claims %llu tensors but the file has room for at most %zu",
                        (unsigned long long)nt, rd_left(&r) / 32);
-    /* tables grow as entries actually parse, so a lying count costs no memory */
-    int64_t cap = 0;
-    for (int64_t i = 0; i < (int64_t)nkv; i++) {
-        if (i == cap && grow((void **)&f->kv, &cap, (int64_t)nkv, sizeof *f->kv, e))
-            return MD_ENOMEM;
-        f->n_kv = i + 1;
-        if ((rc = parse_kv(f, &r, i)) != 0)
-            return rc;
-    }
-    if (sort_index(&f->kv_sorted, f->n_kv, f, cmp_kv_fn, e))
-        return MD_ENOMEM;
-    for (int64_t i = 1; i < f->n_kv; i++)
-        if (!strcmp(f->kv[f->kv_sorted[i]].key, f->kv[f->kv_sorted[i - 1]].key))
-            return md_errf(e, MD_EFORMAT, "duplicate metadata key '%s'",
-                           f->kv[f->kv_sorted[i]].key);
+    if ((rc = parse_table(f, &r, nkv, (void **)&f->kv, &f->n_kv, &f->kv_sorted, &k_kv_table, e)))
+        return rc;
 
     f->alignment = GGUF_DEFAULT_ALIGN;
     int64_t ai = gguf_find_key(f, "general.alignment");
@@ -468,20 +507,9 @@ static int gguf_parse(gguf_file *f, md_err *e) {
                        "header claims %llu tensors but after the metadata the file has room for "
                        "at most %zu",
                        (unsigned long long)nt, rd_left(&r) / 32);
-    cap = 0;
-    for (int64_t i = 0; i < (int64_t)nt; i++) {
-        if (i == cap && grow((void **)&f->tensors, &cap, (int64_t)nt, sizeof *f->tensors, e))
-            return MD_ENOMEM;
-        f->n_tensors = i + 1;
-        if ((rc = parse_tensor(f, &r, i)) != 0)
-            return rc;
-    }
-    if (sort_index(&f->t_sorted, f->n_tensors, f, cmp_t_name, e))
-        return MD_ENOMEM;
-    for (int64_t i = 1; i < f->n_tensors; i++)
-        if (!strcmp(f->tensors[f->t_sorted[i]].name, f->tensors[f->t_sorted[i - 1]].name))
-            return md_errf(e, MD_EFORMAT, "duplicate tensor name '%s'",
-                           f->tensors[f->t_sorted[i]].name);
+    if ((rc = parse_table(f, &r, nt, (void **)&f->tensors, &f->n_tensors, &f->t_sorted,
+                          &k_tensor_table, e)))
+        return rc;
 
     size_t pad = (f->alignment - r.pos % f->alignment) % f->alignment;
     if (f->n_tensors > 0 && pad > rd_left(&r))
@@ -617,10 +645,9 @@ int gguf_open_parts(void *meta, size_t meta_len, const gguf_tensor *tensors, int
         f->t_sorted = NULL;
         rc = sort_index(&f->t_sorted, f->n_tensors, f, cmp_t_name, e);
     }
-    for (int64_t i = 1; rc == 0 && i < f->n_tensors; i++)
-        if (!strcmp(f->tensors[f->t_sorted[i]].name, f->tensors[f->t_sorted[i - 1]].name))
-            rc = md_errf(e, MD_EINVAL, "gguf_open_parts: duplicate tensor name '%s'",
-                         f->tensors[f->t_sorted[i]].name);
+    const char *twice = rc ? NULL : repeated_name(f, f->t_sorted, f->n_tensors, tensor_name);
+    if (twice)
+        rc = md_errf(e, MD_EINVAL, "gguf_open_parts: duplicate tensor name '%s'", twice);
     if (rc) {
         gguf_free(f);
         return rc;
@@ -634,7 +661,8 @@ int gguf_open(const char *path, gguf_file **out, md_err *e) {
     if (!e)
         e = &local;
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO's open would wait for a writer; fstat below refuses it instead */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return md_errf(e, errno == ENOENT ? MD_ENOTFOUND : MD_EIO, "%s: cannot open: %s", path,
                        strerror(errno));
@@ -769,15 +797,22 @@ static int kv_int(const gguf_kv *kv, int *neg, uint64_t *mag) {
     return 1;
 }
 
-int gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out, md_err *e) {
+/* The integer at key as sign and magnitude; MD_ENOTFOUND, or MD_EFORMAT for another type. */
+static int get_int(const gguf_file *f, const char *key, int *neg, uint64_t *mag, md_err *e) {
     const gguf_kv *kv = NULL;
-    int neg;
-    uint64_t mag;
     if (find_kv(f, key, &kv, e))
         return MD_ENOTFOUND;
-    if (!kv_int(kv, &neg, &mag))
+    if (!kv_int(kv, neg, mag))
         return md_errf(e, MD_EFORMAT, "metadata key '%s' is a %s, expected an integer", key,
                        vtype_name(kv->type));
+    return 0;
+}
+
+int gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out, md_err *e) {
+    int neg = 0, rc;
+    uint64_t mag = 0;
+    if ((rc = get_int(f, key, &neg, &mag, e)))
+        return rc;
     if (neg)
         return md_errf(e, MD_EFORMAT, "metadata key '%s' is negative, expected >= 0", key);
     *out = mag;
@@ -785,14 +820,10 @@ int gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out, md_err *e) 
 }
 
 int gguf_get_i64(const gguf_file *f, const char *key, int64_t *out, md_err *e) {
-    const gguf_kv *kv = NULL;
-    int neg;
-    uint64_t mag;
-    if (find_kv(f, key, &kv, e))
-        return MD_ENOTFOUND;
-    if (!kv_int(kv, &neg, &mag))
-        return md_errf(e, MD_EFORMAT, "metadata key '%s' is a %s, expected an integer", key,
-                       vtype_name(kv->type));
+    int neg = 0, rc;
+    uint64_t mag = 0;
+    if ((rc = get_int(f, key, &neg, &mag, e)))
+        return rc;
     if (!neg && mag > (uint64_t)INT64_MAX)
         return md_errf(e, MD_EFORMAT, "metadata key '%s' is %llu, too large for int64", key,
                        (unsigned long long)mag);

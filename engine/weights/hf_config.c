@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Integer key: JSON null or absent leaves *out (0 returned) unless required. */
 static int get_int(json_t *o, const char *where, const char *key, int required, long long lo,
@@ -47,30 +48,34 @@ static const char *get_str(json_t *o, const char *key) {
     return json_string_value(json_object_get(o, key));
 }
 
-static int rope_scaling(json_t *o, const char *where, hf_config *c, md_err *e) {
-    json_t *rs = json_object_get(o, "rope_scaling");
-    if (!rs || json_is_null(rs))
-        return 0;
+/* One RoPE description: a v4 rope_scaling object or a v5 rope_parameters object (or one
+ * layer type's entry of it), named `name` in errors. Its rope_theta, when given, goes to
+ * *theta. Scaling (linear, llama3) goes to c; with c NULL (Gemma 3's sliding layers, which
+ * llama.cpp runs unscaled) only "default" is accepted. A missing type is an error in the v4
+ * spelling and "default" in v5. */
+static int rope_obj(json_t *rs, const char *where, const char *name, int need_type, double *theta,
+                    hf_config *c, md_err *e) {
     if (!json_is_object(rs))
-        return md_errf(e, MD_EFORMAT, "%s: \"rope_scaling\" must be an object or null", where);
+        return md_errf(e, MD_EFORMAT, "%s: \"%s\" must be an object or null", where, name);
+    int rc = get_num(rs, where, "rope_theta", theta, e);
+    if (rc)
+        return rc;
     const char *t = get_str(rs, "rope_type");
     if (!t)
         t = get_str(rs, "type");
-    if (!t)
-        return md_errf(e, MD_EFORMAT, "%s: rope_scaling has no \"rope_type\"", where);
-    if (!strcmp(t, "default"))
+    if (!t && need_type)
+        return md_errf(e, MD_EFORMAT, "%s: %s has no \"rope_type\"", where, name);
+    if (!t || !strcmp(t, "default"))
         return 0;
-    if (strcmp(t, "linear") && strcmp(t, "llama3"))
-        return md_errf(e, MD_EUNSUPP,
-                       "%s: rope_scaling type \"%.32s\" is not supported (linear, llama3 are)",
-                       where, t);
+    if (!c || (strcmp(t, "linear") && strcmp(t, "llama3")))
+        return md_errf(e, MD_EUNSUPP, "%s: %s rope_type \"%.32s\" is not supported (%s are)", where,
+                       name, t, c ? "default, linear, llama3" : "only default");
     snprintf(c->rope_scaling, sizeof c->rope_scaling, "%s", t);
     c->rope_factor = 0;
-    int rc = get_num(rs, where, "factor", &c->rope_factor, e);
-    if (rc)
+    if ((rc = get_num(rs, where, "factor", &c->rope_factor, e)))
         return rc;
     if (!(c->rope_factor > 0) || c->rope_factor > 1e4)
-        return md_errf(e, MD_EFORMAT, "%s: rope_scaling.factor is missing or not usable", where);
+        return md_errf(e, MD_EFORMAT, "%s: %s.factor is missing or not usable", where, name);
     if (!strcmp(t, "linear"))
         return 0;
     c->rope_low_freq_factor = 1.0;
@@ -82,8 +87,96 @@ static int rope_scaling(json_t *o, const char *where, hf_config *c, md_err *e) {
                       &c->rope_orig_ctx, e)))
         return rc;
     if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
+        return md_errf(e, MD_EFORMAT, "%s: %s high_freq_factor must exceed low_freq_factor", where,
+                       name);
+    return 0;
+}
+
+/* RoPE as transformers 4 writes it (rope_theta, rope_scaling, and Gemma 3's
+ * rope_local_base_freq at the top level) and as transformers 5 does (rope_parameters: one
+ * object, or one per layer type for Gemma 3); the v5 values win where both are given. */
+static int read_rope(json_t *o, const char *where, int gemma, hf_config *c, md_err *e) {
+    int rc;
+    c->rope_theta = gemma ? 1e6 : 10000.0;
+    c->rope_theta_swa = gemma ? 10000.0 : 0;
+    json_t *rs = json_object_get(o, "rope_scaling");
+    if ((rc = get_num(o, where, "rope_theta", &c->rope_theta, e)) ||
+        (gemma && (rc = get_num(o, where, "rope_local_base_freq", &c->rope_theta_swa, e))) ||
+        (rs && !json_is_null(rs) &&
+         (rc = rope_obj(rs, where, "rope_scaling", 1, &c->rope_theta, c, e))))
+        return rc;
+    json_t *rp = json_object_get(o, "rope_parameters");
+    if (!rp || json_is_null(rp))
+        return 0;
+    if (!json_is_object(rp))
+        return md_errf(e, MD_EFORMAT, "%s: \"rope_parameters\" must be an object or null", where);
+    c->rope_scaling[0] = '\0'; /* v5 says the scaling, if any; a stale v4 one does not count */
+    json_t *full = json_object_get(rp, "full_attention");
+    json_t *slide = json_object_get(rp, "sliding_attention");
+    if (!full && !slide)
+        return rope_obj(rp, where, "rope_parameters", 0, &c->rope_theta, c, e);
+    const char *k;
+    json_t *v;
+    json_object_foreach(rp, k, v) {
+        if (strcmp(k, "full_attention") && strcmp(k, "sliding_attention"))
+            return md_errf(e, MD_EUNSUPP,
+                           "%s: rope_parameters for layer type \"%.32s\" is not supported "
+                           "(full_attention, sliding_attention are)",
+                           where, k);
+    }
+    if (slide && !gemma)
+        return md_errf(e, MD_EUNSUPP,
+                       "%s: rope_parameters.sliding_attention in a %s model: not supported", where,
+                       c->model_type);
+    if ((full &&
+         (rc = rope_obj(full, where, "rope_parameters.full_attention", 0, &c->rope_theta, c, e))) ||
+        (slide && (rc = rope_obj(slide, where, "rope_parameters.sliding_attention", 0,
+                                 &c->rope_theta_swa, NULL, e))))
+        return rc;
+    return 0;
+}
+
+/* transformers 5's layer_types: one "full_attention" or "sliding_attention" per layer. The
+ * engine runs a window on every layer, or on (p - 1) layers of every p with the p-th global
+ * (hparams swa_pattern): *pattern gets p, 0 when every layer slides, -1 when none does. Any
+ * other arrangement is refused naming it. */
+static int read_layer_types(json_t *o, const char *where, const hf_config *c, int *pattern,
+                            md_err *e) {
+    json_t *lt = json_object_get(o, "layer_types");
+    if (!lt || json_is_null(lt))
+        return 0;
+    if (!json_is_array(lt) || json_array_size(lt) != (size_t)c->n_layer)
         return md_errf(e, MD_EFORMAT,
-                       "%s: rope_scaling high_freq_factor must exceed low_freq_factor", where);
+                       "%s: \"layer_types\" must be an array of %d strings (one "
+                       "per layer)",
+                       where, c->n_layer);
+    int first_full = -1, n_slide = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        const char *t = json_string_value(json_array_get(lt, (size_t)l));
+        int sl = t && !strcmp(t, "sliding_attention");
+        if (!sl && !(t && !strcmp(t, "full_attention")))
+            return md_errf(e, MD_EUNSUPP,
+                           "%s: layer_types[%d] \"%.32s\" is not supported (full_attention, "
+                           "sliding_attention are)",
+                           where, l, t ? t : "(not a string)");
+        n_slide += sl;
+        if (!sl && first_full < 0)
+            first_full = l;
+    }
+    if (n_slide == 0 || n_slide == c->n_layer) {
+        *pattern = n_slide ? 0 : -1;
+        return 0;
+    }
+    int p = first_full + 1;
+    for (int l = 0; l < c->n_layer; l++) {
+        int sl = !strcmp(json_string_value(json_array_get(lt, (size_t)l)), "sliding_attention");
+        if (sl != (l % p < p - 1))
+            return md_errf(e, MD_EUNSUPP,
+                           "%s: layer_types do not repeat as %d sliding layer(s) then one full "
+                           "one (layer %d breaks it): not supported",
+                           where, p - 1, l);
+    }
+    *pattern = p;
     return 0;
 }
 
@@ -135,7 +228,6 @@ int hf_config_parse(json_t *root, const char *where, hf_config *c, md_err *e) {
                            where);
         snprintf(c->prefix, sizeof c->prefix, "language_model.model.");
     }
-    c->rope_theta = gemma ? 1e6 : 10000.0;
     c->eps = 1e-6;
     c->tie_embeddings = gemma; /* Gemma ties by default; the others say so */
     int mlp_bias = 0, use_swa = 0, window = 0, qpas = 0;
@@ -152,14 +244,13 @@ int hf_config_parse(json_t *root, const char *where, hf_config *c, md_err *e) {
         c->head_dim = 256;
     if ((rc = get_int(o, where, "num_key_value_heads", 0, 1, 1024, &c->n_head_kv, e)) ||
         (rc = get_int(o, where, "head_dim", 0, 2, 1024, &c->head_dim, e)) ||
-        (rc = get_num(o, where, "rope_theta", &c->rope_theta, e)) ||
         (rc = get_num(o, where, "rms_norm_eps", &c->eps, e)) ||
         (rc = get_bool(o, where, "tie_word_embeddings", &c->tie_embeddings, e)) ||
         (rc = get_bool(o, where, "attention_bias", &c->attn_bias, e)) ||
         (rc = get_bool(o, where, "mlp_bias", &mlp_bias, e)) ||
         (rc = get_bool(o, where, "use_sliding_window", &use_swa, e)) ||
         (rc = get_int(o, where, "sliding_window", 0, 1, 1 << 24, &window, e)) ||
-        (rc = rope_scaling(o, where, c, e)))
+        (rc = read_rope(o, where, gemma, c, e)))
         return rc;
     if (c->n_head % c->n_head_kv || c->head_dim % 2)
         return md_errf(e, MD_EFORMAT,
@@ -179,8 +270,21 @@ int hf_config_parse(json_t *root, const char *where, hf_config *c, md_err *e) {
     if (act && strcmp(act, want))
         return md_errf(e, MD_EUNSUPP, "%s: activation \"%.32s\" is not supported (%s is)", where,
                        act, want);
-    if (!strcmp(c->model_type, "mistral") && window > 0 && window < c->n_ctx)
-        c->n_ctx = window; /* all layers slide: within one window, full attention is exact */
+    int types = -2; /* layer_types: see read_layer_types; -2 when not given */
+    if ((rc = read_layer_types(o, where, c, &types, e)))
+        return rc;
+    if (!gemma && types >= 0 && strcmp(c->model_type, "mistral"))
+        return md_errf(e, MD_EUNSUPP,
+                       "%s: layer_types has sliding_attention layers: not supported for %s", where,
+                       c->model_type);
+    if (!strcmp(c->model_type, "mistral") && window > 0 && window < c->n_ctx && types != -1) {
+        if (types > 0)
+            return md_errf(e, MD_EUNSUPP,
+                           "%s: layer_types mixes sliding and full layers: not supported for "
+                           "mistral",
+                           where);
+        c->sliding_window = window; /* every layer slides, as GGUF Mistral does */
+    }
     if ((!strcmp(c->arch, "qwen2") || !strcmp(c->arch, "qwen3")) && use_swa)
         return md_errf(e, MD_EUNSUPP,
                        "%s: use_sliding_window is true: Qwen's sliding-window layers are not "
@@ -188,11 +292,9 @@ int hf_config_parse(json_t *root, const char *where, hf_config *c, md_err *e) {
                        where);
     if (gemma) {
         int pattern = 6;
-        c->rope_theta_swa = 10000.0;
         c->norm_plus_one = 1;
         qpas = c->head_dim;
         if ((rc = get_int(o, where, "sliding_window_pattern", 0, 1, 1024, &pattern, e)) ||
-            (rc = get_num(o, where, "rope_local_base_freq", &c->rope_theta_swa, e)) ||
             (rc = get_int(o, where, "query_pre_attn_scalar", 0, 1, 1 << 20, &qpas, e)))
             return rc;
         if (qpas != c->head_dim)
@@ -203,8 +305,10 @@ int hf_config_parse(json_t *root, const char *where, hf_config *c, md_err *e) {
         json_t *acap = json_object_get(o, "attn_logit_softcapping");
         if ((cap && !json_is_null(cap)) || (acap && !json_is_null(acap)))
             return md_errf(e, MD_EUNSUPP, "%s: logit soft-capping is not supported", where);
-        c->sliding_window = window;
-        c->swa_pattern = pattern;
+        if (types != -2) /* layer_types (v5) says what sliding_window_pattern (v4) did */
+            pattern = types;
+        c->sliding_window = pattern < 0 ? 0 : window;
+        c->swa_pattern = pattern < 0 ? 0 : pattern;
     }
     return 0;
 }
@@ -212,6 +316,9 @@ int hf_config_parse(json_t *root, const char *where, hf_config *c, md_err *e) {
 int hf_config_load(const char *dir, hf_config *c, md_err *e) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) /* a FIFO would block fopen forever */
+        return md_errf(e, MD_EIO, "%s: not a regular file", path);
     FILE *fp = fopen(path, "rb");
     if (!fp)
         return md_errf(e, MD_ENOTFOUND,

@@ -8,9 +8,13 @@
  * text_config: its language model). Anything else is MD_EUNSUPP naming the model_type and the
  * architectures. Features the engine cannot run exactly are refused here with the key named
  * (docs/models.md, "Hugging Face directories"): an activation other than SiLU (GELU-tanh for
- * Gemma 3), rope_scaling other than linear or llama3, MLP or output biases, Qwen's
- * use_sliding_window. A Mistral sliding window narrower than max_position_embeddings caps the
- * context at the window (attention over at most the window is then exact).
+ * Gemma 3), a RoPE type other than default, linear or llama3 (named, in either spelling), MLP
+ * or output biases, Qwen's use_sliding_window, layer_types the engine cannot lay out.
+ * RoPE is read as transformers 4 writes it (top-level rope_theta, rope_scaling, Gemma 3's
+ * rope_local_base_freq) and as transformers 5 does (rope_parameters, per layer type for
+ * Gemma 3: full_attention, sliding_attention). Gemma 3's layer pattern comes from
+ * layer_types (v5) or sliding_window_pattern (v4). A Mistral sliding window slides on every
+ * layer, as GGUF Mistral's does; the context stays max_position_embeddings.
  *
  * Nothing here allocates beyond the parse; hf_config is a plain value. */
 #ifndef MEDLEY_ENGINE_HF_CONFIG_H
@@ -26,7 +30,7 @@ typedef struct {
     char arch[16];       /* the GGUF architecture: "llama", "qwen2", "qwen3", "gemma3" */
     char prefix[32];     /* HF tensor name prefix: "model." ("language_model.model." nested) */
     int n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
-    int n_ctx;             /* max_position_embeddings, or the sliding window when narrower */
+    int n_ctx;             /* max_position_embeddings */
     double rope_theta;     /* global layers (and all layers but Gemma 3's local ones) */
     double rope_theta_swa; /* Gemma 3 local layers; 0 otherwise */
     double eps;            /* rms_norm_eps */
@@ -37,8 +41,10 @@ typedef struct {
     int tie_embeddings; /* lm_head is embed_tokens (tie_word_embeddings) */
     int attn_bias;      /* q/k/v projections have biases (Qwen2; Llama attention_bias) */
     int qk_norm;        /* per-head RMSNorm of q and k (Qwen3, Gemma 3) */
-    int sliding_window; /* Gemma 3 local layers' window in tokens; 0: none */
-    int swa_pattern;    /* Gemma 3: layer l is global when (l + 1) % swa_pattern == 0 */
+    int sliding_window; /* window in tokens of the sliding layers (Gemma 3's local ones,
+                           every Mistral layer); 0: none */
+    int swa_pattern;    /* Gemma 3: layer l is global when (l + 1) % swa_pattern == 0; 0:
+                           every layer slides (always so for Mistral) */
     int norm_plus_one;  /* Gemma: RMSNorm multiplies by (1 + w); GGUF stores 1 + w */
 } hf_config;
 

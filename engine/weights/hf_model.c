@@ -116,8 +116,10 @@ static int build_meta(const hf_config *c, const char *dir, void **out, size_t *l
         kv_str(&m, a, "rope.scaling.type", "linear");
         kv_f32(&m, a, "rope.scaling.factor", c->rope_factor);
     }
-    if (c->sliding_window) {
+    if (c->sliding_window)
         kv_u32(&m, a, "attention.sliding_window", (uint32_t)c->sliding_window);
+    if (c->sliding_window && !strcmp(a, "gemma3")) {
+        kv_u32(&m, a, "attention.sliding_window_pattern", (uint32_t)c->swa_pattern);
         kv_f32(&m, a, "rope.freq_base_swa", c->rope_theta_swa);
     }
     if (m.failed) {

@@ -220,10 +220,14 @@ int md_model_resolve(const char *name_or_path, int allow_path, char *path, size_
             return md_errf(e, MD_ERANGE, "model path is longer than %zu bytes", pathsz);
         return 0;
     }
-    char known[256] = "";
+    char known[1024] = "", name[80], target[8];
     size_t k = 0;
     for (int i = 0; i < N_MODELS && k < sizeof known; i++)
         k += (size_t)snprintf(known + k, sizeof known - k, "%s%s", i ? ", " : "", models[i].name);
+    for (int i = 0;
+         k < sizeof known && md_model_added_at(i, name, sizeof name, target, sizeof target) == 0;
+         i++) /* `medley models add` ones too */
+        k += (size_t)snprintf(known + k, sizeof known - k, "%s%s", i ? ", " : "; added: ", name);
     if (allow_path && strchr(name_or_path, '/'))
         return md_errf(e, MD_ENOTFOUND,
                        "model %s is neither a file nor a Hugging Face directory (config.json)",

@@ -321,7 +321,8 @@ static int add_shard(st_file *f, const char *path, const void *buf, size_t len, 
         s->size = len;
         return parse_shard(f, f->n_shards - 1, e);
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO's open would wait for a writer; fstat below refuses it instead */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return md_errf(e, errno == ENOENT ? MD_ENOTFOUND : MD_EIO, "%s: %s", path, strerror(errno));
     struct stat st;
@@ -452,6 +453,8 @@ int st_open_dir(const char *dir, st_file **out, md_err *e) {
                            dir);
         return st_open(spath, out, e);
     }
+    if (!S_ISREG(st.st_mode)) /* a FIFO would block json_load_file forever */
+        return md_errf(e, MD_EIO, "%s: not a regular file", ipath);
     if (st.st_size > (off_t)ST_MAX_INDEX)
         return md_errf(e, MD_EFORMAT, "%s: %lld bytes is too large for a shard index", ipath,
                        (long long)st.st_size);

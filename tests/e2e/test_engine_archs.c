@@ -4,7 +4,8 @@
  * Q8_0/Q4_0/Q4_1 weights), Llama 3.1-style (rope_freqs divisors, multi-query attention, tied
  * head; Q4_K/Q6_K/Q8_0 weights), Qwen3 (QK-norm), Mistral with a sliding window and Gemma 3
  * (sliding and global layers, GeGLU, extra norms, scaled embeddings; Q5_0 weights), the
- * sliding ones also fed token by token so the window is applied over the KV cache. Also that a
+ * sliding ones also fed token by token so the window is applied over the KV cache; three of
+ * them again as transformers 5 Hugging Face directories (tests/fixtures/hf). Also that a
  * model file whose tensors do not fit the metadata is refused with a reason, device selection
  * ("auto") without a GPU, and the CPU backend's fit check and argmax op. No real model needed: runs
  * with the unit tests. */
@@ -20,6 +21,8 @@
 
 #include "engine/weights/gguf.h"
 #include "engine/model/model.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "engine/weights/hf_model.h"
 #include "kernels/backend.h"
 #ifdef MEDLEY_HAVE_CUDA
 #include "kernels/cuda/backend_cuda.h"
@@ -33,10 +36,12 @@
 
 /* chunk 0: the whole prompt in one step; else the first `chunk` tokens in one step and the
  * rest one per step (decode over the cache). */
-static void check_model_steps(const char *file, const char *device, double tol, int relative,
-                              int chunk) {
+/* rel: the model under tests/fixtures (a GGUF file or an HF directory); file: its entry in
+ * tiny_logits.json. */
+static void check_model_at(const char *rel, const char *file, const char *device, double tol,
+                           int relative, int chunk) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/engine/%s", MEDLEY_FIXTURES, file);
+    snprintf(path, sizeof path, "%s/%s", MEDLEY_FIXTURES, rel);
     json_t *fx = test_fixture("tiny_logits.json");
     assert_non_null(fx);
     json_t *ref = json_object_get(json_object_get(fx, "models"), file);
@@ -45,7 +50,7 @@ static void check_model_steps(const char *file, const char *device, double tol, 
     md_backend *be;
     md_model *m;
     md_err e = {0};
-    if (gguf_open(path, &gf, &e) || md_backend_open(device, 2, &be, &e) ||
+    if (md_model_open(path, &gf, &e) || md_backend_open(device, 2, &be, &e) ||
         md_model_load(gf, be, &m, &e))
         fail_msg("%s: %s", file, e.msg);
     int n, V = m->hp.n_vocab;
@@ -109,7 +114,7 @@ static void check_model_steps(const char *file, const char *device, double tol, 
     double limit = relative ? tol * (hi - lo) : tol;
     printf("%s on %s%s: max |logit error| %.2e over %d x %d logits (limit %.2e, logits in "
            "[%.2f, %.2f])\n",
-           file, device, chunk ? " token by token" : "", max_err, nl, V, limit, lo, hi);
+           rel, device, chunk ? " token by token" : "", max_err, nl, V, limit, lo, hi);
     assert_true(max_err <= limit);
     free(lg);
     free(toks);
@@ -119,6 +124,13 @@ static void check_model_steps(const char *file, const char *device, double tol, 
     md_backend_free(be);
     gguf_close(gf);
     json_decref(fx);
+}
+
+static void check_model_steps(const char *file, const char *device, double tol, int relative,
+                              int chunk) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "engine/%s", file);
+    check_model_at(rel, file, device, tol, relative, chunk);
 }
 
 static void check_model(const char *file, const char *device, double tol, int relative) {
@@ -160,6 +172,54 @@ static void test_gemma3_fast_kernels(void **state) {
 }
 static void test_gemma3_over_kv_cache(void **state) {
     check_model_steps("tiny-gemma3.gguf", "cpu-exact", EXACT_TOL, 0, 3);
+}
+
+/* The same weights as Hugging Face directories written by transformers 5
+ * (tests/fixtures/hf/make_hf_tiny.py): RoPE only in rope_parameters (Qwen2: theta 1e6, linear
+ * factor 2; Gemma 3: per layer type), Gemma 3's pattern only in layer_types (beside a stale
+ * "_sliding_window_pattern": 6), Mistral's window sliding over a prompt five windows long. */
+static void test_hf_qwen2_rope_parameters_exact(void **state) {
+    check_model_at("hf/tiny-qwen2", "tiny-qwen2.gguf", "cpu-exact", EXACT_TOL, 0, 0);
+}
+static void test_hf_mistral_slides_like_gguf(void **state) {
+    check_model_at("hf/tiny-mistral", "tiny-mistral-swa.gguf", "cpu-exact", EXACT_TOL, 0, 0);
+    check_model_at("hf/tiny-mistral", "tiny-mistral-swa.gguf", "cpu-exact", EXACT_TOL, 0, 5);
+}
+static void test_hf_gemma3_layer_types_exact(void **state) {
+    check_model_at("hf/tiny-gemma3", "tiny-gemma3.gguf", "cpu-exact", EXACT_TOL, 0, 0);
+    check_model_at("hf/tiny-gemma3", "tiny-gemma3.gguf", "cpu-exact", EXACT_TOL, 0, 3);
+}
+
+/* Their tokenizers, saved by PreTrainedTokenizerFast.save_pretrained (tokenizer_config.json
+ * holds model_max_length 1e30 as an integer): they load, and encode as the tokenizers package
+ * did. */
+static void test_hf_save_pretrained_tokenizers(void **state) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/hf/tiny_hf.json", MEDLEY_FIXTURES);
+    json_error_t je;
+    json_t *fx = json_load_file(path, 0, &je), *v;
+    assert_non_null(fx);
+    const char *name;
+    json_object_foreach(json_object_get(fx, "models"), name, v) {
+        snprintf(path, sizeof path, "%s/hf/%s", MEDLEY_FIXTURES, name);
+        gguf_file *gf;
+        tok_tokenizer *t;
+        md_err e = {0};
+        if (md_model_open(path, &gf, &e) || md_model_tokenizer(gf, &t, &e))
+            fail_msg("%s: %s", name, e.msg);
+        assert_int_equal(tok_n_vocab(t), 300);
+        const char *text = json_string_value(json_object_get(v, "sample"));
+        int n_want, n;
+        int32_t *want = test_ids(json_object_get(v, "sample_ids"), &n_want), *ids;
+        assert_int_equal(tok_encode(t, text, strlen(text), 0, 0, &ids, &n, &e), 0);
+        assert_int_equal(n, n_want);
+        assert_memory_equal(ids, want, (size_t)n * sizeof *ids);
+        free(ids);
+        free(want);
+        tok_free(t);
+        gguf_close(gf);
+    }
+    json_decref(fx);
 }
 
 /* What the sliding-window and Gemma 3 hyperparameters read as, and their refusal on a
@@ -299,6 +359,10 @@ int main(void) {
         cmocka_unit_test(test_gemma3_fast_kernels),
         cmocka_unit_test(test_gemma3_over_kv_cache),
         cmocka_unit_test(test_gemma3_hparams_and_missing_ops),
+        cmocka_unit_test(test_hf_qwen2_rope_parameters_exact),
+        cmocka_unit_test(test_hf_mistral_slides_like_gguf),
+        cmocka_unit_test(test_hf_gemma3_layer_types_exact),
+        cmocka_unit_test(test_hf_save_pretrained_tokenizers),
         cmocka_unit_test(test_unusable_model_refused_with_reason),
         cmocka_unit_test(test_auto_device_picks_cpu_without_gpu),
         cmocka_unit_test(test_cpu_check_fits_refuses_more_than_ram),

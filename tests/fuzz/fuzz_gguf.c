@@ -14,15 +14,7 @@
 
 #include "engine/weights/gguf.h"
 #include "engine/weights/quant.h"
-
-static volatile unsigned sink;
-
-static void touch(const void *p, size_t n) {
-    unsigned acc = 0;
-    for (size_t i = 0; i < n; i++)
-        acc += ((const uint8_t *)p)[i];
-    sink += acc;
-}
+#include "fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     gguf_file *f = NULL;
@@ -42,23 +34,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             abort();
         gguf_get_u64(f, k, &u, &e);
         if (gguf_get_str(f, k, &s, &len, &e) == 0)
-            touch(s, len);
+            fuzz_touch(s, len);
         if (gguf_get_arr(f, k, &et, &n, &e) == 0) {
             if (et == GGUF_T_STRING)
                 for (uint64_t j = 0; j < n; j++)
                     if (gguf_arr_str(f, k, j, &s, &len, &e) == 0)
-                        touch(s, len);
+                        fuzz_touch(s, len);
                     else
                         abort();
             else if (gguf_arr_data(f, k, &d, &e) == 0 && n)
-                touch(d, 1);
+                fuzz_touch(d, 1);
         }
     }
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         if (gguf_find_tensor(f, t->name) != t)
             abort();
-        touch(t->data, t->n_bytes);
+        fuzz_touch(t->data, t->n_bytes);
         if (t->n_elements <= (1 << 16)) {
             float *y = malloc((size_t)t->n_elements * sizeof *y);
             if (y)

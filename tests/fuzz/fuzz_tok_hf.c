@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine/tokenizer/tokenizer.h"
+#include "fuzz/fuzz_tok.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *json = (const char *)data, *cfg = NULL;
@@ -32,18 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     static const char *const texts[] = {"hello 123 <|end|> x", "\xff\xc3 \xed\xa0\x80 e\xcc\x81",
                                         ""};
-    for (int i = 0; i < 3; i++)
-        for (int special = 0; special < 2; special++) {
-            int32_t *ids;
-            int n;
-            if (tok_encode(t, texts[i], strlen(texts[i]), 1, special, &ids, &n, &e))
-                continue;
-            char *out;
-            size_t ol;
-            if (tok_decode(t, ids, n, 1, &out, &ol, &e) == 0)
-                free(out);
-            free(ids);
-        }
+    fuzz_tok_roundtrip(t, texts, 3);
     tok_free(t);
     return 0;
 }

@@ -18,35 +18,10 @@
 #include <string.h>
 
 #include "engine/weights/quant.h"
+#include "fuzz/fuzz_util.h"
 #include "unit/test_gguf_builder.h"
 
-static uint64_t rng_state;
 static long n_files, n_accepted;
-
-static uint64_t rnd(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-static size_t rnd_below(size_t n) {
-    return n ? (size_t)(rnd() % n) : 0;
-}
-
-static long iters(void) {
-    const char *s = getenv("MEDLEY_FUZZ_ITERS");
-    long n = s ? atol(s) : 0;
-    return n > 0 ? n : 4000;
-}
-
-/* Read every byte of a range (ASan checks each read). */
-static volatile unsigned sink;
-static void touch(const void *p, size_t n) {
-    unsigned acc = 0;
-    for (size_t i = 0; i < n; i++)
-        acc += ((const uint8_t *)p)[i];
-    sink += acc;
-}
 
 /* Touch everything an accepted file exposes. */
 static void exercise(gguf_file *f) {
@@ -69,22 +44,23 @@ static void exercise(gguf_file *f) {
         gguf_get_f32(f, k, &x, &e);
         gguf_get_bool(f, k, &b, &e);
         if (gguf_get_str(f, k, &str, &len, &e) == 0)
-            touch(str, len);
+            fuzz_touch(str, len);
         if (gguf_get_arr(f, k, &et, &n, &e) == 0) {
             if (et == GGUF_T_STRING) {
                 for (uint64_t j = 0; j < n && j < 100000; j++) {
                     assert_int_equal(gguf_arr_str(f, k, j, &str, &len, &e), 0);
-                    touch(str, len);
+                    fuzz_touch(str, len);
                 }
                 assert_int_equal(gguf_arr_str(f, k, n, &str, &len, &e), MD_ERANGE);
             } else if (et != GGUF_T_ARRAY) {
                 assert_int_equal(gguf_arr_data(f, k, &data, &e), 0);
-                touch(data, (size_t)n *
-                                (et == GGUF_T_UINT8 || et == GGUF_T_INT8 || et == GGUF_T_BOOL ? 1
-                                 : et == GGUF_T_UINT16 || et == GGUF_T_INT16                  ? 2
-                                 : et == GGUF_T_UINT64 || et == GGUF_T_INT64 || et == GGUF_T_FLOAT64
-                                     ? 8
-                                     : 4));
+                fuzz_touch(data,
+                           (size_t)n *
+                               (et == GGUF_T_UINT8 || et == GGUF_T_INT8 || et == GGUF_T_BOOL ? 1
+                                : et == GGUF_T_UINT16 || et == GGUF_T_INT16                  ? 2
+                                : et == GGUF_T_UINT64 || et == GGUF_T_INT64 || et == GGUF_T_FLOAT64
+                                    ? 8
+                                    : 4));
             }
         }
     }
@@ -105,10 +81,8 @@ static void exercise(gguf_file *f) {
 
 /* Open buf[0..len) from an exact-size copy; check the outcome. */
 static void try_file(const uint8_t *buf, size_t len) {
-    uint8_t *copy = malloc(len ? len : 1);
+    uint8_t *copy = fuzz_copy(buf, len);
     assert_non_null(copy);
-    if (len)
-        memcpy(copy, buf, len);
     gguf_file *f = NULL;
     md_err e = {0};
     int rc = gguf_open_mem(copy, len, &f, &e);
@@ -235,11 +209,12 @@ static void lying_fields(void **st) {
         }
     }
     /* two lies at once */
-    for (long r = 0; r < iters(); r++) {
+    for (long r = 0; r < fuzz_iters(); r++) {
         memcpy(c, b.buf, b.len);
         for (int j = 0; j < 2; j++) {
-            field f = fs[rnd_below((size_t)nf)];
-            uint64_t v = rnd() & 1 ? interesting[rnd_below(N_INTERESTING)] : rnd_below(b.len * 2);
+            field f = fs[fuzz_below((size_t)nf)];
+            uint64_t v =
+                fuzz_rnd() & 1 ? interesting[fuzz_below(N_INTERESTING)] : fuzz_below(b.len * 2);
             put_field(c + f.at, f.width, v);
         }
         try_file(c, b.len);
@@ -252,19 +227,15 @@ static void bit_flips_and_byte_changes(void **st) {
     gb_marks m;
     gb b = gb_small_model(&m);
     uint8_t *c = malloc(b.len);
-    for (long r = 0; r < iters(); r++) {
+    for (long r = 0; r < fuzz_iters(); r++) {
         memcpy(c, b.buf, b.len);
-        int k = 1 + (int)rnd_below(4);
+        int k = 1 + (int)fuzz_below(4);
         /* mostly in the header, where the structure is */
-        size_t span = rnd() & 3 ? m.data : b.len;
+        size_t span = fuzz_rnd() & 3 ? m.data : b.len;
         for (int j = 0; j < k; j++) {
-            size_t at = rnd_below(span);
-            if (rnd() & 1)
-                c[at] ^= (uint8_t)(1u << rnd_below(8));
-            else
-                c[at] = (uint8_t)rnd();
+            fuzz_flip_or_set(c, fuzz_below(span));
         }
-        try_file(c, rnd() % 8 ? b.len : rnd_below(b.len + 1));
+        try_file(c, fuzz_rnd() % 8 ? b.len : fuzz_below(b.len + 1));
     }
     free(c);
     free(b.buf);
@@ -274,21 +245,13 @@ static void inserted_and_deleted_bytes(void **st) {
     gb_marks m;
     gb b = gb_small_model(&m);
     uint8_t *c = malloc(b.len + 64);
-    for (long r = 0; r < iters() / 2; r++) {
-        size_t at = rnd_below(m.data), n = 1 + rnd_below(16);
-        memcpy(c, b.buf, at);
-        size_t len;
-        if (rnd() & 1) { /* insert n random bytes */
-            for (size_t j = 0; j < n; j++)
-                c[at + j] = (uint8_t)rnd();
-            memcpy(c + at + n, b.buf + at, b.len - at);
-            len = b.len + n;
-        } else { /* delete n bytes */
-            if (at + n > b.len)
-                n = b.len - at;
-            memcpy(c + at, b.buf + at + n, b.len - at - n);
-            len = b.len - n;
-        }
+    for (long r = 0; r < fuzz_iters() / 2; r++) {
+        size_t at = fuzz_below(m.data), n = 1 + fuzz_below(16), len = b.len;
+        memcpy(c, b.buf, b.len);
+        if (fuzz_rnd() & 1)
+            fuzz_insert(c, &len, at, n);
+        else
+            fuzz_delete(c, &len, at, n);
         try_file(c, len);
     }
     free(c);
@@ -319,19 +282,19 @@ static void real_model_header_mutations(void **st) {
     assert_int_equal(fread(h, 1, hlen, fp), hlen);
     fclose(fp);
     gguf_close(f);
-    long rounds = iters() / 4, before = n_files;
+    long rounds = fuzz_iters() / 4, before = n_files;
     for (long r = 0; r < rounds; r++) {
         memcpy(c, h, hlen);
         switch (r % 4) {
-        case 0: c[rnd_below(hlen)] ^= (uint8_t)(1u << rnd_below(8)); break;
+        case 0: c[fuzz_below(hlen)] ^= (uint8_t)(1u << fuzz_below(8)); break;
         case 1: { /* a lying u64 somewhere in the first kilobyte (counts and key lengths) */
-            uint64_t v = interesting[rnd_below(N_INTERESTING)];
-            memcpy(c + rnd_below(1024 - 8), &v, 8);
+            uint64_t v = interesting[fuzz_below(N_INTERESTING)];
+            memcpy(c + fuzz_below(1024 - 8), &v, 8);
         } break;
-        case 2: c[hlen - 1 - rnd_below(65536)] = (uint8_t)rnd(); break; /* tensor directory */
-        case 3: break;                                                  /* truncation only */
+        case 2: c[hlen - 1 - fuzz_below(65536)] = (uint8_t)fuzz_rnd(); break; /* tensor directory */
+        case 3: break;                                                        /* truncation only */
         }
-        try_file(c, r % 4 == 3 ? rnd_below(hlen) : hlen);
+        try_file(c, r % 4 == 3 ? fuzz_below(hlen) : hlen);
     }
     assert_int_equal(n_files - before, rounds);
     free(h);
@@ -345,13 +308,12 @@ static int report(void **st) {
 }
 
 static void total_is_at_least_ten_thousand(void **st) {
-    if (iters() >= 4000)
+    if (fuzz_iters() >= 4000)
         assert_true(n_files >= 10000);
 }
 
 int main(void) {
-    const char *seed = getenv("MEDLEY_FUZZ_SEED");
-    rng_state = seed ? strtoull(seed, NULL, 0) : 0x6d65646c6579ULL;
+    fuzz_seed(0x6d65646c6579ULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(small_model_is_accepted),
         cmocka_unit_test(truncation_at_every_byte),

@@ -20,33 +20,14 @@
 
 #include "engine/weights/quant.h"
 #include "engine/weights/safetensors.h"
+#include "fuzz/fuzz_util.h"
 
-static uint64_t rng_state;
 static long n_files, n_accepted;
-
-static uint64_t rnd(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-static size_t rnd_below(size_t n) {
-    return n ? (size_t)(rnd() % n) : 0;
-}
-
-static long iters(void) {
-    const char *s = getenv("MEDLEY_FUZZ_ITERS");
-    long n = s ? atol(s) : 0;
-    return n > 0 ? n : 4000;
-}
-
-static volatile unsigned sink;
 
 /* Open a heap copy of exactly len bytes; check the contract either way. */
 static void feed(const uint8_t *buf, size_t len) {
-    uint8_t *p = malloc(len ? len : 1);
+    uint8_t *p = fuzz_copy(buf, len);
     assert_non_null(p);
-    memcpy(p, buf, len);
     st_file *f = NULL;
     md_err e = {0};
     int rc = st_open_mem(p, len, "fuzz.safetensors", &f, &e);
@@ -61,10 +42,7 @@ static void feed(const uint8_t *buf, size_t len) {
         for (int64_t i = 0; i < st_n_tensors(f); i++) {
             const st_tensor *t = st_tensor_at(f, i);
             assert_ptr_equal(st_find(f, t->name), t);
-            unsigned acc = 0;
-            for (size_t b = 0; b < t->n_bytes; b++)
-                acc += ((const uint8_t *)t->data)[b];
-            sink += acc;
+            fuzz_touch(t->data, t->n_bytes);
             if (t->n_elements && t->n_elements <= 4096) {
                 float y[4096];
                 assert_int_equal(md_dequantize(t->type, t->data, y, t->n_elements, &e), 0);
@@ -115,28 +93,28 @@ static void byte_mutations(void **state) {
     (void)state;
     make_seed();
     uint8_t b[2048];
-    for (long it = 0; it < iters() * 4; it++) {
+    for (long it = 0; it < fuzz_iters() * 4; it++) {
         memcpy(b, seed, seed_len);
         size_t len = seed_len;
-        int k = 1 + (int)rnd_below(4);
+        int k = 1 + (int)fuzz_below(4);
         for (int j = 0; j < k; j++) {
-            size_t at = rnd_below(8 + seed_hlen);
-            switch (rnd_below(6)) {
-            case 0: b[at] ^= (uint8_t)(1u << rnd_below(8)); break;
-            case 1: b[at] = (uint8_t)rnd(); break;
+            size_t at = fuzz_below(8 + seed_hlen);
+            switch (fuzz_below(6)) {
+            case 0: b[at] ^= (uint8_t)(1u << fuzz_below(8)); break;
+            case 1: b[at] = (uint8_t)fuzz_rnd(); break;
             case 2: /* a digit rewritten: offsets and shapes lie */
                 if (b[at] >= '0' && b[at] <= '9')
-                    b[at] = (uint8_t)('0' + rnd_below(10));
+                    b[at] = (uint8_t)('0' + fuzz_below(10));
                 break;
             case 3: { /* the length prefix lies */
-                uint64_t v = rnd_below(3) ? seed_hlen + rnd_below(64) - 32 : rnd();
+                uint64_t v = fuzz_below(3) ? seed_hlen + fuzz_below(64) - 32 : fuzz_rnd();
                 memcpy(b, &v, 8);
                 break;
             }
             case 4: /* insert a byte */
                 if (len < sizeof b - 1) {
                     memmove(b + at + 1, b + at, len - at);
-                    b[at] = "{}[],:\"0 9-e."[rnd_below(13)];
+                    b[at] = "{}[],:\"0 9-e."[fuzz_below(13)];
                     len++;
                 }
                 break;
@@ -156,22 +134,22 @@ static void structured(void **state) {
     (void)state;
     static const char *dtypes[] = {"F32", "F16", "BF16", "F64", "I8", "", "BOOL"};
     uint8_t b[4096];
-    for (long it = 0; it < iters(); it++) {
+    for (long it = 0; it < fuzz_iters(); it++) {
         char h[2048];
-        int n = 0, nt = (int)rnd_below(4);
+        int n = 0, nt = (int)fuzz_below(4);
         n += snprintf(h + n, sizeof h - n, "{");
         for (int t = 0; t < nt; t++) {
-            long long o0 = (long long)rnd_below(40) - 4, o1 = (long long)rnd_below(48) - 4;
+            long long o0 = (long long)fuzz_below(40) - 4, o1 = (long long)fuzz_below(48) - 4;
             n += snprintf(
                 h + n, sizeof h - n,
                 "%s\"t%d\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%lld,%lld]}",
-                t ? "," : "", (int)rnd_below(3), dtypes[rnd_below(7)],
-                (long long)rnd_below(5) - (rnd_below(8) == 0), (long long)rnd_below(5), o0, o1);
+                t ? "," : "", (int)fuzz_below(3), dtypes[fuzz_below(7)],
+                (long long)fuzz_below(5) - (fuzz_below(8) == 0), (long long)fuzz_below(5), o0, o1);
         }
         n += snprintf(h + n, sizeof h - n, "}");
         while (n % 8)
             h[n++] = ' ';
-        size_t data = rnd_below(48);
+        size_t data = fuzz_below(48);
         uint64_t hl = (uint64_t)n;
         memcpy(b, &hl, 8);
         memcpy(b + 8, h, (size_t)n);
@@ -181,8 +159,7 @@ static void structured(void **state) {
 }
 
 int main(void) {
-    const char *s = getenv("MEDLEY_FUZZ_SEED");
-    rng_state = s ? strtoull(s, NULL, 10) : 0x5afe7e25ULL;
+    fuzz_seed(0x5afe7e25ULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(seed_accepted),
         cmocka_unit_test(truncations),

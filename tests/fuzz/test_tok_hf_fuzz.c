@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include "engine/tokenizer/tokenizer.h"
+#include "fuzz/fuzz_tok.h"
+#include "fuzz/fuzz_util.h"
 
 static const char *const k_seeds[] = {
     /* byte-level: Digits + ByteLevel, string and pair merges, a special token */
@@ -57,14 +59,6 @@ static const char *const k_texts[] = {
     "<|end|><|end|> <|end|>h",
 };
 
-static uint64_t g_rng = 0x9E3779B97F4A7C15ULL;
-static uint32_t rnd(uint32_t n) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return n ? (uint32_t)(g_rng % n) : 0;
-}
-
 static json_t *random_value(void) {
     static const char *const strs[] = {
         "",
@@ -93,21 +87,21 @@ static json_t *random_value(void) {
         "<|end|>",
         "h e",
     };
-    switch (rnd(10)) {
+    switch (fuzz_below(10)) {
     case 0: return json_null();
-    case 1: return json_boolean(rnd(2));
-    case 2: return json_integer((json_int_t)rnd(16) - 2);
-    case 3: return json_integer(rnd(2) ? 4000000000LL : -4000000000LL);
-    case 4: return json_real(rnd(2) ? 1e308 : 0.5);
+    case 1: return json_boolean(fuzz_below(2));
+    case 2: return json_integer((json_int_t)fuzz_below(16) - 2);
+    case 3: return json_integer(fuzz_below(2) ? 4000000000LL : -4000000000LL);
+    case 4: return json_real(fuzz_below(2) ? 1e308 : 0.5);
     case 5: return json_array();
     case 6: return json_object();
     case 7: {
         json_t *a = json_array();
-        json_array_append_new(a, json_string(strs[rnd(25)]));
-        json_array_append_new(a, json_string(strs[rnd(25)]));
+        json_array_append_new(a, json_string(strs[fuzz_below(25)]));
+        json_array_append_new(a, json_string(strs[fuzz_below(25)]));
         return a;
     }
-    default: return json_string(strs[rnd(25)]);
+    default: return json_string(strs[fuzz_below(25)]);
     }
 }
 
@@ -135,12 +129,12 @@ static void mutate(json_t *root) {
     collect(root, &nodes, &n, &cap);
     json_t *pick = NULL;
     for (int tries = 0; tries < 8 && !pick; tries++) {
-        json_t *c = nodes[rnd((uint32_t)n)];
+        json_t *c = nodes[fuzz_below(n)];
         if ((json_is_object(c) && json_object_size(c)) || (json_is_array(c) && json_array_size(c)))
             pick = c;
     }
     if (pick && json_is_object(pick)) {
-        size_t k = rnd((uint32_t)json_object_size(pick)), i = 0;
+        size_t k = fuzz_below(json_object_size(pick)), i = 0;
         const char *key;
         json_t *c;
         json_object_foreach(pick, key, c) {
@@ -148,15 +142,15 @@ static void mutate(json_t *root) {
                 continue;
             char name[256];
             snprintf(name, sizeof name, "%s", key);
-            if (rnd(5) == 0)
+            if (fuzz_below(5) == 0)
                 json_object_del(pick, name);
             else
                 json_object_set_new(pick, name, random_value());
             break;
         }
     } else if (pick) {
-        size_t k = rnd((uint32_t)json_array_size(pick));
-        switch (rnd(3)) {
+        size_t k = fuzz_below(json_array_size(pick));
+        switch (fuzz_below(3)) {
         case 0: json_array_remove(pick, k); break;
         case 1: json_array_append(pick, json_array_get(pick, k)); break;
         default: json_array_set_new(pick, k, random_value()); break;
@@ -176,18 +170,7 @@ static void try_load(const char *text, size_t len, const char *cfg) {
         return;
     }
     tok_chat_choose(t, NULL, &e);
-    for (size_t i = 0; i < sizeof k_texts / sizeof *k_texts; i++)
-        for (int special = 0; special < 2; special++) {
-            int32_t *ids;
-            int n;
-            if (tok_encode(t, k_texts[i], strlen(k_texts[i]), 1, special, &ids, &n, &e))
-                continue;
-            char *out;
-            size_t ol;
-            if (tok_decode(t, ids, n, 1, &out, &ol, &e) == 0)
-                free(out);
-            free(ids);
-        }
+    fuzz_tok_roundtrip(t, k_texts, sizeof k_texts / sizeof *k_texts);
     tok_free(t);
 }
 
@@ -201,7 +184,7 @@ static void mutated_documents_load_or_fail_cleanly(void **st) {
         try_load(k_seeds[s], strlen(k_seeds[s]), NULL);
         for (int it = 0; it < 1500; it++) {
             json_t *doc = json_deep_copy(seed);
-            for (int m = 1 + (int)rnd(3); m > 0; m--)
+            for (int m = 1 + (int)fuzz_below(3); m > 0; m--)
                 mutate(doc);
             char *text = json_dumps(doc, JSON_COMPACT);
             md_err e = {0};
@@ -210,7 +193,7 @@ static void mutated_documents_load_or_fail_cleanly(void **st) {
                 loaded++;
                 tok_free(t);
             }
-            try_load(text, strlen(text), rnd(4) ? NULL : "{\"bos_token\": \"h\"}");
+            try_load(text, strlen(text), fuzz_below(4) ? NULL : "{\"bos_token\": \"h\"}");
             total++;
             free(text);
             json_decref(doc);
@@ -231,8 +214,8 @@ static void flipped_and_truncated_bytes_load_or_fail_cleanly(void **st) {
             try_load(k_seeds[s], cut, NULL);
         for (int it = 0; it < 1500; it++) {
             memcpy(buf, k_seeds[s], n + 1);
-            for (int f = 1 + (int)rnd(4); f > 0; f--)
-                buf[rnd((uint32_t)n)] = (char)rnd(256);
+            for (int f = 1 + (int)fuzz_below(4); f > 0; f--)
+                buf[fuzz_below(n)] = (char)fuzz_below(256);
             try_load(buf, n, NULL);
         }
         free(buf);
@@ -240,6 +223,7 @@ static void flipped_and_truncated_bytes_load_or_fail_cleanly(void **st) {
 }
 
 int main(void) {
+    fuzz_seed(0x746f6b5f6866ULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mutated_documents_load_or_fail_cleanly),
         cmocka_unit_test(flipped_and_truncated_bytes_load_or_fail_cleanly),

@@ -35,37 +35,12 @@
 #include "engine/shard/link.h"
 #include "engine/shard/wire.h"
 #include "engine/shard/wire_io.h"
-
-static uint64_t rng_state;
-
-static uint64_t rnd(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-static size_t rnd_below(size_t n) {
-    return n ? (size_t)(rnd() % n) : 0;
-}
-
-static long iters(void) {
-    const char *s = getenv("MEDLEY_FUZZ_ITERS");
-    long n = s ? atol(s) : 0;
-    return n > 0 ? n : 4000;
-}
+#include "fuzz/fuzz_util.h"
 
 static int seed_rng(void **state) {
-    const char *s = getenv("MEDLEY_FUZZ_SEED");
-    rng_state = s ? strtoull(s, NULL, 0) : 0x3d5a6e1f;
+    (void)state;
+    fuzz_seed(0x3d5a6e1f);
     return 0;
-}
-
-static volatile unsigned sink;
-static void touch(const void *p, size_t n) {
-    unsigned acc = 0;
-    for (size_t i = 0; i < n; i++)
-        acc += ((const uint8_t *)p)[i];
-    sink += acc;
 }
 
 static void put32(uint8_t *p, uint32_t v) {
@@ -78,46 +53,41 @@ static void mutate(uint8_t *f, size_t *n, size_t cap) {
     static const uint32_t edges[] = {0,   1,          2,          3,          4,          7,    8,
                                      15,  16,         63,         64,         255,        256,  511,
                                      512, 0x7fffffff, 0x80000000, 0xffffffff, 0xfffffffe, 65536};
-    int rounds = 1 + (int)rnd_below(3);
+    int rounds = 1 + (int)fuzz_below(3);
     for (int r = 0; r < rounds; r++) {
-        switch (rnd_below(6)) {
+        switch (fuzz_below(6)) {
         case 0: /* bit flips */
-            for (int k = 1 + (int)rnd_below(4); k > 0 && *n; k--) {
-                size_t bit = rnd_below(*n * 8);
+            for (int k = 1 + (int)fuzz_below(4); k > 0 && *n; k--) {
+                size_t bit = fuzz_below(*n * 8);
                 f[bit / 8] ^= (uint8_t)(1u << (bit % 8));
             }
             break;
         case 1:
             if (*n)
-                f[rnd_below(*n)] = (uint8_t)rnd();
+                f[fuzz_below(*n)] = (uint8_t)fuzz_rnd();
             break;
         case 2: /* an int32 field (payload offsets are 4-aligned) to an edge value, or +-1 */
             if (*n >= MD_WIRE_HDR + 4) {
-                size_t off = MD_WIRE_HDR + 4 * rnd_below((*n - MD_WIRE_HDR) / 4);
-                uint32_t v = edges[rnd_below(sizeof edges / sizeof edges[0])];
-                if (rnd() & 1) {
+                size_t off = MD_WIRE_HDR + 4 * fuzz_below((*n - MD_WIRE_HDR) / 4);
+                uint32_t v = edges[fuzz_below(sizeof edges / sizeof edges[0])];
+                if (fuzz_rnd() & 1) {
                     v = (uint32_t)f[off] | (uint32_t)f[off + 1] << 8 | (uint32_t)f[off + 2] << 16 |
                         (uint32_t)f[off + 3] << 24;
-                    v += rnd() & 1 ? 1u : 0xffffffffu;
+                    v += fuzz_rnd() & 1 ? 1u : 0xffffffffu;
                 }
                 put32(f + off, v);
             }
             break;
-        case 3: *n = rnd_below(*n + 1); break;
+        case 3: *n = fuzz_below(*n + 1); break;
         case 4: { /* insert up to 8 bytes */
-            size_t k = 1 + rnd_below(8), at = rnd_below(*n + 1);
-            if (*n + k <= cap) {
-                memmove(f + at + k, f + at, *n - at);
-                for (size_t i = 0; i < k; i++)
-                    f[at + i] = (uint8_t)rnd();
-                *n += k;
-            }
+            size_t k = 1 + fuzz_below(8), at = fuzz_below(*n + 1);
+            if (*n + k <= cap)
+                fuzz_insert(f, n, at, k);
             break;
         }
         default: { /* delete a range */
-            size_t at = rnd_below(*n + 1), k = rnd_below(*n - at + 1);
-            memmove(f + at, f + at + k, *n - at - k);
-            *n -= k;
+            size_t at = fuzz_below(*n + 1), k = fuzz_below(*n - at + 1);
+            fuzz_delete(f, n, at, k);
         }
         }
     }
@@ -135,9 +105,8 @@ static void reseal(uint8_t *f, size_t n) {
 
 /* Every decoder on payload p of n bytes (an exact-size copy is made); results checked. */
 static void decode_all(const uint8_t *src, size_t n, const md_wire_limits *l) {
-    uint8_t *p = malloc(n ? n : 1);
+    uint8_t *p = fuzz_copy(src, n);
     assert_non_null(p);
-    memcpy(p, src, n);
     md_err e = {0};
     md_stage_config c;
     int nv, ne;
@@ -161,15 +130,15 @@ static void decode_all(const uint8_t *src, size_t n, const md_wire_limits *l) {
         assert_true(b.n_logits >= 0 && b.n_logits <= l->max_seqs);
         assert_true(b.max_blocks >= 1 && b.max_blocks <= l->max_blocks);
         size_t T = (size_t)b.n_tokens, S = (size_t)b.n_seqs;
-        touch(b.tokens, 4 * T);
-        touch(b.tok_seq, 4 * T);
-        touch(b.tok_pos, 4 * T);
-        touch(b.slot, 4 * T);
-        touch(b.seq_len, 4 * S);
-        touch(b.block_table, 4 * S * (size_t)b.max_blocks);
-        touch(b.logit_rows, 4 * (size_t)b.n_logits);
+        fuzz_touch(b.tokens, 4 * T);
+        fuzz_touch(b.tok_seq, 4 * T);
+        fuzz_touch(b.tok_pos, 4 * T);
+        fuzz_touch(b.slot, 4 * T);
+        fuzz_touch(b.seq_len, 4 * S);
+        fuzz_touch(b.block_table, 4 * S * (size_t)b.max_blocks);
+        fuzz_touch(b.logit_rows, 4 * (size_t)b.n_logits);
         if (l->hidden)
-            touch(h, 4 * T * (size_t)l->hidden);
+            fuzz_touch(h, 4 * T * (size_t)l->hidden);
         else
             assert_null(h);
     } else {
@@ -199,8 +168,8 @@ static void receive(const uint8_t *f, size_t n, const md_wire_limits *l) {
     }
     if (h.len != n - MD_WIRE_HDR) /* a socket would wait for more, or read the rest later */
         return;
-    uint8_t *p = malloc(h.len ? (size_t)h.len : 1);
-    memcpy(p, f + MD_WIRE_HDR, (size_t)h.len);
+    uint8_t *p = fuzz_copy(f + MD_WIRE_HDR, (size_t)h.len);
+    assert_non_null(p);
     if (md_wire_payload_check(&h, p, &e) == 0)
         decode_all(p, (size_t)h.len, l);
     free(p);
@@ -245,7 +214,7 @@ static void seed_frames(md_wire_buf *fr, int lo, md_wire_limits *l) {
 }
 
 static void test_mutated_frames_never_decode_into_nonsense(void **state) {
-    long n_iter = iters();
+    long n_iter = fuzz_iters();
     for (int lo = 0; lo <= 1; lo++) {
         md_wire_buf fr[5] = {{0}};
         md_wire_limits l;
@@ -256,10 +225,10 @@ static void test_mutated_frames_never_decode_into_nonsense(void **state) {
                 uint8_t *f = malloc(cap);
                 memcpy(f, fr[k].p, n);
                 mutate(f, &n, cap);
-                if (rnd() & 1)
+                if (fuzz_rnd() & 1)
                     reseal(f, n);
-                uint8_t *exact = malloc(n ? n : 1);
-                memcpy(exact, f, n);
+                uint8_t *exact = fuzz_copy(f, n);
+                assert_non_null(exact);
                 receive(exact, n, &l);
                 if (n >= MD_WIRE_HDR)
                     decode_all(exact + MD_WIRE_HDR, n - MD_WIRE_HDR, &l);
@@ -314,7 +283,7 @@ static void test_live_server_survives_hostile_heads(void **state) {
     test_server s;
     int port = test_server_start(&s, 300, 300);
     assert_true(port > 0);
-    long n_iter = iters() / 10;
+    long n_iter = fuzz_iters() / 10;
     md_err e = {0};
     uint64_t hash;
     assert_int_equal(md_model_hash(TINY, &hash, &e), 0);
@@ -327,11 +296,11 @@ static void test_live_server_survives_hostile_heads(void **state) {
     }
     /* random bytes, and mutated HELLOs */
     for (long it = 0; it < n_iter; it++) {
-        size_t n = rnd_below(300);
+        size_t n = fuzz_below(300);
         assert_int_equal(md_wire_buf_reserve(&f, n + 64, &e), 0);
         if (it % 2) {
             for (size_t i = 0; i < n; i++)
-                f.p[i] = (uint8_t)rnd();
+                f.p[i] = (uint8_t)fuzz_rnd();
         } else {
             hello_then(&f, &cfg[it % 4 / 2], NULL);
             n = f.len;
@@ -365,11 +334,11 @@ static void test_live_server_survives_hostile_heads(void **state) {
         int k = (int)(it % 2);
         tiny_batch tb;
         static const int start[2] = {0, 3};
-        int n_new[2] = {1 + (int)rnd_below(8), 1 + (int)rnd_below(4)};
+        int n_new[2] = {1 + (int)fuzz_below(8), 1 + (int)fuzz_below(4)};
         tiny_batch_make(&tb, 2, start, n_new, (int)it);
         static float hidden[16 * 128];
         for (int i = 0; i < 16 * 128; i++)
-            hidden[i] = (float)rnd_below(1000) / 500.0f - 1.0f;
+            hidden[i] = (float)fuzz_below(1000) / 500.0f - 1.0f;
         assert_int_equal(md_wire_put_run(&run, 1, &tb.b, k ? hidden : NULL, lim[k].hidden, &e), 0);
         size_t n = run.len;
         assert_int_equal(md_wire_buf_reserve(&run, n + 64, &e), 0);

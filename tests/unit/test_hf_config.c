@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -47,14 +48,18 @@ static void architectures_map(void **state) {
     assert_true(c.rope_theta == 500000.0);
     assert_int_equal(c.tie_embeddings, 1);
     assert_int_equal(c.attn_bias, 0);
-    /* mistral: llama with a window; a window narrower than the context caps it */
+    /* mistral: llama with a window on every layer; it slides as GGUF Mistral does (the
+     * context stays max_position_embeddings) */
     assert_int_equal(parse("{\"model_type\":\"mistral\"," BASE ",\"sliding_window\":128}", &c, &e),
                      0);
     assert_string_equal(c.arch, "llama");
-    assert_int_equal(c.n_ctx, 128);
+    assert_int_equal(c.n_ctx, 512);
+    assert_int_equal(c.sliding_window, 128);
+    assert_int_equal(c.swa_pattern, 0);
     assert_int_equal(parse("{\"model_type\":\"mistral\"," BASE ",\"sliding_window\":null}", &c, &e),
                      0);
     assert_int_equal(c.n_ctx, 512);
+    assert_int_equal(c.sliding_window, 0);
     assert_int_equal(parse("{\"architectures\":[\"Qwen2ForCausalLM\"]," BASE "}", &c, &e), 0);
     assert_string_equal(c.arch, "qwen2");
     assert_int_equal(c.attn_bias, 1);
@@ -250,6 +255,19 @@ static const char *const tiny_names[] = {"model.embed_tokens.weight",
 static const int tiny_shapes[][2] = {{10, 8}, {8, 0},  {8, 0},  {8, 8},  {8, 8},  {8, 8}, {8, 8},
                                      {8, 0},  {16, 8}, {16, 8}, {8, 16}, {10, 8}, {8, 0}};
 
+/* Empty tmpdir of whatever a test left there, and remove it. */
+static void rm_tmpdir(void) {
+    static const char *const files[] = {
+        "config.json", "model.safetensors", "model.safetensors.index.json",
+        "m.gguf",      "tokenizer.json",    "tokenizer_config.json"};
+    char p[256];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", tmpdir, files[i]);
+        unlink(p);
+    }
+    rmdir(tmpdir);
+}
+
 static void tiny_directory(void **state) {
     (void)state;
     snprintf(tmpdir, sizeof tmpdir, "/tmp/medley-hf-XXXXXX");
@@ -317,12 +335,205 @@ static void tiny_directory(void **state) {
     rmdir(tmpdir);
 }
 
+/* transformers 5 writes RoPE as rope_parameters (per layer type for Gemma 3) instead of the
+ * top-level rope_theta / rope_scaling / rope_local_base_freq: both spellings read the same. */
+static void rope_parameters_v5(void **state) {
+    (void)state;
+    hf_config c;
+    md_err e = {0};
+    assert_int_equal(parse("{\"model_type\":\"llama\"," BASE ",\"rope_parameters\":{\"rope_type\":"
+                           "\"default\",\"rope_theta\":500000.0}}",
+                           &c, &e),
+                     0);
+    assert_true(c.rope_theta == 500000.0);
+    assert_string_equal(c.rope_scaling, "");
+    assert_int_equal(parse("{\"model_type\":\"qwen2\"," BASE ",\"rope_parameters\":{\"rope_type\":"
+                           "\"linear\",\"factor\":2.0,\"rope_theta\":1000000.0}}",
+                           &c, &e),
+                     0);
+    assert_true(c.rope_theta == 1e6);
+    assert_string_equal(c.rope_scaling, "linear");
+    assert_true(c.rope_factor == 2.0);
+    assert_int_equal(parse("{\"model_type\":\"llama\"," BASE ",\"rope_parameters\":{\"rope_type\":"
+                           "\"llama3\",\"rope_theta\":500000.0,\"factor\":8.0,"
+                           "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                           "\"original_max_position_embeddings\":8192}}",
+                           &c, &e),
+                     0);
+    assert_string_equal(c.rope_scaling, "llama3");
+    assert_true(c.rope_theta == 500000.0 && c.rope_factor == 8.0 && c.rope_orig_ctx == 8192);
+    assert_int_equal(parse("{\"model_type\":\"gemma3_text\"," BASE ",\"head_dim\":16,"
+                           "\"query_pre_attn_scalar\":16,\"sliding_window\":64,"
+                           "\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"linear\","
+                           "\"factor\":8.0,\"rope_theta\":1000000.0},\"sliding_attention\":{"
+                           "\"rope_type\":\"default\",\"rope_theta\":10000.0}}}",
+                           &c, &e),
+                     0);
+    assert_true(c.rope_theta == 1e6 && c.rope_theta_swa == 1e4);
+    assert_string_equal(c.rope_scaling, "linear");
+    assert_true(c.rope_factor == 8.0);
+    /* both spellings given: rope_parameters wins, scaling included */
+    assert_int_equal(parse("{\"model_type\":\"llama\"," BASE ",\"rope_theta\":10000.0,"
+                           "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":4.0},"
+                           "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":5e5}}",
+                           &c, &e),
+                     0);
+    assert_true(c.rope_theta == 5e5);
+    assert_string_equal(c.rope_scaling, "");
+    /* rope types the engine does not implement are refused, named, in either spelling */
+    static const char *refused[][2] = {
+        {"{\"model_type\":\"llama\"," BASE ",\"rope_parameters\":{\"rope_type\":\"yarn\","
+         "\"factor\":4.0,\"rope_theta\":10000.0}}",
+         "yarn"},
+        {"{\"model_type\":\"llama\"," BASE ",\"rope_parameters\":{\"rope_type\":\"dynamic\","
+         "\"factor\":4.0}}",
+         "dynamic"},
+        {"{\"model_type\":\"llama\"," BASE ",\"rope_parameters\":{\"rope_type\":\"longrope\"}}",
+         "longrope"},
+        {"{\"model_type\":\"llama\"," BASE ",\"rope_scaling\":{\"rope_type\":\"dynamic\","
+         "\"factor\":4}}",
+         "dynamic"},
+        {"{\"model_type\":\"gemma3_text\"," BASE ",\"head_dim\":16,\"rope_parameters\":{"
+         "\"full_attention\":{\"rope_type\":\"default\",\"rope_theta\":1e6},"
+         "\"sliding_attention\":{\"rope_type\":\"yarn\",\"factor\":2.0,\"rope_theta\":1e4}}}",
+         "yarn"},
+        {"{\"model_type\":\"llama\"," BASE ",\"rope_parameters\":[1]}", "rope_parameters"},
+        {"{\"model_type\":\"llama\"," BASE ",\"rope_parameters\":{\"rope_theta\":-1}}",
+         "rope_theta"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        int rc = parse(refused[i][0], &c, &e);
+        if ((rc != MD_EUNSUPP && rc != MD_EFORMAT) || !strstr(e.msg, refused[i][1]))
+            fail_msg("case %zu: rc %d \"%s\" lacks \"%s\"", i, rc, e.msg, refused[i][1]);
+    }
+}
+
+/* Gemma 3's layer pattern: sliding_window_pattern (v4) or layer_types (v5), passed on to the
+ * engine's hparams; a list with no period that ends on a global layer is refused. */
+static void gemma3_layer_types(void **state) {
+    (void)state;
+    hf_config c;
+    md_err e = {0};
+#define G3 "{\"model_type\":\"gemma3_text\"," BASE ",\"head_dim\":16,\"sliding_window\":8,"
+    assert_int_equal(
+        parse(G3 "\"layer_types\":[\"sliding_attention\",\"full_attention\"]}", &c, &e), 0);
+    assert_int_equal(c.swa_pattern, 2);
+    assert_int_equal(parse(G3 "\"sliding_window_pattern\":3}", &c, &e), 0);
+    assert_int_equal(c.swa_pattern, 3);
+    assert_int_equal(
+        parse(G3 "\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]}", &c, &e), 0);
+    assert_int_equal(c.swa_pattern, 0); /* every layer slides */
+    assert_int_equal(parse(G3 "\"layer_types\":[\"full_attention\",\"full_attention\"]}", &c, &e),
+                     0);
+    assert_int_equal(c.sliding_window, 0); /* no layer slides */
+    static const char *refused[] = {
+        G3 "\"layer_types\":[\"full_attention\",\"sliding_attention\"]}",
+        G3 "\"layer_types\":[\"sliding_attention\"]}",
+        G3 "\"layer_types\":[\"sliding_attention\",\"chunked_attention\"]}",
+        G3 "\"layer_types\":\"sliding_attention\"}",
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        int rc = parse(refused[i], &c, &e);
+        if ((rc != MD_EUNSUPP && rc != MD_EFORMAT) || !strstr(e.msg, "layer_types"))
+            fail_msg("case %zu: rc %d \"%s\" lacks layer_types", i, rc, e.msg);
+    }
+#undef G3
+    /* the pattern reaches the engine */
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/medley-hf-XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    const char *cfg = "{\"model_type\":\"gemma3_text\",\"hidden_size\":8,\"num_hidden_layers\":4,"
+                      "\"num_attention_heads\":2,\"head_dim\":4,\"intermediate_size\":16,"
+                      "\"vocab_size\":10,\"max_position_embeddings\":64,\"sliding_window\":4,"
+                      "\"query_pre_attn_scalar\":4,\"layer_types\":[\"sliding_attention\","
+                      "\"full_attention\",\"sliding_attention\",\"full_attention\"]}";
+    put_file("config.json", cfg, strlen(cfg));
+    put_weights(tiny_names, tiny_shapes, 1);
+    gguf_file *gf = NULL;
+    md_hparams hp;
+    if (md_model_open(tmpdir, &gf, &e) || md_hparams_read(gf, &hp, &e))
+        fail_msg("%s", e.msg);
+    assert_int_equal(hp.n_swa, 4);
+    assert_true(md_layer_is_swa(&hp, 0) && !md_layer_is_swa(&hp, 1) && md_layer_is_swa(&hp, 2) &&
+                !md_layer_is_swa(&hp, 3));
+    gguf_close(gf);
+    rm_tmpdir();
+}
+
+/* A FIFO (or any non-regular file) where a model or tokenizer file should be is refused at
+ * once; opening it for reading would wait for a writer forever. alarm() turns a hang into a
+ * failure. */
+static void fifo_refused(void **state) {
+    (void)state;
+    md_err e = {0};
+    gguf_file *gf = NULL;
+    char p[256];
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/medley-hf-XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    alarm(20);
+    snprintf(p, sizeof p, "%s/m.gguf", tmpdir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    assert_int_not_equal(md_model_open(p, &gf, &e), 0);
+    assert_non_null(strstr(e.msg, "not a regular file"));
+    const char *cfg = "{\"model_type\":\"llama\",\"hidden_size\":8,\"num_hidden_layers\":1,"
+                      "\"num_attention_heads\":2,\"intermediate_size\":16,\"vocab_size\":10,"
+                      "\"max_position_embeddings\":64}";
+    put_file("config.json", cfg, strlen(cfg));
+    snprintf(p, sizeof p, "%s/model.safetensors", tmpdir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    assert_int_not_equal(md_model_open(tmpdir, &gf, &e), 0);
+    assert_non_null(strstr(e.msg, "not a regular file"));
+    unlink(p);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", tmpdir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    assert_int_not_equal(md_model_open(tmpdir, &gf, &e), 0);
+    assert_non_null(strstr(e.msg, "not a regular file"));
+    unlink(p);
+    snprintf(p, sizeof p, "%s/config.json", tmpdir);
+    unlink(p);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    assert_int_not_equal(hf_open_dir(tmpdir, &gf, &e), 0);
+    assert_non_null(strstr(e.msg, "not a regular file"));
+    snprintf(p, sizeof p, "%s/tokenizer.json", tmpdir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    tok_tokenizer *t = NULL;
+    assert_int_not_equal(tok_load_hf(tmpdir, &t, &e), 0);
+    assert_non_null(strstr(e.msg, "not a regular file"));
+    unlink(p);
+    put_file("tokenizer.json", "{}", 2);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", tmpdir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    assert_int_not_equal(tok_load_hf(tmpdir, &t, &e), 0);
+    alarm(0);
+    rm_tmpdir();
+}
+
+/* tokenizer.json is parsed whole by jansson, which takes 30-40 times the file's size for dense
+ * arrays (a 60 MB file of short merges: 2.1 GB). The size cap bounds that: a sparse file one
+ * byte over 64 MiB is refused by its size, before a byte is read. */
+static void oversized_tokenizer_refused_by_size(void **state) {
+    (void)state;
+    md_err e = {0};
+    char p[256];
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/medley-hf-XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    snprintf(p, sizeof p, "%s/tokenizer.json", tmpdir);
+    FILE *fp = fopen(p, "wb");
+    assert_non_null(fp);
+    assert_int_equal(ftruncate(fileno(fp), (off_t)(64 << 20) + 1), 0);
+    fclose(fp);
+    tok_tokenizer *t = NULL;
+    assert_int_equal(tok_load_hf(tmpdir, &t, &e), MD_ERANGE);
+    if (!strstr(e.msg, "67108864"))
+        fail_msg("\"%s\" does not state the 64 MiB cap", e.msg);
+    rm_tmpdir();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(architectures_map),
-        cmocka_unit_test(refusals_name_the_problem),
-        cmocka_unit_test(tensor_names),
-        cmocka_unit_test(tiny_directory),
+        cmocka_unit_test(architectures_map),  cmocka_unit_test(refusals_name_the_problem),
+        cmocka_unit_test(tensor_names),       cmocka_unit_test(tiny_directory),
+        cmocka_unit_test(rope_parameters_v5), cmocka_unit_test(gemma3_layer_types),
+        cmocka_unit_test(fifo_refused),       cmocka_unit_test(oversized_tokenizer_refused_by_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,33 +14,15 @@
 #include <string.h>
 
 #include "scheduler/sched.h"
+#include "unit/sched_world.h"
 
-typedef struct world {
-    sched_catalog cat;
-    sched_fleet f;
-    sched_workload w;
-    sched_cands cs;
-    sched_perf_params pp;
-} world;
-
-static void world_free(world *x) {
-    sched_cands_free(&x->cs);
-    sched_workload_free(&x->w);
-    sched_fleet_free(&x->f);
-    sched_catalog_free(&x->cat);
-}
-
-/* A world from a fleet and a workload document (both stolen); aggregate: merge the pools. */
-static void world_load(world *x, json_t *fleet, json_t *workload, int aggregate) {
+/* A sched_world from a fleet and a workload document (both stolen); aggregate: merge the pools. */
+static void world_load(sched_world *x, json_t *fleet, json_t *workload, int aggregate) {
     md_err e = {0};
-    memset(x, 0, sizeof *x);
-    sched_perf_defaults(&x->pp);
-    assert_int_equal(sched_catalog_load(&x->cat, NULL, &e), 0);
-    assert_int_equal(sched_fleet_from_json(&x->f, fleet, &x->cat, &e), 0);
-    if (aggregate)
-        assert_int_equal(sched_fleet_aggregate(&x->f, &e), 0);
-    assert_int_equal(sched_workload_from_json(&x->w, workload, &e), 0);
-    assert_int_equal(sched_cands_build(&x->cs, &x->w, &x->f, &x->cat, NULL, &x->pp, &e), 0);
+    int rc = sched_world_load_json(x, fleet, workload, aggregate, &e);
+    if (rc)
+        print_error("%s\n", e.msg);
+    assert_int_equal(rc, 0);
     json_decref(fleet);
     json_decref(workload);
 }
@@ -100,7 +82,7 @@ static json_t *workload_doc(int scale) {
     return json_pack("{s:o}", "models", ms);
 }
 
-static void solve(world *x, const sched_opts *o, sched_plan *p) {
+static void solve(sched_world *x, const sched_opts *o, sched_plan *p) {
     md_err e = {0};
     int rc = sched_plan_solve(p, &x->w, &x->f, &x->cat, &x->cs, o, &e);
     if (rc)
@@ -117,7 +99,7 @@ static int has_note(const sched_plan *p, const char *word) {
 }
 
 /* Replicas per candidate label, as a JSON object (label -> count). */
-static json_t *replicas_by_label(const sched_plan *p, const world *x) {
+static json_t *replicas_by_label(const sched_plan *p, const sched_world *x) {
     json_t *o = json_object();
     for (int i = 0; i < p->n; i++) {
         const char *l = x->cs.c[p->r[i].cand].label;
@@ -128,7 +110,7 @@ static json_t *replicas_by_label(const sched_plan *p, const world *x) {
 
 /* Every GPU id is "<worker>/<i>" of a worker in the fleet document's naming, i below its
  * size, and all GPUs of a TP group name one worker. */
-static void ids_are_workers_gpus(const sched_plan *p, const world *x, int per_host) {
+static void ids_are_workers_gpus(const sched_plan *p, const sched_world *x, int per_host) {
     for (int i = 0; i < p->n; i++) {
         const sched_cand *c = &x->cs.c[p->r[i].cand];
         int at = 0;
@@ -148,7 +130,7 @@ static void ids_are_workers_gpus(const sched_plan *p, const world *x, int per_ho
 }
 
 static void workers_of_eight_plan_like_one_pool_per_type(void **st) {
-    world one, workers;
+    sched_world one, workers;
     world_load(&one, fleet_doc(0), workload_doc(1), 1);
     world_load(&workers, fleet_doc(8), workload_doc(1), 1);
     /* 125 pools merged into one per type, hosts in name order */
@@ -173,12 +155,12 @@ static void workers_of_eight_plan_like_one_pool_per_type(void **st) {
     json_decref(lb);
     sched_plan_free(&a);
     sched_plan_free(&b);
-    world_free(&one);
-    world_free(&workers);
+    sched_world_free(&one);
+    sched_world_free(&workers);
 }
 
 static void thousand_single_gpu_workers_plan(void **st) {
-    world x;
+    sched_world x;
     world_load(&x, fleet_doc(1), workload_doc(1), 1);
     assert_int_equal(x.f.n, NTYPES);
     sched_opts o;
@@ -198,13 +180,13 @@ static void thousand_single_gpu_workers_plan(void **st) {
     }
     assert_int_equal(p.nidle + used, 1000);
     sched_plan_free(&p);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 /* A search stopped at once (one node, or a clock of 1 ms) is a plan with a note, never "no
  * solution": each later solve starts from the solution in force. */
 static void a_stopped_search_is_not_no_solution(void **st) {
-    world x;
+    sched_world x;
     world_load(&x, fleet_doc(8), workload_doc(20), 1);
     sched_opts o;
     sched_opts_defaults(&o);
@@ -219,10 +201,10 @@ static void a_stopped_search_is_not_no_solution(void **st) {
     solve(&x, &o, &p);
     assert_true(has_note(&p, "limit"));
     sched_plan_free(&p);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
-static char *plan_text(const sched_plan *p, const world *x) {
+static char *plan_text(const sched_plan *p, const sched_world *x) {
     json_t *doc = sched_plan_to_json(p, &x->w, &x->f, &x->cat, &x->cs);
     json_object_del(doc, "created_at");
     json_object_del(json_object_get(doc, "totals"), "solve_s");
@@ -234,7 +216,7 @@ static char *plan_text(const sched_plan *p, const world *x) {
 /* A contended fleet (demand beyond it, so the search stops at its node limit): the same
  * inputs give the same plan, byte for byte. */
 static void contended_fleet_gives_the_same_plan_twice(void **st) {
-    world x;
+    sched_world x;
     world_load(&x, fleet_doc(25), workload_doc(20), 1);
     sched_opts o;
     sched_opts_defaults(&o);
@@ -248,13 +230,13 @@ static void contended_fleet_gives_the_same_plan_twice(void **st) {
     free(tb);
     sched_plan_free(&a);
     sched_plan_free(&b);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 /* Pools of 12, 6 and 8 L4s, 8 per host: hosts of 8 and 4 ("a"), 6 ("b") and 8 ("c"); only
  * the two full hosts hold an 8-GPU group. */
 static void partial_hosts_hold_what_they_have(void **st) {
-    world x;
+    sched_world x;
     json_t *f = json_pack("{s:[{s:s, s:s, s:i, s:i}, {s:s, s:s, s:i, s:i}, {s:s, s:s, s:i, s:i}]}",
                           "pools", "name", "c", "type", "L4", "count", 8, "gpus_per_host", 8,
                           "name", "a", "type", "L4", "count", 12, "gpus_per_host", 8, "name", "b",
@@ -313,7 +295,7 @@ static void partial_hosts_hold_what_they_have(void **st) {
     assert_int_equal(sched_plan_validate(&pl, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "spans two hosts"));
     sched_plan_free(&pl);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 int main(void) {

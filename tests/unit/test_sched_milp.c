@@ -13,48 +13,12 @@
 #include <time.h>
 
 #include "scheduler/sched.h"
-
-typedef struct world {
-    sched_catalog cat;
-    sched_fleet f;
-    sched_workload w;
-    sched_profiles prof;
-    sched_cands cs;
-    sched_perf_params pp;
-} world;
-
-static void world_free(world *x) {
-    sched_cands_free(&x->cs);
-    sched_profiles_free(&x->prof);
-    sched_workload_free(&x->w);
-    sched_fleet_free(&x->f);
-    sched_catalog_free(&x->cat);
-}
-
-/* Build a world from JSON texts; returns the first error code. */
-static int world_load(world *x, const char *fleet, const char *workload, md_err *e) {
-    memset(x, 0, sizeof *x);
-    sched_perf_defaults(&x->pp);
-    if (sched_catalog_load(&x->cat, NULL, e))
-        return e->code;
-    json_error_t je;
-    json_t *fd = json_loads(fleet, 0, &je), *wd = json_loads(workload, 0, &je);
-    assert_non_null(fd);
-    assert_non_null(wd);
-    int rc = sched_fleet_from_json(&x->f, fd, &x->cat, e);
-    if (!rc)
-        rc = sched_workload_from_json(&x->w, wd, e);
-    if (!rc)
-        rc = sched_cands_build(&x->cs, &x->w, &x->f, &x->cat, &x->prof, &x->pp, e);
-    json_decref(fd);
-    json_decref(wd);
-    return rc;
-}
+#include "unit/sched_world.h"
 
 /* ---- exhaustive search ---- */
 
 typedef struct ex {
-    world *x;
+    sched_world *x;
     int *n;      /* current counts */
     int *left;   /* GPUs left per pool */
     double best; /* best ratio (a) or least cost (b) */
@@ -63,7 +27,7 @@ typedef struct ex {
 
 /* The most requests/s model m can serve in its class mix with counts n (one or two
  * classes): class 1 gets the candidates best at it relative to class 2, fractionally. */
-static double max_rate(const world *x, int m, const int *n) {
+static double max_rate(const sched_world *x, int m, const int *n) {
     const sched_demand *d = &x->w.models[m];
     int N = x->cs.n;
     if (d->nclasses == 1) {
@@ -116,7 +80,7 @@ static double max_rate(const world *x, int m, const int *n) {
 
 /* Least busy cost ($/h) of serving D requests/s of a one-class batch model with counts n:
  * the cheapest requests first (fractional), plus eps x usd for every placed replica. */
-static double batch_cost(const world *x, int m, const int *n, double D) {
+static double batch_cost(const sched_world *x, int m, const int *n, double D) {
     double need = D, cost = 0;
     int used[256] = {0};
     for (;;) {
@@ -144,7 +108,7 @@ static double batch_cost(const world *x, int m, const int *n, double D) {
  * achievable); (a) the most tokens per dollar, (b) the least rental cost. Serving models
  * (arrival rates) pay for every replica; batch models for their replicas' busy time. */
 static void evaluate(ex *s) {
-    world *x = s->x;
+    sched_world *x = s->x;
     s->leaves++;
     double T = 0, C = 0;
     for (int m = 0; m < x->w.n; m++) {
@@ -179,7 +143,7 @@ static void evaluate(ex *s) {
 }
 
 static void dfs(ex *s, int c) {
-    world *x = s->x;
+    sched_world *x = s->x;
     if (c == x->cs.n) {
         evaluate(s);
         return;
@@ -201,7 +165,7 @@ static void dfs(ex *s, int c) {
     s->n[c] = 0;
 }
 
-static double exhaustive(world *x, long long *leaves) {
+static double exhaustive(sched_world *x, long long *leaves) {
     ex s = {x, calloc((size_t)x->cs.n + 1, sizeof(int)), calloc((size_t)x->f.n + 1, sizeof(int)),
             x->f.rent ? INFINITY : 0, 0};
     for (int p = 0; p < x->f.n; p++)
@@ -213,7 +177,7 @@ static double exhaustive(world *x, long long *leaves) {
     return s.best;
 }
 
-static double plan_value(const world *x, const sched_plan *p) {
+static double plan_value(const sched_world *x, const sched_plan *p) {
     if (!x->f.rent) {
         /* The MILP's cost: busy time, plus eps x usd for each placed batch replica. */
         double c = p->busy_usd_per_hour;
@@ -233,9 +197,9 @@ static double plan_value(const world *x, const sched_plan *p) {
 }
 
 static void check_against_exhaustive(const char *fleet, const char *workload) {
-    world x;
+    sched_world x;
     md_err e = {0};
-    assert_int_equal(world_load(&x, fleet, workload, &e), 0);
+    assert_int_equal(sched_world_load(&x, fleet, workload, &e), 0);
     sched_plan p;
     sched_opts o;
     sched_opts_defaults(&o);
@@ -250,7 +214,7 @@ static void check_against_exhaustive(const char *fleet, const char *workload) {
     assert_true(isfinite(best) && best > 0);
     assert_true(fabs(got - best) <= 1e-6 * best);
     sched_plan_free(&p);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 static void milp_equals_exhaustive_batch_three_models_twelve_gpus(void **st) {
@@ -382,14 +346,10 @@ static void plan_costs_no_more_than_melange(void **st) {
                        b ? "," : "", b, (in_lo[b] + in_hi[b]) / 2.0, (out_lo[b] + out_hi[b]) / 2.0,
                        in_hi[b] + out_hi[b], share[b]);
     snprintf(wl + at, sizeof wl - (size_t)at, "]}]}");
-    world x;
+    sched_world x;
     md_err e = {0};
-    memset(&x, 0, sizeof x);
-    sched_perf_defaults(&x.pp);
-    assert_int_equal(sched_catalog_load(&x.cat, NULL, &e), 0);
     json_t *fd = json_loads(fleet, 0, NULL), *wd = json_loads(wl, 0, NULL);
-    assert_int_equal(sched_fleet_from_json(&x.f, fd, &x.cat, &e), 0);
-    assert_int_equal(sched_workload_from_json(&x.w, wd, &e), 0);
+    assert_int_equal(sched_world_inputs(&x, fd, wd, 0, &e), 0);
     json_decref(fd);
     json_decref(wd);
     for (int t = 0; t < 4; t++) {
@@ -433,20 +393,20 @@ static void plan_costs_no_more_than_melange(void **st) {
         assert_true(p.usd_per_hour <= mel + 1e-9);
     }
     sched_plan_free(&p);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 /* ---- impossible and malformed inputs ---- */
 
 static void model_too_large_for_every_group_is_explained(void **st) {
-    world x;
+    sched_world x;
     md_err e = {0};
-    assert_int_equal(world_load(&x,
-                                "{\"pools\":[{\"type\":\"L4\",\"count\":2,\"gpus_per_host\":2}]}",
-                                "{\"models\":[{\"model\":\"qwen2-72b\",\"requests\":10,"
-                                "\"input_mean\":100,\"output_mean\":100}]}",
-                                &e),
-                     0);
+    assert_int_equal(
+        sched_world_load(&x, "{\"pools\":[{\"type\":\"L4\",\"count\":2,\"gpus_per_host\":2}]}",
+                         "{\"models\":[{\"model\":\"qwen2-72b\",\"requests\":10,"
+                         "\"input_mean\":100,\"output_mean\":100}]}",
+                         &e),
+        0);
     assert_int_equal(x.cs.n, 0);
     sched_plan p;
     sched_opts o;
@@ -455,29 +415,29 @@ static void model_too_large_for_every_group_is_explained(void **st) {
     assert_non_null(strstr(e.msg, "qwen2-72b cannot be placed"));
     assert_non_null(strstr(e.msg, "145.")); /* 72.7B x 2 bytes */
     assert_non_null(strstr(e.msg, "2xL4"));
-    world_free(&x);
+    sched_world_free(&x);
     /* With a model that does fit, the plan is made and the note explains the other. */
-    assert_int_equal(world_load(&x,
-                                "{\"pools\":[{\"type\":\"L4\",\"count\":2,\"gpus_per_host\":2}]}",
-                                "{\"models\":[{\"model\":\"qwen2-72b\",\"requests\":10,"
-                                "\"input_mean\":100,\"output_mean\":100},{\"model\":\"llama-3-8b\","
-                                "\"requests\":10,\"input_mean\":100,\"output_mean\":100}]}",
-                                &e),
-                     0);
+    assert_int_equal(
+        sched_world_load(&x, "{\"pools\":[{\"type\":\"L4\",\"count\":2,\"gpus_per_host\":2}]}",
+                         "{\"models\":[{\"model\":\"qwen2-72b\",\"requests\":10,"
+                         "\"input_mean\":100,\"output_mean\":100},{\"model\":\"llama-3-8b\","
+                         "\"requests\":10,\"input_mean\":100,\"output_mean\":100}]}",
+                         &e),
+        0);
     assert_int_equal(sched_plan_solve(&p, &x.w, &x.f, &x.cat, &x.cs, &o, &e), 0);
     assert_true(p.n >= 1);
     assert_non_null(strstr(json_string_value(json_array_get(p.notes, 0)), "qwen2-72b"));
     sched_plan_free(&p);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 static void impossible_deadline_reports_need_and_best(void **st) {
-    world x;
+    sched_world x;
     md_err e = {0};
-    assert_int_equal(world_load(&x, "{\"pools\":[{\"type\":\"L4\",\"count\":1}]}",
-                                "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":100000,"
-                                "\"deadline_s\":60,\"input_mean\":100,\"output_mean\":100}]}",
-                                &e),
+    assert_int_equal(sched_world_load(&x, "{\"pools\":[{\"type\":\"L4\",\"count\":1}]}",
+                                      "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":100000,"
+                                      "\"deadline_s\":60,\"input_mean\":100,\"output_mean\":100}]}",
+                                      &e),
                      0);
     sched_plan p;
     sched_opts o;
@@ -490,18 +450,18 @@ static void impossible_deadline_reports_need_and_best(void **st) {
     assert_non_null(strstr(n, "needs 333333 tokens/s"));
     assert_non_null(strstr(n, "the backlog would take"));
     sched_plan_free(&p);
-    world_free(&x);
+    sched_world_free(&x);
     /* Renting with too few GPUs allowed: the same explanation. */
-    assert_int_equal(world_load(&x, "{\"rent\":{\"types\":[\"L4\"],\"max_per_type\":2}}",
-                                "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":100000,"
-                                "\"deadline_s\":60,\"input_mean\":100,\"output_mean\":100}]}",
-                                &e),
+    assert_int_equal(sched_world_load(&x, "{\"rent\":{\"types\":[\"L4\"],\"max_per_type\":2}}",
+                                      "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":100000,"
+                                      "\"deadline_s\":60,\"input_mean\":100,\"output_mean\":100}]}",
+                                      &e),
                      0);
     assert_int_equal(sched_plan_solve(&p, &x.w, &x.f, &x.cat, &x.cs, &o, &e), 0);
     assert_false(p.models[0].deadline_met);
     assert_non_null(strstr(json_string_value(json_array_get(p.notes, 0)), "max_per_type"));
     sched_plan_free(&p);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 static void malformed_files_get_clear_errors(void **st) {
@@ -529,25 +489,26 @@ static void malformed_files_get_clear_errors(void **st) {
         {"{\"pools\":[{\"type\":\"L4\",\"count\":1}]}", "{\"models\":3}", "\"models\" must be"},
     };
     for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
-        world x;
+        sched_world x;
         md_err e = {0};
-        int rc = world_load(&x, t[i].fleet, t[i].workload, &e);
+        int rc = sched_world_load(&x, t[i].fleet, t[i].workload, &e);
         if (!rc || !strstr(e.msg, t[i].want))
             print_message("case %zu: rc %d msg '%s' (want '%s')\n", i, rc, e.msg, t[i].want);
         assert_true(rc < 0);
         assert_non_null(strstr(e.msg, t[i].want));
-        world_free(&x);
+        sched_world_free(&x);
     }
 }
 
 static void validity_check_catches_a_gpu_used_twice(void **st) {
-    world x;
+    sched_world x;
     md_err e = {0};
-    assert_int_equal(world_load(&x, "{\"pools\":[{\"name\":\"l\",\"type\":\"L4\",\"count\":4}]}",
-                                "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":100000,"
-                                "\"deadline_s\":600,\"input_mean\":100,\"output_mean\":100}]}",
-                                &e),
-                     0);
+    assert_int_equal(
+        sched_world_load(&x, "{\"pools\":[{\"name\":\"l\",\"type\":\"L4\",\"count\":4}]}",
+                         "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":100000,"
+                         "\"deadline_s\":600,\"input_mean\":100,\"output_mean\":100}]}",
+                         &e),
+        0);
     sched_plan p;
     sched_opts o;
     sched_opts_defaults(&o);
@@ -565,7 +526,7 @@ static void validity_check_catches_a_gpu_used_twice(void **st) {
     assert_non_null(strstr(e.msg, "not in pool"));
     memcpy(p.r[1].gpu_ids[0], saved, SCHED_NAME);
     sched_plan_free(&p);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 /* Issue 26 items 4 and 5: a plan's numbers are its replicas' numbers. Serving models' replicas
@@ -573,18 +534,18 @@ static void validity_check_catches_a_gpu_used_twice(void **st) {
  * their predicted tokens/s added up to more than the model's. A rent plan's gpus_used counted
  * types x max_per_type. And validate refuses a plan whose claims its replicas do not back. */
 static void plan_numbers_are_its_replicas_numbers(void **st) {
-    world x;
+    sched_world x;
     md_err e = {0};
     assert_int_equal(
-        world_load(&x,
-                   "{\"name\":\"t\",\"pools\":[{\"name\":\"a\",\"type\":\"A100-80GB-SXM\","
-                   "\"count\":8,\"gpus_per_host\":8},{\"name\":\"l\",\"type\":\"L4\","
-                   "\"count\":8,\"gpus_per_host\":8}]}",
-                   "{\"models\":[{\"model\":\"llama-3-8b\",\"rate_rps\":7,\"input_mean\":900,"
-                   "\"output_mean\":300},{\"model\":\"mistral-7b\",\"rate_rps\":0.5,"
-                   "\"input_mean\":300,\"output_mean\":100},{\"model\":\"qwen2-7b\","
-                   "\"rate_rps\":0.3,\"input_mean\":300,\"output_mean\":100}]}",
-                   &e),
+        sched_world_load(&x,
+                         "{\"name\":\"t\",\"pools\":[{\"name\":\"a\",\"type\":\"A100-80GB-SXM\","
+                         "\"count\":8,\"gpus_per_host\":8},{\"name\":\"l\",\"type\":\"L4\","
+                         "\"count\":8,\"gpus_per_host\":8}]}",
+                         "{\"models\":[{\"model\":\"llama-3-8b\",\"rate_rps\":7,\"input_mean\":900,"
+                         "\"output_mean\":300},{\"model\":\"mistral-7b\",\"rate_rps\":0.5,"
+                         "\"input_mean\":300,\"output_mean\":100},{\"model\":\"qwen2-7b\","
+                         "\"rate_rps\":0.3,\"input_mean\":300,\"output_mean\":100}]}",
+                         &e),
         0);
     sched_plan p;
     sched_opts o;
@@ -600,11 +561,10 @@ static void plan_numbers_are_its_replicas_numbers(void **st) {
             if (!strcmp(json_string_value(json_object_get(r, "model")), x.w.models[m].model.name))
                 sum += json_number_value(json_object_get(r, "predicted_tokens_per_s"));
         }
-        double model = json_number_value(
-            json_object_get(json_array_get(json_object_get(doc, "models"), (size_t)m),
-                            "predicted_tokens_per_s"));
-        print_message("%s: replicas %.1f tok/s, model %.1f tok/s\n", x.w.models[m].model.name,
-                      sum, model);
+        double model = json_number_value(json_object_get(
+            json_array_get(json_object_get(doc, "models"), (size_t)m), "predicted_tokens_per_s"));
+        print_message("%s: replicas %.1f tok/s, model %.1f tok/s\n", x.w.models[m].model.name, sum,
+                      model);
         assert_true(model > 0);
         assert_true(fabs(sum - model) <= 1e-6 * model);
     }
@@ -620,15 +580,15 @@ static void plan_numbers_are_its_replicas_numbers(void **st) {
     assert_int_equal(sched_plan_validate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "deadline met"));
     sched_plan_free(&p);
-    world_free(&x);
+    sched_world_free(&x);
     /* A rent plan's gpus_used is the GPUs rented. */
     assert_int_equal(
-        world_load(&x,
-                   "{\"name\":\"r\",\"rent\":{\"types\":[\"A100-80GB-SXM\",\"L4\"],"
-                   "\"max_per_type\":64}}",
-                   "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":20000,"
-                   "\"deadline_s\":1800,\"input_mean\":300,\"output_mean\":150}]}",
-                   &e),
+        sched_world_load(&x,
+                         "{\"name\":\"r\",\"rent\":{\"types\":[\"A100-80GB-SXM\",\"L4\"],"
+                         "\"max_per_type\":64}}",
+                         "{\"models\":[{\"model\":\"llama-3-8b\",\"requests\":20000,"
+                         "\"deadline_s\":1800,\"input_mean\":300,\"output_mean\":150}]}",
+                         &e),
         0);
     assert_int_equal(sched_plan_solve(&p, &x.w, &x.f, &x.cat, &x.cs, &o, &e), 0);
     assert_int_equal(sched_plan_validate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), 0);
@@ -636,19 +596,20 @@ static void plan_numbers_are_its_replicas_numbers(void **st) {
     for (int i = 0; i < p.n; i++)
         rented += x.cs.c[p.r[i].cand].gpus;
     doc = sched_plan_to_json(&p, &x.w, &x.f, &x.cat, &x.cs);
-    json_int_t used = json_integer_value(json_object_get(json_object_get(doc, "totals"), "gpus_used"));
+    json_int_t used =
+        json_integer_value(json_object_get(json_object_get(doc, "totals"), "gpus_used"));
     print_message("rent: %d GPUs rented, gpus_used %lld\n", rented, (long long)used);
     assert_true(rented > 0 && rented < 128);
     assert_int_equal(used, rented);
     json_decref(doc);
     sched_plan_free(&p);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 /* 1,000 GPUs x 10 models: the whole planning path (candidates + MILP) in under a second
  * in an optimised build (the bench prints it); here 5 s leaves room for sanitizers. */
 static void thousand_gpus_ten_models_plan_quickly(void **st) {
-    world x;
+    sched_world x;
     md_err e = {0};
     const char *fleet = "{\"pools\":[{\"type\":\"H100-SXM\",\"count\":96},{\"type\":\"A100-80GB-"
                         "SXM\",\"count\":160},"
@@ -679,7 +640,7 @@ static void thousand_gpus_ten_models_plan_quickly(void **st) {
     sched_perf_params pp;
     sched_perf_defaults(&pp);
     double t0 = (double)clock() / CLOCKS_PER_SEC;
-    assert_int_equal(world_load(&x, fleet, wl, &e), 0);
+    assert_int_equal(sched_world_load(&x, fleet, wl, &e), 0);
     sched_plan p;
     sched_opts o;
     sched_opts_defaults(&o);
@@ -691,7 +652,7 @@ static void thousand_gpus_ten_models_plan_quickly(void **st) {
     assert_int_equal(sched_fleet_gpus(&x.f), 1000);
     assert_true(dt < 5.0);
     sched_plan_free(&p);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 int main(void) {

@@ -14,50 +14,19 @@
 #include <string.h>
 
 #include "scheduler/sched.h"
-
-typedef struct world {
-    sched_catalog cat;
-    sched_fleet f;
-    sched_workload w;
-    sched_profiles prof;
-    sched_cands cs;
-    sched_perf_params pp;
-    sched_plan p;
-} world;
-
-static void world_free(world *x) {
-    sched_plan_free(&x->p);
-    sched_cands_free(&x->cs);
-    sched_profiles_free(&x->prof);
-    sched_workload_free(&x->w);
-    sched_fleet_free(&x->f);
-    sched_catalog_free(&x->cat);
-}
+#include "unit/sched_world.h"
 
 /* Load the catalog, the fleet and workload texts and build the candidates. */
-static void world_load(world *x, const char *fleet, const char *workload) {
+static void world_load(sched_world *x, const char *fleet, const char *workload) {
     md_err e = {0};
-    memset(x, 0, sizeof *x);
-    sched_perf_defaults(&x->pp);
-    assert_int_equal(sched_catalog_load(&x->cat, NULL, &e), 0);
-    json_error_t je;
-    json_t *fd = json_loads(fleet, 0, &je), *wd = json_loads(workload, 0, &je);
-    assert_non_null(fd);
-    assert_non_null(wd);
-    int rc = sched_fleet_from_json(&x->f, fd, &x->cat, &e);
-    if (!rc)
-        rc = sched_workload_from_json(&x->w, wd, &e);
-    if (!rc)
-        rc = sched_cands_build(&x->cs, &x->w, &x->f, &x->cat, &x->prof, &x->pp, &e);
+    int rc = sched_world_load(x, fleet, workload, &e);
     if (rc)
         print_error("%s\n", e.msg);
     assert_int_equal(rc, 0);
-    json_decref(fd);
-    json_decref(wd);
 }
 
 /* Solve, validate, and return how many notes say a replica could not be packed. */
-static int plan_and_validate(world *x) {
+static int plan_and_validate(sched_world *x) {
     md_err e = {0};
     sched_opts o;
     sched_opts_defaults(&o);
@@ -88,7 +57,7 @@ static const char *H100X16_L4 =
     "{\"name\":\"l4\",\"type\":\"L4\",\"count\":1,\"gpus_per_host\":1}]}";
 
 /* The simulated makespan of x's plan. */
-static double simulate(world *x) {
+static double simulate(sched_world *x) {
     md_err e = {0};
     sched_sim_result r;
     assert_int_equal(sched_simulate(&x->p, &x->w, &x->f, &x->cat, &x->cs, &x->pp, NULL, 0, &r, &e),
@@ -100,7 +69,7 @@ static double simulate(world *x) {
 
 static void seventy_b_on_two_gpu_hosts_is_a_pipeline_across_hosts(void **st) {
     (void)st;
-    world x;
+    sched_world x;
     world_load(&x, H100X16, W70);
     assert_int_equal(plan_and_validate(&x), 0);
     assert_true(x.p.models[0].deadline_met);
@@ -122,12 +91,12 @@ static void seventy_b_on_two_gpu_hosts_is_a_pipeline_across_hosts(void **st) {
         }
     }
     assert_true(simulate(&x) <= x.w.models[0].deadline_s);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 static void one_l4_more_does_not_idle_the_h100s(void **st) {
     (void)st;
-    world x;
+    sched_world x;
     world_load(&x, H100X16_L4, W70);
     assert_int_equal(plan_and_validate(&x), 0);
     assert_true(x.p.models[0].deadline_met);
@@ -141,14 +110,14 @@ static void one_l4_more_does_not_idle_the_h100s(void **st) {
             x.cs.c[c].nstages == 3 && x.cs.c[c].stages[0].type != x.cs.c[c].stages[2].type;
     assert_true(deep_mixed);
     assert_true(simulate(&x) <= x.w.models[0].deadline_s);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 /* A fleet with 3.5 hosts: one 2x(2xH100) pipeline (two host groups) and one 3x(1xH100)
  * (three GPUs, two of them in one host) fill it; the GPU ids follow the packing rows. */
 static void pipelines_pack_into_hosts_as_the_rows_allow(void **st) {
     (void)st;
-    world x;
+    sched_world x;
     world_load(&x,
                "{\"pools\":[{\"name\":\"h\",\"type\":\"H100-SXM\",\"count\":7,"
                "\"gpus_per_host\":2}]}",
@@ -159,7 +128,7 @@ static void pipelines_pack_into_hosts_as_the_rows_allow(void **st) {
         gpus += x.cs.c[x.p.r[i].cand].gpus;
     assert_int_equal(gpus + x.p.nidle, 7);
     assert_true(x.p.nidle <= 1);
-    world_free(&x);
+    sched_world_free(&x);
 }
 
 /* The pipeline hop by hand: each stage's decode step of its micro-batch (b / S sequences)
@@ -167,7 +136,7 @@ static void pipelines_pack_into_hosts_as_the_rows_allow(void **st) {
  * rate; the last stage sends the sampled tokens (mb x 4 bytes) back to the first; prefill
  * sends the prompt's activations (in x hidden x 2 bytes) on. The slowest stage's time per
  * request sets the rate: requests/s of a two-stage replica of batch b. */
-static double hand_rps(const world *x, const sched_cand *c, int b, double in, double out,
+static double hand_rps(const sched_world *x, const sched_cand *c, int b, double in, double out,
                        double gbps, double lat) {
     const sched_model *m = &x->w.models[0].model;
     double W = gbps * 1e9 * 0.7, mb = b / 2.0, ctx = in + out / 2, worst = 0;
@@ -191,7 +160,7 @@ static double hand_rps(const world *x, const sched_cand *c, int b, double in, do
 
 static void pipeline_hop_costs_bandwidth_and_latency_by_hand(void **st) {
     (void)st;
-    world x;
+    sched_world x;
     world_load(&x,
                "{\"inter_host_gbps\":5,\"inter_host_latency_us\":40,\"pools\":[{\"name\":\"h\","
                "\"type\":\"H100-SXM\",\"count\":4,\"gpus_per_host\":2}]}",
@@ -227,7 +196,7 @@ static void pipeline_hop_costs_bandwidth_and_latency_by_hand(void **st) {
         assert_true(fabs(sched_perf_pp_hop(1e6, gbps[i], &pp) -
                          (lat[i] + 1e6 / (gbps[i] * 0.7e9))) < 1e-15);
     }
-    world_free(&x);
+    sched_world_free(&x);
     /* A latency outside [0, 1e6] us is refused, naming the key. */
     sched_catalog cat;
     sched_fleet f;

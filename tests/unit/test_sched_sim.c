@@ -10,27 +10,14 @@
 #include <string.h>
 
 #include "scheduler/sched.h"
+#include "unit/sched_world.h"
 
-typedef struct world {
-    sched_catalog cat;
-    sched_fleet f;
-    sched_workload w;
-    sched_cands cs;
-    sched_perf_params pp;
-    sched_plan p;
-} world;
-
-static void load(world *x, const char *fleet, const char *workload, int proportional) {
+static void load(sched_world *x, const char *fleet, const char *workload, int proportional) {
     md_err e = {0};
-    memset(x, 0, sizeof *x);
-    sched_perf_defaults(&x->pp);
-    assert_int_equal(sched_catalog_load(&x->cat, NULL, &e), 0);
-    json_t *fd = json_loads(fleet, 0, NULL), *wd = json_loads(workload, 0, NULL);
-    assert_int_equal(sched_fleet_from_json(&x->f, fd, &x->cat, &e), 0);
-    assert_int_equal(sched_workload_from_json(&x->w, wd, &e), 0);
-    json_decref(fd);
-    json_decref(wd);
-    assert_int_equal(sched_cands_build(&x->cs, &x->w, &x->f, &x->cat, NULL, &x->pp, &e), 0);
+    int rc = sched_world_load(x, fleet, workload, &e);
+    if (rc)
+        print_error("%s\n", e.msg);
+    assert_int_equal(rc, 0);
     sched_opts o;
     sched_opts_defaults(&o);
     if (proportional)
@@ -40,21 +27,13 @@ static void load(world *x, const char *fleet, const char *workload, int proporti
     assert_int_equal(sched_plan_validate(&x->p, &x->w, &x->f, &x->cat, &x->cs, &x->pp, &e), 0);
 }
 
-static void unload(world *x) {
-    sched_plan_free(&x->p);
-    sched_cands_free(&x->cs);
-    sched_workload_free(&x->w);
-    sched_fleet_free(&x->f);
-    sched_catalog_free(&x->cat);
-}
-
 static const char *fleet2 = "{\"pools\":[{\"name\":\"a\",\"type\":\"A100-80GB-SXM\",\"count\":2}]}";
 /* 6000 x 300 tokens in 100 s needs more than one A100. */
 static const char *backlog = "{\"seed\":5,\"models\":[{\"model\":\"llama-3-8b\",\"requests\":6000,"
                              "\"deadline_s\":100,\"input_mean\":200,\"output_mean\":100}]}";
 
 /* Tokens/s of the plan's replicas working full time (the simulator runs them flat out). */
-static double full_speed(const world *x) {
+static double full_speed(const sched_world *x) {
     double t = 0;
     for (int i = 0; i < x->p.n; i++) {
         const sched_cand *c = &x->cs.c[x->p.r[i].cand];
@@ -65,7 +44,7 @@ static double full_speed(const world *x) {
 }
 
 static void simulated_throughput_matches_the_plan(void **st) {
-    world x;
+    sched_world x;
     load(&x, fleet2, backlog, 0);
     assert_int_equal(x.p.n, 2);
     sched_sim_result r;
@@ -83,11 +62,11 @@ static void simulated_throughput_matches_the_plan(void **st) {
     assert_true(fabs(r.tokens_per_s / full - 1) < 0.15);
     assert_true(fabs(r.usd / (x.p.usd_per_hour * r.makespan_s / 3600) - 1) < 0.05);
     assert_true(x.p.models[0].deadline_met);
-    unload(&x);
+    sched_world_free(&x);
 }
 
 static void failed_gpu_hands_its_requests_back(void **st) {
-    world x;
+    sched_world x;
     load(&x, fleet2, backlog, 0);
     sched_sim_result base, r;
     md_err e = {0};
@@ -102,11 +81,11 @@ static void failed_gpu_hands_its_requests_back(void **st) {
     sched_sim_failure g = {"zz/9", 1};
     assert_int_equal(sched_simulate(&x.p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &g, 1, &r, &e), 0);
     assert_true(fabs(r.makespan_s - base.makespan_s) < 1e-9);
-    unload(&x);
+    sched_world_free(&x);
 }
 
 static void arrivals_are_served_over_the_horizon(void **st) {
-    world x;
+    sched_world x;
     load(&x, "{\"pools\":[{\"type\":\"L4\",\"count\":2}]}",
          "{\"horizon_s\":600,\"seed\":2,\"models\":[{\"model\":\"mistral-7b\",\"rate_rps\":2,"
          "\"input_mean\":300,\"output_mean\":150}]}",
@@ -119,11 +98,11 @@ static void arrivals_are_served_over_the_horizon(void **st) {
     assert_true(llabs(r.requests_total - 1200) < 175);
     assert_int_equal(r.requests_done, r.requests_total);
     assert_true(r.makespan_s > 550 && r.makespan_s < 700);
-    unload(&x);
+    sched_world_free(&x);
 }
 
 static void proportional_baseline_uses_every_gpu(void **st) {
-    world x;
+    sched_world x;
     load(&x,
          "{\"pools\":[{\"name\":\"a\",\"type\":\"A100-80GB-SXM\",\"count\":4},"
          "{\"name\":\"l\",\"type\":\"L4\",\"count\":8}]}",
@@ -141,7 +120,7 @@ static void proportional_baseline_uses_every_gpu(void **st) {
     md_err e = {0};
     assert_int_equal(sched_simulate(&x.p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &r, &e), 0);
     assert_int_equal(r.requests_done, 4000);
-    unload(&x);
+    sched_world_free(&x);
 }
 
 int main(void) {

@@ -273,9 +273,9 @@ static void hostile_files_are_refused_naming_the_json_path(void **st) {
         {"config not json", good(), "{\"bos_token\": ", MD_EFORMAT,
          "tokenizer_config.json: not valid JSON"},
         {"config add_bos number", good(), "{\"add_bos_token\": 1}", MD_EFORMAT,
-         "tokenizer_config.json: 'add_bos_token' is an integer"},
+         "tokenizer_config.json: 'add_bos_token' is a number"},
         {"config template number", good(), "{\"chat_template\": 5}", MD_EFORMAT,
-         "chat_template is an integer"},
+         "chat_template is a number"},
     };
     char *g = good();
     c[0].json = strndup(g, strlen(g) / 2);

@@ -1,111 +1,72 @@
-/* redis_sentinel.c — sentinel:// URLs: parsing, and finding the primary through Redis
- * Sentinel (see redis.h). hiredis 0.14 has no Sentinel support, so this speaks the two
- * commands needed: SENTINEL get-master-addr-by-name on a Sentinel, ROLE on the node. */
+/* redis_dial.c — reaching a Redis node (see redis_dial.h): connect, AUTH and SELECT, either
+ * at the address a URL names or at the primary Redis Sentinel names. hiredis 0.14 has no
+ * Sentinel support, so this speaks the two commands needed: SENTINEL
+ * get-master-addr-by-name on a Sentinel, ROLE on the node. */
+#include "common/redis_dial.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 
-#include "common/redis_priv.h"
-
 /* A Sentinel answers in well under a second on a healthy network; a dead one must not
  * hold up the next for the whole connect timeout. */
 #define SENTINEL_TIMEOUT_MS 1000
 
-static int parse_query(const char *q, md_redis_url *u, md_err *e) {
-    while (q && *q) {
-        const char *kv = q + 1;
-        const char *amp = strchr(kv, '&');
-        size_t kvlen = amp ? (size_t)(amp - kv) : strlen(kv);
-        const char *eq = memchr(kv, '=', kvlen);
-        if (!eq)
-            return md_errf(e, MD_EINVAL, "Redis URL: query item '%.*s' has no '='", (int)kvlen, kv);
-        size_t klen = (size_t)(eq - kv), vlen = kvlen - klen - 1;
-        int rc;
-        if (klen == 13 && !memcmp(kv, "sentinel_user", 13))
-            rc = md_redis_pct_decode(eq + 1, vlen, u->sentinel_user, sizeof u->sentinel_user,
-                                     "sentinel user", e);
-        else if (klen == 17 && !memcmp(kv, "sentinel_password", 17))
-            rc = md_redis_pct_decode(eq + 1, vlen, u->sentinel_pass, sizeof u->sentinel_pass,
-                                     "sentinel password", e);
-        else
-            return md_errf(e, MD_EINVAL,
-                           "Redis URL: unknown query item '%.*s' in a sentinel:// URL "
-                           "(sentinel_user, sentinel_password)",
-                           (int)klen, kv);
-        if (rc)
-            return rc;
-        q = amp;
-    }
-    return 0;
-}
-
-int md_sentinel_parse(const char *rest, md_redis_url *u, md_err *e) {
-    const char *q = strchr(rest, '?');
-    const char *end = q ? q : rest + strlen(rest);
-    const char *slash = memchr(rest, '/', (size_t)(end - rest));
-    if (!slash)
-        return md_errf(e, MD_EINVAL,
-                       "Redis URL: a sentinel:// URL needs the master name after the hosts "
-                       "(sentinel://host1:26379,host2:26379/mymaster[/db])");
-    const char *p = rest;
-    const char *at = NULL;
-    for (const char *s = p; s < slash; s++)
-        if (*s == '@')
-            at = s;
-    if (at) {
-        const char *colon = memchr(p, ':', (size_t)(at - p));
-        int rc;
-        if (colon) {
-            if ((rc = md_redis_pct_decode(p, (size_t)(colon - p), u->user, sizeof u->user, "user",
-                                          e)) ||
-                (rc = md_redis_pct_decode(colon + 1, (size_t)(at - colon - 1), u->pass,
-                                          sizeof u->pass, "password", e)))
-                return rc;
-        } else if ((rc = md_redis_pct_decode(p, (size_t)(at - p), u->pass, sizeof u->pass,
-                                             "password", e))) {
-            return rc;
-        }
-        p = at + 1;
-    }
-    if (p == slash)
-        return md_errf(e, MD_EINVAL, "Redis URL: a sentinel:// URL needs at least one host");
-    while (p < slash) {
-        const char *comma = memchr(p, ',', (size_t)(slash - p));
-        const char *he = comma ? comma : slash;
-        if (he == p)
-            return md_errf(e, MD_EINVAL, "Redis URL: empty host in the sentinel list");
-        if (u->n_sentinels == MD_REDIS_MAX_SENTINELS)
-            return md_errf(e, MD_EINVAL, "Redis URL: more than %d sentinels",
-                           MD_REDIS_MAX_SENTINELS);
-        int rc =
-            md_redis_parse_hostport(p, (size_t)(he - p), 26379, &u->sentinels[u->n_sentinels], e);
-        if (rc)
-            return rc;
-        u->n_sentinels++;
-        p = comma ? comma + 1 : slash;
-        if (comma && p == slash)
-            return md_errf(e, MD_EINVAL, "Redis URL: empty host in the sentinel list");
-    }
-    const char *name = slash + 1;
-    const char *dbslash = memchr(name, '/', (size_t)(end - name));
-    const char *name_end = dbslash ? dbslash : end;
-    if (name_end == name)
-        return md_errf(e, MD_EINVAL,
-                       "Redis URL: a sentinel:// URL needs the master name after the hosts "
-                       "(sentinel://host1:26379,host2:26379/mymaster[/db])");
-    int rc = md_redis_pct_decode(name, (size_t)(name_end - name), u->master, sizeof u->master,
-                                 "master name", e);
-    if (rc)
-        return rc;
-    if (dbslash && (rc = md_redis_parse_db(dbslash + 1, (size_t)(end - dbslash - 1), &u->db, e)))
-        return rc;
-    return parse_query(q, u, e);
-}
-
 static struct timeval tv_ms(int ms) {
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     return tv;
+}
+
+int md_redis_dial_node(const md_redis_url *u, const char *host, int port, redisContext **out,
+                       md_err *e) {
+    *out = NULL;
+    struct timeval ct = tv_ms(u->connect_timeout_ms > 0 ? u->connect_timeout_ms : 2000);
+    redisContext *c = host ? redisConnectWithTimeout(host, port, ct)
+                           : redisConnectUnixWithTimeout(u->unix_path, ct);
+    char where[600];
+    if (host)
+        snprintf(where, sizeof where, "%s:%d", host, port);
+    else
+        snprintf(where, sizeof where, "unix://%s", u->unix_path);
+    if (!c)
+        return md_errf(e, MD_EREDIS, "cannot allocate a Redis context for %s", where);
+    if (c->err) {
+        md_errf(e, MD_EREDIS, "cannot connect to Redis at %s: %s", where, c->errstr);
+        redisFree(c);
+        return MD_EREDIS;
+    }
+    if (u->command_timeout_ms > 0)
+        redisSetTimeout(c, tv_ms(u->command_timeout_ms));
+    if (host)
+        redisEnableKeepAlive(c);
+    redisReply *r = NULL;
+    if (u->pass[0]) {
+        r = u->user[0] ? redisCommand(c, "AUTH %s %s", u->user, u->pass)
+                       : redisCommand(c, "AUTH %s", u->pass);
+        if (!r || r->type == REDIS_REPLY_ERROR) {
+            md_errf(e, MD_EREDIS, "Redis AUTH at %s failed: %s", where, r ? r->str : c->errstr);
+            if (r)
+                freeReplyObject(r);
+            redisFree(c);
+            return MD_EREDIS;
+        }
+        freeReplyObject(r);
+    }
+    if (u->db) {
+        r = redisCommand(c, "SELECT %d", u->db);
+        if (!r || r->type == REDIS_REPLY_ERROR) {
+            md_errf(e, MD_EREDIS, "Redis SELECT %d at %s failed: %s", u->db, where,
+                    r ? r->str : c->errstr);
+            if (r)
+                freeReplyObject(r);
+            redisFree(c);
+            return MD_EREDIS;
+        }
+        freeReplyObject(r);
+    }
+    *out = c;
+    return 0;
 }
 
 /* Ask one Sentinel where the master is. 0 with host/port filled, else MD_EREDIS. */

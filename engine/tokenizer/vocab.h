@@ -1,13 +1,20 @@
-/* tokenizer_int.h — the tokenizer's private layout, shared by tokenizer.c (load, pieces,
- * decode), tokenizer_bpe.c, tokenizer_spm.c, tokenizer_hf.c (tokenizer.json) and
- * tokenizer_chat.c. Not part of the engine's
- * contract: everything outside the tokenizer goes through engine/tokenizer/tokenizer.h. */
-#ifndef MEDLEY_ENGINE_TOKENIZER_INT_H
-#define MEDLEY_ENGINE_TOKENIZER_INT_H
+/* vocab.h — the tokenizer's private layout and its vocabulary (vocab.c): the string table
+ * of tokens and merge parts, the merge table, byte tables, special tokens, pieces, per-call
+ * scratch buffers and the tokenizer's lifetime (tok_free releases every field).
+ *
+ * The bottom of the tokenizer: the loaders (tokenizer_gguf.c, tokenizer_hf.c), the encoders
+ * (tokenizer_bpe.c, tokenizer_spm.c, tokenizer_norm.c), chat templates (tokenizer_chat.c)
+ * and the dispatcher (tokenizer.c) build on it; it calls none of them. Not part of the
+ * engine's contract: everything outside the tokenizer goes through
+ * engine/tokenizer/tokenizer.h. */
+#ifndef MEDLEY_ENGINE_TOKENIZER_VOCAB_H
+#define MEDLEY_ENGINE_TOKENIZER_VOCAB_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
+#include "engine/tokenizer/bigram_heap.h"
 #include "engine/tokenizer/tokenizer.h"
 
 typedef enum { TOK_KIND_BPE = 1, TOK_KIND_SPM = 2 } tok_kind;
@@ -147,7 +154,7 @@ typedef struct {
     int32_t *sym_id, *sym_prev, *sym_next;
     uint32_t *sym_off, *sym_len;
     size_t sym_cap;
-    void *heap;
+    tok_bigram *heap; /* candidate merges of one word */
     size_t heap_cap;
     char *enc; /* byte-level encoded word (ignore_merges lookup) */
     size_t enc_cap;
@@ -163,7 +170,50 @@ typedef struct {
     int32_t *wc_ids;
     size_t wc_ids_len, wc_ids_cap;
 } tok_scratch;
+/* Release the buffers (the struct itself is the caller's) and zero it. */
 void tok_scratch_free(tok_scratch *s);
+/* Symbol r joins its left neighbour l, which becomes len bytes long (the encoders' merge step
+ * in the word's linked list): r becomes empty and l's next is r's. Returns that next symbol,
+ * or -1. */
+static inline int32_t tok_sym_join(tok_scratch *s, int32_t l, int32_t r, uint32_t len) {
+    s->sym_len[l] = len;
+    s->sym_len[r] = 0;
+    int32_t nx = s->sym_next[r];
+    s->sym_next[l] = nx;
+    if (nx >= 0)
+        s->sym_prev[nx] = l;
+    return nx;
+}
+/* Room for n symbols in every sym_* array (a failed grow keeps what was there). MD_ENOMEM.
+ * Inline check: the encoders call it once per word. */
+int tok_grow_symbols_slow(tok_scratch *s, size_t n);
+static inline int tok_grow_symbols(tok_scratch *s, size_t n) {
+    return n <= s->sym_cap ? 0 : tok_grow_symbols_slow(s, n);
+}
+
+#define TOK_NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* Grow *p (of *cap elements of elem bytes, doubling from 256) to hold need. MD_ENOMEM.
+ * Inline: the encoders check their scratch once per word. */
+static inline int tok_grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : 256;
+    while (c < need)
+        c *= 2;
+    void *n = realloc(*p, c * elem);
+    if (!n)
+        return MD_ENOMEM;
+    *p = n;
+    *cap = c;
+    return 0;
+}
+
+/* Strict decode of one UTF-8 character at s[0..n): returns its length (1..4) and sets *cp.
+ * Returns 0 when the bytes there are not a valid shortest-form character: *incomplete is set
+ * when they are a valid start cut by the end of the buffer, else *bad is the length of the
+ * maximal invalid subpart (what one U+FFFD replaces, as Unicode recommends). */
+int tok_utf8_strict(const uint8_t *s, size_t n, uint32_t *cp, int *incomplete, int *bad);
 
 int32_t tok_str_lookup(const tok_tokenizer *t, const char *s, size_t n);
 int tok_str_intern(tok_tokenizer *t, const char *s, size_t n, int32_t *id);
@@ -182,25 +232,7 @@ void tok_spm_byte_tokens(tok_tokenizer *t);
 void tok_mark_eog(tok_tokenizer *t, int32_t fim[3], int make_control);
 int tok_list_special(tok_tokenizer *t, md_err *e);
 int tok_build_pieces(tok_tokenizer *t);
-
-/* The GPT-2 split (Hugging Face's ByteLevel use_regex), \s spelled as White_Space. */
-extern const char tok_re_gpt2[];
-/* Compile a pre-tokenizer stage (PCRE2, UTF + UCP; literal: the pattern is a plain string)
- * and append it. MD_EINVAL with PCRE2's message, MD_ERANGE past TOK_MAX_RE stages. */
-int tok_re_add(tok_tokenizer *t, const char *pattern, size_t len, int literal, int behavior,
-               int invert, md_err *e);
-int tok_bpe_init(tok_tokenizer *t, md_err *e);
-void tok_bpe_free(tok_tokenizer *t);
-/* Encode one text fragment (no special tokens in it). base: the fragment's byte offset in
- * the caller's text, for error messages (and, for tokenizer.json, Metaspace's "first"). */
-int tok_bpe_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, size_t len,
-                   size_t base, tok_out *out, md_err *e);
-/* tokenizer.json normalizers, Metaspace and ByteLevel's prefix space on one fragment (already
- * valid UTF-8 apart from encoded surrogates). *out is in or a scratch buffer. */
-int tok_hf_normalize(const tok_tokenizer *t, tok_scratch *sc, const char *in, size_t n,
-                     int at_start, const char **out, size_t *out_len, md_err *e);
-void tok_hf_free(tok_tokenizer *t);
-int tok_spm_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, size_t len,
-                   int space_prefix, tok_out *out, md_err *e);
+/* The tokenizer's chat template: a copy of s[0..n), replacing any it had. MD_ENOMEM. */
+int tok_set_chat_template(tok_tokenizer *t, const char *s, size_t n, md_err *e);
 
 #endif
