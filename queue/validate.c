@@ -562,10 +562,10 @@ static int check_fields(json_t *body, int chat, q_verr *ve) {
                 json_t *mv;
                 json_object_foreach(v, mk, mv) if (!json_is_string(mv)) return fail(
                     ve, "invalid_type", param, "%s.%.40s must be a string, not %s", param, mk,
-                    type_name(mv));
+                    md_json_type_name(mv));
             } else if (!json_is_string(v)) {
                 return fail(ve, "invalid_type", param, "%s must be a string, not %s", param,
-                            type_name(v));
+                            md_json_type_name(v));
             }
             break;
         case F_NULL_ONLY:
@@ -575,7 +575,7 @@ static int check_fields(json_t *body, int chat, q_verr *ve) {
         case F_FALSE:
             if (!json_is_boolean(v))
                 return fail(ve, "invalid_type", param, "%s must be a boolean, not %s", param,
-                            type_name(v));
+                            md_json_type_name(v));
             if (json_is_true(v))
                 return fail(ve, "unsupported_value", param,
                             "%s: true is not supported (%s); remove it", param, fields[k].why);
@@ -583,7 +583,7 @@ static int check_fields(json_t *body, int chat, q_verr *ve) {
         case F_ONE:
             if (!json_is_integer(v))
                 return fail(ve, "invalid_type", param, "%s must be an integer, not %s", param,
-                            type_name(v));
+                            md_json_type_name(v));
             if (json_integer_value(v) != 1)
                 return fail(ve, "unsupported_value", param, "only %s = 1 is supported (%s)", param,
                             fields[k].why);
@@ -595,7 +595,7 @@ static int check_fields(json_t *body, int chat, q_verr *ve) {
     if (mod && !json_is_null(mod)) {
         if (!json_is_array(mod))
             return fail(ve, "invalid_type", "body.modalities",
-                        "body.modalities must be an array, not %s", type_name(mod));
+                        "body.modalities must be an array, not %s", md_json_type_name(mod));
         size_t i;
         json_t *m;
         json_array_foreach(mod, i, m) {
@@ -616,7 +616,7 @@ static int get_logit_bias(json_t *body, q_request *req, q_verr *ve) {
     if (!json_is_object(lb))
         return fail(ve, "invalid_type", "body.logit_bias",
                     "body.logit_bias must be an object mapping token ids to biases, not %s",
-                    type_name(lb));
+                    md_json_type_name(lb));
     size_t n = json_object_size(lb);
     if (n > Q_MAX_LOGIT_BIAS)
         return fail(ve, "invalid_value", "body.logit_bias",
@@ -640,7 +640,8 @@ static int get_logit_bias(json_t *body, q_request *req, q_verr *ve) {
                         key);
         if (!json_is_number(v))
             return fail(ve, "invalid_type", "body.logit_bias",
-                        "body.logit_bias[\"%.40s\"] must be a number, not %s", key, type_name(v));
+                        "body.logit_bias[\"%.40s\"] must be a number, not %s", key,
+                        md_json_type_name(v));
         double b = json_number_value(v);
         if (!isfinite(b) || b < -100 || b > 100)
             return fail(ve, "invalid_value", "body.logit_bias",
@@ -694,7 +695,8 @@ static int get_bool(json_t *obj, const char *key, const char *param, int dflt, i
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_boolean(v))
-        return fail(ve, "invalid_type", param, "%s must be a boolean, not %s", param, type_name(v));
+        return fail(ve, "invalid_type", param, "%s must be a boolean, not %s", param,
+                    md_json_type_name(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -735,7 +737,8 @@ static int get_response_format(json_t *body, q_request *req, q_verr *ve) {
     if (!rf || json_is_null(rf))
         return 0;
     if (!json_is_object(rf))
-        return fail(ve, "invalid_type", P, "%s must be an object, not %s", P, type_name(rf));
+        return fail(ve, "invalid_type", P, "%s must be an object, not %s", P,
+                    md_json_type_name(rf));
     const char *type = json_string_value(json_object_get(rf, "type"));
     if (!type)
         return fail(ve, "missing_required_parameter", P,
@@ -771,7 +774,7 @@ static int get_response_format(json_t *body, q_request *req, q_verr *ve) {
     json_t *desc = json_object_get(js, "description");
     if (desc && !json_is_null(desc) && !json_is_string(desc))
         return fail(ve, "invalid_type", "body.response_format.json_schema.description",
-                    "%s.description must be a string, not %s", PJ, type_name(desc));
+                    "%s.description must be a string, not %s", PJ, md_json_type_name(desc));
     int strict;
     if (get_bool(js, "strict", "body.response_format.json_schema.strict", 0, &strict, ve))
         return -1;
@@ -780,7 +783,8 @@ static int get_response_format(json_t *body, q_request *req, q_verr *ve) {
         return set_constraint(req, Q_CON_JSON_OBJECT, P, "", 0, 1, ve);
     if (!json_is_object(schema) && !json_is_boolean(schema))
         return fail(ve, "invalid_type", "body.response_format.json_schema.schema",
-                    "%s.schema must be a JSON Schema object, not %s", PJ, type_name(schema));
+                    "%s.schema must be a JSON Schema object, not %s", PJ,
+                    md_json_type_name(schema));
     return set_json_constraint(req, Q_CON_JSON_SCHEMA, P, schema, strict, ve);
 }
 
@@ -792,7 +796,7 @@ static int get_medley(json_t *body, q_request *req, q_verr *ve) {
         return 0;
     if (!json_is_object(m))
         return fail(ve, "invalid_type", "body.medley", "body.medley must be an object, not %s",
-                    type_name(m));
+                    md_json_type_name(m));
     static const char *const keys[] = {"regex", "choice", "grammar", NULL};
     if (only_keys(m, "body.medley", keys, ve))
         return -1;
@@ -976,7 +980,7 @@ static int get_tools(json_t *body, q_request *req, q_verr *ve) {
             if (p && !json_is_null(p) && !json_is_object(p))
                 return fail(ve, "invalid_type", param,
                             "%s.function.parameters must be a JSON Schema object, not %s", param,
-                            type_name(p));
+                            md_json_type_name(p));
             qt->parameters = json_is_object(p) ? p : NULL;
             if (get_bool(f, "strict", param, 0, &qt->strict, ve))
                 return -1;
