@@ -158,6 +158,7 @@ static void usage(FILE *f) {
             "                       llama2, mistral, gemma, or none (raw prompts only)\n"
             "  --echo-delay-ms MS   echo model: delay per answer\n"
             "  --usd-per-hour X     device cost, for each line's cost share\n"
+            "  --max-line-bytes N   longer input lines are refused unparsed (default 1 MiB)\n"
             "  --quiet              no progress\n");
 }
 
@@ -240,6 +241,14 @@ static int parse_args(int argc, char **argv, run_opts *o, wk_config *cfg) {
                 cfg->runner.echo_delay_ms = (int)x;
         } else if (!strcmp(a, "--usd-per-hour")) {
             cfg->usd_per_hour = atof(v);
+        } else if (!strcmp(a, "--max-line-bytes")) {
+            char *end;
+            long long x = strtoll(v, &end, 10);
+            if (*end || x < 1024 || x > (1ll << 30)) {
+                fprintf(stderr, "medley run: --max-line-bytes needs a number in 1024..2^30\n");
+                return 2;
+            }
+            cfg->limits.max_line_bytes = (size_t)x;
         } else {
             fprintf(stderr, "medley run: unknown option %s\n", a);
             usage(stderr);

@@ -10,11 +10,15 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define Q_MAX_STOP 4
 #define Q_MAX_MSGS 256
 #define Q_MAX_TOP_LOGPROBS 20       /* chat's top_logprobs, as OpenAI bounds it */
 #define Q_MAX_COMPLETION_LOGPROBS 5 /* completions' logprobs, as OpenAI bounds it */
+#define Q_MAX_LOGIT_BIAS 1024       /* logit_bias entries (OpenAI documents no bound) */
+#define Q_MAX_TOOLS 128             /* tools, as OpenAI bounds them */
+#define Q_MAX_CHOICES 4096          /* medley.choice strings */
 
 typedef struct {
     size_t max_line_bytes;  /* larger lines are refused unparsed (default 1 MiB) */
@@ -26,6 +30,28 @@ void q_limits_default(q_limits *l);
 typedef struct {
     const char *role, *content;
 } q_msg;
+
+/* The one output constraint of a line (docs/structured.md, "Request side"): at most one of
+ * response_format json_object / json_schema, tools with tool_choice "required" or a named
+ * function, medley.regex, medley.choice, medley.grammar. */
+typedef enum {
+    Q_CON_NONE,
+    Q_CON_JSON_OBJECT, /* any JSON object */
+    Q_CON_JSON_SCHEMA, /* con_text: the schema, compact JSON (a tool call's is built here) */
+    Q_CON_REGEX,       /* con_text: the regular expression */
+    Q_CON_CHOICE,      /* con_text: the choices as a compact JSON array of strings */
+    Q_CON_GRAMMAR,     /* con_text: EBNF, start rule "root" */
+} q_con_kind;
+
+/* tool_choice, after defaults: "none" when there are no tools, "auto" when there are. */
+typedef enum { Q_TOOLS_NONE, Q_TOOLS_AUTO, Q_TOOLS_REQUIRED, Q_TOOLS_NAMED } q_tool_choice;
+
+typedef struct {
+    const char *name;        /* ^[A-Za-z0-9_-]{1,64}$ */
+    const char *description; /* NULL when absent */
+    json_t *parameters;      /* the JSON Schema object; borrowed from root, NULL when absent */
+    int strict;
+} q_tool;
 
 typedef struct {
     const char *custom_id; /* NULL when the line has none that is usable */
@@ -51,6 +77,34 @@ typedef struct {
     int has_seed;
     const char *stop[Q_MAX_STOP + 1]; /* NULL-terminated */
     int n_stop;
+    /* logit_bias: n_bias token ids (not yet checked against a vocabulary: the runner does)
+     * and the bias added to each one's logit, in [-100, 100]; malloc'd, freed with req */
+    int32_t *bias_ids;
+    float *bias;
+    int n_bias;
+    /* tools and tool_choice (Q_TOOLS_NONE: tools are ignored); tool_named: the index of the
+     * function tool_choice names */
+    q_tool tools[Q_MAX_TOOLS];
+    int n_tools;
+    q_tool_choice tool_choice;
+    int tool_named;
+    /* the constraint: what con_text holds, the body field that set it (for errors:
+     * "body.response_format", "body.tools", "body.medley.regex", ...), strict semantics for
+     * a schema (keywords medley cannot enforce are refused, not relaxed) */
+    q_con_kind con;
+    const char *con_param;
+    char *con_text; /* malloc'd, NUL-terminated, con_len bytes; freed with req */
+    size_t con_len;
+    int con_strict;
+    /* Set by the worker once the constraint is compiled (worker/grammars.h), NULL before:
+     * the grammar (borrowed from the worker's cache entry gentry, which the request holds a
+     * reference to until wk_grammars_release), how long compiling took (0 on a cache hit),
+     * and the keywords relaxed under strict: false ("" when none). */
+    const struct gr_grammar *grammar;
+    void *gentry;
+    double compile_ms;
+    int compile_cached;
+    char relaxed[512];
     json_t *root;
     char *text; /* storage for content given as an array of parts */
 } q_request;
@@ -75,10 +129,12 @@ typedef struct {
  * id too in its duplicate check, so the two agree (docs/protocol.md §3, §8). */
 const char *q_scan_custom_id(const char *line, size_t len, char buf[Q_CUSTOM_ID_MAX]);
 
-/* Validate line[0..len). Returns 0 with *req filled, or -1 with *ve filled; in both cases
- * req->custom_id is set when the line had a string custom_id (its storage is either the
- * parsed JSON or custom_id_buf, CUSTOM_ID_MAX bytes), and q_request_free() must be
- * called. */
+/* Validate line[0..len). Every body field either is used or refused (400
+ * unsupported_parameter / unsupported_value naming it): docs/protocol.md has the table. A
+ * constraint is checked for shape here and compiled by the worker (worker/grammars.h). Returns 0
+ * with *req filled, or -1 with *ve filled; in both cases req->custom_id is set when the line had a
+ * string custom_id (its storage is either the parsed JSON or custom_id_buf, CUSTOM_ID_MAX bytes),
+ * and q_request_free() must be called. */
 int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req,
                char custom_id_buf[Q_CUSTOM_ID_MAX], q_verr *ve);
 void q_request_free(q_request *req);

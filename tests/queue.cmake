@@ -24,6 +24,13 @@ foreach(t test_worker_answer test_worker_metrics)
     set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "MEDLEY_REDIS_SERVER=${MEDLEY_REDIS_SERVER}")
   endif()
 endforeach()
+# worker/grammars.c: the per-runner cache of compiled constraints, with the real compiler.
+medley_test(test_worker_grammars SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_worker_grammars.c
+            LIBS medley_worker LABELS unit)
+# Mutated input lines through validation, the grammar cache and a matcher's first masks.
+medley_test(test_validate_fuzz SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/test_validate_fuzz.c
+            LIBS medley_worker LABELS fuzz)
+set_tests_properties(test_validate_fuzz PROPERTIES TIMEOUT 600)
 # worker/supervise.c (medley worker --devices) with /bin/sh children and short backoffs.
 medley_test(test_supervise SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_supervise.c
             LIBS medley_worker LABELS unit)
@@ -85,6 +92,11 @@ medley_queue_py(queue_run_smollm2 queue_run_smollm2 e2e 900)
 # engine through `medley run`, against `medley generate` with the same flags.
 medley_queue_py(worker_sampling worker_sampling integration 120)
 medley_queue_py(worker_sampling_smollm2 worker_sampling e2e 600 --engine)
+
+# Structured outputs, the request side (docs/structured.md): response_format, tools, medley's
+# regex / choice / grammar, logit_bias, refused fields and hostile schemas in one `medley run`
+# on SmolLM2; stop answers validate with jsonschema, tool calls parse with the openai SDK.
+medley_queue_py(structured_run structured_run e2e 600)
 
 # medley worker --devices: one supervisor, one child worker per device (worker/supervise.h).
 # worker_devices: bad device lists, 2,000 echo requests over two children with one SIGKILLed

@@ -4,11 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "worker/grammars.h"
 #include "worker/runner_impl.h"
 
 struct wk_runner {
     const wk_runner_ops *ops;
     void *self;
+    wk_grammars *grammars; /* the compiled constraints of this runner's requests */
 };
 
 int wk_runner_open(const char *model, const wk_runner_opts *o, wk_runner **out, md_err *e) {
@@ -16,7 +18,11 @@ int wk_runner_open(const char *model, const wk_runner_opts *o, wk_runner **out, 
     wk_runner *r = calloc(1, sizeof *r);
     if (!r)
         return md_errf(e, MD_ENOMEM, "out of memory");
-    int rc;
+    int rc = wk_grammars_new(WK_GRAMMARS_DEFAULT, &r->grammars, e);
+    if (rc) {
+        free(r);
+        return rc;
+    }
     if (!strcmp(model, "echo")) {
         r->ops = &wk_echo_ops;
         rc = wk_echo_open(o, &r->self, e);
@@ -25,6 +31,7 @@ int wk_runner_open(const char *model, const wk_runner_opts *o, wk_runner **out, 
         rc = wk_engine_open(model, o, &r->self, e);
     }
     if (rc) {
+        wk_grammars_free(r->grammars);
         free(r);
         return md_errctx(e, "serving model '%s': ", model);
     }
@@ -35,7 +42,8 @@ int wk_runner_open(const char *model, const wk_runner_opts *o, wk_runner **out, 
 void wk_runner_close(wk_runner *r) {
     if (!r)
         return;
-    r->ops->close(r->self);
+    r->ops->close(r->self); /* its sequences' grammar references first */
+    wk_grammars_free(r->grammars);
     free(r);
 }
 
@@ -53,6 +61,17 @@ int wk_runner_live(const wk_runner *r) {
 }
 int wk_runner_n_ctx(const wk_runner *r) {
     return r->ops->n_ctx(r->self);
+}
+int wk_runner_prepare(wk_runner *r, q_request *req, q_verr *ve) {
+    if (wk_grammars_prepare(r->grammars, req, ve))
+        return -1;
+    return r->ops->check ? r->ops->check(r->self, req, ve) : 0;
+}
+void wk_runner_release(wk_runner *r, q_request *req) {
+    (void)r;
+    wk_grammars_release(req->gentry);
+    req->gentry = NULL;
+    req->grammar = NULL;
 }
 int wk_runner_start(wk_runner *r, const q_request *req, void *tag, md_err *e) {
     return r->ops->start(r->self, req, tag, e);

@@ -37,7 +37,7 @@ typedef struct {
 
 typedef struct {
     const char *text;          /* generated text (valid UTF-8) */
-    const char *finish_reason; /* "stop" | "length" */
+    const char *finish_reason; /* "stop" | "length" | "tool_calls" */
     int prompt_tokens, completion_tokens;
     double prefill_ms, decode_ms;
     double first_token_ms; /* from start() to the first generated token (metrics) */
@@ -49,6 +49,16 @@ typedef struct {
     int top_logprobs; /* alternatives asked for per token (q_request.top_logprobs) */
     const wk_token_lp *lp;
     int n_lp;
+    /* Structured output (docs/structured.md, "Request side"). tool_name non-NULL: the answer
+     * is a call of that function (finish_reason "tool_calls"), tool_args its arguments as
+     * compact JSON text; the worker writes message.tool_calls and content null. constrained:
+     * the request had a constraint; then compile_ms (0: found compiled in the cache, then
+     * compile_cached = 1) and schema_relaxed (keywords not enforced under strict: false, ""
+     * when none) go into the answer's medley object. */
+    const char *tool_name, *tool_args;
+    int constrained, compile_cached;
+    double compile_ms;
+    const char *schema_relaxed;
     const char *error; /* non-NULL: the request failed inside the runner */
     /* Not the request's failure but its device's (a failed engine step: a GPU error). The
      * worker hands the entry back for another worker instead of answering it. */
@@ -91,6 +101,13 @@ const char *wk_runner_device(const wk_runner *r); /* device type for output line
 int wk_runner_capacity(const wk_runner *r);
 int wk_runner_live(const wk_runner *r);
 int wk_runner_n_ctx(const wk_runner *r);
+/* Get a validated request ready for this runner (before start): its constraint compiled,
+ * or found compiled, in the runner's grammar cache (worker/grammars.h), and what only the
+ * model can tell checked (tool_choice "auto" needs a chat template with a tool-call format;
+ * logit_bias ids must be in the vocabulary). 0, or -1 with ve filled (a 400 line). Call
+ * wk_runner_release for req afterwards, whether or not it was started. */
+int wk_runner_prepare(wk_runner *r, q_request *req, q_verr *ve);
+void wk_runner_release(wk_runner *r, q_request *req);
 /* Start a request. MD_ERANGE (message for the client in e) when the prompt plus max_tokens
  * does not fit the context; other errors are the runner's. */
 int wk_runner_start(wk_runner *r, const q_request *req, void *tag, md_err *e);

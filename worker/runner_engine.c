@@ -4,6 +4,8 @@
  * batching), and finished sequences come back with their text, usage and timings, and the
  * logprob of each token of the text when the request asked for them (collected from the
  * steps' results: the engine keeps no logprobs). */
+#define _GNU_SOURCE /* memmem */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/weights/registry.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "worker/grammars.h"
 #include "worker/runner_impl.h"
 
 typedef struct {
@@ -32,6 +35,12 @@ typedef struct {
     int32_t *top_ids;
     float *top_lps;
     size_t cap_top;
+    /* the constraint: its grammar cache entry (a reference held while the sequence runs,
+     * NULL when none), whether the answer is a function call, the compile report */
+    void *gentry;
+    int tool_call, constrained, compile_cached;
+    double compile_ms;
+    char relaxed[512];
 } eng_item;
 
 typedef struct {
@@ -123,8 +132,10 @@ static void lp_free(eng_item *it) {
 static void engine_close(void *self) {
     engine_runner *r = self;
     md_engine_close(r->eng);
-    for (int i = 0; i < r->cap; i++)
+    for (int i = 0; i < r->cap; i++) {
         lp_free(&r->items[i]);
+        wk_grammars_release(r->items[i].gentry);
+    }
     free(r->items);
     free(r->by_seq);
     free(r->lp);
@@ -206,6 +217,84 @@ static const char *engine_device(void *self) {
     return ((engine_runner *)self)->device;
 }
 
+/* The functions a tool call may name, described in the system turn (medley implements no
+ * template's own tool format; docs/structured.md "Tool calls"): they are listed as JSON and
+ * the model is asked for {"name", "arguments"}, followed by the line's own system text own
+ * (NULL: none); the grammar enforces the shape, this text tells the model what the names
+ * and arguments mean. *out is malloc'd. */
+static int tool_system_text(const q_request *req, const char *own, char **out, md_err *e) {
+    json_t *list = json_array();
+    for (int i = 0; list && i < req->n_tools; i++) {
+        const q_tool *t = &req->tools[i];
+        if (req->tool_choice == Q_TOOLS_NAMED && i != req->tool_named)
+            continue;
+        json_t *f = json_pack("{s:s}", "name", t->name);
+        if (f && t->description)
+            json_object_set_new(f, "description", json_string(t->description));
+        if (f && t->parameters)
+            json_object_set(f, "parameters", t->parameters);
+        if (!f || json_array_append_new(list, f)) {
+            json_decref(list);
+            list = NULL;
+        }
+    }
+    char *fns = list ? json_dumps(list, JSON_COMPACT) : NULL;
+    json_decref(list);
+    if (!fns)
+        return md_errf(e, MD_ENOMEM, "out of memory describing the tools");
+    static const char head[] =
+        "You can call the following functions. Answer with exactly one call, written as a JSON "
+        "object {\"name\": <the function's name>, \"arguments\": <an object of its "
+        "arguments>} and nothing else.\nFunctions: ";
+    size_t n = sizeof head + strlen(fns) + (own ? strlen(own) + 2 : 0);
+    *out = malloc(n);
+    if (*out)
+        snprintf(*out, n, "%s%s%s%s", head, fns, own ? "\n\n" : "", own ? own : "");
+    free(fns);
+    return *out ? 0 : md_errf(e, MD_ENOMEM, "out of memory describing the tools");
+}
+
+static int verr(q_verr *ve, const char *code, const char *param, const char *msg) {
+    snprintf(ve->code, sizeof ve->code, "%s", code);
+    snprintf(ve->param, sizeof ve->param, "%s", param);
+    snprintf(ve->message, sizeof ve->message, "%s", msg);
+    ve->status = 400;
+    return -1;
+}
+
+/* What only this model can tell (runner.h wk_runner_prepare). */
+static int engine_check(void *self, const q_request *req, q_verr *ve) {
+    engine_runner *r = self;
+    int n_vocab = tok_n_vocab(r->tok);
+    for (int i = 0; i < req->n_bias; i++)
+        if (req->bias_ids[i] >= n_vocab) {
+            char msg[160];
+            snprintf(msg, sizeof msg,
+                     "body.logit_bias names token %d; this model's vocabulary has %d tokens "
+                     "(0..%d)",
+                     (int)req->bias_ids[i], n_vocab, n_vocab - 1);
+            return verr(ve, "invalid_value", "body.logit_bias", msg);
+        }
+    if (req->tool_choice == Q_TOOLS_AUTO) {
+        /* "auto" lets the model choose between text and a call, which needs the template's
+         * own tool-call markup to tell them apart (Qwen's <tool_call>, Llama 3's
+         * <|python_tag|> / JSON, Mistral's [TOOL_CALLS]) */
+        size_t len = 0;
+        const char *t = tok_chat_template_text(r->tok, &len);
+        int has = t && (memmem(t, len, "<tool_call>", 11) || memmem(t, len, "[TOOL_CALLS]", 12) ||
+                        memmem(t, len, "<|python_tag|>", 14));
+        char msg[400];
+        snprintf(msg, sizeof msg,
+                 "body.tool_choice is \"auto\" (the default when body.tools is given), which "
+                 "needs the model's own tool-call format; %s: use \"required\" or "
+                 "{\"type\": \"function\", \"function\": {\"name\": ...}}, or \"none\"",
+                 has ? "medley does not implement this template's tool-call format yet"
+                     : "this model's chat template defines none");
+        return verr(ve, "unsupported_value", "body.tool_choice", msg);
+    }
+    return 0;
+}
+
 static int engine_start(void *self, const q_request *req, void *tag, md_err *e) {
     engine_runner *r = self;
     if (r->live >= r->cap)
@@ -213,12 +302,25 @@ static int engine_start(void *self, const q_request *req, void *tag, md_err *e) 
     char *prompt = NULL;
     int rc;
     if (req->chat) {
-        tok_chat_msg msgs[Q_MAX_MSGS];
-        for (int i = 0; i < req->n_msgs; i++) {
-            msgs[i].role = req->msgs[i].role;
-            msgs[i].content = req->msgs[i].content;
+        tok_chat_msg msgs[Q_MAX_MSGS + 1];
+        char *sys = NULL;
+        int n = 0;
+        int from = 0;
+        if (req->tool_choice == Q_TOOLS_REQUIRED || req->tool_choice == Q_TOOLS_NAMED) {
+            /* one system turn: the tools first, then the line's own system text */
+            const char *own = !strcmp(req->msgs[0].role, "system") ? req->msgs[0].content : NULL;
+            if ((rc = tool_system_text(req, own, &sys, e)))
+                return rc;
+            msgs[n++] = (tok_chat_msg){"system", sys};
+            from = own ? 1 : 0;
         }
-        if ((rc = tok_chat_apply(r->tok, msgs, req->n_msgs, 1, &prompt, e)))
+        for (int i = from; i < req->n_msgs; i++) {
+            msgs[n].role = req->msgs[i].role;
+            msgs[n++].content = req->msgs[i].content;
+        }
+        rc = tok_chat_apply(r->tok, msgs, n, 1, &prompt, e);
+        free(sys);
+        if (rc)
             return rc;
     }
     const char *text = req->chat ? prompt : req->prompt;
@@ -265,11 +367,32 @@ static int engine_start(void *self, const q_request *req, void *tag, md_err *e) 
         md_random_hex(hex, sizeof hex, 16);
         s.seed = strtoull(hex, NULL, 16);
     }
+    s.grammar = req->grammar;
+    md_logit_bias *bias = NULL;
+    if (req->n_bias) {
+        bias = malloc((size_t)req->n_bias * sizeof *bias);
+        if (!bias) {
+            free(ids);
+            return md_errf(e, MD_ENOMEM, "out of memory for %d logit_bias entries", req->n_bias);
+        }
+        for (int i = 0; i < req->n_bias; i++)
+            bias[i] = (md_logit_bias){req->bias_ids[i], req->bias[i]};
+        s.logit_bias = bias;
+        s.n_logit_bias = req->n_bias;
+    }
     uint64_t seq = 0;
-    rc = md_engine_submit(r->eng, ids, n_ids, &s, &seq, e);
+    rc = md_engine_submit(r->eng, ids, n_ids, &s, &seq, e); /* copies the biases */
     free(ids);
+    free(bias);
     if (rc)
         return rc;
+    wk_grammars_hold(req->gentry);
+    it->gentry = req->gentry;
+    it->tool_call = req->con == Q_CON_JSON_SCHEMA && !strcmp(req->con_param, "body.tools");
+    it->constrained = req->con != Q_CON_NONE;
+    it->compile_cached = req->compile_cached;
+    it->compile_ms = req->compile_ms;
+    snprintf(it->relaxed, sizeof it->relaxed, "%s", req->relaxed);
     it->used = 1;
     it->seq = seq;
     it->tag = tag;
@@ -336,6 +459,25 @@ static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn d
                      .decode_ms = st.decode_ms,
                      .first_token_ms = st.queue_ms + st.prefill_ms,
                      .device_lost = step_failed && f == MD_FINISH_ERROR};
+    res.constrained = it->constrained;
+    res.compile_cached = it->compile_cached;
+    res.compile_ms = it->compile_ms;
+    res.schema_relaxed = it->relaxed;
+    char *args = NULL;
+    json_t *call = NULL;
+    if (it->tool_call && f == MD_FINISH_STOP) {
+        /* the grammar made text {"name": ..., "arguments": {...}} (validation refuses stop
+         * strings with a constraint); text that does not parse stays content */
+        call = json_loads(text, 0, NULL);
+        const char *name = json_string_value(json_object_get(call, "name"));
+        json_t *a = json_object_get(call, "arguments");
+        args = name && a ? json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+        if (args) {
+            res.tool_name = name;
+            res.tool_args = args;
+            res.finish_reason = "tool_calls";
+        }
+    }
     if (f == MD_FINISH_ERROR || f == MD_FINISH_CANCELLED) {
         const char *why = md_seq_error(r->eng, it->seq);
         res.error = why && *why ? why : "the engine stopped this sequence";
@@ -353,7 +495,11 @@ static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn d
     }
     void *tag = it->tag;
     done(ctx, tag, &res);
+    free(args);
+    json_decref(call);
     md_engine_release(r->eng, it->seq);
+    wk_grammars_release(it->gentry); /* after the engine let go of the sequence's matcher */
+    it->gentry = NULL;
     if (it->cap_lp > LP_KEEP || it->cap_top > LP_KEEP)
         lp_free(it);
     it->used = 0;
@@ -427,4 +573,5 @@ const wk_runner_ops wk_engine_ops = {
     .poll = engine_poll,
     .close = engine_close,
     .stats = engine_stats,
+    .check = engine_check,
 };

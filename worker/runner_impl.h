@@ -14,6 +14,9 @@ typedef struct {
     int (*poll)(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err *e);
     void (*close)(void *self);
     void (*stats)(void *self, wk_runner_stats *st); /* NULL: nothing counted */
+    /* What only the model can tell about a request (runner.h wk_runner_prepare); NULL:
+     * nothing to check. 0, or -1 with ve filled. */
+    int (*check)(void *self, const q_request *req, q_verr *ve);
 } wk_runner_ops;
 
 int wk_echo_open(const wk_runner_opts *o, void **self, md_err *e);

@@ -106,6 +106,38 @@ void wk_answer_error(wk *w, int s, const char *entry_id, const char *batch, cons
     push_answer(w, s, entry_id, batch, custom_id, code, doc);
 }
 
+/* A chat answer's message: the text as content, or a function call as OpenAI writes it
+ * (tool_calls [{id, type, function {name, arguments}}], content null). */
+static json_t *chat_message(const wk_result *res) {
+    if (!res->tool_name)
+        return json_pack("{s:s, s:s}", "role", "assistant", "content", res->text);
+    char cid[48];
+    ids(cid, "call_");
+    return json_pack("{s:s, s:n, s:[{s:s, s:s, s:{s:s, s:s}}]}", "role", "assistant", "content",
+                     "tool_calls", "id", cid, "type", "function", "function", "name",
+                     res->tool_name, "arguments", res->tool_args);
+}
+
+/* A constrained answer's report in its medley object: compile_ms (0 when the grammar was
+ * in the worker's cache), compile_cached, and schema_relaxed: the keywords not enforced
+ * under strict: false, as "keyword at pointer" strings. */
+static void constraint_report(json_t *med, const wk_result *res) {
+    json_t *relaxed = json_array();
+    const char *p = res->schema_relaxed ? res->schema_relaxed : "";
+    while (relaxed && *p) {
+        size_t n = strcspn(p, ",");
+        size_t a = 0;
+        while (a < n && p[a] == ' ')
+            a++;
+        if (n > a)
+            json_array_append_new(relaxed, json_stringn(p + a, n - a));
+        p += n + (p[n] == ',');
+    }
+    json_object_set_new(med, "compile_ms", json_real(res->compile_ms));
+    json_object_set_new(med, "compile_cached", json_boolean(res->compile_cached));
+    json_object_set_new(med, "schema_relaxed", relaxed ? relaxed : json_array());
+}
+
 void wk_on_done(void *ctx, void *tag, const wk_result *res) {
     wk *w = ctx;
     job *j = tag;
@@ -134,21 +166,24 @@ void wk_on_done(void *ctx, void *tag, const wk_result *res) {
         int m = stream_model(w, j->s);
         const char *model = w->mod[m].name;
         json_t *lp = wk_logprobs_json(res, j->chat);
-        json_t *choice = j->chat ? json_pack("{s:i, s:{s:s, s:s}, s:s, s:o}", "index", 0, "message",
-                                             "role", "assistant", "content", res->text,
-                                             "finish_reason", res->finish_reason, "logprobs", lp)
-                                 : json_pack("{s:i, s:s, s:s, s:o}", "index", 0, "text", res->text,
-                                             "finish_reason", res->finish_reason, "logprobs", lp);
+        json_t *choice =
+            j->chat ? json_pack("{s:i, s:o, s:s, s:o}", "index", 0, "message", chat_message(res),
+                                "finish_reason", res->finish_reason, "logprobs", lp)
+                    : json_pack("{s:i, s:s, s:s, s:o}", "index", 0, "text", res->text,
+                                "finish_reason", res->finish_reason, "logprobs", lp);
         json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:{s:i, s:i, s:i}}", "id", cid,
                                  "object", j->chat ? "chat.completion" : "text_completion",
                                  "created", (json_int_t)(md_wall_ms() / 1000), "model", model,
                                  "choices", choice, "usage", "prompt_tokens", res->prompt_tokens,
                                  "completion_tokens", res->completion_tokens, "total_tokens",
                                  res->prompt_tokens + res->completion_tokens);
-        json_t *doc = json_pack(
-            "{s:s, s:s, s:{s:i, s:s, s:o}, s:n, s:o}", "id", id, "custom_id", j->custom_id,
-            "response", "status_code", 200, "request_id", rid, "body", body, "error", "medley",
-            medley_obj(w, m, j->queue_ms, res->prefill_ms, res->decode_ms, j->share_s, j->attempt));
+        json_t *med =
+            medley_obj(w, m, j->queue_ms, res->prefill_ms, res->decode_ms, j->share_s, j->attempt);
+        if (med && res->constrained)
+            constraint_report(med, res);
+        json_t *doc = json_pack("{s:s, s:s, s:{s:i, s:s, s:o}, s:n, s:o}", "id", id, "custom_id",
+                                j->custom_id, "response", "status_code", 200, "request_id", rid,
+                                "body", body, "error", "medley", med);
         w->n_tokens += res->completion_tokens;
         push_answer(w, j->s, j->id, j->batch, j->custom_id, NULL, doc);
         wk_metrics_result(w, m, res, w->cfg->usd_per_hour * j->share_s / 3600.0);

@@ -179,6 +179,8 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
                  md->name);
         ve.status = 404;
         wk_answer_invalid(w, s, id, batch, cid, &ve, qms, attempt);
+    } else if (wk_runner_prepare(md->runner, &req, &ve)) { /* the constraint compiled */
+        wk_answer_invalid(w, s, id, batch, cid, &ve, qms, attempt);
     } else {
         job *j = NULL;
         for (int i = 0; i < md->n_jobs && !j; i++)
@@ -186,6 +188,7 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
                 j = &md->jobs[i];
         if (!j) { /* cannot happen (reads never exceed free slots); left pending if it does */
             MD_ERROR("worker", "no free slot for entry %s; it will be taken over later", id);
+            wk_runner_release(md->runner, &req);
             q_request_free(&req);
             return;
         }
@@ -212,6 +215,7 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
             wk_answer_error(w, s, id, batch, cid, "server_error", e.msg, qms, attempt);
         }
     }
+    wk_runner_release(md->runner, &req);
     q_request_free(&req);
 }
 

@@ -136,10 +136,9 @@ static void completion_logprobs_zero_asks_for_the_chosen_tokens(void **st) {
     assert_int_equal(check(COMPLETION("{" P ",\"logprobs\":0}"), &req, &ve, buf), 0);
     assert_int_equal(req.logprobs, 1);
     q_request_free(&req);
-    /* top_logprobs is not a completions parameter: ignored there like other unknown fields */
-    assert_int_equal(check(COMPLETION("{" P ",\"top_logprobs\":3}"), &req, &ve, buf), 0);
-    assert_int_equal(req.logprobs, 0);
-    q_request_free(&req);
+    /* top_logprobs is not a completions parameter: refused there, naming it */
+    expect_error(COMPLETION("{" P ",\"top_logprobs\":3}"), "unsupported_parameter",
+                 "body.top_logprobs");
 }
 
 static void bad_sampling_extras_are_named(void **st) {
@@ -300,9 +299,9 @@ static void scanned_custom_id_is_the_top_level_one(void **st) {
         {"{\"x\":[{\"custom_id\":\"v\"},\"custom_id\"],\"custom_id\":\"m\"", "m"},
         {"{\"s\":\"\\\"custom_id\\\":\\\"v\\\"\",\"custom_id\":\"m\"", "m"},
         {"{\"custom_id\": \"x\", \"pad\": \"PPPP", "x"}, /* truncated after the id */
-        {"{\"body\":{\"custom_id\":\"victim\"}", NULL},   /* only a nested one */
-        {"[{\"custom_id\":\"a\"}]", NULL},                /* not an object */
-        {"{\"custom_id\":\"a\\u0062\"}", NULL},           /* escapes: no guess */
+        {"{\"body\":{\"custom_id\":\"victim\"}", NULL},  /* only a nested one */
+        {"[{\"custom_id\":\"a\"}]", NULL},               /* not an object */
+        {"{\"custom_id\":\"a\\u0062\"}", NULL},          /* escapes: no guess */
         {"{\"custom_id\":5}", NULL},
         {"{\"custom_id\":\"\"}", NULL},
         {"{\"custom_id\"", NULL},
@@ -366,6 +365,242 @@ static void random_bytes_never_crash(void **st) {
     free(buf);
 }
 
+/* Validate a line that must pass; the caller frees req. */
+static void expect_ok(const char *line, q_request *req) {
+    q_verr ve;
+    char buf[Q_CUSTOM_ID_MAX];
+    if (check(line, req, &ve, buf))
+        fail_msg("line %s: refused with %s %s (%s)", line, ve.code, ve.param, ve.message);
+}
+
+static void every_openai_field_works_or_is_refused_by_name(void **st) {
+    (void)st;
+    expect_error(CHAT("{" M ",\"wibble\":1}"), "unsupported_parameter", "body.wibble");
+    expect_error(CHAT("{" M ",\"stream_options\":{\"include_usage\":true}}"),
+                 "unsupported_parameter", "body.stream_options");
+    expect_error(CHAT("{" M ",\"audio\":{\"voice\":\"x\"}}"), "unsupported_parameter",
+                 "body.audio");
+    expect_error(CHAT("{" M ",\"prediction\":{\"type\":\"content\"}}"), "unsupported_parameter",
+                 "body.prediction");
+    expect_error(CHAT("{" M ",\"reasoning_effort\":\"low\"}"), "unsupported_parameter",
+                 "body.reasoning_effort");
+    expect_error(CHAT("{" M ",\"web_search_options\":{}}"), "unsupported_parameter",
+                 "body.web_search_options");
+    expect_error(CHAT("{" M ",\"functions\":[]}"), "unsupported_parameter", "body.functions");
+    expect_error(CHAT("{" M ",\"function_call\":\"auto\"}"), "unsupported_parameter",
+                 "body.function_call");
+    expect_error(CHAT("{" M ",\"store\":true}"), "unsupported_value", "body.store");
+    expect_error(CHAT("{" M ",\"modalities\":[\"text\",\"audio\"]}"), "unsupported_value",
+                 "body.modalities");
+    expect_error(CHAT("{" M ",\"metadata\":{\"a\":1}}"), "invalid_type", "body.metadata");
+    expect_error(CHAT("{" M ",\"user\":5}"), "invalid_type", "body.user");
+    expect_error(CHAT("{" M ",\"n\":2}"), "unsupported_value", "body.n");
+    expect_error(CHAT("{" M ",\"prompt\":\"x\"}"), "unsupported_parameter", "body.prompt");
+    expect_error(CHAT("{" M ",\"suffix\":\"x\"}"), "unsupported_parameter", "body.suffix");
+    expect_error(COMPLETION("{" P ",\"echo\":true}"), "unsupported_value", "body.echo");
+    expect_error(COMPLETION("{" P ",\"best_of\":3}"), "unsupported_value", "body.best_of");
+    expect_error(COMPLETION("{" P ",\"suffix\":\"end\"}"), "unsupported_parameter", "body.suffix");
+    expect_error(COMPLETION("{" P ",\"tools\":[]}"), "unsupported_parameter", "body.tools");
+    expect_error(COMPLETION("{" P ",\"messages\":[]}"), "unsupported_parameter", "body.messages");
+    /* defaults and no-effect identifiers pass */
+    q_request req;
+    expect_ok(CHAT("{" M ",\"n\":1,\"stream\":false,\"store\":false,\"stream_options\":null,"
+                   "\"user\":\"u\",\"metadata\":{\"k\":\"v\"},\"modalities\":[\"text\"],"
+                   "\"parallel_tool_calls\":false,\"service_tier\":\"auto\","
+                   "\"prompt_cache_key\":\"p\",\"safety_identifier\":\"s\",\"audio\":null}"),
+              &req);
+    assert_int_equal(req.con, Q_CON_NONE);
+    q_request_free(&req);
+    expect_ok(COMPLETION("{" P ",\"echo\":false,\"best_of\":1,\"suffix\":null,\"user\":\"u\"}"),
+              &req);
+    q_request_free(&req);
+}
+
+static void logit_bias_is_parsed_and_bounded(void **st) {
+    (void)st;
+    q_request req;
+    expect_ok(CHAT("{" M ",\"logit_bias\":{\"50256\":-100,\"7\":2.5}}"), &req);
+    assert_int_equal(req.n_bias, 2);
+    assert_int_equal(req.bias_ids[0], 50256);
+    assert_true(req.bias[0] == -100.0f && req.bias[1] == 2.5f);
+    q_request_free(&req);
+    expect_error(CHAT("{" M ",\"logit_bias\":{\"7\":101}}"), "invalid_value", "body.logit_bias");
+    expect_error(CHAT("{" M ",\"logit_bias\":{\"x\":1}}"), "invalid_value", "body.logit_bias");
+    expect_error(CHAT("{" M ",\"logit_bias\":{\"-1\":1}}"), "invalid_value", "body.logit_bias");
+    expect_error(CHAT("{" M ",\"logit_bias\":{\"1\":\"1\"}}"), "invalid_type", "body.logit_bias");
+    expect_error(CHAT("{" M ",\"logit_bias\":[1]}"), "invalid_type", "body.logit_bias");
+}
+
+#define SCHEMA "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"string\"},\"a\":{}}}"
+
+static void response_format_sets_the_constraint(void **st) {
+    (void)st;
+    q_request req;
+    expect_ok(CHAT("{" M ",\"response_format\":{\"type\":\"text\"}}"), &req);
+    assert_int_equal(req.con, Q_CON_NONE);
+    q_request_free(&req);
+    expect_ok(CHAT("{" M ",\"response_format\":{\"type\":\"json_object\"}}"), &req);
+    assert_int_equal(req.con, Q_CON_JSON_OBJECT);
+    q_request_free(&req);
+    expect_ok(CHAT("{" M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":"
+                   "\"p\",\"strict\":true,\"schema\":" SCHEMA "}}}"),
+              &req);
+    assert_int_equal(req.con, Q_CON_JSON_SCHEMA);
+    assert_int_equal(req.con_strict, 1);
+    assert_string_equal(req.con_text, SCHEMA); /* compact, property order kept */
+    assert_string_equal(req.con_param, "body.response_format");
+    q_request_free(&req);
+    expect_ok(COMPLETION("{" P ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+                         "\"name\":\"p\",\"schema\":" SCHEMA "}}}"),
+              &req);
+    assert_int_equal(req.con_strict, 0);
+    q_request_free(&req);
+    expect_error(CHAT("{" M ",\"response_format\":{\"type\":\"yaml\"}}"), "unsupported_value",
+                 "body.response_format");
+    expect_error(CHAT("{" M ",\"response_format\":\"json\"}"), "invalid_type",
+                 "body.response_format");
+    expect_error(CHAT("{" M ",\"response_format\":{\"type\":\"json_schema\"}}"),
+                 "missing_required_parameter", "body.response_format.json_schema");
+    expect_error(CHAT("{" M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+                      "\"schema\":{}}}}"),
+                 "missing_required_parameter", "body.response_format.json_schema.name");
+    expect_error(CHAT("{" M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+                      "\"name\":\"a b\",\"schema\":{}}}}"),
+                 "invalid_value", "body.response_format.json_schema.name");
+    expect_error(CHAT("{" M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+                      "\"name\":\"a\",\"schema\":[]}}}"),
+                 "invalid_type", "body.response_format.json_schema.schema");
+    expect_error(CHAT("{" M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+                      "\"name\":\"a\",\"strict\":1,\"schema\":{}}}}"),
+                 "invalid_type", "body.response_format.json_schema.strict");
+    expect_error(CHAT("{" M ",\"response_format\":{\"type\":\"json_object\",\"schema\":{}}}"),
+                 "unsupported_parameter", "body.response_format");
+}
+
+static void medley_extras_take_one_constraint(void **st) {
+    (void)st;
+    q_request req;
+    expect_ok(CHAT("{" M ",\"medley\":{\"choice\":[\"yes\",\"no\"]}}"), &req);
+    assert_int_equal(req.con, Q_CON_CHOICE);
+    assert_string_equal(req.con_text, "[\"yes\",\"no\"]");
+    q_request_free(&req);
+    expect_ok(COMPLETION("{" P ",\"medley\":{\"regex\":\"[0-9]+\"}}"), &req);
+    assert_int_equal(req.con, Q_CON_REGEX);
+    assert_string_equal(req.con_text, "[0-9]+");
+    q_request_free(&req);
+    expect_ok(CHAT("{" M ",\"medley\":{\"grammar\":\"root ::= \\\"a\\\"\"}}"), &req);
+    assert_int_equal(req.con, Q_CON_GRAMMAR);
+    q_request_free(&req);
+    expect_error(CHAT("{" M ",\"medley\":{\"regex\":\"a\",\"choice\":[\"b\"]}}"),
+                 "invalid_request_error", "body.medley.choice");
+    expect_error(CHAT("{" M ",\"response_format\":{\"type\":\"json_object\"},\"medley\":{"
+                      "\"regex\":\"a\"}}"),
+                 "invalid_request_error", "body.medley.regex");
+    expect_error(CHAT("{" M ",\"medley\":{\"choice\":[]}}"), "invalid_type", "body.medley.choice");
+    expect_error(CHAT("{" M ",\"medley\":{\"choice\":[\"\"]}}"), "invalid_type",
+                 "body.medley.choice");
+    expect_error(CHAT("{" M ",\"medley\":{\"guided_json\":{}}}"), "unsupported_parameter",
+                 "body.medley");
+    expect_error(CHAT("{" M ",\"medley\":[]}"), "invalid_type", "body.medley");
+    expect_error(CHAT("{" M ",\"stop\":\"}\",\"response_format\":{\"type\":\"json_object\"}}"),
+                 "unsupported_parameter", "body.stop");
+}
+
+#define TOOL(name, params)                                                                         \
+    "{\"type\":\"function\",\"function\":{\"name\":\"" name "\",\"parameters\":" params "}}"
+#define TP                                                                                         \
+    "{\"type\":\"object\",\"properties\":{\"n\":{\"$ref\":\"#/$defs/n\"}},\"$defs\":{\"n\":{}}}"
+
+static void tools_build_a_call_schema(void **st) {
+    (void)st;
+    q_request req;
+    /* no tool_choice with tools: auto (the runner decides whether the model can) */
+    expect_ok(CHAT("{" M ",\"tools\":[" TOOL("f", "{}") "]}"), &req);
+    assert_int_equal(req.tool_choice, Q_TOOLS_AUTO);
+    assert_int_equal(req.con, Q_CON_NONE);
+    q_request_free(&req);
+    expect_ok(CHAT("{" M ",\"tools\":[" TOOL("f", "{}") "],\"tool_choice\":\"none\"}"), &req);
+    assert_int_equal(req.tool_choice, Q_TOOLS_NONE);
+    assert_int_equal(req.con, Q_CON_NONE);
+    q_request_free(&req);
+    expect_ok(CHAT("{" M ",\"tools\":[" TOOL("f", TP) "],\"tool_choice\":{\"type\":\"function\","
+                                                      "\"function\":{\"name\":\"f\"}}}"),
+              &req);
+    assert_int_equal(req.tool_choice, Q_TOOLS_NAMED);
+    assert_int_equal(req.con, Q_CON_JSON_SCHEMA);
+    assert_string_equal(req.con_param, "body.tools");
+    /* one function: no anyOf; its parameters at #/$defs/f0 with their $refs rebased */
+    assert_string_equal(
+        req.con_text,
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"f\"},\"arguments\":{\"$ref\":"
+        "\"#/$defs/f0\"}},\"required\":[\"name\",\"arguments\"],\"additionalProperties\":false,"
+        "\"$defs\":{\"f0\":{\"type\":\"object\",\"properties\":{\"n\":{\"$ref\":\"#/$defs/f0/$defs/"
+        "n\"}},\"$defs\":{\"n\":{}}}}}");
+    q_request_free(&req);
+    expect_ok(CHAT("{" M ",\"tools\":[" TOOL("f", "{}") "," TOOL("g", "null") "],\"tool_choice\":"
+                                                                              "\"required\"}"),
+              &req);
+    assert_int_equal(req.n_tools, 2);
+    assert_non_null(strstr(req.con_text, "\"anyOf\":["));
+    assert_non_null(strstr(req.con_text, "{\"const\":\"g\"}"));
+    assert_int_equal(req.con_strict, 0);
+    q_request_free(&req);
+    expect_error(CHAT("{" M ",\"tools\":[" TOOL("f", "{}") "," TOOL("f", "{}") "]}"),
+                 "invalid_value", "body.tools[1]");
+    expect_error(CHAT("{" M ",\"tools\":[{\"type\":\"code_interpreter\"}]}"), "unsupported_value",
+                 "body.tools[0]");
+    expect_error(CHAT("{" M ",\"tools\":[" TOOL("a b", "{}") "]}"), "invalid_value",
+                 "body.tools[0]");
+    expect_error(CHAT("{" M ",\"tools\":[" TOOL("f", "[]") "]}"), "invalid_type", "body.tools[0]");
+    expect_error(
+        CHAT("{" M ",\"tools\":[" TOOL("f", "{}") "],\"tool_choice\":{\"type\":"
+                                                  "\"function\",\"function\":{\"name\":\"g\"}}}"),
+        "invalid_value", "body.tool_choice");
+    expect_error(CHAT("{" M ",\"tool_choice\":\"required\"}"), "invalid_value", "body.tool_choice");
+    expect_error(CHAT("{" M ",\"tools\":[" TOOL("f", "{}") "],\"tool_choice\":\"maybe\"}"),
+                 "invalid_value", "body.tool_choice");
+    expect_error(CHAT("{" M ",\"parallel_tool_calls\":\"yes\"}"), "invalid_type",
+                 "body.parallel_tool_calls");
+    expect_error(CHAT("{" M ",\"tools\":[" TOOL(
+                     "f", "{}") "],\"tool_choice\":\"required\","
+                                "\"response_format\":{\"type\":\"json_object\"}}"),
+                 "invalid_request_error", "body.tools");
+}
+
+static void unparsable_line_keeps_its_custom_id(void **st) {
+    (void)st;
+    q_request req;
+    q_verr ve;
+    char buf[Q_CUSTOM_ID_MAX];
+    assert_int_equal(check("{\"custom_id\":\"k7\",\"body\":[[[", &req, &ve, buf), -1);
+    assert_string_equal(ve.code, "invalid_json");
+    assert_string_equal(req.custom_id, "k7");
+    q_request_free(&req);
+}
+
+static void tool_turns_are_rendered_as_text(void **st) {
+    (void)st;
+    q_request req;
+    expect_ok(CHAT("{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"},{\"role\":"
+                   "\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":"
+                   "\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":"
+                   "\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
+                   "\"call_1\",\"content\":\"21 C\"}]}"),
+              &req);
+    assert_int_equal(req.n_msgs, 3);
+    assert_string_equal(req.msgs[1].role, "assistant");
+    assert_string_equal(req.msgs[1].content,
+                        "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}");
+    assert_string_equal(req.msgs[2].role, "user");
+    assert_string_equal(req.msgs[2].content, "Result of the call call_1 of get_weather: 21 C");
+    q_request_free(&req);
+    expect_error(CHAT("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}"),
+                 "missing_required_parameter", "body.messages[0]");
+    expect_error(CHAT("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{"
+                      "\"name\":\"f\",\"arguments\":\"{bad\"}}]}]}"),
+                 "invalid_value", "body.messages[0]");
+}
+
 int main(void) {
     q_limits_default(&lim);
     const struct CMUnitTest tests[] = {
@@ -383,6 +618,13 @@ int main(void) {
         cmocka_unit_test(custom_id_survives_a_later_error),
         cmocka_unit_test(scanned_custom_id_is_the_top_level_one),
         cmocka_unit_test(random_bytes_never_crash),
+        cmocka_unit_test(every_openai_field_works_or_is_refused_by_name),
+        cmocka_unit_test(logit_bias_is_parsed_and_bounded),
+        cmocka_unit_test(response_format_sets_the_constraint),
+        cmocka_unit_test(medley_extras_take_one_constraint),
+        cmocka_unit_test(tools_build_a_call_schema),
+        cmocka_unit_test(unparsable_line_keeps_its_custom_id),
+        cmocka_unit_test(tool_turns_are_rendered_as_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
