@@ -237,6 +237,296 @@ static int follow_sets(gr_grammar *g, const uint8_t *nullable, const int32_t *ru
     return 0;
 }
 
+/* Scratch of one rule's NFA while its states are emitted. */
+typedef struct {
+    thompson t;
+    int32_t *map, *stk, *eoff;
+    uint8_t *inclos;
+    int cmap, cstk, ceoff, cin;
+} nfa_scratch;
+
+/* Node `node` of the table from kept state s0: the consuming edges of its epsilon closure
+ * (one of each), final when the closure holds the accept state. */
+static int emit_state(nfa_scratch *x, gtab *G, int s0, int node, md_err *e) {
+    int rc = 0;
+    G->off[node] = G->nedges;
+    /* Epsilon closure of s0 by DFS; inclos marks are cleared after. */
+    int sp = 0, nvis = 0;
+    x->stk[sp++] = s0;
+    x->inclos[s0] = 1;
+    int fin = 0;
+    int first_edge = G->nedges;
+    while (sp) {
+        int s = x->stk[--sp];
+        nvis++;
+        if (s == 1)
+            fin = 1;
+        for (int k = x->eoff[s]; k < x->eoff[s + 1]; k++) {
+            tedge *te = &x->t.e[k];
+            if (te->kind < 0) {
+                if (!x->inclos[te->to]) {
+                    x->inclos[te->to] = 1;
+                    x->stk[sp++] = te->to;
+                }
+                continue;
+            }
+            if (gb_grow((void **)&G->edges, &G->cedges, G->nedges + 1, sizeof *G->edges)) {
+                rc = md_errf(e, MD_ENOMEM, "out of memory compiling a grammar");
+                break;
+            }
+            G->edges[G->nedges++] = (gr_edge){(uint8_t)te->kind, te->label, x->map[te->to]};
+        }
+        if (rc)
+            break;
+    }
+    (void)nvis;
+    G->final[node] = (uint8_t)fin;
+    /* Several closure states may carry the same edge: keep one. */
+    if (G->nedges - first_edge > 1) {
+        qsort(G->edges + first_edge, (size_t)(G->nedges - first_edge), sizeof *G->edges, cmp_gedge);
+        int u = first_edge + 1;
+        for (int j = first_edge + 1; j < G->nedges; j++)
+            if (cmp_gedge(&G->edges[j], &G->edges[u - 1]))
+                G->edges[u++] = G->edges[j];
+        G->nedges = u;
+    }
+    /* Clear marks: re-walk the closure. */
+    sp = 0;
+    x->stk[sp++] = s0;
+    x->inclos[s0] = 0;
+    while (sp) {
+        int s = x->stk[--sp];
+        for (int k = x->eoff[s]; k < x->eoff[s + 1]; k++)
+            if (x->t.e[k].kind < 0 && x->inclos[x->t.e[k].to]) {
+                x->inclos[x->t.e[k].to] = 0;
+                x->stk[sp++] = x->t.e[k].to;
+            }
+    }
+    return rc;
+}
+
+/* Rule r's expression through a Thompson NFA into the node table: its kept states (start,
+ * and every target of a consuming edge) become nodes, numbered from G->nnodes. */
+static int rule_nodes(gr_builder *b, int r, nfa_scratch *x, gtab *G, int32_t *rule_start,
+                      md_err *e) {
+    int rc = 0;
+    x->t.ne = 0;
+    x->t.nstates = 2; /* 0 start, 1 accept */
+    t_build(&x->t, b->rules[r].expr, 0, 1, 0);
+    if (x->t.failed) {
+        return e && e->code ? e->code : MD_ENOMEM;
+    }
+    int S = x->t.nstates;
+    if (x->t.ne)
+        qsort(x->t.e, (size_t)x->t.ne, sizeof *x->t.e, cmp_tedge_from);
+    if (gb_grow((void **)&x->eoff, &x->ceoff, S + 1, sizeof *x->eoff) ||
+        gb_grow((void **)&x->map, &x->cmap, S, sizeof *x->map) ||
+        gb_grow((void **)&x->inclos, &x->cin, S, 1) ||
+        gb_grow((void **)&x->stk, &x->cstk, S, sizeof *x->stk)) {
+        return md_errf(e, MD_ENOMEM, "out of memory compiling a grammar");
+    }
+    for (int i = 0, k = 0; i <= S; i++) {
+        while (k < x->t.ne && x->t.e[k].from < i)
+            k++;
+        x->eoff[i] = k;
+    }
+    /* Kept states: start, and every target of a consuming edge. */
+    for (int i = 0; i < S; i++)
+        x->map[i] = -1;
+    int base = G->nnodes, nk = 0;
+    x->map[0] = base + nk++;
+    for (int k = 0; k < x->t.ne; k++)
+        if (x->t.e[k].kind >= 0 && x->map[x->t.e[k].to] < 0)
+            x->map[x->t.e[k].to] = base + nk++;
+    if (base + nk > GR_MAX_STATES) {
+        return md_errf(e, MD_ENOMEM, "grammar too large: more than %d automaton states",
+                       GR_MAX_STATES);
+    }
+    if (gb_grow((void **)&G->off, &G->coff, base + nk + 1, sizeof *G->off) ||
+        gb_grow((void **)&G->final, &G->cfinal, base + nk, 1)) {
+        return md_errf(e, MD_ENOMEM, "out of memory compiling a grammar");
+    }
+    G->nnodes = base + nk;
+    rule_start[r] = base;
+    /* Emit kept states in the order of their numbers. */
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)nk);
+    if (!order) {
+        return md_errf(e, MD_ENOMEM, "out of memory compiling a grammar");
+    }
+    for (int i = 0; i < S; i++)
+        if (x->map[i] >= 0)
+            order[x->map[i] - base] = i;
+    memset(x->inclos, 0, (size_t)(unsigned)S);
+    for (int q = 0; q < nk && !rc; q++)
+        rc = emit_state(x, G, order[q], base + q, e);
+    free(order);
+    return rc;
+}
+
+/* Live nodes: can reach a final node of their rule through byte edges and calls of
+ * productive rules; a rule is productive when its start is live. Fixpoint (backward
+ * propagation repeated until nothing changes; each pass is linear). */
+static void mark_live(const gtab *G, const int32_t *rule_start, uint8_t *live) {
+    for (int n = 0; n < G->nnodes; n++)
+        live[n] = G->final[n];
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int n = G->nnodes - 1; n >= 0; n--) {
+            if (live[n])
+                continue;
+            for (int k = G->off[n]; k < G->off[n + 1]; k++) {
+                gr_edge *ed = &G->edges[k];
+                if (live[ed->target] && (ed->kind == GE_BYTES || live[rule_start[ed->label]])) {
+                    live[n] = 1;
+                    changed = 1;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/* Drop edges into dead nodes or unproductive rules (compact in place); marks the nodes
+ * left with byte edges. */
+static void prune_dead(gtab *G, gr_grammar *g, const uint8_t *live, const uint8_t *prod) {
+    int w = 0;
+    for (int n = 0; n < G->nnodes; n++) {
+        int s = G->off[n];
+        G->off[n] = w;
+        for (int k = s; k < G->off[n + 1]; k++) {
+            gr_edge ed = G->edges[k];
+            if (!live[n] || !live[ed.target] || (ed.kind == GE_CALL && !prod[ed.label]))
+                continue;
+            if (ed.kind == GE_BYTES)
+                g->has_bytes[n] = 1;
+            G->edges[w++] = ed;
+        }
+    }
+    G->off[G->nnodes] = w;
+}
+
+/* Nullable rules: the start reaches a final node through calls of nullable rules. */
+static void find_nullable(const gtab *G, const int32_t *rule_start, int nr, const uint8_t *prod,
+                          uint8_t *nullable) {
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int r = 0; r < nr; r++) {
+            if (nullable[r] || !prod[r])
+                continue;
+            /* DFS from start over calls of nullable rules. */
+            int end = r + 1 < nr ? rule_start[r + 1] : G->nnodes;
+            int sz = end - rule_start[r];
+            int32_t *st = malloc(sizeof(int32_t) * (size_t)sz);
+            uint8_t *seen = calloc((size_t)sz, 1);
+            if (!st || !seen) {
+                free(st);
+                free(seen);
+                continue;
+            }
+            int sp = 0;
+            st[sp++] = rule_start[r];
+            seen[0] = 1;
+            while (sp && !nullable[r]) {
+                int n = st[--sp];
+                if (G->final[n]) {
+                    nullable[r] = 1;
+                    changed = 1;
+                }
+                for (int k = G->off[n]; k < G->off[n + 1]; k++)
+                    if (G->edges[k].kind == GE_CALL && nullable[G->edges[k].label] &&
+                        !seen[G->edges[k].target - rule_start[r]]) {
+                        seen[G->edges[k].target - rule_start[r]] = 1;
+                        st[sp++] = G->edges[k].target;
+                    }
+            }
+            free(st);
+            free(seen);
+        }
+    }
+}
+
+/* Left recursion: rule r calls rule q at a position reachable from r's start through
+ * nullable calls only; a cycle in that relation is refused. Iterative DFS, colours.
+ * Returns -1 when there is none, -2 when out of memory, else a left-recursive rule. */
+static int left_recursion(const gtab *G, const int32_t *rule_start, int nr,
+                          const uint8_t *nullable) {
+    int lr = -1;
+    int32_t *st = malloc(sizeof(int32_t) * ((size_t)G->nnodes + 1));
+    uint8_t *seen = calloc((size_t)G->nnodes + 1, 1);
+    /* first[r]: list of rules called at nullable-reachable positions. */
+    int32_t *foff = calloc((size_t)nr + 1, sizeof(int32_t));
+    int32_t *flist = NULL;
+    int nf = 0, cf = 0;
+    if (!st || !seen || !foff)
+        lr = -2;
+    for (int r = 0; r < nr && lr == -1; r++) {
+        foff[r] = nf;
+        int sp = 0;
+        st[sp++] = rule_start[r];
+        seen[rule_start[r]] = 1;
+        int touched_lo = rule_start[r], touched_hi = r + 1 < nr ? rule_start[r + 1] : G->nnodes;
+        while (sp) {
+            int n = st[--sp];
+            for (int k = G->off[n]; k < G->off[n + 1]; k++) {
+                gr_edge *ed = &G->edges[k];
+                if (ed->kind != GE_CALL)
+                    continue;
+                if (gb_grow((void **)&flist, &cf, nf + 1, sizeof *flist)) {
+                    lr = -2;
+                    break;
+                }
+                flist[nf++] = ed->label;
+                if (nullable[ed->label] && !seen[ed->target]) {
+                    seen[ed->target] = 1;
+                    st[sp++] = ed->target;
+                }
+            }
+        }
+        memset(seen + touched_lo, 0, (size_t)(touched_hi - touched_lo));
+    }
+    foff[nr] = nf;
+    if (lr == -1) {
+        /* colour 0 white, 1 grey, 2 black; st holds (rule, next index) pairs. */
+        uint8_t *col = calloc((size_t)nr + 1, 1);
+        int32_t *it = malloc(sizeof(int32_t) * ((size_t)nr + 1));
+        int32_t *rs = malloc(sizeof(int32_t) * ((size_t)nr + 1));
+        if (!col || !it || !rs)
+            lr = -2;
+        for (int r0 = 0; r0 < nr && lr == -1; r0++) {
+            if (col[r0])
+                continue;
+            int sp = 0;
+            rs[sp] = r0;
+            it[sp++] = foff[r0];
+            col[r0] = 1;
+            while (sp && lr == -1) {
+                int r = rs[sp - 1];
+                if (it[sp - 1] >= foff[r + 1]) {
+                    col[r] = 2;
+                    sp--;
+                    continue;
+                }
+                int q = flist[it[sp - 1]++];
+                if (col[q] == 1)
+                    lr = q;
+                else if (!col[q]) {
+                    col[q] = 1;
+                    rs[sp] = q;
+                    it[sp++] = foff[q];
+                }
+            }
+        }
+        free(col);
+        free(it);
+        free(rs);
+    }
+    free(st);
+    free(seen);
+    free(foff);
+    free(flist);
+    return lr;
+}
+
 int gb_finish(gr_builder *b, int root, gr_grammar **out, md_err *e) {
     *out = NULL;
     if (b->failed)
@@ -248,130 +538,17 @@ int gb_finish(gr_builder *b, int root, gr_grammar **out, md_err *e) {
     int nr = b->nrules;
     gtab G = {0};
     int32_t *rule_start = calloc((size_t)nr + 1, sizeof *rule_start);
-    thompson t = {0};
-    t.b = b;
-    int32_t *map = NULL, *stk = NULL, *eoff = NULL;
-    uint8_t *inclos = NULL;
-    int cmap = 0, cstk = 0, ceoff = 0, cin = 0;
+    nfa_scratch x = {0};
+    x.t.b = b;
     if (!rule_start)
         return md_errf(e, MD_ENOMEM, "out of memory compiling a grammar");
-    for (int r = 0; r < nr && !rc; r++) {
-        t.ne = 0;
-        t.nstates = 2; /* 0 start, 1 accept */
-        t_build(&t, b->rules[r].expr, 0, 1, 0);
-        if (t.failed) {
-            rc = e && e->code ? e->code : MD_ENOMEM;
-            break;
-        }
-        int S = t.nstates;
-        if (t.ne)
-            qsort(t.e, (size_t)t.ne, sizeof *t.e, cmp_tedge_from);
-        if (gb_grow((void **)&eoff, &ceoff, S + 1, sizeof *eoff) ||
-            gb_grow((void **)&map, &cmap, S, sizeof *map) ||
-            gb_grow((void **)&inclos, &cin, S, 1) ||
-            gb_grow((void **)&stk, &cstk, S, sizeof *stk)) {
-            rc = md_errf(e, MD_ENOMEM, "out of memory compiling a grammar");
-            break;
-        }
-        for (int i = 0, k = 0; i <= S; i++) {
-            while (k < t.ne && t.e[k].from < i)
-                k++;
-            eoff[i] = k;
-        }
-        /* Kept states: start, and every target of a consuming edge. */
-        for (int i = 0; i < S; i++)
-            map[i] = -1;
-        int base = G.nnodes, nk = 0;
-        map[0] = base + nk++;
-        for (int k = 0; k < t.ne; k++)
-            if (t.e[k].kind >= 0 && map[t.e[k].to] < 0)
-                map[t.e[k].to] = base + nk++;
-        if (base + nk > GR_MAX_STATES) {
-            rc = md_errf(e, MD_ENOMEM, "grammar too large: more than %d automaton states",
-                         GR_MAX_STATES);
-            break;
-        }
-        if (gb_grow((void **)&G.off, &G.coff, base + nk + 1, sizeof *G.off) ||
-            gb_grow((void **)&G.final, &G.cfinal, base + nk, 1)) {
-            rc = md_errf(e, MD_ENOMEM, "out of memory compiling a grammar");
-            break;
-        }
-        G.nnodes = base + nk;
-        rule_start[r] = base;
-        /* Emit kept states in the order of their numbers. */
-        int32_t *order = malloc(sizeof(int32_t) * (size_t)nk);
-        if (!order) {
-            rc = md_errf(e, MD_ENOMEM, "out of memory compiling a grammar");
-            break;
-        }
-        for (int i = 0; i < S; i++)
-            if (map[i] >= 0)
-                order[map[i] - base] = i;
-        memset(inclos, 0, (size_t)(unsigned)S);
-        for (int q = 0; q < nk && !rc; q++) {
-            int s0 = order[q];
-            G.off[base + q] = G.nedges;
-            /* Epsilon closure of s0 by DFS; inclos marks are cleared after. */
-            int sp = 0, nvis = 0;
-            stk[sp++] = s0;
-            inclos[s0] = 1;
-            int fin = 0;
-            int first_edge = G.nedges;
-            while (sp) {
-                int s = stk[--sp];
-                nvis++;
-                if (s == 1)
-                    fin = 1;
-                for (int k = eoff[s]; k < eoff[s + 1]; k++) {
-                    tedge *te = &t.e[k];
-                    if (te->kind < 0) {
-                        if (!inclos[te->to]) {
-                            inclos[te->to] = 1;
-                            stk[sp++] = te->to;
-                        }
-                        continue;
-                    }
-                    if (gb_grow((void **)&G.edges, &G.cedges, G.nedges + 1, sizeof *G.edges)) {
-                        rc = md_errf(e, MD_ENOMEM, "out of memory compiling a grammar");
-                        break;
-                    }
-                    G.edges[G.nedges++] = (gr_edge){(uint8_t)te->kind, te->label, map[te->to]};
-                }
-                if (rc)
-                    break;
-            }
-            (void)nvis;
-            G.final[base + q] = (uint8_t)fin;
-            /* Several closure states may carry the same edge: keep one. */
-            if (G.nedges - first_edge > 1) {
-                qsort(G.edges + first_edge, (size_t)(G.nedges - first_edge), sizeof *G.edges,
-                      cmp_gedge);
-                int u = first_edge + 1;
-                for (int j = first_edge + 1; j < G.nedges; j++)
-                    if (cmp_gedge(&G.edges[j], &G.edges[u - 1]))
-                        G.edges[u++] = G.edges[j];
-                G.nedges = u;
-            }
-            /* Clear marks: re-walk the closure. */
-            sp = 0;
-            stk[sp++] = s0;
-            inclos[s0] = 0;
-            while (sp) {
-                int s = stk[--sp];
-                for (int k = eoff[s]; k < eoff[s + 1]; k++)
-                    if (t.e[k].kind < 0 && inclos[t.e[k].to]) {
-                        inclos[t.e[k].to] = 0;
-                        stk[sp++] = t.e[k].to;
-                    }
-            }
-        }
-        free(order);
-    }
-    free(t.e);
-    free(map);
-    free(stk);
-    free(eoff);
-    free(inclos);
+    for (int r = 0; r < nr && !rc; r++)
+        rc = rule_nodes(b, r, &x, &G, rule_start, e);
+    free(x.t.e);
+    free(x.map);
+    free(x.stk);
+    free(x.eoff);
+    free(x.inclos);
     if (!rc) {
         if (gb_grow((void **)&G.off, &G.coff, G.nnodes + 1, sizeof *G.off))
             rc = md_errf(e, MD_ENOMEM, "out of memory compiling a grammar");
@@ -426,26 +603,7 @@ int gb_finish(gr_builder *b, int root, gr_grammar **out, md_err *e) {
         for (int n = rule_start[r]; n < end; n++)
             rule_of[n] = r;
     }
-    /* Live nodes: can reach a final node of their rule through byte edges and calls of
-     * productive rules; a rule is productive when its start is live. Fixpoint (backward
-     * propagation repeated until nothing changes; each pass is linear). */
-    for (int n = 0; n < G.nnodes; n++)
-        live[n] = G.final[n];
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (int n = G.nnodes - 1; n >= 0; n--) {
-            if (live[n])
-                continue;
-            for (int k = G.off[n]; k < G.off[n + 1]; k++) {
-                gr_edge *ed = &G.edges[k];
-                if (live[ed->target] && (ed->kind == GE_BYTES || live[rule_start[ed->label]])) {
-                    live[n] = 1;
-                    changed = 1;
-                    break;
-                }
-            }
-        }
-    }
+    mark_live(&G, rule_start, live);
     for (int r = 0; r < nr; r++)
         prod[r] = live[rule_start[r]];
     if (!prod[root]) {
@@ -458,136 +616,10 @@ int gb_finish(gr_builder *b, int root, gr_grammar **out, md_err *e) {
                        "the grammar generates no string at all (a recursion without a base "
                        "case, or contradictory constraints)");
     }
-    /* Drop edges into dead nodes or unproductive rules (compact in place). */
-    int w = 0;
-    for (int n = 0; n < G.nnodes; n++) {
-        int s = G.off[n];
-        G.off[n] = w;
-        for (int k = s; k < G.off[n + 1]; k++) {
-            gr_edge ed = G.edges[k];
-            if (!live[n] || !live[ed.target] || (ed.kind == GE_CALL && !prod[ed.label]))
-                continue;
-            if (ed.kind == GE_BYTES)
-                g->has_bytes[n] = 1;
-            G.edges[w++] = ed;
-        }
-    }
-    G.off[G.nnodes] = w;
+    prune_dead(&G, g, live, prod);
     g->edges = G.edges;
-    /* Nullable rules: the start reaches a final node through calls of nullable rules. */
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (int r = 0; r < nr; r++) {
-            if (nullable[r] || !prod[r])
-                continue;
-            /* DFS from start over calls of nullable rules. */
-            int end = r + 1 < nr ? rule_start[r + 1] : G.nnodes;
-            int sz = end - rule_start[r];
-            int32_t *st = malloc(sizeof(int32_t) * (size_t)sz);
-            uint8_t *seen = calloc((size_t)sz, 1);
-            if (!st || !seen) {
-                free(st);
-                free(seen);
-                continue;
-            }
-            int sp = 0;
-            st[sp++] = rule_start[r];
-            seen[0] = 1;
-            while (sp && !nullable[r]) {
-                int n = st[--sp];
-                if (G.final[n]) {
-                    nullable[r] = 1;
-                    changed = 1;
-                }
-                for (int k = G.off[n]; k < G.off[n + 1]; k++)
-                    if (G.edges[k].kind == GE_CALL && nullable[G.edges[k].label] &&
-                        !seen[G.edges[k].target - rule_start[r]]) {
-                        seen[G.edges[k].target - rule_start[r]] = 1;
-                        st[sp++] = G.edges[k].target;
-                    }
-            }
-            free(st);
-            free(seen);
-        }
-    }
-    /* Left recursion: rule r calls rule q at a position reachable from r's start through
-     * nullable calls only; a cycle in that relation is refused. Iterative DFS, colours. */
-    int lr = -1;
-    {
-        int32_t *st = malloc(sizeof(int32_t) * ((size_t)G.nnodes + 1));
-        uint8_t *seen = calloc((size_t)G.nnodes + 1, 1);
-        /* first[r]: list of rules called at nullable-reachable positions. */
-        int32_t *foff = calloc((size_t)nr + 1, sizeof(int32_t));
-        int32_t *flist = NULL;
-        int nf = 0, cf = 0;
-        if (!st || !seen || !foff)
-            lr = -2;
-        for (int r = 0; r < nr && lr == -1; r++) {
-            foff[r] = nf;
-            int sp = 0;
-            st[sp++] = rule_start[r];
-            seen[rule_start[r]] = 1;
-            int touched_lo = rule_start[r], touched_hi = r + 1 < nr ? rule_start[r + 1] : G.nnodes;
-            while (sp) {
-                int n = st[--sp];
-                for (int k = G.off[n]; k < G.off[n + 1]; k++) {
-                    gr_edge *ed = &G.edges[k];
-                    if (ed->kind != GE_CALL)
-                        continue;
-                    if (gb_grow((void **)&flist, &cf, nf + 1, sizeof *flist)) {
-                        lr = -2;
-                        break;
-                    }
-                    flist[nf++] = ed->label;
-                    if (nullable[ed->label] && !seen[ed->target]) {
-                        seen[ed->target] = 1;
-                        st[sp++] = ed->target;
-                    }
-                }
-            }
-            memset(seen + touched_lo, 0, (size_t)(touched_hi - touched_lo));
-        }
-        foff[nr] = nf;
-        if (lr == -1) {
-            /* colour 0 white, 1 grey, 2 black; st holds (rule, next index) pairs. */
-            uint8_t *col = calloc((size_t)nr + 1, 1);
-            int32_t *it = malloc(sizeof(int32_t) * ((size_t)nr + 1));
-            int32_t *rs = malloc(sizeof(int32_t) * ((size_t)nr + 1));
-            if (!col || !it || !rs)
-                lr = -2;
-            for (int r0 = 0; r0 < nr && lr == -1; r0++) {
-                if (col[r0])
-                    continue;
-                int sp = 0;
-                rs[sp] = r0;
-                it[sp++] = foff[r0];
-                col[r0] = 1;
-                while (sp && lr == -1) {
-                    int r = rs[sp - 1];
-                    if (it[sp - 1] >= foff[r + 1]) {
-                        col[r] = 2;
-                        sp--;
-                        continue;
-                    }
-                    int q = flist[it[sp - 1]++];
-                    if (col[q] == 1)
-                        lr = q;
-                    else if (!col[q]) {
-                        col[q] = 1;
-                        rs[sp] = q;
-                        it[sp++] = foff[q];
-                    }
-                }
-            }
-            free(col);
-            free(it);
-            free(rs);
-        }
-        free(st);
-        free(seen);
-        free(foff);
-        free(flist);
-    }
+    find_nullable(&G, rule_start, nr, prod, nullable);
+    int lr = left_recursion(&G, rule_start, nr, nullable);
     if (lr == -1 && follow_sets(g, nullable, rule_of))
         lr = -2;
     free(prod);
