@@ -57,6 +57,8 @@ typedef struct gr_builder {
 
 void gb_init(gr_builder *b, md_err *e);
 void gb_free(gr_builder *b);
+/* Grows *p (of *cap elements of elem bytes) to hold need; 0, or -1 when out of memory. */
+int gb_grow(void **p, int *cap, int need, size_t elem);
 /* Each returns an expression index, or -1 once the builder failed (the error is in b->e). */
 int gb_empty(gr_builder *b);
 int gb_none(gr_builder *b);
