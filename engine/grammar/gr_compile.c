@@ -484,7 +484,8 @@ static int left_recursion(const gtab *G, const int32_t *rule_start, int nr,
         }
         memset(seen + touched_lo, 0, (size_t)(touched_hi - touched_lo));
     }
-    foff[nr] = nf;
+    if (foff)
+        foff[nr] = nf;
     if (lr == -1) {
         /* colour 0 white, 1 grey, 2 black; st holds (rule, next index) pairs. */
         uint8_t *col = calloc((size_t)nr + 1, 1);

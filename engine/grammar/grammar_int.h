@@ -2,7 +2,7 @@
  *
  * Every front end (JSON Schema, regex, choice, EBNF) builds expressions in a gr_builder:
  * byte classes, sequences, alternatives, bounded repetitions and references to named rules.
- * gr_build_finish turns each rule into an epsilon-free NFA over bytes whose edges are either a
+ * gb_finish turns each rule into an epsilon-free NFA over bytes whose edges are either a
  * byte class or a call of another rule, prunes what can never finish, refuses left recursion,
  * and yields the immutable gr_grammar the matcher (gr_match.c) runs as a pushdown automaton. */
 #ifndef MEDLEY_ENGINE_GRAMMAR_INT_H
