@@ -454,6 +454,15 @@ static int calibrate(sched_cands *cs, const sched_workload *w, const sched_catal
                            "catalog, by name, alias or driver name (known: %s)",
                            i, pr->model, pr->device, pr->tp, pr->device, known);
         }
+        char odd[128];
+        if (sched_catalog_find(cat, pr->device) < 0 &&
+            sched_catalog_unmatched_words(cat, t, pr->device, odd, sizeof odd))
+            json_array_append_new(
+                cs->notes, json_sprintf("profile %d: device '%s' is taken as %s, the closest "
+                                        "catalog type, though %s %s not in its name; if it is "
+                                        "another card, add it under the fleet's gpu_types",
+                                        i, pr->device, cat->gpus[t].name, odd,
+                                        strchr(odd, ' ') ? "are" : "is"));
         for (int j = 0; j < w->n && m < 0; j++)
             if (!strcasecmp(pr->model, w->models[j].model.name))
                 m = j;

@@ -213,6 +213,35 @@ int sched_catalog_match_device(const sched_catalog *c, const char *device_name, 
     return best;
 }
 
+int sched_catalog_unmatched_words(const sched_catalog *c, int t, const char *device_name, char *out,
+                                  size_t n) {
+    /* words of a driver's name that say nothing about the card's kind */
+    static const char *const neutral[] = {"SXM",   "SXM2", "SXM4",  "SXM5",      "HBM2",
+                                          "HBM2E", "HBM3", "HBM3E", "GENERATION"};
+    char nm[256], ty[SCHED_NAME];
+    norm_device(device_name ? device_name : "", nm, sizeof nm);
+    norm_device(c->gpus[t].name, ty, sizeof ty);
+    size_t k = 0;
+    int words = 0;
+    out[0] = 0;
+    char *save = NULL;
+    for (char *w = strtok_r(nm, "-", &save); w; w = strtok_r(NULL, "-", &save)) {
+        int skip = has_words(ty, w);
+        for (size_t i = 0; !skip && i < sizeof neutral / sizeof *neutral; i++)
+            skip = !strcmp(w, neutral[i]);
+        char *end;
+        double gb = strtod(w, &end);
+        if (!skip && end != w && !strcmp(end, "GB")) /* "80GB": the memory, as sold (GiB) */
+            skip = fabs(gb * 1.073741824 - c->gpus[t].memory_gb) <= 0.1 * c->gpus[t].memory_gb;
+        if (skip)
+            continue;
+        words++;
+        if (k < n)
+            k += (size_t)snprintf(out + k, n - k, "%s%s", k ? " " : "", w);
+    }
+    return words;
+}
+
 int sched_catalog_find(const sched_catalog *c, const char *name) {
     if (!name)
         return -1;

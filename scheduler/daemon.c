@@ -138,6 +138,18 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
                 int k = sched_catalog_match_device(
                     cat, json_string_value(json_object_get(d, "name")),
                     (double)json_integer_value(json_object_get(d, "memory_bytes")) / 1e9);
+                char odd[128], k2[256];
+                const char *dn = json_string_value(json_object_get(d, "name"));
+                snprintf(k2, sizeof k2, "%.200s/%s", wid, dn ? dn : "");
+                if (k >= 0 && sched_catalog_unmatched_words(cat, k, dn, odd, sizeof odd) &&
+                    !json_object_get(warned, k2)) {
+                    MD_WARN(LOGC,
+                            "worker %s: GPU '%s' is planned as %s, the closest catalog type, "
+                            "though '%s' is not in its name; give the worker its catalog type "
+                            "if it is another card",
+                            wid, dn, cat->gpus[k].name, odd);
+                    json_object_set_new(warned, k2, json_true());
+                }
                 if (k >= 0)
                     t = cat->gpus[k].name;
             }

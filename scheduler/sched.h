@@ -56,6 +56,11 @@ int sched_catalog_find(const sched_catalog *c, const char *name);
  * the name or not), then the closest memory (1e9 bytes, as memory_gb counts it). Index, or -1 when
  * nothing matches. */
 int sched_catalog_match_device(const sched_catalog *c, const char *device_name, double memory_gb);
+/* Words of device_name (upper case, vendor words dropped) that catalog type t's name does
+ * not account for ("NVL" for "H100 NVL" taken as H100-SXM, "TI" for "RTX 3090 Ti"): how
+ * many, and the words space-separated into out (n bytes). 0: the name is that type's. */
+int sched_catalog_unmatched_words(const sched_catalog *c, int t, const char *device_name, char *out,
+                                  size_t n);
 /* One GPU's inter-GPU bandwidth for collectives inside a host: NVLink if any, else PCIe. */
 double sched_gpu_link_gbps(const sched_gpu_type *g);
 

@@ -183,6 +183,26 @@ def minor(tmp, docs):
     p = subprocess.run(args + ["--workload", path], capture_output=True, text=True, timeout=120)
     refused(p, "duplicate key", "duplicate object key")
     print("ok: %d item-13 inputs refused naming the field" % (len(cases) + 1))
+    # near-miss device names were mapped to another type without a word
+    for dev, word, closest in (("H100 NVL", "NVL", "H100-SXM"), ("A100 80GB PCIe", "PCIE", "A100-80GB-SXM"),
+                               ("RTX 3090 Ti", "TI", "RTX-3090")):
+        pr = copy.deepcopy(docs["profile"])
+        pr["device_type"] = dev
+        p = plan(tmp, docs["fleet"], docs["workload"], pr)
+        if p.returncode != 0:
+            fail("profile on %r: exit %d: %s" % (dev, p.returncode, p.stderr[-400:]))
+        note = [l for l in (p.stdout + p.stderr).splitlines() if "closest catalog type" in l]
+        if not note or word not in note[0] or closest not in note[0]:
+            fail("profile on %r: no note naming %s as the closest type and %r as the word it "
+                 "does not account for:\n%s" % (dev, closest, word, p.stdout[-600:]))
+    # an exact driver name gives no such note
+    pr = copy.deepcopy(docs["profile"])
+    pr["device_type"] = "NVIDIA H100 80GB HBM3"
+    p = plan(tmp, docs["fleet"], docs["workload"], pr)
+    if p.returncode != 0 or "closest catalog type" in p.stdout + p.stderr:
+        fail("profile on the H100's driver name: exit %d or a near-miss note:\n%s"
+             % (p.returncode, p.stdout[-600:]))
+    print("ok: near-miss device names noted with the closest catalog type")
 
 
 if __name__ == "__main__":
