@@ -207,7 +207,7 @@ int cmd_simulate(int argc, char **argv) {
         case OPT_FAIL: {
             const char *at = strrchr(optarg, '@');
             char *end;
-            if (!at || nfail == 64 || at == optarg || (size_t)(at - optarg) >= SCHED_NAME) {
+            if (!at || nfail == 64 || at == optarg || (size_t)(at - optarg) >= SCHED_ID) {
                 fprintf(stderr, "medley simulate: --fail wants GPU_ID@SECONDS (e.g. L4-1/3@120)\n");
                 return 2;
             }
@@ -216,7 +216,7 @@ int cmd_simulate(int argc, char **argv) {
                 fprintf(stderr, "medley simulate: --fail %s: bad time\n", optarg);
                 return 2;
             }
-            snprintf(fails[nfail].gpu, SCHED_NAME, "%.*s", (int)(at - optarg), optarg);
+            snprintf(fails[nfail].gpu, SCHED_ID, "%.*s", (int)(at - optarg), optarg);
             fails[nfail++].at_s = t;
             break;
         }

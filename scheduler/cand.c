@@ -14,7 +14,7 @@
 
 #include "scheduler/sched.h"
 
-#define MIXED_KEEP 4 /* mixed-type pipelines kept per model */
+#define MIXED_KEEP 4   /* mixed-type pipelines kept per model */
 #define EXTRA_STAGES 1 /* same-type pipelines: stages beyond the fewest that hold the model */
 #define DP_MAX_LAYERS 1024
 
@@ -225,9 +225,9 @@ static void drop_dominated(sched_cands *cs, int from, int nclasses) {
 }
 
 /* Pipelines of TP groups of pool p alone, for a model no group inside one of its hosts
- * holds or holds with little KV room: per TP degree t, the fewest stages (2..SCHED_MAX_STAGES, each a group inside one
- * host) whose memory holds the weights and KV for the smallest class, and EXTRA_STAGES
- * more when the pool has the groups; then the dominated ones dropped. */
+ * holds or holds with little KV room: per TP degree t, the fewest stages (2..SCHED_MAX_STAGES, each
+ * a group inside one host) whose memory holds the weights and KV for the smallest class, and
+ * EXTRA_STAGES more when the pool has the groups; then the dominated ones dropped. */
 static int build_same_type_pp(sched_cands *cs, int mi, const sched_demand *d, int p,
                               const sched_fleet *f, const sched_catalog *cat,
                               const sched_profiles *prof, const sched_perf_params *pp) {
@@ -390,8 +390,7 @@ static void calib_profile(const sched_demand *d, const sched_catalog *cat, int t
             sched_perf_replica(&d->model, cat, &st, 1, 12.5, cl->input_mean, cl->output_mean, pp,
                                NULL, &roof, NULL))
             continue;
-        if (strcmp(meas.bound, "profile") || !(roof.tokens_per_s > 0) ||
-            !(meas.tokens_per_s > 0))
+        if (strcmp(meas.bound, "profile") || !(roof.tokens_per_s > 0) || !(meas.tokens_per_s > 0))
             continue;
         *lsum += log(meas.tokens_per_s / roof.tokens_per_s);
         (*n)++;
@@ -412,9 +411,24 @@ static int calibrate(sched_cands *cs, const sched_workload *w, const sched_catal
             int n = 0;
             for (int i = 0; prof && i < prof->n; i++) {
                 const sched_profile *pr = &prof->p[i];
-                if (!strcasecmp(pr->model, w->models[m].model.name) &&
-                    sched_profile_type(pr, cat) == t)
-                    calib_profile(&w->models[m], cat, t, pr->tp, pr, pp, &lsum, &n);
+                if (strcasecmp(pr->model, w->models[m].model.name) ||
+                    sched_profile_type(pr, cat) != t)
+                    continue;
+                double l1 = 0;
+                int n1 = 0;
+                calib_profile(&w->models[m], cat, t, pr->tp, pr, pp, &l1, &n1);
+                /* a measurement far above the roofline is a wrong figure (a unit slip, a
+                 * typo), not a fast card: planning on it claims demand served */
+                if (n1 && exp(l1 / n1) > SCHED_PROFILE_MAX_RATIO)
+                    return md_errf(e, MD_EINVAL,
+                                   "profile %d (%s on %s, TP %d): its max_requests_per_s / "
+                                   "max_output_tokens_per_s give %.0fx the roofline's throughput "
+                                   "for this model and GPU; at most %gx is plausible (check the "
+                                   "figures and their units)",
+                                   i, pr->model, pr->device, pr->tp, exp(l1 / n1),
+                                   SCHED_PROFILE_MAX_RATIO);
+                lsum += l1;
+                n += n1;
             }
             if (n) {
                 scale[m * cat->n + t] = exp(lsum / n);
@@ -440,6 +454,15 @@ static int calibrate(sched_cands *cs, const sched_workload *w, const sched_catal
                            "catalog, by name, alias or driver name (known: %s)",
                            i, pr->model, pr->device, pr->tp, pr->device, known);
         }
+        char odd[128];
+        if (sched_catalog_find(cat, pr->device) < 0 &&
+            sched_catalog_unmatched_words(cat, t, pr->device, odd, sizeof odd))
+            json_array_append_new(
+                cs->notes, json_sprintf("profile %d: device '%s' is taken as %s, the closest "
+                                        "catalog type, though %s %s not in its name; if it is "
+                                        "another card, add it under the fleet's gpu_types",
+                                        i, pr->device, cat->gpus[t].name, odd,
+                                        strchr(odd, ' ') ? "are" : "is"));
         for (int j = 0; j < w->n && m < 0; j++)
             if (!strcasecmp(pr->model, w->models[j].model.name))
                 m = j;
@@ -459,12 +482,11 @@ static int calibrate(sched_cands *cs, const sched_workload *w, const sched_catal
         if (!used)
             json_array_append_new(
                 cs->notes,
-                json_sprintf("profile %d (%s on %s = %s, TP %d) answers no candidate (no %d-GPU "
-                             "%s group in the fleet, or no class inside its buckets)%s",
-                             i, pr->model, pr->device, cat->gpus[t].name, pr->tp, pr->tp,
-                             cat->gpus[t].name,
-                             scale[m * cat->n + t] != 1 ? "; it still calibrates the roofline"
-                                                        : ""));
+                json_sprintf(
+                    "profile %d (%s on %s = %s, TP %d) answers no candidate (no %d-GPU "
+                    "%s group in the fleet, or no class inside its buckets)%s",
+                    i, pr->model, pr->device, cat->gpus[t].name, pr->tp, pr->tp, cat->gpus[t].name,
+                    scale[m * cat->n + t] != 1 ? "; it still calibrates the roofline" : ""));
     }
     return 0;
 }

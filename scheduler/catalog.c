@@ -129,7 +129,7 @@ int sched_catalog_load(sched_catalog *c, const char *path, md_err *e) {
     if (!path && env && *env)
         path = env;
     if (path) {
-        doc = md_json_load(path, e);
+        doc = sched_json_load(path, e);
         if (!doc)
             return e->code;
     } else {
@@ -211,6 +211,35 @@ int sched_catalog_match_device(const sched_catalog *c, const char *device_name, 
         }
     }
     return best;
+}
+
+int sched_catalog_unmatched_words(const sched_catalog *c, int t, const char *device_name, char *out,
+                                  size_t n) {
+    /* words of a driver's name that say nothing about the card's kind */
+    static const char *const neutral[] = {"SXM",   "SXM2", "SXM4",  "SXM5",      "HBM2",
+                                          "HBM2E", "HBM3", "HBM3E", "GENERATION"};
+    char nm[256], ty[SCHED_NAME];
+    norm_device(device_name ? device_name : "", nm, sizeof nm);
+    norm_device(c->gpus[t].name, ty, sizeof ty);
+    size_t k = 0;
+    int words = 0;
+    out[0] = 0;
+    char *save = NULL;
+    for (char *w = strtok_r(nm, "-", &save); w; w = strtok_r(NULL, "-", &save)) {
+        int skip = has_words(ty, w);
+        for (size_t i = 0; !skip && i < sizeof neutral / sizeof *neutral; i++)
+            skip = !strcmp(w, neutral[i]);
+        char *end;
+        double gb = strtod(w, &end);
+        if (!skip && end != w && !strcmp(end, "GB")) /* "80GB": the memory, as sold (GiB) */
+            skip = fabs(gb * 1.073741824 - c->gpus[t].memory_gb) <= 0.1 * c->gpus[t].memory_gb;
+        if (skip)
+            continue;
+        words++;
+        if (k < n)
+            k += (size_t)snprintf(out + k, n - k, "%s%s", k ? " " : "", w);
+    }
+    return words;
 }
 
 int sched_catalog_find(const sched_catalog *c, const char *name) {
@@ -369,8 +398,10 @@ static int fleet_rent(sched_fleet *f, json_t *rent, json_t *priced, sched_catalo
 }
 
 /* Pool i of a fixed fleet (g) into f->pools[f->n], checked (f->n is the caller's to bump). */
-static int fleet_pool(sched_fleet *f, json_t *g, size_t i, json_t *priced, sched_catalog *cat,
-                      md_err *e) {
+/* names: the pool names taken so far (a JSON object used as a hash set: the check was a
+ * scan of every earlier pool, quadratic, 10 s at 40,000 pools). */
+static int fleet_pool(sched_fleet *f, json_t *g, size_t i, json_t *priced, json_t *names,
+                      sched_catalog *cat, md_err *e) {
     char w[64];
     snprintf(w, sizeof w, "fleet.pools[%zu]", i);
     const char *tn = NULL, *pn = NULL;
@@ -407,13 +438,16 @@ static int fleet_pool(sched_fleet *f, json_t *g, size_t i, json_t *priced, sched
     if (!(p->usd_per_hour >= 0 && p->usd_per_hour <= 1e5))
         return md_errf(e, MD_EINVAL, "%s.usd_per_hour must be in [0, 1e5], got %g", w,
                        p->usd_per_hour);
+    if (pn && sched_check_pool_name(pn, w, e))
+        return e->code;
     if (pn)
         snprintf(p->name, sizeof p->name, "%s", pn);
     else
         snprintf(p->name, sizeof p->name, "%s-%zu", cat->gpus[t].name, i);
-    for (int j = 0; j < f->n; j++)
-        if (!strcmp(f->pools[j].name, p->name))
-            return md_errf(e, MD_EINVAL, "%s.name '%s' is used twice", w, p->name);
+    if (json_object_get(names, p->name))
+        return md_errf(e, MD_EINVAL, "%s.name '%s' is used twice", w, p->name);
+    if (json_object_set_new(names, p->name, json_true()))
+        return md_errf(e, MD_ENOMEM, "out of memory");
     return 0;
 }
 
@@ -427,15 +461,22 @@ static int fleet_pools(sched_fleet *f, json_t *pools, json_t *priced, sched_cata
     f->pools = calloc(json_array_size(pools), sizeof *f->pools);
     if (!f->pools)
         return md_errf(e, MD_ENOMEM, "out of memory");
+    json_t *names = json_object();
+    if (!names) {
+        sched_fleet_free(f);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
     size_t i;
     json_t *g;
     json_array_foreach(pools, i, g) {
-        if (fleet_pool(f, g, i, priced, cat, e)) {
+        if (fleet_pool(f, g, i, priced, names, cat, e)) {
+            json_decref(names);
             sched_fleet_free(f);
             return e->code;
         }
         f->n++;
     }
+    json_decref(names);
     return 0;
 }
 
@@ -460,7 +501,7 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
 }
 
 int sched_fleet_load(sched_fleet *f, const char *path, sched_catalog *cat, md_err *e) {
-    json_t *doc = md_json_load(path, e);
+    json_t *doc = sched_json_load(path, e);
     if (!doc)
         return e->code;
     int rc = sched_fleet_from_json(f, doc, cat, e);
@@ -475,6 +516,34 @@ void sched_fleet_free(sched_fleet *f) {
         free(f->pools[i].hosts);
     free(f->pools);
     memset(f, 0, sizeof *f);
+}
+
+json_t *sched_json_load(const char *path, md_err *e) {
+    json_error_t je;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!j)
+        md_errf(e, MD_EFORMAT, "%s:%d:%d: invalid JSON: %s", path, je.line, je.column, je.text);
+    return j;
+}
+
+int sched_check_pool_name(const char *name, const char *where, md_err *e) {
+    size_t n = strlen(name);
+    if (n == 0 || n > SCHED_NAME_MAX)
+        return md_errf(e, MD_EINVAL, "%s.name must be 1..%d characters (got %zu)", where,
+                       SCHED_NAME_MAX, n);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c == '/')
+            return md_errf(e, MD_EINVAL,
+                           "%s.name '%s': '/' at character %zu is not allowed (it ends the name "
+                           "in a GPU id \"<name>/<k>\")",
+                           where, name, i + 1);
+        if (c < 0x20 || c == 0x7f)
+            return md_errf(e, MD_EINVAL,
+                           "%s.name: control character 0x%02x at character %zu is not allowed",
+                           where, c, i + 1);
+    }
+    return 0;
 }
 
 int sched_fleet_gpus(const sched_fleet *f) {

@@ -138,6 +138,18 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
                 int k = sched_catalog_match_device(
                     cat, json_string_value(json_object_get(d, "name")),
                     (double)json_integer_value(json_object_get(d, "memory_bytes")) / 1e9);
+                char odd[128], k2[256];
+                const char *dn = json_string_value(json_object_get(d, "name"));
+                snprintf(k2, sizeof k2, "%.200s/%s", wid, dn ? dn : "");
+                if (k >= 0 && sched_catalog_unmatched_words(cat, k, dn, odd, sizeof odd) &&
+                    !json_object_get(warned, k2)) {
+                    MD_WARN(LOGC,
+                            "worker %s: GPU '%s' is planned as %s, the closest catalog type, "
+                            "though '%s' is not in its name; give the worker its catalog type "
+                            "if it is another card",
+                            wid, dn, cat->gpus[k].name, odd);
+                    json_object_set_new(warned, k2, json_true());
+                }
                 if (k >= 0)
                     t = cat->gpus[k].name;
             }
@@ -161,8 +173,30 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
             catalog_usd +=
                 cat->gpus[sched_catalog_find(cat, t)].usd_per_hour * (double)json_integer_value(n);
         }
+        /* a worker whose pool names the fleet cannot hold (over SCHED_NAME_MAX characters,
+         * a '/', a control character) is left out whole, with a warning: a cut name would
+         * give GPU ids no worker matches */
+        int bad = 0;
         json_object_foreach(counts, t, n) {
-            char name[SCHED_NAME];
+            char name[SCHED_ID + SCHED_NAME];
+            md_err ne = {0};
+            if (json_object_size(counts) == 1)
+                snprintf(name, sizeof name, "%.*s", SCHED_ID, wid);
+            else
+                snprintf(name, sizeof name, "%.*s#%s", SCHED_ID, wid, t);
+            if (!bad && strlen(wid) < SCHED_ID && !sched_check_pool_name(name, "pool", &ne))
+                continue;
+            bad = 1;
+            if (!json_object_get(warned, wid)) {
+                MD_WARN(LOGC, "worker %.80s...: id not plannable (%s); its GPUs are left out", wid,
+                        ne.msg[0] ? ne.msg : "longer than the pool name limit");
+                json_object_set_new(warned, wid, json_true());
+            }
+        }
+        if (bad)
+            json_object_clear(counts);
+        json_object_foreach(counts, t, n) {
+            char name[SCHED_ID];
             if (json_object_size(counts) == 1)
                 snprintf(name, sizeof name, "%s", wid);
             else
@@ -440,11 +474,49 @@ static void maybe_publish(dstate *d, round_plan *rp, sched_catalog *cat, json_t 
     }
 }
 
+/* Every GPU id of the round's plan is "<pool>/<k>" with <pool> one of the heartbeat pools
+ * (a live worker, or "<worker>#<type>") and k below its count: a plan naming anything else
+ * would be served by nobody. 0, or MD_EINVAL naming the first id that does not. */
+static int ids_name_live_workers(const round_plan *rp, json_t *pools, md_err *e) {
+    json_t *live = json_object();
+    size_t i;
+    json_t *pl;
+    json_array_foreach(pools, i, pl) {
+        const char *nm = json_string_value(json_object_get(pl, "name"));
+        if (nm)
+            json_object_set(live, nm, json_object_get(pl, "count"));
+    }
+    int rc = 0;
+    for (int r = 0; r < rp->p.n && !rc; r++) {
+        const sched_cand *c = &rp->cs.c[rp->p.r[r].cand];
+        for (int g = 0; g < c->gpus && !rc; g++) {
+            const char *id = rp->p.r[r].gpu_ids[g];
+            const char *slash = strrchr(id, '/');
+            char name[SCHED_ID];
+            json_t *count = NULL;
+            if (slash && (size_t)(slash - id) < sizeof name) {
+                snprintf(name, sizeof name, "%.*s", (int)(slash - id), id);
+                count = json_object_get(live, name);
+            }
+            char *end = NULL;
+            long k = slash ? strtol(slash + 1, &end, 10) : -1;
+            if (!count || !slash[1] || *end || k < 0 || k >= json_integer_value(count))
+                rc = md_errf(e, MD_EINVAL,
+                             "replica r%d: GPU id '%s' names no live worker's GPU; the plan is "
+                             "not published",
+                             r, id);
+        }
+    }
+    json_decref(live);
+    return rc;
+}
+
 /* One round as the lease holder: read the fleet and the backlogs, plan, maybe publish. */
 static int lead_round(dstate *d, redisContext *c, const sched_catalog *cat0, md_err *e) {
     sched_catalog cat;
     if (catalog_copy(&cat, cat0, e))
         return e->code;
+    int rc = 0;
     json_t *workers = json_array();
     json_t *priced = json_object(); /* pools priced by their worker's heartbeat */
     json_t *pools = fleet_from_heartbeats(c, d->o->prefix, &cat, workers, d->warned, priced);
@@ -459,6 +531,11 @@ static int lead_round(dstate *d, redisContext *c, const sched_catalog *cat0, md_
         md_err pe = {0};
         if (!solve_round(d, &cat, fdoc, wdoc, priced, &rp, &pe)) {
             MD_WARN(LOGC, "no plan this round: %s", pe.msg[0] ? pe.msg : "no known models");
+        } else if (ids_name_live_workers(&rp, pools, &pe)) {
+            MD_ERROR(LOGC, "%s", pe.msg);
+            if (d->o->once) /* --once: exit non-zero rather than publish it */
+                rc = md_errf(e, pe.code, "%s", pe.msg);
+            round_free(&rp);
         } else {
             maybe_publish(d, &rp, &cat, workers, changed, reason);
             round_free(&rp);
@@ -471,7 +548,7 @@ static int lead_round(dstate *d, redisContext *c, const sched_catalog *cat0, md_
     json_decref(bl);
     json_decref(workers);
     sched_catalog_free(&cat);
-    return 0;
+    return rc;
 }
 
 /* Hand the lease back so a standby takes over at once. */
@@ -492,7 +569,7 @@ int sched_daemon_run_metered(const sched_daemon_opts *o, const sched_catalog *ca
     d.rd = connect_redis(o->redis_url, o->prefix, e);
     if (!d.rd)
         return e->code;
-    if (o->workload && !(d.file = md_json_load(o->workload, e))) {
+    if (o->workload && !(d.file = sched_json_load(o->workload, e))) {
         md_redis_close(d.rd);
         return e->code;
     }

@@ -41,19 +41,19 @@ static int host_of(const sched_pool *p, int k) {
     return lo;
 }
 
-void sched_pool_gpu_id(const sched_pool *p, int k, char id[SCHED_NAME]) {
+void sched_pool_gpu_id(const sched_pool *p, int k, char id[SCHED_ID]) {
     if (!p->hosts) {
-        snprintf(id, SCHED_NAME, "%s/%d", p->name, k);
+        snprintf(id, SCHED_ID, "%s/%d", p->name, k);
         return;
     }
     const sched_host *h = &p->hosts[host_of(p, k)];
-    snprintf(id, SCHED_NAME, "%s/%d", h->name, h->first + k - h->at);
+    snprintf(id, SCHED_ID, "%s/%d", h->name, h->first + k - h->at);
 }
 
 /* "<name>/<i>" split at its last '/' into name and i >= 0; 0, or -1 when id is not so. */
-static int split_id(const char *id, char name[SCHED_NAME], long *i) {
+static int split_id(const char *id, char name[SCHED_ID], long *i) {
     const char *slash = strrchr(id, '/');
-    if (!slash || slash == id || (size_t)(slash - id) >= SCHED_NAME || !slash[1] ||
+    if (!slash || slash == id || (size_t)(slash - id) >= SCHED_ID || !slash[1] ||
         strlen(slash + 1) > 9)
         return -1;
     for (const char *c = slash + 1; *c; c++)
@@ -66,7 +66,7 @@ static int split_id(const char *id, char name[SCHED_NAME], long *i) {
 }
 
 int sched_pool_find_gpu(const sched_pool *p, const char *id, int *host) {
-    char name[SCHED_NAME];
+    char name[SCHED_ID];
     long i;
     if (split_id(id, name, &i))
         return -1;
@@ -121,7 +121,7 @@ static int merge(const sched_fleet *f, const int *leader, int lead, sched_pool *
             int k0;
             x->gpus = sched_pool_host(m, h, &k0);
             x->first = m->hosts ? m->hosts[h].first : k0;
-            memcpy(x->name, m->hosts ? m->hosts[h].name : m->name, SCHED_NAME);
+            memcpy(x->name, m->hosts ? m->hosts[h].name : m->name, SCHED_ID);
         }
     }
     qsort(hs, (size_t)nh, sizeof *hs, cmp_host);
@@ -136,7 +136,7 @@ static int merge(const sched_fleet *f, const int *leader, int lead, sched_pool *
     }
     out->hosts = hs;
     out->nhosts = nh;
-    snprintf(out->name, SCHED_NAME, "%.22s..%.22s", hs[0].name, hs[nh - 1].name);
+    snprintf(out->name, sizeof out->name, "%.22s..%.22s", hs[0].name, hs[nh - 1].name);
     return 0;
 }
 

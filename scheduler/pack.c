@@ -21,7 +21,7 @@ typedef struct alloc {
     int (*from)[ALLOC_TP_MAX + 1];
 } alloc;
 
-static int take_group(alloc *A, const sched_pool *p, int pool, int tp, char (*ids)[SCHED_NAME]) {
+static int take_group(alloc *A, const sched_pool *p, int pool, int tp, char (*ids)[SCHED_ID]) {
     int *u = A->used + A->base[pool];
     int *from = tp <= ALLOC_TP_MAX ? &A->from[pool][tp] : NULL;
     for (int h = from ? *from : 0; h < sched_pool_nhosts(p); h++) {

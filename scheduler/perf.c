@@ -360,7 +360,7 @@ int sched_profile_from_json(sched_profiles *ps, json_t *doc, const char *where, 
 }
 
 int sched_profile_load(sched_profiles *ps, const char *path, md_err *e) {
-    json_t *doc = md_json_load(path, e);
+    json_t *doc = sched_json_load(path, e);
     if (!doc)
         return e->code;
     int rc = sched_profile_from_json(ps, doc, path, e);

@@ -174,7 +174,7 @@ int sched_plan_validate(const sched_plan *p, const sched_workload *w, const sche
                 }
                 used[base[st->pool] + k] = 1;
                 if (host >= 0 && h != host) {
-                    char a[SCHED_NAME];
+                    char a[SCHED_ID];
                     int k0;
                     sched_pool_host(pl, host, &k0);
                     sched_pool_gpu_id(pl, k0, a);

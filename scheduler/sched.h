@@ -16,9 +16,16 @@
 
 #include "common/err.h"
 
-#define SCHED_NAME 48
+#define SCHED_NAME 48 /* GPU types, models, classes: up to 47 characters */
+/* Pool, host and worker names: up to 255 characters (a worker's default id is
+ * "<hostname>-<pid>-<hex>"; a GPU id "<name>/<k>" fits SCHED_ID with k's digits). */
+#define SCHED_NAME_MAX 255
+#define SCHED_ID (SCHED_NAME_MAX + 17)
+/* A measured profile above this multiple of the roofline's throughput is refused. */
+#define SCHED_PROFILE_MAX_RATIO 20.0
 #define SCHED_MAX_STAGES 4
 #define SCHED_MAX_CLASSES 8
+#define SCHED_MAX_TOKENS 100000000 /* a class's max_tokens bound (prompt + output) */
 
 /* ---- GPU catalog (catalog.c) ---- */
 typedef struct sched_gpu_type {
@@ -46,8 +53,14 @@ int sched_catalog_find(const sched_catalog *c, const char *name);
  * A100-SXM4-40GB", "NVIDIA GeForce RTX 4090", "Tesla T4") with memory_gb its total memory
  * (0 = unknown): vendor words dropped, then a name or alias, else the types whose model
  * (H100, A100, L4, RTX-4090, ...) is a word of the name: the form factor first ("PCIe" in
- * the name or not), then the closest memory (1e9 bytes, as memory_gb counts it). Index, or -1 when nothing matches. */
+ * the name or not), then the closest memory (1e9 bytes, as memory_gb counts it). Index, or -1 when
+ * nothing matches. */
 int sched_catalog_match_device(const sched_catalog *c, const char *device_name, double memory_gb);
+/* Words of device_name (upper case, vendor words dropped) that catalog type t's name does
+ * not account for ("NVL" for "H100 NVL" taken as H100-SXM, "TI" for "RTX 3090 Ti"): how
+ * many, and the words space-separated into out (n bytes). 0: the name is that type's. */
+int sched_catalog_unmatched_words(const sched_catalog *c, int t, const char *device_name, char *out,
+                                  size_t n);
 /* One GPU's inter-GPU bandwidth for collectives inside a host: NVLink if any, else PCIe. */
 double sched_gpu_link_gbps(const sched_gpu_type *g);
 
@@ -82,15 +95,15 @@ double sched_quant_bytes(const char *quant);
 /* ---- Fleet (catalog.c; host lists fleet_agg.c) ---- */
 /* One host of an aggregated pool: its GPUs are "<name>/<first>" .. "<name>/<first+gpus-1>". */
 typedef struct sched_host {
-    char name[SCHED_NAME]; /* the worker (or source pool) that owns the GPUs */
-    int first;             /* id of its first GPU under name (8 for the 2nd host of a pool of 12) */
+    char name[SCHED_ID]; /* the worker (or source pool) that owns the GPUs */
+    int first;           /* id of its first GPU under name (8 for the 2nd host of a pool of 12) */
     int gpus;
     int at; /* index of its first GPU in the pool: hosts are contiguous, in (name, first) order */
 } sched_host;
 
 typedef struct sched_pool {
-    char name[SCHED_NAME]; /* GPU ids are "<name>/<k>", k in [0, count) (without hosts) */
-    int type;              /* index into the catalog */
+    char name[SCHED_ID]; /* GPU ids are "<name>/<k>", k in [0, count) (without hosts) */
+    int type;            /* index into the catalog */
     int count;
     int gpus_per_host;   /* a TP group stays inside one host (with hosts: the largest host) */
     double usd_per_hour; /* per GPU */
@@ -108,8 +121,8 @@ typedef struct sched_fleet {
     char name[SCHED_NAME];
     sched_pool *pools;
     int n;
-    int rent;         /* 1: the pools are what may be rented (objective b) */
-    double link_gbps; /* between hosts (PP activations across hosts), default 12.5 */
+    int rent;              /* 1: the pools are what may be rented (objective b) */
+    double link_gbps;      /* between hosts (PP activations across hosts), default 12.5 */
     double link_latency_s; /* one transfer between hosts ("inter_host_latency_us"), 15e-6 */
 } sched_fleet;
 
@@ -119,6 +132,13 @@ int sched_fleet_from_json(sched_fleet *f, json_t *doc, sched_catalog *cat, md_er
 int sched_fleet_load(sched_fleet *f, const char *path, sched_catalog *cat, md_err *e);
 void sched_fleet_free(sched_fleet *f);
 int sched_fleet_gpus(const sched_fleet *f);
+/* A scheduler input file (catalog, fleet, workload, profiles): JSON with a key given twice
+ * refused (jansson's JSON_REJECT_DUPLICATES: a duplicate used to win silently). NULL with
+ * MD_EFORMAT naming path, line and column. */
+json_t *sched_json_load(const char *path, md_err *e);
+/* A pool (worker) name: 1..SCHED_NAME_MAX characters, no '/' (it ends a GPU id's name) and
+ * no control character. 0, or MD_EINVAL naming `where`.name, the limit or the character. */
+int sched_check_pool_name(const char *name, const char *where, md_err *e);
 /* Merge the pools of a fixed fleet that have the same GPU type, gpus_per_host and $/h into
  * one pool whose GPUs span their hosts (docs/scheduler.md §4): identical hosts are
  * interchangeable, and the MILP's size then follows the number of kinds of host, not of
@@ -131,7 +151,7 @@ int sched_pool_nhosts(const sched_pool *p);
 /* Host h of p: the pool index of its first GPU into *k0; returns its GPUs. */
 int sched_pool_host(const sched_pool *p, int h, int *k0);
 /* The id of GPU k of p ("<host>/<i>"). */
-void sched_pool_gpu_id(const sched_pool *p, int k, char id[SCHED_NAME]);
+void sched_pool_gpu_id(const sched_pool *p, int k, char id[SCHED_ID]);
 /* The pool index of GPU id in p, with its host index in *host; -1 when p has no such GPU. */
 int sched_pool_find_gpu(const sched_pool *p, const char *id, int *host);
 
@@ -182,13 +202,13 @@ typedef struct sched_stage {
 } sched_stage;
 
 typedef struct sched_perf_params {
-    double bw_eff;         /* fraction of peak memory bandwidth reached by decode (0.75) */
-    double compute_eff;    /* fraction of peak tensor FLOP/s reached by prefill (0.55) */
-    double mem_util;       /* fraction of device memory for weights + KV (0.90) */
-    double reserve_gb;     /* per GPU: activations, CUDA context, workspace (1.5) */
-    double link_eff;       /* achieved fraction of link bandwidth (0.7) */
-    double link_latency_s; /* per collective / transfer (10e-6 NVLink, 25e-6 PCIe) */
-    int max_batch;         /* engine's cap on concurrent sequences (256) */
+    double bw_eff;               /* fraction of peak memory bandwidth reached by decode (0.75) */
+    double compute_eff;          /* fraction of peak tensor FLOP/s reached by prefill (0.55) */
+    double mem_util;             /* fraction of device memory for weights + KV (0.90) */
+    double reserve_gb;           /* per GPU: activations, CUDA context, workspace (1.5) */
+    double link_eff;             /* achieved fraction of link bandwidth (0.7) */
+    double link_latency_s;       /* per collective / transfer (10e-6 NVLink, 25e-6 PCIe) */
+    int max_batch;               /* engine's cap on concurrent sequences (256) */
     double inter_host_latency_s; /* one PP hop between hosts (15e-6); cand.c and sim.c use
                                     the fleet's inter_host_latency_us instead */
 } sched_perf_params;
@@ -267,7 +287,7 @@ typedef struct sched_cand {
     sched_perf perf[SCHED_MAX_CLASSES]; /* per class of its model */
     int serves[SCHED_MAX_CLASSES];      /* 1 when the class fits (KV for its max tokens) */
     double best_tokens_per_usd;
-    char label[96]; /* "2xL4 TP2" or "A100-80GB-SXM[0,20)+L4x2[20,32)" */
+    char label[96];  /* "2xL4 TP2" or "A100-80GB-SXM[0,20)+L4x2[20,32)" */
     char source[96]; /* "measured", "modelled", "measured+modelled", or "modelled x0.83
                         (calibrated by measured profiles on L4)" */
 } sched_cand;
@@ -302,7 +322,7 @@ int sched_layer_split(const sched_model *m, const sched_catalog *cat, sched_stag
 /* ---- Placement (milp.c; packing, the proportional baseline: pack.c), plans (plan.c) ---- */
 typedef struct sched_replica {
     int cand;
-    char (*gpu_ids)[SCHED_NAME];     /* cands.c[cand].gpus entries */
+    char (*gpu_ids)[SCHED_ID];       /* cands.c[cand].gpus entries */
     double share[SCHED_MAX_CLASSES]; /* fraction of its work time on each class */
     double busy; /* fraction of the time it is billed (batch replicas are off when done) */
     double load; /* fraction of its capacity the plan routes to it (predicted tokens/s =
@@ -321,7 +341,7 @@ typedef struct sched_plan {
     int n;
     sched_model_result *models; /* per workload model */
     int nmodels;
-    char (*idle)[SCHED_NAME];
+    char (*idle)[SCHED_ID];
     int nidle;
     double tokens_per_s, usd_per_hour; /* all replicas on */
     double busy_usd_per_hour;          /* replicas billed while they work */
@@ -378,7 +398,7 @@ int sched_plan_proportional(sched_plan *p, const sched_workload *w, const sched_
 
 /* ---- Simulator (sim.c) ---- */
 typedef struct sched_sim_failure {
-    char gpu[SCHED_NAME];
+    char gpu[SCHED_ID];
     double at_s;
 } sched_sim_failure;
 

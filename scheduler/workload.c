@@ -8,13 +8,12 @@
 #include "common/util.h"
 #include "scheduler/sched.h"
 
-static const char *const CLASS_KEYS[] = {"name", "input_mean", "output_mean", "max_tokens",
-                                          "share", NULL};
-static const char *const DEMAND_KEYS[] = {"model",      "model_file", "priority",    "requests",
-                                          "rate_rps",   "deadline_s", "classes",     "input_mean",
+static const char *const CLASS_KEYS[] = {"name",       "input_mean", "output_mean",
+                                         "max_tokens", "share",      NULL};
+static const char *const DEMAND_KEYS[] = {"model",       "model_file", "priority", "requests",
+                                          "rate_rps",    "deadline_s", "classes",  "input_mean",
                                           "output_mean", "max_tokens", NULL};
-static const char *const WORKLOAD_KEYS[] = {"version", "kind", "seed", "horizon_s", "models",
-                                            NULL};
+static const char *const WORKLOAD_KEYS[] = {"version", "kind", "seed", "horizon_s", "models", NULL};
 
 static int parse_class(json_t *c, sched_class *k, const char *where, md_err *e) {
     const char *name = NULL;
@@ -39,8 +38,11 @@ static int parse_class(json_t *c, sched_class *k, const char *where, md_err *e) 
                        where);
     if (!(k->share > 0 && k->share <= 1e9))
         return md_errf(e, MD_EINVAL, "%s.share must be positive", where);
+    if (json_object_get(c, "max_tokens") && (maxt < 1 || maxt > SCHED_MAX_TOKENS))
+        return md_errf(e, MD_EINVAL, "%s.max_tokens must be in [1, %d] tokens (got %lld)", where,
+                       SCHED_MAX_TOKENS, maxt);
     k->max_tokens = maxt ? (int)maxt : (int)ceil(2 * (k->input_mean + k->output_mean));
-    if (maxt < 0 || k->max_tokens < k->input_mean + k->output_mean)
+    if (k->max_tokens < k->input_mean + k->output_mean)
         return md_errf(e, MD_EINVAL,
                        "%s.max_tokens (%d) must be at least input_mean + output_mean (%.0f)", where,
                        k->max_tokens, k->input_mean + k->output_mean);
@@ -59,7 +61,9 @@ static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e
         if (sched_model_from_gguf(json_string_value(file), json_string_value(model), &d->model, e))
             return md_errctx(e, "%s.model_file: ", where);
     } else if (file) {
-        return md_errf(e, MD_EINVAL, "%s.model_file must be a path to a GGUF file or a Hugging Face directory", where);
+        return md_errf(e, MD_EINVAL,
+                       "%s.model_file must be a path to a GGUF file or a Hugging Face directory",
+                       where);
     } else if (json_is_string(model)) {
         if (sched_model_builtin(json_string_value(model), &d->model, e))
             return md_errctx(e, "%s: ", w);
@@ -75,6 +79,12 @@ static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e
         md_json_get_num(j, "rate_rps", 0, &d->rate_rps, where, e) ||
         md_json_get_num(j, "deadline_s", 0, &d->deadline_s, where, e))
         return e->code;
+    /* 0 once meant "no deadline" without a word; leave the field out for that */
+    if (json_object_get(j, "deadline_s") && !(d->deadline_s > 0))
+        return md_errf(e, MD_EINVAL,
+                       "%s.deadline_s must be a positive number of seconds (got %g); leave it "
+                       "out for no deadline",
+                       where, d->deadline_s);
     if (!(d->priority > 0 && d->priority <= 1e6) || d->requests < 0 || d->requests > 1e10 ||
         d->rate_rps < 0 || d->rate_rps > 1e7 || !(d->deadline_s >= 0 && d->deadline_s <= 1e9))
         return md_errf(e, MD_EINVAL,
@@ -142,8 +152,9 @@ int sched_workload_from_json(sched_workload *w, json_t *doc, md_err *e) {
     if (md_json_get_num(doc, "horizon_s", 0, &w->horizon_s, "workload", e) ||
         md_json_get_int(doc, "seed", 0, &seed, "workload", e))
         return e->code;
-    if (!(w->horizon_s > 0 && w->horizon_s <= 1e8))
-        return md_errf(e, MD_EINVAL, "workload.horizon_s must be in (0, 1e8]");
+    if (!(w->horizon_s >= 1 && w->horizon_s <= 1e8))
+        return md_errf(e, MD_EINVAL, "workload.horizon_s must be in [1, 1e8] seconds (got %.3g)",
+                       w->horizon_s);
     w->seed = (unsigned)seed;
     json_t *models = json_object_get(doc, "models");
     if (!json_is_array(models) || json_array_size(models) == 0 || json_array_size(models) > 1000)
@@ -177,7 +188,7 @@ int sched_workload_from_json(sched_workload *w, json_t *doc, md_err *e) {
 }
 
 int sched_workload_load(sched_workload *w, const char *path, md_err *e) {
-    json_t *doc = md_json_load(path, e);
+    json_t *doc = sched_json_load(path, e);
     if (!doc)
         return e->code;
     int rc = sched_workload_from_json(w, doc, e);

@@ -9,6 +9,8 @@ medley_test(test_sched_pp SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_pp
             LIBS medley_sched LABELS unit)
 medley_test(test_sched_fleet_agg SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_fleet_agg.c
             LIBS medley_sched LABELS unit)
+medley_test(test_sched_names SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_names.c
+            LIBS medley_sched LABELS unit)
 medley_test(test_sched_sim SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_sim.c
             LIBS medley_sched LABELS unit)
 if(MEDLEY_REDIS_SERVER)

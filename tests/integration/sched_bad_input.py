@@ -142,6 +142,67 @@ def main():
     for what, args, needle in cases:
         refused(plan(tmp, **args), what, needle)
     print("ok: %d out-of-range figures refused with exit 1 (no GLPK abort)" % len(cases))
+    minor(tmp, docs)
+
+
+def minor(tmp, docs):
+    """Issue 39 item 13: each was accepted (or misquoted) before."""
+    cases = []
+    w = copy.deepcopy(docs["workload"])
+    w["models"][0].setdefault("classes", [{"name": "c", "input_mean": 100, "output_mean": 50}])
+    w["models"][0]["classes"][0]["max_tokens"] = 3000000000  # was quoted as -1294967296
+    cases.append(("max_tokens 3e9", dict(docs, workload=w), "max_tokens must be in [1, 100000000]"))
+    w = copy.deepcopy(docs["workload"])
+    w["models"][0]["deadline_s"] = 0  # silently meant "no deadline"
+    cases.append(("deadline_s 0", dict(docs, workload=w), "deadline_s must be a positive"))
+    w = copy.deepcopy(docs["workload"])
+    w["horizon_s"] = 1e-300  # printed a 300-digit number
+    cases.append(("horizon_s 1e-300", dict(docs, workload=w), "horizon_s must be in [1, 1e8]"))
+    pr = copy.deepcopy(docs["profile"])
+    pr.pop("batches", None)
+    pr.update(model=docs["workload"]["models"][0]["model"], device_type="A10G")
+    pr["buckets"] = [{"input_lo": 0, "input_hi": 100000, "output_lo": 0, "output_hi": 100000,
+                      "max_requests_per_s": 1e6}]  # accepted with only a note (x409,437)
+    cases.append(("profile 1e6 req/s", dict(docs, profile=pr), "max_requests_per_s"))
+    for bad, needle in (("rack/7", "'/' at character 5"), ("a\nb", "control character 0x0a")):
+        f = copy.deepcopy(docs["fleet"])
+        f["pools"][0]["name"] = bad
+        cases.append(("pool name %r" % bad, dict(docs, fleet=f), needle))
+    for what, args, needle in cases:
+        refused(plan(tmp, **args), what, needle)
+    # a key given twice: the last one silently won
+    path = os.path.join(tmp, "dup-workload.json")
+    with open(path, "w") as f:
+        f.write(json.dumps(docs["workload"])[:-1] + ', "horizon_s": 60, "horizon_s": 7200}')
+    args = [MEDLEY, "plan"]
+    for flag in ("fleet", "profile"):
+        p2 = os.path.join(tmp, flag + ".json")
+        with open(p2, "w") as f:
+            json.dump(docs[flag], f)
+        args += ["--" + flag, p2]
+    p = subprocess.run(args + ["--workload", path], capture_output=True, text=True, timeout=120)
+    refused(p, "duplicate key", "duplicate object key")
+    print("ok: %d item-13 inputs refused naming the field" % (len(cases) + 1))
+    # near-miss device names were mapped to another type without a word
+    for dev, word, closest in (("H100 NVL", "NVL", "H100-SXM"), ("A100 80GB PCIe", "PCIE", "A100-80GB-SXM"),
+                               ("RTX 3090 Ti", "TI", "RTX-3090")):
+        pr = copy.deepcopy(docs["profile"])
+        pr["device_type"] = dev
+        p = plan(tmp, docs["fleet"], docs["workload"], pr)
+        if p.returncode != 0:
+            fail("profile on %r: exit %d: %s" % (dev, p.returncode, p.stderr[-400:]))
+        note = [l for l in (p.stdout + p.stderr).splitlines() if "closest catalog type" in l]
+        if not note or word not in note[0] or closest not in note[0]:
+            fail("profile on %r: no note naming %s as the closest type and %r as the word it "
+                 "does not account for:\n%s" % (dev, closest, word, p.stdout[-600:]))
+    # an exact driver name gives no such note
+    pr = copy.deepcopy(docs["profile"])
+    pr["device_type"] = "NVIDIA H100 80GB HBM3"
+    p = plan(tmp, docs["fleet"], docs["workload"], pr)
+    if p.returncode != 0 or "closest catalog type" in p.stdout + p.stderr:
+        fail("profile on the H100's driver name: exit %d or a near-miss note:\n%s"
+             % (p.returncode, p.stdout[-600:]))
+    print("ok: near-miss device names noted with the closest catalog type")
 
 
 if __name__ == "__main__":

@@ -347,6 +347,72 @@ static void many_workers_from_heartbeats_plan_the_same_twice(void **st) {
     sched_catalog_free(&cat);
 }
 
+/* Issue 39 item 8: worker ids as long as a host can make them (the default
+ * "<host>-<pid>-<hex>" on an EC2 or GKE node is 44+ characters) are planned whole: every GPU
+ * id of the published plan names a live worker (or "<worker>#<type>"), never a cut name; ids
+ * the fleet cannot hold (a '/', over 255 characters) are left out with a warning. */
+static void long_worker_ids_name_their_workers(void **st) {
+    cmd("FLUSHALL");
+    static char ids[5][300];
+    size_t lens[5] = {44, 47, 100, 255, 256};
+    const char *stem = "ip-172-31-45-123.ec2.internal-123456-deadbeef";
+    for (int i = 0; i < 5; i++) {
+        for (size_t k = 0; k < lens[i]; k++)
+            ids[i][k] = k < strlen(stem) ? stem[k] : 'x';
+        ids[i][lens[i] - 1] = (char)('0' + i);
+        ids[i][lens[i]] = 0;
+        cmd("HSET medley:worker:%s host h state running devices %s", ids[i],
+            "[{\"type\":\"L4\"},{\"type\":\"L4\"}]");
+    }
+    /* two types on one worker: pools "<id>#L4" and "<id>#T4" */
+    cmd("HSET medley:worker:%s host h state running devices %s", ids[0] + 3,
+        "[{\"type\":\"L4\"},{\"type\":\"T4\"}]");
+    cmd("HSET medley:worker:rack/7 host h state running devices %s", "[{\"type\":\"L4\"}]");
+    cmd("XGROUP CREATE medley:q:llama-3-8b workers $ MKSTREAM");
+    /* a backlog that wants every GPU */
+    cmd("EVAL %s 1 medley:q:llama-3-8b 200000",
+        "for i = 1, tonumber(ARGV[1]) do redis.call('XADD', KEYS[1], '*', 'batch', 'b1') end");
+    sched_catalog cat;
+    md_err e = {0};
+    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
+    sched_daemon_opts o = {url, "medley:", NULL, 0.1, 5000, 60, 0.1, 1};
+    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    char *js = NULL;
+    assert_int_equal(plan_version(&js), 1);
+    json_t *doc = json_loads(js, 0, NULL);
+    size_t i, s, g;
+    json_t *r, *stg, *id;
+    int used[6] = {0}, n = 0;
+    json_array_foreach(json_object_get(doc, "replicas"), i, r)
+        json_array_foreach(json_object_get(r, "stages"), s, stg)
+            json_array_foreach(json_object_get(stg, "gpus"), g, id) {
+        const char *v = json_string_value(id);
+        const char *slash = strrchr(v, '/');
+        assert_non_null(slash);
+        size_t nl = (size_t)(slash - v);
+        int who = -1;
+        for (int w = 0; w < 4; w++)
+            if (nl == strlen(ids[w]) && !strncmp(v, ids[w], nl))
+                who = w;
+        if (nl > strlen(ids[0] + 3) && !strncmp(v, ids[0] + 3, strlen(ids[0] + 3)) &&
+            v[strlen(ids[0] + 3)] == '#')
+            who = 4;
+        if (who < 0)
+            print_message("GPU id names no live worker: %s\n", v);
+        assert_true(who >= 0);
+        used[who]++;
+        n++;
+    }
+    assert_true(n >= 8);
+    for (int w = 0; w < 4; w++)
+        assert_true(used[w] <= 2);
+    assert_null(strstr(js, ids[4])); /* 256 characters: left out */
+    assert_null(strstr(js, "rack/7"));
+    json_decref(doc);
+    free(js);
+    sched_catalog_free(&cat);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(once_publishes_a_plan_and_an_event),
@@ -354,6 +420,7 @@ int main(void) {
         cmocka_unit_test(lease_keeps_a_second_scheduler_out),
         cmocka_unit_test(vanished_worker_replans_at_once_and_steady_fleet_does_not),
         cmocka_unit_test(many_workers_from_heartbeats_plan_the_same_twice),
+        cmocka_unit_test(long_worker_ids_name_their_workers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -250,7 +250,7 @@ static void partial_hosts_hold_what_they_have(void **st) {
     assert_int_equal(p->count, 26);
     assert_int_equal(p->nhosts, 4);
     assert_int_equal(p->gpus_per_host, 8);
-    char id[SCHED_NAME];
+    char id[SCHED_ID];
     int h = -1, k0;
     sched_pool_gpu_id(p, 8, id);
     assert_string_equal(id, "a/8");
@@ -288,10 +288,10 @@ static void partial_hosts_hold_what_they_have(void **st) {
     assert_int_equal(n8, 2); /* the demand wants all it can get: both full hosts */
     /* Two GPUs swapped between the 8-GPU groups: each group spans two hosts. */
     md_err e = {0};
-    char t[SCHED_NAME];
-    memcpy(t, pl.r[eight[0]].gpu_ids[7], SCHED_NAME);
-    memcpy(pl.r[eight[0]].gpu_ids[7], pl.r[eight[1]].gpu_ids[7], SCHED_NAME);
-    memcpy(pl.r[eight[1]].gpu_ids[7], t, SCHED_NAME);
+    char t[SCHED_ID];
+    memcpy(t, pl.r[eight[0]].gpu_ids[7], SCHED_ID);
+    memcpy(pl.r[eight[0]].gpu_ids[7], pl.r[eight[1]].gpu_ids[7], SCHED_ID);
+    memcpy(pl.r[eight[1]].gpu_ids[7], t, SCHED_ID);
     assert_int_equal(sched_plan_validate(&pl, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "spans two hosts"));
     sched_plan_free(&pl);

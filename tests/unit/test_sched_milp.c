@@ -516,15 +516,15 @@ static void validity_check_catches_a_gpu_used_twice(void **st) {
     assert_true(p.n >= 2);
     assert_int_equal(sched_plan_validate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), 0);
     assert_int_equal(p.nidle, 0);
-    char saved[SCHED_NAME];
-    memcpy(saved, p.r[1].gpu_ids[0], SCHED_NAME);
-    memcpy(p.r[1].gpu_ids[0], p.r[0].gpu_ids[0], SCHED_NAME);
+    char saved[SCHED_ID];
+    memcpy(saved, p.r[1].gpu_ids[0], SCHED_ID);
+    memcpy(p.r[1].gpu_ids[0], p.r[0].gpu_ids[0], SCHED_ID);
     assert_int_equal(sched_plan_validate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "used twice"));
-    snprintf(p.r[1].gpu_ids[0], SCHED_NAME, "nowhere/0");
+    snprintf(p.r[1].gpu_ids[0], SCHED_ID, "nowhere/0");
     assert_int_equal(sched_plan_validate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "not in pool"));
-    memcpy(p.r[1].gpu_ids[0], saved, SCHED_NAME);
+    memcpy(p.r[1].gpu_ids[0], saved, SCHED_ID);
     sched_plan_free(&p);
     sched_world_free(&x);
 }
