@@ -122,17 +122,9 @@ static int parse_string(eparser *p) {
 
 static int parse_alts(eparser *p);
 
+/* A repetition count of {m,n}, saturated at 100,000. */
 static int parse_int(eparser *p, int *v) {
-    if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
-        return -1;
-    long x = 0;
-    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-        x = x * 10 + (p->s[p->i++] - '0');
-        if (x > 100000)
-            x = 100000;
-    }
-    *v = (int)x;
-    return 0;
+    return gr_parse_count(p->s, p->n, &p->i, 100000, v);
 }
 
 static int parse_primary(eparser *p) {

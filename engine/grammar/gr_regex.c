@@ -382,17 +382,22 @@ static int parse_class(rparser *p, cpset *set) {
 
 static int parse_alt(rparser *p, int top);
 
-static int parse_int(rparser *p, int *v) {
-    if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
+int gr_parse_count(const char *s, size_t n, size_t *i, long cap, int *v) {
+    if (*i >= n || s[*i] < '0' || s[*i] > '9')
         return -1;
     long x = 0;
-    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-        x = x * 10 + (p->s[p->i++] - '0');
-        if (x > 1000000)
-            x = 1000000;
+    while (*i < n && s[*i] >= '0' && s[*i] <= '9') {
+        x = x * 10 + (s[(*i)++] - '0');
+        if (x > cap)
+            x = cap;
     }
     *v = (int)x;
     return 0;
+}
+
+/* A repetition count of {m,n}, saturated at 1,000,000 (gr_compile's limits refuse more). */
+static int parse_int(rparser *p, int *v) {
+    return gr_parse_count(p->s, p->n, &p->i, 1000000, v);
 }
 
 static int parse_atom(rparser *p) {
