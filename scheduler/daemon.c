@@ -79,6 +79,116 @@ static json_t *scan_keys(redisContext *c, const char *pattern) {
     return sorted;
 }
 
+/* The catalog type of one heartbeat device (a type name, or an object with "type", else its
+ * driver "name" and "memory_bytes"), or NULL when the catalog has none; each odd device is
+ * warned about once per worker (warned). */
+static const char *device_type(sched_catalog *cat, const char *wid, json_t *d, json_t *warned) {
+    const char *t =
+        json_is_string(d) ? json_string_value(d) : json_string_value(json_object_get(d, "type"));
+    if (!t)
+        return NULL;
+    if (sched_catalog_find(cat, t) < 0 && json_is_object(d)) {
+        /* a worker not told its catalog type: recognise the driver's GPU name */
+        int k = sched_catalog_match_device(
+            cat, json_string_value(json_object_get(d, "name")),
+            (double)json_integer_value(json_object_get(d, "memory_bytes")) / 1e9);
+        char odd[128], k2[256];
+        const char *dn = json_string_value(json_object_get(d, "name"));
+        snprintf(k2, sizeof k2, "%.200s/%s", wid, dn ? dn : "");
+        if (k >= 0 && sched_catalog_unmatched_words(cat, k, dn, odd, sizeof odd) &&
+            !json_object_get(warned, k2)) {
+            MD_WARN(LOGC,
+                    "worker %s: GPU '%s' is planned as %s, the closest catalog type, "
+                    "though '%s' is not in its name; give the worker its catalog type "
+                    "if it is another card",
+                    wid, dn, cat->gpus[k].name, odd);
+            json_object_set_new(warned, k2, json_true());
+        }
+        if (k >= 0)
+            t = cat->gpus[k].name;
+    }
+    if (sched_catalog_find(cat, t) < 0) {
+        char k2[256];
+        snprintf(k2, sizeof k2, "%s/%s", wid, t);
+        if (!json_object_get(warned, k2)) {
+            MD_WARN(LOGC, "worker %s: GPU type '%s' is not in the catalog; ignored", wid, t);
+            json_object_set_new(warned, k2, json_true());
+        }
+        return NULL;
+    }
+    return t;
+}
+
+/* A worker's GPUs counted by catalog type ({"L4": 2, ...}), left empty when a pool name the
+ * fleet cannot hold would come of its id (over SCHED_NAME_MAX characters, a '/', a control
+ * character): a cut name would give GPU ids no worker matches, so the worker is left out
+ * whole, with a warning. */
+static json_t *count_devices(sched_catalog *cat, const char *wid, json_t *devs, json_t *warned) {
+    json_t *counts = json_object();
+    size_t j;
+    json_t *d;
+    json_array_foreach(devs, j, d) {
+        const char *t = device_type(cat, wid, d, warned);
+        if (t)
+            json_object_set_new(counts, t,
+                                json_integer(json_integer_value(json_object_get(counts, t)) + 1));
+    }
+    const char *t;
+    json_t *n;
+    int bad = 0;
+    json_object_foreach(counts, t, n) {
+        char name[SCHED_ID + SCHED_NAME];
+        md_err ne = {0};
+        if (json_object_size(counts) == 1)
+            snprintf(name, sizeof name, "%.*s", SCHED_ID, wid);
+        else
+            snprintf(name, sizeof name, "%.*s#%s", SCHED_ID, wid, t);
+        if (!bad && strlen(wid) < SCHED_ID && !sched_check_pool_name(name, "pool", &ne))
+            continue;
+        bad = 1;
+        if (!json_object_get(warned, wid)) {
+            MD_WARN(LOGC, "worker %.80s...: id not plannable (%s); its GPUs are left out", wid,
+                    ne.msg[0] ? ne.msg : "longer than the pool name limit");
+            json_object_set_new(warned, wid, json_true());
+        }
+    }
+    if (bad)
+        json_object_clear(counts);
+    return counts;
+}
+
+/* One pool per GPU type of a worker onto pools. usd (> 0: what the worker says all its
+ * devices cost an hour) overrides the catalog's prices, split over its GPUs in proportion to
+ * their catalog prices; the pools so priced are named in priced. */
+static void append_pools(sched_catalog *cat, const char *wid, json_t *counts, double usd,
+                         json_t *pools, json_t *priced) {
+    const char *t;
+    json_t *n;
+    double catalog_usd = 0; /* the worker's GPUs at catalog prices */
+    json_object_foreach(counts, t, n) {
+        catalog_usd +=
+            cat->gpus[sched_catalog_find(cat, t)].usd_per_hour * (double)json_integer_value(n);
+    }
+    json_object_foreach(counts, t, n) {
+        char name[SCHED_ID];
+        if (json_object_size(counts) == 1)
+            snprintf(name, sizeof name, "%s", wid);
+        else
+            snprintf(name, sizeof name, "%s#%s", wid, t);
+        json_t *pool = json_pack("{s:s, s:s, s:O, s:O}", "name", name, "type", t, "count", n,
+                                 "gpus_per_host", n);
+        if (usd > 0) {
+            double each = cat->gpus[sched_catalog_find(cat, t)].usd_per_hour;
+            double per = catalog_usd > 0 ? usd * each / catalog_usd
+                                         : usd / (double)json_object_size(counts) /
+                                               (double)json_integer_value(n);
+            json_object_set_new(pool, "usd_per_hour", json_real(per));
+            json_object_set_new(priced, name, json_true());
+        }
+        json_array_append_new(pools, pool);
+    }
+}
+
 /* The fleet as the heartbeats describe it: one pool per (worker, GPU type). Heartbeat
  * field `devices`: a JSON array of {"type": "L4", ...} objects or of type names (a type the
  * catalog does not know is looked up by the object's driver "name" and "memory_bytes",
@@ -109,9 +219,7 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
             freeReplyObject(r);
             continue;
         }
-        /* what the worker says its devices cost ($/h, all of them): it overrides the
-         * catalog's price, split over its GPUs in proportion to their catalog prices */
-        double usd = -1;
+        double usd = -1; /* what the worker says its devices cost ($/h, all of them) */
         if (r->element[2]->type == REDIS_REPLY_STRING) {
             char *end;
             double v = strtod(r->element[2]->str, &end);
@@ -125,94 +233,8 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
             json_decref(devs);
             continue;
         }
-        json_t *counts = json_object();
-        size_t j;
-        json_t *d;
-        json_array_foreach(devs, j, d) {
-            const char *t = json_is_string(d) ? json_string_value(d)
-                                              : json_string_value(json_object_get(d, "type"));
-            if (!t)
-                continue;
-            if (sched_catalog_find(cat, t) < 0 && json_is_object(d)) {
-                /* a worker not told its catalog type: recognise the driver's GPU name */
-                int k = sched_catalog_match_device(
-                    cat, json_string_value(json_object_get(d, "name")),
-                    (double)json_integer_value(json_object_get(d, "memory_bytes")) / 1e9);
-                char odd[128], k2[256];
-                const char *dn = json_string_value(json_object_get(d, "name"));
-                snprintf(k2, sizeof k2, "%.200s/%s", wid, dn ? dn : "");
-                if (k >= 0 && sched_catalog_unmatched_words(cat, k, dn, odd, sizeof odd) &&
-                    !json_object_get(warned, k2)) {
-                    MD_WARN(LOGC,
-                            "worker %s: GPU '%s' is planned as %s, the closest catalog type, "
-                            "though '%s' is not in its name; give the worker its catalog type "
-                            "if it is another card",
-                            wid, dn, cat->gpus[k].name, odd);
-                    json_object_set_new(warned, k2, json_true());
-                }
-                if (k >= 0)
-                    t = cat->gpus[k].name;
-            }
-            if (sched_catalog_find(cat, t) < 0) {
-                char k2[256];
-                snprintf(k2, sizeof k2, "%s/%s", wid, t);
-                if (!json_object_get(warned, k2)) {
-                    MD_WARN(LOGC, "worker %s: GPU type '%s' is not in the catalog; ignored", wid,
-                            t);
-                    json_object_set_new(warned, k2, json_true());
-                }
-                continue;
-            }
-            json_object_set_new(counts, t,
-                                json_integer(json_integer_value(json_object_get(counts, t)) + 1));
-        }
-        const char *t;
-        json_t *n;
-        double catalog_usd = 0; /* the worker's GPUs at catalog prices */
-        json_object_foreach(counts, t, n) {
-            catalog_usd +=
-                cat->gpus[sched_catalog_find(cat, t)].usd_per_hour * (double)json_integer_value(n);
-        }
-        /* a worker whose pool names the fleet cannot hold (over SCHED_NAME_MAX characters,
-         * a '/', a control character) is left out whole, with a warning: a cut name would
-         * give GPU ids no worker matches */
-        int bad = 0;
-        json_object_foreach(counts, t, n) {
-            char name[SCHED_ID + SCHED_NAME];
-            md_err ne = {0};
-            if (json_object_size(counts) == 1)
-                snprintf(name, sizeof name, "%.*s", SCHED_ID, wid);
-            else
-                snprintf(name, sizeof name, "%.*s#%s", SCHED_ID, wid, t);
-            if (!bad && strlen(wid) < SCHED_ID && !sched_check_pool_name(name, "pool", &ne))
-                continue;
-            bad = 1;
-            if (!json_object_get(warned, wid)) {
-                MD_WARN(LOGC, "worker %.80s...: id not plannable (%s); its GPUs are left out", wid,
-                        ne.msg[0] ? ne.msg : "longer than the pool name limit");
-                json_object_set_new(warned, wid, json_true());
-            }
-        }
-        if (bad)
-            json_object_clear(counts);
-        json_object_foreach(counts, t, n) {
-            char name[SCHED_ID];
-            if (json_object_size(counts) == 1)
-                snprintf(name, sizeof name, "%s", wid);
-            else
-                snprintf(name, sizeof name, "%s#%s", wid, t);
-            json_t *pool = json_pack("{s:s, s:s, s:O, s:O}", "name", name, "type", t, "count", n,
-                                     "gpus_per_host", n);
-            if (usd > 0) {
-                double each = cat->gpus[sched_catalog_find(cat, t)].usd_per_hour;
-                double per = catalog_usd > 0 ? usd * each / catalog_usd
-                                             : usd / (double)json_object_size(counts) /
-                                                   (double)json_integer_value(n);
-                json_object_set_new(pool, "usd_per_hour", json_real(per));
-                json_object_set_new(priced, name, json_true());
-            }
-            json_array_append_new(pools, pool);
-        }
+        json_t *counts = count_devices(cat, wid, devs, warned);
+        append_pools(cat, wid, counts, usd, pools, priced);
         if (json_object_size(counts))
             json_array_append_new(workers, json_string(wid));
         json_decref(counts);
