@@ -122,11 +122,6 @@ static int parse_string(eparser *p) {
 
 static int parse_alts(eparser *p);
 
-/* A repetition count of {m,n}, saturated at 100,000. */
-static int parse_int(eparser *p, int *v) {
-    return gr_parse_count(p->s, p->n, &p->i, 100000, v);
-}
-
 static int parse_primary(eparser *p) {
     char c = p->s[p->i];
     if (c == '"') {
@@ -198,38 +193,16 @@ static int parse_seq(eparser *p) {
         int a = parse_primary(p);
         if (a < 0)
             return -1;
-        while (p->i < p->n) {
-            char q = p->s[p->i];
-            int lo, hi;
-            if (q == '*') {
-                lo = 0;
-                hi = -1;
-            } else if (q == '+') {
-                lo = 1;
-                hi = -1;
-            } else if (q == '?') {
-                lo = 0;
-                hi = 1;
-            } else if (q == '{') {
-                p->i++;
-                if (parse_int(p, &lo))
-                    return efail(p, MD_EINVAL, "expected a count after '{'");
-                hi = lo;
-                if (p->i < p->n && p->s[p->i] == ',') {
-                    p->i++;
-                    hi = -1;
-                    if (p->i < p->n && p->s[p->i] != '}' && parse_int(p, &hi))
-                        return efail(p, MD_EINVAL, "expected a count after ','");
-                }
-                if (p->i >= p->n || p->s[p->i] != '}')
-                    return efail(p, MD_EINVAL, "expected '}'");
-                if (hi >= 0 && hi < lo)
-                    return efail(p, MD_EINVAL, "a repetition {m,n} with n < m");
-                if (lo > 10000 || hi > 10000)
-                    return efail(p, MD_EUNSUPP, "repetition counts above 10000");
-            } else
-                break;
-            p->i++;
+        static const char *bad[] = {"expected a count after '{'", "expected a count after ','",
+                                    "expected '}'"};
+        int lo, hi, q;
+        while ((q = gr_parse_quant(p->s, p->n, &p->i, 100000, &lo, &hi)) != 0) {
+            if (q < 0)
+                return efail(p, MD_EINVAL, bad[-q - 1]);
+            if (hi >= 0 && hi < lo)
+                return efail(p, MD_EINVAL, "a repetition {m,n} with n < m");
+            if (lo > 10000 || hi > 10000)
+                return efail(p, MD_EUNSUPP, "repetition counts above 10000");
             a = gb_rep(b, a, lo, hi);
         }
         x = gb_seq(b, x, a);

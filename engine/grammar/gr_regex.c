@@ -382,7 +382,9 @@ static int parse_class(rparser *p, cpset *set) {
 
 static int parse_alt(rparser *p, int top);
 
-int gr_parse_count(const char *s, size_t n, size_t *i, long cap, int *v) {
+/* The decimal number at s[*i], saturated at cap, into *v; *i moves past it. -1 when no digit
+ * is there. */
+static int parse_count(const char *s, size_t n, size_t *i, long cap, int *v) {
     if (*i >= n || s[*i] < '0' || s[*i] > '9')
         return -1;
     long x = 0;
@@ -395,9 +397,41 @@ int gr_parse_count(const char *s, size_t n, size_t *i, long cap, int *v) {
     return 0;
 }
 
-/* A repetition count of {m,n}, saturated at 1,000,000 (gr_compile's limits refuse more). */
-static int parse_int(rparser *p, int *v) {
-    return gr_parse_count(p->s, p->n, &p->i, 1000000, v);
+/* The {m}, {m,} or {m,n} at s[*i] (a '{'): 0 with *i past the '}', or -1 / -2 / -3 as
+ * gr_parse_quant says, *i unchanged. */
+static int parse_braces(const char *s, size_t n, size_t *i, long cap, int *lo, int *hi) {
+    size_t j = *i + 1; /* past '{' */
+    if (parse_count(s, n, &j, cap, lo))
+        return -1;
+    *hi = *lo;
+    if (j < n && s[j] == ',') {
+        j++;
+        if (j < n && s[j] == '}')
+            *hi = -1;
+        else if (parse_count(s, n, &j, cap, hi))
+            return -2;
+    }
+    if (j >= n || s[j] != '}')
+        return -3;
+    *i = j + 1;
+    return 0;
+}
+
+int gr_parse_quant(const char *s, size_t n, size_t *i, long cap, int *lo, int *hi) {
+    if (*i >= n)
+        return 0;
+    switch (s[*i]) {
+    case '*': *lo = 0, *hi = -1; break;
+    case '+': *lo = 1, *hi = -1; break;
+    case '?': *lo = 0, *hi = 1; break;
+    case '{': {
+        int rc = parse_braces(s, n, i, cap, lo, hi);
+        return rc ? rc : 1;
+    }
+    default: return 0;
+    }
+    (*i)++;
+    return 1;
 }
 
 static int parse_atom(rparser *p) {
@@ -496,49 +530,13 @@ static int parse_seq(rparser *p, int top, int *anch_start, int *anch_end) {
         int a = parse_atom(p);
         if (a < 0)
             return -1;
-        while (p->i < p->n) {
-            char q = p->s[p->i];
-            int lo, hi;
-            if (q == '*') {
-                lo = 0;
-                hi = -1;
-                p->i++;
-            } else if (q == '+') {
-                lo = 1;
-                hi = -1;
-                p->i++;
-            } else if (q == '?') {
-                lo = 0;
-                hi = 1;
-                p->i++;
-            } else if (q == '{') {
-                size_t save = p->i;
-                p->i++;
-                if (parse_int(p, &lo)) {
-                    p->i = save;
-                    break;
-                }
-                hi = lo;
-                if (p->i < p->n && p->s[p->i] == ',') {
-                    p->i++;
-                    if (p->i < p->n && p->s[p->i] == '}')
-                        hi = -1;
-                    else if (parse_int(p, &hi)) {
-                        p->i = save;
-                        break;
-                    }
-                }
-                if (p->i >= p->n || p->s[p->i] != '}') {
-                    p->i = save;
-                    break;
-                }
-                p->i++;
-                if (hi >= 0 && hi < lo)
-                    return rfail(p, MD_EINVAL, "a repetition {m,n} with n < m");
-                if (lo > RE_MAX_REPEAT || hi > RE_MAX_REPEAT)
-                    return rfail(p, MD_EUNSUPP, "repetition counts above 1000 are not supported");
-            } else
-                break;
+        int lo, hi, q;
+        /* a '{' not starting a well-formed {m,n} (q < 0) is a literal */
+        while ((q = gr_parse_quant(p->s, p->n, &p->i, 1000000, &lo, &hi)) > 0) {
+            if (hi >= 0 && hi < lo)
+                return rfail(p, MD_EINVAL, "a repetition {m,n} with n < m");
+            if (lo > RE_MAX_REPEAT || hi > RE_MAX_REPEAT)
+                return rfail(p, MD_EUNSUPP, "repetition counts above 1000 are not supported");
             if (p->i < p->n && p->s[p->i] == '?')
                 p->i++; /* lazy: same language */
             else if (p->i < p->n && p->s[p->i] == '+')

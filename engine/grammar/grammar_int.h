@@ -129,8 +129,10 @@ void gr_matcher_fill_mask_slow(gr_matcher *m, uint32_t *mask);
  * into o (4 bytes of room), returning the length; a hex digit's value, or -1. */
 int gr_utf8_put(uint32_t c, uint8_t *o);
 int gr_hex_digit(int c);
-/* The decimal number at s[*i] (n bytes in all), saturated at cap, into *v; *i moves past it.
- * -1 when no digit is there. */
-int gr_parse_count(const char *s, size_t n, size_t *i, long cap, int *v);
+/* The quantifier at s[*i] (*, +, ?, {m}, {m,}, {m,n}; counts saturated at cap) into *lo and
+ * *hi (-1: unbounded): 1 with *i past it; 0 when none is there; for a '{' not followed by a
+ * well-formed count -1 (no count after '{'), -2 (none after ','), -3 (no '}'); *i unchanged
+ * unless 1. */
+int gr_parse_quant(const char *s, size_t n, size_t *i, long cap, int *lo, int *hi);
 
 #endif
