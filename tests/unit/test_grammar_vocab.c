@@ -10,12 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "engine/grammar_vocab.h"
 #include "engine/weights/gguf.h"
+#include "engine/weights/registry.h"
 #include "engine/weights/synth.h"
 
 /* 1 when s[0..n) is well-formed UTF-8 (shortest forms, no surrogates, <= U+10FFFF). */
@@ -169,18 +169,12 @@ static void byte_level_bpe_bytes_are_the_decode(void **st) {
     tok_free(t);
 }
 
-#define MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
-
+/* SmolLM2's file as `medley models fetch smollm2-135m` put it (the registry's lookup), or NULL
+ * when it is not fetched. */
 static const char *model_path(void) {
     static char path[4096];
-    const char *d = getenv("MEDLEY_MODELS"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-    if (d && *d)
-        snprintf(path, sizeof path, "%s/%s", d, MODEL_FILE);
-    else if (x && *x)
-        snprintf(path, sizeof path, "%s/medley/models/%s", x, MODEL_FILE);
-    else
-        snprintf(path, sizeof path, "%s/.cache/medley/models/%s", h ? h : ".", MODEL_FILE);
-    return access(path, R_OK) == 0 ? path : NULL;
+    md_err e = {0};
+    return md_model_resolve("smollm2-135m", 0, path, sizeof path, &e) == 0 ? path : NULL;
 }
 
 /* SmolLM2's 49152 tokens: <|im_end|> and <|endoftext|> are end tokens, and nearly every token
@@ -188,7 +182,7 @@ static const char *model_path(void) {
 static void smollm2_bytes_are_the_decode(void **st) {
     const char *p = model_path();
     if (!p) {
-        fprintf(stderr, "test_grammar_vocab: %s not fetched; skipping\n", MODEL_FILE);
+        fprintf(stderr, "test_grammar_vocab: smollm2-135m not fetched; skipping\n");
         skip();
     }
     gguf_file *f;
