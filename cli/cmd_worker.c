@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "engine/shard/stage_auth.h"
 #include "kernels/backend.h"
 #include "worker/supervise.h"
 #include "worker/worker.h"
@@ -89,6 +90,10 @@ static void usage(FILE *f) {
             "                         later stage (default 127.0.0.1:0: a free port; 0.0.0.0:P\n"
             "                         advertises the host name; a fixed port P serves the\n"
             "                         first stage, P+1 the next; with --devices keep port 0)\n"
+            "  --stage-secret-file F  the secret shared with the replica's stages and head\n"
+            "                         (docs/sharding.md \"Authentication\"; default\n"
+            "                         $MEDLEY_STAGE_SECRET_FILE): needed by a remote --stages\n"
+            "                         and by plan pipeline replicas\n"
             "  --echo-delay-ms MS     echo model: delay per answer ($MEDLEY_ECHO_DELAY_MS)\n"
             "  --echo-ctx N           echo model: context length in bytes (default 8192)\n"
             "  --visibility-ms MS     take over entries idle this long (default 60000)\n"
@@ -347,6 +352,18 @@ static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cf
             cfg->runner.stages = v;
         } else if (!strcmp(a, "--stage-listen")) {
             cfg->stage_listen = v;
+        } else if (!strcmp(a, "--stage-secret-file")) {
+            /* read now, so a bad file stops the worker at start; the links and the stage
+             * servers it starts read it from the environment */
+            md_stage_secret sec;
+            md_err se = {0};
+            int bad = md_stage_secret_load(v, &sec, &se);
+            md_stage_secret_clear(&sec);
+            if (bad) {
+                fprintf(stderr, "medley worker: --stage-secret-file: %s\n", se.msg);
+                return 2;
+            }
+            setenv(MD_STAGE_SECRET_ENV, v, 1);
         } else if (!strcmp(a, "--metrics")) {
             cfg->metrics_addr = v;
             skip[i] = skip[i + 1] = 1;
