@@ -240,7 +240,7 @@ static int handshake(tcp_link *t, const md_stage_config *c, int load_ms, md_err 
         return md_errctx(e, "stage %s: no READY within %d ms: ", t->where, load_ms);
     if (h.type == MD_WIRE_ERROR) {
         read_error(t, &h, deadline, e);
-        return md_errctx(e, "stage %s refused model %s: ", t->where, c->model);
+        return md_errctx(e, "stage %s refused (asked for model %s): ", t->where, c->model);
     }
     md_wire_ready r;
     if ((rc = md_wire_buf_reserve(&t->rx, h.len ? (size_t)h.len : 1, e)) ||
