@@ -258,8 +258,7 @@ static int engine_opt(int c, gen_opts *o) {
     case O_STAGE_TIMEOUT:
         return parse_int(optarg, "--stage-timeout-ms", 1, 86400000, &o->stage_timeout_ms);
     case O_STAGE_LOAD_TIMEOUT:
-        return parse_int(optarg, "--stage-load-timeout-ms", 1, 86400000,
-                         &o->stage_load_timeout_ms);
+        return parse_int(optarg, "--stage-load-timeout-ms", 1, 86400000, &o->stage_load_timeout_ms);
     case O_MEMCAP:
         if ((o->mem_cap = md_parse_size(optarg)) <= 0) {
             fprintf(stderr, "medley generate: --mem-cap must be a size such as 512M, got \"%s\"\n",

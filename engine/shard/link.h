@@ -1,8 +1,8 @@
 /* link.h — the head's connection to one pipeline stage, one interface whatever carries it
  * (docs/sharding.md "Transports"): a stage in this process (link_local.c: the hidden states
  * are host memory, copied onto the stage's backend), or in another process or host
- * (link_tcp.c: engine/shard/wire.h frames over TCP). The pipeline (engine/shard/pipeline.h) gives every
- * link a thread of its own and calls run() from it only.
+ * (link_tcp.c: engine/shard/wire.h frames over TCP). The pipeline (engine/shard/pipeline.h) gives
+ * every link a thread of its own and calls run() from it only.
  *
  * Failure: run() returns an error that names the stage and what happened (the peer closed,
  * a timeout, a malformed answer); the link is then broken and every later run() fails at
@@ -35,7 +35,7 @@ int md_link_local_open(const md_stage_config *c, md_link **out, md_err *e);
 /* How the head talks to a `medley stage`: the secret both hold and how long it waits. */
 typedef struct {
     const md_stage_secret *secret; /* required: the handshake is signed with it */
-    int timeout_ms;      /* the connect and every step's answer (0 = 60000) */
+    int timeout_ms;                /* the connect and every step's answer (0 = 60000) */
     int load_timeout_ms; /* the CHALLENGE and the READY, while the stage loads (0 = 60000) */
 } md_link_tcp_opts;
 

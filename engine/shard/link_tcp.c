@@ -129,7 +129,7 @@ static int run_locked(tcp_link *t, const md_batch *b, const float *in, float *ou
         md_errf(e, MD_EFORMAT, "answered step %u", h.seq);
         return fail(t, e, what);
     }
-    size_t n_out = !t->last          ? (size_t)b->n_tokens * (size_t)t->n_embd
+    size_t n_out = !t->last         ? (size_t)b->n_tokens * (size_t)t->n_embd
                    : b->argmax_only ? (size_t)b->n_logits
                                     : (size_t)b->n_logits * (size_t)t->n_vocab;
     if (h.len != 4 * (uint64_t)n_out) {
@@ -171,8 +171,8 @@ static void *ping_main(void *arg) {
         }
         t->last_ns = now;
         md_err e = {0};
-        if (!t->broken && md_wire_send(t->fd, t->ping.p, t->ping.len, md_wire_deadline(t->step_ms),
-                                       &e))
+        if (!t->broken &&
+            md_wire_send(t->fd, t->ping.p, t->ping.len, md_wire_deadline(t->step_ms), &e))
             fail(t, &e, "keepalive PING while idle");
     }
     pthread_mutex_unlock(&t->mu);
@@ -211,8 +211,8 @@ static const md_link_ops tcp_ops = {
 /* The stage's CHALLENGE: its nonce into t->auth. */
 static int take_challenge(tcp_link *t, uint64_t deadline, int load_ms, md_err *e) {
     md_wire_hdr h;
-    int rc = md_wire_recv_frame(t->fd, 1u << MD_WIRE_CHALLENGE, 0, deadline, NULL, &h, &t->rx, NULL,
-                                e);
+    int rc =
+        md_wire_recv_frame(t->fd, 1u << MD_WIRE_CHALLENGE, 0, deadline, NULL, &h, &t->rx, NULL, e);
     if (rc == 0)
         rc = md_wire_get_challenge(t->rx.p, t->rx.len, t->auth.stage_nonce, e);
     if (rc)

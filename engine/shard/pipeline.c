@@ -248,9 +248,8 @@ int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base, co
     md_stage_secret secret = {0};
     if (n_local < n)
         rc = md_stage_secret_from(p->o.secret_file, "a head with remote stages", &secret, e);
-    md_link_tcp_opts lo = {.secret = &secret,
-                           .timeout_ms = p->o.timeout_ms,
-                           .load_timeout_ms = p->o.load_timeout_ms};
+    md_link_tcp_opts lo = {
+        .secret = &secret, .timeout_ms = p->o.timeout_ms, .load_timeout_ms = p->o.load_timeout_ms};
     for (int i = 0; i < n && rc == 0; i++) {
         md_stage_config c = *base;
         /* local stages run side by side: they share the cores unless told otherwise */

@@ -50,7 +50,7 @@ void md_accept_new(md_accept *a, int lfd) {
         md_pending p = {0};
         md_err e = {0};
         if (md_wire_accept(lfd, &p.fd, p.peer, sizeof p.peer, &e))
-            return; /* none left waiting (or it went away before we took it) */
+            return;           /* none left waiting (or it went away before we took it) */
         if (a->n == a->cap) { /* full: the oldest deadline goes */
             int old = 0;
             for (int i = 1; i < a->n; i++)

@@ -41,8 +41,8 @@ int md_stage_secret_load(const char *path, md_stage_secret *s, md_err *e) {
             break;
     }
     close(fd);
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' ||
-                     buf[n - 1] == '\t'))
+    while (n > 0 &&
+           (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
         n--;
     int rc = 0;
     if (n < MD_STAGE_SECRET_MIN || n > MD_STAGE_SECRET_MAX)

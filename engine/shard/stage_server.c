@@ -40,11 +40,11 @@ typedef struct {
     md_hparams hp;       /* the model's */
     md_wire_limits lim;
     md_wire_buf rx, tx;
-    md_accept acc;       /* connections in their handshake */
-    struct pollfd *pfd;  /* [2 + max_pending]: listener, head, pending */
-    int head;            /* the head being served, -1 when none */
+    md_accept acc;      /* connections in their handshake */
+    struct pollfd *pfd; /* [2 + max_pending]: listener, head, pending */
+    int head;           /* the head being served, -1 when none */
     char head_peer[96];
-    uint64_t head_last;  /* md_mono_ns() of its last frame, or of our last answer */
+    uint64_t head_last; /* md_mono_ns() of its last frame, or of our last answer */
     long steps;
 } server;
 
@@ -297,8 +297,9 @@ int md_stage_serve(const char *listen_host, int port, const md_stage_server_opts
     static volatile sig_atomic_t never = 0;
     md_stage_server_opts o = *opts;
     if (!o.secret || !o.secret->len)
-        return md_errf(e, MD_EINVAL, "a stage server needs a secret (docs/sharding.md "
-                                     "\"Authentication\")");
+        return md_errf(e, MD_EINVAL,
+                       "a stage server needs a secret (docs/sharding.md "
+                       "\"Authentication\")");
     if (o.n_models < 1 || !o.models)
         return md_errf(e, MD_EINVAL, "a stage server needs the models it may serve (--model)");
     if (o.handshake_ms <= 0)

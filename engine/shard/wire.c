@@ -32,7 +32,7 @@ _Static_assert(sizeof(float) == 4, "F32 payloads");
 #define RUN_ARGMAX 1u /* flags: the last stage answers argmax ids (md_batch.argmax_only) */
 
 const char *md_wire_type_name(int type) {
-    static const char *names[] = {NULL,    "HELLO", "READY",     "RUN",
+    static const char *names[] = {NULL,     "HELLO", "READY",     "RUN",
                                   "RESULT", "ERROR", "CHALLENGE", "PING"};
     return type >= MD_WIRE_HELLO && type <= MD_WIRE_TYPE_LAST ? names[type] : "unknown";
 }
@@ -140,9 +140,9 @@ int md_wire_hdr_check(const md_wire_hdr *h, unsigned allowed, uint64_t max_paylo
                        md_wire_type_name(h->type), used ? list : "none");
     }
     uint64_t limit = h->type == MD_WIRE_RUN || h->type == MD_WIRE_RESULT ? max_payload
-                     : h->type == MD_WIRE_HELLO                         ? MD_WIRE_HELLO_MAX
-                     : h->type == MD_WIRE_PING                          ? 0
-                                                                        : MD_WIRE_SMALL_MAX;
+                     : h->type == MD_WIRE_HELLO                          ? MD_WIRE_HELLO_MAX
+                     : h->type == MD_WIRE_PING                           ? 0
+                                                                         : MD_WIRE_SMALL_MAX;
     if (h->len > limit)
         return md_errf(e, MD_EFORMAT, "%s frame of %llu bytes exceeds the limit of %llu",
                        md_wire_type_name(h->type), (unsigned long long)h->len,

@@ -1,7 +1,7 @@
 /* wire.h — the stage link's wire format (docs/sharding.md "Transports"): the frames a head
- * and a `medley stage` process exchange over TCP (engine/shard/link_tcp.c, engine/shard/stage_server.c).
- * Pure encoding and decoding over byte buffers, no sockets (engine/shard/wire_io.h moves frames),
- * so every decoder can be fed hostile bytes in a test.
+ * and a `medley stage` process exchange over TCP (engine/shard/link_tcp.c,
+ * engine/shard/stage_server.c). Pure encoding and decoding over byte buffers, no sockets
+ * (engine/shard/wire_io.h moves frames), so every decoder can be fed hostile bytes in a test.
  *
  * A frame is a 32-byte header and a payload, every integer little-endian:
  *
@@ -116,7 +116,8 @@ uint32_t md_wire_crc(const void *p, size_t n);
  * version, reserved bytes and type (MD_EFORMAT naming the first fault, MD_EUNSUPP for another
  * version); md_wire_hdr_check then refuses a type outside `allowed` (a mask of 1 << type) and
  * a length over its type's limit (max_payload for RUN and RESULT, MD_WIRE_HELLO_MAX for HELLO,
- * 0 for PING, MD_WIRE_SMALL_MAX for the others); md_wire_payload_check compares the payload's CRC. */
+ * 0 for PING, MD_WIRE_SMALL_MAX for the others); md_wire_payload_check compares the payload's CRC.
+ */
 void md_wire_hdr_put(uint8_t h[MD_WIRE_HDR], int type, uint32_t seq, uint64_t len, uint32_t crc);
 int md_wire_hdr_get(const uint8_t h[MD_WIRE_HDR], md_wire_hdr *out, md_err *e);
 int md_wire_hdr_check(const md_wire_hdr *h, unsigned allowed, uint64_t max_payload, md_err *e);

@@ -171,9 +171,13 @@ static void test_hello_round_trips_every_field(void **state) {
 static void test_ready_error_result_round_trip(void **state) {
     md_wire_buf b = {0};
     md_err e = {0};
-    md_wire_ready r = {
-        .model_hash = 42, .lo = 3, .hi = 7, .n_layer = 7, .n_embd = 64, .n_vocab = 1000,
-        .idle_ms = 60000};
+    md_wire_ready r = {.model_hash = 42,
+                       .lo = 3,
+                       .hi = 7,
+                       .n_layer = 7,
+                       .n_embd = 64,
+                       .n_vocab = 1000,
+                       .idle_ms = 60000};
     snprintf(r.describe, sizeof r.describe, "layers 3-7 on cpu: 2 threads, avx2");
     assert_int_equal(md_wire_put_ready(&b, &r, auth(), &e), 0);
     check_frame(&b, MD_WIRE_READY, 0);
@@ -547,9 +551,13 @@ static void test_hello_with_bad_fields_is_refused(void **state) {
 
 static void test_ready_for_another_model_or_range_is_refused(void **state) {
     md_stage_config c = config(2, 4);
-    md_wire_ready r = {
-        .model_hash = c.model_hash, .lo = 2, .hi = 4, .n_layer = 4, .n_embd = 128, .n_vocab = 512,
-        .idle_ms = 1000};
+    md_wire_ready r = {.model_hash = c.model_hash,
+                       .lo = 2,
+                       .hi = 4,
+                       .n_layer = 4,
+                       .n_embd = 128,
+                       .n_vocab = 512,
+                       .idle_ms = 1000};
     md_err e = {0};
     const char *where = "tcp://10.0.0.2:7701 layers 2-3";
     assert_int_equal(md_wire_ready_check(&r, &c, 128, 512, where, &e), 0);
@@ -661,9 +669,10 @@ static void test_mac_is_the_documented_hmac_sha256(void **state) {
     memcpy(k.key, "Jefe", 4);
     static const uint8_t zero[MD_STAGE_NONCE] = {0};
     static const char msg[] = "what do ya want for nothing?";
-    static const uint8_t want[MD_STAGE_MAC] = {
-        0x34, 0x31, 0xda, 0xc3, 0xf6, 0x0c, 0x19, 0x61, 0x76, 0xbd, 0x1b, 0x5a, 0x00, 0x6c, 0x92, 0xd9,
-        0x70, 0xef, 0xa1, 0x5f, 0xc3, 0xf8, 0xab, 0x20, 0x6c, 0x56, 0x19, 0x40, 0x8a, 0x0b, 0xdf, 0x81};
+    static const uint8_t want[MD_STAGE_MAC] = {0x34, 0x31, 0xda, 0xc3, 0xf6, 0x0c, 0x19, 0x61,
+                                               0x76, 0xbd, 0x1b, 0x5a, 0x00, 0x6c, 0x92, 0xd9,
+                                               0x70, 0xef, 0xa1, 0x5f, 0xc3, 0xf8, 0xab, 0x20,
+                                               0x6c, 0x56, 0x19, 0x40, 0x8a, 0x0b, 0xdf, 0x81};
     uint8_t mac[MD_STAGE_MAC];
     assert_int_equal(
         md_stage_mac(&k, "MDST HELLO v2", zero, NULL, (const uint8_t *)msg, strlen(msg), mac), 0);
