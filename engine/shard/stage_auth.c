@@ -22,8 +22,8 @@ int md_stage_secret_load(const char *path, md_stage_secret *s, md_err *e) {
     if (fd < 0)
         return md_errf(e, MD_EIO, "stage secret file %s: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) == 0 && (st.st_mode & 077))
-        MD_WARN("stage", "stage secret file %s is readable by others (mode %03o): chmod 600 it",
+    if (fstat(fd, &st) == 0 && (st.st_mode & 007))
+        MD_WARN("stage", "stage secret file %s is open to every user (mode %03o): chmod 600 it",
                 path, (unsigned)(st.st_mode & 0777));
     uint8_t buf[MD_STAGE_SECRET_MAX + 64];
     size_t n = 0;
