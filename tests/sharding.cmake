@@ -22,7 +22,8 @@ set_tests_properties(test_stage_cli PROPERTIES TIMEOUT 600)
 # processes and a peer written in Python from the documented wire format. A peer without the
 # secret refused before any model is opened; a path or a model outside --model refused with
 # one answer whatever it names; 50 idle + 50 slowloris connections per stage leave a real
-# head's first step under 2 s; a head silent after READY dropped at --io-timeout-ms. ~5 s.
+# head's first step under 2 s; a head silent after READY dropped at --io-timeout-ms; a
+# head facing a stopped stage gives up at --stage-load-timeout-ms. ~5 s.
 if(MEDLEY_PYTHON)
   add_test(NAME stage_guard
            COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/stage_guard.py)

@@ -16,6 +16,8 @@ written here from docs/sharding.md's wire format alone (struct, zlib.crc32, hmac
    without them).
 4. A peer that sends a signed HELLO, takes READY and goes silent is dropped at
    --io-timeout-ms (1 s here), with an ERROR saying so; a real head is served right after.
+5. A head facing a stopped stage (SIGSTOP) gives up at --stage-load-timeout-ms (1 s here),
+   saying it had no CHALLENGE, instead of waiting.
 
 Needs MEDLEY_BIN (ctest sets it). About 10 s."""
 import hashlib
@@ -146,14 +148,16 @@ class Stage:
             fail("medley stage did not exit 0 on SIGTERM:\n" + self.log())
 
 
-def generate(stages, secret_file):
+def generate(stages, secret_file, extra=(), want_fail=False):
     spec = "tcp://127.0.0.1:%d/cpu:0-0,tcp://127.0.0.1:%d/cpu:1-1" % tuple(s.port for s in stages)
     t0 = time.time()
     p = subprocess.run([MEDLEY, "generate", "-m", "synthetic:tiny", "-p", "Once upon a time",
                         "-n", "1", "--ignore-eos", "-t", "1", "--json", "--stages", spec,
-                        "--stage-secret-file", secret_file], capture_output=True, text=True,
-                       timeout=60)
+                        "--stage-secret-file", secret_file] + list(extra),
+                       capture_output=True, text=True, timeout=60)
     dt = time.time() - t0
+    if want_fail:
+        return dt, p.returncode, p.stderr
     if p.returncode != 0:
         fail("medley generate through the stages: %s" % p.stderr[-2000:])
     return dt
@@ -279,6 +283,18 @@ def silent_head_dropped(st, key, stages, secret_file):
         dt, error_of(p)[1]))
 
 
+def stopped_stage(stages, secret_file):
+    stages[1].proc.send_signal(19)  # SIGSTOP
+    try:
+        dt, rc, err = generate(stages, secret_file, ["--stage-load-timeout-ms", "1000"],
+                               want_fail=True)
+    finally:
+        stages[1].proc.send_signal(18)  # SIGCONT
+    if rc != 1 or "no CHALLENGE within 1000 ms" not in err or not 0.9 <= dt <= 5:
+        fail("a head facing a stopped stage: exit %d after %.2f s: %s" % (rc, dt, err[-500:]))
+    print("5. a stopped stage: the head gave up after %.2f s (--stage-load-timeout-ms 1000)" % dt)
+
+
 def main():
     secret_file, key = secret("stage.secret")
     models = ["synthetic:tiny", "/nonexistent/allowed.gguf"]
@@ -290,6 +306,7 @@ def main():
         hdr = frame(HELLO, b"x" * 100)[:32]  # a plausible header, trickled
         idle_and_slowloris([a, b], secret_file, hdr)
         silent_head_dropped(a, key, [a, b], secret_file)
+        stopped_stage([a, b], secret_file)
     finally:
         a.stop()
         b.stop()
