@@ -297,6 +297,22 @@ static int int_flag(wk_config *cfg, const char *a, const char *v) {
 /* argv into cfg and fl; skip (argc entries, zeroed) gets the entries that children started
  * for --devices do not get. Returns -1 to go on, else the exit status: 0 after --help, 2 on
  * a usage error (said on stderr). */
+/* --stage-secret-file F: read now, so a bad file stops the worker at start (-1, said on
+ * stderr); the head's links and the stage servers it starts read it through
+ * $MEDLEY_STAGE_SECRET_FILE, which this sets. */
+static int stage_secret_flag(const char *path) {
+    md_stage_secret sec;
+    md_err e = {0};
+    int bad = md_stage_secret_load(path, &sec, &e);
+    md_stage_secret_clear(&sec);
+    if (bad) {
+        fprintf(stderr, "medley worker: --stage-secret-file: %s\n", e.msg);
+        return -1;
+    }
+    setenv(MD_STAGE_SECRET_ENV, path, 1);
+    return 0;
+}
+
 static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cfg,
                        worker_flags *fl) {
     for (int i = 1; i < argc; i++) {
@@ -353,17 +369,8 @@ static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cf
         } else if (!strcmp(a, "--stage-listen")) {
             cfg->stage_listen = v;
         } else if (!strcmp(a, "--stage-secret-file")) {
-            /* read now, so a bad file stops the worker at start; the links and the stage
-             * servers it starts read it from the environment */
-            md_stage_secret sec;
-            md_err se = {0};
-            int bad = md_stage_secret_load(v, &sec, &se);
-            md_stage_secret_clear(&sec);
-            if (bad) {
-                fprintf(stderr, "medley worker: --stage-secret-file: %s\n", se.msg);
+            if (stage_secret_flag(v))
                 return 2;
-            }
-            setenv(MD_STAGE_SECRET_ENV, v, 1);
         } else if (!strcmp(a, "--metrics")) {
             cfg->metrics_addr = v;
             skip[i] = skip[i + 1] = 1;
