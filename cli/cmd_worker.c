@@ -209,6 +209,7 @@ static int run_devices(int argc, char **argv, const unsigned char *skip, const w
     sc.children = kids;
     sc.n = n;
     sc.json = log_json;
+    sc.drained_code = WK_EXIT_DRAINED;
     if (access(sc.exe, X_OK)) {
         MD_ERROR("worker", "--devices: cannot run %s to start the per-device workers", sc.exe);
         free(av);
@@ -223,6 +224,10 @@ static int run_devices(int argc, char **argv, const unsigned char *skip, const w
             list);
     int rc = sv_run(&sc, &g_stop, &e);
     free(av);
+    if (rc == SV_DRAINED) {
+        MD_INFO("worker", "every per-device worker was drained: exit %d", WK_EXIT_DRAINED);
+        return WK_EXIT_DRAINED;
+    }
     if (rc) {
         MD_ERROR("worker", "%s", e.msg);
         return 1;
@@ -445,7 +450,10 @@ static int worker_main(int argc, char **argv, unsigned char *skip) {
         return 1;
     on_stop_signals();
     md_err e = {0};
-    if (wk_run(&cfg, &g_stop, &e)) {
+    rc = wk_run(&cfg, &g_stop, &e);
+    if (rc == WK_DRAINED)
+        return WK_EXIT_DRAINED; /* final: the unit does not restart it */
+    if (rc) {
         MD_ERROR("worker", "%s", e.msg);
         return 1;
     }

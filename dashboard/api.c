@@ -478,20 +478,40 @@ int dash_api_cancel(dash_api *a, const char *batch, char *status_out, size_t sta
 }
 
 /* Only while the heartbeat key exists: a drain of a worker that is gone would otherwise
- * create a hash without a TTL that looks like a worker. */
+ * create a hash without a TTL that looks like a worker. KEYS[2], P drain:{W}, outlives the
+ * process: a worker started again under the same id holds (reads nothing, not ready) until
+ * it is deleted (dash_api_undrain; docs/protocol.md §6). */
 static const char drain_lua[] =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end\n"
     "redis.call('HSET', KEYS[1], 'drain', ARGV[1], 'state', 'draining')\n"
+    "redis.call('SET', KEYS[2], ARGV[1])\n"
     "return 1\n";
 
+/* P drain:{W}: the hash tag keeps it in the worker's Cluster slot. */
+static void drain_key(char *out, const char *prefix, const char *worker) {
+    snprintf(out, Q_KEY_MAX, "%sdrain:{%s}", prefix, worker);
+}
+
 int dash_api_drain(dash_api *a, const char *worker, md_err *e) {
-    char key[Q_KEY_MAX], now[32];
+    char key[Q_KEY_MAX], dkey[Q_KEY_MAX], now[32];
     q_key_worker(key, a->prefix, worker);
+    drain_key(dkey, a->prefix, worker);
     snprintf(now, sizeof now, "%lld", (long long)md_wall_ms());
-    redisReply *r = md_redis_cmd(a->r, e, "EVAL %s 1 %s %s", drain_lua, key, now);
+    redisReply *r = md_redis_cmd(a->r, e, "EVAL %s 2 %s %s %s", drain_lua, key, dkey, now);
     int rc = dash_reply_error(r, "asking the worker to drain", e);
     if (!rc && (r->type != REDIS_REPLY_INTEGER || r->integer != 1))
         rc = md_errf(e, MD_ENOTFOUND, "no worker %s (no key %s)", worker, key);
+    freeReplyObject(r);
+    return rc;
+}
+
+int dash_api_undrain(dash_api *a, const char *worker, md_err *e) {
+    char dkey[Q_KEY_MAX];
+    drain_key(dkey, a->prefix, worker);
+    redisReply *r = md_redis_cmd(a->r, e, "DEL %s", dkey);
+    int rc = dash_reply_error(r, "undraining the worker", e);
+    if (!rc && (r->type != REDIS_REPLY_INTEGER || r->integer != 1))
+        rc = md_errf(e, MD_ENOTFOUND, "worker %s is not drained (no key %s)", worker, dkey);
     freeReplyObject(r);
     return rc;
 }

@@ -62,6 +62,8 @@ int dash_api_cancel(dash_api *a, const char *batch, char *status_out, size_t sta
 /* Ask worker W to drain: HSET P worker:{W} drain <now ms> state draining, only while the key
  * exists (MD_ENOTFOUND otherwise). The worker sees it at its next heartbeat. */
 int dash_api_drain(dash_api *a, const char *worker, md_err *e);
+/* Delete P drain:{W}: a worker held after a drain serves again (MD_ENOTFOUND: not drained). */
+int dash_api_undrain(dash_api *a, const char *worker, md_err *e);
 
 /* Output-stream entries one dash_api_batches call reads at most, over all batches. */
 extern const int dash_api_scan_budget;

@@ -159,11 +159,12 @@ static enum MHD_Result get_api(server *s, struct MHD_Connection *c, const char *
     return send_json(c, MHD_HTTP_OK, doc);
 }
 
-/* POST /api/cancel?batch=B and /api/drain?worker=W, with the admin token. */
+/* POST /api/cancel?batch=B, /api/drain?worker=W and /api/undrain?worker=W, with the admin
+ * token. */
 static enum MHD_Result post_action(server *s, struct MHD_Connection *c, const char *what) {
-    int cancel = !strcmp(what, "cancel");
-    if (!cancel && strcmp(what, "drain"))
-        return send_error(c, MHD_HTTP_NOT_FOUND, "no such action (cancel, drain)");
+    int cancel = !strcmp(what, "cancel"), undrain = !strcmp(what, "undrain");
+    if (!cancel && !undrain && strcmp(what, "drain"))
+        return send_error(c, MHD_HTTP_NOT_FOUND, "no such action (cancel, drain, undrain)");
     if (!s->cfg->admin_token)
         return send_error(c, MHD_HTTP_FORBIDDEN,
                           "actions are disabled: this dashboard was started without "
@@ -182,8 +183,11 @@ static enum MHD_Result post_action(server *s, struct MHD_Connection *c, const ch
         return send_error(c, MHD_HTTP_BAD_REQUEST, msg);
     }
     md_err e = {0};
-    char st[32] = "draining";
-    int rc = cancel ? dash_api_cancel(s->api, v, st, sizeof st, &e) : dash_api_drain(s->api, v, &e);
+    char st[32];
+    snprintf(st, sizeof st, "%s", undrain ? "undrained" : "draining");
+    int rc = cancel    ? dash_api_cancel(s->api, v, st, sizeof st, &e)
+             : undrain ? dash_api_undrain(s->api, v, &e)
+                       : dash_api_drain(s->api, v, &e);
     if (rc == MD_EREDIS)
         return redis_failed(s, c, &e);
     if (rc)

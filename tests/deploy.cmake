@@ -37,3 +37,9 @@ add_test(NAME deploy_container_packages
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/deploy_container_packages.py)
 set_tests_properties(deploy_container_packages PROPERTIES LABELS unit TIMEOUT 60
                      ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
+# deploy_drain: a dashboard drain exits 10 (final for the systemd unit), a restarted worker
+# holds (not ready) until undrained; the --devices supervisor likewise (~15 s).
+add_test(NAME deploy_drain
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/deploy_drain.py)
+set_tests_properties(deploy_drain PROPERTIES LABELS integration TIMEOUT 90
+                     ENVIRONMENT "${MEDLEY_DEPLOY_TEST_ENV}")

@@ -90,7 +90,7 @@ void sv_config_default(sv_config *c) {
 
 #define LINE_MAX_BYTES 8192
 
-enum { K_RUNNING, K_WAITING, K_DONE, K_GAVE_UP, K_BAD };
+enum { K_RUNNING, K_WAITING, K_DONE, K_GAVE_UP, K_BAD, K_DRAINED };
 
 typedef struct {
     int state;
@@ -347,6 +347,11 @@ int sv_run(const sv_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
                 md_log(clean ? MD_LOG_INFO : MD_LOG_ERROR, "supervise",
                        "%s (%s) stopped: %s after %.1f s", c->name, c->what, k->ended,
                        ran_ms / 1000.0);
+            } else if (cfg->drained_code && WIFEXITED(status) &&
+                       WEXITSTATUS(status) == cfg->drained_code) {
+                k->state = K_DRAINED;
+                MD_INFO("supervise", "%s (%s) was drained by an operator: not restarting it",
+                        c->name, c->what);
             } else if (clean) {
                 k->state = K_DONE;
                 MD_WARN("supervise",
@@ -364,7 +369,9 @@ int sv_run(const sv_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
 
     char bad[512] = "";
     size_t used = 0;
-    int n_bad = 0;
+    int n_bad = 0, n_drained = 0;
+    for (int i = 0; i < cfg->n; i++)
+        n_drained += ks[i].state == K_DRAINED;
     for (int i = 0; i < cfg->n; i++) {
         if (ks[i].state != K_GAVE_UP && ks[i].state != K_BAD)
             continue;
@@ -378,5 +385,5 @@ int sv_run(const sv_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     free(ks);
     if (n_bad)
         return md_errf(e, MD_EIO, "%d of %d worker(s) did not end cleanly: %s", n_bad, cfg->n, bad);
-    return 0;
+    return n_drained == cfg->n ? SV_DRAINED : 0;
 }

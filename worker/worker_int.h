@@ -211,6 +211,10 @@ typedef struct {
     long long tokens_at_hb;
     int device_failed; /* a runner's device failed: hand back, stop, exit with dev_err */
     int drain_asked;   /* field `drain` of P worker:{W} is set: stop as on SIGTERM */
+    /* P drain:{W} (an operator's drain, which outlives the process) existed at the first
+     * heartbeat: read nothing and report "drained" until it is deleted. -1: not looked yet. */
+    int drain_hold;
+    char drain_key[Q_KEY_MAX];
     long n_handed_back;
     md_err dev_err;
 
