@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/metrics_http.h"
 #include "common/redis.h"
 #include "dashboard/api.h"
 #include "dashboard/assets.h"
@@ -227,14 +228,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     return send_body(c, MHD_HTTP_NOT_FOUND, "text/plain; charset=utf-8", "not found\n", 10, 0);
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap) {
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    size_t n = strlen(msg);
-    while (n && msg[n - 1] == '\n')
-        msg[--n] = 0;
-    MD_WARN(LOGC, "http: %s", msg);
-}
+/* libmicrohttpd's log, rate-limited (a connection flood logs each refusal otherwise). */
+static md_http_log_state g_http_log = {.component = LOGC, .mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* "HOST:PORT" or "[V6]:PORT" into an address (getaddrinfo: names resolve too). */
 static int parse_listen(const char *listen, struct sockaddr_storage *ss, socklen_t *len,
@@ -293,11 +288,12 @@ int dash_serve(const dash_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    struct MHD_Daemon *d =
-        MHD_start_daemon(flags, 0, NULL, NULL, handle, &s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-                         NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                         MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
-                         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_END);
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, 0, NULL, NULL, handle, &s, MHD_OPTION_EXTERNAL_LOGGER, md_http_log, &g_http_log,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
+        MD_HTTP_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT, MD_HTTP_PER_IP,
+        MHD_OPTION_CONNECTION_TIMEOUT, MD_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)64 * 1024, MHD_OPTION_END);
     if (!d) {
         dash_api_free(s.api);
         return md_errf(e, MD_EIO, "cannot listen on %s (address in use or not local?)",

@@ -189,8 +189,10 @@ static void periodic(wk *w, int stopping) {
         wk_shard_tick(w);
     if (!w->broken && now - w->last_hb > (uint64_t)w->cfg->heartbeat_ms * 1000000ull) {
         if (wk_heartbeat(w, stopping ? "draining" : "running", (double)(now - w->last_hb) / 1e9) ==
-            0)
+            0) {
             wk_roles_refresh(w); /* the stage keys' TTL goes with the heartbeat's */
+            wk_metrics_heartbeat(w);
+        }
         w->last_hb = now;
     }
     uint64_t claim_every = vis / 2 < 5000000000ull ? vis / 2 : 5000000000ull;
