@@ -131,10 +131,17 @@ static enum MHD_Result redis_failed(server *s, struct MHD_Connection *c, const m
 static enum MHD_Result get_api(server *s, struct MHD_Connection *c, const char *what) {
     if (!strcmp(what, "config")) {
         return send_json(c, MHD_HTTP_OK,
-                         json_pack("{s:b, s:i, s:i, s:s, s:s}", "actions",
-                                   s->cfg->admin_token != NULL, "refresh_ms", s->cfg->refresh_ms,
+                         json_pack("{s:b, s:b, s:i, s:i, s:s, s:s}", "actions",
+                                   s->cfg->admin_token != NULL, "read_token",
+                                   s->cfg->read_token != NULL, "refresh_ms", s->cfg->refresh_ms,
                                    "heartbeat_ms", s->cfg->heartbeat_ms, "prefix", s->cfg->prefix,
                                    "redis", s->redis_desc));
+    }
+    if (s->cfg->read_token) {
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+        if (!dash_token_ok(s->cfg->read_token, auth) && !dash_token_ok(s->cfg->admin_token, auth))
+            return send_error(c, MHD_HTTP_UNAUTHORIZED,
+                              "reading needs the read token (Authorization: Bearer <token>)");
     }
     int limit = 0;
     if (!strcmp(what, "batches") || !strcmp(what, "dlq")) {
@@ -284,6 +291,7 @@ int dash_serve(const dash_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
         md_redis_close(r);
         return md_errf(e, MD_ENOMEM, "out of memory");
     }
+    dash_api_show_dlq_lines(s.api, cfg->dlq_lines);
     md_redis_url_describe(&u, s.redis_desc, sizeof s.redis_desc);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6)
