@@ -205,7 +205,11 @@
       const beat = el("td", { class: "c-heartbeat" }, fmtAge(w.age_ms));
       if (w.heartbeat_error) beat.append(el("div", { class: "small" }, w.heartbeat_error));
       const act = el("td", { class: "c-actions" });
-      if (state.config && state.config.actions && !w.drain && w.state !== "draining") {
+      if (state.config && state.config.actions && w.state === "drained") {
+        // held after a drain (a restarted pod or unit): undrain lets it serve again
+        act.append(actionButton("undrain:" + w.id, "undrain",
+          "/api/undrain?worker=" + encodeURIComponent(w.id)));
+      } else if (state.config && state.config.actions && !w.drain && w.state !== "draining") {
         act.append(actionButton("drain:" + w.id, "drain",
           "/api/drain?worker=" + encodeURIComponent(w.id)));
       }

@@ -10,7 +10,8 @@ real `medley submit`:
 3. --read-token-file: /api documents answer 401 without the token; the page asks for it and
    shows the batches once it is typed; /api/config stays open.
 4. The DLQ hides prompt bodies by default (no line_head; the page says "hidden"), and shows
-   them with --dlq-lines."""
+   them with --dlq-lines.
+5. A worker held after a drain (state drained) gets an "undrain" button; clicked, it serves."""
 import json
 import os
 import time
@@ -132,6 +133,25 @@ def main():
         if SECRET not in shown.get("/api/dlq")["queues"][0]["entries"][0].get("line_head", ""):
             fail("--dlq-lines must show the start of the line")
         print("ok: DLQ prompt hidden by default, shown with --dlq-lines")
+
+        # 5. undrain through the page: a worker started while its drain key exists holds
+        r.set("medley:drain:{held-w}", "1")
+        w = Worker(srv, args=["--id", "held-w", "--heartbeat-ms", "300"], name="held")
+        try:
+            wait_for("the undrain button", lambda: d.execute_script(
+                "return document.querySelector('[data-action=\"undrain:held-w\"]') !== null"),
+                timeout=15)
+            for _ in range(2):
+                d.execute_script(
+                    "document.querySelector('[data-action=\"undrain:held-w\"]').click()")
+                time.sleep(0.05)
+            wait_for("held-w serving", lambda: r.hget("medley:worker:{held-w}", "state")
+                     == "running", timeout=10)
+            if r.exists("medley:drain:{held-w}"):
+                fail("undrain through the page must delete the drain key")
+        finally:
+            w.stop()
+        print("ok: a held worker undrained through the page serves again")
 
         # 3. the read token
         rf = os.path.join(srv.dir, "read")
