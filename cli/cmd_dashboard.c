@@ -40,11 +40,16 @@ static void usage(FILE *f) {
             "  --admin-token-file F   enable actions for requests carrying the token in F\n"
             "                         (\"Authorization: Bearer <token>\"; at least %d bytes);\n"
             "                         or the token itself in $MEDLEY_DASHBOARD_TOKEN\n"
+            "  --read-token-file F    reading (every /api document) needs the token in F or\n"
+            "                         the admin token (at least %d bytes); or the token\n"
+            "                         itself in $MEDLEY_DASHBOARD_READ_TOKEN. Default: none\n"
+            "  --dlq-lines            show the start of dead-lettered lines (their prompts);\n"
+            "                         default: their length only\n"
             "  --refresh-ms MS        how often the page updates (default 1000)\n"
             "  --heartbeat-ms MS      the workers' --heartbeat-ms; a worker whose last heartbeat\n"
             "                         is older than 3 of them is marked stale (default 5000)\n"
             "  --limit N              batches listed, newest first (default 50, at most 500)\n",
-            DASH_TOKEN_MIN);
+            DASH_TOKEN_MIN, DASH_TOKEN_MIN);
 }
 
 /* A flag's integer value in [lo, hi], or -1 after saying what is wrong. */
@@ -65,7 +70,7 @@ int cmd_dashboard(int argc, char **argv) {
                        .heartbeat_ms = 5000,
                        .batches_limit = 50,
                        .on_listen = on_listen};
-    const char *token_file = NULL;
+    const char *token_file = NULL, *read_file = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -73,6 +78,10 @@ int cmd_dashboard(int argc, char **argv) {
             return 0;
         }
         long x = 0;
+        if (!strcmp(a, "--dlq-lines")) {
+            cfg.dlq_lines = 1;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "medley dashboard: %s: unknown option or missing value (see --help)\n",
                     a);
@@ -86,6 +95,8 @@ int cmd_dashboard(int argc, char **argv) {
             cfg.prefix = v;
         else if (!strcmp(a, "--admin-token-file"))
             token_file = v;
+        else if (!strcmp(a, "--read-token-file"))
+            read_file = v;
         else if (!strcmp(a, "--refresh-ms") && (x = int_flag(a, v, 100, 3600000)) > 0)
             cfg.refresh_ms = (int)x;
         else if (!strcmp(a, "--heartbeat-ms") && (x = int_flag(a, v, 100, 3600000)) > 0)
@@ -117,6 +128,24 @@ int cmd_dashboard(int argc, char **argv) {
         }
         snprintf(token, sizeof token, "%s", env);
         cfg.admin_token = token;
+    }
+    static char read_token[512];
+    const char *renv = getenv("MEDLEY_DASHBOARD_READ_TOKEN");
+    if (read_file) {
+        if (dash_token_read(read_file, read_token, sizeof read_token, &e)) {
+            fprintf(stderr, "medley dashboard: --read-token-file: %s\n", e.msg);
+            return 2;
+        }
+        cfg.read_token = read_token;
+    } else if (renv && *renv) {
+        if (strlen(renv) < DASH_TOKEN_MIN || strlen(renv) >= sizeof read_token) {
+            fprintf(stderr,
+                    "medley dashboard: $MEDLEY_DASHBOARD_READ_TOKEN must hold %d..%zu bytes\n",
+                    DASH_TOKEN_MIN, sizeof read_token - 1);
+            return 2;
+        }
+        snprintf(read_token, sizeof read_token, "%s", renv);
+        cfg.read_token = read_token;
     }
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;

@@ -61,8 +61,11 @@ static void usage(FILE *f) {
 static int not_ready(const char *state, const char *json, char *why, size_t whysz) {
     if (!state || strcmp(state, "running")) {
         snprintf(why, whysz, "state is %s, not running%s", state ? state : "(none)",
-                 state && !strcmp(state, "draining") ? " (stopping: SIGTERM, finishing its work)"
-                                                     : "");
+                 !state                       ? ""
+                 : !strcmp(state, "draining") ? " (stopping: SIGTERM, finishing its work)"
+                 : !strcmp(state, "drained")
+                     ? " (drained by an operator: undrain with the dashboard or DEL its drain key)"
+                     : "");
         return 1;
     }
     json_error_t je;

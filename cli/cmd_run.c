@@ -319,7 +319,9 @@ static int follow_batch(md_redis *r, const run_opts *o, const char *batch, const
             break;
         if (__atomic_load_n(&wt->done, __ATOMIC_ACQUIRE)) {
             fprintf(stderr, "%smedley run: the worker stopped: %s\n", tty ? "\n" : "",
-                    wt->rc ? wt->e.msg : "(no error)");
+                    wt->rc == WK_DRAINED ? "drained by an operator (medley dashboard)"
+                    : wt->rc             ? wt->e.msg
+                                         : "(no error)");
             return -1;
         }
         if (g_interrupted) {

@@ -16,6 +16,7 @@
 #include "common/util.h"
 #include "engine/shard/stage_auth.h"
 #include "kernels/backend.h"
+#include "scheduler/sched.h"
 #include "worker/supervise.h"
 #include "worker/worker.h"
 
@@ -110,7 +111,8 @@ static void usage(FILE *f) {
             "                         leases are kept alive while a model loads\n"
             "  --max-line-bytes N     largest input line accepted (default 1048576)\n"
             "  --usd-per-hour X       cost of this worker's devices, for each line's cost share\n"
-            "                         (with --devices, split evenly between the children)\n"
+            "                         (with --devices, split evenly between the children;\n"
+            "                         default: the GPU catalog's price of --device-type)\n"
             "  --connect-timeout-ms MS, --command-timeout-ms MS   Redis timeouts (2000, 10000)\n"
             "  --metrics ADDR:PORT    serve Prometheus metrics at http://ADDR:PORT/metrics\n"
             "                         (docs/operations.md, Metrics; port 0: a free one; with\n"
@@ -144,7 +146,7 @@ static int child_metrics(const char *addr, int i, char *out, size_t cap) {
 
 /* `--devices` with n > 1 entries (in g_devs): check every device, then run n children, each
  * this command's argv without the flags marked in skip (--devices, --id, --usd-per-hour,
- * --metrics) plus --device Di --id <id>.i [--usd-per-hour X/n] [--metrics HOST:PORT+i].
+ * --metrics) plus --device Di --id <id>.i --usd-per-hour X/n [--metrics HOST:PORT+i].
  * Returns the exit status. */
 static int run_devices(int argc, char **argv, const unsigned char *skip, const wk_config *cfg,
                        int n, int log_json) {
@@ -193,10 +195,8 @@ static int run_devices(int argc, char **argv, const unsigned char *skip, const w
         a[k++] = g_devs[i];
         a[k++] = "--id";
         a[k++] = names[i];
-        if (cfg->usd_per_hour > 0) {
-            a[k++] = "--usd-per-hour";
-            a[k++] = usd;
-        }
+        a[k++] = "--usd-per-hour"; /* always: without it a child prices from the catalog */
+        a[k++] = usd;
         if (cfg->metrics_addr) {
             if (child_metrics(cfg->metrics_addr, i, g_metrics[i], sizeof g_metrics[i])) {
                 MD_ERROR("worker", "--metrics %s: want HOST:PORT with PORT + %d <= 65535",
@@ -215,6 +215,7 @@ static int run_devices(int argc, char **argv, const unsigned char *skip, const w
     sc.children = kids;
     sc.n = n;
     sc.json = log_json;
+    sc.drained_code = WK_EXIT_DRAINED;
     if (access(sc.exe, X_OK)) {
         MD_ERROR("worker", "--devices: cannot run %s to start the per-device workers", sc.exe);
         free(av);
@@ -229,6 +230,10 @@ static int run_devices(int argc, char **argv, const unsigned char *skip, const w
             list);
     int rc = sv_run(&sc, &g_stop, &e);
     free(av);
+    if (rc == SV_DRAINED) {
+        MD_INFO("worker", "every per-device worker was drained: exit %d", WK_EXIT_DRAINED);
+        return WK_EXIT_DRAINED;
+    }
     if (rc) {
         MD_ERROR("worker", "%s", e.msg);
         return 1;
@@ -241,6 +246,7 @@ static int run_devices(int argc, char **argv, const unsigned char *skip, const w
 typedef struct {
     int log_json;                 /* JSON-line logs (no --log-text) */
     const char *device, *devices; /* --device, --devices as given */
+    int usd_given;                /* --usd-per-hour was given (0 included) */
 } worker_flags;
 
 /* An integer flag (--max-seqs, --visibility-ms, ...) with its value v into cfg. Returns 0, 1
@@ -390,6 +396,7 @@ static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cf
                 fprintf(stderr, "medley worker: --usd-per-hour needs a number >= 0\n");
                 return 2;
             }
+            fl->usd_given = 1;
             skip[i] = skip[i + 1] = 1;
         } else {
             int rc = int_flag(cfg, a, v);
@@ -418,6 +425,36 @@ static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cf
         return 2;
     }
     return -1;
+}
+
+/* Without --usd-per-hour, the price of n devices of --device-type from the GPU catalog
+ * (scheduler/catalog/gpus.json, or $MEDLEY_SCHED_CATALOG): so a fleet whose manifests name
+ * only device types still reports its cost (docs/operations.md, "Metrics"). A type the
+ * catalog does not know leaves 0, said once. */
+static void default_price(wk_config *cfg, const worker_flags *fl, int n) {
+    if (fl->usd_given || !cfg->device_type)
+        return;
+    sched_catalog cat = {0};
+    md_err e = {0};
+    if (sched_catalog_load(&cat, NULL, &e)) {
+        MD_WARN("worker", "no --usd-per-hour and the GPU catalog does not load (%s): cost 0",
+                e.msg);
+        return;
+    }
+    int t = sched_catalog_find(&cat, cfg->device_type);
+    if (t < 0) {
+        MD_WARN("worker",
+                "no --usd-per-hour and the GPU catalog has no type '%s': cost 0 (give "
+                "--usd-per-hour)",
+                cfg->device_type);
+    } else {
+        cfg->usd_per_hour = cat.gpus[t].usd_per_hour * n;
+        MD_INFO("worker",
+                "no --usd-per-hour: %.4g USD/h, the catalog's price of %s x %d device(s) "
+                "(--usd-per-hour overrides it)",
+                cfg->usd_per_hour, cat.gpus[t].name, n);
+    }
+    sched_catalog_free(&cat);
 }
 
 /* The device, before any Redis work: "auto" (the default) picks cuda:0 or cpu and says
@@ -459,6 +496,7 @@ static int worker_main(int argc, char **argv, unsigned char *skip) {
             fprintf(stderr, "medley worker: %s\n", se.msg);
             return 2;
         }
+        default_price(&cfg, &fl, n);
         if (n > 1)
             return run_devices(argc, argv, skip, &cfg, n, fl.log_json);
         fl.device = g_devs[0];
@@ -466,11 +504,16 @@ static int worker_main(int argc, char **argv, unsigned char *skip) {
     cfg.runner.device = fl.device;
     if (cfg.n_models == 0)
         cfg.follow_plan = 1;
+    if (!fl.devices)
+        default_price(&cfg, &fl, 1);
     if (resolve_device(&cfg))
         return 1;
     on_stop_signals();
     md_err e = {0};
-    if (wk_run(&cfg, &g_stop, &e)) {
+    rc = wk_run(&cfg, &g_stop, &e);
+    if (rc == WK_DRAINED)
+        return WK_EXIT_DRAINED; /* final: the unit does not restart it */
+    if (rc) {
         MD_ERROR("worker", "%s", e.msg);
         return 1;
     }

@@ -44,9 +44,15 @@ struct md_metric {
     _Atomic uint64_t *buckets; /* (max_series * (n_bounds + 1)) histograms */
 };
 
+#define HOOKS_MAX 4
+
 struct md_metrics {
     pthread_mutex_t mu; /* held to add a family or a series, and while rendering */
     md_metric *first, *last;
+    md_render_hook hooks[HOOKS_MAX]; /* run by md_metrics_render before it locks */
+    void *hook_args[HOOKS_MAX];
+    void (*hook_free[HOOKS_MAX])(void *); /* md_metrics_free frees hook_args with it */
+    int n_hooks;
 };
 
 md_metrics *md_metrics_new(void) {
@@ -67,6 +73,9 @@ void md_metrics_free(md_metrics *reg) {
         free(m->buckets);
         free(m);
     }
+    for (int h = 0; h < reg->n_hooks; h++)
+        if (reg->hook_free[h])
+            reg->hook_free[h](reg->hook_args[h]);
     pthread_mutex_destroy(&reg->mu);
     free(reg);
 }
@@ -279,6 +288,17 @@ md_series *md_metric_at(md_metric *m, const char *const *values) {
             memcpy(s->values + (size_t)k * MD_METRIC_VALUE_MAX, vals[k], MD_METRIC_VALUE_MAX);
         atomic_store_explicit(&m->n_series, n + 1, memory_order_release);
         i = n;
+    } else if (i < 0 && m->type == T_GAUGE) {
+        /* full: a hidden gauge is not rendered, so its room can hold the new label set */
+        for (int h = 0; h < n && i < 0; h++) {
+            md_series *s = &m->series[h];
+            if (atomic_load_explicit(&s->visible, memory_order_relaxed))
+                continue;
+            for (int k = 0; k < m->n_labels; k++)
+                memcpy(s->values + (size_t)k * MD_METRIC_VALUE_MAX, vals[k], MD_METRIC_VALUE_MAX);
+            atomic_store_explicit(&s->value, 0, memory_order_relaxed);
+            i = h;
+        }
     }
     pthread_mutex_unlock(&m->reg->mu);
     return i >= 0 ? &m->series[i] : NULL;
@@ -467,7 +487,19 @@ static void render_series(buf *b, md_series *s) {
     puts_(b, v);
 }
 
+int md_metrics_on_render(md_metrics *reg, md_render_hook fn, void *arg, void (*free_arg)(void *)) {
+    if (!reg || !fn || reg->n_hooks >= HOOKS_MAX)
+        return -1;
+    reg->hooks[reg->n_hooks] = fn;
+    reg->hook_args[reg->n_hooks] = arg;
+    reg->hook_free[reg->n_hooks] = free_arg;
+    reg->n_hooks++;
+    return 0;
+}
+
 char *md_metrics_render(md_metrics *reg, size_t *len) {
+    for (int h = 0; h < reg->n_hooks; h++)
+        reg->hooks[h](reg->hook_args[h]);
     buf b = {0};
     puts_(&b, ""); /* an empty registry renders as "" */
     pthread_mutex_lock(&reg->mu);

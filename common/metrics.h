@@ -47,7 +47,10 @@ md_metric *md_metrics_histogram(md_metrics *reg, const char *name, const char *h
 
 /* The series of family m with these label values (n_labels of them), created at 0 the first
  * time. NULL when m is NULL or its max_series are taken (the update functions take NULL and
- * do nothing, so a full family loses new series, never crashes). */
+ * do nothing, so a full family loses new series, never crashes) — except that a full gauge
+ * family reuses the room of a hidden series (md_series_hide) for a new label set, so gauges
+ * of passing things (batches) stay bounded. A family whose series are hidden and reused is
+ * updated from one thread. */
 md_series *md_metric_at(md_metric *m, const char *const *values);
 md_series *md_metric_at0(md_metric *m); /* a family without labels */
 md_series *md_metric_at1(md_metric *m, const char *v0);
@@ -60,6 +63,14 @@ void md_histogram_observe(md_series *s, double x);
 /* A gauge series stops being rendered (a stream no longer read) until the next set. */
 void md_series_hide(md_series *s);
 double md_series_value(const md_series *s); /* counter or gauge value; histogram: the sum */
+
+/* A function md_metrics_render runs first, on the rendering thread (the HTTP server's), to
+ * set gauges whose value is read at scrape time (process figures, the age of the owner's
+ * last heartbeat): what answers while the owner's own loop may hang. Up to 4 per registry,
+ * added before the registry is served. free_arg (may be NULL) frees arg in md_metrics_free.
+ * Returns 0, or -1 when full (arg is then still the caller's). */
+typedef void (*md_render_hook)(void *arg);
+int md_metrics_on_render(md_metrics *reg, md_render_hook fn, void *arg, void (*free_arg)(void *));
 
 /* The registry as text (families in registration order); *len its length. NULL when out
  * of memory. The caller frees it. */

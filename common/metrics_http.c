@@ -15,12 +15,15 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/metrics_process.h"
+#include "common/util.h"
 
 struct md_metrics_http {
     struct MHD_Daemon *d;
     md_metrics *reg;
     int fd;
     int port;
+    md_http_log_state log;
 };
 
 static const char CONTENT_TYPE[] = "text/plain; version=0.0.4; charset=utf-8";
@@ -65,12 +68,29 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return ok;
 }
 
-static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
-    (void)cls;
+#define LOG_EVERY_NS 10000000000ull
+
+void md_http_log(void *cls, const char *fmt, va_list ap) {
+    md_http_log_state *st = cls;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     msg[strcspn(msg, "\n")] = '\0';
-    MD_WARN("metrics", "HTTP server: %s", msg);
+    uint64_t now = md_mono_ns();
+    pthread_mutex_lock(&st->mu);
+    long left = -1;
+    if (!st->last_ns || now - st->last_ns >= LOG_EVERY_NS) {
+        left = st->left_out;
+        st->left_out = 0;
+        st->last_ns = now;
+    } else {
+        st->left_out++;
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (left == 0)
+        MD_WARN(st->component, "HTTP server: %s", msg);
+    else if (left > 0)
+        MD_WARN(st->component, "HTTP server: %s (and %ld more such messages in the last %.0f s)",
+                msg, left, LOG_EVERY_NS / 1e9);
 }
 
 /* "HOST:PORT" or "[V6]:PORT" into host and port. */
@@ -167,13 +187,24 @@ int md_metrics_http_start(const char *addr, md_metrics *reg, md_metrics_http **o
         h->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                  : ((struct sockaddr_in *)&ss)->sin_port);
     h->reg = reg;
+    h->log.component = "metrics";
+    pthread_mutex_init(&h->log.mu, NULL);
+    rc = md_metrics_process_add(reg, e);
+    if (rc) {
+        close(h->fd);
+        pthread_mutex_destroy(&h->log.mu);
+        free(h);
+        return rc;
+    }
     h->d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0), 0, NULL,
-        NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, h->fd, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)32, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_EXTERNAL_LOGGER,
-        on_mhd_log, NULL, MHD_OPTION_END);
+        MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0), 0, NULL, NULL,
+        on_request, h, MHD_OPTION_LISTEN_SOCKET, h->fd, MHD_OPTION_CONNECTION_LIMIT,
+        MD_HTTP_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT, MD_HTTP_PER_IP,
+        MHD_OPTION_CONNECTION_TIMEOUT, MD_HTTP_TIMEOUT_S, MHD_OPTION_EXTERNAL_LOGGER, md_http_log,
+        &h->log, MHD_OPTION_END);
     if (!h->d) {
         close(h->fd);
+        pthread_mutex_destroy(&h->log.mu);
         free(h);
         return md_errf(e, MD_EIO,
                        "metrics address %s: the HTTP server (libmicrohttpd) did not start", addr);
@@ -191,5 +222,6 @@ void md_metrics_http_stop(md_metrics_http *h) {
         return;
     MHD_stop_daemon(h->d); /* leaves the listening socket it was given open */
     close(h->fd);
+    pthread_mutex_destroy(&h->log.mu);
     free(h);
 }

@@ -308,6 +308,7 @@ json_t *dash_api_batches(dash_api *a, int limit, md_err *e) {
     json_object_set_new(out, "batches", list);
     int budget = dash_api_scan_budget;
     a->sweep++;
+    json_t *served = NULL; /* read at the first batch not finished */
     for (size_t i = 0; ids->type == REDIS_REPLY_ARRAY && i < ids->elements; i++) {
         const redisReply *id = ids->element[i];
         if (id->type != REDIS_REPLY_STRING || id->len >= sizeof a->tally[0].id)
@@ -332,6 +333,11 @@ json_t *dash_api_batches(dash_api *a, int limit, md_err *e) {
             }
         }
         int terminal = q_status_terminal(b.status);
+        if (!terminal && !served && !(served = dash_served_models(a, e))) {
+            json_decref(out);
+            freeReplyObject(ids);
+            return NULL;
+        }
         double since_s = 0;
         if (b.started_at > 0)
             since_s = (double)((b.finished_at > 0 ? b.finished_at : now) - b.started_at) / 1000.0;
@@ -366,9 +372,12 @@ json_t *dash_api_batches(dash_api *a, int limit, md_err *e) {
                                             : 0));
         json_object_set_new(j, "failures", t ? json_deep_copy(t->failures) : json_object());
         json_object_set_new(j, "cost_partial", json_boolean(!t || t->more));
+        json_object_set_new(j, "unserved",
+                            json_boolean(!terminal && !json_object_get(served, b.model)));
         json_array_append_new(list, j);
     }
     freeReplyObject(ids);
+    json_decref(served);
     tally_sweep(a);
     return out;
 }
@@ -378,7 +387,7 @@ json_t *dash_api_batches(dash_api *a, int limit, md_err *e) {
 #define LINE_HEAD 240
 
 /* One DLQ entry (fields id batch line reason worker stream) as a document. */
-static json_t *dlq_entry(const redisReply *ent) {
+static json_t *dlq_entry(const redisReply *ent, int show_line) {
     const char *eid = ent->element[0]->str;
     const redisReply *f = ent->element[1];
     json_t *j = json_object();
@@ -394,8 +403,9 @@ static json_t *dlq_entry(const redisReply *ent) {
             continue;
         if (!strcmp(k->str, "line")) {
             json_object_set_new(j, "line_bytes", json_integer((json_int_t)v->len));
-            json_object_set_new(j, "line_head",
-                                dash_json_str(v->str, v->len < LINE_HEAD ? v->len : LINE_HEAD));
+            if (show_line)
+                json_object_set_new(j, "line_head",
+                                    dash_json_str(v->str, v->len < LINE_HEAD ? v->len : LINE_HEAD));
             json_t *doc = json_loadb(v->str, v->len, 0, NULL);
             const char *cid = json_string_value(json_object_get(doc, "custom_id"));
             char buf[Q_CUSTOM_ID_MAX];
@@ -460,7 +470,7 @@ json_t *dash_api_dlq(dash_api *a, int limit, md_err *e) {
             if (ent->type == REDIS_REPLY_ARRAY && ent->elements == 2 &&
                 ent->element[0]->type == REDIS_REPLY_STRING &&
                 ent->element[1]->type == REDIS_REPLY_ARRAY)
-                json_array_append_new(ents, dlq_entry(ent));
+                json_array_append_new(ents, dlq_entry(ent, a->dlq_lines));
         }
         json_object_set_new(q, "entries", ents);
         json_array_append_new(queues, q);
@@ -473,25 +483,64 @@ json_t *dash_api_dlq(dash_api *a, int limit, md_err *e) {
 
 /* ---- actions ------------------------------------------------------------------------------ */
 
+void dash_api_show_dlq_lines(dash_api *a, int on) {
+    a->dlq_lines = on;
+}
+
 int dash_api_cancel(dash_api *a, const char *batch, char *status_out, size_t status_sz, md_err *e) {
-    return q_batch_cancel(a->r, a->prefix, batch, status_out, status_sz, e);
+    int rc = q_batch_cancel(a->r, a->prefix, batch, status_out, status_sz, e);
+    if (rc || strcmp(status_out, "cancelling"))
+        return rc;
+    q_batch_info b;
+    json_t *served = NULL;
+    if ((rc = q_batch_get(a->r, a->prefix, batch, &b, e)) || !(served = dash_served_models(a, e)))
+        return rc ? rc : MD_EREDIS;
+    int nobody = !json_object_get(served, b.model);
+    json_decref(served);
+    long long n = 0;
+    if (!nobody || (rc = dash_cancel_unserved(a, batch, b.model, &n, e)))
+        return rc;
+    if ((rc = q_batch_get(a->r, a->prefix, batch, &b, e)))
+        return rc;
+    snprintf(status_out, status_sz, "%s", b.status);
+    return 0;
 }
 
 /* Only while the heartbeat key exists: a drain of a worker that is gone would otherwise
- * create a hash without a TTL that looks like a worker. */
+ * create a hash without a TTL that looks like a worker. KEYS[2], P drain:{W}, outlives the
+ * process: a worker started again under the same id holds (reads nothing, not ready) until
+ * it is deleted (dash_api_undrain; docs/protocol.md §6). */
 static const char drain_lua[] =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end\n"
     "redis.call('HSET', KEYS[1], 'drain', ARGV[1], 'state', 'draining')\n"
+    "redis.call('SET', KEYS[2], ARGV[1])\n"
     "return 1\n";
 
+/* P drain:{W}: the hash tag keeps it in the worker's Cluster slot. */
+static void drain_key(char *out, const char *prefix, const char *worker) {
+    snprintf(out, Q_KEY_MAX, "%sdrain:{%s}", prefix, worker);
+}
+
 int dash_api_drain(dash_api *a, const char *worker, md_err *e) {
-    char key[Q_KEY_MAX], now[32];
+    char key[Q_KEY_MAX], dkey[Q_KEY_MAX], now[32];
     q_key_worker(key, a->prefix, worker);
+    drain_key(dkey, a->prefix, worker);
     snprintf(now, sizeof now, "%lld", (long long)md_wall_ms());
-    redisReply *r = md_redis_cmd(a->r, e, "EVAL %s 1 %s %s", drain_lua, key, now);
+    redisReply *r = md_redis_cmd(a->r, e, "EVAL %s 2 %s %s %s", drain_lua, key, dkey, now);
     int rc = dash_reply_error(r, "asking the worker to drain", e);
     if (!rc && (r->type != REDIS_REPLY_INTEGER || r->integer != 1))
         rc = md_errf(e, MD_ENOTFOUND, "no worker %s (no key %s)", worker, key);
+    freeReplyObject(r);
+    return rc;
+}
+
+int dash_api_undrain(dash_api *a, const char *worker, md_err *e) {
+    char dkey[Q_KEY_MAX];
+    drain_key(dkey, a->prefix, worker);
+    redisReply *r = md_redis_cmd(a->r, e, "DEL %s", dkey);
+    int rc = dash_reply_error(r, "undraining the worker", e);
+    if (!rc && (r->type != REDIS_REPLY_INTEGER || r->integer != 1))
+        rc = md_errf(e, MD_ENOTFOUND, "worker %s is not drained (no key %s)", worker, dkey);
     freeReplyObject(r);
     return rc;
 }

@@ -41,7 +41,8 @@ md_redis *dash_api_redis(dash_api *a);
  * eta_s (null when unknown or finished), cost_usd, completion_tokens, usd_per_mtok (null
  * without tokens), failures ({error code: count}), cost_partial (true while P {B}:out has
  * entries not summed yet: at most `dash_api_scan_budget` entries are read per call, the
- * rest on the next calls). */
+ * rest on the next calls), unserved (not finished and no live running worker lists its
+ * model: it waits for one). */
 json_t *dash_api_batches(dash_api *a, int limit, md_err *e);
 /* {"now_ms", "heartbeat_ms", "workers": [...]}, sorted by id. Each: id (W), key, state,
  * drain (a drain was asked), last_seen, age_ms, stale, plan_version, replicas ([R...]),
@@ -53,15 +54,23 @@ json_t *dash_api_fleet(dash_api *a, md_err *e);
 json_t *dash_api_plan(dash_api *a, md_err *e);
 /* {"now_ms", "queues": [{"key", "model", "length", "entries": [...]}]}: the newest `limit`
  * entries of each P dlq:{M}. Each entry: entry_id time_ms id (queue entry) batch custom_id
- * reason worker stream line_bytes line_head (the first 240 bytes of the line). */
+ * reason worker stream line_bytes, and line_head (the first 240 bytes of the line: the
+ * prompt) only when dash_api_show_dlq_lines is on. */
 json_t *dash_api_dlq(dash_api *a, int limit, md_err *e);
 
 /* Cancel batch B. 0 with the resulting status in status_out; MD_ENOTFOUND for no such
- * batch, MD_EINVAL for one already finished (e says which), MD_EREDIS on a Redis failure. */
+ * batch, MD_EINVAL for one already finished (e says which), MD_EREDIS on a Redis failure.
+ * When no live worker serves its model, its queued lines are answered here at once
+ * (unserved.c), so it ends `cancelled` instead of waiting forever in `cancelling`. */
 int dash_api_cancel(dash_api *a, const char *batch, char *status_out, size_t status_sz, md_err *e);
 /* Ask worker W to drain: HSET P worker:{W} drain <now ms> state draining, only while the key
  * exists (MD_ENOTFOUND otherwise). The worker sees it at its next heartbeat. */
 int dash_api_drain(dash_api *a, const char *worker, md_err *e);
+/* Delete P drain:{W}: a worker held after a drain serves again (MD_ENOTFOUND: not drained). */
+int dash_api_undrain(dash_api *a, const char *worker, md_err *e);
+
+/* Whether /api/dlq shows the start of each line (the prompt): off unless --dlq-lines. */
+void dash_api_show_dlq_lines(dash_api *a, int on);
 
 /* Output-stream entries one dash_api_batches call reads at most, over all batches. */
 extern const int dash_api_scan_budget;

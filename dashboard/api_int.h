@@ -27,7 +27,17 @@ struct dash_api {
     tally *tally;
     int n_tally, cap_tally;
     unsigned sweep;
+    int dlq_lines; /* show the start of DLQ lines (prompts): off by default */
 };
+
+/* unserved.c: {model: true} for every model a live, running, not stale worker lists; NULL
+ * on a Redis failure. */
+json_t *dash_served_models(dash_api *a, md_err *e);
+/* Answer every queued line of batch B (streams P q:{M} and P q:{M}:<class>) with a
+ * batch_cancelled error line, as a worker would, for a cancelled batch whose model nobody
+ * serves; *answered counts them. 0 or MD_EREDIS. */
+int dash_cancel_unserved(dash_api *a, const char *batch, const char *model, long long *answered,
+                         md_err *e);
 
 /* A string or status reply as a JSON string (UTF-8 made valid); anything else: null. */
 json_t *dash_reply_str(const redisReply *r);

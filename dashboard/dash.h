@@ -2,10 +2,11 @@
  * dashboard/assets/ and the JSON of dashboard/api.h, over one Redis connection.
  *
  *   GET  /, /index.html, /app.js, /style.css      the page (compiled in)
- *   GET  /api/config                             {"actions", "refresh_ms", "heartbeat_ms",
- * "prefix", "redis"} GET  /api/batches[?limit=N], /api/fleet, /api/plan, /api/dlq[?limit=N] POST
- * /api/cancel?batch=B, /api/drain?worker=W  actions: only with an admin token, sent as
- *                                                "Authorization: Bearer <token>" (403 otherwise)
+ *   GET  /api/config: {"actions", "read_token", "refresh_ms", "heartbeat_ms", "prefix", "redis"}
+ *   GET  /api/batches[?limit=N], /api/fleet, /api/plan, /api/dlq[?limit=N]: with a read
+ *        token, only for "Authorization: Bearer <read or admin token>" (401 otherwise)
+ *   POST /api/cancel?batch=B, /api/drain?worker=W, /api/undrain?worker=W: actions, only with
+ *        an admin token, sent as "Authorization: Bearer <token>" (403 otherwise)
  *
  * The page polls the GET endpoints every refresh_ms. Every response carries a strict
  * Content-Security-Policy (scripts and styles from the server only), so even markup that got
@@ -25,9 +26,13 @@ typedef struct {
     const char *redis_url;   /* NULL: md_redis_default_url() */
     const char *prefix;      /* "medley:" */
     const char *admin_token; /* NULL: read-only (every action answers 403) */
-    int refresh_ms;          /* how often the page polls */
-    int heartbeat_ms;        /* the workers' heartbeat period (staleness: 3 of them) */
-    int batches_limit;       /* batches listed by default */
+    /* Non-NULL: every document (all of /api but config) needs "Authorization: Bearer" with this
+     * token or the admin token (401 otherwise); NULL: reading needs no token. */
+    const char *read_token;
+    int dlq_lines;     /* show the start of DLQ lines (prompts); off: their length only */
+    int refresh_ms;    /* how often the page polls */
+    int heartbeat_ms;  /* the workers' heartbeat period (staleness: 3 of them) */
+    int batches_limit; /* batches listed by default */
     /* Called once listening, with the URL ("http://127.0.0.1:8080/"); may be NULL. */
     void (*on_listen)(const char *url);
 } dash_config;

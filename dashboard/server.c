@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/metrics_http.h"
 #include "common/redis.h"
 #include "dashboard/api.h"
 #include "dashboard/assets.h"
@@ -130,10 +131,17 @@ static enum MHD_Result redis_failed(server *s, struct MHD_Connection *c, const m
 static enum MHD_Result get_api(server *s, struct MHD_Connection *c, const char *what) {
     if (!strcmp(what, "config")) {
         return send_json(c, MHD_HTTP_OK,
-                         json_pack("{s:b, s:i, s:i, s:s, s:s}", "actions",
-                                   s->cfg->admin_token != NULL, "refresh_ms", s->cfg->refresh_ms,
+                         json_pack("{s:b, s:b, s:i, s:i, s:s, s:s}", "actions",
+                                   s->cfg->admin_token != NULL, "read_token",
+                                   s->cfg->read_token != NULL, "refresh_ms", s->cfg->refresh_ms,
                                    "heartbeat_ms", s->cfg->heartbeat_ms, "prefix", s->cfg->prefix,
                                    "redis", s->redis_desc));
+    }
+    if (s->cfg->read_token) {
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+        if (!dash_token_ok(s->cfg->read_token, auth) && !dash_token_ok(s->cfg->admin_token, auth))
+            return send_error(c, MHD_HTTP_UNAUTHORIZED,
+                              "reading needs the read token (Authorization: Bearer <token>)");
     }
     int limit = 0;
     if (!strcmp(what, "batches") || !strcmp(what, "dlq")) {
@@ -159,11 +167,12 @@ static enum MHD_Result get_api(server *s, struct MHD_Connection *c, const char *
     return send_json(c, MHD_HTTP_OK, doc);
 }
 
-/* POST /api/cancel?batch=B and /api/drain?worker=W, with the admin token. */
+/* POST /api/cancel?batch=B, /api/drain?worker=W and /api/undrain?worker=W, with the admin
+ * token. */
 static enum MHD_Result post_action(server *s, struct MHD_Connection *c, const char *what) {
-    int cancel = !strcmp(what, "cancel");
-    if (!cancel && strcmp(what, "drain"))
-        return send_error(c, MHD_HTTP_NOT_FOUND, "no such action (cancel, drain)");
+    int cancel = !strcmp(what, "cancel"), undrain = !strcmp(what, "undrain");
+    if (!cancel && !undrain && strcmp(what, "drain"))
+        return send_error(c, MHD_HTTP_NOT_FOUND, "no such action (cancel, drain, undrain)");
     if (!s->cfg->admin_token)
         return send_error(c, MHD_HTTP_FORBIDDEN,
                           "actions are disabled: this dashboard was started without "
@@ -182,8 +191,11 @@ static enum MHD_Result post_action(server *s, struct MHD_Connection *c, const ch
         return send_error(c, MHD_HTTP_BAD_REQUEST, msg);
     }
     md_err e = {0};
-    char st[32] = "draining";
-    int rc = cancel ? dash_api_cancel(s->api, v, st, sizeof st, &e) : dash_api_drain(s->api, v, &e);
+    char st[32];
+    snprintf(st, sizeof st, "%s", undrain ? "undrained" : "draining");
+    int rc = cancel    ? dash_api_cancel(s->api, v, st, sizeof st, &e)
+             : undrain ? dash_api_undrain(s->api, v, &e)
+                       : dash_api_drain(s->api, v, &e);
     if (rc == MD_EREDIS)
         return redis_failed(s, c, &e);
     if (rc)
@@ -223,14 +235,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     return send_body(c, MHD_HTTP_NOT_FOUND, "text/plain; charset=utf-8", "not found\n", 10, 0);
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap) {
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    size_t n = strlen(msg);
-    while (n && msg[n - 1] == '\n')
-        msg[--n] = 0;
-    MD_WARN(LOGC, "http: %s", msg);
-}
+/* libmicrohttpd's log, rate-limited (a connection flood logs each refusal otherwise). */
+static md_http_log_state g_http_log = {.component = LOGC, .mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* "HOST:PORT" or "[V6]:PORT" into an address (getaddrinfo: names resolve too). */
 static int parse_listen(const char *listen, struct sockaddr_storage *ss, socklen_t *len,
@@ -285,15 +291,17 @@ int dash_serve(const dash_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
         md_redis_close(r);
         return md_errf(e, MD_ENOMEM, "out of memory");
     }
+    dash_api_show_dlq_lines(s.api, cfg->dlq_lines);
     md_redis_url_describe(&u, s.redis_desc, sizeof s.redis_desc);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    struct MHD_Daemon *d =
-        MHD_start_daemon(flags, 0, NULL, NULL, handle, &s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-                         NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                         MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
-                         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_END);
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, 0, NULL, NULL, handle, &s, MHD_OPTION_EXTERNAL_LOGGER, md_http_log, &g_http_log,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
+        MD_HTTP_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT, MD_HTTP_PER_IP,
+        MHD_OPTION_CONNECTION_TIMEOUT, MD_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)64 * 1024, MHD_OPTION_END);
     if (!d) {
         dash_api_free(s.api);
         return md_errf(e, MD_EIO, "cannot listen on %s (address in use or not local?)",

@@ -193,8 +193,8 @@ static void append_pools(sched_catalog *cat, const char *wid, json_t *counts, do
  * field `devices`: a JSON array of {"type": "L4", ...} objects or of type names (a type the
  * catalog does not know is looked up by the object's driver "name" and "memory_bytes",
  * sched_catalog_match_device); field
- * `state` "draining"/"stopping" removes the worker from the plan. Fills `workers` with
- * the worker ids seen (for change detection). */
+ * `state` "draining"/"stopping"/"drained" (held after an operator's drain) removes the worker
+ * from the plan. Fills `workers` with the worker ids seen (for change detection). */
 static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_catalog *cat,
                                      json_t *workers, json_t *warned, json_t *priced) {
     char pat[256];
@@ -215,7 +215,8 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
             continue;
         }
         if (r->element[1]->type == REDIS_REPLY_STRING &&
-            (!strcmp(r->element[1]->str, "draining") || !strcmp(r->element[1]->str, "stopping"))) {
+            (!strcmp(r->element[1]->str, "draining") || !strcmp(r->element[1]->str, "stopping") ||
+             !strcmp(r->element[1]->str, "drained"))) {
             freeReplyObject(r);
             continue;
         }

@@ -3,6 +3,8 @@
 # redis-server, real workers and the real binary. dashboard_browser drives Debian's chromium
 # through chromium-driver with selenium (scripts/setup.sh, scripts/requirements-test.txt);
 # it fails, not skips, where they are missing. Its screenshots go to build/artifacts/.
+# dashboard_ops (Chromium too): the plan at phone width, unserved batches and their cancel,
+# the read token, DLQ prompt bodies hidden by default (~15 s).
 medley_test(test_dashboard SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_dashboard.c
             LIBS medley_dashboard LABELS unit)
 
@@ -15,7 +17,7 @@ set(MEDLEY_DASH_TEST_ENV "MEDLEY_BIN=$<TARGET_FILE:medley>"
 if(MEDLEY_REDIS_SERVER)
   list(APPEND MEDLEY_DASH_TEST_ENV "MEDLEY_REDIS_SERVER=${MEDLEY_REDIS_SERVER}")
 endif()
-foreach(t dashboard_actions dashboard_browser)
+foreach(t dashboard_actions dashboard_browser dashboard_ops)
   add_test(NAME ${t} COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/${t}.py)
   set_tests_properties(${t} PROPERTIES LABELS integration TIMEOUT 120
                        ENVIRONMENT "${MEDLEY_DASH_TEST_ENV}")

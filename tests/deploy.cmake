@@ -30,3 +30,16 @@ set_tests_properties(deploy_health deploy_k8s deploy_systemd deploy_prometheus d
                      PROPERTIES LABELS integration TIMEOUT 120
                      ENVIRONMENT "${MEDLEY_DEPLOY_TEST_ENV}")
 set_tests_properties(deploy_container PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+# deploy_container_packages: what CI can check of the images without podman — every base image
+# pinned by digest, the build stage installs the package of every REQUIRED lookup of
+# CMakeLists.txt, the runtime stage those of every library the built medley needs (unit, ~1 s).
+add_test(NAME deploy_container_packages
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/deploy_container_packages.py)
+set_tests_properties(deploy_container_packages PROPERTIES LABELS unit TIMEOUT 60
+                     ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
+# deploy_drain: a dashboard drain exits 10 (final for the systemd unit), a restarted worker
+# holds (not ready) until undrained; the --devices supervisor likewise (~15 s).
+add_test(NAME deploy_drain
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/deploy_drain.py)
+set_tests_properties(deploy_drain PROPERTIES LABELS integration TIMEOUT 90
+                     ENVIRONMENT "${MEDLEY_DEPLOY_TEST_ENV}")

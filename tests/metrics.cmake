@@ -13,3 +13,9 @@ add_test(NAME metrics_prometheus
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/metrics_prometheus.py)
 set_tests_properties(metrics_prometheus PROPERTIES LABELS integration TIMEOUT 90
                      ENVIRONMENT "${MEDLEY_METRICS_TEST_ENV}")
+# metrics_cost_default: without --usd-per-hour a worker takes its --device-type's price from
+# the GPU catalog (what deploy/k8s relies on); the flag overrides it (~5 s).
+add_test(NAME metrics_cost_default
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/metrics_cost_default.py)
+set_tests_properties(metrics_cost_default PROPERTIES LABELS integration TIMEOUT 60
+                     ENVIRONMENT "${MEDLEY_METRICS_TEST_ENV}")

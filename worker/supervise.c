@@ -90,7 +90,7 @@ void sv_config_default(sv_config *c) {
 
 #define LINE_MAX_BYTES 8192
 
-enum { K_RUNNING, K_WAITING, K_DONE, K_GAVE_UP, K_BAD };
+enum { K_RUNNING, K_WAITING, K_DONE, K_GAVE_UP, K_BAD, K_DRAINED };
 
 typedef struct {
     int state;
@@ -262,6 +262,43 @@ static void schedule(const sv_config *cfg, const sv_child *c, kid *k, double ran
         k->backoff_ms > cfg->backoff_max_ms / 2 ? cfg->backoff_max_ms : k->backoff_ms * 2;
 }
 
+/* Child i was reaped with this wait status: its new state, said in the log; restarted
+ * later (schedule) unless it stopped on purpose, was drained, or the supervisor stops. */
+static void ended(const sv_config *cfg, kid *ks, int i, int status, int stopping) {
+    kid *k = &ks[i];
+    const sv_child *c = &cfg->children[i];
+    drain(cfg, c, k, 1);
+    k->pid = 0;
+    uint64_t t = md_mono_ns();
+    double ran_ms = (double)(t - k->started_ns) / 1e6;
+    describe(status, k->ended, sizeof k->ended);
+    int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    int drained =
+        cfg->drained_code && WIFEXITED(status) && WEXITSTATUS(status) == cfg->drained_code;
+    if (drained) {
+        k->state = K_DRAINED;
+        MD_INFO("supervise", "%s (%s) was drained by an operator: not restarting it", c->name,
+                c->what);
+    } else if (stopping) {
+        /* SIGTERM before its handler was installed (still starting) is clean too */
+        clean = clean || (WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+        k->state = clean ? K_DONE : K_BAD;
+        md_log(clean ? MD_LOG_INFO : MD_LOG_ERROR, "supervise", "%s (%s) stopped: %s after %.1f s",
+               c->name, c->what, k->ended, ran_ms / 1000.0);
+    } else if (clean) {
+        k->state = K_DONE;
+        MD_WARN("supervise",
+                "%s (%s) exited 0 by itself after %.1f s (stopped on purpose): not "
+                "restarting it",
+                c->name, c->what, ran_ms / 1000.0);
+    } else {
+        int others = 0;
+        for (int j = 0; j < cfg->n; j++)
+            others += j != i && (ks[j].state == K_RUNNING || ks[j].state == K_WAITING);
+        schedule(cfg, c, k, ran_ms, others, t);
+    }
+}
+
 int sv_run(const sv_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     if (cfg->n < 1 || cfg->n > SV_MAX_CHILDREN)
         return md_errf(e, MD_EINVAL, "supervise: %d children (1..%d)", cfg->n, SV_MAX_CHILDREN);
@@ -329,42 +366,17 @@ int sv_run(const sv_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
                 drain(cfg, &cfg->children[at[p]], &ks[at[p]], 0);
 
         for (int i = 0; i < cfg->n; i++) {
-            kid *k = &ks[i];
             int status;
-            if (k->state != K_RUNNING || waitpid(k->pid, &status, WNOHANG) != k->pid)
-                continue;
-            const sv_child *c = &cfg->children[i];
-            drain(cfg, c, k, 1);
-            k->pid = 0;
-            uint64_t t = md_mono_ns();
-            double ran_ms = (double)(t - k->started_ns) / 1e6;
-            describe(status, k->ended, sizeof k->ended);
-            int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-            if (stopping) {
-                /* SIGTERM before its handler was installed (still starting) is clean too */
-                clean = clean || (WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
-                k->state = clean ? K_DONE : K_BAD;
-                md_log(clean ? MD_LOG_INFO : MD_LOG_ERROR, "supervise",
-                       "%s (%s) stopped: %s after %.1f s", c->name, c->what, k->ended,
-                       ran_ms / 1000.0);
-            } else if (clean) {
-                k->state = K_DONE;
-                MD_WARN("supervise",
-                        "%s (%s) exited 0 by itself after %.1f s (stopped on purpose): not "
-                        "restarting it",
-                        c->name, c->what, ran_ms / 1000.0);
-            } else {
-                int others = 0;
-                for (int j = 0; j < cfg->n; j++)
-                    others += j != i && (ks[j].state == K_RUNNING || ks[j].state == K_WAITING);
-                schedule(cfg, c, k, ran_ms, others, t);
-            }
+            if (ks[i].state == K_RUNNING && waitpid(ks[i].pid, &status, WNOHANG) == ks[i].pid)
+                ended(cfg, ks, i, status, stopping);
         }
     }
 
     char bad[512] = "";
     size_t used = 0;
-    int n_bad = 0;
+    int n_bad = 0, n_drained = 0;
+    for (int i = 0; i < cfg->n; i++)
+        n_drained += ks[i].state == K_DRAINED;
     for (int i = 0; i < cfg->n; i++) {
         if (ks[i].state != K_GAVE_UP && ks[i].state != K_BAD)
             continue;
@@ -378,5 +390,5 @@ int sv_run(const sv_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     free(ks);
     if (n_bad)
         return md_errf(e, MD_EIO, "%d of %d worker(s) did not end cleanly: %s", n_bad, cfg->n, bad);
-    return 0;
+    return n_drained == cfg->n ? SV_DRAINED : 0;
 }

@@ -54,6 +54,7 @@ typedef struct {
                                            backoff_min_ms again (60000) */
     int startup_ms;           /* a child that dies sooner than this failed at startup (10000) */
     int max_startup_failures; /* consecutive startup failures before giving up on it (5) */
+    int drained_code;         /* a child's exit code after an operator's drain (0: none) */
 } sv_config;
 
 void sv_config_default(sv_config *c);
@@ -64,7 +65,10 @@ void sv_config_default(sv_config *c);
  * Children get SIGTERM if the supervisor dies (PR_SET_PDEATHSIG), so none outlives it.
  * Returns 0 when every child ended cleanly (exit 0, or killed by the SIGTERM sv_run sent on
  * stop before it could install its handler) and none was given up on; otherwise MD_EIO naming
- * the children that did not, also as soon as no child is left running or waiting to restart. */
+ * the children that did not, also as soon as no child is left running or waiting to restart.
+ * A child exiting with drained_code (an operator drained it) is not restarted either; when
+ * every child ended so, returns SV_DRAINED (positive). */
+#define SV_DRAINED 1
 int sv_run(const sv_config *cfg, volatile sig_atomic_t *stop, md_err *e);
 
 #endif

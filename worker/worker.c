@@ -189,8 +189,10 @@ static void periodic(wk *w, int stopping) {
         wk_shard_tick(w);
     if (!w->broken && now - w->last_hb > (uint64_t)w->cfg->heartbeat_ms * 1000000ull) {
         if (wk_heartbeat(w, stopping ? "draining" : "running", (double)(now - w->last_hb) / 1e9) ==
-            0)
+            0) {
             wk_roles_refresh(w); /* the stage keys' TTL goes with the heartbeat's */
+            wk_metrics_heartbeat(w);
+        }
         w->last_hb = now;
     }
     uint64_t claim_every = vis / 2 < 5000000000ull ? vis / 2 : 5000000000ull;
@@ -430,6 +432,10 @@ static void serve(wk *w) {
                 break;
             continue;
         }
+        if (w->drain_hold == 1) { /* drained by an operator: nothing until undrained */
+            usleep(50000);
+            continue;
+        }
         if (wk_write_blocked(w)) { /* Redis refuses answers: take no more work meanwhile */
             usleep(20000);
             continue;
@@ -459,7 +465,7 @@ static int finish(wk *w, md_err *e) {
                        "%s (%ld request(s) it was running handed back to other "
                        "workers)",
                        w->dev_err.msg, w->n_handed_back);
-    return 0;
+    return w->drain_asked ? WK_DRAINED : 0;
 }
 
 int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
@@ -470,6 +476,7 @@ int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     w.cfg = cfg;
     w.stop = stop;
     w.plan_applied = -1;
+    w.drain_hold = -1;
     w.plan_seen = -2;
     w.cls_seen = -2;
     if ((rc = identify(&w, e)) || (rc = wk_metrics_start(&w, e)))

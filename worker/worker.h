@@ -74,7 +74,14 @@ typedef struct {
 
 void wk_config_default(wk_config *c);
 
-/* Serve until *stop. Returns 0 after a clean stop, or an error (startup failure: Redis
+/* The exit code of `medley worker` after an operator's drain (and of a --devices supervisor
+ * whose children were all drained): final for systemd (RestartPreventExitStatus= and
+ * SuccessExitStatus= of deploy/systemd/medley-worker.service), so a drain sticks. */
+#define WK_EXIT_DRAINED 10
+#define WK_DRAINED 1 /* wk_run's positive result: stopped by an operator's drain */
+
+/* Serve until *stop. Returns 0 after a clean stop, WK_DRAINED after a stop an operator's
+ * drain asked for (docs/operations.md, "Drain a node"), or an error (startup failure: Redis
  * unreachable, a model that cannot be served). */
 int wk_run(const wk_config *cfg, volatile sig_atomic_t *stop, md_err *e);
 

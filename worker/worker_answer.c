@@ -194,7 +194,8 @@ void wk_on_done(void *ctx, void *tag, const wk_result *res) {
                                 "body", body, "error", "medley", med);
         w->n_tokens += res->completion_tokens;
         push_answer(w, j->s, j->id, j->batch, j->custom_id, NULL, doc);
-        wk_metrics_result(w, m, res, w->cfg->usd_per_hour * j->share_s / 3600.0);
+        wk_metrics_result(w, m, res, j->queue_ms, atoll(j->id),
+                          w->cfg->usd_per_hour * j->share_s / 3600.0);
     }
     j->used = 0;
     w->live--;

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/metrics.h"
 #include "common/redis.h"
 #include "queue/plan.h"
 #include "queue/queue.h"
@@ -211,6 +212,10 @@ typedef struct {
     long long tokens_at_hb;
     int device_failed; /* a runner's device failed: hand back, stop, exit with dev_err */
     int drain_asked;   /* field `drain` of P worker:{W} is set: stop as on SIGTERM */
+    /* P drain:{W} (an operator's drain, which outlives the process) existed at the first
+     * heartbeat: read nothing and report "drained" until it is deleted. -1: not looked yet. */
+    int drain_hold;
+    char drain_key[Q_KEY_MAX];
     long n_handed_back;
     md_err dev_err;
 
@@ -336,8 +341,13 @@ void wk_metrics_stop(wk *w);
 void wk_metrics_started(wk *w, int s, double queue_ms);
 /* An answer queued on stream s: code NULL when it succeeded, else the line's error code. */
 void wk_metrics_answered(wk *w, int s, const char *code);
-/* A succeeded request's tokens, time to first token and cost share (model slot m). */
-void wk_metrics_result(wk *w, int m, const wk_result *res, double cost_usd);
+/* A succeeded request's tokens, lengths, finish reason, latencies (time to first token and
+ * end to end from its arrival: queue_ms in the queue, arrival_ms its entry id's time) and
+ * cost share (model slot m). */
+void wk_metrics_result(wk *w, int m, const wk_result *res, double queue_ms, long long arrival_ms,
+                       double cost_usd);
+/* A heartbeat was written (medley_worker_heartbeat_age_seconds counts from it). */
+void wk_metrics_heartbeat(wk *w);
 void wk_metrics_taken_over(wk *w, int s, long n);
 void wk_metrics_dead_letter(wk *w, int s);
 void wk_metrics_handed_back(wk *w, int m, int n);
@@ -347,5 +357,15 @@ void wk_metrics_polled(wk *w, int m);
 void wk_metrics_tick(wk *w);
 /* A plan was applied: its predicted tokens/s for the replicas served here. */
 void wk_metrics_plan(wk *w, const json_t *plan);
+
+/* ---- worker_metrics_batch.c: per-batch gauges (progress, deadline at risk) ---- */
+typedef struct wk_batch_mx wk_batch_mx;
+wk_batch_mx *wk_batch_mx_new(md_metrics *reg, md_err *e); /* NULL with e set */
+void wk_batch_mx_free(wk_batch_mx *b);
+/* Read the in-progress batches of the models served from Redis and set their gauges. */
+void wk_batch_mx_tick(wk_batch_mx *b, wk *w);
+/* 1 when a batch (times in ms, deadline 0: none) misses its deadline at its rate so far. */
+int wk_batch_at_risk(long long now, long long created, long long started, long long deadline,
+                     long long total, long long done);
 
 #endif

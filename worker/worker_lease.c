@@ -70,23 +70,56 @@ void wk_renew(wk *w, long long idle_ms, int handback_only) {
     }
 }
 
-int wk_heartbeat(wk *w, const char *state, double dt_s) {
-    if (!w->drain_asked) { /* an operator's drain (`medley dashboard`): docs/protocol.md §6 */
-        md_err de = {0};
-        redisReply *d = md_redis_cmd(w->r, &de, "HMGET %s drain", w->wkey);
-        if (!d) {
-            w->broken = 1;
-            return -1;
-        }
-        if (d->type == REDIS_REPLY_ARRAY && d->elements == 1 &&
-            d->element[0]->type == REDIS_REPLY_STRING && d->element[0]->len > 0) {
-            w->drain_asked = 1;
-            state = "draining";
-            MD_INFO("worker", "drain asked through %s (field drain): stopping as on SIGTERM",
-                    w->wkey);
-        }
-        freeReplyObject(d);
+/* An operator's drain (`medley dashboard`, docs/protocol.md §6): the field `drain` of the
+ * heartbeat hash and the key P drain:{W}. Found while serving: stop as on SIGTERM (the exit
+ * then says "drained", cli/cmd_worker.c). Found at the first heartbeat: the process was
+ * started again after a drain (a pod or unit restarted), so hold: read nothing, report
+ * "drained" (not ready) until the key is deleted. 0, or -1 with w->broken set. */
+static int check_drain(wk *w) {
+    if (w->drain_asked)
+        return 0;
+    if (!w->drain_key[0])
+        snprintf(w->drain_key, sizeof w->drain_key, "%sdrain:{%s}", w->prefix, w->me);
+    md_err de = {0};
+    redisReply *k = md_redis_cmd(w->r, &de, "EXISTS %s", w->drain_key);
+    redisReply *d = k ? md_redis_cmd(w->r, &de, "HMGET %s drain", w->wkey) : NULL;
+    if (!k || !d) {
+        if (k)
+            freeReplyObject(k);
+        w->broken = 1;
+        return -1;
     }
+    int key = k->type == REDIS_REPLY_INTEGER && k->integer > 0;
+    int field = d->type == REDIS_REPLY_ARRAY && d->elements == 1 &&
+                d->element[0]->type == REDIS_REPLY_STRING && d->element[0]->len > 0;
+    freeReplyObject(k);
+    freeReplyObject(d);
+    if (w->drain_hold < 0 && key && !field) {
+        w->drain_hold = 1;
+        MD_WARN("worker",
+                "drained by an operator (%s exists): reading nothing until it is deleted "
+                "(docs/operations.md, \"Drain a node\")",
+                w->drain_key);
+    } else if (w->drain_hold == 1 && !key) {
+        w->drain_hold = 0;
+        MD_INFO("worker", "undrained (%s deleted): serving", w->drain_key);
+    } else if (w->drain_hold != 1 && (key || field)) {
+        w->drain_asked = 1;
+        MD_INFO("worker", "drain asked through %s: stopping as on SIGTERM",
+                field ? w->wkey : w->drain_key);
+    }
+    if (w->drain_hold < 0)
+        w->drain_hold = 0;
+    return 0;
+}
+
+int wk_heartbeat(wk *w, const char *state, double dt_s) {
+    if (check_drain(w))
+        return -1;
+    if (w->drain_asked)
+        state = "draining";
+    else if (w->drain_hold == 1)
+        state = "drained";
     json_t *models = json_array(), *devices = json_array();
     char replicas[1024] = "";
     size_t used = 0;

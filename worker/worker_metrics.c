@@ -6,6 +6,7 @@
  * request and never by the HTTP thread, which only renders (common/metrics_http.h). Series
  * pointers are kept per model and stream slot, so a request's updates look nothing up but
  * its error code. It owns wk.mx. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,12 +21,14 @@
 #define FAST_NS 200000000ull     /* gauges */
 #define REDIS_NS 1000000000ull   /* queue gauges read from Redis */
 #define MEASURE_NS 5000000000ull /* measured tokens/s window */
+#define BATCH_NS 5000000000ull   /* per-batch gauges read from Redis */
 #define REPS_MAX 64              /* replica series of one plan kept for hiding */
 
 /* The series of one model slot, for the model named name ("" when none yet). */
 typedef struct {
     char name[Q_MODEL_NAME];
     md_series *started, *succeeded, *handed_back, *prompt, *completion, *wait, *ttft, *step;
+    md_series *e2e, *tpot, *plen, *glen;
     md_series *running, *slots, *kv_used, *kv_free, *preempt, *takeovers, *dead, *dlq, *cost;
     long steps_seen, preempt_seen;
     long long tokens, tokens_measured; /* completion tokens, and at the last measurement */
@@ -50,17 +53,30 @@ struct wk_metrics {
     md_metric *step, *running, *slots, *kv_used, *kv_free, *preempt, *takeovers, *dead, *dlq;
     md_metric *lag, *pending, *lag_s, *held, *dev_info, *dev_mem, *usd_h, *dev_cost, *req_cost;
     md_metric *plan_version, *rep_pred, *rep_meas, *worker_info;
+    md_metric *e2e, *tpot, *finished, *plen, *glen, *hb_age;
+    md_series *hb_age_s;
+    _Atomic long long last_hb_ms; /* wall clock of the last heartbeat written (0: none yet) */
+    long long started_ms;
+    wk_batch_mx *batch;
     mslot mod[WK_MAX_MODELS];
     sslot st[MAX_STREAMS];
     rep reps[REPS_MAX];
     int n_reps;
     md_series *dev_info_s;
     char dev_type[64];
-    uint64_t last_fast, last_redis, last_measure;
+    uint64_t last_fast, last_redis, last_measure, last_batch;
 };
 
 static const double WAIT_BOUNDS[] = {0.01, 0.1, 1, 10, 60, 300, 1800, 3600, 21600, 86400};
-static const double TTFT_BOUNDS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+/* from arrival: a batch's requests wait in the queue, so up to a day */
+static const double TTFT_BOUNDS[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,  1,    2.5,   5,    10,
+                                     30,   60,    300,  900, 1800, 3600, 7200, 21600, 86400};
+static const double E2E_BOUNDS[] = {0.1, 0.25, 0.5, 1,    2.5,  5,    10,    30,   60,
+                                    120, 300,  900, 1800, 3600, 7200, 21600, 86400};
+static const double TPOT_BOUNDS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075,
+                                     0.1,   0.15,   0.2,   0.3,  0.5,   1,    2.5};
+static const double LEN_BOUNDS[] = {1,    2,    5,    10,    20,    50,    100,    200,   500,
+                                    1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000};
 static const double STEP_BOUNDS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                      0.1,   0.25,   0.5,   1,    2.5,   10};
 #define NB(a) ((int)(sizeof a / sizeof *a))
@@ -69,6 +85,7 @@ static const double STEP_BOUNDS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 static int define(struct wk_metrics *x, md_err *e) {
     md_metrics *g = x->reg;
     const char *model[] = {"model"}, *mc[] = {"model", "code"}, *stream[] = {"stream"};
+    const char *mf[] = {"model", "finish_reason"};
     const char *rm[] = {"replica", "model"}, *dev[] = {"device_type", "name"};
     const char *wk_[] = {"worker"}, *dt[] = {"device_type"};
     enum { M = 64, S = 256 }; /* room for series: models over time, streams over time */
@@ -81,7 +98,13 @@ static int define(struct wk_metrics *x, md_err *e) {
         !(x->prompt = md_metrics_counter(g, "medley_prompt_tokens_total", "Prompt tokens of succeeded requests.", 1, model, M, e)) ||
         !(x->completion = md_metrics_counter(g, "medley_completion_tokens_total", "Generated tokens of succeeded requests.", 1, model, M, e)) ||
         !(x->wait = md_metrics_histogram(g, "medley_queue_wait_seconds", "Time from submission to the start on this worker.", 1, model, M, WAIT_BOUNDS, NB(WAIT_BOUNDS), e)) ||
-        !(x->ttft = md_metrics_histogram(g, "medley_time_to_first_token_seconds", "Time from the start on the runner to the first generated token.", 1, model, M, TTFT_BOUNDS, NB(TTFT_BOUNDS), e)) ||
+        !(x->ttft = md_metrics_histogram(g, "medley_time_to_first_token_seconds", "Time from the request's arrival (submission) to its first generated token.", 1, model, M, TTFT_BOUNDS, NB(TTFT_BOUNDS), e)) ||
+        !(x->e2e = md_metrics_histogram(g, "medley_e2e_request_latency_seconds", "Time from the request's arrival (submission) to its answer.", 1, model, M, E2E_BOUNDS, NB(E2E_BOUNDS), e)) ||
+        !(x->tpot = md_metrics_histogram(g, "medley_time_per_output_token_seconds", "Time per generated token after the first (requests of 2 or more tokens).", 1, model, M, TPOT_BOUNDS, NB(TPOT_BOUNDS), e)) ||
+        !(x->finished = md_metrics_counter(g, "medley_requests_finished_total", "Succeeded requests by finish reason (stop, length, tool_calls).", 2, mf, 64, e)) ||
+        !(x->plen = md_metrics_histogram(g, "medley_request_prompt_tokens", "Prompt length of succeeded requests, in tokens.", 1, model, M, LEN_BOUNDS, NB(LEN_BOUNDS), e)) ||
+        !(x->glen = md_metrics_histogram(g, "medley_request_generation_tokens", "Generated length of succeeded requests, in tokens.", 1, model, M, LEN_BOUNDS, NB(LEN_BOUNDS), e)) ||
+        !(x->hb_age = md_metrics_gauge(g, "medley_worker_heartbeat_age_seconds", "Seconds since the worker's loop last wrote its heartbeat (read at scrape time: it grows while the loop hangs).", 0, NULL, 1, e)) ||
         !(x->step = md_metrics_histogram(g, "medley_step_duration_seconds", "One engine step over every live sequence.", 1, model, M, STEP_BOUNDS, NB(STEP_BOUNDS), e)) ||
         !(x->running = md_metrics_gauge(g, "medley_running_sequences", "Requests running on the model's runner.", 1, model, M, e)) ||
         !(x->slots = md_metrics_gauge(g, "medley_sequence_slots", "The runner's capacity in concurrent requests.", 1, model, M, e)) ||
@@ -108,6 +131,20 @@ static int define(struct wk_metrics *x, md_err *e) {
     return 0;
 }
 
+/* At scrape time, on the HTTP thread: the age of the last heartbeat (since the start while
+ * none was written), which keeps growing when the loop hangs. */
+static void heartbeat_age(void *arg) {
+    struct wk_metrics *x = arg;
+    long long last = atomic_load_explicit(&x->last_hb_ms, memory_order_relaxed);
+    long long age = md_wall_ms() - (last ? last : x->started_ms);
+    md_gauge_set(x->hb_age_s, age > 0 ? (double)age / 1e3 : 0);
+}
+
+void wk_metrics_heartbeat(wk *w) {
+    if (w->mx)
+        atomic_store_explicit(&w->mx->last_hb_ms, md_wall_ms(), memory_order_relaxed);
+}
+
 int wk_metrics_start(wk *w, md_err *e) {
     const char *addr = w->cfg->metrics_addr;
     if (!addr || !*addr)
@@ -118,10 +155,17 @@ int wk_metrics_start(wk *w, md_err *e) {
         return md_errf(e, MD_ENOMEM, "out of memory");
     }
     int rc = define(x, e);
+    if (!rc && !(x->batch = wk_batch_mx_new(x->reg, e)))
+        rc = e->code;
+    x->hb_age_s = md_metric_at0(x->hb_age);
+    x->started_ms = md_wall_ms();
+    if (!rc && md_metrics_on_render(x->reg, heartbeat_age, x, NULL))
+        rc = md_errf(e, MD_EINVAL, "metrics registry: no room for a render hook");
     if (!rc)
         rc = md_metrics_http_start(addr, x->reg, &x->http, e);
     if (rc) {
         md_metrics_free(x->reg);
+        wk_batch_mx_free(x->batch);
         free(x);
         return md_errctx(e, "--metrics: ");
     }
@@ -140,6 +184,7 @@ void wk_metrics_stop(wk *w) {
         return;
     md_metrics_http_stop(w->mx->http);
     md_metrics_free(w->mx->reg);
+    wk_batch_mx_free(w->mx->batch);
     free(w->mx);
     w->mx = NULL;
 }
@@ -170,6 +215,10 @@ static mslot *mod(wk *w, int m) {
     ms->wait = md_metric_at1(x->wait, name);
     ms->ttft = md_metric_at1(x->ttft, name);
     ms->step = md_metric_at1(x->step, name);
+    ms->e2e = md_metric_at1(x->e2e, name);
+    ms->tpot = md_metric_at1(x->tpot, name);
+    ms->plen = md_metric_at1(x->plen, name);
+    ms->glen = md_metric_at1(x->glen, name);
     ms->running = md_metric_at1(x->running, name);
     ms->slots = md_metric_at1(x->slots, name);
     ms->preempt = md_metric_at1(x->preempt, name);
@@ -199,13 +248,27 @@ void wk_metrics_answered(wk *w, int s, const char *code) {
         md_counter_add(md_metric_at2(w->mx->failed, w->mod[m].name, code), 1);
 }
 
-void wk_metrics_result(wk *w, int m, const wk_result *res, double cost_usd) {
+void wk_metrics_result(wk *w, int m, const wk_result *res, double queue_ms, long long arrival_ms,
+                       double cost_usd) {
     if (!w->mx)
         return;
     mslot *ms = mod(w, m);
     md_counter_add(ms->prompt, res->prompt_tokens);
     md_counter_add(ms->completion, res->completion_tokens);
-    md_histogram_observe(ms->ttft, res->first_token_ms / 1e3);
+    md_histogram_observe(ms->ttft, (queue_ms + res->first_token_ms) / 1e3);
+    double e2e_ms = (double)(md_wall_ms() - arrival_ms);
+    if (e2e_ms < queue_ms)
+        e2e_ms = queue_ms;
+    md_histogram_observe(ms->e2e, e2e_ms / 1e3);
+    double run_ms = e2e_ms - queue_ms; /* from the start on the runner to the answer */
+    if (res->completion_tokens >= 2 && run_ms >= res->first_token_ms)
+        md_histogram_observe(ms->tpot,
+                             (run_ms - res->first_token_ms) / 1e3 / (res->completion_tokens - 1));
+    md_histogram_observe(ms->plen, res->prompt_tokens);
+    md_histogram_observe(ms->glen, res->completion_tokens);
+    md_counter_add(md_metric_at2(w->mx->finished, ms->name,
+                                 res->finish_reason ? res->finish_reason : "unknown"),
+                   1);
     md_counter_add(ms->cost, cost_usd);
     ms->tokens += res->completion_tokens;
 }
@@ -465,6 +528,10 @@ void wk_metrics_tick(wk *w) {
     if (!w->broken && now - x->last_redis >= REDIS_NS) {
         redis_tick(w);
         x->last_redis = md_mono_ns();
+    }
+    if (!w->broken && now - x->last_batch >= BATCH_NS) {
+        wk_batch_mx_tick(x->batch, w);
+        x->last_batch = md_mono_ns();
     }
 }
 

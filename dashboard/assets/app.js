@@ -78,8 +78,11 @@
 
   // ---- HTTP -------------------------------------------------------------------------------
 
+  // With a token typed (the admin token, or the read token of --read-token-file), every
+  // read carries it: a dashboard started with a read token answers 401 without it.
   async function getJSON(path) {
-    const r = await fetch(path, { cache: "no-store" });
+    const headers = state.token ? { Authorization: "Bearer " + state.token } : {};
+    const r = await fetch(path, { cache: "no-store", headers });
     const body = await r.json().catch(() => ({ error: "not JSON (HTTP " + r.status + ")" }));
     if (!r.ok) throw new Error(body.error || "HTTP " + r.status);
     return body;
@@ -153,7 +156,10 @@
       return el("tr", { "data-batch": b.id },
         el("td", { class: "id c-id" }, b.id),
         el("td", { class: "c-status" }, statusBadge(b.status)),
-        el("td", { class: "c-model" }, b.model),
+        el("td", { class: "c-model" }, b.model, b.unserved ? el("span", {
+          class: "badge unserved", title: "no live worker lists this model: the batch waits " +
+            "until one serves it (a cancel answers its lines at once)" }, "no worker serves it")
+          : null),
         el("td", { class: "c-progress" }, bar, pct.toFixed(1) + "%"),
         el("td", { class: "num c-done" }, b.done + "/" + b.total),
         failed,
@@ -199,7 +205,11 @@
       const beat = el("td", { class: "c-heartbeat" }, fmtAge(w.age_ms));
       if (w.heartbeat_error) beat.append(el("div", { class: "small" }, w.heartbeat_error));
       const act = el("td", { class: "c-actions" });
-      if (state.config && state.config.actions && !w.drain && w.state !== "draining") {
+      if (state.config && state.config.actions && w.state === "drained") {
+        // held after a drain (a restarted pod or unit): undrain lets it serve again
+        act.append(actionButton("undrain:" + w.id, "undrain",
+          "/api/undrain?worker=" + encodeURIComponent(w.id)));
+      } else if (state.config && state.config.actions && !w.drain && w.state !== "draining") {
         act.append(actionButton("drain:" + w.id, "drain",
           "/api/drain?worker=" + encodeURIComponent(w.id)));
       }
@@ -244,50 +254,73 @@
       fmtUsd(t.usd_per_hour) + "/h", fmtUsd(t.usd_per_mtok) + "/M tok",
     ].filter((x) => x !== undefined && x !== null && x !== "").join(" · ");
     const reps = list(p.replicas).filter((r) => typeof r === "object" && r !== null);
-    const rowH = 58, top = 22, W = 960;
-    const H = top + rowH * Math.max(reps.length, 1) + 8;
-    const s = svg("svg", { class: "plan", viewBox: "0 0 " + W + " " + H, role: "img",
+    // Wide: replica, stages and bars side by side. Narrow (a phone): the three stacked in a
+    // 360-unit-wide picture that fits the screen at its own size, nothing cut off.
+    const narrow = box.clientWidth > 0 && box.clientWidth < 700;
+    const L = narrow
+      ? { W: 360, rowH: 140, head: 0, sx: 4, sy: 38, sw: 352, bx: 4, by: 88, bw: 150, tx: 160 }
+      : { W: 960, rowH: 58, head: 22, sx: 190, sy: 4, sw: 430, bx: 640, by: 4, bw: 150, tx: 796 };
+    const top = 22;
+    const H = top + L.rowH * Math.max(reps.length, 1) + 8;
+    const s = svg("svg", { class: "plan" + (narrow ? " narrow" : ""),
+      viewBox: "0 0 " + L.W + " " + H, role: "img",
       "aria-label": "plan: " + reps.length + " replicas" });
-    s.append(svg("text", { x: 4, y: 14, class: "muted" }, "replica"),
-      svg("text", { x: 190, y: 14, class: "muted" }, "stages on GPUs (width: layers)"),
-      svg("text", { x: 640, y: 14, class: "muted" }, "tokens/s: predicted / measured"));
+    if (narrow) {
+      s.append(svg("text", { x: 4, y: 14, class: "muted" }, "replica · stages · tokens/s predicted / measured"));
+    } else {
+      s.append(svg("text", { x: 4, y: 14, class: "muted" }, "replica"),
+        svg("text", { x: 190, y: 14, class: "muted" }, "stages on GPUs (width: layers)"),
+        svg("text", { x: 640, y: 14, class: "muted" }, "tokens/s: predicted / measured"));
+    }
+    // a label cut to the characters that fit w units (about 7 units a character)
+    const fit = (text, w) => {
+      const n = Math.max(1, Math.floor((w - 8) / 7));
+      return text.length > n ? text.slice(0, Math.max(1, n - 1)) + "…" : text;
+    };
     let scale = 1;
     for (const r of reps) {
       const m = (doc.measured || {})[r.id] || {};
       scale = Math.max(scale, r.predicted_tokens_per_s || 0, m.tokens_per_s || 0);
     }
     reps.forEach((r, i) => {
-      const y = top + i * rowH;
+      const y = top + i * L.rowH;
       const g = svg("g", { "data-replica": r.id, transform: "translate(0," + y + ")" });
-      g.append(svg("text", { x: 4, y: 18, class: "label" }, r.id),
-        svg("text", { x: 4, y: 34, class: "muted" }, r.model),
-        svg("text", { x: 4, y: 48, class: "muted" }, fmtUsd(r.usd_per_hour) + "/h"));
+      if (narrow) {
+        g.append(svg("text", { x: 4, y: 16, class: "label" }, fit(r.id, 200)),
+          svg("text", { x: 4, y: 32, class: "muted" },
+            fit(r.model + " · " + fmtUsd(r.usd_per_hour) + "/h", 352)));
+      } else {
+        g.append(svg("text", { x: 4, y: 18, class: "label" }, r.id),
+          svg("text", { x: 4, y: 34, class: "muted" }, r.model),
+          svg("text", { x: 4, y: 48, class: "muted" }, fmtUsd(r.usd_per_hour) + "/h"));
+      }
       const stages = list(r.stages).filter((st) => typeof st === "object" && st !== null);
       const span = (st) => (Array.isArray(st.layers) && st.layers.length === 2
         ? [Number(st.layers[0]), Number(st.layers[1])] : [0, 1]);
       const layers = stages.reduce((n, st) => n + Math.max(1, span(st)[1] - span(st)[0] || 1), 0) || 1;
-      let x = 190;
+      let x = L.sx;
       stages.forEach((st, k) => {
         const [lo, hi] = span(st);
-        const w = Math.max(40, (430 * Math.max(1, hi - lo || 1)) / layers) - 4;
+        const w = Math.max(40, (L.sw * Math.max(1, hi - lo || 1)) / layers) - 4;
         const gpus = list(st.gpus).join(", ");
         const sg = svg("g", { class: "stage-box" });
         sg.append(svg("title", {}, "stage " + k + ": " + st.gpu_type + " ×" + st.tp +
             ", layers " + lo + "–" + (hi - 1) + "\n" + gpus),
-          svg("rect", { x: x, y: 4, width: w, height: 46, rx: 4, class: "stage" }),
-          svg("text", { x: x + 5, y: 19, class: "label" }, "S" + k + " " + st.gpu_type + " ×" + st.tp),
-          svg("text", { x: x + 5, y: 32, class: "muted" }, "layers " + lo + "–" + (hi - 1)),
-          svg("text", { x: x + 5, y: 45, class: "muted" }, gpus.length > 28 ? gpus.slice(0, 27) + "…" : gpus));
+          svg("rect", { x: x, y: L.sy, width: w, height: 46, rx: 4, class: "stage" }),
+          svg("text", { x: x + 5, y: L.sy + 15, class: "label" },
+            fit("S" + k + " " + st.gpu_type + " ×" + st.tp, w)),
+          svg("text", { x: x + 5, y: L.sy + 28, class: "muted" }, fit("layers " + lo + "–" + (hi - 1), w)),
+          svg("text", { x: x + 5, y: L.sy + 41, class: "muted" }, fit(gpus, Math.min(w, 200))));
         g.append(sg);
         x += w + 4;
       });
       const m = (doc.measured || {})[r.id] || {};
       const pred = r.predicted_tokens_per_s || 0, meas = m.tokens_per_s || 0;
-      g.append(svg("rect", { x: 640, y: 8, height: 14, width: Math.max(1, (150 * pred) / scale), class: "pred" }),
-        svg("rect", { x: 640, y: 28, height: 14, width: Math.max(1, (150 * meas) / scale), class: "meas" }),
-        svg("text", { x: 796, y: 19, class: "label c-pred" },
+      g.append(svg("rect", { x: L.bx, y: L.by + 4, height: 14, width: Math.max(1, (L.bw * pred) / scale), class: "pred" }),
+        svg("rect", { x: L.bx, y: L.by + 24, height: 14, width: Math.max(1, (L.bw * meas) / scale), class: "meas" }),
+        svg("text", { x: L.tx, y: L.by + 15, class: "label c-pred" },
           fmtNum(pred, 1) + " · " + fmtUsd(r.usd_per_mtok) + "/M"),
-        svg("text", { x: 796, y: 39, class: "label c-meas" },
+        svg("text", { x: L.tx, y: L.by + 35, class: "label c-meas" },
           fmtNum(meas, 1) + " · " + fmtUsd(m.usd_per_mtok) + "/M"));
       s.append(g);
     });
@@ -312,8 +345,10 @@
         el("td", { class: "id c-batch" }, d.batch ?? ""),
         el("td", { class: "c-reason small" }, d.reason ?? ""),
         el("td", { class: "id c-worker" }, d.worker ?? ""),
-        el("td", { class: "line" }, el("code", null, (d.line_head ?? "") +
-          (d.line_bytes > (d.line_head || "").length ? "…" : "")))));
+        el("td", { class: "line" }, d.line_head === undefined || d.line_head === null
+          ? el("span", { class: "muted c-hidden" }, "hidden (" + d.line_bytes +
+            " bytes; --dlq-lines shows the start)")
+          : el("code", null, d.line_head + (d.line_bytes > d.line_head.length ? "…" : "")))));
       const table = el("table", { class: "dlq cards", "data-model": q.model },
         el("thead", null, el("tr", null, el("th", null, "Time (UTC)"), el("th", null, "custom_id"),
           el("th", null, "Batch"), el("th", null, "Reason"), el("th", null, "Worker"),
@@ -365,8 +400,9 @@
       return;
     }
     $("source").textContent = state.config.redis + " " + state.config.prefix;
-    if (state.config.actions) {
+    if (state.config.actions || state.config.read_token) {
       $("admin").hidden = false;
+      $("token-label").textContent = state.config.actions ? "Admin token" : "Read token";
       $("admin").addEventListener("submit", (ev) => ev.preventDefault());
       const input = $("token");
       input.value = sessionStorage.getItem("medley-admin-token") || "";

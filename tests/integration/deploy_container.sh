@@ -27,7 +27,8 @@ done
 [ -n "$tool" ] || skip "no working podman, buildah or docker here ($(for t in podman buildah docker; do
     command -v $t >/dev/null && printf '%s: info fails; ' $t || printf '%s: absent; ' $t; done))"
 
-base=docker.io/library/debian:bookworm-slim
+# the pinned base of Containerfile.cpu (tag@digest)
+base=$(awk '$1 == "FROM" {print $2; exit}' "$src/deploy/container/Containerfile.cpu")
 if ! $tool image exists "$base" 2>/dev/null && ! $tool image inspect "$base" >/dev/null 2>&1; then
     $tool pull -q "$base" >/dev/null 2>&1 || skip "$tool works but cannot pull $base (offline?)"
 fi

@@ -12,7 +12,15 @@ cd "$src/deploy/prometheus"
 promtool check rules alerts.yml || fail "promtool check rules alerts.yml"
 promtool test rules alerts_test.yml || fail "promtool test rules alerts_test.yml"
 promtool check config scrape.yml || fail "promtool check config scrape.yml"
-used=$(grep -o 'medley_[a-z_]*' alerts.yml | sort -u)
+# every alert has a test in which it fires (exp_alerts with an entry): a rule nobody saw
+# fire is a rule nobody knows fires
+for a in $(awk '$2 == "alert:" {print $3}' alerts.yml); do
+    awk -v a="$a" '$1 == "alertname:" {on = ($2 == a)} on && $1 == "-" && $2 == "exp_labels:" {n++}
+                   END {exit n > 0 ? 0 : 1}' alerts_test.yml ||
+        fail "alert $a has no promtool test in alerts_test.yml in which it fires"
+done
+echo "ok: every alert of alerts.yml fires in a test of alerts_test.yml"
+used=$(grep -o 'medley_[a-z_]*' alerts.yml | grep -v '_$' | sort -u) # not a regex's stem
 doc=$(awk '/^## Metrics/{on=1; next} /^## /{on=0} on' "$src/docs/operations.md")
 if [ -z "$doc" ]; then
     echo "note: docs/operations.md has no \"## Metrics\" section: metric names not checked"

@@ -7,6 +7,14 @@ counters queried back through its HTTP API equal what the batch's output lines s
 passes promtool too; other paths answer 404, other methods 405, and a port already taken
 stops a second worker with that said.
 
+Slowloris (issue 39 item 17): while Prometheus scrapes, 64 connections from two other
+loopback addresses (127.0.0.2, 127.0.0.3) send a request's headers a byte at a time and never
+finish; every scrape must still succeed (`min_over_time(up[...])` stays 1), and `medley
+dashboard` must keep answering beside them. A flood of 300 connections logs a handful of
+warnings, not one per connection. The vLLM-style families (end-to-end latency, time per
+output token, finish reasons, prompt and generation lengths, process_*, medley_build_info,
+the heartbeat age) are read back through Prometheus too.
+
 Needs prometheus and promtool (Debian's prometheus package; scripts/setup.sh installs it):
 missing, the test fails."""
 import json
@@ -23,6 +31,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (MEDLEY, RedisServer, Worker, chat_line, fail, free_port, results, submit,
                      wait_batch, write_lines)
+import socket
 
 N_GOOD = 30
 
@@ -74,6 +83,30 @@ def query(prom_port, expr):
         fail("Prometheus query %s: HTTP %d %s" % (expr, status, body[:300]))
     doc = json.loads(body)
     return [(r["metric"], float(r["value"][1])) for r in doc["data"]["result"]]
+
+
+def slowloris(port, source, n):
+    """n connections from source that send headers slowly and never end them."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind((source, 0))
+        s.settimeout(2)
+        try:
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        except OSError:
+            pass
+        socks.append(s)
+    return socks
+
+
+def trickle(socks):
+    for s in socks:
+        try:
+            s.sendall(b"X-a: b\r\n")
+        except OSError:
+            pass
 
 
 def main():
@@ -213,6 +246,72 @@ def main():
                 fail("failed{code=%s} = %s, the batch has %d" % (code, v, n))
         if one('medley_worker_info{worker="w-metrics"}') != 1:
             fail("medley_worker_info missing")
+        for expr, want in (
+                ('medley_e2e_request_latency_seconds_count{model="echo"}', N_GOOD),
+                ('medley_time_to_first_token_seconds_count{model="echo"}', N_GOOD),
+                ('sum(medley_requests_finished_total{model="echo"})', N_GOOD),
+                ('medley_request_prompt_tokens_sum{model="echo"}', prompt),
+                ('medley_request_generation_tokens_sum{model="echo"}', completion),
+                ('count(medley_build_info{job="medley-worker"})', 1),
+                ('count(medley_build_info{job="medley-scheduler"})', 1),
+                ('count(process_start_time_seconds > 0)', 2)):
+            v = one(expr)
+            if v != want:
+                fail("Prometheus says %s = %s, want %s" % (expr, v, want))
+        if not one('process_resident_memory_bytes{job="medley-worker"}') > 1e6:
+            fail("process_resident_memory_bytes of the worker is implausible")
+        if not one("medley_worker_heartbeat_age_seconds") < 10:
+            fail("the heartbeat age of a live worker is over 10 s")
+
+        # Slowloris: 64 slow connections from two other addresses; scrapes go on.
+        dash_log = open(os.path.join(tmp, "dashboard.log"), "w")
+        dport = free_port()
+        dash = subprocess.Popen([MEDLEY, "dashboard", "--listen", "127.0.0.1:%d" % dport,
+                                 "--redis", server.url], stdout=dash_log,
+                                stderr=subprocess.STDOUT)
+        procs.append(dash)
+        for _ in range(100):
+            try:
+                if get("http://127.0.0.1:%d/api/config" % dport)[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        socks = (slowloris(wport, "127.0.0.2", 32) + slowloris(wport, "127.0.0.3", 32)
+                 + slowloris(dport, "127.0.0.2", 32) + slowloris(dport, "127.0.0.3", 32))
+        t0 = time.time()
+        try:
+            while time.time() - t0 < 8:
+                trickle(socks)
+                t = time.time()
+                try:
+                    st, _ = get("http://127.0.0.1:%d/api/config" % dport)
+                except (OSError, urllib.error.URLError):
+                    st = None
+                if st != 200 or time.time() - t > 2:
+                    fail("the dashboard did not answer within 2 s beside 64 slow connections")
+                time.sleep(1)
+            v = one('min_over_time(up{job="medley-worker"}[6s])')
+            if v != 1:
+                fail("a scrape failed while 64 slow connections were open (up fell to %s)" % v)
+            # a flood: 300 connections from one address, opened and closed at once
+            for _ in range(300):
+                s = socket.socket()
+                s.bind(("127.0.0.4", 0))
+                try:
+                    s.connect(("127.0.0.1", wport))
+                except OSError:
+                    pass
+                socks.append(s)
+            time.sleep(1)
+        finally:
+            for s in socks:
+                s.close()
+        n_warn = worker.logs().count("HTTP server:")
+        if n_warn > 5:
+            fail("a connection flood wrote %d HTTP warnings (want at most 5):\n%s"
+                 % (n_warn, worker.logs()[-2000:]))
+        print("ok: scrapes and the dashboard kept answering beside 64 slow connections each; "
+              "the flood logged %d warnings" % n_warn)
         if not one("medley_device_cost_usd_total") > 0:
             fail("medley_device_cost_usd_total did not grow at $3.6/h")
         print("ok: promtool passes worker and scheduler text; Prometheus reads back %d "

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util.h"
 #include "redis_fixture.h"
 #include "worker/worker_int.h"
 
@@ -82,6 +83,19 @@ static void hooks_and_tick_show_on_the_endpoint(void **st) {
     char dlq[Q_KEY_MAX];
     q_key_dlq(dlq, w->prefix, "m");
     freeReplyObject(rfx_cmd(&R, "XADD %s * x 1", dlq));
+    /* two in-progress batches of m: b1 late at its rate (4 of 10 lines in 90 s, 10 s left),
+     * b2 on time; b3 is another model's */
+    long long now = md_wall_ms();
+    freeReplyObject(rfx_cmd(&R, "ZADD t:batches 1 b1 2 b2 3 b3"));
+    freeReplyObject(rfx_cmd(&R,
+                            "HSET t:{b1}:meta status in_progress model m total 10 completed 3 "
+                            "failed 1 created_at %lld started_at %lld deadline %lld",
+                            now - 100000, now - 90000, now + 10000));
+    freeReplyObject(rfx_cmd(&R,
+                            "HSET t:{b2}:meta status in_progress model m total 4 completed 2 "
+                            "failed 0 created_at %lld started_at %lld deadline %lld",
+                            now - 2000, now - 1000, now + 3600000));
+    freeReplyObject(rfx_cmd(&R, "HSET t:{b3}:meta status in_progress model other total 4"));
 
     md_err e = {0};
     assert_int_equal(wk_metrics_start(w, &e), 0);
@@ -89,8 +103,10 @@ static void hooks_and_tick_show_on_the_endpoint(void **st) {
     wk_metrics_started(w, 0, 1500);
     wk_metrics_answered(w, 0, NULL);
     wk_metrics_answered(w, 0, "expired");
-    wk_result res = {.prompt_tokens = 3, .completion_tokens = 2, .first_token_ms = 20};
-    wk_metrics_result(w, 0, &res, 0.25);
+    wk_result res = {
+        .prompt_tokens = 3, .completion_tokens = 2, .first_token_ms = 20, .finish_reason = "stop"};
+    /* arrived 2 s ago, 1.5 s of it queued: TTFT from arrival 1.52 s, TPOT (0.5 - 0.02) s */
+    wk_metrics_result(w, 0, &res, 1500, md_wall_ms() - 2000, 0.25);
     wk_metrics_taken_over(w, 0, 2);
     wk_metrics_dead_letter(w, 0);
     wk_metrics_handed_back(w, 0, 4);
@@ -117,9 +133,70 @@ static void hooks_and_tick_show_on_the_endpoint(void **st) {
     has(t, "medley_queue_lag_entries{stream=\"t:q\"} 2\n");
     has(t, "medley_queue_pending_entries{stream=\"t:q\"} 1\n");
     has(t, "medley_dlq_entries{model=\"m\"} 1\n");
+    has(t, "medley_time_to_first_token_seconds_sum{model=\"m\"} 1.52\n");
+    has(t, "medley_e2e_request_latency_seconds_count{model=\"m\"} 1\n");
+    has(t, "medley_time_per_output_token_seconds_count{model=\"m\"} 1\n");
+    has(t, "medley_requests_finished_total{model=\"m\",finish_reason=\"stop\"} 1\n");
+    has(t, "medley_request_prompt_tokens_sum{model=\"m\"} 3\n");
+    has(t, "medley_request_generation_tokens_sum{model=\"m\"} 2\n");
+    has(t, "medley_worker_heartbeat_age_seconds ");
+    has(t, "medley_batch_progress_ratio{batch=\"b1\",model=\"m\"} 0.4\n");
+    has(t, "medley_batch_deadline_at_risk{batch=\"b1\",model=\"m\"} 1\n");
+    has(t, "medley_batch_deadline_at_risk{batch=\"b2\",model=\"m\"} 0\n");
+    assert_null(strstr(t, "batch=\"b3\""));
+    has(t, "process_cpu_seconds_total ");
+    has(t, "process_resident_memory_bytes ");
+    has(t, "process_open_fds ");
+    has(t, "process_start_time_seconds ");
+    has(t, "medley_build_info{version=");
     free(t);
     wk_metrics_stop(w);
     assert_null(w->mx);
+    free(w);
+}
+
+/* A batch that ends leaves the gauges; 70 batches over time reuse the room of ended ones. */
+static void ended_batches_leave_and_their_room_is_reused(void **st) {
+    (void)st;
+    wk_config cfg = {0};
+    wk *w = calloc(1, sizeof *w);
+    w->cfg = &cfg;
+    w->r = R.r;
+    snprintf(w->prefix, sizeof w->prefix, "t:");
+    w->mod[0].state = SLOT_ON;
+    snprintf(w->mod[0].name, sizeof w->mod[0].name, "m");
+    md_metrics *reg = md_metrics_new();
+    md_err e = {0};
+    wk_batch_mx *b = wk_batch_mx_new(reg, &e);
+    assert_non_null(b);
+    freeReplyObject(rfx_cmd(&R, "FLUSHALL"));
+    for (int i = 0; i < 70; i++) {
+        freeReplyObject(rfx_cmd(&R, "ZADD t:batches %d x%d", i, i));
+        freeReplyObject(rfx_cmd(&R,
+                                "HSET t:{x%d}:meta status in_progress model m total 2 "
+                                "completed 1 failed 0",
+                                i));
+        if (i > 0)
+            freeReplyObject(rfx_cmd(&R, "HSET t:{x%d}:meta status completed", i - 1));
+        wk_batch_mx_tick(b, w);
+        assert_false(w->broken);
+    }
+    size_t len;
+    char *t = md_metrics_render(reg, &len);
+    has(t, "medley_batch_progress_ratio{batch=\"x69\",model=\"m\"} 0.5\n");
+    assert_null(strstr(t, "batch=\"x68\""));
+    assert_null(strstr(t, "batch=\"x0\""));
+    free(t);
+    /* the rule: late at the rate so far, or past half the window with no answer */
+    assert_int_equal(wk_batch_at_risk(100, 0, 10, 200, 10, 5), 0);  /* 5 more by 190 */
+    assert_int_equal(wk_batch_at_risk(100, 0, 10, 150, 10, 5), 1);  /* needs until 190 */
+    assert_int_equal(wk_batch_at_risk(300, 0, 10, 200, 10, 5), 1);  /* past it */
+    assert_int_equal(wk_batch_at_risk(100, 0, 0, 0, 10, 5), 0);     /* no deadline */
+    assert_int_equal(wk_batch_at_risk(40, 0, 0, 100, 10, 0), 0);    /* none yet, early */
+    assert_int_equal(wk_batch_at_risk(60, 0, 0, 100, 10, 0), 1);    /* none yet, late */
+    assert_int_equal(wk_batch_at_risk(300, 0, 10, 200, 10, 10), 0); /* all answered */
+    wk_batch_mx_free(b);
+    md_metrics_free(reg);
     free(w);
 }
 
@@ -134,7 +211,7 @@ static void without_an_address_every_hook_is_a_no_op(void **st) {
     wk_result res = {0};
     wk_metrics_started(w, 0, 1);
     wk_metrics_answered(w, 0, "x");
-    wk_metrics_result(w, 0, &res, 1);
+    wk_metrics_result(w, 0, &res, 1, 0, 1);
     wk_metrics_polled(w, 0);
     wk_metrics_tick(w);
     wk_metrics_stop(w);
@@ -159,6 +236,7 @@ static void a_taken_port_is_an_error(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hooks_and_tick_show_on_the_endpoint),
+        cmocka_unit_test(ended_batches_leave_and_their_room_is_reused),
         cmocka_unit_test(without_an_address_every_hook_is_a_no_op),
         cmocka_unit_test(a_taken_port_is_an_error),
     };
