@@ -11,6 +11,9 @@ medley_test(test_sched_fleet_agg SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_s
             LIBS medley_sched LABELS unit)
 medley_test(test_sched_names SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_names.c
             LIBS medley_sched LABELS unit)
+# Issue 39 item 10: a common fraction of every demand at 1,000 GPUs x 20 models, 25x-50x over.
+medley_test(test_sched_fair SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_fair.c
+            LIBS medley_sched LABELS unit)
 medley_test(test_sched_sim SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_sim.c
             LIBS medley_sched LABELS unit)
 if(MEDLEY_REDIS_SERVER)

@@ -513,8 +513,9 @@ static json_t *hosts_fleet_doc(void) {
 }
 
 /* 20 models: the nine built-ins, then llama-3-8b shapes at other precisions, each a backlog
- * with a deadline of 1-3 h and a short and a long request class. */
-static json_t *hosts_workload_doc(void) {
+ * of mult x (20,000 + 5,000 m) requests with a deadline of 1-3 h and a short and a long
+ * request class. */
+static json_t *hosts_workload_doc(int mult) {
     static const char *builtin[] = {"llama-3-8b",  "llama-3-70b", "mistral-7b",
                                     "qwen2-7b",    "qwen2-72b",   "llama-2-7b",
                                     "llama-2-13b", "llama-2-70b", "smollm2-135m"};
@@ -535,7 +536,7 @@ static json_t *hosts_workload_doc(void) {
             ms,
             json_pack("{s:o, s:i, s:i, s:[{s:s, s:i, s:i, s:i, s:f}, {s:s, s:i, s:i, s:i, "
                       "s:f}]}",
-                      "model", card, "requests", 10 * (20000 + 5000 * m), "deadline_s",
+                      "model", card, "requests", mult * (20000 + 5000 * m), "deadline_s",
                       3600 * (1 + m % 3), "classes", "name", "s", "input_mean", 250, "output_mean",
                       150, "max_tokens", 1024, "share", 0.6, "name", "l", "input_mean", 2500,
                       "output_mean", 350, "max_tokens", 4096, "share", 0.4));
@@ -551,7 +552,7 @@ static double hosts_plan_once(int aggregate, const sched_opts *o, int *ncand, in
     md_err e = {0};
     memset(&x, 0, sizeof x);
     sched_perf_defaults(&x.pp);
-    json_t *fd = hosts_fleet_doc(), *wd = hosts_workload_doc();
+    json_t *fd = hosts_fleet_doc(), *wd = hosts_workload_doc(10);
     uint64_t t0 = md_mono_ns();
     sched_plan p;
     int rc = sched_catalog_load(&x.cat, NULL, &e) || sched_fleet_from_json(&x.f, fd, &x.cat, &e) ||
@@ -642,6 +643,58 @@ static void scale_hosts(void) {
                p1, c1, r1, u, lim1 ? " (the MILP stopped at a limit)" : "", u / t[2]);
 }
 
+/* Issue 39 item 10: the same 10,000 GPUs under over-demand (mult x the bench backlog): each
+ * model's served fraction of its demand; the least of them, and least / most (1.0: every
+ * model gets the same fraction, as phase 1's common lambda asks). */
+static void fair_hosts(int mult) {
+    world x;
+    md_err e = {0};
+    memset(&x, 0, sizeof x);
+    sched_perf_defaults(&x.pp);
+    sched_opts o;
+    sched_opts_defaults(&o);
+    json_t *fd = hosts_fleet_doc(), *wd = hosts_workload_doc(mult);
+    uint64_t t0 = md_mono_ns();
+    sched_plan p;
+    int rc = sched_catalog_load(&x.cat, NULL, &e) || sched_fleet_from_json(&x.f, fd, &x.cat, &e) ||
+             sched_fleet_aggregate(&x.f, &e) || sched_workload_from_json(&x.w, wd, &e) ||
+             sched_cands_build(&x.cs, &x.w, &x.f, &x.cat, NULL, &x.pp, &e) ||
+             sched_plan_solve(&p, &x.w, &x.f, &x.cat, &x.cs, &o, &e);
+    double dt = (md_mono_ns() - t0) / 1e9;
+    json_decref(fd);
+    json_decref(wd);
+    if (rc) {
+        printf("  %dx: %s\n", mult, e.msg);
+        unload(&x);
+        return;
+    }
+    double lo = INFINITY, hi = 0;
+    int starved = 0;
+    for (int m = 0; m < p.nmodels; m++) {
+        double f = p.models[m].served_tps / p.models[m].demand_tps;
+        lo = fmin(lo, f);
+        hi = fmax(hi, f);
+        starved += f < 0.01;
+    }
+    printf("  %3dx demand: min share %.3f, max %.3f, fairness (min/max) %.2f, %d of %d models "
+           "under 1%%, %d replicas, plan in %.1f s\n",
+           mult, lo, hi, hi > 0 ? lo / hi : 0, starved, p.nmodels, p.n, dt);
+    size_t i;
+    json_t *n;
+    json_array_foreach(p.notes, i, n) if (getenv("BENCH_NOTES"))
+        printf("    note: %s\n", json_string_value(n));
+    sched_plan_free(&p);
+    unload(&x);
+}
+
+static void fair_scale(void) {
+    printf("\nfair share at 10000 GPUs (1250 hosts x 8, 20 models) under over-demand (issue 39 "
+           "item 10): served / demand per model\n");
+    int mults[] = {200, 300, 500};
+    for (int i = 0; i < 3; i++)
+        fair_hosts(mults[i]);
+}
+
 /* Loading a fleet of n single-GPU pools (the daemon's view of n workers): seconds, or -1. */
 static double load_pools_s(int n) {
     json_t *pools = json_array();
@@ -679,6 +732,10 @@ static void load_scale(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--fair")) {
+        fair_scale();
+        return 0;
+    }
     const char *path = argc > 1 ? argv[1] : MEDLEY_SOURCE_DIR "/bench/scheduler/scenarios.json";
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -729,6 +786,7 @@ int main(int argc, char **argv) {
         melange(json_object_get(doc, "melange"));
     scale(json_object_get(doc, "scale"));
     scale_hosts();
+    fair_scale();
     load_scale();
     json_decref(doc);
     return 0;
