@@ -411,7 +411,7 @@ static double model_tok(const sched_workload *w, int m) {
 #define BUSY_EPS 1e-6
 
 static int provisioned(const sched_workload *w, const sched_cand *c) {
-    return w->models[c->model].rate_rps > 0;
+    return w->models[c->model].rate_rps > 0 || w->bill_to_finish;
 }
 
 static double cost_n(const sched_workload *w, const sched_cand *c) {

@@ -180,7 +180,13 @@ typedef struct sched_workload {
     double horizon_s; /* arrivals last this long; backlogs without a deadline are planned to
                          finish within it (default 3600) */
     unsigned seed;
+    int bill_to_finish; /* 0 ("billing": "busy", default): a batch replica is paid while it
+                           works; 1 ("until_deadline"): from the start until its model's
+                           finish time (the deadline, else the horizon), as a rental that
+                           cannot be returned early is */
 } sched_workload;
+/* "busy" or "until_deadline" into w->bill_to_finish; MD_EINVAL naming `where` otherwise. */
+int sched_workload_billing(sched_workload *w, const char *billing, const char *where, md_err *e);
 
 /* Workload JSON (schemas/workload.schema.json). Models are built-in names or inline cards
  * or GGUF paths ("model_file"). */
@@ -350,7 +356,10 @@ typedef struct sched_plan {
     json_t *notes;  /* array of strings: infeasibilities with their numbers */
     int route_even; /* 1: a load balancer deals each model's requests to its replicas in turn
                        (the "whole replicas per GPU type" baseline of bench/scheduler); 0:
-                       replicas pull from shared per-class queues (medley's workers) */
+                       replicas pull from shared per-class queues (medley's workers): their
+                       routed classes first, any class they hold when those are empty */
+    int route_pull; /* 1 (simulator only): plain work stealing, each replica takes the longest
+                       queue of any class it holds, the routing ignored (bench/scheduler) */
 } sched_plan;
 
 typedef struct sched_opts {

@@ -13,7 +13,8 @@ static const char *const CLASS_KEYS[] = {"name",       "input_mean", "output_mea
 static const char *const DEMAND_KEYS[] = {"model",       "model_file", "priority", "requests",
                                           "rate_rps",    "deadline_s", "classes",  "input_mean",
                                           "output_mean", "max_tokens", NULL};
-static const char *const WORKLOAD_KEYS[] = {"version", "kind", "seed", "horizon_s", "models", NULL};
+static const char *const WORKLOAD_KEYS[] = {"version", "kind",   "seed", "horizon_s",
+                                            "billing", "models", NULL};
 
 static int parse_class(json_t *c, sched_class *k, const char *where, md_err *e) {
     const char *name = NULL;
@@ -140,6 +141,17 @@ static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e
     return 0;
 }
 
+int sched_workload_billing(sched_workload *w, const char *billing, const char *where, md_err *e) {
+    if (billing && !strcmp(billing, "busy"))
+        w->bill_to_finish = 0;
+    else if (billing && !strcmp(billing, "until_deadline"))
+        w->bill_to_finish = 1;
+    else
+        return md_errf(e, MD_EINVAL, "%s must be \"busy\" or \"until_deadline\" (got %s)", where,
+                       billing ? billing : "not a string");
+    return 0;
+}
+
 int sched_workload_from_json(sched_workload *w, json_t *doc, md_err *e) {
     memset(w, 0, sizeof *w);
     w->horizon_s = 3600;
@@ -156,6 +168,9 @@ int sched_workload_from_json(sched_workload *w, json_t *doc, md_err *e) {
         return md_errf(e, MD_EINVAL, "workload.horizon_s must be in [1, 1e8] seconds (got %.3g)",
                        w->horizon_s);
     w->seed = (unsigned)seed;
+    json_t *bill = json_object_get(doc, "billing");
+    if (bill && sched_workload_billing(w, json_string_value(bill), "workload.billing", e))
+        return e->code;
     json_t *models = json_object_get(doc, "models");
     if (!json_is_array(models) || json_array_size(models) == 0 || json_array_size(models) > 1000)
         return md_errf(e, MD_EFORMAT,

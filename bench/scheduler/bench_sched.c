@@ -293,13 +293,16 @@ static void owned(json_t *sc) {
         return;
     }
     sched_plan p;
-    sched_sim_result h, lb = {0}, pull = {0};
+    sched_sim_result h, lb = {0}, pull = {0}, own = {0};
     if (run(&x, 0, -1, &p, &h)) {
         printf("%-34s medley plan failed\n", name);
         unload(&x);
         return;
     }
     int met = all_met(&p), nrep = p.n;
+    /* medley's replicas again, as plain work stealing (its routing ignored) */
+    p.route_pull = 1;
+    sched_simulate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &own, &e);
     sched_plan_free(&p);
     /* The baseline's plan, scored twice: dealt evenly, and pulled from shared queues. */
     int have = plan_per_type_even(&p, &x) == 0;
@@ -317,10 +320,13 @@ static void owned(json_t *sc) {
             have && sched_simulate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &pull, &e) == 0;
         sched_plan_free(&p);
     }
-    printf("%-34s %8.0f %7.0fs %-4s %3d | %8.0f %7.0fs %3d %5.2fx | %8.0f %7.0fs %5.2fx%s\n", name,
-           h.tokens_per_s, h.makespan_s, met ? "ok" : "MISS", nrep, lb.tokens_per_s, lb.makespan_s,
-           nlb, lb.tokens_per_s > 0 ? h.tokens_per_s / lb.tokens_per_s : 0, pull.tokens_per_s,
-           pull.makespan_s, pull.tokens_per_s > 0 ? h.tokens_per_s / pull.tokens_per_s : 0,
+    printf("%-34s %8.0f %7.0fs %-4s %3d | %8.0f %7.0fs %3d %5.2fx | %8.0f %7.0fs %5.2fx | %8.0f "
+           "%7.0fs %5.2fx%s\n",
+           name, h.tokens_per_s, h.makespan_s, met ? "ok" : "MISS", nrep, lb.tokens_per_s,
+           lb.makespan_s, nlb, lb.tokens_per_s > 0 ? h.tokens_per_s / lb.tokens_per_s : 0,
+           pull.tokens_per_s, pull.makespan_s,
+           pull.tokens_per_s > 0 ? h.tokens_per_s / pull.tokens_per_s : 0, own.tokens_per_s,
+           own.makespan_s, own.tokens_per_s > 0 ? h.tokens_per_s / own.tokens_per_s : 0,
            h.requests_unserved + lb.requests_unserved + pull.requests_unserved ? " (unserved)"
                                                                                : "");
     if (h.requests_unserved + lb.requests_unserved + pull.requests_unserved)
@@ -769,11 +775,12 @@ int main(int argc, char **argv) {
     json_array_foreach(json_object_get(doc, "rent"), i, sc) rent(sc);
     printf(
         "\n(a) owned mixed fleet: simulated tokens/s over the whole backlog (makespan; replicas); "
-        "medley vs whole replicas per GPU type with an even load balancer, and the same "
-        "replicas pulling from shared queues\n");
-    printf("%-34s %8s %8s %4s %3s | %8s %8s %3s %6s | %8s %8s %6s\n", "scenario", "tok/s",
-           "makespan", "dl", "rep", "even LB", "makespan", "rep", "ratio", "pull", "makespan",
-           "ratio");
+        "medley (routed classes first, stealing when they are empty) vs whole replicas per GPU "
+        "type with an even load balancer, the same replicas pulling from shared queues, and "
+        "medley's own replicas as plain work stealing (routing ignored)\n");
+    printf("%-34s %8s %8s %4s %3s | %8s %8s %3s %6s | %8s %8s %6s | %8s %8s %6s\n", "scenario",
+           "tok/s", "makespan", "dl", "rep", "even LB", "makespan", "rep", "ratio", "pull",
+           "makespan", "ratio", "own pull", "makespan", "ratio");
     json_array_foreach(json_object_get(doc, "owned"), i, sc) owned(sc);
     printf(
         "\n(b) rent with per-type caps (H100 2, A100 8, A10G 16, L4 24) to a deadline: simulated "
