@@ -161,6 +161,7 @@ typedef struct sched_class {
     double input_mean, output_mean; /* tokens per request */
     int max_tokens;                 /* class bound on prompt + max output tokens */
     double share;                   /* fraction of the model's requests, sums to 1 */
+    double tpot_ms, ttft_ms;        /* latency SLOs ("tpot_ms", "ttft_ms"), 0: none */
 } sched_class;
 
 typedef struct sched_demand {
@@ -217,6 +218,10 @@ typedef struct sched_perf_params {
     int max_batch;               /* engine's cap on concurrent sequences (256) */
     double inter_host_latency_s; /* one PP hop between hosts (15e-6); cand.c and sim.c use
                                     the fleet's inter_host_latency_us instead */
+    double slo_tpot_s;           /* 0, or the class's TPOT SLO: the batch is cut until the interval
+                                    between a sequence's tokens (a decode step plus the newcomers'
+                                    prefills per step) meets it (cand.c sets it per class) */
+    double slo_ttft_s;           /* 0, or the class's TTFT SLO: a prompt's prefill must meet it */
 } sched_perf_params;
 
 void sched_perf_defaults(sched_perf_params *p);
@@ -229,7 +234,8 @@ typedef struct sched_perf {
     double decode_step_s;  /* one decode iteration over `batch` sequences */
     double requests_per_s; /* sustained */
     double tokens_per_s;   /* (input + output) tokens per second */
-    const char *bound;     /* "memory", "compute", "kv", "profile" */
+    const char *bound;     /* "memory", "compute", "kv", "profile", "slo" (a TPOT SLO cut the
+                              batch) */
     double scale;          /* roofline speed multiplied by this calibration (1: none); the
                               simulator divides the roofline's step times by it */
 } sched_perf;

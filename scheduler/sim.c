@@ -262,6 +262,11 @@ static int make_replicas(const sched_plan *p, const sched_workload *w, const sch
             if (x->c->serves[k])
                 x->kv_cap = x->c->perf[k].kv_tokens;
         x->cap_batch = pp->max_batch;
+        /* a class with a TPOT SLO bounds the batch at what the performance model allows */
+        for (int k = 0; k < x->d->nclasses; k++)
+            if (x->c->serves[k] && x->d->classes[k].tpot_ms > 0 && x->c->perf[k].batch >= 1 &&
+                x->c->perf[k].batch < x->cap_batch)
+                x->cap_batch = x->c->perf[k].batch;
         x->running = malloc((size_t)x->cap_batch * sizeof *x->running);
         if (!x->running)
             return -1;

@@ -649,6 +649,91 @@ static void scale_hosts(void) {
                p1, c1, r1, u, lim1 ? " (the MILP stopped at a limit)" : "", u / t[2]);
 }
 
+/* ---- Melange's serving setting through `medley plan` alone (issue 39 item 12) ---- */
+
+/* Llama-2-7B served at rate_rps with a TPOT SLO, in one of Melange's request-size mixes:
+ * 0 short (Chatbot Arena), 1 long (PubMed), 2 mixed (80% short, 20% long). */
+static json_t *slo_workload_doc(int mix, double rate, double tpot_ms) {
+    /* Arena: LMSYS-Chat-1M's mean prompt and response per turn (69.5 / 214.5 tokens, its
+     * paper's Table 1); PubMed: ccdv/pubmed-summarization's mean article / abstract (3043 /
+     * 215 whitespace tokens, its dataset card). */
+    json_t *arena = json_pack("{s:s, s:f, s:f, s:i, s:f, s:f}", "name", "arena", "input_mean", 69.5,
+                              "output_mean", 214.5, "max_tokens", 1024, "share",
+                              mix == 2 ? 0.8 : 1.0, "tpot_ms", tpot_ms);
+    json_t *pubmed = json_pack("{s:s, s:f, s:f, s:i, s:f, s:f}", "name", "pubmed", "input_mean",
+                               3043.0, "output_mean", 215.0, "max_tokens", 4096, "share",
+                               mix == 2 ? 0.2 : 1.0, "tpot_ms", tpot_ms);
+    json_t *cls = json_array();
+    if (mix != 1)
+        json_array_append_new(cls, arena);
+    else
+        json_decref(arena);
+    if (mix != 0)
+        json_array_append_new(cls, pubmed);
+    else
+        json_decref(pubmed);
+    return json_pack("{s:[{s:s, s:f, s:o}]}", "models", "model", "llama-2-7b", "rate_rps", rate,
+                     "classes", cls);
+}
+
+/* $/h of the rental plan for x restricted to type (-1: any mix); INFINITY when it does not
+ * serve the whole rate. */
+static double slo_rent_usd(world *x, int type) {
+    sched_opts o;
+    sched_opts_defaults(&o);
+    o.only_type = type;
+    sched_plan p;
+    md_err e = {0};
+    if (sched_plan_solve(&p, &x->w, &x->f, &x->cat, &x->cs, &o, &e))
+        return INFINITY;
+    double usd = all_met(&p) ? p.usd_per_hour : INFINITY;
+    sched_plan_free(&p);
+    return usd;
+}
+
+static void melange_slo(void) {
+    static const char *mixes[] = {"short (Arena)", "long (PubMed)", "mixed 80/20"};
+    static const char *types[] = {"L4", "A10G", "A100-80GB-SXM", "H100-SXM"};
+    static const double rates[] = {1, 2, 4, 8, 16, 32}, slos[] = {120, 40};
+    printf("\n(d) Melange's serving setting through medley plan alone (issue 39 item 12): "
+           "Llama-2-7B, TPOT SLO per class, L4 $0.70, A10G $1.01, A100 $3.67, H100 $7.52 per hour "
+           "(roofline, no profiles); rental $/h, medley vs the cheapest single type\n");
+    printf("%-15s %5s %6s | %8s | %8s %8s %8s %8s | %-13s %7s\n", "mix", "SLO", "req/s", "medley",
+           "L4", "A10G", "A100", "H100", "best single", "saving");
+    for (int mi = 0; mi < 3; mi++)
+        for (int si = 0; si < 2; si++)
+            for (int ri = 0; ri < 6; ri++) {
+                world x;
+                md_err e = {0};
+                memset(&x, 0, sizeof x);
+                sched_perf_defaults(&x.pp);
+                char fp[8192];
+                snprintf(fp, sizeof fp, "%s/fleet-rent5-melange-prices.json", dir);
+                json_t *wd = slo_workload_doc(mi, rates[ri], slos[si]);
+                int rc = sched_catalog_load(&x.cat, NULL, &e) ||
+                         sched_fleet_load(&x.f, fp, &x.cat, &e) ||
+                         sched_workload_from_json(&x.w, wd, &e) ||
+                         sched_cands_build(&x.cs, &x.w, &x.f, &x.cat, NULL, &x.pp, &e);
+                json_decref(wd);
+                if (rc) {
+                    printf("%-15s error: %s\n", mixes[mi], e.msg);
+                    unload(&x);
+                    continue;
+                }
+                double med = slo_rent_usd(&x, -1), one[4], best = INFINITY;
+                int bi = -1;
+                for (int t = 0; t < 4; t++) {
+                    one[t] = slo_rent_usd(&x, sched_catalog_find(&x.cat, types[t]));
+                    if (one[t] < best)
+                        best = one[t], bi = t;
+                }
+                printf("%-15s %3.0fms %6.0f | %8.2f | %8.2f %8.2f %8.2f %8.2f | %-13s %6.0f%%\n",
+                       mixes[mi], slos[si], rates[ri], med, one[0], one[1], one[2], one[3],
+                       bi >= 0 ? types[bi] : "none", isfinite(best) ? 100 * (1 - med / best) : 0);
+                unload(&x);
+            }
+}
+
 /* Issue 39 item 10: the same 10,000 GPUs under over-demand (mult x the bench backlog): each
  * model's served fraction of its demand; the least of them, and least / most (1.0: every
  * model gets the same fraction, as phase 1's common lambda asks). */
@@ -742,6 +827,11 @@ int main(int argc, char **argv) {
         fair_scale();
         return 0;
     }
+    if (argc > 1 && !strcmp(argv[1], "--slo")) {
+        snprintf(dir, sizeof dir, "%s/bench/scheduler", MEDLEY_SOURCE_DIR);
+        melange_slo();
+        return 0;
+    }
     const char *path = argc > 1 ? argv[1] : MEDLEY_SOURCE_DIR "/bench/scheduler/scenarios.json";
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -791,6 +881,7 @@ int main(int argc, char **argv) {
            "req/s with 2 A100 + 1 A10G\n");
     if (json_object_get(doc, "melange"))
         melange(json_object_get(doc, "melange"));
+    melange_slo();
     scale(json_object_get(doc, "scale"));
     scale_hosts();
     fair_scale();
