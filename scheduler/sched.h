@@ -34,6 +34,11 @@ typedef struct sched_gpu_type {
     double nvlink_gbps; /* per-GPU NVLink bandwidth, 0 when there is none */
     int pcie_gen, pcie_lanes;
     double usd_per_hour;
+    /* CPU devices ("cpu"): priced per core-hour. cores > 0 and usd_per_core_hour given in the
+     * catalog set usd_per_hour = cores x usd_per_core_hour; a fleet pool may give its own
+     * usd_per_core_hour. 0 for GPUs. */
+    int cores;
+    double usd_per_core_hour;
 } sched_gpu_type;
 
 typedef struct sched_catalog {

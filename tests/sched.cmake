@@ -14,6 +14,10 @@ medley_test(test_sched_names SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched
 # Issue 39 item 10: a common fraction of every demand at 1,000 GPUs x 20 models, 25x-50x over.
 medley_test(test_sched_fair SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_fair.c
             LIBS medley_sched LABELS unit)
+# Issue 39 item 14: the hand-written plan of docs/sharding.md, as workers read it.
+medley_test(test_sched_plan_example
+            SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_plan_example.c
+            LIBS medley_worker LABELS unit)
 medley_test(test_sched_sim SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_sim.c
             LIBS medley_sched LABELS unit)
 if(MEDLEY_REDIS_SERVER)
