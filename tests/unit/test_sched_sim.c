@@ -191,6 +191,39 @@ static void rental_billed_until_the_deadline(void **st) {
     sched_world_free(&x);
 }
 
+/* Issue 39 item 12: a TPOT SLO bounds a replica's batch in the simulator as in the
+ * performance model. Llama-2-7B on one A10G, Arena-sized requests: at 40 ms per token the
+ * batch is cut from 72 to 30, and the simulated rate is the model's SLO-bound rate. */
+static void tpot_slo_caps_the_simulated_batch(void **st) {
+    static const char *a10g = "{\"pools\":[{\"name\":\"g\",\"type\":\"A10G\",\"count\":1}]}";
+    static const char *fmt = "{\"seed\":4,\"models\":[{\"model\":\"llama-2-7b\",\"requests\":3000,"
+                             "\"input_mean\":70,\"output_mean\":215,\"max_tokens\":1024%s}]}";
+    char wl[512];
+    double plan[2];
+    sched_sim_result r[2];
+    md_err e = {0};
+    for (int slo = 0; slo < 2; slo++) {
+        snprintf(wl, sizeof wl, fmt, slo ? ",\"tpot_ms\":40" : "");
+        sched_world x;
+        load(&x, a10g, wl, 0);
+        assert_int_equal(x.p.n, 1);
+        const sched_cand *c = &x.cs.c[x.p.r[0].cand];
+        assert_int_equal(
+            sched_simulate(&x.p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &r[slo], &e), 0);
+        print_message("%s: batch %d, plan %.0f tok/s at full speed, simulated %.0f tok/s\n",
+                      slo ? "TPOT 40 ms" : "no SLO", c->perf[0].batch, full_speed(&x),
+                      r[slo].tokens_per_s);
+        plan[slo] = full_speed(&x);
+        sched_world_free(&x);
+    }
+    /* with the SLO the simulated rate is the model's (within 10%), below the one without
+     * (the run without an SLO is 29% under the model's figure here: short prompts in
+     * continuous batching, a gap of the steady-state model left as it is) */
+    assert_true(plan[1] < 0.9 * plan[0]);
+    assert_true(fabs(r[1].tokens_per_s / plan[1] - 1) < 0.10);
+    assert_true(r[1].tokens_per_s < r[0].tokens_per_s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(simulated_throughput_matches_the_plan),
@@ -199,6 +232,7 @@ int main(void) {
         cmocka_unit_test(proportional_baseline_uses_every_gpu),
         cmocka_unit_test(idle_replica_steals_other_classes),
         cmocka_unit_test(rental_billed_until_the_deadline),
+        cmocka_unit_test(tpot_slo_caps_the_simulated_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
