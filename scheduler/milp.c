@@ -1025,6 +1025,24 @@ static void plan_totals(sched_plan *p, const sched_workload *w, const sched_cand
     }
 }
 
+/* Say how batch replicas were costed (issue 39 item 13), when the workload has a backlog. */
+static void note_billing(sched_plan *p, const sched_workload *w) {
+    int batch = 0;
+    for (int m = 0; m < w->n; m++)
+        batch |= w->models[m].requests > 0 && w->models[m].rate_rps <= 0;
+    if (!batch)
+        return;
+    json_array_append_new(
+        p->notes, json_string(w->bill_to_finish
+                                  ? "billing until_deadline: batch replicas are costed from the "
+                                    "start until their model's deadline (else the horizon), "
+                                    "busy or not; \"billing\": \"busy\" costs them while they work"
+                                  : "billing busy: batch replicas are costed only while they work "
+                                    "(switched off when their classes are drained); "
+                                    "\"billing\": \"until_deadline\" (or --billing) costs them "
+                                    "until the deadline"));
+}
+
 int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *f,
                      const sched_catalog *cat, const sched_cands *cs, const sched_opts *o,
                      md_err *e) {
@@ -1077,8 +1095,10 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
         note_limits(p, &L, ls, nl, o);
         rc = sched_materialise(p, f, w, cs, counts, y, e);
     }
-    if (!rc)
+    if (!rc) {
         plan_totals(p, w, cs);
+        note_billing(p, w);
+    }
     for (int m = 0; sub && m < w->n; m++)
         lp_free(&sub[m]);
     free(sub);

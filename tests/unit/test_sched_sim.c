@@ -173,6 +173,13 @@ static void rental_billed_until_the_deadline(void **st) {
     sched_sim_result r;
     md_err e = {0};
     assert_true(fabs(x.p.busy_usd_per_hour - x.p.usd_per_hour) < 1e-9);
+    /* the plan says which billing it used */
+    int said = 0;
+    size_t i;
+    json_t *n;
+    json_array_foreach(x.p.notes, i, n) said |=
+        !strncmp(json_string_value(n), "billing until_deadline", 22);
+    assert_true(said);
     assert_int_equal(sched_simulate(&x.p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &r, &e), 0);
     print_message("until the deadline: $%.2f/h, simulated $%.2f over %.0f s\n", x.p.usd_per_hour,
                   r.usd, r.makespan_s);
