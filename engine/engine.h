@@ -48,6 +48,11 @@ typedef struct {
     int microbatches;       /* micro-batches per step through the stages (0 = eight per
                                stage) */
     int stage_timeout_ms;   /* a remote stage's answer (0 = 60 s) */
+    /* a remote stage's READY, while it loads (0 = 60 s) */
+    int stage_load_timeout_ms;
+    /* the remote stages' secret (docs/sharding.md "Authentication"); NULL =
+     * $MEDLEY_STAGE_SECRET_FILE */
+    const char *stage_secret_file;
     /* --chat-template: a family overriding the model's template, "none" for raw prompts
      * only; NULL = the model's, which must then be one medley recognises (or absent) */
     const char *chat_template;

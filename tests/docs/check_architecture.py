@@ -37,6 +37,7 @@ CMAKE_LIBS = {
     "PkgConfig::MICROHTTPD": "libmicrohttpd",
     "PkgConfig::MD_DASH_MHD": "libmicrohttpd",
     "ZLIB::ZLIB": "zlib",
+    "PkgConfig::LIBCRYPTO": "libcrypto",
     "Threads::Threads": "pthreads",
     "CUDA::cudart": "cudart",
     "CUDA::cublas": "cublas",
