@@ -853,7 +853,10 @@ int main(int argc, char **argv) {
     int ngeo = 0;
     size_t i;
     json_t *sc;
-    json_array_foreach(json_object_get(doc, "fixed"), i, sc) fixed(sc, &geo, &ngeo);
+    /* --owned after the scenarios file: section (a) alone */
+    int owned_only = argc > 2 && !strcmp(argv[2], "--owned");
+    json_array_foreach(json_object_get(doc, "fixed"), i, sc) if (!owned_only)
+        fixed(sc, &geo, &ngeo);
     if (ngeo)
         printf(
             "geometric mean vs best single type, over the %d scenarios where that type meets the "
@@ -862,7 +865,7 @@ int main(int argc, char **argv) {
     printf(
         "\nrentals to deadline: simulated $ spent and makespan; medley vs the cheapest single-type "
         "rental that meets the deadlines\n");
-    json_array_foreach(json_object_get(doc, "rent"), i, sc) rent(sc);
+    json_array_foreach(json_object_get(doc, "rent"), i, sc) if (!owned_only) rent(sc);
     printf(
         "\n(a) owned mixed fleet: simulated tokens/s over the whole backlog (makespan; replicas); "
         "medley (routed classes first, stealing when they are empty) vs whole replicas per GPU "
@@ -872,6 +875,10 @@ int main(int argc, char **argv) {
            "tok/s", "makespan", "dl", "rep", "even LB", "makespan", "rep", "ratio", "pull",
            "makespan", "ratio", "own pull", "makespan", "ratio");
     json_array_foreach(json_object_get(doc, "owned"), i, sc) owned(sc);
+    if (owned_only) {
+        json_decref(doc);
+        return 0;
+    }
     printf(
         "\n(b) rent with per-type caps (H100 2, A100 8, A10G 16, L4 24) to a deadline: simulated "
         "$ and makespan; medley vs the cheapest single type within its cap that meets it\n");
