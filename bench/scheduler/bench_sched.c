@@ -1,6 +1,9 @@
 /* bench_sched.c — the scheduler's scenario suite, scored by the fleet simulator.
  *
- *   build-dir/bench/bench_sched [bench/scheduler/scenarios.json]
+ *   build-dir/tests/bench_sched [bench/scheduler/scenarios.json [--owned]]
+ *   build-dir/tests/bench_sched --fair    fair share at 10,000 GPUs, 200x-500x (issue 39 item 10)
+ *   build-dir/tests/bench_sched --slo     Melange's setting with TPOT SLOs (issue 39 item 12)
+ *   --owned: section (a) alone, routing vs work stealing (issue 39 item 11)
  *
  * Fixed fleets: medley's plan against the best single-GPU-type plan (the same optimiser
  * restricted to one type, best simulated tokens per dollar among those that serve every
