@@ -36,8 +36,8 @@ static int inputs_load(inputs *in, const char *catalog, const char *fleet, const
     memset(in, 0, sizeof *in);
     sched_perf_defaults(&in->pp);
     if (sched_catalog_load(&in->cat, catalog, e) ||
-        sched_fleet_load(&in->fleet, fleet, &in->cat, e) ||
-        sched_fleet_aggregate(&in->fleet, e) || sched_workload_load(&in->w, workload, e))
+        sched_fleet_load(&in->fleet, fleet, &in->cat, e) || sched_fleet_aggregate(&in->fleet, e) ||
+        sched_workload_load(&in->w, workload, e))
         return e->code;
     for (int i = 0; i < nprof; i++)
         if (sched_profile_load(&in->prof, profiles[i], e))
@@ -50,9 +50,10 @@ static int inputs_load(inputs *in, const char *catalog, const char *fleet, const
  * after printing the error as "medley CMD: ..." (nothing left to free). */
 static int load_and_plan(const char *cmd, inputs *in, sched_plan *p, const char *catalog,
                          const char *fleet, const char *workload, char **profiles, int nprof,
-                         const char *only, int prop) {
+                         const char *only, int prop, const char *billing) {
     md_err e = {0};
-    if (inputs_load(in, catalog, fleet, workload, profiles, nprof, &e)) {
+    if (inputs_load(in, catalog, fleet, workload, profiles, nprof, &e) ||
+        (billing && sched_workload_billing(&in->w, billing, "--billing", &e))) {
         fprintf(stderr, "medley %s: %s\n", cmd, e.msg);
         inputs_free(in);
         return 1;
@@ -79,16 +80,16 @@ static void plan_usage(FILE *f) {
         f,
         "usage: medley plan --fleet FLEET.json --workload WORKLOAD.json [--json] [-o PLAN.json]\n"
         "                  [--svg CHART.svg] [--profile PROFILE.json]... [--catalog GPUS.json]\n"
-        "                  [--only-type GPU] [--proportional]\n"
+        "                  [--only-type GPU] [--proportional] [--billing busy|until_deadline]\n"
         "Plans which model runs on which GPUs (MILP on GLPK) and prints a table, or the plan\n"
         "JSON (schemas/plan.schema.json) with --json / -o.\n");
 }
 
-enum { OPT_SVG = 256, OPT_PROFILE, OPT_CATALOG, OPT_ONLY, OPT_PROP, OPT_FAIL, OPT_PLAN };
+enum { OPT_SVG = 256, OPT_PROFILE, OPT_CATALOG, OPT_ONLY, OPT_PROP, OPT_FAIL, OPT_PLAN, OPT_BILL };
 
 int cmd_plan(int argc, char **argv) {
     const char *fleet = NULL, *workload = NULL, *svg = NULL, *catalog = NULL, *only = NULL,
-               *outp = NULL;
+               *billing = NULL, *outp = NULL;
     char *profiles[32];
     int nprof = 0, json = 0, prop = 0;
     static const struct option lo[] = {{"fleet", 1, 0, 'f'},
@@ -100,6 +101,7 @@ int cmd_plan(int argc, char **argv) {
                                        {"catalog", 1, 0, OPT_CATALOG},
                                        {"only-type", 1, 0, OPT_ONLY},
                                        {"proportional", 0, 0, OPT_PROP},
+                                       {"billing", 1, 0, OPT_BILL},
                                        {"help", 0, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
@@ -114,6 +116,7 @@ int cmd_plan(int argc, char **argv) {
         case OPT_CATALOG: catalog = optarg; break;
         case OPT_ONLY: only = optarg; break;
         case OPT_PROP: prop = 1; break;
+        case OPT_BILL: billing = optarg; break;
         case OPT_PROFILE:
             if (nprof == 32) {
                 fprintf(stderr, "medley plan: at most 32 --profile files\n");
@@ -132,7 +135,8 @@ int cmd_plan(int argc, char **argv) {
     md_err e = {0};
     inputs in;
     sched_plan p;
-    int rc = load_and_plan("plan", &in, &p, catalog, fleet, workload, profiles, nprof, only, prop);
+    int rc = load_and_plan("plan", &in, &p, catalog, fleet, workload, profiles, nprof, only, prop,
+                           billing);
     if (rc)
         return rc;
     if (sched_plan_validate(&p, &in.w, &in.fleet, &in.cat, &in.cs, &in.pp, &e)) {
@@ -164,6 +168,7 @@ static void sim_usage(FILE *f) {
     fprintf(f,
             "usage: medley simulate --fleet FLEET.json --workload WORKLOAD.json [--json]\n"
             "                      [--fail GPU_ID@SECONDS]... [--only-type GPU] [--proportional]\n"
+            "                      [--billing busy|until_deadline]\n"
             "                      [--profile PROFILE.json]... [--catalog GPUS.json]\n"
             "Plans (as `medley plan` would, or the baselines) and runs the workload through the\n"
             "plan in the discrete-event simulator: makespan, tokens/s, $ spent, $/M tokens.\n");
@@ -175,7 +180,7 @@ static int cmp_fail(const void *a, const void *b) {
 }
 
 int cmd_simulate(int argc, char **argv) {
-    const char *fleet = NULL, *workload = NULL, *catalog = NULL, *only = NULL;
+    const char *fleet = NULL, *workload = NULL, *catalog = NULL, *only = NULL, *billing = NULL;
     char *profiles[32];
     sched_sim_failure fails[64];
     int nprof = 0, nfail = 0, json = 0, prop = 0;
@@ -187,6 +192,7 @@ int cmd_simulate(int argc, char **argv) {
                                        {"catalog", 1, 0, OPT_CATALOG},
                                        {"only-type", 1, 0, OPT_ONLY},
                                        {"proportional", 0, 0, OPT_PROP},
+                                       {"billing", 1, 0, OPT_BILL},
                                        {"help", 0, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
@@ -199,6 +205,7 @@ int cmd_simulate(int argc, char **argv) {
         case OPT_CATALOG: catalog = optarg; break;
         case OPT_ONLY: only = optarg; break;
         case OPT_PROP: prop = 1; break;
+        case OPT_BILL: billing = optarg; break;
         case OPT_PROFILE:
             if (nprof == 32)
                 return 2;
@@ -232,7 +239,8 @@ int cmd_simulate(int argc, char **argv) {
     md_err e = {0};
     inputs in;
     sched_plan p;
-    int rc = load_and_plan("simulate", &in, &p, catalog, fleet, workload, profiles, nprof, only, prop);
+    int rc = load_and_plan("simulate", &in, &p, catalog, fleet, workload, profiles, nprof, only,
+                           prop, billing);
     if (rc)
         return rc;
     sched_sim_result r;
@@ -288,11 +296,11 @@ static void daemon_usage(FILE *f) {
 
 int cmd_scheduler(int argc, char **argv) {
     sched_daemon_opts o = {NULL, "medley:", NULL, 5, 15000, 60, 0.1, 0};
-    static const struct option lo[] = {
-        {"redis", 1, 0, 'r'},    {"prefix", 1, 0, 'p'},   {"workload", 1, 0, 'w'},
-        {"interval", 1, 0, 'i'}, {"min-gain", 1, 0, 'g'}, {"reload-s", 1, 0, 'l'},
-        {"once", 0, 0, '1'},     {"help", 0, 0, 'h'},     {"metrics", 1, 0, 'm'},
-        {0, 0, 0, 0}};
+    static const struct option lo[] = {{"redis", 1, 0, 'r'},    {"prefix", 1, 0, 'p'},
+                                       {"workload", 1, 0, 'w'}, {"interval", 1, 0, 'i'},
+                                       {"min-gain", 1, 0, 'g'}, {"reload-s", 1, 0, 'l'},
+                                       {"once", 0, 0, '1'},     {"help", 0, 0, 'h'},
+                                       {"metrics", 1, 0, 'm'},  {0, 0, 0, 0}};
     const char *metrics_addr = NULL;
     int c;
     optind = 1;

@@ -118,6 +118,8 @@ static int evaluate(sched_cand *c, const sched_demand *d, const sched_fleet *f,
     for (int k = 0; k < d->nclasses; k++) {
         const sched_class *cl = &d->classes[k];
         c->serves[k] = 0;
+        pq.slo_tpot_s = cl->tpot_ms / 1e3;
+        pq.slo_ttft_s = cl->ttft_ms / 1e3;
         if (sched_perf_replica(&d->model, cat, c->stages, c->nstages, f->link_gbps, cl->input_mean,
                                cl->output_mean, pp, pr, &c->perf[k], NULL))
             continue;

@@ -13,14 +13,15 @@ extern const unsigned char sched_catalog_json[];
 
 /* The keys each document may hold, as schemas/gpu-catalog and schemas/fleet list them. */
 static const char *const GPU_KEYS[] = {
-    "name",        "aliases",  "memory_gb",  "memory_mib",   "hbm_gbps", "bf16_tflops", "int8_tops",
-    "nvlink_gbps", "pcie_gen", "pcie_lanes", "usd_per_hour", "sources",  NULL};
+    "name",         "aliases",   "memory_gb",   "memory_mib",        "hbm_gbps",
+    "bf16_tflops",  "int8_tops", "nvlink_gbps", "pcie_gen",          "pcie_lanes",
+    "usd_per_hour", "sources",   "cores",       "usd_per_core_hour", NULL};
 static const char *const CATALOG_KEYS[] = {"version", "kind", "note", "gpus", NULL};
 static const char *const FLEET_KEYS[] = {
     "version", "kind", "name", "inter_host_gbps", "inter_host_latency_us", "gpu_types", "prices",
     "pools",   "rent", NULL};
-static const char *const POOL_KEYS[] = {"name",          "type",         "count",
-                                        "gpus_per_host", "usd_per_hour", NULL};
+static const char *const POOL_KEYS[] = {
+    "name", "type", "count", "gpus_per_host", "usd_per_hour", "usd_per_core_hour", NULL};
 static const char *const RENT_KEYS[] = {"types", "max_per_type", "max", NULL};
 
 static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e) {
@@ -41,10 +42,13 @@ static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e)
         double *dst;
         int required;
         double max; /* far above any card: a bound that keeps the MILP's numbers sane */
-    } nums[] = {
-        {"memory_gb", &t->memory_gb, 1, 1e4},     {"hbm_gbps", &t->hbm_gbps, 1, 1e6},
-        {"bf16_tflops", &t->bf16_tflops, 1, 1e6}, {"int8_tops", &t->int8_tops, 0, 1e7},
-        {"nvlink_gbps", &t->nvlink_gbps, 0, 1e6}, {"usd_per_hour", &t->usd_per_hour, 1, 1e5}};
+    } nums[] = {{"memory_gb", &t->memory_gb, 1, 1e4},
+                {"hbm_gbps", &t->hbm_gbps, 1, 1e6},
+                {"bf16_tflops", &t->bf16_tflops, 1, 1e6},
+                {"int8_tops", &t->int8_tops, 0, 1e7},
+                {"nvlink_gbps", &t->nvlink_gbps, 0, 1e6},
+                {"usd_per_hour", &t->usd_per_hour, !json_object_get(g, "usd_per_core_hour"), 1e5},
+                {"usd_per_core_hour", &t->usd_per_core_hour, 0, 1e3}};
     for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
         v = 0;
         if (md_json_get_num(g, nums[i].k, nums[i].required, &v, where, e))
@@ -65,6 +69,16 @@ static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e)
         return md_errf(e, MD_EINVAL, "%s.memory_mib is %lld; it must be in [1, 1e7]", where, iv);
     if (iv > 0)
         t->memory_gb = (double)iv * 1048576.0 / 1e9;
+    iv = 0;
+    if (md_json_get_int(g, "cores", 0, &iv, where, e))
+        return e->code;
+    if (iv < 0 || iv > 100000 || (json_object_get(g, "usd_per_core_hour") && iv < 1))
+        return md_errf(e, MD_EINVAL,
+                       "%s.cores must be in [1, 1e5] (a price per core-hour needs it), got %lld",
+                       where, iv);
+    t->cores = (int)iv;
+    if (json_object_get(g, "usd_per_core_hour"))
+        t->usd_per_hour = t->cores * t->usd_per_core_hour;
     iv = 4;
     if (md_json_get_int(g, "pcie_gen", 0, &iv, where, e))
         return e->code;
@@ -400,6 +414,25 @@ static int fleet_rent(sched_fleet *f, json_t *rent, json_t *priced, sched_catalo
 /* Pool i of a fixed fleet (g) into f->pools[f->n], checked (f->n is the caller's to bump). */
 /* names: the pool names taken so far (a JSON object used as a hash set: the check was a
  * scan of every earlier pool, quadratic, 10 s at 40,000 pools). */
+/* A pool's "usd_per_core_hour" (CPU types: the catalog's cores x it per device-hour), into
+ * p->usd_per_hour. 0, or MD_EINVAL naming `where` (a type without cores, a bad price). */
+static int pool_core_price(json_t *g, sched_pool *p, const sched_catalog *cat, const char *where,
+                           md_err *e) {
+    json_t *v = json_object_get(g, "usd_per_core_hour");
+    if (!v)
+        return 0;
+    const sched_gpu_type *t = &cat->gpus[p->type];
+    if (t->cores < 1)
+        return md_errf(e, MD_EINVAL,
+                       "%s.usd_per_core_hour: type %s has no cores in the catalog (GPUs are "
+                       "priced per device: usd_per_hour)",
+                       where, t->name);
+    if (!json_is_number(v) || !(json_number_value(v) >= 0 && json_number_value(v) <= 1e3))
+        return md_errf(e, MD_EINVAL, "%s.usd_per_core_hour must be a number in [0, 1e3]", where);
+    p->usd_per_hour = t->cores * json_number_value(v);
+    return 0;
+}
+
 static int fleet_pool(sched_fleet *f, json_t *g, size_t i, json_t *priced, json_t *names,
                       sched_catalog *cat, md_err *e) {
     char w[64];
@@ -430,11 +463,14 @@ static int fleet_pool(sched_fleet *f, json_t *g, size_t i, json_t *priced, json_
     p->count = (int)count;
     p->gpus_per_host = (int)per;
     p->usd_per_hour = cat->gpus[t].usd_per_hour;
-    if (md_json_get_num(g, "usd_per_hour", 0, &p->usd_per_hour, w, e))
+    if (md_json_get_num(g, "usd_per_hour", 0, &p->usd_per_hour, w, e) ||
+        pool_core_price(g, p, cat, w, e))
         return e->code;
     snprintf(p->price_from, sizeof p->price_from, "%s",
-             json_object_get(g, "usd_per_hour") || price_named(priced, cat, t) ? "fleet"
-                                                                               : "catalog");
+             json_object_get(g, "usd_per_hour") || json_object_get(g, "usd_per_core_hour") ||
+                     price_named(priced, cat, t)
+                 ? "fleet"
+                 : "catalog");
     if (!(p->usd_per_hour >= 0 && p->usd_per_hour <= 1e5))
         return md_errf(e, MD_EINVAL, "%s.usd_per_hour must be in [0, 1e5], got %g", w,
                        p->usd_per_hour);

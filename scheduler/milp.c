@@ -36,10 +36,13 @@ typedef struct lp {
     int *ia, *ja;
     double *ar;
     int nz, cap;
-    double *x;   /* per column (1-based): the integer solution in force (zeros before one) */
-    int limited; /* a solve stopped at its node or time limit: feasible, maybe not optimal */
-    int clock;   /* ... at its time limit (the plan may then differ between runs) */
-    int unsure;  /* the last failed solve stopped at a limit: no solution is not proven */
+    double *x;     /* per column (1-based): the integer solution in force (zeros before one) */
+    int limited;   /* a solve stopped at its node or time limit: feasible, maybe not optimal */
+    int clock;     /* ... at its time limit (the plan may then differ between runs) */
+    int unsure;    /* the last failed solve stopped at a limit: no solution is not proven */
+    int col_lam;   /* phase 1's common fraction lambda of every demand (0 before phase1_fair) */
+    double *dem;   /* per model: demand in requests/s, for lambda (NULL before phase1_fair) */
+    double lam_lp; /* lambda of the LP relaxation: no integer plan gives more */
     const sched_workload *w;
     const sched_cands *cs;
 } lp;
@@ -77,6 +80,7 @@ static void lp_free(lp *L) {
     free(L->ja);
     free(L->ar);
     free(L->x);
+    free(L->dem);
     memset(L, 0, sizeof *L);
 }
 
@@ -304,6 +308,13 @@ static void round_lp(const lp *L, glp_prob *P, int up, double *x) {
         }
         x[L->col_x[m]] = fmax(0, X);
     }
+    if (L->col_lam && !up) {
+        double lam = 1;
+        for (int m = 0; m < w->n; m++)
+            if (L->col_x[m] && L->dem[m] > 0)
+                lam = fmin(lam, x[L->col_x[m]] / L->dem[m]);
+        x[L->col_lam] = fmax(0, lam * (1 - 1e-12));
+    }
 }
 
 /* What the branch-and-bound callback needs: the node limit, the solution in force to offer
@@ -400,7 +411,7 @@ static double model_tok(const sched_workload *w, int m) {
 #define BUSY_EPS 1e-6
 
 static int provisioned(const sched_workload *w, const sched_cand *c) {
-    return w->models[c->model].rate_rps > 0;
+    return w->models[c->model].rate_rps > 0 || w->bill_to_finish;
 }
 
 static double cost_n(const sched_workload *w, const sched_cand *c) {
@@ -641,47 +652,129 @@ static void phase1_objective(lp *L, const sched_plan *p, const sched_workload *w
     set_objective(L, w, cs, 0, 1);
 }
 
-/* When phase 1 leaves two or more models short of their demand, the most total throughput
- * can starve one of them (its backlog then sets the makespan). Re-solve for the largest
- * common fraction lambda of every demand, X_m >= lambda D_m, then, with lambda kept, the most
- * throughput again: short models finish together and the rest goes by priority. 0, or -1
- * when a solve fails (L then holds the first solution's problem, unsolved). */
-static int phase1_fair(lp *L, const sched_plan *p, const sched_workload *w, const sched_cands *cs,
-                       const sched_opts *o) {
-    int shortn = 0;
+/* How many models with a demand X (per column, 1-based) leaves short of it. */
+static int count_short(const lp *L, const sched_plan *p, const sched_workload *w, const double *x) {
+    int n = 0;
     for (int m = 0; m < w->n; m++) {
         double d = p->models[m].demand_tps / model_tok(w, m);
-        shortn += L->col_x[m] && d > 0 && lp_val(L, L->col_x[m]) < d * (1 - 1e-6);
+        n += L->col_x[m] && d > 0 && x[L->col_x[m]] < d * (1 - 1e-6);
     }
-    if (shortn < 2)
+    return n;
+}
+
+/* The LP relaxation of L as it stands (simplex only, integrality ignored): 0 when it has an
+ * optimum, read with glp_get_col_prim. */
+static int lp_relax(lp *L, const sched_opts *o) {
+    glp_smcp sp;
+    glp_init_smcp(&sp);
+    sp.msg_lev = GLP_MSG_OFF;
+    sp.tm_lim = (int)(o->time_limit_s * 1000);
+    return glp_simplex(L->P, &sp) || glp_get_status(L->P) != GLP_OPT ? -1 : 0;
+}
+
+/* Models short of their demand in L's LP relaxation (phase 1's objective): no integer plan
+ * serves them more, so two or more of them call for the fair phase before any branching. */
+static int relaxed_short(lp *L, const sched_plan *p, const sched_workload *w, const sched_opts *o) {
+    if (lp_relax(L, o))
         return 0;
+    double *x = calloc((size_t)glp_get_num_cols(L->P) + 1, sizeof *x);
+    if (!x)
+        return 0;
+    for (int j = 1; j <= glp_get_num_cols(L->P); j++)
+        x[j] = glp_get_col_prim(L->P, j);
+    int n = count_short(L, p, w, x);
+    free(x);
+    return n;
+}
+
+/* The LP relaxation's solution rounded down to whole replicas (round_lp: work scaled into
+ * the replicas kept, X and lambda cut to what it serves) into x, or -1. At thousands of
+ * GPUs, losing under one replica per candidate costs little, where a branch-and-bound search
+ * that starts from a starving solution stops at its node limit near it (issue 39 item 10). */
+static int relaxed_rounded(lp *L, const sched_opts *o, double *x) {
+    if (lp_relax(L, o))
+        return -1;
+    round_lp(L, L->P, 0, x);
+    return 0;
+}
+
+/* x becomes the solution in force when it meets L's problem as it is now and beats that
+ * solution on L's objective. */
+static void offer(lp *L, double *x) {
+    int keep = satisfies(L->P, L->x);
+    double was = lp_obj(L);
+    double *old = L->x;
+    L->x = x;
+    double now = lp_obj(L);
+    L->x = old;
+    int better = glp_get_obj_dir(L->P) == GLP_MAX ? now > was : now < was;
+    if (satisfies(L->P, x) && (!keep || better))
+        memcpy(L->x, x, ((size_t)glp_get_num_cols(L->P) + 1) * sizeof *x);
+}
+
+/* Adds lambda to L: a column in [0, 1] with X_m >= lambda D_m for every model with a demand;
+ * the solution in force grows by it, at the common fraction it already gives. 0 or -1. */
+static int add_lambda(lp *L, const sched_plan *p, const sched_workload *w) {
     int lam = glp_add_cols(L->P, 1);
     glp_set_col_bnds(L->P, lam, GLP_DB, 0, 1);
-    /* the solution in force grows by lam, at the common fraction it already gives, so that
-     * it stays the warm start of the solves below (lp_solve) */
     double *x = realloc(L->x, ((size_t)lam + 1) * sizeof *x);
-    if (!x)
+    if (x)
+        L->x = x;
+    L->dem = calloc((size_t)w->n + 1, sizeof *L->dem);
+    if (!x || !L->dem)
         return -1;
-    L->x = x;
+    L->col_lam = lam;
     x[lam] = 1;
     for (int m = 0; m < w->n; m++) {
-        double d = p->models[m].demand_tps / model_tok(w, m);
-        if (L->col_x[m] && d > 0)
-            x[lam] = fmin(x[lam], x[L->col_x[m]] / d);
+        L->dem[m] = p->models[m].demand_tps / model_tok(w, m);
+        if (L->col_x[m] && L->dem[m] > 0)
+            x[lam] = fmin(x[lam], x[L->col_x[m]] / L->dem[m]);
     }
     x[lam] = fmax(0, x[lam]);
     for (int m = 0; m < w->n; m++) {
-        double d = p->models[m].demand_tps / model_tok(w, m);
-        if (!L->col_x[m] || d <= 0)
+        if (!L->col_x[m] || L->dem[m] <= 0)
             continue;
         int r = glp_add_rows(L->P, 1), ind[3] = {0, L->col_x[m], lam};
-        double val[3] = {0, 1, -d};
+        double val[3] = {0, 1, -L->dem[m]};
         glp_set_mat_row(L->P, r, 2, ind, val);
         glp_set_row_bnds(L->P, r, GLP_LO, 0, 0);
     }
+    return 0;
+}
+
+/* When two or more models are short of their demand, the most total throughput can starve
+ * some of them (their backlogs then set the makespan). Solve for the largest common fraction
+ * lambda of every demand, X_m >= lambda D_m, then, with lambda kept, the most throughput
+ * again: short models finish together and the rest goes by priority. Each MILP starts from
+ * its LP relaxation rounded down (warm_from_relaxation), so that a search stopped at its node
+ * limit is still near the fair answer; L->lam_lp keeps the relaxation's lambda (an upper
+ * bound). 0, or -1 when a solve fails. */
+static int phase1_fair(lp *L, const sched_plan *p, const sched_workload *w, const sched_cands *cs,
+                       const sched_opts *o) {
+    if (add_lambda(L, p, w))
+        return -1;
+    int lam = L->col_lam;
     for (int j = 1; j < lam; j++)
         glp_set_obj_coef(L->P, j, 0);
     glp_set_obj_coef(L->P, lam, 1);
+    double *x = calloc((size_t)glp_get_num_cols(L->P) + 1, sizeof *x);
+    if (!x)
+        return -1;
+    if (!lp_relax(L, o)) {
+        /* the relaxation's most throughput at its lambda, rounded, as the warm start */
+        L->lam_lp = glp_get_col_prim(L->P, lam);
+        glp_set_col_bnds(L->P, lam, GLP_DB, fmin(1, L->lam_lp * (1 - 1e-9)), 1);
+        set_objective(L, w, cs, 0, 1);
+        glp_set_obj_coef(L->P, lam, 0);
+        int ok = !relaxed_rounded(L, o, x);
+        glp_set_col_bnds(L->P, lam, GLP_DB, 0, 1);
+        for (int j = 1; j < lam; j++)
+            glp_set_obj_coef(L->P, j, 0);
+        glp_set_obj_coef(L->P, lam, 1);
+        if (ok)
+            offer(L, x);
+    }
+    free(x);
     if (lp_solve(L, o))
         return -1;
     double best = lp_val(L, lam);
@@ -691,33 +784,69 @@ static int phase1_fair(lp *L, const sched_plan *p, const sched_workload *w, cons
     return lp_solve(L, o);
 }
 
+/* Phase 1 on L as built: the most demand served; when two or more models fall short (in the
+ * LP relaxation, or in the MILP's answer), the fair phase. 0, or -1 with no solution. */
+static int phase1_once(lp *L, sched_plan *p, const sched_workload *w, const sched_cands *cs,
+                       const sched_opts *o) {
+    phase1_objective(L, p, w, cs);
+    int fair = relaxed_short(L, p, w, o) >= 2;
+    if (!fair) {
+        if (lp_solve(L, o))
+            return -1;
+        fair = count_short(L, p, w, L->x) >= 2;
+    }
+    return fair ? phase1_fair(L, p, w, cs, o) : 0;
+}
+
 /* Phase 1 on L; when the fleet cannot hold a replica of every model (*min_one), again on L
  * rebuilt without that requirement, with a note. Returns 0, or nonzero with no solution. */
 static int phase1(lp *L, sched_plan *p, const sched_workload *w, const sched_fleet *f,
                   const sched_cands *cs, const sched_opts *o, int *min_one) {
-    int rc = 0;
-    phase1_objective(L, p, w, cs);
-    if (lp_solve(L, o)) {
-        if (*min_one) {
-            /* Not enough GPUs for a replica of every model (or none found within the limits):
-             * drop that requirement; without it, no replicas at all is a solution. */
-            json_array_append_new(
-                p->notes, json_string(L->unsure ? "the MILP found no plan with one replica of "
+    if (!phase1_once(L, p, w, cs, o))
+        return 0;
+    if (!*min_one)
+        return -1;
+    /* Not enough GPUs for a replica of every model (or none found within the limits): drop
+     * that requirement; without it, no replicas at all is a solution. */
+    json_array_append_new(p->notes,
+                          json_string(L->unsure ? "the MILP found no plan with one replica of "
                                                   "every model within its limits; some models "
                                                   "get none"
                                                 : "the fleet cannot hold one replica of every "
                                                   "model at once; some models get none"));
-            lp_free(L);
-            *min_one = 0;
-            if (lp_build(L, w, f, cs, o, 0, -1) == 0) {
-                phase1_objective(L, p, w, cs);
-                rc = lp_solve(L, o);
-            }
-        } else {
-            rc = -1;
-        }
-    }
-    return rc;
+    lp_free(L);
+    *min_one = 0;
+    if (lp_build(L, w, f, cs, o, 0, -1))
+        return -1;
+    return phase1_once(L, p, w, cs, o);
+}
+
+/* What phase 1 gave a model short of its demand, for its note: "the most this fleet gives"
+ * only when the search proved it (no node or time limit stopped it); the fair phase's
+ * common fraction, and its LP relaxation's bound when a limit cut the search (issue 39
+ * item 10: a note said "the most this fleet gives is 715 tokens/s" for a 70B model on
+ * 10,000 GPUs where the search had stopped near a starving solution). */
+static void shortfall_words(char *out, size_t n, const lp *L, const sched_fleet *f, double tps,
+                            double frac) {
+    const char *what = f->rent ? "rental limit (max_per_type, max)" : "fleet";
+    if (!L->limited && !L->col_lam)
+        snprintf(out, n, "the most this %s gives is %.0f tokens/s", what, tps);
+    else if (!L->limited)
+        snprintf(out, n,
+                 "the most this %s gives every model short of its demand alike is %.1f%% of it: "
+                 "%.0f tokens/s",
+                 what, 100 * frac, tps);
+    else if (L->col_lam)
+        snprintf(out, n,
+                 "this plan gives %.0f tokens/s, %.1f%% of it (the search stopped at its %s "
+                 "limit; the LP relaxation bounds the fraction every short model can get alike "
+                 "at %.1f%%)",
+                 tps, 100 * frac, L->clock ? "time" : "node", 100 * L->lam_lp);
+    else
+        snprintf(out, n,
+                 "this plan gives %.0f tokens/s (the search stopped at its %s limit: the %s may "
+                 "give more)",
+                 tps, L->clock ? "time" : "node", what);
 }
 
 /* The most each placeable model gets (phase 1's X in L) into p, with a note for each whose
@@ -734,18 +863,20 @@ static void note_shortfalls(sched_plan *p, const lp *L, const sched_workload *w,
             char tail[96] = "";
             if (dm->requests > 0 && x > 0)
                 snprintf(tail, sizeof tail, " (the backlog would take %.0f s)", dm->requests / x);
+            char gives[320];
+            shortfall_words(gives, sizeof gives, L, f, x * model_tok(w, m),
+                            x / (d / model_tok(w, m)));
             json_array_append_new(
                 p->notes,
-                json_sprintf("%s: %s needs %.0f tokens/s (%.0f requests x %.0f tokens in %.0f "
-                             "s%s); the most this %s gives is %.0f tokens/s%s",
+                json_sprintf("%s: %s needs %.0f tokens/s (%.0f requests x %.0f "
+                             "tokens in %.0f s%s); %s%s",
                              dm->model.name,
                              dm->deadline_s > 0 ? "the deadline"
-                             : dm->requests > 0 ? "finishing within the horizon (no deadline given)"
+                             : dm->requests > 0 ? "finishing within the horizon (no deadline "
+                                                  "given)"
                                                 : "the arrival rate",
                              d, dm->requests, model_tok(w, m), need_s,
-                             dm->rate_rps > 0 ? " plus arrivals" : "",
-                             f->rent ? "rental limit (max_per_type, max)" : "fleet",
-                             x * model_tok(w, m), tail));
+                             dm->rate_rps > 0 ? " plus arrivals" : "", gives, tail));
         }
     }
 }
@@ -821,7 +952,7 @@ static int solve_phase1(lp *L, sched_plan *p, const sched_workload *w, const sch
                         const sched_cands *cs, const sched_opts *o, int *min_one, md_err *e) {
     if (lp_build(L, w, f, cs, o, *min_one, -1))
         return md_errf(e, MD_ENOMEM, "out of memory building the MILP");
-    if (phase1(L, p, w, f, cs, o, min_one) || phase1_fair(L, p, w, cs, o))
+    if (phase1(L, p, w, f, cs, o, min_one))
         return md_errf(e, MD_ERANGE, "the placement MILP has no solution for this fleet");
     return 0;
 }
@@ -894,6 +1025,24 @@ static void plan_totals(sched_plan *p, const sched_workload *w, const sched_cand
     }
 }
 
+/* Say how batch replicas were costed (issue 39 item 13), when the workload has a backlog. */
+static void note_billing(sched_plan *p, const sched_workload *w) {
+    int batch = 0;
+    for (int m = 0; m < w->n; m++)
+        batch |= w->models[m].requests > 0 && w->models[m].rate_rps <= 0;
+    if (!batch)
+        return;
+    json_array_append_new(
+        p->notes, json_string(w->bill_to_finish
+                                  ? "billing until_deadline: batch replicas are costed from the "
+                                    "start until their model's deadline (else the horizon), "
+                                    "busy or not; \"billing\": \"busy\" costs them while they work"
+                                  : "billing busy: batch replicas are costed only while they work "
+                                    "(switched off when their classes are drained); "
+                                    "\"billing\": \"until_deadline\" (or --billing) costs them "
+                                    "until the deadline"));
+}
+
 int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *f,
                      const sched_catalog *cat, const sched_cands *cs, const sched_opts *o,
                      md_err *e) {
@@ -946,8 +1095,10 @@ int sched_plan_solve(sched_plan *p, const sched_workload *w, const sched_fleet *
         note_limits(p, &L, ls, nl, o);
         rc = sched_materialise(p, f, w, cs, counts, y, e);
     }
-    if (!rc)
+    if (!rc) {
         plan_totals(p, w, cs);
+        note_billing(p, w);
+    }
     for (int m = 0; sub && m < w->n; m++)
         lp_free(&sub[m]);
     free(sub);

@@ -121,7 +121,7 @@ int sched_materialise(sched_plan *p, const sched_fleet *f, const sched_workload 
             for (int j = 0; j < SCHED_MAX_CLASSES; j++)
                 r->share[j] = tot > 0 ? y[c][j] / tot : 0;
             r->load = fmin(1, tot / n);
-            r->busy = w->models[k->model].rate_rps > 0 ? 1 : r->load;
+            r->busy = w->models[k->model].rate_rps > 0 || w->bill_to_finish ? 1 : r->load;
             p->n++;
         }
     }

@@ -20,6 +20,8 @@ void sched_perf_defaults(sched_perf_params *p) {
     p->link_eff = 0.7;
     p->link_latency_s = 10e-6;
     p->max_batch = 256;
+    p->slo_tpot_s = 0;
+    p->slo_ttft_s = 0;
     p->inter_host_latency_s = 15e-6;
 }
 
@@ -130,53 +132,21 @@ static double profile_decode_tps(const sched_profile *p, int b) {
     return tps[p->nbatches - 1];
 }
 
-int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sched_stage *st,
-                       int nstages, double inter_host_gbps, double in, double out,
-                       const sched_perf_params *pp, const sched_profile *prof, sched_perf *r,
-                       md_err *e) {
-    memset(r, 0, sizeof *r);
-    r->scale = 1;
-    double kv = INFINITY;
-    for (int s = 0; s < nstages; s++) {
-        const sched_gpu_type *g = &cat->gpus[st[s].type];
-        int rc = sched_stage_fits(m, g, &st[s], 0, pp, e);
-        if (rc)
-            return rc;
-        kv = fmin(kv, stage_kv_tokens(m, g, &st[s], pp));
-    }
-    r->kv_tokens = kv;
-    /* A sequence holds its prompt and, on average, half its output while it decodes. */
-    double occupancy = in + out / 2;
+/* The interval between two output tokens of one sequence, seconds: a decode step of the
+ * whole batch (every stage in turn for a pipeline), plus the prefills of the newcomers that
+ * interrupt the batch — b / out of them per step on average (an engine without chunked
+ * prefill). The TPOT a TPOT SLO bounds. */
+static double token_interval(const sched_perf *r, double out) {
+    return r->decode_step_s + r->batch / out * r->prefill_s;
+}
+
+/* The roofline prediction of a replica at batch b into r (batch, prefill, decode step,
+ * requests/s, tokens/s, bound). */
+static int roofline_at(const sched_model *m, const sched_catalog *cat, const sched_stage *st,
+                       int nstages, double inter_host_gbps, double in, double out, double b,
+                       const sched_perf_params *pp, sched_perf *r) {
     double ctx = in + out / 2;
-    double b = floor(kv / occupancy);
-    if (b > pp->max_batch)
-        b = pp->max_batch;
-    if (b < 1)
-        return md_errf(e, MD_ERANGE,
-                       "%s on this group holds %.0f KV tokens, less than one request of %.0f "
-                       "prompt + %.0f output tokens",
-                       m->name, kv, in, out);
     r->batch = (int)b;
-    r->bound = "kv";
-    if (prof) {
-        const sched_profile_bucket *bk = find_bucket(prof, in, out);
-        if (bk && bk->rps > 0) {
-            r->requests_per_s = bk->rps;
-            r->tokens_per_s = bk->rps * (in + out);
-            r->bound = "profile";
-            r->decode_step_s = r->batch / (bk->rps * out);
-            return 0;
-        }
-        double dtps = profile_decode_tps(prof, r->batch);
-        if (dtps > 0) {
-            r->decode_step_s = r->batch / dtps;
-            r->prefill_s = prof->prefill_tps > 0 ? in / prof->prefill_tps : 0;
-            r->requests_per_s = 1.0 / (r->prefill_s + out * r->decode_step_s / r->batch);
-            r->tokens_per_s = r->requests_per_s * (in + out);
-            r->bound = "profile";
-            return 0;
-        }
-    }
     /* Per request, each stage spends its share of prefill plus `out` decode steps shared
      * by the batch; with one micro-batch per stage a step of the micro-batch (b / S
      * sequences) runs on every stage in turn, so the slowest stage sets the rate. Each
@@ -222,6 +192,83 @@ int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sch
     else
         r->bound = compute_bound ? "compute" : "memory";
     return 0;
+}
+
+int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sched_stage *st,
+                       int nstages, double inter_host_gbps, double in, double out,
+                       const sched_perf_params *pp, const sched_profile *prof, sched_perf *r,
+                       md_err *e) {
+    memset(r, 0, sizeof *r);
+    r->scale = 1;
+    double kv = INFINITY;
+    for (int s = 0; s < nstages; s++) {
+        const sched_gpu_type *g = &cat->gpus[st[s].type];
+        int rc = sched_stage_fits(m, g, &st[s], 0, pp, e);
+        if (rc)
+            return rc;
+        kv = fmin(kv, stage_kv_tokens(m, g, &st[s], pp));
+    }
+    r->kv_tokens = kv;
+    /* A sequence holds its prompt and, on average, half its output while it decodes. */
+    double occupancy = in + out / 2;
+    double b = floor(kv / occupancy);
+    if (b > pp->max_batch)
+        b = pp->max_batch;
+    if (b < 1)
+        return md_errf(e, MD_ERANGE,
+                       "%s on this group holds %.0f KV tokens, less than one request of %.0f "
+                       "prompt + %.0f output tokens",
+                       m->name, kv, in, out);
+    r->batch = (int)b;
+    r->bound = "kv";
+    if (prof) {
+        const sched_profile_bucket *bk = find_bucket(prof, in, out);
+        if (bk && bk->rps > 0) {
+            r->requests_per_s = bk->rps;
+            r->tokens_per_s = bk->rps * (in + out);
+            r->bound = "profile";
+            r->decode_step_s = r->batch / (bk->rps * out);
+            return 0;
+        }
+        double dtps = profile_decode_tps(prof, r->batch);
+        if (dtps > 0) {
+            r->decode_step_s = r->batch / dtps;
+            r->prefill_s = prof->prefill_tps > 0 ? in / prof->prefill_tps : 0;
+            r->requests_per_s = 1.0 / (r->prefill_s + out * r->decode_step_s / r->batch);
+            r->tokens_per_s = r->requests_per_s * (in + out);
+            r->bound = "profile";
+            return 0;
+        }
+    }
+    int rc = roofline_at(m, cat, st, nstages, inter_host_gbps, in, out, b, pp, r);
+    if (pp->slo_tpot_s > 0 && token_interval(r, out) > pp->slo_tpot_s) {
+        /* the largest batch whose interval between a sequence's tokens meets the SLO
+         * (it grows with the batch): bisect [1, b) */
+        double lo = 0, hi = b;
+        while (hi - lo > 1) {
+            double mid = floor((lo + hi) / 2);
+            roofline_at(m, cat, st, nstages, inter_host_gbps, in, out, mid, pp, r);
+            if (token_interval(r, out) <= pp->slo_tpot_s)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        if (lo < 1) {
+            roofline_at(m, cat, st, nstages, inter_host_gbps, in, out, 1, pp, r);
+            return md_errf(e, MD_ERANGE,
+                           "%s: one sequence takes %.1f ms per output token here, over the TPOT "
+                           "SLO of %.1f ms",
+                           m->name, token_interval(r, out) * 1e3, pp->slo_tpot_s * 1e3);
+        }
+        roofline_at(m, cat, st, nstages, inter_host_gbps, in, out, lo, pp, r);
+        r->bound = "slo";
+    }
+    if (pp->slo_ttft_s > 0 && r->prefill_s > pp->slo_ttft_s)
+        return md_errf(e, MD_ERANGE,
+                       "%s: a %.0f-token prompt takes %.1f ms here, over the TTFT "
+                       "SLO of %.1f ms",
+                       m->name, in, r->prefill_s * 1e3, pp->slo_ttft_s * 1e3);
+    return rc;
 }
 
 /* ---- profiles ---- */

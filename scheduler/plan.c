@@ -73,10 +73,13 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
                                             pl && pl->price_from[0] ? pl->price_from : "catalog"));
         }
         json_t *served = json_array(), *routing = json_object(), *perf = json_object();
+        json_t *steal = json_array(); /* held but not routed: taken when the routed are empty */
         for (int k = 0; k < d->nclasses; k++) {
             if (r->share[k] > 1e-9) {
                 json_array_append_new(served, json_string(d->classes[k].name));
                 json_object_set_new(routing, d->classes[k].name, json_real(r->share[k]));
+            } else if (c->serves[k]) {
+                json_array_append_new(steal, json_string(d->classes[k].name));
             }
             if (c->serves[k])
                 json_object_set_new(
@@ -93,12 +96,13 @@ json_t *sched_plan_to_json(const sched_plan *p, const sched_workload *w, const s
         char id[32];
         snprintf(id, sizeof id, "r%d", i);
         json_array_append_new(
-            reps, json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:f, s:f, s:f, s:f}", "id",
-                            id, "model", d->model.name, "candidate", c->label, "throughput_source",
-                            c->source[0] ? c->source : "modelled", "stages", stages, "classes",
-                            served, "routing", routing, "per_class", perf, "predicted_tokens_per_s",
-                            tps, "busy", r->busy, "usd_per_hour", c->usd_per_hour, "usd_per_mtok",
-                            replica_usd_per_mtok(r, c, d->nclasses)));
+            reps,
+            json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:f, s:f, s:f, s:f}", "id", id,
+                      "model", d->model.name, "candidate", c->label, "throughput_source",
+                      c->source[0] ? c->source : "modelled", "stages", stages, "classes", served,
+                      "routing", routing, "steal", steal, "per_class", perf,
+                      "predicted_tokens_per_s", tps, "busy", r->busy, "usd_per_hour",
+                      c->usd_per_hour, "usd_per_mtok", replica_usd_per_mtok(r, c, d->nclasses)));
     }
     json_object_set_new(doc, "replicas", reps);
     json_t *models = json_array();

@@ -73,14 +73,16 @@ int sched_plan_check_claims(const sched_plan *p, const sched_workload *w, const 
                          "needs",
                          name, x->served_tps, x->demand_tps);
         else if (!x->deadline_met && x->demand_tps > 0 && x->served_tps >= x->demand_tps)
-            rc = md_errf(e, MD_EINVAL, "%s: the plan claims its deadline missed at %.6g of %.6g "
-                                       "tokens/s",
+            rc = md_errf(e, MD_EINVAL,
+                         "%s: the plan claims its deadline missed at %.6g of %.6g "
+                         "tokens/s",
                          name, x->served_tps, x->demand_tps);
         tps += x->served_tps;
     }
     if (!rc && !same(tps, p->tokens_per_s))
-        rc = md_errf(e, MD_EINVAL, "the plan claims %.6g tokens/s in all; its models add up to %.6g",
-                     p->tokens_per_s, tps);
+        rc =
+            md_errf(e, MD_EINVAL, "the plan claims %.6g tokens/s in all; its models add up to %.6g",
+                    p->tokens_per_s, tps);
     if (!rc && (!same(usd, p->usd_per_hour) || !same(busy_usd, p->busy_usd_per_hour)))
         rc = md_errf(e, MD_EINVAL,
                      "the plan claims $%.6g/h ($%.6g/h while working); its replicas cost $%.6g/h "

@@ -34,6 +34,11 @@ typedef struct sched_gpu_type {
     double nvlink_gbps; /* per-GPU NVLink bandwidth, 0 when there is none */
     int pcie_gen, pcie_lanes;
     double usd_per_hour;
+    /* CPU devices ("cpu"): priced per core-hour. cores > 0 and usd_per_core_hour given in the
+     * catalog set usd_per_hour = cores x usd_per_core_hour; a fleet pool may give its own
+     * usd_per_core_hour. 0 for GPUs. */
+    int cores;
+    double usd_per_core_hour;
 } sched_gpu_type;
 
 typedef struct sched_catalog {
@@ -161,6 +166,7 @@ typedef struct sched_class {
     double input_mean, output_mean; /* tokens per request */
     int max_tokens;                 /* class bound on prompt + max output tokens */
     double share;                   /* fraction of the model's requests, sums to 1 */
+    double tpot_ms, ttft_ms;        /* latency SLOs ("tpot_ms", "ttft_ms"), 0: none */
 } sched_class;
 
 typedef struct sched_demand {
@@ -180,7 +186,13 @@ typedef struct sched_workload {
     double horizon_s; /* arrivals last this long; backlogs without a deadline are planned to
                          finish within it (default 3600) */
     unsigned seed;
+    int bill_to_finish; /* 0 ("billing": "busy", default): a batch replica is paid while it
+                           works; 1 ("until_deadline"): from the start until its model's
+                           finish time (the deadline, else the horizon), as a rental that
+                           cannot be returned early is */
 } sched_workload;
+/* "busy" or "until_deadline" into w->bill_to_finish; MD_EINVAL naming `where` otherwise. */
+int sched_workload_billing(sched_workload *w, const char *billing, const char *where, md_err *e);
 
 /* Workload JSON (schemas/workload.schema.json). Models are built-in names or inline cards
  * or GGUF paths ("model_file"). */
@@ -211,6 +223,10 @@ typedef struct sched_perf_params {
     int max_batch;               /* engine's cap on concurrent sequences (256) */
     double inter_host_latency_s; /* one PP hop between hosts (15e-6); cand.c and sim.c use
                                     the fleet's inter_host_latency_us instead */
+    double slo_tpot_s;           /* 0, or the class's TPOT SLO: the batch is cut until the interval
+                                    between a sequence's tokens (a decode step plus the newcomers'
+                                    prefills per step) meets it (cand.c sets it per class) */
+    double slo_ttft_s;           /* 0, or the class's TTFT SLO: a prompt's prefill must meet it */
 } sched_perf_params;
 
 void sched_perf_defaults(sched_perf_params *p);
@@ -223,7 +239,8 @@ typedef struct sched_perf {
     double decode_step_s;  /* one decode iteration over `batch` sequences */
     double requests_per_s; /* sustained */
     double tokens_per_s;   /* (input + output) tokens per second */
-    const char *bound;     /* "memory", "compute", "kv", "profile" */
+    const char *bound;     /* "memory", "compute", "kv", "profile", "slo" (a TPOT SLO cut the
+                              batch) */
     double scale;          /* roofline speed multiplied by this calibration (1: none); the
                               simulator divides the roofline's step times by it */
 } sched_perf;
@@ -350,7 +367,10 @@ typedef struct sched_plan {
     json_t *notes;  /* array of strings: infeasibilities with their numbers */
     int route_even; /* 1: a load balancer deals each model's requests to its replicas in turn
                        (the "whole replicas per GPU type" baseline of bench/scheduler); 0:
-                       replicas pull from shared per-class queues (medley's workers) */
+                       replicas pull from shared per-class queues (medley's workers): their
+                       routed classes first, any class they hold when those are empty */
+    int route_pull; /* 1 (simulator only): plain work stealing, each replica takes the longest
+                       queue of any class it holds, the routing ignored (bench/scheduler) */
 } sched_plan;
 
 typedef struct sched_opts {

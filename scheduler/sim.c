@@ -262,6 +262,11 @@ static int make_replicas(const sched_plan *p, const sched_workload *w, const sch
             if (x->c->serves[k])
                 x->kv_cap = x->c->perf[k].kv_tokens;
         x->cap_batch = pp->max_batch;
+        /* a class with a TPOT SLO bounds the batch at what the performance model allows */
+        for (int k = 0; k < x->d->nclasses; k++)
+            if (x->c->serves[k] && x->d->classes[k].tpot_ms > 0 && x->c->perf[k].batch >= 1 &&
+                x->c->perf[k].batch < x->cap_batch)
+                x->cap_batch = x->c->perf[k].batch;
         x->running = malloc((size_t)x->cap_batch * sizeof *x->running);
         if (!x->running)
             return -1;
@@ -307,11 +312,30 @@ static int apply_failures(const sched_sim_failure *fails, int nfails, const int 
     return 0;
 }
 
+/* Routing is a preference (issue 39 item 11): a replica whose routed classes have nothing
+ * waiting takes from another class of its model that it can hold (its KV fits the class),
+ * the longest queue first, as the worker reads the plan's `steal` classes when its own
+ * streams are empty. any: every class it holds is fair game (route_pull: plain work
+ * stealing, the routing ignored). The class, with its first request in *id, or -1. */
+static int steal(const rep *y, const req *R, double now, int any, int *id) {
+    int best = -1, most = 0;
+    for (int k = 0; k < y->d->nclasses; k++) {
+        if (!y->c->serves[k] || (y->r->share[k] > 0 && !any))
+            continue;
+        const queue *q = &y->q[k];
+        int cand = q_peek((queue *)q, R, now), waiting = q->nretry + q->n - q->head;
+        if (cand >= 0 && waiting > most) {
+            most = waiting, best = k, *id = cand;
+        }
+    }
+    return best;
+}
+
 /* Admit into replica y what has arrived by now and fits its batch and KV, the class furthest
  * below its routing share first. Returns the prefill time of the newcomers (s); *cls_any is
  * the last class admitted. */
 static double admit(rep *y, const req *R, double now, const sched_catalog *cat, double link_gbps,
-                    const sched_perf_params *pp, int *cls_any) {
+                    const sched_perf_params *pp, int pull, int *cls_any) {
     const sched_model *m = &y->d->model;
     double pre = 0;
     for (;;) {
@@ -320,7 +344,7 @@ static double admit(rep *y, const req *R, double now, const sched_catalog *cat, 
         int best = -1, id = -1;
         double bestv = INFINITY;
         for (int k = 0; k < y->d->nclasses; k++) {
-            if (!y->c->serves[k] || y->r->share[k] <= 0)
+            if (pull || !y->c->serves[k] || y->r->share[k] <= 0)
                 continue;
             int cand = q_peek(&y->q[k], R, now);
             if (cand < 0)
@@ -330,6 +354,8 @@ static double admit(rep *y, const req *R, double now, const sched_catalog *cat, 
                 bestv = v, best = k, id = cand;
             }
         }
+        if (best < 0)
+            best = steal(y, R, now, pull, &id);
         if (best < 0)
             break;
         double need = R[id].in + R[id].out;
@@ -351,7 +377,7 @@ static void idle_or_finish(rep *y, int r, const req *R, double now, ev *H, int *
     double next = INFINITY;
     for (int k = 0; k < y->d->nclasses; k++) {
         const queue *q = &y->q[k];
-        if (y->c->serves[k] && y->r->share[k] > 0 && q->head < q->n)
+        if (y->c->serves[k] && q->head < q->n)
             next = fmin(next, R[q->ids[q->head]].arrive);
     }
     if (isfinite(next) && next > now) {
@@ -455,7 +481,7 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
         const sched_model *m = &y->d->model;
         /* Admit. */
         int cls_any = 0;
-        double pre = admit(y, R, now, cat, f->link_gbps, pp, &cls_any);
+        double pre = admit(y, R, now, cat, f->link_gbps, pp, p->route_pull, &cls_any);
         if (y->nrun == 0) {
             idle_or_finish(y, x.r, R, now, H, &nh);
             continue;
@@ -467,7 +493,10 @@ int sched_simulate(const sched_plan *p, const sched_workload *w, const sched_fle
         heap_push(H, &nh, (ev){now, x.r});
     }
     for (int i = 0; i < p->n; i++) {
-        res->usd += P[i].c->usd_per_hour * P[i].end / 3600;
+        double paid = P[i].end;
+        if (w->bill_to_finish && !P[i].dead)
+            paid = fmax(paid, P[i].d->finish_s); /* a rental kept until the deadline */
+        res->usd += P[i].c->usd_per_hour * paid / 3600;
         free(P[i].running);
     }
     res->requests_unserved = res->requests_total - res->requests_done;

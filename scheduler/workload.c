@@ -8,12 +8,13 @@
 #include "common/util.h"
 #include "scheduler/sched.h"
 
-static const char *const CLASS_KEYS[] = {"name",       "input_mean", "output_mean",
-                                         "max_tokens", "share",      NULL};
-static const char *const DEMAND_KEYS[] = {"model",       "model_file", "priority", "requests",
-                                          "rate_rps",    "deadline_s", "classes",  "input_mean",
-                                          "output_mean", "max_tokens", NULL};
-static const char *const WORKLOAD_KEYS[] = {"version", "kind", "seed", "horizon_s", "models", NULL};
+static const char *const CLASS_KEYS[] = {"name",  "input_mean", "output_mean", "max_tokens",
+                                         "share", "tpot_ms",    "ttft_ms",     NULL};
+static const char *const DEMAND_KEYS[] = {
+    "model",      "model_file",  "priority",   "requests", "rate_rps", "deadline_s", "classes",
+    "input_mean", "output_mean", "max_tokens", "tpot_ms",  "ttft_ms",  NULL};
+static const char *const WORKLOAD_KEYS[] = {"version", "kind",   "seed", "horizon_s",
+                                            "billing", "models", NULL};
 
 static int parse_class(json_t *c, sched_class *k, const char *where, md_err *e) {
     const char *name = NULL;
@@ -27,8 +28,15 @@ static int parse_class(json_t *c, sched_class *k, const char *where, md_err *e) 
         md_json_get_int(c, "max_tokens", 0, &maxt, where, e))
         return e->code;
     k->share = 1;
-    if (md_json_get_num(c, "share", 0, &k->share, where, e))
+    if (md_json_get_num(c, "share", 0, &k->share, where, e) ||
+        md_json_get_num(c, "tpot_ms", 0, &k->tpot_ms, where, e) ||
+        md_json_get_num(c, "ttft_ms", 0, &k->ttft_ms, where, e))
         return e->code;
+    if ((json_object_get(c, "tpot_ms") && !(k->tpot_ms > 0 && k->tpot_ms <= 1e6)) ||
+        (json_object_get(c, "ttft_ms") && !(k->ttft_ms > 0 && k->ttft_ms <= 1e8)))
+        return md_errf(e, MD_EINVAL,
+                       "%s: tpot_ms must be in (0, 1e6] and ttft_ms in (0, 1e8] milliseconds",
+                       where);
     if (strlen(name) >= SCHED_NAME || !*name)
         return md_errf(e, MD_EINVAL, "%s.name must be 1..%d characters", where, SCHED_NAME - 1);
     snprintf(k->name, sizeof k->name, "%s", name);
@@ -123,8 +131,10 @@ static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e
             return md_errctx(e, "(or give \"classes\") ");
         json_t *c = json_pack("{s:s, s:f, s:f}", "name", "all", "input_mean", k->input_mean,
                               "output_mean", k->output_mean);
-        if (json_object_get(j, "max_tokens"))
-            json_object_set(c, "max_tokens", json_object_get(j, "max_tokens"));
+        static const char *const pass[] = {"max_tokens", "tpot_ms", "ttft_ms"};
+        for (int i = 0; i < 3; i++)
+            if (json_object_get(j, pass[i]))
+                json_object_set(c, pass[i], json_object_get(j, pass[i]));
         int rc = parse_class(c, k, where, e);
         json_decref(c);
         if (rc)
@@ -137,6 +147,17 @@ static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e
                            "%s: class '%s' allows %d tokens per request but %s's context is %d",
                            where, d->classes[k].name, d->classes[k].max_tokens, d->model.name,
                            d->model.max_context);
+    return 0;
+}
+
+int sched_workload_billing(sched_workload *w, const char *billing, const char *where, md_err *e) {
+    if (billing && !strcmp(billing, "busy"))
+        w->bill_to_finish = 0;
+    else if (billing && !strcmp(billing, "until_deadline"))
+        w->bill_to_finish = 1;
+    else
+        return md_errf(e, MD_EINVAL, "%s must be \"busy\" or \"until_deadline\" (got %s)", where,
+                       billing ? billing : "not a string");
     return 0;
 }
 
@@ -156,6 +177,9 @@ int sched_workload_from_json(sched_workload *w, json_t *doc, md_err *e) {
         return md_errf(e, MD_EINVAL, "workload.horizon_s must be in [1, 1e8] seconds (got %.3g)",
                        w->horizon_s);
     w->seed = (unsigned)seed;
+    json_t *bill = json_object_get(doc, "billing");
+    if (bill && sched_workload_billing(w, json_string_value(bill), "workload.billing", e))
+        return e->code;
     json_t *models = json_object_get(doc, "models");
     if (!json_is_array(models) || json_array_size(models) == 0 || json_array_size(models) > 1000)
         return md_errf(e, MD_EFORMAT,

@@ -11,6 +11,13 @@ medley_test(test_sched_fleet_agg SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_s
             LIBS medley_sched LABELS unit)
 medley_test(test_sched_names SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_names.c
             LIBS medley_sched LABELS unit)
+# Issue 39 item 10: a common fraction of every demand at 1,000 GPUs x 20 models, 25x-50x over.
+medley_test(test_sched_fair SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_fair.c
+            LIBS medley_sched LABELS unit)
+# Issue 39 item 14: the hand-written plan of docs/sharding.md, as workers read it.
+medley_test(test_sched_plan_example
+            SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_plan_example.c
+            LIBS medley_worker LABELS unit)
 medley_test(test_sched_sim SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_sched_sim.c
             LIBS medley_sched LABELS unit)
 if(MEDLEY_REDIS_SERVER)
@@ -39,3 +46,8 @@ endif()
 add_executable(bench_sched ${CMAKE_SOURCE_DIR}/bench/scheduler/bench_sched.c)
 target_link_libraries(bench_sched PRIVATE medley_sched medley_common m)
 target_compile_definitions(bench_sched PRIVATE MEDLEY_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+# Issue 39 item 11: a --follow-plan worker reads the plan's steal classes when its own are
+# empty (real redis-server, the real binary, the echo runner).
+if(COMMAND medley_queue_py)
+  medley_queue_py(plan_steal plan_steal integration 120)
+endif()

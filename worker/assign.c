@@ -101,6 +101,42 @@ static int as_pipeline(const json_t *rep, const char *where, wk_pipe *p, md_err 
     return 1;
 }
 
+/* A replica's "steal" classes (absent: none) into a->steal, once each. 0 or MD_EINVAL. */
+static int add_steal(wk_assign *a, json_t *steal, const char *where, md_err *e) {
+    size_t j;
+    json_t *c;
+    if (steal && !json_is_array(steal))
+        return md_errf(e, MD_EINVAL, "plan: %s.steal is not an array", where);
+    json_array_foreach(steal, j, c) {
+        const char *name = json_string_value(c);
+        int rc;
+        if (!name)
+            return md_errf(e, MD_EINVAL, "plan: %s.steal[%zu] is not a string", where, j);
+        if ((rc = q_class_name_check(name, e)))
+            return rc;
+        int seen = 0;
+        for (int k = 0; k < a->n_steal; k++)
+            seen |= !strcmp(a->steal[k], name);
+        if (!seen && a->n_steal < Q_CLASS_MAX)
+            snprintf(a->steal[a->n_steal++], Q_CLASS_NAME, "%s", name);
+    }
+    return 0;
+}
+
+/* Drop from a's steal classes those it reads anyway. */
+static void steal_minus_classes(wk_assign *a) {
+    int kept = 0;
+    for (int k = 0; k < a->n_steal; k++) {
+        int routed = 0;
+        for (int c = 0; c < a->n_classes; c++)
+            routed |= !strcmp(a->classes[c], a->steal[k]);
+        if (!routed && kept != k)
+            memcpy(a->steal[kept], a->steal[k], Q_CLASS_NAME);
+        kept += !routed;
+    }
+    a->n_steal = kept;
+}
+
 int wk_plan_assignment(const json_t *plan, const char *worker, wk_assign out[WK_ASSIGN_MAX],
                        md_err *e) {
     json_t *reps = json_object_get(plan, "replicas");
@@ -149,6 +185,8 @@ int wk_plan_assignment(const json_t *plan, const char *worker, wk_assign out[WK_
         size_t used = strlen(a->replicas);
         snprintf(a->replicas + used, sizeof a->replicas - used, "%s%s", used ? "," : "",
                  id ? id : where);
+        if ((rc = add_steal(a, json_object_get(rep, "steal"), where, e)))
+            return rc;
         json_t *cls = json_object_get(rep, "classes");
         size_t j;
         json_t *c;
@@ -201,6 +239,8 @@ int wk_plan_assignment(const json_t *plan, const char *worker, wk_assign out[WK_
             }
         }
     }
+    for (int k = 0; k < n; k++)
+        steal_minus_classes(&out[k]);
     return n;
 }
 

@@ -15,7 +15,8 @@
  * nothing for it. Any other replica (one stage, or a stage naming several GPUs: tensor
  * parallelism over workers, which is not built) is served whole by every worker it names.
  * A worker reads the class streams of the replicas it serves plus any class of the model no
- * replica lists.
+ * replica lists, and, when those have nothing, the replicas' `steal` classes (classes they
+ * hold that the plan routes to other replicas: routing is a preference, issue 39 item 11).
  *
  * Documents are the caller's (jansson references); nothing here keeps a pointer into them. */
 #ifndef MEDLEY_WORKER_ASSIGN_H
@@ -44,6 +45,10 @@ typedef struct {
     char classes[Q_CLASS_MAX][Q_CLASS_NAME]; /* union over the replicas; may be empty */
     int n_classes;
     char replicas[256]; /* replica ids, comma-separated, for heartbeats and logs */
+    /* classes the replicas hold but are not routed ("steal" in the plan), none of classes:
+     * read only when the routed streams have nothing */
+    char steal[Q_CLASS_MAX][Q_CLASS_NAME];
+    int n_steal;
     /* n_stages > 0: the model runs as this pipeline, headed here (the first pipeline replica
      * the worker heads, when no replica gives it the model whole) */
     wk_pipe pipe;

@@ -90,6 +90,8 @@ typedef struct {
     char key[Q_KEY_MAX];
     char cursor[ENTRY_ID_MAX]; /* XAUTOCLAIM cursor */
     int claim_more;            /* look again before the next read (wk_take_over) */
+    int steal; /* a class the plan routes elsewhere that this replica holds: read only when
+                  the last read of the others gave nothing (routing is a preference) */
 } stream;
 
 #define WK_SPEC_MAX 1400    /* a --stages list: WK_PIPE_MAX endpoints and ranges */
@@ -178,6 +180,7 @@ typedef struct {
     stream st[MAX_STREAMS];
     int live;
     unsigned streams_gen; /* bumped when the stream set changes */
+    int idle;             /* the last read gave nothing: the plan's steal streams are read too */
     /* --follow-plan: the version of the plan applied (-1: none yet) and the last value seen
      * in P plan:version (-2: never looked). */
     long long plan_applied, plan_seen;

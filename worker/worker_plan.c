@@ -25,6 +25,7 @@ int wk_add_stream(wk *w, int m, const char *key, md_err *e) {
     for (int k = 0; k < MAX_STREAMS; k++)
         if (w->st[k].state != SLOT_FREE && w->st[k].m == m && !strcmp(w->st[k].key, key)) {
             w->st[k].state = SLOT_ON;
+            w->st[k].steal = 0;
             return 0;
         }
     for (int k = 0; k < MAX_STREAMS && s < 0; k++)
@@ -38,6 +39,7 @@ int wk_add_stream(wk *w, int m, const char *key, md_err *e) {
     if (rc) /* refused (OOM under noeviction): read anyway; NOGROUP makes the loop set up again */
         MD_WARN("worker", "%s; reading %s anyway", e->msg, key);
     w->st[s].state = SLOT_ON;
+    w->st[s].steal = 0;
     w->st[s].m = m;
     w->streams_gen++;
     snprintf(w->st[s].key, sizeof w->st[s].key, "%s", key);
@@ -146,6 +148,13 @@ static void apply_plan(wk *w, const json_t *plan) {
         for (int c = 0; c < as[a].n_classes && !rc; c++) {
             q_key_class(key, w->prefix, md->name, as[a].classes[c]);
             rc = wk_add_stream(w, m, key, &e);
+        }
+        for (int c = 0; c < as[a].n_steal && !rc; c++) {
+            q_key_class(key, w->prefix, md->name, as[a].steal[c]);
+            rc = wk_add_stream(w, m, key, &e);
+            for (int s = 0; s < MAX_STREAMS && !rc; s++)
+                if (w->st[s].m == m && !strcmp(w->st[s].key, key))
+                    w->st[s].steal = 1;
         }
         if (rc) {
             MD_ERROR("worker", "plan v%lld: %s: %s", version, md->name, e.msg);

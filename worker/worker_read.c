@@ -263,9 +263,9 @@ static void dead_letter(wk *w, int s, const char *id, redisReply *fields, long l
     snprintf(reason, sizeof reason, "delivered %lld times without an answer (max_attempts %d)",
              attempt, w->cfg->max_attempts);
     md_err e = {0};
-    const char *argv[] = {"XADD",  dlq,   "*",    "id",   id,    "batch", batch ? batch : "",
-                          "line",  line ? line : "",   "reason", reason, "worker", w->me,
-                          "stream", w->st[s].key};
+    const char *argv[] = {
+        "XADD",           dlq,      "*",    "id",     id,    "batch",  batch ? batch : "", "line",
+        line ? line : "", "reason", reason, "worker", w->me, "stream", w->st[s].key};
     size_t lens[15];
     for (int k = 0; k < 15; k++)
         lens[k] = strlen(argv[k]);
@@ -339,6 +339,12 @@ static void take_all(wk *w, int s, redisReply *entries, int claimed) {
     free(counts);
 }
 
+/* Stream s is read now for model m: on, and when it is a steal stream (a class the plan
+ * routes to other replicas), only after a read that gave nothing (issue 39 item 11). */
+static int reading(const wk *w, int s, int m) {
+    return w->st[s].state == SLOT_ON && w->st[s].m == m && (!w->st[s].steal || w->idle);
+}
+
 /* XREADGROUP over every stream being read whose model has free slots. A model's free slots
  * are shared out over its streams (one COUNT applies to every stream of the command, so it
  * is the smallest share), so a read never returns more entries than the runners take. */
@@ -350,7 +356,7 @@ int wk_read_new(wk *w, int block_ms) {
             continue;
         int k = 0, first = -1;
         for (int s = 0; s < MAX_STREAMS; s++)
-            if (w->st[s].state == SLOT_ON && w->st[s].m == m) {
+            if (reading(w, s, m)) {
                 k++;
                 if (first < 0)
                     first = s;
@@ -365,12 +371,12 @@ int wk_read_new(wk *w, int block_ms) {
                 continue;
             int pick = (int)((md_mono_ns() / 1000000u) % (uint64_t)k);
             for (int s = 0; s < MAX_STREAMS; s++)
-                if (w->st[s].state == SLOT_ON && w->st[s].m == m && pick-- == 0)
+                if (reading(w, s, m) && pick-- == 0)
                     which[n++] = s;
             share = 1;
         } else {
             for (int s = 0; s < MAX_STREAMS; s++)
-                if (w->st[s].state == SLOT_ON && w->st[s].m == m)
+                if (reading(w, s, m))
                     which[n++] = s;
         }
         count = count == 0 || share < count ? share : count;
@@ -430,6 +436,7 @@ int wk_read_new(wk *w, int block_ms) {
         }
     }
     freeReplyObject(rep);
+    w->idle = got == 0;
     return got;
 }
 

@@ -1,6 +1,9 @@
 /* bench_sched.c — the scheduler's scenario suite, scored by the fleet simulator.
  *
- *   build-dir/bench/bench_sched [bench/scheduler/scenarios.json]
+ *   build-dir/tests/bench_sched [bench/scheduler/scenarios.json [--owned]]
+ *   build-dir/tests/bench_sched --fair    fair share at 10,000 GPUs, 200x-500x (issue 39 item 10)
+ *   build-dir/tests/bench_sched --slo     Melange's setting with TPOT SLOs (issue 39 item 12)
+ *   --owned: section (a) alone, routing vs work stealing (issue 39 item 11)
  *
  * Fixed fleets: medley's plan against the best single-GPU-type plan (the same optimiser
  * restricted to one type, best simulated tokens per dollar among those that serve every
@@ -293,13 +296,16 @@ static void owned(json_t *sc) {
         return;
     }
     sched_plan p;
-    sched_sim_result h, lb = {0}, pull = {0};
+    sched_sim_result h, lb = {0}, pull = {0}, own = {0};
     if (run(&x, 0, -1, &p, &h)) {
         printf("%-34s medley plan failed\n", name);
         unload(&x);
         return;
     }
     int met = all_met(&p), nrep = p.n;
+    /* medley's replicas again, as plain work stealing (its routing ignored) */
+    p.route_pull = 1;
+    sched_simulate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &own, &e);
     sched_plan_free(&p);
     /* The baseline's plan, scored twice: dealt evenly, and pulled from shared queues. */
     int have = plan_per_type_even(&p, &x) == 0;
@@ -317,10 +323,13 @@ static void owned(json_t *sc) {
             have && sched_simulate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, NULL, 0, &pull, &e) == 0;
         sched_plan_free(&p);
     }
-    printf("%-34s %8.0f %7.0fs %-4s %3d | %8.0f %7.0fs %3d %5.2fx | %8.0f %7.0fs %5.2fx%s\n", name,
-           h.tokens_per_s, h.makespan_s, met ? "ok" : "MISS", nrep, lb.tokens_per_s, lb.makespan_s,
-           nlb, lb.tokens_per_s > 0 ? h.tokens_per_s / lb.tokens_per_s : 0, pull.tokens_per_s,
-           pull.makespan_s, pull.tokens_per_s > 0 ? h.tokens_per_s / pull.tokens_per_s : 0,
+    printf("%-34s %8.0f %7.0fs %-4s %3d | %8.0f %7.0fs %3d %5.2fx | %8.0f %7.0fs %5.2fx | %8.0f "
+           "%7.0fs %5.2fx%s\n",
+           name, h.tokens_per_s, h.makespan_s, met ? "ok" : "MISS", nrep, lb.tokens_per_s,
+           lb.makespan_s, nlb, lb.tokens_per_s > 0 ? h.tokens_per_s / lb.tokens_per_s : 0,
+           pull.tokens_per_s, pull.makespan_s,
+           pull.tokens_per_s > 0 ? h.tokens_per_s / pull.tokens_per_s : 0, own.tokens_per_s,
+           own.makespan_s, own.tokens_per_s > 0 ? h.tokens_per_s / own.tokens_per_s : 0,
            h.requests_unserved + lb.requests_unserved + pull.requests_unserved ? " (unserved)"
                                                                                : "");
     if (h.requests_unserved + lb.requests_unserved + pull.requests_unserved)
@@ -513,8 +522,9 @@ static json_t *hosts_fleet_doc(void) {
 }
 
 /* 20 models: the nine built-ins, then llama-3-8b shapes at other precisions, each a backlog
- * with a deadline of 1-3 h and a short and a long request class. */
-static json_t *hosts_workload_doc(void) {
+ * of mult x (20,000 + 5,000 m) requests with a deadline of 1-3 h and a short and a long
+ * request class. */
+static json_t *hosts_workload_doc(int mult) {
     static const char *builtin[] = {"llama-3-8b",  "llama-3-70b", "mistral-7b",
                                     "qwen2-7b",    "qwen2-72b",   "llama-2-7b",
                                     "llama-2-13b", "llama-2-70b", "smollm2-135m"};
@@ -535,7 +545,7 @@ static json_t *hosts_workload_doc(void) {
             ms,
             json_pack("{s:o, s:i, s:i, s:[{s:s, s:i, s:i, s:i, s:f}, {s:s, s:i, s:i, s:i, "
                       "s:f}]}",
-                      "model", card, "requests", 10 * (20000 + 5000 * m), "deadline_s",
+                      "model", card, "requests", mult * (20000 + 5000 * m), "deadline_s",
                       3600 * (1 + m % 3), "classes", "name", "s", "input_mean", 250, "output_mean",
                       150, "max_tokens", 1024, "share", 0.6, "name", "l", "input_mean", 2500,
                       "output_mean", 350, "max_tokens", 4096, "share", 0.4));
@@ -551,7 +561,7 @@ static double hosts_plan_once(int aggregate, const sched_opts *o, int *ncand, in
     md_err e = {0};
     memset(&x, 0, sizeof x);
     sched_perf_defaults(&x.pp);
-    json_t *fd = hosts_fleet_doc(), *wd = hosts_workload_doc();
+    json_t *fd = hosts_fleet_doc(), *wd = hosts_workload_doc(10);
     uint64_t t0 = md_mono_ns();
     sched_plan p;
     int rc = sched_catalog_load(&x.cat, NULL, &e) || sched_fleet_from_json(&x.f, fd, &x.cat, &e) ||
@@ -642,6 +652,143 @@ static void scale_hosts(void) {
                p1, c1, r1, u, lim1 ? " (the MILP stopped at a limit)" : "", u / t[2]);
 }
 
+/* ---- Melange's serving setting through `medley plan` alone (issue 39 item 12) ---- */
+
+/* Llama-2-7B served at rate_rps with a TPOT SLO, in one of Melange's request-size mixes:
+ * 0 short (Chatbot Arena), 1 long (PubMed), 2 mixed (80% short, 20% long). */
+static json_t *slo_workload_doc(int mix, double rate, double tpot_ms) {
+    /* Arena: LMSYS-Chat-1M's mean prompt and response per turn (69.5 / 214.5 tokens, its
+     * paper's Table 1); PubMed: ccdv/pubmed-summarization's mean article / abstract (3043 /
+     * 215 whitespace tokens, its dataset card). */
+    json_t *arena = json_pack("{s:s, s:f, s:f, s:i, s:f, s:f}", "name", "arena", "input_mean", 69.5,
+                              "output_mean", 214.5, "max_tokens", 1024, "share",
+                              mix == 2 ? 0.8 : 1.0, "tpot_ms", tpot_ms);
+    json_t *pubmed = json_pack("{s:s, s:f, s:f, s:i, s:f, s:f}", "name", "pubmed", "input_mean",
+                               3043.0, "output_mean", 215.0, "max_tokens", 4096, "share",
+                               mix == 2 ? 0.2 : 1.0, "tpot_ms", tpot_ms);
+    json_t *cls = json_array();
+    if (mix != 1)
+        json_array_append_new(cls, arena);
+    else
+        json_decref(arena);
+    if (mix != 0)
+        json_array_append_new(cls, pubmed);
+    else
+        json_decref(pubmed);
+    return json_pack("{s:[{s:s, s:f, s:o}]}", "models", "model", "llama-2-7b", "rate_rps", rate,
+                     "classes", cls);
+}
+
+/* $/h of the rental plan for x restricted to type (-1: any mix); INFINITY when it does not
+ * serve the whole rate. */
+static double slo_rent_usd(world *x, int type) {
+    sched_opts o;
+    sched_opts_defaults(&o);
+    o.only_type = type;
+    sched_plan p;
+    md_err e = {0};
+    if (sched_plan_solve(&p, &x->w, &x->f, &x->cat, &x->cs, &o, &e))
+        return INFINITY;
+    double usd = all_met(&p) ? p.usd_per_hour : INFINITY;
+    sched_plan_free(&p);
+    return usd;
+}
+
+static void melange_slo(void) {
+    static const char *mixes[] = {"short (Arena)", "long (PubMed)", "mixed 80/20"};
+    static const char *types[] = {"L4", "A10G", "A100-80GB-SXM", "H100-SXM"};
+    static const double rates[] = {1, 2, 4, 8, 16, 32}, slos[] = {120, 40};
+    printf("\n(d) Melange's serving setting through medley plan alone (issue 39 item 12): "
+           "Llama-2-7B, TPOT SLO per class, L4 $0.70, A10G $1.01, A100 $3.67, H100 $7.52 per hour "
+           "(roofline, no profiles); rental $/h, medley vs the cheapest single type\n");
+    printf("%-15s %5s %6s | %8s | %8s %8s %8s %8s | %-13s %7s\n", "mix", "SLO", "req/s", "medley",
+           "L4", "A10G", "A100", "H100", "best single", "saving");
+    for (int mi = 0; mi < 3; mi++)
+        for (int si = 0; si < 2; si++)
+            for (int ri = 0; ri < 6; ri++) {
+                world x;
+                md_err e = {0};
+                memset(&x, 0, sizeof x);
+                sched_perf_defaults(&x.pp);
+                char fp[8192];
+                snprintf(fp, sizeof fp, "%s/fleet-rent5-melange-prices.json", dir);
+                json_t *wd = slo_workload_doc(mi, rates[ri], slos[si]);
+                int rc = sched_catalog_load(&x.cat, NULL, &e) ||
+                         sched_fleet_load(&x.f, fp, &x.cat, &e) ||
+                         sched_workload_from_json(&x.w, wd, &e) ||
+                         sched_cands_build(&x.cs, &x.w, &x.f, &x.cat, NULL, &x.pp, &e);
+                json_decref(wd);
+                if (rc) {
+                    printf("%-15s error: %s\n", mixes[mi], e.msg);
+                    unload(&x);
+                    continue;
+                }
+                double med = slo_rent_usd(&x, -1), one[4], best = INFINITY;
+                int bi = -1;
+                for (int t = 0; t < 4; t++) {
+                    one[t] = slo_rent_usd(&x, sched_catalog_find(&x.cat, types[t]));
+                    if (one[t] < best)
+                        best = one[t], bi = t;
+                }
+                printf("%-15s %3.0fms %6.0f | %8.2f | %8.2f %8.2f %8.2f %8.2f | %-13s %6.0f%%\n",
+                       mixes[mi], slos[si], rates[ri], med, one[0], one[1], one[2], one[3],
+                       bi >= 0 ? types[bi] : "none", isfinite(best) ? 100 * (1 - med / best) : 0);
+                unload(&x);
+            }
+}
+
+/* Issue 39 item 10: the same 10,000 GPUs under over-demand (mult x the bench backlog): each
+ * model's served fraction of its demand; the least of them, and least / most (1.0: every
+ * model gets the same fraction, as phase 1's common lambda asks). */
+static void fair_hosts(int mult) {
+    world x;
+    md_err e = {0};
+    memset(&x, 0, sizeof x);
+    sched_perf_defaults(&x.pp);
+    sched_opts o;
+    sched_opts_defaults(&o);
+    json_t *fd = hosts_fleet_doc(), *wd = hosts_workload_doc(mult);
+    uint64_t t0 = md_mono_ns();
+    sched_plan p;
+    int rc = sched_catalog_load(&x.cat, NULL, &e) || sched_fleet_from_json(&x.f, fd, &x.cat, &e) ||
+             sched_fleet_aggregate(&x.f, &e) || sched_workload_from_json(&x.w, wd, &e) ||
+             sched_cands_build(&x.cs, &x.w, &x.f, &x.cat, NULL, &x.pp, &e) ||
+             sched_plan_solve(&p, &x.w, &x.f, &x.cat, &x.cs, &o, &e);
+    double dt = (md_mono_ns() - t0) / 1e9;
+    json_decref(fd);
+    json_decref(wd);
+    if (rc) {
+        printf("  %dx: %s\n", mult, e.msg);
+        unload(&x);
+        return;
+    }
+    double lo = INFINITY, hi = 0;
+    int starved = 0;
+    for (int m = 0; m < p.nmodels; m++) {
+        double f = p.models[m].served_tps / p.models[m].demand_tps;
+        lo = fmin(lo, f);
+        hi = fmax(hi, f);
+        starved += f < 0.01;
+    }
+    printf("  %3dx demand: min share %.3f, max %.3f, fairness (min/max) %.2f, %d of %d models "
+           "under 1%%, %d replicas, plan in %.1f s\n",
+           mult, lo, hi, hi > 0 ? lo / hi : 0, starved, p.nmodels, p.n, dt);
+    size_t i;
+    json_t *n;
+    json_array_foreach(p.notes, i, n) if (getenv("BENCH_NOTES"))
+        printf("    note: %s\n", json_string_value(n));
+    sched_plan_free(&p);
+    unload(&x);
+}
+
+static void fair_scale(void) {
+    printf("\nfair share at 10000 GPUs (1250 hosts x 8, 20 models) under over-demand (issue 39 "
+           "item 10): served / demand per model\n");
+    int mults[] = {200, 300, 500};
+    for (int i = 0; i < 3; i++)
+        fair_hosts(mults[i]);
+}
+
 /* Loading a fleet of n single-GPU pools (the daemon's view of n workers): seconds, or -1. */
 static double load_pools_s(int n) {
     json_t *pools = json_array();
@@ -679,6 +826,15 @@ static void load_scale(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--fair")) {
+        fair_scale();
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--slo")) {
+        snprintf(dir, sizeof dir, "%s/bench/scheduler", MEDLEY_SOURCE_DIR);
+        melange_slo();
+        return 0;
+    }
     const char *path = argc > 1 ? argv[1] : MEDLEY_SOURCE_DIR "/bench/scheduler/scenarios.json";
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -700,7 +856,10 @@ int main(int argc, char **argv) {
     int ngeo = 0;
     size_t i;
     json_t *sc;
-    json_array_foreach(json_object_get(doc, "fixed"), i, sc) fixed(sc, &geo, &ngeo);
+    /* --owned after the scenarios file: section (a) alone */
+    int owned_only = argc > 2 && !strcmp(argv[2], "--owned");
+    json_array_foreach(json_object_get(doc, "fixed"), i, sc) if (!owned_only)
+        fixed(sc, &geo, &ngeo);
     if (ngeo)
         printf(
             "geometric mean vs best single type, over the %d scenarios where that type meets the "
@@ -709,15 +868,20 @@ int main(int argc, char **argv) {
     printf(
         "\nrentals to deadline: simulated $ spent and makespan; medley vs the cheapest single-type "
         "rental that meets the deadlines\n");
-    json_array_foreach(json_object_get(doc, "rent"), i, sc) rent(sc);
+    json_array_foreach(json_object_get(doc, "rent"), i, sc) if (!owned_only) rent(sc);
     printf(
         "\n(a) owned mixed fleet: simulated tokens/s over the whole backlog (makespan; replicas); "
-        "medley vs whole replicas per GPU type with an even load balancer, and the same "
-        "replicas pulling from shared queues\n");
-    printf("%-34s %8s %8s %4s %3s | %8s %8s %3s %6s | %8s %8s %6s\n", "scenario", "tok/s",
-           "makespan", "dl", "rep", "even LB", "makespan", "rep", "ratio", "pull", "makespan",
-           "ratio");
+        "medley (routed classes first, stealing when they are empty) vs whole replicas per GPU "
+        "type with an even load balancer, the same replicas pulling from shared queues, and "
+        "medley's own replicas as plain work stealing (routing ignored)\n");
+    printf("%-34s %8s %8s %4s %3s | %8s %8s %3s %6s | %8s %8s %6s | %8s %8s %6s\n", "scenario",
+           "tok/s", "makespan", "dl", "rep", "even LB", "makespan", "rep", "ratio", "pull",
+           "makespan", "ratio", "own pull", "makespan", "ratio");
     json_array_foreach(json_object_get(doc, "owned"), i, sc) owned(sc);
+    if (owned_only) {
+        json_decref(doc);
+        return 0;
+    }
     printf(
         "\n(b) rent with per-type caps (H100 2, A100 8, A10G 16, L4 24) to a deadline: simulated "
         "$ and makespan; medley vs the cheapest single type within its cap that meets it\n");
@@ -727,8 +891,10 @@ int main(int argc, char **argv) {
            "req/s with 2 A100 + 1 A10G\n");
     if (json_object_get(doc, "melange"))
         melange(json_object_get(doc, "melange"));
+    melange_slo();
     scale(json_object_get(doc, "scale"));
     scale_hosts();
+    fair_scale();
     load_scale();
     json_decref(doc);
     return 0;

@@ -413,6 +413,47 @@ static void long_worker_ids_name_their_workers(void **st) {
     sched_catalog_free(&cat);
 }
 
+/* Issue 39 item 14: CPU devices are planned like any type. A CPU-only fleet (two workers whose
+ * heartbeats list one `cpu` device each) gets a plan with replicas on "<worker>/0"; a worker
+ * with an L4 and its host CPU is two pools, "<worker>#L4" and "<worker>#cpu". Before, every
+ * `cpu` device was dropped with a warning and a CPU-only fleet got no plan. */
+static void cpu_devices_are_planned(void **st) {
+    cmd("FLUSHALL");
+    cmd("HSET medley:worker:c1 host h1 state running devices %s",
+        "[{\"type\":\"cpu\",\"memory_bytes\":68719476736,\"tokens_per_s\":0}]");
+    cmd("HSET medley:worker:c2 host h2 state running devices %s",
+        "[{\"type\":\"cpu\",\"memory_bytes\":68719476736,\"tokens_per_s\":0}]");
+    cmd("XGROUP CREATE medley:q:smollm2-135m workers $ MKSTREAM");
+    cmd("EVAL %s 1 medley:q:smollm2-135m 3000",
+        "for i = 1, tonumber(ARGV[1]) do redis.call('XADD', KEYS[1], '*', 'batch', 'b1') end");
+    sched_catalog cat;
+    md_err e = {0};
+    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
+    sched_daemon_opts o = {url, "medley:", NULL, 0.1, 5000, 60, 0.1, 1};
+    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    char *js = NULL;
+    assert_int_equal(plan_version(&js), 1);
+    print_message("CPU-only plan: %.300s...\n", js);
+    json_t *doc = json_loads(js, 0, NULL);
+    json_t *reps = json_object_get(doc, "replicas");
+    assert_true(json_array_size(reps) >= 1);
+    json_t *s0 = json_array_get(json_object_get(json_array_get(reps, 0), "stages"), 0);
+    assert_string_equal(json_string_value(json_object_get(s0, "gpu_type")), "cpu");
+    const char *id = json_string_value(json_array_get(json_object_get(s0, "gpus"), 0));
+    assert_true(!strcmp(id, "c1/0") || !strcmp(id, "c2/0"));
+    json_decref(doc);
+    free(js);
+    /* an L4 and the host's CPU on one worker: a pool each */
+    cmd("HSET medley:worker:g1 host h3 state running devices %s",
+        "[{\"type\":\"L4\",\"memory_bytes\":24152899584,\"tokens_per_s\":0},"
+        "{\"type\":\"cpu\",\"memory_bytes\":68719476736,\"tokens_per_s\":0}]");
+    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    assert_int_equal(plan_version(&js), 2);
+    assert_non_null(strstr(js, "\"g1#L4/0\""));
+    free(js);
+    sched_catalog_free(&cat);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(once_publishes_a_plan_and_an_event),
@@ -421,6 +462,7 @@ int main(void) {
         cmocka_unit_test(vanished_worker_replans_at_once_and_steady_fleet_does_not),
         cmocka_unit_test(many_workers_from_heartbeats_plan_the_same_twice),
         cmocka_unit_test(long_worker_ids_name_their_workers),
+        cmocka_unit_test(cpu_devices_are_planned),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

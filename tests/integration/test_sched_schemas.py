@@ -104,4 +104,13 @@ if binary and os.path.exists(binary):
         fail("a workload given as the fleet should fail with a message about pools: %r" % bad.stderr)
 else:
     print("note: MEDLEY_BIN not set; emitted plans not checked")
+# docs/sharding.md's hand-written plan (issue 39 item 14) follows the plan schema.
+with open(os.path.join(SRC, "docs", "sharding.md")) as f:
+    md = f.read()
+at = md.find("<!-- plan example:")
+if at < 0:
+    fail("docs/sharding.md has no plan example")
+block = md[md.index("```json\n", at) + 8:]
+check("plan", json.loads(block[:block.index("```")]), "docs/sharding.md plan example")
+n += 1
 print("ok: %d scheduler documents follow their schemas" % n)

@@ -361,6 +361,46 @@ static void model_card_from_a_file_that_is_not_gguf(void **st) {
     assert_non_null(strstr(e.msg, "gpus.json"));
 }
 
+/* Issue 39 item 12: a TPOT SLO bounds the batch. Llama-2-7B on an A10G, Arena-sized requests
+ * (70 + 215 tokens): the KV allows a batch of 72; at 40 ms per output token the batch is
+ * the largest whose decode step plus the newcomers' prefills per step meets 40 ms, one more
+ * sequence breaks it; an SLO no single sequence meets is MD_ERANGE naming it, and a TTFT SLO
+ * below one prompt's prefill too. */
+static void tpot_slo_bounds_the_batch(void **st) {
+    sched_model m;
+    sched_perf_params pp;
+    sched_perf_defaults(&pp);
+    assert_int_equal(sched_model_builtin("llama-2-7b", &m, NULL), 0);
+    sched_stage s = {sched_catalog_find(&cat, "A10G"), -1, 1, 0, 32};
+    sched_perf free_r, r, more;
+    md_err e = {0};
+    assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 70, 215, &pp, NULL, &free_r, &e), 0);
+    pp.slo_tpot_s = 0.040;
+    assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 70, 215, &pp, NULL, &r, &e), 0);
+    print_message("A10G Arena: batch %d without an SLO (%s), %d at 40 ms (%s), %.1f ms per token\n",
+                  free_r.batch, free_r.bound, r.batch, r.bound,
+                  (r.decode_step_s + r.batch / 215.0 * r.prefill_s) * 1e3);
+    assert_true(r.batch < free_r.batch);
+    assert_string_equal(r.bound, "slo");
+    assert_true(r.decode_step_s + r.batch / 215.0 * r.prefill_s <= 0.040);
+    assert_true(r.tokens_per_s < free_r.tokens_per_s);
+    /* one more sequence breaks the SLO */
+    pp.slo_tpot_s = 0;
+    pp.max_batch = r.batch + 1;
+    assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 70, 215, &pp, NULL, &more, &e), 0);
+    assert_true(more.decode_step_s + more.batch / 215.0 * more.prefill_s > 0.040);
+    pp.max_batch = 256;
+    pp.slo_tpot_s = 0.005; /* under one sequence's step on an A10G (~23 ms) */
+    assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 70, 215, &pp, NULL, &r, &e),
+                     MD_ERANGE);
+    assert_non_null(strstr(e.msg, "TPOT SLO"));
+    pp.slo_tpot_s = 0;
+    pp.slo_ttft_s = 0.001;
+    assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 3000, 215, &pp, NULL, &r, &e),
+                     MD_ERANGE);
+    assert_non_null(strstr(e.msg, "TTFT SLO"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(catalog_has_the_required_types_with_aliases),
@@ -371,6 +411,7 @@ int main(void) {
         cmocka_unit_test(prefill_is_compute_bound_by_hand),
         cmocka_unit_test(perf_model_matches_published_vllm_a100_measurement),
         cmocka_unit_test(kv_capacity_bounds_the_batch),
+        cmocka_unit_test(tpot_slo_bounds_the_batch),
         cmocka_unit_test(profile_replaces_roofline),
         cmocka_unit_test(layer_split_dp_matches_brute_force),
         cmocka_unit_test(model_card_from_gguf_file),

@@ -122,11 +122,46 @@ static void pipelines_give_a_head_and_stage_roles(void **st) {
     json_decref(bad);
 }
 
+/* Issue 39 item 11: a replica's "steal" classes (held, routed to other replicas) are read
+ * only when its routed streams have nothing: the assignment lists them apart, without the
+ * classes the worker reads anyway. */
+static void steal_classes_are_listed_apart(void **st) {
+    json_t *plan =
+        parse("{\"version\": 1, \"classes\": ["
+              "{\"model\": \"m\", \"name\": \"s\", \"max_tokens\": 100},"
+              "{\"model\": \"m\", \"name\": \"l\", \"max_tokens\": 1000}],"
+              "\"replicas\": ["
+              "{\"id\": \"r0\", \"model\": \"m\", \"classes\": [\"s\"], \"steal\": [\"l\"],"
+              " \"stages\": [{\"gpus\": [\"{a}/0\"]}]},"
+              "{\"id\": \"r1\", \"model\": \"m\", \"classes\": [\"l\"], \"steal\": [\"s\"],"
+              " \"stages\": [{\"gpus\": [\"{b}/0\"]}]},"
+              "{\"id\": \"r2\", \"model\": \"m\", \"classes\": [\"l\"], \"steal\": [\"s\"],"
+              " \"stages\": [{\"gpus\": [\"{a}/1\"]}]}]}");
+    wk_assign a[WK_ASSIGN_MAX];
+    md_err e = {0};
+    assert_int_equal(wk_plan_assignment(plan, "b", a, &e), 1);
+    assert_int_equal(a[0].n_classes, 1);
+    assert_string_equal(a[0].classes[0], "l");
+    assert_int_equal(a[0].n_steal, 1);
+    assert_string_equal(a[0].steal[0], "s");
+    /* worker a holds r0 (s, steals l) and r2 (l, steals s): it reads both, steals nothing */
+    assert_int_equal(wk_plan_assignment(plan, "a", a, &e), 1);
+    assert_int_equal(a[0].n_classes, 2);
+    assert_int_equal(a[0].n_steal, 0);
+    json_t *bad = parse("{\"replicas\": [{\"model\": \"m\", \"classes\": [], \"steal\": [7],"
+                        " \"stages\": [{\"gpus\": [\"{a}/0\"]}]}]}");
+    assert_int_equal(wk_plan_assignment(bad, "a", a, &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "steal"));
+    json_decref(bad);
+    json_decref(plan);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(device_names_as_the_scheduler_writes_them),
         cmocka_unit_test(assignment_unions_replicas_and_adds_unlisted_classes),
         cmocka_unit_test(pipelines_give_a_head_and_stage_roles),
+        cmocka_unit_test(steal_classes_are_listed_apart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
