@@ -188,7 +188,8 @@ int q_batch_create(md_redis *r, const q_batch_spec *s, md_err *e) {
                           "failed",    "0",           "created_at", nows,
                           "started_at", "0",          "finished_at", "0",
                           "deadline",  dls,           "priority", prio,
-                          "input_file", s->input_file ? s->input_file : ""};
+                          "input_file", s->input_file ? s->input_file : "",
+                          "tenant",    s->tenant ? s->tenant : "default"};
     size_t n = sizeof argv / sizeof argv[0], lens[sizeof argv / sizeof argv[0]];
     for (size_t i = 0; i < n; i++)
         lens[i] = strlen(argv[i]);
