@@ -47,6 +47,7 @@ typedef struct {
     char *body;   /* a JSON body, up to cfg->max_json_bytes */
     size_t body_len, body_cap;
     int body_too_big;
+    long long dropped; /* body bytes dropped after a failure: past a bound the connection closes */
     api_upload *up;
 } api_req;
 
@@ -81,8 +82,12 @@ void api_key_tenant(char *out, const char *prefix, const char *tenant, const cha
 void api_key_batch(char *out, const char *prefix, const char *batch);
 
 /* files.c */
-enum MHD_Result api_files_upload(api_req *q, struct MHD_Connection *c, const char *data,
-                                 size_t *size);
+/* POST /v1/files: begin in the headers' call (tenant limits, the multipart parser; may
+ * answer), then each piece of the body (-1 once the upload has failed: the rest of the body
+ * is dropped and the error answered when it has all come, as libmicrohttpd answers only
+ * then). */
+enum MHD_Result api_files_upload_begin(api_req *q, struct MHD_Connection *c);
+int api_files_upload(api_req *q, const char *data, size_t size);
 /* Free an upload's state; its chunks are deleted unless it was stored. */
 void api_files_upload_end(api_req *q);
 enum MHD_Result api_files_route(api_req *q, struct MHD_Connection *c, const char *method,

@@ -100,6 +100,10 @@ static enum MHD_Result on_part(void *cls, enum MHD_ValueKind kind, const char *k
     (void)kind, (void)content_type, (void)transfer_encoding, (void)off;
     api_req *q = cls;
     api_upload *u = q->up;
+    if (!key) /* libmicrohttpd passes a part without a name so */
+        return upload_fail(u, MHD_HTTP_BAD_REQUEST, NULL, "invalid_multipart",
+                           "a multipart part has no name (Content-Disposition: form-data; "
+                           "name=...)");
     if (!strcmp(key, "file")) {
         if (!u->saw_file && filename)
             snprintf(u->filename, sizeof u->filename, "%s", filename);
@@ -120,8 +124,7 @@ static enum MHD_Result on_part(void *cls, enum MHD_ValueKind kind, const char *k
     return MHD_YES;
 }
 
-/* Start an upload: the tenant's limits on files and bytes first. */
-static enum MHD_Result upload_begin(api_req *q, struct MHD_Connection *c) {
+enum MHD_Result api_files_upload_begin(api_req *q, struct MHD_Connection *c) {
     const api_config *cfg = q->s->cfg;
     md_err e = {0};
     md_redis *r = api_redis(q->s, &e);
@@ -165,21 +168,14 @@ static enum MHD_Result upload_begin(api_req *q, struct MHD_Connection *c) {
     return MHD_YES;
 }
 
-enum MHD_Result api_files_upload(api_req *q, struct MHD_Connection *c, const char *data,
-                                 size_t *size) {
-    if (!q->up) {
-        enum MHD_Result rc = upload_begin(q, c);
-        if (q->answered || rc != MHD_YES)
-            return rc;
-    }
+int api_files_upload(api_req *q, const char *data, size_t size) {
     api_upload *u = q->up;
-    if (MHD_post_process(u->pp, data, *size) != MHD_YES && !u->err_status)
+    if (!u || u->err_status)
+        return -1;
+    if (MHD_post_process(u->pp, data, size) != MHD_YES && !u->err_status)
         upload_fail(u, MHD_HTTP_BAD_REQUEST, NULL, "invalid_multipart",
                     "the multipart/form-data body is malformed");
-    *size = 0;
-    if (u->err_status)
-        return api_send_error(q, c, u->err_status, u->err_param, u->err_code, "%s", u->err_msg);
-    return MHD_YES;
+    return u->err_status ? -1 : 0;
 }
 
 void api_files_upload_end(api_req *q) {

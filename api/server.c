@@ -142,28 +142,29 @@ static enum MHD_Result admit(api_req *q, struct MHD_Connection *c, const char *m
         strcmp(method, "HEAD"))
         return api_send_error(q, c, MHD_HTTP_METHOD_NOT_ALLOWED, NULL, NULL,
                               "method %s is not served", method);
-    return MHD_YES;
+    return upload ? api_files_upload_begin(q, c) : MHD_YES;
 }
 
-/* A JSON body, kept up to max_json_bytes; past it the request is answered 413 at once. */
-static enum MHD_Result take_body(api_req *q, struct MHD_Connection *c, const char *data, size_t n) {
-    long long max = q->s->cfg->max_json_bytes;
-    if ((long long)(q->body_len + n) > max)
-        return api_send_error(q, c, MHD_HTTP_CONTENT_TOO_LARGE, NULL, "request_too_large",
-                              "the body is over %lld bytes", max);
+/* A JSON body, kept up to max_json_bytes (past it: body_too_big, answered 413 at the end). */
+static int take_body(api_req *q, const char *data, size_t n) {
+    if (q->body_too_big || (long long)(q->body_len + n) > q->s->cfg->max_json_bytes) {
+        q->body_too_big = 1;
+        return -1;
+    }
     if (q->body_len + n + 1 > q->body_cap) {
         size_t cap = (q->body_len + n + 1) * 2;
         char *nb = realloc(q->body, cap);
-        if (!nb)
-            return api_send_error(q, c, MHD_HTTP_INTERNAL_SERVER_ERROR, NULL, NULL,
-                                  "out of memory");
+        if (!nb) {
+            q->body_too_big = 1;
+            return -1;
+        }
         q->body = nb;
         q->body_cap = cap;
     }
     memcpy(q->body + q->body_len, data, n);
     q->body_len += n;
     q->body[q->body_len] = 0;
-    return MHD_YES;
+    return 0;
 }
 
 static enum MHD_Result dispatch(api_req *q, struct MHD_Connection *c, const char *url,
@@ -198,10 +199,19 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        if (!strcmp(q->route, "files.create"))
-            return api_files_upload(q, c, upload, &n);
-        return take_body(q, c, upload, n);
+        int upl = !strcmp(q->route, "files.create");
+        if ((upl ? api_files_upload(q, upload, n) : take_body(q, upload, n)) < 0) {
+            /* dropped until the end, where the error is answered; a body far past its limit
+             * closes the connection instead */
+            q->dropped += (long long)n;
+            long long bound = upl ? q->s->cfg->max_file_bytes : q->s->cfg->max_json_bytes;
+            return q->dropped > bound ? MHD_NO : MHD_YES;
+        }
+        return MHD_YES;
     }
+    if (q->body_too_big)
+        return api_send_error(q, c, MHD_HTTP_CONTENT_TOO_LARGE, NULL, "request_too_large",
+                              "the body is over %lld bytes", q->s->cfg->max_json_bytes);
     return dispatch(q, c, url, method);
 }
 
@@ -314,6 +324,7 @@ static struct MHD_Daemon *start_daemon(api_server *s, int fd, int v6) {
         flags, 0, NULL, NULL, handle, s, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_THREAD_POOL_SIZE,
         (unsigned)(cfg->threads > 0 ? cfg->threads : 1), MHD_OPTION_CONNECTION_LIMIT,
         cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, cfg->timeout_s,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, cfg->per_ip_connections,
         /* headers beyond this answer 431 (the request line and headers live in it) */
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
         completed, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);

@@ -45,6 +45,8 @@ static void usage(FILE *f) {
             "  --tenant-max-files N, --tenant-max-bytes N, --tenant-max-batches N (in flight),\n"
             "  --tenant-rps N         per-tenant limits, answered 429 + Retry-After (0: none)\n"
             "  --max-connections N    open connections (default 1024)\n"
+            "  --max-connections-per-ip N  per client address (default 0: no limit; behind a\n"
+            "                         load balancer every client has its address)\n"
             "  --timeout S            idle seconds before a connection is closed (default 30)\n"
             "  --metrics ADDR:PORT    serve Prometheus metrics at http://ADDR:PORT/metrics\n");
 }
@@ -91,6 +93,8 @@ static int option(api_config *cfg, const char **metrics, const char *a, const ch
         cfg->threads = (int)x;
     else if (!strcmp(a, "--max-connections") && (x = num(a, v, 1, 100000)) > 0)
         cfg->max_connections = (unsigned)x;
+    else if (!strcmp(a, "--max-connections-per-ip") && (x = num(a, v, 0, 100000)) >= 0)
+        cfg->per_ip_connections = (unsigned)x;
     else if (!strcmp(a, "--timeout") && (x = num(a, v, 1, 3600)) > 0)
         cfg->timeout_s = (unsigned)x;
     else {
