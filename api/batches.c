@@ -273,11 +273,10 @@ static int in_flight(md_redis *r, const char *prefix, const char *tenant, long l
     return rc;
 }
 
-/* Record the API's part of the batch and index it for the tenant. */
+/* Record the API's part of the batch. */
 static int record_batch(md_redis *r, api_req *q, const char *id, const create_args *a, md_err *e) {
-    char key[Q_KEY_MAX], idx[Q_KEY_MAX];
+    char key[Q_KEY_MAX];
     api_key_batch(key, q->s->prefix, id);
-    api_key_tenant(idx, q->s->prefix, q->tenant, "batches");
     char *md = a->metadata && !json_is_null(a->metadata) ? json_dumps(a->metadata, JSON_COMPACT)
                                                          : strdup("null");
     long long now = md_wall_ms();
@@ -291,7 +290,16 @@ static int record_batch(md_redis *r, api_req *q, const char *id, const create_ar
     if (!rep)
         return MD_EREDIS;
     freeReplyObject(rep);
-    if (!(rep = md_redis_cmd(r, e, "ZADD %s %lld %s", idx, now, id)))
+    return 0;
+}
+
+/* Index the batch for the tenant once it is queued (or refused): an API process killed while
+ * queuing leaves no batch in the tenant's lists (the client had no answer and asks again). */
+static int index_batch(md_redis *r, api_req *q, const char *id, md_err *e) {
+    char idx[Q_KEY_MAX];
+    api_key_tenant(idx, q->s->prefix, q->tenant, "batches");
+    redisReply *rep = md_redis_cmd(r, e, "ZADD %s %lld %s", idx, (long long)md_wall_ms(), id);
+    if (!rep)
         return MD_EREDIS;
     freeReplyObject(rep);
     return 0;
@@ -395,8 +403,9 @@ static enum MHD_Result create_batch(api_req *q, struct MHD_Connection *c, md_red
             rc ? api_send_redis_error(q, c, &e)
                : api_send_error(q, c, MHD_HTTP_TOO_MANY_REQUESTS, NULL, "quota_exceeded",
                                 "tenant %s has %lld batches in flight, its limit", q->tenant, busy);
-    else if (q_new_batch_id(id, sizeof id),
-             (rc = record_batch(r, q, id, &a, &e)) || (rc = queue_file(q, r, id, &a, &e)))
+    else if (q_new_batch_id(id, sizeof id), (rc = record_batch(r, q, id, &a, &e)) ||
+                                                (rc = queue_file(q, r, id, &a, &e)) ||
+                                                (rc = index_batch(r, q, id, &e)))
         res = api_send_redis_error(q, c, &e);
     else {
         json_t *o = batch_object(r, q->s->prefix, q->tenant, id, &rc, &e);
