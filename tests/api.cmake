@@ -14,7 +14,7 @@ set(MEDLEY_API_TEST_ENV "MEDLEY_BIN=$<TARGET_FILE:medley>" "MEDLEY_SOURCE_DIR=${
 if(MEDLEY_REDIS_SERVER)
   list(APPEND MEDLEY_API_TEST_ENV "MEDLEY_REDIS_SERVER=${MEDLEY_REDIS_SERVER}")
 endif()
-foreach(t api_openai_sdk api_hostile api_crash)
+foreach(t api_openai_sdk api_hostile api_crash api_curl)
   add_test(NAME ${t} COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/${t}.py)
   set_tests_properties(${t} PROPERTIES LABELS integration TIMEOUT 120
                        ENVIRONMENT "${MEDLEY_API_TEST_ENV}")

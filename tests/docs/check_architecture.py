@@ -23,7 +23,8 @@ import re
 import subprocess
 import sys
 
-PRODUCT = ("cli", "common", "engine", "kernels", "queue", "worker", "scheduler", "dashboard")
+PRODUCT = ("cli", "common", "engine", "kernels", "queue", "worker", "scheduler", "dashboard",
+           "api")
 SOURCE_EXT = (".c", ".h", ".cu", ".cuh", ".cc")
 DOC = "docs/architecture.md"
 
@@ -36,6 +37,7 @@ CMAKE_LIBS = {
     "PkgConfig::UTF8PROC": "utf8proc",
     "PkgConfig::MICROHTTPD": "libmicrohttpd",
     "PkgConfig::MD_DASH_MHD": "libmicrohttpd",
+    "PkgConfig::LIBCRYPTO": "libcrypto",
     "ZLIB::ZLIB": "zlib",
     "Threads::Threads": "pthreads",
     "CUDA::cudart": "cudart",
