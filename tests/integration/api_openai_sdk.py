@@ -7,13 +7,16 @@ on the first tenant's file, batch and content and does not see them in lists; no
 wrong key gets 401. docs/api.md."""
 import json
 import os
+import signal
 import sys
+import time
+import urllib.request
 
 import openai
 from openai import OpenAI
 
 from api_util import KEY_A, KEY_B, Api, wait_status, write_keys
-from harness import RedisServer, Worker, chat_line, fail, write_lines
+from harness import RedisServer, Worker, chat_line, fail, free_port, write_lines
 
 
 def batch_flow(client, tmp):
@@ -109,13 +112,49 @@ def tenants(api, client, file_id, batch):
             pass
 
 
+def sighup(api, keys):
+    """A key added to the file works after SIGHUP, without a restart."""
+    new = OpenAI(base_url=api.base, api_key="sk-gamma-0123456789abcdef", max_retries=0)
+    try:
+        new.batches.list()
+        fail("a key not in the file was let in")
+    except openai.AuthenticationError:
+        pass
+    with open(keys, "a") as f:
+        f.write("gamma sk-gamma-0123456789abcdef\n")
+    api.proc.send_signal(signal.SIGHUP)
+    for _ in range(50):
+        time.sleep(0.1)
+        try:
+            if list(new.batches.list()) == []:
+                return
+        except openai.AuthenticationError:
+            pass
+    fail("the key added to the file is refused 5 s after SIGHUP")
+
+
+def metrics(port, uploaded):
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
+    want = ['medley_api_requests_total{route="files.create",code="200"} 2',
+            'medley_api_requests_total{route="batches.retrieve",code="404"} 1',
+            'medley_api_request_seconds_count{route="batches.create"} 6',
+            'medley_api_tenant_requests_total{tenant="beta"}']
+    for w in want:
+        if w not in text:
+            fail("/metrics has no %s:\n%s" % (w, text[:3000]))
+    up = [l for l in text.splitlines() if l.startswith('medley_api_upload_bytes_total{tenant="acme"}')]
+    if not up or float(up[0].split()[-1]) < uploaded:
+        fail("upload bytes: %s" % up)
+
+
 def main():
     print("openai", openai.__version__)
     server = RedisServer()
     server.start()
     keys = write_keys(server.dir)
     worker = Worker(server, args=["--echo-delay-ms", "20", "--max-seqs", "8"])
-    api = Api(server, keys)
+    mport = free_port()
+    api = Api(server, keys, ["--metrics", "127.0.0.1:%d" % mport])
     try:
         client = OpenAI(base_url=api.base, api_key=KEY_A, max_retries=0)
         if [m.id for m in client.models.list()] not in ([], ["echo"]):
@@ -141,6 +180,8 @@ def main():
             fail("deleting files left %s, usage %s" % (left, r.hgetall("medley:tenant:{acme}:usage")))
         if r.hget("medley:{%s}:meta" % batch.id, "tenant") != "acme":
             fail("the batch meta does not name its tenant")
+        sighup(api, keys)
+        metrics(mport, f.bytes)
     finally:
         api.stop()
         worker.stop()
