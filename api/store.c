@@ -228,16 +228,18 @@ static int next_page(stream *st) {
     return 0;
 }
 
-/* Copy what is left of the current piece (a chunk, or one output line and its newline). */
+/* Fill buf with what comes next (chunks, or output lines each with its newline), as much as
+ * fits: libmicrohttpd sends what one call returns, so small returns would mean small sends. */
 static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     stream *st = cls;
-    for (;;) {
+    size_t got = 0;
+    while (got < max) {
         if (!st->page) {
             if (st->done)
-                return MHD_CONTENT_READER_END_OF_STREAM;
+                break;
             if (next_page(st))
-                return MHD_CONTENT_READER_END_WITH_ERROR;
+                return got ? (ssize_t)got : MHD_CONTENT_READER_END_WITH_ERROR;
             continue;
         }
         const redisReply *piece = st->page;
@@ -263,15 +265,16 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             continue;
         }
         if (st->off == piece->len) { /* an output line's newline */
-            buf[0] = '\n';
+            buf[got++] = '\n';
             st->off++;
-            return 1;
+            continue;
         }
-        size_t n = piece->len - st->off < max ? piece->len - st->off : max;
-        memcpy(buf, piece->str + st->off, n);
+        size_t n = piece->len - st->off < max - got ? piece->len - st->off : max - got;
+        memcpy(buf + got, piece->str + st->off, n);
         st->off += n;
-        return (ssize_t)n;
+        got += n;
     }
+    return got ? (ssize_t)got : MHD_CONTENT_READER_END_OF_STREAM;
 }
 
 static struct MHD_Response *stream_new(api_server *s, const char *key, int output, int ok) {
