@@ -398,13 +398,9 @@ static enum MHD_Result delete_file(api_req *q, struct MHD_Connection *c, md_redi
     int mine = rep->integer == 1; /* two deletes at once: one frees the bytes */
     freeReplyObject(rep);
     if (mine) {
-        const char *cmds[] = {"UNLINK %s", "UNLINK %s"};
-        const char *keys[] = {meta, data};
-        for (int i = 0; i < 2; i++) {
-            if (!(rep = md_redis_cmd(r, &e, cmds[i], keys[i])))
-                return api_send_redis_error(q, c, &e);
-            freeReplyObject(rep);
-        }
+        if (!(rep = md_redis_cmd(r, &e, "UNLINK %s %s", meta, data)))
+            return api_send_redis_error(q, c, &e);
+        freeReplyObject(rep);
         if (!(rep = md_redis_cmd(r, &e, "HINCRBY %s bytes %lld", usage, -bytes)))
             return api_send_redis_error(q, c, &e);
         freeReplyObject(rep);

@@ -26,15 +26,17 @@ json_t *api_list_page(md_redis *r, const char *zkey, long long limit, const char
                       json_t *(*one)(void *ctx, const char *id), void *ctx, md_err *e) {
     long long start = 0;
     if (after) {
-        redisReply *rk = md_redis_cmd(r, e, desc ? "ZREVRANK %s %s" : "ZRANK %s %s", zkey, after);
+        redisReply *rk = desc ? md_redis_cmd(r, e, "ZREVRANK %s %s", zkey, after)
+                              : md_redis_cmd(r, e, "ZRANK %s %s", zkey, after);
         if (!rk)
             return NULL;
         start = rk->type == REDIS_REPLY_INTEGER ? rk->integer + 1 : 0;
         freeReplyObject(rk);
     }
     /* one more than asked says whether there is more */
-    redisReply *rep = md_redis_cmd(r, e, desc ? "ZREVRANGE %s %lld %lld" : "ZRANGE %s %lld %lld",
-                                   zkey, start, start + limit);
+    redisReply *rep = desc
+                          ? md_redis_cmd(r, e, "ZREVRANGE %s %lld %lld", zkey, start, start + limit)
+                          : md_redis_cmd(r, e, "ZRANGE %s %lld %lld", zkey, start, start + limit);
     if (!rep)
         return NULL;
     json_t *data = json_array();
