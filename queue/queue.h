@@ -103,6 +103,7 @@ int q_batch_cancel(md_redis *r, const char *prefix, const char *batch, char *sta
 typedef struct {
     char id[Q_BATCH_ID_MAX];
     char status[24], model[128], endpoint[64], errors[256];
+    char tenant[64]; /* "default" when the hash has none */
     long long total, completed, failed;
     long long created_at, started_at, finished_at, deadline; /* ms since epoch, 0 if unset */
     int priority;

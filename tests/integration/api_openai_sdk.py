@@ -8,6 +8,7 @@ wrong key gets 401. docs/api.md."""
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -16,7 +17,7 @@ import openai
 from openai import OpenAI
 
 from api_util import KEY_A, KEY_B, Api, wait_status, write_keys
-from harness import RedisServer, Worker, chat_line, fail, free_port, write_lines
+from harness import MEDLEY, RedisServer, Worker, chat_line, fail, free_port, write_lines
 
 
 def batch_flow(client, tmp):
@@ -112,6 +113,21 @@ def tenants(api, client, file_id, batch):
             pass
 
 
+def dashboard_tenant(server, batch_id):
+    """`medley dashboard` shows the batch's tenant."""
+    d = subprocess.Popen([MEDLEY, "dashboard", "--listen", "127.0.0.1:0", "--redis", server.url],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = d.stdout.readline().split("serving ", 1)[1].strip().rstrip("/")
+        doc = json.loads(urllib.request.urlopen(url + "/api/batches", timeout=10).read())
+        mine = [b for b in doc["batches"] if b["id"] == batch_id]
+        if not mine or mine[0].get("tenant") != "acme":
+            fail("the dashboard does not show tenant acme: %s" % mine)
+    finally:
+        d.terminate()
+        d.wait()
+
+
 def sighup(api, keys):
     """A key added to the file works after SIGHUP, without a restart."""
     new = OpenAI(base_url=api.base, api_key="sk-gamma-0123456789abcdef", max_retries=0)
@@ -180,6 +196,7 @@ def main():
             fail("deleting files left %s, usage %s" % (left, r.hgetall("medley:tenant:{acme}:usage")))
         if r.hget("medley:{%s}:meta" % batch.id, "tenant") != "acme":
             fail("the batch meta does not name its tenant")
+        dashboard_tenant(server, batch.id)
         sighup(api, keys)
         metrics(mport, f.bytes)
     finally:
