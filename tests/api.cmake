@@ -19,3 +19,8 @@ foreach(t api_openai_sdk api_hostile api_crash api_curl)
   set_tests_properties(${t} PROPERTIES LABELS integration TIMEOUT 120
                        ENVIRONMENT "${MEDLEY_API_TEST_ENV}")
 endforeach()
+# api_smollm2 (e2e): the same flow on SmolLM2-135M through the real engine, 3 short requests;
+# skipped (77) where the model is not fetched.
+add_test(NAME api_smollm2 COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/api_smollm2.py)
+set_tests_properties(api_smollm2 PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "${MEDLEY_API_TEST_ENV}")
