@@ -105,8 +105,13 @@ static enum MHD_Result on_part(void *cls, enum MHD_ValueKind kind, const char *k
                            "a multipart part has no name (Content-Disposition: form-data; "
                            "name=...)");
     if (!strcmp(key, "file")) {
-        if (!u->saw_file && filename)
+        if (!u->saw_file && filename) {
+            /* the name goes into JSON answers: printable ASCII only */
             snprintf(u->filename, sizeof u->filename, "%s", filename);
+            for (char *p = u->filename; *p; p++)
+                if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7E)
+                    *p = '_';
+        }
         u->saw_file = 1;
         return file_bytes(q, u, data, size) == MHD_YES ? MHD_YES : MHD_NO;
     }

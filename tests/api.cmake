@@ -6,6 +6,9 @@
 # worker SIGKILLed mid-batch with two API processes alternated, every custom_id once
 # (2,000 lines here; MEDLEY_API_CRASH_LINES=20000 for the issue's size); api_curl: the
 # curl walk-through of docs/api.md, run as written.
+# test_api_keys (unit): the key file and the bearer-token match of api/keys.c.
+medley_test(test_api_keys SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_api_keys.c
+            LIBS medley_api LABELS unit)
 if(NOT MEDLEY_PYTHON)
   message(WARNING "python3 not found: the api's integration tests are not registered")
   return()
