@@ -40,18 +40,34 @@ static int upload_fail(api_upload *u, unsigned status, const char *param, const 
     return MHD_NO;
 }
 
-/* Append the full chunk to the file's list (with its safety TTL on the first). */
+/* Append the chunk to the file's list and (re)arm its expiry, in one transaction: a process
+ * killed at any point leaves either nothing or chunks that expire. */
 static int flush_chunk(api_req *q, api_upload *u) {
     if (!u->len)
         return 0;
     md_redis *r = api_redis(q->s, &u->e);
-    redisReply *rep = r ? md_redis_cmd(r, &u->e, "RPUSH %s %b", u->data_key, u->buf, u->len) : NULL;
-    if (!rep)
+    if (!r)
         return -1;
-    freeReplyObject(rep);
-    if (u->chunks++ == 0 &&
-        (rep = md_redis_cmd(r, &u->e, "EXPIRE %s %d", u->data_key, UPLOAD_TTL_S)))
+    redisContext *ctx = md_redis_ctx(r);
+    redisAppendCommand(ctx, "MULTI");
+    redisAppendCommand(ctx, "RPUSH %s %b", u->data_key, u->buf, u->len);
+    redisAppendCommand(ctx, "EXPIRE %s %d", u->data_key, UPLOAD_TTL_S);
+    redisAppendCommand(ctx, "EXEC");
+    int bad = 0;
+    for (int i = 0; i < 4; i++) {
+        redisReply *rep = md_redis_get_reply(r, &u->e);
+        if (!rep) {
+            api_redis_failed();
+            return -1;
+        }
+        bad |= rep->type == REDIS_REPLY_ERROR || (i == 3 && rep->type != REDIS_REPLY_ARRAY);
         freeReplyObject(rep);
+    }
+    if (bad) {
+        md_errf(&u->e, MD_EREDIS, "storing a chunk of %s: Redis refused the transaction", u->id);
+        return -1;
+    }
+    u->chunks++;
     u->len = 0;
     return 0;
 }
