@@ -3,6 +3,7 @@
  * submit` uses), GET /v1/batches/{id} (the queue's batch meta in OpenAI's shape), GET
  * /v1/batches (per tenant), POST /v1/batches/{id}/cancel. The API's part of a batch (tenant,
  * input file, metadata, validation errors) lives in P api:{B}; the rest is the queue's. */
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,24 +158,42 @@ static void check_line(const char *line, size_t len, long long lineno, const cha
     json_decref(j);
 }
 
-/* The whole file, line by line; errors into errs. Fails only on Redis. */
-static int validate_file(api_file_reader *fr, const char *endpoint, json_t *errs, md_err *e) {
-    const char *line;
-    size_t len;
-    char model[128] = "";
-    int rc;
-    while ((rc = api_file_reader_next(fr, &line, &len, e)) > 0) {
+/* The input file's lines for q_submit_lines, checked as OpenAI checks them while its first
+ * pass (the scan) reads them: one pass over the file fewer. A file with errors ends that pass
+ * with MD_EINVAL, so q_submit_lines stops before it creates anything. */
+typedef struct {
+    api_file_reader *fr;
+    int pass;
+    const char *endpoint;
+    char model[128];
+    json_t *errs;
+} checked_reader;
+
+static int checked_next(void *ctx, const char **line, size_t *len, md_err *e) {
+    checked_reader *cr = ctx;
+    int rc = api_file_reader_next(cr->fr, line, len, e);
+    if (cr->pass > 0)
+        return rc;
+    if (rc > 0) {
         size_t k = 0;
-        while (k < len && (line[k] == ' ' || line[k] == '\t' || line[k] == '\r' || line[k] == '\n'))
+        while (k < *len && isspace((unsigned char)(*line)[k])) /* as q_submit_lines skips */
             k++;
-        if (k < len)
-            check_line(line, len, api_file_reader_lineno(fr), endpoint, model, sizeof model, errs);
+        if (k < *len)
+            check_line(*line, *len, api_file_reader_lineno(cr->fr), cr->endpoint, cr->model,
+                       sizeof cr->model, cr->errs);
+        return rc;
     }
-    if (rc == MD_EINVAL) { /* a line over the limit */
-        add_error(errs, "line_too_long", e->msg, NULL, api_file_reader_lineno(fr) + 1);
-        return 0;
-    }
-    return rc;
+    if (rc == MD_EINVAL) /* a line over the limit */
+        add_error(cr->errs, "line_too_long", e->msg, NULL, api_file_reader_lineno(cr->fr) + 1);
+    else if (rc < 0 || !json_array_size(cr->errs))
+        return rc;
+    return md_errf(e, MD_EINVAL, "the input file has %zu error(s)", json_array_size(cr->errs));
+}
+
+static int checked_rewind(void *ctx, md_err *e) {
+    checked_reader *cr = ctx;
+    cr->pass++;
+    return api_file_reader_rewind(cr->fr, e);
 }
 
 /* metadata: at most 16 string pairs, keys up to 64 chars, values up to 512 (OpenAI's). */
@@ -321,9 +340,9 @@ static int fail_batch(md_redis *r, const char *prefix, const char *id, json_t *e
     return 0;
 }
 
-/* Validate the input file, then queue it through q_submit_lines. Lines are read on a
- * connection of their own: the submitter pipelines its XADDs on r. Returns MD_EREDIS on a
- * Redis failure; a refused file marks the batch failed and returns 0. */
+/* Queue the input file through q_submit_lines, checked on its first pass (checked_reader).
+ * Lines are read on a connection of their own: the submitter pipelines its XADDs on r.
+ * Returns MD_EREDIS on a Redis failure; a refused file marks the batch failed and returns 0. */
 static int queue_file(api_req *q, md_redis *r, const char *id, const create_args *a, md_err *e) {
     md_redis *rd_conn = NULL;
     char data[Q_KEY_MAX];
@@ -335,20 +354,21 @@ static int queue_file(api_req *q, md_redis *r, const char *id, const create_args
     json_t *errs = json_array();
     if (!fr) {
         rc = md_errf(e, MD_ENOMEM, "out of memory");
-    } else if (!(rc = validate_file(fr, a->endpoint, errs, e)) && !json_array_size(errs) &&
-               !(rc = api_file_reader_rewind(fr, e))) {
+    } else {
         q_submit_opts o = {.prefix = q->s->prefix,
                            .path = a->input,
                            .batch_id = id,
                            .window_s = a->window_s,
                            .tenant = q->tenant};
-        q_line_reader lr = {
-            .next = api_file_reader_next, .rewind = api_file_reader_rewind, .ctx = fr};
+        checked_reader cr = {.fr = fr, .endpoint = a->endpoint, .errs = errs};
+        q_line_reader lr = {.next = checked_next, .rewind = checked_rewind, .ctx = &cr};
         char out[Q_BATCH_ID_MAX];
         long long n = 0;
         rc = q_submit_lines(r, &o, &lr, out, &n, e);
-        if (rc == MD_EINVAL) { /* a duplicate custom_id, a bad model name */
-            add_error(errs, "invalid_file", e->msg, NULL, 0);
+        if (rc == MD_EINVAL) {
+            /* errs has the lines' errors; else a duplicate custom_id, a bad model name */
+            if (!json_array_size(errs))
+                add_error(errs, "invalid_file", e->msg, NULL, 0);
             rc = 0;
         } else if (!rc) {
             MD_INFO("api", "tenant %s: batch %s of %s queued (%lld lines)", q->tenant, id, a->input,

@@ -8,12 +8,15 @@ Run (Debian 12; medley built in build/; redis-server and the openai SDK of
 scripts/requirements-test.txt installed):
     python3 bench/api/bench_api.py --medley build/cli/medley [-n 50000] [--reps 2]
 
-Prints each path's seconds, the ratio submit/api (1.0 = the API costs nothing; goal >= 0.9)
-and GET requests/s."""
+Prints each path's seconds, the ratio submit/api (1.0 = the API costs nothing; goal >= 0.9),
+the CPU seconds medley's client side used in each (the `medley submit` and `medley results`
+processes; the `medley api` process: less noisy than wall time on a shared machine) and GET
+requests/s."""
 import argparse
 import http.client
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -34,6 +37,18 @@ def free_port():
     p = s.getsockname()[1]
     s.close()
     return p
+
+
+def proc_cpu(pid):
+    """CPU seconds (user + system) a process has used so far."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu():
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def via_submit(medley, url, path, out):
@@ -121,15 +136,19 @@ def main():
                                         {"role": "user", "content": "request number %d" % i}]}})
                         + "\n")
         via_submit(a.medley, url, path, os.path.join(tmp, "warm.jsonl"))  # warm the worker
-        sub, apis = [], []
+        sub, apis, sub_cpu, api_cpu = [], [], [], []
         for rep in range(a.reps):
             order = [0, 1] if rep % 2 == 0 else [1, 0]
             for which in order:
                 if which == 0:
+                    c0 = children_cpu()
                     sub.append(via_submit(a.medley, url, path, os.path.join(tmp, "s.jsonl")))
+                    sub_cpu.append(children_cpu() - c0)
                 else:
+                    c0 = proc_cpu(api.pid)
                     t, batch = via_api(client, path, os.path.join(tmp, "a.jsonl"))
                     apis.append(t)
+                    api_cpu.append(proc_cpu(api.pid) - c0)
         lines = sum(1 for _ in open(os.path.join(tmp, "a.jsonl")))
         if lines != a.n:
             raise SystemExit("the API's output file has %d lines, not %d" % (lines, a.n))
@@ -139,6 +158,9 @@ def main():
               "ratio submit/api %.2fx" % (a.n, a.reps, bs, ba, bs / ba))
         print("all runs: submit %s, api %s" % (["%.2f" % x for x in sub],
                                                ["%.2f" % x for x in apis]))
+        print("CPU seconds of medley's side (the worker's excluded, the same in both): "
+              "submit+results %s, medley api %s" % (["%.2f" % x for x in sub_cpu],
+                                                   ["%.2f" % x for x in api_cpu]))
         print("GET /v1/batches/{id}: %.0f requests/s (4 keep-alive clients, 5 s)" % rps)
     finally:
         for p in reversed(procs):

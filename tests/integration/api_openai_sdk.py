@@ -1,7 +1,9 @@
 """api_openai_sdk.py — the Batch API flow of OpenAI's own documentation, run unchanged with the
 real `openai` SDK (scripts/requirements-test.txt) against `medley api` + `medley worker` on the
 echo model: files.create, batches.create, batches.retrieve until completed, files.content of
-the output and error files, batches.list pagination, batches.cancel of a running batch (its
+the output and error files, batches.list pagination, files OpenAI's validation refuses (broken
+JSON, another endpoint or model, a duplicate custom_id: failed with errors by line),
+batches.cancel of a running batch (its
 request_counts and answered lines kept), files.delete; then tenants: the second key gets 404
 on the first tenant's file, batch and content and does not see them in lists; no key or a
 wrong key gets 401. docs/api.md."""
@@ -52,6 +54,28 @@ def batch_flow(client, tmp):
     if meta.purpose != "batch_output" or meta.bytes != sum(len(l) + 1 for l in out):
         fail("output file object: %s" % meta)
     return batch_input_file, batch
+
+
+def refused_file(client, tmp):
+    """A file OpenAI's validation refuses: the batch is failed, errors name each line."""
+    lines = [chat_line("ok-1", "x"), "{not json", chat_line("ok-1b", "y").replace(
+        "/v1/chat/completions", "/v1/completions"), "", chat_line("ok-2", "z", model="other")]
+    f = client.files.create(file=open(write_lines(tmp, "bad.jsonl", lines), "rb"),
+                            purpose="batch")
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                              completion_window="24h")
+    got = [(e.code, e.line) for e in b.errors.data] if b.errors else []
+    if b.status != "failed" or not b.failed_at or got != [
+            ("invalid_json_line", 2), ("mismatched_endpoint", 3), ("mismatched_model", 5)]:
+        fail("a refused file: %s %s" % (b.status, got))
+    dup = [chat_line("same", "a"), chat_line("same", "b")]
+    f2 = client.files.create(file=open(write_lines(tmp, "dup.jsonl", dup), "rb"), purpose="batch")
+    b2 = client.batches.create(input_file_id=f2.id, endpoint="/v1/chat/completions",
+                               completion_window="24h")
+    if b2.status != "failed" or "more than once" not in b2.errors.data[0].message:
+        fail("duplicate custom_ids: %s" % b2)
+    for fid in (f.id, f2.id):
+        client.files.delete(fid)
 
 
 def list_pagination(client, file_id, first_batch):
@@ -151,9 +175,9 @@ def sighup(api, keys):
 
 def metrics(port, uploaded):
     text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
-    want = ['medley_api_requests_total{route="files.create",code="200"} 2',
+    want = ['medley_api_requests_total{route="files.create",code="200"} 4',
             'medley_api_requests_total{route="batches.retrieve",code="404"} 1',
-            'medley_api_request_seconds_count{route="batches.create"} 6',
+            'medley_api_request_seconds_count{route="batches.create"} 8',
             'medley_api_tenant_requests_total{tenant="beta"}']
     for w in want:
         if w not in text:
@@ -179,6 +203,7 @@ def main():
         if "echo" not in [m.id for m in client.models.list()]:
             fail("models.list does not show echo")
         list_pagination(client, f.id, batch)
+        refused_file(client, server.dir)
         long_file = cancel_running(client, server.dir)
         tenants(api, client, f.id, batch)
         for fid in (f.id, long_file.id):
