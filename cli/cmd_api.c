@@ -89,15 +89,21 @@ static int option(api_config *cfg, const char **metrics, const char *a, const ch
         cfg->keys_path = v;
     else if (!strcmp(a, "--metrics"))
         *metrics = v;
-    else if (!strcmp(a, "--threads") && (x = num(a, v, 1, 32)) > 0)
-        cfg->threads = (int)x;
-    else if (!strcmp(a, "--max-connections") && (x = num(a, v, 1, 100000)) > 0)
-        cfg->max_connections = (unsigned)x;
-    else if (!strcmp(a, "--max-connections-per-ip") && (x = num(a, v, 0, 100000)) >= 0)
-        cfg->per_ip_connections = (unsigned)x;
-    else if (!strcmp(a, "--timeout") && (x = num(a, v, 1, 3600)) > 0)
-        cfg->timeout_s = (unsigned)x;
-    else {
+    else if (!strcmp(a, "--threads") || !strcmp(a, "--max-connections") ||
+             !strcmp(a, "--max-connections-per-ip") || !strcmp(a, "--timeout")) {
+        int threads = !strcmp(a, "--threads"), per_ip = !strcmp(a, "--max-connections-per-ip");
+        int timeout = !strcmp(a, "--timeout");
+        if ((x = num(a, v, per_ip ? 0 : 1, threads ? 32 : timeout ? 3600 : 100000)) < 0)
+            return 2;
+        if (threads)
+            cfg->threads = (int)x;
+        else if (per_ip)
+            cfg->per_ip_connections = (unsigned)x;
+        else if (timeout)
+            cfg->timeout_s = (unsigned)x;
+        else
+            cfg->max_connections = (unsigned)x;
+    } else {
         fprintf(stderr, "medley api: unknown option %s (see --help)\n", a);
         return 2;
     }
