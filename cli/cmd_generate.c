@@ -71,8 +71,8 @@ static void usage(FILE *f) {
             "                          steps: auto (default: when weights and copies take\n"
             "                          at most half the free memory), on, off\n"
             "      --chat-template T   render --chat/--messages with this template instead of\n"
-            "                          the model's: chatml, llama3, llama2, mistral, gemma, or\n"
-            "                          none (raw prompts only)\n"
+            "                          the model's: chatml, hermes, llama3, llama2, mistral,\n"
+            "                          gemma, or none (raw prompts only)\n"
             "      --max-seqs N        sequences per step (default 64 on cpu, 256 on cuda)\n"
             "      --batch-tokens N    tokens per step (default 512 on cpu, 2048 on cuda)\n"
             "      --kv-mb N           KV cache budget in MiB (default: min(needed, 1024))\n"
@@ -85,7 +85,12 @@ static void usage(FILE *f) {
             "      --mem-cap SIZE      refuse a local stage whose weights + KV cache exceed\n"
             "                          SIZE (e.g. 512M)\n"
             "      --microbatches N    micro-batches per step through the stages (default:\n"
-            "                          eight per stage)\n",
+            "                          eight per stage)\n"
+            "      --stage-secret-file FILE  the remote stages' secret (default\n"
+            "                          $MEDLEY_STAGE_SECRET_FILE; docs/sharding.md)\n"
+            "      --stage-timeout-ms MS  a remote stage's answer to a step (default 60000)\n"
+            "      --stage-load-timeout-ms MS  a remote stage's READY while it loads\n"
+            "                          (default 60000)\n",
             MAX_STOP, MD_TOP_LOGPROBS);
 }
 
@@ -145,6 +150,9 @@ enum {
     O_MEMCAP,
     O_MICRO,
     O_DEVICES,
+    O_STAGE_SECRET,
+    O_STAGE_TIMEOUT,
+    O_STAGE_LOAD_TIMEOUT,
 };
 
 static const struct option gen_options[] = {
@@ -183,6 +191,9 @@ static const struct option gen_options[] = {
     {"devices", required_argument, 0, O_DEVICES},
     {"mem-cap", required_argument, 0, O_MEMCAP},
     {"microbatches", required_argument, 0, O_MICRO},
+    {"stage-secret-file", required_argument, 0, O_STAGE_SECRET},
+    {"stage-timeout-ms", required_argument, 0, O_STAGE_TIMEOUT},
+    {"stage-load-timeout-ms", required_argument, 0, O_STAGE_LOAD_TIMEOUT},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -243,6 +254,11 @@ static int engine_opt(int c, gen_opts *o) {
     case O_DEVICES: o->devices = optarg; return 0;
     case O_TP: return parse_int(optarg, "--tp", 1, 8, &o->tp);
     case O_MICRO: return parse_int(optarg, "--microbatches", 1, 64, &o->microbatches);
+    case O_STAGE_SECRET: o->stage_secret_file = optarg; return 0;
+    case O_STAGE_TIMEOUT:
+        return parse_int(optarg, "--stage-timeout-ms", 1, 86400000, &o->stage_timeout_ms);
+    case O_STAGE_LOAD_TIMEOUT:
+        return parse_int(optarg, "--stage-load-timeout-ms", 1, 86400000, &o->stage_load_timeout_ms);
     case O_MEMCAP:
         if ((o->mem_cap = md_parse_size(optarg)) <= 0) {
             fprintf(stderr, "medley generate: --mem-cap must be a size such as 512M, got \"%s\"\n",
@@ -393,6 +409,9 @@ static int open_engine(const gen_opts *o, md_engine **eng) {
                             .model_name = o->model,
                             .tp = o->tp,
                             .microbatches = o->microbatches,
+                            .stage_timeout_ms = o->stage_timeout_ms,
+                            .stage_load_timeout_ms = o->stage_load_timeout_ms,
+                            .stage_secret_file = o->stage_secret_file,
                             .stage_mem_cap = (size_t)(o->mem_cap > 0 ? o->mem_cap : 0)};
     if (md_engine_open(&cfg, eng, &e)) {
         fprintf(stderr, "medley generate: %s\n", e.msg);

@@ -20,6 +20,8 @@ typedef struct {
     const char *chat_template;
     const char *stages, *devices;
     int tp, microbatches;
+    const char *stage_secret_file;
+    int stage_timeout_ms, stage_load_timeout_ms;
     long long mem_cap;
     md_sampling s;
     const char *stop[MAX_STOP + 1];

@@ -1,7 +1,8 @@
 /* cmd_stage.c — `medley stage`: serve one pipeline stage of a sharded replica to a head over
  * TCP (engine/shard/stage_server.h). The head names this process in its --stages spec as
- * tcp://HOST:PORT/DEVICE:LO-HI; what to load comes with its HELLO. SIGTERM/SIGINT stop it:
- * the step running finishes, the connection closes, the stage is unloaded, exit 0. */
+ * tcp://HOST:PORT/DEVICE:LO-HI; what to load comes with its HELLO, signed with the secret of
+ * --secret-file and naming one of the --model flags. SIGTERM/SIGINT stop it: the step running
+ * finishes, the connection closes, the stage is unloaded, exit 0. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,8 +11,11 @@
 #include "cli/commands.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "engine/shard/stage_auth.h"
 #include "engine/shard/stage_server.h"
 #include "kernels/backend.h"
+
+#define MAX_MODELS 64
 
 static volatile sig_atomic_t g_stop = 0;
 
@@ -22,7 +26,7 @@ static void on_signal(int sig) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: medley stage --listen HOST:PORT [options]\n"
+            "usage: medley stage --listen HOST:PORT --secret-file FILE --model M [options]\n"
             "\n"
             "Serve one pipeline stage to a head (medley generate --stages\n"
             "tcp://HOST:PORT/DEVICE:LO-HI,...): the head says which model, layers and sizes;\n"
@@ -33,16 +37,25 @@ static void usage(FILE *f) {
             "  --listen HOST:PORT     address to listen on (HOST * = every IPv4 address, [::]\n"
             "                         every address; PORT 0 = any free port, printed in the\n"
             "                         log)\n"
+            "  --secret-file FILE     the replica's shared secret (16-1024 bytes; default\n"
+            "                         $MEDLEY_STAGE_SECRET_FILE): a head must sign its HELLO\n"
+            "                         with it, or is refused before anything is opened\n"
+            "  --model M              a model heads may ask for: a registry name, synthetic:...,\n"
+            "                         or a path, as the heads name it (-m); repeat for several.\n"
+            "                         Any other name is refused, whatever it names\n"
             "  --device D             device of the stage: auto (cuda:0 if a GPU is usable,\n"
             "                         else cpu), cpu, cpu:N, cuda:K (default: the device the\n"
             "                         head's --stages names for this stage)\n"
             "  --threads N            CPU threads (default every core)\n"
             "  --mem-cap SIZE         refuse a stage whose weights + KV cache exceed SIZE (k, M,\n"
             "                         G; default none; the head's cap, if smaller, holds)\n"
-            "  --handshake-ms MS      a connecting head's HELLO must arrive within (default\n"
-            "                         10000)\n"
-            "  --io-timeout-ms MS     a frame, once begun, must arrive whole within, and the\n"
-            "                         head take each result (default 60000)\n"
+            "  --handshake-ms MS      a new connection's signed HELLO must arrive within\n"
+            "                         (default 10000)\n"
+            "  --io-timeout-ms MS     a frame, once begun, must arrive whole within, the head\n"
+            "                         take each result, and send something at least this\n"
+            "                         often (heads PING at a third of it; default 60000)\n"
+            "  --max-pending N        connections in their handshake at once; a new one\n"
+            "                         pushes out the oldest (default 256)\n"
             "  --log-json             one JSON object per log line\n");
 }
 
@@ -88,8 +101,9 @@ static int split_listen(const char *s, char *host, size_t hostsz, int *port) {
 }
 
 int cmd_stage(int argc, char **argv) {
-    const char *listen = NULL, *device = NULL;
-    md_stage_server_opts o = {0};
+    const char *listen = NULL, *device = NULL, *secret_file = NULL;
+    const char *models[MAX_MODELS];
+    md_stage_server_opts o = {.models = models};
     int log_json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -111,6 +125,18 @@ int cmd_stage(int argc, char **argv) {
             listen = v;
         } else if (!strcmp(a, "--device")) {
             device = v;
+        } else if (!strcmp(a, "--secret-file")) {
+            secret_file = v;
+        } else if (!strcmp(a, "--model")) {
+            if (o.n_models == MAX_MODELS || !*v) {
+                fprintf(stderr, "medley stage: --model needs a name, at most %d of them\n",
+                        MAX_MODELS);
+                return 2;
+            }
+            models[o.n_models++] = v;
+        } else if (!strcmp(a, "--max-pending")) {
+            if (int_arg(a, v, 1, 65536, &o.max_pending))
+                return 2;
         } else if (!strcmp(a, "--threads")) {
             if (int_arg(a, v, 0, 4096, &o.n_threads))
                 return 2;
@@ -144,8 +170,18 @@ int cmd_stage(int argc, char **argv) {
         fprintf(stderr, "medley stage: --listen %s: expected HOST:PORT or [IPV6]:PORT\n", listen);
         return 2;
     }
+    if (o.n_models == 0) {
+        fprintf(stderr, "medley stage: --model M is required (the models heads may ask for)\n");
+        return 2;
+    }
     md_log_set_json(log_json);
     md_err e = {0};
+    static md_stage_secret secret;
+    if (md_stage_secret_from(secret_file, "medley stage", &secret, &e)) {
+        fprintf(stderr, "medley stage: %s\n", e.msg);
+        return 2;
+    }
+    o.secret = &secret;
     char dev[64];
     if (device) { /* a device that cannot be used is an error now, not at the first head */
         md_device_id id;
@@ -165,7 +201,9 @@ int cmd_stage(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    if (md_stage_serve(host, port, &o, &g_stop, &e)) {
+    int rc = md_stage_serve(host, port, &o, &g_stop, &e);
+    md_stage_secret_clear(&secret);
+    if (rc) {
         MD_ERROR("stage", "%s", e.msg);
         return 1;
     }

@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "engine/shard/stage_auth.h"
 #include "kernels/backend.h"
 #include "worker/supervise.h"
 #include "worker/worker.h"
@@ -72,8 +73,9 @@ static void usage(FILE *f) {
             "  --bf16-weights M       GPU: BF16 copies of quantized weights for batched\n"
             "                         steps: auto (default), on, off\n"
             "  --chat-template NAME   chat template for /v1/chat/completions instead of the\n"
-            "                         model's: chatml, llama3, llama2, mistral, gemma, or none\n"
-            "                         (raw prompts only); needed when medley does not know\n"
+            "                         model's: chatml, hermes (ChatML + <tool_call> tools),\n"
+            "                         llama3, llama2, mistral, gemma, or none (raw prompts\n"
+            "                         only); needed when medley does not know\n"
             "                         the model's template\n"
             "  --stages SPEC          run the --model as pipeline stages, a comma list of\n"
             "                         [tcp://HOST:PORT/]DEVICE:LO-HI (layers LO to HI), e.g.\n"
@@ -89,6 +91,10 @@ static void usage(FILE *f) {
             "                         later stage (default 127.0.0.1:0: a free port; 0.0.0.0:P\n"
             "                         advertises the host name; a fixed port P serves the\n"
             "                         first stage, P+1 the next; with --devices keep port 0)\n"
+            "  --stage-secret-file F  the secret shared with the replica's stages and head\n"
+            "                         (docs/sharding.md \"Authentication\"; default\n"
+            "                         $MEDLEY_STAGE_SECRET_FILE): needed by a remote --stages\n"
+            "                         and by plan pipeline replicas\n"
             "  --echo-delay-ms MS     echo model: delay per answer ($MEDLEY_ECHO_DELAY_MS)\n"
             "  --echo-ctx N           echo model: context length in bytes (default 8192)\n"
             "  --visibility-ms MS     take over entries idle this long (default 60000)\n"
@@ -292,6 +298,22 @@ static int int_flag(wk_config *cfg, const char *a, const char *v) {
 /* argv into cfg and fl; skip (argc entries, zeroed) gets the entries that children started
  * for --devices do not get. Returns -1 to go on, else the exit status: 0 after --help, 2 on
  * a usage error (said on stderr). */
+/* --stage-secret-file F: read now, so a bad file stops the worker at start (-1, said on
+ * stderr); the head's links and the stage servers it starts read it through
+ * $MEDLEY_STAGE_SECRET_FILE, which this sets. */
+static int stage_secret_flag(const char *path) {
+    md_stage_secret sec;
+    md_err e = {0};
+    int bad = md_stage_secret_load(path, &sec, &e);
+    md_stage_secret_clear(&sec);
+    if (bad) {
+        fprintf(stderr, "medley worker: --stage-secret-file: %s\n", e.msg);
+        return -1;
+    }
+    setenv(MD_STAGE_SECRET_ENV, path, 1);
+    return 0;
+}
+
 static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cfg,
                        worker_flags *fl) {
     for (int i = 1; i < argc; i++) {
@@ -347,6 +369,9 @@ static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cf
             cfg->runner.stages = v;
         } else if (!strcmp(a, "--stage-listen")) {
             cfg->stage_listen = v;
+        } else if (!strcmp(a, "--stage-secret-file")) {
+            if (stage_secret_flag(v))
+                return 2;
         } else if (!strcmp(a, "--metrics")) {
             cfg->metrics_addr = v;
             skip[i] = skip[i + 1] = 1;

@@ -270,6 +270,8 @@ static int open_sharded(md_engine *eng, md_err *e) {
     base.model_hash = md_model_hash_gf(eng->gf, eng->synth != NULL);
     md_pipe_opts o = {.microbatches = cfg->microbatches,
                       .timeout_ms = cfg->stage_timeout_ms,
+                      .load_timeout_ms = cfg->stage_load_timeout_ms,
+                      .secret_file = cfg->stage_secret_file,
                       .tp = cfg->tp,
                       .mem_cap = cfg->stage_mem_cap,
                       .n_embd = hp.n_embd,

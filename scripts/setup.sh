@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what medley needs to build and test on Debian 12 (run as root): the C libraries
-# it links (jansson, hiredis, PCRE2, utf8proc, GLPK, zlib, OpenSSL's libcrypto for `medley api`'s
-# key hashes, libmicrohttpd for /metrics and
+# it links (jansson, hiredis, PCRE2, utf8proc, GLPK, zlib, OpenSSL's libcrypto for the stage
+# link's HMAC and `medley api`'s key hashes, libmicrohttpd for /metrics and
 # `medley dashboard`), cmocka for unit tests, redis-server for the integration tests
 # (redis-sentinel for failover, stunnel4 + openssl for TLS), prometheus (prometheus +
 # promtool) to test the metrics and the alert rules, systemd for systemd-analyze (the
@@ -11,8 +11,8 @@
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 pkgs="build-essential cmake pkg-config libjansson-dev libhiredis-dev libpcre2-dev libutf8proc-dev
-      libglpk-dev zlib1g-dev libcmocka-dev redis-server redis-sentinel stunnel4 openssl python3
-      python3-pip unzip libmicrohttpd-dev libssl-dev prometheus systemd chromium chromium-driver"
+      libglpk-dev zlib1g-dev libssl-dev libcmocka-dev redis-server redis-sentinel stunnel4 openssl python3
+      python3-pip unzip libmicrohttpd-dev prometheus systemd chromium chromium-driver"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

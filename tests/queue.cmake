@@ -114,3 +114,7 @@ add_test(NAME queue_acl_source
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/queue_acl_source.py)
 set_tests_properties(queue_acl_source PROPERTIES LABELS unit)
 medley_queue_py(queue_tls_acl queue_tls_acl integration 120)
+
+# tool_choice "auto" (docs/structured.md): SmolLM2 with --chat-template hermes; nudged lines
+# come back as valid calls of the template's <tool_call> format, plain ones as text (~20 s)
+medley_queue_py(tools_auto_run tools_auto_run e2e 600)

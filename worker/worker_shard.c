@@ -14,7 +14,9 @@
  * child `medley stage --listen HOST:PORT` process (killed with the worker: PR_SET_PDEATHSIG),
  * advertised under its stage key once it accepts connections, and the key refreshed with the
  * heartbeat (TTL: 10 s or 3 heartbeat periods, the longer); a child that dies is started
- * again with the same backoff. The stage server is told the model and layers by the head.
+ * again with the same backoff. The stage server is told the layers by the head; it serves
+ * the role's model only (--model) and heads that hold the stage secret, which it reads, as
+ * the head's links do, from $MEDLEY_STAGE_SECRET_FILE (--stage-secret-file sets it).
  *
  * It owns each model's sh, and wk's srv and last_stage_check. */
 #define _GNU_SOURCE
@@ -36,6 +38,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "engine/shard/stage_auth.h"
 
 #define BACKOFF_MIN_MS 500
 #define BACKOFF_MAX_MS 10000
@@ -331,6 +334,12 @@ static int wildcard(const char *host) {
 
 /* Start v's child `medley stage`. 0, or an error naming what failed. */
 static int srv_spawn(wk *w, stage_srv *v, md_err *e) {
+    const char *secret = getenv(MD_STAGE_SECRET_ENV);
+    if (!secret || !*secret)
+        return md_errf(e, MD_EINVAL,
+                       "a stage server needs the stage secret: start the worker with "
+                       "--stage-secret-file FILE, the same file as the replica's head "
+                       "(docs/sharding.md \"Authentication\")");
     const char *listen =
         w->cfg->stage_listen && *w->cfg->stage_listen ? w->cfg->stage_listen : "127.0.0.1:0";
     char host[256];
@@ -367,6 +376,8 @@ static int srv_spawn(wk *w, stage_srv *v, md_err *e) {
     argv[k++] = listen_arg;
     argv[k++] = "--device";
     argv[k++] = dev;
+    argv[k++] = "--model";
+    argv[k++] = v->role.model;
     if (w->cfg->runner.n_threads > 0) {
         snprintf(threads, sizeof threads, "%d", w->cfg->runner.n_threads);
         argv[k++] = "--threads";

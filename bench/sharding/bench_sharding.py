@@ -42,9 +42,16 @@ PIPE = re.compile(r"([\d.]+) bytes per token")
 
 
 def start_stage(medley, model):
-    """`medley stage` on a free loopback port, one thread; returns (process, port)."""
+    """`medley stage` on a free loopback port, one thread, serving model to heads holding a
+    secret made for this run (in $MEDLEY_STAGE_SECRET_FILE, which the heads read too;
+    docs/sharding.md "Authentication"); returns (process, port)."""
+    fd, path = tempfile.mkstemp(prefix="medley-bench-stage-")
+    os.write(fd, os.urandom(24).hex().encode())
+    os.close(fd)
+    os.environ["MEDLEY_STAGE_SECRET_FILE"] = path
     proc = subprocess.Popen([medley, "stage", "--listen", "127.0.0.1:0", "--device", "cpu",
-                             "--threads", "1"], stderr=subprocess.PIPE, text=True)
+                             "--threads", "1", "--secret-file", path, "--model", model],
+                            stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 30
     while time.time() < deadline:
         line = proc.stderr.readline()
@@ -122,6 +129,7 @@ def main():
     finally:
         stage.terminate()
         stage.wait(10)
+        os.unlink(os.environ["MEDLEY_STAGE_SECRET_FILE"])
     targets = {"batched": 0.85}
     print(f"{'case':8} {'pipeline tok/s':>15} {'1 process tok/s':>16} {'ratio':>7} {'target':>7}")
     for kind, p, o in rows:

@@ -245,6 +245,11 @@ int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base, co
     for (int i = 0; i < n; i++)
         n_local += !sp[i].host[0];
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    md_stage_secret secret = {0};
+    if (n_local < n)
+        rc = md_stage_secret_from(p->o.secret_file, "a head with remote stages", &secret, e);
+    md_link_tcp_opts lo = {
+        .secret = &secret, .timeout_ms = p->o.timeout_ms, .load_timeout_ms = p->o.load_timeout_ms};
     for (int i = 0; i < n && rc == 0; i++) {
         md_stage_config c = *base;
         /* local stages run side by side: they share the cores unless told otherwise */
@@ -265,7 +270,7 @@ int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base, co
         h->p = p;
         h->idx = i;
         if (sp[i].host[0])
-            rc = md_link_tcp_open(sp[i].host, sp[i].port, &c, p->o.timeout_ms, &h->link, e);
+            rc = md_link_tcp_open(sp[i].host, sp[i].port, &c, &lo, &h->link, e);
         else
             rc = md_link_local_open(&c, &h->link, e);
         if (rc) {
@@ -277,6 +282,7 @@ int md_pipe_open(const md_stage_spec *sp, int n, const md_stage_config *base, co
         if (desc_len >= sizeof p->desc)
             desc_len = sizeof p->desc - 1;
     }
+    md_stage_secret_clear(&secret);
     /* the model's widths, from the head's view of its metadata */
     p->n_embd = p->o.n_embd;
     p->n_vocab = p->o.n_vocab;

@@ -45,11 +45,16 @@ typedef struct md_pipe md_pipe;
 typedef struct {
     int microbatches; /* micro-batches per step (0 = eight per stage, two with a GPU stage;
                          1 with one stage) */
-    int timeout_ms;   /* a remote stage's answer (0 = the link's default) */
+    int timeout_ms;   /* a remote stage's answer (0 = the link's default, 60 s) */
     int tp;           /* tensor-parallel ranks of every local stage (0/1 = none) */
     size_t mem_cap;   /* each local stage's memory cap (0 = none) */
     int n_embd;       /* the model's width and vocabulary (md_model_shape_gf), which the */
     int n_vocab;      /* head has read from its open file already */
+    /* a remote stage's READY, while it loads (0 = 60 s) */
+    int load_timeout_ms;
+    /* the remote stages' secret (engine/shard/stage_auth.h); NULL = $MEDLEY_STAGE_SECRET_FILE;
+     * read only when a stage is remote */
+    const char *secret_file;
 } md_pipe_opts;
 
 /* Open every stage: base holds the model and sizes (lo, hi and device come from sp). */

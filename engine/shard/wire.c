@@ -32,8 +32,9 @@ _Static_assert(sizeof(float) == 4, "F32 payloads");
 #define RUN_ARGMAX 1u /* flags: the last stage answers argmax ids (md_batch.argmax_only) */
 
 const char *md_wire_type_name(int type) {
-    static const char *names[] = {NULL, "HELLO", "READY", "RUN", "RESULT", "ERROR"};
-    return type >= MD_WIRE_HELLO && type <= MD_WIRE_ERROR ? names[type] : "unknown";
+    static const char *names[] = {NULL,     "HELLO", "READY",     "RUN",
+                                  "RESULT", "ERROR", "CHALLENGE", "PING"};
+    return type >= MD_WIRE_HELLO && type <= MD_WIRE_TYPE_LAST ? names[type] : "unknown";
 }
 
 int md_wire_buf_reserve(md_wire_buf *b, size_t cap, md_err *e) {
@@ -117,7 +118,7 @@ int md_wire_hdr_get(const uint8_t h[MD_WIRE_HDR], md_wire_hdr *out, md_err *e) {
                        "medley release on the head and the stages)",
                        version, MD_WIRE_VERSION);
     int type = get16(h + 6);
-    if (type < MD_WIRE_HELLO || type > MD_WIRE_ERROR)
+    if (type < MD_WIRE_HELLO || type > MD_WIRE_TYPE_LAST)
         return md_errf(e, MD_EFORMAT, "frame of unknown type %d", type);
     if (get32(h + 24) != 0)
         return md_errf(e, MD_EFORMAT, "%s frame: reserved header bytes are 0x%08x, not 0",
@@ -128,18 +129,20 @@ int md_wire_hdr_get(const uint8_t h[MD_WIRE_HDR], md_wire_hdr *out, md_err *e) {
 }
 
 int md_wire_hdr_check(const md_wire_hdr *h, unsigned allowed, uint64_t max_payload, md_err *e) {
-    if (h->type < MD_WIRE_HELLO || h->type > MD_WIRE_ERROR || !(allowed & (1u << h->type))) {
-        char list[64] = "";
+    if (h->type < MD_WIRE_HELLO || h->type > MD_WIRE_TYPE_LAST || !(allowed & (1u << h->type))) {
+        char list[96] = "";
         size_t used = 0;
-        for (int t = MD_WIRE_HELLO; t <= MD_WIRE_ERROR; t++)
+        for (int t = MD_WIRE_HELLO; t <= MD_WIRE_TYPE_LAST; t++)
             if (allowed & (1u << t))
                 used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
                                          used ? " or " : "", md_wire_type_name(t));
         return md_errf(e, MD_EFORMAT, "unexpected %s frame (expected %s)",
                        md_wire_type_name(h->type), used ? list : "none");
     }
-    uint64_t limit =
-        h->type == MD_WIRE_RUN || h->type == MD_WIRE_RESULT ? max_payload : MD_WIRE_SMALL_MAX;
+    uint64_t limit = h->type == MD_WIRE_RUN || h->type == MD_WIRE_RESULT ? max_payload
+                     : h->type == MD_WIRE_HELLO                          ? MD_WIRE_HELLO_MAX
+                     : h->type == MD_WIRE_PING                           ? 0
+                                                                         : MD_WIRE_SMALL_MAX;
     if (h->len > limit)
         return md_errf(e, MD_EFORMAT, "%s frame of %llu bytes exceeds the limit of %llu",
                        md_wire_type_name(h->type), (unsigned long long)h->len,
@@ -242,13 +245,47 @@ static size_t field_len(const char *s, size_t cap) {
     return strnlen(s, cap);
 }
 
+/* Sign the payload of the frame in b, whose last MD_STAGE_MAC bytes are the MAC's place, and
+ * seal the frame as type. */
+static int sign_frame(md_wire_buf *b, int type, const md_wire_auth *a, const char *label,
+                      const uint8_t *n1, const uint8_t *n2, md_err *e) {
+    size_t n = b->len - MD_WIRE_HDR - MD_STAGE_MAC;
+    uint8_t *p = b->p + MD_WIRE_HDR;
+    if (!a || !a->secret || md_stage_mac(a->secret, label, n1, n2, p, n, p + n))
+        return md_errf(e, MD_EINVAL, "%s: no stage secret to sign it with",
+                       md_wire_type_name(type));
+    frame_end(b, type, 0);
+    return 0;
+}
+
+int md_wire_put_challenge(md_wire_buf *b, const uint8_t nonce[MD_STAGE_NONCE], md_err *e) {
+    wr w;
+    int rc = frame_begin(b, 4 + MD_STAGE_NONCE, &w, e);
+    if (rc)
+        return rc;
+    w32(&w, MD_WIRE_AUTH_HMAC_SHA256);
+    wbytes(&w, nonce, MD_STAGE_NONCE);
+    frame_end(b, MD_WIRE_CHALLENGE, 0);
+    return 0;
+}
+
+int md_wire_put_ping(md_wire_buf *b, md_err *e) {
+    wr w;
+    int rc = frame_begin(b, 0, &w, e);
+    if (rc)
+        return rc;
+    frame_end(b, MD_WIRE_PING, 0);
+    return 0;
+}
+
 int md_wire_put_hello(md_wire_buf *b, const md_stage_config *c, int n_vocab, int n_embd,
-                      md_err *e) {
+                      const md_wire_auth *a, md_err *e) {
     size_t lm = field_len(c->model, sizeof c->model), ld = field_len(c->device, sizeof c->device);
     if (lm == sizeof c->model || ld == sizeof c->device)
         return md_errf(e, MD_EINVAL, "HELLO: the model or device name is not NUL-terminated");
     wr w;
-    int rc = frame_begin(b, 4 + lm + 8 + 8 + 4 + ld + 9 * 4 + 8 + 8, &w, e);
+    int rc = frame_begin(b, 4 + lm + 8 + 8 + 4 + ld + 9 * 4 + 8 + 8 + MD_STAGE_NONCE + MD_STAGE_MAC,
+                         &w, e);
     if (rc)
         return rc;
     wstr(&w, c->model, lm);
@@ -268,14 +305,14 @@ int md_wire_put_hello(md_wire_buf *b, const md_stage_config *c, int n_vocab, int
     w64(&w, (uint64_t)c->mem_cap);
     wi32(&w, n_vocab);
     wi32(&w, n_embd);
-    frame_end(b, MD_WIRE_HELLO, 0);
-    return 0;
+    wbytes(&w, a ? a->head_nonce : (const uint8_t[MD_STAGE_NONCE]){0}, MD_STAGE_NONCE);
+    return sign_frame(b, MD_WIRE_HELLO, a, "MDST HELLO v2", a ? a->stage_nonce : NULL, NULL, e);
 }
 
-int md_wire_put_ready(md_wire_buf *b, const md_wire_ready *r, md_err *e) {
+int md_wire_put_ready(md_wire_buf *b, const md_wire_ready *r, const md_wire_auth *a, md_err *e) {
     size_t ld = field_len(r->describe, sizeof r->describe - 1);
     wr w;
-    int rc = frame_begin(b, 8 + 5 * 4 + 4 + ld, &w, e);
+    int rc = frame_begin(b, 8 + 5 * 4 + 4 + ld + 4 + MD_STAGE_MAC, &w, e);
     if (rc)
         return rc;
     w64(&w, r->model_hash);
@@ -285,8 +322,9 @@ int md_wire_put_ready(md_wire_buf *b, const md_wire_ready *r, md_err *e) {
     wi32(&w, r->n_embd);
     wi32(&w, r->n_vocab);
     wstr(&w, r->describe, ld);
-    frame_end(b, MD_WIRE_READY, 0);
-    return 0;
+    wi32(&w, r->idle_ms);
+    return sign_frame(b, MD_WIRE_READY, a, "MDST READY v2", a ? a->head_nonce : NULL,
+                      a ? a->stage_nonce : NULL, e);
 }
 
 int md_wire_put_run(md_wire_buf *b, uint32_t seq, const md_batch *bt, const float *hidden,
@@ -443,7 +481,11 @@ int md_wire_get_hello(const uint8_t *p, size_t n, md_stage_config *c, int *n_voc
         (rc = rd_int(&r, "block_tokens", 1, MAX_BLOCK_TOKENS, &x.block_tokens)) ||
         (rc = rd_int(&r, "n_ctx", 1, MAX_CTX, &x.n_ctx)) || (rc = rd_u64(&r, "mem_cap", &cap)) ||
         (rc = rd_int(&r, "n_vocab", 0, MAX_VOCAB, &vocab)) ||
-        (rc = rd_int(&r, "n_embd", 0, MAX_EMBD, &embd)) || (rc = rd_end(&r)))
+        (rc = rd_int(&r, "n_embd", 0, MAX_EMBD, &embd)) ||
+        (rc = need(&r, "head_nonce and mac", MD_STAGE_NONCE + MD_STAGE_MAC)))
+        return rc;
+    r.off += MD_STAGE_NONCE + MD_STAGE_MAC;
+    if ((rc = rd_end(&r)))
         return rc;
     if (x.hi <= x.lo)
         return md_errf(e, MD_EFORMAT, "HELLO frame: empty layer range [%d, %d)", x.lo, x.hi);
@@ -459,8 +501,51 @@ int md_wire_get_hello(const uint8_t *p, size_t n, md_stage_config *c, int *n_voc
     return 0;
 }
 
-int md_wire_get_ready(const uint8_t *p, size_t n, md_wire_ready *out, md_err *e) {
-    rd r = {.p = p, .n = n, .frame = "READY", .e = e};
+int md_wire_get_challenge(const uint8_t *p, size_t n, uint8_t nonce[MD_STAGE_NONCE], md_err *e) {
+    rd r = {.p = p, .n = n, .frame = "CHALLENGE", .e = e};
+    uint32_t scheme;
+    int rc;
+    if ((rc = rd_u32(&r, "scheme", &scheme)))
+        return rc;
+    if (scheme != MD_WIRE_AUTH_HMAC_SHA256)
+        return md_errf(e, MD_EUNSUPP,
+                       "CHALLENGE frame: authentication scheme %u, this medley knows %d "
+                       "(HMAC-SHA256)",
+                       scheme, MD_WIRE_AUTH_HMAC_SHA256);
+    if ((rc = need(&r, "nonce", MD_STAGE_NONCE)))
+        return rc;
+    memcpy(nonce, p + r.off, MD_STAGE_NONCE);
+    r.off += MD_STAGE_NONCE;
+    return rd_end(&r);
+}
+
+/* Whether the last MD_STAGE_MAC bytes of p[0..n) are the MAC of the rest under a. */
+static int mac_ok(const uint8_t *p, size_t n, const md_wire_auth *a, const char *label,
+                  const uint8_t *n1, const uint8_t *n2) {
+    uint8_t want[MD_STAGE_MAC];
+    if (!a || !a->secret || n < MD_STAGE_MAC ||
+        md_stage_mac(a->secret, label, n1, n2, p, n - MD_STAGE_MAC, want))
+        return 0;
+    return md_stage_mac_equal(want, p + n - MD_STAGE_MAC);
+}
+
+int md_wire_hello_verify(const uint8_t *p, size_t n, md_wire_auth *a, md_err *e) {
+    if (n < MD_STAGE_NONCE + MD_STAGE_MAC ||
+        !mac_ok(p, n, a, "MDST HELLO v2", a ? a->stage_nonce : NULL, NULL))
+        return md_errf(e, MD_EINVAL,
+                       "authentication failed: the HELLO is not signed with this stage's secret "
+                       "over its challenge");
+    memcpy(a->head_nonce, p + n - MD_STAGE_MAC - MD_STAGE_NONCE, MD_STAGE_NONCE);
+    return 0;
+}
+
+int md_wire_get_ready(const uint8_t *p, size_t n, const md_wire_auth *a, md_wire_ready *out,
+                      md_err *e) {
+    if (!mac_ok(p, n, a, "MDST READY v2", a ? a->head_nonce : NULL, a ? a->stage_nonce : NULL))
+        return md_errf(e, MD_EINVAL,
+                       "READY frame not signed with the head's stage secret for this handshake "
+                       "(the stage holds another secret)");
+    rd r = {.p = p, .n = n - MD_STAGE_MAC, .frame = "READY", .e = e};
     md_wire_ready x = {0};
     int rc;
     if ((rc = rd_u64(&r, "model_hash", &x.model_hash)) ||
@@ -469,7 +554,8 @@ int md_wire_get_ready(const uint8_t *p, size_t n, md_wire_ready *out, md_err *e)
         (rc = rd_int(&r, "n_layer", 1, MAX_LAYERS, &x.n_layer)) ||
         (rc = rd_int(&r, "n_embd", 1, MAX_EMBD, &x.n_embd)) ||
         (rc = rd_int(&r, "n_vocab", 1, MAX_VOCAB, &x.n_vocab)) ||
-        (rc = rd_str(&r, "describe", x.describe, sizeof x.describe)) || (rc = rd_end(&r)))
+        (rc = rd_str(&r, "describe", x.describe, sizeof x.describe)) ||
+        (rc = rd_int(&r, "idle_ms", 1, 86400000, &x.idle_ms)) || (rc = rd_end(&r)))
         return rc;
     if (x.hi <= x.lo || x.hi > x.n_layer)
         return md_errf(e, MD_EFORMAT, "READY frame: layers [%d, %d) of a %d-layer model", x.lo,

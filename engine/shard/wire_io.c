@@ -143,7 +143,8 @@ int md_wire_listen(const char *host, int port, int *fd, int *bound_port, md_err 
         }
         int one = 1;
         setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(s, a->ai_addr, a->ai_addrlen) < 0 || listen(s, 8) < 0 || sock_setup(s) < 0) {
+        if (bind(s, a->ai_addr, a->ai_addrlen) < 0 || listen(s, SOMAXCONN) < 0 ||
+            sock_setup(s) < 0) {
             rc = md_errf(e, MD_EIO, "cannot listen on %s:%d: %s", host ? host : "*", port,
                          strerror(errno));
             close(s);

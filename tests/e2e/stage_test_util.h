@@ -1,6 +1,7 @@
 /* stage_test_util.h — shared by the stage link tests (test_stage_tcp.c, test_wire_fuzz.c):
- * md_stage_serve on 127.0.0.1 in a thread of the test, on a port the kernel picks, and the
- * sizes and micro-batches of a stage of synthetic:tiny (2 layers, n_embd 128, n_vocab 512). */
+ * md_stage_serve on 127.0.0.1 in a thread of the test, on a port the kernel picks, serving
+ * synthetic:tiny to heads holding test_secret(), and the sizes and micro-batches of a stage
+ * of synthetic:tiny (2 layers, n_embd 128, n_vocab 512). */
 #ifndef MEDLEY_TESTS_STAGE_TEST_UTIL_H
 #define MEDLEY_TESTS_STAGE_TEST_UTIL_H
 
@@ -10,13 +11,33 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/shard/link.h"
 #include "engine/shard/stage.h"
+#include "engine/shard/stage_auth.h"
 #include "engine/shard/stage_server.h"
 
 #define TINY "synthetic:tiny"
 #define TINY_BLOCK 16 /* block_tokens */
 #define TINY_BLOCKS 4 /* per sequence: contexts of 64 */
 #define TINY_SEQS 4
+
+/* The secret the test servers and heads share. */
+static inline const md_stage_secret *test_secret(void) {
+    static md_stage_secret s;
+    if (!s.len) {
+        memcpy(s.key, "the stage tests' shared secret!!", 32);
+        s.len = 32;
+    }
+    return &s;
+}
+
+/* Link options with the test secret and timeout_ms for the steps and the load. */
+static inline md_link_tcp_opts test_link_opts(int timeout_ms) {
+    return (md_link_tcp_opts){
+        .secret = test_secret(), .timeout_ms = timeout_ms, .load_timeout_ms = timeout_ms};
+}
+
+static const char *const test_models[] = {TINY};
 
 typedef struct {
     pthread_t th;
@@ -52,6 +73,9 @@ static inline int test_server_start(test_server *s, int handshake_ms, int io_ms)
     pthread_cond_init(&s->cv, NULL);
     s->o = (md_stage_server_opts){.device = "cpu",
                                   .n_threads = 1,
+                                  .secret = test_secret(),
+                                  .models = test_models,
+                                  .n_models = 1,
                                   .handshake_ms = handshake_ms,
                                   .io_ms = io_ms,
                                   .on_listen = test_server_listening,

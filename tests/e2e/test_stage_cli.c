@@ -115,23 +115,34 @@ static void test_usage_errors_and_a_taken_port(void **state) {
         {"--listen 127.0.0.1:0 --mem-cap lots", 2, "--mem-cap needs a size"},
         {"--listen 127.0.0.1:0 --threads -2", 2, "--threads needs an integer"},
         {"--listen 127.0.0.1:0 --bogus 1", 2, "unknown option --bogus"},
-        {"--listen 127.0.0.1:0 --device gpu0", 2, "--device gpu0: "},
-        {"--listen 127.0.0.1:0 --device cuda:0", 1, "without CUDA"},
+        {"--listen 127.0.0.1:0 --secret-file $S", 2, "--model M is required"},
+        {"--listen 127.0.0.1:0 --model m --model ''", 2, "--model needs a name"},
+        {"--listen 127.0.0.1:0 --model m", 2,
+         "needs the stage secret: a file given by --secret-file"},
+        {"--listen 127.0.0.1:0 --model m --secret-file /nonexistent/key", 2,
+         "stage secret file /nonexistent/key: No such file"},
+        {"--listen 127.0.0.1:0 --model m --secret-file /dev/null", 2, "holds 0 bytes"},
+        {"--listen 127.0.0.1:0 --model m --secret-file $S --max-pending 0", 2,
+         "--max-pending needs an integer"},
+        {"--listen 127.0.0.1:0 --model m --secret-file $S --device gpu0", 2, "--device gpu0: "},
+        {"--listen 127.0.0.1:0 --model m --secret-file $S --device cuda:0", 1, "without CUDA"},
     };
-    char cmd[512];
+    char cmd[1024];
+    const char *secret = stage_secret_file();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 #ifdef MEDLEY_HAVE_CUDA
         if (cases[i].status == 1)
             continue;
 #endif
-        snprintf(cmd, sizeof cmd, "%s stage %s 2>&1", bin(), cases[i].args);
+        snprintf(cmd, sizeof cmd, "S=%s; env -u MEDLEY_STAGE_SECRET_FILE %s stage %s 2>&1", secret,
+                 bin(), cases[i].args);
         int st = run(cmd);
         if (st != cases[i].status || !strstr(out, cases[i].says))
             fail_msg("medley stage %s: exit %d, '%s'", cases[i].args, st, out);
     }
     snprintf(cmd, sizeof cmd, "%s stage --help", bin());
     assert_int_equal(run(cmd), 0);
-    assert_non_null(strstr(out, "usage: medley stage --listen HOST:PORT"));
+    assert_non_null(strstr(out, "usage: medley stage --listen HOST:PORT --secret-file FILE"));
 
     stage_proc a, b;
     assert_int_equal(stage_start(&a, "127.0.0.1:0"), 0);

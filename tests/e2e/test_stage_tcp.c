@@ -6,8 +6,10 @@
  * timeout), one that closes mid-answer, answers another step or sends garbage; each names
  * the stage and breaks the link, whose next run fails at once. A head with another model
  * hash is refused with both hashes; a second head is turned away while one is served; the
- * loaded stage is kept for the next head asking for the same. synthetic:tiny only, so it
- * runs with the unit tests (also under ASan). */
+ * loaded stage is kept for the next head asking for the same; an idle head keeps its stage
+ * by its pings, a silent one is dropped at --io-timeout-ms. synthetic:tiny only, so it runs
+ * with the unit tests (also under ASan). The stage's own refusals of strangers (no secret, a
+ * model outside --model, idle and slowloris connections) are tests/integration/stage_guard.py. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -29,7 +31,8 @@
 
 static void open_tcp(int port, const md_stage_config *c, int timeout_ms, md_link **l) {
     md_err e = {0};
-    if (md_link_tcp_open("127.0.0.1", port, c, timeout_ms, l, &e))
+    md_link_tcp_opts o = test_link_opts(timeout_ms);
+    if (md_link_tcp_open("127.0.0.1", port, c, &o, l, &e))
         fail_msg("%s", e.msg);
 }
 
@@ -157,8 +160,12 @@ static void *fake_main(void *arg) {
     md_stage_config c;
     int nv, ne;
     md_hparams hp;
-    if (md_wire_recv_frame(fd, 1u << MD_WIRE_HELLO, 0, md_wire_deadline(2000), NULL, &h, &b, &eof,
+    md_wire_auth a = {.secret = test_secret()};
+    if (md_stage_nonce(a.stage_nonce, &e) || md_wire_put_challenge(&out, a.stage_nonce, &e) ||
+        md_wire_send(fd, out.p, out.len, md_wire_deadline(2000), &e) ||
+        md_wire_recv_frame(fd, 1u << MD_WIRE_HELLO, 0, md_wire_deadline(2000), NULL, &h, &b, &eof,
                            &e) ||
+        md_wire_hello_verify(b.p, b.len, &a, &e) ||
         md_wire_get_hello(b.p, b.len, &c, &nv, &ne, &e) || md_model_shape(c.model, &hp, &e))
         goto done;
     md_wire_ready r = {.model_hash = c.model_hash,
@@ -166,9 +173,10 @@ static void *fake_main(void *arg) {
                        .hi = c.hi,
                        .n_layer = hp.n_layer,
                        .n_embd = hp.n_embd,
-                       .n_vocab = hp.n_vocab};
+                       .n_vocab = hp.n_vocab,
+                       .idle_ms = 60000};
     snprintf(r.describe, sizeof r.describe, "layers %d-%d on a fake", c.lo, c.hi - 1);
-    md_wire_put_ready(&out, &r, &e);
+    md_wire_put_ready(&out, &r, &a, &e);
     md_wire_send(fd, out.p, out.len, md_wire_deadline(2000), &e);
     md_wire_limits l;
     md_wire_limits_for(&c, hp.n_embd, hp.n_vocab, &l, &e);
@@ -241,7 +249,8 @@ static void test_wrong_model_hash_is_refused_naming_both(void **state) {
     assert_int_equal(md_model_hash(TINY, &real, &e), 0);
     c.model_hash = real ^ 0x5555;
     md_link *r = (md_link *)1;
-    assert_int_equal(md_link_tcp_open("127.0.0.1", port, &c, LINK_MS, &r, &e), MD_EINVAL);
+    md_link_tcp_opts o = test_link_opts(LINK_MS);
+    assert_int_equal(md_link_tcp_open("127.0.0.1", port, &c, &o, &r, &e), MD_EINVAL);
     assert_null(r);
     char h1[20], h2[20], where[64];
     snprintf(h1, sizeof h1, "%016llx", (unsigned long long)real);
@@ -263,11 +272,67 @@ static void test_second_head_is_turned_away(void **state) {
     md_link *r1, *r2 = NULL;
     md_err e = {0};
     open_tcp(port, &c, LINK_MS, &r1);
-    assert_int_equal(md_link_tcp_open("127.0.0.1", port, &c, LINK_MS, &r2, &e), MD_EIO);
+    md_link_tcp_opts o = test_link_opts(LINK_MS);
+    assert_int_equal(md_link_tcp_open("127.0.0.1", port, &c, &o, &r2, &e), MD_EIO);
     assert_non_null(strstr(e.msg, "busy serving head 127.0.0.1:"));
     md_link_free(r1);
     open_tcp(port, &c, LINK_MS, &r2); /* once the first has left */
     md_link_free(r2);
+    assert_int_equal(test_server_stop(&s), 0);
+}
+
+/* A head with nothing to do keeps its stage: the link PINGs at a third of the stage's
+ * --io-timeout-ms (300 ms here), so after 1 s idle (over three timeouts) the next step runs
+ * on the same connection; and a head the server drops for silence finds out at its next
+ * step (a signed HELLO, READY, then nothing: the server closes at io_ms). */
+static void test_idle_head_is_kept_by_its_pings_a_silent_one_dropped(void **state) {
+    test_server s;
+    int port = test_server_start(&s, 2000, 300);
+    md_stage_config c = tiny_config(0, 1);
+    md_link *r;
+    open_tcp(port, &c, LINK_MS, &r);
+    tiny_batch tb;
+    static const int start[1] = {0}, n_new[1] = {3};
+    tiny_batch_make(&tb, 1, start, n_new, 0);
+    static float h[16 * 128];
+    md_err e = {0};
+    assert_int_equal(r->ops->run(r, &tb.b, NULL, h, &e), 0);
+    usleep(1000 * 1000);
+    if (r->ops->run(r, &tb.b, NULL, h, &e))
+        fail_msg("after 1 s idle: %s", e.msg);
+    md_link_free(r);
+
+    /* a head that says HELLO and then nothing */
+    int fd;
+    assert_int_equal(md_wire_connect("127.0.0.1", port, 1000, &fd, &e), 0);
+    md_wire_buf b = {0};
+    md_wire_hdr hd;
+    md_wire_auth a = {.secret = test_secret()};
+    assert_int_equal(md_wire_recv_frame(fd, 1u << MD_WIRE_CHALLENGE, 0, md_wire_deadline(1000),
+                                        NULL, &hd, &b, NULL, &e),
+                     0);
+    assert_int_equal(md_wire_get_challenge(b.p, b.len, a.stage_nonce, &e), 0);
+    assert_int_equal(md_stage_nonce(a.head_nonce, &e), 0);
+    assert_int_equal(md_wire_put_hello(&b, &c, 512, 128, &a, &e), 0);
+    assert_int_equal(md_wire_send(fd, b.p, b.len, md_wire_deadline(1000), &e), 0);
+    if (md_wire_recv_frame(fd, 1u << MD_WIRE_READY, 0, md_wire_deadline(2000), NULL, &hd, &b, NULL,
+                           &e))
+        fail_msg("%s", e.msg);
+    uint64_t t0 = md_mono_ns();
+    int eof = 0;
+    /* the server's ERROR saying why, then its close */
+    assert_int_equal(md_wire_recv_frame(fd, 1u << MD_WIRE_ERROR, 0, md_wire_deadline(3000), NULL,
+                                        &hd, &b, &eof, &e),
+                     0);
+    uint64_t ms = (md_mono_ns() - t0) / 1000000;
+    if (ms < 250 || ms > 1000)
+        fail_msg("dropped after %llu ms, expected about 300", (unsigned long long)ms);
+    char why[256];
+    int code;
+    assert_int_equal(md_wire_get_error(b.p, b.len, &code, why, sizeof why, &e), 0);
+    assert_non_null(strstr(why, "--io-timeout-ms"));
+    close(fd);
+    md_wire_buf_free(&b);
     assert_int_equal(test_server_stop(&s), 0);
 }
 
@@ -328,6 +393,7 @@ int main(void) {
         cmocka_unit_test(test_wrong_model_hash_is_refused_naming_both),
         cmocka_unit_test(test_second_head_is_turned_away),
         cmocka_unit_test(test_loaded_stage_is_kept_for_the_same_request),
+        cmocka_unit_test(test_idle_head_is_kept_by_its_pings_a_silent_one_dropped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,18 +1,21 @@
 /* test_wire_fuzz.c — mutated stage link frames (engine/shard/wire.h), first to the decoders, then
  * to a live md_stage_serve.
  *
- * Decoders: valid HELLO, READY, RUN (first and inner stage), RESULT and ERROR frames get bit
+ * Decoders: valid HELLO, READY, RUN (first and inner stage), RESULT, ERROR and CHALLENGE
+ * frames get bit
  * flips, byte changes, int32 fields set to edge values, truncation, inserted and deleted
  * bytes, half of them with their header re-sealed (length and CRCs recomputed) so the
- * mutation reaches the payload decoders instead of stopping at a CRC. Each goes the way a
+ * mutation reaches the payload decoders instead of stopping at a CRC (a READY is signed
+ * again before its decoder, so the mutation reaches the fields behind its MAC). Each goes the way a
  * receiver takes it (header, limits, CRC, decoder) and straight into every decoder; every
  * buffer is a malloc of its exact size (ASan sees a read past it). A decoder must refuse
  * with a message or give a result within its limits.
  *
- * Live: a server (synthetic:tiny, stage thread of the test) gets random bytes, mutated
- * HELLOs, HELLOs asking for what it cannot serve, then mutated RUNs re-sealed so they reach
- * md_batch_check and, when they pass it, md_stage_run; a head that stops mid-frame and one
- * that never says HELLO. Each connection must end with a frame or a close within the
+ * Live: a server (synthetic:tiny, stage thread of the test) gets, after its CHALLENGE, random
+ * bytes, mutated HELLOs (half of them signed again over the mutation, so they reach the
+ * HELLO decoder), HELLOs asking for what it cannot serve, then mutated RUNs re-sealed so they
+ * reach md_batch_check and, when they pass it, md_stage_run; a head that stops mid-frame and
+ * one that never says HELLO. Each connection must end with a frame or a close within the
  * server's timeouts, never a hang; afterwards the server still serves a real head, with
  * answers bit for bit a local stage's.
  *
@@ -36,6 +39,15 @@
 #include "engine/shard/wire.h"
 #include "engine/shard/wire_io.h"
 #include "fuzz/fuzz_util.h"
+
+/* The fixed handshake the decoder fuzz signs its frames with. */
+static md_wire_auth *fz_auth(void) {
+    static md_wire_auth a;
+    a.secret = test_secret();
+    memset(a.stage_nonce, 0x33, sizeof a.stage_nonce);
+    memset(a.head_nonce, 0x44, sizeof a.head_nonce);
+    return &a;
+}
 
 static int seed_rng(void **state) {
     (void)state;
@@ -118,10 +130,26 @@ static void decode_all(const uint8_t *src, size_t n, const md_wire_limits *l) {
         assert_true(e.code < 0 && e.msg[0]);
     }
     md_wire_ready r;
-    if (md_wire_get_ready(p, n, &r, &e) == 0)
-        assert_true(memchr(r.describe, 0, sizeof r.describe) && r.lo < r.hi && r.hi <= r.n_layer);
-    else
-        assert_true(e.msg[0]);
+    if (n >= MD_STAGE_MAC) { /* signed again, so the fields behind the MAC are decoded */
+        uint8_t *q = fuzz_copy(src, n);
+        assert_non_null(q);
+        assert_int_equal(md_stage_mac(test_secret(), "MDST READY v2", fz_auth()->head_nonce,
+                                      fz_auth()->stage_nonce, q, n - MD_STAGE_MAC,
+                                      q + n - MD_STAGE_MAC),
+                         0);
+        if (md_wire_get_ready(q, n, fz_auth(), &r, &e) == 0)
+            assert_true(memchr(r.describe, 0, sizeof r.describe) && r.lo < r.hi &&
+                        r.hi <= r.n_layer && r.idle_ms >= 1);
+        else
+            assert_true(e.msg[0]);
+        free(q);
+    }
+    uint8_t nonce[MD_STAGE_NONCE];
+    if (md_wire_get_challenge(p, n, nonce, &e) == 0)
+        assert_true(n == 4 + MD_STAGE_NONCE);
+    md_wire_auth a = *fz_auth();
+    if (md_wire_hello_verify(p, n, &a, &e) == 0)
+        assert_true(n >= MD_STAGE_NONCE + MD_STAGE_MAC);
     md_batch b;
     const float *h;
     if (md_wire_get_run(p, n, l, &b, &h, &e) == 0) {
@@ -162,7 +190,7 @@ static void receive(const uint8_t *f, size_t n, const md_wire_limits *l) {
     memcpy(hdr, f, sizeof hdr);
     md_wire_hdr h;
     md_err e = {0};
-    if (md_wire_hdr_get(hdr, &h, &e) || md_wire_hdr_check(&h, 0x3e, l->max_payload, &e)) {
+    if (md_wire_hdr_get(hdr, &h, &e) || md_wire_hdr_check(&h, 0xfe, l->max_payload, &e)) {
         assert_true(e.msg[0]);
         return;
     }
@@ -200,26 +228,32 @@ static void seed_frames(md_wire_buf *fr, int lo, md_wire_limits *l) {
     c.max_blocks = 2;
     md_err e = {0};
     assert_int_equal(md_wire_limits_for(&c, 8, 100, l, &e), 0);
-    md_wire_ready r = {
-        .model_hash = 9, .lo = lo, .hi = lo + 1, .n_layer = 2, .n_embd = 8, .n_vocab = 100};
+    md_wire_ready r = {.model_hash = 9,
+                       .lo = lo,
+                       .hi = lo + 1,
+                       .n_layer = 2,
+                       .n_embd = 8,
+                       .n_vocab = 100,
+                       .idle_ms = 60000};
     snprintf(r.describe, sizeof r.describe, "layers %d-%d on cpu", lo, lo);
-    assert_int_equal(md_wire_put_hello(&fr[0], &c, 100, 8, &e), 0);
-    assert_int_equal(md_wire_put_ready(&fr[1], &r, &e), 0);
+    assert_int_equal(md_wire_put_hello(&fr[0], &c, 100, 8, fz_auth(), &e), 0);
+    assert_int_equal(md_wire_put_ready(&fr[1], &r, fz_auth(), &e), 0);
     assert_int_equal(md_wire_put_run(&fr[2], 7, &b, lo ? hidden : NULL, l->hidden, &e), 0);
     float *o = md_wire_result_begin(&fr[3], 5, &e);
     for (int i = 0; i < 5; i++)
         o[i] = (float)i;
     md_wire_result_end(&fr[3], 7);
     assert_int_equal(md_wire_put_error(&fr[4], 7, MD_EINVAL, "token 3 is 900", &e), 0);
+    assert_int_equal(md_wire_put_challenge(&fr[5], fz_auth()->stage_nonce, &e), 0);
 }
 
 static void test_mutated_frames_never_decode_into_nonsense(void **state) {
     long n_iter = fuzz_iters();
     for (int lo = 0; lo <= 1; lo++) {
-        md_wire_buf fr[5] = {{0}};
+        md_wire_buf fr[6] = {{0}};
         md_wire_limits l;
         seed_frames(fr, lo, &l);
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < 6; k++) {
             for (long it = 0; it < n_iter; it++) {
                 size_t cap = fr[k].len + 64, n = fr[k].len;
                 uint8_t *f = malloc(cap);
@@ -236,24 +270,37 @@ static void test_mutated_frames_never_decode_into_nonsense(void **state) {
                 free(f);
             }
         }
-        for (int k = 0; k < 5; k++)
+        for (int k = 0; k < 6; k++)
             md_wire_buf_free(&fr[k]);
     }
 }
 
-/* One connection to the live server: send the n bytes of f (in one piece or two), shut the
- * sending side, read what comes back until the server closes. Every frame must be well
- * formed; returns the type of the last one (0: none). */
-static int converse(int port, const void *f, size_t n, uint64_t max_payload, md_wire_buf *in) {
+/* What a fuzzing head sends once it has the server's CHALLENGE (a->stage_nonce set, a fresh
+ * a->head_nonce): into out. */
+typedef void (*build_fn)(md_wire_buf *out, const md_wire_auth *a, void *ctx);
+
+/* One connection to the live server: take its CHALLENGE, send what build makes of it (in one
+ * piece), shut the sending side, read what comes back until the server closes. Every frame
+ * must be well formed; returns the type of the last one (0: none). */
+static int converse(int port, build_fn build, void *ctx, uint64_t max_payload, md_wire_buf *in) {
     int fd;
     md_err e = {0};
     assert_int_equal(md_wire_connect("127.0.0.1", port, 2000, &fd, &e), 0);
-    if (n && md_wire_send(fd, f, n, md_wire_deadline(2000), &e))
+    md_wire_hdr h;
+    md_wire_auth a = {.secret = test_secret()};
+    if (md_wire_recv_frame(fd, 1u << MD_WIRE_CHALLENGE, 0, md_wire_deadline(5000), NULL, &h, in,
+                           NULL, &e) ||
+        md_wire_get_challenge(in->p, in->len, a.stage_nonce, &e))
+        fail_msg("the server's CHALLENGE: %s", e.msg);
+    assert_int_equal(md_stage_nonce(a.head_nonce, &e), 0);
+    md_wire_buf f = {0};
+    build(&f, &a, ctx);
+    if (f.len && md_wire_send(fd, f.p, f.len, md_wire_deadline(2000), &e))
         assert_non_null(strstr(e.msg, "failed")); /* the server may close before taking all */
+    md_wire_buf_free(&f);
     shutdown(fd, SHUT_WR);
     int last = 0;
     for (;;) {
-        md_wire_hdr h;
         int eof = 0;
         int rc = md_wire_recv_frame(fd, 0x3e, max_payload, md_wire_deadline(5000), NULL, &h, in,
                                     &eof, &e);
@@ -268,14 +315,50 @@ static int converse(int port, const void *f, size_t n, uint64_t max_payload, md_
     return last;
 }
 
-/* HELLO for tiny [lo, lo + 1) then, when run is not NULL, a RUN frame: into out. */
-static void hello_then(md_wire_buf *out, const md_stage_config *c, const md_wire_buf *run) {
+/* HELLO for c signed under a then, when run is not NULL, a RUN frame: into out. */
+static void hello_then(md_wire_buf *out, const md_stage_config *c, const md_wire_auth *a,
+                       const md_wire_buf *run) {
     md_err e = {0};
-    assert_int_equal(md_wire_put_hello(out, c, 512, 128, &e), 0);
+    assert_int_equal(md_wire_put_hello(out, c, 512, 128, a, &e), 0);
     if (run) {
         assert_int_equal(md_wire_buf_reserve(out, out->len + run->len, &e), 0);
         memcpy(out->p + out->len, run->p, run->len);
         out->len += run->len;
+    }
+}
+
+/* The builders of the live fuzz. */
+typedef struct {
+    const md_stage_config *c;
+    const md_wire_buf *run;
+    size_t n_random; /* random bytes: how many */
+    int mutate, resign;
+} live_case;
+
+static void build_case(md_wire_buf *out, const md_wire_auth *a, void *ctx) {
+    live_case *k = ctx;
+    md_err e = {0};
+    if (!k->c) {
+        assert_int_equal(md_wire_buf_reserve(out, k->n_random + 1, &e), 0);
+        for (size_t i = 0; i < k->n_random; i++)
+            out->p[i] = (uint8_t)fuzz_rnd();
+        out->len = k->n_random;
+        return;
+    }
+    hello_then(out, k->c, a, k->run);
+    if (!k->mutate)
+        return;
+    size_t n = out->len;
+    assert_int_equal(md_wire_buf_reserve(out, n + 64, &e), 0);
+    mutate(out->p, &n, out->cap); /* not resealed unless resigned: random sizes are not asked */
+    out->len = n;
+    if (k->resign && n >= MD_WIRE_HDR + MD_STAGE_MAC) {
+        uint8_t *p = out->p + MD_WIRE_HDR;
+        size_t len = n - MD_WIRE_HDR;
+        assert_int_equal(md_stage_mac(a->secret, "MDST HELLO v2", a->stage_nonce, NULL, p,
+                                      len - MD_STAGE_MAC, p + len - MD_STAGE_MAC),
+                         0);
+        reseal(out->p, n);
     }
 }
 
@@ -294,19 +377,12 @@ static void test_live_server_survives_hostile_heads(void **state) {
         cfg[k].model_hash = hash;
         assert_int_equal(md_wire_limits_for(&cfg[k], 128, 512, &lim[k], &e), 0);
     }
-    /* random bytes, and mutated HELLOs */
+    /* random bytes, and mutated HELLOs (one in two signed again over the mutation) */
     for (long it = 0; it < n_iter; it++) {
-        size_t n = fuzz_below(300);
-        assert_int_equal(md_wire_buf_reserve(&f, n + 64, &e), 0);
-        if (it % 2) {
-            for (size_t i = 0; i < n; i++)
-                f.p[i] = (uint8_t)fuzz_rnd();
-        } else {
-            hello_then(&f, &cfg[it % 4 / 2], NULL);
-            n = f.len;
-            mutate(f.p, &n, f.cap); /* not resealed: sizes from random bits are not asked */
-        }
-        int t = converse(port, f.p, n, lim[1].max_payload, &in);
+        live_case k = {.n_random = fuzz_below(300)};
+        if (it % 2 == 0)
+            k = (live_case){.c = &cfg[it % 4 / 2], .mutate = 1, .resign = it % 4 == 0};
+        int t = converse(port, build_case, &k, lim[1].max_payload, &in);
         assert_true(t == 0 || t == MD_WIRE_ERROR || t == MD_WIRE_READY);
     }
     /* HELLOs asking for what the server cannot serve: each answered with an ERROR */
@@ -321,8 +397,8 @@ static void test_live_server_survives_hostile_heads(void **state) {
         case 5: snprintf(c.model, sizeof c.model, "synthetic:nonesuch"); break;
         default: snprintf(c.model, sizeof c.model, "/nonexistent/model.gguf");
         }
-        hello_then(&f, &c, NULL);
-        int t = converse(port, f.p, f.len, 0, &in);
+        live_case lc = {.c = &c};
+        int t = converse(port, build_case, &lc, 0, &in);
         if (t != MD_WIRE_ERROR)
             fail_msg("HELLO %d answered with frame type %d", k, t);
         assert_true(in.len > 8);
@@ -347,8 +423,8 @@ static void test_live_server_survives_hostile_heads(void **state) {
             reseal(run.p, n);
         }
         run.len = n;
-        hello_then(&f, &cfg[k], &run);
-        int t = converse(port, f.p, f.len, lim[k].max_payload, &in);
+        live_case lc = {.c = &cfg[k], .run = &run};
+        int t = converse(port, build_case, &lc, lim[k].max_payload, &in);
         /* READY last: no RUN came (cut to nothing), or the server closed on a header it
          * refused with the payload unread, and the reset overtook its ERROR */
         assert_true(t == MD_WIRE_RESULT || t == MD_WIRE_ERROR || t == MD_WIRE_READY);
@@ -363,16 +439,21 @@ static void test_live_server_survives_hostile_heads(void **state) {
     for (int k = 0; k < 2; k++) {
         int fd;
         assert_int_equal(md_wire_connect("127.0.0.1", port, 2000, &fd, &e), 0);
+        md_wire_hdr h;
+        int eof;
+        md_wire_auth a = {.secret = test_secret()};
+        assert_int_equal(md_wire_recv_frame(fd, 1u << MD_WIRE_CHALLENGE, 0, md_wire_deadline(2000),
+                                            NULL, &h, &in, &eof, &e),
+                         0);
+        assert_int_equal(md_wire_get_challenge(in.p, in.len, a.stage_nonce, &e), 0);
         if (k == 0) {
-            hello_then(&f, &cfg[0], NULL);
+            hello_then(&f, &cfg[0], &a, NULL);
             assert_int_equal(md_wire_send(fd, f.p, f.len - 3, md_wire_deadline(2000), &e), 0);
         }
         uint64_t t0 = md_mono_ns();
-        md_wire_hdr h;
-        int eof;
         int rc = md_wire_recv_frame(fd, 0x3e, 0, md_wire_deadline(5000), NULL, &h, &in, &eof, &e);
         uint64_t ms = (md_mono_ns() - t0) / 1000000;
-        assert_true(rc == 0 && h.type == MD_WIRE_ERROR); /* "timed out receiving ..." */
+        assert_true(rc == 0 && h.type == MD_WIRE_ERROR); /* "no signed HELLO within ..." */
         assert_true(ms >= 250 && ms < 3000);
         close(fd);
     }
@@ -380,7 +461,8 @@ static void test_live_server_survives_hostile_heads(void **state) {
     /* still serving: a real head gets a stage's answers, bit for bit a local one's */
     md_link *r, *l;
     static float a[TINY_SEQS * 512], b[TINY_SEQS * 512], h0[16 * 128];
-    if (md_link_tcp_open("127.0.0.1", port, &cfg[1], 5000, &r, &e))
+    md_link_tcp_opts lo = test_link_opts(5000);
+    if (md_link_tcp_open("127.0.0.1", port, &cfg[1], &lo, &r, &e))
         fail_msg("%s", e.msg);
     assert_int_equal(md_link_local_open(&cfg[1], &l, &e), 0);
     tiny_batch tb;

@@ -22,12 +22,17 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from harness import (MEDLEY, RedisServer, Worker, exactly_once, fail, meta, results,
                      schema_validator, submit, validate_all, wait_batch, write_lines)
 
 MODEL = "smollm2-135m"
+# The replica's stage secret (docs/sharding.md "Authentication"), given to both workers by
+# --stage-secret-file: the head signs its HELLO with it, the stage worker's `medley stage`
+# child serves heads holding it (and MODEL only).
+SECRET = os.path.join(tempfile.mkdtemp(prefix="medley-plan-stages-"), "stage.secret")
 KEY = "medley:replica:{p0}:stage:1"
 N = 2000
 
@@ -90,7 +95,8 @@ def worker(srv, wid):
                   args=["--follow-plan", "--id", wid, "--device", "cpu",
                         "--threads", "1" if wid == "H" else "2",
                         "--plan-check-ms", "100", "--heartbeat-ms", "300",
-                        "--visibility-ms", "20000", "--log-text"])
+                        "--visibility-ms", "20000", "--log-text",
+                        "--stage-secret-file", SECRET])
 
 
 def formed(srv):
@@ -146,6 +152,8 @@ def main():
     if p.returncode != 0:
         print("SKIP: this build has no `medley stage` (TCP transport)")
         sys.exit(77)
+    with open(os.open(SECRET, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write(os.urandom(24).hex() + "\n")
     srv = RedisServer()
     workers = {}
     try:

@@ -19,12 +19,16 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from harness import (MEDLEY, RedisServer, Worker, exactly_once, fail, free_port, meta, results,
                      schema_validator, submit, validate_all, wait_batch, write_lines)
 
 MODEL = "smollm2-135m"
+# The stage secret (docs/sharding.md "Authentication") of the head (--stage-secret-file) and
+# its `medley stage` (--secret-file).
+SECRET = os.path.join(tempfile.mkdtemp(prefix="medley-worker-stages-"), "stage.secret")
 
 
 def model_path():
@@ -107,7 +111,7 @@ def stage_unreachable(srv, hv):
     b = submit(srv, write_lines(srv.dir, "u.jsonl", [line(c, i, 4) for i, c in enumerate(ids)]))
     w = Worker(srv, models=(MODEL,), name="lonely",
                args=["--id", "lonely", "--threads", "1", "--heartbeat-ms", "300", "--stages", spec,
-                     "--log-text"])
+                     "--log-text", "--stage-secret-file", SECRET])
     try:
         hb = wait_for("a heartbeat saying why the replica is not formed",
                       lambda: (lambda h: h if h and h["models"] and
@@ -142,7 +146,8 @@ def has_tcp_transport():
 
 def stage_proc(port, log):
     return subprocess.Popen([MEDLEY, "stage", "--listen", "127.0.0.1:%d" % port, "--device", "cpu",
-                             "--threads", "1"], stdout=log, stderr=subprocess.STDOUT)
+                             "--threads", "1", "--secret-file", SECRET, "--model", MODEL],
+                            stdout=log, stderr=subprocess.STDOUT)
 
 
 def stage_killed(srv, leftover):
@@ -154,7 +159,7 @@ def stage_killed(srv, leftover):
     b = submit(srv, write_lines(srv.dir, "k.jsonl", [line(c, i, 4) for i, c in enumerate(ids)]))
     w = Worker(srv, models=(MODEL,), name="head",
                args=["--id", "head", "--threads", "1", "--heartbeat-ms", "300", "--stages", spec,
-                     "--log-text"])
+                     "--log-text", "--stage-secret-file", SECRET])
     try:
         t0 = time.time()
         wait_for("40 answers", lambda: int(meta(srv, b).get("completed", 0)) >= 40, 60)
@@ -187,6 +192,8 @@ def main():
     if not os.path.exists(model_path()):
         print("SKIP: %s not fetched (scripts/fetch-model.sh)" % model_path())
         sys.exit(77)
+    with open(os.open(SECRET, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write(os.urandom(24).hex() + "\n")
     srv = RedisServer()
     try:
         hv = schema_validator("worker-heartbeat")

@@ -138,7 +138,7 @@ static void chat_template_choice_is_checked_at_load(void **st) {
     md_err e = {0};
     assert_int_equal(tok_chat_choose(t, NULL, &e), MD_EUNSUPP);
     assert_non_null(strstr(e.msg, "--chat-template"));
-    assert_non_null(strstr(e.msg, "chatml, llama3, llama2, mistral, gemma"));
+    assert_non_null(strstr(e.msg, "chatml, hermes, llama3, llama2, mistral, gemma"));
     assert_int_equal(tok_chat_choose(t, "vicuna", &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "'vicuna'"));
     assert_int_equal(tok_chat_choose(t, "gemma", &e), 0);
@@ -235,7 +235,10 @@ static void hostile_files_are_refused_naming_the_json_path(void **st) {
         {"type number", doc("", VOCAB, MERGES, ADDED, "{\"type\": 3}", "null", "null"), NULL,
          MD_EFORMAT, "pre_tokenizer 'type' is an integer"},
         {"bert post", doc("", VOCAB, MERGES, ADDED, PRE, "null", "{\"type\": \"BertProcessing\"}"),
-         NULL, MD_EUNSUPP, "post_processor.type 'BertProcessing'"},
+         NULL, MD_EFORMAT, "post_processor 'cls' is missing, expected [\"token\", id]"},
+        {"roberta post",
+         doc("", VOCAB, MERGES, ADDED, PRE, "null", "{\"type\": \"RobertaProcessing\"}"), NULL,
+         MD_EUNSUPP, "post_processor.type 'RobertaProcessing'"},
         {"added mismatch",
          doc("", VOCAB, MERGES, "[{\"id\": 0, \"content\": \"x\", \"special\": true}]", PRE, "null",
              "null"),

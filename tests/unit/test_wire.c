@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -22,6 +23,20 @@
 #include "common/util.h"
 #include "engine/shard/wire.h"
 #include "engine/shard/wire_io.h"
+
+/* The handshake every test frame is signed with: a fixed secret and nonces. */
+static md_wire_auth *auth(void) {
+    static md_stage_secret sec;
+    static md_wire_auth a;
+    if (!sec.len) {
+        memcpy(sec.key, "a test secret of 32 bytes.......", 32);
+        sec.len = 32;
+        a.secret = &sec;
+        memset(a.stage_nonce, 0x11, sizeof a.stage_nonce);
+        memset(a.head_nonce, 0x22, sizeof a.head_nonce);
+    }
+    return &a;
+}
 
 /* A micro-batch of 2 sequences (3 + 2 tokens), 4 blocks of 16 slots per table row. */
 typedef struct {
@@ -102,8 +117,8 @@ static void check_frame(const md_wire_buf *b, int type, uint32_t seq) {
 static void test_header_layout_is_the_documented_one(void **state) {
     uint8_t h[MD_WIRE_HDR];
     md_wire_hdr_put(h, MD_WIRE_RUN, 0x01020304u, 0x1122334455667788ull, 0xaabbccddu);
-    /* "MDST", version 1, type 3, length, payload CRC, seq, reserved: little-endian */
-    static const uint8_t want[28] = {'M',  'D',  'S',  'T',  1,    0,    3,    0,    0x88, 0x77,
+    /* "MDST", version 2, type 3, length, payload CRC, seq, reserved: little-endian */
+    static const uint8_t want[28] = {'M',  'D',  'S',  'T',  2,    0,    3,    0,    0x88, 0x77,
                                      0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 0xdd, 0xcc, 0xbb, 0xaa,
                                      4,    3,    2,    1,    0,    0,    0,    0};
     assert_memory_equal(h, want, 28);
@@ -124,7 +139,7 @@ static void test_hello_round_trips_every_field(void **state) {
     md_stage_config c = config(1, 2);
     md_wire_buf b = {0};
     md_err e = {0};
-    assert_int_equal(md_wire_put_hello(&b, &c, 512, 128, &e), 0);
+    assert_int_equal(md_wire_put_hello(&b, &c, 512, 128, auth(), &e), 0);
     check_frame(&b, MD_WIRE_HELLO, 0);
     size_t n;
     uint8_t *p = payload_copy(&b, &n);
@@ -156,15 +171,20 @@ static void test_hello_round_trips_every_field(void **state) {
 static void test_ready_error_result_round_trip(void **state) {
     md_wire_buf b = {0};
     md_err e = {0};
-    md_wire_ready r = {
-        .model_hash = 42, .lo = 3, .hi = 7, .n_layer = 7, .n_embd = 64, .n_vocab = 1000};
+    md_wire_ready r = {.model_hash = 42,
+                       .lo = 3,
+                       .hi = 7,
+                       .n_layer = 7,
+                       .n_embd = 64,
+                       .n_vocab = 1000,
+                       .idle_ms = 60000};
     snprintf(r.describe, sizeof r.describe, "layers 3-7 on cpu: 2 threads, avx2");
-    assert_int_equal(md_wire_put_ready(&b, &r, &e), 0);
+    assert_int_equal(md_wire_put_ready(&b, &r, auth(), &e), 0);
     check_frame(&b, MD_WIRE_READY, 0);
     size_t n;
     uint8_t *p = payload_copy(&b, &n);
     md_wire_ready d;
-    assert_int_equal(md_wire_get_ready(p, n, &d, &e), 0);
+    assert_int_equal(md_wire_get_ready(p, n, auth(), &d, &e), 0);
     assert_memory_equal(&d, &r, sizeof d);
     free(p);
 
@@ -412,38 +432,45 @@ static void test_other_versions_types_and_sizes_are_refused(void **state) {
     uint8_t h[MD_WIRE_HDR];
     md_wire_hdr d;
     md_err e = {0};
-    raw_header(h, MD_WIRE_MAGIC, 2, MD_WIRE_RUN, 0, 0);
+    raw_header(h, MD_WIRE_MAGIC, 1, MD_WIRE_RUN, 0, 0); /* the unauthenticated version */
     assert_int_equal(md_wire_hdr_get(h, &d, &e), MD_EUNSUPP);
-    assert_non_null(strstr(e.msg, "version 2"));
+    assert_non_null(strstr(e.msg, "version 1"));
     raw_header(h, MD_WIRE_MAGIC, 0, MD_WIRE_RUN, 0, 0);
     assert_int_equal(md_wire_hdr_get(h, &d, &e), MD_EUNSUPP);
-    raw_header(h, MD_WIRE_MAGIC, 1, 0, 0, 0);
+    raw_header(h, MD_WIRE_MAGIC, 2, 0, 0, 0);
     assert_int_equal(md_wire_hdr_get(h, &d, &e), MD_EFORMAT);
     assert_non_null(strstr(e.msg, "unknown type 0"));
-    raw_header(h, MD_WIRE_MAGIC, 1, 6, 0, 0);
+    raw_header(h, MD_WIRE_MAGIC, 2, 8, 0, 0);
     assert_int_equal(md_wire_hdr_get(h, &d, &e), MD_EFORMAT);
-    raw_header(h, MD_WIRE_MAGIC, 1, MD_WIRE_RUN, 0, 1);
+    raw_header(h, MD_WIRE_MAGIC, 2, MD_WIRE_RUN, 0, 1);
     assert_int_equal(md_wire_hdr_get(h, &d, &e), MD_EFORMAT);
     assert_non_null(strstr(e.msg, "reserved"));
-    raw_header(h, 0x4d445354u, 1, MD_WIRE_RUN, 0, 0); /* byte-swapped magic */
+    raw_header(h, 0x4d445354u, 2, MD_WIRE_RUN, 0, 0); /* byte-swapped magic */
     assert_int_equal(md_wire_hdr_get(h, &d, &e), MD_EFORMAT);
     assert_non_null(strstr(e.msg, "magic"));
 
-    /* lengths: RUN and RESULT by the handshake's limit, the others by MD_WIRE_SMALL_MAX */
-    raw_header(h, MD_WIRE_MAGIC, 1, MD_WIRE_RUN, 1001, 0);
+    /* lengths: RUN and RESULT by the handshake's limit, HELLO by MD_WIRE_HELLO_MAX, PING 0,
+     * the others by MD_WIRE_SMALL_MAX */
+    raw_header(h, MD_WIRE_MAGIC, 2, MD_WIRE_RUN, 1001, 0);
     assert_int_equal(md_wire_hdr_get(h, &d, &e), 0);
     assert_int_equal(md_wire_hdr_check(&d, 1u << MD_WIRE_RUN, 1001, &e), 0);
     assert_int_equal(md_wire_hdr_check(&d, 1u << MD_WIRE_RUN, 1000, &e), MD_EFORMAT);
     assert_non_null(strstr(e.msg, "RUN frame of 1001 bytes exceeds the limit of 1000"));
-    raw_header(h, MD_WIRE_MAGIC, 1, MD_WIRE_HELLO, MD_WIRE_SMALL_MAX + 1ull, 0);
+    raw_header(h, MD_WIRE_MAGIC, 2, MD_WIRE_HELLO, MD_WIRE_HELLO_MAX + 1ull, 0);
     assert_int_equal(md_wire_hdr_get(h, &d, &e), 0);
     assert_int_equal(md_wire_hdr_check(&d, 1u << MD_WIRE_HELLO, UINT64_MAX, &e), MD_EFORMAT);
-    raw_header(h, MD_WIRE_MAGIC, 1, MD_WIRE_RESULT, UINT64_MAX, 0);
+    raw_header(h, MD_WIRE_MAGIC, 2, MD_WIRE_ERROR, MD_WIRE_SMALL_MAX + 1ull, 0);
+    assert_int_equal(md_wire_hdr_get(h, &d, &e), 0);
+    assert_int_equal(md_wire_hdr_check(&d, 1u << MD_WIRE_ERROR, UINT64_MAX, &e), MD_EFORMAT);
+    raw_header(h, MD_WIRE_MAGIC, 2, MD_WIRE_PING, 1, 0);
+    assert_int_equal(md_wire_hdr_get(h, &d, &e), 0);
+    assert_int_equal(md_wire_hdr_check(&d, 1u << MD_WIRE_PING, UINT64_MAX, &e), MD_EFORMAT);
+    raw_header(h, MD_WIRE_MAGIC, 2, MD_WIRE_RESULT, UINT64_MAX, 0);
     assert_int_equal(md_wire_hdr_get(h, &d, &e), 0);
     assert_int_equal(md_wire_hdr_check(&d, 1u << MD_WIRE_RESULT, MD_WIRE_PAYLOAD_MAX, &e),
                      MD_EFORMAT);
     /* a type the receiver does not expect now, whatever its length */
-    raw_header(h, MD_WIRE_MAGIC, 1, MD_WIRE_RUN, 1u << 20, 0);
+    raw_header(h, MD_WIRE_MAGIC, 2, MD_WIRE_RUN, 1u << 20, 0);
     assert_int_equal(md_wire_hdr_get(h, &d, &e), 0);
     assert_int_equal(md_wire_hdr_check(&d, 1u << MD_WIRE_HELLO, 0, &e), MD_EFORMAT);
     assert_non_null(strstr(e.msg, "unexpected RUN frame (expected HELLO)"));
@@ -494,7 +521,7 @@ static void test_hello_with_bad_fields_is_refused(void **state) {
     bad[5].says = "lo = -1";
     bad[5].c.lo = -1;
     for (int i = 0; i < 6; i++) {
-        assert_int_equal(md_wire_put_hello(&b, &bad[i].c, 10, 10, &e), 0);
+        assert_int_equal(md_wire_put_hello(&b, &bad[i].c, 10, 10, auth(), &e), 0);
         size_t n;
         uint8_t *p = payload_copy(&b, &n);
         int rc = md_wire_get_hello(p, n, &d, &v, &m, &e);
@@ -504,7 +531,7 @@ static void test_hello_with_bad_fields_is_refused(void **state) {
     }
     /* a model name holding a NUL byte, or longer than the field */
     md_stage_config c = config(1, 2);
-    assert_int_equal(md_wire_put_hello(&b, &c, 10, 10, &e), 0);
+    assert_int_equal(md_wire_put_hello(&b, &c, 10, 10, auth(), &e), 0);
     size_t n;
     uint8_t *p = payload_copy(&b, &n);
     p[4 + 3] = '\0'; /* inside "synthetic:tiny" */
@@ -518,14 +545,19 @@ static void test_hello_with_bad_fields_is_refused(void **state) {
     free(p);
     /* an unterminated name in the caller's config is not sent */
     memset(c.device, 'x', sizeof c.device);
-    assert_int_equal(md_wire_put_hello(&b, &c, 10, 10, &e), MD_EINVAL);
+    assert_int_equal(md_wire_put_hello(&b, &c, 10, 10, auth(), &e), MD_EINVAL);
     md_wire_buf_free(&b);
 }
 
 static void test_ready_for_another_model_or_range_is_refused(void **state) {
     md_stage_config c = config(2, 4);
-    md_wire_ready r = {
-        .model_hash = c.model_hash, .lo = 2, .hi = 4, .n_layer = 4, .n_embd = 128, .n_vocab = 512};
+    md_wire_ready r = {.model_hash = c.model_hash,
+                       .lo = 2,
+                       .hi = 4,
+                       .n_layer = 4,
+                       .n_embd = 128,
+                       .n_vocab = 512,
+                       .idle_ms = 1000};
     md_err e = {0};
     const char *where = "tcp://10.0.0.2:7701 layers 2-3";
     assert_int_equal(md_wire_ready_check(&r, &c, 128, 512, where, &e), 0);
@@ -553,13 +585,131 @@ static void test_ready_for_another_model_or_range_is_refused(void **state) {
     md_wire_buf b = {0};
     x = r;
     x.n_layer = 3;
-    assert_int_equal(md_wire_put_ready(&b, &x, &e), 0);
+    assert_int_equal(md_wire_put_ready(&b, &x, auth(), &e), 0);
     size_t n;
     uint8_t *p = payload_copy(&b, &n);
-    assert_int_equal(md_wire_get_ready(p, n, &x, &e), MD_EFORMAT);
+    assert_int_equal(md_wire_get_ready(p, n, auth(), &x, &e), MD_EFORMAT);
     assert_non_null(strstr(e.msg, "layers [2, 4) of a 3-layer model"));
     free(p);
     md_wire_buf_free(&b);
+}
+
+/* The handshake's signatures: a HELLO verifies under its secret and the CHALLENGE's nonce
+ * only — not under another secret, not replayed to another challenge, not with one byte
+ * changed — and gives the head's nonce; a READY decodes only when signed for this head's
+ * nonce and this stage's nonce with the same secret; the CHALLENGE round-trips. */
+static void test_handshake_is_signed_and_checked(void **state) {
+    md_stage_config c = config(1, 2);
+    md_wire_buf b = {0};
+    md_err e = {0};
+    md_wire_auth head = *auth(), stage = {.secret = auth()->secret};
+    memcpy(stage.stage_nonce, head.stage_nonce, sizeof stage.stage_nonce);
+    assert_int_equal(md_wire_put_hello(&b, &c, 512, 128, &head, &e), 0);
+    size_t n;
+    uint8_t *p = payload_copy(&b, &n);
+    if (md_wire_hello_verify(p, n, &stage, &e))
+        fail_msg("%s", e.msg);
+    assert_memory_equal(stage.head_nonce, head.head_nonce, MD_STAGE_NONCE);
+    /* another secret; another challenge (a replay); a changed byte (the layers) */
+    md_stage_secret other = *auth()->secret;
+    other.key[0] ^= 1;
+    md_wire_auth x = stage;
+    x.secret = &other;
+    assert_int_equal(md_wire_hello_verify(p, n, &x, &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "authentication failed"));
+    x = stage;
+    x.stage_nonce[5] ^= 1;
+    assert_int_equal(md_wire_hello_verify(p, n, &x, &e), MD_EINVAL);
+    p[4 + strlen(c.model) + 8] ^= 1;
+    assert_int_equal(md_wire_hello_verify(p, n, &stage, &e), MD_EINVAL);
+    assert_int_equal(md_wire_hello_verify(p, 10, &stage, &e), MD_EINVAL);
+    free(p);
+    /* no secret: nothing is signed */
+    md_wire_auth none = {0};
+    assert_int_equal(md_wire_put_hello(&b, &c, 512, 128, &none, &e), MD_EINVAL);
+
+    md_wire_ready r = {.lo = 1, .hi = 2, .n_layer = 2, .n_embd = 8, .n_vocab = 9, .idle_ms = 300};
+    assert_int_equal(md_wire_put_ready(&b, &r, &stage, &e), 0);
+    p = payload_copy(&b, &n);
+    md_wire_ready d;
+    assert_int_equal(md_wire_get_ready(p, n, &head, &d, &e), 0);
+    assert_int_equal(d.idle_ms, 300);
+    x = head;
+    x.head_nonce[0] ^= 1; /* a READY made for another head's handshake */
+    assert_int_equal(md_wire_get_ready(p, n, &x, &d, &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "another secret"));
+    x = head;
+    x.secret = &other;
+    assert_int_equal(md_wire_get_ready(p, n, &x, &d, &e), MD_EINVAL);
+    free(p);
+
+    uint8_t nonce[MD_STAGE_NONCE], got[MD_STAGE_NONCE];
+    assert_int_equal(md_stage_nonce(nonce, &e), 0);
+    assert_int_equal(md_wire_put_challenge(&b, nonce, &e), 0);
+    check_frame(&b, MD_WIRE_CHALLENGE, 0);
+    p = payload_copy(&b, &n);
+    assert_int_equal(n, 4 + MD_STAGE_NONCE);
+    assert_int_equal(md_wire_get_challenge(p, n, got, &e), 0);
+    assert_memory_equal(got, nonce, MD_STAGE_NONCE);
+    p[0] = 2; /* another scheme */
+    assert_int_equal(md_wire_get_challenge(p, n, got, &e), MD_EUNSUPP);
+    free(p);
+    assert_int_equal(md_wire_put_ping(&b, &e), 0);
+    check_frame(&b, MD_WIRE_PING, 0);
+    assert_int_equal(b.len, MD_WIRE_HDR);
+    md_wire_buf_free(&b);
+}
+
+/* The MAC is HMAC-SHA256(key, label | nonce | message) as docs/sharding.md writes it: the
+ * value below is Python's hmac.new(b"Jefe", b"MDST HELLO v2" + bytes(32) + b"what do ya want
+ * for nothing?", sha256) (the key and message of RFC 4231's test case 2), so a peer written
+ * from the docs in any language agrees with this one. */
+static void test_mac_is_the_documented_hmac_sha256(void **state) {
+    md_stage_secret k = {.len = 4};
+    memcpy(k.key, "Jefe", 4);
+    static const uint8_t zero[MD_STAGE_NONCE] = {0};
+    static const char msg[] = "what do ya want for nothing?";
+    static const uint8_t want[MD_STAGE_MAC] = {0x34, 0x31, 0xda, 0xc3, 0xf6, 0x0c, 0x19, 0x61,
+                                               0x76, 0xbd, 0x1b, 0x5a, 0x00, 0x6c, 0x92, 0xd9,
+                                               0x70, 0xef, 0xa1, 0x5f, 0xc3, 0xf8, 0xab, 0x20,
+                                               0x6c, 0x56, 0x19, 0x40, 0x8a, 0x0b, 0xdf, 0x81};
+    uint8_t mac[MD_STAGE_MAC];
+    assert_int_equal(
+        md_stage_mac(&k, "MDST HELLO v2", zero, NULL, (const uint8_t *)msg, strlen(msg), mac), 0);
+    assert_memory_equal(mac, want, MD_STAGE_MAC);
+    assert_true(md_stage_mac_equal(mac, want));
+    mac[31] ^= 1;
+    assert_false(md_stage_mac_equal(mac, want));
+    md_stage_secret none = {0};
+    assert_int_equal(md_stage_mac(&none, "MDST HELLO v2", zero, NULL, NULL, 0, mac), -1);
+}
+
+/* The secret file: a trailing newline is not part of it; too short, missing and unset are
+ * refused naming the file or the two ways to give it, never the bytes. */
+static void test_secret_file_rules(void **state) {
+    char path[] = "/tmp/medley-secret-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "0123456789abcdef0123\n", 21), 21);
+    close(fd);
+    md_stage_secret s;
+    md_err e = {0};
+    assert_int_equal(md_stage_secret_load(path, &s, &e), 0);
+    assert_int_equal(s.len, 20);
+    assert_memory_equal(s.key, "0123456789abcdef0123", 20);
+    fd = open(path, O_WRONLY | O_TRUNC);
+    assert_int_equal(write(fd, "short\n", 6), 6);
+    close(fd);
+    assert_int_equal(md_stage_secret_load(path, &s, &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "holds 5 bytes"));
+    assert_null(strstr(e.msg, "short"));
+    unlink(path);
+    assert_int_equal(md_stage_secret_load(path, &s, &e), MD_EIO);
+    assert_non_null(strstr(e.msg, path));
+    unsetenv(MD_STAGE_SECRET_ENV);
+    assert_int_equal(md_stage_secret_from(NULL, "medley stage", &s, &e), MD_ENOTFOUND);
+    assert_non_null(strstr(e.msg, "--secret-file"));
+    assert_non_null(strstr(e.msg, MD_STAGE_SECRET_ENV));
 }
 
 static uint64_t rng = 0x5eed;
@@ -592,7 +742,7 @@ static void test_random_bytes_never_decode_into_nonsense(void **state) {
         float out[4];
         if (md_wire_get_hello(p, n, &d, &v, &m, &e) == 0)
             assert_true(d.lo < d.hi && strlen(d.model) < sizeof d.model);
-        if (md_wire_get_ready(p, n, &r, &e) == 0)
+        if (md_wire_get_ready(p, n, auth(), &r, &e) == 0)
             assert_true(strlen(r.describe) < sizeof r.describe);
         if (md_wire_get_run(p, n, &l, &bt, &h, &e) == 0) {
             assert_true(bt.n_tokens >= 1 && bt.n_tokens <= 8);
@@ -618,7 +768,7 @@ static void test_frames_over_a_socket(void **state) {
     md_wire_buf b = {0}, in = {0};
     md_err e = {0};
     md_stage_config c = config(0, 1);
-    assert_int_equal(md_wire_put_hello(&b, &c, 512, 128, &e), 0);
+    assert_int_equal(md_wire_put_hello(&b, &c, 512, 128, auth(), &e), 0);
     assert_int_equal(md_wire_send(sv[0], b.p, b.len, md_wire_deadline(1000), &e), 0);
     md_wire_hdr h;
     int eof = -1;
@@ -698,6 +848,9 @@ int main(void) {
         cmocka_unit_test(test_run_counts_that_lie_are_refused),
         cmocka_unit_test(test_every_header_bit_flip_is_caught),
         cmocka_unit_test(test_other_versions_types_and_sizes_are_refused),
+        cmocka_unit_test(test_handshake_is_signed_and_checked),
+        cmocka_unit_test(test_mac_is_the_documented_hmac_sha256),
+        cmocka_unit_test(test_secret_file_rules),
         cmocka_unit_test(test_limits_refuse_frames_too_large),
         cmocka_unit_test(test_hello_with_bad_fields_is_refused),
         cmocka_unit_test(test_ready_for_another_model_or_range_is_refused),
