@@ -20,5 +20,6 @@ int cmd_plan(int argc, char **argv);      /* cmd_sched.c */
 int cmd_simulate(int argc, char **argv);  /* cmd_sched.c */
 int cmd_health(int argc, char **argv);    /* cmd_health.c */
 int cmd_dashboard(int argc, char **argv); /* cmd_dashboard.c */
+int cmd_api(int argc, char **argv);       /* cmd_api.c */
 
 #endif

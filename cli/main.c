@@ -26,6 +26,7 @@ static const command commands[] = {
     {"scheduler", cmd_scheduler, "plan the fleet continuously and publish plans"},
     {"plan", cmd_plan, "plan a fleet offline"},
     {"simulate", cmd_simulate, "simulate a workload through a plan"},
+    {"api", cmd_api, "serve the OpenAI Files + Batches HTTP API over the queue"},
     {"dashboard", cmd_dashboard, "serve a live web page of batches, fleet, plan and DLQ"},
     {"generate", cmd_generate, "generate text with a model"},
     {"tokenize", cmd_tokenize, "tokenize text with a model's tokenizer"},

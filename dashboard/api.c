@@ -346,6 +346,7 @@ json_t *dash_api_batches(dash_api *a, int limit, md_err *e) {
         json_object_set_new(j, "id", dash_json_str(id->str, id->len));
         json_object_set_new(j, "status", dash_json_str(b.status, strlen(b.status)));
         json_object_set_new(j, "model", dash_json_str(b.model, strlen(b.model)));
+        json_object_set_new(j, "tenant", dash_json_str(b.tenant, strlen(b.tenant)));
         json_object_set_new(j, "endpoint", dash_json_str(b.endpoint, strlen(b.endpoint)));
         json_object_set_new(j, "errors", dash_json_str(b.errors, strlen(b.errors)));
         json_object_set_new(j, "total", json_integer(b.total));

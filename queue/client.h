@@ -18,6 +18,7 @@ typedef struct {
     const char *batch_id; /* NULL: a new random id */
     long long window_s;   /* completion window (deadline); 0 = none */
     int priority;
+    const char *tenant; /* the batch's tenant (docs/protocol.md §3); NULL: "default" */
 } q_submit_opts;
 
 /* A source of JSONL lines for q_submit_lines, read twice (a scan, then the queuing). next

@@ -188,7 +188,8 @@ int q_batch_create(md_redis *r, const q_batch_spec *s, md_err *e) {
                           "failed",    "0",           "created_at", nows,
                           "started_at", "0",          "finished_at", "0",
                           "deadline",  dls,           "priority", prio,
-                          "input_file", s->input_file ? s->input_file : ""};
+                          "input_file", s->input_file ? s->input_file : "",
+                          "tenant",    s->tenant ? s->tenant : "default"};
     size_t n = sizeof argv / sizeof argv[0], lens[sizeof argv / sizeof argv[0]];
     for (size_t i = 0; i < n; i++)
         lens[i] = strlen(argv[i]);
@@ -352,6 +353,7 @@ int q_batch_get(md_redis *r, const char *prefix, const char *batch, q_batch_info
         return rc;
     }
     snprintf(out->id, sizeof out->id, "%s", batch);
+    snprintf(out->tenant, sizeof out->tenant, "default"); /* a hash without the field */
     for (size_t i = 0; i + 1 < rep->elements; i += 2) {
         const char *k = rep->element[i]->str, *v = rep->element[i + 1]->str;
         if (!k || !v)
@@ -360,6 +362,8 @@ int q_batch_get(md_redis *r, const char *prefix, const char *batch, q_batch_info
             snprintf(out->status, sizeof out->status, "%s", v);
         else if (!strcmp(k, "model"))
             snprintf(out->model, sizeof out->model, "%s", v);
+        else if (!strcmp(k, "tenant"))
+            snprintf(out->tenant, sizeof out->tenant, "%s", v);
         else if (!strcmp(k, "endpoint"))
             snprintf(out->endpoint, sizeof out->endpoint, "%s", v);
         else if (!strcmp(k, "errors"))

@@ -6,7 +6,7 @@
  *   P q:{M}        stream, group `workers`; entry fields batch=B, line=<input JSON line>
  *   P q:{M}:<C>    the same for request-size class C when the plan defines classes
  *   P {B}:meta     hash: status model endpoint total completed failed created_at started_at
- *                  finished_at deadline priority input_file errors plan_version routing
+ *                  finished_at deadline priority input_file errors plan_version routing tenant
  *   P {B}:out      stream; entry fields custom_id, ok (1|0), line=<output JSON line>
  *   P {B}:done     set of custom_ids already answered
  *   P dlq:{M}      stream: entries that failed max_attempts times (batch, line, id, reason,
@@ -75,6 +75,7 @@ int q_script_load(md_redis *r, const char *script, char out[41], md_err *e);
  * seconds (deadline = created_at + window). */
 typedef struct {
     const char *prefix, *batch, *model, *endpoint, *input_file;
+    const char *tenant; /* NULL: "default" */
     long long window_s;
     int priority;
 } q_batch_spec;
@@ -102,6 +103,7 @@ int q_batch_cancel(md_redis *r, const char *prefix, const char *batch, char *sta
 typedef struct {
     char id[Q_BATCH_ID_MAX];
     char status[24], model[128], endpoint[64], errors[256];
+    char tenant[64]; /* "default" when the hash has none */
     long long total, completed, failed;
     long long created_at, started_at, finished_at, deadline; /* ms since epoch, 0 if unset */
     int priority;

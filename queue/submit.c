@@ -269,7 +269,8 @@ int q_submit_lines(md_redis *r, const q_submit_opts *o, const q_line_reader *rd,
                          .endpoint = endpoint[0] ? endpoint : "/v1/chat/completions",
                          .input_file = o->path,
                          .window_s = o->window_s,
-                         .priority = o->priority};
+                         .priority = o->priority,
+                         .tenant = o->tenant};
     if ((rc = q_batch_create(r, &spec, e)) ||
         (rc = q_submitter_open(r, prefix, batch_out, model, &s, e)))
         return rc;

@@ -2,7 +2,7 @@
 """redis-acl.py — the Redis commands medley sends, read from its C source, and the check that
 the ACL user in deploy/redis/users.acl allows exactly those.
 
-Where commands come from (common/ queue/ worker/ cli/ scheduler/ dashboard/, *.c):
+Where commands come from (common/ queue/ worker/ cli/ scheduler/ dashboard/ api/, *.c):
   - format strings of md_redis_cmd / redisCommand / redisAppendCommand: the first word, and
     the second for a container command (SCRIPT LOAD, XGROUP CREATE, XINFO GROUPS);
   - argv arrays of md_redis_cmd_argv / redisCommandArgv / redisAppendCommandArgv: the literal
@@ -25,7 +25,7 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DIRS = ("common", "queue", "worker", "cli", "scheduler", "dashboard")
+DIRS = ("common", "queue", "worker", "cli", "scheduler", "dashboard", "api")
 # Redis 7.0 commands whose ACL rules name a subcommand (`+xgroup|create`). The integration test
 # queue_tls_acl checks this list against the server's COMMAND DOCS.
 CONTAINERS = {"ACL", "CLIENT", "CLUSTER", "COMMAND", "CONFIG", "FUNCTION", "LATENCY", "MEMORY",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what medley needs to build and test on Debian 12 (run as root): the C libraries
 # it links (jansson, hiredis, PCRE2, utf8proc, GLPK, zlib, OpenSSL's libcrypto for the stage
-# link's HMAC, libmicrohttpd for /metrics and
+# link's HMAC and `medley api`'s key hashes, libmicrohttpd for /metrics and
 # `medley dashboard`), cmocka for unit tests, redis-server for the integration tests
 # (redis-sentinel for failover, stunnel4 + openssl for TLS), prometheus (prometheus +
 # promtool) to test the metrics and the alert rules, systemd for systemd-analyze (the

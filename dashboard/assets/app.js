@@ -156,10 +156,13 @@
       return el("tr", { "data-batch": b.id },
         el("td", { class: "id c-id" }, b.id),
         el("td", { class: "c-status" }, statusBadge(b.status)),
-        el("td", { class: "c-model" }, b.model, b.unserved ? el("span", {
-          class: "badge unserved", title: "no live worker lists this model: the batch waits " +
-            "until one serves it (a cancel answers its lines at once)" }, "no worker serves it")
-          : null),
+        el("td", { class: "c-model" }, b.model,
+          b.tenant && b.tenant !== "default" ? el("div", { class: "small c-tenant" },
+            "tenant " + b.tenant) : null,
+          b.unserved ? el("span", {
+            class: "badge unserved", title: "no live worker lists this model: the batch waits " +
+              "until one serves it (a cancel answers its lines at once)" }, "no worker serves it")
+            : null),
         el("td", { class: "c-progress" }, bar, pct.toFixed(1) + "%"),
         el("td", { class: "num c-done" }, b.done + "/" + b.total),
         failed,

@@ -23,7 +23,8 @@ import re
 import subprocess
 import sys
 
-PRODUCT = ("cli", "common", "engine", "kernels", "queue", "worker", "scheduler", "dashboard")
+PRODUCT = ("cli", "common", "engine", "kernels", "queue", "worker", "scheduler", "dashboard",
+           "api")
 SOURCE_EXT = (".c", ".h", ".cu", ".cuh", ".cc")
 DOC = "docs/architecture.md"
 

@@ -1,0 +1,330 @@
+/* store.c — what the API keeps in Redis (docs/api.md "Redis keys"): key names, a tenant's
+ * index pages, a stored file body read back as lines (the q_line_reader of q_submit_lines)
+ * or streamed to a client a chunk at a time, and a batch's output stream served as the
+ * output and error files. Nothing here holds a whole file in memory: one chunk (API_CHUNK)
+ * or one page of output lines at a time. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api_int.h"
+#include "queue/queue.h"
+
+void api_key_file(char *out, const char *prefix, const char *file) {
+    snprintf(out, Q_KEY_MAX, "%sfile:{%s}", prefix, file);
+}
+void api_key_file_data(char *out, const char *prefix, const char *file) {
+    snprintf(out, Q_KEY_MAX, "%sfile:{%s}:data", prefix, file);
+}
+void api_key_tenant(char *out, const char *prefix, const char *tenant, const char *what) {
+    snprintf(out, Q_KEY_MAX, "%stenant:{%s}:%s", prefix, tenant, what);
+}
+void api_key_batch(char *out, const char *prefix, const char *batch) {
+    snprintf(out, Q_KEY_MAX, "%sapi:{%s}", prefix, batch);
+}
+
+json_t *api_list_page(md_redis *r, const char *zkey, long long limit, const char *after, int desc,
+                      json_t *(*one)(void *ctx, const char *id), void *ctx, md_err *e) {
+    long long start = 0;
+    if (after) {
+        redisReply *rk = desc ? md_redis_cmd(r, e, "ZREVRANK %s %s", zkey, after)
+                              : md_redis_cmd(r, e, "ZRANK %s %s", zkey, after);
+        if (!rk)
+            return NULL;
+        start = rk->type == REDIS_REPLY_INTEGER ? rk->integer + 1 : 0;
+        freeReplyObject(rk);
+    }
+    /* one more than asked says whether there is more */
+    redisReply *rep = desc
+                          ? md_redis_cmd(r, e, "ZREVRANGE %s %lld %lld", zkey, start, start + limit)
+                          : md_redis_cmd(r, e, "ZRANGE %s %lld %lld", zkey, start, start + limit);
+    if (!rep)
+        return NULL;
+    json_t *data = json_array();
+    size_t n = rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0;
+    for (size_t i = 0; i < n && (long long)i < limit; i++) {
+        json_t *o = one(ctx, rep->element[i]->str);
+        if (o)
+            json_array_append_new(data, o);
+    }
+    freeReplyObject(rep);
+    size_t k = json_array_size(data);
+    json_t *first = k ? json_object_get(json_array_get(data, 0), "id") : NULL;
+    json_t *last = k ? json_object_get(json_array_get(data, k - 1), "id") : NULL;
+    return json_pack("{s:s, s:o, s:O?, s:O?, s:b}", "object", "list", "data", data, "first_id",
+                     first, "last_id", last, "has_more", (long long)n > limit);
+}
+
+struct api_file_reader {
+    md_redis *r;
+    char key[Q_KEY_MAX];
+    long long max_line, chunk_i, lineno;
+    redisReply *chunk; /* the chunk being read, and where */
+    size_t pos;
+    char *line; /* a line that spans chunks is put together here */
+    size_t len, cap;
+    int done;
+};
+
+api_file_reader *api_file_reader_new(md_redis *r, const char *data_key, long long max_line) {
+    api_file_reader *fr = calloc(1, sizeof *fr);
+    if (!fr)
+        return NULL;
+    fr->r = r;
+    fr->max_line = max_line;
+    snprintf(fr->key, sizeof fr->key, "%s", data_key);
+    return fr;
+}
+
+void api_file_reader_free(api_file_reader *fr) {
+    if (!fr)
+        return;
+    if (fr->chunk)
+        freeReplyObject(fr->chunk);
+    free(fr->line);
+    free(fr);
+}
+
+int api_file_reader_rewind(void *ctx, md_err *e) {
+    (void)e;
+    api_file_reader *fr = ctx;
+    if (fr->chunk)
+        freeReplyObject(fr->chunk);
+    fr->chunk = NULL;
+    fr->chunk_i = fr->lineno = 0;
+    fr->pos = fr->len = 0;
+    fr->done = 0;
+    return 0;
+}
+
+long long api_file_reader_lineno(const api_file_reader *fr) {
+    return fr->lineno;
+}
+
+/* The next chunk; 0 and fr->done at the end. */
+static int next_chunk(api_file_reader *fr, md_err *e) {
+    if (fr->chunk)
+        freeReplyObject(fr->chunk);
+    fr->chunk = md_redis_cmd(fr->r, e, "LINDEX %s %lld", fr->key, fr->chunk_i++);
+    if (!fr->chunk)
+        return MD_EREDIS;
+    fr->pos = 0;
+    if (fr->chunk->type != REDIS_REPLY_STRING) {
+        freeReplyObject(fr->chunk);
+        fr->chunk = NULL;
+        fr->done = 1;
+    }
+    return 0;
+}
+
+static int append(api_file_reader *fr, const char *s, size_t n, md_err *e) {
+    if ((long long)(fr->len + n) > fr->max_line)
+        return md_errf(e, MD_EINVAL, "line %lld is longer than %lld bytes", fr->lineno + 1,
+                       fr->max_line);
+    if (fr->len + n + 1 > fr->cap) {
+        size_t cap = (fr->len + n + 1) * 2;
+        char *nl = realloc(fr->line, cap);
+        if (!nl)
+            return md_errf(e, MD_ENOMEM, "out of memory");
+        fr->line = nl;
+        fr->cap = cap;
+    }
+    memcpy(fr->line + fr->len, s, n);
+    fr->len += n;
+    return 0;
+}
+
+int api_file_reader_next(void *ctx, const char **line, size_t *len, md_err *e) {
+    api_file_reader *fr = ctx;
+    int rc;
+    fr->len = 0;
+    for (;;) {
+        if (!fr->done && (!fr->chunk || fr->pos >= fr->chunk->len) && (rc = next_chunk(fr, e)))
+            return rc;
+        if (fr->done) {
+            if (!fr->len)
+                return 0;
+            break;
+        }
+        const char *s = fr->chunk->str + fr->pos;
+        size_t left = fr->chunk->len - fr->pos;
+        const char *nl = memchr(s, '\n', left);
+        size_t n = nl ? (size_t)(nl - s) + 1 : left;
+        if ((rc = append(fr, s, n, e)))
+            return rc;
+        fr->pos += n;
+        if (nl)
+            break;
+    }
+    fr->lineno++;
+    *line = fr->line;
+    *len = fr->len;
+    return 1;
+}
+
+/* A streamed response: a stored body's chunks, or a batch's output entries of one kind. */
+typedef struct {
+    api_server *s;
+    char key[Q_KEY_MAX];
+    int output, ok; /* output: the key is a batch's :out stream */
+    long long chunk_i;
+    char start[64];      /* output: the XRANGE cursor */
+    redisReply *page;    /* what is being sent, and how far */
+    size_t item, off, n; /* item of page (chunks: 0 only) */
+    int done;
+} stream;
+
+static void stream_free(void *cls) {
+    stream *st = cls;
+    if (st->page)
+        freeReplyObject(st->page);
+    free(st);
+}
+
+/* The line of XRANGE entry en when its ok field is st->ok; NULL otherwise. */
+static const redisReply *entry_line(const stream *st, const redisReply *en) {
+    if (en->type != REDIS_REPLY_ARRAY || en->elements < 2 ||
+        en->element[1]->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    const redisReply *fl = en->element[1], *line = NULL;
+    int ok = 1;
+    for (size_t k = 0; k + 1 < fl->elements; k += 2) {
+        if (!strcmp(fl->element[k]->str, "line"))
+            line = fl->element[k + 1];
+        else if (!strcmp(fl->element[k]->str, "ok"))
+            ok = !strcmp(fl->element[k + 1]->str, "1");
+    }
+    return ok == st->ok ? line : NULL;
+}
+
+/* The next page into st->page (NULL and st->done at the end); 0 or -1 on a Redis failure. */
+static int next_page(stream *st) {
+    md_err e = {0};
+    md_redis *r = api_redis(st->s, &e);
+    if (st->page)
+        freeReplyObject(st->page);
+    st->page = NULL;
+    st->item = st->off = 0;
+    if (!r)
+        return -1;
+    st->page = st->output ? md_redis_cmd(r, &e, "XRANGE %s %s + COUNT 500", st->key, st->start)
+                          : md_redis_cmd(r, &e, "LINDEX %s %lld", st->key, st->chunk_i++);
+    if (!st->page) {
+        api_redis_failed();
+        return -1;
+    }
+    if (st->output) {
+        size_t n = st->page->type == REDIS_REPLY_ARRAY ? st->page->elements : 0;
+        if (n)
+            snprintf(st->start, sizeof st->start, "(%s", st->page->element[n - 1]->element[0]->str);
+        if (n < 500)
+            st->done = 1; /* this page is the last; send it first */
+        if (n == 0) {
+            freeReplyObject(st->page);
+            st->page = NULL;
+        }
+    } else if (st->page->type != REDIS_REPLY_STRING) {
+        freeReplyObject(st->page);
+        st->page = NULL;
+        st->done = 1;
+    }
+    return 0;
+}
+
+/* Fill buf with what comes next (chunks, or output lines each with its newline), as much as
+ * fits: libmicrohttpd sends what one call returns, so small returns would mean small sends. */
+static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    stream *st = cls;
+    size_t got = 0;
+    while (got < max) {
+        if (!st->page) {
+            if (st->done)
+                break;
+            if (next_page(st))
+                return got ? (ssize_t)got : MHD_CONTENT_READER_END_WITH_ERROR;
+            continue;
+        }
+        const redisReply *piece = st->page;
+        if (st->output) {
+            while (st->item < st->page->elements &&
+                   !(piece = entry_line(st, st->page->element[st->item])))
+                st->item++;
+            if (st->item >= st->page->elements) {
+                freeReplyObject(st->page);
+                st->page = NULL;
+                continue;
+            }
+        }
+        size_t total = piece->len + (st->output ? 1 : 0);
+        if (st->off >= total) {
+            st->off = 0;
+            if (st->output) {
+                st->item++;
+            } else {
+                freeReplyObject(st->page);
+                st->page = NULL;
+            }
+            continue;
+        }
+        if (st->off == piece->len) { /* an output line's newline */
+            buf[got++] = '\n';
+            st->off++;
+            continue;
+        }
+        size_t n = piece->len - st->off < max - got ? piece->len - st->off : max - got;
+        memcpy(buf + got, piece->str + st->off, n);
+        st->off += n;
+        got += n;
+    }
+    return got ? (ssize_t)got : MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+static struct MHD_Response *stream_new(api_server *s, const char *key, int output, int ok) {
+    stream *st = calloc(1, sizeof *st);
+    if (!st)
+        return NULL;
+    *st = (stream){.s = s, .output = output, .ok = ok};
+    snprintf(st->key, sizeof st->key, "%s", key);
+    snprintf(st->start, sizeof st->start, "-");
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, stream_cb, st, stream_free);
+    if (!r)
+        stream_free(st);
+    return r;
+}
+
+struct MHD_Response *api_stream_data(api_server *s, const char *data_key) {
+    return stream_new(s, data_key, 0, 1);
+}
+
+struct MHD_Response *api_stream_output(api_server *s, const char *batch, int ok) {
+    char key[Q_KEY_MAX];
+    q_key_out(key, s->prefix, batch);
+    return stream_new(s, key, 1, ok);
+}
+
+int api_output_size(md_redis *r, const char *prefix, const char *batch, int ok, long long *bytes,
+                    long long *lines, md_err *e) {
+    stream st = {.output = 1, .ok = ok};
+    q_key_out(st.key, prefix, batch);
+    snprintf(st.start, sizeof st.start, "-");
+    *bytes = *lines = 0;
+    for (;;) {
+        redisReply *rep = md_redis_cmd(r, e, "XRANGE %s %s + COUNT 1000", st.key, st.start);
+        if (!rep)
+            return MD_EREDIS;
+        size_t n = rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0;
+        for (size_t i = 0; i < n; i++) {
+            const redisReply *l = entry_line(&st, rep->element[i]);
+            if (l) {
+                *bytes += (long long)l->len + 1;
+                (*lines)++;
+            }
+        }
+        if (n)
+            snprintf(st.start, sizeof st.start, "(%s", rep->element[n - 1]->element[0]->str);
+        freeReplyObject(rep);
+        if (n < 1000)
+            return 0;
+    }
+}

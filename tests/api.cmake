@@ -1,0 +1,29 @@
+# `medley api` (api/, cli/cmd_api.c; docs/api.md): integration tests with their own
+# redis-server, real `medley worker` processes and the real `openai` Python SDK
+# (scripts/requirements-test.txt). api_openai_sdk: OpenAI's documented Batch flow and
+# tenant isolation; api_hostile: bad multipart, huge bodies and headers, traversal ids,
+# JSON bombs, a connection flood and slowloris, bounded; api_crash: the API process and a
+# worker SIGKILLed mid-batch with two API processes alternated, every custom_id once
+# (2,000 lines here; MEDLEY_API_CRASH_LINES=20000 for the issue's size); api_curl: the
+# curl walk-through of docs/api.md, run as written.
+# test_api_keys (unit): the key file and the bearer-token match of api/keys.c.
+medley_test(test_api_keys SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_api_keys.c
+            LIBS medley_api LABELS unit)
+if(NOT MEDLEY_PYTHON)
+  message(WARNING "python3 not found: the api's integration tests are not registered")
+  return()
+endif()
+set(MEDLEY_API_TEST_ENV "MEDLEY_BIN=$<TARGET_FILE:medley>" "MEDLEY_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+if(MEDLEY_REDIS_SERVER)
+  list(APPEND MEDLEY_API_TEST_ENV "MEDLEY_REDIS_SERVER=${MEDLEY_REDIS_SERVER}")
+endif()
+foreach(t api_openai_sdk api_hostile api_crash api_curl)
+  add_test(NAME ${t} COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/${t}.py)
+  set_tests_properties(${t} PROPERTIES LABELS integration TIMEOUT 120
+                       ENVIRONMENT "${MEDLEY_API_TEST_ENV}")
+endforeach()
+# api_smollm2 (e2e): the same flow on SmolLM2-135M through the real engine, 3 short requests;
+# skipped (77) where the model is not fetched.
+add_test(NAME api_smollm2 COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/api_smollm2.py)
+set_tests_properties(api_smollm2 PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "${MEDLEY_API_TEST_ENV}")
