@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/sha.h>
+
 #include "common/util.h"
 
 void q_key_queue(char *out, const char *p, const char *m) {
@@ -143,18 +145,48 @@ const char q_cancel_lua[] = Q_LUA_FINISH
     "status='cancelling'}))\n"
     "return 'cancelling'\n";
 
+const char q_stage_del_lua[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
+    "return 0";
+
+void q_script_sha(const char *script, char out[41]) {
+    unsigned char d[SHA_DIGEST_LENGTH];
+    SHA1((const unsigned char *)script, strlen(script), d);
+    for (int i = 0; i < SHA_DIGEST_LENGTH; i++)
+        snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
 int q_script_load(md_redis *r, const char *script, char out[41], md_err *e) {
     redisReply *rep = md_redis_cmd(r, e, "SCRIPT LOAD %s", script);
     if (!rep)
         return MD_EREDIS;
     int rc = 0;
-    if (rep->type != REDIS_REPLY_STRING || rep->len != 40)
+    if (rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "NOPERM", 6)) {
+        /* A role without SCRIPT LOAD (medley-worker): EVALSHA by the SHA1 Redis would give
+         * it, which works once a role that may load it did (docs/operations.md). */
+        q_script_sha(script, out);
+        rc = MD_ENOTFOUND;
+        md_errf(e, rc, "SCRIPT LOAD refused (%s): medley's scripts must be loaded by a role "
+                "that may (any `medley submit`, or medley-admin)", rep->str);
+    } else if (rep->type != REDIS_REPLY_STRING || rep->len != 40) {
         rc = md_errf(e, MD_EINVAL, "SCRIPT LOAD failed: %s",
                      rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
-    else
+    } else {
         memcpy(out, rep->str, 41);
+    }
     freeReplyObject(rep);
     return rc;
+}
+
+int q_scripts_load_all(md_redis *r, md_err *e) {
+    const char *all[] = {q_complete_lua, q_stage_del_lua};
+    char sha[41];
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        int rc = q_script_load(r, all[i], sha, e);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 static int reply_ok(redisReply *rep, const char *what, md_err *e) {
@@ -171,6 +203,10 @@ static int reply_ok(redisReply *rep, const char *what, md_err *e) {
 
 int q_batch_create(md_redis *r, const q_batch_spec *s, md_err *e) {
     char meta[Q_KEY_MAX], idx[Q_KEY_MAX];
+    /* The workers' scripts, for a worker role that may run them (EVALSHA) but not load them. */
+    int lrc = q_scripts_load_all(r, e);
+    if (lrc)
+        return lrc;
     q_key_meta(meta, s->prefix, s->batch);
     q_key_batches(idx, s->prefix);
     long long now = md_wall_ms();

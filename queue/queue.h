@@ -67,9 +67,19 @@ extern const char q_seal_lua[];
  * the resulting status, or an error reply for an unknown or finished batch. */
 extern const char q_cancel_lua[];
 
+/* Delete KEYS[1] only while it holds ARGV[1] (a stage key a worker still owns). */
+extern const char q_stage_del_lua[];
+
 /* SCRIPT LOAD a script; its SHA1 (for EVALSHA) goes to out. Redo after a reconnect:
- * a restarted Redis has forgotten its scripts. */
+ * a restarted Redis has forgotten its scripts. When the user may not load scripts (NOPERM,
+ * the medley-worker role) out still gets the SHA1, computed here, and the result is
+ * MD_ENOTFOUND with e saying so: EVALSHA works once a role that may load it did. */
 int q_script_load(md_redis *r, const char *script, char out[41], md_err *e);
+/* The SHA1 of a script as 40 hex digits, as SCRIPT LOAD returns it. */
+void q_script_sha(const char *script, char out[41]);
+/* SCRIPT LOAD every script a worker runs (q_complete_lua, q_stage_del_lua); q_batch_create
+ * does it, so a worker that may only EVALSHA finds them. */
+int q_scripts_load_all(md_redis *r, md_err *e);
 
 /* Create the batch meta (status validating) and index it. window_s: completion window in
  * seconds (deadline = created_at + window). */

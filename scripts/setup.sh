@@ -9,7 +9,7 @@
 # container images downloads base images (deploy_container skips where it cannot build).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-pkgs="build-essential cmake pkg-config libjansson-dev libhiredis-dev libpcre2-dev libutf8proc-dev
+pkgs="build-essential cmake pkg-config libjansson-dev libhiredis-dev libssl-dev libpcre2-dev libutf8proc-dev
       libglpk-dev zlib1g-dev libcmocka-dev redis-server redis-sentinel stunnel4 openssl python3
       python3-pip unzip libmicrohttpd-dev prometheus systemd chromium chromium-driver"
 missing=""

@@ -114,3 +114,6 @@ add_test(NAME queue_acl_source
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/queue_acl_source.py)
 set_tests_properties(queue_acl_source PROPERTIES LABELS unit)
 medley_queue_py(queue_tls_acl queue_tls_acl integration 120)
+# redis_roles: a Redis user per role from deploy/redis/users.acl: a 2,000-line batch end to end
+# with every role on its own user, and each role's forbidden commands refused (NOPERM); ~5 s.
+medley_queue_py(redis_roles redis_roles integration 120)
