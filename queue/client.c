@@ -333,56 +333,119 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
     return confirm_replicated(r, batch_out, e);
 }
 
+/* For each entry of an XRANGE page, 1 when its `entry` field is a queue entry the batch had
+ * (SMISMEMBER P {B}:ids), else 0; all 1 when the batch keeps no ids (submitted by a client
+ * before they existed). 0 or MD_EREDIS. */
+static int trusted_entries(md_redis *r, const char *ids_key, int have_ids, redisReply *page,
+                           char *ok, md_err *e) {
+    size_t n = page->elements;
+    memset(ok, 1, n);
+    if (!have_ids || n == 0)
+        return 0;
+    const char **argv = calloc(n + 2, sizeof *argv);
+    size_t *lens = calloc(n + 2, sizeof *lens);
+    if (!argv || !lens) {
+        free(argv);
+        free(lens);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    argv[0] = "SMISMEMBER";
+    argv[1] = ids_key;
+    for (size_t i = 0; i < n; i++) {
+        redisReply *en = page->element[i];
+        argv[2 + i] = "";
+        if (en->type != REDIS_REPLY_ARRAY || en->elements < 2)
+            continue;
+        redisReply *fl = en->element[1];
+        for (size_t k = 0; fl->type == REDIS_REPLY_ARRAY && k + 1 < fl->elements; k += 2)
+            if (!strcmp(fl->element[k]->str, "entry"))
+                argv[2 + i] = fl->element[k + 1]->str;
+    }
+    for (size_t i = 0; i < n + 2; i++)
+        lens[i] = strlen(argv[i]);
+    redisReply *rep = md_redis_cmd_argv(r, (int)n + 2, argv, lens, e);
+    free(argv);
+    free(lens);
+    if (!rep)
+        return MD_EREDIS;
+    int rc = 0;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != n)
+        rc = md_errf(e, MD_EREDIS, "SMISMEMBER %s: %s", ids_key,
+                     rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+    for (size_t i = 0; !rc && i < n; i++)
+        ok[i] = rep->element[i]->integer == 1;
+    freeReplyObject(rep);
+    return rc;
+}
+
+/* Write one output entry's line to out (ok = 1) or err; counts in n_out / n_err. */
+static int write_entry(redisReply *en, FILE *out, FILE *err, long long *n_out,
+                       long long *n_err, md_err *e) {
+    if (en->type != REDIS_REPLY_ARRAY || en->elements < 2)
+        return 0;
+    redisReply *fl = en->element[1];
+    const char *line = NULL, *ok = "1";
+    size_t llen = 0;
+    for (size_t k = 0; fl->type == REDIS_REPLY_ARRAY && k + 1 < fl->elements; k += 2) {
+        if (!strcmp(fl->element[k]->str, "line")) {
+            line = fl->element[k + 1]->str;
+            llen = fl->element[k + 1]->len;
+        } else if (!strcmp(fl->element[k]->str, "ok")) {
+            ok = fl->element[k + 1]->str;
+        }
+    }
+    if (!line)
+        return 0;
+    int good = !strcmp(ok, "1");
+    FILE *dst = good || !err ? out : err;
+    if (fwrite(line, 1, llen, dst) != llen || fputc('\n', dst) == EOF)
+        return md_errf(e, MD_EIO, "writing results: %s", strerror(errno));
+    if (good)
+        (*n_out)++;
+    else
+        (*n_err)++;
+    return 0;
+}
+
 int q_results_write(md_redis *r, const char *prefix, const char *batch, FILE *out, FILE *err,
                     long long *n_out, long long *n_err, md_err *e) {
-    char key[Q_KEY_MAX], start[64] = "-";
+    char key[Q_KEY_MAX], ids[Q_KEY_MAX], start[64] = "-";
     q_key_out(key, prefix, batch);
+    q_key_ids(ids, prefix, batch);
     *n_out = *n_err = 0;
+    redisReply *ex = md_redis_cmd(r, e, "EXISTS %s", ids);
+    if (!ex)
+        return MD_EREDIS;
+    int have_ids = ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
+    freeReplyObject(ex);
+    long long forged = 0;
+    char ok[2000];
     for (;;) {
         redisReply *rep = md_redis_cmd(r, e, "XRANGE %s %s + COUNT 2000", key, start);
         if (!rep)
             return MD_EREDIS;
-        if (rep->type != REDIS_REPLY_ARRAY) {
-            int rc = md_errf(e, MD_EREDIS, "XRANGE %s: %s", key,
-                             rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
-            freeReplyObject(rep);
-            return rc;
-        }
-        size_t n = rep->elements;
-        for (size_t i = 0; i < n; i++) {
-            redisReply *en = rep->element[i];
-            if (en->type != REDIS_REPLY_ARRAY || en->elements < 2)
-                continue;
-            redisReply *fl = en->element[1];
-            const char *line = NULL, *ok = "1";
-            size_t llen = 0;
-            for (size_t k = 0; fl->type == REDIS_REPLY_ARRAY && k + 1 < fl->elements; k += 2) {
-                if (!strcmp(fl->element[k]->str, "line")) {
-                    line = fl->element[k + 1]->str;
-                    llen = fl->element[k + 1]->len;
-                } else if (!strcmp(fl->element[k]->str, "ok")) {
-                    ok = fl->element[k + 1]->str;
-                }
-            }
-            if (!line)
-                continue;
-            int good = !strcmp(ok, "1");
-            FILE *dst = good || !err ? out : err;
-            if (fwrite(line, 1, llen, dst) != llen || fputc('\n', dst) == EOF) {
-                freeReplyObject(rep);
-                return md_errf(e, MD_EIO, "writing results: %s", strerror(errno));
-            }
-            if (good)
-                (*n_out)++;
+        int rc = rep->type != REDIS_REPLY_ARRAY
+                     ? md_errf(e, MD_EREDIS, "XRANGE %s: %s", key,
+                               rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply")
+                     : trusted_entries(r, ids, have_ids, rep, ok, e);
+        size_t n = rc ? 0 : rep->elements;
+        for (size_t i = 0; i < n && !rc; i++) {
+            if (ok[i])
+                rc = write_entry(rep->element[i], out, err, n_out, n_err, e);
             else
-                (*n_err)++;
+                forged++;
         }
-        if (n > 0)
+        if (!rc && n > 0)
             snprintf(start, sizeof start, "(%s", rep->element[n - 1]->element[0]->str);
         freeReplyObject(rep);
+        if (rc)
+            return rc;
         if (n < 2000)
             break;
     }
+    if (forged)
+        MD_WARN("results", "batch %s: dropped %lld line(s) of %s whose queue entry the batch never "
+                "had (forged answers; docs/operations.md, \"Threat model\")", batch, forged, key);
     return 0;
 }
 

@@ -22,6 +22,9 @@ void q_key_out(char *out, const char *p, const char *b) {
 void q_key_done(char *out, const char *p, const char *b) {
     snprintf(out, Q_KEY_MAX, "%s{%s}:done", p, b);
 }
+void q_key_ids(char *out, const char *p, const char *b) {
+    snprintf(out, Q_KEY_MAX, "%s{%s}:ids", p, b);
+}
 void q_key_class(char *out, const char *p, const char *m, const char *cls) {
     snprintf(out, Q_KEY_MAX, "%sq:{%s}:%s", p, m, cls);
 }
@@ -93,7 +96,8 @@ int q_batch_id_check(const char *id, md_err *e) {
 const char q_complete_lua[] = Q_LUA_FINISH
     "if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end\n"
     "if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end\n"
-    "redis.call('XADD', KEYS[3], '*', 'custom_id', ARGV[1], 'ok', ARGV[2], 'line', ARGV[3])\n"
+    "redis.call('XADD', KEYS[3], '*', 'custom_id', ARGV[1], 'ok', ARGV[2], 'line', ARGV[3], "
+    "'entry', ARGV[7] or '')\n"
     "if ARGV[2] == '1' then redis.call('HINCRBY', KEYS[1], 'completed', 1)\n"
     "else redis.call('HINCRBY', KEYS[1], 'failed', 1) end\n"
     "local m = redis.call('HMGET', KEYS[1], 'status', 'total', 'completed', 'failed', "
@@ -245,6 +249,7 @@ int q_batch_create(md_redis *r, const q_batch_spec *s, md_err *e) {
 struct q_submitter {
     md_redis *r;
     char key[Q_KEY_MAX];
+    char ids[Q_KEY_MAX]; /* P {B}:ids, the entry ids the batch has (readers check answers) */
     char batch[Q_BATCH_ID_MAX];
     int pending;     /* appended, replies not read yet */
     long long total; /* confirmed queued */
@@ -257,25 +262,64 @@ int q_submitter_open(md_redis *r, const char *prefix, const char *batch, const c
         return md_errf(e, MD_ENOMEM, "out of memory");
     s->r = r;
     q_key_queue(s->key, prefix, model);
+    q_key_ids(s->ids, prefix, batch);
     snprintf(s->batch, sizeof s->batch, "%s", batch);
     *out = s;
     return 0;
 }
 
+/* SADD P {B}:ids of the entry ids n replies named, in one command; 0 or the refusal. */
+static int record_ids(q_submitter *s, const char **ids, size_t *lens, int n, md_err *e) {
+    if (n == 0)
+        return 0;
+    ids[0] = "SADD";
+    ids[1] = s->ids;
+    lens[0] = 4;
+    lens[1] = strlen(s->ids);
+    redisReply *rep = md_redis_cmd_argv(s->r, n + 2, ids, lens, e);
+    if (!rep)
+        return MD_EREDIS;
+    int rc = rep->type == REDIS_REPLY_ERROR
+                 ? md_errf(e, MD_EREDIS, "recording the entries of batch %s: %s", s->batch,
+                           rep->str)
+                 : 0;
+    freeReplyObject(rep);
+    return rc;
+}
+
 int q_submitter_flush(q_submitter *s, long long *n_total, md_err *e) {
-    int rc = 0;
+    int rc = 0, n = 0, want = s->pending;
+    redisReply **reps = calloc((size_t)want + 1, sizeof *reps);
+    const char **ids = calloc((size_t)want + 2, sizeof *ids);
+    size_t *lens = calloc((size_t)want + 2, sizeof *lens);
+    if (!reps || !ids || !lens)
+        rc = md_errf(e, MD_ENOMEM, "out of memory");
     for (; s->pending > 0; s->pending--) {
         redisReply *rep = md_redis_get_reply(s->r, e);
         if (!rep) {
             s->pending = 0;
-            return MD_EREDIS;
+            rc = MD_EREDIS;
+            break;
         }
         if (rep->type == REDIS_REPLY_ERROR && !rc)
             rc = md_errf(e, MD_EREDIS, "XADD of batch %s failed: %s", s->batch, rep->str);
-        else if (rep->type != REDIS_REPLY_ERROR)
-            s->total++;
-        freeReplyObject(rep);
+        if (rep->type == REDIS_REPLY_STRING && reps) {
+            ids[2 + n] = rep->str;
+            lens[2 + n] = rep->len;
+            reps[n++] = rep;
+        } else {
+            freeReplyObject(rep);
+        }
     }
+    /* Entries are counted once recorded: a line the batch has but readers would not trust
+     * is not queued. */
+    if (!rc && !(rc = record_ids(s, ids, lens, n, e)))
+        s->total += n;
+    for (int i = 0; i < n; i++)
+        freeReplyObject(reps[i]);
+    free(reps);
+    free(ids);
+    free(lens);
     if (n_total)
         *n_total = s->total;
     return rc;

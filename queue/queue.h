@@ -39,6 +39,7 @@ void q_key_class(char *out, const char *prefix, const char *model, const char *c
 void q_key_meta(char *out, const char *prefix, const char *batch);
 void q_key_out(char *out, const char *prefix, const char *batch);
 void q_key_done(char *out, const char *prefix, const char *batch);
+void q_key_ids(char *out, const char *prefix, const char *batch); /* entry ids the batch has */
 void q_key_dlq(char *out, const char *prefix, const char *model);
 void q_key_worker(char *out, const char *prefix, const char *worker);
 /* P replica:{R}:stage:<i>: the endpoint of stage i of a sharded plan replica R. */
@@ -57,7 +58,9 @@ int q_batch_id_check(const char *id, md_err *e);
  * completed (ok) or failed, stamp started_at, and when completed+failed reaches total of
  * a sealed batch set the terminal status (cancelled when cancelling, expired past the
  * deadline, else completed) with finished_at, publishing the change. Returns 1 when
- * written, 0 when the custom_id had been answered already (a redelivery). */
+ * written, 0 when the custom_id had been answered already (a redelivery). ARGV[7], the queue
+ * entry id answered, goes into the output entry's `entry` field: readers drop lines whose
+ * entry the batch never had (P {B}:ids; docs/protocol.md §5). */
 extern const char q_complete_lua[];
 /* Seal: set total, move validating -> in_progress and finish at once if every line is
  * already answered. */

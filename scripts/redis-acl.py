@@ -98,8 +98,8 @@ BY_HAND = {
 # Patterns are glob: `medley:{*}:out` is every batch's output stream.
 POLICY = {
     "client": {
-        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:batches", "%R~medley:{*}:out",
-                 "%R~medley:plan", "&medley:events"],
+        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:{*}:ids", "~medley:batches",
+                 "%R~medley:{*}:out", "%R~medley:plan", "&medley:events"],
         "selectors": [],
     },
     "worker": {
@@ -126,8 +126,8 @@ POLICY = {
         "selectors": [(["~medley:{*}:meta", "~medley:worker:*"], ["+eval", "+hset"])],
     },
     "api": {
-        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:batches", "%R~medley:{*}:out",
-                 "%R~medley:plan", "~medley:api:*", "&medley:events"],
+        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:{*}:ids", "~medley:batches",
+                 "%R~medley:{*}:out", "%R~medley:plan", "~medley:api:*", "&medley:events"],
         "selectors": [],
     },
     "admin": {"root": ["~medley:*", "&medley:*"], "selectors": []},

@@ -199,6 +199,8 @@ static void periodic(wk *w, int stopping) {
     if (!stopping && !w->broken && !wk_write_blocked(w)) {
         int due = now - w->last_claim > claim_every;
         wk_take_over(w, due);
+        if (due && !w->broken)
+            wk_audit_acks(w);
         if (due)
             w->last_claim = md_mono_ns();
     }
