@@ -117,3 +117,7 @@ medley_queue_py(queue_tls_acl queue_tls_acl integration 120)
 # redis_roles: a Redis user per role from deploy/redis/users.acl: a 2,000-line batch end to end
 # with every role on its own user, and each role's forbidden commands refused (NOPERM); ~5 s.
 medley_queue_py(redis_roles redis_roles integration 120)
+# redis_forgery: what the ACL cannot stop (docs/operations.md, "Threat model"): a fake
+# consumer's XACKs found and rerun (medley_unanswered_acks_total) and forged answers dropped
+# by `medley results`, the batch complete with the real answers; ~6 s.
+medley_queue_py(redis_forgery redis_forgery integration 120)
