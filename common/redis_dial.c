@@ -141,9 +141,22 @@ static int is_primary(redisContext *c, md_err *e) {
     return rc;
 }
 
-int md_sentinel_dial(const md_redis_url *u, redisContext **out, char *peer, size_t peersz,
-                     md_err *e) {
+int md_sentinel_dial(const md_redis_url *u, const char *hint, redisContext **out, char *peer,
+                     size_t peersz, md_err *e) {
     *out = NULL;
+    char hhost[256];
+    int hport = 0;
+    if (hint && sscanf(hint, "%255[^:]:%d", hhost, &hport) == 2) {
+        md_err he = {0};
+        redisContext *c = NULL;
+        if (md_redis_dial_node(u, hhost, hport, &c, &he) == 0 && is_primary(c, &he) == 0) {
+            snprintf(peer, peersz, "%s:%d", hhost, hport);
+            *out = c;
+            return 0;
+        }
+        if (c)
+            redisFree(c);
+    }
     char why[512] = "";
     size_t used = 0;
     for (int i = 0; i < u->n_sentinels; i++) {

@@ -15,8 +15,9 @@ int md_redis_dial_node(const md_redis_url *u, const char *host, int port, redisC
                        md_err *e);
 
 /* Ask u's Sentinels in turn for the master, dial it and check with ROLE that it is a primary.
- * *out is a ready context and peer "host:port", or *out NULL with e naming every failure. */
-int md_sentinel_dial(const md_redis_url *u, redisContext **out, char *peer, size_t peersz,
-                     md_err *e);
+ * hint ("host:port" of a primary the Sentinels announced, or NULL) is tried first. *out is a
+ * ready context and peer "host:port", or *out NULL with e naming every failure. */
+int md_sentinel_dial(const md_redis_url *u, const char *hint, redisContext **out, char *peer,
+                     size_t peersz, md_err *e);
 
 #endif

@@ -48,7 +48,7 @@ ARGV_CALLS = {"md_redis_cmd_argv": 2, "redisCommandArgv": 2, "redisAppendCommand
 WRAPPERS = {("common/redis.c", "md_redis_cmd"), ("common/redis.c", "md_redis_cmd_argv")}
 # Functions whose commands go to a Sentinel (sentinel:// URLs), not to the data Redis: the
 # Sentinel's own ACL covers them (docs/operations.md), the medley user's does not.
-TO_SENTINEL = {("common/redis_dial.c", "ask")}
+TO_SENTINEL = {("common/redis_dial.c", "ask"), ("common/redis_watch.c", "sentinel_subscribe")}
 ROLES = ("client", "worker", "scheduler", "dashboard", "api", "admin")
 ALL = ROLES
 # Which roles' processes send the commands of a call site. The most specific key wins:
@@ -58,6 +58,7 @@ ALL = ROLES
 SENDERS = {
     "common/redis.c:md_redis_check_prefix": ALL,
     "common/redis.c:md_redis_wait_replicas": ("client",),
+    "common/redis.c:md_redis_check_primary": ("worker",),
     "common/redis_dial.c:is_primary": ALL,
     "common/redis_dial.c:md_redis_dial_node:+auth": ALL,
     # SELECT reaches another database's keys, whatever the key patterns say: no role but the

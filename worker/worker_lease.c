@@ -71,6 +71,14 @@ void wk_renew(wk *w, long long idle_ms, int handback_only) {
 }
 
 int wk_heartbeat(wk *w, const char *state, double dt_s) {
+    /* A node demoted under us (the Sentinels' announcement lost, or a hand demotion): stop
+     * writing to it before the next answer (docs/operations.md, "Redis failover"). */
+    md_err re = {0};
+    if (md_redis_check_primary(w->r, &re)) {
+        MD_WARN("worker", "%s", re.msg);
+        w->broken = 1;
+        return -1;
+    }
     if (!w->drain_asked) { /* an operator's drain (`medley dashboard`): docs/protocol.md §6 */
         md_err de = {0};
         redisReply *d = md_redis_cmd(w->r, &de, "HMGET %s drain", w->wkey);
