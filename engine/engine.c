@@ -685,8 +685,11 @@ int md_engine_step(md_engine *eng, md_step_result *res, md_err *e) {
         ot->token = id;
         ot->logprob = lp;
         n_out++;
+        size_t text_before = q->text_len;
         md_finish gram = eng_con_accept(eng, q, id);
         md_finish why = gram == MD_FINISH_ERROR ? gram : finish_reason(eng, q, id);
+        if (why == MD_FINISH_NONE && gram == MD_FINISH_NONE)
+            gram = eng_con_trigger(eng, q, text_before); /* a lazy grammar's trigger */
         if (gram == MD_FINISH_STOP) /* complete: no stop string or limit makes it less so */
             why = MD_FINISH_STOP;
         if (why != MD_FINISH_NONE)

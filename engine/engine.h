@@ -87,6 +87,13 @@ typedef struct {
      * the constrained distribution: log-softmax of the raw logits plus the bias, masked
      * tokens at -inf (never listed), before penalties and temperature. */
     const gr_grammar *grammar;
+    /* With grammar: a trigger (copied at submit; NULL = the grammar holds from the first
+     * token). The sequence is unconstrained until its generated text contains the trigger;
+     * the grammar then holds from the trigger's first byte (it must accept the trigger) to
+     * the end. If the text from there (the token that completed the trigger may carry more
+     * bytes) already leaves the grammar, the sequence stays unconstrained. A chat template's
+     * tool calls: free text, or a call once the model writes "<tool_call>". */
+    const char *grammar_trigger;
     const md_logit_bias *logit_bias;
     int n_logit_bias;
 } md_sampling;

@@ -2,6 +2,7 @@
  * and bias copies, the step's masks (filled inline on the CPU backend, where the forward pass
  * already holds every core, and on a thread of their own while a device computes), and the
  * matcher's advance after each chosen token. */
+#define _GNU_SOURCE /* memmem */
 #include "engine/engine_constrain.h"
 
 #include <pthread.h>
@@ -161,6 +162,12 @@ int eng_con_seq_init(md_engine *eng, seq *q, const md_sampling *s, md_err *e) {
                 return md_errf(e, MD_ENOMEM, "engine: out of memory for a token mask");
             }
         }
+        if (s->grammar_trigger && s->grammar_trigger[0]) { /* the matcher comes later */
+            if (!(q->trigger = strdup(s->grammar_trigger)))
+                return md_errf(e, MD_ENOMEM, "engine: out of memory for a grammar trigger");
+            q->lazy = s->grammar;
+            return 0;
+        }
         if ((rc = gr_matcher_new(s->grammar, c->gv, &q->gm, e)))
             return rc;
     }
@@ -170,8 +177,34 @@ int eng_con_seq_init(md_engine *eng, seq *q, const md_sampling *s, md_err *e) {
 void eng_con_seq_free(seq *q) {
     gr_matcher_free(q->gm);
     free(q->bias);
+    free(q->trigger);
     q->gm = NULL;
     q->bias = NULL;
+    q->trigger = NULL;
+    q->lazy = NULL;
+}
+
+md_finish eng_con_trigger(md_engine *eng, seq *q, size_t text_before) {
+    if (!q->lazy)
+        return MD_FINISH_NONE;
+    size_t l = strlen(q->trigger);
+    size_t from = text_before >= l - 1 ? text_before - (l - 1) : 0;
+    if (q->text_len < from + l)
+        return MD_FINISH_NONE;
+    const char *hit = memmem(q->text + from, q->text_len - from, q->trigger, l);
+    if (!hit)
+        return MD_FINISH_NONE;
+    const struct gr_grammar *g = q->lazy;
+    q->lazy = NULL; /* one chance: from the first trigger on, or never */
+    md_err e = {0};
+    if (gr_matcher_new(g, eng->con->gv, &q->gm, &e))
+        return MD_FINISH_NONE; /* out of memory: the text goes on unconstrained */
+    if (gr_matcher_accept_bytes(q->gm, hit, q->text_len - (size_t)(hit - q->text))) {
+        gr_matcher_free(q->gm);
+        q->gm = NULL;
+        return MD_FINISH_NONE;
+    }
+    return gr_matcher_must_end(q->gm) ? MD_FINISH_STOP : MD_FINISH_NONE;
 }
 
 void eng_con_masks_begin(md_engine *eng, int ns) {

@@ -37,6 +37,12 @@ int eng_con_params(md_engine *eng, const seq *q, int li, md_sample_params *p);
  * says why) when the matcher refuses id. Unconstrained q: MD_FINISH_NONE. */
 md_finish eng_con_accept(md_engine *eng, seq *q, int32_t id);
 
+/* After q's new text (from text_before on) was appended: when q waits for a grammar's
+ * trigger (md_sampling.grammar_trigger) and the text now holds it, give q its matcher from
+ * the trigger on. Returns MD_FINISH_STOP when that text already completes the grammar,
+ * otherwise MD_FINISH_NONE. */
+md_finish eng_con_trigger(md_engine *eng, seq *q, size_t text_before);
+
 void eng_con_close(md_engine *eng);
 
 #endif

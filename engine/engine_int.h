@@ -51,6 +51,8 @@ typedef struct {
     /* structured outputs (engine_constrain.h): the grammar's matcher (NULL: none) and the
      * logit_bias copy */
     struct gr_matcher *gm;
+    const struct gr_grammar *lazy; /* a grammar waiting for its trigger (owned copy) */
+    char *trigger;
     md_sample_bias *bias;
     int n_bias;
 } seq;

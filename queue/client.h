@@ -1,6 +1,7 @@
-/* client.h — the client side of the queue protocol, shared by `medley submit/status/results`
- * and `medley run`: submit a JSONL file as a batch (pipelined), read a batch's output
- * stream into files, describe a batch as JSON (schemas/batch-meta.schema.json). */
+/* client.h — the client side of the queue protocol, shared by `medley submit/status/results`,
+ * `medley run` and `medley api`: submit JSONL lines (from a file or any reader, submit.c) as a
+ * batch (pipelined), read a batch's output stream into files, describe a batch as JSON
+ * (schemas/batch-meta.schema.json). */
 #ifndef MEDLEY_QUEUE_CLIENT_H
 #define MEDLEY_QUEUE_CLIENT_H
 
@@ -11,18 +12,32 @@
 #include "queue/queue.h"
 
 typedef struct {
-    const char *prefix;   /* default "medley:" */
-    const char *path;     /* JSONL input file */
+    const char *prefix; /* default "medley:" */
+    const char *path; /* JSONL input file (q_submit_lines: the input's name in messages and meta) */
     const char *model;    /* queue model; NULL: the first line's body.model */
     const char *batch_id; /* NULL: a new random id */
     long long window_s;   /* completion window (deadline); 0 = none */
     int priority;
 } q_submit_opts;
 
-/* Check the file (every custom_id unique; lines may otherwise be malformed: workers answer
- * those with error lines), create the batch, queue every non-blank line, seal the batch.
- * The id goes to batch_out and the line count to *n_lines. If queuing fails half-way the
- * batch is marked failed. */
+/* A source of JSONL lines for q_submit_lines, read twice (a scan, then the queuing). next
+ * returns 1 with the line in *line / *len (the reader's memory, valid until its next call; it
+ * may end in a newline), 0 at the end, or a negative status with e filled; rewind goes back
+ * to the first line (0, or a negative status). */
+typedef struct {
+    int (*next)(void *ctx, const char **line, size_t *len, md_err *e);
+    int (*rewind)(void *ctx, md_err *e);
+    void *ctx;
+} q_line_reader;
+
+/* Check the lines of rd (every custom_id unique; lines may otherwise be malformed: workers
+ * answer those with error lines), create the batch, queue every non-blank line, seal the
+ * batch, confirm its replication. The id goes to batch_out and the line count to *n_lines.
+ * If queuing fails half-way the batch is marked failed. o->path names the input. */
+int q_submit_lines(md_redis *r, const q_submit_opts *o, const q_line_reader *rd,
+                   char batch_out[Q_BATCH_ID_MAX], long long *n_lines, md_err *e);
+
+/* q_submit_lines over the lines of the file o->path. */
 int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID_MAX],
                   long long *n_lines, md_err *e);
 

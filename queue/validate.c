@@ -538,7 +538,7 @@ int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req
         return -1;
     /* a stop string would cut a constrained answer mid-sentence and still say "stop", where
      * the contract is that a stopped answer is a complete sentence of the constraint */
-    if (req->con != Q_CON_NONE && req->n_stop)
+    if (req->con != Q_CON_NONE && !req->con_lazy && req->n_stop)
         return q_vfail(ve, "unsupported_parameter", "body.stop",
                        "body.stop cannot be combined with %s: a stop string would cut the "
                        "constrained output; remove body.stop (the constraint decides where the "

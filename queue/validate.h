@@ -88,6 +88,7 @@ typedef struct {
     int n_tools;
     q_tool_choice tool_choice;
     int tool_named;
+    int parallel_tools; /* body.parallel_tool_calls (default true) */
     /* the constraint: what con_text holds, the body field that set it (for errors:
      * "body.response_format", "body.tools", "body.medley.regex", ...), strict semantics for
      * a schema (keywords medley cannot enforce are refused, not relaxed) */
@@ -96,6 +97,14 @@ typedef struct {
     char *con_text; /* malloc'd, NUL-terminated, con_len bytes; freed with req */
     size_t con_len;
     int con_strict;
+    /* tool_choice "auto": con is the call schema, but it holds only once the model starts a
+     * call in its chat template's tool-call format (docs/structured.md); before that the
+     * answer is free text */
+    int con_lazy;
+    /* Set by the runner's check (worker/runner.h) for con_lazy: the tool-call markup of the
+     * model's template (engine/tokenizer/chat_tools.h tok_tool_markup), which frames the
+     * compiled grammar; NULL: the runner has none (an echo model ignores constraints). */
+    const void *con_markup;
     /* Set by the worker once the constraint is compiled (worker/grammars.h), NULL before:
      * the grammar (borrowed from the worker's cache entry gentry, which the request holds a
      * reference to until wk_grammars_release), how long compiling took (0 on a cache hit),

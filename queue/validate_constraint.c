@@ -18,9 +18,8 @@ static int set_constraint(q_request *req, q_con_kind kind, const char *param, co
     if (req->con != Q_CON_NONE)
         return q_vfail(ve, "invalid_request_error", param,
                        "%s and %s both constrain the output; a line takes at most one of "
-                       "response_format (json_object, json_schema), tools with tool_choice "
-                       "\"required\" or a named function, medley.regex, medley.choice, "
-                       "medley.grammar",
+                       "response_format (json_object, json_schema), tools (unless tool_choice "
+                       "is \"none\"), medley.regex, medley.choice, medley.grammar",
                        req->con_param, param);
     req->con_text = malloc(len + 1);
     if (!req->con_text)
@@ -284,8 +283,8 @@ static int build_tool_schema(q_request *req, q_verr *ve) {
 int q_vget_tools(json_t *body, q_request *req, q_verr *ve) {
     json_t *tools = json_object_get(body, "tools");
     json_t *tc = json_object_get(body, "tool_choice");
-    int parallel;
-    if (get_bool(body, "parallel_tool_calls", "body.parallel_tool_calls", 1, &parallel, ve))
+    if (get_bool(body, "parallel_tool_calls", "body.parallel_tool_calls", 1, &req->parallel_tools,
+                 ve))
         return -1;
     if (tools && !json_is_null(tools)) {
         if (!json_is_array(tools) || json_array_size(tools) == 0)
@@ -382,7 +381,9 @@ int q_vget_tools(json_t *body, q_request *req, q_verr *ve) {
             return q_vfail(ve, "invalid_value", "body.tool_choice",
                            "body.tool_choice asks for a tool call, but body.tools is empty");
     }
-    if (req->tool_choice == Q_TOOLS_REQUIRED || req->tool_choice == Q_TOOLS_NAMED)
+    if (req->tool_choice == Q_TOOLS_AUTO)
+        req->con_lazy = 1; /* text, or calls in the template's format */
+    if (req->tool_choice != Q_TOOLS_NONE)
         return build_tool_schema(req, ve);
     return 0;
 }

@@ -68,6 +68,7 @@ SENDERS = {
     "cli/cmd_health.c": ("worker",),
     "cli/cmd_run.c": ("client",),
     "queue/client.c": ("client",),
+    "queue/submit.c": ("client",),
     "queue/plan.c": ("client", "worker"),
     "queue/queue.c": ("client",),
     "queue/queue.c:q_complete_lua": ("worker",),

@@ -121,3 +121,7 @@ medley_queue_py(redis_roles redis_roles integration 120)
 # consumer's XACKs found and rerun (medley_unanswered_acks_total) and forged answers dropped
 # by `medley results`, the batch complete with the real answers; ~6 s.
 medley_queue_py(redis_forgery redis_forgery integration 120)
+
+# tool_choice "auto" (docs/structured.md): SmolLM2 with --chat-template hermes; nudged lines
+# come back as valid calls of the template's <tool_call> format, plain ones as text (~20 s)
+medley_queue_py(tools_auto_run tools_auto_run e2e 600)

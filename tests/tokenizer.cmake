@@ -39,3 +39,7 @@ if(CMAKE_C_COMPILER_ID MATCHES "Clang")
   target_link_libraries(fuzz_tok_hf PRIVATE medley_common PkgConfig::JANSSON PkgConfig::PCRE2
                         PkgConfig::UTF8PROC m)
 endif()
+# tool-call formats of chat templates (engine/tokenizer/chat_tools.h): rendering with the
+# functions, reading calls back, and the framed grammar that enforces them
+medley_test(test_chat_tools SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_chat_tools.c
+            LIBS ${TOK_TEST_LIBS} medley_grammar PkgConfig::JANSSON LABELS unit)

@@ -7,12 +7,15 @@
 
 #include "common/util.h"
 #include "engine/grammar/grammar.h"
+#include "engine/tokenizer/chat_tools.h"
 
 typedef struct gentry {
     int refs;
     uint64_t hash;
     q_con_kind kind;
     int strict;
+    const void *markup; /* an "auto" call's framing (q_request.con_markup), NULL: none */
+    int calls;          /* the most calls the framing allows */
     char *text; /* the constraint (len bytes), compared on a hash hit */
     size_t len;
     gr_grammar *g; /* NULL: refused, and ve says why */
@@ -96,6 +99,13 @@ static int compile(const q_request *req, gentry *g, md_err *e) {
     switch (req->con) {
     case Q_CON_JSON_OBJECT: return gr_from_json_object(&g->g, e);
     case Q_CON_JSON_SCHEMA:
+        if (req->con_lazy && req->con_markup) { /* an "auto" call in the template's markup */
+            const tok_tool_markup *m = req->con_markup;
+            gr_frame f = {m->prefix, m->item_open, m->item_close, m->sep, m->suffix,
+                          req->parallel_tools ? WK_MAX_CALLS : 1};
+            return gr_from_json_schema_framed(req->con_text, req->con_len, req->con_strict, &f,
+                                              &g->g, g->relaxed, sizeof g->relaxed, e);
+        }
         return gr_from_json_schema(req->con_text, req->con_len, req->con_strict, &g->g, g->relaxed,
                                    sizeof g->relaxed, e);
     case Q_CON_REGEX: return gr_from_regex(req->con_text, req->con_len, &g->g, e);
@@ -126,6 +136,8 @@ int wk_grammars_prepare(wk_grammars *c, q_request *req, q_verr *ve) {
     if (req->con == Q_CON_NONE)
         return 0;
     uint64_t h = con_hash(req->con, req->con_strict, req->con_text, req->con_len);
+    const void *markup = req->con_lazy ? req->con_markup : NULL;
+    int calls = markup && req->parallel_tools ? WK_MAX_CALLS : 1;
     gentry *g = NULL;
     int free_slot = -1, lru = -1;
     for (int i = 0; i < c->cap && !g; i++) {
@@ -133,6 +145,7 @@ int wk_grammars_prepare(wk_grammars *c, q_request *req, q_verr *ve) {
         if (!x) {
             free_slot = free_slot < 0 ? i : free_slot;
         } else if (x->hash == h && x->kind == req->con && x->strict == req->con_strict &&
+                   x->markup == markup && x->calls == calls &&
                    x->len == req->con_len && !memcmp(x->text, req->con_text, x->len)) {
             g = x;
         } else if (lru < 0 || x->used < c->e[lru]->used) {
@@ -157,6 +170,8 @@ int wk_grammars_prepare(wk_grammars *c, q_request *req, q_verr *ve) {
                       .hash = h,
                       .kind = req->con,
                       .strict = req->con_strict,
+                      .markup = markup,
+                      .calls = calls,
                       .text = text,
                       .len = req->con_len};
         md_err e = {0};

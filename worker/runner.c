@@ -63,9 +63,10 @@ int wk_runner_n_ctx(const wk_runner *r) {
     return r->ops->n_ctx(r->self);
 }
 int wk_runner_prepare(wk_runner *r, q_request *req, q_verr *ve) {
-    if (wk_grammars_prepare(r->grammars, req, ve))
+    /* the check first: it says how an "auto" tool call is framed (req->con_markup) */
+    if (r->ops->check && r->ops->check(r->self, req, ve))
         return -1;
-    return r->ops->check ? r->ops->check(r->self, req, ve) : 0;
+    return wk_grammars_prepare(r->grammars, req, ve);
 }
 void wk_runner_release(wk_runner *r, q_request *req) {
     (void)r;

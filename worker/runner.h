@@ -35,6 +35,11 @@ typedef struct {
     int n_top;
 } wk_token_lp;
 
+/* One function call of an answer: the function's name and its arguments as compact JSON. */
+typedef struct wk_call {
+    const char *name, *arguments;
+} wk_call;
+
 typedef struct {
     const char *text;          /* generated text (valid UTF-8) */
     const char *finish_reason; /* "stop" | "length" | "tool_calls" */
@@ -49,13 +54,15 @@ typedef struct {
     int top_logprobs; /* alternatives asked for per token (q_request.top_logprobs) */
     const wk_token_lp *lp;
     int n_lp;
-    /* Structured output (docs/structured.md, "Request side"). tool_name non-NULL: the answer
-     * is a call of that function (finish_reason "tool_calls"), tool_args its arguments as
-     * compact JSON text; the worker writes message.tool_calls and content null. constrained:
+    /* Structured output (docs/structured.md, "Request side"). n_calls > 0: the answer calls
+     * functions (finish_reason "tool_calls"): calls[i] names one and gives its arguments as
+     * compact JSON text; the worker writes message.tool_calls, and text as content (null
+     * when "": a "required" call, or an "auto" one with nothing before it). constrained:
      * the request had a constraint; then compile_ms (0: found compiled in the cache, then
      * compile_cached = 1) and schema_relaxed (keywords not enforced under strict: false, ""
      * when none) go into the answer's medley object. */
-    const char *tool_name, *tool_args;
+    const struct wk_call *calls;
+    int n_calls;
     int constrained, compile_cached;
     double compile_ms;
     const char *schema_relaxed;

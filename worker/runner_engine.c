@@ -13,9 +13,11 @@
 #include "common/util.h"
 #include "engine/engine.h"
 #include "engine/weights/registry.h"
+#include "engine/tokenizer/chat_tools.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "worker/grammars.h"
 #include "worker/runner_impl.h"
+#include "worker/tool_calls.h"
 
 typedef struct {
     int used;
@@ -39,6 +41,7 @@ typedef struct {
      * NULL when none), whether the answer is a function call, the compile report */
     void *gentry;
     int tool_call, constrained, compile_cached;
+    tok_tool_format tool_auto; /* "auto": the template's format its calls are read in */
     double compile_ms;
     char relaxed[512];
 } eng_item;
@@ -217,43 +220,6 @@ static const char *engine_device(void *self) {
     return ((engine_runner *)self)->device;
 }
 
-/* The functions a tool call may name, described in the system turn (medley implements no
- * template's own tool format; docs/structured.md "Tool calls"): they are listed as JSON and
- * the model is asked for {"name", "arguments"}, followed by the line's own system text own
- * (NULL: none); the grammar enforces the shape, this text tells the model what the names
- * and arguments mean. *out is malloc'd. */
-static int tool_system_text(const q_request *req, const char *own, char **out, md_err *e) {
-    json_t *list = json_array();
-    for (int i = 0; list && i < req->n_tools; i++) {
-        const q_tool *t = &req->tools[i];
-        if (req->tool_choice == Q_TOOLS_NAMED && i != req->tool_named)
-            continue;
-        json_t *f = json_pack("{s:s}", "name", t->name);
-        if (f && t->description)
-            json_object_set_new(f, "description", json_string(t->description));
-        if (f && t->parameters)
-            json_object_set(f, "parameters", t->parameters);
-        if (!f || json_array_append_new(list, f)) {
-            json_decref(list);
-            list = NULL;
-        }
-    }
-    char *fns = list ? json_dumps(list, JSON_COMPACT) : NULL;
-    json_decref(list);
-    if (!fns)
-        return md_errf(e, MD_ENOMEM, "out of memory describing the tools");
-    static const char head[] =
-        "You can call the following functions. Answer with exactly one call, written as a JSON "
-        "object {\"name\": <the function's name>, \"arguments\": <an object of its "
-        "arguments>} and nothing else.\nFunctions: ";
-    size_t n = sizeof head + strlen(fns) + (own ? strlen(own) + 2 : 0);
-    *out = malloc(n);
-    if (*out)
-        snprintf(*out, n, "%s%s%s%s", head, fns, own ? "\n\n" : "", own ? own : "");
-    free(fns);
-    return *out ? 0 : md_errf(e, MD_ENOMEM, "out of memory describing the tools");
-}
-
 static int verr(q_verr *ve, const char *code, const char *param, const char *msg) {
     snprintf(ve->code, sizeof ve->code, "%s", code);
     snprintf(ve->param, sizeof ve->param, "%s", param);
@@ -263,7 +229,7 @@ static int verr(q_verr *ve, const char *code, const char *param, const char *msg
 }
 
 /* What only this model can tell (runner.h wk_runner_prepare). */
-static int engine_check(void *self, const q_request *req, q_verr *ve) {
+static int engine_check(void *self, q_request *req, q_verr *ve) {
     engine_runner *r = self;
     int n_vocab = tok_n_vocab(r->tok);
     for (int i = 0; i < req->n_bias; i++)
@@ -276,20 +242,22 @@ static int engine_check(void *self, const q_request *req, q_verr *ve) {
             return verr(ve, "invalid_value", "body.logit_bias", msg);
         }
     if (req->tool_choice == Q_TOOLS_AUTO) {
-        /* "auto" lets the model choose between text and a call, which needs the template's
-         * own tool-call markup to tell them apart (Qwen's <tool_call>, Llama 3's
-         * <|python_tag|> / JSON, Mistral's [TOOL_CALLS]) */
-        size_t len = 0;
-        const char *t = tok_chat_template_text(r->tok, &len);
-        int has = t && (memmem(t, len, "<tool_call>", 11) || memmem(t, len, "[TOOL_CALLS]", 12) ||
-                        memmem(t, len, "<|python_tag|>", 14));
+        /* "auto" lets the model choose between text and calls, told apart by the template's
+         * own tool-call markup (engine/tokenizer/chat_tools.h) */
+        tok_tool_format f = tok_tool_format_of(r->tok);
+        req->con_markup = tok_tool_markup_of(f);
+        if (req->con_markup)
+            return 0;
         char msg[400];
         snprintf(msg, sizeof msg,
                  "body.tool_choice is \"auto\" (the default when body.tools is given), which "
                  "needs the model's own tool-call format; %s: use \"required\" or "
                  "{\"type\": \"function\", \"function\": {\"name\": ...}}, or \"none\"",
-                 has ? "medley does not implement this template's tool-call format yet"
-                     : "this model's chat template defines none");
+                 f == TOK_TOOLS_LLAMA3
+                     ? "medley does not implement Llama 3's tool-call format yet"
+                     : "this model's chat template defines none (a ChatML model trained on "
+                       "Hermes-style <tool_call> markup can be served with --chat-template "
+                       "hermes)");
         return verr(ve, "unsupported_value", "body.tool_choice", msg);
     }
     return 0;
@@ -309,7 +277,7 @@ static int engine_start(void *self, const q_request *req, void *tag, md_err *e) 
         if (req->tool_choice == Q_TOOLS_REQUIRED || req->tool_choice == Q_TOOLS_NAMED) {
             /* one system turn: the tools first, then the line's own system text */
             const char *own = !strcmp(req->msgs[0].role, "system") ? req->msgs[0].content : NULL;
-            if ((rc = tool_system_text(req, own, &sys, e)))
+            if ((rc = wk_tools_system_text(req, own, &sys, e)))
                 return rc;
             msgs[n++] = (tok_chat_msg){"system", sys};
             from = own ? 1 : 0;
@@ -318,7 +286,14 @@ static int engine_start(void *self, const q_request *req, void *tag, md_err *e) 
             msgs[n].role = req->msgs[i].role;
             msgs[n++].content = req->msgs[i].content;
         }
-        rc = tok_chat_apply(r->tok, msgs, n, 1, &prompt, e);
+        if (req->con_lazy && req->con_markup) { /* "auto": the template's own tool format */
+            char *tools = wk_tools_json(req);
+            rc = tools ? tok_chat_apply_tools(r->tok, msgs, n, tools, &prompt, e)
+                       : md_errf(e, MD_ENOMEM, "out of memory describing the tools");
+            free(tools);
+        } else {
+            rc = tok_chat_apply(r->tok, msgs, n, 1, &prompt, e);
+        }
         free(sys);
         if (rc)
             return rc;
@@ -368,6 +343,8 @@ static int engine_start(void *self, const q_request *req, void *tag, md_err *e) 
         s.seed = strtoull(hex, NULL, 16);
     }
     s.grammar = req->grammar;
+    if (req->con_lazy && req->grammar) /* "auto": free text until the template's call markup */
+        s.grammar_trigger = ((const tok_tool_markup *)req->con_markup)->trigger;
     md_logit_bias *bias = NULL;
     if (req->n_bias) {
         bias = malloc((size_t)req->n_bias * sizeof *bias);
@@ -389,6 +366,7 @@ static int engine_start(void *self, const q_request *req, void *tag, md_err *e) 
     wk_grammars_hold(req->gentry);
     it->gentry = req->gentry;
     it->tool_call = req->con == Q_CON_JSON_SCHEMA && !strcmp(req->con_param, "body.tools");
+    it->tool_auto = req->con_lazy && req->con_markup ? tok_tool_format_of(r->tok) : TOK_TOOLS_NONE;
     it->constrained = req->con != Q_CON_NONE;
     it->compile_cached = req->compile_cached;
     it->compile_ms = req->compile_ms;
@@ -463,18 +441,14 @@ static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn d
     res.compile_cached = it->compile_cached;
     res.compile_ms = it->compile_ms;
     res.schema_relaxed = it->relaxed;
-    char *args = NULL;
-    json_t *call = NULL;
+    wk_calls calls = {0};
     if (it->tool_call && f == MD_FINISH_STOP) {
-        /* the grammar made text {"name": ..., "arguments": {...}} (validation refuses stop
-         * strings with a constraint); text that does not parse stays content */
-        call = json_loads(text, 0, NULL);
-        const char *name = json_string_value(json_object_get(call, "name"));
-        json_t *a = json_object_get(call, "arguments");
-        args = name && a ? json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
-        if (args) {
-            res.tool_name = name;
-            res.tool_args = args;
+        /* the grammar made the calls (validation refuses stop strings with a constraint
+         * other than "auto"); text that does not parse stays content */
+        if (wk_calls_read(&calls, text, it->tool_auto)) {
+            res.text = calls.content;
+            res.calls = calls.calls;
+            res.n_calls = calls.n;
             res.finish_reason = "tool_calls";
         }
     }
@@ -495,8 +469,7 @@ static void report(engine_runner *r, eng_item *it, int step_failed, wk_done_fn d
     }
     void *tag = it->tag;
     done(ctx, tag, &res);
-    free(args);
-    json_decref(call);
+    wk_calls_free(&calls);
     md_engine_release(r->eng, it->seq);
     wk_grammars_release(it->gentry); /* after the engine let go of the sequence's matcher */
     it->gentry = NULL;

@@ -15,8 +15,9 @@ typedef struct {
     void (*close)(void *self);
     void (*stats)(void *self, wk_runner_stats *st); /* NULL: nothing counted */
     /* What only the model can tell about a request (runner.h wk_runner_prepare); NULL:
-     * nothing to check. 0, or -1 with ve filled. */
-    int (*check)(void *self, const q_request *req, q_verr *ve);
+     * nothing to check. 0, or -1 with ve filled. May set req->con_markup (how an "auto"
+     * tool call is framed in this model's template). */
+    int (*check)(void *self, q_request *req, q_verr *ve);
 } wk_runner_ops;
 
 int wk_echo_open(const wk_runner_opts *o, void **self, md_err *e);

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "worker/logprobs.h"
+#include "worker/tool_calls.h"
 
 static answer *new_answer(wk *w) {
     if (w->n_ans == w->cap_ans) {
@@ -106,16 +107,23 @@ void wk_answer_error(wk *w, int s, const char *entry_id, const char *batch, cons
     push_answer(w, s, entry_id, batch, custom_id, code, doc);
 }
 
-/* A chat answer's message: the text as content, or a function call as OpenAI writes it
- * (tool_calls [{id, type, function {name, arguments}}], content null). */
+/* A chat answer's message: the text as content, or function calls as OpenAI writes them
+ * (tool_calls [{id, type, function {name, arguments}}], content null unless the model wrote
+ * text before its calls). */
 static json_t *chat_message(const wk_result *res) {
-    if (!res->tool_name)
+    if (res->n_calls <= 0)
         return json_pack("{s:s, s:s}", "role", "assistant", "content", res->text);
-    char cid[48];
-    ids(cid, "call_");
-    return json_pack("{s:s, s:n, s:[{s:s, s:s, s:{s:s, s:s}}]}", "role", "assistant", "content",
-                     "tool_calls", "id", cid, "type", "function", "function", "name",
-                     res->tool_name, "arguments", res->tool_args);
+    json_t *list = json_array();
+    for (int i = 0; list && i < res->n_calls; i++) {
+        char cid[48];
+        ids(cid, "call_");
+        json_array_append_new(list, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", cid, "type",
+                                              "function", "function", "name", res->calls[i].name,
+                                              "arguments", res->calls[i].arguments));
+    }
+    json_t *content = res->text && res->text[0] ? json_string(res->text) : json_null();
+    return json_pack("{s:s, s:o, s:o}", "role", "assistant", "content", content, "tool_calls",
+                     list ? list : json_array());
 }
 
 /* A constrained answer's report in its medley object: compile_ms (0 when the grammar was

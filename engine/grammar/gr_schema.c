@@ -586,8 +586,38 @@ static void sc_free(sc *c) {
     gb_free(&c->b);
 }
 
-int gr_from_json_schema(const char *schema, size_t len, int strict, gr_grammar **out, char *relaxed,
-                        size_t relaxedsz, md_err *e) {
+/* Markup text of a frame (grammar.h gr_frame): its bytes, each space standing for 0 to 8 of
+ * space, tab and newline. */
+static int frame_lit(gr_builder *b, const char *s) {
+    int x = gb_empty(b);
+    if (!s)
+        return x;
+    gr_cls ws;
+    memset(&ws, 0, sizeof ws);
+    gr_cls_set(&ws, ' ');
+    gr_cls_set(&ws, '\t');
+    gr_cls_set(&ws, '\n');
+    for (; *s; s++)
+        x = gb_seq(b, x, *s == ' ' ? gb_rep(b, gb_cls(b, &ws), 0, 8)
+                                   : gb_byte(b, (unsigned char)*s));
+    return x;
+}
+
+/* root: the schema's sentence x alone, or framed: prefix, item (sep item){0, max - 1},
+ * suffix, where item is item_open x item_close. */
+static int frame_root(gr_builder *b, int x, const gr_frame *f) {
+    if (!f)
+        return x;
+    int item = gb_rule_new(b, "item");
+    gb_rule_set(b, item, gb_seq3(b, frame_lit(b, f->item_open), x, frame_lit(b, f->item_close)));
+    int max = f->max_items > 0 ? f->max_items : 1;
+    int more = gb_rep(b, gb_seq(b, frame_lit(b, f->sep), gb_ref(b, item)), 0, max - 1);
+    return gb_seq3(b, frame_lit(b, f->prefix), gb_seq(b, gb_ref(b, item), more),
+                   frame_lit(b, f->suffix));
+}
+
+static int from_schema(const char *schema, size_t len, int strict, const gr_frame *f,
+                       gr_grammar **out, char *relaxed, size_t relaxedsz, md_err *e) {
     *out = NULL;
     if (relaxed && relaxedsz)
         relaxed[0] = 0;
@@ -612,11 +642,25 @@ int gr_from_json_schema(const char *schema, size_t len, int strict, gr_grammar *
     c.r_value = c.r_string = c.r_number = -1;
     int root = gb_rule(&c.b, "root");
     int x = sc_schema(&c, doc, "");
-    gb_rule_set(&c.b, root, x);
+    gb_rule_set(&c.b, root, frame_root(&c.b, x, f));
     int rc = c.b.failed ? (e && e->code ? e->code : MD_EINVAL) : gb_finish(&c.b, root, out, e);
     sc_free(&c);
     json_decref(doc);
     return rc;
+}
+
+int gr_from_json_schema(const char *schema, size_t len, int strict, gr_grammar **out, char *relaxed,
+                        size_t relaxedsz, md_err *e) {
+    return from_schema(schema, len, strict, NULL, out, relaxed, relaxedsz, e);
+}
+
+int gr_from_json_schema_framed(const char *schema, size_t len, int strict, const gr_frame *f,
+                               gr_grammar **out, char *relaxed, size_t relaxedsz, md_err *e) {
+    if (!f) {
+        *out = NULL;
+        return md_errf(e, MD_EINVAL, "no frame given");
+    }
+    return from_schema(schema, len, strict, f, out, relaxed, relaxedsz, e);
 }
 
 int gr_from_json_object(gr_grammar **out, md_err *e) {

@@ -35,6 +35,17 @@ typedef struct gr_matcher gr_matcher;
  * (comma-separated "keyword at pointer" entries, truncated to relaxedsz; may be NULL). */
 int gr_from_json_schema(const char *schema, size_t len, int strict, gr_grammar **out, char *relaxed,
                         size_t relaxedsz, md_err *e);
+/* Markup around sentences of a schema: a chat template's tool calls (docs/structured.md
+ * "tool_choice auto"). The output is prefix, then 1 to max_items items (item_open, a sentence
+ * of the schema, item_close) separated by sep, then suffix. A space in any of these strings
+ * stands for 0 to 8 of space, tab and newline; NULL is "". */
+typedef struct {
+    const char *prefix, *item_open, *item_close, *sep, *suffix;
+    int max_items; /* <= 0: 1 */
+} gr_frame;
+/* A JSON Schema's sentences inside the markup of f (otherwise as gr_from_json_schema). */
+int gr_from_json_schema_framed(const char *schema, size_t len, int strict, const gr_frame *f,
+                               gr_grammar **out, char *relaxed, size_t relaxedsz, md_err *e);
 /* Any JSON object (response_format json_object). */
 int gr_from_json_object(gr_grammar **out, md_err *e);
 /* A regular expression over the whole output (the supported subset: docs/structured.md). */

@@ -18,6 +18,7 @@
  * "You are a helpful AI assistant named SmolLM...", Qwen2.5's "You are Qwen...") gets that
  * system turn when the messages do not start with one, as the Jinja template would. */
 #include <ctype.h>
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,7 +40,7 @@ enum {
 };
 
 static const char *const k_names[] = {"none", "chatml", "llama3", "llama2", "mistral", "gemma"};
-#define KNOWN_NAMES "chatml, llama3, llama2, mistral, gemma"
+#define KNOWN_NAMES "chatml, hermes, llama3, llama2, mistral, gemma"
 
 const char *tok_template_name(tok_template tmpl) {
     if ((int)tmpl < 0 || (int)tmpl >= (int)(sizeof k_names / sizeof *k_names))
@@ -105,6 +106,13 @@ tok_template tok_chat_template(const tok_tokenizer *t) {
 
 int tok_chat_choose(tok_tokenizer *t, const char *name, md_err *e) {
     int v;
+    t->tools_forced = 0;
+    if (name && !strcmp(name, "hermes")) { /* ChatML, with Hermes tool calls (chat_tools.c) */
+        t->chat_forced = 1;
+        t->chat_forced_tmpl = TOK_TMPL_CHATML;
+        t->tools_forced = 1;
+        return 0;
+    }
     if (name) {
         tok_template tmpl = tok_template_from_name(name);
         if (tmpl == TOK_TMPL_NONE && strcmp(name, "none"))
@@ -214,9 +222,46 @@ static char *chatml_default_system(const char *tmpl) {
 /* One renderer per template family: messages m[0..n) into b, then the assistant's opening
  * when add_ass (the families whose format has one). */
 
+/* Hermes-style tools (Qwen2.5/3's template): the functions in the system turn, after the
+ * line's own system text or the template's default one. tools: a JSON array text. */
+static void chatml_tools_system(const tok_tokenizer *t, const tok_chat_msg *m, int n,
+                                const char *tools, sbuf *b) {
+    puts_(b, "<|im_start|>system\n");
+    if (n > 0 && !strcmp(m[0].role, "system")) {
+        puts_(b, m[0].content);
+    } else {
+        char *sys = chatml_default_system(t ? t->chat_template : NULL);
+        puts_(b, sys ? sys : "");
+        free(sys);
+    }
+    puts_(b, "\n\n# Tools\n\nYou may call one or more functions to assist with the user "
+             "query.\n\nYou are provided with function signatures within <tools></tools> "
+             "XML tags:\n<tools>");
+    json_t *arr = json_loads(tools, 0, NULL);
+    size_t i;
+    json_t *x;
+    json_array_foreach(arr, i, x) {
+        char *one = json_dumps(x, JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+        puts_(b, "\n");
+        puts_(b, one ? one : "");
+        free(one);
+    }
+    json_decref(arr);
+    puts_(b, "\n</tools>\n\nFor each function call, return a json object with function name "
+             "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+             "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+             "</tool_call><|im_end|>\n");
+}
+
 static void render_chatml(const tok_tokenizer *t, const tok_chat_msg *m, int n, int add_ass,
-                          sbuf *b) {
-    if (n == 0 || !m[0].role || strcmp(m[0].role, "system")) {
+                          const char *tools, sbuf *b) {
+    if (tools) {
+        chatml_tools_system(t, m, n, tools, b);
+        if (n > 0 && !strcmp(m[0].role, "system")) {
+            m++;
+            n--;
+        }
+    } else if (n == 0 || !m[0].role || strcmp(m[0].role, "system")) {
         char *sys = chatml_default_system(t ? t->chat_template : NULL);
         if (sys) {
             puts_(b, "<|im_start|>system\n");
@@ -274,9 +319,32 @@ static void render_llama2(int variant, const tok_chat_msg *m, int n, sbuf *b) {
 }
 
 /* Mistral v7 (and v7-tekken): a system prompt of its own, [INST] per user turn. */
-static void render_mistral_v7(int variant, const tok_chat_msg *m, int n, sbuf *b) {
+/* The last user turn: Mistral's [AVAILABLE_TOOLS] go right before its [INST]. */
+static int last_user(const tok_chat_msg *m, int n) {
+    int last = -1;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(m[i].role, "user"))
+            last = i;
+    return last;
+}
+
+static void mistral_tools(const char *tools, sbuf *b) {
+    puts_(b, "[AVAILABLE_TOOLS] ");
+    json_t *arr = json_loads(tools, 0, NULL);
+    char *txt = arr ? json_dumps(arr, JSON_PRESERVE_ORDER) : NULL;
+    puts_(b, txt ? txt : "[]");
+    free(txt);
+    json_decref(arr);
+    puts_(b, "[/AVAILABLE_TOOLS]");
+}
+
+static void render_mistral_v7(int variant, const tok_chat_msg *m, int n, const char *tools,
+                              sbuf *b) {
     const char *sp = variant == V_M_V7 ? " " : "";
+    int lu = tools ? last_user(m, n) : -1;
     for (int i = 0; i < n; i++) {
+        if (i == lu)
+            mistral_tools(tools, b);
         if (!strcmp(m[i].role, "system")) {
             puts_(b, "[SYSTEM_PROMPT]");
             puts_(b, sp);
@@ -296,12 +364,20 @@ static void render_mistral_v7(int variant, const tok_chat_msg *m, int n, sbuf *b
 }
 
 /* Mistral v1, v3 and v3-tekken: system text inside the next [INST]. */
-static void render_mistral(int variant, const tok_chat_msg *m, int n, sbuf *b) {
+static void render_mistral(int variant, const tok_chat_msg *m, int n, const char *tools,
+                           sbuf *b) {
     const char *lead = variant == V_M_V1 ? " " : "";
     const char *trail = variant == V_M_V3_TEKKEN ? "" : " ";
     int inside = 0;
+    int lu = tools ? last_user(m, n) : -1;
     for (int i = 0; i < n; i++) {
         if (!inside) {
+            /* the [INST] this turn opens holds the last user turn: the tools go before it */
+            int j = i;
+            while (j < n && !strcmp(m[j].role, "system"))
+                j++;
+            if (j == lu)
+                mistral_tools(tools, b);
             puts_(b, lead);
             puts_(b, "[INST]");
             puts_(b, trail);
@@ -350,16 +426,16 @@ static void render_gemma(const tok_chat_msg *m, int n, int add_ass, sbuf *b) {
 }
 
 static int render(const tok_tokenizer *t, tok_template tmpl, int variant, const tok_chat_msg *m,
-                  int n, int add_ass, sbuf *b) {
+                  int n, int add_ass, const char *tools, sbuf *b) {
     switch (tmpl) {
-    case TOK_TMPL_CHATML: render_chatml(t, m, n, add_ass, b); return 0;
+    case TOK_TMPL_CHATML: render_chatml(t, m, n, add_ass, tools, b); return 0;
     case TOK_TMPL_LLAMA3: render_llama3(m, n, add_ass, b); return 0;
     case TOK_TMPL_LLAMA2: render_llama2(variant, m, n, b); return 0;
     case TOK_TMPL_MISTRAL:
         if (variant == V_M_V7 || variant == V_M_V7_TEKKEN)
-            render_mistral_v7(variant, m, n, b);
+            render_mistral_v7(variant, m, n, tools, b);
         else
-            render_mistral(variant, m, n, b);
+            render_mistral(variant, m, n, tools, b);
         return 0;
     case TOK_TMPL_GEMMA: render_gemma(m, n, add_ass, b); return 0;
     case TOK_TMPL_NONE: break;
@@ -369,6 +445,12 @@ static int render(const tok_tokenizer *t, tok_template tmpl, int variant, const 
 
 int tok_chat_apply_as(const tok_tokenizer *t, tok_template tmpl, const tok_chat_msg *msgs,
                       int n_msgs, int add_generation_prompt, char **out, md_err *e) {
+    return tok_chat_render(t, tmpl, msgs, n_msgs, add_generation_prompt, NULL, out, e);
+}
+
+int tok_chat_render(const tok_tokenizer *t, tok_template tmpl, const tok_chat_msg *msgs,
+                    int n_msgs, int add_generation_prompt, const char *tools, char **out,
+                    md_err *e) {
     *out = NULL;
     if (n_msgs < 0 || (n_msgs > 0 && !msgs))
         return md_errf(e, MD_EINVAL, "chat template: %d messages", n_msgs);
@@ -384,7 +466,7 @@ int tok_chat_apply_as(const tok_tokenizer *t, tok_template tmpl, const tok_chat_
         return md_errf(e, MD_EUNSUPP, "chat template: no template chosen");
     sbuf b = {0};
     puts_(&b, ""); /* an empty conversation still yields "" rather than NULL */
-    render(t, tmpl, variant, msgs, n_msgs, add_generation_prompt, &b);
+    render(t, tmpl, variant, msgs, n_msgs, add_generation_prompt, tools, &b);
     if (b.oom) {
         free(b.p);
         return md_errf(e, MD_ENOMEM, "chat template: out of memory");

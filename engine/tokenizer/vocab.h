@@ -134,6 +134,7 @@ struct tok_tokenizer {
     size_t chat_template_len;
     int chat_forced;               /* tok_chat_choose named a template (--chat-template) */
     tok_template chat_forced_tmpl; /* TOK_TMPL_NONE: raw prompts only */
+    int tools_forced;              /* --chat-template hermes: ChatML with Hermes tool calls */
 };
 
 /* Growable output of token ids. */
@@ -232,6 +233,12 @@ void tok_spm_byte_tokens(tok_tokenizer *t);
 void tok_mark_eog(tok_tokenizer *t, int32_t fim[3], int make_control);
 int tok_list_special(tok_tokenizer *t, md_err *e);
 int tok_build_pieces(tok_tokenizer *t);
+/* tok_chat_apply_as with the functions of a tool-call format (chat_tools.c): tools, a JSON
+ * array text of OpenAI tool objects, rendered where the family's format puts them (NULL:
+ * none). */
+int tok_chat_render(const tok_tokenizer *t, tok_template tmpl, const tok_chat_msg *msgs,
+                    int n_msgs, int add_generation_prompt, const char *tools, char **out,
+                    md_err *e);
 /* The tokenizer's chat template: a copy of s[0..n), replacing any it had. MD_ENOMEM. */
 int tok_set_chat_template(tok_tokenizer *t, const char *s, size_t n, md_err *e);
 

@@ -514,10 +514,13 @@ static void medley_extras_take_one_constraint(void **st) {
 static void tools_build_a_call_schema(void **st) {
     (void)st;
     q_request req;
-    /* no tool_choice with tools: auto (the runner decides whether the model can) */
+    /* no tool_choice with tools: auto (the runner decides whether the model can), the call
+     * schema built but lazy (it holds once the model starts a call) */
     expect_ok(CHAT("{" M ",\"tools\":[" TOOL("f", "{}") "]}"), &req);
     assert_int_equal(req.tool_choice, Q_TOOLS_AUTO);
-    assert_int_equal(req.con, Q_CON_NONE);
+    assert_int_equal(req.con, Q_CON_JSON_SCHEMA);
+    assert_int_equal(req.con_lazy, 1);
+    assert_int_equal(req.parallel_tools, 1);
     q_request_free(&req);
     expect_ok(CHAT("{" M ",\"tools\":[" TOOL("f", "{}") "],\"tool_choice\":\"none\"}"), &req);
     assert_int_equal(req.tool_choice, Q_TOOLS_NONE);

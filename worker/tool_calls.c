@@ -1,0 +1,109 @@
+/* tool_calls.c — see tool_calls.h. */
+#include "worker/tool_calls.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* medley's own call format (docs/structured.md "Tool calls"): the functions are listed as
+ * JSON and the model is asked for {"name", "arguments"}; the grammar enforces the shape,
+ * this text tells the model what the names and arguments mean. */
+int wk_tools_system_text(const q_request *req, const char *own, char **out, md_err *e) {
+    json_t *list = json_array();
+    for (int i = 0; list && i < req->n_tools; i++) {
+        const q_tool *t = &req->tools[i];
+        if (req->tool_choice == Q_TOOLS_NAMED && i != req->tool_named)
+            continue;
+        json_t *f = json_pack("{s:s}", "name", t->name);
+        if (f && t->description)
+            json_object_set_new(f, "description", json_string(t->description));
+        if (f && t->parameters)
+            json_object_set(f, "parameters", t->parameters);
+        if (!f || json_array_append_new(list, f)) {
+            json_decref(list);
+            list = NULL;
+        }
+    }
+    char *fns = list ? json_dumps(list, JSON_COMPACT) : NULL;
+    json_decref(list);
+    if (!fns)
+        return md_errf(e, MD_ENOMEM, "out of memory describing the tools");
+    static const char head[] =
+        "You can call the following functions. Answer with exactly one call, written as a JSON "
+        "object {\"name\": <the function's name>, \"arguments\": <an object of its "
+        "arguments>} and nothing else.\nFunctions: ";
+    size_t n = sizeof head + strlen(fns) + (own ? strlen(own) + 2 : 0);
+    *out = malloc(n);
+    if (*out)
+        snprintf(*out, n, "%s%s%s%s", head, fns, own ? "\n\n" : "", own ? own : "");
+    free(fns);
+    return *out ? 0 : md_errf(e, MD_ENOMEM, "out of memory describing the tools");
+}
+
+char *wk_tools_json(const q_request *req) {
+    json_t *list = json_array();
+    for (int i = 0; list && i < req->n_tools; i++) {
+        const q_tool *t = &req->tools[i];
+        json_t *f = json_pack("{s:s}", "name", t->name);
+        if (f && t->description)
+            json_object_set_new(f, "description", json_string(t->description));
+        if (f && t->parameters)
+            json_object_set(f, "parameters", t->parameters);
+        json_t *tool = f ? json_pack("{s:s, s:o}", "type", "function", "function", f) : NULL;
+        if (!tool || json_array_append_new(list, tool)) {
+            json_decref(list);
+            list = NULL;
+        }
+    }
+    char *txt = list ? json_dumps(list, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(list);
+    return txt;
+}
+
+int wk_calls_read(wk_calls *c, const char *text, tok_tool_format format) {
+    memset(c, 0, sizeof *c);
+    size_t content_len = 0;
+    if (format == TOK_TOOLS_NONE) { /* medley's own: the text is one call */
+        json_t *one = json_loads(text, 0, NULL);
+        if (json_is_string(json_object_get(one, "name")) && json_object_get(one, "arguments")) {
+            c->doc = json_array();
+            json_array_append_new(c->doc, one);
+        } else {
+            json_decref(one);
+        }
+    } else if (!tok_tool_calls_parse(format, text, &content_len, &c->doc)) {
+        c->doc = NULL;
+    }
+    size_t n = json_array_size(c->doc);
+    if (!n)
+        goto none;
+    c->calls = calloc(n, sizeof *c->calls);
+    c->content = strndup(text, content_len);
+    if (!c->calls || !c->content)
+        goto none;
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(c->doc, i);
+        char *args = json_dumps(json_object_get(x, "arguments"), JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!args)
+            goto none;
+        /* kept in the document, freed with it */
+        json_object_set_new(x, "_args", json_string(args));
+        free(args);
+        c->calls[i].name = json_string_value(json_object_get(x, "name"));
+        c->calls[i].arguments = json_string_value(json_object_get(x, "_args"));
+        if (!c->calls[i].arguments)
+            goto none;
+        c->n++;
+    }
+    return 1;
+none:
+    wk_calls_free(c);
+    return 0;
+}
+
+void wk_calls_free(wk_calls *c) {
+    free(c->calls);
+    free(c->content);
+    json_decref(c->doc);
+    memset(c, 0, sizeof *c);
+}
