@@ -255,6 +255,18 @@ int md_redis_check_primary(md_redis *r, md_err *e) {
     return rc;
 }
 
+int md_redis_confirm_primary(md_redis *r, int max_wait_ms, md_err *e) {
+    if (!r->url.master[0])
+        return 0;
+    char addr[300];
+    if (md_sentinel_settled(&r->url, max_wait_ms, addr, sizeof addr, e))
+        return MD_EREDIS;
+    if (strcmp(addr, r->peer))
+        return md_errf(e, MD_ENOTFOUND, "the Sentinels now name %s as the primary of '%s', not %s",
+                       addr, r->url.master, r->peer);
+    return 0;
+}
+
 int md_redis_wait_replicas(md_redis *r, int timeout_ms, int *replicas, int *acked, md_err *e) {
     *replicas = *acked = 0;
     /* ROLE, not INFO: a primary answers ["master", offset, [[ip, port, offset]...]], the

@@ -99,6 +99,11 @@ int md_redis_check_prefix(md_redis *r, const char *prefix, md_err *e);
  * reconnect) when the node is no longer a primary. A refused ROLE (an ACL without it) is 0:
  * the next write's -READONLY says the same, later. */
 int md_redis_check_primary(md_redis *r, md_err *e);
+/* For a sentinel:// connection, after writes that must not be lost: wait until no Sentinel
+ * reports a failover under way (up to max_wait_ms), then 0 when they name this connection's
+ * node as the primary, MD_ENOTFOUND (e names both) when another, MD_EREDIS when they could
+ * not say. Always 0 for other URLs. */
+int md_redis_confirm_primary(md_redis *r, int max_wait_ms, md_err *e);
 /* Collect one pipelined reply (after redisAppendCommand*). NULL + MD_EREDIS when the
  * connection failed. */
 redisReply *md_redis_get_reply(md_redis *r, md_err *e);

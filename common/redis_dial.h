@@ -20,4 +20,9 @@ int md_redis_dial_node(const md_redis_url *u, const char *host, int port, redisC
 int md_sentinel_dial(const md_redis_url *u, const char *hint, redisContext **out, char *peer,
                      size_t peersz, md_err *e);
 
+/* Wait (up to max_wait_ms) until no Sentinel of u reports a failover of u->master under way,
+ * then addr gets the primary they name ("host:port"). MD_EREDIS when none answers or the
+ * failover outlasts the wait. */
+int md_sentinel_settled(const md_redis_url *u, int max_wait_ms, char *addr, size_t addrsz,
+                        md_err *e);
 #endif

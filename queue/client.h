@@ -18,6 +18,7 @@ typedef struct {
     const char *batch_id; /* NULL: a new random id */
     long long window_s;   /* completion window (deadline); 0 = none */
     int priority;
+    int no_replica_check; /* skip ROLE/WAIT (a user without them; a failover may lose it) */
 } q_submit_opts;
 
 /* A source of JSONL lines for q_submit_lines, read twice (a scan, then the queuing). next

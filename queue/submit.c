@@ -105,11 +105,20 @@ static int scan_lines(const q_line_reader *rd, const char *path, char *model, si
  * and all, if the primary dies before its replicas copy it and one of them is promoted. So
  * a submission is reported only once every connected replica holds it (WAIT); with no
  * replica there is nothing to wait for. One replica short is a warning (the promoted
- * replica is usually the most up to date); none at all is an error naming the batch. */
+ * replica is usually the most up to date); none at all is an error naming the batch.
+ * A user refused ROLE/WAIT gets the sentence saying so and how to do without. */
 #define SUBMIT_WAIT_MS 5000
-static int confirm_replicated(md_redis *r, const char *batch, md_err *e) {
+static int wait_replicas(md_redis *r, const char *batch, md_err *e) {
     int replicas = 0, acked = 0;
     int rc = md_redis_wait_replicas(r, SUBMIT_WAIT_MS, &replicas, &acked, e);
+    if (rc && strstr(e->msg, "NOPERM"))
+        return md_errf(e, MD_EREDIS,
+                       "batch %s is sealed on the primary %s, but this Redis user may not run "
+                       "ROLE and WAIT, which confirm that a replica holds it: grant it +role "
+                       "+wait (the medley-client user of deploy/redis/users.acl has both), or "
+                       "pass --no-replica-check to accept that a failover may lose the batch "
+                       "(`medley submit --batch-id %s` again is safe either way)",
+                       batch, md_redis_peer(r), batch);
     if (rc)
         return md_errctx(e, "batch %s is sealed, but confirming its replication failed: ", batch);
     if (replicas > 0 && acked == 0)
@@ -122,6 +131,39 @@ static int confirm_replicated(md_redis *r, const char *batch, md_err *e) {
         MD_WARN("submit", "batch %s: %d of %d replica(s) acknowledged it within %d ms", batch,
                 acked, replicas, SUBMIT_WAIT_MS);
     return 0;
+}
+
+/* With Sentinel, a failover may have begun while the batch was written: the replica being
+ * promoted stops copying the old primary before anyone is told, and what the old primary
+ * takes meanwhile is discarded. So ask the Sentinels again once no failover is under way:
+ * the batch counts only when the primary they name holds it sealed. */
+#define SUBMIT_FAILOVER_MS 30000
+static int confirm_primary(md_redis *r, const char *prefix, const char *batch, md_err *e) {
+    md_err fe = {0};
+    int rc = md_redis_confirm_primary(r, SUBMIT_FAILOVER_MS, &fe);
+    if (rc == 0)
+        return 0;
+    if (rc != MD_ENOTFOUND)
+        return md_errf(e, MD_EREDIS, "batch %s is sealed, but whether it outlived a failover "
+                       "cannot be told (%s): see `medley status %s`", batch, fe.msg, batch);
+    char was[300];
+    snprintf(was, sizeof was, "%s", md_redis_peer(r));
+    q_batch_info b;
+    if (md_redis_reconnect(r, 10000, NULL, e) == 0 && q_batch_get(r, prefix, batch, &b, e) == 0 &&
+        b.total > 0 && strcmp(b.status, "validating") && strcmp(b.status, "failed")) {
+        MD_WARN("submit", "batch %s: a failover moved the primary from %s to %s; the batch is "
+                "sealed there", batch, was, md_redis_peer(r));
+        return 0;
+    }
+    return md_errf(e, MD_EREDIS, "batch %s was lost in a failover (%s, where it was sealed): "
+                   "submit it again; `--batch-id %s` finishes it without doubling a line",
+                   batch, fe.msg, batch);
+}
+
+static int confirm_replicated(md_redis *r, const q_submit_opts *o, const char *prefix,
+                              const char *batch, md_err *e) {
+    int rc = o->no_replica_check ? 0 : wait_replicas(r, batch, e);
+    return rc ? rc : confirm_primary(r, prefix, batch, e);
 }
 
 /* The model the batch is for: usable as a key part (no braces, no spaces). */
@@ -296,5 +338,5 @@ int q_submit_lines(md_redis *r, const q_submit_opts *o, const q_line_reader *rd,
     *n_lines = total;
     if ((rc = q_batch_seal(r, prefix, batch_out, total, e)))
         return rc;
-    return confirm_replicated(r, batch_out, e);
+    return confirm_replicated(r, o, prefix, batch_out, e);
 }

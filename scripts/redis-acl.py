@@ -48,7 +48,8 @@ ARGV_CALLS = {"md_redis_cmd_argv": 2, "redisCommandArgv": 2, "redisAppendCommand
 WRAPPERS = {("common/redis.c", "md_redis_cmd"), ("common/redis.c", "md_redis_cmd_argv")}
 # Functions whose commands go to a Sentinel (sentinel:// URLs), not to the data Redis: the
 # Sentinel's own ACL covers them (docs/operations.md), the medley user's does not.
-TO_SENTINEL = {("common/redis_dial.c", "ask"), ("common/redis_watch.c", "sentinel_subscribe")}
+TO_SENTINEL = {("common/redis_dial.c", "ask"), ("common/redis_dial.c", "open_sentinel"),
+               ("common/redis_dial.c", "failing_over"), ("common/redis_watch.c", "sentinel_subscribe")}
 ROLES = ("client", "worker", "scheduler", "dashboard", "api", "admin")
 ALL = ROLES
 # Which roles' processes send the commands of a call site. The most specific key wins:

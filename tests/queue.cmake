@@ -121,6 +121,11 @@ medley_queue_py(redis_roles redis_roles integration 120)
 # consumer's XACKs found and rerun (medley_unanswered_acks_total) and forged answers dropped
 # by `medley results`, the batch complete with the real answers; ~6 s.
 medley_queue_py(redis_forgery redis_forgery integration 120)
+# queue_failover: a primary, two replicas, three Sentinels, three workers: SENTINEL FAILOVER
+# (and a submit 0.3 s after it) and SIGKILL; workers on the new primary within 2 s of the
+# announcement, every submit that exited 0 exactly once (~40 s; MEDLEY_FAILOVER_LINES=5000
+# for the issue's full size).
+medley_queue_py(queue_failover queue_failover integration 180)
 
 # tool_choice "auto" (docs/structured.md): SmolLM2 with --chat-template hermes; nudged lines
 # come back as valid calls of the template's <tool_call> format, plain ones as text (~20 s)
