@@ -25,6 +25,9 @@ void q_key_done(char *out, const char *p, const char *b) {
 void q_key_ids(char *out, const char *p, const char *b) {
     snprintf(out, Q_KEY_MAX, "%s{%s}:ids", p, b);
 }
+void q_key_sent(char *out, const char *p, const char *b) {
+    snprintf(out, Q_KEY_MAX, "%s{%s}:sent", p, b);
+}
 void q_key_class(char *out, const char *p, const char *m, const char *cls) {
     snprintf(out, Q_KEY_MAX, "%sq:{%s}:%s", p, m, cls);
 }
@@ -228,7 +231,8 @@ int q_batch_create(md_redis *r, const q_batch_spec *s, md_err *e) {
                           "failed",    "0",           "created_at", nows,
                           "started_at", "0",          "finished_at", "0",
                           "deadline",  dls,           "priority", prio,
-                          "input_file", s->input_file ? s->input_file : ""};
+                          "input_file", s->input_file ? s->input_file : "",
+                          "input_sha", s->input_sha ? s->input_sha : ""};
     size_t n = sizeof argv / sizeof argv[0], lens[sizeof argv / sizeof argv[0]];
     for (size_t i = 0; i < n; i++)
         lens[i] = strlen(argv[i]);
@@ -246,10 +250,14 @@ int q_batch_create(md_redis *r, const q_batch_spec *s, md_err *e) {
                     e);
 }
 
+#define Q_SUBMIT_CHUNK 1000 /* XADDs per round trip */
+
 struct q_submitter {
     md_redis *r;
     char key[Q_KEY_MAX];
     char ids[Q_KEY_MAX]; /* P {B}:ids, the entry ids the batch has (readers check answers) */
+    char sent[Q_KEY_MAX]; /* P {B}:sent, the custom_ids queued (a retry skips them) */
+    char *cids[Q_SUBMIT_CHUNK]; /* custom_id of each pending XADD (malloc'd, or NULL) */
     char batch[Q_BATCH_ID_MAX];
     int pending;     /* appended, replies not read yet */
     long long total; /* confirmed queued */
@@ -263,19 +271,21 @@ int q_submitter_open(md_redis *r, const char *prefix, const char *batch, const c
     s->r = r;
     q_key_queue(s->key, prefix, model);
     q_key_ids(s->ids, prefix, batch);
+    q_key_sent(s->sent, prefix, batch);
     snprintf(s->batch, sizeof s->batch, "%s", batch);
     *out = s;
     return 0;
 }
 
-/* SADD P {B}:ids of the entry ids n replies named, in one command; 0 or the refusal. */
-static int record_ids(q_submitter *s, const char **ids, size_t *lens, int n, md_err *e) {
+/* SADD key ids[2..n+1] in one command (ids[0..1] are filled here); 0 or the refusal. */
+static int record_ids(q_submitter *s, const char *key, const char **ids, size_t *lens, int n,
+                      md_err *e) {
     if (n == 0)
         return 0;
     ids[0] = "SADD";
-    ids[1] = s->ids;
+    ids[1] = key;
     lens[0] = 4;
-    lens[1] = strlen(s->ids);
+    lens[1] = strlen(key);
     redisReply *rep = md_redis_cmd_argv(s->r, n + 2, ids, lens, e);
     if (!rep)
         return MD_EREDIS;
@@ -288,13 +298,15 @@ static int record_ids(q_submitter *s, const char **ids, size_t *lens, int n, md_
 }
 
 int q_submitter_flush(q_submitter *s, long long *n_total, md_err *e) {
-    int rc = 0, n = 0, want = s->pending;
+    int rc = 0, n = 0, nc = 0, want = s->pending, k = 0;
     redisReply **reps = calloc((size_t)want + 1, sizeof *reps);
     const char **ids = calloc((size_t)want + 2, sizeof *ids);
+    const char **cids = calloc((size_t)want + 2, sizeof *cids);
     size_t *lens = calloc((size_t)want + 2, sizeof *lens);
-    if (!reps || !ids || !lens)
+    size_t *clens = calloc((size_t)want + 2, sizeof *clens);
+    if (!reps || !ids || !lens || !cids || !clens)
         rc = md_errf(e, MD_ENOMEM, "out of memory");
-    for (; s->pending > 0; s->pending--) {
+    for (; s->pending > 0; s->pending--, k++) {
         redisReply *rep = md_redis_get_reply(s->r, e);
         if (!rep) {
             s->pending = 0;
@@ -303,23 +315,37 @@ int q_submitter_flush(q_submitter *s, long long *n_total, md_err *e) {
         }
         if (rep->type == REDIS_REPLY_ERROR && !rc)
             rc = md_errf(e, MD_EREDIS, "XADD of batch %s failed: %s", s->batch, rep->str);
-        if (rep->type == REDIS_REPLY_STRING && reps) {
+        if (rep->type == REDIS_REPLY_STRING && reps && cids) {
             ids[2 + n] = rep->str;
             lens[2 + n] = rep->len;
             reps[n++] = rep;
+            if (s->cids[k]) {
+                cids[2 + nc] = s->cids[k];
+                clens[2 + nc++] = strlen(s->cids[k]);
+            }
         } else {
             freeReplyObject(rep);
         }
     }
     /* Entries are counted once recorded: a line the batch has but readers would not trust
      * is not queued. */
-    if (!rc && !(rc = record_ids(s, ids, lens, n, e)))
+    /* The entry ids first: a line recorded as sent but not as the batch's would be skipped by
+     * a retry and its answer distrusted. A kill between the two SADDs leaves lines that a
+     * retry queues again: the completion script answers each custom_id once. */
+    if (!rc && !(rc = record_ids(s, s->ids, ids, lens, n, e)) &&
+        !(rc = record_ids(s, s->sent, cids, clens, nc, e)))
         s->total += n;
     for (int i = 0; i < n; i++)
         freeReplyObject(reps[i]);
+    for (int i = 0; i < k && i < Q_SUBMIT_CHUNK; i++) {
+        free(s->cids[i]);
+        s->cids[i] = NULL;
+    }
     free(reps);
     free(ids);
     free(lens);
+    free(cids);
+    free(clens);
     if (n_total)
         *n_total = s->total;
     return rc;
@@ -330,18 +356,30 @@ int q_submit_line(q_submitter *s, const char *line, size_t len, md_err *e) {
 }
 
 int q_submit_line_to(q_submitter *s, const char *key, const char *line, size_t len, md_err *e) {
+    return q_submit_line_cid(s, key, line, len, NULL, e);
+}
+
+int q_submit_line_cid(q_submitter *s, const char *key, const char *line, size_t len,
+                      const char *cid, md_err *e) {
+    if (!key)
+        key = s->key;
     const char *argv[] = {"XADD", key, "*", "batch", s->batch, "line", line};
     size_t lens[] = {4, strlen(key), 1, 5, strlen(s->batch), 4, len};
     if (redisAppendCommandArgv(md_redis_ctx(s->r), 7, argv, lens) != REDIS_OK)
         return md_errf(e, MD_ENOMEM, "cannot buffer a Redis command");
+    s->cids[s->pending] = cid ? strdup(cid) : NULL;
     /* 1000 commands per round trip: the pipeline stays a few MB at most and a 100k-line
      * file takes ~100 round trips. */
-    if (++s->pending >= 1000)
+    if (++s->pending >= Q_SUBMIT_CHUNK)
         return q_submitter_flush(s, NULL, e);
     return 0;
 }
 
 void q_submitter_free(q_submitter *s) {
+    if (!s)
+        return;
+    for (int i = 0; i < Q_SUBMIT_CHUNK; i++)
+        free(s->cids[i]);
     free(s);
 }
 
@@ -460,6 +498,8 @@ int q_batch_get(md_redis *r, const char *prefix, const char *batch, q_batch_info
             out->deadline = atoll(v);
         else if (!strcmp(k, "priority"))
             out->priority = atoi(v);
+        else if (!strcmp(k, "input_sha"))
+            snprintf(out->input_sha, sizeof out->input_sha, "%s", v);
     }
     freeReplyObject(rep);
     return 0;

@@ -40,6 +40,7 @@ void q_key_meta(char *out, const char *prefix, const char *batch);
 void q_key_out(char *out, const char *prefix, const char *batch);
 void q_key_done(char *out, const char *prefix, const char *batch);
 void q_key_ids(char *out, const char *prefix, const char *batch); /* entry ids the batch has */
+void q_key_sent(char *out, const char *prefix, const char *batch); /* custom_ids queued */
 void q_key_dlq(char *out, const char *prefix, const char *model);
 void q_key_worker(char *out, const char *prefix, const char *worker);
 /* P replica:{R}:stage:<i>: the endpoint of stage i of a sharded plan replica R. */
@@ -88,6 +89,7 @@ int q_scripts_load_all(md_redis *r, md_err *e);
  * seconds (deadline = created_at + window). */
 typedef struct {
     const char *prefix, *batch, *model, *endpoint, *input_file;
+    const char *input_sha; /* SHA-256 of the lines (hex), or NULL */
     long long window_s;
     int priority;
 } q_batch_spec;
@@ -101,6 +103,10 @@ int q_submitter_open(md_redis *r, const char *prefix, const char *batch, const c
 int q_submit_line(q_submitter *s, const char *line, size_t len, md_err *e);
 /* The same into another stream (a class stream P q:{M}:<class>). */
 int q_submit_line_to(q_submitter *s, const char *key, const char *line, size_t len, md_err *e);
+/* The same (key NULL: the submitter's own stream), recording cid (the line's custom_id, or
+ * NULL) in P {B}:sent once the XADD is confirmed: a retried submission of the batch skips the custom_ids found there. */
+int q_submit_line_cid(q_submitter *s, const char *key, const char *line, size_t len,
+                      const char *cid, md_err *e);
 /* Flush what is buffered; returns the number of lines queued so far in *n_total. */
 int q_submitter_flush(q_submitter *s, long long *n_total, md_err *e);
 void q_submitter_free(q_submitter *s);
@@ -118,6 +124,7 @@ typedef struct {
     long long total, completed, failed;
     long long created_at, started_at, finished_at, deadline; /* ms since epoch, 0 if unset */
     int priority;
+    char input_sha[65]; /* SHA-256 of the submitted lines (hex), "" when not recorded */
 } q_batch_info;
 /* MD_ENOTFOUND when the batch does not exist. */
 int q_batch_get(md_redis *r, const char *prefix, const char *batch, q_batch_info *out, md_err *e);

@@ -70,6 +70,7 @@ SENDERS = {
     "cli/cmd_run.c": ("client",),
     "queue/client.c": ("client",),
     "queue/submit.c": ("client",),
+    "queue/resume.c": ("client",),
     "queue/plan.c": ("client", "worker"),
     "queue/queue.c": ("client",),
     "queue/queue.c:q_complete_lua": ("worker",),
@@ -101,7 +102,8 @@ BY_HAND = {
 # Patterns are glob: `medley:{*}:out` is every batch's output stream.
 POLICY = {
     "client": {
-        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:{*}:ids", "~medley:batches",
+        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:{*}:ids", "~medley:{*}:sent",
+                 "~medley:batches",
                  "%R~medley:{*}:out", "%R~medley:plan", "&medley:events"],
         "selectors": [],
     },
@@ -129,7 +131,8 @@ POLICY = {
         "selectors": [(["~medley:{*}:meta", "~medley:worker:*"], ["+eval", "+hset"])],
     },
     "api": {
-        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:{*}:ids", "~medley:batches",
+        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:{*}:ids", "~medley:{*}:sent",
+                 "~medley:batches",
                  "%R~medley:{*}:out", "%R~medley:plan", "~medley:api:*", "&medley:events"],
         "selectors": [],
     },

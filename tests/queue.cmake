@@ -126,6 +126,10 @@ medley_queue_py(redis_forgery redis_forgery integration 120)
 # announcement, every submit that exited 0 exactly once (~40 s; MEDLEY_FAILOVER_LINES=5000
 # for the issue's full size).
 medley_queue_py(queue_failover queue_failover integration 180)
+# queue_submit_retry: `medley submit --batch-id` killed at random points then run again: one
+# batch, each custom_id once; the same input again is reported, another refused; a user
+# refused ROLE is told about +role +wait and --no-replica-check (~10 s).
+medley_queue_py(queue_submit_retry queue_submit_retry integration 120)
 
 # tool_choice "auto" (docs/structured.md): SmolLM2 with --chat-template hermes; nudged lines
 # come back as valid calls of the template's <tool_call> format, plain ones as text (~20 s)
