@@ -22,7 +22,7 @@ read or write, as Redis 7 `%R~`/`%W~` patterns and selectors; docs/operations.md
   medley-worker     answers; no EVAL (only EVALSHA), no XADD to queues, no DEL of streams
   medley-scheduler  reads heartbeats and backlogs, writes the plan and its lease
   medley-dashboard  reads everything; its two operator actions (cancel, drain) and no more
-  medley-api        the client's rights plus its own file keys (medley:api:*)
+  medley-api        the client's rights plus its own keys (medley:api:*, file:*, tenant:*)
   medley-admin      rotation (ACL SETUSER, CONFIG SET of TLS files), scripts, housekeeping
   medley            every role at once (one host, or before moving to the role users)
 
@@ -133,7 +133,8 @@ POLICY = {
     "api": {
         "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:{*}:ids", "~medley:{*}:sent",
                  "~medley:batches",
-                 "%R~medley:{*}:out", "%R~medley:plan", "~medley:api:*", "&medley:events"],
+                 "%R~medley:{*}:out", "%R~medley:plan", "~medley:api:*", "~medley:file:*",
+                 "~medley:tenant:*", "%R~medley:worker:*", "&medley:events"],
         "selectors": [],
     },
     "admin": {"root": ["~medley:*", "&medley:*"], "selectors": []},
