@@ -18,16 +18,16 @@ struct md_redis {
     md_redis_url url;
     redisContext *c;
     unsigned generation;
-    int dead;       /* a failover reply was seen: every call fails until reconnect */
-    char peer[300]; /* host:port (or the socket path) of the live connection */
+    int dead;                 /* a failover reply was seen: every call fails until reconnect */
+    char peer[300];           /* host:port (or the socket path) of the live connection */
     md_sentinel_watch *watch; /* sentinel:// only: +switch-master as announced */
     unsigned watch_seen;      /* the announcement this connection has followed */
 };
 
 /* Dial the node u names (through the Sentinels for sentinel://, the primary they last
  * announced first); peer gets its address. */
-static int dial(md_redis *r, const md_redis_url *u, redisContext **out, char *peer,
-                size_t peersz, md_err *e) {
+static int dial(md_redis *r, const md_redis_url *u, redisContext **out, char *peer, size_t peersz,
+                md_err *e) {
     if (u->master[0]) {
         char hint[300] = "";
         if (r->watch)
@@ -185,8 +185,10 @@ static int switched(md_redis *r, md_err *e) {
     r->watch_seen = seq;
     if (!strcmp(addr, r->peer))
         return 0;
-    md_errf(e, MD_EREDIS, "the Sentinels switched the primary of '%s' to %s (this connection is "
-            "to %s): reconnecting", r->url.master, addr, r->peer);
+    md_errf(e, MD_EREDIS,
+            "the Sentinels switched the primary of '%s' to %s (this connection is "
+            "to %s): reconnecting",
+            r->url.master, addr, r->peer);
     kill_conn(r, e);
     return 1;
 }

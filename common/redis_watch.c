@@ -29,7 +29,7 @@ typedef struct {
 struct md_sentinel_watch {
     md_redis_url url;
     pthread_mutex_t mu;
-    unsigned seq;  /* switches announced (guarded by mu) */
+    unsigned seq; /* switches announced (guarded by mu) */
     char addr[300];
     volatile int stop;
     int n;

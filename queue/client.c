@@ -145,8 +145,8 @@ static int parse_entry(redisReply *en, out_entry *o) {
 }
 
 /* Write one output line to out (ok = 1) or err; counts in n_out / n_err. */
-static int write_line(const out_entry *o, FILE *out, FILE *err, long long *n_out,
-                      long long *n_err, md_err *e) {
+static int write_line(const out_entry *o, FILE *out, FILE *err, long long *n_out, long long *n_err,
+                      md_err *e) {
     int good = !strcmp(o->ok, "1");
     FILE *dst = good || !err ? out : err;
     if (fwrite(o->line, 1, o->llen, dst) != o->llen || fputc('\n', dst) == EOF)
@@ -169,8 +169,8 @@ typedef struct {
 static int hold(held_lines *h, const out_entry *o) {
     if (h->n == h->cap) {
         size_t cap = h->cap ? 2 * h->cap : 64;
-        char **c = realloc(h->cid, cap * sizeof *c), **l = c ? realloc(h->line, cap * sizeof *l)
-                                                              : NULL;
+        char **c = realloc(h->cid, cap * sizeof *c),
+             **l = c ? realloc(h->line, cap * sizeof *l) : NULL;
         int *k = l ? realloc(h->ok, cap * sizeof *k) : NULL;
         if (c)
             h->cid = c;
@@ -206,8 +206,8 @@ static void held_free(held_lines *h) {
  * queued without recording it: docs/protocol.md §5); the others are forged. seen: the
  * custom_ids written (q_sent_set, sorted here). */
 static int write_held(md_redis *r, const char *prefix, const char *batch, held_lines *h,
-                      q_sent_set *seen, FILE *out, FILE *err, long long *n_out,
-                      long long *n_err, long long *forged, md_err *e) {
+                      q_sent_set *seen, FILE *out, FILE *err, long long *n_out, long long *n_err,
+                      long long *forged, md_err *e) {
     q_sent_set sent;
     int rc = q_sent_load(r, prefix, batch, &sent, e);
     q_sent_sort(seen);
@@ -216,8 +216,10 @@ static int write_held(md_redis *r, const char *prefix, const char *batch, held_l
             (*forged)++;
             continue;
         }
-        out_entry o = {.line = h->line[i], .llen = strlen(h->line[i]),
-                       .ok = h->ok[i] ? "1" : "0", .cid = h->cid[i]};
+        out_entry o = {.line = h->line[i],
+                       .llen = strlen(h->line[i]),
+                       .ok = h->ok[i] ? "1" : "0",
+                       .cid = h->cid[i]};
         if (!(rc = write_line(&o, out, err, n_out, n_err, e)))
             rc = q_sent_add(seen, h->cid[i]);
         q_sent_sort(seen);
@@ -273,8 +275,10 @@ int q_results_write(md_redis *r, const char *prefix, const char *batch, FILE *ou
     held_free(&held);
     q_sent_free(&seen);
     if (!rc && forged)
-        MD_WARN("results", "batch %s: dropped %lld line(s) of %s whose queue entry the batch never "
-                "had (forged answers; docs/operations.md, \"Threat model\")", batch, forged, key);
+        MD_WARN("results",
+                "batch %s: dropped %lld line(s) of %s whose queue entry the batch never "
+                "had (forged answers; docs/operations.md, \"Threat model\")",
+                batch, forged, key);
     return rc;
 }
 

@@ -39,7 +39,7 @@ void q_key_class(char *out, const char *prefix, const char *model, const char *c
 void q_key_meta(char *out, const char *prefix, const char *batch);
 void q_key_out(char *out, const char *prefix, const char *batch);
 void q_key_done(char *out, const char *prefix, const char *batch);
-void q_key_ids(char *out, const char *prefix, const char *batch); /* entry ids the batch has */
+void q_key_ids(char *out, const char *prefix, const char *batch);  /* entry ids the batch has */
 void q_key_sent(char *out, const char *prefix, const char *batch); /* custom_ids queued */
 void q_key_dlq(char *out, const char *prefix, const char *model);
 void q_key_worker(char *out, const char *prefix, const char *worker);
@@ -104,7 +104,8 @@ int q_submit_line(q_submitter *s, const char *line, size_t len, md_err *e);
 /* The same into another stream (a class stream P q:{M}:<class>). */
 int q_submit_line_to(q_submitter *s, const char *key, const char *line, size_t len, md_err *e);
 /* The same (key NULL: the submitter's own stream), recording cid (the line's custom_id, or
- * NULL) in P {B}:sent once the XADD is confirmed: a retried submission of the batch skips the custom_ids found there. */
+ * NULL) in P {B}:sent once the XADD is confirmed: a retried submission of the batch skips the
+ * custom_ids found there. */
 int q_submit_line_cid(q_submitter *s, const char *key, const char *line, size_t len,
                       const char *cid, md_err *e);
 /* Flush what is buffered; returns the number of lines queued so far in *n_total. */

@@ -24,8 +24,10 @@ int q_batch_existing(md_redis *r, const char *prefix, const char *batch, const c
                        "%.12s…): choose another --batch-id",
                        batch, b.status, b.input_sha[0] ? b.input_sha : "not recorded", sha);
     if (!strcmp(b.status, "failed"))
-        return md_errf(e, MD_EINVAL, "batch %s failed during its submission (%s): choose another "
-                       "--batch-id", batch, b.errors);
+        return md_errf(e, MD_EINVAL,
+                       "batch %s failed during its submission (%s): choose another "
+                       "--batch-id",
+                       batch, b.errors);
     *resume = !strcmp(b.status, "validating");
     *total = b.total;
     return 0;

@@ -44,8 +44,7 @@ static void hash_hex(EVP_MD_CTX *h, char sha[65]) {
 }
 
 static int scan_lines(const q_line_reader *rd, const char *path, char *model, size_t msz,
-                      char *endpoint, size_t esz, long long *n_lines, char sha[65],
-                      md_err *e) {
+                      char *endpoint, size_t esz, long long *n_lines, char sha[65], md_err *e) {
     EVP_MD_CTX *h = EVP_MD_CTX_new();
     if (!h || !EVP_DigestInit_ex(h, EVP_sha256(), NULL)) {
         EVP_MD_CTX_free(h);
@@ -173,18 +172,23 @@ static int confirm_primary(md_redis *r, const char *prefix, const char *batch, m
     if (rc == 0)
         return 0;
     if (rc != MD_ENOTFOUND)
-        return md_errf(e, MD_EREDIS, "batch %s is sealed, but whether it outlived a failover "
-                       "cannot be told (%s): see `medley status %s`", batch, fe.msg, batch);
+        return md_errf(e, MD_EREDIS,
+                       "batch %s is sealed, but whether it outlived a failover "
+                       "cannot be told (%s): see `medley status %s`",
+                       batch, fe.msg, batch);
     char was[300];
     snprintf(was, sizeof was, "%s", md_redis_peer(r));
     q_batch_info b;
     if (md_redis_reconnect(r, 10000, NULL, e) == 0 && q_batch_get(r, prefix, batch, &b, e) == 0 &&
         b.total > 0 && strcmp(b.status, "validating") && strcmp(b.status, "failed")) {
-        MD_WARN("submit", "batch %s: a failover moved the primary from %s to %s; the batch is "
-                "sealed there", batch, was, md_redis_peer(r));
+        MD_WARN("submit",
+                "batch %s: a failover moved the primary from %s to %s; the batch is "
+                "sealed there",
+                batch, was, md_redis_peer(r));
         return 0;
     }
-    return md_errf(e, MD_EREDIS, "batch %s was lost in a failover (%s, where it was sealed): "
+    return md_errf(e, MD_EREDIS,
+                   "batch %s was lost in a failover (%s, where it was sealed): "
                    "submit it again; `--batch-id %s` finishes it without doubling a line",
                    batch, fe.msg, batch);
 }
@@ -337,8 +341,8 @@ int q_submit_lines(md_redis *r, const q_submit_opts *o, const q_line_reader *rd,
     char qkey[Q_KEY_MAX], ckey[Q_CLASS_MAX][Q_KEY_MAX];
     q_submitter *s = NULL;
     char sha[65] = "";
-    if ((rc = scan_lines(rd, o->path, model, sizeof model, endpoint, sizeof endpoint, &expect,
-                         sha, e)) ||
+    if ((rc = scan_lines(rd, o->path, model, sizeof model, endpoint, sizeof endpoint, &expect, sha,
+                         e)) ||
         (rc = check_model(model, o->path, e)) || (rc = choose_batch_id(o, batch_out, e)))
         return rc;
     /* The same --batch-id again: report a sealed batch, finish a half-written one, refuse
@@ -391,12 +395,14 @@ int q_submit_lines(md_redis *r, const q_submit_opts *o, const q_line_reader *rd,
         rc = md_errf(e, MD_EIO, "%s changed while it was being submitted (%lld lines, then %lld)",
                      o->path, expect, total + skipped);
     if (resume)
-        MD_INFO("submit", "batch %s: finishing an earlier submission: %lld line(s) were queued, "
-                "%lld more now", batch_out, skipped, total);
+        MD_INFO("submit",
+                "batch %s: finishing an earlier submission: %lld line(s) were queued, "
+                "%lld more now",
+                batch_out, skipped, total);
     total += skipped;
     if (rc && o->batch_id)
-        return md_errctx(e, "batch %s is half-submitted; the same command again finishes it: ",
-                         batch_out);
+        return md_errctx(
+            e, "batch %s is half-submitted; the same command again finishes it: ", batch_out);
     if (rc) {
         md_err e2 = {0};
         char reason[600];

@@ -88,7 +88,8 @@ static void name_unbound(wk *w, int s, const char *id) {
             w->broken = 1;
             break;
         }
-        if (ex->type == REDIS_REPLY_INTEGER && ex->integer == 0 && used + strlen(name) + 3 < sizeof names)
+        if (ex->type == REDIS_REPLY_INTEGER && ex->integer == 0 &&
+            used + strlen(name) + 3 < sizeof names)
             used += (size_t)snprintf(names + used, sizeof names - used, "%s'%s'", used ? ", " : "",
                                      name);
         freeReplyObject(ex);
@@ -107,8 +108,7 @@ static void audit_stream(wk *w, int s) {
     if (last_delivered(w, s, last))
         return;
     md_err e = {0};
-    redisReply *head =
-        md_redis_cmd(w->r, &e, "XRANGE %s - %s COUNT %d", st->key, last, AUDIT_PAGE);
+    redisReply *head = md_redis_cmd(w->r, &e, "XRANGE %s - %s COUNT %d", st->key, last, AUDIT_PAGE);
     if (!head) {
         w->broken = 1;
         return;
