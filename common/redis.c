@@ -87,6 +87,12 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* Whether the Sentinels announced a primary since this connection last dialled. */
+static int announced(md_redis *r) {
+    char addr[300];
+    return r->watch && md_sentinel_watch_seq(r->watch, addr, sizeof addr) != r->watch_seen;
+}
+
 int md_redis_reconnect(md_redis *r, int max_wait_ms, volatile sig_atomic_t *stop, md_err *e) {
     if (r->c) {
         redisFree(r->c);
@@ -117,8 +123,9 @@ int md_redis_reconnect(md_redis *r, int max_wait_ms, volatile sig_atomic_t *stop
         if (max_wait_ms >= 0 && waited >= (uint64_t)max_wait_ms)
             return md_errf(e, MD_EREDIS, "%s (gave up after %llu ms)", last.msg,
                            (unsigned long long)waited);
-        /* sleep in short slices so a stop request is seen quickly */
-        for (int slept = 0; slept < backoff && !(stop && *stop); slept += 50)
+        /* sleep in short slices so a stop request, or the Sentinels announcing the new
+         * primary, is seen quickly */
+        for (int slept = 0; slept < backoff && !(stop && *stop) && !announced(r); slept += 50)
             sleep_ms(50);
         backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
     }
