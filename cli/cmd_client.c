@@ -127,6 +127,9 @@ static int submit_flag(void *ctx, const char *f, const char *v) {
     } else if (!strcmp(f, "--json")) {
         s->json = 1;
         return 0;
+    } else if (!strcmp(f, "--no-replica-check")) {
+        s->o.no_replica_check = 1;
+        return 0;
     } else {
         return -1;
     }
@@ -141,7 +144,9 @@ int cmd_submit(int argc, char **argv) {
                "  --batch-id ID          batch id (default batch_<random>)\n"
                "  --completion-window D  deadline after submission: 90s, 15m, 24h (default 24h)\n"
                "  --priority N           stored with the batch for the scheduler (default 0)\n"
-               "  --json                 print the batch as JSON instead of its id\n" COMMON_HELP);
+               "  --json                 print the batch as JSON instead of its id\n"
+               "  --no-replica-check     do not confirm with ROLE/WAIT that a replica holds\n"
+               "                         the batch (for a user without them)\n" COMMON_HELP);
         return 0;
     }
     submit_args s = {.o = {.window_s = 86400}};

@@ -11,20 +11,29 @@
 
 #include "common/log.h"
 #include "common/redis_dial.h"
+#include "common/redis_watch.h"
 #include "common/util.h"
 
 struct md_redis {
     md_redis_url url;
     redisContext *c;
     unsigned generation;
-    int dead;       /* a failover reply was seen: every call fails until reconnect */
-    char peer[300]; /* host:port (or the socket path) of the live connection */
+    int dead;                 /* a failover reply was seen: every call fails until reconnect */
+    char peer[300];           /* host:port (or the socket path) of the live connection */
+    md_sentinel_watch *watch; /* sentinel:// only: +switch-master as announced */
+    unsigned watch_seen;      /* the announcement this connection has followed */
 };
 
-/* Dial the node u names (through the Sentinels for sentinel://); peer gets its address. */
-static int dial(const md_redis_url *u, redisContext **out, char *peer, size_t peersz, md_err *e) {
-    if (u->master[0])
-        return md_sentinel_dial(u, out, peer, peersz, e);
+/* Dial the node u names (through the Sentinels for sentinel://, the primary they last
+ * announced first); peer gets its address. */
+static int dial(md_redis *r, const md_redis_url *u, redisContext **out, char *peer, size_t peersz,
+                md_err *e) {
+    if (u->master[0]) {
+        char hint[300] = "";
+        if (r->watch)
+            r->watch_seen = md_sentinel_watch_seq(r->watch, hint, sizeof hint);
+        return md_sentinel_dial(u, hint[0] ? hint : NULL, out, peer, peersz, e);
+    }
     if (u->unix_path[0])
         snprintf(peer, peersz, "%s", u->unix_path);
     else
@@ -38,8 +47,12 @@ int md_redis_open(const md_redis_url *u, md_redis **out, md_err *e) {
     if (!r)
         return md_errf(e, MD_ENOMEM, "out of memory");
     r->url = *u;
-    int rc = dial(u, &r->c, r->peer, sizeof r->peer, e);
+    md_err we = {0};
+    if (u->master[0] && md_sentinel_watch_start(u, &r->watch, &we))
+        MD_WARN("redis", "%s: a failover is followed only when the old primary refuses", we.msg);
+    int rc = dial(r, u, &r->c, r->peer, sizeof r->peer, e);
     if (rc) {
+        md_sentinel_watch_stop(r->watch);
         free(r);
         return rc;
     }
@@ -55,6 +68,7 @@ void md_redis_close(md_redis *r) {
         return;
     if (r->c)
         redisFree(r->c);
+    md_sentinel_watch_stop(r->watch);
     free(r);
 }
 
@@ -73,6 +87,12 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* Whether the Sentinels announced a primary since this connection last dialled. */
+static int announced(md_redis *r) {
+    char addr[300];
+    return r->watch && md_sentinel_watch_seq(r->watch, addr, sizeof addr) != r->watch_seen;
+}
+
 int md_redis_reconnect(md_redis *r, int max_wait_ms, volatile sig_atomic_t *stop, md_err *e) {
     if (r->c) {
         redisFree(r->c);
@@ -87,7 +107,7 @@ int md_redis_reconnect(md_redis *r, int max_wait_ms, volatile sig_atomic_t *stop
     for (;;) {
         if (stop && *stop)
             return md_errf(e, MD_ECANCEL, "stopped while reconnecting to Redis");
-        if (dial(&r->url, &r->c, r->peer, sizeof r->peer, &last) == 0) {
+        if (dial(r, &r->url, &r->c, r->peer, sizeof r->peer, &last) == 0) {
             r->generation++;
             if (attempt)
                 MD_INFO("redis", "reconnected after %d attempts", attempt + 1);
@@ -103,8 +123,9 @@ int md_redis_reconnect(md_redis *r, int max_wait_ms, volatile sig_atomic_t *stop
         if (max_wait_ms >= 0 && waited >= (uint64_t)max_wait_ms)
             return md_errf(e, MD_EREDIS, "%s (gave up after %llu ms)", last.msg,
                            (unsigned long long)waited);
-        /* sleep in short slices so a stop request is seen quickly */
-        for (int slept = 0; slept < backoff && !(stop && *stop); slept += 50)
+        /* sleep in short slices so a stop request, or the Sentinels announcing the new
+         * primary, is seen quickly */
+        for (int slept = 0; slept < backoff && !(stop && *stop) && !announced(r); slept += 50)
             sleep_ms(50);
         backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
     }
@@ -150,6 +171,35 @@ static redisReply *check(md_redis *r, void *reply, md_err *e) {
     return rep;
 }
 
+/* Mark the connection dead with e's sentence: every later call fails until a reconnect. */
+static void kill_conn(md_redis *r, md_err *e) {
+    r->dead = 1;
+    if (r->c && !r->c->err) {
+        r->c->err = REDIS_ERR_OTHER;
+        snprintf(r->c->errstr, sizeof r->c->errstr, "%s", e->msg);
+    }
+}
+
+/* 1 (connection marked dead, e set) when the Sentinels announced a primary other than the one
+ * this connection talks to since it was made: stop writing to a demoted node at once. */
+static int switched(md_redis *r, md_err *e) {
+    if (!r->watch)
+        return 0;
+    char addr[300];
+    unsigned seq = md_sentinel_watch_seq(r->watch, addr, sizeof addr);
+    if (seq == r->watch_seen)
+        return 0;
+    r->watch_seen = seq;
+    if (!strcmp(addr, r->peer))
+        return 0;
+    md_errf(e, MD_EREDIS,
+            "the Sentinels switched the primary of '%s' to %s (this connection is "
+            "to %s): reconnecting",
+            r->url.master, addr, r->peer);
+    kill_conn(r, e);
+    return 1;
+}
+
 static redisReply *dead(md_redis *r, md_err *e) {
     md_errf(e, MD_EREDIS, "Redis %s: %s", r->c ? "connection dropped" : "is not connected",
             r->c && r->c->err ? r->c->errstr : "reconnect first");
@@ -157,7 +207,7 @@ static redisReply *dead(md_redis *r, md_err *e) {
 }
 
 redisReply *md_redis_cmd(md_redis *r, md_err *e, const char *fmt, ...) {
-    if (!r->c || r->dead)
+    if (!r->c || r->dead || switched(r, e))
         return dead(r, e);
     va_list ap;
     va_start(ap, fmt);
@@ -168,7 +218,7 @@ redisReply *md_redis_cmd(md_redis *r, md_err *e, const char *fmt, ...) {
 
 redisReply *md_redis_cmd_argv(md_redis *r, int argc, const char **argv, const size_t *lens,
                               md_err *e) {
-    if (!r->c || r->dead)
+    if (!r->c || r->dead || switched(r, e))
         return dead(r, e);
     return check(r, redisCommandArgv(r->c, argc, argv, lens), e);
 }
@@ -192,11 +242,38 @@ int md_redis_check_prefix(md_redis *r, const char *prefix, md_err *e) {
 
 redisReply *md_redis_get_reply(md_redis *r, md_err *e) {
     void *reply = NULL;
-    if (!r->c || r->dead)
+    if (!r->c || r->dead || switched(r, e))
         return dead(r, e);
     if (redisGetReply(r->c, &reply) != REDIS_OK)
         reply = NULL;
     return check(r, reply, e);
+}
+
+int md_redis_check_primary(md_redis *r, md_err *e) {
+    redisReply *rep = md_redis_cmd(r, e, "ROLE");
+    if (!rep)
+        return MD_EREDIS;
+    int rc = 0;
+    if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
+        rep->element[0]->type == REDIS_REPLY_STRING && strcmp(rep->element[0]->str, "master")) {
+        rc = md_errf(e, MD_EREDIS, "Redis at %s is a %s now, not a primary: reconnecting", r->peer,
+                     rep->element[0]->str);
+        kill_conn(r, e);
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+int md_redis_confirm_primary(md_redis *r, int max_wait_ms, md_err *e) {
+    if (!r->url.master[0])
+        return 0;
+    char addr[300];
+    if (md_sentinel_settled(&r->url, max_wait_ms, addr, sizeof addr, e))
+        return MD_EREDIS;
+    if (strcmp(addr, r->peer))
+        return md_errf(e, MD_ENOTFOUND, "the Sentinels now name %s as the primary of '%s', not %s",
+                       addr, r->url.master, r->peer);
+    return 0;
 }
 
 int md_redis_wait_replicas(md_redis *r, int timeout_ms, int *replicas, int *acked, md_err *e) {

@@ -12,7 +12,10 @@
  * With a sentinel:// URL every dial (the first and each reconnect) asks the Sentinels in
  * the order given for the master's address (SENTINEL get-master-addr-by-name), connects
  * there and checks with ROLE that the node really is a primary, so a failover is followed
- * by the reconnect that the lost connection already triggers. A demoted primary does not
+ * by the reconnect that the lost connection already triggers. Each sentinel:// connection
+ * also follows the Sentinels' +switch-master announcements (redis_watch.c): the next call
+ * after one that names another primary fails as a lost connection, and the reconnect tries
+ * the announced primary first, so nothing is written to a demoted node that has not noticed. A demoted primary does not
  * always close its clients: it answers writes with -READONLY and blocked reads with
  * -UNBLOCKED. Those error replies, and -MASTERDOWN, -LOADING and -NOREPLICAS, are reported
  * like a lost connection (NULL + MD_EREDIS) by every md_redis_cmd*() / md_redis_get_reply(),
@@ -92,6 +95,15 @@ redisReply *md_redis_cmd_argv(md_redis *r, int argc, const char **argv, const si
  * a --prefix its ACL user was not made for stops at once with that sentence. MD_EREDIS when
  * the connection failed. */
 int md_redis_check_prefix(md_redis *r, const char *prefix, md_err *e);
+/* ROLE on the live connection: MD_EREDIS (and the connection dropped, for the usual
+ * reconnect) when the node is no longer a primary. A refused ROLE (an ACL without it) is 0:
+ * the next write's -READONLY says the same, later. */
+int md_redis_check_primary(md_redis *r, md_err *e);
+/* For a sentinel:// connection, after writes that must not be lost: wait until no Sentinel
+ * reports a failover under way (up to max_wait_ms), then 0 when they name this connection's
+ * node as the primary, MD_ENOTFOUND (e names both) when another, MD_EREDIS when they could
+ * not say. Always 0 for other URLs. */
+int md_redis_confirm_primary(md_redis *r, int max_wait_ms, md_err *e);
 /* Collect one pipelined reply (after redisAppendCommand*). NULL + MD_EREDIS when the
  * connection failed. */
 redisReply *md_redis_get_reply(md_redis *r, md_err *e);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
 
 /* A Sentinel answers in well under a second on a healthy network; a dead one must not
  * hold up the next for the whole connect timeout. */
@@ -69,9 +70,10 @@ int md_redis_dial_node(const md_redis_url *u, const char *host, int port, redisC
     return 0;
 }
 
-/* Ask one Sentinel where the master is. 0 with host/port filled, else MD_EREDIS. */
-static int ask(const md_redis_url *u, const md_redis_addr *s, char *host, size_t hostsz, int *port,
-               md_err *e) {
+/* Connect to one Sentinel and AUTH with the sentinel credentials: *out, or MD_EREDIS. */
+static int open_sentinel(const md_redis_url *u, const md_redis_addr *s, redisContext **out,
+                         md_err *e) {
+    *out = NULL;
     int ms = u->connect_timeout_ms > 0 && u->connect_timeout_ms < SENTINEL_TIMEOUT_MS
                  ? u->connect_timeout_ms
                  : SENTINEL_TIMEOUT_MS;
@@ -84,10 +86,10 @@ static int ask(const md_redis_url *u, const md_redis_addr *s, char *host, size_t
         return MD_EREDIS;
     }
     redisSetTimeout(c, tv_ms(ms));
-    redisReply *r = NULL;
     if (u->sentinel_pass[0]) {
-        r = u->sentinel_user[0] ? redisCommand(c, "AUTH %s %s", u->sentinel_user, u->sentinel_pass)
-                                : redisCommand(c, "AUTH %s", u->sentinel_pass);
+        redisReply *r = u->sentinel_user[0]
+                            ? redisCommand(c, "AUTH %s %s", u->sentinel_user, u->sentinel_pass)
+                            : redisCommand(c, "AUTH %s", u->sentinel_pass);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             md_errf(e, MD_EREDIS, "AUTH failed: %s", r ? r->str : c->errstr);
             if (r)
@@ -97,6 +99,17 @@ static int ask(const md_redis_url *u, const md_redis_addr *s, char *host, size_t
         }
         freeReplyObject(r);
     }
+    *out = c;
+    return 0;
+}
+
+/* Ask one Sentinel where the master is. 0 with host/port filled, else MD_EREDIS. */
+static int ask(const md_redis_url *u, const md_redis_addr *s, char *host, size_t hostsz, int *port,
+               md_err *e) {
+    redisContext *c = NULL;
+    if (open_sentinel(u, s, &c, e))
+        return MD_EREDIS;
+    redisReply *r = NULL;
     r = redisCommand(c, "SENTINEL get-master-addr-by-name %s", u->master);
     int rc = 0;
     if (!r)
@@ -122,6 +135,57 @@ static int ask(const md_redis_url *u, const md_redis_addr *s, char *host, size_t
     return rc;
 }
 
+/* 1 when the Sentinel at c reports a failover of u->master under way (SENTINEL MASTER's
+ * flags hold failover_in_progress), 0 when not, -1 when it could not say. */
+static int failing_over(const md_redis_url *u, redisContext *c) {
+    redisReply *r = redisCommand(c, "SENTINEL MASTER %s", u->master);
+    int rc = -1;
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2)
+        if (r->element[i]->str && !strcmp(r->element[i]->str, "flags") && r->element[i + 1]->str)
+            rc = strstr(r->element[i + 1]->str, "failover_in_progress") != NULL;
+    if (r)
+        freeReplyObject(r);
+    return rc;
+}
+
+int md_sentinel_settled(const md_redis_url *u, int max_wait_ms, char *addr, size_t addrsz,
+                        md_err *e) {
+    struct timeval t0, now;
+    gettimeofday(&t0, NULL);
+    for (;;) {
+        int busy = 0, answered = 0;
+        addr[0] = '\0';
+        for (int i = 0; i < u->n_sentinels; i++) {
+            char host[256];
+            int port = 0;
+            md_err se = {0};
+            redisContext *c = NULL;
+            if (open_sentinel(u, &u->sentinels[i], &c, &se))
+                continue;
+            int f = failing_over(u, c);
+            redisFree(c);
+            if (f < 0)
+                continue;
+            busy |= f;
+            if (!answered && ask(u, &u->sentinels[i], host, sizeof host, &port, &se) == 0) {
+                snprintf(addr, addrsz, "%s:%d", host, port);
+                answered = 1;
+            }
+        }
+        if (!answered)
+            return md_errf(e, MD_EREDIS, "no Sentinel of '%s' answered", u->master);
+        gettimeofday(&now, NULL);
+        long waited = (now.tv_sec - t0.tv_sec) * 1000 + (now.tv_usec - t0.tv_usec) / 1000;
+        if (!busy)
+            return 0;
+        if (waited >= max_wait_ms)
+            return md_errf(e, MD_EREDIS, "a failover of '%s' was still under way after %ld ms",
+                           u->master, waited);
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* 0 when ROLE on c says master; else MD_EREDIS naming the role. */
 static int is_primary(redisContext *c, md_err *e) {
     redisReply *r = redisCommand(c, "ROLE");
@@ -141,9 +205,22 @@ static int is_primary(redisContext *c, md_err *e) {
     return rc;
 }
 
-int md_sentinel_dial(const md_redis_url *u, redisContext **out, char *peer, size_t peersz,
-                     md_err *e) {
+int md_sentinel_dial(const md_redis_url *u, const char *hint, redisContext **out, char *peer,
+                     size_t peersz, md_err *e) {
     *out = NULL;
+    char hhost[256];
+    int hport = 0;
+    if (hint && sscanf(hint, "%255[^:]:%d", hhost, &hport) == 2) {
+        md_err he = {0};
+        redisContext *c = NULL;
+        if (md_redis_dial_node(u, hhost, hport, &c, &he) == 0 && is_primary(c, &he) == 0) {
+            snprintf(peer, peersz, "%s:%d", hhost, hport);
+            *out = c;
+            return 0;
+        }
+        if (c)
+            redisFree(c);
+    }
     char why[512] = "";
     size_t used = 0;
     for (int i = 0; i < u->n_sentinels; i++) {

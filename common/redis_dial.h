@@ -15,8 +15,14 @@ int md_redis_dial_node(const md_redis_url *u, const char *host, int port, redisC
                        md_err *e);
 
 /* Ask u's Sentinels in turn for the master, dial it and check with ROLE that it is a primary.
- * *out is a ready context and peer "host:port", or *out NULL with e naming every failure. */
-int md_sentinel_dial(const md_redis_url *u, redisContext **out, char *peer, size_t peersz,
-                     md_err *e);
+ * hint ("host:port" of a primary the Sentinels announced, or NULL) is tried first. *out is a
+ * ready context and peer "host:port", or *out NULL with e naming every failure. */
+int md_sentinel_dial(const md_redis_url *u, const char *hint, redisContext **out, char *peer,
+                     size_t peersz, md_err *e);
 
+/* Wait (up to max_wait_ms) until no Sentinel of u reports a failover of u->master under way,
+ * then addr gets the primary they name ("host:port"). MD_EREDIS when none answers or the
+ * failover outlasts the wait. */
+int md_sentinel_settled(const md_redis_url *u, int max_wait_ms, char *addr, size_t addrsz,
+                        md_err *e);
 #endif

@@ -19,6 +19,7 @@ typedef struct {
     long long window_s;   /* completion window (deadline); 0 = none */
     int priority;
     const char *tenant; /* the batch's tenant (docs/protocol.md §3); NULL: "default" */
+    int no_replica_check; /* skip ROLE/WAIT (a user without them; a failover may lose it) */
 } q_submit_opts;
 
 /* A source of JSONL lines for q_submit_lines, read twice (a scan, then the queuing). next

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/sha.h>
+
 #include "common/util.h"
 
 void q_key_queue(char *out, const char *p, const char *m) {
@@ -19,6 +21,12 @@ void q_key_out(char *out, const char *p, const char *b) {
 }
 void q_key_done(char *out, const char *p, const char *b) {
     snprintf(out, Q_KEY_MAX, "%s{%s}:done", p, b);
+}
+void q_key_ids(char *out, const char *p, const char *b) {
+    snprintf(out, Q_KEY_MAX, "%s{%s}:ids", p, b);
+}
+void q_key_sent(char *out, const char *p, const char *b) {
+    snprintf(out, Q_KEY_MAX, "%s{%s}:sent", p, b);
 }
 void q_key_class(char *out, const char *p, const char *m, const char *cls) {
     snprintf(out, Q_KEY_MAX, "%sq:{%s}:%s", p, m, cls);
@@ -91,7 +99,8 @@ int q_batch_id_check(const char *id, md_err *e) {
 const char q_complete_lua[] = Q_LUA_FINISH
     "if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end\n"
     "if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end\n"
-    "redis.call('XADD', KEYS[3], '*', 'custom_id', ARGV[1], 'ok', ARGV[2], 'line', ARGV[3])\n"
+    "redis.call('XADD', KEYS[3], '*', 'custom_id', ARGV[1], 'ok', ARGV[2], 'line', ARGV[3], "
+    "'entry', ARGV[7] or '')\n"
     "if ARGV[2] == '1' then redis.call('HINCRBY', KEYS[1], 'completed', 1)\n"
     "else redis.call('HINCRBY', KEYS[1], 'failed', 1) end\n"
     "local m = redis.call('HMGET', KEYS[1], 'status', 'total', 'completed', 'failed', "
@@ -143,18 +152,48 @@ const char q_cancel_lua[] = Q_LUA_FINISH
     "status='cancelling'}))\n"
     "return 'cancelling'\n";
 
+const char q_stage_del_lua[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
+    "return 0";
+
+void q_script_sha(const char *script, char out[41]) {
+    unsigned char d[SHA_DIGEST_LENGTH];
+    SHA1((const unsigned char *)script, strlen(script), d);
+    for (int i = 0; i < SHA_DIGEST_LENGTH; i++)
+        snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
 int q_script_load(md_redis *r, const char *script, char out[41], md_err *e) {
     redisReply *rep = md_redis_cmd(r, e, "SCRIPT LOAD %s", script);
     if (!rep)
         return MD_EREDIS;
     int rc = 0;
-    if (rep->type != REDIS_REPLY_STRING || rep->len != 40)
+    if (rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "NOPERM", 6)) {
+        /* A role without SCRIPT LOAD (medley-worker): EVALSHA by the SHA1 Redis would give
+         * it, which works once a role that may load it did (docs/operations.md). */
+        q_script_sha(script, out);
+        rc = MD_ENOTFOUND;
+        md_errf(e, rc, "SCRIPT LOAD refused (%s): medley's scripts must be loaded by a role "
+                "that may (any `medley submit`, or medley-admin)", rep->str);
+    } else if (rep->type != REDIS_REPLY_STRING || rep->len != 40) {
         rc = md_errf(e, MD_EINVAL, "SCRIPT LOAD failed: %s",
                      rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
-    else
+    } else {
         memcpy(out, rep->str, 41);
+    }
     freeReplyObject(rep);
     return rc;
+}
+
+int q_scripts_load_all(md_redis *r, md_err *e) {
+    const char *all[] = {q_complete_lua, q_stage_del_lua};
+    char sha[41];
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        int rc = q_script_load(r, all[i], sha, e);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 static int reply_ok(redisReply *rep, const char *what, md_err *e) {
@@ -171,6 +210,10 @@ static int reply_ok(redisReply *rep, const char *what, md_err *e) {
 
 int q_batch_create(md_redis *r, const q_batch_spec *s, md_err *e) {
     char meta[Q_KEY_MAX], idx[Q_KEY_MAX];
+    /* The workers' scripts, for a worker role that may run them (EVALSHA) but not load them. */
+    int lrc = q_scripts_load_all(r, e);
+    if (lrc)
+        return lrc;
     q_key_meta(meta, s->prefix, s->batch);
     q_key_batches(idx, s->prefix);
     long long now = md_wall_ms();
@@ -189,7 +232,8 @@ int q_batch_create(md_redis *r, const q_batch_spec *s, md_err *e) {
                           "started_at", "0",          "finished_at", "0",
                           "deadline",  dls,           "priority", prio,
                           "input_file", s->input_file ? s->input_file : "",
-                          "tenant",    s->tenant ? s->tenant : "default"};
+                          "tenant",    s->tenant ? s->tenant : "default",
+                          "input_sha", s->input_sha ? s->input_sha : ""};
     size_t n = sizeof argv / sizeof argv[0], lens[sizeof argv / sizeof argv[0]];
     for (size_t i = 0; i < n; i++)
         lens[i] = strlen(argv[i]);
@@ -207,9 +251,14 @@ int q_batch_create(md_redis *r, const q_batch_spec *s, md_err *e) {
                     e);
 }
 
+#define Q_SUBMIT_CHUNK 1000 /* XADDs per round trip */
+
 struct q_submitter {
     md_redis *r;
     char key[Q_KEY_MAX];
+    char ids[Q_KEY_MAX]; /* P {B}:ids, the entry ids the batch has (readers check answers) */
+    char sent[Q_KEY_MAX]; /* P {B}:sent, the custom_ids queued (a retry skips them) */
+    char *cids[Q_SUBMIT_CHUNK]; /* custom_id of each pending XADD (malloc'd, or NULL) */
     char batch[Q_BATCH_ID_MAX];
     int pending;     /* appended, replies not read yet */
     long long total; /* confirmed queued */
@@ -222,25 +271,82 @@ int q_submitter_open(md_redis *r, const char *prefix, const char *batch, const c
         return md_errf(e, MD_ENOMEM, "out of memory");
     s->r = r;
     q_key_queue(s->key, prefix, model);
+    q_key_ids(s->ids, prefix, batch);
+    q_key_sent(s->sent, prefix, batch);
     snprintf(s->batch, sizeof s->batch, "%s", batch);
     *out = s;
     return 0;
 }
 
+/* SADD key ids[2..n+1] in one command (ids[0..1] are filled here); 0 or the refusal. */
+static int record_ids(q_submitter *s, const char *key, const char **ids, size_t *lens, int n,
+                      md_err *e) {
+    if (n == 0)
+        return 0;
+    ids[0] = "SADD";
+    ids[1] = key;
+    lens[0] = 4;
+    lens[1] = strlen(key);
+    redisReply *rep = md_redis_cmd_argv(s->r, n + 2, ids, lens, e);
+    if (!rep)
+        return MD_EREDIS;
+    int rc = rep->type == REDIS_REPLY_ERROR
+                 ? md_errf(e, MD_EREDIS, "recording the entries of batch %s: %s", s->batch,
+                           rep->str)
+                 : 0;
+    freeReplyObject(rep);
+    return rc;
+}
+
 int q_submitter_flush(q_submitter *s, long long *n_total, md_err *e) {
-    int rc = 0;
-    for (; s->pending > 0; s->pending--) {
+    int rc = 0, n = 0, nc = 0, want = s->pending, k = 0;
+    redisReply **reps = calloc((size_t)want + 1, sizeof *reps);
+    const char **ids = calloc((size_t)want + 2, sizeof *ids);
+    const char **cids = calloc((size_t)want + 2, sizeof *cids);
+    size_t *lens = calloc((size_t)want + 2, sizeof *lens);
+    size_t *clens = calloc((size_t)want + 2, sizeof *clens);
+    if (!reps || !ids || !lens || !cids || !clens)
+        rc = md_errf(e, MD_ENOMEM, "out of memory");
+    for (; s->pending > 0; s->pending--, k++) {
         redisReply *rep = md_redis_get_reply(s->r, e);
         if (!rep) {
             s->pending = 0;
-            return MD_EREDIS;
+            rc = MD_EREDIS;
+            break;
         }
         if (rep->type == REDIS_REPLY_ERROR && !rc)
             rc = md_errf(e, MD_EREDIS, "XADD of batch %s failed: %s", s->batch, rep->str);
-        else if (rep->type != REDIS_REPLY_ERROR)
-            s->total++;
-        freeReplyObject(rep);
+        if (rep->type == REDIS_REPLY_STRING && reps && cids) {
+            ids[2 + n] = rep->str;
+            lens[2 + n] = rep->len;
+            reps[n++] = rep;
+            if (s->cids[k]) {
+                cids[2 + nc] = s->cids[k];
+                clens[2 + nc++] = strlen(s->cids[k]);
+            }
+        } else {
+            freeReplyObject(rep);
+        }
     }
+    /* Entries are counted once recorded: a line the batch has but readers would not trust
+     * is not queued. */
+    /* The entry ids first: a line recorded as sent but not as the batch's would be skipped by
+     * a retry and its answer distrusted. A kill between the two SADDs leaves lines that a
+     * retry queues again: the completion script answers each custom_id once. */
+    if (!rc && !(rc = record_ids(s, s->ids, ids, lens, n, e)) &&
+        !(rc = record_ids(s, s->sent, cids, clens, nc, e)))
+        s->total += n;
+    for (int i = 0; i < n; i++)
+        freeReplyObject(reps[i]);
+    for (int i = 0; i < k && i < Q_SUBMIT_CHUNK; i++) {
+        free(s->cids[i]);
+        s->cids[i] = NULL;
+    }
+    free(reps);
+    free(ids);
+    free(lens);
+    free(cids);
+    free(clens);
     if (n_total)
         *n_total = s->total;
     return rc;
@@ -251,18 +357,30 @@ int q_submit_line(q_submitter *s, const char *line, size_t len, md_err *e) {
 }
 
 int q_submit_line_to(q_submitter *s, const char *key, const char *line, size_t len, md_err *e) {
+    return q_submit_line_cid(s, key, line, len, NULL, e);
+}
+
+int q_submit_line_cid(q_submitter *s, const char *key, const char *line, size_t len,
+                      const char *cid, md_err *e) {
+    if (!key)
+        key = s->key;
     const char *argv[] = {"XADD", key, "*", "batch", s->batch, "line", line};
     size_t lens[] = {4, strlen(key), 1, 5, strlen(s->batch), 4, len};
     if (redisAppendCommandArgv(md_redis_ctx(s->r), 7, argv, lens) != REDIS_OK)
         return md_errf(e, MD_ENOMEM, "cannot buffer a Redis command");
+    s->cids[s->pending] = cid ? strdup(cid) : NULL;
     /* 1000 commands per round trip: the pipeline stays a few MB at most and a 100k-line
      * file takes ~100 round trips. */
-    if (++s->pending >= 1000)
+    if (++s->pending >= Q_SUBMIT_CHUNK)
         return q_submitter_flush(s, NULL, e);
     return 0;
 }
 
 void q_submitter_free(q_submitter *s) {
+    if (!s)
+        return;
+    for (int i = 0; i < Q_SUBMIT_CHUNK; i++)
+        free(s->cids[i]);
     free(s);
 }
 
@@ -384,6 +502,8 @@ int q_batch_get(md_redis *r, const char *prefix, const char *batch, q_batch_info
             out->deadline = atoll(v);
         else if (!strcmp(k, "priority"))
             out->priority = atoi(v);
+        else if (!strcmp(k, "input_sha"))
+            snprintf(out->input_sha, sizeof out->input_sha, "%s", v);
     }
     freeReplyObject(rep);
     return 0;

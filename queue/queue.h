@@ -39,6 +39,8 @@ void q_key_class(char *out, const char *prefix, const char *model, const char *c
 void q_key_meta(char *out, const char *prefix, const char *batch);
 void q_key_out(char *out, const char *prefix, const char *batch);
 void q_key_done(char *out, const char *prefix, const char *batch);
+void q_key_ids(char *out, const char *prefix, const char *batch);  /* entry ids the batch has */
+void q_key_sent(char *out, const char *prefix, const char *batch); /* custom_ids queued */
 void q_key_dlq(char *out, const char *prefix, const char *model);
 void q_key_worker(char *out, const char *prefix, const char *worker);
 /* P replica:{R}:stage:<i>: the endpoint of stage i of a sharded plan replica R. */
@@ -57,7 +59,9 @@ int q_batch_id_check(const char *id, md_err *e);
  * completed (ok) or failed, stamp started_at, and when completed+failed reaches total of
  * a sealed batch set the terminal status (cancelled when cancelling, expired past the
  * deadline, else completed) with finished_at, publishing the change. Returns 1 when
- * written, 0 when the custom_id had been answered already (a redelivery). */
+ * written, 0 when the custom_id had been answered already (a redelivery). ARGV[7], the queue
+ * entry id answered, goes into the output entry's `entry` field: readers drop lines whose
+ * entry the batch never had (P {B}:ids; docs/protocol.md §5). */
 extern const char q_complete_lua[];
 /* Seal: set total, move validating -> in_progress and finish at once if every line is
  * already answered. */
@@ -67,15 +71,26 @@ extern const char q_seal_lua[];
  * the resulting status, or an error reply for an unknown or finished batch. */
 extern const char q_cancel_lua[];
 
+/* Delete KEYS[1] only while it holds ARGV[1] (a stage key a worker still owns). */
+extern const char q_stage_del_lua[];
+
 /* SCRIPT LOAD a script; its SHA1 (for EVALSHA) goes to out. Redo after a reconnect:
- * a restarted Redis has forgotten its scripts. */
+ * a restarted Redis has forgotten its scripts. When the user may not load scripts (NOPERM,
+ * the medley-worker role) out still gets the SHA1, computed here, and the result is
+ * MD_ENOTFOUND with e saying so: EVALSHA works once a role that may load it did. */
 int q_script_load(md_redis *r, const char *script, char out[41], md_err *e);
+/* The SHA1 of a script as 40 hex digits, as SCRIPT LOAD returns it. */
+void q_script_sha(const char *script, char out[41]);
+/* SCRIPT LOAD every script a worker runs (q_complete_lua, q_stage_del_lua); q_batch_create
+ * does it, so a worker that may only EVALSHA finds them. */
+int q_scripts_load_all(md_redis *r, md_err *e);
 
 /* Create the batch meta (status validating) and index it. window_s: completion window in
  * seconds (deadline = created_at + window). */
 typedef struct {
     const char *prefix, *batch, *model, *endpoint, *input_file;
     const char *tenant; /* NULL: "default" */
+    const char *input_sha; /* SHA-256 of the lines (hex), or NULL */
     long long window_s;
     int priority;
 } q_batch_spec;
@@ -89,6 +104,11 @@ int q_submitter_open(md_redis *r, const char *prefix, const char *batch, const c
 int q_submit_line(q_submitter *s, const char *line, size_t len, md_err *e);
 /* The same into another stream (a class stream P q:{M}:<class>). */
 int q_submit_line_to(q_submitter *s, const char *key, const char *line, size_t len, md_err *e);
+/* The same (key NULL: the submitter's own stream), recording cid (the line's custom_id, or
+ * NULL) in P {B}:sent once the XADD is confirmed: a retried submission of the batch skips the
+ * custom_ids found there. */
+int q_submit_line_cid(q_submitter *s, const char *key, const char *line, size_t len,
+                      const char *cid, md_err *e);
 /* Flush what is buffered; returns the number of lines queued so far in *n_total. */
 int q_submitter_flush(q_submitter *s, long long *n_total, md_err *e);
 void q_submitter_free(q_submitter *s);
@@ -107,6 +127,7 @@ typedef struct {
     long long total, completed, failed;
     long long created_at, started_at, finished_at, deadline; /* ms since epoch, 0 if unset */
     int priority;
+    char input_sha[65]; /* SHA-256 of the submitted lines (hex), "" when not recorded */
 } q_batch_info;
 /* MD_ENOTFOUND when the batch does not exist. */
 int q_batch_get(md_redis *r, const char *prefix, const char *batch, q_batch_info *out, md_err *e);

@@ -5,10 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/evp.h>
+
 #include "common/log.h"
 #include "common/util.h"
 #include "queue/client.h"
 #include "queue/plan.h"
+#include "queue/resume.h"
 #include "queue/validate.h"
 
 static int blank(const char *s, size_t n) {
@@ -23,8 +26,30 @@ static int cmp_str(const void *a, const void *b) {
 }
 
 /* First pass: count lines, check custom_id uniqueness, find the model and endpoint. */
+/* SHA-256 of the request lines (each without its line end, then a newline) as hex into
+ * sha: what identifies an input when a --batch-id is submitted again. */
+static void hash_line(EVP_MD_CTX *h, const char *line, size_t len) {
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+        len--;
+    EVP_DigestUpdate(h, line, len);
+    EVP_DigestUpdate(h, "\n", 1);
+}
+
+static void hash_hex(EVP_MD_CTX *h, char sha[65]) {
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    EVP_DigestFinal_ex(h, d, &n);
+    for (unsigned int i = 0; i < n && i < 32; i++)
+        snprintf(sha + 2 * i, 3, "%02x", d[i]);
+}
+
 static int scan_lines(const q_line_reader *rd, const char *path, char *model, size_t msz,
-                      char *endpoint, size_t esz, long long *n_lines, md_err *e) {
+                      char *endpoint, size_t esz, long long *n_lines, char sha[65], md_err *e) {
+    EVP_MD_CTX *h = EVP_MD_CTX_new();
+    if (!h || !EVP_DigestInit_ex(h, EVP_sha256(), NULL)) {
+        EVP_MD_CTX_free(h);
+        return md_errf(e, MD_ENOMEM, "cannot start a SHA-256");
+    }
     const char *line;
     size_t len;
     long long n = 0;
@@ -35,6 +60,7 @@ static int scan_lines(const q_line_reader *rd, const char *path, char *model, si
         if (blank(line, len))
             continue;
         n++;
+        hash_line(h, line, len);
         json_t *j = json_loadb(line, len, 0, NULL);
         /* Two ids per line may be in play: the parsed custom_id (a worker that can parse the
          * line answers under it) and the one a worker recovers from a line longer than its
@@ -95,6 +121,8 @@ static int scan_lines(const q_line_reader *rd, const char *path, char *model, si
     for (size_t i = 0; i < nids; i++)
         free(idsv[i]);
     free(idsv);
+    hash_hex(h, sha);
+    EVP_MD_CTX_free(h);
     if (!rc && n == 0)
         rc = md_errf(e, MD_EINVAL, "%s has no request lines", path);
     *n_lines = n;
@@ -105,11 +133,20 @@ static int scan_lines(const q_line_reader *rd, const char *path, char *model, si
  * and all, if the primary dies before its replicas copy it and one of them is promoted. So
  * a submission is reported only once every connected replica holds it (WAIT); with no
  * replica there is nothing to wait for. One replica short is a warning (the promoted
- * replica is usually the most up to date); none at all is an error naming the batch. */
+ * replica is usually the most up to date); none at all is an error naming the batch.
+ * A user refused ROLE/WAIT gets the sentence saying so and how to do without. */
 #define SUBMIT_WAIT_MS 5000
-static int confirm_replicated(md_redis *r, const char *batch, md_err *e) {
+static int wait_replicas(md_redis *r, const char *batch, md_err *e) {
     int replicas = 0, acked = 0;
     int rc = md_redis_wait_replicas(r, SUBMIT_WAIT_MS, &replicas, &acked, e);
+    if (rc && strstr(e->msg, "NOPERM"))
+        return md_errf(e, MD_EREDIS,
+                       "batch %s is sealed on the primary %s, but this Redis user may not run "
+                       "ROLE and WAIT, which confirm that a replica holds it: grant it +role "
+                       "+wait (the medley-client user of deploy/redis/users.acl has both), or "
+                       "pass --no-replica-check to accept that a failover may lose the batch "
+                       "(`medley submit --batch-id %s` again is safe either way)",
+                       batch, md_redis_peer(r), batch);
     if (rc)
         return md_errctx(e, "batch %s is sealed, but confirming its replication failed: ", batch);
     if (replicas > 0 && acked == 0)
@@ -122,6 +159,44 @@ static int confirm_replicated(md_redis *r, const char *batch, md_err *e) {
         MD_WARN("submit", "batch %s: %d of %d replica(s) acknowledged it within %d ms", batch,
                 acked, replicas, SUBMIT_WAIT_MS);
     return 0;
+}
+
+/* With Sentinel, a failover may have begun while the batch was written: the replica being
+ * promoted stops copying the old primary before anyone is told, and what the old primary
+ * takes meanwhile is discarded. So ask the Sentinels again once no failover is under way:
+ * the batch counts only when the primary they name holds it sealed. */
+#define SUBMIT_FAILOVER_MS 30000
+static int confirm_primary(md_redis *r, const char *prefix, const char *batch, md_err *e) {
+    md_err fe = {0};
+    int rc = md_redis_confirm_primary(r, SUBMIT_FAILOVER_MS, &fe);
+    if (rc == 0)
+        return 0;
+    if (rc != MD_ENOTFOUND)
+        return md_errf(e, MD_EREDIS,
+                       "batch %s is sealed, but whether it outlived a failover "
+                       "cannot be told (%s): see `medley status %s`",
+                       batch, fe.msg, batch);
+    char was[300];
+    snprintf(was, sizeof was, "%s", md_redis_peer(r));
+    q_batch_info b;
+    if (md_redis_reconnect(r, 10000, NULL, e) == 0 && q_batch_get(r, prefix, batch, &b, e) == 0 &&
+        b.total > 0 && strcmp(b.status, "validating") && strcmp(b.status, "failed")) {
+        MD_WARN("submit",
+                "batch %s: a failover moved the primary from %s to %s; the batch is "
+                "sealed there",
+                batch, was, md_redis_peer(r));
+        return 0;
+    }
+    return md_errf(e, MD_EREDIS,
+                   "batch %s was lost in a failover (%s, where it was sealed): "
+                   "submit it again; `--batch-id %s` finishes it without doubling a line",
+                   batch, fe.msg, batch);
+}
+
+static int confirm_replicated(md_redis *r, const q_submit_opts *o, const char *prefix,
+                              const char *batch, md_err *e) {
+    int rc = o->no_replica_check ? 0 : wait_replicas(r, batch, e);
+    return rc ? rc : confirm_primary(r, prefix, batch, e);
 }
 
 /* The model the batch is for: usable as a key part (no braces, no spaces). */
@@ -193,9 +268,11 @@ static int create_groups(md_redis *r, const char *prefix, const char *model, con
 }
 
 /* Every request line of rd to the submitter: to the plain stream without classes, else to
- * the class its estimated size picks (routed[k] counts class k's lines). */
+ * the class its estimated size picks (routed[k] counts class k's lines). Lines whose
+ * custom_id an earlier submission queued (sent) are skipped and counted in *skipped. */
 static int send_lines(q_submitter *s, const q_line_reader *rd, const q_class *cls, int ncls,
-                      char ckey[][Q_KEY_MAX], long long *routed, md_err *e) {
+                      char ckey[][Q_KEY_MAX], long long *routed, const q_sent_set *sent,
+                      long long *skipped, md_err *e) {
     const char *line;
     size_t len;
     int rc = 0, got = 0;
@@ -206,8 +283,14 @@ static int send_lines(q_submitter *s, const q_line_reader *rd, const q_class *cl
             continue;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             len--;
+        char cbuf[Q_CUSTOM_ID_MAX];
+        const char *cid = q_scan_custom_id(line, len, cbuf);
+        if (q_sent_has(sent, cid)) {
+            (*skipped)++;
+            continue;
+        }
         if (ncls == 0) {
-            rc = q_submit_line(s, line, len, e);
+            rc = q_submit_line_cid(s, NULL, line, len, cid, e);
             continue;
         }
         /* A line that is not JSON is estimated at the default size: the worker answers it
@@ -217,7 +300,7 @@ static int send_lines(q_submitter *s, const q_line_reader *rd, const q_class *cl
         json_decref(doc);
         const q_class *c = q_class_pick(cls, ncls, est);
         routed[c - cls]++;
-        rc = q_submit_line_to(s, ckey[c - cls], line, len, e);
+        rc = q_submit_line_cid(s, ckey[c - cls], line, len, cid, e);
     }
     return rc ? rc : got;
 }
@@ -257,33 +340,70 @@ int q_submit_lines(md_redis *r, const q_submit_opts *o, const q_line_reader *rd,
     int ncls = 0;
     char qkey[Q_KEY_MAX], ckey[Q_CLASS_MAX][Q_KEY_MAX];
     q_submitter *s = NULL;
-    if ((rc =
-             scan_lines(rd, o->path, model, sizeof model, endpoint, sizeof endpoint, &expect, e)) ||
-        (rc = check_model(model, o->path, e)) || (rc = choose_batch_id(o, batch_out, e)) ||
-        (rc = plan_classes(r, prefix, model, cls, &ncls, &plan_version, e)) ||
-        (rc = create_groups(r, prefix, model, cls, ncls, qkey, ckey, e)))
+    char sha[65] = "";
+    if ((rc = scan_lines(rd, o->path, model, sizeof model, endpoint, sizeof endpoint, &expect, sha,
+                         e)) ||
+        (rc = check_model(model, o->path, e)) || (rc = choose_batch_id(o, batch_out, e)))
         return rc;
+    /* The same --batch-id again: report a sealed batch, finish a half-written one, refuse
+     * another input (resume.h). */
+    int resume = 0;
+    q_sent_set sent = {0};
+    if (o->batch_id) {
+        long long had = 0;
+        rc = q_batch_existing(r, prefix, batch_out, sha, &resume, &had, e);
+        if (rc == 0 && !resume) {
+            MD_INFO("submit", "batch %s was submitted before with this input (%lld lines)",
+                    batch_out, had);
+            *n_lines = had;
+            return confirm_replicated(r, o, prefix, batch_out, e);
+        }
+        if (rc == MD_ENOTFOUND)
+            rc = 0;
+        else if (rc == 0)
+            rc = q_sent_load(r, prefix, batch_out, &sent, e);
+        if (rc)
+            return rc;
+    }
+    if ((rc = plan_classes(r, prefix, model, cls, &ncls, &plan_version, e)) ||
+        (rc = create_groups(r, prefix, model, cls, ncls, qkey, ckey, e))) {
+        q_sent_free(&sent);
+        return rc;
+    }
     q_batch_spec spec = {.prefix = prefix,
                          .batch = batch_out,
                          .model = model,
                          .endpoint = endpoint[0] ? endpoint : "/v1/chat/completions",
                          .input_file = o->path,
+                         .input_sha = sha,
                          .window_s = o->window_s,
                          .priority = o->priority,
                          .tenant = o->tenant};
-    if ((rc = q_batch_create(r, &spec, e)) ||
-        (rc = q_submitter_open(r, prefix, batch_out, model, &s, e)))
+    if ((!resume && (rc = q_batch_create(r, &spec, e))) ||
+        (rc = q_submitter_open(r, prefix, batch_out, model, &s, e))) {
+        q_sent_free(&sent);
         return rc;
-    long long total = 0, routed[Q_CLASS_MAX] = {0};
+    }
+    long long total = 0, skipped = 0, routed[Q_CLASS_MAX] = {0};
     rc = rd->rewind(rd->ctx, e);
     if (!rc)
-        rc = send_lines(s, rd, cls, ncls, ckey, routed, e);
+        rc = send_lines(s, rd, cls, ncls, ckey, routed, &sent, &skipped, e);
     if (!rc)
         rc = q_submitter_flush(s, &total, e);
     q_submitter_free(s);
-    if (!rc && total != expect)
+    q_sent_free(&sent);
+    if (!rc && total + skipped != expect)
         rc = md_errf(e, MD_EIO, "%s changed while it was being submitted (%lld lines, then %lld)",
-                     o->path, expect, total);
+                     o->path, expect, total + skipped);
+    if (resume)
+        MD_INFO("submit",
+                "batch %s: finishing an earlier submission: %lld line(s) were queued, "
+                "%lld more now",
+                batch_out, skipped, total);
+    total += skipped;
+    if (rc && o->batch_id)
+        return md_errctx(
+            e, "batch %s is half-submitted; the same command again finishes it: ", batch_out);
     if (rc) {
         md_err e2 = {0};
         char reason[600];
@@ -297,5 +417,5 @@ int q_submit_lines(md_redis *r, const q_submit_opts *o, const q_line_reader *rd,
     *n_lines = total;
     if ((rc = q_batch_seal(r, prefix, batch_out, total, e)))
         return rc;
-    return confirm_replicated(r, batch_out, e);
+    return confirm_replicated(r, o, prefix, batch_out, e);
 }

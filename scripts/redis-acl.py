@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""redis-acl.py — the Redis commands medley sends, read from its C source, and the check that
-the ACL user in deploy/redis/users.acl allows exactly those.
+"""redis-acl.py — the Redis commands medley sends, read from its C source, the Redis user of
+each role that sends them (deploy/redis/users.acl), and the check that every user allows
+exactly what its role's code sends.
 
 Where commands come from (common/ queue/ worker/ cli/ scheduler/ dashboard/ api/, *.c):
   - format strings of md_redis_cmd / redisCommand / redisAppendCommand: the first word, and
@@ -15,10 +16,22 @@ element that is a variable) is an error naming file:line, so a command built at 
 cannot slip past the check. The two wrappers in common/redis.c pass their caller's format
 and argv through and are not call sites.
 
+Roles (SENDERS below says which code each role's processes run; POLICY the keys each may
+read or write, as Redis 7 `%R~`/`%W~` patterns and selectors; docs/operations.md):
+  medley-client     submit, status, results, cancel, batches
+  medley-worker     answers; no EVAL (only EVALSHA), no XADD to queues, no DEL of streams
+  medley-scheduler  reads heartbeats and backlogs, writes the plan and its lease
+  medley-dashboard  reads everything; its two operator actions (cancel, drain) and no more
+  medley-api        the client's rights plus its own keys (medley:api:*, file:*, tenant:*)
+  medley-admin      rotation (ACL SETUSER, CONFIG SET of TLS files), scripts, housekeeping
+  medley            every role at once (one host, or before moving to the role users)
+
   scripts/redis-acl.py                 the rules, one a line (+hset, +script|load, ...)
-  scripts/redis-acl.py --where         each rule with the places that need it
-  scripts/redis-acl.py --check FILE    exit 1 unless FILE's `user medley` line allows exactly
-                                       those (plus its key/channel patterns; see below)
+  scripts/redis-acl.py --where         each rule with the places (and roles) that need it
+  scripts/redis-acl.py --generate      the ACL file, every user with the password CHANGE-ME
+  scripts/redis-acl.py --check FILE    exit 1 unless every user of FILE is the generated one
+                                       (passwords aside): a role whose code sends a command
+                                       its user lacks, or a user allowing more, fails
 """
 import os
 import re
@@ -35,7 +48,102 @@ ARGV_CALLS = {"md_redis_cmd_argv": 2, "redisCommandArgv": 2, "redisAppendCommand
 WRAPPERS = {("common/redis.c", "md_redis_cmd"), ("common/redis.c", "md_redis_cmd_argv")}
 # Functions whose commands go to a Sentinel (sentinel:// URLs), not to the data Redis: the
 # Sentinel's own ACL covers them (docs/operations.md), the medley user's does not.
-TO_SENTINEL = {("common/redis_dial.c", "ask")}
+TO_SENTINEL = {("common/redis_dial.c", "ask"), ("common/redis_dial.c", "open_sentinel"),
+               ("common/redis_dial.c", "failing_over"), ("common/redis_watch.c", "sentinel_subscribe")}
+ROLES = ("client", "worker", "scheduler", "dashboard", "api", "admin")
+ALL = ROLES
+# Which roles' processes send the commands of a call site. The most specific key wins:
+# "file:function:+rule", "file:function" (for a Lua script at file level, the name of its
+# string or macro), "file", "folder/". A call site none names is an error: new code must say
+# whose it is. Shared code (queue/queue.c) names every role that calls it.
+SENDERS = {
+    "common/redis.c:md_redis_check_prefix": ALL,
+    "common/redis.c:md_redis_wait_replicas": ("client",),
+    "common/redis.c:md_redis_check_primary": ("worker",),
+    "common/redis_dial.c:is_primary": ALL,
+    "common/redis_dial.c:md_redis_dial_node:+auth": ALL,
+    # SELECT reaches another database's keys, whatever the key patterns say: no role but the
+    # admin may; a fleet is a --prefix, not a database (docs/operations.md).
+    "common/redis_dial.c:md_redis_dial_node:+select": ("admin",),
+    "cli/cmd_client.c": ("client",),
+    "cli/cmd_health.c": ("worker",),
+    "cli/cmd_run.c": ("client",),
+    "queue/client.c": ("client",),
+    "queue/submit.c": ("client",),
+    "queue/resume.c": ("client",),
+    "queue/plan.c": ("client", "worker"),
+    "queue/queue.c": ("client",),
+    "queue/queue.c:q_complete_lua": ("worker",),
+    "queue/queue.c:Q_LUA_FINISH": ("worker", "client", "dashboard"),
+    "queue/queue.c:q_cancel_lua": ("client", "dashboard"),
+    "queue/queue.c:q_stage_del_lua": ("worker",),
+    "queue/queue.c:eval_status": ("client", "dashboard"),
+    "queue/queue.c:q_batch_get": ("client", "dashboard"),
+    # q_script_load: the client loads medley's scripts at submit; a worker tries too and, when
+    # refused (NOPERM), runs them by the SHA1 it computes (worker/worker.c).
+    "queue/queue.c:q_script_load": ("client",),
+    "scheduler/": ("scheduler",),
+    "dashboard/": ("dashboard",),
+    "worker/": ("worker",),
+    "api/": ("api",),
+}
+# Roles that also hold another role's commands.
+INHERITS = {"api": ("client",)}
+# Rules no call site sends: what a person does by hand as that role.
+BY_HAND = {
+    "admin": ("+acl|deluser", "+acl|list", "+acl|log", "+acl|save", "+acl|setuser",
+              "+client|kill", "+client|list", "+config|get", "+config|set", "+del",
+              "+hgetall", "+info", "+ping", "+scan", "+script|load", "+subscribe",
+              "+xinfo|consumers", "+xinfo|groups", "+xlen", "+xpending", "+xrange", "+zrem"),
+}
+# What each role may touch. `root` are the user's own key/channel patterns (for every command
+# of the role not in a selector); each selector `(patterns rules)` is the only place where its
+# rules run, so e.g. a worker's XADD reaches answers and dead letters but never a queue.
+# Patterns are glob: `medley:{*}:out` is every batch's output stream.
+POLICY = {
+    "client": {
+        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:{*}:ids", "~medley:{*}:sent",
+                 "~medley:batches",
+                 "%R~medley:{*}:out", "%R~medley:plan", "&medley:events"],
+        "selectors": [],
+    },
+    "worker": {
+        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:worker:*", "~medley:replica:*",
+                 "%R~medley:plan", "%R~medley:plan:version", "%R~medley:dlq:*",
+                 "%R~medley:batches", "%R~medley:drain:*", "&medley:events"],
+        # EVALSHA checks the keys a script is given: its own selector, so the root's commands
+        # (XDEL, XRANGE, ...) never reach answers
+        "selectors": [(["~medley:{*}:meta", "~medley:{*}:done", "~medley:{*}:out",
+                        "~medley:replica:*"], ["+evalsha"]),
+                      (["%W~medley:{*}:out", "~medley:dlq:*"], ["+xadd"]),
+                      (["~medley:{*}:done"], ["+sadd"]),
+                      (["~medley:worker:*", "~medley:replica:*"], ["+del"]),
+                      (["~medley:replica:*"], ["+set"]),
+                      (["~medley:worker:*"], ["+pexpire"])],
+    },
+    "scheduler": {
+        "root": ["%R~medley:worker:*", "%R~medley:q:*", "%R~medley:{*}:meta", "~medley:plan",
+                 "~medley:plan:version", "~medley:scheduler:*", "&medley:events"],
+        "selectors": [(["~medley:scheduler:*"], ["+del", "+pexpire"])],
+    },
+    "dashboard": {
+        "root": ["%R~medley:*", "&medley:events"],
+        # its writes: cancel and drain (meta, heartbeats, the drain key), and answering the
+        # queued lines of a batch nobody serves (the completion script, then XACK + XDEL)
+        "selectors": [(["~medley:{*}:meta", "~medley:worker:*", "~medley:{*}:out",
+                        "~medley:{*}:done", "~medley:q:*"], ["+eval", "+hset"]),
+                      (["~medley:drain:*"], ["+set", "+del"]),
+                      (["~medley:q:*"], ["+xack", "+xdel"])],
+    },
+    "api": {
+        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:{*}:ids", "~medley:{*}:sent",
+                 "~medley:batches",
+                 "%R~medley:{*}:out", "%R~medley:plan", "~medley:api:*", "~medley:file:*",
+                 "~medley:tenant:*", "%R~medley:worker:*", "&medley:events"],
+        "selectors": [],
+    },
+    "admin": {"root": ["~medley:*", "&medley:*"], "selectors": []},
+}
 LUA_CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
 STRING = r'"(?:[^"\\\n]|\\.)*"'
 
@@ -109,6 +217,28 @@ def enclosing_function(src, pos):
     return best or ("", 0)
 
 
+def enclosing_name(src, pos):
+    """The name a position belongs to: the function around it, or the string constant or macro
+    defined at file level nearest before it (a Lua script)."""
+    fn, body = enclosing_function(src, pos)
+    best = (body, fn)
+    for m in re.finditer(r"^(?:#define\s+(\w+)|[\w ]*?\bchar\s*\*?\s*(\w+)\s*(?:\[\s*\])?\s*=)",
+                         src[:pos], re.M):
+        if m.start() >= best[0]:
+            best = (m.start(), m.group(1) or m.group(2))
+    return best[1]
+
+
+def senders(rel, name, r):
+    """The roles of SENDERS for a rule sent from function (or constant) name of file rel."""
+    for key in ("%s:%s:%s" % (rel, name, r), "%s:%s" % (rel, name), rel,
+                rel.split("/")[0] + "/"):
+        if key in SENDERS:
+            return SENDERS[key]
+    raise SourceError("%s (%s) sends %s but SENDERS in scripts/redis-acl.py names no role "
+                      "for it" % (rel, name, r[1:]))
+
+
 def rule(words, where):
     """`+cmd` or `+cmd|sub` for a command given as its words."""
     if not words or not re.fullmatch(r"[A-Za-z]+", words[0]):
@@ -146,7 +276,7 @@ def argv_element(body, name, index, where):
     return found
 
 
-def scan_file(root, rel, rules):
+def scan_file(root, rel, rules, roles=None):
     with open(os.path.join(root, rel)) as f:
         raw = f.read()
     src = strip_comments(raw)
@@ -186,20 +316,82 @@ def scan_file(root, rel, rules):
                 words.append(argv_element(body, am.group(1), off + 1, where))
             r = rule(words, where)
         rules.setdefault(r, []).append(where)
+        if roles is not None:
+            for role in senders(rel, fn, r):
+                roles.setdefault(role, set()).add(r)
     for m in LUA_CALL.finditer(src):
         words = [w for w in m.groups() if w]
-        rules.setdefault(rule(words, rel), []).append("%s:%d (Lua)" % (rel, line(m.start())))
+        r = rule(words, rel)
+        rules.setdefault(r, []).append("%s:%d (Lua)" % (rel, line(m.start())))
+        if roles is not None:
+            for role in senders(rel, enclosing_name(src, m.start()), r):
+                roles.setdefault(role, set()).add(r)
 
 
-def derive(root=ROOT):
-    """{rule: [places]} for every command the C source under root sends."""
-    rules = {}
+_DERIVED = {}
+
+
+def derive(root=ROOT, roles=None):
+    """{rule: [places]} for every command the C source under root sends; with a dict roles,
+    also fills {role: {rules its processes send}}. Read once per root and process."""
+    if root in _DERIVED:
+        rules, got = _DERIVED[root]
+        if roles is not None:
+            roles.update({k: set(v) for k, v in got.items()})
+        return {k: list(v) for k, v in rules.items()}
+    rules, got = {}, {}
+    _scan(root, rules, got)
+    _DERIVED[root] = (rules, got)
+    return derive(root, roles)
+
+
+def _scan(root, rules, roles):
     for d in DIRS:
         for dirpath, _, files in os.walk(os.path.join(root, d)):
             for fn in sorted(files):
                 if fn.endswith(".c"):
-                    scan_file(root, os.path.relpath(os.path.join(dirpath, fn), root), rules)
-    return rules
+                    scan_file(root, os.path.relpath(os.path.join(dirpath, fn), root), rules,
+                              roles)
+
+
+def role_rules(root=ROOT):
+    """{role: sorted rules}: what each role's code sends, inherited roles and BY_HAND added."""
+    roles = {}
+    derive(root, roles)
+    out = {}
+    for role in ROLES:
+        got = set(roles.get(role, ()))
+        for parent in INHERITS.get(role, ()):
+            got |= roles.get(parent, set())
+        got |= set(BY_HAND.get(role, ()))
+        out[role] = sorted(got)
+    return out
+
+
+def role_line(role, rules, password="CHANGE-ME"):
+    """The ACL file line of medley-<role>: patterns, then the root's rules, then selectors."""
+    pol = POLICY[role]
+    in_sel = {r for _, rs in pol["selectors"] for r in rs}
+    missing = in_sel - set(rules)
+    if missing:
+        raise SourceError("POLICY gives medley-%s a selector for %s, which its code no longer "
+                          "sends" % (role, " ".join(sorted(missing))))
+    words = ["user", "medley-" + role, "on", ">" + password, "resetkeys", "resetchannels"]
+    words += pol["root"] + ["-@all"] + [r for r in rules if r not in in_sel]
+    for pats, rs in pol["selectors"]:
+        words.append("(" + " ".join(pats + ["resetchannels", "-@all"] + sorted(rs)) + ")")
+    return " ".join(words)
+
+
+def generate(root=ROOT):
+    """The whole ACL file text, passwords CHANGE-ME."""
+    rr = role_rules(root)
+    union = sorted(set(derive(root)))
+    lines = ["user default off"]
+    lines.append("user medley on >CHANGE-ME resetkeys resetchannels ~medley:* &medley:* -@all "
+                 + " ".join(union))
+    lines += [role_line(role, rr[role]) for role in ROLES]
+    return "\n".join(lines) + "\n"
 
 
 def acl_user(path, user="medley"):
@@ -236,6 +428,35 @@ def check(path, root=ROOT):
         probs.append("%s: the medley user must not have %s" % (path, " ".join(extra)))
     if not any(w.startswith(">") or w.startswith("#") for w in words):
         probs.append("%s: the medley user has no password" % path)
+    return probs + check_roles(path, root)
+
+
+def check_roles(path, root=ROOT):
+    """Problems with path's role users against the lines generate() makes from the source
+    under root: each must hold exactly those words, its own password(s) aside."""
+    probs = []
+    want = {l.split()[1]: l.split()[2:] for l in generate(root).splitlines()[2:]}
+    for user, expect in want.items():
+        try:
+            words = acl_user(path, user)
+        except SourceError as e:
+            probs.append(str(e))
+            continue
+        if not any(w.startswith(">") or w.startswith("#") for w in words):
+            probs.append("%s: %s has no password" % (path, user))
+        got = [w for w in words if not w.startswith(">") and not w.startswith("#")]
+        expect = [w for w in expect if not w.startswith(">")]
+        for w in expect:
+            if w not in got:
+                probs.append("%s's code needs %s but %s's %s lacks it (run scripts/redis-acl.py "
+                             "--generate)" % (user, w.strip("()"), path, user))
+        for w in got:
+            if w not in expect:
+                probs.append("%s's %s has %s, which its code does not need" % (
+                    path, user, w.strip("()")))
+        if not probs and got != expect:
+            probs.append("%s: %s's words are out of order (run scripts/redis-acl.py "
+                         "--generate)" % (path, user))
     return probs
 
 
@@ -246,13 +467,18 @@ def main(argv):
             for p in probs:
                 print("redis-acl: " + p, file=sys.stderr)
             if not probs:
-                print("redis-acl: %s allows exactly the %d commands medley sends" % (
-                    argv[1], len(derive())))
+                print("redis-acl: %s: every user allows exactly the commands its role sends "
+                      "(%d in all)" % (argv[1], len(derive())))
             return 1 if probs else 0
-        rules = derive()
+        if argv == ["--generate"]:
+            sys.stdout.write(generate())
+            return 0
+        roles = {}
+        rules = derive(roles=roles)
         if argv == ["--where"]:
             for r in sorted(rules):
-                print("%-16s %s" % (r, ", ".join(sorted(set(rules[r])))))
+                who = ",".join(role for role in ROLES if r in roles.get(role, ()))
+                print("%-16s [%s] %s" % (r, who, ", ".join(sorted(set(rules[r])))))
         elif not argv:
             print("\n".join(sorted(rules)))
         else:

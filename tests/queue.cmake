@@ -114,6 +114,22 @@ add_test(NAME queue_acl_source
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/queue_acl_source.py)
 set_tests_properties(queue_acl_source PROPERTIES LABELS unit)
 medley_queue_py(queue_tls_acl queue_tls_acl integration 120)
+# redis_roles: a Redis user per role from deploy/redis/users.acl: a 2,000-line batch end to end
+# with every role on its own user, and each role's forbidden commands refused (NOPERM); ~5 s.
+medley_queue_py(redis_roles redis_roles integration 120)
+# redis_forgery: what the ACL cannot stop (docs/operations.md, "Threat model"): a fake
+# consumer's XACKs found and rerun (medley_unanswered_acks_total) and forged answers dropped
+# by `medley results`, the batch complete with the real answers; ~6 s.
+medley_queue_py(redis_forgery redis_forgery integration 120)
+# queue_failover: a primary, two replicas, three Sentinels, three workers: SENTINEL FAILOVER
+# (and a submit 0.3 s after it) and SIGKILL; workers on the new primary within 2 s of the
+# announcement, every submit that exited 0 exactly once (~40 s; MEDLEY_FAILOVER_LINES=5000
+# for the issue's full size).
+medley_queue_py(queue_failover queue_failover integration 180)
+# queue_submit_retry: `medley submit --batch-id` killed at random points then run again: one
+# batch, each custom_id once; the same input again is reported, another refused; a user
+# refused ROLE is told about +role +wait and --no-replica-check (~10 s).
+medley_queue_py(queue_submit_retry queue_submit_retry integration 120)
 
 # tool_choice "auto" (docs/structured.md): SmolLM2 with --chat-template hermes; nudged lines
 # come back as valid calls of the template's <tool_call> format, plain ones as text (~20 s)

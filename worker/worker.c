@@ -39,11 +39,13 @@ void wk_config_default(wk_config *c) {
     c->plan_check_ms = 1000;
 }
 
-/* A new connection: load the completion script and create the groups of every stream. */
+/* A new connection: create the groups of every stream. The completion script runs by its
+ * SHA1 (EVALSHA); it is loaded by submitters, or by the worker on NOSCRIPT when its user may
+ * (the medley-worker role may not: docs/operations.md), never ahead, so a role without
+ * SCRIPT LOAD leaves no refusal in the ACL log. */
 static int setup_conn(wk *w, md_err *e) {
-    int rc = q_script_load(w->r, q_complete_lua, w->sha, e);
-    if (rc)
-        return rc;
+    int rc = 0;
+    q_script_sha(q_complete_lua, w->sha);
     for (int s = 0; s < MAX_STREAMS; s++) {
         if (w->st[s].state == SLOT_FREE || !(rc = wk_create_group(w, w->st[s].key, e)))
             continue;
@@ -199,6 +201,8 @@ static void periodic(wk *w, int stopping) {
     if (!stopping && !w->broken && !wk_write_blocked(w)) {
         int due = now - w->last_claim > claim_every;
         wk_take_over(w, due);
+        if (due && !w->broken)
+            wk_audit_acks(w);
         if (due)
             w->last_claim = md_mono_ns();
     }

@@ -263,12 +263,12 @@ void wk_flush(wk *w) {
         q_key_meta(meta, w->prefix, a->batch);
         q_key_done(done, w->prefix, a->batch);
         q_key_out(out, w->prefix, a->batch);
-        const char *argv[] = {"EVALSHA",         w->sha,  "3", meta,      done,    out, a->member,
-                              a->ok ? "1" : "0", a->line, now, w->events, a->batch};
-        size_t lens[12];
-        for (int k = 0; k < 12; k++)
+        const char *argv[] = {"EVALSHA",         w->sha,  "3", meta,      done,     out,  a->member,
+                              a->ok ? "1" : "0", a->line, now, w->events, a->batch, a->id};
+        size_t lens[13];
+        for (int k = 0; k < 13; k++)
             lens[k] = strlen(argv[k]);
-        redisAppendCommandArgv(c, 12, argv, lens);
+        redisAppendCommandArgv(c, 13, argv, lens);
         sent++;
     }
     int noscript = 0, refused = 0, accepted = 0;

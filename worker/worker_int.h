@@ -42,6 +42,7 @@
 #include "worker/worker.h"
 
 #define ENTRY_ID_MAX 48
+#define WK_AUDIT_MAX 8 /* entries of a stream the ack audit follows at a time */
 #define BATCH_CACHE 64
 #define BATCH_CACHE_NS 500000000ull /* re-read a batch's status every 0.5 s */
 
@@ -92,6 +93,9 @@ typedef struct {
     int claim_more;            /* look again before the next read (wk_take_over) */
     int steal; /* a class the plan routes elsewhere that this replica holds: read only when
                   the last read of the others gave nothing (routing is a preference) */
+    /* entries seen delivered, not pending and unanswered at the last audit (worker_audit.c) */
+    char suspect[WK_AUDIT_MAX][ENTRY_ID_MAX];
+    int n_suspect;
 } stream;
 
 #define WK_SPEC_MAX 1400    /* a --stages list: WK_PIPE_MAX endpoints and ranges */
@@ -256,6 +260,16 @@ int wk_read_new(wk *w, int block_ms);
 /* XAUTOCLAIM entries idle past the visibility timeout: on every stream being read when due
  * (the periodic look), else on those where more may be waiting. */
 void wk_take_over(wk *w, int due);
+/* Take one entry read outside a delivery (the ack audit): answer it at once or start it. */
+void wk_take_entry(wk *w, int s, const char *id, redisReply *fields, long long attempt);
+/* 1 when this process runs entry id of stream s or holds its answer. */
+int wk_holds(wk *w, int s, const char *id);
+/* Free runner slots of stream s's model (0 when the stream is not read). */
+int wk_free_slots(wk *w, int s);
+/* worker_audit.c: entries of the streams read that were acknowledged without an answer (a
+ * consumer that is no worker XACKed them): run them, count them, name the consumers without
+ * a heartbeat. Called with the periodic takeover. */
+void wk_audit_acks(wk *w);
 /* Resume the entries pending for this consumer name that this process does not hold (not
  * once a device failed). counted = 1 after a crash or a hand-back (each counts a delivery),
  * 0 after a reconnect (no new delivery: a lost read's reply). */
@@ -352,6 +366,7 @@ void wk_metrics_result(wk *w, int m, const wk_result *res, double queue_ms, long
 /* A heartbeat was written (medley_worker_heartbeat_age_seconds counts from it). */
 void wk_metrics_heartbeat(wk *w);
 void wk_metrics_taken_over(wk *w, int s, long n);
+void wk_metrics_unanswered_ack(wk *w, int s);
 void wk_metrics_dead_letter(wk *w, int s);
 void wk_metrics_handed_back(wk *w, int m, int n);
 /* After model m's runner was polled: the step it ran, if any. */

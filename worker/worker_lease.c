@@ -114,6 +114,14 @@ static int check_drain(wk *w) {
 }
 
 int wk_heartbeat(wk *w, const char *state, double dt_s) {
+    /* A node demoted under us (the Sentinels' announcement lost, or a hand demotion): stop
+     * writing to it before the next answer (docs/operations.md, "Redis failover"). */
+    md_err re = {0};
+    if (md_redis_check_primary(w->r, &re)) {
+        MD_WARN("worker", "%s", re.msg);
+        w->broken = 1;
+        return -1;
+    }
     if (check_drain(w))
         return -1;
     if (w->drain_asked)

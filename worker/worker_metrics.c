@@ -30,6 +30,7 @@ typedef struct {
     md_series *started, *succeeded, *handed_back, *prompt, *completion, *wait, *ttft, *step;
     md_series *e2e, *tpot, *plen, *glen;
     md_series *running, *slots, *kv_used, *kv_free, *preempt, *takeovers, *dead, *dlq, *cost;
+    md_series *orphans;
     long steps_seen, preempt_seen;
     long long tokens, tokens_measured; /* completion tokens, and at the last measurement */
 } mslot;
@@ -51,6 +52,7 @@ struct wk_metrics {
     md_metrics_http *http;
     md_metric *started, *succeeded, *failed, *handed_back, *prompt, *completion, *wait, *ttft;
     md_metric *step, *running, *slots, *kv_used, *kv_free, *preempt, *takeovers, *dead, *dlq;
+    md_metric *orphans;
     md_metric *lag, *pending, *lag_s, *held, *dev_info, *dev_mem, *usd_h, *dev_cost, *req_cost;
     md_metric *plan_version, *rep_pred, *rep_meas, *worker_info;
     md_metric *e2e, *tpot, *finished, *plen, *glen, *hb_age;
@@ -112,6 +114,7 @@ static int define(struct wk_metrics *x, md_err *e) {
         !(x->kv_free = md_metrics_gauge(g, "medley_kv_blocks_free", "KV-cache blocks free.", 1, model, M, e)) ||
         !(x->preempt = md_metrics_counter(g, "medley_preemptions_total", "Sequences the engine sent back to wait, their K/V dropped.", 1, model, M, e)) ||
         !(x->takeovers = md_metrics_counter(g, "medley_takeovers_total", "Entries taken over from other workers (idle past the visibility timeout).", 1, model, M, e)) ||
+        !(x->orphans = md_metrics_counter(g, "medley_unanswered_acks_total", "Entries found acknowledged without an answer (an XACK by a consumer that is no worker: docs/operations.md, Threat model) and run again.", 1, model, M, e)) ||
         !(x->dead = md_metrics_counter(g, "medley_dead_letters_total", "Entries this worker moved to the dead-letter stream.", 1, model, M, e)) ||
         !(x->dlq = md_metrics_gauge(g, "medley_dlq_entries", "Entries in the model's dead-letter stream.", 1, model, M, e)) ||
         !(x->lag = md_metrics_gauge(g, "medley_queue_lag_entries", "Entries of the stream not yet delivered to any worker.", 1, stream, S, e)) ||
@@ -223,6 +226,7 @@ static mslot *mod(wk *w, int m) {
     ms->slots = md_metric_at1(x->slots, name);
     ms->preempt = md_metric_at1(x->preempt, name);
     ms->takeovers = md_metric_at1(x->takeovers, name);
+    ms->orphans = md_metric_at1(x->orphans, name);
     ms->dead = md_metric_at1(x->dead, name);
     ms->dlq = md_metric_at1(x->dlq, name);
     ms->cost = md_metric_at1(x->req_cost, name);
@@ -276,6 +280,11 @@ void wk_metrics_result(wk *w, int m, const wk_result *res, double queue_ms, long
 void wk_metrics_taken_over(wk *w, int s, long n) {
     if (w->mx)
         md_counter_add(mod(w, stream_model(w, s))->takeovers, (double)n);
+}
+
+void wk_metrics_unanswered_ack(wk *w, int s) {
+    if (w->mx)
+        md_counter_add(mod(w, stream_model(w, s))->orphans, 1);
 }
 
 void wk_metrics_dead_letter(wk *w, int s) {

@@ -104,9 +104,15 @@ static double waited_ms(const char *id) {
     return d > 0 ? d : 0;
 }
 
+/* XACK an entry nobody is to answer, and XDEL it: an entry left in the stream after its XACK
+ * would look to the ack audit (worker_audit.c) like one acknowledged without an answer. */
 static void ack_only(wk *w, int s, const char *id) {
     md_err e = {0};
     redisReply *rep = md_redis_cmd(w->r, &e, "XACK %s %s %s", w->st[s].key, Q_GROUP, id);
+    if (rep) {
+        freeReplyObject(rep);
+        rep = md_redis_cmd(w->r, &e, "XDEL %s %s", w->st[s].key, id);
+    }
     if (!rep)
         w->broken = 1;
     else
@@ -309,6 +315,18 @@ static void take_again(wk *w, int s, const char *id, redisReply *fields, long lo
         dead_letter(w, s, id, fields, attempt);
     else
         take(w, s, id, fields, attempt);
+}
+
+void wk_take_entry(wk *w, int s, const char *id, redisReply *fields, long long attempt) {
+    take(w, s, id, fields, attempt);
+}
+
+int wk_free_slots(wk *w, int s) {
+    return free_slots(w, s);
+}
+
+int wk_holds(wk *w, int s, const char *id) {
+    return running(w, s, id);
 }
 
 /* Entries of one stream (an array of [id, fields]); claimed ones check max_attempts. */

@@ -442,15 +442,20 @@ static void del_key(wk *w, stage_srv *v) {
     if (w->broken || !v->endpoint[0])
         return;
     md_err e = {0};
-    redisReply *rep = md_redis_cmd(
-        w->r, &e, "EVAL %s 1 %s %s",
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
-        "return 0",
-        v->key, v->endpoint);
-    if (!rep)
-        w->broken = 1;
-    else
+    char sha[41];
+    q_script_sha(q_stage_del_lua, sha);
+    for (int tries = 0; tries < 2; tries++) {
+        redisReply *rep = md_redis_cmd(w->r, &e, "EVALSHA %s 1 %s %s", sha, v->key, v->endpoint);
+        if (!rep) {
+            w->broken = 1;
+            return;
+        }
+        int noscript = rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "NOSCRIPT", 8);
         freeReplyObject(rep);
+        /* Not loaded (a restarted Redis): load it if this user may; else the key expires. */
+        if (!noscript || q_script_load(w->r, q_stage_del_lua, sha, &e))
+            return;
+    }
 }
 
 /* The child ended (status st): forget it, take its key away, restart after the backoff. */

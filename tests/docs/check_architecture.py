@@ -33,6 +33,7 @@ DOC = "docs/architecture.md"
 CMAKE_LIBS = {
     "PkgConfig::JANSSON": "jansson",
     "PkgConfig::HIREDIS": "hiredis",
+    "PkgConfig::CRYPTO": "libcrypto",
     "PkgConfig::PCRE2": "pcre2",
     "PkgConfig::UTF8PROC": "utf8proc",
     "PkgConfig::MICROHTTPD": "libmicrohttpd",

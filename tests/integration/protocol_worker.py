@@ -25,7 +25,7 @@ end
 COMPLETE = FINISH + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
-redis.call('XADD', KEYS[3], '*', 'custom_id', ARGV[1], 'ok', ARGV[2], 'line', ARGV[3])
+redis.call('XADD', KEYS[3], '*', 'custom_id', ARGV[1], 'ok', ARGV[2], 'line', ARGV[3], 'entry', ARGV[7] or '')
 if ARGV[2] == '1' then redis.call('HINCRBY', KEYS[1], 'completed', 1)
 else redis.call('HINCRBY', KEYS[1], 'failed', 1) end
 local m = redis.call('HMGET', KEYS[1], 'status', 'total', 'completed', 'failed', 'started_at', 'deadline')
@@ -44,7 +44,7 @@ def hexid(n=24):
 def answer(r, sha, p, q, entry_id, batch, member, ok, doc):
     keys = ["%s{%s}:meta" % (p, batch), "%s{%s}:done" % (p, batch), "%s{%s}:out" % (p, batch)]
     argv = [member, "1" if ok else "0", json.dumps(doc), int(time.time() * 1000), p + "events",
-            batch]
+            batch, entry_id]
     try:
         r.evalsha(sha, 3, *keys, *argv)
     except redis.exceptions.NoScriptError:

@@ -132,7 +132,55 @@ def acl_drift_is_caught():
         shutil.rmtree(d)
 
 
+def role_drift_is_caught():
+    """A role user lacking a command its code sends, or holding one it does not, fails; so
+    does a call site no role owns."""
+    with open(ACL_FILE) as f:
+        text = f.read()
+
+    def edit(user, old, new):
+        out = []
+        for l in text.splitlines():
+            if l.startswith("user %s " % user):
+                if old not in l:
+                    fail("%r is not in %s's line" % (old, user))
+                l = l.replace(old, new, 1)
+            out.append(l)
+        return "\n".join(out) + "\n"
+
+    cases = [
+        (edit("medley-worker", " +xack", ""), "medley-worker's code needs +xack"),
+        (edit("medley-client", " +zadd", ""), "medley-client's code needs +zadd"),
+        (edit("medley-worker", " +xack", " +xack +eval"), "has +eval, which its code does not"),
+        (edit("medley-worker", " +xack", " +xack +select"), "has +select"),
+        (edit("medley-worker", " (~medley:{*}:done", " (~medley:q:*"), "needs ~medley:{*}:done"),
+        (edit("medley-dashboard", "%R~medley:*", "~medley:*"), "has ~medley:*"),
+        (text.replace("user medley-scheduler", "user medley-schedulr"),
+         "no `user medley-scheduler` line"),
+    ]
+    d = tempfile.mkdtemp(prefix="medley-acl-")
+    try:
+        for i, (bad, want) in enumerate(cases):
+            path = os.path.join(d, "users.acl")
+            with open(path, "w") as f:
+                f.write(bad)
+            probs = " | ".join(acl.check(path))
+            if want not in probs:
+                fail("role case %d: expected a problem saying %r, got %r" % (i, want, probs))
+    finally:
+        shutil.rmtree(d)
+    root = tree({"common/fresh.c": 'void f(void) { md_redis_cmd(r, e, "XTRIM %s", k); }'})
+    try:
+        acl.derive(root, roles={})
+        fail("a call site no role owns was accepted")
+    except acl.SourceError as e:
+        if "names no role" not in str(e):
+            fail("a call site no role owns: %s" % e)
+    finally:
+        shutil.rmtree(root)
+
+
 for t in (the_checked_in_acl_is_exact, every_form_the_code_uses_is_read,
-          commands_built_at_run_time_are_refused, acl_drift_is_caught):
+          commands_built_at_run_time_are_refused, acl_drift_is_caught, role_drift_is_caught):
     t()
     print("ok", t.__name__)
