@@ -73,7 +73,8 @@ SENDERS = {
     "queue/resume.c": ("client",),
     "queue/plan.c": ("client", "worker"),
     "queue/queue.c": ("client",),
-    "queue/queue.c:q_complete_lua": ("worker",),
+    # the dashboard answers the queued lines of a batch nobody serves (dashboard/unserved.c)
+    "queue/queue.c:q_complete_lua": ("worker", "dashboard"),
     "queue/queue.c:Q_LUA_FINISH": ("worker", "client", "dashboard"),
     "queue/queue.c:q_cancel_lua": ("client", "dashboard"),
     "queue/queue.c:q_stage_del_lua": ("worker",),
@@ -131,7 +132,8 @@ POLICY = {
         # its writes: cancel and drain (meta, heartbeats, the drain key), and answering the
         # queued lines of a batch nobody serves (the completion script, then XACK + XDEL)
         "selectors": [(["~medley:{*}:meta", "~medley:worker:*", "~medley:{*}:out",
-                        "~medley:{*}:done", "~medley:q:*"], ["+eval", "+hset"]),
+                        "~medley:{*}:done", "~medley:drain:*"],
+                       ["+eval", "+hset", "+hincrby", "+sadd", "+xadd", "+del"]),
                       (["~medley:drain:*"], ["+set", "+del"]),
                       (["~medley:q:*"], ["+xack", "+xdel"])],
     },

@@ -141,10 +141,10 @@ def forbidden(srv, batch):
             ("EVAL writing a batch", lambda r: r.eval("return redis.call('HSET', KEYS[1], 'status', 'x')", 1, meta)),
             ("HSET a heartbeat", lambda r: r.hset("medley:worker:{w}", "drain", "1")),
         ],
+        # (the dashboard answers the queued lines of a cancelled batch nobody serves, so it
+        # may XADD answers and XACK / XDEL queue entries: docs/operations.md threat model)
         "dashboard": [
             ("XADD a forged request", lambda r: r.xadd(q, {"batch": batch, "line": "{}"})),
-            ("XADD a forged answer", lambda r: r.xadd(out, {"custom_id": "c1", "ok": "1", "line": "{}"})),
-            ("XACK", lambda r: r.xack(q, "workers", "0-1")),
             ("SET the plan", lambda r: r.set("medley:plan", "{}")),
             ("EVAL on a queue", lambda r: r.eval("return 1", 1, q)),
             ("HSET a queue", lambda r: r.hset(q, "a", "b")),
@@ -223,8 +223,9 @@ def end_to_end(srv):
                 fail("dashboard drain as medley-dashboard: %d %s" % (st, doc))
         finally:
             d.stop()
-        if workers[1].wait(30) != 0:
-            fail("the drained worker exited non-zero:\n" + workers[1].logs()[-2000:])
+        # a drained worker exits 10, which its unit and pod do not restart (docs/operations.md)
+        if workers[1].wait(30) != 10:
+            fail("the drained worker did not exit 10:\n" + workers[1].logs()[-2000:])
         log = [e for e in ad.acl_log(count=100) if e.get("username", "").startswith("medley")]
         if log:
             fail("the ACL refused a role's own command: %s" % log[:5])
