@@ -332,6 +332,10 @@ static void owned(json_t *sc) {
            own.makespan_s, own.tokens_per_s > 0 ? h.tokens_per_s / own.tokens_per_s : 0,
            h.requests_unserved + lb.requests_unserved + pull.requests_unserved ? " (unserved)"
                                                                                : "");
+    /* issue 39 item 11: routing must never lose to plain stealing over the same replicas */
+    printf("  routing+steal vs plain stealing, same replicas: %.3fx (%.0f s vs %.0f s)%s\n",
+           own.tokens_per_s > 0 ? h.tokens_per_s / own.tokens_per_s : 0, h.makespan_s,
+           own.makespan_s, h.tokens_per_s >= own.tokens_per_s ? "" : "  BELOW 1.0x");
     if (h.requests_unserved + lb.requests_unserved + pull.requests_unserved)
         printf("  unserved: medley %lld, even %lld, pull %lld\n", h.requests_unserved,
                lb.requests_unserved, pull.requests_unserved);
