@@ -1,5 +1,5 @@
 /* matmul_avx512.c — AVX-512 VNNI tile kernels for the 32-element block types (Q4_0, Q4_1,
- * Q8_0: the types of llama.cpp's common GGUF files) and float weights; K-quants and Q5_0 use
+ * Q5_0, Q8_0: the types of llama.cpp's common GGUF files) and float weights; K-quants use
  * the AVX2 kernels (the dispatcher falls back per type).
  *
  * Two blocks per 512-bit register: int32 lanes 0..7 hold block b's partial dot, lanes 8..15
@@ -43,7 +43,7 @@ TGT static INL __m512i load2_q8(const int8_t *q0, const int8_t *q1) {
 
 TGT static INL float hsum16(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-enum { K_Q4_0, K_Q4_1, K_Q8_0 };
+enum { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_0 };
 
 /* Blocks b and b+1 (two = 1) or block b alone (two = 0) into the R×C accumulators. */
 TGT static INL void blk32_pair(const uint8_t *w, size_t ws, size_t bsz, int qoff, int kind,
@@ -82,6 +82,16 @@ TGT static INL void blk32_pair(const uint8_t *w, size_t ws, size_t bsz, int qoff
                                   _mm512_set1_epi8((char)0x80));
         else
             wq = unpack2_q4(b0 + qoff, two ? b1 + qoff : NULL);
+        if (kind == K_Q5_0) {
+            /* fifth bits: bit j of qh is element j, and wq holds block b's 32 elements
+             * then block b+1's, so the two qh words are the byte mask as they stand */
+            uint32_t h0, h1 = 0;
+            memcpy(&h0, b0 + 2, 4);
+            if (two)
+                memcpy(&h1, b1 + 2, 4);
+            __mmask64 hm = (__mmask64)h0 | (__mmask64)h1 << 32;
+            wq = _mm512_mask_add_epi8(wq, hm, wq, _mm512_set1_epi8(16));
+        }
         #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq[c]));
@@ -97,15 +107,20 @@ TGT static INL void blk32_pair(const uint8_t *w, size_t ws, size_t bsz, int qoff
 
 /* One R×C tile over all blocks. Per block and (r, c), with dot = Σ qw·qx and s = dx·Σqx:
  *   Q4_0: dw·(dx·dot - 8·s)   Q8_0 (qw+128): dw·(dx·dot - 128·s)   Q4_1: dw·dx·dot + m·s
+ *   Q5_0 (nibble | fifth bit << 4): dw·(dx·dot - 16·s)
  * Each of the 8 lanes of a block holds a partial dot, so the s terms enter per lane divided
  * by 8 (exact: a power of two). */
 TGT static INL void blk32_main(int nb, const uint8_t *w, size_t ws, int kind, const int R,
                                const act_row *a, const int C, float *y, size_t ldy) {
-    const size_t bsz = kind == K_Q4_0 ? sizeof(blk_q4_0)
+    const size_t bsz = kind == K_Q4_0   ? sizeof(blk_q4_0)
                        : kind == K_Q4_1 ? sizeof(blk_q4_1)
+                       : kind == K_Q5_0 ? sizeof(blk_q5_0)
                                         : sizeof(blk_q8_0);
-    const int qoff = kind == K_Q4_1 ? 4 : 2;
-    const float sk = kind == K_Q4_0 ? -1.0f : kind == K_Q8_0 ? -16.0f : 0.125f;
+    const int qoff = kind == K_Q4_1 ? 4 : kind == K_Q5_0 ? 6 : 2;
+    const float sk = kind == K_Q4_0   ? -1.0f
+                     : kind == K_Q5_0 ? -2.0f
+                     : kind == K_Q8_0 ? -16.0f
+                                      : 0.125f;
     const __m512i sel_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
     const __m512i sel_m = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
     __m512 acc[4][4];
@@ -222,6 +237,13 @@ TGT static void tile_q4_1(int nb, const uint8_t *w, size_t ws, int nr, const act
 #undef CALL
 }
 
+TGT static void tile_q5_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                          const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) blk32_main(nb, w, ws, K_Q5_0, R, a, C, y, ldy)
+    DISPATCH16(CALL)
+#undef CALL
+}
+
 TGT static void tile_q8_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
                           const float *const *xf, int nc, float *y, size_t ldy) {
 #define CALL(R, C) blk32_main(nb, w, ws, K_Q8_0, R, a, C, y, ldy)
@@ -252,7 +274,7 @@ TGT static void tile_bf16(int cols, const uint8_t *w, size_t ws, int nr, const a
 
 const kernel_table cpu_kernels_avx512 = {
     .f32 = tile_f32, .f16 = tile_f16, .bf16 = tile_bf16,
-    .q4_0 = tile_q4_0, .q4_1 = tile_q4_1, .q8_0 = tile_q8_0,
+    .q4_0 = tile_q4_0, .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0,
 };
 #else
 const kernel_table cpu_kernels_avx512 = {0};
