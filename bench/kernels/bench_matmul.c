@@ -6,8 +6,9 @@
  * Prints one line per (type, n): GFLOP/s (2·rows·cols·n per product) of the scalar level and
  * of every SIMD level the CPU has, each level's ratio to scalar, and each level's figure as a
  * fraction of that level's peak measured here first (float FMA for float weights, 8-bit
- * multiply-adds for quantized ones: the kernels' arithmetic on activations quantized to int8). Default shape is
- * SmolLM2-135M's FFN up-projection (1536 × 576). */
+ * multiply-adds for quantized ones: the kernels' arithmetic on activations quantized to
+ * int8). Default shape is SmolLM2-135M's FFN up-projection (1536 × 576); the K-quants need
+ * cols a multiple of 256 (`bench_kernels 1 640 2048`, Gemma 3 270M's FFN down). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
