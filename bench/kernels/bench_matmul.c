@@ -4,8 +4,11 @@
  *   build-x/bench_kernels [threads] [rows cols] [seconds_per_case]
  *
  * Prints one line per (type, n): GFLOP/s (2·rows·cols·n per product) of the scalar level and
- * of every SIMD level the CPU has, and each level's ratio to scalar. Default shape is
- * SmolLM2-135M's FFN up-projection (1536 × 576). */
+ * of every SIMD level the CPU has, each level's ratio to scalar, and each level's figure as a
+ * fraction of that level's peak measured here first (float FMA for float weights, 8-bit
+ * multiply-adds for quantized ones: the kernels' arithmetic on activations quantized to
+ * int8). Default shape is SmolLM2-135M's FFN up-projection (1536 × 576); the K-quants need
+ * cols a multiple of 256 (`bench_kernels 1 640 2048`, Gemma 3 270M's FFN down). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +45,83 @@ static void *make_weights(int t, int rows, int cols) {
     return w;
 }
 
+/* ---- measured peak of this CPU, one thread: what the kernels' figures are a fraction of.
+ * Integer peaks count 2 ops per 8-bit multiply-add, as the GFLOP/s of the quantized products
+ * do. 10 independent accumulators hide each instruction's latency. ---- */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define PEAK_ITERS 2000000
+#define PEAK_ACC 10
+
+/* One peak loop: PEAK_ACC independent accumulators of OP(acc), each op counted as OPS. */
+#define PEAK_LOOP(VEC, ZERO, OP, OPS, KEEP)                                                        \
+    VEC acc[PEAK_ACC];                                                                             \
+    for (int k = 0; k < PEAK_ACC; k++)                                                             \
+        acc[k] = ZERO;                                                                             \
+    double t0 = now_s();                                                                           \
+    for (int i = 0; i < PEAK_ITERS; i++) {                                                         \
+        _Pragma("GCC unroll 12") for (int k = 0; k < PEAK_ACC; k++) acc[k] = OP(acc[k]);           \
+        __asm__ volatile("" : KEEP);                                                               \
+    }                                                                                              \
+    double el = now_s() - t0;                                                                      \
+    for (int k = 1; k < PEAK_ACC; k++)                                                             \
+        __asm__ volatile("" : : "x"(acc[k]));                                                     \
+    return (double)PEAK_ITERS * PEAK_ACC * (OPS) / el / 1e9;
+
+/* AVX2 level: 8-bit products as the AVX2 kernels do them, maddubs then madd into int32
+ * (32 multiply-adds per step); float: 256-bit FMA. */
+__attribute__((target("avx2,fma"))) static double peak_avx2_int(void) {
+    __m256i u = _mm256_set1_epi8(3), v = _mm256_set1_epi8(-2), one = _mm256_set1_epi16(1);
+#define OP(a) _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), one))
+    PEAK_LOOP(__m256i, _mm256_setzero_si256(), OP, 64, "+x"(u))
+#undef OP
+}
+__attribute__((target("avx2,fma"))) static double peak_avx2_float(void) {
+    __m256 x = _mm256_set1_ps(1.0001f), y = _mm256_set1_ps(0.9999f);
+#define OP(a) _mm256_fmadd_ps(x, y, a)
+    PEAK_LOOP(__m256, _mm256_setzero_ps(), OP, 16, "+x"(x))
+#undef OP
+}
+
+/* AVX-512 VNNI level: dpbusd (64 multiply-adds); float: 512-bit FMA. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static double peak_avx512_int(void) {
+    __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-2);
+#define OP(a) _mm512_dpbusd_epi32(a, u, v)
+    PEAK_LOOP(__m512i, _mm512_setzero_si512(), OP, 128, "+v"(u))
+#undef OP
+}
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static double peak_avx512_float(void) {
+    __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
+#define OP(a) _mm512_fmadd_ps(x, y, a)
+    PEAK_LOOP(__m512, _mm512_setzero_ps(), OP, 32, "+v"(x))
+#undef OP
+}
+#endif
+
+/* peak[level][0] float, [1] 8-bit integer, GFLOP/s of one thread; 0 where unmeasured. */
+static void measure_peaks(int best, double peak[3][2]) {
+    memset(peak, 0, sizeof(double) * 6);
+#if defined(__x86_64__) && defined(__GNUC__)
+    clockid_t keep = g_clock;
+    g_clock = CLOCK_PROCESS_CPUTIME_ID;
+    if (best >= 1) {
+        peak[1][0] = peak_avx2_float();
+        peak[1][1] = peak_avx2_int();
+    }
+    if (best >= 2) {
+        peak[2][0] = peak_avx512_float();
+        peak[2][1] = peak_avx512_int();
+    }
+    g_clock = keep;
+#else
+    (void)best;
+#endif
+}
+
+static int is_float_type(int t) {
+    return t == MD_TYPE_F32 || t == MD_TYPE_F16 || t == MD_TYPE_BF16;
+}
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
     int rows = argc > 3 ? atoi(argv[2]) : 1536, cols = argc > 3 ? atoi(argv[3]) : 576;
@@ -61,8 +141,14 @@ int main(int argc, char **argv) {
     int best = cpu_simd_detect();
     printf("# cpu_matmul %d x %d, %d thread(s), best SIMD level %d; GFLOP/s per %s second\n", rows,
            cols, threads, best, threads == 1 ? "CPU" : "wall");
-    printf("%-6s %5s %10s %10s %8s %10s %8s\n", "type", "n", "scalar", "avx2", "ratio",
-           "avx512vnni", "ratio");
+    double peak[3][2];
+    measure_peaks(best, peak);
+    printf("# measured peak per thread (GFLOP/s; 8-bit: 2 ops per multiply-add): avx2 float %.1f "
+           "int8 %.1f, avx512vnni float %.1f int8 %.1f; %%pk = a figure over its level's peak "
+           "(float or int8 by weight type) times the threads\n",
+           peak[1][0], peak[1][1], peak[2][0], peak[2][1]);
+    printf("%-6s %5s %10s %10s %8s %5s %10s %8s %5s\n", "type", "n", "scalar", "avx2", "ratio",
+           "%pk", "avx512vnni", "ratio", "%pk");
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         int t = types[ti];
         if (cpu_matmul_check(t, cols) != 0)
@@ -93,9 +179,13 @@ int main(int argc, char **argv) {
                 } while (el < (lvl == 0 ? secs / 3 : secs));
                 gf[lvl] = 2.0 * rows * cols * (double)n * reps / el / 1e9;
             }
-            printf("%-6s %5d %10.2f %10.2f %7.1fx", name, n, gf[0], gf[1], gf[1] / gf[0]);
+            int pi = is_float_type(t) ? 0 : 1;
+            double pk1 = peak[1][pi] > 0 ? 100.0 * gf[1] / (peak[1][pi] * threads) : 0;
+            printf("%-6s %5d %10.2f %10.2f %7.1fx %4.0f%%", name, n, gf[0], gf[1], gf[1] / gf[0],
+                   pk1);
             if (best >= 2)
-                printf(" %10.2f %7.1fx", gf[2], gf[2] / gf[0]);
+                printf(" %10.2f %7.1fx %4.0f%%", gf[2], gf[2] / gf[0],
+                       100.0 * gf[2] / (peak[2][pi] * threads));
             printf("\n");
             fflush(stdout);
             free(x);

@@ -30,7 +30,7 @@ typedef struct {
     md_reserve r;
     void *mm_scratch; /* cpu_matmul's activation blocks */
     size_t mm_scratch_n;
-    float *att_scratch; /* [n_threads, max_ctx] attention scores */
+    float *att_scratch; /* [n_threads, CPU_ATT_GROUP * max_ctx] attention scores */
     md_batch b;
     char desc[128];
 } cpu_backend;
@@ -135,7 +135,8 @@ static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
         return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate %zu bytes of matmul scratch",
                        need);
     float *att =
-        malloc((size_t)c->n_threads * (size_t)(r->max_ctx > 0 ? r->max_ctx : 1) * sizeof(float));
+        malloc((size_t)c->n_threads * CPU_ATT_GROUP * (size_t)(r->max_ctx > 0 ? r->max_ctx : 1) *
+               sizeof(float));
     if (!att) {
         free(mm);
         return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate attention scratch");
@@ -373,13 +374,40 @@ typedef struct {
     int window; /* 0: whole sequence */
 } att_job;
 
+/* F16 cache: one (token, KV head, up to CPU_ATT_GROUP of its query heads) per work item, each
+ * K/V row converted once for the heads that share it; the same bits as one head per item. */
+static void att_run_f16(att_job *j, int ith, int nth) {
+    const md_batch *b = &j->c->b;
+    int hd = j->head_dim, kv_dim = j->n_kv_heads * hd, group = j->n_heads / j->n_kv_heads;
+    int n_sub = (group + CPU_ATT_GROUP - 1) / CPU_ATT_GROUP, per_tok = j->n_kv_heads * n_sub;
+    float *sc = j->c->att_scratch + (size_t)ith * CPU_ATT_GROUP * j->c->r.max_ctx;
+    int64_t items = (int64_t)b->n_tokens * per_tok;
+    for (int64_t it = ith; it < items; it += nth) {
+        int t = (int)(it / per_tok), kvh = (int)(it % per_tok) / n_sub;
+        int g0 = (int)(it % n_sub) * CPU_ATT_GROUP, h = kvh * group + g0;
+        int nq = group - g0 < CPU_ATT_GROUP ? group - g0 : CPU_ATT_GROUP;
+        int s = b->tok_seq[t], npos = b->tok_pos[t] + 1;
+        int p0 = j->window > 0 && npos > j->window ? npos - j->window : 0;
+        const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
+        cpu_attention_paged_f16_group(j->out + ((size_t)t * j->n_heads + h) * hd,
+                                      j->q + ((size_t)t * j->n_heads + h) * hd, nq,
+                                      (const uint16_t *)j->kc + (size_t)kvh * hd,
+                                      (const uint16_t *)j->vc + (size_t)kvh * hd, (size_t)kv_dim,
+                                      bt, b->block_tokens, p0, npos, hd, j->scale, sc);
+    }
+}
+
 /* One (token, head) pair per work item, over the sequence's positions 0..pos in order (fixed
  * summation order: results do not depend on the split or the batch). */
 static void att_run(void *ctx, int ith, int nth) {
     att_job *j = ctx;
+    if (j->f16) {
+        att_run_f16(j, ith, nth);
+        return;
+    }
     const md_batch *b = &j->c->b;
     int hd = j->head_dim, kv_dim = j->n_kv_heads * hd, group = j->n_heads / j->n_kv_heads;
-    float *sc = j->c->att_scratch + (size_t)ith * j->c->r.max_ctx;
+    float *sc = j->c->att_scratch + (size_t)ith * CPU_ATT_GROUP * j->c->r.max_ctx;
     int64_t items = (int64_t)b->n_tokens * j->n_heads;
     /* interleaved: later positions cost more, so contiguous ranges would be unbalanced */
     for (int64_t it = ith; it < items; it += nth) {
@@ -389,14 +417,9 @@ static void att_run(void *ctx, int ith, int nth) {
         const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
         float *o = j->out + ((size_t)t * j->n_heads + h) * hd;
         const float *q = j->q + ((size_t)t * j->n_heads + h) * hd;
-        if (j->f16)
-            cpu_attention_paged_f16(o, q, (const uint16_t *)j->kc + (size_t)kvh * hd,
-                                    (const uint16_t *)j->vc + (size_t)kvh * hd, (size_t)kv_dim, bt,
-                                    b->block_tokens, p0, npos, hd, j->scale, sc);
-        else
-            cpu_attention_paged(o, q, (const float *)j->kc + (size_t)kvh * hd,
-                                (const float *)j->vc + (size_t)kvh * hd, (size_t)kv_dim, bt,
-                                b->block_tokens, p0, npos, hd, j->scale, sc);
+        cpu_attention_paged(o, q, (const float *)j->kc + (size_t)kvh * hd,
+                            (const float *)j->vc + (size_t)kvh * hd, (size_t)kv_dim, bt,
+                            b->block_tokens, p0, npos, hd, j->scale, sc);
     }
 }
 

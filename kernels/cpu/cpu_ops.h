@@ -130,4 +130,15 @@ void cpu_attention_paged_f16(float *out, const float *q, const uint16_t *k, cons
                              size_t row_stride, const int32_t *block_table, int block_tokens,
                              int p0, int npos, int hd, float scale, float *scratch);
 
+/* The same for n_q <= CPU_ATT_GROUP query heads sharing one KV head (GQA): q and out hold
+ * n_q rows of hd floats (consecutive heads of one token), scratch n_q * npos floats. Each
+ * head's result is bit for bit cpu_attention_paged_f16's. On AVX-512 (hd % 16 == 0) each K
+ * and V row is read and converted once for the group, in 512-bit registers; elsewhere the
+ * heads run one at a time. */
+#define CPU_ATT_GROUP 4
+void cpu_attention_paged_f16_group(float *out, const float *q, int n_q, const uint16_t *k,
+                                   const uint16_t *v, size_t row_stride,
+                                   const int32_t *block_table, int block_tokens, int p0, int npos,
+                                   int hd, float scale, float *scratch);
+
 #endif

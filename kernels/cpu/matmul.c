@@ -198,20 +198,24 @@ static void quantize_rows(void *ctx, int ith, int nth) {
  * 1 the up projection of the same rows) writes both products, then silu(g) * u into
  * segment 0's y over the whole row range with the vector routine the unfused op uses. */
 static void mm_range(const mm_job *j, const mm_seg *sg, int r0, int r1, int c0, int c1) {
-    act_row acts[KC];
-    const float *xf[KC];
+    /* every activation row of the item located once, not once per row tile (c1 - c0 <= 64,
+     * the activation chunk) */
+    act_row acts_all[64];
+    const float *xf_all[64];
     int quant = !is_float(j->wtype);
     float tmp[KC * KR];
+    for (int c = c0; c < c1; c++) {
+        if (quant)
+            acts_all[c - c0] = act_at(j->scratch, j->wtype, j->cols, c);
+        else
+            xf_all[c - c0] = j->x + (size_t)c * j->cols;
+    }
     for (int r = r0; r < r1; r += KR) {
         int nr = r1 - r < KR ? r1 - r : KR;
         for (int c = c0; c < c1; c += KC) {
             int nc = c1 - c < KC ? c1 - c : KC;
-            for (int k = 0; k < nc; k++) {
-                if (quant)
-                    acts[k] = act_at(j->scratch, j->wtype, j->cols, c + k);
-                else
-                    xf[k] = j->x + (size_t)(c + k) * j->cols;
-            }
+            const act_row *acts = acts_all + (c - c0);
+            const float *const *xf = xf_all + (c - c0);
             for (int s = 0; s < (j->mode == CPU_MM_SWIGLU ? 2 : 1); s++) {
                 const mm_seg *g = sg + s;
                 const uint8_t *w = g->W + (size_t)r * g->wstride;

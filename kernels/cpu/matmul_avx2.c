@@ -168,13 +168,12 @@ TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int R, c
         for (int r = 0; r < R; r++) {
             const blk_q4_k *blk = (const blk_q4_k *)(w + r * ws) + b;
             prefetch_block(blk, sizeof *blk, (size_t)3 * R * ws);
-            int sc[8], mn[8];
-            for (int j = 0; j < 8; j++)
-                md_q4k_scale_min(blk->scales, j, &sc[j], &mn[j]);
-            /* mins paired with the 16-element bsums: [m0,m0,m1,m1,...] */
-            __m256i mins16 = _mm256_setr_epi16(mn[0], mn[0], mn[1], mn[1], mn[2], mn[2], mn[3],
-                                               mn[3], mn[4], mn[4], mn[5], mn[5], mn[6], mn[6],
-                                               mn[7], mn[7]);
+            uint8_t sm8[16];
+            q4k_scales_mins16(blk->scales, sm8);
+            __m128i sm = _mm_loadu_si128((const __m128i *)sm8);
+            /* scales as int16 pairs [s0,s0,s1,s1,..], mins paired with the 16-element bsums */
+            __m256i sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm));
+            __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
             __m256i isum[2];
             #pragma GCC unroll 4
             for (int c = 0; c < C; c++)
@@ -184,8 +183,8 @@ TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int R, c
                 __m256i q = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * j));
                 __m256i lo = _mm256_and_si256(q, m4);
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                __m256i s_lo = _mm256_set1_epi16((short)sc[2 * j]);
-                __m256i s_hi = _mm256_set1_epi16((short)sc[2 * j + 1]);
+                __m256i s_lo = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(2 * j));
+                __m256i s_hi = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(2 * j + 1));
                 #pragma GCC unroll 4
                 for (int c = 0; c < C; c++) {
                     const int8_t *xq = a[c].q + b * QK_K + 64 * j;

@@ -1,6 +1,6 @@
-/* matmul_avx512.c — AVX-512 VNNI tile kernels for the 32-element block types (Q4_0, Q4_1,
- * Q8_0: the types of llama.cpp's common GGUF files) and float weights; K-quants and Q5_0 use
- * the AVX2 kernels (the dispatcher falls back per type).
+/* matmul_avx512.c — AVX-512 VNNI tile kernels for every weight type: the 32-element block
+ * types (Q4_0, Q4_1, Q5_0, Q8_0), the K-quants (Q4_K, Q6_K: maddubs then dpwssd with the
+ * sub-block scales) and float weights.
  *
  * Two blocks per 512-bit register: int32 lanes 0..7 hold block b's partial dot, lanes 8..15
  * block b+1's, so the scale vector is (dw_b·dx_b ×8, dw_b+1·dx_b+1 ×8). _mm512_dpbusd_epi32
@@ -43,7 +43,7 @@ TGT static INL __m512i load2_q8(const int8_t *q0, const int8_t *q1) {
 
 TGT static INL float hsum16(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-enum { K_Q4_0, K_Q4_1, K_Q8_0 };
+enum { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_0 };
 
 /* Blocks b and b+1 (two = 1) or block b alone (two = 0) into the R×C accumulators. */
 TGT static INL void blk32_pair(const uint8_t *w, size_t ws, size_t bsz, int qoff, int kind,
@@ -82,6 +82,16 @@ TGT static INL void blk32_pair(const uint8_t *w, size_t ws, size_t bsz, int qoff
                                   _mm512_set1_epi8((char)0x80));
         else
             wq = unpack2_q4(b0 + qoff, two ? b1 + qoff : NULL);
+        if (kind == K_Q5_0) {
+            /* fifth bits: bit j of qh is element j, and wq holds block b's 32 elements
+             * then block b+1's, so the two qh words are the byte mask as they stand */
+            uint32_t h0, h1 = 0;
+            memcpy(&h0, b0 + 2, 4);
+            if (two)
+                memcpy(&h1, b1 + 2, 4);
+            __mmask64 hm = (__mmask64)h0 | (__mmask64)h1 << 32;
+            wq = _mm512_mask_add_epi8(wq, hm, wq, _mm512_set1_epi8(16));
+        }
         #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq[c]));
@@ -97,15 +107,20 @@ TGT static INL void blk32_pair(const uint8_t *w, size_t ws, size_t bsz, int qoff
 
 /* One R×C tile over all blocks. Per block and (r, c), with dot = Σ qw·qx and s = dx·Σqx:
  *   Q4_0: dw·(dx·dot - 8·s)   Q8_0 (qw+128): dw·(dx·dot - 128·s)   Q4_1: dw·dx·dot + m·s
+ *   Q5_0 (nibble | fifth bit << 4): dw·(dx·dot - 16·s)
  * Each of the 8 lanes of a block holds a partial dot, so the s terms enter per lane divided
  * by 8 (exact: a power of two). */
 TGT static INL void blk32_main(int nb, const uint8_t *w, size_t ws, int kind, const int R,
                                const act_row *a, const int C, float *y, size_t ldy) {
-    const size_t bsz = kind == K_Q4_0 ? sizeof(blk_q4_0)
+    const size_t bsz = kind == K_Q4_0   ? sizeof(blk_q4_0)
                        : kind == K_Q4_1 ? sizeof(blk_q4_1)
+                       : kind == K_Q5_0 ? sizeof(blk_q5_0)
                                         : sizeof(blk_q8_0);
-    const int qoff = kind == K_Q4_1 ? 4 : 2;
-    const float sk = kind == K_Q4_0 ? -1.0f : kind == K_Q8_0 ? -16.0f : 0.125f;
+    const int qoff = kind == K_Q4_1 ? 4 : kind == K_Q5_0 ? 6 : 2;
+    const float sk = kind == K_Q4_0   ? -1.0f
+                     : kind == K_Q5_0 ? -2.0f
+                     : kind == K_Q8_0 ? -16.0f
+                                      : 0.125f;
     const __m512i sel_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
     const __m512i sel_m = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
     __m512 acc[4][4];
@@ -120,6 +135,160 @@ TGT static INL void blk32_main(int nb, const uint8_t *w, size_t ws, int kind, co
         blk32_pair(w, ws, bsz, qoff, kind, sk, sel_d, sel_m, b, 1, R, a, C, acc);
     if (b < nb)
         blk32_pair(w, ws, bsz, qoff, kind, sk, sel_d, sel_m, b, 0, R, a, C, acc);
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            y[c * ldy + r] = hsum16(acc[r][c]);
+}
+
+/* ---- K-quants: 64 elements per 512-bit step, maddubs to int16 pairs, then
+ * _mm512_dpwssd_epi32 multiplies by the sub-block scales and accumulates in one instruction.
+ * Both formats are brought into element order so each activation operand is one load. ---- */
+
+/* Every cache line of the block `ahead` bytes on (see blk32_pair's prefetch). */
+TGT static INL void prefetch_block(const void *blk, size_t bsz, size_t ahead) {
+    const char *p = (const char *)blk + ahead;
+    for (size_t o = 0; o < bsz; o += 64)
+        _mm_prefetch(p + o, _MM_HINT_T0);
+    _mm_prefetch(p + bsz - 1, _MM_HINT_T0);
+}
+
+/* int16 lane i of index vector k picks element (k * per + i / (32 / per)) of a scale vector:
+ * Q4_K has 2 scales per 64 elements (per = 2), Q6_K 4 (per = 4). */
+TGT static INL __m512i scale_index(int k, int per) {
+    const __m512i lane = _mm512_cvtepu8_epi16(
+        _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                         21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31));
+    return _mm512_add_epi16(_mm512_set1_epi16((short)(k * per)),
+                            _mm512_srli_epi16(lane, per == 2 ? 4 : 3));
+}
+
+/* Q4_K, per block and (r, c): dx·(d·Σ_s sc_s·dot_s − dmin·Σ_s mn_s·Σx_s). A 64-byte load
+ * of qs holds sub-blocks 4L, 4L+2 (low nibbles) and 4L+1, 4L+3 (high): regrouped as
+ * [4L | 4L+1] and [4L+2 | 4L+3], each matches 64 consecutive activations. */
+TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int R, const act_row *a,
+                             const int C, float *y, size_t ldy) {
+    __m512 acc[4][4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i idx[4] = {scale_index(0, 2), scale_index(1, 2), scale_index(2, 2),
+                            scale_index(3, 2)};
+    for (int b = 0; b < nb; b++) {
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const blk_q4_k *blk = (const blk_q4_k *)(w + r * ws) + b;
+            prefetch_block(blk, sizeof *blk, (size_t)3 * R * ws);
+            uint8_t sm8[16];
+            q4k_scales_mins16(blk->scales, sm8);
+            __m128i sm = _mm_loadu_si128((const __m128i *)sm8);
+            __m512i scw = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
+            __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
+            __m512i isum[4];
+            #pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                isum[c] = _mm512_setzero_si512();
+            #pragma GCC unroll 2
+            for (int L = 0; L < 2; L++) {
+                __m512i q = _mm512_loadu_si512((const void *)(blk->qs + 64 * L));
+                __m512i lo = _mm512_and_si512(q, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                __m512i w0 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+                __m512i w1 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+                __m512i s0 = _mm512_permutexvar_epi16(idx[2 * L], scw);
+                __m512i s1 = _mm512_permutexvar_epi16(idx[2 * L + 1], scw);
+                #pragma GCC unroll 4
+                for (int c = 0; c < C; c++) {
+                    const int8_t *xq = a[c].q + b * QK_K + 128 * L;
+                    __m512i x0 = _mm512_loadu_si512((const void *)xq);
+                    __m512i x1 = _mm512_loadu_si512((const void *)(xq + 64));
+                    isum[c] = _mm512_dpwssd_epi32(isum[c], _mm512_maddubs_epi16(w0, x0), s0);
+                    isum[c] = _mm512_dpwssd_epi32(isum[c], _mm512_maddubs_epi16(w1, x1), s1);
+                }
+            }
+            __m512 dv = _mm512_set1_ps(h2f(blk->d)), dminv = _mm512_set1_ps(h2f(blk->dmin));
+            #pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                __m256i bs = _mm256_loadu_si256((const __m256i *)(a[c].bsum + b * 16));
+                __m512 msum =
+                    _mm512_cvtepi32_ps(_mm512_zextsi256_si512(_mm256_madd_epi16(bs, mins16)));
+                __m512 t = _mm512_fmsub_ps(_mm512_cvtepi32_ps(isum[c]), dv,
+                                           _mm512_mul_ps(msum, dminv));
+                acc[r][c] = _mm512_fmadd_ps(t, _mm512_set1_ps(a[c].d[b]), acc[r][c]);
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            y[c * ldy + r] = hsum16(acc[r][c]);
+}
+
+/* Q6_K, per block and (r, c): d·dx·(Σ_g sc_g·dot_g − 32·Σ_g sc_g·Σx_g), q in 0..63 as the
+ * unsigned operand. Half h of a block: ql[64h..+64) and qh[32h..+32) (read as [qh | qh>>2]
+ * so both 32-byte halves find their 2 high bits at the same shift) give elements
+ * 128h + 0..63 (low nibbles) and 128h + 64..127 (high nibbles). */
+TGT static INL void q6k_main(int nb, const uint8_t *w, size_t ws, const int R, const act_row *a,
+                             const int C, float *y, size_t ldy) {
+    __m512 acc[4][4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
+    const __m512i shv = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i idx[4] = {scale_index(0, 4), scale_index(1, 4), scale_index(2, 4),
+                            scale_index(3, 4)};
+    for (int b = 0; b < nb; b++) {
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const blk_q6_k *blk = (const blk_q6_k *)(w + r * ws) + b;
+            prefetch_block(blk, sizeof *blk, (size_t)3 * R * ws);
+            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)blk->scales));
+            __m512i scw = _mm512_castsi256_si512(sc16);
+            __m512i isum[4];
+            #pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                isum[c] = _mm512_setzero_si512();
+            #pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512i l = _mm512_loadu_si512((const void *)(blk->ql + 64 * h));
+                __m512i qh = _mm512_srlv_epi16(
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk->qh + 32 * h))),
+                    shv);
+                __m512i wa = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                             _mm512_slli_epi16(_mm512_and_si512(qh, m2), 4));
+                __m512i wb = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m2), 4));
+                __m512i sa = _mm512_permutexvar_epi16(idx[2 * h], scw);
+                __m512i sb = _mm512_permutexvar_epi16(idx[2 * h + 1], scw);
+                #pragma GCC unroll 4
+                for (int c = 0; c < C; c++) {
+                    const int8_t *xq = a[c].q + b * QK_K + 128 * h;
+                    __m512i x0 = _mm512_loadu_si512((const void *)xq);
+                    __m512i x1 = _mm512_loadu_si512((const void *)(xq + 64));
+                    isum[c] = _mm512_dpwssd_epi32(isum[c], _mm512_maddubs_epi16(wa, x0), sa);
+                    isum[c] = _mm512_dpwssd_epi32(isum[c], _mm512_maddubs_epi16(wb, x1), sb);
+                }
+            }
+            float d = h2f(blk->d);
+            #pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                __m256i bs = _mm256_loadu_si256((const __m256i *)(a[c].bsum + b * 16));
+                __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+                __m512 p = _mm512_cvtepi32_ps(
+                    _mm512_sub_epi32(isum[c], _mm512_zextsi256_si512(off)));
+                acc[r][c] = _mm512_fmadd_ps(p, _mm512_set1_ps(d * a[c].d[b]), acc[r][c]);
+            }
+        }
+    }
     #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
         #pragma GCC unroll 4
@@ -222,9 +391,30 @@ TGT static void tile_q4_1(int nb, const uint8_t *w, size_t ws, int nr, const act
 #undef CALL
 }
 
+TGT static void tile_q5_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                          const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) blk32_main(nb, w, ws, K_Q5_0, R, a, C, y, ldy)
+    DISPATCH16(CALL)
+#undef CALL
+}
+
 TGT static void tile_q8_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
                           const float *const *xf, int nc, float *y, size_t ldy) {
 #define CALL(R, C) blk32_main(nb, w, ws, K_Q8_0, R, a, C, y, ldy)
+    DISPATCH16(CALL)
+#undef CALL
+}
+
+TGT static void tile_q4_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                          const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) q4k_main(nb, w, ws, R, a, C, y, ldy)
+    DISPATCH16(CALL)
+#undef CALL
+}
+
+TGT static void tile_q6_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                          const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) q6k_main(nb, w, ws, R, a, C, y, ldy)
     DISPATCH16(CALL)
 #undef CALL
 }
@@ -252,7 +442,8 @@ TGT static void tile_bf16(int cols, const uint8_t *w, size_t ws, int nr, const a
 
 const kernel_table cpu_kernels_avx512 = {
     .f32 = tile_f32, .f16 = tile_f16, .bf16 = tile_bf16,
-    .q4_0 = tile_q4_0, .q4_1 = tile_q4_1, .q8_0 = tile_q8_0,
+    .q4_0 = tile_q4_0, .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0,
+    .q4_k = tile_q4_k, .q6_k = tile_q6_k,
 };
 #else
 const kernel_table cpu_kernels_avx512 = {0};

@@ -50,6 +50,21 @@ _Static_assert(sizeof(blk_q8_0) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(blk_q4_k) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(blk_q6_k) == 210, "Q6_K block is 210 bytes");
 
+/* Q4_K's 12 scale bytes unpacked to 16: out[0..7] the six-bit scales, out[8..15] the mins
+ * (the values of md_q4k_scale_min, four at a time: j < 4 in the low 6 bits of bytes j and
+ * j + 4; j >= 4 from the nibbles of bytes 8..11 with the top 2 bits of bytes j - 4 and j). */
+static inline void q4k_scales_mins16(const uint8_t *s12, uint8_t out[16]) {
+    uint32_t s0, s1, s2, u[4];
+    memcpy(&s0, s12, 4);
+    memcpy(&s1, s12 + 4, 4);
+    memcpy(&s2, s12 + 8, 4);
+    u[0] = s0 & 0x3f3f3f3fu;
+    u[1] = (s2 & 0x0f0f0f0fu) | ((s0 >> 6) & 0x03030303u) << 4;
+    u[2] = s1 & 0x3f3f3f3fu;
+    u[3] = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 6) & 0x03030303u) << 4;
+    memcpy(out, u, 16);
+}
+
 /* Quantized activations of one x row in scratch (row stride act_row_bytes):
  *   int8 q[cols]            at offset 0
  *   float d[cols/32]        per 32-block scale (Q4_0/Q4_1/Q5_0/Q8_0)   | per 256-block (K)

@@ -508,6 +508,13 @@ static void test_vector_ops_match_double_formulas(void **state) {
                 want[i] = a[i] / (1 + exp(-(double)a[i])) * b[i];
             cpu_swiglu(out, a, b, n);
             check_close(out, want, n, 1e-5, "swiglu");
+            for (int i = 0; i < n; i++) {
+                double g = a[i];
+                double z = 0.79788456080286535588 * (g + 0.044715 * g * g * g);
+                want[i] = 0.5 * g * (1 + tanh(z)) * b[i];
+            }
+            cpu_geglu(out, a, b, n);
+            check_close(out, want, n, 1e-5, "geglu");
             for (int i = 0; i < n; i++)
                 want[i] = (double)a[i] + b[i];
             cpu_add(out, a, b, n);
@@ -693,6 +700,58 @@ static void test_attention_paged_f16_matches_double_formula(void **state) {
     }
 }
 
+/* The grouped kernel (query heads sharing a KV head) gives each head the bits of the one-head
+ * kernel, for 1..CPU_ATT_GROUP heads, head sizes with and without an 8-element tail, windows. */
+static void test_attention_group_equals_one_head_at_a_time(void **state) {
+    enum { BT = 16, NBLK = 8, MAXPOS = NBLK * BT, G = CPU_ATT_GROUP };
+    static const int hds[] = {64, 256, 24, 12};
+    static const int nposs[] = {1, 7, 16, 33, MAXPOS};
+    int32_t bt[NBLK];
+    for (int b = 0; b < NBLK; b++)
+        bt[b] = (b * 3 + 5) % NBLK;
+    for (int li = 0; li < n_levels; li++) {
+        assert_int_equal(cpu_simd_set(levels[li]), 0);
+        for (int hi = 0; hi < 4; hi++) {
+            int hd = hds[hi], stride = 2 * hd;
+            uint16_t *k = malloc(2 * (size_t)MAXPOS * stride), *v = malloc(2 * (size_t)MAXPOS * stride);
+            float *tmp = malloc(sizeof(float) * (size_t)MAXPOS * stride);
+            float *q = malloc(sizeof(float) * G * hd), *got = malloc(sizeof(float) * G * hd);
+            float *one = malloc(sizeof(float) * hd), *sc = malloc(sizeof(float) * G * MAXPOS);
+            for (int i = 0; i < MAXPOS * stride; i++)
+                tmp[i] = frnd();
+            cpu_f32_to_f16_row(k, tmp, MAXPOS * stride);
+            for (int i = 0; i < MAXPOS * stride; i++)
+                tmp[i] = frnd();
+            cpu_f32_to_f16_row(v, tmp, MAXPOS * stride);
+            for (int i = 0; i < G * hd; i++)
+                q[i] = frnd() * 3;
+            for (int nq = 1; nq <= G; nq++)
+                for (int ni = 0; ni < 5; ni++) {
+                    int npos = nposs[ni], p0 = ni % 2 ? npos / 2 : 0;
+                    cpu_attention_paged_f16_group(got, q, nq, k + hd, v + hd, (size_t)stride, bt,
+                                                  BT, p0, npos, hd, 0.1f, sc);
+                    for (int g = 0; g < nq; g++) {
+                        cpu_attention_paged_f16(one, q + g * hd, k + hd, v + hd, (size_t)stride,
+                                                bt, BT, p0, npos, hd, 0.1f, sc);
+                        if (memcmp(one, got + g * hd, sizeof(float) * hd)) {
+                            print_error("attention group (%s) hd %d nq %d head %d npos %d p0 %d "
+                                        "differs from one head at a time\n",
+                                        cpu_simd_name(), hd, nq, g, npos, p0);
+                            fail();
+                        }
+                    }
+                }
+            free(k);
+            free(v);
+            free(tmp);
+            free(q);
+            free(got);
+            free(one);
+            free(sc);
+        }
+    }
+}
+
 /* ---- pool ---- */
 
 typedef struct {
@@ -766,6 +825,7 @@ int main(void) {
         cmocka_unit_test(test_softmax_handles_extremes),
         cmocka_unit_test(test_attention_paged_matches_double_formula),
         cmocka_unit_test(test_attention_paged_f16_matches_double_formula),
+        cmocka_unit_test(test_attention_group_equals_one_head_at_a_time),
         cmocka_unit_test(test_pool_runs_each_thread_once_per_job),
         cmocka_unit_test(test_pool_wakes_sleeping_workers),
     };
