@@ -99,6 +99,8 @@ typedef struct {
      * bytes) already leaves the grammar, the sequence stays unconstrained. A chat template's
      * tool calls: free text, or a call once the model writes "<tool_call>". */
     const char *grammar_trigger;
+    int grammar_trigger_anchored; /* the trigger counts only at the start of the text (after
+                                     whitespace): Llama 3's bare JSON call */
     const md_logit_bias *logit_bias;
     int n_logit_bias;
 } md_sampling;

@@ -166,6 +166,7 @@ int eng_con_seq_init(md_engine *eng, seq *q, const md_sampling *s, md_err *e) {
             if (!(q->trigger = strdup(s->grammar_trigger)))
                 return md_errf(e, MD_ENOMEM, "engine: out of memory for a grammar trigger");
             q->lazy = s->grammar;
+            q->anchored = s->grammar_trigger_anchored;
             return 0;
         }
         if ((rc = gr_matcher_new(s->grammar, c->gv, &q->gm, e)))
@@ -188,12 +189,27 @@ md_finish eng_con_trigger(md_engine *eng, seq *q, size_t text_before) {
     if (!q->lazy)
         return MD_FINISH_NONE;
     size_t l = strlen(q->trigger);
-    size_t from = text_before >= l - 1 ? text_before - (l - 1) : 0;
-    if (q->text_len < from + l)
-        return MD_FINISH_NONE;
-    const char *hit = memmem(q->text + from, q->text_len - from, q->trigger, l);
-    if (!hit)
-        return MD_FINISH_NONE;
+    const char *hit;
+    if (q->anchored) { /* at the start (after whitespace), or never */
+        size_t ws = strspn(q->text, " \t\r\n");
+        size_t have = q->text_len - ws;
+        if (have == 0)
+            return MD_FINISH_NONE;
+        if (memcmp(q->text + ws, q->trigger, have < l ? have : l)) {
+            q->lazy = NULL; /* the text began otherwise: free to the end */
+            return MD_FINISH_NONE;
+        }
+        if (have < l)
+            return MD_FINISH_NONE;
+        hit = q->text + ws;
+    } else {
+        size_t from = text_before >= l - 1 ? text_before - (l - 1) : 0;
+        if (q->text_len < from + l)
+            return MD_FINISH_NONE;
+        hit = memmem(q->text + from, q->text_len - from, q->trigger, l);
+        if (!hit)
+            return MD_FINISH_NONE;
+    }
     const struct gr_grammar *g = q->lazy;
     q->lazy = NULL; /* one chance: from the first trigger on, or never */
     md_err e = {0};

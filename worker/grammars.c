@@ -102,7 +102,7 @@ static int compile(const q_request *req, gentry *g, md_err *e) {
         if (req->con_lazy && req->con_markup) { /* an "auto" call in the template's markup */
             const tok_tool_markup *m = req->con_markup;
             gr_frame f = {m->prefix, m->item_open, m->item_close, m->sep, m->suffix,
-                          req->parallel_tools ? WK_MAX_CALLS : 1};
+                          req->parallel_tools ? m->max_calls : 1};
             return gr_from_json_schema_framed(req->con_text, req->con_len, req->con_strict, &f,
                                               &g->g, g->relaxed, sizeof g->relaxed, e);
         }
@@ -137,7 +137,7 @@ int wk_grammars_prepare(wk_grammars *c, q_request *req, q_verr *ve) {
         return 0;
     uint64_t h = con_hash(req->con, req->con_strict, req->con_text, req->con_len);
     const void *markup = req->con_lazy ? req->con_markup : NULL;
-    int calls = markup && req->parallel_tools ? WK_MAX_CALLS : 1;
+    int calls = markup && req->parallel_tools ? ((const tok_tool_markup *)markup)->max_calls : 1;
     gentry *g = NULL;
     int free_slot = -1, lru = -1;
     for (int i = 0; i < c->cap && !g; i++) {

@@ -18,7 +18,6 @@
 typedef struct wk_grammars wk_grammars;
 
 #define WK_GRAMMARS_DEFAULT 64 /* distinct constraints kept per worker */
-#define WK_MAX_CALLS 16        /* calls in one "auto" answer when parallel_tool_calls */
 
 int wk_grammars_new(int cap, wk_grammars **out, md_err *e);
 /* Frees the cache's references; entries still held live on until released. */

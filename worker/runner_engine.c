@@ -244,21 +244,20 @@ static int engine_check(void *self, q_request *req, q_verr *ve) {
     if (req->tool_choice == Q_TOOLS_AUTO) {
         /* "auto" lets the model choose between text and calls, told apart by the template's
          * own tool-call markup (engine/tokenizer/chat_tools.h) */
-        tok_tool_format f = tok_tool_format_of(r->tok);
-        req->con_markup = tok_tool_markup_of(f);
-        if (req->con_markup)
+        const tok_tool_markup *m = tok_tool_markup_of(tok_tool_format_of(r->tok));
+        if (m) {
+            req->con_markup = m;
+            /* Llama 3 names the arguments "parameters": the call schema says so too */
+            if (strcmp(m->args_key, "arguments") && wk_tools_rename_args(req, m->args_key))
+                return verr(ve, "server_error", "body.tools", "out of memory");
             return 0;
-        char msg[400];
-        snprintf(msg, sizeof msg,
-                 "body.tool_choice is \"auto\" (the default when body.tools is given), which "
-                 "needs the model's own tool-call format; %s: use \"required\" or "
-                 "{\"type\": \"function\", \"function\": {\"name\": ...}}, or \"none\"",
-                 f == TOK_TOOLS_LLAMA3
-                     ? "medley does not implement Llama 3's tool-call format yet"
-                     : "this model's chat template defines none (a ChatML model trained on "
-                       "Hermes-style <tool_call> markup can be served with --chat-template "
-                       "hermes)");
-        return verr(ve, "unsupported_value", "body.tool_choice", msg);
+        }
+        return verr(ve, "unsupported_value", "body.tool_choice",
+                    "body.tool_choice is \"auto\" (the default when body.tools is given), which "
+                    "needs the model's own tool-call format; this model's chat template defines "
+                    "none (a ChatML model trained on Hermes-style <tool_call> markup can be "
+                    "served with --chat-template hermes): use \"required\" or {\"type\": "
+                    "\"function\", \"function\": {\"name\": ...}}, or \"none\"");
     }
     return 0;
 }
@@ -343,8 +342,11 @@ static int engine_start(void *self, const q_request *req, void *tag, md_err *e) 
         s.seed = strtoull(hex, NULL, 16);
     }
     s.grammar = req->grammar;
-    if (req->con_lazy && req->grammar) /* "auto": free text until the template's call markup */
-        s.grammar_trigger = ((const tok_tool_markup *)req->con_markup)->trigger;
+    if (req->con_lazy && req->grammar) { /* "auto": free text until the template's markup */
+        const tok_tool_markup *m = req->con_markup;
+        s.grammar_trigger = m->trigger;
+        s.grammar_trigger_anchored = m->anchored;
+    }
     md_logit_bias *bias = NULL;
     if (req->n_bias) {
         bias = malloc((size_t)req->n_bias * sizeof *bias);

@@ -60,6 +60,47 @@ char *wk_tools_json(const q_request *req) {
     return txt;
 }
 
+/* One call branch {"properties": {"name", "arguments"}, "required": [...]}: the member
+ * renamed. */
+static void rename_branch(json_t *br, const char *key) {
+    json_t *props = json_object_get(br, "properties");
+    json_t *a = json_object_get(props, "arguments");
+    if (a) {
+        json_object_set(props, key, a);
+        json_object_del(props, "arguments");
+    }
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(br, "required"), i, x) {
+        if (!strcmp(json_string_value(x) ? json_string_value(x) : "", "arguments"))
+            json_array_set_new(json_object_get(br, "required"), i, json_string(key));
+    }
+}
+
+int wk_tools_rename_args(q_request *req, const char *key) {
+    json_t *s = json_loadb(req->con_text, req->con_len, JSON_DECODE_ANY, NULL);
+    if (!s)
+        return -1;
+    json_t *any = json_object_get(s, "anyOf");
+    size_t i;
+    json_t *br;
+    if (any) {
+        json_array_foreach(any, i, br) {
+            rename_branch(br, key);
+        }
+    } else {
+        rename_branch(s, key);
+    }
+    char *txt = json_dumps(s, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(s);
+    if (!txt)
+        return -1;
+    free(req->con_text);
+    req->con_text = txt;
+    req->con_len = strlen(txt);
+    return 0;
+}
+
 int wk_calls_read(wk_calls *c, const char *text, tok_tool_format format) {
     memset(c, 0, sizeof *c);
     size_t content_len = 0;

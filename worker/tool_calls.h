@@ -20,6 +20,10 @@ int wk_tools_system_text(const q_request *req, const char *own, char **out, md_e
  * "function": {name, description, parameters}}] (what a template's tool format lists);
  * NULL when out of memory. */
 char *wk_tools_json(const q_request *req);
+/* The call schema of req (con_text, built by queue/validate_constraint.c with "arguments")
+ * with the arguments member named key instead (Llama 3's "parameters"). 0, or -1 when out
+ * of memory (req unchanged). */
+int wk_tools_rename_args(q_request *req, const char *key);
 
 typedef struct {
     char *content; /* text before the calls ("" when none) */

@@ -5,8 +5,10 @@
  *   mistral  (templates that write [TOOL_CALLS]): [AVAILABLE_TOOLS] [<functions>]
  *            [/AVAILABLE_TOOLS] right before the last [INST]; the calls
  *            [TOOL_CALLS] [{"name": <name>, "arguments": <object>}, ...]
- *   llama3   (<|python_tag|> or "Environment: ipython" in a Llama 3 template): recognised so
- *            that the refusal can say so; not implemented. */
+ *   llama3   (<|python_tag|> or "Environment: ipython" in a Llama 3 template; Llama 3.1's
+ *            JSON tool calling, functions in the first user turn): the functions as indented
+ *            JSON after an instruction, before the user's text; the answer one bare call
+ *            {"name": <name>, "parameters": <object>}, nothing before it. */
 #define _GNU_SOURCE /* memmem */
 #include "engine/tokenizer/chat_tools.h"
 
@@ -16,10 +18,11 @@
 
 #include "engine/tokenizer/vocab.h"
 
-static const tok_tool_markup k_hermes = {"<tool_call>", "", "<tool_call> ", " </tool_call>", " ",
-                                         " "};
-static const tok_tool_markup k_mistral = {"[TOOL_CALLS]", "[TOOL_CALLS] [ ", "", "", " , ",
-                                          " ]"};
+static const tok_tool_markup k_hermes = {"<tool_call>", "", "<tool_call> ", " </tool_call>",
+                                         " ", " ", 0, 16, "arguments"};
+static const tok_tool_markup k_mistral = {"[TOOL_CALLS]", "[TOOL_CALLS] [ ", "", "", " , ", " ]",
+                                          0, 16, "arguments"};
+static const tok_tool_markup k_llama3 = {"{", "", "", "", "", " ", 1, 1, "parameters"};
 
 static int has(const char *t, size_t n, const char *needle) {
     return t && memmem(t, n, needle, strlen(needle)) != NULL;
@@ -29,7 +32,7 @@ tok_tool_format tok_tool_format_of(const tok_tokenizer *t) {
     if (!t)
         return TOK_TOOLS_NONE;
     if (t->chat_forced && t->tools_forced)
-        return TOK_TOOLS_HERMES;
+        return t->chat_forced_tmpl == TOK_TMPL_LLAMA3 ? TOK_TOOLS_LLAMA3 : TOK_TOOLS_HERMES;
     size_t n = 0;
     const char *s = tok_chat_template_text(t, &n);
     switch (tok_chat_template(t)) {
@@ -52,7 +55,12 @@ const char *tok_tool_format_name(tok_tool_format f) {
 }
 
 const tok_tool_markup *tok_tool_markup_of(tok_tool_format f) {
-    return f == TOK_TOOLS_HERMES ? &k_hermes : f == TOK_TOOLS_MISTRAL ? &k_mistral : NULL;
+    switch (f) {
+    case TOK_TOOLS_HERMES: return &k_hermes;
+    case TOK_TOOLS_MISTRAL: return &k_mistral;
+    case TOK_TOOLS_LLAMA3: return &k_llama3;
+    default: return NULL;
+    }
 }
 
 int tok_chat_apply_tools(const tok_tokenizer *t, const tok_chat_msg *msgs, int n_msgs,
@@ -61,7 +69,8 @@ int tok_chat_apply_tools(const tok_tokenizer *t, const tok_chat_msg *msgs, int n
     tok_tool_format f = tok_tool_format_of(t);
     if (!tok_tool_markup_of(f))
         return md_errf(e, MD_EUNSUPP, "the model's chat template has no tool-call format medley "
-                                      "implements (hermes <tool_call>, mistral [TOOL_CALLS])");
+                                      "implements (hermes <tool_call>, mistral [TOOL_CALLS], "
+                                      "llama3 JSON)");
     return tok_chat_render(t, tok_chat_template(t), msgs, n_msgs, 1, tools, out, e);
 }
 
@@ -93,6 +102,18 @@ static json_t *value_at(const char **p) {
 static int call_ok(const json_t *c) {
     return json_is_object(c) && json_is_string(json_object_get(c, "name")) &&
            json_is_object(json_object_get(c, "arguments"));
+}
+
+/* Llama 3's one call {"name", "parameters"} as {"name", "arguments"}; NULL if not one. */
+static json_t *llama3_call(const char *p) {
+    json_t *c = value_at(&p);
+    json_t *args = json_object_get(c, "parameters");
+    json_t *out = json_is_object(args) && json_is_string(json_object_get(c, "name")) && !*skip_ws(p)
+                      ? json_pack("[{s:O, s:O}]", "name", json_object_get(c, "name"),
+                                  "arguments", args)
+                      : NULL;
+    json_decref(c);
+    return out;
 }
 
 /* The calls from the trigger at p on, in markup m's shape; NULL when they are not all
@@ -133,6 +154,11 @@ int tok_tool_calls_parse(tok_tool_format f, const char *text, size_t *content_le
     *calls = NULL;
     *content_len = text ? strlen(text) : 0;
     const tok_tool_markup *m = tok_tool_markup_of(f);
+    if (f == TOK_TOOLS_LLAMA3) { /* the whole answer is the call, or there is none */
+        if (text && (*calls = llama3_call(text)))
+            *content_len = 0;
+        return *calls != NULL;
+    }
     const char *at = m && text ? strstr(text, m->trigger) : NULL;
     if (!at || !(*calls = read_calls(f, at)))
         return 0;

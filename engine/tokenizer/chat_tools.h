@@ -17,7 +17,7 @@ typedef enum {
     TOK_TOOLS_NONE = 0, /* the template defines no tool-call format */
     TOK_TOOLS_HERMES,   /* Qwen2.5/3, Hermes: <tool_call>{...}</tool_call> */
     TOK_TOOLS_MISTRAL,  /* Mistral: [TOOL_CALLS] [{...}, ...] */
-    TOK_TOOLS_LLAMA3,   /* Llama 3.1+: recognised, not implemented (a bare JSON call) */
+    TOK_TOOLS_LLAMA3,   /* Llama 3.1+: the answer is one bare JSON call {"name", "parameters"} */
 } tok_tool_format;
 
 /* The markup of a format's calls. The answer is free text until trigger; from trigger on it
@@ -27,13 +27,16 @@ typedef enum {
 typedef struct {
     const char *trigger;
     const char *prefix, *item_open, *item_close, *sep, *suffix;
+    int anchored;         /* the trigger counts only at the start of the answer */
+    int max_calls;        /* the most calls one answer may hold */
+    const char *args_key; /* the call's arguments member: "arguments" or "parameters" */
 } tok_tool_markup;
 
 /* The format of t's template: the one --chat-template forced ("hermes"), else recognised by
  * markers in the template text. */
 tok_tool_format tok_tool_format_of(const tok_tokenizer *t);
 const char *tok_tool_format_name(tok_tool_format f);
-/* NULL for TOK_TOOLS_NONE and formats not implemented. */
+/* NULL for TOK_TOOLS_NONE. */
 const tok_tool_markup *tok_tool_markup_of(tok_tool_format f);
 
 /* Render msgs with the functions (tools: a JSON array text of OpenAI tool objects
@@ -43,7 +46,7 @@ int tok_chat_apply_tools(const tok_tokenizer *t, const tok_chat_msg *msgs, int n
                          const char *tools, char **out, md_err *e);
 
 /* The calls in generated text of format f: 1 with *calls an array of {"name": string,
- * "arguments": object} and *content_len the bytes of text before the markup (trailing
+ * "arguments": object} (Llama 3's "parameters" read as "arguments") and *content_len the bytes of text before the markup (trailing
  * whitespace left out); 0 when the text holds no well-formed calls (then the whole text is
  * content). */
 int tok_tool_calls_parse(tok_tool_format f, const char *text, size_t *content_len,

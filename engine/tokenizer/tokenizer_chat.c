@@ -40,7 +40,7 @@ enum {
 };
 
 static const char *const k_names[] = {"none", "chatml", "llama3", "llama2", "mistral", "gemma"};
-#define KNOWN_NAMES "chatml, hermes, llama3, llama2, mistral, gemma"
+#define KNOWN_NAMES "chatml, hermes, llama3, llama3-json, llama2, mistral, gemma"
 
 const char *tok_template_name(tok_template tmpl) {
     if ((int)tmpl < 0 || (int)tmpl >= (int)(sizeof k_names / sizeof *k_names))
@@ -107,9 +107,11 @@ tok_template tok_chat_template(const tok_tokenizer *t) {
 int tok_chat_choose(tok_tokenizer *t, const char *name, md_err *e) {
     int v;
     t->tools_forced = 0;
-    if (name && !strcmp(name, "hermes")) { /* ChatML, with Hermes tool calls (chat_tools.c) */
+    /* a family with a tool-call format its template text does not show (chat_tools.c):
+     * hermes = ChatML with <tool_call>, llama3-json = Llama 3 with its JSON calls */
+    if (name && (!strcmp(name, "hermes") || !strcmp(name, "llama3-json"))) {
         t->chat_forced = 1;
-        t->chat_forced_tmpl = TOK_TMPL_CHATML;
+        t->chat_forced_tmpl = name[0] == 'h' ? TOK_TMPL_CHATML : TOK_TMPL_LLAMA3;
         t->tools_forced = 1;
         return 0;
     }
@@ -281,11 +283,45 @@ static void render_chatml(const tok_tokenizer *t, const tok_chat_msg *m, int n, 
         puts_(b, "<|im_start|>assistant\n");
 }
 
-static void render_llama3(const tok_chat_msg *m, int n, int add_ass, sbuf *b) {
+/* Llama 3.1's JSON tool calling: the instruction and each function (indented JSON) open
+ * the first user turn. */
+static void llama3_tools(const char *tools, sbuf *b) {
+    puts_(b, "Given the following functions, please respond with a JSON for a function call "
+             "with its proper arguments that best answers the given prompt.\n\nRespond in the "
+             "format {\"name\": function name, \"parameters\": dictionary of argument name and "
+             "its value}.Do not use variables.\n\n");
+    json_t *arr = json_loads(tools, 0, NULL);
+    size_t i;
+    json_t *x;
+    json_array_foreach(arr, i, x) {
+        char *one = json_dumps(x, JSON_INDENT(4) | JSON_PRESERVE_ORDER);
+        puts_(b, one ? one : "");
+        puts_(b, "\n\n");
+        free(one);
+    }
+    json_decref(arr);
+}
+
+static void render_llama3(const tok_chat_msg *m, int n, int add_ass, const char *tools,
+                          sbuf *b) {
+    int first_user = tools ? 1 : 0;
+    if (tools) { /* the system turn says so, before the line's own system text */
+        puts_(b, "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n\n");
+        if (n > 0 && !strcmp(m[0].role, "system")) {
+            put_trim(b, m[0].content);
+            m++;
+            n--;
+        }
+        puts_(b, "<|eot_id|>");
+    }
     for (int i = 0; i < n; i++) {
         puts_(b, "<|start_header_id|>");
         puts_(b, m[i].role);
         puts_(b, "<|end_header_id|>\n\n");
+        if (first_user && !strcmp(m[i].role, "user")) {
+            llama3_tools(tools, b);
+            first_user = 0;
+        }
         put_trim(b, m[i].content);
         puts_(b, "<|eot_id|>");
     }
@@ -429,7 +465,7 @@ static int render(const tok_tokenizer *t, tok_template tmpl, int variant, const 
                   int n, int add_ass, const char *tools, sbuf *b) {
     switch (tmpl) {
     case TOK_TMPL_CHATML: render_chatml(t, m, n, add_ass, tools, b); return 0;
-    case TOK_TMPL_LLAMA3: render_llama3(m, n, add_ass, b); return 0;
+    case TOK_TMPL_LLAMA3: render_llama3(m, n, add_ass, tools, b); return 0;
     case TOK_TMPL_LLAMA2: render_llama2(variant, m, n, b); return 0;
     case TOK_TMPL_MISTRAL:
         if (variant == V_M_V7 || variant == V_M_V7_TEKKEN)

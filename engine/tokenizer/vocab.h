@@ -152,7 +152,7 @@ struct tok_tokenizer {
     size_t chat_template_len;
     int chat_forced;               /* tok_chat_choose named a template (--chat-template) */
     tok_template chat_forced_tmpl; /* TOK_TMPL_NONE: raw prompts only */
-    int tools_forced;              /* --chat-template hermes: ChatML with Hermes tool calls */
+    int tools_forced; /* --chat-template hermes / llama3-json: the family's tool-call format */
 };
 
 /* Growable output of token ids. */

@@ -10,6 +10,9 @@ docs/structured.md "tool_choice auto"):
   "tool_calls" is valid, and none has more than 16;
 - plain lines (no nudge): text content, no tool_calls, finish "stop" or "length";
 - "auto" with a stop string works; "auto" beside response_format is a 400 naming both;
+- with `--chat-template llama3-json` (Llama 3.1's bare JSON call {"name", "parameters"}, only
+  at the start of the answer): lines nudged toward "{" come back as one valid call each,
+  plain ones as text;
 - the same "auto" line on the model's own template (no tool format) is a 400 naming
   body.tool_choice.
 
@@ -23,6 +26,7 @@ import tempfile
 from harness import MEDLEY, fail
 MODEL = "smollm2-135m"
 LT = 44  # SmolLM2's "<" token: the first of "<tool_call>"
+LB = 107  # SmolLM2's "{" token: Llama 3's bare JSON call starts with it
 # strings bounded: the nudge toward "<" would otherwise fill an open string with it
 S = {"type": "string", "maxLength": 12}
 TOOLS = [
@@ -126,13 +130,22 @@ def main():
         err = body(r).get("error") or {}
         if r["response"]["status_code"] != 400 or "body.tools" not in err.get("message", ""):
             fail("bad-rf: expected a 400 naming both constraints, got %s" % json.dumps(r)[:300])
+        l3 = run(tmp, "llama3", [line("l3-%d" % i, q, logit_bias={str(LB): 8})
+                                 for i, q in enumerate(asks[:2])] +
+                 [line("l3-text", "Say hello.", max_tokens=16)],
+                 "--chat-template", "llama3-json")
+        for i in range(2):
+            check_calls("l3-%d" % i, l3["l3-%d" % i], validators, ChatCompletion, 1)
+        ch = body(l3["l3-text"])["choices"][0]
+        if ch["message"].get("tool_calls") or not isinstance(ch["message"]["content"], str):
+            fail("l3-text: expected a text answer, got %s" % json.dumps(ch)[:300])
         own = run(tmp, "own", [line("own0", "hi")])["own0"]
         err = body(own).get("error") or {}
         if own["response"]["status_code"] != 400 or err.get("param") != "body.tool_choice":
             fail("own template: expected a 400 naming body.tool_choice, got %s"
                  % json.dumps(own)[:300])
     print("tools_auto_run: %d single calls valid, %d parallel calls valid, text and stop lines "
-          "plain, refusals named" % (len(asks), n_par))
+          "plain, 2 llama3-json calls valid, refusals named" % (len(asks), n_par))
     return 0
 
 

@@ -51,6 +51,24 @@ static void mistral_puts_available_tools_before_the_last_inst(void **st) {
     free(p);
 }
 
+static void llama3_lists_the_functions_in_the_first_user_turn(void **st) {
+    char *p = NULL;
+    md_err e = {0};
+    assert_int_equal(tok_chat_render(NULL, TOK_TMPL_LLAMA3, k_conv, 2, 1, k_tools, &p, &e), 0);
+    assert_string_equal(
+        p, "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n\nBe brief."
+           "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nGiven the following "
+           "functions, please respond with a JSON for a function call with its proper arguments "
+           "that best answers the given prompt.\n\nRespond in the format {\"name\": function "
+           "name, \"parameters\": dictionary of argument name and its value}.Do not use "
+           "variables.\n\n{\n    \"type\": \"function\",\n    \"function\": {\n        "
+           "\"name\": \"get_weather\",\n        \"parameters\": {\n            \"type\": "
+           "\"object\",\n            \"properties\": {\n                \"city\": {\n         "
+           "           \"type\": \"string\"\n                }\n            }\n        }\n    "
+           "}\n}\n\nWeather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(p);
+}
+
 static void calls_are_read_back_in_each_format(void **st) {
     size_t n = 0;
     json_t *c = NULL;
@@ -84,6 +102,20 @@ static void calls_are_read_back_in_each_format(void **st) {
                                           &c),
                      0);
     assert_int_equal(tok_tool_calls_parse(TOK_TOOLS_NONE, h, &n, &c), 0);
+    /* Llama 3: the whole answer is one call, "parameters" read as "arguments" */
+    assert_int_equal(tok_tool_calls_parse(TOK_TOOLS_LLAMA3,
+                                          " {\"name\": \"f\", \"parameters\": {\"a\": 1}}\n", &n,
+                                          &c),
+                     1);
+    assert_int_equal(n, 0);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(json_array_get(c, 0), "arguments"), "a")),
+                     1);
+    json_decref(c);
+    assert_int_equal(tok_tool_calls_parse(TOK_TOOLS_LLAMA3, "Sure: {\"name\": \"f\", "
+                                                            "\"parameters\": {}}",
+                                          &n, &c),
+                     0);
 }
 
 static int accepts(const gr_grammar *g, const char *s) {
@@ -142,6 +174,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hermes_lists_the_functions_in_the_system_turn),
         cmocka_unit_test(mistral_puts_available_tools_before_the_last_inst),
+        cmocka_unit_test(llama3_lists_the_functions_in_the_first_user_turn),
         cmocka_unit_test(calls_are_read_back_in_each_format),
         cmocka_unit_test(framed_grammar_holds_the_calls_to_their_format),
     };

@@ -138,7 +138,7 @@ static void chat_template_choice_is_checked_at_load(void **st) {
     md_err e = {0};
     assert_int_equal(tok_chat_choose(t, NULL, &e), MD_EUNSUPP);
     assert_non_null(strstr(e.msg, "--chat-template"));
-    assert_non_null(strstr(e.msg, "chatml, hermes, llama3, llama2, mistral, gemma"));
+    assert_non_null(strstr(e.msg, "chatml, hermes, llama3, llama3-json, llama2, mistral, gemma"));
     assert_int_equal(tok_chat_choose(t, "vicuna", &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "'vicuna'"));
     assert_int_equal(tok_chat_choose(t, "gemma", &e), 0);
