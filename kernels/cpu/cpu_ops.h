@@ -122,6 +122,15 @@ void cpu_attention_paged(float *out, const float *q, const float *k, const float
                          size_t row_stride, const int32_t *block_table, int block_tokens, int p0,
                          int npos, int hd, float scale, float *scratch);
 
+/* enc_ops.c — encoder models (BERT). out = (x - mean) / sqrt(var + eps) * w + b over n
+ * elements (out may alias x); x = 0.5 x (1 + erf(x / sqrt 2)) in place; and one query head's
+ * attention over the n rows of its sequence, every one of them (bidirectional): k and v
+ * already offset to the head, row_stride floats apart; scratch holds n floats. */
+void cpu_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps);
+void cpu_gelu_erf(float *x, int n);
+void cpu_attention_span(float *out, const float *q, const float *k, const float *v,
+                        size_t row_stride, int n, int hd, float scale, float *scratch);
+
 /* kv_f16.c — the F16 KV cache: float -> half with round-to-nearest-even (F16C where the
  * CPU has it, common/dtype.h's md_fp32_to_fp16 otherwise), and cpu_attention_paged over F16
  * K/V rows (row_stride in halves), F32 arithmetic. */
