@@ -7,8 +7,8 @@
 #define OP(m, op, ...) (m)->be->ops->op((m)->be, __VA_ARGS__)
 
 /* y [T, w->ne1] = x · wᵀ + b */
-static int linear(md_encoder *m, const md_tensor *w, const md_tensor *b, const md_buf *x,
-                  md_buf *y, int T, md_err *e) {
+static int linear(md_encoder *m, const md_tensor *w, const md_tensor *b, const md_buf *x, md_buf *y,
+                  int T, md_err *e) {
     int rc = OP(m, matmul, w, x, y, T, e);
     return rc ? rc : OP(m, add_bias, y, b, T, e);
 }
@@ -27,8 +27,7 @@ static int layer(md_encoder *m, const md_enc_layer *L, int T, float scale, md_er
     if ((rc = linear(m, &L->wq, &L->bq, m->x, m->q, T, e)) ||
         (rc = linear(m, &L->wk, &L->bk, m->x, m->k, T, e)) ||
         (rc = linear(m, &L->wv, &L->bv, m->x, m->v, T, e)) ||
-        (rc = OP(m, attention_enc, m->q, m->k, m->v, m->att, hp->n_head, hp->head_dim, scale,
-                 e)) ||
+        (rc = OP(m, attention_enc, m->q, m->k, m->v, m->att, hp->n_head, hp->head_dim, scale, e)) ||
         (rc = linear(m, &L->wo, &L->bo, m->att, m->xb, T, e)) ||
         (rc = add_norm(m, m->x, m->xb, &L->attn_norm_w, &L->attn_norm_b, T, e)))
         return rc;

@@ -259,8 +259,11 @@ void md_encoder_free(md_encoder *m) {
 
 /* The backend's ops the forward pass needs beyond the mandatory ones. */
 static int check_ops(const md_backend_ops *o, md_err *e) {
-    const char *missing = !o->layernorm ? "layernorm" : !o->gelu_erf ? "gelu_erf"
-                          : !o->embed_add ? "embed_add" : !o->attention_enc ? "attention_enc" : NULL;
+    const char *missing = !o->layernorm       ? "layernorm"
+                          : !o->gelu_erf      ? "gelu_erf"
+                          : !o->embed_add     ? "embed_add"
+                          : !o->attention_enc ? "attention_enc"
+                                              : NULL;
     if (missing)
         return md_errf(e, MD_EUNSUPP, "the %s backend has no %s op: encoder models run on cpu",
                        o->name, missing);
@@ -285,8 +288,8 @@ int md_encoder_load(const gguf_file *gf, md_backend *be, int max_tokens, md_enco
     }
     const md_enc_hparams *hp = &m->hp;
     int C = hp->n_embd, F = hp->n_ff;
-    md_reserve r = {max_tokens, max_tokens, F > C ? F : C, hp->n_ctx > C ? hp->n_ctx : C, 0,
-                    hp->n_head};
+    md_reserve r = {max_tokens, max_tokens, F > C ? F : C, hp->n_ctx > C ? hp->n_ctx : C,
+                    0,          hp->n_head};
     size_t T = (size_t)max_tokens, fl = sizeof(float);
     md_buf **act[] = {&m->x, &m->xb, &m->q, &m->k, &m->v, &m->att, &m->hb};
     if ((rc = be->ops->reserve(be, &r, e)))

@@ -5,13 +5,13 @@
  * reads it as it reads GGUF.
  *
  * Accepted: model_type llama, mistral, qwen2, qwen3, gemma3_text (and gemma3 with a
- * text_config: its language model), and the encoder bert (hf_encoder.c). Anything else is MD_EUNSUPP naming the model_type and the
- * architectures. Features the engine cannot run exactly are refused here with the key named
- * (docs/models.md, "Hugging Face directories"): an activation other than SiLU (GELU-tanh for
- * Gemma 3), a RoPE type other than default, linear or llama3 (named, in either spelling), MLP
- * or output biases, Qwen's use_sliding_window, layer_types the engine cannot lay out.
- * RoPE is read as transformers 4 writes it (top-level rope_theta, rope_scaling, Gemma 3's
- * rope_local_base_freq) and as transformers 5 does (rope_parameters, per layer type for
+ * text_config: its language model), and the encoder bert (hf_encoder.c). Anything else is
+ * MD_EUNSUPP naming the model_type and the architectures. Features the engine cannot run exactly
+ * are refused here with the key named (docs/models.md, "Hugging Face directories"): an activation
+ * other than SiLU (GELU-tanh for Gemma 3), a RoPE type other than default, linear or llama3 (named,
+ * in either spelling), MLP or output biases, Qwen's use_sliding_window, layer_types the engine
+ * cannot lay out. RoPE is read as transformers 4 writes it (top-level rope_theta, rope_scaling,
+ * Gemma 3's rope_local_base_freq) and as transformers 5 does (rope_parameters, per layer type for
  * Gemma 3: full_attention, sliding_attention). Gemma 3's layer pattern comes from
  * layer_types (v5) or sliding_window_pattern (v4). A Mistral sliding window slides on every
  * layer, as GGUF Mistral's does; the context stays max_position_embeddings.

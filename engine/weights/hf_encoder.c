@@ -67,12 +67,13 @@ int hf_encoder_parse(json_t *o, const char *where, hf_config *c, md_err *e) {
 /* HF suffix -> GGUF name: the embeddings, then per-layer suffixes of encoder.layer.N. */
 static const struct {
     const char *hf, *gguf;
-} enc_top[] = {
-    {"embeddings.word_embeddings.weight", "token_embd.weight"},
-    {"embeddings.position_embeddings.weight", "position_embd.weight"},
-    {"embeddings.token_type_embeddings.weight", "token_types.weight"},
-    {"embeddings.LayerNorm.weight", "token_embd_norm.weight"},
-    {"embeddings.LayerNorm.bias", "token_embd_norm.bias"},
+} enc_top[] =
+    {
+        {"embeddings.word_embeddings.weight", "token_embd.weight"},
+        {"embeddings.position_embeddings.weight", "position_embd.weight"},
+        {"embeddings.token_type_embeddings.weight", "token_types.weight"},
+        {"embeddings.LayerNorm.weight", "token_embd_norm.weight"},
+        {"embeddings.LayerNorm.bias", "token_embd_norm.bias"},
 },
   enc_layer[] = {
       {"attention.self.query.weight", "attn_q.weight"},

@@ -219,8 +219,8 @@ static int cpu_matmul_n_op(md_backend *be, int n, const md_tensor *const *w, con
                            "or aliases the input or another output",
                            i, T, (long long)w[i]->ne1);
         if (cpu_matmul_scratch_size(w[i]->type, cols, T) > c->mm_scratch_n)
-            return md_errf(e, MD_ERANGE,
-                           "cpu backend: matmul of %d x %d exceeds reserved scratch", T, cols);
+            return md_errf(e, MD_ERANGE, "cpu backend: matmul of %d x %d exceeds reserved scratch",
+                           T, cols);
         seg[i] = (cpu_mm_seg){w[i]->type, tensor_row(w[i], 0), (int)w[i]->ne1, y[i]->p};
     }
     _Static_assert((int)MD_MM_SET == (int)CPU_MM_SET && (int)MD_MM_ACC == (int)CPU_MM_ACC &&
@@ -300,8 +300,8 @@ static int cpu_rope(md_backend *be, md_buf *x, int n_heads, int head_dim, int ro
     float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     for (int t = 0; t < c->b.n_tokens; t++) {
         rope_angles((float)c->b.tok_pos[t], inv_freq->p, half, cs, sn);
-        rope_row((float *)x->p + (size_t)t * n_heads * head_dim, n_heads, head_dim, half, neox,
-                 cs, sn);
+        rope_row((float *)x->p + (size_t)t * n_heads * head_dim, n_heads, head_dim, half, neox, cs,
+                 sn);
     }
     return 0;
 }
@@ -352,8 +352,8 @@ static int cpu_rope_kv(md_backend *be, md_buf *q, md_buf *k, const md_buf *v, md
     for (int t = 0; t < c->b.n_tokens; t++) {
         float *kt = (float *)k->p + (size_t)t * kv_dim;
         rope_angles((float)c->b.tok_pos[t], inv_freq->p, half, cs, sn);
-        rope_row((float *)q->p + (size_t)t * n_heads * head_dim, n_heads, head_dim, half, neox,
-                 cs, sn);
+        rope_row((float *)q->p + (size_t)t * n_heads * head_dim, n_heads, head_dim, half, neox, cs,
+                 sn);
         rope_row(kt, n_kv_heads, head_dim, half, neox, cs, sn);
         if ((rc = kv_store(c, t, kt, (const float *)v->p + (size_t)t * kv_dim, k_cache, v_cache,
                            kv_dim, cache_type, e)))
@@ -544,8 +544,7 @@ typedef struct {
 static void ln_run(void *ctx, int ith, int nth) {
     ln_job *j = ctx;
     for (int t = ith; t < j->T; t += nth)
-        cpu_layernorm(j->out + (size_t)t * j->C, j->x + (size_t)t * j->C, j->w, j->b, j->C,
-                      j->eps);
+        cpu_layernorm(j->out + (size_t)t * j->C, j->x + (size_t)t * j->C, j->w, j->b, j->C, j->eps);
 }
 
 static int cpu_layernorm_op(md_backend *be, const md_buf *x, const md_tensor *w, const md_tensor *b,
@@ -644,7 +643,7 @@ static int cpu_attention_enc(md_backend *be, const md_buf *q, const md_buf *k, c
 
 static const md_backend_ops cpu_ops = {
     .name = "cpu",
-    .kv_cache_type = MD_TYPE_F16, /* as llama.cpp: half the memory of F32 */
+    .kv_cache_type = MD_TYPE_F16,               /* as llama.cpp: half the memory of F32 */
     .extra_weight_types = 1ull << MD_TYPE_Q5_0, /* cpu_weight_type */
     .free = cpu_free,
     .describe = cpu_describe,
