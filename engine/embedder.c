@@ -39,6 +39,16 @@ void md_embedder_close(md_embedder *m) {
     free(m);
 }
 
+int md_embedder_probe(const char *path) {
+    gguf_file *gf = NULL;
+    md_err e = {0};
+    if (md_model_open(path, &gf, &e))
+        return 0;
+    int is = md_encoder_is(gf);
+    gguf_close(gf);
+    return is;
+}
+
 /* The pipeline: the directory's sentence-transformers files, else the GGUF's pooling_type. */
 static int read_pipeline(md_embedder *m, md_err *e) {
     size_t n;

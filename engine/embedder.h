@@ -29,6 +29,8 @@ typedef struct {
  * work and md_embedder_tokenize reports why text cannot. */
 int md_embedder_open(const char *path, const md_embedder_opts *o, md_embedder **out, md_err *e);
 void md_embedder_close(md_embedder *m);
+/* 1 when path opens as a model whose architecture is an encoder (nothing kept open). */
+int md_embedder_probe(const char *path);
 
 int md_embedder_dim(const md_embedder *m);     /* the vector's length */
 int md_embedder_n_vocab(const md_embedder *m); /* token ids are 0..n_vocab-1 */
