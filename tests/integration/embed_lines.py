@@ -127,6 +127,11 @@ def main():
         if not res:
             return 1
         good_lines(cfg, t, ins, res)
+        ok_v, err_v = harness.schema_validator("output-line"), harness.schema_validator("error-line")
+        bad = [c for c, a in res.items()
+               if list((ok_v if a["error"] is None and a["response"]["status_code"] == 200 else err_v)
+                       .iter_errors(a))]
+        check(not bad, "answers follow output-line / error-line schemas", bad)
         hostile_lines(res)
         cut = res["cut"]["response"]["body"]["data"][0]["embedding"]
         want = ref.pool(ref.bert_hidden(cfg, t, long_ids[:64]), "mean", True)
