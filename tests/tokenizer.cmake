@@ -12,6 +12,9 @@ medley_test(test_tok_synth SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_syn
             LIBS ${TOK_TEST_LIBS} LABELS unit)
 medley_test(test_tok_hf SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_hf.c
             LIBS ${TOK_TEST_LIBS} LABELS unit)
+# WordPiece (BERT) rules on a hand-written vocabulary and hostile files; seconds.
+medley_test(test_tok_wordpiece SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_wordpiece.c
+            LIBS ${TOK_TEST_LIBS} LABELS unit)
 medley_test(test_chat SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_chat.c
             LIBS ${TOK_TEST_LIBS} LABELS unit)
 medley_test(test_tok_cli SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tok_cli.c LABELS e2e)

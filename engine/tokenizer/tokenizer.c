@@ -1,9 +1,9 @@
 /* tokenizer.c — the tokenizer's entry points on top of its kinds: tok_encode splits the
  * text at special tokens (llama.cpp's partition for GGUF vocabularies, Hugging Face's
  * added-token rules for tokenizer.json) and hands each text fragment to the kind's encoder
- * (tokenizer_bpe.c, tokenizer_spm.c); md_model_tokenizer picks the loader for a model file
- * (tokenizer_gguf.c or tokenizer_hf.c). The vocabulary, pieces and decode are vocab.c's;
- * chat templates tokenizer_chat.c's. */
+ * (tokenizer_bpe.c, tokenizer_spm.c, tokenizer_wordpiece.c); md_model_tokenizer picks the loader
+ * for a model file (tokenizer_gguf.c or tokenizer_hf.c). The vocabulary, pieces and decode are
+ * vocab.c's; chat templates tokenizer_chat.c's. */
 #define _GNU_SOURCE /* memmem */
 #include "engine/tokenizer/tokenizer.h"
 
@@ -15,6 +15,7 @@
 
 #include "engine/tokenizer/tokenizer_bpe.h"
 #include "engine/tokenizer/tokenizer_spm.h"
+#include "engine/tokenizer/tokenizer_wordpiece.h"
 #include "engine/tokenizer/vocab.h"
 #include "engine/weights/hf_model.h"
 
@@ -227,7 +228,9 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos
             prev_special = 1;
             continue;
         }
-        if (t->kind == TOK_KIND_BPE || t->hf)
+        if (t->kind == TOK_KIND_WP)
+            rc = tok_wp_encode(t, &sc, text + fr.off, fr.len, &out, e);
+        else if (t->kind == TOK_KIND_BPE || t->hf)
             rc = tok_bpe_encode(t, &sc, text + fr.off, fr.len, fr.off, &out, e);
         else
             rc = tok_spm_encode(t, &sc, text + fr.off, fr.len, t->add_space_prefix && prev_special,

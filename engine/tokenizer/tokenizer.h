@@ -1,7 +1,13 @@
 /* tokenizer.h — tokenizers read from a GGUF vocabulary: byte-level BPE (gpt2, llama-bpe,
  * qwen2, smollm pre-tokenizers through PCRE2) and SentencePiece (llama/TinyLlama, byte
- * fallback); or from a Hugging Face tokenizer.json (BPE with its pre-tokenizer sequence);
- * special and added tokens; streaming-safe decoding; chat templates.
+ * fallback); or from a Hugging Face tokenizer.json (BPE with its pre-tokenizer sequence, or
+ * BERT's WordPiece); special and added tokens; streaming-safe decoding; chat templates.
+ *
+ * For a tokenizer.json, BOS and EOS are the tokens its post-processor puts around a single
+ * sequence (TemplateProcessing, BertProcessing): for BERT, tok_bos is [CLS] and tok_eos
+ * [SEP], and tok_encode with add_bos gives [CLS] ... [SEP] as `tokenizers` does with
+ * add_special_tokens; without add_bos, the text's tokens alone. The file's truncation and
+ * padding are not applied (the caller knows its sequence length).
  *
  * Ownership: tok_load copies what it needs out of the gguf_file (the file may be closed
  * afterwards), tok_load_hf out of the JSON files; tok_free releases it. A tok_tokenizer is
@@ -87,6 +93,7 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, int n_ids, int render
 typedef struct {
     char pending[8];
     int n_pending;
+    int started; /* a token gave text (WordPiece puts no space before the first word) */
 } tok_stream;
 void tok_stream_init(tok_stream *s);
 /* Appends the newly complete text to out (capacity cap, NUL-terminated) and returns the

@@ -28,6 +28,7 @@
 
 #include "common/util.h"
 #include "engine/tokenizer/tokenizer_bpe.h"
+#include "engine/tokenizer/tokenizer_wordpiece.h"
 
 /* Twice Gemma 3's 33 MB tokenizer.json. jansson's tree takes up to ~35x the text for dense
  * arrays (a 60 MB file of short merges: 2.1 GB), so this cap is what bounds load memory. */
@@ -497,6 +498,15 @@ static int load_pre(hf_ld *L, json_t *p, const char *path, int depth) {
     if (!strcmp(type, "Sequence"))
         return load_sequence(L, p, path, "pretokenizers", depth, load_pre);
     int first = L->n_pre++ == 0;
+    if ((t->kind == TOK_KIND_WP) != !strcmp(type, "BertPreTokenizer"))
+        return fail(
+            L, MD_EUNSUPP, "", "%s.type '%.60s' is not supported with a %s model (medley reads %s)",
+            path, type, t->kind == TOK_KIND_WP ? "WordPiece" : "BPE",
+            t->kind == TOK_KIND_WP ? "BertPreTokenizer" : "Split, ByteLevel, Digits, Metaspace");
+    if (!strcmp(type, "BertPreTokenizer")) {
+        t->wp.bert_pre = 1;
+        return 0;
+    }
     if (!strcmp(type, "ByteLevel")) {
         int prefix = 1, use_regex = 1;
         if ((rc = get_bool(L, p, "add_prefix_space", path, &prefix)) ||
@@ -593,6 +603,13 @@ static int load_norm(hf_ld *L, json_t *p, const char *path, int depth) {
         return rc;
     if (!strcmp(type, "Sequence"))
         return load_sequence(L, p, path, "normalizers", depth, load_norm);
+    if ((L->t->kind == TOK_KIND_WP) != !strcmp(type, "BertNormalizer"))
+        return fail(
+            L, MD_EUNSUPP, "", "%s.type '%.60s' is not supported with a %s model (medley reads %s)",
+            path, type, L->t->kind == TOK_KIND_WP ? "WordPiece" : "BPE",
+            L->t->kind == TOK_KIND_WP ? "BertNormalizer" : "Sequence, NFC, Prepend, Replace");
+    if (!strcmp(type, "BertNormalizer"))
+        return tok_wp_load_normalizer(L->t, p, L->file, path, L->e);
     if (!strcmp(type, "NFC"))
         return add_norm(L, TOK_NORM_NFC, NULL, 0, NULL, 0);
     if (!strcmp(type, "Prepend")) {
@@ -636,6 +653,11 @@ static int load_decoder(hf_ld *L, json_t *p, const char *path, int depth) {
         return rc;
     if (!strcmp(type, "Sequence"))
         return load_sequence(L, p, path, "decoders", depth, load_decoder);
+    if ((L->t->kind == TOK_KIND_WP) != !strcmp(type, "WordPiece"))
+        return fail(L, MD_EUNSUPP, "", "%s.type '%.60s' is not supported with a %s model", path,
+                    type, L->t->kind == TOK_KIND_WP ? "WordPiece" : "BPE");
+    if (!strcmp(type, "WordPiece"))
+        return tok_wp_load_decoder(L->t, p, L->file, path, L->e);
     for (size_t i = 0; i < sizeof known / sizeof *known; i++)
         if (!strcmp(type, known[i]))
             return 0;
@@ -673,6 +695,21 @@ static int template_token(hf_ld *L, json_t *proc, json_t *item, const char *path
     return 0;
 }
 
+/* BertProcessing's cls / sep: ["[CLS]", 101], the id the one the vocabulary gives the text. */
+static int bert_special(hf_ld *L, json_t *p, const char *key, const char *path, int32_t *id) {
+    json_t *v = json_object_get(p, key);
+    json_t *text = json_array_get(v, 0), *num = json_array_get(v, 1);
+    if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_string(text) ||
+        !json_is_integer(num))
+        return fail(L, MD_EFORMAT, path, "'%s' is %s, expected [\"token\", id]", key,
+                    v ? md_json_type_name(v) : "missing");
+    *id = tok_find(L->t, json_string_value(text), json_string_length(text));
+    if (*id < 0 || *id != json_integer_value(num))
+        return fail(L, MD_EFORMAT, path, "'%s' ['%.40s', %lld] is not that token of the vocabulary",
+                    key, json_string_value(text), (long long)json_integer_value(num));
+    return 0;
+}
+
 static int load_post(hf_ld *L, json_t *p, const char *path, int depth) {
     const char *type;
     int rc;
@@ -685,8 +722,16 @@ static int load_post(hf_ld *L, json_t *p, const char *path, int depth) {
         return 0; /* offsets only */
     if (!strcmp(type, "Sequence"))
         return load_sequence(L, p, path, "processors", depth, load_post);
+    if (!strcmp(type, "BertProcessing")) { /* [CLS] A [SEP] */
+        if ((rc = bert_special(L, p, "cls", path, &L->t->bos)) ||
+            (rc = bert_special(L, p, "sep", path, &L->t->eos)))
+            return rc;
+        L->t->add_bos = L->t->add_eos = L->have_suffix = 1;
+        return 0;
+    }
     if (strcmp(type, "TemplateProcessing"))
-        return unsupported(L, path, type, "ByteLevel, TemplateProcessing, Sequence");
+        return unsupported(L, path, type,
+                           "ByteLevel, TemplateProcessing, BertProcessing, Sequence");
     /* single: [SpecialToken]? Sequence A [SpecialToken]? -> BOS / EOS */
     json_t *single = json_object_get(p, "single");
     snprintf(sub, sizeof sub, "%s.single", path);
@@ -831,12 +876,14 @@ static int load(const char *json, size_t len, const char *cfg_text, size_t cfg_l
     }
     if ((rc = get_str(&L, model, "type", "model", 0, &type, NULL)))
         goto fail;
-    if (type && strcmp(type, "BPE")) {
-        rc = unsupported(&L, "model", type, "BPE");
+    int wp = type && !strcmp(type, "WordPiece");
+    if (type && !wp && strcmp(type, "BPE")) {
+        rc = unsupported(&L, "model", type, "BPE, WordPiece");
         goto fail;
     }
-    if ((rc = load_vocab(&L, model, json_object_get(root, "added_tokens"))) ||
-        (rc = load_model(&L, model)) ||
+    json_t *added = json_object_get(root, "added_tokens");
+    if ((rc = load_vocab(&L, model, added)) ||
+        (rc = wp ? tok_wp_load_model(t, model, added, L.file, e) : load_model(&L, model)) ||
         (rc = load_norm(&L, json_object_get(root, "normalizer"), "normalizer", 0)))
         goto fail;
     json_t *pre = json_object_get(root, "pre_tokenizer");
@@ -845,7 +892,9 @@ static int load(const char *json, size_t len, const char *cfg_text, size_t cfg_l
     if ((rc = load_decoder(&L, json_object_get(root, "decoder"), "decoder", 0)) ||
         (rc = load_post(&L, json_object_get(root, "post_processor"), "post_processor", 0)))
         goto fail;
-    if (L.byte_level) {
+    if (wp) {
+        tok_wp_finish(t);
+    } else if (L.byte_level) {
         t->kind = TOK_KIND_BPE;
         snprintf(t->model_name, sizeof t->model_name, "hf-bpe");
         tok_byte_tables(t);
@@ -864,7 +913,7 @@ static int load(const char *json, size_t len, const char *cfg_text, size_t cfg_l
                 t->attr[t->byte_tok[b]] = TOK_A_BYTE;
         }
     }
-    if ((rc = tok_bpe_init(t, e)))
+    if (!wp && (rc = tok_bpe_init(t, e)))
         goto fail;
     if (cfg_text) {
         L.file = cfg_name;

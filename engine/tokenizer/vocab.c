@@ -261,11 +261,50 @@ static int cmp_special(const void *a, const void *b, void *ctx) {
     return x < y ? -1 : x > y;
 }
 
+/* Hugging Face's WordPiece decoder cleanup on out[0..n), in place (every replacement is no
+ * longer than what it replaces), each replacement over the whole text in turn. */
+static size_t wp_cleanup(char *out, size_t n) {
+    static const char *const from[] = {" .",  " ?",      " !",  " ,",   " ' ", " n't",
+                                       " 'm", " do not", " 's", " 've", " 're"};
+    static const char *const to[] = {".",  "?",      "!",  ",",   "'",  "n't",
+                                     "'m", " don't", "'s", "'ve", "'re"};
+    for (size_t k = 0; k < sizeof from / sizeof *from; k++) {
+        size_t fl = strlen(from[k]), tl = strlen(to[k]), r = 0, w = 0;
+        while (r < n) {
+            if (r + fl <= n && !memcmp(out + r, from[k], fl)) {
+                memmove(out + w, to[k], tl);
+                w += tl;
+                r += fl;
+            } else {
+                out[w++] = out[r++];
+            }
+        }
+        n = w;
+    }
+    return n;
+}
+
+/* A WordPiece token's piece, as Hugging Face decodes it after the first token: without its
+ * continuation prefix, or with a space before it; then cleanup. Without a WordPiece decoder
+ * tokens are joined by spaces. At most n + 1 bytes. */
+static size_t wp_piece(const tok_tokenizer *t, const char *s, size_t n, char *out) {
+    size_t pl = t->wp.dec_prefix_len, m;
+    if (t->wp.decoder && n >= pl && !memcmp(s, t->wp.dec_prefix, pl)) {
+        memcpy(out, s + pl, n - pl);
+        m = n - pl;
+    } else {
+        out[0] = ' ';
+        memcpy(out + 1, s, n);
+        m = n + 1;
+    }
+    return t->wp.decoder && t->wp.cleanup ? wp_cleanup(out, m) : m;
+}
+
 /* Pieces (token_to_piece with special = true) for every token, in one arena. */
 int tok_build_pieces(tok_tokenizer *t) {
     size_t cap = 0;
     for (int id = 0; id < t->n_vocab; id++)
-        cap += t->str_len[id] + 1; /* pieces never outgrow the text; +1 for a NUL */
+        cap += t->str_len[id] + 2; /* pieces outgrow the text by a WordPiece space at most */
     t->piece_arena = malloc(cap ? cap : 1);
     t->piece_off = malloc((size_t)t->n_vocab * sizeof *t->piece_off);
     t->piece_len = malloc((size_t)t->n_vocab * sizeof *t->piece_len);
@@ -283,7 +322,9 @@ int tok_build_pieces(tok_tokenizer *t) {
         char *out = t->piece_arena + pos;
         size_t m = 0;
         uint8_t a = t->attr[id];
-        if (a & (TOK_A_CONTROL | TOK_A_UNKNOWN | TOK_A_USER)) {
+        if (t->kind == TOK_KIND_WP) {
+            m = wp_piece(t, s, n, out);
+        } else if (a & (TOK_A_CONTROL | TOK_A_UNKNOWN | TOK_A_USER)) {
             memcpy(out, s, n);
             m = n;
         } else if (t->kind == TOK_KIND_BPE && (a & TOK_A_NORMAL)) {
@@ -590,6 +631,7 @@ void tok_scratch_free(tok_scratch *s) {
     free(s->enc);
     free(s->hf_buf[0]);
     free(s->hf_buf[1]);
+    free(s->marks);
     memset(s, 0, sizeof *s);
 }
 
@@ -610,6 +652,25 @@ int tok_out_push(tok_out *o, int32_t id) {
 
 void tok_stream_init(tok_stream *s) {
     s->n_pending = 0;
+    s->started = 0;
+}
+
+/* WordPiece's decoder at the first token of a text: no space before it, and a continuation
+ * keeps its prefix. Appends the prefix to out at *w (cap permitting) and moves *p past a
+ * leading space. */
+static void wp_first(const tok_tokenizer *t, int32_t id, const char **p, size_t *plen, char *out,
+                     size_t cap, size_t *w) {
+    const char *s = t->arena + t->str_off[id];
+    size_t n = t->str_len[id], pl = t->wp.dec_prefix_len;
+    if (t->wp.decoder && n >= pl && !memcmp(s, t->wp.dec_prefix, pl)) {
+        if (*w + pl + 1 <= cap) {
+            memcpy(out + *w, t->wp.dec_prefix, pl);
+            *w += pl;
+        }
+    } else if (*plen && (*p)[0] == ' ') {
+        (*p)++;
+        (*plen)--;
+    }
 }
 
 /* Emit the complete characters of buf[0..n) into out; returns bytes consumed. Held bytes
@@ -647,6 +708,10 @@ size_t tok_stream_push(const tok_tokenizer *t, tok_stream *s, int32_t id, char *
         out[0] = '\0';
     if (!cap)
         return 0;
+    if (t->kind == TOK_KIND_WP && !s->started && plen) {
+        s->started = 1;
+        wp_first(t, id, &p, &plen, out, cap, &w);
+    }
     /* the held bytes plus the start of the piece: enough to finish or refute them */
     size_t pos = 0;
     if (s->n_pending > 0) {
@@ -696,6 +761,8 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, int n_ids, int render
         tok_piece(t, ids[i], render_special, &l);
         total += l;
     }
+    if (t->kind == TOK_KIND_WP)
+        total += t->wp.dec_prefix_len; /* the first token may keep its prefix */
     /* every byte can become a 3-byte U+FFFD at worst */
     uint8_t *raw = malloc(total + 1);
     char *dst = malloc(total * 3 + 1);
@@ -705,6 +772,7 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, int n_ids, int render
         return md_errf(e, MD_ENOMEM, "decode: out of memory for %zu bytes", total);
     }
     size_t r = 0;
+    int started = 0;
     for (int i = 0; i < n_ids; i++) {
         if (ids[i] < 0 || ids[i] >= t->n_vocab) {
             free(raw);
@@ -714,6 +782,10 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, int n_ids, int render
         }
         size_t l;
         const char *p = tok_piece(t, ids[i], render_special, &l);
+        if (t->kind == TOK_KIND_WP && !started && l) {
+            started = 1;
+            wp_first(t, ids[i], &p, &l, (char *)raw, total + 1, &r);
+        }
         memcpy(raw + r, p, l);
         r += l;
     }

@@ -17,7 +17,9 @@
 #include "engine/tokenizer/bigram_heap.h"
 #include "engine/tokenizer/tokenizer.h"
 
-typedef enum { TOK_KIND_BPE = 1, TOK_KIND_SPM = 2 } tok_kind;
+/* BPE: byte-level BPE; SPM: SentencePiece (and tokenizer.json's character-level BPE); WP:
+ * WordPiece from a tokenizer.json (tokenizer_wordpiece.c). */
+typedef enum { TOK_KIND_BPE = 1, TOK_KIND_SPM = 2, TOK_KIND_WP = 3 } tok_kind;
 
 /* Pre-tokenizer families (llama.cpp's LLAMA_VOCAB_PRE_TYPE_*, the ones we support). */
 typedef enum {
@@ -58,12 +60,13 @@ typedef struct {
     size_t a_len, b_len;
 } tok_norm_step;
 
-/* Added-token flags of tokenizer.json (tok_flags). */
-enum { TOK_F_LSTRIP = 1, TOK_F_RSTRIP = 2, TOK_F_SINGLE_WORD = 4 };
+/* Added-token flags of tokenizer.json (tok_flags). ADDED_ONLY: the token is not in
+ * model.vocab, so WordPiece never produces it. */
+enum { TOK_F_LSTRIP = 1, TOK_F_RSTRIP = 2, TOK_F_SINGLE_WORD = 4, TOK_F_ADDED_ONLY = 8 };
 
 struct tok_tokenizer {
     tok_kind kind;
-    char model_name[8];
+    char model_name[16];
     char pre_name[32];
     tok_pre pre;
     int n_vocab; /* ids [0, n_vocab) are tokens */
@@ -116,6 +119,21 @@ struct tok_tokenizer {
     int prefix_space;   /* ByteLevel add_prefix_space */
     uint8_t *tok_flags; /* TOK_F_* per token, or NULL */
 
+    /* WordPiece (tokenizer_wordpiece.c): BertNormalizer's switches (all 0 without one),
+     * BertPreTokenizer (0: a fragment is one word), the model's options and the decoder's. */
+    struct {
+        int clean_text, chinese, strip_accents, lowercase, have_norm;
+        int bert_pre;
+        int max_chars;   /* max_input_chars_per_word: a longer word becomes unk */
+        char prefix[32]; /* continuing_subword_prefix */
+        size_t prefix_len;
+        size_t max_tok; /* longest token text in bytes: no longer candidate is looked up */
+        int decoder;    /* a WordPiece decoder: its prefix is cut, other tokens get a space */
+        int cleanup;    /* the decoder's cleanup (" ." -> ".", ...) */
+        char dec_prefix[32];
+        size_t dec_prefix_len;
+    } wp;
+
     /* SentencePiece: <0xXX> byte tokens. */
     int32_t byte_tok[256];
 
@@ -158,8 +176,10 @@ typedef struct {
     size_t heap_cap;
     char *enc; /* byte-level encoded word (ignore_merges lookup) */
     size_t enc_cap;
-    char *hf_buf[2]; /* tokenizer.json normalizers, ping-pong */
+    char *hf_buf[2]; /* tokenizer.json normalizers, ping-pong; WordPiece: word, candidate */
     size_t hf_cap[2];
+    uint32_t *marks; /* WordPiece NFD: combining marks after a starter, before reordering */
+    size_t marks_cap;
     /* Word cache for long texts (words repeat): word bytes -> its ids. Lives for one
      * tok_encode call, so no lock is needed; cleared when half full. */
     struct tok_wc_slot *wc;
