@@ -89,12 +89,13 @@ typedef struct {
 
 /* Sizes fixed at engine open, so the step loop never allocates. */
 typedef struct {
-    int max_tokens; /* most tokens in one step */
-    int max_seqs;   /* most sequences in one step */
-    int max_cols;   /* longest matmul row (input width) */
-    int max_ctx;    /* longest sequence (positions) */
-    int max_blocks; /* block table width */
-    int n_heads;    /* query heads, for attention scratch */
+    int max_tokens;   /* most tokens in one step */
+    int max_seqs;     /* most sequences in one step */
+    int max_cols;     /* longest matmul row (input width) */
+    int max_ctx;      /* longest sequence (positions) */
+    int max_blocks;   /* block table width */
+    int n_heads;      /* query heads, for attention scratch */
+    int enc_head_dim; /* encoders: attention_enc's head dimension (its scratch); 0: none */
 } md_reserve;
 
 /* A token a row's penalties touch: one entry per distinct token of the sequence (those of
@@ -301,7 +302,8 @@ typedef struct md_backend_ops {
      *                 to every token of its own sequence in the prepared batch (the contiguous
      *                 run of equal tok_seq around t), before and after it: block-diagonal,
      *                 bidirectional. q, k, v [T, n_heads * head_dim] activations; a sequence
-     *                 is at most the reserved max_ctx tokens (MD_ERANGE). */
+     *                 is at most the reserved max_ctx tokens and head_dim at most the reserved
+     *                 enc_head_dim (MD_ERANGE). */
     int (*layernorm)(md_backend *be, const md_buf *x, const md_tensor *w, const md_tensor *b,
                      md_buf *out, int T, int C, float eps, md_err *e);
     int (*gelu_erf)(md_backend *be, md_buf *x, int64_t n, md_err *e);

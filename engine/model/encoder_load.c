@@ -288,8 +288,12 @@ int md_encoder_load(const gguf_file *gf, md_backend *be, int max_tokens, md_enco
     }
     const md_enc_hparams *hp = &m->hp;
     int C = hp->n_embd, F = hp->n_ff;
-    md_reserve r = {max_tokens, max_tokens, F > C ? F : C, hp->n_ctx > C ? hp->n_ctx : C,
-                    0,          hp->n_head};
+    md_reserve r = {.max_tokens = max_tokens,
+                    .max_seqs = max_tokens,
+                    .max_cols = F > C ? F : C,
+                    .max_ctx = hp->n_ctx > C ? hp->n_ctx : C,
+                    .n_heads = hp->n_head,
+                    .enc_head_dim = hp->head_dim};
     size_t T = (size_t)max_tokens, fl = sizeof(float);
     md_buf **act[] = {&m->x, &m->xb, &m->q, &m->k, &m->v, &m->att, &m->hb};
     if ((rc = be->ops->reserve(be, &r, e)))

@@ -31,6 +31,7 @@ typedef struct {
     void *mm_scratch; /* cpu_matmul's activation blocks */
     size_t mm_scratch_n;
     float *att_scratch; /* [n_threads, max_ctx] attention scores */
+    float *enc_scratch; /* [n_threads, (enc_head_dim + 1) * max_ctx]: attention_enc's K^T, scores */
     md_batch b;
     char desc[128];
 } cpu_backend;
@@ -44,6 +45,7 @@ static void cpu_free(md_backend *be) {
     cpu_pool_destroy(c->pool);
     free(c->mm_scratch);
     free(c->att_scratch);
+    free(c->enc_scratch);
     free(c);
 }
 
@@ -140,8 +142,19 @@ static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
         free(mm);
         return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate attention scratch");
     }
+    size_t enc_n = r->enc_head_dim > 0 ? (size_t)c->n_threads * (size_t)(r->enc_head_dim + 1) *
+                                             (size_t)(r->max_ctx > 0 ? r->max_ctx : 1)
+                                       : 0;
+    float *enc = enc_n ? malloc(enc_n * sizeof(float)) : NULL;
+    if (enc_n && !enc) {
+        free(mm);
+        free(att);
+        return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate encoder attention scratch");
+    }
     free(c->mm_scratch);
     free(c->att_scratch);
+    free(c->enc_scratch);
+    c->enc_scratch = enc;
     c->mm_scratch = mm;
     c->mm_scratch_n = need;
     c->att_scratch = att;
@@ -219,8 +232,8 @@ static int cpu_matmul_n_op(md_backend *be, int n, const md_tensor *const *w, con
                            "or aliases the input or another output",
                            i, T, (long long)w[i]->ne1);
         if (cpu_matmul_scratch_size(w[i]->type, cols, T) > c->mm_scratch_n)
-            return md_errf(e, MD_ERANGE, "cpu backend: matmul of %d x %d exceeds reserved scratch",
-                           T, cols);
+            return md_errf(e, MD_ERANGE,
+                           "cpu backend: matmul of %d x %d exceeds reserved scratch", T, cols);
         seg[i] = (cpu_mm_seg){w[i]->type, tensor_row(w[i], 0), (int)w[i]->ne1, y[i]->p};
     }
     _Static_assert((int)MD_MM_SET == (int)CPU_MM_SET && (int)MD_MM_ACC == (int)CPU_MM_ACC &&
@@ -300,8 +313,8 @@ static int cpu_rope(md_backend *be, md_buf *x, int n_heads, int head_dim, int ro
     float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     for (int t = 0; t < c->b.n_tokens; t++) {
         rope_angles((float)c->b.tok_pos[t], inv_freq->p, half, cs, sn);
-        rope_row((float *)x->p + (size_t)t * n_heads * head_dim, n_heads, head_dim, half, neox, cs,
-                 sn);
+        rope_row((float *)x->p + (size_t)t * n_heads * head_dim, n_heads, head_dim, half, neox,
+                 cs, sn);
     }
     return 0;
 }
@@ -352,8 +365,8 @@ static int cpu_rope_kv(md_backend *be, md_buf *q, md_buf *k, const md_buf *v, md
     for (int t = 0; t < c->b.n_tokens; t++) {
         float *kt = (float *)k->p + (size_t)t * kv_dim;
         rope_angles((float)c->b.tok_pos[t], inv_freq->p, half, cs, sn);
-        rope_row((float *)q->p + (size_t)t * n_heads * head_dim, n_heads, head_dim, half, neox, cs,
-                 sn);
+        rope_row((float *)q->p + (size_t)t * n_heads * head_dim, n_heads, head_dim, half, neox,
+                 cs, sn);
         rope_row(kt, n_kv_heads, head_dim, half, neox, cs, sn);
         if ((rc = kv_store(c, t, kt, (const float *)v->p + (size_t)t * kv_dim, k_cache, v_cache,
                            kv_dim, cache_type, e)))
@@ -602,34 +615,36 @@ typedef struct {
     float scale;
 } enc_att_job;
 
-/* One (token, head) pair per item, interleaved over the threads; token t's sequence is the run
- * of equal tok_seq around it (packed: contiguous). */
+/* One (sequence, head) pair per item, interleaved over the threads; a sequence is a run of
+ * equal tok_seq (packed: contiguous). The items of the step are the runs times the heads. */
 static void enc_att_run(void *ctx, int ith, int nth) {
     enc_att_job *j = ctx;
     const md_batch *b = &j->c->b;
     int H = j->n_heads, hd = j->head_dim, T = b->n_tokens;
     size_t stride = (size_t)H * hd;
-    float *sc = j->c->att_scratch + (size_t)ith * j->c->r.max_ctx;
-    int lo = 0, hi = 0; /* the span of the last token looked at */
-    for (int64_t it = ith; it < (int64_t)T * H; it += nth) {
-        int t = (int)(it / H), h = (int)(it % H);
-        if (t < lo || t >= hi) {
-            int s = b->tok_seq[t];
-            for (lo = t; lo > 0 && b->tok_seq[lo - 1] == s; lo--)
-                ;
-            for (hi = t + 1; hi < T && b->tok_seq[hi] == s; hi++)
-                ;
+    float *sc = j->c->enc_scratch + (size_t)ith * (size_t)(hd + 1) * j->c->r.max_ctx;
+    int64_t it = 0;
+    for (int lo = 0, hi; lo < T; lo = hi) {
+        for (hi = lo + 1; hi < T && b->tok_seq[hi] == b->tok_seq[lo]; hi++)
+            ;
+        for (int h = 0; h < H; h++, it++) {
+            if (it % nth != ith)
+                continue;
+            size_t off = (size_t)lo * stride + (size_t)h * hd;
+            cpu_attention_seq(j->out + off, j->q + off, j->k + off, j->v + off, stride, hi - lo, hd,
+                              j->scale, sc);
         }
-        size_t off = (size_t)h * hd;
-        cpu_attention_span(j->out + (size_t)t * stride + off, j->q + (size_t)t * stride + off,
-                           j->k + (size_t)lo * stride + off, j->v + (size_t)lo * stride + off,
-                           stride, hi - lo, hd, j->scale, sc);
     }
 }
 
 static int cpu_attention_enc(md_backend *be, const md_buf *q, const md_buf *k, const md_buf *v,
                              md_buf *out, int n_heads, int head_dim, float scale, md_err *e) {
     cpu_backend *c = cb(be);
+    if (head_dim > c->r.enc_head_dim)
+        return md_errf(e, MD_ERANGE,
+                       "cpu backend: encoder attention of head dimension %d, %d "
+                       "reserved",
+                       head_dim, c->r.enc_head_dim);
     for (int t = 0, run = 0; t < c->b.n_tokens; t++) {
         run = t > 0 && c->b.tok_seq[t] == c->b.tok_seq[t - 1] ? run + 1 : 1;
         if (run > c->r.max_ctx)
@@ -643,7 +658,7 @@ static int cpu_attention_enc(md_backend *be, const md_buf *q, const md_buf *k, c
 
 static const md_backend_ops cpu_ops = {
     .name = "cpu",
-    .kv_cache_type = MD_TYPE_F16,               /* as llama.cpp: half the memory of F32 */
+    .kv_cache_type = MD_TYPE_F16, /* as llama.cpp: half the memory of F32 */
     .extra_weight_types = 1ull << MD_TYPE_Q5_0, /* cpu_weight_type */
     .free = cpu_free,
     .describe = cpu_describe,

@@ -185,7 +185,7 @@ static int setup(void **st) {
     md_err e = {0};
     if (md_backend_open("cpu:2", 2, &be, &e))
         return -1;
-    md_reserve r = {MAXT, MAXT, 384, 80, 0, 3};
+    md_reserve r = {MAXT, MAXT, 384, 80, 0, 3, 8};
     return be->ops->reserve(be, &r, &e);
 }
 
