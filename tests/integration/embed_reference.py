@@ -5,7 +5,8 @@ Builds small random BERTs with numpy, writes each as a sentence-transformers dir
 (config.json, model.safetensors written by hand, modules.json, 1_Pooling, 2_Normalize,
 sentence_bert_config.json), and compares `medley embed --ids` with the reference on inputs of
 1 to 40 tokens, packed many to a step: cosine >= 0.9999 on every input, for each pooling
-mode (mean, cls, max, mean-sqrt-len, last-token) with and without Normalize. Then hostile
+mode (mean, cls, max, mean-sqrt-len, last-token) with and without Normalize, and the same
+model written as a GGUF `bert` file (the gguf package, llama.cpp's names). Then hostile
 checkpoints (a truncated safetensors file, a shape-mismatched tensor, an unknown activation)
 must be refused with a sentence naming the problem. Seconds; needs numpy and the medley
 binary (MEDLEY_BIN). MEDLEY_EMBED_MODEL=DIR also checks a real sentence-transformers
@@ -142,6 +143,42 @@ def write_st(d, cfg, t, mode, normalize, max_seq=None):
               open(os.path.join(d, "sentence_bert_config.json"), "w"))
 
 
+def write_gguf(path, cfg, t):
+    """The same model as llama.cpp's converter writes the GGUF `bert` architecture (names,
+    keys, mean pooling); no tokenizer (token-id inputs)."""
+    import gguf
+    w = gguf.GGUFWriter(path, "bert")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_layer_norm_eps(cfg["layer_norm_eps"])
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType.MEAN)
+    names = {"embeddings.word_embeddings.weight": "token_embd.weight",
+             "embeddings.position_embeddings.weight": "position_embd.weight",
+             "embeddings.token_type_embeddings.weight": "token_types.weight",
+             "embeddings.LayerNorm.weight": "token_embd_norm.weight",
+             "embeddings.LayerNorm.bias": "token_embd_norm.bias"}
+    per = {"attention.self.query": "attn_q", "attention.self.key": "attn_k",
+           "attention.self.value": "attn_v", "attention.output.dense": "attn_output",
+           "attention.output.LayerNorm": "attn_output_norm", "intermediate.dense": "ffn_up",
+           "output.dense": "ffn_down", "output.LayerNorm": "layer_output_norm"}
+    for k, v in t.items():
+        if k.startswith("encoder.layer."):
+            l, rest = k[len("encoder.layer."):].split(".", 1)
+            base, kind = rest.rsplit(".", 1)
+            names[k] = "blk.%s.%s.%s" % (l, per[base], kind)
+    for k, v in t.items():
+        if k in names:
+            w.add_tensor(names[k], v.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def embed(d, inputs, *extra):
     p = subprocess.run([MEDLEY, "embed", "-m", d, "--ids", *extra],
                        input="".join(json.dumps(list(map(int, i))) + "\n" for i in inputs),
@@ -208,6 +245,9 @@ def main():
         compare(d, cfg, t, inputs, "mean", True, "steps of 64 tokens (one input a step or several)",
                 "--step-tokens", "64")
         compare(d, cfg, t, inputs, "mean", True, "cpu-exact backend", "--device", "cpu-exact")
+        g = os.path.join(tmp, "bert.gguf")
+        write_gguf(g, cfg, t)
+        compare(g, cfg, t, inputs, "mean", True, "GGUF bert (llama.cpp's names and keys), mean pooling")
         hostile(tmp, cfg, t)
     real = os.environ.get("MEDLEY_EMBED_MODEL")
     if real:
