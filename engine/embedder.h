@@ -1,9 +1,11 @@
 /* embedder.h — prefill-only work: text or token ids in, one vector per input out
  * (docs/embeddings.md). An encoder model (engine/model/encoder.h) and its sentence-transformers
- * pipeline (engine/weights/st_config.h: pooling, normalisation, max_seq_length). No KV cache is
- * kept: the inputs of a call, from as many requests as the caller gathered, are packed end to
- * end into steps of at most max_tokens tokens (variable-length packing: attention is
- * block-diagonal, so padding costs nothing) and pooled straight from the last hidden states.
+ * pipeline (engine/weights/st_config.h: pooling, normalisation, max_seq_length), or a decoder
+ * (engine/model/model.h, the llama path) whose pipeline pools the last token (Qwen3-Embedding
+ * style). No KV cache is kept: the inputs of a call, from as many requests as the caller
+ * gathered, are packed end to end into steps of at most max_tokens tokens (variable-length
+ * packing: an encoder's attention is block-diagonal, a decoder's causal within each sequence,
+ * so padding costs nothing) and pooled straight from the last hidden states.
  *
  * Ownership: md_embedder_open owns the model file, backend, tokenizer and buffers it opens;
  * md_embedder_close frees them. One thread drives an embedder. */
@@ -25,11 +27,13 @@ typedef struct {
 } md_embedder_opts;
 
 /* Open a model path (GGUF with an encoder architecture, or an HF / sentence-transformers
- * directory). A tokenizer the engine cannot load is not an error here: token-id inputs still
- * work and md_embedder_tokenize reports why text cannot. */
+ * directory; a decoder only with last-token pooling). A tokenizer the engine cannot load is
+ * not an error here: token-id inputs still work and md_embedder_tokenize reports why text
+ * cannot. */
 int md_embedder_open(const char *path, const md_embedder_opts *o, md_embedder **out, md_err *e);
 void md_embedder_close(md_embedder *m);
-/* 1 when path opens as a model whose architecture is an encoder (nothing kept open). */
+/* 1 when path opens as an embedding model: an encoder, or a decoder directory whose
+ * sentence-transformers pipeline pools the last token (nothing kept open). */
 int md_embedder_probe(const char *path);
 
 int md_embedder_dim(const md_embedder *m);     /* the vector's length */

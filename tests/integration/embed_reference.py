@@ -6,7 +6,8 @@ Builds small random BERTs with numpy, writes each as a sentence-transformers dir
 sentence_bert_config.json), and compares `medley embed --ids` with the reference on inputs of
 1 to 40 tokens, packed many to a step: cosine >= 0.9999 on every input, for each pooling
 mode (mean, cls, max, mean-sqrt-len, last-token) with and without Normalize, and the same
-model written as a GGUF `bert` file (the gguf package, llama.cpp's names). Then hostile
+model written as a GGUF `bert` file (the gguf package, llama.cpp's names); a decoder used as
+an embedder (tiny Qwen2, last-token pooling) against the fixture logits. Then hostile
 checkpoints (a truncated safetensors file, a shape-mismatched tensor, an unknown activation)
 must be refused with a sentence naming the problem. Seconds; needs numpy and the medley
 binary (MEDLEY_BIN). MEDLEY_EMBED_MODEL=DIR also checks a real sentence-transformers
@@ -22,6 +23,7 @@ import tempfile
 import numpy as np
 
 MEDLEY = os.environ["MEDLEY_BIN"]
+SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 failures = []
 
 
@@ -231,6 +233,38 @@ def hostile(tmp, cfg, t):
     check(got is not None and cosines(got, [want])[0] >= 0.9999, "--truncate cuts as sentence-transformers", err)
 
 
+def decoder_last_token(tmp):
+    """A decoder as an embedder (Qwen3-Embedding style): tests/fixtures/hf/tiny-qwen2 (random
+    weights) with a Transformer + last-token Pooling pipeline; lm_head times each input's
+    vector must give that position's logits of tests/fixtures/engine/tiny_logits.json (the
+    same weights as a GGUF), the 8 prefixes packed into one step."""
+    import shutil
+    from safetensors.numpy import load_file
+    src = os.path.join(SOURCE_DIR, "tests", "fixtures", "hf", "tiny-qwen2")
+    d = os.path.join(tmp, "tiny-qwen2-embed")
+    shutil.copytree(src, d)
+    os.makedirs(os.path.join(d, "1_Pooling"))
+    json.dump([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
+              open(os.path.join(d, "modules.json"), "w"))
+    json.dump({"word_embedding_dimension": 64, "pooling_mode_lasttoken": True},
+              open(os.path.join(d, "1_Pooling", "config.json"), "w"))
+    fx = json.load(open(os.path.join(SOURCE_DIR, "tests", "fixtures", "engine", "tiny_logits.json")))
+    fx = fx["models"]["tiny-qwen2.gguf"]
+    inputs = [fx["tokens"][: p + 1] for p in fx["positions"]]
+    got, err = embed(d, inputs)
+    if got is None:
+        check(False, "decoder last-token pooling", err)
+        return
+    w = load_file(os.path.join(d, "model.safetensors"))["lm_head.weight"].astype(np.float64)
+    cs = cosines([w @ h for h in got], [np.array(l) for l in fx["logits"]])
+    check(min(cs) >= 0.9999, "decoder (tiny qwen2) last-token pooling: lm_head x vector = the "
+          "fixture's logits, min cosine %.7f over %d inputs" % (min(cs), len(cs)))
+    os.remove(os.path.join(d, "modules.json"))
+    _, err = embed(d, inputs[:1])
+    check("last-token pooling" in err, "a decoder without a pipeline is refused", err)
+
+
 def main():
     rng = np.random.default_rng(40)
     cfg, t = random_bert(rng)
@@ -249,6 +283,7 @@ def main():
         write_gguf(g, cfg, t)
         compare(g, cfg, t, inputs, "mean", True, "GGUF bert (llama.cpp's names and keys), mean pooling")
         hostile(tmp, cfg, t)
+        decoder_last_token(tmp)
     real = os.environ.get("MEDLEY_EMBED_MODEL")
     if real:
         from safetensors.numpy import load_file
