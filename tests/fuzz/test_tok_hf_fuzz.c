@@ -48,6 +48,18 @@ static const char *const k_seeds[] = {
     "a\": 6, \"ab\": 7, \"\xe2\x96\x81"
     "ab\": 8}, \"merges\": [[\"\xe2\x96\x81\", \"a\"], [\"\xe2\x96\x81"
     "a\", \"b\"], \"a b\"]}}",
+    /* WordPiece: BertNormalizer, BertPreTokenizer, [CLS] A [SEP], the WordPiece decoder */
+    "{\"added_tokens\": [{\"id\": 0, \"content\": \"[UNK]\", \"special\": true}, {\"id\": 1, "
+    "\"content\": \"[CLS]\", \"special\": true}, {\"id\": 2, \"content\": \"[SEP]\", "
+    "\"special\": true}], \"normalizer\": {\"type\": \"BertNormalizer\", \"clean_text\": true, "
+    "\"handle_chinese_chars\": true, \"strip_accents\": null, \"lowercase\": true}, "
+    "\"pre_tokenizer\": {\"type\": \"BertPreTokenizer\"}, \"post_processor\": {\"type\": "
+    "\"BertProcessing\", \"sep\": [\"[SEP]\", 2], \"cls\": [\"[CLS]\", 1]}, \"decoder\": "
+    "{\"type\": \"WordPiece\", \"prefix\": \"##\", \"cleanup\": true}, \"model\": {\"type\": "
+    "\"WordPiece\", \"unk_token\": \"[UNK]\", \"continuing_subword_prefix\": \"##\", "
+    "\"max_input_chars_per_word\": 12, \"vocab\": {\"[UNK]\": 0, \"[CLS]\": 1, \"[SEP]\": 2, "
+    "\"he\": 3, \"##llo\": 4, \"a\": 5, \"##b\": 6, \".\": 7, \"\xe5\x8c\x97\": 8, \"##\": "
+    "9}}}",
 };
 
 static const char *const k_texts[] = {
@@ -57,6 +69,8 @@ static const char *const k_texts[] = {
     "",
     "                                                  ",
     "<|end|><|end|> <|end|>h",
+    "[CLS]HELLO. ab\xcc\x81"
+    "b \xe5\x8c\x97\xe4\xba\xac ##b abbbbbbbbbbbbbbbbbb\x01[SEP]",
 };
 
 static json_t *random_value(void) {

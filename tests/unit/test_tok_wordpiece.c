@@ -169,6 +169,31 @@ static void decode_as_the_wordpiece_decoder(void **st) {
     tok_free(t);
 }
 
+/* A special added token missing from model.vocab: split out of the text when special tokens
+ * are parsed, never a WordPiece piece when they are not (ids checked with tokenizers). */
+static void added_tokens_outside_the_vocab_are_not_pieces(void **st) {
+    (void)st;
+    const char *j =
+        "{\"added_tokens\": [{\"id\": 0, \"content\": \"[UNK]\", \"special\": true}, {\"id\": 3, "
+        "\"content\": \"zz\", \"special\": true}], \"normalizer\": null, \"pre_tokenizer\": "
+        "{\"type\": \"BertPreTokenizer\"}, \"post_processor\": null, \"decoder\": null, "
+        "\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"vocab\": {\"[UNK]\": 0, "
+        "\"z\": 1, \"##z\": 2}}}";
+    tok_tokenizer *t = NULL;
+    md_err e = {0};
+    assert_int_equal(tok_load_hf_mem(j, strlen(j), NULL, 0, &t, &e), 0);
+    int32_t *ids;
+    int n;
+    assert_int_equal(tok_encode(t, "zz a", 4, 1, 0, &ids, &n, &e), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 2);
+    assert_int_equal(ids[2], 0);
+    free(ids);
+    EXPECT(t, "zz a", 1, 3, 0);
+    tok_free(t);
+}
+
 typedef struct {
     const char *what;
     char *json;
@@ -239,6 +264,7 @@ int main(void) {
         cmocka_unit_test(normalizer_pretokenizer_and_longest_match),
         cmocka_unit_test(max_chars_cased_and_bert_processing),
         cmocka_unit_test(decode_as_the_wordpiece_decoder),
+        cmocka_unit_test(added_tokens_outside_the_vocab_are_not_pieces),
         cmocka_unit_test(hostile_files_are_refused_naming_the_json_path),
         cmocka_unit_test(a_huge_word_is_one_unk),
     };
