@@ -19,7 +19,6 @@ vector and the peer's on every text (F32 weights), with the minimum printed.
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -70,23 +69,21 @@ def run_peer(py, model, texts, threads, bs, tmp):
 
 
 def run_medley(medley, model, texts, threads, tmp):
-    out = os.path.join(tmp, "medley.txt")
-    with open(texts) as fin, open(out, "w") as fout:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out, err_path = os.path.join(tmp, "medley.txt"), os.path.join(tmp, "medley.err")
+    with open(texts) as fin, open(out, "w") as fout, open(err_path, "w") as ferr:
         p = subprocess.Popen([medley, "embed", "-m", model, "--jsonl", "--threads", str(threads),
-                              "--stats"], stdin=fin, stdout=fout, stderr=subprocess.PIPE, text=True)
-        _, err = p.communicate()
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if p.returncode:
+                              "--stats"], stdin=fin, stdout=fout, stderr=ferr)
+        _, status, ru = os.wait4(p.pid, 0)  # this child's own usage, not other children's
+    err = open(err_path).read()
+    if status:
         sys.exit("medley failed: " + err[-2000:])
     stats = [l for l in err.splitlines() if l.startswith("embed:")][-1]
     # "embed: N inputs, T tokens; tokenize A ms, forward B ms: ..."
     tok_ms = float(stats.split("tokenize ")[1].split(" ms")[0])
     fwd_ms = float(stats.split("forward ")[1].split(" ms")[0])
     vecs = np.array([json.loads(l) for l in open(out)], dtype=np.float32)
-    return {"s": (tok_ms + fwd_ms) / 1000, "cpu_total": (after.ru_utime + after.ru_stime)
-            - (before.ru_utime + before.ru_stime), "rss_mib": after.ru_maxrss / 1024,
-            "vectors": vecs, "stats": stats}
+    return {"s": (tok_ms + fwd_ms) / 1000, "cpu_total": ru.ru_utime + ru.ru_stime,
+            "rss_mib": ru.ru_maxrss / 1024, "vectors": vecs, "stats": stats}
 
 
 def main():

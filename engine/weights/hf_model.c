@@ -117,7 +117,7 @@ static int build_meta(const hf_config *c, const char *dir, void **out, size_t *l
     kv_u32(&m, a, "embedding_length", (uint32_t)c->n_embd);
     kv_u32(&m, a, "feed_forward_length", (uint32_t)c->n_ff);
     kv_u32(&m, a, "attention.head_count", (uint32_t)c->n_head);
-    if (c->encoder) { /* llama.cpp's bert keys; the pooling is the directory's (st_pooling) */
+    if (c->encoder) { /* llama.cpp's bert keys; the pooling is the directory's (st_config.h) */
         kv_u32(&m, a, "vocab_size", (uint32_t)c->n_vocab);
         kv_f32(&m, a, "attention.layer_norm_epsilon", c->eps);
         return finish_meta(&m, dir, out, len, e);
