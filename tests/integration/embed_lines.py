@@ -7,7 +7,8 @@ usage counting every token), float and base64 agree, vectors equal the numpy ref
 (cosine >= 0.9999). Hostile lines get a 400 naming the field, and the good lines of the same
 batch are answered anyway: 2,049 inputs, a 10 MB string, nested arrays, ids of 2^40 and past
 the vocabulary, empty inputs, too long (the limit named) and medley.truncate, dimensions on a
-model without Matryoshka training, a chat line on an embedding model. A model card tagged
+model without Matryoshka training, a chat line on an embedding model, a text line when the
+model's tokenizer.json has an unknown model type. A model card tagged
 matryoshka honours dimensions (cut, renormalised). Then one `medley worker` serving the
 embedding model and the echo model at once answers both batches, every custom_id once.
 Needs numpy, redis-server, the medley binary (MEDLEY_BIN); seconds.
@@ -110,6 +111,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         d = os.path.join(tmp, "bert")
         ref.write_st(d, cfg, t, "mean", True)
+        with open(os.path.join(d, "tokenizer.json"), "w") as f:  # a model type no one runs
+            json.dump({"version": "1.0", "model": {"type": "Unigram2", "vocab": []}}, f)
         ins = [rng.integers(1, cfg["vocab_size"], size=n).tolist() for n in (3, 17, 64, 1)]
         long_ids = list(range(1, 70))
         lines = [line("one", ins[0]), line("many", ins), line("b64", ins, encoding_format="base64"),
@@ -118,7 +121,7 @@ def main():
                  line("empty-str", ""), line("empty-arr", []), line("too-long", long_ids),
                  line("cut", long_ids, medley={"truncate": True}, user="u"),
                  line("dims", [1, 2], dimensions=8), line("field", [1], temperature=0),
-                 line("fmt", [1], encoding_format="int8"),
+                 line("fmt", [1], encoding_format="int8"), line("text", "hello"),
                  json.dumps({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
                              "body": {"messages": [{"role": "user", "content": "hi"}]}})]
         res = run(d, lines, tmp)
@@ -133,6 +136,10 @@ def main():
                        .iter_errors(a))]
         check(not bad, "answers follow output-line / error-line schemas", bad)
         hostile_lines(res)
+        st, err = err_of(res["text"])
+        check("tokenizer" in err and "Unigram2" in err and "token ids" in err,
+              "a text line on a model whose tokenizer.json has an unknown model type: a clear "
+              "error (token-id lines of the batch answered)", err)
         cut = res["cut"]["response"]["body"]["data"][0]["embedding"]
         want = ref.pool(ref.bert_hidden(cfg, t, long_ids[:64]), "mean", True)
         check(ref.cosines([np.array(cut)], [want])[0] >= 0.9999,
