@@ -1,8 +1,9 @@
-/* runner_embed.c — the embedding runner (runner.h): /v1/embeddings lines on an encoder model
- * (engine/embedder.h). start() tokenizes and checks a line's inputs and queues it; poll()
- * embeds every queued line's inputs together, packed into the embedder's steps, up to
- * EMB_POLL_TOKENS tokens a call so that a worker serving a generation model beside it keeps
- * stepping, and answers each line with OpenAI's body (object "list", data[i] {object,
+/* runner_embed.c — the embedding runner (runner.h): /v1/embeddings lines on an embedding
+ * model (engine/embedder.h). start() tokenizes and checks a line's inputs and queues it;
+ * poll() embeds the queued lines' next inputs together, packed into the embedder's steps, up
+ * to EMB_POLL_TOKENS tokens a call (round-robin over the lines, a big line over several
+ * polls) so that a worker serving a generation model beside it keeps stepping, and answers
+ * each line whose inputs are all done with OpenAI's body (object "list", data[i] {object,
  * index, embedding}, usage). docs/embeddings.md. */
 #include <jansson.h>
 #include <stdio.h>
@@ -25,6 +26,9 @@ typedef struct {
     int tokens;
     int base64, dims;
     double start_ms;
+    float *vecs; /* [n_in, dim]: inputs [0, done) embedded so far */
+    int done;
+    double embed_ms; /* time in the polls that embedded its inputs */
 } emb_item;
 
 typedef struct {
@@ -40,6 +44,7 @@ static void item_free(emb_item *it) {
         free(it->ids[i]);
     free(it->ids);
     free(it->lens);
+    free(it->vecs);
     memset(it, 0, sizeof *it);
 }
 
@@ -164,8 +169,9 @@ static int embed_start(void *self, const q_request *req, void *tag, md_err *e) {
         return md_errf(e, MD_ENOMEM, "embedding runner: all %d slots busy", r->cap);
     it->ids = calloc((size_t)req->n_emb_in, sizeof *it->ids);
     it->lens = calloc((size_t)req->n_emb_in, sizeof *it->lens);
+    it->vecs = malloc((size_t)req->n_emb_in * md_embedder_dim(r->m) * sizeof *it->vecs);
     it->n_in = req->n_emb_in;
-    if (!it->ids || !it->lens) {
+    if (!it->ids || !it->lens || !it->vecs) {
         item_free(it);
         return md_errf(e, MD_ENOMEM, "out of memory");
     }
@@ -236,65 +242,93 @@ static json_t *body_json(const emb_item *it, float *v, int dim) {
                      "prompt_tokens", it->tokens, "total_tokens", it->tokens);
 }
 
-/* The queued lines to embed this call: from r->next round, until EMB_POLL_TOKENS. */
-static int pick(embed_runner *r, int *sel) {
+/* One input picked for this poll: item, input index. */
+typedef struct {
+    int item, in;
+} emb_pick;
+
+/* The inputs to embed this call: the lines' next inputs, from r->next round, until
+ * EMB_POLL_TOKENS (at least one input), so a poll is bounded whatever a line holds. */
+static int pick(embed_runner *r, emb_pick *sel, int max_sel) {
     int n = 0, tokens = 0;
-    for (int k = 0; k < r->cap; k++) {
+    for (int k = 0; k < r->cap && n < max_sel; k++) {
         int i = (int)((r->next + (unsigned long)k) % (unsigned long)r->cap);
         emb_item *it = &r->items[i];
-        if (!it->used || (n > 0 && tokens + it->tokens > EMB_POLL_TOKENS))
-            continue;
-        sel[n++] = i;
-        tokens += it->tokens;
+        for (int in = it->done; it->used && in < it->n_in && n < max_sel; in++) {
+            if (n > 0 && tokens + it->lens[in] > EMB_POLL_TOKENS)
+                return n;
+            sel[n++] = (emb_pick){i, in};
+            tokens += it->lens[in];
+        }
     }
-    r->next += (unsigned long)n;
+    r->next++;
     return n;
+}
+
+/* Answer item i: its body, or err when its inputs could not be embedded. */
+static void finish(embed_runner *r, emb_item *it, const char *err, wk_done_fn done, void *ctx) {
+    json_t *body = err ? NULL : body_json(it, it->vecs, md_embedder_dim(r->m));
+    wk_result res = {.prompt_tokens = it->tokens,
+                     .prefill_ms = it->embed_ms,
+                     .first_token_ms = md_wall_s() * 1000.0 - it->start_ms,
+                     .body = body,
+                     .error = err    ? err
+                              : body ? NULL
+                                     : "out of memory for the answer"};
+    done(ctx, it->tag, &res);
+    json_decref(body);
+    item_free(it);
+    r->live--;
 }
 
 static int embed_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err *e) {
     embed_runner *r = self;
+    (void)wait_ms;
     if (r->live == 0)
         return 0;
-    int *sel = malloc((size_t)r->cap * sizeof *sel), n_in = 0, rc = 0;
-    int n = sel ? pick(r, sel) : 0, dim = md_embedder_dim(r->m);
-    for (int k = 0; k < n; k++)
-        n_in += r->items[sel[k]].n_in;
-    const int32_t **ids = malloc((size_t)(n_in ? n_in : 1) * sizeof *ids);
-    int *lens = malloc((size_t)(n_in ? n_in : 1) * sizeof *lens);
-    float *out = malloc((size_t)(n_in ? n_in : 1) * dim * sizeof *out);
+    int max_sel = EMB_POLL_TOKENS, dim = md_embedder_dim(r->m), rc = 0;
+    emb_pick *sel = malloc((size_t)max_sel * sizeof *sel);
+    const int32_t **ids = malloc((size_t)max_sel * sizeof *ids);
+    int *lens = malloc((size_t)max_sel * sizeof *lens), n = 0;
+    float *out = NULL;
+    if (sel && ids && lens && (n = pick(r, sel, max_sel)) > 0)
+        out = malloc((size_t)n * dim * sizeof *out);
     if (!sel || !ids || !lens || !out)
-        rc = md_errf(e, MD_ENOMEM, "embedding runner: out of memory for %d inputs", n_in);
-    for (int k = 0, j = 0; rc == 0 && k < n; k++)
-        for (int i = 0; i < r->items[sel[k]].n_in; i++, j++) {
-            ids[j] = r->items[sel[k]].ids[i];
-            lens[j] = r->items[sel[k]].lens[i];
-        }
+        rc = md_errf(e, MD_ENOMEM, "embedding runner: out of memory for a poll");
+    for (int k = 0; rc == 0 && k < n; k++) {
+        ids[k] = r->items[sel[k].item].ids[sel[k].in];
+        lens[k] = r->items[sel[k].item].lens[sel[k].in];
+    }
     double t0 = md_wall_s() * 1000.0;
     if (rc == 0)
-        rc = md_embedder_run(r->m, ids, lens, n_in, out, e);
-    double t1 = md_wall_s() * 1000.0;
-    for (int k = 0, j = 0; k < n; k++) { /* every picked line answered, or failed with rc */
-        emb_item *it = &r->items[sel[k]];
-        json_t *body = rc ? NULL : body_json(it, out + (size_t)j * dim, dim);
-        wk_result res = {.prompt_tokens = it->tokens,
-                         .prefill_ms = t1 - t0,
-                         .first_token_ms = t1 - it->start_ms,
-                         .body = body,
-                         .error = rc     ? e->msg
-                                  : body ? NULL
-                                         : "out of memory for the answer"};
-        j += it->n_in;
-        done(ctx, it->tag, &res);
-        json_decref(body);
-        item_free(it);
-        r->live--;
+        rc = md_embedder_run(r->m, ids, lens, n, out, e);
+    double ms = md_wall_s() * 1000.0 - t0;
+    for (int k = 0; rc == 0 && k < n; k++) { /* picks of one item are consecutive inputs */
+        emb_item *it = &r->items[sel[k].item];
+        memcpy(it->vecs + (size_t)sel[k].in * dim, out + (size_t)k * dim,
+               (size_t)dim * sizeof *out);
+        it->done = sel[k].in + 1;
+        if (k == 0 || sel[k - 1].item != sel[k].item)
+            it->embed_ms += ms;
     }
+    for (int i = 0; i < r->cap; i++) { /* finished lines answered; on an error, every picked one */
+        emb_item *it = &r->items[i];
+        int picked = 0;
+        for (int k = 0; rc && k < n && !picked; k++)
+            picked = sel[k].item == i;
+        if (it->used && (picked || (rc == 0 && it->done == it->n_in)))
+            finish(r, it, rc ? e->msg : NULL, done, ctx);
+    }
+    if (rc && n == 0)
+        for (int i = 0; i < r->cap; i++) /* no memory even to pick: fail what is queued */
+            if (r->items[i].used)
+                finish(r, &r->items[i], e->msg, done, ctx);
     free(sel);
     free(ids);
     free(lens);
     free(out);
-    (void)wait_ms;
-    return rc;
+    return 0; /* a failure was the picked lines' (inputs checked at start): they are answered
+                 with it, and the device stays in service */
 }
 
 const wk_runner_ops wk_embed_ops = {
