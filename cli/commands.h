@@ -5,6 +5,7 @@
 
 int cmd_models(int argc, char **argv);    /* cmd_models.c: list | fetch | inspect */
 int cmd_tokenize(int argc, char **argv);  /* cmd_tokenize.c */
+int cmd_embed(int argc, char **argv);     /* cmd_embed.c */
 int cmd_generate(int argc, char **argv);  /* cmd_generate.c */
 int cmd_profile(int argc, char **argv);   /* cmd_profile.c */
 int cmd_worker(int argc, char **argv);    /* cmd_worker.c */

@@ -30,6 +30,7 @@ static const command commands[] = {
     {"dashboard", cmd_dashboard, "serve a live web page of batches, fleet, plan and DLQ"},
     {"generate", cmd_generate, "generate text with a model"},
     {"tokenize", cmd_tokenize, "tokenize text with a model's tokenizer"},
+    {"embed", cmd_embed, "embed texts or token ids with an embedding model"},
     {"models", cmd_models, "list, fetch and inspect models"},
     {"profile", cmd_profile, "measure a device's throughput for the scheduler"},
 };

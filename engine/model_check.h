@@ -6,7 +6,8 @@
  * tensor's presence, shape and type (md_model_check, engine/model/model.h), the tokenizer
  * (GGUF vocabulary or tokenizer.json + tokenizer_config.json) loads, and it has no more
  * tokens than the output head has rows. Reads metadata and the tokenizer; no weight is read
- * or copied. */
+ * or copied. An encoder (engine/model/encoder.h) is checked by binding its weights on a
+ * one-thread CPU backend (aliased, not read); its tokenizer is not required. */
 #ifndef MEDLEY_ENGINE_MODEL_CHECK_H
 #define MEDLEY_ENGINE_MODEL_CHECK_H
 

@@ -89,12 +89,13 @@ typedef struct {
 
 /* Sizes fixed at engine open, so the step loop never allocates. */
 typedef struct {
-    int max_tokens; /* most tokens in one step */
-    int max_seqs;   /* most sequences in one step */
-    int max_cols;   /* longest matmul row (input width) */
-    int max_ctx;    /* longest sequence (positions) */
-    int max_blocks; /* block table width */
-    int n_heads;    /* query heads, for attention scratch */
+    int max_tokens;   /* most tokens in one step */
+    int max_seqs;     /* most sequences in one step */
+    int max_cols;     /* longest matmul row (input width) */
+    int max_ctx;      /* longest sequence (positions) */
+    int max_blocks;   /* block table width */
+    int n_heads;      /* query heads, for attention scratch */
+    int enc_head_dim; /* encoders: attention_enc's head dimension (its scratch); 0: none */
 } md_reserve;
 
 /* A token a row's penalties touch: one entry per distinct token of the sequence (those of
@@ -287,6 +288,28 @@ typedef struct md_backend_ops {
     int (*scale)(md_backend *be, md_buf *x, float s, int64_t n, md_err *e);
     int (*geglu)(md_backend *be, const md_buf *gate, const md_buf *up, md_buf *out, int64_t n,
                  md_err *e);
+
+    /* Encoders (BERT family, engine/model/encoder.h; optional, all four or none: the encoder
+     * refuses a backend without them at load, naming the op). No KV cache: the step's tokens
+     * are the whole of their sequences, packed one after the other (variable-length packing:
+     * no padding, no padding mask).
+     *  layernorm      out [T, C] = (x - mean) / sqrt(var + eps) * w + b, mean and variance
+     *                 over each row (w, b F32 [C]); out may equal x
+     *  gelu_erf       x [n] = 0.5 x (1 + erf(x / sqrt 2)), the exact GELU, in place
+     *  embed_add      out [T, w->ne0] += row (tok_pos[t] + offset) of w, for each token of the
+     *                 prepared batch (absolute position embeddings); offset >= 0
+     *  attention_enc  out [T, n_heads * head_dim] = softmax(q kᵀ * scale) v, token t attending
+     *                 to every token of its own sequence in the prepared batch (the contiguous
+     *                 run of equal tok_seq around t), before and after it: block-diagonal,
+     *                 bidirectional. q, k, v [T, n_heads * head_dim] activations; a sequence
+     *                 is at most the reserved max_ctx tokens and head_dim at most the reserved
+     *                 enc_head_dim (MD_ERANGE). */
+    int (*layernorm)(md_backend *be, const md_buf *x, const md_tensor *w, const md_tensor *b,
+                     md_buf *out, int T, int C, float eps, md_err *e);
+    int (*gelu_erf)(md_backend *be, md_buf *x, int64_t n, md_err *e);
+    int (*embed_add)(md_backend *be, const md_tensor *w, int offset, md_buf *out, md_err *e);
+    int (*attention_enc)(md_backend *be, const md_buf *q, const md_buf *k, const md_buf *v,
+                         md_buf *out, int n_heads, int head_dim, float scale, md_err *e);
 
     /* Keep a BF16 copy of quantized weight w on the device beside it (optional): matmul and
      * matmul_n then multiply products of more rows than the backend's weight-only vector

@@ -239,9 +239,12 @@ static int check_envelope(json_t *root, q_request *req, json_t **body, q_verr *v
         req->chat = 1;
     else if (req->url && !strcmp(req->url, "/v1/completions"))
         req->chat = 0;
+    else if (req->url && !strcmp(req->url, "/v1/embeddings"))
+        req->embed = 1;
     else
         return q_vfail(ve, "invalid_url", "url",
-                       "url must be \"/v1/chat/completions\" or \"/v1/completions\"");
+                       "url must be \"/v1/chat/completions\", \"/v1/completions\" or "
+                       "\"/v1/embeddings\"");
     *body = json_object_get(root, "body");
     if (!*body)
         return q_vfail(ve, "missing_required_parameter", "body", "the line has no body");
@@ -492,14 +495,15 @@ int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req
     json_t *body = NULL;
     if (check_envelope(root, req, &body, ve))
         return -1;
-    if (q_vcheck_fields(body, req->chat, ve))
-        return -1;
-
     json_t *model = json_object_get(body, "model");
     if (model && !json_is_string(model))
         return q_vfail(ve, "invalid_type", "body.model", "body.model must be a string, not %s",
                        md_json_type_name(model));
     req->model = json_string_value(model);
+    if (req->embed)
+        return q_vget_embeddings(body, req, ve);
+    if (q_vcheck_fields(body, req->chat, ve))
+        return -1;
 
     if (req->chat ? get_messages(body, len, req, ve) : get_prompt(body, req, ve))
         return -1;
@@ -553,6 +557,10 @@ void q_request_free(q_request *req) {
     free(req->bias_ids);
     free(req->bias);
     free(req->con_text);
+    free(req->emb_in);
+    free(req->emb_ids);
+    req->emb_in = NULL;
+    req->emb_ids = NULL;
     req->root = NULL;
     req->text = NULL;
     req->bias_ids = NULL;
@@ -561,6 +569,8 @@ void q_request_free(q_request *req) {
 }
 
 const char *q_request_prompt_text(const q_request *req) {
+    if (req->embed)
+        return req->emb_in[0].text ? req->emb_in[0].text : "";
     if (!req->chat)
         return req->prompt;
     for (int i = req->n_msgs - 1; i >= 0; i--)

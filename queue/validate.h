@@ -19,6 +19,16 @@
 #define Q_MAX_LOGIT_BIAS 1024       /* logit_bias entries (OpenAI documents no bound) */
 #define Q_MAX_TOOLS 128             /* tools, as OpenAI bounds them */
 #define Q_MAX_CHOICES 4096          /* medley.choice strings */
+#define Q_MAX_EMBED_INPUTS 2048     /* inputs of one /v1/embeddings line, as OpenAI bounds them */
+
+/* One input of a /v1/embeddings line: a string (text, len bytes; borrowed from the parsed
+ * line) or token ids (ids [n_ids], into q_request.emb_ids); the other is NULL. */
+typedef struct {
+    const char *text;
+    size_t len;
+    const int32_t *ids;
+    int n_ids;
+} q_embed_input;
 
 typedef struct {
     size_t max_line_bytes;  /* larger lines are refused unparsed (default 1 MiB) */
@@ -56,6 +66,14 @@ typedef struct {
 typedef struct {
     const char *custom_id; /* NULL when the line has none that is usable */
     int chat;              /* 1: /v1/chat/completions, 0: /v1/completions */
+    /* 1: /v1/embeddings (chat 0; none of the generation fields below is set): emb_in
+     * [n_emb_in] the inputs (malloc'd, as emb_ids, their token ids; freed with req),
+     * encoding_format base64, dimensions (0: the model's), medley.truncate */
+    int embed;
+    q_embed_input *emb_in;
+    int n_emb_in;
+    int32_t *emb_ids;
+    int emb_base64, emb_dimensions, emb_truncate;
     const char *url;
     const char *model; /* body.model; NULL when absent (the batch's model applies) */
     q_msg msgs[Q_MAX_MSGS];

@@ -21,4 +21,7 @@ int q_vget_tools(json_t *body, q_request *req, q_verr *ve);
 int q_vcheck_fields(json_t *body, int chat, q_verr *ve);
 int q_vget_logit_bias(json_t *body, q_request *req, q_verr *ve);
 
+/* validate_embed.c: a /v1/embeddings body (every key, input, options) */
+int q_vget_embeddings(json_t *body, q_request *req, q_verr *ve);
+
 #endif

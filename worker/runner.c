@@ -1,6 +1,7 @@
 /* runner.c — see runner.h: picks the runner kind for a model and forwards calls. */
 #include "worker/runner.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,9 @@ int wk_runner_open(const char *model, const wk_runner_opts *o, wk_runner **out, 
     if (!strcmp(model, "echo")) {
         r->ops = &wk_echo_ops;
         rc = wk_echo_open(o, &r->self, e);
+    } else if (wk_embed_is(model, o->allow_path)) {
+        r->ops = &wk_embed_ops;
+        rc = wk_embed_open(model, o, &r->self, e);
     } else {
         r->ops = &wk_engine_ops;
         rc = wk_engine_open(model, o, &r->self, e);
@@ -63,6 +67,16 @@ int wk_runner_n_ctx(const wk_runner *r) {
     return r->ops->n_ctx(r->self);
 }
 int wk_runner_prepare(wk_runner *r, q_request *req, q_verr *ve) {
+    int embed = !strcmp(r->ops->kind, "embed");
+    if (req->embed != embed) { /* the url and the model's kind disagree */
+        snprintf(ve->code, sizeof ve->code, "invalid_value");
+        snprintf(ve->param, sizeof ve->param, "url");
+        snprintf(ve->message, sizeof ve->message, "%s",
+                 embed ? "this model is an embedding model: it answers /v1/embeddings lines only"
+                       : "this model generates text: /v1/embeddings lines need an embedding model");
+        ve->status = 400;
+        return -1;
+    }
     /* the check first: it says how an "auto" tool call is framed (req->con_markup) */
     if (r->ops->check && r->ops->check(r->self, req, ve))
         return -1;

@@ -4,6 +4,8 @@
  *           only alternative). Queue behaviour
  *           is tested and benchmarked with it apart from inference.
  *   engine  chat template -> tokens -> md_engine_submit -> step loop -> text and usage.
+ *   embed   /v1/embeddings lines on an encoder model: inputs of many lines packed into the
+ *           embedder's steps (engine/embedder.h), one vector per input.
  *
  * The worker calls start() for each request it reads (as many as capacity() allows) and
  * poll() in its loop; poll() reports every finished request through the done callback,
@@ -66,6 +68,10 @@ typedef struct {
     int constrained, compile_cached;
     double compile_ms;
     const char *schema_relaxed;
+    /* An embeddings answer (runner_embed.c): the response body, OpenAI's object "list" with
+     * data and usage, without "model" (the worker adds it); the runner keeps its reference,
+     * the worker takes its own. NULL for text answers. */
+    json_t *body;
     const char *error; /* non-NULL: the request failed inside the runner */
     /* Not the request's failure but its device's (a failed engine step: a GPU error). The
      * worker hands the entry back for another worker instead of answering it. */
@@ -103,7 +109,7 @@ typedef struct wk_runner wk_runner;
 int wk_runner_open(const char *model, const wk_runner_opts *o, wk_runner **out, md_err *e);
 void wk_runner_close(wk_runner *r);
 
-const char *wk_runner_kind(const wk_runner *r);   /* "echo" | "engine" */
+const char *wk_runner_kind(const wk_runner *r);   /* "echo" | "engine" | "embed" */
 const char *wk_runner_device(const wk_runner *r); /* device type for output lines: "cpu", ... */
 int wk_runner_capacity(const wk_runner *r);
 int wk_runner_live(const wk_runner *r);

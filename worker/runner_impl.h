@@ -26,4 +26,10 @@ extern const wk_runner_ops wk_echo_ops;
 int wk_engine_open(const char *model, const wk_runner_opts *o, void **self, md_err *e);
 extern const wk_runner_ops wk_engine_ops;
 
+/* Embedding runner (runner_embed.c): /v1/embeddings on an encoder model. wk_embed_is: 1 when
+ * the model resolves to one (the runner kind to open for it). */
+int wk_embed_is(const char *model, int allow_path);
+int wk_embed_open(const char *model, const wk_runner_opts *o, void **self, md_err *e);
+extern const wk_runner_ops wk_embed_ops;
+
 #endif

@@ -146,6 +146,28 @@ static void constraint_report(json_t *med, const wk_result *res) {
     json_object_set_new(med, "schema_relaxed", relaxed ? relaxed : json_array());
 }
 
+/* An embeddings answer: the runner's body with the served model's name. */
+static void answer_embedding(wk *w, job *j, const wk_result *res) {
+    char id[48], rid[48];
+    ids(id, "batch_req_");
+    ids(rid, "req_");
+    int m = stream_model(w, j->s);
+    json_t *body = json_copy(res->body); /* shallow: the runner's arrays are shared, not changed */
+    if (body)
+        json_object_set_new(body, "model", json_string(w->mod[m].name));
+    json_t *med = medley_obj(w, m, j->queue_ms, res->prefill_ms, 0, j->share_s, j->attempt);
+    json_t *doc = json_pack("{s:s, s:s, s:{s:i, s:s, s:o*}, s:n, s:o*}", "id", id, "custom_id",
+                            j->custom_id, "response", "status_code", 200, "request_id", rid, "body",
+                            body, "error", "medley", med);
+    if (!doc) {
+        wk_answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error",
+                        "out of memory writing the answer", j->queue_ms, j->attempt);
+        return;
+    }
+    push_answer(w, j->s, j->id, j->batch, j->custom_id, NULL, doc);
+    wk_metrics_result(w, m, res, w->cfg->usd_per_hour * j->share_s / 3600.0);
+}
+
 void wk_on_done(void *ctx, void *tag, const wk_result *res) {
     wk *w = ctx;
     job *j = tag;
@@ -166,6 +188,8 @@ void wk_on_done(void *ctx, void *tag, const wk_result *res) {
     } else if (res->error) {
         wk_answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error", res->error,
                         j->queue_ms, j->attempt);
+    } else if (res->body) {
+        answer_embedding(w, j, res);
     } else {
         char id[48], rid[48], cid[48];
         ids(id, "batch_req_");

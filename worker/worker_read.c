@@ -211,9 +211,13 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
             j->used = 1;
             w->live++;
             wk_metrics_started(w, s, qms);
-        } else if (rc == MD_ERANGE) {
-            snprintf(ve.code, sizeof ve.code, "context_length_exceeded");
-            snprintf(ve.param, sizeof ve.param, "%s", req.chat ? "messages" : "prompt");
+        } else if (rc == MD_ERANGE || (req.embed && rc == MD_EINVAL)) {
+            snprintf(ve.code, sizeof ve.code, "%s",
+                     rc == MD_ERANGE ? "context_length_exceeded" : "invalid_value");
+            snprintf(ve.param, sizeof ve.param, "%s",
+                     req.embed  ? "body.input"
+                     : req.chat ? "messages"
+                                : "prompt");
             snprintf(ve.message, sizeof ve.message, "%s", e.msg);
             ve.status = 400;
             wk_answer_invalid(w, s, id, batch, cid, &ve, qms, attempt);

@@ -193,6 +193,9 @@ int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, 
         return CALL(m, sync, e);
     if (!logits)
         return 0; /* the caller reads f->logits itself (device argmax, a subset of rows) */
+    if (f->hidden_only)
+        return CALL(m, buf_download, f->xl, 0, logits,
+                    (size_t)b->n_logits * hp->n_embd * sizeof(float), e);
     return CALL(m, buf_download, f->logits, 0, logits,
                 (size_t)b->n_logits * hp->n_vocab * sizeof(float), e);
 }
@@ -296,8 +299,7 @@ static int forward_ops(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b
         return 0;
     /* head only on the rows that need logits: xl [n_logits, C] -> logits [n_logits, V] */
     if ((rc = CALL(m, gather_rows, f->x, f->xl, C, e)) ||
-        (rc = CALL(m, rmsnorm, f->xl, &m->out_norm, f->xl, b->n_logits, C, hp->eps, e)) ||
-        (rc = CALL(m, matmul, &m->output, f->xl, f->logits, b->n_logits, e)))
+        (rc = CALL(m, rmsnorm, f->xl, &m->out_norm, f->xl, b->n_logits, C, hp->eps, e)))
         return rc;
-    return 0;
+    return f->hidden_only ? 0 : CALL(m, matmul, &m->output, f->xl, f->logits, b->n_logits, e);
 }

@@ -120,6 +120,10 @@ size_t md_kv_bytes_per_token(const md_hparams *hp, int kv_type);
 typedef struct {
     int max_tokens, max_logits;
     md_buf *x, *xb, *q, *k, *v, *att, *hb, *hb2, *xl, *logits;
+    /* 1: the head stops after the final norm, and md_model_forward hands back those rows'
+     * hidden states [n_logits, n_embd] instead of logits (decoders used as embedders,
+     * engine/embedder.h: last-token pooling). Set by the caller after md_fwd_alloc. */
+    int hidden_only;
 } md_fwd;
 
 int md_fwd_alloc(md_model *m, int max_tokens, int max_logits, md_fwd *f, md_err *e);
@@ -127,7 +131,8 @@ void md_fwd_free(md_model *m, md_fwd *f);
 
 /* Run the step described by b (already checked by the engine: positions, slots, blocks)
  * and copy the logits of b->logit_rows into logits [n_logits, n_vocab] (host); with logits
- * NULL they stay in f->logits [n_logits, n_vocab] on the device. */
+ * NULL they stay in f->logits [n_logits, n_vocab] on the device. With f->hidden_only, logits
+ * gets the final-normed hidden states of those rows [n_logits, n_embd] instead. */
 int md_model_forward(md_model *m, md_fwd *f, md_kv_bufs *kv, const md_batch *b, float *logits,
                      md_err *e);
 /* One pipeline stage's part of the step: in [T, n_embd] (host) are the hidden states entering

@@ -191,6 +191,7 @@ static int pick_arch(json_t *root, const char *where, hf_config *c, md_err *e) {
         {"qwen3", "Qwen3ForCausalLM", "qwen3"},
         {"gemma3_text", "Gemma3ForCausalLM", "gemma3"},
         {"gemma3", "Gemma3ForConditionalGeneration", "gemma3"},
+        {"bert", "BertModel", "bert"},
     };
     const char *mt = get_str(root, "model_type");
     json_t *archs = json_object_get(root, "architectures");
@@ -207,7 +208,7 @@ static int pick_arch(json_t *root, const char *where, hf_config *c, md_err *e) {
                        where);
     return md_errf(e, MD_EUNSUPP,
                    "%s: architecture %.64s%s%.64s is not supported (model_type llama, mistral, "
-                   "qwen2, qwen3, gemma3_text, gemma3 are)",
+                   "qwen2, qwen3, gemma3_text, gemma3, bert are)",
                    where, mt ? mt : cls, mt && cls ? " / " : "", mt && cls ? cls : "");
 }
 
@@ -218,6 +219,8 @@ int hf_config_parse(json_t *root, const char *where, hf_config *c, md_err *e) {
     int rc = pick_arch(root, where, c, e);
     if (rc)
         return rc;
+    if (!strcmp(c->arch, "bert"))
+        return hf_encoder_parse(root, where, c, e);
     int gemma = !strcmp(c->arch, "gemma3");
     json_t *o = root;
     snprintf(c->prefix, sizeof c->prefix, "model.");
@@ -367,6 +370,8 @@ static int applies(const hf_config *c, int when) {
 }
 
 int hf_tensor_gguf_name(const hf_config *c, const char *hf, char *gguf, size_t gguf_sz) {
+    if (c->encoder)
+        return hf_encoder_tensor_name(c, hf, gguf, gguf_sz);
     const char *r = NULL;
     if (!strcmp(c->model_type, "gemma3")) {
         /* the language model of a multimodal checkpoint: language_model.model.* (transformers

@@ -5,13 +5,13 @@
  * reads it as it reads GGUF.
  *
  * Accepted: model_type llama, mistral, qwen2, qwen3, gemma3_text (and gemma3 with a
- * text_config: its language model). Anything else is MD_EUNSUPP naming the model_type and the
- * architectures. Features the engine cannot run exactly are refused here with the key named
- * (docs/models.md, "Hugging Face directories"): an activation other than SiLU (GELU-tanh for
- * Gemma 3), a RoPE type other than default, linear or llama3 (named, in either spelling), MLP
- * or output biases, Qwen's use_sliding_window, layer_types the engine cannot lay out.
- * RoPE is read as transformers 4 writes it (top-level rope_theta, rope_scaling, Gemma 3's
- * rope_local_base_freq) and as transformers 5 does (rope_parameters, per layer type for
+ * text_config: its language model), and the encoder bert (hf_encoder.c). Anything else is
+ * MD_EUNSUPP naming the model_type and the architectures. Features the engine cannot run exactly
+ * are refused here with the key named (docs/models.md, "Hugging Face directories"): an activation
+ * other than SiLU (GELU-tanh for Gemma 3), a RoPE type other than default, linear or llama3 (named,
+ * in either spelling), MLP or output biases, Qwen's use_sliding_window, layer_types the engine
+ * cannot lay out. RoPE is read as transformers 4 writes it (top-level rope_theta, rope_scaling,
+ * Gemma 3's rope_local_base_freq) and as transformers 5 does (rope_parameters, per layer type for
  * Gemma 3: full_attention, sliding_attention). Gemma 3's layer pattern comes from
  * layer_types (v5) or sliding_window_pattern (v4). A Mistral sliding window slides on every
  * layer, as GGUF Mistral's does; the context stays max_position_embeddings.
@@ -46,6 +46,9 @@ typedef struct {
     int swa_pattern;    /* Gemma 3: layer l is global when (l + 1) % swa_pattern == 0; 0:
                            every layer slides (always so for Mistral) */
     int norm_plus_one;  /* Gemma: RMSNorm multiplies by (1 + w); GGUF stores 1 + w */
+    /* Encoders (model_type bert, hf_encoder.c): arch "bert", eps is layer_norm_eps */
+    int encoder;
+    int n_types; /* type_vocab_size */
 } hf_config;
 
 /* Read DIR/config.json. MD_ENOTFOUND when it is absent, MD_EFORMAT naming the key for a
@@ -60,5 +63,12 @@ int hf_config_parse(json_t *root, const char *where, hf_config *c, md_err *e);
  * vision tower), -1 for a tensor this architecture should not have (its weights would be
  * ignored and the answers wrong: the caller refuses the checkpoint naming it). */
 int hf_tensor_gguf_name(const hf_config *c, const char *hf, char *gguf, size_t gguf_sz);
+
+/* Encoder checkpoints (hf_encoder.c), called by the two above for model_type bert:
+ * BertModel's config.json keys (hidden_act must be "gelu", position_embedding_type
+ * "absolute"), and its tensor names to llama.cpp's `bert` ones (a "bert." prefix is dropped;
+ * embeddings.position_ids, pooler.* and cls.* are skipped). */
+int hf_encoder_parse(json_t *o, const char *where, hf_config *c, md_err *e);
+int hf_encoder_tensor_name(const hf_config *c, const char *hf, char *gguf, size_t gguf_sz);
 
 #endif

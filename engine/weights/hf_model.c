@@ -87,6 +87,19 @@ static void kv_bool(meta *m, const char *key, int v) {
     put(m, &b, 1);
 }
 
+/* The key count into the header; the image to *out. */
+static int finish_meta(meta *m, const char *dir, void **out, size_t *len, md_err *e) {
+    if (m->failed) {
+        free(m->p);
+        return md_errf(e, MD_ENOMEM, "out of memory for the metadata of %s", dir);
+    }
+    uint64_t nkv = (uint64_t)m->n_kv;
+    memcpy(m->p + 16, &nkv, 8);
+    *out = m->p;
+    *len = m->len;
+    return 0;
+}
+
 /* llama.cpp's keys for c (convert_hf_to_gguf.py's set_gguf_parameters). */
 static int build_meta(const hf_config *c, const char *dir, void **out, size_t *len, md_err *e) {
     meta m = {0};
@@ -99,12 +112,17 @@ static int build_meta(const hf_config *c, const char *dir, void **out, size_t *l
     kv_str(&m, NULL, "general.architecture", a);
     kv_str(&m, NULL, "general.name", base);
     kv_str(&m, NULL, HF_DIR_KEY, dir);
-    kv_bool(&m, "medley.rope.neox", 1);
     kv_u32(&m, a, "block_count", (uint32_t)c->n_layer);
     kv_u32(&m, a, "context_length", (uint32_t)c->n_ctx);
     kv_u32(&m, a, "embedding_length", (uint32_t)c->n_embd);
     kv_u32(&m, a, "feed_forward_length", (uint32_t)c->n_ff);
     kv_u32(&m, a, "attention.head_count", (uint32_t)c->n_head);
+    if (c->encoder) { /* llama.cpp's bert keys; the pooling is the directory's (st_config.h) */
+        kv_u32(&m, a, "vocab_size", (uint32_t)c->n_vocab);
+        kv_f32(&m, a, "attention.layer_norm_epsilon", c->eps);
+        return finish_meta(&m, dir, out, len, e);
+    }
+    kv_bool(&m, "medley.rope.neox", 1);
     kv_u32(&m, a, "attention.head_count_kv", (uint32_t)c->n_head_kv);
     kv_u32(&m, a, "attention.key_length", (uint32_t)c->head_dim);
     kv_u32(&m, a, "attention.value_length", (uint32_t)c->head_dim);
@@ -122,15 +140,7 @@ static int build_meta(const hf_config *c, const char *dir, void **out, size_t *l
         kv_u32(&m, a, "attention.sliding_window_pattern", (uint32_t)c->swa_pattern);
         kv_f32(&m, a, "rope.freq_base_swa", c->rope_theta_swa);
     }
-    if (m.failed) {
-        free(m.p);
-        return md_errf(e, MD_ENOMEM, "out of memory for the metadata of %s", dir);
-    }
-    uint64_t nkv = (uint64_t)m.n_kv;
-    memcpy(m.p + 16, &nkv, 8);
-    *out = m.p;
-    *len = m.len;
-    return 0;
+    return finish_meta(&m, dir, out, len, e);
 }
 
 /* ---- what the gguf_file keeps alive ---- */
@@ -219,6 +229,11 @@ int hf_open_dir(const char *dir, gguf_file **out, md_err *e) {
                          "%s: tensor '%s' has no place in a %s model (model_type %s): refusing "
                          "rather than ignoring its weights",
                          shard, s->name, c.arch, c.model_type);
+            goto fail;
+        }
+        if (s->type == MD_TYPE_I64) {
+            rc = md_errf(e, MD_EUNSUPP, "%s: tensor '%s' holds integers (I64), not weights", shard,
+                         s->name);
             goto fail;
         }
         if (s->n_dims < 1 || s->n_dims > 2 || s->n_elements == 0) {

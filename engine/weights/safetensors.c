@@ -44,6 +44,7 @@ const char *st_dtype_name(int type) {
     return type == MD_TYPE_F32    ? "F32"
            : type == MD_TYPE_F16  ? "F16"
            : type == MD_TYPE_BF16 ? "BF16"
+           : type == MD_TYPE_I64  ? "I64"
                                   : "?";
 }
 
@@ -54,6 +55,8 @@ static int dtype_of(const char *s, int *type, size_t *size) {
         *type = MD_TYPE_F16, *size = 2;
     else if (!strcmp(s, "BF16"))
         *type = MD_TYPE_BF16, *size = 2;
+    else if (!strcmp(s, "I64")) /* buffers (BERT's position_ids); a weight of it is refused */
+        *type = MD_TYPE_I64, *size = 8;
     else
         return -1;
     return 0;
@@ -94,7 +97,7 @@ static int parse_entry(const char *file, const char *name, json_t *v, size_t buf
     size_t esz;
     if (dtype_of(json_string_value(dt), &t->type, &esz))
         return md_errf(e, MD_EUNSUPP,
-                       "%s: tensor '%s': dtype %.32s is not supported (F32, F16, BF16 are)", file,
+                       "%s: tensor '%s': dtype %.32s is not supported (F32, F16, BF16, I64 are)", file,
                        name, json_string_value(dt));
     if (!json_is_array(sh) || json_array_size(sh) > ST_MAX_DIMS)
         return md_errf(e, MD_EFORMAT,

@@ -6,7 +6,8 @@
  * relative to the buffer) and may hold "__metadata__" (an object of strings, ignored).
  * st_open*() map and validate everything before returning (docs/models.md, "safetensors"):
  * the header length (at least 2, at most ST_MAX_HEADER, inside the file), the JSON (an object,
- * no duplicate names, no unknown keys in an entry), each dtype (F32, F16, BF16; any other is
+ * no duplicate names, no unknown keys in an entry), each dtype (F32, F16, BF16, and I64 for
+ * buffers such as BERT's position_ids, which no weight may be; any other is
  * MD_EUNSUPP naming it), each shape (0 to ST_MAX_DIMS non-negative dimensions whose product
  * does not overflow), each data_offsets span (begin <= end, end inside the buffer, end - begin
  * = elements x dtype size, begin aligned to the element size in the file) and that the spans

@@ -31,6 +31,7 @@ typedef struct {
     void *mm_scratch; /* cpu_matmul's activation blocks */
     size_t mm_scratch_n;
     float *att_scratch; /* [n_threads, CPU_ATT_GROUP * max_ctx] attention scores */
+    float *enc_scratch; /* [n_threads, (enc_head_dim + 1) * max_ctx]: attention_enc's K^T, scores */
     md_batch b;
     char desc[128];
 } cpu_backend;
@@ -44,6 +45,7 @@ static void cpu_free(md_backend *be) {
     cpu_pool_destroy(c->pool);
     free(c->mm_scratch);
     free(c->att_scratch);
+    free(c->enc_scratch);
     free(c);
 }
 
@@ -141,8 +143,19 @@ static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
         free(mm);
         return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate attention scratch");
     }
+    size_t enc_n = r->enc_head_dim > 0 ? (size_t)c->n_threads * (size_t)(r->enc_head_dim + 1) *
+                                             (size_t)(r->max_ctx > 0 ? r->max_ctx : 1)
+                                       : 0;
+    float *enc = enc_n ? malloc(enc_n * sizeof(float)) : NULL;
+    if (enc_n && !enc) {
+        free(mm);
+        free(att);
+        return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate encoder attention scratch");
+    }
     free(c->mm_scratch);
     free(c->att_scratch);
+    free(c->enc_scratch);
+    c->enc_scratch = enc;
     c->mm_scratch = mm;
     c->mm_scratch_n = need;
     c->att_scratch = att;
@@ -555,6 +568,117 @@ static int cpu_argmax(md_backend *be, const md_buf *x, int rows, int n, int32_t 
     return 0;
 }
 
+/* ---- encoder ops (enc_ops.c) ---- */
+
+typedef struct {
+    const float *x, *w, *b;
+    float *out;
+    int T, C;
+    float eps;
+} ln_job;
+
+static void ln_run(void *ctx, int ith, int nth) {
+    ln_job *j = ctx;
+    for (int t = ith; t < j->T; t += nth)
+        cpu_layernorm(j->out + (size_t)t * j->C, j->x + (size_t)t * j->C, j->w, j->b, j->C, j->eps);
+}
+
+static int cpu_layernorm_op(md_backend *be, const md_buf *x, const md_tensor *w, const md_tensor *b,
+                            md_buf *out, int T, int C, float eps, md_err *e) {
+    ln_job j = {x->p, tensor_row(w, 0), tensor_row(b, 0), out->p, T, C, eps};
+    cpu_pool_run(T >= 8 ? cb(be)->pool : NULL, ln_run, &j);
+    return 0;
+}
+
+typedef struct {
+    float *x;
+    int64_t n;
+} gelu_job;
+
+static void gelu_run(void *ctx, int ith, int nth) {
+    gelu_job *j = ctx;
+    int64_t per = (j->n + nth - 1) / nth, lo = per * ith, hi = lo + per < j->n ? lo + per : j->n;
+    if (lo < hi)
+        cpu_gelu_erf(j->x + lo, (int)(hi - lo));
+}
+
+static int cpu_gelu_erf_op(md_backend *be, md_buf *x, int64_t n, md_err *e) {
+    gelu_job j = {x->p, n};
+    cpu_pool_run(n >= 16384 ? cb(be)->pool : NULL, gelu_run, &j);
+    return 0;
+}
+
+static int cpu_embed_add(md_backend *be, const md_tensor *w, int offset, md_buf *out, md_err *e) {
+    cpu_backend *c = cb(be);
+    float *o = out->p, *row = c->att_scratch; /* [n_threads * max_ctx] floats */
+    if ((size_t)w->ne0 > (size_t)c->n_threads * (size_t)c->r.max_ctx)
+        return md_errf(e, MD_ERANGE, "cpu backend: embedding rows of %lld exceed the scratch",
+                       (long long)w->ne0);
+    for (int t = 0; t < c->b.n_tokens; t++) {
+        int64_t r = (int64_t)c->b.tok_pos[t] + offset;
+        if (r < 0 || r >= w->ne1)
+            return md_errf(e, MD_ERANGE, "position %lld outside the %lld position embeddings",
+                           (long long)r, (long long)w->ne1);
+        float *ot = o + (size_t)t * w->ne0;
+        if (w->type == MD_TYPE_F32) {
+            cpu_add(ot, ot, tensor_row(w, r), (int)w->ne0);
+            continue;
+        }
+        cpu_dequant_row(w->type, tensor_row(w, r), row, (int)w->ne0);
+        cpu_add(ot, ot, row, (int)w->ne0);
+    }
+    return 0;
+}
+
+typedef struct {
+    cpu_backend *c;
+    const float *q, *k, *v;
+    float *out;
+    int n_heads, head_dim;
+    float scale;
+} enc_att_job;
+
+/* One (sequence, head) pair per item, interleaved over the threads; a sequence is a run of
+ * equal tok_seq (packed: contiguous). The items of the step are the runs times the heads. */
+static void enc_att_run(void *ctx, int ith, int nth) {
+    enc_att_job *j = ctx;
+    const md_batch *b = &j->c->b;
+    int H = j->n_heads, hd = j->head_dim, T = b->n_tokens;
+    size_t stride = (size_t)H * hd;
+    float *sc = j->c->enc_scratch + (size_t)ith * (size_t)(hd + 1) * j->c->r.max_ctx;
+    int64_t it = 0;
+    for (int lo = 0, hi; lo < T; lo = hi) {
+        for (hi = lo + 1; hi < T && b->tok_seq[hi] == b->tok_seq[lo]; hi++)
+            ;
+        for (int h = 0; h < H; h++, it++) {
+            if (it % nth != ith)
+                continue;
+            size_t off = (size_t)lo * stride + (size_t)h * hd;
+            cpu_attention_seq(j->out + off, j->q + off, j->k + off, j->v + off, stride, hi - lo, hd,
+                              j->scale, sc);
+        }
+    }
+}
+
+static int cpu_attention_enc(md_backend *be, const md_buf *q, const md_buf *k, const md_buf *v,
+                             md_buf *out, int n_heads, int head_dim, float scale, md_err *e) {
+    cpu_backend *c = cb(be);
+    if (head_dim > c->r.enc_head_dim)
+        return md_errf(e, MD_ERANGE,
+                       "cpu backend: encoder attention of head dimension %d, %d "
+                       "reserved",
+                       head_dim, c->r.enc_head_dim);
+    for (int t = 0, run = 0; t < c->b.n_tokens; t++) {
+        run = t > 0 && c->b.tok_seq[t] == c->b.tok_seq[t - 1] ? run + 1 : 1;
+        if (run > c->r.max_ctx)
+            return md_errf(e, MD_ERANGE, "cpu backend: a sequence of more than %d tokens",
+                           c->r.max_ctx);
+    }
+    enc_att_job j = {c, q->p, k->p, v->p, out->p, n_heads, head_dim, scale};
+    cpu_pool_run(c->pool, enc_att_run, &j);
+    return 0;
+}
+
 static const md_backend_ops cpu_ops = {
     .name = "cpu",
     .kv_cache_type = MD_TYPE_F16, /* as llama.cpp: half the memory of F32 */
@@ -587,6 +711,10 @@ static const md_backend_ops cpu_ops = {
     .attention_window = cpu_attention_window,
     .scale = cpu_scale_op,
     .geglu = cpu_geglu_op,
+    .layernorm = cpu_layernorm_op,
+    .gelu_erf = cpu_gelu_erf_op,
+    .embed_add = cpu_embed_add,
+    .attention_enc = cpu_attention_enc,
 };
 
 /* cpu-exact: the same ops, with an F32 KV cache (the reference precision). */

@@ -88,8 +88,7 @@ void cpu_matmul_n(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const flo
                   int mode, void *scratch);
 /* Scalar reference: dequantize each row, dot with unquantized x in double; for tests and
  * benchmarks (slow; allocates one row of floats). */
-void cpu_matmul_ref(int wtype, const void *W, int rows, int cols, const float *x, int n,
-                    float *y);
+void cpu_matmul_ref(int wtype, const void *W, int rows, int cols, const float *x, int n, float *y);
 /* The same product, its rows split over the pool's threads: each element bit-identical to
  * cpu_matmul_ref's (the cpu-exact backend's matmul). */
 void cpu_matmul_ref_mt(cpu_pool *p, int wtype, const void *W, int rows, int cols, const float *x,
@@ -121,6 +120,17 @@ void cpu_softmax(float *x, int n);                       /* in place, max-subtra
 void cpu_attention_paged(float *out, const float *q, const float *k, const float *v,
                          size_t row_stride, const int32_t *block_table, int block_tokens, int p0,
                          int npos, int hd, float scale, float *scratch);
+
+/* enc_ops.c — encoder models (BERT). out = (x - mean) / sqrt(var + eps) * w + b over n
+ * elements (out may alias x). cpu_attention_seq: one head's attention over one sequence of n
+ * rows, every query against every key (bidirectional): q, k, v and out already offset to the
+ * head, rows row_stride floats apart; scratch holds (hd + 1) * n floats. */
+void cpu_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps);
+void cpu_attention_seq(float *out, const float *q, const float *k, const float *v,
+                       size_t row_stride, int n, int hd, float scale, float *scratch);
+/* vec.c: x = 0.5 x (1 + erf(x / sqrt 2)) in place; libm's erff in the scalar path, a
+ * Chebyshev erfc (relative error < 1.2e-7) in the AVX2 one. */
+void cpu_gelu_erf(float *x, int n);
 
 /* kv_f16.c — the F16 KV cache: float -> half with round-to-nearest-even (F16C where the
  * CPU has it, common/dtype.h's md_fp32_to_fp16 otherwise), and cpu_attention_paged over F16

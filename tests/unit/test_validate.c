@@ -34,6 +34,59 @@ static void expect_error(const char *line, const char *code, const char *param) 
 #define CHAT(body)                                                                                 \
     "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":" body "}"
 
+#define EMB(body)                                                                                  \
+    "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/embeddings\",\"body\":" body "}"
+
+/* /v1/embeddings: the four input shapes, the options, and each refusal naming its field. */
+static void embeddings_inputs_are_parsed_or_named(void **st) {
+    q_request req;
+    q_verr ve;
+    char buf[Q_CUSTOM_ID_MAX];
+    assert_int_equal(check(EMB("{\"input\":\"hi\",\"user\":\"u\",\"encoding_format\":\"base64\","
+                               "\"dimensions\":8,\"medley\":{\"truncate\":true}}"),
+                           &req, &ve, buf),
+                     0);
+    assert_true(req.embed && req.n_emb_in == 1 && req.emb_in[0].len == 2 && req.emb_base64 &&
+                req.emb_dimensions == 8 && req.emb_truncate);
+    q_request_free(&req);
+    assert_int_equal(check(EMB("{\"input\":[\"a\",[1,2],\"bc\"]}"), &req, &ve, buf), 0);
+    assert_int_equal(req.n_emb_in, 3);
+    assert_true(req.emb_in[1].n_ids == 2 && req.emb_in[1].ids[1] == 2 && req.emb_in[2].len == 2);
+    q_request_free(&req);
+    assert_int_equal(check(EMB("{\"input\":[5,6,7]}"), &req, &ve, buf), 0);
+    assert_true(req.n_emb_in == 1 && req.emb_in[0].n_ids == 3 && req.emb_in[0].ids[2] == 7);
+    q_request_free(&req);
+    expect_error(EMB("{}"), "missing_required_parameter", "body.input");
+    expect_error(EMB("{\"input\":5}"), "invalid_type", "body.input");
+    expect_error(EMB("{\"input\":[]}"), "invalid_value", "body.input");
+    expect_error(EMB("{\"input\":\"\"}"), "invalid_value", "body.input");
+    expect_error(EMB("{\"input\":[\"a\",\"\"]}"), "invalid_value", "body.input[1]");
+    expect_error(EMB("{\"input\":[[]]}"), "invalid_value", "body.input[0]");
+    expect_error(EMB("{\"input\":[[[1]]]}"), "invalid_type", "body.input[0]");
+    expect_error(EMB("{\"input\":[1,\"a\"]}"), "invalid_type", "body.input");
+    expect_error(EMB("{\"input\":[1099511627776]}"), "invalid_value", "body.input");
+    expect_error(EMB("{\"input\":[-1]}"), "invalid_value", "body.input");
+    expect_error(EMB("{\"input\":\"a\",\"encoding_format\":\"int8\"}"), "invalid_value",
+                 "body.encoding_format");
+    expect_error(EMB("{\"input\":\"a\",\"dimensions\":0}"), "invalid_value", "body.dimensions");
+    expect_error(EMB("{\"input\":\"a\",\"user\":5}"), "invalid_type", "body.user");
+    expect_error(EMB("{\"input\":\"a\",\"medley\":{\"regex\":\"x\"}}"), "unsupported_parameter",
+                 "body.medley");
+    expect_error(EMB("{\"input\":\"a\",\"max_tokens\":5}"), "unsupported_parameter",
+                 "body.max_tokens");
+    /* 2,049 inputs: one more than OpenAI takes */
+    size_t n = 2049, cap = n * 4 + 256, k = 0;
+    char *l = malloc(cap);
+    assert_non_null(l);
+    k += (size_t)snprintf(l, cap, "%s", EMB("{\"input\":["));
+    k -= 1; /* drop the "}" the macro added after the open array */
+    for (size_t i = 0; i < n; i++)
+        k += (size_t)snprintf(l + k, cap - k, i ? ",\"x\"" : "\"x\"");
+    snprintf(l + k, cap - k, "]}}");
+    expect_error(l, "invalid_value", "body.input");
+    free(l);
+}
+
 static void good_chat_line_is_parsed(void **st) {
     q_request req;
     q_verr ve;
@@ -221,7 +274,7 @@ static void bad_json_and_shapes_are_named(void **st) {
                  "method");
     expect_error("{\"custom_id\":\"a\",\"method\":\"GET\",\"url\":\"/v1/completions\"}",
                  "invalid_value", "method");
-    expect_error("{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/embeddings\",\"body\":{}}",
+    expect_error("{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/images\",\"body\":{}}",
                  "invalid_url", "url");
     expect_error("{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/completions\"}",
                  "missing_required_parameter", "body");
@@ -628,6 +681,7 @@ int main(void) {
         cmocka_unit_test(tools_build_a_call_schema),
         cmocka_unit_test(unparsable_line_keeps_its_custom_id),
         cmocka_unit_test(tool_turns_are_rendered_as_text),
+        cmocka_unit_test(embeddings_inputs_are_parsed_or_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,64 @@
+/* encoder.c — the forward pass of an encoder (encoder.h): one step of whole sequences packed
+ * end to end, attention block-diagonal over them (no padding), post-LayerNorm blocks. */
+#include "engine/model/encoder.h"
+
+#include <math.h>
+
+#define OP(m, op, ...) (m)->be->ops->op((m)->be, __VA_ARGS__)
+
+/* y [T, w->ne1] = x · wᵀ + b */
+static int linear(md_encoder *m, const md_tensor *w, const md_tensor *b, const md_buf *x, md_buf *y,
+                  int T, md_err *e) {
+    int rc = OP(m, matmul, w, x, y, T, e);
+    return rc ? rc : OP(m, add_bias, y, b, T, e);
+}
+
+/* x = LN(x + y) with the given norm: the post-LayerNorm residual of BERT. */
+static int add_norm(md_encoder *m, md_buf *x, md_buf *y, const md_tensor *nw, const md_tensor *nb,
+                    int T, md_err *e) {
+    int C = m->hp.n_embd, rc = OP(m, add, x, y, (int64_t)T * C, e);
+    return rc ? rc : OP(m, layernorm, x, nw, nb, x, T, C, m->hp.eps, e);
+}
+
+static int layer(md_encoder *m, const md_enc_layer *L, int T, float scale, md_err *e) {
+    const md_enc_hparams *hp = &m->hp;
+    int rc;
+    /* attention: x [T, C] = LN(x + Wo · attn(Wq x + bq, Wk x + bk, Wv x + bv) + bo) */
+    if ((rc = linear(m, &L->wq, &L->bq, m->x, m->q, T, e)) ||
+        (rc = linear(m, &L->wk, &L->bk, m->x, m->k, T, e)) ||
+        (rc = linear(m, &L->wv, &L->bv, m->x, m->v, T, e)) ||
+        (rc = OP(m, attention_enc, m->q, m->k, m->v, m->att, hp->n_head, hp->head_dim, scale, e)) ||
+        (rc = linear(m, &L->wo, &L->bo, m->att, m->xb, T, e)) ||
+        (rc = add_norm(m, m->x, m->xb, &L->attn_norm_w, &L->attn_norm_b, T, e)))
+        return rc;
+    /* feed-forward: x = LN(x + W2 · gelu(W1 x + b1) + b2), hb [T, F] */
+    if ((rc = linear(m, &L->w_up, &L->b_up, m->x, m->hb, T, e)) ||
+        (rc = OP(m, gelu_erf, m->hb, (int64_t)T * hp->n_ff, e)) ||
+        (rc = linear(m, &L->w_down, &L->b_down, m->hb, m->xb, T, e)))
+        return rc;
+    return add_norm(m, m->x, m->xb, &L->out_norm_w, &L->out_norm_b, T, e);
+}
+
+int md_encoder_forward(md_encoder *m, const md_batch *b, float *hidden, md_err *e) {
+    const md_enc_hparams *hp = &m->hp;
+    int T = b->n_tokens, C = hp->n_embd, rc;
+    if (T < 1 || T > m->max_tokens)
+        return md_errf(e, MD_ERANGE, "encoder step of %d tokens (1..%d)", T, m->max_tokens);
+    for (int t = 0; t < T; t++)
+        if (b->tok_pos[t] < 0 || b->tok_pos[t] >= hp->n_ctx)
+            return md_errf(e, MD_ERANGE, "position %d: sequences of %s are at most %d tokens",
+                           b->tok_pos[t], hp->arch, hp->n_ctx);
+    if ((rc = OP(m, batch_prepare, b, e)))
+        return rc;
+    /* x [T, C] = LN(word[tok] + position[pos + offset] + type[0]) */
+    if ((rc = OP(m, embed, &m->tok_embd, m->x, e)) ||
+        (rc = OP(m, embed_add, &m->pos_embd, hp->pos_offset, m->x, e)) ||
+        (m->type0.buf && (rc = OP(m, add_bias, m->x, &m->type0, T, e))) ||
+        (rc = OP(m, layernorm, m->x, &m->embd_norm_w, &m->embd_norm_b, m->x, T, C, hp->eps, e)))
+        return rc;
+    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    for (int l = 0; l < hp->n_layer; l++)
+        if ((rc = layer(m, &m->layers[l], T, scale, e)))
+            return rc;
+    return OP(m, buf_download, m->x, 0, hidden, (size_t)T * C * sizeof(float), e);
+}

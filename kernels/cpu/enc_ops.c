@@ -1,0 +1,138 @@
+/* enc_ops.c — the CPU math of encoder models (BERT): LayerNorm with bias, and one head's
+ * bidirectional attention over one packed sequence (K transposed once per sequence, so the
+ * scores of 32 keys are one pass of FMAs without horizontal sums; AVX2 and portable). The exact
+ * GELU is vec.c's (cpu_gelu_erf). tests/unit/test_enc_ops.c checks each against a double
+ * precision reference. No allocation: scratch is the caller's. */
+#include <math.h>
+
+#include "kernels/cpu/cpu_ops.h"
+
+void cpu_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps) {
+    float mean = 0, var = 0;
+    for (int i = 0; i < n; i++)
+        mean += x[i];
+    mean /= (float)n;
+    for (int i = 0; i < n; i++) {
+        float d = x[i] - mean;
+        var += d * d;
+    }
+    float inv = 1.0f / sqrtf(var / (float)n + eps);
+    for (int i = 0; i < n; i++)
+        out[i] = (x[i] - mean) * inv * w[i] + b[i];
+}
+
+/* ---- one (sequence, head): K transposed once, then every query of the sequence ---- */
+
+static void scores_scalar(float *s, const float *q, const float *kt, int n, int hd, float scale) {
+    for (int j = 0; j < n; j++)
+        s[j] = 0;
+    for (int d = 0; d < hd; d++)
+        for (int j = 0; j < n; j++)
+            s[j] += q[d] * kt[(size_t)d * n + j];
+    for (int j = 0; j < n; j++)
+        s[j] *= scale;
+}
+
+static void weighted_scalar(float *out, const float *p, const float *v, size_t stride, int n,
+                            int hd) {
+    for (int d = 0; d < hd; d++)
+        out[d] = 0;
+    for (int j = 0; j < n; j++)
+        for (int d = 0; d < hd; d++)
+            out[d] += p[j] * v[(size_t)j * stride + d];
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* s [n] = scale · q·kt[., j]: 32 keys per pass in four accumulators (no horizontal sums). */
+AVX2 static void scores_avx2(float *s, const float *q, const float *kt, int n, int hd,
+                             float scale) {
+    int j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int d = 0; d < hd; d++) {
+            __m256 qd = _mm256_set1_ps(q[d]);
+            const float *k = kt + (size_t)d * n + j;
+            a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k), a0);
+            a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 8), a1);
+            a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 16), a2);
+            a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 24), a3);
+        }
+        __m256 sc = _mm256_set1_ps(scale);
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(a0, sc));
+        _mm256_storeu_ps(s + j + 8, _mm256_mul_ps(a1, sc));
+        _mm256_storeu_ps(s + j + 16, _mm256_mul_ps(a2, sc));
+        _mm256_storeu_ps(s + j + 24, _mm256_mul_ps(a3, sc));
+    }
+    for (; j + 8 <= n; j += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), _mm256_loadu_ps(kt + (size_t)d * n + j), a);
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(a, _mm256_set1_ps(scale)));
+    }
+    for (; j < n; j++) {
+        float a = 0;
+        for (int d = 0; d < hd; d++)
+            a += q[d] * kt[(size_t)d * n + j];
+        s[j] = a * scale;
+    }
+}
+
+/* out [hd] = Σ_j p[j] v_j, hd a multiple of 8: 32 dimensions per pass, two keys per
+ * iteration into two sets of accumulators (the FMA chains of one set would wait on latency). */
+AVX2 static void weighted_avx2(float *out, const float *p, const float *v, size_t stride, int n,
+                               int hd) {
+    for (int c0 = 0; c0 < hd; c0 += 32) {
+        int nv = (hd - c0 < 32 ? hd - c0 : 32) / 8;
+        __m256 a[4], b[4];
+        for (int r = 0; r < 4; r++)
+            a[r] = b[r] = _mm256_setzero_ps();
+        int j = 0;
+        for (; j + 2 <= n; j += 2) {
+            const float *v0 = v + (size_t)j * stride + c0, *v1 = v0 + stride;
+            __m256 w0 = _mm256_set1_ps(p[j]), w1 = _mm256_set1_ps(p[j + 1]);
+            for (int r = 0; r < nv; r++) {
+                a[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 8 * r), a[r]);
+                b[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1 + 8 * r), b[r]);
+            }
+        }
+        if (j < n) {
+            const float *v0 = v + (size_t)j * stride + c0;
+            for (int r = 0; r < nv; r++)
+                a[r] = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v0 + 8 * r), a[r]);
+        }
+        for (int r = 0; r < nv; r++)
+            _mm256_storeu_ps(out + c0 + 8 * r, _mm256_add_ps(a[r], b[r]));
+    }
+}
+#define USE_AVX2 (cpu_simd_level() >= CPU_SIMD_AVX2)
+#else
+#define USE_AVX2 0
+#endif
+
+void cpu_attention_seq(float *out, const float *q, const float *k, const float *v,
+                       size_t row_stride, int n, int hd, float scale, float *scratch) {
+    float *kt = scratch, *s = scratch + (size_t)hd * n; /* kt [hd, n], s [n] */
+    for (int j = 0; j < n; j++)
+        for (int d = 0; d < hd; d++)
+            kt[(size_t)d * n + j] = k[(size_t)j * row_stride + d];
+    int simd = USE_AVX2 && hd % 8 == 0;
+    for (int t = 0; t < n; t++) {
+        const float *qt = q + (size_t)t * row_stride;
+        float *ot = out + (size_t)t * row_stride;
+#if defined(__x86_64__)
+        if (simd) {
+            scores_avx2(s, qt, kt, n, hd, scale);
+            cpu_softmax(s, n);
+            weighted_avx2(ot, s, v, row_stride, n, hd);
+            continue;
+        }
+#endif
+        scores_scalar(s, qt, kt, n, hd, scale);
+        cpu_softmax(s, n);
+        weighted_scalar(ot, s, v, row_stride, n, hd);
+    }
+    (void)simd;
+}

@@ -1,0 +1,344 @@
+/* runner_embed.c — the embedding runner (runner.h): /v1/embeddings lines on an embedding
+ * model (engine/embedder.h). start() tokenizes and checks a line's inputs and queues it;
+ * poll() embeds the queued lines' next inputs together, packed into the embedder's steps, up
+ * to EMB_POLL_TOKENS tokens a call (round-robin over the lines, a big line over several
+ * polls) so that a worker serving a generation model beside it keeps stepping, and answers
+ * each line whose inputs are all done with OpenAI's body (object "list", data[i] {object,
+ * index, embedding}, usage). docs/embeddings.md. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "engine/embedder.h"
+#include "engine/weights/registry.h"
+#include "worker/runner_impl.h"
+
+#define EMB_POLL_TOKENS 16384 /* tokens embedded per poll (at least one line) */
+
+typedef struct {
+    int used;
+    void *tag;
+    int n_in;
+    int32_t **ids; /* [n_in] malloc'd each */
+    int *lens;
+    int tokens;
+    int base64, dims;
+    double start_ms;
+    float *vecs; /* [n_in, dim]: inputs [0, done) embedded so far */
+    int done;
+    double embed_ms; /* time in the polls that embedded its inputs */
+} emb_item;
+
+typedef struct {
+    md_embedder *m;
+    char device[32];
+    int cap, live;
+    emb_item *items;
+    unsigned long next; /* round-robin start, so no line waits behind newer ones forever */
+} embed_runner;
+
+static void item_free(emb_item *it) {
+    for (int i = 0; i < it->n_in; i++)
+        free(it->ids[i]);
+    free(it->ids);
+    free(it->lens);
+    free(it->vecs);
+    memset(it, 0, sizeof *it);
+}
+
+int wk_embed_open(const char *model, const wk_runner_opts *o, void **self, md_err *e) {
+    *self = NULL;
+    char path[4096];
+    int rc = md_model_resolve(model, o->allow_path, path, sizeof path, e);
+    if (rc)
+        return rc;
+    embed_runner *r = calloc(1, sizeof *r);
+    if (!r)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    md_embedder_opts eo = {o->device && strcmp(o->device, "auto") ? o->device : "cpu", o->n_threads,
+                           0};
+    if ((rc = md_embedder_open(path, &eo, &r->m, e))) {
+        free(r);
+        return rc;
+    }
+    snprintf(r->device, sizeof r->device, "cpu");
+    r->cap = o->max_seqs > 0 ? o->max_seqs : 256;
+    r->items = calloc((size_t)r->cap, sizeof *r->items);
+    if (!r->items) {
+        md_embedder_close(r->m);
+        free(r);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    *self = r;
+    return 0;
+}
+
+/* 1 when path names an encoder the embedding runner serves (opened to look, then closed). */
+int wk_embed_is(const char *model, int allow_path) {
+    char path[4096];
+    md_err e = {0};
+    if (md_model_resolve(model, allow_path, path, sizeof path, &e))
+        return 0;
+    return md_embedder_probe(path);
+}
+
+static void embed_close(void *self) {
+    embed_runner *r = self;
+    for (int i = 0; i < r->cap; i++)
+        item_free(&r->items[i]);
+    free(r->items);
+    md_embedder_close(r->m);
+    free(r);
+}
+
+static int embed_capacity(void *self) {
+    return ((embed_runner *)self)->cap;
+}
+static int embed_live(void *self) {
+    return ((embed_runner *)self)->live;
+}
+static int embed_n_ctx(void *self) {
+    return md_embedder_max_len(((embed_runner *)self)->m);
+}
+static const char *embed_device(void *self) {
+    return ((embed_runner *)self)->device;
+}
+
+/* What only the model tells: `dimensions` (Matryoshka models only, at most the model's). */
+static int embed_check(void *self, const q_request *req, q_verr *ve) {
+    embed_runner *r = self;
+    int dim = md_embedder_dim(r->m), d = req->emb_dimensions;
+    if (!d || d == dim)
+        return 0;
+    snprintf(ve->code, sizeof ve->code, "invalid_value");
+    snprintf(ve->param, sizeof ve->param, "body.dimensions");
+    ve->status = 400;
+    if (!md_embedder_st(r->m)->matryoshka)
+        snprintf(ve->message, sizeof ve->message,
+                 "body.dimensions is %d: this model gives %d dimensions and was not trained "
+                 "to be cut (no Matryoshka tag on its model card); leave dimensions out",
+                 d, dim);
+    else if (d > dim)
+        snprintf(ve->message, sizeof ve->message,
+                 "body.dimensions is %d: this model gives at most %d", d, dim);
+    else
+        return 0;
+    return -1;
+}
+
+/* Input i's token ids into it (a copy; text tokenized with the model's special tokens), cut
+ * to the model's limit when the line asks (medley.truncate), else refused naming the limit. */
+static int take_input(embed_runner *r, const q_request *req, int i, emb_item *it, md_err *e) {
+    const q_embed_input *in = &req->emb_in[i];
+    int32_t *ids = NULL;
+    int n = in->n_ids, max = md_embedder_max_len(r->m), V = md_embedder_n_vocab(r->m), rc;
+    if (in->text) {
+        if ((rc = md_embedder_tokenize(r->m, in->text, in->len, &ids, &n, e)))
+            return md_errctx(e, "body.input[%d]: ", i);
+    } else if ((ids = malloc((size_t)n * sizeof *ids)))
+        memcpy(ids, in->ids, (size_t)n * sizeof *ids);
+    it->ids[i] = ids;
+    if (!ids)
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    for (int k = 0; !in->text && k < n; k++)
+        if (ids[k] >= V)
+            return md_errf(e, MD_EINVAL,
+                           "body.input[%d][%d] is %d: outside this model's vocabulary (0..%d)", i,
+                           k, (int)ids[k], V - 1);
+    if (n > max && !req->emb_truncate)
+        return md_errf(e, MD_ERANGE,
+                       "body.input[%d] is %d tokens; this model takes at most %d "
+                       "(max_seq_length); set body.medley.truncate to true to cut it",
+                       i, n, max);
+    if (n > max && in->text) /* keep the template's closing token ([SEP]), as tokenizers cuts */
+        ids[max - 1] = ids[n - 1];
+    it->lens[i] = n > max ? max : n;
+    it->tokens += it->lens[i];
+    return 0;
+}
+
+static int embed_start(void *self, const q_request *req, void *tag, md_err *e) {
+    embed_runner *r = self;
+    emb_item *it = NULL;
+    for (int i = 0; i < r->cap && !it; i++)
+        if (!r->items[i].used)
+            it = &r->items[i];
+    if (!it)
+        return md_errf(e, MD_ENOMEM, "embedding runner: all %d slots busy", r->cap);
+    it->ids = calloc((size_t)req->n_emb_in, sizeof *it->ids);
+    it->lens = calloc((size_t)req->n_emb_in, sizeof *it->lens);
+    it->vecs = malloc((size_t)req->n_emb_in * md_embedder_dim(r->m) * sizeof *it->vecs);
+    it->n_in = req->n_emb_in;
+    if (!it->ids || !it->lens || !it->vecs) {
+        item_free(it);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < req->n_emb_in; i++) {
+        int rc = take_input(r, req, i, it, e);
+        if (rc) {
+            item_free(it);
+            return rc;
+        }
+    }
+    it->tag = tag;
+    it->base64 = req->emb_base64;
+    it->dims = req->emb_dimensions;
+    it->start_ms = md_wall_s() * 1000.0;
+    it->used = 1;
+    r->live++;
+    return 0;
+}
+
+/* Little-endian float32 bytes of v [n] as base64 (OpenAI's encoding_format "base64"). */
+static json_t *base64_floats(const float *v, int n) {
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t nb = (size_t)n * 4, w = 0;
+    unsigned char *b = malloc(nb);
+    char *out = malloc((nb + 2) / 3 * 4 + 1);
+    json_t *j = NULL;
+    if (b && out) {
+        for (int i = 0; i < n; i++) { /* explicit byte order: LE on every host */
+            uint32_t u;
+            memcpy(&u, &v[i], 4);
+            for (int k = 0; k < 4; k++)
+                b[i * 4 + k] = (unsigned char)(u >> (8 * k));
+        }
+        for (size_t i = 0; i < nb; i += 3) {
+            uint32_t x = (uint32_t)b[i] << 16 | (i + 1 < nb ? (uint32_t)b[i + 1] << 8 : 0) |
+                         (i + 2 < nb ? b[i + 2] : 0);
+            out[w++] = tab[x >> 18 & 63];
+            out[w++] = tab[x >> 12 & 63];
+            out[w++] = i + 1 < nb ? tab[x >> 6 & 63] : '=';
+            out[w++] = i + 2 < nb ? tab[x & 63] : '=';
+        }
+        j = json_stringn(out, w);
+    }
+    free(b);
+    free(out);
+    return j;
+}
+
+/* OpenAI's body for one line: vectors v [n_in, dim] (cut to it->dims and renormalised when a
+ * Matryoshka model was asked for fewer); "model" is the worker's to set. */
+static json_t *body_json(const emb_item *it, float *v, int dim) {
+    int d = it->dims > 0 && it->dims < dim ? it->dims : dim;
+    json_t *data = json_array();
+    for (int i = 0; data && i < it->n_in; i++) {
+        float *x = v + (size_t)i * dim;
+        if (d < dim)
+            md_l2_normalize(x, d);
+        json_t *emb = NULL;
+        if (it->base64)
+            emb = base64_floats(x, d);
+        else if ((emb = json_array()))
+            for (int c = 0; c < d; c++)
+                json_array_append_new(emb, json_real(x[c]));
+        json_array_append_new(data, json_pack("{s:s, s:i, s:o*}", "object", "embedding", "index", i,
+                                              "embedding", emb));
+    }
+    return json_pack("{s:s, s:o*, s:{s:i, s:i}}", "object", "list", "data", data, "usage",
+                     "prompt_tokens", it->tokens, "total_tokens", it->tokens);
+}
+
+/* One input picked for this poll: item, input index. */
+typedef struct {
+    int item, in;
+} emb_pick;
+
+/* The inputs to embed this call: the lines' next inputs, from r->next round, until
+ * EMB_POLL_TOKENS (at least one input), so a poll is bounded whatever a line holds. */
+static int pick(embed_runner *r, emb_pick *sel, int max_sel) {
+    int n = 0, tokens = 0;
+    for (int k = 0; k < r->cap && n < max_sel; k++) {
+        int i = (int)((r->next + (unsigned long)k) % (unsigned long)r->cap);
+        emb_item *it = &r->items[i];
+        for (int in = it->done; it->used && in < it->n_in && n < max_sel; in++) {
+            if (n > 0 && tokens + it->lens[in] > EMB_POLL_TOKENS)
+                return n;
+            sel[n++] = (emb_pick){i, in};
+            tokens += it->lens[in];
+        }
+    }
+    r->next++;
+    return n;
+}
+
+/* Answer item i: its body, or err when its inputs could not be embedded. */
+static void finish(embed_runner *r, emb_item *it, const char *err, wk_done_fn done, void *ctx) {
+    json_t *body = err ? NULL : body_json(it, it->vecs, md_embedder_dim(r->m));
+    wk_result res = {.prompt_tokens = it->tokens,
+                     .prefill_ms = it->embed_ms,
+                     .first_token_ms = md_wall_s() * 1000.0 - it->start_ms,
+                     .body = body,
+                     .error = err    ? err
+                              : body ? NULL
+                                     : "out of memory for the answer"};
+    done(ctx, it->tag, &res);
+    json_decref(body);
+    item_free(it);
+    r->live--;
+}
+
+static int embed_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err *e) {
+    embed_runner *r = self;
+    (void)wait_ms;
+    if (r->live == 0)
+        return 0;
+    int max_sel = EMB_POLL_TOKENS, dim = md_embedder_dim(r->m), rc = 0;
+    emb_pick *sel = malloc((size_t)max_sel * sizeof *sel);
+    const int32_t **ids = malloc((size_t)max_sel * sizeof *ids);
+    int *lens = malloc((size_t)max_sel * sizeof *lens), n = 0;
+    float *out = NULL;
+    if (sel && ids && lens && (n = pick(r, sel, max_sel)) > 0)
+        out = malloc((size_t)n * dim * sizeof *out);
+    if (!sel || !ids || !lens || !out)
+        rc = md_errf(e, MD_ENOMEM, "embedding runner: out of memory for a poll");
+    for (int k = 0; rc == 0 && k < n; k++) {
+        ids[k] = r->items[sel[k].item].ids[sel[k].in];
+        lens[k] = r->items[sel[k].item].lens[sel[k].in];
+    }
+    double t0 = md_wall_s() * 1000.0;
+    if (rc == 0)
+        rc = md_embedder_run(r->m, ids, lens, n, out, e);
+    double ms = md_wall_s() * 1000.0 - t0;
+    for (int k = 0; rc == 0 && k < n; k++) { /* picks of one item are consecutive inputs */
+        emb_item *it = &r->items[sel[k].item];
+        memcpy(it->vecs + (size_t)sel[k].in * dim, out + (size_t)k * dim,
+               (size_t)dim * sizeof *out);
+        it->done = sel[k].in + 1;
+        if (k == 0 || sel[k - 1].item != sel[k].item)
+            it->embed_ms += ms;
+    }
+    for (int i = 0; i < r->cap; i++) { /* finished lines answered; on an error, every picked one */
+        emb_item *it = &r->items[i];
+        int picked = 0;
+        for (int k = 0; rc && k < n && !picked; k++)
+            picked = sel[k].item == i;
+        if (it->used && (picked || (rc == 0 && it->done == it->n_in)))
+            finish(r, it, rc ? e->msg : NULL, done, ctx);
+    }
+    if (rc && n == 0)
+        for (int i = 0; i < r->cap; i++) /* no memory even to pick: fail what is queued */
+            if (r->items[i].used)
+                finish(r, &r->items[i], e->msg, done, ctx);
+    free(sel);
+    free(ids);
+    free(lens);
+    free(out);
+    return 0; /* a failure was the picked lines' (inputs checked at start): they are answered
+                 with it, and the device stays in service */
+}
+
+const wk_runner_ops wk_embed_ops = {
+    .kind = "embed",
+    .capacity = embed_capacity,
+    .live = embed_live,
+    .n_ctx = embed_n_ctx,
+    .device = embed_device,
+    .start = embed_start,
+    .poll = embed_poll,
+    .close = embed_close,
+    .check = embed_check,
+};
