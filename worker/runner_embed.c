@@ -107,7 +107,7 @@ static const char *embed_device(void *self) {
 }
 
 /* What only the model tells: `dimensions` (Matryoshka models only, at most the model's). */
-static int embed_check(void *self, const q_request *req, q_verr *ve) {
+static int embed_check(void *self, q_request *req, q_verr *ve) {
     embed_runner *r = self;
     int dim = md_embedder_dim(r->m), d = req->emb_dimensions;
     if (!d || d == dim)

@@ -165,7 +165,8 @@ static void answer_embedding(wk *w, job *j, const wk_result *res) {
         return;
     }
     push_answer(w, j->s, j->id, j->batch, j->custom_id, NULL, doc);
-    wk_metrics_result(w, m, res, w->cfg->usd_per_hour * j->share_s / 3600.0);
+    wk_metrics_result(w, m, res, j->queue_ms, atoll(j->id),
+                      w->cfg->usd_per_hour * j->share_s / 3600.0);
 }
 
 void wk_on_done(void *ctx, void *tag, const wk_result *res) {
