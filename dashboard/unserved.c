@@ -94,8 +94,8 @@ static int answer(dash_api *a, const char *key, const char *id, const redisReply
         free(text);
         return MD_EREDIS;
     }
-    redisReply *r = md_redis_cmd(op, e, "EVAL %s 3 %s %s %s %s 0 %s %s %s %s", q_complete_lua,
-                                 meta, done, out, member, text, nows, ev, batch);
+    redisReply *r = md_redis_cmd(op, e, "EVAL %s 3 %s %s %s %s 0 %s %s %s %s", q_complete_lua, meta,
+                                 done, out, member, text, nows, ev, batch);
     free(text);
     int rc = dash_reply_error(r, "answering a cancelled line", e);
     freeReplyObject(r);

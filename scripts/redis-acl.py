@@ -73,6 +73,8 @@ SENDERS = {
     "queue/client.c": ("client",),
     "queue/submit.c": ("client",),
     "queue/resume.c": ("client",),
+    # which answers of P {B}:out to trust: `medley results` and the API's output files
+    "queue/trust.c": ("client", "api"),
     "queue/plan.c": ("client", "worker"),
     "queue/queue.c": ("client",),
     # the dashboard's actions, through its operator connection (dashboard/api.c dash_op): the
