@@ -280,7 +280,9 @@ static int open_operator(dash_api *api, const dash_config *cfg, md_err *e) {
     if ((rc = md_redis_url_parse(cfg->operator_url, &u, e)) || (rc = md_redis_open(&u, &op, e)) ||
         (rc = md_redis_check_prefix(op, cfg->prefix, e))) {
         md_redis_close(op);
-        return rc;
+        char why[sizeof e->msg];
+        snprintf(why, sizeof why, "%s", e->msg);
+        return md_errf(e, rc, "the operator connection (--operator-redis): %s", why);
     }
     char desc[300];
     md_redis_url_describe(&u, desc, sizeof desc);
