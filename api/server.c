@@ -298,7 +298,13 @@ static int register_metrics(api_server *s, md_metrics *m, md_err *e) {
                                      "file bytes uploaded and stored, by tenant", 1, te, 256, e);
     s->m_tenant = md_metrics_counter(m, "medley_api_tenant_requests_total",
                                      "authenticated API requests, by tenant", 1, te, 256, e);
-    return s->m_requests && s->m_seconds && s->m_upload && s->m_tenant ? 0 : MD_EINVAL;
+    s->m_forged = md_metrics_counter(
+        m, "medley_forged_answers_total",
+        "answer lines dropped from output files served: their queue entry is not the batch's "
+        "(forged; counted each time a file is read)",
+        0, NULL, 1, e);
+    return s->m_requests && s->m_seconds && s->m_upload && s->m_tenant && s->m_forged ? 0
+                                                                                      : MD_EINVAL;
 }
 
 static void reload_keys(api_server *s) {

@@ -2,7 +2,9 @@
  * index pages, a stored file body read back as lines (the q_line_reader of q_submit_lines)
  * or streamed to a client a chunk at a time, and a batch's output stream served as the
  * output and error files. Nothing here holds a whole file in memory: one chunk (API_CHUNK)
- * or one page of output lines at a time. */
+ * or one page of output lines at a time (and the lines whose queue entry the batch's ids do
+ * not hold, rare, until the end: the same check as `medley results`, q_trust of
+ * queue/trust.c; the forged ones are dropped and counted in medley_forged_answers_total). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -166,17 +168,25 @@ typedef struct {
     api_server *s;
     char key[Q_KEY_MAX];
     int output, ok; /* output: the key is a batch's :out stream */
+    char batch[Q_BATCH_ID_MAX];
     long long chunk_i;
     char start[64];      /* output: the XRANGE cursor */
     redisReply *page;    /* what is being sent, and how far */
     size_t item, off, n; /* item of page (chunks: 0 only) */
     int done;
+    q_trust *trust; /* output: which lines answer the batch's own entries */
+    char emit[500]; /* output: of page, the lines to send now (q_trust_page) */
+    char *tail;     /* output: the lines kept aside that pass, sent last */
+    size_t tail_len, tail_cap, tail_off;
+    int finished; /* output: q_trust_finish has run */
 } stream;
 
 static void stream_free(void *cls) {
     stream *st = cls;
     if (st->page)
         freeReplyObject(st->page);
+    q_trust_free(st->trust);
+    free(st->tail);
     free(st);
 }
 
@@ -196,6 +206,40 @@ static const redisReply *entry_line(const stream *st, const redisReply *en) {
     return ok == st->ok ? line : NULL;
 }
 
+/* q_trust_finish's lines of st's kind, appended to st->tail with their newlines. */
+static int tail_add(void *ctx, const q_out_entry *o) {
+    stream *st = ctx;
+    if (o->ok != st->ok)
+        return 0;
+    if (st->tail_len + o->llen + 1 > st->tail_cap) {
+        size_t cap = 2 * (st->tail_len + o->llen + 1);
+        char *t = realloc(st->tail, cap);
+        if (!t)
+            return MD_ENOMEM;
+        st->tail = t;
+        st->tail_cap = cap;
+    }
+    memcpy(st->tail + st->tail_len, o->line, o->llen);
+    st->tail_len += o->llen;
+    st->tail[st->tail_len++] = '\n';
+    return 0;
+}
+
+/* After the last page: the lines kept aside that pass into st->tail, the forged ones
+ * counted. 0 or -1 on a Redis failure. */
+static int finish_output(stream *st) {
+    md_err e = {0};
+    md_redis *r = api_redis(st->s, &e);
+    long long forged = 0;
+    st->finished = 1;
+    if (!r || (st->trust && q_trust_finish(st->trust, r, tail_add, st, &forged, &e))) {
+        api_redis_failed();
+        return -1;
+    }
+    md_counter_add(md_metric_at0(st->s->m_forged), (double)forged);
+    return 0;
+}
+
 /* The next page into st->page (NULL and st->done at the end); 0 or -1 on a Redis failure. */
 static int next_page(stream *st) {
     md_err e = {0};
@@ -206,6 +250,10 @@ static int next_page(stream *st) {
     st->item = st->off = 0;
     if (!r)
         return -1;
+    if (st->output && !st->trust && q_trust_new(r, st->s->prefix, st->batch, &st->trust, &e)) {
+        api_redis_failed();
+        return -1;
+    }
     st->page = st->output ? md_redis_cmd(r, &e, "XRANGE %s %s + COUNT 500", st->key, st->start)
                           : md_redis_cmd(r, &e, "LINDEX %s %lld", st->key, st->chunk_i++);
     if (!st->page) {
@@ -214,6 +262,12 @@ static int next_page(stream *st) {
     }
     if (st->output) {
         size_t n = st->page->type == REDIS_REPLY_ARRAY ? st->page->elements : 0;
+        if (n > sizeof st->emit || (n && q_trust_page(st->trust, r, st->page, st->emit, &e))) {
+            freeReplyObject(st->page);
+            st->page = NULL;
+            api_redis_failed();
+            return -1;
+        }
         if (n)
             snprintf(st->start, sizeof st->start, "(%s", st->page->element[n - 1]->element[0]->str);
         if (n < 500)
@@ -238,6 +292,16 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
     size_t got = 0;
     while (got < max) {
         if (!st->page) {
+            if (st->done && st->output && !st->finished && finish_output(st))
+                return got ? (ssize_t)got : MHD_CONTENT_READER_END_WITH_ERROR;
+            if (st->done && st->tail_off < st->tail_len) {
+                size_t n = st->tail_len - st->tail_off;
+                n = n < max - got ? n : max - got;
+                memcpy(buf + got, st->tail + st->tail_off, n);
+                st->tail_off += n;
+                got += n;
+                continue;
+            }
             if (st->done)
                 break;
             if (next_page(st))
@@ -247,7 +311,7 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         const redisReply *piece = st->page;
         if (st->output) {
             while (st->item < st->page->elements &&
-                   !(piece = entry_line(st, st->page->element[st->item])))
+                   !(st->emit[st->item] && (piece = entry_line(st, st->page->element[st->item]))))
                 st->item++;
             if (st->item >= st->page->elements) {
                 freeReplyObject(st->page);
@@ -279,12 +343,13 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
     return got ? (ssize_t)got : MHD_CONTENT_READER_END_OF_STREAM;
 }
 
-static struct MHD_Response *stream_new(api_server *s, const char *key, int output, int ok) {
+static struct MHD_Response *stream_new(api_server *s, const char *key, const char *batch, int ok) {
     stream *st = calloc(1, sizeof *st);
     if (!st)
         return NULL;
-    *st = (stream){.s = s, .output = output, .ok = ok};
+    *st = (stream){.s = s, .output = batch != NULL, .ok = ok};
     snprintf(st->key, sizeof st->key, "%s", key);
+    snprintf(st->batch, sizeof st->batch, "%s", batch ? batch : "");
     snprintf(st->start, sizeof st->start, "-");
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, stream_cb, st, stream_free);
@@ -294,37 +359,61 @@ static struct MHD_Response *stream_new(api_server *s, const char *key, int outpu
 }
 
 struct MHD_Response *api_stream_data(api_server *s, const char *data_key) {
-    return stream_new(s, data_key, 0, 1);
+    return stream_new(s, data_key, NULL, 1);
 }
 
 struct MHD_Response *api_stream_output(api_server *s, const char *batch, int ok) {
     char key[Q_KEY_MAX];
     q_key_out(key, s->prefix, batch);
-    return stream_new(s, key, 1, ok);
+    return stream_new(s, key, batch, ok);
+}
+
+/* What api_output_size sums. */
+typedef struct {
+    int ok;
+    long long *bytes, *lines;
+} size_sum;
+
+static int size_add(void *ctx, const q_out_entry *o) {
+    size_sum *z = ctx;
+    if (o->ok == z->ok) {
+        *z->bytes += (long long)o->llen + 1;
+        (*z->lines)++;
+    }
+    return 0;
 }
 
 int api_output_size(md_redis *r, const char *prefix, const char *batch, int ok, long long *bytes,
                     long long *lines, md_err *e) {
-    stream st = {.output = 1, .ok = ok};
-    q_key_out(st.key, prefix, batch);
-    snprintf(st.start, sizeof st.start, "-");
+    char key[Q_KEY_MAX], start[64] = "-", emit[1000];
+    q_key_out(key, prefix, batch);
     *bytes = *lines = 0;
-    for (;;) {
-        redisReply *rep = md_redis_cmd(r, e, "XRANGE %s %s + COUNT 1000", st.key, st.start);
-        if (!rep)
-            return MD_EREDIS;
+    size_sum z = {ok, bytes, lines};
+    q_trust *t = NULL;
+    int rc = q_trust_new(r, prefix, batch, &t, e);
+    while (!rc) {
+        redisReply *rep = md_redis_cmd(r, e, "XRANGE %s %s + COUNT 1000", key, start);
+        if (!rep) {
+            rc = MD_EREDIS;
+            break;
+        }
         size_t n = rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0;
+        if (n && (rc = q_trust_page(t, r, rep, emit, e)))
+            n = 0;
         for (size_t i = 0; i < n; i++) {
-            const redisReply *l = entry_line(&st, rep->element[i]);
-            if (l) {
-                *bytes += (long long)l->len + 1;
-                (*lines)++;
-            }
+            q_out_entry o;
+            if (emit[i] && q_out_entry_parse(rep->element[i], &o))
+                size_add(&z, &o);
         }
         if (n)
-            snprintf(st.start, sizeof st.start, "(%s", rep->element[n - 1]->element[0]->str);
+            snprintf(start, sizeof start, "(%s", rep->element[n - 1]->element[0]->str);
         freeReplyObject(rep);
         if (n < 1000)
-            return 0;
+            break;
     }
+    long long forged = 0;
+    if (!rc)
+        rc = q_trust_finish(t, r, size_add, &z, &forged, e);
+    q_trust_free(t);
+    return rc;
 }

@@ -36,6 +36,10 @@ static void usage(FILE *f) {
             "  --redis URL            redis://[user:pass@]host:port/db, unix:///path or\n"
             "                         sentinel://host:26379,host:26379/master[/db]\n"
             "                         (default $MEDLEY_REDIS, else redis://127.0.0.1:6379/0)\n"
+            "  --operator-redis URL   the actions' writes go through this connection: the\n"
+            "                         medley-operator Redis user, while --redis is the\n"
+            "                         read-only medley-dashboard (default $MEDLEY_OPERATOR_REDIS,\n"
+            "                         else the --redis connection)\n"
             "  --prefix P             key prefix (default medley:)\n"
             "  --admin-token-file F   enable actions for requests carrying the token in F\n"
             "                         (\"Authorization: Bearer <token>\"; at least %d bytes);\n"
@@ -91,6 +95,8 @@ int cmd_dashboard(int argc, char **argv) {
             cfg.listen = v;
         else if (!strcmp(a, "--redis"))
             cfg.redis_url = v;
+        else if (!strcmp(a, "--operator-redis"))
+            cfg.operator_url = v;
         else if (!strcmp(a, "--prefix"))
             cfg.prefix = v;
         else if (!strcmp(a, "--admin-token-file"))
@@ -111,6 +117,9 @@ int cmd_dashboard(int argc, char **argv) {
         }
         i++;
     }
+    const char *openv = getenv("MEDLEY_OPERATOR_REDIS");
+    if (!cfg.operator_url && openv && *openv)
+        cfg.operator_url = openv;
     md_err e = {0};
     static char token[512];
     const char *env = getenv("MEDLEY_DASHBOARD_TOKEN");

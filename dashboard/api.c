@@ -1,5 +1,6 @@
 /* api.c — see api.h. The batches (with the incremental cost tally of their output
- * streams), the DLQ and the two actions; the fleet and the plan are in fleet.c. */
+ * streams), the DLQ and the actions (written through the operator connection, dash_op); the
+ * fleet and the plan are in fleet.c. */
 #include "dashboard/api.h"
 
 #include <stdlib.h>
@@ -31,11 +32,26 @@ void dash_api_free(dash_api *a) {
         json_decref(a->tally[i].failures);
     free(a->tally);
     md_redis_close(a->r);
+    md_redis_close(a->op);
     free(a);
 }
 
 md_redis *dash_api_redis(dash_api *a) {
     return a->r;
+}
+
+void dash_api_set_operator(dash_api *a, md_redis *op) {
+    md_redis_close(a->op);
+    a->op = op;
+}
+
+md_redis *dash_op(dash_api *a, md_err *e) {
+    if (!a->op)
+        return a->r;
+    redisContext *ctx = md_redis_ctx(a->op);
+    if ((!ctx || ctx->err) && md_redis_reconnect(a->op, 1000, NULL, e))
+        return NULL;
+    return a->op;
 }
 
 /* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is not one (RFC 3629: no
@@ -489,7 +505,10 @@ void dash_api_show_dlq_lines(dash_api *a, int on) {
 }
 
 int dash_api_cancel(dash_api *a, const char *batch, char *status_out, size_t status_sz, md_err *e) {
-    int rc = q_batch_cancel(a->r, a->prefix, batch, status_out, status_sz, e);
+    md_redis *op = dash_op(a, e);
+    if (!op)
+        return MD_EREDIS;
+    int rc = q_batch_cancel(op, a->prefix, batch, status_out, status_sz, e);
     if (rc || strcmp(status_out, "cancelling"))
         return rc;
     q_batch_info b;
@@ -527,7 +546,10 @@ int dash_api_drain(dash_api *a, const char *worker, md_err *e) {
     q_key_worker(key, a->prefix, worker);
     drain_key(dkey, a->prefix, worker);
     snprintf(now, sizeof now, "%lld", (long long)md_wall_ms());
-    redisReply *r = md_redis_cmd(a->r, e, "EVAL %s 2 %s %s %s", drain_lua, key, dkey, now);
+    md_redis *op = dash_op(a, e);
+    if (!op)
+        return MD_EREDIS;
+    redisReply *r = md_redis_cmd(op, e, "EVAL %s 2 %s %s %s", drain_lua, key, dkey, now);
     int rc = dash_reply_error(r, "asking the worker to drain", e);
     if (!rc && (r->type != REDIS_REPLY_INTEGER || r->integer != 1))
         rc = md_errf(e, MD_ENOTFOUND, "no worker %s (no key %s)", worker, key);
@@ -538,7 +560,10 @@ int dash_api_drain(dash_api *a, const char *worker, md_err *e) {
 int dash_api_undrain(dash_api *a, const char *worker, md_err *e) {
     char dkey[Q_KEY_MAX];
     drain_key(dkey, a->prefix, worker);
-    redisReply *r = md_redis_cmd(a->r, e, "DEL %s", dkey);
+    md_redis *op = dash_op(a, e);
+    if (!op)
+        return MD_EREDIS;
+    redisReply *r = md_redis_cmd(op, e, "DEL %s", dkey);
     int rc = dash_reply_error(r, "undraining the worker", e);
     if (!rc && (r->type != REDIS_REPLY_INTEGER || r->integer != 1))
         rc = md_errf(e, MD_ENOTFOUND, "worker %s is not drained (no key %s)", worker, dkey);

@@ -34,6 +34,9 @@ typedef struct dash_api dash_api;
 dash_api *dash_api_new(md_redis *r, const char *prefix, int heartbeat_ms);
 void dash_api_free(dash_api *a);
 md_redis *dash_api_redis(dash_api *a);
+/* The connection, taken over, through which the actions (cancel, drain, undrain) write: the
+ * medley-operator Redis user (docs/operations.md). Without one they write through r. */
+void dash_api_set_operator(dash_api *a, md_redis *op);
 
 /* {"now_ms", "indexed": ZCARD P batches, "batches": [...]}: the newest `limit` batches.
  * Each: id status model total completed failed done progress (0..1) created_at started_at

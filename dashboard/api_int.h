@@ -21,7 +21,8 @@ typedef struct {
 } tally;
 
 struct dash_api {
-    md_redis *r;
+    md_redis *r;  /* reads (the dashboard's read-only Redis user) */
+    md_redis *op; /* the operator actions' writes; NULL: r (one user for both) */
     char prefix[80];
     int heartbeat_ms;
     tally *tally;
@@ -38,6 +39,10 @@ json_t *dash_served_models(dash_api *a, md_err *e);
  * serves; *answered counts them. 0 or MD_EREDIS. */
 int dash_cancel_unserved(dash_api *a, const char *batch, const char *model, long long *answered,
                          md_err *e);
+
+/* The connection for an operator action's writes (op, dialled again when it was lost, else
+ * r); NULL with e filled when op cannot be reached. */
+md_redis *dash_op(dash_api *a, md_err *e);
 
 /* A string or status reply as a JSON string (UTF-8 made valid); anything else: null. */
 json_t *dash_reply_str(const redisReply *r);

@@ -22,8 +22,11 @@
 #define DASH_TOKEN_MIN 16 /* bytes: a shorter admin token is refused at start */
 
 typedef struct {
-    const char *listen;      /* "HOST:PORT", "[V6]:PORT"; port 0: any free port */
-    const char *redis_url;   /* NULL: md_redis_default_url() */
+    const char *listen;    /* "HOST:PORT", "[V6]:PORT"; port 0: any free port */
+    const char *redis_url; /* NULL: md_redis_default_url() */
+    /* The actions' writes (the medley-operator Redis user); NULL: through redis_url's
+     * connection. Dialled only with an admin_token. */
+    const char *operator_url;
     const char *prefix;      /* "medley:" */
     const char *admin_token; /* NULL: read-only (every action answers 403) */
     /* Non-NULL: every document (all of /api but config) needs "Authorization: Bearer" with this

@@ -272,6 +272,25 @@ static int parse_listen(const char *listen, struct sockaddr_storage *ss, socklen
     return 0;
 }
 
+/* The operator connection (cfg->operator_url) handed to api. */
+static int open_operator(dash_api *api, const dash_config *cfg, md_err *e) {
+    md_redis_url u;
+    md_redis *op = NULL;
+    int rc;
+    if ((rc = md_redis_url_parse(cfg->operator_url, &u, e)) || (rc = md_redis_open(&u, &op, e)) ||
+        (rc = md_redis_check_prefix(op, cfg->prefix, e))) {
+        md_redis_close(op);
+        char why[sizeof e->msg];
+        snprintf(why, sizeof why, "%s", e->msg);
+        return md_errf(e, rc, "the operator connection (--operator-redis): %s", why);
+    }
+    char desc[300];
+    md_redis_url_describe(&u, desc, sizeof desc);
+    MD_INFO(LOGC, "actions write through the operator connection (Redis %s)", desc);
+    dash_api_set_operator(api, op);
+    return 0;
+}
+
 int dash_serve(const dash_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     struct sockaddr_storage ss;
     socklen_t sl = 0;
@@ -290,6 +309,10 @@ int dash_serve(const dash_config *cfg, volatile sig_atomic_t *stop, md_err *e) {
     if (!s.api) {
         md_redis_close(r);
         return md_errf(e, MD_ENOMEM, "out of memory");
+    }
+    if (cfg->admin_token && cfg->operator_url && (rc = open_operator(s.api, cfg, e))) {
+        dash_api_free(s.api);
+        return rc;
     }
     dash_api_show_dlq_lines(s.api, cfg->dlq_lines);
     md_redis_url_describe(&u, s.redis_desc, sizeof s.redis_desc);

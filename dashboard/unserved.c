@@ -4,7 +4,8 @@
  * when workers have answered its queued lines; docs/protocol.md §4). Here the dashboard
  * answers them itself, as a worker would: a `batch_cancelled` error line through the
  * completion script (so a worker that reads the same entry meanwhile is deduplicated by
- * P {B}:done: every custom_id still once), then XACK and XDEL of the entry. */
+ * P {B}:done: every custom_id still once), then XACK and XDEL of the entry. Reads go through
+ * the dashboard's connection, these writes through the operator's (dash_op). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,19 +89,24 @@ static int answer(dash_api *a, const char *key, const char *id, const redisReply
     q_key_out(out, a->prefix, batch);
     q_key_events(ev, a->prefix);
     snprintf(nows, sizeof nows, "%lld", now);
-    redisReply *r = md_redis_cmd(a->r, e, "EVAL %s 3 %s %s %s %s 0 %s %s %s %s", q_complete_lua,
-                                 meta, done, out, member, text, nows, ev, batch);
+    md_redis *op = dash_op(a, e);
+    if (!op) {
+        free(text);
+        return MD_EREDIS;
+    }
+    redisReply *r = md_redis_cmd(op, e, "EVAL %s 3 %s %s %s %s 0 %s %s %s %s", q_complete_lua, meta,
+                                 done, out, member, text, nows, ev, batch);
     free(text);
     int rc = dash_reply_error(r, "answering a cancelled line", e);
     freeReplyObject(r);
     if (rc)
         return rc;
-    r = md_redis_cmd(a->r, e, "XACK %s %s %s", key, Q_GROUP, id);
+    r = md_redis_cmd(op, e, "XACK %s %s %s", key, Q_GROUP, id);
     rc = dash_reply_error(r, "XACK", e);
     freeReplyObject(r);
     if (rc)
         return rc;
-    r = md_redis_cmd(a->r, e, "XDEL %s %s", key, id);
+    r = md_redis_cmd(op, e, "XDEL %s %s", key, id);
     rc = dash_reply_error(r, "XDEL", e);
     freeReplyObject(r);
     return rc;

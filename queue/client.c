@@ -1,4 +1,4 @@
-/* client.c — see client.h. */
+/* client.c — see client.h (which answers to trust: trust.c). */
 #include "queue/client.h"
 
 #include <errno.h>
@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "queue/resume.h"
 
 int q_parse_duration(const char *s, long long *seconds, md_err *e) {
     char *end;
@@ -73,178 +72,34 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
     return rc;
 }
 
-/* For each entry of an XRANGE page, 1 when its `entry` field is a queue entry the batch had
- * (SMISMEMBER P {B}:ids), else 0; all 1 when the batch keeps no ids (submitted by a client
- * before they existed). 0 or MD_EREDIS. */
-static int trusted_entries(md_redis *r, const char *ids_key, int have_ids, redisReply *page,
-                           char *ok, md_err *e) {
-    size_t n = page->elements;
-    memset(ok, 1, n);
-    if (!have_ids || n == 0)
-        return 0;
-    const char **argv = calloc(n + 2, sizeof *argv);
-    size_t *lens = calloc(n + 2, sizeof *lens);
-    if (!argv || !lens) {
-        free(argv);
-        free(lens);
-        return md_errf(e, MD_ENOMEM, "out of memory");
-    }
-    argv[0] = "SMISMEMBER";
-    argv[1] = ids_key;
-    for (size_t i = 0; i < n; i++) {
-        redisReply *en = page->element[i];
-        argv[2 + i] = "";
-        if (en->type != REDIS_REPLY_ARRAY || en->elements < 2)
-            continue;
-        redisReply *fl = en->element[1];
-        for (size_t k = 0; fl->type == REDIS_REPLY_ARRAY && k + 1 < fl->elements; k += 2)
-            if (!strcmp(fl->element[k]->str, "entry"))
-                argv[2 + i] = fl->element[k + 1]->str;
-    }
-    for (size_t i = 0; i < n + 2; i++)
-        lens[i] = strlen(argv[i]);
-    redisReply *rep = md_redis_cmd_argv(r, (int)n + 2, argv, lens, e);
-    free(argv);
-    free(lens);
-    if (!rep)
-        return MD_EREDIS;
-    int rc = 0;
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != n)
-        rc = md_errf(e, MD_EREDIS, "SMISMEMBER %s: %s", ids_key,
-                     rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
-    for (size_t i = 0; !rc && i < n; i++)
-        ok[i] = rep->element[i]->integer == 1;
-    freeReplyObject(rep);
-    return rc;
-}
-
-/* One output entry's fields (pointers into the reply). */
-typedef struct {
-    const char *line, *ok, *cid;
-    size_t llen;
-} out_entry;
-
-static int parse_entry(redisReply *en, out_entry *o) {
-    memset(o, 0, sizeof *o);
-    o->ok = "1";
-    if (en->type != REDIS_REPLY_ARRAY || en->elements < 2)
-        return 0;
-    redisReply *fl = en->element[1];
-    for (size_t k = 0; fl->type == REDIS_REPLY_ARRAY && k + 1 < fl->elements; k += 2) {
-        const char *f = fl->element[k]->str;
-        if (!strcmp(f, "line")) {
-            o->line = fl->element[k + 1]->str;
-            o->llen = fl->element[k + 1]->len;
-        } else if (!strcmp(f, "ok")) {
-            o->ok = fl->element[k + 1]->str;
-        } else if (!strcmp(f, "custom_id")) {
-            o->cid = fl->element[k + 1]->str;
-        }
-    }
-    return o->line != NULL;
-}
-
 /* Write one output line to out (ok = 1) or err; counts in n_out / n_err. */
-static int write_line(const out_entry *o, FILE *out, FILE *err, long long *n_out, long long *n_err,
-                      md_err *e) {
-    int good = !strcmp(o->ok, "1");
-    FILE *dst = good || !err ? out : err;
-    if (fwrite(o->line, 1, o->llen, dst) != o->llen || fputc('\n', dst) == EOF)
-        return md_errf(e, MD_EIO, "writing results: %s", strerror(errno));
-    if (good)
-        (*n_out)++;
-    else
-        (*n_err)++;
-    return 0;
-}
-
-/* Lines whose entry the batch's ids do not hold: kept aside until every trusted line is
- * written (a custom_id, the line, ok). */
 typedef struct {
-    char **cid, **line;
-    int *ok;
-    size_t n, cap;
-} held_lines;
+    FILE *out, *err;
+    long long *n_out, *n_err;
+    md_err *e;
+} line_sink;
 
-static int hold(held_lines *h, const out_entry *o) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? 2 * h->cap : 64;
-        char **c = realloc(h->cid, cap * sizeof *c),
-             **l = c ? realloc(h->line, cap * sizeof *l) : NULL;
-        int *k = l ? realloc(h->ok, cap * sizeof *k) : NULL;
-        if (c)
-            h->cid = c;
-        if (l)
-            h->line = l;
-        if (k)
-            h->ok = k;
-        if (!c || !l || !k)
-            return MD_ENOMEM;
-        h->cap = cap;
-    }
-    h->cid[h->n] = strdup(o->cid ? o->cid : "");
-    h->line[h->n] = strndup(o->line, o->llen);
-    h->ok[h->n] = !strcmp(o->ok, "1");
-    if (!h->cid[h->n] || !h->line[h->n])
-        return MD_ENOMEM;
-    h->n++;
+static int write_line(void *ctx, const q_out_entry *o) {
+    line_sink *k = ctx;
+    FILE *dst = o->ok || !k->err ? k->out : k->err;
+    if (fwrite(o->line, 1, o->llen, dst) != o->llen || fputc('\n', dst) == EOF)
+        return md_errf(k->e, MD_EIO, "writing results: %s", strerror(errno));
+    if (o->ok)
+        (*k->n_out)++;
+    else
+        (*k->n_err)++;
     return 0;
-}
-
-static void held_free(held_lines *h) {
-    for (size_t i = 0; i < h->n; i++) {
-        free(h->cid[i]);
-        free(h->line[i]);
-    }
-    free(h->cid);
-    free(h->line);
-    free(h->ok);
-}
-
-/* The lines held aside: one is written when its custom_id is one the batch's submissions
- * queued (P {B}:sent) and no trusted line answered it (a line whose entry a killed submit
- * queued without recording it: docs/protocol.md §5); the others are forged. seen: the
- * custom_ids written (q_sent_set, sorted here). */
-static int write_held(md_redis *r, const char *prefix, const char *batch, held_lines *h,
-                      q_sent_set *seen, FILE *out, FILE *err, long long *n_out, long long *n_err,
-                      long long *forged, md_err *e) {
-    q_sent_set sent;
-    int rc = q_sent_load(r, prefix, batch, &sent, e);
-    q_sent_sort(seen);
-    for (size_t i = 0; !rc && i < h->n; i++) {
-        if (!q_sent_has(&sent, h->cid[i]) || q_sent_has(seen, h->cid[i])) {
-            (*forged)++;
-            continue;
-        }
-        out_entry o = {.line = h->line[i],
-                       .llen = strlen(h->line[i]),
-                       .ok = h->ok[i] ? "1" : "0",
-                       .cid = h->cid[i]};
-        if (!(rc = write_line(&o, out, err, n_out, n_err, e)))
-            rc = q_sent_add(seen, h->cid[i]);
-        q_sent_sort(seen);
-    }
-    q_sent_free(&sent);
-    return rc;
 }
 
 int q_results_write(md_redis *r, const char *prefix, const char *batch, FILE *out, FILE *err,
                     long long *n_out, long long *n_err, md_err *e) {
-    char key[Q_KEY_MAX], ids[Q_KEY_MAX], start[64] = "-";
+    char key[Q_KEY_MAX], start[64] = "-", emit[2000];
     q_key_out(key, prefix, batch);
-    q_key_ids(ids, prefix, batch);
     *n_out = *n_err = 0;
-    redisReply *ex = md_redis_cmd(r, e, "EXISTS %s", ids);
-    if (!ex)
-        return MD_EREDIS;
-    int have_ids = ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
-    freeReplyObject(ex);
-    long long forged = 0;
-    char ok[2000];
-    held_lines held = {0};
-    q_sent_set seen = {0};
-    int rc = 0;
-    for (;;) {
+    line_sink sink = {out, err, n_out, n_err, e};
+    q_trust *t = NULL;
+    int rc = q_trust_new(r, prefix, batch, &t, e);
+    for (; !rc;) {
         redisReply *rep = md_redis_cmd(r, e, "XRANGE %s %s + COUNT 2000", key, start);
         if (!rep) {
             rc = MD_EREDIS;
@@ -253,16 +108,12 @@ int q_results_write(md_redis *r, const char *prefix, const char *batch, FILE *ou
         rc = rep->type != REDIS_REPLY_ARRAY
                  ? md_errf(e, MD_EREDIS, "XRANGE %s: %s", key,
                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply")
-                 : trusted_entries(r, ids, have_ids, rep, ok, e);
+                 : q_trust_page(t, r, rep, emit, e);
         size_t n = rc ? 0 : rep->elements;
         for (size_t i = 0; i < n && !rc; i++) {
-            out_entry o;
-            if (!parse_entry(rep->element[i], &o))
-                continue;
-            if (!ok[i])
-                rc = hold(&held, &o) ? md_errf(e, MD_ENOMEM, "out of memory") : 0;
-            else if (!(rc = write_line(&o, out, err, n_out, n_err, e)) && have_ids && o.cid)
-                rc = q_sent_add(&seen, o.cid) ? md_errf(e, MD_ENOMEM, "out of memory") : 0;
+            q_out_entry o;
+            if (emit[i] && q_out_entry_parse(rep->element[i], &o))
+                rc = write_line(&sink, &o);
         }
         if (!rc && n > 0)
             snprintf(start, sizeof start, "(%s", rep->element[n - 1]->element[0]->str);
@@ -270,10 +121,10 @@ int q_results_write(md_redis *r, const char *prefix, const char *batch, FILE *ou
         if (rc || n < 2000)
             break;
     }
-    if (!rc && held.n)
-        rc = write_held(r, prefix, batch, &held, &seen, out, err, n_out, n_err, &forged, e);
-    held_free(&held);
-    q_sent_free(&seen);
+    long long forged = 0;
+    if (!rc)
+        rc = q_trust_finish(t, r, write_line, &sink, &forged, e);
+    q_trust_free(t);
     if (!rc && forged)
         MD_WARN("results",
                 "batch %s: dropped %lld line(s) of %s whose queue entry the batch never "

@@ -48,6 +48,28 @@ int q_submit_file(md_redis *r, const q_submit_opts *o, char batch_out[Q_BATCH_ID
 int q_results_write(md_redis *r, const char *prefix, const char *batch, FILE *out, FILE *err,
                     long long *n_out, long long *n_err, md_err *e);
 
+/* Which answers to trust (trust.c): the lines of P {B}:out that answer one of the batch's
+ * own queue entries, read page by page (docs/operations.md, "Threat model"). */
+typedef struct q_trust q_trust;
+/* One output entry's fields (pointers into the reply; entry NULL when it has none). */
+typedef struct {
+    const char *line, *cid, *entry;
+    size_t llen;
+    int ok; /* the `ok` field is "1" (or absent) */
+} q_out_entry;
+/* Parse one XRANGE entry of P {B}:out; 0 when it has no line. */
+int q_out_entry_parse(const redisReply *en, q_out_entry *o);
+/* Start reading batch B's output (EXISTS P {B}:ids). 0 or MD_EREDIS / MD_ENOMEM. */
+int q_trust_new(md_redis *r, const char *prefix, const char *batch, q_trust **out, md_err *e);
+/* For each entry i of an XRANGE page (in stream order): emit[i] = 1 when its line is to be
+ * used now, 0 when it has no line or is kept aside until q_trust_finish. */
+int q_trust_page(q_trust *t, md_redis *r, const redisReply *page, char *emit, md_err *e);
+/* After the last page: emit(ctx, line) for each line kept aside that is still to be used
+ * (an unrecorded entry of a killed submit); *forged counts the others (dropped). */
+int q_trust_finish(q_trust *t, md_redis *r, int (*emit)(void *ctx, const q_out_entry *o),
+                   void *ctx, long long *forged, md_err *e);
+void q_trust_free(q_trust *t);
+
 /* The batch meta as a JSON document (caller owns the reference). */
 json_t *q_batch_json(const q_batch_info *b);
 

@@ -21,7 +21,9 @@ read or write, as Redis 7 `%R~`/`%W~` patterns and selectors; docs/operations.md
   medley-client     submit, status, results, cancel, batches
   medley-worker     answers; no EVAL (only EVALSHA), no XADD to queues, no DEL of streams
   medley-scheduler  reads heartbeats and backlogs, writes the plan and its lease
-  medley-dashboard  reads everything; its two operator actions (cancel, drain) and no more
+  medley-dashboard  reads everything, writes nothing
+  medley-operator   the dashboard's actions (cancel, drain, undrain, answering the queued
+                    lines of a cancelled batch nobody serves) and no more
   medley-api        the client's rights plus its own keys (medley:api:*, file:*, tenant:*)
   medley-admin      rotation (ACL SETUSER, CONFIG SET of TLS files), scripts, housekeeping
   medley            every role at once (one host, or before moving to the role users)
@@ -50,7 +52,7 @@ WRAPPERS = {("common/redis.c", "md_redis_cmd"), ("common/redis.c", "md_redis_cmd
 # Sentinel's own ACL covers them (docs/operations.md), the medley user's does not.
 TO_SENTINEL = {("common/redis_dial.c", "ask"), ("common/redis_dial.c", "open_sentinel"),
                ("common/redis_dial.c", "failing_over"), ("common/redis_watch.c", "sentinel_subscribe")}
-ROLES = ("client", "worker", "scheduler", "dashboard", "api", "admin")
+ROLES = ("client", "worker", "scheduler", "dashboard", "operator", "api", "admin")
 ALL = ROLES
 # Which roles' processes send the commands of a call site. The most specific key wins:
 # "file:function:+rule", "file:function" (for a Lua script at file level, the name of its
@@ -71,20 +73,27 @@ SENDERS = {
     "queue/client.c": ("client",),
     "queue/submit.c": ("client",),
     "queue/resume.c": ("client",),
+    # which answers of P {B}:out to trust: `medley results` and the API's output files
+    "queue/trust.c": ("client", "api"),
     "queue/plan.c": ("client", "worker"),
     "queue/queue.c": ("client",),
-    # the dashboard answers the queued lines of a batch nobody serves (dashboard/unserved.c)
-    "queue/queue.c:q_complete_lua": ("worker", "dashboard"),
-    "queue/queue.c:Q_LUA_FINISH": ("worker", "client", "dashboard"),
-    "queue/queue.c:q_cancel_lua": ("client", "dashboard"),
+    # the dashboard's actions, through its operator connection (dashboard/api.c dash_op): the
+    # cancel, and answering the queued lines of a batch nobody serves (dashboard/unserved.c)
+    "queue/queue.c:q_complete_lua": ("worker", "operator"),
+    "queue/queue.c:Q_LUA_FINISH": ("worker", "client", "operator"),
+    "queue/queue.c:q_cancel_lua": ("client", "operator"),
     "queue/queue.c:q_stage_del_lua": ("worker",),
-    "queue/queue.c:eval_status": ("client", "dashboard"),
+    "queue/queue.c:eval_status": ("client", "operator"),
     "queue/queue.c:q_batch_get": ("client", "dashboard"),
     # q_script_load: the client loads medley's scripts at submit; a worker tries too and, when
     # refused (NOPERM), runs them by the SHA1 it computes (worker/worker.c).
     "queue/queue.c:q_script_load": ("client",),
     "scheduler/": ("scheduler",),
     "dashboard/": ("dashboard",),
+    "dashboard/api.c:dash_api_drain": ("operator",),
+    "dashboard/api.c:drain_lua": ("operator",),
+    "dashboard/api.c:dash_api_undrain": ("operator",),
+    "dashboard/unserved.c:answer": ("operator",),
     "worker/": ("worker",),
     "api/": ("api",),
 }
@@ -127,13 +136,19 @@ POLICY = {
                  "~medley:plan:version", "~medley:scheduler:*", "&medley:events"],
         "selectors": [(["~medley:scheduler:*"], ["+del", "+pexpire"])],
     },
-    "dashboard": {
-        "root": ["%R~medley:*", "&medley:events"],
-        # its writes: cancel and drain (meta, heartbeats, the drain key), and answering the
+    "dashboard": {"root": ["%R~medley:*", "&medley:events"], "selectors": []},
+    "operator": {
+        # reads only what the scripts read (EXISTS, HMGET) and the prefix check (P plan)
+        "root": ["%R~medley:plan", "%R~medley:{*}:meta", "%R~medley:worker:*", "&medley:events"],
+        # the writes: cancel and drain (meta, heartbeats, the drain key), and answering the
         # queued lines of a batch nobody serves (the completion script, then XACK + XDEL)
+        # (answers write-only: it may add an answer line, never read or delete one)
         "selectors": [(["~medley:{*}:meta", "~medley:worker:*", "~medley:{*}:out",
-                        "~medley:{*}:done", "~medley:drain:*"],
-                       ["+eval", "+hset", "+hincrby", "+sadd", "+xadd", "+del"]),
+                        "~medley:{*}:done", "~medley:drain:*"], ["+eval"]),
+                      (["~medley:{*}:meta", "~medley:worker:*"], ["+hset"]),
+                      (["~medley:{*}:meta"], ["+hincrby"]),
+                      (["~medley:{*}:done"], ["+sadd"]),
+                      (["%W~medley:{*}:out"], ["+xadd"]),
                       (["~medley:drain:*"], ["+set", "+del"]),
                       (["~medley:q:*"], ["+xack", "+xdel"])],
     },

@@ -22,7 +22,7 @@ trap 'rm -rf "$tmp"' EXIT
 # verify FILE: prints what systemd-analyze said; returns its exit status
 verify() { SYSTEMD_LOG_LEVEL=notice systemd-analyze verify --man=no "$1" 2>&1; }
 
-for unit in medley-worker medley-scheduler medley-api; do
+for unit in medley-worker medley-scheduler medley-api medley-dashboard; do
     f=$src/deploy/systemd/$unit.service
     [ -f "$f" ] || fail "$f missing"
     grep -q '^ExecStart=/usr/local/bin/medley ' "$f" || fail "$unit: ExecStart is not /usr/local/bin/medley"

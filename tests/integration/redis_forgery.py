@@ -9,7 +9,8 @@ With medley-worker's credentials, before any worker runs, a forger
     an entry id the batch never had, one without any entry id.
 Then a real `medley worker` (as medley-worker) serves the batch. Checks: the batch
 completes; `medley results` (as medley-client) writes every custom_id once with the real
-answers, drops the 2 forged lines and says so; the worker's /metrics counts the 20
+answers, drops the 2 forged lines and says so (and so does `medley api`'s output file,
+counting them in medley_forged_answers_total); the worker's /metrics counts the 20
 unanswered acks (medley_unanswered_acks_total) and its log names the consumer 'fake' as
 having no heartbeat. ~8 s."""
 import json
@@ -26,6 +27,40 @@ from redis_roles import RoleServer, as_role, start_server  # noqa: E402
 
 N = 300
 FAKE_ACKS = 20
+
+
+def api_output_file(srv, b, ids):
+    """`medley api` (as medley-api) serves batch b's output file without the 2 forged lines
+    and counts them in medley_forged_answers_total, as `medley results` drops them. The batch
+    is handed to tenant acme by its API record (P api:{B}, what POST /v1/batches writes)."""
+    from api_util import KEY_A, Api, write_keys
+    srv.client().hset("medley:api:{%s}" % b, mapping={"tenant": "acme"})
+    mport = free_port()
+    api = Api(RoleServer(srv, "api"), write_keys(srv.dir),
+              ["--metrics", "127.0.0.1:%d" % mport])
+    try:
+        def get(path):
+            req = urllib.request.Request(api.base + path,
+                                         headers={"Authorization": "Bearer " + KEY_A})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.read().decode()
+        meta = json.loads(get("/files/file-out-%s" % b))
+        body = get("/files/file-out-%s/content" % b)
+        lines = [json.loads(l) for l in body.splitlines()]
+        exactly_once(lines, ids)
+        if "FORGED" in body:
+            fail("a forged answer reached the API's output file")
+        if meta.get("bytes") != len(body.encode()):
+            fail("the output file's bytes (%s) is not what its content holds (%d)" % (
+                meta.get("bytes"), len(body.encode())))
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport, timeout=5) as r:
+            text = r.read().decode()
+        m = re.search(r"^medley_forged_answers_total (\S+)$", text, re.M)
+        if not m or float(m.group(1)) != 2:
+            fail("medley_forged_answers_total should be 2: %s" % (m.group(0) if m else "absent"))
+    finally:
+        api.stop()
+    print("ok api: the output file drops the 2 forged lines, medley_forged_answers_total 2")
 
 
 def main():
@@ -79,6 +114,7 @@ def main():
                 FAKE_ACKS, m.group(0) if m else "absent"))
         if "without a heartbeat: 'fake'" not in worker.logs():
             fail("the worker's log does not name the consumer 'fake':\n" + worker.logs()[-2000:])
+        api_output_file(srv, b, ids)
         print("ok forgery: %d fake acks rerun and counted, 2 forged lines dropped, %d lines once"
               % (FAKE_ACKS, N))
     finally:
