@@ -101,7 +101,7 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
   endfunction()
   file(GLOB MEDLEY_CLI_EMU_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/cli/*.c)
   medley_emu_exe(medley_emu ${MEDLEY_CLI_EMU_SOURCES})
-  target_link_libraries(medley_emu PRIVATE medley_dashboard medley_worker medley_queue
+  target_link_libraries(medley_emu PRIVATE medley_api medley_dashboard medley_worker medley_queue
                         medley_sched medley_engine medley_kernels medley_common m)
   foreach(b gpu:bench_llama8b gemv:bench_gemv attn:bench_attn sample:bench_sample)
     string(REPLACE ":" ";" bp ${b})
