@@ -10,8 +10,9 @@ For each of deploy/container/Containerfile and Containerfile.cpu:
     the file found, find_package(X REQUIRED) through the small table below (a new one fails
     here until it is added);
   * the runtime stage installs the package of every shared library the built `medley`
-    ($MEDLEY_BIN, a CPU build) needs (readelf NEEDED -> ldconfig path -> dpkg -S), except
-    the C library's (IN_BASE: in every Debian/Ubuntu base image).
+    ($MEDLEY_BIN, a CPU or CUDA build) needs (readelf NEEDED -> ldconfig path -> dpkg -S), except
+    the C library's (IN_BASE: in every Debian/Ubuntu base image) and the CUDA toolkit's
+    (CUDA_RUNTIME: the GPU image's nvidia/cuda base has them).
 Package names are this Debian 12's; Ubuntu 22.04 (the CUDA image) uses the same names for
 these libraries. Label unit: a second or two.
 """
@@ -33,6 +34,10 @@ FIND_PACKAGE = {
 }
 # Libraries every Debian and Ubuntu base image has (the C runtime).
 IN_BASE = {"libc6", "libgcc-s1"}
+# The CUDA toolkit's own libraries, which a CUDA build of medley (what CI builds where nvcc
+# is) needs: the GPU image's nvidia/cuda runtime base provides them, and the CPU image builds
+# with MEDLEY_CUDA=OFF, so no Debian package is asked for.
+CUDA_RUNTIME = re.compile(r"^lib(cudart|cublas|cublasLt|nvrtc|nccl|cuda)\.so")
 errors = []
 
 
@@ -122,6 +127,8 @@ def runtime_required():
             paths.setdefault(m.group(1), m.group(3))
     out = []
     for lib in needed:
+        if CUDA_RUNTIME.match(lib):
+            continue
         path = paths.get(lib)
         pkg = owner(path) if path else None
         if not pkg:
