@@ -38,6 +38,9 @@ IN_BASE = {"libc6", "libgcc-s1"}
 # is) needs: the GPU image's nvidia/cuda runtime base provides them, and the CPU image builds
 # with MEDLEY_CUDA=OFF, so no Debian package is asked for.
 CUDA_RUNTIME = re.compile(r"^lib(cudart|cublas|cublasLt|nvrtc|nccl|cuda)\.so")
+# A sanitizer build's runtimes (scripts/test.sh runs this test under ASan+UBSan too): never
+# in an image, which builds without -DMEDLEY_SANITIZE.
+SANITIZER = re.compile(r"^lib(asan|ubsan|tsan|lsan)\.so")
 errors = []
 
 
@@ -127,7 +130,7 @@ def runtime_required():
             paths.setdefault(m.group(1), m.group(3))
     out = []
     for lib in needed:
-        if CUDA_RUNTIME.match(lib):
+        if CUDA_RUNTIME.match(lib) or SANITIZER.match(lib):
             continue
         path = paths.get(lib)
         pkg = owner(path) if path else None
