@@ -205,7 +205,15 @@ def main():
             row = batch_row(d, live_b)
             return row and int(row["c-done"].split("/")[0])
         first = wait_for("live-b's progress on the page", lambda: progress() and progress() > 0)
-        row = batch_row(d, live_b)
+        # the rate (hence the ETA) needs two samples of the batch's progress: the first
+        # poll that sees lines done may still show "--"
+        def eta_or_done():
+            row = batch_row(d, live_b)
+            if not row:
+                return None
+            n = int(row["c-done"].split("/")[0])
+            return row if n >= 300 or row["c-eta"] not in ("--", "done") else None
+        row = wait_for("an ETA for the running batch live-b", eta_or_done, timeout=15)
         if int(row["c-done"].split("/")[0]) < 300 and row["c-eta"] in ("--", "done"):
             fail("a running batch must show an ETA: %s" % row)
         wait_for("live-b's progress to rise without a reload",
