@@ -166,6 +166,7 @@ int eng_con_seq_init(md_engine *eng, seq *q, const md_sampling *s, md_err *e) {
             if (!(q->trigger = strdup(s->grammar_trigger)))
                 return md_errf(e, MD_ENOMEM, "engine: out of memory for a grammar trigger");
             q->lazy = s->grammar;
+            q->trigger_len = strlen(q->trigger);
             q->anchored = s->grammar_trigger_anchored;
             return 0;
         }
@@ -188,7 +189,7 @@ void eng_con_seq_free(seq *q) {
 md_finish eng_con_trigger(md_engine *eng, seq *q, size_t text_before) {
     if (!q->lazy)
         return MD_FINISH_NONE;
-    size_t l = strlen(q->trigger);
+    size_t l = q->trigger_len;
     const char *hit;
     if (q->anchored) { /* at the start (after whitespace), or never */
         size_t ws = strspn(q->text, " \t\r\n");

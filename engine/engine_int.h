@@ -53,6 +53,7 @@ typedef struct {
     struct gr_matcher *gm;
     const struct gr_grammar *lazy; /* a grammar waiting for its trigger (owned copy) */
     char *trigger;
+    size_t trigger_len;
     int anchored; /* the trigger counts only at the text's start */
     md_sample_bias *bias;
     int n_bias;

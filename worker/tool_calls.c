@@ -8,17 +8,24 @@
 /* medley's own call format (docs/structured.md "Tool calls"): the functions are listed as
  * JSON and the model is asked for {"name", "arguments"}; the grammar enforces the shape,
  * this text tells the model what the names and arguments mean. */
+/* One function as the tool formats list it: {name, description, parameters} (NULL when out
+ * of memory). */
+static json_t *function_obj(const q_tool *t) {
+    json_t *f = json_pack("{s:s}", "name", t->name);
+    if (f && t->description)
+        json_object_set_new(f, "description", json_string(t->description));
+    if (f && t->parameters)
+        json_object_set(f, "parameters", t->parameters);
+    return f;
+}
+
 int wk_tools_system_text(const q_request *req, const char *own, char **out, md_err *e) {
     json_t *list = json_array();
     for (int i = 0; list && i < req->n_tools; i++) {
         const q_tool *t = &req->tools[i];
         if (req->tool_choice == Q_TOOLS_NAMED && i != req->tool_named)
             continue;
-        json_t *f = json_pack("{s:s}", "name", t->name);
-        if (f && t->description)
-            json_object_set_new(f, "description", json_string(t->description));
-        if (f && t->parameters)
-            json_object_set(f, "parameters", t->parameters);
+        json_t *f = function_obj(t);
         if (!f || json_array_append_new(list, f)) {
             json_decref(list);
             list = NULL;
@@ -43,12 +50,7 @@ int wk_tools_system_text(const q_request *req, const char *own, char **out, md_e
 char *wk_tools_json(const q_request *req) {
     json_t *list = json_array();
     for (int i = 0; list && i < req->n_tools; i++) {
-        const q_tool *t = &req->tools[i];
-        json_t *f = json_pack("{s:s}", "name", t->name);
-        if (f && t->description)
-            json_object_set_new(f, "description", json_string(t->description));
-        if (f && t->parameters)
-            json_object_set(f, "parameters", t->parameters);
+        json_t *f = function_obj(&req->tools[i]);
         json_t *tool = f ? json_pack("{s:s, s:o}", "type", "function", "function", f) : NULL;
         if (!tool || json_array_append_new(list, tool)) {
             json_decref(list);
