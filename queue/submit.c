@@ -326,6 +326,21 @@ static int record_routing(md_redis *r, const char *prefix, const char *batch, co
     return 0;
 }
 
+/* A resumed batch into P batches again: the earlier run may have been killed between
+ * creating its meta and indexing it (q_batch_create). NX keeps an existing entry's time. */
+static int index_again(md_redis *r, const char *prefix, const char *batch, md_err *e) {
+    char idx[Q_KEY_MAX];
+    q_key_batches(idx, prefix);
+    redisReply *rep = md_redis_cmd(r, e, "ZADD %s NX %lld %s", idx, md_wall_ms(), batch);
+    if (!rep)
+        return MD_EREDIS;
+    int rc = rep->type == REDIS_REPLY_ERROR
+                 ? md_errf(e, MD_EREDIS, "indexing the batch: %s", rep->str)
+                 : 0;
+    freeReplyObject(rep);
+    return rc;
+}
+
 int q_submit_lines(md_redis *r, const q_submit_opts *o, const q_line_reader *rd,
                    char batch_out[Q_BATCH_ID_MAX], long long *n_lines, md_err *e) {
     const char *prefix = o->prefix ? o->prefix : "medley:";
@@ -380,6 +395,7 @@ int q_submit_lines(md_redis *r, const q_submit_opts *o, const q_line_reader *rd,
                          .priority = o->priority,
                          .tenant = o->tenant};
     if ((!resume && (rc = q_batch_create(r, &spec, e))) ||
+        (resume && (rc = index_again(r, prefix, batch_out, e))) ||
         (rc = q_submitter_open(r, prefix, batch_out, model, &s, e))) {
         q_sent_free(&sent);
         return rc;
