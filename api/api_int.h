@@ -93,10 +93,11 @@ int api_files_upload(api_req *q, const char *data, size_t size);
 void api_files_upload_end(api_req *q);
 enum MHD_Result api_files_route(api_req *q, struct MHD_Connection *c, const char *method,
                                 const char *rest);
-/* The stored file F of the tenant: its hash as a JSON object (id, purpose, bytes, ...), or
- * NULL (*rc MD_ENOTFOUND when it is not there or another tenant's, MD_EREDIS). */
-json_t *api_file_get(md_redis *r, const char *prefix, const char *tenant, const char *id, int *rc,
-                     md_err *e);
+/* The file F of the tenant (uploaded, or a batch's output or error file) as its JSON object
+ * (id, purpose, bytes, ...), or NULL (*rc MD_ENOTFOUND when it is not there, deleted or
+ * another tenant's; MD_EREDIS). sized 0: an output file's bytes are not counted (left out). */
+json_t *api_file_get(md_redis *r, const char *prefix, const char *tenant, const char *id, int sized,
+                     int *rc, md_err *e);
 
 /* store.c: a stored file body as the lines of a q_line_reader (chunks read one at a time). */
 typedef struct api_file_reader api_file_reader;
@@ -109,16 +110,29 @@ long long api_file_reader_lineno(const api_file_reader *fr);
  * output file, 0 error file) from Redis, a page at a time. */
 struct MHD_Response *api_stream_data(api_server *s, const char *data_key);
 struct MHD_Response *api_stream_output(api_server *s, const char *batch, int ok);
-/* Bytes and lines of a batch's output (ok 1) or error (ok 0) file, counted page by page. */
-int api_output_size(md_redis *r, const char *prefix, const char *batch, int ok, long long *bytes,
-                    long long *lines, md_err *e);
 
 /* batches.c */
 enum MHD_Result api_batches_route(api_req *q, struct MHD_Connection *c, const char *method,
                                   const char *rest);
+
+/* outputs.c: a batch's output (ok 1) and error (ok 0) files, docs/api.md "Output and error
+ * files". */
 /* The batch of an output/error file id ("file-out-B" / "file-err-B"), ok set; 0 if it is not
  * one. */
 int api_output_file_batch(const char *file_id, char batch[API_ID_MAX], int *ok);
+/* The file object of batch B's file of kind ok for the tenant; NULL with *rc MD_ENOTFOUND
+ * (not the tenant's, deleted, never queued) or MD_EREDIS. sized: count its bytes (read from
+ * P api:{B} once the batch has ended and they were counted once; else the stream is read). */
+json_t *api_output_object(md_redis *r, const char *prefix, const char *tenant, const char *batch,
+                          int ok, int sized, int *rc, md_err *e);
+/* Put the files of the tenant's batches that have ended since (P tenant:{T}:running) into its
+ * file list (P tenant:{T}:files, scored by the batch's end), as OpenAI makes them at the
+ * end. 0 or MD_EREDIS. */
+int api_outputs_settle(md_redis *r, const char *prefix, const char *tenant, md_err *e);
+/* Delete batch B's file of kind ok: MD_ENOTFOUND, MD_EINVAL while the batch has not ended
+ * (e says so), MD_EREDIS. */
+int api_output_delete(md_redis *r, const char *prefix, const char *tenant, const char *batch,
+                      int ok, md_err *e);
 
 /* models.c */
 enum MHD_Result api_models(api_req *q, struct MHD_Connection *c);

@@ -14,15 +14,6 @@
 
 #define ERRORS_MAX 100 /* validation errors reported per batch */
 
-int api_output_file_batch(const char *file_id, char batch[API_ID_MAX], int *ok) {
-    int out = !strncmp(file_id, "file-out-", 9), err = !strncmp(file_id, "file-err-", 9);
-    if ((!out && !err) || !api_id_ok(file_id + 9))
-        return 0;
-    snprintf(batch, API_ID_MAX, "%s", file_id + 9);
-    *ok = out;
-    return 1;
-}
-
 /* The value of field name in an HGETALL reply, or NULL. */
 static const char *hget(const redisReply *h, const char *name) {
     for (size_t i = 0; h->type == REDIS_REPLY_ARRAY && i + 1 < h->elements; i += 2)
@@ -313,14 +304,27 @@ static int record_batch(md_redis *r, api_req *q, const char *id, const create_ar
 }
 
 /* Index the batch for the tenant once it is queued (or refused): an API process killed while
- * queuing leaves no batch in the tenant's lists (the client had no answer and asks again). */
+ * queuing leaves no batch in the tenant's lists (the client had no answer and asks again).
+ * In the same MULTI it joins P tenant:{T}:running, whose batches have their output and error
+ * files listed once they end (api_outputs_settle). */
 static int index_batch(md_redis *r, api_req *q, const char *id, md_err *e) {
-    char idx[Q_KEY_MAX];
+    char idx[Q_KEY_MAX], running[Q_KEY_MAX];
     api_key_tenant(idx, q->s->prefix, q->tenant, "batches");
-    redisReply *rep = md_redis_cmd(r, e, "ZADD %s %lld %s", idx, (long long)md_wall_ms(), id);
-    if (!rep)
-        return MD_EREDIS;
-    freeReplyObject(rep);
+    api_key_tenant(running, q->s->prefix, q->tenant, "running");
+    redisContext *ctx = md_redis_ctx(r);
+    redisAppendCommand(ctx, "MULTI");
+    redisAppendCommand(ctx, "ZADD %s %lld %s", idx, (long long)md_wall_ms(), id);
+    redisAppendCommand(ctx, "SADD %s %s", running, id);
+    redisAppendCommand(ctx, "EXEC");
+    for (int i = 0; i < 4; i++) {
+        redisReply *rep = md_redis_get_reply(r, e);
+        if (!rep)
+            return MD_EREDIS;
+        int bad = rep->type == REDIS_REPLY_ERROR || (i == 3 && rep->type != REDIS_REPLY_ARRAY);
+        freeReplyObject(rep);
+        if (bad)
+            return md_errf(e, MD_EREDIS, "indexing batch %s: Redis refused the transaction", id);
+    }
     return 0;
 }
 
@@ -404,7 +408,7 @@ static enum MHD_Result create_batch(api_req *q, struct MHD_Connection *c, md_red
     md_err e = {0};
     int rc;
     long long busy = 0;
-    json_t *f = api_file_get(r, q->s->prefix, q->tenant, a.input, &rc, &e);
+    json_t *f = api_file_get(r, q->s->prefix, q->tenant, a.input, 0, &rc, &e);
     const char *purpose = json_string_value(json_object_get(f, "purpose"));
     enum MHD_Result res;
     char id[Q_BATCH_ID_MAX];

@@ -2,7 +2,8 @@
  * time through libmicrohttpd's post processor, counted and bounded as it arrives), GET
  * /v1/files (per tenant, purpose / limit / after / order), GET /v1/files/{id},
  * GET /v1/files/{id}/content (streamed), DELETE /v1/files/{id}. A batch's output and error
- * files (file-out-B, file-err-B) are served here from the batch's output stream. */
+ * files (file-out-B, file-err-B) are routed here too: their objects, listing and deletion are
+ * outputs.c's, their content store.c's output stream. */
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,19 +152,18 @@ enum MHD_Result api_files_upload_begin(api_req *q, struct MHD_Connection *c) {
     md_redis *r = api_redis(q->s, &e);
     if (!r)
         return api_send_redis_error(q, c, &e);
-    char files[Q_KEY_MAX], usage[Q_KEY_MAX];
-    api_key_tenant(files, q->s->prefix, q->tenant, "files");
+    char usage[Q_KEY_MAX];
     api_key_tenant(usage, q->s->prefix, q->tenant, "usage");
-    redisReply *n = md_redis_cmd(r, &e, "ZCARD %s", files);
-    redisReply *b = n ? md_redis_cmd(r, &e, "HGET %s bytes", usage) : NULL;
-    if (!b) {
-        if (n)
-            freeReplyObject(n);
+    /* uploaded files only: output files are the batches' (and not in these counts) */
+    redisReply *h = md_redis_cmd(r, &e, "HMGET %s files bytes", usage);
+    if (!h)
         return api_send_redis_error(q, c, &e);
+    long long nfiles = 0, bytes = 0;
+    if (h->type == REDIS_REPLY_ARRAY && h->elements == 2) {
+        nfiles = h->element[0]->type == REDIS_REPLY_STRING ? atoll(h->element[0]->str) : 0;
+        bytes = h->element[1]->type == REDIS_REPLY_STRING ? atoll(h->element[1]->str) : 0;
     }
-    long long nfiles = n->integer, bytes = b->type == REDIS_REPLY_STRING ? atoll(b->str) : 0;
-    freeReplyObject(n);
-    freeReplyObject(b);
+    freeReplyObject(h);
     if (cfg->tenant_max_files > 0 && nfiles >= cfg->tenant_max_files)
         return api_send_error(q, c, MHD_HTTP_TOO_MANY_REQUESTS, NULL, "quota_exceeded",
                               "tenant %s holds %lld files, its limit; delete some first", q->tenant,
@@ -243,12 +243,13 @@ static int commit(api_req *q, api_upload *u, long long now_s, md_err *e) {
     redisAppendCommand(ctx, "PERSIST %s", u->data_key);
     redisAppendCommand(ctx, "ZADD %s %lld %s", files, (long long)md_wall_ms(), u->id);
     redisAppendCommand(ctx, "HINCRBY %s bytes %lld", usage, u->bytes);
+    redisAppendCommand(ctx, "HINCRBY %s files 1", usage);
     redisAppendCommand(ctx, "EXEC");
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         redisReply *rep = md_redis_get_reply(r, e);
         if (!rep)
             return MD_EREDIS;
-        int bad = rep->type == REDIS_REPLY_ERROR || (i == 5 && rep->type != REDIS_REPLY_ARRAY);
+        int bad = rep->type == REDIS_REPLY_ERROR || (i == 6 && rep->type != REDIS_REPLY_ARRAY);
         freeReplyObject(rep);
         if (bad)
             return md_errf(e, MD_EREDIS, "storing file %s: Redis refused the transaction", u->id);
@@ -302,44 +303,12 @@ static const char *hfield(const redisReply *h, const char *name) {
     return "";
 }
 
-/* Whether batch B is the tenant's (its API hash says so). */
-static int batch_is_tenants(md_redis *r, const char *prefix, const char *tenant, const char *batch,
-                            int *rc, md_err *e) {
-    char key[Q_KEY_MAX];
-    api_key_batch(key, prefix, batch);
-    redisReply *rep = md_redis_cmd(r, e, "HGET %s tenant", key);
-    if (!rep) {
-        *rc = MD_EREDIS;
-        return 0;
-    }
-    int mine = rep->type == REDIS_REPLY_STRING && !strcmp(rep->str, tenant);
-    freeReplyObject(rep);
-    *rc = mine ? 0 : MD_ENOTFOUND;
-    return mine;
-}
-
-json_t *api_file_get(md_redis *r, const char *prefix, const char *tenant, const char *id, int *rc,
-                     md_err *e) {
+json_t *api_file_get(md_redis *r, const char *prefix, const char *tenant, const char *id, int sized,
+                     int *rc, md_err *e) {
     char batch[API_ID_MAX], key[Q_KEY_MAX];
     int ok;
-    if (api_output_file_batch(id, batch, &ok)) {
-        if (!batch_is_tenants(r, prefix, tenant, batch, rc, e))
-            return NULL;
-        long long bytes, lines;
-        if ((*rc = api_output_size(r, prefix, batch, ok, &bytes, &lines, e)))
-            return NULL;
-        char meta[Q_KEY_MAX], name[160];
-        q_key_meta(meta, prefix, batch);
-        redisReply *c = md_redis_cmd(r, e, "HGET %s created_at", meta);
-        if (!c) {
-            *rc = MD_EREDIS;
-            return NULL;
-        }
-        long long created = c->type == REDIS_REPLY_STRING ? atoll(c->str) / 1000 : 0;
-        freeReplyObject(c);
-        snprintf(name, sizeof name, "%s_%s.jsonl", batch, ok ? "output" : "error");
-        return file_object(id, bytes, created, name, "batch_output");
-    }
+    if (api_output_file_batch(id, batch, &ok))
+        return api_output_object(r, prefix, tenant, batch, ok, sized, rc, e);
     api_key_file(key, prefix, id);
     redisReply *h = md_redis_cmd(r, e, "HGETALL %s", key);
     if (!h) {
@@ -366,7 +335,7 @@ typedef struct {
 static json_t *list_one(void *cls, const char *id) {
     list_ctx *l = cls;
     int rc;
-    json_t *o = api_file_get(l->r, l->prefix, l->tenant, id, &rc, l->e);
+    json_t *o = api_file_get(l->r, l->prefix, l->tenant, id, 1, &rc, l->e);
     const char *p = json_string_value(json_object_get(o, "purpose"));
     if (o && l->purpose && p && strcmp(p, l->purpose)) {
         json_decref(o);
@@ -391,6 +360,8 @@ static enum MHD_Result list_files(api_req *q, struct MHD_Connection *c, md_redis
                               "after must be a file id");
     char key[Q_KEY_MAX];
     md_err e = {0};
+    if (api_outputs_settle(r, q->s->prefix, q->tenant, &e))
+        return api_send_redis_error(q, c, &e);
     api_key_tenant(key, q->s->prefix, q->tenant, "files");
     list_ctx l = {r, q->s->prefix, q->tenant, purpose, &e};
     json_t *page =
@@ -400,10 +371,21 @@ static enum MHD_Result list_files(api_req *q, struct MHD_Connection *c, md_redis
 
 static enum MHD_Result delete_file(api_req *q, struct MHD_Connection *c, md_redis *r,
                                    const char *id, json_t *f) {
-    if (api_output_file_batch(id, (char[API_ID_MAX]){0}, (int[1]){0})) {
+    char batch[API_ID_MAX];
+    int ok;
+    md_err e = {0};
+    if (api_output_file_batch(id, batch, &ok)) {
         json_decref(f);
-        return api_send_error(q, c, MHD_HTTP_BAD_REQUEST, "file_id", "invalid_request",
-                              "a batch's output and error files live as long as the batch");
+        int rc = api_output_delete(r, q->s->prefix, q->tenant, batch, ok, &e);
+        if (rc == MD_ENOTFOUND)
+            return api_send_not_found(q, c, "File", id);
+        if (rc == MD_EINVAL)
+            return api_send_error(q, c, MHD_HTTP_CONFLICT, "file_id", "invalid_state", "%s", e.msg);
+        if (rc)
+            return api_send_redis_error(q, c, &e);
+        return api_send_json(
+            q, c, MHD_HTTP_OK,
+            json_pack("{s:s, s:s, s:b}", "id", id, "object", "file", "deleted", 1));
     }
     long long bytes = json_integer_value(json_object_get(f, "bytes"));
     json_decref(f);
@@ -412,7 +394,6 @@ static enum MHD_Result delete_file(api_req *q, struct MHD_Connection *c, md_redi
     api_key_file_data(data, q->s->prefix, id);
     api_key_tenant(files, q->s->prefix, q->tenant, "files");
     api_key_tenant(usage, q->s->prefix, q->tenant, "usage");
-    md_err e = {0};
     redisReply *rep = md_redis_cmd(r, &e, "ZREM %s %s", files, id);
     if (!rep)
         return api_send_redis_error(q, c, &e);
@@ -423,6 +404,9 @@ static enum MHD_Result delete_file(api_req *q, struct MHD_Connection *c, md_redi
             return api_send_redis_error(q, c, &e);
         freeReplyObject(rep);
         if (!(rep = md_redis_cmd(r, &e, "HINCRBY %s bytes %lld", usage, -bytes)))
+            return api_send_redis_error(q, c, &e);
+        freeReplyObject(rep);
+        if (!(rep = md_redis_cmd(r, &e, "HINCRBY %s files -1", usage)))
             return api_send_redis_error(q, c, &e);
         freeReplyObject(rep);
     }
@@ -472,7 +456,8 @@ enum MHD_Result api_files_route(api_req *q, struct MHD_Connection *c, const char
     if ((slash && !content) || !api_id_ok(id))
         return api_send_not_found(q, c, "File", rest + 1);
     int rc;
-    json_t *f = api_file_get(r, q->s->prefix, q->tenant, id, &rc, &e);
+    /* content needs no size: an output file's is counted over its whole stream */
+    json_t *f = api_file_get(r, q->s->prefix, q->tenant, id, !content, &rc, &e);
     if (!f)
         return rc == MD_ENOTFOUND ? api_send_not_found(q, c, "File", id)
                                   : api_send_redis_error(q, c, &e);

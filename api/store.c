@@ -35,25 +35,40 @@ json_t *api_list_page(md_redis *r, const char *zkey, long long limit, const char
         start = rk->type == REDIS_REPLY_INTEGER ? rk->integer + 1 : 0;
         freeReplyObject(rk);
     }
-    /* one more than asked says whether there is more */
-    redisReply *rep = desc
-                          ? md_redis_cmd(r, e, "ZREVRANGE %s %lld %lld", zkey, start, start + limit)
-                          : md_redis_cmd(r, e, "ZRANGE %s %lld %lld", zkey, start, start + limit);
-    if (!rep)
-        return NULL;
+    /* ids a window at a time until limit objects and one more (has_more) are found: one()
+     * may leave ids out (another purpose), and a page of fewer than limit with has_more set
+     * would end a client's paging (the SDK stops at an empty page) */
+    const long long window = limit + 1 > 100 ? limit + 1 : 100;
     json_t *data = json_array();
-    size_t n = rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0;
-    for (size_t i = 0; i < n && (long long)i < limit; i++) {
-        json_t *o = one(ctx, rep->element[i]->str);
-        if (o)
-            json_array_append_new(data, o);
+    int more = 0;
+    for (;;) {
+        redisReply *rep =
+            desc ? md_redis_cmd(r, e, "ZREVRANGE %s %lld %lld", zkey, start, start + window - 1)
+                 : md_redis_cmd(r, e, "ZRANGE %s %lld %lld", zkey, start, start + window - 1);
+        if (!rep) {
+            json_decref(data);
+            return NULL;
+        }
+        size_t n = rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0;
+        for (size_t i = 0; i < n && !more; i++) {
+            json_t *o = one(ctx, rep->element[i]->str);
+            if (o && (long long)json_array_size(data) == limit) {
+                more = 1;
+                json_decref(o);
+            } else if (o) {
+                json_array_append_new(data, o);
+            }
+        }
+        freeReplyObject(rep);
+        if (more || (long long)n < window)
+            break;
+        start += window;
     }
-    freeReplyObject(rep);
     size_t k = json_array_size(data);
     json_t *first = k ? json_object_get(json_array_get(data, 0), "id") : NULL;
     json_t *last = k ? json_object_get(json_array_get(data, k - 1), "id") : NULL;
     return json_pack("{s:s, s:o, s:O?, s:O?, s:b}", "object", "list", "data", data, "first_id",
-                     first, "last_id", last, "has_more", (long long)n > limit);
+                     first, "last_id", last, "has_more", more);
 }
 
 struct api_file_reader {
@@ -366,54 +381,4 @@ struct MHD_Response *api_stream_output(api_server *s, const char *batch, int ok)
     char key[Q_KEY_MAX];
     q_key_out(key, s->prefix, batch);
     return stream_new(s, key, batch, ok);
-}
-
-/* What api_output_size sums. */
-typedef struct {
-    int ok;
-    long long *bytes, *lines;
-} size_sum;
-
-static int size_add(void *ctx, const q_out_entry *o) {
-    size_sum *z = ctx;
-    if (o->ok == z->ok) {
-        *z->bytes += (long long)o->llen + 1;
-        (*z->lines)++;
-    }
-    return 0;
-}
-
-int api_output_size(md_redis *r, const char *prefix, const char *batch, int ok, long long *bytes,
-                    long long *lines, md_err *e) {
-    char key[Q_KEY_MAX], start[64] = "-", emit[1000];
-    q_key_out(key, prefix, batch);
-    *bytes = *lines = 0;
-    size_sum z = {ok, bytes, lines};
-    q_trust *t = NULL;
-    int rc = q_trust_new(r, prefix, batch, &t, e);
-    while (!rc) {
-        redisReply *rep = md_redis_cmd(r, e, "XRANGE %s %s + COUNT 1000", key, start);
-        if (!rep) {
-            rc = MD_EREDIS;
-            break;
-        }
-        size_t n = rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0;
-        if (n && (rc = q_trust_page(t, r, rep, emit, e)))
-            n = 0;
-        for (size_t i = 0; i < n; i++) {
-            q_out_entry o;
-            if (emit[i] && q_out_entry_parse(rep->element[i], &o))
-                size_add(&z, &o);
-        }
-        if (n)
-            snprintf(start, sizeof start, "(%s", rep->element[n - 1]->element[0]->str);
-        freeReplyObject(rep);
-        if (n < 1000)
-            break;
-    }
-    long long forged = 0;
-    if (!rc)
-        rc = q_trust_finish(t, r, size_add, &z, &forged, e);
-    q_trust_free(t);
-    return rc;
 }

@@ -1,7 +1,8 @@
 """api_openai_sdk.py — the Batch API flow of OpenAI's own documentation, run unchanged with the
 real `openai` SDK (scripts/requirements-test.txt) against `medley api` + `medley worker` on the
 echo model: files.create, batches.create, batches.retrieve until completed, files.content of
-the output and error files, batches.list pagination, files OpenAI's validation refuses (broken
+the output and error files, those files listed (purpose batch_output), paged by purpose and
+deleted (409 while their batch runs), batches.list pagination, files OpenAI's validation refuses (broken
 JSON, another endpoint or model, a duplicate custom_id: failed with errors by line),
 batches.cancel of a running batch (its
 request_counts and answered lines kept), files.delete; then tenants: the second key gets 404
@@ -56,6 +57,39 @@ def batch_flow(client, tmp):
     return batch_input_file, batch
 
 
+def output_files(client, batch, input_file):
+    """The output and error files are files: listed (purpose batch_output, made when the batch
+    ended), retrieved, paged by purpose, deleted (then 404 everywhere, their lines gone)."""
+    out_id, err_id = batch.output_file_id, batch.error_file_id
+    listed = {f.id: f for f in client.files.list()}
+    for fid in (out_id, err_id):
+        f = listed.get(fid)
+        body = client.files.content(fid).content
+        if not f or f.purpose != "batch_output" or f.bytes != len(body) or \
+                f.created_at != batch.completed_at:
+            fail("files.list: %s is %s (content %d bytes, batch ended %s)" %
+                 (fid, f, len(body), batch.completed_at))
+    if input_file.id not in listed:
+        fail("files.list lost the input file: %s" % list(listed))
+    outs = [f.id for f in client.files.list(purpose="batch_output", limit=1)]  # pages of 1
+    ins = [f.id for f in client.files.list(purpose="batch", limit=1)]
+    if sorted(outs) != sorted([out_id, err_id]) or ins != [input_file.id]:
+        fail("files.list by purpose: batch_output %s, batch %s" % (outs, ins))
+    if not client.files.delete(err_id).deleted:
+        fail("files.delete of the error file")
+    for call in (lambda: client.files.retrieve(err_id), lambda: client.files.content(err_id),
+                 lambda: client.files.delete(err_id)):
+        try:
+            call()
+            fail("a deleted error file is still there")
+        except openai.NotFoundError:
+            pass
+    if err_id in [f.id for f in client.files.list()]:
+        fail("a deleted error file is still listed")
+    if client.files.retrieve(out_id).bytes != len(client.files.content(out_id).content):
+        fail("the output file changed when the error file was deleted")
+
+
 def refused_file(client, tmp):
     """A file OpenAI's validation refuses: the batch is failed, errors name each line."""
     lines = [chat_line("ok-1", "x"), "{not json", chat_line("ok-1b", "y").replace(
@@ -93,13 +127,19 @@ def list_pagination(client, file_id, first_batch):
         fail("batches.list is not newest first: %s" % seen)
 
 
-def cancel_running(client, tmp):
+def cancel_running(client, tmp, r):
     path = write_lines(tmp, "long.jsonl", [chat_line("long-%d" % i, "x") for i in range(2000)])
     f = client.files.create(file=open(path, "rb"), purpose="batch")
     b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                               completion_window="1h")
     while client.batches.retrieve(b.id).request_counts.completed < 20:
         pass
+    try:  # OpenAI makes the output file when the batch ends; medley deletes it then too
+        client.files.delete("file-out-" + b.id)
+        fail("the output file of a running batch was deleted")
+    except openai.ConflictError as e:
+        if "has ended" not in str(e):
+            fail("deleting a running batch's output file: %s" % e)
     c = client.batches.cancel(b.id)
     if c.status not in ("cancelling", "cancelled") or not c.cancelling_at:
         fail("batches.cancel: %s" % c)
@@ -110,6 +150,10 @@ def cancel_running(client, tmp):
     out = client.files.content(c.output_file_id).text.splitlines()
     if len(out) != done:
         fail("cancelled batch: %d output lines, %d completed" % (len(out), done))
+    for fid in (c.output_file_id, c.error_file_id):  # the cancelled lines are error lines
+        client.files.delete(fid)
+    if r.xlen("medley:{%s}:out" % b.id) != 0:
+        fail("deleting both files left %d stream entries" % r.xlen("medley:{%s}:out" % b.id))
     return f
 
 
@@ -200,11 +244,12 @@ def main():
         if [m.id for m in client.models.list()] not in ([], ["echo"]):
             fail("models.list")
         f, batch = batch_flow(client, server.dir)
+        output_files(client, batch, f)
         if "echo" not in [m.id for m in client.models.list()]:
             fail("models.list does not show echo")
         list_pagination(client, f.id, batch)
         refused_file(client, server.dir)
-        long_file = cancel_running(client, server.dir)
+        long_file = cancel_running(client, server.dir, server.client())
         tenants(api, client, f.id, batch)
         for fid in (f.id, long_file.id):
             d = client.files.delete(fid)
