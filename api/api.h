@@ -24,8 +24,9 @@ typedef struct {
     long long tenant_max_files, tenant_max_bytes, tenant_max_batches, tenant_rps;
     unsigned max_connections, timeout_s; /* open connections; idle seconds before closing one */
     unsigned per_ip_connections;         /* open connections per client address; 0 = no limit */
-    md_metrics *metrics;                 /* may be NULL: the api's series are registered here */
-    void (*on_listen)(const char *url);  /* called once listening, with http://HOST:PORT */
+    unsigned header_timeout_s; /* seconds for a request's headers, however they trickle in */
+    md_metrics *metrics;       /* may be NULL: the api's series are registered here */
+    void (*on_listen)(const char *url); /* called once listening, with http://HOST:PORT */
 } api_config;
 
 void api_config_default(api_config *c);

@@ -24,6 +24,23 @@ void api_keys_free(api_keys *k);
 /* The tenant of the bearer token in an Authorization header, or NULL. */
 const char *api_keys_tenant(const api_keys *k, const char *authorization);
 
+/* conns.c: every open connection with its deadline (headers, then a body's rate), closed
+ * past it; against slowloris, which libmicrohttpd's idle timeout does not stop. */
+typedef struct api_conns api_conns;
+int api_conns_new(unsigned header_timeout_s, api_conns **out);
+void api_conns_free(api_conns *t); /* after the daemon has stopped */
+/* MHD_OPTION_NOTIFY_CONNECTION's callback, cls the api_conns. */
+void api_conns_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
+                      enum MHD_ConnectionNotificationCode code);
+/* The request's headers are in (its body may follow) / n more body bytes / the body is in,
+ * no deadline until the answer is done / the answer is done: wait for the next headers. */
+void api_conns_request(struct MHD_Connection *mc);
+void api_conns_body(struct MHD_Connection *mc, size_t n);
+void api_conns_answering(struct MHD_Connection *mc);
+void api_conns_done(struct MHD_Connection *mc);
+/* Shut down the connections past their deadline; how many (*open: connections now). */
+long long api_conns_reap(api_conns *t, long long *open);
+
 typedef struct api_server {
     const api_config *cfg;
     const char *prefix;
@@ -32,6 +49,8 @@ typedef struct api_server {
     api_keys *keys;
     md_metric *m_requests, *m_seconds, *m_upload, *m_tenant;
     md_metric *m_forged; /* answer lines dropped from output files: entry never the batch's */
+    md_metric *m_slow, *m_open; /* connections closed past their deadline; open connections */
+    api_conns *conns;
 } api_server;
 
 /* An upload in progress (files.c). */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,8 +27,10 @@ void api_config_default(api_config *c) {
                       .max_file_lines = 50000,
                       .max_line_bytes = 4LL * 1024 * 1024,
                       .max_json_bytes = 1024 * 1024,
-                      .max_connections = 1024,
-                      .timeout_s = 30};
+                      .max_connections = 16384,
+                      .per_ip_connections = 4096,
+                      .timeout_s = 30,
+                      .header_timeout_s = 10};
 }
 
 static __thread md_redis *t_redis;
@@ -190,8 +193,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             return MHD_NO;
         *q = (api_req){.s = s, .route = route_of(method, url), .t0_ns = md_mono_ns()};
         *con_cls = q;
+        api_conns_request(c);
         return admit(q, c, method);
     }
+    if (*upload_size)
+        api_conns_body(c, *upload_size);
+    else
+        api_conns_answering(c);
     if (q->answered) { /* answered early (413, 401): what still comes is dropped */
         *upload_size = 0;
         return MHD_YES;
@@ -217,10 +225,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode why) {
-    (void)c;
     (void)why;
     api_server *s = cls;
     api_req *q = *con_cls;
+    api_conns_done(c);
     if (!q)
         return;
     char code[8];
@@ -265,7 +273,7 @@ static int listen_on(const char *addr, int *fd, int *v6, int *port, md_err *e) {
     *fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1, err = 0;
     if (*fd < 0 || setsockopt(*fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
-        bind(*fd, res->ai_addr, res->ai_addrlen) || listen(*fd, 1024))
+        bind(*fd, res->ai_addr, res->ai_addrlen) || listen(*fd, 4096))
         err = errno;
     *v6 = res->ai_family == AF_INET6;
     freeaddrinfo(res);
@@ -303,8 +311,16 @@ static int register_metrics(api_server *s, md_metrics *m, md_err *e) {
         "answer lines dropped from output files served: their queue entry is not the batch's "
         "(forged; counted each time a file is read)",
         0, NULL, 1, e);
-    return s->m_requests && s->m_seconds && s->m_upload && s->m_tenant && s->m_forged ? 0
-                                                                                      : MD_EINVAL;
+    s->m_slow = md_metrics_counter(m, "medley_api_slow_connections_closed_total",
+                                   "connections closed for headers not in within "
+                                   "--header-timeout or a body under 1 KiB/s (slowloris)",
+                                   0, NULL, 1, e);
+    s->m_open =
+        md_metrics_gauge(m, "medley_api_open_connections", "open HTTP connections", 0, NULL, 1, e);
+    return s->m_requests && s->m_seconds && s->m_upload && s->m_tenant && s->m_forged &&
+                   s->m_slow && s->m_open
+               ? 0
+               : MD_EINVAL;
 }
 
 static void reload_keys(api_server *s) {
@@ -333,11 +349,39 @@ static struct MHD_Daemon *start_daemon(api_server *s, int fd, int v6) {
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, cfg->per_ip_connections,
         /* headers beyond this answer 431 (the request line and headers live in it) */
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
-        completed, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+        completed, s, MHD_OPTION_NOTIFY_CONNECTION, api_conns_notify, s->conns,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+}
+
+/* Open files: the soft limit raised to the hard one (a refusal, as under systemd's
+ * SystemCallFilter=~@resources, keeps it), and the connection limit lowered to fit it, with a
+ * warning: past it libmicrohttpd's accept() would fail with EMFILE on each try. */
+static unsigned fit_connections(unsigned want) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl))
+        return want;
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit up = {rl.rlim_max, rl.rlim_max};
+        if (!setrlimit(RLIMIT_NOFILE, &up))
+            rl.rlim_cur = rl.rlim_max;
+    }
+    /* Redis connections, the listening socket, logs, metrics: 128 is ample */
+    rlim_t room = rl.rlim_cur > 256 ? rl.rlim_cur - 128 : rl.rlim_cur / 2;
+    if (rl.rlim_cur != RLIM_INFINITY && want > room) {
+        MD_WARN(LOGC,
+                "--max-connections %u lowered to %llu: %llu open files allowed (ulimit -n; "
+                "LimitNOFILE= under systemd)",
+                want, (unsigned long long)room, (unsigned long long)rl.rlim_cur);
+        return (unsigned)room;
+    }
+    return want;
 }
 
 int api_serve(const api_config *cfg, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload,
               md_err *e) {
+    api_config fitted = *cfg;
+    fitted.max_connections = fit_connections(cfg->max_connections);
+    cfg = &fitted;
     api_server s = {.cfg = cfg, .prefix = cfg->prefix};
     md_redis *r = NULL;
     int fd = -1, v6 = 0, port = 0, rc;
@@ -353,10 +397,16 @@ int api_serve(const api_config *cfg, volatile sig_atomic_t *stop, volatile sig_a
         return rc;
     }
     md_redis_close(r);
+    if (api_conns_new(cfg->header_timeout_s, &s.conns)) {
+        close(fd);
+        api_keys_free(s.keys);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
     pthread_rwlock_init(&s.keys_lock, NULL);
     struct MHD_Daemon *d = start_daemon(&s, fd, v6);
     if (!d) {
         close(fd);
+        api_conns_free(s.conns);
         api_keys_free(s.keys);
         return md_errf(e, MD_EIO, "the HTTP server (libmicrohttpd) did not start on %s",
                        cfg->listen);
@@ -367,14 +417,24 @@ int api_serve(const api_config *cfg, volatile sig_atomic_t *stop, volatile sig_a
     MD_INFO(LOGC, "serving the OpenAI Files and Batches API on %s", shown);
     if (cfg->on_listen)
         cfg->on_listen(shown);
-    while (!*stop) {
+    for (int tick = 0; !*stop; tick++) {
         if (reload && *reload) {
             *reload = 0;
             reload_keys(&s);
         }
+        if (tick % 10 == 0) { /* once a second */
+            long long open = 0, slow = api_conns_reap(s.conns, &open);
+            if (slow)
+                MD_DEBUG(LOGC, "closed %lld connection(s) past their deadline", slow);
+            if (s.m_slow) {
+                md_counter_add(md_metric_at0(s.m_slow), (double)slow);
+                md_gauge_set(md_metric_at0(s.m_open), (double)open);
+            }
+        }
         usleep(100 * 1000);
     }
     MHD_stop_daemon(d);
+    api_conns_free(s.conns);
     close(fd);
     pthread_mutex_lock(&conns_lock);
     for (int i = 0; i < n_conns; i++)

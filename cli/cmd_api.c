@@ -44,10 +44,14 @@ static void usage(FILE *f) {
             "  --max-json-bytes N     per JSON request body (default 1048576)\n"
             "  --tenant-max-files N, --tenant-max-bytes N, --tenant-max-batches N (in flight),\n"
             "  --tenant-rps N         per-tenant limits, answered 429 + Retry-After (0: none)\n"
-            "  --max-connections N    open connections (default 1024)\n"
-            "  --max-connections-per-ip N  per client address (default 0: no limit; behind a\n"
-            "                         load balancer every client has its address)\n"
+            "  --max-connections N    open connections (default 16384; lowered to fit\n"
+            "                         ulimit -n, which is raised to its hard limit)\n"
+            "  --max-connections-per-ip N  per client address (default 4096; 0: no limit, for\n"
+            "                         a proxy in front that gives every client its address)\n"
             "  --timeout S            idle seconds before a connection is closed (default 30)\n"
+            "  --header-timeout S     seconds for a request's headers, from the connection's\n"
+            "                         opening or the last answer, however they trickle in;\n"
+            "                         then a body must average 1 KiB/s (default 10; 0: off)\n"
             "  --metrics ADDR:PORT    serve Prometheus metrics at http://ADDR:PORT/metrics\n");
 }
 
@@ -90,10 +94,14 @@ static int option(api_config *cfg, const char **metrics, const char *a, const ch
     else if (!strcmp(a, "--metrics"))
         *metrics = v;
     else if (!strcmp(a, "--threads") || !strcmp(a, "--max-connections") ||
-             !strcmp(a, "--max-connections-per-ip") || !strcmp(a, "--timeout")) {
+             !strcmp(a, "--max-connections-per-ip") || !strcmp(a, "--timeout") ||
+             !strcmp(a, "--header-timeout")) {
         int threads = !strcmp(a, "--threads"), per_ip = !strcmp(a, "--max-connections-per-ip");
-        int timeout = !strcmp(a, "--timeout");
-        if ((x = num(a, v, per_ip ? 0 : 1, threads ? 32 : timeout ? 3600 : 100000)) < 0)
+        int timeout = !strcmp(a, "--timeout"), headers = !strcmp(a, "--header-timeout");
+        if ((x = num(a, v, per_ip || headers ? 0 : 1,
+                     threads              ? 32
+                     : timeout || headers ? 3600
+                                          : 1000000)) < 0)
             return 2;
         if (threads)
             cfg->threads = (int)x;
@@ -101,6 +109,8 @@ static int option(api_config *cfg, const char **metrics, const char *a, const ch
             cfg->per_ip_connections = (unsigned)x;
         else if (timeout)
             cfg->timeout_s = (unsigned)x;
+        else if (headers)
+            cfg->header_timeout_s = (unsigned)x;
         else
             cfg->max_connections = (unsigned)x;
     } else {

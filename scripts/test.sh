@@ -9,8 +9,9 @@
 # every device buffer its own allocation (MEDLEY_CUDA_POOL_EXACT=1), so a kernel reading or
 # writing past a buffer fails there, as it would fault on a GPU. Ends with each stage's time.
 #
-# Left out (label emu-long, minutes each on the emulator): run them by hand with
-#   ctest --test-dir build -L emu-long --output-on-failure
+# Left out (label emu-long, minutes each on the emulator; label long, the API's full-size
+# hostile-HTTP and crash runs, minutes each): run them by hand with
+#   ctest --test-dir build -L 'emu-long|^long$' --output-on-failure
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,8 +63,8 @@ stage "model fetch (gemma3-270m)" build/cli/medley models fetch gemma3-270m
 stage "model fetch (all-minilm-l6-v2)" build/cli/medley models fetch all-minilm-l6-v2
 levels=$(simd_levels)
 best=${levels##* }
-stage "ctest, all labels but emu-long ($best)" \
-    ctest --test-dir build --output-on-failure -j "$jobs" --timeout 1500 -LE emu-long
+stage "ctest, all labels but emu-long and long ($best)" \
+    ctest --test-dir build --output-on-failure -j "$jobs" --timeout 1500 -LE 'emu-long|^long$'
 for l in $levels; do
     [ "$l" = "$best" ] && continue
     stage "ctest -L simd, MEDLEY_SIMD=$l" env MEDLEY_SIMD="$l" \
