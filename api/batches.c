@@ -3,7 +3,6 @@
  * submit` uses), GET /v1/batches/{id} (the queue's batch meta in OpenAI's shape), GET
  * /v1/batches (per tenant), POST /v1/batches/{id}/cancel. The API's part of a batch (tenant,
  * input file, metadata, validation errors) lives in P api:{B}; the rest is the queue's. */
-#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,15 +109,16 @@ static void add_error(json_t *errs, const char *code, const char *msg, const cha
                                               line > 0 ? json_integer(line) : json_null()));
 }
 
-/* One input line against the batch's endpoint and model (the first line's). */
-static void check_line(const char *line, size_t len, long long lineno, const char *endpoint,
-                       char *model, size_t msz, json_t *errs) {
-    json_error_t je;
-    json_t *j = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
+/* One input line (j: its parse, NULL when it is not JSON) against the batch's endpoint and
+ * model (the first line's). */
+static void check_line(const json_t *j, const char *line, size_t len, long long lineno,
+                       const char *endpoint, char *model, size_t msz, json_t *errs) {
     char msg[300];
     if (!json_is_object(j)) {
-        snprintf(msg, sizeof msg, "line %lld is not a JSON object (%s)", lineno,
-                 j ? "another JSON value" : je.text);
+        json_error_t je = {.text = "another JSON value"};
+        if (!j) /* parsed again for jansson's words (rare: a broken line) */
+            json_decref(json_loadb(line, len, 0, &je));
+        snprintf(msg, sizeof msg, "line %lld is not a JSON object (%s)", lineno, je.text);
         add_error(errs, "invalid_json_line", msg, NULL, lineno);
     } else if (!json_is_string(json_object_get(j, "custom_id"))) {
         add_error(errs, "missing_required_parameter", "the line has no string custom_id",
@@ -146,12 +146,11 @@ static void check_line(const char *line, size_t len, long long lineno, const cha
             add_error(errs, "mismatched_model", msg, "body.model", lineno);
         }
     }
-    json_decref(j);
 }
 
-/* The input file's lines for q_submit_lines, checked as OpenAI checks them while its first
- * pass (the scan) reads them: one pass over the file fewer. A file with errors ends that pass
- * with MD_EINVAL, so q_submit_lines stops before it creates anything. */
+/* The input file's lines for q_submit_lines, checked as OpenAI checks them on the parse of its
+ * first pass (the scan; q_line_reader.check): one pass and one parse fewer. A file with errors
+ * ends that pass with MD_EINVAL, so q_submit_lines stops before it creates anything. */
 typedef struct {
     api_file_reader *fr;
     int pass;
@@ -160,20 +159,18 @@ typedef struct {
     json_t *errs;
 } checked_reader;
 
+static void checked_line(void *ctx, const json_t *doc, const char *line, size_t len) {
+    checked_reader *cr = ctx;
+    if (cr->pass == 0)
+        check_line(doc, line, len, api_file_reader_lineno(cr->fr), cr->endpoint, cr->model,
+                   sizeof cr->model, cr->errs);
+}
+
 static int checked_next(void *ctx, const char **line, size_t *len, md_err *e) {
     checked_reader *cr = ctx;
     int rc = api_file_reader_next(cr->fr, line, len, e);
-    if (cr->pass > 0)
+    if (cr->pass > 0 || rc > 0)
         return rc;
-    if (rc > 0) {
-        size_t k = 0;
-        while (k < *len && isspace((unsigned char)(*line)[k])) /* as q_submit_lines skips */
-            k++;
-        if (k < *len)
-            check_line(*line, *len, api_file_reader_lineno(cr->fr), cr->endpoint, cr->model,
-                       sizeof cr->model, cr->errs);
-        return rc;
-    }
     if (rc == MD_EINVAL) /* a line over the limit */
         add_error(cr->errs, "line_too_long", e->msg, NULL, api_file_reader_lineno(cr->fr) + 1);
     else if (rc < 0 || !json_array_size(cr->errs))
@@ -365,7 +362,8 @@ static int queue_file(api_req *q, md_redis *r, const char *id, const create_args
                            .window_s = a->window_s,
                            .tenant = q->tenant};
         checked_reader cr = {.fr = fr, .endpoint = a->endpoint, .errs = errs};
-        q_line_reader lr = {.next = checked_next, .rewind = checked_rewind, .ctx = &cr};
+        q_line_reader lr = {
+            .next = checked_next, .rewind = checked_rewind, .check = checked_line, .ctx = &cr};
         char out[Q_BATCH_ID_MAX];
         long long n = 0;
         rc = q_submit_lines(r, &o, &lr, out, &n, e);

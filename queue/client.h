@@ -18,17 +18,20 @@ typedef struct {
     const char *batch_id; /* NULL: a new random id */
     long long window_s;   /* completion window (deadline); 0 = none */
     int priority;
-    const char *tenant; /* the batch's tenant (docs/protocol.md §3); NULL: "default" */
+    const char *tenant;   /* the batch's tenant (docs/protocol.md §3); NULL: "default" */
     int no_replica_check; /* skip ROLE/WAIT (a user without them; a failover may lose it) */
 } q_submit_opts;
 
 /* A source of JSONL lines for q_submit_lines, read twice (a scan, then the queuing). next
  * returns 1 with the line in *line / *len (the reader's memory, valid until its next call; it
  * may end in a newline), 0 at the end, or a negative status with e filled; rewind goes back
- * to the first line (0, or a negative status). */
+ * to the first line (0, or a negative status). check, when set, sees each request line of the
+ * scan with the scan's parse of it (NULL when it is not JSON; borrowed for the call): a
+ * caller's own checks of the lines without a second parse (`medley api`'s, as OpenAI's). */
 typedef struct {
     int (*next)(void *ctx, const char **line, size_t *len, md_err *e);
     int (*rewind)(void *ctx, md_err *e);
+    void (*check)(void *ctx, const json_t *doc, const char *line, size_t len);
     void *ctx;
 } q_line_reader;
 
@@ -66,8 +69,8 @@ int q_trust_new(md_redis *r, const char *prefix, const char *batch, q_trust **ou
 int q_trust_page(q_trust *t, md_redis *r, const redisReply *page, char *emit, md_err *e);
 /* After the last page: emit(ctx, line) for each line kept aside that is still to be used
  * (an unrecorded entry of a killed submit); *forged counts the others (dropped). */
-int q_trust_finish(q_trust *t, md_redis *r, int (*emit)(void *ctx, const q_out_entry *o),
-                   void *ctx, long long *forged, md_err *e);
+int q_trust_finish(q_trust *t, md_redis *r, int (*emit)(void *ctx, const q_out_entry *o), void *ctx,
+                   long long *forged, md_err *e);
 void q_trust_free(q_trust *t);
 
 /* The batch meta as a JSON document (caller owns the reference). */

@@ -62,6 +62,8 @@ static int scan_lines(const q_line_reader *rd, const char *path, char *model, si
         n++;
         hash_line(h, line, len);
         json_t *j = json_loadb(line, len, 0, NULL);
+        if (rd->check)
+            rd->check(rd->ctx, j, line, len);
         /* Two ids per line may be in play: the parsed custom_id (a worker that can parse the
          * line answers under it) and the one a worker recovers from a line longer than its
          * --max-line-bytes (q_scan_custom_id). Both count, so no answer of this batch can

@@ -19,6 +19,7 @@ import os
 import resource
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -156,8 +157,11 @@ def main():
         bs, ba = min(sub), min(apis)
         print("%d-line echo batch, best of %d: submit+results %.2f s, api %.2f s; "
               "ratio submit/api %.2fx" % (a.n, a.reps, bs, ba, bs / ba))
+        ms, ma = statistics.median(sub), statistics.median(apis)
+        print("median: submit+results %.2f s, api %.2f s; ratio %.2fx" % (ms, ma, ms / ma))
         print("all runs: submit %s, api %s" % (["%.2f" % x for x in sub],
                                                ["%.2f" % x for x in apis]))
+        print("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
         print("CPU seconds of medley's side (the worker's excluded, the same in both): "
               "submit+results %s, medley api %s" % (["%.2f" % x for x in sub_cpu],
                                                    ["%.2f" % x for x in api_cpu]))
