@@ -77,9 +77,8 @@ static int output_sizes(md_redis *r, const char *prefix, const char *batch, size
     return rc;
 }
 
-/* P api:{B}'s fields this file reads, in this order. */
-enum { F_TENANT, F_OUT_BYTES, F_OUT_LINES, F_ERR_BYTES, F_ERR_LINES, F_OUT_DEL, F_ERR_DEL, F_N };
-#define FIELDS "tenant out_bytes out_lines err_bytes err_lines out_deleted err_deleted"
+/* P api:{B}'s fields this file reads (batch_fields' HMGET), in this order. */
+enum { F_TENANT, F_OUT_BYTES, F_OUT_LINES, F_ERR_BYTES, F_ERR_LINES, F_OUT_DEL, F_ERR_DEL };
 
 static const char *field(const redisReply *h, int i) {
     return h->type == REDIS_REPLY_ARRAY && (size_t)i < h->elements &&
@@ -94,7 +93,9 @@ static redisReply *batch_fields(md_redis *r, const char *prefix, const char *ten
                                 const char *batch, int ok, int *rc, md_err *e) {
     char key[Q_KEY_MAX];
     api_key_batch(key, prefix, batch);
-    redisReply *h = md_redis_cmd(r, e, "HMGET %s " FIELDS, key);
+    redisReply *h = md_redis_cmd(
+        r, e, "HMGET %s tenant out_bytes out_lines err_bytes err_lines out_deleted err_deleted",
+        key);
     if (!h) {
         *rc = MD_EREDIS;
         return NULL;

@@ -157,7 +157,9 @@ POLICY = {
                  "~medley:batches",
                  "%R~medley:{*}:out", "%R~medley:plan", "~medley:api:*", "~medley:file:*",
                  "~medley:tenant:*", "%R~medley:worker:*", "&medley:events"],
-        "selectors": [],
+        # deleting an output or error file deletes its lines from the batch's answers
+        # (api/outputs.c); nothing else of the API writes there
+        "selectors": [(["~medley:{*}:out"], ["+xdel"])],
     },
     "admin": {"root": ["~medley:*", "&medley:*"], "selectors": []},
 }

@@ -176,6 +176,44 @@
     labelCells($("batches"));
     $("batches-empty").hidden = rows.length > 0;
     $("batches-count").textContent = "(" + doc.batches.length + " of " + doc.indexed + ")";
+    renderTenants(doc);
+  }
+
+  // The batches shown, summed by tenant (`medley api`'s keys, docs/api.md "Tenants"); shown
+  // once a tenant other than "default" has a batch.
+  function renderTenants(doc) {
+    const by = new Map();
+    for (const b of doc.batches) {
+      const name = b.tenant || "default";
+      const t = by.get(name) || { batches: 0, running: 0, done: 0, total: 0, failed: 0,
+        rate: 0, cost: 0 };
+      t.batches += 1;
+      t.done += b.done || 0;
+      t.total += b.total || 0;
+      t.failed += b.failed || 0;
+      t.cost += isFinite(b.cost_usd) ? b.cost_usd : 0;
+      if (!TERMINAL.has(b.status)) {
+        t.running += 1;
+        t.rate += isFinite(b.rate_per_s) ? b.rate_per_s : 0;
+      }
+      by.set(name, t);
+    }
+    const names = [...by.keys()].sort();
+    const rows = names.map((name) => {
+      const t = by.get(name);
+      return el("tr", { "data-tenant": name },
+        el("td", { class: "id c-tenant-name" }, name),
+        el("td", { class: "num c-tbatches" }, String(t.batches)),
+        el("td", { class: "num c-trunning" }, String(t.running)),
+        el("td", { class: "num c-tdone" }, t.done + "/" + t.total),
+        el("td", { class: "num c-tfailed" }, String(t.failed)),
+        el("td", { class: "num c-trate" }, fmtNum(t.rate, 1) + "/s"),
+        el("td", { class: "num c-tcost" }, fmtUsd(t.cost)));
+    });
+    $("tenants").tBodies[0].replaceChildren(...rows);
+    labelCells($("tenants"));
+    $("tenants-section").hidden = !names.some((n) => n !== "default");
+    $("tenants-count").textContent = "(" + names.length + ", over the batches above)";
   }
 
   // ---- fleet ------------------------------------------------------------------------------

@@ -166,6 +166,7 @@ def main():
         done_a = submit(srv, write_lines(srv.dir, "a.jsonl", lines), "--batch-id", "done-a")
         idle_c = submit(srv, write_lines(srv.dir, "c.jsonl", [
             chat_line("c%d" % i, "x", model="idle") for i in range(5)]), "--batch-id", "idle-c")
+        r.hset("medley:{%s}:meta" % idle_c, "tenant", "acme")  # as `medley api` writes it
         d = browser()
         wait_batch(srv, done_a, timeout=30)
         cost_a = sum(l["medley"]["cost_usd"] for l in results(srv, done_a))
@@ -195,6 +196,15 @@ def main():
         c = batch_row(d, idle_c)
         if c["c-done"] != "0/5" or c["c-eta"] != "--" or c["c-status"] != "in_progress":
             fail("batch idle-c: expected in_progress 0/5 with no ETA: %s" % c)
+        # the tenants: idle-c is acme's, the others default's
+        t = cells(d, "#tenants tbody tr", "data-tenant", "acme")
+        want = {"c-tbatches": "1", "c-trunning": "1", "c-tdone": "0/5", "c-tfailed": "0"}
+        if not t or any(t.get(k) != v for k, v in want.items()) or \
+                not d.execute_script("return !document.getElementById('tenants-section').hidden"):
+            fail("tenant acme on the page: %s, expected %s" % (t, want))
+        t = cells(d, "#tenants tbody tr", "data-tenant", "default")
+        if not t or t.get("c-tfailed") != "2" or int(t.get("c-tbatches", 0)) < 2:
+            fail("tenant default on the page: %s" % t)
 
         # live progress of a batch submitted now
         live_b = submit(srv, write_lines(srv.dir, "b.jsonl", [

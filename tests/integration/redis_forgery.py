@@ -58,9 +58,23 @@ def api_output_file(srv, b, ids):
         m = re.search(r"^medley_forged_answers_total (\S+)$", text, re.M)
         if not m or float(m.group(1)) != 2:
             fail("medley_forged_answers_total should be 2: %s" % (m.group(0) if m else "absent"))
+        # listed once ended, then deleted, with medley-api's rights (its lines XDELed)
+        srv.client().sadd("medley:tenant:{acme}:running", b)  # what POST /v1/batches adds
+        listed = [f["id"] for f in json.loads(get("/files"))["data"]]
+        if "file-out-%s" % b not in listed:
+            fail("the output file of an ended batch is not listed: %s" % listed)
+        req = urllib.request.Request(api.base + "/files/file-out-%s" % b, method="DELETE",
+                                     headers={"Authorization": "Bearer " + KEY_A})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            if not json.loads(r.read())["deleted"]:
+                fail("DELETE of the output file")
+        left = srv.client().xlen("medley:{%s}:out" % b)  # the forged ones carry ok 1 too
+        if left != 0:
+            fail("deleting the output file left %d of its lines" % left)
     finally:
         api.stop()
-    print("ok api: the output file drops the 2 forged lines, medley_forged_answers_total 2")
+    print("ok api: the output file drops the 2 forged lines, medley_forged_answers_total 2; "
+          "listed and deleted as medley-api")
 
 
 def main():
