@@ -25,6 +25,7 @@ typedef struct {
     unsigned max_connections, timeout_s; /* open connections; idle seconds before closing one */
     unsigned per_ip_connections;         /* open connections per client address; 0 = no limit */
     unsigned header_timeout_s; /* seconds for a request's headers, however they trickle in */
+    long long max_body_memory; /* bytes of request bodies held at once, all requests; 0: none */
     md_metrics *metrics;       /* may be NULL: the api's series are registered here */
     void (*on_listen)(const char *url); /* called once listening, with http://HOST:PORT */
 } api_config;

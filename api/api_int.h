@@ -51,6 +51,7 @@ typedef struct api_server {
     md_metric *m_forged; /* answer lines dropped from output files: entry never the batch's */
     md_metric *m_slow, *m_open; /* connections closed past their deadline; open connections */
     api_conns *conns;
+    _Atomic long long body_mem; /* bytes held for request bodies now (cfg->max_body_memory) */
 } api_server;
 
 /* An upload in progress (files.c). */
@@ -69,7 +70,13 @@ typedef struct {
     int body_too_big;
     long long dropped; /* body bytes dropped after a failure: past a bound the connection closes */
     api_upload *up;
+    long long held; /* of s->body_mem, this request's; given back when it completes */
+    int busy;       /* its body would pass --max-body-memory: answered 503 */
 } api_req;
+
+/* Hold n more bytes of request body for q against --max-body-memory; -1 (nothing held) when
+ * that would pass it. */
+int api_body_reserve(api_req *q, long long n);
 
 /* The calling thread's Redis connection, dialled on first use and again after a failure;
  * NULL with e set when Redis cannot be reached. */

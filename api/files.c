@@ -172,6 +172,12 @@ enum MHD_Result api_files_upload_begin(api_req *q, struct MHD_Connection *c) {
         return api_send_error(q, c, MHD_HTTP_TOO_MANY_REQUESTS, NULL, "quota_exceeded",
                               "tenant %s stores %lld bytes, its limit; delete files first",
                               q->tenant, bytes);
+    /* the chunk buffer and the post processor's */
+    if (api_body_reserve(q, API_CHUNK + 64 * 1024))
+        return api_send_error(q, c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, "server_busy",
+                              "uploads being received hold --max-body-memory (%lld bytes) now; "
+                              "try again",
+                              cfg->max_body_memory);
     api_upload *u = calloc(1, sizeof *u);
     if (u)
         u->buf = malloc(API_CHUNK);

@@ -4,6 +4,7 @@
  * connections; the request metrics. */
 #include <errno.h>
 #include <netdb.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +31,8 @@ void api_config_default(api_config *c) {
                       .max_connections = 16384,
                       .per_ip_connections = 4096,
                       .timeout_s = 30,
-                      .header_timeout_s = 10};
+                      .header_timeout_s = 10,
+                      .max_body_memory = 256LL * 1024 * 1024};
 }
 
 static __thread md_redis *t_redis;
@@ -148,14 +150,29 @@ static enum MHD_Result admit(api_req *q, struct MHD_Connection *c, const char *m
     return upload ? api_files_upload_begin(q, c) : MHD_YES;
 }
 
-/* A JSON body, kept up to max_json_bytes (past it: body_too_big, answered 413 at the end). */
+int api_body_reserve(api_req *q, long long n) {
+    long long max = q->s->cfg->max_body_memory;
+    if (atomic_fetch_add(&q->s->body_mem, n) + n > max && max > 0) {
+        atomic_fetch_sub(&q->s->body_mem, n);
+        return -1;
+    }
+    q->held += n;
+    return 0;
+}
+
+/* A JSON body, kept up to max_json_bytes (past it: body_too_big, answered 413 at the end; past
+ * --max-body-memory with the other requests' bodies: busy, 503). */
 static int take_body(api_req *q, const char *data, size_t n) {
-    if (q->body_too_big || (long long)(q->body_len + n) > q->s->cfg->max_json_bytes) {
-        q->body_too_big = 1;
+    if (q->busy || q->body_too_big || (long long)(q->body_len + n) > q->s->cfg->max_json_bytes) {
+        q->body_too_big = !q->busy;
         return -1;
     }
     if (q->body_len + n + 1 > q->body_cap) {
         size_t cap = (q->body_len + n + 1) * 2;
+        if (api_body_reserve(q, (long long)(cap - q->body_cap))) {
+            q->busy = 1;
+            return -1;
+        }
         char *nb = realloc(q->body, cap);
         if (!nb) {
             q->body_too_big = 1;
@@ -217,6 +234,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         }
         return MHD_YES;
     }
+    if (q->busy)
+        return api_send_error(q, c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, "server_busy",
+                              "request bodies being received hold --max-body-memory (%lld "
+                              "bytes) now; try again",
+                              q->s->cfg->max_body_memory);
     if (q->body_too_big)
         return api_send_error(q, c, MHD_HTTP_CONTENT_TOO_LARGE, NULL, "request_too_large",
                               "the body is over %lld bytes", q->s->cfg->max_json_bytes);
@@ -238,6 +260,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          (double)(md_mono_ns() - q->t0_ns) / 1e9);
     api_files_upload_end(q);
     free(q->body);
+    atomic_fetch_sub(&s->body_mem, q->held);
     free(q);
     *con_cls = NULL;
 }

@@ -49,6 +49,8 @@ static void usage(FILE *f) {
             "  --max-connections-per-ip N  per client address (default 4096; 0: no limit, for\n"
             "                         a proxy in front that gives every client its address)\n"
             "  --timeout S            idle seconds before a connection is closed (default 30)\n"
+            "  --max-body-memory N    bytes of request bodies held at once, all requests\n"
+            "                         together (default 268435456; past it 503 + Retry-After)\n"
             "  --header-timeout S     seconds for a request's headers, from the connection's\n"
             "                         opening or the last answer, however they trickle in;\n"
             "                         then a body must average 1 KiB/s (default 10; 0: off)\n"
@@ -78,7 +80,8 @@ static int option(api_config *cfg, const char **metrics, const char *a, const ch
                 {"--tenant-max-files", &cfg->tenant_max_files, 0, 1LL << 40},
                 {"--tenant-max-bytes", &cfg->tenant_max_bytes, 0, 1LL << 50},
                 {"--tenant-max-batches", &cfg->tenant_max_batches, 0, 1LL << 30},
-                {"--tenant-rps", &cfg->tenant_rps, 0, 1LL << 30}};
+                {"--tenant-rps", &cfg->tenant_rps, 0, 1LL << 30},
+                {"--max-body-memory", &cfg->max_body_memory, 0, 1LL << 40}};
     for (size_t k = 0; k < sizeof nums / sizeof nums[0]; k++)
         if (!strcmp(a, nums[k].flag))
             return (*nums[k].dst = num(a, v, nums[k].lo, nums[k].hi)) < 0 ? 2 : 0;

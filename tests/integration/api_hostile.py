@@ -3,7 +3,8 @@ multipart, a 2 GB body, 1 MB of headers, ids like ../../etc/passwd, JSON bombs i
 unknown fields, a flood of connections (refused past the per-address limit, the kept ones
 answered 408 and closed) and a slowloris (each trickling connection closed, with a 408, within
 the header timeout; another client answered all along; counted in /metrics), per-tenant
-limits (429 + Retry-After), and the server's peak memory bounded. docs/api.md "Limits".
+limits (429 + Retry-After), the bodies held at once bounded (--max-body-memory: 503 +
+Retry-After past it), and the server's peak memory bounded. docs/api.md "Limits".
 CI: small limits, a few seconds. MEDLEY_API_HOSTILE_FULL=1 (ctest -L long, api_hostile_full):
 the issue's sizes against the default limits, 10,000 connections held and a 30 s slowloris of
 2,000 (~1 min; ulimit -n of 10,500)."""
@@ -260,6 +261,35 @@ def tenant_limits(server, keys):
         api.stop()
 
 
+def body_memory(server, keys):
+    """--max-body-memory bounds the bodies held at once: an upload in progress holds its
+    buffers; while it does, another upload and a large JSON body answer 503 server_busy with
+    Retry-After; once it is gone, an upload is taken again."""
+    api = Api(server, keys, ["--max-body-memory", "400000"], name="api-bodymem")
+    try:
+        host, port = api.url.rsplit("/", 1)[1].split(":")
+        body, ct = multipart([(b'Content-Disposition: form-data; name="purpose"', b"batch"),
+                              (b'Content-Disposition: form-data; name="file"; filename="a.jsonl"',
+                               b'{"custom_id":"a"}\n' * 1000)])
+        held = socket.create_connection((host, int(port)), timeout=10)
+        held.sendall(req(b"POST", b"/v1/files", ct, body)[:-len(body) // 2])
+        time.sleep(0.5)  # its headers are in: its buffers are held
+        a = raw(api, req(b"POST", b"/v1/files", ct, body))
+        expect("an upload past --max-body-memory", a, 503, "server_busy")
+        if b"Retry-After: 1" not in a:
+            fail("503 server_busy without Retry-After: %r" % a[:300])
+        big = json.dumps({"metadata": {"a": "x" * 100000}}).encode()
+        expect("a JSON body past --max-body-memory", raw(api, req(
+            b"POST", b"/v1/batches", b"Content-Type: application/json\r\n", big)), 503,
+            "server_busy")
+        held.close()
+        time.sleep(0.5)
+        expect("an upload once the other is gone", raw(api, req(b"POST", b"/v1/files", ct, body)),
+               200)
+    finally:
+        api.stop()
+
+
 def rss_mb(pid, field="VmRSS"):
     with open("/proc/%d/status" % pid) as f:
         for line in f:
@@ -313,6 +343,7 @@ def main():
         if not slow or float(slow[0].split()[1]) < 60:
             fail("/metrics does not count the slowloris connections closed: %s" % slow)
         tenant_limits(server, keys)
+        body_memory(server, keys)
     finally:
         api.stop()
         server.stop()
