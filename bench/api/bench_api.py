@@ -47,6 +47,12 @@ def proc_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def self_cpu():
+    """CPU seconds of this process (the openai SDK's side of the API path)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def children_cpu():
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
@@ -137,7 +143,7 @@ def main():
                                         {"role": "user", "content": "request number %d" % i}]}})
                         + "\n")
         via_submit(a.medley, url, path, os.path.join(tmp, "warm.jsonl"))  # warm the worker
-        sub, apis, sub_cpu, api_cpu = [], [], [], []
+        sub, apis, sub_cpu, api_cpu, sdk_cpu = [], [], [], [], []
         for rep in range(a.reps):
             order = [0, 1] if rep % 2 == 0 else [1, 0]
             for which in order:
@@ -146,10 +152,11 @@ def main():
                     sub.append(via_submit(a.medley, url, path, os.path.join(tmp, "s.jsonl")))
                     sub_cpu.append(children_cpu() - c0)
                 else:
-                    c0 = proc_cpu(api.pid)
+                    c0, s0 = proc_cpu(api.pid), self_cpu()
                     t, batch = via_api(client, path, os.path.join(tmp, "a.jsonl"))
                     apis.append(t)
                     api_cpu.append(proc_cpu(api.pid) - c0)
+                    sdk_cpu.append(self_cpu() - s0)
         lines = sum(1 for _ in open(os.path.join(tmp, "a.jsonl")))
         if lines != a.n:
             raise SystemExit("the API's output file has %d lines, not %d" % (lines, a.n))
@@ -165,6 +172,8 @@ def main():
         print("CPU seconds of medley's side (the worker's excluded, the same in both): "
               "submit+results %s, medley api %s" % (["%.2f" % x for x in sub_cpu],
                                                    ["%.2f" % x for x in api_cpu]))
+        print("CPU seconds of the openai SDK client (Python, this process) in the API path: %s"
+              % ["%.2f" % x for x in sdk_cpu])
         print("GET /v1/batches/{id}: %.0f requests/s (4 keep-alive clients, 5 s)" % rps)
     finally:
         for p in reversed(procs):
