@@ -1,7 +1,7 @@
 /* api_int.h — private to the api/ files: the server state, one request's state, the answer helpers
  * (OpenAI's error envelope), the per-thread Redis connection, the key table and the Redis
- * file store. Call order: server.c routes to files.c / batches.c / models.c, which use
- * store.c and keys.c; nothing below calls up. */
+ * file store. Call order: server.c routes to files.c / batches.c / models.c / online.c, which
+ * use store.c, keys.c, sse.c and online_wait.c (online.h); nothing below calls up. */
 #ifndef MEDLEY_API_API_INT_H
 #define MEDLEY_API_API_INT_H
 
@@ -32,6 +32,7 @@ typedef struct api_server {
     api_keys *keys;
     md_metric *m_requests, *m_seconds, *m_upload, *m_tenant;
     md_metric *m_forged; /* answer lines dropped from output files: entry never the batch's */
+    struct api_waiter *waiter; /* online requests' events (online_wait.c) */
 } api_server;
 
 /* An upload in progress (files.c). */
@@ -50,6 +51,7 @@ typedef struct {
     int body_too_big;
     long long dropped; /* body bytes dropped after a failure: past a bound the connection closes */
     api_upload *up;
+    struct api_online *on; /* an online request (online.c), NULL for the other routes */
 } api_req;
 
 /* The calling thread's Redis connection, dialled on first use and again after a failure;
@@ -119,6 +121,13 @@ enum MHD_Result api_batches_route(api_req *q, struct MHD_Connection *c, const ch
 /* The batch of an output/error file id ("file-out-B" / "file-err-B"), ok set; 0 if it is not
  * one. */
 int api_output_file_batch(const char *file_id, char batch[API_ID_MAX], int *ok);
+
+/* online.c: POST /v1/chat/completions (chat 1) and /v1/completions (chat 0); the call of
+ * a resumed request; the end of one (from the completed callback). */
+enum MHD_Result api_online_route(api_req *q, struct MHD_Connection *c, const char *method,
+                                 int chat);
+enum MHD_Result api_online_resume(api_req *q, struct MHD_Connection *c);
+void api_online_end(api_req *q);
 
 /* models.c */
 enum MHD_Result api_models(api_req *q, struct MHD_Connection *c);

@@ -28,8 +28,10 @@ static void usage(FILE *f) {
             "usage: medley api --api-keys FILE [--listen ADDR:PORT] [--redis URL] [options]\n"
             "\n"
             "Serve OpenAI's Files and Batches API (POST/GET /v1/files, /v1/batches, GET\n"
-            "/v1/models) over medley's Redis queue, for openai.OpenAI(base_url=...). Stateless:\n"
-            "run as many as needed against one Redis (docs/api.md).\n"
+            "/v1/models) and online POST /v1/chat/completions and /v1/completions (streamed\n"
+            "or not, served by the same workers ahead of batch lines) over medley's Redis\n"
+            "queue, for openai.OpenAI(base_url=...). Stateless: run as many as needed against\n"
+            "one Redis (docs/api.md).\n"
             "\n"
             "  --api-keys FILE        `TENANT KEY` lines (# comments; KEY may be sha256:HEX);\n"
             "                         re-read on SIGHUP\n"
@@ -48,6 +50,8 @@ static void usage(FILE *f) {
             "  --max-connections-per-ip N  per client address (default 0: no limit; behind a\n"
             "                         load balancer every client has its address)\n"
             "  --timeout S            idle seconds before a connection is closed (default 30)\n"
+            "  --online-timeout S     an online request (/v1/chat/completions, /v1/completions)\n"
+            "                         not answered within S seconds is a 504 (default 600)\n"
             "  --metrics ADDR:PORT    serve Prometheus metrics at http://ADDR:PORT/metrics\n");
 }
 
@@ -90,12 +94,18 @@ static int option(api_config *cfg, const char **metrics, const char *a, const ch
     else if (!strcmp(a, "--metrics"))
         *metrics = v;
     else if (!strcmp(a, "--threads") || !strcmp(a, "--max-connections") ||
-             !strcmp(a, "--max-connections-per-ip") || !strcmp(a, "--timeout")) {
+             !strcmp(a, "--max-connections-per-ip") || !strcmp(a, "--timeout") ||
+             !strcmp(a, "--online-timeout")) {
         int threads = !strcmp(a, "--threads"), per_ip = !strcmp(a, "--max-connections-per-ip");
-        int timeout = !strcmp(a, "--timeout");
-        if ((x = num(a, v, per_ip ? 0 : 1, threads ? 32 : timeout ? 3600 : 100000)) < 0)
+        int timeout = !strcmp(a, "--timeout"), online = !strcmp(a, "--online-timeout");
+        if ((x = num(a, v, per_ip ? 0 : 1,
+                     threads             ? 32
+                     : timeout || online ? 86400
+                                         : 100000)) < 0)
             return 2;
-        if (threads)
+        if (online)
+            cfg->online_timeout_s = (unsigned)x;
+        else if (threads)
             cfg->threads = (int)x;
         else if (per_ip)
             cfg->per_ip_connections = (unsigned)x;
