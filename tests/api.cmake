@@ -5,7 +5,8 @@
 # JSON bombs, a connection flood and slowloris, bounded; api_crash: the API process and a
 # worker SIGKILLed mid-batch with two API processes alternated, every custom_id once
 # (2,000 lines here; MEDLEY_API_CRASH_LINES=20000 for the issue's size); api_curl: the
-# curl walk-through of docs/api.md, run as written.
+# curl walk-through of docs/api.md, run as written; api_online: online chat and completions,
+# streamed and not, refusals, cancels, an API process killed mid-stream, priority over a batch.
 # test_api_keys (unit): the key file and the bearer-token match of api/keys.c.
 medley_test(test_api_keys SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_api_keys.c
             LIBS medley_api LABELS unit)
@@ -17,7 +18,7 @@ set(MEDLEY_API_TEST_ENV "MEDLEY_BIN=$<TARGET_FILE:medley>" "MEDLEY_SOURCE_DIR=${
 if(MEDLEY_REDIS_SERVER)
   list(APPEND MEDLEY_API_TEST_ENV "MEDLEY_REDIS_SERVER=${MEDLEY_REDIS_SERVER}")
 endif()
-foreach(t api_openai_sdk api_hostile api_crash api_curl)
+foreach(t api_openai_sdk api_hostile api_crash api_curl api_online)
   add_test(NAME ${t} COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/${t}.py)
   set_tests_properties(${t} PROPERTIES LABELS integration TIMEOUT 120
                        ENVIRONMENT "${MEDLEY_API_TEST_ENV}")
@@ -26,4 +27,10 @@ endforeach()
 # skipped (77) where the model is not fetched.
 add_test(NAME api_smollm2 COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/api_smollm2.py)
 set_tests_properties(api_smollm2 PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "${MEDLEY_API_TEST_ENV}")
+# api_online_smollm2 (e2e): online chat and completions on SmolLM2-135M, the SDK's stream
+# iterator's text equal to the answer at temperature 0; skipped (77) without the model.
+add_test(NAME api_online_smollm2
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/api_online_smollm2.py)
+set_tests_properties(api_online_smollm2 PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77
                      ENVIRONMENT "${MEDLEY_API_TEST_ENV}")
