@@ -10,6 +10,9 @@
 # test_api_keys (unit): the key file and the bearer-token match of api/keys.c.
 medley_test(test_api_keys SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_api_keys.c
             LIBS medley_api LABELS unit)
+# test_api_sse (unit): the event-stream chunks and JSON answers made from output lines (api/sse.c).
+medley_test(test_api_sse SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_api_sse.c
+            LIBS medley_api LABELS unit)
 if(NOT MEDLEY_PYTHON)
   message(WARNING "python3 not found: the api's integration tests are not registered")
   return()
