@@ -17,9 +17,13 @@ direct path: the difference of the medians (ms) and their ratio. The API's part 
 work (parse, validation, the EXISTS and XADD, the waiter's XREAD, the chunks) plus one more
 hop (HTTP); the model's time is the same in both.
 
-Run (Debian 12; medley built in build/; redis-server, redis-py and the openai SDK's deps of
+With --model echo (no delay) the model takes no time, and the medians are what each path
+itself costs.
+
+Run (Debian 12; medley built in build/; redis-server and redis-py of
 scripts/requirements-test.txt; SmolLM2 fetched, scripts/fetch-model.sh):
-    python3 bench/api/bench_online.py --medley build/cli/medley [--reps 15] [--max-tokens 16]
+    python3 bench/api/bench_online.py --medley build/cli/medley [--reps 31] [--max-tokens 16]
+    python3 bench/api/bench_online.py --medley build/cli/medley --model echo --reps 301
 """
 import argparse
 import http.client
@@ -35,7 +39,7 @@ import uuid
 import redis
 
 KEY = "sk-bench-0123456789abcdef0123"
-MODEL = "smollm2-135m"
+MODEL = "smollm2-135m"  # --model
 PROMPT = "What is the capital of France? Answer in one sentence."
 
 
@@ -75,7 +79,11 @@ def direct(r, max_tokens):
             elif f[b"type"] == b"done":
                 total = time.perf_counter() - t0
                 r.unlink(key)
-                return ttft if ttft is not None else total, total, text, json.loads(f[b"line"])
+                line = json.loads(f[b"line"])
+                whole = line["response"]["body"]["choices"][0]["message"]["content"]
+                if not whole.startswith(text):
+                    raise SystemExit("deltas %r are not the start of %r" % (text, whole))
+                return ttft if ttft is not None else total, total, whole, line
 
 
 def via_api(conn, max_tokens):
@@ -117,11 +125,15 @@ def via_api_whole(conn, max_tokens):
 
 
 def main():
+    global MODEL
     ap = argparse.ArgumentParser()
     ap.add_argument("--medley", default="build/cli/medley")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=31)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--model", default=MODEL,
+                    help="smollm2-135m, or echo: no model time, only what the paths cost")
     a = ap.parse_args()
+    MODEL = a.model
     tmp = tempfile.mkdtemp(prefix="bench-online-")
     port = free_port()
     procs = []
@@ -160,7 +172,9 @@ def main():
             for way in (("direct", "api", "whole") if rep % 2 == 0 else ("whole", "api", "direct")):
                 if way == "direct":
                     t1, t2, text, line = direct(r, a.max_tokens)
-                    m = line["medley"]
+                    m = line.get("medley") or {}
+                    if not m:
+                        raise SystemExit("the worker answered: %s" % line)
                     eng_ttft.append((m["queue_ms"] + m["prefill_ms"]) / 1e3)
                     eng_total.append((m["queue_ms"] + m["prefill_ms"] + m["decode_ms"]) / 1e3)
                     d_ttft.append(t1)
