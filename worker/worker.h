@@ -75,7 +75,9 @@ typedef struct {
     const char *metrics_addr;
     /* Runner slots of each model that batch lines leave free for online requests (the online
      * lane P online:{M}, docs/protocol.md §9), so that one starts at once however full of
-     * batch work the worker is: default 1; at most the runner's capacity - 1. */
+     * batch work the worker is: default 1; at most the runner's capacity - 1. Kept only for
+     * 5 minutes after the model's last online request: without interactive traffic batch
+     * lines have every slot. */
     int online_reserve;
 } wk_config;
 

@@ -53,6 +53,7 @@
  * reads P q:{M}, its class streams and its online lane P online:{M}. */
 #define MAX_STREAMS (WK_MAX_MODELS * (2 + Q_CLASS_MAX))
 #define WK_STOPS_MAX 1024 /* bytes of an online request's stop strings kept for streaming */
+#define WK_ONLINE_WARM_NS (300ull * 1000000000ull) /* 5 minutes */
 
 typedef struct {
     int used;
@@ -142,6 +143,10 @@ typedef struct {
     job *jobs;          /* (n_jobs) */
     int n_jobs;
     shard sh;
+    /* worker_online.c: when an online request of this model was last taken (md_mono_ns; 0:
+     * never). Batch lines leave the online reserve free only for WK_ONLINE_WARM_NS after it,
+     * so a fleet without interactive traffic gives batch work every slot. */
+    uint64_t online_ns;
 } model;
 
 /* A stage this worker serves for another worker's pipeline replica (a plan stage role): a

@@ -105,6 +105,7 @@ void wk_online_take(wk *w, int s, const char *id, const char *reply, const char 
         wk_ack_only(w, s, id);
         return;
     }
+    w->mod[stream_model(w, s)].online_ns = md_mono_ns(); /* the reserve holds from now */
     q_limits lim = w->cfg->limits;
     lim.online = 1;
     char cidbuf[Q_CUSTOM_ID_MAX];

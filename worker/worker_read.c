@@ -67,14 +67,15 @@ static batch_ent *batch_state(wk *w, const char *batch) {
 
 /* Free runner slots of a stream's model; 0 unless the stream is being read and the model has
  * a runner (a sharded replica not formed has none). Batch streams leave the model's online
- * reserve free: min(--online-reserve, capacity - 1) slots, less those online requests use. */
+ * reserve free: min(--online-reserve, capacity - 1) slots, less those online requests use,
+ * while the model has taken an online request in the last WK_ONLINE_WARM_NS. */
 static int free_slots(wk *w, int s) {
     model *md = &w->mod[w->st[s].m];
     wk_runner *r = md->runner;
     if (w->st[s].state != SLOT_ON || !r)
         return 0;
     int cap = wk_runner_capacity(r), f = cap - wk_runner_live(r);
-    if (w->st[s].online)
+    if (w->st[s].online || !md->online_ns || md_mono_ns() - md->online_ns > WK_ONLINE_WARM_NS)
         return f;
     int keep = w->cfg->online_reserve < cap - 1 ? w->cfg->online_reserve : cap - 1;
     for (int i = 0; i < md->n_jobs && keep > 0; i++)
