@@ -7,7 +7,7 @@ context, still a 400 with stream=True); 401 without a key or with a wrong one; 4
 model no worker serves; the per-tenant rate limit (429); a client that hangs up mid-stream
 (P cancel:{R} set, the worker stops the request); an API process SIGKILLed mid-stream (the
 client gets an error, the worker goes on); and priority: an online request answered while a
-batch of 240 lines is queued ahead of it, in far less than the batch's drain time."""
+batch of 160 lines is queued ahead of it, in far less than the batch's drain time."""
 import os
 import sys
 import threading
@@ -23,7 +23,8 @@ from openai import OpenAI
 from api_util import KEY_A, Api, write_keys
 from harness import RedisServer, Worker, chat_line, fail, submit, wait_batch, meta, write_lines
 
-DELAY_MS = 30  # echo: per answer; with 4 slots a 240-line batch drains in about 1.8 s
+FAST = ("--block-ms", "200")  # an idle worker notices SIGTERM within 0.2 s
+DELAY_MS = 30  # echo: per answer; with 4 slots a 160-line batch drains in about 1.2 s
 
 
 def stream_text(stream, chat=True):
@@ -85,7 +86,8 @@ def expect(exc, fn, param=None, status=None):
 def main():
     srv = RedisServer()
     keys = write_keys(srv.dir)
-    worker = Worker(srv, args=("--max-seqs", "4", "--echo-delay-ms", str(DELAY_MS)), name="a")
+    worker = Worker(srv, args=FAST + ("--max-seqs", "4", "--echo-delay-ms", str(DELAY_MS)),
+                    name="a")
     api = Api(srv, keys)
     api2 = None
     try:
@@ -134,7 +136,8 @@ def main():
         # API process killed mid-stream: the client gets an error, the worker goes on. A slow
         # echo (20 s per answer) serves these alone, then hands back what it holds.
         worker.stop()
-        slow = Worker(srv, args=("--echo-delay-ms", "20000", "--grace-ms", "500"), name="slow")
+        slow = Worker(srv, args=FAST + ("--echo-delay-ms", "20000", "--grace-ms", "500"),
+                      name="slow")
         time.sleep(0.5)
         st = client.chat.completions.create(
             model="echo", messages=[{"role": "user", "content": "a" * 2000}], stream=True)
@@ -182,13 +185,14 @@ def main():
         if slow.proc.poll() is not None:
             fail("the worker died with the API process")
         slow.stop()
-        worker = Worker(srv, args=("--max-seqs", "4", "--echo-delay-ms", str(DELAY_MS)), name="b")
+        worker = Worker(srv, args=FAST + ("--max-seqs", "4", "--echo-delay-ms", str(DELAY_MS)),
+                        name="b")
         check_completion(client, "echo", max_tokens=5)
         print("ok: 429 per tenant; an API process killed mid-stream is an error to its client")
 
-        # priority: a batch of 240 lines drains in about 240 / 4 slots * 30 ms = 1.8 s; an
+        # priority: a batch of 160 lines drains in about 160 / 4 slots * 30 ms = 1.2 s; an
         # online request sent once it runs is answered in a fraction of that
-        lines = [chat_line("r%d" % i, "line %d" % i) for i in range(240)]
+        lines = [chat_line("r%d" % i, "line %d" % i) for i in range(160)]
         t0 = time.time()
         batch = submit(srv, write_lines(srv.dir, "batch.jsonl", lines), "--model", "echo")
         time.sleep(0.3)
@@ -202,13 +206,13 @@ def main():
                 fail("online answer: %s" % out)
         m = meta(srv, batch)
         done = int(m.get("completed", 0)) + int(m.get("failed", 0))
-        if m.get("status") != "in_progress" or done >= 240:
+        if m.get("status") != "in_progress" or done >= 160:
             fail("the batch was over before the online requests: %s" % m)
         wait_batch(srv, batch, timeout=60)
         drain = time.time() - t0
         if max(lat) > drain / 5:
             fail("online latencies %s s against a batch drain of %.1f s: no priority" % (lat, drain))
-        print("ok: online latencies %s s while a 240-line batch drained in %.1f s (%d lines "
+        print("ok: online latencies %s s while a 160-line batch drained in %.1f s (%d lines "
               "answered when the online requests were)" % (
                   ["%.3f" % x for x in lat], drain, done))
 
@@ -216,9 +220,11 @@ def main():
         # the worker has served an online request, so the next one starts at once (its role
         # chunk comes when the worker starts it)
         worker.stop()
-        worker = Worker(srv, args=("--max-seqs", "2", "--echo-delay-ms", "1500", "--grace-ms",
-                                   "200"), name="c")
-        client.completions.create(model="echo", prompt="warm", max_tokens=1)
+        worker = Worker(srv, args=FAST + ("--max-seqs", "2", "--echo-delay-ms", "1500",
+                                          "--grace-ms", "200"), name="c")
+        warm = client.completions.create(model="echo", prompt="warm", stream=True)
+        next(iter(warm))  # started: the worker has seen online traffic
+        warm.close()
         batch = submit(srv, write_lines(srv.dir, "slow.jsonl", lines[:8]), "--model", "echo")
         time.sleep(0.5)
         t1 = time.time()
