@@ -25,7 +25,7 @@ typedef struct {
     long long tenant_max_files, tenant_max_bytes, tenant_max_batches, tenant_rps;
     unsigned max_connections, timeout_s; /* open connections; idle seconds before closing one */
     unsigned per_ip_connections;         /* open connections per client address; 0 = no limit */
-    unsigned online_timeout_s; /* an online request not answered by then is a 504 (600) */
+    unsigned online_timeout_s;           /* an online request not answered by then is a 504 (600) */
     md_metrics *metrics;                 /* may be NULL: the api's series are registered here */
     void (*on_listen)(const char *url);  /* called once listening, with http://HOST:PORT */
 } api_config;

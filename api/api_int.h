@@ -31,7 +31,7 @@ typedef struct api_server {
     pthread_rwlock_t keys_lock;
     api_keys *keys;
     md_metric *m_requests, *m_seconds, *m_upload, *m_tenant;
-    md_metric *m_forged; /* answer lines dropped from output files: entry never the batch's */
+    md_metric *m_forged;       /* answer lines dropped from output files: entry never the batch's */
     struct api_waiter *waiter; /* online requests' events (online_wait.c) */
 } api_server;
 

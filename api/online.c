@@ -123,8 +123,8 @@ enum MHD_Result api_online_resume(api_req *q, struct MHD_Connection *c) {
         api_waiter_unlock(s);
         return MHD_NO;
     }
-    int answer = on->stream ? on->started || on->finished || on->failed
-                            : on->finished || on->failed;
+    int answer =
+        on->stream ? on->started || on->finished || on->failed : on->finished || on->failed;
     if (!answer && !api_waiter_stopping(s)) {
         on->parked = 1;
         MHD_suspend_connection(c);
@@ -169,7 +169,8 @@ static enum MHD_Result refuse(api_req *q, struct MHD_Connection *c, const q_verr
     /* "body.temperature is 3" reads "temperature is 3" to a client that sent no batch line */
     for (char *p = strstr(msg, "body."); p; p = strstr(p, "body."))
         memmove(p, p + 5, strlen(p + 5) + 1);
-    return api_send_error(q, c, ve->status ? (unsigned)ve->status : 400, param, ve->code, "%s", msg);
+    return api_send_error(q, c, ve->status ? (unsigned)ve->status : 400, param, ve->code, "%s",
+                          msg);
 }
 
 /* Queue the request: XADD P online:{M} * reply R line <line> deadline D tenant T. */
@@ -177,8 +178,8 @@ static int enqueue(api_req *q, md_redis *r, const api_online *on, const char *li
     char key[Q_KEY_MAX], dl[24];
     q_key_online(key, q->s->prefix, on->model);
     snprintf(dl, sizeof dl, "%lld", on->deadline_ms);
-    const char *argv[] = {"XADD",     key, "*",      "reply", on->id,   "line",
-                          line,       "deadline", dl, "tenant",   q->tenant};
+    const char *argv[] = {"XADD", key,        "*", "reply",  on->id,   "line",
+                          line,   "deadline", dl,  "tenant", q->tenant};
     size_t lens[11];
     for (int k = 0; k < 11; k++)
         lens[k] = strlen(argv[k]);
@@ -210,9 +211,8 @@ enum MHD_Result api_online_route(api_req *q, struct MHD_Connection *c, const cha
     api_server *s = q->s;
     if (strcmp(method, "POST"))
         return api_send_error(q, c, MHD_HTTP_METHOD_NOT_ALLOWED, NULL, NULL,
-                              "%s takes POST, not %s", chat ? "/v1/chat/completions"
-                                                           : "/v1/completions",
-                              method);
+                              "%s takes POST, not %s",
+                              chat ? "/v1/chat/completions" : "/v1/completions", method);
     json_error_t je;
     json_t *body = q->body ? json_loadb(q->body, q->body_len, 0, &je) : NULL;
     if (!body)
@@ -231,9 +231,9 @@ enum MHD_Result api_online_route(api_req *q, struct MHD_Connection *c, const cha
     char *line = NULL;
     if (on) {
         md_random_hex(on->id, sizeof on->id, 24);
-        json_t *doc = json_pack("{s:s, s:s, s:s, s:O}", "custom_id", on->id, "method", "POST",
-                                "url", chat ? "/v1/chat/completions" : "/v1/completions", "body",
-                                body);
+        json_t *doc =
+            json_pack("{s:s, s:s, s:s, s:O}", "custom_id", on->id, "method", "POST", "url",
+                      chat ? "/v1/chat/completions" : "/v1/completions", "body", body);
         line = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
         json_decref(doc);
     }
@@ -270,9 +270,7 @@ enum MHD_Result api_online_route(api_req *q, struct MHD_Connection *c, const cha
     q_request_free(&req);
     md_err e = {0};
     md_redis *r = api_redis(s, &e);
-    int sv = r && q_online_model_ok(on->model) ? served(r, s->prefix, on->model, &e)
-             : r                               ? 0
-                                               : -1;
+    int sv = r && q_online_model_ok(on->model) ? served(r, s->prefix, on->model, &e) : r ? 0 : -1;
     if (sv <= 0) {
         free(line);
         free(on);

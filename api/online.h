@@ -47,11 +47,11 @@ typedef struct api_online {
     int started, finished, gone, failed, diverged;
     unsigned fail_status;
     char fail_code[48], fail_msg[256];
-    json_t *done;                     /* the worker's output line (finished) */
-    char *text;                       /* the answer's bytes published so far, in order */
-    size_t text_len, text_cap;        /* (text_len) */
-    api_buf out;                      /* event-stream bytes to send */
-    size_t out_pos, emitted;          /* out[0..out_pos) sent; text[0..emitted) in chunks */
+    json_t *done;              /* the worker's output line (finished) */
+    char *text;                /* the answer's bytes published so far, in order */
+    size_t text_len, text_cap; /* (text_len) */
+    api_buf out;               /* event-stream bytes to send */
+    size_t out_pos, emitted;   /* out[0..out_pos) sent; text[0..emitted) in chunks */
     int role_sent, ended;
 } api_online;
 

@@ -20,8 +20,8 @@
 #include "common/log.h"
 #include "common/util.h"
 
-#define BLOCK_MS 100     /* longest XREAD block: the deadline and hang-up checks' period */
-#define READ_COUNT 256   /* events per stream per read */
+#define BLOCK_MS 100       /* longest XREAD block: the deadline and hang-up checks' period */
+#define READ_COUNT 256     /* events per stream per read */
 #define TEXT_MAX (8 << 20) /* bytes of one answer's streamed text: past it the stream fails */
 
 struct api_waiter {
@@ -55,8 +55,9 @@ static void client_id(api_waiter *w) {
     if (rep)
         freeReplyObject(rep);
     if (!w->client_id)
-        MD_WARN("api", "CLIENT ID refused: a new online request may wait up to %d ms for "
-                       "the waiter's read to end",
+        MD_WARN("api",
+                "CLIENT ID refused: a new online request may wait up to %d ms for "
+                "the waiter's read to end",
                 BLOCK_MS);
 }
 
@@ -197,7 +198,8 @@ static void apply_delta(api_online *on, long long off, const char *text, size_t 
     if (!more)
         return;
     if (on->text_len + more > TEXT_MAX) {
-        fail(on, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "the answer is too long to stream");
+        fail(on, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error",
+             "the answer is too long to stream");
         return;
     }
     if (on->text_len + more + 1 > on->text_cap) {
@@ -255,8 +257,7 @@ static void apply(api_online *on, redisReply *entries, resumes *rs) {
             if (on->done)
                 on->finished = 1;
             else
-                fail(on, MHD_HTTP_BAD_GATEWAY, "server_error",
-                     "the worker's answer is not JSON");
+                fail(on, MHD_HTTP_BAD_GATEWAY, "server_error", "the worker's answer is not JSON");
             woke = 1;
         }
     }
@@ -284,8 +285,8 @@ static void reconnect(api_waiter *w, resumes *rs) {
 }
 
 /* One XREAD over the active requests' streams; returns its reply (NULL: connection lost). */
-static redisReply *read_events(api_waiter *w, char (*keys)[API_REPLY_KEY_MAX],
-                               char (*ids)[48], int k) {
+static redisReply *read_events(api_waiter *w, char (*keys)[API_REPLY_KEY_MAX], char (*ids)[48],
+                               int k) {
     const char **argv = malloc((size_t)(6 + 2 * k) * sizeof *argv);
     size_t *lens = malloc((size_t)(6 + 2 * k) * sizeof *lens);
     if (!argv || !lens) {

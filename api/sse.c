@@ -41,18 +41,18 @@ static int event(api_buf *b, json_t *doc) {
     json_decref(doc);
     if (!s)
         return -1;
-    int rc = api_buf_add(b, "data: ", 6) || api_buf_add(b, s, strlen(s)) ||
-                     api_buf_add(b, "\n\n", 2)
-                 ? -1
-                 : 0;
+    int rc =
+        api_buf_add(b, "data: ", 6) || api_buf_add(b, s, strlen(s)) || api_buf_add(b, "\n\n", 2)
+            ? -1
+            : 0;
     free(s);
     return rc;
 }
 
 /* A chunk with one choice: chat's {index, delta, logprobs, finish_reason} or completions'
  * {text, index, logprobs, finish_reason}. delta (chat) and logprobs are consumed. */
-static json_t *chunk(const api_sse *m, json_t *delta, const char *text, size_t n,
-                     json_t *logprobs, const char *finish) {
+static json_t *chunk(const api_sse *m, json_t *delta, const char *text, size_t n, json_t *logprobs,
+                     const char *finish) {
     json_t *choice =
         m->chat ? json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs",
                             logprobs ? logprobs : json_null(), "finish_reason",
@@ -119,8 +119,8 @@ static json_t *line_error(json_t *line, unsigned *status) {
     const char *c = json_string_value(json_object_get(e, "code"));
     const char *msg = json_string_value(json_object_get(e, "message"));
     *status = 500;
-    return json_pack("{s:s, s:s, s:n, s:s}", "message", msg ? msg : "the worker failed",
-                     "type", "server_error", "param", "code", c ? c : "server_error");
+    return json_pack("{s:s, s:s, s:n, s:s}", "message", msg ? msg : "the worker failed", "type",
+                     "server_error", "param", "code", c ? c : "server_error");
 }
 
 json_t *api_answer_doc(json_t *line, unsigned *status) {
@@ -136,8 +136,8 @@ json_t *api_answer_doc(json_t *line, unsigned *status) {
 }
 
 static int error_event(api_buf *b, const char *code, const char *msg) {
-    json_t *err = json_pack("{s:s, s:s, s:n, s:s}", "message", msg, "type", "server_error",
-                            "param", "code", code);
+    json_t *err = json_pack("{s:s, s:s, s:n, s:s}", "message", msg, "type", "server_error", "param",
+                            "code", code);
     int rc = err ? api_sse_error(b, err) : -1;
     json_decref(err);
     return rc;

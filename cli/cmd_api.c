@@ -98,10 +98,7 @@ static int option(api_config *cfg, const char **metrics, const char *a, const ch
              !strcmp(a, "--online-timeout")) {
         int threads = !strcmp(a, "--threads"), per_ip = !strcmp(a, "--max-connections-per-ip");
         int timeout = !strcmp(a, "--timeout"), online = !strcmp(a, "--online-timeout");
-        if ((x = num(a, v, per_ip ? 0 : 1,
-                     threads             ? 32
-                     : timeout || online ? 86400
-                                         : 100000)) < 0)
+        if ((x = num(a, v, per_ip ? 0 : 1, threads ? 32 : timeout || online ? 86400 : 100000)) < 0)
             return 2;
         if (online)
             cfg->online_timeout_s = (unsigned)x;

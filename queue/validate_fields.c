@@ -82,8 +82,8 @@ static int get_stream(json_t *body, q_request *req, q_verr *ve) {
     json_t *st = json_object_get(body, "stream");
     if (st && !json_is_null(st)) {
         if (!json_is_boolean(st))
-            return q_vfail(ve, "invalid_type", "body.stream", "body.stream must be a boolean, not %s",
-                           md_json_type_name(st));
+            return q_vfail(ve, "invalid_type", "body.stream",
+                           "body.stream must be a boolean, not %s", md_json_type_name(st));
         req->stream = json_is_true(st);
     }
     json_t *so = json_object_get(body, "stream_options");

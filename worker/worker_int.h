@@ -105,8 +105,8 @@ typedef struct {
     char key[Q_KEY_MAX];
     char cursor[ENTRY_ID_MAX]; /* XAUTOCLAIM cursor */
     int claim_more;            /* look again before the next read (wk_take_over) */
-    int steal; /* a class the plan routes elsewhere that this replica holds: read only when
-                  the last read of the others gave nothing (routing is a preference) */
+    int steal;  /* a class the plan routes elsewhere that this replica holds: read only when
+                   the last read of the others gave nothing (routing is a preference) */
     int online; /* P online:{M}, the online lane: read before the others, answered into
                    P reply:{R} (worker_online.c), and its model keeps online_reserve slots
                    free of batch lines */
@@ -332,8 +332,8 @@ int wk_write_blocked(const wk *w);
 /* An entry of an online lane (fields reply, line, deadline): dropped when its deadline passed
  * or its client went away (P cancel:{R}), else validated as an online request and answered or
  * started as wk_start_request says, with a start event in P reply:{R}. */
-void wk_online_take(wk *w, int s, const char *id, const char *reply, const char *line,
-                    size_t len, redisReply *fields, long long attempt);
+void wk_online_take(wk *w, int s, const char *id, const char *reply, const char *line, size_t len,
+                    redisReply *fields, long long attempt);
 /* After the runners' poll: publish the new text of the running online requests that stream
  * (delta events) and, every 200 ms, stop those whose client went away. */
 void wk_online_publish(wk *w);

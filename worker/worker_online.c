@@ -38,8 +38,7 @@ static void keep_stops(job *j, const q_request *req) {
 
 /* P reply:{R} gets `XADD * <fields>` and its TTL renewed: two commands appended to the
  * pipeline (argv[0..n) are the fields, lens their lengths). */
-static void append_event(wk *w, const char *reply, int n, const char **fields,
-                         const size_t *lens) {
+static void append_event(wk *w, const char *reply, int n, const char **fields, const size_t *lens) {
     char key[Q_KEY_MAX], ttl[16];
     q_key_reply(key, w->prefix, reply);
     const char *argv[3 + 8];
@@ -80,8 +79,8 @@ static int event_written(wk *w, char *why, size_t why_sz) {
     return ok;
 }
 
-void wk_online_take(wk *w, int s, const char *id, const char *reply, const char *line,
-                    size_t len, redisReply *fields, long long attempt) {
+void wk_online_take(wk *w, int s, const char *id, const char *reply, const char *line, size_t len,
+                    redisReply *fields, long long attempt) {
     size_t dl = 0;
     const char *d = wk_field(fields, "deadline", &dl);
     long long deadline = d ? atoll(d) : 0;
@@ -119,8 +118,8 @@ void wk_online_take(wk *w, int s, const char *id, const char *reply, const char 
         keep_stops(j, &req);
         /* logprobs and tool calls come whole with the answer: a tool call is known only once
          * its text is complete, and logprobs belong to the text they go with */
-        j->pieces = req.stream && !req.logprobs && req.tool_choice == Q_TOOLS_NONE &&
-                    j->n_stops >= 0;
+        j->pieces =
+            req.stream && !req.logprobs && req.tool_choice == Q_TOOLS_NONE && j->n_stops >= 0;
         char att[24];
         snprintf(att, sizeof att, "%lld", attempt);
         const char *f[] = {"type", "start", "worker", w->me, "attempt", att};
@@ -205,8 +204,7 @@ void wk_online_publish(wk *w) {
                 return;
             }
             if (rep->type == REDIS_REPLY_INTEGER && rep->integer > 0 && !j->cancelled) {
-                MD_INFO("worker", "online request %s: its client went away; stopping it",
-                        j->batch);
+                MD_INFO("worker", "online request %s: its client went away; stopping it", j->batch);
                 j->cancelled = 1;
                 wk_runner_cancel(md->runner, j);
             }

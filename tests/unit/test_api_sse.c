@@ -20,9 +20,9 @@ static json_t *events(const api_buf *b) {
         assert_memory_equal(p, "data: ", 6);
         const char *end = strstr(p, "\n\n");
         assert_non_null(end);
-        json_t *doc = !strncmp(p + 6, "[DONE]", 6) ? json_string("[DONE]")
-                                                   : json_loadb(p + 6, (size_t)(end - p - 6), 0,
-                                                                NULL);
+        json_t *doc = !strncmp(p + 6, "[DONE]", 6)
+                          ? json_string("[DONE]")
+                          : json_loadb(p + 6, (size_t)(end - p - 6), 0, NULL);
         assert_non_null(doc);
         json_array_append_new(out, doc);
         p = end + 2;
@@ -42,10 +42,10 @@ static const char *delta_content(json_t *ev) {
 }
 
 #define OK_CHAT(content, finish, extra)                                                            \
-    "{\"custom_id\":\"r\",\"response\":{\"status_code\":200,\"body\":{\"id\":\"chatcmpl-r\","     \
-    "\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":{\"role\":"             \
-    "\"assistant\",\"content\":" content extra "},\"finish_reason\":\"" finish "\","              \
-    "\"logprobs\":null}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5,"                 \
+    "{\"custom_id\":\"r\",\"response\":{\"status_code\":200,\"body\":{\"id\":\"chatcmpl-r\","      \
+    "\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":{\"role\":"              \
+    "\"assistant\",\"content\":" content extra "},\"finish_reason\":\"" finish "\","               \
+    "\"logprobs\":null}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5,"                  \
     "\"total_tokens\":8}}},\"error\":null}"
 
 static void the_rest_of_the_text_then_finish_usage_done(void **st) {
@@ -89,9 +89,9 @@ static void text_that_disagrees_with_the_stream_is_an_error(void **st) {
     assert_int_equal(api_sse_answer(&b, &m, line, "Help", 4), 0);
     json_t *ev = events(&b);
     assert_int_equal(json_array_size(ev), 1); /* no [DONE] after an error */
-    assert_string_equal(json_string_value(json_object_get(
-                            json_object_get(json_array_get(ev, 0), "error"), "type")),
-                        "server_error");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(json_array_get(ev, 0), "error"), "type")),
+        "server_error");
     json_decref(ev);
     api_buf_free(&b);
     json_decref(line);
@@ -108,8 +108,7 @@ static void an_error_line_is_an_error_event_and_a_status(void **st) {
     assert_int_equal(status, 400);
     json_t *err = json_object_get(doc, "error");
     assert_string_equal(json_string_value(json_object_get(err, "param")), "messages");
-    assert_string_equal(json_string_value(json_object_get(err, "code")),
-                        "context_length_exceeded");
+    assert_string_equal(json_string_value(json_object_get(err, "code")), "context_length_exceeded");
     json_decref(doc);
     api_sse m = {.chat = 0, .id = "cmpl-r", .model = "echo", .created = 7};
     api_buf b = {0};

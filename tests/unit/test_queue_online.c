@@ -41,11 +41,11 @@ static void keys_follow_the_protocol(void **st) {
 static void a_tail_that_may_become_a_stop_string_is_held_back(void **st) {
     (void)st;
     assert_int_equal(cut("Hello wor", NULL, NULL), 9);
-    assert_int_equal(cut("Hello wor", "world", NULL), 6);      /* "wor" may become "world" */
-    assert_int_equal(cut("Hello wox", "world", NULL), 9);      /* it cannot any more */
-    assert_int_equal(cut("Hello w", "xyz", "w!"), 6);          /* the second stop string */
-    assert_int_equal(cut("aaa", "aab", NULL), 1);              /* the longest start wins */
-    assert_int_equal(cut("end\n\n", "\n\n\n", "\n"), 3);       /* a whole stop string too */
+    assert_int_equal(cut("Hello wor", "world", NULL), 6); /* "wor" may become "world" */
+    assert_int_equal(cut("Hello wox", "world", NULL), 9); /* it cannot any more */
+    assert_int_equal(cut("Hello w", "xyz", "w!"), 6);     /* the second stop string */
+    assert_int_equal(cut("aaa", "aab", NULL), 1);         /* the longest start wins */
+    assert_int_equal(cut("end\n\n", "\n\n\n", "\n"), 3);  /* a whole stop string too */
     assert_int_equal(cut("", "x", NULL), 0);
     assert_int_equal(cut("ab", "abcdef", NULL), 0);
     /* a stop string starting with a 2-byte character: the cut is before its first byte */
