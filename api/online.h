@@ -43,7 +43,7 @@ typedef struct api_online {
     long long deadline_ms; /* wall clock: past it the request is answered 504 */
     /* under the waiter's lock */
     char last[48]; /* the last event id of P reply:{R} read */
-    int registered, parked;
+    int parked;
     int started, finished, gone, failed, diverged;
     unsigned fail_status;
     char fail_code[48], fail_msg[256];

@@ -79,7 +79,6 @@ int api_waiter_add(api_server *s, api_online *on) {
         w->cap = cap;
     }
     w->reg[w->n++] = on;
-    on->registered = 1;
     int unblock = w->blocked && !w->unblock_sent && w->client_id > 0;
     if (unblock)
         w->unblock_sent = 1;
@@ -106,7 +105,6 @@ void api_waiter_remove(api_server *s, api_online *on) {
             w->reg[i] = w->reg[--w->n];
             break;
         }
-    on->registered = 0;
     pthread_mutex_unlock(&w->lock);
 }
 

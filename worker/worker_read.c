@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "queue/online.h"
 
 #define OWN_PAGE 100 /* XPENDING page of wk_take_own */
 
@@ -133,6 +134,14 @@ static const char *owner_field(const wk *w, int s) {
     return w->st[s].online ? "reply" : "batch";
 }
 
+/* 0 when owner (that field's value) can name the keys answered to: a batch id, or a request
+ * id on an online lane. */
+static int owner_check(const wk *w, int s, const char *owner, md_err *e) {
+    if (!w->st[s].online)
+        return q_batch_id_check(owner, e);
+    return q_online_id_ok(owner) ? 0 : md_errf(e, MD_EINVAL, "bad request id");
+}
+
 /* One entry: answer it at once (bad input, cancelled/expired batch) or start it. */
 static void take(wk *w, int s, const char *id, redisReply *fields, long long attempt) {
     int m = stream_model(w, s);
@@ -141,7 +150,7 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
     const char *batch = wk_field(fields, owner_field(w, s), &blen);
     const char *line = wk_field(fields, "line", &llen);
     md_err e = {0};
-    if (!batch || !line || q_batch_id_check(batch, &e)) {
+    if (!batch || !line || owner_check(w, s, batch, &e)) {
         /* Not a medley entry: no batch to answer to. Keep it in the DLQ for a human. */
         char dlq[Q_KEY_MAX];
         q_key_dlq(dlq, w->prefix, md->name);
@@ -329,7 +338,7 @@ static void dead_letter(wk *w, int s, const char *id, redisReply *fields, long l
     q_request req;
     q_verr ve;
     q_validate(line ? line : "", line ? llen : 0, &w->cfg->limits, &req, cidbuf, &ve);
-    if (batch && !q_batch_id_check(batch, &e))
+    if (batch && !owner_check(w, s, batch, &e))
         wk_answer_error(w, s, id, batch, req.custom_id, "max_attempts_exceeded", reason,
                         wk_waited_ms(id), attempt);
     else
