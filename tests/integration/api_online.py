@@ -6,7 +6,8 @@ the field for a bad one (from the API's validation, and from the worker's: a pro
 context, still a 400 with stream=True); 401 without a key or with a wrong one; 404 for a
 model no worker serves; the per-tenant rate limit (429); a client that hangs up mid-stream
 (P cancel:{R} set, the worker stops the request); an API process SIGKILLed mid-stream (the
-client gets an error, the worker goes on); and priority: an online request answered while a
+client gets an error, the worker goes on); a worker SIGKILLed mid-stream (another runs the
+request again and the stream goes on, its text unchanged); and priority: an online request answered while a
 batch of 160 lines is queued ahead of it, in far less than the batch's drain time."""
 import os
 import sys
@@ -236,6 +237,29 @@ def main():
         if ttfc > 0.75:
             fail("an online request waited %.2f s for a slot held by batch lines" % ttfc)
         print("ok: with every batch slot busy an online request started in %.3f s" % ttfc)
+
+        # a worker SIGKILLed mid-stream: another takes the entry over and runs it again; its
+        # text agrees with what was sent (the echo is deterministic), so the stream goes on
+        worker.stop()
+        slow = ("--echo-delay-ms", "1500", "--visibility-ms", "1000")
+        worker = Worker(srv, args=FAST + slow, name="d")
+        text = "the quick brown fox jumps over the lazy dog " * 2
+        st = client.chat.completions.create(model="echo", stream=True,
+                                            messages=[{"role": "user", "content": text}])
+        it = iter(st)
+        got = ""
+        while len(got) < 20:
+            c = next(it)
+            got += (c.choices[0].delta.content or "") if c.choices else ""
+        worker.proc.kill()
+        worker.proc.wait()
+        worker = Worker(srv, args=FAST + slow, name="e")
+        t1 = time.time()
+        got += stream_text(it)[0]
+        if got != text:
+            fail("after a worker died mid-stream the client got %r" % got)
+        print("ok: a worker killed mid-stream: another ran it again and the stream went on "
+              "(%.1f s)" % (time.time() - t1))
     finally:
         if api2:
             api2.stop()
