@@ -286,15 +286,14 @@ enum MHD_Result api_online_route(api_req *q, struct MHD_Connection *c, const cha
     q->on = on;
     if (api_waiter_add(s, on)) {
         free(line);
-        on->failed = 1; /* nothing queued: nothing to cancel */
         return api_send_error(q, c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, "shutting_down",
                               "the API process is stopping");
     }
     int rc = enqueue(q, r, on, line, &e);
     free(line);
+    on->queued = !rc;
     if (rc) {
         api_waiter_remove(s, on);
-        on->failed = 1;
         return rc == MD_EREDIS ? api_send_redis_error(q, c, &e)
                                : api_send_error(q, c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL,
                                                 "redis_unavailable", "%s", e.msg);
@@ -314,12 +313,10 @@ void api_online_end(api_req *q) {
     redisReply *rep = NULL;
     if (r && on->finished) { /* answered: its events are of no more use */
         rep = md_redis_cmd(r, &e, "UNLINK %s", on->key);
-    } else if (r && !on->failed) { /* the client went away: stop the worker */
+    } else if (r && on->queued) {
+        /* not answered (the client went away, the deadline passed, this process stops): a
+         * worker drops it unread or stops it */
         char ck[Q_KEY_MAX];
-        q_key_cancel(ck, s->prefix, on->id);
-        rep = md_redis_cmd(r, &e, "SET %s 1 PX %d", ck, Q_CANCEL_TTL_MS);
-    } else if (r && on->failed && on->fail_status == MHD_HTTP_GATEWAY_TIMEOUT) {
-        char ck[Q_KEY_MAX]; /* past its deadline: a worker still running it may stop */
         q_key_cancel(ck, s->prefix, on->id);
         rep = md_redis_cmd(r, &e, "SET %s 1 PX %d", ck, Q_CANCEL_TTL_MS);
     }

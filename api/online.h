@@ -41,6 +41,7 @@ typedef struct api_online {
     int chat, stream, include_usage;
     long long created_s;   /* the chunks' `created` */
     long long deadline_ms; /* wall clock: past it the request is answered 504 */
+    int queued;            /* in P online:{M}: its end cancels it unless it was answered */
     /* under the waiter's lock */
     char last[48]; /* the last event id of P reply:{R} read */
     int parked;

@@ -186,9 +186,10 @@ void wk_on_done(void *ctx, void *tag, const wk_result *res) {
                  w->cfg->max_attempts, res->error ? res->error : "device error");
         wk_answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error", msg, j->queue_ms,
                         j->attempt);
-    } else if (j->cancelled) { /* an online request whose client went away */
+    } else if (j->cancelled) { /* an online request cancelled (P cancel:{R}) */
         wk_answer_error(w, j->s, j->id, j->batch, j->custom_id, "request_cancelled",
-                        "the client went away; the request was stopped", j->queue_ms, j->attempt);
+                        "the request was cancelled: its client went away, or the API gave up on it",
+                        j->queue_ms, j->attempt);
     } else if (res->error) {
         wk_answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error", res->error,
                         j->queue_ms, j->attempt);

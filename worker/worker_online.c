@@ -100,7 +100,10 @@ void wk_online_take(wk *w, int s, const char *id, const char *reply, const char 
     int gone = rep->type == REDIS_REPLY_INTEGER && rep->integer > 0;
     freeReplyObject(rep);
     if (gone) {
-        MD_INFO("worker", "online request %s: its client went away before it ran; dropped", reply);
+        MD_INFO("worker",
+                "online request %s: cancelled before it ran (its client went away, or the API "
+                "gave up on it); dropped",
+                reply);
         wk_ack_only(w, s, id);
         return;
     }
@@ -204,7 +207,10 @@ void wk_online_publish(wk *w) {
                 return;
             }
             if (rep->type == REDIS_REPLY_INTEGER && rep->integer > 0 && !j->cancelled) {
-                MD_INFO("worker", "online request %s: its client went away; stopping it", j->batch);
+                MD_INFO("worker",
+                        "online request %s: cancelled (its client went away, or the API gave "
+                        "up on it); stopping it",
+                        j->batch);
                 j->cancelled = 1;
                 wk_runner_cancel(md->runner, j);
             }
