@@ -1,5 +1,6 @@
 /* api.h — `medley api`: the OpenAI Files + Batches HTTP API (docs/api.md) in front of the
- * Redis queue of docs/protocol.md. The process is stateless: files, batches and tenants'
+ * Redis queue of docs/protocol.md, and online chat completions and completions (streamed or
+ * not) through the queue's online lane. The process is stateless: files, batches and tenants'
  * indexes live in Redis (key layout in docs/api.md), so any number of API processes can
  * serve one Redis behind a load balancer.
  *
@@ -26,6 +27,7 @@ typedef struct {
     unsigned per_ip_connections;         /* open connections per client address; 0 = no limit */
     unsigned header_timeout_s; /* seconds for a request's headers, however they trickle in */
     long long max_body_memory; /* bytes of request bodies held at once, all requests; 0: none */
+    unsigned online_timeout_s; /* an online request not answered by then is a 504 (600) */
     md_metrics *metrics;       /* may be NULL: the api's series are registered here */
     void (*on_listen)(const char *url); /* called once listening, with http://HOST:PORT */
 } api_config;

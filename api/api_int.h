@@ -1,7 +1,7 @@
 /* api_int.h — private to the api/ files: the server state, one request's state, the answer helpers
  * (OpenAI's error envelope), the per-thread Redis connection, the key table and the Redis
- * file store. Call order: server.c routes to files.c / batches.c / models.c, which use
- * store.c and keys.c; nothing below calls up. */
+ * file store. Call order: server.c routes to files.c / batches.c / models.c / online.c, which
+ * use store.c, keys.c, sse.c and online_wait.c (online.h); nothing below calls up. */
 #ifndef MEDLEY_API_API_INT_H
 #define MEDLEY_API_API_INT_H
 
@@ -52,6 +52,7 @@ typedef struct api_server {
     md_metric *m_slow, *m_open; /* connections closed past their deadline; open connections */
     api_conns *conns;
     _Atomic long long body_mem; /* bytes held for request bodies now (cfg->max_body_memory) */
+    struct api_waiter *waiter;  /* online requests' events (online_wait.c) */
 } api_server;
 
 /* An upload in progress (files.c). */
@@ -72,6 +73,7 @@ typedef struct {
     api_upload *up;
     long long held; /* of s->body_mem, this request's; given back when it completes */
     int busy;       /* its body would pass --max-body-memory: answered 503 */
+    struct api_online *on; /* an online request (online.c), NULL for the other routes */
 } api_req;
 
 /* Hold n more bytes of request body for q against --max-body-memory; -1 (nothing held) when
@@ -159,6 +161,13 @@ int api_outputs_settle(md_redis *r, const char *prefix, const char *tenant, md_e
  * (e says so), MD_EREDIS. */
 int api_output_delete(md_redis *r, const char *prefix, const char *tenant, const char *batch,
                       int ok, md_err *e);
+
+/* online.c: POST /v1/chat/completions (chat 1) and /v1/completions (chat 0); the call of
+ * a resumed request; the end of one (from the completed callback). */
+enum MHD_Result api_online_route(api_req *q, struct MHD_Connection *c, const char *method,
+                                 int chat);
+enum MHD_Result api_online_resume(api_req *q, struct MHD_Connection *c);
+void api_online_end(api_req *q);
 
 /* models.c */
 enum MHD_Result api_models(api_req *q, struct MHD_Connection *c);

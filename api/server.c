@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "api/api_int.h"
+#include "api/online.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "queue/queue.h"
@@ -32,7 +33,8 @@ void api_config_default(api_config *c) {
                       .per_ip_connections = 4096,
                       .timeout_s = 30,
                       .header_timeout_s = 10,
-                      .max_body_memory = 256LL * 1024 * 1024};
+                      .max_body_memory = 256LL * 1024 * 1024,
+                      .online_timeout_s = 600};
 }
 
 static __thread md_redis *t_redis;
@@ -73,6 +75,10 @@ static const char *route_of(const char *method, const char *url) {
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/v1/models"))
         return "models";
+    if (!strcmp(url, "/v1/chat/completions"))
+        return "chat.completions";
+    if (!strcmp(url, "/v1/completions"))
+        return "completions";
     if (!strcmp(url, "/v1/files"))
         return post ? "files.create" : "files.list";
     if (!strncmp(url, "/v1/files/", 10)) {
@@ -195,6 +201,8 @@ static enum MHD_Result dispatch(api_req *q, struct MHD_Connection *c, const char
         return api_batches_route(q, c, method, url + 11);
     if (!strcmp(url, "/v1/models") && !strcmp(method, "GET"))
         return api_models(q, c);
+    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions"))
+        return api_online_route(q, c, method, url[4] == 'c' && url[5] == 'h');
     return api_send_error(q, c, MHD_HTTP_NOT_FOUND, NULL, "unknown_url",
                           "Unknown request URL: %s %.200s", method, url);
 }
@@ -242,6 +250,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (q->body_too_big)
         return api_send_error(q, c, MHD_HTTP_CONTENT_TOO_LARGE, NULL, "request_too_large",
                               "the body is over %lld bytes", q->s->cfg->max_json_bytes);
+    if (q->on) /* an online request resumed by its waiter */
+        return api_online_resume(q, c);
     return dispatch(q, c, url, method);
 }
 
@@ -259,6 +269,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     md_histogram_observe(md_metric_at1(s->m_seconds, q->route),
                          (double)(md_mono_ns() - q->t0_ns) / 1e9);
     api_files_upload_end(q);
+    api_online_end(q);
     free(q->body);
     atomic_fetch_sub(&s->body_mem, q->held);
     free(q);
@@ -363,8 +374,9 @@ static void reload_keys(api_server *s) {
 
 static struct MHD_Daemon *start_daemon(api_server *s, int fd, int v6) {
     const api_config *cfg = s->cfg;
+    /* suspend/resume: online requests wait for the worker's events (api/online.h) */
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
-                     (v6 ? MHD_USE_IPv6 : 0);
+                     MHD_ALLOW_SUSPEND_RESUME | (v6 ? MHD_USE_IPv6 : 0);
     return MHD_start_daemon(
         flags, 0, NULL, NULL, handle, s, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_THREAD_POOL_SIZE,
         (unsigned)(cfg->threads > 0 ? cfg->threads : 1), MHD_OPTION_CONNECTION_LIMIT,
@@ -425,9 +437,16 @@ int api_serve(const api_config *cfg, volatile sig_atomic_t *stop, volatile sig_a
         api_keys_free(s.keys);
         return md_errf(e, MD_ENOMEM, "out of memory");
     }
+    if ((rc = api_waiter_start(&s, e))) {
+        close(fd);
+        api_conns_free(s.conns);
+        api_keys_free(s.keys);
+        return rc;
+    }
     pthread_rwlock_init(&s.keys_lock, NULL);
     struct MHD_Daemon *d = start_daemon(&s, fd, v6);
     if (!d) {
+        api_waiter_free(&s);
         close(fd);
         api_conns_free(s.conns);
         api_keys_free(s.keys);
@@ -456,8 +475,13 @@ int api_serve(const api_config *cfg, volatile sig_atomic_t *stop, volatile sig_a
         }
         usleep(100 * 1000);
     }
+    /* online requests waiting are answered 503 and resumed (a suspended connection must not
+     * outlive the daemon), and given a moment to be sent */
+    api_waiter_stop(&s);
+    usleep(200 * 1000);
     MHD_stop_daemon(d);
     api_conns_free(s.conns);
+    api_waiter_free(&s);
     close(fd);
     pthread_mutex_lock(&conns_lock);
     for (int i = 0; i < n_conns; i++)

@@ -28,8 +28,10 @@ static void usage(FILE *f) {
             "usage: medley api --api-keys FILE [--listen ADDR:PORT] [--redis URL] [options]\n"
             "\n"
             "Serve OpenAI's Files and Batches API (POST/GET /v1/files, /v1/batches, GET\n"
-            "/v1/models) over medley's Redis queue, for openai.OpenAI(base_url=...). Stateless:\n"
-            "run as many as needed against one Redis (docs/api.md).\n"
+            "/v1/models) and online POST /v1/chat/completions and /v1/completions (streamed\n"
+            "or not, served by the same workers ahead of batch lines) over medley's Redis\n"
+            "queue, for openai.OpenAI(base_url=...). Stateless: run as many as needed against\n"
+            "one Redis (docs/api.md).\n"
             "\n"
             "  --api-keys FILE        `TENANT KEY` lines (# comments; KEY may be sha256:HEX);\n"
             "                         re-read on SIGHUP\n"
@@ -54,6 +56,8 @@ static void usage(FILE *f) {
             "  --header-timeout S     seconds for a request's headers, from the connection's\n"
             "                         opening or the last answer, however they trickle in;\n"
             "                         then a body must average 1 KiB/s (default 10; 0: off)\n"
+            "  --online-timeout S     an online request (/v1/chat/completions, /v1/completions)\n"
+            "                         not answered within S seconds is a 504 (default 600)\n"
             "  --metrics ADDR:PORT    serve Prometheus metrics at http://ADDR:PORT/metrics\n");
 }
 
@@ -98,15 +102,19 @@ static int option(api_config *cfg, const char **metrics, const char *a, const ch
         *metrics = v;
     else if (!strcmp(a, "--threads") || !strcmp(a, "--max-connections") ||
              !strcmp(a, "--max-connections-per-ip") || !strcmp(a, "--timeout") ||
-             !strcmp(a, "--header-timeout")) {
+             !strcmp(a, "--header-timeout") || !strcmp(a, "--online-timeout")) {
         int threads = !strcmp(a, "--threads"), per_ip = !strcmp(a, "--max-connections-per-ip");
         int timeout = !strcmp(a, "--timeout"), headers = !strcmp(a, "--header-timeout");
+        int online = !strcmp(a, "--online-timeout");
         if ((x = num(a, v, per_ip || headers ? 0 : 1,
                      threads              ? 32
+                     : online             ? 86400
                      : timeout || headers ? 3600
                                           : 1000000)) < 0)
             return 2;
-        if (threads)
+        if (online)
+            cfg->online_timeout_s = (unsigned)x;
+        else if (threads)
             cfg->threads = (int)x;
         else if (per_ip)
             cfg->per_ip_connections = (unsigned)x;

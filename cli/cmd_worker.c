@@ -61,6 +61,9 @@ static void usage(FILE *f) {
             "                         the children are NAME.0, NAME.1, ...)\n"
             "  --max-seqs N           concurrent requests per model (echo 256, engine 64 on cpu,\n"
             "                         256 on cuda)\n"
+            "  --online-reserve N     slots per model batch lines leave free for online requests\n"
+            "                         (medley api's /v1/chat/completions) for 5 minutes after\n"
+            "                         the last one (default 1, at most --max-seqs - 1)\n"
             "  --device D             engine device: auto (default: cuda:0 when a GPU is\n"
             "                         usable, else cpu), cpu, cpu:N, cuda:K\n"
             "  --devices D,D...       one worker per device, supervised by this process: child\n"
@@ -271,7 +274,8 @@ static int int_flag(wk_config *cfg, const char *a, const char *v) {
                 {"--plan-check-ms", 10, 3600000},
                 {"--step-timeout-ms", 0, 86400000},
                 {"--load-timeout-ms", 0, 86400000},
-                {"--tp", 1, 8}};
+                {"--tp", 1, 8},
+                {"--online-reserve", 0, 65536}};
     int k = -1;
     for (size_t j = 0; j < sizeof ints / sizeof *ints; j++)
         if (!strcmp(a, ints[j].flag))
@@ -298,6 +302,7 @@ static int int_flag(wk_config *cfg, const char *a, const char *v) {
     case 13: cfg->step_timeout_ms = (int)x; break;
     case 14: cfg->load_timeout_ms = (int)x; break;
     case 15: cfg->runner.tp = (int)x; break;
+    case 16: cfg->online_reserve = (int)x; break;
     }
     return 0;
 }

@@ -16,6 +16,7 @@ void q_limits_default(q_limits *l) {
     l->max_line_bytes = 1u << 20;
     l->max_tokens_default = 256;
     l->max_tokens_limit = 32768;
+    l->online = 0;
 }
 
 int q_vfail(q_verr *ve, const char *code, const char *param, const char *fmt, ...) {
@@ -502,7 +503,7 @@ int q_validate(const char *line, size_t len, const q_limits *lim, q_request *req
     req->model = json_string_value(model);
     if (req->embed)
         return q_vget_embeddings(body, req, ve);
-    if (q_vcheck_fields(body, req->chat, ve))
+    if (q_vcheck_fields(body, req->chat, lim->online, req, ve))
         return -1;
 
     if (req->chat ? get_messages(body, len, req, ve) : get_prompt(body, req, ve))

@@ -34,6 +34,10 @@ typedef struct {
     size_t max_line_bytes;  /* larger lines are refused unparsed (default 1 MiB) */
     int max_tokens_default; /* when the body has no max_tokens (default 256) */
     int max_tokens_limit;   /* largest max_tokens accepted (default 32768) */
+    /* 1: an online request (`medley api`'s /v1/chat/completions and /v1/completions, the
+     * online lane of docs/protocol.md §9): body.stream and body.stream_options are taken
+     * instead of refused; 0 (default): a batch line */
+    int online;
 } q_limits;
 void q_limits_default(q_limits *l);
 
@@ -76,6 +80,9 @@ typedef struct {
     int emb_base64, emb_dimensions, emb_truncate;
     const char *url;
     const char *model; /* body.model; NULL when absent (the batch's model applies) */
+    /* online requests only (q_limits.online): body.stream, and stream_options.include_usage
+     * (a last chunk with the usage) */
+    int stream, include_usage;
     q_msg msgs[Q_MAX_MSGS];
     int n_msgs;
     const char *prompt; /* /v1/completions */

@@ -20,6 +20,7 @@ enum {
     F_NULL_ONLY, /* refused unless null */
     F_FALSE,     /* refused unless false or null */
     F_ONE,       /* refused unless 1 or null */
+    F_STREAM,    /* online requests: taken (get_stream); batch lines: refused unless null/false */
 };
 
 /* Every body field OpenAI documents for /v1/chat/completions and /v1/completions (and the
@@ -59,10 +60,10 @@ static const struct {
     {"service_tier", EP_CHAT, F_NO_EFFECT, NULL},
     {"n", EP_BOTH, F_ONE, "a batch answer holds one choice"},
     {"best_of", EP_COMP, F_ONE, "medley generates one candidate per request"},
-    {"stream", EP_BOTH, F_FALSE, "a batch is not streamed"},
+    {"stream", EP_BOTH, F_STREAM, "a batch is not streamed; online requests are"},
     {"store", EP_CHAT, F_FALSE, "medley does not store completions"},
     {"echo", EP_COMP, F_FALSE, "medley does not echo the prompt"},
-    {"stream_options", EP_BOTH, F_NULL_ONLY, "a batch is not streamed"},
+    {"stream_options", EP_BOTH, F_STREAM, "a batch is not streamed; online requests are"},
     {"suffix", EP_COMP, F_NULL_ONLY, "medley does not insert between a prompt and a suffix"},
     {"modalities", EP_CHAT, F_USED, NULL},
     {"audio", EP_CHAT, F_NULL_ONLY, "medley has no audio output"},
@@ -74,9 +75,54 @@ static const struct {
     {"function_call", EP_CHAT, F_NULL_ONLY, "the deprecated form of tool_choice: use tool_choice"},
 };
 
+/* body.stream (a boolean) and body.stream_options ({"include_usage": bool,
+ * "include_obfuscation": false}, only with stream: true, as OpenAI answers) of an online
+ * request, into req. A batch line takes neither (q_vcheck_fields refuses them). */
+static int get_stream(json_t *body, q_request *req, q_verr *ve) {
+    json_t *st = json_object_get(body, "stream");
+    if (st && !json_is_null(st)) {
+        if (!json_is_boolean(st))
+            return q_vfail(ve, "invalid_type", "body.stream",
+                           "body.stream must be a boolean, not %s", md_json_type_name(st));
+        req->stream = json_is_true(st);
+    }
+    json_t *so = json_object_get(body, "stream_options");
+    if (!so || json_is_null(so))
+        return 0;
+    if (!req->stream)
+        return q_vfail(ve, "invalid_value", "body.stream_options",
+                       "body.stream_options is only allowed when body.stream is true");
+    if (!json_is_object(so))
+        return q_vfail(ve, "invalid_type", "body.stream_options",
+                       "body.stream_options must be an object, not %s", md_json_type_name(so));
+    const char *key;
+    json_t *v;
+    json_object_foreach(so, key, v) {
+        char param[64];
+        snprintf(param, sizeof param, "body.stream_options.%.40s", key);
+        int usage = !strcmp(key, "include_usage");
+        if (!usage && strcmp(key, "include_obfuscation"))
+            return q_vfail(ve, "unsupported_parameter", param,
+                           "Unrecognized request argument supplied: %s", param);
+        if (json_is_null(v))
+            continue;
+        if (!json_is_boolean(v))
+            return q_vfail(ve, "invalid_type", param, "%s must be a boolean, not %s", param,
+                           md_json_type_name(v));
+        if (usage)
+            req->include_usage = json_is_true(v);
+        else if (json_is_true(v))
+            return q_vfail(ve, "unsupported_value", param,
+                           "%s: true is not supported (medley's chunks carry no obfuscation "
+                           "padding); remove it or set it to false",
+                           param);
+    }
+    return 0;
+}
+
 /* Each key of the body: known for this endpoint, and when medley does not do what it asks,
  * null or its default. */
-int q_vcheck_fields(json_t *body, int chat, q_verr *ve) {
+int q_vcheck_fields(json_t *body, int chat, int online, q_request *req, q_verr *ve) {
     const char *key;
     json_t *v;
     json_object_foreach(body, key, v) {
@@ -117,6 +163,15 @@ int q_vcheck_fields(json_t *body, int chat, q_verr *ve) {
             return q_vfail(ve, "unsupported_parameter", param,
                            "%s is not supported (%s); remove it or set it to null", param,
                            fields[k].why);
+        case F_STREAM:
+            if (online)
+                break; /* get_stream below */
+            if (!strcmp(key, "stream_options"))
+                return q_vfail(ve, "unsupported_parameter", param,
+                               "%s is not supported (%s); remove it or set it to null", param,
+                               fields[k].why);
+            /* stream: false or null in a batch, as F_FALSE says */
+            __attribute__((fallthrough));
         case F_FALSE:
             if (!json_is_boolean(v))
                 return q_vfail(ve, "invalid_type", param, "%s must be a boolean, not %s", param,
@@ -136,6 +191,8 @@ int q_vcheck_fields(json_t *body, int chat, q_verr *ve) {
         default: break;
         }
     }
+    if (online && get_stream(body, req, ve))
+        return -1;
     json_t *mod = json_object_get(body, "modalities");
     if (mod && !json_is_null(mod)) {
         if (!json_is_array(mod))

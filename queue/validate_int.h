@@ -18,7 +18,8 @@ int q_vget_medley(json_t *body, q_request *req, q_verr *ve);
 int q_vget_tools(json_t *body, q_request *req, q_verr *ve);
 
 /* validate_fields.c */
-int q_vcheck_fields(json_t *body, int chat, q_verr *ve);
+/* online: stream and stream_options are taken (into req), not refused */
+int q_vcheck_fields(json_t *body, int chat, int online, q_request *req, q_verr *ve);
 int q_vget_logit_bias(json_t *body, q_request *req, q_verr *ve);
 
 /* validate_embed.c: a /v1/embeddings body (every key, input, options) */

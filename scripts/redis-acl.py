@@ -118,18 +118,22 @@ POLICY = {
         "selectors": [],
     },
     "worker": {
-        "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:worker:*", "~medley:replica:*",
-                 "%R~medley:plan", "%R~medley:plan:version", "%R~medley:dlq:*",
-                 "%R~medley:batches", "%R~medley:drain:*", "&medley:events"],
+        # medley:online:* the online lanes (read like the queues), medley:cancel:* their
+        # requests' cancel keys (docs/protocol.md §9)
+        "root": ["~medley:q:*", "~medley:online:*", "~medley:{*}:meta", "~medley:worker:*",
+                 "~medley:replica:*", "%R~medley:plan", "%R~medley:plan:version",
+                 "%R~medley:dlq:*", "%R~medley:batches", "%R~medley:drain:*",
+                 "%R~medley:cancel:*", "&medley:events"],
         # EVALSHA checks the keys a script is given: its own selector, so the root's commands
         # (XDEL, XRANGE, ...) never reach answers
         "selectors": [(["~medley:{*}:meta", "~medley:{*}:done", "~medley:{*}:out",
                         "~medley:replica:*"], ["+evalsha"]),
-                      (["%W~medley:{*}:out", "~medley:dlq:*"], ["+xadd"]),
+                      (["%W~medley:{*}:out", "~medley:dlq:*", "%W~medley:reply:*"],
+                       ["+xadd"]),
                       (["~medley:{*}:done"], ["+sadd"]),
                       (["~medley:worker:*", "~medley:replica:*"], ["+del"]),
                       (["~medley:replica:*"], ["+set"]),
-                      (["~medley:worker:*"], ["+pexpire"])],
+                      (["~medley:worker:*", "~medley:reply:*"], ["+pexpire"])],
     },
     "scheduler": {
         "root": ["%R~medley:worker:*", "%R~medley:q:*", "%R~medley:{*}:meta", "~medley:plan",
@@ -156,10 +160,12 @@ POLICY = {
         "root": ["~medley:q:*", "~medley:{*}:meta", "~medley:{*}:ids", "~medley:{*}:sent",
                  "~medley:batches",
                  "%R~medley:{*}:out", "%R~medley:plan", "~medley:api:*", "~medley:file:*",
-                 "~medley:tenant:*", "%R~medley:worker:*", "&medley:events"],
+                 "~medley:tenant:*", "%R~medley:worker:*", "~medley:online:*",
+                 "~medley:reply:*", "&medley:events"],
         # deleting an output or error file deletes its lines from the batch's answers
-        # (api/outputs.c); nothing else of the API writes there
-        "selectors": [(["~medley:{*}:out"], ["+xdel"])],
+        # (api/outputs.c); nothing else of the API writes there. Online requests: a client
+        # gone away is told to the workers by its cancel key
+        "selectors": [(["~medley:{*}:out"], ["+xdel"]), (["~medley:cancel:*"], ["+set"])],
     },
     "admin": {"root": ["~medley:*", "&medley:*"], "selectors": []},
 }

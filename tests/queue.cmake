@@ -5,6 +5,8 @@
 # without it fails them ("redis-server not found") instead of skipping them silently.
 medley_test(test_validate SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_validate.c
             LIBS medley_queue LABELS unit)
+medley_test(test_queue_online SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_online.c
+            LIBS medley_queue LABELS unit)
 medley_test(test_worker_logprobs SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_worker_logprobs.c
             LIBS medley_worker LABELS unit)
 medley_test(test_queue_redis_url SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_queue_redis_url.c

@@ -94,6 +94,14 @@ int wk_runner_start(wk_runner *r, const q_request *req, void *tag, md_err *e) {
 int wk_runner_poll(wk_runner *r, int wait_ms, wk_done_fn done, void *ctx, md_err *e) {
     return r->ops->poll(r->self, wait_ms, done, ctx, e);
 }
+const char *wk_runner_partial(wk_runner *r, void *tag, size_t *len) {
+    *len = 0;
+    return r->ops->partial ? r->ops->partial(r->self, tag, len) : NULL;
+}
+void wk_runner_cancel(wk_runner *r, void *tag) {
+    if (r->ops->cancel)
+        r->ops->cancel(r->self, tag);
+}
 void wk_runner_get_stats(const wk_runner *r, wk_runner_stats *st) {
     memset(st, 0, sizeof *st);
     if (r->ops->stats)

@@ -127,6 +127,13 @@ int wk_runner_start(wk_runner *r, const q_request *req, void *tag, md_err *e);
 /* Make progress; blocks at most wait_ms when nothing is ready. Returns 0 or an error that
  * failed every live request (each already reported through done with res->error). */
 int wk_runner_poll(wk_runner *r, int wait_ms, wk_done_fn done, void *ctx, md_err *e);
+/* The text a running request (tag) has generated so far, *len bytes, valid UTF-8 (the
+ * runner's, valid until its next poll), for streaming it; a stop string found is cut off
+ * already. NULL when the runner does not know the tag or streams nothing (embeddings). */
+const char *wk_runner_partial(wk_runner *r, void *tag, size_t *len);
+/* Stop a running request (tag) early: it is reported done at a later poll (its answer then
+ * says why). Nothing when the runner does not know the tag. */
+void wk_runner_cancel(wk_runner *r, void *tag);
 
 /* What a runner counts for the worker's metrics (docs/operations.md, "Metrics"); zeros for a
  * runner that has none of it (echo: no steps, no KV cache). */

@@ -199,6 +199,36 @@ static int echo_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_err
     return 0;
 }
 
+static echo_item *find_tag(echo_runner *r, void *tag) {
+    for (int i = 0; i < r->cap; i++)
+        if (r->items[i].used && r->items[i].tag == tag)
+            return &r->items[i];
+    return NULL;
+}
+
+/* The answer so far: its share of the bytes that the share of the delay gone by gives, cut on
+ * a character boundary (the whole of it without a delay), so a delayed echo streams. */
+static const char *echo_partial(void *self, void *tag, size_t *len) {
+    echo_item *it = find_tag(self, tag);
+    if (!it)
+        return NULL;
+    size_t n = (size_t)it->completion_tokens;
+    uint64_t now = md_mono_ns();
+    if (now < it->due_ns) {
+        double f = (double)(now - it->start_ns) / (double)(it->due_ns - it->start_ns);
+        n = utf8_cut(it->text, (size_t)(f * (double)n));
+    }
+    *len = n;
+    return it->text;
+}
+
+/* Answer it at the next poll. */
+static void echo_cancel(void *self, void *tag) {
+    echo_item *it = find_tag(self, tag);
+    if (it)
+        it->due_ns = 0;
+}
+
 const wk_runner_ops wk_echo_ops = {
     .kind = "echo",
     .capacity = echo_capacity,
@@ -208,4 +238,6 @@ const wk_runner_ops wk_echo_ops = {
     .start = echo_start,
     .poll = echo_poll,
     .close = echo_close,
+    .partial = echo_partial,
+    .cancel = echo_cancel,
 };

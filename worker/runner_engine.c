@@ -527,6 +527,31 @@ static int engine_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_e
     return rc;
 }
 
+static eng_item *find_tag(engine_runner *r, void *tag) {
+    for (int i = 0; i < r->cap; i++)
+        if (r->items[i].used && r->items[i].tag == tag)
+            return &r->items[i];
+    return NULL;
+}
+
+/* The engine's text of the sequence so far (stop string cut, valid UTF-8). */
+static const char *engine_partial(void *self, void *tag, size_t *len) {
+    engine_runner *r = self;
+    eng_item *it = find_tag(r, tag);
+    const char *text = it ? md_seq_text(r->eng, it->seq) : NULL;
+    *len = text ? strlen(text) : 0;
+    return text;
+}
+
+/* The engine reports it finished (cancelled) at the next step; report() answers it with an
+ * error. */
+static void engine_cancel(void *self, void *tag) {
+    engine_runner *r = self;
+    eng_item *it = find_tag(r, tag);
+    if (it)
+        md_engine_cancel(r->eng, it->seq);
+}
+
 static void engine_stats(void *self, wk_runner_stats *out) {
     engine_runner *r = self;
     md_engine_stats st;
@@ -549,4 +574,6 @@ const wk_runner_ops wk_engine_ops = {
     .close = engine_close,
     .stats = engine_stats,
     .check = engine_check,
+    .partial = engine_partial,
+    .cancel = engine_cancel,
 };

@@ -18,6 +18,9 @@ typedef struct {
      * nothing to check. 0, or -1 with ve filled. May set req->con_markup (how an "auto"
      * tool call is framed in this model's template). */
     int (*check)(void *self, q_request *req, q_verr *ve);
+    /* runner.h wk_runner_partial / wk_runner_cancel; NULL: nothing streamed / no cancel */
+    const char *(*partial)(void *self, void *tag, size_t *len);
+    void (*cancel)(void *self, void *tag);
 } wk_runner_ops;
 
 int wk_echo_open(const wk_runner_opts *o, void **self, md_err *e);

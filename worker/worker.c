@@ -19,6 +19,7 @@
 #include "common/util.h"
 #include "engine/shard/pipeline.h"
 #include "kernels/backend.h"
+#include "queue/online.h"
 #include "queue/queue.h"
 #include "worker/worker_int.h"
 
@@ -37,6 +38,7 @@ void wk_config_default(wk_config *c) {
     c->connect_timeout_ms = 2000;
     c->command_timeout_ms = 10000;
     c->plan_check_ms = 1000;
+    c->online_reserve = 1;
 }
 
 /* A new connection: create the groups of every stream. The completion script runs by its
@@ -150,6 +152,7 @@ static void poll_all(wk *w, int wait_ms) {
             }
         }
     }
+    wk_online_publish(w);
     wk_hand_back(w);
 }
 
@@ -210,8 +213,9 @@ static void periodic(wk *w, int stopping) {
         wk_metrics_tick(w);
 }
 
-/* The models of the command line, each read from P q:{M}. A model with a remote stage
- * (--stages) is formed later, in the loop: its stages may not be up yet. */
+/* The models of the command line, each read from its online lane P online:{M} and from
+ * P q:{M}. A model with a remote stage (--stages) is formed later, in the loop: its stages
+ * may not be up yet. */
 static int open_all(wk *w, const wk_config *cfg, md_err *e) {
     for (int i = 0; i < cfg->n_models; i++) {
         int remote = wk_spec_remote(cfg->runner.stages);
@@ -221,9 +225,10 @@ static int open_all(wk *w, const wk_config *cfg, md_err *e) {
         if (remote)
             wk_shard_start(w, m, NULL, cfg->runner.stages);
         char key[Q_KEY_MAX];
-        q_key_queue(key, w->prefix, cfg->models[i]);
+        q_key_online(key, w->prefix, cfg->models[i]);
         int rc = wk_add_stream(w, m, key, e);
-        if (rc)
+        q_key_queue(key, w->prefix, cfg->models[i]);
+        if (rc || (rc = wk_add_stream(w, m, key, e)))
             return rc;
     }
     return 0;

@@ -8,6 +8,9 @@
  * scheduler's plan gives it and switches when the plan changes: models moved away finish
  * what they run (written and XACKed, nothing handed over half-done), new ones are loaded.
  *
+ * Each model is also read from its online lane (docs/protocol.md §9): `medley api`'s
+ * interactive requests, read before batch lines, their text published as it is generated.
+ *
  * wk_run() blocks until *stop is set (SIGTERM) or a fatal error; the caller owns cfg. */
 #ifndef MEDLEY_WORKER_WORKER_H
 #define MEDLEY_WORKER_WORKER_H
@@ -70,6 +73,12 @@ typedef struct {
     /* Serve Prometheus metrics at http://<metrics_addr>/metrics ("HOST:PORT"; NULL: none;
      * docs/operations.md, "Metrics"). A port that is taken fails the start. */
     const char *metrics_addr;
+    /* Runner slots of each model that batch lines leave free for online requests (the online
+     * lane P online:{M}, docs/protocol.md §9), so that one starts at once however full of
+     * batch work the worker is: default 1; at most the runner's capacity - 1. Kept only for
+     * 5 minutes after the model's last online request: without interactive traffic batch
+     * lines have every slot. */
+    int online_reserve;
 } wk_config;
 
 void wk_config_default(wk_config *c);

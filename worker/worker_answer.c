@@ -186,16 +186,23 @@ void wk_on_done(void *ctx, void *tag, const wk_result *res) {
                  w->cfg->max_attempts, res->error ? res->error : "device error");
         wk_answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error", msg, j->queue_ms,
                         j->attempt);
+    } else if (j->cancelled) { /* an online request cancelled (P cancel:{R}) */
+        wk_answer_error(w, j->s, j->id, j->batch, j->custom_id, "request_cancelled",
+                        "the request was cancelled: its client went away, or the API gave up on it",
+                        j->queue_ms, j->attempt);
     } else if (res->error) {
         wk_answer_error(w, j->s, j->id, j->batch, j->custom_id, "server_error", res->error,
                         j->queue_ms, j->attempt);
     } else if (res->body) {
         answer_embedding(w, j, res);
     } else {
-        char id[48], rid[48], cid[48];
+        char id[48], rid[48], cid[48 + Q_BATCH_ID_MAX];
         ids(id, "batch_req_");
         ids(rid, "req_");
-        ids(cid, j->chat ? "chatcmpl-" : "cmpl-");
+        if (j->online) /* the id the API's chunks carry from the start: its request id */
+            snprintf(cid, sizeof cid, "%s%s", j->chat ? "chatcmpl-" : "cmpl-", j->batch);
+        else
+            ids(cid, j->chat ? "chatcmpl-" : "cmpl-");
         int m = stream_model(w, j->s);
         const char *model = w->mod[m].name;
         json_t *lp = wk_logprobs_json(res, j->chat);
@@ -276,13 +283,18 @@ void wk_flush(wk *w) {
         return;
     if (w->wr.refused && md_mono_ns() < w->wr.next_ns)
         return; /* backing off: Redis refused the last try */
+    char why[sizeof w->wr.error] = "";
+    int accepted = 0; /* the online lanes' answers first */
+    int refused = wk_online_write(w, &accepted, why, sizeof why);
+    if (refused < 0)
+        return;
     redisContext *c = md_redis_ctx(w->r);
     char now[32];
     snprintf(now, sizeof now, "%lld", (long long)md_wall_ms());
     int sent = 0;
     for (int i = 0; i < w->n_ans; i++) {
         answer *a = &w->ans[i];
-        if (a->scripted)
+        if (a->scripted || w->st[a->s].online)
             continue;
         char meta[Q_KEY_MAX], done[Q_KEY_MAX], out[Q_KEY_MAX];
         q_key_meta(meta, w->prefix, a->batch);
@@ -296,12 +308,11 @@ void wk_flush(wk *w) {
         redisAppendCommandArgv(c, 13, argv, lens);
         sent++;
     }
-    int noscript = 0, refused = 0, accepted = 0;
-    char why[sizeof w->wr.error] = "";
+    int noscript = 0;
     md_err e = {0};
     for (int i = 0; i < w->n_ans && sent > 0; i++) {
         answer *a = &w->ans[i];
-        if (a->scripted)
+        if (a->scripted || w->st[a->s].online)
             continue;
         sent--;
         redisReply *rep = md_redis_get_reply(w->r, &e);

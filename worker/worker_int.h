@@ -11,6 +11,8 @@
  *   worker_read.c    reading and claiming entries: XREADGROUP, XAUTOCLAIM, validation, the DLQ
  *   worker_lease.c   leases, hand-back and the watchdog; heartbeats
  *   worker_answer.c  answers: output lines, the completion script, XACK
+ *   worker_online.c  the online lane (docs/protocol.md §9): taking an online request, its
+ *                    start event, its text published as it grows, cancels, its answer
  *   worker_metrics.c the Prometheus metrics (--metrics): counted where things happen through
  *                    the wk_metrics_* hooks, served by an HTTP thread that never touches wk
  * worker_metrics.c calls nothing else of the worker, worker_answer.c only its hooks; both
@@ -47,8 +49,11 @@
 #define BATCH_CACHE_NS 500000000ull /* re-read a batch's status every 0.5 s */
 
 /* Each job and answer names its stream (index into wk.st); a stream names its model slot.
- * Slots of both are freed only when nothing refers to them, so indices stay valid. */
-#define MAX_STREAMS (WK_MAX_MODELS * (1 + Q_CLASS_MAX))
+ * Slots of both are freed only when nothing refers to them, so indices stay valid. A model
+ * reads P q:{M}, its class streams and its online lane P online:{M}. */
+#define MAX_STREAMS (WK_MAX_MODELS * (2 + Q_CLASS_MAX))
+#define WK_STOPS_MAX 1024 /* bytes of an online request's stop strings kept for streaming */
+#define WK_ONLINE_WARM_NS (300ull * 1000000000ull) /* 5 minutes */
 
 typedef struct {
     int used;
@@ -61,13 +66,22 @@ typedef struct {
     double queue_ms;
     double share_s; /* this job's share of the worker's busy seconds */
     int handback;   /* its device failed: hand the entry back instead of answering it */
+    /* An online request (its stream is an online lane; batch holds its request id R):
+     * pieces: its text is published as it grows (stream: true, no logprobs, no tools, stop
+     * strings that fit stops); sent: bytes published so far; stops: its stop strings,
+     * NUL-terminated one after the other (n_stops). worker_online.c sets and reads these. */
+    int online, pieces, cancelled; /* cancelled: its client went away (P cancel:{R}) */
+    size_t sent;
+    int n_stops;
+    char stops[WK_STOPS_MAX];
 } job;
 
 typedef struct {
     int s;        /* stream index */
-    int scripted; /* the completion script returned; only the XACK is left */
+    int scripted; /* the completion script returned (online: the done event was written);
+                     only the XACK is left */
     char id[ENTRY_ID_MAX];
-    char batch[Q_BATCH_ID_MAX];
+    char batch[Q_BATCH_ID_MAX]; /* B; for an online lane's answer its request id R */
     char member[Q_CUSTOM_ID_MAX + ENTRY_ID_MAX]; /* {B}:done member */
     int ok;
     char *line; /* output line (malloc'd) */
@@ -91,8 +105,11 @@ typedef struct {
     char key[Q_KEY_MAX];
     char cursor[ENTRY_ID_MAX]; /* XAUTOCLAIM cursor */
     int claim_more;            /* look again before the next read (wk_take_over) */
-    int steal; /* a class the plan routes elsewhere that this replica holds: read only when
-                  the last read of the others gave nothing (routing is a preference) */
+    int steal;  /* a class the plan routes elsewhere that this replica holds: read only when
+                   the last read of the others gave nothing (routing is a preference) */
+    int online; /* P online:{M}, the online lane: read before the others, answered into
+                   P reply:{R} (worker_online.c), and its model keeps online_reserve slots
+                   free of batch lines */
     /* entries seen delivered, not pending and unanswered at the last audit (worker_audit.c) */
     char suspect[WK_AUDIT_MAX][ENTRY_ID_MAX];
     int n_suspect;
@@ -126,6 +143,10 @@ typedef struct {
     job *jobs;          /* (n_jobs) */
     int n_jobs;
     shard sh;
+    /* worker_online.c: when an online request of this model was last taken (md_mono_ns; 0:
+     * never). Batch lines leave the online reserve free only for WK_ONLINE_WARM_NS after it,
+     * so a fleet without interactive traffic gives batch work every slot. */
+    uint64_t online_ns;
 } model;
 
 /* A stage this worker serves for another worker's pipeline replica (a plan stage role): a
@@ -200,6 +221,9 @@ typedef struct {
     /* worker_read.c: batches' status and deadline, cached for BATCH_CACHE_NS. */
     batch_ent cache[BATCH_CACHE];
 
+    /* worker_online.c: when the running online requests' cancel keys were last looked at */
+    uint64_t last_cancel_check;
+
     /* worker.c: the step watchdog (worker/watchdog.h), started and stopped there. poll_all
      * runs steps under it and wk_add_model (worker_plan.c) loads; worker_lease.c tells it the
      * streams and takes its verdict. */
@@ -266,6 +290,19 @@ void wk_take_entry(wk *w, int s, const char *id, redisReply *fields, long long a
 int wk_holds(wk *w, int s, const char *id);
 /* Free runner slots of stream s's model (0 when the stream is not read). */
 int wk_free_slots(wk *w, int s);
+/* The start of a request read from stream s (batch: B; an online lane: R), validated into
+ * req (bad: q_validate's result, ve its error): answer it when it is refused (bad, another
+ * model, a constraint that does not compile, a prompt past the context), else start it on
+ * the model's runner. Returns the job started, or NULL when answered. req stays the
+ * caller's (released and freed by it). */
+job *wk_start_request(wk *w, int s, const char *id, const char *batch, q_request *req, int bad,
+                      q_verr *ve, double queue_ms, long long attempt);
+/* The value of field name of an entry's fields (*len its length), or NULL. */
+const char *wk_field(redisReply *fields, const char *name, size_t *len);
+/* XACK and XDEL an entry nobody is to answer. */
+void wk_ack_only(wk *w, int s, const char *id);
+/* Milliseconds an entry waited: now minus the time part of its id. */
+double wk_waited_ms(const char *id);
 /* worker_audit.c: entries of the streams read that were acknowledged without an answer (a
  * consumer that is no worker XACKed them): run them, count them, name the consumers without
  * a heartbeat. Called with the periodic takeover. */
@@ -289,6 +326,21 @@ void wk_on_done(void *ctx, void *tag, const wk_result *res);
 void wk_flush(wk *w);
 /* 1 while Redis refuses the completion script and answers wait: read nothing new. */
 int wk_write_blocked(const wk *w);
+
+/* ---- worker_online.c ---- */
+
+/* An entry of an online lane (fields reply, line, deadline): dropped when its deadline passed
+ * or its client went away (P cancel:{R}), else validated as an online request and answered or
+ * started as wk_start_request says, with a start event in P reply:{R}. */
+void wk_online_take(wk *w, int s, const char *id, const char *reply, const char *line, size_t len,
+                    redisReply *fields, long long attempt);
+/* After the runners' poll: publish the new text of the running online requests that stream
+ * (delta events) and, every 200 ms, stop those whose client went away. */
+void wk_online_publish(wk *w);
+/* Write the done events of the queued answers of online lanes (XADD P reply:{R}, PEXPIRE)
+ * and mark them scripted (*accepted set when one was). Returns how many Redis refused (why:
+ * the first refusal), -1 when the connection failed (w->broken set). */
+int wk_online_write(wk *w, int *accepted, char *why, size_t why_sz);
 
 /* ---- worker_lease.c ---- */
 

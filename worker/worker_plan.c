@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "queue/online.h"
 #include "worker/assign.h"
 
 static int find_model(wk *w, const char *name) {
@@ -19,9 +20,12 @@ static int find_model(wk *w, const char *name) {
     return -1;
 }
 
-/* Start reading a stream of model m (again, when it was draining). */
+/* Start reading a stream of model m (again, when it was draining). The model's online lane
+ * P online:{M} is marked online. */
 int wk_add_stream(wk *w, int m, const char *key, md_err *e) {
     int s = -1;
+    char lane[Q_KEY_MAX];
+    q_key_online(lane, w->prefix, w->mod[m].name);
     for (int k = 0; k < MAX_STREAMS; k++)
         if (w->st[k].state != SLOT_FREE && w->st[k].m == m && !strcmp(w->st[k].key, key)) {
             w->st[k].state = SLOT_ON;
@@ -40,6 +44,7 @@ int wk_add_stream(wk *w, int m, const char *key, md_err *e) {
         MD_WARN("worker", "%s; reading %s anyway", e->msg, key);
     w->st[s].state = SLOT_ON;
     w->st[s].steal = 0;
+    w->st[s].online = !strcmp(key, lane);
     w->st[s].m = m;
     w->streams_gen++;
     snprintf(w->st[s].key, sizeof w->st[s].key, "%s", key);
@@ -143,8 +148,10 @@ static void apply_plan(wk *w, const json_t *plan) {
         md->state = SLOT_ON;
         snprintf(md->replicas, sizeof md->replicas, "%s", as[a].replicas);
         char key[Q_KEY_MAX];
-        q_key_queue(key, w->prefix, md->name);
+        q_key_online(key, w->prefix, md->name);
         int rc = wk_add_stream(w, m, key, &e);
+        q_key_queue(key, w->prefix, md->name);
+        rc = rc ? rc : wk_add_stream(w, m, key, &e);
         for (int c = 0; c < as[a].n_classes && !rc; c++) {
             q_key_class(key, w->prefix, md->name, as[a].classes[c]);
             rc = wk_add_stream(w, m, key, &e);
@@ -254,7 +261,8 @@ void wk_check_classes(wk *w) {
         char base[Q_KEY_MAX];
         q_key_queue(base, w->prefix, md->name);
         for (int s = 0; s < MAX_STREAMS; s++)
-            if (w->st[s].state == SLOT_ON && w->st[s].m == m && strcmp(w->st[s].key, base))
+            if (w->st[s].state == SLOT_ON && w->st[s].m == m && !w->st[s].online &&
+                strcmp(w->st[s].key, base))
                 w->st[s].state = SLOT_DRAIN; /* re-enabled below when still listed */
         char names[Q_CLASS_MAX * Q_CLASS_NAME + 1] = "";
         for (int c = 0; c < n; c++) {

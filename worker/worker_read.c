@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "queue/online.h"
 
 #define OWN_PAGE 100 /* XPENDING page of wk_take_own */
 
@@ -66,12 +67,21 @@ static batch_ent *batch_state(wk *w, const char *batch) {
 }
 
 /* Free runner slots of a stream's model; 0 unless the stream is being read and the model has
- * a runner (a sharded replica not formed has none). */
+ * a runner (a sharded replica not formed has none). Batch streams leave the model's online
+ * reserve free: min(--online-reserve, capacity - 1) slots, less those online requests use,
+ * while the model has taken an online request in the last WK_ONLINE_WARM_NS. */
 static int free_slots(wk *w, int s) {
-    wk_runner *r = w->mod[w->st[s].m].runner;
+    model *md = &w->mod[w->st[s].m];
+    wk_runner *r = md->runner;
     if (w->st[s].state != SLOT_ON || !r)
         return 0;
-    return wk_runner_capacity(r) - wk_runner_live(r);
+    int cap = wk_runner_capacity(r), f = cap - wk_runner_live(r);
+    if (w->st[s].online || !md->online_ns || md_mono_ns() - md->online_ns > WK_ONLINE_WARM_NS)
+        return f;
+    int keep = w->cfg->online_reserve < cap - 1 ? w->cfg->online_reserve : cap - 1;
+    for (int i = 0; i < md->n_jobs && keep > 0; i++)
+        keep -= md->jobs[i].used && md->jobs[i].online;
+    return keep > 0 ? f - keep : f;
 }
 
 /* The entry is ours already: running, or answered and waiting to be written/XACKed. */
@@ -86,7 +96,7 @@ static int running(wk *w, int s, const char *id) {
     return 0;
 }
 
-static const char *field(redisReply *fields, const char *name, size_t *len) {
+const char *wk_field(redisReply *fields, const char *name, size_t *len) {
     if (!fields || fields->type != REDIS_REPLY_ARRAY)
         return NULL;
     for (size_t i = 0; i + 1 < fields->elements; i += 2)
@@ -97,8 +107,7 @@ static const char *field(redisReply *fields, const char *name, size_t *len) {
     return NULL;
 }
 
-/* Milliseconds the entry waited: now minus the time part of its id. */
-static double waited_ms(const char *id) {
+double wk_waited_ms(const char *id) {
     long long t = atoll(id);
     double d = (double)(md_wall_ms() - t);
     return d > 0 ? d : 0;
@@ -106,7 +115,7 @@ static double waited_ms(const char *id) {
 
 /* XACK an entry nobody is to answer, and XDEL it: an entry left in the stream after its XACK
  * would look to the ack audit (worker_audit.c) like one acknowledged without an answer. */
-static void ack_only(wk *w, int s, const char *id) {
+void wk_ack_only(wk *w, int s, const char *id) {
     md_err e = {0};
     redisReply *rep = md_redis_cmd(w->r, &e, "XACK %s %s %s", w->st[s].key, Q_GROUP, id);
     if (rep) {
@@ -119,21 +128,35 @@ static void ack_only(wk *w, int s, const char *id) {
         freeReplyObject(rep);
 }
 
+/* The field naming whom an entry of stream s answers to: its batch, or on an online lane the
+ * request its reply goes to. */
+static const char *owner_field(const wk *w, int s) {
+    return w->st[s].online ? "reply" : "batch";
+}
+
+/* 0 when owner (that field's value) can name the keys answered to: a batch id, or a request
+ * id on an online lane. */
+static int owner_check(const wk *w, int s, const char *owner, md_err *e) {
+    if (!w->st[s].online)
+        return q_batch_id_check(owner, e);
+    return q_online_id_ok(owner) ? 0 : md_errf(e, MD_EINVAL, "bad request id");
+}
+
 /* One entry: answer it at once (bad input, cancelled/expired batch) or start it. */
 static void take(wk *w, int s, const char *id, redisReply *fields, long long attempt) {
     int m = stream_model(w, s);
     model *md = &w->mod[m];
     size_t blen = 0, llen = 0;
-    const char *batch = field(fields, "batch", &blen);
-    const char *line = field(fields, "line", &llen);
+    const char *batch = wk_field(fields, owner_field(w, s), &blen);
+    const char *line = wk_field(fields, "line", &llen);
     md_err e = {0};
-    if (!batch || !line || q_batch_id_check(batch, &e)) {
+    if (!batch || !line || owner_check(w, s, batch, &e)) {
         /* Not a medley entry: no batch to answer to. Keep it in the DLQ for a human. */
         char dlq[Q_KEY_MAX];
         q_key_dlq(dlq, w->prefix, md->name);
         redisReply *rep =
             md_redis_cmd(w->r, &e, "XADD %s * id %s reason %s worker %s stream %s", dlq, id,
-                         "entry has no valid batch or line field", w->me, w->st[s].key);
+                         "entry has no valid batch (reply) or line field", w->me, w->st[s].key);
         if (!rep) {
             w->broken = 1;
             return;
@@ -148,13 +171,17 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
         MD_WARN("worker", "entry %s of %s has no valid batch/line field; moved to the DLQ", id,
                 w->st[s].key);
         wk_metrics_dead_letter(w, s);
-        ack_only(w, s, id);
+        wk_ack_only(w, s, id);
+        return;
+    }
+    if (w->st[s].online) {
+        wk_online_take(w, s, id, batch, line, llen, fields, attempt);
         return;
     }
     batch_ent *b = batch_state(w, batch);
     if (!b)
         return; /* Redis lost: the entry stays pending and is redelivered */
-    double qms = waited_ms(id);
+    double qms = wk_waited_ms(id);
     char cidbuf[Q_CUSTOM_ID_MAX];
     q_request req;
     q_verr ve;
@@ -162,7 +189,7 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
     const char *cid = req.custom_id;
     if (!b->exists) {
         MD_WARN("worker", "entry %s names batch %s, which does not exist; dropped", id, batch);
-        ack_only(w, s, id);
+        wk_ack_only(w, s, id);
     } else if (!strcmp(b->status, "cancelling") || !strcmp(b->status, "cancelled")) {
         wk_answer_error(w, s, id, batch, cid, "batch_cancelled", "the batch was cancelled", qms,
                         attempt);
@@ -175,18 +202,30 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
         wk_answer_error(w, s, id, batch, cid, "batch_expired",
                         "the batch's completion window ended before this request was run", qms,
                         attempt);
-    } else if (bad) {
-        wk_answer_invalid(w, s, id, batch, cid, &ve, qms, attempt);
-    } else if (req.model && strcmp(req.model, md->name)) {
-        snprintf(ve.code, sizeof ve.code, "model_not_found");
-        snprintf(ve.param, sizeof ve.param, "body.model");
-        snprintf(ve.message, sizeof ve.message,
-                 "The model '%s' does not exist or is not this batch's model ('%s').", req.model,
+    } else {
+        wk_start_request(w, s, id, batch, &req, bad, &ve, qms, attempt);
+    }
+    wk_runner_release(md->runner, &req);
+    q_request_free(&req);
+}
+
+job *wk_start_request(wk *w, int s, const char *id, const char *batch, q_request *req, int bad,
+                      q_verr *ve, double qms, long long attempt) {
+    model *md = &w->mod[stream_model(w, s)];
+    const char *cid = req->custom_id;
+    md_err e = {0};
+    if (bad) {
+        wk_answer_invalid(w, s, id, batch, cid, ve, qms, attempt);
+    } else if (req->model && strcmp(req->model, md->name)) {
+        snprintf(ve->code, sizeof ve->code, "model_not_found");
+        snprintf(ve->param, sizeof ve->param, "body.model");
+        snprintf(ve->message, sizeof ve->message,
+                 "The model '%s' does not exist or is not this batch's model ('%s').", req->model,
                  md->name);
-        ve.status = 404;
-        wk_answer_invalid(w, s, id, batch, cid, &ve, qms, attempt);
-    } else if (wk_runner_prepare(md->runner, &req, &ve)) { /* the constraint compiled */
-        wk_answer_invalid(w, s, id, batch, cid, &ve, qms, attempt);
+        ve->status = 404;
+        wk_answer_invalid(w, s, id, batch, cid, ve, qms, attempt);
+    } else if (wk_runner_prepare(md->runner, req, ve)) { /* the constraint compiled */
+        wk_answer_invalid(w, s, id, batch, cid, ve, qms, attempt);
     } else {
         job *j = NULL;
         for (int i = 0; i < md->n_jobs && !j; i++)
@@ -194,39 +233,37 @@ static void take(wk *w, int s, const char *id, redisReply *fields, long long att
                 j = &md->jobs[i];
         if (!j) { /* cannot happen (reads never exceed free slots); left pending if it does */
             MD_ERROR("worker", "no free slot for entry %s; it will be taken over later", id);
-            wk_runner_release(md->runner, &req);
-            q_request_free(&req);
-            return;
+            return NULL;
         }
         memset(j, 0, sizeof *j);
         j->s = s;
         snprintf(j->id, sizeof j->id, "%s", id);
         snprintf(j->batch, sizeof j->batch, "%s", batch);
-        snprintf(j->custom_id, sizeof j->custom_id, "%s", cid);
-        j->chat = req.chat;
+        snprintf(j->custom_id, sizeof j->custom_id, "%s", cid ? cid : "");
+        j->chat = req->chat;
         j->attempt = attempt;
         j->queue_ms = qms;
-        int rc = wk_runner_start(md->runner, &req, j, &e);
+        int rc = wk_runner_start(md->runner, req, j, &e);
         if (rc == 0) {
             j->used = 1;
             w->live++;
             wk_metrics_started(w, s, qms);
-        } else if (rc == MD_ERANGE || (req.embed && rc == MD_EINVAL)) {
-            snprintf(ve.code, sizeof ve.code, "%s",
+            return j;
+        } else if (rc == MD_ERANGE || (req->embed && rc == MD_EINVAL)) {
+            snprintf(ve->code, sizeof ve->code, "%s",
                      rc == MD_ERANGE ? "context_length_exceeded" : "invalid_value");
-            snprintf(ve.param, sizeof ve.param, "%s",
-                     req.embed  ? "body.input"
-                     : req.chat ? "messages"
-                                : "prompt");
-            snprintf(ve.message, sizeof ve.message, "%s", e.msg);
-            ve.status = 400;
-            wk_answer_invalid(w, s, id, batch, cid, &ve, qms, attempt);
+            snprintf(ve->param, sizeof ve->param, "%s",
+                     req->embed  ? "body.input"
+                     : req->chat ? "messages"
+                                 : "prompt");
+            snprintf(ve->message, sizeof ve->message, "%s", e.msg);
+            ve->status = 400;
+            wk_answer_invalid(w, s, id, batch, cid, ve, qms, attempt);
         } else {
             wk_answer_error(w, s, id, batch, cid, "server_error", e.msg, qms, attempt);
         }
     }
-    wk_runner_release(md->runner, &req);
-    q_request_free(&req);
+    return NULL;
 }
 
 /* Delivery counts of entries (XPENDING id id 1 each, pipelined); 0 when unknown. */
@@ -266,8 +303,8 @@ static int delivery_counts(wk *w, int s, redisReply *entries, long long *counts)
  * max_attempts_exceeded (or only XACK it when it names no valid batch). */
 static void dead_letter(wk *w, int s, const char *id, redisReply *fields, long long attempt) {
     size_t blen = 0, llen = 0;
-    const char *batch = field(fields, "batch", &blen);
-    const char *line = field(fields, "line", &llen);
+    const char *batch = wk_field(fields, owner_field(w, s), &blen);
+    const char *line = wk_field(fields, "line", &llen);
     char dlq[Q_KEY_MAX], reason[160];
     q_key_dlq(dlq, w->prefix, w->mod[stream_model(w, s)].name);
     snprintf(reason, sizeof reason, "delivered %lld times without an answer (max_attempts %d)",
@@ -301,11 +338,11 @@ static void dead_letter(wk *w, int s, const char *id, redisReply *fields, long l
     q_request req;
     q_verr ve;
     q_validate(line ? line : "", line ? llen : 0, &w->cfg->limits, &req, cidbuf, &ve);
-    if (batch && !q_batch_id_check(batch, &e))
+    if (batch && !owner_check(w, s, batch, &e))
         wk_answer_error(w, s, id, batch, req.custom_id, "max_attempts_exceeded", reason,
-                        waited_ms(id), attempt);
+                        wk_waited_ms(id), attempt);
     else
-        ack_only(w, s, id);
+        wk_ack_only(w, s, id);
     q_request_free(&req);
 }
 
@@ -314,7 +351,7 @@ static void dead_letter(wk *w, int s, const char *id, redisReply *fields, long l
  * DLQ; otherwise it is taken as a new one. */
 static void take_again(wk *w, int s, const char *id, redisReply *fields, long long attempt) {
     if (!fields || fields->type != REDIS_REPLY_ARRAY)
-        ack_only(w, s, id); /* deleted from the stream (XDEL/XTRIM): nothing to answer */
+        wk_ack_only(w, s, id); /* deleted from the stream (XDEL/XTRIM): nothing to answer */
     else if (attempt > w->cfg->max_attempts)
         dead_letter(w, s, id, fields, attempt);
     else
@@ -367,48 +404,10 @@ static int reading(const wk *w, int s, int m) {
     return w->st[s].state == SLOT_ON && w->st[s].m == m && (!w->st[s].steal || w->idle);
 }
 
-/* XREADGROUP over every stream being read whose model has free slots. A model's free slots
- * are shared out over its streams (one COUNT applies to every stream of the command, so it
- * is the smallest share), so a read never returns more entries than the runners take. */
-int wk_read_new(wk *w, int block_ms) {
+/* XREADGROUP GROUP workers <me> COUNT count [BLOCK block_ms] STREAMS <which[0..n)> > ...,
+ * and take what it returns. Returns how many entries were read. */
+static int read_streams(wk *w, const int *which, int n, int count, int block_ms) {
     const char *argv[8 + 2 * MAX_STREAMS];
-    int which[MAX_STREAMS], n = 0, count = 0;
-    for (int m = 0; m < WK_MAX_MODELS; m++) {
-        if (w->mod[m].state != SLOT_ON)
-            continue;
-        int k = 0, first = -1;
-        for (int s = 0; s < MAX_STREAMS; s++)
-            if (reading(w, s, m)) {
-                k++;
-                if (first < 0)
-                    first = s;
-            }
-        if (!k)
-            continue;
-        int f = free_slots(w, first);
-        int share = f / k;
-        if (share <= 0) {
-            /* Fewer free slots than streams: read one stream, rotating by the clock. */
-            if (f <= 0)
-                continue;
-            int pick = (int)((md_mono_ns() / 1000000u) % (uint64_t)k);
-            for (int s = 0; s < MAX_STREAMS; s++)
-                if (reading(w, s, m) && pick-- == 0)
-                    which[n++] = s;
-            share = 1;
-        } else {
-            for (int s = 0; s < MAX_STREAMS; s++)
-                if (reading(w, s, m))
-                    which[n++] = s;
-        }
-        count = count == 0 || share < count ? share : count;
-    }
-    if (!n) {
-        /* Nothing to read (no model, or every slot busy): wait as a blocked read would. */
-        for (int t = 0; t < block_ms && !*w->stop; t += 20)
-            usleep(20000);
-        return 0;
-    }
     char cnt[16], blk[16];
     snprintf(cnt, sizeof cnt, "%d", count);
     snprintf(blk, sizeof blk, "%d", block_ms);
@@ -458,6 +457,72 @@ int wk_read_new(wk *w, int block_ms) {
         }
     }
     freeReplyObject(rep);
+    return got;
+}
+
+/* The online lanes first, without blocking: every online lane whose model has a free slot
+ * (its batch streams leave the online reserve free), as many as the fullest model takes. */
+static int read_online(wk *w) {
+    int which[MAX_STREAMS], n = 0, count = 0;
+    for (int s = 0; s < MAX_STREAMS; s++) {
+        if (!w->st[s].online || w->st[s].state != SLOT_ON || w->mod[w->st[s].m].state != SLOT_ON)
+            continue;
+        int f = free_slots(w, s);
+        if (f <= 0)
+            continue;
+        which[n++] = s;
+        count = count == 0 || f < count ? f : count;
+    }
+    return n ? read_streams(w, which, n, count, 0) : 0;
+}
+
+/* XREADGROUP over every stream being read whose model has free slots. A model's free slots
+ * are shared out over its streams (one COUNT applies to every stream of the command, so it
+ * is the smallest share), so a read never returns more entries than the runners take. The
+ * online lanes are read first (read_online) when the read does not block; a blocking read
+ * (nothing runs) holds them too, so an online request wakes an idle worker at once. */
+int wk_read_new(wk *w, int block_ms) {
+    int which[MAX_STREAMS], n = 0, count = 0;
+    int got = block_ms > 0 ? 0 : read_online(w);
+    if (w->broken)
+        return got;
+    for (int m = 0; m < WK_MAX_MODELS; m++) {
+        if (w->mod[m].state != SLOT_ON)
+            continue;
+        int k = 0, f = -1;
+        for (int s = 0; s < MAX_STREAMS; s++)
+            if (reading(w, s, m)) {
+                k++;
+                int fs = free_slots(w, s);
+                f = f < 0 || fs < f ? fs : f; /* a batch stream's: the reserve left free */
+            }
+        if (!k)
+            continue;
+        int share = f / k;
+        if (share <= 0) {
+            /* Fewer free slots than streams: read one stream, rotating by the clock. */
+            if (f <= 0)
+                continue;
+            int pick = (int)((md_mono_ns() / 1000000u) % (uint64_t)k);
+            for (int s = 0; s < MAX_STREAMS; s++)
+                if (reading(w, s, m) && pick-- == 0)
+                    which[n++] = s;
+            share = 1;
+        } else {
+            for (int s = 0; s < MAX_STREAMS; s++)
+                if (reading(w, s, m))
+                    which[n++] = s;
+        }
+        count = count == 0 || share < count ? share : count;
+    }
+    if (!n) {
+        /* Nothing to read (no model, or every slot busy): wait as a blocked read would. */
+        for (int t = 0; t < block_ms && !*w->stop; t += 20)
+            usleep(20000);
+        w->idle = got == 0;
+        return got;
+    }
+    got += read_streams(w, which, n, count, got ? 0 : block_ms);
     w->idle = got == 0;
     return got;
 }
@@ -504,7 +569,7 @@ void wk_take_over(wk *w, int due) {
             take_all(w, s, entries, 1);
             /* Redis 7 lists entries deleted from the stream: ack them away. */
             for (size_t i = 0; i < gone && !w->broken; i++)
-                ack_only(w, s, rep->element[2]->element[i]->str);
+                wk_ack_only(w, s, rep->element[2]->element[i]->str);
         } else if (rep->type == REDIS_REPLY_ERROR) {
             MD_WARN("worker", "XAUTOCLAIM %s: %s", st->key, rep->str);
         }

@@ -657,6 +657,39 @@ static void tool_turns_are_rendered_as_text(void **st) {
                  "invalid_value", "body.messages[0]");
 }
 
+/* An online request (q_limits.online, `medley api`'s routes) takes stream and stream_options;
+ * a batch line refuses them, as before. */
+static void online_requests_take_stream_options(void **st) {
+    (void)st;
+    q_request req;
+    lim.online = 1;
+    expect_ok(CHAT("{" M ",\"stream\":true,\"stream_options\":{\"include_usage\":true}}"), &req);
+    assert_true(req.stream && req.include_usage);
+    q_request_free(&req);
+    expect_ok(CHAT("{" M ",\"stream\":false,\"stream_options\":null}"), &req);
+    assert_true(!req.stream && !req.include_usage);
+    q_request_free(&req);
+    expect_ok(CHAT("{" M ",\"stream\":true,\"stream_options\":{\"include_obfuscation\":false}}"),
+              &req);
+    q_request_free(&req);
+    expect_error(CHAT("{" M ",\"stream\":\"yes\"}"), "invalid_type", "body.stream");
+    expect_error(CHAT("{" M ",\"stream_options\":{\"include_usage\":true}}"), "invalid_value",
+                 "body.stream_options");
+    expect_error(CHAT("{" M ",\"stream\":true,\"stream_options\":[]}"), "invalid_type",
+                 "body.stream_options");
+    expect_error(CHAT("{" M ",\"stream\":true,\"stream_options\":{\"x\":1}}"),
+                 "unsupported_parameter", "body.stream_options.x");
+    expect_error(CHAT("{" M ",\"stream\":true,\"stream_options\":{\"include_usage\":1}}"),
+                 "invalid_type", "body.stream_options.include_usage");
+    expect_error(CHAT("{" M ",\"stream\":true,\"stream_options\":{\"include_obfuscation\":true}}"),
+                 "unsupported_value", "body.stream_options.include_obfuscation");
+    expect_error(CHAT("{" M ",\"n\":2,\"stream\":true}"), "unsupported_value", "body.n");
+    lim.online = 0;
+    expect_error(CHAT("{" M ",\"stream\":true}"), "unsupported_value", "body.stream");
+    expect_error(CHAT("{" M ",\"stream_options\":{\"include_usage\":true}}"),
+                 "unsupported_parameter", "body.stream_options");
+}
+
 int main(void) {
     q_limits_default(&lim);
     const struct CMUnitTest tests[] = {
@@ -682,6 +715,7 @@ int main(void) {
         cmocka_unit_test(unparsable_line_keeps_its_custom_id),
         cmocka_unit_test(tool_turns_are_rendered_as_text),
         cmocka_unit_test(embeddings_inputs_are_parsed_or_named),
+        cmocka_unit_test(online_requests_take_stream_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
