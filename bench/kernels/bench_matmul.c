@@ -9,6 +9,7 @@
  * multiply-adds for quantized ones: the kernels' arithmetic on activations quantized to
  * int8). Default shape is SmolLM2-135M's FFN up-projection (1536 × 576); the K-quants need
  * cols a multiple of 256 (`bench_kernels 1 640 2048`, Gemma 3 270M's FFN down). */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,7 +144,7 @@ int main(int argc, char **argv) {
     static const int types[] = {MD_TYPE_Q4_1, MD_TYPE_Q8_0, MD_TYPE_Q4_0,
                                 MD_TYPE_Q5_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K,
                                 MD_TYPE_F16,  MD_TYPE_BF16, MD_TYPE_F32};
-    static const int ns[] = {1, 4, 8, 16, 64, 256};
+    static const int ns[] = {1, 4, 8, 16, 64, 256, 4096};
 #define N_NS (int)(sizeof ns / sizeof ns[0])
     if (threads == 1)
         g_clock = CLOCK_PROCESS_CPUTIME_ID;
@@ -213,6 +214,12 @@ int main(int argc, char **argv) {
                 x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
             double gf[3] = {0, 0, 0};
             for (int lvl = 0; lvl <= best; lvl++) {
+                /* the scalar kernels (and the packed ones below AVX-512, which are scalar) at
+                 * 1-10 GFLOP/s would take seconds per product at prompt-sized n: nan */
+                if (n > 256 && (lvl == 0 || (pk && lvl < CPU_SIMD_AVX512VNNI))) {
+                    gf[lvl] = NAN;
+                    continue;
+                }
                 cpu_simd_set(lvl);
                 /* the scalar level is slow: give it less time */
                 gf[lvl] = measure(pool, pk ? CPU_PACKED(t) : t, W, rows, cols, x, n, y, scratch,

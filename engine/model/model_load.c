@@ -320,6 +320,14 @@ static int bind_part(md_model *m, const gguf_file *gf, const char *name, int64_t
             return md_errctx(e, "tensor %s: ", name);
         type = MD_TYPE_F32;
         rb = (size_t)nc * sizeof(float);
+    } else if (BE(m)->ops->weight_wrap) {
+        /* the backend may copy it into its kernels' layout: then the mapping's pages of it are
+         * given back, so the weight is resident once (docs/engine.md "Weights in memory") */
+        int copied = 0;
+        if ((rc = CALL(m, weight_wrap, data, bytes, type, nc, nr, &b, &copied, e)))
+            return md_errctx(e, "tensor %s: ", name);
+        if (copied)
+            gguf_drop_pages(gf, data, bytes);
     } else if ((rc = CALL(m, buf_wrap, data, bytes, &b, e)))
         return rc;
     m->bufs[m->n_bufs++] = b;
