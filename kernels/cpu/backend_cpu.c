@@ -85,7 +85,8 @@ static int cpu_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf *
  * a copy of the same size (rows padded to 16), the host bytes never read again. Anything
  * else, the exact backend and a failed allocation alias host as buf_wrap does. */
 static int cpu_weight_wrap(md_backend *be, const void *host, size_t bytes, int type, int64_t ne0,
-                           int64_t ne1, md_buf **out, int *copied, md_err *e) {
+                           int64_t ne1, void (*done)(void *, const void *, size_t), void *done_ctx,
+                           md_buf **out, int *copied, md_err *e) {
     *copied = 0;
     size_t n = ne0 > 0 && ne0 <= INT32_MAX && ne1 > 0 && ne1 <= INT32_MAX &&
                        md_type_row_bytes(type, ne0) * (size_t)ne1 == bytes &&
@@ -96,10 +97,21 @@ static int cpu_weight_wrap(md_backend *be, const void *host, size_t bytes, int t
     if (n == 0 || posix_memalign(&p, 64, n))
         return cpu_buf_wrap(be, host, bytes, out, e);
     md_buf *b = calloc(1, sizeof *b);
-    if (!b || cpu_pack(type, host, (int)ne1, (int)ne0, p)) {
-        free(b);
+    if (!b) {
         free(p);
         return cpu_buf_wrap(be, host, bytes, out, e);
+    }
+    /* parts of about 4 MiB of source, each reported done once packed */
+    size_t group_src = md_type_row_bytes(type, ne0) * CPU_PACK_ROWS;
+    int rows = (int)ne1, n_groups = (rows + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS;
+    int step = (int)((4u << 20) / group_src) + 1;
+    for (int g = 0; g < n_groups; g += step) {
+        int g1 = g + step < n_groups ? g + step : n_groups;
+        cpu_pack_groups(type, host, rows, (int)ne0, g, g1, p); /* checked by cpu_pack_size */
+        if (done) {
+            size_t lo = (size_t)g * group_src, hi = (size_t)g1 * group_src;
+            done(done_ctx, (const char *)host + lo, (hi < bytes ? hi : bytes) - lo);
+        }
     }
     b->p = p;
     b->n = n;

@@ -105,6 +105,9 @@ size_t cpu_pack_size(int t, int rows, int cols);
 /* Write the packed copy of W (rows x cols of t, GGUF layout) into dst (cpu_pack_size bytes,
  * 64-byte aligned). Returns 0, or -1 (dst untouched) for a type or shape without a layout. */
 int cpu_pack(int t, const void *W, int rows, int cols, void *dst);
+/* The same for the groups [g0, g1) of CPU_PACK_ROWS rows only (dst: the whole packed copy),
+ * so a large weight can be packed, and its source released, a part at a time. */
+int cpu_pack_groups(int t, const void *W, int rows, int cols, int g0, int g1, void *dst);
 /* Row r of a packed weight dequantized into out[cols] (the values cpu_dequant_row gives for
  * the GGUF row it was packed from). */
 void cpu_packed_dequant_row(int t, const void *Wp, int rows, int cols, int r, float *out);

@@ -59,15 +59,17 @@ static int block_elem(int t, const uint8_t *blk, int e, int *hi) {
     }
 }
 
-int cpu_pack(int t, const void *W, int rows, int cols, void *dst) {
+int cpu_pack_groups(int t, const void *W, int rows, int cols, int g0, int g1, void *dst) {
     size_t total = cpu_pack_size(t, rows, cols);
-    if (!total || !W || !dst)
+    int n_groups = (rows + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS;
+    if (!total || !W || !dst || g0 < 0 || g1 > n_groups || g0 > g1)
         return -1;
-    memset(dst, 0, total);
     int nb = cols / QK32;
     size_t rs = md_type_row_bytes(t, cols), bsz = rs / (size_t)nb, pb = pk_block_bytes(t);
     uint8_t *out = dst;
-    for (int r = 0; r < rows; r++) {
+    memset(out + (size_t)g0 * nb * pb, 0, (size_t)(g1 - g0) * nb * pb);
+    int r1 = g1 * CPU_PACK_ROWS < rows ? g1 * CPU_PACK_ROWS : rows;
+    for (int r = g0 * CPU_PACK_ROWS; r < r1; r++) {
         int g = r / CPU_PACK_ROWS, lr = r % CPU_PACK_ROWS;
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = (const uint8_t *)W + (size_t)r * rs + (size_t)b * bsz;
@@ -91,6 +93,10 @@ int cpu_pack(int t, const void *W, int rows, int cols, void *dst) {
         }
     }
     return 0;
+}
+
+int cpu_pack(int t, const void *W, int rows, int cols, void *dst) {
+    return cpu_pack_groups(t, W, rows, cols, 0, (rows + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS, dst);
 }
 
 /* The unsigned quant of element e (0..31) of row lr in a packed record, fifth bit included. */

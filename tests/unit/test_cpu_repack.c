@@ -77,7 +77,7 @@ static void *scratch_for(int t, int cols, int n) {
     return s;
 }
 
-static void test_packed_row_equals_plain_row(void **state) {
+static void test_packed_row_equals_plain_row_whole_or_in_parts(void **state) {
     (void)state;
     static const int rows_list[] = {1, 15, 16, 17, 40};
     for (int ti = 0; ti < N_TYPES; ti++)
@@ -92,6 +92,16 @@ static void test_packed_row_equals_plain_row(void **state) {
                 if (memcmp(a, b, sizeof a))
                     fail_msg("type %d row %d of %d: the packed row differs", t, r, rows);
             }
+            /* packed a group at a time (cpu_pack_groups, the backend's parts): the same bytes */
+            size_t n = cpu_pack_size(t, rows, cols);
+            uint8_t *Q = malloc(n);
+            assert_non_null(Q);
+            memset(Q, 0xA5, n);
+            for (int g = 0; g < (rows + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS; g++)
+                assert_int_equal(cpu_pack_groups(t, W, rows, cols, g, g + 1, Q), 0);
+            assert_memory_equal(P, Q, n);
+            assert_int_equal(cpu_pack_groups(t, W, rows, cols, 0, 99, Q), -1);
+            free(Q);
             free(W);
             free(P);
         }
@@ -290,7 +300,7 @@ static void test_pack_refuses_types_and_shapes_without_a_layout(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_packed_row_equals_plain_row),
+        cmocka_unit_test(test_packed_row_equals_plain_row_whole_or_in_parts),
         cmocka_unit_test(test_packed_matmul_every_type_level_and_shape),
         cmocka_unit_test(test_packed_independent_of_batch_and_threads),
         cmocka_unit_test(test_packed_matmul_n_equals_unfused_ops),
