@@ -96,8 +96,8 @@ void cpu_matmul_n(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const flo
 #define CPU_PACKED(t) (0x100 | (t))
 /* 1 when type t has a packed layout (Q4_0, Q4_1, Q5_0, Q8_0); else 0. */
 int cpu_pack_type(int t);
-/* 1 when the SIMD level in use has packed kernels for t that beat the plain layout's (the
- * AVX-512 VNNI level), so a backend should repack t's weights at load; else 0. */
+/* 1 when the SIMD level in use has packed kernels for t that beat the plain layout's (AVX2
+ * and AVX-512 VNNI), so a backend should repack t's weights at load; else 0. */
 int cpu_pack_wanted(int t);
 /* Bytes of the packed copy of rows x cols of t (rows padded to CPU_PACK_ROWS); 0 when t has
  * no packed layout or the shape is not one cpu_matmul_check accepts. */

@@ -27,7 +27,7 @@ int cpu_pack_type(int t) {
 }
 
 int cpu_pack_wanted(int t) {
-    return cpu_pack_type(t) && cpu_simd_level() >= CPU_SIMD_AVX512VNNI;
+    return cpu_pack_type(t) && cpu_simd_level() >= CPU_SIMD_AVX2;
 }
 
 size_t cpu_pack_size(int t, int rows, int cols) {
