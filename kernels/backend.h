@@ -319,6 +319,21 @@ typedef struct md_backend_ops {
      * freed (buf_free drops the copies of the tensors inside it). */
     int (*weight_shadow)(md_backend *be, const md_tensor *w, md_err *e);
 
+    /* A weight for embed / matmul / matmul_n (optional; NULL: the engine calls buf_wrap):
+     * host holds ne1 rows of ne0 elements of `type` in GGUF layout, `bytes` bytes. The
+     * backend may copy it into the layout its kernels stream (the CPU at the AVX2 and AVX-512
+     * levels: Q4_0/Q4_1/Q5_0/Q8_0 repacked in 16-row groups, docs/kernels.md "Repacked weights"):
+     * then *copied = 1 and host is never read again, so the caller may give its pages back;
+     * else *copied = 0 and the buffer aliases host as buf_wrap's does. While copying, the
+     * backend calls done(done_ctx, p, n) (done may be NULL) for each range [p, p + n) of host
+     * it has finished reading, so that the caller can give those pages back before the copy
+     * ends (a 178 MB embedding would otherwise be resident twice at its peak). Either way
+     * tensors over the buffer are used as over any weight buffer, at offset 0 with GGUF's
+     * row_bytes; buf_free frees a copy. */
+    int (*weight_wrap)(md_backend *be, const void *host, size_t bytes, int type, int64_t ne0,
+                       int64_t ne1, void (*done)(void *done_ctx, const void *p, size_t n),
+                       void *done_ctx, md_buf **out, int *copied, md_err *e);
+
     /* Step recording (CUDA graphs). The engine brackets the ops of one forward pass, after
      * batch_prepare and before anything is downloaded, with step_begin / step_end. Between
      * them the backend may record instead of run (and launch the recording at step_end),

@@ -7,6 +7,10 @@ medley_test(test_cpu_kernels SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_cpu_k
 add_test(NAME test_cpu_kernels_scalar COMMAND test_cpu_kernels)
 set_tests_properties(test_cpu_kernels_scalar PROPERTIES LABELS unit ENVIRONMENT MEDLEY_SIMD=scalar)
 
+# kernels/cpu/repack.c: the packed layout and its products at every level against the references
+medley_test(test_cpu_repack SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_cpu_repack.c
+            LIBS medley_kernels LABELS unit)
+
 # bench/kernels: matmul GFLOP/s per type and n, every SIMD level against scalar (not a test;
 # built here because the top-level build has no bench/ directory of its own).
 add_executable(bench_kernels ${CMAKE_SOURCE_DIR}/bench/kernels/bench_matmul.c)

@@ -9,6 +9,7 @@
  * multiply-adds for quantized ones: the kernels' arithmetic on activations quantized to
  * int8). Default shape is SmolLM2-135M's FFN up-projection (1536 × 576); the K-quants need
  * cols a multiple of 256 (`bench_kernels 1 640 2048`, Gemma 3 270M's FFN down). */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,6 +119,20 @@ static void measure_peaks(int best, double peak[3][2]) {
 #endif
 }
 
+/* GFLOP/s of cpu_matmul (wt: a weight type or CPU_PACKED of one) at the level in use. */
+static double measure(cpu_pool *pool, int wt, const void *W, int rows, int cols, const float *x,
+                      int n, float *y, void *scratch, double secs) {
+    cpu_matmul(pool, wt, W, rows, cols, x, n, y, scratch);
+    int reps = 0;
+    double t0 = now_s(), el;
+    do {
+        cpu_matmul(pool, wt, W, rows, cols, x, n, y, scratch);
+        reps++;
+        el = now_s() - t0;
+    } while (el < secs);
+    return 2.0 * rows * cols * (double)n * reps / el / 1e9;
+}
+
 static int is_float_type(int t) {
     return t == MD_TYPE_F32 || t == MD_TYPE_F16 || t == MD_TYPE_BF16;
 }
@@ -129,7 +144,8 @@ int main(int argc, char **argv) {
     static const int types[] = {MD_TYPE_Q4_1, MD_TYPE_Q8_0, MD_TYPE_Q4_0,
                                 MD_TYPE_Q5_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K,
                                 MD_TYPE_F16,  MD_TYPE_BF16, MD_TYPE_F32};
-    static const int ns[] = {1, 4, 16, 64, 256};
+    static const int ns[] = {1, 4, 8, 16, 64, 256, 4096};
+#define N_NS (int)(sizeof ns / sizeof ns[0])
     if (threads == 1)
         g_clock = CLOCK_PROCESS_CPUTIME_ID;
     const char *only = getenv("BENCH_TYPE"); /* e.g. BENCH_TYPE=Q4_1 */
@@ -147,17 +163,48 @@ int main(int argc, char **argv) {
            "int8 %.1f, avx512vnni float %.1f int8 %.1f; %%pk = a figure over its level's peak "
            "(float or int8 by weight type) times the threads\n",
            peak[1][0], peak[1][1], peak[2][0], peak[2][1]);
-    printf("%-6s %5s %10s %10s %8s %5s %10s %8s %5s\n", "type", "n", "scalar", "avx2", "ratio",
-           "%pk", "avx512vnni", "ratio", "%pk");
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        int t = types[ti];
+    /* BF16 at the best level first: every line's last column is its ratio to it (the issue's
+     * bar: a quantized product at least as fast as the BF16 one of the same shape) */
+    double bf16[N_NS] = {0};
+    if (cpu_matmul_check(MD_TYPE_BF16, cols) == 0) {
+        void *W = make_weights(MD_TYPE_BF16, rows, cols);
+        for (int ni = 0; ni < N_NS; ni++) {
+            float *x = calloc((size_t)ns[ni] * cols, sizeof(float));
+            float *y = malloc(sizeof(float) * (size_t)ns[ni] * rows);
+            cpu_simd_set(best);
+            bf16[ni] = measure(pool, MD_TYPE_BF16, W, rows, cols, x, ns[ni], y, NULL, secs);
+            free(x);
+            free(y);
+        }
+        free(W);
+    }
+    printf(
+        "# type/p: the weights repacked at load (kernels/cpu/repack.c); a level without packed "
+        "kernels runs the scalar packed one. vs_bf16: the best level over BF16's at the same n\n");
+    printf("%-6s %5s %10s %10s %8s %5s %10s %8s %5s %7s\n", "type", "n", "scalar", "avx2", "ratio",
+           "%pk", "avx512vnni", "ratio", "%pk", "vs_bf16");
+    for (size_t tj = 0; tj < 2 * sizeof types / sizeof types[0]; tj++) {
+        int t = types[tj / 2], pk = tj % 2;
+        if (pk && !cpu_pack_type(t))
+            continue;
         if (cpu_matmul_check(t, cols) != 0)
             continue;
         const char *name = md_type_name(t);
         if (only && strcmp(only, name) != 0)
             continue;
         void *W = make_weights(t, rows, cols);
-        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        if (pk) {
+            void *P = aligned_alloc(64, (cpu_pack_size(t, rows, cols) + 63) / 64 * 64);
+            if (!P || cpu_pack(t, W, rows, cols, P)) {
+                fprintf(stderr, "bench_kernels: cannot pack %s\n", name);
+                return 1;
+            }
+            free(W);
+            W = P;
+        }
+        char label[16];
+        snprintf(label, sizeof label, "%s%s", name, pk ? "/p" : "");
+        for (int ni = 0; ni < N_NS; ni++) {
             int n = ns[ni];
             float *x = malloc(sizeof(float) * (size_t)n * cols);
             float *y = malloc(sizeof(float) * (size_t)n * rows);
@@ -167,25 +214,26 @@ int main(int argc, char **argv) {
                 x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
             double gf[3] = {0, 0, 0};
             for (int lvl = 0; lvl <= best; lvl++) {
+                /* the scalar kernels at 1-10 GFLOP/s would take seconds per product at
+                 * prompt-sized n: nan */
+                if (n > 256 && lvl == 0) {
+                    gf[lvl] = NAN;
+                    continue;
+                }
                 cpu_simd_set(lvl);
-                /* the scalar level is slow: give it fewer reps, same time budget */
-                cpu_matmul(pool, t, W, rows, cols, x, n, y, scratch);
-                int reps = 0;
-                double t0 = now_s(), el;
-                do {
-                    cpu_matmul(pool, t, W, rows, cols, x, n, y, scratch);
-                    reps++;
-                    el = now_s() - t0;
-                } while (el < (lvl == 0 ? secs / 3 : secs));
-                gf[lvl] = 2.0 * rows * cols * (double)n * reps / el / 1e9;
+                /* the scalar level is slow: give it less time */
+                gf[lvl] = measure(pool, pk ? CPU_PACKED(t) : t, W, rows, cols, x, n, y, scratch,
+                                  lvl == 0 ? secs / 3 : secs);
             }
             int pi = is_float_type(t) ? 0 : 1;
             double pk1 = peak[1][pi] > 0 ? 100.0 * gf[1] / (peak[1][pi] * threads) : 0;
-            printf("%-6s %5d %10.2f %10.2f %7.1fx %4.0f%%", name, n, gf[0], gf[1], gf[1] / gf[0],
+            printf("%-6s %5d %10.2f %10.2f %7.1fx %4.0f%%", label, n, gf[0], gf[1], gf[1] / gf[0],
                    pk1);
             if (best >= 2)
                 printf(" %10.2f %7.1fx %4.0f%%", gf[2], gf[2] / gf[0],
                        100.0 * gf[2] / (peak[2][pi] * threads));
+            if (bf16[ni] > 0)
+                printf(" %6.2fx", gf[best] / bf16[ni]);
             printf("\n");
             fflush(stdout);
             free(x);

@@ -259,6 +259,9 @@ static int recode_q5_0(md_model *m, const gguf_tensor *g, gguf_tensor *out, md_e
     return own(m, p, e);
 }
 
+/* weight_wrap's done callback: the file's pages of a range the backend has copied go back. */
+static void drop_pages(void *gf, const void *p, size_t n) { gguf_drop_pages(gf, p, n); }
+
 /* Bind rows [r0, r0 + nr) and columns [c0, c0 + nc) of tensor `name` of shape [ne0, ne1]
  * (ne1 = 1 for vectors; nr = ne1, nc = ne0: the whole tensor), checking type and shape. */
 static int bind_part(md_model *m, const gguf_file *gf, const char *name, int64_t ne0, int64_t ne1,
@@ -320,6 +323,15 @@ static int bind_part(md_model *m, const gguf_file *gf, const char *name, int64_t
             return md_errctx(e, "tensor %s: ", name);
         type = MD_TYPE_F32;
         rb = (size_t)nc * sizeof(float);
+    } else if (BE(m)->ops->weight_wrap) {
+        /* the backend may copy it into its kernels' layout: then the mapping's pages of it are
+         * given back, so the weight is resident once (docs/engine.md "Weights in memory") */
+        int copied = 0;
+        if ((rc = CALL(m, weight_wrap, data, bytes, type, nc, nr, drop_pages, (void *)gf, &b,
+                       &copied, e)))
+            return md_errctx(e, "tensor %s: ", name);
+        if (copied) /* the pages that straddled the parts the backend reported */
+            gguf_drop_pages(gf, data, bytes);
     } else if ((rc = CALL(m, buf_wrap, data, bytes, &b, e)))
         return rc;
     m->bufs[m->n_bufs++] = b;

@@ -698,6 +698,19 @@ int gguf_open(const char *path, gguf_file **out, md_err *e) {
     return 0;
 }
 
+void gguf_drop_pages(const gguf_file *f, const void *p, size_t n) {
+    if (!f || !f->mapped || !p || n == 0)
+        return;
+    uintptr_t lo = (uintptr_t)p, hi = lo + n, b0 = (uintptr_t)f->base, b1 = b0 + f->size;
+    if (lo < b0 || hi > b1 || hi < lo)
+        return;
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    lo = (lo + pg - 1) / pg * pg; /* only pages wholly inside: a neighbour's stay */
+    hi = hi / pg * pg;
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 void gguf_close(gguf_file *f) {
     gguf_free(f);
 }

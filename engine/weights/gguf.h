@@ -62,6 +62,11 @@ int gguf_open_mem(const void *buf, size_t len, gguf_file **out, md_err *e);
 int gguf_open_parts(void *meta, size_t meta_len, const gguf_tensor *tensors, int64_t n,
                     void (*release)(void *), void *owner, gguf_file **out, md_err *e);
 void gguf_close(gguf_file *f);
+/* Give back the pages of [p, p + n) that lie wholly inside f's file mapping (madvise
+ * MADV_DONTNEED: the mapping is private and never written, so a later read pages the file in
+ * again; nothing for a file held in memory, or bytes outside the mapping). For tensors a
+ * backend copied at load (backend.h weight_wrap), so that they are not resident twice. */
+void gguf_drop_pages(const gguf_file *f, const void *p, size_t n);
 
 uint32_t gguf_version(const gguf_file *f);
 size_t gguf_alignment(const gguf_file *f);

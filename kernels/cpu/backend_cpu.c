@@ -20,6 +20,7 @@ struct md_buf {
     void *p;
     size_t n;
     int owned;
+    int packed; /* a weight repacked by weight_wrap (kernels/cpu/repack.c): p is the copy */
 };
 
 typedef struct {
@@ -77,6 +78,47 @@ static int cpu_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf *
     b->p = (void *)host; /* read-only by contract: no op writes to a wrapped buffer */
     b->n = bytes;
     *out = b;
+    return 0;
+}
+
+/* Q4_0/Q4_1/Q5_0/Q8_0 weights repacked where the SIMD level has fast packed kernels (AVX2,
+ * AVX-512): a copy of the same size (rows padded to 16), the host bytes never read again.
+ * Anything else, the exact backend and a failed allocation alias host as buf_wrap does. */
+static int cpu_weight_wrap(md_backend *be, const void *host, size_t bytes, int type, int64_t ne0,
+                           int64_t ne1, void (*done)(void *, const void *, size_t), void *done_ctx,
+                           md_buf **out, int *copied, md_err *e) {
+    *copied = 0;
+    size_t n = ne0 > 0 && ne0 <= INT32_MAX && ne1 > 0 && ne1 <= INT32_MAX &&
+                       md_type_row_bytes(type, ne0) * (size_t)ne1 == bytes &&
+                       !cb(be)->exact && cpu_pack_wanted(type)
+                   ? cpu_pack_size(type, (int)ne1, (int)ne0)
+                   : 0;
+    void *p = NULL;
+    if (n == 0 || posix_memalign(&p, 64, n))
+        return cpu_buf_wrap(be, host, bytes, out, e);
+    md_buf *b = calloc(1, sizeof *b);
+    if (!b) {
+        free(p);
+        return cpu_buf_wrap(be, host, bytes, out, e);
+    }
+    /* parts of about 4 MiB of source, each reported done once packed */
+    size_t group_src = md_type_row_bytes(type, ne0) * CPU_PACK_ROWS;
+    int rows = (int)ne1, n_groups = (rows + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS;
+    int step = (int)((4u << 20) / group_src) + 1;
+    for (int g = 0; g < n_groups; g += step) {
+        int g1 = g + step < n_groups ? g + step : n_groups;
+        cpu_pack_groups(type, host, rows, (int)ne0, g, g1, p); /* checked by cpu_pack_size */
+        if (done) {
+            size_t lo = (size_t)g * group_src, hi = (size_t)g1 * group_src;
+            done(done_ctx, (const char *)host + lo, (hi < bytes ? hi : bytes) - lo);
+        }
+    }
+    b->p = p;
+    b->n = n;
+    b->owned = 1;
+    b->packed = 1;
+    *out = b;
+    *copied = 1;
     return 0;
 }
 
@@ -179,6 +221,18 @@ static const void *tensor_row(const md_tensor *w, int64_t r) {
     return (const char *)w->buf->p + w->offset + (size_t)r * w->row_bytes;
 }
 
+/* The type cpu_matmul takes for w: CPU_PACKED for a repacked weight (whose tensor covers its
+ * buffer from offset 0). */
+static int mm_type(const md_tensor *w) { return w->buf->packed ? CPU_PACKED(w->type) : w->type; }
+
+/* Row r of weight w as floats (embedding lookups), from either layout. */
+static void weight_row(const md_tensor *w, int64_t r, float *out) {
+    if (w->buf->packed)
+        cpu_packed_dequant_row(w->type, w->buf->p, (int)w->ne1, (int)w->ne0, (int)r, out);
+    else
+        cpu_dequant_row(w->type, tensor_row(w, r), out, (int)w->ne0);
+}
+
 static int cpu_embed(md_backend *be, const md_tensor *w, md_buf *out, md_err *e) {
     cpu_backend *c = cb(be);
     float *o = out->p;
@@ -187,7 +241,7 @@ static int cpu_embed(md_backend *be, const md_tensor *w, md_buf *out, md_err *e)
         if (id < 0 || id >= w->ne1)
             return md_errf(e, MD_ERANGE, "token id %d outside the vocabulary of %lld", (int)id,
                            (long long)w->ne1);
-        cpu_dequant_row(w->type, tensor_row(w, id), o + (size_t)t * w->ne0, (int)w->ne0);
+        weight_row(w, id, o + (size_t)t * w->ne0);
     }
     return 0;
 }
@@ -203,7 +257,7 @@ static int cpu_matmul_op(md_backend *be, const md_tensor *w, const md_buf *x, md
     if (cpu_matmul_scratch_size(w->type, (int)w->ne0, T) > c->mm_scratch_n)
         return md_errf(e, MD_ERANGE, "cpu backend: matmul of %d x %lld exceeds reserved scratch", T,
                        (long long)w->ne0);
-    cpu_matmul(c->pool, w->type, tensor_row(w, 0), (int)w->ne1, (int)w->ne0, x->p, T, y->p,
+    cpu_matmul(c->pool, mm_type(w), tensor_row(w, 0), (int)w->ne1, (int)w->ne0, x->p, T, y->p,
                c->mm_scratch);
     return 0;
 }
@@ -235,7 +289,7 @@ static int cpu_matmul_n_op(md_backend *be, int n, const md_tensor *const *w, con
         if (cpu_matmul_scratch_size(w[i]->type, cols, T) > c->mm_scratch_n)
             return md_errf(e, MD_ERANGE,
                            "cpu backend: matmul of %d x %d exceeds reserved scratch", T, cols);
-        seg[i] = (cpu_mm_seg){w[i]->type, tensor_row(w[i], 0), (int)w[i]->ne1, y[i]->p};
+        seg[i] = (cpu_mm_seg){mm_type(w[i]), tensor_row(w[i], 0), (int)w[i]->ne1, y[i]->p};
     }
     _Static_assert((int)MD_MM_SET == (int)CPU_MM_SET && (int)MD_MM_ACC == (int)CPU_MM_ACC &&
                        (int)MD_MM_SWIGLU == (int)CPU_MM_SWIGLU && MD_MM_MAX == CPU_MM_MAX,
@@ -624,7 +678,7 @@ static int cpu_embed_add(md_backend *be, const md_tensor *w, int offset, md_buf 
             cpu_add(ot, ot, tensor_row(w, r), (int)w->ne0);
             continue;
         }
-        cpu_dequant_row(w->type, tensor_row(w, r), row, (int)w->ne0);
+        weight_row(w, r, row);
         cpu_add(ot, ot, row, (int)w->ne0);
     }
     return 0;
@@ -687,6 +741,7 @@ static const md_backend_ops cpu_ops = {
     .describe = cpu_describe,
     .buf_alloc = cpu_buf_alloc,
     .buf_wrap = cpu_buf_wrap,
+    .weight_wrap = cpu_weight_wrap,
     .buf_free = cpu_buf_free,
     .buf_upload = cpu_buf_upload,
     .buf_download = cpu_buf_download,

@@ -86,6 +86,32 @@ typedef struct {
 } cpu_mm_seg;
 void cpu_matmul_n(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const float *x, int n,
                   int mode, void *scratch);
+/* ---- repacked weights (repack.c; docs/kernels.md "Repacked weights") ----
+ * Q4_0, Q4_1, Q5_0 and Q8_0 weights copied into groups of CPU_PACK_ROWS rows whose blocks
+ * are interleaved, so one 4-byte activation broadcast feeds 16 rows in one dpbusd. A packed
+ * weight goes to cpu_matmul / cpu_matmul_n as wtype CPU_PACKED(t) with W the packed copy;
+ * every SIMD level multiplies it (the scalar packed kernel where a level has none), and its
+ * results do not depend on n, the tiles or the threads, like the plain layout's. */
+#define CPU_PACK_ROWS 16
+#define CPU_PACKED(t) (0x100 | (t))
+/* 1 when type t has a packed layout (Q4_0, Q4_1, Q5_0, Q8_0); else 0. */
+int cpu_pack_type(int t);
+/* 1 when the SIMD level in use has packed kernels for t that beat the plain layout's (AVX2
+ * and AVX-512 VNNI), so a backend should repack t's weights at load; else 0. */
+int cpu_pack_wanted(int t);
+/* Bytes of the packed copy of rows x cols of t (rows padded to CPU_PACK_ROWS); 0 when t has
+ * no packed layout or the shape is not one cpu_matmul_check accepts. */
+size_t cpu_pack_size(int t, int rows, int cols);
+/* Write the packed copy of W (rows x cols of t, GGUF layout) into dst (cpu_pack_size bytes,
+ * 64-byte aligned). Returns 0, or -1 (dst untouched) for a type or shape without a layout. */
+int cpu_pack(int t, const void *W, int rows, int cols, void *dst);
+/* The same for the groups [g0, g1) of CPU_PACK_ROWS rows only (dst: the whole packed copy),
+ * so a large weight can be packed, and its source released, a part at a time. */
+int cpu_pack_groups(int t, const void *W, int rows, int cols, int g0, int g1, void *dst);
+/* Row r of a packed weight dequantized into out[cols] (the values cpu_dequant_row gives for
+ * the GGUF row it was packed from). */
+void cpu_packed_dequant_row(int t, const void *Wp, int rows, int cols, int r, float *out);
+
 /* Scalar reference: dequantize each row, dot with unquantized x in double; for tests and
  * benchmarks (slow; allocates one row of floats). */
 void cpu_matmul_ref(int wtype, const void *W, int rows, int cols, const float *x, int n, float *y);

@@ -54,6 +54,10 @@ static void build_table(int level) {
         TAKE(q8_0);
         TAKE(q4_k);
         TAKE(q6_k);
+        TAKE(p_q4_0);
+        TAKE(p_q4_1);
+        TAKE(p_q5_0);
+        TAKE(p_q8_0);
         TAKE(quant32);
         TAKE(quantk);
 #undef TAKE
@@ -117,7 +121,13 @@ int cpu_simd_set(int level) {
 
 int cpu_weight_type(int t) { return md_type_supported(t) || t == MD_TYPE_Q5_0; }
 
+/* A packed weight type (CPU_PACKED) stands for its block type in everything but the tile
+ * kernel: the activations, the scratch and the checks are the block type's. */
+static int is_packed(int t) { return (t & ~0xff) == 0x100 && cpu_pack_type(t & 0xff); }
+static int base_type(int t) { return is_packed(t) ? t & 0xff : t; }
+
 int cpu_matmul_check(int t, int cols) {
+    t = base_type(t);
     int bs = cpu_weight_type(t) ? md_type_block(t) : 0;
     return bs > 0 && cols > 0 && cols % bs == 0 ? 0 : -1;
 }
@@ -126,8 +136,14 @@ int cpu_matmul_check(int t, int cols) {
 
 static size_t round64(size_t x) { return (x + 63) & ~(size_t)63; }
 
-static int is_k(int t) { return t == MD_TYPE_Q4_K || t == MD_TYPE_Q6_K; }
-static int is_float(int t) { return t == MD_TYPE_F32 || t == MD_TYPE_F16 || t == MD_TYPE_BF16; }
+static int is_k(int t) {
+    t = base_type(t);
+    return t == MD_TYPE_Q4_K || t == MD_TYPE_Q6_K;
+}
+static int is_float(int t) {
+    t = base_type(t);
+    return t == MD_TYPE_F32 || t == MD_TYPE_F16 || t == MD_TYPE_BF16;
+}
 
 /* Bytes of one quantized activation row, and where its parts start. */
 static size_t act_row_bytes(int t, int cols) {
@@ -153,6 +169,7 @@ static act_row act_at(const uint8_t *scratch, int t, int cols, int i) {
 }
 
 size_t cpu_matmul_scratch_size(int t, int cols, int n) {
+    t = base_type(t);
     if (!cpu_weight_type(t) || is_float(t) || cols <= 0 || n <= 0)
         return 0;
     return (size_t)n * act_row_bytes(t, cols);
@@ -160,10 +177,12 @@ size_t cpu_matmul_scratch_size(int t, int cols, int n) {
 
 /* ---- driver ---- */
 
-/* One weight of a product: its tile kernel, rows and output. Its row chunks are items
+/* One weight of a product: its tile kernel (pfn for a packed weight, whose wstride is then
+ * the bytes of one group of CPU_PACK_ROWS rows), rows and output. Its row chunks are items
  * [chunk0, chunk0 + n_chunks) of each activation chunk. */
 typedef struct {
     tile_fn fn;
+    ptile_fn pfn;
     const uint8_t *W;
     size_t wstride;
     int rows, nb, chunk0, n_chunks;
@@ -197,6 +216,19 @@ static void quantize_rows(void *ctx, int ith, int nth) {
  * computed aside (y += t, the same sum as a separate add); SWIGLU (segment 0 is the gate,
  * 1 the up projection of the same rows) writes both products, then silu(g) * u into
  * segment 0's y over the whole row range with the vector routine the unfused op uses. */
+/* Rows [r0, r1) (r0 a multiple of CPU_PACK_ROWS) of packed segment g against activations
+ * c0.. (acts, nc rows): one group's blocks stay in L1 while the activation tiles pass. */
+static void mm_packed(const mm_job *j, const mm_seg *g, int r0, int r1, const act_row *acts, int c0,
+                      int nc) {
+    for (int r = r0; r < r1; r += CPU_PACK_ROWS) {
+        int nr = r1 - r < CPU_PACK_ROWS ? r1 - r : CPU_PACK_ROWS;
+        const uint8_t *wg = g->W + (size_t)(r / CPU_PACK_ROWS) * g->wstride;
+        for (int c = 0; c < nc; c += KCP)
+            g->pfn(g->nb, wg, nr, acts + c, nc - c < KCP ? nc - c : KCP,
+                   g->y + (size_t)(c0 + c) * g->rows + r, (size_t)g->rows, j->mode == CPU_MM_ACC);
+    }
+}
+
 static void mm_range(const mm_job *j, const mm_seg *sg, int r0, int r1, int c0, int c1) {
     /* every activation row of the item located once, not once per row tile (c1 - c0 <= 64,
      * the activation chunk) */
@@ -210,14 +242,23 @@ static void mm_range(const mm_job *j, const mm_seg *sg, int r0, int r1, int c0, 
         else
             xf_all[c - c0] = j->x + (size_t)c * j->cols;
     }
-    for (int r = r0; r < r1; r += KR) {
+    int n_s = j->mode == CPU_MM_SWIGLU ? 2 : 1, plain = 0;
+    for (int s = 0; s < n_s; s++) {
+        if (sg[s].pfn)
+            mm_packed(j, &sg[s], r0, r1, acts_all, c0, c1 - c0);
+        else
+            plain = 1;
+    }
+    for (int r = r0; plain && r < r1; r += KR) {
         int nr = r1 - r < KR ? r1 - r : KR;
         for (int c = c0; c < c1; c += KC) {
             int nc = c1 - c < KC ? c1 - c : KC;
             const act_row *acts = acts_all + (c - c0);
             const float *const *xf = xf_all + (c - c0);
-            for (int s = 0; s < (j->mode == CPU_MM_SWIGLU ? 2 : 1); s++) {
+            for (int s = 0; s < n_s; s++) {
                 const mm_seg *g = sg + s;
+                if (g->pfn)
+                    continue;
                 const uint8_t *w = g->W + (size_t)r * g->wstride;
                 float *y = g->y + (size_t)c * g->rows + r;
                 if (j->mode != CPU_MM_ACC) {
@@ -258,6 +299,16 @@ static void mm_worker(void *ctx, int ith, int nth) {
     }
 }
 
+static ptile_fn pick_packed(int t) {
+    switch (is_packed(t) ? t & 0xff : -1) {
+    case MD_TYPE_Q4_0: return g_tab.p_q4_0;
+    case MD_TYPE_Q4_1: return g_tab.p_q4_1;
+    case MD_TYPE_Q5_0: return g_tab.p_q5_0;
+    case MD_TYPE_Q8_0: return g_tab.p_q8_0;
+    default: return NULL;
+    }
+}
+
 static tile_fn pick(int t) {
     switch (t) {
     case MD_TYPE_F32: return g_tab.f32;
@@ -287,12 +338,14 @@ static void mm_run(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const fl
     double work = 0;
     int total_rows = 0;
     for (int i = 0; i < n_w; i++) {
+        int bt = base_type(w[i].wtype);
         j.seg[i] = (mm_seg){
-            .fn = pick(w[i].wtype),
+            .fn = pick(bt),
+            .pfn = pick_packed(w[i].wtype),
             .W = w[i].W,
-            .wstride = md_type_row_bytes(w[i].wtype, cols),
+            .wstride = md_type_row_bytes(bt, cols) * (is_packed(w[i].wtype) ? CPU_PACK_ROWS : 1),
             .rows = w[i].rows,
-            .nb = is_float(w[i].wtype) ? cols : cols / md_type_block(w[i].wtype),
+            .nb = is_float(bt) ? cols : cols / md_type_block(bt),
             .y = w[i].y,
         };
         work += (double)w[i].rows * cols * n;
@@ -318,9 +371,8 @@ static void mm_run(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const fl
     int n_act_chunks = (n + j.act_chunk - 1) / j.act_chunk;
     int want = n <= 4 ? nth * 2 : nth * 8 / n_act_chunks + 1;
     int rc = (total_rows + want - 1) / want;
-    rc = (rc + KR - 1) / KR * KR;
-    if (rc < 16)
-        rc = 16;
+    /* a multiple of the packed group (and so of KR): a packed row chunk starts at a group */
+    rc = (rc + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS * CPU_PACK_ROWS;
     j.row_chunk = rc;
     j.n_row_chunks = 0;
     for (int i = 0; i < n_walk; i++) {

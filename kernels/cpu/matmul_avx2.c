@@ -477,9 +477,116 @@ TGT static void quantk(const float *x, int cols, int8_t *q, float *d, int16_t *b
     }
 }
 
+/* ---- packed weights (repack.c): 8 rows in the 8 int32 lanes, half h of a 16-row record
+ * (bytes 32h..32h+31 of each 64-byte part are rows 8h..8h+7 × 4 elements). maddubs of a part
+ * against 4 activation bytes broadcast to every lane gives each row's pairs in int16; the
+ * pairs of the 8 element groups are summed in int16 before one madd where they cannot
+ * overflow (Q4: 8 × 2·15·127 < 2^15; Q5_0: 4 × 2·31·127), one madd per group for Q8_0,
+ * whose +128 quants are made signed again and multiplied by the sign trick (|w|, x·sign(w)):
+ * maddubs of 255·127 pairs would saturate. Per block and activation row c:
+ *   acc_c += cvt(dot) · (dw · dx_c) + mw · s_c   (mw = m, or −off·dw; Q8_0 here: off 0). ---- */
+TGT static INL void pk2_main(int nb, const uint8_t *wg, const int T, int h, const act_row *a,
+                             const int C, __m256 acc[2]) {
+    const size_t pb = pk_block_bytes(T), doff = pk_d_off(T);
+    const float off = T == MD_TYPE_Q4_0 ? 8.0f : T == MD_TYPE_Q5_0 ? 16.0f : 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    for (int c = 0; c < C; c++)
+        acc[c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *rec = wg + (size_t)b * pb;
+        __m256i wq[8];
+        if (T == MD_TYPE_Q8_0) {
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++)
+                wq[g] = _mm256_xor_si256(
+                    _mm256_loadu_si256((const __m256i *)(rec + 64 * g + 32 * h)),
+                    _mm256_set1_epi8((char)0x80));
+        } else {
+            #pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m256i z = _mm256_loadu_si256((const __m256i *)(rec + 64 * k + 32 * h));
+                wq[2 * k] = _mm256_and_si256(z, m4);
+                wq[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
+            }
+        }
+        if (T == MD_TYPE_Q5_0) {
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++)
+                wq[g] = _mm256_or_si256(wq[g], unpack_high_bits(rec + 256 + 8 * g + 4 * h));
+        }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + doff + 16 * h)));
+        __m256 mw = T == MD_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(
+                                            (const __m128i *)(rec + doff + 32 + 16 * h)))
+                                      : _mm256_mul_ps(dw, _mm256_set1_ps(-off));
+        #pragma GCC unroll 2
+        for (int c = 0; c < C; c++) {
+            const int8_t *xq = a[c].q + (size_t)b * QK32;
+            __m256i dot = _mm256_setzero_si256(), p16 = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                int32_t x4;
+                memcpy(&x4, xq + 4 * g, 4);
+                __m256i xv = _mm256_set1_epi32(x4);
+                if (T == MD_TYPE_Q8_0) {
+                    __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(wq[g]),
+                                                     _mm256_sign_epi8(xv, wq[g]));
+                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(p, ones));
+                    continue;
+                }
+                p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wq[g], xv));
+                if (T == MD_TYPE_Q5_0 && g == 3) { /* 4 groups of 5-bit pairs: flush */
+                    dot = _mm256_madd_epi16(p16, ones);
+                    p16 = _mm256_setzero_si256();
+                }
+            }
+            if (T != MD_TYPE_Q8_0)
+                dot = _mm256_add_epi32(dot, _mm256_madd_epi16(p16, ones));
+            __m256 f = _mm256_cvtepi32_ps(dot);
+            acc[c] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(a[c].d[b])), acc[c]);
+            acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a[c].s[b]), acc[c]);
+        }
+    }
+}
+
+/* Rows [0, nr) of a packed group against a[0..nc): halves of 8 rows × pairs of activation
+ * rows (16 registers: 8 unpacked weight vectors, 2 accumulators, the rest scratch). */
+TGT static INL void pk2_tile(int nb, const uint8_t *wg, const int T, int nr, const act_row *a,
+                             int nc, float *y, size_t ldy, int add) {
+    for (int h = 0; h < 2 && 8 * h < nr; h++) {
+        int n8 = nr - 8 * h < 8 ? nr - 8 * h : 8;
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n8),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (int c = 0; c < nc; c += 2) {
+            __m256 acc[2];
+            int C = nc - c < 2 ? 1 : 2;
+            if (C == 2)
+                pk2_main(nb, wg, T, h, a + c, 2, acc);
+            else
+                pk2_main(nb, wg, T, h, a + c, 1, acc);
+            for (int k = 0; k < C; k++) {
+                float *yc = y + (size_t)(c + k) * ldy + 8 * h;
+                __m256 v = add ? _mm256_add_ps(_mm256_maskload_ps(yc, m), acc[k]) : acc[k];
+                _mm256_maskstore_ps(yc, m, v);
+            }
+        }
+    }
+}
+
+#define PTILE2(name, T)                                                                            \
+    TGT static void name(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,   \
+                         size_t ldy, int add) {                                                    \
+        pk2_tile(nb, wg, T, nr, a, nc, y, ldy, add);                                               \
+    }
+PTILE2(ptile_q4_0, MD_TYPE_Q4_0)
+PTILE2(ptile_q4_1, MD_TYPE_Q4_1)
+PTILE2(ptile_q5_0, MD_TYPE_Q5_0)
+PTILE2(ptile_q8_0, MD_TYPE_Q8_0)
+#undef PTILE2
+
 const kernel_table cpu_kernels_avx2 = {
     .f32 = tile_f32, .f16 = tile_f16, .bf16 = tile_bf16, .q4_0 = tile_q4_0,
     .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0, .q4_k = tile_q4_k, .q6_k = tile_q6_k,
+    .p_q4_0 = ptile_q4_0, .p_q4_1 = ptile_q4_1, .p_q5_0 = ptile_q5_0, .p_q8_0 = ptile_q8_0,
     .quant32 = quant32, .quantk = quantk,
 };
 #else

@@ -356,6 +356,115 @@ TGT static INL void fw_main(int cols, const uint8_t *w, size_t ws, int kind, con
             y[c * ldy + r] = hsum16(acc[r][c]);
 }
 
+/* ---- packed weights (repack.c): 16 rows in the 16 int32 lanes. One 64-byte record part is
+ * 16 rows × 4 consecutive elements, so each dpbusd takes 4 activation bytes broadcast to every
+ * lane: one load of x feeds 16 rows, and the block scales of the 16 rows are one vector (no
+ * horizontal sums, no per-row scale shuffles). Per block and activation row c:
+ *   acc_c += cvt(Σ_g dpbusd(w_g, x_c[4g..4g+3])) · (dw · dx_c) + mw · s_c
+ * with mw = Q4_1's m, or −off·dw (Q4_0 8, Q5_0 16, Q8_0 128: the unsigned quants' offset).
+ * The integer sums are exact, so a lane's value does not depend on C or on how the int
+ * chains are split. ---- */
+TGT static INL void pk_main(int nb, const uint8_t *wg, const int T, int nr, const act_row *a,
+                            const int C, float *y, size_t ldy, int add) {
+    const size_t pb = pk_block_bytes(T), doff = pk_d_off(T);
+    const float off = T == MD_TYPE_Q4_0   ? 8.0f
+                      : T == MD_TYPE_Q5_0 ? 16.0f
+                      : T == MD_TYPE_Q8_0 ? 128.0f
+                                          : 0.0f;
+    const __m512i m4 = _mm512_set1_epi8(15), h16 = _mm512_set1_epi8(16);
+    const __m512 noff = _mm512_set1_ps(-off);
+    /* decode-sized tiles wait on memory: two int chains hide dpbusd's latency, and the record
+     * 4 blocks on is prefetched (the next group follows contiguously) */
+    const int split = C <= 2;
+    __m512 acc[KCP];
+    #pragma GCC unroll 8
+    for (int c = 0; c < C; c++)
+        acc[c] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *rec = wg + (size_t)b * pb;
+        if (C <= 4)
+            for (size_t o = 0; o < pb; o += 64)
+                _mm_prefetch((const char *)rec + 4 * pb + o, _MM_HINT_T0);
+        __m512i wq[8];
+        if (T == MD_TYPE_Q8_0) {
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++)
+                wq[g] = _mm512_loadu_si512((const void *)(rec + 64 * g));
+        } else {
+            #pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m512i z = _mm512_loadu_si512((const void *)(rec + 64 * k));
+                wq[2 * k] = _mm512_and_si512(z, m4);
+                wq[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+            }
+        }
+        if (T == MD_TYPE_Q5_0) {
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                uint64_t hm;
+                memcpy(&hm, rec + 256 + 8 * g, 8);
+                wq[g] = _mm512_mask_add_epi8(wq[g], (__mmask64)hm, wq[g], h16);
+            }
+        }
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + doff)));
+        __m512 mw = T == MD_TYPE_Q4_1
+                        ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + doff + 32)))
+                        : _mm512_mul_ps(dw, noff);
+        #pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            const int8_t *xq = a[c].q + (size_t)b * QK32;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                int32_t x4;
+                memcpy(&x4, xq + 4 * g, 4);
+                if (split && (g & 1))
+                    s1 = _mm512_dpbusd_epi32(s1, wq[g], _mm512_set1_epi32(x4));
+                else
+                    s0 = _mm512_dpbusd_epi32(s0, wq[g], _mm512_set1_epi32(x4));
+            }
+            if (split)
+                s0 = _mm512_add_epi32(s0, s1);
+            __m512 f = _mm512_cvtepi32_ps(s0);
+            acc[c] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(a[c].d[b])), acc[c]);
+            acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a[c].s[b]), acc[c]);
+        }
+    }
+    __mmask16 m = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1);
+    #pragma GCC unroll 8
+    for (int c = 0; c < C; c++) {
+        float *yc = y + (size_t)c * ldy;
+        __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, yc), acc[c]) : acc[c];
+        _mm512_mask_storeu_ps(yc, m, v);
+    }
+}
+
+#define DISPATCH8(CALL)                                                                            \
+    switch (nc) {                                                                                  \
+    case 1: CALL(1); break;                                                                        \
+    case 2: CALL(2); break;                                                                        \
+    case 3: CALL(3); break;                                                                        \
+    case 4: CALL(4); break;                                                                        \
+    case 5: CALL(5); break;                                                                        \
+    case 6: CALL(6); break;                                                                        \
+    case 7: CALL(7); break;                                                                        \
+    default: CALL(8); break;                                                                       \
+    }
+
+#define PTILE512(name, T)                                                                          \
+    TGT static void name(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,    \
+                         size_t ldy, int add) {                                                    \
+        _Static_assert(KCP == 8, "DISPATCH8 instantiates C = 1..KCP");                             \
+        const int ty = T;                                                                          \
+        DISPATCH8(PCALL)                                                                           \
+    }
+#define PCALL(C) pk_main(nb, wg, ty, nr, a, C, y, ldy, add)
+PTILE512(ptile_q4_0, MD_TYPE_Q4_0)
+PTILE512(ptile_q4_1, MD_TYPE_Q4_1)
+PTILE512(ptile_q5_0, MD_TYPE_Q5_0)
+PTILE512(ptile_q8_0, MD_TYPE_Q8_0)
+#undef PCALL
+
 /* Instantiate every (R, C) in 1..4 × 1..4 with constants: accumulators stay in registers. */
 #define DISPATCH16(CALL)                                                                           \
     switch ((nr - 1) * 4 + (nc - 1)) {                                                             \
@@ -444,6 +553,7 @@ const kernel_table cpu_kernels_avx512 = {
     .f32 = tile_f32, .f16 = tile_f16, .bf16 = tile_bf16,
     .q4_0 = tile_q4_0, .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0,
     .q4_k = tile_q4_k, .q6_k = tile_q6_k,
+    .p_q4_0 = ptile_q4_0, .p_q4_1 = ptile_q4_1, .p_q5_0 = ptile_q5_0, .p_q8_0 = ptile_q8_0,
 };
 #else
 const kernel_table cpu_kernels_avx512 = {0};

@@ -88,8 +88,34 @@ typedef void (*tile_fn)(int nb, const uint8_t *w, size_t wstride, int nr, const 
  * scalar table provides all). Float weight types get x rows in xf instead of a. */
 typedef void (*quant32_fn)(const float *x, int cols, int8_t *q, float *d, float *s);
 typedef void (*quantk_fn)(const float *x, int cols, int8_t *q, float *d, int16_t *bsum);
+/* A packed tile (repack.c's layout): rows [0, nr) of one group of CPU_PACK_ROWS rows (wg: its
+ * block 0; nr <= 16) against activations a[0..nc) (nc <= KCP), y[c*ldy + r] = the product,
+ * or y[c*ldy + r] + the product when add (the same float add as a separate cpu_add). */
+typedef void (*ptile_fn)(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
+                         size_t ldy, int add);
+#define KCP 8
+
+/* Packed record of one block of 16 rows: quants (Q8_0: 512 bytes, else 256), Q5_0's fifth-bit
+ * masks (64 bytes), d (16 fp16), Q4_1's m (16 fp16); 16 × the GGUF block's bytes. */
+static inline size_t pk_block_bytes(int t) {
+    return t == MD_TYPE_Q8_0 ? 544 : t == MD_TYPE_Q5_0 ? 352 : t == MD_TYPE_Q4_1 ? 320 : 288;
+}
+static inline size_t pk_d_off(int t) {
+    return t == MD_TYPE_Q8_0 ? 512 : t == MD_TYPE_Q5_0 ? 320 : 256;
+}
+
+void cpu_ptile_q4_0_scalar(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
+                           size_t ldy, int add);
+void cpu_ptile_q4_1_scalar(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
+                           size_t ldy, int add);
+void cpu_ptile_q5_0_scalar(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
+                           size_t ldy, int add);
+void cpu_ptile_q8_0_scalar(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
+                           size_t ldy, int add);
+
 typedef struct {
     tile_fn f32, f16, bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q6_k;
+    ptile_fn p_q4_0, p_q4_1, p_q5_0, p_q8_0; /* packed weights (repack.c) */
     quant32_fn quant32; /* x row -> int8 blocks of 32 with d and s = d*sum(q) */
     quantk_fn quantk;   /* x row -> int8 blocks of 256 with d and 16-element sums */
 } kernel_table;

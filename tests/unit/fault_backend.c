@@ -219,6 +219,23 @@ static int f_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf **o
     return rc;
 }
 
+/* A weight in the wrapped backend's layout (its repacked weights), faulted as buf_wrap. */
+static int f_weight_wrap(md_backend *be, const void *host, size_t bytes, int type, int64_t ne0,
+                         int64_t ne1, void (*done)(void *, const void *, size_t), void *done_ctx,
+                         md_buf **out, int *copied, md_err *e) {
+    fault_be *f = fb(be);
+    *copied = 0;
+    int rc = gate(f, OP_BUF_WRAP, NULL, e);
+    if (rc == 0)
+        rc = f->in->ops->weight_wrap
+                 ? f->in->ops->weight_wrap(f->in, host, bytes, type, ne0, ne1, done, done_ctx,
+                                           out, copied, e)
+                 : f->in->ops->buf_wrap(f->in, host, bytes, out, e);
+    if (rc == 0)
+        stat_add(&g_stats.live_bufs, 1);
+    return rc;
+}
+
 /* Freeing works whatever state the device is in (as cudaFree on a failed context returns
  * its error but the engine must still be able to tear down). */
 static void f_buf_free(md_backend *be, md_buf *b) {
@@ -364,6 +381,7 @@ static const md_backend_ops fault_ops = {
     .describe = f_describe,
     .buf_alloc = f_buf_alloc,
     .buf_wrap = f_buf_wrap,
+    .weight_wrap = f_weight_wrap,
     .buf_free = f_buf_free,
     .buf_upload = f_buf_upload,
     .buf_download = f_buf_download,

@@ -157,6 +157,16 @@ static int gb_buf_alloc(md_backend *be, size_t bytes, md_buf **out, md_err *e) {
 static int gb_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf **out, md_err *e) {
     return IN(be)->ops->buf_wrap(IN(be), host, bytes, out, e);
 }
+/* The wrapped backend's own weight layout (its repacked weights), so results match it. */
+static int gb_weight_wrap(md_backend *be, const void *host, size_t bytes, int type, int64_t ne0,
+                          int64_t ne1, void (*done)(void *, const void *, size_t), void *done_ctx,
+                          md_buf **out, int *copied, md_err *e) {
+    *copied = 0;
+    if (!IN(be)->ops->weight_wrap)
+        return IN(be)->ops->buf_wrap(IN(be), host, bytes, out, e);
+    return IN(be)->ops->weight_wrap(IN(be), host, bytes, type, ne0, ne1, done, done_ctx, out,
+                                    copied, e);
+}
 static void gb_buf_free(md_backend *be, md_buf *b) {
     IN(be)->ops->buf_free(IN(be), b);
 }
@@ -336,6 +346,7 @@ static const md_backend_ops gb_ops = {
     .describe = gb_describe,
     .buf_alloc = gb_buf_alloc,
     .buf_wrap = gb_buf_wrap,
+    .weight_wrap = gb_weight_wrap,
     .buf_free = gb_buf_free,
     .buf_upload = gb_buf_upload,
     .buf_download = gb_buf_download,
