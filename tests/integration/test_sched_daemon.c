@@ -454,6 +454,38 @@ static void cpu_devices_are_planned(void **st) {
     sched_catalog_free(&cat);
 }
 
+/* A CPU host's memory is its heartbeat's memory_bytes (docs/protocol.md), not the catalog's
+ * 16 GB slice: llama-2-13b (26 GB of BF16 weights) is planned on a 64 GiB host, and a fleet
+ * of an 8 GiB host alone gets no plan for it (before, both were 16 GB: neither held it). */
+static void cpu_host_memory_comes_from_the_heartbeat(void **st) {
+    cmd("FLUSHALL");
+    cmd("HSET medley:worker:small host h1 state running devices %s",
+        "[{\"type\":\"cpu\",\"memory_bytes\":8589934592,\"tokens_per_s\":0}]");
+    cmd("XGROUP CREATE medley:q:llama-2-13b workers $ MKSTREAM");
+    cmd("EVAL %s 1 medley:q:llama-2-13b 50",
+        "for i = 1, tonumber(ARGV[1]) do redis.call('XADD', KEYS[1], '*', 'batch', 'b1') end");
+    sched_catalog cat;
+    md_err e = {0};
+    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
+    sched_daemon_opts o = {url, "medley:", NULL, 0.1, 5000, 60, 0.1, 1};
+    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    char *js = NULL;
+    assert_true(plan_version(&js) <= 0);
+    free(js);
+    cmd("HSET medley:worker:big host h2 state running devices %s",
+        "[{\"type\":\"cpu\",\"memory_bytes\":68719476736,\"tokens_per_s\":0}]");
+    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    assert_int_equal(plan_version(&js), 1);
+    json_t *doc = json_loads(js, 0, NULL);
+    json_t *reps = json_object_get(doc, "replicas");
+    assert_int_equal(json_array_size(reps), 1);
+    json_t *s0 = json_array_get(json_object_get(json_array_get(reps, 0), "stages"), 0);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(s0, "gpus"), 0)), "big/0");
+    json_decref(doc);
+    free(js);
+    sched_catalog_free(&cat);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(once_publishes_a_plan_and_an_event),
@@ -463,6 +495,7 @@ int main(void) {
         cmocka_unit_test(many_workers_from_heartbeats_plan_the_same_twice),
         cmocka_unit_test(long_worker_ids_name_their_workers),
         cmocka_unit_test(cpu_devices_are_planned),
+        cmocka_unit_test(cpu_host_memory_comes_from_the_heartbeat),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
