@@ -110,11 +110,12 @@ int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e);
 typedef struct {
     md_buf **k, **v; /* [n_layer] */
     int n_slots;
-    int type; /* the backend's kv_cache_type: MD_TYPE_F32, F16 or BF16 */
+    int type; /* MD_TYPE_F32, F16 or BF16 */
 } md_kv_bufs;
 
+/* A KV cache of n_slots slots of the backend's kv_cache_type. */
 int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e);
-/* Same, with the element type (MD_TYPE_F32 / F16 / BF16; 0 = the backend's kv_cache_type). */
+/* Same, of element type type, taken as it is (MD_TYPE_F32 is 0 and means F32). */
 int md_kv_bufs_alloc_type(md_model *m, int n_slots, int type, md_kv_bufs *kv, md_err *e);
 void md_kv_bufs_free(md_model *m, md_kv_bufs *kv);
 /* Bytes one token's K and V take over all layers, in a cache of element type kv_type. */
