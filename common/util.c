@@ -158,8 +158,8 @@ static json_t *get_field(json_t *obj, const char *key, int required, const char 
     return (v && !json_is_null(v)) ? v : NULL;
 }
 
-int md_json_get_str(json_t *obj, const char *key, int required, const char **out,
-                    const char *where, md_err *e) {
+int md_json_get_str(json_t *obj, const char *key, int required, const char **out, const char *where,
+                    md_err *e) {
     int rc;
     json_t *v = get_field(obj, key, required, where, &rc, e);
     if (!v)
@@ -170,8 +170,8 @@ int md_json_get_str(json_t *obj, const char *key, int required, const char **out
     return 0;
 }
 
-int md_json_get_int(json_t *obj, const char *key, int required, long long *out,
-                    const char *where, md_err *e) {
+int md_json_get_int(json_t *obj, const char *key, int required, long long *out, const char *where,
+                    md_err *e) {
     int rc;
     json_t *v = get_field(obj, key, required, where, &rc, e);
     if (!v)
@@ -257,10 +257,26 @@ long long md_parse_size(const char *s) {
         return -1;
     double mul = 1;
     switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1048576.0; end++; break;
-    case 'g': case 'G': mul = 1073741824.0; end++; break;
-    case 't': case 'T': mul = 1099511627776.0; end++; break;
+    case 'k':
+    case 'K':
+        mul = 1024.0;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = 1048576.0;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = 1073741824.0;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        mul = 1099511627776.0;
+        end++;
+        break;
     default: break;
     }
     if (*end == 'i' || *end == 'B')
@@ -268,4 +284,43 @@ long long md_parse_size(const char *s) {
     if (*end || v * mul > 9e18)
         return -1;
     return (long long)(v * mul);
+}
+
+/* The first number after `key` in the file root/rel (its first 64 KiB), times unit; -1 when
+ * the file or the key is missing or no number follows ("max": no limit). */
+static long long number_in(const char *root, const char *rel, const char *key, long long unit) {
+    char path[4096], buf[65536];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = key[0] ? strstr(buf, key) : buf;
+    if (!p)
+        return -1;
+    p += strlen(key);
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (*p < '0' || *p > '9')
+        return -1;
+    errno = 0;
+    long long v = strtoll(p, NULL, 10);
+    return errno || v > LLONG_MAX / unit ? -1 : v * unit;
+}
+
+long long md_host_memory_bytes(const char *root) {
+    if (!root)
+        root = "/";
+    long long total = number_in(root, "proc/meminfo", "MemTotal:", 1024);
+    if (total <= 0)
+        return 0;
+    long long v2 = number_in(root, "sys/fs/cgroup/memory.max", "", 1),
+              v1 = number_in(root, "sys/fs/cgroup/memory/memory.limit_in_bytes", "", 1);
+    if (v2 > 0 && v2 < total)
+        total = v2;
+    if (v1 > 0 && v1 < total) /* v1 says "no limit" with a huge number: above MemTotal */
+        total = v1;
+    return total;
 }

@@ -1,5 +1,6 @@
 /* util.h — small helpers every part needs: clocks, random ids, whole-file reads,
- * the cache directory, and JSON field access with errors that name the field. */
+ * the cache directory, JSON field access with errors that name the field, and the host's
+ * memory. */
 #ifndef MEDLEY_COMMON_UTIL_H
 #define MEDLEY_COMMON_UTIL_H
 
@@ -34,10 +35,10 @@ int md_mkdirs(const char *path, md_err *e);
 json_t *md_json_load(const char *path, md_err *e);
 /* Typed getters: return 0 and set *out, or MD_EINVAL naming `where`.`key`. When the key
  * is absent and `required` is 0, *out is left unchanged and 0 is returned. */
-int md_json_get_str(json_t *obj, const char *key, int required, const char **out,
-                    const char *where, md_err *e);
-int md_json_get_int(json_t *obj, const char *key, int required, long long *out,
-                    const char *where, md_err *e);
+int md_json_get_str(json_t *obj, const char *key, int required, const char **out, const char *where,
+                    md_err *e);
+int md_json_get_int(json_t *obj, const char *key, int required, long long *out, const char *where,
+                    md_err *e);
 int md_json_get_num(json_t *obj, const char *key, int required, double *out, const char *where,
                     md_err *e);
 int md_json_get_bool(json_t *obj, const char *key, int required, int *out, const char *where,
@@ -51,5 +52,11 @@ const char *md_json_type_name(const json_t *v);
 
 /* "123", "64k", "512M", "2G" (powers of 1024) into bytes; -1 for anything else. */
 long long md_parse_size(const char *s);
+
+/* The memory this host gives a process, bytes: /proc/meminfo's MemTotal, or the cgroup's
+ * limit when lower (cgroup v2 memory.max, v1 memory.limit_in_bytes: a container's). root:
+ * where / is ("/" when NULL; tests pass a folder of such files). 0 when MemTotal cannot be
+ * read. */
+long long md_host_memory_bytes(const char *root);
 
 #endif

@@ -31,6 +31,7 @@ void dash_api_free(dash_api *a) {
     for (int i = 0; i < a->n_tally; i++)
         json_decref(a->tally[i].failures);
     free(a->tally);
+    json_decref(a->cancel_from);
     md_redis_close(a->r);
     md_redis_close(a->op);
     free(a);
@@ -322,7 +323,7 @@ json_t *dash_api_batches(dash_api *a, int limit, md_err *e) {
     freeReplyObject(card);
     json_t *list = json_array();
     json_object_set_new(out, "batches", list);
-    int budget = dash_api_scan_budget;
+    int budget = dash_api_scan_budget, cancel_budget = dash_cancel_budget;
     a->sweep++;
     json_t *served = NULL; /* read at the first batch not finished */
     for (size_t i = 0; ids->type == REDIS_REPLY_ARRAY && i < ids->elements; i++) {
@@ -354,6 +355,23 @@ json_t *dash_api_batches(dash_api *a, int limit, md_err *e) {
             freeReplyObject(ids);
             return NULL;
         }
+        if (json_object_get(a->cancel_from, id->str) && !strcmp(b.status, "cancelling") &&
+            !json_object_get(served, b.model) && cancel_budget > 0) {
+            /* this dashboard's cancel of an unserved batch left lines: go on with it */
+            long long n = 0;
+            int more = 0;
+            if (dash_cancel_unserved(a, id->str, b.model, &cancel_budget, &n, &more, e) ||
+                (n && q_batch_get(a->r, a->prefix, id->str, &b, e))) {
+                json_decref(out);
+                json_decref(served);
+                freeReplyObject(ids);
+                return NULL;
+            }
+            done = b.completed + b.failed;
+            terminal = q_status_terminal(b.status);
+        }
+        if (terminal) /* ended: by this dashboard's answers, or by workers */
+            json_object_del(a->cancel_from, id->str);
         double since_s = 0;
         if (b.started_at > 0)
             since_s = (double)((b.finished_at > 0 ? b.finished_at : now) - b.started_at) / 1000.0;
@@ -518,7 +536,8 @@ int dash_api_cancel(dash_api *a, const char *batch, char *status_out, size_t sta
     int nobody = !json_object_get(served, b.model);
     json_decref(served);
     long long n = 0;
-    if (!nobody || (rc = dash_cancel_unserved(a, batch, b.model, &n, e)))
+    int budget = dash_cancel_budget, more = 0;
+    if (!nobody || (rc = dash_cancel_unserved(a, batch, b.model, &budget, &n, &more, e)))
         return rc;
     if ((rc = q_batch_get(a->r, a->prefix, batch, &b, e)))
         return rc;

@@ -63,8 +63,9 @@ json_t *dash_api_dlq(dash_api *a, int limit, md_err *e);
 
 /* Cancel batch B. 0 with the resulting status in status_out; MD_ENOTFOUND for no such
  * batch, MD_EINVAL for one already finished (e says which), MD_EREDIS on a Redis failure.
- * When no live worker serves its model, its queued lines are answered here at once
- * (unserved.c), so it ends `cancelled` instead of waiting forever in `cancelling`. */
+ * When no live worker serves its model, its queued lines are answered here (unserved.c), so
+ * it ends `cancelled` instead of waiting forever in `cancelling`: up to dash_cancel_budget
+ * queue entries read in this call, the rest by the next dash_api_batches calls. */
 int dash_api_cancel(dash_api *a, const char *batch, char *status_out, size_t status_sz, md_err *e);
 /* Ask worker W to drain: HSET P worker:{W} drain <now ms> state draining, only while the key
  * exists (MD_ENOTFOUND otherwise). The worker sees it at its next heartbeat. */

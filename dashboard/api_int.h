@@ -28,17 +28,23 @@ struct dash_api {
     tally *tally;
     int n_tally, cap_tally;
     unsigned sweep;
-    int dlq_lines; /* show the start of DLQ lines (prompts): off by default */
+    int dlq_lines;       /* show the start of DLQ lines (prompts): off by default */
+    json_t *cancel_from; /* unserved.c: {batch: {stream: XRANGE start}} of the cancels whose
+                            queued lines are not all answered yet */
 };
 
 /* unserved.c: {model: true} for every model a live, running, not stale worker lists; NULL
  * on a Redis failure. */
 json_t *dash_served_models(dash_api *a, md_err *e);
-/* Answer every queued line of batch B (streams P q:{M} and P q:{M}:<class>) with a
+/* Answer the queued lines of batch B (streams P q:{M} and P q:{M}:<class>) with a
  * batch_cancelled error line, as a worker would, for a cancelled batch whose model nobody
- * serves; *answered counts them. 0 or MD_EREDIS. */
-int dash_cancel_unserved(dash_api *a, const char *batch, const char *model, long long *answered,
-                         md_err *e);
+ * serves: reading at most *budget queue entries (lowered by those read), on from where the
+ * last call for B stopped; *answered counts the lines answered, *more is 1 when entries are
+ * left to read. 0, MD_ENOMEM or MD_EREDIS. */
+int dash_cancel_unserved(dash_api *a, const char *batch, const char *model, int *budget,
+                         long long *answered, int *more, md_err *e);
+/* Queue entries one cancel request, or one listing of the batches, reads at most. */
+extern const int dash_cancel_budget;
 
 /* The connection for an operator action's writes (op, dialled again when it was lost, else
  * r); NULL with e filled when op cannot be reached. */

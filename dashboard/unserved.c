@@ -5,7 +5,10 @@
  * answers them itself, as a worker would: a `batch_cancelled` error line through the
  * completion script (so a worker that reads the same entry meanwhile is deduplicated by
  * P {B}:done: every custom_id still once), then XACK and XDEL of the entry. Reads go through
- * the dashboard's connection, these writes through the operator's (dash_op). */
+ * the dashboard's connection, these writes through the operator's (dash_op). The HTTP thread
+ * serves every request, so one call reads at most a budget of queue entries and remembers
+ * where it stopped in each stream; the cancel request and each later listing of the batches
+ * go on from there until the batch's lines are all answered. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +20,8 @@
 #include "queue/validate.h"
 
 #define RANGE_COUNT 500
+
+const int dash_cancel_budget = 2000;
 
 json_t *dash_served_models(dash_api *a, md_err *e) {
     json_t *fleet = dash_api_fleet(a, e);
@@ -112,22 +117,27 @@ static int answer(dash_api *a, const char *key, const char *id, const redisReply
     return rc;
 }
 
-/* Answer batch B's entries in one stream. */
-static int answer_stream(dash_api *a, const char *key, const char *batch, long long *n, md_err *e) {
-    char from[64] = "-";
-    for (;;) {
-        redisReply *r = md_redis_cmd(a->r, e, "XRANGE %s %s + COUNT %d", key, from, RANGE_COUNT);
+/* Answer batch B's entries in one stream, reading on from *from (an XRANGE start: "-", or
+ * "(<id>" after the last entry read, which it advances) at most *budget entries (which it
+ * lowers). 1 when the stream's end was reached, 0 when the budget ran out first, or
+ * MD_EREDIS (negative). */
+static int answer_stream(dash_api *a, const char *key, const char *batch, char *from, size_t fsz,
+                         int *budget, long long *n, md_err *e) {
+    while (*budget > 0) {
+        int count = *budget < RANGE_COUNT ? *budget : RANGE_COUNT;
+        redisReply *r = md_redis_cmd(a->r, e, "XRANGE %s %s + COUNT %d", key, from, count);
         if (dash_reply_error(r, "XRANGE", e)) {
             freeReplyObject(r);
             return MD_EREDIS;
         }
         size_t got = r->type == REDIS_REPLY_ARRAY ? r->elements : 0;
+        *budget -= (int)got;
         for (size_t i = 0; i < got; i++) {
             const redisReply *ent = r->element[i];
             if (ent->type != REDIS_REPLY_ARRAY || ent->elements != 2 || !ent->element[0]->str)
                 continue;
             const char *id = ent->element[0]->str;
-            snprintf(from, sizeof from, "(%s", id);
+            snprintf(from, fsz, "(%s", id);
             const redisReply *b = entry_field(ent->element[1], "batch");
             if (!b || b->type != REDIS_REPLY_STRING || strcmp(b->str, batch))
                 continue;
@@ -139,20 +149,31 @@ static int answer_stream(dash_api *a, const char *key, const char *batch, long l
             (*n)++;
         }
         freeReplyObject(r);
-        if (got < RANGE_COUNT)
-            return 0;
+        if (got < (size_t)count)
+            return 1;
     }
+    return 0;
 }
 
-int dash_cancel_unserved(dash_api *a, const char *batch, const char *model, long long *answered,
-                         md_err *e) {
+int dash_cancel_unserved(dash_api *a, const char *batch, const char *model, int *budget,
+                         long long *answered, int *more, md_err *e) {
     *answered = 0;
+    *more = 0;
     char key[Q_KEY_MAX], pat[2 * Q_KEY_MAX];
     q_key_queue(key, a->prefix, model);
     glob_prefix(pat, sizeof pat, key); /* P q:{M} and its class streams P q:{M}:<class> */
     json_t *keys = dash_scan(a, pat, e);
     if (!keys)
         return MD_EREDIS;
+    if (!a->cancel_from)
+        a->cancel_from = json_object();
+    json_t *at = json_object_get(a->cancel_from, batch); /* {stream: XRANGE start} */
+    if (!at && a->cancel_from && !json_object_set_new(a->cancel_from, batch, json_object()))
+        at = json_object_get(a->cancel_from, batch);
+    if (!at) {
+        json_decref(keys);
+        return md_errf(e, MD_ENOMEM, "out of memory");
+    }
     size_t i;
     json_t *k;
     int rc = 0;
@@ -160,14 +181,24 @@ int dash_cancel_unserved(dash_api *a, const char *batch, const char *model, long
         const char *s = json_string_value(k);
         if (strcmp(s, key) && strncmp(s + strlen(key), ":", 1))
             continue; /* P q:{M}x... is another model's */
-        if ((rc = answer_stream(a, s, batch, answered, e)))
+        char from[64];
+        const char *was = json_string_value(json_object_get(at, s));
+        snprintf(from, sizeof from, "%s", was ? was : "-");
+        int end = answer_stream(a, s, batch, from, sizeof from, budget, answered, e);
+        if (end < 0) {
+            rc = end;
             break;
+        }
+        json_object_set_new(at, s, json_string(from));
+        *more |= !end;
     }
     json_decref(keys);
+    if (!rc && !*more)
+        json_object_del(a->cancel_from, batch);
     if (!rc && *answered)
         MD_INFO("dashboard",
-                "cancel %s: no worker serves %s, so its %lld queued line(s) were "
-                "answered batch_cancelled here",
-                batch, model, *answered);
+                "cancel %s: no worker serves %s, so %lld queued line(s) were answered "
+                "batch_cancelled here%s",
+                batch, model, *answered, *more ? " (more on the next look)" : "");
     return rc;
 }

@@ -255,7 +255,8 @@ static int open_sharded(md_engine *eng, md_err *e) {
         return md_errf(e, MD_ERANGE,
                        "KV budget of %zu bytes holds %zu blocks of %d tokens (%zu bytes each)",
                        budget, n_blocks, eng->bs, per_tok * eng->bs);
-    md_stage_config base = {.kv_type = cfg->kv_type ? eng->kv_type : 0,
+    md_stage_config base = {.kv_type =
+                                cfg->kv_type ? md_stage_kv_code(eng->kv_type) : MD_STAGE_KV_BACKEND,
                             .n_threads = cfg->n_threads,
                             .n_slots = (int)n_blocks * eng->bs,
                             .max_tokens = eng->max_batch,

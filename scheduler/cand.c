@@ -61,7 +61,7 @@ int sched_layer_split(const sched_model *m, const sched_catalog *cat, sched_stag
     if (!isfinite(f[n - 1][L])) {
         double mem = 0;
         for (int s = 0; s < n; s++)
-            mem += st[s].tp * cat->gpus[st[s].type].memory_gb * pp->mem_util;
+            mem += st[s].tp * sched_stage_memory_gb(&cat->gpus[st[s].type], &st[s]) * pp->mem_util;
         return md_errf(e, MD_ERANGE,
                        "%s (%.1f GB of weights) has no layer split over these %d stages "
                        "(%.1f GB usable) that leaves KV room for %.0f tokens per stage",
@@ -159,9 +159,14 @@ static int tp_ok(const sched_pool *p, const sched_model *m, int t) {
     return t <= p->count && t <= p->gpus_per_host && m->heads % t == 0 && m->kv_heads % t == 0;
 }
 
-/* Device memory for weights of one TP group of t GPUs of g, bytes. */
-static double group_usable_b(const sched_gpu_type *g, int t, const sched_perf_params *pp) {
-    return t * (g->memory_gb * pp->mem_util - pp->reserve_gb) * 1e9;
+/* Device memory for weights of one TP group of t GPUs of pool p, bytes. */
+static double group_usable_b(const sched_pool *p, int t, const sched_perf_params *pp) {
+    return t * (p->memory_gb * pp->mem_util - pp->reserve_gb) * 1e9;
+}
+
+/* A stage of a TP group of tp GPUs of pool p of f, layers [lo, hi). */
+static sched_stage pool_stage(const sched_fleet *f, int p, int tp, int lo, int hi) {
+    return (sched_stage){f->pools[p].type, p, tp, lo, hi, f->pools[p].memory_gb};
 }
 
 /* "2xH100-SXM[0,78)+1xL4[78,80) PP"; a run of stages of one type and TP is written once,
@@ -235,7 +240,6 @@ static int build_same_type_pp(sched_cands *cs, int mi, const sched_demand *d, in
                               const sched_profiles *prof, const sched_perf_params *pp) {
     static const int tps[] = {1, 2, 4, 8};
     const sched_pool *pl = &f->pools[p];
-    const sched_gpu_type *g = &cat->gpus[pl->type];
     double wbytes = sched_model_params(&d->model) * d->model.bytes_per_weight;
     double need_kv = max_class_tokens(d, 1);
     int first = cs->n;
@@ -245,14 +249,14 @@ static int build_same_type_pp(sched_cands *cs, int mi, const sched_demand *d, in
             continue;
         int groups = pool_groups(pl, t);
         for (int S = 2; S <= SCHED_MAX_STAGES && S <= groups && made <= EXTRA_STAGES; S++) {
-            if (!made && S * group_usable_b(g, t, pp) < wbytes * 1.05)
+            if (!made && S * group_usable_b(pl, t, pp) < wbytes * 1.05)
                 continue;
             sched_cand c;
             memset(&c, 0, sizeof c);
             c.model = mi;
             c.nstages = S;
             for (int s = 0; s < S; s++)
-                c.stages[s] = (sched_stage){pl->type, p, t, 0, 0};
+                c.stages[s] = pool_stage(f, p, t, 0, 0);
             if (sched_layer_split(&d->model, cat, c.stages, S, need_kv, pp, NULL))
                 continue;
             c.gpus = S * t;
@@ -287,7 +291,7 @@ static int build_model(sched_cands *cs, int mi, const sched_demand *d, const sch
             memset(&c, 0, sizeof c);
             c.model = mi;
             c.nstages = 1;
-            c.stages[0] = (sched_stage){pl->type, p, tp, 0, d->model.layers};
+            c.stages[0] = pool_stage(f, p, tp, 0, d->model.layers);
             c.gpus = tp;
             c.usd_per_hour = tp * pl->usd_per_hour;
             if (!evaluate(&c, d, f, cat, prof, pp))
@@ -315,7 +319,7 @@ static int build_model(sched_cands *cs, int mi, const sched_demand *d, const sch
             if (tp_ok(pl, &d->model, tps[ti]))
                 tmax = tps[ti];
         double wbytes_p = sched_model_params(&d->model) * d->model.bytes_per_weight;
-        int tight = tmax > 0 && wbytes_p > 0.5 * group_usable_b(&cat->gpus[pl->type], tmax, pp);
+        int tight = tmax > 0 && wbytes_p > 0.5 * group_usable_b(pl, tmax, pp);
         if ((cs->n == first || tight) && build_same_type_pp(cs, mi, d, p, f, cat, prof, pp))
             return MD_ENOMEM;
     }
@@ -342,7 +346,7 @@ static int build_model(sched_cands *cs, int mi, const sched_demand *d, const sch
                         if (!tp_ok(pa, &d->model, ta) || !tp_ok(pb, &d->model, tb) ||
                             k > pool_groups(pa, ta))
                             continue;
-                        double mem = k * group_usable_b(ga, ta, pp) + group_usable_b(gb, tb, pp);
+                        double mem = k * group_usable_b(pa, ta, pp) + group_usable_b(pb, tb, pp);
                         if (mem < wbytes * 1.05)
                             continue;
                         /* fits: this or a smaller (TP a, TP b, k) holds the model */
@@ -356,8 +360,8 @@ static int build_model(sched_cands *cs, int mi, const sched_demand *d, const sch
                         c.model = mi;
                         c.nstages = k + 1;
                         for (int s = 0; s < k; s++)
-                            c.stages[s] = (sched_stage){pa->type, a, ta, 0, 0};
-                        c.stages[k] = (sched_stage){pb->type, b, tb, 0, 0};
+                            c.stages[s] = pool_stage(f, a, ta, 0, 0);
+                        c.stages[k] = pool_stage(f, b, tb, 0, 0);
                         if (sched_layer_split(&d->model, cat, c.stages, k + 1, need_kv, pp, NULL))
                             continue;
                         fits[i][j][k] = 1;
@@ -383,7 +387,7 @@ static int build_model(sched_cands *cs, int mi, const sched_demand *d, const sch
 static void calib_profile(const sched_demand *d, const sched_catalog *cat, int type, int tp,
                           const sched_profile *pr, const sched_perf_params *pp, double *lsum,
                           int *n) {
-    sched_stage st = {type, -1, tp, 0, d->model.layers};
+    sched_stage st = {type, -1, tp, 0, d->model.layers, 0};
     for (int k = 0; k < d->nclasses; k++) {
         const sched_class *cl = &d->classes[k];
         sched_perf meas, roof;

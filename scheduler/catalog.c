@@ -21,7 +21,8 @@ static const char *const FLEET_KEYS[] = {
     "version", "kind", "name", "inter_host_gbps", "inter_host_latency_us", "gpu_types", "prices",
     "pools",   "rent", NULL};
 static const char *const POOL_KEYS[] = {
-    "name", "type", "count", "gpus_per_host", "usd_per_hour", "usd_per_core_hour", NULL};
+    "name", "type", "count", "gpus_per_host", "memory_gb", "usd_per_hour", "usd_per_core_hour",
+    NULL};
 static const char *const RENT_KEYS[] = {"types", "max_per_type", "max", NULL};
 
 static int parse_gpu(json_t *g, sched_gpu_type *t, const char *where, md_err *e) {
@@ -387,6 +388,7 @@ static int fleet_rent(sched_fleet *f, json_t *rent, json_t *priced, sched_catalo
         p->type = t;
         p->count = (int)maxn;
         p->gpus_per_host = 8;
+        p->memory_gb = cat->gpus[t].memory_gb;
         p->usd_per_hour = cat->gpus[t].usd_per_hour;
         snprintf(p->price_from, sizeof p->price_from, "%s",
                  price_named(priced, cat, t) ? "fleet" : "catalog");
@@ -462,6 +464,12 @@ static int fleet_pool(sched_fleet *f, json_t *g, size_t i, json_t *priced, json_
     p->type = t;
     p->count = (int)count;
     p->gpus_per_host = (int)per;
+    p->memory_gb = cat->gpus[t].memory_gb;
+    if (md_json_get_num(g, "memory_gb", 0, &p->memory_gb, w, e))
+        return e->code;
+    if (!(p->memory_gb >= 0.1 && p->memory_gb <= 1e5))
+        return md_errf(e, MD_EINVAL, "%s.memory_gb must be in [0.1, 1e5] (GB per device), got %g",
+                       w, p->memory_gb);
     p->usd_per_hour = cat->gpus[t].usd_per_hour;
     if (md_json_get_num(g, "usd_per_hour", 0, &p->usd_per_hour, w, e) ||
         pool_core_price(g, p, cat, w, e))

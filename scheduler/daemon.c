@@ -157,11 +157,33 @@ static json_t *count_devices(sched_catalog *cat, const char *wid, json_t *devs, 
     return counts;
 }
 
-/* One pool per GPU type of a worker onto pools. usd (> 0: what the worker says all its
- * devices cost an hour) overrides the catalog's prices, split over its GPUs in proportion to
- * their catalog prices; the pools so priced are named in priced. */
-static void append_pools(sched_catalog *cat, const char *wid, json_t *counts, double usd,
-                         json_t *pools, json_t *priced) {
+/* The memory of the worker's host CPU of catalog type t (a type with cores: `cpu`), GB: its
+ * heartbeat device's memory_bytes (the host's memory, docs/protocol.md) rounded down to whole
+ * GiB, so that hosts of one size whose kernels keep a little more or less still merge into one
+ * pool; 0 for a GPU type or when the heartbeat gives none (the catalog's figure then). */
+static double host_cpu_memory_gb(const sched_catalog *cat, json_t *devs, const char *t) {
+    int k = sched_catalog_find(cat, t);
+    if (k < 0 || cat->gpus[k].cores < 1)
+        return 0;
+    size_t j;
+    json_t *d;
+    json_array_foreach(devs, j, d) {
+        const char *dt = json_string_value(json_object_get(d, "type"));
+        json_int_t b = json_integer_value(json_object_get(d, "memory_bytes"));
+        if (!dt || sched_catalog_find(cat, dt) != k || b <= 0)
+            continue;
+        double gib = floor((double)b / 1073741824.0);
+        return gib >= 1 ? gib * 1.073741824 : (double)b / 1e9 >= 0.1 ? (double)b / 1e9 : 0;
+    }
+    return 0;
+}
+
+/* One pool per GPU type of a worker (devs, its heartbeat's devices) onto pools. usd (> 0:
+ * what the worker says all its devices cost an hour) overrides the catalog's prices, split
+ * over its GPUs in proportion to their catalog prices; the pools so priced are named in
+ * priced. A host CPU's pool has the host's memory (host_cpu_memory_gb). */
+static void append_pools(sched_catalog *cat, const char *wid, json_t *devs, json_t *counts,
+                         double usd, json_t *pools, json_t *priced) {
     const char *t;
     json_t *n;
     double catalog_usd = 0; /* the worker's GPUs at catalog prices */
@@ -177,6 +199,9 @@ static void append_pools(sched_catalog *cat, const char *wid, json_t *counts, do
             snprintf(name, sizeof name, "%s#%s", wid, t);
         json_t *pool = json_pack("{s:s, s:s, s:O, s:O}", "name", name, "type", t, "count", n,
                                  "gpus_per_host", n);
+        double mem = host_cpu_memory_gb(cat, devs, t);
+        if (mem > 0)
+            json_object_set_new(pool, "memory_gb", json_real(mem));
         if (usd > 0) {
             double each = cat->gpus[sched_catalog_find(cat, t)].usd_per_hour;
             double per = catalog_usd > 0 ? usd * each / catalog_usd
@@ -235,7 +260,7 @@ static json_t *fleet_from_heartbeats(redisContext *c, const char *prefix, sched_
             continue;
         }
         json_t *counts = count_devices(cat, wid, devs, warned);
-        append_pools(cat, wid, counts, usd, pools, priced);
+        append_pools(cat, wid, devs, counts, usd, pools, priced);
         if (json_object_size(counts))
             json_array_append_new(workers, json_string(wid));
         json_decref(counts);

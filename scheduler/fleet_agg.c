@@ -95,7 +95,8 @@ int sched_pool_find_gpu(const sched_pool *p, const char *id, int *host) {
 
 static int same_kind(const sched_pool *a, const sched_pool *b) {
     return a->type == b->type && a->gpus_per_host == b->gpus_per_host &&
-           a->usd_per_hour == b->usd_per_hour && !strcmp(a->price_from, b->price_from);
+           a->memory_gb == b->memory_gb && a->usd_per_hour == b->usd_per_hour &&
+           !strcmp(a->price_from, b->price_from);
 }
 
 static int cmp_host(const void *a, const void *b) {

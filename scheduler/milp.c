@@ -477,7 +477,7 @@ static void note_too_large(sched_plan *p, const sched_demand *d, const sched_fle
                                                               : f->pools[i].gpus_per_host;
         if (g > 8)
             g = 8;
-        double mem = g * (cat->gpus[f->pools[i].type].memory_gb * pp->mem_util - pp->reserve_gb);
+        double mem = g * (f->pools[i].memory_gb * pp->mem_util - pp->reserve_gb);
         if (mem > best) {
             best = mem;
             bn = cat->gpus[f->pools[i].type].name;

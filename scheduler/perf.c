@@ -79,12 +79,17 @@ double sched_perf_prefill(const sched_model *m, const sched_gpu_type *g, int tp,
     return fmax(t_cmp, t_mem) + tp_comm(m, g, tp, layers, prompt, pp);
 }
 
+double sched_stage_memory_gb(const sched_gpu_type *g, const sched_stage *s) {
+    return s->memory_gb > 0 ? s->memory_gb : g->memory_gb;
+}
+
 /* KV tokens the stage can hold after its weights and reserve (negative when weights alone
  * do not fit). */
 static double stage_kv_tokens(const sched_model *m, const sched_gpu_type *g, const sched_stage *s,
                               const sched_perf_params *pp) {
     int layers = s->layer_hi - s->layer_lo;
-    double usable = s->tp * (g->memory_gb * 1e9 * pp->mem_util - pp->reserve_gb * 1e9);
+    double usable =
+        s->tp * (sched_stage_memory_gb(g, s) * 1e9 * pp->mem_util - pp->reserve_gb * 1e9);
     double w = stage_weight_bytes(m, layers, s->layer_lo == 0, s->layer_hi == m->layers);
     double free_b = usable - w;
     if (layers == 0)
@@ -105,8 +110,8 @@ int sched_stage_fits(const sched_model *m, const sched_gpu_type *g, const sched_
                    "%s layers [%d,%d) on %dx%s need %.1f GB (weights %.1f GB + KV for %.0f "
                    "tokens + reserve) but %d x %.1f GB x %.2f usable = %.1f GB",
                    m->name, s->layer_lo, s->layer_hi, s->tp, g->name, need / 1e9, w / 1e9,
-                   min_kv_tokens, s->tp, g->memory_gb, pp->mem_util,
-                   s->tp * g->memory_gb * pp->mem_util);
+                   min_kv_tokens, s->tp, sched_stage_memory_gb(g, s), pp->mem_util,
+                   s->tp * sched_stage_memory_gb(g, s) * pp->mem_util);
 }
 
 static const sched_profile_bucket *find_bucket(const sched_profile *p, double in, double out) {

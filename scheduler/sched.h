@@ -111,6 +111,8 @@ typedef struct sched_pool {
     int type;            /* index into the catalog */
     int count;
     int gpus_per_host;   /* a TP group stays inside one host (with hosts: the largest host) */
+    double memory_gb;    /* per GPU: the pool's "memory_gb" (the daemon: a CPU host's memory
+                            from its heartbeat), else the catalog type's */
     double usd_per_hour; /* per GPU */
     char price_from[16]; /* where usd_per_hour comes from: "catalog", "fleet" (the fleet
                             file's prices or the pool's own), "heartbeat" (the daemon: what
@@ -144,7 +146,7 @@ json_t *sched_json_load(const char *path, md_err *e);
 /* A pool (worker) name: 1..SCHED_NAME_MAX characters, no '/' (it ends a GPU id's name) and
  * no control character. 0, or MD_EINVAL naming `where`.name, the limit or the character. */
 int sched_check_pool_name(const char *name, const char *where, md_err *e);
-/* Merge the pools of a fixed fleet that have the same GPU type, gpus_per_host and $/h into
+/* Merge the pools of a fixed fleet that have the same GPU type, memory, gpus_per_host and $/h into
  * one pool whose GPUs span their hosts (docs/scheduler.md §4): identical hosts are
  * interchangeable, and the MILP's size then follows the number of kinds of host, not of
  * hosts. A merged pool lists its hosts in name order; it takes the place of its first member,
@@ -211,6 +213,7 @@ typedef struct sched_stage {
     int pool;               /* fleet pool index (-1 when planning from the catalog) */
     int tp;                 /* GPUs in the group */
     int layer_lo, layer_hi; /* [lo, hi) */
+    double memory_gb;       /* per GPU: its pool's, 0: the catalog type's */
 } sched_stage;
 
 typedef struct sched_perf_params {
@@ -274,6 +277,8 @@ void sched_profiles_free(sched_profiles *ps);
  * "H100-80GB-HBM3"; a "<N>GB" word picks the memory size). -1 when nothing matches. */
 int sched_profile_type(const sched_profile *p, const sched_catalog *cat);
 
+/* One GPU's memory in stage s of type g: the stage's (its pool's) when set, else g's. */
+double sched_stage_memory_gb(const sched_gpu_type *g, const sched_stage *s);
 /* Memory check for a stage: 0 when weights + reserve + KV for min_kv_tokens fit, else
  * MD_ERANGE with the numbers in e. */
 int sched_stage_fits(const sched_model *m, const sched_gpu_type *g, const sched_stage *s,

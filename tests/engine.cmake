@@ -35,6 +35,9 @@ medley_test(test_engine_cli SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_
 medley_test(test_engine_graph SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_engine_graph.c
             ${CMAKE_CURRENT_SOURCE_DIR}/unit/graph_backend.c
             LIBS ${ENGINE_TEST_LIBS} LABELS unit)
+# GGUF hyperparameters (engine/model/model_load.c) on small files written by the test
+medley_test(test_hparams SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_hparams.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS unit)
 # synthetic models (engine/weights/synth.h): shapes, GGUF validity, determinism, every weight type
 medley_test(test_synth SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_synth.c
             LIBS ${ENGINE_TEST_LIBS} LABELS unit)

@@ -46,6 +46,8 @@ endif()
 add_executable(bench_sched ${CMAKE_SOURCE_DIR}/bench/scheduler/bench_sched.c)
 target_link_libraries(bench_sched PRIVATE medley_sched medley_common m)
 target_compile_definitions(bench_sched PRIVATE MEDLEY_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+# the fleets and workloads it shares with the scheduler tests
+target_include_directories(bench_sched PRIVATE ${CMAKE_SOURCE_DIR}/tests)
 # Issue 39 item 11: a --follow-plan worker reads the plan's steal classes when its own are
 # empty (real redis-server, the real binary, the echo runner).
 if(COMMAND medley_queue_py)

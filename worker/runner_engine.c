@@ -286,10 +286,10 @@ static int engine_start(void *self, const q_request *req, void *tag, md_err *e) 
             msgs[n++].content = req->msgs[i].content;
         }
         if (req->con_lazy && req->con_markup) { /* "auto": the template's own tool format */
-            char *tools = wk_tools_json(req);
+            json_t *tools = wk_tools_array(req);
             rc = tools ? tok_chat_apply_tools(r->tok, msgs, n, tools, &prompt, e)
                        : md_errf(e, MD_ENOMEM, "out of memory describing the tools");
-            free(tools);
+            json_decref(tools);
         } else {
             rc = tok_chat_apply(r->tok, msgs, n, 1, &prompt, e);
         }

@@ -47,7 +47,7 @@ int wk_tools_system_text(const q_request *req, const char *own, char **out, md_e
     return *out ? 0 : md_errf(e, MD_ENOMEM, "out of memory describing the tools");
 }
 
-char *wk_tools_json(const q_request *req) {
+json_t *wk_tools_array(const q_request *req) {
     json_t *list = json_array();
     for (int i = 0; list && i < req->n_tools; i++) {
         json_t *f = function_obj(&req->tools[i]);
@@ -57,9 +57,7 @@ char *wk_tools_json(const q_request *req) {
             list = NULL;
         }
     }
-    char *txt = list ? json_dumps(list, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(list);
-    return txt;
+    return list;
 }
 
 /* One call branch {"properties": {"name", "arguments"}, "required": [...]}: the member

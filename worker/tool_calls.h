@@ -16,10 +16,10 @@
 /* The functions a "required" or named call may name, described in the system turn, then the
  * line's own system text own (NULL: none). */
 int wk_tools_system_text(const q_request *req, const char *own, char **out, md_err *e);
-/* req's functions as a JSON array text of OpenAI tool objects [{"type": "function",
- * "function": {name, description, parameters}}] (what a template's tool format lists);
- * NULL when out of memory. */
-char *wk_tools_json(const q_request *req);
+/* req's functions as a JSON array of OpenAI tool objects [{"type": "function",
+ * "function": {name, description, parameters}}] (what a template's tool format lists): a new
+ * reference, NULL when out of memory. */
+json_t *wk_tools_array(const q_request *req);
 /* The call schema of req (con_text, built by queue/validate_constraint.c with "arguments")
  * with the arguments member named key instead (Llama 3's "parameters"). 0, or -1 when out
  * of memory (req unchanged). */

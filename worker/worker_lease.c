@@ -163,13 +163,11 @@ int wk_heartbeat(wk *w, const char *state, double dt_s) {
             used += (size_t)snprintf(replicas + used, sizeof replicas - used, "%s%s",
                                      used ? "," : "", v->role.replica);
     }
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
     double tps = dt_s > 0 ? (double)(w->n_tokens - w->tokens_at_hb) / dt_s : 0;
     w->tokens_at_hb = w->n_tokens;
     json_t *dev = json_pack("{s:s, s:I, s:f}", "type", wk_dev_type(w, -1), "memory_bytes",
-                            w->gpu_name[0]         ? (json_int_t)w->gpu_bytes
-                            : pages > 0 && psz > 0 ? (json_int_t)pages * psz
-                                                   : 0,
+                            w->gpu_name[0] ? (json_int_t)w->gpu_bytes
+                                           : (json_int_t)md_host_memory_bytes(NULL),
                             "tokens_per_s", tps);
     if (dev && w->gpu_name[0]) /* the scheduler recognises the type by the driver's name */
         json_object_set_new(dev, "name", json_string(w->gpu_name));

@@ -346,10 +346,7 @@ static void fast_tick(wk *w, double dt_s) {
         snprintf(x->dev_type, sizeof x->dev_type, "%s", type);
         x->dev_info_s = md_metric_at2(x->dev_info, type, w->gpu_name);
         md_gauge_set(x->dev_info_s, 1);
-        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
-        double bytes = w->gpu_name[0]         ? (double)w->gpu_bytes
-                       : pages > 0 && psz > 0 ? (double)pages * (double)psz
-                                              : 0;
+        double bytes = w->gpu_name[0] ? (double)w->gpu_bytes : (double)md_host_memory_bytes(NULL);
         md_gauge_set(md_metric_at1(x->dev_mem, type), bytes);
     }
     md_counter_add(md_metric_at0(x->dev_cost), w->cfg->usd_per_hour * dt_s / 3600.0);

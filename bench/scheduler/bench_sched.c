@@ -22,6 +22,7 @@
 
 #include "common/util.h"
 #include "scheduler/sched.h"
+#include "unit/sched_world.h"
 
 typedef struct world {
     sched_catalog cat;
@@ -505,58 +506,6 @@ static void scale(json_t *sc) {
 
 /* ---- scale by hosts: 10,000 GPUs as the daemon sees them (one pool per 8-GPU host) ---- */
 
-/* 1,250 hosts of 8 GPUs: fleet-1000's types and proportions, times ten. */
-static json_t *hosts_fleet_doc(void) {
-    static const struct {
-        const char *name, *type;
-        int hosts;
-    } T[] = {{"h100", "H100-SXM", 120},   {"a100", "A100-80GB-SXM", 200},
-             {"a100s", "A100-40GB", 120}, {"l40s", "L40S", 160},
-             {"l4", "L4", 320},           {"a10g", "A10G", 200},
-             {"r4090", "RTX-4090", 80},   {"t4", "T4", 50}};
-    json_t *pools = json_array();
-    for (size_t t = 0; t < sizeof T / sizeof *T; t++)
-        for (int i = 0; i < T[t].hosts; i++) {
-            char name[SCHED_NAME];
-            snprintf(name, sizeof name, "%s-%04d", T[t].name, i);
-            json_array_append_new(pools, json_pack("{s:s, s:s, s:i, s:i}", "name", name, "type",
-                                                   T[t].type, "count", 8, "gpus_per_host", 8));
-        }
-    return json_pack("{s:s, s:o}", "name", "hosts-1250", "pools", pools);
-}
-
-/* 20 models: the nine built-ins, then llama-3-8b shapes at other precisions, each a backlog
- * of mult x (20,000 + 5,000 m) requests with a deadline of 1-3 h and a short and a long
- * request class. */
-static json_t *hosts_workload_doc(int mult) {
-    static const char *builtin[] = {"llama-3-8b",  "llama-3-70b", "mistral-7b",
-                                    "qwen2-7b",    "qwen2-72b",   "llama-2-7b",
-                                    "llama-2-13b", "llama-2-70b", "smollm2-135m"};
-    static const char *quant[] = {"INT4", "INT8", "Q4_0", "Q8_0", "FP8"};
-    json_t *ms = json_array();
-    for (int m = 0; m < 20; m++) {
-        json_t *card;
-        if (m < 9) {
-            card = json_string(builtin[m]);
-        } else {
-            char name[SCHED_NAME];
-            snprintf(name, sizeof name, "llama-3-8b-%s-%d", quant[m % 5], m);
-            card = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s}", "name", name, "layers", 32,
-                             "hidden", 4096, "heads", 32, "kv_heads", 8, "ffn", 14336, "vocab",
-                             128256, "quant", quant[m % 5]);
-        }
-        json_array_append_new(
-            ms,
-            json_pack("{s:o, s:i, s:i, s:[{s:s, s:i, s:i, s:i, s:f}, {s:s, s:i, s:i, s:i, "
-                      "s:f}]}",
-                      "model", card, "requests", mult * (20000 + 5000 * m), "deadline_s",
-                      3600 * (1 + m % 3), "classes", "name", "s", "input_mean", 250, "output_mean",
-                      150, "max_tokens", 1024, "share", 0.6, "name", "l", "input_mean", 2500,
-                      "output_mean", 350, "max_tokens", 4096, "share", 0.4));
-    }
-    return json_pack("{s:o}", "models", ms);
-}
-
 /* Load the fleet (merged when aggregate), the workload and the candidates, and plan. Returns
  * the wall time in seconds, or -1 with the error printed. */
 static double hosts_plan_once(int aggregate, const sched_opts *o, int *ncand, int *nrep,
@@ -565,7 +514,7 @@ static double hosts_plan_once(int aggregate, const sched_opts *o, int *ncand, in
     md_err e = {0};
     memset(&x, 0, sizeof x);
     sched_perf_defaults(&x.pp);
-    json_t *fd = hosts_fleet_doc(), *wd = hosts_workload_doc(10);
+    json_t *fd = sched_world_fleet1000(10, 8), *wd = sched_world_backlog(20, 10);
     uint64_t t0 = md_mono_ns();
     sched_plan p;
     int rc = sched_catalog_load(&x.cat, NULL, &e) || sched_fleet_from_json(&x.f, fd, &x.cat, &e) ||
@@ -751,7 +700,7 @@ static void fair_hosts(int mult) {
     sched_perf_defaults(&x.pp);
     sched_opts o;
     sched_opts_defaults(&o);
-    json_t *fd = hosts_fleet_doc(), *wd = hosts_workload_doc(mult);
+    json_t *fd = sched_world_fleet1000(10, 8), *wd = sched_world_backlog(20, mult);
     uint64_t t0 = md_mono_ns();
     sched_plan p;
     int rc = sched_catalog_load(&x.cat, NULL, &e) || sched_fleet_from_json(&x.f, fd, &x.cat, &e) ||
@@ -795,14 +744,7 @@ static void fair_scale(void) {
 
 /* Loading a fleet of n single-GPU pools (the daemon's view of n workers): seconds, or -1. */
 static double load_pools_s(int n) {
-    json_t *pools = json_array();
-    for (int i = 0; i < n; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "worker-%d", i);
-        json_array_append_new(pools,
-                              json_pack("{s:s, s:s, s:i}", "name", name, "type", "L4", "count", 1));
-    }
-    json_t *doc = json_pack("{s:o}", "pools", pools);
+    json_t *doc = sched_world_workers(n, "L4");
     sched_catalog cat;
     sched_fleet f;
     md_err e = {0};

@@ -15,7 +15,7 @@ size_t md_kv_bytes_per_token(const md_hparams *hp, int kv_type) {
 }
 
 int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e) {
-    return md_kv_bufs_alloc_type(m, n_slots, 0, kv, e);
+    return md_kv_bufs_alloc_type(m, n_slots, BE(m)->ops->kv_cache_type, kv, e);
 }
 
 int md_kv_bufs_alloc_type(md_model *m, int n_slots, int type, md_kv_bufs *kv, md_err *e) {
@@ -24,7 +24,7 @@ int md_kv_bufs_alloc_type(md_model *m, int n_slots, int type, md_kv_bufs *kv, md
     kv->k = calloc((size_t)L, sizeof *kv->k);
     kv->v = calloc((size_t)L, sizeof *kv->v);
     kv->n_slots = n_slots;
-    kv->type = type ? type : BE(m)->ops->kv_cache_type; /* 0 = MD_TYPE_F32 */
+    kv->type = type;
     if (!kv->k || !kv->v) {
         md_kv_bufs_free(m, kv);
         return md_errf(e, MD_ENOMEM, "out of memory");

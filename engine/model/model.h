@@ -18,6 +18,8 @@
 #include "engine/weights/gguf.h"
 #include "kernels/backend.h"
 
+#define MD_MAX_LAYERS 1024 /* the most layers md_hparams_read accepts */
+
 typedef struct {
     char arch[32]; /* "llama", "qwen2", ... */
     int n_layer;
@@ -33,10 +35,12 @@ typedef struct {
     md_rope_cfg rope;
     float eps;
     /* Beyond the llama layout (all zero for llama, qwen2; docs/models.md "Architectures"). */
-    int n_swa;            /* sliding window (tokens): a query at position p sees keys at
-                             (p - n_swa, p]; 0 = every layer attends to the whole sequence */
-    int swa_pattern;      /* with n_swa: layer l slides iff l % swa_pattern < swa_pattern - 1
-                             (Gemma 3: 6, every 6th layer global); 0 = every layer slides */
+    int n_swa;       /* sliding window (tokens): a query at position p sees keys at
+                        (p - n_swa, p]; 0 = every layer attends to the whole sequence */
+    int swa_pattern; /* with n_swa: layer l slides iff l % swa_pattern < swa_pattern - 1
+                        (Gemma 3: 6, every 6th layer global); 0 = every layer slides;
+                        -1 = per layer, as swa_layers says */
+    uint64_t swa_layers[MD_MAX_LAYERS / 64]; /* swa_pattern -1: bit l set iff layer l slides */
     float rope_theta_swa; /* RoPE base of the sliding layers, unscaled (Gemma 3: 10000);
                              0 = the same table as the global layers */
     float embd_scale;     /* token embeddings multiplied by it (Gemma: sqrt(n_embd)); 0 = 1 */
@@ -52,7 +56,7 @@ int md_layer_is_swa(const md_hparams *hp, int l);
 
 typedef struct {
     md_tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
-    md_tensor bq, bk, bv; /* Qwen2 QKV biases; buf NULL when absent */
+    md_tensor bq, bk, bv;                    /* Qwen2 QKV biases; buf NULL when absent */
     md_tensor q_norm, k_norm;                /* [head_dim] when hp.qk_norm */
     md_tensor post_attn_norm, post_ffn_norm; /* [n_embd] when hp.post_norms */
 } md_layer;
@@ -62,9 +66,9 @@ typedef struct md_model {
     md_backend *be;
     md_tensor tok_embd, out_norm, output; /* output aliases tok_embd when tied; tok_embd is
                                              bound when lo == 0, the head when hi == n_layer */
-    md_layer *layers; /* [n_layer]; only [lo, hi) bound */
-    int lo, hi;       /* the layers this model holds: all, or one pipeline stage's (stage.h) */
-    md_buf **bufs;    /* wrapped weight buffers */
+    md_layer *layers;                     /* [n_layer]; only [lo, hi) bound */
+    int lo, hi;    /* the layers this model holds: all, or one pipeline stage's (stage.h) */
+    md_buf **bufs; /* wrapped weight buffers */
     int n_bufs;
     md_buf *inv_freq;     /* [rot_dims / 2] */
     md_buf *inv_freq_swa; /* [rot_dims / 2] of the sliding layers when hp.rope_theta_swa */
@@ -106,11 +110,12 @@ int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e);
 typedef struct {
     md_buf **k, **v; /* [n_layer] */
     int n_slots;
-    int type; /* the backend's kv_cache_type: MD_TYPE_F32, F16 or BF16 */
+    int type; /* MD_TYPE_F32, F16 or BF16 */
 } md_kv_bufs;
 
+/* A KV cache of n_slots slots of the backend's kv_cache_type. */
 int md_kv_bufs_alloc(md_model *m, int n_slots, md_kv_bufs *kv, md_err *e);
-/* Same, with the element type (MD_TYPE_F32 / F16 / BF16; 0 = the backend's kv_cache_type). */
+/* Same, of element type type, taken as it is (MD_TYPE_F32 is 0 and means F32). */
 int md_kv_bufs_alloc_type(md_model *m, int n_slots, int type, md_kv_bufs *kv, md_err *e);
 void md_kv_bufs_free(md_model *m, md_kv_bufs *kv);
 /* Bytes one token's K and V take over all layers, in a cache of element type kv_type. */

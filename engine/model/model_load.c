@@ -39,7 +39,35 @@ static int get_f32(const gguf_file *gf, const char *arch, const char *key, float
 }
 
 int md_layer_is_swa(const md_hparams *hp, int l) {
-    return hp->n_swa > 0 && (hp->swa_pattern <= 0 || l % hp->swa_pattern < hp->swa_pattern - 1);
+    if (hp->n_swa <= 0)
+        return 0;
+    if (hp->swa_pattern < 0)
+        return l >= 0 && l < MD_MAX_LAYERS && (hp->swa_layers[l / 64] >> (l % 64) & 1);
+    return hp->swa_pattern == 0 || l % hp->swa_pattern < hp->swa_pattern - 1;
+}
+
+/* The sliding layers from key k's per-layer array (llama.cpp's form for a model whose layers
+ * do not repeat one period: element l true when layer l slides): booleans, one per layer. */
+static int read_swa_layers(const gguf_file *gf, const char *k, md_hparams *hp, md_err *e) {
+    gguf_vtype et;
+    uint64_t n = 0;
+    const void *data = NULL;
+    int rc = gguf_get_arr(gf, k, &et, &n, e);
+    if (rc)
+        return rc;
+    if (et != GGUF_T_BOOL)
+        return md_errf(e, MD_EFORMAT, "%s is an array of %s: expected booleans, one per layer", k,
+                       gguf_vtype_name(et));
+    if (n != (uint64_t)hp->n_layer)
+        return md_errf(e, MD_EFORMAT, "%s has %llu elements for %d layers: expected one per layer",
+                       k, (unsigned long long)n, hp->n_layer);
+    if ((rc = gguf_arr_data(gf, k, &data, e)))
+        return rc;
+    memset(hp->swa_layers, 0, sizeof hp->swa_layers);
+    for (int l = 0; l < hp->n_layer; l++) /* the reader checked each is 0 or 1 */
+        hp->swa_layers[l / 64] |= (uint64_t)((const uint8_t *)data)[l] << (l % 64);
+    hp->swa_pattern = -1;
+    return 0;
 }
 
 /* What Qwen3, Gemma 3 and a sliding-window Mistral add to the llama layout, as llama.cpp reads
@@ -61,15 +89,16 @@ static int read_arch_extras(const gguf_file *gf, md_hparams *hp, int gemma3, int
     char k[128];
     snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", hp->arch);
     int64_t ki = gguf_find_key(gf, k);
-    if (ki >= 0 && gguf_kv_type(gf, ki) == GGUF_T_ARRAY)
-        return md_errf(e, MD_EUNSUPP,
-                       "%s is not an integer: per-layer sliding-window arrays are not supported",
-                       k);
-    if ((rc = get_int(gf, hp->arch, "attention.sliding_window_pattern", 0, &pattern, e)))
-        return rc;
-    if (pattern < 0 || pattern > 1024)
-        return md_errf(e, MD_EFORMAT, "%s %lld is not usable", k, (long long)pattern);
-    hp->swa_pattern = (int)pattern;
+    if (ki >= 0 && gguf_kv_type(gf, ki) == GGUF_T_ARRAY) {
+        if ((rc = read_swa_layers(gf, k, hp, e)))
+            return rc;
+    } else {
+        if ((rc = get_int(gf, hp->arch, "attention.sliding_window_pattern", 0, &pattern, e)))
+            return rc;
+        if (pattern < 0 || pattern > MD_MAX_LAYERS)
+            return md_errf(e, MD_EFORMAT, "%s %lld is not usable", k, (long long)pattern);
+        hp->swa_pattern = (int)pattern;
+    }
     hp->rope_theta_swa = 10000.0f;
     if ((rc = get_f32(gf, hp->arch, "rope.freq_base_swa", &hp->rope_theta_swa, e)))
         return rc;
@@ -125,7 +154,7 @@ int md_hparams_read(const gguf_file *gf, md_hparams *hp, md_err *e) {
         return rc;
     if (n_head_kv == 0)
         n_head_kv = n_head;
-    if (n_layer < 1 || n_layer > 1024 || n_embd < 1 || n_embd > 65536 || n_head < 1 ||
+    if (n_layer < 1 || n_layer > MD_MAX_LAYERS || n_embd < 1 || n_embd > 65536 || n_head < 1 ||
         n_head > 1024 || n_head_kv < 1 || n_head % n_head_kv || n_ff < 1 || n_ff > 1 << 20 ||
         n_ctx < 1 || n_ctx > 1 << 24)
         return md_errf(e, MD_EFORMAT,

@@ -129,9 +129,21 @@ static size_t range_weights(const gguf_file *gf, const md_hparams *hp, int lo, i
     return sum;
 }
 
+int md_stage_kv_code(int md_type) {
+    return md_type == MD_TYPE_F32 ? MD_STAGE_KV_F32 : md_type;
+}
+
+int md_stage_kv_type(int code, int backend_type) {
+    return code == MD_STAGE_KV_F32       ? MD_TYPE_F32
+           : code == MD_STAGE_KV_BACKEND ? backend_type
+                                         : code;
+}
+
+/* K and V bytes of one slot of layers [lo, hi) in a cache of code kv_type (the backend's
+ * counted as F16: no backend is open here). */
 static size_t kv_slot_bytes(const md_hparams *hp, int lo, int hi, int kv_type) {
     return (size_t)(hi - lo) * 2 *
-           md_type_row_bytes(kv_type ? kv_type : MD_TYPE_F16,
+           md_type_row_bytes(md_stage_kv_type(kv_type, MD_TYPE_F16),
                              (int64_t)hp->n_head_kv * hp->head_dim);
 }
 
@@ -206,7 +218,7 @@ static int check_config(md_stage *s, md_err *e) {
 /* Whether the backend's attention takes the model, before anything is loaded. */
 static int check_heads(md_stage *s, md_err *e) {
     const md_backend_ops *bo = s->be->ops;
-    int kt = s->c.kv_type ? s->c.kv_type : bo->kv_cache_type;
+    int kt = md_stage_kv_type(s->c.kv_type, bo->kv_cache_type);
     if (!bo->check_attention)
         return 0;
     return bo->check_attention(s->be, s->hp.n_head, s->hp.n_head_kv, s->hp.head_dim, kt, e);
@@ -246,7 +258,9 @@ int md_stage_open(const md_stage_config *c, md_stage **out, md_err *e) {
                                   e)) == 0 &&
             (rc = check_heads(s, e)) == 0 &&
             (rc = md_model_load_range(s->gf, s->be, s->c.lo, s->c.hi, &s->m, e)) == 0 &&
-            (rc = md_kv_bufs_alloc_type(s->m, s->c.n_slots, s->c.kv_type, &s->kv, e)) == 0 &&
+            (rc = md_kv_bufs_alloc_type(s->m, s->c.n_slots,
+                                        md_stage_kv_type(s->c.kv_type, s->be->ops->kv_cache_type),
+                                        &s->kv, e)) == 0 &&
             (rc = md_fwd_alloc(s->m, s->c.max_tokens, s->c.max_seqs, &s->f, e)) == 0) {
             const md_hparams *hp = &s->hp;
             int cols = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;

@@ -35,7 +35,7 @@ typedef struct {
     int n_threads;       /* CPU threads of this stage (0 = every core) */
     int tp;              /* tensor-parallel ranks (0 or 1 = none) */
     int n_slots;         /* KV cache slots (blocks * block_tokens) */
-    int kv_type;         /* MD_TYPE_F16 / F32 / BF16; 0 = the backend's */
+    int kv_type;         /* the KV cache's element type as a code (MD_STAGE_KV_*, below) */
     int max_tokens;      /* most tokens in one micro-batch */
     int max_seqs;        /* most sequences in one micro-batch (= most logit rows) */
     int max_blocks;      /* block table width */
@@ -43,6 +43,17 @@ typedef struct {
     int n_ctx;
     size_t mem_cap; /* refuse when this stage's weights + KV cache exceed it (0 = none) */
 } md_stage_config;
+
+/* md_stage_config.kv_type, in memory and on the wire (HELLO): MD_STAGE_KV_BACKEND (0) for the
+ * stage backend's own type, else a GGUF type id (MD_TYPE_F16, MD_TYPE_BF16) — except F32,
+ * whose id is 0 and so would read as the backend's: it is MD_STAGE_KV_F32. A stage built
+ * before this code existed refuses -1 as out of range instead of running its default. */
+#define MD_STAGE_KV_BACKEND 0
+#define MD_STAGE_KV_F32 (-1)
+/* The code of KV element type md_type (MD_TYPE_F32 gives MD_STAGE_KV_F32). */
+int md_stage_kv_code(int md_type);
+/* The element type a code stands for on a backend whose own KV type is backend_type. */
+int md_stage_kv_type(int code, int backend_type);
 
 typedef struct md_stage md_stage;
 
@@ -61,7 +72,8 @@ int md_model_shape(const char *model, md_hparams *hp, md_err *e);
 int md_model_shape_gf(const gguf_file *gf, const char *model, md_hparams *hp, md_err *e);
 
 /* Bytes the layers [lo, hi) of model take on a backend (weights, with the embedding for lo
- * == 0 and the head for hi == n_layer) and per KV slot (K and V of those layers). */
+ * == 0 and the head for hi == n_layer) and per KV slot (K and V of those layers, in a cache
+ * of kv_type, an MD_STAGE_KV_* code; the backend's counted as F16). */
 int md_stage_bytes(const char *model, int lo, int hi, int kv_type, size_t *weights,
                    size_t *kv_per_slot, md_err *e);
 

@@ -197,7 +197,9 @@ static int open_rank(md_tp *t, int i, const gguf_file *gf, int threads, md_err *
                      .max_blocks = c->max_blocks,
                      .n_heads = hp->n_head};
     size_t fl = (size_t)c->max_tokens * hp->n_embd;
-    if ((rc = md_kv_bufs_alloc_type(r->m, c->n_slots, c->kv_type, &r->kv, e)) ||
+    if ((rc = md_kv_bufs_alloc_type(r->m, c->n_slots,
+                                    md_stage_kv_type(c->kv_type, r->be->ops->kv_cache_type), &r->kv,
+                                    e)) ||
         (rc = md_fwd_alloc(r->m, c->max_tokens, c->max_seqs, &r->f, e)) ||
         (rc = r->be->ops->reserve(r->be, &rs, e)))
         return md_errctx(e, "tensor-parallel rank %d: ", i);

@@ -474,7 +474,7 @@ int md_wire_get_hello(const uint8_t *p, size_t n, md_stage_config *c, int *n_voc
         (rc = rd_int(&r, "n_threads", 0, MAX_THREADS, &x.n_threads)) ||
         (rc = rd_int(&r, "tp", 0, MD_TP_MAX, &x.tp)) ||
         (rc = rd_int(&r, "n_slots", 1, MAX_SLOTS, &x.n_slots)) ||
-        (rc = rd_int(&r, "kv_type", 0, MAX_KV_TYPE, &x.kv_type)) ||
+        (rc = rd_int(&r, "kv_type", MD_STAGE_KV_F32, MAX_KV_TYPE, &x.kv_type)) ||
         (rc = rd_int(&r, "max_tokens", 1, MAX_TOKENS, &x.max_tokens)) ||
         (rc = rd_int(&r, "max_seqs", 1, MAX_TOKENS, &x.max_seqs)) ||
         (rc = rd_int(&r, "max_blocks", 1, MAX_BLOCKS, &x.max_blocks)) ||

@@ -18,10 +18,10 @@
 
 #include "engine/tokenizer/vocab.h"
 
-static const tok_tool_markup k_hermes = {"<tool_call>", "", "<tool_call> ", " </tool_call>",
-                                         " ", " ", 0, 16, "arguments"};
-static const tok_tool_markup k_mistral = {"[TOOL_CALLS]", "[TOOL_CALLS] [ ", "", "", " , ", " ]",
-                                          0, 16, "arguments"};
+static const tok_tool_markup k_hermes = {
+    "<tool_call>", "", "<tool_call> ", " </tool_call>", " ", " ", 0, 16, "arguments"};
+static const tok_tool_markup k_mistral = {
+    "[TOOL_CALLS]", "[TOOL_CALLS] [ ", "", "", " , ", " ]", 0, 16, "arguments"};
 static const tok_tool_markup k_llama3 = {"{", "", "", "", "", " ", 1, 1, "parameters"};
 
 static int has(const char *t, size_t n, const char *needle) {
@@ -64,13 +64,14 @@ const tok_tool_markup *tok_tool_markup_of(tok_tool_format f) {
 }
 
 int tok_chat_apply_tools(const tok_tokenizer *t, const tok_chat_msg *msgs, int n_msgs,
-                         const char *tools, char **out, md_err *e) {
+                         const json_t *tools, char **out, md_err *e) {
     *out = NULL;
     tok_tool_format f = tok_tool_format_of(t);
     if (!tok_tool_markup_of(f))
-        return md_errf(e, MD_EUNSUPP, "the model's chat template has no tool-call format medley "
-                                      "implements (hermes <tool_call>, mistral [TOOL_CALLS], "
-                                      "llama3 JSON)");
+        return md_errf(e, MD_EUNSUPP,
+                       "the model's chat template has no tool-call format medley "
+                       "implements (hermes <tool_call>, mistral [TOOL_CALLS], "
+                       "llama3 JSON)");
     return tok_chat_render(t, tok_chat_template(t), msgs, n_msgs, 1, tools, out, e);
 }
 
@@ -108,10 +109,10 @@ static int call_ok(const json_t *c) {
 static json_t *llama3_call(const char *p) {
     json_t *c = value_at(&p);
     json_t *args = json_object_get(c, "parameters");
-    json_t *out = json_is_object(args) && json_is_string(json_object_get(c, "name")) && !*skip_ws(p)
-                      ? json_pack("[{s:O, s:O}]", "name", json_object_get(c, "name"),
-                                  "arguments", args)
-                      : NULL;
+    json_t *out =
+        json_is_object(args) && json_is_string(json_object_get(c, "name")) && !*skip_ws(p)
+            ? json_pack("[{s:O, s:O}]", "name", json_object_get(c, "name"), "arguments", args)
+            : NULL;
     json_decref(c);
     return out;
 }
@@ -149,8 +150,7 @@ static json_t *read_calls(tok_tool_format f, const char *p) {
     return calls;
 }
 
-int tok_tool_calls_parse(tok_tool_format f, const char *text, size_t *content_len,
-                         json_t **calls) {
+int tok_tool_calls_parse(tok_tool_format f, const char *text, size_t *content_len, json_t **calls) {
     *calls = NULL;
     *content_len = text ? strlen(text) : 0;
     const tok_tool_markup *m = tok_tool_markup_of(f);

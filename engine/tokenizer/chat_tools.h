@@ -39,17 +39,17 @@ const char *tok_tool_format_name(tok_tool_format f);
 /* NULL for TOK_TOOLS_NONE. */
 const tok_tool_markup *tok_tool_markup_of(tok_tool_format f);
 
-/* Render msgs with the functions (tools: a JSON array text of OpenAI tool objects
- * [{"type": "function", "function": {...}}]) where t's format puts them, and the assistant's
- * opening. MD_EUNSUPP when t's template has no implemented tool format. */
+/* Render msgs with the functions (tools: a JSON array of OpenAI tool objects
+ * [{"type": "function", "function": {...}}], borrowed) where t's format puts them, and the
+ * assistant's opening. MD_EUNSUPP when t's template has no implemented tool format; MD_EINVAL
+ * when tools is not an array. */
 int tok_chat_apply_tools(const tok_tokenizer *t, const tok_chat_msg *msgs, int n_msgs,
-                         const char *tools, char **out, md_err *e);
+                         const json_t *tools, char **out, md_err *e);
 
 /* The calls in generated text of format f: 1 with *calls an array of {"name": string,
- * "arguments": object} (Llama 3's "parameters" read as "arguments") and *content_len the bytes of text before the markup (trailing
- * whitespace left out); 0 when the text holds no well-formed calls (then the whole text is
- * content). */
-int tok_tool_calls_parse(tok_tool_format f, const char *text, size_t *content_len,
-                         json_t **calls);
+ * "arguments": object} (Llama 3's "parameters" read as "arguments") and *content_len the bytes of
+ * text before the markup (trailing whitespace left out); 0 when the text holds no well-formed calls
+ * (then the whole text is content). */
+int tok_tool_calls_parse(tok_tool_format f, const char *text, size_t *content_len, json_t **calls);
 
 #endif

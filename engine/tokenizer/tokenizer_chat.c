@@ -225,9 +225,9 @@ static char *chatml_default_system(const char *tmpl) {
  * when add_ass (the families whose format has one). */
 
 /* Hermes-style tools (Qwen2.5/3's template): the functions in the system turn, after the
- * line's own system text or the template's default one. tools: a JSON array text. */
+ * line's own system text or the template's default one. tools: a JSON array. */
 static void chatml_tools_system(const tok_tokenizer *t, const tok_chat_msg *m, int n,
-                                const char *tools, sbuf *b) {
+                                const json_t *tools, sbuf *b) {
     puts_(b, "<|im_start|>system\n");
     if (n > 0 && !strcmp(m[0].role, "system")) {
         puts_(b, m[0].content);
@@ -239,16 +239,14 @@ static void chatml_tools_system(const tok_tokenizer *t, const tok_chat_msg *m, i
     puts_(b, "\n\n# Tools\n\nYou may call one or more functions to assist with the user "
              "query.\n\nYou are provided with function signatures within <tools></tools> "
              "XML tags:\n<tools>");
-    json_t *arr = json_loads(tools, 0, NULL);
     size_t i;
     json_t *x;
-    json_array_foreach(arr, i, x) {
+    json_array_foreach(tools, i, x) {
         char *one = json_dumps(x, JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
         puts_(b, "\n");
         puts_(b, one ? one : "");
         free(one);
     }
-    json_decref(arr);
     puts_(b, "\n</tools>\n\nFor each function call, return a json object with function name "
              "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
              "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
@@ -256,7 +254,7 @@ static void chatml_tools_system(const tok_tokenizer *t, const tok_chat_msg *m, i
 }
 
 static void render_chatml(const tok_tokenizer *t, const tok_chat_msg *m, int n, int add_ass,
-                          const char *tools, sbuf *b) {
+                          const json_t *tools, sbuf *b) {
     if (tools) {
         chatml_tools_system(t, m, n, tools, b);
         if (n > 0 && !strcmp(m[0].role, "system")) {
@@ -285,25 +283,22 @@ static void render_chatml(const tok_tokenizer *t, const tok_chat_msg *m, int n, 
 
 /* Llama 3.1's JSON tool calling: the instruction and each function (indented JSON) open
  * the first user turn. */
-static void llama3_tools(const char *tools, sbuf *b) {
+static void llama3_tools(const json_t *tools, sbuf *b) {
     puts_(b, "Given the following functions, please respond with a JSON for a function call "
              "with its proper arguments that best answers the given prompt.\n\nRespond in the "
              "format {\"name\": function name, \"parameters\": dictionary of argument name and "
              "its value}.Do not use variables.\n\n");
-    json_t *arr = json_loads(tools, 0, NULL);
     size_t i;
     json_t *x;
-    json_array_foreach(arr, i, x) {
+    json_array_foreach(tools, i, x) {
         char *one = json_dumps(x, JSON_INDENT(4) | JSON_PRESERVE_ORDER);
         puts_(b, one ? one : "");
         puts_(b, "\n\n");
         free(one);
     }
-    json_decref(arr);
 }
 
-static void render_llama3(const tok_chat_msg *m, int n, int add_ass, const char *tools,
-                          sbuf *b) {
+static void render_llama3(const tok_chat_msg *m, int n, int add_ass, const json_t *tools, sbuf *b) {
     int first_user = tools ? 1 : 0;
     if (tools) { /* the system turn says so, before the line's own system text */
         puts_(b, "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n\n");
@@ -364,17 +359,15 @@ static int last_user(const tok_chat_msg *m, int n) {
     return last;
 }
 
-static void mistral_tools(const char *tools, sbuf *b) {
+static void mistral_tools(const json_t *tools, sbuf *b) {
     puts_(b, "[AVAILABLE_TOOLS] ");
-    json_t *arr = json_loads(tools, 0, NULL);
-    char *txt = arr ? json_dumps(arr, JSON_PRESERVE_ORDER) : NULL;
+    char *txt = json_dumps(tools, JSON_PRESERVE_ORDER);
     puts_(b, txt ? txt : "[]");
     free(txt);
-    json_decref(arr);
     puts_(b, "[/AVAILABLE_TOOLS]");
 }
 
-static void render_mistral_v7(int variant, const tok_chat_msg *m, int n, const char *tools,
+static void render_mistral_v7(int variant, const tok_chat_msg *m, int n, const json_t *tools,
                               sbuf *b) {
     const char *sp = variant == V_M_V7 ? " " : "";
     int lu = tools ? last_user(m, n) : -1;
@@ -400,7 +393,7 @@ static void render_mistral_v7(int variant, const tok_chat_msg *m, int n, const c
 }
 
 /* Mistral v1, v3 and v3-tekken: system text inside the next [INST]. */
-static void render_mistral(int variant, const tok_chat_msg *m, int n, const char *tools,
+static void render_mistral(int variant, const tok_chat_msg *m, int n, const json_t *tools,
                            sbuf *b) {
     const char *lead = variant == V_M_V1 ? " " : "";
     const char *trail = variant == V_M_V3_TEKKEN ? "" : " ";
@@ -462,7 +455,7 @@ static void render_gemma(const tok_chat_msg *m, int n, int add_ass, sbuf *b) {
 }
 
 static int render(const tok_tokenizer *t, tok_template tmpl, int variant, const tok_chat_msg *m,
-                  int n, int add_ass, const char *tools, sbuf *b) {
+                  int n, int add_ass, const json_t *tools, sbuf *b) {
     switch (tmpl) {
     case TOK_TMPL_CHATML: render_chatml(t, m, n, add_ass, tools, b); return 0;
     case TOK_TMPL_LLAMA3: render_llama3(m, n, add_ass, tools, b); return 0;
@@ -484,12 +477,16 @@ int tok_chat_apply_as(const tok_tokenizer *t, tok_template tmpl, const tok_chat_
     return tok_chat_render(t, tmpl, msgs, n_msgs, add_generation_prompt, NULL, out, e);
 }
 
-int tok_chat_render(const tok_tokenizer *t, tok_template tmpl, const tok_chat_msg *msgs,
-                    int n_msgs, int add_generation_prompt, const char *tools, char **out,
-                    md_err *e) {
+int tok_chat_render(const tok_tokenizer *t, tok_template tmpl, const tok_chat_msg *msgs, int n_msgs,
+                    int add_generation_prompt, const json_t *tools, char **out, md_err *e) {
     *out = NULL;
     if (n_msgs < 0 || (n_msgs > 0 && !msgs))
         return md_errf(e, MD_EINVAL, "chat template: %d messages", n_msgs);
+    if (tools && !json_is_array(tools))
+        return md_errf(e, MD_EINVAL,
+                       "chat template: the tools are a JSON %s, not an array of "
+                       "tool objects",
+                       json_is_object(tools) ? "object" : "scalar");
     for (int i = 0; i < n_msgs; i++)
         if (!msgs[i].role || !msgs[i].content)
             return md_errf(e, MD_EINVAL, "chat template: message %d has no %s", i,

@@ -10,6 +10,7 @@
 #ifndef MEDLEY_ENGINE_TOKENIZER_VOCAB_H
 #define MEDLEY_ENGINE_TOKENIZER_VOCAB_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -254,11 +255,10 @@ void tok_mark_eog(tok_tokenizer *t, int32_t fim[3], int make_control);
 int tok_list_special(tok_tokenizer *t, md_err *e);
 int tok_build_pieces(tok_tokenizer *t);
 /* tok_chat_apply_as with the functions of a tool-call format (chat_tools.c): tools, a JSON
- * array text of OpenAI tool objects, rendered where the family's format puts them (NULL:
- * none). */
-int tok_chat_render(const tok_tokenizer *t, tok_template tmpl, const tok_chat_msg *msgs,
-                    int n_msgs, int add_generation_prompt, const char *tools, char **out,
-                    md_err *e);
+ * array of OpenAI tool objects (borrowed), rendered where the family's format puts them
+ * (NULL: none). MD_EINVAL when tools is not an array. */
+int tok_chat_render(const tok_tokenizer *t, tok_template tmpl, const tok_chat_msg *msgs, int n_msgs,
+                    int add_generation_prompt, const json_t *tools, char **out, md_err *e);
 /* The tokenizer's chat template: a copy of s[0..n), replacing any it had. MD_ENOMEM. */
 int tok_set_chat_template(tok_tokenizer *t, const char *s, size_t n, md_err *e);
 

@@ -233,7 +233,7 @@ int hf_config_parse(json_t *root, const char *where, hf_config *c, md_err *e) {
     }
     c->eps = 1e-6;
     c->tie_embeddings = gemma; /* Gemma ties by default; the others say so */
-    int mlp_bias = 0, use_swa = 0, window = 0, qpas = 0;
+    int mlp_bias = 0, use_swa = 0, window = 0, qpas = 0, bidir = 0;
     if ((rc = get_int(o, where, "num_hidden_layers", 1, 1, 1024, &c->n_layer, e)) ||
         (rc = get_int(o, where, "hidden_size", 1, 1, 65536, &c->n_embd, e)) ||
         (rc = get_int(o, where, "num_attention_heads", 1, 1, 1024, &c->n_head, e)) ||
@@ -252,6 +252,7 @@ int hf_config_parse(json_t *root, const char *where, hf_config *c, md_err *e) {
         (rc = get_bool(o, where, "attention_bias", &c->attn_bias, e)) ||
         (rc = get_bool(o, where, "mlp_bias", &mlp_bias, e)) ||
         (rc = get_bool(o, where, "use_sliding_window", &use_swa, e)) ||
+        (rc = get_bool(o, where, "use_bidirectional_attention", &bidir, e)) ||
         (rc = get_int(o, where, "sliding_window", 0, 1, 1 << 24, &window, e)) ||
         (rc = read_rope(o, where, gemma, c, e)))
         return rc;
@@ -266,6 +267,11 @@ int hf_config_parse(json_t *root, const char *where, hf_config *c, md_err *e) {
         c->qk_norm = 1;
     if (mlp_bias)
         return md_errf(e, MD_EUNSUPP, "%s: mlp_bias is true: MLP biases are not supported", where);
+    if (bidir) /* Gemma 3's embedding variants: every token sees every other */
+        return md_errf(e, MD_EUNSUPP,
+                       "%s: use_bidirectional_attention is true: this decoder attends both ways "
+                       "(an embedding model); medley runs decoders causally only",
+                       where);
     const char *act = get_str(o, "hidden_act");
     if (gemma && get_str(o, "hidden_activation"))
         act = get_str(o, "hidden_activation");

@@ -10,11 +10,12 @@
  * are refused here with the key named (docs/models.md, "Hugging Face directories"): an activation
  * other than SiLU (GELU-tanh for Gemma 3), a RoPE type other than default, linear or llama3 (named,
  * in either spelling), MLP or output biases, Qwen's use_sliding_window, layer_types the engine
- * cannot lay out. RoPE is read as transformers 4 writes it (top-level rope_theta, rope_scaling,
- * Gemma 3's rope_local_base_freq) and as transformers 5 does (rope_parameters, per layer type for
- * Gemma 3: full_attention, sliding_attention). Gemma 3's layer pattern comes from
- * layer_types (v5) or sliding_window_pattern (v4). A Mistral sliding window slides on every
- * layer, as GGUF Mistral's does; the context stays max_position_embeddings.
+ * cannot lay out, use_bidirectional_attention true (a decoder run as an encoder). RoPE is read as
+ * transformers 4 writes it (top-level rope_theta, rope_scaling, Gemma 3's rope_local_base_freq) and
+ * as transformers 5 does (rope_parameters, per layer type for Gemma 3: full_attention,
+ * sliding_attention). Gemma 3's layer pattern comes from layer_types (v5) or sliding_window_pattern
+ * (v4). A Mistral sliding window slides on every layer, as GGUF Mistral's does; the context stays
+ * max_position_embeddings.
  *
  * Nothing here allocates beyond the parse; hf_config is a plain value. */
 #ifndef MEDLEY_ENGINE_HF_CONFIG_H

@@ -6,6 +6,8 @@ real redis-server, real batches and a real `medley worker` (docs/operations.md "
    token as a prefix, and another scheme are each refused (403) and change nothing; the
    right token cancels an in-progress batch (of a model nobody serves: the dashboard
    answers its lines, so it is cancelled at once), and says 404 for an unknown batch and 409 for a finished one.
+   A long unserved batch (2,500 lines behind 1,500 of another batch) is answered 2,000 queue
+   entries per request: `cancelling` after the cancel, `cancelled` after one listing.
 3. Drain: the right token asks a running worker to drain; it stops by itself (exit 10,
    final for the systemd unit) and its heartbeat key goes; an unknown worker is 404 and no key is created.
 4. Bad input: malformed ?limit, unknown paths and methods get 4xx, not a crash; a batch id
@@ -81,6 +83,39 @@ def main():
             fail("cancel with the token: expected 200 cancelled, got %d %s" % (st, doc))
         if meta(srv, idle)["status"] != "cancelled":
             fail("after the cancel the batch must be cancelled: %s" % meta(srv, idle))
+        # a cancel reads a bounded number of queue entries in the HTTP thread (2,000): a
+        # batch of 2,500 queued behind 1,500 lines of another batch of the same model ends
+        # over later listings of the batches, every line answered once, the other untouched
+        other = submit(srv, write_lines(srv.dir, "other.jsonl", [chat_line(
+            "o%d" % i, "x", model="idle2") for i in range(1500)]), "--batch-id", "other-b")
+        big = submit(srv, write_lines(srv.dir, "big.jsonl", [chat_line(
+            "b%d" % i, "x", model="idle2") for i in range(2500)]), "--batch-id", "big-b")
+        t0 = time.monotonic()
+        st, doc = rw.post("/api/cancel?batch=" + big, token=TOKEN)
+        took = time.monotonic() - t0
+        if st != 200 or doc != {"batch": big, "status": "cancelling"}:
+            fail("cancel of a long unserved batch: expected 200 cancelling (lines left for the "
+                 "next looks), got %d %s" % (st, doc))
+        answered = len(results(srv, big))
+        if answered != 500:
+            fail("the cancel request read 2,000 entries (1,500 of the other batch): expected "
+                 "500 lines answered, got %d" % answered)
+        looks = 0
+        while meta(srv, big)["status"] != "cancelled" and looks < 5:
+            rw.get("/api/batches")
+            looks += 1
+        if meta(srv, big)["status"] != "cancelled" or looks != 1:
+            fail("the listing after the cancel should end it (2,000 more entries): %s after %d "
+                 "looks" % (meta(srv, big)["status"], looks))
+        out = results(srv, big)
+        exactly_once(out, ["b%d" % i for i in range(2500)])
+        if {l["error"]["code"] for l in out} != {"batch_cancelled"}:
+            fail("the long cancel's lines are not all batch_cancelled")
+        if meta(srv, other)["status"] != "in_progress" or r.xlen("medley:q:{idle2}") != 1500:
+            fail("the other batch of the model was touched: %s, %d queued" % (
+                meta(srv, other)["status"], r.xlen("medley:q:{idle2}")))
+        print("ok: a 2,500-line unserved cancel answered 500 lines in the request (%.2f s) and "
+              "the rest in one listing" % took)
         st, doc = rw.post("/api/cancel?batch=no-such-batch", token=TOKEN)
         if st != 404:
             fail("cancel of an unknown batch: expected 404, got %d %s" % (st, doc))

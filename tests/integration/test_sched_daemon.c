@@ -102,6 +102,27 @@ static long long plan_version(char **json) {
     return v;
 }
 
+/* A backlog of n entries on model's queue, its consumer group made. */
+static void backlog(const char *model, int n) {
+    cmd("XGROUP CREATE medley:q:%s workers $ MKSTREAM", model);
+    cmd("EVAL %s 1 medley:q:%s %d",
+        "for i = 1, tonumber(ARGV[1]) do redis.call('XADD', KEYS[1], '*', 'batch', 'b1') end",
+        model, n);
+}
+
+/* One pass of the daemon (--once) with the built-in catalog; it must succeed. */
+static void daemon_once(void) {
+    sched_catalog cat;
+    md_err e = {0};
+    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
+    sched_daemon_opts o = {url, "medley:", NULL, 0.1, 5000, 60, 0.1, 1};
+    int rc = sched_daemon_run(&o, &cat, NULL, &e);
+    if (rc)
+        print_error("%s\n", e.msg);
+    assert_int_equal(rc, 0);
+    sched_catalog_free(&cat);
+}
+
 static void seed_fleet(void) {
     cmd("FLUSHALL");
     cmd("HSET medley:worker:w1 host h1 state running devices %s",
@@ -123,11 +144,7 @@ static void once_publishes_a_plan_and_an_event(void **st) {
     assert_non_null(sub);
     redisReply *r = redisCommand(sub, "SUBSCRIBE medley:events");
     freeReplyObject(r);
-    sched_catalog cat;
-    md_err e = {0};
-    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
-    sched_daemon_opts o = {url, "medley:", NULL, 0.1, 5000, 60, 0.1, 1};
-    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    daemon_once();
     char *js = NULL;
     assert_int_equal(plan_version(&js), 1);
     json_t *doc = json_loads(js, 0, NULL);
@@ -159,7 +176,6 @@ static void once_publishes_a_plan_and_an_event(void **st) {
     r = redisCommand(rc, "EXISTS medley:scheduler:lease");
     assert_int_equal(r->integer, 0);
     freeReplyObject(r);
-    sched_catalog_free(&cat);
 }
 
 /* Issue 26 item 7: the $/h a worker reports in its heartbeat overrides the catalog's price
@@ -169,11 +185,7 @@ static void heartbeat_price_overrides_the_catalog(void **st) {
     /* w1's two L4s cost $0.20/h in all (the catalog says $0.70/h each); w4 reports no price */
     cmd("HSET medley:worker:w1 usd_per_hour 0.2");
     cmd("HSET medley:worker:w2 usd_per_hour garbage");
-    sched_catalog cat;
-    md_err e = {0};
-    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
-    sched_daemon_opts o = {url, "medley:", NULL, 0.1, 5000, 60, 0.1, 1};
-    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    daemon_once();
     char *js = NULL;
     assert_int_equal(plan_version(&js), 1);
     json_t *doc = json_loads(js, 0, NULL);
@@ -201,7 +213,6 @@ static void heartbeat_price_overrides_the_catalog(void **st) {
     (void)other;
     json_decref(doc);
     free(js);
-    sched_catalog_free(&cat);
 }
 
 static void lease_keeps_a_second_scheduler_out(void **st) {
@@ -368,15 +379,9 @@ static void long_worker_ids_name_their_workers(void **st) {
     cmd("HSET medley:worker:%s host h state running devices %s", ids[0] + 3,
         "[{\"type\":\"L4\"},{\"type\":\"T4\"}]");
     cmd("HSET medley:worker:rack/7 host h state running devices %s", "[{\"type\":\"L4\"}]");
-    cmd("XGROUP CREATE medley:q:llama-3-8b workers $ MKSTREAM");
     /* a backlog that wants every GPU */
-    cmd("EVAL %s 1 medley:q:llama-3-8b 200000",
-        "for i = 1, tonumber(ARGV[1]) do redis.call('XADD', KEYS[1], '*', 'batch', 'b1') end");
-    sched_catalog cat;
-    md_err e = {0};
-    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
-    sched_daemon_opts o = {url, "medley:", NULL, 0.1, 5000, 60, 0.1, 1};
-    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    backlog("llama-3-8b", 200000);
+    daemon_once();
     char *js = NULL;
     assert_int_equal(plan_version(&js), 1);
     json_t *doc = json_loads(js, 0, NULL);
@@ -410,7 +415,6 @@ static void long_worker_ids_name_their_workers(void **st) {
     assert_null(strstr(js, "rack/7"));
     json_decref(doc);
     free(js);
-    sched_catalog_free(&cat);
 }
 
 /* Issue 39 item 14: CPU devices are planned like any type. A CPU-only fleet (two workers whose
@@ -423,14 +427,8 @@ static void cpu_devices_are_planned(void **st) {
         "[{\"type\":\"cpu\",\"memory_bytes\":68719476736,\"tokens_per_s\":0}]");
     cmd("HSET medley:worker:c2 host h2 state running devices %s",
         "[{\"type\":\"cpu\",\"memory_bytes\":68719476736,\"tokens_per_s\":0}]");
-    cmd("XGROUP CREATE medley:q:smollm2-135m workers $ MKSTREAM");
-    cmd("EVAL %s 1 medley:q:smollm2-135m 3000",
-        "for i = 1, tonumber(ARGV[1]) do redis.call('XADD', KEYS[1], '*', 'batch', 'b1') end");
-    sched_catalog cat;
-    md_err e = {0};
-    assert_int_equal(sched_catalog_load(&cat, NULL, &e), 0);
-    sched_daemon_opts o = {url, "medley:", NULL, 0.1, 5000, 60, 0.1, 1};
-    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    backlog("smollm2-135m", 3000);
+    daemon_once();
     char *js = NULL;
     assert_int_equal(plan_version(&js), 1);
     print_message("CPU-only plan: %.300s...\n", js);
@@ -447,11 +445,35 @@ static void cpu_devices_are_planned(void **st) {
     cmd("HSET medley:worker:g1 host h3 state running devices %s",
         "[{\"type\":\"L4\",\"memory_bytes\":24152899584,\"tokens_per_s\":0},"
         "{\"type\":\"cpu\",\"memory_bytes\":68719476736,\"tokens_per_s\":0}]");
-    assert_int_equal(sched_daemon_run(&o, &cat, NULL, &e), 0);
+    daemon_once();
     assert_int_equal(plan_version(&js), 2);
     assert_non_null(strstr(js, "\"g1#L4/0\""));
     free(js);
-    sched_catalog_free(&cat);
+}
+
+/* A CPU host's memory is its heartbeat's memory_bytes (docs/protocol.md), not the catalog's
+ * 16 GB slice: llama-2-13b (26 GB of BF16 weights) is planned on a 64 GiB host, and a fleet
+ * of an 8 GiB host alone gets no plan for it (before, both were 16 GB: neither held it). */
+static void cpu_host_memory_comes_from_the_heartbeat(void **st) {
+    cmd("FLUSHALL");
+    cmd("HSET medley:worker:small host h1 state running devices %s",
+        "[{\"type\":\"cpu\",\"memory_bytes\":8589934592,\"tokens_per_s\":0}]");
+    backlog("llama-2-13b", 50);
+    daemon_once();
+    char *js = NULL;
+    assert_true(plan_version(&js) <= 0);
+    free(js);
+    cmd("HSET medley:worker:big host h2 state running devices %s",
+        "[{\"type\":\"cpu\",\"memory_bytes\":68719476736,\"tokens_per_s\":0}]");
+    daemon_once();
+    assert_int_equal(plan_version(&js), 1);
+    json_t *doc = json_loads(js, 0, NULL);
+    json_t *reps = json_object_get(doc, "replicas");
+    assert_int_equal(json_array_size(reps), 1);
+    json_t *s0 = json_array_get(json_object_get(json_array_get(reps, 0), "stages"), 0);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(s0, "gpus"), 0)), "big/0");
+    json_decref(doc);
+    free(js);
 }
 
 int main(void) {
@@ -463,6 +485,7 @@ int main(void) {
         cmocka_unit_test(many_workers_from_heartbeats_plan_the_same_twice),
         cmocka_unit_test(long_worker_ids_name_their_workers),
         cmocka_unit_test(cpu_devices_are_planned),
+        cmocka_unit_test(cpu_host_memory_comes_from_the_heartbeat),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

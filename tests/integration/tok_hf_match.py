@@ -14,14 +14,11 @@ identical.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-from tokenizers import Tokenizer
+from tok_match_util import FIXTURES, compare, corpus, medley, models_dir, reference
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURES = os.path.join(HERE, "..", "fixtures", "tokenizer")
 sys.path.insert(0, FIXTURES)
 import make_hf_tokenizer  # noqa: E402
 
@@ -29,38 +26,17 @@ import make_hf_tokenizer  # noqa: E402
 def model_path():
     if len(sys.argv) > 2:
         return sys.argv[2]
-    d = os.environ.get("MEDLEY_MODELS") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "medley", "models")
-    return os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return os.path.join(models_dir(), "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def corpus():
-    with open(os.path.join(FIXTURES, "smollm2_corpus.json")) as f:
-        cases = json.load(f)["cases"]
-    return [c["text"] if "text" in c else bytes.fromhex(c["hex"]).decode("utf-8", "replace")
-            for c in cases]
-
-
-def medley(binary, d, texts, special):
-    args = [binary, "tokenize", "-m", d, "--json", "--jsonl", "-"]
-    if not special:
-        args.insert(-1, "--no-special")
-    stdin = "".join(json.dumps(t) + "\n" for t in texts)
-    p = subprocess.run(args, input=stdin.encode(), capture_output=True, timeout=120)
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(args)}: exit {p.returncode}: {p.stderr.decode()[-2000:]}")
-    lines = p.stdout.decode().splitlines()
-    assert len(lines) == len(texts), (len(lines), len(texts))
-    return [json.loads(line) for line in lines]
-
-
-def reference(d, texts, special):
-    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-    tok.encode_special_tokens = not special
-    out = []
-    for enc in tok.encode_batch(texts, add_special_tokens=True):
-        out.append({"ids": enc.ids, "pieces": [tok.id_to_token(i) for i in enc.ids]})
-    return out
+def encode(binary, d, texts, special):
+    """ids and vocabulary strings per text, from medley and from tokenizers."""
+    got = [json.loads(line) for line in medley(binary, ["-m", d], ["--json"], texts, special,
+                                               timeout=120)]
+    tok = reference(os.path.join(d, "tokenizer.json"), special)
+    want = [{"ids": enc.ids, "pieces": [tok.id_to_token(i) for i in enc.ids]}
+            for enc in tok.encode_batch(texts, add_special_tokens=True)]
+    return got, want
 
 
 def main():
@@ -83,14 +59,10 @@ def main():
         for name in variants:
             d = os.path.join(tmp, name)
             for special in (True, False):
-                got, want = medley(binary, d, texts, special), reference(d, texts, special)
-                bad = [i for i in range(len(texts)) if got[i] != want[i]]
+                got, want = encode(binary, d, texts, special)
                 mode = "special" if special else "no-special"
-                print(f"{name:11s} {mode:10s}: {len(texts) - len(bad)}/{len(texts)} identical")
-                for i in bad[:3]:
-                    print(f"  text {i} {texts[i]!r:.80}\n    medley     {got[i]['ids']}\n"
-                          f"    tokenizers {want[i]['ids']}")
-                failures += len(bad)
+                failures += compare(f"{name:11s} {mode:10s}", texts, got, want,
+                                    lambda r: r["ids"])
     if failures:
         raise SystemExit(f"tok_hf_match: {failures} texts differ")
     print("tok_hf_match: ok")

@@ -31,24 +31,13 @@ import subprocess
 import sys
 import tempfile
 
-from tokenizers import Tokenizer
+from tok_match_util import compare, corpus, medley, models_dir, reference
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURES = os.path.join(HERE, "..", "fixtures", "tokenizer")
 SKIP = 77
 
 
 def model_dir():
-    d = os.environ.get("MEDLEY_MODELS") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "medley", "models")
-    return os.path.join(d, "all-MiniLM-L6-v2")
-
-
-def corpus():
-    with open(os.path.join(FIXTURES, "smollm2_corpus.json")) as f:
-        cases = json.load(f)["cases"]
-    return [c["text"] if "text" in c else bytes.fromhex(c["hex"]).decode("utf-8", "replace")
-            for c in cases]
+    return os.path.join(models_dir(), "all-MiniLM-L6-v2")
 
 
 # Pieces the generated lines are made of, by script.
@@ -132,25 +121,12 @@ def variants(src, tmp):
     return out
 
 
-def medley(binary, tok, texts, special):
-    args = [binary, "tokenize", "--tokenizer", tok, "--ids", "--jsonl", "-"]
-    if not special:
-        args.insert(-1, "--no-special")
-    stdin = "".join(json.dumps(t) + "\n" for t in texts)
-    p = subprocess.run(args, input=stdin.encode(), capture_output=True, timeout=600)
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(args)}: exit {p.returncode}: {p.stderr.decode()[-2000:]}")
-    lines = p.stdout.decode().splitlines()
-    assert len(lines) == len(texts), (len(lines), len(texts))
-    return [[int(x) for x in line.split()] for line in lines]
-
-
-def reference(tok_file, texts, special):
-    tok = Tokenizer.from_file(tok_file)
-    tok.no_truncation()
-    tok.no_padding()
-    tok.encode_special_tokens = not special
-    return [e.ids for e in tok.encode_batch(texts, add_special_tokens=True)]
+def encode(binary, tok, texts, special):
+    """ids per text, from medley and from tokenizers."""
+    got = [[int(x) for x in line.split()]
+           for line in medley(binary, ["--tokenizer", tok], ["--ids"], texts, special)]
+    ref = reference(tok, special)
+    return got, [e.ids for e in ref.encode_batch(texts, add_special_tokens=True)]
 
 
 def main():
@@ -168,7 +144,8 @@ def main():
     p = subprocess.run([binary, "tokenize", "-m", "all-minilm-l6-v2", "--ids", "Hello world"],
                        capture_output=True, timeout=60)
     by_name = [int(x) for x in p.stdout.decode().split()]
-    if p.returncode != 0 or by_name != reference(src, ["Hello world"], True)[0]:
+    want = reference(src, True).encode("Hello world", add_special_tokens=True).ids
+    if p.returncode != 0 or by_name != want:
         print(f"tokenize -m all-minilm-l6-v2: exit {p.returncode}, {by_name}, "
               f"{p.stderr.decode()[-500:]}")
         failures += 1
@@ -178,15 +155,10 @@ def main():
                 for special in (True, False) if name == "uncased" else (True,):
                     if set_name == "codepoints" and (not special or name == "cased"):
                         continue
-                    got, want = medley(binary, tok, texts, special), reference(tok, texts, special)
-                    bad = [i for i in range(len(texts)) if got[i] != want[i]]
+                    got, want = encode(binary, tok, texts, special)
                     mode = "special" if special else "no-special"
-                    print(f"{name:13s} {set_name:10s} {mode:10s}: "
-                          f"{len(texts) - len(bad)}/{len(texts)} identical")
-                    for i in bad[:3]:
-                        print(f"  text {i} {texts[i]!r:.200}\n    medley     {got[i]}\n"
-                              f"    tokenizers {want[i]}")
-                    failures += len(bad)
+                    failures += compare(f"{name:13s} {set_name:10s} {mode:10s}", texts, got,
+                                        want, width=200)
     if failures:
         raise SystemExit(f"tok_wordpiece_match: {failures} texts differ")
     print("tok_wordpiece_match: ok")

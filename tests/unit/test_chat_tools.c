@@ -20,10 +20,19 @@ static const char k_tools[] =
     "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]";
 static const tok_chat_msg k_conv[] = {{"system", "Be brief."}, {"user", "Weather in Paris?"}};
 
+/* Render conv in family tmpl with k_tools (parsed here, as the worker hands them over). */
+static int render_tools(tok_template tmpl, const tok_chat_msg *conv, int n, char **p, md_err *e) {
+    json_t *tools = json_loads(k_tools, 0, NULL);
+    assert_non_null(tools);
+    int rc = tok_chat_render(NULL, tmpl, conv, n, 1, tools, p, e);
+    json_decref(tools);
+    return rc;
+}
+
 static void hermes_lists_the_functions_in_the_system_turn(void **st) {
     char *p = NULL;
     md_err e = {0};
-    assert_int_equal(tok_chat_render(NULL, TOK_TMPL_CHATML, k_conv, 2, 1, k_tools, &p, &e), 0);
+    assert_int_equal(render_tools(TOK_TMPL_CHATML, k_conv, 2, &p, &e), 0);
     assert_string_equal(
         p, "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to "
            "assist with the user query.\n\nYou are provided with function signatures within "
@@ -42,7 +51,7 @@ static void mistral_puts_available_tools_before_the_last_inst(void **st) {
         {"user", "Hi"}, {"assistant", "Hello"}, {"system", "Be brief."}, {"user", "Weather?"}};
     char *p = NULL;
     md_err e = {0};
-    assert_int_equal(tok_chat_render(NULL, TOK_TMPL_MISTRAL, conv, 4, 1, k_tools, &p, &e), 0);
+    assert_int_equal(render_tools(TOK_TMPL_MISTRAL, conv, 4, &p, &e), 0);
     assert_string_equal(p, "[INST] Hi[/INST] Hello</s>[AVAILABLE_TOOLS] [{\"type\": "
                            "\"function\", \"function\": {\"name\": \"get_weather\", "
                            "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "
@@ -54,7 +63,7 @@ static void mistral_puts_available_tools_before_the_last_inst(void **st) {
 static void llama3_lists_the_functions_in_the_first_user_turn(void **st) {
     char *p = NULL;
     md_err e = {0};
-    assert_int_equal(tok_chat_render(NULL, TOK_TMPL_LLAMA3, k_conv, 2, 1, k_tools, &p, &e), 0);
+    assert_int_equal(render_tools(TOK_TMPL_LLAMA3, k_conv, 2, &p, &e), 0);
     assert_string_equal(
         p, "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n\nBe brief."
            "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nGiven the following "
@@ -67,6 +76,21 @@ static void llama3_lists_the_functions_in_the_first_user_turn(void **st) {
            "           \"type\": \"string\"\n                }\n            }\n        }\n    "
            "}\n}\n\nWeather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
     free(p);
+}
+
+/* Tools that are not an array are refused in every family, not rendered as no functions. */
+static void tools_that_are_not_an_array_are_refused(void **st) {
+    static const tok_template fam[] = {TOK_TMPL_CHATML, TOK_TMPL_LLAMA3, TOK_TMPL_MISTRAL};
+    json_t *obj = json_loads(k_tools + 1, JSON_DISABLE_EOF_CHECK, NULL);
+    assert_true(json_is_object(obj));
+    for (size_t f = 0; f < sizeof fam / sizeof *fam; f++) {
+        char *p = NULL;
+        md_err e = {0};
+        assert_int_equal(tok_chat_render(NULL, fam[f], k_conv, 2, 1, obj, &p, &e), MD_EINVAL);
+        assert_null(p);
+        assert_non_null(strstr(e.msg, "not an array"));
+    }
+    json_decref(obj);
 }
 
 static void calls_are_read_back_in_each_format(void **st) {
@@ -98,9 +122,8 @@ static void calls_are_read_back_in_each_format(void **st) {
         assert_null(c);
         assert_int_equal(n, strlen(bad[i]));
     }
-    assert_int_equal(tok_tool_calls_parse(TOK_TOOLS_MISTRAL, "[TOOL_CALLS] [{\"name\": 1}]", &n,
-                                          &c),
-                     0);
+    assert_int_equal(
+        tok_tool_calls_parse(TOK_TOOLS_MISTRAL, "[TOOL_CALLS] [{\"name\": 1}]", &n, &c), 0);
     assert_int_equal(tok_tool_calls_parse(TOK_TOOLS_NONE, h, &n, &c), 0);
     /* Llama 3: the whole answer is one call, "parameters" read as "arguments" */
     assert_int_equal(tok_tool_calls_parse(TOK_TOOLS_LLAMA3,
@@ -108,12 +131,13 @@ static void calls_are_read_back_in_each_format(void **st) {
                                           &c),
                      1);
     assert_int_equal(n, 0);
-    assert_int_equal(json_integer_value(json_object_get(
-                         json_object_get(json_array_get(c, 0), "arguments"), "a")),
+    assert_int_equal(json_integer_value(
+                         json_object_get(json_object_get(json_array_get(c, 0), "arguments"), "a")),
                      1);
     json_decref(c);
-    assert_int_equal(tok_tool_calls_parse(TOK_TOOLS_LLAMA3, "Sure: {\"name\": \"f\", "
-                                                            "\"parameters\": {}}",
+    assert_int_equal(tok_tool_calls_parse(TOK_TOOLS_LLAMA3,
+                                          "Sure: {\"name\": \"f\", "
+                                          "\"parameters\": {}}",
                                           &n, &c),
                      0);
 }
@@ -175,6 +199,7 @@ int main(void) {
         cmocka_unit_test(hermes_lists_the_functions_in_the_system_turn),
         cmocka_unit_test(mistral_puts_available_tools_before_the_last_inst),
         cmocka_unit_test(llama3_lists_the_functions_in_the_first_user_turn),
+        cmocka_unit_test(tools_that_are_not_an_array_are_refused),
         cmocka_unit_test(calls_are_read_back_in_each_format),
         cmocka_unit_test(framed_grammar_holds_the_calls_to_their_format),
     };

@@ -1,10 +1,14 @@
-/* test_common.c — common/: error messages, JSON getters, file reads, ids. */
+/* test_common.c — common/: error messages, JSON getters, file reads, ids, host memory. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "common/util.h"
@@ -58,12 +62,55 @@ static void read_file_reports_missing_path(void **st) {
     assert_non_null(strstr(e.msg, "/nonexistent/x"));
 }
 
+/* Write text to root/rel, making its folders. */
+static void put(const char *root, const char *rel, const char *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    md_err e = {0};
+    char *slash = strrchr(path, '/');
+    *slash = 0;
+    assert_int_equal(md_mkdirs(path, &e), 0);
+    *slash = '/';
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* MemTotal, lowered by a cgroup limit (v2, v1) but never raised by one; "max" is no limit;
+ * no meminfo is 0. */
+static void host_memory_is_memtotal_or_the_cgroup_limit(void **st) {
+    char root[] = "/tmp/medley-hostmem-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    assert_int_equal(md_host_memory_bytes(root), 0);
+    put(root, "proc/meminfo",
+        "MemTotal:       65536000 kB\nMemFree:  100 kB\n"
+        "MemAvailable:   60000000 kB\n");
+    assert_int_equal(md_host_memory_bytes(root), 65536000LL * 1024);
+    put(root, "sys/fs/cgroup/memory.max", "max\n");
+    assert_int_equal(md_host_memory_bytes(root), 65536000LL * 1024);
+    put(root, "sys/fs/cgroup/memory.max", "17179869184\n");
+    assert_int_equal(md_host_memory_bytes(root), 17179869184LL);
+    put(root, "sys/fs/cgroup/memory.max", "999999999999999\n");
+    assert_int_equal(md_host_memory_bytes(root), 65536000LL * 1024);
+    put(root, "sys/fs/cgroup/memory/memory.limit_in_bytes", "8589934592\n");
+    assert_int_equal(md_host_memory_bytes(root), 8589934592LL);
+    /* the real host: something, and no more than sysconf's physical memory */
+    long long here = md_host_memory_bytes(NULL);
+    assert_true(here > 0);
+    assert_true(here <= (long long)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGE_SIZE));
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(errf_fills_message_and_returns_code),
         cmocka_unit_test(json_getters_name_the_field),
         cmocka_unit_test(random_hex_has_length_and_varies),
         cmocka_unit_test(read_file_reports_missing_path),
+        cmocka_unit_test(host_memory_is_memtotal_or_the_cgroup_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

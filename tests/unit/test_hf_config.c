@@ -106,6 +106,11 @@ static void refusals_name_the_problem(void **state) {
         {"{\"model_type\":\"gemma3\"," BASE "}", "text_config"},
         {"{\"model_type\":\"gemma3_text\"," BASE ",\"query_pre_attn_scalar\":7}",
          "query_pre_attn_scalar"},
+        {"{\"model_type\":\"gemma3_text\"," BASE ",\"head_dim\":16,"
+         "\"use_bidirectional_attention\":true}",
+         "use_bidirectional_attention"},
+        {"{\"model_type\":\"llama\"," BASE ",\"use_bidirectional_attention\":1}",
+         "use_bidirectional_attention"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         hf_config c;
@@ -420,6 +425,8 @@ static void gemma3_layer_types(void **state) {
     assert_int_equal(c.swa_pattern, 2);
     assert_int_equal(parse(G3 "\"sliding_window_pattern\":3}", &c, &e), 0);
     assert_int_equal(c.swa_pattern, 3);
+    /* a causal Gemma 3 may say so */
+    assert_int_equal(parse(G3 "\"use_bidirectional_attention\":false}", &c, &e), 0);
     assert_int_equal(
         parse(G3 "\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]}", &c, &e), 0);
     assert_int_equal(c.swa_pattern, 0); /* every layer slides */

@@ -16,52 +16,6 @@
 #include "scheduler/sched.h"
 #include "unit/sched_world.h"
 
-/* fleet-1000's types in hosts of 8 GPUs, one pool per type (as merged hosts are). */
-static json_t *fleet_doc(void) {
-    static const struct {
-        const char *name, *type;
-        int count;
-    } T[] = {{"h100", "H100-SXM", 96},   {"a100", "A100-80GB-SXM", 160},
-             {"a100s", "A100-40GB", 96}, {"l40s", "L40S", 128},
-             {"l4", "L4", 256},          {"a10g", "A10G", 160},
-             {"r4090", "RTX-4090", 64},  {"t4", "T4", 40}};
-    json_t *pools = json_array();
-    for (size_t t = 0; t < sizeof T / sizeof *T; t++)
-        json_array_append_new(pools, json_pack("{s:s, s:s, s:i, s:i}", "name", T[t].name, "type",
-                                               T[t].type, "count", T[t].count, "gpus_per_host", 8));
-    return json_pack("{s:o}", "pools", pools);
-}
-
-/* bench/scheduler's 20 models (scale by hosts), mult x (20,000 + 5,000 m) requests each. */
-static json_t *workload_doc(int mult) {
-    static const char *builtin[] = {"llama-3-8b",  "llama-3-70b", "mistral-7b",
-                                    "qwen2-7b",    "qwen2-72b",   "llama-2-7b",
-                                    "llama-2-13b", "llama-2-70b", "smollm2-135m"};
-    static const char *quant[] = {"INT4", "INT8", "Q4_0", "Q8_0", "FP8"};
-    json_t *ms = json_array();
-    for (int m = 0; m < 20; m++) {
-        json_t *card;
-        if (m < 9) {
-            card = json_string(builtin[m]);
-        } else {
-            char name[SCHED_NAME];
-            snprintf(name, sizeof name, "llama-3-8b-%s-%d", quant[m % 5], m);
-            card = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s}", "name", name, "layers", 32,
-                             "hidden", 4096, "heads", 32, "kv_heads", 8, "ffn", 14336, "vocab",
-                             128256, "quant", quant[m % 5]);
-        }
-        json_array_append_new(
-            ms,
-            json_pack("{s:o, s:i, s:i, s:[{s:s, s:i, s:i, s:i, s:f}, {s:s, s:i, s:i, s:i, "
-                      "s:f}]}",
-                      "model", card, "requests", mult * (20000 + 5000 * m), "deadline_s",
-                      3600 * (1 + m % 3), "classes", "name", "s", "input_mean", 250, "output_mean",
-                      150, "max_tokens", 1024, "share", 0.6, "name", "l", "input_mean", 2500,
-                      "output_mean", 350, "max_tokens", 4096, "share", 0.4));
-    }
-    return json_pack("{s:o}", "models", ms);
-}
-
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -70,7 +24,7 @@ static int cmp_d(const void *a, const void *b) {
 static void check_fair(int mult) {
     sched_world x;
     md_err e = {0};
-    json_t *fd = fleet_doc(), *wd = workload_doc(mult);
+    json_t *fd = sched_world_fleet1000(1, 0), *wd = sched_world_backlog(20, mult);
     int rc = sched_world_load_json(&x, fd, wd, 0, &e);
     json_decref(fd);
     json_decref(wd);

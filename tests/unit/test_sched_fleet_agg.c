@@ -27,61 +27,6 @@ static void world_load(sched_world *x, json_t *fleet, json_t *workload, int aggr
     json_decref(workload);
 }
 
-/* The 1,000 GPUs of bench/scheduler/fleet-1000.json. */
-static const struct {
-    const char *name, *type;
-    int count;
-} TYPES[] = {{"h100", "H100-SXM", 96},   {"a100", "A100-80GB-SXM", 160},
-             {"a100s", "A100-40GB", 96}, {"l40s", "L40S", 128},
-             {"l4", "L4", 256},          {"a10g", "A10G", 160},
-             {"r4090", "RTX-4090", 64},  {"t4", "T4", 40}};
-#define NTYPES 8
-
-/* per_host 0: one pool per type; else workers of per_host GPUs ("<type>-w<i>"), as the daemon
- * builds them (gpus_per_host = count). */
-static json_t *fleet_doc(int per_host) {
-    json_t *pools = json_array();
-    for (int t = 0; t < NTYPES; t++) {
-        if (!per_host) {
-            json_array_append_new(pools, json_pack("{s:s, s:s, s:i}", "name", TYPES[t].name, "type",
-                                                   TYPES[t].type, "count", TYPES[t].count));
-            continue;
-        }
-        for (int i = 0; i * per_host < TYPES[t].count; i++) {
-            char name[SCHED_NAME];
-            snprintf(name, sizeof name, "%s-w%03d", TYPES[t].name, i);
-            json_array_append_new(pools, json_pack("{s:s, s:s, s:i, s:i}", "name", name, "type",
-                                                   TYPES[t].type, "count", per_host,
-                                                   "gpus_per_host", per_host));
-        }
-    }
-    return json_pack("{s:o}", "pools", pools);
-}
-
-/* Ten models with two request classes; scale multiplies the backlogs (1: the fleet has room,
- * 20: it is contended). */
-static json_t *workload_doc(int scale) {
-    const char *models[] = {"llama-3-8b", "llama-3-70b", "mistral-7b",  "qwen2-7b",    "qwen2-72b",
-                            "llama-2-7b", "llama-2-13b", "llama-2-70b", "smollm2-135m"};
-    json_t *ms = json_array();
-    for (int m = 0; m < 10; m++) {
-        json_t *card =
-            m < 9 ? json_string(models[m])
-                  : json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s}", "name", "llama-3-8b-int4",
-                              "layers", 32, "hidden", 4096, "heads", 32, "kv_heads", 8, "ffn",
-                              14336, "vocab", 128256, "quant", "INT4");
-        json_array_append_new(
-            ms,
-            json_pack("{s:o, s:i, s:i, s:[{s:s, s:i, s:i, s:i, s:f}, {s:s, s:i, s:i, s:i, "
-                      "s:f}]}",
-                      "model", card, "requests", scale * (20000 + 5000 * m), "deadline_s",
-                      3600 * (1 + m % 3), "classes", "name", "s", "input_mean", 250, "output_mean",
-                      150, "max_tokens", 1024, "share", 0.6, "name", "l", "input_mean", 2500,
-                      "output_mean", 350, "max_tokens", 4096, "share", 0.4));
-    }
-    return json_pack("{s:o}", "models", ms);
-}
-
 static void solve(sched_world *x, const sched_opts *o, sched_plan *p) {
     md_err e = {0};
     int rc = sched_plan_solve(p, &x->w, &x->f, &x->cat, &x->cs, o, &e);
@@ -131,10 +76,10 @@ static void ids_are_workers_gpus(const sched_plan *p, const sched_world *x, int 
 
 static void workers_of_eight_plan_like_one_pool_per_type(void **st) {
     sched_world one, workers;
-    world_load(&one, fleet_doc(0), workload_doc(1), 1);
-    world_load(&workers, fleet_doc(8), workload_doc(1), 1);
+    world_load(&one, sched_world_fleet1000(1, 0), sched_world_backlog(10, 1), 1);
+    world_load(&workers, sched_world_fleet1000(1, 8), sched_world_backlog(10, 1), 1);
     /* 125 pools merged into one per type, hosts in name order */
-    assert_int_equal(workers.f.n, NTYPES);
+    assert_int_equal(workers.f.n, SCHED_WORLD_NTYPES);
     assert_int_equal(workers.f.pools[0].nhosts, 12);
     assert_string_equal(workers.f.pools[0].hosts[11].name, "h100-w011");
     assert_int_equal(sched_fleet_gpus(&workers.f), 1000);
@@ -161,8 +106,8 @@ static void workers_of_eight_plan_like_one_pool_per_type(void **st) {
 
 static void thousand_single_gpu_workers_plan(void **st) {
     sched_world x;
-    world_load(&x, fleet_doc(1), workload_doc(1), 1);
-    assert_int_equal(x.f.n, NTYPES);
+    world_load(&x, sched_world_fleet1000(1, 1), sched_world_backlog(10, 1), 1);
+    assert_int_equal(x.f.n, SCHED_WORLD_NTYPES);
     sched_opts o;
     sched_opts_defaults(&o);
     sched_plan p;
@@ -187,7 +132,7 @@ static void thousand_single_gpu_workers_plan(void **st) {
  * solution": each later solve starts from the solution in force. */
 static void a_stopped_search_is_not_no_solution(void **st) {
     sched_world x;
-    world_load(&x, fleet_doc(8), workload_doc(20), 1);
+    world_load(&x, sched_world_fleet1000(1, 8), sched_world_backlog(10, 20), 1);
     sched_opts o;
     sched_opts_defaults(&o);
     o.node_limit = 1;
@@ -217,7 +162,7 @@ static char *plan_text(const sched_plan *p, const sched_world *x) {
  * inputs give the same plan, byte for byte. */
 static void contended_fleet_gives_the_same_plan_twice(void **st) {
     sched_world x;
-    world_load(&x, fleet_doc(25), workload_doc(20), 1);
+    world_load(&x, sched_world_fleet1000(1, 25), sched_world_backlog(10, 20), 1);
     sched_opts o;
     sched_opts_defaults(&o);
     sched_plan a, b;

@@ -431,6 +431,54 @@ static void model_too_large_for_every_group_is_explained(void **st) {
     sched_world_free(&x);
 }
 
+/* A pool's memory_gb (the daemon's: a CPU host's memory from its heartbeat) is what its
+ * devices hold: llama-2-13b (26 GB of BF16 weights) has no replica on the catalog's 16 GB
+ * `cpu` slice, one on a 68.7 GB host; a host of another size is another pool when the fleet
+ * is merged; a memory_gb out of range is refused naming it. Before, every CPU host was 16 GB. */
+static void a_pools_memory_decides_what_it_holds(void **st) {
+    static const char *wl = "{\"models\":[{\"model\":\"llama-2-13b\",\"requests\":10,"
+                            "\"input_mean\":100,\"output_mean\":100}]}";
+    sched_world x;
+    md_err e = {0};
+    assert_int_equal(
+        sched_world_load(&x, "{\"pools\":[{\"name\":\"h\",\"type\":\"cpu\",\"count\":1}]}", wl, &e),
+        0);
+    assert_int_equal(x.cs.n, 0);
+    sched_world_free(&x);
+    assert_int_equal(sched_world_load(&x,
+                                      "{\"pools\":[{\"name\":\"h\",\"type\":\"cpu\",\"count\":1,"
+                                      "\"memory_gb\":68.7}]}",
+                                      wl, &e),
+                     0);
+    assert_true(x.cs.n >= 1);
+    assert_true(x.cs.c[0].stages[0].memory_gb == 68.7);
+    sched_plan p;
+    sched_opts o;
+    sched_opts_defaults(&o);
+    assert_int_equal(sched_plan_solve(&p, &x.w, &x.f, &x.cat, &x.cs, &o, &e), 0);
+    assert_int_equal(p.n, 1);
+    assert_int_equal(sched_plan_validate(&p, &x.w, &x.f, &x.cat, &x.cs, &x.pp, &e), 0);
+    sched_plan_free(&p);
+    sched_world_free(&x);
+    json_t *f = json_loads("{\"pools\":[{\"name\":\"a\",\"type\":\"cpu\",\"count\":1,"
+                           "\"gpus_per_host\":1,\"memory_gb\":68.7},{\"name\":\"b\",\"type\":"
+                           "\"cpu\",\"count\":1,\"gpus_per_host\":1,\"memory_gb\":8.6},{\"name\":"
+                           "\"c\",\"type\":\"cpu\",\"count\":1,\"gpus_per_host\":1,"
+                           "\"memory_gb\":68.7}]}",
+                           0, NULL),
+           *w = json_loads(wl, 0, NULL);
+    assert_int_equal(sched_world_load_json(&x, f, w, 1, &e), 0);
+    assert_int_equal(x.f.n, 2);
+    sched_world_free(&x);
+    json_decref(f);
+    f = json_loads("{\"pools\":[{\"type\":\"cpu\",\"count\":1,\"memory_gb\":0}]}", 0, NULL);
+    assert_int_equal(sched_world_load_json(&x, f, w, 0, &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "fleet.pools[0].memory_gb"));
+    sched_world_free(&x);
+    json_decref(f);
+    json_decref(w);
+}
+
 static void impossible_deadline_reports_need_and_best(void **st) {
     sched_world x;
     md_err e = {0};
@@ -668,6 +716,7 @@ int main(void) {
         cmocka_unit_test(validity_check_catches_a_gpu_used_twice),
         cmocka_unit_test(plan_numbers_are_its_replicas_numbers),
         cmocka_unit_test(thousand_gpus_ten_models_plan_quickly),
+        cmocka_unit_test(a_pools_memory_decides_what_it_holds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

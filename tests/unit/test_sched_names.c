@@ -100,14 +100,7 @@ static void test_name_over_max_refused(void **state) {
 }
 
 static double load_pools_s(int n) {
-    json_t *pools = json_array();
-    for (int i = 0; i < n; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "w%d", i);
-        json_array_append_new(pools,
-                              json_pack("{s:s, s:s, s:i}", "name", name, "type", "L4", "count", 1));
-    }
-    json_t *doc = json_pack("{s:o}", "pools", pools);
+    json_t *doc = sched_world_workers(n, "L4");
     sched_catalog cat;
     sched_fleet f;
     md_err e = {0};
@@ -120,7 +113,7 @@ static double load_pools_s(int n) {
     assert_int_equal(f.n, n);
     sched_fleet_free(&f);
     /* a duplicate is still found, naming both */
-    json_array_append_new(pools,
+    json_array_append_new(json_object_get(doc, "pools"),
                           json_pack("{s:s, s:s, s:i}", "name", "w7", "type", "L4", "count", 1));
     assert_int_equal(sched_fleet_from_json(&f, doc, &cat, &e), MD_EINVAL);
     assert_non_null(strstr(e.msg, "'w7' is used twice"));

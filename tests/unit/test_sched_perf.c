@@ -177,7 +177,7 @@ static void perf_model_matches_published_vllm_a100_measurement(void **st) {
     double step = sched_perf_decode_step(&m, gpu("A100-40GB"), 1, 32, 1, 1, 1, 1024 + 64, &pp);
     double tps1 = 1 / step;
     assert_true(fabs(tps1 / 75 - 1) < 0.10);
-    sched_stage s = {sched_catalog_find(&cat, "A100-40GB"), -1, 1, 0, 32};
+    sched_stage s = {sched_catalog_find(&cat, "A100-40GB"), -1, 1, 0, 32, 0};
     sched_perf r;
     md_err e = {0};
     pp.max_batch = 8;
@@ -196,7 +196,7 @@ static void kv_capacity_bounds_the_batch(void **st) {
      * weights incl. embedding 16.06 GB; KV 2 x 8 heads x 128 x 2 B = 4096 B per token per
      * layer, x32 = 128 KiB per token -> ~31,866 tokens; a request of 200 + 100 occupies 250
      * on average. */
-    sched_stage s = {sched_catalog_find(&cat, "L4"), -1, 1, 0, 32};
+    sched_stage s = {sched_catalog_find(&cat, "L4"), -1, 1, 0, 32, 0};
     sched_perf r;
     md_err e = {0};
     assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 200, 100, &pp, NULL, &r, &e), 0);
@@ -212,13 +212,13 @@ static void kv_capacity_bounds_the_batch(void **st) {
     /* Llama-3-70B in BF16 does not fit one H100: the error has the numbers. */
     sched_model big;
     assert_int_equal(sched_model_builtin("llama-3-70b", &big, NULL), 0);
-    sched_stage h = {sched_catalog_find(&cat, "H100-SXM"), -1, 1, 0, 80};
+    sched_stage h = {sched_catalog_find(&cat, "H100-SXM"), -1, 1, 0, 80, 0};
     assert_int_equal(sched_stage_fits(&big, gpu("H100-SXM"), &h, 0, &pp, &e), MD_ERANGE);
     assert_non_null(strstr(e.msg, "GB"));
     /* ... but it fits two "80 GB" cards, which hold 80 GiB (issue 26 item 4: counted as
      * 80e9 bytes, 141.0 GB were usable against 141.1 GB of weights, and it was refused). */
-    sched_stage h2 = {sched_catalog_find(&cat, "H100-SXM"), -1, 2, 0, 80};
-    sched_stage a2 = {sched_catalog_find(&cat, "A100-80GB-SXM"), -1, 2, 0, 80};
+    sched_stage h2 = {sched_catalog_find(&cat, "H100-SXM"), -1, 2, 0, 80, 0};
+    sched_stage a2 = {sched_catalog_find(&cat, "A100-80GB-SXM"), -1, 2, 0, 80, 0};
     assert_int_equal(sched_stage_fits(&big, gpu("H100-SXM"), &h2, 0, &pp, &e), 0);
     assert_int_equal(sched_stage_fits(&big, gpu("A100-80GB-SXM"), &a2, 0, &pp, &e), 0);
     assert_true(fabs(gpu("A100-80GB-SXM")->memory_gb - 81920 * 1048576.0 / 1e9) < 1e-9);
@@ -246,7 +246,7 @@ static void profile_replaces_roofline(void **st) {
     sched_perf_params pp;
     sched_perf_defaults(&pp);
     assert_int_equal(sched_model_builtin("llama-3-8b", &m, NULL), 0);
-    sched_stage s = {sched_catalog_find(&cat, "L4"), -1, 1, 0, 32};
+    sched_stage s = {sched_catalog_find(&cat, "L4"), -1, 1, 0, 32, 0};
     sched_perf r;
     assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 200, 100, &pp, p, &r, &e), 0);
     assert_string_equal(r.bound, "profile");
@@ -277,8 +277,8 @@ static void layer_split_dp_matches_brute_force(void **st) {
     int tpa[] = {1, 1, 2}, tpb[] = {2, 1, 4};
     for (int c = 0; c < 3; c++) {
         assert_int_equal(sched_model_builtin(models[c], &m, NULL), 0);
-        sched_stage st[2] = {{sched_catalog_find(&cat, ta[c]), -1, tpa[c], 0, 0},
-                             {sched_catalog_find(&cat, tb[c]), -1, tpb[c], 0, 0}};
+        sched_stage st[2] = {{sched_catalog_find(&cat, ta[c]), -1, tpa[c], 0, 0, 0},
+                             {sched_catalog_find(&cat, tb[c]), -1, tpb[c], 0, 0, 0}};
         int rc = sched_layer_split(&m, &cat, st, 2, 512, &pp, &e);
         double best = INFINITY;
         int arg = -1;
@@ -310,8 +310,8 @@ static void layer_split_dp_matches_brute_force(void **st) {
     }
     /* 70B over one L4 + one T4 cannot fit: the error gives weights and memory. */
     assert_int_equal(sched_model_builtin("llama-3-70b", &m, NULL), 0);
-    sched_stage bad[2] = {{sched_catalog_find(&cat, "L4"), -1, 1, 0, 0},
-                          {sched_catalog_find(&cat, "T4"), -1, 1, 0, 0}};
+    sched_stage bad[2] = {{sched_catalog_find(&cat, "L4"), -1, 1, 0, 0, 0},
+                          {sched_catalog_find(&cat, "T4"), -1, 1, 0, 0, 0}};
     assert_int_equal(sched_layer_split(&m, &cat, bad, 2, 512, &pp, &e), MD_ERANGE);
     assert_non_null(strstr(e.msg, "GB of weights"));
 }
@@ -371,7 +371,7 @@ static void tpot_slo_bounds_the_batch(void **st) {
     sched_perf_params pp;
     sched_perf_defaults(&pp);
     assert_int_equal(sched_model_builtin("llama-2-7b", &m, NULL), 0);
-    sched_stage s = {sched_catalog_find(&cat, "A10G"), -1, 1, 0, 32};
+    sched_stage s = {sched_catalog_find(&cat, "A10G"), -1, 1, 0, 32, 0};
     sched_perf free_r, r, more;
     md_err e = {0};
     assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 70, 215, &pp, NULL, &free_r, &e), 0);

@@ -261,8 +261,8 @@ static void layer_split_dp_matches_brute_force_three_and_four_stages(void **st) 
         assert_int_equal(sched_model_builtin(cases[k].model, &m, NULL), 0);
         sched_stage s[4];
         for (int i = 0; i < cases[k].n; i++)
-            s[i] =
-                (sched_stage){sched_catalog_find(&cat, cases[k].type[i]), -1, cases[k].tp[i], 0, 0};
+            s[i] = (sched_stage){
+                sched_catalog_find(&cat, cases[k].type[i]), -1, cases[k].tp[i], 0, 0, 0};
         double want = brute(&m, &cat, s, cases[k].n, 0, 0, 0, 512, &pp);
         int rc = sched_layer_split(&m, &cat, s, cases[k].n, 512, &pp, &e);
         if (!isfinite(want)) {

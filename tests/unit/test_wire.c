@@ -20,8 +20,12 @@
 
 #include <cmocka.h>
 
+#include "common/dtype.h"
 #include "common/util.h"
+#include "engine/model/model.h"
+#include "engine/shard/stage.h"
 #include "engine/shard/wire.h"
+#include "engine/weights/synth.h"
 #include "engine/shard/wire_io.h"
 
 /* The handshake every test frame is signed with: a fixed secret and nonces. */
@@ -549,6 +553,68 @@ static void test_hello_with_bad_fields_is_refused(void **state) {
     md_wire_buf_free(&b);
 }
 
+/* KV element types in HELLO (engine/shard/stage.h): F32, whose GGUF id 0 is also "the
+ * backend's", has a code of its own (-1) that survives the frame; a stage sizes and a model
+ * allocates the type asked for, F32 included; -2 is refused as out of range, as a stage from
+ * before the F32 code refuses -1. Before, a head's F32 reached its stages as 0 and they ran
+ * their backend's F16. */
+static void test_hello_tells_f32_from_the_backends_kv_type(void **state) {
+    assert_int_equal(md_stage_kv_code(MD_TYPE_F32), MD_STAGE_KV_F32);
+    assert_int_equal(md_stage_kv_code(MD_TYPE_F16), MD_TYPE_F16);
+    assert_int_equal(md_stage_kv_type(MD_STAGE_KV_F32, MD_TYPE_F16), MD_TYPE_F32);
+    assert_int_equal(md_stage_kv_type(MD_STAGE_KV_BACKEND, MD_TYPE_F16), MD_TYPE_F16);
+    assert_int_equal(md_stage_kv_type(MD_STAGE_KV_BACKEND, MD_TYPE_F32), MD_TYPE_F32);
+    assert_int_equal(md_stage_kv_type(MD_TYPE_BF16, MD_TYPE_F32), MD_TYPE_BF16);
+    md_wire_buf b = {0};
+    md_err e = {0};
+    md_stage_config d;
+    int v, m;
+    const int codes[] = {MD_STAGE_KV_BACKEND, MD_STAGE_KV_F32, MD_TYPE_F16, MD_TYPE_BF16};
+    for (size_t i = 0; i < sizeof codes / sizeof *codes; i++) {
+        md_stage_config c = config(1, 2);
+        c.kv_type = codes[i];
+        assert_int_equal(md_wire_put_hello(&b, &c, 10, 10, auth(), &e), 0);
+        size_t n;
+        uint8_t *p = payload_copy(&b, &n);
+        if (md_wire_get_hello(p, n, &d, &v, &m, &e))
+            fail_msg("kv_type %d: %s", codes[i], e.msg);
+        assert_int_equal(d.kv_type, codes[i]);
+        free(p);
+    }
+    md_stage_config c = config(1, 2);
+    c.kv_type = -2;
+    assert_int_equal(md_wire_put_hello(&b, &c, 10, 10, auth(), &e), 0);
+    size_t n;
+    uint8_t *p = payload_copy(&b, &n);
+    assert_int_equal(md_wire_get_hello(p, n, &d, &v, &m, &e), MD_EFORMAT);
+    assert_non_null(strstr(e.msg, "kv_type = -2"));
+    free(p);
+    md_wire_buf_free(&b);
+    /* a stage's KV slot of F32 is twice one of F16 */
+    size_t w, kv32, kv16;
+    if (md_stage_bytes("synthetic:tiny", 0, 1, MD_STAGE_KV_F32, &w, &kv32, &e) ||
+        md_stage_bytes("synthetic:tiny", 0, 1, MD_TYPE_F16, &w, &kv16, &e))
+        fail_msg("%s", e.msg);
+    assert_true(kv32 == 2 * kv16);
+    /* and a model on the cpu backend (whose own type is F16) allocates F32 when asked */
+    void *img;
+    size_t len;
+    gguf_file *gf = NULL;
+    md_backend *be = NULL;
+    md_model *mod = NULL;
+    md_kv_bufs kv;
+    if (md_synth_build("synthetic:tiny", 1, &img, &len, &e) || gguf_open_mem(img, len, &gf, &e) ||
+        md_backend_open("cpu", 1, &be, &e) || md_model_load(gf, be, &mod, &e) ||
+        md_kv_bufs_alloc_type(mod, 16, MD_TYPE_F32, &kv, &e))
+        fail_msg("%s", e.msg);
+    assert_int_equal(kv.type, MD_TYPE_F32);
+    md_kv_bufs_free(mod, &kv);
+    md_model_free(mod);
+    md_backend_free(be);
+    gguf_close(gf);
+    md_synth_free(img, len);
+}
+
 static void test_ready_for_another_model_or_range_is_refused(void **state) {
     md_stage_config c = config(2, 4);
     md_wire_ready r = {.model_hash = c.model_hash,
@@ -853,6 +919,7 @@ int main(void) {
         cmocka_unit_test(test_secret_file_rules),
         cmocka_unit_test(test_limits_refuse_frames_too_large),
         cmocka_unit_test(test_hello_with_bad_fields_is_refused),
+        cmocka_unit_test(test_hello_tells_f32_from_the_backends_kv_type),
         cmocka_unit_test(test_ready_for_another_model_or_range_is_refused),
         cmocka_unit_test(test_random_bytes_never_decode_into_nonsense),
         cmocka_unit_test(test_frames_over_a_socket),
