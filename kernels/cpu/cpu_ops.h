@@ -151,4 +151,26 @@ void cpu_attention_paged_f16_group(float *out, const float *q, int n_q, const ui
                                    const int32_t *block_table, int block_tokens, int p0, int npos,
                                    int hd, float scale, float *scratch);
 
+/* attn_tiled.c — blocked (flash-style) attention over the F16 cache for nt query tokens of one
+ * sequence and the G query heads that share one KV head: key tiles of
+ * cpu_attention_key_tile(hd) positions aligned to multiples of it, each K/V row converted once
+ * per call, an online softmax (no score row longer than a tile), vector exponentials.
+ * Token i (its q row at q + i * q_stride, head g at + g * hd; out likewise at o_stride) at
+ * position pos[i] attends to positions (pos[i] - window, pos[i]] (window 0: [0, pos[i]]);
+ * positions need not be consecutive. k, v are already offset by the KV head (kv_stride halves
+ * between slots). scratch holds cpu_attention_tiled_scratch(hd, nt * G) floats.
+ * A row's result does not depend on nt or on the other rows of the call (same bits for a token
+ * alone or in any tile): the engine's chunked prefill relies on it. Scalar, AVX2 (hd % 8 == 0)
+ * and AVX-512 (hd % 16 == 0) versions; results differ between levels by rounding only. */
+int cpu_attention_key_tile(int hd);
+size_t cpu_attention_tiled_scratch(int hd, int rows);
+void cpu_attention_tiled_f16(float *out, size_t o_stride, const float *q, size_t q_stride, int nt,
+                             const int32_t *pos, int G, const uint16_t *k, const uint16_t *v,
+                             size_t kv_stride, const int32_t *block_table, int block_tokens,
+                             int window, int hd, float scale, float *scratch);
+/* The reference: one query row (hd <= 1024), two passes in double precision over the F16 rows. */
+void cpu_attention_ref_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v,
+                           size_t row_stride, const int32_t *block_table, int block_tokens,
+                           int pos, int window, int hd, float scale);
+
 #endif
