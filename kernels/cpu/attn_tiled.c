@@ -49,6 +49,18 @@ static inline size_t slot_of(const int32_t *bt, int block_tokens, int p) {
     return (size_t)bt[p / block_tokens] * (size_t)block_tokens + (size_t)(p % block_tokens);
 }
 
+/* sl[j - ka] = the slot of key j for j in [ka, kz): one division per tile, not per key. */
+static void tile_slots(size_t *sl, const int32_t *bt, int block_tokens, int ka, int kz) {
+    int b = ka / block_tokens, o = ka % block_tokens;
+    for (int j = ka; j < kz; j++) {
+        sl[j - ka] = (size_t)bt[b] * (size_t)block_tokens + (size_t)o;
+        if (++o == block_tokens) {
+            o = 0;
+            b++;
+        }
+    }
+}
+
 static inline int lo_of(int pos, int window) {
     return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
 }
@@ -78,11 +90,12 @@ static void tile_buf_init(tile_buf *t, float *scratch, int hd, int rows) {
 static void load_tile_scalar(tile_buf *t, const uint16_t *k, const uint16_t *v, size_t stride,
                              const int32_t *bt, int block_tokens, int kb, int ka, int kz) {
     int tk = t->tk, hd = t->hd;
+    size_t sl[TK_MAX];
+    tile_slots(sl, bt, block_tokens, ka, kz);
     if (ka > kb || kz < kb + tk)
         memset(t->kt, 0, (size_t)tk * hd * sizeof(float));
     for (int j = ka; j < kz; j++) {
-        size_t s = slot_of(bt, block_tokens, j);
-        const uint16_t *kr = k + s * stride, *vr = v + s * stride;
+        const uint16_t *kr = k + sl[j - ka] * stride, *vr = v + sl[j - ka] * stride;
         float *vo = t->vt + (size_t)(j - kb) * hd;
         for (int d = 0; d < hd; d++) {
             t->kt[(size_t)d * tk + (j - kb)] = md_fp16_to_fp32(kr[d]);
@@ -175,11 +188,12 @@ AVX2 static inline __m256 valid8(int c0, int a, int z) {
 AVX2 static void load_tile_avx2(tile_buf *t, const uint16_t *k, const uint16_t *v, size_t stride,
                                 const int32_t *bt, int block_tokens, int kb, int ka, int kz) {
     int tk = t->tk, hd = t->hd;
+    size_t sl[TK_MAX];
+    tile_slots(sl, bt, block_tokens, ka, kz);
     if (ka > kb || kz < kb + tk)
         memset(t->kt, 0, (size_t)tk * hd * sizeof(float));
     for (int j = ka; j < kz; j++) {
-        size_t s = slot_of(bt, block_tokens, j);
-        const uint16_t *kr = k + s * stride, *vr = v + s * stride;
+        const uint16_t *kr = k + sl[j - ka] * stride, *vr = v + sl[j - ka] * stride;
         float *vo = t->vt + (size_t)(j - kb) * hd, *ko = t->kt + (j - kb);
         for (int d = 0; d < hd; d += 8) {
             _mm256_storeu_ps(vo + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + d))));
@@ -304,6 +318,8 @@ X512 static INL void transpose16(__m512 r[16]) {
 X512 static void load_tile512(tile_buf *t, const uint16_t *k, const uint16_t *v, size_t stride,
                               const int32_t *bt, int block_tokens, int kb, int ka, int kz) {
     int tk = t->tk, hd = t->hd;
+    size_t sl[TK_MAX];
+    tile_slots(sl, bt, block_tokens, ka, kz);
     for (int jb = kb; jb < kb + tk; jb += 16) {
         const uint16_t *kr[16];
         for (int i = 0; i < 16; i++) {
@@ -311,9 +327,8 @@ X512 static void load_tile512(tile_buf *t, const uint16_t *k, const uint16_t *v,
             kr[i] = NULL;
             if (j < ka || j >= kz)
                 continue;
-            size_t s = slot_of(bt, block_tokens, j);
-            kr[i] = k + s * stride;
-            const uint16_t *vr = v + s * stride;
+            kr[i] = k + sl[j - ka] * stride;
+            const uint16_t *vr = v + sl[j - ka] * stride;
             float *vo = t->vt + (size_t)(j - kb) * hd;
             for (int d = 0; d < hd; d += 16)
                 _mm512_store_ps(vo + d,
