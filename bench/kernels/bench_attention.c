@@ -38,7 +38,8 @@ typedef struct {
 static double run_case(const shape *s, int p0, int nq, double budget, double *flop) {
     size_t stride = (size_t)s->n_kv * s->hd, qd = stride * s->G;
     uint16_t *k = malloc((size_t)CTX * stride * 2), *v = malloc((size_t)CTX * stride * 2);
-    float *q = malloc((size_t)nq * qd * sizeof(float)), *out = malloc((size_t)nq * qd * sizeof(float));
+    float *q = malloc((size_t)nq * qd * sizeof(float)),
+          *out = malloc((size_t)nq * qd * sizeof(float));
     float *scratch = malloc(cpu_attention_tiled_scratch(s->hd, TILE * s->G) * sizeof(float));
     int32_t table[CTX / BT], pos[CTX];
     if (!k || !v || !q || !out || !scratch) {
@@ -68,8 +69,8 @@ static double run_case(const shape *s, int p0, int nq, double budget, double *fl
                 int nt = nq - i0 < TILE ? nq - i0 : TILE;
                 size_t off = (size_t)i0 * qd + (size_t)h * s->G * s->hd;
                 cpu_attention_tiled_f16(out + off, qd, q + off, qd, nt, pos + i0, s->G,
-                                        k + (size_t)h * s->hd, v + (size_t)h * s->hd, stride,
-                                        table, BT, s->window, s->hd, 0.125f, scratch);
+                                        k + (size_t)h * s->hd, v + (size_t)h * s->hd, stride, table,
+                                        BT, s->window, s->hd, 0.125f, scratch);
             }
         reps++;
         t = cpu_s() - t0;
@@ -85,8 +86,8 @@ static double run_case(const shape *s, int p0, int nq, double budget, double *fl
 int main(int argc, char **argv) {
     double budget = argc > 1 ? atof(argv[1]) : 0.5;
     const char *only = argc > 2 ? argv[2] : "";
-    static const shape shapes[] = {{"smollm2", 3, 3, 64, 0}, {"gemma3-swa", 1, 4, 256, 512},
-                                   {"gemma3-global", 1, 4, 256, 0}};
+    static const shape shapes[] = {
+        {"smollm2", 3, 3, 64, 0}, {"gemma3-swa", 1, 4, 256, 512}, {"gemma3-global", 1, 4, 256, 0}};
     static const char *lvname[] = {"scalar", "avx2", "avx512"};
     int best = cpu_simd_detect();
     printf("# bench_attention: blocked F16 attention, 1 thread, CPU time, context %d\n", CTX);

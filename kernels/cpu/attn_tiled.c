@@ -157,7 +157,8 @@ AVX2 static inline __m256 exp8n(__m256 x) {
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     /* n in [-126, 0]: 2^n in two factors so n = -126 stays a normal number */
     __m256i ni = _mm256_cvtps_epi32(n), h = _mm256_srai_epi32(ni, 1);
-    __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
+    __m256 f1 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
     __m256 f2 = _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
     return _mm256_andnot_ps(under, _mm256_mul_ps(_mm256_mul_ps(p, f1), f2));
@@ -348,32 +349,31 @@ X512 static void load_tile512(tile_buf *t, const uint16_t *k, const uint16_t *v,
 
 /* R rows of one token (R <= 4), NC = tk / 16 chunks (1, 2 or 4): scores with the key chunks
  * loaded once for the R rows, then the V pass with each V vector loaded once for them. */
-X512 static INL void update512_n(tile_buf *t, float *out, const float *q, const int R,
-                                 const int NC, float *m, float *l, int kb, int a, int z,
-                                 float scale) {
+X512 static INL void update512_n(tile_buf *t, float *out, const float *q, const int R, const int NC,
+                                 float *m, float *l, int kb, int a, int z, float scale) {
     int tk = t->tk, hd = t->hd;
     __m512 s[CPU_ATT_GROUP][4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int c = 0; c < NC; c++)
             s[r][c] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d++) {
         const float *kd = t->kt + (size_t)d * tk;
         __m512 kc[4];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int c = 0; c < NC; c++)
             kc[c] = _mm512_load_ps(kd + 16 * c);
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             __m512 qd = _mm512_set1_ps(q[(size_t)r * hd + d]);
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int c = 0; c < NC; c++)
                 s[r][c] = _mm512_fmadd_ps(qd, kc[c], s[r][c]);
         }
     }
     __mmask16 msk[4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int c = 0; c < NC; c++) {
         int lo = a - (kb + 16 * c), hi = z - (kb + 16 * c);
         lo = lo < 0 ? 0 : lo > 16 ? 16 : lo;
@@ -381,10 +381,10 @@ X512 static INL void update512_n(tile_buf *t, float *out, const float *q, const 
         msk[c] = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
     }
     float alpha[CPU_ATT_GROUP];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         __m512 sc = _mm512_set1_ps(scale), mx = _mm512_set1_ps(-INFINITY);
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int c = 0; c < NC; c++) {
             s[r][c] = _mm512_mul_ps(s[r][c], sc);
             mx = _mm512_mask_max_ps(mx, msk[c], mx, s[r][c]);
@@ -393,7 +393,7 @@ X512 static INL void update512_n(tile_buf *t, float *out, const float *q, const 
         alpha[r] = _mm512_cvtss_f32(exp16n(_mm512_set1_ps(m[r] - mn)));
         __m512 mv = _mm512_set1_ps(mn), sum = _mm512_setzero_ps();
         float *pr = t->p + (size_t)r * tk;
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int c = 0; c < NC; c++) {
             __m512 p = _mm512_maskz_mov_ps(msk[c], exp16n(_mm512_sub_ps(s[r][c], mv)));
             _mm512_store_ps(pr + 16 * c, p);
@@ -405,7 +405,7 @@ X512 static INL void update512_n(tile_buf *t, float *out, const float *q, const 
     for (int c0 = 0; c0 < hd; c0 += 64) {
         int nv = (hd - c0 < 64 ? hd - c0 : 64) / 16;
         __m512 acc[CPU_ATT_GROUP][4];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             __m512 al = _mm512_set1_ps(alpha[r]);
             for (int i = 0; i < nv; i++)
@@ -415,13 +415,13 @@ X512 static INL void update512_n(tile_buf *t, float *out, const float *q, const 
             for (int j = a - kb; j < z - kb; j++) {
                 const float *vr = t->vt + (size_t)j * hd + c0;
                 __m512 vv[4];
-                #pragma GCC unroll 4
+#pragma GCC unroll 4
                 for (int i = 0; i < 4; i++)
                     vv[i] = _mm512_load_ps(vr + 16 * i);
-                #pragma GCC unroll 4
+#pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
                     __m512 w = _mm512_set1_ps(t->p[(size_t)r * tk + j]);
-                    #pragma GCC unroll 4
+#pragma GCC unroll 4
                     for (int i = 0; i < 4; i++)
                         acc[r][i] = _mm512_fmadd_ps(w, vv[i], acc[r][i]);
                 }
@@ -431,14 +431,14 @@ X512 static INL void update512_n(tile_buf *t, float *out, const float *q, const 
                 const float *vr = t->vt + (size_t)j * hd + c0;
                 for (int i = 0; i < nv; i++) {
                     __m512 vv = _mm512_load_ps(vr + 16 * i);
-                    #pragma GCC unroll 4
+#pragma GCC unroll 4
                     for (int r = 0; r < R; r++)
                         acc[r][i] = _mm512_fmadd_ps(_mm512_set1_ps(t->p[(size_t)r * tk + j]), vv,
                                                     acc[r][i]);
                 }
             }
         }
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int r = 0; r < R; r++)
             for (int i = 0; i < nv; i++)
                 _mm512_storeu_ps(out + (size_t)r * hd + c0 + 16 * i, acc[r][i]);
@@ -446,7 +446,7 @@ X512 static INL void update512_n(tile_buf *t, float *out, const float *q, const 
 }
 
 #define U512(R, NC)                                                                                \
-    X512 static void update512_##R##_##NC(tile_buf *t, float *out, const float *q, float *m,      \
+    X512 static void update512_##R##_##NC(tile_buf *t, float *out, const float *q, float *m,       \
                                           float *l, int kb, int a, int z, float scale) {           \
         update512_n(t, out, q, R, NC, m, l, kb, a, z, scale);                                      \
     }
@@ -526,8 +526,9 @@ void cpu_attention_tiled_f16(float *out, size_t o_stride, const float *q, size_t
                 float *m = t.m + i * G + g0, *l = t.l + i * G + g0;
 #ifdef HAVE_X86
                 if (lv == LVL_512)
-                    upd512[tk == 16 ? 0 : tk == 32 ? 1 : 2][R - 1](&t, o, qr, m, l, kb, a, z,
-                                                                   scale);
+                    upd512[tk == 16   ? 0
+                           : tk == 32 ? 1
+                                      : 2][R - 1](&t, o, qr, m, l, kb, a, z, scale);
                 else if (lv == LVL_AVX2)
                     update_avx2(&t, o, qr, R, m, l, kb, a, z, scale);
                 else
@@ -546,8 +547,8 @@ void cpu_attention_tiled_f16(float *out, size_t o_stride, const float *q, size_t
 }
 
 void cpu_attention_ref_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v,
-                           size_t row_stride, const int32_t *block_table, int block_tokens,
-                           int pos, int window, int hd, float scale) {
+                           size_t row_stride, const int32_t *block_table, int block_tokens, int pos,
+                           int window, int hd, float scale) {
     int lo = lo_of(pos, window);
     double mx = -INFINITY, sum = 0;
     for (int p = lo; p <= pos; p++) {

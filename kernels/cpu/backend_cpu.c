@@ -414,9 +414,9 @@ typedef struct {
     int n_heads, n_kv_heads, head_dim;
     float scale;
     int f16;
-    int window;         /* 0: whole sequence */
-    int n_tiles;        /* F16: query tiles of the step (c->tiles) */
-    atomic_int next;    /* F16: the next (tile, KV head) item to claim */
+    int window;      /* 0: whole sequence */
+    int n_tiles;     /* F16: query tiles of the step (c->tiles) */
+    atomic_int next; /* F16: the next (tile, KV head) item to claim */
 } att_job;
 
 /* F16 cache: one (query tile, KV head) per work item, claimed in order by whichever thread is

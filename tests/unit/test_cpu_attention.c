@@ -30,7 +30,9 @@ static uint32_t rnd(void) {
     rng_state ^= rng_state << 17;
     return (uint32_t)(rng_state >> 16);
 }
-static float frnd(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; }
+static float frnd(void) {
+    return (float)rnd() / 4294967296.0f * 2.0f - 1.0f;
+}
 
 /* A paged F16 cache of n_kv heads of hd for `len` positions in blocks of bt tokens, the
  * blocks in shuffled order; queries for n_head heads at every position. */
@@ -88,9 +90,10 @@ static void run_tile(const cache *c, int h, int t0, int nt, int window, float sc
     for (int i = 0; i < nt; i++)
         pos[i] = t0 + i;
     size_t off = (size_t)h * c->G * c->hd;
-    cpu_attention_tiled_f16(out + (size_t)t0 * qd + off, (size_t)qd, c->q + (size_t)t0 * qd + off, (size_t)qd, nt,
-                            pos, c->G, c->k + (size_t)h * c->hd, c->v + (size_t)h * c->hd,
-                            c->stride, c->table, c->bt, window, c->hd, scale, scratch);
+    cpu_attention_tiled_f16(out + (size_t)t0 * qd + off, (size_t)qd, c->q + (size_t)t0 * qd + off,
+                            (size_t)qd, nt, pos, c->G, c->k + (size_t)h * c->hd,
+                            c->v + (size_t)h * c->hd, c->stride, c->table, c->bt, window, c->hd,
+                            scale, scratch);
     free(pos);
     free(scratch);
 }
