@@ -72,6 +72,10 @@ typedef struct {
     float *p;  /* [CPU_ATT_GROUP][tk] probabilities of the rows being updated */
     float *m, *l;
     int tk, hd;
+    /* AVX-512, a call of at most CPU_ATT_GROUP rows (a decode token): V is read from the
+     * cache rows in the V pass instead of staged in vt (one reader: staging only costs) */
+    int v_direct;
+    const uint16_t *vrow[TK_MAX];
 } tile_buf;
 
 static void tile_buf_init(tile_buf *t, float *scratch, int hd, int rows) {
@@ -83,6 +87,7 @@ static void tile_buf_init(tile_buf *t, float *scratch, int hd, int rows) {
     t->p = t->vt + (size_t)t->tk * hd;
     t->m = t->p + (size_t)CPU_ATT_GROUP * t->tk;
     t->l = t->m + rows;
+    t->v_direct = 0;
 }
 
 /* Keys [ka, kz) of the tile at kb into kt (transposed) and vt, scalar conversion. Lanes of kt
@@ -330,6 +335,10 @@ X512 static void load_tile512(tile_buf *t, const uint16_t *k, const uint16_t *v,
                 continue;
             kr[i] = k + sl[j - ka] * stride;
             const uint16_t *vr = v + sl[j - ka] * stride;
+            if (t->v_direct) {
+                t->vrow[j - kb] = vr;
+                continue;
+            }
             float *vo = t->vt + (size_t)(j - kb) * hd;
             for (int d = 0; d < hd; d += 16)
                 _mm512_store_ps(vo + d,
@@ -411,7 +420,22 @@ X512 static INL void update512_n(tile_buf *t, float *out, const float *q, const 
             for (int i = 0; i < nv; i++)
                 acc[r][i] = _mm512_mul_ps(_mm512_loadu_ps(out + (size_t)r * hd + c0 + 16 * i), al);
         }
-        if (nv == 4) {
+        if (nv == 4 && t->v_direct) {
+            for (int j = a - kb; j < z - kb; j++) {
+                const uint16_t *vr = t->vrow[j] + c0;
+                __m512 vv[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++)
+                    vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * i)));
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m512 w = _mm512_set1_ps(t->p[(size_t)r * tk + j]);
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; i++)
+                        acc[r][i] = _mm512_fmadd_ps(w, vv[i], acc[r][i]);
+                }
+            }
+        } else if (nv == 4) {
             for (int j = a - kb; j < z - kb; j++) {
                 const float *vr = t->vt + (size_t)j * hd + c0;
                 __m512 vv[4];
@@ -429,8 +453,11 @@ X512 static INL void update512_n(tile_buf *t, float *out, const float *q, const 
         } else {
             for (int j = a - kb; j < z - kb; j++) {
                 const float *vr = t->vt + (size_t)j * hd + c0;
+                const uint16_t *vh = t->v_direct ? t->vrow[j] + c0 : NULL;
                 for (int i = 0; i < nv; i++) {
-                    __m512 vv = _mm512_load_ps(vr + 16 * i);
+                    __m512 vv =
+                        vh ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vh + 16 * i)))
+                           : _mm512_load_ps(vr + 16 * i);
 #pragma GCC unroll 4
                     for (int r = 0; r < R; r++)
                         acc[r][i] = _mm512_fmadd_ps(_mm512_set1_ps(t->p[(size_t)r * tk + j]), vv,
@@ -493,6 +520,7 @@ void cpu_attention_tiled_f16(float *out, size_t o_stride, const float *q, size_t
     tile_buf t;
     tile_buf_init(&t, scratch, hd, nt * G);
     int lv = level_for(hd), tk = t.tk;
+    t.v_direct = lv == LVL_512 && nt * G <= CPU_ATT_GROUP;
     int lo_min = pos[0], hi_max = 0;
     for (int i = 0; i < nt; i++) {
         int lo = lo_of(pos[i], window);
