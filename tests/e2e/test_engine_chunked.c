@@ -1,5 +1,5 @@
 /* test_engine_chunked.c — chunked prefill on SmolLM2-135M (docs/engine.md "Chunked prefill"):
- * greedy continuations of a 700-token prompt are the same tokens whether the prompt is
+ * greedy continuations of a 320-token prompt are the same tokens whether the prompt is
  * computed in one step, in chunks of 64 or of 7 tokens, or in chunks beside other sequences
  * decoding; and while a long prompt is being prefilled in chunks, every sequence that decodes
  * gets its token in every step (a long document never stalls the batch). Skipped when the model
@@ -16,8 +16,8 @@
 #include "engine/engine.h"
 #include "e2e/test_engine_util.h"
 
-#define LONG 700
-#define GEN 12
+#define LONG 320
+#define GEN 8
 
 static md_engine *open_engine(int batch_tokens, int prefill_chunk) {
     const char *path = test_model_path();
@@ -84,7 +84,7 @@ static void test_greedy_same_in_one_step_and_in_chunks(void **state) {
     make_prompt(prompt, LONG, 1);
     for (int i = 0; i < 3; i++)
         make_prompt(other[i], 40, 10 + (uint32_t)i);
-    finish_into(eng, submit(eng, prompt, LONG, GEN), whole); /* one 700-token step */
+    finish_into(eng, submit(eng, prompt, LONG, GEN), whole); /* one 320-token step */
     md_engine_close(eng);
     static const int chunks[] = {64, 7};
     for (size_t c = 0; c < sizeof chunks / sizeof *chunks; c++) {
@@ -96,7 +96,7 @@ static void test_greedy_same_in_one_step_and_in_chunks(void **state) {
     /* beside three sequences decoding: the chunks share steps with their tokens */
     eng = open_engine(128, 64);
     for (int i = 0; i < 3; i++)
-        submit(eng, other[i], 40, 200);
+        submit(eng, other[i], 40, 60);
     uint64_t id = submit(eng, prompt, LONG, GEN);
     for (int guard = 0; guard < 10000; guard++) {
         md_step_result r;
@@ -123,7 +123,7 @@ static void test_decodes_progress_while_a_long_prompt_prefills(void **state) {
     uint64_t ids[4];
     for (int i = 0; i < 4; i++) {
         make_prompt(shortp[i], 20, 20 + (uint32_t)i);
-        ids[i] = submit(eng, shortp[i], 20, 100);
+        ids[i] = submit(eng, shortp[i], 20, 40);
     }
     make_prompt(prompt, LONG, 2);
     /* the four short ones are decoding before the document arrives */
