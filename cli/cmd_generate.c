@@ -75,6 +75,8 @@ static void usage(FILE *f) {
             "                          llama2, mistral, gemma, or none (raw prompts only)\n"
             "      --max-seqs N        sequences per step (default 64 on cpu, 256 on cuda)\n"
             "      --batch-tokens N    tokens per step (default 512 on cpu, 2048 on cuda)\n"
+            "      --prefill-chunk N   most prompt tokens of one sequence per step (default:\n"
+            "                          the step's budget); decodes run in the same steps\n"
             "      --kv-mb N           KV cache budget in MiB (default: min(needed, 1024))\n"
             "      --stages SPEC       run the model as pipeline stages: a comma list of\n"
             "                          [tcp://HOST:PORT/]DEVICE:LO-HI (layers LO to HI), e.g.\n"
@@ -138,6 +140,7 @@ enum {
     O_DEVICE,
     O_CTX,
     O_MAXSEQS,
+    O_PCHUNK,
     O_BTOK,
     O_KVMB,
     O_KVTYPE,
@@ -181,6 +184,7 @@ static const struct option gen_options[] = {
     {"device", required_argument, 0, O_DEVICE},
     {"ctx", required_argument, 0, O_CTX},
     {"max-seqs", required_argument, 0, O_MAXSEQS},
+    {"prefill-chunk", required_argument, 0, O_PCHUNK},
     {"batch-tokens", required_argument, 0, O_BTOK},
     {"kv-mb", required_argument, 0, O_KVMB},
     {"kv-type", required_argument, 0, O_KVTYPE},
@@ -246,6 +250,7 @@ static int engine_opt(int c, gen_opts *o) {
     case O_CTX: return parse_int(optarg, "--ctx", 1, 1 << 24, &o->n_ctx);
     case O_MAXSEQS: return parse_int(optarg, "--max-seqs", 1, 4096, &o->max_seqs);
     case O_BTOK: return parse_int(optarg, "--batch-tokens", 1, 1 << 16, &o->batch_tokens);
+    case O_PCHUNK: return parse_int(optarg, "--prefill-chunk", 1, 1 << 16, &o->prefill_chunk);
     case O_KVMB: return parse_int(optarg, "--kv-mb", 1, 1 << 24, &o->kv_mb);
     case O_KVTYPE: o->kv_type = optarg; return 0;
     case O_BF16W: o->bf16_weights = optarg; return 0;
@@ -400,6 +405,7 @@ static int open_engine(const gen_opts *o, md_engine **eng) {
                             .n_threads = o->n_threads,
                             .max_seqs = o->max_seqs,
                             .max_batch_tokens = o->batch_tokens,
+                            .prefill_chunk = o->prefill_chunk,
                             .kv_budget_bytes = (size_t)o->kv_mb << 20,
                             .kv_type = o->kv_type,
                             .bf16_weights = o->bf16_weights,

@@ -14,7 +14,7 @@
 
 typedef struct {
     const char *model, *prompt, *chat, *system, *batch, *out, *device;
-    int json, n_threads, max_seqs, batch_tokens, n_ctx, kv_mb;
+    int json, n_threads, max_seqs, batch_tokens, prefill_chunk, n_ctx, kv_mb;
     const char *kv_type;
     const char *bf16_weights;
     const char *chat_template;

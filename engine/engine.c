@@ -244,33 +244,76 @@ static void publish(md_engine *eng, seq *q, int upto) {
     }
 }
 
-/* Pick this step's chunks. Returns the number of tokens scheduled. */
+/* The newest running sequence after index i with nothing scheduled this step (its blocks can
+ * be taken back without undoing this step's layout), or -1. */
+static int victim(const md_engine *eng, int i) {
+    for (int v = eng->n_running - 1; v > i; v--)
+        if (eng->running[v]->chunk == 0)
+            return v;
+    return -1;
+}
+
+/* Give running[i] a chunk of `chunk` tokens: blocks grown (newer unscheduled sequences
+ * preempted for them) and published. Returns 0, or -1 when the blocks cannot be had even so:
+ * running[i] itself is then preempted. */
+static int take_chunk(md_engine *eng, int i, int chunk) {
+    seq *q = eng->running[i];
+    int need = blocks_needed(eng, q, q->n_computed + chunk), v;
+    while (need > kv_n_available(eng->kv) && (v = victim(eng, i)) >= 0)
+        preempt(eng, v);
+    if (need > kv_n_available(eng->kv)) {
+        preempt(eng, i);
+        return -1;
+    }
+    grow_blocks(eng, q, q->n_computed + chunk);
+    publish(eng, q, q->n_computed + chunk);
+    q->chunk = chunk;
+    return 0;
+}
+
+/* Most tokens of its list a sequence computes in this step: what is left of it, of the step's
+ * budget, and of the prefill chunk. */
+static int chunk_for(const md_engine *eng, const seq *q, int T) {
+    int chunk = q->n_toks - q->n_computed;
+    if (chunk > eng->max_batch - T)
+        chunk = eng->max_batch - T;
+    if (eng->prefill_chunk > 0 && chunk > eng->prefill_chunk)
+        chunk = eng->prefill_chunk;
+    return chunk;
+}
+
+/* Pick this step's chunks (docs/engine.md "Chunked prefill"): first one token for every running
+ * sequence that decodes (one token left to compute), so a long prompt never holds a decode
+ * back; then prompt chunks of the running sequences in admission order; then new sequences
+ * from the queue while the step has budget. Returns the number of tokens scheduled. */
 static int schedule(md_engine *eng) {
     int T = 0;
     for (int i = 0; i < eng->n_running && T < eng->max_batch;) {
-        seq *q = eng->running[i];
-        int chunk = q->n_toks - q->n_computed;
-        if (chunk > eng->max_batch - T)
-            chunk = eng->max_batch - T;
-        int need = blocks_needed(eng, q, q->n_computed + chunk);
-        while (need > kv_n_available(eng->kv) && eng->n_running - 1 > i)
-            preempt(eng, eng->n_running - 1);
-        if (need > kv_n_available(eng->kv)) {
-            preempt(eng, i);
-            break;
+        if (eng->running[i]->n_toks - eng->running[i]->n_computed != 1) {
+            i++;
+            continue;
         }
-        grow_blocks(eng, q, q->n_computed + chunk);
-        publish(eng, q, q->n_computed + chunk);
-        q->chunk = chunk;
+        if (take_chunk(eng, i, 1))
+            return T;
+        T++;
+        i++;
+    }
+    for (int i = 0; i < eng->n_running && T < eng->max_batch;) {
+        seq *q = eng->running[i];
+        if (q->chunk > 0 || q->n_toks - q->n_computed < 2) {
+            i++;
+            continue;
+        }
+        int chunk = chunk_for(eng, q, T);
+        if (take_chunk(eng, i, chunk))
+            return T;
         T += chunk;
         i++;
     }
     while (eng->n_waiting > 0 && eng->n_running < eng->max_seqs && T < eng->max_batch) {
         seq *q = eng->waiting[0];
         match_prefix(eng, q);
-        int chunk = q->n_toks - q->n_computed;
-        if (chunk > eng->max_batch - T)
-            chunk = eng->max_batch - T;
+        int chunk = chunk_for(eng, q, T);
         if (blocks_needed(eng, q, q->n_computed + chunk) > kv_n_available(eng->kv)) {
             eng->st.prefix_hit_tokens -= q->n_computed;
             drop_blocks(eng, q);

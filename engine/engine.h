@@ -27,6 +27,10 @@ typedef struct {
                                  256 on cuda, 64 on cpu) */
     int max_batch_tokens;     /* tokens per step over all sequences (0 = the backend's
                                  default: 2048 on cuda, 512 on cpu) */
+    int prefill_chunk;        /* most prompt tokens one sequence computes in a step (0 = the
+                                 step's budget): a long prompt runs in chunks of this many,
+                                 decodes of the other sequences in the same steps
+                                 (docs/engine.md "Chunked prefill") */
     size_t kv_budget_bytes;   /* KV cache memory budget (0 = a default that fits) */
     int kv_block_tokens;      /* tokens per KV block (0 = 16) */
     int n_ctx;                /* per-sequence context limit (0 = the model's) */

@@ -76,6 +76,7 @@ struct md_engine {
     md_fwd fwd;
     smp_scratch *sc;
     int n_vocab, n_ctx, bs, max_blocks, max_seqs, max_batch;
+    int prefill_chunk; /* most prompt tokens of one sequence per step (0: the step budget) */
     uint64_t next_id;
     seq **all; /* every unreleased sequence */
     int n_all, cap_all;

@@ -107,6 +107,7 @@ static void size_batches(md_engine *eng) {
                                                      : 512;
     if (eng->max_batch < eng->max_seqs)
         eng->max_batch = eng->max_seqs; /* every running sequence can decode each step */
+    eng->prefill_chunk = cfg->prefill_chunk;
 }
 
 /* The KV cache's element type: the configuration's, else the backend's. */
@@ -307,7 +308,7 @@ int md_engine_open(const md_engine_config *cfg_in, md_engine **out, md_err *e) {
         goto fail;
     }
     if (cfg->n_threads < 0 || cfg->max_seqs < 0 || cfg->max_batch_tokens < 0 ||
-        cfg->kv_block_tokens < 0 || cfg->n_ctx < 0) {
+        cfg->prefill_chunk < 0 || cfg->kv_block_tokens < 0 || cfg->n_ctx < 0) {
         rc = md_errf(e, MD_EINVAL, "engine: negative size in the configuration");
         goto fail;
     }

@@ -54,6 +54,10 @@ medley_test(test_tp_allreduce SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_tp_a
 # and greedy continuations; skipped when `medley models fetch gemma3-270m` has not run
 medley_test(test_engine_gemma3 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_gemma3.c
             LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
+# chunked prefill on SmolLM2: greedy tokens the same in one step and in chunks, decodes never
+# stalled by a long prompt (label simd: the identity rests on the attention kernels' arithmetic)
+medley_test(test_engine_chunked SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_chunked.c
+            LIBS ${ENGINE_TEST_LIBS} LABELS e2e)
 # structured outputs on SmolLM2 (logit_bias, grammar-constrained answers, under preemption)
 medley_test(test_engine_constrained SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_engine_constrained.c
             LIBS ${ENGINE_TEST_LIBS} LABELS e2e)

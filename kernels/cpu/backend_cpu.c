@@ -8,6 +8,7 @@
  * same logits alone or batched (the engine's seeded-sampling guarantee rests on this). */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,10 @@ struct md_buf {
     int packed; /* a weight repacked by weight_wrap (kernels/cpu/repack.c): p is the copy */
 };
 
+/* Query tokens per work item of the blocked attention: one sequence's tokens of a step are cut
+ * into tiles of at most this many (a tile's K/V rows are converted once for all of them). */
+#define ATT_TILE_TOKENS 32
+
 typedef struct {
     md_backend base;
     cpu_pool *pool;
@@ -33,6 +38,9 @@ typedef struct {
     size_t mm_scratch_n;
     float *att_scratch; /* [n_threads, CPU_ATT_GROUP * max_ctx] attention scores */
     float *enc_scratch; /* [n_threads, (enc_head_dim + 1) * max_ctx]: attention_enc's K^T, scores */
+    float *tile_scratch; /* [n_threads, tile_scratch_n]: the blocked F16 attention's tiles */
+    size_t tile_scratch_n;
+    int32_t *tiles; /* [max_tokens + 1]: first token of each query tile of the step, then T */
     md_batch b;
     char desc[128];
 } cpu_backend;
@@ -47,6 +55,8 @@ static void cpu_free(md_backend *be) {
     free(c->mm_scratch);
     free(c->att_scratch);
     free(c->enc_scratch);
+    free(c->tile_scratch);
+    free(c->tiles);
     free(c);
 }
 
@@ -194,9 +204,29 @@ static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
         free(att);
         return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate encoder attention scratch");
     }
+    /* The tiled attention: a key tile holds at most max(4096, 16 hd) floats of K and of V
+     * (cpu_attention_key_tile), hd <= max_cols; rows <= ATT_TILE_TOKENS * n_heads. */
+    int hd_max = r->max_cols > 0 ? r->max_cols : 1, heads = r->n_heads > 0 ? r->n_heads : 1;
+    size_t kv_tile = 16 * (size_t)hd_max > 4096 ? 16 * (size_t)hd_max : 4096;
+    size_t tile_n = 2 * kv_tile + CPU_ATT_GROUP * 64 + 2 * (size_t)ATT_TILE_TOKENS * heads + 16;
+    float *tile = malloc((size_t)c->n_threads * tile_n * sizeof(float));
+    int32_t *tiles = malloc(((size_t)(r->max_tokens > 0 ? r->max_tokens : 1) + 1) * sizeof *tiles);
+    if (!tile || !tiles) {
+        free(mm);
+        free(att);
+        free(enc);
+        free(tile);
+        free(tiles);
+        return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate attention tile scratch");
+    }
     free(c->mm_scratch);
     free(c->att_scratch);
     free(c->enc_scratch);
+    free(c->tile_scratch);
+    free(c->tiles);
+    c->tile_scratch = tile;
+    c->tile_scratch_n = tile_n;
+    c->tiles = tiles;
     c->enc_scratch = enc;
     c->mm_scratch = mm;
     c->mm_scratch_n = need;
@@ -438,29 +468,29 @@ typedef struct {
     int n_heads, n_kv_heads, head_dim;
     float scale;
     int f16;
-    int window; /* 0: whole sequence */
+    int window;      /* 0: whole sequence */
+    int n_tiles;     /* F16: query tiles of the step (c->tiles) */
+    atomic_int next; /* F16: the next (tile, KV head) item to claim */
 } att_job;
 
-/* F16 cache: one (token, KV head, up to CPU_ATT_GROUP of its query heads) per work item, each
- * K/V row converted once for the heads that share it; the same bits as one head per item. */
+/* F16 cache: one (query tile, KV head) per work item, claimed in order by whichever thread is
+ * free (tiles late in a long prompt cost more than decode tokens), each through the blocked
+ * kernel with all the query heads of the KV head; a row's bits do not depend on its tile. */
 static void att_run_f16(att_job *j, int ith, int nth) {
     const md_batch *b = &j->c->b;
     int hd = j->head_dim, kv_dim = j->n_kv_heads * hd, group = j->n_heads / j->n_kv_heads;
-    int n_sub = (group + CPU_ATT_GROUP - 1) / CPU_ATT_GROUP, per_tok = j->n_kv_heads * n_sub;
-    float *sc = j->c->att_scratch + (size_t)ith * CPU_ATT_GROUP * j->c->r.max_ctx;
-    int64_t items = (int64_t)b->n_tokens * per_tok;
-    for (int64_t it = ith; it < items; it += nth) {
-        int t = (int)(it / per_tok), kvh = (int)(it % per_tok) / n_sub;
-        int g0 = (int)(it % n_sub) * CPU_ATT_GROUP, h = kvh * group + g0;
-        int nq = group - g0 < CPU_ATT_GROUP ? group - g0 : CPU_ATT_GROUP;
-        int s = b->tok_seq[t], npos = b->tok_pos[t] + 1;
-        int p0 = j->window > 0 && npos > j->window ? npos - j->window : 0;
-        const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
-        cpu_attention_paged_f16_group(j->out + ((size_t)t * j->n_heads + h) * hd,
-                                      j->q + ((size_t)t * j->n_heads + h) * hd, nq,
-                                      (const uint16_t *)j->kc + (size_t)kvh * hd,
-                                      (const uint16_t *)j->vc + (size_t)kvh * hd, (size_t)kv_dim,
-                                      bt, b->block_tokens, p0, npos, hd, j->scale, sc);
+    size_t qd = (size_t)j->n_heads * hd;
+    float *sc = j->c->tile_scratch + (size_t)ith * j->c->tile_scratch_n;
+    int items = j->n_tiles * j->n_kv_heads;
+    for (int it; (it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < items;) {
+        int ti = it / j->n_kv_heads, kvh = it % j->n_kv_heads;
+        int t0 = j->c->tiles[ti], nt = j->c->tiles[ti + 1] - t0, s = b->tok_seq[t0];
+        size_t off = (size_t)t0 * qd + (size_t)kvh * group * hd;
+        cpu_attention_tiled_f16(j->out + off, qd, j->q + off, qd, nt, b->tok_pos + t0, group,
+                                (const uint16_t *)j->kc + (size_t)kvh * hd,
+                                (const uint16_t *)j->vc + (size_t)kvh * hd, (size_t)kv_dim,
+                                b->block_table + (size_t)s * b->max_blocks, b->block_tokens,
+                                j->window, hd, j->scale, sc);
     }
 }
 
@@ -501,9 +531,32 @@ static int attention_run(md_backend *be, const md_buf *q, const md_buf *k_cache,
         if (c->b.tok_pos[t] >= c->r.max_ctx)
             return md_errf(e, MD_ERANGE, "cpu backend: position %d beyond the reserved context %d",
                            c->b.tok_pos[t], c->r.max_ctx);
-    att_job j = {c,       q->p,       k_cache->p, v_cache->p, out->p,
-                 n_heads, n_kv_heads, head_dim,   scale,      cache_type == MD_TYPE_F16,
-                 window};
+    att_job j = {.c = c,
+                 .q = q->p,
+                 .kc = k_cache->p,
+                 .vc = v_cache->p,
+                 .out = out->p,
+                 .n_heads = n_heads,
+                 .n_kv_heads = n_kv_heads,
+                 .head_dim = head_dim,
+                 .scale = scale,
+                 .f16 = cache_type == MD_TYPE_F16,
+                 .window = window};
+    atomic_init(&j.next, 0);
+    if (j.f16) {
+        int group = n_heads / n_kv_heads;
+        if (cpu_attention_tiled_scratch(head_dim, ATT_TILE_TOKENS * group) > c->tile_scratch_n)
+            return md_errf(e, MD_ERANGE,
+                           "cpu backend: attention of head dimension %d, %d heads exceeds the "
+                           "reserved scratch",
+                           head_dim, n_heads);
+        /* query tiles: runs of one sequence's tokens, at most ATT_TILE_TOKENS each */
+        for (int t = 0; t < c->b.n_tokens; t++)
+            if (t == 0 || c->b.tok_seq[t] != c->b.tok_seq[t - 1] ||
+                t - c->tiles[j.n_tiles - 1] == ATT_TILE_TOKENS)
+                c->tiles[j.n_tiles++] = t;
+        c->tiles[j.n_tiles] = c->b.n_tokens;
+    }
     cpu_pool_run(c->pool, att_run, &j);
     return 0;
 }

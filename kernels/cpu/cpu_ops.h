@@ -158,23 +158,34 @@ void cpu_attention_seq(float *out, const float *q, const float *k, const float *
  * Chebyshev erfc (relative error < 1.2e-7) in the AVX2 one. */
 void cpu_gelu_erf(float *x, int n);
 
-/* kv_f16.c — the F16 KV cache: float -> half with round-to-nearest-even (F16C where the
- * CPU has it, common/dtype.h's md_fp32_to_fp16 otherwise), and cpu_attention_paged over F16
- * K/V rows (row_stride in halves), F32 arithmetic. */
+/* kv_f16.c — rows of the F16 KV cache: float -> half with round-to-nearest-even (F16C where the
+ * CPU has it, common/dtype.h's md_fp32_to_fp16 otherwise). */
 void cpu_f32_to_f16_row(uint16_t *dst, const float *src, int n);
-void cpu_attention_paged_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v,
-                             size_t row_stride, const int32_t *block_table, int block_tokens,
-                             int p0, int npos, int hd, float scale, float *scratch);
 
-/* The same for n_q <= CPU_ATT_GROUP query heads sharing one KV head (GQA): q and out hold
- * n_q rows of hd floats (consecutive heads of one token), scratch n_q * npos floats. Each
- * head's result is bit for bit cpu_attention_paged_f16's. On AVX-512 (hd % 16 == 0) each K
- * and V row is read and converted once for the group, in 512-bit registers; elsewhere the
- * heads run one at a time. */
+/* Most query heads of one KV head the attention kernels update together (their K/V loads
+ * shared); a larger group runs in parts of this many. */
 #define CPU_ATT_GROUP 4
-void cpu_attention_paged_f16_group(float *out, const float *q, int n_q, const uint16_t *k,
-                                   const uint16_t *v, size_t row_stride,
-                                   const int32_t *block_table, int block_tokens, int p0, int npos,
-                                   int hd, float scale, float *scratch);
+
+/* attn_tiled.c — blocked (flash-style) attention over the F16 cache for nt query tokens of one
+ * sequence and the G query heads that share one KV head: key tiles of
+ * cpu_attention_key_tile(hd) positions aligned to multiples of it, each K/V row converted once
+ * per call, an online softmax (no score row longer than a tile), vector exponentials.
+ * Token i (its q row at q + i * q_stride, head g at + g * hd; out likewise at o_stride) at
+ * position pos[i] attends to positions (pos[i] - window, pos[i]] (window 0: [0, pos[i]]);
+ * positions need not be consecutive. k, v are already offset by the KV head (kv_stride halves
+ * between slots). scratch holds cpu_attention_tiled_scratch(hd, nt * G) floats.
+ * A row's result does not depend on nt or on the other rows of the call (same bits for a token
+ * alone or in any tile): the engine's chunked prefill relies on it. Scalar, AVX2 (hd % 8 == 0)
+ * and AVX-512 (hd % 16 == 0) versions; results differ between levels by rounding only. */
+int cpu_attention_key_tile(int hd);
+size_t cpu_attention_tiled_scratch(int hd, int rows);
+void cpu_attention_tiled_f16(float *out, size_t o_stride, const float *q, size_t q_stride, int nt,
+                             const int32_t *pos, int G, const uint16_t *k, const uint16_t *v,
+                             size_t kv_stride, const int32_t *block_table, int block_tokens,
+                             int window, int hd, float scale, float *scratch);
+/* The reference: one query row (hd <= 1024), two passes in double precision over the F16 rows. */
+void cpu_attention_ref_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v,
+                           size_t row_stride, const int32_t *block_table, int block_tokens,
+                           int pos, int window, int hd, float scale);
 
 #endif
