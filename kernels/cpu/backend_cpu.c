@@ -31,7 +31,7 @@ typedef struct {
     void *mm_scratch; /* cpu_matmul's activation blocks */
     size_t mm_scratch_n;
     float *att_scratch; /* [n_threads, CPU_ATT_GROUP * max_ctx] attention scores */
-    float *enc_scratch; /* [n_threads, (enc_head_dim + 1) * max_ctx]: attention_enc's K^T, scores */
+    float *enc_scratch; /* [n_threads, cpu_attention_seq_scratch(max_ctx, enc_head_dim)] */
     void *lin_scratch;  /* encoders: cpu_lin_run's BF16 activations, or the unpacked lin's
                            [max_tokens, max_cols] product before MD_LIN_ADD */
     size_t lin_scratch_n;
@@ -147,9 +147,11 @@ static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
         free(mm);
         return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate attention scratch");
     }
-    size_t enc_n = r->enc_head_dim > 0 ? (size_t)c->n_threads * (size_t)(r->enc_head_dim + 1) *
-                                             (size_t)(r->max_ctx > 0 ? r->max_ctx : 1)
-                                       : 0;
+    size_t enc_n = r->enc_head_dim > 0
+                       ? (size_t)c->n_threads *
+                             cpu_attention_seq_scratch(r->max_ctx > 0 ? r->max_ctx : 1,
+                                                       r->enc_head_dim)
+                       : 0;
     float *enc = enc_n ? malloc(enc_n * sizeof(float)) : NULL;
     if (enc_n && !enc) {
         free(mm);
@@ -665,7 +667,8 @@ static void enc_att_run(void *ctx, int ith, int nth) {
     const md_batch *b = &j->c->b;
     int H = j->n_heads, hd = j->head_dim, T = b->n_tokens;
     size_t stride = (size_t)H * hd;
-    float *sc = j->c->enc_scratch + (size_t)ith * (size_t)(hd + 1) * j->c->r.max_ctx;
+    float *sc = j->c->enc_scratch +
+                (size_t)ith * cpu_attention_seq_scratch(j->c->r.max_ctx, j->c->r.enc_head_dim);
     int64_t it = 0;
     for (int lo = 0, hi; lo < T; lo = hi) {
         for (hi = lo + 1; hi < T && b->tok_seq[hi] == b->tok_seq[lo]; hi++)

@@ -124,7 +124,9 @@ void cpu_attention_paged(float *out, const float *q, const float *k, const float
 /* enc_ops.c — encoder models (BERT). out = (x - mean) / sqrt(var + eps) * w + b over n
  * elements (out may alias x). cpu_attention_seq: one head's attention over one sequence of n
  * rows, every query against every key (bidirectional): q, k, v and out already offset to the
- * head, rows row_stride floats apart; scratch holds (hd + 1) * n floats. */
+ * head, rows row_stride floats apart; scratch holds cpu_attention_seq_scratch(n, hd) floats.
+ * At the AVX-512 level (hd a multiple of 16) blocks of 8 queries share each key load. */
+size_t cpu_attention_seq_scratch(int n, int hd);
 void cpu_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps);
 void cpu_attention_seq(float *out, const float *q, const float *k, const float *v,
                        size_t row_stride, int n, int hd, float scale, float *scratch);
