@@ -113,7 +113,9 @@ void cpu_lin_ref(int wtype, const void *W, int N, int K, const float *bias, cons
             }
             s += bias ? bias[n] : 0;
             float *o = y + (size_t)t * N + n;
-            *o = epi == CPU_LIN_GELU ? gelu_ref(s) : epi == CPU_LIN_ADD ? (float)(*o + s) : (float)s;
+            *o = epi == CPU_LIN_GELU  ? gelu_ref(s)
+                 : epi == CPU_LIN_ADD ? (float)(*o + s)
+                                      : (float)s;
         }
     }
     free(row);
@@ -133,7 +135,8 @@ TGT static INL void ukr_f32(const int R, int K, const float *wp, const float *x,
     for (int i = 0; i < R; i++)
         c0[i] = c1[i] = _mm512_setzero_ps();
     for (int k = 0; k < K; k++) {
-        __m512 w0 = _mm512_load_ps(wp + (size_t)k * NR), w1 = _mm512_load_ps(wp + (size_t)k * NR + 16);
+        __m512 w0 = _mm512_load_ps(wp + (size_t)k * NR),
+               w1 = _mm512_load_ps(wp + (size_t)k * NR + 16);
 #pragma GCC unroll 12
         for (int i = 0; i < R; i++) {
             __m512 xi = _mm512_set1_ps(x[i * ldx + k]);
@@ -188,14 +191,14 @@ TGTB static INL void ukr_bf16(const int R, int K2, const uint16_t *wp, const uin
     default: CALL(12); break;                                                                      \
     }
 
-TGT static void tile_f32(int r, int K, const float *wp, const float *x, size_t ldx, float *tile) {
+TGT static void tile_f32(int r, int K, const float *wp, const float *x, size_t ldx, float *tile){
 #define CALL(R) ukr_f32(R, K, wp, x, ldx, tile)
     DISPATCH12(CALL)
 #undef CALL
 }
 
 TGTB static void tile_bf16(int r, int K2, const uint16_t *wp, const uint32_t *xb, size_t ldx,
-                           float *tile) {
+                           float *tile){
 #define CALL(R) ukr_bf16(R, K2, wp, xb, ldx, tile)
     DISPATCH12(CALL)
 #undef CALL
@@ -255,8 +258,8 @@ static void lin_worker(void *ctx, int ith, int nth) {
     lin_job *j = ctx;
     const cpu_lin *l = j->l;
     (void)nth;
-    uint32_t *xb = (uint32_t *)(((uintptr_t)(j->scratch + (size_t)ith * j->per_thread) + 63) &
-                                ~(uintptr_t)63);
+    uint32_t *xb =
+        (uint32_t *)(((uintptr_t)(j->scratch + (size_t)ith * j->per_thread) + 63) & ~(uintptr_t)63);
     _Alignas(64) float tile[MR * NR];
     for (;;) {
         int item = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
@@ -274,8 +277,8 @@ static void lin_worker(void *ctx, int ith, int nth) {
                     tile_bf16(r, l->K2, (const uint16_t *)l->wp + (size_t)p * l->K2 * NR * 2, xb,
                               (size_t)l->K2, tile);
                 else
-                    tile_f32(r, l->K, (const float *)l->wp + (size_t)p * l->K * NR, x,
-                             (size_t)l->K, tile);
+                    tile_f32(r, l->K, (const float *)l->wp + (size_t)p * l->K * NR, x, (size_t)l->K,
+                             tile);
                 int n0 = p * NR, nc = l->N - n0 < NR ? l->N - n0 : NR;
                 epilogue(tile, r, nc, j->bias ? j->bias + n0 : NULL, j->y + (size_t)t * l->N + n0,
                          (size_t)l->N, j->epi);
@@ -289,7 +292,13 @@ void cpu_lin_run(cpu_pool *p, const cpu_lin *l, const float *bias, const float *
     if (T < 1)
         return;
     int nth = cpu_pool_size(p);
-    lin_job j = {.l = l, .bias = bias, .x = x, .y = y, .T = T, .epi = epi, .scratch = scratch,
+    lin_job j = {.l = l,
+                 .bias = bias,
+                 .x = x,
+                 .y = y,
+                 .T = T,
+                 .epi = epi,
+                 .scratch = scratch,
                  .per_thread = cpu_lin_scratch_size(l->K, 1)};
     /* A group of panels small enough to stay in L2 (512 KiB) while the item's tokens pass
      * over it; smaller groups when the tokens alone make too few items for the threads. */
