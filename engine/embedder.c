@@ -208,6 +208,13 @@ int md_embedder_max_len(const md_embedder *m) {
 const st_config *md_embedder_st(const md_embedder *m) {
     return &m->st;
 }
+int md_embedder_set_bf16(md_embedder *m, int on, md_err *e) {
+    if (!m->enc)
+        return on ? md_errf(e, MD_EUNSUPP, "BF16 products are for encoder models, not decoders")
+                  : 0;
+    return md_encoder_set_bf16(m->enc, on, e);
+}
+
 const char *md_embedder_device(const md_embedder *m) {
     return m->be->ops->name;
 }

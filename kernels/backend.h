@@ -47,6 +47,8 @@
 
 typedef struct md_backend md_backend;
 typedef struct md_buf md_buf;
+/* A linear layer prepared by a backend for encoder steps (lin_prepare); opaque. */
+typedef struct md_lin md_lin;
 /* A communicator of the collective ops (comm_init below); owned by the backend that made it. */
 typedef struct md_comm md_comm;
 #define MD_COMM_ID_BYTES 128 /* a communicator's id, as NCCL's ncclUniqueId */
@@ -142,6 +144,10 @@ typedef struct {
     const md_sample_bias *bias;
     int n_bias;
 } md_sample_params;
+
+/* lin_prepare flags and lin epilogues (encoder linear layers). */
+enum { MD_LIN_BF16 = 1 };
+enum { MD_LIN_SET = 0, MD_LIN_GELU = 1, MD_LIN_ADD = 2 };
 
 #define MD_SAMPLE_TOP 20 /* engine.h MD_TOP_LOGPROBS */
 
@@ -310,6 +316,25 @@ typedef struct md_backend_ops {
     int (*embed_add)(md_backend *be, const md_tensor *w, int offset, md_buf *out, md_err *e);
     int (*attention_enc)(md_backend *be, const md_buf *q, const md_buf *k, const md_buf *v,
                          md_buf *out, int n_heads, int head_dim, float scale, md_err *e);
+
+    /* Encoder linear layers (optional, all three or none: the encoder falls back to matmul,
+     * add_bias, gelu_erf and add):
+     *  lin_prepare  weight w [ne1, ne0] (F32, F16 or BF16; other types as the backend's matmul
+     *               takes them) with bias b (F32 [ne1]) kept in the layout the backend
+     *               multiplies many tokens by (the CPU at the AVX-512 level: panels of 32 rows,
+     *               kernels/cpu/enc_gemm.c), a copy it owns until lin_free. flags
+     *               MD_LIN_BF16: products of BF16-rounded weights and activations, summed in
+     *               F32 (MD_EUNSUPP naming the instruction set where the device has none).
+     *               Called at load, never in a step.
+     *  lin          y [T, ne1] = x [T, ne0] · wᵀ + b, then epi: MD_LIN_SET stores it,
+     *               MD_LIN_GELU stores its exact GELU, MD_LIN_ADD adds it to y (the
+     *               residual). A token's row does not depend on the other tokens of the step.
+     *  lin_free     NULL is a no-op. */
+    int (*lin_prepare)(md_backend *be, const md_tensor *w, const md_tensor *b, int flags,
+                       md_lin **out, md_err *e);
+    int (*lin)(md_backend *be, const md_lin *l, const md_buf *x, md_buf *y, int T, int epi,
+               md_err *e);
+    void (*lin_free)(md_backend *be, md_lin *l);
 
     /* Keep a BF16 copy of quantized weight w on the device beside it (optional): matmul and
      * matmul_n then multiply products of more rows than the backend's weight-only vector

@@ -3,6 +3,9 @@
 # a numpy float64 forward pass, every pooling mode, hostile checkpoints; seconds.
 medley_test(test_enc_ops SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_enc_ops.c
             LIBS medley_kernels LABELS unit)
+# the packed products of encoder steps (kernels/cpu/enc_gemm.c) against their scalar reference
+medley_test(test_enc_gemm SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_enc_gemm.c
+            LIBS medley_kernels LABELS unit)
 add_test(NAME embed_reference
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/embed_reference.py)
 set_tests_properties(embed_reference PROPERTIES LABELS integration TIMEOUT 120

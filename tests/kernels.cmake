@@ -20,3 +20,7 @@ set_target_properties(bench_kernels PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_
 # kernels/backend.h's device names and facts (md_device_*), with and without CUDA and a GPU.
 medley_test(test_backend_devices SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_backend_devices.c
             LIBS medley_kernels LABELS unit)
+# encoder steps' packed products against cpu_matmul (bench/kernels/bench_enc_gemm.c)
+add_executable(bench_enc_gemm ${CMAKE_SOURCE_DIR}/bench/kernels/bench_enc_gemm.c)
+target_link_libraries(bench_enc_gemm PRIVATE medley_kernels)
+set_target_properties(bench_enc_gemm PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})

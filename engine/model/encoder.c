@@ -13,30 +13,36 @@ static int linear(md_encoder *m, const md_tensor *w, const md_tensor *b, const m
     return rc ? rc : OP(m, add_bias, y, b, T, e);
 }
 
-/* x = LN(x + y) with the given norm: the post-LayerNorm residual of BERT. */
-static int add_norm(md_encoder *m, md_buf *x, md_buf *y, const md_tensor *nw, const md_tensor *nb,
-                    int T, md_err *e) {
-    int C = m->hp.n_embd, rc = OP(m, add, x, y, (int64_t)T * C, e);
-    return rc ? rc : OP(m, layernorm, x, nw, nb, x, T, C, m->hp.eps, e);
+/* y [T, ·] = epi(x · wᵀ + b) by the backend's prepared product (lin), else matmul and the ops
+ * after it. */
+static int lin(md_encoder *m, const md_lin *l, const md_tensor *w, const md_tensor *b,
+               const md_buf *x, md_buf *y, int T, int epi, md_err *e) {
+    if (l)
+        return OP(m, lin, l, x, y, T, epi, e);
+    if (epi != MD_LIN_ADD) {
+        int rc = linear(m, w, b, x, y, T, e);
+        return rc || epi != MD_LIN_GELU ? rc : OP(m, gelu_erf, y, (int64_t)T * w->ne1, e);
+    }
+    int rc = linear(m, w, b, x, m->xb, T, e);
+    return rc ? rc : OP(m, add, y, m->xb, (int64_t)T * w->ne1, e);
 }
 
 static int layer(md_encoder *m, const md_enc_layer *L, int T, float scale, md_err *e) {
     const md_enc_hparams *hp = &m->hp;
-    int rc;
+    int C = hp->n_embd, rc;
     /* attention: x [T, C] = LN(x + Wo · attn(Wq x + bq, Wk x + bk, Wv x + bv) + bo) */
-    if ((rc = linear(m, &L->wq, &L->bq, m->x, m->q, T, e)) ||
-        (rc = linear(m, &L->wk, &L->bk, m->x, m->k, T, e)) ||
-        (rc = linear(m, &L->wv, &L->bv, m->x, m->v, T, e)) ||
+    if ((rc = lin(m, L->lq, &L->wq, &L->bq, m->x, m->q, T, MD_LIN_SET, e)) ||
+        (rc = lin(m, L->lk, &L->wk, &L->bk, m->x, m->k, T, MD_LIN_SET, e)) ||
+        (rc = lin(m, L->lv, &L->wv, &L->bv, m->x, m->v, T, MD_LIN_SET, e)) ||
         (rc = OP(m, attention_enc, m->q, m->k, m->v, m->att, hp->n_head, hp->head_dim, scale, e)) ||
-        (rc = linear(m, &L->wo, &L->bo, m->att, m->xb, T, e)) ||
-        (rc = add_norm(m, m->x, m->xb, &L->attn_norm_w, &L->attn_norm_b, T, e)))
+        (rc = lin(m, L->lo, &L->wo, &L->bo, m->att, m->x, T, MD_LIN_ADD, e)) ||
+        (rc = OP(m, layernorm, m->x, &L->attn_norm_w, &L->attn_norm_b, m->x, T, C, hp->eps, e)))
         return rc;
     /* feed-forward: x = LN(x + W2 · gelu(W1 x + b1) + b2), hb [T, F] */
-    if ((rc = linear(m, &L->w_up, &L->b_up, m->x, m->hb, T, e)) ||
-        (rc = OP(m, gelu_erf, m->hb, (int64_t)T * hp->n_ff, e)) ||
-        (rc = linear(m, &L->w_down, &L->b_down, m->hb, m->xb, T, e)))
+    if ((rc = lin(m, L->l_up, &L->w_up, &L->b_up, m->x, m->hb, T, MD_LIN_GELU, e)) ||
+        (rc = lin(m, L->l_down, &L->w_down, &L->b_down, m->hb, m->x, T, MD_LIN_ADD, e)))
         return rc;
-    return add_norm(m, m->x, m->xb, &L->out_norm_w, &L->out_norm_b, T, e);
+    return OP(m, layernorm, m->x, &L->out_norm_w, &L->out_norm_b, m->x, T, C, hp->eps, e);
 }
 
 int md_encoder_forward(md_encoder *m, const md_batch *b, float *hidden, md_err *e) {

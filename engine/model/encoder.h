@@ -40,6 +40,8 @@ typedef struct {
     md_tensor wo, bo, attn_norm_w, attn_norm_b;
     md_tensor w_up, b_up, w_down, b_down; /* [C, F], [F], [F, C], [C] */
     md_tensor out_norm_w, out_norm_b;
+    /* the six products as the backend prepared them (lin_prepare), or all NULL: matmul */
+    md_lin *lq, *lk, *lv, *lo, *l_up, *l_down;
 } md_enc_layer;
 
 typedef struct md_encoder {
@@ -54,6 +56,7 @@ typedef struct md_encoder {
     void **owned; /* host copies (type0, dequantized weights for an exact backend) */
     int n_owned;
     int max_tokens;
+    int bf16; /* products in BF16 (md_encoder_set_bf16) */
     md_buf *x, *xb, *q, *k, *v, *att, *hb; /* activations [max_tokens, C] ([.., F] for hb) */
 } md_encoder;
 
@@ -63,10 +66,16 @@ int md_encoder_is(const gguf_file *gf);
  * MD_EFORMAT naming a missing or implausible key. */
 int md_enc_hparams_read(const gguf_file *gf, md_enc_hparams *hp, md_err *e);
 /* Bind every weight (names, shapes, types checked: a missing or mis-shaped tensor is
- * MD_EFORMAT naming it), reserve the backend for steps of max_tokens tokens and allocate the
- * activations. MD_EUNSUPP naming the op when the backend lacks the encoder ops. */
+ * MD_EFORMAT naming it), reserve the backend for steps of max_tokens tokens, let it prepare
+ * the linear layers where it can (lin_prepare: the CPU packs them for its products of many
+ * tokens, F32) and allocate the activations. MD_EUNSUPP naming the op when the backend lacks
+ * the encoder ops. */
 int md_encoder_load(const gguf_file *gf, md_backend *be, int max_tokens, md_encoder **out,
                     md_err *e);
+/* Products in BF16 (on = 1; F32 sums) or F32 (0) from now on: the linear layers prepared
+ * again. MD_EUNSUPP naming what is missing where the backend cannot (then the encoder is
+ * left in F32). */
+int md_encoder_set_bf16(md_encoder *m, int on, md_err *e);
 void md_encoder_free(md_encoder *m);
 /* One packed step: b holds T = b->n_tokens tokens of b->n_seqs whole sequences, each
  * contiguous, tok_seq its sequence and tok_pos 0, 1, ... within it (KV fields unused).

@@ -240,6 +240,17 @@ static int bind_all(md_encoder *m, const gguf_file *gf, md_err *e) {
     return 0;
 }
 
+static void free_lins(md_encoder *m) {
+    for (int l = 0; m->layers && m->be->ops->lin_free && l < m->hp.n_layer; l++) {
+        md_enc_layer *L = &m->layers[l];
+        md_lin **lins[] = {&L->lq, &L->lk, &L->lv, &L->lo, &L->l_up, &L->l_down};
+        for (size_t i = 0; i < sizeof lins / sizeof lins[0]; i++) {
+            m->be->ops->lin_free(m->be, *lins[i]);
+            *lins[i] = NULL;
+        }
+    }
+}
+
 void md_encoder_free(md_encoder *m) {
     if (!m)
         return;
@@ -247,6 +258,7 @@ void md_encoder_free(md_encoder *m) {
     for (size_t i = 0; i < sizeof act / sizeof act[0]; i++)
         if (act[i])
             m->be->ops->buf_free(m->be, act[i]);
+    free_lins(m);
     for (int i = 0; i < m->n_bufs; i++)
         m->be->ops->buf_free(m->be, m->bufs[i]);
     for (int i = 0; i < m->n_owned; i++)
@@ -268,6 +280,42 @@ static int check_ops(const md_backend_ops *o, md_err *e) {
         return md_errf(e, MD_EUNSUPP, "the %s backend has no %s op: encoder models run on cpu",
                        o->name, missing);
     return 0;
+}
+
+/* Each layer's six products prepared by the backend (none when it has no lin ops: then the
+ * forward pass uses matmul, add_bias, gelu_erf and add). */
+static int prepare_lins(md_encoder *m, int bf16, md_err *e) {
+    const md_backend_ops *o = m->be->ops;
+    free_lins(m);
+    m->bf16 = 0;
+    if (!o->lin_prepare || !o->lin || !o->lin_free)
+        return bf16 ? md_errf(e, MD_EUNSUPP, "the %s backend has no BF16 encoder products",
+                              o->name)
+                    : 0;
+    int f = bf16 ? MD_LIN_BF16 : 0, rc = 0;
+    for (int l = 0; l < m->hp.n_layer && rc == 0; l++) {
+        md_enc_layer *L = &m->layers[l];
+        if ((rc = o->lin_prepare(m->be, &L->wq, &L->bq, f, &L->lq, e)) ||
+            (rc = o->lin_prepare(m->be, &L->wk, &L->bk, f, &L->lk, e)) ||
+            (rc = o->lin_prepare(m->be, &L->wv, &L->bv, f, &L->lv, e)) ||
+            (rc = o->lin_prepare(m->be, &L->wo, &L->bo, f, &L->lo, e)) ||
+            (rc = o->lin_prepare(m->be, &L->w_up, &L->b_up, f, &L->l_up, e)) ||
+            (rc = o->lin_prepare(m->be, &L->w_down, &L->b_down, f, &L->l_down, e)))
+            md_errctx(e, "layer %d: ", l);
+    }
+    if (rc)
+        free_lins(m);
+    m->bf16 = rc == 0 && bf16;
+    return rc;
+}
+
+int md_encoder_set_bf16(md_encoder *m, int on, md_err *e) {
+    int rc = prepare_lins(m, on, e);
+    if (rc && on) {
+        md_err ignore = {0};
+        prepare_lins(m, 0, &ignore); /* back to F32, as the header promises */
+    }
+    return rc;
 }
 
 int md_encoder_load(const gguf_file *gf, md_backend *be, int max_tokens, md_encoder **out,
@@ -298,6 +346,10 @@ int md_encoder_load(const gguf_file *gf, md_backend *be, int max_tokens, md_enco
     md_buf **act[] = {&m->x, &m->xb, &m->q, &m->k, &m->v, &m->att, &m->hb};
     if ((rc = be->ops->reserve(be, &r, e)))
         goto fail;
+    if ((rc = prepare_lins(m, 0, e))) {
+        md_encoder_free(m);
+        return rc;
+    }
     for (size_t i = 0; i < sizeof act / sizeof act[0]; i++)
         if ((rc = be->ops->buf_alloc(be, T * (size_t)(i == 6 ? F : C) * fl, act[i], e)))
             goto fail;

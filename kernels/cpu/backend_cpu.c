@@ -37,10 +37,13 @@ typedef struct {
     void *mm_scratch; /* cpu_matmul's activation blocks */
     size_t mm_scratch_n;
     float *att_scratch; /* [n_threads, CPU_ATT_GROUP * max_ctx] attention scores */
-    float *enc_scratch; /* [n_threads, (enc_head_dim + 1) * max_ctx]: attention_enc's K^T, scores */
+    float *enc_scratch; /* [n_threads, cpu_attention_seq_scratch(max_ctx, enc_head_dim)] */
     float *tile_scratch; /* [n_threads, tile_scratch_n]: the blocked F16 attention's tiles */
     size_t tile_scratch_n;
     int32_t *tiles; /* [max_tokens + 1]: first token of each query tile of the step, then T */
+    void *lin_scratch;  /* encoders: cpu_lin_run's BF16 activations, or the unpacked lin's
+                           [max_tokens, max_cols] product before MD_LIN_ADD */
+    size_t lin_scratch_n;
     md_batch b;
     char desc[128];
 } cpu_backend;
@@ -57,6 +60,7 @@ static void cpu_free(md_backend *be) {
     free(c->enc_scratch);
     free(c->tile_scratch);
     free(c->tiles);
+    free(c->lin_scratch);
     free(c);
 }
 
@@ -195,9 +199,11 @@ static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
         free(mm);
         return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate attention scratch");
     }
-    size_t enc_n = r->enc_head_dim > 0 ? (size_t)c->n_threads * (size_t)(r->enc_head_dim + 1) *
-                                             (size_t)(r->max_ctx > 0 ? r->max_ctx : 1)
-                                       : 0;
+    size_t enc_n = r->enc_head_dim > 0
+                       ? (size_t)c->n_threads *
+                             cpu_attention_seq_scratch(r->max_ctx > 0 ? r->max_ctx : 1,
+                                                       r->enc_head_dim)
+                       : 0;
     float *enc = enc_n ? malloc(enc_n * sizeof(float)) : NULL;
     if (enc_n && !enc) {
         free(mm);
@@ -219,6 +225,21 @@ static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
         free(tiles);
         return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate attention tile scratch");
     }
+    size_t lin_n = 0;
+    if (r->enc_head_dim > 0) {
+        lin_n = cpu_lin_scratch_size(r->max_cols, c->n_threads);
+        size_t unpacked = (size_t)r->max_tokens * (size_t)r->max_cols * sizeof(float);
+        lin_n = unpacked > lin_n ? unpacked : lin_n; /* untouched (not resident) when packed */
+    }
+    void *lin = NULL;
+    if (lin_n && posix_memalign(&lin, 64, lin_n)) {
+        free(mm);
+        free(att);
+        free(enc);
+        free(tile);
+        free(tiles);
+        return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate encoder product scratch");
+    }
     free(c->mm_scratch);
     free(c->att_scratch);
     free(c->enc_scratch);
@@ -227,6 +248,9 @@ static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     c->tile_scratch = tile;
     c->tile_scratch_n = tile_n;
     c->tiles = tiles;
+    free(c->lin_scratch);
+    c->lin_scratch = lin;
+    c->lin_scratch_n = lin_n;
     c->enc_scratch = enc;
     c->mm_scratch = mm;
     c->mm_scratch_n = need;
@@ -752,7 +776,8 @@ static void enc_att_run(void *ctx, int ith, int nth) {
     const md_batch *b = &j->c->b;
     int H = j->n_heads, hd = j->head_dim, T = b->n_tokens;
     size_t stride = (size_t)H * hd;
-    float *sc = j->c->enc_scratch + (size_t)ith * (size_t)(hd + 1) * j->c->r.max_ctx;
+    float *sc = j->c->enc_scratch +
+                (size_t)ith * cpu_attention_seq_scratch(j->c->r.max_ctx, j->c->r.enc_head_dim);
     int64_t it = 0;
     for (int lo = 0, hi; lo < T; lo = hi) {
         for (hi = lo + 1; hi < T && b->tok_seq[hi] == b->tok_seq[lo]; hi++)
@@ -783,6 +808,81 @@ static int cpu_attention_enc(md_backend *be, const md_buf *q, const md_buf *k, c
     }
     enc_att_job j = {c, q->p, k->p, v->p, out->p, n_heads, head_dim, scale};
     cpu_pool_run(c->pool, enc_att_run, &j);
+    return 0;
+}
+
+/* An encoder linear layer: packed for cpu_lin_run at the AVX-512 level, else (a lower level,
+ * cpu-exact, another weight type) the weight and bias as they are, multiplied by matmul. */
+struct md_lin {
+    cpu_lin *pk;
+    md_tensor w, b;
+};
+
+static int cpu_lin_prepare(md_backend *be, const md_tensor *w, const md_tensor *b, int flags,
+                           md_lin **out, md_err *e) {
+    cpu_backend *c = cb(be);
+    *out = NULL;
+    int bf16 = (flags & MD_LIN_BF16) != 0;
+    if (bf16 && (c->exact || !cpu_lin_bf16_ok()))
+        return md_errf(e, MD_EUNSUPP,
+                       "cpu backend: BF16 products need AVX512-BF16 at the AVX-512 level (this "
+                       "CPU at level %s%s has none)",
+                       cpu_simd_name(), c->exact ? ", exact" : "");
+    if (b->type != MD_TYPE_F32 || b->ne0 != w->ne1)
+        return md_errf(e, MD_EINVAL, "cpu backend: a bias of %lld for %lld outputs",
+                       (long long)b->ne0, (long long)w->ne1);
+    md_lin *l = calloc(1, sizeof *l);
+    if (!l)
+        return md_errf(e, MD_ENOMEM, "cpu backend: out of memory");
+    l->w = *w;
+    l->b = *b;
+    if (!c->exact)
+        l->pk = cpu_lin_pack(w->type, tensor_row(w, 0), (int)w->ne1, (int)w->ne0, bf16);
+    if (bf16 && !l->pk) {
+        free(l);
+        return md_errf(e, MD_ENOMEM, "cpu backend: no memory to pack a %lld x %lld weight",
+                       (long long)w->ne1, (long long)w->ne0);
+    }
+    *out = l;
+    return 0;
+}
+
+static void cpu_lin_free_op(md_backend *be, md_lin *l) {
+    if (l) {
+        cpu_lin_free(l->pk);
+        free(l);
+    }
+}
+
+static int cpu_lin_op(md_backend *be, const md_lin *l, const md_buf *x, md_buf *y, int T, int epi,
+                      md_err *e) {
+    cpu_backend *c = cb(be);
+    int N = (int)l->w.ne1, K = (int)l->w.ne0, rc;
+    if (T < 1 || (size_t)T * K * sizeof(float) > x->n || (size_t)T * N * sizeof(float) > y->n ||
+        x == y)
+        return md_errf(e, MD_ERANGE,
+                       "cpu backend: a linear layer of %d x %d over %d tokens overruns its "
+                       "buffers",
+                       N, K, T);
+    _Static_assert((int)MD_LIN_SET == (int)CPU_LIN_SET && (int)MD_LIN_GELU == (int)CPU_LIN_GELU &&
+                       (int)MD_LIN_ADD == (int)CPU_LIN_ADD,
+                   "backend.h and cpu_ops.h number the linear epilogues alike");
+    if (l->pk) {
+        if (cpu_lin_scratch_size(K, c->n_threads) > c->lin_scratch_n)
+            return md_errf(e, MD_ERANGE, "cpu backend: no encoder scratch reserved for %d columns",
+                           K);
+        cpu_lin_run(c->pool, l->pk, tensor_row(&l->b, 0), x->p, T, y->p, epi, c->lin_scratch);
+        return 0;
+    }
+    md_buf tmp = {c->lin_scratch, c->lin_scratch_n, 0, 0}, *out = epi == MD_LIN_ADD ? &tmp : y;
+    if (epi == MD_LIN_ADD && (size_t)T * N * sizeof(float) > c->lin_scratch_n)
+        return md_errf(e, MD_ERANGE, "cpu backend: no encoder scratch reserved for %d x %d", T, N);
+    if ((rc = cpu_matmul_op(be, &l->w, x, out, T, e)) || (rc = cpu_add_bias(be, out, &l->b, T, e)))
+        return rc;
+    if (epi == MD_LIN_GELU)
+        return cpu_gelu_erf_op(be, y, (int64_t)T * N, e);
+    if (epi == MD_LIN_ADD)
+        return cpu_add_op(be, y, &tmp, (int64_t)T * N, e);
     return 0;
 }
 
@@ -823,6 +923,9 @@ static const md_backend_ops cpu_ops = {
     .gelu_erf = cpu_gelu_erf_op,
     .embed_add = cpu_embed_add,
     .attention_enc = cpu_attention_enc,
+    .lin_prepare = cpu_lin_prepare,
+    .lin = cpu_lin_op,
+    .lin_free = cpu_lin_free_op,
 };
 
 /* cpu-exact: the same ops, with an F32 KV cache (the reference precision). */

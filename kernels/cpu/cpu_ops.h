@@ -150,10 +150,32 @@ void cpu_attention_paged(float *out, const float *q, const float *k, const float
 /* enc_ops.c — encoder models (BERT). out = (x - mean) / sqrt(var + eps) * w + b over n
  * elements (out may alias x). cpu_attention_seq: one head's attention over one sequence of n
  * rows, every query against every key (bidirectional): q, k, v and out already offset to the
- * head, rows row_stride floats apart; scratch holds (hd + 1) * n floats. */
+ * head, rows row_stride floats apart; scratch holds cpu_attention_seq_scratch(n, hd) floats.
+ * At the AVX-512 level (hd a multiple of 16) blocks of 8 queries share each key load. */
+size_t cpu_attention_seq_scratch(int n, int hd);
 void cpu_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps);
 void cpu_attention_seq(float *out, const float *q, const float *k, const float *v,
                        size_t row_stride, int n, int hd, float scale, float *scratch);
+/* enc_gemm.c — products of many tokens (an encoder step) with one weight packed once:
+ * y [T, N] = x [T, K] · Wᵀ + bias, then per epi: CPU_LIN_SET stores it, CPU_LIN_GELU stores
+ * gelu_erf of it, CPU_LIN_ADD adds it to y. W [N, K] of F32, F16 or BF16 rows. cpu_lin_pack
+ * copies W into the kernel's layout (the caller may drop W afterwards; free with
+ * cpu_lin_free); NULL when the SIMD level in use is below AVX-512, the type is another, bf16
+ * is asked of a CPU without AVX512-BF16 (cpu_lin_bf16_ok), or memory is short: the caller
+ * then uses cpu_matmul. bf16: W and x rounded to BF16, products summed in F32. cpu_lin_run
+ * allocates nothing: scratch is cpu_lin_scratch_size(K, threads) bytes, the caller's. Each
+ * output is the same sum whatever T or the thread split. cpu_lin_ref: the scalar reference
+ * (double sums; BF16 rounding of both operands when bf16). */
+enum { CPU_LIN_SET = 0, CPU_LIN_GELU = 1, CPU_LIN_ADD = 2 };
+typedef struct cpu_lin cpu_lin;
+int cpu_lin_bf16_ok(void);
+cpu_lin *cpu_lin_pack(int wtype, const void *W, int N, int K, int bf16);
+void cpu_lin_free(cpu_lin *l);
+size_t cpu_lin_scratch_size(int K, int n_threads);
+void cpu_lin_run(cpu_pool *p, const cpu_lin *l, const float *bias, const float *x, int T, float *y,
+                 int epi, void *scratch);
+void cpu_lin_ref(int wtype, const void *W, int N, int K, const float *bias, const float *x, int T,
+                 float *y, int epi, int bf16);
 /* vec.c: x = 0.5 x (1 + erf(x / sqrt 2)) in place; libm's erff in the scalar path, a
  * Chebyshev erfc (relative error < 1.2e-7) in the AVX2 one. */
 void cpu_gelu_erf(float *x, int n);

@@ -1,0 +1,327 @@
+/* enc_gemm.c — products of many tokens with one weight, for encoder models (cpu_ops.h
+ * cpu_lin_*): y [T, N] = x [T, K] · Wᵀ + b, then the exact GELU, or added to y (the residual).
+ *
+ * W is packed once, at model load, into panels of 32 output rows stored k-major (panel p,
+ * step k: the 32 weights W[32p .. 32p+31][k] side by side), so the AVX-512 micro-kernel keeps
+ * a tile of 12 tokens x 32 outputs in 24 registers and, per k, loads two weight vectors and
+ * broadcasts 12 activations: 24 FMAs per 14 loads, bound by the FMA units, where the dot
+ * product kernels of matmul.c (made for a few tokens) finish each output with a horizontal
+ * sum. BF16: W and x rounded to BF16 (nearest even), k taken in pairs by VDPBF16PS into F32
+ * accumulators: twice the multiply rate of F32 FMAs, half the weight bytes (AVX512-BF16).
+ *
+ * Work: (48 tokens, a group of panels that stays in L2) items claimed from an atomic counter,
+ * so a thread the OS deschedules holds nobody up. Each output element is the same sum in the
+ * same order (k ascending, one accumulator) whatever T, the item or the thread, so an input
+ * embeds to the same bits alone or packed with others. cpu_lin_ref is the scalar reference. */
+#include "kernels/cpu/cpu_ops.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NR 32 /* outputs per panel */
+#define MR 12 /* tokens per micro-tile */
+#define MB 48 /* tokens per work item */
+
+struct cpu_lin {
+    int N, K, K2, np; /* K2: k pairs (BF16); np: panels */
+    int bf16;
+    void *wp; /* F32: [np][K][32]; BF16: [np][K2][32][2] (uint16) */
+};
+
+int cpu_lin_bf16_ok(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return cpu_simd_level() >= CPU_SIMD_AVX512VNNI && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
+size_t cpu_lin_scratch_size(int K, int n_threads) {
+    return (size_t)(n_threads > 0 ? n_threads : 1) * (MR * (size_t)((K + 1) / 2) * 4 + 64);
+}
+
+void cpu_lin_free(cpu_lin *l) {
+    if (l) {
+        free(l->wp);
+        free(l);
+    }
+}
+
+cpu_lin *cpu_lin_pack(int wtype, const void *W, int N, int K, int bf16) {
+    if (N < 1 || K < 1 || cpu_simd_level() < CPU_SIMD_AVX512VNNI || (bf16 && !cpu_lin_bf16_ok()) ||
+        (wtype != MD_TYPE_F32 && wtype != MD_TYPE_F16 && wtype != MD_TYPE_BF16))
+        return NULL;
+    cpu_lin *l = calloc(1, sizeof *l);
+    float *row = malloc((size_t)K * sizeof *row);
+    if (!l || !row)
+        goto fail;
+    l->N = N;
+    l->K = K;
+    l->K2 = (K + 1) / 2;
+    l->np = (N + NR - 1) / NR;
+    l->bf16 = bf16;
+    size_t n = bf16 ? (size_t)l->np * l->K2 * NR * 2 * 2 : (size_t)l->np * K * NR * 4;
+    if (posix_memalign(&l->wp, 64, n))
+        goto fail;
+    memset(l->wp, 0, n);
+    size_t rb = md_type_row_bytes(wtype, K);
+    for (int r = 0; r < N; r++) {
+        cpu_dequant_row(wtype, (const char *)W + (size_t)r * rb, row, K);
+        int p = r / NR, o = r % NR;
+        if (bf16) {
+            uint16_t *d = (uint16_t *)l->wp + (size_t)p * l->K2 * NR * 2;
+            for (int k = 0; k < K; k++)
+                d[((size_t)(k / 2) * NR + o) * 2 + k % 2] = md_fp32_to_bf16(row[k]);
+        } else {
+            float *d = (float *)l->wp + (size_t)p * K * NR;
+            for (int k = 0; k < K; k++)
+                d[(size_t)k * NR + o] = row[k];
+        }
+    }
+    free(row);
+    return l;
+fail:
+    free(row);
+    cpu_lin_free(l);
+    return NULL;
+}
+
+static float gelu_ref(double v) {
+    return (float)(0.5 * v * (1.0 + erf(v * 0.70710678118654752440)));
+}
+
+void cpu_lin_ref(int wtype, const void *W, int N, int K, const float *bias, const float *x, int T,
+                 float *y, int epi, int bf16) {
+    float *row = malloc((size_t)K * sizeof *row);
+    if (!row)
+        return;
+    size_t rb = md_type_row_bytes(wtype, K);
+    for (int n = 0; n < N; n++) {
+        cpu_dequant_row(wtype, (const char *)W + (size_t)n * rb, row, K);
+        for (int t = 0; t < T; t++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) {
+                float a = row[k], b = x[(size_t)t * K + k];
+                if (bf16) {
+                    a = md_bf16_to_fp32(md_fp32_to_bf16(a));
+                    b = md_bf16_to_fp32(md_fp32_to_bf16(b));
+                }
+                s += (double)a * b;
+            }
+            s += bias ? bias[n] : 0;
+            float *o = y + (size_t)t * N + n;
+            *o = epi == CPU_LIN_GELU  ? gelu_ref(s)
+                 : epi == CPU_LIN_ADD ? (float)(*o + s)
+                                      : (float)s;
+        }
+    }
+    free(row);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx2,f16c")))
+#define TGTB __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2,f16c")))
+#define INL inline __attribute__((always_inline))
+
+/* tile [R][32] = x rows [R] (ldx floats apart) · panel wp [K][32]. */
+TGT static INL void ukr_f32(const int R, int K, const float *wp, const float *x, size_t ldx,
+                            float *tile) {
+    __m512 c0[MR], c1[MR];
+#pragma GCC unroll 12
+    for (int i = 0; i < R; i++)
+        c0[i] = c1[i] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m512 w0 = _mm512_load_ps(wp + (size_t)k * NR),
+               w1 = _mm512_load_ps(wp + (size_t)k * NR + 16);
+#pragma GCC unroll 12
+        for (int i = 0; i < R; i++) {
+            __m512 xi = _mm512_set1_ps(x[i * ldx + k]);
+            c0[i] = _mm512_fmadd_ps(w0, xi, c0[i]);
+            c1[i] = _mm512_fmadd_ps(w1, xi, c1[i]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < R; i++) {
+        _mm512_store_ps(tile + i * NR, c0[i]);
+        _mm512_store_ps(tile + i * NR + 16, c1[i]);
+    }
+}
+
+/* The same with BF16 pairs: xb rows [R] of K2 pairs (ldx pairs apart), panel wp [K2][32][2]. */
+TGTB static INL void ukr_bf16(const int R, int K2, const uint16_t *wp, const uint32_t *xb,
+                              size_t ldx, float *tile) {
+    __m512 c0[MR], c1[MR];
+#pragma GCC unroll 12
+    for (int i = 0; i < R; i++)
+        c0[i] = c1[i] = _mm512_setzero_ps();
+    for (int k = 0; k < K2; k++) {
+        __m512bh w0 = (__m512bh)_mm512_load_si512(wp + (size_t)k * NR * 2),
+                 w1 = (__m512bh)_mm512_load_si512(wp + (size_t)k * NR * 2 + 32);
+#pragma GCC unroll 12
+        for (int i = 0; i < R; i++) {
+            __m512bh xi = (__m512bh)_mm512_set1_epi32((int)xb[i * ldx + k]);
+            c0[i] = _mm512_dpbf16_ps(c0[i], w0, xi);
+            c1[i] = _mm512_dpbf16_ps(c1[i], w1, xi);
+        }
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < R; i++) {
+        _mm512_store_ps(tile + i * NR, c0[i]);
+        _mm512_store_ps(tile + i * NR + 16, c1[i]);
+    }
+}
+
+#define DISPATCH12(CALL)                                                                           \
+    switch (r) {                                                                                   \
+    case 1: CALL(1); break;                                                                        \
+    case 2: CALL(2); break;                                                                        \
+    case 3: CALL(3); break;                                                                        \
+    case 4: CALL(4); break;                                                                        \
+    case 5: CALL(5); break;                                                                        \
+    case 6: CALL(6); break;                                                                        \
+    case 7: CALL(7); break;                                                                        \
+    case 8: CALL(8); break;                                                                        \
+    case 9: CALL(9); break;                                                                        \
+    case 10: CALL(10); break;                                                                      \
+    case 11: CALL(11); break;                                                                      \
+    default: CALL(12); break;                                                                      \
+    }
+
+TGT static void tile_f32(int r, int K, const float *wp, const float *x, size_t ldx, float *tile){
+#define CALL(R) ukr_f32(R, K, wp, x, ldx, tile)
+    DISPATCH12(CALL)
+#undef CALL
+}
+
+TGTB static void tile_bf16(int r, int K2, const uint16_t *wp, const uint32_t *xb, size_t ldx,
+                           float *tile){
+#define CALL(R) ukr_bf16(R, K2, wp, xb, ldx, tile)
+    DISPATCH12(CALL)
+#undef CALL
+}
+
+/* x rows [r] (K floats each) as BF16 pairs [r][K2] (the odd K's last pair padded with 0). */
+TGTB static void x_to_bf16(const float *x, int r, int K, int K2, uint32_t *xb) {
+    for (int i = 0; i < r; i++) {
+        const float *xr = x + (size_t)i * K;
+        uint16_t *d = (uint16_t *)(xb + (size_t)i * K2);
+        int k = 0;
+        for (; k + 32 <= K; k += 32) {
+            __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xr + k + 16), _mm512_loadu_ps(xr + k));
+            _mm512_storeu_si512(d + k, (__m512i)h);
+        }
+        for (; k < K; k++)
+            d[k] = md_fp32_to_bf16(xr[k]);
+        if (K % 2)
+            d[K] = 0;
+    }
+}
+
+/* y rows [r] (ldy apart), columns [0, nc) = tile + bias, then GELU / added to y. */
+TGT static void epilogue(const float *tile, int r, int nc, const float *bias, float *y, size_t ldy,
+                         int epi) {
+    __mmask16 m0 = (__mmask16)(nc >= 16 ? 0xffff : (1u << nc) - 1);
+    __mmask16 m1 = (__mmask16)(nc >= 32 ? 0xffff : nc > 16 ? (1u << (nc - 16)) - 1 : 0);
+    __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    for (int i = 0; i < r; i++) {
+        float *yr = y + (size_t)i * ldy;
+        __m512 v0 = _mm512_add_ps(_mm512_load_ps(tile + i * NR), b0);
+        __m512 v1 = _mm512_add_ps(_mm512_load_ps(tile + i * NR + 16), b1);
+        if (epi == CPU_LIN_ADD) {
+            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, yr), v0);
+            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, yr + 16), v1);
+        }
+        _mm512_mask_storeu_ps(yr, m0, v0);
+        _mm512_mask_storeu_ps(yr + 16, m1, v1);
+        if (epi == CPU_LIN_GELU)
+            cpu_gelu_erf(yr, nc);
+    }
+}
+
+typedef struct {
+    const cpu_lin *l;
+    const float *bias, *x;
+    float *y;
+    int T, epi;
+    uint8_t *scratch;
+    size_t per_thread;
+    int pb, n_pb, n_items;
+    atomic_int next;
+} lin_job;
+
+static void lin_worker(void *ctx, int ith, int nth) {
+    lin_job *j = ctx;
+    const cpu_lin *l = j->l;
+    (void)nth;
+    uint32_t *xb =
+        (uint32_t *)(((uintptr_t)(j->scratch + (size_t)ith * j->per_thread) + 63) & ~(uintptr_t)63);
+    _Alignas(64) float tile[MR * NR];
+    for (;;) {
+        int item = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (item >= j->n_items)
+            return;
+        int t0 = item / j->n_pb * MB, t1 = t0 + MB < j->T ? t0 + MB : j->T;
+        int p0 = item % j->n_pb * j->pb, p1 = p0 + j->pb < l->np ? p0 + j->pb : l->np;
+        for (int t = t0; t < t1; t += MR) {
+            int r = t1 - t < MR ? t1 - t : MR;
+            const float *x = j->x + (size_t)t * l->K;
+            if (l->bf16)
+                x_to_bf16(x, r, l->K, l->K2, xb);
+            for (int p = p0; p < p1; p++) {
+                if (l->bf16)
+                    tile_bf16(r, l->K2, (const uint16_t *)l->wp + (size_t)p * l->K2 * NR * 2, xb,
+                              (size_t)l->K2, tile);
+                else
+                    tile_f32(r, l->K, (const float *)l->wp + (size_t)p * l->K * NR, x, (size_t)l->K,
+                             tile);
+                int n0 = p * NR, nc = l->N - n0 < NR ? l->N - n0 : NR;
+                epilogue(tile, r, nc, j->bias ? j->bias + n0 : NULL, j->y + (size_t)t * l->N + n0,
+                         (size_t)l->N, j->epi);
+            }
+        }
+    }
+}
+
+void cpu_lin_run(cpu_pool *p, const cpu_lin *l, const float *bias, const float *x, int T, float *y,
+                 int epi, void *scratch) {
+    if (T < 1)
+        return;
+    int nth = cpu_pool_size(p);
+    lin_job j = {.l = l,
+                 .bias = bias,
+                 .x = x,
+                 .y = y,
+                 .T = T,
+                 .epi = epi,
+                 .scratch = scratch,
+                 .per_thread = cpu_lin_scratch_size(l->K, 1)};
+    /* A group of panels small enough to stay in L2 (512 KiB) while the item's tokens pass
+     * over it; smaller groups when the tokens alone make too few items for the threads. */
+    size_t panel = (size_t)l->K * NR * (l->bf16 ? 2 : 4);
+    int pb = (int)((512u << 10) / panel), n_tb = (T + MB - 1) / MB;
+    if (pb < 1)
+        pb = 1;
+    if (pb > l->np)
+        pb = l->np;
+    while (pb > 1 && n_tb * ((l->np + pb - 1) / pb) < 4 * nth)
+        pb = (pb + 1) / 2;
+    j.pb = pb;
+    j.n_pb = (l->np + pb - 1) / pb;
+    j.n_items = n_tb * j.n_pb;
+    atomic_init(&j.next, 0);
+    if (nth > 1 && j.n_items > 1)
+        cpu_pool_run(p, lin_worker, &j);
+    else
+        lin_worker(&j, 0, 1);
+}
+#else
+void cpu_lin_run(cpu_pool *p, const cpu_lin *l, const float *bias, const float *x, int T, float *y,
+                 int epi, void *scratch) {
+    (void)p, (void)l, (void)bias, (void)x, (void)T, (void)y, (void)epi, (void)scratch;
+}
+#endif
