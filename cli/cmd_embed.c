@@ -21,7 +21,7 @@ static void usage(FILE *f) {
                "  -m, --model MODEL   the embedding model\n"
                "      --ids           each line is a JSON array of token ids, not text\n"
                "      --jsonl         each line is a JSON string (texts with newlines)\n"
-               "      --device D      cpu (default), cpu:N, cpu-exact\n"
+               "      --device D      cpu (default), cpu:N, cpu-exact, cuda:K, cuda-exact:K\n"
                "      --threads N     CPU threads (default: every core)\n"
                "      --step-tokens N tokens per packed forward pass (default 4096)\n"
                "      --truncate      cut inputs longer than the model's max_seq_length\n"

@@ -11,11 +11,19 @@
 #include "engine/model/model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/weights/hf_model.h"
+#include "engine/weights/synth.h"
+
+_Static_assert((int)ST_POOL_MEAN == MD_POOL_MEAN && (int)ST_POOL_CLS == MD_POOL_CLS &&
+                   (int)ST_POOL_MAX == MD_POOL_MAX && (int)ST_POOL_MEAN_SQRT == MD_POOL_MEAN_SQRT &&
+                   (int)ST_POOL_LAST == MD_POOL_LAST,
+               "st_config.h and backend.h number the pooling modes alike");
 
 #define DEC_MAX_SEQS 64 /* decoder steps: sequences per step (block tables of max_len each) */
 
 struct md_embedder {
     gguf_file *gf;
+    void *synth; /* a synthetic model's image (engine/weights/synth.h), under gf */
+    size_t synth_len;
     md_backend *be;
     md_encoder *enc; /* an encoder, or: */
     md_model *dec;   /* a decoder with last-token pooling, its KV cache (one slot per token of
@@ -47,6 +55,7 @@ void md_embedder_close(md_embedder *m) {
     free(m->block_table);
     free(m->logit_rows);
     gguf_close(m->gf);
+    md_synth_free(m->synth, m->synth_len);
     tok_free(m->tok);
     free(m->tokens);
     free(m->seq);
@@ -72,11 +81,16 @@ int md_embedder_probe(const char *path) {
     gguf_file *gf = NULL;
     md_err e = {0};
     st_config st;
-    if (md_model_open(path, &gf, &e))
+    void *img = NULL;
+    size_t len = 0;
+    if (md_model_open_any(path, 0, &img, &len, &gf, &e)) {
+        md_synth_free(img, len);
         return 0;
+    }
     int is =
         md_encoder_is(gf) || (st_of(gf, &st, &e) == 0 && st.found && st.pooling == ST_POOL_LAST);
     gguf_close(gf);
+    md_synth_free(img, len);
     return is;
 }
 
@@ -172,7 +186,7 @@ int md_embedder_open(const char *path, const md_embedder_opts *o, md_embedder **
     md_embedder *m = calloc(1, sizeof *m);
     if (!m)
         return md_errf(e, MD_ENOMEM, "out of memory");
-    if ((rc = md_model_open(path, &m->gf, e)))
+    if ((rc = md_model_open_any(path, 1, &m->synth, &m->synth_len, &m->gf, e)))
         goto fail;
     if ((rc = md_encoder_is(m->gf) ? open_encoder(m, o, &T, e) : open_decoder(m, o, &T, e)))
         goto fail;
@@ -303,6 +317,9 @@ static int run_step(md_embedder *m, const int32_t *const *ids, const int *lens, 
             md_l2_normalize(out + (size_t)i * C, C);
         return 0;
     }
+    if (m->be->ops->pool_enc) /* pooled on the device: only the vectors come back */
+        return md_encoder_forward_pooled(m->enc, &b, (int)m->st.pooling, m->st.normalize,
+                                         out + (size_t)i0 * C, e);
     if ((rc = md_encoder_forward(m->enc, &b, m->hidden, e)))
         return rc;
     for (int i = i0, t0 = 0; i < i1; t0 += lens[i], i++) {

@@ -5,7 +5,8 @@
  * style). No KV cache is kept: the inputs of a call, from as many requests as the caller
  * gathered, are packed end to end into steps of at most max_tokens tokens (variable-length
  * packing: an encoder's attention is block-diagonal, a decoder's causal within each sequence,
- * so padding costs nothing) and pooled straight from the last hidden states.
+ * so padding costs nothing) and pooled straight from the last hidden states (on the device
+ * when the backend has pool_enc: CUDA).
  *
  * Ownership: md_embedder_open owns the model file, backend, tokenizer and buffers it opens;
  * md_embedder_close frees them. One thread drives an embedder. */
@@ -21,7 +22,7 @@
 typedef struct md_embedder md_embedder;
 
 typedef struct {
-    const char *device; /* "cpu", "cpu:N", "cpu-exact" (NULL: cpu) */
+    const char *device; /* "cpu", "cpu:N", "cpu-exact", "cuda:K", "cuda-exact:K" (NULL: cpu) */
     int n_threads;      /* 0: every core */
     int max_tokens;     /* tokens per packed step (0: 4096) */
 } md_embedder_opts;
@@ -41,7 +42,7 @@ int md_embedder_n_vocab(const md_embedder *m); /* token ids are 0..n_vocab-1 */
 int md_embedder_max_len(const md_embedder *m); /* longest input in tokens: max_seq_length, else
                                                   the model's context */
 const st_config *md_embedder_st(const md_embedder *m);
-const char *md_embedder_device(const md_embedder *m); /* "cpu" */
+const char *md_embedder_device(const md_embedder *m); /* "cpu" or "cuda" */
 /* An encoder's products in BF16 (on = 1; F32 sums) or F32 (0, the default) from now on:
  * about twice the speed on a CPU with AVX512-BF16, at a cosine to the F32 vectors given in
  * docs/embeddings.md "Speed". MD_EUNSUPP for a decoder or a backend / CPU that cannot (the

@@ -298,7 +298,10 @@ typedef struct md_backend_ops {
     /* Encoders (BERT family, engine/model/encoder.h; optional, all four or none: the encoder
      * refuses a backend without them at load, naming the op). No KV cache: the step's tokens
      * are the whole of their sequences, packed one after the other (variable-length packing:
-     * no padding, no padding mask).
+     * no padding, no padding mask). An encoder's step is prepared with max_blocks 0 (only
+     * tokens, tok_seq and tok_pos are read) on a backend reserved with max_blocks 0 and
+     * enc_head_dim set; a backend may refuse an enc_head_dim its kernel cannot take
+     * (MD_EUNSUPP, CUDA: above 128).
      *  layernorm      out [T, C] = (x - mean) / sqrt(var + eps) * w + b, mean and variance
      *                 over each row (w, b F32 [C]); out may equal x
      *  gelu_erf       x [n] = 0.5 x (1 + erf(x / sqrt 2)), the exact GELU, in place
@@ -316,6 +319,13 @@ typedef struct md_backend_ops {
     int (*embed_add)(md_backend *be, const md_tensor *w, int offset, md_buf *out, md_err *e);
     int (*attention_enc)(md_backend *be, const md_buf *q, const md_buf *k, const md_buf *v,
                          md_buf *out, int n_heads, int head_dim, float scale, md_err *e);
+    /* Pooling on the device (optional; NULL: the caller downloads the hidden states and
+     * pools them on the host, engine/embedder.h md_pool): out [n_seqs, C] = for each sequence
+     * of the prepared encoder step, in step order (every sequence holds tokens), mode
+     * (MD_POOL_*) over its rows of x [T, C]; with normalize, each row then divided by
+     * max(its L2 norm, 1e-12) (left as is at norm 0). MD_EINVAL outside an encoder step. */
+    int (*pool_enc)(md_backend *be, const md_buf *x, md_buf *out, int C, int mode, int normalize,
+                    md_err *e);
 
     /* Encoder linear layers (optional, all three or none: the encoder falls back to matmul,
      * add_bias, gelu_erf and add):
@@ -420,6 +430,10 @@ typedef struct md_backend_ops {
 } md_backend_ops;
 
 #define MD_STEP_RERUN 1
+
+/* pool_enc modes (engine/weights/st_config.h's st_pooling numbers them alike): the mean of the
+ * rows, the first row (CLS), the element-wise maximum, the sum over sqrt(rows), the last row. */
+enum { MD_POOL_MEAN = 0, MD_POOL_CLS, MD_POOL_MAX, MD_POOL_MEAN_SQRT, MD_POOL_LAST };
 
 /* matmul_n modes and its most weights per call. */
 enum { MD_MM_SET = 0, MD_MM_ACC = 1, MD_MM_SWIGLU = 2 };

@@ -79,7 +79,7 @@ stage "ASan+UBSan ctest -L unit|fuzz" \
 if [ -x build/tests/test_cuda_backend_emu ]; then
     # the binaries of the emu-short tests (one line: it goes into a bash -c string)
     emu_tests="test_cuda_emu test_cuda_backend_emu test_cuda_engine_emu test_cuda_kernels_emu"
-    emu_tests="$emu_tests test_cuda_graphs_emu"
+    emu_tests="$emu_tests test_cuda_graphs_emu test_cuda_encoder_emu"
     # shellcheck disable=SC2086
     stage "emulator ASan+UBSan build" bash -c "cmake -S . -B build-emu-asan -DCMAKE_BUILD_TYPE=Debug \
         -DMEDLEY_WERROR=ON -DMEDLEY_SANITIZE=ON -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 \

@@ -24,12 +24,17 @@ if(MEDLEY_HAVE_CUDA)
               LIBS medley_engine medley_kernels LABELS gpu e2e)
   medley_test(test_cuda_engine SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_engine.c
               LIBS medley_engine medley_kernels LABELS gpu)
+  # encoders (BERT) on the device: each op against the CPU backend, and the embedding path
+  # on cuda:0 against cpu (synthetic:minilm-l6, cosine >= 0.9999)
+  medley_test(test_cuda_encoder SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_encoder.c
+              LIBS medley_engine medley_kernels LABELS gpu)
   # NCCL with one rank on one GPU, tensor-parallel stages on one GPU (host all-reduce) and on
   # two (NCCL) against one GPU's logits
   medley_test(test_cuda_tp SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_cuda_tp.c
               LIBS medley_engine medley_kernels LABELS gpu)
   set_tests_properties(test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs
-                       test_cuda_engine test_cuda_tp PROPERTIES SKIP_RETURN_CODE 77)
+                       test_cuda_engine test_cuda_tp test_cuda_encoder PROPERTIES
+                       SKIP_RETURN_CODE 77)
 endif()
 
 # `medley profile` on the CPU backend writes a document that validates against

@@ -12,7 +12,7 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
   set(EMU ${CMAKE_CURRENT_SOURCE_DIR}/gpu/emu)
   set(EMU_RT_GEN ${CMAKE_CURRENT_BINARY_DIR}/emu/rt)
   set(EMU_RT_GENERATED)
-  foreach(f ctx attention gemm sample elementwise dequant)
+  foreach(f ctx attention gemm sample elementwise dequant encoder)
     add_custom_command(OUTPUT ${EMU_RT_GEN}/${f}.cc
       COMMAND ${CMAKE_COMMAND} -E make_directory ${EMU_RT_GEN}
       COMMAND ${MEDLEY_PYTHON} ${EMU}/strip.py --launchers ${CMAKE_SOURCE_DIR}/kernels/cuda/${f}.cu
@@ -54,6 +54,12 @@ if(MEDLEY_HAVE_CUDA AND CUDAToolkit_FOUND AND MEDLEY_HAVE_EMU_CXX AND MEDLEY_PYT
   # gemm.cu, compared through emu_rt.cc's launch log (an emulator-only test, no device build)
   medley_emu_test(test_cuda_host_emu emu/test_cuda_host_emu.c)
   medley_emu_test(test_cuda_engine_emu test_cuda_engine.c LABELS emu-short)
+  # encoders (BERT): each encoder op against the CPU backend, then the embedder on a small
+  # synthetic BERT on cuda:0 against cpu (cosine >= 0.9999)
+  medley_emu_test(test_cuda_encoder_emu test_cuda_encoder.c LABELS emu-short
+                  ENV MEDLEY_GPU_TEST_SMALL=1)
+  medley_emu_orders(test_cuda_encoder_emu test_cuda_encoder_emu ORDERS reverse random:1
+                    ENV MEDLEY_GPU_TEST_SMALL=1)
   # the backend and the kernel test with each block's threads resumed in other orders
   medley_emu_orders(test_cuda_backend_emu test_cuda_backend_emu ORDERS reverse random:1)
   # the same binary's fault case: the 40th launch (after the model's load, within its first

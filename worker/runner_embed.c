@@ -63,7 +63,7 @@ int wk_embed_open(const char *model, const wk_runner_opts *o, void **self, md_er
         free(r);
         return rc;
     }
-    snprintf(r->device, sizeof r->device, "cpu");
+    snprintf(r->device, sizeof r->device, "%s", eo.device);
     r->cap = o->max_seqs > 0 ? o->max_seqs : 256;
     r->items = calloc((size_t)r->cap, sizeof *r->items);
     if (!r->items) {

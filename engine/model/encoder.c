@@ -45,7 +45,8 @@ static int layer(md_encoder *m, const md_enc_layer *L, int T, float scale, md_er
     return OP(m, layernorm, m->x, &L->out_norm_w, &L->out_norm_b, m->x, T, C, hp->eps, e);
 }
 
-int md_encoder_forward(md_encoder *m, const md_batch *b, float *hidden, md_err *e) {
+/* The layers of one packed step, leaving the last hidden states in m->x [T, C]. */
+static int forward(md_encoder *m, const md_batch *b, md_err *e) {
     const md_enc_hparams *hp = &m->hp;
     int T = b->n_tokens, C = hp->n_embd, rc;
     if (T < 1 || T > m->max_tokens)
@@ -66,5 +67,22 @@ int md_encoder_forward(md_encoder *m, const md_batch *b, float *hidden, md_err *
     for (int l = 0; l < hp->n_layer; l++)
         if ((rc = layer(m, &m->layers[l], T, scale, e)))
             return rc;
-    return OP(m, buf_download, m->x, 0, hidden, (size_t)T * C * sizeof(float), e);
+    return 0;
+}
+
+int md_encoder_forward(md_encoder *m, const md_batch *b, float *hidden, md_err *e) {
+    int rc = forward(m, b, e);
+    return rc ? rc
+              : OP(m, buf_download, m->x, 0, hidden,
+                   (size_t)b->n_tokens * m->hp.n_embd * sizeof(float), e);
+}
+
+int md_encoder_forward_pooled(md_encoder *m, const md_batch *b, int mode, int normalize, float *out,
+                              md_err *e) {
+    if (!m->be->ops->pool_enc)
+        return md_errf(e, MD_EUNSUPP, "the %s backend has no pool_enc op", m->be->ops->name);
+    int rc = forward(m, b, e); /* the pooled rows go to xb: n_seqs <= T rows */
+    if (rc || (rc = OP(m, pool_enc, m->x, m->xb, m->hp.n_embd, mode, normalize, e)))
+        return rc;
+    return OP(m, buf_download, m->xb, 0, out, (size_t)b->n_seqs * m->hp.n_embd * sizeof(float), e);
 }

@@ -82,5 +82,10 @@ void md_encoder_free(md_encoder *m);
  * hidden [T, n_embd] (host) gets the last layer's output. MD_ERANGE for a token id outside
  * the vocabulary or a sequence longer than n_ctx. */
 int md_encoder_forward(md_encoder *m, const md_batch *b, float *hidden, md_err *e);
+/* The same step pooled on the backend (its optional pool_enc op; MD_EUNSUPP without it):
+ * out [n_seqs, n_embd] (host) = each sequence's pooling (backend.h MD_POOL_*), L2-normalised
+ * with normalize, so only the vectors are downloaded. Every sequence of b holds tokens. */
+int md_encoder_forward_pooled(md_encoder *m, const md_batch *b, int mode, int normalize, float *out,
+                              md_err *e);
 
 #endif

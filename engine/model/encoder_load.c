@@ -277,8 +277,9 @@ static int check_ops(const md_backend_ops *o, md_err *e) {
                           : !o->attention_enc ? "attention_enc"
                                               : NULL;
     if (missing)
-        return md_errf(e, MD_EUNSUPP, "the %s backend has no %s op: encoder models run on cpu",
-                       o->name, missing);
+        return md_errf(e, MD_EUNSUPP,
+                       "the %s backend has no %s op: encoder models run on cpu and cuda", o->name,
+                       missing);
     return 0;
 }
 

@@ -46,6 +46,11 @@ static const shape shapes[] = {
     /* tiny-tp with head_dim 64, which the CUDA attention kernels take: tensor parallelism on
      * GPUs (tests/gpu/test_cuda_tp.c) */
     {"tiny-tp-hd64", "llama", 4, 512, 8, 4, 1024, 512, 512, 10000.0f, 0, 0},
+    /* encoders (engine/model/encoder.h, llama.cpp's `bert` names and keys; position and
+     * token-type tables, biases and LayerNorms beside the matrices): all-MiniLM-L6-v2's shape,
+     * and a small one of head_dim 32 for the CUDA emulator's encoder test */
+    {"minilm-l6", "bert", 6, 384, 12, 12, 1536, 30522, 512, 0.0f, 0, 0},
+    {"bert-tiny", "bert", 2, 128, 4, 4, 256, 512, 128, 0.0f, 0, 0},
 };
 #define N_SHAPES (int)(sizeof shapes / sizeof shapes[0])
 
@@ -136,7 +141,7 @@ typedef struct {
     int type;
     int64_t ne0, ne1; /* ne1 == 1 for vectors (written as 1-D) */
     size_t bytes, off;
-    int fill; /* 0 random, 1 ones */
+    int fill; /* 0 random, 1 ones, 2 ones plus random (a LayerNorm's gain) */
 } tensor;
 
 static int add_tensor(tensor *t, int *n, const char *name, int type, int64_t ne0, int64_t ne1,
@@ -186,6 +191,12 @@ static void fill_job(filler *f, size_t j) {
     if (t->fill == 1) { /* norms: F32 ones */
         for (size_t i = 0; i < n; i++)
             ((float *)p)[i] = 1.0f;
+        return;
+    }
+    if (t->fill == 2) { /* LayerNorm gains: around one, so every element matters */
+        for (size_t i = 0; i < n; i++)
+            ((float *)p)[i] =
+                1.0f + ((int64_t)(NEXT() >> 11) * (1.0 / 4503599627370496.0) - 1.0) * 10 * STD_A;
         return;
     }
     switch (t->type) {
@@ -320,6 +331,7 @@ static int parse(const char *spec, const shape **sh, int *type, md_err *e) {
             const char *name;
             int type;
         } types[] = {{"bf16", MD_TYPE_BF16},
+                     {"f32", MD_TYPE_F32},
                      {"f16", MD_TYPE_F16},
                      {"q8_0", MD_TYPE_Q8_0},
                      {"q4_0", MD_TYPE_Q4_0}};
@@ -331,8 +343,8 @@ static int parse(const char *spec, const shape **sh, int *type, md_err *e) {
             }
         if (!found)
             return md_errf(e, MD_ENOTFOUND,
-                           "unknown weight type \"%s\" in %s (bf16, f16, q8_0, q4_0)", colon + 1,
-                           spec);
+                           "unknown weight type \"%s\" in %s (bf16, f32, f16, q8_0, q4_0)",
+                           colon + 1, spec);
     }
     return 0;
 }
@@ -371,8 +383,44 @@ static void add_vocab(wbuf *w, int V) {
     }
 }
 
+/* An encoder's tensors (BERT as llama.cpp names them), in file order; returns how many. */
+static int list_bert(const shape *sh, int wt, tensor *t) {
+    int C = sh->n_embd, F = sh->n_ff, n = 0;
+    add_tensor(t, &n, "token_embd.weight", wt, C, sh->n_vocab, 0);
+    add_tensor(t, &n, "position_embd.weight", wt, C, sh->n_ctx, 0);
+    add_tensor(t, &n, "token_types.weight", MD_TYPE_F32, C, 2, 0);
+    add_tensor(t, &n, "token_embd_norm.weight", MD_TYPE_F32, C, 1, 2);
+    add_tensor(t, &n, "token_embd_norm.bias", MD_TYPE_F32, C, 1, 0);
+    for (int l = 0; l < sh->n_layer; l++) {
+        char nm[64];
+#define T(suffix, type, a, b, fill)                                                                \
+    snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix);                                               \
+    add_tensor(t, &n, nm, type, a, b, fill);
+        T("attn_q.weight", wt, C, C, 0)
+        T("attn_q.bias", MD_TYPE_F32, C, 1, 0)
+        T("attn_k.weight", wt, C, C, 0)
+        T("attn_k.bias", MD_TYPE_F32, C, 1, 0)
+        T("attn_v.weight", wt, C, C, 0)
+        T("attn_v.bias", MD_TYPE_F32, C, 1, 0)
+        T("attn_output.weight", wt, C, C, 0)
+        T("attn_output.bias", MD_TYPE_F32, C, 1, 0)
+        T("attn_output_norm.weight", MD_TYPE_F32, C, 1, 2)
+        T("attn_output_norm.bias", MD_TYPE_F32, C, 1, 0)
+        T("ffn_up.weight", wt, C, F, 0)
+        T("ffn_up.bias", MD_TYPE_F32, F, 1, 0)
+        T("ffn_down.weight", wt, F, C, 0)
+        T("ffn_down.bias", MD_TYPE_F32, C, 1, 0)
+        T("layer_output_norm.weight", MD_TYPE_F32, C, 1, 2)
+        T("layer_output_norm.bias", MD_TYPE_F32, C, 1, 0)
+#undef T
+    }
+    return n;
+}
+
 /* The model's tensors, in file order; returns how many. */
 static int list_tensors(const shape *sh, int wt, tensor *t) {
+    if (!strcmp(sh->arch, "bert"))
+        return list_bert(sh, wt, t);
     int C = sh->n_embd, hd = C / sh->n_head, qd = sh->n_head * hd, kvd = sh->n_head_kv * hd;
     int n = 0;
     add_tensor(t, &n, "token_embd.weight", wt, C, sh->n_vocab, 0);
@@ -457,9 +505,15 @@ int md_synth_build(const char *spec, int weights, void **image, size_t *len, md_
     kv_u32(&w, sh->arch, "embedding_length", (uint32_t)sh->n_embd);
     kv_u32(&w, sh->arch, "feed_forward_length", (uint32_t)sh->n_ff);
     kv_u32(&w, sh->arch, "attention.head_count", (uint32_t)sh->n_head);
-    kv_u32(&w, sh->arch, "attention.head_count_kv", (uint32_t)sh->n_head_kv);
-    kv_f32(&w, sh->arch, "rope.freq_base", sh->theta);
-    kv_f32(&w, sh->arch, "attention.layer_norm_rms_epsilon", 1e-5f);
+    /* BERT: BertModel's epsilon, and mean pooling (llama.cpp's number 1) */
+    if (!strcmp(sh->arch, "bert")) {
+        kv_f32(&w, sh->arch, "attention.layer_norm_epsilon", 1e-12f);
+        kv_u32(&w, sh->arch, "pooling_type", 1);
+    } else {
+        kv_u32(&w, sh->arch, "attention.head_count_kv", (uint32_t)sh->n_head_kv);
+        kv_f32(&w, sh->arch, "rope.freq_base", sh->theta);
+        kv_f32(&w, sh->arch, "attention.layer_norm_rms_epsilon", 1e-5f);
+    }
     kv_str(&w, "tokenizer.ggml.model", "llama");
     kv_u32(&w, NULL, "tokenizer.ggml.bos_token_id", 1);
     kv_u32(&w, NULL, "tokenizer.ggml.eos_token_id", 2);

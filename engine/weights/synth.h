@@ -4,9 +4,10 @@
  * downloading 140 GB, the issue's "Llama-3-8B-shaped BF16 model".
  *
  * Names: "synthetic:<shape>[:<type>]", shape one of md_synth_shapes() (llama-3-8b,
- * llama-3-70b, llama-3.2-1b, mistral-7b, qwen2-7b, smollm2-135m, tiny), type bf16 (default),
- * f16, q8_0 or q4_0 for the matrices (norms are F32). Weights are uniform random with the
- * standard deviation of a fresh initialisation (0.02), from a fixed seed: the same name
+ * llama-3-70b, llama-3.2-1b, mistral-7b, qwen2-7b, smollm2-135m, tiny, ...; the encoders
+ * minilm-l6 and bert-tiny, `bert` files that engine/embedder.h opens), type bf16 (default),
+ * f32, f16, q8_0 or q4_0 for the matrices (norms and biases are F32). Weights are uniform random
+ * with the standard deviation of a fresh initialisation (0.02), from a fixed seed: the same name
  * gives the same bytes everywhere. The tokenizer is a SentencePiece vocabulary of the
  * model's size (byte fallback + numbered pieces): text works, it is just not a language.
  * The output is garbage by design; the point is the arithmetic and memory traffic, which

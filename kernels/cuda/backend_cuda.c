@@ -84,6 +84,10 @@ typedef struct {
     int bt_stride;
     int max_dec_len;      /* longest KV length among decode entries */
     int64_t max_block_id; /* largest block id any token of the step reads */
+    /* an encoder step (batch_prepare of a step without KV blocks): its attention tiles, in
+     * the tiles area of the metadata (cuda_plan_enc_step), and its longest sequence */
+    int enc_step, n_enc_tiles, enc_max_run;
+    int n_enc_runs; /* its sequences, {first row, rows} each in the dec area (pool_enc) */
     void *att_work;
     size_t att_work_n;
     /* [max_seqs] greedy picks and sampled tokens, then [max_seqs] their logprobs, then
@@ -311,11 +315,18 @@ static void meta_layout(int32_t *base, const md_reserve *r, int32_t **tok, int32
 
 static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     cuda_backend *b = cbe(be);
-    if (r->max_tokens < 1 || r->max_seqs < 1 || r->max_blocks < 1 || r->n_heads < 1)
+    /* an encoder's reserve has no blocks (no KV cache) and names its attention's head size */
+    if (r->max_tokens < 1 || r->max_seqs < 1 || r->max_blocks < 0 ||
+        (r->max_blocks == 0 && r->enc_head_dim < 1) || r->n_heads < 1)
         return md_errf(e, MD_EINVAL,
                        "cuda backend: reserve of %d tokens, %d sequences, %d "
                        "blocks, %d heads",
                        r->max_tokens, r->max_seqs, r->max_blocks, r->n_heads);
+    if (r->enc_head_dim > CUDA_ENC_MAX_HEAD_DIM)
+        return md_errf(e, MD_EUNSUPP,
+                       "cuda backend: encoder attention of head dimension %d (the kernel takes "
+                       "at most %d)",
+                       r->enc_head_dim, CUDA_ENC_MAX_HEAD_DIM);
     size_t n = 7 * (size_t)r->max_tokens + 4 * ((size_t)r->max_tokens + r->max_seqs) +
                (size_t)r->max_seqs * r->max_blocks;
     int32_t *h = NULL, *d = NULL;
@@ -376,21 +387,8 @@ static int be_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     return 0;
 }
 
-static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
-    cuda_backend *b = cbe(be);
-    if (!b->reserved)
-        return md_errf(e, MD_EINVAL, "cuda backend: batch_prepare before reserve");
-    int T = bt->n_tokens, S = bt->n_seqs;
-    if (T < 1 || T > b->r.max_tokens || S < 1 || S > b->r.max_seqs || bt->max_blocks < 1 ||
-        bt->max_blocks > b->r.max_blocks || bt->block_tokens < 1 || bt->n_logits < 0 ||
-        bt->n_logits > T)
-        return md_errf(e, MD_ERANGE,
-                       "cuda backend: step of %d tokens / %d sequences / %d blocks "
-                       "per sequence / %d logits exceeds the reserved %d / %d / %d",
-                       T, S, bt->max_blocks, bt->n_logits, b->r.max_tokens, b->r.max_seqs,
-                       b->r.max_blocks);
-    if (b->st == ST_RECORD || b->st == ST_REPLAY)
-        return md_errf(e, MD_EINVAL, "cuda backend: batch_prepare inside a recorded step");
+/* Wait until the previous step's metadata left the staging area (0), or the sticky error. */
+static int staging_free(cuda_backend *b, md_err *e) {
     md_err ce;
     if (cudaEventSynchronize(b->meta_copied) != cudaSuccess) {
         cudaGetLastError();
@@ -400,8 +398,73 @@ static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
             return ce.code;
         }
     }
+    return 0;
+}
+
+/* An encoder step (max_blocks 0: no KV cache, backend.h attention_enc): token ids, positions
+ * and the attention tiles of its packed sequences go up; nothing of the KV path is used. */
+static int enc_batch_prepare(cuda_backend *b, const md_batch *bt, md_err *e) {
+    int T = bt->n_tokens, S = bt->n_seqs, n_tiles = 0, max_run = 0;
+    if (b->r.enc_head_dim < 1)
+        return md_errf(e, MD_EINVAL,
+                       "cuda backend: a step without KV blocks on a backend not reserved for an "
+                       "encoder");
+    if (T < 1 || T > b->r.max_tokens || S < 1 || S > b->r.max_seqs)
+        return md_errf(e, MD_ERANGE,
+                       "cuda backend: encoder step of %d tokens / %d sequences exceeds the "
+                       "reserved %d / %d",
+                       T, S, b->r.max_tokens, b->r.max_seqs);
+    int rc = staging_free(b, e);
+    if (rc || (rc = cuda_plan_enc_step(bt, CUDA_ENC_TILE_Q, b->h_tiles, &n_tiles, &max_run, e)))
+        return rc;
+    memcpy(b->h_tokens, bt->tokens, (size_t)T * 4);
+    memcpy(b->h_pos, bt->tok_pos, (size_t)T * 4);
+    int runs = 0; /* a sequence's first tile starts at its first row; 2 runs <= 2 T: the dec area */
+    for (int i = 0; i < n_tiles; i++)
+        if (b->h_tiles[4 * i + 2] == b->h_tiles[4 * i]) {
+            b->h_dec[2 * runs] = b->h_tiles[4 * i];
+            b->h_dec[2 * runs++ + 1] = b->h_tiles[4 * i + 1];
+        }
+    if ((rc = cuda_upload(b->c, b->d_meta, b->h_meta,
+                          (size_t)(b->h_tiles - b->h_meta + 4 * (int64_t)n_tiles) * 4, e)))
+        return rc;
+    cudaEventRecord(b->meta_copied, cuda_ctx_stream(b->c));
+    b->n_tokens = b->t_real = b->t_pad = T;
+    b->padding = 0;
+    b->n_seqs = S;
+    b->max_blocks = b->bt_stride = b->block_tokens = b->n_logits = 0;
+    b->n_dec = b->n_tiles = b->max_dec_len = b->dec_len_bucket = 0;
+    b->max_block_id = -1;
+    b->graphable = 0;
+    b->enc_step = 1;
+    b->n_enc_tiles = n_tiles;
+    b->enc_max_run = max_run;
+    b->n_enc_runs = runs;
+    return cuda_check(b->c, "step metadata", e);
+}
+
+static int be_batch_prepare(md_backend *be, const md_batch *bt, md_err *e) {
+    cuda_backend *b = cbe(be);
+    if (!b->reserved)
+        return md_errf(e, MD_EINVAL, "cuda backend: batch_prepare before reserve");
+    if (b->st == ST_RECORD || b->st == ST_REPLAY)
+        return md_errf(e, MD_EINVAL, "cuda backend: batch_prepare inside a recorded step");
+    if (bt->max_blocks == 0)
+        return enc_batch_prepare(b, bt, e);
+    b->enc_step = 0;
+    int T = bt->n_tokens, S = bt->n_seqs;
+    if (T < 1 || T > b->r.max_tokens || S < 1 || S > b->r.max_seqs || bt->max_blocks < 1 ||
+        bt->max_blocks > b->r.max_blocks || bt->block_tokens < 1 || bt->n_logits < 0 ||
+        bt->n_logits > T)
+        return md_errf(e, MD_ERANGE,
+                       "cuda backend: step of %d tokens / %d sequences / %d blocks "
+                       "per sequence / %d logits exceeds the reserved %d / %d / %d",
+                       T, S, bt->max_blocks, bt->n_logits, b->r.max_tokens, b->r.max_seqs,
+                       b->r.max_blocks);
     cuda_step_plan plan;
-    int rc = cuda_plan_step(bt, b->h_dec, b->h_tiles, &plan, e);
+    int rc = staging_free(b, e);
+    if (rc == 0)
+        rc = cuda_plan_step(bt, b->h_dec, b->h_tiles, &plan, e);
     if (rc)
         return rc;
     memcpy(b->h_tokens, bt->tokens, (size_t)T * 4);
@@ -800,6 +863,109 @@ static int be_gather_rows(md_backend *be, const md_buf *x, md_buf *out, int C, m
                             (float *)out->p, e);
 }
 
+/* ---- encoder ops (encoder.cu) ------------------------------------------------------ */
+
+static int be_layernorm(md_backend *be, const md_buf *x, const md_tensor *w, const md_tensor *bias,
+                        md_buf *out, int T, int C, float eps, md_err *e) {
+    int rc = tensor_ok(w, e);
+    if (rc || (rc = tensor_ok(bias, e)))
+        return rc;
+    if (w->type != MD_TYPE_F32 || bias->type != MD_TYPE_F32 || w->ne0 != C || bias->ne0 != C)
+        return md_errf(e, MD_EUNSUPP, "cuda backend: layernorm weight and bias must be F32 [%d]",
+                       C);
+    if (T < 0 || C < 1 || (size_t)T * C * 4 > x->n || (size_t)T * C * 4 > out->n)
+        return md_errf(e, MD_ERANGE, "cuda backend: layernorm of [%d, %d] overruns its buffers", T,
+                       C);
+    if (REPLAYING(be))
+        return 0;
+    return cuda_layernorm(cbe(be)->c, (const float *)x->p, (const float *)tensor_ptr(w),
+                          (const float *)tensor_ptr(bias), eps, T, C, (float *)out->p, e);
+}
+
+static int be_gelu_erf(md_backend *be, md_buf *x, int64_t n, md_err *e) {
+    if (n < 0 || (size_t)n * 4 > x->n)
+        return md_errf(e, MD_ERANGE, "cuda backend: gelu_erf of %lld floats overruns its buffer",
+                       (long long)n);
+    if (REPLAYING(be))
+        return 0;
+    return cuda_gelu_erf(cbe(be)->c, (float *)x->p, n, e);
+}
+
+/* Every row read is checked here, on the host copy of the positions. */
+static int be_embed_add(md_backend *be, const md_tensor *w, int offset, md_buf *out, md_err *e) {
+    cuda_backend *b = cbe(be);
+    int rc = tensor_ok(w, e);
+    if (rc)
+        return rc;
+    if (offset < 0)
+        return md_errf(e, MD_EINVAL, "cuda backend: embed_add at offset %d", offset);
+    for (int t = 0; t < b->n_tokens; t++) {
+        int64_t r = (int64_t)b->h_pos[t] + offset;
+        if (r < 0 || r >= w->ne1)
+            return md_errf(e, MD_ERANGE, "position %lld outside the %lld position embeddings",
+                           (long long)r, (long long)w->ne1);
+    }
+    if ((size_t)b->n_tokens * w->ne0 * 4 > out->n)
+        return md_errf(e, MD_ERANGE, "cuda backend: embed_add output buffer too small");
+    if (REPLAYING(be))
+        return 0;
+    return cuda_add_rows(b->c, tensor_ptr(w), w->type, w->ne1, (int)w->ne0, b->d_pos, offset,
+                         b->n_tokens, (float *)out->p, e);
+}
+
+static int be_attention_enc(md_backend *be, const md_buf *q, const md_buf *k, const md_buf *v,
+                            md_buf *out, int n_heads, int head_dim, float scale, md_err *e) {
+    cuda_backend *b = cbe(be);
+    if (!b->enc_step)
+        return md_errf(e, MD_EINVAL,
+                       "cuda backend: attention_enc outside an encoder step (one prepared "
+                       "without KV blocks)");
+    if (n_heads < 1 || head_dim < 1 || head_dim > b->r.enc_head_dim)
+        return md_errf(e, MD_ERANGE,
+                       "cuda backend: encoder attention of %d heads of %d dims, %d reserved",
+                       n_heads, head_dim, b->r.enc_head_dim);
+    if (b->enc_max_run > b->r.max_ctx)
+        return md_errf(e, MD_ERANGE, "cuda backend: a sequence of %d tokens, at most %d reserved",
+                       b->enc_max_run, b->r.max_ctx);
+    size_t need = (size_t)b->n_tokens * n_heads * head_dim * 4;
+    if (need > q->n || need > k->n || need > v->n || need > out->n)
+        return md_errf(e, MD_ERANGE,
+                       "cuda backend: encoder attention of %d tokens [%d heads of %d] overruns "
+                       "its buffers",
+                       b->n_tokens, n_heads, head_dim);
+    if (REPLAYING(be))
+        return 0;
+    return cuda_attn_enc(b->c, (const float *)q->p, (const float *)k->p, (const float *)v->p,
+                         b->d_tiles, b->n_enc_tiles, n_heads, head_dim, scale, (float *)out->p, e);
+}
+
+_Static_assert((int)CUDA_POOL_MEAN == (int)MD_POOL_MEAN && (int)CUDA_POOL_CLS == (int)MD_POOL_CLS &&
+                   (int)CUDA_POOL_MAX == (int)MD_POOL_MAX &&
+                   (int)CUDA_POOL_MEAN_SQRT == (int)MD_POOL_MEAN_SQRT &&
+                   (int)CUDA_POOL_LAST == (int)MD_POOL_LAST,
+               "backend.h and cuda_ops.h pooling modes");
+
+static int be_pool_enc(md_backend *be, const md_buf *x, md_buf *out, int C, int mode, int normalize,
+                       md_err *e) {
+    cuda_backend *b = cbe(be);
+    if (!b->enc_step || b->n_enc_runs != b->n_seqs)
+        return md_errf(e, MD_EINVAL,
+                       "cuda backend: pool_enc outside an encoder step, or over %d sequences of "
+                       "which %d hold tokens",
+                       b->n_seqs, b->n_enc_runs);
+    if (mode < MD_POOL_MEAN || mode > MD_POOL_LAST)
+        return md_errf(e, MD_EINVAL, "cuda backend: pooling mode %d", mode);
+    if (C < 1 || (size_t)b->n_tokens * C * 4 > x->n || (size_t)b->n_seqs * C * 4 > out->n)
+        return md_errf(e, MD_ERANGE,
+                       "cuda backend: pooling of %d sequences of %d overruns its "
+                       "buffers",
+                       b->n_seqs, C);
+    if (REPLAYING(be))
+        return 0;
+    return cuda_pool_enc(b->c, (const float *)x->p, b->d_dec, b->n_enc_runs, C, mode, normalize,
+                         (float *)out->p, e);
+}
+
 static int be_sync(md_backend *be, md_err *e) {
     int rc = outside_step(cbe(be), "sync", e);
     if (rc)
@@ -1181,6 +1347,11 @@ static const md_backend_ops cuda_backend_ops = {
     .weight_shadow = be_weight_shadow,
     .step_begin = be_step_begin,
     .step_end = be_step_end,
+    .layernorm = be_layernorm,
+    .gelu_erf = be_gelu_erf,
+    .embed_add = be_embed_add,
+    .attention_enc = be_attention_enc,
+    .pool_enc = be_pool_enc,
 #ifdef MEDLEY_HAVE_NCCL
     .comm_unique_id = be_comm_unique_id,
     .comm_init = be_comm_init,

@@ -228,6 +228,35 @@ int cuda_attn_prefill(cuda_ctx *c, const cuda_kv_layer *kv, const float *q, cons
                       int n_tiles, const int32_t *block_table, int max_blocks, int n_heads,
                       float scale, float *out, md_err *e);
 
+/* ---- encoders (encoder.cu) -------------------------------------------------------- */
+
+/* out[r] = (x[r] - mean) / sqrt(var + eps) * w + b over each row of x f32 [rows][dim] (mean
+ * and variance of the row, two passes); w, b f32 [dim]; out may alias x. */
+int cuda_layernorm(cuda_ctx *c, const float *x, const float *w, const float *b, float eps, int rows,
+                   int dim, float *out, md_err *e);
+/* x[i] = 0.5 x (1 + erf(x / sqrt 2)) in place, n floats. */
+int cuda_gelu_erf(cuda_ctx *c, float *x, int64_t n, md_err *e);
+/* out[t] += row ids[t] + offset of table, as f32 (table as cuda_get_rows takes it: n_rows rows
+ * of dim elements of ggml type gtype). The caller checks the rows: one outside [0, n_rows)
+ * adds nothing. */
+int cuda_add_rows(cuda_ctx *c, const void *table, int gtype, int64_t n_rows, int dim,
+                  const int32_t *ids, int offset, int n, float *out, md_err *e);
+/* Bidirectional attention within packed sequences: q, k, v, out f32 [T][n_heads][head_dim]
+ * (head_dim <= CUDA_ENC_MAX_HEAD_DIM); tiles int32 [n_tiles][4] = {first row of a sequence,
+ * its length, first query row, queries (<= CUDA_ENC_TILE_Q)}: each query row attends to
+ * every row of its sequence, softmax(q k^T * scale) v, in f32. */
+#define CUDA_ENC_TILE_Q 16
+#define CUDA_ENC_MAX_HEAD_DIM 128
+int cuda_attn_enc(cuda_ctx *c, const float *q, const float *k, const float *v, const int32_t *tiles,
+                  int n_tiles, int n_heads, int head_dim, float scale, float *out, md_err *e);
+/* out[s] = the pooling of rows seqs[s][0] .. seqs[s][0] + seqs[s][1] - 1 of x f32 [*][dim]
+ * (int32 [n_seqs][2] = {first row, rows >= 1}), numbered as backend.h MD_POOL_*: mean, first
+ * row, element-wise max, sum / sqrt(rows), last row; then, with normalize, divided by
+ * max(its L2 norm, 1e-12) (left as it is at norm 0). out f32 [n_seqs][dim]. */
+enum { CUDA_POOL_MEAN = 0, CUDA_POOL_CLS, CUDA_POOL_MAX, CUDA_POOL_MEAN_SQRT, CUDA_POOL_LAST };
+int cuda_pool_enc(cuda_ctx *c, const float *x, const int32_t *seqs, int n_seqs, int dim, int mode,
+                  int normalize, float *out, md_err *e);
+
 /* ---- sampling ---------------------------------------------------------------------- */
 
 typedef struct {

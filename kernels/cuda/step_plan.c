@@ -60,3 +60,34 @@ int cuda_plan_step(const md_batch *b, int32_t *dec, int32_t *tiles, cuda_step_pl
                            b->logit_rows[i], T);
     return 0;
 }
+
+int cuda_plan_enc_step(const md_batch *b, int tile_q, int32_t *tiles, int *n_tiles, int *max_run,
+                       md_err *e) {
+    int T = b->n_tokens, S = b->n_seqs, runs = 0;
+    *n_tiles = *max_run = 0;
+    if (tile_q < CUDA_PLAN_TILE_Q)
+        return md_errf(e, MD_EINVAL, "cuda backend: encoder tiles of %d queries", tile_q);
+    for (int t = 0, hi; t < T; t = hi) {
+        int s = b->tok_seq[t];
+        if (s < 0 || s >= S)
+            return md_errf(e, MD_ERANGE, "cuda backend: token %d belongs to sequence %d of %d", t,
+                           s, S);
+        if (++runs > S)
+            return md_errf(e, MD_ERANGE,
+                           "cuda backend: token %d starts a %dth run of sequences in a step of %d "
+                           "(a sequence's tokens must be contiguous)",
+                           t, runs, S);
+        for (hi = t + 1; hi < T && b->tok_seq[hi] == s; hi++)
+            ;
+        if (hi - t > *max_run)
+            *max_run = hi - t;
+        for (int q = t; q < hi; q += tile_q) {
+            int32_t *ti = tiles + 4 * (*n_tiles)++;
+            ti[0] = t;
+            ti[1] = hi - t;
+            ti[2] = q;
+            ti[3] = hi - q < tile_q ? hi - q : tile_q;
+        }
+    }
+    return 0;
+}

@@ -31,4 +31,12 @@ static inline int cuda_plan_max_tiles(int T, int S) {
  * out of range or out of order. */
 int cuda_plan_step(const md_batch *b, int32_t *dec, int32_t *tiles, cuda_step_plan *out, md_err *e);
 
+/* An encoder step (no KV cache, md_batch max_blocks 0: backend.h attention_enc): each run of
+ * equal tok_seq is one whole sequence, and becomes tiles {first row of the sequence, its
+ * length, first query row, queries (<= tile_q)} in tiles (room for cuda_plan_max_tiles(T, S)
+ * with tile_q >= CUDA_PLAN_TILE_Q); *max_run = the longest sequence. MD_ERANGE for a sequence
+ * index outside [0, S) or more runs than sequences (a sequence's tokens not contiguous). */
+int cuda_plan_enc_step(const md_batch *b, int tile_q, int32_t *tiles, int *n_tiles, int *max_run,
+                       md_err *e);
+
 #endif

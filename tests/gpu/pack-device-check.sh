@@ -19,7 +19,7 @@ B=${1:-build-dpack}
 [ "${1:-}" = "--model" ] && B=build-dpack
 cmake -S . -B "$B" -DMEDLEY_WERROR=ON -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >/dev/null
 cmake --build "$B" -j2 --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_nccl_load \
-    test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine test_cuda_tp medley_gpu_bench medley_gemv_bench \
+    test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine test_cuda_tp test_cuda_encoder medley_gpu_bench medley_gemv_bench \
     medley_attn_bench medley_sample_bench medley
 rm -rf .devcheck
 mkdir -p .devcheck/bin .devcheck/lib

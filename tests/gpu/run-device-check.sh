@@ -91,7 +91,7 @@ else
     if cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDLEY_WERROR=ON \
         -DMEDLEY_CUDA=ON -DMEDLEY_CUDA_ARCHS=90 >"$OUT/build.log" 2>&1 &&
         cmake --build build-gpu -j "$(nproc)" --target test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_nccl_load \
-            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine test_cuda_tp medley_gpu_bench medley_gemv_bench medley_attn_bench medley_sample_bench medley >>"$OUT/build.log" 2>&1; then
+            test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine test_cuda_tp test_cuda_encoder medley_gpu_bench medley_gemv_bench medley_attn_bench medley_sample_bench medley >>"$OUT/build.log" 2>&1; then
         cp build-gpu/tests/test_cuda_* build-gpu/tests/medley_gpu_bench build-gpu/tests/medley_gemv_bench build-gpu/tests/medley_attn_bench build-gpu/tests/medley_sample_bench build-gpu/cli/medley "$BIN/"
         note "build: ok (sm_90, warnings as errors)"
     else
@@ -119,7 +119,7 @@ bin() {
 L=${BENCH_LAYERS:-32}
 TESTS="test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_nccl_load
     test_cuda_kernels test_cuda_backend test_cuda_e2e test_cuda_graphs test_cuda_engine
-    test_cuda_tp"
+    test_cuda_tp test_cuda_encoder"
 TEST_TIMEOUT=240
 PROFILE_MODEL=
 PROFILE_ARGS="--model-name smollm2-135m --batches 1,8,64 --contexts 128,512 --gen 32"
@@ -133,7 +133,7 @@ ENGINE_NOGRAPH_ARGS="--batches 1 --contexts 128 --gen 64"
 Q4_ARGS="--batches 32,128 --contexts 128 --gen 32"
 if [ $EMU = 1 ]; then
     TESTS="test_cuda_device_select test_cuda_step_plan test_cuda_graph_cache test_cuda_nccl_load
-        test_cuda_backend test_cuda_engine"
+        test_cuda_backend test_cuda_engine test_cuda_encoder"
     TEST_TIMEOUT=600
     export MEDLEY_GPU_TEST_SMALL=1 MEDLEY_GPU_TEST_MODEL=synthetic:tiny-hd64:q4_0
     PROFILE_MODEL=synthetic:tiny-hd64:q4_0
@@ -174,6 +174,18 @@ for t in $TESTS; do
     *) note "test $t: FAILED (exit $rc, see $t.log)"; fails=$((fails + 1)); tail -30 "$OUT/$t.log" ;;
     esac
 done
+# the embedding path on a real encoder when one came with the models (all-MiniLM-L6-v2 as
+# the sentence-transformers directory `medley models fetch` makes): cuda:0 against cpu,
+# cosine >= 0.9999 (test_cuda_encoder above ran its synthetic twin)
+if [ $EMU = 0 ] && [ -n "${MEDLEY_MODELS:-}" ] && [ -d "$MEDLEY_MODELS/all-MiniLM-L6-v2" ]; then
+    MEDLEY_GPU_TEST_ENCODER=$MEDLEY_MODELS/all-MiniLM-L6-v2 MEDLEY_TEST_FILTER='*embedder*' \
+        timeout $(tmo 120) "$(bin test_cuda_encoder)" >"$OUT/test_cuda_encoder_minilm.log" 2>&1
+    case $? in
+    0) note "test test_cuda_encoder on all-MiniLM-L6-v2: PASSED ($(grep -m1 '^embed ' "$OUT/test_cuda_encoder_minilm.log"))" ;;
+    77) ;;
+    *) note "test test_cuda_encoder on all-MiniLM-L6-v2: FAILED (see test_cuda_encoder_minilm.log)"; fails=$((fails + 1)) ;;
+    esac
+fi
 # the prefill attention of f16 caches on the f32 path again (1e-5 of the CPU backend)
 MEDLEY_CUDA_ATTN_TC=0 timeout $(tmo 120) "$(bin test_cuda_backend)" >"$OUT/test_cuda_backend_noattntc.log" 2>&1
 rc=$?
@@ -182,7 +194,7 @@ case $rc in
 77) ;;
 *) note "test test_cuda_backend with MEDLEY_CUDA_ATTN_TC=0: FAILED (exit $rc)"; fails=$((fails + 1)) ;;
 esac
-grep -h -E "^(matmul|dequant|sampling|sticky|attention|rope|embed|logits:|greedy|penalised greedy|penalties row|[0-9]+ prompts through)" \
+grep -h -E "^(matmul|dequant|sampling|sticky|attention|rope|embed|encoder|logits:|greedy|penalised greedy|penalties row|[0-9]+ prompts through)" \
     "$OUT"/test_cuda_*.log >"$OUT/test-figures.txt" 2>/dev/null || true
 
 # ---- profile --------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 /* test_cuda_step_plan.c — the CUDA backend's host-side step planning (kernels/cuda/
  * step_plan.c), which runs without a GPU: a mixed step becomes the right decode entries and
  * prefill tiles, and every out-of-range or out-of-order index is refused with a sentence
- * before the device would follow it. */
+ * before the device would follow it; an encoder step (no KV blocks) becomes tiles of its whole
+ * sequences. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -135,11 +136,41 @@ static void test_single_token_sequences_are_all_decode(void **state) {
     }
 }
 
+/* An encoder step (no KV blocks): sequences of 1, 37 and 16 tokens become tiles of up to 16
+ * queries that each name their whole sequence; a sequence in two runs is refused. */
+static void test_encoder_step_is_tiled_by_sequence(void **state) {
+    int32_t sq[54], ps[54], t = 0;
+    const int len[3] = {1, 37, 16};
+    for (int s = 0; s < 3; s++)
+        for (int p = 0; p < len[s]; p++, t++)
+            sq[t] = s, ps[t] = p;
+    md_batch b = {.n_tokens = 54, .n_seqs = 3, .tokens = tokens, .tok_seq = sq, .tok_pos = ps};
+    int32_t ti[4 * (54 / 16 + 3)];
+    int n = 0, longest = 0;
+    md_err e = {0};
+    assert_int_equal(cuda_plan_enc_step(&b, 16, ti, &n, &longest, &e), 0);
+    assert_int_equal(longest, 37);
+    /* {first row of the sequence, its length, first query row, queries} */
+    const int32_t want[][4] = {
+        {0, 1, 0, 1}, {1, 37, 1, 16}, {1, 37, 17, 16}, {1, 37, 33, 5}, {38, 16, 38, 16}};
+    assert_int_equal(n, 5);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 4; k++)
+            assert_int_equal(ti[4 * i + k], want[i][k]);
+    sq[53] = 0; /* sequence 0 again after 2: a fourth run of three sequences */
+    assert_int_equal(cuda_plan_enc_step(&b, 16, ti, &n, &longest, &e), MD_ERANGE);
+    assert_non_null(strstr(e.msg, "contiguous"));
+    sq[53] = 3;
+    assert_int_equal(cuda_plan_enc_step(&b, 16, ti, &n, &longest, &e), MD_ERANGE);
+    assert_non_null(strstr(e.msg, "sequence 3 of 3"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mixed_step_is_sorted_into_decode_and_tiles),
         cmocka_unit_test(test_bad_steps_are_refused),
         cmocka_unit_test(test_single_token_sequences_are_all_decode),
+        cmocka_unit_test(test_encoder_step_is_tiled_by_sequence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
