@@ -164,6 +164,7 @@ static void answer_embedding(wk *w, job *j, const wk_result *res) {
                         "out of memory writing the answer", j->queue_ms, j->attempt);
         return;
     }
+    w->n_tokens += res->prompt_tokens; /* the heartbeat's tokens/s: tokens embedded */
     push_answer(w, j->s, j->id, j->batch, j->custom_id, NULL, doc);
     wk_metrics_result(w, m, res, j->queue_ms, atoll(j->id),
                       w->cfg->usd_per_hour * j->share_s / 3600.0);
