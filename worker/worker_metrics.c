@@ -61,6 +61,7 @@ struct wk_metrics {
     md_series *hb_age_s;
     _Atomic long long last_hb_ms; /* wall clock of the last heartbeat written (0: none yet) */
     long long started_ms;
+    uint64_t started_ns; /* monotonic clock at the start: the device's cost counts from it */
     wk_batch_mx *batch;
     mslot mod[WK_MAX_MODELS];
     sslot st[MAX_STREAMS];
@@ -167,6 +168,7 @@ int wk_metrics_start(wk *w, md_err *e) {
         rc = e->code;
     x->hb_age_s = md_metric_at0(x->hb_age);
     x->started_ms = md_wall_ms();
+    x->started_ns = md_mono_ns();
     if (!rc && md_metrics_on_render(x->reg, heartbeat_age, x, NULL))
         rc = md_errf(e, MD_EINVAL, "metrics registry: no room for a render hook");
     if (!rc)
@@ -543,7 +545,9 @@ void wk_metrics_tick(wk *w) {
         return;
     uint64_t now = md_mono_ns();
     if (now - x->last_fast >= FAST_NS) {
-        fast_tick(w, (double)(now - x->last_fast) / 1e9);
+        /* the first turn counts from the start, not from the clock's zero (the host's boot:
+         * the device's cost began at the host's uptime times its price) */
+        fast_tick(w, (double)(now - (x->last_fast ? x->last_fast : x->started_ns)) / 1e9);
         x->last_fast = now;
     }
     if (now - x->last_measure >= MEASURE_NS) {
