@@ -407,11 +407,11 @@ static json_t *profile_doc(const prof_opts *o, const char *quant, int n_ctx, jso
     char tool[64];
     snprintf(tool, sizeof tool, "medley profile 0.1 (%s)",
              strncmp(o->device, "cuda", 4) ? "cpu" : "cuda");
-    json_t *doc = json_pack("{s:i, s:s, s:s, s:i, s:i, s:s, s:s?, s:s, s:s, s:s, s:s, s:i, s:o, s:o}",
-                     "version", 1, "kind", "medley.profile", "device_type", dtype, "device_count",
-                     1, "tp", 1, "model", name, "quant", quant, "date", date, "method",
-                     "measured", "tool", tool, "host", host, "max_context", n_ctx, "batches",
-                     batches, "buckets", buckets);
+    json_t *doc = json_pack(
+        "{s:i, s:s, s:s, s:i, s:i, s:s, s:s?, s:s, s:s, s:s, s:s, s:i, s:o, s:o}", "version", 1,
+        "kind", "medley.profile", "device_type", dtype, "device_count", 1, "tp", 1, "model", name,
+        "quant", quant, "date", date, "method", "measured", "tool", tool, "host", host,
+        "max_context", n_ctx, "batches", batches, "buckets", buckets);
     if (doc && !quant)
         json_object_del(doc, "quant");
     return doc;
@@ -455,7 +455,8 @@ static int embed_point(md_embedder *m, int b, int c, double *tps, md_err *e) {
     for (int i = 0; !rc && i < b; i++) {
         for (int t = 0; t < c; t++) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            ids[(size_t)i * c + t] = (int32_t)(V / 8 + (rng >> 33) % (uint64_t)(V / 2 > 0 ? V / 2 : 1));
+            ids[(size_t)i * c + t] =
+                (int32_t)(V / 8 + (rng >> 33) % (uint64_t)(V / 2 > 0 ? V / 2 : 1));
         }
         rows[i] = ids + (size_t)i * c;
         lens[i] = c;
@@ -498,8 +499,9 @@ static int profile_embed(prof_opts *o, const char *path) {
     if (!o->batches_given)
         o->batches[0] = 1, o->batches[1] = 16, o->batches[2] = 64, o->n_batches = 3;
     if (o->contexts[o->n_contexts - 1] > max) {
-        fprintf(stderr, "medley profile: --contexts %d: this model embeds at most %d tokens an "
-                        "input (max_seq_length)\n",
+        fprintf(stderr,
+                "medley profile: --contexts %d: this model embeds at most %d tokens an "
+                "input (max_seq_length)\n",
                 o->contexts[o->n_contexts - 1], max);
         md_embedder_close(m);
         return 2;
@@ -511,8 +513,7 @@ static int profile_embed(prof_opts *o, const char *path) {
             if ((rc = embed_point(m, o->batches[bi], o->contexts[ci], &tps[ci][bi], &e)))
                 break;
             fprintf(stderr, "  batch %4d  context %6d: prefill %10.1f tok/s (%.1f inputs/s)\n",
-                    o->batches[bi], o->contexts[ci], tps[ci][bi],
-                    tps[ci][bi] / o->contexts[ci]);
+                    o->batches[bi], o->contexts[ci], tps[ci][bi], tps[ci][bi] / o->contexts[ci]);
         }
     md_embedder_close(m);
     if (rc) {
@@ -521,9 +522,9 @@ static int profile_embed(prof_opts *o, const char *path) {
     }
     json_t *batches = json_array(), *buckets = json_array();
     for (int bi = 0; bi < o->n_batches; bi++)
-        json_array_append_new(batches, json_pack("{s:i, s:i, s:f}", "batch", o->batches[bi],
-                                                 "context", o->contexts[0],
-                                                 "prefill_tokens_per_s", tps[0][bi]));
+        json_array_append_new(batches,
+                              json_pack("{s:i, s:i, s:f}", "batch", o->batches[bi], "context",
+                                        o->contexts[0], "prefill_tokens_per_s", tps[0][bi]));
     for (int ci = 0; ci < o->n_contexts; ci++) {
         int c = o->contexts[ci], best_b = 0;
         double best = 0;
@@ -532,11 +533,11 @@ static int profile_embed(prof_opts *o, const char *path) {
                 best = tps[ci][bi], best_b = o->batches[bi];
         int lo = ci == 0 ? 1 : (o->contexts[ci - 1] + c) / 2;
         int hi = ci + 1 < o->n_contexts ? (c + o->contexts[ci + 1]) / 2 : max + 1;
-        json_array_append_new(
-            buckets, json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:i}", "input_lo", lo,
-                               "input_hi", hi, "output_lo", 0, "output_hi", 1, "input_mean",
-                               (double)c, "max_requests_per_s", best / c,
-                               "max_total_tokens_per_s", best, "batch", best_b));
+        json_array_append_new(buckets,
+                              json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:i}", "input_lo", lo,
+                                        "input_hi", hi, "output_lo", 0, "output_hi", 1,
+                                        "input_mean", (double)c, "max_requests_per_s", best / c,
+                                        "max_total_tokens_per_s", best, "batch", best_b));
     }
     return write_doc(o, profile_doc(o, NULL, max, batches, buckets)); /* no quant: not known */
 }

@@ -392,7 +392,9 @@ json_t *dash_api_batches(dash_api *a, int limit, md_err *e) {
         json_object_set_new(j, "embedding_tokens", json_integer(t ? t->embedding_tokens : 0));
         json_object_set_new(j, "embedding_inputs", json_integer(t ? t->embedding_inputs : 0));
         /* $ per million generated tokens; for an embeddings batch, per million embedded */
-        long long per = !t ? 0 : t->completion_tokens > 0 ? t->completion_tokens : t->embedding_tokens;
+        long long per = !t                         ? 0
+                        : t->completion_tokens > 0 ? t->completion_tokens
+                                                   : t->embedding_tokens;
         json_object_set_new(j, "usd_per_mtok",
                             num_or_null(per > 0, per > 0 ? t->cost_usd / (double)per * 1e6 : 0));
         json_object_set_new(j, "failures", t ? json_deep_copy(t->failures) : json_object());

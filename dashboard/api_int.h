@@ -17,9 +17,9 @@ typedef struct {
     long long completion_tokens; /* sum of response.body.usage.completion_tokens */
     /* embedding answers (body object "list"): usage.total_tokens and vectors (data) summed */
     long long embedding_tokens, embedding_inputs;
-    json_t *failures;            /* {error code: count} of the failed lines */
-    int more;                    /* the last look ran out of budget before the stream's end */
-    unsigned seen;               /* the dash_api sweep that last listed the batch */
+    json_t *failures; /* {error code: count} of the failed lines */
+    int more;         /* the last look ran out of budget before the stream's end */
+    unsigned seen;    /* the dash_api sweep that last listed the batch */
 } tally;
 
 struct dash_api {

@@ -146,11 +146,11 @@ int sched_model_from_json(json_t *card, sched_model *m, const char *where, md_er
 }
 
 json_t *sched_model_to_json(const sched_model *m) {
-    json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:f, s:f, s:i}", "name", m->name,
-                     "layers", m->layers, "hidden", m->hidden, "heads", m->heads, "kv_heads",
-                     m->kv_heads, "ffn", m->ffn, "vocab", m->vocab, "tied_embeddings",
-                     m->tied_embeddings, "bytes_per_weight", m->bytes_per_weight, "kv_bytes",
-                     m->kv_bytes, "max_context", m->max_context);
+    json_t *j = json_pack(
+        "{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:f, s:f, s:i}", "name", m->name, "layers",
+        m->layers, "hidden", m->hidden, "heads", m->heads, "kv_heads", m->kv_heads, "ffn", m->ffn,
+        "vocab", m->vocab, "tied_embeddings", m->tied_embeddings, "bytes_per_weight",
+        m->bytes_per_weight, "kv_bytes", m->kv_bytes, "max_context", m->max_context);
     if (j && m->embedding)
         json_object_set_new(
             j, "embedding",

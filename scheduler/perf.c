@@ -212,8 +212,8 @@ static void embed_roofline(const sched_model *m, const sched_catalog *cat, const
         int layers = st[s].layer_hi - st[s].layer_lo, tp = st[s].tp;
         double prm = layers * sched_model_layer_params(m);
         double attn = (m->embedding == SCHED_EMBED_ENCODER ? 4.0 : 2.0) * in * in * m->hidden;
-        double t_cmp = b * (2.0 * in * prm + attn * layers) / tp /
-                       (g->bf16_tflops * 1e12 * pp->compute_eff);
+        double t_cmp =
+            b * (2.0 * in * prm + attn * layers) / tp / (g->bf16_tflops * 1e12 * pp->compute_eff);
         double t_mem = stage_weight_bytes(m, layers, st[s].layer_lo == 0, 0) / tp /
                        (g->hbm_gbps * 1e9 * pp->bw_eff);
         double t = fmax(t_cmp, t_mem) + tp_comm(m, g, tp, layers, b * in, pp);
@@ -244,7 +244,9 @@ static int embed_replica(const sched_model *m, const sched_catalog *cat, const s
     r->batch = pp->max_batch;
     if (prof) {
         const sched_profile_bucket *bk = find_bucket(prof, in, 0);
-        double rps = bk && bk->rps > 0 ? bk->rps : prof->prefill_tps > 0 ? prof->prefill_tps / in : 0;
+        double rps = bk && bk->rps > 0       ? bk->rps
+                     : prof->prefill_tps > 0 ? prof->prefill_tps / in
+                                             : 0;
         if (rps > 0) {
             r->requests_per_s = rps;
             r->tokens_per_s = rps * in;
@@ -255,9 +257,10 @@ static int embed_replica(const sched_model *m, const sched_catalog *cat, const s
     }
     embed_roofline(m, cat, st, nstages, inter_host_gbps, in, r->batch, pp, r);
     if (pp->slo_ttft_s > 0 && r->prefill_s > pp->slo_ttft_s)
-        return md_errf(e, MD_ERANGE, "%s: a step of %d inputs of %.0f tokens takes %.1f ms here, "
-                       "over the TTFT SLO of %.1f ms", m->name, r->batch, in, r->prefill_s * 1e3,
-                       pp->slo_ttft_s * 1e3);
+        return md_errf(e, MD_ERANGE,
+                       "%s: a step of %d inputs of %.0f tokens takes %.1f ms here, "
+                       "over the TTFT SLO of %.1f ms",
+                       m->name, r->batch, in, r->prefill_s * 1e3, pp->slo_ttft_s * 1e3);
     return 0;
 }
 

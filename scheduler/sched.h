@@ -87,7 +87,8 @@ typedef struct sched_model {
 enum { SCHED_EMBED_ENCODER = 1, SCHED_EMBED_DECODER = 2 };
 
 /* Built-in shapes for planning without a file (llama-3-8b, llama-3-70b, mistral-7b,
- * qwen2-7b, qwen2-72b, smollm2-135m; the embedding model all-minilm-l6-v2). Returns 0 or MD_ENOTFOUND listing the known names. */
+ * qwen2-7b, qwen2-72b, smollm2-135m; the embedding model all-minilm-l6-v2). Returns 0 or
+ * MD_ENOTFOUND listing the known names. */
 int sched_model_builtin(const char *name, sched_model *m, md_err *e);
 /* A model card JSON (schemas/model-card.schema.json). */
 int sched_model_from_json(json_t *card, sched_model *m, const char *where, md_err *e);

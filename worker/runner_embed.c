@@ -18,7 +18,7 @@
 
 #define EMB_POLL_TOKENS 16384 /* most tokens embedded per poll (at least one input) */
 #define EMB_POLL_MIN 512      /* fewest, so that steps stay large enough to be efficient */
-#define EMB_POLL_S 0.2        /* a poll's target duration: a generation step waits at most so long */
+#define EMB_POLL_S 0.2 /* a poll's target duration: a generation step waits at most so long */
 
 typedef struct {
     int used;
@@ -55,7 +55,7 @@ typedef struct {
     int cap_out;
     double tokens_per_s; /* measured over the last polls (moving average; 0: none yet) */
     long polls;          /* polls that embedded something (the worker's "steps") */
-    double last_poll_s; /* how long the last of them took */
+    double last_poll_s;  /* how long the last of them took */
 } embed_runner;
 
 static void item_free(emb_item *it) {
@@ -310,7 +310,7 @@ static int embed_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_er
     int dim = md_embedder_dim(r->m), rc = 0;
     emb_pick *sel = r->sel;
     double want = r->tokens_per_s * EMB_POLL_S;
-    int budget = r->tokens_per_s <= 0 ? EMB_POLL_MIN
+    int budget = r->tokens_per_s <= 0     ? EMB_POLL_MIN
                  : want > EMB_POLL_TOKENS ? EMB_POLL_TOKENS
                  : want < EMB_POLL_MIN    ? EMB_POLL_MIN
                                           : (int)want;

@@ -277,8 +277,7 @@ void wk_metrics_result(wk *w, int m, const wk_result *res, double queue_ms, long
     md_counter_add(ms->cost, cost_usd);
     if (res->body) { /* an embedding: no generated token, so no TTFT, TPOT or finish reason */
         md_counter_add(ms->emb_lines, 1);
-        md_counter_add(ms->emb_inputs,
-                       (double)json_array_size(json_object_get(res->body, "data")));
+        md_counter_add(ms->emb_inputs, (double)json_array_size(json_object_get(res->body, "data")));
         md_counter_add(ms->emb_tokens, res->prompt_tokens);
         ms->tokens += res->prompt_tokens; /* an embedding replica's tokens/s are its inputs' */
         return;
