@@ -14,12 +14,13 @@ as a sentence-transformers directory and registered; real redis-server, real wor
 3. /metrics: medley_embedding_requests_total, _inputs_total and _tokens_total by model equal
    the lines, inputs and usage of the answers; no finish_reason or TTFT series for the
    embedding model; promtool accepts the text when it is installed. The dashboard's
-   /api/batches gives the embeddings batch's inputs, tokens and $ per M embedded tokens.
+   /api/batches gives the embeddings batch's inputs, tokens and $ per M embedded tokens, and
+   the page (headless chromium, as dashboard_browser.py drives it) shows them in its row.
 4. Profile and plan: `medley profile` on the BERT writes a profile (buckets of output [0, 1),
    prefill tokens/s per batch) valid against schemas/profile; `medley plan` with it and an
    inline card ("embedding": "encoder") places the model on the fleet's CPU host, its class
    "measured" at the profile's inputs/s.
-Needs numpy, redis-server, jsonschema; seconds."""
+Needs numpy, redis-server, jsonschema, chromium with selenium; seconds."""
 import json
 import os
 import shutil
@@ -33,7 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import embed_reference as ref  # noqa: E402
 from harness import (MEDLEY, RedisServer, Worker, chat_line, exactly_once, fail, free_port,  # noqa: E402
                      results, schema_validator, submit, wait_batch, write_lines)
-from dashboard_util import Dashboard  # noqa: E402
+from dashboard_browser import batch_row, browser  # noqa: E402
+from dashboard_util import Dashboard, wait_for  # noqa: E402
 from metrics_prometheus import sample, scrape  # noqa: E402
 
 C, H, L, F, V = 128, 4, 4, 512, 2000
@@ -124,17 +126,26 @@ def mixed(tmp, env):
             N_EMB, inputs, tokens, polls["+Inf"], polls["0.5"]))
         # the dashboard's batches document: inputs, tokens embedded, $ per M embedded tokens
         dash = Dashboard(server)
+        d = None
         try:
             st, doc = dash.request("GET", "/api/batches")
+            d = browser()  # and the page: the batch row says what was embedded
+            d.get(dash.url + "/")
+            row = wait_for("the embeddings batch's row", lambda: batch_row(d, be))
+            want = "embedded %d inputs, %d tok" % (inputs, tokens)
+            if want not in row.get("c-mtok", ""):
+                fail("the dashboard's row of the embeddings batch: %s (want %r)" % (row, want))
         finally:
+            if d:
+                d.quit()
             dash.stop()
         b = {x["id"]: x for x in (doc or {}).get("batches", [])}.get(be, {})
         if st != 200 or b.get("embedding_inputs") != inputs or b.get("embedding_tokens") != tokens \
                 or abs(b.get("usd_per_mtok", 0) - sum(costs) / tokens * 1e6) > 1e-6 * b.get(
                     "usd_per_mtok", 1):
             fail("dashboard /api/batches for the embeddings batch: %s %s" % (st, b))
-        print("ok: dashboard: %d inputs, %d tokens, $%.4f per M embedded tokens" % (
-            inputs, tokens, b["usd_per_mtok"]))
+        print("ok: dashboard: %d inputs, %d tokens, $%.4f per M embedded tokens; the page: %r" % (
+            inputs, tokens, b["usd_per_mtok"], row["c-mtok"]))
     finally:
         w.stop()
         server.stop()
