@@ -18,8 +18,9 @@ as a sentence-transformers directory and registered; real redis-server, real wor
    the page (headless chromium, as dashboard_browser.py drives it) shows them in its row.
 4. Profile and plan: `medley profile` on the BERT writes a profile (buckets of output [0, 1),
    prefill tokens/s per batch) valid against schemas/profile; `medley plan` with it and an
-   inline card ("embedding": "encoder") places the model on the fleet's CPU host, its class
-   "measured" at the profile's inputs/s.
+   inline card ("embedding": "encoder"), and again with the card read from the model's
+   directory (model_file), places the model on the fleet's CPU host, its class "measured" at
+   the profile's inputs/s.
 Needs numpy, redis-server, jsonschema, chromium with selenium; seconds."""
 import json
 import os
@@ -151,7 +152,7 @@ def mixed(tmp, env):
         server.stop()
 
 
-def profile_and_plan(tmp, env):
+def profile_and_plan(tmp, env, bert_dir):
     prof = os.path.join(tmp, "profile.json")
     p = subprocess.run([MEDLEY, "profile", "-m", "fleet-bert", "--threads", "1", "--batches",
                         "1,8", "--contexts", "16,64", "-o", prof], capture_output=True, text=True,
@@ -169,26 +170,30 @@ def profile_and_plan(tmp, env):
     card = {"name": "e-bert", "layers": L, "hidden": C, "heads": H, "kv_heads": H, "ffn": F,
             "vocab": V, "quant": "F32", "max_context": 64, "embedding": "encoder"}
     rps = doc["buckets"][0]["max_requests_per_s"]
-    wl = {"horizon_s": 3600, "models": [{"model": card, "requests": round(rps * 1800),
-                                         "input_mean": 16}]}
     fleet = {"name": "host", "pools": [{"name": "cpu", "type": "cpu", "count": 1,
                                         "gpus_per_host": 1}]}
-    paths = {}
-    for name, d in (("workload", wl), ("fleet", fleet)):
-        paths[name] = os.path.join(tmp, name + ".json")
-        json.dump(d, open(paths[name], "w"))
-    p = subprocess.run([MEDLEY, "plan", "--fleet", paths["fleet"], "--workload",
-                        paths["workload"], "--profile", prof, "--json"], capture_output=True,
-                       text=True, timeout=120)
-    if p.returncode != 0:
-        fail("medley plan exited %d: %s" % (p.returncode, p.stderr))
-    plan = json.loads(p.stdout)
-    reps = [r for r in plan["replicas"] if r["model"] == "e-bert"]
-    pc = reps[0]["per_class"]["all"] if reps else {}
-    if not reps or pc.get("source") != "measured" or abs(pc["requests_per_s"] - rps) > 1e-6 * rps:
-        fail("the plan does not place the embedding model at its measured rate: %s" % plan)
-    print("ok: profile (%.0f inputs/s of 16 tokens) and plan: %s on %s, %s" % (
-        rps, reps[0]["id"], reps[0]["candidate"], pc["source"]))
+    # the card inline, and read from the model's directory (model_file: a BertModel is an
+    # embedding model)
+    for model in ({"model": card}, {"model": "e-bert", "model_file": bert_dir}):
+        wl = {"horizon_s": 3600, "models": [dict(model, requests=round(rps * 1800),
+                                                 input_mean=16)]}
+        paths = {}
+        for name, d in (("workload", wl), ("fleet", fleet)):
+            paths[name] = os.path.join(tmp, name + ".json")
+            json.dump(d, open(paths[name], "w"))
+        p = subprocess.run([MEDLEY, "plan", "--fleet", paths["fleet"], "--workload",
+                            paths["workload"], "--profile", prof, "--json"], capture_output=True,
+                           text=True, timeout=120)
+        if p.returncode != 0:
+            fail("medley plan (%s) exited %d: %s" % (list(model)[-1], p.returncode, p.stderr))
+        plan = json.loads(p.stdout)
+        reps = [r for r in plan["replicas"] if r["model"] == "e-bert"]
+        pc = reps[0]["per_class"]["all"] if reps else {}
+        if not reps or pc.get("source") != "measured" or \
+                abs(pc["requests_per_s"] - rps) > 1e-6 * rps:
+            fail("the plan does not place the embedding model at its measured rate: %s" % plan)
+        print("ok: profile (%.0f inputs/s of 16 tokens) and plan from %s: %s on %s, %s" % (
+            rps, list(model)[-1], reps[0]["id"], reps[0]["candidate"], pc["source"]))
 
 
 def main():
@@ -203,7 +208,7 @@ def main():
         if p.returncode != 0:
             fail("models add: " + p.stderr)
         mixed(tmp, env)
-        profile_and_plan(tmp, env)
+        profile_and_plan(tmp, env, d)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
