@@ -21,7 +21,9 @@ printed for both, with the ratio fleet / run.
                          T / W (at least 1), so both runs use the same cores
     --inputs-per-line K  inputs in each line (default 1: one text a line, the common case)
 
-Exit status 1 when any check fails. The timings: (a) from `medley run`'s start to its exit
+Exit status 1 when any check fails. CPU seconds (user + system of the processes the script
+waited for) are printed beside the wall times: on a shared box they are the steadier figure.
+The timings: (a) from `medley run`'s start to its exit
 (model load included: a few hundred ms for MiniLM), (b) from `medley submit`'s start until
 the batch's status is completed (workers already warm; `medley results` excluded)."""
 import argparse
@@ -29,6 +31,7 @@ import json
 import math
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -130,18 +133,28 @@ class Redis:
         self.proc.wait()
 
 
+def children_cpu():
+    """CPU seconds (user + system) of the children waited for so far."""
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
+
+
 def run_local(a, src, tmp, env):
     out = os.path.join(tmp, "run.out.jsonl")
     t0 = time.time()
+    c0 = children_cpu()
     p = subprocess.run([a.medley, "run", "-m", a.name, src, "-o", out, "--quiet", "--threads",
                         str(a.threads)], capture_output=True, text=True, env=env)
     dt = time.time() - t0
     if p.returncode != 0:
         raise SystemExit("medley run exited %d: %s" % (p.returncode, p.stderr[-2000:]))
-    return out, dt
+    return out, dt, children_cpu() - c0
 
 
 def run_fleet(a, src, tmp, env):
+    """(output path, seconds, status, CPU seconds of the workers and submit: model loads
+    included, redis-server not)."""
+    c0 = children_cpu()
     srv = Redis(tmp)
     workers, logs = [], []
     per = max(1, a.threads // a.workers)
@@ -176,7 +189,7 @@ def run_fleet(a, src, tmp, env):
                            capture_output=True, text=True, env=env)
         if p.returncode != 0:
             raise SystemExit("medley results exited %d: %s" % (p.returncode, p.stderr[-2000:]))
-        return out, dt, meta.get("status")
+        status = meta.get("status")
     finally:
         for w in workers:
             w.terminate()
@@ -184,7 +197,9 @@ def run_fleet(a, src, tmp, env):
             w.wait()
         for log in logs:
             log.close()
+        c1 = children_cpu()
         srv.stop()
+    return out, dt, status, c1 - c0
 
 
 def main():
@@ -238,12 +253,14 @@ def main():
         n_lines, n_in, a.min_tokens, a.max_tokens, a.name, time.time() - t_gen,
         os.getloadavg()), flush=True)
     fails = []
-    out, dt_run = run_local(a, src, tmp, env)
+    out, dt_run, cpu_run = run_local(a, src, tmp, env)
     tok_run, f, _ = check_answers(out, n_lines, a.inputs_per_line, dim, "medley run")
     fails += f
-    print("medley run: %d lines in %.1f s: %.1f lines/s, %.0f tokens/s; load %s" % (
-        n_lines, dt_run, n_lines / dt_run, tok_run / dt_run, os.getloadavg()), flush=True)
-    out, dt_fleet, status = run_fleet(a, src, tmp, env)
+    print("medley run: %d lines in %.1f s: %.1f lines/s, %.0f tokens/s; %.1f CPU s (redis "
+          "included), %.0f lines per CPU s; load %s" % (
+              n_lines, dt_run, n_lines / dt_run, tok_run / dt_run, cpu_run, n_lines / cpu_run,
+              os.getloadavg()), flush=True)
+    out, dt_fleet, status, cpu_fleet = run_fleet(a, src, tmp, env)
     tok_fleet, f, per_worker = check_answers(out, n_lines, a.inputs_per_line, dim, "submit + workers")
     fails += f
     if status != "completed":
@@ -251,9 +268,11 @@ def main():
     if tok_fleet != tok_run:
         fails.append("usage differs: %d tokens (run) and %d (fleet)" % (tok_run, tok_fleet))
     print("submit + %d workers (%d thread(s) each): %d lines in %.1f s: %.1f lines/s, %.0f "
-          "tokens/s; lines answered per worker %s; load %s" % (
+          "tokens/s; %.1f CPU s (workers and submit, redis not), %.0f lines per CPU s; lines "
+          "answered per worker %s; load %s" % (
               a.workers, max(1, a.threads // a.workers), n_lines, dt_fleet, n_lines / dt_fleet,
-              tok_fleet / dt_fleet, per_worker, os.getloadavg()), flush=True)
+              tok_fleet / dt_fleet, cpu_fleet, n_lines / cpu_fleet, per_worker,
+              os.getloadavg()), flush=True)
     print("exactly once: %s (%d custom_ids each run); fleet / run: %.2fx" % (
         "yes" if not fails else "NO", n_lines, dt_run / dt_fleet))
     for x in fails:
