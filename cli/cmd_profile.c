@@ -19,7 +19,15 @@
  *  - "buckets": one per context, input lengths split halfway between the contexts asked
  *    for, output lengths [0, 2*gen): max_output_tokens_per_s is the best over the batch
  *    sizes of b*gen / (b*c / prefill rate + gen * decode step time), i.e. what a stream of
- *    such requests sustains with prefill included; "batch" is the b that gave it. */
+ *    such requests sustains with prefill included; "batch" is the b that gave it.
+ *
+ * An embedding model (engine/embedder.h; docs/embeddings.md, "Scheduling and cost") has no
+ * decode: each point embeds b inputs of c tokens with md_embedder_run (packed into its steps
+ * as the worker's embedding runner does), repeated for at least PROF_EMBED_S, after one
+ * warm-up. "batches" gives prefill_tokens_per_s per batch size at the first context;
+ * "buckets" per context the best max_requests_per_s (inputs/s) over the batch sizes, output
+ * lengths [0, 1) (no token generated). Contexts default to 16, 64 and 256 tokens, cut to the
+ * model's max_seq_length; batch sizes to 1, 16 and 64. */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -30,12 +38,14 @@
 
 #include "cli/commands.h"
 #include "common/util.h"
+#include "engine/embedder.h"
 #include "engine/engine.h"
 #include "engine/weights/registry.h"
 #include "engine/weights/synth.h"
 #include "kernels/backend.h"
 
 #define MAX_POINTS 16
+#define PROF_EMBED_S 0.3 /* an embedding point is repeated at least this long */
 
 typedef struct {
     const char *model, *device, *out, *model_name, *device_type, *bf16_weights;
@@ -43,6 +53,7 @@ typedef struct {
     int contexts[MAX_POINTS], n_contexts;
     int gen, n_threads, batch_tokens;
     long kv_mb;
+    int batches_given, contexts_given; /* else an embedding model takes its own defaults */
 } prof_opts;
 
 static void usage(FILE *f) {
@@ -133,10 +144,12 @@ static int parse_args(int argc, char **argv, prof_opts *o) {
         case O_BATCHES:
             if (parse_list(optarg, o->batches, &o->n_batches, 4096, "batches"))
                 return 2;
+            o->batches_given = 1;
             break;
         case O_CONTEXTS:
             if (parse_list(optarg, o->contexts, &o->n_contexts, 1 << 20, "contexts"))
                 return 2;
+            o->contexts_given = 1;
             break;
         case O_GEN: o->gen = atoi(optarg); break;
         case O_NAME: o->model_name = optarg; break;
@@ -378,8 +391,9 @@ static const char *profile_model_name(const prof_opts *o, char *shape, size_t n)
     return md_registry_find(o->model) ? o->model : slash ? slash + 1 : o->model;
 }
 
-/* The profile document (schemas/profile.schema.json); steals batches and buckets. */
-static json_t *profile_doc(const prof_opts *o, const md_model_facts *mf, int n_ctx, json_t *batches,
+/* The profile document (schemas/profile.schema.json); steals batches and buckets. quant: the
+ * weights' format, NULL when not known (left out). */
+static json_t *profile_doc(const prof_opts *o, const char *quant, int n_ctx, json_t *batches,
                            json_t *buckets) {
     char dtype[256], host[256] = "", date[64];
     device_type(o, dtype, sizeof dtype);
@@ -393,11 +407,139 @@ static json_t *profile_doc(const prof_opts *o, const md_model_facts *mf, int n_c
     char tool[64];
     snprintf(tool, sizeof tool, "medley profile 0.1 (%s)",
              strncmp(o->device, "cuda", 4) ? "cpu" : "cuda");
-    return json_pack("{s:i, s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:o}",
-                     "version", 1, "kind", "medley.profile", "device_type", dtype, "device_count",
-                     1, "tp", 1, "model", name, "quant", mf->weight_type, "date", date, "method",
-                     "measured", "tool", tool, "host", host, "max_context", n_ctx, "batches",
-                     batches, "buckets", buckets);
+    json_t *doc = json_pack(
+        "{s:i, s:s, s:s, s:i, s:i, s:s, s:s?, s:s, s:s, s:s, s:s, s:i, s:o, s:o}", "version", 1,
+        "kind", "medley.profile", "device_type", dtype, "device_count", 1, "tp", 1, "model", name,
+        "quant", quant, "date", date, "method", "measured", "tool", tool, "host", host,
+        "max_context", n_ctx, "batches", batches, "buckets", buckets);
+    if (doc && !quant)
+        json_object_del(doc, "quant");
+    return doc;
+}
+
+/* Write doc (stolen) to -o or stdout: an exit code. */
+static int write_doc(const prof_opts *o, json_t *doc) {
+    int out_rc = 0;
+    if (!doc) {
+        fprintf(stderr, "medley profile: out of memory\n");
+        return 1;
+    }
+    if (o->out) {
+        if (json_dump_file(doc, o->out, JSON_INDENT(2)) != 0) {
+            fprintf(stderr, "medley profile: cannot write %s\n", o->out);
+            out_rc = 1;
+        } else {
+            fprintf(stderr, "medley profile: wrote %s\n", o->out);
+        }
+    } else {
+        json_dumpf(doc, stdout, JSON_INDENT(2));
+        fputc('\n', stdout);
+    }
+    json_decref(doc);
+    return out_rc;
+}
+
+/* ---- embedding models ---- */
+
+/* b inputs of c tokens each (ids from the middle of the vocabulary, distinct), embedded over
+ * and over for at least PROF_EMBED_S: tokens/s into *tps. */
+static int embed_point(md_embedder *m, int b, int c, double *tps, md_err *e) {
+    int V = md_embedder_n_vocab(m), dim = md_embedder_dim(m), rc = 0;
+    int32_t *ids = malloc((size_t)b * c * sizeof *ids);
+    const int32_t **rows = malloc((size_t)b * sizeof *rows);
+    int *lens = malloc((size_t)b * sizeof *lens);
+    float *out = malloc((size_t)b * dim * sizeof *out);
+    if (!ids || !rows || !lens || !out)
+        rc = md_errf(e, MD_ENOMEM, "out of memory for %d inputs of %d tokens", b, c);
+    uint64_t rng = 0x243F6A8885A308D3ull;
+    for (int i = 0; !rc && i < b; i++) {
+        for (int t = 0; t < c; t++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            ids[(size_t)i * c + t] =
+                (int32_t)(V / 8 + (rng >> 33) % (uint64_t)(V / 2 > 0 ? V / 2 : 1));
+        }
+        rows[i] = ids + (size_t)i * c;
+        lens[i] = c;
+    }
+    uint64_t t0 = md_mono_ns();
+    long reps = 0;
+    while (!rc && (reps == 0 || (md_mono_ns() - t0) / 1e9 < PROF_EMBED_S)) {
+        rc = md_embedder_run(m, rows, lens, b, out, e);
+        reps++;
+    }
+    if (!rc)
+        *tps = (double)reps * b * c / ((md_mono_ns() - t0) / 1e9);
+    free(ids);
+    free(rows);
+    free(lens);
+    free(out);
+    return rc;
+}
+
+/* `medley profile` of an embedding model: every (context, batch) point, then the document. */
+static int profile_embed(prof_opts *o, const char *path) {
+    md_err e = {0};
+    md_embedder *m = NULL;
+    md_embedder_opts eo = {o->device, o->n_threads, 0};
+    uint64_t t_open = md_mono_ns();
+    if (md_embedder_open(path, &eo, &m, &e)) {
+        fprintf(stderr, "medley profile: %s\n", e.msg);
+        return 1;
+    }
+    fprintf(stderr, "medley profile: embedding model %s on %s loaded in %.1f s\n", o->model,
+            md_embedder_device(m), (md_mono_ns() - t_open) / 1e9);
+    int max = md_embedder_max_len(m);
+    if (!o->contexts_given) {
+        static const int dc[] = {16, 64, 256};
+        o->n_contexts = 0;
+        for (int i = 0; i < 3; i++)
+            o->contexts[o->n_contexts++] = dc[i] < max ? dc[i] : max;
+        sort_unique(o->contexts, &o->n_contexts);
+    }
+    if (!o->batches_given)
+        o->batches[0] = 1, o->batches[1] = 16, o->batches[2] = 64, o->n_batches = 3;
+    if (o->contexts[o->n_contexts - 1] > max) {
+        fprintf(stderr,
+                "medley profile: --contexts %d: this model embeds at most %d tokens an "
+                "input (max_seq_length)\n",
+                o->contexts[o->n_contexts - 1], max);
+        md_embedder_close(m);
+        return 2;
+    }
+    static double tps[MAX_POINTS][MAX_POINTS];
+    int rc = embed_point(m, 1, o->contexts[0], &tps[0][0], &e); /* warm-up */
+    for (int ci = 0; !rc && ci < o->n_contexts; ci++)
+        for (int bi = 0; !rc && bi < o->n_batches; bi++) {
+            if ((rc = embed_point(m, o->batches[bi], o->contexts[ci], &tps[ci][bi], &e)))
+                break;
+            fprintf(stderr, "  batch %4d  context %6d: prefill %10.1f tok/s (%.1f inputs/s)\n",
+                    o->batches[bi], o->contexts[ci], tps[ci][bi], tps[ci][bi] / o->contexts[ci]);
+        }
+    md_embedder_close(m);
+    if (rc) {
+        fprintf(stderr, "medley profile: %s\n", e.msg);
+        return 1;
+    }
+    json_t *batches = json_array(), *buckets = json_array();
+    for (int bi = 0; bi < o->n_batches; bi++)
+        json_array_append_new(batches,
+                              json_pack("{s:i, s:i, s:f}", "batch", o->batches[bi], "context",
+                                        o->contexts[0], "prefill_tokens_per_s", tps[0][bi]));
+    for (int ci = 0; ci < o->n_contexts; ci++) {
+        int c = o->contexts[ci], best_b = 0;
+        double best = 0;
+        for (int bi = 0; bi < o->n_batches; bi++)
+            if (tps[ci][bi] > best)
+                best = tps[ci][bi], best_b = o->batches[bi];
+        int lo = ci == 0 ? 1 : (o->contexts[ci - 1] + c) / 2;
+        int hi = ci + 1 < o->n_contexts ? (c + o->contexts[ci + 1]) / 2 : max + 1;
+        json_array_append_new(buckets,
+                              json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:i}", "input_lo", lo,
+                                        "input_hi", hi, "output_lo", 0, "output_hi", 1,
+                                        "input_mean", (double)c, "max_requests_per_s", best / c,
+                                        "max_total_tokens_per_s", best, "batch", best_b));
+    }
+    return write_doc(o, profile_doc(o, NULL, max, batches, buckets)); /* no quant: not known */
 }
 
 int cmd_profile(int argc, char **argv) {
@@ -413,6 +555,8 @@ int cmd_profile(int argc, char **argv) {
         return 1;
     }
     o.device = device;
+    if (md_embedder_probe(path))
+        return profile_embed(&o, path);
     md_model_facts mf;
     int n_ctx;
     md_engine *eng = NULL;
@@ -425,19 +569,5 @@ int cmd_profile(int argc, char **argv) {
     }
     json_t *batches = batches_json(&o, pts), *buckets = buckets_json(&o, pts);
     md_engine_close(eng);
-    json_t *doc = profile_doc(&o, &mf, n_ctx, batches, buckets);
-    int out_rc = 0;
-    if (o.out) {
-        if (json_dump_file(doc, o.out, JSON_INDENT(2)) != 0) {
-            fprintf(stderr, "medley profile: cannot write %s\n", o.out);
-            out_rc = 1;
-        } else {
-            fprintf(stderr, "medley profile: wrote %s\n", o.out);
-        }
-    } else {
-        json_dumpf(doc, stdout, JSON_INDENT(2));
-        fputc('\n', stdout);
-    }
-    json_decref(doc);
-    return out_rc;
+    return write_doc(&o, profile_doc(&o, mf.weight_type, n_ctx, batches, buckets));
 }

@@ -250,11 +250,18 @@ static void tally_entry(tally *t, const redisReply *fields) {
     double usd = json_number_value(json_object_get(m, "cost_usd"));
     if (usd > 0 && usd < 1e9)
         t->cost_usd += usd;
-    json_t *usage =
-        json_object_get(json_object_get(json_object_get(doc, "response"), "body"), "usage");
+    json_t *body = json_object_get(json_object_get(doc, "response"), "body");
+    json_t *usage = json_object_get(body, "usage");
     json_int_t tok = json_integer_value(json_object_get(usage, "completion_tokens"));
     if (tok > 0)
         t->completion_tokens += tok;
+    const char *object = json_string_value(json_object_get(body, "object"));
+    if (object && !strcmp(object, "list")) { /* an embeddings answer (docs/embeddings.md) */
+        json_int_t et = json_integer_value(json_object_get(usage, "total_tokens"));
+        if (et > 0)
+            t->embedding_tokens += et;
+        t->embedding_inputs += (long long)json_array_size(json_object_get(body, "data"));
+    }
     if (!(ok && ok->type == REDIS_REPLY_STRING && !strcmp(ok->str, "1"))) {
         const char *code = doc ? failure_code(doc) : "unreadable_line";
         json_t *c = json_object_get(t->failures, code);
@@ -400,11 +407,14 @@ json_t *dash_api_batches(dash_api *a, int limit, md_err *e) {
                                         (double)(b.total - done) / (rate > 0 ? rate : 1)));
         json_object_set_new(j, "cost_usd", json_real(t ? t->cost_usd : 0));
         json_object_set_new(j, "completion_tokens", json_integer(t ? t->completion_tokens : 0));
+        json_object_set_new(j, "embedding_tokens", json_integer(t ? t->embedding_tokens : 0));
+        json_object_set_new(j, "embedding_inputs", json_integer(t ? t->embedding_inputs : 0));
+        /* $ per million generated tokens; for an embeddings batch, per million embedded */
+        long long per = !t                         ? 0
+                        : t->completion_tokens > 0 ? t->completion_tokens
+                                                   : t->embedding_tokens;
         json_object_set_new(j, "usd_per_mtok",
-                            num_or_null(t && t->completion_tokens > 0,
-                                        t && t->completion_tokens > 0
-                                            ? t->cost_usd / (double)t->completion_tokens * 1e6
-                                            : 0));
+                            num_or_null(per > 0, per > 0 ? t->cost_usd / (double)per * 1e6 : 0));
         json_object_set_new(j, "failures", t ? json_deep_copy(t->failures) : json_object());
         json_object_set_new(j, "cost_partial", json_boolean(!t || t->more));
         json_object_set_new(j, "unserved",

@@ -1,8 +1,9 @@
 /* api.h — the dashboard's JSON documents, read from Redis as docs/protocol.md lays it out
  * (and docs/operations.md "Dashboard" describes for operators), and its two actions.
  *
- *   batches  P batches (newest first) and each P {B}:meta; cost, tokens and failures by error
- *            code summed from P {B}:out, read incrementally (only new entries each time)
+ *   batches  P batches (newest first) and each P {B}:meta; cost, tokens (generated, and for
+ *            embeddings answers the inputs and tokens embedded) and failures by error code
+ *            summed from P {B}:out, read incrementally (only new entries each time)
  *   fleet    every P worker:{W} hash (schemas/worker-heartbeat in field json), with its age
  *            and whether it is stale (no heartbeat for 3 periods)
  *   plan     P plan (schemas/plan) and P plan:version, with each replica's measured tokens/s

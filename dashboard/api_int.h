@@ -15,9 +15,11 @@ typedef struct {
     long long n;                 /* entries summed: one per answered line */
     double cost_usd;             /* sum of medley.cost_usd */
     long long completion_tokens; /* sum of response.body.usage.completion_tokens */
-    json_t *failures;            /* {error code: count} of the failed lines */
-    int more;                    /* the last look ran out of budget before the stream's end */
-    unsigned seen;               /* the dash_api sweep that last listed the batch */
+    /* embedding answers (body object "list"): usage.total_tokens and vectors (data) summed */
+    long long embedding_tokens, embedding_inputs;
+    json_t *failures; /* {error code: count} of the failed lines */
+    int more;         /* the last look ran out of budget before the stream's end */
+    unsigned seen;    /* the dash_api sweep that last listed the batch */
 } tally;
 
 struct dash_api {

@@ -325,7 +325,8 @@ static json_t *backlogs(redisContext *c, const char *prefix) {
 
 /* Workload for the backlogs: a model's priority, deadline and classes come from the
  * workload file when it names the model; otherwise one class of 512 prompt + 256 output
- * tokens (the daemon cannot see lengths in the queue without reading every entry). */
+ * tokens, or for an embedding model inputs of 128 tokens (at most its limit) and no output
+ * (the daemon cannot see lengths in the queue without reading every entry). */
 static json_t *workload_doc(json_t *backlog, json_t *file) {
     json_t *models = json_array();
     const char *m;
@@ -348,8 +349,11 @@ static json_t *workload_doc(json_t *backlog, json_t *file) {
                         m);
                 continue;
             }
-            entry =
-                json_pack("{s:s, s:f, s:f}", "model", m, "input_mean", 512.0, "output_mean", 256.0);
+            entry = tmp.embedding /* no token generated; inputs up to its limit */
+                        ? json_pack("{s:s, s:f}", "model", m, "input_mean",
+                                    tmp.max_context < 128 ? (double)tmp.max_context : 128.0)
+                        : json_pack("{s:s, s:f, s:f}", "model", m, "input_mean", 512.0,
+                                    "output_mean", 256.0);
         }
         json_object_set(entry, "requests", n);
         json_array_append_new(models, entry);

@@ -10,17 +10,20 @@
 /* Shapes from each model's config.json on Hugging Face (meta-llama/Meta-Llama-3-8B,
  * meta-llama/Meta-Llama-3-70B, meta-llama/Llama-2-7b-hf, meta-llama/Llama-2-70b-hf,
  * mistralai/Mistral-7B-v0.1, Qwen/Qwen2-7B, Qwen/Qwen2-72B,
- * HuggingFaceTB/SmolLM2-135M-Instruct). */
+ * HuggingFaceTB/SmolLM2-135M-Instruct, sentence-transformers/all-MiniLM-L6-v2). */
 static const sched_model builtins[] = {
-    {"llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 0, 2.0, 2.0, 8192},
-    {"llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 0, 2.0, 2.0, 8192},
-    {"llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 0, 2.0, 2.0, 4096},
-    {"llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 0, 2.0, 2.0, 4096},
-    {"llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 0, 2.0, 2.0, 4096},
-    {"mistral-7b", 32, 4096, 32, 8, 14336, 32000, 0, 2.0, 2.0, 32768},
-    {"qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 0, 2.0, 2.0, 32768},
-    {"qwen2-72b", 80, 8192, 64, 8, 29568, 152064, 0, 2.0, 2.0, 32768},
-    {"smollm2-135m", 30, 576, 9, 3, 1536, 49152, 1, 0.625, 2.0, 8192},
+    {"llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 0, 2.0, 2.0, 8192, 0},
+    {"llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 0, 2.0, 2.0, 8192, 0},
+    {"llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 0, 2.0, 2.0, 4096, 0},
+    {"llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 0, 2.0, 2.0, 4096, 0},
+    {"llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 0, 2.0, 2.0, 4096, 0},
+    {"mistral-7b", 32, 4096, 32, 8, 14336, 32000, 0, 2.0, 2.0, 32768, 0},
+    {"qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 0, 2.0, 2.0, 32768, 0},
+    {"qwen2-72b", 80, 8192, 64, 8, 29568, 152064, 0, 2.0, 2.0, 32768, 0},
+    {"smollm2-135m", 30, 576, 9, 3, 1536, 49152, 1, 0.625, 2.0, 8192, 0},
+    /* sentence-transformers/all-MiniLM-L6-v2 (config.json; F32 safetensors as the registry
+     * fetches it; max_seq_length 256 from sentence_bert_config.json) */
+    {"all-minilm-l6-v2", 6, 384, 12, 12, 1536, 30522, 1, 4.0, 2.0, 256, SCHED_EMBED_ENCODER},
 };
 
 double sched_quant_bytes(const char *q) {
@@ -111,6 +114,18 @@ int sched_model_from_json(json_t *card, sched_model *m, const char *where, md_er
     if (md_json_get_bool(card, "tied_embeddings", 0, &tied, where, e))
         return e->code;
     m->tied_embeddings = tied;
+    const char *emb = NULL;
+    if (md_json_get_str(card, "embedding", 0, &emb, where, e))
+        return e->code;
+    if (emb && !strcmp(emb, "encoder"))
+        m->embedding = SCHED_EMBED_ENCODER;
+    else if (emb && !strcmp(emb, "last_token"))
+        m->embedding = SCHED_EMBED_DECODER;
+    else if (emb)
+        return md_errf(e, MD_EINVAL,
+                       "%s.embedding is '%s': \"encoder\" (a BERT-family embedding model) or "
+                       "\"last_token\" (a decoder pooled at its last token)",
+                       where, emb);
     if (md_json_get_str(card, "quant", 0, &quant, where, e))
         return e->code;
     if (quant) {
@@ -131,15 +146,22 @@ int sched_model_from_json(json_t *card, sched_model *m, const char *where, md_er
 }
 
 json_t *sched_model_to_json(const sched_model *m) {
-    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:f, s:f, s:i}", "name", m->name,
-                     "layers", m->layers, "hidden", m->hidden, "heads", m->heads, "kv_heads",
-                     m->kv_heads, "ffn", m->ffn, "vocab", m->vocab, "tied_embeddings",
-                     m->tied_embeddings, "bytes_per_weight", m->bytes_per_weight, "kv_bytes",
-                     m->kv_bytes, "max_context", m->max_context);
+    json_t *j = json_pack(
+        "{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:f, s:f, s:i}", "name", m->name, "layers",
+        m->layers, "hidden", m->hidden, "heads", m->heads, "kv_heads", m->kv_heads, "ffn", m->ffn,
+        "vocab", m->vocab, "tied_embeddings", m->tied_embeddings, "bytes_per_weight",
+        m->bytes_per_weight, "kv_bytes", m->kv_bytes, "max_context", m->max_context);
+    if (j && m->embedding)
+        json_object_set_new(
+            j, "embedding",
+            json_string(m->embedding == SCHED_EMBED_ENCODER ? "encoder" : "last_token"));
+    return j;
 }
 
 double sched_model_layer_params(const sched_model *m) {
     double h = m->hidden, hd = (double)m->hidden / m->heads;
+    if (m->embedding == SCHED_EMBED_ENCODER) /* q, k, v, o; up and down; biases; 2 LayerNorms */
+        return 4 * h * h + 2 * h * m->ffn + 9 * h + m->ffn;
     double attn = 2 * h * h + 2 * h * m->kv_heads * hd; /* q, o; k, v */
     return attn + 3 * h * m->ffn + 2 * h;               /* SwiGLU gate/up/down; 2 norms */
 }
@@ -149,6 +171,8 @@ double sched_model_embed_params(const sched_model *m) {
 }
 
 double sched_model_head_params(const sched_model *m) {
+    if (m->embedding) /* pooled on the host: no lm_head runs */
+        return 0;
     return m->tied_embeddings ? 0 : (double)m->vocab * m->hidden;
 }
 
@@ -158,5 +182,7 @@ double sched_model_params(const sched_model *m) {
 }
 
 double sched_model_kv_bytes_per_token_layer(const sched_model *m) {
+    if (m->embedding) /* nothing is kept between steps */
+        return 0;
     return 2.0 * m->kv_heads * ((double)m->hidden / m->heads) * m->kv_bytes;
 }

@@ -1,6 +1,7 @@
 /* model_gguf.c — a model card from a GGUF file's metadata (llama-family keys under the
  * file's general.architecture) and tensor directory (vocabulary from token_embd, tied
- * embeddings when there is no output.weight, bytes per weight from the tensors' sizes). */
+ * embeddings when there is no output.weight, bytes per weight from the tensors' sizes); the
+ * `bert` architecture is an embedding model. */
 #include <stdint.h>
 #include <string.h>
 
@@ -71,6 +72,10 @@ int sched_model_from_gguf(const char *path, const char *name, sched_model *m, md
     m->bytes_per_weight = elems > 0 ? bytes / elems : 2.0;
     m->kv_bytes = 2.0;
     m->max_context = (int)ctx;
+    /* llama.cpp's `bert` (and an HF BertModel directory presented as it): an embedding model
+     * (docs/embeddings.md, "Scheduling and cost"); its limit is the position table's */
+    if (!strcmp(arch, "bert"))
+        m->embedding = SCHED_EMBED_ENCODER;
     if (layers < 1 || layers > 1024 || hidden < 8 || heads < 1 || kv < 1 || hidden % heads ||
         heads % kv || ffn < 1 || ctx < 16 || m->vocab < 1)
         rc = md_errf(e, MD_EFORMAT,

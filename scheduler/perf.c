@@ -32,7 +32,9 @@ double sched_perf_pp_hop(double bytes, double inter_host_gbps, const sched_perf_
 /* Parameters a stage holds and runs per token: its blocks, the embedding table on the first
  * stage (only looked up), the lm_head on the last (a copy of the embedding when tied). */
 static double stage_params_run(const sched_model *m, int layers, int last) {
-    double head = m->tied_embeddings ? sched_model_embed_params(m) : sched_model_head_params(m);
+    double head = m->embedding         ? 0 /* pooled on the host */
+                  : m->tied_embeddings ? sched_model_embed_params(m)
+                                       : sched_model_head_params(m);
     return layers * sched_model_layer_params(m) + (last ? head + m->hidden : 0);
 }
 
@@ -69,9 +71,10 @@ double sched_perf_prefill(const sched_model *m, const sched_gpu_type *g, int tp,
                           int first, int last, double prompt, const sched_perf_params *pp) {
     double prm_layers = layers * sched_model_layer_params(m);
     double head = stage_params_run(m, 0, last);
-    /* Causal attention: QK^T and AV over half the square on average. */
-    double flops =
-        (2.0 * prompt * prm_layers + 2.0 * head + 2.0 * prompt * prompt * m->hidden * layers) / tp;
+    /* Causal attention: QK^T and AV over half the square on average; an encoder's is
+     * bidirectional, the whole square. */
+    double attn = (m->embedding == SCHED_EMBED_ENCODER ? 4.0 : 2.0) * prompt * prompt * m->hidden;
+    double flops = (2.0 * prompt * prm_layers + 2.0 * head + attn * layers) / tp;
     double bytes = stage_weight_bytes(m, layers, 0, last) / tp;
     double t_cmp = flops / (g->bf16_tflops * 1e12 * pp->compute_eff);
     double t_mem = bytes / (g->hbm_gbps * 1e9 * pp->bw_eff);
@@ -92,7 +95,7 @@ static double stage_kv_tokens(const sched_model *m, const sched_gpu_type *g, con
         s->tp * (sched_stage_memory_gb(g, s) * 1e9 * pp->mem_util - pp->reserve_gb * 1e9);
     double w = stage_weight_bytes(m, layers, s->layer_lo == 0, s->layer_hi == m->layers);
     double free_b = usable - w;
-    if (layers == 0)
+    if (layers == 0 || m->embedding) /* an embedding model keeps no KV cache */
         return free_b >= 0 ? INFINITY : -1;
     return free_b / (layers * sched_model_kv_bytes_per_token_layer(m));
 }
@@ -199,6 +202,73 @@ static int roofline_at(const sched_model *m, const sched_catalog *cat, const sch
     return 0;
 }
 
+/* An embedding model's replica (docs/embeddings.md, "Scheduling and cost"): each step embeds
+ * a batch of b inputs of `in` tokens, reading the weights once; per stage it takes
+ * max(compute of b prefills, the weights read) plus its TP all-reduces and, but for the
+ * last stage, the hop of the batch's activations; the slowest stage sets the rate,
+ * b / step. No token is generated: prefill_s and decode_step_s are both that step. */
+static void embed_roofline(const sched_model *m, const sched_catalog *cat, const sched_stage *st,
+                           int nstages, double inter_host_gbps, double in, int b,
+                           const sched_perf_params *pp, sched_perf *r) {
+    double worst = 0;
+    int compute_bound = 0;
+    for (int s = 0; s < nstages; s++) {
+        const sched_gpu_type *g = &cat->gpus[st[s].type];
+        int layers = st[s].layer_hi - st[s].layer_lo, tp = st[s].tp;
+        double prm = layers * sched_model_layer_params(m);
+        double attn = (m->embedding == SCHED_EMBED_ENCODER ? 4.0 : 2.0) * in * in * m->hidden;
+        double t_cmp =
+            b * (2.0 * in * prm + attn * layers) / tp / (g->bf16_tflops * 1e12 * pp->compute_eff);
+        double t_mem = stage_weight_bytes(m, layers, st[s].layer_lo == 0, 0) / tp /
+                       (g->hbm_gbps * 1e9 * pp->bw_eff);
+        double t = fmax(t_cmp, t_mem) + tp_comm(m, g, tp, layers, b * in, pp);
+        if (s + 1 < nstages)
+            t += sched_perf_pp_hop(b * in * m->hidden * 2.0, inter_host_gbps, pp);
+        if (t > worst) {
+            worst = t;
+            compute_bound = t_cmp > t_mem;
+        }
+    }
+    r->batch = b;
+    r->prefill_s = worst;
+    r->decode_step_s = worst; /* the simulator's step: a batch of inputs embedded */
+    r->requests_per_s = b / worst;
+    r->tokens_per_s = r->requests_per_s * in;
+    r->bound = compute_bound ? "compute" : "memory";
+}
+
+/* An embedding model's prediction: a profile's bucket (output lengths [0, 1)) or its prefill
+ * tokens/s, else the roofline; a TTFT SLO bounds a step's time. */
+static int embed_replica(const sched_model *m, const sched_catalog *cat, const sched_stage *st,
+                         int nstages, double inter_host_gbps, double in,
+                         const sched_perf_params *pp, const sched_profile *prof, sched_perf *r,
+                         md_err *e) {
+    if (in > m->max_context)
+        return md_errf(e, MD_ERANGE, "%s embeds at most %d tokens an input, not %.0f", m->name,
+                       m->max_context, in);
+    r->batch = pp->max_batch;
+    if (prof) {
+        const sched_profile_bucket *bk = find_bucket(prof, in, 0);
+        double rps = bk && bk->rps > 0       ? bk->rps
+                     : prof->prefill_tps > 0 ? prof->prefill_tps / in
+                                             : 0;
+        if (rps > 0) {
+            r->requests_per_s = rps;
+            r->tokens_per_s = rps * in;
+            r->prefill_s = r->decode_step_s = r->batch / rps;
+            r->bound = "profile";
+            return 0;
+        }
+    }
+    embed_roofline(m, cat, st, nstages, inter_host_gbps, in, r->batch, pp, r);
+    if (pp->slo_ttft_s > 0 && r->prefill_s > pp->slo_ttft_s)
+        return md_errf(e, MD_ERANGE,
+                       "%s: a step of %d inputs of %.0f tokens takes %.1f ms here, "
+                       "over the TTFT SLO of %.1f ms",
+                       m->name, r->batch, in, r->prefill_s * 1e3, pp->slo_ttft_s * 1e3);
+    return 0;
+}
+
 int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sched_stage *st,
                        int nstages, double inter_host_gbps, double in, double out,
                        const sched_perf_params *pp, const sched_profile *prof, sched_perf *r,
@@ -214,6 +284,8 @@ int sched_perf_replica(const sched_model *m, const sched_catalog *cat, const sch
         kv = fmin(kv, stage_kv_tokens(m, g, &st[s], pp));
     }
     r->kv_tokens = kv;
+    if (m->embedding)
+        return embed_replica(m, cat, st, nstages, inter_host_gbps, in, pp, prof, r, e);
     /* A sequence holds its prompt and, on average, half its output while it decodes. */
     double occupancy = in + out / 2;
     double b = floor(kv / occupancy);

@@ -77,10 +77,18 @@ typedef struct sched_model {
     double bytes_per_weight; /* 2.0 BF16, 1.0625 Q8_0, 0.5625 Q4_0, 0.625 Q4_1 ... */
     double kv_bytes;         /* bytes per KV element (2 for an fp16 cache) */
     int max_context;
+    /* An embedding model (docs/embeddings.md, "Scheduling and cost"): its requests are
+     * prefill only (one vector per input, no token generated, no KV cache kept between
+     * steps, no LM head). SCHED_EMBED_ENCODER: the BERT family (bidirectional attention,
+     * a two-matrix GELU MLP, biases); SCHED_EMBED_DECODER: a decoder pooled at its last
+     * token (its blocks as a generation model's). 0: a generation model. */
+    int embedding;
 } sched_model;
+enum { SCHED_EMBED_ENCODER = 1, SCHED_EMBED_DECODER = 2 };
 
 /* Built-in shapes for planning without a file (llama-3-8b, llama-3-70b, mistral-7b,
- * qwen2-7b, qwen2-72b, smollm2-135m). Returns 0 or MD_ENOTFOUND listing the known names. */
+ * qwen2-7b, qwen2-72b, smollm2-135m; the embedding model all-minilm-l6-v2). Returns 0 or
+ * MD_ENOTFOUND listing the known names. */
 int sched_model_builtin(const char *name, sched_model *m, md_err *e);
 /* A model card JSON (schemas/model-card.schema.json). */
 int sched_model_from_json(json_t *card, sched_model *m, const char *where, md_err *e);

@@ -99,8 +99,10 @@ static ev heap_pop(ev *h, int *n) {
 static double step_time(const sched_cand *c, const sched_model *m, const sched_catalog *cat,
                         double inter_gbps, int b, double ctx, int cls,
                         const sched_perf_params *pp) {
-    if (!strcmp(c->perf[cls].bound, "profile"))
-        return c->perf[cls].decode_step_s * fmax(1.0, (double)b / c->perf[cls].batch);
+    /* a profile's step; an embedding model's: a batch embedded (its requests' one "token") */
+    if (!strcmp(c->perf[cls].bound, "profile") || m->embedding)
+        return c->perf[cls].decode_step_s * fmax(1.0, (double)b / c->perf[cls].batch) /
+               (m->embedding && c->perf[cls].scale > 0 ? c->perf[cls].scale : 1);
     int S = c->nstages;
     int mb = (b + S - 1) / S;
     double tick = 0;
@@ -121,8 +123,8 @@ static double step_time(const sched_cand *c, const sched_model *m, const sched_c
  * sets it (as in sched_perf_replica; the pipeline's fill is not counted). */
 static double prefill_time(const sched_cand *c, const sched_model *m, const sched_catalog *cat,
                            double inter_gbps, double in, int cls, const sched_perf_params *pp) {
-    if (!strcmp(c->perf[cls].bound, "profile"))
-        return 0;
+    if (!strcmp(c->perf[cls].bound, "profile") || m->embedding)
+        return 0; /* in the step (step_time) */
     double t = 0;
     for (int s = 0; s < c->nstages; s++) {
         const sched_stage *st = &c->stages[s];

@@ -16,7 +16,9 @@ static const char *const DEMAND_KEYS[] = {
 static const char *const WORKLOAD_KEYS[] = {"version", "kind",   "seed", "horizon_s",
                                             "billing", "models", NULL};
 
-static int parse_class(json_t *c, sched_class *k, const char *where, md_err *e) {
+/* A class; embedding (an embedding model's): output_mean may be left out and must be 0 (no
+ * token is generated), and a TPOT SLO means nothing. */
+static int parse_class(json_t *c, sched_class *k, int embedding, const char *where, md_err *e) {
     const char *name = NULL;
     long long maxt = 0;
     memset(k, 0, sizeof *k);
@@ -24,7 +26,7 @@ static int parse_class(json_t *c, sched_class *k, const char *where, md_err *e) 
         return e->code;
     if (md_json_get_str(c, "name", 1, &name, where, e) ||
         md_json_get_num(c, "input_mean", 1, &k->input_mean, where, e) ||
-        md_json_get_num(c, "output_mean", 1, &k->output_mean, where, e) ||
+        md_json_get_num(c, "output_mean", !embedding, &k->output_mean, where, e) ||
         md_json_get_int(c, "max_tokens", 0, &maxt, where, e))
         return e->code;
     k->share = 1;
@@ -40,8 +42,18 @@ static int parse_class(json_t *c, sched_class *k, const char *where, md_err *e) 
     if (strlen(name) >= SCHED_NAME || !*name)
         return md_errf(e, MD_EINVAL, "%s.name must be 1..%d characters", where, SCHED_NAME - 1);
     snprintf(k->name, sizeof k->name, "%s", name);
-    if (!(k->input_mean >= 1 && k->input_mean <= 1e7 && k->output_mean >= 1 &&
-          k->output_mean <= 1e7))
+    if (embedding && k->output_mean != 0)
+        return md_errf(e, MD_EINVAL,
+                       "%s.output_mean is %g: an embedding model generates no token (give 0 or "
+                       "leave it out)",
+                       where, k->output_mean);
+    if (embedding && json_object_get(c, "tpot_ms"))
+        return md_errf(e, MD_EINVAL,
+                       "%s.tpot_ms: an embedding model generates no token (ttft_ms bounds the "
+                       "time of a step)",
+                       where);
+    if (!(k->input_mean >= 1 && k->input_mean <= 1e7 &&
+          ((embedding && k->output_mean == 0) || (k->output_mean >= 1 && k->output_mean <= 1e7))))
         return md_errf(e, MD_EINVAL, "%s: input_mean and output_mean must be in [1, 1e7] tokens",
                        where);
     if (!(k->share > 0 && k->share <= 1e9))
@@ -112,7 +124,7 @@ static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e
         double tot = 0;
         json_array_foreach(classes, i, c) {
             snprintf(w, sizeof w, "%s.classes[%zu]", where, i);
-            if (parse_class(c, &d->classes[i], w, e))
+            if (parse_class(c, &d->classes[i], d->model.embedding, w, e))
                 return e->code;
             for (size_t k = 0; k < i; k++)
                 if (!strcmp(d->classes[k].name, d->classes[i].name))
@@ -127,7 +139,7 @@ static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e
         sched_class *k = &d->classes[0];
         snprintf(k->name, sizeof k->name, "all");
         if (md_json_get_num(j, "input_mean", 1, &k->input_mean, where, e) ||
-            md_json_get_num(j, "output_mean", 1, &k->output_mean, where, e))
+            md_json_get_num(j, "output_mean", !d->model.embedding, &k->output_mean, where, e))
             return md_errctx(e, "(or give \"classes\") ");
         json_t *c = json_pack("{s:s, s:f, s:f}", "name", "all", "input_mean", k->input_mean,
                               "output_mean", k->output_mean);
@@ -135,7 +147,7 @@ static int parse_demand(json_t *j, sched_demand *d, const char *where, md_err *e
         for (int i = 0; i < 3; i++)
             if (json_object_get(j, pass[i]))
                 json_object_set(c, pass[i], json_object_get(j, pass[i]));
-        int rc = parse_class(c, k, where, e);
+        int rc = parse_class(c, k, d->model.embedding, where, e);
         json_decref(c);
         if (rc)
             return rc;

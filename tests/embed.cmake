@@ -18,3 +18,17 @@ add_test(NAME embed_lines
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/embed_lines.py)
 set_tests_properties(embed_lines PROPERTIES LABELS integration TIMEOUT 180
                      ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
+# Embedding models in the fleet: one worker mixing an embedding backlog with generation lines
+# (the chat batch is not starved; polls time-bounded), cost shares and /metrics by model on
+# embedding answers, `medley profile` of an encoder and `medley plan` placing it; seconds.
+add_test(NAME embed_fleet
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/embed_fleet.py)
+set_tests_properties(embed_fleet PROPERTIES LABELS integration TIMEOUT 300
+                     ENVIRONMENT "MEDLEY_BIN=$<TARGET_FILE:medley>")
+# bench/embeddings/bulk.py scaled down (400 lines on a small random BERT): `medley run` and
+# `medley submit` + two workers, every custom_id once; seconds. The full run is the bench's.
+add_test(NAME embed_bulk
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_SOURCE_DIR}/bench/embeddings/bulk.py
+                 --medley $<TARGET_FILE:medley> --synthetic --synthetic-shape 32,4,2,64,500
+                 --lines 400 --min-tokens 4 --max-tokens 40)
+set_tests_properties(embed_bulk PROPERTIES LABELS integration TIMEOUT 120)

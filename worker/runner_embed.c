@@ -1,10 +1,11 @@
 /* runner_embed.c — the embedding runner (runner.h): /v1/embeddings lines on an embedding
  * model (engine/embedder.h). start() tokenizes and checks a line's inputs and queues it;
  * poll() embeds the queued lines' next inputs together, packed into the embedder's steps, up
- * to EMB_POLL_TOKENS tokens a call (round-robin over the lines, a big line over several
+ * to a budget of tokens a call that lasts about EMB_POLL_S at the rate measured so far
+ * (EMB_POLL_MIN..EMB_POLL_TOKENS tokens; round-robin over the lines, a big line over several
  * polls) so that a worker serving a generation model beside it keeps stepping, and answers
  * each line whose inputs are all done with OpenAI's body (object "list", data[i] {object,
- * index, embedding}, usage). docs/embeddings.md. */
+ * index, embedding}, usage). docs/embeddings.md, "Mixing with generation". */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +16,9 @@
 #include "engine/weights/registry.h"
 #include "worker/runner_impl.h"
 
-#define EMB_POLL_TOKENS 16384 /* tokens embedded per poll (at least one line) */
+#define EMB_POLL_TOKENS 16384 /* most tokens embedded per poll (at least one input) */
+#define EMB_POLL_MIN 512      /* fewest, so that steps stay large enough to be efficient */
+#define EMB_POLL_S 0.2 /* a poll's target duration: a generation step waits at most so long */
 
 typedef struct {
     int used;
@@ -31,12 +34,28 @@ typedef struct {
     double embed_ms; /* time in the polls that embedded its inputs */
 } emb_item;
 
+/* One input picked for a poll: item, input index. */
+typedef struct {
+    int item, in;
+} emb_pick;
+
 typedef struct {
     md_embedder *m;
     char device[32];
     int cap, live;
     emb_item *items;
     unsigned long next; /* round-robin start, so no line waits behind newer ones forever */
+    /* a poll's buffers, allocated at open (no allocation per poll): the picks, their ids and
+     * lengths [EMB_POLL_TOKENS] (an input is at least one token), and the vectors out
+     * [cap_out, dim], grown when a poll picks more inputs than it holds */
+    emb_pick *sel;
+    const int32_t **ids;
+    int *lens;
+    float *out;
+    int cap_out;
+    double tokens_per_s; /* measured over the last polls (moving average; 0: none yet) */
+    long polls;          /* polls that embedded something (the worker's "steps") */
+    double last_poll_s;  /* how long the last of them took */
 } embed_runner;
 
 static void item_free(emb_item *it) {
@@ -46,6 +65,20 @@ static void item_free(emb_item *it) {
     free(it->lens);
     free(it->vecs);
     memset(it, 0, sizeof *it);
+}
+
+/* Free what wk_embed_open allocated (any of it NULL when it failed half-way). */
+static void embed_close(void *self) {
+    embed_runner *r = self;
+    for (int i = 0; r->items && i < r->cap; i++)
+        item_free(&r->items[i]);
+    free(r->items);
+    free(r->sel);
+    free(r->ids);
+    free(r->lens);
+    free(r->out);
+    md_embedder_close(r->m);
+    free(r);
 }
 
 int wk_embed_open(const char *model, const wk_runner_opts *o, void **self, md_err *e) {
@@ -66,9 +99,11 @@ int wk_embed_open(const char *model, const wk_runner_opts *o, void **self, md_er
     snprintf(r->device, sizeof r->device, "%s", eo.device);
     r->cap = o->max_seqs > 0 ? o->max_seqs : 256;
     r->items = calloc((size_t)r->cap, sizeof *r->items);
-    if (!r->items) {
-        md_embedder_close(r->m);
-        free(r);
+    r->sel = malloc((size_t)EMB_POLL_TOKENS * sizeof(emb_pick));
+    r->ids = malloc((size_t)EMB_POLL_TOKENS * sizeof *r->ids);
+    r->lens = malloc((size_t)EMB_POLL_TOKENS * sizeof *r->lens);
+    if (!r->items || !r->sel || !r->ids || !r->lens) {
+        embed_close(r);
         return md_errf(e, MD_ENOMEM, "out of memory");
     }
     *self = r;
@@ -82,15 +117,6 @@ int wk_embed_is(const char *model, int allow_path) {
     if (md_model_resolve(model, allow_path, path, sizeof path, &e))
         return 0;
     return md_embedder_probe(path);
-}
-
-static void embed_close(void *self) {
-    embed_runner *r = self;
-    for (int i = 0; i < r->cap; i++)
-        item_free(&r->items[i]);
-    free(r->items);
-    md_embedder_close(r->m);
-    free(r);
 }
 
 static int embed_capacity(void *self) {
@@ -242,20 +268,15 @@ static json_t *body_json(const emb_item *it, float *v, int dim) {
                      "prompt_tokens", it->tokens, "total_tokens", it->tokens);
 }
 
-/* One input picked for this poll: item, input index. */
-typedef struct {
-    int item, in;
-} emb_pick;
-
-/* The inputs to embed this call: the lines' next inputs, from r->next round, until
- * EMB_POLL_TOKENS (at least one input), so a poll is bounded whatever a line holds. */
-static int pick(embed_runner *r, emb_pick *sel, int max_sel) {
+/* The inputs to embed this call: the lines' next inputs, from r->next round, until budget
+ * tokens (at least one input), so a poll is bounded whatever a line holds. */
+static int pick(embed_runner *r, emb_pick *sel, int max_sel, int budget) {
     int n = 0, tokens = 0;
     for (int k = 0; k < r->cap && n < max_sel; k++) {
         int i = (int)((r->next + (unsigned long)k) % (unsigned long)r->cap);
         emb_item *it = &r->items[i];
         for (int in = it->done; it->used && in < it->n_in && n < max_sel; in++) {
-            if (n > 0 && tokens + it->lens[in] > EMB_POLL_TOKENS)
+            if (n > 0 && tokens + it->lens[in] > budget)
                 return n;
             sel[n++] = (emb_pick){i, in};
             tokens += it->lens[in];
@@ -286,27 +307,44 @@ static int embed_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_er
     (void)wait_ms;
     if (r->live == 0)
         return 0;
-    int max_sel = EMB_POLL_TOKENS, dim = md_embedder_dim(r->m), rc = 0;
-    emb_pick *sel = malloc((size_t)max_sel * sizeof *sel);
-    const int32_t **ids = malloc((size_t)max_sel * sizeof *ids);
-    int *lens = malloc((size_t)max_sel * sizeof *lens), n = 0;
-    float *out = NULL;
-    if (sel && ids && lens && (n = pick(r, sel, max_sel)) > 0)
-        out = malloc((size_t)n * dim * sizeof *out);
-    if (!sel || !ids || !lens || !out)
-        rc = md_errf(e, MD_ENOMEM, "embedding runner: out of memory for a poll");
+    int dim = md_embedder_dim(r->m), rc = 0;
+    emb_pick *sel = r->sel;
+    double want = r->tokens_per_s * EMB_POLL_S;
+    int budget = r->tokens_per_s <= 0     ? EMB_POLL_MIN
+                 : want > EMB_POLL_TOKENS ? EMB_POLL_TOKENS
+                 : want < EMB_POLL_MIN    ? EMB_POLL_MIN
+                                          : (int)want;
+    int n = pick(r, sel, EMB_POLL_TOKENS, budget);
+    if (n > r->cap_out) { /* grows to the most inputs one poll has picked, then stays */
+        float *o = realloc(r->out, (size_t)n * dim * sizeof *o);
+        if (o) {
+            r->out = o;
+            r->cap_out = n;
+        } else {
+            rc = md_errf(e, MD_ENOMEM, "embedding runner: out of memory for %d vectors", n);
+        }
+    }
     for (int k = 0; rc == 0 && k < n; k++) {
-        ids[k] = r->items[sel[k].item].ids[sel[k].in];
-        lens[k] = r->items[sel[k].item].lens[sel[k].in];
+        r->ids[k] = r->items[sel[k].item].ids[sel[k].in];
+        r->lens[k] = r->items[sel[k].item].lens[sel[k].in];
     }
     double t0 = md_wall_s() * 1000.0;
     if (rc == 0)
-        rc = md_embedder_run(r->m, ids, lens, n, out, e);
+        rc = md_embedder_run(r->m, r->ids, r->lens, n, r->out, e);
     double ms = md_wall_s() * 1000.0 - t0;
+    if (rc == 0 && n > 0) {
+        r->polls++;
+        r->last_poll_s = ms / 1e3;
+        int tokens = 0;
+        for (int k = 0; k < n; k++)
+            tokens += r->lens[k];
+        double rate = tokens / (ms > 0.01 ? ms / 1e3 : 1e-5);
+        r->tokens_per_s = r->tokens_per_s > 0 ? 0.7 * r->tokens_per_s + 0.3 * rate : rate;
+    }
     for (int k = 0; rc == 0 && k < n; k++) { /* picks of one item are consecutive inputs */
         emb_item *it = &r->items[sel[k].item];
-        memcpy(it->vecs + (size_t)sel[k].in * dim, out + (size_t)k * dim,
-               (size_t)dim * sizeof *out);
+        memcpy(it->vecs + (size_t)sel[k].in * dim, r->out + (size_t)k * dim,
+               (size_t)dim * sizeof *r->out);
         it->done = sel[k].in + 1;
         if (k == 0 || sel[k - 1].item != sel[k].item)
             it->embed_ms += ms;
@@ -319,16 +357,16 @@ static int embed_poll(void *self, int wait_ms, wk_done_fn done, void *ctx, md_er
         if (it->used && (picked || (rc == 0 && it->done == it->n_in)))
             finish(r, it, rc ? e->msg : NULL, done, ctx);
     }
-    if (rc && n == 0)
-        for (int i = 0; i < r->cap; i++) /* no memory even to pick: fail what is queued */
-            if (r->items[i].used)
-                finish(r, &r->items[i], e->msg, done, ctx);
-    free(sel);
-    free(ids);
-    free(lens);
-    free(out);
     return 0; /* a failure was the picked lines' (inputs checked at start): they are answered
                  with it, and the device stays in service */
+}
+
+/* A poll that embedded is the embedding runner's step (medley_step_duration_seconds). */
+static void embed_stats(void *self, wk_runner_stats *st) {
+    const embed_runner *r = self;
+    memset(st, 0, sizeof *st);
+    st->steps = r->polls;
+    st->last_step_s = r->last_poll_s;
 }
 
 const wk_runner_ops wk_embed_ops = {
@@ -341,4 +379,5 @@ const wk_runner_ops wk_embed_ops = {
     .poll = embed_poll,
     .close = embed_close,
     .check = embed_check,
+    .stats = embed_stats,
 };

@@ -6,6 +6,7 @@
  * request and never by the HTTP thread, which only renders (common/metrics_http.h). Series
  * pointers are kept per model and stream slot, so a request's updates look nothing up but
  * its error code. It owns wk.mx. */
+#include <jansson.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +31,7 @@ typedef struct {
     md_series *started, *succeeded, *handed_back, *prompt, *completion, *wait, *ttft, *step;
     md_series *e2e, *tpot, *plen, *glen;
     md_series *running, *slots, *kv_used, *kv_free, *preempt, *takeovers, *dead, *dlq, *cost;
-    md_series *orphans;
+    md_series *orphans, *emb_lines, *emb_inputs, *emb_tokens;
     long steps_seen, preempt_seen;
     long long tokens, tokens_measured; /* completion tokens, and at the last measurement */
 } mslot;
@@ -56,9 +57,11 @@ struct wk_metrics {
     md_metric *lag, *pending, *lag_s, *held, *dev_info, *dev_mem, *usd_h, *dev_cost, *req_cost;
     md_metric *plan_version, *rep_pred, *rep_meas, *worker_info;
     md_metric *e2e, *tpot, *finished, *plen, *glen, *hb_age;
+    md_metric *emb_lines, *emb_inputs, *emb_tokens;
     md_series *hb_age_s;
     _Atomic long long last_hb_ms; /* wall clock of the last heartbeat written (0: none yet) */
     long long started_ms;
+    uint64_t started_ns; /* monotonic clock at the start: the device's cost counts from it */
     wk_batch_mx *batch;
     mslot mod[WK_MAX_MODELS];
     sslot st[MAX_STREAMS];
@@ -106,6 +109,9 @@ static int define(struct wk_metrics *x, md_err *e) {
         !(x->finished = md_metrics_counter(g, "medley_requests_finished_total", "Succeeded requests by finish reason (stop, length, tool_calls).", 2, mf, 64, e)) ||
         !(x->plen = md_metrics_histogram(g, "medley_request_prompt_tokens", "Prompt length of succeeded requests, in tokens.", 1, model, M, LEN_BOUNDS, NB(LEN_BOUNDS), e)) ||
         !(x->glen = md_metrics_histogram(g, "medley_request_generation_tokens", "Generated length of succeeded requests, in tokens.", 1, model, M, LEN_BOUNDS, NB(LEN_BOUNDS), e)) ||
+        !(x->emb_lines = md_metrics_counter(g, "medley_embedding_requests_total", "/v1/embeddings requests answered with vectors.", 1, model, M, e)) ||
+        !(x->emb_inputs = md_metrics_counter(g, "medley_embedding_inputs_total", "Inputs embedded (one vector each) by succeeded /v1/embeddings requests.", 1, model, M, e)) ||
+        !(x->emb_tokens = md_metrics_counter(g, "medley_embedding_tokens_total", "Tokens embedded by succeeded /v1/embeddings requests (usage.total_tokens, special tokens included).", 1, model, M, e)) ||
         !(x->hb_age = md_metrics_gauge(g, "medley_worker_heartbeat_age_seconds", "Seconds since the worker's loop last wrote its heartbeat (read at scrape time: it grows while the loop hangs).", 0, NULL, 1, e)) ||
         !(x->step = md_metrics_histogram(g, "medley_step_duration_seconds", "One engine step over every live sequence.", 1, model, M, STEP_BOUNDS, NB(STEP_BOUNDS), e)) ||
         !(x->running = md_metrics_gauge(g, "medley_running_sequences", "Requests running on the model's runner.", 1, model, M, e)) ||
@@ -162,6 +168,7 @@ int wk_metrics_start(wk *w, md_err *e) {
         rc = e->code;
     x->hb_age_s = md_metric_at0(x->hb_age);
     x->started_ms = md_wall_ms();
+    x->started_ns = md_mono_ns();
     if (!rc && md_metrics_on_render(x->reg, heartbeat_age, x, NULL))
         rc = md_errf(e, MD_EINVAL, "metrics registry: no room for a render hook");
     if (!rc)
@@ -230,6 +237,9 @@ static mslot *mod(wk *w, int m) {
     ms->dead = md_metric_at1(x->dead, name);
     ms->dlq = md_metric_at1(x->dlq, name);
     ms->cost = md_metric_at1(x->req_cost, name);
+    ms->emb_lines = md_metric_at1(x->emb_lines, name);
+    ms->emb_inputs = md_metric_at1(x->emb_inputs, name);
+    ms->emb_tokens = md_metric_at1(x->emb_tokens, name);
     /* KV series only for runners with a KV cache (bound in fast_tick) */
     return ms;
 }
@@ -259,21 +269,28 @@ void wk_metrics_result(wk *w, int m, const wk_result *res, double queue_ms, long
     mslot *ms = mod(w, m);
     md_counter_add(ms->prompt, res->prompt_tokens);
     md_counter_add(ms->completion, res->completion_tokens);
-    md_histogram_observe(ms->ttft, (queue_ms + res->first_token_ms) / 1e3);
     double e2e_ms = (double)(md_wall_ms() - arrival_ms);
     if (e2e_ms < queue_ms)
         e2e_ms = queue_ms;
     md_histogram_observe(ms->e2e, e2e_ms / 1e3);
+    md_histogram_observe(ms->plen, res->prompt_tokens);
+    md_counter_add(ms->cost, cost_usd);
+    if (res->body) { /* an embedding: no generated token, so no TTFT, TPOT or finish reason */
+        md_counter_add(ms->emb_lines, 1);
+        md_counter_add(ms->emb_inputs, (double)json_array_size(json_object_get(res->body, "data")));
+        md_counter_add(ms->emb_tokens, res->prompt_tokens);
+        ms->tokens += res->prompt_tokens; /* an embedding replica's tokens/s are its inputs' */
+        return;
+    }
+    md_histogram_observe(ms->ttft, (queue_ms + res->first_token_ms) / 1e3);
     double run_ms = e2e_ms - queue_ms; /* from the start on the runner to the answer */
     if (res->completion_tokens >= 2 && run_ms >= res->first_token_ms)
         md_histogram_observe(ms->tpot,
                              (run_ms - res->first_token_ms) / 1e3 / (res->completion_tokens - 1));
-    md_histogram_observe(ms->plen, res->prompt_tokens);
     md_histogram_observe(ms->glen, res->completion_tokens);
     md_counter_add(md_metric_at2(w->mx->finished, ms->name,
                                  res->finish_reason ? res->finish_reason : "unknown"),
                    1);
-    md_counter_add(ms->cost, cost_usd);
     ms->tokens += res->completion_tokens;
 }
 
@@ -524,7 +541,9 @@ void wk_metrics_tick(wk *w) {
         return;
     uint64_t now = md_mono_ns();
     if (now - x->last_fast >= FAST_NS) {
-        fast_tick(w, (double)(now - x->last_fast) / 1e9);
+        /* the first turn counts from the start, not from the clock's zero (the host's boot:
+         * the device's cost began at the host's uptime times its price) */
+        fast_tick(w, (double)(now - (x->last_fast ? x->last_fast : x->started_ns)) / 1e9);
         x->last_fast = now;
     }
     if (now - x->last_measure >= MEASURE_NS) {

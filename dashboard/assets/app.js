@@ -169,7 +169,10 @@
         el("td", { class: "num c-rate" }, fmtNum(b.rate_per_s, 1) + "/s"),
         el("td", { class: "num c-eta" }, TERMINAL.has(b.status) ? "done" : fmtDuration(b.eta_s)),
         cost,
-        el("td", { class: "num c-mtok" }, fmtUsd(b.usd_per_mtok)),
+        el("td", { class: "num c-mtok" }, fmtUsd(b.usd_per_mtok),
+          b.embedding_inputs > 0 ? el("div", { class: "small c-embedded" },
+            "embedded " + fmtNum(b.embedding_inputs, 0) + " inputs, " +
+            fmtNum(b.embedding_tokens, 0) + " tok") : null),
         act);
     });
     $("batches").tBodies[0].replaceChildren(...rows);

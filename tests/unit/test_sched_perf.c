@@ -265,6 +265,95 @@ static void profile_replaces_roofline(void **st) {
     sched_profiles_free(&ps);
 }
 
+/* An embedding model (docs/embeddings.md, "Scheduling and cost"): all-MiniLM-L6-v2's card
+ * (22.7M parameters published, position and token-type tables and the pooler included; the
+ * card counts the blocks, the word embeddings and the final width: 22.37M, within 2%), no KV
+ * cache, a step of 256 inputs read the weights once: tokens/s = 256 x in / max(compute of 256
+ * bidirectional prefills, weights / bandwidth); a profile's bucket of output [0, 1) or its
+ * prefill tokens/s replaces it; the workload takes no output_mean (0) and refuses one. */
+static void embedding_model_is_planned_as_prefill_only(void **st) {
+    md_err e = {0};
+    sched_model m;
+    assert_int_equal(sched_model_builtin("all-minilm-l6-v2", &m, &e), 0);
+    assert_int_equal(m.embedding, SCHED_EMBED_ENCODER);
+    double layer = 4.0 * 384 * 384 + 2.0 * 384 * 1536 + 9 * 384 + 1536;
+    assert_true(fabs(sched_model_layer_params(&m) - layer) < 1e-6);
+    assert_true(fabs(sched_model_params(&m) / 22.7e6 - 1) < 0.02);
+    assert_true(sched_model_kv_bytes_per_token_layer(&m) == 0);
+    assert_true(sched_model_head_params(&m) == 0);
+    sched_perf_params pp;
+    sched_perf_defaults(&pp);
+    const sched_gpu_type *g = gpu("L4");
+    sched_stage s = {sched_catalog_find(&cat, "L4"), -1, 1, 0, 6};
+    sched_perf r;
+    assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 64, 0, &pp, NULL, &r, &e), 0);
+    double flops = 256 * (2.0 * 64 * 6 * layer + 4.0 * 64 * 64 * 384 * 6);
+    double t_cmp = flops / (g->bf16_tflops * 1e12 * 0.55);
+    double t_mem = (6 * layer + 30522.0 * 384) * 4.0 / (g->hbm_gbps * 1e9 * 0.75);
+    double t = fmax(t_cmp, t_mem);
+    assert_int_equal(r.batch, 256);
+    assert_true(fabs(r.tokens_per_s / (256 * 64 / t) - 1) < 1e-9);
+    assert_true(fabs(r.requests_per_s / (256 / t) - 1) < 1e-9);
+    assert_true(r.decode_step_s == r.prefill_s && isinf(r.kv_tokens));
+    assert_string_equal(r.bound, t_cmp > t_mem ? "compute" : "memory");
+    /* longer than the model embeds: no candidate */
+    assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 300, 0, &pp, NULL, &r, &e),
+                     MD_ERANGE);
+    assert_non_null(strstr(e.msg, "256"));
+    /* a measured profile, as `medley profile` writes one for an embedding model */
+    sched_profiles ps = {0};
+    json_t *doc = json_loads(
+        "{\"version\":1,\"kind\":\"medley.profile\",\"device_type\":\"CPU\",\"model\":"
+        "\"all-minilm-l6-v2\",\"batches\":[{\"batch\":16,\"context\":16,"
+        "\"prefill_tokens_per_s\":2000}],\"buckets\":[{\"input_lo\":1,\"input_hi\":40,"
+        "\"output_lo\":0,\"output_hi\":1,\"input_mean\":16,\"max_requests_per_s\":150}]}",
+        0, NULL);
+    assert_int_equal(sched_profile_from_json(&ps, doc, "p", &e), 0);
+    json_decref(doc);
+    s.type = sched_catalog_find(&cat, "cpu");
+    assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 20, 0, &pp, &ps.p[0], &r, &e), 0);
+    assert_string_equal(r.bound, "profile");
+    assert_true(fabs(r.requests_per_s - 150) < 1e-9 && fabs(r.tokens_per_s - 3000) < 1e-9);
+    assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 100, 0, &pp, &ps.p[0], &r, &e), 0);
+    assert_string_equal(r.bound, "profile"); /* outside the buckets: prefill tokens/s */
+    assert_true(fabs(r.requests_per_s - 20) < 1e-9 && fabs(r.tokens_per_s - 2000) < 1e-9);
+    sched_profiles_free(&ps);
+    /* the workload: no output for an embedding model, and no TPOT */
+    sched_workload w;
+    json_t *ok = json_loads("{\"models\":[{\"model\":\"all-minilm-l6-v2\",\"requests\":1000,"
+                            "\"input_mean\":40}]}",
+                            0, NULL);
+    assert_int_equal(sched_workload_from_json(&w, ok, &e), 0);
+    assert_true(w.models[0].classes[0].output_mean == 0);
+    assert_true(fabs(sched_demand_tokens_per_request(&w.models[0]) - 40) < 1e-12);
+    sched_workload_free(&w);
+    json_decref(ok);
+    const char *bad[] = {
+        "{\"models\":[{\"model\":\"all-minilm-l6-v2\",\"requests\":9,\"input_mean\":40,"
+        "\"output_mean\":5}]}",
+        "{\"models\":[{\"model\":\"all-minilm-l6-v2\",\"requests\":9,\"input_mean\":40,"
+        "\"tpot_ms\":5}]}",
+        "{\"models\":[{\"model\":\"smollm2-135m\",\"requests\":9,\"input_mean\":40}]}"};
+    const char *named[] = {"output_mean", "tpot_ms", "output_mean"};
+    for (int i = 0; i < 3; i++) {
+        json_t *j = json_loads(bad[i], 0, NULL);
+        assert_int_not_equal(sched_workload_from_json(&w, j, &e), 0);
+        assert_non_null(strstr(e.msg, named[i]));
+        json_decref(j);
+    }
+    /* a card says which kind of embedding model */
+    json_t *card = json_loads("{\"name\":\"e5\",\"layers\":12,\"hidden\":768,\"heads\":12,"
+                              "\"kv_heads\":12,\"ffn\":3072,\"vocab\":30522,\"embedding\":"
+                              "\"encoder\",\"quant\":\"F16\"}",
+                              0, NULL);
+    assert_int_equal(sched_model_from_json(card, &m, "card", &e), 0);
+    assert_int_equal(m.embedding, SCHED_EMBED_ENCODER);
+    json_object_set_new(card, "embedding", json_string("mean"));
+    assert_int_equal(sched_model_from_json(card, &m, "card", &e), MD_EINVAL);
+    assert_non_null(strstr(e.msg, "card.embedding"));
+    json_decref(card);
+}
+
 /* The DP's split minimises the slowest stage: compare with trying every split. */
 static void layer_split_dp_matches_brute_force(void **st) {
     sched_model m;
@@ -413,6 +502,7 @@ int main(void) {
         cmocka_unit_test(kv_capacity_bounds_the_batch),
         cmocka_unit_test(tpot_slo_bounds_the_batch),
         cmocka_unit_test(profile_replaces_roofline),
+        cmocka_unit_test(embedding_model_is_planned_as_prefill_only),
         cmocka_unit_test(layer_split_dp_matches_brute_force),
         cmocka_unit_test(model_card_from_gguf_file),
         cmocka_unit_test(model_card_from_a_file_that_is_not_gguf),
