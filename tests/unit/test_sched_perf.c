@@ -284,7 +284,7 @@ static void embedding_model_is_planned_as_prefill_only(void **st) {
     sched_perf_params pp;
     sched_perf_defaults(&pp);
     const sched_gpu_type *g = gpu("L4");
-    sched_stage s = {sched_catalog_find(&cat, "L4"), -1, 1, 0, 6};
+    sched_stage s = {sched_catalog_find(&cat, "L4"), -1, 1, 0, 6, 0};
     sched_perf r;
     assert_int_equal(sched_perf_replica(&m, &cat, &s, 1, 12.5, 64, 0, &pp, NULL, &r, &e), 0);
     double flops = 256 * (2.0 * 64 * 6 * layer + 4.0 * 64 * 64 * 384 * 6);
