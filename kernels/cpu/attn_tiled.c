@@ -145,10 +145,12 @@ static void update_scalar(tile_buf *t, float *out, const float *q, int R, float 
 /* ---- AVX2 + F16C: 8-lane chunks ---- */
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
-/* e^x for x <= 0 (the softmax's arguments); 0 below -87.3 (as vec.c's exp8). */
+/* e^x for x <= 0 (the softmax's arguments); 0 below -87.3 (as vec.c's exp8). A NaN stays
+ * NaN (max_ps returns its second operand when one is NaN): a faulty score must reach the
+ * logits, where the engine refuses it, not become a weight of 0. */
 AVX2 static inline __m256 exp8n(__m256 x) {
     __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -271,10 +273,10 @@ AVX2 static void update_avx2(tile_buf *t, float *out, const float *q, int R, flo
 #define X512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define INL __attribute__((always_inline)) inline
 
-/* e^x for x <= 0; 0 below -87.3. */
+/* e^x for x <= 0; 0 below -87.3; NaN stays NaN (as exp8n). */
 X512 static INL __m512 exp16n(__m512 x) {
-    __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ);
+    x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
