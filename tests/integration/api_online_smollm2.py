@@ -5,6 +5,7 @@ without a stop string, and completions), streamed in several pieces, with the us
 Skipped (exit 77) when the model is not fetched (scripts/fetch-model.sh)."""
 import os
 import sys
+import time
 
 from openai import OpenAI
 
@@ -23,6 +24,13 @@ def main():
     worker = Worker(srv, models=("smollm2-135m",))
     api = Api(srv, keys)
     try:
+        # the worker loads the model before it opens the lane: until then the API answers 404
+        # ("no worker serves it"), as it should; wait for the lane, not for a fixed time
+        r, deadline = srv.client(), time.monotonic() + 120
+        while not r.exists("medley:online:{smollm2-135m}"):
+            if time.monotonic() > deadline:
+                fail("the worker opened no online lane for smollm2-135m in 120 s")
+            time.sleep(0.1)
         client = OpenAI(base_url=api.base, api_key=KEY_A, max_retries=0, timeout=120)
         chunks = check_chat(client, "smollm2-135m", max_tokens=24)
         pieces = [c.choices[0].delta.content for c in chunks

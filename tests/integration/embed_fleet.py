@@ -114,10 +114,14 @@ def mixed(tmp, env):
                 text, "medley_time_to_first_token_seconds", "fleet-bert").get("+Inf"):
             fail("embedding answers counted in a generation series (finish_reason, TTFT)")
         polls = histogram(text, "medley_step_duration_seconds", "fleet-bert")
-        # a poll aims at 0.2 s at the rate measured so far; on a loaded box one may run over
-        if not polls or polls["+Inf"] < 10 or polls.get("0.5") < 0.9 * polls["+Inf"] or \
+        # a poll aims at 0.2 s at the rate measured so far (at most 16,384 tokens); on a loaded
+        # box one may run over. How many polls that makes depends on the machine's speed, so
+        # the count is only bounded below by the token cap; the durations are the check.
+        least = max(2, -(-tokens // 16384))
+        if not polls or polls["+Inf"] < least or polls.get("0.5") < 0.9 * polls["+Inf"] or \
                 polls.get("2.5") != polls["+Inf"]:
-            fail("embedding polls: %s (want 10 or more, 90%% <= 0.5 s, all <= 2.5 s)" % polls)
+            fail("embedding polls: %s (want %d or more, 90%% <= 0.5 s, all <= 2.5 s)" %
+                 (polls, least))
         if shutil.which("promtool"):
             p = subprocess.run(["promtool", "check", "metrics"], input=text,
                                capture_output=True, text=True, timeout=30)
