@@ -157,6 +157,7 @@ static void usage(FILE *f) {
             "  --chat-template T    chat template instead of the model's: chatml, hermes\n"
             "                       (ChatML + <tool_call> tools), llama3, llama3-json (+ JSON\n"
             "                       tool calls), llama2, mistral, gemma, or none (raw prompts)\n"
+            "  --embed-precision P  embedding models' products: f32 (default) or bf16\n"
             "  --echo-delay-ms MS   echo model: delay per answer\n"
             "  --usd-per-hour X     device cost, for each line's cost share\n"
             "  --max-line-bytes N   longer input lines are refused unparsed (default 1 MiB)\n"
@@ -226,6 +227,8 @@ static int parse_args(int argc, char **argv, run_opts *o, wk_config *cfg) {
             cfg->runner.device = v;
         else if (!strcmp(a, "--chat-template"))
             cfg->runner.chat_template = v;
+        else if (!strcmp(a, "--embed-precision"))
+            cfg->runner.embed_precision = v;
         else if (!strcmp(a, "--max-seqs") || !strcmp(a, "--threads") ||
                  !strcmp(a, "--echo-delay-ms")) {
             char *end;

@@ -76,6 +76,8 @@ static void usage(FILE *f) {
             "  --kv-type T            engine KV cache: f16 (default) or f32\n"
             "  --bf16-weights M       GPU: BF16 copies of quantized weights for batched\n"
             "                         steps: auto (default), on, off\n"
+            "  --embed-precision P    embedding models' products: f32 (default) or bf16\n"
+            "                         (AVX512-BF16 CPUs, about 1.5x; docs/embeddings.md)\n"
             "  --chat-template NAME   chat template for /v1/chat/completions instead of the\n"
             "                         model's: chatml, hermes (ChatML + <tool_call> tools),\n"
             "                         llama3, llama3-json (+ JSON tool calls), llama2,\n"
@@ -373,6 +375,8 @@ static int parse_flags(int argc, char **argv, unsigned char *skip, wk_config *cf
             cfg->runner.kv_type = v;
         } else if (!strcmp(a, "--bf16-weights")) {
             cfg->runner.bf16_weights = v;
+        } else if (!strcmp(a, "--embed-precision")) {
+            cfg->runner.embed_precision = v;
         } else if (!strcmp(a, "--chat-template")) {
             cfg->runner.chat_template = v;
         } else if (!strcmp(a, "--device-type")) {

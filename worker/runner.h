@@ -100,6 +100,9 @@ typedef struct {
     const char *chat_template;
     int allow_path; /* engine: the model may be a GGUF file or HF directory path (`medley run
                        -m PATH`); workers serving a queue take names only (design §7) */
+    /* embedding models: the encoder's products "f32" (NULL, the default) or "bf16" (AVX512-BF16
+     * CPUs; docs/embeddings.md "Speed"); refused at open where the device cannot */
+    const char *embed_precision;
 } wk_runner_opts;
 
 typedef struct wk_runner wk_runner;

@@ -96,6 +96,19 @@ int wk_embed_open(const char *model, const wk_runner_opts *o, void **self, md_er
         free(r);
         return rc;
     }
+    if (o->embed_precision && strcmp(o->embed_precision, "f32")) {
+        if (strcmp(o->embed_precision, "bf16")) {
+            md_embedder_close(r->m);
+            free(r);
+            return md_errf(e, MD_EINVAL, "--embed-precision %s: f32 or bf16",
+                           o->embed_precision);
+        }
+        if ((rc = md_embedder_set_bf16(r->m, 1, e))) {
+            md_embedder_close(r->m);
+            free(r);
+            return rc;
+        }
+    }
     snprintf(r->device, sizeof r->device, "%s", eo.device);
     r->cap = o->max_seqs > 0 ? o->max_seqs : 256;
     r->items = calloc((size_t)r->cap, sizeof *r->items);

@@ -155,8 +155,38 @@ def main():
         check(len(c16) == 16 and np.allclose(c16, full[:16] / np.linalg.norm(full[:16]), atol=1e-6),
               "Matryoshka: dimensions 16 is the first 16, renormalised", res["cut16"])
         mixed(d, ins, tmp)
+        precision(d, ins, tmp)
     print("%d failure(s)" % len(failures))
     return 1 if failures else 0
+
+
+def precision(d, ins, tmp):
+    """--embed-precision bf16: vectors near the F32 ones where the CPU has AVX512-BF16, else a
+    clear refusal naming BF16; any other value is refused naming the flag."""
+    src = os.path.join(tmp, "p.jsonl")
+    with open(src, "w") as f:
+        f.write("\n".join(line("p%d" % i, ins[i % 4]) for i in range(8)) + "\n")
+    outs = {}
+    for prec in ("f32", "bf16", "fp8"):
+        out = os.path.join(tmp, "p-%s.jsonl" % prec)
+        p = subprocess.run([MEDLEY, "run", "-m", d, src, "-o", out, "--embed-precision", prec],
+                           capture_output=True, text=True, timeout=300)
+        outs[prec] = (p, out)
+    p, out = outs["fp8"]
+    check(p.returncode != 0 and "--embed-precision fp8" in p.stderr,
+          "--embed-precision fp8 is refused naming the flag", p.stderr)
+    p, out = outs["bf16"]
+    if p.returncode != 0:
+        check("BF16" in p.stderr, "--embed-precision bf16 refused clearly on this CPU", p.stderr)
+        return
+    def vecs(path):
+        return {j["custom_id"]: vec(j["response"]["body"]["data"][0]["embedding"])
+                for j in map(json.loads, open(path))}
+    f32, bf = vecs(outs["f32"][1]), vecs(out)
+    cos = min(float(np.dot(f32[k], bf[k]) / np.linalg.norm(f32[k]) / np.linalg.norm(bf[k]))
+              for k in f32)
+    check(len(bf) == 8 and cos >= 0.999 and any(not np.array_equal(f32[k], bf[k]) for k in f32),
+          "--embed-precision bf16: BF16 products, cosine to F32 >= 0.999 (min %.6f)" % cos)
 
 
 def mixed(d, ins, tmp):
