@@ -17,6 +17,11 @@ add_executable(bench_kernels ${CMAKE_SOURCE_DIR}/bench/kernels/bench_matmul.c)
 target_link_libraries(bench_kernels PRIVATE medley_kernels)
 set_target_properties(bench_kernels PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
 
+# bench/kernels: memory read bandwidth, the ceiling of single-sequence decode (not a test)
+add_executable(bench_membw ${CMAKE_SOURCE_DIR}/bench/kernels/bench_membw.c)
+target_link_libraries(bench_membw PRIVATE Threads::Threads)
+set_target_properties(bench_membw PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
+
 # kernels/backend.h's device names and facts (md_device_*), with and without CUDA and a GPU.
 medley_test(test_backend_devices SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_backend_devices.c
             LIBS medley_kernels LABELS unit)
