@@ -428,12 +428,25 @@ static int cpu_rope(md_backend *be, md_buf *x, int n_heads, int head_dim, int ro
     return 0;
 }
 
-/* Token t's k and v rows into its cache slot. */
-static int kv_store(cpu_backend *c, int t, const float *kt, const float *vt, md_buf *k_cache,
-                    md_buf *v_cache, int kv_dim, int cache_type, md_err *e) {
+/* Every token's cache slot inside both caches (checked before the stores, which run on the
+ * pool and cannot fail). */
+static int kv_slots_check(const cpu_backend *c, const md_buf *k_cache, const md_buf *v_cache,
+                          int kv_dim, int cache_type, md_err *e) {
+    size_t row = md_type_row_bytes(cache_type, kv_dim);
+    size_t n = k_cache->n < v_cache->n ? k_cache->n : v_cache->n;
+    for (int t = 0; t < c->b.n_tokens; t++) {
+        size_t s = (size_t)c->b.slot[t];
+        if (c->b.slot[t] < 0 || (s + 1) * row > n)
+            return md_errf(e, MD_ERANGE, "cpu backend: KV slot %d of token %d outside the cache",
+                           (int)c->b.slot[t], t);
+    }
+    return 0;
+}
+
+/* Token t's k and v rows into its cache slot (checked by kv_slots_check). */
+static void kv_store(const cpu_backend *c, int t, const float *kt, const float *vt, md_buf *k_cache,
+                     md_buf *v_cache, int kv_dim, int cache_type) {
     size_t row = md_type_row_bytes(cache_type, kv_dim), s = (size_t)c->b.slot[t];
-    if ((s + 1) * row > k_cache->n || (s + 1) * row > v_cache->n)
-        return md_errf(e, MD_ERANGE, "cpu backend: KV slot %zu outside the cache", s);
     if (cache_type == MD_TYPE_F16) {
         cpu_f32_to_f16_row((uint16_t *)((char *)k_cache->p + s * row), kt, kv_dim);
         cpu_f32_to_f16_row((uint16_t *)((char *)v_cache->p + s * row), vt, kv_dim);
@@ -441,7 +454,6 @@ static int kv_store(cpu_backend *c, int t, const float *kt, const float *vt, md_
         memcpy((char *)k_cache->p + s * row, kt, row);
         memcpy((char *)v_cache->p + s * row, vt, row);
     }
-    return 0;
 }
 
 static int kv_type_check(int cache_type, md_err *e) {
@@ -451,15 +463,55 @@ static int kv_type_check(int cache_type, md_err *e) {
     return 0;
 }
 
+/* rope_kv and kv_write over the step's tokens; q NULL: no rotation (kv_write). */
+typedef struct {
+    const cpu_backend *c;
+    float *q, *k;
+    const float *v;
+    md_buf *k_cache, *v_cache;
+    const float *inv_freq;
+    int n_heads, n_kv_heads, head_dim, half, neox, cache_type;
+} rope_kv_job;
+
+/* Tokens in contiguous ranges per thread: every token costs the same. */
+static void rope_kv_run(void *ctx, int ith, int nth) {
+    rope_kv_job *j = ctx;
+    int T = j->c->b.n_tokens, per = (T + nth - 1) / nth, t0 = per * ith;
+    int t1 = t0 + per < T ? t0 + per : T, kv_dim = j->n_kv_heads * j->head_dim;
+    float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    for (int t = t0; t < t1; t++) {
+        float *kt = j->k + (size_t)t * kv_dim;
+        if (j->q) {
+            rope_angles((float)j->c->b.tok_pos[t], j->inv_freq, j->half, cs, sn);
+            rope_row(j->q + (size_t)t * j->n_heads * j->head_dim, j->n_heads, j->head_dim, j->half,
+                     j->neox, cs, sn);
+            rope_row(kt, j->n_kv_heads, j->head_dim, j->half, j->neox, cs, sn);
+        }
+        kv_store(j->c, t, kt, j->v + (size_t)t * kv_dim, j->k_cache, j->v_cache, kv_dim,
+                 j->cache_type);
+    }
+}
+
+/* Steps of fewer tokens run on the calling thread: waking the pool costs more. */
+#define ROPE_KV_POOL_TOKENS 8
+
 static int cpu_kv_write(md_backend *be, const md_buf *k, const md_buf *v, md_buf *k_cache,
                         md_buf *v_cache, int kv_dim, int cache_type, md_err *e) {
     cpu_backend *c = cb(be);
-    int rc = kv_type_check(cache_type, e);
-    for (int t = 0; rc == 0 && t < c->b.n_tokens; t++)
-        rc = kv_store(c, t, (const float *)k->p + (size_t)t * kv_dim,
-                      (const float *)v->p + (size_t)t * kv_dim, k_cache, v_cache, kv_dim,
-                      cache_type, e);
-    return rc;
+    int rc;
+    if ((rc = kv_type_check(cache_type, e)) ||
+        (rc = kv_slots_check(c, k_cache, v_cache, kv_dim, cache_type, e)))
+        return rc;
+    rope_kv_job j = {.c = c,
+                     .k = k->p,
+                     .v = v->p,
+                     .k_cache = k_cache,
+                     .v_cache = v_cache,
+                     .n_kv_heads = 1,
+                     .head_dim = kv_dim,
+                     .cache_type = cache_type};
+    cpu_pool_run(c->b.n_tokens >= ROPE_KV_POOL_TOKENS ? c->pool : NULL, rope_kv_run, &j);
+    return 0;
 }
 
 /* One pass per token: the angles once for q and k, k rotated in place then stored. */
@@ -467,20 +519,24 @@ static int cpu_rope_kv(md_backend *be, md_buf *q, md_buf *k, const md_buf *v, md
                        md_buf *v_cache, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
                        const md_buf *inv_freq, int neox, int cache_type, md_err *e) {
     cpu_backend *c = cb(be);
-    int half = rot_dims / 2, kv_dim = n_kv_heads * head_dim, rc;
-    if ((rc = rope_check(head_dim, rot_dims, e)) || (rc = kv_type_check(cache_type, e)))
+    int rc;
+    if ((rc = rope_check(head_dim, rot_dims, e)) || (rc = kv_type_check(cache_type, e)) ||
+        (rc = kv_slots_check(c, k_cache, v_cache, n_kv_heads * head_dim, cache_type, e)))
         return rc;
-    float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
-    for (int t = 0; t < c->b.n_tokens; t++) {
-        float *kt = (float *)k->p + (size_t)t * kv_dim;
-        rope_angles((float)c->b.tok_pos[t], inv_freq->p, half, cs, sn);
-        rope_row((float *)q->p + (size_t)t * n_heads * head_dim, n_heads, head_dim, half, neox,
-                 cs, sn);
-        rope_row(kt, n_kv_heads, head_dim, half, neox, cs, sn);
-        if ((rc = kv_store(c, t, kt, (const float *)v->p + (size_t)t * kv_dim, k_cache, v_cache,
-                           kv_dim, cache_type, e)))
-            return rc;
-    }
+    rope_kv_job j = {.c = c,
+                     .q = q->p,
+                     .k = k->p,
+                     .v = v->p,
+                     .k_cache = k_cache,
+                     .v_cache = v_cache,
+                     .inv_freq = inv_freq->p,
+                     .n_heads = n_heads,
+                     .n_kv_heads = n_kv_heads,
+                     .head_dim = head_dim,
+                     .half = rot_dims / 2,
+                     .neox = neox,
+                     .cache_type = cache_type};
+    cpu_pool_run(c->b.n_tokens >= ROPE_KV_POOL_TOKENS ? c->pool : NULL, rope_kv_run, &j);
     return 0;
 }
 
@@ -681,20 +737,60 @@ static int cpu_check_fits(md_backend *be, size_t need, const char *what, md_err 
     return 0;
 }
 
+typedef struct {
+    const float *x;
+    int rows, n, parts; /* parts per row: the row split when there are fewer rows than threads */
+    int32_t *out;
+    int32_t *best; /* [rows * parts]: each part's pick, -2 for a NaN (parts > 1) */
+} argmax_job;
+
+static void argmax_run(void *ctx, int ith, int nth) {
+    argmax_job *j = ctx;
+    if (j->parts == 1) {
+        for (int r = ith; r < j->rows; r += nth)
+            j->out[r] = cpu_argmax_f32(j->x + (size_t)r * j->n, j->n);
+        return;
+    }
+    int per = (j->n + j->parts - 1) / j->parts;
+    for (int it = ith; it < j->rows * j->parts; it += nth) {
+        int r = it / j->parts, lo = it % j->parts * per, hi = lo + per < j->n ? lo + per : j->n;
+        int i = lo < hi ? cpu_argmax_f32(j->x + (size_t)r * j->n + lo, hi - lo) : -1;
+        j->best[it] = lo >= hi ? -1 : i < 0 ? -2 : lo + i;
+    }
+}
+
+/* Rows of at least this many logits are split over the pool when there are fewer rows than
+ * threads (a 262k vocabulary is a 1 MiB row: a few tens of microseconds on one core). */
+#define ARGMAX_SPLIT_N 16384
+
 static int cpu_argmax(md_backend *be, const md_buf *x, int rows, int n, int32_t *out, md_err *e) {
     if (rows < 0 || n < 1 || (size_t)rows * n * sizeof(float) > x->n)
         return md_errf(e, MD_ERANGE, "cpu backend: argmax over [%d, %d] outside a %zu-byte buffer",
                        rows, n, x->n);
-    for (int r = 0; r < rows; r++) {
-        const float *l = (const float *)x->p + (size_t)r * n;
-        int32_t best = 0;
-        int nan = l[0] != l[0];
-        for (int i = 1; i < n; i++) {
-            nan |= l[i] != l[i];
-            if (l[i] > l[best])
-                best = i;
+    cpu_backend *c = cb(be);
+    int nth = c->n_threads, parts = 1;
+    if (rows < nth && n >= ARGMAX_SPLIT_N)
+        parts = nth < 8 ? nth : 8;
+    int32_t best[8 * 8];
+    argmax_job j = {x->p, rows, n, parts, out, best};
+    for (int r0 = 0; r0 < rows; r0 += 8) { /* best holds 8 rows of parts */
+        j.x = (const float *)x->p + (size_t)r0 * n;
+        j.rows = parts == 1 ? rows : (rows - r0 < 8 ? rows - r0 : 8);
+        j.out = out + r0;
+        cpu_pool_run((size_t)j.rows * n >= ARGMAX_SPLIT_N ? c->pool : NULL, argmax_run, &j);
+        if (parts == 1)
+            break;
+        /* the largest of the parts' picks, the lowest part on ties: the whole row's pick */
+        for (int r = 0; r < j.rows; r++) {
+            const float *l = j.x + (size_t)r * n;
+            int32_t pick = -1;
+            for (int p = 0; p < parts && pick != -2; p++) {
+                int32_t b = best[r * parts + p];
+                if (b == -2 || (b >= 0 && (pick < 0 || l[b] > l[pick])))
+                    pick = b;
+            }
+            out[r0 + r] = pick < 0 ? -1 : pick;
         }
-        out[r] = nan ? -1 : best;
     }
     return 0;
 }

@@ -135,6 +135,8 @@ float cpu_dot_f32(const float *a, const float *b, int n);
 void cpu_axpy(float *y, float a, const float *x, int n); /* y += a*x */
 void cpu_scale(float *x, float a, int n);                /* x *= a */
 void cpu_softmax(float *x, int n);                       /* in place, max-subtracted */
+/* The lowest index of the largest of x[0..n-1]; -1 if any is NaN or n < 1 (greedy pick). */
+int cpu_argmax_f32(const float *x, int n);
 /* One query head's attention over its sequence's cached positions p0..npos-1 (p0 > 0: a
  * sliding window; the keys before p0 are masked out):
  *   out[hd] = Σ_p softmax_p(scale · q·k_p) · v_p

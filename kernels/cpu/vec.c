@@ -1,5 +1,5 @@
 /* vec.c — the forward pass's vector ops (rmsnorm, swiglu, exact GELU, add, dot, axpy, scale, softmax,
- * one query head's attention over a paged KV cache):
+ * argmax, one query head's attention over a paged KV cache):
  * a portable scalar version of each and an AVX2+FMA version chosen at run time by
  * cpu_simd_level(). Single-threaded, no allocation. The AVX2 exp is a degree-6 polynomial
  * on a range-reduced argument (relative error < 2e-7 on [-87, 88]). */
@@ -49,6 +49,17 @@ static void softmax_scalar(float *x, int n) {
     float r = (float)(1.0 / s);
     for (int i = 0; i < n; i++)
         x[i] *= r;
+}
+
+/* The lowest index of the largest of x[0..n-1], -1 if any is NaN (the sampler's greedy rule). */
+static int argmax_scalar(const float *x, int n) {
+    int best = 0, nan = x[0] != x[0];
+    for (int i = 1; i < n; i++) {
+        nan |= x[i] != x[i];
+        if (x[i] > x[best])
+            best = i;
+    }
+    return nan ? -1 : best;
 }
 
 /* Row of position p in a paged cache. */
@@ -285,6 +296,52 @@ AVX2 static void attention_avx2(float *out, const float *q, const float *k, cons
             _mm256_storeu_ps(out + c0 + 8 * r, acc[r]);
     }
 }
+/* Two passes instead of a running (value, index) pair: the maximum and a NaN flag with
+ * independent accumulators, then the first index equal to it (the row is in cache by then, and
+ * the second pass stops at the match). The first x[i] == max is argmax_scalar's pick: a later
+ * equal value (also +0 against -0) never replaces it there. */
+AVX2 static int argmax_avx2(const float *x, int n) {
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m256 un = _mm256_setzero_ps(); /* lanes that met a NaN */
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        __m256 c = _mm256_loadu_ps(x + i + 16), d = _mm256_loadu_ps(x + i + 24);
+        un = _mm256_or_ps(
+            un, _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q), _mm256_cmp_ps(c, d, _CMP_UNORD_Q)));
+        m0 = _mm256_max_ps(m0, a);
+        m1 = _mm256_max_ps(m1, b);
+        m2 = _mm256_max_ps(m2, c);
+        m3 = _mm256_max_ps(m3, d);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(x + i);
+        un = _mm256_or_ps(un, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+        m0 = _mm256_max_ps(m0, a);
+    }
+    if (_mm256_movemask_ps(un))
+        return -1;
+    m0 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+    float lanes[8], mx = -INFINITY;
+    _mm256_storeu_ps(lanes, m0);
+    for (int k = 0; k < 8; k++)
+        mx = lanes[k] > mx ? lanes[k] : mx;
+    for (int k = i; k < n; k++) {
+        if (x[k] != x[k])
+            return -1;
+        mx = x[k] > mx ? x[k] : mx;
+    }
+    __m256 mv = _mm256_set1_ps(mx);
+    for (i = 0; i + 8 <= n; i += 8) {
+        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mv, _CMP_EQ_OQ));
+        if (hit)
+            return i + __builtin_ctz((unsigned)hit);
+    }
+    for (; i < n; i++)
+        if (x[i] == mx)
+            return i;
+    return 0; /* not reached: mx is one of x */
+}
 #define USE_AVX2 (cpu_simd_level() >= CPU_SIMD_AVX2)
 #else
 #define USE_AVX2 0
@@ -398,4 +455,14 @@ void cpu_attention_paged(float *out, const float *q, const float *k, const float
 #endif
     attention_scalar(out, q, k, v, row_stride, block_table, block_tokens, p0, npos, hd, scale,
                      scratch);
+}
+
+int cpu_argmax_f32(const float *x, int n) {
+    if (n <= 0)
+        return -1;
+#ifdef HAVE_X86
+    if (USE_AVX2)
+        return argmax_avx2(x, n);
+#endif
+    return argmax_scalar(x, n);
 }

@@ -345,6 +345,39 @@ static void test_argmax_op_picks_lowest_index_of_max(void **state) {
     md_backend_free(be);
 }
 
+/* The argmax op on a 3-thread pool: rows of a large vocabulary are split between threads
+ * when there are fewer rows than threads; the pick is still the lowest index of the row's
+ * maximum (a tie across parts, a maximum in the last part) and -1 for a NaN in any part. */
+static void test_argmax_op_split_rows_same_pick(void **state) {
+    enum { N = 50001, R = 2 };
+    md_backend *be;
+    md_buf *x;
+    md_err e = {0};
+    assert_int_equal(md_backend_open("cpu", 3, &be, &e), 0);
+    static float rows[R * N];
+    assert_int_equal(be->ops->buf_alloc(be, sizeof rows, &x, &e), 0);
+    static const int first[] = {0, 16666, 16667, 33334, 49999, 50000};
+    for (int c = 0; c < 6; c++) {
+        for (int i = 0; i < R * N; i++)
+            rows[i] = (float)(i % 97) * 0.01f;
+        rows[first[c]] = 5;                    /* row 0: the maximum, tied later */
+        rows[N - 1] = 5;                       /* ... in the last part */
+        rows[N + N - 1 - first[c] / 2] = 4.5f; /* row 1: one maximum */
+        if (c == 5)
+            rows[N + 3] = NAN; /* row 1: a NaN in its first part */
+        assert_int_equal(be->ops->buf_upload(be, x, 0, rows, sizeof rows, &e), 0);
+        for (int nr = 1; nr <= R; nr++) {
+            int32_t out[R] = {-7, -7};
+            assert_int_equal(be->ops->argmax(be, x, nr, N, out, &e), 0);
+            assert_int_equal(out[0], first[c]);
+            if (nr == 2)
+                assert_int_equal(out[1], c == 5 ? -1 : N - 1 - first[c] / 2);
+        }
+    }
+    be->ops->buf_free(be, x);
+    md_backend_free(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen2_neox_bias_untied_exact),
@@ -367,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_auto_device_picks_cpu_without_gpu),
         cmocka_unit_test(test_cpu_check_fits_refuses_more_than_ram),
         cmocka_unit_test(test_argmax_op_picks_lowest_index_of_max),
+        cmocka_unit_test(test_argmax_op_split_rows_same_pick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -568,6 +568,58 @@ static void test_softmax_handles_extremes(void **state) {
     }
 }
 
+/* The lowest index of the maximum, -1 for a NaN anywhere: every level against a plain loop, on
+ * lengths around the vector widths, ties (also +0 / -0), -inf rows and a NaN at each end. */
+static int argmax_want(const float *x, int n) {
+    int best = 0;
+    for (int i = 0; i < n; i++) {
+        if (x[i] != x[i])
+            return -1;
+        if (x[i] > x[best])
+            best = i;
+    }
+    return best;
+}
+
+static void test_argmax_lowest_index_of_max_every_level(void **state) {
+    enum { MAXN = 1000 };
+    static float x[MAXN];
+    static const int sizes[] = {1, 7, 8, 9, 31, 32, 33, 40, 577, 1000};
+    uint64_t rng = 7;
+    for (int li = 0; li < n_levels; li++) {
+        assert_int_equal(cpu_simd_set(levels[li]), 0);
+        for (int si = 0; si < 10; si++) {
+            int n = sizes[si];
+            for (int trial = 0; trial < 40; trial++) {
+                for (int i = 0; i < n; i++) {
+                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                    /* few distinct values, so that ties are common */
+                    x[i] = (float)((int)(rng >> 59) - 16) * (trial % 2 ? 0.5f : -1.0f);
+                }
+                if (trial == 3)
+                    for (int i = 0; i < n; i++)
+                        x[i] = -INFINITY;
+                if (trial == 5)
+                    for (int i = 0; i < n; i++)
+                        x[i] = i % 3 ? -0.0f : 0.0f;
+                if (trial == 7)
+                    x[n - 1] = NAN;
+                if (trial == 9)
+                    x[0] = NAN;
+                if (trial == 11)
+                    x[n / 2] = INFINITY;
+                int got = cpu_argmax_f32(x, n), want = argmax_want(x, n);
+                if (got != want) {
+                    print_error("argmax (%s) n %d trial %d: %d, want %d\n", cpu_simd_name(), n,
+                                trial, got, want);
+                    fail();
+                }
+            }
+        }
+        assert_int_equal(cpu_argmax_f32(x, 0), -1);
+    }
+    cpu_simd_set(cpu_simd_detect());
+}
 
 /* Paged attention: blocks out of order in the cache, against a double-precision formula. */
 static void test_attention_paged_matches_double_formula(void **state) {
@@ -723,6 +775,7 @@ int main(void) {
         cmocka_unit_test(test_swiglu_independent_of_span),
         cmocka_unit_test(test_vector_ops_match_double_formulas),
         cmocka_unit_test(test_softmax_handles_extremes),
+        cmocka_unit_test(test_argmax_lowest_index_of_max_every_level),
         cmocka_unit_test(test_attention_paged_matches_double_formula),
         cmocka_unit_test(test_f16_rows_round_to_nearest_even),
         cmocka_unit_test(test_pool_runs_each_thread_once_per_job),
