@@ -108,7 +108,8 @@ void pk_k_dequant_row(int t, const void *Wp, int cols, int r, float *out) {
             float d = pk_half(rec + PK_Q4K_D + 2 * lr),
                   dmin = pk_half(rec + PK_Q4K_D + 32 + 2 * lr);
             for (int e = 0; e < QK_K; e++) { /* cpu_dequant_row's expression */
-                int sc = rec[PK_Q4K_SC + 16 * (e / 32) + lr], mn = rec[PK_Q4K_MN + 16 * (e / 32) + lr];
+                int sc = rec[PK_Q4K_SC + 16 * (e / 32) + lr];
+                int mn = rec[PK_Q4K_MN + 16 * (e / 32) + lr];
                 o[e] = d * sc * pk_k_elem(t, rec, lr, e) - dmin * mn;
             }
         } else {

@@ -63,8 +63,8 @@ TGT static INL void pk_q4k(int nb, const uint8_t *wg, int nr, const act_row *a, 
         __m512i mnp[8]; /* (mn_s, mn_s) int16 pairs of the 16 rows */
         #pragma GCC unroll 8
         for (int s = 0; s < 8; s++) {
-            __m512i mn = _mm512_cvtepu8_epi32(
-                _mm_loadu_si128((const __m128i *)(rec + PK_Q4K_MN + 16 * s)));
+            __m512i mn =
+                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + PK_Q4K_MN + 16 * s)));
             mnp[s] = _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16));
         }
         #pragma GCC unroll 8
