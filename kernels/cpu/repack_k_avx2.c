@@ -148,10 +148,15 @@ TGT static INL void k2_tile(int q6, int nb, const uint8_t *wg, int nr, const act
         for (int c = 0; c < nc; c += 2) {
             __m256 acc[2];
             int C = nc - c < 2 ? 1 : 2;
-            if (q6)
-                C == 2 ? q6k_main(nb, wg, h, a + c, 2, acc) : q6k_main(nb, wg, h, a + c, 1, acc);
+            /* C a constant in each call: the accumulators stay in registers */
+            if (q6 && C == 2)
+                q6k_main(nb, wg, h, a + c, 2, acc);
+            else if (q6)
+                q6k_main(nb, wg, h, a + c, 1, acc);
+            else if (C == 2)
+                q4k_main(nb, wg, h, a + c, 2, acc);
             else
-                C == 2 ? q4k_main(nb, wg, h, a + c, 2, acc) : q4k_main(nb, wg, h, a + c, 1, acc);
+                q4k_main(nb, wg, h, a + c, 1, acc);
             for (int k = 0; k < C; k++) {
                 float *yc = y + (size_t)(c + k) * ldy + 8 * h;
                 __m256 v = add ? _mm256_add_ps(_mm256_maskload_ps(yc, m), acc[k]) : acc[k];
