@@ -357,7 +357,8 @@ typedef struct md_backend_ops {
     /* A weight for embed / matmul / matmul_n (optional; NULL: the engine calls buf_wrap):
      * host holds ne1 rows of ne0 elements of `type` in GGUF layout, `bytes` bytes. The
      * backend may copy it into the layout its kernels stream (the CPU at the AVX2 and AVX-512
-     * levels: Q4_0/Q4_1/Q5_0/Q8_0 repacked in 16-row groups, docs/kernels.md "Repacked weights"):
+     * levels: Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K repacked in 16-row groups, docs/kernels.md
+     * "Repacked weights"):
      * then *copied = 1 and host is never read again, so the caller may give its pages back;
      * else *copied = 0 and the buffer aliases host as buf_wrap's does. While copying, the
      * backend calls done(done_ctx, p, n) (done may be NULL) for each range [p, p + n) of host

@@ -95,8 +95,9 @@ static int cpu_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf *
     return 0;
 }
 
-/* Q4_0/Q4_1/Q5_0/Q8_0 weights repacked where the SIMD level has fast packed kernels (AVX2,
- * AVX-512): a copy of the same size (rows padded to 16), the host bytes never read again.
+/* Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K weights repacked where the SIMD level has fast packed kernels
+ * (AVX2, AVX-512): a copy of the same size (rows padded to 16; Q4_K's 2.8% larger), the host
+ * bytes never read again.
  * Anything else, the exact backend and a failed allocation alias host as buf_wrap does. */
 static int cpu_weight_wrap(md_backend *be, const void *host, size_t bytes, int type, int64_t ne0,
                            int64_t ne1, void (*done)(void *, const void *, size_t), void *done_ctx,

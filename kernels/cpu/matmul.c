@@ -58,6 +58,8 @@ static void build_table(int level) {
         TAKE(p_q4_1);
         TAKE(p_q5_0);
         TAKE(p_q8_0);
+        TAKE(p_q4_k);
+        TAKE(p_q6_k);
         TAKE(quant32);
         TAKE(quantk);
 #undef TAKE
@@ -305,6 +307,8 @@ static ptile_fn pick_packed(int t) {
     case MD_TYPE_Q4_1: return g_tab.p_q4_1;
     case MD_TYPE_Q5_0: return g_tab.p_q5_0;
     case MD_TYPE_Q8_0: return g_tab.p_q8_0;
+    case MD_TYPE_Q4_K: return g_tab.p_q4_k;
+    case MD_TYPE_Q6_K: return g_tab.p_q6_k;
     default: return NULL;
     }
 }
@@ -343,7 +347,8 @@ static void mm_run(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const fl
             .fn = pick(bt),
             .pfn = pick_packed(w[i].wtype),
             .W = w[i].W,
-            .wstride = md_type_row_bytes(bt, cols) * (is_packed(w[i].wtype) ? CPU_PACK_ROWS : 1),
+            .wstride = is_packed(w[i].wtype) ? cpu_pack_size(bt, CPU_PACK_ROWS, cols)
+                                             : md_type_row_bytes(bt, cols),
             .rows = w[i].rows,
             .nb = is_float(bt) ? cols : cols / md_type_block(bt),
             .y = w[i].y,

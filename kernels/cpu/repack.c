@@ -1,6 +1,6 @@
 /* repack.c — weights of the 32-element block types (Q4_0, Q4_1, Q5_0, Q8_0) copied at load
  * into the row-interleaved layout the packed kernels stream (docs/kernels.md "Repacked
- * weights"), a row of that layout dequantized back (embedding lookups), and the scalar packed
+ * weights"; Q4_K and Q6_K: repack_k.c's records, packed through the functions here), a row of that layout dequantized back (embedding lookups), and the scalar packed
  * tile kernels: the reference every SIMD level's packed kernel is tested against, and the
  * kernels a level without its own packed ones falls back to.
  *
@@ -22,8 +22,11 @@
 
 #include <string.h>
 
+static int is_k(int t) { return t == MD_TYPE_Q4_K || t == MD_TYPE_Q6_K; }
+
 int cpu_pack_type(int t) {
-    return t == MD_TYPE_Q4_0 || t == MD_TYPE_Q4_1 || t == MD_TYPE_Q5_0 || t == MD_TYPE_Q8_0;
+    return t == MD_TYPE_Q4_0 || t == MD_TYPE_Q4_1 || t == MD_TYPE_Q5_0 || t == MD_TYPE_Q8_0 ||
+           is_k(t);
 }
 
 int cpu_pack_wanted(int t) {
@@ -34,6 +37,8 @@ size_t cpu_pack_size(int t, int rows, int cols) {
     if (!cpu_pack_type(t) || rows <= 0 || cpu_matmul_check(t, cols) != 0)
         return 0;
     size_t groups = ((size_t)rows + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS;
+    if (is_k(t))
+        return groups * (size_t)(cols / QK_K) * pk_k_block_bytes(t);
     return groups * (size_t)(cols / QK32) * pk_block_bytes(t);
 }
 
@@ -64,11 +69,18 @@ int cpu_pack_groups(int t, const void *W, int rows, int cols, int g0, int g1, vo
     int n_groups = (rows + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS;
     if (!total || !W || !dst || g0 < 0 || g1 > n_groups || g0 > g1)
         return -1;
-    int nb = cols / QK32;
-    size_t rs = md_type_row_bytes(t, cols), bsz = rs / (size_t)nb, pb = pk_block_bytes(t);
+    size_t gb = total / (size_t)n_groups, rs = md_type_row_bytes(t, cols);
     uint8_t *out = dst;
-    memset(out + (size_t)g0 * nb * pb, 0, (size_t)(g1 - g0) * nb * pb);
+    memset(out + (size_t)g0 * gb, 0, (size_t)(g1 - g0) * gb);
     int r1 = g1 * CPU_PACK_ROWS < rows ? g1 * CPU_PACK_ROWS : rows;
+    if (is_k(t)) {
+        for (int r = g0 * CPU_PACK_ROWS; r < r1; r++)
+            pk_k_pack_row(t, (const uint8_t *)W + (size_t)r * rs, cols / QK_K,
+                          out + (size_t)(r / CPU_PACK_ROWS) * gb, r % CPU_PACK_ROWS);
+        return 0;
+    }
+    int nb = cols / QK32;
+    size_t bsz = rs / (size_t)nb, pb = pk_block_bytes(t);
     for (int r = g0 * CPU_PACK_ROWS; r < r1; r++) {
         int g = r / CPU_PACK_ROWS, lr = r % CPU_PACK_ROWS;
         for (int b = 0; b < nb; b++) {
@@ -116,8 +128,12 @@ static int pk_off(int t) {
 }
 
 void cpu_packed_dequant_row(int t, const void *Wp, int rows, int cols, int r, float *out) {
-    int nb = cols / QK32, g = r / CPU_PACK_ROWS, lr = r % CPU_PACK_ROWS;
     (void)rows;
+    if (is_k(t)) {
+        pk_k_dequant_row(t, Wp, cols, r, out);
+        return;
+    }
+    int nb = cols / QK32, g = r / CPU_PACK_ROWS, lr = r % CPU_PACK_ROWS;
     size_t pb = pk_block_bytes(t);
     for (int b = 0; b < nb; b++) {
         const uint8_t *rec = (const uint8_t *)Wp + ((size_t)g * nb + b) * pb;

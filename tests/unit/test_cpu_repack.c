@@ -1,8 +1,8 @@
-/* test_cpu_repack.c — kernels/cpu/repack.c: the packed layout of Q4_0, Q4_1, Q5_0 and Q8_0
- * (a packed row dequantizes to the GGUF row's values exactly), the packed product at every SIMD
- * level against the scalar reference (cpu_matmul_ref) and against the plain layout's scalar
- * level, its independence from the batch size, the tiles and the thread count (bit for bit),
- * the fused modes over packed weights, and the refusals. Runs the same on a CPU with or
+/* test_cpu_repack.c — kernels/cpu/repack.c and repack_k.c: the packed layout of Q4_0, Q4_1,
+ * Q5_0, Q8_0, Q4_K and Q6_K (a packed row dequantizes to the GGUF row's values exactly), the packed
+ * product at every SIMD level against the scalar reference (cpu_matmul_ref) and against the plain
+ * layout's scalar level, its independence from the batch size, the tiles and the thread count (bit
+ * for bit), the fused modes over packed weights, and the refusals. Runs the same on a CPU with or
  * without AVX-512: every level the CPU has is forced in turn, and the scalar packed kernel is
  * always among them.
  *
@@ -22,7 +22,8 @@
 #include "common/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 
-static const int TYPES[] = {MD_TYPE_Q4_0, MD_TYPE_Q4_1, MD_TYPE_Q5_0, MD_TYPE_Q8_0};
+static const int TYPES[] = {MD_TYPE_Q4_0, MD_TYPE_Q4_1, MD_TYPE_Q5_0,
+                            MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K};
 #define N_TYPES (int)(sizeof TYPES / sizeof TYPES[0])
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
@@ -36,18 +37,29 @@ static float frnd(void) {
     return (float)rnd() / 4294967296.0f * 2.0f - 1.0f;
 }
 
-/* Random blocks with half scales (and Q4_1 mins) of either sign in [2^-8, 2^-4). */
+static int is_k(int t) {
+    return t == MD_TYPE_Q4_K || t == MD_TYPE_Q6_K;
+}
+/* Block size of t, which is also the activations' block (one scale per 32 or 256 of x). */
+static int blk(int t) {
+    return is_k(t) ? 256 : 32;
+}
+
+/* Random blocks with half scales (and Q4_1's m, Q4_K's dmin) of either sign in [2^-8, 2^-4)
+ * (K types below 2^-6: their sub-block scales multiply it); the rest random bytes (Q6_K's
+ * int8 scales, -128 included; Q4_K's packed six-bit scales and mins). */
 static void *rand_matrix(int t, int rows, int cols) {
-    size_t rs = md_type_row_bytes(t, cols), total = rs * (size_t)rows, bb = rs / (cols / 32);
+    size_t rs = md_type_row_bytes(t, cols), total = rs * (size_t)rows, bb = rs / (cols / blk(t));
     uint8_t *w = malloc(total);
     assert_non_null(w);
     for (size_t i = 0; i < total; i++)
         w[i] = (uint8_t)rnd();
+    size_t d_at = t == MD_TYPE_Q6_K ? 208 : 0;
     for (size_t off = 0; off < total; off += bb)
-        for (int k = 0; k < (t == MD_TYPE_Q4_1 ? 2 : 1); k++) {
-            uint16_t h =
-                (uint16_t)(((rnd() & 1) << 15) | ((7 + rnd() % 4) << 10) | (rnd() & 0x3ff));
-            memcpy(w + off + 2 * k, &h, 2);
+        for (int k = 0; k < (t == MD_TYPE_Q4_1 || t == MD_TYPE_Q4_K ? 2 : 1); k++) {
+            uint16_t h = (uint16_t)(((rnd() & 1) << 15) | ((7 + rnd() % (is_k(t) ? 2 : 4)) << 10) |
+                                    (rnd() & 0x3ff));
+            memcpy(w + off + d_at + 2 * k, &h, 2);
         }
     return w;
 }
@@ -82,14 +94,14 @@ static void test_packed_row_equals_plain_row_whole_or_in_parts(void **state) {
     static const int rows_list[] = {1, 15, 16, 17, 40};
     for (int ti = 0; ti < N_TYPES; ti++)
         for (int ri = 0; ri < 5; ri++) {
-            int t = TYPES[ti], rows = rows_list[ri], cols = 96;
+            int t = TYPES[ti], rows = rows_list[ri], cols = is_k(t) ? 512 : 96;
             void *W = rand_matrix(t, rows, cols), *P = packed(t, W, rows, cols);
-            float a[96], b[96];
+            float a[512], b[512];
             for (int r = 0; r < rows; r++) {
                 cpu_dequant_row(t, (const uint8_t *)W + (size_t)r * md_type_row_bytes(t, cols), a,
                                 cols);
                 cpu_packed_dequant_row(t, P, rows, cols, r, b);
-                if (memcmp(a, b, sizeof a))
+                if (memcmp(a, b, sizeof(float) * cols))
                     fail_msg("type %d row %d of %d: the packed row differs", t, r, rows);
             }
             /* packed a group at a time (cpu_pack_groups, the backend's parts): the same bytes */
@@ -113,17 +125,18 @@ static void check_packed(cpu_pool *pool, int t, int rows, int cols, int n) {
     float *x = rand_x(n, cols);
     size_t ny = (size_t)rows * n;
     float *ref = malloc(ny * 4), *ys = malloc(ny * 4), *y = malloc(ny * 4), *wr = malloc(cols * 4);
+    float *yp = malloc(ny * 4); /* the packed scalar kernel's: the SIMD packed kernels' reference */
     double *mag = malloc(ny * 8), *qerr = malloc(ny * 8);
     void *scratch = scratch_for(t, cols, n);
-    assert_true(ref && ys && y && mag && qerr && wr);
+    assert_true(ref && ys && y && yp && mag && qerr && wr);
     cpu_matmul_ref(t, W, rows, cols, x, n, ref);
     for (int r = 0; r < rows; r++) {
         cpu_dequant_row(t, (const uint8_t *)W + (size_t)r * md_type_row_bytes(t, cols), wr, cols);
         for (int c = 0; c < n; c++) {
             double m = 0, q = 0;
-            for (int b = 0; b < cols; b += 32) {
+            for (int b = 0; b < cols; b += blk(t)) {
                 double amax = 0, sw = 0;
-                for (int i = b; i < b + 32; i++) {
+                for (int i = b; i < b + blk(t); i++) {
                     amax = fmax(amax, fabs(x[(size_t)c * cols + i]));
                     sw += fabs(wr[i]);
                     m += fabs((double)wr[i] * x[(size_t)c * cols + i]);
@@ -141,12 +154,15 @@ static void check_packed(cpu_pool *pool, int t, int rows, int cols, int n) {
         for (size_t i = 0; i < ny; i++)
             y[i] = NAN;
         cpu_matmul(lv ? pool : NULL, CPU_PACKED(t), P, rows, cols, x, n, y, scratch);
+        if (lv == 0)
+            memcpy(yp, y, ny * 4);
         for (size_t i = 0; i < ny; i++) {
             double tol_ref = qerr[i] + 1e-5 * mag[i] + 1e-6, tol_lvl = 2e-5 * mag[i] + 1e-6;
-            if (!(fabs(y[i] - ref[i]) <= tol_ref) || !(fabs(y[i] - ys[i]) <= tol_lvl))
+            if (!(fabs(y[i] - ref[i]) <= tol_ref) || !(fabs(y[i] - ys[i]) <= tol_lvl) ||
+                !(fabs(y[i] - yp[i]) <= tol_lvl))
                 fail_msg("packed type %d level %s rows %d cols %d n %d: y[%zu] = %.7g, ref %.7g "
-                         "(tol %.3g), plain scalar %.7g (tol %.3g)",
-                         t, cpu_simd_name(), rows, cols, n, i, y[i], ref[i], tol_ref, ys[i],
+                         "(tol %.3g), plain scalar %.7g, packed scalar %.7g (tol %.3g)",
+                         t, cpu_simd_name(), rows, cols, n, i, y[i], ref[i], tol_ref, ys[i], yp[i],
                          tol_lvl);
         }
     }
@@ -157,6 +173,7 @@ static void check_packed(cpu_pool *pool, int t, int rows, int cols, int n) {
     free(ref);
     free(ys);
     free(y);
+    free(yp);
     free(wr);
     free(mag);
     free(qerr);
@@ -168,16 +185,20 @@ static void test_packed_matmul_every_type_level_and_shape(void **state) {
     cpu_pool *pool = cpu_pool_create(3);
     assert_non_null(pool);
     static const int rows_list[] = {1, 5, 16, 17, 67};
-    static const int cols_list[] = {32, 96, 576};
+    static const int cols_list[] = {32, 96, 576}, cols_k[] = {256, 512, 1280};
     static const int ns[] = {1, 2, 3, 8, 9, 17, 70};
     for (int ti = 0; ti < N_TYPES; ti++)
         for (int ri = 0; ri < 5; ri++)
             for (int ci = 0; ci < 3; ci++)
-                check_packed(pool, TYPES[ti], rows_list[ri], cols_list[ci],
+                check_packed(pool, TYPES[ti], rows_list[ri],
+                             is_k(TYPES[ti]) ? cols_k[ci] : cols_list[ci],
                              ns[(ri * 3 + ci + ti) % 7]);
     /* SmolLM2's shapes at a prompt-sized batch (two activation chunks) */
     check_packed(pool, MD_TYPE_Q4_1, 1536, 576, 70);
     check_packed(pool, MD_TYPE_Q4_1, 576, 1536, 9);
+    /* Gemma 3 270M's Q6_K ffn_down and Q4_K attn_output columns, rows not a multiple of 16 */
+    check_packed(pool, MD_TYPE_Q6_K, 90, 2048, 70);
+    check_packed(pool, MD_TYPE_Q4_K, 93, 1024, 66);
     cpu_pool_destroy(pool);
 }
 
@@ -185,9 +206,9 @@ static void test_packed_matmul_every_type_level_and_shape(void **state) {
  * number of threads: the engine's seeded-sampling guarantee (docs/design.md) needs it. */
 static void test_packed_independent_of_batch_and_threads(void **state) {
     (void)state;
-    int rows = 203, cols = 192, n = 70;
+    int rows = 203, n = 70;
     for (int ti = 0; ti < N_TYPES; ti++) {
-        int t = TYPES[ti];
+        int t = TYPES[ti], cols = is_k(t) ? 512 : 192;
         void *W = rand_matrix(t, rows, cols), *P = packed(t, W, rows, cols);
         float *x = rand_x(n, cols);
         float *y1 = malloc(sizeof(float) * rows * n), *y2 = malloc(sizeof(float) * rows * n);
@@ -227,75 +248,83 @@ static void test_packed_independent_of_batch_and_threads(void **state) {
  * for bit: ACC is cpu_matmul then cpu_add, SWIGLU two products then cpu_swiglu. */
 static void test_packed_matmul_n_equals_unfused_ops(void **state) {
     (void)state;
-    int cols = 96, rows = 37;
+    int rows = 37;
     static const int ns[] = {1, 9, 70};
-    for (int lv = 0; lv <= cpu_simd_detect(); lv++) {
-        assert_int_equal(cpu_simd_set(lv), 0);
-        cpu_pool *pool = cpu_pool_create(2);
-        for (int ni = 0; ni < 3; ni++) {
-            int n = ns[ni];
-            void *W0 = rand_matrix(MD_TYPE_Q4_1, rows, cols),
-                 *W1 = rand_matrix(MD_TYPE_Q8_0, rows, cols);
-            void *P0 = packed(MD_TYPE_Q4_1, W0, rows, cols),
-                 *P1 = packed(MD_TYPE_Q8_0, W1, rows, cols);
-            float *x = rand_x(n, cols);
-            size_t ny = (size_t)rows * n;
-            float *g = malloc(ny * 4), *u = malloc(ny * 4), *wg = malloc(ny * 4),
-                  *wu = malloc(ny * 4);
-            void *scratch = scratch_for(MD_TYPE_Q4_1, cols, n);
-            /* SWIGLU: packed gate, plain up */
-            cpu_matmul(pool, CPU_PACKED(MD_TYPE_Q4_1), P0, rows, cols, x, n, wg, scratch);
-            cpu_matmul(pool, MD_TYPE_Q8_0, W1, rows, cols, x, n, wu, scratch);
-            for (int c = 0; c < n; c++)
-                cpu_swiglu(wg + (size_t)c * rows, wg + (size_t)c * rows, wu + (size_t)c * rows,
-                           rows);
-            cpu_mm_seg sw[2] = {{CPU_PACKED(MD_TYPE_Q4_1), P0, rows, g},
-                                {MD_TYPE_Q8_0, W1, rows, u}};
-            cpu_matmul_n(pool, sw, 2, cols, x, n, CPU_MM_SWIGLU, scratch);
-            assert_memory_equal(g, wg, ny * 4);
-            /* ACC: both packed */
-            for (size_t i = 0; i < ny; i++)
-                g[i] = wg[i] = frnd(), u[i] = wu[i] = frnd();
-            float *tmp = malloc(ny * 4);
-            cpu_matmul(pool, CPU_PACKED(MD_TYPE_Q4_1), P0, rows, cols, x, n, tmp, scratch);
-            cpu_add(wg, wg, tmp, (int)ny);
-            cpu_matmul(pool, CPU_PACKED(MD_TYPE_Q8_0), P1, rows, cols, x, n, tmp, scratch);
-            cpu_add(wu, wu, tmp, (int)ny);
-            cpu_mm_seg sa[2] = {{CPU_PACKED(MD_TYPE_Q4_1), P0, rows, g},
-                                {CPU_PACKED(MD_TYPE_Q8_0), P1, rows, u}};
-            cpu_matmul_n(pool, sa, 2, cols, x, n, CPU_MM_ACC, scratch);
-            assert_memory_equal(g, wg, ny * 4);
-            assert_memory_equal(u, wu, ny * 4);
-            free(tmp);
-            free(W0);
-            free(W1);
-            free(P0);
-            free(P1);
-            free(x);
-            free(g);
-            free(u);
-            free(wg);
-            free(wu);
-            free(scratch);
+    /* the 32-element types (Q4_1 beside Q8_0) and the K types (Q4_K beside Q6_K) */
+    static const int pairs[2][3] = {{MD_TYPE_Q4_1, MD_TYPE_Q8_0, 96},
+                                    {MD_TYPE_Q4_K, MD_TYPE_Q6_K, 256}};
+    for (int lv = 0; lv <= cpu_simd_detect(); lv++)
+        for (int pi = 0; pi < 2; pi++) {
+            const int T0 = pairs[pi][0], T1 = pairs[pi][1], cols = pairs[pi][2];
+            assert_int_equal(cpu_simd_set(lv), 0);
+            cpu_pool *pool = cpu_pool_create(2);
+            for (int ni = 0; ni < 3; ni++) {
+                int n = ns[ni];
+                void *W0 = rand_matrix(T0, rows, cols), *W1 = rand_matrix(T1, rows, cols);
+                void *P0 = packed(T0, W0, rows, cols), *P1 = packed(T1, W1, rows, cols);
+                float *x = rand_x(n, cols);
+                size_t ny = (size_t)rows * n;
+                float *g = malloc(ny * 4), *u = malloc(ny * 4), *wg = malloc(ny * 4),
+                      *wu = malloc(ny * 4);
+                void *scratch = scratch_for(T0, cols, n);
+                /* SWIGLU: packed gate, plain up */
+                cpu_matmul(pool, CPU_PACKED(T0), P0, rows, cols, x, n, wg, scratch);
+                cpu_matmul(pool, T1, W1, rows, cols, x, n, wu, scratch);
+                for (int c = 0; c < n; c++)
+                    cpu_swiglu(wg + (size_t)c * rows, wg + (size_t)c * rows, wu + (size_t)c * rows,
+                               rows);
+                cpu_mm_seg sw[2] = {{CPU_PACKED(T0), P0, rows, g}, {T1, W1, rows, u}};
+                cpu_matmul_n(pool, sw, 2, cols, x, n, CPU_MM_SWIGLU, scratch);
+                assert_memory_equal(g, wg, ny * 4);
+                /* ACC: both packed */
+                for (size_t i = 0; i < ny; i++)
+                    g[i] = wg[i] = frnd(), u[i] = wu[i] = frnd();
+                float *tmp = malloc(ny * 4);
+                cpu_matmul(pool, CPU_PACKED(T0), P0, rows, cols, x, n, tmp, scratch);
+                cpu_add(wg, wg, tmp, (int)ny);
+                cpu_matmul(pool, CPU_PACKED(T1), P1, rows, cols, x, n, tmp, scratch);
+                cpu_add(wu, wu, tmp, (int)ny);
+                cpu_mm_seg sa[2] = {{CPU_PACKED(T0), P0, rows, g}, {CPU_PACKED(T1), P1, rows, u}};
+                cpu_matmul_n(pool, sa, 2, cols, x, n, CPU_MM_ACC, scratch);
+                assert_memory_equal(g, wg, ny * 4);
+                assert_memory_equal(u, wu, ny * 4);
+                free(tmp);
+                free(W0);
+                free(W1);
+                free(P0);
+                free(P1);
+                free(x);
+                free(g);
+                free(u);
+                free(wg);
+                free(wu);
+                free(scratch);
+            }
+            cpu_pool_destroy(pool);
         }
-        cpu_pool_destroy(pool);
-    }
     cpu_simd_set(cpu_simd_detect());
 }
 
 static void test_pack_refuses_types_and_shapes_without_a_layout(void **state) {
     (void)state;
     uint8_t buf[4096] = {0}, dst[4096];
-    assert_int_equal(cpu_pack_size(MD_TYPE_Q4_K, 16, 256), 0);
+    assert_int_equal(cpu_pack_size(MD_TYPE_F16, 16, 256), 0);
     assert_int_equal(cpu_pack_size(MD_TYPE_BF16, 16, 64), 0);
     assert_int_equal(cpu_pack_size(MD_TYPE_Q4_1, 16, 48), 0);
     assert_int_equal(cpu_pack_size(MD_TYPE_Q4_1, 0, 64), 0);
-    assert_int_equal(cpu_pack(MD_TYPE_Q6_K, buf, 1, 256, dst), -1);
+    assert_int_equal(cpu_pack_size(MD_TYPE_Q4_K, 16, 128), 0);
+    assert_int_equal(cpu_pack(MD_TYPE_Q6_K, buf, 1, 320, dst), -1);
+    assert_int_equal(cpu_pack(MD_TYPE_F32, buf, 1, 256, dst), -1);
     assert_int_equal(cpu_pack(MD_TYPE_Q8_0, buf, 1, 33, dst), -1);
     assert_int_equal(cpu_pack_size(MD_TYPE_Q4_1, 17, 64), 2 * 2 * 320);
-    assert_int_equal(cpu_matmul_check(CPU_PACKED(MD_TYPE_Q4_K), 256), -1);
+    assert_int_equal(cpu_pack_size(MD_TYPE_Q4_K, 17, 512), 2 * 2 * 2368);
+    assert_int_equal(cpu_pack_size(MD_TYPE_Q6_K, 16, 256), 16 * 210);
+    assert_int_equal(cpu_matmul_check(CPU_PACKED(MD_TYPE_Q4_K), 256), 0);
+    assert_int_equal(cpu_matmul_check(CPU_PACKED(MD_TYPE_Q6_K), 128), -1);
     assert_int_equal(cpu_matmul_check(CPU_PACKED(MD_TYPE_Q5_0), 64), 0);
-    assert_int_equal(cpu_pack_wanted(MD_TYPE_Q4_K), 0);
+    assert_int_equal(cpu_matmul_check(CPU_PACKED(MD_TYPE_F16), 64), -1);
+    assert_int_equal(cpu_pack_wanted(MD_TYPE_Q6_K), cpu_simd_level() >= CPU_SIMD_AVX2);
+    assert_int_equal(cpu_pack_wanted(MD_TYPE_BF16), 0);
 }
 
 int main(void) {
