@@ -49,16 +49,6 @@ static inline void fill(float *x, size_t n, float scale, float shift) {
         x[i] = shift + scale * frand();
 }
 
-/* CHK(call) fails the test with the error's sentence when call, given E for its md_err *,
- * does not return 0. */
-#define CHK(call)                                                                                  \
-    do {                                                                                           \
-        md_err e_ = {0};                                                                           \
-        if ((call) != 0)                                                                           \
-            fail_msg("%s: %s", #call, e_.msg);                                                     \
-    } while (0)
-#define E (&e_)
-
 /* n bytes on be, filled from h when h is not NULL. */
 static inline md_buf *mk(md_backend *be, const void *h, size_t n) {
     md_buf *b;
