@@ -46,3 +46,12 @@ add_test(NAME api_online_smollm2
          COMMAND ${MEDLEY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/api_online_smollm2.py)
 set_tests_properties(api_online_smollm2 PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77
                      ENVIRONMENT "${MEDLEY_API_TEST_ENV}")
+# bench/api scaled down on the echo model (seconds): bench_api.py (a 200-line batch, both
+# paths) and bench_online.py (3 requests each way), both on bench_api.py's medley_stack.
+add_test(NAME bench_api_small
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_SOURCE_DIR}/bench/api/bench_api.py
+                 --medley $<TARGET_FILE:medley> -n 200 --reps 1)
+add_test(NAME bench_online_echo
+         COMMAND ${MEDLEY_PYTHON} ${CMAKE_SOURCE_DIR}/bench/api/bench_online.py
+                 --medley $<TARGET_FILE:medley> --model echo --reps 3 --max-tokens 4)
+set_tests_properties(bench_api_small bench_online_echo PROPERTIES LABELS integration TIMEOUT 120)

@@ -29,3 +29,8 @@ medley_test(test_backend_devices SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_b
 add_executable(bench_enc_gemm ${CMAKE_SOURCE_DIR}/bench/kernels/bench_enc_gemm.c)
 target_link_libraries(bench_enc_gemm PRIVATE medley_kernels)
 set_target_properties(bench_enc_gemm PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
+
+# vexp.h and its users on NaN, +-inf and extremes: softmax, the GLUs, exact GELU and the tiled
+# attention at every SIMD level against the scalar level (a NaN stays NaN).
+medley_test(test_cpu_nonfinite SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_cpu_nonfinite.c
+            LIBS medley_kernels LABELS unit)

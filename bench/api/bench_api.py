@@ -11,8 +11,12 @@ scripts/requirements-test.txt installed):
 Prints each path's seconds, the ratio submit/api (1.0 = the API costs nothing; goal >= 0.9),
 the CPU seconds medley's client side used in each (the `medley submit` and `medley results`
 processes; the `medley api` process: less noisy than wall time on a shared machine) and GET
-requests/s."""
+requests/s.
+
+medley_stack() starts the redis-server, worker and `medley api`; bench_online.py uses it too.
+ctest -R bench_api_small runs this at 200 lines."""
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -25,9 +29,9 @@ import sys
 import tempfile
 import threading
 import time
+import types
 
 import redis
-from openai import OpenAI
 
 KEY = "sk-bench-0123456789abcdef0123"
 
@@ -102,13 +106,14 @@ def get_rps(host, port, batch, seconds=5, threads=4):
     return sum(count) / seconds
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--medley", default="build/cli/medley")
-    ap.add_argument("-n", type=int, default=50000)
-    ap.add_argument("--reps", type=int, default=2)
-    a = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="bench-api-")
+@contextlib.contextmanager
+def medley_stack(medley, model, prefix):
+    """One redis-server on loopback without persistence, one `medley worker --model model` and
+    one `medley api` that accepts KEY, in a temporary folder. Yields a namespace: tmp (the
+    folder), url (Redis), r (a redis-py client), api (the `medley api` process), base (its
+    http://host:port), host, port. On exit the three are stopped (killed after 30 s) and the
+    folder removed. The worker may still be loading its model when this yields."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
     port = free_port()
     procs = []
     try:
@@ -125,15 +130,39 @@ def main():
                 time.sleep(0.05)
         with open(os.path.join(tmp, "keys"), "w") as f:
             f.write("bench %s\n" % KEY)
-        procs.append(subprocess.Popen([a.medley, "worker", "--redis", url, "--model", "echo"],
+        procs.append(subprocess.Popen([medley, "worker", "--redis", url, "--model", model],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        api = subprocess.Popen([a.medley, "api", "--listen", "127.0.0.1:0", "--redis", url,
+        api = subprocess.Popen([medley, "api", "--listen", "127.0.0.1:0", "--redis", url,
                                 "--api-keys", os.path.join(tmp, "keys")],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         procs.append(api)
         base = api.stdout.readline().split("serving ", 1)[1].strip()
         host, aport = base.rsplit("/", 1)[1].split(":")
-        client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+        yield types.SimpleNamespace(tmp=tmp, url=url, r=r, api=api, base=base, host=host,
+                                    port=int(aport))
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--medley", default="build/cli/medley")
+    ap.add_argument("-n", type=int, default=50000)
+    ap.add_argument("--reps", type=int, default=2)
+    a = ap.parse_args()
+    from openai import OpenAI  # here: bench_online.py imports this module without the SDK
+
+    with medley_stack(a.medley, "echo", "bench-api-") as st:
+        tmp, url, api = st.tmp, st.url, st.api
+        client = OpenAI(base_url=st.base + "/v1", api_key=KEY, max_retries=0)
         path = os.path.join(tmp, "in.jsonl")
         with open(path, "w") as f:
             for i in range(a.n):
@@ -160,7 +189,7 @@ def main():
         lines = sum(1 for _ in open(os.path.join(tmp, "a.jsonl")))
         if lines != a.n:
             raise SystemExit("the API's output file has %d lines, not %d" % (lines, a.n))
-        rps = get_rps(host, int(aport), batch)
+        rps = get_rps(st.host, st.port, batch)
         bs, ba = min(sub), min(apis)
         print("%d-line echo batch, best of %d: submit+results %.2f s, api %.2f s; "
               "ratio submit/api %.2fx" % (a.n, a.reps, bs, ba, bs / ba))
@@ -175,11 +204,6 @@ def main():
         print("CPU seconds of the openai SDK client (Python, this process) in the API path: %s"
               % ["%.2f" % x for x in sdk_cpu])
         print("GET /v1/batches/{id}: %.0f requests/s (4 keep-alive clients, 5 s)" % rps)
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-            p.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

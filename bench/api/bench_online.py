@@ -28,27 +28,14 @@ scripts/requirements-test.txt; SmolLM2 fetched, scripts/fetch-model.sh):
 import argparse
 import http.client
 import json
-import os
-import socket
 import statistics
-import subprocess
-import tempfile
 import time
 import uuid
 
-import redis
+from bench_api import KEY, medley_stack  # this folder's batch bench: the same three processes
 
-KEY = "sk-bench-0123456789abcdef0123"
 MODEL = "smollm2-135m"  # --model
 PROMPT = "What is the capital of France? Answer in one sentence."
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def body(max_tokens, stream):
@@ -134,32 +121,9 @@ def main():
                     help="smollm2-135m, or echo: no model time, only what the paths cost")
     a = ap.parse_args()
     MODEL = a.model
-    tmp = tempfile.mkdtemp(prefix="bench-online-")
-    port = free_port()
-    procs = []
-    try:
-        procs.append(subprocess.Popen(["redis-server", "--port", str(port), "--save", "",
-                                       "--appendonly", "no", "--dir", tmp],
-                                      stdout=subprocess.DEVNULL))
-        url = "redis://127.0.0.1:%d/0" % port
-        r = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        with open(os.path.join(tmp, "keys"), "w") as f:
-            f.write("bench %s\n" % KEY)
-        procs.append(subprocess.Popen([a.medley, "worker", "--redis", url, "--model", MODEL],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        api = subprocess.Popen([a.medley, "api", "--listen", "127.0.0.1:0", "--redis", url,
-                                "--api-keys", os.path.join(tmp, "keys")],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        procs.append(api)
-        base = api.stdout.readline().split("serving ", 1)[1].strip()
-        host, aport = base.rsplit("/", 1)[1].split(":")
-        conn = http.client.HTTPConnection(host, int(aport), timeout=60)
+    with medley_stack(a.medley, MODEL, "bench-online-") as st:
+        r = st.r
+        conn = http.client.HTTPConnection(st.host, st.port, timeout=60)
         for _ in range(300):  # the worker is up once it made its online lane
             if r.exists("medley:online:{%s}" % MODEL):
                 break
@@ -204,15 +168,6 @@ def main():
                   med(a_ttft) - med(d_ttft), med(a_ttft) / med(d_ttft),
                   med(a_total) - med(d_total), med(a_total) / med(d_total),
                   med(w_total) - med(d_total), med(w_total) / med(d_total)))
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define HAVE_X86 1
+#include "kernels/cpu/vexp.h"
 #endif
 
 #define TK_MAX 64
@@ -145,32 +146,6 @@ static void update_scalar(tile_buf *t, float *out, const float *q, int R, float 
 /* ---- AVX2 + F16C: 8-lane chunks ---- */
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
-/* e^x for x <= 0 (the softmax's arguments); 0 below -87.3 (as vec.c's exp8). A NaN stays
- * NaN (max_ps returns its second operand when one is NaN): a faulty score must reach the
- * logits, where the engine refuses it, not become a weight of 0. */
-AVX2 static inline __m256 exp8n(__m256 x) {
-    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* n in [-126, 0]: 2^n in two factors so n = -126 stays a normal number */
-    __m256i ni = _mm256_cvtps_epi32(n), h = _mm256_srai_epi32(ni, 1);
-    __m256 f1 =
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
-    __m256 f2 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
-    return _mm256_andnot_ps(under, _mm256_mul_ps(_mm256_mul_ps(p, f1), f2));
-}
-
 AVX2 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -238,11 +213,11 @@ AVX2 static void update_avx2(tile_buf *t, float *out, const float *q, int R, flo
             mx = _mm256_max_ps(mx, s[c]);
         }
         float mt = hmax8(mx), mn = m[r] > mt ? m[r] : mt;
-        alpha[r] = _mm256_cvtss_f32(exp8n(_mm256_set1_ps(m[r] - mn)));
+        alpha[r] = _mm256_cvtss_f32(vexp8(_mm256_set1_ps(m[r] - mn)));
         __m256 mv = _mm256_set1_ps(mn), sum = _mm256_setzero_ps();
         float *pr = t->p + (size_t)r * tk;
         for (int c = 0; c < NC; c++) {
-            __m256 p = _mm256_and_ps(msk[c], exp8n(_mm256_sub_ps(s[c], mv)));
+            __m256 p = _mm256_and_ps(msk[c], vexp8(_mm256_sub_ps(s[c], mv)));
             _mm256_store_ps(pr + 8 * c, p);
             sum = _mm256_add_ps(sum, p);
         }
@@ -272,24 +247,6 @@ AVX2 static void update_avx2(tile_buf *t, float *out, const float *q, int R, flo
 /* ---- AVX-512: 16-lane chunks, K transposed 16 x 16 in registers ---- */
 #define X512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define INL __attribute__((always_inline)) inline
-
-/* e^x for x <= 0; 0 below -87.3; NaN stays NaN (as exp8n). */
-X512 static INL __m512 exp16n(__m512 x) {
-    __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ);
-    x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_mov_ps(ok, _mm512_scalef_ps(p, n));
-}
 
 /* r[i] (row i) becomes column i: the classic unpack / unpack64 / 128-bit-lane shuffle. */
 X512 static INL void transpose16(__m512 r[16]) {
@@ -401,12 +358,12 @@ X512 static INL void update512_n(tile_buf *t, float *out, const float *q, const 
             mx = _mm512_mask_max_ps(mx, msk[c], mx, s[r][c]);
         }
         float mt = _mm512_reduce_max_ps(mx), mn = m[r] > mt ? m[r] : mt;
-        alpha[r] = _mm512_cvtss_f32(exp16n(_mm512_set1_ps(m[r] - mn)));
+        alpha[r] = _mm512_cvtss_f32(vexp16(_mm512_set1_ps(m[r] - mn)));
         __m512 mv = _mm512_set1_ps(mn), sum = _mm512_setzero_ps();
         float *pr = t->p + (size_t)r * tk;
 #pragma GCC unroll 4
         for (int c = 0; c < NC; c++) {
-            __m512 p = _mm512_maskz_mov_ps(msk[c], exp16n(_mm512_sub_ps(s[r][c], mv)));
+            __m512 p = _mm512_maskz_mov_ps(msk[c], vexp16(_mm512_sub_ps(s[r][c], mv)));
             _mm512_store_ps(pr + 16 * c, p);
             sum = _mm512_add_ps(sum, p);
         }

@@ -1,8 +1,8 @@
 /* vec.c — the forward pass's vector ops (rmsnorm, swiglu, exact GELU, add, dot, axpy, scale, softmax,
  * argmax, one query head's attention over a paged KV cache):
  * a portable scalar version of each and an AVX2+FMA version chosen at run time by
- * cpu_simd_level(). Single-threaded, no allocation. The AVX2 exp is a degree-6 polynomial
- * on a range-reduced argument (relative error < 2e-7 on [-87, 88]). */
+ * cpu_simd_level(). Single-threaded, no allocation. The AVX2 exp is vexp.h's vexp8 (a NaN
+ * argument stays NaN, so a NaN input reaches the output of every op here). */
 #include "kernels/cpu/cpu_ops.h"
 
 #include <math.h>
@@ -12,6 +12,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define HAVE_X86 1
+#include "kernels/cpu/vexp.h"
 #endif
 
 /* ---- scalar ---- */
@@ -93,30 +94,6 @@ AVX2 static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* e^x; 0 below -87.3 (as expf underflows), clamped at 88.7. */
-AVX2 static inline __m256 exp8(__m256 x) {
-    __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* 2^n: n in [-126, 128]; split in two factors so n = 128 and n = -126 stay exact */
-    __m256i ni = _mm256_cvtps_epi32(n);
-    __m256i h = _mm256_srai_epi32(ni, 1);
-    __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
-    __m256 f2 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
-    return _mm256_andnot_ps(underflow, _mm256_mul_ps(_mm256_mul_ps(p, f1), f2));
-}
-
 AVX2 static void rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps) {
     __m256 acc = _mm256_setzero_ps();
     int i = 0;
@@ -137,7 +114,7 @@ AVX2 static void rmsnorm_avx2(float *out, const float *x, const float *w, int n,
 }
 
 AVX2 static __m256 swiglu8(__m256 gv, __m256 uv) {
-    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    __m256 e = vexp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
     return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), uv);
 }
 
@@ -163,7 +140,7 @@ AVX2 static __m256 geglu8(__m256 gv, __m256 uv) {
     __m256 g2 = _mm256_mul_ps(gv, gv);
     __m256 z2 = _mm256_mul_ps(_mm256_mul_ps(gv, _mm256_set1_ps(-1.5957691216057308f)),
                               _mm256_fmadd_ps(g2, _mm256_set1_ps(0.044715f), _mm256_set1_ps(1.0f)));
-    __m256 e = exp8(z2);
+    __m256 e = vexp8(z2);
     return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), uv);
 }
 
@@ -183,7 +160,7 @@ AVX2 static void geglu_avx2(float *out, const float *g, const float *u, int n) {
 
 /* The exact GELU, 0.5 x (1 + erf(x / sqrt 2)), with erf(z) = 1 - erfc(z) for z >= 0 from
  * Numerical Recipes' erfcc Chebyshev fit (relative error of erfc < 1.2e-7 everywhere) and
- * exp8; odd in z. */
+ * vexp8; odd in z. */
 AVX2 static __m256 gelu_erf8(__m256 x) {
     const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
     __m256 z = _mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752f));
@@ -194,8 +171,8 @@ AVX2 static __m256 gelu_erf8(__m256 x) {
     __m256 p = _mm256_set1_ps(c[0]);
     for (int i = 1; i < 10; i++)
         p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(c[i]));
-    __m256 arg = _mm256_max_ps(_mm256_fnmadd_ps(az, az, p), _mm256_set1_ps(-87.0f));
-    __m256 erfc = _mm256_mul_ps(t, exp8(arg));
+    __m256 arg = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_fnmadd_ps(az, az, p));
+    __m256 erfc = _mm256_mul_ps(t, vexp8(arg));
     __m256 erf_abs = _mm256_sub_ps(one, erfc);
     __m256 erf = _mm256_or_ps(erf_abs, _mm256_and_ps(z, _mm256_set1_ps(-0.0f))); /* sign of z */
     return _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, erf));
@@ -247,7 +224,7 @@ AVX2 static void softmax_avx2(float *x, int n) {
     mv = _mm256_set1_ps(m);
     __m256 sv = _mm256_setzero_ps();
     for (i = 0; i + 8 <= n; i += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        __m256 e = vexp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
         _mm256_storeu_ps(x + i, e);
         sv = _mm256_add_ps(sv, e);
     }
@@ -372,7 +349,7 @@ void cpu_swiglu(float *out, const float *gate, const float *up, int n) {
  * the products around it). */
 void cpu_geglu(float *out, const float *gate, const float *up, int n) {
 #ifdef HAVE_X86
-    /* the same formula through exp8 (the tanhf/expm1f calls were 15% of a Gemma 3 prefill) */
+    /* the same formula through vexp8 (the tanhf/expm1f calls were 15% of a Gemma 3 prefill) */
     if (USE_AVX2) {
         geglu_avx2(out, gate, up, n);
         return;

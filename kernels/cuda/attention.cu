@@ -19,6 +19,7 @@
  * MEDLEY_CUDA_ATTN_TC=0) k_attn_pf does it in f32 on the CUDA cores. Head dims 64, 128 and
  * 256. */
 #include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/attn_online.cuh"
 
 #define DEC_WARPS 4
 #define DEC_KU 2 /* keys per decode warp per iteration */
@@ -467,14 +468,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
     }
     constexpr int QW = TQ / PF_WARPS; /* queries per warp */
     float m[QW], l[QW], acc[QW][D];
-#pragma unroll
-    for (int i = 0; i < QW; i++) {
-        m[i] = -FLT_MAX;
-        l[i] = 0.0f;
-#pragma unroll
-        for (int d = 0; d < D; d++)
-            acc[i][d] = 0.0f;
-    }
+    attn_online_init(m, l, acc);
     int kend = p0 + nq; /* keys 0 .. p0 + nq - 1 */
     for (int kt = 0; kt < kend; kt += TK) {
         __syncthreads();
@@ -498,27 +492,9 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
             int qpos = p0 + qi;
             float s = -FLT_MAX;
             if (lane < TK && kt + lane <= qpos) {
-                s = 0.0f;
-#pragma unroll 8
-                for (int d = 0; d < HD; d++)
-                    s += sq[qi][d] * sk[lane][d];
+                s = attn_tile_dot<HD>(sq[qi], sk[lane]);
             }
-            float mx = fmaxf(m[i], cuda_warp_max(s));
-            float pw = s == -FLT_MAX ? 0.0f : __expf(s - mx);
-            float corr = __expf(m[i] - mx);
-            l[i] = l[i] * corr + cuda_warp_sum(pw);
-            m[i] = mx;
-#pragma unroll
-            for (int d = 0; d < D; d++)
-                acc[i][d] *= corr;
-            for (int j = 0; j < TK; j++) {
-                float pj = __shfl_sync(0xffffffffu, pw, j);
-                if (pj == 0.0f)
-                    continue;
-#pragma unroll
-                for (int d = 0; d < D; d++)
-                    acc[i][d] += pj * sv[j][lane * D + d];
-            }
+            attn_online_step<D, true>(s, m[i], l[i], acc[i], &sv[0][0], HD, TK, lane);
         }
     }
 #pragma unroll

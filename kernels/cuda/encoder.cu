@@ -7,6 +7,7 @@
  * The products around them are gemm.cu's (cuBLAS SGEMM / GemmEx past CUDA_GEMV_MAX_M tokens).
  * The CPU reference of each is kernels/cpu/enc_ops.c (and vec.c's GELU); tests/gpu/
  * test_cuda_encoder.c compares them op by op, on a device and on the emulator. */
+#include "kernels/cuda/attn_online.cuh"
 #include "kernels/cuda/quant.cuh"
 
 /* One block per row: the mean, then the variance around it (two passes, as the CPU does,
@@ -105,12 +106,12 @@ int cuda_add_rows(cuda_ctx *c, const void *table, int gtype, int64_t n_rows, int
 #define ENC_TK 32 /* keys per K/V tile: lane j scores key j */
 
 /* Block per (tile, head): up to CUDA_ENC_TILE_Q queries of one sequence against every key of
- * that sequence, FlashAttention's online softmax over K/V tiles staged in shared memory as
- * k_attn_pf does (K rows padded by one against bank conflicts), in f32 throughout. Warp w
- * owns queries w, w + 4, ...; lane l owns output dims l * D .. l * D + D - 1. Head dims up to
- * 32 * D are zero-padded in shared memory (any head_dim <= 128). q, k, v, out [T][n_heads]
- * [head_dim]; tiles int32 [n][4] = {first row of the sequence, its length, first query row,
- * queries}. */
+ * that sequence, FlashAttention's online softmax (attn_online.cuh, as k_attn_pf) over K/V tiles
+ * staged in shared memory as k_attn_pf does (K rows padded by one against bank conflicts), in f32
+ * throughout. Warp w owns queries w, w + 4, ...; lane l owns output dims l * D .. l * D + D - 1.
+ * Head dims up to 32 * D are zero-padded in shared memory (any head_dim <= 128). q, k, v, out
+ * [T][n_heads] [head_dim]; tiles int32 [n][4] = {first row of the sequence, its length, first query
+ * row, queries}. */
 template <int D>
 __global__ void __launch_bounds__(ENC_WARPS * 32)
     k_attn_enc(const float *q, const float *k, const float *v, const int32_t *tiles, int n_heads,
@@ -127,14 +128,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
         sq[r][d] = r < nq && d < head_dim ? q[(q0 + r) * stride + hoff + d] * scale : 0.0f;
     }
     float m[QW], l[QW], acc[QW][D];
-#pragma unroll
-    for (int i = 0; i < QW; i++) {
-        m[i] = -FLT_MAX;
-        l[i] = 0.0f;
-#pragma unroll
-        for (int d = 0; d < D; d++)
-            acc[i][d] = 0.0f;
-    }
+    attn_online_init(m, l, acc);
     for (int kt = 0; kt < len; kt += ENC_TK) {
         __syncthreads();
         for (int i = threadIdx.x; i < ENC_TK * HD; i += blockDim.x) {
@@ -156,26 +150,10 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
                 break;
             float s = -FLT_MAX;
             if (kt + lane < len) {
-                s = 0.0f;
-#pragma unroll 8
-                for (int d = 0; d < HD; d++)
-                    s += sq[qi][d] * sk[lane][d];
+                s = attn_tile_dot<HD>(sq[qi], sk[lane]);
             }
-            float mx = fmaxf(m[i], cuda_warp_max(s));
-            float pw = s == -FLT_MAX ? 0.0f : expf(s - mx);
-            float corr = expf(m[i] - mx);
-            l[i] = l[i] * corr + cuda_warp_sum(pw);
-            m[i] = mx;
-#pragma unroll
-            for (int d = 0; d < D; d++)
-                acc[i][d] *= corr;
             int nk = len - kt < ENC_TK ? len - kt : ENC_TK;
-            for (int j = 0; j < nk; j++) {
-                float pj = __shfl_sync(0xffffffffu, pw, j);
-#pragma unroll
-                for (int d = 0; d < D; d++)
-                    acc[i][d] += pj * sv[j][lane * D + d];
-            }
+            attn_online_step<D, false>(s, m[i], l[i], acc[i], &sv[0][0], HD, nk, lane);
         }
     }
 #pragma unroll

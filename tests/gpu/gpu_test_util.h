@@ -1,5 +1,6 @@
 /* gpu_test_util.h — what the GPU tests share: skipping (exit 77, ctest's SKIP_RETURN_CODE)
- * with the driver's reason when no CUDA device is usable. */
+ * with the driver's reason when no CUDA device is usable, the test model and prompts, and
+ * (after <cmocka.h>) the test filter and CHK. */
 #ifndef MEDLEY_TESTS_GPU_UTIL_H
 #define MEDLEY_TESTS_GPU_UTIL_H
 
@@ -63,6 +64,16 @@ static inline void gpu_test_filter_from_env(void) {
     if (only && *only)
         cmocka_set_test_filter(only);
 }
+
+/* CHK(call) fails the test with the error's sentence when call, given E for its md_err *,
+ * does not return 0. */
+#define CHK(call)                                                                                  \
+    do {                                                                                           \
+        md_err e_ = {0};                                                                           \
+        if ((call) != 0)                                                                           \
+            fail_msg("%s: %s", #call, e_.msg);                                                     \
+    } while (0)
+#define E (&e_)
 #endif
 
 #endif

@@ -24,7 +24,7 @@
 
 #include "engine/weights/gguf.h"
 #include "engine/weights/quant.h"
-#include "gpu/gpu_test_util.h"
+#include "gpu/gpu_pair.h"
 #include "kernels/backend.h"
 
 enum {
@@ -41,70 +41,8 @@ enum {
     VOCAB = 300
 };
 
-static md_backend *cpu, *gpu;
 static int32_t tokens[T], tok_seq[T], tok_pos[T], slot[T], seq_len[S], table[S * MAXB],
     logit_rows[S];
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float frand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-static void fill(float *x, size_t n, float scale) {
-    for (size_t i = 0; i < n; i++)
-        x[i] = scale * frand();
-}
-
-#define CHK(call)                                                                                  \
-    do {                                                                                           \
-        md_err e_ = {0};                                                                           \
-        if ((call) != 0)                                                                           \
-            fail_msg("%s: %s", #call, e_.msg);                                                     \
-    } while (0)
-#define E (&e_)
-
-static md_buf *mk(md_backend *be, const void *h, size_t n) {
-    md_buf *b;
-    CHK(be->ops->buf_alloc(be, n, &b, E));
-    if (h)
-        CHK(be->ops->buf_upload(be, b, 0, h, n, E));
-    return b;
-}
-static void dl(md_backend *be, md_buf *b, void *h, size_t n) {
-    CHK(be->ops->buf_download(be, b, 0, h, n, E));
-}
-/* Both sides get the same data in one call. */
-typedef struct {
-    md_buf *c, *g;
-} pair;
-static pair mk2(const void *h, size_t n) {
-    return (pair){mk(cpu, h, n), mk(gpu, h, n)};
-}
-static void free2(pair p) {
-    cpu->ops->buf_free(cpu, p.c);
-    gpu->ops->buf_free(gpu, p.g);
-}
-static void compare(pair p, size_t n_floats, double rel, const char *what) {
-    float *a = malloc(n_floats * 4), *b = malloc(n_floats * 4);
-    dl(cpu, p.c, a, n_floats * 4);
-    dl(gpu, p.g, b, n_floats * 4);
-    double ss = 0, worst = 0;
-    for (size_t i = 0; i < n_floats; i++)
-        ss += (double)a[i] * a[i];
-    double rms = sqrt(ss / n_floats), tol = rel * (rms > 0 ? rms : 1);
-    for (size_t i = 0; i < n_floats; i++) {
-        double err = fabs((double)a[i] - b[i]);
-        if (!(err <= tol))
-            fail_msg("%s[%zu]: cpu %.7g, cuda %.7g (tolerance %.3g)", what, i, a[i], b[i], tol);
-        if (err > worst)
-            worst = err;
-    }
-    printf("%-28s max |cpu - cuda| %.2e (rms %.2e)\n", what, worst, rms);
-    free(a);
-    free(b);
-}
 
 static void make_step(void) {
     /* seq 0: positions 0..36; seq 1: position 50; seq 2: positions 20..24 */
@@ -149,23 +87,16 @@ static void make_step(void) {
     CHK(gpu->ops->batch_prepare(gpu, &b, E));
 }
 
-static md_tensor wrap(md_backend *be, const void *data, int type, int64_t ne0, int64_t ne1,
-                      md_buf **keep) {
-    size_t rb = md_type_row_bytes(type, ne0);
-    CHK(be->ops->buf_wrap(be, data, rb * ne1, keep, E));
-    return (md_tensor){*keep, 0, type, ne0, ne1, rb};
-}
-
 static void test_matmul_embed_norm_elementwise(void **state) {
     make_step();
     const int types[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_BF16,
                          MD_TYPE_Q8_0, MD_TYPE_Q4_0, MD_TYPE_Q4_1};
     float *wf = malloc((size_t)FF * CD * 4), *x = malloc((size_t)T * FF * 4);
-    fill(x, (size_t)T * FF, 1.0f);
+    fill(x, (size_t)T * FF, 1.0f, 0.0f);
     pair px = mk2(x, (size_t)T * FF * 4), py = mk2(NULL, (size_t)T * FF * 4);
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         int ty = types[i];
-        fill(wf, (size_t)FF * CD, 0.5f);
+        fill(wf, (size_t)FF * CD, 0.5f, 0.0f);
         size_t rb = md_type_row_bytes(ty, CD);
         void *wq = malloc(rb * FF);
         md_err e = {0};
@@ -196,7 +127,7 @@ static void test_matmul_embed_norm_elementwise(void **state) {
     }
     /* rmsnorm, swiglu, add, add_bias, gather_rows on [T, CD] / [T, FF] */
     float w[FF];
-    fill(w, FF, 1.0f);
+    fill(w, FF, 1.0f, 0.0f);
     md_buf *nc, *ng;
     md_tensor tc = wrap(cpu, w, MD_TYPE_F32, CD, 1, &nc),
               tg = wrap(gpu, w, MD_TYPE_F32, CD, 1, &ng);
@@ -252,9 +183,9 @@ static void run_attention(int gpu_cache_type, double tol, const char *what) {
     size_t kvd = (size_t)NKV * HD, n_slots = (size_t)NB * BT, ge = gpu_cache_type == 0 ? 4 : 2;
     /* Earlier positions already in the cache: random contents everywhere. */
     float *cache = malloc(n_slots * kvd * 4);
-    fill(cache, n_slots * kvd, 1.0f);
+    fill(cache, n_slots * kvd, 1.0f, 0.0f);
     md_buf *kc = mk(cpu, cache, n_slots * kvd * 4), *vc = mk(cpu, NULL, n_slots * kvd * 4);
-    fill(cache, n_slots * kvd, 1.0f);
+    fill(cache, n_slots * kvd, 1.0f, 0.0f);
     CHK(cpu->ops->buf_upload(cpu, vc, 0, cache, n_slots * kvd * 4, E));
     md_buf *kg = mk(gpu, NULL, n_slots * kvd * ge), *vg = mk(gpu, NULL, n_slots * kvd * ge);
     /* GPU cache: the same contents, converted when F16 */
@@ -282,7 +213,7 @@ static void run_attention(int gpu_cache_type, double tol, const char *what) {
     /* this step's q, k, v, roped (neox on q to cover both pairings) */
     float *q = malloc((size_t)T * NH * HD * 4), *k = malloc((size_t)T * kvd * 4),
           *v = malloc((size_t)T * kvd * 4), inv[HD / 2];
-    fill(q, (size_t)T * NH * HD, 1.0f);
+    fill(q, (size_t)T * NH * HD, 1.0f, 0.0f);
     for (size_t i = 0; i < (size_t)T * kvd; i++) {
         /* exactly representable in f16, so both caches hold the same values */
         k[i] = md_fp16_to_fp32(md_fp32_to_fp16(frand()));
@@ -375,7 +306,7 @@ static void test_bad_batches_are_refused(void **state) {
     b.tokens = bad_tok;
     assert_int_equal(gpu->ops->batch_prepare(gpu, &b, &e), 0);
     float tab[VOCAB * 32];
-    fill(tab, VOCAB * 32, 1.0f);
+    fill(tab, VOCAB * 32, 1.0f, 0.0f);
     md_buf *kb, *out = mk(gpu, NULL, (size_t)T * 32 * 4);
     md_tensor w = wrap(gpu, tab, MD_TYPE_F32, 32, VOCAB, &kb);
     assert_int_equal(gpu->ops->embed(gpu, &w, out, &e), MD_ERANGE);
@@ -385,23 +316,16 @@ static void test_bad_batches_are_refused(void **state) {
 }
 
 int main(void) {
-    int skip = gpu_test_skip_without_device();
-    if (skip)
-        return skip;
-    md_err e = {0};
-    if (md_backend_open("cpu:2", 0, &cpu, &e) || md_backend_open("cuda:0", 0, &gpu, &e)) {
-        fprintf(stderr, "open: %s\n", e.msg);
-        return 1;
-    }
-    printf("%s\n%s\n", cpu->ops->describe(cpu), gpu->ops->describe(gpu));
+    int rc = gpu_pair_open();
+    if (rc)
+        return rc;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_embed_norm_elementwise),
         cmocka_unit_test(test_paged_attention_f32_cache),
         cmocka_unit_test(test_paged_attention_f16_cache),
         cmocka_unit_test(test_bad_batches_are_refused),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    md_backend_free(gpu);
-    md_backend_free(cpu);
+    rc = cmocka_run_group_tests(tests, NULL, NULL);
+    gpu_pair_close();
     return rc;
 }

@@ -33,85 +33,24 @@
 
 #include "engine/embedder.h"
 #include "engine/weights/quant.h"
-#include "gpu/gpu_test_util.h"
+#include "gpu/gpu_pair.h"
 #include "kernels/backend.h"
 
 enum { S = 6, T = 1 + 5 + 16 + 17 + 33 + 70, C = 384, NPOS = 130, MAXW = 512 };
 static const int lens[S] = {1, 5, 16, 17, 33, 70};
 
-static md_backend *cpu, *gpu;
 static int32_t tokens[T], tok_seq[T], tok_pos[T];
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float frand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-static void fill(float *x, size_t n, float scale, float shift) {
-    for (size_t i = 0; i < n; i++)
-        x[i] = shift + scale * frand();
-}
-
-#define CHK(call)                                                                                  \
-    do {                                                                                           \
-        md_err e_ = {0};                                                                           \
-        if ((call) != 0)                                                                           \
-            fail_msg("%s: %s", #call, e_.msg);                                                     \
-    } while (0)
-#define E (&e_)
-
-static md_buf *mk(md_backend *be, const void *h, size_t n) {
-    md_buf *b;
-    CHK(be->ops->buf_alloc(be, n, &b, E));
-    if (h)
-        CHK(be->ops->buf_upload(be, b, 0, h, n, E));
-    return b;
-}
-typedef struct {
-    md_buf *c, *g;
-} pair;
-static pair mk2(const void *h, size_t n) {
-    return (pair){mk(cpu, h, n), mk(gpu, h, n)};
-}
-static void free2(pair p) {
-    cpu->ops->buf_free(cpu, p.c);
-    gpu->ops->buf_free(gpu, p.g);
-}
 typedef struct {
     md_tensor c, g;
 } tpair;
 static tpair wrap2(const void *data, int type, int64_t ne0, int64_t ne1) {
-    size_t rb = md_type_row_bytes(type, ne0);
     md_buf *bc, *bg;
-    CHK(cpu->ops->buf_wrap(cpu, data, rb * ne1, &bc, E));
-    CHK(gpu->ops->buf_wrap(gpu, data, rb * ne1, &bg, E));
-    return (tpair){{bc, 0, type, ne0, ne1, rb}, {bg, 0, type, ne0, ne1, rb}};
+    return (tpair){wrap(cpu, data, type, ne0, ne1, &bc), wrap(gpu, data, type, ne0, ne1, &bg)};
 }
 static void unwrap2(tpair t) {
     cpu->ops->buf_free(cpu, t.c.buf);
     gpu->ops->buf_free(gpu, t.g.buf);
-}
-
-static void compare(pair p, size_t n, double rel, const char *what) {
-    float *a = malloc(n * 4), *b = malloc(n * 4);
-    CHK(cpu->ops->buf_download(cpu, p.c, 0, a, n * 4, E));
-    CHK(gpu->ops->buf_download(gpu, p.g, 0, b, n * 4, E));
-    double ss = 0, worst = 0;
-    for (size_t i = 0; i < n; i++)
-        ss += (double)a[i] * a[i];
-    double rms = sqrt(ss / n), tol = rel * (rms > 0 ? rms : 1);
-    for (size_t i = 0; i < n; i++) {
-        double err = fabs((double)a[i] - b[i]);
-        if (!(err <= tol))
-            fail_msg("%s[%zu]: cpu %.7g, cuda %.7g (tolerance %.3g)", what, i, a[i], b[i], tol);
-        if (err > worst)
-            worst = err;
-    }
-    printf("encoder %-26s max |cpu - cuda| %.2e (rms %.2e)\n", what, worst, rms);
-    free(a);
-    free(b);
 }
 
 /* Both backends reserved for an encoder of head dimension up to 128 and prepared with the
@@ -390,15 +329,9 @@ static void test_embedder_matches_cpu(void **state) {
 }
 
 int main(void) {
-    int skip = gpu_test_skip_without_device();
-    if (skip)
-        return skip;
-    md_err e = {0};
-    if (md_backend_open("cpu:2", 0, &cpu, &e) || md_backend_open("cuda:0", 0, &gpu, &e)) {
-        fprintf(stderr, "open: %s\n", e.msg);
-        return 1;
-    }
-    printf("%s\n%s\n", cpu->ops->describe(cpu), gpu->ops->describe(gpu));
+    int rc = gpu_pair_open();
+    if (rc)
+        return rc;
     gpu_test_filter_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layernorm_gelu_embed_add),
@@ -408,8 +341,7 @@ int main(void) {
         cmocka_unit_test(test_bad_steps_are_refused),
         cmocka_unit_test(test_embedder_matches_cpu),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    md_backend_free(gpu);
-    md_backend_free(cpu);
+    rc = cmocka_run_group_tests(tests, NULL, NULL);
+    gpu_pair_close();
     return rc;
 }

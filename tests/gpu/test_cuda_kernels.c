@@ -45,13 +45,6 @@ static void get(void *h, const void *d, size_t n) {
     if (cuda_download(C, h, d, n, &e))
         fail_msg("%s", e.msg);
 }
-#define OK(call)                                                                                   \
-    do {                                                                                           \
-        md_err e_ = {0};                                                                           \
-        if ((call) != 0)                                                                           \
-            fail_msg("%s: %s", #call, e_.msg);                                                     \
-    } while (0)
-#define E (&e_)
 
 typedef struct {
     int type;
@@ -95,8 +88,8 @@ static void test_dequant_matches_gguf_package(void **state) {
         float *d32 = dev(fx.n * 4);
         uint16_t *d16 = dev(fx.n * 2);
         put(src, fx.raw, rb);
-        OK(cuda_dequantize(C, fx.type, src, d32, CUDA_F32, fx.n, E));
-        OK(cuda_dequantize(C, fx.type, src, d16, CUDA_BF16, fx.n, E));
+        CHK(cuda_dequantize(C, fx.type, src, d32, CUDA_F32, fx.n, E));
+        CHK(cuda_dequantize(C, fx.type, src, d16, CUDA_BF16, fx.n, E));
         float *y = malloc(fx.n * 4);
         uint16_t *yb = malloc(fx.n * 2);
         get(y, d32, fx.n * 4);
@@ -210,7 +203,7 @@ static void test_matmul_every_type_and_path(void **state) {
                         ss += s * s;
                     }
                 double rms = sqrt(ss / (m * n));
-                OK(cuda_matmul(C, dw, type, rb, dx, dy, m, n, k, 0.0f, force, E));
+                CHK(cuda_matmul(C, dw, type, rb, dx, dy, m, n, k, 0.0f, force, E));
                 get(y, dy, (size_t)m * n * 4);
                 double tol = (gemv || mmq || type == MD_TYPE_F32 ? 1e-4 : 2e-2) * rms, worst = 0;
                 for (int i = 0; i < m * n; i++) {
@@ -322,16 +315,16 @@ static void test_matmul_n_equals_unfused_ops(void **state) {
                     put(yu[i], init, (size_t)m * cw[i].n * 4);
                     cw[i].y = yf[i];
                 }
-                OK(cuda_matmul_n(C, cw, nw, dx, m, k, mode, 0, E));
+                CHK(cuda_matmul_n(C, cw, nw, dx, m, k, mode, 0, E));
                 for (int i = 0; i < nw; i++) {
                     float *dst = mode == CUDA_MM_ACC ? tmp : yu[i];
-                    OK(cuda_matmul(C, cw[i].w, cw[i].wtype, cw[i].row_bytes, dx, dst, m, cw[i].n, k,
-                                   0.0f, 0, E));
+                    CHK(cuda_matmul(C, cw[i].w, cw[i].wtype, cw[i].row_bytes, dx, dst, m, cw[i].n,
+                                    k, 0.0f, 0, E));
                     if (mode == CUDA_MM_ACC)
-                        OK(cuda_add(C, yu[i], tmp, (int64_t)m * cw[i].n, E));
+                        CHK(cuda_add(C, yu[i], tmp, (int64_t)m * cw[i].n, E));
                 }
                 if (mode == CUDA_MM_SWIGLU)
-                    OK(cuda_swiglu(C, yu[0], yu[1], yu[0], CUDA_F32, (int64_t)m * F, E));
+                    CHK(cuda_swiglu(C, yu[0], yu[1], yu[0], CUDA_F32, (int64_t)m * F, E));
                 double ss = 0, worst = 0;
                 long differ = 0, cnt = 0;
                 for (int i = 0; i < (mode == CUDA_MM_SWIGLU ? 1 : nw); i++) {
@@ -399,7 +392,7 @@ static void test_sampling_distribution_and_filters(void **state) {
     put(dl, l, V * 4);
     int32_t *dtok = dev(N * 4), tok[N_MAX];
     float *dlp = dev(N * 4), lp[N_MAX];
-    OK(cuda_argmax(C, dl, 1, V, dtok, E));
+    CHK(cuda_argmax(C, dl, 1, V, dtok, E));
     get(tok, dtok, 4);
     assert_int_equal(tok[0], 17);
 
@@ -427,7 +420,7 @@ static void test_sampling_distribution_and_filters(void **state) {
                                           .repetition = 1.0f};
         cuda_sample_params *dp = dev(N * sizeof *prm);
         put(dp, prm, N * sizeof *prm);
-        OK(cuda_sample(C, dl_n, N, V, dp, NULL, NULL, dtok, dlp, NULL, NULL, E));
+        CHK(cuda_sample(C, dl_n, N, V, dp, NULL, NULL, dtok, dlp, NULL, NULL, E));
         get(tok, dtok, N * 4);
         get(lp, dlp, N * 4);
         host_probs(l, V, cases[c].temp, p);
@@ -488,7 +481,7 @@ static void test_sampling_distribution_and_filters(void **state) {
     cuda_sample_params g = {.temperature = 0.0f, .top_p = 1.0f, .u = 0.9f, .repetition = 1.0f};
     cuda_sample_params *dg = dev(sizeof g);
     put(dg, &g, sizeof g);
-    OK(cuda_sample(C, dl, 1, V, dg, NULL, NULL, dtok, NULL, NULL, NULL, E));
+    CHK(cuda_sample(C, dl, 1, V, dg, NULL, NULL, dtok, NULL, NULL, NULL, E));
     get(tok, dtok, 4);
     assert_int_equal(tok[0], 17);
     free(raw);
@@ -569,7 +562,7 @@ static void test_sampling_penalties_and_logprobs(void **state) {
         put(dl + (size_t)r * V, l, V * 4);
     put(dp, prm, sizeof prm);
     put(dpen, pen, (size_t)n_pen * sizeof *pen);
-    OK(cuda_sample(C, dl, R, V, dp, dpen, draw, dtok, dlp, dtt, dtl, E));
+    CHK(cuda_sample(C, dl, R, V, dp, dpen, draw, dtok, dlp, dtt, dtl, E));
     get(tok, dtok, sizeof tok);
     get(tt, dtt, sizeof tt);
     get(tl, dtl, sizeof tl);
@@ -664,9 +657,9 @@ static void test_sampling_constrained(void **state) {
     put(dp, prm, sizeof prm);
     put(dm, mask, (size_t)2 * W * 4);
     put(db, bias, sizeof bias);
-    OK(cuda_constrain(C, dl, R, V, dp, dm, db, E));
+    CHK(cuda_constrain(C, dl, R, V, dp, dm, db, E));
     get(got, dl, (size_t)R * V * 4);
-    OK(cuda_sample(C, dl, R, V, dp, NULL, NULL, dtok, dlp, dtt, dtl, E));
+    CHK(cuda_sample(C, dl, R, V, dp, NULL, NULL, dtok, dlp, dtt, dtl, E));
     get(tok, dtok, sizeof tok);
     get(lp, dlp, sizeof lp);
     get(tt, dtt, sizeof tt);
@@ -713,22 +706,22 @@ static void test_graph_replay_equals_direct(void **state) {
     float *dx = dev(sizeof x), *dw = dev(sizeof w), *dy = dev(sizeof x);
     put(dw, w, sizeof w);
     put(dx, x, sizeof x);
-    OK(cuda_rmsnorm(C, dx, dw, 1e-5f, R, D, dy, CUDA_F32, E));
-    OK(cuda_add(C, dy, dx, R * D, E));
+    CHK(cuda_rmsnorm(C, dx, dw, 1e-5f, R, D, dy, CUDA_F32, E));
+    CHK(cuda_add(C, dy, dx, R * D, E));
     get(y0, dy, sizeof y0);
     cuda_graph *g = NULL;
-    OK(cuda_graph_begin(C, E));
-    OK(cuda_rmsnorm(C, dx, dw, 1e-5f, R, D, dy, CUDA_F32, E));
-    OK(cuda_add(C, dy, dx, R * D, E));
-    OK(cuda_graph_end(C, &g, E));
-    OK(cuda_memset0(C, dy, sizeof x, E));
-    OK(cuda_graph_launch(C, g, E));
+    CHK(cuda_graph_begin(C, E));
+    CHK(cuda_rmsnorm(C, dx, dw, 1e-5f, R, D, dy, CUDA_F32, E));
+    CHK(cuda_add(C, dy, dx, R * D, E));
+    CHK(cuda_graph_end(C, &g, E));
+    CHK(cuda_memset0(C, dy, sizeof x, E));
+    CHK(cuda_graph_launch(C, g, E));
     get(y1, dy, sizeof y1);
     assert_memory_equal(y0, y1, sizeof y0);
     for (int i = 0; i < R * D; i++)
         x[i] *= 2.0f;
     put(dx, x, sizeof x);
-    OK(cuda_graph_launch(C, g, E));
+    CHK(cuda_graph_launch(C, g, E));
     get(y1, dy, sizeof y1);
     for (int i = 0; i < R * D; i++)
         assert_true(fabsf(y1[i] - (y0[i] + x[i] / 2)) < 1e-4f);
@@ -795,7 +788,7 @@ static void test_matmul_bf16_copy_equals_expansion(void **state) {
         int nn = ti == 0 ? n : 1024; /* the full shape for the timing, small for the others */
         void *w = random_weight(type, nn, k);
         void *copy = dev((size_t)nn * k * 2);
-        OK(cuda_dequantize(C, type, w, copy, CUDA_BF16, (int64_t)nn * k, E));
+        CHK(cuda_dequantize(C, type, w, copy, CUDA_BF16, (int64_t)nn * k, E));
         size_t ybytes = (size_t)m * nn * 4;
         float *x = malloc((size_t)m * k * 4), *a = malloc(ybytes), *b = malloc(ybytes),
               *q = malloc(ybytes);
@@ -810,12 +803,12 @@ static void test_matmul_bf16_copy_equals_expansion(void **state) {
         double t[3];
         for (int v = 0; v < 3; v++) {
             int force = v == 0;
-            OK(cuda_matmul_n(C, &wv[v], 1, dx, m, k, CUDA_MM_SET, force, E)); /* warm */
-            OK(cuda_sync(C, E));
+            CHK(cuda_matmul_n(C, &wv[v], 1, dx, m, k, CUDA_MM_SET, force, E)); /* warm */
+            CHK(cuda_sync(C, E));
             uint64_t t0 = md_mono_ns();
             for (int r = 0; r < reps; r++)
-                OK(cuda_matmul_n(C, &wv[v], 1, dx, m, k, CUDA_MM_SET, force, E));
-            OK(cuda_sync(C, E));
+                CHK(cuda_matmul_n(C, &wv[v], 1, dx, m, k, CUDA_MM_SET, force, E));
+            CHK(cuda_sync(C, E));
             t[v] = (md_mono_ns() - t0) / 1e6 / reps;
         }
         get(a, ya, ybytes);
@@ -892,12 +885,12 @@ static void test_rope_kv_equals_rope_then_kv_write(void **state) {
                 put(kb, k, kn * 4);
                 void *cs[] = {kca, vca, kcb, vcb};
                 for (int i = 0; i < 4; i++)
-                    OK(cuda_memset0(C, cs[i], cb, E));
-                OK(cuda_rope(C, qa, dpos, T, nh, hd, rot, dinv, neox, E));
-                OK(cuda_rope(C, ka, dpos, T, nkv, hd, rot, dinv, neox, E));
-                OK(cuda_kv_write(C, kca, vca, (cuda_dtype)ct, kvd, ka, dv, dslot, T, E));
-                OK(cuda_rope_kv(C, qb, kb, dv, kcb, vcb, (cuda_dtype)ct, dpos, dslot, T, nh, nkv,
-                                hd, rot, dinv, neox, E));
+                    CHK(cuda_memset0(C, cs[i], cb, E));
+                CHK(cuda_rope(C, qa, dpos, T, nh, hd, rot, dinv, neox, E));
+                CHK(cuda_rope(C, ka, dpos, T, nkv, hd, rot, dinv, neox, E));
+                CHK(cuda_kv_write(C, kca, vca, (cuda_dtype)ct, kvd, ka, dv, dslot, T, E));
+                CHK(cuda_rope_kv(C, qb, kb, dv, kcb, vcb, (cuda_dtype)ct, dpos, dslot, T, nh, nkv,
+                                 hd, rot, dinv, neox, E));
                 get(ha, qa, qn * 4);
                 get(hb, qb, qn * 4);
                 assert_memory_equal(ha, hb, qn * 4);
