@@ -212,7 +212,8 @@ int main(int argc, char **argv) {
         peak_amx = peak_amx_int();
         g_clock = keep;
         printf("# AMX int8 peak per thread (TDPBSUD, full tiles): %.1f GFLOP/s; amx = the /p "
-               "product with AMX tiles (n >= 16), x = over avx512vnni\n", peak_amx);
+               "product with AMX tiles (n >= 16), x = over avx512vnni\n",
+               peak_amx);
     } else {
         printf("# no AMX on this CPU/OS: no amx column\n");
     }

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__linux__) &&                                                  \
+#if defined(__x86_64__) && defined(__linux__) &&                                                   \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
 #define HAVE_AMX 1
 #include <cpuid.h>
@@ -56,7 +56,9 @@ static int amx_probe(void) {
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
 }
 #else
-static int amx_probe(void) { return 0; }
+static int amx_probe(void) {
+    return 0;
+}
 #endif
 
 int cpu_amx_detect(void) {
@@ -85,7 +87,9 @@ int cpu_amx_set(int on) {
     return 0;
 }
 
-int cpu_amx_use(void) { return cpu_simd_level() == CPU_SIMD_AVX512VNNI && amx_on(); }
+int cpu_amx_use(void) {
+    return cpu_simd_level() == CPU_SIMD_AVX512VNNI && amx_on();
+}
 
 #if HAVE_AMX
 #define TGT __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma,f16c")))

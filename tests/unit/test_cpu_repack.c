@@ -321,7 +321,8 @@ static void test_amx_packed_equals_vnni_bit_for_bit(void **state) {
             void *scratch = scratch_for(t, cols, n);
             assert_true(ref && yv && ya && ys);
             cpu_matmul_ref(t, W, rows, cols, x, n, ref);
-            double *mag = malloc(sizeof(double) * rows * n), *qerr = malloc(sizeof(double) * rows * n);
+            double *mag = malloc(sizeof(double) * rows * n),
+                   *qerr = malloc(sizeof(double) * rows * n);
             assert_true(mag && qerr);
             error_bounds(t, W, rows, cols, x, n, mag, qerr);
             for (int k = 0; k < 6; k++) {
@@ -346,7 +347,8 @@ static void test_amx_packed_equals_vnni_bit_for_bit(void **state) {
                     double tol_ref = qerr[i] + 1e-5 * mag[i] + 1e-6, tol_lvl = 2e-5 * mag[i] + 1e-6;
                     if (!(fabs(ya[i] - ref[i]) <= tol_ref) || !(fabs(ya[i] - ys[i]) <= tol_lvl))
                         fail_msg("AMX type %d rows %d cols %d n %d: y[%zu] = %.7g, ref %.7g, "
-                                 "scalar packed %.7g", t, rows, cols, nn, i, ya[i], ref[i], ys[i]);
+                                 "scalar packed %.7g",
+                                 t, rows, cols, nn, i, ya[i], ref[i], ys[i]);
                 }
                 /* accumulate: y += x·W^T, on VNNI and on AMX, from the same y */
                 for (int amx = 0; amx < 2; amx++) {
