@@ -97,6 +97,45 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static double peak_avx512
     PEAK_LOOP(__m512, _mm512_setzero_ps(), OP, 32, "+v"(x))
 #undef OP
 }
+
+/* AMX int8 (matmul_amx.c's tiles): TDPBSUD on full 16 x 64-byte tiles into 4 independent C
+ * tiles, 16·16·64 multiply-adds each. The tile configuration is this function's: it tells the
+ * kernels' per-thread record (cpu_amx_cfg_loaded) that theirs is no longer loaded. */
+extern _Thread_local const void *cpu_amx_cfg_loaded;
+typedef struct {
+    uint8_t palette, start, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} peak_tilecfg;
+__attribute__((target("amx-tile,amx-int8"))) static double peak_amx_int(void) {
+    peak_tilecfg c = {.palette = 1};
+    for (int i = 0; i < 6; i++) {
+        c.colsb[i] = 64;
+        c.rows[i] = 16;
+    }
+    static int8_t a[1024], b[1024];
+    memset(a, 1, sizeof a);
+    memset(b, 2, sizeof b);
+    cpu_amx_cfg_loaded = NULL;
+    _tile_loadconfig(&c);
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, b, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const int iters = PEAK_ITERS / 4;
+    double t0 = now_s();
+    for (int i = 0; i < iters; i++) {
+        _tile_dpbsud(0, 4, 5);
+        _tile_dpbsud(1, 4, 5);
+        _tile_dpbsud(2, 4, 5);
+        _tile_dpbsud(3, 4, 5);
+    }
+    double el = now_s() - t0;
+    _tile_release();
+    return (double)iters * 4 * 16 * 16 * 64 * 2 / el / 1e9;
+}
 #endif
 
 /* peak[level][0] float, [1] 8-bit integer, GFLOP/s of one thread; 0 where unmeasured. */
@@ -163,6 +202,22 @@ int main(int argc, char **argv) {
            "int8 %.1f, avx512vnni float %.1f int8 %.1f; %%pk = a figure over its level's peak "
            "(float or int8 by weight type) times the threads\n",
            peak[1][0], peak[1][1], peak[2][0], peak[2][1]);
+    /* AMX (packed types, n >= 16): the avx512vnni column of a /p line runs with AMX off; the
+     * amx column with it on, over the AMX int8 peak */
+    double peak_amx = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (best >= 2 && cpu_amx_detect()) {
+        clockid_t keep = g_clock;
+        g_clock = CLOCK_PROCESS_CPUTIME_ID;
+        peak_amx = peak_amx_int();
+        g_clock = keep;
+        printf("# AMX int8 peak per thread (TDPBSUD, full tiles): %.1f GFLOP/s; amx = the /p "
+               "product with AMX tiles (n >= 16), x = over avx512vnni\n",
+               peak_amx);
+    } else {
+        printf("# no AMX on this CPU/OS: no amx column\n");
+    }
+#endif
     /* BF16 at the best level first: every line's last column is its ratio to it (the issue's
      * bar: a quantized product at least as fast as the BF16 one of the same shape) */
     double bf16[N_NS] = {0};
@@ -181,8 +236,9 @@ int main(int argc, char **argv) {
     printf(
         "# type/p: the weights repacked at load (kernels/cpu/repack.c); a level without packed "
         "kernels runs the scalar packed one. vs_bf16: the best level over BF16's at the same n\n");
-    printf("%-6s %5s %10s %10s %8s %5s %10s %8s %5s %7s\n", "type", "n", "scalar", "avx2", "ratio",
-           "%pk", "avx512vnni", "ratio", "%pk", "vs_bf16");
+    printf("%-6s %5s %10s %10s %8s %5s %10s %8s %5s %7s%s\n", "type", "n", "scalar", "avx2",
+           "ratio", "%pk", "avx512vnni", "ratio", "%pk", "vs_bf16",
+           peak_amx > 0 ? "        amx       x  %pk" : "");
     for (size_t tj = 0; tj < 2 * sizeof types / sizeof types[0]; tj++) {
         int t = types[tj / 2], pk = tj % 2;
         if (pk && !cpu_pack_type(t))
@@ -212,7 +268,14 @@ int main(int argc, char **argv) {
             void *scratch = ss ? aligned_alloc(64, (ss + 63) / 64 * 64) : NULL;
             for (int i = 0; i < n * cols; i++)
                 x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
-            double gf[3] = {0, 0, 0};
+            double gf[3] = {0, 0, 0}, gamx = 0;
+            cpu_amx_set(0);
+            if (peak_amx > 0 && pk && n >= 16) {
+                cpu_simd_set(best);
+                cpu_amx_set(1);
+                gamx = measure(pool, CPU_PACKED(t), W, rows, cols, x, n, y, scratch, secs);
+                cpu_amx_set(0);
+            }
             for (int lvl = 0; lvl <= best; lvl++) {
                 /* the scalar kernels at 1-10 GFLOP/s would take seconds per product at
                  * prompt-sized n: nan */
@@ -234,6 +297,9 @@ int main(int argc, char **argv) {
                        100.0 * gf[2] / (peak[2][pi] * threads));
             if (bf16[ni] > 0)
                 printf(" %6.2fx", gf[best] / bf16[ni]);
+            if (gamx > 0)
+                printf(" %10.2f %6.2fx %4.0f%%", gamx, gamx / gf[best],
+                       100.0 * gamx / (peak_amx * threads));
             printf("\n");
             fflush(stdout);
             free(x);
@@ -243,6 +309,7 @@ int main(int argc, char **argv) {
         free(W);
     }
     cpu_simd_set(best);
+    cpu_amx_set(cpu_amx_detect());
     cpu_pool_destroy(pool);
     return 0;
 }

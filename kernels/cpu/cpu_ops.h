@@ -47,6 +47,18 @@ int cpu_simd_detect(void);
  * lacks it. Not thread-safe against running kernels: call between matmuls. */
 int cpu_simd_set(int level);
 
+/* AMX (matmul_amx.c): products over repacked Q4_0/Q4_1/Q5_0/Q8_0 weights with at least 16
+ * activation rows run on AMX int8 tiles where the CPU has AMX-INT8 and Linux grants the tile
+ * state (asked once per process); the results are the AVX-512 packed kernels' bits.
+ * cpu_amx_detect: 1 when both hold. cpu_amx_use: 1 when the kernels are in use: detected, the
+ * SIMD level in use is AVX-512 VNNI (MEDLEY_SIMD=avx2 or scalar, or cpu_simd_set lower, turn
+ * AMX off) and neither MEDLEY_AMX=0 (read once) nor cpu_amx_set(0) switched it off.
+ * cpu_amx_set: 0, or -1 (nothing changed) when asked on where cpu_amx_detect is 0. Like
+ * cpu_simd_set, call between matmuls (tests, benchmarks). */
+int cpu_amx_detect(void);
+int cpu_amx_use(void);
+int cpu_amx_set(int on);
+
 /* ---- matrix products ---- */
 /* 1 when cpu_matmul multiplies weights of type t: those of md_type_supported and Q5_0 (which
  * other backends get recoded as Q8_0, engine/model/model.c); else 0. */

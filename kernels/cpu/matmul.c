@@ -185,6 +185,7 @@ size_t cpu_matmul_scratch_size(int t, int cols, int n) {
 typedef struct {
     tile_fn fn;
     ptile_fn pfn;
+    int ptype; /* packed: the block type (the AMX kernel's); else 0 */
     const uint8_t *W;
     size_t wstride;
     int rows, nb, chunk0, n_chunks;
@@ -198,6 +199,7 @@ typedef struct {
     const float *x;
     uint8_t *scratch;
     int row_chunk, act_chunk, n_row_chunks, n_items;
+    int amx; /* packed segments take full tiles of 16 activation rows to the AMX kernel */
     atomic_int next;
 } mm_job;
 
@@ -222,10 +224,15 @@ static void quantize_rows(void *ctx, int ith, int nth) {
  * c0.. (acts, nc rows): one group's blocks stay in L1 while the activation tiles pass. */
 static void mm_packed(const mm_job *j, const mm_seg *g, int r0, int r1, const act_row *acts, int c0,
                       int nc) {
+    /* AMX: the whole tiles of 16 (the same bits as the VNNI kernel takes the rest) */
+    int na = j->amx ? nc / 16 * 16 : 0;
     for (int r = r0; r < r1; r += CPU_PACK_ROWS) {
         int nr = r1 - r < CPU_PACK_ROWS ? r1 - r : CPU_PACK_ROWS;
         const uint8_t *wg = g->W + (size_t)(r / CPU_PACK_ROWS) * g->wstride;
-        for (int c = 0; c < nc; c += KCP)
+        if (na)
+            cpu_amx_ptile(g->ptype, g->nb, wg, nr, acts, act_row_bytes(j->wtype, j->cols), na,
+                          g->y + (size_t)c0 * g->rows + r, (size_t)g->rows, j->mode == CPU_MM_ACC);
+        for (int c = na; c < nc; c += KCP)
             g->pfn(g->nb, wg, nr, acts + c, nc - c < KCP ? nc - c : KCP,
                    g->y + (size_t)(c0 + c) * g->rows + r, (size_t)g->rows, j->mode == CPU_MM_ACC);
     }
@@ -346,6 +353,7 @@ static void mm_run(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const fl
         j.seg[i] = (mm_seg){
             .fn = pick(bt),
             .pfn = pick_packed(w[i].wtype),
+            .ptype = is_packed(w[i].wtype) ? bt : 0,
             .W = w[i].W,
             .wstride = is_packed(w[i].wtype) ? cpu_pack_size(bt, CPU_PACK_ROWS, cols)
                                              : md_type_row_bytes(bt, cols),
@@ -358,6 +366,7 @@ static void mm_run(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const fl
     for (int i = 0; i < n_walk; i++)
         total_rows += w[i].rows;
     int nth = cpu_pool_size(p);
+    j.amx = act_class(j.wtype) == 1 && n >= CPU_AMX_MIN_N && cpu_amx_use();
     if (!is_float(j.wtype)) {
         /* Quantizing a few rows costs less than waking the pool. */
         if (nth > 1 && (size_t)n * cols >= 32768)

@@ -139,6 +139,18 @@ void cpu_ptile_q4_k_avx2(int nb, const uint8_t *wg, int nr, const act_row *a, in
 void cpu_ptile_q6_k_avx2(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
                          size_t ldy, int add);
 
+/* matmul_amx.c: the AMX packed kernel for type t (Q4_0, Q4_1, Q5_0, Q8_0): as a ptile_fn, but
+ * nc a multiple of 16 (any count), the activations' q rows qstride bytes apart (a[c].q =
+ * a[0].q + c·qstride), and the same bits as the AVX-512 packed kernel. Only where cpu_amx_use. */
+void cpu_amx_ptile(int t, int nb, const uint8_t *wg, int nr, const act_row *a, size_t qstride,
+                   int nc, float *y, size_t ldy, int add);
+/* The tile configuration this thread's AMX registers hold, by the address of its owner's
+ * configuration: an AMX user loads its own (LDTILECFG) where this is not it, and sets it, so
+ * kernels with different tile shapes can share a thread. NULL: none loaded. */
+extern _Thread_local const void *cpu_amx_cfg_loaded;
+/* Products with fewer activation rows run the VNNI kernels (bench/kernels: the crossover). */
+#define CPU_AMX_MIN_N 16
+
 typedef struct {
     tile_fn f32, f16, bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q6_k;
     ptile_fn p_q4_0, p_q4_1, p_q5_0, p_q8_0; /* packed weights (repack.c) */

@@ -119,17 +119,12 @@ static void test_packed_row_equals_plain_row_whole_or_in_parts(void **state) {
         }
 }
 
-/* One shape at every level: packed against the reference and the plain scalar level. */
-static void check_packed(cpu_pool *pool, int t, int rows, int cols, int n) {
-    void *W = rand_matrix(t, rows, cols), *P = packed(t, W, rows, cols);
-    float *x = rand_x(n, cols);
-    size_t ny = (size_t)rows * n;
-    float *ref = malloc(ny * 4), *ys = malloc(ny * 4), *y = malloc(ny * 4), *wr = malloc(cols * 4);
-    float *yp = malloc(ny * 4); /* the packed scalar kernel's: the SIMD packed kernels' reference */
-    double *mag = malloc(ny * 8), *qerr = malloc(ny * 8);
-    void *scratch = scratch_for(t, cols, n);
-    assert_true(ref && ys && y && yp && mag && qerr && wr);
-    cpu_matmul_ref(t, W, rows, cols, x, n, ref);
+/* Per output: Σ|w_i·x_i| (mag) and the activation rounding bound Σ_blocks 0.5·Σ|w|·amax/127
+ * (qerr), the terms of the tolerances above. */
+static void error_bounds(int t, const void *W, int rows, int cols, const float *x, int n,
+                         double *mag, double *qerr) {
+    float *wr = malloc(sizeof(float) * cols);
+    assert_non_null(wr);
     for (int r = 0; r < rows; r++) {
         cpu_dequant_row(t, (const uint8_t *)W + (size_t)r * md_type_row_bytes(t, cols), wr, cols);
         for (int c = 0; c < n; c++) {
@@ -147,6 +142,21 @@ static void check_packed(cpu_pool *pool, int t, int rows, int cols, int n) {
             qerr[(size_t)c * rows + r] = q;
         }
     }
+    free(wr);
+}
+
+/* One shape at every level: packed against the reference and the plain scalar level. */
+static void check_packed(cpu_pool *pool, int t, int rows, int cols, int n) {
+    void *W = rand_matrix(t, rows, cols), *P = packed(t, W, rows, cols);
+    float *x = rand_x(n, cols);
+    size_t ny = (size_t)rows * n;
+    float *ref = malloc(ny * 4), *ys = malloc(ny * 4), *y = malloc(ny * 4);
+    float *yp = malloc(ny * 4); /* the packed scalar kernel's: the SIMD packed kernels' reference */
+    double *mag = malloc(ny * 8), *qerr = malloc(ny * 8);
+    void *scratch = scratch_for(t, cols, n);
+    assert_true(ref && ys && y && yp && mag && qerr);
+    cpu_matmul_ref(t, W, rows, cols, x, n, ref);
+    error_bounds(t, W, rows, cols, x, n, mag, qerr);
     assert_int_equal(cpu_simd_set(CPU_SIMD_SCALAR), 0);
     cpu_matmul(NULL, t, W, rows, cols, x, n, ys, scratch);
     for (int lv = 0; lv <= cpu_simd_detect(); lv++) {
@@ -174,7 +184,6 @@ static void check_packed(cpu_pool *pool, int t, int rows, int cols, int n) {
     free(ys);
     free(y);
     free(yp);
-    free(wr);
     free(mag);
     free(qerr);
     free(scratch);
@@ -305,6 +314,97 @@ static void test_packed_matmul_n_equals_unfused_ops(void **state) {
     cpu_simd_set(cpu_simd_detect());
 }
 
+/* The 32-element block types, the ones with AMX kernels. */
+static const int B32[] = {MD_TYPE_Q4_0, MD_TYPE_Q4_1, MD_TYPE_Q5_0, MD_TYPE_Q8_0};
+#define N_B32 (int)(sizeof B32 / sizeof B32[0])
+
+/* The AMX kernels (kernels/cpu/matmul_amx.c) give the AVX-512 packed kernels' bits for every
+ * type, n (the tiles of 16, the rest on VNNI, two activation chunks) and thread count, set and
+ * accumulated, and so stay within the reference's tolerance; the scalar packed level, forced,
+ * and MEDLEY_SIMD-style lower levels turn AMX off. Skipped where the CPU or the OS lacks AMX. */
+static void test_amx_packed_equals_vnni_bit_for_bit(void **state) {
+    (void)state;
+    if (!cpu_amx_detect() || cpu_simd_detect() < CPU_SIMD_AVX512VNNI) {
+        print_message("[  SKIPPED ] no AMX-INT8 (or the OS refused the tile state): the AMX "
+                      "kernels are not tested on this machine\n");
+        assert_int_equal(cpu_amx_set(1), cpu_amx_detect() ? 0 : -1);
+        return;
+    }
+    static const int ns[] = {1, 15, 16, 17, 64, 200};
+    static const int shapes[][2] = {{37, 96}, {203, 576}, {16, 1056}};
+    cpu_pool *pool = cpu_pool_create(3);
+    assert_non_null(pool);
+    assert_int_equal(cpu_simd_set(CPU_SIMD_AVX2), 0);
+    assert_int_equal(cpu_amx_use(), 0);
+    assert_int_equal(cpu_simd_set(CPU_SIMD_AVX512VNNI), 0);
+    for (int ti = 0; ti < N_B32; ti++)
+        for (int si = 0; si < 3; si++) {
+            int t = B32[ti], rows = shapes[si][0], cols = shapes[si][1], n = 200;
+            void *W = rand_matrix(t, rows, cols), *P = packed(t, W, rows, cols);
+            float *x = rand_x(n, cols), *ref = malloc(sizeof(float) * rows * n);
+            float *yv = malloc(sizeof(float) * rows * n), *ya = malloc(sizeof(float) * rows * n);
+            float *ys = malloc(sizeof(float) * rows * n);
+            void *scratch = scratch_for(t, cols, n);
+            assert_true(ref && yv && ya && ys);
+            cpu_matmul_ref(t, W, rows, cols, x, n, ref);
+            double *mag = malloc(sizeof(double) * rows * n),
+                   *qerr = malloc(sizeof(double) * rows * n);
+            assert_true(mag && qerr);
+            error_bounds(t, W, rows, cols, x, n, mag, qerr);
+            for (int k = 0; k < 6; k++) {
+                int nn = ns[k];
+                assert_int_equal(cpu_simd_set(CPU_SIMD_SCALAR), 0);
+                cpu_matmul(NULL, CPU_PACKED(t), P, rows, cols, x, nn, ys, scratch);
+                assert_int_equal(cpu_simd_set(CPU_SIMD_AVX512VNNI), 0);
+                assert_int_equal(cpu_amx_set(0), 0);
+                assert_int_equal(cpu_amx_use(), 0);
+                cpu_matmul(pool, CPU_PACKED(t), P, rows, cols, x, nn, yv, scratch);
+                assert_int_equal(cpu_amx_set(1), 0);
+                assert_int_equal(cpu_amx_use(), 1);
+                for (int th = 0; th < 2; th++) {
+                    for (size_t i = 0; i < (size_t)rows * nn; i++)
+                        ya[i] = NAN;
+                    cpu_matmul(th ? pool : NULL, CPU_PACKED(t), P, rows, cols, x, nn, ya, scratch);
+                    if (memcmp(ya, yv, sizeof(float) * rows * nn))
+                        fail_msg("AMX type %d rows %d cols %d n %d threads %d: differs from VNNI",
+                                 t, rows, cols, nn, th ? 3 : 1);
+                }
+                for (size_t i = 0; i < (size_t)rows * nn; i++) {
+                    double tol_ref = qerr[i] + 1e-5 * mag[i] + 1e-6, tol_lvl = 2e-5 * mag[i] + 1e-6;
+                    if (!(fabs(ya[i] - ref[i]) <= tol_ref) || !(fabs(ya[i] - ys[i]) <= tol_lvl))
+                        fail_msg("AMX type %d rows %d cols %d n %d: y[%zu] = %.7g, ref %.7g, "
+                                 "scalar packed %.7g",
+                                 t, rows, cols, nn, i, ya[i], ref[i], ys[i]);
+                }
+                /* accumulate: y += x·W^T, on VNNI and on AMX, from the same y */
+                for (int amx = 0; amx < 2; amx++) {
+                    float *dst = amx ? ya : yv;
+                    for (size_t i = 0; i < (size_t)rows * nn; i++)
+                        dst[i] = (float)(i % 13) * 0.25f;
+                    assert_int_equal(cpu_amx_set(amx), 0);
+                    cpu_mm_seg seg = {CPU_PACKED(t), P, rows, dst};
+                    cpu_matmul_n(pool, &seg, 1, cols, x, nn, CPU_MM_ACC, scratch);
+                }
+                if (memcmp(ya, yv, sizeof(float) * rows * nn))
+                    fail_msg("AMX type %d rows %d cols %d n %d: ACC differs from VNNI", t, rows,
+                             cols, nn);
+            }
+            free(W);
+            free(P);
+            free(x);
+            free(ref);
+            free(yv);
+            free(ya);
+            free(ys);
+            free(mag);
+            free(qerr);
+            free(scratch);
+        }
+    assert_int_equal(cpu_amx_set(1), 0);
+    cpu_simd_set(cpu_simd_detect());
+    cpu_pool_destroy(pool);
+}
+
 static void test_pack_refuses_types_and_shapes_without_a_layout(void **state) {
     (void)state;
     uint8_t buf[4096] = {0}, dst[4096];
@@ -334,6 +434,7 @@ int main(void) {
         cmocka_unit_test(test_packed_independent_of_batch_and_threads),
         cmocka_unit_test(test_packed_matmul_n_equals_unfused_ops),
         cmocka_unit_test(test_pack_refuses_types_and_shapes_without_a_layout),
+        cmocka_unit_test(test_amx_packed_equals_vnni_bit_for_bit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
