@@ -220,7 +220,7 @@ def vllm_env(args, ids, gen):
     hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     per_tok = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * hd * 2  # BF16 K+V
     # vLLM 0.32.0's CPU cache held 10,556 SmolLM2 tokens per GiB, 4.4x these BF16 K+V bytes
-    # (measured; its layout pads): 5x, so that the whole batch fits, as medley's budget does
+    # (measured, not explained): 5x, so that the whole batch fits, as medley's budget does
     need = sum(len(r) + gen + 16 for r in ids) * per_tok * 5
     gib = max(1, -(-need // (1 << 30)))
     if args.vllm_kv_gib:
