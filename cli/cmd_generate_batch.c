@@ -1,7 +1,7 @@
 /* cmd_generate_batch.c — `medley generate --batch FILE.jsonl`: every line ({"prompt": ...}
- * or {"messages": [...]}, with optional sampling fields, or an OpenAI Batch line) submitted to
- * one engine, which batches them continuously; one result line per request, and the
- * throughput and latency on stderr. */
+ * with a string or an array of token ids, or {"messages": [...]}, with optional sampling fields, or
+ * an OpenAI Batch line) submitted to one engine, which batches them continuously; one result line
+ * per request, and the throughput and latency on stderr. */
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -43,6 +43,31 @@ static batch_req *find_req(batch_req *reqs, int n, uint64_t seq) {
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* A prompt given as token ids (a JSON array of 1 to INT_MAX integers in int32 range) into
+ * *ids (malloc'd), as is: no BOS added. The engine checks them against the vocabulary. */
+static int prompt_ids(json_t *arr, int32_t **ids, int *n, md_err *e) {
+    size_t len = json_array_size(arr);
+    if (len == 0 || len > INT_MAX)
+        return md_errf(e, MD_EINVAL, "prompt: an array of token ids needs 1 to %d of them",
+                       INT_MAX);
+    int32_t *v = malloc(len * sizeof *v);
+    if (!v)
+        return md_errf(e, MD_ENOMEM, "prompt: out of memory for %zu token ids", len);
+    for (size_t i = 0; i < len; i++) {
+        json_t *x = json_array_get(arr, i);
+        long long t = json_is_integer(x) ? json_integer_value(x) : -1;
+        if (!json_is_integer(x) || t < 0 || t > INT32_MAX) {
+            free(v);
+            return md_errf(e, MD_EINVAL, "prompt[%zu] is not a token id (an integer in [0, 2^31))",
+                           i);
+        }
+        v[i] = (int32_t)t;
+    }
+    *ids = v;
+    *n = (int)len;
+    return 0;
 }
 
 /* One request line: sampling from the line (falling back to the command line's), prompt
@@ -142,8 +167,10 @@ static int batch_line(const gen_opts *o, tok_tokenizer *tok, json_t *line, md_sa
     json_t *prompt = json_object_get(body, "prompt"), *msgs = json_object_get(body, "messages");
     if (!!prompt == !!msgs)
         return md_errf(e, MD_EINVAL, "give exactly one of prompt and messages");
+    if (json_is_array(prompt)) /* token ids, as OpenAI's completions take them */
+        return prompt_ids(prompt, ids, n, e);
     if (prompt && !json_is_string(prompt))
-        return md_errf(e, MD_EINVAL, "prompt must be a string");
+        return md_errf(e, MD_EINVAL, "prompt must be a string or an array of token ids");
     return gen_encode(tok, prompt ? json_string_value(prompt) : NULL, msgs, NULL, NULL, ids, n, e);
 }
 

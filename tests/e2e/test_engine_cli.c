@@ -1,5 +1,6 @@
 /* test_engine_cli.c — `medley generate` as a user runs it: streamed text, the --json object,
- * a --batch file with good and bad lines, usage errors, and device selection without a GPU.
+ * a --batch file with good and bad lines (prompts as text and as token ids), usage errors,
+ * and device selection without a GPU.
  * Uses $MEDLEY_BIN (set by ctest). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -174,6 +175,83 @@ static void test_batch_logprobs_as_json(void **state) {
     json_decref(single);
 }
 
+/* A --batch prompt given as token ids (what `medley tokenize --ids` prints for a text) runs
+ * as that text does: same prompt tokens, same greedy tokens; a bad id array is the line's
+ * error (empty, not integers, negative, beyond the vocabulary). */
+static void test_batch_prompt_token_ids(void **state) {
+    const char *model = test_model_path();
+    if (!model || !bin())
+        skip();
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s tokenize -m %s --ids 'Once upon a time' 2>/dev/null", bin(),
+             model);
+    assert_int_equal(run(cmd), 0);
+    char ids[1024];
+    int n_ids = 1;
+    snprintf(ids, sizeof ids, "%s", out);
+    ids[strcspn(ids, "\n")] = 0;
+    for (char *c = ids; *c; c++)
+        if (*c == ' ') {
+            *c = ',';
+            n_ids++;
+        }
+    char in[] = "/tmp/medley-test-batch-XXXXXX";
+    int fd = mkstemp(in);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "{\"custom_id\": \"text\", \"prompt\": \"Once upon a time\", \"max_tokens\": 6, "
+               "\"logprobs\": true}\n");
+    fprintf(f,
+            "{\"custom_id\": \"ids\", \"prompt\": [%s], \"max_tokens\": 6, "
+            "\"logprobs\": true}\n",
+            ids);
+    fprintf(f, "{\"custom_id\": \"empty\", \"prompt\": []}\n");
+    fprintf(f, "{\"custom_id\": \"str\", \"prompt\": [1, \"2\"]}\n");
+    fprintf(f, "{\"custom_id\": \"neg\", \"prompt\": [1, -3]}\n");
+    fprintf(f, "{\"custom_id\": \"big\", \"prompt\": [1, 99999999]}\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --batch %s --ignore-eos -t 2 2>/dev/null", bin(),
+             model, in);
+    assert_int_equal(run(cmd), 1); /* the four bad lines */
+    unlink(in);
+    json_t *text = NULL, *byid = NULL;
+    int bad = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *j = json_loads(line, 0, NULL);
+        assert_non_null(j);
+        const char *cid = json_string_value(json_object_get(j, "custom_id"));
+        assert_non_null(cid);
+        if (!strcmp(cid, "text")) {
+            text = j;
+        } else if (!strcmp(cid, "ids")) {
+            byid = j;
+        } else {
+            const char *msg =
+                json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+            assert_non_null(msg);
+            if (!strcmp(cid, "empty"))
+                assert_non_null(strstr(msg, "needs 1 to"));
+            else if (!strcmp(cid, "str"))
+                assert_non_null(strstr(msg, "prompt[1] is not a token id"));
+            else if (!strcmp(cid, "neg"))
+                assert_non_null(strstr(msg, "prompt[1] is not a token id"));
+            else
+                assert_non_null(strstr(msg, "99999999"));
+            bad++;
+            json_decref(j);
+        }
+    }
+    assert_int_equal(bad, 4);
+    assert_non_null(text);
+    assert_non_null(byid);
+    assert_int_equal(json_integer_value(json_object_get(byid, "prompt_tokens")), n_ids);
+    assert_int_equal(json_integer_value(json_object_get(text, "prompt_tokens")), n_ids);
+    assert_int_equal(json_array_size(json_object_get(byid, "tokens")), 6);
+    assert_true(json_equal(json_object_get(text, "tokens"), json_object_get(byid, "tokens")));
+    json_decref(text);
+    json_decref(byid);
+}
+
 static void test_usage_errors_exit_2(void **state) {
     if (!bin())
         skip();
@@ -230,6 +308,7 @@ int main(void) {
         cmocka_unit_test(test_json_output_has_tokens_text_and_timings),
         cmocka_unit_test(test_batch_file_answers_every_line),
         cmocka_unit_test(test_batch_logprobs_as_json),
+        cmocka_unit_test(test_batch_prompt_token_ids),
         cmocka_unit_test(test_usage_errors_exit_2),
         cmocka_unit_test(test_device_auto_without_gpu_runs_on_cpu),
     };
