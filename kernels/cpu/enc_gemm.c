@@ -26,8 +26,8 @@
 
 struct cpu_lin {
     int N, K, K2, np; /* K2: k pairs (BF16); np: panels */
-    int bf16;
-    void *wp; /* F32: [np][K][32]; BF16: [np][K2][32][2] (uint16) */
+    int prec;         /* CPU_LIN_F32, CPU_LIN_BF16 or CPU_LIN_WBF16 */
+    void *wp;         /* F32: [np][K][32]; BF16, WBF16: [np][K2][32][2] (uint16) */
 };
 
 int cpu_lin_bf16_ok(void) {
@@ -50,43 +50,91 @@ void cpu_lin_free(cpu_lin *l) {
     }
 }
 
-cpu_lin *cpu_lin_pack(int wtype, const void *W, int N, int K, int bf16) {
-    if (N < 1 || K < 1 || cpu_simd_level() < CPU_SIMD_AVX512VNNI || (bf16 && !cpu_lin_bf16_ok()) ||
-        (wtype != MD_TYPE_F32 && wtype != MD_TYPE_F16 && wtype != MD_TYPE_BF16))
+cpu_lin *cpu_lin_alloc(int N, int K, int prec) {
+    if (N < 1 || K < 1 || cpu_simd_level() < CPU_SIMD_AVX512VNNI || prec < CPU_LIN_F32 ||
+        prec > CPU_LIN_WBF16 || (prec == CPU_LIN_BF16 && !cpu_lin_bf16_ok()))
         return NULL;
     cpu_lin *l = calloc(1, sizeof *l);
-    float *row = malloc((size_t)K * sizeof *row);
-    if (!l || !row)
-        goto fail;
+    if (!l)
+        return NULL;
     l->N = N;
     l->K = K;
     l->K2 = (K + 1) / 2;
     l->np = (N + NR - 1) / NR;
-    l->bf16 = bf16;
-    size_t n = bf16 ? (size_t)l->np * l->K2 * NR * 2 * 2 : (size_t)l->np * K * NR * 4;
-    if (posix_memalign(&l->wp, 64, n))
-        goto fail;
-    memset(l->wp, 0, n);
-    size_t rb = md_type_row_bytes(wtype, K);
-    for (int r = 0; r < N; r++) {
-        cpu_dequant_row(wtype, (const char *)W + (size_t)r * rb, row, K);
-        int p = r / NR, o = r % NR;
-        if (bf16) {
-            uint16_t *d = (uint16_t *)l->wp + (size_t)p * l->K2 * NR * 2;
-            for (int k = 0; k < K; k++)
-                d[((size_t)(k / 2) * NR + o) * 2 + k % 2] = md_fp32_to_bf16(row[k]);
-        } else {
-            float *d = (float *)l->wp + (size_t)p * K * NR;
-            for (int k = 0; k < K; k++)
-                d[(size_t)k * NR + o] = row[k];
-        }
+    l->prec = prec;
+    size_t n =
+        prec != CPU_LIN_F32 ? (size_t)l->np * l->K2 * NR * 2 * 2 : (size_t)l->np * K * NR * 4;
+    if (posix_memalign(&l->wp, 64, n)) {
+        free(l);
+        return NULL;
+    }
+    memset(l->wp, 0, n); /* the padding rows and the odd K's last pair stay 0 */
+    return l;
+}
+
+/* Row r (K floats) into l's panels: rounded to BF16 (nearest even; a BF16 weight's values are
+ * kept exactly) or as they are. */
+static void pack_row(cpu_lin *l, const float *row, int r) {
+    int p = r / NR, o = r % NR, K = l->K;
+    if (l->prec != CPU_LIN_F32) {
+        uint16_t *d = (uint16_t *)l->wp + (size_t)p * l->K2 * NR * 2;
+        for (int k = 0; k < K; k++)
+            d[((size_t)(k / 2) * NR + o) * 2 + k % 2] = md_fp32_to_bf16(row[k]);
+    } else {
+        float *d = (float *)l->wp + (size_t)p * K * NR;
+        for (int k = 0; k < K; k++)
+            d[(size_t)k * NR + o] = row[k];
+    }
+}
+
+int cpu_lin_pack_rows(cpu_lin *l, int wtype, const void *W, int r0, int r1) {
+    if (!l || r0 < 0 || r1 > l->N || r0 > r1 ||
+        (wtype != MD_TYPE_F32 && wtype != MD_TYPE_F16 && wtype != MD_TYPE_BF16))
+        return -1;
+    float *row = malloc((size_t)l->K * sizeof *row);
+    if (!row)
+        return -1;
+    size_t rb = md_type_row_bytes(wtype, l->K);
+    for (int r = r0; r < r1; r++) {
+        cpu_dequant_row(wtype, (const char *)W + (size_t)r * rb, row, l->K);
+        pack_row(l, row, r);
+    }
+    free(row);
+    return 0;
+}
+
+cpu_lin *cpu_lin_copy(const cpu_lin *src, int prec) {
+    cpu_lin *l = cpu_lin_alloc(src->N, src->K, prec);
+    float *row = l ? malloc((size_t)src->K * sizeof *row) : NULL;
+    if (!row) {
+        cpu_lin_free(l);
+        return NULL;
+    }
+    for (int r = 0; r < src->N; r++) {
+        cpu_lin_row(src, r, row);
+        pack_row(l, row, r);
     }
     free(row);
     return l;
-fail:
-    free(row);
-    cpu_lin_free(l);
-    return NULL;
+}
+
+cpu_lin *cpu_lin_pack(int wtype, const void *W, int N, int K, int prec) {
+    cpu_lin *l = cpu_lin_alloc(N, K, prec);
+    if (l && cpu_lin_pack_rows(l, wtype, W, 0, N)) {
+        cpu_lin_free(l);
+        return NULL;
+    }
+    return l;
+}
+
+void cpu_lin_row(const cpu_lin *l, int r, float *out) {
+    int p = r / NR, o = r % NR;
+    for (int k = 0; k < l->K; k++)
+        out[k] =
+            l->prec != CPU_LIN_F32
+                ? md_bf16_to_fp32(((const uint16_t *)l->wp)[(size_t)p * l->K2 * NR * 2 +
+                                                            ((size_t)(k / 2) * NR + o) * 2 + k % 2])
+                : ((const float *)l->wp)[(size_t)p * l->K * NR + (size_t)k * NR + o];
 }
 
 static float gelu_ref(double v) {
@@ -94,7 +142,7 @@ static float gelu_ref(double v) {
 }
 
 void cpu_lin_ref(int wtype, const void *W, int N, int K, const float *bias, const float *x, int T,
-                 float *y, int epi, int bf16) {
+                 float *y, int epi, int prec) {
     float *row = malloc((size_t)K * sizeof *row);
     if (!row)
         return;
@@ -105,10 +153,10 @@ void cpu_lin_ref(int wtype, const void *W, int N, int K, const float *bias, cons
             double s = 0;
             for (int k = 0; k < K; k++) {
                 float a = row[k], b = x[(size_t)t * K + k];
-                if (bf16) {
+                if (prec != CPU_LIN_F32)
                     a = md_bf16_to_fp32(md_fp32_to_bf16(a));
+                if (prec == CPU_LIN_BF16)
                     b = md_bf16_to_fp32(md_fp32_to_bf16(b));
-                }
                 s += (double)a * b;
             }
             s += bias ? bias[n] : 0;
@@ -175,6 +223,58 @@ TGTB static INL void ukr_bf16(const int R, int K2, const uint16_t *wp, const uin
     }
 }
 
+/* The F32 product over BF16 weights: each k pair's two vectors of 16 outputs widened to F32
+ * (a BF16 is the high half of its F32: the even k shifted up, the odd k masked), then the FMAs
+ * of ukr_f32 in its order (k ascending, one accumulator), x unrounded: the same bits as ukr_f32
+ * over F32 panels of the same weights, with half the weight bytes. K odd: the last pair's odd
+ * half is padding (never read from x). */
+TGT static INL void ukr_wbf16(const int R, int K, const uint16_t *wp, const float *x, size_t ldx,
+                              float *tile) {
+    __m512 c0[MR], c1[MR];
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+#pragma GCC unroll 12
+    for (int i = 0; i < R; i++)
+        c0[i] = c1[i] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 2 <= K; k += 2) {
+        __m512i p0 = _mm512_load_si512(wp + (size_t)k * NR),
+                p1 = _mm512_load_si512(wp + (size_t)k * NR + 32);
+        __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(p0, 16)),
+               e1 = _mm512_castsi512_ps(_mm512_slli_epi32(p1, 16)),
+               o0 = _mm512_castsi512_ps(_mm512_and_si512(p0, hi)),
+               o1 = _mm512_castsi512_ps(_mm512_and_si512(p1, hi));
+#pragma GCC unroll 12
+        for (int i = 0; i < R; i++) {
+            __m512 xe = _mm512_set1_ps(x[i * ldx + k]);
+            c0[i] = _mm512_fmadd_ps(e0, xe, c0[i]);
+            c1[i] = _mm512_fmadd_ps(e1, xe, c1[i]);
+        }
+#pragma GCC unroll 12
+        for (int i = 0; i < R; i++) {
+            __m512 xo = _mm512_set1_ps(x[i * ldx + k + 1]);
+            c0[i] = _mm512_fmadd_ps(o0, xo, c0[i]);
+            c1[i] = _mm512_fmadd_ps(o1, xo, c1[i]);
+        }
+    }
+    if (k < K) {
+        __m512 e0 = _mm512_castsi512_ps(
+                   _mm512_slli_epi32(_mm512_load_si512(wp + (size_t)k * NR), 16)),
+               e1 = _mm512_castsi512_ps(
+                   _mm512_slli_epi32(_mm512_load_si512(wp + (size_t)k * NR + 32), 16));
+#pragma GCC unroll 12
+        for (int i = 0; i < R; i++) {
+            __m512 xe = _mm512_set1_ps(x[i * ldx + k]);
+            c0[i] = _mm512_fmadd_ps(e0, xe, c0[i]);
+            c1[i] = _mm512_fmadd_ps(e1, xe, c1[i]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < R; i++) {
+        _mm512_store_ps(tile + i * NR, c0[i]);
+        _mm512_store_ps(tile + i * NR + 16, c1[i]);
+    }
+}
+
 #define DISPATCH12(CALL)                                                                           \
     switch (r) {                                                                                   \
     case 1: CALL(1); break;                                                                        \
@@ -200,6 +300,13 @@ TGT static void tile_f32(int r, int K, const float *wp, const float *x, size_t l
 TGTB static void tile_bf16(int r, int K2, const uint16_t *wp, const uint32_t *xb, size_t ldx,
                            float *tile){
 #define CALL(R) ukr_bf16(R, K2, wp, xb, ldx, tile)
+    DISPATCH12(CALL)
+#undef CALL
+}
+
+TGT static void tile_wbf16(int r, int K, const uint16_t *wp, const float *x, size_t ldx,
+                           float *tile){
+#define CALL(R) ukr_wbf16(R, K, wp, x, ldx, tile)
     DISPATCH12(CALL)
 #undef CALL
 }
@@ -270,12 +377,14 @@ static void lin_worker(void *ctx, int ith, int nth) {
         for (int t = t0; t < t1; t += MR) {
             int r = t1 - t < MR ? t1 - t : MR;
             const float *x = j->x + (size_t)t * l->K;
-            if (l->bf16)
+            if (l->prec == CPU_LIN_BF16)
                 x_to_bf16(x, r, l->K, l->K2, xb);
             for (int p = p0; p < p1; p++) {
-                if (l->bf16)
-                    tile_bf16(r, l->K2, (const uint16_t *)l->wp + (size_t)p * l->K2 * NR * 2, xb,
-                              (size_t)l->K2, tile);
+                const uint16_t *wh = (const uint16_t *)l->wp + (size_t)p * l->K2 * NR * 2;
+                if (l->prec == CPU_LIN_BF16)
+                    tile_bf16(r, l->K2, wh, xb, (size_t)l->K2, tile);
+                else if (l->prec == CPU_LIN_WBF16)
+                    tile_wbf16(r, l->K, wh, x, (size_t)l->K, tile);
                 else
                     tile_f32(r, l->K, (const float *)l->wp + (size_t)p * l->K * NR, x, (size_t)l->K,
                              tile);
@@ -302,7 +411,7 @@ void cpu_lin_run(cpu_pool *p, const cpu_lin *l, const float *bias, const float *
                  .per_thread = cpu_lin_scratch_size(l->K, 1)};
     /* A group of panels small enough to stay in L2 (512 KiB) while the item's tokens pass
      * over it; smaller groups when the tokens alone make too few items for the threads. */
-    size_t panel = (size_t)l->K * NR * (l->bf16 ? 2 : 4);
+    size_t panel = (size_t)l->K * NR * (l->prec != CPU_LIN_F32 ? 2 : 4);
     int pb = (int)((512u << 10) / panel), n_tb = (T + MB - 1) / MB;
     if (pb < 1)
         pb = 1;
