@@ -96,13 +96,14 @@ static int cpu_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf *
     return 0;
 }
 
-/* A BF16 weight packed into cpu_lin's BF16 panels (CPU_LIN_WBF16, the AVX-512 level): its
- * products by the 12-token x 32-output register tiles, x unrounded (docs/kernels.md "Packed
- * float products"). Packed in parts of about 4 MiB of source, each reported done; NULL when
+/* A BF16 weight packed into cpu_lin's BF16 panels (the AVX-512 level): its products by the
+ * 12-token x 32-output register tiles, x unrounded (CPU_LIN_WBF16) or, where VDPBF16PS is the
+ * faster (cpu_lin_bf16_fast), rounded to BF16 (CPU_LIN_BF16; docs/kernels.md "Packed float
+ * products"). Packed in parts of about 4 MiB of source, each reported done; NULL when
  * out of memory: the caller then aliases host. */
 static cpu_lin *wrap_lin(const void *host, int rows, int cols,
                          void (*done)(void *, const void *, size_t), void *done_ctx) {
-    cpu_lin *l = cpu_lin_alloc(rows, cols, CPU_LIN_WBF16);
+    cpu_lin *l = cpu_lin_alloc(rows, cols, cpu_lin_bf16_fast() ? CPU_LIN_BF16 : CPU_LIN_WBF16);
     size_t rb = md_type_row_bytes(MD_TYPE_BF16, cols);
     int step = (int)((4u << 20) / rb) + 1;
     for (int r = 0; l && r < rows; r += step) {
@@ -903,8 +904,8 @@ static int cpu_attention_enc(md_backend *be, const md_buf *q, const md_buf *k, c
 
 /* An encoder linear layer: packed for cpu_lin_run at the AVX-512 level, else (a lower level,
  * cpu-exact, another weight type) the weight and bias as they are, multiplied by matmul. A
- * BF16 weight weight_wrap packed already (CPU_LIN_WBF16): that packing, borrowed, for F32
- * products (the sums of F32 panels), a CPU_LIN_BF16 copy for BF16 ones. */
+ * BF16 weight weight_wrap packed already: that packing, borrowed, where its precision is the
+ * one asked (CPU_LIN_WBF16 gives the sums of F32 panels), else a copy in that precision. */
 struct md_lin {
     cpu_lin *pk;
     int borrowed; /* pk is the weight buffer's */
@@ -929,11 +930,12 @@ static int cpu_lin_prepare(md_backend *be, const md_tensor *w, const md_tensor *
         return md_errf(e, MD_ENOMEM, "cpu backend: out of memory");
     l->w = *w;
     l->b = *b;
-    l->borrowed = w->buf->lin && !bf16;
+    int prec = bf16 ? CPU_LIN_BF16 : CPU_LIN_WBF16;
+    l->borrowed = w->buf->lin && cpu_lin_prec(w->buf->lin) == prec;
     if (l->borrowed)
         l->pk = w->buf->lin;
     else if (w->buf->lin)
-        l->pk = cpu_lin_copy(w->buf->lin, CPU_LIN_BF16);
+        l->pk = cpu_lin_copy(w->buf->lin, prec);
     else if (!c->exact)
         l->pk = cpu_lin_pack(w->type, tensor_row(w, 0), (int)w->ne1, (int)w->ne0, bf16);
     if ((bf16 || w->buf->lin) && !l->pk) {

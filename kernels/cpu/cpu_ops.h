@@ -187,6 +187,10 @@ void cpu_lin_row(const cpu_lin *l, int r, float *out);
 /* A packed copy of src's rows (their values, rounded to BF16 for the BF16 precisions) in
  * precision prec; NULL as cpu_lin_alloc. */
 cpu_lin *cpu_lin_copy(const cpu_lin *src, int prec);
+int cpu_lin_prec(const cpu_lin *l);
+/* 1 where CPU_LIN_BF16's VDPBF16PS outruns CPU_LIN_WBF16's F32 FMAs (AMD Zen 4: twice the
+ * multiply rate; Intel's AVX512-BF16 cores: half), so decoders' BF16 weights take it; else 0. */
+int cpu_lin_bf16_fast(void);
 void cpu_lin_free(cpu_lin *l);
 size_t cpu_lin_scratch_size(int K, int n_threads);
 void cpu_lin_run(cpu_pool *p, const cpu_lin *l, const float *bias, const float *x, int T, float *y,

@@ -39,6 +39,19 @@ int cpu_lin_bf16_ok(void) {
 #endif
 }
 
+/* VDPBF16PS retires at twice the F32 FMA rate on AMD Zen 4 (docs/benchmarks.md: packed BF16
+ * 1.9x packed F32 on the EPYC box) but at half of it on the Intel Xeon measured since (113 vs
+ * 224 GFLOP/s per core): docs/kernels.md "Packed float products". */
+int cpu_lin_bf16_fast(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    return cpu_lin_bf16_ok() && __builtin_cpu_is("amd");
+#else
+    return 0;
+#endif
+}
+
+int cpu_lin_prec(const cpu_lin *l) { return l->prec; }
+
 size_t cpu_lin_scratch_size(int K, int n_threads) {
     return (size_t)(n_threads > 0 ? n_threads : 1) * (MR * (size_t)((K + 1) / 2) * 4 + 64);
 }
