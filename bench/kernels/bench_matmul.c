@@ -147,9 +147,10 @@ static double measure_lin(cpu_pool *pool, const cpu_lin *l, int rows, int cols, 
     return 2.0 * rows * cols * (double)n * reps / el / 1e9;
 }
 
-/* Lines BF16/lin (CPU_LIN_WBF16: what the CPU backend runs for a decoder's BF16 weights at the
- * AVX-512 level) and BF16/dp (CPU_LIN_BF16: x rounded too, VDPBF16PS; encoders' bf16 option),
- * at the AVX-512 level only (the lower levels keep the plain layout: nan). */
+/* Lines BF16/lin (CPU_LIN_WBF16: x in F32, F32 FMAs) and BF16/amx or BF16/dp (CPU_LIN_BF16: x
+ * rounded too, AMX tiles where cpu_lin_amx_ok, else VDPBF16PS): what the CPU backend runs for a
+ * decoder's BF16 weights at the AVX-512 level (the latter where cpu_lin_bf16_fast); the lower
+ * levels keep the plain layout: nan. */
 static void bench_lin(cpu_pool *pool, int threads, int rows, int cols, const int *ns, int n_ns,
                       const double *bf16, double peak, double secs) {
     uint16_t *W = make_weights(MD_TYPE_BF16, rows, cols);
@@ -165,9 +166,11 @@ static void bench_lin(cpu_pool *pool, int threads, int rows, int cols, const int
             for (int i = 0; i < n * cols; i++)
                 x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
             double g = measure_lin(pool, l, rows, cols, x, n, y, scratch, secs);
-            printf("%-6s %5d %10s %10s %8s %5s %10.2f %8s %4.0f%%",
-                   prec == CPU_LIN_BF16 ? "BF16/dp" : "BF16/lin", n, "nan", "nan", "", "", g, "",
-                   100.0 * g / (peak * threads));
+            const char *label = prec == CPU_LIN_WBF16 ? "BF16/lin"
+                                : cpu_lin_amx_ok()    ? "BF16/amx"
+                                                      : "BF16/dp";
+            printf("%-6s %5d %10s %10s %8s %5s %10.2f %8s %4.0f%%", label, n, "nan", "nan", "", "",
+                   g, "", 100.0 * g / (peak * threads));
             if (bf16[ni] > 0)
                 printf(" %6.2fx", g / bf16[ni]);
             printf("\n");

@@ -191,6 +191,9 @@ int cpu_lin_prec(const cpu_lin *l);
 /* 1 where CPU_LIN_BF16's VDPBF16PS outruns CPU_LIN_WBF16's F32 FMAs (AMD Zen 4: twice the
  * multiply rate; Intel's AVX512-BF16 cores: half), so decoders' BF16 weights take it; else 0. */
 int cpu_lin_bf16_fast(void);
+/* 1 where CPU_LIN_BF16 products run on AMX-BF16 tiles (the CPU has AMX-BF16, Linux granted the
+ * tile state, the level in use is AVX-512; K a multiple of 32): then cpu_lin_bf16_fast is 1. */
+int cpu_lin_amx_ok(void);
 void cpu_lin_free(cpu_lin *l);
 size_t cpu_lin_scratch_size(int K, int n_threads);
 void cpu_lin_run(cpu_pool *p, const cpu_lin *l, const float *bias, const float *x, int T, float *y,

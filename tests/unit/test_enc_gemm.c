@@ -161,20 +161,23 @@ static void test_wbf16_equals_f32_panels(void **state) {
     cpu_pool_destroy(p);
 }
 
-/* SmolLM2's decoder shapes, BF16 weights packed in parts as backend_cpu.c does: each row reads
- * back as cpu_dequant_row's, the product is within float rounding of cpu_matmul_ref (double
- * sums of the same weights and x), and token 5's row is the same bits at n = 1, 8, 64 and with
- * 1 or 2 threads. */
+/* SmolLM2's decoder shapes, BF16 weights packed in parts as backend_cpu.c does, in both of its
+ * precisions (CPU_LIN_BF16 on AMX tiles where the CPU has them): each row reads back as
+ * cpu_dequant_row's, the product is within float rounding of cpu_matmul_ref (double sums of
+ * the same weights and x; for CPU_LIN_BF16, of cpu_lin_ref with x rounded to BF16), and token
+ * 5's row is the same bits at n = 1, 8, 64 and with 1 or 2 threads. */
 static void test_decoder_bf16_against_matmul_ref(void **state) {
     (void)state;
     const int shapes[][2] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
     cpu_pool *p1 = cpu_pool_create(1), *p2 = cpu_pool_create(2);
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        int N = shapes[s][0], K = shapes[s][1], T = 64;
+    for (size_t s = 0; s < 2 * sizeof shapes / sizeof shapes[0]; s++) {
+        int N = shapes[s / 2][0], K = shapes[s / 2][1], T = 64;
+        int prec = s % 2 ? CPU_LIN_BF16 : CPU_LIN_WBF16; /* BF16: AMX where the CPU has it */
         void *W = weights(MD_TYPE_BF16, N, K);
-        cpu_lin *l = cpu_lin_alloc(N, K, CPU_LIN_WBF16);
+        cpu_lin *l = cpu_lin_alloc(N, K, prec);
         if (!l) {
-            assert_true(cpu_simd_level() < CPU_SIMD_AVX512VNNI);
+            assert_true(cpu_simd_level() < CPU_SIMD_AVX512VNNI ||
+                        (prec == CPU_LIN_BF16 && !cpu_lin_bf16_ok()));
             free(W);
             continue;
         }
@@ -195,7 +198,10 @@ static void test_decoder_bf16_against_matmul_ref(void **state) {
             x[i] = frnd() * (1 + (i % 7 == 0) * 3.0f);
         void *scratch = malloc(cpu_lin_scratch_size(K, 2));
         cpu_lin_run(p2, l, NULL, x, T, y, CPU_LIN_SET, scratch);
-        cpu_matmul_ref(MD_TYPE_BF16, W, N, K, x, T, ref);
+        if (prec == CPU_LIN_WBF16)
+            cpu_matmul_ref(MD_TYPE_BF16, W, N, K, x, T, ref);
+        else
+            cpu_lin_ref(MD_TYPE_BF16, W, N, K, NULL, x, T, ref, CPU_LIN_SET, CPU_LIN_BF16);
         for (int t = 0; t < T; t++)
             for (int n = 0; n < N; n++) {
                 double s1 = 0;
@@ -265,7 +271,9 @@ static void test_backend_bf16_weights(void **state) {
     assert_int_equal(be->ops->matmul(be, &w1, bx, by[3], T, &e), 0);
     assert_int_equal(be->ops->buf_download(be, by[2], 0, g, ny, &e), 0);
     assert_int_equal(be->ops->buf_download(be, by[3], 0, u, ny, &e), 0);
-    cpu_matmul_ref(MD_TYPE_BF16, W0, N, K, x, T, ref);
+    /* x rounded to BF16 too where the backend packs CPU_LIN_BF16 (cpu_lin_bf16_fast) */
+    cpu_lin_ref(MD_TYPE_BF16, W0, N, K, NULL, x, T, ref, CPU_LIN_SET,
+                cpu_lin_bf16_fast() ? CPU_LIN_BF16 : CPU_LIN_WBF16);
     for (int i = 0; i < T * N; i++)
         assert_true(fabs(g[i] - ref[i]) <= 1e-4 * (fabs(ref[i]) + 1));
     /* SET */
