@@ -172,6 +172,57 @@ static double measure(cpu_pool *pool, int wt, const void *W, int rows, int cols,
     return 2.0 * rows * cols * (double)n * reps / el / 1e9;
 }
 
+/* GFLOP/s of cpu_lin_run (the packed float products of enc_gemm.c) over l. */
+static double measure_lin(cpu_pool *pool, const cpu_lin *l, int rows, int cols, const float *x,
+                          int n, float *y, void *scratch, double secs) {
+    cpu_lin_run(pool, l, NULL, x, n, y, CPU_LIN_SET, scratch);
+    int reps = 0;
+    double t0 = now_s(), el;
+    do {
+        cpu_lin_run(pool, l, NULL, x, n, y, CPU_LIN_SET, scratch);
+        reps++;
+        el = now_s() - t0;
+    } while (el < secs);
+    return 2.0 * rows * cols * (double)n * reps / el / 1e9;
+}
+
+/* Lines BF16/lin (CPU_LIN_WBF16: x in F32, F32 FMAs) and BF16/amx or BF16/dp (CPU_LIN_BF16: x
+ * rounded too, AMX tiles where cpu_lin_amx_ok, else VDPBF16PS): what the CPU backend runs for a
+ * decoder's BF16 weights at the AVX-512 level (the latter where cpu_lin_bf16_fast); the lower
+ * levels keep the plain layout: nan. */
+static void bench_lin(cpu_pool *pool, int threads, int rows, int cols, const int *ns, int n_ns,
+                      const double *bf16, double peak, double secs) {
+    uint16_t *W = make_weights(MD_TYPE_BF16, rows, cols);
+    for (int prec = CPU_LIN_WBF16; prec >= CPU_LIN_BF16; prec--) {
+        cpu_lin *l = cpu_lin_pack(MD_TYPE_BF16, W, rows, cols, prec);
+        if (!l)
+            continue;
+        void *scratch = malloc(cpu_lin_scratch_size(cols, threads));
+        for (int ni = 0; ni < n_ns; ni++) {
+            int n = ns[ni];
+            float *x = malloc(sizeof(float) * (size_t)n * cols);
+            float *y = malloc(sizeof(float) * (size_t)n * rows);
+            for (int i = 0; i < n * cols; i++)
+                x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+            double g = measure_lin(pool, l, rows, cols, x, n, y, scratch, secs);
+            const char *label = prec == CPU_LIN_WBF16 ? "BF16/lin"
+                                : cpu_lin_amx_ok()    ? "BF16/amx"
+                                                      : "BF16/dp";
+            printf("%-6s %5d %10s %10s %8s %5s %10.2f %8s %4.0f%%", label, n, "nan", "nan", "", "",
+                   g, "", 100.0 * g / (peak * threads));
+            if (bf16[ni] > 0)
+                printf(" %6.2fx", g / bf16[ni]);
+            printf("\n");
+            fflush(stdout);
+            free(x);
+            free(y);
+        }
+        free(scratch);
+        cpu_lin_free(l);
+    }
+    free(W);
+}
+
 static int is_float_type(int t) {
     return t == MD_TYPE_F32 || t == MD_TYPE_F16 || t == MD_TYPE_BF16;
 }
@@ -309,6 +360,8 @@ int main(int argc, char **argv) {
         free(W);
     }
     cpu_simd_set(best);
+    if (best >= 2 && (!only || !strcmp(only, "BF16")) && cpu_matmul_check(MD_TYPE_BF16, cols) == 0)
+        bench_lin(pool, threads, rows, cols, ns, N_NS, bf16, peak[2][0], secs);
     cpu_amx_set(cpu_amx_detect());
     cpu_pool_destroy(pool);
     return 0;

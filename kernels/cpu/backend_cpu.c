@@ -21,7 +21,8 @@ struct md_buf {
     void *p;
     size_t n;
     int owned;
-    int packed; /* a weight repacked by weight_wrap (kernels/cpu/repack.c): p is the copy */
+    int packed;   /* a weight repacked by weight_wrap (kernels/cpu/repack.c): p is the copy */
+    cpu_lin *lin; /* a BF16 weight packed by weight_wrap for cpu_lin_run (enc_gemm.c); p NULL */
 };
 
 /* Query tokens per work item of the blocked attention: one sequence's tokens of a step are cut
@@ -95,19 +96,53 @@ static int cpu_buf_wrap(md_backend *be, const void *host, size_t bytes, md_buf *
     return 0;
 }
 
+/* A BF16 weight packed into cpu_lin's BF16 panels (the AVX-512 level): its products by the
+ * 12-token x 32-output register tiles, x unrounded (CPU_LIN_WBF16) or, where VDPBF16PS is the
+ * faster (cpu_lin_bf16_fast), rounded to BF16 (CPU_LIN_BF16; docs/kernels.md "Packed float
+ * products"). Packed in parts of about 4 MiB of source, each reported done; NULL when
+ * out of memory: the caller then aliases host. */
+static cpu_lin *wrap_lin(const void *host, int rows, int cols,
+                         void (*done)(void *, const void *, size_t), void *done_ctx) {
+    cpu_lin *l = cpu_lin_alloc(rows, cols, cpu_lin_bf16_fast() ? CPU_LIN_BF16 : CPU_LIN_WBF16);
+    size_t rb = md_type_row_bytes(MD_TYPE_BF16, cols);
+    int step = (int)((4u << 20) / rb) + 1;
+    for (int r = 0; l && r < rows; r += step) {
+        int r1 = r + step < rows ? r + step : rows;
+        if (cpu_lin_pack_rows(l, MD_TYPE_BF16, host, r, r1)) {
+            cpu_lin_free(l);
+            return NULL;
+        }
+        if (done)
+            done(done_ctx, (const char *)host + (size_t)r * rb, (size_t)(r1 - r) * rb);
+    }
+    return l;
+}
+
 /* Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K weights repacked where the SIMD level has fast packed kernels
  * (AVX2, AVX-512): a copy of the same size (rows padded to 16; Q4_K's 2.8% larger), the host
  * bytes never read again.
- * Anything else, the exact backend and a failed allocation alias host as buf_wrap does. */
+ * BF16 weights likewise into cpu_lin panels (wrap_lin). Anything else, the exact backend and a
+ * failed allocation alias host as buf_wrap does. */
 static int cpu_weight_wrap(md_backend *be, const void *host, size_t bytes, int type, int64_t ne0,
                            int64_t ne1, void (*done)(void *, const void *, size_t), void *done_ctx,
                            md_buf **out, int *copied, md_err *e) {
     *copied = 0;
-    size_t n = ne0 > 0 && ne0 <= INT32_MAX && ne1 > 0 && ne1 <= INT32_MAX &&
-                       md_type_row_bytes(type, ne0) * (size_t)ne1 == bytes &&
-                       !cb(be)->exact && cpu_pack_wanted(type)
-                   ? cpu_pack_size(type, (int)ne1, (int)ne0)
-                   : 0;
+    int shape_ok = ne0 > 0 && ne0 <= INT32_MAX && ne1 > 0 && ne1 <= INT32_MAX &&
+                   md_type_row_bytes(type, ne0) * (size_t)ne1 == bytes && !cb(be)->exact;
+    if (shape_ok && type == MD_TYPE_BF16 && cpu_simd_level() >= CPU_SIMD_AVX512VNNI) {
+        md_buf *b = calloc(1, sizeof *b);
+        cpu_lin *l = b ? wrap_lin(host, (int)ne1, (int)ne0, done, done_ctx) : NULL;
+        if (!l) {
+            free(b);
+            return cpu_buf_wrap(be, host, bytes, out, e);
+        }
+        b->lin = l;
+        b->owned = 1;
+        *out = b;
+        *copied = 1;
+        return 0;
+    }
+    size_t n = shape_ok && cpu_pack_wanted(type) ? cpu_pack_size(type, (int)ne1, (int)ne0) : 0;
     void *p = NULL;
     if (n == 0 || posix_memalign(&p, 64, n))
         return cpu_buf_wrap(be, host, bytes, out, e);
@@ -140,6 +175,7 @@ static int cpu_weight_wrap(md_backend *be, const void *host, size_t bytes, int t
 static void cpu_buf_free(md_backend *be, md_buf *b) {
     if (!b)
         return;
+    cpu_lin_free(b->lin);
     if (b->owned)
         free(b->p);
     free(b);
@@ -226,7 +262,10 @@ static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
         free(tiles);
         return md_errf(e, MD_ENOMEM, "cpu backend: cannot allocate attention tile scratch");
     }
-    size_t lin_n = 0;
+    /* cpu_lin_run's BF16 activations: encoders, and decoders' BF16 weights (wrap_lin) */
+    size_t lin_n = cpu_simd_level() >= CPU_SIMD_AVX512VNNI && !c->exact
+                       ? cpu_lin_scratch_size(r->max_cols, c->n_threads)
+                       : 0;
     if (r->enc_head_dim > 0) {
         lin_n = cpu_lin_scratch_size(r->max_cols, c->n_threads);
         size_t unpacked = (size_t)r->max_tokens * (size_t)r->max_cols * sizeof(float);
@@ -278,11 +317,15 @@ static const void *tensor_row(const md_tensor *w, int64_t r) {
 
 /* The type cpu_matmul takes for w: CPU_PACKED for a repacked weight (whose tensor covers its
  * buffer from offset 0). */
-static int mm_type(const md_tensor *w) { return w->buf->packed ? CPU_PACKED(w->type) : w->type; }
+static int mm_type(const md_tensor *w) {
+    return w->buf->packed ? CPU_PACKED(w->type) : w->type;
+}
 
 /* Row r of weight w as floats (embedding lookups), from either layout. */
 static void weight_row(const md_tensor *w, int64_t r, float *out) {
-    if (w->buf->packed)
+    if (w->buf->lin)
+        cpu_lin_row(w->buf->lin, (int)r, out);
+    else if (w->buf->packed)
         cpu_packed_dequant_row(w->type, w->buf->p, (int)w->ne1, (int)w->ne0, (int)r, out);
     else
         cpu_dequant_row(w->type, tensor_row(w, r), out, (int)w->ne0);
@@ -301,9 +344,37 @@ static int cpu_embed(md_backend *be, const md_tensor *w, md_buf *out, md_err *e)
     return 0;
 }
 
+/* y [T, rows] = x · Wᵀ (epi CPU_LIN_SET) or y += it (CPU_LIN_ADD) for a weight packed by
+ * wrap_lin, rows split over the pool; the BF16 activations in lin_scratch. */
+static int lin_mm(cpu_backend *c, const md_tensor *w, const float *x, float *y, int T, int epi,
+                  md_err *e) {
+    if (cpu_lin_scratch_size((int)w->ne0, c->n_threads) > c->lin_scratch_n)
+        return md_errf(e, MD_ERANGE,
+                       "cpu backend: BF16 matmul of %lld columns exceeds reserved "
+                       "scratch",
+                       (long long)w->ne0);
+    cpu_lin_run(c->pool, w->buf->lin, NULL, x, T, y, epi, c->lin_scratch);
+    return 0;
+}
+
+typedef struct {
+    float *g;
+    const float *u;
+    int rows, T;
+} swiglu_job;
+
+static void swiglu_rows(void *ctx, int ith, int nth) {
+    const swiglu_job *j = ctx;
+    for (int t = ith; t < j->T; t += nth)
+        cpu_swiglu(j->g + (size_t)t * j->rows, j->g + (size_t)t * j->rows,
+                   j->u + (size_t)t * j->rows, j->rows);
+}
+
 static int cpu_matmul_op(md_backend *be, const md_tensor *w, const md_buf *x, md_buf *y, int T,
                          md_err *e) {
     cpu_backend *c = cb(be);
+    if (w->buf->lin)
+        return lin_mm(c, w, x->p, y->p, T, CPU_LIN_SET, e);
     if (c->exact) {
         cpu_matmul_ref_mt(c->pool, w->type, tensor_row(w, 0), (int)w->ne1, (int)w->ne0, x->p, T,
                           y->p);
@@ -329,6 +400,7 @@ static int cpu_matmul_n_op(md_backend *be, int n, const md_tensor *const *w, con
         return md_errf(e, MD_ERANGE, "cpu backend: matmul_n input of %d x %d overruns its buffer",
                        T, cols);
     cpu_mm_seg seg[MD_MM_MAX];
+    int n_lin = 0;
     for (int i = 0; i < n; i++) {
         if (w[i]->ne0 != cols)
             return md_errf(e, MD_EINVAL, "cpu backend: matmul_n weights of %lld and %d columns",
@@ -342,9 +414,28 @@ static int cpu_matmul_n_op(md_backend *be, int n, const md_tensor *const *w, con
                            "or aliases the input or another output",
                            i, T, (long long)w[i]->ne1);
         if (cpu_matmul_scratch_size(w[i]->type, cols, T) > c->mm_scratch_n)
-            return md_errf(e, MD_ERANGE,
-                           "cpu backend: matmul of %d x %d exceeds reserved scratch", T, cols);
-        seg[i] = (cpu_mm_seg){mm_type(w[i]), tensor_row(w[i], 0), (int)w[i]->ne1, y[i]->p};
+            return md_errf(e, MD_ERANGE, "cpu backend: matmul of %d x %d exceeds reserved scratch",
+                           T, cols);
+        n_lin += w[i]->buf->lin != NULL;
+        if (!w[i]->buf->lin)
+            seg[i] = (cpu_mm_seg){mm_type(w[i]), tensor_row(w[i], 0), (int)w[i]->ne1, y[i]->p};
+    }
+    if (n_lin) {
+        /* BF16 weights packed for cpu_lin_run (any others beside them by cpu_matmul): one
+         * product per weight, then SwiGLU's gating as the fused mode does it */
+        int rc, epi = mode == MD_MM_ACC ? CPU_LIN_ADD : CPU_LIN_SET;
+        for (int i = 0; i < n; i++) {
+            if (w[i]->buf->lin && (rc = lin_mm(c, w[i], x->p, y[i]->p, T, epi, e)))
+                return rc;
+            if (!w[i]->buf->lin)
+                cpu_matmul_n(c->pool, &seg[i], 1, cols, x->p, T,
+                             mode == MD_MM_ACC ? CPU_MM_ACC : CPU_MM_SET, c->mm_scratch);
+        }
+        if (mode == MD_MM_SWIGLU) {
+            swiglu_job j = {y[0]->p, y[1]->p, (int)w[0]->ne1, T};
+            cpu_pool_run(T >= 8 ? c->pool : NULL, swiglu_rows, &j);
+        }
+        return 0;
     }
     _Static_assert((int)MD_MM_SET == (int)CPU_MM_SET && (int)MD_MM_ACC == (int)CPU_MM_ACC &&
                        (int)MD_MM_SWIGLU == (int)CPU_MM_SWIGLU && MD_MM_MAX == CPU_MM_MAX,
@@ -909,9 +1000,12 @@ static int cpu_attention_enc(md_backend *be, const md_buf *q, const md_buf *k, c
 }
 
 /* An encoder linear layer: packed for cpu_lin_run at the AVX-512 level, else (a lower level,
- * cpu-exact, another weight type) the weight and bias as they are, multiplied by matmul. */
+ * cpu-exact, another weight type) the weight and bias as they are, multiplied by matmul. A
+ * BF16 weight weight_wrap packed already: that packing, borrowed, where its precision is the
+ * one asked (CPU_LIN_WBF16 gives the sums of F32 panels), else a copy in that precision. */
 struct md_lin {
     cpu_lin *pk;
+    int borrowed; /* pk is the weight buffer's */
     md_tensor w, b;
 };
 
@@ -933,9 +1027,15 @@ static int cpu_lin_prepare(md_backend *be, const md_tensor *w, const md_tensor *
         return md_errf(e, MD_ENOMEM, "cpu backend: out of memory");
     l->w = *w;
     l->b = *b;
-    if (!c->exact)
+    int prec = bf16 ? CPU_LIN_BF16 : CPU_LIN_WBF16;
+    l->borrowed = w->buf->lin && cpu_lin_prec(w->buf->lin) == prec;
+    if (l->borrowed)
+        l->pk = w->buf->lin;
+    else if (w->buf->lin)
+        l->pk = cpu_lin_copy(w->buf->lin, prec);
+    else if (!c->exact)
         l->pk = cpu_lin_pack(w->type, tensor_row(w, 0), (int)w->ne1, (int)w->ne0, bf16);
-    if (bf16 && !l->pk) {
+    if ((bf16 || w->buf->lin) && !l->pk) {
         free(l);
         return md_errf(e, MD_ENOMEM, "cpu backend: no memory to pack a %lld x %lld weight",
                        (long long)w->ne1, (long long)w->ne0);
@@ -946,7 +1046,8 @@ static int cpu_lin_prepare(md_backend *be, const md_tensor *w, const md_tensor *
 
 static void cpu_lin_free_op(md_backend *be, md_lin *l) {
     if (l) {
-        cpu_lin_free(l->pk);
+        if (!l->borrowed)
+            cpu_lin_free(l->pk);
         free(l);
     }
 }
@@ -971,7 +1072,8 @@ static int cpu_lin_op(md_backend *be, const md_lin *l, const md_buf *x, md_buf *
         cpu_lin_run(c->pool, l->pk, tensor_row(&l->b, 0), x->p, T, y->p, epi, c->lin_scratch);
         return 0;
     }
-    md_buf tmp = {c->lin_scratch, c->lin_scratch_n, 0, 0}, *out = epi == MD_LIN_ADD ? &tmp : y;
+    md_buf tmp = {c->lin_scratch, c->lin_scratch_n, 0, 0, NULL},
+           *out = epi == MD_LIN_ADD ? &tmp : y;
     if (epi == MD_LIN_ADD && (size_t)T * N * sizeof(float) > c->lin_scratch_n)
         return md_errf(e, MD_ERANGE, "cpu backend: no encoder scratch reserved for %d x %d", T, N);
     if ((rc = cpu_matmul_op(be, &l->w, x, out, T, e)) || (rc = cpu_add_bias(be, out, &l->b, T, e)))

@@ -170,26 +170,50 @@ size_t cpu_attention_seq_scratch(int n, int hd);
 void cpu_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps);
 void cpu_attention_seq(float *out, const float *q, const float *k, const float *v,
                        size_t row_stride, int n, int hd, float scale, float *scratch);
-/* enc_gemm.c — products of many tokens (an encoder step) with one weight packed once:
- * y [T, N] = x [T, K] · Wᵀ + bias, then per epi: CPU_LIN_SET stores it, CPU_LIN_GELU stores
- * gelu_erf of it, CPU_LIN_ADD adds it to y. W [N, K] of F32, F16 or BF16 rows. cpu_lin_pack
- * copies W into the kernel's layout (the caller may drop W afterwards; free with
- * cpu_lin_free); NULL when the SIMD level in use is below AVX-512, the type is another, bf16
- * is asked of a CPU without AVX512-BF16 (cpu_lin_bf16_ok), or memory is short: the caller
- * then uses cpu_matmul. bf16: W and x rounded to BF16, products summed in F32. cpu_lin_run
- * allocates nothing: scratch is cpu_lin_scratch_size(K, threads) bytes, the caller's. Each
- * output is the same sum whatever T or the thread split. cpu_lin_ref: the scalar reference
- * (double sums; BF16 rounding of both operands when bf16). */
+/* enc_gemm.c — products of many tokens with one weight packed once (encoder steps; decoders'
+ * BF16 weights, backend_cpu.c): y [T, N] = x [T, K] · Wᵀ + bias (bias may be NULL), then per
+ * epi: CPU_LIN_SET stores it, CPU_LIN_GELU stores gelu_erf of it, CPU_LIN_ADD adds it to y.
+ * W [N, K] of F32, F16 or BF16 rows. cpu_lin_pack copies W into the kernel's layout (the
+ * caller may drop W afterwards; free with cpu_lin_free); NULL when the SIMD level in use is
+ * below AVX-512, the type is another, CPU_LIN_BF16 is asked of a CPU without AVX512-BF16
+ * (cpu_lin_bf16_ok), or memory is short: the caller then uses cpu_matmul. prec:
+ *   CPU_LIN_F32    W as F32, x as given, F32 FMAs;
+ *   CPU_LIN_BF16   W and x rounded to BF16, pairs multiplied by VDPBF16PS into F32 sums;
+ *   CPU_LIN_WBF16  W rounded to (a BF16 weight: kept as) BF16, x as given, F32 FMAs: the same
+ *                  sums as CPU_LIN_F32 over those weights, bit for bit, with half the bytes.
+ * cpu_lin_run allocates nothing: scratch is cpu_lin_scratch_size(K, threads) bytes, the
+ * caller's. Each output is the same sum whatever T or the thread split. cpu_lin_ref: the
+ * scalar reference (double sums; the operands rounded as prec rounds them). */
 enum { CPU_LIN_SET = 0, CPU_LIN_GELU = 1, CPU_LIN_ADD = 2 };
+enum { CPU_LIN_F32 = 0, CPU_LIN_BF16 = 1, CPU_LIN_WBF16 = 2 };
 typedef struct cpu_lin cpu_lin;
 int cpu_lin_bf16_ok(void);
-cpu_lin *cpu_lin_pack(int wtype, const void *W, int N, int K, int bf16);
+cpu_lin *cpu_lin_pack(int wtype, const void *W, int N, int K, int prec);
+/* The same in steps (a decoder weight packed at load a part at a time, its source pages given
+ * back as it goes): cpu_lin_alloc (NULL where cpu_lin_pack would give NULL; rows zero), then
+ * cpu_lin_pack_rows for rows [r0, r1) of W (W: row 0; returns 0, or -1 for a bad range or
+ * type, or no memory). cpu_lin_row: row r of the packed weight as floats (a BF16 or F32 weight's
+ * own values exactly). Decoders: backend_cpu.c packs BF16 weights as CPU_LIN_WBF16 at the
+ * AVX-512 level (docs/kernels.md "Packed float products"). */
+cpu_lin *cpu_lin_alloc(int N, int K, int prec);
+int cpu_lin_pack_rows(cpu_lin *l, int wtype, const void *W, int r0, int r1);
+void cpu_lin_row(const cpu_lin *l, int r, float *out);
+/* A packed copy of src's rows (their values, rounded to BF16 for the BF16 precisions) in
+ * precision prec; NULL as cpu_lin_alloc. */
+cpu_lin *cpu_lin_copy(const cpu_lin *src, int prec);
+int cpu_lin_prec(const cpu_lin *l);
+/* 1 where CPU_LIN_BF16's VDPBF16PS outruns CPU_LIN_WBF16's F32 FMAs (AMD Zen 4: twice the
+ * multiply rate; Intel's AVX512-BF16 cores: half), so decoders' BF16 weights take it; else 0. */
+int cpu_lin_bf16_fast(void);
+/* 1 where CPU_LIN_BF16 products run on AMX-BF16 tiles (the CPU has AMX-BF16, Linux granted the
+ * tile state, the level in use is AVX-512; K a multiple of 32): then cpu_lin_bf16_fast is 1. */
+int cpu_lin_amx_ok(void);
 void cpu_lin_free(cpu_lin *l);
 size_t cpu_lin_scratch_size(int K, int n_threads);
 void cpu_lin_run(cpu_pool *p, const cpu_lin *l, const float *bias, const float *x, int T, float *y,
                  int epi, void *scratch);
 void cpu_lin_ref(int wtype, const void *W, int N, int K, const float *bias, const float *x, int T,
-                 float *y, int epi, int bf16);
+                 float *y, int epi, int prec);
 /* vec.c: x = 0.5 x (1 + erf(x / sqrt 2)) in place; libm's erff in the scalar path, a
  * Chebyshev erfc (relative error < 1.2e-7) in the AVX2 one. */
 void cpu_gelu_erf(float *x, int n);

@@ -4,14 +4,16 @@
  * same BF16 weights with transformers' rotate-half RoPE on the HF q/k layout.
  *
  * Tolerance. The weights are the same BF16 numbers on both sides, so the only difference is
- * arithmetic: float32 accumulation and the F16 KV cache here vs float64 there. Both CPU
- * paths multiply BF16 weights by float activations (no 8-bit activation quantization, unlike
- * the quantized kernels), so the logits stay close: measured max |error| over the top-20
- * values of every position < 5e-5 (cpu-exact, F32 KV) and 0.019 (cpu, F16 KV, AVX2; 0.011
- * scalar) on magnitudes ~20. BF16_TOL leaves room for AVX-512; a layout mistake (q/k read as
- * GGUF-permuted pairs) moves logits by 14.6 and flips 12 of 36 argmaxes (measured), which the
- * argmax check catches too. The test is skipped when the SmolLM2 GGUF is not fetched (no
- * directory). */
+ * arithmetic: float32 accumulation and the F16 KV cache here vs float64 there. The CPU paths
+ * multiply BF16 weights by float activations (no 8-bit activation quantization, unlike the
+ * quantized kernels), so the logits stay close: measured max |error| over the top-20 values
+ * of every position < 5e-5 (cpu-exact, F32 KV) and 0.019 (cpu, F16 KV, AVX2; 0.011 scalar) on
+ * magnitudes ~20; AVX-512's packed BF16 weights (kernels/cpu/enc_gemm.c) 0.0116. On AMD CPUs
+ * with AVX512-BF16 the packed products round x to BF16 too (cpu_lin_bf16_fast): 0.209,
+ * measured by forcing that path on an Intel one; BF16_TOL leaves room for it. A layout
+ * mistake (q/k read as GGUF-permuted pairs) moves logits by 14.6 and flips 12 of 36 argmaxes
+ * (measured), which the argmax check catches too. The test is skipped when the SmolLM2 GGUF
+ * is not fetched (no directory). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

@@ -405,6 +405,44 @@ static void test_amx_packed_equals_vnni_bit_for_bit(void **state) {
     cpu_pool_destroy(pool);
 }
 
+/* The two AMX users share a thread's tile registers: cpu_lin's BF16 tiles (enc_gemm.c, other
+ * shapes) run between two int8 products, and each gives the bits it gives alone. */
+static void test_amx_int8_and_bf16_tiles_interleaved(void **state) {
+    (void)state;
+    if (!cpu_amx_use() || !cpu_lin_amx_ok()) {
+        print_message("[  SKIPPED ] no AMX-INT8/BF16 here: the shared tile state is not tested\n");
+        return;
+    }
+    int rows = 48, cols = 576, n = 32, t = MD_TYPE_Q4_1;
+    void *W = rand_matrix(t, rows, cols), *P = packed(t, W, rows, cols);
+    float *x = rand_x(n, cols), *y0 = malloc(sizeof(float) * rows * n);
+    float *y1 = malloc(sizeof(float) * rows * n), *wf = malloc(sizeof(float) * rows * cols);
+    float *z0 = malloc(sizeof(float) * rows * n), *z1 = malloc(sizeof(float) * rows * n);
+    void *scratch = scratch_for(t, cols, n), *ls = malloc(cpu_lin_scratch_size(cols, 1));
+    assert_true(y0 && y1 && wf && z0 && z1 && ls);
+    for (int i = 0; i < rows * cols; i++)
+        wf[i] = frnd();
+    cpu_lin *l = cpu_lin_pack(MD_TYPE_F32, wf, rows, cols, CPU_LIN_BF16);
+    assert_non_null(l);
+    cpu_matmul(NULL, CPU_PACKED(t), P, rows, cols, x, n, y0, scratch);
+    cpu_lin_run(NULL, l, NULL, x, n, z0, CPU_LIN_SET, ls);
+    cpu_matmul(NULL, CPU_PACKED(t), P, rows, cols, x, n, y1, scratch);
+    cpu_lin_run(NULL, l, NULL, x, n, z1, CPU_LIN_SET, ls);
+    assert_memory_equal(y0, y1, sizeof(float) * rows * n);
+    assert_memory_equal(z0, z1, sizeof(float) * rows * n);
+    cpu_lin_free(l);
+    free(W);
+    free(P);
+    free(x);
+    free(y0);
+    free(y1);
+    free(wf);
+    free(z0);
+    free(z1);
+    free(scratch);
+    free(ls);
+}
+
 static void test_pack_refuses_types_and_shapes_without_a_layout(void **state) {
     (void)state;
     uint8_t buf[4096] = {0}, dst[4096];
@@ -435,6 +473,7 @@ int main(void) {
         cmocka_unit_test(test_packed_matmul_n_equals_unfused_ops),
         cmocka_unit_test(test_pack_refuses_types_and_shapes_without_a_layout),
         cmocka_unit_test(test_amx_packed_equals_vnni_bit_for_bit),
+        cmocka_unit_test(test_amx_int8_and_bf16_tiles_interleaved),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
