@@ -16,6 +16,10 @@
  *     8 sub-blocks of 32, each with a 6-bit scale sc and min m packed into scales
  *     (md_q4k_scale_min); 64-element chunk c uses qs[32c..32c+31], its low nibbles are
  *     sub-block 2c, its high nibbles 2c+1; x = d * sc * nibble - dmin * m
+ *   Q5_K 256 el, 176 B: f16 d | f16 dmin | u8 scales[12] | u8 qh[32] | u8 qs[128]
+ *     Q4_K with a fifth bit: element l of sub-block s is (nibble | (bit s of qh[l]) << 4),
+ *     x = d * sc * q5 - dmin * m (read only: the CPU backend multiplies by it; a backend
+ *     without it refuses the tensor, engine/model/model_load.c)
  *   Q6_K 256 el, 210 B: u8 ql[128] | u8 qh[64] | i8 scales[16] | f16 d
  *     16 sub-blocks of 16 with a plain int8 scale (nothing to unpack); x = d * scale * (q - 32),
  *     q = 4 bits from ql and 2 from qh (engine/weights/quant.c deq_q6_k spells out which)

@@ -1,5 +1,5 @@
-/* quant.c — see quant.h: dequantization of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K,
- * Q5_0's lossless recoding as Q8_0, and
+/* quant.c — see quant.h: dequantization of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K,
+ * Q6_K, Q5_0's lossless recoding as Q8_0, and
  * quantization to F32, F16, BF16, Q8_0, Q4_0, Q4_1, the plain scalar definitions of each
  * block format (layouts in common/dtype.h) that the fast kernels in kernels/ are checked
  * against. */
@@ -92,6 +92,25 @@ static void deq_q4_k(const uint8_t *restrict b, float *restrict y) {
     }
 }
 
+/* Q5_K: Q4_K's layout with qh[32] between the scales and the nibbles; bit s of qh[l] is the
+ * fifth bit of element l of sub-block s. */
+static void deq_q5_k(const uint8_t *restrict b, float *restrict y) {
+    float d = rd_f16(b), dmin = rd_f16(b + 2);
+    const uint8_t *scales = b + 4, *qh = b + 16, *q = b + 48;
+    for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
+        int sc, m;
+        md_q4k_scale_min(scales, is, &sc, &m);
+        float d1 = d * sc, m1 = dmin * m;
+        md_q4k_scale_min(scales, is + 1, &sc, &m);
+        float d2 = d * sc, m2 = dmin * m;
+        for (int l = 0; l < 32; l++)
+            y[j + l] = d1 * (float)((q[l] & 0x0f) | ((qh[l] >> is) & 1) << 4) - m1;
+        for (int l = 0; l < 32; l++)
+            y[j + 32 + l] = d2 * (float)((q[l] >> 4) | ((qh[l] >> (is + 1)) & 1) << 4) - m2;
+        q += 32;
+    }
+}
+
 static void deq_q6_k(const uint8_t *restrict b, float *restrict y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
@@ -165,6 +184,7 @@ int md_dequantize(int type, const void *src, float *dst, int64_t n, md_err *e) {
     case MD_TYPE_Q8_0: blk = deq_q8_0; break;
     case MD_TYPE_Q5_0: blk = deq_q5_0; break;
     case MD_TYPE_Q4_K: blk = deq_q4_k; break;
+    case MD_TYPE_Q5_K: blk = deq_q5_k; break;
     case MD_TYPE_Q6_K: blk = deq_q6_k; break;
     default:
         return md_errf(e, MD_EUNSUPP, "dequantizing %s (type %d) is not supported",

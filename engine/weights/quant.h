@@ -12,7 +12,8 @@
 #include "common/err.h"
 
 /* Dequantize n elements (multiple of the block size) of `type` at src to float: F32, F16,
- * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K. MD_EUNSUPP for other types, MD_EINVAL for a bad n. */
+ * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K. MD_EUNSUPP for other types, MD_EINVAL for a
+ * bad n. */
 int md_dequantize(int type, const void *src, float *dst, int64_t n, md_err *e);
 /* Recode n elements (a multiple of 32) of Q5_0 (22-byte blocks) at src as Q8_0 (34-byte
  * blocks) at dst, exactly: the same f16 scale, q8 = q5 - 16 in [-16, 15]. The backends

@@ -261,6 +261,9 @@ static void dequant_Q4_K_matches_reference(void **st) {
 static void dequant_Q6_K_matches_reference(void **st) {
     check_dequant("Q6_K");
 }
+static void dequant_Q5_K_matches_reference(void **st) {
+    check_dequant("Q5_K");
+}
 static void dequant_Q5_0_matches_reference(void **st) {
     check_dequant("Q5_0");
 }
@@ -306,6 +309,7 @@ int main(void) {
         cmocka_unit_test(dequant_Q4_K_matches_reference),
         cmocka_unit_test(dequant_Q6_K_matches_reference),
         cmocka_unit_test(dequant_Q5_0_matches_reference),
+        cmocka_unit_test(dequant_Q5_K_matches_reference),
         cmocka_unit_test(q5_0_recoded_as_q8_0_is_exact),
         cmocka_unit_test(quantize_F16_matches_reference),
         cmocka_unit_test(quantize_BF16_matches_reference),
