@@ -214,7 +214,8 @@ static int cpu_buf_zero(md_backend *be, md_buf *b, size_t off, size_t n, md_err 
 
 static const int weight_types[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_Q4_0,
                                    MD_TYPE_Q4_1, MD_TYPE_Q5_0, MD_TYPE_Q8_0,
-                                   MD_TYPE_Q4_K, MD_TYPE_Q6_K, MD_TYPE_BF16};
+                                   MD_TYPE_Q4_K, MD_TYPE_Q5_K, MD_TYPE_Q6_K,
+                                   MD_TYPE_BF16};
 
 static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     cpu_backend *c = cb(be);
@@ -1088,7 +1089,7 @@ static int cpu_lin_op(md_backend *be, const md_lin *l, const md_buf *x, md_buf *
 static const md_backend_ops cpu_ops = {
     .name = "cpu",
     .kv_cache_type = MD_TYPE_F16, /* as llama.cpp: half the memory of F32 */
-    .extra_weight_types = 1ull << MD_TYPE_Q5_0, /* cpu_weight_type */
+    .extra_weight_types = 1ull << MD_TYPE_Q5_0 | 1ull << MD_TYPE_Q5_K, /* cpu_weight_type */
     .free = cpu_free,
     .describe = cpu_describe,
     .buf_alloc = cpu_buf_alloc,

@@ -53,6 +53,7 @@ static void build_table(int level) {
         TAKE(q5_0);
         TAKE(q8_0);
         TAKE(q4_k);
+        TAKE(q5_k);
         TAKE(q6_k);
         TAKE(p_q4_0);
         TAKE(p_q4_1);
@@ -121,7 +122,9 @@ int cpu_simd_set(int level) {
 
 /* ---- types ---- */
 
-int cpu_weight_type(int t) { return md_type_supported(t) || t == MD_TYPE_Q5_0; }
+int cpu_weight_type(int t) {
+    return md_type_supported(t) || t == MD_TYPE_Q5_0 || t == MD_TYPE_Q5_K;
+}
 
 /* A packed weight type (CPU_PACKED) stands for its block type in everything but the tile
  * kernel: the activations, the scratch and the checks are the block type's. */
@@ -140,7 +143,7 @@ static size_t round64(size_t x) { return (x + 63) & ~(size_t)63; }
 
 static int is_k(int t) {
     t = base_type(t);
-    return t == MD_TYPE_Q4_K || t == MD_TYPE_Q6_K;
+    return t == MD_TYPE_Q4_K || t == MD_TYPE_Q5_K || t == MD_TYPE_Q6_K;
 }
 static int is_float(int t) {
     t = base_type(t);
@@ -330,6 +333,7 @@ static tile_fn pick(int t) {
     case MD_TYPE_Q5_0: return g_tab.q5_0;
     case MD_TYPE_Q8_0: return g_tab.q8_0;
     case MD_TYPE_Q4_K: return g_tab.q4_k;
+    case MD_TYPE_Q5_K: return g_tab.q5_k;
     case MD_TYPE_Q6_K: return g_tab.q6_k;
     default: return NULL;
     }
@@ -511,6 +515,21 @@ void cpu_dequant_row(int t, const void *row, float *out, int cols) {
                 for (int l = 0; l < 32; l++)
                     out[b * QK_K + s * 32 + l] =
                         d * sc * ((qs[l] >> ((s & 1) * 4)) & 15) - dmin * mn;
+            }
+        }
+        return;
+    case MD_TYPE_Q5_K:
+        for (int b = 0; b < cols / QK_K; b++) {
+            const blk_q5_k *k = (const blk_q5_k *)src + b;
+            float d = md_fp16_to_fp32(k->d), dmin = md_fp16_to_fp32(k->dmin);
+            for (int s = 0; s < 8; s++) {
+                int sc, mn;
+                md_q4k_scale_min(k->scales, s, &sc, &mn);
+                const uint8_t *qs = k->qs + (s / 2) * 32;
+                for (int l = 0; l < 32; l++) {
+                    int q = ((qs[l] >> ((s & 1) * 4)) & 15) | ((k->qh[l] >> s) & 1) << 4;
+                    out[b * QK_K + s * 32 + l] = d * sc * q - dmin * mn;
+                }
             }
         }
         return;

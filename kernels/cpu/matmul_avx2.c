@@ -153,21 +153,29 @@ TGT static INL void q8_main(int nb, const uint8_t *w, size_t ws, const int R, co
             y[c * ldy + r] = hsum8(acc[r][c]);
 }
 
-/* ---- Q4_K: per sub-block of 32, int scale folded into madd; mins via bsums ---- */
-TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int R, const act_row *a,
-                             const int C, float *y, size_t ldy) {
+/* ---- Q4_K / Q5_K (five): per sub-block of 32, int scale folded into madd; mins via bsums.
+ * Q5_K's q = nibble | fifth bit << 4 is at most 31, so maddubs' pair sums (31·128·2) stay
+ * clear of int16 saturation. ---- */
+TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int five, const int R,
+                             const act_row *a, const int C, float *y, size_t ldy) {
+    const size_t bsz = five ? sizeof(blk_q5_k) : sizeof(blk_q4_k);
+    const size_t qs_off = five ? offsetof(blk_q5_k, qs) : offsetof(blk_q4_k, qs);
     __m256 acc[4][2];
     #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
         #pragma GCC unroll 4
         for (int c = 0; c < C; c++)
             acc[r][c] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), two = _mm256_set1_epi8(2);
     for (int b = 0; b < nb; b++) {
         #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            const blk_q4_k *blk = (const blk_q4_k *)(w + r * ws) + b;
-            prefetch_block(blk, sizeof *blk, (size_t)3 * R * ws);
+            /* Q4_K and Q5_K share d, dmin and scales at the same offsets */
+            const blk_q4_k *blk = (const blk_q4_k *)(w + r * ws + b * bsz);
+            const uint8_t *qs = (const uint8_t *)blk + qs_off;
+            prefetch_block(blk, bsz, (size_t)3 * R * ws);
+            __m256i hb = five ? _mm256_loadu_si256((const __m256i *)((const blk_q5_k *)blk)->qh)
+                              : _mm256_setzero_si256();
             uint8_t sm8[16];
             q4k_scales_mins16(blk->scales, sm8);
             __m128i sm = _mm_loadu_si128((const __m128i *)sm8);
@@ -180,9 +188,16 @@ TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int R, c
                 isum[c] = _mm256_setzero_si256();
             #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
-                __m256i q = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * j));
+                __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
                 __m256i lo = _mm256_and_si256(q, m4);
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if (five) { /* hb: qh >> 2j, bits 0 and 1 sub-blocks 2j (lo) and 2j+1 (hi) */
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hb, one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(hb, two), 3));
+                    /* 16-bit shifts move the next byte's bits into bits 6, 7 only: 0, 1 stay
+                     * this byte's for the 3 shifts */
+                    hb = _mm256_srli_epi16(hb, 2);
+                }
                 __m256i s_lo = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(2 * j));
                 __m256i s_hi = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(2 * j + 1));
                 #pragma GCC unroll 4
@@ -390,7 +405,14 @@ TGT static void tile_q8_0(int nb, const uint8_t *w, size_t ws, int nr, const act
 
 TGT static void tile_q4_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
                           const float *const *xf, int nc, float *y, size_t ldy) {
-#define CALL(R, C) q4k_main(nb, w, ws, R, A, C, Y, ldy)
+#define CALL(R, C) q4k_main(nb, w, ws, 0, R, A, C, Y, ldy)
+    DISPATCH(CALL)
+#undef CALL
+}
+
+TGT static void tile_q5_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                          const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) q4k_main(nb, w, ws, 1, R, A, C, Y, ldy)
     DISPATCH(CALL)
 #undef CALL
 }
@@ -585,7 +607,8 @@ PTILE2(ptile_q8_0, MD_TYPE_Q8_0)
 
 const kernel_table cpu_kernels_avx2 = {
     .f32 = tile_f32, .f16 = tile_f16, .bf16 = tile_bf16, .q4_0 = tile_q4_0,
-    .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0, .q4_k = tile_q4_k, .q6_k = tile_q6_k,
+    .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0, .q4_k = tile_q4_k, .q5_k = tile_q5_k,
+    .q6_k = tile_q6_k,
     .p_q4_0 = ptile_q4_0, .p_q4_1 = ptile_q4_1, .p_q5_0 = ptile_q5_0, .p_q8_0 = ptile_q8_0,
     .p_q4_k = cpu_ptile_q4_k_avx2, .p_q6_k = cpu_ptile_q6_k_avx2,
     .quant32 = quant32, .quantk = quantk,

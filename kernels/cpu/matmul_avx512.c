@@ -1,5 +1,5 @@
 /* matmul_avx512.c — AVX-512 VNNI tile kernels for every weight type: the 32-element block
- * types (Q4_0, Q4_1, Q5_0, Q8_0), the K-quants (Q4_K, Q6_K: maddubs then dpwssd with the
+ * types (Q4_0, Q4_1, Q5_0, Q8_0), the K-quants (Q4_K, Q5_K, Q6_K: maddubs then dpwssd with the
  * sub-block scales) and float weights.
  *
  * Two blocks per 512-bit register: int32 lanes 0..7 hold block b's partial dot, lanes 8..15
@@ -167,8 +167,14 @@ TGT static INL __m512i scale_index(int k, int per) {
 /* Q4_K, per block and (r, c): dx·(d·Σ_s sc_s·dot_s − dmin·Σ_s mn_s·Σx_s). A 64-byte load
  * of qs holds sub-blocks 4L, 4L+2 (low nibbles) and 4L+1, 4L+3 (high): regrouped as
  * [4L | 4L+1] and [4L+2 | 4L+3], each matches 64 consecutive activations. */
-TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int R, const act_row *a,
-                             const int C, float *y, size_t ldy) {
+TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int five, const int R,
+                             const act_row *a, const int C, float *y, size_t ldy) {
+    const size_t bsz = five ? sizeof(blk_q5_k) : sizeof(blk_q4_k);
+    const size_t qs_off = five ? offsetof(blk_q5_k, qs) : offsetof(blk_q4_k, qs);
+    /* Q5_K: qh read as [qh | qh >> 2], so both 256-bit halves (chunks 2L and 2L + 1 of 32
+     * elements) find their sub-blocks' fifth bits at the same shift 4L (lo) and 4L + 1 (hi) */
+    const __m512i shv = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2);
     __m512 acc[4][4];
     #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -181,8 +187,15 @@ TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int R, c
     for (int b = 0; b < nb; b++) {
         #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            const blk_q4_k *blk = (const blk_q4_k *)(w + r * ws) + b;
-            prefetch_block(blk, sizeof *blk, (size_t)3 * R * ws);
+            /* Q4_K and Q5_K share d, dmin and scales at the same offsets */
+            const blk_q4_k *blk = (const blk_q4_k *)(w + r * ws + b * bsz);
+            const uint8_t *qs = (const uint8_t *)blk + qs_off;
+            prefetch_block(blk, bsz, (size_t)3 * R * ws);
+            __m512i hb = _mm512_setzero_si512();
+            if (five)
+                hb = _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                           (const __m256i *)((const blk_q5_k *)blk)->qh)),
+                                       shv);
             uint8_t sm8[16];
             q4k_scales_mins16(blk->scales, sm8);
             __m128i sm = _mm_loadu_si128((const __m128i *)sm8);
@@ -194,9 +207,14 @@ TGT static INL void q4k_main(int nb, const uint8_t *w, size_t ws, const int R, c
                 isum[c] = _mm512_setzero_si512();
             #pragma GCC unroll 2
             for (int L = 0; L < 2; L++) {
-                __m512i q = _mm512_loadu_si512((const void *)(blk->qs + 64 * L));
+                __m512i q = _mm512_loadu_si512((const void *)(qs + 64 * L));
                 __m512i lo = _mm512_and_si512(q, m4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                if (five) { /* shifts below 8: bits 0, 1 of each byte come from that byte */
+                    lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(hb, one), 4));
+                    hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(hb, two), 3));
+                    hb = _mm512_srli_epi16(hb, 4); /* L + 1: bits 4L + 4.. */
+                }
                 __m512i w0 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
                 __m512i w1 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
                 __m512i s0 = _mm512_permutexvar_epi16(idx[2 * L], scw);
@@ -516,7 +534,14 @@ TGT static void tile_q8_0(int nb, const uint8_t *w, size_t ws, int nr, const act
 
 TGT static void tile_q4_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
                           const float *const *xf, int nc, float *y, size_t ldy) {
-#define CALL(R, C) q4k_main(nb, w, ws, R, a, C, y, ldy)
+#define CALL(R, C) q4k_main(nb, w, ws, 0, R, a, C, y, ldy)
+    DISPATCH16(CALL)
+#undef CALL
+}
+
+TGT static void tile_q5_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                          const float *const *xf, int nc, float *y, size_t ldy) {
+#define CALL(R, C) q4k_main(nb, w, ws, 1, R, a, C, y, ldy)
     DISPATCH16(CALL)
 #undef CALL
 }
@@ -552,7 +577,7 @@ TGT static void tile_bf16(int cols, const uint8_t *w, size_t ws, int nr, const a
 const kernel_table cpu_kernels_avx512 = {
     .f32 = tile_f32, .f16 = tile_f16, .bf16 = tile_bf16,
     .q4_0 = tile_q4_0, .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0,
-    .q4_k = tile_q4_k, .q6_k = tile_q6_k,
+    .q4_k = tile_q4_k, .q5_k = tile_q5_k, .q6_k = tile_q6_k,
     .p_q4_0 = ptile_q4_0, .p_q4_1 = ptile_q4_1, .p_q5_0 = ptile_q5_0, .p_q8_0 = ptile_q8_0,
     .p_q4_k = cpu_ptile_q4_k_avx512, .p_q6_k = cpu_ptile_q6_k_avx512,
 };

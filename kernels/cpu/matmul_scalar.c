@@ -195,6 +195,37 @@ static void tile_q4_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row
     }
 }
 
+static void tile_q5_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
+                      const float *const *xf, int nc, float *y, size_t ldy) {
+    for (int r = 0; r < nr; r++) {
+        const blk_q5_k *wb = (const blk_q5_k *)(w + r * ws);
+        for (int c = 0; c < nc; c++) {
+            float acc = 0;
+            for (int b = 0; b < nb; b++) {
+                const int8_t *q = a[c].q + b * QK_K;
+                const int16_t *bs = a[c].bsum + b * 16;
+                int sumi = 0, summ = 0;
+                for (int j = 0; j < 8; j++) {
+                    int sc, mn;
+                    md_q4k_scale_min(wb[b].scales, j, &sc, &mn);
+                    const uint8_t *qs = wb[b].qs + (j / 2) * 32;
+                    int shift = (j & 1) * 4, isum = 0;
+                    for (int l = 0; l < 32; l++) {
+                        int q5 = ((qs[l] >> shift) & 15) | ((wb[b].qh[l] >> j) & 1) << 4;
+                        isum += q5 * q[j * 32 + l];
+                    }
+                    sumi += sc * isum;
+                    summ += mn * (bs[2 * j] + bs[2 * j + 1]);
+                }
+                float dx = a[c].d[b];
+                acc += md_fp16_to_fp32(wb[b].d) * dx * (float)sumi -
+                       md_fp16_to_fp32(wb[b].dmin) * dx * (float)summ;
+            }
+            y[c * ldy + r] = acc;
+        }
+    }
+}
+
 static void tile_q6_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
                       const float *const *xf, int nc, float *y, size_t ldy) {
     for (int r = 0; r < nr; r++) {
@@ -224,7 +255,8 @@ static void tile_q6_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row
 
 const kernel_table cpu_kernels_scalar = {
     .f32 = tile_f32, .f16 = tile_f16, .bf16 = tile_bf16, .q4_0 = tile_q4_0,
-    .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0, .q4_k = tile_q4_k, .q6_k = tile_q6_k,
+    .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0, .q4_k = tile_q4_k, .q5_k = tile_q5_k,
+    .q6_k = tile_q6_k,
     .p_q4_0 = cpu_ptile_q4_0_scalar, .p_q4_1 = cpu_ptile_q4_1_scalar,
     .p_q5_0 = cpu_ptile_q5_0_scalar, .p_q8_0 = cpu_ptile_q8_0_scalar,
     .p_q4_k = cpu_ptile_q4_k_scalar, .p_q6_k = cpu_ptile_q6_k_scalar,

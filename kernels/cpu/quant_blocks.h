@@ -37,6 +37,12 @@ typedef struct {
     uint8_t qs[128];
 } blk_q4_k;
 typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12]; /* as Q4_K's */
+    uint8_t qh[32];     /* bit s of qh[l]: the fifth bit of element l of sub-block s */
+    uint8_t qs[128];    /* as Q4_K's */
+} blk_q5_k;
+typedef struct {
     uint8_t ql[128];
     uint8_t qh[64];
     int8_t scales[16];
@@ -48,6 +54,7 @@ _Static_assert(sizeof(blk_q4_1) == 20, "Q4_1 block is 20 bytes");
 _Static_assert(sizeof(blk_q5_0) == 22, "Q5_0 block is 22 bytes");
 _Static_assert(sizeof(blk_q8_0) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(blk_q4_k) == 144, "Q4_K block is 144 bytes");
+_Static_assert(sizeof(blk_q5_k) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(blk_q6_k) == 210, "Q6_K block is 210 bytes");
 
 /* Q4_K's 12 scale bytes unpacked to 16: out[0..7] the six-bit scales, out[8..15] the mins
@@ -152,7 +159,7 @@ extern _Thread_local const void *cpu_amx_cfg_loaded;
 #define CPU_AMX_MIN_N 16
 
 typedef struct {
-    tile_fn f32, f16, bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q6_k;
+    tile_fn f32, f16, bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k;
     ptile_fn p_q4_0, p_q4_1, p_q5_0, p_q8_0; /* packed weights (repack.c) */
     ptile_fn p_q4_k, p_q6_k;                 /* packed K weights (repack_k.c) */
     quant32_fn quant32; /* x row -> int8 blocks of 32 with d and s = d*sum(q) */

@@ -29,7 +29,8 @@
 #include "kernels/cpu/quant_blocks.h"
 
 static const int TYPES[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_BF16, MD_TYPE_Q4_0, MD_TYPE_Q4_1,
-                            MD_TYPE_Q5_0, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K};
+                            MD_TYPE_Q5_0, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q5_K,
+                            MD_TYPE_Q6_K};
 #define N_TYPES (int)(sizeof TYPES / sizeof TYPES[0])
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -79,6 +80,7 @@ static void *rand_matrix(int t, int rows, int cols) {
         case MD_TYPE_Q8_0: put16(w + off, rnd_half_scale()); off += bb; break;
         case MD_TYPE_Q4_1:
         case MD_TYPE_Q4_K:
+        case MD_TYPE_Q5_K:
             put16(w + off, rnd_half_scale());
             put16(w + off + 2, rnd_half_scale());
             off += bb;
@@ -101,7 +103,7 @@ static float *rand_x(int n, int cols) {
 /* Per output: sum |w_i x_i| and the activation-rounding bound 0.5 Σ|w_i| d_i. */
 static void bounds(int t, const void *W, int rows, int cols, const float *x, int n, double *mag,
                    double *qerr) {
-    int qb = t == MD_TYPE_Q4_K || t == MD_TYPE_Q6_K ? 256 : 32;
+    int qb = md_type_block(t) == 256 ? 256 : 32;
     int quant = md_type_block(t) > 1;
     float *wr = malloc(sizeof(float) * cols);
     for (int r = 0; r < rows; r++) {
@@ -232,8 +234,8 @@ static void test_matmul_q5_0_gemma3_shapes(void **state) {
 }
 
 /* Threads split rows, and results do not depend on how many threads there are. */
-static void test_matmul_same_result_for_any_thread_count(void **state) {
-    int t = MD_TYPE_Q4_1, rows = 203, cols = 192, n = 11;
+static void same_result_for_any_thread_count(int t, int cols) {
+    int rows = 203, n = 11;
     void *W = rand_matrix(t, rows, cols);
     float *x = rand_x(n, cols);
     size_t ss = cpu_matmul_scratch_size(t, cols, n);
@@ -256,6 +258,11 @@ static void test_matmul_same_result_for_any_thread_count(void **state) {
     free(scratch);
     free(y1);
     free(y2);
+}
+
+static void test_matmul_same_result_for_any_thread_count(void **state) {
+    same_result_for_any_thread_count(MD_TYPE_Q4_1, 192);
+    same_result_for_any_thread_count(MD_TYPE_Q5_K, 512);
 }
 
 /* cpu_matmul_n against the unfused ops, bit for bit: SET is cpu_matmul per weight, ACC is
@@ -319,6 +326,7 @@ static void test_matmul_n_equals_unfused_ops(void **state) {
     } cases[] = {
         {3, CPU_MM_SET, {MD_TYPE_Q4_1, MD_TYPE_Q4_1, MD_TYPE_Q4_1}, {96, 32, 32}, 96}, /* Q/K/V */
         {3, CPU_MM_SET, {MD_TYPE_Q4_K, MD_TYPE_Q4_K, MD_TYPE_Q6_K}, {64, 20, 20}, 256},
+        {3, CPU_MM_SET, {MD_TYPE_Q5_K, MD_TYPE_Q4_K, MD_TYPE_Q6_K}, {36, 12, 12}, 512},
         {3, CPU_MM_SET, {MD_TYPE_Q8_0, MD_TYPE_BF16, MD_TYPE_Q6_K}, {40, 8, 8}, 256},  /* mixed */
         {2, CPU_MM_SET, {MD_TYPE_F16, MD_TYPE_BF16}, {33, 7}, 64},
         {1, CPU_MM_ACC, {MD_TYPE_Q4_0}, {70}, 160},                                    /* wo */
@@ -427,6 +435,40 @@ static void test_dequant_q5_0_layout(void **state) {
     assert_true(got[0] == 0.0f && got[31] == 0.0f && got[16] == -0.5f);
 }
 
+/* Q5_K's reference dequantization (cpu_dequant_row, which the kernels are checked against)
+ * equals the gguf package's on the blocks of tests/fixtures/gguf/dequant_Q5_K.bin (random
+ * blocks with sane scales; edge blocks with zero, subnormal and maximal scales, every and
+ * every other fifth bit set). File: "MDQF" | u32 type | u32 n | u32 0 | blocks | f32 ref[n]. */
+static void test_dequant_q5_k_matches_gguf_package(void **state) {
+    FILE *f = fopen(MEDLEY_FIXTURES "/gguf/dequant_Q5_K.bin", "rb");
+    assert_non_null(f);
+    char magic[4];
+    uint32_t hdr[3];
+    assert_int_equal(fread(magic, 1, 4, f), 4);
+    assert_memory_equal(magic, "MDQF", 4);
+    assert_int_equal(fread(hdr, 4, 3, f), 3);
+    assert_int_equal(hdr[0], MD_TYPE_Q5_K);
+    assert_int_equal(hdr[2], 0);
+    int ne = (int)hdr[1];
+    size_t nb = md_type_row_bytes(MD_TYPE_Q5_K, ne);
+    assert_true(nb > 0);
+    uint8_t *raw = malloc(nb);
+    float *want = malloc(sizeof(float) * ne), *got = malloc(sizeof(float) * ne);
+    assert_true(raw && want && got);
+    assert_int_equal(fread(raw, 1, nb, f), nb);
+    assert_int_equal(fread(want, 4, ne, f), (size_t)ne);
+    fclose(f);
+    cpu_dequant_row(MD_TYPE_Q5_K, raw, got, ne);
+    for (int i = 0; i < ne; i++)
+        if (!(fabsf(got[i] - want[i]) <= 4e-7f * fabsf(want[i]) + 1e-12f)) {
+            print_error("Q5_K element %d: %.9g, gguf says %.9g\n", i, got[i], want[i]);
+            fail();
+        }
+    free(raw);
+    free(want);
+    free(got);
+}
+
 static void test_matmul_check_rejects_bad_shapes(void **state) {
     assert_int_equal(cpu_matmul_check(MD_TYPE_Q5_0, 640), 0);
     assert_int_equal(cpu_matmul_check(MD_TYPE_Q5_0, 630), -1);
@@ -435,6 +477,8 @@ static void test_matmul_check_rejects_bad_shapes(void **state) {
     assert_int_equal(cpu_matmul_check(MD_TYPE_Q4_1, 576), 0);
     assert_int_equal(cpu_matmul_check(MD_TYPE_Q4_1, 570), -1);
     assert_int_equal(cpu_matmul_check(MD_TYPE_Q4_K, 576), -1);
+    assert_int_equal(cpu_matmul_check(MD_TYPE_Q5_K, 512), 0);
+    assert_int_equal(cpu_matmul_check(MD_TYPE_Q5_K, 576), -1);
     assert_int_equal(cpu_matmul_check(MD_TYPE_F32, 7), 0);
     assert_int_equal(cpu_matmul_check(MD_TYPE_F32, 0), -1);
     assert_int_equal(cpu_matmul_check(7 /* Q5_1: not supported */, 64), -1);
@@ -763,6 +807,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dequant_matches_gguf_reference),
         cmocka_unit_test(test_dequant_q5_0_layout),
+        cmocka_unit_test(test_dequant_q5_k_matches_gguf_package),
         cmocka_unit_test(test_matmul_check_rejects_bad_shapes),
         cmocka_unit_test(test_simd_env_caps_level),
         cmocka_unit_test(test_simd_set_refuses_unsupported_level),
