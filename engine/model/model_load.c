@@ -256,11 +256,14 @@ static int slice(md_model *m, const gguf_tensor *g, int64_t r0, int64_t nr, int6
 }
 
 /* 1 when the backend multiplies weights of type t as the file stores them. Without a backend
- * (md_model_check) every backend's types count: the portable ones and Q5_0, which a backend
- * without its product gets recoded. */
+ * (md_model_check) the types some backend loads count: the portable ones, Q5_0, which a
+ * backend without its product gets recoded, and Q5_K, which the CPU multiplies and a backend
+ * without it refuses at load (no exact recoding into a portable type at its size). */
 static int backend_has_type(const md_model *m, int t) {
     if (!BE(m))
-        return md_type_supported(t) || t == MD_TYPE_Q5_0;
+        return md_type_supported(t) || t == MD_TYPE_Q5_0 || t == MD_TYPE_Q5_K;
+    if (t == MD_TYPE_Q5_K && BE(m)->ops->weights_f32)
+        return 1; /* an exact backend: dequantized to F32 at load, as every type there */
     return md_type_supported(t) || (t >= 0 && t < 64 && (BE(m)->ops->extra_weight_types >> t & 1));
 }
 
@@ -317,6 +320,12 @@ static int bind_part(md_model *m, const gguf_file *gf, const char *name, int64_t
                        name, (long long)g->ne[0], (long long)g->ne[1], (long long)g->ne[2],
                        (long long)g->ne[3], (long long)ne0, (long long)ne1);
     size_t rb = md_type_row_bytes(g->type, ne0);
+    if (g->type == MD_TYPE_Q5_K && !float_only && !backend_has_type(m, g->type))
+        return md_errf(e, MD_EUNSUPP,
+                       "tensor %s has type Q5_K (13), which this backend cannot multiply and "
+                       "which has no exact recoding into a type it can at the same size: use "
+                       "the cpu backend (or an exact backend, which computes in F32)",
+                       name);
     if (!backend_has_type(m, g->type) || rb == 0 || (float_only && g->type != MD_TYPE_F32))
         return md_errf(e, MD_EUNSUPP, "tensor %s has type %s (%d), not supported here", name,
                        md_type_name(g->type) ? md_type_name(g->type) : "unknown", g->type);
