@@ -34,7 +34,7 @@ static inline void bench_random_weights(int gtype, uint8_t *w, size_t bytes,
     /* block bytes and the offsets of its f16 scale fields (d, and dmin / m) */
     size_t bb = md_type_block_bytes(gtype);
     int off[2] = {gtype == MD_TYPE_Q6_K ? 208 : 0,
-                  gtype == MD_TYPE_Q4_1 || gtype == MD_TYPE_Q4_K ? 2 : -1};
+                  gtype == MD_TYPE_Q4_1 || gtype == MD_TYPE_Q4_K || gtype == MD_TYPE_Q5_K ? 2 : -1};
     for (size_t b = 0; b < bytes / bb; b++)
         for (int k = 0; k < 2; k++)
             if (off[k] >= 0) {
