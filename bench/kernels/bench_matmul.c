@@ -231,9 +231,9 @@ int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
     int rows = argc > 3 ? atoi(argv[2]) : 1536, cols = argc > 3 ? atoi(argv[3]) : 576;
     double secs = argc > 4 ? atof(argv[4]) : 0.3;
-    static const int types[] = {MD_TYPE_Q4_1, MD_TYPE_Q8_0, MD_TYPE_Q4_0,
-                                MD_TYPE_Q5_0, MD_TYPE_Q4_K, MD_TYPE_Q5_K, MD_TYPE_Q6_K,
-                                MD_TYPE_F16,  MD_TYPE_BF16, MD_TYPE_F32};
+    static const int types[] = {MD_TYPE_Q4_1, MD_TYPE_Q8_0, MD_TYPE_Q4_0, MD_TYPE_Q5_0,
+                                MD_TYPE_Q4_K, MD_TYPE_Q5_K, MD_TYPE_Q6_K, MD_TYPE_F16,
+                                MD_TYPE_BF16, MD_TYPE_F32};
     static const int ns[] = {1, 4, 8, 16, 64, 256, 4096};
 #define N_NS (int)(sizeof ns / sizeof ns[0])
     if (threads == 1)

@@ -212,10 +212,9 @@ static int cpu_buf_zero(md_backend *be, md_buf *b, size_t off, size_t n, md_err 
     return 0;
 }
 
-static const int weight_types[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_Q4_0,
-                                   MD_TYPE_Q4_1, MD_TYPE_Q5_0, MD_TYPE_Q8_0,
-                                   MD_TYPE_Q4_K, MD_TYPE_Q5_K, MD_TYPE_Q6_K,
-                                   MD_TYPE_BF16};
+static const int weight_types[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_Q4_0, MD_TYPE_Q4_1,
+                                   MD_TYPE_Q5_0, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q5_K,
+                                   MD_TYPE_Q6_K, MD_TYPE_BF16};
 
 static int cpu_reserve(md_backend *be, const md_reserve *r, md_err *e) {
     cpu_backend *c = cb(be);

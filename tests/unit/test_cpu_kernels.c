@@ -29,8 +29,7 @@
 #include "kernels/cpu/quant_blocks.h"
 
 static const int TYPES[] = {MD_TYPE_F32,  MD_TYPE_F16,  MD_TYPE_BF16, MD_TYPE_Q4_0, MD_TYPE_Q4_1,
-                            MD_TYPE_Q5_0, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q5_K,
-                            MD_TYPE_Q6_K};
+                            MD_TYPE_Q5_0, MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q5_K, MD_TYPE_Q6_K};
 #define N_TYPES (int)(sizeof TYPES / sizeof TYPES[0])
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
