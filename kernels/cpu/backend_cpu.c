@@ -118,8 +118,9 @@ static cpu_lin *wrap_lin(const void *host, int rows, int cols,
     return l;
 }
 
-/* Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K weights repacked where the SIMD level has fast packed kernels
- * (AVX2, AVX-512): a copy of the same size (rows padded to 16; Q4_K's 2.8% larger), the host
+/* Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K weights repacked where the SIMD level has fast packed
+ * kernels (AVX2, AVX-512): a copy of the same size (rows padded to 16; Q4_K's 2.8% larger,
+ * Q5_K's 2.3%), the host
  * bytes never read again.
  * BF16 weights likewise into cpu_lin panels (wrap_lin). Anything else, the exact backend and a
  * failed allocation alias host as buf_wrap does. */

@@ -99,14 +99,14 @@ typedef struct {
 void cpu_matmul_n(cpu_pool *p, const cpu_mm_seg *w, int n_w, int cols, const float *x, int n,
                   int mode, void *scratch);
 /* ---- repacked weights (repack.c, repack_k.c; docs/kernels.md "Repacked weights") ----
- * Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights copied into groups of CPU_PACK_ROWS rows whose
+ * Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K weights copied into groups of CPU_PACK_ROWS rows whose
  * blocks are interleaved, so one 4-byte activation broadcast feeds 16 rows in one dpbusd. A packed
  * weight goes to cpu_matmul / cpu_matmul_n as wtype CPU_PACKED(t) with W the packed copy;
  * every SIMD level multiplies it (the scalar packed kernel where a level has none), and its
  * results do not depend on n, the tiles or the threads, like the plain layout's. */
 #define CPU_PACK_ROWS 16
 #define CPU_PACKED(t) (0x100 | (t))
-/* 1 when type t has a packed layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K); else 0. */
+/* 1 when type t has a packed layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K); else 0. */
 int cpu_pack_type(int t);
 /* 1 when the SIMD level in use has packed kernels for t that beat the plain layout's (AVX2
  * and AVX-512 VNNI), so a backend should repack t's weights at load; else 0. */

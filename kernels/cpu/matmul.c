@@ -60,6 +60,7 @@ static void build_table(int level) {
         TAKE(p_q5_0);
         TAKE(p_q8_0);
         TAKE(p_q4_k);
+        TAKE(p_q5_k);
         TAKE(p_q6_k);
         TAKE(quant32);
         TAKE(quantk);
@@ -318,6 +319,7 @@ static ptile_fn pick_packed(int t) {
     case MD_TYPE_Q5_0: return g_tab.p_q5_0;
     case MD_TYPE_Q8_0: return g_tab.p_q8_0;
     case MD_TYPE_Q4_K: return g_tab.p_q4_k;
+    case MD_TYPE_Q5_K: return g_tab.p_q5_k;
     case MD_TYPE_Q6_K: return g_tab.p_q6_k;
     default: return NULL;
     }

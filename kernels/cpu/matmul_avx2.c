@@ -610,7 +610,7 @@ const kernel_table cpu_kernels_avx2 = {
     .q4_1 = tile_q4_1, .q5_0 = tile_q5_0, .q8_0 = tile_q8_0, .q4_k = tile_q4_k, .q5_k = tile_q5_k,
     .q6_k = tile_q6_k,
     .p_q4_0 = ptile_q4_0, .p_q4_1 = ptile_q4_1, .p_q5_0 = ptile_q5_0, .p_q8_0 = ptile_q8_0,
-    .p_q4_k = cpu_ptile_q4_k_avx2, .p_q6_k = cpu_ptile_q6_k_avx2,
+    .p_q4_k = cpu_ptile_q4_k_avx2, .p_q5_k = cpu_ptile_q5_k_avx2, .p_q6_k = cpu_ptile_q6_k_avx2,
     .quant32 = quant32, .quantk = quantk,
 };
 #else

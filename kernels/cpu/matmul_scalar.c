@@ -259,6 +259,7 @@ const kernel_table cpu_kernels_scalar = {
     .q6_k = tile_q6_k,
     .p_q4_0 = cpu_ptile_q4_0_scalar, .p_q4_1 = cpu_ptile_q4_1_scalar,
     .p_q5_0 = cpu_ptile_q5_0_scalar, .p_q8_0 = cpu_ptile_q8_0_scalar,
-    .p_q4_k = cpu_ptile_q4_k_scalar, .p_q6_k = cpu_ptile_q6_k_scalar,
+    .p_q4_k = cpu_ptile_q4_k_scalar, .p_q5_k = cpu_ptile_q5_k_scalar,
+    .p_q6_k = cpu_ptile_q6_k_scalar,
     .quant32 = cpu_quant_q8_32_scalar, .quantk = cpu_quant_q8_k_scalar,
 };

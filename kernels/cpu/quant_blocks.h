@@ -125,6 +125,10 @@ void cpu_ptile_q8_0_scalar(int nb, const uint8_t *wg, int nr, const act_row *a, 
 #define PK_Q4K_SC 2048 /* u8 scales [8][16] */
 #define PK_Q4K_MN 2176 /* u8 mins [8][16] */
 #define PK_Q4K_D 2304  /* fp16 d [16], then fp16 dmin [16] */
+/* Q5_K: Q4_K's record, then the fifth bits, 64 bytes per sub-block s (bit g of byte 4r + i:
+ * element 4g + i of sub-block s of row r); 16 GGUF blocks are 2816 bytes (+2.3%) */
+#define PK_Q5K_BYTES 2880
+#define PK_Q5K_QH 2368
 #define PK_Q6K_BYTES 3360
 #define PK_Q6K_QH 2048 /* high 2 bits [16 sub-blocks][64] */
 #define PK_Q6K_SC 3072 /* int8 (sc_2p, sc_2p+1) [8][16] */
@@ -137,6 +141,12 @@ void cpu_ptile_q4_k_scalar(int nb, const uint8_t *wg, int nr, const act_row *a, 
                            size_t ldy, int add);
 void cpu_ptile_q6_k_scalar(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
                            size_t ldy, int add);
+void cpu_ptile_q5_k_scalar(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
+                           size_t ldy, int add);
+void cpu_ptile_q5_k_avx512(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
+                           size_t ldy, int add);
+void cpu_ptile_q5_k_avx2(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
+                         size_t ldy, int add);
 void cpu_ptile_q4_k_avx512(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
                            size_t ldy, int add);
 void cpu_ptile_q6_k_avx512(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
@@ -161,7 +171,7 @@ extern _Thread_local const void *cpu_amx_cfg_loaded;
 typedef struct {
     tile_fn f32, f16, bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k;
     ptile_fn p_q4_0, p_q4_1, p_q5_0, p_q8_0; /* packed weights (repack.c) */
-    ptile_fn p_q4_k, p_q6_k;                 /* packed K weights (repack_k.c) */
+    ptile_fn p_q4_k, p_q5_k, p_q6_k;         /* packed K weights (repack_k.c) */
     quant32_fn quant32; /* x row -> int8 blocks of 32 with d and s = d*sum(q) */
     quantk_fn quantk;   /* x row -> int8 blocks of 256 with d and 16-element sums */
 } kernel_table;

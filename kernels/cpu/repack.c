@@ -1,6 +1,6 @@
 /* repack.c — weights of the 32-element block types (Q4_0, Q4_1, Q5_0, Q8_0) copied at load
  * into the row-interleaved layout the packed kernels stream (docs/kernels.md "Repacked
- * weights"; Q4_K and Q6_K: repack_k.c's records, packed through the functions here), a row of that layout dequantized back (embedding lookups), and the scalar packed
+ * weights"; Q4_K, Q5_K and Q6_K: repack_k.c's records, packed through the functions here), a row of that layout dequantized back (embedding lookups), and the scalar packed
  * tile kernels: the reference every SIMD level's packed kernel is tested against, and the
  * kernels a level without its own packed ones falls back to.
  *
@@ -22,7 +22,7 @@
 
 #include <string.h>
 
-static int is_k(int t) { return t == MD_TYPE_Q4_K || t == MD_TYPE_Q6_K; }
+static int is_k(int t) { return t == MD_TYPE_Q4_K || t == MD_TYPE_Q5_K || t == MD_TYPE_Q6_K; }
 
 int cpu_pack_type(int t) {
     return t == MD_TYPE_Q4_0 || t == MD_TYPE_Q4_1 || t == MD_TYPE_Q5_0 || t == MD_TYPE_Q8_0 ||

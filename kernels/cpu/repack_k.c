@@ -1,4 +1,4 @@
-/* repack_k.c — Q4_K and Q6_K weights copied at load into the row-interleaved layout of
+/* repack_k.c — Q4_K, Q5_K and Q6_K weights copied at load into the row-interleaved layout of
  * repack.c (docs/kernels.md "Repacked weights"), a row of it dequantized back, and the scalar
  * packed K tiles: the reference the AVX2 and AVX-512 packed K kernels are tested against.
  *
@@ -13,6 +13,9 @@
  *   2176  mins, u8 [8 s][16 r]    (widened to (mn, mn) int16 pairs: one dpwssd against the
  *                                 two 16-element activation sums of sub-block s)
  *   2304  d, fp16 [16];  2336  dmin, fp16 [16]
+ * Q5_K record (2880 bytes; 16 GGUF blocks are 2816): Q4_K's, then
+ *   2368  the fifth bits, 64 bytes per sub-block s: bit g of byte 4r + i = element 4g + i of
+ *         sub-block s of row r (the part layout's byte, its group g as a bit index)
  * Q6_K record (3360 bytes, the GGUF blocks' size):
  *   0     the low 4 bits: 8 pieces t of 32 elements × 4 parts at 256·t
  *   2048  the high 2 bits: 16 sub-blocks j of 16 elements, 64 bytes each: bits 2g..2g+1 of
@@ -23,14 +26,15 @@
  * Per super-block, row r and activation row c (dx, q_x, bsum: matmul.c's K activations):
  *   Q4_K  y += (d·dx)·Σ_s sc_s·dot_s − (dmin·dx)·Σ_s mn_s·(bsum_2s + bsum_2s+1)
  *   Q6_K  y += (d·dx)·(Σ_j sc_j·dot_j − 32·Σ_j sc_j·bsum_j)
- * with dot the exact int32 dot product of the unsigned quants (0..15, 0..63) and q_x. */
+ * with dot the exact int32 dot product of the unsigned quants (0..15, 0..31, 0..63) and q_x;
+ * Q5_K's sums are Q4_K's. */
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/quant_blocks.h"
 
 #include <string.h>
 
 size_t pk_k_block_bytes(int t) {
-    return t == MD_TYPE_Q4_K ? PK_Q4K_BYTES : PK_Q6K_BYTES;
+    return t == MD_TYPE_Q4_K ? PK_Q4K_BYTES : t == MD_TYPE_Q5_K ? PK_Q5K_BYTES : PK_Q6K_BYTES;
 }
 
 /* Super-block b of GGUF row src into rec's lane lr (rec zeroed beforehand). */
@@ -47,6 +51,19 @@ static void pack_q4_k(const blk_q4_k *k, uint8_t *rec, int lr) {
     }
     memcpy(rec + PK_Q4K_D + 2 * lr, &k->d, 2);
     memcpy(rec + PK_Q4K_D + 32 + 2 * lr, &k->dmin, 2);
+}
+
+/* Q5_K: Q4_K's record of its nibbles (the block's d, dmin, scales and qs are Q4_K's, at
+ * the same offsets but qs), then the fifth bits. */
+static void pack_q5_k(const blk_q5_k *k, uint8_t *rec, int lr) {
+    blk_q4_k k4;
+    memcpy(&k4, k, offsetof(blk_q4_k, qs));
+    memcpy(k4.qs, k->qs, sizeof k4.qs);
+    pack_q4_k(&k4, rec, lr);
+    for (int s = 0; s < 8; s++)
+        for (int l = 0; l < 32; l++)
+            rec[PK_Q5K_QH + 64 * s + 4 * lr + l % 4] |=
+                (uint8_t)(((k->qh[l] >> s) & 1) << (l / 4));
 }
 
 /* The unsigned quant (0..63) of element e of a Q6_K block. */
@@ -74,6 +91,8 @@ void pk_k_pack_row(int t, const void *row, int nb, uint8_t *group, int lr) {
     for (int b = 0; b < nb; b++) {
         if (t == MD_TYPE_Q4_K)
             pack_q4_k((const blk_q4_k *)row + b, group + (size_t)b * pb, lr);
+        else if (t == MD_TYPE_Q5_K)
+            pack_q5_k((const blk_q5_k *)row + b, group + (size_t)b * pb, lr);
         else
             pack_q6_k((const blk_q6_k *)row + b, group + (size_t)b * pb, lr);
     }
@@ -85,6 +104,8 @@ static int pk_k_elem(int t, const uint8_t *rec, int lr, int e) {
     int q = rec[256 * piece + (grp / 2) * 64 + 4 * lr + i] >> (grp & 1 ? 4 : 0) & 15;
     if (t == MD_TYPE_Q6_K)
         q |= (rec[PK_Q6K_QH + 64 * (e / 16) + 4 * lr + i] >> (2 * ((e % 16) / 4)) & 3) << 4;
+    if (t == MD_TYPE_Q5_K)
+        q |= (rec[PK_Q5K_QH + 64 * piece + 4 * lr + i] >> grp & 1) << 4;
     return q;
 }
 
@@ -104,7 +125,7 @@ void pk_k_dequant_row(int t, const void *Wp, int cols, int r, float *out) {
     for (int b = 0; b < nb; b++) {
         const uint8_t *rec = (const uint8_t *)Wp + ((size_t)g * nb + b) * pb;
         float *o = out + b * QK_K;
-        if (t == MD_TYPE_Q4_K) {
+        if (t != MD_TYPE_Q6_K) { /* Q4_K, Q5_K */
             float d = pk_half(rec + PK_Q4K_D + 2 * lr),
                   dmin = pk_half(rec + PK_Q4K_D + 32 + 2 * lr);
             for (int e = 0; e < QK_K; e++) { /* cpu_dequant_row's expression */
@@ -136,7 +157,7 @@ static void ptile_k_scalar(int t, int nb, const uint8_t *wg, int nr, const act_r
                 const int16_t *bs = a[c].bsum + b * 16;
                 float dx = a[c].d[b];
                 int sumi = 0, summ = 0;
-                if (t == MD_TYPE_Q4_K) {
+                if (t != MD_TYPE_Q6_K) { /* Q4_K, Q5_K */
                     for (int s = 0; s < 8; s++) {
                         int dot = 0;
                         for (int e = 32 * s; e < 32 * s + 32; e++)
@@ -167,6 +188,11 @@ static void ptile_k_scalar(int t, int nb, const uint8_t *wg, int nr, const act_r
 void cpu_ptile_q4_k_scalar(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
                            size_t ldy, int add) {
     ptile_k_scalar(MD_TYPE_Q4_K, nb, wg, nr, a, nc, y, ldy, add);
+}
+
+void cpu_ptile_q5_k_scalar(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
+                           size_t ldy, int add) {
+    ptile_k_scalar(MD_TYPE_Q5_K, nb, wg, nr, a, nc, y, ldy, add);
 }
 
 void cpu_ptile_q6_k_scalar(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,

@@ -1,11 +1,12 @@
-/* repack_k_avx2.c — AVX2 tiles of repacked Q4_K and Q6_K weights (repack_k.c's layout): 8 rows
+/* repack_k_avx2.c — AVX2 tiles of repacked Q4_K, Q5_K and Q6_K weights (repack_k.c's layout): 8 rows
  * in the 8 int32 lanes (half h of a record: bytes 32h..32h+31 of each 64-byte part), pairs of
  * activation rows.
  *
  * maddubs of a part against 4 activation bytes broadcast to every lane gives each row's pairs
  * in int16; the sub-block scale is then the madd operand in place of ones, so it costs
  * nothing: per sub-block, madd(Σ_g maddubs(w_g, x_g), (sc, sc)) = sc·dot exactly (Q4_K: 8
- * groups of 2·15·127 < 2^15 summed in int16 first; Q6_K: 2 groups of 2·63·127). The min
+ * groups of 2·15·127 < 2^15 summed in int16 first; Q5_K, its fifth bits ORed in: 4 groups of
+ * 2·31·127; Q6_K: 2 groups of 2·63·127). The min
  * and −32 terms are madds of the scale or min pairs against the 16-element activation sums:
  *   Q4_K  acc_c += cvt(Σ_s mn_s·S_s)·(−dmin·dx_c), then acc_c += cvt(Σ_s sc_s·dot_s)·(d·dx_c)
  *   Q6_K  acc_c += cvt(Σ_j sc_j·dot_j − 32·Σ_j sc_j·bsum_j)·(d·dx_c)
@@ -29,14 +30,23 @@ TGT static INL __m256 load_h8(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-TGT static INL void q4k_main(int nb, const uint8_t *wg, int h, const act_row *a, const int C,
-                             __m256 acc[2]) {
+/* Q5_K (five) byte g of wq: bit g of each fifth-bit byte moved to bit 4 (16-bit shifts: what
+ * crosses from the lane's other byte lands below or above bit 4, never on it). */
+TGT static INL __m256i fifth_bit(__m256i hb, const int g) {
+    const __m256i m10 = _mm256_set1_epi8(0x10);
+    __m256i v = g < 4 ? _mm256_slli_epi16(hb, 4 - g) : g > 4 ? _mm256_srli_epi16(hb, g - 4) : hb;
+    return _mm256_and_si256(v, m10);
+}
+
+TGT static INL void q4k_main(int nb, const uint8_t *wg, const int five, int h, const act_row *a,
+                             const int C, __m256 acc[2]) {
+    const size_t pb = five ? PK_Q5K_BYTES : PK_Q4K_BYTES;
     const __m256i m4 = _mm256_set1_epi8(15);
     __m256i sumi[2];
     for (int c = 0; c < C; c++)
         acc[c] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *rec = wg + (size_t)b * PK_Q4K_BYTES;
+        const uint8_t *rec = wg + (size_t)b * pb;
         __m256 dw = load_h8(rec + PK_Q4K_D + 16 * h);
         __m256 nmw = _mm256_sub_ps(_mm256_setzero_ps(), load_h8(rec + PK_Q4K_D + 32 + 16 * h));
         for (int c = 0; c < C; c++) {
@@ -61,12 +71,32 @@ TGT static INL void q4k_main(int nb, const uint8_t *wg, int h, const act_row *a,
                 wq[2 * k] = _mm256_and_si256(z, m4);
                 wq[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
             }
+            if (five) {
+                __m256i hb =
+                    _mm256_loadu_si256((const __m256i *)(rec + PK_Q5K_QH + 64 * s + 32 * h));
+                #pragma GCC unroll 8
+                for (int g = 0; g < 8; g++)
+                    wq[g] = _mm256_or_si256(wq[g], fifth_bit(hb, g));
+            }
             __m256i sc = _mm256_cvtepu8_epi32(
                 _mm_loadl_epi64((const __m128i *)(rec + PK_Q4K_SC + 16 * s + 8 * h)));
             sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)); /* (sc, sc) int16 pairs */
             #pragma GCC unroll 2
             for (int c = 0; c < C; c++) {
                 const int8_t *xq = a[c].q + (size_t)b * QK_K + 32 * s;
+                if (five) { /* 2·31·127 per group: int16 holds the sum of 4, not of 8 */
+                    __m256i pa = _mm256_maddubs_epi16(wq[0], bcast32(xq));
+                    __m256i pb4 = _mm256_maddubs_epi16(wq[4], bcast32(xq + 16));
+                    #pragma GCC unroll 3
+                    for (int g = 1; g < 4; g++) {
+                        pa = _mm256_add_epi16(pa, _mm256_maddubs_epi16(wq[g], bcast32(xq + 4 * g)));
+                        pb4 = _mm256_add_epi16(
+                            pb4, _mm256_maddubs_epi16(wq[g + 4], bcast32(xq + 16 + 4 * g)));
+                    }
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(pa, sc),
+                                                                         _mm256_madd_epi16(pb4, sc)));
+                    continue;
+                }
                 __m256i p16 = _mm256_maddubs_epi16(wq[0], bcast32(xq));
                 #pragma GCC unroll 7
                 for (int g = 1; g < 8; g++)
@@ -139,8 +169,8 @@ TGT static INL void q6k_main(int nb, const uint8_t *wg, int h, const act_row *a,
 
 /* Rows [0, nr) of a packed group against a[0..nc): halves of 8 rows × pairs of activation
  * rows. */
-TGT static INL void k2_tile(int q6, int nb, const uint8_t *wg, int nr, const act_row *a, int nc,
-                            float *y, size_t ldy, int add) {
+TGT static INL void k2_tile(int q6, int five, int nb, const uint8_t *wg, int nr, const act_row *a,
+                            int nc, float *y, size_t ldy, int add) {
     for (int h = 0; h < 2 && 8 * h < nr; h++) {
         int n8 = nr - 8 * h < 8 ? nr - 8 * h : 8;
         __m256i m =
@@ -153,10 +183,14 @@ TGT static INL void k2_tile(int q6, int nb, const uint8_t *wg, int nr, const act
                 q6k_main(nb, wg, h, a + c, 2, acc);
             else if (q6)
                 q6k_main(nb, wg, h, a + c, 1, acc);
+            else if (five && C == 2)
+                q4k_main(nb, wg, 1, h, a + c, 2, acc);
+            else if (five)
+                q4k_main(nb, wg, 1, h, a + c, 1, acc);
             else if (C == 2)
-                q4k_main(nb, wg, h, a + c, 2, acc);
+                q4k_main(nb, wg, 0, h, a + c, 2, acc);
             else
-                q4k_main(nb, wg, h, a + c, 1, acc);
+                q4k_main(nb, wg, 0, h, a + c, 1, acc);
             for (int k = 0; k < C; k++) {
                 float *yc = y + (size_t)(c + k) * ldy + 8 * h;
                 __m256 v = add ? _mm256_add_ps(_mm256_maskload_ps(yc, m), acc[k]) : acc[k];
@@ -168,11 +202,16 @@ TGT static INL void k2_tile(int q6, int nb, const uint8_t *wg, int nr, const act
 
 TGT void cpu_ptile_q4_k_avx2(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
                              size_t ldy, int add) {
-    k2_tile(0, nb, wg, nr, a, nc, y, ldy, add);
+    k2_tile(0, 0, nb, wg, nr, a, nc, y, ldy, add);
+}
+
+TGT void cpu_ptile_q5_k_avx2(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
+                             size_t ldy, int add) {
+    k2_tile(0, 1, nb, wg, nr, a, nc, y, ldy, add);
 }
 
 TGT void cpu_ptile_q6_k_avx2(int nb, const uint8_t *wg, int nr, const act_row *a, int nc, float *y,
                              size_t ldy, int add) {
-    k2_tile(1, nb, wg, nr, a, nc, y, ldy, add);
+    k2_tile(1, 0, nb, wg, nr, a, nc, y, ldy, add);
 }
 #endif

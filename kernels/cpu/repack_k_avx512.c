@@ -1,10 +1,11 @@
-/* repack_k_avx512.c — AVX-512 VNNI tiles of repacked Q4_K and Q6_K weights (repack_k.c's
+/* repack_k_avx512.c — AVX-512 VNNI tiles of repacked Q4_K, Q5_K and Q6_K weights (repack_k.c's
  * layout): 16 rows in the 16 int32 lanes, up to KCP activation rows per call.
  *
  * Per super-block and activation row c, with each sub-block's dot an exact int32 sum of
  * dpbusd against 4 activation bytes broadcast to every lane (one load of x feeds 16 rows):
  *   Q4_K  m = Σ_s dpwssd((mn_s, mn_s), (bsum_2s, bsum_2s+1));  acc_c += cvt(m)·(−dmin·dx_c)
  *         sumi = Σ_s dot_s·sc_s (vpmulld by the 16 rows' scales);  acc_c += cvt(sumi)·(d·dx_c)
+ *   Q5_K  Q4_K's, the fifth bits ORed into the nibbles (q <= 31) before the dots
  *   Q6_K  sumi = Σ_p dpwssd(−32·(sc_2p, sc_2p+1), (bsum_2p, bsum_2p+1)) + Σ_j dot_j·sc_j;
  *         acc_c += cvt(sumi)·(d·dx_c)
  * The integer sums are exact, so each lane's float sequence is the scalar reference's
@@ -46,8 +47,18 @@ TGT static INL void prefetch_next(const uint8_t *rec, size_t pb) {
         _mm_prefetch((const char *)rec + pb + o, _MM_HINT_T0);
 }
 
-TGT static INL void pk_q4k(int nb, const uint8_t *wg, int nr, const act_row *a, const int C,
-                           float *y, size_t ldy, int add) {
+/* Q5_K (five) byte g of wq: bit g of each fifth-bit byte moved to bit 4. 16-bit shifts: what
+ * crosses from the other byte of the lane lands below bit 4 (left shifts by 4 - g) or above
+ * it (right shifts by g - 4), never on it. */
+TGT static INL __m512i fifth_bit(__m512i hb, const int g) {
+    const __m512i m10 = _mm512_set1_epi8(0x10);
+    __m512i v = g < 4 ? _mm512_slli_epi16(hb, 4 - g) : g > 4 ? _mm512_srli_epi16(hb, g - 4) : hb;
+    return _mm512_and_si512(v, m10);
+}
+
+TGT static INL void pk_q4k(int nb, const uint8_t *wg, const int five, int nr, const act_row *a,
+                           const int C, float *y, size_t ldy, int add) {
+    const size_t pb = five ? PK_Q5K_BYTES : PK_Q4K_BYTES;
     const __m512i m4 = _mm512_set1_epi8(15);
     __m512 acc[KCP];
     __m512i sumi[KCP];
@@ -55,9 +66,9 @@ TGT static INL void pk_q4k(int nb, const uint8_t *wg, int nr, const act_row *a, 
     for (int c = 0; c < C; c++)
         acc[c] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *rec = wg + (size_t)b * PK_Q4K_BYTES;
+        const uint8_t *rec = wg + (size_t)b * pb;
         if (C <= 4)
-            prefetch_next(rec, PK_Q4K_BYTES);
+            prefetch_next(rec, pb);
         __m512 dw = load_h16(rec + PK_Q4K_D);
         __m512 nmw = _mm512_sub_ps(_mm512_setzero_ps(), load_h16(rec + PK_Q4K_D + 32));
         __m512i mnp[8]; /* (mn_s, mn_s) int16 pairs of the 16 rows */
@@ -85,6 +96,12 @@ TGT static INL void pk_q4k(int nb, const uint8_t *wg, int nr, const act_row *a, 
                 __m512i z = _mm512_loadu_si512((const void *)(rec + 256 * s + 64 * k));
                 wq[2 * k] = _mm512_and_si512(z, m4);
                 wq[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+            }
+            if (five) {
+                __m512i hb = _mm512_loadu_si512((const void *)(rec + PK_Q5K_QH + 64 * s));
+                #pragma GCC unroll 8
+                for (int g = 0; g < 8; g++)
+                    wq[g] = _mm512_or_si512(wq[g], fifth_bit(hb, g));
             }
             __m512i sc =
                 _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + PK_Q4K_SC + 16 * s)));
@@ -182,9 +199,16 @@ TGT static INL void pk_q6k(int nb, const uint8_t *wg, int nr, const act_row *a, 
 TGT void cpu_ptile_q4_k_avx512(int nb, const uint8_t *wg, int nr, const act_row *a, int nc,
                                float *y, size_t ldy, int add) {
     _Static_assert(KCP == 8, "DISPATCH8 instantiates C = 1..KCP");
-#define CALL4(C) pk_q4k(nb, wg, nr, a, C, y, ldy, add)
+#define CALL4(C) pk_q4k(nb, wg, 0, nr, a, C, y, ldy, add)
     DISPATCH8(CALL4)
 #undef CALL4
+}
+
+TGT void cpu_ptile_q5_k_avx512(int nb, const uint8_t *wg, int nr, const act_row *a, int nc,
+                               float *y, size_t ldy, int add) {
+#define CALL5(C) pk_q4k(nb, wg, 1, nr, a, C, y, ldy, add)
+    DISPATCH8(CALL5)
+#undef CALL5
 }
 
 TGT void cpu_ptile_q6_k_avx512(int nb, const uint8_t *wg, int nr, const act_row *a, int nc,

@@ -1,5 +1,5 @@
 /* test_cpu_repack.c — kernels/cpu/repack.c and repack_k.c: the packed layout of Q4_0, Q4_1,
- * Q5_0, Q8_0, Q4_K and Q6_K (a packed row dequantizes to the GGUF row's values exactly), the packed
+ * Q5_0, Q8_0, Q4_K, Q5_K and Q6_K (a packed row dequantizes to the GGUF row's values exactly), the packed
  * product at every SIMD level against the scalar reference (cpu_matmul_ref) and against the plain
  * layout's scalar level, its independence from the batch size, the tiles and the thread count (bit
  * for bit), the fused modes over packed weights, and the refusals. Runs the same on a CPU with or
@@ -22,8 +22,8 @@
 #include "common/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 
-static const int TYPES[] = {MD_TYPE_Q4_0, MD_TYPE_Q4_1, MD_TYPE_Q5_0,
-                            MD_TYPE_Q8_0, MD_TYPE_Q4_K, MD_TYPE_Q6_K};
+static const int TYPES[] = {MD_TYPE_Q4_0, MD_TYPE_Q4_1, MD_TYPE_Q5_0, MD_TYPE_Q8_0,
+                            MD_TYPE_Q4_K, MD_TYPE_Q5_K, MD_TYPE_Q6_K};
 #define N_TYPES (int)(sizeof TYPES / sizeof TYPES[0])
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
@@ -38,7 +38,7 @@ static float frnd(void) {
 }
 
 static int is_k(int t) {
-    return t == MD_TYPE_Q4_K || t == MD_TYPE_Q6_K;
+    return t == MD_TYPE_Q4_K || t == MD_TYPE_Q5_K || t == MD_TYPE_Q6_K;
 }
 /* Block size of t, which is also the activations' block (one scale per 32 or 256 of x). */
 static int blk(int t) {
@@ -56,7 +56,8 @@ static void *rand_matrix(int t, int rows, int cols) {
         w[i] = (uint8_t)rnd();
     size_t d_at = t == MD_TYPE_Q6_K ? 208 : 0;
     for (size_t off = 0; off < total; off += bb)
-        for (int k = 0; k < (t == MD_TYPE_Q4_1 || t == MD_TYPE_Q4_K ? 2 : 1); k++) {
+        for (int k = 0; k < (t == MD_TYPE_Q4_1 || t == MD_TYPE_Q4_K || t == MD_TYPE_Q5_K ? 2 : 1);
+             k++) {
             uint16_t h = (uint16_t)(((rnd() & 1) << 15) | ((7 + rnd() % (is_k(t) ? 2 : 4)) << 10) |
                                     (rnd() & 0x3ff));
             memcpy(w + off + d_at + 2 * k, &h, 2);
@@ -208,6 +209,7 @@ static void test_packed_matmul_every_type_level_and_shape(void **state) {
     /* Gemma 3 270M's Q6_K ffn_down and Q4_K attn_output columns, rows not a multiple of 16 */
     check_packed(pool, MD_TYPE_Q6_K, 90, 2048, 70);
     check_packed(pool, MD_TYPE_Q4_K, 93, 1024, 66);
+    check_packed(pool, MD_TYPE_Q5_K, 93, 1024, 66);
     cpu_pool_destroy(pool);
 }
 
@@ -259,11 +261,13 @@ static void test_packed_matmul_n_equals_unfused_ops(void **state) {
     (void)state;
     int rows = 37;
     static const int ns[] = {1, 9, 70};
-    /* the 32-element types (Q4_1 beside Q8_0) and the K types (Q4_K beside Q6_K) */
-    static const int pairs[2][3] = {{MD_TYPE_Q4_1, MD_TYPE_Q8_0, 96},
-                                    {MD_TYPE_Q4_K, MD_TYPE_Q6_K, 256}};
+    /* the 32-element types (Q4_1 beside Q8_0) and the K types (Q4_K beside Q6_K, Q5_K beside
+     * Q4_K) */
+    static const int pairs[3][3] = {{MD_TYPE_Q4_1, MD_TYPE_Q8_0, 96},
+                                    {MD_TYPE_Q4_K, MD_TYPE_Q6_K, 256},
+                                    {MD_TYPE_Q5_K, MD_TYPE_Q4_K, 512}};
     for (int lv = 0; lv <= cpu_simd_detect(); lv++)
-        for (int pi = 0; pi < 2; pi++) {
+        for (int pi = 0; pi < 3; pi++) {
             const int T0 = pairs[pi][0], T1 = pairs[pi][1], cols = pairs[pi][2];
             assert_int_equal(cpu_simd_set(lv), 0);
             cpu_pool *pool = cpu_pool_create(2);
@@ -443,6 +447,49 @@ static void test_amx_int8_and_bf16_tiles_interleaved(void **state) {
     free(ls);
 }
 
+/* Q5_K at its extremes: every quant 31 (nibbles and fifth bits all set), every six-bit scale
+ * and min 63, against activations that quantize to ±127 everywhere: a sub-block's 32 products
+ * reach 31·127·32 = 125,984, past int16, so a kernel that sums more than 4 maddubs groups in
+ * int16 (the AVX2 packed kernel does 8 for Q4_K) is caught here where random data is not.
+ * Plain and packed, every level, against the reference. */
+static void test_q5_k_extreme_quants_every_level(void **state) {
+    (void)state;
+    int t = MD_TYPE_Q5_K, rows = 21, cols = 512, n = 3;
+    size_t rs = md_type_row_bytes(t, cols);
+    uint8_t *W = malloc(rs * rows);
+    assert_non_null(W);
+    memset(W, 0xFF, rs * rows);
+    for (size_t off = 0; off < rs * rows; off += 176) {
+        uint16_t d = 0x2000 | (uint16_t)(rnd() & 0x3ff), dmin = 0x1c00; /* ~2^-7, 2^-8 */
+        memcpy(W + off, &d, 2);
+        memcpy(W + off + 2, &dmin, 2);
+    }
+    float *x = malloc(sizeof(float) * n * cols), *ref = malloc(sizeof(float) * rows * n),
+          *y = malloc(sizeof(float) * rows * n);
+    assert_true(x && ref && y);
+    for (int i = 0; i < n * cols; i++)
+        x[i] = i / cols == 1 ? -0.5f : 0.75f; /* rows 0, 2: +127; row 1: -127 */
+    void *P = packed(t, W, rows, cols), *scratch = scratch_for(t, cols, n);
+    cpu_matmul_ref(t, W, rows, cols, x, n, ref);
+    for (int lv = 0; lv <= cpu_simd_detect(); lv++) {
+        assert_int_equal(cpu_simd_set(lv), 0);
+        for (int pk = 0; pk < 2; pk++) {
+            cpu_matmul(NULL, pk ? CPU_PACKED(t) : t, pk ? P : W, rows, cols, x, n, y, scratch);
+            for (int i = 0; i < rows * n; i++)
+                if (!(fabsf(y[i] - ref[i]) <= 1e-5f * fabsf(ref[i]) + 1e-4f))
+                    fail_msg("Q5_K %s level %s: y[%d] = %.7g, reference %.7g",
+                             pk ? "packed" : "plain", cpu_simd_name(), i, y[i], ref[i]);
+        }
+    }
+    cpu_simd_set(cpu_simd_detect());
+    free(W);
+    free(P);
+    free(x);
+    free(ref);
+    free(y);
+    free(scratch);
+}
+
 static void test_pack_refuses_types_and_shapes_without_a_layout(void **state) {
     (void)state;
     uint8_t buf[4096] = {0}, dst[4096];
@@ -456,6 +503,9 @@ static void test_pack_refuses_types_and_shapes_without_a_layout(void **state) {
     assert_int_equal(cpu_pack(MD_TYPE_Q8_0, buf, 1, 33, dst), -1);
     assert_int_equal(cpu_pack_size(MD_TYPE_Q4_1, 17, 64), 2 * 2 * 320);
     assert_int_equal(cpu_pack_size(MD_TYPE_Q4_K, 17, 512), 2 * 2 * 2368);
+    assert_int_equal(cpu_pack_size(MD_TYPE_Q5_K, 17, 512), 2 * 2 * 2880);
+    assert_int_equal(cpu_pack_size(MD_TYPE_Q5_K, 16, 320), 0);
+    assert_int_equal(cpu_pack_wanted(MD_TYPE_Q5_K), cpu_simd_level() >= CPU_SIMD_AVX2);
     assert_int_equal(cpu_pack_size(MD_TYPE_Q6_K, 16, 256), 16 * 210);
     assert_int_equal(cpu_matmul_check(CPU_PACKED(MD_TYPE_Q4_K), 256), 0);
     assert_int_equal(cpu_matmul_check(CPU_PACKED(MD_TYPE_Q6_K), 128), -1);
@@ -468,6 +518,7 @@ static void test_pack_refuses_types_and_shapes_without_a_layout(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_row_equals_plain_row_whole_or_in_parts),
+        cmocka_unit_test(test_q5_k_extreme_quants_every_level),
         cmocka_unit_test(test_packed_matmul_every_type_level_and_shape),
         cmocka_unit_test(test_packed_independent_of_batch_and_threads),
         cmocka_unit_test(test_packed_matmul_n_equals_unfused_ops),
