@@ -414,10 +414,19 @@ static int pen_room(md_engine *eng, size_t used, size_t n, md_err *e) {
 
 /* Every logit a number (no NaN, no infinity)? */
 static int logits_finite(const float *lg, int n) {
-    float acc = 0;
-    for (int i = 0; i < n; i++)
-        acc += lg[i] * 0.0f; /* NaN for NaN or infinite entries, else 0 */
-    return acc == 0.0f;
+    /* x * 0 is NaN for NaN or infinite x, else 0; eight sums apart, so the adds do not wait on
+     * each other (one chain cost ~75 us per 49k-logit row, on every sampled row) */
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += lg[i + j] * 0.0f;
+    for (; i < n; i++)
+        acc[0] += lg[i] * 0.0f;
+    float t = 0;
+    for (int j = 0; j < 8; j++)
+        t += acc[j];
+    return t == 0.0f;
 }
 
 /* After a forward pass that left the logits on the device: argmax of every logit row into

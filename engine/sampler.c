@@ -3,6 +3,7 @@
  * the whole top_p nucleus (and the top_k set), then only they are sorted. */
 #define _GNU_SOURCE /* qsort_r */
 #include "engine/sampler.h"
+#include "kernels/cpu/cpu_ops.h"
 
 #include <float.h>
 #include <math.h>
@@ -171,6 +172,11 @@ int smp_constrain(const md_sample_params *p, float *logits, int n) {
             allowed += 32;
             continue;
         }
+        if (m == 0) { /* most words of a grammar's mask: one vectorizable fill */
+            for (int t = lo; t < hi; t++)
+                logits[t] = -INFINITY;
+            continue;
+        }
         for (int t = lo; t < hi; t++) {
             if (m >> (t - lo) & 1u)
                 allowed++;
@@ -197,7 +203,12 @@ static void apply_penalties(const md_sample_params *p, const md_sample_pen *pen,
     }
 }
 
+/* The lowest index of the largest: the vector kernel (kernels/cpu, the backends' greedy pick),
+ * or where a NaN makes it decline, the scalar loop, which passes NaN over. */
 static int32_t argmax(const float *x, int n) {
+    int v = cpu_argmax_f32(x, n);
+    if (v >= 0)
+        return v;
     int32_t best = 0;
     for (int i = 1; i < n; i++)
         if (x[i] > x[best])
