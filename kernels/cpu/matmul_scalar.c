@@ -166,30 +166,38 @@ static void tile_q8_0(int nb, const uint8_t *w, size_t ws, int nr, const act_row
     }
 }
 
+/* One Q4_K or Q5_K super-block against its activations: the two share d, dmin, the packed
+ * six-bit scales and mins and the low nibbles; qh (Q5_K's fifth bits; NULL for Q4_K) adds
+ * bit 4 of element l of sub-block j from bit j of qh[l]. */
+static float dot_k45(uint16_t d, uint16_t dmin, const uint8_t *scales, const uint8_t *qh,
+                     const uint8_t *qs, const int8_t *q, const int16_t *bs, float dx) {
+    int sumi = 0, summ = 0;
+    for (int j = 0; j < 8; j++) {
+        int sc, mn;
+        md_q4k_scale_min(scales, j, &sc, &mn);
+        const uint8_t *qj = qs + (j / 2) * 32;
+        int shift = (j & 1) * 4, isum = 0;
+        for (int l = 0; l < 32; l++) {
+            int v = (qj[l] >> shift) & 15;
+            if (qh)
+                v |= ((qh[l] >> j) & 1) << 4;
+            isum += v * q[j * 32 + l];
+        }
+        sumi += sc * isum;
+        summ += mn * (bs[2 * j] + bs[2 * j + 1]);
+    }
+    return md_fp16_to_fp32(d) * dx * (float)sumi - md_fp16_to_fp32(dmin) * dx * (float)summ;
+}
+
 static void tile_q4_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row *a,
                       const float *const *xf, int nc, float *y, size_t ldy) {
     for (int r = 0; r < nr; r++) {
         const blk_q4_k *wb = (const blk_q4_k *)(w + r * ws);
         for (int c = 0; c < nc; c++) {
             float acc = 0;
-            for (int b = 0; b < nb; b++) {
-                const int8_t *q = a[c].q + b * QK_K;
-                const int16_t *bs = a[c].bsum + b * 16;
-                int sumi = 0, summ = 0;
-                for (int j = 0; j < 8; j++) {
-                    int sc, mn;
-                    md_q4k_scale_min(wb[b].scales, j, &sc, &mn);
-                    const uint8_t *qs = wb[b].qs + (j / 2) * 32;
-                    int shift = (j & 1) * 4, isum = 0;
-                    for (int l = 0; l < 32; l++)
-                        isum += ((qs[l] >> shift) & 15) * q[j * 32 + l];
-                    sumi += sc * isum;
-                    summ += mn * (bs[2 * j] + bs[2 * j + 1]);
-                }
-                float dx = a[c].d[b];
-                acc += md_fp16_to_fp32(wb[b].d) * dx * (float)sumi -
-                       md_fp16_to_fp32(wb[b].dmin) * dx * (float)summ;
-            }
+            for (int b = 0; b < nb; b++)
+                acc += dot_k45(wb[b].d, wb[b].dmin, wb[b].scales, NULL, wb[b].qs,
+                               a[c].q + b * QK_K, a[c].bsum + b * 16, a[c].d[b]);
             y[c * ldy + r] = acc;
         }
     }
@@ -201,26 +209,9 @@ static void tile_q5_k(int nb, const uint8_t *w, size_t ws, int nr, const act_row
         const blk_q5_k *wb = (const blk_q5_k *)(w + r * ws);
         for (int c = 0; c < nc; c++) {
             float acc = 0;
-            for (int b = 0; b < nb; b++) {
-                const int8_t *q = a[c].q + b * QK_K;
-                const int16_t *bs = a[c].bsum + b * 16;
-                int sumi = 0, summ = 0;
-                for (int j = 0; j < 8; j++) {
-                    int sc, mn;
-                    md_q4k_scale_min(wb[b].scales, j, &sc, &mn);
-                    const uint8_t *qs = wb[b].qs + (j / 2) * 32;
-                    int shift = (j & 1) * 4, isum = 0;
-                    for (int l = 0; l < 32; l++) {
-                        int q5 = ((qs[l] >> shift) & 15) | ((wb[b].qh[l] >> j) & 1) << 4;
-                        isum += q5 * q[j * 32 + l];
-                    }
-                    sumi += sc * isum;
-                    summ += mn * (bs[2 * j] + bs[2 * j + 1]);
-                }
-                float dx = a[c].d[b];
-                acc += md_fp16_to_fp32(wb[b].d) * dx * (float)sumi -
-                       md_fp16_to_fp32(wb[b].dmin) * dx * (float)summ;
-            }
+            for (int b = 0; b < nb; b++)
+                acc += dot_k45(wb[b].d, wb[b].dmin, wb[b].scales, wb[b].qh, wb[b].qs,
+                               a[c].q + b * QK_K, a[c].bsum + b * 16, a[c].d[b]);
             y[c * ldy + r] = acc;
         }
     }
